@@ -1,0 +1,51 @@
+# Plexus: the two commands of the README's Quick start, plus helpers.
+#   make demo   install missing Debian packages, build, run the demo
+#   make test   install missing Debian packages, build, run every test through CTest
+# Both are idempotent and work as root (or with sudo) on a fresh Debian 12 machine.
+
+PRESET ?= default
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+CTEST_ARGS ?=
+
+# Debian packages the build, the tests and the benchmarks need.
+DEB_PACKAGES := build-essential cmake ninja-build pkg-config git clang clang-format \
+  libclang-rt-14-dev libabsl-dev libfmt-dev nlohmann-json3-dev catch2 libbenchmark-dev \
+  libibverbs-dev librdmacm-dev iproute2 procps
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all deps configure build demo test bench format fuzz clean
+
+all: build
+
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do \
+	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \
+	  done); \
+	if [ -n "$$missing" ]; then \
+	  echo "plexus: installing missing Debian packages:" $$missing; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	else echo "plexus: all Debian packages present"; fi
+
+configure: deps
+	@if [ ! -f $(BUILD_DIR)/build.ninja ]; then cmake --preset $(PRESET); fi
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+demo: build
+	$(BUILD_DIR)/tools/plexus-run -n 2 $(BUILD_DIR)/examples/transport_tour
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+bench: build
+	$(BUILD_DIR)/bench/plexus-bench-transport
+
+format:
+	git ls-files '*.cpp' '*.hpp' '*.h' '*.cc' '*.cu' '*.cuh' | xargs -r clang-format -i
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,23 @@
+if(NOT PLEXUS_INSTALL)
+  return()
+endif()
+include(CMakePackageConfigHelpers)
+
+get_property(_plexus_targets GLOBAL PROPERTY PLEXUS_EXPORTED_TARGETS)
+if(_plexus_targets)
+  install(TARGETS ${_plexus_targets} EXPORT plexusTargets
+          ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+          LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+          RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+          INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  install(EXPORT plexusTargets NAMESPACE plexus:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/plexus)
+endif()
+
+configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/plexusConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/plexusConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/plexus)
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/plexusConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/plexusConfig.cmake
+              ${CMAKE_CURRENT_BINARY_DIR}/plexusConfigVersion.cmake
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/plexus)

@@ -1,0 +1,60 @@
+#include "plexus/transport/completion.hpp"
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace plexus::transport {
+
+void CompletionQueue::Push(Completion completion) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    items_.push_back(std::move(completion));
+    count_.fetch_add(1, std::memory_order_release);
+  }
+  cv_.notify_one();
+}
+
+size_t CompletionQueue::size() const { return count_.load(std::memory_order_acquire); }
+
+size_t CompletionQueue::Poll(absl::Span<Completion> out) {
+  if (driver_ != nullptr && count_.load(std::memory_order_acquire) < out.size()) {
+    driver_->Progress(absl::ZeroDuration());
+  }
+  if (out.empty() || count_.load(std::memory_order_acquire) == 0) return 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  while (n < out.size() && !items_.empty()) {
+    out[n++] = std::move(items_.front());
+    items_.pop_front();
+  }
+  count_.fetch_sub(n, std::memory_order_release);
+  return n;
+}
+
+absl::StatusOr<Completion> CompletionQueue::Wait(absl::Duration timeout, absl::Duration spin) {
+  const absl::Time deadline =
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  const absl::Time spin_until = absl::Now() + spin;
+  Completion c;
+  for (;;) {
+    if (Poll({&c, 1}) == 1) return c;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) break;
+    if (now < spin_until) continue;
+    // Slow path: sleep. In caller mode the driver blocks in its own wait (epoll/futex) and is
+    // woken by the wire; in thread mode we sleep on the condition variable.
+    const absl::Duration slice = std::min(deadline - now, absl::Milliseconds(50));
+    if (driver_ != nullptr) {
+      driver_->Progress(slice);
+    } else {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, absl::ToChronoNanoseconds(slice), [&] { return !items_.empty(); });
+    }
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("no completion within ", absl::FormatDuration(timeout)));
+}
+
+}  // namespace plexus::transport

@@ -1,0 +1,18 @@
+// Verbs entry points when Plexus is built without libibverbs (PLEXUS_WITH_VERBS=OFF or no
+// headers). With verbs, src/verbs/ defines them instead.
+#if !PLEXUS_HAVE_VERBS
+#include "backends.hpp"
+
+namespace plexus::transport::internal {
+
+bool VerbsAvailable(std::string* why_not) {
+  if (why_not) *why_not = "Plexus was built without RDMA verbs (libibverbs-dev not found)";
+  return false;
+}
+
+absl::StatusOr<std::shared_ptr<Device>> CreateVerbsDevice(const DeviceOptions&) {
+  return absl::UnavailableError("Plexus was built without RDMA verbs (libibverbs-dev not found)");
+}
+
+}  // namespace plexus::transport::internal
+#endif

@@ -1,0 +1,20 @@
+// Test helpers shared by the Plexus test suites.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
+
+namespace plexus::testing {
+
+// Exit code registered as CTest's SKIP_RETURN_CODE.
+inline constexpr int kSkipReturnCode = 77;
+
+// Ends the test program as skipped after printing why (for absent hardware or privileges).
+[[noreturn]] inline void SkipTest(std::string_view reason) {
+  std::fprintf(stderr, "SKIPPED: %.*s\n", static_cast<int>(reason.size()), reason.data());
+  std::fflush(stderr);
+  std::_Exit(kSkipReturnCode);
+}
+
+}  // namespace plexus::testing
