@@ -6,6 +6,10 @@
 #include "absl/strings/str_cat.h"
 
 namespace plexus::transport {
+namespace {
+// Set while this thread runs the driver on behalf of a Wait: its own pushes need no wake-up.
+thread_local bool driving = false;
+}  // namespace
 
 void CompletionQueue::Push(Completion completion) {
   {
@@ -14,13 +18,19 @@ void CompletionQueue::Push(Completion completion) {
     count_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_one();
+  if (driver_ != nullptr && !driving && blocked_in_driver_.load(std::memory_order_acquire) > 0) {
+    driver_->Wake();
+  }
 }
 
 size_t CompletionQueue::size() const { return count_.load(std::memory_order_acquire); }
 
 size_t CompletionQueue::Poll(absl::Span<Completion> out) {
   if (driver_ != nullptr && count_.load(std::memory_order_acquire) < out.size()) {
+    const bool was_driving = driving;
+    driving = true;
     driver_->Progress(absl::ZeroDuration());
+    driving = was_driving;
   }
   if (out.empty() || count_.load(std::memory_order_acquire) == 0) return 0;
   std::lock_guard<std::mutex> lock(mu_);
@@ -47,7 +57,13 @@ absl::StatusOr<Completion> CompletionQueue::Wait(absl::Duration timeout, absl::D
     // woken by the wire; in thread mode we sleep on the condition variable.
     const absl::Duration slice = std::min(deadline - now, absl::Milliseconds(50));
     if (driver_ != nullptr) {
-      driver_->Progress(slice);
+      blocked_in_driver_.fetch_add(1, std::memory_order_acq_rel);
+      if (count_.load(std::memory_order_acquire) == 0) {
+        driving = true;
+        driver_->Progress(slice);
+        driving = false;
+      }
+      blocked_in_driver_.fetch_sub(1, std::memory_order_acq_rel);
     } else {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, absl::ToChronoNanoseconds(slice), [&] { return !items_.empty(); });

@@ -1,10 +1,332 @@
-// Placeholder until the inproc backend lands; replaced by the real implementation.
+// inproc: connections between threads of one process. Operations complete synchronously inside
+// the Post call (the bytes are copied under the link's lock), so ordering is the posting order and
+// no progress engine is needed.
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "backends.hpp"
+#include "cuda_copy.hpp"
+#include "region_registry.hpp"
 
 namespace plexus::transport::internal {
+namespace {
 
-absl::StatusOr<std::shared_ptr<Device>> CreateInprocDevice(const DeviceOptions&) {
-  return absl::UnimplementedError("the inproc backend is not implemented yet");
+absl::Status CopyBytes(uint8_t* dst, MemoryKind dst_kind, const uint8_t* src, MemoryKind src_kind,
+                       size_t n) {
+  if (n == 0) return absl::OkStatus();
+  if (dst_kind == MemoryKind::kHost && src_kind == MemoryKind::kHost) {
+    std::memcpy(dst, src, n);
+    return absl::OkStatus();
+  }
+  if (src_kind == MemoryKind::kHost) return CopyHostToCuda(dst, src, n);
+  if (dst_kind == MemoryKind::kHost) return CopyCudaToHost(dst, src, n);
+  std::vector<uint8_t> staging(n);
+  if (absl::Status s = CopyCudaToHost(staging.data(), src, n); !s.ok()) return s;
+  return CopyHostToCuda(dst, staging.data(), n);
+}
+
+struct PostedRecv {
+  MutableBuffer buffer;
+  uint64_t wr_id;
+};
+
+// One endpoint's state. It lives in the Link, so that the connecting side can send (and write)
+// before the listening side has accepted: the bytes wait in `held`, as in a socket's backlog.
+struct Side {
+  bool open = true;
+  CompletionQueue* cq = nullptr;  // null until accepted; completions wait in `early`
+  uint64_t connection_id = 0;
+  std::shared_ptr<RegionRegistry> registry;
+  std::deque<PostedRecv> recvs;
+  std::deque<std::vector<uint8_t>> held;
+  std::vector<Completion> early;
+
+  void Complete(Opcode op, uint64_t wr_id, absl::Status status, size_t bytes,
+                std::optional<uint32_t> immediate = std::nullopt) {
+    Completion c;
+    c.opcode = op;
+    c.wr_id = wr_id;
+    c.status = std::move(status);
+    c.bytes = bytes;
+    c.has_immediate = immediate.has_value();
+    c.immediate = immediate.value_or(0);
+    c.connection_id = connection_id;
+    if (cq != nullptr) {
+      cq->Push(std::move(c));
+    } else {
+      early.push_back(std::move(c));
+    }
+  }
+};
+
+// The shared state of one connection: both endpoints lock it for every operation.
+struct Link {
+  std::mutex mu;
+  Side sides[2];
+  absl::Status closed;  // non-OK once either side closed or failed
+};
+
+class InprocConnection final : public Connection {
+ public:
+  InprocConnection(std::shared_ptr<Link> link, int side, std::string peer)
+      : link_(std::move(link)), side_(side), peer_(std::move(peer)) {}
+  ~InprocConnection() override { Close(); }
+
+  Side& self() { return link_->sides[side_]; }
+  Side& peer() { return link_->sides[1 - side_]; }
+
+  absl::Status PostSend(absl::Span<const ConstBuffer> buffers, uint64_t wr_id) override {
+    size_t total = 0;
+    for (const ConstBuffer& b : buffers) {
+      if (b.data == nullptr && b.size > 0)
+        return absl::InvalidArgumentError("PostSend: null buffer");
+      total += b.size;
+    }
+    std::lock_guard<std::mutex> lock(link_->mu);
+    if (!link_->closed.ok()) return link_->closed;
+    if (!peer().recvs.empty()) {
+      PostedRecv r = peer().recvs.front();
+      peer().recvs.pop_front();
+      if (total > r.buffer.size) {
+        const absl::Status err = TooLong(total, r.buffer.size);
+        peer().Complete(Opcode::kRecv, r.wr_id, err, 0);
+        self().Complete(Opcode::kSend, wr_id, err, 0);
+        CloseLocked(err);
+        return absl::OkStatus();
+      }
+      Gather(buffers, static_cast<uint8_t*>(r.buffer.data));
+      peer().Complete(Opcode::kRecv, r.wr_id, absl::OkStatus(), total);
+    } else {
+      std::vector<uint8_t> held(total);
+      Gather(buffers, held.data());
+      peer().held.push_back(std::move(held));
+    }
+    self().Complete(Opcode::kSend, wr_id, absl::OkStatus(), total);
+    return absl::OkStatus();
+  }
+
+  absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id) override {
+    if (buffer.data == nullptr && buffer.size > 0) {
+      return absl::InvalidArgumentError("PostRecv: null buffer");
+    }
+    std::lock_guard<std::mutex> lock(link_->mu);
+    if (!link_->closed.ok()) return link_->closed;
+    if (self().held.empty()) {
+      self().recvs.push_back({buffer, wr_id});
+      return absl::OkStatus();
+    }
+    std::vector<uint8_t> msg = std::move(self().held.front());
+    self().held.pop_front();
+    if (msg.size() > buffer.size) {
+      const absl::Status err = TooLong(msg.size(), buffer.size);
+      self().Complete(Opcode::kRecv, wr_id, err, 0);
+      CloseLocked(err);
+      return absl::OkStatus();
+    }
+    if (!msg.empty()) std::memcpy(buffer.data, msg.data(), msg.size());
+    self().Complete(Opcode::kRecv, wr_id, absl::OkStatus(), msg.size());
+    return absl::OkStatus();
+  }
+
+  absl::Status PostWrite(const MemoryRegion& local, size_t local_offset, size_t length,
+                         const RegionHandle& remote, size_t remote_offset,
+                         std::optional<uint32_t> immediate, uint64_t wr_id) override {
+    if (absl::Status s = CheckLocalRange(local, local_offset, length); !s.ok()) return s;
+    if (remote.backend != Backend::kInproc) {
+      return absl::InvalidArgumentError(absl::StrCat("PostWrite: remote handle is for backend ",
+                                                     std::string(BackendName(remote.backend))));
+    }
+    std::lock_guard<std::mutex> lock(link_->mu);
+    if (!link_->closed.ok()) return link_->closed;
+    absl::StatusOr<WriteTarget> target = peer().registry->Resolve(remote.id, remote_offset, length);
+    if (!target.ok()) return target.status();
+    const absl::Status copied =
+        CopyBytes(target->data, target->kind,
+                  static_cast<const uint8_t*>(local.data()) + local_offset, local.kind(), length);
+    self().Complete(Opcode::kWrite, wr_id, copied, copied.ok() ? length : 0);
+    if (copied.ok() && immediate.has_value()) {
+      peer().Complete(Opcode::kRemoteWrite, 0, absl::OkStatus(), length, immediate);
+    }
+    return absl::OkStatus();
+  }
+
+  void Close() override {
+    std::lock_guard<std::mutex> lock(link_->mu);
+    if (!self().open) return;
+    CloseLocked(absl::CancelledError("connection closed locally"));
+    self().open = false;
+    self().cq = nullptr;
+    self().early.clear();
+  }
+
+  absl::Status status() const override {
+    std::lock_guard<std::mutex> lock(link_->mu);
+    return link_->closed;
+  }
+  std::string peer_address() const override { return peer_; }
+
+ private:
+  static absl::Status TooLong(size_t message, size_t buffer) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "message of ", message, " bytes exceeds the posted receive of ", buffer, " bytes"));
+  }
+
+  static void Gather(absl::Span<const ConstBuffer> buffers, uint8_t* out) {
+    for (const ConstBuffer& b : buffers) {
+      if (b.size > 0) std::memcpy(out, b.data, b.size);
+      out += b.size;
+    }
+  }
+
+  // Fails every outstanding receive on both ends; the peer learns why.
+  void CloseLocked(const absl::Status& why) {
+    if (link_->closed.ok()) link_->closed = why;
+    for (int i = 0; i < 2; ++i) {
+      Side& end = link_->sides[i];
+      if (!end.open) continue;
+      const absl::Status err =
+          i == side_ ? why
+                     : absl::UnavailableError(absl::StrCat("peer closed the connection: ",
+                                                           std::string(why.message())));
+      for (const PostedRecv& r : end.recvs) end.Complete(Opcode::kRecv, r.wr_id, err, 0);
+      end.recvs.clear();
+      end.held.clear();
+    }
+  }
+
+  std::shared_ptr<Link> link_;
+  const int side_;
+  std::string peer_;
+};
+
+struct Directory {
+  std::mutex mu;
+  std::condition_variable cv;
+  struct Entry {
+    std::shared_ptr<RegionRegistry> registry;
+    std::deque<std::shared_ptr<Link>> pending;
+  };
+  absl::flat_hash_map<std::string, Entry> listeners;
+  uint64_t next_name = 0;
+};
+
+Directory& GlobalDirectory() {
+  static Directory* d = new Directory();
+  return *d;
+}
+
+class InprocListener final : public Listener {
+ public:
+  explicit InprocListener(std::string name) : name_(std::move(name)) {}
+  ~InprocListener() override {
+    Directory& d = GlobalDirectory();
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.listeners.erase(name_);
+  }
+  std::string address() const override { return name_; }
+
+  absl::StatusOr<std::unique_ptr<Connection>> Accept(CompletionQueue* cq,
+                                                     absl::Duration timeout) override {
+    if (cq == nullptr) return absl::InvalidArgumentError("Accept: null completion queue");
+    Directory& d = GlobalDirectory();
+    std::unique_lock<std::mutex> lock(d.mu);
+    auto& pending = d.listeners[name_].pending;
+    const auto ready = [&] { return !pending.empty(); };
+    if (timeout == absl::InfiniteDuration()) {
+      d.cv.wait(lock, ready);
+    } else if (!d.cv.wait_for(lock, absl::ToChronoNanoseconds(timeout), ready)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "inproc accept on '", name_, "': no connection within ", absl::FormatDuration(timeout)));
+    }
+    std::shared_ptr<Link> link = std::move(pending.front());
+    pending.pop_front();
+    lock.unlock();
+    auto conn = std::make_unique<InprocConnection>(link, 1, "inproc-client");
+    std::lock_guard<std::mutex> link_lock(link->mu);
+    Side& side = link->sides[1];
+    side.cq = cq;
+    side.connection_id = conn->id();
+    for (Completion& c : side.early) {
+      c.connection_id = conn->id();
+      cq->Push(std::move(c));
+    }
+    side.early.clear();
+    return conn;
+  }
+
+ private:
+  std::string name_;
+};
+
+class InprocDevice final : public Device {
+ public:
+  explicit InprocDevice(const DeviceOptions& options)
+      : Device(options), registry_(std::make_shared<RegionRegistry>(Backend::kInproc)) {}
+
+  Backend backend() const override { return Backend::kInproc; }
+
+  // Everything completes inside the Post calls: there is nothing for a caller to drive.
+  std::unique_ptr<CompletionQueue> CreateCompletionQueue() override {
+    return std::make_unique<CompletionQueue>(nullptr);
+  }
+
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data, size_t bytes,
+                                                         MemoryKind kind) override {
+    return registry_->Register(data, bytes, kind);
+  }
+
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(std::string_view address) override {
+    Directory& d = GlobalDirectory();
+    std::lock_guard<std::mutex> lock(d.mu);
+    std::string name =
+        address.empty() ? absl::StrCat("inproc-", d.next_name++) : std::string(address);
+    if (d.listeners.contains(name)) {
+      return absl::AlreadyExistsError(absl::StrCat("inproc address '", name, "' is in use"));
+    }
+    d.listeners[name].registry = registry_;
+    return std::make_unique<InprocListener>(name);
+  }
+
+  absl::StatusOr<std::unique_ptr<Connection>> Connect(std::string_view address,
+                                                      CompletionQueue* cq) override {
+    if (cq == nullptr) return absl::InvalidArgumentError("Connect: null completion queue");
+    Directory& d = GlobalDirectory();
+    auto link = std::make_shared<Link>();
+    auto conn = std::make_unique<InprocConnection>(link, 0, std::string(address));
+    link->sides[0].cq = cq;
+    link->sides[0].connection_id = conn->id();
+    link->sides[0].registry = registry_;
+    {
+      std::lock_guard<std::mutex> lock(d.mu);
+      auto it = d.listeners.find(std::string(address));
+      if (it == d.listeners.end()) {
+        return absl::UnavailableError(absl::StrCat("inproc connect to '", std::string(address),
+                                                   "': no listener at that address"));
+      }
+      link->sides[1].registry = it->second.registry;
+      it->second.pending.push_back(link);
+    }
+    d.cv.notify_all();
+    return conn;
+  }
+
+ protected:
+  void DriveProgress(absl::Duration) override {}
+
+ private:
+  std::shared_ptr<RegionRegistry> registry_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Device>> CreateInprocDevice(const DeviceOptions& options) {
+  return std::make_shared<InprocDevice>(options);
 }
 
 }  // namespace plexus::transport::internal

@@ -40,6 +40,8 @@ class ProgressDriver {
   // Moves bytes for every connection of the device, blocking at most `max_block` when there is
   // nothing to do. Safe to call from several threads (one makes progress at a time).
   virtual void Progress(absl::Duration max_block) = 0;
+  // Interrupts a Progress() blocked in another thread (a completion was pushed from outside).
+  virtual void Wake() {}
 };
 
 // A multi-producer, multi-consumer queue of completions. Backends push; callers Poll or Wait.
@@ -68,6 +70,7 @@ class CompletionQueue {
   std::condition_variable cv_;
   std::deque<Completion> items_;
   std::atomic<size_t> count_{0};
+  std::atomic<int> blocked_in_driver_{0};
 };
 
 }  // namespace plexus::transport

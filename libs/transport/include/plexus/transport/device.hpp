@@ -61,7 +61,7 @@ class Device : public ProgressDriver {
   const DeviceOptions& options() const { return options_; }
 
   // A completion queue wired to this device's progress mode.
-  std::unique_ptr<CompletionQueue> CreateCompletionQueue();
+  virtual std::unique_ptr<CompletionQueue> CreateCompletionQueue();
 
   virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(
       void* data, size_t bytes, MemoryKind kind = MemoryKind::kHost) = 0;
