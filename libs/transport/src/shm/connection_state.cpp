@@ -1,0 +1,607 @@
+#include "shm/connection_state.hpp"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "cuda_copy.hpp"
+
+namespace plexus::transport::internal::shm {
+namespace {
+
+constexpr uint64_t kMinPartialPayload = 16 << 10;
+constexpr size_t kReadBudgetFrames = 256;
+constexpr uint64_t kReadBudgetBytes = 32 << 20;
+
+uint64_t ChunkBytes(uint64_t capacity) { return std::min<uint64_t>(capacity / 8, 512 << 10); }
+
+// Copies ring bytes to `dst`, which is host or CUDA memory.
+absl::Status CopyFromRing(const Ring& ring, uint64_t pos, uint8_t* dst, size_t n, MemoryKind kind) {
+  if (kind == MemoryKind::kHost) {
+    ring.CopyOut(pos, dst, n);
+    return absl::OkStatus();
+  }
+  const Ring::Pieces p = ring.View(pos, n);
+  if (auto s = CopyHostToCuda(dst, p.first, p.first_size); !s.ok()) return s;
+  if (p.second_size > 0) return CopyHostToCuda(dst + p.first_size, p.second, p.second_size);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+ConnectionState::ConnectionState(Session session, CompletionQueue* cq,
+                                 std::shared_ptr<RegionRegistry> registry, Doorbell own_doorbell,
+                                 const EngineConfig& config)
+    : session_(std::move(session)),
+      cq_(cq),
+      registry_(std::move(registry)),
+      own_doorbell_(own_doorbell),
+      config_(config),
+      limits_{static_cast<size_t>(session_.rx.capacity() - 64), config.max_message_bytes},
+      chunk_bytes_(ChunkBytes(session_.tx.capacity())),
+      last_progress_(absl::Now()) {
+  // A freshly created ring starts at zero; an acceptor may see a peer that already wrote.
+  tx_head_ = session_.tx.LoadHead();
+  tx_tail_seen_ = tx_head_;
+  rx_tail_ = session_.rx.LoadTail();
+}
+
+ConnectionState::~ConnectionState() = default;
+
+absl::Status ConnectionState::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+ConnectionStats ConnectionState::stats() const {
+  ConnectionStats s;
+  s.peer_can_pull = session_.peer_can_pull;
+  s.cma_bytes_sent = cma_sent_.load();
+  s.cma_bytes_received = cma_received_.load();
+  s.ring_bytes_sent = ring_sent_.load();
+  s.ring_bytes_received = ring_received_.load();
+  return s;
+}
+
+void ConnectionState::PushLocked(uint64_t wr_id, Opcode opcode, absl::Status status, size_t bytes,
+                                 std::optional<uint32_t> immediate) {
+  Completion c;
+  c.wr_id = wr_id;
+  c.opcode = opcode;
+  c.status = std::move(status);
+  c.bytes = bytes;
+  c.has_immediate = immediate.has_value();
+  c.immediate = immediate.value_or(0);
+  c.connection_id = id_;
+  cq_->Push(std::move(c));
+}
+
+absl::Status ConnectionState::PostSend(absl::Span<const ConstBuffer> buffers, uint64_t wr_id) {
+  SendOp op;
+  op.wr_id = wr_id;
+  for (const ConstBuffer& b : buffers) {
+    if (b.data == nullptr && b.size > 0) {
+      return absl::InvalidArgumentError(
+          "PostSend: a buffer has a null pointer and a non-zero size");
+    }
+    if (b.size > config_.max_message_bytes - op.total) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PostSend: message exceeds max_message_bytes = ", config_.max_message_bytes));
+    }
+    op.total += b.size;
+    if (b.size > 0) op.buffers.push_back(b);
+  }
+  op.use_cma = session_.peer_can_pull && op.total >= config_.cma_threshold &&
+               op.buffers.size() <= kMaxCmaSegments;
+  return EnqueueLocked(std::move(op));
+}
+
+absl::Status ConnectionState::PostWrite(const MemoryRegion& local, size_t local_offset,
+                                        size_t length, const RegionHandle& remote,
+                                        size_t remote_offset, std::optional<uint32_t> immediate,
+                                        uint64_t wr_id) {
+  if (auto s = CheckLocalRange(local, local_offset, length); !s.ok()) return s;
+  if (remote.backend != Backend::kShm) {
+    return absl::InvalidArgumentError(absl::StrCat("PostWrite: remote region belongs to the ",
+                                                   std::string(BackendName(remote.backend)),
+                                                   " backend, not shm"));
+  }
+  if (remote.id == 0) return absl::InvalidArgumentError("PostWrite: remote region id is 0");
+  if (remote_offset > remote.length || length > remote.length - remote_offset) {
+    return absl::OutOfRangeError(absl::StrCat("PostWrite: ", length, " bytes at offset ",
+                                              remote_offset, " exceed the remote region of ",
+                                              remote.length, " bytes"));
+  }
+  if (length > config_.max_message_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PostWrite: ", length, " bytes exceed max_message_bytes"));
+  }
+  SendOp op;
+  op.is_write = true;
+  op.wr_id = wr_id;
+  op.total = length;
+  op.region_id = remote.id;
+  op.remote_offset = remote_offset;
+  op.immediate = immediate;
+  const uint8_t* src = static_cast<const uint8_t*>(local.data()) + local_offset;
+  if (local.kind() == MemoryKind::kCuda && length > 0) {
+    // Staged once at post time: the ring and cross-memory attach both read host memory.
+    op.staging.reset(new (std::nothrow) uint8_t[length]);
+    if (op.staging == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("PostWrite: cannot allocate ", length, " bytes to stage CUDA memory"));
+    }
+    if (auto s = CopyCudaToHost(op.staging.get(), src, length); !s.ok()) return s;
+    src = op.staging.get();
+  }
+  if (length > 0) op.buffers.push_back(ConstBuffer{src, length});
+  op.use_cma = session_.peer_can_pull && length >= config_.cma_threshold;
+  return EnqueueLocked(std::move(op));
+}
+
+absl::Status ConnectionState::EnqueueLocked(SendOp op) {
+  bool produced = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!status_.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shm connection is down: ", std::string(status_.message())));
+    }
+    if (send_queue_.empty() && awaiting_.empty()) last_progress_ = absl::Now();
+    const bool was_empty = send_queue_.empty();
+    send_queue_.push_back(std::move(op));
+    // Straight into the ring from the posting thread when nothing is queued ahead: no hop to
+    // the progress loop for the common small message.
+    if (was_empty) {
+      ReapAcksLocked();
+      produced = WriteFramesLocked();
+    }
+    if (!send_queue_.empty()) own_doorbell_.Ring();
+  }
+  if (produced) session_.peer_doorbell.Ring();
+  return absl::OkStatus();
+}
+
+absl::Status ConnectionState::PostRecv(MutableBuffer buffer, uint64_t wr_id) {
+  if (buffer.data == nullptr && buffer.size > 0) {
+    return absl::InvalidArgumentError("PostRecv: null buffer with a non-zero size");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!status_.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shm connection is down: ", std::string(status_.message())));
+  }
+  recvs_.push_back(RecvOp{buffer, wr_id});
+  if (auto s = MatchHeldLocked(); !s.ok()) FailLocked(s, true);
+  return absl::OkStatus();
+}
+
+void ConnectionState::Close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!status_.ok()) return;
+  FailLocked(absl::CancelledError("shm connection closed locally"), false);
+}
+
+void ConnectionState::FailLocked(const absl::Status& why, bool tell_peer_error) {
+  if (!status_.ok()) return;
+  status_ = why;
+  for (SendOp& op : send_queue_) {
+    PushLocked(op.wr_id, op.is_write ? Opcode::kWrite : Opcode::kSend, why, 0);
+  }
+  send_queue_.clear();
+  for (AwaitingAck& a : awaiting_) {
+    a.completion.status = why;
+    cq_->Push(std::move(a.completion));
+  }
+  awaiting_.clear();
+  if (incoming_.recv) PushLocked(incoming_.recv->wr_id, Opcode::kRecv, why, 0);
+  incoming_ = Incoming{};
+  for (RecvOp& r : recvs_) PushLocked(r.wr_id, Opcode::kRecv, why, 0);
+  recvs_.clear();
+  held_.clear();
+
+  // Tell the peer why, when its ring has room (it also sees the socket shut down below).
+  const std::string reason(why.message().substr(0, kMaxCloseReasonBytes));
+  const uint64_t tail = session_.tx.LoadTail();
+  const uint64_t used = tx_head_ - tail;
+  if (used <= session_.tx.capacity() &&
+      session_.tx.capacity() - used >= FrameFootprint(reason.size())) {
+    FrameHeader h;
+    h.type = FrameType::kClose;
+    h.flags = tell_peer_error ? kFlagError : 0;
+    h.payload_bytes = static_cast<uint32_t>(reason.size());
+    uint8_t header[kFrameHeaderBytes];
+    EncodeFrameHeader(h, header);
+    session_.tx.CopyIn(tx_head_, header, sizeof header);
+    session_.tx.CopyIn(tx_head_ + kFrameHeaderBytes, reason.data(), reason.size());
+    tx_head_ += FrameFootprint(reason.size());
+    session_.tx.StoreHead(tx_head_);
+  }
+  ::shutdown(session_.socket.get(), SHUT_RDWR);
+  session_.peer_doorbell.Ring();
+  done_.store(true, std::memory_order_release);
+}
+
+bool ConnectionState::HasPeerDependentWorkLocked() const {
+  return !send_queue_.empty() || !awaiting_.empty() || incoming_.active;
+}
+
+bool ConnectionState::Pump(absl::Time now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!status_.ok()) return false;
+  const bool consumed = ReadFramesLocked();
+  if (!status_.ok()) return true;
+  const bool acked = ReapAcksLocked();
+  if (!status_.ok()) return true;
+  const bool produced = WriteFramesLocked();
+  if (consumed || produced) session_.peer_doorbell.Ring();
+  const bool did = consumed || acked || produced;
+  if (did) last_progress_ = now;
+  return did;
+}
+
+void ConnectionState::OnSocketHangup() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!status_.ok()) return;
+  // Whatever the peer wrote before it went away is still delivered.
+  while (status_.ok() && ReadFramesLocked()) {
+  }
+  if (!status_.ok()) return;
+  FailLocked(absl::UnavailableError(absl::StrCat("shm: peer process ", session_.peer_pid, " ('",
+                                                 session_.peer_address,
+                                                 "') disconnected: it closed or died")),
+             false);
+}
+
+void ConnectionState::CheckTimeout(absl::Time now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!status_.ok() || !HasPeerDependentWorkLocked()) return;
+  if (now - last_progress_ > config_.op_timeout) {
+    FailLocked(absl::DeadlineExceededError(
+                   absl::StrCat("shm: no progress with peer process ", session_.peer_pid, " for ",
+                                absl::FormatDuration(now - last_progress_), " (op_timeout ",
+                                absl::FormatDuration(config_.op_timeout), "): peer stalled")),
+               true);
+  }
+}
+
+// ---- receiving ----
+
+bool ConnectionState::ReadFramesLocked() {
+  Ring& rx = session_.rx;
+  const uint64_t head = rx.LoadHead();
+  if (head - rx_tail_ > rx.capacity()) {
+    FailLocked(absl::DataLossError(absl::StrCat("malformed shm ring: peer's head ", head,
+                                                " is out of range (consumed ", rx_tail_,
+                                                ", capacity ", rx.capacity(), ")")),
+               true);
+    return true;
+  }
+  bool any = false;
+  size_t frames = 0;
+  uint64_t bytes = 0;
+  while (head != rx_tail_ && frames < kReadBudgetFrames && bytes < kReadBudgetBytes) {
+    const uint64_t available = head - rx_tail_;
+    uint8_t raw[kFrameHeaderBytes];
+    const size_t have = std::min<uint64_t>(available, kFrameHeaderBytes);
+    rx.CopyOut(rx_tail_, raw, have);
+    absl::StatusOr<FrameHeader> h = DecodeFrameHeader(absl::MakeConstSpan(raw, have), limits_);
+    if (!h.ok()) {
+      FailLocked(h.status(), true);
+      return true;
+    }
+    const uint64_t footprint = FrameFootprint(h->payload_bytes);
+    if (footprint > available) {
+      FailLocked(
+          absl::DataLossError(absl::StrCat("malformed shm frame: truncated (needs ", footprint,
+                                           " bytes, ring holds ", available, ")")),
+          true);
+      return true;
+    }
+    if (absl::Status s = ProcessFrameLocked(*h, rx_tail_ + kFrameHeaderBytes); !s.ok()) {
+      FailLocked(s, true);
+      return true;
+    }
+    if (!status_.ok()) return true;  // a close frame
+    rx_tail_ += footprint;
+    rx.StoreTail(rx_tail_);
+    any = true;
+    ++frames;
+    bytes += h->payload_bytes;
+    if (h->type == FrameType::kMessageCma || h->type == FrameType::kWriteCma) {
+      bytes += h->total_bytes;
+    }
+  }
+  return any;
+}
+
+absl::Status ConnectionState::ProcessFrameLocked(const FrameHeader& h, uint64_t payload_pos) {
+  const Ring& rx = session_.rx;
+  switch (h.type) {
+    case FrameType::kMessage:
+    case FrameType::kMessagePart: {
+      if (h.type == FrameType::kMessage) {
+        if (auto s = BeginMessageLocked(h.total_bytes); !s.ok()) return s;
+      } else if (!incoming_.active || h.total_bytes != incoming_.total ||
+                 h.offset != incoming_.received) {
+        return absl::DataLossError(
+            absl::StrCat("malformed shm frame: message part at offset ", h.offset, " of ",
+                         h.total_bytes, " bytes does not continue the message being received"));
+      }
+      if (incoming_.dest != nullptr)
+        rx.CopyOut(payload_pos, incoming_.dest + h.offset, h.payload_bytes);
+      incoming_.received += h.payload_bytes;
+      ring_received_.fetch_add(h.payload_bytes, std::memory_order_relaxed);
+      if (incoming_.received == incoming_.total) return FinishMessageLocked();
+      return absl::OkStatus();
+    }
+    case FrameType::kMessageCma: {
+      scratch_.resize(h.payload_bytes);
+      rx.CopyOut(payload_pos, scratch_.data(), h.payload_bytes);
+      auto segments = DecodeCmaSegments(scratch_, h);
+      if (!segments.ok()) return segments.status();
+      if (auto s = BeginMessageLocked(h.total_bytes); !s.ok()) return s;
+      if (!status_.ok()) return absl::OkStatus();
+      if (auto s = CmaRead(session_.peer_pid, incoming_.dest, *segments); !s.ok()) return s;
+      cma_received_.fetch_add(h.total_bytes, std::memory_order_relaxed);
+      incoming_.received = incoming_.total;
+      return FinishMessageLocked();
+    }
+    case FrameType::kWrite:
+    case FrameType::kWriteImm:
+    case FrameType::kWriteCma:
+      return PlaceWriteLocked(h, payload_pos);
+    case FrameType::kClose: {
+      std::string reason(h.payload_bytes, '\0');
+      rx.CopyOut(payload_pos, reason.data(), reason.size());
+      const bool error = (h.flags & kFlagError) != 0;
+      FailLocked(absl::UnavailableError(
+                     absl::StrCat("shm: peer process ", session_.peer_pid, " closed the connection",
+                                  error ? " because of an error: " : "", error ? reason : "")),
+                 false);
+      return absl::OkStatus();
+    }
+  }
+  return absl::DataLossError("malformed shm frame: unknown type");
+}
+
+absl::Status ConnectionState::BeginMessageLocked(uint64_t total) {
+  if (incoming_.active) {
+    return absl::DataLossError(
+        "malformed shm frame: a new message starts before the previous one is complete");
+  }
+  incoming_ = Incoming{};
+  incoming_.active = true;
+  incoming_.total = total;
+  if (held_.empty() && !recvs_.empty()) {
+    RecvOp r = recvs_.front();
+    recvs_.pop_front();
+    if (total > r.buffer.size) {
+      const absl::Status too_long = absl::ResourceExhaustedError(
+          absl::StrCat("shm: incoming message of ", total,
+                       " bytes does not fit the posted receive of ", r.buffer.size, " bytes"));
+      PushLocked(r.wr_id, Opcode::kRecv, too_long, 0);
+      return too_long;
+    }
+    incoming_.dest = static_cast<uint8_t*>(r.buffer.data);
+    incoming_.recv = r;
+    return absl::OkStatus();
+  }
+  HeldMessage m;
+  m.size = total;
+  if (total > 0) {
+    m.data.reset(new (std::nothrow) uint8_t[total]);
+    if (m.data == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("shm: cannot allocate ", total,
+                       " bytes to hold a message that arrived before its receive"));
+    }
+  }
+  incoming_.dest = m.data.get();
+  held_.push_back(std::move(m));
+  return absl::OkStatus();
+}
+
+absl::Status ConnectionState::FinishMessageLocked() {
+  const uint64_t total = incoming_.total;
+  std::optional<RecvOp> recv = incoming_.recv;
+  incoming_ = Incoming{};
+  if (recv) {
+    PushLocked(recv->wr_id, Opcode::kRecv, absl::OkStatus(), total);
+    return absl::OkStatus();
+  }
+  held_.back().complete = true;
+  return MatchHeldLocked();
+}
+
+absl::Status ConnectionState::MatchHeldLocked() {
+  while (!held_.empty() && held_.front().complete && !recvs_.empty()) {
+    HeldMessage m = std::move(held_.front());
+    held_.pop_front();
+    RecvOp r = recvs_.front();
+    recvs_.pop_front();
+    if (m.size > r.buffer.size) {
+      const absl::Status too_long = absl::ResourceExhaustedError(
+          absl::StrCat("shm: message of ", m.size, " bytes does not fit the posted receive of ",
+                       r.buffer.size, " bytes"));
+      PushLocked(r.wr_id, Opcode::kRecv, too_long, 0);
+      return too_long;
+    }
+    if (m.size > 0) std::memcpy(r.buffer.data, m.data.get(), m.size);
+    PushLocked(r.wr_id, Opcode::kRecv, absl::OkStatus(), m.size);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ConnectionState::PlaceWriteLocked(const FrameHeader& h, uint64_t payload_pos) {
+  if (incoming_.active) {
+    return absl::DataLossError("malformed shm frame: a write interrupts a message");
+  }
+  // The whole write's range is checked with every frame: a region deregistered midway stops it.
+  absl::StatusOr<WriteTarget> target =
+      registry_->Resolve(h.region_id, h.remote_offset, h.total_bytes);
+  if (!target.ok()) {
+    return absl::Status(target.status().code(),
+                        absl::StrCat("shm: peer's one-sided write failed: ",
+                                     std::string(target.status().message())));
+  }
+  bool last = false;
+  if (h.type == FrameType::kWriteCma) {
+    scratch_.resize(h.payload_bytes);
+    session_.rx.CopyOut(payload_pos, scratch_.data(), h.payload_bytes);
+    auto segments = DecodeCmaSegments(scratch_, h);
+    if (!segments.ok()) return segments.status();
+    if (target->kind == MemoryKind::kHost) {
+      if (auto s = CmaRead(session_.peer_pid, target->data, *segments); !s.ok()) return s;
+    } else {
+      std::unique_ptr<uint8_t[]> staging(new (std::nothrow) uint8_t[h.total_bytes]);
+      if (staging == nullptr) {
+        return absl::ResourceExhaustedError("shm: cannot allocate a staging buffer for CUDA");
+      }
+      if (auto s = CmaRead(session_.peer_pid, staging.get(), *segments); !s.ok()) return s;
+      if (auto s = CopyHostToCuda(target->data, staging.get(), h.total_bytes); !s.ok()) return s;
+    }
+    cma_received_.fetch_add(h.total_bytes, std::memory_order_relaxed);
+    last = true;
+  } else {
+    if (auto s = CopyFromRing(session_.rx, payload_pos, target->data + h.offset, h.payload_bytes,
+                              target->kind);
+        !s.ok()) {
+      return s;
+    }
+    ring_received_.fetch_add(h.payload_bytes, std::memory_order_relaxed);
+    last = h.offset + h.payload_bytes == h.total_bytes;
+  }
+  const bool has_immediate = h.type == FrameType::kWriteImm ||
+                             (h.type == FrameType::kWriteCma && (h.flags & kFlagImmediate) != 0);
+  if (last && has_immediate) {
+    PushLocked(0, Opcode::kRemoteWrite, absl::OkStatus(), h.total_bytes, h.immediate);
+  }
+  return absl::OkStatus();
+}
+
+// ---- sending ----
+
+bool ConnectionState::ReapAcksLocked() {
+  const uint64_t tail = session_.tx.LoadTail();
+  if (tail == tx_tail_seen_) return false;
+  if (tail - tx_tail_seen_ > tx_head_ - tx_tail_seen_) {
+    FailLocked(absl::DataLossError(absl::StrCat("malformed shm ring: peer's tail ", tail,
+                                                " is out of range (produced ", tx_head_, ")")),
+               true);
+    return true;
+  }
+  tx_tail_seen_ = tail;
+  while (!awaiting_.empty() && awaiting_.front().end_position <= tail) {
+    cq_->Push(std::move(awaiting_.front().completion));
+    awaiting_.pop_front();
+  }
+  return true;
+}
+
+bool ConnectionState::WriteFramesLocked() {
+  bool any = false;
+  while (!send_queue_.empty()) {
+    const uint64_t free_bytes = session_.tx.capacity() - (tx_head_ - tx_tail_seen_);
+    if (!WriteOneFrameLocked(send_queue_.front(), free_bytes)) {
+      // Maybe the peer consumed meanwhile.
+      const uint64_t before = tx_tail_seen_;
+      ReapAcksLocked();
+      if (!status_.ok() || tx_tail_seen_ == before) break;
+      continue;
+    }
+    any = true;
+    SendOp& op = send_queue_.front();
+    if (op.framed < op.total) continue;
+    Completion c;
+    c.wr_id = op.wr_id;
+    c.opcode = op.is_write ? Opcode::kWrite : Opcode::kSend;
+    c.bytes = op.total;
+    c.connection_id = id_;
+    if (op.is_write || op.use_cma) {
+      // Done only once the peer consumed the frame: it placed (or pulled) the bytes.
+      awaiting_.push_back(AwaitingAck{tx_head_, std::move(c)});
+    } else {
+      cq_->Push(std::move(c));  // the bytes are in the ring; the caller's buffers are free
+    }
+    send_queue_.pop_front();
+  }
+  return any;
+}
+
+bool ConnectionState::WriteOneFrameLocked(SendOp& op, uint64_t free_bytes) {
+  Ring& tx = session_.tx;
+  FrameHeader h;
+  h.total_bytes = op.total;
+  h.region_id = op.region_id;
+  h.remote_offset = op.remote_offset;
+  uint8_t header[kFrameHeaderBytes];
+
+  if (op.use_cma) {
+    const size_t payload = op.buffers.size() * kCmaSegmentBytes;
+    if (free_bytes < FrameFootprint(payload)) return false;
+    h.type = op.is_write ? FrameType::kWriteCma : FrameType::kMessageCma;
+    h.payload_bytes = static_cast<uint32_t>(payload);
+    if (op.is_write && op.immediate) {
+      h.flags = kFlagImmediate;
+      h.immediate = *op.immediate;
+    }
+    CmaSegment segments[kMaxCmaSegments];
+    for (size_t i = 0; i < op.buffers.size(); ++i) {
+      segments[i] = CmaSegment{reinterpret_cast<uintptr_t>(op.buffers[i].data), op.buffers[i].size};
+    }
+    EncodeFrameHeader(h, header);
+    tx.CopyIn(tx_head_, header, sizeof header);
+    scratch_.resize(payload);
+    EncodeCmaSegments(absl::MakeConstSpan(segments, op.buffers.size()), scratch_.data());
+    tx.CopyIn(tx_head_ + kFrameHeaderBytes, scratch_.data(), payload);
+    tx_head_ += FrameFootprint(payload);
+    tx.StoreHead(tx_head_);
+    op.framed = op.total;
+    cma_sent_.fetch_add(op.total, std::memory_order_relaxed);
+    return true;
+  }
+
+  const uint64_t remaining = op.total - op.framed;
+  uint64_t piece = std::min(remaining, chunk_bytes_);
+  if (free_bytes < FrameFootprint(piece)) {
+    // Use what room there is rather than wait for a whole chunk.
+    if (free_bytes < kFrameHeaderBytes + kMinPartialPayload) return false;
+    piece = std::min(remaining, (free_bytes - kFrameHeaderBytes) & ~uint64_t{7});
+  }
+  if (op.is_write) {
+    h.type = op.immediate ? FrameType::kWriteImm : FrameType::kWrite;
+    h.immediate = op.immediate.value_or(0);
+    h.offset = op.framed;
+  } else {
+    h.type = op.framed == 0 ? FrameType::kMessage : FrameType::kMessagePart;
+    h.offset = op.framed;
+  }
+  h.payload_bytes = static_cast<uint32_t>(piece);
+  EncodeFrameHeader(h, header);
+  tx.CopyIn(tx_head_, header, sizeof header);
+  uint64_t pos = tx_head_ + kFrameHeaderBytes;
+  uint64_t left = piece;
+  while (left > 0) {
+    const ConstBuffer& b = op.buffers[op.cursor_buffer];
+    const size_t n = std::min<uint64_t>(left, b.size - op.cursor_offset);
+    tx.CopyIn(pos, static_cast<const uint8_t*>(b.data) + op.cursor_offset, n);
+    pos += n;
+    left -= n;
+    op.cursor_offset += n;
+    if (op.cursor_offset == b.size) {
+      ++op.cursor_buffer;
+      op.cursor_offset = 0;
+    }
+  }
+  tx_head_ += FrameFootprint(piece);
+  tx.StoreHead(tx_head_);
+  op.framed += piece;
+  ring_sent_.fetch_add(piece, std::memory_order_relaxed);
+  if (piece >= (64 << 10)) session_.peer_doorbell.Ring();  // let the reader start early
+  return true;
+}
+
+}  // namespace plexus::transport::internal::shm

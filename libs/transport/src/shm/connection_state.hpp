@@ -1,0 +1,138 @@
+// The per-connection engine of the shm backend: the operation queues of one side and the code
+// that moves them through the two rings. Driven by ShmDevice's progress loop (or directly by a
+// posting thread when that is cheaper); every method takes the connection's lock.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "plexus/transport/completion.hpp"
+#include "plexus/transport/connection.hpp"
+#include "region_registry.hpp"
+#include "shm/frame.hpp"
+#include "shm/session.hpp"
+#include "shm/stats.hpp"
+
+namespace plexus::transport::internal::shm {
+
+struct EngineConfig {
+  size_t max_message_bytes = 0;
+  absl::Duration op_timeout = absl::Seconds(30);
+  size_t cma_threshold = size_t{256} << 10;  // bulk sends at least this long use CMA
+};
+
+class ConnectionState {
+ public:
+  ConnectionState(Session session, CompletionQueue* cq, std::shared_ptr<RegionRegistry> registry,
+                  Doorbell own_doorbell, const EngineConfig& config);
+  ~ConnectionState();
+
+  void set_id(uint64_t id) { id_ = id; }
+  int socket_fd() const { return session_.socket.get(); }
+
+  absl::Status PostSend(absl::Span<const ConstBuffer> buffers, uint64_t wr_id);
+  absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id);
+  absl::Status PostWrite(const MemoryRegion& local, size_t local_offset, size_t length,
+                         const RegionHandle& remote, size_t remote_offset,
+                         std::optional<uint32_t> immediate, uint64_t wr_id);
+  void Close();
+  absl::Status status() const;
+  const std::string& peer_address() const { return session_.peer_address; }
+  ConnectionStats stats() const;
+
+  // Moves whatever can move now; true when anything did.
+  bool Pump(absl::Time now);
+  // The liveness socket reported hang-up or data: the peer process closed or died.
+  void OnSocketHangup();
+  // Fails the connection when peer-dependent work made no progress for op_timeout.
+  void CheckTimeout(absl::Time now);
+  // Whether the connection is finished (failed or closed) and needs no more progress.
+  bool done() const { return done_.load(std::memory_order_acquire); }
+
+ private:
+  struct SendOp {
+    bool is_write = false;
+    uint64_t wr_id = 0;
+    absl::InlinedVector<ConstBuffer, 4> buffers;
+    uint64_t total = 0;
+    uint64_t framed = 0;  // payload bytes already written into the ring
+    size_t cursor_buffer = 0;
+    size_t cursor_offset = 0;
+    bool use_cma = false;
+    uint64_t region_id = 0;
+    uint64_t remote_offset = 0;
+    std::optional<uint32_t> immediate;
+    std::unique_ptr<uint8_t[]> staging;  // host copy of a CUDA source
+  };
+  struct AwaitingAck {
+    uint64_t end_position;  // the op is done once the peer's tail reaches this
+    Completion completion;
+  };
+  struct RecvOp {
+    MutableBuffer buffer;
+    uint64_t wr_id;
+  };
+  struct HeldMessage {
+    std::unique_ptr<uint8_t[]> data;
+    uint64_t size = 0;
+    bool complete = false;
+  };
+  struct Incoming {
+    bool active = false;
+    uint64_t total = 0;
+    uint64_t received = 0;
+    uint8_t* dest = nullptr;
+    std::optional<RecvOp> recv;  // receiving straight into a posted buffer; else the last held
+  };
+
+  absl::Status EnqueueLocked(SendOp op);
+  // Fails every outstanding operation with `why`, tells the peer, and marks the connection done.
+  void FailLocked(const absl::Status& why, bool tell_peer_error);
+  bool ReadFramesLocked();
+  absl::Status ProcessFrameLocked(const FrameHeader& h, uint64_t payload_pos);
+  absl::Status BeginMessageLocked(uint64_t total);
+  absl::Status FinishMessageLocked();
+  absl::Status MatchHeldLocked();
+  absl::Status PlaceWriteLocked(const FrameHeader& h, uint64_t payload_pos);
+  bool ReapAcksLocked();
+  bool WriteFramesLocked();
+  bool WriteOneFrameLocked(SendOp& op, uint64_t free_bytes);
+  void PushLocked(uint64_t wr_id, Opcode opcode, absl::Status status, size_t bytes,
+                  std::optional<uint32_t> immediate = std::nullopt);
+  bool HasPeerDependentWorkLocked() const;
+
+  Session session_;
+  CompletionQueue* cq_;
+  std::shared_ptr<RegionRegistry> registry_;
+  Doorbell own_doorbell_;
+  const EngineConfig config_;
+  const FrameLimits limits_;
+  const uint64_t chunk_bytes_;
+  uint64_t id_ = 0;
+
+  mutable std::mutex mu_;
+  absl::Status status_;
+  std::atomic<bool> done_{false};
+  std::deque<SendOp> send_queue_;
+  std::deque<AwaitingAck> awaiting_;
+  std::deque<RecvOp> recvs_;
+  std::deque<HeldMessage> held_;
+  Incoming incoming_;
+  uint64_t tx_head_ = 0;       // what this side produced into session_.tx
+  uint64_t tx_tail_seen_ = 0;  // the peer's last consumption of session_.tx
+  uint64_t rx_tail_ = 0;       // what this side consumed from session_.rx
+  absl::Time last_progress_;
+  std::vector<uint8_t> scratch_;
+
+  std::atomic<uint64_t> cma_sent_{0}, cma_received_{0}, ring_sent_{0}, ring_received_{0};
+};
+
+}  // namespace plexus::transport::internal::shm

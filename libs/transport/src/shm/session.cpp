@@ -1,0 +1,557 @@
+#include "shm/session.hpp"
+
+#include <linux/futex.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstddef>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+
+namespace plexus::transport::internal::shm {
+namespace {
+
+std::string Errno(int err) { return std::string(strerror(err)); }
+
+absl::Status SysError(const std::string& what, int err) {
+  return absl::InternalError(absl::StrCat("shm: ", what, ": ", Errno(err)));
+}
+
+// Handshake messages. Both ends are processes of one host, so native layout is the wire format;
+// every received message is still checked for size, magic and version.
+struct Hello {
+  uint32_t magic;
+  uint32_t version;
+  uint64_t ring_bytes;
+  uint64_t probe_address;
+  uint64_t probe_value;
+};
+struct Reply {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t status;         // 0: accepted; otherwise `reason` says why not
+  uint32_t peer_can_pull;  // the acceptor can read the connector's memory
+  uint64_t probe_address;
+  uint64_t probe_value;
+  char reason[200];
+};
+struct Final {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t status;
+  uint32_t peer_can_pull;  // the connector can read the acceptor's memory
+  char reason[200];
+};
+constexpr uint32_t kHandshakeMagic = 0x48534c50;  // "PLSH"
+
+struct FileHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint64_t ring_bytes;
+};
+// Head and tail on their own cache lines: the producer writes one, the consumer the other.
+struct RingControl {
+  alignas(64) uint64_t head;
+  alignas(64) uint64_t tail;
+};
+static_assert(sizeof(RingControl) == 128);
+constexpr size_t kControlOffset = 4096;
+
+size_t FileBytes(size_t ring_bytes) { return kRingAreaOffset + 2 * ring_bytes; }
+
+bool ValidRingBytes(uint64_t r) {
+  return r >= kMinRingBytes && r <= kMaxRingBytes && (r & (r - 1)) == 0;
+}
+
+void CopyReason(char (&out)[200], const std::string& reason) {
+  const size_t n = std::min(reason.size(), sizeof(out) - 1);
+  std::memcpy(out, reason.data(), n);
+  out[n] = '\0';
+}
+
+absl::Duration Remaining(absl::Time deadline) {
+  return std::max(deadline - absl::Now(), absl::ZeroDuration());
+}
+
+// Waits until `fd` is readable (or hung up) before `deadline`.
+absl::Status WaitReadable(int fd, absl::Time deadline, const std::string& what) {
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    const int ms = static_cast<int>(absl::ToInt64Milliseconds(Remaining(deadline)));
+    const int rc = ::poll(&p, 1, ms);
+    if (rc > 0) return absl::OkStatus();
+    if (rc == 0) {
+      return absl::DeadlineExceededError(absl::StrCat("shm: timed out waiting for ", what));
+    }
+    if (errno != EINTR) return SysError(absl::StrCat("poll while waiting for ", what), errno);
+  }
+}
+
+absl::Status SendWithFds(int sock, const void* msg, size_t size, const int* fds, size_t nfds,
+                         const std::string& what) {
+  iovec iov{const_cast<void*>(msg), size};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  if (nfds > 0) {
+    mh.msg_control = control;
+    mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+    std::memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
+  }
+  for (;;) {
+    const ssize_t n = ::sendmsg(sock, &mh, MSG_NOSIGNAL);
+    if (n == static_cast<ssize_t>(size)) return absl::OkStatus();
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::UnavailableError(absl::StrCat("shm: sending the ", what, ": ", Errno(errno)));
+    }
+    return absl::InternalError(absl::StrCat("shm: short send of the ", what));
+  }
+}
+
+// Receives one handshake message of exactly `size` bytes, with up to 2 descriptors.
+absl::Status RecvWithFds(int sock, void* msg, size_t size, std::vector<UniqueFd>* fds,
+                         absl::Time deadline, const std::string& what) {
+  if (auto s = WaitReadable(sock, deadline, what); !s.ok()) return s;
+  std::vector<uint8_t> buf(size + 1);
+  iovec iov{buf.data(), buf.size()};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(8 * sizeof(int))] = {};
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof(control);
+  ssize_t n;
+  do {
+    n = ::recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    return absl::UnavailableError(absl::StrCat("shm: receiving the ", what, ": ", Errno(errno)));
+  }
+  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds->emplace_back(fd);
+      }
+    }
+  }
+  if (n == 0) {
+    return absl::UnavailableError(absl::StrCat("shm: the peer closed the socket before the ", what,
+                                               " (handshake rejected or peer died)"));
+  }
+  if ((mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || static_cast<size_t>(n) != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm: malformed ", what, " (", n, " bytes, expected ", size, ")"));
+  }
+  std::memcpy(msg, buf.data(), size);
+  return absl::OkStatus();
+}
+
+absl::Status CheckVersion(uint32_t magic, uint32_t version, const std::string& what) {
+  if (magic != kHandshakeMagic) {
+    return absl::InvalidArgumentError(absl::StrCat("shm: ", what, " has bad magic 0x",
+                                                   absl::Hex(magic), " (not a Plexus shm peer?)"));
+  }
+  if (version != kProtocolVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shm: ", what, " speaks protocol version ", version, ", this side speaks ",
+                     kProtocolVersion, " (mixing Plexus builds?)"));
+  }
+  return absl::OkStatus();
+}
+
+// Whether this process may read 8 bytes at `address` of `pid` and finds `value` there.
+bool ProbeCma(pid_t pid, uint64_t address, uint64_t value) {
+  uint64_t got = ~value;
+  const CmaSegment seg{address, sizeof got};
+  if (!CmaRead(pid, reinterpret_cast<uint8_t*>(&got), {&seg, 1}).ok()) return false;
+  return got == value;
+}
+
+absl::StatusOr<pid_t> PeerPid(int sock) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return SysError("SO_PEERCRED", errno);
+  }
+  return cred.pid;
+}
+
+sockaddr_un AbstractAddress(const std::string& name, socklen_t* len) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  a.sun_path[0] = '\0';
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return a;
+}
+
+absl::Status CheckName(const std::string& name) {
+  if (name.empty() || name.size() > sizeof(sockaddr_un::sun_path) - 1) {
+    return absl::InvalidArgumentError(absl::StrCat("shm: address '", name, "' must have 1 to ",
+                                                   sizeof(sockaddr_un::sun_path) - 1,
+                                                   " characters"));
+  }
+  return absl::OkStatus();
+}
+
+void WireRings(Session* s, bool connector, size_t ring_bytes) {
+  uint8_t* base = s->file.data();
+  auto* control = reinterpret_cast<RingControl*>(base + kControlOffset);
+  Ring ring0(base + kRingAreaOffset, ring_bytes, &control[0].head, &control[0].tail);
+  Ring ring1(base + kRingAreaOffset + ring_bytes, ring_bytes, &control[1].head, &control[1].tail);
+  s->tx = connector ? ring0 : ring1;
+  s->rx = connector ? ring1 : ring0;
+}
+
+absl::StatusOr<Mapping> MapPeerDoorbell(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return SysError("fstat of the peer's doorbell", errno);
+  if (st.st_size != 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm: peer's doorbell is ", st.st_size, " bytes, expected 4096"));
+  }
+  return MapShared(fd, 4096, "the peer's doorbell");
+}
+
+}  // namespace
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Mapping& Mapping::operator=(Mapping&& o) noexcept {
+  if (this != &o) {
+    if (data_ != nullptr) ::munmap(data_, size_);
+    data_ = o.data_;
+    size_ = o.size_;
+    o.data_ = nullptr;
+  }
+  return *this;
+}
+
+Mapping::~Mapping() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+absl::StatusOr<Mapping> MapShared(int fd, size_t size, const char* what) {
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return SysError(absl::StrCat("mmap of ", what), errno);
+  return Mapping(p, size);
+}
+
+Doorbell::Doorbell(uint8_t* page)
+    : seq_(reinterpret_cast<uint32_t*>(page + 64)),
+      sleepers_(reinterpret_cast<uint32_t*>(page + 128)) {}
+
+void Doorbell::Ring() {
+  // Orders the caller's publication (ring head/tail) before the sleeper check: pairs with the
+  // sleeper's increment-then-recheck in BeginSleep.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (std::atomic_ref<uint32_t>(*sleepers_).load(std::memory_order_seq_cst) == 0) return;
+  std::atomic_ref<uint32_t>(*seq_).fetch_add(1, std::memory_order_seq_cst);
+  ::syscall(SYS_futex, seq_, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+uint32_t Doorbell::BeginSleep() {
+  std::atomic_ref<uint32_t>(*sleepers_).fetch_add(1, std::memory_order_seq_cst);
+  return std::atomic_ref<uint32_t>(*seq_).load(std::memory_order_seq_cst);
+}
+
+void Doorbell::Sleep(uint32_t token, absl::Duration max) {
+  const timespec ts = absl::ToTimespec(max);
+  ::syscall(SYS_futex, seq_, FUTEX_WAIT, token, &ts, nullptr, 0);
+}
+
+void Doorbell::EndSleep() {
+  std::atomic_ref<uint32_t>(*sleepers_).fetch_sub(1, std::memory_order_seq_cst);
+}
+
+absl::StatusOr<LocalDoorbell> CreateDoorbell() {
+  LocalDoorbell d;
+  d.fd = UniqueFd(::memfd_create("plexus-shm-doorbell", MFD_CLOEXEC));
+  if (!d.fd.valid()) return SysError("memfd_create (doorbell)", errno);
+  if (::ftruncate(d.fd.get(), 4096) != 0) return SysError("ftruncate (doorbell)", errno);
+  auto m = MapShared(d.fd.get(), 4096, "the doorbell");
+  if (!m.ok()) return m.status();
+  d.mapping = std::move(*m);
+  d.bell = Doorbell(d.mapping.data());
+  return d;
+}
+
+std::string UniqueAddress() {
+  static std::atomic<uint64_t> counter{0};
+  static thread_local absl::BitGen gen;
+  return absl::StrCat("plexus-shm-", ::getpid(), "-", counter.fetch_add(1), "-",
+                      absl::Hex(absl::Uniform<uint32_t>(gen)));
+}
+
+absl::StatusOr<UniqueFd> ListenSocket(const std::string& address) {
+  if (auto s = CheckName(address); !s.ok()) return s;
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return SysError("socket(AF_UNIX)", errno);
+  socklen_t len;
+  sockaddr_un a = AbstractAddress(address, &len);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), len) != 0) {
+    if (errno == EADDRINUSE) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("shm: address '", address, "' is already in use by another listener"));
+    }
+    return SysError(absl::StrCat("bind to '", address, "'"), errno);
+  }
+  if (::listen(fd.get(), 128) != 0) return SysError("listen", errno);
+  return fd;
+}
+
+absl::StatusOr<Session> ConnectSession(const std::string& address, int local_doorbell_fd,
+                                       const HandshakeOptions& options) {
+  const absl::Time deadline = absl::Now() + options.timeout;
+  if (auto s = CheckName(address); !s.ok()) return s;
+  if (!ValidRingBytes(options.ring_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("shm: ring size ", options.ring_bytes,
+                                                   " must be a power of two in [", kMinRingBytes,
+                                                   ", ", kMaxRingBytes, "]"));
+  }
+  Session s;
+  s.peer_address = address;
+  s.socket = UniqueFd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!s.socket.valid()) return SysError("socket(AF_UNIX)", errno);
+  socklen_t len;
+  sockaddr_un a = AbstractAddress(address, &len);
+  int rc;
+  do {
+    rc = ::connect(s.socket.get(), reinterpret_cast<sockaddr*>(&a), len);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const int err = errno;
+    if (err == ECONNREFUSED || err == ENOENT) {
+      return absl::UnavailableError(
+          absl::StrCat("shm: no listener at address '", address, "' (connect: ", Errno(err), ")"));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("shm: cannot connect to '", address, "': ", Errno(err)));
+  }
+  auto pid = PeerPid(s.socket.get());
+  if (!pid.ok()) return pid.status();
+  s.peer_pid = *pid;
+
+  UniqueFd file(::memfd_create("plexus-shm-connection", MFD_CLOEXEC));
+  if (!file.valid()) return SysError("memfd_create", errno);
+  const size_t file_bytes = FileBytes(options.ring_bytes);
+  if (::ftruncate(file.get(), static_cast<off_t>(file_bytes)) != 0) {
+    return SysError(absl::StrCat("ftruncate of the ", file_bytes, "-byte connection file"), errno);
+  }
+  auto m = MapShared(file.get(), file_bytes, "the connection file");
+  if (!m.ok()) return m.status();
+  s.file = std::move(*m);
+  auto* fh = reinterpret_cast<FileHeader*>(s.file.data());
+  fh->magic = options.magic;
+  fh->version = options.version;
+  fh->ring_bytes = options.ring_bytes;
+  WireRings(&s, /*connector=*/true, options.ring_bytes);
+
+  static thread_local absl::BitGen gen;
+  const uint64_t probe = absl::Uniform<uint64_t>(gen);
+  Hello hello{kHandshakeMagic, options.version, options.ring_bytes,
+              reinterpret_cast<uintptr_t>(&probe), probe};
+  const int fds[2] = {file.get(), local_doorbell_fd};
+  if (auto st = SendWithFds(s.socket.get(), &hello, sizeof hello, fds, 2, "handshake hello");
+      !st.ok()) {
+    return st;
+  }
+  Reply reply{};
+  std::vector<UniqueFd> got;
+  if (auto st = RecvWithFds(s.socket.get(), &reply, sizeof reply, &got, deadline,
+                            absl::StrCat("handshake reply from '", address, "'"));
+      !st.ok()) {
+    return st;
+  }
+  if (auto st = CheckVersion(reply.magic, reply.version, "the listener's reply"); !st.ok()) {
+    return st;
+  }
+  if (reply.status != 0) {
+    reply.reason[sizeof reply.reason - 1] = '\0';
+    return absl::FailedPreconditionError(
+        absl::StrCat("shm: '", address, "' rejected the connection: ", reply.reason));
+  }
+  if (got.size() != 1) {
+    return absl::InvalidArgumentError("shm: handshake reply without exactly one doorbell");
+  }
+  auto bell = MapPeerDoorbell(got[0].get());
+  if (!bell.ok()) return bell.status();
+  s.peer_doorbell_page = std::move(*bell);
+  s.peer_doorbell = Doorbell(s.peer_doorbell_page.data());
+  s.peer_can_pull = reply.peer_can_pull != 0;
+
+  Final fin{kHandshakeMagic, kProtocolVersion, 0, 0, {}};
+  fin.peer_can_pull =
+      options.allow_cma && ProbeCma(s.peer_pid, reply.probe_address, reply.probe_value) ? 1 : 0;
+  if (auto st = SendWithFds(s.socket.get(), &fin, sizeof fin, nullptr, 0, "handshake final");
+      !st.ok()) {
+    return st;
+  }
+  return s;
+}
+
+absl::StatusOr<Session> AcceptSession(UniqueFd socket, int local_doorbell_fd,
+                                      const HandshakeOptions& options) {
+  const absl::Time deadline = absl::Now() + options.timeout;
+  Session s;
+  s.socket = std::move(socket);
+  auto pid = PeerPid(s.socket.get());
+  if (!pid.ok()) return pid.status();
+  s.peer_pid = *pid;
+  s.peer_address = absl::StrCat("shm-peer-pid-", s.peer_pid);
+
+  Hello hello{};
+  std::vector<UniqueFd> got;
+  if (auto st =
+          RecvWithFds(s.socket.get(), &hello, sizeof hello, &got, deadline, "handshake hello");
+      !st.ok()) {
+    return st;
+  }
+  Reply reply{kHandshakeMagic, kProtocolVersion, 1, 0, 0, 0, {}};
+  // Refuses with a reason the connector can show, and returns the same error here.
+  auto reject = [&](absl::Status why) {
+    CopyReason(reply.reason, std::string(why.message()));
+    (void)SendWithFds(s.socket.get(), &reply, sizeof reply, nullptr, 0, "handshake reply");
+    return why;
+  };
+  if (auto st = CheckVersion(hello.magic, hello.version, "the connector's hello"); !st.ok()) {
+    return reject(st);
+  }
+  if (got.size() != 2) {
+    return reject(absl::InvalidArgumentError(
+        absl::StrCat("shm: hello carried ", got.size(), " descriptors, expected 2")));
+  }
+  if (!ValidRingBytes(hello.ring_bytes)) {
+    return reject(absl::InvalidArgumentError(
+        absl::StrCat("shm: connector asks for an invalid ring size of ", hello.ring_bytes)));
+  }
+  const size_t file_bytes = FileBytes(hello.ring_bytes);
+  struct stat st {};
+  if (::fstat(got[0].get(), &st) != 0 || static_cast<size_t>(st.st_size) != file_bytes) {
+    return reject(absl::InvalidArgumentError(
+        absl::StrCat("shm: connection file is ", st.st_size, " bytes, expected ", file_bytes)));
+  }
+  auto m = MapShared(got[0].get(), file_bytes, "the connection file");
+  if (!m.ok()) return reject(m.status());
+  s.file = std::move(*m);
+  const auto* fh = reinterpret_cast<const FileHeader*>(s.file.data());
+  if (fh->magic != kFileMagic || fh->version != kProtocolVersion ||
+      fh->ring_bytes != hello.ring_bytes) {
+    return reject(absl::InvalidArgumentError(absl::StrCat(
+        "shm: connection file header mismatch (magic 0x", absl::Hex(fh->magic), ", version ",
+        fh->version, ", ring ", fh->ring_bytes, "; expected 0x", absl::Hex(kFileMagic),
+        ", version ", kProtocolVersion, ", ring ", hello.ring_bytes, ")")));
+  }
+  WireRings(&s, /*connector=*/false, hello.ring_bytes);
+  auto bell = MapPeerDoorbell(got[1].get());
+  if (!bell.ok()) return reject(bell.status());
+  s.peer_doorbell_page = std::move(*bell);
+  s.peer_doorbell = Doorbell(s.peer_doorbell_page.data());
+
+  static thread_local absl::BitGen gen;
+  const uint64_t probe = absl::Uniform<uint64_t>(gen);
+  reply.status = 0;
+  reply.peer_can_pull =
+      options.allow_cma && ProbeCma(s.peer_pid, hello.probe_address, hello.probe_value) ? 1 : 0;
+  reply.probe_address = reinterpret_cast<uintptr_t>(&probe);
+  reply.probe_value = probe;
+  const int fds[1] = {local_doorbell_fd};
+  if (auto st2 = SendWithFds(s.socket.get(), &reply, sizeof reply, fds, 1, "handshake reply");
+      !st2.ok()) {
+    return st2;
+  }
+  Final fin{};
+  got.clear();
+  if (auto st2 = RecvWithFds(s.socket.get(), &fin, sizeof fin, &got, deadline, "handshake final");
+      !st2.ok()) {
+    return st2;
+  }
+  if (auto st2 = CheckVersion(fin.magic, fin.version, "the connector's final message"); !st2.ok()) {
+    return st2;
+  }
+  s.peer_can_pull = fin.peer_can_pull != 0;
+  return s;
+}
+
+absl::Status CmaRead(pid_t pid, uint8_t* dst, absl::Span<const CmaSegment> segments) {
+  size_t seg = 0;
+  uint64_t seg_done = 0;
+  while (seg < segments.size()) {
+    iovec remote[64];
+    size_t n = 0;
+    uint64_t want = 0;
+    for (size_t i = seg; i < segments.size() && n < 64; ++i) {
+      const uint64_t skip = i == seg ? seg_done : 0;
+      if (segments[i].length == skip) continue;
+      remote[n].iov_base = reinterpret_cast<void*>(segments[i].address + skip);
+      remote[n].iov_len = segments[i].length - skip;
+      want += remote[n].iov_len;
+      ++n;
+    }
+    if (n == 0) break;
+    iovec local{dst, want};
+    const ssize_t got = ::process_vm_readv(pid, &local, 1, remote, n, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      const std::string text =
+          absl::StrCat("cross-memory read from process ", pid, ": ", Errno(err));
+      if (err == EPERM || err == ENOSYS) return absl::PermissionDeniedError(text);
+      if (err == ESRCH) return absl::UnavailableError(absl::StrCat(text, " (peer died)"));
+      return absl::DataLossError(text);
+    }
+    if (got == 0) {
+      return absl::DataLossError(
+          absl::StrCat("cross-memory read from process ", pid, " made no progress"));
+    }
+    dst += got;
+    uint64_t left = static_cast<uint64_t>(got);
+    while (left > 0 && seg < segments.size()) {
+      const uint64_t in_seg = segments[seg].length - seg_done;
+      if (left >= in_seg) {
+        left -= in_seg;
+        ++seg;
+        seg_done = 0;
+      } else {
+        seg_done += left;
+        left = 0;
+      }
+    }
+    while (seg < segments.size() && segments[seg].length == seg_done) {
+      ++seg;
+      seg_done = 0;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plexus::transport::internal::shm
