@@ -1,0 +1,15 @@
+# Verbs backend: the protocol engine (pure C++, always runs) and a hardware loopback test that
+# exits 77 (skipped) with the probe's reason where no RDMA device exists.
+set(_verbs_protocol_sources verbs_protocol_test.cpp)
+if(NOT PLEXUS_HAVE_VERBS)
+  # Without libibverbs the library leaves src/verbs/ out; its protocol is still tested.
+  list(APPEND _verbs_protocol_sources
+       ${PROJECT_SOURCE_DIR}/libs/transport/src/verbs/protocol.cpp)
+endif()
+plexus_add_test(transport_verbs_protocol_test SOURCES ${_verbs_protocol_sources}
+                DEPS plexus::transport LABELS "transport;verbs" TIMEOUT 120)
+target_include_directories(transport_verbs_protocol_test PRIVATE
+                           ${PROJECT_SOURCE_DIR}/libs/transport/src)
+
+plexus_add_test(transport_verbs_loopback_test SOURCES verbs_loopback_test.cpp
+                DEPS plexus::transport LABELS "transport;verbs" TIMEOUT 180)
