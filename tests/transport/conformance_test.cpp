@@ -1,0 +1,512 @@
+// The transport contract (connection.hpp), checked for every backend and progress mode.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <future>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "plexus/transport/device.hpp"
+
+namespace pt = plexus::transport;
+
+namespace {
+
+struct Config {
+  std::string name;
+  pt::Backend backend;
+  int sockets = 1;
+  pt::ProgressMode progress = pt::ProgressMode::kThread;
+};
+
+std::vector<Config> Configs() {
+  std::vector<Config> out = {
+      {"inproc", pt::Backend::kInproc},
+      {"shm/thread", pt::Backend::kShm},
+      {"shm/caller", pt::Backend::kShm, 1, pt::ProgressMode::kCaller},
+      {"tcp/thread", pt::Backend::kTcp},
+      {"tcp/caller", pt::Backend::kTcp, 1, pt::ProgressMode::kCaller},
+      {"tcp/4-sockets", pt::Backend::kTcp, 4},
+  };
+  if (pt::Device::Available(pt::Backend::kVerbs)) out.push_back({"verbs", pt::Backend::kVerbs});
+  return out;
+}
+
+pt::DeviceOptions OptionsFor(const Config& c) {
+  pt::DeviceOptions o;
+  o.backend = c.backend;
+  o.sockets_per_connection = c.sockets;
+  o.progress = c.progress;
+  o.stripe_threshold = 64 << 10;
+  o.op_timeout = absl::Seconds(5);
+  o.connect_timeout = absl::Seconds(5);
+  if (c.backend == pt::Backend::kTcp) o.local_address = "127.0.0.1";
+  return o;
+}
+
+// Two connected endpoints of one backend, each with its own device and completion queue.
+struct Pair {
+  std::shared_ptr<pt::Device> dev_a, dev_b;
+  std::unique_ptr<pt::CompletionQueue> cq_a, cq_b;
+  std::unique_ptr<pt::Connection> a, b;
+};
+
+Pair MakePair(const Config& c) {
+  Pair p;
+  auto da = pt::Device::Create(OptionsFor(c));
+  REQUIRE(da.ok());
+  auto db = pt::Device::Create(OptionsFor(c));
+  REQUIRE(db.ok());
+  p.dev_a = *da;
+  p.dev_b = *db;
+  p.cq_a = p.dev_a->CreateCompletionQueue();
+  p.cq_b = p.dev_b->CreateCompletionQueue();
+  auto listener = p.dev_b->Listen("");
+  REQUIRE(listener.ok());
+  auto accepted = std::async(std::launch::async,
+                             [&] { return (*listener)->Accept(p.cq_b.get(), absl::Seconds(10)); });
+  auto conn = p.dev_a->Connect((*listener)->address(), p.cq_a.get());
+  REQUIRE(conn.ok());
+  auto server = accepted.get();
+  REQUIRE(server.ok());
+  p.a = *std::move(conn);
+  p.b = *std::move(server);
+  return p;
+}
+
+// Waits for the next completion of `cq`, failing the test after `timeout`.
+pt::Completion Next(pt::CompletionQueue& cq, absl::Duration timeout = absl::Seconds(20)) {
+  auto c = cq.Wait(timeout);
+  INFO("waiting for a completion: " << c.status().ToString());
+  REQUIRE(c.ok());
+  return *c;
+}
+
+// Drives both queues (needed in caller-progress mode, where nobody else moves bytes) until
+// `want_a` and `want_b` completions arrived.
+void Collect(Pair& p, size_t want_a, size_t want_b, std::vector<pt::Completion>* got_a,
+             std::vector<pt::Completion>* got_b, absl::Duration timeout = absl::Seconds(60)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  pt::Completion buf[16];
+  while (got_a->size() < want_a || got_b->size() < want_b) {
+    REQUIRE(absl::Now() < deadline);
+    size_t n = p.cq_a->Poll(absl::MakeSpan(buf));
+    for (size_t i = 0; i < n; ++i) got_a->push_back(buf[i]);
+    n = p.cq_b->Poll(absl::MakeSpan(buf));
+    for (size_t i = 0; i < n; ++i) got_b->push_back(buf[i]);
+    if (n == 0) std::this_thread::yield();
+  }
+}
+
+std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    v[i] = static_cast<uint8_t>(x);
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("messages arrive whole, once and in order", "[conformance]") {
+  const Config config = GENERATE(from_range(Configs()));
+  SECTION(config.name) {
+    Pair p = MakePair(config);
+    constexpr int kMessages = 300;
+    std::vector<std::vector<uint8_t>> sent, received(kMessages);
+    for (int i = 0; i < kMessages; ++i) sent.push_back(Pattern(1 + (i * 7919) % 3000, i));
+    // Half the receives are posted before the sends, half after (held messages).
+    for (int i = 0; i < kMessages / 2; ++i) {
+      received[i].resize(4096);
+      REQUIRE(p.b->PostRecv({received[i].data(), received[i].size()}, i).ok());
+    }
+    for (int i = 0; i < kMessages; ++i) {
+      REQUIRE(p.a->PostSend(pt::ConstBuffer{sent[i].data(), sent[i].size()}, 1000 + i).ok());
+    }
+    for (int i = kMessages / 2; i < kMessages; ++i) {
+      received[i].resize(4096);
+      REQUIRE(p.b->PostRecv({received[i].data(), received[i].size()}, i).ok());
+    }
+    std::vector<pt::Completion> ca, cb;
+    Collect(p, kMessages, kMessages, &ca, &cb);
+    for (int i = 0; i < kMessages; ++i) {
+      CHECK(ca[i].opcode == pt::Opcode::kSend);
+      CHECK(ca[i].wr_id == 1000u + i);
+      REQUIRE(cb[i].status.ok());
+      CHECK(cb[i].opcode == pt::Opcode::kRecv);
+      REQUIRE(cb[i].wr_id == static_cast<uint64_t>(i));
+      REQUIRE(cb[i].bytes == sent[i].size());
+      REQUIRE(std::memcmp(received[i].data(), sent[i].data(), sent[i].size()) == 0);
+      CHECK(cb[i].connection_id == p.b->id());
+    }
+  }
+}
+
+TEST_CASE("message sizes from 1 B to 1 GiB", "[conformance][large]") {
+  const Config config = GENERATE(from_range(Configs()));
+  SECTION(config.name) {
+    Pair p = MakePair(config);
+    std::vector<size_t> sizes = {0, 1, 7, 64, 4095, 65536, 1 << 20, (16 << 20) + 3};
+    // One 1 GiB message per backend (not per mode) keeps the suite fast.
+    if (config.progress == pt::ProgressMode::kThread && config.sockets == 1) {
+      sizes.push_back(size_t{1} << 30);
+    }
+    for (size_t size : sizes) {
+      INFO("size " << size);
+      std::vector<uint8_t> out = size > (64 << 20) ? std::vector<uint8_t>(size, 0)
+                                                   : Pattern(size, static_cast<uint32_t>(size));
+      if (size > (64 << 20)) {
+        for (size_t i = 0; i < size; i += 4096) out[i] = static_cast<uint8_t>(i / 4096 + 1);
+        out[size - 1] = 0xab;
+      }
+      std::vector<uint8_t> in(size + 1, 0);
+      REQUIRE(p.b->PostRecv({in.data(), in.size()}, 1).ok());
+      REQUIRE(p.a->PostSend(pt::ConstBuffer{out.data(), size}, 2).ok());
+      std::vector<pt::Completion> ca, cb;
+      Collect(p, 1, 1, &ca, &cb, absl::Seconds(120));
+      REQUIRE(ca[0].status.ok());
+      REQUIRE(cb[0].status.ok());
+      REQUIRE(cb[0].bytes == size);
+      REQUIRE(std::memcmp(in.data(), out.data(), size) == 0);
+    }
+  }
+}
+
+TEST_CASE("scatter-gather send delivers the concatenation", "[conformance]") {
+  const Config config = GENERATE(from_range(Configs()));
+  SECTION(config.name) {
+    Pair p = MakePair(config);
+    const std::vector<size_t> parts = {3, 0, 1000, 70000, 1, 200000};
+    std::vector<std::vector<uint8_t>> data;
+    std::vector<pt::ConstBuffer> buffers;
+    std::vector<uint8_t> expected;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      data.push_back(Pattern(parts[i], static_cast<uint32_t>(i + 11)));
+      buffers.push_back({data.back().data(), data.back().size()});
+      expected.insert(expected.end(), data.back().begin(), data.back().end());
+    }
+    std::vector<uint8_t> in(expected.size());
+    REQUIRE(p.b->PostRecv({in.data(), in.size()}, 5).ok());
+    REQUIRE(p.a->PostSend(absl::MakeConstSpan(buffers), 6).ok());
+    std::vector<pt::Completion> ca, cb;
+    Collect(p, 1, 1, &ca, &cb);
+    REQUIRE(cb[0].status.ok());
+    CHECK(cb[0].bytes == expected.size());
+    CHECK(in == expected);
+  }
+}
+
+TEST_CASE("one-sided writes land at the offset and deliver the immediate", "[conformance]") {
+  const Config config = GENERATE(from_range(Configs()));
+  SECTION(config.name) {
+    Pair p = MakePair(config);
+    std::vector<uint8_t> target(1 << 20, 0), source = Pattern(300000, 9);
+    auto remote = p.dev_b->Register(target.data(), target.size());
+    REQUIRE(remote.ok());
+    auto local = p.dev_a->Register(source.data(), source.size());
+    REQUIRE(local.ok());
+    // The handle travels as bytes, as it would between processes.
+    auto handle = pt::RegionHandle::Decode((*remote)->handle().Encode());
+    REQUIRE(handle.ok());
+
+    // A message, then a write with an immediate: the immediate comes after the message.
+    char note[8] = "before", got[8] = {};
+    REQUIRE(p.b->PostRecv({got, sizeof got}, 1).ok());
+    REQUIRE(p.a->PostSend(pt::ConstBuffer{note, sizeof note}, 2).ok());
+    REQUIRE(p.a->PostWrite(**local, 1000, 200000, *handle, 5000, std::nullopt, 3).ok());
+    REQUIRE(p.a->PostWrite(**local, 0, 10, *handle, 0, 0xC0FFEEu, 4).ok());
+    std::vector<pt::Completion> ca, cb;
+    Collect(p, 3, 2, &ca, &cb);
+    for (const auto& c : ca) REQUIRE(c.status.ok());
+    CHECK(ca[0].opcode == pt::Opcode::kSend);
+    CHECK(ca[1].opcode == pt::Opcode::kWrite);
+    CHECK(ca[1].wr_id == 3);
+    CHECK(ca[2].wr_id == 4);
+    CHECK(cb[0].opcode == pt::Opcode::kRecv);
+    REQUIRE(cb[1].opcode == pt::Opcode::kRemoteWrite);
+    CHECK(cb[1].has_immediate);
+    CHECK(cb[1].immediate == 0xC0FFEEu);
+    CHECK(cb[1].bytes == 10);
+    CHECK(std::memcmp(target.data() + 5000, source.data() + 1000, 200000) == 0);
+    CHECK(std::memcmp(target.data(), source.data(), 10) == 0);
+    CHECK(target[4999] == 0);
+    CHECK(target[205000] == 0);
+
+    // Out of range for the remote region: rejected at post time.
+    CHECK_FALSE(p.a->PostWrite(**local, 0, 100, *handle, target.size() - 50, std::nullopt, 9).ok());
+    // Out of range locally.
+    CHECK_FALSE(p.a->PostWrite(**local, source.size() - 5, 10, *handle, 0, std::nullopt, 9).ok());
+  }
+}
+
+TEST_CASE("64 concurrent connections", "[conformance]") {
+  const Config config = GENERATE(from_range(Configs()));
+  SECTION(config.name) {
+    auto client = pt::Device::Create(OptionsFor(config));
+    auto server = pt::Device::Create(OptionsFor(config));
+    REQUIRE(client.ok());
+    REQUIRE(server.ok());
+    auto cq_c = (*client)->CreateCompletionQueue();
+    auto cq_s = (*server)->CreateCompletionQueue();
+    auto listener = (*server)->Listen("");
+    REQUIRE(listener.ok());
+    constexpr int kConns = 64;
+    auto accepted = std::async(std::launch::async, [&] {
+      std::vector<std::unique_ptr<pt::Connection>> out;
+      for (int i = 0; i < kConns; ++i) {
+        auto c = (*listener)->Accept(cq_s.get(), absl::Seconds(20));
+        if (!c.ok()) break;
+        out.push_back(*std::move(c));
+      }
+      return out;
+    });
+    std::vector<std::unique_ptr<pt::Connection>> conns;
+    for (int i = 0; i < kConns; ++i) {
+      auto c = (*client)->Connect((*listener)->address(), cq_c.get());
+      REQUIRE(c.ok());
+      conns.push_back(*std::move(c));
+    }
+    auto servers = accepted.get();
+    REQUIRE(servers.size() == kConns);
+    std::vector<uint32_t> in(kConns, 0), out(kConns);
+    for (int i = 0; i < kConns; ++i) {
+      REQUIRE(servers[i]->PostRecv({&in[i], sizeof(uint32_t)}, i).ok());
+    }
+    for (int i = 0; i < kConns; ++i) {
+      out[i] = 0x1000 + i;
+      REQUIRE(conns[i]->PostSend(pt::ConstBuffer{&out[i], sizeof(uint32_t)}, i).ok());
+    }
+    int sends = 0, recvs = 0;
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (sends < kConns || recvs < kConns) {
+      REQUIRE(absl::Now() < deadline);
+      pt::Completion c[16];
+      size_t n = cq_c->Poll(absl::MakeSpan(c));
+      for (size_t i = 0; i < n; ++i) sends += c[i].status.ok();
+      n = cq_s->Poll(absl::MakeSpan(c));
+      for (size_t i = 0; i < n; ++i) {
+        REQUIRE(c[i].status.ok());
+        ++recvs;
+      }
+    }
+    // Each connection carried its own message: receive i holds 0x1000 + (sender matching i).
+    std::vector<uint32_t> sorted = in;
+    std::sort(sorted.begin(), sorted.end());
+    for (int i = 0; i < kConns; ++i) CHECK(sorted[i] == 0x1000u + i);
+  }
+}
+
+TEST_CASE("a message longer than the posted receive fails it", "[conformance]") {
+  const Config config = GENERATE(from_range(Configs()));
+  SECTION(config.name) {
+    Pair p = MakePair(config);
+    std::vector<uint8_t> small(10), big(100, 1);
+    REQUIRE(p.b->PostRecv({small.data(), small.size()}, 1).ok());
+    REQUIRE(p.a->PostSend(pt::ConstBuffer{big.data(), big.size()}, 2).ok());
+    auto c = Next(*p.cq_b);
+    CHECK(c.wr_id == 1);
+    CHECK(absl::IsResourceExhausted(c.status));
+  }
+}
+
+TEST_CASE("closing fails outstanding operations on both ends", "[conformance]") {
+  const Config config = GENERATE(from_range(Configs()));
+  SECTION(config.name) {
+    Pair p = MakePair(config);
+    std::vector<uint8_t> buf(64);
+    REQUIRE(p.a->PostRecv({buf.data(), buf.size()}, 1).ok());
+    REQUIRE(p.b->PostRecv({buf.data(), buf.size()}, 2).ok());
+    p.a->Close();
+    auto mine = Next(*p.cq_a);
+    CHECK(mine.wr_id == 1);
+    CHECK(absl::IsCancelled(mine.status));
+    auto theirs = Next(*p.cq_b, absl::Seconds(10));
+    CHECK(theirs.wr_id == 2);
+    CHECK_FALSE(theirs.status.ok());
+    // Sending on the failed connection is refused at once or completes with an error.
+    const absl::Status posted = p.b->PostSend(pt::ConstBuffer{buf.data(), 1}, 3);
+    if (posted.ok()) CHECK_FALSE(Next(*p.cq_b, absl::Seconds(10)).status.ok());
+  }
+}
+
+TEST_CASE("connecting where nobody listens gives a clear error", "[conformance]") {
+  const Config config = GENERATE(from_range(Configs()));
+  SECTION(config.name) {
+    auto dev = pt::Device::Create(OptionsFor(config));
+    REQUIRE(dev.ok());
+    auto cq = (*dev)->CreateCompletionQueue();
+    std::string address = "plexus-nobody-listens-here";
+    if (config.backend == pt::Backend::kTcp) {
+      // A port that was free a moment ago.
+      int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      socklen_t len = sizeof a;
+      REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+      close(fd);
+      address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    }
+    const absl::Time start = absl::Now();
+    auto conn = (*dev)->Connect(address, cq.get());
+    REQUIRE_FALSE(conn.ok());
+    CHECK(absl::Now() - start < absl::Seconds(6));
+    const std::string msg(conn.status().message());
+    INFO(msg);
+    CHECK(msg.find(address) != std::string::npos);
+  }
+}
+
+TEST_CASE("a peer process killed mid-transfer fails outstanding receives in time",
+          "[conformance][process]") {
+  for (pt::Backend backend : {pt::Backend::kShm, pt::Backend::kTcp}) {
+    Config config{std::string(pt::BackendName(backend)), backend};
+    SECTION(config.name) {
+      auto dev = pt::Device::Create(OptionsFor(config));
+      REQUIRE(dev.ok());
+      auto cq = (*dev)->CreateCompletionQueue();
+      auto listener = (*dev)->Listen("");
+      REQUIRE(listener.ok());
+      const std::string address = (*listener)->address();
+      const std::string backend_name(pt::BackendName(backend));
+      char* argv[] = {const_cast<char*>(PLEXUS_TRANSPORT_PEER),
+                      const_cast<char*>(backend_name.c_str()), const_cast<char*>(address.c_str()),
+                      const_cast<char*>("stream"), nullptr};
+      pid_t pid = 0;
+      REQUIRE(posix_spawn(&pid, PLEXUS_TRANSPORT_PEER, nullptr, nullptr, argv, environ) == 0);
+      auto conn = (*listener)->Accept(cq.get(), absl::Seconds(10));
+      REQUIRE(conn.ok());
+      std::vector<uint8_t> buf(64 << 20);
+      REQUIRE((*conn)->PostRecv({buf.data(), buf.size()}, 0).ok());
+      auto first = Next(*cq);  // the stream is flowing
+      REQUIRE(first.status.ok());
+      kill(pid, SIGKILL);
+      int status = 0;
+      waitpid(pid, &status, 0);
+      const absl::Time killed = absl::Now();
+      // Messages already in flight may still arrive; the stream must then end in an error.
+      absl::Status error;
+      for (uint64_t i = 1; i <= 64 && error.ok(); ++i) {
+        const absl::Status posted = (*conn)->PostRecv({buf.data(), buf.size()}, i);
+        if (!posted.ok()) {
+          error = posted;
+          break;
+        }
+        error = Next(*cq, OptionsFor(config).op_timeout + absl::Seconds(2)).status;
+      }
+      INFO(error.ToString());
+      CHECK_FALSE(error.ok());
+      CHECK(absl::Now() - killed <= OptionsFor(config).op_timeout + absl::Seconds(1));
+      CHECK_FALSE((*conn)->status().ok());
+    }
+  }
+}
+
+TEST_CASE("tcp: malformed and truncated frames close the connection with an error",
+          "[conformance][tcp]") {
+  pt::DeviceOptions options;
+  options.backend = pt::Backend::kTcp;
+  options.op_timeout = absl::Seconds(2);
+  auto dev = pt::Device::Create(options);
+  REQUIRE(dev.ok());
+  auto cq = (*dev)->CreateCompletionQueue();
+  auto listener = (*dev)->Listen("127.0.0.1:0");
+  REQUIRE(listener.ok());
+  const std::string address = (*listener)->address();
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+
+  auto raw_connect = [&]() {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    // A valid hello: magic "PLXT", version 1, socket 0 of 1, token.
+    uint8_t hello[24] = {0x50, 0x4c, 0x58, 0x54, 1, 0, 0, 0, 1, 0, 0, 0, 7};
+    REQUIRE(write(fd, hello, sizeof hello) == sizeof hello);
+    return fd;
+  };
+
+  SECTION("garbage header") {
+    int fd = raw_connect();
+    auto conn = (*listener)->Accept(cq.get(), absl::Seconds(5));
+    REQUIRE(conn.ok());
+    std::vector<uint8_t> buf(100);
+    REQUIRE((*conn)->PostRecv({buf.data(), buf.size()}, 1).ok());
+    uint8_t garbage[32];
+    std::memset(garbage, 0x5a, sizeof garbage);
+    REQUIRE(write(fd, garbage, sizeof garbage) == sizeof garbage);
+    auto c = Next(*cq, absl::Seconds(5));
+    CHECK(absl::IsDataLoss(c.status));
+    close(fd);
+  }
+  SECTION("truncated payload then the peer goes away") {
+    int fd = raw_connect();
+    auto conn = (*listener)->Accept(cq.get(), absl::Seconds(5));
+    REQUIRE(conn.ok());
+    std::vector<uint8_t> buf(100);
+    REQUIRE((*conn)->PostRecv({buf.data(), buf.size()}, 1).ok());
+    // kMessage header announcing 100 bytes, then only 10.
+    uint8_t frame[42] = {1, 0, 0x50, 0x58, 0, 0, 0, 0, 100};
+    REQUIRE(write(fd, frame, sizeof frame) == sizeof frame);
+    close(fd);
+    auto c = Next(*cq, absl::Seconds(5));
+    CHECK(absl::IsUnavailable(c.status));
+  }
+  SECTION("truncated payload from a stalled peer times out") {
+    int fd = raw_connect();
+    auto conn = (*listener)->Accept(cq.get(), absl::Seconds(5));
+    REQUIRE(conn.ok());
+    std::vector<uint8_t> buf(100);
+    REQUIRE((*conn)->PostRecv({buf.data(), buf.size()}, 1).ok());
+    uint8_t frame[42] = {1, 0, 0x50, 0x58, 0, 0, 0, 0, 100};
+    REQUIRE(write(fd, frame, sizeof frame) == sizeof frame);
+    auto c = Next(*cq, absl::Seconds(10));
+    CHECK(absl::IsDeadlineExceeded(c.status));
+    close(fd);
+  }
+  SECTION("write to an unknown region") {
+    int fd = raw_connect();
+    auto conn = (*listener)->Accept(cq.get(), absl::Seconds(5));
+    REQUIRE(conn.ok());
+    std::vector<uint8_t> buf(100);
+    REQUIRE((*conn)->PostRecv({buf.data(), buf.size()}, 1).ok());
+    uint8_t frame[32] = {2, 0, 0x50, 0x58, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 42};
+    REQUIRE(write(fd, frame, sizeof frame) == sizeof frame);
+    auto c = Next(*cq, absl::Seconds(5));
+    CHECK(absl::IsDataLoss(c.status));
+    close(fd);
+  }
+  SECTION("a client that is not Plexus is dropped, the listener keeps serving") {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    const char http[] = "GET / HTTP/1.1\r\nHost: a\r\n";
+    REQUIRE(write(fd, http, 24) == 24);
+    auto none = (*listener)->Accept(cq.get(), absl::Milliseconds(500));
+    CHECK(absl::IsDeadlineExceeded(none.status()));
+    CHECK(std::string(none.status().message()).find("hello") != std::string::npos);
+    close(fd);
+    int good = raw_connect();
+    CHECK((*listener)->Accept(cq.get(), absl::Seconds(5)).ok());
+    close(good);
+  }
+}
