@@ -1,0 +1,103 @@
+// Cost-model helpers shared by the strategies, the plan evaluation and the simulator.
+#pragma once
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "plexus/placement/optimizer.hpp"
+#include "plexus/placement/plan.hpp"
+#include "plexus/placement/problem.hpp"
+
+namespace plexus::placement::internal {
+
+inline constexpr double kInfinity = std::numeric_limits<double>::infinity();
+// Message sizes are in KB (10^3 bytes), prices per GB (10^9 bytes) and costs per hour.
+inline constexpr double kGbPerKb = 1e-6;
+inline constexpr double kSecondsPerHour = 3600;
+
+struct Position {
+  int tier = 0;
+  int location = 0;
+};
+
+inline Position WorkerPosition(const Problem& problem, int worker) {
+  const Worker& w = problem.workers[worker];
+  return {w.tier, problem.tiers[w.tier].replicated ? 0 : w.location};
+}
+
+inline Position SourcePosition(const Problem& problem, int op) {
+  const Operator& o = problem.operators[op];
+  return {o.source_tier, problem.tiers[o.source_tier].replicated ? 0 : o.source_location};
+}
+
+// The link data crosses from a to b: nullptr when both are the same place (free, assumption A1);
+// also nullptr, with *downwards set, when b is on a lower tier (forbidden, assumption A2).
+inline const Link* LinkBetween(const Problem& problem, Position a, Position b, bool* downwards) {
+  if (downwards != nullptr) *downwards = a.tier > b.tier;
+  if (a.tier > b.tier) return nullptr;
+  if (a.tier == b.tier) {
+    if (a.location == b.location) return nullptr;
+    return &problem.tiers[a.tier].between_locations;
+  }
+  return &*problem.tier_links[a.tier][b.tier];
+}
+
+// Price per GB from a to b; infinity when b is below a.
+inline double PricePerGb(const Problem& problem, Position a, Position b) {
+  bool downwards = false;
+  const Link* link = LinkBetween(problem, a, b, &downwards);
+  if (downwards) return kInfinity;
+  return link == nullptr ? 0 : link->price_per_gb;
+}
+
+// Size in KB of one message on `edge` for the given variants (sources count as variant 0).
+inline double MessageKb(const Problem& problem, int edge, int from_variant, int to_variant) {
+  const Edge& e = problem.edges[edge];
+  return e.size_kb[from_variant < 0 ? 0 : from_variant][to_variant];
+}
+
+// GB per hour carried by one KB per second.
+inline double HourlyGbPerKbPerSecond() { return kGbPerKb * kSecondsPerHour; }
+
+// Latency of (op, variant, worker type) at the options' percentile; 0 when it cannot run there.
+inline double LatencyMs(const Problem& problem, int op, int variant, int type) {
+  const auto& profile = problem.latency[op][variant][type];
+  if (!profile.has_value()) return 0;
+  switch (problem.options.percentile) {
+    case Percentile::kP50:
+      return profile->p50;
+    case Percentile::kP75:
+      return profile->p75;
+    case Percentile::kP90:
+      return profile->p90;
+  }
+  return profile->p75;
+}
+
+// Accuracy of `op` with `variant` given its ML inputs' accuracies (conservative estimate).
+double OperatorAccuracy(const Problem& problem, int op, int variant,
+                        const std::vector<double>& accuracy);
+
+// Sets shares proportional to each worker's throughput for the op's variant.
+void SetProportionalShares(const Problem& problem, int op, int variant,
+                           std::vector<WorkerShare>& workers);
+
+// A variant vector with 0 for every operator and -1 for sources.
+std::vector<int> DefaultVariants(const Problem& problem);
+
+// JellyBean's model selection: the surviving variant vectors, cheapest proxy first.
+std::vector<std::vector<int>> SelectModels(const Problem& problem, int beam_width);
+// Up to `count` distinct topological orders of the non-source operators, the canonical one first.
+std::vector<std::vector<int>> TopologicalOrders(const Problem& problem, int count);
+
+// The JellyBean optimizer's plan (also `lb`'s first incumbent).
+absl::StatusOr<Plan> RunJellyBean(const Problem& problem);
+absl::StatusOr<Plan> RunExact(const Problem& problem, const ProgressFn& progress);
+absl::StatusOr<Plan> RunBaseline(const Problem& problem, Strategy strategy);
+
+// The "accuracy target unreachable" error, naming the best reachable accuracy.
+absl::Status UnreachableAccuracyError(const Problem& problem);
+
+}  // namespace plexus::placement::internal

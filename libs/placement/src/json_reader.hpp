@@ -1,0 +1,154 @@
+// Small helpers to read a JSON document while naming the element at fault in every error.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace plexus::placement::internal {
+
+using Json = nlohmann::json;
+
+inline absl::Status Invalid(const std::string& path, const std::string& message) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", message));
+}
+
+inline std::string Child(const std::string& path, std::string_view key) {
+  return path.empty() ? std::string(key) : absl::StrCat(path, ".", std::string(key));
+}
+
+inline std::string Index(const std::string& path, size_t i) {
+  return absl::StrCat(path, "[", i, "]");
+}
+
+inline std::string TypeName(const Json& value) { return value.type_name(); }
+
+// Rejects keys outside `allowed`, except "comment", "$schema" and keys starting with '_', so that a
+// misspelt field is reported instead of silently ignored.
+inline absl::Status CheckKeys(const Json& object, const std::string& path,
+                              std::initializer_list<std::string_view> allowed) {
+  for (auto it = object.begin(); it != object.end(); ++it) {
+    const std::string& key = it.key();
+    if (key == "comment" || key == "$schema" || (!key.empty() && key[0] == '_')) continue;
+    bool known = false;
+    for (std::string_view name : allowed) known = known || key == name;
+    if (!known) {
+      std::string expected;
+      for (std::string_view name : allowed) {
+        absl::StrAppend(&expected, expected.empty() ? "" : ", ", std::string(name));
+      }
+      return Invalid(Child(path, key),
+                     absl::StrCat("unknown field (expected one of: ", expected, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+inline absl::StatusOr<const Json*> Field(const Json& object, const std::string& path,
+                                         std::string_view key, bool required) {
+  auto it = object.find(std::string(key));
+  if (it == object.end()) {
+    if (required) return Invalid(Child(path, key), "missing required field");
+    return nullptr;
+  }
+  return &*it;
+}
+
+inline absl::StatusOr<const Json*> ObjectField(const Json& object, const std::string& path,
+                                               std::string_view key, bool required) {
+  auto field = Field(object, path, key, required);
+  if (!field.ok() || *field == nullptr) return field;
+  if (!(*field)->is_object()) {
+    return Invalid(Child(path, key), absl::StrCat("expected an object, got ", TypeName(**field)));
+  }
+  return field;
+}
+
+inline absl::StatusOr<const Json*> ArrayField(const Json& object, const std::string& path,
+                                              std::string_view key, bool required) {
+  auto field = Field(object, path, key, required);
+  if (!field.ok() || *field == nullptr) return field;
+  if (!(*field)->is_array()) {
+    return Invalid(Child(path, key), absl::StrCat("expected an array, got ", TypeName(**field)));
+  }
+  return field;
+}
+
+inline absl::StatusOr<std::string> StringField(const Json& object, const std::string& path,
+                                               std::string_view key, bool required,
+                                               std::string fallback = "") {
+  auto field = Field(object, path, key, required);
+  if (!field.ok()) return field.status();
+  if (*field == nullptr) return fallback;
+  if (!(*field)->is_string()) {
+    return Invalid(Child(path, key), absl::StrCat("expected a string, got ", TypeName(**field)));
+  }
+  std::string value = (*field)->get<std::string>();
+  if (required && value.empty()) return Invalid(Child(path, key), "must not be empty");
+  return value;
+}
+
+inline absl::StatusOr<double> NumberField(const Json& object, const std::string& path,
+                                          std::string_view key, bool required,
+                                          double fallback = 0) {
+  auto field = Field(object, path, key, required);
+  if (!field.ok()) return field.status();
+  if (*field == nullptr) return fallback;
+  if (!(*field)->is_number()) {
+    return Invalid(Child(path, key), absl::StrCat("expected a number, got ", TypeName(**field)));
+  }
+  double value = (*field)->get<double>();
+  if (!std::isfinite(value)) return Invalid(Child(path, key), "must be finite");
+  return value;
+}
+
+inline absl::StatusOr<int64_t> IntegerField(const Json& object, const std::string& path,
+                                            std::string_view key, bool required,
+                                            int64_t fallback = 0) {
+  auto field = Field(object, path, key, required);
+  if (!field.ok()) return field.status();
+  if (*field == nullptr) return fallback;
+  if (!(*field)->is_number_integer()) {
+    return Invalid(Child(path, key), absl::StrCat("expected an integer, got ", (*field)->dump()));
+  }
+  return (*field)->get<int64_t>();
+}
+
+inline absl::StatusOr<bool> BoolField(const Json& object, const std::string& path,
+                                      std::string_view key, bool fallback) {
+  auto field = Field(object, path, key, false);
+  if (!field.ok()) return field.status();
+  if (*field == nullptr) return fallback;
+  if (!(*field)->is_boolean()) {
+    return Invalid(Child(path, key),
+                   absl::StrCat("expected true or false, got ", (*field)->dump()));
+  }
+  return (*field)->get<bool>();
+}
+
+absl::StatusOr<Json> ParseJsonText(std::string_view text, std::string_view what);
+absl::StatusOr<std::string> ReadFile(const std::string& path);
+
+}  // namespace plexus::placement::internal
+
+#define PLEXUS_PLACEMENT_CONCAT_INNER(a, b) a##b
+#define PLEXUS_PLACEMENT_CONCAT(a, b) PLEXUS_PLACEMENT_CONCAT_INNER(a, b)
+#define PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(lhs, expr) \
+  PLEXUS_PLACEMENT_ASSIGN_OR_RETURN_IMPL(PLEXUS_PLACEMENT_CONCAT(_status_or_, __LINE__), lhs, expr)
+#define PLEXUS_PLACEMENT_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                                           \
+  if (!tmp.ok()) return tmp.status();                          \
+  lhs = std::move(*tmp)
+#define PLEXUS_PLACEMENT_RETURN_IF_ERROR(expr) \
+  do {                                         \
+    absl::Status _status = (expr);             \
+    if (!_status.ok()) return _status;         \
+  } while (false)
