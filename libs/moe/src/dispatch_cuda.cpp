@@ -1,0 +1,50 @@
+// Host side of the CUDA dispatcher: probes for a GPU at run time, so a CUDA build still runs
+// (CPU only) where no GPU or driver exists.
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/str_cat.h"
+#include "dispatch_internal.hpp"
+#include "plexus/moe/dispatch.hpp"
+
+namespace plexus::moe {
+namespace internal {
+std::string RunDispatchKernel(int num_experts, int num_ranks, const int64_t* host_tokens,
+                              const int* host_replicas, int64_t* host_dense);
+}  // namespace internal
+
+bool CudaDispatchAvailable(std::string* why_not) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    if (why_not) *why_not = absl::StrCat("no usable CUDA device: ", cudaGetErrorString(err));
+    return false;
+  }
+  if (count == 0) {
+    if (why_not) *why_not = "no CUDA device present";
+    return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::vector<int64_t>> ComputeDispatchDenseCuda(const DispatchInput& input) {
+  if (absl::Status s = internal::ValidateDispatchInput(input); !s.ok()) return s;
+  std::string why;
+  if (!CudaDispatchAvailable(&why)) {
+    return absl::UnavailableError(
+        absl::StrCat("the CUDA dispatcher cannot run: ", why, "; use ComputeDispatch (CPU)"));
+  }
+  const size_t dense_cells =
+      static_cast<size_t>(input.num_experts) * input.num_ranks * input.num_ranks;
+  if (dense_cells > (size_t{1} << 27)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dense flows of ", input.num_experts, " experts x ", input.num_ranks, "^2 ranks exceed ",
+        size_t{1} << 27, " entries; use ComputeDispatch (CPU, sparse)"));
+  }
+  std::vector<int64_t> dense(dense_cells, 0);
+  const std::string error = internal::RunDispatchKernel(
+      input.num_experts, input.num_ranks, input.tokens.data(), input.replicas.data(), dense.data());
+  if (!error.empty()) return absl::InternalError(absl::StrCat("CUDA dispatcher: ", error));
+  return dense;
+}
+
+}  // namespace plexus::moe

@@ -1,0 +1,104 @@
+// Runs the plexus-moe tool end to end on the bundled scenarios and checks its JSON output.
+#include <sys/wait.h>
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <string>
+
+#include "nlohmann/json.hpp"
+
+namespace {
+
+const std::string kTool = PLEXUS_MOE_TOOL;
+const std::string kData = PLEXUS_MOE_DATA_DIR;
+
+struct Run {
+  int exit_code = -1;
+  std::string output;
+};
+
+Run Exec(const std::string& args, bool merge_stderr = false) {
+  const std::string command = "'" + kTool + "' " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  Run run;
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buffer[65536];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.output.append(buffer, n);
+  const int status = pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+nlohmann::json Json(const std::string& args) {
+  const Run run = Exec(args + " --json");
+  INFO(args);
+  REQUIRE(run.exit_code == 0);
+  nlohmann::json doc = nlohmann::json::parse(run.output, nullptr, false);
+  REQUIRE_FALSE(doc.is_discarded());
+  return doc;
+}
+
+TEST_CASE("plexus-moe plan, recovery and simulate on the bundled GPT-L scenario", "[moe][tool]") {
+  const std::string scenario = "--scenario '" + kData + "/gpt-l.json'";
+
+  const nlohmann::json plan = Json("plan " + scenario);
+  REQUIRE(plan["layers"].size() == 12);
+  for (const auto& layer : plan["layers"]) {
+    int total = 0;
+    for (int r : layer["replicas"]) {
+      CHECK(r >= 2);
+      total += r;
+    }
+    CHECK(total == 60);
+    CHECK(layer["node_slots"].size() == 10);
+  }
+
+  const nlohmann::json recovery = Json("recovery " + scenario + " --failures 4");
+  const double mro = recovery["policies"]["mro"]["probability"];
+  const double spread = recovery["policies"]["spread"]["probability"];
+  CHECK(recovery["policies"]["mro"]["exact"] == true);
+  CHECK(recovery["policies"]["mro"]["total_sets"] == 210);
+  CHECK(mro > spread);
+
+  const nlohmann::json sim =
+      Json("simulate " + scenario + " --schedule '" + kData + "/bamboo/p3-trace.csv'");
+  CHECK(sim["events"] == 344);
+  const auto& systems = sim["systems"];
+  REQUIRE(systems.contains("lazarus"));
+  REQUIRE(systems.contains("checkpoint_restart"));
+  REQUIRE(systems.contains("ep_reconfigure"));
+  CHECK(systems["lazarus"]["samples"].get<double>() >
+        systems["checkpoint_restart"]["samples"].get<double>());
+  CHECK(systems["lazarus"]["failures"].get<int>() > 0);
+  CHECK(systems["lazarus"]["mean_nodes_in_use"].get<double>() <= 10.0 + 1e-9);
+  CHECK(systems["lazarus"]["timeline"].size() > 600);  // 60 s points over 11.4 h
+}
+
+TEST_CASE("plexus-moe dispatch and reconfigure", "[moe][tool]") {
+  const nlohmann::json d = Json("dispatch --input '" + kData + "/dispatch-example.json'");
+  int64_t processed = 0;
+  for (const auto& r : d["ranks"]) processed += r["processed"].get<int64_t>();
+  CHECK(processed == 228);  // every token of the example
+  const nlohmann::json r =
+      Json("reconfigure --scenario '" + kData + "/gpt-m.json' --fail 3,7 --join 1");
+  CHECK(r["physical_of_plan_node"].size() == 9);
+  CHECK(r["bytes_moved"].get<int64_t>() > 0);
+  CHECK(r["needs_checkpoint_restart"] == false);
+}
+
+TEST_CASE("plexus-moe reports bad input clearly", "[moe][tool]") {
+  const std::string scenario = "--scenario '" + kData + "/gpt-s.json'";
+  Run run = Exec("recovery " + scenario + " --failures 11", true);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("exceeds the 10 nodes") != std::string::npos);
+  run = Exec("plan " + scenario + " --nodes 0", true);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("num_nodes must be positive") != std::string::npos);
+  run = Exec("plan --scenario /nonexistent.json", true);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("cannot open") != std::string::npos);
+  run = Exec("frobnicate", true);
+  CHECK(run.exit_code == 2);
+}
+
+}  // namespace

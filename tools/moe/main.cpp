@@ -1,0 +1,519 @@
+// plexus-moe: Lazarus expert planning, recovery analysis, dispatch, reconfiguration and
+// spot-trace simulation from the command line. JSON in, a readable table or --json out.
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "fmt/core.h"
+#include "nlohmann/json.hpp"
+#include "plexus/moe/allocation.hpp"
+#include "plexus/moe/dispatch.hpp"
+#include "plexus/moe/placement.hpp"
+#include "plexus/moe/reconfigure.hpp"
+#include "plexus/moe/recovery.hpp"
+#include "plexus/moe/scenario.hpp"
+#include "plexus/moe/simulator.hpp"
+
+namespace moe = plexus::moe;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: plexus-moe <command> [options] [--json]
+
+commands:
+  plan         --scenario FILE [--nodes N] [--policy mro|spread|compact]
+               replicas per expert (Eq. 6.1) and the placement of every layer
+  recovery     --scenario FILE --failures K [--nodes N] [--policy all|mro|spread|compact]
+               [--method auto|closed|enumerate|montecarlo] [--samples S]
+               probability that training survives K random node failures without a restart
+  dispatch     --input FILE | --scenario FILE [--layer L] [--tokens-per-rank T]
+               [--cuda]  per-rank local tokens and all-to-all counts/offsets (Algorithm 2)
+  reconfigure  --scenario FILE --fail I,J,... [--join K] [--assignment greedy|optimal]
+               new plan, node mapping and expert transfers after failures/joins
+  simulate     --scenario FILE --schedule FILE(.csv trace | .json schedule)
+               [--system all|lazarus|checkpoint_restart|ep_reconfigure] [--interval S]
+               samples trained over time for Lazarus and the checkpoint-restart baselines
+
+Scenarios and schedules are described in docs/moe.md; examples in examples/data/moe/.
+)";
+
+struct Args {
+  std::string command;
+  std::map<std::string, std::string> options;
+  bool json = false;
+  bool cuda = false;
+};
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "plexus-moe: %s\n", message.c_str());
+  return 1;
+}
+
+int Fail(const absl::Status& status) { return Fail(std::string(status.message())); }
+
+bool ParseArgs(int argc, char** argv, Args* args, std::string* error) {
+  if (argc < 2) {
+    *error = "missing command";
+    return false;
+  }
+  args->command = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--json") {
+      args->json = true;
+    } else if (arg == "--cuda") {
+      args->cuda = true;
+    } else if (arg.rfind("--", 0) == 0 && i + 1 < argc) {
+      args->options[arg.substr(2)] = argv[++i];
+    } else {
+      *error = "unexpected argument '" + arg + "'";
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string Opt(const Args& a, const std::string& key, const std::string& fallback = "") {
+  auto it = a.options.find(key);
+  return it == a.options.end() ? fallback : it->second;
+}
+
+absl::StatusOr<int> IntOpt(const Args& a, const std::string& key, int fallback) {
+  const std::string text = Opt(a, key);
+  if (text.empty()) return fallback;
+  int value = 0;
+  if (!absl::SimpleAtoi(text, &value)) {
+    return absl::InvalidArgumentError("--" + key + " expects an integer, got '" + text + "'");
+  }
+  return value;
+}
+
+absl::StatusOr<moe::Scenario> ScenarioOpt(const Args& a) {
+  const std::string path = Opt(a, "scenario");
+  if (path.empty()) return absl::InvalidArgumentError("--scenario FILE is required");
+  return moe::LoadScenario(path);
+}
+
+absl::StatusOr<std::vector<moe::Placement>> PlanLayers(const moe::Scenario& s, int nodes,
+                                                       moe::PlacementPolicy policy,
+                                                       std::vector<moe::Allocation>* allocs) {
+  std::vector<moe::Placement> layers;
+  for (size_t l = 0; l < s.layer_loads.size(); ++l) {
+    absl::StatusOr<moe::Allocation> a =
+        moe::AllocateReplicas(s.layer_loads[l], {nodes, s.slots_per_node, s.min_replicas});
+    if (!a.ok()) {
+      return absl::Status(a.status().code(),
+                          "layer " + std::to_string(l) + ": " + std::string(a.status().message()));
+    }
+    absl::StatusOr<moe::Placement> p =
+        moe::PlaceExperts(policy, a->replicas, nodes, s.slots_per_node, a->ascending);
+    if (!p.ok()) return p.status();
+    layers.push_back(*std::move(p));
+    if (allocs) allocs->push_back(*std::move(a));
+  }
+  return layers;
+}
+
+int CmdPlan(const Args& a) {
+  absl::StatusOr<moe::Scenario> s = ScenarioOpt(a);
+  if (!s.ok()) return Fail(s.status());
+  absl::StatusOr<int> nodes = IntOpt(a, "nodes", s->nodes);
+  if (!nodes.ok()) return Fail(nodes.status());
+  absl::StatusOr<moe::PlacementPolicy> policy = moe::ParsePlacementPolicy(Opt(a, "policy", "mro"));
+  if (!policy.ok()) return Fail(policy.status());
+  std::vector<moe::Allocation> allocs;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<moe::Placement>> layers = PlanLayers(*s, *nodes, *policy, &allocs);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (!layers.ok()) return Fail(layers.status());
+  if (a.json) {
+    json out = {{"scenario", s->name},
+                {"nodes", *nodes},
+                {"slots_per_node", s->slots_per_node},
+                {"policy", moe::PlacementPolicyName(*policy)},
+                {"plan_ms", ms}};
+    for (size_t l = 0; l < layers->size(); ++l) {
+      out["layers"].push_back({{"replicas", allocs[l].replicas},
+                               {"min_replicas", allocs[l].min_replicas},
+                               {"min_replicas_lowered", allocs[l].min_replicas_lowered},
+                               {"node_slots", (*layers)[l].node_slots}});
+    }
+    std::printf("%s\n", out.dump(1).c_str());
+    return 0;
+  }
+  fmt::print("{}: {} nodes x {} slots, {} experts, {} layers, {} placement ({:.2f} ms)\n", s->name,
+             *nodes, s->slots_per_node, s->num_experts(), layers->size(),
+             moe::PlacementPolicyName(*policy), ms);
+  for (size_t l = 0; l < layers->size(); ++l) {
+    std::string reps;
+    for (int r : allocs[l].replicas) reps += fmt::format("{:>3}", r);
+    fmt::print("layer {:>2} replicas{}{}\n", l, reps,
+               allocs[l].min_replicas_lowered ? "  (f lowered)" : "");
+    for (int n = 0; n < (*layers)[l].num_nodes; ++n) {
+      std::string slots;
+      for (int e : (*layers)[l].node_slots[n]) slots += fmt::format("{:>3}", e);
+      fmt::print("   node {:>3}:{}\n", n, slots);
+    }
+  }
+  return 0;
+}
+
+json RecoveryJson(const moe::RecoveryResult& r) {
+  return {{"probability", r.probability}, {"ci_low", r.ci_low},
+          {"ci_high", r.ci_high},         {"exact", r.exact},
+          {"method", r.method},           {"recovering_sets", r.recovering_sets},
+          {"total_sets", r.total_sets},   {"samples", r.samples}};
+}
+
+int CmdRecovery(const Args& a) {
+  absl::StatusOr<moe::Scenario> s = ScenarioOpt(a);
+  if (!s.ok()) return Fail(s.status());
+  absl::StatusOr<int> nodes = IntOpt(a, "nodes", s->nodes);
+  absl::StatusOr<int> failures = IntOpt(a, "failures", -1);
+  absl::StatusOr<int> samples = IntOpt(a, "samples", 200000);
+  if (!nodes.ok()) return Fail(nodes.status());
+  if (!failures.ok()) return Fail(failures.status());
+  if (!samples.ok()) return Fail(samples.status());
+  if (*failures < 0) return Fail("--failures K (>= 0) is required");
+  if (*failures > *nodes) {
+    return Fail(fmt::format("--failures {} exceeds the {} nodes", *failures, *nodes));
+  }
+  const std::string which = Opt(a, "policy", "all");
+  const std::string method = Opt(a, "method", "auto");
+  std::vector<moe::PlacementPolicy> policies;
+  if (which == "all") {
+    policies = {moe::PlacementPolicy::kMro, moe::PlacementPolicy::kSpread,
+                moe::PlacementPolicy::kCompact};
+  } else {
+    absl::StatusOr<moe::PlacementPolicy> p = moe::ParsePlacementPolicy(which);
+    if (!p.ok()) return Fail(p.status());
+    policies = {*p};
+  }
+  json out = {{"scenario", s->name}, {"nodes", *nodes}, {"failures", *failures}};
+  if (!a.json) {
+    fmt::print("{}: {} of {} nodes fail, {} layers\n", s->name, *failures, *nodes,
+               s->layer_loads.size());
+    fmt::print("{:<8} {:>10} {:>21} {:>12} {:>13}\n", "policy", "recovery", "95% interval",
+               "method", "layer mean");
+  }
+  for (moe::PlacementPolicy policy : policies) {
+    absl::StatusOr<std::vector<moe::Placement>> layers = PlanLayers(*s, *nodes, policy, nullptr);
+    if (!layers.ok()) return Fail(layers.status());
+    absl::StatusOr<moe::RecoveryResult> r;
+    if (method == "auto") {
+      r = moe::RecoveryProbability(*layers, *failures);
+    } else if (method == "closed") {
+      r = moe::RecoveryClosedForm(*layers, *failures);
+    } else if (method == "enumerate") {
+      r = moe::RecoveryEnumerate(*layers, *failures);
+    } else if (method == "montecarlo") {
+      r = moe::RecoveryMonteCarlo(*layers, *failures, *samples);
+    } else {
+      return Fail("--method must be auto, closed, enumerate or montecarlo");
+    }
+    if (!r.ok()) return Fail(r.status());
+    double layer_mean = 0;
+    for (const moe::Placement& p : *layers) {
+      absl::StatusOr<moe::RecoveryResult> one = moe::RecoveryProbability({p}, *failures);
+      if (!one.ok()) return Fail(one.status());
+      layer_mean += one->probability / static_cast<double>(layers->size());
+    }
+    json entry = RecoveryJson(*r);
+    entry["layer_mean"] = layer_mean;
+    out["policies"][moe::PlacementPolicyName(policy)] = entry;
+    if (!a.json) {
+      fmt::print("{:<8} {:>10.4f}    [{:.4f}, {:.4f}] {:>12} {:>13.4f}\n",
+                 moe::PlacementPolicyName(policy), r->probability, r->ci_low, r->ci_high, r->method,
+                 layer_mean);
+    }
+  }
+  if (a.json) std::printf("%s\n", out.dump(1).c_str());
+  return 0;
+}
+
+absl::StatusOr<moe::DispatchInput> DispatchInputFromFile(const std::string& path) {
+  absl::StatusOr<std::string> text = moe::ReadFile(path);
+  if (!text.ok()) return text.status();
+  json doc = json::parse(*text, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return absl::InvalidArgumentError(path + ": not a JSON object");
+  }
+  moe::DispatchInput in;
+  try {
+    in.num_experts = doc.at("num_experts").get<int>();
+    in.num_ranks = doc.at("num_ranks").get<int>();
+    const json& tokens = doc.at("tokens");
+    const json& replicas = doc.at("replicas");
+    if (!tokens.is_array() || !replicas.is_array() ||
+        static_cast<int>(tokens.size()) != in.num_experts ||
+        static_cast<int>(replicas.size()) != in.num_experts) {
+      return absl::InvalidArgumentError(path +
+                                        ": tokens and replicas must be arrays of num_experts rows");
+    }
+    for (int e = 0; e < in.num_experts; ++e) {
+      if (static_cast<int>(tokens[e].size()) != in.num_ranks ||
+          static_cast<int>(replicas[e].size()) != in.num_ranks) {
+        return absl::InvalidArgumentError(path + ": row " + std::to_string(e) +
+                                          " must have num_ranks entries");
+      }
+      for (int j = 0; j < in.num_ranks; ++j) {
+        in.tokens.push_back(tokens[e][j].get<int64_t>());
+        in.replicas.push_back(replicas[e][j].get<int>());
+      }
+    }
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(path + ": " + e.what() +
+                                      " (expected num_experts, num_ranks, tokens, replicas)");
+  }
+  return in;
+}
+
+int CmdDispatch(const Args& a) {
+  moe::DispatchInput in;
+  if (!Opt(a, "input").empty()) {
+    absl::StatusOr<moe::DispatchInput> parsed = DispatchInputFromFile(Opt(a, "input"));
+    if (!parsed.ok()) return Fail(parsed.status());
+    in = *std::move(parsed);
+  } else {
+    absl::StatusOr<moe::Scenario> s = ScenarioOpt(a);
+    if (!s.ok()) return Fail("--input FILE or --scenario FILE is required");
+    absl::StatusOr<int> layer = IntOpt(a, "layer", 0);
+    absl::StatusOr<int> per_rank = IntOpt(a, "tokens-per-rank", 4096);
+    if (!layer.ok()) return Fail(layer.status());
+    if (!per_rank.ok()) return Fail(per_rank.status());
+    if (*layer < 0 || *layer >= static_cast<int>(s->layer_loads.size())) {
+      return Fail(fmt::format("--layer must be in [0, {})", s->layer_loads.size()));
+    }
+    if (*per_rank < 0) return Fail("--tokens-per-rank must be >= 0");
+    std::vector<moe::Allocation> allocs;
+    absl::StatusOr<std::vector<moe::Placement>> layers =
+        PlanLayers(*s, s->nodes, moe::PlacementPolicy::kMro, &allocs);
+    if (!layers.ok()) return Fail(layers.status());
+    const auto& loads = s->layer_loads[*layer];
+    double sum = 0;
+    for (double l : loads) sum += l;
+    in.num_experts = s->num_experts();
+    in.num_ranks = s->nodes;
+    in.replicas = (*layers)[*layer].ReplicaMatrix();
+    for (int e = 0; e < in.num_experts; ++e) {
+      for (int j = 0; j < in.num_ranks; ++j) {
+        in.tokens.push_back(static_cast<int64_t>(loads[e] / sum * *per_rank));
+      }
+    }
+  }
+  absl::StatusOr<moe::DispatchPlan> plan = moe::ComputeDispatch(in);
+  if (!plan.ok()) return Fail(plan.status());
+  json out = {{"num_experts", in.num_experts}, {"num_ranks", in.num_ranks}};
+  if (a.cuda) {
+    absl::StatusOr<std::vector<int64_t>> dense = moe::ComputeDispatchDenseCuda(in);
+    if (!dense.ok()) return Fail(dense.status());
+    out["cuda_matches_cpu"] = *dense == moe::DenseFlows(*plan);
+  }
+  for (int j = 0; j < in.num_ranks; ++j) {
+    const moe::RankExchange ex = moe::ExtractRankExchange(*plan, j);
+    out["ranks"].push_back({{"rank", j},
+                            {"local", ex.local},
+                            {"processed", ex.processed},
+                            {"send_counts", ex.send_counts},
+                            {"send_offsets", ex.send_offsets},
+                            {"recv_counts", ex.recv_counts},
+                            {"recv_offsets", ex.recv_offsets}});
+  }
+  if (a.json) {
+    std::printf("%s\n", out.dump(1).c_str());
+    return 0;
+  }
+  fmt::print(
+      "{} experts on {} ranks{}\n", in.num_experts, in.num_ranks,
+      a.cuda ? fmt::format(", CUDA matches CPU: {}", out["cuda_matches_cpu"].get<bool>()) : "");
+  fmt::print("{:>5} {:>10} {:>10} {:>10}  send counts\n", "rank", "processed", "sent", "received");
+  for (const json& r : out["ranks"]) {
+    int64_t sent = 0, received = 0;
+    std::string counts;
+    for (int64_t c : r["send_counts"]) {
+      sent += c;
+      counts += fmt::format(" {}", c);
+    }
+    for (int64_t c : r["recv_counts"]) received += c;
+    fmt::print("{:>5} {:>10} {:>10} {:>10}  [{} ]\n", r["rank"].get<int>(),
+               r["processed"].get<int64_t>(), sent, received, counts);
+  }
+  return 0;
+}
+
+int CmdReconfigure(const Args& a) {
+  absl::StatusOr<moe::Scenario> s = ScenarioOpt(a);
+  if (!s.ok()) return Fail(s.status());
+  absl::StatusOr<int> join = IntOpt(a, "join", 0);
+  if (!join.ok()) return Fail(join.status());
+  if (*join < 0) return Fail("--join must be >= 0");
+  std::vector<int> failed;
+  for (absl::string_view part : absl::StrSplit(Opt(a, "fail"), ',', absl::SkipEmpty())) {
+    int node = 0;
+    if (!absl::SimpleAtoi(part, &node) || node < 0 || node >= s->nodes) {
+      return Fail(fmt::format("--fail takes node indices in [0, {}), got '{}'", s->nodes,
+                              std::string(part.data(), part.size())));
+    }
+    failed.push_back(node);
+  }
+  if (failed.empty() && *join == 0) return Fail("give --fail I,J,... and/or --join K");
+  moe::ReconfigureInput in;
+  absl::StatusOr<std::vector<moe::Placement>> layers =
+      PlanLayers(*s, s->nodes, moe::PlacementPolicy::kMro, nullptr);
+  if (!layers.ok()) return Fail(layers.status());
+  in.current = *layers;
+  for (int n = 0; n < s->nodes; ++n) {
+    in.current_physical.push_back(n);
+    if (std::find(failed.begin(), failed.end(), n) == failed.end()) in.new_physical.push_back(n);
+  }
+  for (int j = 0; j < *join; ++j) in.new_physical.push_back(s->nodes + j);
+  in.layer_loads = s->layer_loads;
+  in.slots_per_node = s->slots_per_node;
+  in.min_replicas = s->min_replicas;
+  in.expert_state_bytes = s->training.expert_state_bytes;
+  const std::string assignment = Opt(a, "assignment", "greedy");
+  if (assignment == "optimal") {
+    in.assignment = moe::AssignmentMethod::kOptimal;
+  } else if (assignment != "greedy") {
+    return Fail("--assignment must be greedy or optimal");
+  }
+  absl::StatusOr<moe::ReconfigurePlan> plan = moe::PlanReconfiguration(in);
+  if (!plan.ok()) return Fail(plan.status());
+  json out = {{"scenario", s->name},
+              {"failed", failed},
+              {"joined", *join},
+              {"assignment", assignment},
+              {"physical_of_plan_node", plan->physical},
+              {"newly_assigned", plan->newly_assigned},
+              {"bytes_moved", plan->bytes_moved},
+              {"needs_checkpoint_restart", plan->needs_checkpoint_restart()}};
+  out["lost_experts"] = json::array();
+  for (const auto& [l, e] : plan->lost_experts) out["lost_experts"].push_back({l, e});
+  out["transfers"] = json::array();
+  for (const moe::ExpertTransfer& t : plan->transfers) {
+    out["transfers"].push_back({{"layer", t.layer},
+                                {"expert", t.expert},
+                                {"src", t.src_physical},
+                                {"dst", t.dst_physical},
+                                {"bytes", t.bytes}});
+  }
+  if (a.json) {
+    std::printf("%s\n", out.dump(1).c_str());
+    return 0;
+  }
+  fmt::print("{}: {} failed, {} joined -> {} nodes ({} assignment)\n", s->name, failed.size(),
+             *join, plan->physical.size(), assignment);
+  std::string mapping;
+  for (size_t q = 0; q < plan->physical.size(); ++q) {
+    mapping += fmt::format(" {}->{}", plan->physical[q], q);
+  }
+  fmt::print("physical->plan node:{}\n", mapping);
+  fmt::print("newly assigned experts: {}, transfers: {}, bytes moved: {:.1f} MiB\n",
+             plan->newly_assigned, plan->transfers.size(), plan->bytes_moved / 1048576.0);
+  if (plan->needs_checkpoint_restart()) {
+    fmt::print("{} experts lost every replica: restart from the checkpoint\n",
+               plan->lost_experts.size());
+  }
+  return 0;
+}
+
+int CmdSimulate(const Args& a) {
+  absl::StatusOr<moe::Scenario> s = ScenarioOpt(a);
+  if (!s.ok()) return Fail(s.status());
+  const std::string schedule_path = Opt(a, "schedule");
+  if (schedule_path.empty()) return Fail("--schedule FILE is required");
+  absl::StatusOr<moe::Schedule> schedule = moe::LoadSchedule(schedule_path);
+  if (!schedule.ok()) return Fail(schedule.status());
+  moe::SimulationOptions options;
+  const std::string interval = Opt(a, "interval", "60");
+  if (!absl::SimpleAtod(interval, &options.timeline_interval_s) ||
+      !(options.timeline_interval_s > 0)) {
+    return Fail("--interval expects seconds > 0, got '" + interval + "'");
+  }
+  std::vector<moe::SystemKind> systems;
+  const std::string which = Opt(a, "system", "all");
+  if (which == "all") {
+    systems = {moe::SystemKind::kLazarus, moe::SystemKind::kCheckpointRestart,
+               moe::SystemKind::kEpReconfigure};
+  } else {
+    absl::StatusOr<moe::SystemKind> k = moe::ParseSystemKind(which);
+    if (!k.ok()) return Fail(k.status());
+    systems = {*k};
+  }
+  json out = {{"scenario", s->name},
+              {"schedule", schedule->name},
+              {"duration_s", schedule->end_s},
+              {"events", schedule->events.size()}};
+  std::vector<moe::SimulationResult> results;
+  for (moe::SystemKind kind : systems) {
+    std::fprintf(stderr, "simulating %s over %.0f s of %s...\n", moe::SystemKindName(kind),
+                 schedule->end_s, schedule->name.c_str());
+    absl::StatusOr<moe::SimulationResult> r = moe::Simulate(*s, *schedule, kind, options);
+    if (!r.ok()) return Fail(r.status());
+    json timeline = json::array();
+    for (const moe::TimelinePoint& p : r->timeline) {
+      timeline.push_back({p.time_s, p.samples, p.active_nodes});
+    }
+    out["systems"][moe::SystemKindName(kind)] = {
+        {"samples", r->samples},
+        {"steps", r->steps},
+        {"samples_per_s", r->duration_s > 0 ? r->samples / r->duration_s : 0},
+        {"failures", r->failures},
+        {"reconfigurations", r->reconfigurations},
+        {"restarts", r->restarts},
+        {"scale_ups", r->scale_ups},
+        {"lost_samples", r->lost_samples},
+        {"idle_s", r->idle_s},
+        {"overhead_s", r->overhead_s},
+        {"mean_nodes_in_use", r->mean_active_nodes},
+        {"timeline_columns", {"time_s", "samples", "nodes_in_use"}},
+        {"timeline", timeline}};
+    results.push_back(*std::move(r));
+  }
+  if (a.json) {
+    std::printf("%s\n", out.dump(1).c_str());
+    return 0;
+  }
+  fmt::print("{} on {} ({:.1f} h, {} events)\n", s->name, schedule->name, schedule->end_s / 3600.0,
+             schedule->events.size());
+  fmt::print("{:<20} {:>12} {:>9} {:>9} {:>9} {:>12} {:>10} {:>8}\n", "system", "samples",
+             "failures", "reconfig", "restarts", "lost", "overhead", "nodes");
+  for (const moe::SimulationResult& r : results) {
+    fmt::print("{:<20} {:>12.0f} {:>9} {:>9} {:>9} {:>12.0f} {:>9.0f}s {:>8.2f}\n",
+               moe::SystemKindName(r.system), r.samples, r.failures, r.reconfigurations, r.restarts,
+               r.lost_samples, r.overhead_s, r.mean_active_nodes);
+  }
+  if (results.size() > 1 && results[1].samples > 0) {
+    fmt::print("lazarus / checkpoint_restart samples: {:.2f}x\n",
+               results[0].samples / results[1].samples);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  std::string error;
+  if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (!ParseArgs(argc, argv, &args, &error)) {
+    std::fprintf(stderr, "plexus-moe: %s\n\n%s", error.c_str(), kUsage);
+    return 2;
+  }
+  if (args.command == "plan") return CmdPlan(args);
+  if (args.command == "recovery") return CmdRecovery(args);
+  if (args.command == "dispatch") return CmdDispatch(args);
+  if (args.command == "reconfigure") return CmdReconfigure(args);
+  if (args.command == "simulate") return CmdSimulate(args);
+  std::fprintf(stderr, "plexus-moe: unknown command '%s'\n\n%s", args.command.c_str(), kUsage);
+  return 2;
+}
