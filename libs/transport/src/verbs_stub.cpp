@@ -6,12 +6,19 @@
 namespace plexus::transport::internal {
 
 bool VerbsAvailable(std::string* why_not) {
-  if (why_not) *why_not = "Plexus was built without RDMA verbs (libibverbs-dev not found)";
+  if (why_not) {
+    *why_not =
+        "Plexus was built without RDMA verbs (PLEXUS_WITH_VERBS=OFF, or "
+        "libibverbs-dev/librdmacm-dev "
+        "not found)";
+  }
   return false;
 }
 
 absl::StatusOr<std::shared_ptr<Device>> CreateVerbsDevice(const DeviceOptions&) {
-  return absl::UnavailableError("Plexus was built without RDMA verbs (libibverbs-dev not found)");
+  return absl::UnavailableError(
+      "Plexus was built without RDMA verbs (PLEXUS_WITH_VERBS=OFF, or libibverbs-dev/librdmacm-dev "
+      "not found)");
 }
 
 }  // namespace plexus::transport::internal

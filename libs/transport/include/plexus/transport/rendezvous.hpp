@@ -1,0 +1,110 @@
+// Who am I, how many are we, and where do we meet: the start of every multi-process program.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "plexus/transport/store.hpp"
+
+namespace plexus::transport {
+
+// Environment variables by name; FromEnv(env, ...) reads only this map, never the process's.
+using Environment = std::map<std::string, std::string, std::less<>>;
+// A copy of the process environment.
+Environment ProcessEnvironment();
+
+// The launcher whose variables gave rank and world size.
+enum class Launcher : uint8_t {
+  kExplicit = 0,  // Rendezvous::Create
+  kPlexus = 1,    // plexus-run, or a user: PLEXUS_RANK / PLEXUS_WORLD_SIZE
+  kTorchrun = 2,  // RANK / WORLD_SIZE (+ LOCAL_RANK / LOCAL_WORLD_SIZE)
+  kOpenMpi = 3,   // mpirun: OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (+ _LOCAL_RANK / _SIZE)
+  kSlurm = 4,     // srun: SLURM_PROCID / SLURM_NTASKS (+ SLURM_LOCALID, SLURM_TASKS_PER_NODE)
+};
+std::string_view LauncherName(Launcher launcher);
+
+// What the environment says, before anything is connected. Launchers are tried in the order
+// plexus, torchrun, Open MPI, Slurm (mpirun inside a Slurm allocation is Open MPI). The store is
+// PLEXUS_STORE_ADDR ("host:port") or PLEXUS_STORE_PATH (a shared directory) for any launcher,
+// else MASTER_ADDR + MASTER_PORT.
+struct LaunchConfig {
+  Launcher launcher = Launcher::kPlexus;
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = -1;        // -1: the launcher does not say; FromEnv derives it from host names
+  int local_world_size = -1;  // -1: likewise
+  std::string store_address;  // tcp "host:port", or empty when store_path is set
+  std::string store_path;     // file store directory, or empty
+  std::string source;         // the variables used, e.g. "torchrun (RANK=1, WORLD_SIZE=4, ...)"
+};
+// Pure: no I/O. InvalidArgument/NotFound with the variable to set or fix when the environment is
+// incomplete, inconsistent (rank >= world size) or not numeric.
+absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env);
+
+// The ranks of one job and the store they share.
+class Rendezvous {
+ public:
+  // Reads the process environment (see ParseLaunchEnvironment), then opens the store: rank 0
+  // serves the TCP store when its address is local to rank 0, every other rank connects (waiting
+  // up to `timeout` for rank 0). Local rank and size missing from the environment are derived by
+  // exchanging host names through the store.
+  static absl::StatusOr<Rendezvous> FromEnv(absl::Duration timeout = absl::Minutes(5));
+  // The same with an explicit environment instead of the process's.
+  static absl::StatusOr<Rendezvous> FromEnv(const Environment& env, absl::Duration timeout);
+  static absl::StatusOr<Rendezvous> FromConfig(const LaunchConfig& config, absl::Duration timeout);
+  // A rendezvous over an existing store (threads of one process, tests, custom launchers).
+  static absl::StatusOr<Rendezvous> Create(int rank, int world_size, std::shared_ptr<Store> store,
+                                           int local_rank = -1, int local_world_size = -1);
+
+  Rendezvous(Rendezvous&&) noexcept;
+  Rendezvous& operator=(Rendezvous&&) noexcept;
+  // On the rank serving the store: waits (at most `linger`, 10 s by default) until every other
+  // rank has disconnected, so that no rank loses the store while still reading from it.
+  ~Rendezvous();
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  int local_rank() const { return local_rank_; }
+  int local_world_size() const { return local_world_size_; }
+  Launcher launcher() const { return launcher_; }
+  // Where the settings came from, for logs: launcher, variables and store.
+  const std::string& source() const { return source_; }
+  const std::shared_ptr<Store>& store() const { return store_; }
+  // The server this rank runs (rank 0 of a TCP rendezvous), else nullptr.
+  const TcpStoreServer* store_server() const { return server_.get(); }
+  void set_linger(absl::Duration linger) { linger_ = linger; }
+
+  // Every rank contributes `my_value`; returns all values indexed by rank. Collective: every
+  // rank makes the same sequence of AllGather/Barrier calls (keys carry a sequence number, so a
+  // prefix may be reused). DeadlineExceeded naming the missing ranks after `timeout`.
+  absl::StatusOr<std::vector<std::string>> AllGather(std::string_view key_prefix,
+                                                     std::string_view my_value,
+                                                     absl::Duration timeout);
+  // Returns once every rank has entered Barrier(name); DeadlineExceeded with the number of ranks
+  // that arrived after `timeout`.
+  absl::Status Barrier(std::string_view name, absl::Duration timeout);
+
+ private:
+  Rendezvous() = default;
+  absl::Status DeriveLocalRanks(absl::Duration timeout);
+
+  int rank_ = 0;
+  int world_size_ = 1;
+  int local_rank_ = 0;
+  int local_world_size_ = 1;
+  Launcher launcher_ = Launcher::kExplicit;
+  std::string source_;
+  std::shared_ptr<Store> store_;
+  std::unique_ptr<TcpStoreServer> server_;  // ~Rendezvous releases store_ first, then this
+  uint64_t sequence_ = 0;
+  absl::Duration linger_ = absl::Seconds(10);
+};
+
+}  // namespace plexus::transport

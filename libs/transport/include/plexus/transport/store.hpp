@@ -1,0 +1,133 @@
+// Key-value stores for rendezvous: ranks publish their addresses and wait for each other's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace plexus::transport {
+
+// Limits every store enforces (InvalidArgument beyond them), so that a peer can never make
+// another allocate without bound.
+inline constexpr size_t kMaxStoreKeyBytes = 4096;
+inline constexpr size_t kMaxStoreValueBytes = size_t{64} << 20;
+
+// A key-value store shared by the ranks of a job. Keys are non-empty byte strings of at most
+// kMaxStoreKeyBytes; values are arbitrary bytes. Every method is thread-safe. Errors name the key
+// and the store (description()) so that a user can tell which rank or file is missing.
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // Sets `key` to `value`, replacing an older value, and wakes every waiter on it.
+  virtual absl::Status Set(std::string_view key, std::string_view value) = 0;
+  // The value of `key`, waiting until some rank sets it; DeadlineExceeded naming the key after
+  // `timeout`.
+  virtual absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) = 0;
+  // Atomically adds `delta` to the counter at `key` (absent counts as 0) and returns the new
+  // value. Counters are stored as decimal text, so Get() of a counter returns e.g. "3";
+  // InvalidArgument when the key holds something else or the sum overflows.
+  virtual absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) = 0;
+  // Waits until every key exists; DeadlineExceeded naming the missing keys after `timeout`.
+  virtual absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) = 0;
+  // Whether every key exists now (true for no keys).
+  virtual absl::StatusOr<bool> Check(absl::Span<const std::string> keys) = 0;
+  // Removes `key`; true when it existed.
+  virtual absl::StatusOr<bool> Delete(std::string_view key) = 0;
+  // Where the store lives, for messages: "tcp store at 10.0.0.1:29500", "file store at /dir".
+  virtual std::string description() const = 0;
+};
+
+// The server side of TcpStore: one thread (epoll) serving any number of clients. A client that
+// sends a malformed, truncated or oversized frame is dropped; the others are served on.
+class TcpStoreServer {
+ public:
+  // Listens on "ip:port", "host:port", "[ipv6]:port" or ":port" (all interfaces); port 0 picks
+  // a free ephemeral port. "" means ":0".
+  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(std::string_view address);
+  // Stops serving and closes every client connection (their pending calls fail at once).
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  // The bound address as "ip:port" with the actual port ("0.0.0.0:port" when on every
+  // interface; clients on this host may connect to "127.0.0.1:port").
+  std::string address() const;
+  uint16_t port() const;
+  // Clients connected right now, and clients dropped so far for protocol violations.
+  size_t connected_clients() const;
+  size_t dropped_clients() const;
+
+  struct Impl;
+
+ private:
+  explicit TcpStoreServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The client of a TcpStoreServer. Calls made concurrently from several threads each use their
+// own socket (a small pool), so a thread blocked in Get() never delays another thread's Set().
+class TcpStore : public Store {
+ public:
+  // Connects to the server at "host:port", retrying while it is not up yet (ranks start in any
+  // order); DeadlineExceeded naming the address after `timeout`. `io_timeout` bounds how long a
+  // reply may take beyond the caller's own timeout, so that a hung server gives an error.
+  static absl::StatusOr<std::unique_ptr<TcpStore>> Connect(
+      std::string_view address, absl::Duration timeout,
+      absl::Duration io_timeout = absl::Seconds(30));
+  ~TcpStore() override;
+
+  absl::Status Set(std::string_view key, std::string_view value) override;
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) override;
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+  absl::StatusOr<bool> Check(absl::Span<const std::string> keys) override;
+  absl::StatusOr<bool> Delete(std::string_view key) override;
+  std::string description() const override;
+
+  struct Impl;
+
+ private:
+  explicit TcpStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// A store in a directory shared by the ranks (local disk, or NFS for several hosts). Each key is
+// one file, written atomically (temporary file + rename); Get and Wait poll with backoff; Add
+// holds an flock on the directory's lock file. Use a fresh directory per job: keys left by an
+// earlier job would be read as this job's.
+class FileStore : public Store {
+ public:
+  // Opens (creating it when missing) `directory`; an error when it cannot be created or written.
+  static absl::StatusOr<std::unique_ptr<FileStore>> Open(std::string directory);
+  ~FileStore() override;
+
+  absl::Status Set(std::string_view key, std::string_view value) override;
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) override;
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+  absl::StatusOr<bool> Check(absl::Span<const std::string> keys) override;
+  absl::StatusOr<bool> Delete(std::string_view key) override;
+  std::string description() const override;
+
+  const std::string& directory() const { return directory_; }
+
+ private:
+  FileStore(std::string directory, int lock_fd)
+      : directory_(std::move(directory)), lock_fd_(lock_fd) {}
+  absl::StatusOr<std::string> PathOf(std::string_view key) const;
+
+  std::string directory_;
+  int lock_fd_;
+  std::mutex add_mu_;  // flock excludes processes; this excludes threads sharing lock_fd_
+};
+
+}  // namespace plexus::transport

@@ -1,0 +1,237 @@
+#include "bootstrap/net.hpp"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace plexus::transport::bootstrap {
+
+std::string ErrnoText(int err) {
+  char buf[256];
+  return std::string(strerror_r(err, buf, sizeof buf));
+}
+
+absl::StatusOr<HostPort> ParseHostPort(std::string_view address, std::string_view what) {
+  const std::string text(address);
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), " '", text,
+                                                   "' is not a valid address: ", why,
+                                                   " (expected host:port, e.g. 10.0.0.1:29500)"));
+  };
+  HostPort hp;
+  std::string port_text;
+  if (!text.empty() && text[0] == '[') {
+    const size_t close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      return bad("an IPv6 address needs the form [addr]:port");
+    }
+    hp.host = text.substr(1, close - 1);
+    port_text = text.substr(close + 2);
+  } else {
+    const size_t colon = text.rfind(':');
+    if (colon == std::string::npos) return bad("no ':port'");
+    hp.host = text.substr(0, colon);
+    port_text = text.substr(colon + 1);
+    if (hp.host.find(':') != std::string::npos) return bad("IPv6 addresses need brackets");
+  }
+  uint32_t port = 0;
+  if (port_text.empty() || !absl::SimpleAtoi(port_text, &port) || port > 65535 ||
+      port_text.find_first_not_of("0123456789") != std::string::npos) {
+    return bad(absl::StrCat("port '", port_text, "' is not a number in 0..65535"));
+  }
+  hp.port = static_cast<uint16_t>(port);
+  return hp;
+}
+
+absl::StatusOr<std::vector<SocketAddress>> Resolve(const HostPort& hp) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = hp.host.empty() ? AI_PASSIVE : 0;
+  addrinfo* list = nullptr;
+  const std::string port = std::to_string(hp.port);
+  const int rc =
+      getaddrinfo(hp.host.empty() ? nullptr : hp.host.c_str(), port.c_str(), &hints, &list);
+  if (rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve host '", hp.host, "': ", gai_strerror(rc)));
+  }
+  std::vector<SocketAddress> out;
+  for (addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
+    SocketAddress a;
+    std::memcpy(&a.storage, ai->ai_addr, ai->ai_addrlen);
+    a.length = ai->ai_addrlen;
+    out.push_back(a);
+  }
+  freeaddrinfo(list);
+  std::stable_sort(out.begin(), out.end(), [](const SocketAddress& x, const SocketAddress& y) {
+    return x.storage.ss_family == AF_INET && y.storage.ss_family != AF_INET;
+  });
+  if (out.empty()) {
+    return absl::UnavailableError(absl::StrCat("host '", hp.host, "' has no address"));
+  }
+  return out;
+}
+
+std::string FormatAddress(const SocketAddress& address) {
+  char ip[INET6_ADDRSTRLEN] = {0};
+  if (address.storage.ss_family == AF_INET) {
+    const auto* sin = reinterpret_cast<const sockaddr_in*>(&address.storage);
+    inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof ip);
+    return absl::StrCat(ip, ":", ntohs(sin->sin_port));
+  }
+  const auto* sin6 = reinterpret_cast<const sockaddr_in6*>(&address.storage);
+  inet_ntop(AF_INET6, &sin6->sin6_addr, ip, sizeof ip);
+  return absl::StrCat("[", ip, "]:", ntohs(sin6->sin6_port));
+}
+
+bool IsLocalHost(const std::string& host) {
+  if (host.empty() || host == "localhost") return true;
+  char name[256] = {0};
+  if (gethostname(name, sizeof name - 1) == 0 && host == name) return true;
+  auto resolved = Resolve(HostPort{host, 0});
+  if (!resolved.ok()) return false;
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) != 0) ifs = nullptr;
+  bool local = false;
+  for (const SocketAddress& a : *resolved) {
+    if (a.storage.ss_family == AF_INET) {
+      const in_addr ip = reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_addr;
+      if ((ntohl(ip.s_addr) >> 24) == 127 || ip.s_addr == htonl(INADDR_ANY)) local = true;
+      for (ifaddrs* i = ifs; i != nullptr && !local; i = i->ifa_next) {
+        if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET &&
+            reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == ip.s_addr) {
+          local = true;
+        }
+      }
+    } else if (a.storage.ss_family == AF_INET6) {
+      const in6_addr ip = reinterpret_cast<const sockaddr_in6*>(&a.storage)->sin6_addr;
+      if (IN6_IS_ADDR_LOOPBACK(&ip) || IN6_IS_ADDR_UNSPECIFIED(&ip)) local = true;
+      for (ifaddrs* i = ifs; i != nullptr && !local; i = i->ifa_next) {
+        if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET6 &&
+            std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, &ip,
+                        sizeof ip) == 0) {
+          local = true;
+        }
+      }
+    }
+    if (local) break;
+  }
+  if (ifs != nullptr) freeifaddrs(ifs);
+  return local;
+}
+
+int PollTimeoutMs(absl::Time deadline, int cap_ms) {
+  if (deadline == absl::InfiniteFuture()) return cap_ms >= (1 << 30) ? -1 : cap_ms;
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return 0;
+  const int64_t ms = absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1)));
+  return static_cast<int>(std::min<int64_t>(ms, cap_ms));
+}
+
+absl::StatusOr<int> ConnectTcp(const SocketAddress& address, absl::Time deadline, bool* retryable) {
+  *retryable = true;
+  const int fd = socket(address.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *retryable = false;
+    return absl::ResourceExhaustedError(absl::StrCat("socket(): ", ErrnoText(errno)));
+  }
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  int err = 0;
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&address.storage), address.length) != 0) {
+    err = errno;
+    if (err == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int rc;
+      do {
+        rc = poll(&p, 1, PollTimeoutMs(deadline));
+      } while (rc < 0 && errno == EINTR);
+      if (rc == 0) {
+        err = ETIMEDOUT;
+      } else {
+        socklen_t len = sizeof err;
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      }
+    }
+  }
+  if (err != 0) {
+    close(fd);
+    *retryable = err == ECONNREFUSED || err == ETIMEDOUT || err == ENETUNREACH ||
+                 err == EHOSTUNREACH || err == ECONNRESET || err == EAGAIN || err == EINTR ||
+                 err == ECONNABORTED;
+    return absl::UnavailableError(ErrnoText(err));
+  }
+  return fd;
+}
+
+namespace {
+
+// Waits until `fd` is ready for `events`; DeadlineExceeded when the deadline passes first.
+absl::Status WaitReady(int fd, short events, absl::Time deadline, const char* what) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int rc = poll(&p, 1, PollTimeoutMs(deadline));
+    if (rc > 0) return absl::OkStatus();
+    if (rc == 0) return absl::DeadlineExceededError(absl::StrCat("timed out while ", what));
+    if (errno != EINTR) return absl::InternalError(absl::StrCat("poll: ", ErrnoText(errno)));
+  }
+}
+
+}  // namespace
+
+absl::Status SendAll(int fd, const void* data, size_t size, absl::Time deadline) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = send(fd, p, size, MSG_NOSIGNAL);
+    if (n > 0) {
+      p += n;
+      size -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (absl::Status s = WaitReady(fd, POLLOUT, deadline, "sending"); !s.ok()) return s;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return absl::UnavailableError(absl::StrCat("send failed: ", ErrnoText(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RecvAll(int fd, void* data, size_t size, absl::Time deadline) {
+  char* p = static_cast<char*>(data);
+  while (size > 0) {
+    const ssize_t n = recv(fd, p, size, 0);
+    if (n > 0) {
+      p += n;
+      size -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return absl::UnavailableError("the peer closed the connection");
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (absl::Status s = WaitReady(fd, POLLIN, deadline, "waiting for the reply"); !s.ok()) {
+        return s;
+      }
+      continue;
+    }
+    if (errno == EINTR) continue;
+    return absl::UnavailableError(absl::StrCat("receive failed: ", ErrnoText(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plexus::transport::bootstrap

@@ -1,0 +1,437 @@
+#include "plexus/transport/rendezvous.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "bootstrap/net.hpp"
+
+extern char** environ;
+
+namespace plexus::transport {
+namespace {
+
+// The variables of one launcher.
+struct LauncherVars {
+  Launcher launcher;
+  const char* rank;
+  const char* size;
+  const char* local_rank;
+  const char* local_size;  // nullptr: computed (Slurm)
+};
+
+constexpr LauncherVars kLaunchers[] = {
+    {Launcher::kPlexus, "PLEXUS_RANK", "PLEXUS_WORLD_SIZE", "PLEXUS_LOCAL_RANK",
+     "PLEXUS_LOCAL_WORLD_SIZE"},
+    {Launcher::kTorchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {Launcher::kOpenMpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {Launcher::kSlurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+};
+
+std::optional<std::string> Lookup(const Environment& env, std::string_view name) {
+  auto it = env.find(name);
+  if (it == env.end() || it->second.empty()) return std::nullopt;
+  return it->second;
+}
+
+absl::StatusOr<int> ParseCount(const std::string& name, const std::string& value) {
+  int v = 0;
+  if (value.find_first_not_of("0123456789") != std::string::npos || !absl::SimpleAtoi(value, &v) ||
+      v < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "='", value, "' is not a non-negative integer"));
+  }
+  return v;
+}
+
+// Slurm's SLURM_TASKS_PER_NODE, e.g. "2(x3),1": tasks on node `node_id`, or -1 when unknown.
+int SlurmTasksOnNode(const std::string& tasks_per_node, int node_id) {
+  int node = 0;
+  for (absl::string_view part : absl::StrSplit(tasks_per_node, ',')) {
+    int tasks = 0;
+    int repeat = 1;
+    const size_t paren = part.find("(x");
+    if (paren != absl::string_view::npos) {
+      if (part.back() != ')' ||
+          !absl::SimpleAtoi(part.substr(paren + 2, part.size() - paren - 3), &repeat)) {
+        return -1;
+      }
+      part = part.substr(0, paren);
+    }
+    if (!absl::SimpleAtoi(part, &tasks) || tasks <= 0 || repeat <= 0) return -1;
+    if (node_id < node + repeat) return tasks;
+    node += repeat;
+  }
+  return -1;
+}
+
+std::string HostName() {
+  char name[256] = {0};
+  if (gethostname(name, sizeof name - 1) != 0) return "unknown-host";
+  return name;
+}
+
+}  // namespace
+
+Environment ProcessEnvironment() {
+  Environment env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string entry(*e);
+    const size_t eq = entry.find('=');
+    if (eq == std::string::npos) continue;
+    env.emplace(entry.substr(0, eq), entry.substr(eq + 1));
+  }
+  return env;
+}
+
+std::string_view LauncherName(Launcher launcher) {
+  switch (launcher) {
+    case Launcher::kExplicit:
+      return "explicit";
+    case Launcher::kPlexus:
+      return "plexus";
+    case Launcher::kTorchrun:
+      return "torchrun";
+    case Launcher::kOpenMpi:
+      return "Open MPI";
+    case Launcher::kSlurm:
+      return "Slurm";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env) {
+  const LauncherVars* vars = nullptr;
+  for (const LauncherVars& l : kLaunchers) {
+    if (Lookup(env, l.rank) || Lookup(env, l.size)) {
+      vars = &l;
+      break;
+    }
+  }
+  if (vars == nullptr) {
+    return absl::NotFoundError(
+        "no launcher environment found (none of PLEXUS_RANK, RANK, OMPI_COMM_WORLD_RANK, "
+        "SLURM_PROCID is set): start the program with plexus-run, torchrun, mpirun or srun, or set "
+        "PLEXUS_RANK, PLEXUS_WORLD_SIZE and PLEXUS_STORE_ADDR=<host of rank 0>:<free port>");
+  }
+  LaunchConfig config;
+  config.launcher = vars->launcher;
+  const std::string launcher(LauncherName(vars->launcher));
+  const auto rank_text = Lookup(env, vars->rank);
+  const auto size_text = Lookup(env, vars->size);
+  if (!rank_text || !size_text) {
+    const char* set = rank_text ? vars->rank : vars->size;
+    const char* unset = rank_text ? vars->size : vars->rank;
+    return absl::InvalidArgumentError(absl::StrCat(
+        set, " is set but ", unset, " is not: ", launcher, " sets both; set ", unset, " too"));
+  }
+  auto rank = ParseCount(vars->rank, *rank_text);
+  if (!rank.ok()) return rank.status();
+  auto size = ParseCount(vars->size, *size_text);
+  if (!size.ok()) return size.status();
+  if (*size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(vars->size, "=", *size, " must be at least 1"));
+  }
+  if (*rank >= *size) {
+    return absl::InvalidArgumentError(absl::StrCat(vars->rank, "=", *rank, " is not below ",
+                                                   vars->size, "=", *size,
+                                                   ": ranks count from 0 to world size - 1"));
+  }
+  config.rank = *rank;
+  config.world_size = *size;
+  std::vector<std::string> used = {absl::StrCat(vars->rank, "=", *rank),
+                                   absl::StrCat(vars->size, "=", *size)};
+
+  // Local rank and size: both given, or (Slurm) computed, else derived later from host names.
+  const auto local_rank_text = Lookup(env, vars->local_rank);
+  std::optional<std::string> local_size_text;
+  std::string local_size_name;
+  if (vars->local_size != nullptr) {
+    local_size_text = Lookup(env, vars->local_size);
+    local_size_name = vars->local_size;
+  } else if (auto per_node = Lookup(env, "SLURM_TASKS_PER_NODE")) {
+    int node_id = 0;
+    if (auto node = Lookup(env, "SLURM_NODEID"); node && absl::SimpleAtoi(*node, &node_id)) {
+      const int tasks = SlurmTasksOnNode(*per_node, node_id);
+      if (tasks > 0) local_size_text = std::to_string(tasks);
+      local_size_name = absl::StrCat("SLURM_TASKS_PER_NODE[SLURM_NODEID=", node_id, "]");
+    }
+  }
+  if (local_rank_text && local_size_text) {
+    auto local_rank = ParseCount(vars->local_rank, *local_rank_text);
+    if (!local_rank.ok()) return local_rank.status();
+    auto local_size = ParseCount(local_size_name, *local_size_text);
+    if (!local_size.ok()) return local_size.status();
+    if (*local_size < 1 || *local_size > *size || *local_rank >= *local_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("inconsistent local ranks: ", vars->local_rank, "=", *local_rank, ", ",
+                       local_size_name, "=", *local_size, ", ", vars->size, "=", *size,
+                       " (need local rank < local size <= world size)"));
+    }
+    config.local_rank = *local_rank;
+    config.local_world_size = *local_size;
+    used.push_back(absl::StrCat(vars->local_rank, "=", *local_rank));
+    used.push_back(absl::StrCat(local_size_name, "=", *local_size));
+  }
+
+  // The store: PLEXUS_STORE_ADDR or PLEXUS_STORE_PATH for every launcher, else torchrun's
+  // MASTER_ADDR/MASTER_PORT (which users also export for mpirun and srun).
+  const auto addr = Lookup(env, "PLEXUS_STORE_ADDR");
+  const auto path = Lookup(env, "PLEXUS_STORE_PATH");
+  const auto master_addr = Lookup(env, "MASTER_ADDR");
+  const auto master_port = Lookup(env, "MASTER_PORT");
+  std::string store_source;
+  if (addr && path) {
+    return absl::InvalidArgumentError(
+        "both PLEXUS_STORE_ADDR and PLEXUS_STORE_PATH are set: unset one (ADDR selects a tcp "
+        "store served by rank 0, PATH a file store in a shared directory)");
+  }
+  if (addr) {
+    config.store_address = *addr;
+    store_source = absl::StrCat("PLEXUS_STORE_ADDR=", *addr);
+  } else if (path) {
+    config.store_path = *path;
+    store_source = absl::StrCat("PLEXUS_STORE_PATH=", *path);
+  } else if (master_addr && master_port) {
+    auto port = ParseCount("MASTER_PORT", *master_port);
+    if (!port.ok()) return port.status();
+    config.store_address = master_addr->find(':') != std::string::npos
+                               ? absl::StrCat("[", *master_addr, "]:", *port)
+                               : absl::StrCat(*master_addr, ":", *port);
+    store_source = absl::StrCat("MASTER_ADDR:MASTER_PORT=", config.store_address);
+  } else if (master_addr || master_port) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(master_addr ? "MASTER_ADDR" : "MASTER_PORT", " is set but ",
+                     master_addr ? "MASTER_PORT" : "MASTER_ADDR",
+                     " is not: set both, or set "
+                     "PLEXUS_STORE_ADDR=<host of rank 0>:<free port>"));
+  } else if (config.world_size == 1) {
+    config.store_address = "127.0.0.1:0";  // a job of one: a private store on a free port
+    store_source = "private store (world size 1)";
+  } else {
+    std::string how;
+    if (vars->launcher == Launcher::kOpenMpi) {
+      how = " (e.g. mpirun -x PLEXUS_STORE_ADDR=node1:29500 ...)";
+    } else if (vars->launcher == Launcher::kSlurm) {
+      how =
+          " (e.g. export PLEXUS_STORE_ADDR=$(scontrol show hostnames | head -n1):29500 before "
+          "srun)";
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        launcher,
+        " gave rank and world size but no rendezvous address: set "
+        "PLEXUS_STORE_ADDR=<host of rank 0>:<free port>",
+        how,
+        ", or MASTER_ADDR and MASTER_PORT, or PLEXUS_STORE_PATH=<directory shared by all ranks>"));
+  }
+  if (!config.store_address.empty()) {
+    auto hp = bootstrap::ParseHostPort(config.store_address, "the store address");
+    if (!hp.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(store_source, ": ", std::string(hp.status().message())));
+    }
+    if (hp->port == 0 && config.world_size > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(store_source,
+                       " has port 0, which only works for a job of one rank: choose a free "
+                       "port that every rank can reach"));
+    }
+  }
+  config.source =
+      absl::StrCat(launcher, " (", absl::StrJoin(used, ", "), "), store ", store_source);
+  return config;
+}
+
+absl::StatusOr<Rendezvous> Rendezvous::FromEnv(absl::Duration timeout) {
+  return FromEnv(ProcessEnvironment(), timeout);
+}
+
+absl::StatusOr<Rendezvous> Rendezvous::FromEnv(const Environment& env, absl::Duration timeout) {
+  auto config = ParseLaunchEnvironment(env);
+  if (!config.ok()) return config.status();
+  return FromConfig(*config, timeout);
+}
+
+absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchConfig& config,
+                                                  absl::Duration timeout) {
+  std::shared_ptr<Store> store;
+  std::unique_ptr<TcpStoreServer> server;
+  // Recent torchrun versions run their own (incompatible) store on MASTER_PORT.
+  const std::string torch_hint =
+      config.source.find("MASTER_ADDR:MASTER_PORT") != std::string::npos
+          ? " (under torchrun, MASTER_PORT may be torch's own store: set "
+            "PLEXUS_STORE_ADDR=<MASTER_ADDR>:<another free port>)"
+          : "";
+  if (!config.store_path.empty()) {
+    auto file = FileStore::Open(config.store_path);
+    if (!file.ok()) return file.status();
+    store = *std::move(file);
+  } else {
+    auto hp = bootstrap::ParseHostPort(config.store_address, "the store address");
+    if (!hp.ok()) return hp.status();
+    std::string connect_to = config.store_address;
+    const bool v6 = hp->host.find(':') != std::string::npos;
+    if (config.rank == 0 && bootstrap::IsLocalHost(hp->host)) {
+      // Listen on every interface: the name other hosts use for us may resolve differently
+      // here (Debian maps the host name to 127.0.1.1).
+      auto started = TcpStoreServer::Start(absl::StrCat(v6 ? "[::]:" : ":", hp->port));
+      if (!started.ok()) {
+        return absl::Status(started.status().code(),
+                            absl::StrCat("rank 0 cannot serve the store (", config.source, "): ",
+                                         std::string(started.status().message()), torch_hint));
+      }
+      server = *std::move(started);
+      connect_to = absl::StrCat(v6 ? "[::1]:" : "127.0.0.1:", server->port());
+    }
+    auto client = TcpStore::Connect(connect_to, timeout);
+    if (!client.ok()) {
+      if (config.rank == 0 && server == nullptr) {
+        return absl::Status(
+            client.status().code(),
+            absl::StrCat(std::string(client.status().message()), " Note: ", config.store_address,
+                         " is not an address of this host, so rank 0 did not start the store "
+                         "there; point the store address at rank 0's host."));
+      }
+      if (absl::IsFailedPrecondition(client.status())) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(std::string(client.status().message()), torch_hint));
+      }
+      return client.status();
+    }
+    store = *std::move(client);
+  }
+  auto rdzv = Create(config.rank, config.world_size, std::move(store), config.local_rank,
+                     config.local_world_size);
+  if (!rdzv.ok()) return rdzv.status();
+  rdzv->launcher_ = config.launcher;
+  rdzv->source_ = config.source;
+  rdzv->server_ = std::move(server);
+  if (config.local_rank < 0 || config.local_world_size < 0) {
+    if (absl::Status s = rdzv->DeriveLocalRanks(timeout); !s.ok()) return s;
+    absl::StrAppend(&rdzv->source_, "; local ranks from host names");
+  }
+  return rdzv;
+}
+
+absl::StatusOr<Rendezvous> Rendezvous::Create(int rank, int world_size,
+                                              std::shared_ptr<Store> store, int local_rank,
+                                              int local_world_size) {
+  if (store == nullptr) return absl::InvalidArgumentError("Rendezvous needs a store");
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of world size ", world_size,
+                                                   ": need 0 <= rank < world size"));
+  }
+  if ((local_rank >= 0 || local_world_size >= 0) &&
+      (local_rank < 0 || local_world_size < 1 || local_rank >= local_world_size ||
+       local_world_size > world_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local rank ", local_rank, " of local size ", local_world_size,
+                     " (world size ", world_size, "): need local rank < local size <= world size"));
+  }
+  Rendezvous r;
+  r.rank_ = rank;
+  r.world_size_ = world_size;
+  r.local_rank_ = local_rank >= 0 ? local_rank : 0;
+  r.local_world_size_ = local_world_size >= 0 ? local_world_size : 1;
+  r.store_ = std::move(store);
+  r.source_ =
+      absl::StrCat("explicit (rank ", rank, " of ", world_size, "), ", r.store_->description());
+  return r;
+}
+
+Rendezvous::Rendezvous(Rendezvous&&) noexcept = default;
+Rendezvous& Rendezvous::operator=(Rendezvous&&) noexcept = default;
+
+Rendezvous::~Rendezvous() {
+  store_.reset();
+  if (server_ == nullptr) return;
+  const absl::Time deadline = absl::Now() + linger_;
+  while (server_->connected_clients() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  server_.reset();
+}
+
+absl::Status Rendezvous::DeriveLocalRanks(absl::Duration timeout) {
+  const std::string prefix = "plexus/rendezvous/host/";
+  if (absl::Status s = store_->Set(absl::StrCat(prefix, rank_), HostName()); !s.ok()) return s;
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<std::string> hosts(world_size_);
+  for (int r = 0; r < world_size_; ++r) {
+    auto host = store_->Get(absl::StrCat(prefix, r),
+                            std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (!host.ok()) {
+      return absl::Status(host.status().code(),
+                          absl::StrCat("deriving local ranks from host names: ",
+                                       std::string(host.status().message())));
+    }
+    hosts[r] = *std::move(host);
+  }
+  local_rank_ = 0;
+  local_world_size_ = 0;
+  for (int r = 0; r < world_size_; ++r) {
+    if (hosts[r] != hosts[rank_]) continue;
+    if (r < rank_) ++local_rank_;
+    ++local_world_size_;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> Rendezvous::AllGather(std::string_view key_prefix,
+                                                               std::string_view my_value,
+                                                               absl::Duration timeout) {
+  const std::string base =
+      absl::StrCat("plexus/allgather/", std::string(key_prefix), "/", sequence_++, "/");
+  if (absl::Status s = store_->Set(absl::StrCat(base, rank_), my_value); !s.ok()) return s;
+  const absl::Time deadline =
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  std::vector<std::string> values(world_size_);
+  for (int r = 0; r < world_size_; ++r) {
+    const absl::Duration left = deadline == absl::InfiniteFuture()
+                                    ? absl::InfiniteDuration()
+                                    : std::max(deadline - absl::Now(), absl::ZeroDuration());
+    auto value = store_->Get(absl::StrCat(base, r), left);
+    if (value.ok()) {
+      values[r] = *std::move(value);
+      continue;
+    }
+    if (!absl::IsDeadlineExceeded(value.status())) return value.status();
+    std::vector<std::string> missing;
+    for (int m = r; m < world_size_; ++m) {
+      auto present = store_->Check({absl::StrCat(base, m)});
+      if (present.ok() && !*present) missing.push_back(std::to_string(m));
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "AllGather '", std::string(key_prefix), "' timed out after ", absl::FormatDuration(timeout),
+        " in the ", store_->description(), ": rank", missing.size() == 1 ? " " : "s ",
+        absl::StrJoin(missing, ", "), " of ", world_size_,
+        " did not contribute (did they crash, or call a different sequence of collectives?)"));
+  }
+  return values;
+}
+
+absl::Status Rendezvous::Barrier(std::string_view name, absl::Duration timeout) {
+  const std::string base = absl::StrCat("plexus/barrier/", std::string(name), "/", sequence_++);
+  auto arrived = store_->Add(absl::StrCat(base, "/count"), 1);
+  if (!arrived.ok()) return arrived.status();
+  if (*arrived == world_size_) {
+    if (absl::Status s = store_->Set(absl::StrCat(base, "/done"), ""); !s.ok()) return s;
+  }
+  auto done = store_->Get(absl::StrCat(base, "/done"), timeout);
+  if (done.ok()) return absl::OkStatus();
+  if (!absl::IsDeadlineExceeded(done.status())) return done.status();
+  auto now_arrived = store_->Add(absl::StrCat(base, "/count"), 0);
+  return absl::DeadlineExceededError(absl::StrCat(
+      "barrier '", std::string(name), "' timed out after ", absl::FormatDuration(timeout), ": ",
+      now_arrived.ok() ? std::to_string(*now_arrived) : std::string("?"), " of ", world_size_,
+      " ranks arrived (", store_->description(), ")"));
+}
+
+}  // namespace plexus::transport

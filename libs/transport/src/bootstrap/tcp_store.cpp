@@ -1,0 +1,295 @@
+// TcpStore: the client. One request in flight per socket; concurrent callers take sockets from a
+// pool, so a parked Get never blocks another thread's Set.
+#include <unistd.h>
+
+#include <algorithm>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "bootstrap/net.hpp"
+#include "bootstrap/store_keys.hpp"
+#include "bootstrap/store_protocol.hpp"
+#include "plexus/transport/store.hpp"
+
+namespace plexus::transport {
+
+namespace proto = store_protocol;
+
+struct TcpStore::Impl {
+  std::string address;  // as the user gave it
+  bootstrap::SocketAddress resolved;
+  absl::Duration io_timeout;
+  std::mutex mu;
+  std::vector<int> idle;
+
+  ~Impl() {
+    for (int fd : idle) close(fd);
+  }
+
+  absl::Status Lost(const absl::Status& why) const {
+    return absl::UnavailableError(absl::StrCat("lost the connection to the tcp store at ", address,
+                                               ": ", std::string(why.message()),
+                                               " (did the rank serving it, rank 0, exit or "
+                                               "crash?)"));
+  }
+
+  absl::StatusOr<int> TakeSocket() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!idle.empty()) {
+        const int fd = idle.back();
+        idle.pop_back();
+        return fd;
+      }
+    }
+    bool retryable = false;
+    auto fd = bootstrap::ConnectTcp(resolved, absl::Now() + io_timeout, &retryable);
+    if (!fd.ok()) return Lost(fd.status());
+    return fd;
+  }
+
+  void ReturnSocket(int fd) {
+    std::lock_guard<std::mutex> lock(mu);
+    idle.push_back(fd);
+  }
+
+  // One request/reply exchange on `fd`; the socket is unusable after any error.
+  static absl::StatusOr<proto::Response> Exchange(int fd, const proto::Request& request,
+                                                  absl::Time deadline) {
+    const std::string frame = proto::EncodeRequest(request);
+    if (absl::Status s = bootstrap::SendAll(fd, frame.data(), frame.size(), deadline); !s.ok()) {
+      return s;
+    }
+    uint8_t header[proto::kHeaderBytes];
+    if (absl::Status s = bootstrap::RecvAll(fd, header, sizeof header, deadline); !s.ok()) {
+      return s;
+    }
+    auto size = proto::PeekFrame(absl::MakeConstSpan(header, sizeof header));
+    if (!size.ok()) return size.status();
+    std::string body(*size - proto::kHeaderBytes, '\0');
+    if (absl::Status s = bootstrap::RecvAll(fd, body.data(), body.size(), deadline); !s.ok()) {
+      return s;
+    }
+    auto response = proto::DecodeResponse(
+        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(body.data()), body.size()));
+    if (!response.ok()) return response.status();
+    if (response->op != request.op) {
+      return absl::InternalError(absl::StrCat("reply to a '", proto::OpName(response->op),
+                                              "' arrived for a '", proto::OpName(request.op),
+                                              "' request"));
+    }
+    return response;
+  }
+
+  // Sends `request`; waits `wait` (the caller's timeout for Get/Wait) plus io_timeout for the
+  // reply. Protocol-level errors (timeouts, bad counters) come back as a Response code.
+  absl::StatusOr<proto::Response> Call(const proto::Request& request, absl::Duration wait) {
+    auto fd = TakeSocket();
+    if (!fd.ok()) return fd.status();
+    const absl::Time deadline =
+        wait == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + wait + io_timeout;
+    auto response = Exchange(*fd, request, deadline);
+    if (!response.ok()) {
+      close(*fd);
+      if (absl::IsDeadlineExceeded(response.status())) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the tcp store at ", address, " did not answer a '", proto::OpName(request.op),
+            "' within ", absl::FormatDuration(wait + io_timeout),
+            " (is the rank serving it, rank 0, stopped or overloaded?)"));
+      }
+      return Lost(response.status());
+    }
+    ReturnSocket(*fd);
+    return response;
+  }
+};
+
+namespace {
+
+uint64_t ToTimeoutMs(absl::Duration timeout) {
+  if (timeout == absl::InfiniteDuration()) return proto::kNoTimeout;
+  if (timeout <= absl::ZeroDuration()) return 0;
+  return static_cast<uint64_t>(
+      absl::ToInt64Milliseconds(absl::Ceil(timeout, absl::Milliseconds(1))));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(std::string_view address,
+                                                            absl::Duration timeout,
+                                                            absl::Duration io_timeout) {
+  auto hp = bootstrap::ParseHostPort(address, "store address");
+  if (!hp.ok()) return hp.status();
+  if (hp->port == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("store address '", std::string(address),
+                                                   "' has port 0: clients need the real port"));
+  }
+  if (hp->host.empty()) hp->host = "127.0.0.1";
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(5);
+  std::minstd_rand jitter(static_cast<uint32_t>(getpid()));
+  std::string last_error = "no attempt made";
+  int attempts = 0;
+  for (;;) {
+    ++attempts;
+    auto resolved = bootstrap::Resolve(*hp);
+    if (resolved.ok()) {
+      for (const bootstrap::SocketAddress& sa : *resolved) {
+        bool retryable = false;
+        // Cap each attempt so that one silently dropped SYN does not eat the whole timeout.
+        const absl::Time attempt_deadline = std::min(deadline, absl::Now() + absl::Seconds(5));
+        auto fd = bootstrap::ConnectTcp(sa, attempt_deadline, &retryable);
+        if (!fd.ok()) {
+          last_error = std::string(fd.status().message());
+          if (!retryable) return fd.status();
+          continue;
+        }
+        proto::Request hello;
+        hello.op = proto::Op::kHello;
+        auto reply = Impl::Exchange(*fd, hello, std::max(deadline, absl::Now() + absl::Seconds(1)));
+        if (!reply.ok()) {
+          close(*fd);
+          if (absl::IsInvalidArgument(reply.status()) || absl::IsInternal(reply.status())) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "the server at ", std::string(address),
+                " is not a plexus tcp store: ", std::string(reply.status().message())));
+          }
+          last_error = std::string(reply.status().message());
+          continue;
+        }
+        if (reply->code != proto::Code::kOk) {
+          close(*fd);
+          return absl::FailedPreconditionError(absl::StrCat(
+              "the tcp store at ", std::string(address), " refused us: ", reply->value));
+        }
+        auto impl = std::make_unique<Impl>();
+        impl->address = std::string(address);
+        impl->resolved = sa;
+        impl->io_timeout = io_timeout;
+        impl->idle.push_back(*fd);
+        return std::unique_ptr<TcpStore>(new TcpStore(std::move(impl)));
+      }
+    } else {
+      last_error = std::string(resolved.status().message());
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) break;
+    const absl::Duration sleep =
+        std::min(deadline - now, backoff + absl::Milliseconds(jitter() % 10));
+    absl::SleepFor(sleep);
+    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "could not connect to the tcp store at ", std::string(address), " within ",
+      absl::FormatDuration(timeout), " (", attempts, " attempts; last error: ", last_error,
+      "). Is rank 0 running, and does the store address point at its host?"));
+}
+
+TcpStore::TcpStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TcpStore::~TcpStore() = default;
+
+std::string TcpStore::description() const { return absl::StrCat("tcp store at ", impl_->address); }
+
+absl::Status TcpStore::Set(std::string_view key, std::string_view value) {
+  if (absl::Status s = bootstrap::CheckKey(key); !s.ok()) return s;
+  if (value.size() > kMaxStoreValueBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("value of key '", std::string(key), "' has ",
+                                                   value.size(), " bytes; the limit is ",
+                                                   kMaxStoreValueBytes));
+  }
+  proto::Request req;
+  req.op = proto::Op::kSet;
+  req.keys.emplace_back(key);
+  req.value = std::string(value);
+  auto r = impl_->Call(req, absl::ZeroDuration());
+  if (!r.ok()) return r.status();
+  if (r->code != proto::Code::kOk) return absl::InvalidArgumentError(r->value);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> TcpStore::Get(std::string_view key, absl::Duration timeout) {
+  if (absl::Status s = bootstrap::CheckKey(key); !s.ok()) return s;
+  proto::Request req;
+  req.op = proto::Op::kGet;
+  req.keys.emplace_back(key);
+  req.timeout_ms = ToTimeoutMs(timeout);
+  auto r = impl_->Call(req, std::max(timeout, absl::ZeroDuration()));
+  if (!r.ok()) return r.status();
+  if (r->code == proto::Code::kTimeout) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("key '", std::string(key), "' was not set within ",
+                     absl::FormatDuration(timeout), " in the ", description()));
+  }
+  if (r->code != proto::Code::kOk) return absl::InvalidArgumentError(r->value);
+  return std::move(r->value);
+}
+
+absl::StatusOr<int64_t> TcpStore::Add(std::string_view key, int64_t delta) {
+  if (absl::Status s = bootstrap::CheckKey(key); !s.ok()) return s;
+  proto::Request req;
+  req.op = proto::Op::kAdd;
+  req.keys.emplace_back(key);
+  req.delta = delta;
+  auto r = impl_->Call(req, absl::ZeroDuration());
+  if (!r.ok()) return r.status();
+  if (r->code != proto::Code::kOk) {
+    return absl::InvalidArgumentError(absl::StrCat(r->value, " in the ", description()));
+  }
+  return r->number;
+}
+
+absl::Status TcpStore::Wait(absl::Span<const std::string> keys, absl::Duration timeout) {
+  for (const std::string& k : keys) {
+    if (absl::Status s = bootstrap::CheckKey(k); !s.ok()) return s;
+  }
+  proto::Request req;
+  req.op = proto::Op::kWait;
+  req.keys.assign(keys.begin(), keys.end());
+  req.timeout_ms = ToTimeoutMs(timeout);
+  if (proto::EncodeRequest(req).size() > proto::kHeaderBytes + proto::kMaxBodyBytes) {
+    return absl::InvalidArgumentError("too many keys in one Wait for a store frame");
+  }
+  auto r = impl_->Call(req, std::max(timeout, absl::ZeroDuration()));
+  if (!r.ok()) return r.status();
+  if (r->code == proto::Code::kTimeout) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("timed out after ", absl::FormatDuration(timeout), " waiting in the ",
+                     description(), ": ", r->value));
+  }
+  if (r->code != proto::Code::kOk) return absl::InvalidArgumentError(r->value);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> TcpStore::Check(absl::Span<const std::string> keys) {
+  for (const std::string& k : keys) {
+    if (absl::Status s = bootstrap::CheckKey(k); !s.ok()) return s;
+  }
+  proto::Request req;
+  req.op = proto::Op::kCheck;
+  req.keys.assign(keys.begin(), keys.end());
+  if (proto::EncodeRequest(req).size() > proto::kHeaderBytes + proto::kMaxBodyBytes) {
+    return absl::InvalidArgumentError("too many keys in one Check for a store frame");
+  }
+  auto r = impl_->Call(req, absl::ZeroDuration());
+  if (!r.ok()) return r.status();
+  if (r->code != proto::Code::kOk) return absl::InvalidArgumentError(r->value);
+  return r->flag;
+}
+
+absl::StatusOr<bool> TcpStore::Delete(std::string_view key) {
+  if (absl::Status s = bootstrap::CheckKey(key); !s.ok()) return s;
+  proto::Request req;
+  req.op = proto::Op::kDelete;
+  req.keys.emplace_back(key);
+  auto r = impl_->Call(req, absl::ZeroDuration());
+  if (!r.ok()) return r.status();
+  if (r->code != proto::Code::kOk) return absl::InvalidArgumentError(r->value);
+  return r->flag;
+}
+
+}  // namespace plexus::transport

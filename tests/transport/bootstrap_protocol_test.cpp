@@ -1,0 +1,207 @@
+// The TcpStore frame decoder: round trips, and rejection of every malformed input.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "bootstrap/store_protocol.hpp"
+
+namespace proto = plexus::transport::store_protocol;
+
+namespace {
+
+absl::Span<const uint8_t> Bytes(const std::string& s, size_t offset = 0) {
+  return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()) + offset,
+                             s.size() - offset);
+}
+
+absl::Span<const uint8_t> Body(const std::string& frame) {
+  return Bytes(frame, proto::kHeaderBytes);
+}
+
+std::string Header(uint32_t magic, uint32_t length) {
+  std::string h(8, '\0');
+  std::memcpy(h.data(), &magic, 4);
+  std::memcpy(h.data() + 4, &length, 4);
+  return h;
+}
+
+std::vector<proto::Request> SampleRequests() {
+  std::vector<proto::Request> out;
+  proto::Request r;
+  r.op = proto::Op::kHello;
+  r.version = 7;
+  out.push_back(r);
+  r = {};
+  r.op = proto::Op::kSet;
+  r.keys = {"a/key"};
+  r.value = std::string("bin\0ary", 7);
+  out.push_back(r);
+  r = {};
+  r.op = proto::Op::kGet;
+  r.keys = {"k"};
+  r.timeout_ms = proto::kNoTimeout;
+  out.push_back(r);
+  r = {};
+  r.op = proto::Op::kAdd;
+  r.keys = {"counter"};
+  r.delta = -42;
+  out.push_back(r);
+  r = {};
+  r.op = proto::Op::kWait;
+  r.keys = {"x", "yy", "zzz"};
+  r.timeout_ms = 1500;
+  out.push_back(r);
+  r = {};
+  r.op = proto::Op::kCheck;
+  r.keys = {};
+  out.push_back(r);
+  r = {};
+  r.op = proto::Op::kDelete;
+  r.keys = {"gone"};
+  out.push_back(r);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("requests round-trip through encode and decode") {
+  for (const proto::Request& r : SampleRequests()) {
+    const std::string frame = proto::EncodeRequest(r);
+    auto size = proto::PeekFrame(Bytes(frame));
+    REQUIRE(size.ok());
+    REQUIRE(*size == frame.size());
+    auto decoded = proto::DecodeRequest(Body(frame));
+    REQUIRE(decoded.ok());
+    CHECK(decoded->op == r.op);
+    CHECK(decoded->keys == r.keys);
+    CHECK(decoded->value == r.value);
+    CHECK(decoded->delta == r.delta);
+    CHECK(decoded->timeout_ms == r.timeout_ms);
+    if (r.op == proto::Op::kHello) CHECK(decoded->version == r.version);
+  }
+}
+
+TEST_CASE("responses round-trip through encode and decode") {
+  proto::Response get;
+  get.op = proto::Op::kGet;
+  get.value = std::string(1000, 'v');
+  proto::Response add;
+  add.op = proto::Op::kAdd;
+  add.number = -7;
+  proto::Response check;
+  check.op = proto::Op::kCheck;
+  check.flag = true;
+  proto::Response timeout;
+  timeout.op = proto::Op::kWait;
+  timeout.code = proto::Code::kTimeout;
+  timeout.value = "missing key 'a'";
+  for (const proto::Response& r : {get, add, check, timeout}) {
+    const std::string frame = proto::EncodeResponse(r);
+    auto decoded = proto::DecodeResponse(Body(frame));
+    REQUIRE(decoded.ok());
+    CHECK(decoded->op == r.op);
+    CHECK(decoded->code == r.code);
+    CHECK(decoded->value == r.value);
+    CHECK(decoded->number == r.number);
+    CHECK(decoded->flag == r.flag);
+  }
+}
+
+TEST_CASE("every truncation and every extension of a valid body is rejected") {
+  for (const proto::Request& r : SampleRequests()) {
+    const std::string frame = proto::EncodeRequest(r);
+    const std::string body = frame.substr(proto::kHeaderBytes);
+    for (size_t len = 0; len < body.size(); ++len) {
+      INFO("op " << proto::OpName(r.op) << " truncated to " << len);
+      CHECK_FALSE(proto::DecodeRequest(Bytes(body.substr(0, len))).ok());
+    }
+    auto extended = proto::DecodeRequest(Bytes(body + "x"));
+    REQUIRE_FALSE(extended.ok());
+    CHECK(std::string(extended.status().message()).find("trailing") != std::string::npos);
+  }
+}
+
+TEST_CASE("frame headers: partial, bad magic and oversized lengths") {
+  const std::string frame = proto::EncodeRequest(SampleRequests()[1]);
+  for (size_t len = 0; len < proto::kHeaderBytes; ++len) {
+    auto size = proto::PeekFrame(Bytes(frame.substr(0, len)));
+    REQUIRE(size.ok());
+    CHECK(*size == 0);  // needs more bytes
+  }
+  CHECK_FALSE(proto::PeekFrame(Bytes(std::string("GET / HTTP/1.1\r\n"))).ok());
+  CHECK_FALSE(proto::PeekFrame(Bytes(std::string("G"))).ok());  // rejected at the first byte
+  auto huge = proto::PeekFrame(Bytes(Header(proto::kMagic, 0xFFFFFFFFu)));
+  REQUIRE_FALSE(huge.ok());
+  CHECK(std::string(huge.status().message()).find("exceeds the limit") != std::string::npos);
+  auto at_limit = proto::PeekFrame(Bytes(Header(proto::kMagic, proto::kMaxBodyBytes)));
+  REQUIRE(at_limit.ok());
+  CHECK(*at_limit == proto::kHeaderBytes + proto::kMaxBodyBytes);
+  CHECK_FALSE(proto::PeekFrame(Bytes(Header(proto::kMagic, 100)), 99).ok());
+}
+
+TEST_CASE("lying counts and lengths are rejected before any allocation") {
+  // A Check claiming 4 billion keys in a 9-byte body.
+  std::string body;
+  body.push_back(static_cast<char>(proto::Op::kCheck));
+  const uint32_t count = 0xFFFFFFFFu;
+  body.append(reinterpret_cast<const char*>(&count), 4);
+  body.append("abcd");
+  auto r = proto::DecodeRequest(Bytes(body));
+  REQUIRE_FALSE(r.ok());
+  CHECK(std::string(r.status().message()).find("key count") != std::string::npos);
+
+  // A Set whose key claims more bytes than the key limit.
+  body.clear();
+  body.push_back(static_cast<char>(proto::Op::kSet));
+  const uint32_t key_len = plexus::transport::kMaxStoreKeyBytes + 1;
+  body.append(reinterpret_cast<const char*>(&key_len), 4);
+  body.append(std::string(key_len, 'k'));
+  body.append(std::string(4, '\0'));
+  CHECK_FALSE(proto::DecodeRequest(Bytes(body)).ok());
+
+  // Empty keys, unknown ops, unknown response codes, non-boolean flags.
+  proto::Request empty_key;
+  empty_key.op = proto::Op::kDelete;
+  empty_key.keys = {""};
+  CHECK_FALSE(proto::DecodeRequest(Body(proto::EncodeRequest(empty_key))).ok());
+  CHECK_FALSE(proto::DecodeRequest(Bytes(std::string("\x63", 1))).ok());
+  CHECK_FALSE(proto::DecodeRequest(Bytes(std::string())).ok());
+  CHECK_FALSE(proto::DecodeResponse(Bytes(std::string("\x02\x09", 2))).ok());
+  CHECK_FALSE(proto::DecodeResponse(Bytes(std::string("\x06\x00\x05", 3))).ok());
+}
+
+TEST_CASE("random and mutated bodies never crash the decoders") {
+  std::mt19937 rng(12345);
+  std::vector<std::string> seeds;
+  for (const proto::Request& r : SampleRequests()) {
+    seeds.push_back(proto::EncodeRequest(r).substr(proto::kHeaderBytes));
+  }
+  size_t accepted = 0;
+  for (int i = 0; i < 200000; ++i) {
+    std::string body = seeds[rng() % seeds.size()];
+    const int mutations = 1 + static_cast<int>(rng() % 4);
+    for (int m = 0; m < mutations && !body.empty(); ++m) {
+      switch (rng() % 3) {
+        case 0:
+          body[rng() % body.size()] = static_cast<char>(rng());
+          break;
+        case 1:
+          body.resize(rng() % (body.size() + 1));
+          break;
+        default:
+          body.insert(rng() % (body.size() + 1), 1, static_cast<char>(rng()));
+      }
+    }
+    auto req = proto::DecodeRequest(Bytes(body));
+    auto resp = proto::DecodeResponse(Bytes(body));
+    if (req.ok()) {
+      ++accepted;
+      // Whatever is accepted must re-encode to the same bytes: the decoder is exact.
+      CHECK(proto::EncodeRequest(*req).substr(proto::kHeaderBytes) == body);
+    }
+    (void)resp;
+  }
+  CHECK(accepted > 0);  // mutations of valid frames sometimes stay valid
+}
