@@ -1,0 +1,508 @@
+// plexus-bench-transport: bandwidth and ping-pong latency of the tcp and shm backends between two
+// processes, side by side with this machine's own references (raw blocking TCP ping-pong, raw
+// single-stream TCP bulk transfer, single-thread memcpy), measured in the same run.
+//
+//   plexus-bench-transport [--json] [--runs N] [--quick]
+//
+// Each figure is the median over --runs runs; `ratio` is Plexus / reference.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "plexus/transport/device.hpp"
+
+namespace pt = plexus::transport;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+struct Args {
+  bool json = false;
+  int runs = 5;
+  bool quick = false;
+  std::string test;                              // "", "bandwidth" or "pingpong"
+  std::string backend;                           // "", "tcp" or "shm"
+  size_t bytes = 0;                              // 0: every size
+  absl::Duration spin = absl::Microseconds(50);  // bandwidth waits: spin, then sleep
+};
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "plexus-bench-transport: %s\n", what.c_str());
+  std::_Exit(1);
+}
+
+void Check(const absl::Status& s, const char* what) {
+  if (!s.ok()) Die(absl::StrFormat("%s: %s", what, std::string(s.ToString())));
+}
+
+void Pin(int cpu) {
+  if (cpu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu % std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))), &set);
+  sched_setaffinity(0, sizeof set, &set);
+}
+
+// Runs `server` in a forked child pinned to `server_cpu` and `client` here pinned to
+// `client_cpu`; the server publishes its address through a pipe. Returns the client's figure.
+double RunPair(int client_cpu, int server_cpu, const std::function<void(int address_fd)>& server,
+               const std::function<double(const std::string& address)>& client) {
+  int fds[2];
+  if (pipe(fds) != 0) Die("pipe");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    Pin(server_cpu);
+    server(fds[1]);
+    std::_Exit(0);
+  }
+  close(fds[1]);
+  Pin(client_cpu);
+  char address[256] = {};
+  ssize_t n = read(fds[0], address, sizeof address - 1);
+  close(fds[0]);
+  if (n <= 0) Die("server failed to start");
+  const double figure = client(std::string(address, static_cast<size_t>(n)));
+  int status = 0;
+  waitpid(pid, &status, 0);
+  Pin(-1);
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  for (int i = 0; i < CPU_SETSIZE; ++i) CPU_SET(i, &all);
+  sched_setaffinity(0, sizeof all, &all);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) Die("server process failed");
+  return figure;
+}
+
+void Publish(int fd, const std::string& address) {
+  if (write(fd, address.data(), address.size()) != static_cast<ssize_t>(address.size())) {
+    Die("publish");
+  }
+  close(fd);
+}
+
+// ---- Raw TCP references -------------------------------------------------------------------
+
+int RawListen(int* port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) Die("bind");
+  listen(fd, 4);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+int RawConnect(const std::string& address) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(std::stoi(address)));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) Die("connect");
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+void ReadAll(int fd, void* p, size_t n) {
+  auto* b = static_cast<uint8_t*>(p);
+  while (n > 0) {
+    ssize_t r = read(fd, b, n);
+    if (r <= 0) Die("raw read");
+    b += r;
+    n -= static_cast<size_t>(r);
+  }
+}
+void WriteAll(int fd, const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  while (n > 0) {
+    ssize_t w = write(fd, b, n);
+    if (w <= 0) Die("raw write");
+    b += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+struct Latency {
+  double median_us = 0;
+  double p99_us = 0;
+};
+
+Latency Summarize(std::vector<double> us) {
+  std::sort(us.begin(), us.end());
+  return {us[us.size() / 2], us[std::min(us.size() - 1, us.size() * 99 / 100)]};
+}
+
+Latency RawPingPong(int iters, int client_cpu, int server_cpu) {
+  Latency out;
+  RunPair(
+      client_cpu, server_cpu,
+      [&](int pub) {
+        int port = 0;
+        int lfd = RawListen(&port);
+        Publish(pub, std::to_string(port));
+        int fd = accept(lfd, nullptr, nullptr);
+        const int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        char req[64], resp[8] = {};
+        for (int i = 0; i < iters; ++i) {
+          ReadAll(fd, req, sizeof req);
+          WriteAll(fd, resp, sizeof resp);
+        }
+        close(fd);
+        close(lfd);
+      },
+      [&](const std::string& address) {
+        int fd = RawConnect(address);
+        char req[64] = {}, resp[8];
+        std::vector<double> us;
+        for (int i = 0; i < iters; ++i) {
+          auto t0 = Clock::now();
+          WriteAll(fd, req, sizeof req);
+          ReadAll(fd, resp, sizeof resp);
+          us.push_back(Seconds(Clock::now() - t0) * 1e6);
+        }
+        close(fd);
+        us.erase(us.begin(), us.begin() + iters / 10);  // warm-up
+        out = Summarize(us);
+        return 0.0;
+      });
+  return out;
+}
+
+double RawBandwidth(size_t bytes, size_t total) {
+  const size_t count = std::max<size_t>(1, total / bytes);
+  return RunPair(
+      -1, -1,
+      [&](int pub) {
+        std::vector<uint8_t> buf(bytes);
+        int port = 0;
+        int lfd = RawListen(&port);
+        Publish(pub, std::to_string(port));
+        int fd = accept(lfd, nullptr, nullptr);
+        for (size_t i = 0; i < count; ++i) ReadAll(fd, buf.data(), bytes);
+        char ack = 1;
+        WriteAll(fd, &ack, 1);
+        close(fd);
+        close(lfd);
+      },
+      [&](const std::string& address) {
+        int fd = RawConnect(address);
+        std::vector<uint8_t> buf(bytes, 7);
+        auto t0 = Clock::now();
+        for (size_t i = 0; i < count; ++i) WriteAll(fd, buf.data(), bytes);
+        char ack;
+        ReadAll(fd, &ack, 1);
+        const double s = Seconds(Clock::now() - t0);
+        close(fd);
+        return static_cast<double>(bytes * count) / s / 1e9;
+      });
+}
+
+double MemcpyBandwidth(size_t bytes, size_t total) {
+  std::vector<uint8_t> a(bytes, 1), b(bytes, 2);
+  const size_t count = std::max<size_t>(2, total / bytes);
+  std::memcpy(b.data(), a.data(), bytes);
+  auto t0 = Clock::now();
+  for (size_t i = 0; i < count; ++i) {
+    std::memcpy(b.data(), a.data(), bytes);
+    a[i % bytes] = b[(i * 7) % bytes];
+  }
+  return static_cast<double>(bytes * count) / Seconds(Clock::now() - t0) / 1e9;
+}
+
+// ---- Plexus ---------------------------------------------------------------------------------
+
+pt::DeviceOptions Options(pt::Backend backend) {
+  pt::DeviceOptions o;
+  o.backend = backend;
+  o.progress = pt::ProgressMode::kCaller;
+  if (backend == pt::Backend::kTcp) o.local_address = "127.0.0.1";
+  return o;
+}
+
+struct Endpoint {
+  std::shared_ptr<pt::Device> device;
+  std::unique_ptr<pt::CompletionQueue> cq;
+  std::unique_ptr<pt::Listener> listener;
+  std::unique_ptr<pt::Connection> conn;
+};
+
+Endpoint Serve(pt::Backend backend, int pub) {
+  Endpoint e;
+  auto dev = pt::Device::Create(Options(backend));
+  Check(dev.status(), "device");
+  e.device = *dev;
+  e.cq = e.device->CreateCompletionQueue();
+  auto l = e.device->Listen("");
+  Check(l.status(), "listen");
+  e.listener = *std::move(l);
+  Publish(pub, e.listener->address());
+  auto c = e.listener->Accept(e.cq.get(), absl::Seconds(30));
+  Check(c.status(), "accept");
+  e.conn = *std::move(c);
+  return e;
+}
+
+Endpoint Dial(pt::Backend backend, const std::string& address) {
+  Endpoint e;
+  auto dev = pt::Device::Create(Options(backend));
+  Check(dev.status(), "device");
+  e.device = *dev;
+  e.cq = e.device->CreateCompletionQueue();
+  auto c = e.device->Connect(address, e.cq.get());
+  Check(c.status(), "connect");
+  e.conn = *std::move(c);
+  return e;
+}
+
+pt::Completion Await(Endpoint& e, absl::Duration spin) {
+  auto c = e.cq->Wait(absl::Seconds(60), spin);
+  Check(c.status(), "wait");
+  Check(c->status, "completion");
+  return *c;
+}
+
+Latency PlexusPingPong(pt::Backend backend, int iters, int client_cpu, int server_cpu,
+                       absl::Duration spin) {
+  Latency out;
+  RunPair(
+      client_cpu, server_cpu,
+      [&](int pub) {
+        Endpoint e = Serve(backend, pub);
+        char req[64], resp[8] = {};
+        Check(e.conn->PostRecv({req, sizeof req}, 0), "recv");
+        for (int i = 0; i < iters; ++i) {
+          for (;;) {  // the request (send completions of earlier responses may come first)
+            if (Await(e, spin).opcode == pt::Opcode::kRecv) break;
+          }
+          Check(e.conn->PostRecv({req, sizeof req}, 0), "recv");
+          Check(e.conn->PostSend(pt::ConstBuffer{resp, sizeof resp}, 1), "send");
+        }
+        while (e.cq->Wait(absl::Milliseconds(200)).ok()) {  // the last send completions
+        }
+      },
+      [&](const std::string& address) {
+        Endpoint e = Dial(backend, address);
+        char req[64] = {}, resp[8];
+        std::vector<double> us;
+        for (int i = 0; i < iters; ++i) {
+          auto t0 = Clock::now();
+          Check(e.conn->PostRecv({resp, sizeof resp}, 0), "recv");
+          Check(e.conn->PostSend(pt::ConstBuffer{req, sizeof req}, 1), "send");
+          Await(e, spin);
+          Await(e, spin);
+          us.push_back(Seconds(Clock::now() - t0) * 1e6);
+        }
+        us.erase(us.begin(), us.begin() + iters / 10);
+        out = Summarize(us);
+        return 0.0;
+      });
+  return out;
+}
+
+double PlexusBandwidth(pt::Backend backend, size_t bytes, size_t total, absl::Duration spin) {
+  const size_t count = std::max<size_t>(1, total / bytes);
+  constexpr size_t kWindow = 4;
+  return RunPair(
+      -1, -1,
+      [&](int pub) {
+        // Buffers are allocated and touched before the client is let in and starts its clock.
+        std::vector<std::vector<uint8_t>> bufs(kWindow, std::vector<uint8_t>(bytes));
+        Endpoint e = Serve(backend, pub);
+        size_t posted = 0, done = 0;
+        for (; posted < std::min(count, kWindow); ++posted) {
+          Check(e.conn->PostRecv({bufs[posted % kWindow].data(), bytes}, posted), "recv");
+        }
+        while (done < count) {
+          Await(e, spin);
+          ++done;
+          if (posted < count) {
+            Check(e.conn->PostRecv({bufs[posted % kWindow].data(), bytes}, posted), "recv");
+            ++posted;
+          }
+        }
+        char ack = 1;
+        Check(e.conn->PostSend(pt::ConstBuffer{&ack, 1}, 0), "ack");
+        Await(e, spin);
+      },
+      [&](const std::string& address) {
+        Endpoint e = Dial(backend, address);
+        std::vector<uint8_t> buf(bytes, 7);
+        char ack = 0;
+        Check(e.conn->PostRecv({&ack, 1}, 99), "recv");
+        auto t0 = Clock::now();
+        size_t posted = 0, sent = 0;
+        for (; posted < std::min(count, kWindow); ++posted) {
+          Check(e.conn->PostSend(pt::ConstBuffer{buf.data(), bytes}, posted), "send");
+        }
+        bool acked = false;
+        while (!acked) {
+          pt::Completion c = Await(e, spin);
+          if (c.opcode == pt::Opcode::kRecv) {
+            acked = true;
+          } else if (++sent, posted < count) {
+            Check(e.conn->PostSend(pt::ConstBuffer{buf.data(), bytes}, posted), "send");
+            ++posted;
+          }
+        }
+        return static_cast<double>(bytes * count) / Seconds(Clock::now() - t0) / 1e9;
+      });
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void Emit(const Args& args, const std::string& backend, const std::string& test, size_t bytes,
+          const std::string& metric, double value, const std::string& unit, double ratio,
+          const std::string& reference, const std::string& mode) {
+  if (args.json) {
+    std::printf(
+        "{\"backend\":\"%s\",\"test\":\"%s\",\"bytes\":%zu,\"metric\":\"%s\",\"value\":%.4f,"
+        "\"unit\":\"%s\",\"ratio\":%.3f,\"reference\":\"%s\",\"mode\":\"%s\",\"runs\":%d}\n",
+        backend.c_str(), test.c_str(), bytes, metric.c_str(), value, unit.c_str(), ratio,
+        reference.c_str(), mode.c_str(), args.runs);
+  } else {
+    std::printf("%-7s %-9s %10zu  %-12s %10.3f %-5s ratio %6.3f vs %-26s %s\n", backend.c_str(),
+                test.c_str(), bytes, metric.c_str(), value, unit.c_str(), ratio, reference.c_str(),
+                mode.c_str());
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json") {
+      args.json = true;
+    } else if (a == "--runs" && i + 1 < argc) {
+      args.runs = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--test" && i + 1 < argc) {
+      args.test = argv[++i];
+    } else if (a == "--backend" && i + 1 < argc) {
+      args.backend = argv[++i];
+    } else if (a == "--bytes" && i + 1 < argc) {
+      args.bytes = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--spin-us" && i + 1 < argc) {
+      args.spin = absl::Microseconds(std::atoi(argv[++i]));
+    } else if (a == "--quick") {
+      args.quick = true;
+      args.runs = 1;
+    } else {
+      std::printf(
+          "usage: plexus-bench-transport [--json] [--runs N] [--quick] [--test bandwidth|pingpong]"
+          " [--backend tcp|shm] [--bytes N] [--spin-us N]\n");
+      return a == "--help" || a == "-h" ? 0 : 2;
+    }
+  }
+  const size_t total = args.quick ? (64 << 20) : (512 << 20);
+  const int iters = args.quick ? 2000 : 10000;
+  const std::vector<size_t> sizes = {64 << 10, 1 << 20, 16 << 20, 64 << 20};
+  if (!args.json) {
+    std::printf("plexus-bench-transport: medians of %d runs; bandwidth in GB/s, latency in us\n",
+                args.runs);
+  }
+
+  const bool want_tcp = args.backend.empty() || args.backend == "tcp";
+  const bool want_shm = args.backend.empty() || args.backend == "shm";
+
+  // Bandwidth, unpinned: both processes may use both cores, as raw TCP does. Plexus and its
+  // reference alternate run by run, so that a disturbance hits both.
+  for (size_t bytes : sizes) {
+    if (!args.test.empty() && args.test != "bandwidth") break;
+    if (args.bytes != 0 && bytes != args.bytes) continue;
+    std::vector<double> raw, memcpy_ref, tcp, shm;
+    const size_t amount = std::max(total, 16 * bytes);
+    for (int r = 0; r < args.runs; ++r) {
+      if (want_tcp) {
+        raw.push_back(RawBandwidth(bytes, amount));
+        tcp.push_back(PlexusBandwidth(pt::Backend::kTcp, bytes, amount, args.spin));
+      }
+      if (want_shm) {
+        memcpy_ref.push_back(MemcpyBandwidth(bytes, amount));
+        shm.push_back(PlexusBandwidth(pt::Backend::kShm, bytes, amount, args.spin));
+      }
+    }
+    if (want_tcp) {
+      const double raw_m = Median(raw);
+      Emit(args, "raw-tcp", "bandwidth", bytes, "GB/s", raw_m, "GB/s", 1.0, "itself", "unpinned");
+      Emit(args, "tcp", "bandwidth", bytes, "GB/s", Median(tcp), "GB/s", Median(tcp) / raw_m,
+           "raw-tcp single stream", "unpinned");
+    }
+    if (want_shm) {
+      const double mem_m = Median(memcpy_ref);
+      Emit(args, "memcpy", "bandwidth", bytes, "GB/s", mem_m, "GB/s", 1.0, "itself", "1 thread");
+      Emit(args, "shm", "bandwidth", bytes, "GB/s", Median(shm), "GB/s", Median(shm) / mem_m,
+           "memcpy 1 thread", "unpinned");
+    }
+  }
+  if (!args.test.empty() && args.test != "pingpong") return 0;
+
+  // Ping-pong, 64 B request / 8 B response. Each Plexus figure is compared with raw TCP run the
+  // same way: same pinning, blocking waits (no spinning) for tcp.
+  struct Layout {
+    const char* name;
+    int client_cpu, server_cpu;
+  };
+  const Layout layouts[] = {{"same-cpu,blocking", 0, 0}, {"split-cpu,blocking", 0, 1}};
+  for (const Layout& layout : layouts) {
+    if (!want_tcp) break;
+    std::vector<double> raw_med, raw_p99, tcp_med, tcp_p99;
+    for (int r = 0; r < args.runs; ++r) {
+      Latency raw = RawPingPong(iters, layout.client_cpu, layout.server_cpu);
+      Latency tcp = PlexusPingPong(pt::Backend::kTcp, iters, layout.client_cpu, layout.server_cpu,
+                                   absl::ZeroDuration());
+      raw_med.push_back(raw.median_us);
+      raw_p99.push_back(raw.p99_us);
+      tcp_med.push_back(tcp.median_us);
+      tcp_p99.push_back(tcp.p99_us);
+    }
+    const double rm = Median(raw_med), rp = Median(raw_p99);
+    Emit(args, "raw-tcp", "pingpong", 64, "median_us", rm, "us", 1.0, "itself", layout.name);
+    Emit(args, "raw-tcp", "pingpong", 64, "p99_us", rp, "us", 1.0, "itself", layout.name);
+    Emit(args, "tcp", "pingpong", 64, "median_us", Median(tcp_med), "us", Median(tcp_med) / rm,
+         "raw-tcp ping-pong", layout.name);
+    Emit(args, "tcp", "pingpong", 64, "p99_us", Median(tcp_p99), "us", Median(tcp_p99) / rp,
+         "raw-tcp ping-pong", layout.name);
+  }
+  // shm: processes on separate CPUs, spinning up to 200 us before sleeping (a round trip fits).
+  if (want_shm) {
+    std::vector<double> med, p99, raw_med;
+    for (int r = 0; r < args.runs; ++r) {
+      Latency shm = PlexusPingPong(pt::Backend::kShm, iters, 0, 1, absl::Microseconds(200));
+      med.push_back(shm.median_us);
+      p99.push_back(shm.p99_us);
+      raw_med.push_back(RawPingPong(iters, 0, 1).median_us);
+    }
+    const double rm = Median(raw_med);
+    Emit(args, "shm", "pingpong", 64, "median_us", Median(med), "us", Median(med) / rm,
+         "raw-tcp ping-pong split-cpu", "split-cpu,spin-200us");
+    Emit(args, "shm", "pingpong", 64, "p99_us", Median(p99), "us", Median(p99) / rm,
+         "raw-tcp ping-pong split-cpu", "split-cpu,spin-200us");
+  }
+  return 0;
+}
