@@ -36,7 +36,7 @@ build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 demo: build
-	$(BUILD_DIR)/tools/plexus-run -n 2 $(BUILD_DIR)/examples/transport_tour
+	$(BUILD_DIR)/tools/plexus-run -n 2 $(BUILD_DIR)/examples/transport-tour
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
