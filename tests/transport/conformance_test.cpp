@@ -245,6 +245,23 @@ TEST_CASE("one-sided writes land at the offset and deliver the immediate", "[con
     CHECK(target[4999] == 0);
     CHECK(target[205000] == 0);
 
+    // A bulk write (large enough for every backend's bulk path: striping, cross-memory attach).
+    std::vector<uint8_t> big_target((8 << 20) + 4096, 0), big_source = Pattern((8 << 20) + 3, 5);
+    auto big_remote = p.dev_b->Register(big_target.data(), big_target.size());
+    auto big_local = p.dev_a->Register(big_source.data(), big_source.size());
+    REQUIRE(big_remote.ok());
+    REQUIRE(big_local.ok());
+    REQUIRE(p.a->PostWrite(**big_local, 0, big_source.size(), (*big_remote)->handle(), 4093, 7u, 8)
+                .ok());
+    ca.clear();
+    cb.clear();
+    Collect(p, 1, 1, &ca, &cb);
+    REQUIRE(ca[0].status.ok());
+    REQUIRE(cb[0].opcode == pt::Opcode::kRemoteWrite);
+    CHECK(cb[0].immediate == 7u);
+    CHECK(std::memcmp(big_target.data() + 4093, big_source.data(), big_source.size()) == 0);
+    CHECK(big_target[4092] == 0);
+
     // Out of range for the remote region: rejected at post time.
     CHECK_FALSE(p.a->PostWrite(**local, 0, 100, *handle, target.size() - 50, std::nullopt, 9).ok());
     // Out of range locally.

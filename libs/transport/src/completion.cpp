@@ -32,6 +32,10 @@ size_t CompletionQueue::Poll(absl::Span<Completion> out) {
     driver_->Progress(absl::ZeroDuration());
     driving = was_driving;
   }
+  return Take(out);
+}
+
+size_t CompletionQueue::Take(absl::Span<Completion> out) {
   if (out.empty() || count_.load(std::memory_order_acquire) == 0) return 0;
   std::lock_guard<std::mutex> lock(mu_);
   size_t n = 0;
@@ -44,17 +48,25 @@ size_t CompletionQueue::Poll(absl::Span<Completion> out) {
 }
 
 absl::StatusOr<Completion> CompletionQueue::Wait(absl::Duration timeout, absl::Duration spin) {
+  const absl::Time start = absl::Now();
   const absl::Time deadline =
-      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
-  const absl::Time spin_until = absl::Now() + spin;
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : start + timeout;
+  const absl::Time spin_until = start + spin;
   Completion c;
   for (;;) {
-    if (Poll({&c, 1}) == 1) return c;
     const absl::Time now = absl::Now();
-    if (now >= deadline) break;
-    if (now < spin_until) continue;
-    // Slow path: sleep. In caller mode the driver blocks in its own wait (epoll/futex) and is
-    // woken by the wire; in thread mode we sleep on the condition variable.
+    if (now < spin_until) {  // spin, making progress on every pass
+      if (Poll({&c, 1}) == 1) return c;
+      continue;
+    }
+    if (Take({&c, 1}) == 1) return c;
+    if (now >= deadline) {
+      if (Poll({&c, 1}) == 1) return c;  // Wait(0) still makes one pass
+      break;
+    }
+    // Sleep. In caller mode the driver blocks in its own wait (epoll/futex), which returns at
+    // once when bytes are already there; going there directly, without a non-blocking pass
+    // first, saves a system call per message. In thread mode we sleep on the condition variable.
     const absl::Duration slice = std::min(deadline - now, absl::Milliseconds(50));
     if (driver_ != nullptr) {
       blocked_in_driver_.fetch_add(1, std::memory_order_acq_rel);

@@ -546,11 +546,12 @@ class TcpCore {
   void Read(Socket& s) {
     TcpConn& conn = *s.conn;
     size_t budget = kReadBudgetBytes;
+    bool drained = false;
     while (conn.status.ok() && budget > 0) {
       if (s.phase == Socket::Phase::kParked) return;
       if (s.phase == Socket::Phase::kHeader) {
         if (s.rx_end - s.rx_begin < tcp::kFrameHeaderSize) {
-          if (!Fill(s, budget)) return;
+          if (!Fill(s, budget, &drained)) return;
           continue;
         }
         absl::StatusOr<FrameHeader> h = tcp::DecodeFrameHeader(
@@ -579,12 +580,15 @@ class TcpCore {
         std::memcpy(dst, s.rx.get() + s.rx_begin, moved);
         s.rx_begin += moved;
       } else if (s.remaining >= kDirectReadBytes) {
-        const ssize_t r = recv(s.fd, dst, std::min(s.remaining, budget), MSG_DONTWAIT);
+        if (drained) return;
+        const size_t want = std::min(s.remaining, budget);
+        const ssize_t r = recv(s.fd, dst, want, MSG_DONTWAIT);
         if (!Received(s, r)) return;
         moved = static_cast<size_t>(r);
         budget -= std::min(budget, moved);
+        drained = moved < want;
       } else {
-        if (!Fill(s, budget)) return;
+        if (!Fill(s, budget, &drained)) return;
         continue;
       }
       s.offset += moved;
@@ -593,8 +597,11 @@ class TcpCore {
     }
   }
 
-  // Reads into the staging buffer; false when nothing more can be read now.
-  bool Fill(Socket& s, size_t& budget) {
+  // Reads into the staging buffer; false when nothing more can be read now. A short read means
+  // the socket is drained: *drained tells the caller not to ask again until epoll says so
+  // (level-triggered), saving the recv() that would only return EAGAIN.
+  bool Fill(Socket& s, size_t& budget, bool* drained) {
+    if (*drained) return false;
     if (s.rx_begin == s.rx_end) {
       s.rx_begin = s.rx_end = 0;
     } else if (s.rx_begin > 0) {
@@ -602,10 +609,12 @@ class TcpCore {
       s.rx_end -= s.rx_begin;
       s.rx_begin = 0;
     }
-    const ssize_t r = recv(s.fd, s.rx.get() + s.rx_end, kRxBufferBytes - s.rx_end, MSG_DONTWAIT);
+    const size_t room = kRxBufferBytes - s.rx_end;
+    const ssize_t r = recv(s.fd, s.rx.get() + s.rx_end, room, MSG_DONTWAIT);
     if (!Received(s, r)) return false;
     s.rx_end += static_cast<size_t>(r);
     budget -= std::min(budget, static_cast<size_t>(r));
+    *drained = static_cast<size_t>(r) < room;
     return true;
   }
 

@@ -65,6 +65,9 @@ class CompletionQueue {
   void Push(Completion completion);
 
  private:
+  // Poll without making progress.
+  size_t Take(absl::Span<Completion> out);
+
   ProgressDriver* driver_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
