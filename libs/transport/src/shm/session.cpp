@@ -566,8 +566,17 @@ absl::Status CmaReadSerial(pid_t pid, uint8_t* dst, absl::Span<const CmaSegment>
 // core is free; one core alone reaches about half of memcpy's bandwidth through process_vm_readv.
 class CopyHelper {
  public:
+  // One per process: a child made by fork() has no copy of the thread, so it starts its own (the
+  // parent's object is left untouched: its mutex may have been held at the fork).
   static CopyHelper& Get() {
-    static CopyHelper* helper = new CopyHelper();  // never destroyed: detached worker
+    static std::mutex mu;
+    static CopyHelper* helper = nullptr;  // never destroyed: detached worker
+    static pid_t owner = 0;
+    std::lock_guard<std::mutex> lock(mu);
+    if (helper == nullptr || owner != getpid()) {
+      helper = new CopyHelper();
+      owner = getpid();
+    }
     return *helper;
   }
 
