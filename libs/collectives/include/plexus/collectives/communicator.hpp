@@ -1,0 +1,213 @@
+// An NCCL-style communicator over plexus::transport: AllReduce, Reduce, Broadcast, AllGather,
+// ReduceScatter, AllToAll(V), Send/Recv, Barrier and Split, blocking or asynchronous.
+//
+//   auto rdv = plexus::transport::Rendezvous::FromEnv();
+//   plexus::collectives::CommunicatorOptions options;
+//   options.backend = plexus::transport::Backend::kShm;
+//   auto comm = plexus::collectives::Communicator::Create(*rdv, options);
+//   absl::Status s = (*comm)->AllReduce(grad, grad, n, DataType::kF32, ReduceOp::kSum);
+//
+// Semantics shared by every call:
+//  - Collective: every rank of the communicator makes the same sequence of collective calls
+//    with matching arguments (count, dtype, op, root). A mismatch is detected from the header
+//    that travels with each collective's first message on every connection and is reported as
+//    an error (FailedPrecondition naming the rank and both calls), never silent corruption. A
+//    rank that only sends in the mismatched call (a broadcast root) learns of it at its next
+//    call, which fails because the receivers aborted.
+//  - Ordered: the calls of one communicator execute one after the other in issue order, like
+//    the kernels of a CUDA stream. Blocking calls run in the caller's thread when nothing is
+//    queued before them; *Async calls run on the communicator's progress thread.
+//  - In place when the send and receive pointers are equal (for AllGather: when send points at
+//    this rank's block of recv; for ReduceScatter: when recv points at this rank's block of
+//    send). Buffers need no alignment. Counts are elements, not bytes.
+//  - Buffers must stay valid until the call returns or its Work completes.
+//  - Failure: a dead or unreachable peer, or no progress for `timeout`, fails the call with an
+//    error naming the rank(s) concerned (Unavailable / DeadlineExceeded). After any failure the
+//    communicator is broken: every later call fails at once with the same error (as NCCL's
+//    ncclCommAbort); create a new communicator to continue.
+//  - Results are bit-identical across runs for the same algorithm, ring order and world size:
+//    every element is reduced in an order fixed by the algorithm, never by arrival times.
+//  - CUDA builds (PLEXUS_HAVE_CUDA): device pointers are accepted and staged through pinned host
+//    memory; reductions of staged data run on the host.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "plexus/collectives/selector.hpp"
+#include "plexus/collectives/types.hpp"
+#include "plexus/transport/device.hpp"
+#include "plexus/transport/rendezvous.hpp"
+
+namespace plexus::collectives {
+
+// Settings of a communicator, fixed at creation.
+struct CommunicatorOptions {
+  // Transport backend connecting the ranks (inproc: threads of one process; shm: processes on
+  // one host; tcp: anywhere; verbs: RDMA).
+  transport::Backend backend = transport::Backend::kTcp;
+  // kCaller (default): the thread executing a call moves the bytes itself (lowest latency).
+  // kThread: a transport device thread moves them.
+  transport::ProgressMode progress = transport::ProgressMode::kCaller;
+  // tcp: local IP to bind to ("" = any); sockets per connection for striping large messages.
+  std::string local_address;
+  int sockets_per_connection = 1;
+  // Ring order: a permutation of 0..size-1; rank ring_order[i+1] follows ring_order[i]. Ring,
+  // halving-doubling and tree all lay out ranks in this order. Empty = identity.
+  std::vector<int> ring_order;
+  // Independent connection sets ("channels") the data of a large collective is striped over.
+  // 0 = backend default (tcp 2, others 1).
+  int channels = 0;
+  // Pipelining unit: messages are at most this many bytes. 0 = backend default (tcp 512 KiB,
+  // shm 1 MiB, inproc 1 MiB).
+  size_t chunk_bytes = 0;
+  // Chunks in flight per connection and direction (receive slots of chunk_bytes each).
+  int pipeline_depth = 4;
+  // A call that makes no progress for this long fails with DeadlineExceeded naming the ranks it
+  // was waiting for; also the transport's per-operation timeout.
+  absl::Duration timeout = absl::Seconds(60);
+  // How long a waiting call spins on the completion queue before it sleeps in the transport
+  // (longer: lower latency, more CPU burnt while peers are slow).
+  absl::Duration spin = absl::Microseconds(50);
+  // Per-communicator algorithm choices (kAuto entries leave the choice to the table).
+  AlgorithmOverrides algorithms;
+  // The selector table; empty rules = the file named by PLEXUS_COLL_TABLE if set, else
+  // AlgorithmTable::Default().
+  AlgorithmTable table;
+  // Logs every selection and the table at creation to stderr (also PLEXUS_COLL_DEBUG=1).
+  bool debug = false;
+  // Time allowed to connect every rank at creation and at Split.
+  absl::Duration connect_timeout = absl::Minutes(1);
+};
+
+// Per-call settings.
+struct CallOptions {
+  // kAuto: the selector decides. Otherwise forced for this call (takes precedence over
+  // PLEXUS_COLL_ALGO, the communicator's overrides and the table). An algorithm a collective
+  // does not implement falls back as documented in docs/collectives.md.
+  Algorithm algorithm = Algorithm::kAuto;
+};
+
+// The handle of an asynchronous call.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Waits until the call finished or `timeout` passed. Returns the call's status; when it is
+  // still running after `timeout`, DeadlineExceeded (the call itself goes on).
+  virtual absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration()) = 0;
+  // True once the call finished (successfully or not); never blocks.
+  virtual bool Test() const = 0;
+  // The call's status once Test() is true; Unavailable("still running") before.
+  virtual absl::Status status() const = 0;
+};
+
+class Communicator {
+ public:
+  // Connects the ranks of `rendezvous` (collective: every rank calls it, with equal options
+  // apart from local_address). InvalidArgument for a ring_order that is not a permutation or
+  // bad channel/chunk settings; Unavailable when the backend or a peer cannot be reached.
+  static absl::StatusOr<std::unique_ptr<Communicator>> Create(transport::Rendezvous& rendezvous,
+                                                              CommunicatorOptions options = {});
+
+  // Collective, like MPI_Comm_free: waits for queued calls to finish, then for every rank to
+  // reach its destructor (a barrier bounded by `timeout`; skipped when the communicator is
+  // broken), so that no peer loses messages still in flight; then closes the connections.
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The ring order in use (the option, or the identity).
+  virtual const std::vector<int>& ring_order() const = 0;
+  virtual const CommunicatorOptions& options() const = 0;
+  // The algorithm a call of `kind` moving `bytes` (see SelectorRule) would use with `forced`.
+  virtual Algorithm SelectAlgorithm(CollectiveKind kind, size_t bytes,
+                                    Algorithm forced = Algorithm::kAuto) const = 0;
+  // OK while usable; the error that broke the communicator otherwise.
+  virtual absl::Status health() const = 0;
+
+  // recv[i] = op over ranks of send[i], on every rank. `count` elements each.
+  virtual absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype,
+                                 ReduceOp op, CallOptions call = {}) = 0;
+  virtual std::shared_ptr<Work> AllReduceAsync(const void* send, void* recv, size_t count,
+                                               DataType dtype, ReduceOp op,
+                                               CallOptions call = {}) = 0;
+
+  // recv[i] = op over ranks of send[i], on `root` only (recv is ignored elsewhere, may be null).
+  virtual absl::Status Reduce(const void* send, void* recv, size_t count, DataType dtype,
+                              ReduceOp op, int root, CallOptions call = {}) = 0;
+  virtual std::shared_ptr<Work> ReduceAsync(const void* send, void* recv, size_t count,
+                                            DataType dtype, ReduceOp op, int root,
+                                            CallOptions call = {}) = 0;
+
+  // recv = root's send on every rank (send is read on root only; in place when equal).
+  virtual absl::Status Broadcast(const void* send, void* recv, size_t count, DataType dtype,
+                                 int root, CallOptions call = {}) = 0;
+  virtual std::shared_ptr<Work> BroadcastAsync(const void* send, void* recv, size_t count,
+                                               DataType dtype, int root, CallOptions call = {}) = 0;
+
+  // recv[r*count + i] = send of rank r [i]. `count` is per rank; recv holds size()*count.
+  virtual absl::Status AllGather(const void* send, void* recv, size_t count, DataType dtype,
+                                 CallOptions call = {}) = 0;
+  virtual std::shared_ptr<Work> AllGatherAsync(const void* send, void* recv, size_t count,
+                                               DataType dtype, CallOptions call = {}) = 0;
+
+  // recv[i] = op over ranks of send[rank()*count + i]. send holds size()*count; `count` is the
+  // per-rank output.
+  virtual absl::Status ReduceScatter(const void* send, void* recv, size_t count, DataType dtype,
+                                     ReduceOp op, CallOptions call = {}) = 0;
+  virtual std::shared_ptr<Work> ReduceScatterAsync(const void* send, void* recv, size_t count,
+                                                   DataType dtype, ReduceOp op,
+                                                   CallOptions call = {}) = 0;
+
+  // recv[r*count + i] = send of rank r [rank()*count + i]; both hold size()*count.
+  virtual absl::Status AllToAll(const void* send, void* recv, size_t count, DataType dtype,
+                                CallOptions call = {}) = 0;
+  virtual std::shared_ptr<Work> AllToAllAsync(const void* send, void* recv, size_t count,
+                                              DataType dtype, CallOptions call = {}) = 0;
+
+  // Per-peer counts and displacements (elements), as MPI_Alltoallv: send_counts[r] elements at
+  // send + send_displs[r] go to rank r, which receives them at its recv + recv_displs[rank()];
+  // recv_counts[r] must equal rank r's send_counts[rank()] (checked: a mismatch is an error).
+  // Every span has size() entries. Not in place.
+  virtual absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_counts,
+                                 absl::Span<const size_t> send_displs, void* recv,
+                                 absl::Span<const size_t> recv_counts,
+                                 absl::Span<const size_t> recv_displs, DataType dtype,
+                                 CallOptions call = {}) = 0;
+  virtual std::shared_ptr<Work> AllToAllVAsync(const void* send,
+                                               absl::Span<const size_t> send_counts,
+                                               absl::Span<const size_t> send_displs, void* recv,
+                                               absl::Span<const size_t> recv_counts,
+                                               absl::Span<const size_t> recv_displs, DataType dtype,
+                                               CallOptions call = {}) = 0;
+
+  // Point to point, matched in issue order per pair of ranks (a Send of n elements pairs with
+  // the peer's Recv of n elements of the same type; a mismatch is an error).
+  virtual absl::Status Send(const void* send, size_t count, DataType dtype, int peer) = 0;
+  virtual std::shared_ptr<Work> SendAsync(const void* send, size_t count, DataType dtype,
+                                          int peer) = 0;
+  virtual absl::Status Recv(void* recv, size_t count, DataType dtype, int peer) = 0;
+  virtual std::shared_ptr<Work> RecvAsync(void* recv, size_t count, DataType dtype, int peer) = 0;
+
+  // Returns once every rank has entered the barrier.
+  virtual absl::Status Barrier() = 0;
+  virtual std::shared_ptr<Work> BarrierAsync() = 0;
+
+  // Collective over this communicator: ranks with equal `color` form a new communicator, ranked
+  // by (key, rank here). A negative color (kNoColor) takes part but gets nullptr. The child
+  // inherits the options (ring order: the parent's order restricted to the child's ranks).
+  static constexpr int kNoColor = -1;
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) = 0;
+
+ protected:
+  Communicator() = default;
+};
+
+}  // namespace plexus::collectives

@@ -1,0 +1,69 @@
+// Vocabulary of the collectives library: element types, reduction operators, algorithms and
+// collective kinds, with their names for logs, tables and command lines.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace plexus::collectives {
+
+// Element type of a buffer. kF16 and kBF16 are reduced in f32 and rounded back (to nearest even)
+// after each pairwise step.
+enum class DataType : uint8_t {
+  kF32 = 0,
+  kF64 = 1,
+  kF16 = 2,
+  kBF16 = 3,
+  kI32 = 4,
+  kI64 = 5,
+  kU8 = 6
+};
+inline constexpr int kNumDataTypes = 7;
+// Bytes of one element.
+size_t DataTypeSize(DataType dtype);
+// "f32", "f64", "f16", "bf16", "i32", "i64", "u8".
+std::string_view DataTypeName(DataType dtype);
+absl::StatusOr<DataType> ParseDataType(std::string_view name);
+
+// Element-wise reduction. kAvg sums and then divides by the number of ranks (integer division for
+// integer types).
+enum class ReduceOp : uint8_t { kSum = 0, kProd = 1, kMin = 2, kMax = 3, kAvg = 4 };
+inline constexpr int kNumReduceOps = 5;
+// "sum", "prod", "min", "max", "avg".
+std::string_view ReduceOpName(ReduceOp op);
+absl::StatusOr<ReduceOp> ParseReduceOp(std::string_view name);
+
+// How a collective moves its data (docs/collectives.md gives steps and bytes on the wire).
+enum class Algorithm : uint8_t {
+  kAuto = 0,             // chosen by the selector (size, world size, table, overrides)
+  kRing = 1,             // pipelined, chunked ring over every channel: bandwidth-optimal
+  kHalvingDoubling = 2,  // recursive halving/doubling (any world size): log2(n) steps
+  kTree = 3,             // double binary tree, pipelined: log2(n) depth, for latency-bound sizes
+};
+inline constexpr int kNumAlgorithms = 4;
+// "auto", "ring", "halving_doubling" (also parsed: "hd", "rhd"), "tree".
+std::string_view AlgorithmName(Algorithm algorithm);
+absl::StatusOr<Algorithm> ParseAlgorithm(std::string_view name);
+
+// The operations of a communicator, as named in selector tables and mismatch errors.
+enum class CollectiveKind : uint8_t {
+  kAllReduce = 0,
+  kReduce = 1,
+  kBroadcast = 2,
+  kAllGather = 3,
+  kReduceScatter = 4,
+  kAllToAll = 5,
+  kAllToAllV = 6,
+  kSendRecv = 7,  // point-to-point Send/Recv
+  kBarrier = 8,
+};
+inline constexpr int kNumCollectiveKinds = 9;
+// "allreduce", "reduce", "broadcast", "allgather", "reducescatter", "alltoall", "alltoallv",
+// "sendrecv", "barrier".
+std::string_view CollectiveName(CollectiveKind kind);
+absl::StatusOr<CollectiveKind> ParseCollective(std::string_view name);
+
+}  // namespace plexus::collectives

@@ -1,0 +1,1384 @@
+#include "plexus/collectives/communicator.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "cuda_staging.hpp"
+#include "plan.hpp"
+#include "plexus/transport/mesh.hpp"
+#include "reduce.hpp"
+#include "wire.hpp"
+
+namespace plexus::collectives {
+namespace {
+
+using internal::Block;
+using internal::CallHeader;
+using internal::Layout;
+using internal::Plan;
+using transport::Completion;
+using transport::ConstBuffer;
+using transport::MutableBuffer;
+
+constexpr size_t kHeaderBytes = CallHeader::kEncodedSize;
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+bool IsReducing(CollectiveKind kind) {
+  return kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduce ||
+         kind == CollectiveKind::kReduceScatter;
+}
+
+bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+// ---------------------------------------------------------------------------------------------
+// Work
+
+class WorkImpl : public Work {
+ public:
+  absl::Status Wait(absl::Duration timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (timeout == absl::InfiniteDuration()) {
+      cv_.wait(lock, [&] { return done_; });
+    } else if (!cv_.wait_for(lock,
+                             absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration())),
+                             [&] { return done_; })) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("collective still running after ", absl::FormatDuration(timeout)));
+    }
+    return status_;
+  }
+  bool Test() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  absl::Status status() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_) return absl::UnavailableError("still running");
+    return status_;
+  }
+  void Complete(absl::Status status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      status_ = std::move(status);
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  absl::Status status_;
+};
+
+std::shared_ptr<Work> FailedWork(absl::Status status) {
+  auto work = std::make_shared<WorkImpl>();
+  work->Complete(std::move(status));
+  return work;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host staging of device buffers for one call.
+
+class Staging {
+ public:
+  Staging() = default;
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging() {
+    for (void* p : pinned_) internal::FreePinned(p);
+  }
+  // A host pointer holding `bytes` of `user` (copied in when `copy_in`); `user` itself when it
+  // is host memory.
+  absl::StatusOr<uint8_t*> In(const void* user, size_t bytes, bool copy_in) {
+    if (user == nullptr || !internal::IsDevicePointer(user)) {
+      return static_cast<uint8_t*>(const_cast<void*>(user));
+    }
+    void* host = internal::AllocPinned(bytes);
+    if (host == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", bytes, " bytes of pinned host memory for staging"));
+    }
+    pinned_.push_back(host);
+    if (copy_in) {
+      if (absl::Status s = internal::CopyDeviceToHost(host, user, bytes); !s.ok()) return s;
+    }
+    staged_.push_back({const_cast<void*>(user), host, bytes});
+    return static_cast<uint8_t*>(host);
+  }
+  // Registers `user` as an output: Out() copies the host bytes back.
+  absl::StatusOr<uint8_t*> Output(void* user, size_t bytes, bool copy_in) {
+    auto host = In(user, bytes, copy_in);
+    if (host.ok() && *host != user) outputs_.push_back(staged_.back());
+    return host;
+  }
+  absl::Status CopyOut() {
+    for (const Entry& e : outputs_) {
+      if (absl::Status s = internal::CopyHostToDevice(e.user, e.host, e.bytes); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  bool any() const { return !staged_.empty(); }
+
+ private:
+  struct Entry {
+    void* user;
+    void* host;
+    size_t bytes;
+  };
+  std::vector<void*> pinned_;
+  std::vector<Entry> staged_;
+  std::vector<Entry> outputs_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The communicator
+
+struct Task {
+  std::function<absl::Status()> run;
+  std::shared_ptr<WorkImpl> work;
+};
+
+class CommunicatorImpl : public Communicator {
+ public:
+  static absl::StatusOr<std::unique_ptr<Communicator>> Make(transport::Rendezvous& rendezvous,
+                                                            CommunicatorOptions options,
+                                                            const std::string& tag);
+  ~CommunicatorImpl() override;
+
+  int rank() const override { return layout_.rank; }
+  int size() const override { return layout_.n; }
+  const std::vector<int>& ring_order() const override { return layout_.order; }
+  const CommunicatorOptions& options() const override { return options_; }
+  Algorithm SelectAlgorithm(CollectiveKind kind, size_t bytes, Algorithm forced) const override;
+  absl::Status health() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return broken_;
+  }
+
+  absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                         CallOptions call) override {
+    return Blocking(AllReduceTask(send, recv, count, dtype, op, call));
+  }
+  std::shared_ptr<Work> AllReduceAsync(const void* send, void* recv, size_t count, DataType dtype,
+                                       ReduceOp op, CallOptions call) override {
+    return Async(AllReduceTask(send, recv, count, dtype, op, call));
+  }
+  absl::Status Reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                      int root, CallOptions call) override {
+    return Blocking(ReduceTask(send, recv, count, dtype, op, root, call));
+  }
+  std::shared_ptr<Work> ReduceAsync(const void* send, void* recv, size_t count, DataType dtype,
+                                    ReduceOp op, int root, CallOptions call) override {
+    return Async(ReduceTask(send, recv, count, dtype, op, root, call));
+  }
+  absl::Status Broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
+                         CallOptions call) override {
+    return Blocking(BroadcastTask(send, recv, count, dtype, root, call));
+  }
+  std::shared_ptr<Work> BroadcastAsync(const void* send, void* recv, size_t count, DataType dtype,
+                                       int root, CallOptions call) override {
+    return Async(BroadcastTask(send, recv, count, dtype, root, call));
+  }
+  absl::Status AllGather(const void* send, void* recv, size_t count, DataType dtype,
+                         CallOptions call) override {
+    return Blocking(AllGatherTask(send, recv, count, dtype, call));
+  }
+  std::shared_ptr<Work> AllGatherAsync(const void* send, void* recv, size_t count, DataType dtype,
+                                       CallOptions call) override {
+    return Async(AllGatherTask(send, recv, count, dtype, call));
+  }
+  absl::Status ReduceScatter(const void* send, void* recv, size_t count, DataType dtype,
+                             ReduceOp op, CallOptions call) override {
+    return Blocking(ReduceScatterTask(send, recv, count, dtype, op, call));
+  }
+  std::shared_ptr<Work> ReduceScatterAsync(const void* send, void* recv, size_t count,
+                                           DataType dtype, ReduceOp op, CallOptions call) override {
+    return Async(ReduceScatterTask(send, recv, count, dtype, op, call));
+  }
+  absl::Status AllToAll(const void* send, void* recv, size_t count, DataType dtype,
+                        CallOptions call) override {
+    return Blocking(AllToAllTask(send, recv, count, dtype, call));
+  }
+  std::shared_ptr<Work> AllToAllAsync(const void* send, void* recv, size_t count, DataType dtype,
+                                      CallOptions call) override {
+    return Async(AllToAllTask(send, recv, count, dtype, call));
+  }
+  absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_counts,
+                         absl::Span<const size_t> send_displs, void* recv,
+                         absl::Span<const size_t> recv_counts, absl::Span<const size_t> recv_displs,
+                         DataType dtype, CallOptions call) override {
+    return Blocking(
+        AllToAllVTask(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype, call));
+  }
+  std::shared_ptr<Work> AllToAllVAsync(const void* send, absl::Span<const size_t> send_counts,
+                                       absl::Span<const size_t> send_displs, void* recv,
+                                       absl::Span<const size_t> recv_counts,
+                                       absl::Span<const size_t> recv_displs, DataType dtype,
+                                       CallOptions call) override {
+    return Async(
+        AllToAllVTask(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype, call));
+  }
+  absl::Status Send(const void* send, size_t count, DataType dtype, int peer) override {
+    return Blocking(PointToPointTask(const_cast<void*>(send), count, dtype, peer, true));
+  }
+  std::shared_ptr<Work> SendAsync(const void* send, size_t count, DataType dtype,
+                                  int peer) override {
+    return Async(PointToPointTask(const_cast<void*>(send), count, dtype, peer, true));
+  }
+  absl::Status Recv(void* recv, size_t count, DataType dtype, int peer) override {
+    return Blocking(PointToPointTask(recv, count, dtype, peer, false));
+  }
+  std::shared_ptr<Work> RecvAsync(void* recv, size_t count, DataType dtype, int peer) override {
+    return Async(PointToPointTask(recv, count, dtype, peer, false));
+  }
+  absl::Status Barrier() override { return Blocking(BarrierTask()); }
+  std::shared_ptr<Work> BarrierAsync() override { return Async(BarrierTask()); }
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
+
+ private:
+  // A task, or the validation error that stops it from being queued.
+  using TaskOr = absl::StatusOr<std::function<absl::Status()>>;
+
+  CommunicatorImpl() = default;
+
+  absl::Status Blocking(TaskOr task);
+  std::shared_ptr<Work> Async(TaskOr task);
+  absl::Status RunOne(const std::function<absl::Status()>& fn);
+  void WorkerLoop();
+
+  TaskOr AllReduceTask(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                       CallOptions call);
+  TaskOr ReduceTask(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                    int root, CallOptions call);
+  TaskOr BroadcastTask(const void* send, void* recv, size_t count, DataType dtype, int root,
+                       CallOptions call);
+  TaskOr AllGatherTask(const void* send, void* recv, size_t count, DataType dtype,
+                       CallOptions call);
+  TaskOr ReduceScatterTask(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                           CallOptions call);
+  TaskOr AllToAllTask(const void* send, void* recv, size_t count, DataType dtype, CallOptions call);
+  TaskOr AllToAllVTask(const void* send, absl::Span<const size_t> send_counts,
+                       absl::Span<const size_t> send_displs, void* recv,
+                       absl::Span<const size_t> recv_counts, absl::Span<const size_t> recv_displs,
+                       DataType dtype, CallOptions call);
+  TaskOr PointToPointTask(void* buf, size_t count, DataType dtype, int peer, bool is_send);
+  TaskOr BarrierTask();
+
+  absl::Status CheckCommon(const char* what, const void* send, const void* recv, size_t count,
+                           DataType dtype, ReduceOp op = ReduceOp::kSum, int root = 0) const;
+  // The algorithm used, after falling back from ones the collective does not implement.
+  Algorithm Resolve(CollectiveKind kind, size_t bytes, Algorithm forced) const;
+  Layout MakeLayout(DataType dtype) const;
+  CallHeader Header(CollectiveKind kind, DataType dtype, ReduceOp op, Algorithm algorithm, int root,
+                    size_t count);
+  uint8_t* Scratch(size_t bytes);
+
+  // Runs a plan to completion over the connections; the first message of the call on each
+  // connection carries `header`.
+  absl::Status Execute(const Plan& plan, const CallHeader& header, DataType dtype, ReduceOp op);
+  // Marks the communicator broken with `status` (after naming every rank whose connection is
+  // down) and closes every connection so that the peers fail fast too.
+  absl::Status Abort(absl::Status status, bool connection_failure);
+  std::string DownRanks();
+
+  CommunicatorOptions options_;
+  Layout layout_;
+  std::string tag_;
+  uint64_t uid_ = 0;
+  int split_count_ = 0;
+  std::shared_ptr<transport::Store> store_;
+  AlgorithmTable table_;
+  AlgorithmOverrides env_overrides_;
+  bool debug_ = false;
+
+  std::shared_ptr<transport::Device> device_;
+  std::unique_ptr<transport::CompletionQueue> cq_;
+  // conns_[channel][rank]; null for this rank.
+  std::vector<std::vector<std::unique_ptr<transport::Connection>>> conns_;
+  absl::flat_hash_map<uint64_t, int> peer_of_connection_;
+
+  // Issue-order execution.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::thread worker_;
+  absl::Status broken_;  // guarded by mu_
+
+  // State of the executing call (one at a time).
+  uint64_t collective_seq_ = 0;
+  std::vector<uint64_t> p2p_send_seq_, p2p_recv_seq_;
+  std::vector<uint8_t> scratch_;
+  struct Link {
+    std::vector<int> sends, recvs;  // op indices in order
+    size_t next_send = 0, next_recv = 0, low_recv = 0;
+    int sends_in_flight = 0;
+    size_t slot_stride = 0;
+    std::vector<uint8_t> slots;
+    uint8_t tx_header[kHeaderBytes];
+  };
+  std::vector<Link> links_;
+  uint64_t epoch_ = 0;
+  bool ready_ = false;  // fully connected (Make succeeded)
+};
+
+CommunicatorImpl::~CommunicatorImpl() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  // Destruction is collective (as MPI_Comm_free): a peer may still be receiving what this rank
+  // sent last, and closing now would fail its receives. After the barrier every rank has
+  // finished every call it issued before.
+  if (ready_ && layout_.n > 1 && health().ok()) {
+    (void)RunOne(BarrierTask().value());
+  }
+  for (auto& channel : conns_) {
+    for (auto& c : channel) {
+      if (c) c->Close();
+    }
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
+    transport::Rendezvous& rendezvous, CommunicatorOptions options, const std::string& tag) {
+  const int n = rendezvous.world_size();
+  const int rank = rendezvous.rank();
+  // Validate and fill in defaults.
+  if (options.ring_order.empty()) {
+    options.ring_order.resize(n);
+    std::iota(options.ring_order.begin(), options.ring_order.end(), 0);
+  }
+  if (static_cast<int>(options.ring_order.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("ring_order has ", options.ring_order.size(),
+                                                   " entries; the world has ", n, " ranks"));
+  }
+  std::vector<int> position(n, -1);
+  for (int i = 0; i < n; ++i) {
+    const int r = options.ring_order[i];
+    if (r < 0 || r >= n || position[r] != -1) {
+      return absl::InvalidArgumentError(absl::StrCat("ring_order [",
+                                                     absl::StrJoin(options.ring_order, ","),
+                                                     "] is not a permutation of 0..", n - 1));
+    }
+    position[r] = i;
+  }
+  if (options.channels < 0 || options.channels > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("channels must be 0 (default) to 64, got ", options.channels));
+  }
+  if (options.channels == 0) options.channels = options.backend == transport::Backend::kTcp ? 2 : 1;
+  if (options.chunk_bytes == 0) {
+    options.chunk_bytes =
+        options.backend == transport::Backend::kTcp ? size_t{512} << 10 : size_t{1} << 20;
+  }
+  if (options.chunk_bytes < 64 || options.chunk_bytes > (size_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes must be between 64 bytes and 1 GiB, got ", options.chunk_bytes));
+  }
+  if (options.pipeline_depth < 1 || options.pipeline_depth > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline_depth must be 1 to 1024, got ", options.pipeline_depth));
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("timeout must be positive");
+  }
+
+  std::unique_ptr<CommunicatorImpl> comm(new CommunicatorImpl());
+  comm->layout_.rank = rank;
+  comm->layout_.n = n;
+  comm->layout_.order = options.ring_order;
+  comm->layout_.position = position;
+  comm->layout_.channels = options.channels;
+  comm->layout_.chunk_bytes = options.chunk_bytes;
+  comm->tag_ = tag;
+  comm->store_ = rendezvous.store();
+  comm->p2p_send_seq_.assign(n, 0);
+  comm->p2p_recv_seq_.assign(n, 0);
+
+  // Selector: table, environment overrides, debug switch.
+  comm->debug_ = options.debug || Env("PLEXUS_COLL_DEBUG") == "1";
+  if (!options.table.rules().empty()) {
+    comm->table_ = options.table;
+  } else if (const std::string path = Env("PLEXUS_COLL_TABLE"); !path.empty()) {
+    auto table = AlgorithmTable::Load(path);
+    if (!table.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PLEXUS_COLL_TABLE: ", std::string(table.status().message())));
+    }
+    comm->table_ = *std::move(table);
+  } else {
+    comm->table_ = AlgorithmTable::Default();
+  }
+  if (const std::string text = Env("PLEXUS_COLL_ALGO"); !text.empty()) {
+    auto overrides = AlgorithmOverrides::Parse(text);
+    if (!overrides.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PLEXUS_COLL_ALGO: ", std::string(overrides.status().message())));
+    }
+    comm->env_overrides_ = *overrides;
+  }
+
+  // Every rank must agree on what shapes the messages; rank 0's nonce names the communicator.
+  std::random_device rd;
+  const uint64_t nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                         static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  const std::string shape =
+      absl::StrCat(std::string(transport::BackendName(options.backend)), "/ch", options.channels,
+                   "/chunk", options.chunk_bytes, "/order", absl::StrJoin(options.ring_order, ","));
+  auto shapes = rendezvous.AllGather(absl::StrCat("plexus/coll/create/", tag),
+                                     absl::StrCat(nonce, "|", shape), options.connect_timeout);
+  if (!shapes.ok()) return shapes.status();
+  for (int r = 0; r < n; ++r) {
+    const std::string& s = (*shapes)[r];
+    const size_t bar = s.find('|');
+    if (bar == std::string::npos || s.substr(bar + 1) != shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "communicator options differ between ranks: rank ", rank, " has ", shape, ", rank ", r,
+          " has ", bar == std::string::npos ? s : s.substr(bar + 1),
+          " (backend, channels, chunk_bytes and ring_order must be equal on every rank)"));
+    }
+    if (r == 0 && !absl::SimpleAtoi(s.substr(0, bar), &comm->uid_)) {
+      return absl::DataLossError("malformed communicator id from rank 0");
+    }
+  }
+
+  transport::DeviceOptions device_options;
+  device_options.backend = options.backend;
+  device_options.progress = options.progress;
+  device_options.local_address = options.local_address;
+  device_options.sockets_per_connection = options.sockets_per_connection;
+  device_options.op_timeout = options.timeout;
+  device_options.connect_timeout = options.connect_timeout;
+  if (n > 1) {
+    auto device = transport::Device::Create(device_options);
+    if (!device.ok()) return device.status();
+    comm->device_ = *std::move(device);
+    comm->cq_ = comm->device_->CreateCompletionQueue();
+    for (int c = 0; c < options.channels; ++c) {
+      auto mesh = transport::ConnectFullMesh(rendezvous, *comm->device_, comm->cq_.get(),
+                                             absl::StrCat(tag, "/ch", c), options.connect_timeout);
+      if (!mesh.ok()) {
+        return absl::Status(mesh.status().code(),
+                            absl::StrCat("connecting channel ", c, " of the communicator: ",
+                                         std::string(mesh.status().message())));
+      }
+      for (int r = 0; r < n; ++r) {
+        if ((*mesh)[r]) comm->peer_of_connection_[(*mesh)[r]->id()] = r;
+      }
+      comm->conns_.push_back(*std::move(mesh));
+    }
+  }
+  comm->links_.resize(static_cast<size_t>(n) * options.channels);
+  comm->options_ = std::move(options);
+  comm->ready_ = true;
+  if (comm->debug_ && rank == 0) {
+    std::fprintf(stderr,
+                 "[plexus-coll] communicator %llx: %d ranks over %s, %d channel(s), chunk %zu B, "
+                 "ring order [%s]\n[plexus-coll] selector table:\n%s",
+                 static_cast<unsigned long long>(comm->uid_), n,
+                 std::string(transport::BackendName(comm->options_.backend)).c_str(),
+                 comm->options_.channels, comm->options_.chunk_bytes,
+                 absl::StrJoin(comm->layout_.order, ",").c_str(), comm->table_.ToString().c_str());
+  }
+  return std::unique_ptr<Communicator>(std::move(comm));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue order
+
+absl::Status CommunicatorImpl::RunOne(const std::function<absl::Status()>& fn) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_.ok()) return broken_;
+  }
+  return fn();
+}
+
+absl::Status CommunicatorImpl::Blocking(TaskOr task) {
+  if (!task.ok()) return task.status();
+  std::unique_lock<std::mutex> lock(mu_);
+  if (queue_.empty() && !busy_) {
+    // Nothing queued before us: run in the caller's thread (no thread hop on the latency path).
+    busy_ = true;
+    lock.unlock();
+    absl::Status status = RunOne(*task);
+    lock.lock();
+    busy_ = false;
+    lock.unlock();
+    cv_.notify_all();
+    return status;
+  }
+  auto work = std::make_shared<WorkImpl>();
+  queue_.push_back(Task{*std::move(task), work});
+  if (!worker_.joinable()) worker_ = std::thread([this] { WorkerLoop(); });
+  lock.unlock();
+  cv_.notify_all();
+  return work->Wait(absl::InfiniteDuration());
+}
+
+std::shared_ptr<Work> CommunicatorImpl::Async(TaskOr task) {
+  if (!task.ok()) return FailedWork(task.status());
+  auto work = std::make_shared<WorkImpl>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(Task{*std::move(task), work});
+    if (!worker_.joinable()) worker_ = std::thread([this] { WorkerLoop(); });
+  }
+  cv_.notify_all();
+  return work;
+}
+
+void CommunicatorImpl::WorkerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return (!queue_.empty() && !busy_) || (stop_ && queue_.empty()); });
+    if (queue_.empty()) return;
+    Task task = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    absl::Status status = RunOne(task.run);
+    task.work->Complete(std::move(status));
+    lock.lock();
+    busy_ = false;
+    cv_.notify_all();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Selection
+
+Algorithm CommunicatorImpl::SelectAlgorithm(CollectiveKind kind, size_t bytes,
+                                            Algorithm forced) const {
+  return Resolve(kind, bytes, forced);
+}
+
+Algorithm CommunicatorImpl::Resolve(CollectiveKind kind, size_t bytes, Algorithm forced) const {
+  Algorithm a = forced;
+  if (a == Algorithm::kAuto) a = env_overrides_.Get(kind);
+  if (a == Algorithm::kAuto) a = options_.algorithms.Get(kind);
+  if (a == Algorithm::kAuto) a = table_.Select(kind, layout_.n, bytes);
+  switch (kind) {
+    case CollectiveKind::kAllReduce:
+      return a;
+    case CollectiveKind::kBroadcast:
+    case CollectiveKind::kReduce:
+      return a == Algorithm::kHalvingDoubling ? Algorithm::kTree : a;
+    case CollectiveKind::kAllGather:
+    case CollectiveKind::kReduceScatter:
+      // Halving/doubling needs a power of two here (each rank owns exactly one block).
+      return a == Algorithm::kHalvingDoubling && IsPowerOfTwo(layout_.n) ? a : Algorithm::kRing;
+    case CollectiveKind::kBarrier:
+      return Algorithm::kHalvingDoubling;
+    case CollectiveKind::kAllToAll:
+    case CollectiveKind::kAllToAllV:
+    case CollectiveKind::kSendRecv:
+      return Algorithm::kRing;  // pairwise exchange; reported as ring
+  }
+  return a;
+}
+
+Layout CommunicatorImpl::MakeLayout(DataType dtype) const {
+  Layout L = layout_;
+  L.esize = DataTypeSize(dtype);
+  return L;
+}
+
+CallHeader CommunicatorImpl::Header(CollectiveKind kind, DataType dtype, ReduceOp op,
+                                    Algorithm algorithm, int root, size_t count) {
+  CallHeader h;
+  h.kind = kind;
+  h.dtype = dtype;
+  h.op = IsReducing(kind) ? op : ReduceOp::kSum;
+  h.algorithm = algorithm;
+  h.root = root;
+  h.sender = layout_.rank;
+  h.count = count;
+  h.communicator = uid_;
+  h.sequence = collective_seq_++;
+  if (debug_) {
+    std::fprintf(stderr, "[plexus-coll rank %d] %s -> %s\n", layout_.rank, h.Describe().c_str(),
+                 std::string(AlgorithmName(algorithm)).c_str());
+  }
+  return h;
+}
+
+uint8_t* CommunicatorImpl::Scratch(size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
+absl::Status CommunicatorImpl::CheckCommon(const char* what, const void* send, const void* recv,
+                                           size_t count, DataType dtype, ReduceOp op,
+                                           int root) const {
+  if (static_cast<unsigned>(dtype) >= kNumDataTypes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": invalid data type"));
+  }
+  if (static_cast<unsigned>(op) >= kNumReduceOps) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": invalid reduction"));
+  }
+  if (root < 0 || root >= layout_.n) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": root ", root, " is not a rank of this ",
+                                                   layout_.n, "-rank communicator"));
+  }
+  if (count > (size_t{1} << 40) / DataTypeSize(dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": count ", count, " is too large"));
+  }
+  if (count > 0 && (send == nullptr || recv == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": null buffer with count ", count));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives
+
+CommunicatorImpl::TaskOr CommunicatorImpl::AllReduceTask(const void* send, void* recv, size_t count,
+                                                         DataType dtype, ReduceOp op,
+                                                         CallOptions call) {
+  if (absl::Status s = CheckCommon("AllReduce", send, recv, count, dtype, op); !s.ok()) return s;
+  return [=, this]() -> absl::Status {
+    const size_t bytes = count * DataTypeSize(dtype);
+    const Algorithm algo = Resolve(CollectiveKind::kAllReduce, bytes, call.algorithm);
+    const CallHeader header = Header(CollectiveKind::kAllReduce, dtype, op, algo, -1, count);
+    if (count == 0) return absl::OkStatus();
+    Staging staging;
+    auto buf = staging.Output(recv, bytes, send == recv);
+    if (!buf.ok()) return buf.status();
+    if (send != recv) {
+      auto in = staging.In(send, bytes, true);
+      if (!in.ok()) return in.status();
+      std::memmove(*buf, *in, bytes);
+    }
+    const Layout L = MakeLayout(dtype);
+    Plan plan;
+    switch (algo) {
+      case Algorithm::kHalvingDoubling:
+        // Below a block per rank (or when latency dominates) whole-vector doubling is cheaper.
+        if (bytes <= 16384 || count < static_cast<size_t>(L.n)) {
+          internal::BuildRecursiveDoubling(L, *buf, count, &plan);
+        } else {
+          internal::BuildHalvingDoubling(L, *buf, count, &plan);
+        }
+        break;
+      case Algorithm::kTree:
+        internal::BuildDoubleTreeAllReduce(L, *buf, count, &plan);
+        break;
+      default:
+        internal::BuildRing(L, *buf, internal::EvenBlocks(count, L.n), true, true, &plan);
+        break;
+    }
+    if (absl::Status s = Execute(plan, header, dtype, op); !s.ok()) return s;
+    if (op == ReduceOp::kAvg && staging.any()) {
+      // A device result: copy the sum back and divide it there (reduce_kernels.cu).
+      if (absl::Status s = staging.CopyOut(); !s.ok()) return s;
+      return internal::DeviceDivide(dtype, recv, count, L.n);
+    }
+    if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, *buf, count, L.n);
+    return staging.CopyOut();
+  };
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* recv, size_t count,
+                                                      DataType dtype, ReduceOp op, int root,
+                                                      CallOptions call) {
+  const bool is_root = root == layout_.rank;
+  if (absl::Status s = CheckCommon("Reduce", send, is_root ? recv : send, count, dtype, op, root);
+      !s.ok()) {
+    return s;
+  }
+  return [=, this]() -> absl::Status {
+    const size_t bytes = count * DataTypeSize(dtype);
+    const Algorithm algo = Resolve(CollectiveKind::kReduce, bytes, call.algorithm);
+    const CallHeader header = Header(CollectiveKind::kReduce, dtype, op, algo, root, count);
+    if (count == 0) return absl::OkStatus();
+    Staging staging;
+    auto in = staging.In(send, bytes, true);
+    if (!in.ok()) return in.status();
+    uint8_t* buf = nullptr;
+    if (is_root) {
+      auto out = staging.Output(recv, bytes, false);
+      if (!out.ok()) return out.status();
+      buf = *out;
+    } else {
+      buf = Scratch(bytes);
+    }
+    if (buf != *in) std::memmove(buf, *in, bytes);
+    const Layout L = MakeLayout(dtype);
+    const int root_pos = L.position[root];
+    Plan plan;
+    if (algo == Algorithm::kRing) {
+      internal::BuildChainReduce(L, buf, count, root_pos, &plan);
+    } else {
+      internal::BuildTreeReduce(L, buf, count, root_pos, &plan);
+    }
+    if (absl::Status s = Execute(plan, header, dtype, op); !s.ok()) return s;
+    if (!is_root) return absl::OkStatus();
+    if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, buf, count, L.n);
+    return staging.CopyOut();
+  };
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void* recv, size_t count,
+                                                         DataType dtype, int root,
+                                                         CallOptions call) {
+  const bool is_root = root == layout_.rank;
+  if (absl::Status s =
+          CheckCommon("Broadcast", is_root ? send : recv, recv, count, dtype, ReduceOp::kSum, root);
+      !s.ok()) {
+    return s;
+  }
+  return [=, this]() -> absl::Status {
+    const size_t bytes = count * DataTypeSize(dtype);
+    const Algorithm algo = Resolve(CollectiveKind::kBroadcast, bytes, call.algorithm);
+    const CallHeader header =
+        Header(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, algo, root, count);
+    if (count == 0) return absl::OkStatus();
+    Staging staging;
+    auto buf = staging.Output(recv, bytes, is_root && send == recv);
+    if (!buf.ok()) return buf.status();
+    if (is_root && send != recv) {
+      auto in = staging.In(send, bytes, true);
+      if (!in.ok()) return in.status();
+      std::memmove(*buf, *in, bytes);
+    }
+    const Layout L = MakeLayout(dtype);
+    Plan plan;
+    if (algo == Algorithm::kRing) {
+      internal::BuildChainBroadcast(L, *buf, count, L.position[root], &plan);
+    } else {
+      internal::BuildTreeBroadcast(L, *buf, count, L.position[root], &plan);
+    }
+    if (absl::Status s = Execute(plan, header, dtype, ReduceOp::kSum); !s.ok()) return s;
+    return staging.CopyOut();
+  };
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void* recv, size_t count,
+                                                         DataType dtype, CallOptions call) {
+  if (absl::Status s = CheckCommon("AllGather", send, recv, count, dtype); !s.ok()) return s;
+  return [=, this]() -> absl::Status {
+    const size_t esize = DataTypeSize(dtype);
+    const int n = layout_.n;
+    const size_t total = count * n * esize;
+    const Algorithm algo = Resolve(CollectiveKind::kAllGather, total, call.algorithm);
+    const CallHeader header =
+        Header(CollectiveKind::kAllGather, dtype, ReduceOp::kSum, algo, -1, count);
+    if (count == 0) return absl::OkStatus();
+    const size_t mine = static_cast<size_t>(layout_.rank) * count * esize;
+    const bool in_place = send == static_cast<uint8_t*>(recv) + mine;
+    Staging staging;
+    auto buf = staging.Output(recv, total, in_place);
+    if (!buf.ok()) return buf.status();
+    if (!in_place) {
+      auto in = staging.In(send, count * esize, true);
+      if (!in.ok()) return in.status();
+      std::memmove(*buf + mine, *in, count * esize);
+    }
+    const Layout L = MakeLayout(dtype);
+    // Ring segment j / halving block b belongs to the rank that owns it at the end.
+    std::vector<Block> blocks(n);
+    Plan plan;
+    if (algo == Algorithm::kHalvingDoubling) {
+      for (int b = 0; b < n; ++b) blocks[b] = Block{L.order[b] * count, count};
+      internal::BuildDoubling(L, *buf, blocks, &plan);
+    } else {
+      for (int j = 0; j < n; ++j) blocks[j] = Block{L.at(j - 1) * count, count};
+      internal::BuildRing(L, *buf, blocks, false, true, &plan);
+    }
+    if (absl::Status s = Execute(plan, header, dtype, ReduceOp::kSum); !s.ok()) return s;
+    return staging.CopyOut();
+  };
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, void* recv,
+                                                             size_t count, DataType dtype,
+                                                             ReduceOp op, CallOptions call) {
+  if (absl::Status s = CheckCommon("ReduceScatter", send, recv, count, dtype, op); !s.ok()) {
+    return s;
+  }
+  return [=, this]() -> absl::Status {
+    const size_t esize = DataTypeSize(dtype);
+    const int n = layout_.n;
+    const size_t total = count * n * esize;
+    const Algorithm algo = Resolve(CollectiveKind::kReduceScatter, total, call.algorithm);
+    const CallHeader header = Header(CollectiveKind::kReduceScatter, dtype, op, algo, -1, count);
+    if (count == 0) return absl::OkStatus();
+    Staging staging;
+    auto in = staging.In(send, total, true);
+    if (!in.ok()) return in.status();
+    // Work on a copy: the send buffer is the caller's and recv may lie inside it.
+    uint8_t* work = Scratch(total);
+    std::memcpy(work, *in, total);
+    const Layout L = MakeLayout(dtype);
+    std::vector<Block> blocks(n);
+    Plan plan;
+    if (algo == Algorithm::kHalvingDoubling) {
+      for (int b = 0; b < n; ++b) blocks[b] = Block{L.order[b] * count, count};
+      internal::BuildHalving(L, work, blocks, &plan);
+    } else {
+      for (int j = 0; j < n; ++j) blocks[j] = Block{L.at(j - 1) * count, count};
+      internal::BuildRing(L, work, blocks, true, false, &plan);
+    }
+    if (absl::Status s = Execute(plan, header, dtype, op); !s.ok()) return s;
+    uint8_t* mine = work + static_cast<size_t>(layout_.rank) * count * esize;
+    if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, mine, count, n);
+    auto out = staging.Output(recv, count * esize, false);
+    if (!out.ok()) return out.status();
+    std::memmove(*out, mine, count * esize);
+    return staging.CopyOut();
+  };
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllTask(const void* send, void* recv, size_t count,
+                                                        DataType dtype, CallOptions call) {
+  if (absl::Status s = CheckCommon("AllToAll", send, recv, count, dtype); !s.ok()) return s;
+  return [=, this]() -> absl::Status {
+    const size_t esize = DataTypeSize(dtype);
+    const int n = layout_.n;
+    const size_t block = count * esize;
+    const size_t total = block * n;
+    const Algorithm algo = Resolve(CollectiveKind::kAllToAll, total, call.algorithm);
+    const CallHeader header =
+        Header(CollectiveKind::kAllToAll, dtype, ReduceOp::kSum, algo, -1, count);
+    if (count == 0) return absl::OkStatus();
+    Staging staging;
+    auto in = staging.In(send, total, true);
+    if (!in.ok()) return in.status();
+    auto out = staging.Output(recv, total, false);
+    if (!out.ok()) return out.status();
+    const uint8_t* src = *in;
+    if (src == *out) {  // in place: send from a copy
+      uint8_t* copy = Scratch(total);
+      std::memcpy(copy, src, total);
+      src = copy;
+    }
+    const int me = layout_.rank;
+    std::memmove(*out + me * block, src + me * block, block);
+    const Layout L = MakeLayout(dtype);
+    Plan plan;
+    for (int d = 1; d < n; ++d) {
+      const int to = (me + d) % n;
+      const int from = (me - d + n) % n;
+      internal::BuildSendTo(L, src + to * block, count, to, false, &plan);
+      internal::BuildRecvFrom(L, *out + from * block, count, from, false, &plan);
+    }
+    if (absl::Status s = Execute(plan, header, dtype, ReduceOp::kSum); !s.ok()) return s;
+    return staging.CopyOut();
+  };
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllVTask(
+    const void* send, absl::Span<const size_t> send_counts, absl::Span<const size_t> send_displs,
+    void* recv, absl::Span<const size_t> recv_counts, absl::Span<const size_t> recv_displs,
+    DataType dtype, CallOptions call) {
+  const int n = layout_.n;
+  if (absl::Status s = CheckCommon("AllToAllV", send, recv, 0, dtype); !s.ok()) return s;
+  for (auto [span, name] : {std::pair{send_counts, "send_counts"},
+                            {send_displs, "send_displs"},
+                            {recv_counts, "recv_counts"},
+                            {recv_displs, "recv_displs"}}) {
+    if (static_cast<int>(span.size()) != n) {
+      return absl::InvalidArgumentError(absl::StrCat("AllToAllV: ", name, " has ", span.size(),
+                                                     " entries, need one per rank (", n, ")"));
+    }
+  }
+  const size_t esize = DataTypeSize(dtype);
+  size_t send_extent = 0, recv_extent = 0;
+  for (int r = 0; r < n; ++r) {
+    const size_t limit = (size_t{1} << 40) / esize;
+    if (send_counts[r] > limit || send_displs[r] > limit || recv_counts[r] > limit ||
+        recv_displs[r] > limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AllToAllV: count or displacement for rank ", r, " is too large"));
+    }
+    send_extent = std::max(send_extent, send_displs[r] + send_counts[r]);
+    recv_extent = std::max(recv_extent, recv_displs[r] + recv_counts[r]);
+  }
+  if ((send_extent > 0 && send == nullptr) || (recv_extent > 0 && recv == nullptr)) {
+    return absl::InvalidArgumentError("AllToAllV: null buffer with non-zero counts");
+  }
+  if (send_extent > 0 && send == recv) {
+    return absl::InvalidArgumentError("AllToAllV cannot run in place: pass distinct buffers");
+  }
+  std::vector<size_t> sc(send_counts.begin(), send_counts.end());
+  std::vector<size_t> sd(send_displs.begin(), send_displs.end());
+  std::vector<size_t> rc(recv_counts.begin(), recv_counts.end());
+  std::vector<size_t> rd(recv_displs.begin(), recv_displs.end());
+  return [=, this]() -> absl::Status {
+    const Algorithm algo = Resolve(CollectiveKind::kAllToAllV, send_extent * esize, call.algorithm);
+    const CallHeader header =
+        Header(CollectiveKind::kAllToAllV, dtype, ReduceOp::kSum, algo, -1, 0);
+    Staging staging;
+    auto in = staging.In(send, send_extent * esize, true);
+    if (!in.ok()) return in.status();
+    auto out = staging.Output(recv, recv_extent * esize, false);
+    if (!out.ok()) return out.status();
+    const int me = layout_.rank;
+    if (sc[me] != rc[me]) {
+      return absl::InvalidArgumentError(absl::StrCat("AllToAllV: rank ", me, " sends itself ",
+                                                     sc[me], " elements but expects ", rc[me]));
+    }
+    if (sc[me] > 0) std::memmove(*out + rd[me] * esize, *in + sd[me] * esize, sc[me] * esize);
+    const Layout L = MakeLayout(dtype);
+    Plan plan;
+    plan.tx_extra.assign(n, 0);
+    plan.rx_extra.assign(n, 0);
+    for (int d = 1; d < n; ++d) {
+      const int to = (me + d) % n;
+      const int from = (me - d + n) % n;
+      plan.tx_extra[to] = sc[to];
+      plan.rx_extra[from] = rc[from];
+      internal::BuildSendTo(L, *in + sd[to] * esize, sc[to], to, true, &plan);
+      internal::BuildRecvFrom(L, *out + rd[from] * esize, rc[from], from, true, &plan);
+    }
+    if (absl::Status s = Execute(plan, header, dtype, ReduceOp::kSum); !s.ok()) return s;
+    return staging.CopyOut();
+  };
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::PointToPointTask(void* buf, size_t count, DataType dtype,
+                                                            int peer, bool is_send) {
+  const char* what = is_send ? "Send" : "Recv";
+  if (absl::Status s = CheckCommon(what, buf, buf, count, dtype); !s.ok()) return s;
+  if (peer < 0 || peer >= layout_.n || peer == layout_.rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": peer ", peer, " must be another rank of this ", layout_.n, "-rank communicator"));
+  }
+  return [=, this]() -> absl::Status {
+    const size_t bytes = count * DataTypeSize(dtype);
+    CallHeader header;
+    header.kind = CollectiveKind::kSendRecv;
+    header.dtype = dtype;
+    header.algorithm = Algorithm::kRing;
+    header.sender = is_send ? layout_.rank : peer;
+    header.count = count;
+    header.communicator = uid_;
+    // Each direction of each pair numbers its messages: that is what matches a Send to a Recv.
+    header.sequence = is_send ? p2p_send_seq_[peer]++ : p2p_recv_seq_[peer]++;
+    Staging staging;
+    const Layout L = MakeLayout(dtype);
+    Plan plan;
+    if (is_send) {
+      auto in = staging.In(buf, bytes, true);
+      if (!in.ok()) return in.status();
+      internal::BuildSendTo(L, *in, count, peer, true, &plan);
+      return Execute(plan, header, dtype, ReduceOp::kSum);
+    }
+    auto out = staging.Output(buf, bytes, false);
+    if (!out.ok()) return out.status();
+    internal::BuildRecvFrom(L, *out, count, peer, true, &plan);
+    if (absl::Status s = Execute(plan, header, dtype, ReduceOp::kSum); !s.ok()) return s;
+    return staging.CopyOut();
+  };
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::BarrierTask() {
+  return [this]() -> absl::Status {
+    const CallHeader header = Header(CollectiveKind::kBarrier, DataType::kU8, ReduceOp::kMax,
+                                     Algorithm::kHalvingDoubling, -1, 1);
+    uint8_t token[8] = {};
+    Layout L = MakeLayout(DataType::kU8);
+    Plan plan;
+    internal::BuildRecursiveDoubling(L, token, 1, &plan);
+    return Execute(plan, header, DataType::kU8, ReduceOp::kMax);
+  };
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Split(int color, int key) {
+  const int n = layout_.n;
+  std::vector<int64_t> mine = {color < 0 ? -1 : color, key};
+  std::vector<int64_t> all(2 * static_cast<size_t>(n));
+  if (absl::Status s = AllGather(mine.data(), all.data(), 2, DataType::kI64, {}); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("Split: exchanging colors: ", std::string(s.message())));
+  }
+  const int split = split_count_++;
+  if (color < 0) return std::unique_ptr<Communicator>();
+  std::vector<int> members;
+  for (int r = 0; r < n; ++r) {
+    if (all[2 * r] == color) members.push_back(r);
+  }
+  std::stable_sort(members.begin(), members.end(),
+                   [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
+  std::vector<int> child_rank_of(n, -1);
+  for (size_t i = 0; i < members.size(); ++i) child_rank_of[members[i]] = static_cast<int>(i);
+  CommunicatorOptions options = options_;
+  options.ring_order.clear();
+  for (int r : layout_.order) {
+    if (child_rank_of[r] >= 0) options.ring_order.push_back(child_rank_of[r]);
+  }
+  auto rendezvous = transport::Rendezvous::Create(child_rank_of[layout_.rank],
+                                                  static_cast<int>(members.size()), store_);
+  if (!rendezvous.ok()) return rendezvous.status();
+  return Make(*rendezvous, std::move(options),
+              absl::StrCat(tag_, "/", uid_, "/split", split, "/color", color));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Execution
+
+std::string CommunicatorImpl::DownRanks() {
+  std::vector<std::string> down;
+  for (int r = 0; r < layout_.n; ++r) {
+    for (auto& channel : conns_) {
+      if (channel[r] && !channel[r]->status().ok()) {
+        down.push_back(absl::StrCat("rank ", r));
+        break;
+      }
+    }
+  }
+  return absl::StrJoin(down, ", ");
+}
+
+absl::Status CommunicatorImpl::Abort(absl::Status status, bool connection_failure) {
+  if (connection_failure && device_ != nullptr) {
+    // Peer death shows on every connection to it; give the transport a moment to notice so that
+    // the error names the rank that died, not only the neighbour that told us.
+    const absl::Time until = absl::Now() + absl::Milliseconds(200);
+    Completion drained[16];
+    while (absl::Now() < until) {
+      device_->Progress(absl::Milliseconds(5));
+      cq_->Poll(absl::MakeSpan(drained));
+    }
+  }
+  std::string down = DownRanks();
+  if (!down.empty()) {
+    status = absl::Status(status.code(), absl::StrCat(std::string(status.message()),
+                                                      " [connections down: ", down, "]"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = status;
+  }
+  for (auto& channel : conns_) {
+    for (auto& c : channel) {
+      if (c) c->Close();
+    }
+  }
+  return status;
+}
+
+absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& header, DataType dtype,
+                                       ReduceOp op) {
+  const int n = layout_.n;
+  const int channels = options_.channels;
+  const int depth = options_.pipeline_depth;
+  const size_t num_sends = plan.sends.size();
+  const size_t num_recvs = plan.recvs.size();
+  if (num_sends == 0 && num_recvs == 0) return absl::OkStatus();
+  const uint64_t epoch = ++epoch_ & 0x7FFFFFFF;
+
+  for (Link& link : links_) {
+    link.sends.clear();
+    link.recvs.clear();
+    link.next_send = link.next_recv = link.low_recv = 0;
+    link.sends_in_flight = 0;
+  }
+  std::vector<size_t> max_recv(links_.size(), 0);
+  for (size_t i = 0; i < num_sends; ++i) {
+    const auto& op_ = plan.sends[i];
+    links_[op_.peer * channels + op_.channel].sends.push_back(static_cast<int>(i));
+  }
+  std::vector<int> reduce_order;
+  for (size_t i = 0; i < num_recvs; ++i) {
+    const auto& op_ = plan.recvs[i];
+    const size_t l = op_.peer * channels + op_.channel;
+    links_[l].recvs.push_back(static_cast<int>(i));
+    max_recv[l] = std::max(max_recv[l], op_.bytes);
+    if (op_.reduce) reduce_order.push_back(static_cast<int>(i));
+  }
+  for (size_t l = 0; l < links_.size(); ++l) {
+    Link& link = links_[l];
+    if (!link.sends.empty()) {
+      CallHeader h = header;
+      h.extra = plan.tx_extra.empty() ? 0 : plan.tx_extra[l / channels];
+      h.Encode(link.tx_header);
+    }
+    if (!link.recvs.empty()) {
+      // At least 4 KiB, so that a small oversized first message (a mismatched call) still fits
+      // and its header can say which call the peer is in.
+      link.slot_stride = (std::max(kHeaderBytes + max_recv[l], size_t{4096}) + 63) & ~size_t{63};
+      const size_t need = link.slot_stride * depth;
+      if (link.slots.size() < need) link.slots.resize(need);
+    }
+  }
+
+  enum : uint8_t { kIdle = 0, kPosted = 1, kArrived = 2, kDone = 3 };
+  std::vector<uint8_t> send_state(num_sends, kIdle), recv_state(num_recvs, kIdle);
+  std::vector<uint8_t*> recv_landing(num_recvs, nullptr);  // where the payload arrived
+  size_t sends_done_prefix = 0, recvs_done_prefix = 0, sends_done = 0, recvs_done = 0;
+  size_t reduce_cursor = 0;
+  std::vector<int> slot_copies;  // arrived into a slot, waiting to be copied out
+
+  auto describe = [&] { return header.Describe(); };
+  auto advance_prefixes = [&] {
+    while (sends_done_prefix < num_sends && send_state[sends_done_prefix] == kDone) {
+      ++sends_done_prefix;
+    }
+    while (recvs_done_prefix < num_recvs && recv_state[recvs_done_prefix] == kDone) {
+      ++recvs_done_prefix;
+    }
+  };
+  auto finish_recv = [&](int i) {
+    recv_state[i] = kDone;
+    ++recvs_done;
+    const auto& r = plan.recvs[i];
+    Link& link = links_[r.peer * channels + r.channel];
+    while (link.low_recv < link.recvs.size() && recv_state[link.recvs[link.low_recv]] == kDone) {
+      ++link.low_recv;
+    }
+  };
+  // Local work that became possible: copies out of slots, reductions in plan order.
+  auto do_local = [&] {
+    bool progress = true;
+    while (progress) {
+      progress = false;
+      advance_prefixes();
+      for (size_t j = 0; j < slot_copies.size();) {
+        const int i = slot_copies[j];
+        const auto& r = plan.recvs[i];
+        if (sends_done_prefix >= static_cast<size_t>(r.war_prefix)) {
+          if (r.bytes > 0) std::memcpy(r.data, recv_landing[i], r.bytes);
+          finish_recv(i);
+          slot_copies[j] = slot_copies.back();
+          slot_copies.pop_back();
+          progress = true;
+        } else {
+          ++j;
+        }
+      }
+      while (reduce_cursor < reduce_order.size()) {
+        const int i = reduce_order[reduce_cursor];
+        const auto& r = plan.recvs[i];
+        if (recv_state[i] != kArrived || sends_done_prefix < static_cast<size_t>(r.war_prefix)) {
+          break;
+        }
+        internal::ReduceInto(dtype, op, r.data, recv_landing[i], r.bytes / DataTypeSize(dtype),
+                             r.src_first);
+        finish_recv(i);
+        ++reduce_cursor;
+        progress = true;
+      }
+    }
+    advance_prefixes();
+  };
+
+  absl::Status failure;
+  int failed_peer = -1;
+  bool connection_failure = false;
+  auto post_all = [&]() -> bool {
+    for (size_t l = 0; l < links_.size(); ++l) {
+      Link& link = links_[l];
+      const int peer = static_cast<int>(l / channels);
+      transport::Connection* conn =
+          link.sends.empty() && link.recvs.empty() ? nullptr : conns_[l % channels][peer].get();
+      // Receives, in order, within the slot window.
+      while (link.next_recv < link.recvs.size() &&
+             link.next_recv < link.low_recv + static_cast<size_t>(depth)) {
+        const int i = link.recvs[link.next_recv];
+        const auto& r = plan.recvs[i];
+        uint8_t* slot = link.slots.data() + (link.next_recv % depth) * link.slot_stride;
+        MutableBuffer target;
+        if (link.next_recv == 0) {
+          target = {slot, link.slot_stride};  // header + payload; room to see oversized ones
+        } else if (r.reduce) {
+          target = {slot, r.bytes};
+        } else {
+          if (sends_done_prefix < static_cast<size_t>(r.war_prefix)) break;
+          target = {r.data, r.bytes};
+        }
+        const uint64_t wr = (epoch << 32) | static_cast<uint64_t>(i);
+        if (absl::Status s = conn->PostRecv(target, wr); !s.ok()) {
+          failure = absl::UnavailableError(absl::StrCat(describe(), " on rank ", layout_.rank,
+                                                        ": receiving from rank ", peer, ": ",
+                                                        std::string(s.message())));
+          failed_peer = peer;
+          connection_failure = true;
+          return false;
+        }
+        recv_state[i] = kPosted;
+        recv_landing[i] = static_cast<uint8_t*>(target.data);
+        ++link.next_recv;
+      }
+      // Sends, in order, once their inputs are final.
+      while (link.next_send < link.sends.size() && link.sends_in_flight < depth) {
+        const int i = link.sends[link.next_send];
+        const auto& s = plan.sends[i];
+        if (s.dep >= 0 && recv_state[s.dep] != kDone) break;
+        if (recvs_done_prefix < static_cast<size_t>(s.dep_prefix)) break;
+        ConstBuffer parts[2];
+        size_t nparts = 0;
+        if (link.next_send == 0) parts[nparts++] = {link.tx_header, kHeaderBytes};
+        if (s.bytes > 0) parts[nparts++] = {s.data, s.bytes};
+        const uint64_t wr = (uint64_t{1} << 63) | (epoch << 32) | static_cast<uint64_t>(i);
+        if (absl::Status st = conn->PostSend(absl::MakeConstSpan(parts, nparts), wr); !st.ok()) {
+          failure = absl::UnavailableError(absl::StrCat(describe(), " on rank ", layout_.rank,
+                                                        ": sending to rank ", peer, ": ",
+                                                        std::string(st.message())));
+          failed_peer = peer;
+          connection_failure = true;
+          return false;
+        }
+        send_state[i] = kPosted;
+        ++link.sends_in_flight;
+        ++link.next_send;
+      }
+    }
+    return true;
+  };
+
+  auto on_completion = [&](const Completion& c) -> bool {
+    const bool is_send = (c.wr_id >> 63) != 0;
+    if (((c.wr_id >> 32) & 0x7FFFFFFF) != epoch) return true;  // a leftover of an older call
+    const size_t i = c.wr_id & 0xFFFFFFFF;
+    auto it = peer_of_connection_.find(c.connection_id);
+    const int peer = it == peer_of_connection_.end() ? -1 : it->second;
+    if (!c.status.ok() && !is_send && c.status.code() == absl::StatusCode::kResourceExhausted &&
+        i < num_recvs) {
+      failure = absl::FailedPreconditionError(
+          absl::StrCat("mismatched collective calls: rank ", peer, " sent rank ", layout_.rank,
+                       " a message larger than its ", describe(), " expects (",
+                       std::string(c.status.message()), "): the ranks' calls do not match"));
+      return false;
+    }
+    if (!c.status.ok()) {
+      failed_peer = peer;
+      connection_failure = true;
+      failure = absl::UnavailableError(absl::StrCat(
+          describe(), " failed on rank ", layout_.rank, ": connection to rank ", peer, " failed (",
+          std::string(c.status.message()), "); that rank died, aborted or is unreachable"));
+      return false;
+    }
+    if (is_send) {
+      if (i >= num_sends) return true;
+      const auto& s = plan.sends[i];
+      send_state[i] = kDone;
+      ++sends_done;
+      --links_[s.peer * channels + s.channel].sends_in_flight;
+      return true;
+    }
+    if (i >= num_recvs) return true;
+    const auto& r = plan.recvs[i];
+    Link& link = links_[r.peer * channels + r.channel];
+    const bool first = !link.recvs.empty() && link.recvs[0] == static_cast<int>(i);
+    size_t payload = c.bytes;
+    if (first) {
+      auto theirs = CallHeader::Decode(absl::MakeConstSpan(recv_landing[i], c.bytes));
+      if (!theirs.ok()) {
+        failure = absl::FailedPreconditionError(
+            absl::StrCat(describe(), " on rank ", layout_.rank, ": the message from rank ", r.peer,
+                         " is not the start of a call (", std::string(theirs.status().message()),
+                         "): the ranks issued different sequences of calls"));
+        return false;
+      }
+      const uint64_t expected_extra = plan.rx_extra.empty() ? 0 : plan.rx_extra[r.peer];
+      if (!theirs->SameCall(header) || theirs->sender != r.peer ||
+          theirs->extra != expected_extra) {
+        CallHeader mine = header;
+        mine.extra = expected_extra;
+        const bool algo_only = theirs->algorithm != header.algorithm &&
+                               theirs->kind == header.kind && theirs->count == header.count &&
+                               theirs->dtype == header.dtype;
+        failure = absl::FailedPreconditionError(absl::StrCat(
+            "mismatched collective calls: rank ", layout_.rank, " is in ", mine.Describe(),
+            " but rank ", theirs->sender, " sent ", theirs->Describe(),
+            algo_only ? " (the ranks chose different algorithms: set the same "
+                        "PLEXUS_COLL_ALGO, table and per-call algorithm on every rank)"
+                      : ""));
+        return false;
+      }
+      recv_landing[i] += kHeaderBytes;
+      payload = c.bytes - kHeaderBytes;
+    }
+    if (payload != r.bytes) {
+      failure = absl::FailedPreconditionError(
+          absl::StrCat(describe(), " on rank ", layout_.rank, ": rank ", r.peer,
+                       " sent a message of ", payload, " bytes where ", r.bytes,
+                       " were expected: the ranks' calls do not match (count, type or algorithm)"));
+      return false;
+    }
+    recv_state[i] = kArrived;
+    if (r.reduce) return true;  // reduced in plan order by do_local
+    if (recv_landing[i] != r.data) {
+      slot_copies.push_back(static_cast<int>(i));
+    } else {
+      finish_recv(static_cast<int>(i));
+    }
+    return true;
+  };
+
+  absl::Time last_progress = absl::Now();
+  Completion batch[32];
+  for (;;) {
+    do_local();
+    if (!post_all()) break;
+    if (sends_done == num_sends && recvs_done == num_recvs) return absl::OkStatus();
+    const absl::Duration left = last_progress + options_.timeout - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      std::vector<int> waiting;
+      for (size_t l = 0; l < links_.size(); ++l) {
+        const Link& link = links_[l];
+        if (link.low_recv < link.recvs.size() || link.sends_in_flight > 0 ||
+            link.next_send < link.sends.size()) {
+          const int peer = static_cast<int>(l / channels);
+          if (std::find(waiting.begin(), waiting.end(), peer) == waiting.end()) {
+            waiting.push_back(peer);
+          }
+        }
+      }
+      failure = absl::DeadlineExceededError(
+          absl::StrCat(describe(), " on rank ", layout_.rank, ": no progress for ",
+                       absl::FormatDuration(options_.timeout), " waiting for rank(s) ",
+                       absl::StrJoin(waiting, ", "), " (hung, dead, or not in this call)"));
+      break;
+    }
+    absl::StatusOr<Completion> c = cq_->Wait(left, options_.spin);
+    if (!c.ok()) continue;  // timed out: the check above reports it
+    last_progress = absl::Now();
+    if (!on_completion(*c)) break;
+    bool ok = true;
+    for (size_t got; ok && (got = cq_->Poll(absl::MakeSpan(batch))) > 0;) {
+      for (size_t k = 0; k < got && ok; ++k) ok = on_completion(batch[k]);
+    }
+    if (!ok) break;
+  }
+  (void)n;
+  (void)failed_peer;
+  return Abort(failure, connection_failure);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
+    transport::Rendezvous& rendezvous, CommunicatorOptions options) {
+  return CommunicatorImpl::Make(rendezvous, std::move(options), "coll");
+}
+
+}  // namespace plexus::collectives

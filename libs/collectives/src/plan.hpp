@@ -1,0 +1,101 @@
+// A collective as data: the messages each rank sends and receives, with the dependencies that
+// make the schedule correct, pipelined and deterministic. Algorithms (algorithms.cpp) build
+// plans; the communicator's executor runs them over the connections.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "plexus/collectives/types.hpp"
+
+namespace plexus::collectives::internal {
+
+// Messages between a pair of ranks on one channel are matched in the order the plan lists them,
+// so two ranks' plans must list the messages they exchange on each (peer, channel) in the same
+// order. Every algorithm here is written so that this holds by construction.
+struct SendOp {
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+  int peer = 0;  // rank
+  int channel = 0;
+  int dep = -1;        // a recv (index) that must be finished before posting
+  int dep_prefix = 0;  // every recv with a lower index must be finished before posting
+};
+
+struct RecvOp {
+  uint8_t* data = nullptr;
+  size_t bytes = 0;
+  int peer = 0;
+  int channel = 0;
+  bool reduce = false;     // data = data op incoming (else the bytes are placed at data)
+  bool src_first = false;  // reduce as incoming op data
+  int war_prefix = 0;      // every send with a lower index must have completed before writing
+};
+
+// Reductions are applied in recv index order (never arrival order): that is what makes results
+// bit-identical from run to run.
+struct Plan {
+  std::vector<SendOp> sends;
+  std::vector<RecvOp> recvs;
+  // Per peer rank: the `extra` word of the header this rank sends, and the value it expects from
+  // that peer (AllToAllV counts). Empty = zeros.
+  std::vector<uint64_t> tx_extra;
+  std::vector<uint64_t> rx_extra;
+};
+
+// Where the ranks sit and how data is cut.
+struct Layout {
+  int rank = 0;
+  int n = 1;
+  std::vector<int> order;     // ring position -> rank
+  std::vector<int> position;  // rank -> ring position
+  int channels = 1;
+  size_t chunk_bytes = 1 << 20;
+  size_t esize = 4;
+  size_t chunk_elems() const {
+    const size_t e = chunk_bytes / esize;
+    return e == 0 ? 1 : e;
+  }
+  int pos() const { return position[rank]; }
+  int at(int pos) const { return order[((pos % n) + n) % n]; }
+};
+
+// An element range of a buffer.
+struct Block {
+  size_t offset = 0;  // elements
+  size_t count = 0;
+};
+// count elements split into `parts` blocks as evenly as possible, in order.
+std::vector<Block> EvenBlocks(size_t count, int parts);
+
+// Every builder appends to `plan`; buffers are element arrays of layout.esize bytes.
+// Ring reduce-scatter and/or all-gather. segments[j] is the block ring segment j covers; after
+// the reduce-scatter, position p holds the fully reduced segment (p + 1) mod n; the all-gather
+// starts from there.
+void BuildRing(const Layout& L, uint8_t* buf, const std::vector<Block>& segments,
+               bool reduce_scatter, bool all_gather, Plan* plan);
+// Recursive doubling of the whole vector (small messages); any world size (extra ranks fold in).
+void BuildRecursiveDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* plan);
+// Recursive halving reduce-scatter + recursive doubling all-gather (Rabenseifner); any world
+// size (the first 2 * (n - 2^k) positions pair up first).
+void BuildHalvingDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* plan);
+// The two halves of power-of-two world sizes: blocks[b] is the block that position b owns after
+// the halving. Used for ReduceScatter (halving only) and AllGather (doubling only).
+void BuildHalving(const Layout& L, uint8_t* buf, const std::vector<Block>& blocks, Plan* plan);
+void BuildDoubling(const Layout& L, uint8_t* buf, const std::vector<Block>& blocks, Plan* plan);
+// Double binary tree allreduce: half the data up and down each of two complementary trees.
+void BuildDoubleTreeAllReduce(const Layout& L, uint8_t* buf, size_t count, Plan* plan);
+// Binary tree reduce to / broadcast from root_pos.
+void BuildTreeReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan);
+void BuildTreeBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan);
+// Pipelined chains along the ring: broadcast from root_pos; reduce ending at root_pos.
+void BuildChainBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan);
+void BuildChainReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan);
+// Sends count elements to / receives from one peer (chunked over channels). An empty message
+// is still sent when `always` (so that the header travels: AllToAllV).
+void BuildSendTo(const Layout& L, const uint8_t* buf, size_t count, int peer, bool always,
+                 Plan* plan);
+void BuildRecvFrom(const Layout& L, uint8_t* buf, size_t count, int peer, bool always, Plan* plan);
+
+}  // namespace plexus::collectives::internal

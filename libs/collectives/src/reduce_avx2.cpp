@@ -1,0 +1,197 @@
+// AVX2 + F16C reduction kernels. This file is compiled with -mavx2 -mf16c and only called after
+// a run-time CPU check (reduce.cpp); it instantiates no templates shared with other files, so no
+// AVX2 code can leak into the portable paths through the linker.
+#include <immintrin.h>
+
+#include "reduce.hpp"
+
+namespace plexus::collectives::internal {
+namespace {
+
+// x = first operand, y = second: each macro computes op(x, y) with the semantics the scalar
+// fallback mirrors (min(x, y) = x < y ? x : y, ...).
+#define PLEXUS_F32_LOOP(EXPR)                                                  \
+  for (; i + 8 <= n; i += 8) {                                                 \
+    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(dst) + i); \
+    const __m256 s = _mm256_loadu_ps(reinterpret_cast<const float*>(src) + i); \
+    const __m256 x = src_first ? s : d;                                        \
+    const __m256 y = src_first ? d : s;                                        \
+    _mm256_storeu_ps(reinterpret_cast<float*>(dst) + i, CanonicalPs(EXPR));    \
+  }
+
+#define PLEXUS_F64_LOOP(EXPR)                                                    \
+  for (; i + 4 <= n; i += 4) {                                                   \
+    const __m256d d = _mm256_loadu_pd(reinterpret_cast<const double*>(dst) + i); \
+    const __m256d s = _mm256_loadu_pd(reinterpret_cast<const double*>(src) + i); \
+    const __m256d x = src_first ? s : d;                                         \
+    const __m256d y = src_first ? d : s;                                         \
+    _mm256_storeu_pd(reinterpret_cast<double*>(dst) + i, CanonicalPd(EXPR));     \
+  }
+
+#define PLEXUS_INT_LOOP(WIDTH, EXPR)                                                         \
+  for (; i + (32 / WIDTH) <= n; i += 32 / WIDTH) {                                           \
+    const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(dst + i * WIDTH)); \
+    const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * WIDTH)); \
+    const __m256i x = src_first ? s : d;                                                     \
+    const __m256i y = src_first ? d : s;                                                     \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i * WIDTH), EXPR);                  \
+  }
+
+// NaN results become the canonical quiet NaN (as the scalar kernels do): which NaN operand an
+// instruction returns depends on operand order, which the compiler may swap.
+__m256 CanonicalPs(__m256 r) {
+  return _mm256_blendv_ps(r, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)),
+                          _mm256_cmp_ps(r, r, _CMP_UNORD_Q));
+}
+__m256d CanonicalPd(__m256d r) {
+  return _mm256_blendv_pd(r, _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FF8000000000000LL)),
+                          _mm256_cmp_pd(r, r, _CMP_UNORD_Q));
+}
+
+__m256 ApplyPs(ReduceOp op, __m256 x, __m256 y) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return CanonicalPs(_mm256_add_ps(x, y));
+    case ReduceOp::kProd:
+      return CanonicalPs(_mm256_mul_ps(x, y));
+    case ReduceOp::kMin:
+      return CanonicalPs(_mm256_min_ps(x, y));
+    case ReduceOp::kMax:
+      return CanonicalPs(_mm256_max_ps(x, y));
+  }
+  return x;
+}
+
+__m256 LoadBf16(const uint8_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// Round to nearest even; NaNs keep their top bits and become quiet (as FloatToBf16).
+__m128i StoreBf16Bits(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(
+      _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+  const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  const __m256i r = _mm256_blendv_epi8(rounded, quiet, is_nan);
+  // packus works per 128-bit lane: gather the low halves of both lanes.
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  return _mm256_castsi256_si128(packed);
+}
+
+}  // namespace
+
+size_t ReduceAvx2(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* src, size_t n,
+                  bool src_first) {
+  size_t i = 0;
+  switch (dtype) {
+    case DataType::kF32:
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg:
+          PLEXUS_F32_LOOP(_mm256_add_ps(x, y));
+          break;
+        case ReduceOp::kProd:
+          PLEXUS_F32_LOOP(_mm256_mul_ps(x, y));
+          break;
+        case ReduceOp::kMin:
+          PLEXUS_F32_LOOP(_mm256_min_ps(x, y));
+          break;
+        case ReduceOp::kMax:
+          PLEXUS_F32_LOOP(_mm256_max_ps(x, y));
+          break;
+      }
+      return i;
+    case DataType::kF64:
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg:
+          PLEXUS_F64_LOOP(_mm256_add_pd(x, y));
+          break;
+        case ReduceOp::kProd:
+          PLEXUS_F64_LOOP(_mm256_mul_pd(x, y));
+          break;
+        case ReduceOp::kMin:
+          PLEXUS_F64_LOOP(_mm256_min_pd(x, y));
+          break;
+        case ReduceOp::kMax:
+          PLEXUS_F64_LOOP(_mm256_max_pd(x, y));
+          break;
+      }
+      return i;
+    case DataType::kF16:
+      for (; i + 8 <= n; i += 8) {
+        const __m256 d =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dst + 2 * i)));
+        const __m256 s =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i)));
+        const __m256 r = src_first ? ApplyPs(op, s, d) : ApplyPs(op, d, s);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i),
+                         _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      }
+      return i;
+    case DataType::kBF16:
+      for (; i + 8 <= n; i += 8) {
+        const __m256 d = LoadBf16(dst + 2 * i);
+        const __m256 s = LoadBf16(src + 2 * i);
+        const __m256 r = src_first ? ApplyPs(op, s, d) : ApplyPs(op, d, s);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), StoreBf16Bits(r));
+      }
+      return i;
+    case DataType::kI32:
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg:
+          PLEXUS_INT_LOOP(4, _mm256_add_epi32(x, y));
+          break;
+        case ReduceOp::kProd:
+          PLEXUS_INT_LOOP(4, _mm256_mullo_epi32(x, y));
+          break;
+        case ReduceOp::kMin:
+          PLEXUS_INT_LOOP(4, _mm256_min_epi32(x, y));
+          break;
+        case ReduceOp::kMax:
+          PLEXUS_INT_LOOP(4, _mm256_max_epi32(x, y));
+          break;
+      }
+      return i;
+    case DataType::kI64:
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg:
+          PLEXUS_INT_LOOP(8, _mm256_add_epi64(x, y));
+          break;
+        case ReduceOp::kMin:  // x < y ? x : y
+          PLEXUS_INT_LOOP(8, _mm256_blendv_epi8(y, x, _mm256_cmpgt_epi64(y, x)));
+          break;
+        case ReduceOp::kMax:
+          PLEXUS_INT_LOOP(8, _mm256_blendv_epi8(y, x, _mm256_cmpgt_epi64(x, y)));
+          break;
+        case ReduceOp::kProd:  // no 64-bit multiply in AVX2: scalar
+          break;
+      }
+      return i;
+    case DataType::kU8:
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg:
+          PLEXUS_INT_LOOP(1, _mm256_add_epi8(x, y));
+          break;
+        case ReduceOp::kMin:
+          PLEXUS_INT_LOOP(1, _mm256_min_epu8(x, y));
+          break;
+        case ReduceOp::kMax:
+          PLEXUS_INT_LOOP(1, _mm256_max_epu8(x, y));
+          break;
+        case ReduceOp::kProd:
+          break;
+      }
+      return i;
+  }
+  return i;
+}
+
+}  // namespace plexus::collectives::internal

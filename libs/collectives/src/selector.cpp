@@ -1,0 +1,197 @@
+#include "plexus/collectives/selector.hpp"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace plexus::collectives {
+namespace {
+
+constexpr size_t kKiB = 1024;
+
+absl::StatusOr<uint64_t> ParseSize(absl::string_view text) {
+  uint64_t scale = 1;
+  if (!text.empty()) {
+    const char last = absl::ascii_toupper(text.back());
+    if (last == 'K') scale = uint64_t{1} << 10;
+    if (last == 'M') scale = uint64_t{1} << 20;
+    if (last == 'G') scale = uint64_t{1} << 30;
+    if (scale != 1) text.remove_suffix(1);
+  }
+  uint64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value) || value > UINT64_MAX / scale) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "' is not a size (a number with an optional K/M/G suffix)"));
+  }
+  return value * scale;
+}
+
+// "*", "lo-hi", "lo-", "n".
+template <typename T>
+absl::Status ParseRange(absl::string_view text, T max, T* lo, T* hi) {
+  if (text == "*") {
+    *lo = 0;
+    *hi = max;
+    return absl::OkStatus();
+  }
+  const size_t dash = text.find('-');
+  const absl::string_view first = dash == absl::string_view::npos ? text : text.substr(0, dash);
+  auto a = ParseSize(first);
+  if (!a.ok()) return a.status();
+  uint64_t b = *a;
+  if (dash != absl::string_view::npos) {
+    const absl::string_view second = text.substr(dash + 1);
+    if (second.empty() || second == "*") {
+      b = static_cast<uint64_t>(max);
+    } else {
+      auto parsed = ParseSize(second);
+      if (!parsed.ok()) return parsed.status();
+      b = *parsed;
+    }
+  }
+  if (*a > b || b > static_cast<uint64_t>(max)) {
+    return absl::InvalidArgumentError(absl::StrCat("range '", text, "' is empty or too large"));
+  }
+  *lo = static_cast<T>(*a);
+  *hi = static_cast<T>(b);
+  return absl::OkStatus();
+}
+
+std::string RangeText(uint64_t lo, uint64_t hi, uint64_t max) {
+  if (lo == 0 && hi == max) return "*";
+  if (hi == max) return absl::StrCat(lo, "-");
+  return absl::StrCat(lo, "-", hi);
+}
+
+}  // namespace
+
+AlgorithmTable AlgorithmTable::Default() {
+  constexpr int kAnyWorld = std::numeric_limits<int>::max();
+  constexpr size_t kAnyBytes = std::numeric_limits<size_t>::max();
+  using K = CollectiveKind;
+  using A = Algorithm;
+  return AlgorithmTable({
+      // Latency-bound allreduce: recursive doubling is log2(n) exchanges of the whole vector.
+      {K::kAllReduce, 1, kAnyWorld, 0, 64 * kKiB - 1, A::kHalvingDoubling},
+      // Mid sizes at larger scale: the double binary tree pipelines with log2(n) depth.
+      {K::kAllReduce, 8, kAnyWorld, 64 * kKiB, 512 * kKiB - 1, A::kTree},
+      {K::kAllReduce, 1, kAnyWorld, 64 * kKiB, kAnyBytes, A::kRing},
+      {K::kBroadcast, 1, kAnyWorld, 0, 256 * kKiB - 1, A::kTree},
+      {K::kBroadcast, 1, kAnyWorld, 256 * kKiB, kAnyBytes, A::kRing},
+      {K::kReduce, 1, kAnyWorld, 0, 256 * kKiB - 1, A::kTree},
+      {K::kReduce, 1, kAnyWorld, 256 * kKiB, kAnyBytes, A::kRing},
+      {K::kAllGather, 1, kAnyWorld, 0, 64 * kKiB - 1, A::kHalvingDoubling},
+      {K::kReduceScatter, 1, kAnyWorld, 0, 64 * kKiB - 1, A::kHalvingDoubling},
+      {K::kBarrier, 1, kAnyWorld, 0, kAnyBytes, A::kHalvingDoubling},
+  });
+}
+
+absl::StatusOr<AlgorithmTable> AlgorithmTable::Parse(std::string_view text) {
+  std::vector<SelectorRule> rules;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(absl::string_view(text.data(), text.size()), '\n')) {
+    ++line_no;
+    if (const size_t hash = line.find('#'); hash != absl::string_view::npos) {
+      line = line.substr(0, hash);
+    }
+    std::vector<absl::string_view> fields =
+        absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
+    if (fields.empty()) continue;
+    auto fail = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "algorithm table line ", line_no, " ('", absl::StripAsciiWhitespace(line), "'): ", why,
+          "; expected '<collective> <world range> <byte range> <algorithm>'"));
+    };
+    if (fields.size() != 4) return fail(absl::StrCat("has ", fields.size(), " fields, not 4"));
+    SelectorRule rule;
+    auto kind = ParseCollective(std::string_view(fields[0].data(), fields[0].size()));
+    if (!kind.ok()) return fail(kind.status().message());
+    rule.collective = *kind;
+    if (absl::Status s = ParseRange<int>(fields[1], std::numeric_limits<int>::max(),
+                                         &rule.world_min, &rule.world_max);
+        !s.ok()) {
+      return fail(s.message());
+    }
+    if (absl::Status s = ParseRange<size_t>(fields[2], std::numeric_limits<size_t>::max(),
+                                            &rule.bytes_min, &rule.bytes_max);
+        !s.ok()) {
+      return fail(s.message());
+    }
+    auto algorithm = ParseAlgorithm(std::string_view(fields[3].data(), fields[3].size()));
+    if (!algorithm.ok()) return fail(algorithm.status().message());
+    if (*algorithm == Algorithm::kAuto) return fail("'auto' cannot be the result of a rule");
+    rule.algorithm = *algorithm;
+    rules.push_back(rule);
+  }
+  return AlgorithmTable(std::move(rules));
+}
+
+absl::StatusOr<AlgorithmTable> AlgorithmTable::Load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read algorithm table file '", path, "'"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto table = Parse(ss.str());
+  if (!table.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", std::string(table.status().message())));
+  }
+  return table;
+}
+
+Algorithm AlgorithmTable::Select(CollectiveKind collective, int world_size, size_t bytes) const {
+  for (const SelectorRule& r : rules_) {
+    if (r.collective == collective && world_size >= r.world_min && world_size <= r.world_max &&
+        bytes >= r.bytes_min && bytes <= r.bytes_max) {
+      return r.algorithm;
+    }
+  }
+  return Algorithm::kRing;
+}
+
+std::string AlgorithmTable::ToString() const {
+  std::string out;
+  for (const SelectorRule& r : rules_) {
+    absl::StrAppend(&out, std::string(CollectiveName(r.collective)), " ",
+                    RangeText(r.world_min, r.world_max, std::numeric_limits<int>::max()), " ",
+                    RangeText(r.bytes_min, r.bytes_max, std::numeric_limits<size_t>::max()), " ",
+                    std::string(AlgorithmName(r.algorithm)), "\n");
+  }
+  return out;
+}
+
+absl::StatusOr<AlgorithmOverrides> AlgorithmOverrides::Parse(std::string_view text) {
+  AlgorithmOverrides out;
+  for (absl::string_view item : absl::StrSplit(absl::string_view(text.data(), text.size()),
+                                               absl::ByAnyChar(",;"), absl::SkipWhitespace())) {
+    item = absl::StripAsciiWhitespace(item);
+    const size_t colon = item.find(':');
+    if (colon == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("algorithm override '", item,
+                       "' needs the form <collective>:<algorithm>, e.g. "
+                       "allreduce:ring"));
+    }
+    const absl::string_view name = item.substr(0, colon);
+    const absl::string_view algo_name = item.substr(colon + 1);
+    auto algorithm = ParseAlgorithm(std::string_view(algo_name.data(), algo_name.size()));
+    if (!algorithm.ok()) return algorithm.status();
+    if (name == "*") {
+      for (int k = 0; k < kNumCollectiveKinds; ++k) out.by_collective[k] = *algorithm;
+      continue;
+    }
+    auto kind = ParseCollective(std::string_view(name.data(), name.size()));
+    if (!kind.ok()) return kind.status();
+    out.Set(*kind, *algorithm);
+  }
+  return out;
+}
+
+}  // namespace plexus::collectives

@@ -1,0 +1,40 @@
+// The header that travels with the first message of every call on each connection: it lets the
+// receiver check that both ranks are in the same call with the same arguments.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "plexus/collectives/types.hpp"
+
+namespace plexus::collectives::internal {
+
+struct CallHeader {
+  static constexpr size_t kEncodedSize = 64;
+  static constexpr uint32_t kMagic = 0x4C435850;  // "PXCL"
+  static constexpr uint8_t kVersion = 1;
+
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  DataType dtype = DataType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  Algorithm algorithm = Algorithm::kRing;
+  int32_t root = -1;
+  int32_t sender = 0;
+  uint64_t sequence = 0;  // collectives: call number; point-to-point: per-pair message number
+  uint64_t count = 0;
+  uint64_t extra = 0;  // AllToAllV: elements sent to the receiver
+  uint64_t communicator = 0;
+
+  void Encode(uint8_t* out) const;
+  // DataLoss for anything that is not a header of this version.
+  static absl::StatusOr<CallHeader> Decode(absl::Span<const uint8_t> bytes);
+  // "allreduce #3 (count 10, f32, sum, ring)".
+  std::string Describe() const;
+  // The fields both ranks of one call must agree on, compared.
+  bool SameCall(const CallHeader& other) const;
+};
+
+}  // namespace plexus::collectives::internal

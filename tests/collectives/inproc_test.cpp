@@ -1,0 +1,281 @@
+// Communicators of 1 to 8 ranks as threads of this process (inproc backend, one Rendezvous per
+// rank over a shared TCP store): the full correctness matrix, determinism, Split, ring orders,
+// asynchronous issue order and mismatched calls. (A dying rank needs processes:
+// process_test.cpp.)
+#include <catch2/catch.hpp>
+
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "plexus/collectives/communicator.hpp"
+#include "plexus/transport/store.hpp"
+#include "suite.hpp"
+
+namespace pc = plexus::collectives;
+namespace pt = plexus::transport;
+using pc::Algorithm;
+using pc::DataType;
+using pc::ReduceOp;
+
+namespace {
+
+// Runs body(rank, comm) on n threads, each with its own communicator; returns one message per
+// rank ("" = success). Catch assertions stay in the main thread.
+std::vector<std::string> RunRanks(int n, pc::CommunicatorOptions options,
+                                  const std::function<std::string(int, pc::Communicator&)>& body) {
+  auto server = pt::TcpStoreServer::Start("127.0.0.1:0");
+  REQUIRE(server.ok());
+  auto store =
+      pt::TcpStore::Connect("127.0.0.1:" + std::to_string((*server)->port()), absl::Seconds(10));
+  REQUIRE(store.ok());
+  std::shared_ptr<pt::Store> shared = *std::move(store);
+  std::vector<std::string> results(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      auto rdv = pt::Rendezvous::Create(r, n, shared);
+      if (!rdv.ok()) {
+        results[r] = "rendezvous: " + std::string(rdv.status().message());
+        return;
+      }
+      auto comm = pc::Communicator::Create(*rdv, options);
+      if (!comm.ok()) {
+        results[r] = "create: " + std::string(comm.status().message());
+        return;
+      }
+      results[r] = body(r, **comm);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+pc::CommunicatorOptions InprocOptions() {
+  pc::CommunicatorOptions o;
+  o.backend = pt::Backend::kInproc;
+  o.timeout = absl::Seconds(20);
+  o.chunk_bytes = 256;  // many chunks per call: exercises the pipeline
+  return o;
+}
+
+void RequireAllOk(const std::vector<std::string>& results) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(results[r] == "");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("every collective, dtype, op and algorithm matches the reference, 1 to 8 ranks",
+          "[collectives][inproc]") {
+  for (int n = 1; n <= 8; ++n) {
+    pc::CommunicatorOptions options = InprocOptions();
+    options.channels = 1 + n % 2;
+    // A non-identity ring order from 3 ranks up: the algorithms must honour any permutation.
+    if (n >= 3) {
+      for (int i = n - 1; i >= 0; --i) options.ring_order.push_back((i + 1) % n);
+    }
+    INFO("world size " << n);
+    const bool full = n <= 5 || n == 8;
+    auto results = RunRanks(n, options, [&](int rank, pc::Communicator& comm) -> std::string {
+      if (comm.ring_order() != options.ring_order && !options.ring_order.empty()) {
+        return "ring_order() does not report the order in use";
+      }
+      pc::testing::Suite suite(comm, /*misalign=*/rank % 3);
+      return suite.Run(full).error;
+    });
+    RequireAllOk(results);
+  }
+}
+
+TEST_CASE("results are bit-identical across runs and ranks", "[collectives][inproc]") {
+  const int n = 5;
+  constexpr size_t kCount = 3001;
+  for (Algorithm a : {Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kTree}) {
+    for (DataType dt : {DataType::kF32, DataType::kBF16}) {
+      std::vector<std::vector<uint8_t>> outputs(2 * n);
+      std::mutex mu;
+      auto results = RunRanks(n, InprocOptions(), [&](int rank, pc::Communicator& comm) {
+        const size_t es = pc::DataTypeSize(dt);
+        for (int run = 0; run < 2; ++run) {
+          std::vector<uint8_t> buf(kCount * es);
+          uint32_t x = 12345u + rank;  // non-integer values: the order of additions shows
+          for (size_t i = 0; i < kCount; ++i) {
+            x = x * 1664525u + 1013904223u;
+            pc::testing::Set(dt, buf.data(), i, (x >> 8) * 1e-5 - 80.0);
+          }
+          absl::Status s = comm.AllReduce(buf.data(), buf.data(), kCount, dt, ReduceOp::kSum, {a});
+          if (!s.ok()) return std::string(s.message());
+          std::lock_guard<std::mutex> lock(mu);
+          outputs[run * n + rank] = std::move(buf);
+        }
+        return std::string();
+      });
+      RequireAllOk(results);
+      INFO(pc::AlgorithmName(a) << " " << pc::DataTypeName(dt));
+      for (int i = 1; i < 2 * n; ++i) CHECK(outputs[i] == outputs[0]);
+    }
+  }
+}
+
+TEST_CASE("asynchronous calls execute in issue order", "[collectives][inproc]") {
+  const int n = 4;
+  auto results = RunRanks(n, InprocOptions(), [&](int rank, pc::Communicator& comm) {
+    // Each call adds to the previous one's output: any reordering changes the result.
+    constexpr int kCalls = 12;
+    std::vector<std::vector<int64_t>> bufs(kCalls, std::vector<int64_t>(1000));
+    std::vector<std::shared_ptr<pc::Work>> works;
+    for (int c = 0; c < kCalls; ++c) {
+      for (auto& v : bufs[c]) v = rank + c;
+      works.push_back(comm.AllReduceAsync(bufs[c].data(), bufs[c].data(), 1000, DataType::kI64,
+                                          ReduceOp::kSum, {}));
+    }
+    // A blocking call issued now runs after all of them.
+    std::vector<int64_t> last(7, rank);
+    absl::Status s = comm.AllReduce(last.data(), last.data(), 7, DataType::kI64, ReduceOp::kMax);
+    if (!s.ok()) return std::string(s.message());
+    for (int c = 0; c < kCalls; ++c) {
+      if (!works[c]->Test()) return std::string("an earlier async call was still running");
+      if (!works[c]->Wait(absl::Seconds(10)).ok()) return std::string(works[c]->status().message());
+      const int64_t want = n * (n - 1) / 2 + static_cast<int64_t>(n) * c;
+      for (int64_t v : bufs[c]) {
+        if (v != want) return "call " + std::to_string(c) + " gave " + std::to_string(v);
+      }
+    }
+    if (last[0] != n - 1) return std::string("blocking call after async ones is wrong");
+    return std::string();
+  });
+  RequireAllOk(results);
+}
+
+TEST_CASE("Split forms sub-communicators ordered by key", "[collectives][inproc]") {
+  const int n = 6;
+  auto results = RunRanks(n, InprocOptions(), [&](int rank, pc::Communicator& comm) {
+    const int color = rank == 5 ? pc::Communicator::kNoColor : rank % 2;
+    auto child = comm.Split(color, -rank);  // descending parent rank
+    if (!child.ok()) return std::string(child.status().message());
+    int32_t v = rank;
+    int32_t sum = 0;
+    if (rank == 5) {
+      if (*child != nullptr) return std::string("kNoColor got a communicator");
+      // The parent still works after the split (every rank takes part).
+      absl::Status s = comm.AllReduce(&v, &sum, 1, DataType::kI32, ReduceOp::kSum);
+      return s.ok() && sum == 15 ? std::string() : std::string("parent allreduce after split");
+    }
+    if (*child == nullptr) return std::string("no child communicator");
+    pc::Communicator& c = **child;
+    const int expected_size = rank % 2 == 0 ? 3 : 2;  // evens 0,2,4; odds 1,3
+    if (c.size() != expected_size) return "child size " + std::to_string(c.size());
+    const int expected_rank = rank % 2 == 0 ? (4 - rank) / 2 : (3 - rank) / 2;
+    if (c.rank() != expected_rank) return "child rank " + std::to_string(c.rank());
+    absl::Status s = c.AllReduce(&v, &sum, 1, DataType::kI32, ReduceOp::kSum);
+    if (!s.ok()) return std::string(s.message());
+    if (sum != (rank % 2 == 0 ? 6 : 4)) return "child sum " + std::to_string(sum);
+    // The parent still works after the split.
+    s = comm.AllReduce(&v, &sum, 1, DataType::kI32, ReduceOp::kSum);
+    if (!s.ok()) return std::string(s.message());
+    return sum == 15 ? std::string() : "parent sum " + std::to_string(sum);
+  });
+  RequireAllOk(results);
+}
+
+TEST_CASE("ring order is validated, used and reported", "[collectives][inproc]") {
+  pc::CommunicatorOptions bad = InprocOptions();
+  bad.ring_order = {0, 1, 1};
+  auto results = RunRanks(3, bad, [](int, pc::Communicator&) { return std::string(); });
+  for (const std::string& r : results) CHECK(r.find("not a permutation") != std::string::npos);
+
+  pc::CommunicatorOptions good = InprocOptions();
+  good.ring_order = {2, 0, 3, 1};
+  results = RunRanks(4, good, [&](int rank, pc::Communicator& comm) {
+    if (comm.ring_order() != good.ring_order) return std::string("order not reported");
+    // Ring segments are assigned by position in the order: the gathered blocks still land at
+    // their ranks' offsets.
+    std::vector<int32_t> out(4);
+    int32_t mine = rank * 10;
+    absl::Status s = comm.AllGather(&mine, out.data(), 1, DataType::kI32, {Algorithm::kRing});
+    if (!s.ok()) return std::string(s.message());
+    for (int r = 0; r < 4; ++r) {
+      if (out[r] != r * 10) return "allgather slot " + std::to_string(r);
+    }
+    return std::string();
+  });
+  RequireAllOk(results);
+}
+
+TEST_CASE("mismatched calls are reported, not silently corrupted", "[collectives][inproc]") {
+  auto options = InprocOptions();
+  options.timeout = absl::Seconds(5);
+  struct Case {
+    const char* name;
+    std::function<absl::Status(int, pc::Communicator&)> call;
+  };
+  std::vector<Case> cases = {
+      {"count",
+       [](int rank, pc::Communicator& c) {
+         std::vector<float> v(64, 1);
+         return c.AllReduce(v.data(), v.data(), rank == 1 ? 10 : 12, DataType::kF32,
+                            ReduceOp::kSum);
+       }},
+      {"dtype",
+       [](int rank, pc::Communicator& c) {
+         std::vector<int32_t> v(64, 1);
+         return c.AllReduce(v.data(), v.data(), 16, rank == 2 ? DataType::kI32 : DataType::kF32,
+                            ReduceOp::kSum);
+       }},
+      {"op",
+       [](int rank, pc::Communicator& c) {
+         std::vector<float> v(64, 1);
+         return c.AllReduce(v.data(), v.data(), 16, DataType::kF32,
+                            rank == 0 ? ReduceOp::kMax : ReduceOp::kSum);
+       }},
+      {"collective",
+       [](int rank, pc::Communicator& c) {
+         std::vector<float> v(64, 1);
+         if (rank == 0) return c.Broadcast(v.data(), v.data(), 16, DataType::kF32, 0);
+         return c.AllReduce(v.data(), v.data(), 16, DataType::kF32, ReduceOp::kSum);
+       }},
+  };
+  for (const Case& tc : cases) {
+    INFO("mismatched " << tc.name);
+    std::vector<std::string> codes(3);
+    auto results = RunRanks(3, options, [&](int rank, pc::Communicator& comm) {
+      absl::Status s = tc.call(rank, comm);
+      // A rank that only sent (a broadcast root) cannot tell; its next call fails because the
+      // receivers aborted. A broken communicator refuses every later call.
+      std::vector<float> v(4, 1);
+      absl::Status again = comm.AllReduce(v.data(), v.data(), 4, DataType::kF32, ReduceOp::kSum);
+      if (again.ok()) return std::string("usable after a mismatch");
+      return std::string(s.ok() ? again.message() : s.message());
+    });
+    bool named = false;
+    for (const std::string& r : results) {
+      CHECK(r != "usable after a mismatch");
+      if (r.find("mismatched") != std::string::npos ||
+          r.find("do not match") != std::string::npos) {
+        named = true;
+      }
+    }
+    CHECK(named);
+  }
+}
+
+TEST_CASE("bad arguments are refused before anything is sent", "[collectives][inproc]") {
+  auto results = RunRanks(2, InprocOptions(), [](int, pc::Communicator& comm) -> std::string {
+    float v = 0;
+    if (comm.Broadcast(&v, &v, 1, DataType::kF32, 7).ok()) return "root 7 accepted";
+    if (comm.AllReduce(nullptr, &v, 1, DataType::kF32, ReduceOp::kSum).ok()) return "null send";
+    if (comm.Send(&v, 1, DataType::kF32, comm.rank()).ok()) return "send to self accepted";
+    std::vector<size_t> one(1, 0);
+    if (comm.AllToAllV(&v, one, one, &v, one, one, DataType::kF32).ok()) return "short spans";
+    auto work = comm.AllReduceAsync(&v, &v, 1, static_cast<DataType>(42), ReduceOp::kSum);
+    if (!work->Test() || work->status().ok()) return "bad dtype accepted";
+    // The communicator is still healthy: argument errors do not break it.
+    return comm.AllReduce(&v, &v, 1, DataType::kF32, ReduceOp::kSum).ok() ? "" : "broken";
+  });
+  RequireAllOk(results);
+}

@@ -1,0 +1,166 @@
+// Reduction kernels (AVX2 against scalar, f16/bf16 rounding), the selector table and the call
+// header: the pieces below the communicator.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "plexus/collectives/selector.hpp"
+#include "reduce.hpp"
+#include "wire.hpp"
+
+namespace pc = plexus::collectives;
+namespace pi = plexus::collectives::internal;
+using pc::Algorithm;
+using pc::CollectiveKind;
+using pc::DataType;
+using pc::ReduceOp;
+
+TEST_CASE("f16 and bf16 conversions round to nearest even", "[collectives]") {
+  CHECK(pi::FloatToHalf(1.0f) == 0x3C00);
+  CHECK(pi::FloatToHalf(65504.0f) == 0x7BFF);
+  CHECK(pi::FloatToHalf(65520.0f) == 0x7C00);            // halfway to the next: rounds to infinity
+  CHECK(pi::FloatToHalf(1.0f + 1.0f / 2048) == 0x3C00);  // tie: even
+  CHECK(pi::FloatToHalf(1.0f + 3.0f / 2048) == 0x3C02);  // tie: even (up)
+  CHECK(pi::FloatToHalf(std::ldexp(1.0f, -24)) == 0x0001);
+  CHECK(pi::FloatToHalf(std::ldexp(1.0f, -25)) == 0x0000);
+  CHECK(pi::FloatToHalf(-0.0f) == 0x8000);
+  CHECK((pi::FloatToHalf(NAN) & 0x7E00) == 0x7E00);
+  CHECK(pi::FloatToBf16(1.0f) == 0x3F80);
+  CHECK(pi::FloatToBf16(1.0f + 1.0f / 256) == 0x3F80);  // tie: even
+  CHECK(pi::FloatToBf16(1.0f + 3.0f / 256) == 0x3F82);
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = pi::HalfToFloat(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    REQUIRE(pi::FloatToHalf(f) == h);  // every half survives a round trip
+  }
+}
+
+TEST_CASE("AVX2 kernels are bit-identical to the scalar ones", "[collectives]") {
+  if (!pi::Avx2Active()) {
+    WARN("this CPU has no AVX2/F16C: only the scalar kernels run");
+    return;
+  }
+  std::mt19937 rng(7);
+  const size_t n = 1003;  // a vector body and a scalar tail
+  for (int t = 0; t < pc::kNumDataTypes; ++t) {
+    const DataType dt = static_cast<DataType>(t);
+    const size_t es = pc::DataTypeSize(dt);
+    for (int o = 0; o < pc::kNumReduceOps; ++o) {
+      const ReduceOp op = static_cast<ReduceOp>(o);
+      for (bool src_first : {false, true}) {
+        std::vector<uint8_t> a(n * es + 1), b(n * es + 1);
+        for (auto& x : a) x = static_cast<uint8_t>(rng());
+        for (auto& x : b) x = static_cast<uint8_t>(rng());
+        // Special values for the floating types: signed zeros, infinities, NaNs.
+        if (dt == DataType::kF32) {
+          const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f};
+          for (size_t i = 0; i < 6; ++i) std::memcpy(&a[1 + 4 * i], &specials[i], 4);
+          for (size_t i = 0; i < 6; ++i) std::memcpy(&b[1 + 4 * i], &specials[5 - i], 4);
+        }
+        std::vector<uint8_t> vec = a, scalar = a;
+        pi::ReduceInto(dt, op, vec.data() + 1, b.data() + 1, n, src_first);  // unaligned
+        const bool was = pi::SetAvx2Allowed(false);
+        pi::ReduceInto(dt, op, scalar.data() + 1, b.data() + 1, n, src_first);
+        pi::SetAvx2Allowed(was);
+        INFO(pc::DataTypeName(dt) << " " << pc::ReduceOpName(op) << " src_first " << src_first);
+        REQUIRE(vec == scalar);
+      }
+    }
+  }
+}
+
+TEST_CASE("scalar kernels compute the operation", "[collectives]") {
+  int32_t a[3] = {5, -7, 2147483647};
+  const int32_t b[3] = {3, 9, 1};
+  pi::ReduceInto(DataType::kI32, ReduceOp::kSum, a, b, 3, false);
+  CHECK(a[0] == 8);
+  CHECK(a[1] == 2);
+  CHECK(a[2] == -2147483647 - 1);  // wraps
+  float f[2] = {1.5f, -2.0f};
+  const float g[2] = {2.0f, -3.0f};
+  pi::ReduceInto(DataType::kF32, ReduceOp::kMin, f, g, 2, false);
+  CHECK(f[0] == 1.5f);
+  CHECK(f[1] == -3.0f);
+  int64_t avg[2] = {10, -9};
+  pi::DivideInPlace(DataType::kI64, avg, 2, 4);
+  CHECK(avg[0] == 2);
+  CHECK(avg[1] == -2);
+}
+
+TEST_CASE("selector table: default, parsing, errors and round trip", "[collectives]") {
+  const pc::AlgorithmTable def = pc::AlgorithmTable::Default();
+  CHECK(def.Select(CollectiveKind::kAllReduce, 4, 8) == Algorithm::kHalvingDoubling);
+  CHECK(def.Select(CollectiveKind::kAllReduce, 4, 64 << 20) == Algorithm::kRing);
+  auto parsed = pc::AlgorithmTable::Parse(def.ToString());
+  REQUIRE(parsed.ok());
+  CHECK(parsed->ToString() == def.ToString());
+
+  auto t = pc::AlgorithmTable::Parse(
+      "# comment\nallreduce 2-4 0-1K tree\nallreduce * 1K- hd\nbroadcast 8- * ring\n");
+  REQUIRE(t.ok());
+  CHECK(t->Select(CollectiveKind::kAllReduce, 3, 1024) == Algorithm::kTree);
+  CHECK(t->Select(CollectiveKind::kAllReduce, 3, 1025) == Algorithm::kHalvingDoubling);
+  CHECK(t->Select(CollectiveKind::kAllReduce, 8, 10) == Algorithm::kRing);  // no rule
+  CHECK(t->Select(CollectiveKind::kBroadcast, 9, 10) == Algorithm::kRing);
+
+  for (const char* bad : {"allreduce 2-4 0-1K", "allgatherz * * ring", "allreduce 4-2 * ring",
+                          "allreduce * 1Q ring", "allreduce * * auto", "allreduce * * bogus"}) {
+    INFO(bad);
+    auto r = pc::AlgorithmTable::Parse(bad);
+    REQUIRE_FALSE(r.ok());
+    CHECK(std::string(r.status().message()).find("line 1") != std::string::npos);
+  }
+  CHECK_FALSE(pc::AlgorithmTable::Load("/nonexistent/table").ok());
+
+  auto o = pc::AlgorithmOverrides::Parse("allreduce:ring; broadcast:tree");
+  REQUIRE(o.ok());
+  CHECK(o->Get(CollectiveKind::kAllReduce) == Algorithm::kRing);
+  CHECK(o->Get(CollectiveKind::kBroadcast) == Algorithm::kTree);
+  CHECK(o->Get(CollectiveKind::kReduce) == Algorithm::kAuto);
+  auto all = pc::AlgorithmOverrides::Parse("*:hd");
+  REQUIRE(all.ok());
+  CHECK(all->Get(CollectiveKind::kAllGather) == Algorithm::kHalvingDoubling);
+  CHECK_FALSE(pc::AlgorithmOverrides::Parse("allreduce").ok());
+  CHECK_FALSE(pc::AlgorithmOverrides::Parse("allreduce:fast").ok());
+}
+
+TEST_CASE("call header round trip and rejection of garbage", "[collectives]") {
+  pi::CallHeader h;
+  h.kind = CollectiveKind::kReduce;
+  h.dtype = DataType::kBF16;
+  h.op = ReduceOp::kMax;
+  h.algorithm = Algorithm::kTree;
+  h.root = 3;
+  h.sender = 5;
+  h.sequence = 123456789;
+  h.count = 1ull << 33;
+  h.extra = 17;
+  h.communicator = 0xABCDEF;
+  uint8_t buf[pi::CallHeader::kEncodedSize];
+  h.Encode(buf);
+  auto d = pi::CallHeader::Decode(absl::MakeConstSpan(buf, sizeof buf));
+  REQUIRE(d.ok());
+  CHECK(d->SameCall(h));
+  CHECK(d->sender == 5);
+  CHECK(d->extra == 17);
+  CHECK(d->Describe().find("reduce #123456789") != std::string::npos);
+  CHECK_FALSE(pi::CallHeader::Decode(absl::MakeConstSpan(buf, 10)).ok());
+  buf[0] ^= 1;
+  CHECK_FALSE(pi::CallHeader::Decode(absl::MakeConstSpan(buf, sizeof buf)).ok());
+  buf[0] ^= 1;
+  buf[6] = 99;  // dtype out of range
+  CHECK_FALSE(pi::CallHeader::Decode(absl::MakeConstSpan(buf, sizeof buf)).ok());
+}
+
+TEST_CASE("names parse back", "[collectives]") {
+  for (int t = 0; t < pc::kNumDataTypes; ++t) {
+    auto p = pc::ParseDataType(pc::DataTypeName(static_cast<DataType>(t)));
+    REQUIRE(p.ok());
+    CHECK(static_cast<int>(*p) == t);
+  }
+  CHECK(pc::ParseAlgorithm("HD").value() == Algorithm::kHalvingDoubling);
+  CHECK_FALSE(pc::ParseReduceOp("mean").ok());
+}
