@@ -359,6 +359,45 @@ TEST_CASE("closing fails outstanding operations on both ends", "[conformance]") 
   }
 }
 
+TEST_CASE("messages sent before the peer closed are still delivered", "[conformance]") {
+  const Config config = GENERATE(from_range(Configs()));
+  SECTION(config.name) {
+    Pair p = MakePair(config);
+    std::vector<uint32_t> out = {11, 22, 33};
+    for (uint32_t i = 0; i < 3; ++i) {
+      REQUIRE(p.a->PostSend(pt::ConstBuffer{&out[i], sizeof(uint32_t)}, i).ok());
+    }
+    std::vector<pt::Completion> ca, cb;
+    Collect(p, 3, 0, &ca, &cb);
+    for (const auto& c : ca) REQUIRE(c.status.ok());
+    // Let the bytes reach the receiver before the close does.
+    const absl::Time settle = absl::Now() + absl::Milliseconds(200);
+    while (absl::Now() < settle) p.cq_b->Poll({});
+    p.a->Close();
+    const absl::Time closed_seen = absl::Now() + absl::Milliseconds(200);
+    while (absl::Now() < closed_seen) p.cq_b->Poll({});
+    std::vector<uint32_t> in(4, 0);
+    int delivered = 0;
+    absl::Status last;
+    for (int i = 0; i < 4; ++i) {
+      const absl::Status posted = p.b->PostRecv({&in[i], sizeof(uint32_t)}, 100 + i);
+      if (!posted.ok()) {
+        last = posted;
+        break;
+      }
+      auto c = Next(*p.cq_b, absl::Seconds(10));
+      if (!c.status.ok()) {
+        last = c.status;
+        break;
+      }
+      CHECK(in[i] == out[i]);
+      ++delivered;
+    }
+    CHECK(delivered == 3);
+    CHECK_FALSE(last.ok());  // and then the connection reports the close
+  }
+}
+
 TEST_CASE("connecting where nobody listens gives a clear error", "[conformance]") {
   const Config config = GENERATE(from_range(Configs()));
   SECTION(config.name) {

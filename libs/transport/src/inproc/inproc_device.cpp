@@ -116,8 +116,9 @@ class InprocConnection final : public Connection {
       return absl::InvalidArgumentError("PostRecv: null buffer");
     }
     std::lock_guard<std::mutex> lock(link_->mu);
-    if (!link_->closed.ok()) return link_->closed;
     if (self().held.empty()) {
+      // Messages that arrived before the connection closed are delivered first.
+      if (!link_->closed.ok()) return link_->closed;
       self().recvs.push_back({buffer, wr_id});
       return absl::OkStatus();
     }
@@ -196,7 +197,7 @@ class InprocConnection final : public Connection {
                                                            std::string(why.message())));
       for (const PostedRecv& r : end.recvs) end.Complete(Opcode::kRecv, r.wr_id, err, 0);
       end.recvs.clear();
-      end.held.clear();
+      if (i == side_) end.held.clear();  // the peer may still receive what was sent to it
     }
   }
 

@@ -169,7 +169,7 @@ absl::Status ConnectionState::PostRecv(MutableBuffer buffer, uint64_t wr_id) {
     return absl::InvalidArgumentError("PostRecv: null buffer with a non-zero size");
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (!status_.ok()) {
+  if (!status_.ok() && held_.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("shm connection is down: ", std::string(status_.message())));
   }
@@ -200,7 +200,13 @@ void ConnectionState::FailLocked(const absl::Status& why, bool tell_peer_error) 
   incoming_ = Incoming{};
   for (RecvOp& r : recvs_) PushLocked(r.wr_id, Opcode::kRecv, why, 0);
   recvs_.clear();
-  held_.clear();
+  // Messages that arrived whole stay deliverable (what the peer sent before it went away is
+  // not lost), unless we closed the connection ourselves.
+  if (absl::IsCancelled(why)) {
+    held_.clear();
+  } else if (!held_.empty() && !held_.back().complete) {
+    held_.pop_back();
+  }
 
   // Tell the peer why, when its ring has room (it also sees the socket shut down below).
   const std::string reason(why.message().substr(0, kMaxCloseReasonBytes));

@@ -257,7 +257,6 @@ class TcpCore {
     std::lock_guard<std::mutex> lock(mu_);
     TcpConn* conn = Find(id);
     if (conn == nullptr) return absl::FailedPreconditionError("connection is closed");
-    if (!conn->status.ok()) return conn->status;
     PostedRecv r{buffer, wr_id};
     for (auto& in : conn->in_ops) {
       if (in->is_message && !in->matched) {
@@ -266,6 +265,7 @@ class TcpCore {
         return absl::OkStatus();
       }
     }
+    if (!conn->status.ok()) return conn->status;  // after the messages that arrived whole
     conn->recvs.push_back(r);
     return absl::OkStatus();
   }
@@ -846,10 +846,18 @@ class TcpCore {
     for (auto& op : conn.out_ops) Complete(conn, op->opcode, op->wr_id, why, 0);
     conn.out_ops.clear();
     conn.awaiting_ack.clear();
-    for (auto& op : conn.in_ops) {
-      if (op->is_message && op->matched) Complete(conn, Opcode::kRecv, op->recv.wr_id, why, 0);
+    // Messages that arrived whole stay deliverable: what the peer sent before it closed is not
+    // lost. Everything from the first incomplete operation on is.
+    size_t whole = 0;
+    while (whole < conn.in_ops.size() && conn.in_ops[whole]->is_message &&
+           conn.in_ops[whole]->placed()) {
+      ++whole;
     }
-    conn.in_ops.clear();
+    for (size_t i = whole; i < conn.in_ops.size(); ++i) {
+      const InOp& op = *conn.in_ops[i];
+      if (op.is_message && op.matched) Complete(conn, Opcode::kRecv, op.recv.wr_id, why, 0);
+    }
+    conn.in_ops.erase(conn.in_ops.begin() + static_cast<ptrdiff_t>(whole), conn.in_ops.end());
     conn.stripes.clear();
     for (const PostedRecv& r : conn.recvs) Complete(conn, Opcode::kRecv, r.wr_id, why, 0);
     conn.recvs.clear();

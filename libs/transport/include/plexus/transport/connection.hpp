@@ -21,9 +21,11 @@ namespace plexus::transport {
 //  - PostWrite places `length` bytes at `remote_offset` of the peer's region. The initiator gets
 //    kWrite once the bytes are in place; with an immediate, the peer gets one kRemoteWrite
 //    completion carrying it, ordered after every earlier message and write of this connection.
-//  - Every Post returns an error right away for invalid arguments; otherwise exactly one
-//    completion follows. When the connection fails (peer died, malformed frame, timeout) or is
-//    closed, every outstanding operation completes with a non-OK status; nothing hangs.
+//  - Every Post returns an error right away for invalid arguments or a connection already
+//    down; otherwise exactly one completion follows. When the connection fails (peer died,
+//    malformed frame, timeout) or is closed, every outstanding operation completes with a non-OK
+//    status; nothing hangs. Messages that had arrived whole before a failure (not a local Close)
+//    are still delivered to later receives, so nothing the peer sent before it went away is lost.
 class Connection {
  public:
   virtual ~Connection() = default;
