@@ -42,7 +42,7 @@ test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
 bench: build
-	$(BUILD_DIR)/bench/plexus-bench-transport
+	@for b in $(BUILD_DIR)/bench/plexus-bench-*; do echo "== $$b"; $$b || exit 1; done
 
 format:
 	git ls-files '*.cpp' '*.hpp' '*.h' '*.cc' '*.cu' '*.cuh' | xargs -r clang-format -i
