@@ -472,6 +472,37 @@ TEST_CASE("a peer process killed mid-transfer fails outstanding receives in time
   }
 }
 
+TEST_CASE("tcp: local_address chooses the path's source address", "[conformance][tcp]") {
+  // 127.0.0.2 is a loopback address on Linux without any configuration.
+  pt::DeviceOptions server_options;
+  server_options.backend = pt::Backend::kTcp;
+  auto server = pt::Device::Create(server_options);
+  REQUIRE(server.ok());
+  pt::DeviceOptions client_options = server_options;
+  client_options.local_address = "127.0.0.2";
+  client_options.sockets_per_connection = 2;
+  auto client = pt::Device::Create(client_options);
+  REQUIRE(client.ok());
+  auto cq_s = (*server)->CreateCompletionQueue();
+  auto cq_c = (*client)->CreateCompletionQueue();
+  auto listener = (*server)->Listen("127.0.0.1:0");
+  REQUIRE(listener.ok());
+  auto conn = (*client)->Connect((*listener)->address(), cq_c.get());
+  REQUIRE(conn.ok());
+  auto accepted = (*listener)->Accept(cq_s.get(), absl::Seconds(5));
+  REQUIRE(accepted.ok());
+  CHECK((*accepted)->peer_address().rfind("127.0.0.2:", 0) == 0);
+
+  // An address this host does not have is refused with a clear error.
+  pt::DeviceOptions bad = client_options;
+  bad.local_address = "192.0.2.1";  // TEST-NET-1, never assigned to a local interface
+  auto bad_client = pt::Device::Create(bad);
+  REQUIRE(bad_client.ok());
+  auto refused = (*bad_client)->Connect((*listener)->address(), cq_c.get());
+  REQUIRE_FALSE(refused.ok());
+  CHECK(std::string(refused.status().message()).find("192.0.2.1") != std::string::npos);
+}
+
 TEST_CASE("tcp: malformed and truncated frames close the connection with an error",
           "[conformance][tcp]") {
   pt::DeviceOptions options;
