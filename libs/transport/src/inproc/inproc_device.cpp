@@ -193,8 +193,10 @@ class InprocConnection final : public Connection {
       if (!end.open) continue;
       const absl::Status err =
           i == side_ ? why
-                     : absl::UnavailableError(absl::StrCat("peer closed the connection: ",
-                                                           std::string(why.message())));
+                     : absl::Status(absl::IsCancelled(why) ? absl::StatusCode::kAborted
+                                                           : absl::StatusCode::kUnavailable,
+                                    absl::StrCat("peer closed the connection: ",
+                                                 std::string(why.message())));
       for (const PostedRecv& r : end.recvs) end.Complete(Opcode::kRecv, r.wr_id, err, 0);
       end.recvs.clear();
       if (i == side_) end.held.clear();  // the peer may still receive what was sent to it

@@ -363,10 +363,11 @@ absl::Status ConnectionState::ProcessFrameLocked(const FrameHeader& h, uint64_t 
       std::string reason(h.payload_bytes, '\0');
       rx.CopyOut(payload_pos, reason.data(), reason.size());
       const bool error = (h.flags & kFlagError) != 0;
-      FailLocked(absl::UnavailableError(
-                     absl::StrCat("shm: peer process ", session_.peer_pid, " closed the connection",
-                                  error ? " because of an error: " : "", error ? reason : "")),
-                 false);
+      // A deliberate close is Aborted; a peer that died (no close frame) is Unavailable.
+      const std::string text =
+          absl::StrCat("shm: peer process ", session_.peer_pid, " closed the connection",
+                       error ? " because of an error: " : "", error ? reason : "");
+      FailLocked(error ? absl::UnavailableError(text) : absl::AbortedError(text), false);
       return absl::OkStatus();
     }
   }

@@ -37,7 +37,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes,
   h.a = r.U64();
   h.b = r.U64();
   if (type < static_cast<uint8_t>(FrameType::kMessage) ||
-      type > static_cast<uint8_t>(FrameType::kWriteAck)) {
+      type > static_cast<uint8_t>(FrameType::kClose)) {
     return absl::DataLossError(absl::StrCat("malformed frame: unknown type ", type));
   }
   h.type = static_cast<FrameType>(type);
@@ -47,8 +47,8 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes,
   if ((h.flags & ~allowed) != 0) {
     return absl::DataLossError(absl::StrCat("malformed frame: flags ", h.flags, " on type ", type));
   }
-  if (h.type == FrameType::kWriteAck) {
-    if (h.length != 0) return absl::DataLossError("malformed frame: ack with a payload");
+  if (h.type == FrameType::kWriteAck || h.type == FrameType::kClose) {
+    if (h.length != 0) return absl::DataLossError("malformed frame: control frame with a payload");
   } else if (h.length > max_length) {
     return absl::DataLossError(absl::StrCat("malformed frame: length ", h.length,
                                             " exceeds the limit of ", max_length, " bytes"));

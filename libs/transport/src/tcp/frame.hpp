@@ -18,6 +18,7 @@ enum class FrameType : uint8_t {
                     // write to region `a` at offset `b`); part 0 of the payload follows
   kStripePart = 4,  // part of stripe number `a` at offset `b` of its op, on sockets 1..n-1
   kWriteAck = 5,    // the peer placed `a` more one-sided writes of ours (no payload)
+  kClose = 6,       // the peer closes the connection deliberately (no payload)
 };
 
 inline constexpr uint8_t kFlagImmediate = 1;  // kWrite / kStripeHead: `immediate` is valid

@@ -317,7 +317,19 @@ class TcpCore {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = conns_.find(id);
     if (it == conns_.end()) return;
-    Fail(*it->second, absl::CancelledError("connection closed locally"));
+    TcpConn& conn = *it->second;
+    // Tell the peer this is a deliberate close, not a death: best effort, and only between
+    // frames (a half-sent frame is cut off and the peer sees a truncated stream instead).
+    Socket& control = *conn.sockets[0];
+    if (conn.status.ok() && control.sendq.empty()) {
+      uint8_t frame[tcp::kFrameHeaderSize];
+      FrameHeader h;
+      h.type = FrameType::kClose;
+      tcp::EncodeFrameHeader(h, frame);
+      [[maybe_unused]] ssize_t n =
+          send(control.fd, frame, sizeof frame, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    Fail(conn, absl::CancelledError("connection closed locally"));
     ReleaseSockets(*it->second);
     conns_.erase(it);
   }
@@ -644,6 +656,12 @@ class TcpCore {
                                                   std::string(what))));
     };
     switch (h.type) {
+      case FrameType::kClose: {
+        if (!control) return malformed("close on a data socket");
+        Fail(conn,
+             absl::AbortedError(absl::StrCat("tcp peer ", conn.peer, " closed the connection")));
+        return;
+      }
       case FrameType::kWriteAck: {
         if (!control) return malformed("ack on a data socket");
         if (h.a > conn.awaiting_ack.size()) return malformed("ack for writes never sent");

@@ -26,6 +26,8 @@ namespace plexus::transport {
 //    malformed frame, timeout) or is closed, every outstanding operation completes with a non-OK
 //    status; nothing hangs. Messages that had arrived whole before a failure (not a local Close)
 //    are still delivered to later receives, so nothing the peer sent before it went away is lost.
+//  - The peer's deliberate Close() surfaces as Aborted; a peer that died as Unavailable (or
+//    DeadlineExceeded when it stopped making progress).
 class Connection {
  public:
   virtual ~Connection() = default;
@@ -46,7 +48,7 @@ class Connection {
                                  const RegionHandle& remote, size_t remote_offset,
                                  std::optional<uint32_t> immediate, uint64_t wr_id) = 0;
 
-  // Fails outstanding operations with Cancelled and releases the peer. Idempotent.
+  // Fails outstanding operations with Cancelled; the peer's fail with Aborted. Idempotent.
   virtual void Close() = 0;
 
   // OK while usable; otherwise the error that ended the connection.
