@@ -1048,8 +1048,13 @@ std::string CommunicatorImpl::DownRanks() {
   std::vector<std::string> down;
   for (int r = 0; r < layout_.n; ++r) {
     for (auto& channel : conns_) {
-      if (channel[r] && !channel[r]->status().ok()) {
-        down.push_back(absl::StrCat("rank ", r));
+      if (!channel[r]) continue;
+      const absl::Status s = channel[r]->status();
+      if (!s.ok()) {
+        // The transport reports a deliberate close as Aborted: that rank is alive and gave up
+        // (usually after an error of its own); anything else means it died or is unreachable.
+        down.push_back(absl::IsAborted(s) ? absl::StrCat("rank ", r, " (closed its connection)")
+                                          : absl::StrCat("rank ", r));
         break;
       }
     }
