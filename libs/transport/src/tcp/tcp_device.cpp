@@ -46,6 +46,8 @@ constexpr size_t kDirectReadBytes = 32 * 1024;
 // Bytes read from one socket before giving the others a turn.
 constexpr size_t kReadBudgetBytes = 8 << 20;
 constexpr int kMaxIov = 512;
+// Longest a caller-mode driver blocks in recv() before it looks at timeouts and wake-ups again.
+constexpr absl::Duration kLoneSocketTick = absl::Milliseconds(10);
 
 struct PostedRecv {
   MutableBuffer buffer;
@@ -130,6 +132,10 @@ struct TcpConn {
   uint64_t stripe_heads_received = 0;
   absl::flat_hash_map<uint64_t, InOp*> stripes;  // stripe number -> op, until placed
   uint64_t acks_owed = 0;
+  // A driver is blocked in recv() on sockets[0] without the device lock; closing the fds then
+  // waits for it (so that a reused fd number is never read).
+  bool driver_reading = false;
+  bool close_deferred = false;
 };
 
 uint64_t EpollKey(uint64_t conn_id, int socket_index) {
@@ -180,6 +186,7 @@ class TcpCore {
   }
 
   void Wake() {
+    wake_pending_.store(true, std::memory_order_release);
     const uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(wakefd_, &one, sizeof one);
   }
@@ -189,7 +196,7 @@ class TcpCore {
 
   absl::Status AddConnection(uint64_t id, std::vector<int> fds, CompletionQueue* cq,
                              std::string peer) {
-    auto conn = std::make_unique<TcpConn>();
+    auto conn = std::make_shared<TcpConn>();
     conn->id = id;
     conn->cq = cq;
     conn->peer = std::move(peer);
@@ -200,7 +207,13 @@ class TcpCore {
       s->fd = fds[i];
       const int one = 1;
       setsockopt(s->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      if (absl::Status st = tcp::SetNonBlocking(s->fd, true); !st.ok()) return st;
+      // The socket stays in blocking mode: every send and receive passes MSG_DONTWAIT, except
+      // the caller-mode wait of a lone socket (DriveLoneSocket), which blocks in recv() itself
+      // instead of epoll_wait() + recv(): one system call less per message. SO_RCVTIMEO bounds
+      // that wait so that timeouts are still checked.
+      if (absl::Status st = tcp::SetNonBlocking(s->fd, false); !st.ok()) return st;
+      const timeval tick = absl::ToTimeval(kLoneSocketTick);
+      setsockopt(s->fd, SOL_SOCKET, SO_RCVTIMEO, &tick, sizeof tick);
       conn->sockets.push_back(std::move(s));
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -343,9 +356,62 @@ class TcpCore {
 
   // --- Progress ------------------------------------------------------------------------------
 
+  // Caller mode with a single connection of a single socket and nothing waiting to be sent (the
+  // ping-pong case): block in recv() on it directly. Returns false when the case does not apply.
+  bool DriveLoneSocket() {
+    std::shared_ptr<TcpConn> conn;
+    Socket* s = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (conns_.size() != 1 || wake_pending_.load(std::memory_order_acquire)) return false;
+      conn = conns_.begin()->second;
+      if (!conn->status.ok() || conn->sockets.size() != 1) return false;
+      s = conn->sockets[0].get();
+      if (!s->sendq.empty() || s->phase == Socket::Phase::kParked || s->rx_end > s->rx_begin ||
+          s->fd < 0) {
+        return false;
+      }
+      s->rx_begin = s->rx_end = 0;
+      conn->driver_reading = true;
+    }
+    // Only this thread (it holds drive_mu_) reads sockets, so the staging buffer is ours.
+    const ssize_t r = recv(s->fd, s->rx.get(), kRxBufferBytes, 0);
+    const int err = errno;
+    std::lock_guard<std::mutex> lock(mu_);
+    conn->driver_reading = false;
+    if (conn->close_deferred) {
+      conn->close_deferred = false;
+      ReleaseSockets(*conn);
+      return true;
+    }
+    if (!conn->status.ok()) return true;
+    if (r > 0) {
+      s->rx_end = static_cast<size_t>(r);
+      conn->last_progress = absl::Now();
+      Read(*s, /*drained=*/static_cast<size_t>(r) < kRxBufferBytes);
+      if (conn->status.ok()) SendAcks(*conn);
+    } else if (r == 0) {
+      Fail(*conn,
+           absl::UnavailableError(absl::StrCat("tcp peer ", conn->peer, " closed the connection")));
+    } else if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR) {
+      Fail(*conn, tcp::ErrnoStatus(err, absl::StrCat("tcp receive from ", conn->peer)));
+    }
+    const absl::Time now = absl::Now();
+    if (now - last_timeout_check_ > absl::Milliseconds(50)) {
+      last_timeout_check_ = now;
+      CheckTimeouts(now);
+    }
+    return true;
+  }
+
   void Drive(absl::Duration max_block) {
     std::unique_lock<std::mutex> driving(drive_mu_, std::try_to_lock);
     if (!driving.owns_lock()) return;
+    if (options_.progress == ProgressMode::kCaller && max_block >= kLoneSocketTick &&
+        DriveLoneSocket()) {
+      return;
+    }
+    wake_pending_.store(false, std::memory_order_relaxed);
     epoll_event events[64];
     const absl::Duration block = std::min(max_block, absl::Milliseconds(100));
     timespec ts = absl::ToTimespec(std::max(block, absl::ZeroDuration()));
@@ -555,10 +621,10 @@ class TcpCore {
   }
 
   // Reads and dispatches frames until the socket is drained or the budget is spent.
-  void Read(Socket& s) {
+  // `drained`: the caller just saw a short read, so the socket has nothing more for now.
+  void Read(Socket& s, bool drained = false) {
     TcpConn& conn = *s.conn;
     size_t budget = kReadBudgetBytes;
-    bool drained = false;
     while (conn.status.ok() && budget > 0) {
       if (s.phase == Socket::Phase::kParked) return;
       if (s.phase == Socket::Phase::kHeader) {
@@ -889,6 +955,10 @@ class TcpCore {
   }
 
   void ReleaseSockets(TcpConn& conn) {
+    if (conn.driver_reading) {
+      conn.close_deferred = true;  // the driver closes them when its recv() returns
+      return;
+    }
     for (auto& s : conn.sockets) {
       if (s->fd >= 0) close(s->fd);
       s->fd = -1;
@@ -916,9 +986,10 @@ class TcpCore {
   int wakefd_ = -1;
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> wake_pending_{false};
   std::mutex drive_mu_;  // one driver at a time
   mutable std::mutex mu_;
-  absl::flat_hash_map<uint64_t, std::unique_ptr<TcpConn>> conns_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<TcpConn>> conns_;
   absl::Time last_timeout_check_ = absl::Now();
 };
 
