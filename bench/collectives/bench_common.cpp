@@ -1,0 +1,230 @@
+#include "bench_common.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+namespace plexus::bench {
+namespace {
+
+std::optional<size_t> ParseOneSize(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  if (errno != 0 || end == text.c_str() || text[0] == '-') return std::nullopt;
+  unsigned shift = 0;
+  const std::string suffix(end);
+  if (suffix == "K" || suffix == "k") {
+    shift = 10;
+  } else if (suffix == "M" || suffix == "m") {
+    shift = 20;
+  } else if (suffix == "G" || suffix == "g") {
+    shift = 30;
+  } else if (!suffix.empty()) {
+    return std::nullopt;
+  }
+  if (value > (uint64_t{1} << 40) >> shift) return std::nullopt;  // 1 TiB is plenty
+  return static_cast<size_t>(value << shift);
+}
+
+std::vector<std::string> Split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (;;) {
+    const size_t at = text.find(separator, start);
+    parts.push_back(text.substr(start, at - start));
+    if (at == std::string::npos) return parts;
+    start = at + 1;
+  }
+}
+
+}  // namespace
+
+std::optional<std::vector<size_t>> ParseSizes(const std::string& text, size_t element_bytes,
+                                              std::string* error) {
+  std::set<size_t> sizes;
+  for (const std::string& item : Split(text, ',')) {
+    const size_t dots = item.find("..");
+    std::vector<size_t> expanded;
+    if (dots == std::string::npos) {
+      const auto size = ParseOneSize(item);
+      if (!size) {
+        *error = fmt::format("bad size '{}' (expected e.g. 8, 64K, 1M or 1K..64M)", item);
+        return std::nullopt;
+      }
+      expanded.push_back(*size);
+    } else {
+      std::string upper = item.substr(dots + 2);
+      size_t factor = 2;
+      const size_t x = upper.find('x');
+      if (x != std::string::npos) {
+        const auto f = ParseOneSize(upper.substr(x + 1));
+        if (!f || *f < 2) {
+          *error = fmt::format("bad factor in '{}' (expected A..BxF with F >= 2)", item);
+          return std::nullopt;
+        }
+        factor = *f;
+        upper = upper.substr(0, x);
+      }
+      const auto lo = ParseOneSize(item.substr(0, dots));
+      const auto hi = ParseOneSize(upper);
+      if (!lo || !hi || *lo == 0 || *lo > *hi) {
+        *error = fmt::format("bad size range '{}' (expected A..B with 0 < A <= B)", item);
+        return std::nullopt;
+      }
+      for (size_t s = *lo; s <= *hi; s *= factor) expanded.push_back(s);
+    }
+    for (size_t s : expanded) {
+      const size_t rounded = s / element_bytes * element_bytes;
+      if (rounded == 0) {
+        *error = fmt::format("size {} is smaller than one element ({} bytes)", s, element_bytes);
+        return std::nullopt;
+      }
+      sizes.insert(rounded);
+    }
+  }
+  return std::vector<size_t>(sizes.begin(), sizes.end());
+}
+
+std::string FormatBytes(size_t bytes) {
+  if (bytes >= (size_t{1} << 30) && bytes % (size_t{1} << 30) == 0) {
+    return fmt::format("{}G", bytes >> 30);
+  }
+  if (bytes >= (size_t{1} << 20) && bytes % (size_t{1} << 20) == 0) {
+    return fmt::format("{}M", bytes >> 20);
+  }
+  if (bytes >= 1024 && bytes % 1024 == 0) return fmt::format("{}K", bytes >> 10);
+  return std::to_string(bytes);
+}
+
+int IterationsFor(size_t bytes, int fixed) {
+  if (fixed > 0) return fixed;
+  const size_t budget = size_t{256} << 20;
+  return static_cast<int>(std::clamp<size_t>(budget / std::max<size_t>(bytes, 1), 5, 1000));
+}
+
+int WarmupFor(int iterations, int fixed_warmup) {
+  if (fixed_warmup >= 0) return fixed_warmup;
+  return std::max(2, iterations / 10);
+}
+
+float InputValue(int rank, size_t i) { return static_cast<float>((i * 7 + rank * 3) % 17); }
+
+float ExpectedSum(int world_size, size_t i) {
+  uint64_t sum = 0;
+  for (int r = 0; r < world_size; ++r) sum += (i * 7 + r * 3) % 17;
+  return static_cast<float>(sum);
+}
+
+void FillInput(float* data, size_t count, int rank) {
+  for (size_t i = 0; i < count; ++i) data[i] = InputValue(rank, i);
+}
+
+size_t CountWrong(const float* result, size_t count, int world_size) {
+  // The expected sum depends on i only through i % 17.
+  float expected[17];
+  for (size_t k = 0; k < 17; ++k) expected[k] = ExpectedSum(world_size, k);
+  size_t wrong = 0;
+  for (size_t i = 0; i < count; ++i) wrong += result[i] != expected[i % 17];
+  return wrong;
+}
+
+WorkerOptions ParseWorkerOptions(int argc, char** argv, const char* program) {
+  WorkerOptions o;
+  std::string sizes = "8,1K..64M";
+  auto die = [&](const std::string& message) {
+    std::fprintf(stderr, "%s: %s\n", program, message.c_str());
+    std::exit(2);
+  };
+  auto parse_int = [&](const std::string& flag, const char* text, int min) {
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || v < min || v > 1000000) {
+      die(fmt::format("{} expects an integer >= {}, got '{}'", flag, min, text));
+    }
+    return static_cast<int>(v);
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> const char* {
+      if (i + 1 >= argc) die(fmt::format("{} needs a value", arg));
+      return argv[++i];
+    };
+    if (arg == "--sizes") {
+      sizes = value();
+    } else if (arg == "--iters") {
+      o.iters = parse_int(arg, value(), 1);
+    } else if (arg == "--warmup") {
+      o.warmup = parse_int(arg, value(), 0);
+    } else if (arg == "--algorithm") {
+      o.algorithm = value();
+    } else if (arg == "--transport") {
+      o.transport = value();
+    } else if (arg == "--channels") {
+      o.channels = parse_int(arg, value(), 0);
+    } else if (arg == "--progress") {
+      o.progress = value();
+      if (o.progress != "caller" && o.progress != "thread") {
+        die(fmt::format("--progress expects caller or thread, got '{}'", o.progress));
+      }
+    } else if (arg == "--sockets") {
+      o.sockets = parse_int(arg, value(), 0);
+    } else if (arg == "--chunk-bytes") {
+      const std::string text = value();
+      const auto bytes = ParseOneSize(text);
+      if (!bytes) die(fmt::format("--chunk-bytes expects a size such as 512K, got '{}'", text));
+      o.chunk_bytes = *bytes;
+    } else {
+      die(fmt::format("unknown worker option '{}'", arg));
+    }
+  }
+  std::string error;
+  auto parsed = ParseSizes(sizes, sizeof(float), &error);
+  if (!parsed) die(error);
+  o.sizes = std::move(*parsed);
+  return o;
+}
+
+void MeasureAllreduce(AllreduceUnderTest& impl, const WorkerOptions& options,
+                      const std::string& impl_name) {
+  using Clock = std::chrono::steady_clock;
+  for (size_t bytes : options.sizes) {
+    const size_t count = bytes / sizeof(float);
+    const int iters = IterationsFor(bytes, options.iters);
+    const int warmup = WarmupFor(iters, options.warmup);
+    impl.Prepare(count);
+    for (int i = 0; i < warmup; ++i) impl.Run();
+    impl.Barrier();
+    const auto start = Clock::now();
+    for (int i = 0; i < iters; ++i) impl.Run();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    const double time_us = impl.Max(seconds * 1e6 / iters);
+    const double wrong = impl.Sum(static_cast<double>(impl.RunAndCheck()));
+    if (impl.rank() != 0) continue;
+    nlohmann::json j;
+    j["impl"] = impl_name;
+    j["transport"] = options.transport;
+    j["nprocs"] = impl.world_size();
+    j["op"] = "allreduce";
+    j["bytes"] = bytes;
+    j["count"] = count;
+    j["dtype"] = "float";
+    j["redop"] = "sum";
+    j["iters"] = iters;
+    j["time_us"] = time_us;
+    j["wrong"] = static_cast<uint64_t>(wrong);
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace plexus::bench

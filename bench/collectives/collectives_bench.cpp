@@ -1,0 +1,820 @@
+// plexus-bench-collectives: allreduce (f32, sum, out of place) of plexus::collectives between
+// local processes, in the nccl-tests output format, optionally side by side with Gloo and
+// Open MPI measured in the same invocation.
+//
+//   plexus-bench-collectives [--np 2[,4]] [--transport tcp[,shm]] [--compare] [--sizes 8,1K..64M]
+//       [--iters N] [--warmup N] [--runs R] [--json] [--algorithm auto|ring|hd|tree] ...
+//
+// The program launches its own ranks: it starts N copies of itself (with the PLEXUS_* variables
+// of plexus-run), the Gloo peer program N times the same way, and the Open MPI peer program
+// under mpirun. Rank 0 of each launch reports one JSON line per size; this process gathers
+// them, takes the median over --runs launches and prints the table (or JSON lines).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "bench_common.hpp"
+#include "plexus/collectives/communicator.hpp"
+#include "plexus/transport/rendezvous.hpp"
+#include "plexus/transport/types.hpp"
+
+namespace {
+
+namespace pb = plexus::bench;
+namespace pc = plexus::collectives;
+namespace pt = plexus::transport;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kProgram[] = "plexus-bench-collectives";
+
+constexpr char kUsage[] =
+    "usage: plexus-bench-collectives [options]\n"
+    "\n"
+    "Allreduce (float, sum, out of place) between local processes, nccl-tests style. The\n"
+    "program starts its ranks itself; every point is checked (#wrong: elements that differ\n"
+    "from the exact sum, over all ranks).\n"
+    "\n"
+    "  --np LIST          process counts, e.g. 2 or 2,4 (default 2; 2,4 with --compare)\n"
+    "  --transport LIST   tcp, shm or tcp,shm (default tcp)\n"
+    "  --compare          also run the peers with the same sizes: Gloo (ring, ring_chunked,\n"
+    "                     halving_doubling; tcp) and Open MPI MPI_Allreduce (btl tcp for\n"
+    "                     tcp, btl vader for shm); Plexus lines get vs_best_peer\n"
+    "  --peers LIST       restrict the peers: gloo_ring,gloo_ring_chunked,\n"
+    "                     gloo_halving_doubling,openmpi (default all)\n"
+    "  --sizes LIST       bytes: 8,1K..64M (default); A..B doubles, A..BxF multiplies by F\n"
+    "  --iters N          timed calls per size (default: ~256 MiB per size, 5..1000)\n"
+    "  --warmup N         untimed calls first (default iters/10, at least 2)\n"
+    "  --runs R           launch every configuration R times, report medians (default 1)\n"
+    "  --algorithm A      Plexus algorithm: auto (default), ring, halving_doubling, tree\n"
+    "  --channels N, --chunk-bytes B, --sockets N, --progress caller|thread\n"
+    "                     Plexus CommunicatorOptions (default: the library's)\n"
+    "  --bind none|core   none (default): the scheduler places every process; core: rank r\n"
+    "                     runs on CPU r mod #CPUs, for every implementation alike\n"
+    "  --mpirun-arg ARG   one more argument for mpirun (repeatable), e.g. --mca X Y\n"
+    "  --timeout SEC      limit for one launch (default 600)\n"
+    "  --json             one JSON object per line per measured point instead of the table\n"
+    "  -h, --help         this help\n"
+    "\n"
+    "time: slowest rank's mean time per call; algbw = bytes / time; busbw = algbw * 2(n-1)/n.\n"
+    "Exit status: 0 when every launch succeeded and #wrong is 0 everywhere, 1 otherwise.\n";
+
+[[noreturn]] void UsageError(const std::string& message) {
+  std::fprintf(stderr, "%s: %s\n\n%s", kProgram, message.c_str(), kUsage);
+  std::exit(2);
+}
+
+// ---- Plexus worker (one rank) -------------------------------------------------------------
+
+[[noreturn]] void WorkerDie(const std::string& what, const absl::Status& status) {
+  std::fprintf(stderr, "%s worker: %s: %s\n", kProgram, what.c_str(),
+               std::string(status.ToString()).c_str());
+  std::exit(1);
+}
+
+class PlexusAllreduce : public pb::AllreduceUnderTest {
+ public:
+  PlexusAllreduce(std::unique_ptr<pc::Communicator> comm, pc::Algorithm algorithm)
+      : comm_(std::move(comm)) {
+    call_.algorithm = algorithm;
+  }
+  int rank() const override { return comm_->rank(); }
+  int world_size() const override { return comm_->size(); }
+
+  void Prepare(size_t count) override {
+    input_.assign(count, 0.0f);
+    output_.assign(count, 0.0f);
+    pb::FillInput(input_.data(), count, rank());
+  }
+  void Run() override {
+    const absl::Status s = comm_->AllReduce(input_.data(), output_.data(), input_.size(),
+                                            pc::DataType::kF32, pc::ReduceOp::kSum, call_);
+    if (!s.ok()) WorkerDie(fmt::format("AllReduce of {} floats", input_.size()), s);
+  }
+  size_t RunAndCheck() override {
+    pb::FillInput(input_.data(), input_.size(), rank());
+    std::fill(output_.begin(), output_.end(), -1.0f);
+    Run();
+    return pb::CountWrong(output_.data(), output_.size(), world_size());
+  }
+  void Barrier() override {
+    const absl::Status s = comm_->Barrier();
+    if (!s.ok()) WorkerDie("Barrier", s);
+  }
+  double Max(double value) override { return Reduce(value, pc::ReduceOp::kMax); }
+  double Sum(double value) override { return Reduce(value, pc::ReduceOp::kSum); }
+
+ private:
+  double Reduce(double value, pc::ReduceOp op) {
+    double result = 0;
+    const absl::Status s = comm_->AllReduce(&value, &result, 1, pc::DataType::kF64, op);
+    if (!s.ok()) WorkerDie("AllReduce of the figures", s);
+    return result;
+  }
+
+  std::unique_ptr<pc::Communicator> comm_;
+  pc::CallOptions call_;
+  std::vector<float> input_;
+  std::vector<float> output_;
+};
+
+int WorkerMain(int argc, char** argv) {
+  const pb::WorkerOptions options = pb::ParseWorkerOptions(argc, argv, kProgram);
+  auto backend = pt::ParseBackend(options.transport);
+  if (!backend.ok()) WorkerDie("--transport", backend.status());
+  auto algorithm =
+      pc::ParseAlgorithm(options.algorithm.empty() ? std::string("auto") : options.algorithm);
+  if (!algorithm.ok()) WorkerDie("--algorithm", algorithm.status());
+  auto rendezvous = pt::Rendezvous::FromEnv(absl::Minutes(2));
+  if (!rendezvous.ok()) WorkerDie("rendezvous", rendezvous.status());
+  pc::CommunicatorOptions comm_options;
+  comm_options.backend = *backend;
+  if (*backend == pt::Backend::kTcp) comm_options.local_address = "127.0.0.1";
+  comm_options.channels = options.channels;
+  comm_options.chunk_bytes = options.chunk_bytes;
+  if (options.sockets > 0) comm_options.sockets_per_connection = options.sockets;
+  if (options.progress == "thread") comm_options.progress = pt::ProgressMode::kThread;
+  if (options.progress == "caller") comm_options.progress = pt::ProgressMode::kCaller;
+  auto comm = pc::Communicator::Create(*rendezvous, comm_options);
+  if (!comm.ok()) WorkerDie("Communicator::Create", comm.status());
+  PlexusAllreduce impl(std::move(*comm), *algorithm);
+  pb::MeasureAllreduce(impl, options, "plexus");
+  return 0;
+}
+
+// ---- Driver options -----------------------------------------------------------------------
+
+struct Options {
+  std::vector<int> nprocs;
+  std::vector<std::string> transports = {"tcp"};
+  bool compare = false;
+  std::vector<std::string> peers = {"gloo_ring", "gloo_ring_chunked", "gloo_halving_doubling",
+                                    "openmpi"};
+  std::string sizes = "8,1K..64M";
+  std::vector<size_t> size_list;
+  int iters = 0;
+  int warmup = -1;
+  int runs = 1;
+  std::string algorithm = "auto";
+  int channels = 0;
+  std::string chunk_bytes;
+  int sockets = 0;
+  std::string progress;
+  double timeout_s = 600;
+  bool bind_core = false;
+  std::vector<std::string> mpirun_args;
+  bool json = false;
+};
+
+std::vector<std::string> SplitList(const std::string& text) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  for (;;) {
+    const size_t at = text.find(',', start);
+    std::string item = text.substr(start, at - start);
+    if (!item.empty()) items.push_back(item);
+    if (at == std::string::npos) return items;
+    start = at + 1;
+  }
+}
+
+int ParseInt(const std::string& flag, const std::string& text, int min, int max) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (errno != 0 || text.empty() || *end != '\0' || v < min || v > max) {
+    UsageError(fmt::format("{} expects an integer in {}..{}, got '{}'", flag, min, max, text));
+  }
+  return static_cast<int>(v);
+}
+
+Options ParseOptions(int argc, char** argv) {
+  Options o;
+  bool peers_given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) UsageError(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "-h" || arg == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (arg == "--np" || arg == "-n") {
+      o.nprocs.clear();
+      for (const std::string& n : SplitList(value())) o.nprocs.push_back(ParseInt(arg, n, 1, 64));
+      if (o.nprocs.empty()) UsageError("--np needs at least one process count");
+    } else if (arg == "--transport") {
+      o.transports = SplitList(value());
+      for (const std::string& t : o.transports) {
+        if (t != "tcp" && t != "shm") {
+          UsageError(fmt::format("--transport: '{}' is not tcp or shm", t));
+        }
+      }
+      if (o.transports.empty()) UsageError("--transport needs tcp, shm or tcp,shm");
+    } else if (arg == "--compare") {
+      o.compare = true;
+    } else if (arg == "--peers") {
+      o.peers = SplitList(value());
+      peers_given = true;
+      for (const std::string& p : o.peers) {
+        if (p != "gloo_ring" && p != "gloo_ring_chunked" && p != "gloo_halving_doubling" &&
+            p != "openmpi") {
+          UsageError(fmt::format("--peers: unknown peer '{}'", p));
+        }
+      }
+    } else if (arg == "--sizes") {
+      o.sizes = value();
+    } else if (arg == "--iters") {
+      o.iters = ParseInt(arg, value(), 1, 1000000);
+    } else if (arg == "--warmup") {
+      o.warmup = ParseInt(arg, value(), 0, 1000000);
+    } else if (arg == "--runs") {
+      o.runs = ParseInt(arg, value(), 1, 100);
+    } else if (arg == "--algorithm") {
+      o.algorithm = value();
+      if (!pc::ParseAlgorithm(o.algorithm).ok()) {
+        UsageError("--algorithm expects auto, ring, halving_doubling or tree");
+      }
+    } else if (arg == "--channels") {
+      o.channels = ParseInt(arg, value(), 0, 64);
+    } else if (arg == "--chunk-bytes") {
+      o.chunk_bytes = value();
+    } else if (arg == "--sockets") {
+      o.sockets = ParseInt(arg, value(), 0, 64);
+    } else if (arg == "--progress") {
+      o.progress = value();
+      if (o.progress != "caller" && o.progress != "thread") {
+        UsageError("--progress expects caller or thread");
+      }
+    } else if (arg == "--bind") {
+      const std::string bind = value();
+      if (bind != "none" && bind != "core") UsageError("--bind expects none or core");
+      o.bind_core = bind == "core";
+    } else if (arg == "--mpirun-arg") {
+      o.mpirun_args.push_back(value());
+    } else if (arg == "--timeout") {
+      o.timeout_s = ParseInt(arg, value(), 1, 86400);
+    } else if (arg == "--json") {
+      o.json = true;
+    } else {
+      UsageError(fmt::format("unknown option '{}'", arg));
+    }
+  }
+  if (o.nprocs.empty()) o.nprocs = o.compare ? std::vector<int>{2, 4} : std::vector<int>{2};
+  if (peers_given && !o.compare) UsageError("--peers only applies with --compare");
+  std::string error;
+  auto sizes = pb::ParseSizes(o.sizes, sizeof(float), &error);
+  if (!sizes) UsageError("--sizes: " + error);
+  o.size_list = std::move(*sizes);
+  return o;
+}
+
+// ---- Launching ----------------------------------------------------------------------------
+
+// One configuration to measure: an implementation over one transport with one process count.
+struct Job {
+  std::string impl;       // "plexus", "gloo_ring", ..., "openmpi"
+  std::string transport;  // "tcp" or "shm"
+  int nprocs = 0;
+  bool plexus = false;  // a Plexus line (gets vs_best_peer)
+  // The program to start and how: `processes` copies with PLEXUS_* variables (plexus, gloo), or
+  // one mpirun.
+  std::vector<std::string> argv;
+  int processes = 1;
+  std::string unavailable;    // non-empty: why this peer cannot run here
+  bool under_mpirun = false;  // argv starts mpirun, which sets the ranks' variables itself
+};
+
+std::string SelfDirectory() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) return ".";
+  std::string self(path, static_cast<size_t>(n));
+  return self.substr(0, self.rfind('/'));
+}
+
+std::string SelfPath() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) return kProgram;
+  return std::string(path, static_cast<size_t>(n));
+}
+
+int ReserveLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+std::vector<std::string> WorkerArgs(const Options& o, const std::string& transport) {
+  std::vector<std::string> args = {"--sizes", o.sizes, "--transport", transport};
+  if (o.iters > 0) args.insert(args.end(), {"--iters", std::to_string(o.iters)});
+  if (o.warmup >= 0) args.insert(args.end(), {"--warmup", std::to_string(o.warmup)});
+  return args;
+}
+
+std::vector<Job> PlanJobs(const Options& o) {
+  const std::string dir = SelfDirectory();
+  const std::string gloo = dir + "/plexus-bench-collectives-gloo";
+  const std::string mpi = dir + "/plexus-bench-collectives-mpi";
+  auto peer_wanted = [&](const std::string& name) {
+    return std::find(o.peers.begin(), o.peers.end(), name) != o.peers.end();
+  };
+  std::vector<Job> jobs;
+  for (int n : o.nprocs) {
+    for (const std::string& transport : o.transports) {
+      Job plexus{"plexus", transport, n, true, {SelfPath(), "--worker"}, n, ""};
+      for (const std::string& a : WorkerArgs(o, transport)) plexus.argv.push_back(a);
+      plexus.argv.insert(plexus.argv.end(), {"--algorithm", o.algorithm});
+      if (o.channels > 0)
+        plexus.argv.insert(plexus.argv.end(), {"--channels", std::to_string(o.channels)});
+      if (!o.chunk_bytes.empty())
+        plexus.argv.insert(plexus.argv.end(), {"--chunk-bytes", o.chunk_bytes});
+      if (o.sockets > 0)
+        plexus.argv.insert(plexus.argv.end(), {"--sockets", std::to_string(o.sockets)});
+      if (!o.progress.empty()) {
+        plexus.argv.insert(plexus.argv.end(), {"--progress", o.progress});
+      }
+      jobs.push_back(plexus);
+      if (!o.compare) continue;
+      if (transport == "tcp") {
+        for (const char* algorithm : {"ring", "ring_chunked", "halving_doubling"}) {
+          const std::string impl = std::string("gloo_") + algorithm;
+          if (!peer_wanted(impl)) continue;
+          Job job{impl, "tcp", n, false, {gloo, "--algorithm", algorithm}, n, ""};
+          for (const std::string& a : WorkerArgs(o, "tcp")) job.argv.push_back(a);
+          if (std::string(PLEXUS_BENCH_GLOO_MISSING).empty()) {
+            if (access(gloo.c_str(), X_OK) != 0) job.unavailable = gloo + " is missing";
+          } else {
+            job.unavailable = PLEXUS_BENCH_GLOO_MISSING;
+          }
+          jobs.push_back(job);
+        }
+      }
+      if (peer_wanted("openmpi")) {
+        // ob1 so that the btl choice holds (a UCX pml would bypass it); tcp over loopback
+        // like the others.
+        Job job{"openmpi", transport, n, false, {}, 1, "", true};
+        job.argv = {PLEXUS_BENCH_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "-np",
+                    std::to_string(n)};
+        // Binding as the others: none, or rank r on CPU r (overloading CPUs at 4 processes).
+        if (o.bind_core) {
+          job.argv.insert(job.argv.end(), {"--bind-to", "core:overload-allowed"});
+        } else {
+          job.argv.insert(job.argv.end(), {"--bind-to", "none"});
+        }
+        job.argv.insert(job.argv.end(), {"--mca", "pml", "ob1", "--mca", "btl",
+                                         transport == "tcp" ? "tcp,self" : "vader,self"});
+        if (transport == "tcp") {
+          job.argv.insert(job.argv.end(), {"--mca", "btl_tcp_if_include", "lo"});
+        }
+        for (const std::string& a : o.mpirun_args) job.argv.push_back(a);
+        job.argv.push_back(mpi);
+        for (const std::string& a : WorkerArgs(o, transport)) job.argv.push_back(a);
+        if (std::string(PLEXUS_BENCH_MPI_MISSING).empty()) {
+          if (access(mpi.c_str(), X_OK) != 0) job.unavailable = mpi + " is missing";
+          if (access(PLEXUS_BENCH_MPIEXEC, X_OK) != 0) {
+            job.unavailable = std::string(PLEXUS_BENCH_MPIEXEC) + " is missing";
+          }
+        } else {
+          job.unavailable = PLEXUS_BENCH_MPI_MISSING;
+        }
+        jobs.push_back(job);
+      }
+    }
+  }
+  return jobs;
+}
+
+struct LaunchResult {
+  bool ok = false;
+  std::string error;
+  std::vector<nlohmann::json> points;
+};
+
+void KillGroups(const std::vector<pid_t>& pids, const std::vector<bool>& running, int sig) {
+  for (size_t i = 0; i < pids.size(); ++i) {
+    if (!running[i]) continue;
+    kill(-pids[i], sig);
+    kill(pids[i], sig);
+  }
+}
+
+std::string DescribeStatus(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {}", WTERMSIG(status));
+  return "ended in an unknown way";
+}
+
+// Starts the job's processes, reads process 0's stdout (JSON lines are results; anything else
+// goes to stderr), and stops everything when one fails or `timeout_s` passes.
+LaunchResult Launch(const Job& job, double timeout_s, bool bind_core) {
+  LaunchResult result;
+  const int port = ReserveLoopbackPort();
+  if (port < 0) {
+    result.error = fmt::format("no free TCP port on 127.0.0.1: {}", std::strerror(errno));
+    return result;
+  }
+  const std::string store = fmt::format("127.0.0.1:{}", port);
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    result.error = fmt::format("pipe: {}", std::strerror(errno));
+    return result;
+  }
+  std::vector<char*> argv;
+  std::vector<std::string> args = job.argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+  std::vector<pid_t> pids;
+  std::vector<bool> running;
+  for (int r = 0; r < job.processes; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      result.error = fmt::format("fork: {}", std::strerror(errno));
+      KillGroups(pids, running, SIGKILL);
+      for (pid_t p : pids) waitpid(p, nullptr, 0);
+      close(out[0]);
+      close(out[1]);
+      return result;
+    }
+    if (pid == 0) {
+      setpgid(0, 0);
+      if (bind_core && !job.under_mpirun) {
+        cpu_set_t cpus;
+        CPU_ZERO(&cpus);
+        CPU_SET(r % std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)), &cpus);
+        sched_setaffinity(0, sizeof cpus, &cpus);
+      }
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
+      dup2(r == 0 ? out[1] : STDERR_FILENO, STDOUT_FILENO);
+      const int null_fd = open("/dev/null", O_RDONLY);
+      if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+      if (!job.under_mpirun) {
+        setenv("PLEXUS_RANK", std::to_string(r).c_str(), 1);
+        setenv("PLEXUS_WORLD_SIZE", std::to_string(job.processes).c_str(), 1);
+        setenv("PLEXUS_LOCAL_RANK", std::to_string(r).c_str(), 1);
+        setenv("PLEXUS_LOCAL_WORLD_SIZE", std::to_string(job.processes).c_str(), 1);
+        setenv("PLEXUS_STORE_ADDR", store.c_str(), 1);
+      }
+      execv(argv[0], argv.data());
+      std::fprintf(stderr, "%s: cannot execute %s: %s\n", kProgram, argv[0], std::strerror(errno));
+      _exit(127);
+    }
+    setpgid(pid, pid);
+    pids.push_back(pid);
+    running.push_back(true);
+  }
+  close(out[1]);
+
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout_s));
+  std::string pending;
+  bool eof = false;
+  int failed_rank = -1;
+  int failed_status = 0;
+  bool timed_out = false;
+  auto reap = [&](bool block) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (!running[i]) continue;
+      int status = 0;
+      const pid_t got = waitpid(pids[i], &status, block ? 0 : WNOHANG);
+      if (got != pids[i]) continue;
+      running[i] = false;
+      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!ok && failed_rank < 0) {
+        failed_rank = static_cast<int>(i);
+        failed_status = status;
+      }
+    }
+  };
+  auto handle_line = [&](const std::string& line) {
+    if (!line.empty() && line[0] == '{') {
+      auto parsed = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      auto number = [&](const char* field) {
+        return parsed.contains(field) && parsed[field].is_number() &&
+               !(parsed[field].is_number_integer() && parsed[field].get<int64_t>() < 0);
+      };
+      if (!parsed.is_discarded() && parsed.is_object() && number("time_us") && number("bytes") &&
+          number("wrong") && number("count") && number("iters")) {
+        result.points.push_back(std::move(parsed));
+        return;
+      }
+    }
+    std::fprintf(stderr, "[%s] %s\n", job.impl.c_str(), line.c_str());
+  };
+  for (;;) {
+    reap(false);
+    const bool any_running = std::find(running.begin(), running.end(), true) != running.end();
+    if (failed_rank >= 0 || (eof && !any_running)) break;
+    if (Clock::now() >= deadline) {
+      timed_out = true;
+      break;
+    }
+    if (eof) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    pollfd pfd{out[0], POLLIN, 0};
+    const int n = poll(&pfd, 1, 200);
+    if (n < 0 && errno != EINTR) break;
+    if (n <= 0) continue;
+    char buf[4096];
+    const ssize_t got = read(out[0], buf, sizeof buf);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      eof = true;
+      continue;
+    }
+    pending.append(buf, static_cast<size_t>(got));
+    for (size_t nl; (nl = pending.find('\n')) != std::string::npos;) {
+      handle_line(pending.substr(0, nl));
+      pending.erase(0, nl + 1);
+    }
+  }
+  if (!pending.empty()) handle_line(pending);
+  close(out[0]);
+  if (timed_out || failed_rank >= 0) {
+    // mpirun passes SIGTERM on to its ranks; give it a moment before SIGKILL.
+    KillGroups(pids, running, SIGTERM);
+    const auto grace = Clock::now() + std::chrono::seconds(3);
+    while (Clock::now() < grace &&
+           std::find(running.begin(), running.end(), true) != running.end()) {
+      reap(false);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    KillGroups(pids, running, SIGKILL);
+  }
+  reap(true);
+  if (timed_out) {
+    result.error = fmt::format("timed out after {} s (raise --timeout)", timeout_s);
+  } else if (failed_rank >= 0) {
+    result.error = job.processes == 1
+                       ? fmt::format("{} {}", job.argv[0], DescribeStatus(failed_status))
+                       : fmt::format("rank {} {}", failed_rank, DescribeStatus(failed_status));
+  } else {
+    result.ok = true;
+  }
+  return result;
+}
+
+// ---- Aggregation and output ---------------------------------------------------------------
+
+struct Point {
+  std::vector<double> times_us;
+  uint64_t wrong = 0;
+  int iters = 0;
+  size_t count = 0;
+};
+// (impl, transport, nprocs) -> bytes -> samples.
+using Key = std::tuple<std::string, std::string, int>;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double BusFactor(int nprocs) { return nprocs > 1 ? 2.0 * (nprocs - 1) / nprocs : 1.0; }
+
+struct Row {
+  size_t bytes = 0;
+  size_t count = 0;
+  double time_us = 0;
+  double algbw = 0;
+  double busbw = 0;
+  uint64_t wrong = 0;
+  int iters = 0;
+  int samples = 0;
+};
+
+Row MakeRow(size_t bytes, const Point& p, int nprocs) {
+  Row r;
+  r.bytes = bytes;
+  r.count = p.count;
+  r.time_us = Median(p.times_us);
+  r.algbw = r.time_us > 0 ? static_cast<double>(bytes) / (r.time_us * 1e-6) / 1e9 : 0;
+  r.busbw = r.algbw * BusFactor(nprocs);
+  r.wrong = p.wrong;
+  r.iters = p.iters;
+  r.samples = static_cast<int>(p.times_us.size());
+  return r;
+}
+
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return in ? fmt::format("{} {} {}", a, b, c) : std::string("unknown");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--worker") return WorkerMain(argc - 1, argv + 1);
+  const Options o = ParseOptions(argc, argv);
+  signal(SIGPIPE, SIG_IGN);
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  const int max_np = *std::max_element(o.nprocs.begin(), o.nprocs.end());
+  const std::string load_at_start = LoadAverage();
+
+  std::vector<Job> jobs = PlanJobs(o);
+  std::map<Key, std::map<size_t, Point>> samples;
+  std::map<Key, std::string> failures;
+  bool all_ok = true;
+  for (const Job& job : jobs) {
+    if (!job.unavailable.empty()) {
+      std::fprintf(stderr, "# peer unavailable: %s (%s, %d processes): %s\n", job.impl.c_str(),
+                   job.transport.c_str(), job.nprocs, job.unavailable.c_str());
+    }
+  }
+  // Runs interleave the configurations, so that a slow phase of the machine (other work on its
+  // cores) spreads over every implementation instead of hitting one.
+  for (int run = 0; run < o.runs; ++run) {
+    for (const Job& job : jobs) {
+      if (!job.unavailable.empty()) continue;
+      const Key key{job.impl, job.transport, job.nprocs};
+      const auto start = Clock::now();
+      std::fprintf(stderr, "# run %d/%d: %s over %s, %d processes ...", run + 1, o.runs,
+                   job.impl.c_str(), job.transport.c_str(), job.nprocs);
+      std::fflush(stderr);
+      LaunchResult r = Launch(job, o.timeout_s, o.bind_core);
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      if (!r.ok || r.points.size() != o.size_list.size()) {
+        const std::string why =
+            r.ok ? fmt::format("reported {} of {} sizes", r.points.size(), o.size_list.size())
+                 : r.error;
+        std::fprintf(stderr, " failed after %.1f s: %s\n", seconds, why.c_str());
+        failures[key] = why;
+        all_ok = false;
+      } else {
+        std::fprintf(stderr, " %.1f s\n", seconds);
+      }
+      for (const nlohmann::json& j : r.points) {
+        Point& p = samples[key][j.value("bytes", size_t{0})];
+        p.times_us.push_back(j.value("time_us", 0.0));
+        p.wrong += j.value("wrong", uint64_t{0});
+        p.iters = j.value("iters", 0);
+        p.count = j.value("count", size_t{0});
+      }
+    }
+  }
+
+  // The best peer for a Plexus line: the highest busbw among peers of the same transport and
+  // process count at the same size (for shm that is Open MPI over vader only).
+  auto best_peer = [&](const std::string& transport, int nprocs,
+                       size_t bytes) -> std::optional<std::pair<std::string, Row>> {
+    std::optional<std::pair<std::string, Row>> best;
+    for (const auto& [key, points] : samples) {
+      const auto& [impl, t, n] = key;
+      if (impl == "plexus" || t != transport || n != nprocs) continue;
+      const auto it = points.find(bytes);
+      if (it == points.end()) continue;
+      const Row row = MakeRow(bytes, it->second, nprocs);
+      if (!best || row.busbw > best->second.busbw) best = {{impl, row}};
+    }
+    return best;
+  };
+
+  const bool oversubscribed = max_np > cpus;
+  if (!o.json) {
+    std::printf(
+        "# plexus-bench-collectives: allreduce, float, sum, out of place (Gloo: in place)\n");
+    std::printf("# %ld CPUs, load average at start %s; %s of %d launch(es) per configuration\n",
+                cpus, load_at_start.c_str(), o.runs > 1 ? "medians" : "figures", o.runs);
+    std::printf("# binding: %s\n", o.bind_core ? "rank r on CPU r mod #CPUs (--bind core)"
+                                               : "none, the scheduler places processes");
+    if (oversubscribed) {
+      std::printf("# NOTE: %d processes oversubscribe the %ld CPUs of this machine\n", max_np,
+                  cpus);
+    }
+  }
+  for (const Job& job : jobs) {
+    const Key key{job.impl, job.transport, job.nprocs};
+    const auto it = samples.find(key);
+    if (!o.json) {
+      std::printf("#\n# %s over %s, %d processes%s\n", job.impl.c_str(), job.transport.c_str(),
+                  job.nprocs, job.nprocs > cpus ? " (oversubscribed)" : "");
+      if (!job.unavailable.empty()) {
+        std::printf("# peer unavailable: %s\n", job.unavailable.c_str());
+        continue;
+      }
+      if (job.under_mpirun) {
+        std::string command;
+        for (const std::string& a : job.argv) command += (command.empty() ? "" : " ") + a;
+        std::printf("# %s\n", command.c_str());
+      }
+      if (failures.count(key)) std::printf("# FAILED: %s\n", failures[key].c_str());
+      if (it == samples.end()) continue;
+      std::printf("# %10s %12s %8s %6s %11s %12s %12s %7s%s\n", "size", "count", "type", "redop",
+                  "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong",
+                  job.plexus && o.compare ? "  vs_best_peer" : "");
+    }
+    if (it == samples.end()) continue;
+    for (const auto& [bytes, point] : it->second) {
+      const Row row = MakeRow(bytes, point, job.nprocs);
+      if (row.wrong != 0) all_ok = false;
+      std::optional<std::pair<std::string, Row>> best;
+      if (job.plexus && o.compare) best = best_peer(job.transport, job.nprocs, bytes);
+      // NaN when there is no peer figure to compare with.
+      const double ratio =
+          best && best->second.busbw > 0 ? row.busbw / best->second.busbw : std::nan("");
+      if (o.json) {
+        nlohmann::json j;
+        j["impl"] = job.impl;
+        j["transport"] = job.transport;
+        j["nprocs"] = job.nprocs;
+        j["op"] = "allreduce";
+        j["bytes"] = row.bytes;
+        j["count"] = row.count;
+        j["dtype"] = "float";
+        j["redop"] = "sum";
+        j["time_us"] = row.time_us;
+        // The spread over runs, to tell a real gap from a noisy machine.
+        j["time_us_min"] = *std::min_element(point.times_us.begin(), point.times_us.end());
+        j["time_us_max"] = *std::max_element(point.times_us.begin(), point.times_us.end());
+        j["algbw"] = row.algbw;
+        j["busbw"] = row.busbw;
+        j["wrong"] = row.wrong;
+        j["iters"] = row.iters;
+        j["runs"] = row.samples;
+        j["oversubscribed"] = job.nprocs > cpus;
+        j["bind"] = o.bind_core ? "core" : "none";
+        if (job.plexus) {
+          j["algorithm"] = o.algorithm;
+          j["vs_best_peer"] = std::isnan(ratio) ? nlohmann::json(nullptr) : nlohmann::json(ratio);
+          j["best_peer"] = best ? nlohmann::json(best->first) : nlohmann::json(nullptr);
+        }
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        std::string vs;
+        if (job.plexus && o.compare) {
+          vs = std::isnan(ratio) ? "  n/a" : fmt::format("  {:6.2f}x {}", ratio, best->first);
+        }
+        std::printf("  %10zu %12zu %8s %6s %11.2f %12.3f %12.3f %7llu%s\n", row.bytes, row.count,
+                    "float", "sum", row.time_us, row.algbw, row.busbw,
+                    static_cast<unsigned long long>(row.wrong), vs.c_str());
+      }
+    }
+  }
+  if (!o.json && o.compare) {
+    // One line per transport and process count: the ratio column of the tables above.
+    std::printf(
+        "#\n# summary: plexus busbw / best peer's busbw (>= 1.00: Plexus is at least as "
+        "fast)\n");
+    for (const auto& [key, points] : samples) {
+      const auto& [impl, transport, nprocs] = key;
+      if (impl != "plexus") continue;
+      std::string line = fmt::format("#   {} {} processes:", transport, nprocs);
+      for (const auto& [bytes, point] : points) {
+        const Row row = MakeRow(bytes, point, nprocs);
+        const auto best = best_peer(transport, nprocs, bytes);
+        line += best && best->second.busbw > 0 ? fmt::format("  {} {:.2f}x", pb::FormatBytes(bytes),
+                                                             row.busbw / best->second.busbw)
+                                               : fmt::format("  {} n/a", pb::FormatBytes(bytes));
+      }
+      std::printf("%s\n", line.c_str());
+    }
+  }
+  if (!o.json) {
+    std::printf("#\n# load average at end %s\n", LoadAverage().c_str());
+  }
+  std::fflush(stdout);
+  return all_ok ? 0 : 1;
+}

@@ -1,0 +1,139 @@
+// plexus-bench-collectives-gloo: one rank of the Gloo allreduce peer of plexus-bench-collectives
+// (started by it; not meant to be run by hand). Gloo's tcp transport on 127.0.0.1; the ranks
+// meet through Plexus's rendezvous (PLEXUS_RANK, PLEXUS_WORLD_SIZE, PLEXUS_STORE_ADDR), which
+// Gloo sees as a gloo::rendezvous::Store.
+//
+//   plexus-bench-collectives-gloo --algorithm ring|ring_chunked|halving_doubling
+//       [--sizes LIST] [--iters N] [--warmup N]
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "gloo/allreduce_halving_doubling.h"
+#include "gloo/allreduce_ring.h"
+#include "gloo/allreduce_ring_chunked.h"
+#include "gloo/barrier_all_to_all.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/prefix_store.h"
+#include "gloo/rendezvous/store.h"
+#include "gloo/transport/tcp/device.h"
+#include "plexus/transport/rendezvous.hpp"
+
+namespace {
+
+namespace pb = plexus::bench;
+namespace pt = plexus::transport;
+
+constexpr auto kTimeout = std::chrono::seconds(120);
+
+[[noreturn]] void Die(const std::string& message) {
+  std::fprintf(stderr, "plexus-bench-collectives-gloo: %s\n", message.c_str());
+  std::exit(1);
+}
+
+// Gloo's store interface over a Plexus store; Gloo reports failures by exception.
+class PlexusStoreForGloo : public gloo::rendezvous::Store {
+ public:
+  explicit PlexusStoreForGloo(std::shared_ptr<pt::Store> store) : store_(std::move(store)) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    const absl::Status s = store_->Set(key, std::string_view(data.data(), data.size()));
+    if (!s.ok()) throw std::runtime_error("store set " + key + ": " + s.ToString());
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto value = store_->Get(key, absl::FromChrono(kTimeout));
+    if (!value.ok())
+      throw std::runtime_error("store get " + key + ": " + value.status().ToString());
+    return std::vector<char>(value->begin(), value->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, kTimeout); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    const absl::Status s = store_->Wait(keys, absl::FromChrono(timeout));
+    if (!s.ok()) throw std::runtime_error("store wait: " + s.ToString());
+  }
+
+ private:
+  std::shared_ptr<pt::Store> store_;
+};
+
+class GlooAllreduce : public pb::AllreduceUnderTest {
+ public:
+  GlooAllreduce(std::shared_ptr<gloo::Context> context, std::string algorithm)
+      : context_(std::move(context)), algorithm_(std::move(algorithm)) {}
+
+  int rank() const override { return context_->rank; }
+  int world_size() const override { return context_->size; }
+
+  void Prepare(size_t count) override {
+    buffer_.assign(count, 0.0f);
+    pb::FillInput(buffer_.data(), count, rank());
+    const std::vector<float*> ptrs = {buffer_.data()};
+    const int n = static_cast<int>(count);
+    if (algorithm_ == "ring") {
+      algorithm_impl_ = std::make_unique<gloo::AllreduceRing<float>>(context_, ptrs, n);
+    } else if (algorithm_ == "ring_chunked") {
+      algorithm_impl_ = std::make_unique<gloo::AllreduceRingChunked<float>>(context_, ptrs, n);
+    } else {
+      algorithm_impl_ = std::make_unique<gloo::AllreduceHalvingDoubling<float>>(context_, ptrs, n);
+    }
+  }
+  // Gloo reduces in place, so the timed calls multiply the values by the world size each time
+  // until they reach infinity; x86 adds infinities at full speed (only subnormals are slow), and
+  // RunAndCheck starts again from the pattern.
+  void Run() override { algorithm_impl_->run(); }
+  size_t RunAndCheck() override {
+    pb::FillInput(buffer_.data(), buffer_.size(), rank());
+    algorithm_impl_->run();
+    return pb::CountWrong(buffer_.data(), buffer_.size(), world_size());
+  }
+  void Barrier() override { gloo::BarrierAllToAll(context_).run(); }
+  double Max(double value) override { return Reduce(value, gloo::ReductionFunction<double>::max); }
+  double Sum(double value) override { return Reduce(value, gloo::ReductionFunction<double>::sum); }
+
+ private:
+  double Reduce(double value, const gloo::ReductionFunction<double>* fn) {
+    std::vector<double*> ptrs = {&value};
+    gloo::AllreduceRing<double>(context_, ptrs, 1, fn).run();
+    return value;
+  }
+
+  std::shared_ptr<gloo::Context> context_;
+  std::string algorithm_;
+  std::vector<float> buffer_;
+  std::unique_ptr<gloo::Algorithm> algorithm_impl_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  pb::WorkerOptions options = pb::ParseWorkerOptions(argc, argv, "plexus-bench-collectives-gloo");
+  if (options.algorithm != "ring" && options.algorithm != "ring_chunked" &&
+      options.algorithm != "halving_doubling") {
+    Die("--algorithm must be ring, ring_chunked or halving_doubling, got '" + options.algorithm +
+        "'");
+  }
+  options.transport = "tcp";
+  auto rendezvous = pt::Rendezvous::FromEnv(absl::Minutes(2));
+  if (!rendezvous.ok()) Die("rendezvous: " + rendezvous.status().ToString());
+  try {
+    PlexusStoreForGloo store(rendezvous->store());
+    gloo::rendezvous::PrefixStore prefixed("gloo", store);
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto context =
+        std::make_shared<gloo::rendezvous::Context>(rendezvous->rank(), rendezvous->world_size());
+    context->setTimeout(kTimeout);
+    context->connectFullMesh(prefixed, device);
+    GlooAllreduce impl(context, options.algorithm);
+    pb::MeasureAllreduce(impl, options, "gloo_" + options.algorithm);
+  } catch (const std::exception& e) {
+    Die(std::string("gloo: ") + e.what());
+  }
+  return 0;
+}
