@@ -110,8 +110,9 @@ void FoldOut(const Layout& L, const Fold& f, uint8_t* buf, size_t count, Plan* p
   }
 }
 
+// With `input`, the first step reads this rank's operand from input rather than buf.
 void HalvingCore(const Layout& L, const Fold& f, uint8_t* buf, const std::vector<Block>& blocks,
-                 Plan* plan) {
+                 Plan* plan, const uint8_t* input = nullptr) {
   const int np = f.new_pos;
   int lo = 0;
   int hi = f.p2;
@@ -125,17 +126,20 @@ void HalvingCore(const Layout& L, const Fold& f, uint8_t* buf, const std::vector
     const int keep_lo = keep_low ? lo : mid;
     const int keep_hi = keep_low ? mid : hi;
     const int dep_prefix = static_cast<int>(plan->recvs.size());
+    const uint8_t* operand = mask == f.p2 / 2 ? input : nullptr;  // first step only
     size_t k_global = 0;
     for (int b = give_lo; b < give_hi; ++b) {
       for (size_t k = 0; k < NumChunks(L, blocks[b].count); ++k, ++k_global) {
-        AddSend(L, plan, buf, ChunkOf(L, blocks[b], k), peer, Channel(L, k_global), -1, dep_prefix);
+        AddSend(L, plan, operand != nullptr ? operand : buf, ChunkOf(L, blocks[b], k), peer,
+                Channel(L, k_global), -1, dep_prefix);
       }
     }
     k_global = 0;
     for (int b = keep_lo; b < keep_hi; ++b) {
       for (size_t k = 0; k < NumChunks(L, blocks[b].count); ++k, ++k_global) {
-        AddRecv(L, plan, buf, ChunkOf(L, blocks[b], k), peer, Channel(L, k_global), true,
-                partner_np < np);
+        const Block c = ChunkOf(L, blocks[b], k);
+        AddRecv(L, plan, buf, c, peer, Channel(L, k_global), true, partner_np < np);
+        if (operand != nullptr) plan->recvs.back().local = operand + c.offset * L.esize;
       }
     }
     lo = keep_lo;
@@ -189,7 +193,7 @@ std::vector<Block> EvenBlocks(size_t count, int parts) {
 }
 
 void BuildRing(const Layout& L, uint8_t* buf, const std::vector<Block>& segments,
-               bool reduce_scatter, bool all_gather, Plan* plan) {
+               bool reduce_scatter, bool all_gather, Plan* plan, const uint8_t* input) {
   const int n = L.n;
   if (n == 1) return;
   const int p = L.pos();
@@ -209,10 +213,14 @@ void BuildRing(const Layout& L, uint8_t* buf, const std::vector<Block>& segments
         if (k < NumChunks(L, out.count)) {
           // Step s forwards what step s - 1 reduced (the same segment and chunk).
           const int dep = s > 0 && k < last_recv[s - 1].size() ? last_recv[s - 1][k] : -1;
-          rs_send[s][k] = AddSend(L, plan, buf, ChunkOf(L, out, k), next, Channel(L, k), dep);
+          // Step 0 sends this rank's own, unreduced segment.
+          const uint8_t* from = s == 0 && input != nullptr ? input : buf;
+          rs_send[s][k] = AddSend(L, plan, from, ChunkOf(L, out, k), next, Channel(L, k), dep);
         }
         if (k < NumChunks(L, in.count)) {
-          recvs[k] = AddRecv(L, plan, buf, ChunkOf(L, in, k), prev, Channel(L, k), true);
+          const Block c = ChunkOf(L, in, k);
+          recvs[k] = AddRecv(L, plan, buf, c, prev, Channel(L, k), true);
+          if (input != nullptr) plan->recvs.back().local = input + c.offset * L.esize;
         }
       }
       last_recv[s] = std::move(recvs);
@@ -272,13 +280,15 @@ void BuildRecursiveDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* p
   FoldOut(L, f, buf, count, plan);
 }
 
-void BuildHalvingDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* plan) {
+void BuildHalvingDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* plan,
+                          const uint8_t* input) {
   if (L.n == 1 || count == 0) return;
   const Fold f = MakeFold(L);
+  if (f.rem > 0) input = nullptr;  // callers pass input only for powers of two
   FoldIn(L, f, buf, count, plan);
   if (f.new_pos >= 0) {
     const std::vector<Block> blocks = EvenBlocks(count, f.p2);
-    HalvingCore(L, f, buf, blocks, plan);
+    HalvingCore(L, f, buf, blocks, plan, input);
     DoublingCore(L, f, buf, blocks, plan);
   }
   FoldOut(L, f, buf, count, plan);

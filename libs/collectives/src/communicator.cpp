@@ -1,5 +1,8 @@
 #include "plexus/collectives/communicator.hpp"
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -37,6 +40,8 @@ using transport::ConstBuffer;
 using transport::MutableBuffer;
 
 constexpr size_t kHeaderBytes = CallHeader::kEncodedSize;
+// How long a waiting call polls the transport (yielding the CPU between polls) before it sleeps.
+constexpr absl::Duration kYieldWindow = absl::Milliseconds(2);
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -49,6 +54,21 @@ bool IsReducing(CollectiveKind kind) {
 }
 
 bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+// CPUs this process may run on.
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? static_cast<int>(online) : 1;
+}
+
+std::string HostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Work
@@ -290,7 +310,10 @@ class CommunicatorImpl : public Communicator {
                            DataType dtype, ReduceOp op = ReduceOp::kSum, int root = 0) const;
   // The algorithm used, after falling back from ones the collective does not implement.
   Algorithm Resolve(CollectiveKind kind, size_t bytes, Algorithm forced) const;
-  Layout MakeLayout(DataType dtype) const;
+  // The layout for elements of `dtype` (valid until the next call; calls run one at a time).
+  const Layout& MakeLayout(DataType dtype);
+  // An empty plan reusing the previous call's storage (no allocations on the latency path).
+  Plan& NewPlan();
   CallHeader Header(CollectiveKind kind, DataType dtype, ReduceOp op, Algorithm algorithm, int root,
                     size_t count);
   uint8_t* Scratch(size_t bytes);
@@ -341,7 +364,18 @@ class CommunicatorImpl : public Communicator {
     uint8_t tx_header[kHeaderBytes];
   };
   std::vector<Link> links_;
+  Layout call_layout_;
+  Plan plan_;
+  // Execute's per-call state, kept to reuse its storage.
+  std::vector<size_t> max_recv_;
+  std::vector<int> reduce_order_;
+  std::vector<uint8_t> send_state_, recv_state_;
+  std::vector<uint8_t*> recv_landing_;
+  std::vector<int> slot_copies_;
   uint64_t epoch_ = 0;
+  // Oversubscribed host (or PLEXUS_COLL_YIELD=1): waiting ranks yield at once instead of
+  // spinning for options_.spin first.
+  bool yield_when_idle_ = false;
   bool ready_ = false;  // fully connected (Make succeeded)
 };
 
@@ -451,11 +485,22 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   const std::string shape =
       absl::StrCat(std::string(transport::BackendName(options.backend)), "/ch", options.channels,
                    "/chunk", options.chunk_bytes, "/order", absl::StrJoin(options.ring_order, ","));
-  auto shapes = rendezvous.AllGather(absl::StrCat("plexus/coll/create/", tag),
-                                     absl::StrCat(nonce, "|", shape), options.connect_timeout);
+  // The host name counts the ranks sharing this machine (see yield_when_idle_).
+  const std::string host = HostName();
+  auto shapes =
+      rendezvous.AllGather(absl::StrCat("plexus/coll/create/", tag),
+                           absl::StrCat(nonce, "|", host, "|", shape), options.connect_timeout);
   if (!shapes.ok()) return shapes.status();
+  int local_ranks = 0;
   for (int r = 0; r < n; ++r) {
-    const std::string& s = (*shapes)[r];
+    std::string s = (*shapes)[r];
+    if (const size_t first = s.find('|'); first != std::string::npos) {
+      const size_t second = s.find('|', first + 1);
+      if (second != std::string::npos) {
+        if (s.substr(first + 1, second - first - 1) == host) ++local_ranks;
+        s.erase(first + 1, second - first);
+      }
+    }
     const size_t bar = s.find('|');
     if (bar == std::string::npos || s.substr(bar + 1) != shape) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -495,16 +540,25 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
     }
   }
   comm->links_.resize(static_cast<size_t>(n) * options.channels);
+  comm->call_layout_ = comm->layout_;
+  // More ranks than CPUs on this host: a rank spinning for its peer takes the CPU the peer needs
+  // to answer, so waiting ranks yield instead (as Open MPI does when oversubscribed).
+  const std::string yield = Env("PLEXUS_COLL_YIELD");
+  comm->yield_when_idle_ =
+      yield.empty() ? local_ranks > UsableCpus() : (yield != "0" && yield != "false");
   comm->options_ = std::move(options);
   comm->ready_ = true;
   if (comm->debug_ && rank == 0) {
     std::fprintf(stderr,
                  "[plexus-coll] communicator %llx: %d ranks over %s, %d channel(s), chunk %zu B, "
-                 "ring order [%s]\n[plexus-coll] selector table:\n%s",
+                 "ring order [%s], %d rank(s) on %d CPU(s) here: %s\n[plexus-coll] selector "
+                 "table:\n%s",
                  static_cast<unsigned long long>(comm->uid_), n,
                  std::string(transport::BackendName(comm->options_.backend)).c_str(),
                  comm->options_.channels, comm->options_.chunk_bytes,
-                 absl::StrJoin(comm->layout_.order, ",").c_str(), comm->table_.ToString().c_str());
+                 absl::StrJoin(comm->layout_.order, ",").c_str(), local_ranks, UsableCpus(),
+                 comm->yield_when_idle_ ? "waiting ranks yield" : "waiting ranks spin first",
+                 comm->table_.ToString().c_str());
   }
   return std::unique_ptr<Communicator>(std::move(comm));
 }
@@ -604,10 +658,17 @@ Algorithm CommunicatorImpl::Resolve(CollectiveKind kind, size_t bytes, Algorithm
   return a;
 }
 
-Layout CommunicatorImpl::MakeLayout(DataType dtype) const {
-  Layout L = layout_;
-  L.esize = DataTypeSize(dtype);
-  return L;
+const Layout& CommunicatorImpl::MakeLayout(DataType dtype) {
+  call_layout_.esize = DataTypeSize(dtype);
+  return call_layout_;
+}
+
+Plan& CommunicatorImpl::NewPlan() {
+  plan_.sends.clear();
+  plan_.recvs.clear();
+  plan_.tx_extra.clear();
+  plan_.rx_extra.clear();
+  return plan_;
 }
 
 CallHeader CommunicatorImpl::Header(CollectiveKind kind, DataType dtype, ReduceOp op,
@@ -671,27 +732,39 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllReduceTask(const void* send, void*
     Staging staging;
     auto buf = staging.Output(recv, bytes, send == recv);
     if (!buf.ok()) return buf.status();
+    const Layout& L = MakeLayout(dtype);
+    // Below a block per rank (or when latency dominates) whole-vector doubling is cheaper.
+    const bool recursive_doubling = bytes <= 16384 || count < static_cast<size_t>(L.n);
+    const uint8_t* input = nullptr;  // out of place: where this rank's operand is
     if (send != recv) {
       auto in = staging.In(send, bytes, true);
       if (!in.ok()) return in.status();
-      std::memmove(*buf, *in, bytes);
+      input = *in;
+      // Ring and halving-doubling (power-of-two worlds) read their operand straight from the
+      // input: every block of the output is written by a reduction or a receive. The others
+      // start from a copy.
+      const bool overlap = input < *buf + bytes && *buf < input + bytes;
+      const bool direct = algo == Algorithm::kRing || (algo == Algorithm::kHalvingDoubling &&
+                                                       IsPowerOfTwo(L.n) && !recursive_doubling);
+      if (!direct || L.n == 1 || overlap) {
+        std::memmove(*buf, input, bytes);
+        input = nullptr;
+      }
     }
-    const Layout L = MakeLayout(dtype);
-    Plan plan;
+    Plan& plan = NewPlan();
     switch (algo) {
       case Algorithm::kHalvingDoubling:
-        // Below a block per rank (or when latency dominates) whole-vector doubling is cheaper.
-        if (bytes <= 16384 || count < static_cast<size_t>(L.n)) {
+        if (recursive_doubling) {
           internal::BuildRecursiveDoubling(L, *buf, count, &plan);
         } else {
-          internal::BuildHalvingDoubling(L, *buf, count, &plan);
+          internal::BuildHalvingDoubling(L, *buf, count, &plan, input);
         }
         break;
       case Algorithm::kTree:
         internal::BuildDoubleTreeAllReduce(L, *buf, count, &plan);
         break;
       default:
-        internal::BuildRing(L, *buf, internal::EvenBlocks(count, L.n), true, true, &plan);
+        internal::BuildRing(L, *buf, internal::EvenBlocks(count, L.n), true, true, &plan, input);
         break;
     }
     if (absl::Status s = Execute(plan, header, dtype, op); !s.ok()) return s;
@@ -730,9 +803,9 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* re
       buf = Scratch(bytes);
     }
     if (buf != *in) std::memmove(buf, *in, bytes);
-    const Layout L = MakeLayout(dtype);
+    const Layout& L = MakeLayout(dtype);
     const int root_pos = L.position[root];
-    Plan plan;
+    Plan& plan = NewPlan();
     if (algo == Algorithm::kRing) {
       internal::BuildChainReduce(L, buf, count, root_pos, &plan);
     } else {
@@ -768,8 +841,8 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
       if (!in.ok()) return in.status();
       std::memmove(*buf, *in, bytes);
     }
-    const Layout L = MakeLayout(dtype);
-    Plan plan;
+    const Layout& L = MakeLayout(dtype);
+    Plan& plan = NewPlan();
     if (algo == Algorithm::kRing) {
       internal::BuildChainBroadcast(L, *buf, count, L.position[root], &plan);
     } else {
@@ -801,10 +874,10 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
       if (!in.ok()) return in.status();
       std::memmove(*buf + mine, *in, count * esize);
     }
-    const Layout L = MakeLayout(dtype);
+    const Layout& L = MakeLayout(dtype);
     // Ring segment j / halving block b belongs to the rank that owns it at the end.
     std::vector<Block> blocks(n);
-    Plan plan;
+    Plan& plan = NewPlan();
     if (algo == Algorithm::kHalvingDoubling) {
       for (int b = 0; b < n; ++b) blocks[b] = Block{L.order[b] * count, count};
       internal::BuildDoubling(L, *buf, blocks, &plan);
@@ -836,9 +909,9 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, v
     // Work on a copy: the send buffer is the caller's and recv may lie inside it.
     uint8_t* work = Scratch(total);
     std::memcpy(work, *in, total);
-    const Layout L = MakeLayout(dtype);
+    const Layout& L = MakeLayout(dtype);
     std::vector<Block> blocks(n);
-    Plan plan;
+    Plan& plan = NewPlan();
     if (algo == Algorithm::kHalvingDoubling) {
       for (int b = 0; b < n; ++b) blocks[b] = Block{L.order[b] * count, count};
       internal::BuildHalving(L, work, blocks, &plan);
@@ -881,8 +954,8 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllTask(const void* send, void* 
     }
     const int me = layout_.rank;
     std::memmove(*out + me * block, src + me * block, block);
-    const Layout L = MakeLayout(dtype);
-    Plan plan;
+    const Layout& L = MakeLayout(dtype);
+    Plan& plan = NewPlan();
     for (int d = 1; d < n; ++d) {
       const int to = (me + d) % n;
       const int from = (me - d + n) % n;
@@ -946,8 +1019,8 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllVTask(
                                                      sc[me], " elements but expects ", rc[me]));
     }
     if (sc[me] > 0) std::memmove(*out + rd[me] * esize, *in + sd[me] * esize, sc[me] * esize);
-    const Layout L = MakeLayout(dtype);
-    Plan plan;
+    const Layout& L = MakeLayout(dtype);
+    Plan& plan = NewPlan();
     plan.tx_extra.assign(n, 0);
     plan.rx_extra.assign(n, 0);
     for (int d = 1; d < n; ++d) {
@@ -983,8 +1056,8 @@ CommunicatorImpl::TaskOr CommunicatorImpl::PointToPointTask(void* buf, size_t co
     // Each direction of each pair numbers its messages: that is what matches a Send to a Recv.
     header.sequence = is_send ? p2p_send_seq_[peer]++ : p2p_recv_seq_[peer]++;
     Staging staging;
-    const Layout L = MakeLayout(dtype);
-    Plan plan;
+    const Layout& L = MakeLayout(dtype);
+    Plan& plan = NewPlan();
     if (is_send) {
       auto in = staging.In(buf, bytes, true);
       if (!in.ok()) return in.status();
@@ -1004,8 +1077,8 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BarrierTask() {
     const CallHeader header = Header(CollectiveKind::kBarrier, DataType::kU8, ReduceOp::kMax,
                                      Algorithm::kHalvingDoubling, -1, 1);
     uint8_t token[8] = {};
-    Layout L = MakeLayout(DataType::kU8);
-    Plan plan;
+    const Layout& L = MakeLayout(DataType::kU8);
+    Plan& plan = NewPlan();
     internal::BuildRecursiveDoubling(L, token, 1, &plan);
     return Execute(plan, header, DataType::kU8, ReduceOp::kMax);
   };
@@ -1106,12 +1179,14 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     link.next_send = link.next_recv = link.low_recv = 0;
     link.sends_in_flight = 0;
   }
-  std::vector<size_t> max_recv(links_.size(), 0);
+  std::vector<size_t>& max_recv = max_recv_;
+  max_recv.assign(links_.size(), 0);
   for (size_t i = 0; i < num_sends; ++i) {
     const auto& op_ = plan.sends[i];
     links_[op_.peer * channels + op_.channel].sends.push_back(static_cast<int>(i));
   }
-  std::vector<int> reduce_order;
+  std::vector<int>& reduce_order = reduce_order_;
+  reduce_order.clear();
   for (size_t i = 0; i < num_recvs; ++i) {
     const auto& op_ = plan.recvs[i];
     const size_t l = op_.peer * channels + op_.channel;
@@ -1136,11 +1211,16 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
   }
 
   enum : uint8_t { kIdle = 0, kPosted = 1, kArrived = 2, kDone = 3 };
-  std::vector<uint8_t> send_state(num_sends, kIdle), recv_state(num_recvs, kIdle);
-  std::vector<uint8_t*> recv_landing(num_recvs, nullptr);  // where the payload arrived
+  std::vector<uint8_t>& send_state = send_state_;
+  std::vector<uint8_t>& recv_state = recv_state_;
+  send_state.assign(num_sends, kIdle);
+  recv_state.assign(num_recvs, kIdle);
+  std::vector<uint8_t*>& recv_landing = recv_landing_;  // where the payload arrived
+  recv_landing.assign(num_recvs, nullptr);
   size_t sends_done_prefix = 0, recvs_done_prefix = 0, sends_done = 0, recvs_done = 0;
   size_t reduce_cursor = 0;
-  std::vector<int> slot_copies;  // arrived into a slot, waiting to be copied out
+  std::vector<int>& slot_copies = slot_copies_;  // arrived into a slot, to be copied out
+  slot_copies.clear();
 
   auto describe = [&] { return header.Describe(); };
   auto advance_prefixes = [&] {
@@ -1185,8 +1265,16 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
         if (recv_state[i] != kArrived || sends_done_prefix < static_cast<size_t>(r.war_prefix)) {
           break;
         }
-        internal::ReduceInto(dtype, op, r.data, recv_landing[i], r.bytes / DataTypeSize(dtype),
-                             r.src_first);
+        const size_t elems = r.bytes / DataTypeSize(dtype);
+        if (r.local == nullptr) {
+          internal::ReduceInto(dtype, op, r.data, recv_landing[i], elems, r.src_first);
+        } else if (recv_landing[i] == r.data) {
+          // data holds the incoming operand: the same operation with the roles swapped.
+          internal::ReduceInto(dtype, op, r.data, r.local, elems, !r.src_first);
+        } else {
+          if (r.bytes > 0) std::memcpy(r.data, r.local, r.bytes);
+          internal::ReduceInto(dtype, op, r.data, recv_landing[i], elems, r.src_first);
+        }
         finish_recv(i);
         ++reduce_cursor;
         progress = true;
@@ -1213,9 +1301,9 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
         MutableBuffer target;
         if (link.next_recv == 0) {
           target = {slot, link.slot_stride};  // header + payload; room to see oversized ones
-        } else if (r.reduce) {
+        } else if (r.reduce && r.local == nullptr) {
           target = {slot, r.bytes};
-        } else {
+        } else {  // placed, or reduced out of place: straight into the destination
           if (sends_done_prefix < static_cast<size_t>(r.war_prefix)) break;
           target = {r.data, r.bytes};
         }
@@ -1339,39 +1427,59 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     return true;
   };
 
+  // The clock is read only when a poll finds nothing: last_progress is the first such moment
+  // after the latest completion.
   absl::Time last_progress = absl::Now();
+  bool progressed = false;
+  const absl::Duration pure_spin = yield_when_idle_ ? absl::ZeroDuration() : options_.spin;
   Completion batch[32];
   for (;;) {
     do_local();
     if (!post_all()) break;
     if (sends_done == num_sends && recvs_done == num_recvs) return absl::OkStatus();
-    const absl::Duration left = last_progress + options_.timeout - absl::Now();
-    if (left <= absl::ZeroDuration()) {
-      std::vector<int> waiting;
-      for (size_t l = 0; l < links_.size(); ++l) {
-        const Link& link = links_[l];
-        if (link.low_recv < link.recvs.size() || link.sends_in_flight > 0 ||
-            link.next_send < link.sends.size()) {
-          const int peer = static_cast<int>(l / channels);
-          if (std::find(waiting.begin(), waiting.end(), peer) == waiting.end()) {
-            waiting.push_back(peer);
+    size_t got = cq_->Poll(absl::MakeSpan(batch));  // moves bytes too, in caller mode
+    if (got == 0) {
+      const absl::Time now = absl::Now();
+      if (progressed) {
+        last_progress = now;
+        progressed = false;
+      }
+      const absl::Duration idle = now - last_progress;
+      const absl::Duration left = options_.timeout - idle;
+      if (left <= absl::ZeroDuration()) {
+        std::vector<int> waiting;
+        for (size_t l = 0; l < links_.size(); ++l) {
+          const Link& link = links_[l];
+          if (link.low_recv < link.recvs.size() || link.sends_in_flight > 0 ||
+              link.next_send < link.sends.size()) {
+            const int peer = static_cast<int>(l / channels);
+            if (std::find(waiting.begin(), waiting.end(), peer) == waiting.end()) {
+              waiting.push_back(peer);
+            }
           }
         }
+        failure = absl::DeadlineExceededError(
+            absl::StrCat(describe(), " on rank ", layout_.rank, ": no progress for ",
+                         absl::FormatDuration(options_.timeout), " waiting for rank(s) ",
+                         absl::StrJoin(waiting, ", "), " (hung, dead, or not in this call)"));
+        break;
       }
-      failure = absl::DeadlineExceededError(
-          absl::StrCat(describe(), " on rank ", layout_.rank, ": no progress for ",
-                       absl::FormatDuration(options_.timeout), " waiting for rank(s) ",
-                       absl::StrJoin(waiting, ", "), " (hung, dead, or not in this call)"));
-      break;
+      // Waiting: spin (lowest latency, unless the host is oversubscribed), then poll and yield
+      // the CPU to whoever needs it (a peer rank, or anything else this host runs), and only
+      // after kYieldWindow without progress sleep in the transport.
+      if (idle < pure_spin) continue;
+      if (idle < kYieldWindow) {
+        sched_yield();
+        continue;
+      }
+      absl::StatusOr<Completion> c = cq_->Wait(left, absl::ZeroDuration());
+      if (!c.ok()) continue;  // timed out: the check above reports it
+      batch[0] = *std::move(c);
+      got = 1;
     }
-    absl::StatusOr<Completion> c = cq_->Wait(left, options_.spin);
-    if (!c.ok()) continue;  // timed out: the check above reports it
-    last_progress = absl::Now();
-    if (!on_completion(*c)) break;
+    progressed = true;
     bool ok = true;
-    for (size_t got; ok && (got = cq_->Poll(absl::MakeSpan(batch))) > 0;) {
-      for (size_t k = 0; k < got && ok; ++k) ok = on_completion(batch[k]);
-    }
+    for (size_t k = 0; k < got && ok; ++k) ok = on_completion(batch[k]);
     if (!ok) break;
   }
   (void)n;

@@ -30,7 +30,10 @@ struct RecvOp {
   int channel = 0;
   bool reduce = false;     // data = data op incoming (else the bytes are placed at data)
   bool src_first = false;  // reduce as incoming op data
-  int war_prefix = 0;      // every send with a lower index must have completed before writing
+  // Reduce out of place: data = local op incoming (src_first: incoming op local), so that data
+  // need not hold this rank's operand beforehand. Null: the operand is at data.
+  const uint8_t* local = nullptr;
+  int war_prefix = 0;  // every send with a lower index must have completed before writing
 };
 
 // Reductions are applied in recv index order (never arrival order): that is what makes results
@@ -72,14 +75,18 @@ std::vector<Block> EvenBlocks(size_t count, int parts);
 // Every builder appends to `plan`; buffers are element arrays of layout.esize bytes.
 // Ring reduce-scatter and/or all-gather. segments[j] is the block ring segment j covers; after
 // the reduce-scatter, position p holds the fully reduced segment (p + 1) mod n; the all-gather
-// starts from there.
+// starts from there. With `input` (reduce-scatter only), this rank's contribution is read from
+// input (same offsets) rather than buf, whose reduce-scatter segments need no initial contents:
+// an out-of-place allreduce then skips copying its input.
 void BuildRing(const Layout& L, uint8_t* buf, const std::vector<Block>& segments,
-               bool reduce_scatter, bool all_gather, Plan* plan);
+               bool reduce_scatter, bool all_gather, Plan* plan, const uint8_t* input = nullptr);
 // Recursive doubling of the whole vector (small messages); any world size (extra ranks fold in).
 void BuildRecursiveDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* plan);
 // Recursive halving reduce-scatter + recursive doubling all-gather (Rabenseifner); any world
-// size (the first 2 * (n - 2^k) positions pair up first).
-void BuildHalvingDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* plan);
+// size (the first 2 * (n - 2^k) positions pair up first). `input` as for BuildRing, but only for
+// powers of two: otherwise it is ignored and buf must hold the operand.
+void BuildHalvingDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* plan,
+                          const uint8_t* input = nullptr);
 // The two halves of power-of-two world sizes: blocks[b] is the block that position b owns after
 // the halving. Used for ReduceScatter (halving only) and AllGather (doubling only).
 void BuildHalving(const Layout& L, uint8_t* buf, const std::vector<Block>& blocks, Plan* plan);

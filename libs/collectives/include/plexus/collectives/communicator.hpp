@@ -73,8 +73,10 @@ struct CommunicatorOptions {
   // A call that makes no progress for this long fails with DeadlineExceeded naming the ranks it
   // was waiting for; also the transport's per-operation timeout.
   absl::Duration timeout = absl::Seconds(60);
-  // How long a waiting call spins on the completion queue before it sleeps in the transport
-  // (longer: lower latency, more CPU burnt while peers are slow).
+  // How long a waiting call spins on the completion queue before it starts yielding the CPU
+  // between polls (it sleeps in the transport after 2 ms without progress). Not used when this
+  // host runs more ranks than the process may use CPUs: waiting ranks yield at once there
+  // (PLEXUS_COLL_YIELD=1 or 0 forces either behaviour).
   absl::Duration spin = absl::Microseconds(50);
   // Per-communicator algorithm choices (kAuto entries leave the choice to the table).
   AlgorithmOverrides algorithms;
