@@ -531,55 +531,42 @@ TEST_CASE("tcp: malformed and truncated frames close the connection with an erro
     return fd;
   };
 
-  SECTION("garbage header") {
-    int fd = raw_connect();
-    auto conn = (*listener)->Accept(cq.get(), absl::Seconds(5));
-    REQUIRE(conn.ok());
-    std::vector<uint8_t> buf(100);
-    REQUIRE((*conn)->PostRecv({buf.data(), buf.size()}, 1).ok());
-    uint8_t garbage[32];
-    std::memset(garbage, 0x5a, sizeof garbage);
-    REQUIRE(write(fd, garbage, sizeof garbage) == sizeof garbage);
-    auto c = Next(*cq, absl::Seconds(5));
-    CHECK(absl::IsDataLoss(c.status));
-    close(fd);
-  }
-  SECTION("truncated payload then the peer goes away") {
-    int fd = raw_connect();
-    auto conn = (*listener)->Accept(cq.get(), absl::Seconds(5));
-    REQUIRE(conn.ok());
-    std::vector<uint8_t> buf(100);
-    REQUIRE((*conn)->PostRecv({buf.data(), buf.size()}, 1).ok());
-    // kMessage header announcing 100 bytes, then only 10.
-    uint8_t frame[42] = {1, 0, 0x50, 0x58, 0, 0, 0, 0, 100};
-    REQUIRE(write(fd, frame, sizeof frame) == sizeof frame);
-    close(fd);
-    auto c = Next(*cq, absl::Seconds(5));
-    CHECK(absl::IsUnavailable(c.status));
-  }
-  SECTION("truncated payload from a stalled peer times out") {
-    int fd = raw_connect();
-    auto conn = (*listener)->Accept(cq.get(), absl::Seconds(5));
-    REQUIRE(conn.ok());
-    std::vector<uint8_t> buf(100);
-    REQUIRE((*conn)->PostRecv({buf.data(), buf.size()}, 1).ok());
-    uint8_t frame[42] = {1, 0, 0x50, 0x58, 0, 0, 0, 0, 100};
-    REQUIRE(write(fd, frame, sizeof frame) == sizeof frame);
-    auto c = Next(*cq, absl::Seconds(10));
-    CHECK(absl::IsDeadlineExceeded(c.status));
-    close(fd);
-  }
-  SECTION("write to an unknown region") {
-    int fd = raw_connect();
-    auto conn = (*listener)->Accept(cq.get(), absl::Seconds(5));
-    REQUIRE(conn.ok());
-    std::vector<uint8_t> buf(100);
-    REQUIRE((*conn)->PostRecv({buf.data(), buf.size()}, 1).ok());
-    uint8_t frame[32] = {2, 0, 0x50, 0x58, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 42};
-    REQUIRE(write(fd, frame, sizeof frame) == sizeof frame);
-    auto c = Next(*cq, absl::Seconds(5));
-    CHECK(absl::IsDataLoss(c.status));
-    close(fd);
+  // Each case: bytes a hostile or broken peer sends after a valid hello, whether it then hangs
+  // up, and the error the posted receive must complete with.
+  struct BadPeer {
+    const char* name;
+    std::vector<uint8_t> bytes;
+    bool hang_up;
+    absl::StatusCode want;
+  };
+  const std::vector<uint8_t> header_of_100 = {1, 0, 0x50, 0x58, 0, 0, 0, 0, 100};  // kMessage
+  std::vector<uint8_t> truncated = header_of_100;
+  truncated.resize(42);  // the 32-byte header announces 100 bytes, 10 follow
+  std::vector<uint8_t> unknown_region = {2, 0, 0x50, 0x58, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 42};
+  unknown_region.resize(32);  // kWrite of 4 bytes to region 42
+  const std::vector<BadPeer> cases = {
+      {"garbage header", std::vector<uint8_t>(32, 0x5a), false, absl::StatusCode::kDataLoss},
+      {"truncated payload, then the peer goes away", truncated, true,
+       absl::StatusCode::kUnavailable},
+      {"truncated payload from a stalled peer", truncated, false,
+       absl::StatusCode::kDeadlineExceeded},
+      {"write to an unknown region", unknown_region, false, absl::StatusCode::kDataLoss},
+  };
+  for (const BadPeer& bad : cases) {
+    SECTION(bad.name) {
+      int fd = raw_connect();
+      auto conn = (*listener)->Accept(cq.get(), absl::Seconds(5));
+      REQUIRE(conn.ok());
+      std::vector<uint8_t> buf(100);
+      REQUIRE((*conn)->PostRecv({buf.data(), buf.size()}, 1).ok());
+      REQUIRE(write(fd, bad.bytes.data(), bad.bytes.size()) ==
+              static_cast<ssize_t>(bad.bytes.size()));
+      if (bad.hang_up) close(fd);
+      auto c = Next(*cq, absl::Seconds(10));
+      INFO(c.status.ToString());
+      CHECK(c.status.code() == bad.want);
+      if (!bad.hang_up) close(fd);
+    }
   }
   SECTION("a client that is not Plexus is dropped, the listener keeps serving") {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
