@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends.hpp"
 #include "cuda_copy.hpp"
+#include "make_completion.hpp"
 #include "region_registry.hpp"
 
 namespace plexus::transport::internal {
@@ -49,14 +50,7 @@ struct Side {
 
   void Complete(Opcode op, uint64_t wr_id, absl::Status status, size_t bytes,
                 std::optional<uint32_t> immediate = std::nullopt) {
-    Completion c;
-    c.opcode = op;
-    c.wr_id = wr_id;
-    c.status = std::move(status);
-    c.bytes = bytes;
-    c.has_immediate = immediate.has_value();
-    c.immediate = immediate.value_or(0);
-    c.connection_id = connection_id;
+    Completion c = MakeCompletion(connection_id, op, wr_id, std::move(status), bytes, immediate);
     if (cq != nullptr) {
       cq->Push(std::move(c));
     } else {

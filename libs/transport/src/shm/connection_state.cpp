@@ -1,4 +1,5 @@
 #include "shm/connection_state.hpp"
+#include "make_completion.hpp"
 
 #include <sys/socket.h>
 
@@ -67,15 +68,7 @@ ConnectionStats ConnectionState::stats() const {
 
 void ConnectionState::PushLocked(uint64_t wr_id, Opcode opcode, absl::Status status, size_t bytes,
                                  std::optional<uint32_t> immediate) {
-  Completion c;
-  c.wr_id = wr_id;
-  c.opcode = opcode;
-  c.status = std::move(status);
-  c.bytes = bytes;
-  c.has_immediate = immediate.has_value();
-  c.immediate = immediate.value_or(0);
-  c.connection_id = id_;
-  cq_->Push(std::move(c));
+  cq_->Push(MakeCompletion(id_, opcode, wr_id, std::move(status), bytes, immediate));
 }
 
 absl::Status ConnectionState::PostSend(absl::Span<const ConstBuffer> buffers, uint64_t wr_id) {
@@ -522,11 +515,8 @@ bool ConnectionState::WriteFramesLocked() {
     any = true;
     SendOp& op = send_queue_.front();
     if (op.framed < op.total) continue;
-    Completion c;
-    c.wr_id = op.wr_id;
-    c.opcode = op.is_write ? Opcode::kWrite : Opcode::kSend;
-    c.bytes = op.total;
-    c.connection_id = id_;
+    Completion c = MakeCompletion(id_, op.is_write ? Opcode::kWrite : Opcode::kSend, op.wr_id,
+                                  absl::OkStatus(), op.total);
     if (op.is_write || op.use_cma) {
       // Done only once the peer consumed the frame: it placed (or pulled) the bytes.
       awaiting_.push_back(AwaitingAck{tx_head_, std::move(c)});

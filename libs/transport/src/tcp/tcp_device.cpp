@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends.hpp"
 #include "cuda_copy.hpp"
+#include "make_completion.hpp"
 #include "region_registry.hpp"
 #include "tcp/frame.hpp"
 #include "tcp/socket_util.hpp"
@@ -454,16 +455,8 @@ class TcpCore {
   }
 
   void Complete(TcpConn& conn, Opcode op, uint64_t wr_id, absl::Status status, size_t bytes,
-                bool has_immediate = false, uint32_t immediate = 0) {
-    Completion c;
-    c.opcode = op;
-    c.wr_id = wr_id;
-    c.status = std::move(status);
-    c.bytes = bytes;
-    c.has_immediate = has_immediate;
-    c.immediate = immediate;
-    c.connection_id = conn.id;
-    conn.cq->Push(std::move(c));
+                std::optional<uint32_t> immediate = std::nullopt) {
+    conn.cq->Push(MakeCompletion(conn.id, op, wr_id, std::move(status), bytes, immediate));
   }
 
   // Queues `op` (header + payload) on the sockets, striping large payloads, and writes what the
@@ -916,7 +909,7 @@ class TcpCore {
         }
         ++conn.acks_owed;
         if (op.has_immediate) {
-          Complete(conn, Opcode::kRemoteWrite, 0, absl::OkStatus(), op.length, true, op.immediate);
+          Complete(conn, Opcode::kRemoteWrite, 0, absl::OkStatus(), op.length, op.immediate);
         }
       }
       conn.in_ops.pop_front();

@@ -1,4 +1,5 @@
 #include "verbs/protocol.hpp"
+#include "make_completion.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -556,15 +557,8 @@ absl::Status Protocol::DeliverHeld() {
 
 void Protocol::Push(Opcode opcode, uint64_t wr_id, absl::Status status, size_t bytes,
                     std::optional<uint32_t> immediate) {
-  Completion c;
-  c.wr_id = wr_id;
-  c.opcode = opcode;
-  c.status = std::move(status);
-  c.bytes = bytes;
-  c.has_immediate = immediate.has_value();
-  c.immediate = immediate.value_or(0);
-  c.connection_id = connection_id_;
-  cq_->Push(std::move(c));
+  cq_->Push(
+      internal::MakeCompletion(connection_id_, opcode, wr_id, std::move(status), bytes, immediate));
 }
 
 void Protocol::Fail(const absl::Status& reason) {
