@@ -11,6 +11,7 @@
 #include <cstring>
 #include <future>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -396,6 +397,135 @@ TEST_CASE("messages sent before the peer closed are still delivered", "[conforma
     }
     CHECK(delivered == 3);
     CHECK_FALSE(last.ok());  // and then the connection reports the close
+  }
+}
+
+TEST_CASE("mailbox: small messages arrive whole, once and in order", "[conformance][mailbox]") {
+  const Config config = GENERATE(from_range(Configs()));
+  SECTION(config.name) {
+    Pair p = MakePair(config);
+    const bool offered =
+        config.backend == pt::Backend::kShm || config.backend == pt::Backend::kInproc;
+    REQUIRE((p.a->mailbox() != nullptr) == offered);
+    if (!offered) return;
+    pt::Mailbox& tx = *p.a->mailbox();
+    pt::Mailbox& rx = *p.b->mailbox();
+    std::vector<uint8_t> in(pt::Mailbox::kMaxMessageBytes);
+
+    auto none = rx.TryReceive(absl::MakeSpan(in));
+    REQUIRE(none.ok());
+    CHECK_FALSE(none->has_value());
+    // Oversized messages are refused; the inbox holds kSlots messages, then says "full".
+    std::vector<uint8_t> big(pt::Mailbox::kMaxMessageBytes + 1);
+    CHECK(absl::IsInvalidArgument(tx.TrySend(big).status()));
+    for (int i = 0; i < pt::Mailbox::kSlots; ++i) {
+      const std::vector<uint8_t> msg = Pattern(i % 3 == 0 ? 0 : 1 + i * 15, i);
+      auto sent = tx.TrySend(msg);
+      REQUIRE(sent.ok());
+      REQUIRE(*sent);
+    }
+    auto full = tx.TrySend(Pattern(8, 99));
+    REQUIRE(full.ok());
+    CHECK_FALSE(*full);
+    for (int i = 0; i < pt::Mailbox::kSlots; ++i) {
+      const std::vector<uint8_t> want = Pattern(i % 3 == 0 ? 0 : 1 + i * 15, i);
+      auto peeked = rx.TryReceive(absl::MakeSpan(in), /*keep=*/true);
+      REQUIRE(peeked.ok());
+      REQUIRE(peeked->has_value());
+      auto got = rx.TryReceive(absl::MakeSpan(in));
+      REQUIRE(got.ok());
+      REQUIRE(got->has_value());
+      REQUIRE(**got == want.size());
+      REQUIRE(**peeked == want.size());
+      REQUIRE(std::memcmp(in.data(), want.data(), want.size()) == 0);
+    }
+
+    // A stream between two threads, the receiver sleeping in Wait when the sender pauses.
+    constexpr uint32_t kMessages = 100000;
+    std::thread sender([&] {
+      for (uint32_t i = 0; i < kMessages; ++i) {
+        if (i % 20000 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        const uint32_t words[2] = {i, ~i};
+        const auto bytes = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(words),
+                                               (i % 2 + 1) * sizeof(uint32_t));
+        for (;;) {
+          auto ok = tx.TrySend(bytes);
+          if (!ok.ok() || *ok) break;
+          std::this_thread::yield();
+        }
+      }
+    });
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    uint32_t next = 0;
+    bool in_order = true;
+    while (next < kMessages && absl::Now() < deadline) {
+      auto got = rx.TryReceive(absl::MakeSpan(in));
+      REQUIRE(got.ok());
+      if (!got->has_value()) {
+        rx.Wait(absl::Milliseconds(100));
+        continue;
+      }
+      uint32_t words[2] = {};
+      std::memcpy(words, in.data(), **got);
+      in_order = in_order && **got == (next % 2 + 1) * sizeof(uint32_t) && words[0] == next &&
+                 (next % 2 == 0 || words[1] == ~next);
+      ++next;
+    }
+    sender.join();
+    CHECK(in_order);
+    CHECK(next == kMessages);
+    auto extra = rx.TryReceive(absl::MakeSpan(in));
+    REQUIRE(extra.ok());
+    CHECK_FALSE(extra->has_value());  // nothing duplicated
+
+    // Wait returns when a message arrives, well before its limit.
+    std::thread late([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      const uint8_t one = 1;
+      REQUIRE(tx.TrySend(absl::MakeConstSpan(&one, 1)).ok());
+    });
+    const absl::Time start = absl::Now();
+    std::optional<size_t> woke;
+    while (!woke.has_value() && absl::Now() - start < absl::Seconds(5)) {
+      rx.Wait(absl::Seconds(5));
+      auto got = rx.TryReceive(absl::MakeSpan(in));
+      REQUIRE(got.ok());
+      woke = *got;
+    }
+    late.join();
+    CHECK(woke.has_value());
+    CHECK(absl::Now() - start < absl::Seconds(2));
+  }
+}
+
+TEST_CASE("mailbox: messages sent before a close are delivered, then the close is reported",
+          "[conformance][mailbox]") {
+  const Config config = GENERATE(from_range(Configs()));
+  if (config.backend != pt::Backend::kShm && config.backend != pt::Backend::kInproc) return;
+  SECTION(config.name) {
+    Pair p = MakePair(config);
+    const uint8_t msg[3] = {7, 8, 9};
+    for (int i = 0; i < 2; ++i) REQUIRE(*p.a->mailbox()->TrySend(msg));
+    p.a->Close();
+    CHECK_FALSE(p.a->mailbox()->TrySend(msg).ok());
+    std::vector<uint8_t> in(pt::Mailbox::kMaxMessageBytes);
+    int delivered = 0;
+    absl::Status end;
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    pt::Completion sink[4];
+    while (end.ok() && absl::Now() < deadline) {
+      p.cq_b->Poll(absl::MakeSpan(sink));  // caller-mode progress notices the close
+      auto got = p.b->mailbox()->TryReceive(absl::MakeSpan(in));
+      if (!got.ok()) {
+        end = got.status();
+      } else if (got->has_value()) {
+        CHECK(**got == 3);
+        ++delivered;
+      }
+    }
+    CHECK(delivered == 2);
+    INFO(end.ToString());
+    CHECK(absl::IsAborted(end));
   }
 }
 

@@ -1,6 +1,7 @@
 // inproc: connections between threads of one process. Operations complete synchronously inside
 // the Post call (the bytes are copied under the link's lock), so ordering is the posting order and
 // no progress engine is needed.
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends.hpp"
 #include "cuda_copy.hpp"
+#include "mailbox.hpp"
 #include "make_completion.hpp"
 #include "region_registry.hpp"
 
@@ -63,13 +65,22 @@ struct Side {
 struct Link {
   std::mutex mu;
   Side sides[2];
-  absl::Status closed;  // non-OK once either side closed or failed
+  absl::Status closed;            // non-OK once either side closed or failed
+  int closed_by = -1;             // the side whose Close or failure set `closed`
+  std::atomic<bool> down{false};  // closed.ok() is false; read without the lock
+  MailboxInbox inboxes[2];        // inboxes[side] is what `side` receives
 };
 
 class InprocConnection final : public Connection {
  public:
   InprocConnection(std::shared_ptr<Link> link, int side, std::string peer)
-      : link_(std::move(link)), side_(side), peer_(std::move(peer)) {}
+      : link_(std::move(link)),
+        side_(side),
+        peer_(std::move(peer)),
+        mailbox_(&link_->inboxes[1 - side], &link_->inboxes[side], &link_->down, [this] {
+          std::lock_guard<std::mutex> lock(link_->mu);
+          return link_->closed_by == side_ ? link_->closed : PeerView(link_->closed);
+        }) {}
   ~InprocConnection() override { Close(); }
 
   Side& self() { return link_->sides[side_]; }
@@ -165,11 +176,20 @@ class InprocConnection final : public Connection {
     return link_->closed;
   }
   std::string peer_address() const override { return peer_; }
+  Mailbox* mailbox() override { return &mailbox_; }
 
  private:
   static absl::Status TooLong(size_t message, size_t buffer) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "message of ", message, " bytes exceeds the posted receive of ", buffer, " bytes"));
+  }
+
+  // How the other side sees `why`, an end of the connection caused here.
+  static absl::Status PeerView(const absl::Status& why) {
+    if (why.ok()) return why;
+    return absl::Status(
+        absl::IsCancelled(why) ? absl::StatusCode::kAborted : absl::StatusCode::kUnavailable,
+        absl::StrCat("peer closed the connection: ", std::string(why.message())));
   }
 
   static void Gather(absl::Span<const ConstBuffer> buffers, uint8_t* out) {
@@ -181,16 +201,15 @@ class InprocConnection final : public Connection {
 
   // Fails every outstanding receive on both ends; the peer learns why.
   void CloseLocked(const absl::Status& why) {
-    if (link_->closed.ok()) link_->closed = why;
+    if (link_->closed.ok()) {
+      link_->closed = why;
+      link_->closed_by = side_;
+    }
+    link_->down.store(true, std::memory_order_release);
     for (int i = 0; i < 2; ++i) {
       Side& end = link_->sides[i];
       if (!end.open) continue;
-      const absl::Status err =
-          i == side_ ? why
-                     : absl::Status(absl::IsCancelled(why) ? absl::StatusCode::kAborted
-                                                           : absl::StatusCode::kUnavailable,
-                                    absl::StrCat("peer closed the connection: ",
-                                                 std::string(why.message())));
+      const absl::Status err = i == side_ ? why : PeerView(why);
       for (const PostedRecv& r : end.recvs) end.Complete(Opcode::kRecv, r.wr_id, err, 0);
       end.recvs.clear();
       if (i == side_) end.held.clear();  // the peer may still receive what was sent to it
@@ -200,6 +219,7 @@ class InprocConnection final : public Connection {
   std::shared_ptr<Link> link_;
   const int side_;
   std::string peer_;
+  MailboxEndpoint mailbox_;
 };
 
 struct Directory {

@@ -42,7 +42,8 @@ ConnectionState::ConnectionState(Session session, CompletionQueue* cq,
       config_(config),
       limits_{static_cast<size_t>(session_.rx.capacity() - 64), config.max_message_bytes},
       chunk_bytes_(ChunkBytes(session_.tx.capacity())),
-      last_progress_(absl::Now()) {
+      last_progress_(absl::Now()),
+      mailbox_(session_.mail_tx, session_.mail_rx, &done_, [this] { return status(); }) {
   // A freshly created ring starts at zero; an acceptor may see a peer that already wrote.
   tx_head_ = session_.tx.LoadHead();
   tx_tail_seen_ = tx_head_;

@@ -14,6 +14,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "mailbox.hpp"
 #include "plexus/transport/completion.hpp"
 #include "plexus/transport/connection.hpp"
 #include "region_registry.hpp"
@@ -59,6 +60,7 @@ class ConnectionState {
   void CheckTimeout(absl::Time now);
   // Whether the connection is finished (failed or closed) and needs no more progress.
   bool done() const { return done_.load(std::memory_order_acquire); }
+  Mailbox* mailbox() { return &mailbox_; }
 
  private:
   struct SendOp {
@@ -135,6 +137,7 @@ class ConnectionState {
   absl::Time last_progress_;
   std::vector<uint8_t> scratch_;
 
+  MailboxEndpoint mailbox_;
   std::atomic<uint64_t> cma_sent_{0}, cma_received_{0}, ring_sent_{0}, ring_received_{0};
 };
 

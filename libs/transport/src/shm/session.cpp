@@ -72,6 +72,9 @@ struct RingControl {
 static_assert(sizeof(RingControl) == 128);
 constexpr size_t kControlOffset = 4096;
 
+static_assert(kMailboxAreaOffset % alignof(MailboxInbox) == 0);
+static_assert(kMailboxAreaOffset + 2 * sizeof(MailboxInbox) <= kRingAreaOffset);
+
 size_t FileBytes(size_t ring_bytes) { return kRingAreaOffset + 2 * ring_bytes; }
 
 bool ValidRingBytes(uint64_t r) {
@@ -225,6 +228,9 @@ void WireRings(Session* s, bool connector, size_t ring_bytes) {
   Ring ring1(base + kRingAreaOffset + ring_bytes, ring_bytes, &control[1].head, &control[1].tail);
   s->tx = connector ? ring0 : ring1;
   s->rx = connector ? ring1 : ring0;
+  auto* inboxes = reinterpret_cast<MailboxInbox*>(base + kMailboxAreaOffset);
+  s->mail_tx = connector ? &inboxes[0] : &inboxes[1];
+  s->mail_rx = connector ? &inboxes[1] : &inboxes[0];
 }
 
 absl::StatusOr<Mapping> MapPeerDoorbell(int fd) {

@@ -5,7 +5,9 @@
 //   [0, 4096)                    FileHeader (magic, version, ring size)
 //   [4096, 4096 + 128)           RingControl of ring 0 (connector -> acceptor)
 //   [4096 + 128, 4096 + 256)     RingControl of ring 1 (acceptor -> connector)
-//   [8192, 8192 + R)             bytes of ring 0;   [8192 + R, 8192 + 2R) bytes of ring 1
+//   [8192, 8192 + 4160)          MailboxInbox of the acceptor (the connector sends into it)
+//   [12352, 12352 + 4160)        MailboxInbox of the connector
+//   [20480, 20480 + R)           bytes of ring 0;   [20480 + R, 20480 + 2R) bytes of ring 1
 // Each device also owns a one-page doorbell memfd that it hands to every peer: a peer that
 // produced or consumed ring bytes bumps the futex word there, and wakes the device's progress
 // loop (FUTEX_WAKE, shared) only when that loop announced that it sleeps.
@@ -22,13 +24,15 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "mailbox.hpp"
 #include "shm/frame.hpp"
 
 namespace plexus::transport::internal::shm {
 
 inline constexpr uint32_t kFileMagic = 0x53584c50;  // "PLXS"
-inline constexpr uint32_t kProtocolVersion = 1;
-inline constexpr size_t kRingAreaOffset = 8192;
+inline constexpr uint32_t kProtocolVersion = 2;
+inline constexpr size_t kMailboxAreaOffset = 8192;
+inline constexpr size_t kRingAreaOffset = 20480;
 inline constexpr size_t kMinRingBytes = size_t{64} << 10;
 inline constexpr size_t kMaxRingBytes = size_t{1} << 30;
 
@@ -167,8 +171,10 @@ struct Session {
   Mapping file;
   Mapping peer_doorbell_page;
   Doorbell peer_doorbell;
-  Ring tx;  // what this side writes
-  Ring rx;  // what this side reads
+  Ring tx;                          // what this side writes
+  Ring rx;                          // what this side reads
+  MailboxInbox* mail_tx = nullptr;  // the peer's inbox, in the connection file
+  MailboxInbox* mail_rx = nullptr;  // this side's inbox
   pid_t peer_pid = 0;
   bool peer_can_pull = false;  // the peer reads this side's memory with process_vm_readv
   std::string peer_address;

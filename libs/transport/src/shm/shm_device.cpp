@@ -65,6 +65,7 @@ class ShmConnection final : public Connection {
   absl::Status status() const override { return state_->status(); }
   std::string peer_address() const override { return state_->peer_address(); }
   ConnectionStats stats() const { return state_->stats(); }
+  Mailbox* mailbox() override { return state_->mailbox(); }
 
  private:
   std::shared_ptr<ShmDevice> device_;

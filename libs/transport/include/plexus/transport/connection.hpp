@@ -7,11 +7,40 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "plexus/transport/memory.hpp"
 #include "plexus/transport/types.hpp"
 
 namespace plexus::transport {
+
+// A low-latency side channel for small messages, offered by backends whose peer memory is
+// directly reachable (shm, inproc). The sender copies the message into a slot of the peer's
+// inbox and the receiver polls that slot in place: no completion queue, no progress engine, no
+// system call unless the receiver sleeps. It is independent of the connection's message stream
+// (no ordering between the two) and is used by at most one sending and one receiving thread at
+// a time. Messages are delivered whole, once, in TrySend order; those that arrived before the
+// connection went down are still delivered.
+class Mailbox {
+ public:
+  static constexpr size_t kMaxMessageBytes = 248;
+  static constexpr int kSlots = 16;  // messages that may wait in an inbox
+
+  virtual ~Mailbox() = default;
+  // Copies `message` (at most kMaxMessageBytes) into the peer's inbox: true; false when all its
+  // slots still hold messages the peer has not taken (try again). An error once the connection
+  // is down.
+  virtual absl::StatusOr<bool> TrySend(absl::Span<const uint8_t> message) = 0;
+  // Copies the oldest waiting message into `out` (room for kMaxMessageBytes is always enough)
+  // and returns its size; with `keep` it stays the oldest. nullopt when none waits; an error when
+  // none waits and the connection is down, or when the peer wrote a malformed slot.
+  virtual absl::StatusOr<std::optional<size_t>> TryReceive(absl::Span<uint8_t> out,
+                                                           bool keep = false) = 0;
+  // Sleeps until a message may have arrived or `max` passed (a futex on the slot: wake-ups can
+  // be spurious, and a peer that died does not wake it: bound `max`).
+  virtual void Wait(absl::Duration max) = 0;
+};
 
 // The contract every backend honours (tested by tests/transport/conformance_test.cpp):
 //  - Two-sided messages are delivered whole, once, in PostSend order, into receives matched in
@@ -54,6 +83,8 @@ class Connection {
   // OK while usable; otherwise the error that ended the connection.
   virtual absl::Status status() const = 0;
   virtual std::string peer_address() const = 0;
+  // The connection's mailbox, owned by it; null when the backend has none (tcp, verbs).
+  virtual Mailbox* mailbox() { return nullptr; }
   // Process-unique id, reported in every Completion of this connection.
   uint64_t id() const { return id_; }
 

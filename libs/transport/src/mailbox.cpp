@@ -1,0 +1,106 @@
+#include "mailbox.hpp"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace plexus::transport::internal {
+namespace {
+
+constexpr uint32_t kSleeperBit = 0x80000000u;
+constexpr uint32_t kSequenceMask = 0x7FFFFFFFu;
+
+uint32_t SequenceOf(uint64_t message_number) {
+  return static_cast<uint32_t>(message_number) & kSequenceMask;
+}
+
+std::atomic_ref<uint32_t> State(MailboxSlot& slot) { return std::atomic_ref<uint32_t>(slot.state); }
+
+}  // namespace
+
+absl::Status MailboxEndpoint::DownStatus() const {
+  absl::Status why = why_();
+  if (why.ok()) why = absl::UnavailableError("connection is down");
+  return why;
+}
+
+absl::StatusOr<bool> MailboxEndpoint::TrySend(absl::Span<const uint8_t> message) {
+  if (message.size() > kMaxMessageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("Mailbox::TrySend: message of ", message.size(),
+                                                   " bytes exceeds the limit of ",
+                                                   kMaxMessageBytes));
+  }
+  if (down_->load(std::memory_order_acquire)) return DownStatus();
+  if (sent_ - taken_seen_ >= static_cast<uint64_t>(kSlots)) {
+    taken_seen_ = std::atomic_ref<uint64_t>(tx_->taken).load(std::memory_order_acquire);
+    if (taken_seen_ > sent_) {
+      return absl::DataLossError("Mailbox: the peer claims to have taken messages never sent");
+    }
+    if (sent_ - taken_seen_ >= static_cast<uint64_t>(kSlots)) return false;
+  }
+  MailboxSlot& slot = tx_->slots[sent_ % kSlots];
+  slot.length = static_cast<uint32_t>(message.size());
+  if (!message.empty()) std::memcpy(slot.data, message.data(), message.size());
+  ++sent_;
+  const uint32_t old = State(slot).exchange(SequenceOf(sent_), std::memory_order_release);
+  if ((old & kSleeperBit) != 0) {
+    ::syscall(SYS_futex, &slot.state, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  }
+  return true;
+}
+
+absl::StatusOr<std::optional<size_t>> MailboxEndpoint::TryReceive(absl::Span<uint8_t> out,
+                                                                  bool keep) {
+  MailboxSlot& slot = rx_->slots[received_ % kSlots];
+  const uint32_t state = State(slot).load(std::memory_order_acquire);
+  if ((state & kSequenceMask) != SequenceOf(received_ + 1)) {
+    // Read `down` after the slot: a message published before the connection went down is seen.
+    if (down_->load(std::memory_order_acquire) && (State(slot).load(std::memory_order_acquire) &
+                                                   kSequenceMask) != SequenceOf(received_ + 1)) {
+      return DownStatus();
+    }
+    return std::nullopt;
+  }
+  const uint32_t length = std::atomic_ref<uint32_t>(slot.length).load(std::memory_order_relaxed);
+  if (length > kMaxMessageBytes) {
+    return absl::DataLossError(absl::StrCat("Mailbox: the peer wrote a malformed slot (length ",
+                                            length, " > ", kMaxMessageBytes, ")"));
+  }
+  if (length > out.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("Mailbox::TryReceive: message of ", length,
+                                                   " bytes does not fit the ", out.size(),
+                                                   "-byte buffer"));
+  }
+  if (length > 0) std::memcpy(out.data(), slot.data, length);
+  if (!keep) {
+    ++received_;
+    std::atomic_ref<uint64_t>(rx_->taken).store(received_, std::memory_order_release);
+  }
+  return static_cast<size_t>(length);
+}
+
+void MailboxEndpoint::Wait(absl::Duration max) {
+  if (max <= absl::ZeroDuration()) return;
+  MailboxSlot& slot = rx_->slots[received_ % kSlots];
+  uint32_t state = State(slot).load(std::memory_order_acquire);
+  if ((state & kSequenceMask) == SequenceOf(received_ + 1)) return;
+  if (down_->load(std::memory_order_acquire)) return;
+  if ((state & kSleeperBit) == 0) {
+    // Announce the sleeper; a sender that publishes meanwhile makes this fail: no sleep.
+    if (!State(slot).compare_exchange_strong(state, state | kSleeperBit,
+                                             std::memory_order_acq_rel)) {
+      return;
+    }
+    state |= kSleeperBit;
+  }
+  const timespec ts = absl::ToTimespec(max);
+  ::syscall(SYS_futex, &slot.state, FUTEX_WAIT, state, &ts, nullptr, 0);
+}
+
+}  // namespace plexus::transport::internal
