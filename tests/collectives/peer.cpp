@@ -20,7 +20,9 @@ namespace pt = plexus::transport;
 
 int main(int argc, char** argv) {
   if (argc < 6) {
-    std::fprintf(stderr, "usage: %s rank size store backend suite|kill|mismatch [victim]\n",
+    std::fprintf(stderr,
+                 "usage: %s rank size store backend suite|kill|kill-small|mismatch|mismatch-mixed "
+                 "[victim]\n",
                  argv[0]);
     return 2;
   }
@@ -59,8 +61,9 @@ int main(int argc, char** argv) {
     std::printf("rank %d: %d calls correct\n", rank, r.calls);
     return 0;
   }
-  if (mode == "kill") {
-    std::vector<float> v(1 << 18, 1.0f);
+  if (mode == "kill" || mode == "kill-small") {
+    // kill-small: 2 floats, the mailbox path on shm.
+    std::vector<float> v(mode == "kill" ? 1 << 18 : 2, 1.0f);
     for (int i = 0; i < 1000; ++i) {
       if (rank == victim && i == 3) raise(SIGKILL);
       absl::Status s =
@@ -75,10 +78,11 @@ int main(int argc, char** argv) {
     std::printf("rank %d: no error although rank %d died\n", rank, victim);
     return 1;
   }
-  if (mode == "mismatch") {
-    std::vector<double> v(100, 1.0);
-    absl::Status s = c.AllReduce(v.data(), v.data(), rank == 1 ? 50 : 60, pc::DataType::kF64,
-                                 pc::ReduceOp::kSum);
+  if (mode == "mismatch" || mode == "mismatch-mixed") {
+    // mismatch-mixed: rank 1's count takes a plan, the others' the mailbox path (on shm).
+    std::vector<double> v(1000, 1.0);
+    const size_t count = mode == "mismatch" ? (rank == 1 ? 50 : 60) : (rank == 1 ? 1000 : 2);
+    absl::Status s = c.AllReduce(v.data(), v.data(), count, pc::DataType::kF64, pc::ReduceOp::kSum);
     std::printf("rank %d: %s\n", rank, s.ok() ? "OK" : std::string(s.message()).c_str());
     return s.ok() ? 1 : 0;
   }

@@ -112,31 +112,36 @@ TEST_CASE("processes: every collective matches the reference over shm and tcp",
 TEST_CASE("processes: a killed rank makes every peer fail naming it, within the timeout",
           "[collectives][process]") {
   for (const std::string& backend : Backends()) {
-    const int n = 4, victim = 2;
-    const auto start = std::chrono::steady_clock::now();
-    auto out = RunPeers(n, backend, "kill", victim, std::chrono::seconds(60));
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    CHECK(out[victim].exit_code == 128 + SIGKILL);
-    for (int r = 0; r < n; ++r) {
-      if (r == victim) continue;
-      INFO(backend << " rank " << r << ": " << out[r].output);
-      CHECK(out[r].exit_code == 0);
+    // kill-small: 8-byte calls, which take the mailbox path on shm.
+    for (const std::string mode : {"kill", "kill-small"}) {
+      const int n = 4, victim = 2;
+      const auto start = std::chrono::steady_clock::now();
+      auto out = RunPeers(n, backend, mode, victim, std::chrono::seconds(60));
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      CHECK(out[victim].exit_code == 128 + SIGKILL);
+      for (int r = 0; r < n; ++r) {
+        if (r == victim) continue;
+        INFO(backend << " " << mode << " rank " << r << ": " << out[r].output);
+        CHECK(out[r].exit_code == 0);
+      }
+      CHECK(seconds < 40);  // bounded by the 5 s communicator timeout plus start-up, not a hang
     }
-    CHECK(seconds < 40);  // bounded by the 5 s communicator timeout plus start-up, not a hang
   }
 }
 
 TEST_CASE("processes: mismatched counts are reported", "[collectives][process]") {
   for (const std::string& backend : Backends()) {
-    auto out = RunPeers(3, backend, "mismatch", -1, std::chrono::seconds(60));
-    bool named = false;
-    for (int r = 0; r < 3; ++r) {
-      INFO(backend << " rank " << r << ": " << out[r].output);
-      CHECK(out[r].exit_code == 0);
-      named = named || out[r].output.find("mismatched") != std::string::npos ||
-              out[r].output.find("do not match") != std::string::npos;
+    for (const std::string mode : {"mismatch", "mismatch-mixed"}) {
+      auto out = RunPeers(3, backend, mode, -1, std::chrono::seconds(60));
+      bool named = false;
+      for (int r = 0; r < 3; ++r) {
+        INFO(backend << " " << mode << " rank " << r << ": " << out[r].output);
+        CHECK(out[r].exit_code == 0);
+        named = named || out[r].output.find("mismatched") != std::string::npos ||
+                out[r].output.find("do not match") != std::string::npos;
+      }
+      CHECK(named);
     }
-    CHECK(named);
   }
 }

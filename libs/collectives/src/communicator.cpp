@@ -40,6 +40,41 @@ using transport::ConstBuffer;
 using transport::MutableBuffer;
 
 constexpr size_t kHeaderBytes = CallHeader::kEncodedSize;
+
+// The header of a mailbox message: enough to check that both ranks are in the same call.
+struct MailHeader {
+  static constexpr uint8_t kMagic = 0xC5;
+  uint8_t magic = kMagic;
+  uint8_t kind = 0;
+  uint8_t dtype = 0;
+  uint8_t op = 0;
+  uint32_t count = 0;
+  uint64_t sequence = 0;
+
+  static MailHeader Of(const CallHeader& h) {
+    MailHeader m;
+    m.kind = static_cast<uint8_t>(h.kind);
+    m.dtype = static_cast<uint8_t>(h.dtype);
+    m.op = static_cast<uint8_t>(h.op);
+    m.count = static_cast<uint32_t>(h.count);
+    m.sequence = h.sequence;
+    return m;
+  }
+  bool operator==(const MailHeader&) const = default;
+  // "allreduce #3 (count 2, f32, sum)" for the peer's side of a mismatch.
+  std::string Describe() const {
+    if (magic != kMagic || kind >= kNumCollectiveKinds || dtype >= kNumDataTypes ||
+        op >= kNumReduceOps) {
+      return "a message that is not a Plexus collective";
+    }
+    return absl::StrCat(std::string(CollectiveName(static_cast<CollectiveKind>(kind))), " #",
+                        sequence, " (count ", count, ", ",
+                        std::string(DataTypeName(static_cast<DataType>(dtype))), ", ",
+                        std::string(ReduceOpName(static_cast<ReduceOp>(op))), ")");
+  }
+};
+static_assert(sizeof(MailHeader) == 16);
+constexpr size_t kMailHeaderBytes = sizeof(MailHeader);
 // How long a waiting call polls the transport (yielding the CPU between polls) before it sleeps.
 constexpr absl::Duration kYieldWindow = absl::Milliseconds(2);
 
@@ -199,6 +234,10 @@ class CommunicatorImpl : public Communicator {
 
   absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                          CallOptions call) override {
+    if (absl::Status s = CheckCommon("AllReduce", send, recv, count, dtype, op); !s.ok()) return s;
+    if (auto done = TryInline([&] { return RunAllReduce(send, recv, count, dtype, op, call); })) {
+      return *std::move(done);
+    }
     return Blocking(AllReduceTask(send, recv, count, dtype, op, call));
   }
   std::shared_ptr<Work> AllReduceAsync(const void* send, void* recv, size_t count, DataType dtype,
@@ -273,7 +312,10 @@ class CommunicatorImpl : public Communicator {
   std::shared_ptr<Work> RecvAsync(void* recv, size_t count, DataType dtype, int peer) override {
     return Async(PointToPointTask(recv, count, dtype, peer, false));
   }
-  absl::Status Barrier() override { return Blocking(BarrierTask()); }
+  absl::Status Barrier() override {
+    if (auto done = TryInline([&] { return RunBarrier(); })) return *std::move(done);
+    return Blocking(BarrierTask());
+  }
   std::shared_ptr<Work> BarrierAsync() override { return Async(BarrierTask()); }
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
 
@@ -284,6 +326,26 @@ class CommunicatorImpl : public Communicator {
   CommunicatorImpl() = default;
 
   absl::Status Blocking(TaskOr task);
+  // Runs fn in the caller's thread when no call is queued or running (the latency path: no
+  // closure, no thread hop); nullopt when it must queue.
+  template <typename Fn>
+  std::optional<absl::Status> TryInline(Fn&& fn) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!queue_.empty() || busy_) return std::nullopt;
+    if (!broken_.ok()) return broken_;
+    busy_ = true;
+    lock.unlock();
+    absl::Status status = fn();
+    lock.lock();
+    busy_ = false;
+    const bool worker = worker_.joinable();
+    lock.unlock();
+    if (worker) cv_.notify_all();
+    return status;
+  }
+  absl::Status RunAllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                            CallOptions call);
+  absl::Status RunBarrier();
   std::shared_ptr<Work> Async(TaskOr task);
   absl::Status RunOne(const std::function<absl::Status()>& fn);
   void WorkerLoop();
@@ -317,6 +379,22 @@ class CommunicatorImpl : public Communicator {
   CallHeader Header(CollectiveKind kind, DataType dtype, ReduceOp op, Algorithm algorithm, int root,
                     size_t count);
   uint8_t* Scratch(size_t bytes);
+
+  // Small allreduce (and barrier) by recursive doubling over the connections' mailboxes, when
+  // every peer connection has one (shm, inproc) and the vector fits one mailbox message:
+  // polled in place, no completion queue. Same pairs and reduction order as the plan-based
+  // recursive doubling, so the results are the same bits.
+  bool FitsMailbox(size_t bytes) const {
+    return mailboxes_ready_ && bytes + kMailHeaderBytes <= transport::Mailbox::kMaxMessageBytes;
+  }
+  absl::Status MailboxAllReduce(uint8_t* buf, size_t count, DataType dtype, ReduceOp op,
+                                const CallHeader& header);
+  absl::Status MailSend(int peer, const uint8_t* data, size_t bytes, const CallHeader& header);
+  // Receives the peer's message of this call into mail_in_ (payload after the header).
+  absl::Status MailReceive(int peer, size_t bytes, const CallHeader& header);
+  // A peer that sent this call's first message by mailbox while this rank runs a plan: the
+  // ranks disagree on the call. OK when no such message waits.
+  absl::Status CheckMailboxes(const CallHeader& header);
 
   // Runs a plan to completion over the connections; the first message of the call on each
   // connection carries `header`.
@@ -377,6 +455,11 @@ class CommunicatorImpl : public Communicator {
   // spinning for options_.spin first.
   bool yield_when_idle_ = false;
   bool ready_ = false;  // fully connected (Make succeeded)
+  // mailboxes_[rank]: the channel-0 connection's mailbox (null for this rank).
+  std::vector<transport::Mailbox*> mailboxes_;
+  bool mailboxes_ready_ = false;  // every peer connection has one
+  uint8_t mail_out_[transport::Mailbox::kMaxMessageBytes];
+  uint8_t mail_in_[transport::Mailbox::kMaxMessageBytes];
 };
 
 CommunicatorImpl::~CommunicatorImpl() {
@@ -540,6 +623,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
     }
   }
   comm->links_.resize(static_cast<size_t>(n) * options.channels);
+  comm->mailboxes_.assign(n, nullptr);
+  comm->mailboxes_ready_ = n > 1 && !comm->conns_.empty();
+  for (int r = 0; r < n && comm->mailboxes_ready_; ++r) {
+    if (r == rank) continue;
+    comm->mailboxes_[r] = comm->conns_[0][r]->mailbox();
+    comm->mailboxes_ready_ = comm->mailboxes_[r] != nullptr;
+  }
+  if (Env("PLEXUS_COLL_MAILBOX") == "0") comm->mailboxes_ready_ = false;
   comm->call_layout_ = comm->layout_;
   // More ranks than CPUs on this host: a rank spinning for its peer takes the CPU the peer needs
   // to answer, so waiting ranks yield instead (as Open MPI does when oversubscribed).
@@ -724,33 +815,40 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllReduceTask(const void* send, void*
                                                          DataType dtype, ReduceOp op,
                                                          CallOptions call) {
   if (absl::Status s = CheckCommon("AllReduce", send, recv, count, dtype, op); !s.ok()) return s;
-  return [=, this]() -> absl::Status {
-    const size_t bytes = count * DataTypeSize(dtype);
-    const Algorithm algo = Resolve(CollectiveKind::kAllReduce, bytes, call.algorithm);
-    const CallHeader header = Header(CollectiveKind::kAllReduce, dtype, op, algo, -1, count);
-    if (count == 0) return absl::OkStatus();
-    Staging staging;
-    auto buf = staging.Output(recv, bytes, send == recv);
-    if (!buf.ok()) return buf.status();
-    const Layout& L = MakeLayout(dtype);
-    // Below a block per rank (or when latency dominates) whole-vector doubling is cheaper.
-    const bool recursive_doubling = bytes <= 16384 || count < static_cast<size_t>(L.n);
-    const uint8_t* input = nullptr;  // out of place: where this rank's operand is
-    if (send != recv) {
-      auto in = staging.In(send, bytes, true);
-      if (!in.ok()) return in.status();
-      input = *in;
-      // Ring and halving-doubling (power-of-two worlds) read their operand straight from the
-      // input: every block of the output is written by a reduction or a receive. The others
-      // start from a copy.
-      const bool overlap = input < *buf + bytes && *buf < input + bytes;
-      const bool direct = algo == Algorithm::kRing || (algo == Algorithm::kHalvingDoubling &&
-                                                       IsPowerOfTwo(L.n) && !recursive_doubling);
-      if (!direct || L.n == 1 || overlap) {
-        std::memmove(*buf, input, bytes);
-        input = nullptr;
-      }
+  return [=, this] { return RunAllReduce(send, recv, count, dtype, op, call); };
+}
+
+absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t count,
+                                            DataType dtype, ReduceOp op, CallOptions call) {
+  const size_t bytes = count * DataTypeSize(dtype);
+  const Algorithm algo = Resolve(CollectiveKind::kAllReduce, bytes, call.algorithm);
+  const CallHeader header = Header(CollectiveKind::kAllReduce, dtype, op, algo, -1, count);
+  if (count == 0) return absl::OkStatus();
+  Staging staging;
+  auto buf = staging.Output(recv, bytes, send == recv);
+  if (!buf.ok()) return buf.status();
+  const Layout& L = MakeLayout(dtype);
+  // Below a block per rank (or when latency dominates) whole-vector doubling is cheaper.
+  const bool recursive_doubling = bytes <= 16384 || count < static_cast<size_t>(L.n);
+  const uint8_t* input = nullptr;  // out of place: where this rank's operand is
+  if (send != recv) {
+    auto in = staging.In(send, bytes, true);
+    if (!in.ok()) return in.status();
+    input = *in;
+    // Ring and halving-doubling (power-of-two worlds) read their operand straight from the
+    // input: every block of the output is written by a reduction or a receive. The others
+    // start from a copy.
+    const bool overlap = input < *buf + bytes && *buf < input + bytes;
+    const bool direct = algo == Algorithm::kRing || (algo == Algorithm::kHalvingDoubling &&
+                                                     IsPowerOfTwo(L.n) && !recursive_doubling);
+    if (!direct || L.n == 1 || overlap) {
+      std::memmove(*buf, input, bytes);
+      input = nullptr;
     }
+  }
+  if (algo == Algorithm::kHalvingDoubling && recursive_doubling && FitsMailbox(bytes)) {
+    if (absl::Status s = MailboxAllReduce(*buf, count, dtype, op, header); !s.ok()) return s;
+  } else {
     Plan& plan = NewPlan();
     switch (algo) {
       case Algorithm::kHalvingDoubling:
@@ -768,14 +866,14 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllReduceTask(const void* send, void*
         break;
     }
     if (absl::Status s = Execute(plan, header, dtype, op); !s.ok()) return s;
-    if (op == ReduceOp::kAvg && staging.any()) {
-      // A device result: copy the sum back and divide it there (reduce_kernels.cu).
-      if (absl::Status s = staging.CopyOut(); !s.ok()) return s;
-      return internal::DeviceDivide(dtype, recv, count, L.n);
-    }
-    if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, *buf, count, L.n);
-    return staging.CopyOut();
-  };
+  }
+  if (op == ReduceOp::kAvg && staging.any()) {
+    // A device result: copy the sum back and divide it there (reduce_kernels.cu).
+    if (absl::Status s = staging.CopyOut(); !s.ok()) return s;
+    return internal::DeviceDivide(dtype, recv, count, L.n);
+  }
+  if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, *buf, count, L.n);
+  return staging.CopyOut();
 }
 
 CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* recv, size_t count,
@@ -1073,15 +1171,18 @@ CommunicatorImpl::TaskOr CommunicatorImpl::PointToPointTask(void* buf, size_t co
 }
 
 CommunicatorImpl::TaskOr CommunicatorImpl::BarrierTask() {
-  return [this]() -> absl::Status {
-    const CallHeader header = Header(CollectiveKind::kBarrier, DataType::kU8, ReduceOp::kMax,
-                                     Algorithm::kHalvingDoubling, -1, 1);
-    uint8_t token[8] = {};
-    const Layout& L = MakeLayout(DataType::kU8);
-    Plan& plan = NewPlan();
-    internal::BuildRecursiveDoubling(L, token, 1, &plan);
-    return Execute(plan, header, DataType::kU8, ReduceOp::kMax);
-  };
+  return [this] { return RunBarrier(); };
+}
+
+absl::Status CommunicatorImpl::RunBarrier() {
+  const CallHeader header = Header(CollectiveKind::kBarrier, DataType::kU8, ReduceOp::kMax,
+                                   Algorithm::kHalvingDoubling, -1, 1);
+  uint8_t token[8] = {};
+  if (FitsMailbox(1)) return MailboxAllReduce(token, 1, DataType::kU8, ReduceOp::kMax, header);
+  const Layout& L = MakeLayout(DataType::kU8);
+  Plan& plan = NewPlan();
+  internal::BuildRecursiveDoubling(L, token, 1, &plan);
+  return Execute(plan, header, DataType::kU8, ReduceOp::kMax);
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Split(int color, int key) {
@@ -1161,6 +1262,159 @@ absl::Status CommunicatorImpl::Abort(absl::Status status, bool connection_failur
     }
   }
   return status;
+}
+
+absl::Status CommunicatorImpl::MailSend(int peer, const uint8_t* data, size_t bytes,
+                                        const CallHeader& header) {
+  const MailHeader mh = MailHeader::Of(header);
+  std::memcpy(mail_out_, &mh, kMailHeaderBytes);
+  if (bytes > 0) std::memcpy(mail_out_ + kMailHeaderBytes, data, bytes);
+  const auto message = absl::MakeConstSpan(mail_out_, kMailHeaderBytes + bytes);
+  transport::Mailbox* mailbox = mailboxes_[peer];
+  // The peer's inbox is full only while it still holds messages of earlier calls; it drains as
+  // the peer catches up.
+  absl::Time start = absl::InfinitePast();
+  for (uint32_t polls = 1;; ++polls) {
+    absl::StatusOr<bool> sent = mailbox->TrySend(message);
+    if (!sent.ok()) {
+      return Abort(absl::UnavailableError(absl::StrCat(
+                       header.Describe(), " failed on rank ", layout_.rank, ": connection to rank ",
+                       peer, " failed (", std::string(sent.status().message()),
+                       "); that rank died, aborted or is unreachable")),
+                   true);
+    }
+    if (*sent) return absl::OkStatus();
+    if (polls % 64 == 0) {
+      const absl::Time now = absl::Now();
+      if (start == absl::InfinitePast()) start = now;
+      if (now - start > options_.timeout) {
+        return Abort(
+            absl::DeadlineExceededError(absl::StrCat(
+                header.Describe(), " on rank ", layout_.rank, ": rank ", peer,
+                " took none of its waiting messages for ", absl::FormatDuration(options_.timeout),
+                " (hung, dead, or not in this call)")),
+            false);
+      }
+      Completion sink[4];
+      cq_->Poll(absl::MakeSpan(sink));  // caller-mode progress notices a dead peer
+    }
+    sched_yield();
+  }
+}
+
+absl::Status CommunicatorImpl::MailReceive(int peer, size_t bytes, const CallHeader& header) {
+  transport::Mailbox* mailbox = mailboxes_[peer];
+  const absl::Duration pure_spin = yield_when_idle_ ? absl::ZeroDuration() : options_.spin;
+  absl::Time start = absl::InfinitePast();
+  absl::Duration idle = absl::ZeroDuration();
+  for (uint32_t polls = 1;; ++polls) {
+    absl::StatusOr<std::optional<size_t>> got = mailbox->TryReceive(absl::MakeSpan(mail_in_));
+    if (!got.ok()) {
+      const bool malformed = absl::IsDataLoss(got.status());
+      return Abort(
+          absl::Status(malformed ? absl::StatusCode::kDataLoss : absl::StatusCode::kUnavailable,
+                       absl::StrCat(header.Describe(), " failed on rank ", layout_.rank,
+                                    ": connection to rank ", peer, " failed (",
+                                    std::string(got.status().message()),
+                                    malformed ? ")"
+                                              : "); that rank died, aborted or is "
+                                                "unreachable")),
+          true);
+    }
+    if (got->has_value()) {
+      const size_t size = **got;
+      MailHeader theirs;
+      if (size >= kMailHeaderBytes) std::memcpy(&theirs, mail_in_, kMailHeaderBytes);
+      const MailHeader mine = MailHeader::Of(header);
+      if (size < kMailHeaderBytes || !(theirs == mine) || size != kMailHeaderBytes + bytes) {
+        CallHeader me = header;
+        return Abort(
+            absl::FailedPreconditionError(absl::StrCat(
+                "mismatched collective calls: rank ", layout_.rank, " is in ", me.Describe(),
+                " but rank ", peer, " sent ",
+                size < kMailHeaderBytes ? std::string("a truncated message") : theirs.Describe())),
+            false);
+      }
+      return absl::OkStatus();
+    }
+    if (polls % 64 == 0) {
+      const absl::Time now = absl::Now();
+      if (start == absl::InfinitePast()) start = now;
+      idle = now - start;
+      if (idle > options_.timeout) {
+        return Abort(absl::DeadlineExceededError(absl::StrCat(
+                         header.Describe(), " on rank ", layout_.rank, ": no progress for ",
+                         absl::FormatDuration(options_.timeout), " waiting for rank(s) ", peer,
+                         " (hung, dead, or not in this call)")),
+                     false);
+      }
+      Completion sink[4];
+      cq_->Poll(absl::MakeSpan(sink));  // caller-mode progress notices a dead peer
+      if (idle >= kYieldWindow) {
+        // Long waits sleep on the slot itself; bounded so that a dead peer is still noticed.
+        mailbox->Wait(std::min(options_.timeout - idle, absl::Milliseconds(10)));
+        continue;
+      }
+    }
+    if (idle >= pure_spin) sched_yield();
+  }
+}
+
+absl::Status CommunicatorImpl::MailboxAllReduce(uint8_t* buf, size_t count, DataType dtype,
+                                                ReduceOp op, const CallHeader& header) {
+  const Layout& L = layout_;
+  const size_t bytes = count * DataTypeSize(dtype);
+  const uint8_t* incoming = mail_in_ + kMailHeaderBytes;
+  auto exchange = [&](int peer, bool send, bool receive) -> absl::Status {
+    if (send) {
+      if (absl::Status s = MailSend(peer, buf, bytes, header); !s.ok()) return s;
+    }
+    if (receive) return MailReceive(peer, bytes, header);
+    return absl::OkStatus();
+  };
+  // Recursive doubling over the largest power of two p2 <= n: the first 2 * (n - p2) positions
+  // pair up, the even one of each pair folding its vector into the odd one beforehand and
+  // getting the result back afterwards.
+  int p2 = 1;
+  while (p2 * 2 <= L.n) p2 *= 2;
+  const int rem = L.n - p2;
+  const int pos = L.pos();
+  auto real_rank = [&](int np) { return L.at(np < rem ? 2 * np + 1 : np + rem); };
+  if (pos < 2 * rem && pos % 2 == 0) {
+    if (absl::Status s = exchange(L.at(pos + 1), true, true); !s.ok()) return s;
+    if (bytes > 0) std::memcpy(buf, incoming, bytes);
+    return absl::OkStatus();
+  }
+  if (pos < 2 * rem) {
+    if (absl::Status s = exchange(L.at(pos - 1), false, true); !s.ok()) return s;
+    internal::ReduceInto(dtype, op, buf, incoming, count, /*src_first=*/true);
+  }
+  const int np = pos < 2 * rem ? pos / 2 : pos - rem;
+  for (int mask = 1; mask < p2; mask *= 2) {
+    const int partner = np ^ mask;
+    if (absl::Status s = exchange(real_rank(partner), true, true); !s.ok()) return s;
+    internal::ReduceInto(dtype, op, buf, incoming, count, /*src_first=*/partner < np);
+  }
+  if (pos < 2 * rem) return exchange(L.at(pos - 1), true, false);
+  return absl::OkStatus();
+}
+
+absl::Status CommunicatorImpl::CheckMailboxes(const CallHeader& header) {
+  if (!mailboxes_ready_) return absl::OkStatus();
+  for (int peer = 0; peer < layout_.n; ++peer) {
+    if (mailboxes_[peer] == nullptr) continue;
+    auto got = mailboxes_[peer]->TryReceive(absl::MakeSpan(mail_in_), /*keep=*/true);
+    if (!got.ok() || !got->has_value() || **got < kMailHeaderBytes) continue;
+    MailHeader theirs;
+    std::memcpy(&theirs, mail_in_, kMailHeaderBytes);
+    // A message of a later call is the peer running ahead; one of this call means it chose the
+    // mailbox path where this rank did not: different arguments.
+    if (theirs.sequence != header.sequence) continue;
+    return absl::FailedPreconditionError(
+        absl::StrCat("mismatched collective calls: rank ", layout_.rank, " is in ",
+                     header.Describe(), " but rank ", peer, " sent ", theirs.Describe()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& header, DataType dtype,
@@ -1463,6 +1717,12 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
                          absl::FormatDuration(options_.timeout), " waiting for rank(s) ",
                          absl::StrJoin(waiting, ", "), " (hung, dead, or not in this call)"));
         break;
+      }
+      if (mailboxes_ready_) {
+        if (absl::Status s = CheckMailboxes(header); !s.ok()) {
+          failure = s;
+          break;
+        }
       }
       // Waiting: spin (lowest latency, unless the host is oversubscribed), then poll and yield
       // the CPU to whoever needs it (a peer rank, or anything else this host runs), and only

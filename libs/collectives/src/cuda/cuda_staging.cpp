@@ -17,6 +17,14 @@ absl::Status CudaError(cudaError_t e, const char* what) {
 
 bool IsDevicePointer(const void* p) {
   if (p == nullptr) return false;
+  // No device, no device pointers: skip the runtime's query on every call (latency path).
+  static const bool any_device = [] {
+    int devices = 0;
+    const bool ok = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+    cudaGetLastError();
+    return ok;
+  }();
+  if (!any_device) return false;
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
     cudaGetLastError();  // unregistered host memory on old runtimes: clear the sticky error
