@@ -439,6 +439,8 @@ class CommunicatorImpl : public Communicator {
     int sends_in_flight = 0;
     size_t slot_stride = 0;
     std::vector<uint8_t> slots;
+    size_t slots_taken = 0;       // receives posted into slots (slot = slots_taken % depth)
+    std::vector<int> slot_owner;  // per slot: the receive using it, -1 if none yet
     uint8_t tx_header[kHeaderBytes];
   };
   std::vector<Link> links_;
@@ -454,6 +456,7 @@ class CommunicatorImpl : public Communicator {
   // Oversubscribed host (or PLEXUS_COLL_YIELD=1): waiting ranks yield at once instead of
   // spinning for options_.spin first.
   bool yield_when_idle_ = false;
+  absl::Duration yield_window_ = kYieldWindow;
   bool ready_ = false;  // fully connected (Make succeeded)
   // mailboxes_[rank]: the channel-0 connection's mailbox (null for this rank).
   std::vector<transport::Mailbox*> mailboxes_;
@@ -637,6 +640,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   const std::string yield = Env("PLEXUS_COLL_YIELD");
   comm->yield_when_idle_ =
       yield.empty() ? local_ranks > UsableCpus() : (yield != "0" && yield != "false");
+  if (const std::string w = Env("PLEXUS_COLL_YIELD_WINDOW_US"); !w.empty()) {
+    comm->yield_window_ = absl::Microseconds(std::atoi(w.c_str()));
+  }
   comm->options_ = std::move(options);
   comm->ready_ = true;
   if (comm->debug_ && rank == 0) {
@@ -1432,6 +1438,8 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     link.recvs.clear();
     link.next_send = link.next_recv = link.low_recv = 0;
     link.sends_in_flight = 0;
+    link.slots_taken = 0;
+    link.slot_owner.assign(depth, -1);
   }
   std::vector<size_t>& max_recv = max_recv_;
   max_recv.assign(links_.size(), 0);
@@ -1546,17 +1554,22 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
       const int peer = static_cast<int>(l / channels);
       transport::Connection* conn =
           link.sends.empty() && link.recvs.empty() ? nullptr : conns_[l % channels][peer].get();
-      // Receives, in order, within the slot window.
-      while (link.next_recv < link.recvs.size() &&
-             link.next_recv < link.low_recv + static_cast<size_t>(depth)) {
+      // Receives, in order. Those that land in a slot (a call's first message, with its header;
+      // in-place reductions) wait for a free one of the link's `depth` slots; the others go
+      // straight to their destination and are posted as early as their order allows, so that
+      // a peer running ahead finds them posted rather than having its messages held.
+      while (link.next_recv < link.recvs.size()) {
         const int i = link.recvs[link.next_recv];
         const auto& r = plan.recvs[i];
-        uint8_t* slot = link.slots.data() + (link.next_recv % depth) * link.slot_stride;
         MutableBuffer target;
-        if (link.next_recv == 0) {
-          target = {slot, link.slot_stride};  // header + payload; room to see oversized ones
-        } else if (r.reduce && r.local == nullptr) {
-          target = {slot, r.bytes};
+        if (link.next_recv == 0 || (r.reduce && r.local == nullptr)) {
+          int& owner = link.slot_owner[link.slots_taken % depth];
+          if (owner >= 0 && recv_state[owner] != kDone) break;
+          uint8_t* slot = link.slots.data() + (link.slots_taken % depth) * link.slot_stride;
+          owner = i;
+          ++link.slots_taken;
+          // The first: header + payload, with room to see an oversized (mismatched) message.
+          target = {slot, link.next_recv == 0 ? link.slot_stride : r.bytes};
         } else {  // placed, or reduced out of place: straight into the destination
           if (sends_done_prefix < static_cast<size_t>(r.war_prefix)) break;
           target = {r.data, r.bytes};
@@ -1728,7 +1741,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
       // the CPU to whoever needs it (a peer rank, or anything else this host runs), and only
       // after kYieldWindow without progress sleep in the transport.
       if (idle < pure_spin) continue;
-      if (idle < kYieldWindow) {
+      if (idle < yield_window_) {
         sched_yield();
         continue;
       }
