@@ -91,12 +91,20 @@ bool IsReducing(CollectiveKind kind) {
 bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 // CPUs this process may run on.
-int UsableCpus() {
+std::vector<int> UsableCpus() {
+  std::vector<int> cpus;
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  const long online = sysconf(_SC_NPROCESSORS_ONLN);
-  return online > 0 ? static_cast<int>(online) : 1;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    }
+  }
+  if (cpus.empty()) {
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    for (long c = 0; c < std::max(online, 1L); ++c) cpus.push_back(static_cast<int>(c));
+  }
+  return cpus;
 }
 
 std::string HostName() {
@@ -456,7 +464,6 @@ class CommunicatorImpl : public Communicator {
   // Oversubscribed host (or PLEXUS_COLL_YIELD=1): waiting ranks yield at once instead of
   // spinning for options_.spin first.
   bool yield_when_idle_ = false;
-  absl::Duration yield_window_ = kYieldWindow;
   bool ready_ = false;  // fully connected (Make succeeded)
   // mailboxes_[rank]: the channel-0 connection's mailbox (null for this rank).
   std::vector<transport::Mailbox*> mailboxes_;
@@ -571,33 +578,37 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   const std::string shape =
       absl::StrCat(std::string(transport::BackendName(options.backend)), "/ch", options.channels,
                    "/chunk", options.chunk_bytes, "/order", absl::StrJoin(options.ring_order, ","));
-  // The host name counts the ranks sharing this machine (see yield_when_idle_).
+  // The host name counts the ranks sharing this machine and their CPU sets the CPUs they share
+  // (see yield_when_idle_).
   const std::string host = HostName();
-  auto shapes =
-      rendezvous.AllGather(absl::StrCat("plexus/coll/create/", tag),
-                           absl::StrCat(nonce, "|", host, "|", shape), options.connect_timeout);
+  auto shapes = rendezvous.AllGather(
+      absl::StrCat("plexus/coll/create/", tag),
+      absl::StrCat(nonce, "|", host, "|", absl::StrJoin(UsableCpus(), ","), "|", shape),
+      options.connect_timeout);
   if (!shapes.ok()) return shapes.status();
   int local_ranks = 0;
+  std::vector<int> local_cpus;
   for (int r = 0; r < n; ++r) {
-    std::string s = (*shapes)[r];
-    if (const size_t first = s.find('|'); first != std::string::npos) {
-      const size_t second = s.find('|', first + 1);
-      if (second != std::string::npos) {
-        if (s.substr(first + 1, second - first - 1) == host) ++local_ranks;
-        s.erase(first + 1, second - first);
-      }
-    }
-    const size_t bar = s.find('|');
-    if (bar == std::string::npos || s.substr(bar + 1) != shape) {
+    const std::vector<std::string> fields = absl::StrSplit((*shapes)[r], absl::MaxSplits('|', 3));
+    if (fields.size() != 4 || fields[3] != shape) {
       return absl::InvalidArgumentError(absl::StrCat(
           "communicator options differ between ranks: rank ", rank, " has ", shape, ", rank ", r,
-          " has ", bar == std::string::npos ? s : s.substr(bar + 1),
+          " has ", fields.size() == 4 ? fields[3] : (*shapes)[r],
           " (backend, channels, chunk_bytes and ring_order must be equal on every rank)"));
     }
-    if (r == 0 && !absl::SimpleAtoi(s.substr(0, bar), &comm->uid_)) {
+    if (r == 0 && !absl::SimpleAtoi(fields[0], &comm->uid_)) {
       return absl::DataLossError("malformed communicator id from rank 0");
     }
+    if (fields[1] != host) continue;
+    ++local_ranks;
+    for (absl::string_view cpu : absl::StrSplit(fields[2], ',', absl::SkipEmpty())) {
+      int id = 0;
+      if (absl::SimpleAtoi(cpu, &id)) local_cpus.push_back(id);
+    }
   }
+  std::sort(local_cpus.begin(), local_cpus.end());
+  const int shared_cpus =
+      static_cast<int>(std::unique(local_cpus.begin(), local_cpus.end()) - local_cpus.begin());
 
   transport::DeviceOptions device_options;
   device_options.backend = options.backend;
@@ -639,10 +650,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   // to answer, so waiting ranks yield instead (as Open MPI does when oversubscribed).
   const std::string yield = Env("PLEXUS_COLL_YIELD");
   comm->yield_when_idle_ =
-      yield.empty() ? local_ranks > UsableCpus() : (yield != "0" && yield != "false");
-  if (const std::string w = Env("PLEXUS_COLL_YIELD_WINDOW_US"); !w.empty()) {
-    comm->yield_window_ = absl::Microseconds(std::atoi(w.c_str()));
-  }
+      yield.empty() ? local_ranks > std::max(shared_cpus, 1) : (yield != "0" && yield != "false");
   comm->options_ = std::move(options);
   comm->ready_ = true;
   if (comm->debug_ && rank == 0) {
@@ -653,7 +661,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
                  static_cast<unsigned long long>(comm->uid_), n,
                  std::string(transport::BackendName(comm->options_.backend)).c_str(),
                  comm->options_.channels, comm->options_.chunk_bytes,
-                 absl::StrJoin(comm->layout_.order, ",").c_str(), local_ranks, UsableCpus(),
+                 absl::StrJoin(comm->layout_.order, ",").c_str(), local_ranks, shared_cpus,
                  comm->yield_when_idle_ ? "waiting ranks yield" : "waiting ranks spin first",
                  comm->table_.ToString().c_str());
   }
@@ -1741,7 +1749,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
       // the CPU to whoever needs it (a peer rank, or anything else this host runs), and only
       // after kYieldWindow without progress sleep in the transport.
       if (idle < pure_spin) continue;
-      if (idle < yield_window_) {
+      if (idle < kYieldWindow) {
         sched_yield();
         continue;
       }
