@@ -1702,10 +1702,13 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     return true;
   };
 
-  // The clock is read only when a poll finds nothing: last_progress is the first such moment
-  // after the latest completion.
+  // The clock is read only when a poll finds nothing, and then only on every 16th such poll
+  // (reading it cost ~4% of a small call): last_progress is the first such moment after the
+  // latest completion.
   absl::Time last_progress = absl::Now();
+  absl::Duration idle = absl::ZeroDuration();
   bool progressed = false;
+  uint32_t idle_polls = 0;
   const absl::Duration pure_spin = yield_when_idle_ ? absl::ZeroDuration() : options_.spin;
   Completion batch[32];
   for (;;) {
@@ -1714,12 +1717,15 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     if (sends_done == num_sends && recvs_done == num_recvs) return absl::OkStatus();
     size_t got = cq_->Poll(absl::MakeSpan(batch));  // moves bytes too, in caller mode
     if (got == 0) {
-      const absl::Time now = absl::Now();
-      if (progressed) {
-        last_progress = now;
-        progressed = false;
+      if (progressed || ++idle_polls % 16 == 0) {
+        const absl::Time now = absl::Now();
+        if (progressed) {
+          last_progress = now;
+          progressed = false;
+          idle_polls = 0;
+        }
+        idle = now - last_progress;
       }
-      const absl::Duration idle = now - last_progress;
       const absl::Duration left = options_.timeout - idle;
       if (left <= absl::ZeroDuration()) {
         std::vector<int> waiting;
