@@ -4,6 +4,7 @@
 // process_test.cpp.)
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -118,6 +119,49 @@ TEST_CASE("results are bit-identical across runs and ranks", "[collectives][inpr
       RequireAllOk(results);
       INFO(pc::AlgorithmName(a) << " " << pc::DataTypeName(dt));
       for (int i = 1; i < 2 * n; ++i) CHECK(outputs[i] == outputs[0]);
+    }
+  }
+}
+
+TEST_CASE("small allreduces by mailbox give the bits of the plan path", "[collectives][inproc]") {
+  // Inproc connections have mailboxes, so small halving-doubling allreduces take the mailbox
+  // path; PLEXUS_COLL_MAILBOX=0 (read at creation) forces the plan path. Counts cover one
+  // fragment, fragment boundaries and the mailbox path's limit; odd world sizes fold.
+  for (int n : {2, 3, 4, 6}) {
+    for (DataType dt : {DataType::kF32, DataType::kF64, DataType::kBF16}) {
+      const size_t es = pc::DataTypeSize(dt);
+      const std::vector<size_t> counts = {1, 58, 59, 232 / es + 1, 8192 / es};
+      std::vector<std::vector<std::vector<uint8_t>>> outputs(2);  // [path][rank*counts + i]
+      for (int path = 0; path < 2; ++path) {
+        if (path == 1) setenv("PLEXUS_COLL_MAILBOX", "0", 1);
+        outputs[path].resize(n * counts.size());
+        std::mutex mu;
+        auto results = RunRanks(n, InprocOptions(), [&](int rank, pc::Communicator& comm) {
+          for (size_t c = 0; c < counts.size(); ++c) {
+            std::vector<uint8_t> buf(counts[c] * es);
+            uint32_t x = 777u + rank;
+            for (size_t i = 0; i < counts[c]; ++i) {
+              x = x * 1664525u + 1013904223u;
+              pc::testing::Set(dt, buf.data(), i, (x >> 8) * 1e-5 - 80.0);
+            }
+            absl::Status s = comm.AllReduce(buf.data(), buf.data(), counts[c], dt, ReduceOp::kSum,
+                                            {Algorithm::kHalvingDoubling});
+            if (!s.ok()) return std::string(s.message());
+            std::lock_guard<std::mutex> lock(mu);
+            outputs[path][rank * counts.size() + c] = std::move(buf);
+          }
+          return std::string();
+        });
+        unsetenv("PLEXUS_COLL_MAILBOX");
+        RequireAllOk(results);
+      }
+      for (int r = 0; r < n; ++r) {
+        for (size_t c = 0; c < counts.size(); ++c) {
+          INFO("n " << n << " " << pc::DataTypeName(dt) << " count " << counts[c] << " rank " << r);
+          CHECK(outputs[0][r * counts.size() + c] == outputs[1][r * counts.size() + c]);
+          CHECK(outputs[0][r * counts.size() + c] == outputs[0][c]);  // and across ranks
+        }
+      }
     }
   }
 }

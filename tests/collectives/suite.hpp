@@ -338,6 +338,10 @@ class Suite {
       AllReduce(DataType::kF32, ReduceOp::kSum, a, 4099, false);
       AllReduce(DataType::kBF16, ReduceOp::kAvg, a, 1001, true);
       AllReduce(DataType::kI64, ReduceOp::kMin, a, 0, false);
+      // One mailbox fragment exactly, one more element, and the mailbox path's limit.
+      AllReduce(DataType::kU8, ReduceOp::kMax, a, 232, false);
+      AllReduce(DataType::kU8, ReduceOp::kSum, a, 233, true);
+      AllReduce(DataType::kF64, ReduceOp::kProd, a, 1024, false);
       ReduceScatter(DataType::kF64, ReduceOp::kSum, a, 333, true);
       ReduceScatter(DataType::kU8, ReduceOp::kMax, a, 0, false);
       AllGather(DataType::kI32, a, 517, true);

@@ -75,6 +75,13 @@ struct MailHeader {
 };
 static_assert(sizeof(MailHeader) == 16);
 constexpr size_t kMailHeaderBytes = sizeof(MailHeader);
+constexpr size_t kMailFragmentBytes = transport::Mailbox::kMaxMessageBytes - kMailHeaderBytes;
+// Fragments hold whole elements of every type: each is reduced on its own, in place.
+static_assert(kMailFragmentBytes % 8 == 0);
+// Allreduces up to this size go by mailbox when every peer has one: below it the mailbox's
+// in-place polling beats a plan over the transport's rings (measured: the plan path takes over
+// from 16 KiB on shm, docs/collectives.md).
+constexpr size_t kMailboxPathBytes = 8192;
 // How long a waiting call polls the transport (yielding the CPU between polls) before it sleeps.
 constexpr absl::Duration kYieldWindow = absl::Milliseconds(2);
 
@@ -392,14 +399,23 @@ class CommunicatorImpl : public Communicator {
   // every peer connection has one (shm, inproc) and the vector fits one mailbox message:
   // polled in place, no completion queue. Same pairs and reduction order as the plan-based
   // recursive doubling, so the results are the same bits.
-  bool FitsMailbox(size_t bytes) const {
-    return mailboxes_ready_ && bytes + kMailHeaderBytes <= transport::Mailbox::kMaxMessageBytes;
-  }
+  bool FitsMailbox(size_t bytes) const { return mailboxes_ready_ && bytes <= kMailboxPathBytes; }
   absl::Status MailboxAllReduce(uint8_t* buf, size_t count, DataType dtype, ReduceOp op,
                                 const CallHeader& header);
-  absl::Status MailSend(int peer, const uint8_t* data, size_t bytes, const CallHeader& header);
-  // Receives the peer's message of this call into mail_in_ (payload after the header).
-  absl::Status MailReceive(int peer, size_t bytes, const CallHeader& header);
+  // What arrives in a MailExchange: from rank `from` (-1: nothing), placed at `dst` or, with
+  // `reduce`, folded into it (dst = dst op incoming; incoming op dst with src_first).
+  struct MailInbound {
+    int from = -1;
+    uint8_t* dst = nullptr;
+    bool reduce = false;
+    bool src_first = false;
+  };
+  // Sends `bytes` of `data` to rank `to` (-1: nothing) and receives as many as `in` says, as
+  // fragments of one mailbox message each, interleaved so that two ranks exchanging more than an
+  // inbox holds never wait on each other. Incoming fragments are reduced straight from the
+  // peer's slot; fragment k only after this rank's fragment k left (data may be dst).
+  absl::Status MailExchange(int to, const uint8_t* data, const MailInbound& in, size_t bytes,
+                            DataType dtype, ReduceOp op, const CallHeader& header);
   // A peer that sent this call's first message by mailbox while this rank runs a plan: the
   // ranks disagree on the call. OK when no such message waits.
   absl::Status CheckMailboxes(const CallHeader& header);
@@ -468,8 +484,6 @@ class CommunicatorImpl : public Communicator {
   // mailboxes_[rank]: the channel-0 connection's mailbox (null for this rank).
   std::vector<transport::Mailbox*> mailboxes_;
   bool mailboxes_ready_ = false;  // every peer connection has one
-  uint8_t mail_out_[transport::Mailbox::kMaxMessageBytes];
-  uint8_t mail_in_[transport::Mailbox::kMaxMessageBytes];
 };
 
 CommunicatorImpl::~CommunicatorImpl() {
@@ -1278,84 +1292,91 @@ absl::Status CommunicatorImpl::Abort(absl::Status status, bool connection_failur
   return status;
 }
 
-absl::Status CommunicatorImpl::MailSend(int peer, const uint8_t* data, size_t bytes,
-                                        const CallHeader& header) {
-  const MailHeader mh = MailHeader::Of(header);
-  std::memcpy(mail_out_, &mh, kMailHeaderBytes);
-  if (bytes > 0) std::memcpy(mail_out_ + kMailHeaderBytes, data, bytes);
-  const auto message = absl::MakeConstSpan(mail_out_, kMailHeaderBytes + bytes);
-  transport::Mailbox* mailbox = mailboxes_[peer];
-  // The peer's inbox is full only while it still holds messages of earlier calls; it drains as
-  // the peer catches up.
-  absl::Time start = absl::InfinitePast();
-  for (uint32_t polls = 1;; ++polls) {
-    absl::StatusOr<bool> sent = mailbox->TrySend(message);
-    if (!sent.ok()) {
-      return Abort(absl::UnavailableError(absl::StrCat(
-                       header.Describe(), " failed on rank ", layout_.rank, ": connection to rank ",
-                       peer, " failed (", std::string(sent.status().message()),
-                       "); that rank died, aborted or is unreachable")),
-                   true);
-    }
-    if (*sent) return absl::OkStatus();
-    if (polls % 64 == 0) {
-      const absl::Time now = absl::Now();
-      if (start == absl::InfinitePast()) start = now;
-      if (now - start > options_.timeout) {
-        return Abort(
-            absl::DeadlineExceededError(absl::StrCat(
-                header.Describe(), " on rank ", layout_.rank, ": rank ", peer,
-                " took none of its waiting messages for ", absl::FormatDuration(options_.timeout),
-                " (hung, dead, or not in this call)")),
-            false);
-      }
-      Completion sink[4];
-      cq_->Poll(absl::MakeSpan(sink));  // caller-mode progress notices a dead peer
-    }
-    sched_yield();
-  }
-}
-
-absl::Status CommunicatorImpl::MailReceive(int peer, size_t bytes, const CallHeader& header) {
-  transport::Mailbox* mailbox = mailboxes_[peer];
+absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const MailInbound& in,
+                                            size_t bytes, DataType dtype, ReduceOp op,
+                                            const CallHeader& header) {
+  const MailHeader mine = MailHeader::Of(header);
+  const size_t esize = DataTypeSize(dtype);
+  // A zero-byte vector still travels as one (empty) fragment: it carries the header.
+  const size_t fragments =
+      std::max<size_t>(1, (bytes + kMailFragmentBytes - 1) / kMailFragmentBytes);
+  auto fragment_length = [&](size_t k) {
+    const size_t offset = k * kMailFragmentBytes;
+    return std::min(kMailFragmentBytes, bytes - std::min(bytes, offset));
+  };
+  size_t sent = to < 0 ? fragments : 0;
+  size_t received = in.from < 0 ? fragments : 0;
   const absl::Duration pure_spin = yield_when_idle_ ? absl::ZeroDuration() : options_.spin;
   absl::Time start = absl::InfinitePast();
   absl::Duration idle = absl::ZeroDuration();
-  for (uint32_t polls = 1;; ++polls) {
-    absl::StatusOr<std::optional<size_t>> got = mailbox->TryReceive(absl::MakeSpan(mail_in_));
-    if (!got.ok()) {
-      const bool malformed = absl::IsDataLoss(got.status());
-      return Abort(
-          absl::Status(malformed ? absl::StatusCode::kDataLoss : absl::StatusCode::kUnavailable,
-                       absl::StrCat(header.Describe(), " failed on rank ", layout_.rank,
-                                    ": connection to rank ", peer, " failed (",
-                                    std::string(got.status().message()),
-                                    malformed ? ")"
-                                              : "); that rank died, aborted or is "
-                                                "unreachable")),
-          true);
-    }
-    if (got->has_value()) {
-      const size_t size = **got;
-      MailHeader theirs;
-      if (size >= kMailHeaderBytes) std::memcpy(&theirs, mail_in_, kMailHeaderBytes);
-      const MailHeader mine = MailHeader::Of(header);
-      if (size < kMailHeaderBytes || !(theirs == mine) || size != kMailHeaderBytes + bytes) {
-        CallHeader me = header;
-        return Abort(
-            absl::FailedPreconditionError(absl::StrCat(
-                "mismatched collective calls: rank ", layout_.rank, " is in ", me.Describe(),
-                " but rank ", peer, " sent ",
-                size < kMailHeaderBytes ? std::string("a truncated message") : theirs.Describe())),
-            false);
+  auto failed = [&](int peer, const absl::Status& why) {
+    const bool malformed = absl::IsDataLoss(why);
+    return Abort(
+        absl::Status(
+            malformed ? absl::StatusCode::kDataLoss : absl::StatusCode::kUnavailable,
+            absl::StrCat(header.Describe(), " failed on rank ", layout_.rank,
+                         ": connection to rank ", peer, " failed (", std::string(why.message()),
+                         malformed ? ")" : "); that rank died, aborted or is unreachable")),
+        true);
+  };
+  uint32_t polls = 0;
+  while (sent < fragments || received < fragments) {
+    bool progress = false;
+    if (sent < fragments) {
+      const size_t length = fragment_length(sent);
+      const ConstBuffer parts[2] = {{&mine, kMailHeaderBytes},
+                                    {data + sent * kMailFragmentBytes, length}};
+      absl::StatusOr<bool> ok = mailboxes_[to]->TrySend(absl::MakeConstSpan(parts, 2));
+      if (!ok.ok()) return failed(to, ok.status());
+      if (*ok) {
+        ++sent;
+        progress = true;
       }
-      return absl::OkStatus();
     }
-    if (polls % 64 == 0) {
+    if (received < fragments && (to < 0 || sent > received)) {
+      transport::Mailbox* mailbox = mailboxes_[in.from];
+      absl::StatusOr<std::optional<absl::Span<const uint8_t>>> got = mailbox->Peek();
+      if (!got.ok()) return failed(in.from, got.status());
+      if (got->has_value()) {
+        const absl::Span<const uint8_t> message = **got;
+        const size_t length = fragment_length(received);
+        MailHeader theirs;
+        if (message.size() >= kMailHeaderBytes) {
+          std::memcpy(&theirs, message.data(), kMailHeaderBytes);
+        }
+        if (message.size() < kMailHeaderBytes || !(theirs == mine) ||
+            message.size() != kMailHeaderBytes + length) {
+          return Abort(absl::FailedPreconditionError(absl::StrCat(
+                           "mismatched collective calls: rank ", layout_.rank, " is in ",
+                           header.Describe(), " but rank ", in.from, " sent ",
+                           message.size() < kMailHeaderBytes ? std::string("a truncated message")
+                                                             : theirs.Describe())),
+                       false);
+        }
+        uint8_t* dst = in.dst + received * kMailFragmentBytes;
+        const uint8_t* payload = message.data() + kMailHeaderBytes;
+        if (in.reduce) {
+          internal::ReduceInto(dtype, op, dst, payload, length / esize, in.src_first);
+        } else if (length > 0) {
+          std::memcpy(dst, payload, length);
+        }
+        mailbox->Release();
+        ++received;
+        progress = true;
+      }
+    }
+    if (progress) {
+      start = absl::InfinitePast();
+      idle = absl::ZeroDuration();
+      polls = 0;
+      continue;
+    }
+    if (++polls % 64 == 0) {
       const absl::Time now = absl::Now();
       if (start == absl::InfinitePast()) start = now;
       idle = now - start;
       if (idle > options_.timeout) {
+        const int peer = sent < fragments ? to : in.from;
         return Abort(absl::DeadlineExceededError(absl::StrCat(
                          header.Describe(), " on rank ", layout_.rank, ": no progress for ",
                          absl::FormatDuration(options_.timeout), " waiting for rank(s) ", peer,
@@ -1364,52 +1385,47 @@ absl::Status CommunicatorImpl::MailReceive(int peer, size_t bytes, const CallHea
       }
       Completion sink[4];
       cq_->Poll(absl::MakeSpan(sink));  // caller-mode progress notices a dead peer
-      if (idle >= kYieldWindow) {
+      if (idle >= kYieldWindow && sent == fragments) {
         // Long waits sleep on the slot itself; bounded so that a dead peer is still noticed.
-        mailbox->Wait(std::min(options_.timeout - idle, absl::Milliseconds(10)));
+        mailboxes_[in.from]->Wait(std::min(options_.timeout - idle, absl::Milliseconds(10)));
         continue;
       }
     }
     if (idle >= pure_spin) sched_yield();
   }
+  return absl::OkStatus();
 }
 
 absl::Status CommunicatorImpl::MailboxAllReduce(uint8_t* buf, size_t count, DataType dtype,
                                                 ReduceOp op, const CallHeader& header) {
   const Layout& L = layout_;
   const size_t bytes = count * DataTypeSize(dtype);
-  const uint8_t* incoming = mail_in_ + kMailHeaderBytes;
-  auto exchange = [&](int peer, bool send, bool receive) -> absl::Status {
-    if (send) {
-      if (absl::Status s = MailSend(peer, buf, bytes, header); !s.ok()) return s;
-    }
-    if (receive) return MailReceive(peer, bytes, header);
-    return absl::OkStatus();
+  auto exchange = [&](int to, MailInbound in) {
+    return MailExchange(to, buf, in, bytes, dtype, op, header);
   };
   // Recursive doubling over the largest power of two p2 <= n: the first 2 * (n - p2) positions
   // pair up, the even one of each pair folding its vector into the odd one beforehand and
-  // getting the result back afterwards.
+  // getting the result back afterwards. Reductions in the plan path's order: the same bits.
   int p2 = 1;
   while (p2 * 2 <= L.n) p2 *= 2;
   const int rem = L.n - p2;
   const int pos = L.pos();
   auto real_rank = [&](int np) { return L.at(np < rem ? 2 * np + 1 : np + rem); };
   if (pos < 2 * rem && pos % 2 == 0) {
-    if (absl::Status s = exchange(L.at(pos + 1), true, true); !s.ok()) return s;
-    if (bytes > 0) std::memcpy(buf, incoming, bytes);
-    return absl::OkStatus();
+    const int partner = L.at(pos + 1);
+    if (absl::Status s = exchange(partner, {}); !s.ok()) return s;
+    return exchange(-1, {partner, buf, false, false});
   }
   if (pos < 2 * rem) {
-    if (absl::Status s = exchange(L.at(pos - 1), false, true); !s.ok()) return s;
-    internal::ReduceInto(dtype, op, buf, incoming, count, /*src_first=*/true);
+    if (absl::Status s = exchange(-1, {L.at(pos - 1), buf, true, true}); !s.ok()) return s;
   }
   const int np = pos < 2 * rem ? pos / 2 : pos - rem;
   for (int mask = 1; mask < p2; mask *= 2) {
     const int partner = np ^ mask;
-    if (absl::Status s = exchange(real_rank(partner), true, true); !s.ok()) return s;
-    internal::ReduceInto(dtype, op, buf, incoming, count, /*src_first=*/partner < np);
+    const int peer = real_rank(partner);
+    if (absl::Status s = exchange(peer, {peer, buf, true, partner < np}); !s.ok()) return s;
   }
-  if (pos < 2 * rem) return exchange(L.at(pos - 1), true, false);
+  if (pos < 2 * rem) return exchange(L.at(pos - 1), {});
   return absl::OkStatus();
 }
 
@@ -1417,10 +1433,10 @@ absl::Status CommunicatorImpl::CheckMailboxes(const CallHeader& header) {
   if (!mailboxes_ready_) return absl::OkStatus();
   for (int peer = 0; peer < layout_.n; ++peer) {
     if (mailboxes_[peer] == nullptr) continue;
-    auto got = mailboxes_[peer]->TryReceive(absl::MakeSpan(mail_in_), /*keep=*/true);
-    if (!got.ok() || !got->has_value() || **got < kMailHeaderBytes) continue;
+    auto got = mailboxes_[peer]->Peek();
+    if (!got.ok() || !got->has_value() || (*got)->size() < kMailHeaderBytes) continue;
     MailHeader theirs;
-    std::memcpy(&theirs, mail_in_, kMailHeaderBytes);
+    std::memcpy(&theirs, (*got)->data(), kMailHeaderBytes);
     // A message of a later call is the peer running ahead; one of this call means it chose the
     // mailbox path where this rank did not: different arguments.
     if (theirs.sequence != header.sequence) continue;

@@ -10,6 +10,25 @@
 
 #include "absl/strings/str_cat.h"
 
+namespace plexus::transport {
+
+absl::StatusOr<std::optional<size_t>> Mailbox::TryReceive(absl::Span<uint8_t> out) {
+  absl::StatusOr<std::optional<absl::Span<const uint8_t>>> message = Peek();
+  if (!message.ok()) return message.status();
+  if (!message->has_value()) return std::nullopt;
+  const absl::Span<const uint8_t> bytes = **message;
+  if (bytes.size() > out.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("Mailbox::TryReceive: message of ", bytes.size(),
+                                                   " bytes does not fit the ", out.size(),
+                                                   "-byte buffer"));
+  }
+  if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+  Release();
+  return bytes.size();
+}
+
+}  // namespace plexus::transport
+
 namespace plexus::transport::internal {
 namespace {
 
@@ -30,11 +49,17 @@ absl::Status MailboxEndpoint::DownStatus() const {
   return why;
 }
 
-absl::StatusOr<bool> MailboxEndpoint::TrySend(absl::Span<const uint8_t> message) {
-  if (message.size() > kMaxMessageBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("Mailbox::TrySend: message of ", message.size(),
-                                                   " bytes exceeds the limit of ",
-                                                   kMaxMessageBytes));
+absl::StatusOr<bool> MailboxEndpoint::TrySend(absl::Span<const ConstBuffer> parts) {
+  size_t total = 0;
+  for (const ConstBuffer& part : parts) {
+    if (part.data == nullptr && part.size > 0) {
+      return absl::InvalidArgumentError("Mailbox::TrySend: null buffer");
+    }
+    total += part.size;
+  }
+  if (total > kMaxMessageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Mailbox::TrySend: message of ", total, " bytes exceeds the limit of ", kMaxMessageBytes));
   }
   if (down_->load(std::memory_order_acquire)) return DownStatus();
   if (sent_ - taken_seen_ >= static_cast<uint64_t>(kSlots)) {
@@ -45,8 +70,12 @@ absl::StatusOr<bool> MailboxEndpoint::TrySend(absl::Span<const uint8_t> message)
     if (sent_ - taken_seen_ >= static_cast<uint64_t>(kSlots)) return false;
   }
   MailboxSlot& slot = tx_->slots[sent_ % kSlots];
-  slot.length = static_cast<uint32_t>(message.size());
-  if (!message.empty()) std::memcpy(slot.data, message.data(), message.size());
+  slot.length = static_cast<uint32_t>(total);
+  uint8_t* out = slot.data;
+  for (const ConstBuffer& part : parts) {
+    if (part.size > 0) std::memcpy(out, part.data, part.size);
+    out += part.size;
+  }
   ++sent_;
   const uint32_t old = State(slot).exchange(SequenceOf(sent_), std::memory_order_release);
   if ((old & kSleeperBit) != 0) {
@@ -55,8 +84,7 @@ absl::StatusOr<bool> MailboxEndpoint::TrySend(absl::Span<const uint8_t> message)
   return true;
 }
 
-absl::StatusOr<std::optional<size_t>> MailboxEndpoint::TryReceive(absl::Span<uint8_t> out,
-                                                                  bool keep) {
+absl::StatusOr<std::optional<absl::Span<const uint8_t>>> MailboxEndpoint::Peek() {
   MailboxSlot& slot = rx_->slots[received_ % kSlots];
   const uint32_t state = State(slot).load(std::memory_order_acquire);
   if ((state & kSequenceMask) != SequenceOf(received_ + 1)) {
@@ -72,17 +100,12 @@ absl::StatusOr<std::optional<size_t>> MailboxEndpoint::TryReceive(absl::Span<uin
     return absl::DataLossError(absl::StrCat("Mailbox: the peer wrote a malformed slot (length ",
                                             length, " > ", kMaxMessageBytes, ")"));
   }
-  if (length > out.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("Mailbox::TryReceive: message of ", length,
-                                                   " bytes does not fit the ", out.size(),
-                                                   "-byte buffer"));
-  }
-  if (length > 0) std::memcpy(out.data(), slot.data, length);
-  if (!keep) {
-    ++received_;
-    std::atomic_ref<uint64_t>(rx_->taken).store(received_, std::memory_order_release);
-  }
-  return static_cast<size_t>(length);
+  return absl::MakeConstSpan(slot.data, length);
+}
+
+void MailboxEndpoint::Release() {
+  ++received_;
+  std::atomic_ref<uint64_t>(rx_->taken).store(received_, std::memory_order_release);
 }
 
 void MailboxEndpoint::Wait(absl::Duration max) {

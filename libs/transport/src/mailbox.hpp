@@ -12,6 +12,9 @@
 
 namespace plexus::transport::internal {
 
+inline constexpr size_t kMailboxSlotBytes = 2048;
+static_assert(Mailbox::kMaxMessageBytes + 8 == kMailboxSlotBytes);
+
 // One message. `state` holds the message's sequence number (31 bits, from 1) once the bytes are
 // in place, plus kSleeperBit while the receiver sleeps on it (a futex word). The header shares
 // the cache line with the first 56 bytes of data: a small message costs the receiver one miss.
@@ -20,13 +23,13 @@ struct alignas(64) MailboxSlot {
   uint32_t length;
   uint8_t data[Mailbox::kMaxMessageBytes];
 };
-static_assert(sizeof(MailboxSlot) == 256);
+static_assert(sizeof(MailboxSlot) == kMailboxSlotBytes);
 
 struct alignas(64) MailboxInbox {
   MailboxSlot slots[Mailbox::kSlots];
   alignas(64) uint64_t taken;  // messages the receiver consumed (written by the receiver only)
 };
-static_assert(sizeof(MailboxInbox) == Mailbox::kSlots * 256 + 64);
+static_assert(sizeof(MailboxInbox) == Mailbox::kSlots * kMailboxSlotBytes + 64);
 
 // A connection's mailbox: sends into `tx` (the peer's inbox), receives from `rx`. `down` turns
 // true once the connection is over; `why` says why.
@@ -36,8 +39,10 @@ class MailboxEndpoint final : public Mailbox {
                   std::function<absl::Status()> why)
       : tx_(tx), rx_(rx), down_(down), why_(std::move(why)) {}
 
-  absl::StatusOr<bool> TrySend(absl::Span<const uint8_t> message) override;
-  absl::StatusOr<std::optional<size_t>> TryReceive(absl::Span<uint8_t> out, bool keep) override;
+  using Mailbox::TrySend;
+  absl::StatusOr<bool> TrySend(absl::Span<const ConstBuffer> parts) override;
+  absl::StatusOr<std::optional<absl::Span<const uint8_t>>> Peek() override;
+  void Release() override;
   void Wait(absl::Duration max) override;
 
  private:

@@ -5,9 +5,9 @@
 //   [0, 4096)                    FileHeader (magic, version, ring size)
 //   [4096, 4096 + 128)           RingControl of ring 0 (connector -> acceptor)
 //   [4096 + 128, 4096 + 256)     RingControl of ring 1 (acceptor -> connector)
-//   [8192, 8192 + 4160)          MailboxInbox of the acceptor (the connector sends into it)
-//   [12352, 12352 + 4160)        MailboxInbox of the connector
-//   [20480, 20480 + R)           bytes of ring 0;   [20480 + R, 20480 + 2R) bytes of ring 1
+//   [8192, 8192 + 32832)         MailboxInbox of the acceptor (the connector sends into it)
+//   [41024, 41024 + 32832)       MailboxInbox of the connector
+//   [77824, 77824 + R)           bytes of ring 0;   [77824 + R, 77824 + 2R) bytes of ring 1
 // Each device also owns a one-page doorbell memfd that it hands to every peer: a peer that
 // produced or consumed ring bytes bumps the futex word there, and wakes the device's progress
 // loop (FUTEX_WAKE, shared) only when that loop announced that it sleeps.
@@ -32,7 +32,7 @@ namespace plexus::transport::internal::shm {
 inline constexpr uint32_t kFileMagic = 0x53584c50;  // "PLXS"
 inline constexpr uint32_t kProtocolVersion = 2;
 inline constexpr size_t kMailboxAreaOffset = 8192;
-inline constexpr size_t kRingAreaOffset = 20480;
+inline constexpr size_t kRingAreaOffset = 77824;
 inline constexpr size_t kMinRingBytes = size_t{64} << 10;
 inline constexpr size_t kMaxRingBytes = size_t{1} << 30;
 

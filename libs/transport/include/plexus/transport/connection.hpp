@@ -24,19 +24,28 @@ namespace plexus::transport {
 // connection went down are still delivered.
 class Mailbox {
  public:
-  static constexpr size_t kMaxMessageBytes = 248;
+  static constexpr size_t kMaxMessageBytes = 2040;
   static constexpr int kSlots = 16;  // messages that may wait in an inbox
 
   virtual ~Mailbox() = default;
-  // Copies `message` (at most kMaxMessageBytes) into the peer's inbox: true; false when all its
-  // slots still hold messages the peer has not taken (try again). An error once the connection
-  // is down.
-  virtual absl::StatusOr<bool> TrySend(absl::Span<const uint8_t> message) = 0;
-  // Copies the oldest waiting message into `out` (room for kMaxMessageBytes is always enough)
-  // and returns its size; with `keep` it stays the oldest. nullopt when none waits; an error when
-  // none waits and the connection is down, or when the peer wrote a malformed slot.
-  virtual absl::StatusOr<std::optional<size_t>> TryReceive(absl::Span<uint8_t> out,
-                                                           bool keep = false) = 0;
+  // Copies the concatenation of `parts` (at most kMaxMessageBytes) into the peer's inbox: true;
+  // false when all its slots still hold messages the peer has not released (try again). An
+  // error once the connection is down.
+  virtual absl::StatusOr<bool> TrySend(absl::Span<const ConstBuffer> parts) = 0;
+  absl::StatusOr<bool> TrySend(absl::Span<const uint8_t> message) {
+    const ConstBuffer part{message.data(), message.size()};
+    return TrySend(absl::MakeConstSpan(&part, 1));
+  }
+  // The oldest waiting message, in place in the inbox (no copy) until Release(). nullopt when
+  // none waits; an error when none waits and the connection is down, or when the peer wrote a
+  // malformed slot. The span's bounds are checked; a misbehaving peer could still change the
+  // bytes under it, so validate what you copy out, not what you read twice.
+  virtual absl::StatusOr<std::optional<absl::Span<const uint8_t>>> Peek() = 0;
+  // Frees the slot of the message Peek() returned, for the peer to reuse.
+  virtual void Release() = 0;
+  // Copies the oldest waiting message into `out` (kMaxMessageBytes always fit) and releases it;
+  // returns its size, or nullopt when none waits.
+  absl::StatusOr<std::optional<size_t>> TryReceive(absl::Span<uint8_t> out);
   // Sleeps until a message may have arrived or `max` passed (a futex on the slot: wake-ups can
   // be spurious, and a peer that died does not wake it: bound `max`).
   virtual void Wait(absl::Duration max) = 0;
