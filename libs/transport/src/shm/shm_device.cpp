@@ -96,6 +96,7 @@ class ShmDevice final : public Device, public std::enable_shared_from_this<ShmDe
     if (const char* env = std::getenv("PLEXUS_SHM_CMA"); env != nullptr) {
       allow_cma_ = std::string(env) != "0";
     }
+    if (options().shm_cma_threshold > 0) config_.cma_threshold = options().shm_cma_threshold;
     if (const char* env = std::getenv("PLEXUS_SHM_CMA_THRESHOLD"); env != nullptr) {
       uint64_t v;
       if (!absl::SimpleAtoi(env, &v)) {

@@ -35,6 +35,11 @@ struct DeviceOptions {
   size_t max_message_bytes = size_t{1} << 34;
   // shm: bytes of each direction's ring.
   size_t shm_ring_bytes = size_t{4} << 20;
+  // shm: messages and writes of at least this many bytes are pulled by the receiver with
+  // cross-memory attach (one copy) instead of streaming through the ring (two copies, made by
+  // both sides at once). 0 = default (2 MiB, where one transfer with a CPU per side is fastest;
+  // lower it when CPUs, not copies in flight, are short). PLEXUS_SHM_CMA_THRESHOLD overrides.
+  size_t shm_cma_threshold = 0;
 };
 
 // Accepts connections on the address it reports.
