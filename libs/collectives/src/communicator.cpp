@@ -388,7 +388,9 @@ class CommunicatorImpl : public Communicator {
   // The algorithm used, after falling back from ones the collective does not implement.
   Algorithm Resolve(CollectiveKind kind, size_t bytes, Algorithm forced) const;
   // The layout for elements of `dtype` (valid until the next call; calls run one at a time).
-  const Layout& MakeLayout(DataType dtype);
+  // With `segment_bytes` (what one ring step moves), chunks shrink so that each step still
+  // spreads over every channel and reductions overlap transfers.
+  const Layout& MakeLayout(DataType dtype, size_t segment_bytes = 0);
   // An empty plan reusing the previous call's storage (no allocations on the latency path).
   Plan& NewPlan();
   CallHeader Header(CollectiveKind kind, DataType dtype, ReduceOp op, Algorithm algorithm, int root,
@@ -782,8 +784,16 @@ Algorithm CommunicatorImpl::Resolve(CollectiveKind kind, size_t bytes, Algorithm
   return a;
 }
 
-const Layout& CommunicatorImpl::MakeLayout(DataType dtype) {
+const Layout& CommunicatorImpl::MakeLayout(DataType dtype, size_t segment_bytes) {
   call_layout_.esize = DataTypeSize(dtype);
+  call_layout_.chunk_bytes = layout_.chunk_bytes;
+  if (segment_bytes > 0 && layout_.channels > 1) {
+    constexpr size_t kMinChunk = size_t{64} << 10;
+    const size_t per_channel = (segment_bytes + layout_.channels - 1) / layout_.channels;
+    const size_t rounded = (per_channel + 4095) & ~size_t{4095};
+    call_layout_.chunk_bytes =
+        std::clamp(rounded, std::min(kMinChunk, layout_.chunk_bytes), layout_.chunk_bytes);
+  }
   return call_layout_;
 }
 
@@ -860,7 +870,8 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   Staging staging;
   auto buf = staging.Output(recv, bytes, send == recv);
   if (!buf.ok()) return buf.status();
-  const Layout& L = MakeLayout(dtype);
+  const Layout& L =
+      MakeLayout(dtype, algo == Algorithm::kRing ? bytes / static_cast<size_t>(layout_.n) : 0);
   // Below a block per rank (or when latency dominates) whole-vector doubling is cheaper.
   const bool recursive_doubling = bytes <= 16384 || count < static_cast<size_t>(L.n);
   const uint8_t* input = nullptr;  // out of place: where this rank's operand is
