@@ -339,34 +339,65 @@ void BuildDoubleTreeAllReduce(const Layout& L, uint8_t* buf, size_t count, Plan*
   }
 }
 
+namespace {
+
+// The two trees of a rooted double binary tree: heap-shaped over the positions counted from the
+// root, the second mirrored (i -> n - i) so that the leaves of one are inner nodes of the other.
+// Each carries half of the vector.
+struct RootedTrees {
+  const Layout& L;
+  int root_pos;
+  int IndexOf(int tree, int pos) const {
+    const int i = ((pos - root_pos) % L.n + L.n) % L.n;
+    return tree == 0 ? i : (L.n - i) % L.n;
+  }
+  int RankOf(int tree, int index) const {
+    return L.at(root_pos + (tree == 0 ? index : (L.n - index) % L.n));
+  }
+};
+
+}  // namespace
+
 void BuildTreeReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan) {
   const int n = L.n;
   if (n == 1 || count == 0) return;
-  const int i = ((L.pos() - root_pos) % n + n) % n;
-  auto rank_of = [&](int idx) { return L.at(root_pos + idx); };
-  const Block all{0, count};
-  for (size_t k = 0; k < NumChunks(L, count); ++k) {
-    const Block c = ChunkOf(L, all, k);
-    int last_up = -1;
-    for (int child = 2 * i + 1; child <= 2 * i + 2 && child < n; ++child) {
-      last_up = AddRecv(L, plan, buf, c, rank_of(child), Channel(L, k), true);
+  const RootedTrees trees{L, root_pos};
+  const Block halves[2] = {{0, count / 2}, {count / 2, count - count / 2}};
+  const size_t kn = std::max(NumChunks(L, halves[0].count), NumChunks(L, halves[1].count));
+  for (size_t k = 0; k < kn; ++k) {
+    for (int tree = 0; tree < 2; ++tree) {
+      if (k >= NumChunks(L, halves[tree].count)) continue;
+      const Block c = ChunkOf(L, halves[tree], k);
+      const int channel = static_cast<int>((static_cast<size_t>(tree) + k) % L.channels);
+      const int i = trees.IndexOf(tree, L.pos());
+      int last_up = -1;
+      for (int child = 2 * i + 1; child <= 2 * i + 2 && child < n; ++child) {
+        last_up = AddRecv(L, plan, buf, c, trees.RankOf(tree, child), channel, true);
+      }
+      if (i != 0) AddSend(L, plan, buf, c, trees.RankOf(tree, TreeParent(i)), channel, last_up);
     }
-    if (i != 0) AddSend(L, plan, buf, c, rank_of(TreeParent(i)), Channel(L, k), last_up);
   }
 }
 
 void BuildTreeBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan) {
   const int n = L.n;
   if (n == 1 || count == 0) return;
-  const int i = ((L.pos() - root_pos) % n + n) % n;
-  auto rank_of = [&](int idx) { return L.at(root_pos + idx); };
-  const Block all{0, count};
-  for (size_t k = 0; k < NumChunks(L, count); ++k) {
-    const Block c = ChunkOf(L, all, k);
-    int dep = -1;
-    if (i != 0) dep = AddRecv(L, plan, buf, c, rank_of(TreeParent(i)), Channel(L, k), false);
-    for (int child = 2 * i + 1; child <= 2 * i + 2 && child < n; ++child) {
-      AddSend(L, plan, buf, c, rank_of(child), Channel(L, k), dep);
+  const RootedTrees trees{L, root_pos};
+  const Block halves[2] = {{0, count / 2}, {count / 2, count - count / 2}};
+  const size_t kn = std::max(NumChunks(L, halves[0].count), NumChunks(L, halves[1].count));
+  for (size_t k = 0; k < kn; ++k) {
+    for (int tree = 0; tree < 2; ++tree) {
+      if (k >= NumChunks(L, halves[tree].count)) continue;
+      const Block c = ChunkOf(L, halves[tree], k);
+      const int channel = static_cast<int>((static_cast<size_t>(tree) + k) % L.channels);
+      const int i = trees.IndexOf(tree, L.pos());
+      int dep = -1;
+      if (i != 0) {
+        dep = AddRecv(L, plan, buf, c, trees.RankOf(tree, TreeParent(i)), channel, false);
+      }
+      for (int child = 2 * i + 1; child <= 2 * i + 2 && child < n; ++child) {
+        AddSend(L, plan, buf, c, trees.RankOf(tree, child), channel, dep);
+      }
     }
   }
 }

@@ -93,7 +93,8 @@ void BuildHalving(const Layout& L, uint8_t* buf, const std::vector<Block>& block
 void BuildDoubling(const Layout& L, uint8_t* buf, const std::vector<Block>& blocks, Plan* plan);
 // Double binary tree allreduce: half the data up and down each of two complementary trees.
 void BuildDoubleTreeAllReduce(const Layout& L, uint8_t* buf, size_t count, Plan* plan);
-// Binary tree reduce to / broadcast from root_pos.
+// Double binary tree reduce to / broadcast from root_pos: half of the vector down (up) each of
+// two heap-shaped trees rooted at root_pos, the second mirrored, pipelined chunk by chunk.
 void BuildTreeReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan);
 void BuildTreeBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan);
 // Pipelined chains along the ring: broadcast from root_pos; reduce ending at root_pos.
