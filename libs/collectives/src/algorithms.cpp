@@ -177,6 +177,37 @@ void DoublingCore(const Layout& L, const Fold& f, uint8_t* buf, const std::vecto
 // Heap-ordered binary tree over indices 0..n-1.
 int TreeParent(int i) { return i == 0 ? -1 : (i - 1) / 2; }
 
+// Calls step(tree, chunk, channel) for every chunk of the two halves of a count-element vector
+// that a double binary tree carries, chunk by chunk, alternating trees: the order both ends of
+// every (peer, channel) list their messages in.
+template <typename Step>
+void ForEachTreeChunk(const Layout& L, size_t count, Step&& step) {
+  const Block halves[2] = {{0, count / 2}, {count / 2, count - count / 2}};
+  const size_t kn = std::max(NumChunks(L, halves[0].count), NumChunks(L, halves[1].count));
+  for (size_t k = 0; k < kn; ++k) {
+    for (int tree = 0; tree < 2; ++tree) {
+      if (k >= NumChunks(L, halves[tree].count)) continue;
+      step(tree, ChunkOf(L, halves[tree], k),
+           static_cast<int>((static_cast<size_t>(tree) + k) % L.channels));
+    }
+  }
+}
+
+// The two trees of a rooted double binary tree: heap-shaped over the positions counted from the
+// root, the second mirrored (i -> n - i) so that the leaves of one are inner nodes of the other.
+// Each carries half of the vector.
+struct RootedTrees {
+  const Layout& L;
+  int root_pos;
+  int IndexOf(int tree, int pos) const {
+    const int i = ((pos - root_pos) % L.n + L.n) % L.n;
+    return tree == 0 ? i : (L.n - i) % L.n;
+  }
+  int RankOf(int tree, int index) const {
+    return L.at(root_pos + (tree == 0 ? index : (L.n - index) % L.n));
+  }
+};
+
 }  // namespace
 
 std::vector<Block> EvenBlocks(size_t count, int parts) {
@@ -309,97 +340,53 @@ void BuildDoubling(const Layout& L, uint8_t* buf, const std::vector<Block>& bloc
 void BuildDoubleTreeAllReduce(const Layout& L, uint8_t* buf, size_t count, Plan* plan) {
   const int n = L.n;
   if (n == 1 || count == 0) return;
-  const Block halves[2] = {{0, count / 2}, {count / 2, count - count / 2}};
   const int pos = L.pos();
   // Tree 0 indexes positions directly, tree 1 mirrors them: the leaves of one (the upper half of
   // the indices) are the inner nodes of the other.
   auto index_of = [&](int tree, int p) { return tree == 0 ? p : n - 1 - p; };
   auto rank_of = [&](int tree, int i) { return L.at(tree == 0 ? i : n - 1 - i); };
-  const size_t kn = std::max(NumChunks(L, halves[0].count), NumChunks(L, halves[1].count));
-  for (size_t k = 0; k < kn; ++k) {
-    for (int tree = 0; tree < 2; ++tree) {
-      if (k >= NumChunks(L, halves[tree].count)) continue;
-      const Block c = ChunkOf(L, halves[tree], k);
-      const int channel = static_cast<int>((static_cast<size_t>(tree) + k) % L.channels);
-      const int i = index_of(tree, pos);
-      int last_up = -1;
-      for (int child = 2 * i + 1; child <= 2 * i + 2 && child < n; ++child) {
-        last_up = AddRecv(L, plan, buf, c, rank_of(tree, child), channel, true);
-      }
-      int down_dep = last_up;
-      if (i != 0) {
-        const int parent = rank_of(tree, TreeParent(i));
-        const int up = AddSend(L, plan, buf, c, parent, channel, last_up);
-        down_dep = AddRecv(L, plan, buf, c, parent, channel, false, false, up + 1);
-      }
-      for (int child = 2 * i + 1; child <= 2 * i + 2 && child < n; ++child) {
-        AddSend(L, plan, buf, c, rank_of(tree, child), channel, down_dep);
-      }
+  ForEachTreeChunk(L, count, [&](int tree, const Block& c, int channel) {
+    const int i = index_of(tree, pos);
+    int last_up = -1;
+    for (int child = 2 * i + 1; child <= 2 * i + 2 && child < n; ++child) {
+      last_up = AddRecv(L, plan, buf, c, rank_of(tree, child), channel, true);
     }
-  }
+    int down_dep = last_up;
+    if (i != 0) {
+      const int parent = rank_of(tree, TreeParent(i));
+      const int up = AddSend(L, plan, buf, c, parent, channel, last_up);
+      down_dep = AddRecv(L, plan, buf, c, parent, channel, false, false, up + 1);
+    }
+    for (int child = 2 * i + 1; child <= 2 * i + 2 && child < n; ++child) {
+      AddSend(L, plan, buf, c, rank_of(tree, child), channel, down_dep);
+    }
+  });
 }
 
-namespace {
-
-// The two trees of a rooted double binary tree: heap-shaped over the positions counted from the
-// root, the second mirrored (i -> n - i) so that the leaves of one are inner nodes of the other.
-// Each carries half of the vector.
-struct RootedTrees {
-  const Layout& L;
-  int root_pos;
-  int IndexOf(int tree, int pos) const {
-    const int i = ((pos - root_pos) % L.n + L.n) % L.n;
-    return tree == 0 ? i : (L.n - i) % L.n;
-  }
-  int RankOf(int tree, int index) const {
-    return L.at(root_pos + (tree == 0 ? index : (L.n - index) % L.n));
-  }
-};
-
-}  // namespace
-
 void BuildTreeReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan) {
-  const int n = L.n;
-  if (n == 1 || count == 0) return;
+  if (L.n == 1 || count == 0) return;
   const RootedTrees trees{L, root_pos};
-  const Block halves[2] = {{0, count / 2}, {count / 2, count - count / 2}};
-  const size_t kn = std::max(NumChunks(L, halves[0].count), NumChunks(L, halves[1].count));
-  for (size_t k = 0; k < kn; ++k) {
-    for (int tree = 0; tree < 2; ++tree) {
-      if (k >= NumChunks(L, halves[tree].count)) continue;
-      const Block c = ChunkOf(L, halves[tree], k);
-      const int channel = static_cast<int>((static_cast<size_t>(tree) + k) % L.channels);
-      const int i = trees.IndexOf(tree, L.pos());
-      int last_up = -1;
-      for (int child = 2 * i + 1; child <= 2 * i + 2 && child < n; ++child) {
-        last_up = AddRecv(L, plan, buf, c, trees.RankOf(tree, child), channel, true);
-      }
-      if (i != 0) AddSend(L, plan, buf, c, trees.RankOf(tree, TreeParent(i)), channel, last_up);
+  ForEachTreeChunk(L, count, [&](int tree, const Block& c, int channel) {
+    const int i = trees.IndexOf(tree, L.pos());
+    int last_up = -1;
+    for (int child = 2 * i + 1; child <= 2 * i + 2 && child < L.n; ++child) {
+      last_up = AddRecv(L, plan, buf, c, trees.RankOf(tree, child), channel, true);
     }
-  }
+    if (i != 0) AddSend(L, plan, buf, c, trees.RankOf(tree, TreeParent(i)), channel, last_up);
+  });
 }
 
 void BuildTreeBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan) {
-  const int n = L.n;
-  if (n == 1 || count == 0) return;
+  if (L.n == 1 || count == 0) return;
   const RootedTrees trees{L, root_pos};
-  const Block halves[2] = {{0, count / 2}, {count / 2, count - count / 2}};
-  const size_t kn = std::max(NumChunks(L, halves[0].count), NumChunks(L, halves[1].count));
-  for (size_t k = 0; k < kn; ++k) {
-    for (int tree = 0; tree < 2; ++tree) {
-      if (k >= NumChunks(L, halves[tree].count)) continue;
-      const Block c = ChunkOf(L, halves[tree], k);
-      const int channel = static_cast<int>((static_cast<size_t>(tree) + k) % L.channels);
-      const int i = trees.IndexOf(tree, L.pos());
-      int dep = -1;
-      if (i != 0) {
-        dep = AddRecv(L, plan, buf, c, trees.RankOf(tree, TreeParent(i)), channel, false);
-      }
-      for (int child = 2 * i + 1; child <= 2 * i + 2 && child < n; ++child) {
-        AddSend(L, plan, buf, c, trees.RankOf(tree, child), channel, dep);
-      }
+  ForEachTreeChunk(L, count, [&](int tree, const Block& c, int channel) {
+    const int i = trees.IndexOf(tree, L.pos());
+    int dep = -1;
+    if (i != 0) dep = AddRecv(L, plan, buf, c, trees.RankOf(tree, TreeParent(i)), channel, false);
+    for (int child = 2 * i + 1; child <= 2 * i + 2 && child < L.n; ++child) {
+      AddSend(L, plan, buf, c, trees.RankOf(tree, child), channel, dep);
     }
-  }
+  });
 }
 
 void BuildChainBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan) {
