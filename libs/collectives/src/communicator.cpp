@@ -984,6 +984,26 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
       std::memmove(*buf, *in, bytes);
     }
     const Layout& L = MakeLayout(dtype);
+    if (algo == Algorithm::kTree && FitsMailbox(bytes)) {
+      // Small: a binary tree over the positions counted from the root, by mailbox.
+      const int i = ((L.pos() - L.position[root]) % L.n + L.n) % L.n;
+      auto rank_at = [&](int index) { return L.at(L.position[root] + index); };
+      if (i != 0) {
+        if (absl::Status s = MailExchange(-1, nullptr, {rank_at((i - 1) / 2), *buf, false, false},
+                                          bytes, dtype, ReduceOp::kSum, header);
+            !s.ok()) {
+          return s;
+        }
+      }
+      for (int child = 2 * i + 1; child <= 2 * i + 2 && child < L.n; ++child) {
+        if (absl::Status s =
+                MailExchange(rank_at(child), *buf, {}, bytes, dtype, ReduceOp::kSum, header);
+            !s.ok()) {
+          return s;
+        }
+      }
+      return staging.CopyOut();
+    }
     Plan& plan = NewPlan();
     if (algo == Algorithm::kRing) {
       internal::BuildChainBroadcast(L, *buf, count, L.position[root], &plan);
@@ -1017,6 +1037,22 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
       std::memmove(*buf + mine, *in, count * esize);
     }
     const Layout& L = MakeLayout(dtype);
+    if (algo == Algorithm::kHalvingDoubling && FitsMailbox(count * esize)) {
+      // Small (the selector's halving-doubling range): pairwise exchange by mailbox (step d: to
+      // rank + d, from rank - d); log2(n) doubling steps would move the same bytes, later.
+      const int me = layout_.rank;
+      for (int d = 1; d < n; ++d) {
+        const int to = (me + d) % n;
+        const int from = (me - d + n) % n;
+        const MailInbound in{from, *buf + static_cast<size_t>(from) * count * esize, false, false};
+        if (absl::Status s =
+                MailExchange(to, *buf + mine, in, count * esize, dtype, ReduceOp::kSum, header);
+            !s.ok()) {
+          return s;
+        }
+      }
+      return staging.CopyOut();
+    }
     // Ring segment j / halving block b belongs to the rank that owns it at the end.
     std::vector<Block> blocks(n);
     Plan& plan = NewPlan();
@@ -1097,6 +1133,20 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllTask(const void* send, void* 
     const int me = layout_.rank;
     std::memmove(*out + me * block, src + me * block, block);
     const Layout& L = MakeLayout(dtype);
+    if (FitsMailbox(block)) {
+      // Small: the same pairwise exchange, by mailbox.
+      for (int d = 1; d < n; ++d) {
+        const int to = (me + d) % n;
+        const int from = (me - d + n) % n;
+        if (absl::Status s =
+                MailExchange(to, src + to * block, {from, *out + from * block, false, false}, block,
+                             dtype, ReduceOp::kSum, header);
+            !s.ok()) {
+          return s;
+        }
+      }
+      return staging.CopyOut();
+    }
     Plan& plan = NewPlan();
     for (int d = 1; d < n; ++d) {
       const int to = (me + d) % n;
