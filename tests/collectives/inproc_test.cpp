@@ -4,6 +4,7 @@
 // process_test.cpp.)
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
@@ -303,6 +304,57 @@ TEST_CASE("mismatched calls are reported, not silently corrupted", "[collectives
           r.find("do not match") != std::string::npos) {
         named = true;
       }
+    }
+    CHECK(named);
+  }
+}
+
+TEST_CASE("a receive does not mistake a peer's next collective for a mismatch",
+          "[collectives][inproc]") {
+  // Rank 2 sends to rank 0 late; ranks 1 and 3 are already in the allreduce that follows, and
+  // their (mailbox) messages of it wait in rank 0's inboxes while rank 0 receives.
+  auto results = RunRanks(4, InprocOptions(), [](int rank, pc::Communicator& comm) {
+    float x = 1, y = 0;
+    if (rank == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (absl::Status s = comm.Send(&x, 1, DataType::kF32, 0); !s.ok()) {
+        return std::string(s.message());
+      }
+    }
+    if (rank == 0) {
+      if (absl::Status s = comm.Recv(&y, 1, DataType::kF32, 2); !s.ok()) {
+        return std::string(s.message());
+      }
+      if (y != 1) return std::string("received the wrong value");
+    }
+    absl::Status s = comm.AllReduce(&x, &y, 1, DataType::kF32, ReduceOp::kSum);
+    if (!s.ok()) return std::string(s.message());
+    return y == 4 ? std::string() : std::string("wrong sum");
+  });
+  RequireAllOk(results);
+}
+
+TEST_CASE("a broadcast whose ranks disagree on the root is reported", "[collectives][inproc]") {
+  auto options = InprocOptions();
+  options.timeout = absl::Seconds(5);
+  // Small (mailbox path) and large (plan path) vectors.
+  for (size_t count : {size_t{16}, size_t{20000}}) {
+    auto results = RunRanks(3, options, [&](int rank, pc::Communicator& comm) {
+      std::vector<float> v(count, static_cast<float>(rank));
+      absl::Status s = comm.Broadcast(v.data(), v.data(), count, DataType::kF32, rank == 0 ? 0 : 1);
+      // A root only sends: it can learn of the mismatch only from a later call that reads the
+      // same message stream (mailbox calls do not), so the next call is a large allreduce.
+      std::vector<float> w(20000, 1);
+      absl::Status again =
+          comm.AllReduce(w.data(), w.data(), w.size(), DataType::kF32, ReduceOp::kSum);
+      if (s.ok() && again.ok()) return std::string("no error");
+      return std::string(s.ok() ? again.message() : s.message());
+    });
+    INFO("count " << count);
+    bool named = false;
+    for (const std::string& r : results) {
+      CHECK(r != "no error");
+      named = named || r.find("mismatched") != std::string::npos;
     }
     CHECK(named);
   }

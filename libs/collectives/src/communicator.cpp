@@ -41,14 +41,18 @@ using transport::MutableBuffer;
 
 constexpr size_t kHeaderBytes = CallHeader::kEncodedSize;
 
-// The header of a mailbox message: enough to check that both ranks are in the same call.
+// The header of a mailbox message: enough to check that both ranks are in the same call (the
+// fields CallHeader::SameCall compares, but the communicator id: mailboxes are per connection).
 struct MailHeader {
   static constexpr uint8_t kMagic = 0xC5;
   uint8_t magic = kMagic;
   uint8_t kind = 0;
   uint8_t dtype = 0;
   uint8_t op = 0;
+  uint8_t algorithm = 0;
+  uint8_t reserved[3] = {};
   uint32_t count = 0;
+  int32_t root = -1;
   uint64_t sequence = 0;
 
   static MailHeader Of(const CallHeader& h) {
@@ -56,24 +60,29 @@ struct MailHeader {
     m.kind = static_cast<uint8_t>(h.kind);
     m.dtype = static_cast<uint8_t>(h.dtype);
     m.op = static_cast<uint8_t>(h.op);
+    m.algorithm = static_cast<uint8_t>(h.algorithm);
     m.count = static_cast<uint32_t>(h.count);
+    m.root = h.root;
     m.sequence = h.sequence;
     return m;
   }
   bool operator==(const MailHeader&) const = default;
-  // "allreduce #3 (count 2, f32, sum)" for the peer's side of a mismatch.
+  bool Valid() const {
+    return magic == kMagic && kind < kNumCollectiveKinds && dtype < kNumDataTypes &&
+           op < kNumReduceOps && algorithm < kNumAlgorithms;
+  }
+  // "allreduce #3 (count 2, f32, sum, halving_doubling)" for the peer's side of a mismatch.
   std::string Describe() const {
-    if (magic != kMagic || kind >= kNumCollectiveKinds || dtype >= kNumDataTypes ||
-        op >= kNumReduceOps) {
-      return "a message that is not a Plexus collective";
-    }
+    if (!Valid()) return "a message that is not a Plexus collective";
     return absl::StrCat(std::string(CollectiveName(static_cast<CollectiveKind>(kind))), " #",
                         sequence, " (count ", count, ", ",
                         std::string(DataTypeName(static_cast<DataType>(dtype))), ", ",
-                        std::string(ReduceOpName(static_cast<ReduceOp>(op))), ")");
+                        std::string(ReduceOpName(static_cast<ReduceOp>(op))), ", ",
+                        std::string(AlgorithmName(static_cast<Algorithm>(algorithm))),
+                        root >= 0 ? absl::StrCat(", root ", root) : std::string(), ")");
   }
 };
-static_assert(sizeof(MailHeader) == 16);
+static_assert(sizeof(MailHeader) == 24);
 constexpr size_t kMailHeaderBytes = sizeof(MailHeader);
 constexpr size_t kMailFragmentBytes = transport::Mailbox::kMaxMessageBytes - kMailHeaderBytes;
 // Fragments hold whole elements of every type: each is reduced on its own, in place.
@@ -1451,9 +1460,15 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       }
       Completion sink[4];
       cq_->Poll(absl::MakeSpan(sink));  // caller-mode progress notices a dead peer
-      if (idle >= kYieldWindow && sent == fragments) {
-        // Long waits sleep on the slot itself; bounded so that a dead peer is still noticed.
-        mailboxes_[in.from]->Wait(std::min(options_.timeout - idle, absl::Milliseconds(10)));
+      if (idle >= kYieldWindow) {
+        // Long waits sleep: on the slot itself when only receiving (bounded, so that a dead
+        // peer is still noticed); briefly when the peer's inbox is full (it drains as the peer
+        // catches up, with no wake-up to wait for).
+        if (sent == fragments) {
+          mailboxes_[in.from]->Wait(std::min(options_.timeout - idle, absl::Milliseconds(10)));
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
         continue;
       }
     }
@@ -1504,11 +1519,13 @@ absl::Status CommunicatorImpl::CheckMailboxes(const CallHeader& header) {
     MailHeader theirs;
     std::memcpy(&theirs, (*got)->data(), kMailHeaderBytes);
     // A message of a later call is the peer running ahead; one of this call means it chose the
-    // mailbox path where this rank did not: different arguments.
-    if (theirs.sequence != header.sequence) continue;
+    // mailbox path where this rank did not (different arguments); one of an earlier call was
+    // never received here (a broadcast root that differed, say).
+    if (!theirs.Valid() || theirs.sequence > header.sequence) continue;
     return absl::FailedPreconditionError(
         absl::StrCat("mismatched collective calls: rank ", layout_.rank, " is in ",
-                     header.Describe(), " but rank ", peer, " sent ", theirs.Describe()));
+                     header.Describe(), " but rank ", peer, " sent ", theirs.Describe(),
+                     theirs.sequence < header.sequence ? ", which this rank never received" : ""));
   }
   return absl::OkStatus();
 }
@@ -1827,7 +1844,8 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
                          absl::StrJoin(waiting, ", "), " (hung, dead, or not in this call)"));
         break;
       }
-      if (mailboxes_ready_) {
+      // Send/Recv numbers its messages per pair, not per call: nothing to compare with.
+      if (mailboxes_ready_ && header.kind != CollectiveKind::kSendRecv) {
         if (absl::Status s = CheckMailboxes(header); !s.ok()) {
           failure = s;
           break;

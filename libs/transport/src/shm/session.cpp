@@ -1,5 +1,6 @@
 #include "shm/session.hpp"
 
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -233,7 +234,28 @@ void WireRings(Session* s, bool connector, size_t ring_bytes) {
   s->mail_rx = connector ? &inboxes[1] : &inboxes[0];
 }
 
+// Memory shared with a peer process must not shrink under us (reads past the end would raise
+// SIGBUS): the creator seals its memfds, the other side refuses unsealed ones.
+constexpr int kRequiredSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
+absl::Status SealShared(int fd, const char* what) {
+  if (::fcntl(fd, F_ADD_SEALS, kRequiredSeals) != 0) {
+    return SysError(absl::StrCat("sealing ", what), errno);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSealed(int fd, const char* what) {
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) != (F_SEAL_SHRINK | F_SEAL_SEAL)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm: the peer's ", what, " is not sealed against shrinking"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Mapping> MapPeerDoorbell(int fd) {
+  if (absl::Status s = CheckSealed(fd, "doorbell"); !s.ok()) return s;
   struct stat st {};
   if (::fstat(fd, &st) != 0) return SysError("fstat of the peer's doorbell", errno);
   if (st.st_size != 4096) {
@@ -306,9 +328,10 @@ void Doorbell::EndSleep() {
 
 absl::StatusOr<LocalDoorbell> CreateDoorbell() {
   LocalDoorbell d;
-  d.fd = UniqueFd(::memfd_create("plexus-shm-doorbell", MFD_CLOEXEC));
+  d.fd = UniqueFd(::memfd_create("plexus-shm-doorbell", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!d.fd.valid()) return SysError("memfd_create (doorbell)", errno);
   if (::ftruncate(d.fd.get(), 4096) != 0) return SysError("ftruncate (doorbell)", errno);
+  if (absl::Status s = SealShared(d.fd.get(), "the doorbell"); !s.ok()) return s;
   auto m = MapShared(d.fd.get(), 4096, "the doorbell");
   if (!m.ok()) return m.status();
   d.mapping = std::move(*m);
@@ -372,12 +395,13 @@ absl::StatusOr<Session> ConnectSession(const std::string& address, int local_doo
   if (!pid.ok()) return pid.status();
   s.peer_pid = *pid;
 
-  UniqueFd file(::memfd_create("plexus-shm-connection", MFD_CLOEXEC));
+  UniqueFd file(::memfd_create("plexus-shm-connection", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!file.valid()) return SysError("memfd_create", errno);
   const size_t file_bytes = FileBytes(options.ring_bytes);
   if (::ftruncate(file.get(), static_cast<off_t>(file_bytes)) != 0) {
     return SysError(absl::StrCat("ftruncate of the ", file_bytes, "-byte connection file"), errno);
   }
+  if (absl::Status st = SealShared(file.get(), "the connection file"); !st.ok()) return st;
   auto m = MapShared(file.get(), file_bytes, "the connection file");
   if (!m.ok()) return m.status();
   s.file = std::move(*m);
@@ -466,6 +490,9 @@ absl::StatusOr<Session> AcceptSession(UniqueFd socket, int local_doorbell_fd,
         absl::StrCat("shm: connector asks for an invalid ring size of ", hello.ring_bytes)));
   }
   const size_t file_bytes = FileBytes(hello.ring_bytes);
+  if (absl::Status sealed = CheckSealed(got[0].get(), "connection file"); !sealed.ok()) {
+    return reject(sealed);
+  }
   struct stat st {};
   if (::fstat(got[0].get(), &st) != 0 || static_cast<size_t>(st.st_size) != file_bytes) {
     return reject(absl::InvalidArgumentError(
