@@ -91,6 +91,29 @@ static_assert(kMailFragmentBytes % 8 == 0);
 // in-place polling beats a plan over the transport's rings (measured: the plan path takes over
 // from 16 KiB on shm, docs/collectives.md).
 constexpr size_t kMailboxPathBytes = 8192;
+
+// The errors a call reports, worded once for the plan executor and the mailbox path.
+// `call` is CallHeader::Describe() of this rank's call.
+absl::Status PeerFailed(const std::string& call, int rank, int peer, const absl::Status& why) {
+  const bool malformed = absl::IsDataLoss(why);
+  return absl::Status(
+      malformed ? absl::StatusCode::kDataLoss : absl::StatusCode::kUnavailable,
+      absl::StrCat(call, " failed on rank ", rank, ": connection to rank ", peer, " failed (",
+                   std::string(why.message()),
+                   malformed ? ")" : "); that rank died, aborted or is unreachable"));
+}
+absl::Status NoProgress(const std::string& call, int rank, absl::Duration timeout,
+                        const std::string& waiting_for) {
+  return absl::DeadlineExceededError(
+      absl::StrCat(call, " on rank ", rank, ": no progress for ", absl::FormatDuration(timeout),
+                   " waiting for rank(s) ", waiting_for, " (hung, dead, or not in this call)"));
+}
+absl::Status MismatchedCalls(int rank, const std::string& call, int peer, const std::string& theirs,
+                             const std::string& why = "") {
+  return absl::FailedPreconditionError(absl::StrCat("mismatched collective calls: rank ", rank,
+                                                    " is in ", call, " but rank ", peer, " sent ",
+                                                    theirs, why));
+}
 // How long a waiting call polls the transport (yielding the CPU between polls) before it sleeps.
 constexpr absl::Duration kYieldWindow = absl::Milliseconds(2);
 
@@ -1385,14 +1408,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
   absl::Time start = absl::InfinitePast();
   absl::Duration idle = absl::ZeroDuration();
   auto failed = [&](int peer, const absl::Status& why) {
-    const bool malformed = absl::IsDataLoss(why);
-    return Abort(
-        absl::Status(
-            malformed ? absl::StatusCode::kDataLoss : absl::StatusCode::kUnavailable,
-            absl::StrCat(header.Describe(), " failed on rank ", layout_.rank,
-                         ": connection to rank ", peer, " failed (", std::string(why.message()),
-                         malformed ? ")" : "); that rank died, aborted or is unreachable")),
-        true);
+    return Abort(PeerFailed(header.Describe(), layout_.rank, peer, why), true);
   };
   uint32_t polls = 0;
   while (sent < fragments || received < fragments) {
@@ -1421,12 +1437,11 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
         }
         if (message.size() < kMailHeaderBytes || !(theirs == mine) ||
             message.size() != kMailHeaderBytes + length) {
-          return Abort(absl::FailedPreconditionError(absl::StrCat(
-                           "mismatched collective calls: rank ", layout_.rank, " is in ",
-                           header.Describe(), " but rank ", in.from, " sent ",
-                           message.size() < kMailHeaderBytes ? std::string("a truncated message")
-                                                             : theirs.Describe())),
-                       false);
+          return Abort(
+              MismatchedCalls(layout_.rank, header.Describe(), in.from,
+                              message.size() < kMailHeaderBytes ? std::string("a truncated message")
+                                                                : theirs.Describe()),
+              false);
         }
         uint8_t* dst = in.dst + received * kMailFragmentBytes;
         const uint8_t* payload = message.data() + kMailHeaderBytes;
@@ -1452,11 +1467,9 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       idle = now - start;
       if (idle > options_.timeout) {
         const int peer = sent < fragments ? to : in.from;
-        return Abort(absl::DeadlineExceededError(absl::StrCat(
-                         header.Describe(), " on rank ", layout_.rank, ": no progress for ",
-                         absl::FormatDuration(options_.timeout), " waiting for rank(s) ", peer,
-                         " (hung, dead, or not in this call)")),
-                     false);
+        return Abort(
+            NoProgress(header.Describe(), layout_.rank, options_.timeout, absl::StrCat(peer)),
+            false);
       }
       Completion sink[4];
       cq_->Poll(absl::MakeSpan(sink));  // caller-mode progress notices a dead peer
@@ -1522,10 +1535,9 @@ absl::Status CommunicatorImpl::CheckMailboxes(const CallHeader& header) {
     // mailbox path where this rank did not (different arguments); one of an earlier call was
     // never received here (a broadcast root that differed, say).
     if (!theirs.Valid() || theirs.sequence > header.sequence) continue;
-    return absl::FailedPreconditionError(
-        absl::StrCat("mismatched collective calls: rank ", layout_.rank, " is in ",
-                     header.Describe(), " but rank ", peer, " sent ", theirs.Describe(),
-                     theirs.sequence < header.sequence ? ", which this rank never received" : ""));
+    return MismatchedCalls(
+        layout_.rank, header.Describe(), peer, theirs.Describe(),
+        theirs.sequence < header.sequence ? ", which this rank never received" : "");
   }
   return absl::OkStatus();
 }
@@ -1738,9 +1750,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     if (!c.status.ok()) {
       failed_peer = peer;
       connection_failure = true;
-      failure = absl::UnavailableError(absl::StrCat(
-          describe(), " failed on rank ", layout_.rank, ": connection to rank ", peer, " failed (",
-          std::string(c.status.message()), "); that rank died, aborted or is unreachable"));
+      failure = PeerFailed(describe(), layout_.rank, peer, c.status);
       return false;
     }
     if (is_send) {
@@ -1773,12 +1783,11 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
         const bool algo_only = theirs->algorithm != header.algorithm &&
                                theirs->kind == header.kind && theirs->count == header.count &&
                                theirs->dtype == header.dtype;
-        failure = absl::FailedPreconditionError(absl::StrCat(
-            "mismatched collective calls: rank ", layout_.rank, " is in ", mine.Describe(),
-            " but rank ", theirs->sender, " sent ", theirs->Describe(),
+        failure = MismatchedCalls(
+            layout_.rank, mine.Describe(), theirs->sender, theirs->Describe(),
             algo_only ? " (the ranks chose different algorithms: set the same "
                         "PLEXUS_COLL_ALGO, table and per-call algorithm on every rank)"
-                      : ""));
+                      : "");
         return false;
       }
       recv_landing[i] += kHeaderBytes;
@@ -1838,10 +1847,8 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
             }
           }
         }
-        failure = absl::DeadlineExceededError(
-            absl::StrCat(describe(), " on rank ", layout_.rank, ": no progress for ",
-                         absl::FormatDuration(options_.timeout), " waiting for rank(s) ",
-                         absl::StrJoin(waiting, ", "), " (hung, dead, or not in this call)"));
+        failure =
+            NoProgress(describe(), layout_.rank, options_.timeout, absl::StrJoin(waiting, ", "));
         break;
       }
       // Send/Recv numbers its messages per pair, not per call: nothing to compare with.
