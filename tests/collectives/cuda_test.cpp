@@ -4,12 +4,11 @@
 
 #include <cmath>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/transport/memory.hpp"
-#include "plexus/transport/store.hpp"
+#include "ranks.hpp"
 #include "suite.hpp"
 #include "support/skip.hpp"
 
@@ -53,91 +52,59 @@ TEST_CASE("device buffers: allreduce (sum, avg), broadcast and allgather", "[col
   std::string why;
   if (!pt::CudaAvailable(&why)) plexus::testing::SkipTest(why);
   constexpr int kRanks = 3;
-  auto server = pt::TcpStoreServer::Start("127.0.0.1:0");
-  REQUIRE(server.ok());
-  auto store =
-      pt::TcpStore::Connect("127.0.0.1:" + std::to_string((*server)->port()), absl::Seconds(10));
-  REQUIRE(store.ok());
-  std::shared_ptr<pt::Store> shared = *std::move(store);
-  std::vector<std::string> results(kRanks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      auto rdv = pt::Rendezvous::Create(r, kRanks, shared);
-      if (!rdv.ok()) {
-        results[r] = std::string(rdv.status().message());
-        return;
-      }
-      pc::CommunicatorOptions options;
-      options.backend = pt::Backend::kInproc;
-      options.timeout = absl::Seconds(30);
-      auto comm = pc::Communicator::Create(*rdv, options);
-      if (!comm.ok()) {
-        results[r] = std::string(comm.status().message());
-        return;
-      }
-      // Sizes on both the mailbox (small) and the plan path; f32 sum and bf16 avg (the average
-      // is finished by a kernel on the device).
-      for (size_t count : {size_t{7}, size_t{100000}}) {
-        for (pc::DataType dt : {pc::DataType::kF32, pc::DataType::kBF16}) {
-          const pc::ReduceOp op =
-              dt == pc::DataType::kF32 ? pc::ReduceOp::kSum : pc::ReduceOp::kAvg;
-          const size_t es = pc::DataTypeSize(dt);
-          std::vector<uint8_t> host(count * es);
-          for (size_t i = 0; i < count; ++i) {
-            pc::testing::Set(dt, host.data(), i, static_cast<double>((i % 13) + r));
+  pc::CommunicatorOptions options;
+  options.backend = pt::Backend::kInproc;
+  options.timeout = absl::Seconds(30);
+  auto results = pc::testing::RunRanks(kRanks, options, [](int r, pc::Communicator& comm) {
+    // Sizes on both the mailbox (small) and the plan path; f32 sum and bf16 avg (the average is
+    // finished by a kernel on the device).
+    for (size_t count : {size_t{7}, size_t{100000}}) {
+      for (pc::DataType dt : {pc::DataType::kF32, pc::DataType::kBF16}) {
+        const pc::ReduceOp op = dt == pc::DataType::kF32 ? pc::ReduceOp::kSum : pc::ReduceOp::kAvg;
+        const size_t es = pc::DataTypeSize(dt);
+        std::vector<uint8_t> host(count * es);
+        for (size_t i = 0; i < count; ++i) {
+          pc::testing::Set(dt, host.data(), i, static_cast<double>((i % 13) + r));
+        }
+        DeviceBuffer in(count * es), out(count * es);
+        if (in.ptr == nullptr || out.ptr == nullptr || !in.Upload(host)) {
+          return std::string("cudaMalloc/cudaMemcpy failed");
+        }
+        absl::Status s = comm.AllReduce(in.ptr, out.ptr, count, dt, op);
+        if (!s.ok()) return std::string(s.message());
+        const std::vector<uint8_t> got = out.Download();
+        for (size_t i = 0; i < count; ++i) {
+          const double sum = 3.0 * (i % 13) + 0 + 1 + 2;
+          const double want = op == pc::ReduceOp::kAvg ? sum / kRanks : sum;
+          if (std::abs(pc::testing::Get(dt, got.data(), i) - want) > 0.02 * std::abs(want) + 1e-6) {
+            return "allreduce element " + std::to_string(i) + " is wrong";
           }
-          DeviceBuffer in(count * es), out(count * es);
-          if (in.ptr == nullptr || out.ptr == nullptr || !in.Upload(host)) {
-            results[r] = "cudaMalloc/cudaMemcpy failed";
-            return;
+        }
+        // Broadcast from rank 1 and allgather, in place on the device.
+        if (!in.Upload(host)) return std::string("cudaMemcpy failed");
+        s = comm.Broadcast(in.ptr, in.ptr, count, dt, 1);
+        if (!s.ok()) return std::string(s.message());
+        const std::vector<uint8_t> bcast = in.Download();
+        for (size_t i = 0; i < count; ++i) {
+          if (pc::testing::Get(dt, bcast.data(), i) != static_cast<double>((i % 13) + 1)) {
+            return "broadcast element " + std::to_string(i) + " is wrong";
           }
-          absl::Status s = (*comm)->AllReduce(in.ptr, out.ptr, count, dt, op);
-          if (!s.ok()) {
-            results[r] = std::string(s.message());
-            return;
-          }
-          const std::vector<uint8_t> got = out.Download();
-          for (size_t i = 0; i < count && results[r].empty(); ++i) {
-            const double sum = 3.0 * (i % 13) + 0 + 1 + 2;
-            const double want = op == pc::ReduceOp::kAvg ? sum / kRanks : sum;
-            if (std::abs(pc::testing::Get(dt, got.data(), i) - want) >
-                0.02 * std::abs(want) + 1e-6) {
-              results[r] = "allreduce element " + std::to_string(i) + " is wrong";
-            }
-          }
-          // Broadcast from rank 1 and allgather, in place on the device.
-          if (!in.Upload(host)) results[r] = "cudaMemcpy failed";
-          s = (*comm)->Broadcast(in.ptr, in.ptr, count, dt, 1);
-          if (!s.ok()) {
-            results[r] = std::string(s.message());
-            return;
-          }
-          const std::vector<uint8_t> bcast = in.Download();
-          for (size_t i = 0; i < count && results[r].empty(); ++i) {
-            if (pc::testing::Get(dt, bcast.data(), i) != static_cast<double>((i % 13) + 1)) {
-              results[r] = "broadcast element " + std::to_string(i) + " is wrong";
-            }
-          }
-          DeviceBuffer all(count * es * kRanks);
-          if (!in.Upload(host)) results[r] = "cudaMemcpy failed";
-          s = (*comm)->AllGather(in.ptr, all.ptr, count, dt);
-          if (!s.ok()) {
-            results[r] = std::string(s.message());
-            return;
-          }
-          const std::vector<uint8_t> gathered = all.Download();
-          for (size_t j = 0; j < count * kRanks && results[r].empty(); ++j) {
-            const double want = static_cast<double>(((j % count) % 13) + j / count);
-            if (pc::testing::Get(dt, gathered.data(), j) != want) {
-              results[r] = "allgather element " + std::to_string(j) + " is wrong";
-            }
+        }
+        DeviceBuffer all(count * es * kRanks);
+        if (!in.Upload(host)) return std::string("cudaMemcpy failed");
+        s = comm.AllGather(in.ptr, all.ptr, count, dt);
+        if (!s.ok()) return std::string(s.message());
+        const std::vector<uint8_t> gathered = all.Download();
+        for (size_t j = 0; j < count * kRanks; ++j) {
+          const double want = static_cast<double>(((j % count) % 13) + j / count);
+          if (pc::testing::Get(dt, gathered.data(), j) != want) {
+            return "allgather element " + std::to_string(j) + " is wrong";
           }
         }
       }
-    });
-  }
-  for (auto& t : threads) t.join();
+    }
+    return std::string();
+  });
   for (int r = 0; r < kRanks; ++r) {
     INFO("rank " << r);
     CHECK(results[r] == "");

@@ -14,6 +14,7 @@
 
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/transport/store.hpp"
+#include "ranks.hpp"
 #include "suite.hpp"
 
 namespace pc = plexus::collectives;
@@ -21,39 +22,9 @@ namespace pt = plexus::transport;
 using pc::Algorithm;
 using pc::DataType;
 using pc::ReduceOp;
+using pc::testing::RunRanks;
 
 namespace {
-
-// Runs body(rank, comm) on n threads, each with its own communicator; returns one message per
-// rank ("" = success). Catch assertions stay in the main thread.
-std::vector<std::string> RunRanks(int n, pc::CommunicatorOptions options,
-                                  const std::function<std::string(int, pc::Communicator&)>& body) {
-  auto server = pt::TcpStoreServer::Start("127.0.0.1:0");
-  REQUIRE(server.ok());
-  auto store =
-      pt::TcpStore::Connect("127.0.0.1:" + std::to_string((*server)->port()), absl::Seconds(10));
-  REQUIRE(store.ok());
-  std::shared_ptr<pt::Store> shared = *std::move(store);
-  std::vector<std::string> results(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      auto rdv = pt::Rendezvous::Create(r, n, shared);
-      if (!rdv.ok()) {
-        results[r] = "rendezvous: " + std::string(rdv.status().message());
-        return;
-      }
-      auto comm = pc::Communicator::Create(*rdv, options);
-      if (!comm.ok()) {
-        results[r] = "create: " + std::string(comm.status().message());
-        return;
-      }
-      results[r] = body(r, **comm);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
-}
 
 pc::CommunicatorOptions InprocOptions() {
   pc::CommunicatorOptions o;
