@@ -1,14 +1,9 @@
 #include "mailbox.hpp"
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <climits>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "futex.hpp"
 
 namespace plexus::transport {
 
@@ -79,7 +74,7 @@ absl::StatusOr<bool> MailboxEndpoint::TrySend(absl::Span<const ConstBuffer> part
   ++sent_;
   const uint32_t old = State(slot).exchange(SequenceOf(sent_), std::memory_order_release);
   if ((old & kSleeperBit) != 0) {
-    ::syscall(SYS_futex, &slot.state, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+    FutexWake(&slot.state, /*shared=*/true);
   }
   return true;
 }
@@ -122,8 +117,7 @@ void MailboxEndpoint::Wait(absl::Duration max) {
     }
     state |= kSleeperBit;
   }
-  const timespec ts = absl::ToTimespec(max);
-  ::syscall(SYS_futex, &slot.state, FUTEX_WAIT, state, &ts, nullptr, 0);
+  FutexWait(&slot.state, state, /*shared=*/true, max);
 }
 
 }  // namespace plexus::transport::internal

@@ -1,5 +1,4 @@
 // Doorbells: futex sleep/wake with asymmetric fences (membarrier) so that wakers pay no fence.
-#include <linux/futex.h>
 #include <linux/membarrier.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -9,6 +8,7 @@
 #include <chrono>
 #include <mutex>
 
+#include "futex.hpp"
 #include "plexus/transport/runtime.hpp"
 #include "runtime/cpu_relax.hpp"
 
@@ -19,9 +19,7 @@ static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
                   std::atomic<uint32_t>::is_always_lock_free,
               "futex needs a plain 32-bit word");
 
-long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
-  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
-}
+uint32_t* Word(std::atomic<uint32_t>* word) { return reinterpret_cast<uint32_t*>(word); }
 
 bool RegisterMembarrier() {
   const long supported = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
@@ -81,7 +79,7 @@ Doorbell::Ptr Doorbell::Acquire() { return Ptr(DoorbellPool::Get().Acquire()); }
 
 void Doorbell::RingSlow() noexcept {
   if (state_.exchange(kAwake, std::memory_order_acq_rel) == kSleeping) {
-    Futex(&state_, FUTEX_WAKE_PRIVATE, 1, nullptr);
+    internal::FutexWake(Word(&state_), /*shared=*/false, 1);
   }
 }
 
@@ -93,7 +91,7 @@ void Doorbell::PrepareSleep() noexcept {
 void Doorbell::Sleep(absl::Duration timeout) noexcept {
   if (timeout == absl::InfiniteDuration()) {
     while (state_.load(std::memory_order_acquire) == kSleeping) {
-      Futex(&state_, FUTEX_WAIT_PRIVATE, kSleeping, nullptr);
+      internal::FutexWait(Word(&state_), kSleeping, /*shared=*/false, absl::InfiniteDuration());
     }
   } else {
     const auto deadline = std::chrono::steady_clock::now() +
@@ -101,9 +99,9 @@ void Doorbell::Sleep(absl::Duration timeout) noexcept {
     while (state_.load(std::memory_order_acquire) == kSleeping) {
       const auto left = deadline - std::chrono::steady_clock::now();
       if (left <= std::chrono::nanoseconds::zero()) break;
-      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-      const timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-      Futex(&state_, FUTEX_WAIT_PRIVATE, kSleeping, &ts);
+      internal::FutexWait(
+          Word(&state_), kSleeping, /*shared=*/false,
+          absl::FromChrono(std::chrono::duration_cast<std::chrono::nanoseconds>(left)));
     }
   }
   state_.store(kAwake, std::memory_order_relaxed);

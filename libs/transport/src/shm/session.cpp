@@ -1,18 +1,15 @@
 #include "shm/session.hpp"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <climits>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdlib>
@@ -23,6 +20,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "futex.hpp"
 
 namespace plexus::transport::internal::shm {
 namespace {
@@ -309,7 +307,7 @@ void Doorbell::Ring() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (std::atomic_ref<uint32_t>(*sleepers_).load(std::memory_order_seq_cst) == 0) return;
   std::atomic_ref<uint32_t>(*seq_).fetch_add(1, std::memory_order_seq_cst);
-  ::syscall(SYS_futex, seq_, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  FutexWake(seq_, /*shared=*/true);
 }
 
 uint32_t Doorbell::BeginSleep() {
@@ -318,8 +316,7 @@ uint32_t Doorbell::BeginSleep() {
 }
 
 void Doorbell::Sleep(uint32_t token, absl::Duration max) {
-  const timespec ts = absl::ToTimespec(max);
-  ::syscall(SYS_futex, seq_, FUTEX_WAIT, token, &ts, nullptr, 0);
+  FutexWait(seq_, token, /*shared=*/true, max);
 }
 
 void Doorbell::EndSleep() {
