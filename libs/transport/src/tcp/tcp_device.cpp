@@ -42,14 +42,15 @@ namespace {
 using tcp::FrameHeader;
 using tcp::FrameType;
 
-constexpr size_t kRxBufferBytes = 256 * 1024;
 // Payload bytes still to come above this go straight from the socket into their destination.
 constexpr size_t kDirectReadBytes = 32 * 1024;
 // At most this much is read into the staging buffer at once: it still batches many small frames
 // per recv(), while the bulk of a large payload that follows a header goes straight to its
-// destination instead of being copied twice (reading up to kRxBufferBytes, half of a 512 KiB
-// message was staged).
+// destination instead of being copied twice (reads of up to 256 KiB staged half of a 512 KiB
+// message).
 constexpr size_t kStagedReadBytes = kDirectReadBytes;
+// What is left of one staged read (a partial frame) plus the next one.
+constexpr size_t kRxBufferBytes = 2 * kStagedReadBytes;
 // Bytes read from one socket before giving the others a turn.
 constexpr size_t kReadBudgetBytes = 8 << 20;
 constexpr int kMaxIov = 512;
