@@ -45,33 +45,6 @@ int AddRecv(const Layout& L, Plan* plan, uint8_t* buf, const Block& c, int peer,
 
 int Channel(const Layout& L, size_t k) { return static_cast<int>(k % L.channels); }
 
-int Log2Floor(int n) {
-  int p = 0;
-  while ((2 << p) <= n) ++p;
-  return p;
-}
-
-// The core of recursive doubling/halving over 2^k ranks: positions < 2 * rem pair up, the even
-// one of each pair folding into the odd one.
-struct Fold {
-  int p2 = 1;
-  int rem = 0;
-  int new_pos = -1;  // -1: this position folds out
-  int Real(const Layout& L, int np) const { return L.at(np < rem ? 2 * np + 1 : np + rem); }
-};
-Fold MakeFold(const Layout& L) {
-  Fold f;
-  f.p2 = 1 << Log2Floor(L.n);
-  f.rem = L.n - f.p2;
-  const int pos = L.pos();
-  if (pos < 2 * f.rem) {
-    f.new_pos = (pos % 2 == 0) ? -1 : pos / 2;
-  } else {
-    f.new_pos = pos - f.rem;
-  }
-  return f;
-}
-
 // Sends all of buf to `peer` chunk by chunk; returns nothing (indices are contiguous).
 void SendAll(const Layout& L, Plan* plan, const uint8_t* buf, size_t count, int peer,
              int dep_prefix) {
@@ -209,6 +182,19 @@ struct RootedTrees {
 };
 
 }  // namespace
+
+Fold MakeFold(const Layout& L) {
+  Fold f;
+  while (f.p2 * 2 <= L.n) f.p2 *= 2;
+  f.rem = L.n - f.p2;
+  const int pos = L.pos();
+  if (pos < 2 * f.rem) {
+    f.new_pos = (pos % 2 == 0) ? -1 : pos / 2;
+  } else {
+    f.new_pos = pos - f.rem;
+  }
+  return f;
+}
 
 std::vector<Block> EvenBlocks(size_t count, int parts) {
   std::vector<Block> blocks(parts);

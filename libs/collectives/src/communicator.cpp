@@ -1497,29 +1497,27 @@ absl::Status CommunicatorImpl::MailboxAllReduce(uint8_t* buf, size_t count, Data
   auto exchange = [&](int to, MailInbound in) {
     return MailExchange(to, buf, in, bytes, dtype, op, header);
   };
-  // Recursive doubling over the largest power of two p2 <= n: the first 2 * (n - p2) positions
-  // pair up, the even one of each pair folding its vector into the odd one beforehand and
-  // getting the result back afterwards. Reductions in the plan path's order: the same bits.
-  int p2 = 1;
-  while (p2 * 2 <= L.n) p2 *= 2;
-  const int rem = L.n - p2;
+  // Recursive doubling with the plan path's fold (internal::Fold) and reduction order: the
+  // same bits.
+  const internal::Fold f = internal::MakeFold(L);
   const int pos = L.pos();
-  auto real_rank = [&](int np) { return L.at(np < rem ? 2 * np + 1 : np + rem); };
-  if (pos < 2 * rem && pos % 2 == 0) {
+  if (f.new_pos < 0) {  // folds out: hand the vector over, get the result back
     const int partner = L.at(pos + 1);
     if (absl::Status s = exchange(partner, {}); !s.ok()) return s;
     return exchange(-1, {partner, buf, false, false});
   }
-  if (pos < 2 * rem) {
+  const bool folds_in = pos < 2 * f.rem;
+  if (folds_in) {
     if (absl::Status s = exchange(-1, {L.at(pos - 1), buf, true, true}); !s.ok()) return s;
   }
-  const int np = pos < 2 * rem ? pos / 2 : pos - rem;
-  for (int mask = 1; mask < p2; mask *= 2) {
-    const int partner = np ^ mask;
-    const int peer = real_rank(partner);
-    if (absl::Status s = exchange(peer, {peer, buf, true, partner < np}); !s.ok()) return s;
+  for (int mask = 1; mask < f.p2; mask *= 2) {
+    const int partner = f.new_pos ^ mask;
+    const int peer = f.Real(L, partner);
+    if (absl::Status s = exchange(peer, {peer, buf, true, partner < f.new_pos}); !s.ok()) {
+      return s;
+    }
   }
-  if (pos < 2 * rem) return exchange(L.at(pos - 1), {});
+  if (folds_in) return exchange(L.at(pos - 1), {});
   return absl::OkStatus();
 }
 

@@ -64,6 +64,18 @@ struct Layout {
   int at(int pos) const { return order[((pos % n) + n) % n]; }
 };
 
+// Recursive doubling/halving over the largest power of two p2 <= n: the first 2 * rem positions
+// (rem = n - p2) pair up, the even one of each pair folding its vector into the odd one before
+// the core and getting the result back after it.
+struct Fold {
+  int p2 = 1;
+  int rem = 0;
+  int new_pos = -1;  // position among the p2 core ranks; -1: this position folds out
+  // The rank at core position np.
+  int Real(const Layout& L, int np) const { return L.at(np < rem ? 2 * np + 1 : np + rem); }
+};
+Fold MakeFold(const Layout& L);
+
 // An element range of a buffer.
 struct Block {
   size_t offset = 0;  // elements
