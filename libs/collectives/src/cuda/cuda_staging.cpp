@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda_staging.hpp"
+#include "plexus/transport/memory.hpp"
 
 namespace plexus::collectives::internal {
 
@@ -18,12 +19,7 @@ absl::Status CudaError(cudaError_t e, const char* what) {
 bool IsDevicePointer(const void* p) {
   if (p == nullptr) return false;
   // No device, no device pointers: skip the runtime's query on every call (latency path).
-  static const bool any_device = [] {
-    int devices = 0;
-    const bool ok = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
-    cudaGetLastError();
-    return ok;
-  }();
+  static const bool any_device = transport::CudaAvailable();
   if (!any_device) return false;
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
