@@ -14,6 +14,7 @@
 #include <functional>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -24,6 +25,9 @@
 #include "absl/strings/str_split.h"
 #include "cuda_staging.hpp"
 #include "plan.hpp"
+#include "plexus/base/env.hpp"
+#include "plexus/base/host.hpp"
+#include "plexus/base/status.hpp"
 #include "plexus/transport/mesh.hpp"
 #include "reduce.hpp"
 #include "wire.hpp"
@@ -117,10 +121,16 @@ absl::Status MismatchedCalls(int rank, const std::string& call, int peer, const 
 // How long a waiting call polls the transport (yielding the CPU between polls) before it sleeps.
 constexpr absl::Duration kYieldWindow = absl::Milliseconds(2);
 
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? std::string() : std::string(v);
-}
+const base::Param<bool> kDebugParam("PLEXUS_COLL_DEBUG", false,
+                                    "print each communicator's setup and algorithm choices");
+const base::Param<std::string> kTableParam("PLEXUS_COLL_TABLE", "",
+                                           "algorithm table file (docs/collectives.md)");
+const base::Param<std::string> kAlgoParam("PLEXUS_COLL_ALGO", "",
+                                          "algorithm overrides, e.g. allreduce=ring");
+const base::Param<std::string> kYieldParam(
+    "PLEXUS_COLL_YIELD", "", "waiting ranks yield the CPU: 1/0 (default: when oversubscribed)");
+const base::Param<bool> kMailboxParam("PLEXUS_COLL_MAILBOX", true,
+                                      "small collectives over shm/inproc mailboxes");
 
 bool IsReducing(CollectiveKind kind) {
   return kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduce ||
@@ -128,29 +138,6 @@ bool IsReducing(CollectiveKind kind) {
 }
 
 bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
-
-// CPUs this process may run on.
-std::vector<int> UsableCpus() {
-  std::vector<int> cpus;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c) {
-      if (CPU_ISSET(c, &set)) cpus.push_back(c);
-    }
-  }
-  if (cpus.empty()) {
-    const long online = sysconf(_SC_NPROCESSORS_ONLN);
-    for (long c = 0; c < std::max(online, 1L); ++c) cpus.push_back(static_cast<int>(c));
-  }
-  return cpus;
-}
-
-std::string HostName() {
-  char name[256] = {};
-  if (gethostname(name, sizeof name - 1) != 0) return "?";
-  return name;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Work
@@ -597,11 +584,20 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   comm->p2p_recv_seq_.assign(n, 0);
 
   // Selector: table, environment overrides, debug switch.
-  comm->debug_ = options.debug || Env("PLEXUS_COLL_DEBUG") == "1";
+  PLEXUS_ASSIGN_OR_RETURN(const bool env_debug, kDebugParam.Get());
+  PLEXUS_ASSIGN_OR_RETURN(const std::string table_path, kTableParam.Get());
+  PLEXUS_ASSIGN_OR_RETURN(const std::string algo_text, kAlgoParam.Get());
+  PLEXUS_ASSIGN_OR_RETURN(const std::string yield_text, kYieldParam.Get());
+  PLEXUS_ASSIGN_OR_RETURN(const bool use_mailboxes, kMailboxParam.Get());
+  std::optional<bool> yield;
+  if (!yield_text.empty()) {
+    PLEXUS_ASSIGN_OR_RETURN(yield, base::ParseBool(yield_text, kYieldParam.name()));
+  }
+  comm->debug_ = options.debug || env_debug;
   if (!options.table.rules().empty()) {
     comm->table_ = options.table;
-  } else if (const std::string path = Env("PLEXUS_COLL_TABLE"); !path.empty()) {
-    auto table = AlgorithmTable::Load(path);
+  } else if (!table_path.empty()) {
+    auto table = AlgorithmTable::Load(table_path);
     if (!table.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("PLEXUS_COLL_TABLE: ", std::string(table.status().message())));
@@ -610,8 +606,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   } else {
     comm->table_ = AlgorithmTable::Default();
   }
-  if (const std::string text = Env("PLEXUS_COLL_ALGO"); !text.empty()) {
-    auto overrides = AlgorithmOverrides::Parse(text);
+  if (!algo_text.empty()) {
+    auto overrides = AlgorithmOverrides::Parse(algo_text);
     if (!overrides.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("PLEXUS_COLL_ALGO: ", std::string(overrides.status().message())));
@@ -628,10 +624,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
                    "/chunk", options.chunk_bytes, "/order", absl::StrJoin(options.ring_order, ","));
   // The host name counts the ranks sharing this machine and their CPU sets the CPUs they share
   // (see yield_when_idle_).
-  const std::string host = HostName();
+  const std::string host = base::HostName();
   auto shapes = rendezvous.AllGather(
       absl::StrCat("plexus/coll/create/", tag),
-      absl::StrCat(nonce, "|", host, "|", absl::StrJoin(UsableCpus(), ","), "|", shape),
+      absl::StrCat(nonce, "|", host, "|", absl::StrJoin(base::UsableCpus(), ","), "|", shape),
       options.connect_timeout);
   if (!shapes.ok()) return shapes.status();
   int local_ranks = 0;
@@ -659,7 +655,6 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
       static_cast<int>(std::unique(local_cpus.begin(), local_cpus.end()) - local_cpus.begin());
 
   const bool oversubscribed = local_ranks > std::max(shared_cpus, 1);
-  const std::string yield = Env("PLEXUS_COLL_YIELD");
   transport::DeviceOptions device_options;
   device_options.backend = options.backend;
   device_options.progress = options.progress;
@@ -699,11 +694,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
     comm->mailboxes_[r] = comm->conns_[0][r]->mailbox();
     comm->mailboxes_ready_ = comm->mailboxes_[r] != nullptr;
   }
-  if (Env("PLEXUS_COLL_MAILBOX") == "0") comm->mailboxes_ready_ = false;
+  if (!use_mailboxes) comm->mailboxes_ready_ = false;
   comm->call_layout_ = comm->layout_;
   // More ranks than CPUs on this host: a rank spinning for its peer takes the CPU the peer needs
   // to answer, so waiting ranks yield instead (as Open MPI does when oversubscribed).
-  comm->yield_when_idle_ = yield.empty() ? oversubscribed : (yield != "0" && yield != "false");
+  comm->yield_when_idle_ = yield.value_or(oversubscribed);
   comm->options_ = std::move(options);
   comm->ready_ = true;
   if (comm->debug_ && rank == 0) {

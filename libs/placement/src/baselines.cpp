@@ -7,7 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "internal.hpp"
-#include "json_reader.hpp"
+#include "plexus/base/json_reader.hpp"
+#include "plexus/base/status.hpp"
 
 namespace plexus::placement::internal {
 namespace {
@@ -182,7 +183,7 @@ absl::StatusOr<Plan> RunBaseline(const Problem& problem, Strategy strategy) {
   }
   if (!plan.ok()) return plan.status();
   plan->strategy = std::string(StrategyName(strategy));
-  PLEXUS_PLACEMENT_RETURN_IF_ERROR(EvaluatePlan(problem, *plan));
+  PLEXUS_RETURN_IF_ERROR(EvaluatePlan(problem, *plan));
   if (!plan->capacity_ok) {
     double worst = 0;
     for (double u : plan->worker_utilisation) worst = std::max(worst, u);

@@ -12,7 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "internal.hpp"
-#include "json_reader.hpp"
+#include "plexus/base/json_reader.hpp"
+#include "plexus/base/status.hpp"
 
 namespace plexus::placement::internal {
 namespace {
@@ -106,7 +107,7 @@ class ExactSearch {
     Plan plan = best_plan_;
     plan.strategy = "lb";
     plan.note.clear();
-    PLEXUS_PLACEMENT_RETURN_IF_ERROR(EvaluatePlan(p_, plan));
+    PLEXUS_RETURN_IF_ERROR(EvaluatePlan(p_, plan));
     plan.proven_optimal = !aborted_;
     plan.search_nodes = nodes_;
     if (aborted_) {

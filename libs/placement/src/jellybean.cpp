@@ -9,7 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "internal.hpp"
-#include "json_reader.hpp"
+#include "plexus/base/json_reader.hpp"
+#include "plexus/base/status.hpp"
 
 namespace plexus::placement::internal {
 namespace {
@@ -403,7 +404,7 @@ absl::StatusOr<Plan> RunJellyBean(const Problem& problem) {
   }
   if (!found) return absl::FailedPreconditionError(failure);
   best.strategy = "jb";
-  PLEXUS_PLACEMENT_RETURN_IF_ERROR(EvaluatePlan(problem, best));
+  PLEXUS_RETURN_IF_ERROR(EvaluatePlan(problem, best));
   best.optimizer_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return best;

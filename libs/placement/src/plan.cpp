@@ -8,13 +8,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "internal.hpp"
-#include "json_reader.hpp"
+#include "plexus/base/json_reader.hpp"
+#include "plexus/base/status.hpp"
 #include "plexus/placement/optimizer.hpp"
 
 namespace plexus::placement {
 
-using internal::Invalid;
-using internal::Json;
+using base::json::Invalid;
+using base::json::Json;
 
 namespace internal {
 
@@ -112,13 +113,13 @@ absl::Status EvaluatePlan(const Problem& problem, Plan& plan) {
                          "': data only flows to the same or a higher tier"));
       };
       if (problem.operators[edge.from].kind == OperatorKind::kSource) {
-        PLEXUS_PLACEMENT_RETURN_IF_ERROR(
+        PLEXUS_RETURN_IF_ERROR(
             check(problem.operators[edge.from].source_tier,
                   absl::StrCat("source '", problem.operators[edge.from].name, "'")));
       } else {
         for (const WorkerShare& from : plan.workers[edge.from]) {
           if (from.share <= 0) continue;
-          PLEXUS_PLACEMENT_RETURN_IF_ERROR(
+          PLEXUS_RETURN_IF_ERROR(
               check(problem.workers[from.worker].tier,
                     absl::StrCat("worker '", problem.workers[from.worker].name, "'")));
         }
@@ -190,58 +191,56 @@ std::string PlanToJson(const Problem& problem, const Plan& plan) {
 }
 
 absl::StatusOr<Plan> ParsePlan(const Problem& problem, std::string_view json_text) {
-  PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(Json root, internal::ParseJsonText(json_text, "plan"));
+  PLEXUS_ASSIGN_OR_RETURN(Json root, base::json::ParseJsonText(json_text, "plan"));
   if (!root.is_object()) return Invalid("plan", "expected a JSON object");
   Plan plan;
   plan.variant = internal::DefaultVariants(problem);
   for (int& v : plan.variant) v = v < 0 ? -1 : -2;  // -2: not listed yet
   plan.workers.assign(problem.operators.size(), {});
-  PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(plan.strategy,
-                                    internal::StringField(root, "plan", "strategy", false, "?"));
-  PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(plan.optimizer_ms,
-                                    internal::NumberField(root, "plan", "optimizer_ms", false, 0));
-  PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(plan.note,
-                                    internal::StringField(root, "plan", "note", false, ""));
+  PLEXUS_ASSIGN_OR_RETURN(plan.strategy,
+                          base::json::StringField(root, "plan", "strategy", false, "?"));
+  PLEXUS_ASSIGN_OR_RETURN(plan.optimizer_ms,
+                          base::json::NumberField(root, "plan", "optimizer_ms", false, 0));
+  PLEXUS_ASSIGN_OR_RETURN(plan.note, base::json::StringField(root, "plan", "note", false, ""));
   const Json* operators = nullptr;
-  PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(operators,
-                                    internal::ArrayField(root, "plan", "operators", true));
+  PLEXUS_ASSIGN_OR_RETURN(operators, base::json::ArrayField(root, "plan", "operators", true));
   for (size_t i = 0; i < operators->size(); ++i) {
-    const std::string at = internal::Index("plan.operators", i);
+    const std::string at = base::json::Index("plan.operators", i);
     const Json& entry = (*operators)[i];
     if (!entry.is_object()) return Invalid(at, "expected an object");
     std::string name, variant;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(name, internal::StringField(entry, at, "name", true));
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(
-        variant, internal::StringField(entry, at, "variant", false, "default"));
+    PLEXUS_ASSIGN_OR_RETURN(name, base::json::StringField(entry, at, "name", true));
+    PLEXUS_ASSIGN_OR_RETURN(variant,
+                            base::json::StringField(entry, at, "variant", false, "default"));
     const int op = problem.FindOperator(name);
     if (op < 0) {
-      return Invalid(internal::Child(at, "name"), absl::StrCat("unknown operator '", name, "'"));
+      return Invalid(base::json::Child(at, "name"), absl::StrCat("unknown operator '", name, "'"));
     }
     if (problem.operators[op].kind == OperatorKind::kSource) {
-      return Invalid(internal::Child(at, "name"), absl::StrCat("'", name, "' is a source"));
+      return Invalid(base::json::Child(at, "name"), absl::StrCat("'", name, "' is a source"));
     }
     if (plan.variant[op] != -2) {
-      return Invalid(internal::Child(at, "name"), absl::StrCat("'", name, "' listed twice"));
+      return Invalid(base::json::Child(at, "name"), absl::StrCat("'", name, "' listed twice"));
     }
     plan.variant[op] = problem.FindVariant(op, variant);
     if (plan.variant[op] < 0) {
-      return Invalid(internal::Child(at, "variant"),
+      return Invalid(base::json::Child(at, "variant"),
                      absl::StrCat("operator '", name, "' has no variant '", variant, "'"));
     }
     const Json* workers = nullptr;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(workers, internal::ArrayField(entry, at, "workers", true));
+    PLEXUS_ASSIGN_OR_RETURN(workers, base::json::ArrayField(entry, at, "workers", true));
     for (size_t k = 0; k < workers->size(); ++k) {
-      const std::string wat = internal::Index(internal::Child(at, "workers"), k);
+      const std::string wat = base::json::Index(base::json::Child(at, "workers"), k);
       const Json& item = (*workers)[k];
       if (!item.is_object()) return Invalid(wat, "expected an object");
       std::string worker;
       WorkerShare share;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(worker, internal::StringField(item, wat, "name", true));
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(share.share,
-                                        internal::NumberField(item, wat, "share", true));
+      PLEXUS_ASSIGN_OR_RETURN(worker, base::json::StringField(item, wat, "name", true));
+      PLEXUS_ASSIGN_OR_RETURN(share.share, base::json::NumberField(item, wat, "share", true));
       share.worker = problem.FindWorker(worker);
       if (share.worker < 0) {
-        return Invalid(internal::Child(wat, "name"), absl::StrCat("unknown worker '", worker, "'"));
+        return Invalid(base::json::Child(wat, "name"),
+                       absl::StrCat("unknown worker '", worker, "'"));
       }
       plan.workers[op].push_back(share);
     }
@@ -252,12 +251,12 @@ absl::StatusOr<Plan> ParsePlan(const Problem& problem, std::string_view json_tex
                      absl::StrCat("operator '", problem.operators[op].name, "' is missing"));
     }
   }
-  PLEXUS_PLACEMENT_RETURN_IF_ERROR(EvaluatePlan(problem, plan));
+  PLEXUS_RETURN_IF_ERROR(EvaluatePlan(problem, plan));
   return plan;
 }
 
 absl::StatusOr<Plan> LoadPlan(const Problem& problem, const std::string& path) {
-  PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(std::string text, internal::ReadFile(path));
+  PLEXUS_ASSIGN_OR_RETURN(std::string text, base::ReadFile(path));
   auto plan = ParsePlan(problem, text);
   if (!plan.ok()) {
     return absl::Status(plan.status().code(),

@@ -9,44 +9,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "json_reader.hpp"
+#include "plexus/base/json_reader.hpp"
+#include "plexus/base/status.hpp"
 
 namespace plexus::placement {
-namespace internal {
-
-absl::StatusOr<Json> ParseJsonText(std::string_view text, std::string_view what) {
-  try {
-    return Json::parse(text.begin(), text.end());
-  } catch (const Json::parse_error& error) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(std::string(what), " is not valid JSON (", error.what(), ")"));
-  }
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read '", path, "'"));
-  return contents.str();
-}
-
-}  // namespace internal
 
 namespace {
 
-using internal::ArrayField;
-using internal::BoolField;
-using internal::CheckKeys;
-using internal::Child;
-using internal::Index;
-using internal::IntegerField;
-using internal::Invalid;
-using internal::Json;
-using internal::NumberField;
-using internal::ObjectField;
-using internal::StringField;
+using base::json::ArrayField;
+using base::json::BoolField;
+using base::json::CheckKeys;
+using base::json::Child;
+using base::json::Index;
+using base::json::IntegerField;
+using base::json::Invalid;
+using base::json::Json;
+using base::json::NumberField;
+using base::json::ObjectField;
+using base::json::StringField;
 
 absl::StatusOr<Link> ParseLink(const Json& object, const std::string& path,
                                std::initializer_list<std::string_view> extra_keys = {}) {
@@ -60,12 +40,9 @@ absl::StatusOr<Link> ParseLink(const Json& object, const std::string& path,
     }
   }
   Link link;
-  PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(link.price_per_gb,
-                                    NumberField(object, path, "price_per_gb", true));
-  PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(link.latency_ms,
-                                    NumberField(object, path, "latency_ms", false));
-  PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(link.bandwidth_gbps,
-                                    NumberField(object, path, "bandwidth_gbps", false));
+  PLEXUS_ASSIGN_OR_RETURN(link.price_per_gb, NumberField(object, path, "price_per_gb", true));
+  PLEXUS_ASSIGN_OR_RETURN(link.latency_ms, NumberField(object, path, "latency_ms", false));
+  PLEXUS_ASSIGN_OR_RETURN(link.bandwidth_gbps, NumberField(object, path, "bandwidth_gbps", false));
   if (link.price_per_gb < 0) return Invalid(Child(path, "price_per_gb"), "must be >= 0");
   if (link.latency_ms < 0) return Invalid(Child(path, "latency_ms"), "must be >= 0");
   if (link.bandwidth_gbps < 0) return Invalid(Child(path, "bandwidth_gbps"), "must be >= 0");
@@ -78,46 +55,44 @@ class Parser {
 
   absl::Status Parse(const Json& root) {
     if (!root.is_object()) return Invalid("input", "expected a JSON object at the top level");
-    PLEXUS_PLACEMENT_RETURN_IF_ERROR(
+    PLEXUS_RETURN_IF_ERROR(
         CheckKeys(root, "",
                   {"name", "description", "workflow", "accuracy_profiles", "execution_profiles",
                    "infrastructure", "objective", "options"}));
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(p_.name, StringField(root, "", "name", false, "unnamed"));
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(p_.description, StringField(root, "", "description", false));
+    PLEXUS_ASSIGN_OR_RETURN(p_.name, StringField(root, "", "name", false, "unnamed"));
+    PLEXUS_ASSIGN_OR_RETURN(p_.description, StringField(root, "", "description", false));
     const Json* workflow = nullptr;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(workflow, ObjectField(root, "", "workflow", true));
-    PLEXUS_PLACEMENT_RETURN_IF_ERROR(ParseWorkflow(*workflow));
+    PLEXUS_ASSIGN_OR_RETURN(workflow, ObjectField(root, "", "workflow", true));
+    PLEXUS_RETURN_IF_ERROR(ParseWorkflow(*workflow));
     const Json* infrastructure = nullptr;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(infrastructure,
-                                      ObjectField(root, "", "infrastructure", true));
-    PLEXUS_PLACEMENT_RETURN_IF_ERROR(ParseInfrastructure(*infrastructure));
-    PLEXUS_PLACEMENT_RETURN_IF_ERROR(ParseAccuracyProfiles(root));
-    PLEXUS_PLACEMENT_RETURN_IF_ERROR(ParseExecutionProfiles(root));
-    PLEXUS_PLACEMENT_RETURN_IF_ERROR(ParseObjective(root));
-    PLEXUS_PLACEMENT_RETURN_IF_ERROR(ParseOptions(root));
+    PLEXUS_ASSIGN_OR_RETURN(infrastructure, ObjectField(root, "", "infrastructure", true));
+    PLEXUS_RETURN_IF_ERROR(ParseInfrastructure(*infrastructure));
+    PLEXUS_RETURN_IF_ERROR(ParseAccuracyProfiles(root));
+    PLEXUS_RETURN_IF_ERROR(ParseExecutionProfiles(root));
+    PLEXUS_RETURN_IF_ERROR(ParseObjective(root));
+    PLEXUS_RETURN_IF_ERROR(ParseOptions(root));
     return ComputeRates();
   }
 
  private:
   absl::Status ParseWorkflow(const Json& workflow) {
     const std::string path = "workflow";
-    PLEXUS_PLACEMENT_RETURN_IF_ERROR(CheckKeys(workflow, path, {"operators", "edges"}));
+    PLEXUS_RETURN_IF_ERROR(CheckKeys(workflow, path, {"operators", "edges"}));
     const Json* operators = nullptr;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(operators, ArrayField(workflow, path, "operators", true));
+    PLEXUS_ASSIGN_OR_RETURN(operators, ArrayField(workflow, path, "operators", true));
     if (operators->empty()) return Invalid(Child(path, "operators"), "the workflow is empty");
     for (size_t i = 0; i < operators->size(); ++i) {
       const std::string at = Index(Child(path, "operators"), i);
       const Json& entry = (*operators)[i];
       if (!entry.is_object()) return Invalid(at, "expected an object");
-      PLEXUS_PLACEMENT_RETURN_IF_ERROR(
-          CheckKeys(entry, at, {"name", "kind", "variants", "combine"}));
+      PLEXUS_RETURN_IF_ERROR(CheckKeys(entry, at, {"name", "kind", "variants", "combine"}));
       Operator op;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(op.name, StringField(entry, at, "name", true));
+      PLEXUS_ASSIGN_OR_RETURN(op.name, StringField(entry, at, "name", true));
       if (p_.FindOperator(op.name) >= 0) {
         return Invalid(Child(at, "name"), absl::StrCat("duplicate operator '", op.name, "'"));
       }
       std::string kind;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(kind, StringField(entry, at, "kind", true));
+      PLEXUS_ASSIGN_OR_RETURN(kind, StringField(entry, at, "kind", true));
       if (kind == "source") {
         op.kind = OperatorKind::kSource;
       } else if (kind == "ml") {
@@ -129,7 +104,7 @@ class Parser {
                        absl::StrCat("unknown kind '", kind, "' (expected source, ml, relational)"));
       }
       std::string combine;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(combine, StringField(entry, at, "combine", false, "join"));
+      PLEXUS_ASSIGN_OR_RETURN(combine, StringField(entry, at, "combine", false, "join"));
       if (combine == "join") {
         op.combine = Combine::kJoin;
       } else if (combine == "union") {
@@ -139,7 +114,7 @@ class Parser {
                        absl::StrCat("unknown combine '", combine, "' (expected join or union)"));
       }
       const Json* variants = nullptr;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(variants, ArrayField(entry, at, "variants", false));
+      PLEXUS_ASSIGN_OR_RETURN(variants, ArrayField(entry, at, "variants", false));
       if (variants != nullptr) {
         for (size_t v = 0; v < variants->size(); ++v) {
           const std::string vat = Index(Child(at, "variants"), v);
@@ -167,7 +142,7 @@ class Parser {
     }
 
     const Json* edges = nullptr;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(edges, ArrayField(workflow, path, "edges", true));
+    PLEXUS_ASSIGN_OR_RETURN(edges, ArrayField(workflow, path, "edges", true));
     const size_t n = p_.operators.size();
     p_.in_edges.assign(n, {});
     p_.out_edges.assign(n, {});
@@ -176,12 +151,11 @@ class Parser {
       const std::string at = Index(Child(path, "edges"), i);
       const Json& entry = (*edges)[i];
       if (!entry.is_object()) return Invalid(at, "expected an object");
-      PLEXUS_PLACEMENT_RETURN_IF_ERROR(
-          CheckKeys(entry, at, {"from", "to", "rate_ratio", "message_kb"}));
+      PLEXUS_RETURN_IF_ERROR(CheckKeys(entry, at, {"from", "to", "rate_ratio", "message_kb"}));
       Edge edge;
       std::string from, to;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(from, StringField(entry, at, "from", true));
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(to, StringField(entry, at, "to", true));
+      PLEXUS_ASSIGN_OR_RETURN(from, StringField(entry, at, "from", true));
+      PLEXUS_ASSIGN_OR_RETURN(to, StringField(entry, at, "to", true));
       edge.from = p_.FindOperator(from);
       edge.to = p_.FindOperator(to);
       if (edge.from < 0) return Invalid(Child(at, "from"), UnknownOperator(from));
@@ -193,10 +167,9 @@ class Parser {
       if (!seen.insert({edge.from, edge.to}).second) {
         return Invalid(at, absl::StrCat("duplicate edge ", from, " -> ", to));
       }
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(edge.rate_ratio,
-                                        NumberField(entry, at, "rate_ratio", false, 1.0));
+      PLEXUS_ASSIGN_OR_RETURN(edge.rate_ratio, NumberField(entry, at, "rate_ratio", false, 1.0));
       if (!(edge.rate_ratio > 0)) return Invalid(Child(at, "rate_ratio"), "must be > 0");
-      PLEXUS_PLACEMENT_RETURN_IF_ERROR(ParseMessageSizes(entry, at, edge));
+      PLEXUS_RETURN_IF_ERROR(ParseMessageSizes(entry, at, edge));
       p_.out_edges[edge.from].push_back(static_cast<int>(p_.edges.size()));
       p_.in_edges[edge.to].push_back(static_cast<int>(p_.edges.size()));
       p_.edges.push_back(std::move(edge));
@@ -219,20 +192,19 @@ class Parser {
 
   absl::Status ParseMessageSizes(const Json& entry, const std::string& at, Edge& edge) {
     const Json* sizes = nullptr;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(sizes, ArrayField(entry, at, "message_kb", true));
+    PLEXUS_ASSIGN_OR_RETURN(sizes, ArrayField(entry, at, "message_kb", true));
     const Operator& from = p_.operators[edge.from];
     const Operator& to = p_.operators[edge.to];
     for (size_t s = 0; s < sizes->size(); ++s) {
       const std::string sat = Index(Child(at, "message_kb"), s);
       const Json& item = (*sizes)[s];
       if (!item.is_object()) return Invalid(sat, "expected an object");
-      PLEXUS_PLACEMENT_RETURN_IF_ERROR(CheckKeys(item, sat, {"from_variant", "to_variant", "kb"}));
+      PLEXUS_RETURN_IF_ERROR(CheckKeys(item, sat, {"from_variant", "to_variant", "kb"}));
       MessageSize size;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(size.from_variant,
-                                        StringField(item, sat, "from_variant", false, "*"));
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(size.to_variant,
-                                        StringField(item, sat, "to_variant", false, "*"));
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(size.kb, NumberField(item, sat, "kb", true));
+      PLEXUS_ASSIGN_OR_RETURN(size.from_variant,
+                              StringField(item, sat, "from_variant", false, "*"));
+      PLEXUS_ASSIGN_OR_RETURN(size.to_variant, StringField(item, sat, "to_variant", false, "*"));
+      PLEXUS_ASSIGN_OR_RETURN(size.kb, NumberField(item, sat, "kb", true));
       if (size.kb < 0) return Invalid(Child(sat, "kb"), "must be >= 0");
       if (size.from_variant != "*" && std::find(from.variants.begin(), from.variants.end(),
                                                 size.from_variant) == from.variants.end()) {
@@ -345,42 +317,41 @@ class Parser {
 
   absl::Status ParseInfrastructure(const Json& infra) {
     const std::string path = "infrastructure";
-    PLEXUS_PLACEMENT_RETURN_IF_ERROR(
+    PLEXUS_RETURN_IF_ERROR(
         CheckKeys(infra, path, {"tiers", "worker_types", "workers", "network", "sources"}));
-    PLEXUS_PLACEMENT_RETURN_IF_ERROR(ParseTiers(infra, path));
-    PLEXUS_PLACEMENT_RETURN_IF_ERROR(ParseWorkers(infra, path));
-    PLEXUS_PLACEMENT_RETURN_IF_ERROR(ParseNetwork(infra, path));
+    PLEXUS_RETURN_IF_ERROR(ParseTiers(infra, path));
+    PLEXUS_RETURN_IF_ERROR(ParseWorkers(infra, path));
+    PLEXUS_RETURN_IF_ERROR(ParseNetwork(infra, path));
     return ParseSources(infra, path);
   }
 
   absl::Status ParseTiers(const Json& infra, const std::string& path) {
     const Json* tiers = nullptr;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(tiers, ArrayField(infra, path, "tiers", true));
+    PLEXUS_ASSIGN_OR_RETURN(tiers, ArrayField(infra, path, "tiers", true));
     if (tiers->empty()) return Invalid(Child(path, "tiers"), "at least one tier is needed");
     for (size_t i = 0; i < tiers->size(); ++i) {
       const std::string at = Index(Child(path, "tiers"), i);
       const Json& entry = (*tiers)[i];
       if (!entry.is_object()) return Invalid(at, "expected an object");
-      PLEXUS_PLACEMENT_RETURN_IF_ERROR(
+      PLEXUS_RETURN_IF_ERROR(
           CheckKeys(entry, at, {"name", "locations", "replicated", "between_locations"}));
       Tier tier;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(tier.name, StringField(entry, at, "name", true));
+      PLEXUS_ASSIGN_OR_RETURN(tier.name, StringField(entry, at, "name", true));
       if (p_.FindTier(tier.name) >= 0) {
         return Invalid(Child(at, "name"), absl::StrCat("duplicate tier '", tier.name, "'"));
       }
       int64_t locations = 0;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(locations, IntegerField(entry, at, "locations", false, 1));
+      PLEXUS_ASSIGN_OR_RETURN(locations, IntegerField(entry, at, "locations", false, 1));
       if (locations < 1 || locations > 1'000'000) {
         return Invalid(Child(at, "locations"), "must be between 1 and 1000000");
       }
       tier.locations = static_cast<int>(locations);
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(tier.replicated, BoolField(entry, at, "replicated", false));
+      PLEXUS_ASSIGN_OR_RETURN(tier.replicated, BoolField(entry, at, "replicated", false));
       const Json* between = nullptr;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(between,
-                                        ObjectField(entry, at, "between_locations", false));
+      PLEXUS_ASSIGN_OR_RETURN(between, ObjectField(entry, at, "between_locations", false));
       if (between != nullptr) {
-        PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(tier.between_locations,
-                                          ParseLink(*between, Child(at, "between_locations")));
+        PLEXUS_ASSIGN_OR_RETURN(tier.between_locations,
+                                ParseLink(*between, Child(at, "between_locations")));
       } else if (tier.locations > 1 && !tier.replicated) {
         return Invalid(Child(at, "between_locations"),
                        absl::StrCat("required: tier '", tier.name, "' has ", tier.locations,
@@ -393,37 +364,35 @@ class Parser {
 
   absl::Status ParseWorkers(const Json& infra, const std::string& path) {
     const Json* types = nullptr;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(types, ArrayField(infra, path, "worker_types", true));
+    PLEXUS_ASSIGN_OR_RETURN(types, ArrayField(infra, path, "worker_types", true));
     for (size_t i = 0; i < types->size(); ++i) {
       const std::string at = Index(Child(path, "worker_types"), i);
       const Json& entry = (*types)[i];
       if (!entry.is_object()) return Invalid(at, "expected an object");
-      PLEXUS_PLACEMENT_RETURN_IF_ERROR(CheckKeys(entry, at, {"name", "price_per_hour", "gpu"}));
+      PLEXUS_RETURN_IF_ERROR(CheckKeys(entry, at, {"name", "price_per_hour", "gpu"}));
       WorkerType type;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(type.name, StringField(entry, at, "name", true));
+      PLEXUS_ASSIGN_OR_RETURN(type.name, StringField(entry, at, "name", true));
       if (FindType(type.name) >= 0) {
         return Invalid(Child(at, "name"), absl::StrCat("duplicate worker type '", type.name, "'"));
       }
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(type.price_per_hour,
-                                        NumberField(entry, at, "price_per_hour", true));
+      PLEXUS_ASSIGN_OR_RETURN(type.price_per_hour, NumberField(entry, at, "price_per_hour", true));
       if (type.price_per_hour < 0) return Invalid(Child(at, "price_per_hour"), "must be >= 0");
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(type.gpu, BoolField(entry, at, "gpu", false));
+      PLEXUS_ASSIGN_OR_RETURN(type.gpu, BoolField(entry, at, "gpu", false));
       p_.worker_types.push_back(type);
     }
 
     const Json* workers = nullptr;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(workers, ArrayField(infra, path, "workers", true));
+    PLEXUS_ASSIGN_OR_RETURN(workers, ArrayField(infra, path, "workers", true));
     for (size_t i = 0; i < workers->size(); ++i) {
       const std::string at = Index(Child(path, "workers"), i);
       const Json& entry = (*workers)[i];
       if (!entry.is_object()) return Invalid(at, "expected an object");
-      PLEXUS_PLACEMENT_RETURN_IF_ERROR(
-          CheckKeys(entry, at, {"name", "type", "tier", "location", "count"}));
+      PLEXUS_RETURN_IF_ERROR(CheckKeys(entry, at, {"name", "type", "tier", "location", "count"}));
       Worker worker;
       std::string name, type, tier;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(name, StringField(entry, at, "name", true));
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(type, StringField(entry, at, "type", true));
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(tier, StringField(entry, at, "tier", true));
+      PLEXUS_ASSIGN_OR_RETURN(name, StringField(entry, at, "name", true));
+      PLEXUS_ASSIGN_OR_RETURN(type, StringField(entry, at, "type", true));
+      PLEXUS_ASSIGN_OR_RETURN(tier, StringField(entry, at, "tier", true));
       worker.type = FindType(type);
       if (worker.type < 0) {
         return Invalid(Child(at, "type"), absl::StrCat("unknown worker type '", type, "'"));
@@ -431,8 +400,8 @@ class Parser {
       worker.tier = p_.FindTier(tier);
       if (worker.tier < 0) return Invalid(Child(at, "tier"), UnknownTier(tier));
       int64_t location = 0, count = 1;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(location, IntegerField(entry, at, "location", false, 0));
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(count, IntegerField(entry, at, "count", false, 1));
+      PLEXUS_ASSIGN_OR_RETURN(location, IntegerField(entry, at, "location", false, 0));
+      PLEXUS_ASSIGN_OR_RETURN(count, IntegerField(entry, at, "count", false, 1));
       if (location < 0 || location >= p_.tiers[worker.tier].locations) {
         return Invalid(Child(at, "location"),
                        absl::StrCat("must be in [0, ", p_.tiers[worker.tier].locations,
@@ -458,15 +427,15 @@ class Parser {
     const size_t tier_count = p_.tiers.size();
     p_.tier_links.assign(tier_count, std::vector<std::optional<Link>>(tier_count));
     const Json* network = nullptr;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(network, ArrayField(infra, path, "network", tier_count > 1));
+    PLEXUS_ASSIGN_OR_RETURN(network, ArrayField(infra, path, "network", tier_count > 1));
     if (network != nullptr) {
       for (size_t i = 0; i < network->size(); ++i) {
         const std::string at = Index(Child(path, "network"), i);
         const Json& entry = (*network)[i];
         if (!entry.is_object()) return Invalid(at, "expected an object");
         std::string from, to;
-        PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(from, StringField(entry, at, "from", true));
-        PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(to, StringField(entry, at, "to", true));
+        PLEXUS_ASSIGN_OR_RETURN(from, StringField(entry, at, "from", true));
+        PLEXUS_ASSIGN_OR_RETURN(to, StringField(entry, at, "to", true));
         const int a = p_.FindTier(from), b = p_.FindTier(to);
         if (a < 0) return Invalid(Child(at, "from"), UnknownTier(from));
         if (b < 0) return Invalid(Child(at, "to"), UnknownTier(to));
@@ -479,7 +448,7 @@ class Parser {
           return Invalid(at, absl::StrCat("duplicate link ", from, " -> ", to));
         }
         Link link;
-        PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(link, ParseLink(entry, at, {"from", "to"}));
+        PLEXUS_ASSIGN_OR_RETURN(link, ParseLink(entry, at, {"from", "to"}));
         p_.tier_links[a][b] = link;
       }
     }
@@ -497,16 +466,15 @@ class Parser {
 
   absl::Status ParseSources(const Json& infra, const std::string& path) {
     const Json* sources = nullptr;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(sources, ArrayField(infra, path, "sources", true));
+    PLEXUS_ASSIGN_OR_RETURN(sources, ArrayField(infra, path, "sources", true));
     for (size_t i = 0; i < sources->size(); ++i) {
       const std::string at = Index(Child(path, "sources"), i);
       const Json& entry = (*sources)[i];
       if (!entry.is_object()) return Invalid(at, "expected an object");
-      PLEXUS_PLACEMENT_RETURN_IF_ERROR(
-          CheckKeys(entry, at, {"operator", "tier", "location", "rate"}));
+      PLEXUS_RETURN_IF_ERROR(CheckKeys(entry, at, {"operator", "tier", "location", "rate"}));
       std::string name, tier;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(name, StringField(entry, at, "operator", true));
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(tier, StringField(entry, at, "tier", true));
+      PLEXUS_ASSIGN_OR_RETURN(name, StringField(entry, at, "operator", true));
+      PLEXUS_ASSIGN_OR_RETURN(tier, StringField(entry, at, "tier", true));
       const int op = p_.FindOperator(name);
       if (op < 0) return Invalid(Child(at, "operator"), UnknownOperator(name));
       Operator& source = p_.operators[op];
@@ -519,15 +487,14 @@ class Parser {
       source.source_tier = p_.FindTier(tier);
       if (source.source_tier < 0) return Invalid(Child(at, "tier"), UnknownTier(tier));
       int64_t location = 0;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(location, IntegerField(entry, at, "location", false, 0));
+      PLEXUS_ASSIGN_OR_RETURN(location, IntegerField(entry, at, "location", false, 0));
       if (location < 0 || location >= p_.tiers[source.source_tier].locations) {
         return Invalid(Child(at, "location"),
                        absl::StrCat("must be in [0, ", p_.tiers[source.source_tier].locations,
                                     ") for tier '", tier, "'"));
       }
       source.source_location = static_cast<int>(location);
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(source.source_rate,
-                                        NumberField(entry, at, "rate", false, 0));
+      PLEXUS_ASSIGN_OR_RETURN(source.source_rate, NumberField(entry, at, "rate", false, 0));
       if (entry.contains("rate") && !(source.source_rate > 0)) {
         return Invalid(Child(at, "rate"), "must be > 0 requests per second");
       }
@@ -559,15 +526,15 @@ class Parser {
   absl::Status ParseAccuracyProfiles(const Json& root) {
     const std::string path = "accuracy_profiles";
     const Json* profiles = nullptr;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(profiles, ArrayField(root, "", "accuracy_profiles", true));
+    PLEXUS_ASSIGN_OR_RETURN(profiles, ArrayField(root, "", "accuracy_profiles", true));
     std::vector<bool> has_profile(p_.operators.size(), false);
     for (size_t i = 0; i < profiles->size(); ++i) {
       const std::string at = Index(path, i);
       const Json& entry = (*profiles)[i];
       if (!entry.is_object()) return Invalid(at, "expected an object");
-      PLEXUS_PLACEMENT_RETURN_IF_ERROR(CheckKeys(entry, at, {"operator", "inputs", "variants"}));
+      PLEXUS_RETURN_IF_ERROR(CheckKeys(entry, at, {"operator", "inputs", "variants"}));
       std::string name;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(name, StringField(entry, at, "operator", true));
+      PLEXUS_ASSIGN_OR_RETURN(name, StringField(entry, at, "operator", true));
       const int op = p_.FindOperator(name);
       if (op < 0) return Invalid(Child(at, "operator"), UnknownOperator(name));
       Operator& target = p_.operators[op];
@@ -582,7 +549,7 @@ class Parser {
       }
       has_profile[op] = true;
       const Json* inputs = nullptr;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(inputs, ArrayField(entry, at, "inputs", false));
+      PLEXUS_ASSIGN_OR_RETURN(inputs, ArrayField(entry, at, "inputs", false));
       if (inputs != nullptr) {
         for (size_t k = 0; k < inputs->size(); ++k) {
           const std::string kat = Index(Child(at, "inputs"), k);
@@ -607,7 +574,7 @@ class Parser {
                                     absl::StrJoin(names, ", "), "]"));
       }
       const Json* variants = nullptr;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(variants, ObjectField(entry, at, "variants", true));
+      PLEXUS_ASSIGN_OR_RETURN(variants, ObjectField(entry, at, "variants", true));
       target.accuracy_rows.assign(target.variants.size(), {});
       for (auto it = variants->begin(); it != variants->end(); ++it) {
         const std::string vat = Child(Child(at, "variants"), it.key());
@@ -621,11 +588,11 @@ class Parser {
           const std::string rat = Index(vat, r);
           const Json& row_json = it.value()[r];
           if (!row_json.is_object()) return Invalid(rat, "expected {\"in\": [...], \"out\": x}");
-          PLEXUS_PLACEMENT_RETURN_IF_ERROR(CheckKeys(row_json, rat, {"in", "out"}));
+          PLEXUS_RETURN_IF_ERROR(CheckKeys(row_json, rat, {"in", "out"}));
           AccuracyRow row;
-          PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(row.output, NumberField(row_json, rat, "out", true));
+          PLEXUS_ASSIGN_OR_RETURN(row.output, NumberField(row_json, rat, "out", true));
           const Json* in = nullptr;
-          PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(in, ArrayField(row_json, rat, "in", false));
+          PLEXUS_ASSIGN_OR_RETURN(in, ArrayField(row_json, rat, "in", false));
           if (in != nullptr) {
             for (const Json& value : *in) {
               if (!value.is_number()) return Invalid(Child(rat, "in"), "expected numbers");
@@ -660,7 +627,7 @@ class Parser {
   absl::Status ParseExecutionProfiles(const Json& root) {
     const std::string path = "execution_profiles";
     const Json* profiles = nullptr;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(profiles, ArrayField(root, "", "execution_profiles", true));
+    PLEXUS_ASSIGN_OR_RETURN(profiles, ArrayField(root, "", "execution_profiles", true));
     p_.latency.assign(p_.operators.size(), {});
     for (size_t op = 0; op < p_.operators.size(); ++op) {
       p_.latency[op].assign(p_.operators[op].variants.size(),
@@ -670,13 +637,12 @@ class Parser {
       const std::string at = Index(path, i);
       const Json& entry = (*profiles)[i];
       if (!entry.is_object()) return Invalid(at, "expected an object");
-      PLEXUS_PLACEMENT_RETURN_IF_ERROR(
+      PLEXUS_RETURN_IF_ERROR(
           CheckKeys(entry, at, {"operator", "variant", "worker_type", "p50", "p75", "p90"}));
       std::string name, variant, type;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(name, StringField(entry, at, "operator", true));
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(variant,
-                                        StringField(entry, at, "variant", false, "default"));
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(type, StringField(entry, at, "worker_type", true));
+      PLEXUS_ASSIGN_OR_RETURN(name, StringField(entry, at, "operator", true));
+      PLEXUS_ASSIGN_OR_RETURN(variant, StringField(entry, at, "variant", false, "default"));
+      PLEXUS_ASSIGN_OR_RETURN(type, StringField(entry, at, "worker_type", true));
       const int op = p_.FindOperator(name);
       if (op < 0) return Invalid(Child(at, "operator"), UnknownOperator(name));
       if (p_.operators[op].kind == OperatorKind::kSource) {
@@ -693,9 +659,9 @@ class Parser {
         return Invalid(Child(at, "worker_type"), absl::StrCat("unknown worker type '", type, "'"));
       }
       LatencyProfile profile;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(profile.p50, NumberField(entry, at, "p50", true));
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(profile.p75, NumberField(entry, at, "p75", false, -1));
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(profile.p90, NumberField(entry, at, "p90", false, -1));
+      PLEXUS_ASSIGN_OR_RETURN(profile.p50, NumberField(entry, at, "p50", true));
+      PLEXUS_ASSIGN_OR_RETURN(profile.p75, NumberField(entry, at, "p75", false, -1));
+      PLEXUS_ASSIGN_OR_RETURN(profile.p90, NumberField(entry, at, "p90", false, -1));
       if (!entry.contains("p75")) profile.p75 = profile.p50;
       if (!entry.contains("p90")) profile.p90 = profile.p75;
       if (!(profile.p50 > 0)) return Invalid(Child(at, "p50"), "latency must be > 0 ms");
@@ -726,23 +692,21 @@ class Parser {
   absl::Status ParseObjective(const Json& root) {
     const std::string path = "objective";
     const Json* objective = nullptr;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(objective, ObjectField(root, "", "objective", true));
-    PLEXUS_PLACEMENT_RETURN_IF_ERROR(
-        CheckKeys(*objective, path, {"accuracy_target", "input_rate", "sink"}));
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(p_.objective.accuracy_target,
-                                      NumberField(*objective, path, "accuracy_target", true));
+    PLEXUS_ASSIGN_OR_RETURN(objective, ObjectField(root, "", "objective", true));
+    PLEXUS_RETURN_IF_ERROR(CheckKeys(*objective, path, {"accuracy_target", "input_rate", "sink"}));
+    PLEXUS_ASSIGN_OR_RETURN(p_.objective.accuracy_target,
+                            NumberField(*objective, path, "accuracy_target", true));
     bool every_source_has_rate = true;
     for (const Operator& op : p_.operators) {
       if (op.kind == OperatorKind::kSource && op.source_rate <= 0) every_source_has_rate = false;
     }
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(
-        p_.objective.input_rate,
-        NumberField(*objective, path, "input_rate", !every_source_has_rate, 0));
+    PLEXUS_ASSIGN_OR_RETURN(p_.objective.input_rate,
+                            NumberField(*objective, path, "input_rate", !every_source_has_rate, 0));
     if (objective->contains("input_rate") && !(p_.objective.input_rate > 0)) {
       return Invalid(Child(path, "input_rate"), "must be > 0 requests per second");
     }
     std::string sink;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(sink, StringField(*objective, path, "sink", false));
+    PLEXUS_ASSIGN_OR_RETURN(sink, StringField(*objective, path, "sink", false));
     if (!sink.empty()) {
       p_.objective.sink = p_.FindOperator(sink);
       if (p_.objective.sink < 0) return Invalid(Child(path, "sink"), UnknownOperator(sink));
@@ -775,9 +739,9 @@ class Parser {
   absl::Status ParseOptions(const Json& root) {
     const std::string path = "options";
     const Json* options = nullptr;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(options, ObjectField(root, "", "options", false));
+    PLEXUS_ASSIGN_OR_RETURN(options, ObjectField(root, "", "options", false));
     if (options == nullptr) return absl::OkStatus();
-    PLEXUS_PLACEMENT_RETURN_IF_ERROR(
+    PLEXUS_RETURN_IF_ERROR(
         CheckKeys(*options, path,
                   {"model_selection_beam", "worker_assignment_beam", "topological_orders",
                    "latency_percentile", "lb_time_limit_s", "lb_node_limit"}));
@@ -787,15 +751,15 @@ class Parser {
           {"worker_assignment_beam", &o.worker_assignment_beam},
           {"topological_orders", &o.topological_orders}}) {
       int64_t value = 0;
-      PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(value, IntegerField(*options, path, key, false, *slot));
+      PLEXUS_ASSIGN_OR_RETURN(value, IntegerField(*options, path, key, false, *slot));
       if (value < 1 || value > 100000) {
         return Invalid(Child(path, key), "must be between 1 and 100000");
       }
       *slot = static_cast<int>(value);
     }
     std::string percentile;
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(
-        percentile, StringField(*options, path, "latency_percentile", false, "p75"));
+    PLEXUS_ASSIGN_OR_RETURN(percentile,
+                            StringField(*options, path, "latency_percentile", false, "p75"));
     if (percentile == "p50") {
       o.percentile = Percentile::kP50;
     } else if (percentile == "p75") {
@@ -806,12 +770,11 @@ class Parser {
       return Invalid(Child(path, "latency_percentile"),
                      absl::StrCat("unknown percentile '", percentile, "' (p50, p75 or p90)"));
     }
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(
-        o.lb_time_limit_s,
-        NumberField(*options, path, "lb_time_limit_s", false, o.lb_time_limit_s));
+    PLEXUS_ASSIGN_OR_RETURN(o.lb_time_limit_s, NumberField(*options, path, "lb_time_limit_s", false,
+                                                           o.lb_time_limit_s));
     if (!(o.lb_time_limit_s > 0)) return Invalid(Child(path, "lb_time_limit_s"), "must be > 0");
-    PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(
-        o.lb_node_limit, IntegerField(*options, path, "lb_node_limit", false, o.lb_node_limit));
+    PLEXUS_ASSIGN_OR_RETURN(o.lb_node_limit,
+                            IntegerField(*options, path, "lb_node_limit", false, o.lb_node_limit));
     if (o.lb_node_limit < 1) return Invalid(Child(path, "lb_node_limit"), "must be >= 1");
     return absl::OkStatus();
   }
@@ -892,15 +855,15 @@ int Problem::FindTier(std::string_view name) const {
 }
 
 absl::StatusOr<Problem> ParseProblem(std::string_view json_text) {
-  PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(internal::Json root,
-                                    internal::ParseJsonText(json_text, "placement input"));
+  PLEXUS_ASSIGN_OR_RETURN(base::json::Json root,
+                          base::json::ParseJsonText(json_text, "placement input"));
   Problem problem;
-  PLEXUS_PLACEMENT_RETURN_IF_ERROR(Parser(problem).Parse(root));
+  PLEXUS_RETURN_IF_ERROR(Parser(problem).Parse(root));
   return problem;
 }
 
 absl::StatusOr<Problem> LoadProblem(const std::string& path) {
-  PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(std::string text, internal::ReadFile(path));
+  PLEXUS_ASSIGN_OR_RETURN(std::string text, base::ReadFile(path));
   auto problem = ParseProblem(text);
   if (!problem.ok()) {
     return absl::Status(problem.status().code(),
@@ -928,7 +891,7 @@ double WorkerPrice(const Problem& problem, int worker) {
 }
 
 std::string ProblemToJson(const Problem& p) {
-  using internal::Json;
+  using base::json::Json;
   Json root;
   root["name"] = p.name;
   if (!p.description.empty()) root["description"] = p.description;

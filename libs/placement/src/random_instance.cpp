@@ -10,12 +10,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "internal.hpp"
-#include "json_reader.hpp"
+#include "plexus/base/json_reader.hpp"
+#include "plexus/base/status.hpp"
 
 namespace plexus::placement {
 namespace {
 
-using internal::Json;
+using base::json::Json;
 
 struct RealType {
   const char* name;

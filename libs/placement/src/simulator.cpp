@@ -11,7 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "internal.hpp"
-#include "json_reader.hpp"
+#include "plexus/base/json_reader.hpp"
+#include "plexus/base/status.hpp"
 
 namespace plexus::placement {
 namespace {
@@ -323,7 +324,7 @@ absl::StatusOr<SimulationReport> Simulate(const Problem& problem, const Plan& pl
   }
   if (options.max_events < 1) return absl::InvalidArgumentError("max_events must be >= 1");
   Plan checked = plan;
-  PLEXUS_PLACEMENT_RETURN_IF_ERROR(EvaluatePlan(problem, checked));
+  PLEXUS_RETURN_IF_ERROR(EvaluatePlan(problem, checked));
   return Simulation(problem, checked, options).Run();
 }
 
@@ -362,23 +363,23 @@ std::string SimulationSummary(const Problem& problem, const SimulationReport& re
 }
 
 std::string SimulationToJson(const Problem& problem, const SimulationReport& report) {
-  internal::Json root;
+  base::json::Json root;
   root["measured_s"] = report.measured_s;
   root["throughput_ratio"] = report.throughput_ratio;
   root["sustained"] = report.sustained;
   root["latency_ms"] = {{"p50", report.latency_p50_ms},
                         {"p90", report.latency_p90_ms},
                         {"p99", report.latency_p99_ms}};
-  internal::Json sinks = internal::Json::array();
+  base::json::Json sinks = base::json::Json::array();
   for (const SinkReport& sink : report.sinks) {
     sinks.push_back({{"operator", problem.operators[sink.op].name},
                      {"target_rate", sink.target_rate},
                      {"achieved_rate", sink.achieved_rate}});
   }
   root["sinks"] = sinks;
-  internal::Json workers = internal::Json::array();
+  base::json::Json workers = base::json::Json::array();
   for (const WorkerReport& w : report.workers) {
-    internal::Json ops = internal::Json::array();
+    base::json::Json ops = base::json::Json::array();
     for (int op : w.operators) ops.push_back(problem.operators[op].name);
     workers.push_back({{"name", problem.workers[w.worker].name},
                        {"operators", ops},

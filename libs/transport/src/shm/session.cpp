@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -21,6 +22,8 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "futex.hpp"
+#include "plexus/base/env.hpp"
+#include "plexus/base/host.hpp"
 
 namespace plexus::transport::internal::shm {
 namespace {
@@ -666,9 +669,14 @@ constexpr uint64_t kParallelCmaBytes = uint64_t{4} << 20;
 
 bool ParallelCmaEnabled() {
   static const bool enabled = [] {
-    const char* env = std::getenv("PLEXUS_SHM_PARALLEL_COPY");
-    if (env != nullptr) return std::string(env) != "0";
-    return sysconf(_SC_NPROCESSORS_ONLN) >= 2;
+    static const base::Param<bool> param("PLEXUS_SHM_PARALLEL_COPY", true,
+                                         "split large shm copies across two threads");
+    auto on = param.Get();
+    if (!on.ok()) {
+      std::fprintf(stderr, "plexus: %s; using the default\n",
+                   std::string(on.status().message()).c_str());
+    }
+    return on.value_or(true) && base::OnlineCpuCount() >= 2;
   }();
   return enabled;
 }

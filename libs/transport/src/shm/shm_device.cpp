@@ -7,12 +7,15 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "backends.hpp"
+#include "plexus/base/env.hpp"
+#include "plexus/base/status.hpp"
 #include "region_registry.hpp"
 #include "shm/connection_state.hpp"
 #include "shm/session.hpp"
@@ -21,6 +24,12 @@
 namespace plexus::transport::internal {
 namespace shm {
 namespace {
+
+const base::Param<bool> kShmCmaParam("PLEXUS_SHM_CMA", true,
+                                     "shm bulk messages by cross-memory attach when permitted");
+const base::Param<base::Bytes> kShmCmaThresholdParam(
+    "PLEXUS_SHM_CMA_THRESHOLD", base::Bytes{0},
+    "shm messages from this size go by cross-memory attach (0: the backend's default)");
 
 // Spinning covers a round trip between two processes (this VM needs ~50 us to wake a sleeping
 // CPU); after that the progress loop sleeps on its doorbell futex.
@@ -93,18 +102,12 @@ class ShmDevice final : public Device, public std::enable_shared_from_this<ShmDe
     ring_bytes_ = RoundUpPowerOfTwo(options().shm_ring_bytes);
     config_.max_message_bytes = options().max_message_bytes;
     config_.op_timeout = options().op_timeout;
-    if (const char* env = std::getenv("PLEXUS_SHM_CMA"); env != nullptr) {
-      allow_cma_ = std::string(env) != "0";
-    }
-    if (options().shm_cma_threshold > 0) config_.cma_threshold = options().shm_cma_threshold;
-    if (const char* env = std::getenv("PLEXUS_SHM_CMA_THRESHOLD"); env != nullptr) {
-      uint64_t v;
-      if (!absl::SimpleAtoi(env, &v)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("PLEXUS_SHM_CMA_THRESHOLD='", env, "' is not a byte count"));
-      }
-      config_.cma_threshold = v;
-    }
+    PLEXUS_ASSIGN_OR_RETURN(allow_cma_, kShmCmaParam.Get());
+    // An explicit DeviceOptions::shm_cma_threshold beats the environment.
+    std::optional<base::Bytes> threshold;
+    if (options().shm_cma_threshold > 0) threshold = base::Bytes{options().shm_cma_threshold};
+    PLEXUS_ASSIGN_OR_RETURN(const base::Bytes resolved, kShmCmaThresholdParam.Resolve(threshold));
+    if (resolved.value > 0) config_.cma_threshold = resolved.value;
     if (options().progress == ProgressMode::kThread) {
       thread_ = std::thread([this] { ThreadLoop(); });
     }

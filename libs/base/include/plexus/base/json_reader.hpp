@@ -1,4 +1,6 @@
-// Small helpers to read a JSON document while naming the element at fault in every error.
+// A strict JSON field reader: every error names the element at fault ("workers[3].count:
+// expected an integer, got 2.5"), and CheckKeys rejects unknown (misspelt) fields. Header-only on
+// purpose: nlohmann/json stays a dependency of the libraries that read JSON, not of the base.
 #pragma once
 
 #include <cmath>
@@ -12,8 +14,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "plexus/base/file.hpp"
 
-namespace plexus::placement::internal {
+namespace plexus::base::json {
 
 using Json = nlohmann::json;
 
@@ -134,21 +137,21 @@ inline absl::StatusOr<bool> BoolField(const Json& object, const std::string& pat
   return (*field)->get<bool>();
 }
 
-absl::StatusOr<Json> ParseJsonText(std::string_view text, std::string_view what);
-absl::StatusOr<std::string> ReadFile(const std::string& path);
+// Parses `text` as one JSON document; the error names `what` and the byte offset.
+inline absl::StatusOr<Json> ParseJsonText(std::string_view text, std::string_view what) {
+  try {
+    return Json::parse(text.begin(), text.end());
+  } catch (const Json::exception& error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), " is not valid JSON (", error.what(), ")"));
+  }
+}
 
-}  // namespace plexus::placement::internal
+// Reads and parses the JSON file at `path` (errors name the file).
+inline absl::StatusOr<Json> ReadJsonFile(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  return ParseJsonText(*text, absl::StrCat("'", path, "'"));
+}
 
-#define PLEXUS_PLACEMENT_CONCAT_INNER(a, b) a##b
-#define PLEXUS_PLACEMENT_CONCAT(a, b) PLEXUS_PLACEMENT_CONCAT_INNER(a, b)
-#define PLEXUS_PLACEMENT_ASSIGN_OR_RETURN(lhs, expr) \
-  PLEXUS_PLACEMENT_ASSIGN_OR_RETURN_IMPL(PLEXUS_PLACEMENT_CONCAT(_status_or_, __LINE__), lhs, expr)
-#define PLEXUS_PLACEMENT_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
-  auto tmp = (expr);                                           \
-  if (!tmp.ok()) return tmp.status();                          \
-  lhs = std::move(*tmp)
-#define PLEXUS_PLACEMENT_RETURN_IF_ERROR(expr) \
-  do {                                         \
-    absl::Status _status = (expr);             \
-    if (!_status.ok()) return _status;         \
-  } while (false)
+}  // namespace plexus::base::json

@@ -1,0 +1,132 @@
+// The base layer: parameter parsing and precedence, file errors, strict JSON fields.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <string>
+
+#include "plexus/base/env.hpp"
+#include "plexus/base/file.hpp"
+#include "plexus/base/host.hpp"
+#include "plexus/base/json_reader.hpp"
+#include "plexus/base/status.hpp"
+
+namespace pb = plexus::base;
+
+namespace {
+
+const pb::Param<int64_t> kTestInt("PLEXUS_TEST_BASE_INT", 7, "test parameter");
+const pb::Param<bool> kTestBool("PLEXUS_TEST_BASE_BOOL", false, "test parameter");
+const pb::Param<pb::Bytes> kTestBytes("PLEXUS_TEST_BASE_BYTES", pb::Bytes{4096}, "test");
+const pb::Param<absl::Duration> kTestDuration("PLEXUS_TEST_BASE_DURATION", absl::Seconds(1),
+                                              "test parameter");
+
+absl::StatusOr<int> Half(int x) {
+  if (x % 2 != 0) return absl::InvalidArgumentError("odd");
+  return x / 2;
+}
+absl::StatusOr<int> Quarter(int x) {
+  PLEXUS_ASSIGN_OR_RETURN(int half, Half(x));
+  PLEXUS_ASSIGN_OR_RETURN(half, Half(half));
+  return half;
+}
+absl::Status CheckEven(int x) {
+  PLEXUS_RETURN_IF_ERROR(Half(x).status());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+TEST_CASE("status macros propagate the first error", "[base]") {
+  CHECK(*Quarter(8) == 2);
+  CHECK(Quarter(6).status().message() == "odd");
+  CHECK(CheckEven(4).ok());
+  CHECK(!CheckEven(3).ok());
+  CHECK(pb::Annotate(absl::NotFoundError("x"), "rank 3").message() == "rank 3: x");
+  CHECK(pb::Annotate(absl::OkStatus(), "rank 3").ok());
+}
+
+TEST_CASE("parameters: default, environment, explicit, and one spelling per type", "[base]") {
+  unsetenv("PLEXUS_TEST_BASE_INT");
+  CHECK(*kTestInt.Get() == 7);
+  setenv("PLEXUS_TEST_BASE_INT", "12", 1);
+  CHECK(*kTestInt.Get() == 12);
+  CHECK(*kTestInt.Resolve(3) == 3);  // an explicit option beats the environment
+  setenv("PLEXUS_TEST_BASE_INT", "", 1);
+  CHECK(*kTestInt.Get() == 7);  // empty means unset
+  setenv("PLEXUS_TEST_BASE_INT", "12abc", 1);
+  auto bad = kTestInt.Get();
+  REQUIRE(!bad.ok());
+  CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(bad.status().message().find("PLEXUS_TEST_BASE_INT='12abc'") != std::string::npos);
+  unsetenv("PLEXUS_TEST_BASE_INT");
+
+  for (const char* yes : {"1", "true", "YES", "on"}) {
+    setenv("PLEXUS_TEST_BASE_BOOL", yes, 1);
+    CHECK(*kTestBool.Get());
+  }
+  for (const char* no : {"0", "False", "no", "OFF"}) {
+    setenv("PLEXUS_TEST_BASE_BOOL", no, 1);
+    CHECK(!*kTestBool.Get());
+  }
+  setenv("PLEXUS_TEST_BASE_BOOL", "2", 1);
+  CHECK(!kTestBool.Get().ok());
+  unsetenv("PLEXUS_TEST_BASE_BOOL");
+
+  setenv("PLEXUS_TEST_BASE_BYTES", "64K", 1);
+  CHECK(kTestBytes.Get()->value == 65536);
+  setenv("PLEXUS_TEST_BASE_BYTES", "2MiB", 1);
+  CHECK(kTestBytes.Get()->value == 2u << 20);
+  setenv("PLEXUS_TEST_BASE_BYTES", "lots", 1);
+  CHECK(!kTestBytes.Get().ok());
+  unsetenv("PLEXUS_TEST_BASE_BYTES");
+
+  setenv("PLEXUS_TEST_BASE_DURATION", "250ms", 1);
+  CHECK(*kTestDuration.Get() == absl::Milliseconds(250));
+  setenv("PLEXUS_TEST_BASE_DURATION", "2.5", 1);
+  CHECK(*kTestDuration.Get() == absl::Milliseconds(2500));
+  setenv("PLEXUS_TEST_BASE_DURATION", "-1", 1);
+  CHECK(!kTestDuration.Get().ok());
+  unsetenv("PLEXUS_TEST_BASE_DURATION");
+
+  setenv("PLEXUS_TEST_BASE_INT", "5", 1);
+  const std::string table = pb::FormatParams();
+  CHECK(table.find("PLEXUS_TEST_BASE_INT") != std::string::npos);
+  CHECK(table.find("environment") != std::string::npos);
+  unsetenv("PLEXUS_TEST_BASE_INT");
+}
+
+TEST_CASE("files: errors say what is wrong with the path", "[base]") {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("plexus-base-test-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  auto as_dir = pb::ReadFile(dir);
+  REQUIRE(!as_dir.ok());
+  CHECK(as_dir.status().message().find("is a directory") != std::string::npos);
+  auto missing = pb::ReadFile(dir + "/nope.json");
+  CHECK(missing.status().code() == absl::StatusCode::kNotFound);
+  CHECK(missing.status().message().find("nope.json") != std::string::npos);
+  const std::string file = dir + "/a.json";
+  REQUIRE(pb::WriteFileAtomic(file, R"({"nodes": 3, "nodse": 4})").ok());
+  CHECK(*pb::ReadFile(file) == R"({"nodes": 3, "nodse": 4})");
+  auto too_big = pb::ReadFile(file, 4);
+  CHECK(too_big.status().message().find("limit") != std::string::npos);
+
+  auto doc = pb::json::ReadJsonFile(file);
+  REQUIRE(doc.ok());
+  auto keys = pb::json::CheckKeys(*doc, "scenario", {"nodes"});
+  REQUIRE(!keys.ok());
+  CHECK(keys.message().find("scenario.nodse: unknown field") != std::string::npos);
+  REQUIRE(pb::WriteFileAtomic(file, "{ bad").ok());
+  auto bad = pb::json::ReadJsonFile(file);
+  REQUIRE(!bad.ok());
+  CHECK(bad.status().message().find("a.json") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("host probing", "[base]") {
+  CHECK(!pb::HostName().empty());
+  CHECK(!pb::UsableCpus().empty());
+  CHECK(pb::OnlineCpuCount() >= 1);
+}
