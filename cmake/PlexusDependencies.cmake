@@ -29,14 +29,16 @@ if(NOT PLEXUS_WITH_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
+    # The one place that chooses CUDA architectures, and only when the user has not: Ampere and
+    # Hopper natively, PTX for anything newer. Set before enable_language() so that CMake's own
+    # default (the compiler's oldest architecture) does not take its place.
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
+      set(CMAKE_CUDA_ARCHITECTURES 80-real 90-real 90-virtual)
+    endif()
     enable_language(CUDA)
     find_package(CUDAToolkit)
     if(CUDAToolkit_FOUND)
       set(PLEXUS_HAVE_CUDA ON)
-      if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "52")
-        # Hopper and Ampere natively, PTX for anything newer.
-        set(CMAKE_CUDA_ARCHITECTURES 80-real 90-real 90-virtual)
-      endif()
     endif()
   endif()
   if(NOT PLEXUS_HAVE_CUDA AND PLEXUS_WITH_CUDA STREQUAL "ON")

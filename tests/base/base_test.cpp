@@ -98,8 +98,8 @@ TEST_CASE("parameters: default, environment, explicit, and one spelling per type
 }
 
 TEST_CASE("files: errors say what is wrong with the path", "[base]") {
-  const std::string dir = std::filesystem::temp_directory_path() /
-                          ("plexus-base-test-" + std::to_string(getpid()));
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("plexus-base-test-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   auto as_dir = pb::ReadFile(dir);
   REQUIRE(!as_dir.ok());

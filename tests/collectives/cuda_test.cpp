@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "plexus/collectives/communicator.hpp"
+#include "plexus/config.hpp"
 #include "plexus/transport/memory.hpp"
 #include "ranks.hpp"
 #include "suite.hpp"

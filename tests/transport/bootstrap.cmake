@@ -5,14 +5,11 @@ plexus_target_defaults(bootstrap_helper)
 
 plexus_add_test(bootstrap_protocol_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/bootstrap_protocol_test.cpp
-  DEPS plexus::transport LABELS transport TIMEOUT 60)
-# The test reaches the private decoder header, as the fuzz target does.
-target_include_directories(bootstrap_protocol_test PRIVATE ${PROJECT_SOURCE_DIR}/libs/transport/src)
+  DEPS plexus_transport_internal LABELS transport TIMEOUT 60)
 
 plexus_add_test(bootstrap_store_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/bootstrap_store_test.cpp
-  DEPS plexus::transport LABELS transport TIMEOUT 120)
-target_include_directories(bootstrap_store_test PRIVATE ${PROJECT_SOURCE_DIR}/libs/transport/src)
+  DEPS plexus_transport_internal LABELS transport TIMEOUT 120)
 target_compile_definitions(bootstrap_store_test PRIVATE
   BOOTSTRAP_HELPER="$<TARGET_FILE:bootstrap_helper>")
 add_dependencies(bootstrap_store_test bootstrap_helper)

@@ -7,9 +7,7 @@ if(NOT PLEXUS_HAVE_VERBS)
        ${PROJECT_SOURCE_DIR}/libs/transport/src/verbs/protocol.cpp)
 endif()
 plexus_add_test(transport_verbs_protocol_test SOURCES ${_verbs_protocol_sources}
-                DEPS plexus::transport LABELS "transport;verbs" TIMEOUT 120)
-target_include_directories(transport_verbs_protocol_test PRIVATE
-                           ${PROJECT_SOURCE_DIR}/libs/transport/src)
+                DEPS plexus_transport_internal LABELS "transport;verbs" TIMEOUT 120)
 
 plexus_add_test(transport_verbs_loopback_test SOURCES verbs_loopback_test.cpp
                 DEPS plexus::transport LABELS "transport;verbs" TIMEOUT 180)

@@ -68,8 +68,8 @@ absl::StatusOr<uint64_t> ParseBytes(std::string_view text, std::string_view name
     }
     return false;
   };
-  if (!lower.ends_with("ib") || !(strip("kib", 1ull << 10) || strip("mib", 1ull << 20) ||
-                                        strip("gib", 1ull << 30))) {
+  if (!lower.ends_with("ib") ||
+      !(strip("kib", 1ull << 10) || strip("mib", 1ull << 20) || strip("gib", 1ull << 30))) {
     if (!(strip("k", 1ull << 10) || strip("m", 1ull << 20) || strip("g", 1ull << 30))) {
       strip("b", 1);
     }
@@ -151,9 +151,10 @@ std::vector<ParamReport> DescribeParams() {
   std::sort(out.begin(), out.end(),
             [](const ParamReport& a, const ParamReport& b) { return a.name < b.name; });
   // A parameter declared in a header is one per translation unit: report each name once.
-  out.erase(std::unique(out.begin(), out.end(),
-                        [](const ParamReport& a, const ParamReport& b) { return a.name == b.name; }),
-            out.end());
+  out.erase(
+      std::unique(out.begin(), out.end(),
+                  [](const ParamReport& a, const ParamReport& b) { return a.name == b.name; }),
+      out.end());
   return out;
 }
 

@@ -13,7 +13,8 @@ namespace plexus::base {
 namespace {
 
 absl::Status FileError(int err, const std::string& path, std::string_view what) {
-  const std::string message = absl::StrCat("cannot ", std::string(what), " '", path, "': ", std::strerror(err));
+  const std::string message =
+      absl::StrCat("cannot ", std::string(what), " '", path, "': ", std::strerror(err));
   switch (err) {
     case ENOENT:
     case ENOTDIR:
@@ -41,13 +42,12 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max_bytes) 
   }
   if (S_ISDIR(st.st_mode)) {
     close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", path, "' is a directory; expected a file"));
+    return absl::InvalidArgumentError(absl::StrCat("'", path, "' is a directory; expected a file"));
   }
   if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes) {
     close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("'", path, "' is ", st.st_size,
-                                                   " bytes, more than the limit of ", max_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", path, "' is ", st.st_size, " bytes, more than the limit of ", max_bytes));
   }
   std::string content;
   if (S_ISREG(st.st_mode)) content.reserve(static_cast<size_t>(st.st_size));

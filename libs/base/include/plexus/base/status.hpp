@@ -25,11 +25,11 @@ inline absl::Status Annotate(const absl::Status& status, std::string_view contex
 #define PLEXUS_STATUS_CONCAT_(a, b) PLEXUS_STATUS_CONCAT_INNER_(a, b)
 
 // Evaluates `expr` (an absl::Status) once and returns it from the enclosing function if not OK.
-#define PLEXUS_RETURN_IF_ERROR(expr)                                   \
-  do {                                                                 \
+#define PLEXUS_RETURN_IF_ERROR(expr)                                    \
+  do {                                                                  \
     if (::absl::Status plexus_status_ = (expr); !plexus_status_.ok()) { \
-      return plexus_status_;                                           \
-    }                                                                  \
+      return plexus_status_;                                            \
+    }                                                                   \
   } while (false)
 
 // `PLEXUS_ASSIGN_OR_RETURN(auto x, F());` or `PLEXUS_ASSIGN_OR_RETURN(x, F());`: evaluates the
