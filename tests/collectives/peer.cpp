@@ -52,8 +52,8 @@ int main(int argc, char** argv) {
   pc::CommunicatorOptions options;
   options.backend = *backend;
   options.local_address = *backend == pt::Backend::kTcp ? "127.0.0.1" : "";
-  options.timeout = stop_mode ? absl::Milliseconds(timeout_ms)
-                              : absl::Seconds(mode == "suite" ? 30 : 5);
+  options.timeout =
+      stop_mode ? absl::Milliseconds(timeout_ms) : absl::Seconds(mode == "suite" ? 30 : 5);
   options.chunk_bytes = mode == "suite" ? 1024 : 0;
   auto comm = pc::Communicator::Create(*rdv, options);
   if (!comm.ok()) {

@@ -52,11 +52,10 @@ Peers SpawnPeers(int size, const std::string& backend, const std::string& mode,
     p.logs[r] = "/tmp/plexus-coll-peer-" + std::to_string(getpid()) + "-" + std::to_string(r);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, p.logs[r].c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
+    posix_spawn_file_actions_addopen(&fa, 1, p.logs[r].c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    std::vector<std::string> args = {COLLECTIVES_PEER, std::to_string(r), std::to_string(size),
-                                     store,            backend,           mode};
+    std::vector<std::string> args = {
+        COLLECTIVES_PEER, std::to_string(r), std::to_string(size), store, backend, mode};
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -247,9 +246,10 @@ TEST_CASE("processes: a stopped rank makes every peer fail naming it, within 1.2
   }
 }
 
-TEST_CASE("processes: destroying a communicator whose peer is stopped returns within 1.25x the "
-          "timeout",
-          "[collectives][process]") {
+TEST_CASE(
+    "processes: destroying a communicator whose peer is stopped returns within 1.25x the "
+    "timeout",
+    "[collectives][process]") {
   constexpr int kTimeoutMs = 2000;
   constexpr long long kBoundNs = 1250LL * kTimeoutMs * 1000 + 750'000'000LL;
   for (const std::string& backend : Backends()) {
@@ -287,10 +287,10 @@ TEST_CASE("processes: stopped-rank detection latency", "[.measure]") {
           blamed += " " + std::to_string(BlamedRank(run.out[r].output, r));
           if (failed < 0) WARN("rank " << r << ": " << run.out[r].output);
         }
-        WARN(backend << " timeout " << timeout_ms << " ms, " << bytes
-                     << " B: last error after " << worst << " s, last close after "
-                     << worst_closed << " s, blamed" << blamed << "\n"
-                     << run.out[0].output);
+        WARN(backend << " timeout " << timeout_ms << " ms, " << bytes << " B: last error after "
+                     << worst << " s, last close after " << worst_closed << " s, blamed" << blamed
+                     << "\n"
+                     << run.out[0].output << run.out[1].output << run.out[3].output);
       }
     }
   }

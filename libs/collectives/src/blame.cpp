@@ -102,8 +102,7 @@ Blame Resolve(transport::Store& store, uint64_t uid, int self, const Blame& loca
       // this rank waits for (that one may merely be late to publish).
       std::vector<int> confirmed;
       for (int r : silent) {
-        if (std::find(named_by_others.begin(), named_by_others.end(), r) !=
-            named_by_others.end()) {
+        if (std::find(named_by_others.begin(), named_by_others.end(), r) != named_by_others.end()) {
           confirmed.push_back(r);
         }
       }

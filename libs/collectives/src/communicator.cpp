@@ -110,12 +110,23 @@ struct Failure {
   absl::Status why;
   std::vector<int> waiting;
 
-  static Failure Own(absl::Status status) { return {Kind::kOwn, std::move(status)}; }
+  static Failure Own(absl::Status status) {
+    Failure f;
+    f.own = std::move(status);
+    return f;
+  }
   static Failure Peer(int peer, absl::Status why) {
-    return {Kind::kPeer, absl::OkStatus(), peer, std::move(why)};
+    Failure f;
+    f.kind = Kind::kPeer;
+    f.peer = peer;
+    f.why = std::move(why);
+    return f;
   }
   static Failure Stall(std::vector<int> waiting) {
-    return {Kind::kStall, absl::OkStatus(), -1, absl::OkStatus(), std::move(waiting)};
+    Failure f;
+    f.kind = Kind::kStall;
+    f.waiting = std::move(waiting);
+    return f;
   }
 };
 // The blame for a failed connection to `peer`, worded to follow "rank <peer> ".
@@ -1544,11 +1555,11 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
         }
         if (message.size() < kMailHeaderBytes || !(theirs == mine) ||
             message.size() != kMailHeaderBytes + length) {
-          return Abort(header, Failure::Own(MismatchedCalls(
-                                   layout_.rank, header.Describe(), in.from,
-                                   message.size() < kMailHeaderBytes
-                                       ? std::string("a truncated message")
-                                       : theirs.Describe())));
+          return Abort(header,
+                       Failure::Own(MismatchedCalls(layout_.rank, header.Describe(), in.from,
+                                                    message.size() < kMailHeaderBytes
+                                                        ? std::string("a truncated message")
+                                                        : theirs.Describe())));
         }
         uint8_t* dst = in.dst + received * kMailFragmentBytes;
         const uint8_t* payload = message.data() + kMailHeaderBytes;
@@ -1885,10 +1896,10 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
       payload = c.bytes - kHeaderBytes;
     }
     if (payload != r.bytes) {
-      failure = Failure::Own(absl::FailedPreconditionError(
-          absl::StrCat(describe(), " on rank ", layout_.rank, ": rank ", r.peer,
-                       " sent a message of ", payload, " bytes where ", r.bytes,
-                       " were expected: the ranks' calls do not match (count, type or algorithm)")));
+      failure = Failure::Own(absl::FailedPreconditionError(absl::StrCat(
+          describe(), " on rank ", layout_.rank, ": rank ", r.peer, " sent a message of ", payload,
+          " bytes where ", r.bytes,
+          " were expected: the ranks' calls do not match (count, type or algorithm)")));
       return false;
     }
     recv_state[i] = kArrived;
