@@ -1,14 +1,21 @@
 // One rank of the multi-process collectives tests (started by process_test.cpp):
-//   collectives_peer <rank> <size> <store host:port> <backend> <mode> [victim]
+//   collectives_peer <rank> <size> <store host:port> <backend> <mode> [victim [timeout_ms bytes]]
 // modes: suite (the full correctness matrix), kill (the victim dies mid-run; the others must
-// fail with an error naming it), mismatch (rank 1 calls with another count).
-// Exit 0 when this rank saw what it should; the reason is printed otherwise.
+// fail with an error naming it), mismatch (rank 1 calls with another count), stop (allreduces
+// of `bytes` until one fails: the test SIGSTOPs the victim once it printed "running"), stop-destroy
+// (a few allreduces, then the victim stays out of the destructor's barrier and is stopped).
+// Exit 0 when this rank saw what it should; the reason is printed otherwise. The stop modes
+// print the CLOCK_MONOTONIC nanoseconds of the failure and of the destructor's end for the test
+// to measure from the moment it stopped the victim.
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "plexus/collectives/communicator.hpp"
@@ -30,6 +37,9 @@ int main(int argc, char** argv) {
   const int size = std::atoi(argv[2]);
   const std::string mode = argv[5];
   const int victim = argc > 6 ? std::atoi(argv[6]) : -1;
+  const bool stop_mode = mode == "stop" || mode == "stop-destroy";
+  const int timeout_ms = argc > 7 ? std::atoi(argv[7]) : 5000;
+  const size_t stop_bytes = argc > 8 ? std::strtoull(argv[8], nullptr, 10) : 8;
   auto backend = pt::ParseBackend(argv[4]);
   if (!backend.ok()) return 2;
   auto store = pt::TcpStore::Connect(argv[3], absl::Seconds(20));
@@ -42,7 +52,8 @@ int main(int argc, char** argv) {
   pc::CommunicatorOptions options;
   options.backend = *backend;
   options.local_address = *backend == pt::Backend::kTcp ? "127.0.0.1" : "";
-  options.timeout = absl::Seconds(mode == "suite" ? 30 : 5);
+  options.timeout =
+      stop_mode ? absl::Milliseconds(timeout_ms) : absl::Seconds(mode == "suite" ? 30 : 5);
   options.chunk_bytes = mode == "suite" ? 1024 : 0;
   auto comm = pc::Communicator::Create(*rdv, options);
   if (!comm.ok()) {
@@ -50,6 +61,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   pc::Communicator& c = **comm;
+  auto now_ns = [] {
+    return static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                      std::chrono::steady_clock::now().time_since_epoch())
+                                      .count());
+  };
 
   if (mode == "suite") {
     pc::testing::Suite suite(c, rank % 2);
@@ -77,6 +93,48 @@ int main(int argc, char** argv) {
     }
     std::printf("rank %d: no error although rank %d died\n", rank, victim);
     return 1;
+  }
+  if (mode == "stop") {
+    std::vector<float> v(std::max<size_t>(stop_bytes / sizeof(float), 1), 1.0f);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    for (int i = 0; std::chrono::steady_clock::now() < give_up; ++i) {
+      absl::Status s =
+          c.AllReduce(v.data(), v.data(), v.size(), pc::DataType::kF32, pc::ReduceOp::kMax);
+      if (rank == victim && i == 3) {
+        std::printf("running\n");
+        std::fflush(stdout);
+      }
+      if (!s.ok()) {
+        const long long failed = now_ns();
+        std::printf("rank %d failed at %lld: [%s] %s\n", rank, failed,
+                    absl::StatusCodeToString(s.code()).c_str(), std::string(s.message()).c_str());
+        comm->reset();
+        std::printf("rank %d closed at %lld\n", rank, now_ns());
+        return 0;
+      }
+    }
+    std::printf("rank %d: no error although rank %d stopped\n", rank, victim);
+    return 1;
+  }
+  if (mode == "stop-destroy") {
+    std::vector<float> v(std::max<size_t>(stop_bytes / sizeof(float), 1), 1.0f);
+    for (int i = 0; i < 4; ++i) {
+      absl::Status s =
+          c.AllReduce(v.data(), v.data(), v.size(), pc::DataType::kF32, pc::ReduceOp::kMax);
+      if (!s.ok()) {
+        std::printf("rank %d: call %d failed: %s\n", rank, i, std::string(s.message()).c_str());
+        return 1;
+      }
+    }
+    if (rank == victim) {
+      std::printf("running\n");
+      std::fflush(stdout);
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // stopped, then killed
+    }
+    const long long entered = now_ns();
+    comm->reset();  // the barrier waits for the victim
+    std::printf("rank %d destroyed from %lld to %lld\n", rank, entered, now_ns());
+    return 0;
   }
   if (mode == "mismatch" || mode == "mismatch-mixed") {
     // mismatch-mixed: rank 1's count takes a plan, the others' the mailbox path (on shm).

@@ -7,7 +7,9 @@
 #include <random>
 #include <vector>
 
+#include "blame.hpp"
 #include "plexus/collectives/selector.hpp"
+#include "plexus/transport/store.hpp"
 #include "reduce.hpp"
 #include "wire.hpp"
 
@@ -163,4 +165,63 @@ TEST_CASE("names parse back", "[collectives]") {
   }
   CHECK(pc::ParseAlgorithm("HD").value() == Algorithm::kHalvingDoubling);
   CHECK_FALSE(pc::ParseReduceOp("mean").ok());
+}
+
+TEST_CASE("blame accounts round-trip and reject garbage", "[collectives][unit]") {
+  pi::Blame b;
+  b.final = false;
+  b.code = absl::StatusCode::kDeadlineExceeded;
+  b.ranks = {2, 5};
+  b.reporter = 1;
+  b.reason = "made no progress | with a bar";
+  auto back = pi::Blame::Decode(b.Encode());
+  REQUIRE(back.has_value());
+  CHECK(!back->final);
+  CHECK(back->code == absl::StatusCode::kDeadlineExceeded);
+  CHECK(back->ranks == std::vector<int>{2, 5});
+  CHECK(back->reporter == 1);
+  CHECK(back->reason == b.reason);
+  CHECK(!pi::Blame::Decode("F|99|1|0|x").has_value());
+  CHECK(!pi::Blame::Decode("X|4|1|0|x").has_value());
+  CHECK(!pi::Blame::Decode("F|4|-1|0|x").has_value());
+  CHECK(!pi::Blame::Decode("F|4").has_value());
+}
+
+TEST_CASE("blame follows a stall to the silent rank and adopts an aborted peer's account",
+          "[collectives][unit]") {
+  namespace pt = plexus::transport;
+  auto server = pt::TcpStoreServer::Start("127.0.0.1:0");
+  REQUIRE(server.ok());
+  auto store =
+      pt::TcpStore::Connect("127.0.0.1:" + std::to_string((*server)->port()), absl::Seconds(5));
+  REQUIRE(store.ok());
+  std::shared_ptr<pt::Store> shared = *std::move(store);
+  const uint64_t uid = 0xabc;
+  // Rank 1 waits for rank 2; rank 2 (stopped) published nothing.
+  pi::Blame waiting;
+  waiting.final = false;
+  waiting.code = absl::StatusCode::kDeadlineExceeded;
+  waiting.ranks = {2};
+  waiting.reporter = 1;
+  waiting.reason = "made no progress for 1s";
+  REQUIRE(shared->Set(pi::BlameKey(uid, 1), waiting.Encode()).ok());
+  pi::Blame mine = waiting;
+  mine.ranks = {1};
+  mine.reporter = 0;
+  pi::Blame got = pi::ResolveBlame(shared, uid, 0, mine, {}, absl::Now() + absl::Milliseconds(100));
+  CHECK(got.final);
+  CHECK(got.ranks == std::vector<int>{2});
+  CHECK(got.reporter == 0);
+  CHECK(got.code == absl::StatusCode::kDeadlineExceeded);
+  // Rank 0's final account is published: rank 3, seeing rank 0 close, adopts it.
+  pi::Blame closed;
+  closed.code = absl::StatusCode::kUnavailable;
+  closed.ranks = {0};
+  closed.reporter = 3;
+  closed.reason = "closed its connection";
+  got = pi::ResolveBlame(shared, uid, 3, closed, {0}, absl::Now() + absl::Milliseconds(100));
+  CHECK(got.ranks == std::vector<int>{2});
+  CHECK(got.reporter == 0);
+  CHECK(got.code == absl::StatusCode::kDeadlineExceeded);
+  CHECK(got.reason == "made no progress for 1s");
 }

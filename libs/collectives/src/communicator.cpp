@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "blame.hpp"
 #include "cuda_staging.hpp"
 #include "plan.hpp"
 #include "plexus/base/env.hpp"
@@ -96,21 +97,58 @@ static_assert(kMailFragmentBytes % 8 == 0);
 // from 16 KiB on shm, docs/collectives.md).
 constexpr size_t kMailboxPathBytes = 8192;
 
-// The errors a call reports, worded once for the plan executor and the mailbox path.
-// `call` is CallHeader::Describe() of this rank's call.
-absl::Status PeerFailed(const std::string& call, int rank, int peer, const absl::Status& why) {
-  const bool malformed = absl::IsDataLoss(why);
-  return absl::Status(
-      malformed ? absl::StatusCode::kDataLoss : absl::StatusCode::kUnavailable,
-      absl::StrCat(call, " failed on rank ", rank, ": connection to rank ", peer, " failed (",
-                   std::string(why.message()),
-                   malformed ? ")" : "); that rank died, aborted or is unreachable"));
-}
-absl::Status NoProgress(const std::string& call, int rank, absl::Duration timeout,
-                        const std::string& waiting_for) {
-  return absl::DeadlineExceededError(
-      absl::StrCat(call, " on rank ", rank, ": no progress for ", absl::FormatDuration(timeout),
-                   " waiting for rank(s) ", waiting_for, " (hung, dead, or not in this call)"));
+// Why a call failed, before Abort works out whom to blame (see blame.hpp).
+struct Failure {
+  enum class Kind {
+    kOwn,    // this rank's own finding (mismatched calls): `own` is the error
+    kPeer,   // the connection to `peer` failed with `why`
+    kStall,  // no progress for the timeout while waiting for `waiting`
+  };
+  Kind kind = Kind::kOwn;
+  absl::Status own;
+  int peer = -1;
+  absl::Status why;
+  std::vector<int> waiting;
+
+  static Failure Own(absl::Status status) {
+    Failure f;
+    f.own = std::move(status);
+    return f;
+  }
+  static Failure Peer(int peer, absl::Status why) {
+    Failure f;
+    f.kind = Kind::kPeer;
+    f.peer = peer;
+    f.why = std::move(why);
+    return f;
+  }
+  static Failure Stall(std::vector<int> waiting) {
+    Failure f;
+    f.kind = Kind::kStall;
+    f.waiting = std::move(waiting);
+    return f;
+  }
+};
+// The blame for a failed connection to `peer`, worded to follow "rank <peer> ".
+internal::Blame ConnectionBlame(int self, int peer, const absl::Status& why) {
+  internal::Blame b;
+  b.ranks = {peer};
+  b.reporter = self;
+  const std::string text(why.message());
+  if (absl::IsDataLoss(why)) {
+    b.code = absl::StatusCode::kDataLoss;
+    b.reason = absl::StrCat("sent malformed data (", text, ")");
+  } else if (absl::IsDeadlineExceeded(why)) {
+    b.code = absl::StatusCode::kDeadlineExceeded;
+    b.reason = absl::StrCat("made no progress (", text, "): hung or unreachable");
+  } else if (absl::IsAborted(why)) {
+    b.code = absl::StatusCode::kUnavailable;
+    b.reason = absl::StrCat("closed its connection (", text, "): it aborted");
+  } else {
+    b.code = absl::StatusCode::kUnavailable;
+    b.reason = absl::StrCat("died or is unreachable (connection failed: ", text, ")");
+  }
+  return b;
 }
 absl::Status MismatchedCalls(int rank, const std::string& call, int peer, const std::string& theirs,
                              const std::string& why = "") {
@@ -444,9 +482,12 @@ class CommunicatorImpl : public Communicator {
   // Runs a plan to completion over the connections; the first message of the call on each
   // connection carries `header`.
   absl::Status Execute(const Plan& plan, const CallHeader& header, DataType dtype, ReduceOp op);
-  // Marks the communicator broken with `status` (after naming every rank whose connection is
-  // down) and closes every connection so that the peers fail fast too.
-  absl::Status Abort(absl::Status status, bool connection_failure);
+  // Works out whom `failure` blames (the rank that failed first, not one that aborted in
+  // reaction: see blame.hpp), publishes that for the peers, marks the communicator broken with
+  // the resulting error (naming every rank whose connection is down) and closes every
+  // connection so that the peers fail fast too. Takes at most the blame grace (stalls) or
+  // ~0.3 s (failed connections) beyond the failure.
+  absl::Status Abort(const CallHeader& header, Failure failure);
   std::string DownRanks();
 
   CommunicatorOptions options_;
@@ -1357,8 +1398,13 @@ std::string CommunicatorImpl::DownRanks() {
   return absl::StrJoin(down, ", ");
 }
 
-absl::Status CommunicatorImpl::Abort(absl::Status status, bool connection_failure) {
-  if (connection_failure && device_ != nullptr) {
+absl::Status CommunicatorImpl::Abort(const CallHeader& header, Failure failure) {
+  const int self = layout_.rank;
+  if (failure.kind == Failure::Kind::kPeer) {
+    internal::AnnounceWaiting(store_, uid_, self, {failure.peer},
+                              absl::Now() + absl::Milliseconds(50));
+  }
+  if (failure.kind == Failure::Kind::kPeer && device_ != nullptr) {
     // Peer death shows on every connection to it; give the transport a moment to notice so that
     // the error names the rank that died, not only the neighbour that told us.
     const absl::Time until = absl::Now() + absl::Milliseconds(200);
@@ -1368,11 +1414,88 @@ absl::Status CommunicatorImpl::Abort(absl::Status status, bool connection_failur
       cq_->Poll(absl::MakeSpan(drained));
     }
   }
-  std::string down = DownRanks();
-  if (!down.empty()) {
-    status = absl::Status(status.code(), absl::StrCat(std::string(status.message()),
-                                                      " [connections down: ", down, "]"));
+  // Direct evidence first: a connection that failed other than by the peer's deliberate close
+  // (Aborted) names a rank that died, hung or is unreachable. Ranks that closed on purpose did
+  // so because of a failure of their own, which they published before closing.
+  int died = -1;
+  absl::Status died_why;
+  std::vector<int> closed;
+  for (int r = 0; r < layout_.n; ++r) {
+    for (auto& channel : conns_) {
+      if (!channel[r]) continue;
+      const absl::Status s = channel[r]->status();
+      if (s.ok() || absl::IsCancelled(s)) continue;
+      if (absl::IsAborted(s)) {
+        closed.push_back(r);
+      } else if (died < 0 || r == failure.peer) {
+        died = r;
+        died_why = s;
+      }
+      break;
+    }
   }
+  internal::Blame local;
+  std::vector<int> consult;
+  absl::Time deadline = absl::Now();
+  switch (failure.kind) {
+    case Failure::Kind::kOwn:
+      local.code = failure.own.ok() ? absl::StatusCode::kUnknown : failure.own.code();
+      local.reporter = self;
+      local.reason = std::string(failure.own.message());
+      break;
+    case Failure::Kind::kPeer:
+      if (died >= 0) {
+        local = ConnectionBlame(self, died, died_why);
+      } else {
+        local = ConnectionBlame(self, failure.peer, failure.why);
+        consult = closed;
+        auto it = std::find(consult.begin(), consult.end(), failure.peer);
+        if (it != consult.end()) std::rotate(consult.begin(), it, it + 1);
+        deadline += absl::Milliseconds(200);
+      }
+      break;
+    case Failure::Kind::kStall:
+      if (died >= 0) {
+        local = ConnectionBlame(self, died, died_why);
+      } else {
+        local.final = false;
+        local.code = absl::StatusCode::kDeadlineExceeded;
+        local.ranks = failure.waiting;
+        local.reporter = self;
+        local.reason = absl::StrCat("made no progress for ", absl::FormatDuration(options_.timeout),
+                                    " (hung, dead, or not in this call)");
+        // Ranks blocked on the silent one time out at about the same moment; their accounts
+        // show whom they wait for. A tenth of the timeout keeps detection within 1.1x of it.
+        deadline +=
+            std::clamp(options_.timeout / 10, absl::Milliseconds(20), absl::Milliseconds(1000));
+      }
+      break;
+  }
+  const internal::Blame blame =
+      internal::ResolveBlame(store_, uid_, self, local, std::move(consult), deadline);
+
+  const std::string call = header.Describe();
+  std::string message;
+  if (blame.ranks.empty()) {
+    message = blame.reporter == self
+                  ? blame.reason
+                  : absl::StrCat(call, " failed on rank ", self, ": rank ", blame.reporter,
+                                 " aborted the communicator: ", blame.reason);
+  } else {
+    message = absl::StrCat(call, " failed on rank ", self, ": rank ",
+                           absl::StrJoin(blame.ranks, ", rank "), " ", blame.reason);
+    if (blame.reporter != self &&
+        std::find(blame.ranks.begin(), blame.ranks.end(), blame.reporter) == blame.ranks.end()) {
+      absl::StrAppend(&message, "; reported by rank ", blame.reporter,
+                      ", which aborted because of it");
+    } else if (failure.kind == Failure::Kind::kStall && blame.ranks != failure.waiting) {
+      absl::StrAppend(&message, "; this rank waited for rank(s) ",
+                      absl::StrJoin(failure.waiting, ", "), ", blocked on it");
+    }
+  }
+  const std::string down = DownRanks();
+  if (!down.empty()) absl::StrAppend(&message, " [connections down: ", down, "]");
+  absl::Status status(blame.code, message);
   {
     std::lock_guard<std::mutex> lock(mu_);
     broken_ = status;
@@ -1403,7 +1526,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
   absl::Time start = absl::InfinitePast();
   absl::Duration idle = absl::ZeroDuration();
   auto failed = [&](int peer, const absl::Status& why) {
-    return Abort(PeerFailed(header.Describe(), layout_.rank, peer, why), true);
+    return Abort(header, Failure::Peer(peer, why));
   };
   uint32_t polls = 0;
   while (sent < fragments || received < fragments) {
@@ -1432,11 +1555,11 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
         }
         if (message.size() < kMailHeaderBytes || !(theirs == mine) ||
             message.size() != kMailHeaderBytes + length) {
-          return Abort(
-              MismatchedCalls(layout_.rank, header.Describe(), in.from,
-                              message.size() < kMailHeaderBytes ? std::string("a truncated message")
-                                                                : theirs.Describe()),
-              false);
+          return Abort(header,
+                       Failure::Own(MismatchedCalls(layout_.rank, header.Describe(), in.from,
+                                                    message.size() < kMailHeaderBytes
+                                                        ? std::string("a truncated message")
+                                                        : theirs.Describe())));
         }
         uint8_t* dst = in.dst + received * kMailFragmentBytes;
         const uint8_t* payload = message.data() + kMailHeaderBytes;
@@ -1456,15 +1579,13 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       polls = 0;
       continue;
     }
-    if (++polls % 64 == 0) {
+    // Past the yield window every pass sleeps anyway: read the clock on each.
+    if (++polls % 64 == 0 || idle >= kYieldWindow) {
       const absl::Time now = absl::Now();
       if (start == absl::InfinitePast()) start = now;
       idle = now - start;
       if (idle > options_.timeout) {
-        const int peer = sent < fragments ? to : in.from;
-        return Abort(
-            NoProgress(header.Describe(), layout_.rank, options_.timeout, absl::StrCat(peer)),
-            false);
+        return Abort(header, Failure::Stall({sent < fragments ? to : in.from}));
       }
       Completion sink[4];
       cq_->Poll(absl::MakeSpan(sink));  // caller-mode progress notices a dead peer
@@ -1657,9 +1778,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     advance_prefixes();
   };
 
-  absl::Status failure;
-  int failed_peer = -1;
-  bool connection_failure = false;
+  Failure failure;
   auto post_all = [&]() -> bool {
     for (size_t l = 0; l < links_.size(); ++l) {
       Link& link = links_[l];
@@ -1688,11 +1807,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
         }
         const uint64_t wr = (epoch << 32) | static_cast<uint64_t>(i);
         if (absl::Status s = conn->PostRecv(target, wr); !s.ok()) {
-          failure = absl::UnavailableError(absl::StrCat(describe(), " on rank ", layout_.rank,
-                                                        ": receiving from rank ", peer, ": ",
-                                                        std::string(s.message())));
-          failed_peer = peer;
-          connection_failure = true;
+          failure = Failure::Peer(peer, s);
           return false;
         }
         recv_state[i] = kPosted;
@@ -1711,11 +1826,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
         if (s.bytes > 0) parts[nparts++] = {s.data, s.bytes};
         const uint64_t wr = (uint64_t{1} << 63) | (epoch << 32) | static_cast<uint64_t>(i);
         if (absl::Status st = conn->PostSend(absl::MakeConstSpan(parts, nparts), wr); !st.ok()) {
-          failure = absl::UnavailableError(absl::StrCat(describe(), " on rank ", layout_.rank,
-                                                        ": sending to rank ", peer, ": ",
-                                                        std::string(st.message())));
-          failed_peer = peer;
-          connection_failure = true;
+          failure = Failure::Peer(peer, st);
           return false;
         }
         send_state[i] = kPosted;
@@ -1734,16 +1845,14 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     const int peer = it == peer_of_connection_.end() ? -1 : it->second;
     if (!c.status.ok() && !is_send && c.status.code() == absl::StatusCode::kResourceExhausted &&
         i < num_recvs) {
-      failure = absl::FailedPreconditionError(
+      failure = Failure::Own(absl::FailedPreconditionError(
           absl::StrCat("mismatched collective calls: rank ", peer, " sent rank ", layout_.rank,
                        " a message larger than its ", describe(), " expects (",
-                       std::string(c.status.message()), "): the ranks' calls do not match"));
+                       std::string(c.status.message()), "): the ranks' calls do not match")));
       return false;
     }
     if (!c.status.ok()) {
-      failed_peer = peer;
-      connection_failure = true;
-      failure = PeerFailed(describe(), layout_.rank, peer, c.status);
+      failure = Failure::Peer(peer, c.status);
       return false;
     }
     if (is_send) {
@@ -1762,10 +1871,10 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     if (first) {
       auto theirs = CallHeader::Decode(absl::MakeConstSpan(recv_landing[i], c.bytes));
       if (!theirs.ok()) {
-        failure = absl::FailedPreconditionError(
+        failure = Failure::Own(absl::FailedPreconditionError(
             absl::StrCat(describe(), " on rank ", layout_.rank, ": the message from rank ", r.peer,
                          " is not the start of a call (", std::string(theirs.status().message()),
-                         "): the ranks issued different sequences of calls"));
+                         "): the ranks issued different sequences of calls")));
         return false;
       }
       const uint64_t expected_extra = plan.rx_extra.empty() ? 0 : plan.rx_extra[r.peer];
@@ -1776,21 +1885,21 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
         const bool algo_only = theirs->algorithm != header.algorithm &&
                                theirs->kind == header.kind && theirs->count == header.count &&
                                theirs->dtype == header.dtype;
-        failure = MismatchedCalls(
+        failure = Failure::Own(MismatchedCalls(
             layout_.rank, mine.Describe(), theirs->sender, theirs->Describe(),
             algo_only ? " (the ranks chose different algorithms: set the same "
                         "PLEXUS_COLL_ALGO, table and per-call algorithm on every rank)"
-                      : "");
+                      : ""));
         return false;
       }
       recv_landing[i] += kHeaderBytes;
       payload = c.bytes - kHeaderBytes;
     }
     if (payload != r.bytes) {
-      failure = absl::FailedPreconditionError(
-          absl::StrCat(describe(), " on rank ", layout_.rank, ": rank ", r.peer,
-                       " sent a message of ", payload, " bytes where ", r.bytes,
-                       " were expected: the ranks' calls do not match (count, type or algorithm)"));
+      failure = Failure::Own(absl::FailedPreconditionError(absl::StrCat(
+          describe(), " on rank ", layout_.rank, ": rank ", r.peer, " sent a message of ", payload,
+          " bytes where ", r.bytes,
+          " were expected: the ranks' calls do not match (count, type or algorithm)")));
       return false;
     }
     recv_state[i] = kArrived;
@@ -1804,8 +1913,10 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
   };
 
   // The clock is read only when a poll finds nothing, and then only on every 16th such poll
-  // (reading it cost ~4% of a small call): last_progress is the first such moment after the
-  // latest completion.
+  // (reading it cost ~4% of a small call) while spinning, but on every one once past the yield
+  // window, where each pass sleeps anyway: last_progress is the first such moment after the
+  // latest completion. (Reading it rarely there too let a timed-out Wait repeat 16 times with a
+  // stale `left`: a hung peer was found after 16x the timeout.)
   absl::Time last_progress = absl::Now();
   absl::Duration idle = absl::ZeroDuration();
   bool progressed = false;
@@ -1818,7 +1929,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     if (sends_done == num_sends && recvs_done == num_recvs) return absl::OkStatus();
     size_t got = cq_->Poll(absl::MakeSpan(batch));  // moves bytes too, in caller mode
     if (got == 0) {
-      if (progressed || ++idle_polls % 16 == 0) {
+      if (progressed || ++idle_polls % 16 == 0 || idle >= kYieldWindow) {
         const absl::Time now = absl::Now();
         if (progressed) {
           last_progress = now;
@@ -1840,14 +1951,13 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
             }
           }
         }
-        failure =
-            NoProgress(describe(), layout_.rank, options_.timeout, absl::StrJoin(waiting, ", "));
+        failure = Failure::Stall(std::move(waiting));
         break;
       }
       // Send/Recv numbers its messages per pair, not per call: nothing to compare with.
       if (mailboxes_ready_ && header.kind != CollectiveKind::kSendRecv) {
         if (absl::Status s = CheckMailboxes(header); !s.ok()) {
-          failure = s;
+          failure = Failure::Own(s);
           break;
         }
       }
@@ -1870,8 +1980,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     if (!ok) break;
   }
   (void)n;
-  (void)failed_peer;
-  return Abort(failure, connection_failure);
+  return Abort(header, std::move(failure));
 }
 
 }  // namespace

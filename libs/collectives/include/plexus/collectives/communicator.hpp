@@ -21,8 +21,10 @@
 //    this rank's block of recv; for ReduceScatter: when recv points at this rank's block of
 //    send). Buffers need no alignment. Counts are elements, not bytes.
 //  - Buffers must stay valid until the call returns or its Work completes.
-//  - Failure: a dead or unreachable peer, or no progress for `timeout`, fails the call with an
-//    error naming the rank(s) concerned (Unavailable / DeadlineExceeded). After any failure the
+//  - Failure: a dead or unreachable peer, or no progress for `timeout`, fails the call on every
+//    rank within about 1.1x `timeout` with an error that names first the rank that failed first
+//    ("... failed on rank 0: rank 2 made no progress ..."), not a rank that aborted in reaction
+//    (Unavailable / DeadlineExceeded; docs/collectives.md, "Failure"). After any failure the
 //    communicator is broken: every later call fails at once with the same error (as NCCL's
 //    ncclCommAbort); create a new communicator to continue.
 //  - Results are bit-identical across runs for the same algorithm, ring order and world size:
@@ -70,8 +72,8 @@ struct CommunicatorOptions {
   size_t chunk_bytes = 0;
   // Chunks in flight per connection and direction (receive slots of chunk_bytes each).
   int pipeline_depth = 4;
-  // A call that makes no progress for this long fails with DeadlineExceeded naming the ranks it
-  // was waiting for; also the transport's per-operation timeout.
+  // A call that makes no progress for this long fails with DeadlineExceeded naming the silent
+  // rank (within 1.1x this); also the transport's per-operation timeout.
   absl::Duration timeout = absl::Seconds(60);
   // How long a waiting call spins on the completion queue before it starts yielding the CPU
   // between polls (it sleeps in the transport after 2 ms without progress). Not used when this
