@@ -59,11 +59,11 @@ std::string Describe(const JobIdentity& job) {
 // What to do when two jobs meet in one store.
 std::string Remedy(const JobIdentity& job) {
   return job.is_nonce
-             ? "the launcher gave no job id, so a rank of another job that shares this store "
+             ? "The launcher gave no job id, so a rank of another job that shares this store "
                "address cannot be told apart: give each job its own store port "
                "(PLEXUS_STORE_ADDR or MASTER_PORT), and set PLEXUS_JOB_ID to a value unique to "
                "the job on all of its ranks"
-             : "give each job its own store port (PLEXUS_STORE_ADDR or MASTER_PORT), and check "
+             : "Give each job its own store port (PLEXUS_STORE_ADDR or MASTER_PORT), and check "
                "that every rank of the job sees the same job id and world size";
 }
 
