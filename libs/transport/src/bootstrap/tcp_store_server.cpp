@@ -258,14 +258,24 @@ struct TcpStoreServer::Impl {
             DropClient(fd, "sent more than one frame ahead of its replies");
             return;
           }
-          const uint64_t total = buffered.load() + static_cast<uint64_t>(n);
-          if (total > max_buffered) {
-            DropClient(fd, absl::StrCat("buffering ", c.in.size() + n,
-                                        " bytes of unfinished requests would put the store over "
-                                        "its cap of ",
-                                        max_buffered,
-                                        " bytes across all clients (PLEXUS_STORE_MAX_BUFFERED)"));
-            return;
+          // Over the cap across clients, the client holding the most input goes (this one when
+          // it would), so that small requests of legitimate ranks get through.
+          while (buffered.load() + static_cast<uint64_t>(n) > max_buffered) {
+            int victim = fd;
+            size_t most = c.in.size() + static_cast<size_t>(n);
+            for (const auto& [other_fd, other] : clients) {
+              if (other_fd != fd && other->in.size() > most) {
+                victim = other_fd;
+                most = other->in.size();
+              }
+            }
+            DropClient(victim, absl::StrCat("its ", most,
+                                            " bytes of unfinished requests are the most while "
+                                            "the store is at its cap of ",
+                                            max_buffered,
+                                            " bytes across all clients "
+                                            "(PLEXUS_STORE_MAX_BUFFERED)"));
+            if (victim == fd) return;
           }
           ReserveFrame(c);
           c.in.append(buf, static_cast<size_t>(n));
