@@ -28,3 +28,9 @@ if(PLEXUS_BUILD_TOOLS)
     PLEXUS_RUN="$<TARGET_FILE:plexus-run>")
   add_dependencies(bootstrap_run_test bootstrap_helper plexus-run)
 endif()
+
+plexus_add_test(bootstrap_server_limits_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/bootstrap_server_limits_test.cpp
+  DEPS plexus::transport LABELS transport TIMEOUT 120)
+target_include_directories(bootstrap_server_limits_test PRIVATE
+  ${PROJECT_SOURCE_DIR}/libs/transport/src)

@@ -33,6 +33,8 @@ std::vector<proto::Request> SampleRequests() {
   r.op = proto::Op::kHello;
   r.version = 7;
   out.push_back(r);
+  r.job = "slurm-1234.0";
+  out.push_back(r);
   r = {};
   r.op = proto::Op::kSet;
   r.keys = {"a/key"};
@@ -80,7 +82,22 @@ TEST_CASE("requests round-trip through encode and decode") {
     CHECK(decoded->delta == r.delta);
     CHECK(decoded->timeout_ms == r.timeout_ms);
     if (r.op == proto::Op::kHello) CHECK(decoded->version == r.version);
+    CHECK(decoded->job == r.job);
   }
+}
+
+TEST_CASE("a version-1 hello (no job field) decodes, so the server can answer its version") {
+  std::string body(1, static_cast<char>(proto::Op::kHello));
+  const uint32_t v1 = 1;
+  body.append(reinterpret_cast<const char*>(&v1), 4);
+  auto decoded = proto::DecodeRequest(Bytes(body));
+  REQUIRE(decoded.ok());
+  CHECK(decoded->version == 1);
+  CHECK(decoded->job.empty());
+  // From version 2 on the job field is required.
+  const uint32_t v2 = 2;
+  std::memcpy(body.data() + 1, &v2, 4);
+  CHECK_FALSE(proto::DecodeRequest(Bytes(body)).ok());
 }
 
 TEST_CASE("responses round-trip through encode and decode") {
@@ -97,7 +114,20 @@ TEST_CASE("responses round-trip through encode and decode") {
   timeout.op = proto::Op::kWait;
   timeout.code = proto::Code::kTimeout;
   timeout.value = "missing key 'a'";
-  for (const proto::Response& r : {get, add, check, timeout}) {
+  proto::Response hello;
+  hello.op = proto::Op::kHello;
+  hello.number = proto::kVersion;
+  hello.job = "job-A";
+  hello.flag = true;
+  proto::Response refused;
+  refused.op = proto::Op::kHello;
+  refused.code = proto::Code::kRefused;
+  refused.value = "another job";
+  proto::Response busy;
+  busy.op = proto::Op::kHello;
+  busy.code = proto::Code::kBusy;
+  busy.value = "full";
+  for (const proto::Response& r : {get, add, check, timeout, hello, refused, busy}) {
     const std::string frame = proto::EncodeResponse(r);
     auto decoded = proto::DecodeResponse(Body(frame));
     REQUIRE(decoded.ok());
@@ -106,6 +136,7 @@ TEST_CASE("responses round-trip through encode and decode") {
     CHECK(decoded->value == r.value);
     CHECK(decoded->number == r.number);
     CHECK(decoded->flag == r.flag);
+    CHECK(decoded->job == r.job);
   }
 }
 

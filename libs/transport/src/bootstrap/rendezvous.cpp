@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bootstrap/job_store.hpp"
 #include "bootstrap/net.hpp"
 
 extern char** environ;
@@ -70,6 +71,46 @@ int SlurmTasksOnNode(const std::string& tasks_per_node, int node_id) {
     node += repeat;
   }
   return -1;
+}
+
+// Job ids are prefixed with the launcher, so that e.g. a Slurm job and an Open MPI job with the
+// same number are still different jobs. Empty when the environment names none.
+absl::Status FindJobId(const Environment& env, Launcher launcher, LaunchConfig* config) {
+  auto take = [&](std::string id, std::string source) {
+    config->job_id = std::move(id);
+    config->job_id_source = std::move(source);
+  };
+  if (auto id = Lookup(env, "PLEXUS_JOB_ID")) {
+    take(*id, "PLEXUS_JOB_ID");
+  } else if (launcher == Launcher::kTorchrun) {
+    // torchrun's default --rdzv-id is "none", shared by every job: not an identity.
+    if (auto id = Lookup(env, "TORCHELASTIC_RUN_ID"); id && *id != "none") {
+      take(absl::StrCat("torchrun:", *id), "TORCHELASTIC_RUN_ID");
+    }
+  } else if (launcher == Launcher::kOpenMpi) {
+    for (const char* name :
+         {"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_ess_jobid"}) {
+      if (auto id = Lookup(env, name)) {
+        take(absl::StrCat("ompi:", *id), name);
+        break;
+      }
+    }
+  } else if (launcher == Launcher::kSlurm) {
+    auto job = Lookup(env, "SLURM_JOB_ID");
+    if (!job) job = Lookup(env, "SLURM_JOBID");
+    if (job) {
+      auto step = Lookup(env, "SLURM_STEP_ID");
+      if (!step) step = Lookup(env, "SLURM_STEPID");
+      take(step ? absl::StrCat("slurm:", *job, ".", *step) : absl::StrCat("slurm:", *job),
+           step ? "SLURM_JOB_ID.SLURM_STEP_ID" : "SLURM_JOB_ID");
+    }
+  }
+  if (config->job_id.size() > kMaxJobIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(config->job_id_source, " gives a job id of ",
+                                                   config->job_id.size(), " bytes; the limit is ",
+                                                   kMaxJobIdBytes));
+  }
+  return absl::OkStatus();
 }
 
 std::string HostName() {
@@ -244,8 +285,12 @@ absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env) {
                        "port that every rank can reach"));
     }
   }
+  if (absl::Status s = FindJobId(env, vars->launcher, &config); !s.ok()) return s;
   config.source =
-      absl::StrCat(launcher, " (", absl::StrJoin(used, ", "), "), store ", store_source);
+      absl::StrCat(launcher, " (", absl::StrJoin(used, ", "), "), store ", store_source, ", ",
+                   config.job_id.empty()
+                       ? std::string("no job id (rank 0 chooses a nonce)")
+                       : absl::StrCat("job '", config.job_id, "' from ", config.job_id_source));
   return config;
 }
 
@@ -259,16 +304,45 @@ absl::StatusOr<Rendezvous> Rendezvous::FromEnv(const Environment& env, absl::Dur
   return FromConfig(*config, timeout);
 }
 
+namespace {
+
+// Why rank 0 could not bind the store's port, told by asking whoever holds it: when it is a
+// plexus store of another job, its refusal names that job.
+std::string DescribePortHolder(const std::string& host, uint16_t port, const std::string& job_id,
+                               absl::Duration timeout) {
+  const std::string address = absl::StrCat(host, ":", port);
+  const absl::Duration probe = std::min(timeout, absl::Seconds(2));
+  auto holder = TcpStore::Connect(address, probe, probe, job_id);
+  if (holder.ok()) {
+    const std::string& served = (*holder)->server_job_id();
+    if (served.empty()) return " A plexus store that serves any job is running there.";
+    return absl::StrCat(
+        " A plexus store of ",
+        (*holder)->server_job_id_is_nonce() ? "a job without job id (nonce '" : "job '", served,
+        (*holder)->server_job_id_is_nonce() ? "')" : "'",
+        " is running there, started by another rank 0: two jobs share the store address, or the "
+        "launcher gave rank 0 to two processes. Give each job its own store port.");
+  }
+  if (absl::IsFailedPrecondition(holder.status())) {
+    return absl::StrCat(" Asked who holds it: ", holder.status().message());
+  }
+  return "";
+}
+
+}  // namespace
+
 absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchConfig& config,
                                                   absl::Duration timeout) {
   std::shared_ptr<Store> store;
   std::unique_ptr<TcpStoreServer> server;
+  bootstrap::JobIdentity job{config.job_id, false, config.job_id_source};
   // Recent torchrun versions run their own (incompatible) store on MASTER_PORT.
   const std::string torch_hint =
       config.source.find("MASTER_ADDR:MASTER_PORT") != std::string::npos
           ? " (under torchrun, MASTER_PORT may be torch's own store: set "
             "PLEXUS_STORE_ADDR=<MASTER_ADDR>:<another free port>)"
           : "";
+  const std::string who = absl::StrCat("rank ", config.rank, " (", config.source, ")");
   if (!config.store_path.empty()) {
     auto file = FileStore::Open(config.store_path);
     if (!file.ok()) return file.status();
@@ -278,19 +352,32 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchConfig& config,
     if (!hp.ok()) return hp.status();
     std::string connect_to = config.store_address;
     const bool v6 = hp->host.find(':') != std::string::npos;
+    std::string client_job = job.id;
     if (config.rank == 0 && bootstrap::IsLocalHost(hp->host)) {
+      if (job.id.empty()) {
+        job = {bootstrap::NewJobNonce(), true, "nonce chosen by rank 0: the launcher gave no id"};
+      }
+      client_job = job.id;
+      TcpStoreServer::Options options;
+      options.job_id = job.id;
+      options.job_id_is_nonce = job.is_nonce;
       // Listen on every interface: the name other hosts use for us may resolve differently
       // here (Debian maps the host name to 127.0.1.1).
-      auto started = TcpStoreServer::Start(absl::StrCat(v6 ? "[::]:" : ":", hp->port));
+      auto started = TcpStoreServer::Start(absl::StrCat(v6 ? "[::]:" : ":", hp->port), options);
       if (!started.ok()) {
-        return absl::Status(started.status().code(),
-                            absl::StrCat("rank 0 cannot serve the store (", config.source, "): ",
-                                         std::string(started.status().message()), torch_hint));
+        std::string holder;
+        if (absl::IsUnavailable(started.status()) && hp->port != 0) {
+          holder = DescribePortHolder(v6 ? "[::1]" : "127.0.0.1", hp->port, config.job_id, timeout);
+        }
+        return absl::Status(
+            started.status().code(),
+            absl::StrCat("rank 0 cannot serve the store (", config.source,
+                         "): ", std::string(started.status().message()), torch_hint, holder));
       }
       server = *std::move(started);
       connect_to = absl::StrCat(v6 ? "[::1]:" : "127.0.0.1:", server->port());
     }
-    auto client = TcpStore::Connect(connect_to, timeout);
+    auto client = TcpStore::Connect(connect_to, timeout, absl::Seconds(30), client_job);
     if (!client.ok()) {
       if (config.rank == 0 && server == nullptr) {
         return absl::Status(
@@ -301,17 +388,44 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchConfig& config,
       }
       if (absl::IsFailedPrecondition(client.status())) {
         return absl::FailedPreconditionError(
-            absl::StrCat(std::string(client.status().message()), torch_hint));
+            absl::StrCat(who, ": ", std::string(client.status().message()), torch_hint));
       }
       return client.status();
     }
+    if (job.id.empty() && (*client)->server_job_id_is_nonce()) {
+      job = {(*client)->server_job_id(), true, "nonce chosen by rank 0: the launcher gave no id"};
+    }
     store = *std::move(client);
+  }
+  if (job.id.empty()) {
+    // A store that carries no job (a file store, or one served by something other than rank 0):
+    // rank 0 publishes a nonce in it. A directory reused from an earlier job may still hold that
+    // job's nonce for a moment; docs/architecture.md says to use a fresh one or set a job id.
+    if (config.rank == 0) {
+      job = {bootstrap::NewJobNonce(), true, "nonce published by rank 0: the launcher gave no id"};
+      if (absl::Status s = store->Set(bootstrap::kJobNonceKey, job.id); !s.ok()) return s;
+    } else {
+      auto nonce = store->Get(bootstrap::kJobNonceKey, timeout);
+      if (!nonce.ok()) {
+        return absl::Status(
+            nonce.status().code(),
+            absl::StrCat(who, " waited for rank 0's job nonce: ", nonce.status().message()));
+      }
+      job = {*std::move(nonce), true, "nonce published by rank 0: the launcher gave no id"};
+    }
+  }
+  store = bootstrap::NamespaceStore(std::move(store), job.id);
+  if (absl::Status s = bootstrap::JoinJob(*store, job, config.rank, config.world_size, timeout);
+      !s.ok()) {
+    return s;
   }
   auto rdzv = Create(config.rank, config.world_size, std::move(store), config.local_rank,
                      config.local_world_size);
   if (!rdzv.ok()) return rdzv.status();
   rdzv->launcher_ = config.launcher;
   rdzv->source_ = config.source;
+  if (job.is_nonce) absl::StrAppend(&rdzv->source_, "; job nonce '", job.id, "'");
+  rdzv->job_id_ = job.id;
   rdzv->server_ = std::move(server);
   if (config.local_rank < 0 || config.local_world_size < 0) {
     if (absl::Status s = rdzv->DeriveLocalRanks(timeout); !s.ok()) return s;

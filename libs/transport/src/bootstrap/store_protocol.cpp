@@ -186,7 +186,11 @@ absl::StatusOr<Request> DecodeRequest(absl::Span<const uint8_t> body) {
       req.keys.clear();
       switch (req.op) {
         case Op::kHello:
-          r.U32(&req.version);
+          // Version 1 had no job field: accept its absence there, so that an old client gets
+          // the server's version error instead of being dropped as malformed.
+          if (r.U32(&req.version) && req.version >= 2) {
+            r.Str(&req.job, 0, kMaxJobIdBytes, "job id");
+          }
           break;
         case Op::kSet:
           req.keys.emplace_back();
@@ -225,7 +229,7 @@ absl::StatusOr<Response> DecodeResponse(absl::Span<const uint8_t> body) {
   if (r.U8(&op) && r.U8(&code)) {
     if (!ValidOp(op)) {
       r.Fail(absl::StrCat("unknown op ", static_cast<int>(op)));
-    } else if (code > static_cast<uint8_t>(Code::kInvalid)) {
+    } else if (code > static_cast<uint8_t>(Code::kBusy)) {
       r.Fail(absl::StrCat("unknown response code ", static_cast<int>(code)));
     } else {
       resp.op = static_cast<Op>(op);
@@ -237,7 +241,12 @@ absl::StatusOr<Response> DecodeResponse(absl::Span<const uint8_t> body) {
         switch (resp.op) {
           case Op::kHello: {
             uint32_t version = 0;
-            if (r.U32(&version)) resp.number = version;
+            uint8_t nonce = 0;
+            if (r.U32(&version) && r.Str(&resp.job, 0, kMaxJobIdBytes, "job id") && r.U8(&nonce)) {
+              if (nonce > 1) r.Fail(absl::StrCat("flag ", static_cast<int>(nonce), " is not 0/1"));
+              resp.number = version;
+              resp.flag = nonce == 1;
+            }
             break;
           }
           case Op::kSet:
@@ -272,6 +281,7 @@ std::string EncodeRequest(const Request& request) {
   switch (request.op) {
     case Op::kHello:
       w.U32(request.version);
+      if (request.version >= 2) w.Str(request.job);  // version 1 had no job field
       break;
     case Op::kSet:
       w.Str(key);
@@ -309,6 +319,8 @@ std::string EncodeResponse(const Response& response) {
   switch (response.op) {
     case Op::kHello:
       w.U32(static_cast<uint32_t>(response.number));
+      w.Str(response.job);
+      w.U8(response.flag ? 1 : 0);
       break;
     case Op::kSet:
     case Op::kWait:

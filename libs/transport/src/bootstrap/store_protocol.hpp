@@ -2,7 +2,8 @@
 //
 // Frame  = u32 magic "PXST" | u32 body length | body
 // Request body  = u8 op | op fields          Response body = u8 op | u8 code | fields
-//   kHello   u32 version                                       ok: u32 version
+//   kHello   u32 version, str job                              ok: u32 version, str job,
+//                                                                  u8 job is a nonce
 //   kSet     str key, str value                                ok: -
 //   kGet     u64 timeout_ms, str key                           ok: str value
 //   kAdd     i64 delta, str key                                ok: i64 new value
@@ -10,8 +11,11 @@
 //   kCheck   u32 n, n x str key                                ok: u8 all present
 //   kDelete  str key                                           ok: u8 existed
 // str = u32 length | bytes. A response whose code is not kOk carries str message instead.
-// timeout_ms = kNoTimeout waits forever. Decoders are pure and total: any input gives a value or
-// an error, they never read out of bounds, and they allocate at most the (bounded) body length.
+// Hello's job is the job identity of the client (may be empty) and of the server (empty: the
+// server serves any job); a Hello of version 1 has no job field (and decodes with an empty job), so
+// that an old client gets the version error rather than a malformed-frame drop. timeout_ms =
+// kNoTimeout waits forever. Decoders are pure and total: any input gives a value or an error, they
+// never read out of bounds, and they allocate at most the (bounded) body length.
 #pragma once
 
 #include <cstddef>
@@ -26,7 +30,8 @@
 namespace plexus::transport::store_protocol {
 
 inline constexpr uint32_t kMagic = 0x54535850;  // "PXST" as little-endian bytes
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;
+using ::plexus::transport::kMaxJobIdBytes;
 inline constexpr size_t kHeaderBytes = 8;
 inline constexpr uint64_t kNoTimeout = ~uint64_t{0};
 // The largest body: one maximal key and value plus field overhead; a Wait/Check may carry as
@@ -48,6 +53,8 @@ enum class Code : uint8_t {
   kOk = 0,
   kTimeout = 1,  // Get/Wait: the keys did not appear in time
   kInvalid = 2,  // the request cannot be served (e.g. Add on a non-counter)
+  kRefused = 3,  // Hello: the server serves another job
+  kBusy = 4,     // Hello: the server is at its client limit
 };
 
 struct Request {
@@ -57,6 +64,7 @@ struct Request {
   int64_t delta = 0;              // Add
   uint64_t timeout_ms = 0;        // Get/Wait
   uint32_t version = kVersion;    // Hello
+  std::string job;                // Hello: the client's job identity, empty when it has none
 };
 
 struct Response {
@@ -64,7 +72,8 @@ struct Response {
   Code code = Code::kOk;
   std::string value;   // Get: the value; code != kOk: the error message
   int64_t number = 0;  // Add: the new value; Hello: the server's version
-  bool flag = false;   // Check: all present; Delete: existed
+  bool flag = false;   // Check: all present; Delete: existed; Hello: job is a nonce
+  std::string job;     // Hello: the server's job identity, empty when it serves any job
 };
 
 // Looks at the start of `bytes`: 0 when the header is not complete yet, else the whole frame's

@@ -1,5 +1,7 @@
 // TcpStore: the client. One request in flight per socket; concurrent callers take sockets from a
-// pool, so a parked Get never blocks another thread's Set.
+// pool, so a parked Get never blocks another thread's Set. Every socket starts with a Hello that
+// names the job, so a server that is not (or no longer) this job's refuses it.
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,10 +22,24 @@ namespace plexus::transport {
 
 namespace proto = store_protocol;
 
+namespace {
+
+// Whether a pooled socket was closed by the server (idle timeout, or the server went away): it
+// then reads as end-of-file or an error at once, while a live idle one has nothing to read.
+bool ClosedByServer(int fd) {
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  return poll(&p, 1, 0) != 0;
+}
+
+}  // namespace
+
 struct TcpStore::Impl {
   std::string address;  // as the user gave it
   bootstrap::SocketAddress resolved;
   absl::Duration io_timeout;
+  std::string job_id;      // what this client says in its Hello
+  std::string server_job;  // what the server said it serves
+  bool server_job_nonce = false;
   std::mutex mu;
   std::vector<int> idle;
 
@@ -41,16 +57,37 @@ struct TcpStore::Impl {
   absl::StatusOr<int> TakeSocket() {
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (!idle.empty()) {
+      while (!idle.empty()) {
         const int fd = idle.back();
         idle.pop_back();
-        return fd;
+        if (!ClosedByServer(fd)) return fd;
+        close(fd);  // e.g. closed for idleness: open a new one
       }
     }
     bool retryable = false;
-    auto fd = bootstrap::ConnectTcp(resolved, absl::Now() + io_timeout, &retryable);
+    const absl::Time deadline = absl::Now() + io_timeout;
+    auto fd = bootstrap::ConnectTcp(resolved, deadline, &retryable);
     if (!fd.ok()) return Lost(fd.status());
+    // The new socket names the job the server told us at Connect, so that a server replaced by
+    // another job's on the same port refuses it instead of serving it that job's keys.
+    auto reply = Exchange(*fd, Hello(server_job_nonce ? server_job : job_id), deadline);
+    if (!reply.ok()) {
+      close(*fd);
+      return Lost(reply.status());
+    }
+    if (reply->code != proto::Code::kOk) {
+      close(*fd);
+      return absl::FailedPreconditionError(
+          absl::StrCat("the tcp store at ", address, " refused a new connection: ", reply->value));
+    }
     return fd;
+  }
+
+  static proto::Request Hello(const std::string& job) {
+    proto::Request hello;
+    hello.op = proto::Op::kHello;
+    hello.job = job;
+    return hello;
   }
 
   void ReturnSocket(int fd) {
@@ -122,9 +159,14 @@ uint64_t ToTimeoutMs(absl::Duration timeout) {
 
 absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(std::string_view address,
                                                             absl::Duration timeout,
-                                                            absl::Duration io_timeout) {
+                                                            absl::Duration io_timeout,
+                                                            std::string_view job_id) {
   auto hp = bootstrap::ParseHostPort(address, "store address");
   if (!hp.ok()) return hp.status();
+  if (job_id.size() > proto::kMaxJobIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job id of ", job_id.size(), " bytes; the limit is ", proto::kMaxJobIdBytes));
+  }
   if (hp->port == 0) {
     return absl::InvalidArgumentError(absl::StrCat("store address '", std::string(address),
                                                    "' has port 0: clients need the real port"));
@@ -149,9 +191,8 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(std::string_view add
           if (!retryable) return fd.status();
           continue;
         }
-        proto::Request hello;
-        hello.op = proto::Op::kHello;
-        auto reply = Impl::Exchange(*fd, hello, std::max(deadline, absl::Now() + absl::Seconds(1)));
+        auto reply = Impl::Exchange(*fd, Impl::Hello(std::string(job_id)),
+                                    std::max(deadline, absl::Now() + absl::Seconds(1)));
         if (!reply.ok()) {
           close(*fd);
           if (absl::IsInvalidArgument(reply.status()) || absl::IsInternal(reply.status())) {
@@ -162,6 +203,11 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(std::string_view add
           last_error = std::string(reply.status().message());
           continue;
         }
+        if (reply->code == proto::Code::kBusy) {
+          close(*fd);
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "the tcp store at ", std::string(address), " refused us: ", reply->value));
+        }
         if (reply->code != proto::Code::kOk) {
           close(*fd);
           return absl::FailedPreconditionError(absl::StrCat(
@@ -171,6 +217,9 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(std::string_view add
         impl->address = std::string(address);
         impl->resolved = sa;
         impl->io_timeout = io_timeout;
+        impl->job_id = std::string(job_id);
+        impl->server_job = reply->job;
+        impl->server_job_nonce = reply->flag;
         impl->idle.push_back(*fd);
         return std::unique_ptr<TcpStore>(new TcpStore(std::move(impl)));
       }
@@ -194,6 +243,8 @@ TcpStore::TcpStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TcpStore::~TcpStore() = default;
 
 std::string TcpStore::description() const { return absl::StrCat("tcp store at ", impl_->address); }
+const std::string& TcpStore::server_job_id() const { return impl_->server_job; }
+bool TcpStore::server_job_id_is_nonce() const { return impl_->server_job_nonce; }
 
 absl::Status TcpStore::Set(std::string_view key, std::string_view value) {
   if (absl::Status s = bootstrap::CheckKey(key); !s.ok()) return s;

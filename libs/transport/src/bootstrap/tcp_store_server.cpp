@@ -1,6 +1,8 @@
 // TcpStoreServer: one epoll thread. Each client has at most one request in service: a Get/Wait
 // whose keys are missing parks the client as a waiter until the keys appear or its deadline
-// passes; further frames from it stay buffered (bounded) until then.
+// passes; further frames from it stay buffered (bounded) until then. What clients can make the
+// server hold is bounded three ways: per client (one frame ahead), in count (max_clients) and in
+// total input across clients (max_buffered_bytes); clients that go silent are closed.
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -26,6 +28,8 @@
 #include "absl/strings/str_join.h"
 #include "bootstrap/net.hpp"
 #include "bootstrap/store_protocol.hpp"
+#include "plexus/base/env.hpp"
+#include "plexus/base/status.hpp"
 #include "plexus/transport/store.hpp"
 
 namespace plexus::transport {
@@ -36,6 +40,20 @@ namespace {
 
 // A client may buffer one maximal frame beyond the one in service; more means it is flooding.
 constexpr size_t kMaxBufferedInput = 2 * (proto::kHeaderBytes + proto::kMaxBodyBytes);
+// Buffers above this capacity are released once empty, so that one large value does not stay
+// resident per client for the life of the connection.
+constexpr size_t kKeepCapacity = size_t{1} << 20;
+
+const base::Param<int64_t> kMaxClients(
+    "PLEXUS_STORE_MAX_CLIENTS", 4096,
+    "connections a TcpStoreServer (rank 0) serves at once; more are refused");
+const base::Param<absl::Duration> kIdleTimeout(
+    "PLEXUS_STORE_IDLE_TIMEOUT", absl::Minutes(10),
+    "a store client with no request in service that sends nothing for this long is closed "
+    "(TcpStore reconnects); 'inf' never closes");
+const base::Param<base::Bytes> kMaxBuffered(
+    "PLEXUS_STORE_MAX_BUFFERED", base::Bytes{uint64_t{1} << 30},
+    "bytes of partly received requests a TcpStoreServer buffers across all clients");
 
 struct Client {
   int fd = -1;
@@ -44,8 +62,11 @@ struct Client {
   std::string out;
   size_t out_sent = 0;
   bool waiting = false;  // a Get/Wait is parked
+  bool hello_ok = false;
+  bool close_after_reply = false;  // refused: close once the refusal is sent
   proto::Request parked;
   absl::Time deadline = absl::InfiniteFuture();
+  absl::Time last_active;
 };
 
 }  // namespace
@@ -60,6 +81,20 @@ struct TcpStoreServer::Impl {
   std::atomic<bool> stop{false};
   std::atomic<size_t> connected{0};
   std::atomic<size_t> dropped{0};
+  std::atomic<size_t> refused{0};
+  std::atomic<uint64_t> buffered{0};  // sum of clients' `in` sizes
+
+  // Limits and identity, fixed before the thread starts.
+  int64_t max_clients = 0;
+  absl::Duration idle_timeout = absl::InfiniteDuration();
+  uint64_t max_buffered = 0;
+  std::string job_id;
+  bool job_id_is_nonce = false;
+
+  // Refusals are logged at most once a second, so that a flood of connections cannot flood
+  // stderr; the count of those not logged is reported with the next line.
+  absl::Time last_refusal_log = absl::InfinitePast();
+  size_t unlogged_refusals = 0;
 
   // Owned by the server thread only.
   absl::flat_hash_map<std::string, std::string> data;
@@ -108,8 +143,48 @@ struct TcpStoreServer::Impl {
     absl::Time next = absl::InfiniteFuture();
     for (const auto& [fd, c] : clients) {
       if (c->waiting && c->deadline < next) next = c->deadline;
+      if (!c->waiting && idle_timeout != absl::InfiniteDuration()) {
+        next = std::min(next, c->last_active + idle_timeout);
+      }
     }
     return next;
+  }
+
+  void LogRefusal(const std::string& peer, const std::string& why) {
+    const absl::Time now = absl::Now();
+    if (now - last_refusal_log < absl::Seconds(1)) {
+      ++unlogged_refusals;
+      return;
+    }
+    std::string more;
+    if (unlogged_refusals > 0) {
+      more = absl::StrCat(" (and ", unlogged_refusals, " more refusals in the last second)");
+    }
+    std::fprintf(stderr, "plexus store %s: refusing client %s: %s%s\n", address.c_str(),
+                 peer.c_str(), why.c_str(), more.c_str());
+    last_refusal_log = now;
+    unlogged_refusals = 0;
+  }
+
+  // Answers a connection over the client limit with a refused Hello and closes it. Its own Hello
+  // (small, usually already here) is read first, so that the close sends FIN rather than a reset
+  // that could destroy the answer before the client reads it.
+  void RefuseAtAccept(int fd, const std::string& peer) {
+    const std::string why = absl::StrCat(
+        "the store at ", address, " already serves ", clients.size(), " clients, its limit (",
+        "PLEXUS_STORE_MAX_CLIENTS on the rank serving it, or TcpStoreServer::Options::"
+        "max_clients); raise it, or find who holds the connections");
+    LogRefusal(peer, why);
+    refused.fetch_add(1);
+    char scratch[4096];
+    [[maybe_unused]] ssize_t r = recv(fd, scratch, sizeof scratch, MSG_DONTWAIT);
+    proto::Response response;
+    response.op = proto::Op::kHello;
+    response.code = proto::Code::kBusy;
+    response.value = why;
+    const std::string frame = proto::EncodeResponse(response);
+    [[maybe_unused]] ssize_t n = send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    close(fd);
   }
 
   void AcceptAll() {
@@ -124,12 +199,17 @@ struct TcpStoreServer::Impl {
       }
       const int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      auto client = std::make_unique<Client>();
-      client->fd = fd;
       bootstrap::SocketAddress sa;
       sa.storage = peer;
       sa.length = len;
+      if (static_cast<int64_t>(clients.size()) >= max_clients) {
+        RefuseAtAccept(fd, bootstrap::FormatAddress(sa));
+        continue;
+      }
+      auto client = std::make_unique<Client>();
+      client->fd = fd;
       client->peer = bootstrap::FormatAddress(sa);
+      client->last_active = absl::Now();
       epoll_event ev{};
       ev.events = EPOLLIN | EPOLLRDHUP;
       ev.data.fd = fd;
@@ -147,6 +227,7 @@ struct TcpStoreServer::Impl {
     if (it == clients.end()) return;
     epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
     close(fd);
+    buffered.fetch_sub(it->second->in.size());
     clients.erase(it);
     connected.fetch_sub(1);
   }
@@ -172,11 +253,33 @@ struct TcpStoreServer::Impl {
       for (;;) {
         const ssize_t n = recv(fd, buf, sizeof buf, 0);
         if (n > 0) {
-          c.in.append(buf, static_cast<size_t>(n));
-          if (c.in.size() > kMaxBufferedInput) {
+          c.last_active = absl::Now();
+          if (c.in.size() + static_cast<size_t>(n) > kMaxBufferedInput) {
             DropClient(fd, "sent more than one frame ahead of its replies");
             return;
           }
+          // Over the cap across clients, the client holding the most input goes (this one when
+          // it would), so that small requests of legitimate ranks get through.
+          while (buffered.load() + static_cast<uint64_t>(n) > max_buffered) {
+            int victim = fd;
+            size_t most = c.in.size() + static_cast<size_t>(n);
+            for (const auto& [other_fd, other] : clients) {
+              if (other_fd != fd && other->in.size() > most) {
+                victim = other_fd;
+                most = other->in.size();
+              }
+            }
+            DropClient(victim, absl::StrCat("its ", most,
+                                            " bytes of unfinished requests are the most while "
+                                            "the store is at its cap of ",
+                                            max_buffered,
+                                            " bytes across all clients "
+                                            "(PLEXUS_STORE_MAX_BUFFERED)"));
+            if (victim == fd) return;
+          }
+          ReserveFrame(c);
+          c.in.append(buf, static_cast<size_t>(n));
+          buffered.fetch_add(static_cast<uint64_t>(n));
           continue;
         }
         if (n == 0) {
@@ -192,6 +295,22 @@ struct TcpStoreServer::Impl {
     Serve(fd);
   }
 
+  // Once a frame's header is in, reserves the whole frame at once: growing by doubling would
+  // hold the old and the new copy at the same time.
+  static void ReserveFrame(Client& c) {
+    if (c.in.size() < proto::kHeaderBytes) return;
+    auto size = proto::PeekFrame(
+        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(c.in.data()), c.in.size()));
+    if (size.ok() && *size > c.in.capacity()) c.in.reserve(*size);
+  }
+
+  // Consumes `bytes` from the front of the client's input.
+  void ConsumeInput(Client& c, size_t bytes) {
+    c.in.erase(0, bytes);
+    buffered.fetch_sub(bytes);
+    if (c.in.empty() && c.in.capacity() > kKeepCapacity) std::string().swap(c.in);
+  }
+
   // Sends what is queued; false when the client was closed.
   bool Flush(Client& c) {
     while (c.out_sent < c.out.size()) {
@@ -199,6 +318,7 @@ struct TcpStoreServer::Impl {
           send(c.fd, c.out.data() + c.out_sent, c.out.size() - c.out_sent, MSG_NOSIGNAL);
       if (n > 0) {
         c.out_sent += static_cast<size_t>(n);
+        c.last_active = absl::Now();
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -212,8 +332,13 @@ struct TcpStoreServer::Impl {
       CloseClient(c.fd);
       return false;
     }
+    if (c.close_after_reply) {
+      CloseClient(c.fd);
+      return false;
+    }
     if (!c.out.empty()) {
       c.out.clear();
+      if (c.out.capacity() > kKeepCapacity) std::string().swap(c.out);
       c.out_sent = 0;
       epoll_event ev{};
       ev.events = EPOLLIN | EPOLLRDHUP;
@@ -244,9 +369,15 @@ struct TcpStoreServer::Impl {
       auto request = proto::DecodeRequest(
           absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(c.in.data()) + proto::kHeaderBytes,
                               *size - proto::kHeaderBytes));
-      c.in.erase(0, *size);
+      ConsumeInput(c, *size);
       if (!request.ok()) {
         DropClient(fd, std::string(request.status().message()));
+        return;
+      }
+      if (!c.hello_ok && request->op != proto::Op::kHello && !job_id.empty()) {
+        DropClient(fd, absl::StrCat("sent a '", proto::OpName(request->op),
+                                    "' before its hello (this store serves job '", job_id,
+                                    "' and checks every connection's job)"));
         return;
       }
       std::vector<int> woken;
@@ -292,10 +423,20 @@ struct TcpStoreServer::Impl {
     switch (req.op) {
       case proto::Op::kHello:
         r.number = proto::kVersion;
+        r.job = job_id;
+        r.flag = job_id_is_nonce;
         if (req.version != proto::kVersion) {
           r.code = proto::Code::kInvalid;
           r.value = absl::StrCat("protocol version ", req.version, " is not supported (server ",
                                  proto::kVersion, "); use the same plexus build on every rank");
+        } else if (std::string why = CheckJob(req.job); !why.empty()) {
+          r.code = proto::Code::kRefused;
+          r.value = why;
+          c.close_after_reply = true;
+          refused.fetch_add(1);
+          LogRefusal(c.peer, why);
+        } else {
+          c.hello_ok = true;
         }
         break;
       case proto::Op::kSet:
@@ -348,6 +489,23 @@ struct TcpStoreServer::Impl {
     Reply(c, r);
   }
 
+  // Empty when a client of job `client_job` may use this store, else why not.
+  std::string CheckJob(const std::string& client_job) const {
+    if (job_id.empty() || client_job == job_id) return "";
+    if (client_job.empty() && job_id_is_nonce) return "";  // it learns the nonce from our reply
+    const std::string served =
+        job_id_is_nonce ? absl::StrCat("a job without a launcher job id (its rank 0 chose nonce '",
+                                       job_id, "')")
+                        : absl::StrCat("job '", job_id, "'");
+    const std::string client = client_job.empty() ? std::string("names no job id")
+                                                  : absl::StrCat("is job '", client_job, "'");
+    return absl::StrCat("the tcp store at ", address, " serves ", served, ", but this client ",
+                        client,
+                        ": two jobs share one store address. Give each job its own "
+                        "PLEXUS_STORE_ADDR port (or MASTER_PORT), and make every rank of a job "
+                        "see the same job id (PLEXUS_JOB_ID, or the launcher's)");
+  }
+
   void WakeWaiters(std::vector<int>* woken) {
     for (auto& [fd, c] : clients) {
       if (c->waiting && AllPresent(c->parked.keys)) {
@@ -361,6 +519,16 @@ struct TcpStoreServer::Impl {
 
   void ExpireWaiters() {
     const absl::Time now = absl::Now();
+    if (idle_timeout != absl::InfiniteDuration()) {
+      std::vector<int> idle;
+      for (auto& [fd, c] : clients) {
+        if (!c->waiting && now - c->last_active >= idle_timeout) idle.push_back(fd);
+      }
+      for (int fd : idle) {
+        DropClient(fd, absl::StrCat("idle for ", absl::FormatDuration(idle_timeout),
+                                    " (PLEXUS_STORE_IDLE_TIMEOUT) with no request in service"));
+      }
+    }
     std::vector<int> expired;
     for (auto& [fd, c] : clients) {
       if (c->waiting && c->deadline <= now) {
@@ -377,7 +545,35 @@ struct TcpStoreServer::Impl {
   }
 };
 
-absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::string_view address) {
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::string_view address,
+                                                                      const Options& options) {
+  PLEXUS_ASSIGN_OR_RETURN(const int64_t max_clients, kMaxClients.Resolve(options.max_clients));
+  PLEXUS_ASSIGN_OR_RETURN(const absl::Duration idle_timeout,
+                          kIdleTimeout.Resolve(options.idle_timeout));
+  std::optional<base::Bytes> explicit_buffered;
+  if (options.max_buffered_bytes) explicit_buffered = base::Bytes{*options.max_buffered_bytes};
+  PLEXUS_ASSIGN_OR_RETURN(const base::Bytes max_buffered, kMaxBuffered.Resolve(explicit_buffered));
+  if (max_clients < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store server: max_clients (PLEXUS_STORE_MAX_CLIENTS) is ", max_clients,
+                     "; it must be at least 1"));
+  }
+  if (idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "store server: idle_timeout (PLEXUS_STORE_IDLE_TIMEOUT) is ",
+        absl::FormatDuration(idle_timeout), "; it must be positive ('inf' disables it)"));
+  }
+  if (max_buffered.value < proto::kHeaderBytes + proto::kMaxBodyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store server: max_buffered_bytes (PLEXUS_STORE_MAX_BUFFERED) is ",
+                     max_buffered.value, "; it must hold at least one maximal frame (",
+                     proto::kHeaderBytes + proto::kMaxBodyBytes, " bytes)"));
+  }
+  if (options.job_id.size() > proto::kMaxJobIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("store server: job id of ",
+                                                   options.job_id.size(), " bytes; the limit is ",
+                                                   proto::kMaxJobIdBytes));
+  }
   const std::string text = address.empty() ? std::string(":0") : std::string(address);
   auto hp = bootstrap::ParseHostPort(text, "store server address");
   if (!hp.ok()) return hp.status();
@@ -386,6 +582,11 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::strin
   const bootstrap::SocketAddress& sa = resolved->front();
 
   auto impl = std::make_unique<Impl>();
+  impl->max_clients = max_clients;
+  impl->idle_timeout = idle_timeout;
+  impl->max_buffered = max_buffered.value;
+  impl->job_id = options.job_id;
+  impl->job_id_is_nonce = options.job_id_is_nonce && !options.job_id.empty();
   impl->listen_fd = socket(sa.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (impl->listen_fd < 0) {
     return absl::ResourceExhaustedError(
@@ -429,11 +630,20 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::strin
   return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
 }
 
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::string_view address) {
+  return Start(address, Options());
+}
+
 TcpStoreServer::TcpStoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TcpStoreServer::~TcpStoreServer() = default;
 std::string TcpStoreServer::address() const { return impl_->address; }
 uint16_t TcpStoreServer::port() const { return impl_->port; }
 size_t TcpStoreServer::connected_clients() const { return impl_->connected.load(); }
 size_t TcpStoreServer::dropped_clients() const { return impl_->dropped.load(); }
+size_t TcpStoreServer::refused_clients() const { return impl_->refused.load(); }
+uint64_t TcpStoreServer::buffered_bytes() const { return impl_->buffered.load(); }
+int64_t TcpStoreServer::max_clients() const { return impl_->max_clients; }
+absl::Duration TcpStoreServer::idle_timeout() const { return impl_->idle_timeout; }
+uint64_t TcpStoreServer::max_buffered_bytes() const { return impl_->max_buffered; }
 
 }  // namespace plexus::transport

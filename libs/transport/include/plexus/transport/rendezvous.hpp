@@ -33,7 +33,10 @@ std::string_view LauncherName(Launcher launcher);
 // What the environment says, before anything is connected. Launchers are tried in the order
 // plexus, torchrun, Open MPI, Slurm (mpirun inside a Slurm allocation is Open MPI). The store is
 // PLEXUS_STORE_ADDR ("host:port") or PLEXUS_STORE_PATH (a shared directory) for any launcher,
-// else MASTER_ADDR + MASTER_PORT.
+// else MASTER_ADDR + MASTER_PORT. The job id is PLEXUS_JOB_ID for any launcher, else the
+// launcher's: torchrun TORCHELASTIC_RUN_ID (not "none"), Open MPI OMPI_MCA_ess_base_jobid /
+// PMIX_NAMESPACE / OMPI_MCA_orte_ess_jobid, Slurm SLURM_JOB_ID.SLURM_STEP_ID; else empty, and
+// rank 0 chooses a nonce (see docs/architecture.md, "Bootstrap", for what that can detect).
 struct LaunchConfig {
   Launcher launcher = Launcher::kPlexus;
   int rank = 0;
@@ -42,6 +45,8 @@ struct LaunchConfig {
   int local_world_size = -1;  // -1: likewise
   std::string store_address;  // tcp "host:port", or empty when store_path is set
   std::string store_path;     // file store directory, or empty
+  std::string job_id;         // e.g. "slurm:77.0"; empty when the environment names no job
+  std::string job_id_source;  // the variable(s) it came from, e.g. "SLURM_JOB_ID.SLURM_STEP_ID"
   std::string source;         // the variables used, e.g. "torchrun (RANK=1, WORLD_SIZE=4, ...)"
 };
 // Pure: no I/O. InvalidArgument/NotFound with the variable to set or fix when the environment is
@@ -53,8 +58,12 @@ class Rendezvous {
  public:
   // Reads the process environment (see ParseLaunchEnvironment), then opens the store: rank 0
   // serves the TCP store when its address is local to rank 0, every other rank connects (waiting
-  // up to `timeout` for rank 0). Local rank and size missing from the environment are derived by
-  // exchanging host names through the store.
+  // up to `timeout` for rank 0). Then it joins the job: the store a Rendezvous hands out keeps
+  // every key under the job id, a server refuses ranks of another job, and a rank whose world
+  // size differs from rank 0's or whose rank another process already took fails
+  // (FailedPrecondition / AlreadyExists naming both jobs, the store and what to set) without
+  // disturbing the job already there. Local rank and size missing from the environment are
+  // derived by exchanging host names through the store.
   static absl::StatusOr<Rendezvous> FromEnv(absl::Duration timeout = absl::Minutes(5));
   // The same with an explicit environment instead of the process's.
   static absl::StatusOr<Rendezvous> FromEnv(const Environment& env, absl::Duration timeout);
@@ -76,7 +85,10 @@ class Rendezvous {
   Launcher launcher() const { return launcher_; }
   // Where the settings came from, for logs: launcher, variables and store.
   const std::string& source() const { return source_; }
+  // The job's store: keys are kept apart from other jobs' (prefixed with the job id).
   const std::shared_ptr<Store>& store() const { return store_; }
+  // The job id from the launcher, or rank 0's nonce; empty for Create().
+  const std::string& job_id() const { return job_id_; }
   // The server this rank runs (rank 0 of a TCP rendezvous), else nullptr.
   const TcpStoreServer* store_server() const { return server_.get(); }
   void set_linger(absl::Duration linger) { linger_ = linger; }
@@ -101,6 +113,7 @@ class Rendezvous {
   int local_world_size_ = 1;
   Launcher launcher_ = Launcher::kExplicit;
   std::string source_;
+  std::string job_id_;
   std::shared_ptr<Store> store_;
   std::unique_ptr<TcpStoreServer> server_;  // ~Rendezvous releases store_ first, then this
   uint64_t sequence_ = 0;

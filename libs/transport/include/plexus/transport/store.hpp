@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -19,6 +20,8 @@ namespace plexus::transport {
 // another allocate without bound.
 inline constexpr size_t kMaxStoreKeyBytes = 4096;
 inline constexpr size_t kMaxStoreValueBytes = size_t{64} << 20;
+// Job identities (launcher job ids, PLEXUS_JOB_ID, nonces) are at most this long.
+inline constexpr size_t kMaxJobIdBytes = 256;
 
 // A key-value store shared by the ranks of a job. Keys are non-empty byte strings of at most
 // kMaxStoreKeyBytes; values are arbitrary bytes. Every method is thread-safe. Errors name the key
@@ -46,12 +49,35 @@ class Store {
   virtual std::string description() const = 0;
 };
 
-// The server side of TcpStore: one thread (epoll) serving any number of clients. A client that
-// sends a malformed, truncated or oversized frame is dropped; the others are served on.
+// The server side of TcpStore: one thread (epoll) serving any number of clients up to a limit.
+// A client that sends a malformed, truncated or oversized frame, stays idle too long, or would
+// push the input buffered across all clients over the memory cap is disconnected (with the
+// reason on stderr); the others are served on.
 class TcpStoreServer {
  public:
+  struct Options {
+    // Unset: the environment (PLEXUS_STORE_MAX_CLIENTS, PLEXUS_STORE_IDLE_TIMEOUT,
+    // PLEXUS_STORE_MAX_BUFFERED), else the default. An explicit value beats the environment.
+    // Connections served at once (default 4096); one more is answered "refused" and closed.
+    std::optional<int64_t> max_clients;
+    // A client with no request in service that sends nothing for this long is closed (default
+    // 10 min; InfiniteDuration: never). TcpStore reopens a connection the server closed.
+    std::optional<absl::Duration> idle_timeout;
+    // Bytes of partly received requests buffered across all clients (default 1 GiB; at least
+    // one maximal frame). The client whose input would exceed it is dropped.
+    std::optional<uint64_t> max_buffered_bytes;
+    // The job this store serves: a client whose Hello names another job is refused with a
+    // message naming both. Empty: any client is served. A nonce job (chosen by rank 0 when the
+    // launcher gives no job id) also serves clients that name no job, and tells them the nonce.
+    std::string job_id;
+    bool job_id_is_nonce = false;
+  };
+
   // Listens on "ip:port", "host:port", "[ipv6]:port" or ":port" (all interfaces); port 0 picks
-  // a free ephemeral port. "" means ":0".
+  // a free ephemeral port. "" means ":0". InvalidArgument for an invalid option or environment
+  // value.
+  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(std::string_view address,
+                                                               const Options& options);
   static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(std::string_view address);
   // Stops serving and closes every client connection (their pending calls fail at once).
   ~TcpStoreServer();
@@ -62,9 +88,17 @@ class TcpStoreServer {
   // interface; clients on this host may connect to "127.0.0.1:port").
   std::string address() const;
   uint16_t port() const;
-  // Clients connected right now, and clients dropped so far for protocol violations.
+  // Clients connected right now; clients dropped so far for protocol violations, idleness or
+  // the memory cap; connections refused (client limit, another job).
   size_t connected_clients() const;
   size_t dropped_clients() const;
+  size_t refused_clients() const;
+  // Bytes of partly received requests buffered right now, across all clients.
+  uint64_t buffered_bytes() const;
+  // The limits in effect (options, environment or defaults).
+  int64_t max_clients() const;
+  absl::Duration idle_timeout() const;
+  uint64_t max_buffered_bytes() const;
 
   struct Impl;
 
@@ -80,10 +114,19 @@ class TcpStore : public Store {
   // Connects to the server at "host:port", retrying while it is not up yet (ranks start in any
   // order); DeadlineExceeded naming the address after `timeout`. `io_timeout` bounds how long a
   // reply may take beyond the caller's own timeout, so that a hung server gives an error.
+  // `job_id` is this client's job identity (empty: none); a server of another job refuses it
+  // with FailedPrecondition naming both jobs, a server at its client limit with
+  // ResourceExhausted.
   static absl::StatusOr<std::unique_ptr<TcpStore>> Connect(
       std::string_view address, absl::Duration timeout,
-      absl::Duration io_timeout = absl::Seconds(30));
+      absl::Duration io_timeout = absl::Seconds(30), std::string_view job_id = {});
   ~TcpStore() override;
+
+  // The job the server said it serves (empty: any), and whether it is rank 0's nonce. Later
+  // connections of this client name that job, so that a server replaced by another job's (a
+  // new process on the same port) is refused rather than silently used.
+  const std::string& server_job_id() const;
+  bool server_job_id_is_nonce() const;
 
   absl::Status Set(std::string_view key, std::string_view value) override;
   absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
