@@ -10,11 +10,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "bootstrap/net.hpp"
+#include "plexus/base/net.hpp"
 
 extern char** environ;
 
 namespace plexus::transport {
+
+namespace net = base::net;
+
 namespace {
 
 // The variables of one launcher.
@@ -232,7 +235,7 @@ absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env) {
         ", or MASTER_ADDR and MASTER_PORT, or PLEXUS_STORE_PATH=<directory shared by all ranks>"));
   }
   if (!config.store_address.empty()) {
-    auto hp = bootstrap::ParseHostPort(config.store_address, "the store address");
+    auto hp = net::ParseHostPort(config.store_address, "the store address");
     if (!hp.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(store_source, ": ", std::string(hp.status().message())));
@@ -274,11 +277,11 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchConfig& config,
     if (!file.ok()) return file.status();
     store = *std::move(file);
   } else {
-    auto hp = bootstrap::ParseHostPort(config.store_address, "the store address");
+    auto hp = net::ParseHostPort(config.store_address, "the store address");
     if (!hp.ok()) return hp.status();
     std::string connect_to = config.store_address;
     const bool v6 = hp->host.find(':') != std::string::npos;
-    if (config.rank == 0 && bootstrap::IsLocalHost(hp->host)) {
+    if (config.rank == 0 && net::IsLocalHost(hp->host)) {
       // Listen on every interface: the name other hosts use for us may resolve differently
       // here (Debian maps the host name to 127.0.1.1).
       auto started = TcpStoreServer::Start(absl::StrCat(v6 ? "[::]:" : ":", hp->port));
