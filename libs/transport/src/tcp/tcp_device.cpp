@@ -1275,7 +1275,9 @@ class TcpListener final : public Listener {
 
   size_t HeldSockets() const {
     size_t n = clients_.size();
-    for (const auto& [token, group] : groups_) n += group.fds.size();
+    for (const auto& [token, group] : groups_) {
+      n += group.fds.size() - std::count(group.fds.begin(), group.fds.end(), -1);
+    }
     return n;
   }
 
