@@ -101,8 +101,8 @@ TEST_CASE("parameters: default, environment, explicit, and one spelling per type
 }
 
 TEST_CASE("files: errors say what is wrong with the path", "[base]") {
-  const std::string dir = std::filesystem::temp_directory_path() /
-                          ("plexus-base-test-" + std::to_string(getpid()));
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("plexus-base-test-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   auto as_dir = pb::ReadFile(dir);
   REQUIRE(!as_dir.ok());
@@ -142,8 +142,10 @@ TEST_CASE("net: addresses parse, join and resolve; a loopback port can be reserv
   CHECK(v6->port == 29500);
   CHECK(net::JoinHostPort(v6->host, v6->port) == "[::1]:29500");
   CHECK(net::JoinHostPort("10.0.0.1", 80) == "10.0.0.1:80");
-  CHECK(net::ParseHostPort("::1:80", "the test address").status().message().find(
-            "the test address '::1:80'") != std::string::npos);
+  CHECK(net::ParseHostPort("::1:80", "the test address")
+            .status()
+            .message()
+            .find("the test address '::1:80'") != std::string::npos);
   auto sa = net::ResolveFirst("127.0.0.1:7", "test");
   REQUIRE(sa.ok());
   CHECK(sa->family() == AF_INET);

@@ -13,9 +13,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "plexus/base/net.hpp"
 #include "bootstrap/store_protocol.hpp"
 #include "bootstrap_test_util.hpp"
+#include "plexus/base/net.hpp"
 #include "plexus/transport/store.hpp"
 
 namespace pt = plexus::transport;
@@ -158,16 +158,13 @@ int RawConnect(uint16_t port) {
   bool retryable = false;
   auto sa = net::Resolve({"127.0.0.1", port});
   REQUIRE(sa.ok());
-  auto fd = net::ConnectTcp(sa->front(), absl::Now() + absl::Seconds(5),
-                                                     &retryable);
+  auto fd = net::ConnectTcp(sa->front(), absl::Now() + absl::Seconds(5), &retryable);
   REQUIRE(fd.ok());
   return *fd;
 }
 
 void SendRaw(int fd, const std::string& bytes) {
-  REQUIRE(net::SendAll(fd, bytes.data(), bytes.size(),
-                                                absl::Now() + absl::Seconds(5))
-              .ok());
+  REQUIRE(net::SendAll(fd, bytes.data(), bytes.size(), absl::Now() + absl::Seconds(5)).ok());
 }
 
 }  // namespace

@@ -10,8 +10,8 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <functional>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,11 +46,14 @@ std::shared_ptr<pt::Device> MakeDevice(pt::Backend backend, absl::Duration conne
 // the abstract name (shm). Returns the connected fd.
 int RawConnect(pt::Backend backend, const std::string& address) {
   if (backend == pt::Backend::kTcp) {
-    auto sa = net::ResolveFirst(address, "test address");
+    auto hp = net::ParseHostPort(address, "test address");
+    REQUIRE(hp.ok());
+    auto sa = net::Resolve(*hp);
     REQUIRE(sa.ok());
-    const int fd = socket(sa->family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const net::SocketAddress& to = sa->front();
+    const int fd = socket(to.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     REQUIRE(fd >= 0);
-    REQUIRE(connect(fd, sa->get(), sa->length) == 0);
+    REQUIRE(connect(fd, reinterpret_cast<const sockaddr*>(&to.storage), to.length) == 0);
     return fd;
   }
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -332,8 +335,7 @@ TEST_CASE("tcp over IPv6 loopback: listen, connect, local_address", "[ipv6]") {
     sockaddr_in6 a{};
     a.sin6_family = AF_INET6;
     a.sin6_addr = in6addr_loopback;
-    const bool ok =
-        probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    const bool ok = probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
     if (probe >= 0) close(probe);
     if (!ok) plexus::testing::SkipTest("this host has no IPv6 loopback (::1 cannot be bound)");
   }

@@ -82,7 +82,8 @@ absl::StatusOr<HostPort> ParseHostPort(std::string_view address, std::string_vie
 }
 
 std::string JoinHostPort(std::string_view host, uint16_t port) {
-  if (host.find(':') != std::string_view::npos) return absl::StrCat("[", std::string(host), "]:", port);
+  if (host.find(':') != std::string_view::npos)
+    return absl::StrCat("[", std::string(host), "]:", port);
   return absl::StrCat(std::string(host), ":", port);
 }
 
@@ -121,9 +122,9 @@ absl::StatusOr<SocketAddress> ResolveFirst(std::string_view address, std::string
   if (!hp.ok()) return hp.status();
   absl::StatusOr<std::vector<SocketAddress>> all = Resolve(*hp);
   if (!all.ok()) {
-    return absl::Status(all.status().code(), absl::StrCat(std::string(what), " '",
-                                                          std::string(address), "': ",
-                                                          std::string(all.status().message())));
+    return absl::Status(all.status().code(),
+                        absl::StrCat(std::string(what), " '", std::string(address),
+                                     "': ", std::string(all.status().message())));
   }
   return all->front();
 }

@@ -11,9 +11,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "plexus/base/net.hpp"
 #include "bootstrap/store_keys.hpp"
 #include "bootstrap/store_protocol.hpp"
+#include "plexus/base/net.hpp"
 #include "plexus/transport/store.hpp"
 
 namespace plexus::transport {

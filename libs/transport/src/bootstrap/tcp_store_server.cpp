@@ -24,8 +24,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "plexus/base/net.hpp"
 #include "bootstrap/store_protocol.hpp"
+#include "plexus/base/net.hpp"
 #include "plexus/transport/store.hpp"
 
 namespace plexus::transport {
@@ -397,13 +397,11 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::strin
   if (bind(impl->listen_fd, reinterpret_cast<const sockaddr*>(&sa.storage), sa.length) != 0) {
     const int err = errno;
     return absl::UnavailableError(absl::StrCat(
-        "store server cannot listen on ", net::FormatAddress(sa), ": ",
-        net::ErrnoText(err),
+        "store server cannot listen on ", net::FormatAddress(sa), ": ", net::ErrnoText(err),
         err == EADDRINUSE ? " (another process uses this port: pick another one)" : ""));
   }
   if (listen(impl->listen_fd, 1024) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("store server: listen(): ", net::ErrnoText(errno)));
+    return absl::UnavailableError(absl::StrCat("store server: listen(): ", net::ErrnoText(errno)));
   }
   net::SocketAddress bound;
   bound.length = sizeof bound.storage;

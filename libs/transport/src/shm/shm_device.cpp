@@ -308,8 +308,7 @@ class ShmListener final : public Listener {
         if (p.deadline <= now) {
           Drop(p, absl::DeadlineExceededError(
                       absl::StrCat("did not finish the handshake within the connect timeout (",
-                                   absl::FormatDuration(device_->options().connect_timeout),
-                                   ")")));
+                                   absl::FormatDuration(device_->options().connect_timeout), ")")));
         }
       }
       std::erase_if(pending_, [](const Pending& p) { return !p.alive(); });

@@ -33,9 +33,9 @@
 #include "backends.hpp"
 #include "cuda_copy.hpp"
 #include "make_completion.hpp"
-#include "region_registry.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
+#include "region_registry.hpp"
 #include "tcp/frame.hpp"
 
 namespace plexus::transport::internal {
@@ -1178,8 +1178,7 @@ class TcpListener final : public Listener {
         Group group = std::move(ready_.front());
         ready_.pop_front();
         auto conn = std::make_unique<TcpConnection>(core_, group.peer);
-        if (absl::Status s = core_->AddConnection(conn->id(), group.fds, cq, group.peer);
-            !s.ok()) {
+        if (absl::Status s = core_->AddConnection(conn->id(), group.fds, cq, group.peer); !s.ok()) {
           CloseGroup(group);
           return s;
         }
@@ -1266,8 +1265,8 @@ class TcpListener final : public Listener {
       const auto missing = std::count(group.fds.begin(), group.fds.end(), -1);
       last_error_ = absl::DeadlineExceededError(absl::StrCat(
           "client ", group.peer, ": ", static_cast<int64_t>(group.fds.size()) - missing, " of ",
-          group.fds.size(), " sockets of a connection arrived within the connect timeout (",
-          limit, ")"));
+          group.fds.size(), " sockets of a connection arrived within the connect timeout (", limit,
+          ")"));
       CloseGroup(group);
       return true;
     });
@@ -1283,22 +1282,22 @@ class TcpListener final : public Listener {
 
   // Makes room for one more socket: drops the waiter (client or group) that came first.
   void EvictOldest() {
-    auto oldest_client = std::min_element(
-        clients_.begin(), clients_.end(),
-        [](const Client& a, const Client& b) { return a.deadline < b.deadline; });
+    auto oldest_client =
+        std::min_element(clients_.begin(), clients_.end(),
+                         [](const Client& a, const Client& b) { return a.deadline < b.deadline; });
     auto oldest_group = std::min_element(
         groups_.begin(), groups_.end(),
         [](const auto& a, const auto& b) { return a.second.deadline < b.second.deadline; });
     if (oldest_client != clients_.end() &&
-        (oldest_group == groups_.end() || oldest_client->deadline <= oldest_group->second.deadline)) {
+        (oldest_group == groups_.end() ||
+         oldest_client->deadline <= oldest_group->second.deadline)) {
       Reject(*oldest_client, absl::ResourceExhaustedError(absl::StrCat(
                                  "dropped: ", kMaxHeldSockets, " sockets waiting for hellos")));
       clients_.erase(oldest_client);
     } else if (oldest_group != groups_.end()) {
       last_error_ = absl::ResourceExhaustedError(
-          absl::StrCat("client ", oldest_group->second.peer,
-                       ": incomplete connection dropped, ", kMaxHeldSockets,
-                       " sockets waiting for hellos"));
+          absl::StrCat("client ", oldest_group->second.peer, ": incomplete connection dropped, ",
+                       kMaxHeldSockets, " sockets waiting for hellos"));
       CloseGroup(oldest_group->second);
       groups_.erase(oldest_group);
     }
