@@ -1207,7 +1207,7 @@ class TcpListener final : public Listener {
       if (rc <= 0) continue;
       // Clients first (they are the pfds[1..] of this round), then new ones.
       for (size_t i = 1; i < pfds.size(); ++i) {
-        if (pfds[i].revents != 0) ReadHello(clients_[i - 1], now);
+        if (pfds[i].revents != 0) ReadHello(clients_[i - 1]);
       }
       std::erase_if(clients_, [](const Client& c) { return c.fd < 0; });
       if (pfds[0].revents != 0) {
@@ -1315,11 +1315,10 @@ class TcpListener final : public Listener {
         return net::ErrnoStatus(errno, absl::StrCat("tcp accept on ", address_));
       }
       while (HeldSockets() >= kMaxHeldSockets) EvictOldest();
-      const absl::Time now = absl::Now();
       clients_.push_back(
-          Client{fd, net::FormatAddress(peer), now + core_->options().connect_timeout});
+          Client{fd, net::FormatAddress(peer), absl::Now() + core_->options().connect_timeout});
       // The hello usually came with the connection: read it now rather than one poll later.
-      ReadHello(clients_.back(), now);
+      ReadHello(clients_.back());
       if (clients_.back().fd < 0) clients_.pop_back();
     }
     return absl::OkStatus();
@@ -1327,7 +1326,7 @@ class TcpListener final : public Listener {
 
   // Reads what is there of `c`'s hello; once whole, moves the socket into its group (c.fd = -1)
   // or rejects it (closed, c.fd = -1).
-  void ReadHello(Client& c, absl::Time now) {
+  void ReadHello(Client& c) {
     const ssize_t n = recv(c.fd, c.hello + c.got, sizeof c.hello - c.got, MSG_DONTWAIT);
     if (n == 0) return Reject(c, absl::UnavailableError("closed the connection before its hello"));
     if (n < 0) {
@@ -1343,7 +1342,7 @@ class TcpListener final : public Listener {
     if (fresh) {
       group.fds.assign(hello->socket_count, -1);
       group.peer = c.peer;
-      group.deadline = now + core_->options().connect_timeout;
+      group.deadline = absl::Now() + core_->options().connect_timeout;
     }
     if (group.fds.size() != hello->socket_count || group.fds[hello->socket_index] != -1) {
       return Reject(c, absl::DataLossError("inconsistent socket group in tcp hello"));
