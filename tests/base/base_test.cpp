@@ -1,5 +1,7 @@
 // The base layer: parameter parsing and precedence, file errors, strict JSON fields.
+#include <errno.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -10,6 +12,7 @@
 #include "plexus/base/file.hpp"
 #include "plexus/base/host.hpp"
 #include "plexus/base/json_reader.hpp"
+#include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
 
 namespace pb = plexus::base;
@@ -129,4 +132,27 @@ TEST_CASE("host probing", "[base]") {
   CHECK(!pb::HostName().empty());
   CHECK(!pb::UsableCpus().empty());
   CHECK(pb::OnlineCpuCount() >= 1);
+}
+
+TEST_CASE("net: addresses parse, join and resolve; a loopback port can be reserved", "[base]") {
+  namespace net = pb::net;
+  auto v6 = net::ParseHostPort("[::1]:29500", "test");
+  REQUIRE(v6.ok());
+  CHECK(v6->host == "::1");
+  CHECK(v6->port == 29500);
+  CHECK(net::JoinHostPort(v6->host, v6->port) == "[::1]:29500");
+  CHECK(net::JoinHostPort("10.0.0.1", 80) == "10.0.0.1:80");
+  CHECK(net::ParseHostPort("::1:80", "the test address")
+            .status()
+            .message()
+            .find("the test address '::1:80'") != std::string::npos);
+  auto sa = net::ResolveFirst("127.0.0.1:7", "test");
+  REQUIRE(sa.ok());
+  CHECK(sa->family() == AF_INET);
+  CHECK(net::FormatAddress(*sa) == "127.0.0.1:7");
+  CHECK(absl::IsUnavailable(net::ErrnoStatus(ECONNREFUSED, "connect")));
+  CHECK(net::ErrnoStatus(EMFILE, "accept").message() == "accept: Too many open files");
+  auto port = net::ReserveLoopbackPort();
+  REQUIRE(port.ok());
+  CHECK(*port != 0);
 }

@@ -12,11 +12,12 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "bootstrap/net.hpp"
 #include "bootstrap/store_protocol.hpp"
+#include "plexus/base/net.hpp"
 #include "plexus/transport/store.hpp"
 
 namespace pt = plexus::transport;
+namespace net = plexus::base::net;
 namespace proto = plexus::transport::store_protocol;
 using Clock = std::chrono::steady_clock;
 
@@ -32,9 +33,9 @@ std::string Loopback(const pt::TcpStoreServer& server) {
 
 int RawConnect(uint16_t port) {
   bool retryable = false;
-  auto sa = pt::bootstrap::Resolve({"127.0.0.1", port});
+  auto sa = net::Resolve({"127.0.0.1", port});
   REQUIRE(sa.ok());
-  auto fd = pt::bootstrap::ConnectTcp(sa->front(), absl::Now() + absl::Seconds(5), &retryable);
+  auto fd = net::ConnectTcp(sa->front(), absl::Now() + absl::Seconds(5), &retryable);
   REQUIRE(fd.ok());
   return *fd;
 }
@@ -257,9 +258,9 @@ TEST_CASE("store server: clients sending huge partial requests stay under the me
     const int fd = RawConnect((*server)->port());
     fds.push_back(fd);
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    bool ok = pt::bootstrap::SendAll(fd, head.data(), head.size(), deadline).ok();
+    bool ok = net::SendAll(fd, head.data(), head.size(), deadline).ok();
     for (size_t sent = 0; ok && sent < kPartial; sent += chunk.size()) {
-      ok = pt::bootstrap::SendAll(fd, chunk.data(), chunk.size(), deadline).ok();
+      ok = net::SendAll(fd, chunk.data(), chunk.size(), deadline).ok();
     }
     if (!ok) ++cut_off;
   }

@@ -13,12 +13,13 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "bootstrap/net.hpp"
 #include "bootstrap/store_protocol.hpp"
 #include "bootstrap_test_util.hpp"
+#include "plexus/base/net.hpp"
 #include "plexus/transport/store.hpp"
 
 namespace pt = plexus::transport;
+namespace net = plexus::base::net;
 using plexus::testing::FreePort;
 using plexus::testing::MakeTempDir;
 using plexus::testing::RemoveTree;
@@ -155,18 +156,15 @@ bool ClosedByPeer(int fd, std::chrono::milliseconds timeout) {
 
 int RawConnect(uint16_t port) {
   bool retryable = false;
-  auto sa = plexus::transport::bootstrap::Resolve({"127.0.0.1", port});
+  auto sa = net::Resolve({"127.0.0.1", port});
   REQUIRE(sa.ok());
-  auto fd = plexus::transport::bootstrap::ConnectTcp(sa->front(), absl::Now() + absl::Seconds(5),
-                                                     &retryable);
+  auto fd = net::ConnectTcp(sa->front(), absl::Now() + absl::Seconds(5), &retryable);
   REQUIRE(fd.ok());
   return *fd;
 }
 
 void SendRaw(int fd, const std::string& bytes) {
-  REQUIRE(plexus::transport::bootstrap::SendAll(fd, bytes.data(), bytes.size(),
-                                                absl::Now() + absl::Seconds(5))
-              .ok());
+  REQUIRE(net::SendAll(fd, bytes.data(), bytes.size(), absl::Now() + absl::Seconds(5)).ok());
 }
 
 }  // namespace

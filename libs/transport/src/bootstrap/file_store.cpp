@@ -18,14 +18,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "bootstrap/net.hpp"
 #include "bootstrap/store_keys.hpp"
+#include "plexus/base/net.hpp"
 #include "plexus/transport/store.hpp"
 
 namespace plexus::transport {
+
+namespace net = base::net;
+
 namespace {
 
-using bootstrap::ErrnoText;
+using net::ErrnoText;
 
 // Key files never start with '.': the lock file and temporary files do.
 constexpr char kLockName[] = ".plexus-store.lock";

@@ -11,11 +11,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bootstrap/job_store.hpp"
-#include "bootstrap/net.hpp"
+#include "plexus/base/net.hpp"
 
 extern char** environ;
 
 namespace plexus::transport {
+
+namespace net = base::net;
 namespace {
 
 // The variables of one launcher.
@@ -273,7 +275,7 @@ absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env) {
         ", or MASTER_ADDR and MASTER_PORT, or PLEXUS_STORE_PATH=<directory shared by all ranks>"));
   }
   if (!config.store_address.empty()) {
-    auto hp = bootstrap::ParseHostPort(config.store_address, "the store address");
+    auto hp = net::ParseHostPort(config.store_address, "the store address");
     if (!hp.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(store_source, ": ", std::string(hp.status().message())));
@@ -348,12 +350,12 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchConfig& config,
     if (!file.ok()) return file.status();
     store = *std::move(file);
   } else {
-    auto hp = bootstrap::ParseHostPort(config.store_address, "the store address");
+    auto hp = net::ParseHostPort(config.store_address, "the store address");
     if (!hp.ok()) return hp.status();
     std::string connect_to = config.store_address;
     const bool v6 = hp->host.find(':') != std::string::npos;
     std::string client_job = job.id;
-    if (config.rank == 0 && bootstrap::IsLocalHost(hp->host)) {
+    if (config.rank == 0 && net::IsLocalHost(hp->host)) {
       if (job.id.empty()) {
         job = {bootstrap::NewJobNonce(), true, "nonce chosen by rank 0: the launcher gave no id"};
       }

@@ -13,12 +13,14 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "bootstrap/net.hpp"
 #include "bootstrap/store_keys.hpp"
 #include "bootstrap/store_protocol.hpp"
+#include "plexus/base/net.hpp"
 #include "plexus/transport/store.hpp"
 
 namespace plexus::transport {
+
+namespace net = base::net;
 
 namespace proto = store_protocol;
 
@@ -35,7 +37,7 @@ bool ClosedByServer(int fd) {
 
 struct TcpStore::Impl {
   std::string address;  // as the user gave it
-  bootstrap::SocketAddress resolved;
+  net::SocketAddress resolved;
   absl::Duration io_timeout;
   std::string job_id;      // what this client says in its Hello
   std::string server_job;  // what the server said it serves
@@ -66,7 +68,7 @@ struct TcpStore::Impl {
     }
     bool retryable = false;
     const absl::Time deadline = absl::Now() + io_timeout;
-    auto fd = bootstrap::ConnectTcp(resolved, deadline, &retryable);
+    auto fd = net::ConnectTcp(resolved, deadline, &retryable);
     if (!fd.ok()) return Lost(fd.status());
     // The new socket names the job the server told us at Connect, so that a server replaced by
     // another job's on the same port refuses it instead of serving it that job's keys.
@@ -99,17 +101,17 @@ struct TcpStore::Impl {
   static absl::StatusOr<proto::Response> Exchange(int fd, const proto::Request& request,
                                                   absl::Time deadline) {
     const std::string frame = proto::EncodeRequest(request);
-    if (absl::Status s = bootstrap::SendAll(fd, frame.data(), frame.size(), deadline); !s.ok()) {
+    if (absl::Status s = net::SendAll(fd, frame.data(), frame.size(), deadline); !s.ok()) {
       return s;
     }
     uint8_t header[proto::kHeaderBytes];
-    if (absl::Status s = bootstrap::RecvAll(fd, header, sizeof header, deadline); !s.ok()) {
+    if (absl::Status s = net::RecvAll(fd, header, sizeof header, deadline); !s.ok()) {
       return s;
     }
     auto size = proto::PeekFrame(absl::MakeConstSpan(header, sizeof header));
     if (!size.ok()) return size.status();
     std::string body(*size - proto::kHeaderBytes, '\0');
-    if (absl::Status s = bootstrap::RecvAll(fd, body.data(), body.size(), deadline); !s.ok()) {
+    if (absl::Status s = net::RecvAll(fd, body.data(), body.size(), deadline); !s.ok()) {
       return s;
     }
     auto response = proto::DecodeResponse(
@@ -161,7 +163,7 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(std::string_view add
                                                             absl::Duration timeout,
                                                             absl::Duration io_timeout,
                                                             std::string_view job_id) {
-  auto hp = bootstrap::ParseHostPort(address, "store address");
+  auto hp = net::ParseHostPort(address, "store address");
   if (!hp.ok()) return hp.status();
   if (job_id.size() > proto::kMaxJobIdBytes) {
     return absl::InvalidArgumentError(
@@ -179,13 +181,13 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(std::string_view add
   int attempts = 0;
   for (;;) {
     ++attempts;
-    auto resolved = bootstrap::Resolve(*hp);
+    auto resolved = net::Resolve(*hp);
     if (resolved.ok()) {
-      for (const bootstrap::SocketAddress& sa : *resolved) {
+      for (const net::SocketAddress& sa : *resolved) {
         bool retryable = false;
         // Cap each attempt so that one silently dropped SYN does not eat the whole timeout.
         const absl::Time attempt_deadline = std::min(deadline, absl::Now() + absl::Seconds(5));
-        auto fd = bootstrap::ConnectTcp(sa, attempt_deadline, &retryable);
+        auto fd = net::ConnectTcp(sa, attempt_deadline, &retryable);
         if (!fd.ok()) {
           last_error = std::string(fd.status().message());
           if (!retryable) return fd.status();

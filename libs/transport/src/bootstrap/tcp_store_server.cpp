@@ -26,13 +26,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "bootstrap/net.hpp"
 #include "bootstrap/store_protocol.hpp"
 #include "plexus/base/env.hpp"
+#include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/transport/store.hpp"
 
 namespace plexus::transport {
+
+namespace net = base::net;
 
 namespace proto = store_protocol;
 
@@ -116,12 +118,12 @@ struct TcpStoreServer::Impl {
   void Run() {
     std::vector<epoll_event> events(64);
     while (!stop.load()) {
-      const int timeout_ms = bootstrap::PollTimeoutMs(NextDeadline(), 1000);
+      const int timeout_ms = net::PollTimeoutMs(NextDeadline(), 1000);
       const int n =
           epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()), timeout_ms);
       if (n < 0 && errno != EINTR) {
         std::fprintf(stderr, "plexus store %s: epoll_wait failed: %s; stopping\n", address.c_str(),
-                     bootstrap::ErrnoText(errno).c_str());
+                     net::ErrnoText(errno).c_str());
         return;
       }
       for (int i = 0; i < n; ++i) {
@@ -199,16 +201,16 @@ struct TcpStoreServer::Impl {
       }
       const int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      bootstrap::SocketAddress sa;
+      net::SocketAddress sa;
       sa.storage = peer;
       sa.length = len;
       if (static_cast<int64_t>(clients.size()) >= max_clients) {
-        RefuseAtAccept(fd, bootstrap::FormatAddress(sa));
+        RefuseAtAccept(fd, net::FormatAddress(sa));
         continue;
       }
       auto client = std::make_unique<Client>();
       client->fd = fd;
-      client->peer = bootstrap::FormatAddress(sa);
+      client->peer = net::FormatAddress(sa);
       client->last_active = absl::Now();
       epoll_event ev{};
       ev.events = EPOLLIN | EPOLLRDHUP;
@@ -575,11 +577,11 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::strin
                                                    proto::kMaxJobIdBytes));
   }
   const std::string text = address.empty() ? std::string(":0") : std::string(address);
-  auto hp = bootstrap::ParseHostPort(text, "store server address");
+  auto hp = net::ParseHostPort(text, "store server address");
   if (!hp.ok()) return hp.status();
-  auto resolved = bootstrap::Resolve(*hp);
+  auto resolved = net::Resolve(*hp);
   if (!resolved.ok()) return resolved.status();
-  const bootstrap::SocketAddress& sa = resolved->front();
+  const net::SocketAddress& sa = resolved->front();
 
   auto impl = std::make_unique<Impl>();
   impl->max_clients = max_clients;
@@ -590,25 +592,23 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::strin
   impl->listen_fd = socket(sa.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (impl->listen_fd < 0) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("store server: socket(): ", bootstrap::ErrnoText(errno)));
+        absl::StrCat("store server: socket(): ", net::ErrnoText(errno)));
   }
   const int one = 1;
   setsockopt(impl->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (bind(impl->listen_fd, reinterpret_cast<const sockaddr*>(&sa.storage), sa.length) != 0) {
     const int err = errno;
     return absl::UnavailableError(absl::StrCat(
-        "store server cannot listen on ", bootstrap::FormatAddress(sa), ": ",
-        bootstrap::ErrnoText(err),
+        "store server cannot listen on ", net::FormatAddress(sa), ": ", net::ErrnoText(err),
         err == EADDRINUSE ? " (another process uses this port: pick another one)" : ""));
   }
   if (listen(impl->listen_fd, 1024) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("store server: listen(): ", bootstrap::ErrnoText(errno)));
+    return absl::UnavailableError(absl::StrCat("store server: listen(): ", net::ErrnoText(errno)));
   }
-  bootstrap::SocketAddress bound;
+  net::SocketAddress bound;
   bound.length = sizeof bound.storage;
   getsockname(impl->listen_fd, reinterpret_cast<sockaddr*>(&bound.storage), &bound.length);
-  impl->address = bootstrap::FormatAddress(bound);
+  impl->address = net::FormatAddress(bound);
   impl->port = bound.storage.ss_family == AF_INET
                    ? ntohs(reinterpret_cast<sockaddr_in*>(&bound.storage)->sin_port)
                    : ntohs(reinterpret_cast<sockaddr_in6*>(&bound.storage)->sin6_port);
@@ -617,7 +617,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::strin
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl->epoll_fd < 0 || impl->wake_fd < 0) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("store server: epoll/eventfd: ", bootstrap::ErrnoText(errno)));
+        absl::StrCat("store server: epoll/eventfd: ", net::ErrnoText(errno)));
   }
   for (int fd : {impl->listen_fd, impl->wake_fd}) {
     epoll_event ev{};

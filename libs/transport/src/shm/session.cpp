@@ -24,6 +24,7 @@
 #include "futex.hpp"
 #include "plexus/base/env.hpp"
 #include "plexus/base/host.hpp"
+#include "plexus/base/status.hpp"
 
 namespace plexus::transport::internal::shm {
 namespace {
@@ -457,6 +458,15 @@ absl::StatusOr<Session> ConnectSession(const std::string& address, int local_doo
 absl::StatusOr<Session> AcceptSession(UniqueFd socket, int local_doorbell_fd,
                                       const HandshakeOptions& options) {
   const absl::Time deadline = absl::Now() + options.timeout;
+  PLEXUS_ASSIGN_OR_RETURN(Session s,
+                          BeginAcceptSession(std::move(socket), local_doorbell_fd, options));
+  PLEXUS_RETURN_IF_ERROR(FinishAcceptSession(&s, deadline));
+  return s;
+}
+
+absl::StatusOr<Session> BeginAcceptSession(UniqueFd socket, int local_doorbell_fd,
+                                           const HandshakeOptions& options) {
+  const absl::Time deadline = absl::Now() + options.timeout;
   Session s;
   s.socket = std::move(socket);
   auto pid = PeerPid(s.socket.get());
@@ -527,17 +537,17 @@ absl::StatusOr<Session> AcceptSession(UniqueFd socket, int local_doorbell_fd,
       !st2.ok()) {
     return st2;
   }
-  Final fin{};
-  got.clear();
-  if (auto st2 = RecvWithFds(s.socket.get(), &fin, sizeof fin, &got, deadline, "handshake final");
-      !st2.ok()) {
-    return st2;
-  }
-  if (auto st2 = CheckVersion(fin.magic, fin.version, "the connector's final message"); !st2.ok()) {
-    return st2;
-  }
-  s.peer_can_pull = fin.peer_can_pull != 0;
   return s;
+}
+
+absl::Status FinishAcceptSession(Session* s, absl::Time deadline) {
+  Final fin{};
+  std::vector<UniqueFd> got;
+  PLEXUS_RETURN_IF_ERROR(
+      RecvWithFds(s->socket.get(), &fin, sizeof fin, &got, deadline, "handshake final"));
+  PLEXUS_RETURN_IF_ERROR(CheckVersion(fin.magic, fin.version, "the connector's final message"));
+  s->peer_can_pull = fin.peer_can_pull != 0;
+  return absl::OkStatus();
 }
 
 namespace {

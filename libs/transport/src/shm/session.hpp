@@ -187,9 +187,16 @@ absl::StatusOr<UniqueFd> ListenSocket(const std::string& address);
 // Connects to `address`, creates the connection file, and handshakes.
 absl::StatusOr<Session> ConnectSession(const std::string& address, int local_doorbell_fd,
                                        const HandshakeOptions& options);
-// Handshakes as the acceptor on an accepted socket.
+// Handshakes as the acceptor on an accepted socket (Begin, then Finish within options.timeout).
 absl::StatusOr<Session> AcceptSession(UniqueFd socket, int local_doorbell_fd,
                                       const HandshakeOptions& options);
+// The acceptor's handshake in two steps, so that a listener can serve many connectors at once
+// without blocking on any: Begin reads the connector's hello (call it once the socket is
+// readable), checks it and replies; Finish reads the connector's final message (once readable
+// again) and completes `session`. Both refuse a peer whose messages are malformed.
+absl::StatusOr<Session> BeginAcceptSession(UniqueFd socket, int local_doorbell_fd,
+                                           const HandshakeOptions& options);
+absl::Status FinishAcceptSession(Session* session, absl::Time deadline);
 
 // Reads the bytes of `segments` (addresses in process `pid`) into `dst`, in order; loops over
 // partial reads. Errors carry the errno text (EPERM/ENOSYS: cross-memory attach refused; ESRCH:

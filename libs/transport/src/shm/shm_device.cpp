@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -284,6 +285,10 @@ void ShmConnection::Close() {
   });
 }
 
+// Accepts shm connections. Connectors are served concurrently: each accepted socket must finish
+// the handshake (hello, then final message) within connect_timeout, and one that is silent,
+// sends garbage or fails the handshake is dropped without delaying the others or failing the
+// Accept; at most kMaxHandshakes wait at once (the oldest is dropped first).
 class ShmListener final : public Listener {
  public:
   ShmListener(std::shared_ptr<ShmDevice> device, UniqueFd fd, std::string address)
@@ -296,32 +301,119 @@ class ShmListener final : public Listener {
     if (cq == nullptr) return absl::InvalidArgumentError("Accept: null completion queue");
     const absl::Time deadline =
         timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+    last_error_ = absl::OkStatus();
     for (;;) {
-      const int sock = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (sock >= 0) {
-        auto session = AcceptSession(UniqueFd(sock), device_->doorbell_fd(), device_->Handshake());
-        if (!session.ok()) return session.status();
-        return device_->Adopt(std::move(*session), cq);
-      }
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
-        return absl::InternalError(
-            absl::StrCat("shm: accept on '", address_, "': ", std::string(strerror(errno))));
-      }
       const absl::Time now = absl::Now();
+      for (Pending& p : pending_) {
+        if (p.deadline <= now) {
+          Drop(p, absl::DeadlineExceededError(
+                      absl::StrCat("did not finish the handshake within the connect timeout (",
+                                   absl::FormatDuration(device_->options().connect_timeout), ")")));
+        }
+      }
+      std::erase_if(pending_, [](const Pending& p) { return !p.alive(); });
+      if (ready_.has_value()) {
+        Session session = std::move(*ready_);
+        ready_.reset();
+        return device_->Adopt(std::move(session), cq);
+      }
       if (now >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
-            "shm: no connection to '", address_, "' within ", absl::FormatDuration(timeout)));
+            "shm: no connection to '", address_, "' within ", absl::FormatDuration(timeout),
+            last_error_.ok() ? ""
+                             : absl::StrCat(" (last rejected: ", last_error_.ToString(), ")")));
       }
-      pollfd p{fd_.get(), POLLIN, 0};
-      const absl::Duration wait = std::min(deadline - now, absl::Milliseconds(100));
-      ::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(wait))));
+      absl::Time wake = deadline;
+      std::vector<pollfd> pfds;
+      pfds.reserve(pending_.size() + 1);
+      pfds.push_back({fd_.get(), POLLIN, 0});
+      for (const Pending& p : pending_) {
+        pfds.push_back({p.fd(), POLLIN, 0});
+        wake = std::min(wake, p.deadline);
+      }
+      const absl::Duration wait =
+          std::clamp(wake - now, absl::Milliseconds(1), absl::Milliseconds(1000));
+      const int rc =
+          ::poll(pfds.data(), pfds.size(), static_cast<int>(absl::ToInt64Milliseconds(wait)));
+      if (rc < 0 && errno != EINTR) {
+        return absl::InternalError(
+            absl::StrCat("shm: accept on '", address_, "': poll: ", std::string(strerror(errno))));
+      }
+      if (rc <= 0) continue;
+      // Sockets of this round are pending_[0 .. pfds.size() - 1); at most one finishes per call.
+      for (size_t i = 1; i < pfds.size() && !ready_.has_value(); ++i) {
+        if (pfds[i].revents != 0) Advance(pending_[i - 1]);
+      }
+      std::erase_if(pending_, [](const Pending& p) { return !p.alive(); });
+      if (pfds[0].revents != 0) {
+        if (absl::Status s = AcceptPending(); !s.ok()) return s;
+      }
     }
   }
 
  private:
+  static constexpr size_t kMaxHandshakes = 256;
+  static constexpr int kAcceptBurst = 64;
+
+  // A connector in the middle of its handshake: `socket` until its hello came, then `session`
+  // (which owns the socket from then on).
+  struct Pending {
+    UniqueFd socket;
+    std::optional<Session> session;
+    absl::Time deadline;
+    int fd() const { return session.has_value() ? session->socket.get() : socket.get(); }
+    bool alive() const { return session.has_value() || socket.valid(); }
+  };
+
+  void Drop(Pending& p, const absl::Status& why) {
+    last_error_ = why;
+    p.session.reset();
+    p.socket = UniqueFd();
+  }
+
+  // Moves one readable connector a step through the handshake.
+  void Advance(Pending& p) {
+    if (!p.session.has_value()) {
+      absl::StatusOr<Session> s =
+          BeginAcceptSession(std::move(p.socket), device_->doorbell_fd(), device_->Handshake());
+      if (!s.ok()) return Drop(p, s.status());
+      p.session = std::move(*s);
+      return;
+    }
+    if (absl::Status s = FinishAcceptSession(&*p.session, p.deadline); !s.ok()) {
+      return Drop(p, s);
+    }
+    ready_ = std::move(p.session);
+    p.session.reset();
+  }
+
+  absl::Status AcceptPending() {
+    for (int i = 0; i < kAcceptBurst; ++i) {
+      const int sock = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (sock < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return absl::OkStatus();
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return absl::InternalError(
+            absl::StrCat("shm: accept on '", address_, "': ", std::string(strerror(errno))));
+      }
+      if (pending_.size() >= kMaxHandshakes) {
+        Drop(pending_.front(),
+             absl::ResourceExhaustedError(absl::StrCat(
+                 "dropped: ", kMaxHandshakes, " connectors in the middle of their handshake")));
+        pending_.erase(pending_.begin());
+      }
+      pending_.push_back(
+          Pending{UniqueFd(sock), std::nullopt, absl::Now() + device_->options().connect_timeout});
+    }
+    return absl::OkStatus();
+  }
+
   std::shared_ptr<ShmDevice> device_;
   UniqueFd fd_;
   std::string address_;
+  std::vector<Pending> pending_;  // in arrival order
+  std::optional<Session> ready_;  // handshake done, not yet returned by Accept
+  absl::Status last_error_;       // why the last connector was dropped
 };
 
 absl::StatusOr<std::unique_ptr<Listener>> ShmDevice::Listen(std::string_view address) {

@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -32,11 +33,20 @@
 #include "backends.hpp"
 #include "cuda_copy.hpp"
 #include "make_completion.hpp"
+#include "plexus/base/net.hpp"
+#include "plexus/base/status.hpp"
 #include "region_registry.hpp"
 #include "tcp/frame.hpp"
-#include "tcp/socket_util.hpp"
 
 namespace plexus::transport::internal {
+
+namespace net = base::net;
+namespace tcp {
+// The backend's socket helpers live in the base layer (plexus/base/net.hpp).
+using net::ErrnoStatus;
+using net::SetNonBlocking;
+}  // namespace tcp
+
 namespace {
 
 using tcp::FrameHeader;
@@ -1114,17 +1124,44 @@ class TcpConnection final : public Connection {
   std::string peer_;
 };
 
+// DeviceOptions::local_address without the brackets an IPv6 literal may come in.
+std::string LocalHost(const std::string& local_address) {
+  if (local_address.size() > 2 && local_address.front() == '[' && local_address.back() == ']') {
+    return local_address.substr(1, local_address.size() - 2);
+  }
+  return local_address;
+}
+
+// The address outgoing sockets to `target` bind to: local_address, in target's family.
+absl::StatusOr<net::SocketAddress> LocalBinding(const DeviceOptions& options,
+                                                const net::SocketAddress& target,
+                                                const std::string& where) {
+  PLEXUS_ASSIGN_OR_RETURN(const std::vector<net::SocketAddress> all,
+                          net::Resolve(net::HostPort{LocalHost(options.local_address), 0}));
+  for (const net::SocketAddress& a : all) {
+    if (a.family() == target.family()) return a;
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("tcp local_address ", options.local_address, " has no ",
+                   target.family() == AF_INET6 ? "IPv6" : "IPv4", " address to reach ", where));
+}
+
+// Accepts tcp connections. Clients are served concurrently: every accepted socket is
+// non-blocking and must deliver its hello within connect_timeout, and the socket group of a
+// connection (sockets_per_connection > 1) must be complete within connect_timeout of its first
+// hello. Silent, garbage and half-open clients are closed when they fail that, while other
+// clients' hellos are read as they arrive; at most kMaxHeldSockets sockets wait at once (the
+// oldest waiter is dropped first). Expiry runs inside Accept, and the destructor closes what is
+// left.
 class TcpListener final : public Listener {
  public:
   TcpListener(std::shared_ptr<TcpCore> core, int fd, std::string address)
       : core_(std::move(core)), fd_(fd), address_(std::move(address)) {}
   ~TcpListener() override {
     close(fd_);
-    for (auto& [token, group] : pending_) {
-      for (int fd : group.fds) {
-        if (fd >= 0) close(fd);
-      }
-    }
+    for (Client& c : clients_) close(c.fd);
+    for (auto& [token, group] : groups_) CloseGroup(group);
+    for (Group& group : ready_) CloseGroup(group);
   }
   std::string address() const override { return address_; }
 
@@ -1133,67 +1170,197 @@ class TcpListener final : public Listener {
     if (cq == nullptr) return absl::InvalidArgumentError("Accept: null completion queue");
     const absl::Time deadline =
         timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
-    absl::Status last_error;
+    last_error_ = absl::OkStatus();
     for (;;) {
-      const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) {
+      const absl::Time now = absl::Now();
+      Expire(now);
+      if (!ready_.empty()) {
+        Group group = std::move(ready_.front());
+        ready_.pop_front();
+        auto conn = std::make_unique<TcpConnection>(core_, group.peer);
+        if (absl::Status s = core_->AddConnection(conn->id(), group.fds, cq, group.peer); !s.ok()) {
+          CloseGroup(group);
+          return s;
+        }
+        return conn;
+      }
+      if (now >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
             "tcp accept on ", address_, ": no connection within ", absl::FormatDuration(timeout),
-            last_error.ok() ? "" : absl::StrCat(" (last rejected: ", last_error.ToString(), ")")));
+            last_error_.ok() ? ""
+                             : absl::StrCat(" (last rejected: ", last_error_.ToString(), ")")));
       }
-      pollfd p{fd_, POLLIN, 0};
-      const int ms = static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 200));
-      if (poll(&p, 1, ms) <= 0) continue;
-      sockaddr_in peer{};
-      socklen_t len = sizeof peer;
-      const int fd = accept4(fd_, reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
-        return tcp::ErrnoStatus(errno, absl::StrCat("tcp accept on ", address_));
+      // Sleep until a socket is readable, the caller's deadline, or the next expiry.
+      absl::Time wake = deadline;
+      std::vector<pollfd> pfds;
+      pfds.reserve(clients_.size() + 1);
+      pfds.push_back({fd_, POLLIN, 0});
+      for (const Client& c : clients_) {
+        pfds.push_back({c.fd, POLLIN, 0});
+        wake = std::min(wake, c.deadline);
       }
-      uint8_t bytes[tcp::kHelloSize];
-      const absl::Time hello_deadline =
-          std::min(deadline, absl::Now() + core_->options().connect_timeout);
-      absl::Status read = tcp::ReadFully(fd, bytes, sizeof bytes, hello_deadline);
-      absl::StatusOr<tcp::Hello> hello =
-          read.ok() ? tcp::DecodeHello(bytes) : absl::StatusOr<tcp::Hello>(read);
-      if (!hello.ok()) {
-        last_error = hello.status();  // a stray client or a scanner: drop it, keep listening
-        close(fd);
-        continue;
+      for (const auto& [token, group] : groups_) wake = std::min(wake, group.deadline);
+      const int rc = poll(pfds.data(), pfds.size(), net::PollTimeoutMs(wake, 1000));
+      if (rc < 0 && errno != EINTR) {
+        return net::ErrnoStatus(errno, absl::StrCat("tcp accept on ", address_, ": poll"));
       }
-      Group& group = pending_[hello->token];
-      if (group.fds.empty()) {
-        group.fds.assign(hello->socket_count, -1);
-        group.peer = tcp::FormatAddress(peer);
+      if (rc <= 0) continue;
+      // Clients first (they are the pfds[1..] of this round), then new ones.
+      for (size_t i = 1; i < pfds.size(); ++i) {
+        if (pfds[i].revents != 0) ReadHello(clients_[i - 1]);
       }
-      if (group.fds.size() != hello->socket_count || group.fds[hello->socket_index] != -1) {
-        last_error = absl::DataLossError("inconsistent socket group in tcp hello");
-        close(fd);
-        continue;
+      std::erase_if(clients_, [](const Client& c) { return c.fd < 0; });
+      if (pfds[0].revents != 0) {
+        if (absl::Status s = AcceptPending(); !s.ok()) return s;
       }
-      group.fds[hello->socket_index] = fd;
-      if (std::count(group.fds.begin(), group.fds.end(), -1) > 0) continue;
-      std::vector<int> fds = std::move(group.fds);
-      std::string peer_address = group.peer;
-      pending_.erase(hello->token);
-      auto conn = std::make_unique<TcpConnection>(core_, peer_address);
-      if (absl::Status s = core_->AddConnection(conn->id(), fds, cq, peer_address); !s.ok()) {
-        return s;
-      }
-      return conn;
     }
   }
 
  private:
-  struct Group {
+  // Sockets held at most while waiting for hellos or for the rest of a group.
+  static constexpr size_t kMaxHeldSockets = 1024;
+  // Accepted per poll round, so that reading hellos is not starved by a flood of connects.
+  static constexpr int kAcceptBurst = 64;
+
+  struct Client {  // an accepted socket whose hello is not complete
+    int fd = -1;
+    std::string peer;
+    absl::Time deadline;
+    uint8_t hello[tcp::kHelloSize] = {};
+    size_t got = 0;
+  };
+  struct Group {  // the sockets of one connection, by socket index (-1: not yet arrived)
     std::vector<int> fds;
     std::string peer;
+    absl::Time deadline;
   };
+
+  static void CloseGroup(Group& group) {
+    for (int fd : group.fds) {
+      if (fd >= 0) close(fd);
+    }
+    group.fds.clear();
+  }
+
+  void Reject(Client& c, const absl::Status& why) {
+    last_error_ = base::Annotate(why, absl::StrCat("client ", c.peer));
+    close(c.fd);
+    c.fd = -1;
+  }
+
+  // Drops clients whose hello and groups whose sockets did not arrive in time.
+  void Expire(absl::Time now) {
+    const std::string limit = absl::FormatDuration(core_->options().connect_timeout);
+    for (Client& c : clients_) {
+      if (c.deadline <= now) {
+        Reject(c, absl::DeadlineExceededError(
+                      absl::StrCat("sent ", c.got, " of ", tcp::kHelloSize,
+                                   " hello bytes within the connect timeout (", limit, ")")));
+      }
+    }
+    std::erase_if(clients_, [](const Client& c) { return c.fd < 0; });
+    absl::erase_if(groups_, [&](auto& entry) {
+      Group& group = entry.second;
+      if (group.deadline > now) return false;
+      const auto missing = std::count(group.fds.begin(), group.fds.end(), -1);
+      last_error_ = absl::DeadlineExceededError(absl::StrCat(
+          "client ", group.peer, ": ", static_cast<int64_t>(group.fds.size()) - missing, " of ",
+          group.fds.size(), " sockets of a connection arrived within the connect timeout (", limit,
+          ")"));
+      CloseGroup(group);
+      return true;
+    });
+  }
+
+  size_t HeldSockets() const {
+    size_t n = clients_.size();
+    for (const auto& [token, group] : groups_) {
+      n += group.fds.size() - std::count(group.fds.begin(), group.fds.end(), -1);
+    }
+    return n;
+  }
+
+  // Makes room for one more socket: drops the waiter (client or group) that came first.
+  void EvictOldest() {
+    auto oldest_client =
+        std::min_element(clients_.begin(), clients_.end(),
+                         [](const Client& a, const Client& b) { return a.deadline < b.deadline; });
+    auto oldest_group = std::min_element(
+        groups_.begin(), groups_.end(),
+        [](const auto& a, const auto& b) { return a.second.deadline < b.second.deadline; });
+    if (oldest_client != clients_.end() &&
+        (oldest_group == groups_.end() ||
+         oldest_client->deadline <= oldest_group->second.deadline)) {
+      Reject(*oldest_client, absl::ResourceExhaustedError(absl::StrCat(
+                                 "dropped: ", kMaxHeldSockets, " sockets waiting for hellos")));
+      clients_.erase(oldest_client);
+    } else if (oldest_group != groups_.end()) {
+      last_error_ = absl::ResourceExhaustedError(
+          absl::StrCat("client ", oldest_group->second.peer, ": incomplete connection dropped, ",
+                       kMaxHeldSockets, " sockets waiting for hellos"));
+      CloseGroup(oldest_group->second);
+      groups_.erase(oldest_group);
+    }
+  }
+
+  absl::Status AcceptPending() {
+    for (int i = 0; i < kAcceptBurst; ++i) {
+      net::SocketAddress peer;
+      peer.length = sizeof peer.storage;
+      const int fd = accept4(fd_, reinterpret_cast<sockaddr*>(&peer.storage), &peer.length,
+                             SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return absl::OkStatus();
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return net::ErrnoStatus(errno, absl::StrCat("tcp accept on ", address_));
+      }
+      while (HeldSockets() >= kMaxHeldSockets) EvictOldest();
+      clients_.push_back(
+          Client{fd, net::FormatAddress(peer), absl::Now() + core_->options().connect_timeout});
+      // The hello usually came with the connection: read it now rather than one poll later.
+      ReadHello(clients_.back());
+      if (clients_.back().fd < 0) clients_.pop_back();
+    }
+    return absl::OkStatus();
+  }
+
+  // Reads what is there of `c`'s hello; once whole, moves the socket into its group (c.fd = -1)
+  // or rejects it (closed, c.fd = -1).
+  void ReadHello(Client& c) {
+    const ssize_t n = recv(c.fd, c.hello + c.got, sizeof c.hello - c.got, MSG_DONTWAIT);
+    if (n == 0) return Reject(c, absl::UnavailableError("closed the connection before its hello"));
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+      return Reject(c, net::ErrnoStatus(errno, "reading the tcp hello"));
+    }
+    c.got += static_cast<size_t>(n);
+    if (c.got < sizeof c.hello) return;
+    absl::StatusOr<tcp::Hello> hello = tcp::DecodeHello(c.hello);
+    if (!hello.ok()) return Reject(c, hello.status());
+    auto [it, fresh] = groups_.try_emplace(hello->token);
+    Group& group = it->second;
+    if (fresh) {
+      group.fds.assign(hello->socket_count, -1);
+      group.peer = c.peer;
+      group.deadline = absl::Now() + core_->options().connect_timeout;
+    }
+    if (group.fds.size() != hello->socket_count || group.fds[hello->socket_index] != -1) {
+      return Reject(c, absl::DataLossError("inconsistent socket group in tcp hello"));
+    }
+    group.fds[hello->socket_index] = c.fd;
+    c.fd = -1;
+    if (std::count(group.fds.begin(), group.fds.end(), -1) > 0) return;
+    ready_.push_back(std::move(group));
+    groups_.erase(it);
+  }
+
   std::shared_ptr<TcpCore> core_;
   int fd_;
   std::string address_;
-  absl::flat_hash_map<uint64_t, Group> pending_;
+  std::vector<Client> clients_;
+  absl::flat_hash_map<uint64_t, Group> groups_;  // by the token of the connection's hello
+  std::deque<Group> ready_;                      // complete, not yet returned by Accept
+  absl::Status last_error_;                      // why the last client was dropped
 };
 
 class TcpDevice final : public Device {
@@ -1209,41 +1376,58 @@ class TcpDevice final : public Device {
     return core_->registry().Register(data, bytes, kind);
   }
 
+  // `address` is "ip:port", "[ipv6]:port" or a name; "" listens on local_address (or every
+  // IPv4 interface) at an ephemeral port.
   absl::StatusOr<std::unique_ptr<Listener>> Listen(std::string_view address) override {
     std::string where(address);
     if (where.empty()) {
-      where =
-          absl::StrCat(options().local_address.empty() ? "0.0.0.0" : options().local_address, ":0");
+      where = net::JoinHostPort(
+          options().local_address.empty() ? "0.0.0.0" : LocalHost(options().local_address), 0);
     }
-    absl::StatusOr<sockaddr_in> addr = tcp::ResolveAddress(where);
-    if (!addr.ok()) return addr.status();
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return tcp::ErrnoStatus(errno, "socket");
+    PLEXUS_ASSIGN_OR_RETURN(net::HostPort hp, net::ParseHostPort(where, "tcp listen address"));
+    if (hp.host == "*") hp.host.clear();
+    PLEXUS_ASSIGN_OR_RETURN(const std::vector<net::SocketAddress> all, net::Resolve(hp));
+    const net::SocketAddress& addr = all.front();
+    const int fd = socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return net::ErrnoStatus(errno, absl::StrCat("tcp socket for ", where));
     const int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof *addr) < 0) {
+    if (bind(fd, addr.get(), addr.length) < 0) {
       const int err = errno;
       close(fd);
-      return tcp::ErrnoStatus(err, absl::StrCat("tcp bind to ", where));
+      return net::ErrnoStatus(err, absl::StrCat("tcp bind to ", where));
     }
     if (listen(fd, 512) < 0) {
       const int err = errno;
       close(fd);
-      return tcp::ErrnoStatus(err, absl::StrCat("tcp listen on ", where));
+      return net::ErrnoStatus(err, absl::StrCat("tcp listen on ", where));
     }
-    sockaddr_in bound{};
-    socklen_t len = sizeof bound;
-    getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
-    if (bound.sin_addr.s_addr == htonl(INADDR_ANY)) bound.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    return std::make_unique<TcpListener>(core_, fd, tcp::FormatAddress(bound));
+    absl::StatusOr<net::SocketAddress> bound = net::LocalAddress(fd);
+    if (!bound.ok()) {
+      close(fd);
+      return bound.status();
+    }
+    // A wildcard listener is reached through loopback from this host.
+    if (bound->family() == AF_INET) {
+      auto* sin = reinterpret_cast<sockaddr_in*>(&bound->storage);
+      if (sin->sin_addr.s_addr == htonl(INADDR_ANY)) sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    } else if (bound->family() == AF_INET6) {
+      auto* sin6 = reinterpret_cast<sockaddr_in6*>(&bound->storage);
+      if (IN6_IS_ADDR_UNSPECIFIED(&sin6->sin6_addr)) sin6->sin6_addr = in6addr_loopback;
+    }
+    return std::make_unique<TcpListener>(core_, fd, net::FormatAddress(*bound));
   }
 
   absl::StatusOr<std::unique_ptr<Connection>> Connect(std::string_view address,
                                                       CompletionQueue* cq) override {
     if (cq == nullptr) return absl::InvalidArgumentError("Connect: null completion queue");
-    absl::StatusOr<sockaddr_in> addr = tcp::ResolveAddress(address);
-    if (!addr.ok()) return addr.status();
     const std::string where(address);
+    PLEXUS_ASSIGN_OR_RETURN(const net::SocketAddress addr,
+                            net::ResolveFirst(address, "tcp address"));
+    std::optional<net::SocketAddress> local;
+    if (!options().local_address.empty()) {
+      PLEXUS_ASSIGN_OR_RETURN(local, LocalBinding(options(), addr, where));
+    }
     const int count = options().sockets_per_connection;
     const absl::Time deadline = absl::Now() + options().connect_timeout;
     static thread_local absl::BitGen gen;
@@ -1256,48 +1440,42 @@ class TcpDevice final : public Device {
       return s;
     };
     for (int i = 0; i < count; ++i) {
-      const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (fd < 0) return fail(tcp::ErrnoStatus(errno, "socket"));
+      const int fd = socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (fd < 0) return fail(net::ErrnoStatus(errno, "tcp socket"));
       fds.push_back(fd);
-      if (!options().local_address.empty()) {
-        absl::StatusOr<sockaddr_in> local =
-            tcp::ResolveAddress(absl::StrCat(options().local_address, ":0"));
-        if (!local.ok()) return fail(local.status());
-        if (bind(fd, reinterpret_cast<const sockaddr*>(&*local), sizeof *local) < 0) {
-          return fail(tcp::ErrnoStatus(
-              errno, absl::StrCat("tcp bind to local address ", options().local_address)));
-        }
+      if (local.has_value() && bind(fd, local->get(), local->length) < 0) {
+        return fail(net::ErrnoStatus(
+            errno, absl::StrCat("tcp bind to local address ", options().local_address)));
       }
-      if (absl::Status s = tcp::SetNonBlocking(fd, true); !s.ok()) return fail(s);
-      if (connect(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof *addr) < 0 &&
-          errno != EINPROGRESS) {
-        return fail(tcp::ErrnoStatus(errno, absl::StrCat("tcp connect to ", where)));
+      if (connect(fd, addr.get(), addr.length) < 0 && errno != EINPROGRESS) {
+        return fail(net::ErrnoStatus(errno, absl::StrCat("tcp connect to ", where)));
       }
       for (;;) {
-        const absl::Duration left = deadline - absl::Now();
-        if (left <= absl::ZeroDuration()) {
+        if (absl::Now() >= deadline) {
           return fail(absl::DeadlineExceededError(
               absl::StrCat("tcp connect to ", where, ": no answer within ",
                            absl::FormatDuration(options().connect_timeout))));
         }
         pollfd p{fd, POLLOUT, 0};
-        const int rc = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left) + 1));
+        const int rc = poll(&p, 1, net::PollTimeoutMs(deadline));
         if (rc > 0) break;
-        if (rc < 0 && errno != EINTR) return fail(tcp::ErrnoStatus(errno, "poll"));
+        if (rc < 0 && errno != EINTR) return fail(net::ErrnoStatus(errno, "poll"));
       }
       int err = 0;
       socklen_t len = sizeof err;
       getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      if (err != 0) return fail(tcp::ErrnoStatus(err, absl::StrCat("tcp connect to ", where)));
+      if (err != 0) return fail(net::ErrnoStatus(err, absl::StrCat("tcp connect to ", where)));
       hello.socket_index = static_cast<uint16_t>(i);
       uint8_t bytes[tcp::kHelloSize];
       tcp::EncodeHello(hello, bytes);
-      if (absl::Status s = tcp::WriteFully(fd, bytes, sizeof bytes, deadline); !s.ok()) {
-        return fail(s);
+      if (absl::Status s = net::SendAll(fd, bytes, sizeof bytes, deadline); !s.ok()) {
+        return fail(base::Annotate(s, absl::StrCat("tcp hello to ", where)));
       }
     }
     auto conn = std::make_unique<TcpConnection>(core_, where);
-    if (absl::Status s = core_->AddConnection(conn->id(), fds, cq, where); !s.ok()) return s;
+    if (absl::Status s = core_->AddConnection(conn->id(), fds, cq, where); !s.ok()) {
+      return fail(s);
+    }
     return conn;
   }
 

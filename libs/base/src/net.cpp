@@ -1,4 +1,4 @@
-#include "bootstrap/net.hpp"
+#include "plexus/base/net.hpp"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -16,11 +16,37 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace plexus::transport::bootstrap {
+namespace plexus::base::net {
 
 std::string ErrnoText(int err) {
   char buf[256];
   return std::string(strerror_r(err, buf, sizeof buf));
+}
+
+absl::Status ErrnoStatus(int err, std::string_view what) {
+  const std::string msg = absl::StrCat(std::string(what), ": ", ErrnoText(err));
+  switch (err) {
+    case ECONNREFUSED:
+      return absl::UnavailableError(absl::StrCat(msg, " (nothing listening at that address?)"));
+    case ETIMEDOUT:
+      return absl::DeadlineExceededError(msg);
+    case ECONNRESET:
+    case EPIPE:
+    case ENETUNREACH:
+    case EHOSTUNREACH:
+      return absl::UnavailableError(msg);
+    case EADDRINUSE:
+    case EADDRNOTAVAIL:
+    case EAFNOSUPPORT:
+      return absl::FailedPreconditionError(msg);
+    case EMFILE:
+    case ENFILE:
+    case ENOMEM:
+    case ENOBUFS:
+      return absl::ResourceExhaustedError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
 }
 
 absl::StatusOr<HostPort> ParseHostPort(std::string_view address, std::string_view what) {
@@ -55,6 +81,12 @@ absl::StatusOr<HostPort> ParseHostPort(std::string_view address, std::string_vie
   return hp;
 }
 
+std::string JoinHostPort(std::string_view host, uint16_t port) {
+  if (host.find(':') != std::string_view::npos)
+    return absl::StrCat("[", std::string(host), "]:", port);
+  return absl::StrCat(std::string(host), ":", port);
+}
+
 absl::StatusOr<std::vector<SocketAddress>> Resolve(const HostPort& hp) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -83,6 +115,27 @@ absl::StatusOr<std::vector<SocketAddress>> Resolve(const HostPort& hp) {
     return absl::UnavailableError(absl::StrCat("host '", hp.host, "' has no address"));
   }
   return out;
+}
+
+absl::StatusOr<SocketAddress> ResolveFirst(std::string_view address, std::string_view what) {
+  absl::StatusOr<HostPort> hp = ParseHostPort(address, what);
+  if (!hp.ok()) return hp.status();
+  absl::StatusOr<std::vector<SocketAddress>> all = Resolve(*hp);
+  if (!all.ok()) {
+    return absl::Status(all.status().code(),
+                        absl::StrCat(std::string(what), " '", std::string(address),
+                                     "': ", std::string(all.status().message())));
+  }
+  return all->front();
+}
+
+absl::StatusOr<SocketAddress> LocalAddress(int fd) {
+  SocketAddress a;
+  a.length = sizeof a.storage;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&a.storage), &a.length) != 0) {
+    return ErrnoStatus(errno, "getsockname");
+  }
+  return a;
 }
 
 std::string FormatAddress(const SocketAddress& address) {
@@ -193,6 +246,14 @@ absl::Status WaitReady(int fd, short events, absl::Time deadline, const char* wh
 
 }  // namespace
 
+absl::Status SetNonBlocking(int fd, bool on) {
+  int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0) return ErrnoStatus(errno, "fcntl(F_GETFL)");
+  flags = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
+  if (fcntl(fd, F_SETFL, flags) < 0) return ErrnoStatus(errno, "fcntl(F_SETFL)");
+  return absl::OkStatus();
+}
+
 absl::Status SendAll(int fd, const void* data, size_t size, absl::Time deadline) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
@@ -234,4 +295,21 @@ absl::Status RecvAll(int fd, void* data, size_t size, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-}  // namespace plexus::transport::bootstrap
+absl::StatusOr<uint16_t> ReserveLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return ErrnoStatus(errno, "reserving a port on 127.0.0.1: socket()");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  absl::Status status;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    status = ErrnoStatus(errno, "reserving a port on 127.0.0.1");
+  }
+  close(fd);
+  if (!status.ok()) return status;
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace plexus::base::net

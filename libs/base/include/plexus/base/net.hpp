@@ -1,0 +1,71 @@
+// Socket helpers shared by the bootstrap store, the tcp backend and the launchers: "host:port"
+// parsing (IPv4, IPv6 in brackets, names), resolution, formatting, errno as a status, and
+// deadline-bounded connect / send / receive on non-blocking sockets.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace plexus::base::net {
+
+struct HostPort {
+  std::string host;  // without brackets; empty means every interface
+  uint16_t port = 0;
+};
+// Parses "host:port", "[v6]:port" or ":port"; `what` names the setting in errors.
+absl::StatusOr<HostPort> ParseHostPort(std::string_view address, std::string_view what);
+// "host:port", or "[host]:port" when host is an IPv6 literal (the inverse of ParseHostPort).
+std::string JoinHostPort(std::string_view host, uint16_t port);
+
+struct SocketAddress {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  int family() const { return storage.ss_family; }
+  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
+};
+// Resolves host (numeric or a name) to its addresses, IPv4 first.
+absl::StatusOr<std::vector<SocketAddress>> Resolve(const HostPort& hp);
+// ParseHostPort + Resolve: the first address of "host:port".
+absl::StatusOr<SocketAddress> ResolveFirst(std::string_view address, std::string_view what);
+// The address a socket is bound to (getsockname).
+absl::StatusOr<SocketAddress> LocalAddress(int fd);
+std::string FormatAddress(const SocketAddress& address);  // "ip:port" or "[ip]:port"
+
+// Whether `host` names this machine (loopback, one of its interface addresses, or its host name).
+bool IsLocalHost(const std::string& host);
+
+// A non-blocking, close-on-exec TCP connection to `address`, established within `deadline`.
+// The error keeps the errno text; *retryable says whether trying again later may succeed.
+absl::StatusOr<int> ConnectTcp(const SocketAddress& address, absl::Time deadline, bool* retryable);
+
+// Send or receive exactly `size` bytes on a non-blocking socket before `deadline` (a blocking
+// socket blocks in the call itself). DeadlineExceeded on timeout, Unavailable when the peer
+// closed or reset the connection.
+absl::Status SendAll(int fd, const void* data, size_t size, absl::Time deadline);
+absl::Status RecvAll(int fd, void* data, size_t size, absl::Time deadline);
+
+absl::Status SetNonBlocking(int fd, bool on);
+
+// Milliseconds to pass to poll() for `deadline` (-1 for infinite), capped at `cap_ms`.
+int PollTimeoutMs(absl::Time deadline, int cap_ms = 1 << 30);
+
+std::string ErrnoText(int err);
+// errno as an actionable status (ECONNREFUSED -> Unavailable, EMFILE -> ResourceExhausted, ...),
+// prefixed by what was being done.
+absl::Status ErrnoStatus(int err, std::string_view what);
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, read back, released),
+// for launchers that must name a store address before the store exists. Another process may
+// take it in between; the store's own bind reports that (FailedPrecondition, EADDRINUSE).
+absl::StatusOr<uint16_t> ReserveLoopbackPort();
+
+}  // namespace plexus::base::net
