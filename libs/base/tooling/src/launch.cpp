@@ -438,8 +438,8 @@ struct Launcher::Impl {
       if (drain_until && now >= *drain_until) return;
       if (deadline && now >= *deadline && !timed_out) {
         timed_out = true;
-        Log(o, absl::StrCat("timed out after ", absl::FormatDuration(o.timeout),
-                            "; stopping every rank"));
+        Log(o, absl::StrFormat("timed out after %g s; stopping every rank",
+                                absl::ToDoubleSeconds(o.timeout)));
         BeginStop(SIGTERM);
       }
       if (stop_started && !killed && now >= kill_at) {
