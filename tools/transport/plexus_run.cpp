@@ -68,8 +68,8 @@ int main(int argc, char** argv) {
   tooling::AddNumber(&app, "--np,-n", &ranks, "number of ranks (required)", 1, 4096);
   tooling::AddNumber(&app, "--timeout", &timeout_s,
                      "stop every rank and exit 124 after SEC seconds (0: no limit)", 0.0, 1e9);
-  tooling::AddNumber(&app, "--grace", &grace_s,
-                     "after SIGTERM, wait SEC seconds before SIGKILL", 0.0, 1e9);
+  tooling::AddNumber(&app, "--grace", &grace_s, "after SIGTERM, wait SEC seconds before SIGKILL",
+                     0.0, 1e9);
   app.add_flag("--json", json, "print a JSON summary of the ranks' outcomes on stdout at the end");
   // Everything from the program on (or after "--") belongs to the ranks.
   app.prefix_command();

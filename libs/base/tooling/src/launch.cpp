@@ -439,7 +439,7 @@ struct Launcher::Impl {
       if (deadline && now >= *deadline && !timed_out) {
         timed_out = true;
         Log(o, absl::StrFormat("timed out after %g s; stopping every rank",
-                                absl::ToDoubleSeconds(o.timeout)));
+                               absl::ToDoubleSeconds(o.timeout)));
         BeginStop(SIGTERM);
       }
       if (stop_started && !killed && now >= kill_at) {
