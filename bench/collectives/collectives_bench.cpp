@@ -30,9 +30,9 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_common.hpp"
+#include "plexus/collectives/communicator.hpp"
 #include "plexus/tooling/figures.hpp"
 #include "plexus/tooling/launch.hpp"
-#include "plexus/collectives/communicator.hpp"
 #include "plexus/transport/rendezvous.hpp"
 #include "plexus/transport/types.hpp"
 
@@ -444,9 +444,8 @@ LaunchResult Launch(const Job& job, double timeout_s, bool bind_core) {
     result.error = fmt::format("timed out after {} s (raise --timeout)", timeout_s);
   } else if (launched->first_failure >= 0) {
     const pt_tooling::RankResult& failed = launched->ranks[launched->first_failure];
-    result.error = job.processes == 1
-                       ? fmt::format("{} {}", job.argv[0], failed.Describe())
-                       : fmt::format("rank {} {}", failed.rank, failed.Describe());
+    result.error = job.processes == 1 ? fmt::format("{} {}", job.argv[0], failed.Describe())
+                                      : fmt::format("rank {} {}", failed.rank, failed.Describe());
   } else {
     result.ok = true;
   }
@@ -641,8 +640,8 @@ int main(int argc, char** argv) {
           j["best_peer"] = best ? nlohmann::json(best->first) : nlohmann::json(nullptr);
         }
         // A plexus::tooling figure line (bench, figure, value, unit) with the fields above.
-        const pt_tooling::Figure figure{"allreduce busbw", row.busbw, "GB/s", nullptr,
-                                        std::nullopt, j};
+        const pt_tooling::Figure figure{"allreduce busbw", row.busbw,    "GB/s",
+                                        nullptr,           std::nullopt, j};
         std::printf("%s\n", pt_tooling::FigureJson("collectives", figure).dump().c_str());
       } else {
         std::string vs;

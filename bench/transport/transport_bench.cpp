@@ -413,8 +413,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"bandwidth", "pingpong"}));
   app.add_option("--backend", args.backend, "tcp or shm (default both)")
       ->check(CLI::IsMember({"tcp", "shm"}));
-  plexus::tooling::AddNumber(&app, "--bytes", &args.bytes, "only this message size",
-                             size_t{0}, size_t{1} << 30);
+  plexus::tooling::AddNumber(&app, "--bytes", &args.bytes, "only this message size", size_t{0},
+                             size_t{1} << 30);
   int64_t spin_us = 50;
   plexus::tooling::AddNumber(&app, "--spin-us", &spin_us,
                              "bandwidth waits: spin this long before sleeping", int64_t{0},
@@ -453,13 +453,15 @@ int main(int argc, char** argv) {
     }
     if (want_tcp) {
       const double raw_m = Median(raw);
-      Emit(out, args, "raw-tcp", "bandwidth", bytes, "GB/s", raw_m, "GB/s", 1.0, "itself", "unpinned");
+      Emit(out, args, "raw-tcp", "bandwidth", bytes, "GB/s", raw_m, "GB/s", 1.0, "itself",
+           "unpinned");
       Emit(out, args, "tcp", "bandwidth", bytes, "GB/s", Median(tcp), "GB/s", Median(tcp) / raw_m,
            "raw-tcp single stream", "unpinned");
     }
     if (want_shm) {
       const double mem_m = Median(memcpy_ref);
-      Emit(out, args, "memcpy", "bandwidth", bytes, "GB/s", mem_m, "GB/s", 1.0, "itself", "1 thread");
+      Emit(out, args, "memcpy", "bandwidth", bytes, "GB/s", mem_m, "GB/s", 1.0, "itself",
+           "1 thread");
       Emit(out, args, "shm", "bandwidth", bytes, "GB/s", Median(shm), "GB/s", Median(shm) / mem_m,
            "memcpy 1 thread", "unpinned");
     }
