@@ -10,7 +10,7 @@ CTEST_ARGS ?=
 
 # Debian packages the build, the tests and the benchmarks need.
 DEB_PACKAGES := build-essential cmake ninja-build pkg-config git clang clang-format \
-  libclang-rt-14-dev libabsl-dev libfmt-dev nlohmann-json3-dev catch2 \
+  libclang-rt-14-dev libabsl-dev libfmt-dev nlohmann-json3-dev catch2 libcli11-dev \
   libibverbs-dev librdmacm-dev iproute2 procps libgloo-dev openmpi-bin libopenmpi-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

@@ -9,15 +9,7 @@
 // of plexus-run), the Gloo peer program N times the same way, and the Open MPI peer program
 // under mpirun. Rank 0 of each launch reports one JSON line per size; this process gathers
 // them, takes the median over --runs launches and prints the table (or JSON lines).
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sched.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,7 +23,6 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -40,6 +31,8 @@
 
 #include "bench_common.hpp"
 #include "plexus/collectives/communicator.hpp"
+#include "plexus/tooling/figures.hpp"
+#include "plexus/tooling/launch.hpp"
 #include "plexus/transport/rendezvous.hpp"
 #include "plexus/transport/types.hpp"
 
@@ -48,6 +41,7 @@ namespace {
 namespace pb = plexus::bench;
 namespace pc = plexus::collectives;
 namespace pt = plexus::transport;
+namespace pt_tooling = plexus::tooling;
 using Clock = std::chrono::steady_clock;
 
 constexpr char kProgram[] = "plexus-bench-collectives";
@@ -325,22 +319,6 @@ std::string SelfPath() {
   return std::string(path, static_cast<size_t>(n));
 }
 
-int ReserveLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 std::vector<std::string> WorkerArgs(const Options& o, const std::string& transport) {
   std::vector<std::string> args = {"--sizes", o.sizes, "--transport", transport};
   if (o.iters > 0) args.insert(args.end(), {"--iters", std::to_string(o.iters)});
@@ -427,105 +405,23 @@ struct LaunchResult {
   std::vector<nlohmann::json> points;
 };
 
-void KillGroups(const std::vector<pid_t>& pids, const std::vector<bool>& running, int sig) {
-  for (size_t i = 0; i < pids.size(); ++i) {
-    if (!running[i]) continue;
-    kill(-pids[i], sig);
-    kill(pids[i], sig);
-  }
-}
-
-std::string DescribeStatus(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {}", WTERMSIG(status));
-  return "ended in an unknown way";
-}
-
-// Starts the job's processes, reads process 0's stdout (JSON lines are results; anything else
-// goes to stderr), and stops everything when one fails or `timeout_s` passes.
+// Starts the job's processes with plexus::tooling::Launcher, reads process 0's stdout (JSON lines
+// are results; anything else goes to stderr), and stops everything when one fails or
+// `timeout_s` passes.
 LaunchResult Launch(const Job& job, double timeout_s, bool bind_core) {
   LaunchResult result;
-  const int port = ReserveLoopbackPort();
-  if (port < 0) {
-    result.error = fmt::format("no free TCP port on 127.0.0.1: {}", std::strerror(errno));
-    return result;
-  }
-  const std::string store = fmt::format("127.0.0.1:{}", port);
-  int out[2];
-  if (pipe2(out, O_CLOEXEC) != 0) {
-    result.error = fmt::format("pipe: {}", std::strerror(errno));
-    return result;
-  }
-  std::vector<char*> argv;
-  std::vector<std::string> args = job.argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t parent = getpid();
-  std::vector<pid_t> pids;
-  std::vector<bool> running;
-  for (int r = 0; r < job.processes; ++r) {
-    const pid_t pid = fork();
-    if (pid < 0) {
-      result.error = fmt::format("fork: {}", std::strerror(errno));
-      KillGroups(pids, running, SIGKILL);
-      for (pid_t p : pids) waitpid(p, nullptr, 0);
-      close(out[0]);
-      close(out[1]);
-      return result;
-    }
-    if (pid == 0) {
-      setpgid(0, 0);
-      if (bind_core && !job.under_mpirun) {
-        cpu_set_t cpus;
-        CPU_ZERO(&cpus);
-        CPU_SET(r % std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)), &cpus);
-        sched_setaffinity(0, sizeof cpus, &cpus);
-      }
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);
-      dup2(r == 0 ? out[1] : STDERR_FILENO, STDOUT_FILENO);
-      const int null_fd = open("/dev/null", O_RDONLY);
-      if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
-      if (!job.under_mpirun) {
-        setenv("PLEXUS_RANK", std::to_string(r).c_str(), 1);
-        setenv("PLEXUS_WORLD_SIZE", std::to_string(job.processes).c_str(), 1);
-        setenv("PLEXUS_LOCAL_RANK", std::to_string(r).c_str(), 1);
-        setenv("PLEXUS_LOCAL_WORLD_SIZE", std::to_string(job.processes).c_str(), 1);
-        setenv("PLEXUS_STORE_ADDR", store.c_str(), 1);
-      }
-      execv(argv[0], argv.data());
-      std::fprintf(stderr, "%s: cannot execute %s: %s\n", kProgram, argv[0], std::strerror(errno));
-      _exit(127);
-    }
-    setpgid(pid, pid);
-    pids.push_back(pid);
-    running.push_back(true);
-  }
-  close(out[1]);
-
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(timeout_s));
-  std::string pending;
-  bool eof = false;
-  int failed_rank = -1;
-  int failed_status = 0;
-  bool timed_out = false;
-  auto reap = [&](bool block) {
-    for (size_t i = 0; i < pids.size(); ++i) {
-      if (!running[i]) continue;
-      int status = 0;
-      const pid_t got = waitpid(pids[i], &status, block ? 0 : WNOHANG);
-      if (got != pids[i]) continue;
-      running[i] = false;
-      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (!ok && failed_rank < 0) {
-        failed_rank = static_cast<int>(i);
-        failed_status = status;
-      }
-    }
-  };
-  auto handle_line = [&](const std::string& line) {
-    if (!line.empty() && line[0] == '{') {
+  pt_tooling::LaunchOptions options;
+  options.ranks = job.processes;
+  options.argv = job.argv;
+  options.plexus_env = !job.under_mpirun;  // mpirun sets the ranks' variables itself
+  options.bind_cpus = bind_core && !job.under_mpirun;
+  options.output = pt_tooling::OutputMode::kCallback;
+  options.timeout = absl::Seconds(timeout_s);
+  options.grace = absl::Seconds(3);  // mpirun passes SIGTERM on to its ranks
+  options.on_line = [&](pt_tooling::Launcher&, int rank, pt_tooling::Stream stream,
+                        std::string_view text) {
+    const std::string line(text);
+    if (rank == 0 && stream == pt_tooling::Stream::kStdout && !line.empty() && line[0] == '{') {
       auto parsed = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       auto number = [&](const char* field) {
         return parsed.contains(field) && parsed[field].is_number() &&
@@ -539,55 +435,17 @@ LaunchResult Launch(const Job& job, double timeout_s, bool bind_core) {
     }
     std::fprintf(stderr, "[%s] %s\n", job.impl.c_str(), line.c_str());
   };
-  for (;;) {
-    reap(false);
-    const bool any_running = std::find(running.begin(), running.end(), true) != running.end();
-    if (failed_rank >= 0 || (eof && !any_running)) break;
-    if (Clock::now() >= deadline) {
-      timed_out = true;
-      break;
-    }
-    if (eof) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      continue;
-    }
-    pollfd pfd{out[0], POLLIN, 0};
-    const int n = poll(&pfd, 1, 200);
-    if (n < 0 && errno != EINTR) break;
-    if (n <= 0) continue;
-    char buf[4096];
-    const ssize_t got = read(out[0], buf, sizeof buf);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) {
-      eof = true;
-      continue;
-    }
-    pending.append(buf, static_cast<size_t>(got));
-    for (size_t nl; (nl = pending.find('\n')) != std::string::npos;) {
-      handle_line(pending.substr(0, nl));
-      pending.erase(0, nl + 1);
-    }
+  absl::StatusOr<pt_tooling::LaunchResult> launched = pt_tooling::Launch(std::move(options));
+  if (!launched.ok()) {
+    result.error = std::string(launched.status().message());
+    return result;
   }
-  if (!pending.empty()) handle_line(pending);
-  close(out[0]);
-  if (timed_out || failed_rank >= 0) {
-    // mpirun passes SIGTERM on to its ranks; give it a moment before SIGKILL.
-    KillGroups(pids, running, SIGTERM);
-    const auto grace = Clock::now() + std::chrono::seconds(3);
-    while (Clock::now() < grace &&
-           std::find(running.begin(), running.end(), true) != running.end()) {
-      reap(false);
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    KillGroups(pids, running, SIGKILL);
-  }
-  reap(true);
-  if (timed_out) {
+  if (launched->timed_out) {
     result.error = fmt::format("timed out after {} s (raise --timeout)", timeout_s);
-  } else if (failed_rank >= 0) {
-    result.error = job.processes == 1
-                       ? fmt::format("{} {}", job.argv[0], DescribeStatus(failed_status))
-                       : fmt::format("rank {} {}", failed_rank, DescribeStatus(failed_status));
+  } else if (launched->first_failure >= 0) {
+    const pt_tooling::RankResult& failed = launched->ranks[launched->first_failure];
+    result.error = job.processes == 1 ? fmt::format("{} {}", job.argv[0], failed.Describe())
+                                      : fmt::format("rank {} {}", failed.rank, failed.Describe());
   } else {
     result.ok = true;
   }
@@ -781,7 +639,10 @@ int main(int argc, char** argv) {
           j["vs_best_peer"] = std::isnan(ratio) ? nlohmann::json(nullptr) : nlohmann::json(ratio);
           j["best_peer"] = best ? nlohmann::json(best->first) : nlohmann::json(nullptr);
         }
-        std::printf("%s\n", j.dump().c_str());
+        // A plexus::tooling figure line (bench, figure, value, unit) with the fields above.
+        const pt_tooling::Figure figure{"allreduce busbw", row.busbw,    "GB/s",
+                                        nullptr,           std::nullopt, j};
+        std::printf("%s\n", pt_tooling::FigureJson("collectives", figure).dump().c_str());
       } else {
         std::string vs;
         if (job.plexus && o.compare) {

@@ -20,6 +20,8 @@
 #include "plexus/placement/optimizer.hpp"
 #include "plexus/placement/random_instance.hpp"
 #include "plexus/placement/simulator.hpp"
+#include "plexus/tooling/cli.hpp"
+#include "plexus/tooling/figures.hpp"
 
 #ifndef PLEXUS_PLACEMENT_DATA_DIR
 #define PLEXUS_PLACEMENT_DATA_DIR "examples/data/placement"
@@ -129,28 +131,18 @@ Json RandomGap(const Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (arg == "--json") {
-      options.json = true;
-    } else if (arg == "--instances" && absl::SimpleAtoi(next(), &options.instances)) {
-    } else if (arg == "--repeats" && absl::SimpleAtoi(next(), &options.repeats)) {
-    } else if (arg == "--sim-duration" && absl::SimpleAtod(next(), &options.sim_duration_s)) {
-    } else if (arg == "--data") {
-      options.data_dir = next();
-    } else {
-      std::fprintf(stderr,
-                   "usage: plexus-bench-placement [--json] [--instances N (300)] [--repeats N "
-                   "(51)] [--sim-duration S (60)] [--data DIR]\n");
-      return 2;
-    }
-  }
-  if (options.instances < 1 || options.repeats < 1 || !(options.sim_duration_s > 10)) {
-    std::fprintf(stderr,
-                 "plexus-bench-placement: --instances/--repeats >= 1, --sim-duration > 10\n");
-    return 2;
-  }
+  plexus::tooling::Tool tool("plexus-bench-placement",
+                             "The targets of the placement library (docs/placement.md).");
+  CLI::App& app = tool.app();
+  plexus::tooling::AddJsonFlag(&app, &options.json);
+  plexus::tooling::AddNumber(&app, "--instances", &options.instances,
+                             "random instances for the JellyBean gap", 1, 1000000);
+  plexus::tooling::AddNumber(&app, "--repeats", &options.repeats,
+                             "optimizer runs per timed scenario", 1, 1000000);
+  plexus::tooling::AddNumber(&app, "--sim-duration", &options.sim_duration_s,
+                             "simulated seconds per scenario", 10.001, 1e7);
+  app.add_option("--data", options.data_dir, "scenario folder")->capture_default_str();
+  if (auto code = tool.Parse(argc, argv)) return *code;
   std::vector<std::string> files = Scenarios(options);
   if (files.empty()) {
     std::fprintf(stderr, "plexus-bench-placement: no scenarios in '%s' (use --data DIR)\n",
@@ -293,7 +285,22 @@ int main(int argc, char** argv) {
   result["targets"] = targets;
 
   if (options.json) {
-    std::cout << result.dump(1) << "\n";
+    // One plexus::tooling figure line per target and per timed scenario.
+    plexus::tooling::FigureWriter out("placement", true);
+    for (const Json& t : jb_times) {
+      out.Add({"jb_median_ms", t["median_ms"].get<double>(), "ms", nullptr, std::nullopt, t});
+    }
+    for (auto it = targets.begin(); it != targets.end(); ++it) {
+      const Json& t = it.value();
+      const std::string unit = it.key().find("_ms") != std::string::npos      ? "ms"
+                               : it.key().find("within") != std::string::npos ? "fraction"
+                               : it.key() == "simulator_sustains_jb_plans"    ? "ratio"
+                                                                              : "bool";
+      const double value =
+          t.contains("value") ? t["value"].get<double>() : (t["met"].get<bool>() ? 1.0 : 0.0);
+      out.Add({it.key(), value, unit, t.contains("target") ? t["target"] : Json(nullptr),
+               t["met"].get<bool>(), Json::object()});
+    }
     return 0;
   }
   const Json& r = result["random"];

@@ -2,9 +2,10 @@
 // processes, side by side with this machine's own references (raw blocking TCP ping-pong, raw
 // single-stream TCP bulk transfer, single-thread memcpy), measured in the same run.
 //
-//   plexus-bench-transport [--json] [--runs N] [--quick]
+//   plexus-bench-transport [--json] [--runs N] [--quick] [--test T] [--backend B] [--bytes N]
 //
-// Each figure is the median over --runs runs; `ratio` is Plexus / reference.
+// Each figure is the median over --runs runs; `ratio` is Plexus / reference. With --json, one
+// plexus::tooling figure line per figure.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -22,6 +23,8 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "plexus/tooling/cli.hpp"
+#include "plexus/tooling/figures.hpp"
 #include "plexus/transport/device.hpp"
 
 namespace pt = plexus::transport;
@@ -374,51 +377,52 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-void Emit(const Args& args, const std::string& backend, const std::string& test, size_t bytes,
-          const std::string& metric, double value, const std::string& unit, double ratio,
-          const std::string& reference, const std::string& mode) {
-  if (args.json) {
-    std::printf(
-        "{\"backend\":\"%s\",\"test\":\"%s\",\"bytes\":%zu,\"metric\":\"%s\",\"value\":%.4f,"
-        "\"unit\":\"%s\",\"ratio\":%.3f,\"reference\":\"%s\",\"mode\":\"%s\",\"runs\":%d}\n",
-        backend.c_str(), test.c_str(), bytes, metric.c_str(), value, unit.c_str(), ratio,
-        reference.c_str(), mode.c_str(), args.runs);
-  } else {
-    std::printf("%-7s %-9s %10zu  %-12s %10.3f %-5s ratio %6.3f vs %-26s %s\n", backend.c_str(),
-                test.c_str(), bytes, metric.c_str(), value, unit.c_str(), ratio, reference.c_str(),
-                mode.c_str());
-  }
-  std::fflush(stdout);
+// One figure: bench/figure/value/unit of plexus::tooling's figure lines, plus the fields this
+// bench always printed (backend, test, bytes, metric, ratio, reference, mode, runs).
+void Emit(plexus::tooling::FigureWriter& out, const Args& args, const std::string& backend,
+          const std::string& test, size_t bytes, const std::string& metric, double value,
+          const std::string& unit, double ratio, const std::string& reference,
+          const std::string& mode) {
+  out.Add({backend + " " + test + " " + metric,
+           value,
+           unit,
+           nullptr,
+           std::nullopt,
+           {{"backend", backend},
+            {"test", test},
+            {"bytes", bytes},
+            {"metric", metric},
+            {"ratio", ratio},
+            {"reference", reference},
+            {"mode", mode},
+            {"runs", args.runs}}});
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json") {
-      args.json = true;
-    } else if (a == "--runs" && i + 1 < argc) {
-      args.runs = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--test" && i + 1 < argc) {
-      args.test = argv[++i];
-    } else if (a == "--backend" && i + 1 < argc) {
-      args.backend = argv[++i];
-    } else if (a == "--bytes" && i + 1 < argc) {
-      args.bytes = std::strtoull(argv[++i], nullptr, 10);
-    } else if (a == "--spin-us" && i + 1 < argc) {
-      args.spin = absl::Microseconds(std::atoi(argv[++i]));
-    } else if (a == "--quick") {
-      args.quick = true;
-      args.runs = 1;
-    } else {
-      std::printf(
-          "usage: plexus-bench-transport [--json] [--runs N] [--quick] [--test bandwidth|pingpong]"
-          " [--backend tcp|shm] [--bytes N] [--spin-us N]\n");
-      return a == "--help" || a == "-h" ? 0 : 2;
-    }
-  }
+  plexus::tooling::Tool tool("plexus-bench-transport",
+                             "Bandwidth and ping-pong latency of the tcp and shm backends between "
+                             "two processes, next to raw TCP and memcpy measured in the same run.");
+  CLI::App& app = tool.app();
+  plexus::tooling::AddJsonFlag(&app, &args.json);
+  plexus::tooling::AddNumber(&app, "--runs", &args.runs, "runs per figure (median)", 1, 1000);
+  app.add_flag("--quick", args.quick, "smaller transfers, one run");
+  app.add_option("--test", args.test, "bandwidth or pingpong (default both)")
+      ->check(CLI::IsMember({"bandwidth", "pingpong"}));
+  app.add_option("--backend", args.backend, "tcp or shm (default both)")
+      ->check(CLI::IsMember({"tcp", "shm"}));
+  plexus::tooling::AddNumber(&app, "--bytes", &args.bytes, "only this message size", size_t{0},
+                             size_t{1} << 30);
+  int64_t spin_us = 50;
+  plexus::tooling::AddNumber(&app, "--spin-us", &spin_us,
+                             "bandwidth waits: spin this long before sleeping", int64_t{0},
+                             int64_t{1000000});
+  if (auto code = tool.Parse(argc, argv)) return *code;
+  if (args.quick && app.count("--runs") == 0) args.runs = 1;
+  args.spin = absl::Microseconds(spin_us);
+  plexus::tooling::FigureWriter out("transport", args.json);
   const size_t total = args.quick ? (64 << 20) : (512 << 20);
   const int iters = args.quick ? 2000 : 10000;
   const std::vector<size_t> sizes = {64 << 10, 1 << 20, 16 << 20, 64 << 20};
@@ -449,18 +453,23 @@ int main(int argc, char** argv) {
     }
     if (want_tcp) {
       const double raw_m = Median(raw);
-      Emit(args, "raw-tcp", "bandwidth", bytes, "GB/s", raw_m, "GB/s", 1.0, "itself", "unpinned");
-      Emit(args, "tcp", "bandwidth", bytes, "GB/s", Median(tcp), "GB/s", Median(tcp) / raw_m,
+      Emit(out, args, "raw-tcp", "bandwidth", bytes, "GB/s", raw_m, "GB/s", 1.0, "itself",
+           "unpinned");
+      Emit(out, args, "tcp", "bandwidth", bytes, "GB/s", Median(tcp), "GB/s", Median(tcp) / raw_m,
            "raw-tcp single stream", "unpinned");
     }
     if (want_shm) {
       const double mem_m = Median(memcpy_ref);
-      Emit(args, "memcpy", "bandwidth", bytes, "GB/s", mem_m, "GB/s", 1.0, "itself", "1 thread");
-      Emit(args, "shm", "bandwidth", bytes, "GB/s", Median(shm), "GB/s", Median(shm) / mem_m,
+      Emit(out, args, "memcpy", "bandwidth", bytes, "GB/s", mem_m, "GB/s", 1.0, "itself",
+           "1 thread");
+      Emit(out, args, "shm", "bandwidth", bytes, "GB/s", Median(shm), "GB/s", Median(shm) / mem_m,
            "memcpy 1 thread", "unpinned");
     }
   }
-  if (!args.test.empty() && args.test != "pingpong") return 0;
+  if (!args.test.empty() && args.test != "pingpong") {
+    out.PrintTable();
+    return 0;
+  }
 
   // Ping-pong, 64 B request / 8 B response. Each Plexus figure is compared with raw TCP run the
   // same way: same pinning, blocking waits (no spinning) for tcp.
@@ -482,11 +491,11 @@ int main(int argc, char** argv) {
       tcp_p99.push_back(tcp.p99_us);
     }
     const double rm = Median(raw_med), rp = Median(raw_p99);
-    Emit(args, "raw-tcp", "pingpong", 64, "median_us", rm, "us", 1.0, "itself", layout.name);
-    Emit(args, "raw-tcp", "pingpong", 64, "p99_us", rp, "us", 1.0, "itself", layout.name);
-    Emit(args, "tcp", "pingpong", 64, "median_us", Median(tcp_med), "us", Median(tcp_med) / rm,
+    Emit(out, args, "raw-tcp", "pingpong", 64, "median_us", rm, "us", 1.0, "itself", layout.name);
+    Emit(out, args, "raw-tcp", "pingpong", 64, "p99_us", rp, "us", 1.0, "itself", layout.name);
+    Emit(out, args, "tcp", "pingpong", 64, "median_us", Median(tcp_med), "us", Median(tcp_med) / rm,
          "raw-tcp ping-pong", layout.name);
-    Emit(args, "tcp", "pingpong", 64, "p99_us", Median(tcp_p99), "us", Median(tcp_p99) / rp,
+    Emit(out, args, "tcp", "pingpong", 64, "p99_us", Median(tcp_p99), "us", Median(tcp_p99) / rp,
          "raw-tcp ping-pong", layout.name);
   }
   // shm: processes on separate CPUs, spinning up to 200 us before sleeping (a round trip fits).
@@ -499,10 +508,11 @@ int main(int argc, char** argv) {
       raw_med.push_back(RawPingPong(iters, 0, 1).median_us);
     }
     const double rm = Median(raw_med);
-    Emit(args, "shm", "pingpong", 64, "median_us", Median(med), "us", Median(med) / rm,
+    Emit(out, args, "shm", "pingpong", 64, "median_us", Median(med), "us", Median(med) / rm,
          "raw-tcp ping-pong split-cpu", "split-cpu,spin-200us");
-    Emit(args, "shm", "pingpong", 64, "p99_us", Median(p99), "us", Median(p99) / rm,
+    Emit(out, args, "shm", "pingpong", 64, "p99_us", Median(p99), "us", Median(p99) / rm,
          "raw-tcp ping-pong split-cpu", "split-cpu,spin-200us");
   }
+  out.PrintTable();
   return 0;
 }

@@ -1,5 +1,6 @@
 // Runs the plexus-moe tool end to end on the bundled scenarios and checks its JSON output.
 #include <sys/wait.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <string>
@@ -102,3 +103,84 @@ TEST_CASE("plexus-moe reports bad input clearly", "[moe][tool]") {
 }
 
 }  // namespace
+
+namespace {
+
+// Writes `text` to a fresh file under /tmp and returns its path.
+std::string TempFile(const std::string& name, const std::string& text) {
+  const std::string path = "/tmp/plexus-moe-tool-" + std::to_string(getpid()) + "-" + name;
+  FILE* f = std::fopen(path.c_str(), "w");
+  REQUIRE(f != nullptr);
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("plexus-moe refuses plans that cannot fit in memory, naming the limit", "[moe][tool]") {
+  const std::string scenario = "--scenario '" + kData + "/gpt-s.json'";
+  // These died with an uncaught std::bad_alloc (exit 134).
+  for (const std::string nodes : {"100000000", "1000000000"}) {
+    const Run run = Exec("plan " + scenario + " --nodes " + nodes, true);
+    INFO(run.output);
+    CHECK(run.exit_code == 1);
+    CHECK(run.output == "plexus-moe: " + nodes + " nodes x 6 slots x 12 layers = " +
+                            std::to_string(std::stoll(nodes) * 72) +
+                            " expert slots; at most 50000000 fit (use fewer nodes)\n");
+  }
+  nlohmann::json doc = nlohmann::json::parse(R"({"nodes": 1e8, "slots_per_node": 2,
+                                                 "layer_loads": [[1, 2]]})");
+  const std::string path = TempFile("huge.json", doc.dump());
+  const Run run = Exec("plan --scenario " + path, true);
+  unlink(path.c_str());
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("scenario.nodes must be at most 1000000 (got 100000000)") !=
+        std::string::npos);
+}
+
+TEST_CASE("plexus-moe rejects misspelt JSON fields", "[moe][tool]") {
+  const std::string scenario =
+      TempFile("misspelt.json", R"({"nodes": 4, "slots_per_nod": 2, "slots_per_node": 2,
+                           "layer_loads": [[1, 2]]})");
+  Run run = Exec("plan --scenario " + scenario, true);
+  unlink(scenario.c_str());
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("scenario.slots_per_nod: unknown field (expected one of: name, "
+                        "description, nodes, slots_per_node, min_replicas, layer_loads, "
+                        "training)") != std::string::npos);
+  const std::string training =
+      TempFile("training.json", R"({"nodes": 4, "slots_per_node": 2, "layer_loads": [[1, 2]],
+                           "training": {"restart": 5}})");
+  run = Exec("plan --scenario " + training, true);
+  unlink(training.c_str());
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("scenario.training.restart: unknown field") != std::string::npos);
+  const std::string schedule =
+      TempFile("schedule.json",
+               R"({"end_s": 10, "events": [{"time_s": 1, "op": "add", "node": "a", "nod": "b"}]})");
+  run = Exec("simulate --scenario '" + kData + "/gpt-s.json' --schedule " + schedule, true);
+  unlink(schedule.c_str());
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("schedule.events[0].nod: unknown field") != std::string::npos);
+}
+
+TEST_CASE("plexus-moe: --help for every command, directories named, no half tables",
+          "[moe][tool]") {
+  for (const std::string command : {"plan", "recovery", "dispatch", "reconfigure", "simulate"}) {
+    const Run run = Exec(command + " --help");
+    INFO(command);
+    CHECK(run.exit_code == 0);
+    CHECK(run.output.find("Usage: plexus-moe " + command) != std::string::npos);
+  }
+  Run run = Exec("plan --scenario /tmp", true);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output == "plexus-moe: '/tmp' is a directory; expected a file\n");
+  run = Exec("plan --scenario '" + kData + "/gpt-s.json' --nodes abc", true);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output == "plexus-moe: --nodes expects an integer, got 'abc'\n");
+  // The error comes after the first policy's row: stdout must stay empty.
+  run = Exec("recovery --scenario '" + kData + "/gpt-s.json' --failures 2 --method bogus");
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.empty());
+}

@@ -45,3 +45,44 @@ run_tool(FALSE optimize ${WORK}/broken.json)
 expect("workflow.operators" "${err}")
 run_tool(FALSE optimize ${INPUT} --strategy nope)
 expect("unknown strategy 'nope'" "${err}")
+
+# Every subcommand answers --help (exit 0); usage errors exit 2.
+foreach(command optimize simulate compare validate)
+  run_tool(TRUE ${command} --help)
+  expect("Usage: plexus-place ${command}" "${out}")
+endforeach()
+execute_process(COMMAND ${TOOL} simulate ${INPUT} ${WORK}/plan.json --duration abc
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)
+if(NOT rc EQUAL 2)
+  message(FATAL_ERROR "a bad --duration should exit 2, got ${rc}:\n${err}")
+endif()
+expect("--duration expects a number in 0.001..1e+07, got 'abc'" "${err}")
+
+# A directory is named as one.
+run_tool(FALSE validate ${WORK})
+expect("is a directory" "${err}")
+
+# A source rate that overflows the cost arithmetic is refused (it printed -nan costs).
+file(READ ${INPUT} scenario)
+string(JSON huge SET "${scenario}" infrastructure sources 0 rate 1e308)
+string(JSON huge SET "${huge}" infrastructure sources 1 rate 1e308)
+file(WRITE ${WORK}/huge-rate.json "${huge}")
+run_tool(FALSE compare ${WORK}/huge-rate.json)
+expect("at most 1e+12 req/s are supported" "${err}")
+if(out MATCHES "nan")
+  message(FATAL_ERROR "compare printed NaN costs:\n${out}")
+endif()
+
+# The documented maximum worker count loads quickly (the duplicate-name check was quadratic:
+# more than 20 s for 100000 workers; a hash set makes it well under a second).
+string(JSON many SET "${scenario}" infrastructure workers 0 count 100000)
+file(WRITE ${WORK}/many-workers.json "${many}")
+string(TIMESTAMP start "%s%f")
+run_tool(TRUE validate ${WORK}/many-workers.json)
+string(TIMESTAMP end "%s%f")
+math(EXPR elapsed_ms "(${end} - ${start}) / 1000")
+expect("valid (" "${out}")
+if(elapsed_ms GREATER 3000)
+  message(FATAL_ERROR "validate of 100000 workers took ${elapsed_ms} ms (limit 3000)")
+endif()
+message(STATUS "validate of 100000 workers: ${elapsed_ms} ms")

@@ -44,7 +44,7 @@ TEST_CASE("plexus-run --help and bad usage") {
   CHECK(Has(no_n.err, "missing -n N"));
   auto bad_n = RunShell(std::string(PLEXUS_RUN) + " -n zero /bin/true");
   CHECK(bad_n.exit_code == 2);
-  CHECK(Has(bad_n.err, "-n expects a number"));
+  CHECK(Has(bad_n.err, "-n expects an integer in 1..4096"));
   auto no_prog = RunShell(std::string(PLEXUS_RUN) + " -n 2");
   CHECK(no_prog.exit_code == 2);
   auto missing = RunShell(std::string(PLEXUS_RUN) + " -n 2 /nonexistent/program");

@@ -1,5 +1,6 @@
 // plexus-moe: Lazarus expert planning, recovery analysis, dispatch, reconfiguration and
 // spot-trace simulation from the command line. JSON in, a readable table or --json out.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "fmt/core.h"
 #include "nlohmann/json.hpp"
+#include "plexus/base/file.hpp"
 #include "plexus/moe/allocation.hpp"
 #include "plexus/moe/dispatch.hpp"
 #include "plexus/moe/placement.hpp"
@@ -17,30 +19,21 @@
 #include "plexus/moe/recovery.hpp"
 #include "plexus/moe/scenario.hpp"
 #include "plexus/moe/simulator.hpp"
+#include "plexus/tooling/cli.hpp"
 
 namespace moe = plexus::moe;
 using nlohmann::json;
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: plexus-moe <command> [options] [--json]
+constexpr char kDescription[] =
+    "Lazarus expert planning, recovery analysis, dispatch, reconfiguration and spot-trace\n"
+    "simulation. Scenarios and schedules are described in docs/moe.md; examples in\n"
+    "examples/data/moe/.";
 
-commands:
-  plan         --scenario FILE [--nodes N] [--policy mro|spread|compact]
-               replicas per expert (Eq. 6.1) and the placement of every layer
-  recovery     --scenario FILE --failures K [--nodes N] [--policy all|mro|spread|compact]
-               [--method auto|closed|enumerate|montecarlo] [--samples S]
-               probability that training survives K random node failures without a restart
-  dispatch     --input FILE | --scenario FILE [--layer L] [--tokens-per-rank T]
-               [--cuda]  per-rank local tokens and all-to-all counts/offsets (Algorithm 2)
-  reconfigure  --scenario FILE --fail I,J,... [--join K] [--assignment greedy|optimal]
-               new plan, node mapping and expert transfers after failures/joins
-  simulate     --scenario FILE --schedule FILE(.csv trace | .json schedule)
-               [--system all|lazarus|checkpoint_restart|ep_reconfigure] [--interval S]
-               samples trained over time for Lazarus and the checkpoint-restart baselines
-
-Scenarios and schedules are described in docs/moe.md; examples in examples/data/moe/.
-)";
+// Plans hold nodes x slots_per_node expert slots per layer; more than this does not fit in the
+// memory of a machine that runs the tool (1e8 nodes died with std::bad_alloc).
+constexpr int64_t kMaxPlanSlots = 50'000'000;
 
 struct Args {
   std::string command;
@@ -49,38 +42,15 @@ struct Args {
   bool cuda = false;
 };
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "plexus-moe: %s\n", message.c_str());
-  return 1;
-}
+const plexus::tooling::Tool* g_tool = nullptr;
+
+int Fail(const std::string& message) { return g_tool->Fail(message); }
 
 int Fail(const absl::Status& status) { return Fail(std::string(status.message())); }
 
-bool ParseArgs(int argc, char** argv, Args* args, std::string* error) {
-  if (argc < 2) {
-    *error = "missing command";
-    return false;
-  }
-  args->command = argv[1];
-  for (int i = 2; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--json") {
-      args->json = true;
-    } else if (arg == "--cuda") {
-      args->cuda = true;
-    } else if (arg.rfind("--", 0) == 0 && i + 1 < argc) {
-      args->options[arg.substr(2)] = argv[++i];
-    } else {
-      *error = "unexpected argument '" + arg + "'";
-      return false;
-    }
-  }
-  return true;
-}
-
 std::string Opt(const Args& a, const std::string& key, const std::string& fallback = "") {
   auto it = a.options.find(key);
-  return it == a.options.end() ? fallback : it->second;
+  return it == a.options.end() || it->second.empty() ? fallback : it->second;
 }
 
 absl::StatusOr<int> IntOpt(const Args& a, const std::string& key, int fallback) {
@@ -102,6 +72,14 @@ absl::StatusOr<moe::Scenario> ScenarioOpt(const Args& a) {
 absl::StatusOr<std::vector<moe::Placement>> PlanLayers(const moe::Scenario& s, int nodes,
                                                        moe::PlacementPolicy policy,
                                                        std::vector<moe::Allocation>* allocs) {
+  if (nodes < 1) return absl::InvalidArgumentError("num_nodes must be positive");
+  const int64_t slots =
+      int64_t{nodes} * s.slots_per_node * static_cast<int64_t>(s.layer_loads.size());
+  if (slots > kMaxPlanSlots) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{} nodes x {} slots x {} layers = {} expert slots; at most {} fit (use fewer nodes)",
+        nodes, s.slots_per_node, s.layer_loads.size(), slots, kMaxPlanSlots));
+  }
   std::vector<moe::Placement> layers;
   for (size_t l = 0; l < s.layer_loads.size(); ++l) {
     absl::StatusOr<moe::Allocation> a =
@@ -196,12 +174,11 @@ int CmdRecovery(const Args& a) {
     policies = {*p};
   }
   json out = {{"scenario", s->name}, {"nodes", *nodes}, {"failures", *failures}};
-  if (!a.json) {
-    fmt::print("{}: {} of {} nodes fail, {} layers\n", s->name, *failures, *nodes,
-               s->layer_loads.size());
-    fmt::print("{:<8} {:>10} {:>21} {:>12} {:>13}\n", "policy", "recovery", "95% interval",
-               "method", "layer mean");
-  }
+  // The table is printed only once every row is computed: an error must not leave half of it.
+  std::string table = fmt::format("{}: {} of {} nodes fail, {} layers\n", s->name, *failures,
+                                  *nodes, s->layer_loads.size()) +
+                      fmt::format("{:<8} {:>10} {:>21} {:>12} {:>13}\n", "policy", "recovery",
+                                  "95% interval", "method", "layer mean");
   for (moe::PlacementPolicy policy : policies) {
     absl::StatusOr<std::vector<moe::Placement>> layers = PlanLayers(*s, *nodes, policy, nullptr);
     if (!layers.ok()) return Fail(layers.status());
@@ -227,18 +204,20 @@ int CmdRecovery(const Args& a) {
     json entry = RecoveryJson(*r);
     entry["layer_mean"] = layer_mean;
     out["policies"][moe::PlacementPolicyName(policy)] = entry;
-    if (!a.json) {
-      fmt::print("{:<8} {:>10.4f}    [{:.4f}, {:.4f}] {:>12} {:>13.4f}\n",
-                 moe::PlacementPolicyName(policy), r->probability, r->ci_low, r->ci_high, r->method,
-                 layer_mean);
-    }
+    table += fmt::format("{:<8} {:>10.4f}    [{:.4f}, {:.4f}] {:>12} {:>13.4f}\n",
+                         moe::PlacementPolicyName(policy), r->probability, r->ci_low, r->ci_high,
+                         r->method, layer_mean);
   }
-  if (a.json) std::printf("%s\n", out.dump(1).c_str());
+  if (a.json) {
+    std::printf("%s\n", out.dump(1).c_str());
+  } else {
+    std::fputs(table.c_str(), stdout);
+  }
   return 0;
 }
 
 absl::StatusOr<moe::DispatchInput> DispatchInputFromFile(const std::string& path) {
-  absl::StatusOr<std::string> text = moe::ReadFile(path);
+  absl::StatusOr<std::string> text = plexus::base::ReadFile(path);
   if (!text.ok()) return text.status();
   json doc = json::parse(*text, nullptr, false);
   if (doc.is_discarded() || !doc.is_object()) {
@@ -499,21 +478,69 @@ int CmdSimulate(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  plexus::tooling::Tool tool("plexus-moe", kDescription);
+  g_tool = &tool;
+  tool.app().require_subcommand(1);
   Args args;
-  std::string error;
-  if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
-    std::fputs(kUsage, stdout);
-    return 0;
+  // Every option is kept as text here and parsed strictly by the command (IntOpt, ...).
+  auto option = [&](CLI::App* sub, const std::string& name, const std::string& help) {
+    sub->add_option("--" + name, args.options[name], help);
+  };
+  struct Command {
+    const char* name;
+    const char* help;
+    std::vector<std::pair<const char*, const char*>> options;
+  };
+  const std::vector<Command> commands = {
+      {"plan",
+       "replicas per expert (Eq. 6.1) and the placement of every layer",
+       {{"scenario", "scenario FILE (required)"},
+        {"nodes", "number of nodes (default: the scenario's)"},
+        {"policy", "mro|spread|compact (default mro)"}}},
+      {"recovery",
+       "probability that training survives K random node failures without a restart",
+       {{"scenario", "scenario FILE (required)"},
+        {"failures", "K failed nodes (required)"},
+        {"nodes", "number of nodes (default: the scenario's)"},
+        {"policy", "all|mro|spread|compact (default all)"},
+        {"method", "auto|closed|enumerate|montecarlo (default auto)"},
+        {"samples", "Monte Carlo samples"}}},
+      {"dispatch",
+       "per-rank local tokens and all-to-all counts/offsets (Algorithm 2)",
+       {{"input", "dispatch input FILE"},
+        {"scenario", "scenario FILE (instead of --input)"},
+        {"layer", "layer L of the scenario (default 0)"},
+        {"tokens-per-rank", "T tokens per rank (default 4096)"}}},
+      {"reconfigure",
+       "new plan, node mapping and expert transfers after failures/joins",
+       {{"scenario", "scenario FILE (required)"},
+        {"fail", "failed nodes I,J,..."},
+        {"join", "K joining nodes"},
+        {"assignment", "greedy|optimal (default greedy)"}}},
+      {"simulate",
+       "samples trained over time for Lazarus and the checkpoint-restart baselines",
+       {{"scenario", "scenario FILE (required)"},
+        {"schedule", "FILE: .csv spot trace or .json schedule (required)"},
+        {"system", "all|lazarus|checkpoint_restart|ep_reconfigure (default all)"},
+        {"interval", "timeline interval in seconds (default 60)"}}},
+  };
+  std::vector<CLI::App*> subs;
+  for (const Command& c : commands) {
+    CLI::App* sub = tool.Subcommand(c.name, c.help);
+    for (const auto& [name, help] : c.options) option(sub, name, help);
+    plexus::tooling::AddJsonFlag(sub, &args.json);
+    if (std::string(c.name) == "dispatch") {
+      sub->add_flag("--cuda", args.cuda, "also compute the dense flows on the GPU and compare");
+    }
+    subs.push_back(sub);
   }
-  if (!ParseArgs(argc, argv, &args, &error)) {
-    std::fprintf(stderr, "plexus-moe: %s\n\n%s", error.c_str(), kUsage);
-    return 2;
+  if (auto code = tool.Parse(argc, argv)) return *code;
+  for (CLI::App* sub : subs) {
+    if (sub->parsed()) args.command = sub->get_name();
   }
   if (args.command == "plan") return CmdPlan(args);
   if (args.command == "recovery") return CmdRecovery(args);
   if (args.command == "dispatch") return CmdDispatch(args);
   if (args.command == "reconfigure") return CmdReconfigure(args);
-  if (args.command == "simulate") return CmdSimulate(args);
-  std::fprintf(stderr, "plexus-moe: unknown command '%s'\n\n%s", args.command.c_str(), kUsage);
-  return 2;
+  return CmdSimulate(args);
 }

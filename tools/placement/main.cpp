@@ -1,45 +1,30 @@
 // plexus-place: optimize, simulate and compare ML workflow placements (docs/placement.md).
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "plexus/base/file.hpp"
 #include "plexus/placement/optimizer.hpp"
 #include "plexus/placement/plan.hpp"
 #include "plexus/placement/problem.hpp"
 #include "plexus/placement/simulator.hpp"
+#include "plexus/tooling/cli.hpp"
 
 namespace {
 
 using namespace plexus::placement;
+namespace tooling = plexus::tooling;
 
-constexpr char kUsage[] =
-    "usage:\n"
-    "  plexus-place optimize IN.json [--strategy jb|lb|bf|ff|pte|ptc|spc] [--json] "
-    "[--out PLAN.json]\n"
-    "  plexus-place simulate IN.json PLAN.json [--duration S] [--warmup S] [--seed N] "
-    "[--poisson] [--json]\n"
-    "  plexus-place compare IN.json [--strategies jb,lb,...] [--json]\n"
-    "  plexus-place validate IN.json\n"
+constexpr char kStrategies[] =
     "Strategies: jb (JellyBean), lb (exact optimum, branch-and-bound), bf (best fit), ff (first\n"
     "fit), pte/ptc (whole workflow on one edge/cloud GPU), spc (data-parallel on every cloud "
-    "GPU).\n";
-
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "plexus-place: %s\n", message.c_str());
-  return 1;
-}
-
-int Usage(const std::string& message) {
-  std::fprintf(stderr, "plexus-place: %s\n%s", message.c_str(), kUsage);
-  return 2;
-}
+    "GPU).";
 
 struct Args {
   std::vector<std::string> positional;
@@ -47,52 +32,13 @@ struct Args {
   std::string strategies;
   std::string out;
   bool json = false;
-  bool poisson = false;
   SimulationOptions simulation;
 };
 
-absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
-  Args args;
-  for (int i = 2; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> absl::StatusOr<std::string> {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
-      return std::string(argv[++i]);
-    };
-    auto number = [&](double& slot) -> absl::Status {
-      auto text = value();
-      if (!text.ok()) return text.status();
-      if (!absl::SimpleAtod(*text, &slot)) {
-        return absl::InvalidArgumentError(absl::StrCat(arg, ": '", *text, "' is not a number"));
-      }
-      return absl::OkStatus();
-    };
-    if (arg == "--json") {
-      args.json = true;
-    } else if (arg == "--poisson") {
-      args.simulation.poisson_arrivals = true;
-    } else if (arg == "--strategy" || arg == "--strategies" || arg == "--out") {
-      auto text = value();
-      if (!text.ok()) return text.status();
-      (arg == "--strategy" ? args.strategy : arg == "--out" ? args.out : args.strategies) = *text;
-    } else if (arg == "--duration") {
-      if (auto s = number(args.simulation.duration_s); !s.ok()) return s;
-    } else if (arg == "--warmup") {
-      if (auto s = number(args.simulation.warmup_s); !s.ok()) return s;
-    } else if (arg == "--seed") {
-      auto text = value();
-      if (!text.ok()) return text.status();
-      if (!absl::SimpleAtoi(*text, &args.simulation.seed)) {
-        return absl::InvalidArgumentError(absl::StrCat("--seed: '", *text, "' is not a number"));
-      }
-    } else if (!arg.empty() && arg[0] == '-') {
-      return absl::InvalidArgumentError(absl::StrCat("unknown option '", arg, "'"));
-    } else {
-      args.positional.push_back(arg);
-    }
-  }
-  return args;
-}
+const tooling::Tool* g_tool = nullptr;
+
+int Fail(const std::string& message) { return g_tool->Fail(message); }
+int Usage(const std::string& message) { return g_tool->Usage(message); }
 
 void Progress(const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }
 
@@ -106,9 +52,9 @@ int Optimize(const Args& args) {
   if (!plan.ok()) return Fail(std::string(plan.status().message()));
   const std::string json = PlanToJson(*problem, *plan);
   if (!args.out.empty()) {
-    std::ofstream out(args.out);
-    out << json << "\n";
-    if (!out) return Fail(absl::StrCat("cannot write '", args.out, "'"));
+    if (absl::Status s = plexus::base::WriteFileAtomic(args.out, json + "\n"); !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
   }
   if (args.json) {
     std::cout << json << "\n";
@@ -185,17 +131,43 @@ int Validate(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return Usage("missing command");
-  const std::string command = argv[1];
-  if (command == "-h" || command == "--help" || command == "help") {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
-  auto args = ParseArgs(argc, argv);
-  if (!args.ok()) return Usage(std::string(args.status().message()));
-  if (command == "optimize") return Optimize(*args);
-  if (command == "simulate") return Simulate(*args);
-  if (command == "compare") return Compare(*args);
-  if (command == "validate") return Validate(*args);
-  return Usage(absl::StrCat("unknown command '", command, "'"));
+  tooling::Tool tool("plexus-place",
+                     std::string("Optimize, simulate and compare ML workflow placements "
+                                 "(docs/placement.md).\n") +
+                         kStrategies);
+  g_tool = &tool;
+  tool.app().require_subcommand(1);
+  Args args;
+  CLI::App* optimize = tool.Subcommand("optimize", "the placement of one strategy");
+  optimize->add_option("input", args.positional, "IN.json")->required()->expected(1);
+  optimize->add_option("--strategy", args.strategy, "jb|lb|bf|ff|pte|ptc|spc")
+      ->capture_default_str();
+  optimize->add_option("--out", args.out, "also write the plan to PLAN.json");
+  tooling::AddJsonFlag(optimize, &args.json);
+
+  CLI::App* simulate = tool.Subcommand("simulate", "serve the workflow under a plan");
+  simulate->add_option("files", args.positional, "IN.json PLAN.json")->required()->expected(2);
+  tooling::AddNumber(simulate, "--duration", &args.simulation.duration_s, "simulated seconds", 1e-3,
+                     1e7);
+  tooling::AddNumber(simulate, "--warmup", &args.simulation.warmup_s,
+                     "seconds left out of the figures", 0.0, 1e7);
+  tooling::AddNumber(simulate, "--seed", &args.simulation.seed, "random seed",
+                     decltype(args.simulation.seed){0},
+                     std::numeric_limits<decltype(args.simulation.seed)>::max());
+  simulate->add_flag("--poisson", args.simulation.poisson_arrivals, "Poisson arrivals");
+  tooling::AddJsonFlag(simulate, &args.json);
+
+  CLI::App* compare = tool.Subcommand("compare", "the cost of every strategy");
+  compare->add_option("input", args.positional, "IN.json")->required()->expected(1);
+  compare->add_option("--strategies", args.strategies, "comma-separated, default all");
+  tooling::AddJsonFlag(compare, &args.json);
+
+  CLI::App* validate = tool.Subcommand("validate", "check an input file");
+  validate->add_option("input", args.positional, "IN.json")->required()->expected(1);
+
+  if (auto code = tool.Parse(argc, argv)) return *code;
+  if (optimize->parsed()) return Optimize(args);
+  if (simulate->parsed()) return Simulate(args);
+  if (compare->parsed()) return Compare(args);
+  return Validate(args);
 }

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 #include <type_traits>
 
 #include "absl/strings/numbers.h"
@@ -11,6 +9,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
+#include "plexus/base/file.hpp"
+#include "plexus/base/json_reader.hpp"
+#include "plexus/base/status.hpp"
 
 namespace plexus::moe {
 namespace {
@@ -51,27 +52,20 @@ absl::Status ReadNumber(const json& obj, const char* key, T* out, double min_val
   return absl::OkStatus();
 }
 
-#define PLEXUS_MOE_RETURN_IF_ERROR(expr)      \
-  do {                                        \
-    if (absl::Status _s = (expr); !_s.ok()) { \
-      return _s;                              \
-    }                                         \
-  } while (0)
+using base::json::CheckKeys;
+
+// The most nodes a scenario may have: the plans hold nodes x slots_per_node entries per layer.
+constexpr int kMaxNodes = 1'000'000;
 
 }  // namespace
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
 
 absl::StatusOr<Scenario> ParseScenario(const std::string& json_text) {
   absl::StatusOr<json> doc = ParseJson(json_text, "scenario");
   if (!doc.ok()) return doc.status();
   Scenario s;
+  PLEXUS_RETURN_IF_ERROR(CheckKeys(*doc, "scenario",
+                                   {"name", "description", "nodes", "slots_per_node",
+                                    "min_replicas", "layer_loads", "training"}));
   if (doc->contains("name") && (*doc)["name"].is_string()) s.name = (*doc)["name"];
   if (doc->contains("description") && (*doc)["description"].is_string()) {
     s.description = (*doc)["description"];
@@ -81,9 +75,13 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& json_text) {
       return absl::InvalidArgumentError(absl::StrCat("scenario is missing \"", key, "\""));
     }
   }
-  PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(*doc, "nodes", &s.nodes, 1, "scenario"));
-  PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(*doc, "slots_per_node", &s.slots_per_node, 1, "scenario"));
-  PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(*doc, "min_replicas", &s.min_replicas, 1, "scenario"));
+  PLEXUS_RETURN_IF_ERROR(ReadNumber(*doc, "nodes", &s.nodes, 1, "scenario"));
+  PLEXUS_RETURN_IF_ERROR(ReadNumber(*doc, "slots_per_node", &s.slots_per_node, 1, "scenario"));
+  PLEXUS_RETURN_IF_ERROR(ReadNumber(*doc, "min_replicas", &s.min_replicas, 1, "scenario"));
+  if (s.nodes > kMaxNodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scenario.nodes must be at most ", kMaxNodes, " (got ", s.nodes, ")"));
+  }
   const json& layers = (*doc)["layer_loads"];
   if (!layers.is_array() || layers.empty()) {
     return absl::InvalidArgumentError("scenario.layer_loads must be a non-empty array of arrays");
@@ -125,21 +123,27 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& json_text) {
     if (!t.is_object()) return absl::InvalidArgumentError("scenario.training must be an object");
     TrainingModel& m = s.training;
     const std::string ctx = "scenario.training";
-    PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(t, "samples_per_step", &m.samples_per_step, 1, ctx));
-    PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(t, "tokens_per_sample", &m.tokens_per_sample, 1, ctx));
-    PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(t, "seconds_per_token", &m.seconds_per_token, 0, ctx));
-    PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(t, "fixed_step_s", &m.fixed_step_s, 0, ctx));
-    PLEXUS_MOE_RETURN_IF_ERROR(
+    PLEXUS_RETURN_IF_ERROR(
+        CheckKeys(t, ctx,
+                  {"samples_per_step", "tokens_per_sample", "seconds_per_token", "fixed_step_s",
+                   "checkpoint_every_steps", "checkpoint_s", "restart_s", "reconfigure_s",
+                   "bandwidth_bytes_per_s", "expert_state_bytes", "ep_size", "scale_up_wait_s",
+                   "max_nodes"}));
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(t, "samples_per_step", &m.samples_per_step, 1, ctx));
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(t, "tokens_per_sample", &m.tokens_per_sample, 1, ctx));
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(t, "seconds_per_token", &m.seconds_per_token, 0, ctx));
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(t, "fixed_step_s", &m.fixed_step_s, 0, ctx));
+    PLEXUS_RETURN_IF_ERROR(
         ReadNumber(t, "checkpoint_every_steps", &m.checkpoint_every_steps, 1, ctx));
-    PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(t, "checkpoint_s", &m.checkpoint_s, 0, ctx));
-    PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(t, "restart_s", &m.restart_s, 0, ctx));
-    PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(t, "reconfigure_s", &m.reconfigure_s, 0, ctx));
-    PLEXUS_MOE_RETURN_IF_ERROR(
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(t, "checkpoint_s", &m.checkpoint_s, 0, ctx));
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(t, "restart_s", &m.restart_s, 0, ctx));
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(t, "reconfigure_s", &m.reconfigure_s, 0, ctx));
+    PLEXUS_RETURN_IF_ERROR(
         ReadNumber(t, "bandwidth_bytes_per_s", &m.bandwidth_bytes_per_s, 1, ctx));
-    PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(t, "expert_state_bytes", &m.expert_state_bytes, 0, ctx));
-    PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(t, "ep_size", &m.ep_size, 1, ctx));
-    PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(t, "scale_up_wait_s", &m.scale_up_wait_s, 0, ctx));
-    PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(t, "max_nodes", &m.max_nodes, 1, ctx));
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(t, "expert_state_bytes", &m.expert_state_bytes, 0, ctx));
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(t, "ep_size", &m.ep_size, 1, ctx));
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(t, "scale_up_wait_s", &m.scale_up_wait_s, 0, ctx));
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(t, "max_nodes", &m.max_nodes, 1, ctx));
     if (m.seconds_per_token <= 0 && m.fixed_step_s <= 0) {
       return absl::InvalidArgumentError(
           "scenario.training: seconds_per_token and fixed_step_s cannot both be zero");
@@ -158,7 +162,7 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& json_text) {
 }
 
 absl::StatusOr<Scenario> LoadScenario(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile(path);
+  absl::StatusOr<std::string> text = base::ReadFile(path);
   if (!text.ok()) return text.status();
   absl::StatusOr<Scenario> s = ParseScenario(*text);
   if (!s.ok()) {
@@ -253,8 +257,11 @@ absl::StatusOr<Schedule> ParseSchedule(const std::string& json_text) {
   absl::StatusOr<json> doc = ParseJson(json_text, "schedule");
   if (!doc.ok()) return doc.status();
   Schedule schedule;
+  PLEXUS_RETURN_IF_ERROR(CheckKeys(*doc, "schedule",
+                                   {"name", "description", "end_s", "events", "steps",
+                                    "fail_every_s", "initial_nodes", "replace_after_s"}));
   if (doc->contains("name") && (*doc)["name"].is_string()) schedule.name = (*doc)["name"];
-  PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(*doc, "end_s", &schedule.end_s, 0, "schedule"));
+  PLEXUS_RETURN_IF_ERROR(ReadNumber(*doc, "end_s", &schedule.end_s, 0, "schedule"));
   if (doc->contains("events")) {
     const json& events = (*doc)["events"];
     if (!events.is_array()) return absl::InvalidArgumentError("schedule.events must be an array");
@@ -266,8 +273,9 @@ absl::StatusOr<Schedule> ParseSchedule(const std::string& json_text) {
         return absl::InvalidArgumentError(
             absl::StrCat(ctx, " needs time_s, op (\"add\"/\"remove\") and node"));
       }
+      PLEXUS_RETURN_IF_ERROR(CheckKeys(e, ctx, {"time_s", "op", "node"}));
       NodeEvent ev;
-      PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(e, "time_s", &ev.time_s, 0, ctx));
+      PLEXUS_RETURN_IF_ERROR(ReadNumber(e, "time_s", &ev.time_s, 0, ctx));
       const std::string op = e["op"];
       if (op != "add" && op != "remove") {
         return absl::InvalidArgumentError(absl::StrCat(ctx, ".op must be add or remove"));
@@ -287,10 +295,11 @@ absl::StatusOr<Schedule> ParseSchedule(const std::string& json_text) {
       if (!steps[i].is_object() || !steps[i].contains("time_s") || !steps[i].contains("nodes")) {
         return absl::InvalidArgumentError(absl::StrCat(ctx, " needs time_s and nodes"));
       }
+      PLEXUS_RETURN_IF_ERROR(CheckKeys(steps[i], ctx, {"time_s", "nodes"}));
       double time = 0;
       int nodes = 0;
-      PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(steps[i], "time_s", &time, 0, ctx));
-      PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(steps[i], "nodes", &nodes, 0, ctx));
+      PLEXUS_RETURN_IF_ERROR(ReadNumber(steps[i], "time_s", &time, 0, ctx));
+      PLEXUS_RETURN_IF_ERROR(ReadNumber(steps[i], "nodes", &nodes, 0, ctx));
       while (present < nodes) {
         schedule.events.push_back(NodeEvent{time, true, absl::StrCat("node", present)});
         ++present;
@@ -303,9 +312,9 @@ absl::StatusOr<Schedule> ParseSchedule(const std::string& json_text) {
   } else if (doc->contains("fail_every_s")) {
     int initial = 0;
     double every = 0, replace_after = -1;
-    PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(*doc, "initial_nodes", &initial, 1, "schedule"));
-    PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(*doc, "fail_every_s", &every, 1e-3, "schedule"));
-    PLEXUS_MOE_RETURN_IF_ERROR(ReadNumber(*doc, "replace_after_s", &replace_after, 0, "schedule"));
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(*doc, "initial_nodes", &initial, 1, "schedule"));
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(*doc, "fail_every_s", &every, 1e-3, "schedule"));
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(*doc, "replace_after_s", &replace_after, 0, "schedule"));
     if (initial < 1 || schedule.end_s <= 0) {
       return absl::InvalidArgumentError(
           "a periodic schedule needs initial_nodes >= 1 and end_s > 0");
@@ -356,7 +365,7 @@ absl::StatusOr<Schedule> ParseSchedule(const std::string& json_text) {
 }
 
 absl::StatusOr<Schedule> LoadSchedule(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile(path);
+  absl::StatusOr<std::string> text = base::ReadFile(path);
   if (!text.ok()) return text.status();
   const bool csv = path.size() >= 4 && path.compare(path.size() - 4, 4, ".csv") == 0;
   absl::StatusOr<Schedule> s = csv ? ParseSpotTrace(*text) : ParseSchedule(*text);

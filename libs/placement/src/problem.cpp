@@ -6,6 +6,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -15,6 +16,9 @@
 namespace plexus::placement {
 
 namespace {
+
+// The largest request rate an operator may receive.
+constexpr double kMaxRate = 1e12;
 
 using base::json::ArrayField;
 using base::json::BoolField;
@@ -383,6 +387,8 @@ class Parser {
 
     const Json* workers = nullptr;
     PLEXUS_ASSIGN_OR_RETURN(workers, ArrayField(infra, path, "workers", true));
+    // A set, not Problem::FindWorker: 100000 workers of one entry would take a quadratic search.
+    std::unordered_set<std::string> names;
     for (size_t i = 0; i < workers->size(); ++i) {
       const std::string at = Index(Child(path, "workers"), i);
       const Json& entry = (*workers)[i];
@@ -413,7 +419,7 @@ class Parser {
       worker.location = static_cast<int>(location);
       for (int64_t c = 0; c < count; ++c) {
         worker.name = count == 1 ? name : absl::StrCat(name, "-", c);
-        if (p_.FindWorker(worker.name) >= 0) {
+        if (!names.insert(worker.name).second) {
           return Invalid(Child(at, "name"), absl::StrCat("duplicate worker '", worker.name, "'"));
         }
         p_.workers.push_back(worker);
@@ -804,6 +810,15 @@ class Parser {
         total = o.combine == Combine::kJoin ? incoming : total + incoming;
       }
       p_.rate[op] = total;
+    }
+    // Larger rates overflow the capacity and cost arithmetic (inf - inf: NaN costs).
+    for (size_t op = 0; op < p_.rate.size(); ++op) {
+      if (!(p_.rate[op] <= kMaxRate)) {
+        return Invalid("workflow",
+                       absl::StrCat("operator '", p_.operators[op].name, "' would receive ",
+                                    p_.rate[op], " req/s (source rates times rate_ratio); at most ",
+                                    kMaxRate, " req/s are supported"));
+      }
     }
     return absl::OkStatus();
   }

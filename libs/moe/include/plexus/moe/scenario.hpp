@@ -70,6 +70,4 @@ absl::StatusOr<Schedule> ParseSchedule(const std::string& json_text);
 // By extension: .csv is a spot trace, anything else schedule JSON.
 absl::StatusOr<Schedule> LoadSchedule(const std::string& path);
 
-absl::StatusOr<std::string> ReadFile(const std::string& path);
-
 }  // namespace plexus::moe

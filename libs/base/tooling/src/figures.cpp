@@ -1,0 +1,91 @@
+#include "plexus/tooling/figures.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace plexus::tooling {
+namespace {
+
+std::string Cell(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_float()) return absl::StrFormat("%.6g", v.get<double>());
+  return v.dump();
+}
+
+}  // namespace
+
+nlohmann::json FigureJson(const std::string& bench, const Figure& f) {
+  nlohmann::json j = nlohmann::json::object();
+  j["bench"] = bench;
+  j["figure"] = f.figure;
+  j["value"] = std::isfinite(f.value) ? nlohmann::json(f.value) : nlohmann::json(nullptr);
+  j["unit"] = f.unit;
+  if (!f.target.is_null()) j["target"] = f.target;
+  if (f.met) j["met"] = *f.met;
+  if (f.extra.is_object()) {
+    for (auto it = f.extra.begin(); it != f.extra.end(); ++it) {
+      if (!j.contains(it.key())) j[it.key()] = it.value();
+    }
+  }
+  return j;
+}
+
+FigureWriter::FigureWriter(std::string bench, bool json, FILE* out)
+    : bench_(std::move(bench)), json_(json), out_(out) {}
+
+void FigureWriter::Add(const Figure& figure) {
+  figures_.push_back(figure);
+  if (json_) {
+    const std::string line = FigureJson(bench_, figure).dump() + "\n";
+    std::fputs(line.c_str(), out_);
+    std::fflush(out_);
+  }
+}
+
+bool FigureWriter::all_met() const {
+  return std::none_of(figures_.begin(), figures_.end(),
+                      [](const Figure& f) { return f.met && !*f.met; });
+}
+
+std::string FigureWriter::Table() const {
+  std::vector<std::vector<std::string>> rows = {{"figure", "value", "unit", "target", "met", ""}};
+  for (const Figure& f : figures_) {
+    std::string extra;
+    if (f.extra.is_object()) {
+      for (auto it = f.extra.begin(); it != f.extra.end(); ++it) {
+        absl::StrAppend(&extra, extra.empty() ? "" : " ", it.key(), "=", Cell(it.value()));
+      }
+    }
+    rows.push_back({f.figure, std::isfinite(f.value) ? absl::StrFormat("%.6g", f.value) : "n/a",
+                    f.unit, f.target.is_null() ? "" : Cell(f.target),
+                    f.met ? (*f.met ? "yes" : "NO") : "", extra});
+  }
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  std::string text = absl::StrCat(bench_, "\n");
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      const bool right = c == 1;
+      const std::string pad(width[c] - row[c].size(), ' ');
+      absl::StrAppend(&line, c == 0 ? "  " : "  ", right ? pad : "", row[c],
+                      right || c + 1 == row.size() ? "" : pad);
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    absl::StrAppend(&text, line, "\n");
+  }
+  return text;
+}
+
+void FigureWriter::PrintTable() {
+  if (json_) return;
+  std::fputs(Table().c_str(), out_);
+  std::fflush(out_);
+}
+
+}  // namespace plexus::tooling
