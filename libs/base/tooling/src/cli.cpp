@@ -7,10 +7,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-
-#ifndef PLEXUS_VERSION
-#define PLEXUS_VERSION "unknown"
-#endif
+#include "plexus/config.hpp"
 
 namespace plexus::tooling {
 namespace {
@@ -22,7 +19,7 @@ absl::Status Expect(std::string_view flag, std::string_view what, std::string_vi
 
 }  // namespace
 
-std::string_view Version() { return PLEXUS_VERSION; }
+std::string_view Version() { return PLEXUS_VERSION_STRING; }
 
 absl::StatusOr<int64_t> ParseInteger(std::string_view flag, std::string_view text, int64_t min,
                                      int64_t max) {

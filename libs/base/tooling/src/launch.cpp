@@ -1,9 +1,7 @@
 #include "plexus/tooling/launch.hpp"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -22,6 +20,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "plexus/base/net.hpp"
 
 extern char** environ;
 
@@ -50,7 +50,7 @@ void Log(const LaunchOptions& o, const std::string& message) {
   WriteAll(STDERR_FILENO, absl::StrCat(o.log_name, ": ", message, "\n"));
 }
 
-std::string ErrnoText(int err) { return std::strerror(err); }
+using base::net::ErrnoText;
 
 // pidfd_open(2): a descriptor that polls readable when the child ends, so that the event loop
 // wakes for our own children only (no SIGCHLD handling, which a test process may not own).
@@ -64,25 +64,6 @@ int PidFd(pid_t pid) {
 }
 
 }  // namespace
-
-// TODO(lead): use base::net::ReserveLoopbackPort once it lands in libs/base/src/net.cpp.
-absl::StatusOr<int> ReserveLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const int err = errno;
-    close(fd);
-    return absl::UnavailableError(
-        absl::StrCat("cannot find a free TCP port on 127.0.0.1: ", ErrnoText(err)));
-  }
-  close(fd);
-  return static_cast<int>(ntohs(addr.sin_port));
-}
 
 int RankResult::ExitStatus() const {
   if (exit_code) return *exit_code;
@@ -125,6 +106,7 @@ struct Launcher::Impl {
   Launcher* self = nullptr;
   std::vector<Rank> ranks;
   std::string store_addr;
+  std::string job_id;  // PLEXUS_JOB_ID given to the ranks unless the environment sets one
   int signal_fd = -1;
   sigset_t old_mask{};
   bool mask_changed = false;
@@ -214,6 +196,7 @@ struct Launcher::Impl {
       vars["PLEXUS_LOCAL_RANK"] = std::to_string(r);
       vars["PLEXUS_LOCAL_WORLD_SIZE"] = std::to_string(o.ranks);
       vars["PLEXUS_STORE_ADDR"] = store_addr;
+      if (vars.count("PLEXUS_JOB_ID") == 0) vars["PLEXUS_JOB_ID"] = job_id;
     }
     for (const auto& [k, v] : o.env) vars[k] = v;
     if (o.rank_env) {
@@ -541,9 +524,14 @@ absl::Status Launcher::Start() {
   m.start = Clock::now();
   m.store_addr = m.o.store_addr;
   if (m.o.plexus_env && m.store_addr.empty()) {
-    absl::StatusOr<int> port = ReserveLoopbackPort();
+    absl::StatusOr<uint16_t> port = base::net::ReserveLoopbackPort();
     if (!port.ok()) return port.status();
     m.store_addr = absl::StrCat("127.0.0.1:", *port);
+  }
+  if (m.o.plexus_env) {
+    // One job identity per launch, so that ranks of two launches that meet at one store address
+    // refuse each other instead of pairing (docs/architecture.md, Bootstrap).
+    m.job_id = absl::StrCat("plexus-run-", getpid(), "-", absl::ToUnixNanos(absl::Now()));
   }
   if (m.o.forward_signals) {
     // Signals arrive through a signalfd, so that the event loop sees them in order with output.

@@ -97,10 +97,6 @@ struct LaunchResult {
   std::string store_addr;
 };
 
-// A free TCP port on 127.0.0.1 a moment ago (another process could take it before it is bound;
-// the kernel hands out ephemeral ports round-robin, so that is rare).
-absl::StatusOr<int> ReserveLoopbackPort();
-
 class Launcher {
  public:
   explicit Launcher(LaunchOptions options);
