@@ -32,6 +32,8 @@
 #include "backends.hpp"
 #include "cuda_copy.hpp"
 #include "make_completion.hpp"
+#include "matcher.hpp"
+#include "plexus/base/status.hpp"
 #include "region_registry.hpp"
 #include "tcp/frame.hpp"
 #include "tcp/socket_util.hpp"
@@ -63,11 +65,6 @@ constexpr absl::Duration kLoneSocketTick = absl::Milliseconds(10);
 constexpr size_t kBusyPollSockets = 2;
 constexpr uint32_t kEpollEvery = 8;
 
-struct PostedRecv {
-  MutableBuffer buffer;
-  uint64_t wr_id = 0;
-};
-
 // One of our operations in flight: a send (done when written) or a write (done when acked).
 struct OutOp {
   Opcode opcode = Opcode::kSend;
@@ -89,34 +86,28 @@ struct Segment {
   std::shared_ptr<OutOp> op;  // null for control frames (acks)
 };
 
-// A peer's operation being received, in arrival order.
-// Memory for a message that arrived before its receive was posted.
-struct HeldBuffer {
-  std::unique_ptr<uint8_t[]> data;
-  size_t capacity = 0;
-};
-// Held buffers kept per connection for reuse: a fresh allocation per large message costs page
-// faults and zeroing on each one (measured: ~10% of a 4-rank allreduce's CPU time).
+// Held buffers kept per connection for reuse (by its matcher): a fresh allocation per large
+// message costs page faults and zeroing on each one (measured: ~10% of a 4-rank allreduce's CPU
+// time).
 constexpr size_t kSpareHeldBytes = size_t{64} << 20;
 
+// A peer's operation being received, in arrival order.
 struct InOp {
   bool is_message = true;
   bool has_immediate = false;
   uint32_t immediate = 0;
   size_t length = 0;
   size_t remaining = 0;  // bytes not yet placed
-  // Message: the matched receive, or bytes held until one is posted.
-  bool matched = false;
-  PostedRecv recv;
-  HeldBuffer held;
+  // Message: the matched receive's buffer, or bytes held until one is posted.
+  Matcher::Slot slot;
   // Write: where the bytes land (host), or a host staging buffer for a CUDA region.
   uint8_t* target = nullptr;
   MemoryKind target_kind = MemoryKind::kHost;
   std::vector<uint8_t> staging;
 
   bool placed() const { return remaining == 0; }
-  // Where the bytes go, fixed on arrival: the matched receive's buffer, `held`, the write's
-  // target, or `staging` for a CUDA target.
+  // Where the bytes go, fixed on arrival: the slot's buffer, the write's target, or `staging`
+  // for a CUDA target.
   uint8_t* base = nullptr;
 };
 
@@ -132,7 +123,10 @@ struct Socket {
   std::unique_ptr<uint8_t[]> rx{new uint8_t[kRxBufferBytes]};
   size_t rx_begin = 0;
   size_t rx_end = 0;
-  enum class Phase { kHeader, kPayload, kParked } phase = Phase::kHeader;
+  // kParked: a stripe part waits for its head. kAwaitRoom (socket 0): the message whose header
+  // was just read does not fit under the caps on held bytes; the connection is not read from
+  // until receives are posted or held messages are delivered.
+  enum class Phase { kHeader, kPayload, kParked, kAwaitRoom } phase = Phase::kHeader;
   FrameHeader header;
   InOp* op = nullptr;        // op the current payload belongs to
   size_t offset = 0;         // where the current payload goes in op
@@ -150,13 +144,12 @@ struct TcpConn {
   std::deque<std::shared_ptr<OutOp>> out_ops;
   std::deque<std::shared_ptr<OutOp>> awaiting_ack;
   std::deque<std::unique_ptr<InOp>> in_ops;
-  std::deque<PostedRecv> recvs;
+  std::unique_ptr<Matcher> matcher;  // posted receives, held messages
+  bool paused = false;               // sockets[0] is in kAwaitRoom; no socket is read
   uint64_t stripes_sent = 0;
   uint64_t stripe_heads_received = 0;
   absl::flat_hash_map<uint64_t, InOp*> stripes;  // stripe number -> op, until placed
   uint64_t acks_owed = 0;
-  std::vector<HeldBuffer> spare_held;
-  size_t spare_held_bytes = 0;
   // A driver is blocked in recv() on sockets[0] without the device lock; closing the fds then
   // waits for it (so that a reused fd number is never read).
   bool driver_reading = false;
@@ -174,6 +167,8 @@ class TcpCore {
       : options_(options), registry_(std::make_shared<RegionRegistry>(Backend::kTcp)) {}
 
   absl::Status Init() {
+    PLEXUS_ASSIGN_OR_RETURN(held_limits_, ResolveHoldLimits(options_));
+    held_budget_ = std::make_shared<HoldBudget>(held_limits_.per_device);
     epfd_ = epoll_create1(EPOLL_CLOEXEC);
     if (epfd_ < 0) return tcp::ErrnoStatus(errno, "epoll_create1");
     wakefd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -225,6 +220,16 @@ class TcpCore {
     conn->id = id;
     conn->cq = cq;
     conn->peer = std::move(peer);
+    conn->matcher = std::make_unique<Matcher>(
+        MatcherConfig{.backend = "tcp",
+                      .peer = conn->peer,
+                      .connection_cap = held_limits_.per_connection,
+                      .device = held_budget_,
+                      .max_spare_bytes = std::min(kSpareHeldBytes, held_limits_.per_connection / 2),
+                      .deliver_eagerly = false},
+        [this, c = conn.get()](uint64_t wr_id, absl::Status status, size_t bytes) {
+          Complete(*c, Opcode::kRecv, wr_id, std::move(status), bytes);
+        });
     for (size_t i = 0; i < fds.size(); ++i) {
       auto s = std::make_unique<Socket>();
       s->conn = conn.get();
@@ -295,16 +300,15 @@ class TcpCore {
     std::lock_guard<std::mutex> lock(mu_);
     TcpConn* conn = Find(id);
     if (conn == nullptr) return absl::FailedPreconditionError("connection is closed");
-    PostedRecv r{buffer, wr_id};
-    for (auto& in : conn->in_ops) {
-      if (in->is_message && !in->matched) {
-        Match(*conn, *in, r);
-        ReleaseInbound(*conn);
-        return absl::OkStatus();
-      }
+    Matcher& m = *conn->matcher;
+    if (!conn->status.ok() && !m.has_unclaimed()) return conn->status;  // after whole messages
+    if (absl::Status s = m.PostRecv(buffer, wr_id); !s.ok()) {
+      Fail(*conn, s);
+      return absl::OkStatus();
     }
-    if (!conn->status.ok()) return conn->status;  // after the messages that arrived whole
-    conn->recvs.push_back(r);
+    ReleaseInbound(*conn);
+    if (conn->paused) room_freed_ = true;  // the waiting message may go into this receive
+    MaybeUnpause();
     return absl::OkStatus();
   }
 
@@ -369,7 +373,8 @@ class TcpCore {
     }
     Fail(conn, absl::CancelledError("connection closed locally"));
     ReleaseSockets(*it->second);
-    conns_.erase(it);
+    conns_.erase(it);  // frees its held messages
+    MaybeUnpause();
   }
 
   absl::Status Status(uint64_t id) const {
@@ -392,8 +397,8 @@ class TcpCore {
       conn = conns_.begin()->second;
       if (!conn->status.ok() || conn->sockets.size() != 1) return false;
       s = conn->sockets[0].get();
-      if (!s->sendq.empty() || s->phase == Socket::Phase::kParked || s->rx_end > s->rx_begin ||
-          s->fd < 0) {
+      if (!s->sendq.empty() || s->phase == Socket::Phase::kParked || conn->paused ||
+          s->rx_end > s->rx_begin || s->fd < 0) {
         return false;
       }
       s->rx_begin = s->rx_end = 0;
@@ -421,6 +426,7 @@ class TcpCore {
     } else if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR) {
       Fail(*conn, tcp::ErrnoStatus(err, absl::StrCat("tcp receive from ", conn->peer)));
     }
+    MaybeUnpause();
     const absl::Time now = absl::Now();
     if (now - last_timeout_check_ > absl::Milliseconds(50)) {
       last_timeout_check_ = now;
@@ -459,12 +465,19 @@ class TcpCore {
       const size_t index = key & 0xff;
       if (index >= conn->sockets.size()) continue;
       Socket& s = *conn->sockets[index];
+      if (conn->paused && (events[i].events & (EPOLLHUP | EPOLLERR))) {
+        Fail(*conn, absl::UnavailableError(absl::StrCat(
+                        "tcp peer ", conn->peer,
+                        " reset the connection while its messages waited for receives")));
+        continue;
+      }
       if (events[i].events & EPOLLOUT) Flush(s);
       if (conn->status.ok() && (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
         Read(s);
       }
       if (conn->status.ok()) SendAcks(*conn);
     }
+    MaybeUnpause();
     const absl::Time now = absl::Now();
     if (now - last_timeout_check_ > absl::Milliseconds(50)) {
       last_timeout_check_ = now;
@@ -481,9 +494,9 @@ class TcpCore {
     Socket* expecting[kBusyPollSockets];
     size_t count = 0;
     for (auto& [id, conn] : conns_) {
-      if (!conn->status.ok() || conn->sockets.empty()) continue;
+      if (!conn->status.ok() || conn->sockets.empty() || conn->paused) continue;
       Socket& s = *conn->sockets[0];
-      const bool expects = !conn->recvs.empty() || s.phase != Socket::Phase::kHeader;
+      const bool expects = conn->matcher->has_posted_recv() || s.phase != Socket::Phase::kHeader;
       if (!expects) continue;
       if (conn->sockets.size() != 1 || count == kBusyPollSockets || s.fd < 0 ||
           conn->driver_reading) {
@@ -497,6 +510,7 @@ class TcpCore {
       Read(*expecting[i]);
       if (conn.status.ok()) SendAcks(conn);
     }
+    MaybeUnpause();
     return true;
   }
 
@@ -653,10 +667,59 @@ class TcpCore {
   void SetWantOut(Socket& s, bool want) {
     if (s.want_out == want) return;
     s.want_out = want;
+    Arm(s);
+  }
+
+  // What epoll watches on `s`: input unless the connection is paused, output when queued.
+  void Arm(Socket& s) {
+    if (!s.conn->status.ok() || s.fd < 0) return;
     epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP | (want ? uint32_t{EPOLLOUT} : uint32_t{0});
+    ev.events = (s.conn->paused ? uint32_t{0} : uint32_t{EPOLLIN | EPOLLRDHUP}) |
+                (s.want_out ? uint32_t{EPOLLOUT} : uint32_t{0});
     ev.data.u64 = EpollKey(s.conn->id, s.index);
     epoll_ctl(epfd_, EPOLL_CTL_MOD, s.fd, &ev);
+  }
+
+  // Backpressure: stop reading from `conn` until its waiting message fits (the peer's sends
+  // block once the socket buffers are full).
+  void Pause(Socket& s) {
+    TcpConn& conn = *s.conn;
+    s.phase = Socket::Phase::kAwaitRoom;
+    conn.paused = true;
+    ++paused_conns_;
+    for (auto& other : conn.sockets) Arm(*other);
+  }
+
+  // Retries the waiting messages of paused connections after room was freed (a receive posted,
+  // a held message delivered, a connection closed).
+  void MaybeUnpause() {
+    if (!room_freed_ || paused_conns_ == 0 || unpausing_) return;
+    unpausing_ = true;
+    while (room_freed_ && paused_conns_ > 0) {
+      room_freed_ = false;
+      std::vector<TcpConn*> paused;
+      for (auto& [id, conn] : conns_) {
+        if (conn->paused) paused.push_back(conn.get());
+      }
+      for (TcpConn* conn : paused) Unpause(*conn);
+    }
+    unpausing_ = false;
+  }
+
+  void Unpause(TcpConn& conn) {
+    Socket& s = *conn.sockets[0];
+    if (!conn.paused || !conn.status.ok()) return;
+    conn.paused = false;
+    --paused_conns_;
+    s.phase = Socket::Phase::kHeader;
+    OnHeader(s);  // the header read before the pause, again: it may pause once more
+    if (conn.paused || !conn.status.ok()) return;
+    for (auto& other : conn.sockets) Arm(*other);
+    // Bytes may wait in the staging buffers already: epoll would not report them.
+    for (auto& other : conn.sockets) {
+      if (conn.status.ok()) Read(*other);
+    }
+    if (conn.status.ok()) SendAcks(conn);
   }
 
   // Completes our operations in posting order.
@@ -674,7 +737,7 @@ class TcpCore {
     TcpConn& conn = *s.conn;
     size_t budget = kReadBudgetBytes;
     while (conn.status.ok() && budget > 0) {
-      if (s.phase == Socket::Phase::kParked) return;
+      if (s.phase == Socket::Phase::kParked || s.phase == Socket::Phase::kAwaitRoom) return;
       if (s.phase == Socket::Phase::kHeader) {
         if (s.rx_end - s.rx_begin < tcp::kFrameHeaderSize) {
           if (!Fill(s, budget, &drained)) return;
@@ -802,6 +865,10 @@ class TcpCore {
           Fail(conn, op.status());
           return;
         }
+        if (*op == nullptr) {  // no room to hold it yet
+          Pause(s);
+          return;
+        }
         InOp* raw = op->get();
         conn.in_ops.push_back(*std::move(op));
         size_t first = h.length;
@@ -900,62 +967,12 @@ class TcpCore {
       }
       return op;
     }
-    if (!conn.recvs.empty()) {
-      PostedRecv r = conn.recvs.front();
-      conn.recvs.pop_front();
-      if (absl::Status s = MatchCheck(conn, *op, r); !s.ok()) return s;
-      op->matched = true;
-      op->recv = r;
-      op->base = static_cast<uint8_t*>(r.buffer.data);
-    } else {
-      if (absl::Status s = TakeHeld(conn, h.length, &op->held); !s.ok()) return s;
-      op->base = op->held.data.get();
-    }
+    // A message: null when it cannot be held yet (the caller pauses the connection).
+    absl::StatusOr<Matcher::Admission> admitted = conn.matcher->Admit(h.length, &op->slot);
+    if (!admitted.ok()) return admitted.status();
+    if (*admitted == Matcher::Admission::kWait) return nullptr;
+    op->base = op->slot.dest;
     return op;
-  }
-
-  static absl::Status TakeHeld(TcpConn& conn, size_t bytes, HeldBuffer* out) {
-    if (bytes == 0) return absl::OkStatus();
-    size_t best = conn.spare_held.size();
-    for (size_t i = 0; i < conn.spare_held.size(); ++i) {
-      const size_t cap = conn.spare_held[i].capacity;
-      if (cap >= bytes &&
-          (best == conn.spare_held.size() || cap < conn.spare_held[best].capacity)) {
-        best = i;
-      }
-    }
-    if (best < conn.spare_held.size()) {
-      *out = std::move(conn.spare_held[best]);
-      conn.spare_held[best] = std::move(conn.spare_held.back());
-      conn.spare_held.pop_back();
-      conn.spare_held_bytes -= out->capacity;
-      return absl::OkStatus();
-    }
-    out->data.reset(new (std::nothrow) uint8_t[bytes]);  // uninitialised: every byte is received
-    if (out->data == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", bytes, " bytes to hold an incoming message"));
-    }
-    out->capacity = bytes;
-    return absl::OkStatus();
-  }
-
-  static void GiveBackHeld(TcpConn& conn, HeldBuffer held) {
-    if (held.data == nullptr) return;
-    while (!conn.spare_held.empty() && conn.spare_held_bytes + held.capacity > kSpareHeldBytes) {
-      // Drop the smallest spare: large messages are the ones worth keeping memory for.
-      size_t smallest = 0;
-      for (size_t i = 1; i < conn.spare_held.size(); ++i) {
-        if (conn.spare_held[i].capacity < conn.spare_held[smallest].capacity) smallest = i;
-      }
-      if (conn.spare_held[smallest].capacity >= held.capacity) return;
-      conn.spare_held_bytes -= conn.spare_held[smallest].capacity;
-      conn.spare_held[smallest] = std::move(conn.spare_held.back());
-      conn.spare_held.pop_back();
-    }
-    if (held.capacity > kSpareHeldBytes) return;
-    conn.spare_held_bytes += held.capacity;
-    conn.spare_held.push_back(std::move(held));
   }
 
   static absl::Status Allocate(std::vector<uint8_t>& buffer, size_t bytes) {
@@ -968,38 +985,18 @@ class TcpCore {
     return absl::OkStatus();
   }
 
-  absl::Status MatchCheck(TcpConn& conn, const InOp& op, const PostedRecv& r) {
-    if (op.length <= r.buffer.size) return absl::OkStatus();
-    absl::Status err = absl::ResourceExhaustedError(
-        absl::StrCat("message of ", op.length, " bytes from ", conn.peer,
-                     " exceeds the posted receive of ", r.buffer.size, " bytes"));
-    Complete(conn, Opcode::kRecv, r.wr_id, err, 0);
-    return err;
-  }
-
-  // A receive posted for a message that is already (partly) here, in `held`: its bytes are
-  // copied into the receive when the message is complete.
-  void Match(TcpConn& conn, InOp& op, const PostedRecv& r) {
-    if (absl::Status s = MatchCheck(conn, op, r); !s.ok()) {
-      Fail(conn, s);
-      return;
-    }
-    op.recv = r;
-    op.matched = true;
-  }
-
   // Completes the peer's operations in arrival order, once placed (and matched, for messages).
   void ReleaseInbound(TcpConn& conn) {
     while (!conn.in_ops.empty()) {
       InOp& op = *conn.in_ops.front();
       if (!op.placed()) return;
       if (op.is_message) {
-        if (!op.matched) return;  // held until a receive is posted
-        if (op.held.data != nullptr && op.base == op.held.data.get()) {
-          std::memcpy(op.recv.buffer.data, op.held.data.get(), op.length);
-          GiveBackHeld(conn, std::move(op.held));
+        // Direct: completes the receive. Held: whole now; delivered once a receive claims it.
+        conn.matcher->Placed(op.slot);
+        if (op.slot.held) {
+          if (!conn.matcher->DeliverOldest()) return;
+          room_freed_ = true;
         }
-        Complete(conn, Opcode::kRecv, op.recv.wr_id, absl::OkStatus(), op.length);
       } else {
         if (op.target_kind == MemoryKind::kCuda && op.length > 0) {
           if (absl::Status s = CopyHostToCuda(op.target, op.staging.data(), op.length); !s.ok()) {
@@ -1023,21 +1020,26 @@ class TcpCore {
     for (auto& op : conn.out_ops) Complete(conn, op->opcode, op->wr_id, why, 0);
     conn.out_ops.clear();
     conn.awaiting_ack.clear();
-    // Messages that arrived whole stay deliverable: what the peer sent before it closed is not
-    // lost. Everything from the first incomplete operation on is.
+    // Messages that arrived whole stay deliverable (in the matcher): what the peer sent before
+    // it closed is not lost. Everything from the first incomplete operation on is.
     size_t whole = 0;
     while (whole < conn.in_ops.size() && conn.in_ops[whole]->is_message &&
            conn.in_ops[whole]->placed()) {
+      conn.matcher->Placed(conn.in_ops[whole]->slot);  // held: marks it whole
       ++whole;
     }
     for (size_t i = whole; i < conn.in_ops.size(); ++i) {
       const InOp& op = *conn.in_ops[i];
-      if (op.is_message && op.matched) Complete(conn, Opcode::kRecv, op.recv.wr_id, why, 0);
+      if (op.is_message && !op.slot.held) Complete(conn, Opcode::kRecv, op.slot.wr_id, why, 0);
     }
-    conn.in_ops.erase(conn.in_ops.begin() + static_cast<ptrdiff_t>(whole), conn.in_ops.end());
+    conn.in_ops.clear();
     conn.stripes.clear();
-    for (const PostedRecv& r : conn.recvs) Complete(conn, Opcode::kRecv, r.wr_id, why, 0);
-    conn.recvs.clear();
+    conn.matcher->Fail(why, /*keep_whole=*/!absl::IsCancelled(why));
+    if (conn.paused) {
+      conn.paused = false;
+      --paused_conns_;
+    }
+    room_freed_ = true;
     for (auto& s : conn.sockets) {
       s->sendq.clear();
       if (s->fd >= 0) {
@@ -1062,7 +1064,9 @@ class TcpCore {
     for (auto& [id, conn] : conns_) {
       if (!conn->status.ok()) continue;
       bool busy = !conn->out_ops.empty() || !conn->awaiting_ack.empty();
+      // A paused connection waits for the local user's receives, not for the peer.
       for (auto& s : conn->sockets) {
+        if (conn->paused) break;
         busy |= s->phase != Socket::Phase::kHeader || s->rx_end > s->rx_begin;
       }
       if (busy && now - conn->last_progress > options_.op_timeout) {
@@ -1085,6 +1089,11 @@ class TcpCore {
   absl::flat_hash_map<uint64_t, std::shared_ptr<TcpConn>> conns_;
   absl::Time last_timeout_check_ = absl::Now();
   uint32_t polls_ = 0;  // caller-mode polls (guarded by drive_mu_)
+  HoldLimits held_limits_;
+  std::shared_ptr<HoldBudget> held_budget_;
+  size_t paused_conns_ = 0;  // connections in backpressure
+  bool room_freed_ = false;  // since paused connections last retried
+  bool unpausing_ = false;
 };
 
 class TcpConnection final : public Connection {
