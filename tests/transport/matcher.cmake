@@ -1,0 +1,11 @@
+# The receive matcher shared by every backend (unit tests, no wire), and the caps on memory
+# held for early messages against hostile tcp and shm peers (RSS and VmSize of the process).
+plexus_add_test(transport_matcher_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/matcher_test.cpp
+                DEPS plexus::transport LABELS transport TIMEOUT 30)
+target_include_directories(transport_matcher_test PRIVATE ${PROJECT_SOURCE_DIR}/libs/transport/src)
+
+plexus_add_test(transport_held_memory_test
+                SOURCES ${CMAKE_CURRENT_LIST_DIR}/held_memory_test.cpp
+                DEPS plexus::transport LABELS transport TIMEOUT 180)
+target_include_directories(transport_held_memory_test PRIVATE
+                           ${PROJECT_SOURCE_DIR}/libs/transport/src)
