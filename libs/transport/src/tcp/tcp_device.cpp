@@ -670,11 +670,15 @@ class TcpCore {
     Arm(s);
   }
 
-  // What epoll watches on `s`: input unless the connection is paused, output when queued.
+  // What epoll watches on `s`: output when queued; input unless `s` waits for room (socket 0
+  // of a paused connection) or, while paused, for a stripe head that waits for room. The data
+  // sockets of a paused connection still read the payloads of operations already admitted.
   void Arm(Socket& s) {
     if (!s.conn->status.ok() || s.fd < 0) return;
+    const bool stalled = s.phase == Socket::Phase::kAwaitRoom ||
+                         (s.conn->paused && s.phase == Socket::Phase::kParked);
     epoll_event ev{};
-    ev.events = (s.conn->paused ? uint32_t{0} : uint32_t{EPOLLIN | EPOLLRDHUP}) |
+    ev.events = (stalled ? uint32_t{0} : uint32_t{EPOLLIN | EPOLLRDHUP}) |
                 (s.want_out ? uint32_t{EPOLLOUT} : uint32_t{0});
     ev.data.u64 = EpollKey(s.conn->id, s.index);
     epoll_ctl(epfd_, EPOLL_CTL_MOD, s.fd, &ev);
@@ -892,6 +896,7 @@ class TcpCore {
         if (h.a != s.next_stripe) return malformed("stripe part out of order");
         s.phase = Socket::Phase::kParked;
         Resume(s);
+        if (conn.paused && s.phase == Socket::Phase::kParked) Arm(s);  // no busy epoll meanwhile
         return;
       }
     }
