@@ -473,3 +473,40 @@ TEST_CASE("tcp: a connection paused by the device cap resumes when another one d
   CHECK(got_b == 8);
   CHECK(buf[kMiB - 1] == 2);
 }
+
+TEST_CASE("inproc: a send the peer cannot hold is refused, the connection stays up", "[held]") {
+  pt::DeviceOptions o;
+  o.backend = pt::Backend::kInproc;
+  o.max_held_bytes_per_connection = 4 * (1000 + 64);
+  auto dev = pt::Device::Create(o);
+  REQUIRE(dev.ok());
+  auto cq_a = (*dev)->CreateCompletionQueue();
+  auto cq_b = (*dev)->CreateCompletionQueue();
+  auto listener = (*dev)->Listen("");
+  REQUIRE(listener.ok());
+  auto a = (*dev)->Connect((*listener)->address(), cq_a.get());
+  REQUIRE(a.ok());
+  auto b = (*listener)->Accept(cq_b.get(), absl::Seconds(5));
+  REQUIRE(b.ok());
+  std::vector<uint8_t> msg(1000, 9), big(5000, 1), in(1000);
+  for (int i = 0; i < 4; ++i) {
+    REQUIRE((*a)->PostSend(pt::ConstBuffer{msg.data(), msg.size()}, i).ok());
+  }
+  const absl::Status full = (*a)->PostSend(pt::ConstBuffer{msg.data(), msg.size()}, 4);
+  CHECK(absl::IsResourceExhausted(full));
+  CHECK(std::string(full.message()).find("max_held_bytes_per_connection") != std::string::npos);
+  const absl::Status too_big = (*a)->PostSend(pt::ConstBuffer{big.data(), big.size()}, 5);
+  CHECK(absl::IsResourceExhausted(too_big));
+  CHECK(std::string(too_big.message()).find("sent a message of 5000 bytes") != std::string::npos);
+  CHECK((*a)->status().ok());
+  CHECK((*b)->status().ok());
+  REQUIRE((*b)->PostRecv({in.data(), in.size()}, 0).ok());
+  REQUIRE((*a)->PostSend(pt::ConstBuffer{msg.data(), msg.size()}, 4).ok());  // room again
+  for (int i = 1; i < 5; ++i) REQUIRE((*b)->PostRecv({in.data(), in.size()}, i).ok());
+  for (int i = 0; i < 5; ++i) {
+    pt::Completion c = Next(*cq_b);
+    REQUIRE(c.status.ok());
+    CHECK(c.wr_id == static_cast<uint64_t>(i));
+    CHECK(c.bytes == 1000);
+  }
+}

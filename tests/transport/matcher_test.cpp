@@ -316,3 +316,27 @@ TEST_CASE("matcher: caps come from the option, else the environment, else the de
   ::unsetenv("PLEXUS_MAX_HELD_BYTES_PER_CONNECTION");
   ::unsetenv("PLEXUS_MAX_HELD_BYTES_PER_DEVICE");
 }
+
+TEST_CASE("matcher: idle spare buffers of one connection never make another one wait",
+          "[matcher]") {
+  const size_t unit = 4096 + kHeldMessageOverhead;
+  auto device = std::make_shared<HoldBudget>(2 * unit);
+  Fixture a(4 * unit, device, /*eager=*/true, /*spare=*/2 * 4096);
+  Fixture b(4 * unit, device);
+  std::vector<uint8_t> out(4096);
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(a.Arrive(4096, 1) == Matcher::Admission::kAdmitted);
+  }
+  CHECK(b.Arrive(4096, 1) == Matcher::Admission::kWait);  // the device is full
+  REQUIRE(a.matcher.PostRecv(Buf(out), 0).ok());
+  REQUIRE(a.matcher.PostRecv(Buf(out), 1).ok());
+  CHECK(a.matcher.held_bytes() == 2 * 4096);  // two spares, in a's own cap only
+  CHECK(device->used() == 0);
+  CHECK(b.Arrive(4096, 2) == Matcher::Admission::kAdmitted);
+  CHECK(b.Arrive(4096, 2) == Matcher::Admission::kAdmitted);
+  // a reuses a spare only when the device has room for it again.
+  CHECK(a.Arrive(4096, 3) == Matcher::Admission::kWait);
+  REQUIRE(b.matcher.PostRecv(Buf(out), 0).ok());
+  CHECK(a.Arrive(4096, 3) == Matcher::Admission::kAdmitted);
+  CHECK(a.matcher.held_bytes() == 2 * 4096 + kHeldMessageOverhead);
+}

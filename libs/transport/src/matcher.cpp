@@ -5,47 +5,17 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
-#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "plexus/base/env.hpp"
-#include "plexus/base/status.hpp"
 
 namespace plexus::transport::internal {
 namespace {
 
-const base::Param<base::Bytes> kHeldPerConnectionParam(
-    "PLEXUS_MAX_HELD_BYTES_PER_CONNECTION", base::Bytes{kDefaultHeldBytesPerConnection},
-    "bytes a connection holds for messages that arrive before their receive is posted");
-const base::Param<base::Bytes> kHeldPerDeviceParam(
-    "PLEXUS_MAX_HELD_BYTES_PER_DEVICE", base::Bytes{kDefaultHeldBytesPerDevice},
-    "bytes all connections of a device hold for messages that arrive before their receive");
-
 // Blocks from this size are mapped (and unmapped when freed) instead of taken from malloc.
 constexpr size_t kMapBytes = size_t{256} << 10;
 
-absl::StatusOr<size_t> ResolveCap(const base::Param<base::Bytes>& param, size_t option) {
-  std::optional<base::Bytes> explicit_value;
-  if (option > 0) explicit_value = base::Bytes{option};
-  PLEXUS_ASSIGN_OR_RETURN(const base::Bytes cap, param.Resolve(explicit_value));
-  if (cap.value == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(param.name(), " must be positive (a byte count such as 256M)"));
-  }
-  return static_cast<size_t>(cap.value);
-}
-
 }  // namespace
-
-absl::StatusOr<HoldLimits> ResolveHoldLimits(const DeviceOptions& options) {
-  HoldLimits limits;
-  PLEXUS_ASSIGN_OR_RETURN(limits.per_connection, ResolveCap(kHeldPerConnectionParam,
-                                                            options.max_held_bytes_per_connection));
-  PLEXUS_ASSIGN_OR_RETURN(limits.per_device,
-                          ResolveCap(kHeldPerDeviceParam, options.max_held_bytes_per_device));
-  return limits;
-}
 
 bool HoldBudget::TryReserve(size_t bytes) {
   size_t used = used_.load(std::memory_order_relaxed);
@@ -102,7 +72,7 @@ Matcher::Matcher(MatcherConfig config, CompleteFn complete)
 Matcher::~Matcher() {
   held_.clear();
   spares_.clear();
-  if (config_.device != nullptr && used_ > 0) config_.device->Release(used_);
+  if (config_.device != nullptr && device_used_ > 0) config_.device->Release(device_used_);
 }
 
 absl::Status Matcher::TooLong(size_t message, size_t buffer, uint64_t wr_id) const {
@@ -123,26 +93,29 @@ absl::Status Matcher::TooLargeToHold(size_t length, size_t cap, bool device) con
       ", or post the receive before the peer sends)"));
 }
 
+// Accounting: used_ (the connection's cap) counts held messages, their overheads and spare
+// buffers; the device's budget counts held messages and overheads only (device_used_ is this
+// connection's share), so that idle spares of one connection never make another one wait.
 bool Matcher::Reserve(size_t bytes) {
-  if (bytes > config_.connection_cap || used_ > config_.connection_cap - bytes) {
+  const size_t cap = config_.connection_cap;
+  if (bytes > cap || used_ > cap - bytes) {
     DropSpares();
-    if (bytes > config_.connection_cap || used_ > config_.connection_cap - bytes) return false;
+    if (bytes > cap || used_ > cap - bytes) return false;
   }
-  if (config_.device != nullptr && !config_.device->TryReserve(bytes)) {
-    DropSpares();
-    if (!config_.device->TryReserve(bytes)) return false;
-  }
+  if (config_.device != nullptr && !config_.device->TryReserve(bytes)) return false;
   used_ += bytes;
+  device_used_ += bytes;
   return true;
 }
 
 void Matcher::Unreserve(size_t bytes) {
   used_ -= bytes;
+  device_used_ -= bytes;
   if (config_.device != nullptr) config_.device->Release(bytes);
 }
 
 void Matcher::DropSpares() {
-  Unreserve(spare_bytes_);
+  used_ -= spare_bytes_;
   spares_.clear();
   spare_bytes_ = 0;
 }
@@ -154,11 +127,15 @@ bool Matcher::TakeBuffer(size_t length, HeldBytes* out) {
     if (cap >= length && (best == spares_.size() || cap < spares_[best].capacity())) best = i;
   }
   if (best < spares_.size()) {
-    *out = std::move(spares_[best]);
-    spares_[best] = std::move(spares_.back());
-    spares_.pop_back();
-    spare_bytes_ -= out->capacity();  // still reserved: now by the held message
-    return true;
+    const size_t cap = spares_[best].capacity();
+    if (config_.device == nullptr || config_.device->TryReserve(cap)) {
+      device_used_ += cap;  // already in used_
+      *out = std::move(spares_[best]);
+      spares_[best] = std::move(spares_.back());
+      spares_.pop_back();
+      spare_bytes_ -= cap;
+      return true;
+    }
   }
   if (!Reserve(length)) return false;
   if (!out->Allocate(length)) {
@@ -186,10 +163,13 @@ void Matcher::GiveBack(HeldBytes bytes) {
       return;
     }
     spare_bytes_ -= spares_[smallest].capacity();
-    Unreserve(spares_[smallest].capacity());
+    used_ -= spares_[smallest].capacity();
     spares_[smallest] = std::move(spares_.back());
     spares_.pop_back();
   }
+  // Kept as a spare: it leaves the device's budget, stays in the connection's.
+  device_used_ -= cap;
+  if (config_.device != nullptr) config_.device->Release(cap);
   spare_bytes_ += cap;
   spares_.push_back(std::move(bytes));
 }

@@ -53,6 +53,7 @@ struct Side {
     config.peer = std::move(peer);
     config.connection_cap = limits.per_connection;
     config.device = std::move(budget);
+    config.max_spare_bytes = SpareBytesFor(limits.per_connection);
     matcher = std::make_unique<Matcher>(std::move(config),
                                         [this](uint64_t wr_id, absl::Status status, size_t bytes) {
                                           Complete(Opcode::kRecv, wr_id, std::move(status), bytes);

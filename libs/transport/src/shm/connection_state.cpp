@@ -46,7 +46,8 @@ ConnectionState::ConnectionState(Session session, CompletionQueue* cq,
                              .peer = absl::StrCat("process ", session_.peer_pid, " ('",
                                                   session_.peer_address, "')"),
                              .connection_cap = config.held_bytes_per_connection,
-                             .device = config.held_budget},
+                             .device = config.held_budget,
+                             .max_spare_bytes = SpareBytesFor(config.held_bytes_per_connection)},
                [this](uint64_t wr_id, absl::Status status, size_t bytes) {
                  PushLocked(wr_id, Opcode::kRecv, std::move(status), bytes);
                }),

@@ -191,7 +191,9 @@ Protocol::Protocol(const ProtocolConfig& config, absl::Span<uint8_t> send_pool,
       matcher_(internal::MatcherConfig{.backend = "verbs",
                                        .peer = peer_,
                                        .connection_cap = config.held_bytes_per_connection,
-                                       .device = config.held_budget},
+                                       .device = config.held_budget,
+                                       .max_spare_bytes = internal::SpareBytesFor(
+                                           config.held_bytes_per_connection)},
                [this](uint64_t wr_id, absl::Status status, size_t bytes) {
                  Push(Opcode::kRecv, wr_id, std::move(status), bytes);
                }) {
