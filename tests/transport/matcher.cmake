@@ -9,3 +9,10 @@ plexus_add_test(transport_held_memory_test
                 DEPS plexus::transport LABELS transport TIMEOUT 180)
 target_include_directories(transport_held_memory_test PRIVATE
                            ${PROJECT_SOURCE_DIR}/libs/transport/src)
+
+# The tcp backend's socket-free protocol decisions, and short striped operations end to end.
+plexus_add_test(transport_tcp_protocol_test
+                SOURCES ${CMAKE_CURRENT_LIST_DIR}/tcp_protocol_test.cpp
+                DEPS plexus::transport LABELS transport TIMEOUT 60)
+target_include_directories(transport_tcp_protocol_test PRIVATE
+                           ${PROJECT_SOURCE_DIR}/libs/transport/src)

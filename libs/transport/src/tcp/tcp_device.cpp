@@ -36,6 +36,7 @@
 #include "plexus/base/status.hpp"
 #include "region_registry.hpp"
 #include "tcp/frame.hpp"
+#include "tcp/protocol.hpp"
 #include "tcp/socket_util.hpp"
 
 namespace plexus::transport::internal {
@@ -92,7 +93,8 @@ struct InOp {
   bool has_immediate = false;
   uint32_t immediate = 0;
   size_t length = 0;
-  size_t remaining = 0;  // bytes not yet placed
+  size_t remaining = 0;   // bytes not yet placed
+  size_t parts_left = 1;  // payload parts (one per socket when striped) not yet read
   // Message: the matched receive's buffer, or bytes held until one is posted.
   Matcher::Slot slot;
   // Write: where the bytes land (host), or a host staging buffer for a CUDA region.
@@ -100,7 +102,7 @@ struct InOp {
   MemoryKind target_kind = MemoryKind::kHost;
   std::vector<uint8_t> staging;
 
-  bool placed() const { return remaining == 0; }
+  bool placed() const { return remaining == 0 && parts_left == 0; }
   // Where the bytes go, fixed on arrival: the slot's buffer, the write's target, or `staging`
   // for a CUDA target.
   uint8_t* base = nullptr;
@@ -536,27 +538,24 @@ class TcpCore {
       Flush(*conn.sockets[0]);
       return;
     }
-    // Striped: a head on socket 0 carrying part 0, then part k on socket k.
+    // Striped: a head on socket 0 carrying part 0, then part k on socket k (empty parts too:
+    // every data socket sees every stripe number).
     const uint64_t stripe = conn.stripes_sent++;
-    const size_t part = (h.length + nsock - 1) / nsock;
     FrameHeader head = h;
     head.type = FrameType::kStripeHead;
     if (h.type == FrameType::kWrite) head.flags |= tcp::kFlagWrite;
-    op->segments_left = 0;
+    op->segments_left = static_cast<int>(nsock);
     for (size_t k = 0; k < nsock; ++k) {
-      const size_t begin = std::min(h.length, k * part);
-      const size_t end = std::min(h.length, begin + part);
-      if (k > 0 && begin == end) break;
-      std::vector<iovec> slice = Slice(payload, begin, end - begin);
-      ++op->segments_left;
+      const tcp::StripeRange range = tcp::StripePart(h.length, nsock, k);
+      std::vector<iovec> slice = Slice(payload, range.offset, range.length);
       if (k == 0) {
         PushSegment(*conn.sockets[0], op, head, std::move(slice));
       } else {
         FrameHeader p;
         p.type = FrameType::kStripePart;
-        p.length = end - begin;
+        p.length = range.length;
         p.a = stripe;
-        p.b = begin;
+        p.b = range.offset;
         PushSegment(*conn.sockets[k], op, p, std::move(slice));
       }
     }
@@ -826,40 +825,29 @@ class TcpCore {
   void OnHeader(Socket& s) {
     TcpConn& conn = *s.conn;
     const FrameHeader& h = s.header;
-    const bool control = s.index == 0;
-    auto malformed = [&](std::string_view what) {
+    const size_t nsock = conn.sockets.size();
+    absl::StatusOr<tcp::HeaderPlan> plan = tcp::PlanHeader(h, static_cast<size_t>(s.index), nsock,
+                                                           conn.awaiting_ack.size(), s.next_stripe);
+    if (!plan.ok()) {
       Fail(conn, absl::DataLossError(absl::StrCat("tcp peer ", conn.peer, " sent a malformed ",
-                                                  std::string(what))));
-    };
-    switch (h.type) {
-      case FrameType::kClose: {
-        if (!control) return malformed("close on a data socket");
+                                                  std::string(plan.status().message()))));
+      return;
+    }
+    switch (plan->action) {
+      case tcp::HeaderAction::kClose:
         Fail(conn,
              absl::AbortedError(absl::StrCat("tcp peer ", conn.peer, " closed the connection")));
         return;
-      }
-      case FrameType::kWriteAck: {
-        if (!control) return malformed("ack on a data socket");
-        if (h.a > conn.awaiting_ack.size()) return malformed("ack for writes never sent");
-        for (uint64_t i = 0; i < h.a; ++i) {
+      case tcp::HeaderAction::kAck:
+        for (uint64_t i = 0; i < plan->acked; ++i) {
           conn.awaiting_ack.front()->acked = true;
           conn.awaiting_ack.pop_front();
         }
         ReleaseOutbound(conn);
         s.phase = Socket::Phase::kHeader;
         return;
-      }
-      case FrameType::kMessage:
-      case FrameType::kWrite:
-      case FrameType::kStripeHead: {
-        if (!control) return malformed("frame: operation head on a data socket");
-        const bool is_write = h.type == FrameType::kWrite ||
-                              (h.type == FrameType::kStripeHead && (h.flags & tcp::kFlagWrite));
-        const size_t nsock = conn.sockets.size();
-        if (h.type == FrameType::kStripeHead && nsock == 1) {
-          return malformed("striped frame on a single-socket connection");
-        }
-        absl::StatusOr<std::unique_ptr<InOp>> op = NewInOp(conn, h, is_write);
+      case tcp::HeaderAction::kOperation: {
+        absl::StatusOr<std::unique_ptr<InOp>> op = NewInOp(conn, h, plan->is_write);
         if (!op.ok()) {
           Fail(conn, op.status());
           return;
@@ -870,30 +858,23 @@ class TcpCore {
         }
         InOp* raw = op->get();
         conn.in_ops.push_back(*std::move(op));
-        size_t first = h.length;
-        if (h.type == FrameType::kStripeHead) {
-          first = std::min<size_t>(h.length, (h.length + nsock - 1) / nsock);
-          conn.stripes[conn.stripe_heads_received++] = raw;
-          StartPayload(s, raw, 0, first);
-          for (auto& other : conn.sockets) {  // parts that waited for this head
-            if (other->phase != Socket::Phase::kParked) continue;
-            Resume(*other);
-            // Its bytes may all sit in its staging buffer already: epoll would not report them.
-            if (conn.status.ok() && other->phase == Socket::Phase::kPayload) Read(*other);
-          }
-          return;
+        StartPayload(s, raw, 0, plan->first_bytes);
+        if (!plan->striped) return;
+        raw->parts_left = nsock;
+        conn.stripes[conn.stripe_heads_received++] = raw;
+        for (auto& other : conn.sockets) {  // parts that waited for this head
+          if (other->phase != Socket::Phase::kParked) continue;
+          Resume(*other);
+          // Its bytes may all sit in its staging buffer already: epoll would not report them.
+          if (conn.status.ok() && other->phase == Socket::Phase::kPayload) Read(*other);
         }
-        StartPayload(s, raw, 0, first);
         return;
       }
-      case FrameType::kStripePart: {
-        if (control) return malformed("stripe part on the control socket");
-        if (h.a != s.next_stripe) return malformed("stripe part out of order");
+      case tcp::HeaderAction::kStripePart:
         s.phase = Socket::Phase::kParked;
         Resume(s);
         if (conn.paused && s.phase == Socket::Phase::kParked) Arm(s);  // no busy epoll meanwhile
         return;
-      }
     }
   }
 
@@ -909,11 +890,8 @@ class TcpCore {
       return;  // stays parked
     }
     InOp* op = it->second;
-    const size_t nsock = conn.sockets.size();
-    const size_t part = (op->length + nsock - 1) / nsock;
-    const size_t k = static_cast<size_t>(s.index);
-    if (s.header.b != k * part ||
-        s.header.length != std::min(op->length, (k + 1) * part) - k * part) {
+    if (!tcp::PartMatches(s.header, static_cast<size_t>(s.index), conn.sockets.size(),
+                          op->length)) {
       Fail(conn, absl::DataLossError(
                      absl::StrCat("tcp peer ", conn.peer, " sent a stripe part with a bad range")));
       return;
@@ -934,6 +912,7 @@ class TcpCore {
     InOp* op = s.op;
     s.phase = Socket::Phase::kHeader;
     s.op = nullptr;
+    --op->parts_left;
     if (op->placed()) {
       for (auto it = conn.stripes.begin(); it != conn.stripes.end(); ++it) {
         if (it->second == op) {
