@@ -31,6 +31,4 @@ endif()
 
 plexus_add_test(bootstrap_server_limits_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/bootstrap_server_limits_test.cpp
-  DEPS plexus::transport LABELS transport TIMEOUT 120)
-target_include_directories(bootstrap_server_limits_test PRIVATE
-  ${PROJECT_SOURCE_DIR}/libs/transport/src)
+  DEPS plexus_transport_internal LABELS transport TIMEOUT 120)

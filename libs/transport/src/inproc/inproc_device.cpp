@@ -15,6 +15,8 @@
 #include "cuda_copy.hpp"
 #include "mailbox.hpp"
 #include "make_completion.hpp"
+#include "matcher.hpp"
+#include "plexus/base/status.hpp"
 #include "region_registry.hpp"
 
 namespace plexus::transport::internal {
@@ -34,21 +36,29 @@ absl::Status CopyBytes(uint8_t* dst, MemoryKind dst_kind, const uint8_t* src, Me
   return CopyHostToCuda(dst, staging.data(), n);
 }
 
-struct PostedRecv {
-  MutableBuffer buffer;
-  uint64_t wr_id;
-};
-
 // One endpoint's state. It lives in the Link, so that the connecting side can send (and write)
-// before the listening side has accepted: the bytes wait in `held`, as in a socket's backlog.
+// before the listening side has accepted: the bytes wait in its matcher, as in a socket's
+// backlog.
 struct Side {
   bool open = true;
   CompletionQueue* cq = nullptr;  // null until accepted; completions wait in `early`
   uint64_t connection_id = 0;
   std::shared_ptr<RegionRegistry> registry;
-  std::deque<PostedRecv> recvs;
-  std::deque<std::vector<uint8_t>> held;
+  std::unique_ptr<Matcher> matcher;  // messages sent to this side
   std::vector<Completion> early;
+
+  void InitMatcher(std::string peer, const HoldLimits& limits, std::shared_ptr<HoldBudget> budget) {
+    MatcherConfig config;
+    config.backend = "inproc";
+    config.peer = std::move(peer);
+    config.connection_cap = limits.per_connection;
+    config.device = std::move(budget);
+    config.max_spare_bytes = SpareBytesFor(limits.per_connection);
+    matcher = std::make_unique<Matcher>(std::move(config),
+                                        [this](uint64_t wr_id, absl::Status status, size_t bytes) {
+                                          Complete(Opcode::kRecv, wr_id, std::move(status), bytes);
+                                        });
+  }
 
   void Complete(Opcode op, uint64_t wr_id, absl::Status status, size_t bytes,
                 std::optional<uint32_t> immediate = std::nullopt) {
@@ -95,23 +105,27 @@ class InprocConnection final : public Connection {
     }
     std::lock_guard<std::mutex> lock(link_->mu);
     if (!link_->closed.ok()) return link_->closed;
-    if (!peer().recvs.empty()) {
-      PostedRecv r = peer().recvs.front();
-      peer().recvs.pop_front();
-      if (total > r.buffer.size) {
-        const absl::Status err = TooLong(total, r.buffer.size);
-        peer().Complete(Opcode::kRecv, r.wr_id, err, 0);
-        self().Complete(Opcode::kSend, wr_id, err, 0);
-        CloseLocked(err);
-        return absl::OkStatus();
-      }
-      Gather(buffers, static_cast<uint8_t*>(r.buffer.data));
-      peer().Complete(Opcode::kRecv, r.wr_id, absl::OkStatus(), total);
-    } else {
-      std::vector<uint8_t> held(total);
-      Gather(buffers, held.data());
-      peer().held.push_back(std::move(held));
+    Matcher& m = *peer().matcher;
+    const bool direct = m.has_posted_recv();
+    Matcher::Slot slot;
+    absl::StatusOr<Matcher::Admission> admitted = m.Admit(total, &slot);
+    if (!admitted.ok()) {
+      if (!direct) return admitted.status();  // too large to hold: refused, nothing is lost
+      // Too long for the matched receive (which completed with the error).
+      self().Complete(Opcode::kSend, wr_id, admitted.status(), 0);
+      CloseLocked(admitted.status());
+      return absl::OkStatus();
     }
+    if (*admitted == Matcher::Admission::kWait) {
+      // There is no wire to stop reading from: the sender is told to wait instead.
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "inproc: the peer holds ", m.held_bytes(),
+          " bytes of messages it has not posted receives for; this message of ", total,
+          " bytes does not fit under its cap (DeviceOptions::max_held_bytes_per_connection / "
+          "_per_device); retry once the peer posted receives"));
+    }
+    Gather(buffers, slot.dest);
+    m.Placed(slot);
     self().Complete(Opcode::kSend, wr_id, absl::OkStatus(), total);
     return absl::OkStatus();
   }
@@ -121,22 +135,10 @@ class InprocConnection final : public Connection {
       return absl::InvalidArgumentError("PostRecv: null buffer");
     }
     std::lock_guard<std::mutex> lock(link_->mu);
-    if (self().held.empty()) {
-      // Messages that arrived before the connection closed are delivered first.
-      if (!link_->closed.ok()) return link_->closed;
-      self().recvs.push_back({buffer, wr_id});
-      return absl::OkStatus();
-    }
-    std::vector<uint8_t> msg = std::move(self().held.front());
-    self().held.pop_front();
-    if (msg.size() > buffer.size) {
-      const absl::Status err = TooLong(msg.size(), buffer.size);
-      self().Complete(Opcode::kRecv, wr_id, err, 0);
-      CloseLocked(err);
-      return absl::OkStatus();
-    }
-    if (!msg.empty()) std::memcpy(buffer.data, msg.data(), msg.size());
-    self().Complete(Opcode::kRecv, wr_id, absl::OkStatus(), msg.size());
+    Matcher& m = *self().matcher;
+    // Messages that arrived before the connection closed are delivered first.
+    if (!link_->closed.ok() && !m.has_unclaimed()) return link_->closed;
+    if (absl::Status s = m.PostRecv(buffer, wr_id); !s.ok()) CloseLocked(s);
     return absl::OkStatus();
   }
 
@@ -179,11 +181,6 @@ class InprocConnection final : public Connection {
   Mailbox* mailbox() override { return &mailbox_; }
 
  private:
-  static absl::Status TooLong(size_t message, size_t buffer) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "message of ", message, " bytes exceeds the posted receive of ", buffer, " bytes"));
-  }
-
   // How the other side sees `why`, an end of the connection caused here.
   static absl::Status PeerView(const absl::Status& why) {
     if (why.ok()) return why;
@@ -208,11 +205,9 @@ class InprocConnection final : public Connection {
     link_->down.store(true, std::memory_order_release);
     for (int i = 0; i < 2; ++i) {
       Side& end = link_->sides[i];
-      if (!end.open) continue;
-      const absl::Status err = i == side_ ? why : PeerView(why);
-      for (const PostedRecv& r : end.recvs) end.Complete(Opcode::kRecv, r.wr_id, err, 0);
-      end.recvs.clear();
-      if (i == side_) end.held.clear();  // the peer may still receive what was sent to it
+      if (!end.open || end.matcher == nullptr) continue;  // null: never reached a listener
+      // The peer may still receive what was sent to it; this side's held messages go.
+      end.matcher->Fail(i == side_ ? why : PeerView(why), /*keep_whole=*/i != side_);
     }
   }
 
@@ -227,6 +222,8 @@ struct Directory {
   std::condition_variable cv;
   struct Entry {
     std::shared_ptr<RegionRegistry> registry;
+    HoldLimits limits;
+    std::shared_ptr<HoldBudget> budget;
     std::deque<std::shared_ptr<Link>> pending;
   };
   absl::flat_hash_map<std::string, Entry> listeners;
@@ -283,8 +280,11 @@ class InprocListener final : public Listener {
 
 class InprocDevice final : public Device {
  public:
-  explicit InprocDevice(const DeviceOptions& options)
-      : Device(options), registry_(std::make_shared<RegionRegistry>(Backend::kInproc)) {}
+  InprocDevice(const DeviceOptions& options, HoldLimits limits)
+      : Device(options),
+        registry_(std::make_shared<RegionRegistry>(Backend::kInproc)),
+        limits_(limits),
+        budget_(std::make_shared<HoldBudget>(limits.per_device)) {}
 
   Backend backend() const override { return Backend::kInproc; }
 
@@ -306,7 +306,10 @@ class InprocDevice final : public Device {
     if (d.listeners.contains(name)) {
       return absl::AlreadyExistsError(absl::StrCat("inproc address '", name, "' is in use"));
     }
-    d.listeners[name].registry = registry_;
+    Directory::Entry& entry = d.listeners[name];
+    entry.registry = registry_;
+    entry.limits = limits_;
+    entry.budget = budget_;
     return std::make_unique<InprocListener>(name);
   }
 
@@ -319,6 +322,7 @@ class InprocDevice final : public Device {
     link->sides[0].cq = cq;
     link->sides[0].connection_id = conn->id();
     link->sides[0].registry = registry_;
+    link->sides[0].InitMatcher(std::string(address), limits_, budget_);
     {
       std::lock_guard<std::mutex> lock(d.mu);
       auto it = d.listeners.find(std::string(address));
@@ -327,6 +331,7 @@ class InprocDevice final : public Device {
                                                    "': no listener at that address"));
       }
       link->sides[1].registry = it->second.registry;
+      link->sides[1].InitMatcher("inproc-client", it->second.limits, it->second.budget);
       it->second.pending.push_back(link);
     }
     d.cv.notify_all();
@@ -338,12 +343,15 @@ class InprocDevice final : public Device {
 
  private:
   std::shared_ptr<RegionRegistry> registry_;
+  const HoldLimits limits_;
+  std::shared_ptr<HoldBudget> budget_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Device>> CreateInprocDevice(const DeviceOptions& options) {
-  return std::make_shared<InprocDevice>(options);
+  PLEXUS_ASSIGN_OR_RETURN(const HoldLimits limits, ResolveHoldLimits(options));
+  return std::make_shared<InprocDevice>(options, limits);
 }
 
 }  // namespace plexus::transport::internal

@@ -42,6 +42,15 @@ ConnectionState::ConnectionState(Session session, CompletionQueue* cq,
       config_(config),
       limits_{static_cast<size_t>(session_.rx.capacity() - 64), config.max_message_bytes},
       chunk_bytes_(ChunkBytes(session_.tx.capacity())),
+      matcher_(MatcherConfig{.backend = "shm",
+                             .peer = absl::StrCat("process ", session_.peer_pid, " ('",
+                                                  session_.peer_address, "')"),
+                             .connection_cap = config.held_bytes_per_connection,
+                             .device = config.held_budget,
+                             .max_spare_bytes = SpareBytesFor(config.held_bytes_per_connection)},
+               [this](uint64_t wr_id, absl::Status status, size_t bytes) {
+                 PushLocked(wr_id, Opcode::kRecv, std::move(status), bytes);
+               }),
       last_progress_(absl::Now()),
       mailbox_(session_.mail_tx, session_.mail_rx, &done_, [this] { return status(); }) {
   // A freshly created ring starts at zero; an acceptor may see a peer that already wrote.
@@ -163,12 +172,15 @@ absl::Status ConnectionState::PostRecv(MutableBuffer buffer, uint64_t wr_id) {
     return absl::InvalidArgumentError("PostRecv: null buffer with a non-zero size");
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (!status_.ok() && held_.empty()) {
+  if (!status_.ok() && !matcher_.has_unclaimed()) {
     return absl::FailedPreconditionError(
         absl::StrCat("shm connection is down: ", std::string(status_.message())));
   }
-  recvs_.push_back(RecvOp{buffer, wr_id});
-  if (auto s = MatchHeldLocked(); !s.ok()) FailLocked(s, true);
+  if (auto s = matcher_.PostRecv(buffer, wr_id); !s.ok()) {
+    FailLocked(s, true);
+  } else if (paused_) {
+    own_doorbell_.Ring();  // the progress loop reads the ring again
+  }
   return absl::OkStatus();
 }
 
@@ -190,17 +202,14 @@ void ConnectionState::FailLocked(const absl::Status& why, bool tell_peer_error) 
     cq_->Push(std::move(a.completion));
   }
   awaiting_.clear();
-  if (incoming_.recv) PushLocked(incoming_.recv->wr_id, Opcode::kRecv, why, 0);
+  if (incoming_.active && !incoming_.slot.held) {
+    PushLocked(incoming_.slot.wr_id, Opcode::kRecv, why, 0);
+  }
   incoming_ = Incoming{};
-  for (RecvOp& r : recvs_) PushLocked(r.wr_id, Opcode::kRecv, why, 0);
-  recvs_.clear();
+  paused_ = false;
   // Messages that arrived whole stay deliverable (what the peer sent before it went away is
   // not lost), unless we closed the connection ourselves.
-  if (absl::IsCancelled(why)) {
-    held_.clear();
-  } else if (!held_.empty() && !held_.back().complete) {
-    held_.pop_back();
-  }
+  matcher_.Fail(why, /*keep_whole=*/!absl::IsCancelled(why));
 
   // Tell the peer why, when its ring has room (it also sees the socket shut down below).
   const std::string reason(why.message().substr(0, kMaxCloseReasonBytes));
@@ -248,7 +257,8 @@ void ConnectionState::OnSocketHangup() {
   // Whatever the peer wrote before it went away is still delivered.
   while (status_.ok() && ReadFramesLocked()) {
   }
-  if (!status_.ok()) return;
+  // The rest waits in the ring (still mapped) for receives; the hang-up is reported again.
+  if (!status_.ok() || paused_) return;
   FailLocked(absl::UnavailableError(absl::StrCat("shm: peer process ", session_.peer_pid, " ('",
                                                  session_.peer_address,
                                                  "') disconnected: it closed or died")),
@@ -305,6 +315,7 @@ bool ConnectionState::ReadFramesLocked() {
       return true;
     }
     if (!status_.ok()) return true;  // a close frame
+    if (paused_) break;              // the frame stays in the ring
     rx_tail_ += footprint;
     rx.StoreTail(rx_tail_);
     any = true;
@@ -323,15 +334,16 @@ absl::Status ConnectionState::ProcessFrameLocked(const FrameHeader& h, uint64_t 
     case FrameType::kMessage:
     case FrameType::kMessagePart: {
       if (h.type == FrameType::kMessage) {
-        if (auto s = BeginMessageLocked(h.total_bytes); !s.ok()) return s;
+        if (auto s = BeginMessageLocked(h.total_bytes); !s.ok() || paused_) return s;
       } else if (!incoming_.active || h.total_bytes != incoming_.total ||
                  h.offset != incoming_.received) {
         return absl::DataLossError(
             absl::StrCat("malformed shm frame: message part at offset ", h.offset, " of ",
                          h.total_bytes, " bytes does not continue the message being received"));
       }
-      if (incoming_.dest != nullptr)
-        rx.CopyOut(payload_pos, incoming_.dest + h.offset, h.payload_bytes);
+      if (incoming_.slot.dest != nullptr) {
+        rx.CopyOut(payload_pos, incoming_.slot.dest + h.offset, h.payload_bytes);
+      }
       incoming_.received += h.payload_bytes;
       ring_received_.fetch_add(h.payload_bytes, std::memory_order_relaxed);
       if (incoming_.received == incoming_.total) return FinishMessageLocked();
@@ -342,9 +354,9 @@ absl::Status ConnectionState::ProcessFrameLocked(const FrameHeader& h, uint64_t 
       rx.CopyOut(payload_pos, scratch_.data(), h.payload_bytes);
       auto segments = DecodeCmaSegments(scratch_, h);
       if (!segments.ok()) return segments.status();
-      if (auto s = BeginMessageLocked(h.total_bytes); !s.ok()) return s;
+      if (auto s = BeginMessageLocked(h.total_bytes); !s.ok() || paused_) return s;
       if (!status_.ok()) return absl::OkStatus();
-      if (auto s = CmaRead(session_.peer_pid, incoming_.dest, *segments); !s.ok()) return s;
+      if (auto s = CmaRead(session_.peer_pid, incoming_.slot.dest, *segments); !s.ok()) return s;
       cma_received_.fetch_add(h.total_bytes, std::memory_order_relaxed);
       incoming_.received = incoming_.total;
       return FinishMessageLocked();
@@ -373,66 +385,22 @@ absl::Status ConnectionState::BeginMessageLocked(uint64_t total) {
     return absl::DataLossError(
         "malformed shm frame: a new message starts before the previous one is complete");
   }
+  Matcher::Slot slot;
+  absl::StatusOr<Matcher::Admission> admitted = matcher_.Admit(total, &slot);
+  if (!admitted.ok()) return admitted.status();
+  paused_ = *admitted == Matcher::Admission::kWait;
+  if (paused_) return absl::OkStatus();
   incoming_ = Incoming{};
   incoming_.active = true;
   incoming_.total = total;
-  if (held_.empty() && !recvs_.empty()) {
-    RecvOp r = recvs_.front();
-    recvs_.pop_front();
-    if (total > r.buffer.size) {
-      const absl::Status too_long = absl::ResourceExhaustedError(
-          absl::StrCat("shm: incoming message of ", total,
-                       " bytes does not fit the posted receive of ", r.buffer.size, " bytes"));
-      PushLocked(r.wr_id, Opcode::kRecv, too_long, 0);
-      return too_long;
-    }
-    incoming_.dest = static_cast<uint8_t*>(r.buffer.data);
-    incoming_.recv = r;
-    return absl::OkStatus();
-  }
-  HeldMessage m;
-  m.size = total;
-  if (total > 0) {
-    m.data.reset(new (std::nothrow) uint8_t[total]);
-    if (m.data == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("shm: cannot allocate ", total,
-                       " bytes to hold a message that arrived before its receive"));
-    }
-  }
-  incoming_.dest = m.data.get();
-  held_.push_back(std::move(m));
+  incoming_.slot = slot;
   return absl::OkStatus();
 }
 
 absl::Status ConnectionState::FinishMessageLocked() {
-  const uint64_t total = incoming_.total;
-  std::optional<RecvOp> recv = incoming_.recv;
+  const Matcher::Slot slot = incoming_.slot;
   incoming_ = Incoming{};
-  if (recv) {
-    PushLocked(recv->wr_id, Opcode::kRecv, absl::OkStatus(), total);
-    return absl::OkStatus();
-  }
-  held_.back().complete = true;
-  return MatchHeldLocked();
-}
-
-absl::Status ConnectionState::MatchHeldLocked() {
-  while (!held_.empty() && held_.front().complete && !recvs_.empty()) {
-    HeldMessage m = std::move(held_.front());
-    held_.pop_front();
-    RecvOp r = recvs_.front();
-    recvs_.pop_front();
-    if (m.size > r.buffer.size) {
-      const absl::Status too_long = absl::ResourceExhaustedError(
-          absl::StrCat("shm: message of ", m.size, " bytes does not fit the posted receive of ",
-                       r.buffer.size, " bytes"));
-      PushLocked(r.wr_id, Opcode::kRecv, too_long, 0);
-      return too_long;
-    }
-    if (m.size > 0) std::memcpy(r.buffer.data, m.data.get(), m.size);
-    PushLocked(r.wr_id, Opcode::kRecv, absl::OkStatus(), m.size);
-  }
+  matcher_.Placed(slot);
   return absl::OkStatus();
 }
 

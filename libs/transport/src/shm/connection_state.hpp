@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "mailbox.hpp"
+#include "matcher.hpp"
 #include "plexus/transport/completion.hpp"
 #include "plexus/transport/connection.hpp"
 #include "region_registry.hpp"
@@ -31,6 +32,9 @@ struct EngineConfig {
   // (sender in, receiver out) from cache-hot ring memory, while process_vm_readv pays for
   // pinning every page it touches (measured: 1 MiB at 0.62x memcpy by ring, 0.26x by CMA).
   size_t cma_threshold = size_t{2} << 20;
+  // Caps on messages held before their receive is posted (DeviceOptions::max_held_bytes_*).
+  size_t held_bytes_per_connection = kDefaultHeldBytesPerConnection;
+  std::shared_ptr<HoldBudget> held_budget;  // the device's
 };
 
 class ConnectionState {
@@ -81,21 +85,11 @@ class ConnectionState {
     uint64_t end_position;  // the op is done once the peer's tail reaches this
     Completion completion;
   };
-  struct RecvOp {
-    MutableBuffer buffer;
-    uint64_t wr_id;
-  };
-  struct HeldMessage {
-    std::unique_ptr<uint8_t[]> data;
-    uint64_t size = 0;
-    bool complete = false;
-  };
   struct Incoming {
     bool active = false;
     uint64_t total = 0;
     uint64_t received = 0;
-    uint8_t* dest = nullptr;
-    std::optional<RecvOp> recv;  // receiving straight into a posted buffer; else the last held
+    Matcher::Slot slot;  // a posted receive's buffer, or held memory
   };
 
   absl::Status EnqueueLocked(SendOp op);
@@ -105,7 +99,6 @@ class ConnectionState {
   absl::Status ProcessFrameLocked(const FrameHeader& h, uint64_t payload_pos);
   absl::Status BeginMessageLocked(uint64_t total);
   absl::Status FinishMessageLocked();
-  absl::Status MatchHeldLocked();
   absl::Status PlaceWriteLocked(const FrameHeader& h, uint64_t payload_pos);
   bool ReapAcksLocked();
   bool WriteFramesLocked();
@@ -128,9 +121,11 @@ class ConnectionState {
   std::atomic<bool> done_{false};
   std::deque<SendOp> send_queue_;
   std::deque<AwaitingAck> awaiting_;
-  std::deque<RecvOp> recvs_;
-  std::deque<HeldMessage> held_;
+  Matcher matcher_;
   Incoming incoming_;
+  // The next message does not fit under the caps on held bytes: its frame stays in the ring
+  // (the peer blocks once the ring is full) until receives are posted.
+  bool paused_ = false;
   uint64_t tx_head_ = 0;       // what this side produced into session_.tx
   uint64_t tx_tail_seen_ = 0;  // the peer's last consumption of session_.tx
   uint64_t rx_tail_ = 0;       // what this side consumed from session_.rx

@@ -109,6 +109,9 @@ class ShmDevice final : public Device, public std::enable_shared_from_this<ShmDe
     if (options().shm_cma_threshold > 0) threshold = base::Bytes{options().shm_cma_threshold};
     PLEXUS_ASSIGN_OR_RETURN(const base::Bytes resolved, kShmCmaThresholdParam.Resolve(threshold));
     if (resolved.value > 0) config_.cma_threshold = resolved.value;
+    PLEXUS_ASSIGN_OR_RETURN(const HoldLimits held, ResolveHoldLimits(options()));
+    config_.held_bytes_per_connection = held.per_connection;
+    config_.held_budget = std::make_shared<HoldBudget>(held.per_device);
     if (options().progress == ProgressMode::kThread) {
       thread_ = std::thread([this] { ThreadLoop(); });
     }

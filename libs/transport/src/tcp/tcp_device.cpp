@@ -33,10 +33,12 @@
 #include "backends.hpp"
 #include "cuda_copy.hpp"
 #include "make_completion.hpp"
+#include "matcher.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
 #include "region_registry.hpp"
 #include "tcp/frame.hpp"
+#include "tcp/protocol.hpp"
 
 namespace plexus::transport::internal {
 
@@ -73,11 +75,6 @@ constexpr absl::Duration kLoneSocketTick = absl::Milliseconds(10);
 constexpr size_t kBusyPollSockets = 2;
 constexpr uint32_t kEpollEvery = 8;
 
-struct PostedRecv {
-  MutableBuffer buffer;
-  uint64_t wr_id = 0;
-};
-
 // One of our operations in flight: a send (done when written) or a write (done when acked).
 struct OutOp {
   Opcode opcode = Opcode::kSend;
@@ -100,33 +97,23 @@ struct Segment {
 };
 
 // A peer's operation being received, in arrival order.
-// Memory for a message that arrived before its receive was posted.
-struct HeldBuffer {
-  std::unique_ptr<uint8_t[]> data;
-  size_t capacity = 0;
-};
-// Held buffers kept per connection for reuse: a fresh allocation per large message costs page
-// faults and zeroing on each one (measured: ~10% of a 4-rank allreduce's CPU time).
-constexpr size_t kSpareHeldBytes = size_t{64} << 20;
-
 struct InOp {
   bool is_message = true;
   bool has_immediate = false;
   uint32_t immediate = 0;
   size_t length = 0;
-  size_t remaining = 0;  // bytes not yet placed
-  // Message: the matched receive, or bytes held until one is posted.
-  bool matched = false;
-  PostedRecv recv;
-  HeldBuffer held;
+  size_t remaining = 0;   // bytes not yet placed
+  size_t parts_left = 1;  // payload parts (one per socket when striped) not yet read
+  // Message: the matched receive's buffer, or bytes held until one is posted.
+  Matcher::Slot slot;
   // Write: where the bytes land (host), or a host staging buffer for a CUDA region.
   uint8_t* target = nullptr;
   MemoryKind target_kind = MemoryKind::kHost;
   std::vector<uint8_t> staging;
 
-  bool placed() const { return remaining == 0; }
-  // Where the bytes go, fixed on arrival: the matched receive's buffer, `held`, the write's
-  // target, or `staging` for a CUDA target.
+  bool placed() const { return remaining == 0 && parts_left == 0; }
+  // Where the bytes go, fixed on arrival: the slot's buffer, the write's target, or `staging`
+  // for a CUDA target.
   uint8_t* base = nullptr;
 };
 
@@ -142,7 +129,10 @@ struct Socket {
   std::unique_ptr<uint8_t[]> rx{new uint8_t[kRxBufferBytes]};
   size_t rx_begin = 0;
   size_t rx_end = 0;
-  enum class Phase { kHeader, kPayload, kParked } phase = Phase::kHeader;
+  // kParked: a stripe part waits for its head. kAwaitRoom (socket 0): the message whose header
+  // was just read does not fit under the caps on held bytes; the connection is not read from
+  // until receives are posted or held messages are delivered.
+  enum class Phase { kHeader, kPayload, kParked, kAwaitRoom } phase = Phase::kHeader;
   FrameHeader header;
   InOp* op = nullptr;        // op the current payload belongs to
   size_t offset = 0;         // where the current payload goes in op
@@ -160,13 +150,12 @@ struct TcpConn {
   std::deque<std::shared_ptr<OutOp>> out_ops;
   std::deque<std::shared_ptr<OutOp>> awaiting_ack;
   std::deque<std::unique_ptr<InOp>> in_ops;
-  std::deque<PostedRecv> recvs;
+  std::unique_ptr<Matcher> matcher;  // posted receives, held messages
+  bool paused = false;               // sockets[0] is in kAwaitRoom; no socket is read
   uint64_t stripes_sent = 0;
   uint64_t stripe_heads_received = 0;
   absl::flat_hash_map<uint64_t, InOp*> stripes;  // stripe number -> op, until placed
   uint64_t acks_owed = 0;
-  std::vector<HeldBuffer> spare_held;
-  size_t spare_held_bytes = 0;
   // A driver is blocked in recv() on sockets[0] without the device lock; closing the fds then
   // waits for it (so that a reused fd number is never read).
   bool driver_reading = false;
@@ -184,6 +173,8 @@ class TcpCore {
       : options_(options), registry_(std::make_shared<RegionRegistry>(Backend::kTcp)) {}
 
   absl::Status Init() {
+    PLEXUS_ASSIGN_OR_RETURN(held_limits_, ResolveHoldLimits(options_));
+    held_budget_ = std::make_shared<HoldBudget>(held_limits_.per_device);
     epfd_ = epoll_create1(EPOLL_CLOEXEC);
     if (epfd_ < 0) return tcp::ErrnoStatus(errno, "epoll_create1");
     wakefd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -235,6 +226,16 @@ class TcpCore {
     conn->id = id;
     conn->cq = cq;
     conn->peer = std::move(peer);
+    conn->matcher = std::make_unique<Matcher>(
+        MatcherConfig{.backend = "tcp",
+                      .peer = conn->peer,
+                      .connection_cap = held_limits_.per_connection,
+                      .device = held_budget_,
+                      .max_spare_bytes = SpareBytesFor(held_limits_.per_connection),
+                      .deliver_eagerly = false},
+        [this, c = conn.get()](uint64_t wr_id, absl::Status status, size_t bytes) {
+          Complete(*c, Opcode::kRecv, wr_id, std::move(status), bytes);
+        });
     for (size_t i = 0; i < fds.size(); ++i) {
       auto s = std::make_unique<Socket>();
       s->conn = conn.get();
@@ -305,16 +306,15 @@ class TcpCore {
     std::lock_guard<std::mutex> lock(mu_);
     TcpConn* conn = Find(id);
     if (conn == nullptr) return absl::FailedPreconditionError("connection is closed");
-    PostedRecv r{buffer, wr_id};
-    for (auto& in : conn->in_ops) {
-      if (in->is_message && !in->matched) {
-        Match(*conn, *in, r);
-        ReleaseInbound(*conn);
-        return absl::OkStatus();
-      }
+    Matcher& m = *conn->matcher;
+    if (!conn->status.ok() && !m.has_unclaimed()) return conn->status;  // after whole messages
+    if (absl::Status s = m.PostRecv(buffer, wr_id); !s.ok()) {
+      Fail(*conn, s);
+      return absl::OkStatus();
     }
-    if (!conn->status.ok()) return conn->status;  // after the messages that arrived whole
-    conn->recvs.push_back(r);
+    ReleaseInbound(*conn);
+    if (conn->paused) room_freed_ = true;  // the waiting message may go into this receive
+    MaybeUnpause();
     return absl::OkStatus();
   }
 
@@ -379,7 +379,8 @@ class TcpCore {
     }
     Fail(conn, absl::CancelledError("connection closed locally"));
     ReleaseSockets(*it->second);
-    conns_.erase(it);
+    conns_.erase(it);  // frees its held messages
+    MaybeUnpause();
   }
 
   absl::Status Status(uint64_t id) const {
@@ -402,8 +403,8 @@ class TcpCore {
       conn = conns_.begin()->second;
       if (!conn->status.ok() || conn->sockets.size() != 1) return false;
       s = conn->sockets[0].get();
-      if (!s->sendq.empty() || s->phase == Socket::Phase::kParked || s->rx_end > s->rx_begin ||
-          s->fd < 0) {
+      if (!s->sendq.empty() || s->phase == Socket::Phase::kParked || conn->paused ||
+          s->rx_end > s->rx_begin || s->fd < 0) {
         return false;
       }
       s->rx_begin = s->rx_end = 0;
@@ -431,6 +432,7 @@ class TcpCore {
     } else if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR) {
       Fail(*conn, tcp::ErrnoStatus(err, absl::StrCat("tcp receive from ", conn->peer)));
     }
+    MaybeUnpause();
     const absl::Time now = absl::Now();
     if (now - last_timeout_check_ > absl::Milliseconds(50)) {
       last_timeout_check_ = now;
@@ -469,12 +471,19 @@ class TcpCore {
       const size_t index = key & 0xff;
       if (index >= conn->sockets.size()) continue;
       Socket& s = *conn->sockets[index];
+      if (conn->paused && (events[i].events & (EPOLLHUP | EPOLLERR))) {
+        Fail(*conn, absl::UnavailableError(absl::StrCat(
+                        "tcp peer ", conn->peer,
+                        " reset the connection while its messages waited for receives")));
+        continue;
+      }
       if (events[i].events & EPOLLOUT) Flush(s);
       if (conn->status.ok() && (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
         Read(s);
       }
       if (conn->status.ok()) SendAcks(*conn);
     }
+    MaybeUnpause();
     const absl::Time now = absl::Now();
     if (now - last_timeout_check_ > absl::Milliseconds(50)) {
       last_timeout_check_ = now;
@@ -491,9 +500,9 @@ class TcpCore {
     Socket* expecting[kBusyPollSockets];
     size_t count = 0;
     for (auto& [id, conn] : conns_) {
-      if (!conn->status.ok() || conn->sockets.empty()) continue;
+      if (!conn->status.ok() || conn->sockets.empty() || conn->paused) continue;
       Socket& s = *conn->sockets[0];
-      const bool expects = !conn->recvs.empty() || s.phase != Socket::Phase::kHeader;
+      const bool expects = conn->matcher->has_posted_recv() || s.phase != Socket::Phase::kHeader;
       if (!expects) continue;
       if (conn->sockets.size() != 1 || count == kBusyPollSockets || s.fd < 0 ||
           conn->driver_reading) {
@@ -507,6 +516,7 @@ class TcpCore {
       Read(*expecting[i]);
       if (conn.status.ok()) SendAcks(conn);
     }
+    MaybeUnpause();
     return true;
   }
 
@@ -537,27 +547,24 @@ class TcpCore {
       Flush(*conn.sockets[0]);
       return;
     }
-    // Striped: a head on socket 0 carrying part 0, then part k on socket k.
+    // Striped: a head on socket 0 carrying part 0, then part k on socket k (empty parts too:
+    // every data socket sees every stripe number).
     const uint64_t stripe = conn.stripes_sent++;
-    const size_t part = (h.length + nsock - 1) / nsock;
     FrameHeader head = h;
     head.type = FrameType::kStripeHead;
     if (h.type == FrameType::kWrite) head.flags |= tcp::kFlagWrite;
-    op->segments_left = 0;
+    op->segments_left = static_cast<int>(nsock);
     for (size_t k = 0; k < nsock; ++k) {
-      const size_t begin = std::min(h.length, k * part);
-      const size_t end = std::min(h.length, begin + part);
-      if (k > 0 && begin == end) break;
-      std::vector<iovec> slice = Slice(payload, begin, end - begin);
-      ++op->segments_left;
+      const tcp::StripeRange range = tcp::StripePart(h.length, nsock, k);
+      std::vector<iovec> slice = Slice(payload, range.offset, range.length);
       if (k == 0) {
         PushSegment(*conn.sockets[0], op, head, std::move(slice));
       } else {
         FrameHeader p;
         p.type = FrameType::kStripePart;
-        p.length = end - begin;
+        p.length = range.length;
         p.a = stripe;
-        p.b = begin;
+        p.b = range.offset;
         PushSegment(*conn.sockets[k], op, p, std::move(slice));
       }
     }
@@ -663,10 +670,63 @@ class TcpCore {
   void SetWantOut(Socket& s, bool want) {
     if (s.want_out == want) return;
     s.want_out = want;
+    Arm(s);
+  }
+
+  // What epoll watches on `s`: output when queued; input unless `s` waits for room (socket 0
+  // of a paused connection) or, while paused, for a stripe head that waits for room. The data
+  // sockets of a paused connection still read the payloads of operations already admitted.
+  void Arm(Socket& s) {
+    if (!s.conn->status.ok() || s.fd < 0) return;
+    const bool stalled = s.phase == Socket::Phase::kAwaitRoom ||
+                         (s.conn->paused && s.phase == Socket::Phase::kParked);
     epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP | (want ? uint32_t{EPOLLOUT} : uint32_t{0});
+    ev.events = (stalled ? uint32_t{0} : uint32_t{EPOLLIN | EPOLLRDHUP}) |
+                (s.want_out ? uint32_t{EPOLLOUT} : uint32_t{0});
     ev.data.u64 = EpollKey(s.conn->id, s.index);
     epoll_ctl(epfd_, EPOLL_CTL_MOD, s.fd, &ev);
+  }
+
+  // Backpressure: stop reading from `conn` until its waiting message fits (the peer's sends
+  // block once the socket buffers are full).
+  void Pause(Socket& s) {
+    TcpConn& conn = *s.conn;
+    s.phase = Socket::Phase::kAwaitRoom;
+    conn.paused = true;
+    ++paused_conns_;
+    for (auto& other : conn.sockets) Arm(*other);
+  }
+
+  // Retries the waiting messages of paused connections after room was freed (a receive posted,
+  // a held message delivered, a connection closed).
+  void MaybeUnpause() {
+    if (!room_freed_ || paused_conns_ == 0 || unpausing_) return;
+    unpausing_ = true;
+    while (room_freed_ && paused_conns_ > 0) {
+      room_freed_ = false;
+      std::vector<TcpConn*> paused;
+      for (auto& [id, conn] : conns_) {
+        if (conn->paused) paused.push_back(conn.get());
+      }
+      for (TcpConn* conn : paused) Unpause(*conn);
+    }
+    unpausing_ = false;
+  }
+
+  void Unpause(TcpConn& conn) {
+    Socket& s = *conn.sockets[0];
+    if (!conn.paused || !conn.status.ok()) return;
+    conn.paused = false;
+    --paused_conns_;
+    s.phase = Socket::Phase::kHeader;
+    OnHeader(s);  // the header read before the pause, again: it may pause once more
+    if (conn.paused || !conn.status.ok()) return;
+    for (auto& other : conn.sockets) Arm(*other);
+    // Bytes may wait in the staging buffers already: epoll would not report them.
+    for (auto& other : conn.sockets) {
+      if (conn.status.ok()) Read(*other);
+    }
+    if (conn.status.ok()) SendAcks(conn);
   }
 
   // Completes our operations in posting order.
@@ -684,7 +744,7 @@ class TcpCore {
     TcpConn& conn = *s.conn;
     size_t budget = kReadBudgetBytes;
     while (conn.status.ok() && budget > 0) {
-      if (s.phase == Socket::Phase::kParked) return;
+      if (s.phase == Socket::Phase::kParked || s.phase == Socket::Phase::kAwaitRoom) return;
       if (s.phase == Socket::Phase::kHeader) {
         if (s.rx_end - s.rx_begin < tcp::kFrameHeaderSize) {
           if (!Fill(s, budget, &drained)) return;
@@ -774,69 +834,56 @@ class TcpCore {
   void OnHeader(Socket& s) {
     TcpConn& conn = *s.conn;
     const FrameHeader& h = s.header;
-    const bool control = s.index == 0;
-    auto malformed = [&](std::string_view what) {
+    const size_t nsock = conn.sockets.size();
+    absl::StatusOr<tcp::HeaderPlan> plan = tcp::PlanHeader(h, static_cast<size_t>(s.index), nsock,
+                                                           conn.awaiting_ack.size(), s.next_stripe);
+    if (!plan.ok()) {
       Fail(conn, absl::DataLossError(absl::StrCat("tcp peer ", conn.peer, " sent a malformed ",
-                                                  std::string(what))));
-    };
-    switch (h.type) {
-      case FrameType::kClose: {
-        if (!control) return malformed("close on a data socket");
+                                                  std::string(plan.status().message()))));
+      return;
+    }
+    switch (plan->action) {
+      case tcp::HeaderAction::kClose:
         Fail(conn,
              absl::AbortedError(absl::StrCat("tcp peer ", conn.peer, " closed the connection")));
         return;
-      }
-      case FrameType::kWriteAck: {
-        if (!control) return malformed("ack on a data socket");
-        if (h.a > conn.awaiting_ack.size()) return malformed("ack for writes never sent");
-        for (uint64_t i = 0; i < h.a; ++i) {
+      case tcp::HeaderAction::kAck:
+        for (uint64_t i = 0; i < plan->acked; ++i) {
           conn.awaiting_ack.front()->acked = true;
           conn.awaiting_ack.pop_front();
         }
         ReleaseOutbound(conn);
         s.phase = Socket::Phase::kHeader;
         return;
-      }
-      case FrameType::kMessage:
-      case FrameType::kWrite:
-      case FrameType::kStripeHead: {
-        if (!control) return malformed("frame: operation head on a data socket");
-        const bool is_write = h.type == FrameType::kWrite ||
-                              (h.type == FrameType::kStripeHead && (h.flags & tcp::kFlagWrite));
-        const size_t nsock = conn.sockets.size();
-        if (h.type == FrameType::kStripeHead && nsock == 1) {
-          return malformed("striped frame on a single-socket connection");
-        }
-        absl::StatusOr<std::unique_ptr<InOp>> op = NewInOp(conn, h, is_write);
+      case tcp::HeaderAction::kOperation: {
+        absl::StatusOr<std::unique_ptr<InOp>> op = NewInOp(conn, h, plan->is_write);
         if (!op.ok()) {
           Fail(conn, op.status());
           return;
         }
-        InOp* raw = op->get();
-        conn.in_ops.push_back(*std::move(op));
-        size_t first = h.length;
-        if (h.type == FrameType::kStripeHead) {
-          first = std::min<size_t>(h.length, (h.length + nsock - 1) / nsock);
-          conn.stripes[conn.stripe_heads_received++] = raw;
-          StartPayload(s, raw, 0, first);
-          for (auto& other : conn.sockets) {  // parts that waited for this head
-            if (other->phase != Socket::Phase::kParked) continue;
-            Resume(*other);
-            // Its bytes may all sit in its staging buffer already: epoll would not report them.
-            if (conn.status.ok() && other->phase == Socket::Phase::kPayload) Read(*other);
-          }
+        if (*op == nullptr) {  // no room to hold it yet
+          Pause(s);
           return;
         }
-        StartPayload(s, raw, 0, first);
+        InOp* raw = op->get();
+        conn.in_ops.push_back(*std::move(op));
+        StartPayload(s, raw, 0, plan->first_bytes);
+        if (!plan->striped) return;
+        raw->parts_left = nsock;
+        conn.stripes[conn.stripe_heads_received++] = raw;
+        for (auto& other : conn.sockets) {  // parts that waited for this head
+          if (other->phase != Socket::Phase::kParked) continue;
+          Resume(*other);
+          // Its bytes may all sit in its staging buffer already: epoll would not report them.
+          if (conn.status.ok() && other->phase == Socket::Phase::kPayload) Read(*other);
+        }
         return;
       }
-      case FrameType::kStripePart: {
-        if (control) return malformed("stripe part on the control socket");
-        if (h.a != s.next_stripe) return malformed("stripe part out of order");
+      case tcp::HeaderAction::kStripePart:
         s.phase = Socket::Phase::kParked;
         Resume(s);
+        if (conn.paused && s.phase == Socket::Phase::kParked) Arm(s);  // no busy epoll meanwhile
         return;
-      }
     }
   }
 
@@ -852,11 +899,8 @@ class TcpCore {
       return;  // stays parked
     }
     InOp* op = it->second;
-    const size_t nsock = conn.sockets.size();
-    const size_t part = (op->length + nsock - 1) / nsock;
-    const size_t k = static_cast<size_t>(s.index);
-    if (s.header.b != k * part ||
-        s.header.length != std::min(op->length, (k + 1) * part) - k * part) {
+    if (!tcp::PartMatches(s.header, static_cast<size_t>(s.index), conn.sockets.size(),
+                          op->length)) {
       Fail(conn, absl::DataLossError(
                      absl::StrCat("tcp peer ", conn.peer, " sent a stripe part with a bad range")));
       return;
@@ -877,6 +921,7 @@ class TcpCore {
     InOp* op = s.op;
     s.phase = Socket::Phase::kHeader;
     s.op = nullptr;
+    --op->parts_left;
     if (op->placed()) {
       for (auto it = conn.stripes.begin(); it != conn.stripes.end(); ++it) {
         if (it->second == op) {
@@ -910,62 +955,12 @@ class TcpCore {
       }
       return op;
     }
-    if (!conn.recvs.empty()) {
-      PostedRecv r = conn.recvs.front();
-      conn.recvs.pop_front();
-      if (absl::Status s = MatchCheck(conn, *op, r); !s.ok()) return s;
-      op->matched = true;
-      op->recv = r;
-      op->base = static_cast<uint8_t*>(r.buffer.data);
-    } else {
-      if (absl::Status s = TakeHeld(conn, h.length, &op->held); !s.ok()) return s;
-      op->base = op->held.data.get();
-    }
+    // A message: null when it cannot be held yet (the caller pauses the connection).
+    absl::StatusOr<Matcher::Admission> admitted = conn.matcher->Admit(h.length, &op->slot);
+    if (!admitted.ok()) return admitted.status();
+    if (*admitted == Matcher::Admission::kWait) return nullptr;
+    op->base = op->slot.dest;
     return op;
-  }
-
-  static absl::Status TakeHeld(TcpConn& conn, size_t bytes, HeldBuffer* out) {
-    if (bytes == 0) return absl::OkStatus();
-    size_t best = conn.spare_held.size();
-    for (size_t i = 0; i < conn.spare_held.size(); ++i) {
-      const size_t cap = conn.spare_held[i].capacity;
-      if (cap >= bytes &&
-          (best == conn.spare_held.size() || cap < conn.spare_held[best].capacity)) {
-        best = i;
-      }
-    }
-    if (best < conn.spare_held.size()) {
-      *out = std::move(conn.spare_held[best]);
-      conn.spare_held[best] = std::move(conn.spare_held.back());
-      conn.spare_held.pop_back();
-      conn.spare_held_bytes -= out->capacity;
-      return absl::OkStatus();
-    }
-    out->data.reset(new (std::nothrow) uint8_t[bytes]);  // uninitialised: every byte is received
-    if (out->data == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", bytes, " bytes to hold an incoming message"));
-    }
-    out->capacity = bytes;
-    return absl::OkStatus();
-  }
-
-  static void GiveBackHeld(TcpConn& conn, HeldBuffer held) {
-    if (held.data == nullptr) return;
-    while (!conn.spare_held.empty() && conn.spare_held_bytes + held.capacity > kSpareHeldBytes) {
-      // Drop the smallest spare: large messages are the ones worth keeping memory for.
-      size_t smallest = 0;
-      for (size_t i = 1; i < conn.spare_held.size(); ++i) {
-        if (conn.spare_held[i].capacity < conn.spare_held[smallest].capacity) smallest = i;
-      }
-      if (conn.spare_held[smallest].capacity >= held.capacity) return;
-      conn.spare_held_bytes -= conn.spare_held[smallest].capacity;
-      conn.spare_held[smallest] = std::move(conn.spare_held.back());
-      conn.spare_held.pop_back();
-    }
-    if (held.capacity > kSpareHeldBytes) return;
-    conn.spare_held_bytes += held.capacity;
-    conn.spare_held.push_back(std::move(held));
   }
 
   static absl::Status Allocate(std::vector<uint8_t>& buffer, size_t bytes) {
@@ -978,38 +973,18 @@ class TcpCore {
     return absl::OkStatus();
   }
 
-  absl::Status MatchCheck(TcpConn& conn, const InOp& op, const PostedRecv& r) {
-    if (op.length <= r.buffer.size) return absl::OkStatus();
-    absl::Status err = absl::ResourceExhaustedError(
-        absl::StrCat("message of ", op.length, " bytes from ", conn.peer,
-                     " exceeds the posted receive of ", r.buffer.size, " bytes"));
-    Complete(conn, Opcode::kRecv, r.wr_id, err, 0);
-    return err;
-  }
-
-  // A receive posted for a message that is already (partly) here, in `held`: its bytes are
-  // copied into the receive when the message is complete.
-  void Match(TcpConn& conn, InOp& op, const PostedRecv& r) {
-    if (absl::Status s = MatchCheck(conn, op, r); !s.ok()) {
-      Fail(conn, s);
-      return;
-    }
-    op.recv = r;
-    op.matched = true;
-  }
-
   // Completes the peer's operations in arrival order, once placed (and matched, for messages).
   void ReleaseInbound(TcpConn& conn) {
     while (!conn.in_ops.empty()) {
       InOp& op = *conn.in_ops.front();
       if (!op.placed()) return;
       if (op.is_message) {
-        if (!op.matched) return;  // held until a receive is posted
-        if (op.held.data != nullptr && op.base == op.held.data.get()) {
-          std::memcpy(op.recv.buffer.data, op.held.data.get(), op.length);
-          GiveBackHeld(conn, std::move(op.held));
+        // Direct: completes the receive. Held: whole now; delivered once a receive claims it.
+        conn.matcher->Placed(op.slot);
+        if (op.slot.held) {
+          if (!conn.matcher->DeliverOldest()) return;
+          room_freed_ = true;
         }
-        Complete(conn, Opcode::kRecv, op.recv.wr_id, absl::OkStatus(), op.length);
       } else {
         if (op.target_kind == MemoryKind::kCuda && op.length > 0) {
           if (absl::Status s = CopyHostToCuda(op.target, op.staging.data(), op.length); !s.ok()) {
@@ -1033,21 +1008,26 @@ class TcpCore {
     for (auto& op : conn.out_ops) Complete(conn, op->opcode, op->wr_id, why, 0);
     conn.out_ops.clear();
     conn.awaiting_ack.clear();
-    // Messages that arrived whole stay deliverable: what the peer sent before it closed is not
-    // lost. Everything from the first incomplete operation on is.
+    // Messages that arrived whole stay deliverable (in the matcher): what the peer sent before
+    // it closed is not lost. Everything from the first incomplete operation on is.
     size_t whole = 0;
     while (whole < conn.in_ops.size() && conn.in_ops[whole]->is_message &&
            conn.in_ops[whole]->placed()) {
+      conn.matcher->Placed(conn.in_ops[whole]->slot);  // held: marks it whole
       ++whole;
     }
     for (size_t i = whole; i < conn.in_ops.size(); ++i) {
       const InOp& op = *conn.in_ops[i];
-      if (op.is_message && op.matched) Complete(conn, Opcode::kRecv, op.recv.wr_id, why, 0);
+      if (op.is_message && !op.slot.held) Complete(conn, Opcode::kRecv, op.slot.wr_id, why, 0);
     }
-    conn.in_ops.erase(conn.in_ops.begin() + static_cast<ptrdiff_t>(whole), conn.in_ops.end());
+    conn.in_ops.clear();
     conn.stripes.clear();
-    for (const PostedRecv& r : conn.recvs) Complete(conn, Opcode::kRecv, r.wr_id, why, 0);
-    conn.recvs.clear();
+    conn.matcher->Fail(why, /*keep_whole=*/!absl::IsCancelled(why));
+    if (conn.paused) {
+      conn.paused = false;
+      --paused_conns_;
+    }
+    room_freed_ = true;
     for (auto& s : conn.sockets) {
       s->sendq.clear();
       if (s->fd >= 0) {
@@ -1072,7 +1052,9 @@ class TcpCore {
     for (auto& [id, conn] : conns_) {
       if (!conn->status.ok()) continue;
       bool busy = !conn->out_ops.empty() || !conn->awaiting_ack.empty();
+      // A paused connection waits for the local user's receives, not for the peer.
       for (auto& s : conn->sockets) {
+        if (conn->paused) break;
         busy |= s->phase != Socket::Phase::kHeader || s->rx_end > s->rx_begin;
       }
       if (busy && now - conn->last_progress > options_.op_timeout) {
@@ -1095,6 +1077,11 @@ class TcpCore {
   absl::flat_hash_map<uint64_t, std::shared_ptr<TcpConn>> conns_;
   absl::Time last_timeout_check_ = absl::Now();
   uint32_t polls_ = 0;  // caller-mode polls (guarded by drive_mu_)
+  HoldLimits held_limits_;
+  std::shared_ptr<HoldBudget> held_budget_;
+  size_t paused_conns_ = 0;  // connections in backpressure
+  bool room_freed_ = false;  // since paused connections last retried
+  bool unpausing_ = false;
 };
 
 class TcpConnection final : public Connection {

@@ -187,7 +187,16 @@ Protocol::Protocol(const ProtocolConfig& config, absl::Span<uint8_t> send_pool,
       cq_(cq),
       connection_id_(connection_id),
       peer_(std::move(peer)),
-      wrs_(config.recv_slots + config.max_send_wr) {
+      wrs_(config.recv_slots + config.max_send_wr),
+      matcher_(internal::MatcherConfig{.backend = "verbs",
+                                       .peer = peer_,
+                                       .connection_cap = config.held_bytes_per_connection,
+                                       .device = config.held_budget,
+                                       .max_spare_bytes = internal::SpareBytesFor(
+                                           config.held_bytes_per_connection)},
+               [this](uint64_t wr_id, absl::Status status, size_t bytes) {
+                 Push(Opcode::kRecv, wr_id, std::move(status), bytes);
+               }) {
   free_send_slots_.reserve(config_.send_slots);
   for (uint32_t i = config_.send_slots; i > 0; --i) free_send_slots_.push_back(i - 1);
 }
@@ -265,9 +274,9 @@ absl::Status Protocol::PostRecv(MutableBuffer buffer, uint64_t wr_id) {
   if (buffer.data == nullptr && buffer.size > 0) {
     return absl::InvalidArgumentError("PostRecv: null buffer with a non-zero size");
   }
-  if (!status_.ok()) return status_;
-  posted_recvs_.push_back(RecvOp{wr_id, buffer});
-  if (absl::Status s = DeliverHeld(); !s.ok()) Fail(s);
+  // Messages that arrived whole before a failure are delivered first.
+  if (!status_.ok() && !matcher_.has_unclaimed()) return status_;
+  if (absl::Status s = matcher_.PostRecv(buffer, wr_id); !s.ok()) Fail(s);
   return absl::OkStatus();
 }
 
@@ -490,22 +499,19 @@ absl::Status Protocol::OnChunk(uint32_t slot, uint32_t byte_len) {
           absl::StrCat("message of ", h.total_bytes, " bytes exceeds max_message_bytes"));
     }
     m = Incoming{};
+    absl::StatusOr<internal::Matcher::Admission> admitted = matcher_.Admit(h.total_bytes, &m.slot);
+    if (!admitted.ok()) return admitted.status();
+    if (*admitted == internal::Matcher::Admission::kWait) {
+      // The chunk is consumed already: verbs cannot make its peer wait (yet).
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "verbs: peer ", peer_, " sent a message of ", h.total_bytes, " bytes while ",
+          matcher_.held_bytes(),
+          " bytes of its messages wait for receives; holding it would exceed the caps on held "
+          "bytes (raise DeviceOptions::max_held_bytes_per_connection / _per_device or "
+          "PLEXUS_MAX_HELD_BYTES_PER_CONNECTION / _PER_DEVICE, or post receives earlier)"));
+    }
     m.active = true;
     m.total = h.total_bytes;
-    // A posted receive is matched only when nothing is held, so that order is kept.
-    if (held_.empty() && !posted_recvs_.empty()) {
-      m.to_user = true;
-      m.recv = posted_recvs_.front();
-      posted_recvs_.pop_front();
-      if (m.recv.buffer.size < m.total) {
-        const absl::Status too_long = absl::ResourceExhaustedError(absl::StrCat(
-            "message of ", m.total, " bytes from ", peer_, " does not fit the posted receive of ",
-            m.recv.buffer.size, " bytes; the connection is closed"));
-        Push(Opcode::kRecv, m.recv.wr_id, too_long, 0);
-        m = Incoming{};
-        return too_long;
-      }
-    }
   } else if (!m.active) {
     return Malformed("a continuation chunk without a first chunk");
   } else if (h.total_bytes != m.total) {
@@ -516,42 +522,12 @@ absl::Status Protocol::OnChunk(uint32_t slot, uint32_t byte_len) {
     return Malformed(absl::StrCat("chunk of ", n, " bytes at offset ", m.received,
                                   " does not fit a message of ", m.total, " bytes"));
   }
-  if (n > 0) {
-    if (m.to_user) {
-      std::memcpy(static_cast<uint8_t*>(m.recv.buffer.data) + m.received, payload, n);
-    } else {
-      m.held.insert(m.held.end(), payload, payload + n);
-    }
-  }
+  if (n > 0) std::memcpy(m.slot.dest + m.received, payload, n);
   m.received = end;
   if (!last) return absl::OkStatus();
-  m.active = false;
-  if (m.to_user) {
-    Push(Opcode::kRecv, m.recv.wr_id, absl::OkStatus(), m.total);
-    return absl::OkStatus();
-  }
-  held_.push_back(std::move(m.held));
-  m.held = {};
-  return DeliverHeld();
-}
-
-absl::Status Protocol::DeliverHeld() {
-  while (!held_.empty() && !posted_recvs_.empty()) {
-    std::vector<uint8_t> message = std::move(held_.front());
-    held_.pop_front();
-    const RecvOp recv = posted_recvs_.front();
-    posted_recvs_.pop_front();
-    if (recv.buffer.size < message.size()) {
-      const absl::Status too_long = absl::ResourceExhaustedError(
-          absl::StrCat("message of ", message.size(), " bytes from ", peer_,
-                       " does not fit the posted receive of ", recv.buffer.size,
-                       " bytes; the connection is closed"));
-      Push(Opcode::kRecv, recv.wr_id, too_long, 0);
-      return too_long;
-    }
-    if (!message.empty()) std::memcpy(recv.buffer.data, message.data(), message.size());
-    Push(Opcode::kRecv, recv.wr_id, absl::OkStatus(), message.size());
-  }
+  const internal::Matcher::Slot placed = m.slot;
+  m = Incoming{};
+  matcher_.Placed(placed);
   return absl::OkStatus();
 }
 
@@ -577,11 +553,12 @@ void Protocol::Fail(const absl::Status& reason) {
     Push(op.kind == OpKind::kSend ? Opcode::kSend : Opcode::kWrite, op.wr_id, status_, 0);
   }
   pending_.clear();
-  if (incoming_.active && incoming_.to_user) Push(Opcode::kRecv, incoming_.recv.wr_id, status_, 0);
+  if (incoming_.active && !incoming_.slot.held) {
+    Push(Opcode::kRecv, incoming_.slot.wr_id, status_, 0);
+  }
   incoming_ = Incoming{};
-  for (const RecvOp& recv : posted_recvs_) Push(Opcode::kRecv, recv.wr_id, status_, 0);
-  posted_recvs_.clear();
-  held_.clear();
+  // Messages that arrived whole stay deliverable, unless we closed the connection ourselves.
+  matcher_.Fail(status_, /*keep_whole=*/!absl::IsCancelled(status_));
   wire_->Abort(status_);
 }
 

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -27,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "matcher.hpp"
 #include "plexus/transport/completion.hpp"
 #include "plexus/transport/types.hpp"
 #include "verbs/slot_table.hpp"
@@ -94,6 +96,9 @@ struct ProtocolConfig {
   uint64_t max_write_bytes = uint64_t{1} << 30;  // longest single RDMA WRITE work request
   uint64_t max_message_bytes = uint64_t{1} << 34;
   absl::Duration op_timeout = absl::Seconds(30);
+  // Caps on messages held before their receive is posted (DeviceOptions::max_held_bytes_*).
+  uint64_t held_bytes_per_connection = internal::kDefaultHeldBytesPerConnection;
+  std::shared_ptr<internal::HoldBudget> held_budget;  // the device's; null = no device cap
 };
 absl::Status ValidateConfig(const ProtocolConfig& config);
 
@@ -181,9 +186,9 @@ class Protocol {
   // Introspection (tests, diagnostics).
   uint32_t credits() const { return credits_; }
   uint32_t owed_credits() const { return owed_; }
-  size_t outstanding_operations() const { return ops_.size() + posted_recvs_.size(); }
+  size_t outstanding_operations() const { return ops_.size() + matcher_.posted_recvs(); }
   size_t posted_work_requests() const { return wrs_.size(); }
-  size_t held_messages() const { return held_.size(); }
+  size_t held_messages() const { return matcher_.held_messages(); }
 
  private:
   enum class OpKind : uint8_t { kSend, kWrite };
@@ -206,17 +211,11 @@ class Protocol {
     uint32_t slot = 0;  // bounce slot (kRecv, kSendChunk, kCreditChunk)
     uint32_t op = 0;    // Op handle (kSendChunk, kWrite)
   };
-  struct RecvOp {
-    uint64_t wr_id = 0;
-    MutableBuffer buffer;
-  };
   struct Incoming {
     bool active = false;
-    bool to_user = false;
     uint64_t total = 0;
     uint64_t received = 0;
-    RecvOp recv;                // to_user
-    std::vector<uint8_t> held;  // !to_user
+    internal::Matcher::Slot slot;  // a posted receive's buffer, or held memory
   };
 
   uint8_t* send_slot(uint32_t slot) {
@@ -236,7 +235,6 @@ class Protocol {
   void FinishOpIfDone(uint32_t op_handle);
   void OnRecv(uint32_t slot, const WireCompletion& completion);
   absl::Status OnChunk(uint32_t slot, uint32_t byte_len);
-  absl::Status DeliverHeld();
   void Push(Opcode opcode, uint64_t wr_id, absl::Status status, size_t bytes,
             std::optional<uint32_t> immediate = std::nullopt);
   absl::Status Malformed(std::string_view what) const;
@@ -263,8 +261,7 @@ class Protocol {
   std::deque<uint32_t> pending_;  // ops with work left to post, in post order
   SlotTable<WrDesc> wrs_;
   std::vector<uint32_t> free_send_slots_;
-  std::deque<RecvOp> posted_recvs_;  // non-empty only while held_ is empty
-  std::deque<std::vector<uint8_t>> held_;
+  internal::Matcher matcher_;
   Incoming incoming_;
 };
 

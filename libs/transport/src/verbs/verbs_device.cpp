@@ -1166,6 +1166,10 @@ absl::StatusOr<std::shared_ptr<VerbsCore>> OpenCore(const DeviceOptions& options
   p.send_slots = std::min(p.send_slots, p.max_send_wr);
   p.max_message_bytes = options.max_message_bytes;
   p.op_timeout = options.op_timeout;
+  absl::StatusOr<HoldLimits> held = ResolveHoldLimits(options);
+  if (!held.ok()) return held.status();
+  p.held_bytes_per_connection = held->per_connection;
+  p.held_budget = std::make_shared<HoldBudget>(held->per_device);
   if (absl::Status s = verbs::ValidateConfig(p); !s.ok()) return s;
   return core;
 }

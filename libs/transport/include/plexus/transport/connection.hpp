@@ -55,7 +55,7 @@ class Mailbox {
 //  - Two-sided messages are delivered whole, once, in PostSend order, into receives matched in
 //    PostRecv order. A message longer than the matched receive fails that receive
 //    (ResourceExhausted) and closes the connection. Messages arriving before a receive is posted
-//    are held by the backend.
+//    are held by the backend, within DeviceOptions::max_held_bytes_per_{connection,device}.
 //  - PostWrite places `length` bytes at `remote_offset` of the peer's region. The initiator gets
 //    kWrite once the bytes are in place; with an immediate, the peer gets one kRemoteWrite
 //    completion carrying it, ordered after every earlier message and write of this connection.

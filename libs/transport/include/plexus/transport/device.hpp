@@ -33,6 +33,15 @@ struct DeviceOptions {
   absl::Duration connect_timeout = absl::Seconds(10);
   // Frames announcing more than this are treated as malformed.
   size_t max_message_bytes = size_t{1} << 34;
+  // Bytes held for messages that arrive before their receive is posted (PostRecv), per
+  // connection and over all connections of the device. 0 = the environment's
+  // PLEXUS_MAX_HELD_BYTES_PER_CONNECTION / PLEXUS_MAX_HELD_BYTES_PER_DEVICE, else 256 MiB / 1 GiB.
+  // When the next message does not fit, the backend stops reading from that connection until
+  // receives are posted (tcp and shm: the sender blocks, and its op_timeout runs); a message that
+  // alone exceeds a cap while no receive is posted fails the connection (ResourceExhausted).
+  // inproc refuses such a PostSend instead; verbs fails the connection.
+  size_t max_held_bytes_per_connection = 0;
+  size_t max_held_bytes_per_device = 0;
   // shm: bytes of each direction's ring.
   size_t shm_ring_bytes = size_t{4} << 20;
   // shm: messages and writes of at least this many bytes are pulled by the receiver with

@@ -1,0 +1,13 @@
+# The receive matcher shared by every backend (unit tests, no wire), and the caps on memory
+# held for early messages against hostile tcp and shm peers (RSS and VmSize of the process).
+plexus_add_test(transport_matcher_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/matcher_test.cpp
+                DEPS plexus_transport_internal LABELS transport TIMEOUT 30)
+
+plexus_add_test(transport_held_memory_test
+                SOURCES ${CMAKE_CURRENT_LIST_DIR}/held_memory_test.cpp
+                DEPS plexus_transport_internal LABELS transport TIMEOUT 180)
+
+# The tcp backend's socket-free protocol decisions, and short striped operations end to end.
+plexus_add_test(transport_tcp_protocol_test
+                SOURCES ${CMAKE_CURRENT_LIST_DIR}/tcp_protocol_test.cpp
+                DEPS plexus_transport_internal LABELS transport TIMEOUT 60)
