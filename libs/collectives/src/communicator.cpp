@@ -1568,7 +1568,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
   const absl::Duration pure_spin = yield_when_idle_ ? absl::ZeroDuration() : options_.spin;
   absl::Time start = absl::InfinitePast();
   absl::Duration idle = absl::ZeroDuration();
-  absl::Time wait_posted_at = absl::InfinitePast();
+  absl::Duration next_wait_record = wait_record_after_;  // idle time of the next wait record
   auto failed = [&](int peer, const absl::Status& why) {
     return Abort(header, Failure::Peer(peer, why));
   };
@@ -1621,6 +1621,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       start = absl::InfinitePast();
       idle = absl::ZeroDuration();
       polls = 0;
+      next_wait_record = wait_record_after_;
       if (board_->posted()) board_->Retract();
       continue;
     }
@@ -1632,11 +1633,10 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       const int waited_for = sent < fragments ? to : in.from;
       if (idle > options_.timeout) return Abort(header, Failure::Stall({waited_for}));
       // Long without progress: publish whom this rank waits for (see Execute).
-      if (idle >= wait_record_after_ &&
-          (!board_->posted() || now - wait_posted_at >= wait_record_every_)) {
+      if (idle >= next_wait_record) {
         board_->PostWaiting({waited_for}, absl::StatusCode::kDeadlineExceeded,
                             absl::StrCat("waiting for ", absl::FormatDuration(idle)));
-        wait_posted_at = now;
+        next_wait_record = idle + wait_record_every_;
       }
       Completion sink[4];
       cq_->Poll(absl::MakeSpan(sink));  // caller-mode progress notices a dead peer
@@ -1972,7 +1972,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
   bool progressed = false;
   uint32_t idle_polls = 0;
   const absl::Duration pure_spin = yield_when_idle_ ? absl::ZeroDuration() : options_.spin;
-  absl::Time wait_posted_at = absl::InfinitePast();
+  absl::Duration next_wait_record = wait_record_after_;  // idle time of the next wait record
   Completion batch[32];
   for (;;) {
     do_local();
@@ -1989,16 +1989,16 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
           last_progress = now;
           progressed = false;
           idle_polls = 0;
+          next_wait_record = wait_record_after_;
           if (board_->posted()) board_->Retract();
         }
         idle = now - last_progress;
         // Long without progress: publish whom this rank waits for (off the fast path), so that
         // whichever rank times out first finds the wait-for graph on the store.
-        if (idle >= wait_record_after_ && idle < options_.timeout &&
-            (!board_->posted() || now - wait_posted_at >= wait_record_every_)) {
+        if (idle >= next_wait_record && idle < options_.timeout) {
           board_->PostWaiting(WaitingFor(channels), absl::StatusCode::kDeadlineExceeded,
                               absl::StrCat("waiting for ", absl::FormatDuration(idle)));
-          wait_posted_at = now;
+          next_wait_record = idle + wait_record_every_;
         }
       }
       const absl::Duration left = options_.timeout - idle;
@@ -2021,8 +2021,11 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
         sched_yield();
         continue;
       }
-      absl::StatusOr<Completion> c = cq_->Wait(left, absl::ZeroDuration());
-      if (!c.ok()) continue;  // timed out: the check above reports it
+      // Wake for the next wait record too.
+      absl::StatusOr<Completion> c =
+          cq_->Wait(std::min(left, std::max(next_wait_record - idle, absl::Milliseconds(1))),
+                    absl::ZeroDuration());
+      if (!c.ok()) continue;  // timed out: the checks above report it or post the record
       batch[0] = *std::move(c);
       got = 1;
     }
