@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,7 +42,121 @@ void RequireAllOk(const std::vector<std::string>& results) {
   }
 }
 
+// Forwards to another store and tracks the blame records (keys under plexus/coll/blame/):
+// how many writes, and which keys are left.
+class BlameCountingStore : public pt::Store {
+ public:
+  explicit BlameCountingStore(std::shared_ptr<pt::Store> inner) : inner_(std::move(inner)) {}
+  absl::Status Set(std::string_view key, std::string_view value) override {
+    Track(key, true);
+    return inner_->Set(key, value);
+  }
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
+    return inner_->Get(key, timeout);
+  }
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) override {
+    return inner_->Add(key, delta);
+  }
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override {
+    return inner_->Wait(keys, timeout);
+  }
+  absl::StatusOr<bool> Check(absl::Span<const std::string> keys) override {
+    return inner_->Check(keys);
+  }
+  absl::StatusOr<bool> Delete(std::string_view key) override {
+    Track(key, false);
+    return inner_->Delete(key);
+  }
+  std::string description() const override { return inner_->description(); }
+
+  int writes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return writes_;
+  }
+  std::set<std::string> left() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return live_;
+  }
+
+ private:
+  void Track(std::string_view key, bool set) {
+    if (key.rfind("plexus/coll/blame/", 0) != 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++writes_;
+    if (set) {
+      live_.insert(std::string(key));
+    } else {
+      live_.erase(std::string(key));
+    }
+  }
+  std::shared_ptr<pt::Store> inner_;
+  std::mutex mu_;
+  int writes_ = 0;
+  std::set<std::string> live_;
+};
+
 }  // namespace
+
+// Wait records (docs/collectives.md, "Blame") cost the healthy path nothing, are posted by a
+// call that waits half the timeout, and are gone once it completed and the communicator is
+// destroyed.
+TEST_CASE("blame records: no store traffic on the healthy path, no key left after a slow call",
+          "[collectives][inproc]") {
+  // 8 B: the mailbox path; 64 KiB: a plan. A store of their own each (rendezvous keys).
+  for (size_t count : {size_t{2}, size_t{16384}}) {
+    auto server = pt::TcpStoreServer::Start("127.0.0.1:0");
+    REQUIRE(server.ok());
+    auto inner =
+        pt::TcpStore::Connect("127.0.0.1:" + std::to_string((*server)->port()), absl::Seconds(10));
+    REQUIRE(inner.ok());
+    auto store = std::make_shared<BlameCountingStore>(*std::move(inner));
+    pc::CommunicatorOptions options;
+    options.backend = pt::Backend::kInproc;
+    options.timeout = absl::Seconds(2);
+    std::vector<std::string> results(2);
+    int fast_writes = -1;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        auto rdv = pt::Rendezvous::Create(r, 2, store);
+        if (!rdv.ok()) {
+          results[r] = "rendezvous: " + std::string(rdv.status().message());
+          return;
+        }
+        auto comm = pc::Communicator::Create(*rdv, options);
+        if (!comm.ok()) {
+          results[r] = "create: " + std::string(comm.status().message());
+          return;
+        }
+        std::vector<float> v(count, 1.0f);
+        for (int i = 0; i < 50; ++i) {
+          absl::Status s =
+              (*comm)->AllReduce(v.data(), v.data(), count, DataType::kF32, ReduceOp::kSum);
+          if (!s.ok()) {
+            results[r] = std::string(s.message());
+            return;
+          }
+        }
+        if (absl::Status s = (*comm)->Barrier(); !s.ok()) {
+          results[r] = std::string(s.message());
+          return;
+        }
+        if (r == 0) fast_writes = store->writes();
+        // Rank 1 comes late (0.7x the timeout): rank 0 waits past half of it.
+        if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1400));
+        absl::Status s =
+            (*comm)->AllReduce(v.data(), v.data(), count, DataType::kF32, ReduceOp::kSum);
+        if (!s.ok()) results[r] = std::string(s.message());
+      });
+    }
+    for (auto& t : threads) t.join();
+    INFO(count << " elements");
+    RequireAllOk(results);
+    CHECK(fast_writes == 0);
+    CHECK(store->writes() >= 2);  // rank 0's wait record, and its removal
+    CHECK(store->left().empty());
+  }
+}
 
 TEST_CASE("every collective, dtype, op and algorithm matches the reference, 1 to 8 ranks",
           "[collectives][inproc]") {

@@ -246,6 +246,38 @@ TEST_CASE("processes: a stopped rank makes every peer fail naming it, within 1.2
   }
 }
 
+// 4 ranks: over tcp at 64 MiB the ring's sends to the stopped rank are absorbed by socket
+// buffers, so the ranks stall (and time out) up to a few hundred ms apart, and a rank blocked
+// behind another can time out first; it must still find the stopped rank (from the wait records
+// the others posted at half the timeout), and every survivor must name it.
+TEST_CASE("processes: with 4 ranks every survivor names the stopped rank within 1.25x the timeout",
+          "[collectives][process]") {
+  constexpr int kTimeoutMs = 2000;
+  constexpr long long kBoundNs = 1250LL * kTimeoutMs * 1000 + 750'000'000LL;
+  for (const std::string& backend : Backends()) {
+    // tcp: the pipelined ring; shm: 8 bytes, the mailbox path.
+    const size_t bytes = backend == "tcp" ? size_t{64} << 20 : 8;
+    const int n = 4, victim = 2;
+    StoppedRun run = RunStopped(n, backend, "stop", victim, kTimeoutMs, bytes);
+    for (int r = 0; r < n; ++r) {
+      if (r == victim) continue;
+      const Outcome& o = run.out[r];
+      INFO(backend << " " << bytes << " B, rank " << r << ": " << o.output);
+      CHECK(o.exit_code == 0);
+      CHECK(o.output.find("[DEADLINE_EXCEEDED]") != std::string::npos);
+      CHECK(BlamedRank(o.output, r) == victim);
+      const long long failed = TimeAfter(o.output, "failed");
+      const long long closed = TimeAfter(o.output, "closed");
+      REQUIRE(failed > 0);
+      REQUIRE(closed > 0);
+      INFO("failed after " << (failed - run.stopped_at) / 1e9 << " s, closed after "
+                           << (closed - run.stopped_at) / 1e9 << " s");
+      CHECK(failed - run.stopped_at <= kBoundNs);
+      CHECK(closed - run.stopped_at <= kBoundNs);
+    }
+  }
+}
+
 TEST_CASE(
     "processes: destroying a communicator whose peer is stopped returns within 1.25x the "
     "timeout",
@@ -292,6 +324,39 @@ TEST_CASE("processes: stopped-rank detection latency", "[.measure]") {
                      << "\n"
                      << run.out[0].output << run.out[1].output << run.out[3].output);
       }
+    }
+  }
+}
+
+// Blame under repetition for the report (hidden: run with "[.repeat]"): 4 ranks, rank 2
+// stopped, 20 runs per backend and size; prints each run's blamed ranks and slowest report.
+TEST_CASE("processes: stopped-rank blame over repeated runs", "[.repeat]") {
+  constexpr int kTimeoutMs = 2000;
+  for (const std::string& backend : Backends()) {
+    for (size_t bytes : {size_t{64} << 20, size_t{8}}) {
+      int wrong = 0;
+      double worst_all = 0;
+      for (int run_index = 0; run_index < 20; ++run_index) {
+        StoppedRun run = RunStopped(4, backend, "stop", 2, kTimeoutMs, bytes);
+        double worst = 0;
+        std::string blamed;
+        bool ok = true;
+        for (int r : {0, 1, 3}) {
+          const long long failed = TimeAfter(run.out[r].output, "failed");
+          const long long closed = TimeAfter(run.out[r].output, "closed");
+          worst = std::max(worst, (std::max(failed, closed) - run.stopped_at) / 1e9);
+          const int b = BlamedRank(run.out[r].output, r);
+          ok = ok && b == 2 && failed > 0;
+          blamed += " " + std::to_string(b);
+        }
+        worst_all = std::max(worst_all, worst);
+        if (!ok) ++wrong;
+        WARN(backend << " " << bytes << " B run " << run_index << ": blamed" << blamed
+                     << ", last error or close after " << worst << " s"
+                     << (ok ? std::string()
+                            : "\n" + run.out[0].output + run.out[1].output + run.out[3].output));
+      }
+      WARN(backend << " " << bytes << " B: " << wrong << "/20 wrong, worst " << worst_all << " s");
     }
   }
 }

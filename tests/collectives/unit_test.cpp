@@ -173,6 +173,7 @@ TEST_CASE("blame accounts round-trip and reject garbage", "[collectives][unit]")
   b.code = absl::StatusCode::kDeadlineExceeded;
   b.ranks = {2, 5};
   b.reporter = 1;
+  b.at_ms = 1700000000123;
   b.reason = "made no progress | with a bar";
   auto back = pi::Blame::Decode(b.Encode());
   REQUIRE(back.has_value());
@@ -180,48 +181,146 @@ TEST_CASE("blame accounts round-trip and reject garbage", "[collectives][unit]")
   CHECK(back->code == absl::StatusCode::kDeadlineExceeded);
   CHECK(back->ranks == std::vector<int>{2, 5});
   CHECK(back->reporter == 1);
+  CHECK(back->at_ms == 1700000000123);
   CHECK(back->reason == b.reason);
-  CHECK(!pi::Blame::Decode("F|99|1|0|x").has_value());
-  CHECK(!pi::Blame::Decode("X|4|1|0|x").has_value());
-  CHECK(!pi::Blame::Decode("F|4|-1|0|x").has_value());
+  CHECK(pi::Blame::Decode("F|4|1|0|5|x").has_value());
+  CHECK(!pi::Blame::Decode("F|99|1|0|5|x").has_value());
+  CHECK(!pi::Blame::Decode("X|4|1|0|5|x").has_value());
+  CHECK(!pi::Blame::Decode("F|4|-1|0|5|x").has_value());
+  CHECK(!pi::Blame::Decode("F|4|1|0|soon|x").has_value());
+  CHECK(!pi::Blame::Decode("F|4|1|0|x").has_value());
   CHECK(!pi::Blame::Decode("F|4").has_value());
 }
 
+namespace {
+
+struct StoreFixture {
+  std::unique_ptr<plexus::transport::TcpStoreServer> server;
+  std::shared_ptr<plexus::transport::Store> store;
+  StoreFixture() {
+    namespace pt = plexus::transport;
+    auto started = pt::TcpStoreServer::Start("127.0.0.1:0");
+    REQUIRE(started.ok());
+    server = *std::move(started);
+    auto client =
+        pt::TcpStore::Connect("127.0.0.1:" + std::to_string(server->port()), absl::Seconds(5));
+    REQUIRE(client.ok());
+    store = *std::move(client);
+  }
+};
+
+pi::Blame Stall(int self, std::vector<int> waiting) {
+  pi::Blame b;
+  b.final = false;
+  b.code = absl::StatusCode::kDeadlineExceeded;
+  b.ranks = std::move(waiting);
+  b.reporter = self;
+  b.reason = "made no progress for 1s";
+  return b;
+}
+
+}  // namespace
+
 TEST_CASE("blame follows a stall to the silent rank and adopts an aborted peer's account",
           "[collectives][unit]") {
-  namespace pt = plexus::transport;
-  auto server = pt::TcpStoreServer::Start("127.0.0.1:0");
-  REQUIRE(server.ok());
-  auto store =
-      pt::TcpStore::Connect("127.0.0.1:" + std::to_string((*server)->port()), absl::Seconds(5));
-  REQUIRE(store.ok());
-  std::shared_ptr<pt::Store> shared = *std::move(store);
+  StoreFixture f;
   const uint64_t uid = 0xabc;
-  // Rank 1 waits for rank 2; rank 2 (stopped) published nothing.
-  pi::Blame waiting;
-  waiting.final = false;
-  waiting.code = absl::StatusCode::kDeadlineExceeded;
-  waiting.ranks = {2};
-  waiting.reporter = 1;
-  waiting.reason = "made no progress for 1s";
-  REQUIRE(shared->Set(pi::BlameKey(uid, 1), waiting.Encode()).ok());
-  pi::Blame mine = waiting;
-  mine.ranks = {1};
-  mine.reporter = 0;
-  pi::Blame got = pi::ResolveBlame(shared, uid, 0, mine, {}, absl::Now() + absl::Milliseconds(100));
+  // Rank 1 waits for rank 2; rank 2 (stopped) posted nothing.
+  pi::BlameBoard one(f.store, uid, 1, absl::Seconds(1));
+  one.PostWaiting({2}, absl::StatusCode::kDeadlineExceeded, "waiting");
+  REQUIRE(one.Flush(absl::Now() + absl::Seconds(5)));
+  pi::BlameBoard zero(f.store, uid, 0, absl::Seconds(1));
+  pi::Blame got = zero.Resolve(Stall(0, {1}), {}, absl::Now() + absl::Milliseconds(100));
   CHECK(got.final);
   CHECK(got.ranks == std::vector<int>{2});
   CHECK(got.reporter == 0);
   CHECK(got.code == absl::StatusCode::kDeadlineExceeded);
-  // Rank 0's final account is published: rank 3, seeing rank 0 close, adopts it.
+  // Rank 0's final account is on the store once Resolve returns: rank 3, seeing rank 0 close,
+  // adopts it.
   pi::Blame closed;
   closed.code = absl::StatusCode::kUnavailable;
   closed.ranks = {0};
   closed.reporter = 3;
   closed.reason = "closed its connection";
-  got = pi::ResolveBlame(shared, uid, 3, closed, {0}, absl::Now() + absl::Milliseconds(100));
+  pi::BlameBoard three(f.store, uid, 3, absl::Seconds(1));
+  got = three.Resolve(closed, {0}, absl::Now() + absl::Milliseconds(100));
   CHECK(got.ranks == std::vector<int>{2});
   CHECK(got.reporter == 0);
   CHECK(got.code == absl::StatusCode::kDeadlineExceeded);
   CHECK(got.reason == "made no progress for 1s");
+}
+
+// The 4-rank ring with rank 2 stopped, as seen by rank 3 timing out first: it waits for rank 2
+// (receive) and rank 0 (send in flight); rank 1, behind rank 0, posted its wait record before
+// anyone timed out. The silent rank is 2, whom ranks 1 and 3 wait for; not rank 0 or 1.
+TEST_CASE("blame finds the silent rank through wait records posted before the timeout",
+          "[collectives][unit]") {
+  StoreFixture f;
+  const uint64_t uid = 0xdef;
+  pi::BlameBoard zero(f.store, uid, 0, absl::Seconds(1)), one(f.store, uid, 1, absl::Seconds(1)),
+      three(f.store, uid, 3, absl::Seconds(1));
+  zero.PostWaiting({3}, absl::StatusCode::kDeadlineExceeded, "waiting");
+  one.PostWaiting({0, 2}, absl::StatusCode::kDeadlineExceeded, "waiting");
+  REQUIRE(zero.Flush(absl::Now() + absl::Seconds(5)));
+  REQUIRE(one.Flush(absl::Now() + absl::Seconds(5)));
+  pi::Blame got = three.Resolve(Stall(3, {0, 2}), {}, absl::Now() + absl::Milliseconds(100));
+  CHECK(got.ranks == std::vector<int>{2});
+  CHECK(got.reporter == 3);
+}
+
+// A rank stopped while its own wait record was up (it waited for rank 0, then stopped): the
+// record is no longer refreshed and is not trusted once older than `stale_after`. Rank 3 waits
+// for rank 0, rank 0 for rank 2: rank 2 is the silent one. Trusting its old record would close a
+// cycle 0 -> 2 -> 0 and leave rank 3 blaming rank 0.
+TEST_CASE("blame does not trust a wait record its writer stopped refreshing",
+          "[collectives][unit]") {
+  StoreFixture f;
+  for (const bool fresh : {false, true}) {
+    const uint64_t uid = fresh ? 0x124 : 0x123;
+    pi::Blame two = Stall(2, {0});
+    two.at_ms = absl::ToUnixMillis(absl::Now() - (fresh ? absl::ZeroDuration() : absl::Seconds(5)));
+    REQUIRE(f.store->Set(pi::BlameKey(uid, 2), two.Encode()).ok());
+    pi::BlameBoard zero(f.store, uid, 0, absl::Seconds(1)),
+        three(f.store, uid, 3, absl::Seconds(1));
+    zero.PostWaiting({2}, absl::StatusCode::kDeadlineExceeded, "waiting");
+    REQUIRE(zero.Flush(absl::Now() + absl::Seconds(5)));
+    pi::Blame got = three.Resolve(Stall(3, {0}), {}, absl::Now() + absl::Milliseconds(100));
+    INFO("rank 2's record fresh: " << fresh);
+    // Fresh, the records form a cycle (ranks in different calls): rank 3 keeps its own view.
+    CHECK(got.ranks == (fresh ? std::vector<int>{0} : std::vector<int>{2}));
+    CHECK(got.reporter == 3);
+  }
+}
+
+TEST_CASE("a blame board removes its wait record and leaves no key behind", "[collectives][unit]") {
+  StoreFixture f;
+  const uint64_t uid = 0x456;
+  const std::string key = pi::BlameKey(uid, 1);
+  {
+    pi::BlameBoard board(f.store, uid, 1, absl::Seconds(1));
+    board.Retract();  // nothing posted: no store traffic, no key
+    CHECK(!board.posted());
+    board.PostWaiting({0}, absl::StatusCode::kDeadlineExceeded, "waiting");
+    CHECK(board.posted());
+    REQUIRE(board.Flush(absl::Now() + absl::Seconds(5)));
+    auto text = f.store->Get(key, absl::ZeroDuration());
+    REQUIRE(text.ok());
+    auto record = pi::Blame::Decode(*text);
+    REQUIRE(record.has_value());
+    CHECK(!record->final);
+    CHECK(record->ranks == std::vector<int>{0});
+    CHECK(std::abs(record->at_ms - absl::ToUnixMillis(absl::Now())) < 5000);
+    // Many posts and a removal: the last request wins, in order.
+    for (int i = 0; i < 50; ++i) {
+      board.PostWaiting({i % 3}, absl::StatusCode::kDeadlineExceeded, "waiting");
+    }
+    board.Retract();
+    CHECK(!board.posted());
+    REQUIRE(board.Flush(absl::Now() + absl::Seconds(5)));
+    CHECK(!f.store->Check({key}).value());
+  }
+  // A store that is gone: posting and flushing return (false: not written) without hanging.
+  pi::BlameBoard orphan(nullptr, uid, 2, absl::Seconds(1));
+  orphan.PostWaiting({0}, absl::StatusCode::kDeadlineExceeded, "waiting");
+  CHECK(orphan.Flush(absl::Now()));
 }

@@ -15,15 +15,25 @@
 namespace plexus::collectives::internal {
 namespace {
 
-// How often a stalled rank re-reads its peers' accounts while it resolves whom to blame.
+// How often a stalled rank re-reads its peers' records while it resolves whom to blame.
 constexpr absl::Duration kPollInterval = absl::Milliseconds(10);
 // Time allowed for the final write beyond the resolution's deadline.
 constexpr absl::Duration kWriteMargin = absl::Milliseconds(100);
+// A record's reason is cut to this many bytes: one key per rank stays small.
+constexpr size_t kMaxReasonBytes = 1024;
 
-std::optional<Blame> Read(transport::Store& store, uint64_t uid, int rank) {
+// A peer's record; nullopt when absent, malformed, or a wait record its writer stopped
+// refreshing (stopped while waiting: it is not waiting any more, it is silent).
+std::optional<Blame> Read(transport::Store& store, uint64_t uid, int rank,
+                          absl::Duration stale_after) {
   auto text = store.Get(BlameKey(uid, rank), absl::ZeroDuration());
   if (!text.ok()) return std::nullopt;
-  return Blame::Decode(*text);
+  std::optional<Blame> b = Blame::Decode(*text);
+  if (b && !b->final &&
+      absl::ToUnixMillis(absl::Now()) - b->at_ms > absl::ToInt64Milliseconds(stale_after)) {
+    return std::nullopt;
+  }
+  return b;
 }
 
 bool Names(const Blame& b, int rank) {
@@ -59,28 +69,28 @@ std::optional<T> RunBefore(absl::Time deadline, std::function<T()> fn) {
   return shared->result;
 }
 
-Blame Resolve(transport::Store& store, uint64_t uid, int self, const Blame& local,
-              const std::vector<int>& consult, absl::Time deadline) {
+Blame ResolveFrom(transport::Store& store, uint64_t uid, int self, const Blame& local,
+                  const std::vector<int>& consult, absl::Time deadline,
+                  absl::Duration stale_after) {
   if (local.final) {
     // Accounts of ranks that closed on purpose were published before they closed.
     for (;;) {
       for (int r : consult) {
-        std::optional<Blame> theirs = Read(store, uid, r);
+        std::optional<Blame> theirs = Read(store, uid, r, stale_after);
         if (theirs && theirs->final && !Names(*theirs, self)) return *theirs;
       }
       if (consult.empty() || absl::Now() >= deadline) return local;
       absl::SleepFor(kPollInterval);
     }
   }
-  (void)store.Set(BlameKey(uid, self), local.Encode());
   for (;;) {
-    // Follow the ranks waited for through their own stall accounts; a rank that published
-    // nothing is silent (a rank blocked on another one times out too, and says on which).
+    // Follow the ranks waited for through their wait records (posted after half the timeout
+    // without progress, so mostly there already); a rank reached without one is silent.
     std::vector<int> queue = local.ranks;
     std::vector<int> silent, named_by_others;
     for (size_t i = 0; i < queue.size(); ++i) {
       const int r = queue[i];
-      std::optional<Blame> theirs = Read(store, uid, r);
+      std::optional<Blame> theirs = Read(store, uid, r, stale_after);
       if (!theirs) {
         silent.push_back(r);
         continue;
@@ -99,7 +109,7 @@ Blame Resolve(transport::Store& store, uint64_t uid, int self, const Blame& loca
     if (silent.empty()) return Finalized(local);
     if (absl::Now() >= deadline) {
       // Silent ranks that another rank waits for too are the likelier culprits than one only
-      // this rank waits for (that one may merely be late to publish).
+      // this rank waits for (that one may merely be late to post).
       std::vector<int> confirmed;
       for (int r : silent) {
         if (std::find(named_by_others.begin(), named_by_others.end(), r) != named_by_others.end()) {
@@ -119,13 +129,14 @@ Blame Resolve(transport::Store& store, uint64_t uid, int self, const Blame& loca
 
 std::string Blame::Encode() const {
   return absl::StrCat(final ? "F" : "W", "|", static_cast<int>(code), "|",
-                      absl::StrJoin(ranks, ","), "|", reporter, "|", reason);
+                      absl::StrJoin(ranks, ","), "|", reporter, "|", at_ms, "|",
+                      reason.substr(0, kMaxReasonBytes));
 }
 
 std::optional<Blame> Blame::Decode(std::string_view text) {
   const std::vector<absl::string_view> f =
-      absl::StrSplit(absl::string_view(text.data(), text.size()), absl::MaxSplits('|', 4));
-  if (f.size() != 5 || (f[0] != "F" && f[0] != "W")) return std::nullopt;
+      absl::StrSplit(absl::string_view(text.data(), text.size()), absl::MaxSplits('|', 5));
+  if (f.size() != 6 || (f[0] != "F" && f[0] != "W")) return std::nullopt;
   Blame b;
   b.final = f[0] == "F";
   int code = 0;
@@ -137,7 +148,8 @@ std::optional<Blame> Blame::Decode(std::string_view text) {
     b.ranks.push_back(rank);
   }
   if (!absl::SimpleAtoi(f[3], &b.reporter)) return std::nullopt;
-  b.reason = std::string(f[4]);
+  if (!absl::SimpleAtoi(f[4], &b.at_ms)) return std::nullopt;
+  b.reason = std::string(f[5]);
   return b;
 }
 
@@ -145,29 +157,105 @@ std::string BlameKey(uint64_t uid, int rank) {
   return absl::StrCat("plexus/coll/blame/", absl::Hex(uid), "/", rank);
 }
 
-Blame ResolveBlame(std::shared_ptr<transport::Store> store, uint64_t uid, int self, Blame local,
-                   std::vector<int> consult, absl::Time deadline) {
-  if (store == nullptr) return Finalized(std::move(local));
-  std::optional<Blame> resolved =
-      RunBefore<Blame>(deadline + kWriteMargin, [store, uid, self, local, consult, deadline] {
-        Blame b = Resolve(*store, uid, self, local, consult, deadline);
-        (void)store->Set(BlameKey(uid, self), b.Encode());
-        return b;
-      });
-  return resolved ? *std::move(resolved) : Finalized(std::move(local));
+// The writer thread's state; the thread holds it (and the store) after the board is gone.
+struct BlameBoard::Shared {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool has_pending = false;
+  std::optional<std::string> pending;  // nullopt: delete
+  uint64_t requested = 0, written = 0;
+  bool started = false, stop = false;
+};
+
+BlameBoard::BlameBoard(std::shared_ptr<transport::Store> store, uint64_t uid, int self,
+                       absl::Duration stale_after)
+    : store_(std::move(store)),
+      uid_(uid),
+      self_(self),
+      stale_after_(stale_after),
+      shared_(std::make_shared<Shared>()) {}
+
+BlameBoard::~BlameBoard() {
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->stop = true;  // the thread still writes what is pending, then ends
+  }
+  shared_->cv.notify_all();
 }
 
-void AnnounceWaiting(std::shared_ptr<transport::Store> store, uint64_t uid, int self,
-                     std::vector<int> ranks, absl::Time deadline) {
-  if (store == nullptr) return;
+void BlameBoard::Request(std::optional<std::string> value) {
+  if (store_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  shared_->pending = std::move(value);
+  shared_->has_pending = true;
+  ++shared_->requested;
+  if (!shared_->started) {
+    shared_->started = true;
+    std::thread([shared = shared_, store = store_, key = BlameKey(uid_, self_)] {
+      std::unique_lock<std::mutex> lock(shared->mu);
+      for (;;) {
+        shared->cv.wait(lock, [&] { return shared->has_pending || shared->stop; });
+        if (!shared->has_pending) return;
+        std::optional<std::string> value = std::move(shared->pending);
+        const uint64_t generation = shared->requested;
+        shared->has_pending = false;
+        lock.unlock();
+        if (value) {
+          (void)store->Set(key, *value);
+        } else {
+          (void)store->Delete(key);
+        }
+        lock.lock();
+        shared->written = generation;
+        shared->cv.notify_all();
+      }
+    }).detach();
+  }
+  shared_->cv.notify_all();
+}
+
+void BlameBoard::Post(Blame b) {
+  b.at_ms = absl::ToUnixMillis(absl::Now());
+  posted_ = true;
+  Request(b.Encode());
+}
+
+void BlameBoard::PostWaiting(std::vector<int> ranks, absl::StatusCode code, std::string reason) {
   Blame b;
   b.final = false;
-  b.code = absl::StatusCode::kUnavailable;
+  b.code = code;
   b.ranks = std::move(ranks);
-  b.reporter = self;
-  (void)RunBefore<bool>(deadline, [store, uid, self, text = b.Encode()] {
-    return store->Set(BlameKey(uid, self), text).ok();
-  });
+  b.reporter = self_;
+  b.reason = std::move(reason);
+  Post(std::move(b));
+}
+
+void BlameBoard::Retract() {
+  if (!posted_) return;
+  posted_ = false;
+  Request(std::nullopt);
+}
+
+bool BlameBoard::Flush(absl::Time deadline) {
+  if (store_ == nullptr) return true;
+  std::unique_lock<std::mutex> lock(shared_->mu);
+  return shared_->cv.wait_until(lock, absl::ToChronoTime(deadline),
+                                [&] { return shared_->written >= shared_->requested; });
+}
+
+Blame BlameBoard::Resolve(Blame local, std::vector<int> consult, absl::Time deadline) {
+  if (store_ == nullptr) return Finalized(std::move(local));
+  if (!local.final) Post(local);
+  // The reads end at `deadline`; half the margin lets their answer come back.
+  std::optional<Blame> resolved = RunBefore<Blame>(
+      deadline + kWriteMargin / 2, [store = store_, uid = uid_, self = self_, local,
+                                    consult = std::move(consult), deadline, stale = stale_after_] {
+        return ResolveFrom(*store, uid, self, local, consult, deadline, stale);
+      });
+  Blame out = resolved ? *std::move(resolved) : Finalized(std::move(local));
+  Post(out);
+  Flush(deadline + kWriteMargin);
+  return out;
 }
 
 }  // namespace plexus::collectives::internal

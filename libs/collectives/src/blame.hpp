@@ -1,7 +1,12 @@
-// Whom a failed communicator blames. A rank that fails publishes its account on the store
-// before it closes its connections; a peer that then sees those connections close (or that
-// timed out waiting for that rank) reads it, so that every rank's error names the rank that
-// failed first rather than a rank that aborted in reaction (docs/collectives.md, "Failure").
+// Whom a failed communicator blames (docs/collectives.md, "Failure"). Each rank keeps one record
+// on the rendezvous store:
+//  - a wait record while a call has made no progress for half the timeout: whom it waits for,
+//    refreshed while it waits and removed when it progresses again, so that when some rank times
+//    out the wait-for graph is already there and the silent rank (waited for, no record) shows
+//    at once, whichever rank timed out first;
+//  - its final account when it fails, published before it closes its connections, so that a
+//    peer that then sees those connections close adopts it and every rank's error names the
+//    rank that failed first rather than a rank that aborted in reaction.
 #pragma once
 
 #include <cstdint>
@@ -18,38 +23,72 @@
 namespace plexus::collectives::internal {
 
 struct Blame {
-  // false: a stall still being resolved (`ranks` are the ranks this rank waited for).
+  // false: a wait record (`ranks` are the ranks this rank waits for; it is alive).
   bool final = true;
   absl::StatusCode code = absl::StatusCode::kUnknown;
   // final: the rank(s) blamed; empty when the reporter failed on its own account (mismatched
   // calls, say), then `reason` is its whole message.
   std::vector<int> ranks;
   int reporter = -1;   // the rank whose observation this is
+  int64_t at_ms = 0;   // when the reporter wrote it (Unix milliseconds, its own clock)
   std::string reason;  // follows "rank X " ("died or is unreachable (...)")
 
   std::string Encode() const;
   static std::optional<Blame> Decode(std::string_view text);
 };
 
-// The store key of `rank`'s account for the communicator `uid`.
+// The store key of `rank`'s record for the communicator `uid`.
 std::string BlameKey(uint64_t uid, int rank);
 
-// Resolves `local` (this rank's own view) against the peers' accounts and publishes the result
-// as this rank's account, on a thread of its own: the store may be served by a rank that hangs
-// too. Returns the resolved blame, or `local` when the store did not answer by `deadline` (plus
-// a little for the final write).
-//  - A stall (local.final false): published as such first; then, until `deadline`, the ranks
-//    waited for are followed through their own stall accounts. A final account on the way is
-//    adopted; otherwise the ranks reached that published nothing are the silent ones.
-//  - A final view whose `consult` ranks closed their connections on purpose: their accounts
-//    (published before they closed) are adopted when found before `deadline`.
-Blame ResolveBlame(std::shared_ptr<transport::Store> store, uint64_t uid, int self, Blame local,
-                   std::vector<int> consult, absl::Time deadline);
+// This rank's record on the store. Writes go out in order on a helper thread of their own
+// (started on the first one), so that the caller never blocks on the store (which may be served
+// by a rank that hangs too) and an older write never lands after a newer one. A board that never
+// posted costs nothing: the healthy path makes no store traffic.
+class BlameBoard {
+ public:
+  // `store` may be null (no store: nothing is published, resolution keeps the local view).
+  // Wait records older than `stale_after` (by the reader's clock) are not trusted: their writer
+  // stopped refreshing them.
+  BlameBoard(std::shared_ptr<transport::Store> store, uint64_t uid, int self,
+             absl::Duration stale_after);
+  ~BlameBoard();
+  BlameBoard(const BlameBoard&) = delete;
+  BlameBoard& operator=(const BlameBoard&) = delete;
 
-// Publishes that `self` is alive and failing because of `ranks` (a connection that failed),
-// before the slower resolution, so that a peer resolving a stall does not take this rank for
-// the silent one. Waits for the store until `deadline` at most.
-void AnnounceWaiting(std::shared_ptr<transport::Store> store, uint64_t uid, int self,
-                     std::vector<int> ranks, absl::Time deadline);
+  // Publishes that this rank is alive and waits for `ranks` (stamped now).
+  void PostWaiting(std::vector<int> ranks, absl::StatusCode code, std::string reason);
+  // Publishes `b` (stamped now).
+  void Post(Blame b);
+  // Removes this rank's record, if it posted one since the last removal.
+  void Retract();
+  // Whether a record of this rank is (or is about to be) on the store.
+  bool posted() const { return posted_; }
+  // Waits until every write requested so far reached the store, or until `deadline`; true when
+  // they did.
+  bool Flush(absl::Time deadline);
+
+  // Resolves `local` (this rank's own view) against the peers' records, posts the result as this
+  // rank's final account and waits (until `deadline` plus a little for the write) for it to
+  // reach the store. Store reads run on a thread of their own; `local` comes back when the store
+  // did not answer by `deadline`.
+  //  - A stall (local.final false): posted as a wait record first; then, until `deadline`, the
+  //    ranks waited for are followed through their wait records. A final account on the way
+  //    (one that does not blame this rank) is adopted; otherwise the ranks reached that have no
+  //    fresh record are the silent ones (among them, those another rank waits for too).
+  //  - A final view whose `consult` ranks closed their connections on purpose: their accounts
+  //    (published before they closed) are adopted when found before `deadline`.
+  Blame Resolve(Blame local, std::vector<int> consult, absl::Time deadline);
+
+ private:
+  struct Shared;
+  void Request(std::optional<std::string> value);
+
+  std::shared_ptr<transport::Store> store_;
+  uint64_t uid_;
+  int self_;
+  absl::Duration stale_after_;
+  std::shared_ptr<Shared> shared_;
+  bool posted_ = false;
+};
 
 }  // namespace plexus::collectives::internal

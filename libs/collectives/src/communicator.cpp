@@ -489,6 +489,9 @@ class CommunicatorImpl : public Communicator {
   // ~0.3 s (failed connections) beyond the failure.
   absl::Status Abort(const CallHeader& header, Failure failure);
   std::string DownRanks();
+  // The ranks a stalled plan waits for: those with a receive posted but not arrived or a send
+  // in flight (what is not posted yet waits for these); failing that, any with work left.
+  std::vector<int> WaitingFor(int channels) const;
 
   CommunicatorOptions options_;
   Layout layout_;
@@ -496,6 +499,12 @@ class CommunicatorImpl : public Communicator {
   uint64_t uid_ = 0;
   int split_count_ = 0;
   std::shared_ptr<transport::Store> store_;
+  // This rank's wait records and failure account on the store (blame.hpp).
+  std::unique_ptr<internal::BlameBoard> board_;
+  // A call without progress for this long posts whom it waits for, and re-posts it this often
+  // while it still waits (timeout / 2 and / 4).
+  absl::Duration wait_record_after_;
+  absl::Duration wait_record_every_;
   AlgorithmTable table_;
   AlgorithmOverrides env_overrides_;
   bool debug_ = false;
@@ -535,6 +544,7 @@ class CommunicatorImpl : public Communicator {
   // Execute's per-call state, kept to reuse its storage.
   std::vector<size_t> max_recv_;
   std::vector<int> reduce_order_;
+  enum : uint8_t { kIdle = 0, kPosted = 1, kArrived = 2, kDone = 3 };  // per send / receive
   std::vector<uint8_t> send_state_, recv_state_;
   std::vector<uint8_t*> recv_landing_;
   std::vector<int> slot_copies_;
@@ -560,6 +570,13 @@ CommunicatorImpl::~CommunicatorImpl() {
   // finished every call it issued before.
   if (ready_ && layout_.n > 1 && health().ok()) {
     (void)RunOne(BarrierTask().value());
+  }
+  // A healthy communicator leaves nothing on the store: the barrier's last progress retracted
+  // any wait record; see that the removal is written. A broken one leaves its account (one key
+  // per rank) for peers still resolving whom to blame.
+  if (board_ != nullptr && health().ok()) {
+    board_->Retract();
+    board_->Flush(absl::Now() + std::min(options_.timeout, absl::Seconds(1)));
   }
   for (auto& channel : conns_) {
     for (auto& c : channel) {
@@ -740,6 +757,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   // More ranks than CPUs on this host: a rank spinning for its peer takes the CPU the peer needs
   // to answer, so waiting ranks yield instead (as Open MPI does when oversubscribed).
   comm->yield_when_idle_ = yield.value_or(oversubscribed);
+  comm->wait_record_after_ = options.timeout / 2;
+  comm->wait_record_every_ = options.timeout / 4;
+  // A waiting rank refreshes its record every timeout / 4; one older than timeout / 2 (1 s at
+  // least: a failing rank's announcement is not refreshed) belongs to a rank that stopped.
+  comm->board_ = std::make_unique<internal::BlameBoard>(
+      comm->store_, comm->uid_, rank, std::max(options.timeout / 2, absl::Seconds(1)));
   comm->options_ = std::move(options);
   comm->ready_ = true;
   if (comm->debug_ && rank == 0) {
@@ -1398,15 +1421,36 @@ std::string CommunicatorImpl::DownRanks() {
   return absl::StrJoin(down, ", ");
 }
 
+std::vector<int> CommunicatorImpl::WaitingFor(int channels) const {
+  std::vector<int> blocked, pending;
+  auto add = [](std::vector<int>& v, int peer) {
+    if (std::find(v.begin(), v.end(), peer) == v.end()) v.push_back(peer);
+  };
+  for (size_t l = 0; l < links_.size(); ++l) {
+    const Link& link = links_[l];
+    const int peer = static_cast<int>(l / channels);
+    if (link.sends_in_flight > 0) add(blocked, peer);
+    for (size_t k = link.low_recv; k < link.next_recv; ++k) {
+      if (recv_state_[link.recvs[k]] == kPosted) add(blocked, peer);
+    }
+    if (link.low_recv < link.recvs.size() || link.next_send < link.sends.size()) {
+      add(pending, peer);
+    }
+  }
+  return blocked.empty() ? pending : blocked;
+}
+
 absl::Status CommunicatorImpl::Abort(const CallHeader& header, Failure failure) {
   const int self = layout_.rank;
   if (failure.kind == Failure::Kind::kPeer) {
-    internal::AnnounceWaiting(store_, uid_, self, {failure.peer},
-                              absl::Now() + absl::Milliseconds(50));
+    // Alive and failing because of that connection: a peer resolving a stall meanwhile must
+    // not take this rank for the silent one.
+    board_->PostWaiting({failure.peer}, absl::StatusCode::kUnavailable, "connection failed");
   }
-  if (failure.kind == Failure::Kind::kPeer && device_ != nullptr) {
-    // Peer death shows on every connection to it; give the transport a moment to notice so that
-    // the error names the rank that died, not only the neighbour that told us.
+  // A peer that closed on purpose published its account first: read it at once. Anything else
+  // may be a death, which shows on every connection to that rank; give the transport a moment
+  // to notice so that the error names the rank that died, not only the neighbour that told us.
+  if (failure.kind == Failure::Kind::kPeer && !absl::IsAborted(failure.why) && device_ != nullptr) {
     const absl::Time until = absl::Now() + absl::Milliseconds(200);
     Completion drained[16];
     while (absl::Now() < until) {
@@ -1471,8 +1515,7 @@ absl::Status CommunicatorImpl::Abort(const CallHeader& header, Failure failure) 
       }
       break;
   }
-  const internal::Blame blame =
-      internal::ResolveBlame(store_, uid_, self, local, std::move(consult), deadline);
+  const internal::Blame blame = board_->Resolve(local, std::move(consult), deadline);
 
   const std::string call = header.Describe();
   std::string message;
@@ -1525,6 +1568,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
   const absl::Duration pure_spin = yield_when_idle_ ? absl::ZeroDuration() : options_.spin;
   absl::Time start = absl::InfinitePast();
   absl::Duration idle = absl::ZeroDuration();
+  absl::Duration next_wait_record = wait_record_after_;  // idle time of the next wait record
   auto failed = [&](int peer, const absl::Status& why) {
     return Abort(header, Failure::Peer(peer, why));
   };
@@ -1577,6 +1621,8 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       start = absl::InfinitePast();
       idle = absl::ZeroDuration();
       polls = 0;
+      next_wait_record = wait_record_after_;
+      if (board_->posted()) board_->Retract();
       continue;
     }
     // Past the yield window every pass sleeps anyway: read the clock on each.
@@ -1584,8 +1630,13 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       const absl::Time now = absl::Now();
       if (start == absl::InfinitePast()) start = now;
       idle = now - start;
-      if (idle > options_.timeout) {
-        return Abort(header, Failure::Stall({sent < fragments ? to : in.from}));
+      const int waited_for = sent < fragments ? to : in.from;
+      if (idle > options_.timeout) return Abort(header, Failure::Stall({waited_for}));
+      // Long without progress: publish whom this rank waits for (see Execute).
+      if (idle >= next_wait_record) {
+        board_->PostWaiting({waited_for}, absl::StatusCode::kDeadlineExceeded,
+                            absl::StrCat("waiting for ", absl::FormatDuration(idle)));
+        next_wait_record = idle + wait_record_every_;
       }
       Completion sink[4];
       cq_->Poll(absl::MakeSpan(sink));  // caller-mode progress notices a dead peer
@@ -1705,7 +1756,6 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     }
   }
 
-  enum : uint8_t { kIdle = 0, kPosted = 1, kArrived = 2, kDone = 3 };
   std::vector<uint8_t>& send_state = send_state_;
   std::vector<uint8_t>& recv_state = recv_state_;
   send_state.assign(num_sends, kIdle);
@@ -1922,11 +1972,15 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
   bool progressed = false;
   uint32_t idle_polls = 0;
   const absl::Duration pure_spin = yield_when_idle_ ? absl::ZeroDuration() : options_.spin;
+  absl::Duration next_wait_record = wait_record_after_;  // idle time of the next wait record
   Completion batch[32];
   for (;;) {
     do_local();
     if (!post_all()) break;
-    if (sends_done == num_sends && recvs_done == num_recvs) return absl::OkStatus();
+    if (sends_done == num_sends && recvs_done == num_recvs) {
+      if (board_->posted()) board_->Retract();
+      return absl::OkStatus();
+    }
     size_t got = cq_->Poll(absl::MakeSpan(batch));  // moves bytes too, in caller mode
     if (got == 0) {
       if (progressed || ++idle_polls % 16 == 0 || idle >= kYieldWindow) {
@@ -1935,23 +1989,21 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
           last_progress = now;
           progressed = false;
           idle_polls = 0;
+          next_wait_record = wait_record_after_;
+          if (board_->posted()) board_->Retract();
         }
         idle = now - last_progress;
+        // Long without progress: publish whom this rank waits for (off the fast path), so that
+        // whichever rank times out first finds the wait-for graph on the store.
+        if (idle >= next_wait_record && idle < options_.timeout) {
+          board_->PostWaiting(WaitingFor(channels), absl::StatusCode::kDeadlineExceeded,
+                              absl::StrCat("waiting for ", absl::FormatDuration(idle)));
+          next_wait_record = idle + wait_record_every_;
+        }
       }
       const absl::Duration left = options_.timeout - idle;
       if (left <= absl::ZeroDuration()) {
-        std::vector<int> waiting;
-        for (size_t l = 0; l < links_.size(); ++l) {
-          const Link& link = links_[l];
-          if (link.low_recv < link.recvs.size() || link.sends_in_flight > 0 ||
-              link.next_send < link.sends.size()) {
-            const int peer = static_cast<int>(l / channels);
-            if (std::find(waiting.begin(), waiting.end(), peer) == waiting.end()) {
-              waiting.push_back(peer);
-            }
-          }
-        }
-        failure = Failure::Stall(std::move(waiting));
+        failure = Failure::Stall(WaitingFor(channels));
         break;
       }
       // Send/Recv numbers its messages per pair, not per call: nothing to compare with.
@@ -1969,8 +2021,11 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
         sched_yield();
         continue;
       }
-      absl::StatusOr<Completion> c = cq_->Wait(left, absl::ZeroDuration());
-      if (!c.ok()) continue;  // timed out: the check above reports it
+      // Wake for the next wait record too.
+      absl::StatusOr<Completion> c =
+          cq_->Wait(std::min(left, std::max(next_wait_record - idle, absl::Milliseconds(1))),
+                    absl::ZeroDuration());
+      if (!c.ok()) continue;  // timed out: the checks above report it or post the record
       batch[0] = *std::move(c);
       got = 1;
     }
