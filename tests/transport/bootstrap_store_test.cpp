@@ -22,24 +22,20 @@
 #include "plexus/base/net.hpp"
 #include "plexus/tooling/launch.hpp"
 #include "plexus/transport/store.hpp"
+#include "support/loopback.hpp"
 
 namespace pt = plexus::transport;
 namespace net = plexus::base::net;
 using plexus::testing::Child;
 using plexus::testing::FreePort;
+using plexus::testing::Loopback;
 using plexus::testing::MakeTempDir;
+using plexus::testing::RawConnect;
 using plexus::testing::RemoveTree;
+using plexus::testing::SecondsSince;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::string Loopback(const pt::TcpStoreServer& server) {
-  return absl::StrCat("127.0.0.1:", server.port());
-}
 
 // Null on failure (callers check; Catch2 assertions are not allowed off the main thread).
 std::unique_ptr<pt::TcpStore> TryConnect(const std::string& address) {
@@ -153,29 +149,6 @@ void CheckWorkerProcesses(const std::string& kind, const std::string& where, pt:
     CHECK(worker.ok());
   }
   CHECK(*store.Get("counter", absl::Seconds(1)) == std::to_string(kWorkers * 50));
-}
-
-// Whether the server closed `fd` (recv gives 0 or an error) within `timeout`.
-bool ClosedByPeer(int fd, std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  char buf[256];
-  while (Clock::now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 50) > 0) {
-      const ssize_t n = recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) return true;
-    }
-  }
-  return false;
-}
-
-int RawConnect(uint16_t port) {
-  bool retryable = false;
-  auto sa = net::Resolve({"127.0.0.1", port});
-  REQUIRE(sa.ok());
-  auto fd = net::ConnectTcp(sa->front(), absl::Now() + absl::Seconds(5), &retryable);
-  REQUIRE(fd.ok());
-  return *fd;
 }
 
 void SendRaw(int fd, const std::string& bytes) {
@@ -393,7 +366,7 @@ TEST_CASE("tcp store: malformed frames drop only the offending client") {
     INFO(name);
     const int fd = RawConnect(port);
     SendRaw(fd, bytes);
-    CHECK(ClosedByPeer(fd, std::chrono::seconds(5)));
+    CHECK(plexus::testing::ReadUntilClosed(fd, std::chrono::seconds(5)).has_value());
     close(fd);
     ++dropped;
     CHECK((*server)->dropped_clients() == dropped);
