@@ -5,14 +5,15 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "plexus/base/file.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/tooling/launch.hpp"
 #include "support/child_process.hpp"
@@ -34,16 +35,14 @@ inline std::string MakeTempDir(const std::string& tag) {
 
 inline void RemoveTree(const std::string& dir) {
   if (dir.rfind("/tmp/plexus-", 0) == 0) {
-    const std::string cmd = "rm -rf '" + dir + "'";
-    [[maybe_unused]] int rc = std::system(cmd.c_str());
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
   }
 }
 
+// The file's contents; empty when it cannot be read (yet).
 inline std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return base::ReadFile(path).value_or(std::string());
 }
 
 struct ShellResult {
