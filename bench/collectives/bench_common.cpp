@@ -11,6 +11,8 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "plexus/tooling/cli.hpp"
+
 namespace plexus::bench {
 namespace {
 
@@ -140,56 +142,37 @@ size_t CountWrong(const float* result, size_t count, int world_size) {
 WorkerOptions ParseWorkerOptions(int argc, char** argv, const char* program) {
   WorkerOptions o;
   std::string sizes = "8,1K..64M";
-  auto die = [&](const std::string& message) {
-    std::fprintf(stderr, "%s: %s\n", program, message.c_str());
-    std::exit(2);
-  };
-  auto parse_int = [&](const std::string& flag, const char* text, int min) {
-    char* end = nullptr;
-    errno = 0;
-    const long v = std::strtol(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0' || v < min || v > 1000000) {
-      die(fmt::format("{} expects an integer >= {}, got '{}'", flag, min, text));
-    }
-    return static_cast<int>(v);
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) die(fmt::format("{} needs a value", arg));
-      return argv[++i];
-    };
-    if (arg == "--sizes") {
-      sizes = value();
-    } else if (arg == "--iters") {
-      o.iters = parse_int(arg, value(), 1);
-    } else if (arg == "--warmup") {
-      o.warmup = parse_int(arg, value(), 0);
-    } else if (arg == "--algorithm") {
-      o.algorithm = value();
-    } else if (arg == "--transport") {
-      o.transport = value();
-    } else if (arg == "--channels") {
-      o.channels = parse_int(arg, value(), 0);
-    } else if (arg == "--progress") {
-      o.progress = value();
-      if (o.progress != "caller" && o.progress != "thread") {
-        die(fmt::format("--progress expects caller or thread, got '{}'", o.progress));
-      }
-    } else if (arg == "--sockets") {
-      o.sockets = parse_int(arg, value(), 0);
-    } else if (arg == "--chunk-bytes") {
-      const std::string text = value();
-      const auto bytes = ParseOneSize(text);
-      if (!bytes) die(fmt::format("--chunk-bytes expects a size such as 512K, got '{}'", text));
-      o.chunk_bytes = *bytes;
-    } else {
-      die(fmt::format("unknown worker option '{}'", arg));
-    }
-  }
+  tooling::Tool tool(program, "One rank of plexus-bench-collectives (started by the driver).");
+  CLI::App& app = tool.app();
+  app.add_option("--sizes", sizes, "bytes: 8,1K..64M; A..B doubles, A..BxF multiplies by F")
+      ->capture_default_str();
+  tooling::AddNumber(&app, "--iters", &o.iters, "timed calls per size (0: ~256 MiB per size)", 1,
+                     1000000);
+  tooling::AddNumber(&app, "--warmup", &o.warmup, "untimed calls first (-1: iters/10, >= 2)", 0,
+                     1000000);
+  app.add_option("--algorithm", o.algorithm, "implementation specific algorithm");
+  app.add_option("--transport", o.transport, "the transport named in the JSON lines");
+  tooling::AddNumber(&app, "--channels", &o.channels, "CommunicatorOptions::channels", 0, 1000000);
+  tooling::AddNumber(&app, "--sockets", &o.sockets, "CommunicatorOptions::sockets_per_connection",
+                     0, 1000000);
+  app.add_option_function<std::string>(
+         "--chunk-bytes",
+         [&o](const std::string& text) {
+           const auto bytes = ParseOneSize(text);
+           if (!bytes) {
+             throw CLI::ValidationError(
+                 fmt::format("--chunk-bytes expects a size such as 512K, got '{}'", text));
+           }
+           o.chunk_bytes = *bytes;
+         },
+         "CommunicatorOptions::chunk_bytes (K/M/G suffixes)")
+      ->type_name("BYTES");
+  app.add_option("--progress", o.progress, "CommunicatorOptions::progress")
+      ->check(CLI::IsMember({"caller", "thread"}));
+  if (auto code = tool.Parse(argc, argv)) std::exit(*code);
   std::string error;
   auto parsed = ParseSizes(sizes, sizeof(float), &error);
-  if (!parsed) die(error);
+  if (!parsed) std::exit(tool.Usage("--sizes: " + error));
   o.sizes = std::move(*parsed);
   return o;
 }

@@ -49,8 +49,9 @@ struct WorkerOptions {
   int sockets = 0;
   std::string progress;  // "caller", "thread" or empty (library default)
 };
-// Parses --sizes, --iters, --warmup, --algorithm, --transport, --channels, --chunk-bytes and
-// --sockets, --progress; exits with a message on bad input.
+// Parses --sizes, --iters, --warmup, --algorithm, --transport, --channels, --chunk-bytes,
+// --sockets and --progress with the plexus::tooling conventions (strict numbers, --help); exits
+// with code 2 and a message naming `program` on bad input, 0 after --help.
 WorkerOptions ParseWorkerOptions(int argc, char** argv, const char* program);
 
 // One implementation of allreduce (f32, sum) as seen by the measurement loop.

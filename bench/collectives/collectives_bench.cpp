@@ -27,10 +27,12 @@
 #include <vector>
 
 #include <fmt/core.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "bench_common.hpp"
 #include "plexus/collectives/communicator.hpp"
+#include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
 #include "plexus/tooling/launch.hpp"
 #include "plexus/transport/rendezvous.hpp"
@@ -46,41 +48,15 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kProgram[] = "plexus-bench-collectives";
 
-constexpr char kUsage[] =
-    "usage: plexus-bench-collectives [options]\n"
-    "\n"
+constexpr char kDescription[] =
     "Allreduce (float, sum, out of place) between local processes, nccl-tests style. The\n"
     "program starts its ranks itself; every point is checked (#wrong: elements that differ\n"
-    "from the exact sum, over all ranks).\n"
-    "\n"
-    "  --np LIST          process counts, e.g. 2 or 2,4 (default 2; 2,4 with --compare)\n"
-    "  --transport LIST   tcp, shm or tcp,shm (default tcp)\n"
-    "  --compare          also run the peers with the same sizes: Gloo (ring, ring_chunked,\n"
-    "                     halving_doubling; tcp) and Open MPI MPI_Allreduce (btl tcp for\n"
-    "                     tcp, btl vader for shm); Plexus lines get vs_best_peer\n"
-    "  --peers LIST       restrict the peers: gloo_ring,gloo_ring_chunked,\n"
-    "                     gloo_halving_doubling,openmpi (default all)\n"
-    "  --sizes LIST       bytes: 8,1K..64M (default); A..B doubles, A..BxF multiplies by F\n"
-    "  --iters N          timed calls per size (default: ~256 MiB per size, 5..1000)\n"
-    "  --warmup N         untimed calls first (default iters/10, at least 2)\n"
-    "  --runs R           launch every configuration R times, report medians (default 1)\n"
-    "  --algorithm A      Plexus algorithm: auto (default), ring, halving_doubling, tree\n"
-    "  --channels N, --chunk-bytes B, --sockets N, --progress caller|thread\n"
-    "                     Plexus CommunicatorOptions (default: the library's)\n"
-    "  --bind none|core   none (default): the scheduler places every process; core: rank r\n"
-    "                     runs on CPU r mod #CPUs, for every implementation alike\n"
-    "  --mpirun-arg ARG   one more argument for mpirun (repeatable), e.g. --mca X Y\n"
-    "  --timeout SEC      limit for one launch (default 600)\n"
-    "  --json             one JSON object per line per measured point instead of the table\n"
-    "  -h, --help         this help\n"
-    "\n"
-    "time: slowest rank's mean time per call; algbw = bytes / time; busbw = algbw * 2(n-1)/n.\n"
-    "Exit status: 0 when every launch succeeded and #wrong is 0 everywhere, 1 otherwise.\n";
+    "from the exact sum, over all ranks).";
 
-[[noreturn]] void UsageError(const std::string& message) {
-  std::fprintf(stderr, "%s: %s\n\n%s", kProgram, message.c_str(), kUsage);
-  std::exit(2);
-}
+constexpr char kFooter[] =
+    "time: slowest rank's mean time per call; algbw = bytes / time; busbw = algbw * 2(n-1)/n.\n"
+    "Exit status: 0 when every launch succeeded and #wrong is 0 everywhere, 1 when one failed,\n"
+    "2 for usage errors.";
 
 // ---- Plexus worker (one rank) -------------------------------------------------------------
 
@@ -196,96 +172,105 @@ std::vector<std::string> SplitList(const std::string& text) {
   }
 }
 
-int ParseInt(const std::string& flag, const std::string& text, int min, int max) {
-  char* end = nullptr;
-  errno = 0;
-  const long v = std::strtol(text.c_str(), &end, 10);
-  if (errno != 0 || text.empty() || *end != '\0' || v < min || v > max) {
-    UsageError(fmt::format("{} expects an integer in {}..{}, got '{}'", flag, min, max, text));
-  }
-  return static_cast<int>(v);
+// A comma-separated list option whose items must each be one of `allowed`.
+void AddListOption(CLI::App& app, const std::string& flag, std::vector<std::string>* list,
+                   std::vector<std::string> allowed, const std::string& help,
+                   bool* given = nullptr) {
+  app.add_option_function<std::string>(
+         flag,
+         [=](const std::string& text) {
+           std::vector<std::string> items = SplitList(text);
+           if (items.empty()) {
+             throw CLI::ValidationError(fmt::format("{} needs at least one item", flag));
+           }
+           for (const std::string& item : items) {
+             if (std::find(allowed.begin(), allowed.end(), item) == allowed.end()) {
+               throw CLI::ValidationError(
+                   fmt::format("{}: '{}' is not one of {}", flag, item, fmt::join(allowed, ", ")));
+             }
+           }
+           *list = std::move(items);
+           if (given != nullptr) *given = true;
+         },
+         help)
+      ->type_name("LIST");
 }
 
-Options ParseOptions(int argc, char** argv) {
-  Options o;
+// Parses the driver's command line into `o`; returns the exit code when main() must stop.
+std::optional<int> ParseOptions(int argc, char** argv, Options& o) {
+  pt_tooling::Tool tool(kProgram, kDescription);
+  CLI::App& app = tool.app();
+  app.footer(kFooter);
+  app.add_option_function<std::string>(
+         "-n,--np",
+         [&o](const std::string& text) {
+           o.nprocs.clear();
+           for (const std::string& n : SplitList(text)) {
+             auto v = pt_tooling::ParseInteger("--np", n, 1, 64);
+             if (!v.ok()) throw CLI::ValidationError(std::string(v.status().message()));
+             o.nprocs.push_back(static_cast<int>(*v));
+           }
+           if (o.nprocs.empty()) {
+             throw CLI::ValidationError("--np needs at least one process count");
+           }
+         },
+         "process counts, e.g. 2 or 2,4 (default 2; 2,4 with --compare)")
+      ->type_name("LIST");
+  AddListOption(app, "--transport", &o.transports, {"tcp", "shm"},
+                "tcp, shm or tcp,shm (default tcp)");
+  app.add_flag("--compare", o.compare,
+               "also run the peers with the same sizes: Gloo (ring, ring_chunked, "
+               "halving_doubling; tcp) and Open MPI MPI_Allreduce (btl tcp for tcp, btl vader "
+               "for shm); Plexus lines get vs_best_peer");
   bool peers_given = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) UsageError(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "-h" || arg == "--help") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    } else if (arg == "--np" || arg == "-n") {
-      o.nprocs.clear();
-      for (const std::string& n : SplitList(value())) o.nprocs.push_back(ParseInt(arg, n, 1, 64));
-      if (o.nprocs.empty()) UsageError("--np needs at least one process count");
-    } else if (arg == "--transport") {
-      o.transports = SplitList(value());
-      for (const std::string& t : o.transports) {
-        if (t != "tcp" && t != "shm") {
-          UsageError(fmt::format("--transport: '{}' is not tcp or shm", t));
-        }
-      }
-      if (o.transports.empty()) UsageError("--transport needs tcp, shm or tcp,shm");
-    } else if (arg == "--compare") {
-      o.compare = true;
-    } else if (arg == "--peers") {
-      o.peers = SplitList(value());
-      peers_given = true;
-      for (const std::string& p : o.peers) {
-        if (p != "gloo_ring" && p != "gloo_ring_chunked" && p != "gloo_halving_doubling" &&
-            p != "openmpi") {
-          UsageError(fmt::format("--peers: unknown peer '{}'", p));
-        }
-      }
-    } else if (arg == "--sizes") {
-      o.sizes = value();
-    } else if (arg == "--iters") {
-      o.iters = ParseInt(arg, value(), 1, 1000000);
-    } else if (arg == "--warmup") {
-      o.warmup = ParseInt(arg, value(), 0, 1000000);
-    } else if (arg == "--runs") {
-      o.runs = ParseInt(arg, value(), 1, 100);
-    } else if (arg == "--algorithm") {
-      o.algorithm = value();
-      if (!pc::ParseAlgorithm(o.algorithm).ok()) {
-        UsageError("--algorithm expects auto, ring, halving_doubling or tree");
-      }
-    } else if (arg == "--channels") {
-      o.channels = ParseInt(arg, value(), 0, 64);
-    } else if (arg == "--chunk-bytes") {
-      o.chunk_bytes = value();
-    } else if (arg == "--sockets") {
-      o.sockets = ParseInt(arg, value(), 0, 64);
-    } else if (arg == "--progress") {
-      o.progress = value();
-      if (o.progress != "caller" && o.progress != "thread") {
-        UsageError("--progress expects caller or thread");
-      }
-    } else if (arg == "--bind") {
-      const std::string bind = value();
-      if (bind != "none" && bind != "core") UsageError("--bind expects none or core");
-      o.bind_core = bind == "core";
-    } else if (arg == "--mpirun-arg") {
-      o.mpirun_args.push_back(value());
-    } else if (arg == "--timeout") {
-      o.timeout_s = ParseInt(arg, value(), 1, 86400);
-    } else if (arg == "--json") {
-      o.json = true;
-    } else {
-      UsageError(fmt::format("unknown option '{}'", arg));
-    }
-  }
+  AddListOption(app, "--peers", &o.peers,
+                {"gloo_ring", "gloo_ring_chunked", "gloo_halving_doubling", "openmpi"},
+                "restrict the peers of --compare (default all)", &peers_given);
+  app.add_option("--sizes", o.sizes, "bytes: A..B doubles, A..BxF multiplies by F")
+      ->capture_default_str();
+  pt_tooling::AddNumber(&app, "--iters", &o.iters,
+                        "timed calls per size (0: ~256 MiB per size, 5..1000)", 1, 1000000);
+  pt_tooling::AddNumber(&app, "--warmup", &o.warmup,
+                        "untimed calls first (-1: iters/10, at least 2)", 0, 1000000);
+  pt_tooling::AddNumber(&app, "--runs", &o.runs,
+                        "launch every configuration R times, report medians", 1, 100);
+  app.add_option("--algorithm", o.algorithm, "Plexus algorithm: auto, ring, halving_doubling, tree")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& name) {
+            const absl::StatusOr<pc::Algorithm> algorithm = pc::ParseAlgorithm(name);
+            return algorithm.ok() ? std::string() : std::string(algorithm.status().message());
+          },
+          "ALGORITHM", "algorithm"));
+  pt_tooling::AddNumber(&app, "--channels", &o.channels, "Plexus CommunicatorOptions::channels", 0,
+                        64);
+  app.add_option("--chunk-bytes", o.chunk_bytes, "Plexus CommunicatorOptions::chunk_bytes");
+  pt_tooling::AddNumber(&app, "--sockets", &o.sockets,
+                        "Plexus CommunicatorOptions::sockets_per_connection", 0, 64);
+  app.add_option("--progress", o.progress, "Plexus CommunicatorOptions::progress")
+      ->check(CLI::IsMember({"caller", "thread"}));
+  std::string bind = "none";
+  app.add_option("--bind", bind,
+                 "none: the scheduler places every process; core: rank r runs on CPU r mod "
+                 "#CPUs, for every implementation alike")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "core"}));
+  app.add_option("--mpirun-arg", o.mpirun_args,
+                 "one more argument for mpirun (repeatable), e.g. --mpirun-arg --mca")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  pt_tooling::AddNumber(&app, "--timeout", &o.timeout_s, "limit for one launch, seconds", 1.0,
+                        86400.0);
+  pt_tooling::AddJsonFlag(&app, &o.json);
+  if (auto code = tool.Parse(argc, argv)) return code;
+  o.bind_core = bind == "core";
   if (o.nprocs.empty()) o.nprocs = o.compare ? std::vector<int>{2, 4} : std::vector<int>{2};
-  if (peers_given && !o.compare) UsageError("--peers only applies with --compare");
+  if (peers_given && !o.compare) return tool.Usage("--peers only applies with --compare");
   std::string error;
   auto sizes = pb::ParseSizes(o.sizes, sizeof(float), &error);
-  if (!sizes) UsageError("--sizes: " + error);
+  if (!sizes) return tool.Usage("--sizes: " + error);
   o.size_list = std::move(*sizes);
-  return o;
+  return std::nullopt;
 }
 
 // ---- Launching ----------------------------------------------------------------------------
@@ -506,7 +491,9 @@ std::string LoadAverage() {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--worker") return WorkerMain(argc - 1, argv + 1);
-  const Options o = ParseOptions(argc, argv);
+  Options options;
+  if (auto code = ParseOptions(argc, argv, options)) return *code;
+  const Options& o = options;
   signal(SIGPIPE, SIG_IGN);
   const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   const int max_np = *std::max_element(o.nprocs.begin(), o.nprocs.end());

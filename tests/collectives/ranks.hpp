@@ -11,6 +11,7 @@
 
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/transport/store.hpp"
+#include "support/loopback.hpp"
 
 namespace plexus::collectives::testing {
 
@@ -20,12 +21,8 @@ inline std::vector<std::string> RunRanks(
     int n, CommunicatorOptions options,
     const std::function<std::string(int, Communicator&)>& body) {
   namespace pt = plexus::transport;
-  auto server = pt::TcpStoreServer::Start("127.0.0.1:0");
-  REQUIRE(server.ok());
-  auto store =
-      pt::TcpStore::Connect("127.0.0.1:" + std::to_string((*server)->port()), absl::Seconds(10));
-  REQUIRE(store.ok());
-  std::shared_ptr<pt::Store> shared = *std::move(store);
+  const plexus::testing::LoopbackStore loopback = plexus::testing::StartLoopbackStore();
+  const std::shared_ptr<pt::Store>& shared = loopback.store;
   std::vector<std::string> results(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {

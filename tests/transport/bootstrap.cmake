@@ -9,20 +9,20 @@ plexus_add_test(bootstrap_protocol_test
 
 plexus_add_test(bootstrap_store_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/bootstrap_store_test.cpp
-  DEPS plexus_transport_internal LABELS transport TIMEOUT 120)
+  DEPS plexus_transport_internal plexus::tooling LABELS transport TIMEOUT 120)
 target_compile_definitions(bootstrap_store_test PRIVATE
   BOOTSTRAP_HELPER="$<TARGET_FILE:bootstrap_helper>")
 add_dependencies(bootstrap_store_test bootstrap_helper)
 
 plexus_add_test(bootstrap_rendezvous_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/bootstrap_rendezvous_test.cpp
-  DEPS plexus::transport LABELS transport TIMEOUT 120)
+  DEPS plexus::transport plexus::tooling LABELS transport TIMEOUT 120)
 
 if(PLEXUS_BUILD_TOOLS)
   # tools/ is added after tests/, so the plexus-run target is referred to by name only.
   plexus_add_test(bootstrap_run_test
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/bootstrap_run_test.cpp
-    LABELS transport TIMEOUT 120)
+    DEPS plexus::tooling LABELS transport TIMEOUT 120)
   target_compile_definitions(bootstrap_run_test PRIVATE
     BOOTSTRAP_HELPER="$<TARGET_FILE:bootstrap_helper>"
     PLEXUS_RUN="$<TARGET_FILE:plexus-run>")

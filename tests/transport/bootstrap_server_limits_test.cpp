@@ -15,63 +15,20 @@
 #include "bootstrap/store_protocol.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/transport/store.hpp"
+#include "support/loopback.hpp"
+#include "support/process_stats.hpp"
 
 namespace pt = plexus::transport;
 namespace net = plexus::base::net;
 namespace proto = plexus::transport::store_protocol;
+using plexus::testing::Loopback;
+using plexus::testing::RawConnect;
+using plexus::testing::ReadUntilClosed;
+using plexus::testing::SecondsSince;
+using plexus::testing::WaitFor;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::string Loopback(const pt::TcpStoreServer& server) {
-  return absl::StrCat("127.0.0.1:", server.port());
-}
-
-int RawConnect(uint16_t port) {
-  bool retryable = false;
-  auto sa = net::Resolve({"127.0.0.1", port});
-  REQUIRE(sa.ok());
-  auto fd = net::ConnectTcp(sa->front(), absl::Now() + absl::Seconds(5), &retryable);
-  REQUIRE(fd.ok());
-  return *fd;
-}
-
-// Everything the server sends until it closes `fd`; nullopt when it is still open at `timeout`.
-std::optional<std::string> ReadUntilClosed(int fd, std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  std::string got;
-  char buf[4096];
-  while (Clock::now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 20) <= 0) continue;
-    const ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) return got;
-    got.append(buf, static_cast<size_t>(n));
-  }
-  return std::nullopt;
-}
-
-bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds limit) {
-  const auto deadline = Clock::now() + limit;
-  while (!pred()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
-}
-
-int64_t VmRssBytes() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return -1;
-}
 
 struct EnvVar {
   EnvVar(const char* name, const char* value) : name(name) { setenv(name, value, 1); }
@@ -222,13 +179,13 @@ TEST_CASE("store server: clients sending huge partial requests stay under the me
   auto good = pt::TcpStore::Connect(Loopback(**server), absl::Seconds(5));
   REQUIRE(good.ok());
 
-  const int64_t baseline = VmRssBytes();
+  const int64_t baseline = plexus::testing::ProcStatusBytes("VmRSS");
   REQUIRE(baseline > 0);
   std::atomic<bool> sampling{true};
   std::atomic<int64_t> peak{baseline};
   std::thread sampler([&] {
     while (sampling.load()) {
-      const int64_t rss = VmRssBytes();
+      const int64_t rss = plexus::testing::ProcStatusBytes("VmRSS");
       if (rss > peak.load()) peak = rss;
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <poll.h>
+#include <signal.h>
 
 #include <atomic>
 #include <chrono>
@@ -10,32 +11,31 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "bootstrap/store_protocol.hpp"
 #include "bootstrap_test_util.hpp"
 #include "plexus/base/net.hpp"
+#include "plexus/tooling/launch.hpp"
 #include "plexus/transport/store.hpp"
+#include "support/loopback.hpp"
 
 namespace pt = plexus::transport;
 namespace net = plexus::base::net;
+using plexus::testing::Child;
 using plexus::testing::FreePort;
+using plexus::testing::Loopback;
 using plexus::testing::MakeTempDir;
+using plexus::testing::RawConnect;
 using plexus::testing::RemoveTree;
-using plexus::testing::Spawn;
-using plexus::testing::WaitExit;
+using plexus::testing::SecondsSince;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::string Loopback(const pt::TcpStoreServer& server) {
-  return absl::StrCat("127.0.0.1:", server.port());
-}
 
 // Null on failure (callers check; Catch2 assertions are not allowed off the main thread).
 std::unique_ptr<pt::TcpStore> TryConnect(const std::string& address) {
@@ -131,36 +131,24 @@ void CheckConcurrentThreads(const std::function<std::unique_ptr<pt::Store>()>& o
 
 void CheckWorkerProcesses(const std::string& kind, const std::string& where, pt::Store& store) {
   constexpr int kWorkers = 4;
-  std::vector<pid_t> pids;
-  for (int r = 0; r < kWorkers; ++r) {
-    pids.push_back(Spawn({BOOTSTRAP_HELPER, "store-worker", kind, where, std::to_string(r),
-                          std::to_string(kWorkers)}));
+  plexus::tooling::LaunchOptions options;
+  options.ranks = kWorkers;
+  options.rank_argv = [&](int r) -> std::vector<std::string> {
+    return {BOOTSTRAP_HELPER,  "store-worker",          kind, where,
+            std::to_string(r), std::to_string(kWorkers)};
+  };
+  options.plexus_env = false;  // the workers meet through `where`, named on their command line
+  options.timeout = absl::Seconds(40);
+  options.stop_on_failure = false;
+  absl::StatusOr<plexus::tooling::LaunchResult> launched =
+      plexus::tooling::Launch(std::move(options));
+  REQUIRE(launched.ok());
+  CHECK_FALSE(launched->timed_out);
+  for (const plexus::tooling::RankResult& worker : launched->ranks) {
+    INFO("worker " << worker.rank << " " << worker.Describe());
+    CHECK(worker.ok());
   }
-  for (pid_t pid : pids) CHECK(WaitExit(pid, std::chrono::seconds(40)) == 0);
   CHECK(*store.Get("counter", absl::Seconds(1)) == std::to_string(kWorkers * 50));
-}
-
-// Whether the server closed `fd` (recv gives 0 or an error) within `timeout`.
-bool ClosedByPeer(int fd, std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  char buf[256];
-  while (Clock::now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 50) > 0) {
-      const ssize_t n = recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) return true;
-    }
-  }
-  return false;
-}
-
-int RawConnect(uint16_t port) {
-  bool retryable = false;
-  auto sa = net::Resolve({"127.0.0.1", port});
-  REQUIRE(sa.ok());
-  auto fd = net::ConnectTcp(sa->front(), absl::Now() + absl::Seconds(5), &retryable);
-  REQUIRE(fd.ok());
-  return *fd;
 }
 
 void SendRaw(int fd, const std::string& bytes) {
@@ -272,7 +260,7 @@ TEST_CASE("tcp store: a server that stops fails pending and later calls at once"
 TEST_CASE("tcp store: a server process killed with SIGKILL gives an error, not a hang") {
   const std::string dir = MakeTempDir("store");
   const std::string address_file = dir + "/address";
-  const pid_t server = Spawn({BOOTSTRAP_HELPER, "serve", address_file});
+  Child server({BOOTSTRAP_HELPER, "serve", address_file});
   std::string address;
   for (int i = 0; i < 500 && address.empty(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -282,12 +270,12 @@ TEST_CASE("tcp store: a server process killed with SIGKILL gives an error, not a
   auto store = MustConnect(address);
   std::thread killer([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    kill(server, SIGKILL);
+    server.Signal(SIGKILL);
   });
   const auto start = Clock::now();
   auto pending = store->Get("never", absl::Seconds(60));
   killer.join();
-  WaitExit(server, std::chrono::seconds(5));
+  CHECK(server.Wait() == 128 + SIGKILL);
   CHECK(SecondsSince(start) < 5);
   CHECK(absl::IsUnavailable(pending.status()));
   RemoveTree(dir);
@@ -296,7 +284,7 @@ TEST_CASE("tcp store: a server process killed with SIGKILL gives an error, not a
 TEST_CASE("tcp store: a frozen server gives DeadlineExceeded within timeout + io timeout") {
   const std::string dir = MakeTempDir("store");
   const std::string address_file = dir + "/address";
-  const pid_t server = Spawn({BOOTSTRAP_HELPER, "serve", address_file});
+  Child server({BOOTSTRAP_HELPER, "serve", address_file});
   std::string address;
   for (int i = 0; i < 500 && address.empty(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -305,12 +293,12 @@ TEST_CASE("tcp store: a frozen server gives DeadlineExceeded within timeout + io
   REQUIRE_FALSE(address.empty());
   auto store = pt::TcpStore::Connect(address, absl::Seconds(10), absl::Milliseconds(300));
   REQUIRE(store.ok());
-  kill(server, SIGSTOP);
+  REQUIRE(server.Signal(SIGSTOP));
   const auto start = Clock::now();
   auto pending = (*store)->Get("never", absl::Milliseconds(200));
   const double elapsed = SecondsSince(start);
-  kill(server, SIGKILL);
-  WaitExit(server, std::chrono::seconds(5));
+  server.Signal(SIGKILL);
+  CHECK(server.Wait() == 128 + SIGKILL);
   CHECK(absl::IsDeadlineExceeded(pending.status()));
   CHECK(std::string(pending.status().message()).find("did not answer") != std::string::npos);
   CHECK(elapsed >= 0.45);
@@ -321,13 +309,13 @@ TEST_CASE("tcp store: a frozen server gives DeadlineExceeded within timeout + io
 TEST_CASE("tcp store: a client that dies while waiting is forgotten by the server") {
   auto server = pt::TcpStoreServer::Start("127.0.0.1:0");
   REQUIRE(server.ok());
-  const pid_t client = Spawn({BOOTSTRAP_HELPER, "store-get", (*server)->address(), "never"});
+  Child client({BOOTSTRAP_HELPER, "store-get", (*server)->address(), "never"});
   for (int i = 0; i < 500 && (*server)->connected_clients() == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   REQUIRE((*server)->connected_clients() == 1);
-  kill(client, SIGKILL);
-  WaitExit(client, std::chrono::seconds(5));
+  client.Signal(SIGKILL);
+  CHECK(client.Wait() == 128 + SIGKILL);
   for (int i = 0; i < 500 && (*server)->connected_clients() != 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -378,7 +366,7 @@ TEST_CASE("tcp store: malformed frames drop only the offending client") {
     INFO(name);
     const int fd = RawConnect(port);
     SendRaw(fd, bytes);
-    CHECK(ClosedByPeer(fd, std::chrono::seconds(5)));
+    CHECK(plexus::testing::ReadUntilClosed(fd, std::chrono::seconds(5)).has_value());
     close(fd);
     ++dropped;
     CHECK((*server)->dropped_clients() == dropped);

@@ -1,43 +1,30 @@
-// Helpers of the bootstrap tests: free ports, temporary directories and child processes with a
-// bounded lifetime.
+// Helpers of the bootstrap tests: free ports, temporary directories and shell commands with a
+// bounded lifetime (child processes: support/child_process.hpp). Tests that include it link
+// plexus::tooling.
 #pragma once
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <chrono>
+#include <cstdint>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
-#include <thread>
-#include <vector>
+#include <system_error>
+#include <utility>
 
-extern char** environ;
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "plexus/base/file.hpp"
+#include "plexus/base/net.hpp"
+#include "plexus/tooling/launch.hpp"
+#include "support/child_process.hpp"
 
 namespace plexus::testing {
 
 // A TCP port that was free on 127.0.0.1 a moment ago.
 inline int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(fd);
-    throw std::runtime_error("cannot find a free port");
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
+  const absl::StatusOr<uint16_t> port = base::net::ReserveLoopbackPort();
+  if (!port.ok()) throw std::runtime_error(port.status().ToString());
+  return *port;
 }
 
 inline std::string MakeTempDir(const std::string& tag) {
@@ -48,49 +35,14 @@ inline std::string MakeTempDir(const std::string& tag) {
 
 inline void RemoveTree(const std::string& dir) {
   if (dir.rfind("/tmp/plexus-", 0) == 0) {
-    const std::string cmd = "rm -rf '" + dir + "'";
-    [[maybe_unused]] int rc = std::system(cmd.c_str());
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
   }
 }
 
+// The file's contents; empty when it cannot be read (yet).
 inline std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Starts argv[0] (a path) with the current environment; returns its pid.
-inline pid_t Spawn(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
-    throw std::runtime_error("posix_spawn failed: " + args[0]);
-  }
-  return pid;
-}
-
-// Waits for `pid` at most `timeout`; kills it (and returns -1) when it runs longer. Returns the
-// exit code, or 128 + signal.
-inline int WaitExit(pid_t pid, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    int status = 0;
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) {
-      if (WIFEXITED(status)) return WEXITSTATUS(status);
-      if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-      return -2;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  return base::ReadFile(path).value_or(std::string());
 }
 
 struct ShellResult {
@@ -100,18 +52,21 @@ struct ShellResult {
   double seconds = 0;
 };
 
-// Runs `command` through /bin/sh with stdout and stderr captured in files.
-inline ShellResult RunShell(const std::string& command) {
-  const std::string dir = MakeTempDir("shell");
-  const auto start = std::chrono::steady_clock::now();
-  const std::string full = command + " >" + dir + "/out 2>" + dir + "/err";
-  const int status = std::system(full.c_str());
+// Runs `command` through /bin/sh with stdout and stderr captured, stopped after `limit`
+// (exit code tooling::kTimeoutExitCode).
+inline ShellResult RunShell(const std::string& command, absl::Duration limit = absl::Seconds(100)) {
+  tooling::LaunchOptions options;
+  options.argv = {"/bin/sh", "-c", command};
+  options.plexus_env = false;
+  options.output = tooling::OutputMode::kCaptured;
+  options.timeout = limit;
+  absl::StatusOr<tooling::LaunchResult> launched = tooling::Launch(std::move(options));
+  if (!launched.ok()) throw std::runtime_error(launched.status().ToString());
   ShellResult r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = ReadFile(dir + "/out");
-  r.err = ReadFile(dir + "/err");
-  RemoveTree(dir);
+  r.exit_code = launched->timed_out ? tooling::kTimeoutExitCode : launched->ranks[0].ExitStatus();
+  r.out = std::move(launched->ranks[0].out);
+  r.err = std::move(launched->ranks[0].err);
+  r.seconds = launched->seconds;
   return r;
 }
 

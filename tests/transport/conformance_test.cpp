@@ -2,13 +2,12 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <cstring>
 #include <future>
 #include <numeric>
@@ -17,7 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include "plexus/base/net.hpp"
 #include "plexus/transport/device.hpp"
+#include "support/child_process.hpp"
 
 namespace pt = plexus::transport;
 
@@ -545,16 +546,9 @@ TEST_CASE("connecting where nobody listens gives a clear error", "[conformance]"
     auto cq = (*dev)->CreateCompletionQueue();
     std::string address = "plexus-nobody-listens-here";
     if (config.backend == pt::Backend::kTcp) {
-      // A port that was free a moment ago.
-      int fd = socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      socklen_t len = sizeof a;
-      REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-      close(fd);
-      address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+      const absl::StatusOr<uint16_t> port = plexus::base::net::ReserveLoopbackPort();
+      REQUIRE(port.ok());
+      address = "127.0.0.1:" + std::to_string(*port);
     }
     const absl::Time start = absl::Now();
     auto conn = (*dev)->Connect(address, cq.get());
@@ -578,20 +572,15 @@ TEST_CASE("a peer process killed mid-transfer fails outstanding receives in time
       REQUIRE(listener.ok());
       const std::string address = (*listener)->address();
       const std::string backend_name(pt::BackendName(backend));
-      char* argv[] = {const_cast<char*>(PLEXUS_TRANSPORT_PEER),
-                      const_cast<char*>(backend_name.c_str()), const_cast<char*>(address.c_str()),
-                      const_cast<char*>("stream"), nullptr};
-      pid_t pid = 0;
-      REQUIRE(posix_spawn(&pid, PLEXUS_TRANSPORT_PEER, nullptr, nullptr, argv, environ) == 0);
+      plexus::testing::Child peer({PLEXUS_TRANSPORT_PEER, backend_name, address, "stream"});
       auto conn = (*listener)->Accept(cq.get(), absl::Seconds(10));
       REQUIRE(conn.ok());
       std::vector<uint8_t> buf(64 << 20);
       REQUIRE((*conn)->PostRecv({buf.data(), buf.size()}, 0).ok());
       auto first = Next(*cq);  // the stream is flowing
       REQUIRE(first.status.ok());
-      kill(pid, SIGKILL);
-      int status = 0;
-      waitpid(pid, &status, 0);
+      REQUIRE(peer.Signal(SIGKILL));
+      REQUIRE(peer.Wait() == 128 + SIGKILL);
       const absl::Time killed = absl::Now();
       // Messages already in flight may still arrive; the stream must then end in an error.
       absl::Status error;

@@ -27,6 +27,8 @@
 #include "plexus/transport/device.hpp"
 #include "shm/frame.hpp"
 #include "shm/session.hpp"
+#include "support/completion.hpp"
+#include "support/process_stats.hpp"
 #include "tcp/frame.hpp"
 
 namespace pt = plexus::transport;
@@ -42,30 +44,12 @@ constexpr uint64_t k16GiB = uint64_t{1} << 34;
 
 // A field of /proc/self/status in bytes ("VmRSS", "VmSize").
 size_t StatusBytes(const char* field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(std::string(field) + ":", 0) != 0) continue;
-    std::vector<std::string> parts = absl::StrSplit(line, ' ', absl::SkipEmpty());
-    size_t kb = 0;
-    REQUIRE(parts.size() >= 2);
-    REQUIRE(absl::SimpleAtoi(parts[1], &kb));
-    return kb * 1024;
-  }
-  FAIL("no " << field << " in /proc/self/status");
-  return 0;
+  const int64_t bytes = plexus::testing::ProcStatusBytes(field);
+  if (bytes < 0) FAIL("no " << field << " in /proc/self/status");
+  return static_cast<size_t>(bytes);
 }
 
-pt::Completion Next(pt::CompletionQueue& cq, absl::Duration timeout = absl::Seconds(20)) {
-  auto c = cq.Wait(timeout);
-  if (!c.ok()) {
-    pt::Completion failed;
-    failed.status = c.status();
-    failed.wr_id = ~uint64_t{0};
-    return failed;
-  }
-  return *c;
-}
+using plexus::testing::Next;
 
 // Waits until the connection reports an error; its status.
 absl::Status WaitForFailure(pt::Connection& conn, absl::Duration timeout) {

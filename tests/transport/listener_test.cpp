@@ -22,6 +22,7 @@
 #include "plexus/transport/mesh.hpp"
 #include "plexus/transport/rendezvous.hpp"
 #include "plexus/transport/store.hpp"
+#include "support/loopback.hpp"
 #include "support/skip.hpp"
 #include "tcp/frame.hpp"
 
@@ -269,12 +270,8 @@ class IntrudedDevice final : public pt::Device {
 TEST_CASE("ConnectFullMesh succeeds in time with a silent intruder", "[listener]") {
   const pt::Backend backend = GENERATE(pt::Backend::kTcp, pt::Backend::kShm);
   SECTION(std::string(pt::BackendName(backend))) {
-    auto server = pt::TcpStoreServer::Start("127.0.0.1:0");
-    REQUIRE(server.ok());
-    auto store =
-        pt::TcpStore::Connect("127.0.0.1:" + std::to_string((*server)->port()), absl::Seconds(10));
-    REQUIRE(store.ok());
-    std::shared_ptr<pt::Store> shared = *std::move(store);
+    const plexus::testing::LoopbackStore loopback = plexus::testing::StartLoopbackStore();
+    const std::shared_ptr<pt::Store>& shared = loopback.store;
     std::vector<int> intruders;
     std::mutex mu;
     const absl::Duration timeout = absl::Seconds(5);

@@ -23,6 +23,7 @@
 #include "shm/frame.hpp"
 #include "shm/session.hpp"
 #include "shm/stats.hpp"
+#include "support/completion.hpp"
 
 namespace pt = plexus::transport;
 namespace shm = plexus::transport::internal::shm;
@@ -137,17 +138,7 @@ std::shared_ptr<pt::Device> MakeDevice(const pt::DeviceOptions& o) {
   return *d;
 }
 
-// Waits for the next completion, failing the check when none comes in time.
-pt::Completion Next(pt::CompletionQueue& cq, absl::Duration timeout = absl::Seconds(20)) {
-  auto c = cq.Wait(timeout);
-  if (!c.ok()) {
-    pt::Completion failed;
-    failed.status = c.status();
-    failed.wr_id = ~uint64_t{0};
-    return failed;
-  }
-  return *c;
-}
+using plexus::testing::Next;
 
 // Sets the cross-memory switch for every device created afterwards (children inherit it).
 void SetCma(bool on, const char* threshold = nullptr) {
