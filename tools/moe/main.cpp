@@ -12,6 +12,7 @@
 #include "fmt/core.h"
 #include "nlohmann/json.hpp"
 #include "plexus/base/file.hpp"
+#include "plexus/base/status.hpp"
 #include "plexus/moe/allocation.hpp"
 #include "plexus/moe/dispatch.hpp"
 #include "plexus/moe/placement.hpp"
@@ -88,10 +89,9 @@ absl::StatusOr<std::vector<moe::Placement>> PlanLayers(const moe::Scenario& s, i
       return absl::Status(a.status().code(),
                           "layer " + std::to_string(l) + ": " + std::string(a.status().message()));
     }
-    absl::StatusOr<moe::Placement> p =
-        moe::PlaceExperts(policy, a->replicas, nodes, s.slots_per_node, a->ascending);
-    if (!p.ok()) return p.status();
-    layers.push_back(*std::move(p));
+    PLEXUS_ASSIGN_OR_RETURN(moe::Placement p, moe::PlaceExperts(policy, a->replicas, nodes,
+                                                                s.slots_per_node, a->ascending));
+    layers.push_back(std::move(p));
     if (allocs) allocs->push_back(*std::move(a));
   }
   return layers;
@@ -217,9 +217,8 @@ int CmdRecovery(const Args& a) {
 }
 
 absl::StatusOr<moe::DispatchInput> DispatchInputFromFile(const std::string& path) {
-  absl::StatusOr<std::string> text = plexus::base::ReadFile(path);
-  if (!text.ok()) return text.status();
-  json doc = json::parse(*text, nullptr, false);
+  PLEXUS_ASSIGN_OR_RETURN(std::string text, plexus::base::ReadFile(path));
+  json doc = json::parse(text, nullptr, false);
   if (doc.is_discarded() || !doc.is_object()) {
     return absl::InvalidArgumentError(path + ": not a JSON object");
   }

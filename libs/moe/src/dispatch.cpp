@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "dispatch_core.hpp"
 #include "dispatch_internal.hpp"
+#include "plexus/base/status.hpp"
 
 namespace plexus::moe {
 namespace internal {
@@ -60,7 +61,7 @@ struct CollectFlows {
 }  // namespace
 
 absl::StatusOr<DispatchPlan> ComputeDispatch(const DispatchInput& input) {
-  if (absl::Status s = internal::ValidateDispatchInput(input); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(internal::ValidateDispatchInput(input));
   const int n = input.num_ranks;
   DispatchPlan plan;
   plan.num_experts = input.num_experts;
@@ -121,9 +122,8 @@ absl::StatusOr<RankExchange> ComputeRankExchange(const DispatchInput& input, int
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " outside [0, ", input.num_ranks, ")"));
   }
-  absl::StatusOr<DispatchPlan> plan = ComputeDispatch(input);
-  if (!plan.ok()) return plan.status();
-  return ExtractRankExchange(*plan, rank);
+  PLEXUS_ASSIGN_OR_RETURN(DispatchPlan plan, ComputeDispatch(input));
+  return ExtractRankExchange(plan, rank);
 }
 
 std::vector<int64_t> DenseFlows(const DispatchPlan& plan) {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dispatch_internal.hpp"
+#include "plexus/base/status.hpp"
 #include "plexus/moe/dispatch.hpp"
 
 namespace plexus::moe {
@@ -27,7 +28,7 @@ bool CudaDispatchAvailable(std::string* why_not) {
 }
 
 absl::StatusOr<std::vector<int64_t>> ComputeDispatchDenseCuda(const DispatchInput& input) {
-  if (absl::Status s = internal::ValidateDispatchInput(input); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(internal::ValidateDispatchInput(input));
   std::string why;
   if (!CudaDispatchAvailable(&why)) {
     return absl::UnavailableError(

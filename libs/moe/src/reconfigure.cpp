@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "plexus/base/status.hpp"
 
 namespace plexus::moe {
 namespace {
@@ -127,11 +128,10 @@ absl::StatusOr<ReconfigurePlan> PlanReconfiguration(const ReconfigureInput& inpu
       return absl::Status(alloc.status().code(),
                           absl::StrCat("layer ", l, ": ", std::string(alloc.status().message())));
     }
-    absl::StatusOr<Placement> placement =
-        PlaceExperts(input.policy, alloc->replicas, new_nodes, slots, alloc->ascending);
-    if (!placement.ok()) return placement.status();
+    PLEXUS_ASSIGN_OR_RETURN(Placement placement, PlaceExperts(input.policy, alloc->replicas,
+                                                              new_nodes, slots, alloc->ascending));
     plan.allocations.push_back(*std::move(alloc));
-    plan.placements.push_back(*std::move(placement));
+    plan.placements.push_back(std::move(placement));
   }
 
   // held[l][i]: expert counts that new-cluster node i holds today (empty for joined nodes).

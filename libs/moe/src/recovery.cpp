@@ -6,6 +6,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/status.hpp"
 
 namespace plexus::moe {
 namespace {
@@ -114,14 +115,13 @@ RecoveryResult ExactResult(const char* method, long double probability, int n, i
 
 absl::StatusOr<RecoveryResult> RecoveryClosedForm(absl::Span<const Placement> layers,
                                                   int failures) {
-  absl::StatusOr<Supports> supports = MinimalSupports(layers, failures);
-  if (!supports.ok()) return supports.status();
-  const int n = supports->num_nodes;
+  PLEXUS_ASSIGN_OR_RETURN(Supports supports, MinimalSupports(layers, failures));
+  const int n = supports.num_nodes;
   const int k = failures;
   std::vector<int> sizes;
   const size_t words = (n + 63) / 64;
   NodeSet used(words, 0);
-  for (const NodeSet& set : supports->minimal) {
+  for (const NodeSet& set : supports.minimal) {
     for (size_t w = 0; w < words; ++w) {
       if (used[w] & set[w]) {
         return absl::FailedPreconditionError(
@@ -175,9 +175,8 @@ absl::StatusOr<RecoveryResult> RecoveryClosedForm(absl::Span<const Placement> la
 
 absl::StatusOr<RecoveryResult> RecoveryEnumerate(absl::Span<const Placement> layers, int failures,
                                                  uint64_t max_sets) {
-  absl::StatusOr<Supports> supports = MinimalSupports(layers, failures);
-  if (!supports.ok()) return supports.status();
-  const int n = supports->num_nodes;
+  PLEXUS_ASSIGN_OR_RETURN(Supports supports, MinimalSupports(layers, failures));
+  const int n = supports.num_nodes;
   const int k = failures;
   if (n > 62) {
     return absl::ResourceExhaustedError(
@@ -190,7 +189,7 @@ absl::StatusOr<RecoveryResult> RecoveryEnumerate(absl::Span<const Placement> lay
                                                      "; use Monte Carlo"));
   }
   std::vector<uint64_t> masks;
-  for (const NodeSet& set : supports->minimal) masks.push_back(set[0]);
+  for (const NodeSet& set : supports.minimal) masks.push_back(set[0]);
   uint64_t recovering = 0;
   if (k == 0) {
     recovering = 1;
@@ -244,9 +243,8 @@ absl::StatusOr<RecoveryResult> RecoveryMonteCarlo(absl::Span<const Placement> la
     return absl::InvalidArgumentError(
         absl::StrCat("confidence must be in (0, 1) (got ", confidence, ")"));
   }
-  absl::StatusOr<Supports> supports = MinimalSupports(layers, failures);
-  if (!supports.ok()) return supports.status();
-  const int n = supports->num_nodes;
+  PLEXUS_ASSIGN_OR_RETURN(Supports supports, MinimalSupports(layers, failures));
+  const int n = supports.num_nodes;
   const size_t words = (n + 63) / 64;
   std::mt19937_64 rng(seed);
   std::vector<int> nodes(n);
@@ -261,7 +259,7 @@ absl::StatusOr<RecoveryResult> RecoveryMonteCarlo(absl::Span<const Placement> la
       failed[nodes[i] / 64] |= uint64_t{1} << (nodes[i] % 64);
     }
     bool dead = false;
-    for (const NodeSet& set : supports->minimal) {
+    for (const NodeSet& set : supports.minimal) {
       if (IsSubset(set, failed)) {
         dead = true;
         break;

@@ -60,29 +60,28 @@ constexpr int kMaxNodes = 1'000'000;
 }  // namespace
 
 absl::StatusOr<Scenario> ParseScenario(const std::string& json_text) {
-  absl::StatusOr<json> doc = ParseJson(json_text, "scenario");
-  if (!doc.ok()) return doc.status();
+  PLEXUS_ASSIGN_OR_RETURN(json doc, ParseJson(json_text, "scenario"));
   Scenario s;
-  PLEXUS_RETURN_IF_ERROR(CheckKeys(*doc, "scenario",
+  PLEXUS_RETURN_IF_ERROR(CheckKeys(doc, "scenario",
                                    {"name", "description", "nodes", "slots_per_node",
                                     "min_replicas", "layer_loads", "training"}));
-  if (doc->contains("name") && (*doc)["name"].is_string()) s.name = (*doc)["name"];
-  if (doc->contains("description") && (*doc)["description"].is_string()) {
-    s.description = (*doc)["description"];
+  if (doc.contains("name") && doc["name"].is_string()) s.name = doc["name"];
+  if (doc.contains("description") && doc["description"].is_string()) {
+    s.description = doc["description"];
   }
   for (const char* key : {"nodes", "slots_per_node", "layer_loads"}) {
-    if (!doc->contains(key)) {
+    if (!doc.contains(key)) {
       return absl::InvalidArgumentError(absl::StrCat("scenario is missing \"", key, "\""));
     }
   }
-  PLEXUS_RETURN_IF_ERROR(ReadNumber(*doc, "nodes", &s.nodes, 1, "scenario"));
-  PLEXUS_RETURN_IF_ERROR(ReadNumber(*doc, "slots_per_node", &s.slots_per_node, 1, "scenario"));
-  PLEXUS_RETURN_IF_ERROR(ReadNumber(*doc, "min_replicas", &s.min_replicas, 1, "scenario"));
+  PLEXUS_RETURN_IF_ERROR(ReadNumber(doc, "nodes", &s.nodes, 1, "scenario"));
+  PLEXUS_RETURN_IF_ERROR(ReadNumber(doc, "slots_per_node", &s.slots_per_node, 1, "scenario"));
+  PLEXUS_RETURN_IF_ERROR(ReadNumber(doc, "min_replicas", &s.min_replicas, 1, "scenario"));
   if (s.nodes > kMaxNodes) {
     return absl::InvalidArgumentError(
         absl::StrCat("scenario.nodes must be at most ", kMaxNodes, " (got ", s.nodes, ")"));
   }
-  const json& layers = (*doc)["layer_loads"];
+  const json& layers = doc["layer_loads"];
   if (!layers.is_array() || layers.empty()) {
     return absl::InvalidArgumentError("scenario.layer_loads must be a non-empty array of arrays");
   }
@@ -118,8 +117,8 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& json_text) {
                                                    s.num_experts(), " experts"));
   }
   s.training.max_nodes = s.nodes;
-  if (doc->contains("training")) {
-    const json& t = (*doc)["training"];
+  if (doc.contains("training")) {
+    const json& t = doc["training"];
     if (!t.is_object()) return absl::InvalidArgumentError("scenario.training must be an object");
     TrainingModel& m = s.training;
     const std::string ctx = "scenario.training";
@@ -162,9 +161,8 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& json_text) {
 }
 
 absl::StatusOr<Scenario> LoadScenario(const std::string& path) {
-  absl::StatusOr<std::string> text = base::ReadFile(path);
-  if (!text.ok()) return text.status();
-  absl::StatusOr<Scenario> s = ParseScenario(*text);
+  PLEXUS_ASSIGN_OR_RETURN(std::string text, base::ReadFile(path));
+  absl::StatusOr<Scenario> s = ParseScenario(text);
   if (!s.ok()) {
     return absl::Status(s.status().code(),
                         absl::StrCat(path, ": ", std::string(s.status().message())));
@@ -254,16 +252,15 @@ absl::StatusOr<Schedule> ParseSpotTrace(const std::string& csv_text) {
 }
 
 absl::StatusOr<Schedule> ParseSchedule(const std::string& json_text) {
-  absl::StatusOr<json> doc = ParseJson(json_text, "schedule");
-  if (!doc.ok()) return doc.status();
+  PLEXUS_ASSIGN_OR_RETURN(json doc, ParseJson(json_text, "schedule"));
   Schedule schedule;
-  PLEXUS_RETURN_IF_ERROR(CheckKeys(*doc, "schedule",
+  PLEXUS_RETURN_IF_ERROR(CheckKeys(doc, "schedule",
                                    {"name", "description", "end_s", "events", "steps",
                                     "fail_every_s", "initial_nodes", "replace_after_s"}));
-  if (doc->contains("name") && (*doc)["name"].is_string()) schedule.name = (*doc)["name"];
-  PLEXUS_RETURN_IF_ERROR(ReadNumber(*doc, "end_s", &schedule.end_s, 0, "schedule"));
-  if (doc->contains("events")) {
-    const json& events = (*doc)["events"];
+  if (doc.contains("name") && doc["name"].is_string()) schedule.name = doc["name"];
+  PLEXUS_RETURN_IF_ERROR(ReadNumber(doc, "end_s", &schedule.end_s, 0, "schedule"));
+  if (doc.contains("events")) {
+    const json& events = doc["events"];
     if (!events.is_array()) return absl::InvalidArgumentError("schedule.events must be an array");
     for (size_t i = 0; i < events.size(); ++i) {
       const json& e = events[i];
@@ -284,8 +281,8 @@ absl::StatusOr<Schedule> ParseSchedule(const std::string& json_text) {
       ev.node = e["node"];
       schedule.events.push_back(std::move(ev));
     }
-  } else if (doc->contains("steps")) {
-    const json& steps = (*doc)["steps"];
+  } else if (doc.contains("steps")) {
+    const json& steps = doc["steps"];
     if (!steps.is_array() || steps.empty()) {
       return absl::InvalidArgumentError("schedule.steps must be a non-empty array");
     }
@@ -309,12 +306,12 @@ absl::StatusOr<Schedule> ParseSchedule(const std::string& json_text) {
         schedule.events.push_back(NodeEvent{time, false, absl::StrCat("node", present)});
       }
     }
-  } else if (doc->contains("fail_every_s")) {
+  } else if (doc.contains("fail_every_s")) {
     int initial = 0;
     double every = 0, replace_after = -1;
-    PLEXUS_RETURN_IF_ERROR(ReadNumber(*doc, "initial_nodes", &initial, 1, "schedule"));
-    PLEXUS_RETURN_IF_ERROR(ReadNumber(*doc, "fail_every_s", &every, 1e-3, "schedule"));
-    PLEXUS_RETURN_IF_ERROR(ReadNumber(*doc, "replace_after_s", &replace_after, 0, "schedule"));
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(doc, "initial_nodes", &initial, 1, "schedule"));
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(doc, "fail_every_s", &every, 1e-3, "schedule"));
+    PLEXUS_RETURN_IF_ERROR(ReadNumber(doc, "replace_after_s", &replace_after, 0, "schedule"));
     if (initial < 1 || schedule.end_s <= 0) {
       return absl::InvalidArgumentError(
           "a periodic schedule needs initial_nodes >= 1 and end_s > 0");
@@ -365,10 +362,9 @@ absl::StatusOr<Schedule> ParseSchedule(const std::string& json_text) {
 }
 
 absl::StatusOr<Schedule> LoadSchedule(const std::string& path) {
-  absl::StatusOr<std::string> text = base::ReadFile(path);
-  if (!text.ok()) return text.status();
+  PLEXUS_ASSIGN_OR_RETURN(std::string text, base::ReadFile(path));
   const bool csv = path.size() >= 4 && path.compare(path.size() - 4, 4, ".csv") == 0;
-  absl::StatusOr<Schedule> s = csv ? ParseSpotTrace(*text) : ParseSchedule(*text);
+  absl::StatusOr<Schedule> s = csv ? ParseSpotTrace(text) : ParseSchedule(text);
   if (!s.ok()) {
     return absl::Status(s.status().code(),
                         absl::StrCat(path, ": ", std::string(s.status().message())));

@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "plexus/base/status.hpp"
 #include "plexus/moe/allocation.hpp"
 #include "plexus/moe/dispatch.hpp"
 #include "plexus/moe/placement.hpp"
@@ -72,17 +73,17 @@ absl::StatusOr<double> StepTime(const Scenario& s, SystemKind system, int nodes)
                                                  " slots cannot hold ", experts, " experts"));
     }
     for (const auto& loads : s.layer_loads) {
-      absl::StatusOr<Allocation> alloc =
-          AllocateReplicas(loads, AllocationOptions{nodes, s.slots_per_node, s.min_replicas});
-      if (!alloc.ok()) return alloc.status();
-      absl::StatusOr<Placement> placement = PlaceExperts(PlacementPolicy::kMro, alloc->replicas,
-                                                         nodes, s.slots_per_node, alloc->ascending);
-      if (!placement.ok()) return placement.status();
+      PLEXUS_ASSIGN_OR_RETURN(
+          Allocation alloc,
+          AllocateReplicas(loads, AllocationOptions{nodes, s.slots_per_node, s.min_replicas}));
+      PLEXUS_ASSIGN_OR_RETURN(Placement placement,
+                              PlaceExperts(PlacementPolicy::kMro, alloc.replicas, nodes,
+                                           s.slots_per_node, alloc.ascending));
       // Every rank's gate routes an equal share of each expert's tokens (data-parallel input).
       DispatchInput in;
       in.num_experts = experts;
       in.num_ranks = nodes;
-      in.replicas = placement->ReplicaMatrix();
+      in.replicas = placement.ReplicaMatrix();
       in.tokens.resize(static_cast<size_t>(experts) * nodes);
       const std::vector<int64_t> per_expert = SplitTokens(loads, tokens_layer);
       for (int e = 0; e < experts; ++e) {
@@ -91,13 +92,11 @@ absl::StatusOr<double> StepTime(const Scenario& s, SystemKind system, int nodes)
               per_expert[e] / nodes + (j < per_expert[e] % nodes ? 1 : 0);
         }
       }
-      absl::StatusOr<DispatchPlan> plan = ComputeDispatch(in);
-      if (!plan.ok()) return plan.status();
+      PLEXUS_ASSIGN_OR_RETURN(DispatchPlan plan, ComputeDispatch(in));
       int64_t busiest = 0;
       for (int j = 0; j < nodes; ++j) {
         int64_t load = 0;
-        for (int e = 0; e < experts; ++e)
-          load += plan->capacity[static_cast<size_t>(e) * nodes + j];
+        for (int e = 0; e < experts; ++e) load += plan.capacity[static_cast<size_t>(e) * nodes + j];
         busiest = std::max(busiest, load);
       }
       busiest_sum += static_cast<double>(busiest);
@@ -147,12 +146,12 @@ class Simulation {
       active_.push_back(idle_.front().first);
       idle_.erase(idle_.begin());
     }
-    if (absl::Status st = Start(/*restart_cost=*/false); !st.ok()) return st;
+    PLEXUS_RETURN_IF_ERROR(Start(/*restart_cost=*/false));
     while (t_ < end) {
       const double event_time =
           next < schedule_.events.size() ? schedule_.events[next].time_s : end;
       const double horizon = std::min({event_time, NextScaleUp(), end});
-      if (absl::Status st = Advance(horizon); !st.ok()) return st;
+      PLEXUS_RETURN_IF_ERROR(Advance(horizon));
       if (t_ >= end) break;
       std::vector<std::string> removed;
       while (next < schedule_.events.size() && schedule_.events[next].time_s <= t_) {
@@ -169,7 +168,7 @@ class Simulation {
         }
       }
       if (!removed.empty() || !added.empty()) {
-        if (absl::Status st = React(removed); !st.ok()) return st;
+        PLEXUS_RETURN_IF_ERROR(React(removed));
       }
     }
     RecordUntil(end);
@@ -222,10 +221,9 @@ class Simulation {
     const int nodes = NodesInUse();
     auto it = step_cache_.find(nodes);
     if (it != step_cache_.end()) return it->second;
-    absl::StatusOr<double> st = StepTime(s_, kind_, nodes);
-    if (!st.ok()) return st;
-    step_cache_.emplace(nodes, *st);
-    return *st;
+    PLEXUS_ASSIGN_OR_RETURN(double st, StepTime(s_, kind_, nodes));
+    step_cache_.emplace(nodes, st);
+    return st;
   }
 
   void RecordUntil(double time) {
@@ -255,10 +253,9 @@ class Simulation {
       }
       return absl::OkStatus();
     }
-    absl::StatusOr<double> step = CurrentStepTime();
-    if (!step.ok()) return step.status();
-    while (t_ + *step <= horizon) {
-      Tick(*step);
+    PLEXUS_ASSIGN_OR_RETURN(double step, CurrentStepTime());
+    while (t_ + step <= horizon) {
+      Tick(step);
       samples_ += static_cast<double>(m_.samples_per_step);
       ++result_.steps;
       if (++since_checkpoint_ >= m_.checkpoint_every_steps) {
@@ -294,13 +291,12 @@ class Simulation {
       physical_.clear();
       const int n = static_cast<int>(active_.size());
       for (const auto& loads : s_.layer_loads) {
-        absl::StatusOr<Allocation> alloc =
-            AllocateReplicas(loads, AllocationOptions{n, s_.slots_per_node, s_.min_replicas});
-        if (!alloc.ok()) return alloc.status();
-        absl::StatusOr<Placement> p = PlaceExperts(PlacementPolicy::kMro, alloc->replicas, n,
-                                                   s_.slots_per_node, alloc->ascending);
-        if (!p.ok()) return p.status();
-        placements_.push_back(*std::move(p));
+        PLEXUS_ASSIGN_OR_RETURN(
+            Allocation alloc,
+            AllocateReplicas(loads, AllocationOptions{n, s_.slots_per_node, s_.min_replicas}));
+        PLEXUS_ASSIGN_OR_RETURN(Placement p, PlaceExperts(PlacementPolicy::kMro, alloc.replicas, n,
+                                                          s_.slots_per_node, alloc.ascending));
+        placements_.push_back(std::move(p));
       }
       for (const std::string& name : active_) physical_.push_back(Id(name));
     } else {
@@ -358,17 +354,16 @@ class Simulation {
     in.slots_per_node = s_.slots_per_node;
     in.min_replicas = s_.min_replicas;
     in.expert_state_bytes = m_.expert_state_bytes;
-    absl::StatusOr<ReconfigurePlan> plan = PlanReconfiguration(in);
-    if (!plan.ok()) return plan.status();
-    placements_ = std::move(plan->placements);
-    physical_ = std::move(plan->physical);
+    PLEXUS_ASSIGN_OR_RETURN(ReconfigurePlan plan, PlanReconfiguration(in));
+    placements_ = std::move(plan.placements);
+    physical_ = std::move(plan.physical);
     running_ = true;
     if (removed.empty()) {
       ++result_.scale_ups;
     } else {
       ++result_.reconfigurations;
     }
-    Spend(m_.reconfigure_s + static_cast<double>(plan->bytes_moved) / m_.bandwidth_bytes_per_s);
+    Spend(m_.reconfigure_s + static_cast<double>(plan.bytes_moved) / m_.bandwidth_bytes_per_s);
     return absl::OkStatus();
   }
 

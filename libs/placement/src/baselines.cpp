@@ -181,7 +181,7 @@ absl::StatusOr<Plan> RunBaseline(const Problem& problem, Strategy strategy) {
     default:
       return absl::InvalidArgumentError("not a baseline strategy");
   }
-  if (!plan.ok()) return plan.status();
+  PLEXUS_RETURN_IF_ERROR(plan.status());
   plan->strategy = std::string(StrategyName(strategy));
   PLEXUS_RETURN_IF_ERROR(EvaluatePlan(problem, *plan));
   if (!plan->capacity_ok) {

@@ -4,14 +4,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "futex.hpp"
+#include "plexus/base/status.hpp"
 
 namespace plexus::transport {
 
 absl::StatusOr<std::optional<size_t>> Mailbox::TryReceive(absl::Span<uint8_t> out) {
-  absl::StatusOr<std::optional<absl::Span<const uint8_t>>> message = Peek();
-  if (!message.ok()) return message.status();
-  if (!message->has_value()) return std::nullopt;
-  const absl::Span<const uint8_t> bytes = **message;
+  PLEXUS_ASSIGN_OR_RETURN(std::optional<absl::Span<const uint8_t>> message, Peek());
+  if (!message.has_value()) return std::nullopt;
+  const absl::Span<const uint8_t> bytes = *message;
   if (bytes.size() > out.size()) {
     return absl::InvalidArgumentError(absl::StrCat("Mailbox::TryReceive: message of ", bytes.size(),
                                                    " bytes does not fit the ", out.size(),

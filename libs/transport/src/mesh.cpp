@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/status.hpp"
 
 namespace plexus::transport {
 namespace {
@@ -40,45 +41,37 @@ absl::StatusOr<std::vector<std::unique_ptr<Connection>>> ConnectFullMesh(Rendezv
   std::vector<std::unique_ptr<Connection>> conns(size);
   if (size == 1) return conns;
 
-  absl::StatusOr<std::unique_ptr<Listener>> listener = device.Listen("");
-  if (!listener.ok()) return listener.status();
+  PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<Listener> listener, device.Listen(""));
   const std::string key = absl::StrCat("plexus/mesh/", std::string(tag), "/",
                                        std::string(BackendName(device.backend())));
-  absl::StatusOr<std::vector<std::string>> addresses =
-      rendezvous.AllGather(key, (*listener)->address(), timeout);
-  if (!addresses.ok()) return addresses.status();
+  PLEXUS_ASSIGN_OR_RETURN(std::vector<std::string> addresses,
+                          rendezvous.AllGather(key, listener->address(), timeout));
 
   // Connect to every lower rank and introduce ourselves with our rank.
   const uint32_t me = static_cast<uint32_t>(rank);
   for (int peer = 0; peer < rank; ++peer) {
-    absl::StatusOr<std::unique_ptr<Connection>> c = device.Connect((*addresses)[peer], cq);
+    absl::StatusOr<std::unique_ptr<Connection>> c = device.Connect(addresses[peer], cq);
     if (!c.ok()) {
       return absl::Status(c.status().code(), absl::StrCat("connecting to rank ", peer, ": ",
                                                           std::string(c.status().message())));
     }
-    if (absl::Status s = (*c)->PostSend(ConstBuffer{&me, sizeof me}, 0); !s.ok()) return s;
-    if (absl::Status s = AwaitSetup(cq, (*c)->id(), deadline,
-                                    absl::StrCat("introducing rank ", rank, " to rank ", peer));
-        !s.ok()) {
-      return s;
-    }
+    PLEXUS_RETURN_IF_ERROR((*c)->PostSend(ConstBuffer{&me, sizeof me}, 0));
+    PLEXUS_RETURN_IF_ERROR(AwaitSetup(cq, (*c)->id(), deadline,
+                                      absl::StrCat("introducing rank ", rank, " to rank ", peer)));
     conns[peer] = *std::move(c);
   }
   // Accept every higher rank; each tells us who it is.
   for (int i = rank + 1; i < size; ++i) {
     absl::StatusOr<std::unique_ptr<Connection>> c =
-        (*listener)->Accept(cq, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+        listener->Accept(cq, std::max(deadline - absl::Now(), absl::ZeroDuration()));
     if (!c.ok()) {
       return absl::Status(c.status().code(),
                           absl::StrCat("rank ", rank, " waiting for ", size - i,
                                        " higher ranks: ", std::string(c.status().message())));
     }
     uint32_t who = UINT32_MAX;
-    if (absl::Status s = (*c)->PostRecv({&who, sizeof who}, 0); !s.ok()) return s;
-    if (absl::Status s = AwaitSetup(cq, (*c)->id(), deadline, "waiting for a peer's rank");
-        !s.ok()) {
-      return s;
-    }
+    PLEXUS_RETURN_IF_ERROR((*c)->PostRecv({&who, sizeof who}, 0));
+    PLEXUS_RETURN_IF_ERROR(AwaitSetup(cq, (*c)->id(), deadline, "waiting for a peer's rank"));
     if (who <= me || who >= static_cast<uint32_t>(size) || conns[who] != nullptr) {
       return absl::DataLossError(absl::StrCat("mesh set-up: unexpected peer rank ", who));
     }

@@ -3,6 +3,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "cuda_copy.hpp"
+#include "plexus/base/status.hpp"
 
 namespace plexus::transport::internal {
 
@@ -23,7 +24,7 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> RegionRegistry::Register(void* dat
     return absl::InvalidArgumentError("Register: null pointer with a non-zero size");
   }
   if (kind == MemoryKind::kCuda) {
-    if (absl::Status s = CheckCudaPointer(data); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(CheckCudaPointer(data));
   }
   static thread_local absl::BitGen gen;
   RegionHandle handle;

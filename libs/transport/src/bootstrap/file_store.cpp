@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "bootstrap/store_keys.hpp"
 #include "plexus/base/net.hpp"
+#include "plexus/base/status.hpp"
 #include "plexus/transport/store.hpp"
 
 namespace plexus::transport {
@@ -160,7 +161,7 @@ FileStore::~FileStore() { close(lock_fd_); }
 std::string FileStore::description() const { return absl::StrCat("file store at ", directory_); }
 
 absl::StatusOr<std::string> FileStore::PathOf(std::string_view key) const {
-  if (absl::Status s = bootstrap::CheckKey(key); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(bootstrap::CheckKey(key));
   return absl::StrCat(directory_, "/", EncodeFileName(key));
 }
 
@@ -204,31 +205,28 @@ absl::Status FileStore::Set(std::string_view key, std::string_view value) {
                                                    value.size(), " bytes; the limit is ",
                                                    kMaxStoreValueBytes));
   }
-  auto path = PathOf(key);
-  if (!path.ok()) return path.status();
-  return WriteAtomically(directory_, *path, value);
+  PLEXUS_ASSIGN_OR_RETURN(auto path, PathOf(key));
+  return WriteAtomically(directory_, path, value);
 }
 
 absl::StatusOr<std::string> FileStore::Get(std::string_view key, absl::Duration timeout) {
-  auto path = PathOf(key);
-  if (!path.ok()) return path.status();
+  PLEXUS_ASSIGN_OR_RETURN(auto path, PathOf(key));
   Backoff backoff(DeadlineAfter(timeout));
   std::string value;
   for (;;) {
     bool missing = false;
-    if (absl::Status s = ReadWholeFile(*path, &value, &missing); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(ReadWholeFile(path, &value, &missing));
     if (!missing) return value;
     if (!backoff.Sleep()) {
       return absl::DeadlineExceededError(absl::StrCat(
           "key '", std::string(key), "' was not set within ", absl::FormatDuration(timeout),
-          " in the ", description(), " (file ", *path, ")"));
+          " in the ", description(), " (file ", path, ")"));
     }
   }
 }
 
 absl::StatusOr<int64_t> FileStore::Add(std::string_view key, int64_t delta) {
-  auto path = PathOf(key);
-  if (!path.ok()) return path.status();
+  PLEXUS_ASSIGN_OR_RETURN(auto path, PathOf(key));
   std::lock_guard<std::mutex> guard(add_mu_);
   while (flock(lock_fd_, LOCK_EX) != 0) {
     if (errno != EINTR) {
@@ -242,7 +240,7 @@ absl::StatusOr<int64_t> FileStore::Add(std::string_view key, int64_t delta) {
   } unlock{lock_fd_};
   std::string text;
   bool missing = false;
-  if (absl::Status s = ReadWholeFile(*path, &text, &missing); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(ReadWholeFile(path, &text, &missing));
   int64_t current = 0;
   if (!missing && !absl::SimpleAtoi(text, &current)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -254,16 +252,15 @@ absl::StatusOr<int64_t> FileStore::Add(std::string_view key, int64_t delta) {
         absl::StrCat("counter '", std::string(key), "' would overflow in the ", description()));
   }
   const int64_t next = current + delta;
-  if (absl::Status s = WriteAtomically(directory_, *path, std::to_string(next)); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(WriteAtomically(directory_, path, std::to_string(next)));
   return next;
 }
 
 absl::Status FileStore::Wait(absl::Span<const std::string> keys, absl::Duration timeout) {
   std::vector<std::string> paths;
   for (const std::string& k : keys) {
-    auto path = PathOf(k);
-    if (!path.ok()) return path.status();
-    paths.push_back(*std::move(path));
+    PLEXUS_ASSIGN_OR_RETURN(auto path, PathOf(k));
+    paths.push_back(std::move(path));
   }
   Backoff backoff(DeadlineAfter(timeout));
   size_t present = 0;  // keys never disappear while waited for in a rendezvous: check in order
@@ -285,19 +282,17 @@ absl::Status FileStore::Wait(absl::Span<const std::string> keys, absl::Duration 
 
 absl::StatusOr<bool> FileStore::Check(absl::Span<const std::string> keys) {
   for (const std::string& k : keys) {
-    auto path = PathOf(k);
-    if (!path.ok()) return path.status();
-    if (!Exists(*path)) return false;
+    PLEXUS_ASSIGN_OR_RETURN(auto path, PathOf(k));
+    if (!Exists(path)) return false;
   }
   return true;
 }
 
 absl::StatusOr<bool> FileStore::Delete(std::string_view key) {
-  auto path = PathOf(key);
-  if (!path.ok()) return path.status();
-  if (unlink(path->c_str()) == 0) return true;
+  PLEXUS_ASSIGN_OR_RETURN(auto path, PathOf(key));
+  if (unlink(path.c_str()) == 0) return true;
   if (errno == ENOENT) return false;
-  return absl::UnavailableError(absl::StrCat("cannot delete ", *path, ": ", ErrnoText(errno)));
+  return absl::UnavailableError(absl::StrCat("cannot delete ", path, ": ", ErrnoText(errno)));
 }
 
 }  // namespace plexus::transport

@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "plexus/base/status.hpp"
 
 namespace plexus::transport::bootstrap {
 namespace {
@@ -83,7 +84,7 @@ absl::Status JoinJob(Store& store, const JobIdentity& job, int rank, int world_s
                      absl::Duration timeout) {
   const std::string world_key = "rendezvous/world-size";
   if (rank == 0) {
-    if (absl::Status s = store.Set(world_key, std::to_string(world_size)); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(store.Set(world_key, std::to_string(world_size)));
   } else {
     auto published = store.Get(world_key, timeout);
     if (!published.ok()) {
@@ -101,12 +102,12 @@ absl::Status JoinJob(Store& store, const JobIdentity& job, int rank, int world_s
           Remedy(job)));
     }
   }
-  auto joins = store.Add(absl::StrCat("rendezvous/rank/", rank, "/joins"), 1);
-  if (!joins.ok()) return joins.status();
-  if (*joins != 1) {
+  PLEXUS_ASSIGN_OR_RETURN(auto joins,
+                          store.Add(absl::StrCat("rendezvous/rank/", rank, "/joins"), 1));
+  if (joins != 1) {
     return absl::AlreadyExistsError(absl::StrCat(
         "rank ", rank, " of ", Describe(job), " already joined the ", store.description(),
-        " (this is join ", *joins, "): two processes were given rank ", rank,
+        " (this is join ", joins, "): two processes were given rank ", rank,
         " of the same job, or two jobs share this store. ", Remedy(job)));
   }
   return absl::OkStatus();

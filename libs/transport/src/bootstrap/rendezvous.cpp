@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "bootstrap/job_store.hpp"
 #include "plexus/base/net.hpp"
+#include "plexus/base/status.hpp"
 
 extern char** environ;
 
@@ -175,22 +176,20 @@ absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env) {
     return absl::InvalidArgumentError(absl::StrCat(
         set, " is set but ", unset, " is not: ", launcher, " sets both; set ", unset, " too"));
   }
-  auto rank = ParseCount(vars->rank, *rank_text);
-  if (!rank.ok()) return rank.status();
-  auto size = ParseCount(vars->size, *size_text);
-  if (!size.ok()) return size.status();
-  if (*size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(vars->size, "=", *size, " must be at least 1"));
+  PLEXUS_ASSIGN_OR_RETURN(auto rank, ParseCount(vars->rank, *rank_text));
+  PLEXUS_ASSIGN_OR_RETURN(auto size, ParseCount(vars->size, *size_text));
+  if (size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(vars->size, "=", size, " must be at least 1"));
   }
-  if (*rank >= *size) {
-    return absl::InvalidArgumentError(absl::StrCat(vars->rank, "=", *rank, " is not below ",
-                                                   vars->size, "=", *size,
+  if (rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat(vars->rank, "=", rank, " is not below ",
+                                                   vars->size, "=", size,
                                                    ": ranks count from 0 to world size - 1"));
   }
-  config.rank = *rank;
-  config.world_size = *size;
-  std::vector<std::string> used = {absl::StrCat(vars->rank, "=", *rank),
-                                   absl::StrCat(vars->size, "=", *size)};
+  config.rank = rank;
+  config.world_size = size;
+  std::vector<std::string> used = {absl::StrCat(vars->rank, "=", rank),
+                                   absl::StrCat(vars->size, "=", size)};
 
   // Local rank and size: both given, or (Slurm) computed, else derived later from host names.
   const auto local_rank_text = Lookup(env, vars->local_rank);
@@ -208,20 +207,18 @@ absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env) {
     }
   }
   if (local_rank_text && local_size_text) {
-    auto local_rank = ParseCount(vars->local_rank, *local_rank_text);
-    if (!local_rank.ok()) return local_rank.status();
-    auto local_size = ParseCount(local_size_name, *local_size_text);
-    if (!local_size.ok()) return local_size.status();
-    if (*local_size < 1 || *local_size > *size || *local_rank >= *local_size) {
+    PLEXUS_ASSIGN_OR_RETURN(auto local_rank, ParseCount(vars->local_rank, *local_rank_text));
+    PLEXUS_ASSIGN_OR_RETURN(auto local_size, ParseCount(local_size_name, *local_size_text));
+    if (local_size < 1 || local_size > size || local_rank >= local_size) {
       return absl::InvalidArgumentError(
-          absl::StrCat("inconsistent local ranks: ", vars->local_rank, "=", *local_rank, ", ",
-                       local_size_name, "=", *local_size, ", ", vars->size, "=", *size,
+          absl::StrCat("inconsistent local ranks: ", vars->local_rank, "=", local_rank, ", ",
+                       local_size_name, "=", local_size, ", ", vars->size, "=", size,
                        " (need local rank < local size <= world size)"));
     }
-    config.local_rank = *local_rank;
-    config.local_world_size = *local_size;
-    used.push_back(absl::StrCat(vars->local_rank, "=", *local_rank));
-    used.push_back(absl::StrCat(local_size_name, "=", *local_size));
+    config.local_rank = local_rank;
+    config.local_world_size = local_size;
+    used.push_back(absl::StrCat(vars->local_rank, "=", local_rank));
+    used.push_back(absl::StrCat(local_size_name, "=", local_size));
   }
 
   // The store: PLEXUS_STORE_ADDR or PLEXUS_STORE_PATH for every launcher, else torchrun's
@@ -243,11 +240,10 @@ absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env) {
     config.store_path = *path;
     store_source = absl::StrCat("PLEXUS_STORE_PATH=", *path);
   } else if (master_addr && master_port) {
-    auto port = ParseCount("MASTER_PORT", *master_port);
-    if (!port.ok()) return port.status();
+    PLEXUS_ASSIGN_OR_RETURN(auto port, ParseCount("MASTER_PORT", *master_port));
     config.store_address = master_addr->find(':') != std::string::npos
-                               ? absl::StrCat("[", *master_addr, "]:", *port)
-                               : absl::StrCat(*master_addr, ":", *port);
+                               ? absl::StrCat("[", *master_addr, "]:", port)
+                               : absl::StrCat(*master_addr, ":", port);
     store_source = absl::StrCat("MASTER_ADDR:MASTER_PORT=", config.store_address);
   } else if (master_addr || master_port) {
     return absl::InvalidArgumentError(
@@ -287,7 +283,7 @@ absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env) {
                        "port that every rank can reach"));
     }
   }
-  if (absl::Status s = FindJobId(env, vars->launcher, &config); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(FindJobId(env, vars->launcher, &config));
   config.source =
       absl::StrCat(launcher, " (", absl::StrJoin(used, ", "), "), store ", store_source, ", ",
                    config.job_id.empty()
@@ -301,9 +297,8 @@ absl::StatusOr<Rendezvous> Rendezvous::FromEnv(absl::Duration timeout) {
 }
 
 absl::StatusOr<Rendezvous> Rendezvous::FromEnv(const Environment& env, absl::Duration timeout) {
-  auto config = ParseLaunchEnvironment(env);
-  if (!config.ok()) return config.status();
-  return FromConfig(*config, timeout);
+  PLEXUS_ASSIGN_OR_RETURN(auto config, ParseLaunchEnvironment(env));
+  return FromConfig(config, timeout);
 }
 
 namespace {
@@ -346,16 +341,14 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchConfig& config,
           : "";
   const std::string who = absl::StrCat("rank ", config.rank, " (", config.source, ")");
   if (!config.store_path.empty()) {
-    auto file = FileStore::Open(config.store_path);
-    if (!file.ok()) return file.status();
-    store = *std::move(file);
+    PLEXUS_ASSIGN_OR_RETURN(auto file, FileStore::Open(config.store_path));
+    store = std::move(file);
   } else {
-    auto hp = net::ParseHostPort(config.store_address, "the store address");
-    if (!hp.ok()) return hp.status();
+    PLEXUS_ASSIGN_OR_RETURN(auto hp, net::ParseHostPort(config.store_address, "the store address"));
     std::string connect_to = config.store_address;
-    const bool v6 = hp->host.find(':') != std::string::npos;
+    const bool v6 = hp.host.find(':') != std::string::npos;
     std::string client_job = job.id;
-    if (config.rank == 0 && net::IsLocalHost(hp->host)) {
+    if (config.rank == 0 && net::IsLocalHost(hp.host)) {
       if (job.id.empty()) {
         job = {bootstrap::NewJobNonce(), true, "nonce chosen by rank 0: the launcher gave no id"};
       }
@@ -365,11 +358,11 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchConfig& config,
       options.job_id_is_nonce = job.is_nonce;
       // Listen on every interface: the name other hosts use for us may resolve differently
       // here (Debian maps the host name to 127.0.1.1).
-      auto started = TcpStoreServer::Start(absl::StrCat(v6 ? "[::]:" : ":", hp->port), options);
+      auto started = TcpStoreServer::Start(absl::StrCat(v6 ? "[::]:" : ":", hp.port), options);
       if (!started.ok()) {
         std::string holder;
-        if (absl::IsUnavailable(started.status()) && hp->port != 0) {
-          holder = DescribePortHolder(v6 ? "[::1]" : "127.0.0.1", hp->port, config.job_id, timeout);
+        if (absl::IsUnavailable(started.status()) && hp.port != 0) {
+          holder = DescribePortHolder(v6 ? "[::1]" : "127.0.0.1", hp.port, config.job_id, timeout);
         }
         return absl::Status(
             started.status().code(),
@@ -405,7 +398,7 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchConfig& config,
     // job's nonce for a moment; docs/architecture.md says to use a fresh one or set a job id.
     if (config.rank == 0) {
       job = {bootstrap::NewJobNonce(), true, "nonce published by rank 0: the launcher gave no id"};
-      if (absl::Status s = store->Set(bootstrap::kJobNonceKey, job.id); !s.ok()) return s;
+      PLEXUS_RETURN_IF_ERROR(store->Set(bootstrap::kJobNonceKey, job.id));
     } else {
       auto nonce = store->Get(bootstrap::kJobNonceKey, timeout);
       if (!nonce.ok()) {
@@ -417,21 +410,17 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchConfig& config,
     }
   }
   store = bootstrap::NamespaceStore(std::move(store), job.id);
-  if (absl::Status s = bootstrap::JoinJob(*store, job, config.rank, config.world_size, timeout);
-      !s.ok()) {
-    return s;
-  }
-  auto rdzv = Create(config.rank, config.world_size, std::move(store), config.local_rank,
-                     config.local_world_size);
-  if (!rdzv.ok()) return rdzv.status();
-  rdzv->launcher_ = config.launcher;
-  rdzv->source_ = config.source;
-  if (job.is_nonce) absl::StrAppend(&rdzv->source_, "; job nonce '", job.id, "'");
-  rdzv->job_id_ = job.id;
-  rdzv->server_ = std::move(server);
+  PLEXUS_RETURN_IF_ERROR(bootstrap::JoinJob(*store, job, config.rank, config.world_size, timeout));
+  PLEXUS_ASSIGN_OR_RETURN(auto rdzv, Create(config.rank, config.world_size, std::move(store),
+                                            config.local_rank, config.local_world_size));
+  rdzv.launcher_ = config.launcher;
+  rdzv.source_ = config.source;
+  if (job.is_nonce) absl::StrAppend(&rdzv.source_, "; job nonce '", job.id, "'");
+  rdzv.job_id_ = job.id;
+  rdzv.server_ = std::move(server);
   if (config.local_rank < 0 || config.local_world_size < 0) {
-    if (absl::Status s = rdzv->DeriveLocalRanks(timeout); !s.ok()) return s;
-    absl::StrAppend(&rdzv->source_, "; local ranks from host names");
+    PLEXUS_RETURN_IF_ERROR(rdzv.DeriveLocalRanks(timeout));
+    absl::StrAppend(&rdzv.source_, "; local ranks from host names");
   }
   return rdzv;
 }
@@ -477,7 +466,7 @@ Rendezvous::~Rendezvous() {
 
 absl::Status Rendezvous::DeriveLocalRanks(absl::Duration timeout) {
   const std::string prefix = "plexus/rendezvous/host/";
-  if (absl::Status s = store_->Set(absl::StrCat(prefix, rank_), HostName()); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(store_->Set(absl::StrCat(prefix, rank_), HostName()));
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<std::string> hosts(world_size_);
   for (int r = 0; r < world_size_; ++r) {
@@ -505,7 +494,7 @@ absl::StatusOr<std::vector<std::string>> Rendezvous::AllGather(std::string_view 
                                                                absl::Duration timeout) {
   const std::string base =
       absl::StrCat("plexus/allgather/", std::string(key_prefix), "/", sequence_++, "/");
-  if (absl::Status s = store_->Set(absl::StrCat(base, rank_), my_value); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(store_->Set(absl::StrCat(base, rank_), my_value));
   const absl::Time deadline =
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
   std::vector<std::string> values(world_size_);
@@ -535,10 +524,9 @@ absl::StatusOr<std::vector<std::string>> Rendezvous::AllGather(std::string_view 
 
 absl::Status Rendezvous::Barrier(std::string_view name, absl::Duration timeout) {
   const std::string base = absl::StrCat("plexus/barrier/", std::string(name), "/", sequence_++);
-  auto arrived = store_->Add(absl::StrCat(base, "/count"), 1);
-  if (!arrived.ok()) return arrived.status();
-  if (*arrived == world_size_) {
-    if (absl::Status s = store_->Set(absl::StrCat(base, "/done"), ""); !s.ok()) return s;
+  PLEXUS_ASSIGN_OR_RETURN(auto arrived, store_->Add(absl::StrCat(base, "/count"), 1));
+  if (arrived == world_size_) {
+    PLEXUS_RETURN_IF_ERROR(store_->Set(absl::StrCat(base, "/done"), ""));
   }
   auto done = store_->Get(absl::StrCat(base, "/done"), timeout);
   if (done.ok()) return absl::OkStatus();

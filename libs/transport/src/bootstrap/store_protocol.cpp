@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "plexus/base/status.hpp"
 
 namespace plexus::transport::store_protocol {
 namespace {
@@ -217,7 +218,7 @@ absl::StatusOr<Request> DecodeRequest(absl::Span<const uint8_t> body) {
       }
     }
   }
-  if (absl::Status s = r.Finish("request"); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(r.Finish("request"));
   return req;
 }
 
@@ -269,7 +270,7 @@ absl::StatusOr<Response> DecodeResponse(absl::Span<const uint8_t> body) {
       }
     }
   }
-  if (absl::Status s = r.Finish("response"); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(r.Finish("response"));
   return resp;
 }
 

@@ -16,6 +16,7 @@
 #include "bootstrap/store_keys.hpp"
 #include "bootstrap/store_protocol.hpp"
 #include "plexus/base/net.hpp"
+#include "plexus/base/status.hpp"
 #include "plexus/transport/store.hpp"
 
 namespace plexus::transport {
@@ -101,24 +102,18 @@ struct TcpStore::Impl {
   static absl::StatusOr<proto::Response> Exchange(int fd, const proto::Request& request,
                                                   absl::Time deadline) {
     const std::string frame = proto::EncodeRequest(request);
-    if (absl::Status s = net::SendAll(fd, frame.data(), frame.size(), deadline); !s.ok()) {
-      return s;
-    }
+    PLEXUS_RETURN_IF_ERROR(net::SendAll(fd, frame.data(), frame.size(), deadline));
     uint8_t header[proto::kHeaderBytes];
-    if (absl::Status s = net::RecvAll(fd, header, sizeof header, deadline); !s.ok()) {
-      return s;
-    }
-    auto size = proto::PeekFrame(absl::MakeConstSpan(header, sizeof header));
-    if (!size.ok()) return size.status();
-    std::string body(*size - proto::kHeaderBytes, '\0');
-    if (absl::Status s = net::RecvAll(fd, body.data(), body.size(), deadline); !s.ok()) {
-      return s;
-    }
-    auto response = proto::DecodeResponse(
-        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(body.data()), body.size()));
-    if (!response.ok()) return response.status();
-    if (response->op != request.op) {
-      return absl::InternalError(absl::StrCat("reply to a '", proto::OpName(response->op),
+    PLEXUS_RETURN_IF_ERROR(net::RecvAll(fd, header, sizeof header, deadline));
+    PLEXUS_ASSIGN_OR_RETURN(auto size,
+                            proto::PeekFrame(absl::MakeConstSpan(header, sizeof header)));
+    std::string body(size - proto::kHeaderBytes, '\0');
+    PLEXUS_RETURN_IF_ERROR(net::RecvAll(fd, body.data(), body.size(), deadline));
+    PLEXUS_ASSIGN_OR_RETURN(auto response,
+                            proto::DecodeResponse(absl::MakeConstSpan(
+                                reinterpret_cast<const uint8_t*>(body.data()), body.size())));
+    if (response.op != request.op) {
+      return absl::InternalError(absl::StrCat("reply to a '", proto::OpName(response.op),
                                               "' arrived for a '", proto::OpName(request.op),
                                               "' request"));
     }
@@ -128,13 +123,12 @@ struct TcpStore::Impl {
   // Sends `request`; waits `wait` (the caller's timeout for Get/Wait) plus io_timeout for the
   // reply. Protocol-level errors (timeouts, bad counters) come back as a Response code.
   absl::StatusOr<proto::Response> Call(const proto::Request& request, absl::Duration wait) {
-    auto fd = TakeSocket();
-    if (!fd.ok()) return fd.status();
+    PLEXUS_ASSIGN_OR_RETURN(auto fd, TakeSocket());
     const absl::Time deadline =
         wait == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + wait + io_timeout;
-    auto response = Exchange(*fd, request, deadline);
+    auto response = Exchange(fd, request, deadline);
     if (!response.ok()) {
-      close(*fd);
+      close(fd);
       if (absl::IsDeadlineExceeded(response.status())) {
         return absl::DeadlineExceededError(absl::StrCat(
             "the tcp store at ", address, " did not answer a '", proto::OpName(request.op),
@@ -143,7 +137,7 @@ struct TcpStore::Impl {
       }
       return Lost(response.status());
     }
-    ReturnSocket(*fd);
+    ReturnSocket(fd);
     return response;
   }
 };
@@ -163,17 +157,16 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(std::string_view add
                                                             absl::Duration timeout,
                                                             absl::Duration io_timeout,
                                                             std::string_view job_id) {
-  auto hp = net::ParseHostPort(address, "store address");
-  if (!hp.ok()) return hp.status();
+  PLEXUS_ASSIGN_OR_RETURN(auto hp, net::ParseHostPort(address, "store address"));
   if (job_id.size() > proto::kMaxJobIdBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("job id of ", job_id.size(), " bytes; the limit is ", proto::kMaxJobIdBytes));
   }
-  if (hp->port == 0) {
+  if (hp.port == 0) {
     return absl::InvalidArgumentError(absl::StrCat("store address '", std::string(address),
                                                    "' has port 0: clients need the real port"));
   }
-  if (hp->host.empty()) hp->host = "127.0.0.1";
+  if (hp.host.empty()) hp.host = "127.0.0.1";
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = absl::Milliseconds(5);
   std::minstd_rand jitter(static_cast<uint32_t>(getpid()));
@@ -181,7 +174,7 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(std::string_view add
   int attempts = 0;
   for (;;) {
     ++attempts;
-    auto resolved = net::Resolve(*hp);
+    auto resolved = net::Resolve(hp);
     if (resolved.ok()) {
       for (const net::SocketAddress& sa : *resolved) {
         bool retryable = false;
@@ -249,7 +242,7 @@ const std::string& TcpStore::server_job_id() const { return impl_->server_job; }
 bool TcpStore::server_job_id_is_nonce() const { return impl_->server_job_nonce; }
 
 absl::Status TcpStore::Set(std::string_view key, std::string_view value) {
-  if (absl::Status s = bootstrap::CheckKey(key); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(bootstrap::CheckKey(key));
   if (value.size() > kMaxStoreValueBytes) {
     return absl::InvalidArgumentError(absl::StrCat("value of key '", std::string(key), "' has ",
                                                    value.size(), " bytes; the limit is ",
@@ -259,46 +252,43 @@ absl::Status TcpStore::Set(std::string_view key, std::string_view value) {
   req.op = proto::Op::kSet;
   req.keys.emplace_back(key);
   req.value = std::string(value);
-  auto r = impl_->Call(req, absl::ZeroDuration());
-  if (!r.ok()) return r.status();
-  if (r->code != proto::Code::kOk) return absl::InvalidArgumentError(r->value);
+  PLEXUS_ASSIGN_OR_RETURN(auto r, impl_->Call(req, absl::ZeroDuration()));
+  if (r.code != proto::Code::kOk) return absl::InvalidArgumentError(r.value);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> TcpStore::Get(std::string_view key, absl::Duration timeout) {
-  if (absl::Status s = bootstrap::CheckKey(key); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(bootstrap::CheckKey(key));
   proto::Request req;
   req.op = proto::Op::kGet;
   req.keys.emplace_back(key);
   req.timeout_ms = ToTimeoutMs(timeout);
-  auto r = impl_->Call(req, std::max(timeout, absl::ZeroDuration()));
-  if (!r.ok()) return r.status();
-  if (r->code == proto::Code::kTimeout) {
+  PLEXUS_ASSIGN_OR_RETURN(auto r, impl_->Call(req, std::max(timeout, absl::ZeroDuration())));
+  if (r.code == proto::Code::kTimeout) {
     return absl::DeadlineExceededError(
         absl::StrCat("key '", std::string(key), "' was not set within ",
                      absl::FormatDuration(timeout), " in the ", description()));
   }
-  if (r->code != proto::Code::kOk) return absl::InvalidArgumentError(r->value);
-  return std::move(r->value);
+  if (r.code != proto::Code::kOk) return absl::InvalidArgumentError(r.value);
+  return std::move(r.value);
 }
 
 absl::StatusOr<int64_t> TcpStore::Add(std::string_view key, int64_t delta) {
-  if (absl::Status s = bootstrap::CheckKey(key); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(bootstrap::CheckKey(key));
   proto::Request req;
   req.op = proto::Op::kAdd;
   req.keys.emplace_back(key);
   req.delta = delta;
-  auto r = impl_->Call(req, absl::ZeroDuration());
-  if (!r.ok()) return r.status();
-  if (r->code != proto::Code::kOk) {
-    return absl::InvalidArgumentError(absl::StrCat(r->value, " in the ", description()));
+  PLEXUS_ASSIGN_OR_RETURN(auto r, impl_->Call(req, absl::ZeroDuration()));
+  if (r.code != proto::Code::kOk) {
+    return absl::InvalidArgumentError(absl::StrCat(r.value, " in the ", description()));
   }
-  return r->number;
+  return r.number;
 }
 
 absl::Status TcpStore::Wait(absl::Span<const std::string> keys, absl::Duration timeout) {
   for (const std::string& k : keys) {
-    if (absl::Status s = bootstrap::CheckKey(k); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(bootstrap::CheckKey(k));
   }
   proto::Request req;
   req.op = proto::Op::kWait;
@@ -307,20 +297,19 @@ absl::Status TcpStore::Wait(absl::Span<const std::string> keys, absl::Duration t
   if (proto::EncodeRequest(req).size() > proto::kHeaderBytes + proto::kMaxBodyBytes) {
     return absl::InvalidArgumentError("too many keys in one Wait for a store frame");
   }
-  auto r = impl_->Call(req, std::max(timeout, absl::ZeroDuration()));
-  if (!r.ok()) return r.status();
-  if (r->code == proto::Code::kTimeout) {
+  PLEXUS_ASSIGN_OR_RETURN(auto r, impl_->Call(req, std::max(timeout, absl::ZeroDuration())));
+  if (r.code == proto::Code::kTimeout) {
     return absl::DeadlineExceededError(
         absl::StrCat("timed out after ", absl::FormatDuration(timeout), " waiting in the ",
-                     description(), ": ", r->value));
+                     description(), ": ", r.value));
   }
-  if (r->code != proto::Code::kOk) return absl::InvalidArgumentError(r->value);
+  if (r.code != proto::Code::kOk) return absl::InvalidArgumentError(r.value);
   return absl::OkStatus();
 }
 
 absl::StatusOr<bool> TcpStore::Check(absl::Span<const std::string> keys) {
   for (const std::string& k : keys) {
-    if (absl::Status s = bootstrap::CheckKey(k); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(bootstrap::CheckKey(k));
   }
   proto::Request req;
   req.op = proto::Op::kCheck;
@@ -328,21 +317,19 @@ absl::StatusOr<bool> TcpStore::Check(absl::Span<const std::string> keys) {
   if (proto::EncodeRequest(req).size() > proto::kHeaderBytes + proto::kMaxBodyBytes) {
     return absl::InvalidArgumentError("too many keys in one Check for a store frame");
   }
-  auto r = impl_->Call(req, absl::ZeroDuration());
-  if (!r.ok()) return r.status();
-  if (r->code != proto::Code::kOk) return absl::InvalidArgumentError(r->value);
-  return r->flag;
+  PLEXUS_ASSIGN_OR_RETURN(auto r, impl_->Call(req, absl::ZeroDuration()));
+  if (r.code != proto::Code::kOk) return absl::InvalidArgumentError(r.value);
+  return r.flag;
 }
 
 absl::StatusOr<bool> TcpStore::Delete(std::string_view key) {
-  if (absl::Status s = bootstrap::CheckKey(key); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(bootstrap::CheckKey(key));
   proto::Request req;
   req.op = proto::Op::kDelete;
   req.keys.emplace_back(key);
-  auto r = impl_->Call(req, absl::ZeroDuration());
-  if (!r.ok()) return r.status();
-  if (r->code != proto::Code::kOk) return absl::InvalidArgumentError(r->value);
-  return r->flag;
+  PLEXUS_ASSIGN_OR_RETURN(auto r, impl_->Call(req, absl::ZeroDuration()));
+  if (r.code != proto::Code::kOk) return absl::InvalidArgumentError(r.value);
+  return r.flag;
 }
 
 }  // namespace plexus::transport

@@ -577,11 +577,9 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::strin
                                                    proto::kMaxJobIdBytes));
   }
   const std::string text = address.empty() ? std::string(":0") : std::string(address);
-  auto hp = net::ParseHostPort(text, "store server address");
-  if (!hp.ok()) return hp.status();
-  auto resolved = net::Resolve(*hp);
-  if (!resolved.ok()) return resolved.status();
-  const net::SocketAddress& sa = resolved->front();
+  PLEXUS_ASSIGN_OR_RETURN(auto hp, net::ParseHostPort(text, "store server address"));
+  PLEXUS_ASSIGN_OR_RETURN(auto resolved, net::Resolve(hp));
+  const net::SocketAddress& sa = resolved.front();
 
   auto impl = std::make_unique<Impl>();
   impl->max_clients = max_clients;

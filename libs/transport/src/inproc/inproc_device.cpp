@@ -32,7 +32,7 @@ absl::Status CopyBytes(uint8_t* dst, MemoryKind dst_kind, const uint8_t* src, Me
   if (src_kind == MemoryKind::kHost) return CopyHostToCuda(dst, src, n);
   if (dst_kind == MemoryKind::kHost) return CopyCudaToHost(dst, src, n);
   std::vector<uint8_t> staging(n);
-  if (absl::Status s = CopyCudaToHost(staging.data(), src, n); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(CopyCudaToHost(staging.data(), src, n));
   return CopyHostToCuda(dst, staging.data(), n);
 }
 
@@ -104,7 +104,7 @@ class InprocConnection final : public Connection {
       total += b.size;
     }
     std::lock_guard<std::mutex> lock(link_->mu);
-    if (!link_->closed.ok()) return link_->closed;
+    PLEXUS_RETURN_IF_ERROR(link_->closed);
     Matcher& m = *peer().matcher;
     const bool direct = m.has_posted_recv();
     Matcher::Slot slot;
@@ -145,17 +145,17 @@ class InprocConnection final : public Connection {
   absl::Status PostWrite(const MemoryRegion& local, size_t local_offset, size_t length,
                          const RegionHandle& remote, size_t remote_offset,
                          std::optional<uint32_t> immediate, uint64_t wr_id) override {
-    if (absl::Status s = CheckLocalRange(local, local_offset, length); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(CheckLocalRange(local, local_offset, length));
     if (remote.backend != Backend::kInproc) {
       return absl::InvalidArgumentError(absl::StrCat("PostWrite: remote handle is for backend ",
                                                      std::string(BackendName(remote.backend))));
     }
     std::lock_guard<std::mutex> lock(link_->mu);
-    if (!link_->closed.ok()) return link_->closed;
-    absl::StatusOr<WriteTarget> target = peer().registry->Resolve(remote.id, remote_offset, length);
-    if (!target.ok()) return target.status();
+    PLEXUS_RETURN_IF_ERROR(link_->closed);
+    PLEXUS_ASSIGN_OR_RETURN(WriteTarget target,
+                            peer().registry->Resolve(remote.id, remote_offset, length));
     const absl::Status copied =
-        CopyBytes(target->data, target->kind,
+        CopyBytes(target.data, target.kind,
                   static_cast<const uint8_t*>(local.data()) + local_offset, local.kind(), length);
     self().Complete(Opcode::kWrite, wr_id, copied, copied.ok() ? length : 0);
     if (copied.ok() && immediate.has_value()) {

@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "plexus/base/status.hpp"
 #include "plexus/transport/runtime.hpp"
 #include "runtime/cpu_relax.hpp"
 
@@ -188,7 +189,7 @@ struct Runtime::Impl {
 
   // Submits a request the caller waits for.
   absl::Status SubmitAndWait(const std::shared_ptr<Request>& request) {
-    if (absl::Status s = Submit(request); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(Submit(request));
     request->Wait();
     return request->status;
   }
@@ -407,41 +408,37 @@ absl::StatusOr<EngineHandle> Runtime::Attach(std::unique_ptr<Engine> engine, int
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Runtime::Detach(EngineHandle handle) {
-  if (absl::Status s = impl_->CheckNotOnRuntimeThread("Detach"); !s.ok()) return s;
-  absl::StatusOr<std::shared_ptr<Slot>> slot = impl_->Find(handle);
-  if (!slot.ok()) return slot.status();
-  auto request = std::make_shared<Request>(RequestKind::kDetach, *slot);
+  PLEXUS_RETURN_IF_ERROR(impl_->CheckNotOnRuntimeThread("Detach"));
+  PLEXUS_ASSIGN_OR_RETURN(std::shared_ptr<Slot> slot, impl_->Find(handle));
+  auto request = std::make_shared<Request>(RequestKind::kDetach, slot);
   absl::Status status = impl_->SubmitAndWait(request);
   if (request->removed) {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->slots.erase(handle.id);
   }
-  if (!status.ok()) return status;
+  PLEXUS_RETURN_IF_ERROR(status);
   return std::move(request->engine);
 }
 
 absl::StatusOr<absl::Duration> Runtime::Replace(EngineHandle handle, RestoreFn restore) {
   if (!restore) return absl::InvalidArgumentError("Runtime::Replace got an empty restore function");
-  if (absl::Status s = impl_->CheckNotOnRuntimeThread("Replace"); !s.ok()) return s;
-  absl::StatusOr<std::shared_ptr<Slot>> slot = impl_->Find(handle);
-  if (!slot.ok()) return slot.status();
-  auto request = std::make_shared<Request>(RequestKind::kReplace, *slot);
+  PLEXUS_RETURN_IF_ERROR(impl_->CheckNotOnRuntimeThread("Replace"));
+  PLEXUS_ASSIGN_OR_RETURN(std::shared_ptr<Slot> slot, impl_->Find(handle));
+  auto request = std::make_shared<Request>(RequestKind::kReplace, slot);
   request->restore = std::move(restore);
-  if (absl::Status s = impl_->SubmitAndWait(request); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(impl_->SubmitAndWait(request));
   return request->pause;
 }
 
 absl::Status Runtime::EngineStatus(EngineHandle handle) const {
-  absl::StatusOr<std::shared_ptr<Slot>> slot = impl_->Find(handle);
-  if (!slot.ok()) return slot.status();
-  std::lock_guard<std::mutex> lock((*slot)->mu);
-  return (*slot)->status;
+  PLEXUS_ASSIGN_OR_RETURN(std::shared_ptr<Slot> slot, impl_->Find(handle));
+  std::lock_guard<std::mutex> lock(slot->mu);
+  return slot->status;
 }
 
 absl::StatusOr<Doorbell*> Runtime::GetDoorbell(EngineHandle handle) const {
-  absl::StatusOr<std::shared_ptr<Slot>> slot = impl_->Find(handle);
-  if (!slot.ok()) return slot.status();
-  return impl_->workers[(*slot)->worker]->bell.get();
+  PLEXUS_ASSIGN_OR_RETURN(std::shared_ptr<Slot> slot, impl_->Find(handle));
+  return impl_->workers[slot->worker]->bell.get();
 }
 
 }  // namespace plexus::transport

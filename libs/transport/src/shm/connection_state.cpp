@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda_copy.hpp"
+#include "plexus/base/status.hpp"
 
 namespace plexus::transport::internal::shm {
 namespace {
@@ -25,7 +26,7 @@ absl::Status CopyFromRing(const Ring& ring, uint64_t pos, uint8_t* dst, size_t n
     return absl::OkStatus();
   }
   const Ring::Pieces p = ring.View(pos, n);
-  if (auto s = CopyHostToCuda(dst, p.first, p.first_size); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(CopyHostToCuda(dst, p.first, p.first_size));
   if (p.second_size > 0) return CopyHostToCuda(dst + p.first_size, p.second, p.second_size);
   return absl::OkStatus();
 }
@@ -105,7 +106,7 @@ absl::Status ConnectionState::PostWrite(const MemoryRegion& local, size_t local_
                                         size_t length, const RegionHandle& remote,
                                         size_t remote_offset, std::optional<uint32_t> immediate,
                                         uint64_t wr_id) {
-  if (auto s = CheckLocalRange(local, local_offset, length); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(CheckLocalRange(local, local_offset, length));
   if (remote.backend != Backend::kShm) {
     return absl::InvalidArgumentError(absl::StrCat("PostWrite: remote region belongs to the ",
                                                    std::string(BackendName(remote.backend)),
@@ -136,7 +137,7 @@ absl::Status ConnectionState::PostWrite(const MemoryRegion& local, size_t local_
       return absl::ResourceExhaustedError(
           absl::StrCat("PostWrite: cannot allocate ", length, " bytes to stage CUDA memory"));
     }
-    if (auto s = CopyCudaToHost(op.staging.get(), src, length); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(CopyCudaToHost(op.staging.get(), src, length));
     src = op.staging.get();
   }
   if (length > 0) op.buffers.push_back(ConstBuffer{src, length});
@@ -352,11 +353,10 @@ absl::Status ConnectionState::ProcessFrameLocked(const FrameHeader& h, uint64_t 
     case FrameType::kMessageCma: {
       scratch_.resize(h.payload_bytes);
       rx.CopyOut(payload_pos, scratch_.data(), h.payload_bytes);
-      auto segments = DecodeCmaSegments(scratch_, h);
-      if (!segments.ok()) return segments.status();
+      PLEXUS_ASSIGN_OR_RETURN(auto segments, DecodeCmaSegments(scratch_, h));
       if (auto s = BeginMessageLocked(h.total_bytes); !s.ok() || paused_) return s;
       if (!status_.ok()) return absl::OkStatus();
-      if (auto s = CmaRead(session_.peer_pid, incoming_.slot.dest, *segments); !s.ok()) return s;
+      PLEXUS_RETURN_IF_ERROR(CmaRead(session_.peer_pid, incoming_.slot.dest, segments));
       cma_received_.fetch_add(h.total_bytes, std::memory_order_relaxed);
       incoming_.received = incoming_.total;
       return FinishMessageLocked();
@@ -386,9 +386,8 @@ absl::Status ConnectionState::BeginMessageLocked(uint64_t total) {
         "malformed shm frame: a new message starts before the previous one is complete");
   }
   Matcher::Slot slot;
-  absl::StatusOr<Matcher::Admission> admitted = matcher_.Admit(total, &slot);
-  if (!admitted.ok()) return admitted.status();
-  paused_ = *admitted == Matcher::Admission::kWait;
+  PLEXUS_ASSIGN_OR_RETURN(Matcher::Admission admitted, matcher_.Admit(total, &slot));
+  paused_ = admitted == Matcher::Admission::kWait;
   if (paused_) return absl::OkStatus();
   incoming_ = Incoming{};
   incoming_.active = true;
@@ -420,26 +419,22 @@ absl::Status ConnectionState::PlaceWriteLocked(const FrameHeader& h, uint64_t pa
   if (h.type == FrameType::kWriteCma) {
     scratch_.resize(h.payload_bytes);
     session_.rx.CopyOut(payload_pos, scratch_.data(), h.payload_bytes);
-    auto segments = DecodeCmaSegments(scratch_, h);
-    if (!segments.ok()) return segments.status();
+    PLEXUS_ASSIGN_OR_RETURN(auto segments, DecodeCmaSegments(scratch_, h));
     if (target->kind == MemoryKind::kHost) {
-      if (auto s = CmaRead(session_.peer_pid, target->data, *segments); !s.ok()) return s;
+      PLEXUS_RETURN_IF_ERROR(CmaRead(session_.peer_pid, target->data, segments));
     } else {
       std::unique_ptr<uint8_t[]> staging(new (std::nothrow) uint8_t[h.total_bytes]);
       if (staging == nullptr) {
         return absl::ResourceExhaustedError("shm: cannot allocate a staging buffer for CUDA");
       }
-      if (auto s = CmaRead(session_.peer_pid, staging.get(), *segments); !s.ok()) return s;
-      if (auto s = CopyHostToCuda(target->data, staging.get(), h.total_bytes); !s.ok()) return s;
+      PLEXUS_RETURN_IF_ERROR(CmaRead(session_.peer_pid, staging.get(), segments));
+      PLEXUS_RETURN_IF_ERROR(CopyHostToCuda(target->data, staging.get(), h.total_bytes));
     }
     cma_received_.fetch_add(h.total_bytes, std::memory_order_relaxed);
     last = true;
   } else {
-    if (auto s = CopyFromRing(session_.rx, payload_pos, target->data + h.offset, h.payload_bytes,
-                              target->kind);
-        !s.ok()) {
-      return s;
-    }
+    PLEXUS_RETURN_IF_ERROR(CopyFromRing(session_.rx, payload_pos, target->data + h.offset,
+                                        h.payload_bytes, target->kind));
     ring_received_.fetch_add(h.payload_bytes, std::memory_order_relaxed);
     last = h.offset + h.payload_bytes == h.total_bytes;
   }

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/status.hpp"
 #include "wire.hpp"
 
 namespace plexus::transport::internal::shm {
@@ -97,9 +98,9 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes,
     case FrameType::kMessagePart: {
       const char* name = h.type == FrameType::kMessage ? "message" : "message-part";
       if (h.flags != 0) return Malformed(absl::StrCat("unknown flags in a ", name, " frame"));
-      if (auto s = RequireZero(h.region_id, "region id", name); !s.ok()) return s;
-      if (auto s = RequireZero(h.remote_offset, "remote offset", name); !s.ok()) return s;
-      if (auto s = RequireZero(h.immediate, "immediate", name); !s.ok()) return s;
+      PLEXUS_RETURN_IF_ERROR(RequireZero(h.region_id, "region id", name));
+      PLEXUS_RETURN_IF_ERROR(RequireZero(h.remote_offset, "remote offset", name));
+      PLEXUS_RETURN_IF_ERROR(RequireZero(h.immediate, "immediate", name));
       if (h.type == FrameType::kMessage && h.offset != 0) {
         return Malformed("first message frame has a non-zero offset");
       }
@@ -115,9 +116,9 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes,
     case FrameType::kWrite:
     case FrameType::kWriteImm: {
       if (h.flags != 0) return Malformed("unknown flags in a write frame");
-      if (auto s = ValidateWriteTarget(h); !s.ok()) return s;
+      PLEXUS_RETURN_IF_ERROR(ValidateWriteTarget(h));
       if (h.type == FrameType::kWrite) {
-        if (auto s = RequireZero(h.immediate, "immediate", "write"); !s.ok()) return s;
+        PLEXUS_RETURN_IF_ERROR(RequireZero(h.immediate, "immediate", "write"));
       }
       if (!PartFits(h)) {
         return Malformed(absl::StrCat("write frame of ", h.payload_bytes, " bytes at offset ",
@@ -142,7 +143,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes,
       if (h.offset != 0 || h.region_id != 0 || h.remote_offset != 0 || h.immediate != 0) {
         return Malformed("cross-memory message frame with non-zero write fields");
       }
-      if (auto s = ValidateCmaPayload(h); !s.ok()) return s;
+      PLEXUS_RETURN_IF_ERROR(ValidateCmaPayload(h));
       return h;
     }
     case FrameType::kWriteCma: {
@@ -153,8 +154,8 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes,
       if ((h.flags & kFlagImmediate) == 0 && h.immediate != 0) {
         return Malformed("immediate value without the immediate flag");
       }
-      if (auto s = ValidateWriteTarget(h); !s.ok()) return s;
-      if (auto s = ValidateCmaPayload(h); !s.ok()) return s;
+      PLEXUS_RETURN_IF_ERROR(ValidateWriteTarget(h));
+      PLEXUS_RETURN_IF_ERROR(ValidateCmaPayload(h));
       return h;
     }
   }

@@ -138,7 +138,7 @@ absl::Status SendWithFds(int sock, const void* msg, size_t size, const int* fds,
 // Receives one handshake message of exactly `size` bytes, with up to 2 descriptors.
 absl::Status RecvWithFds(int sock, void* msg, size_t size, std::vector<UniqueFd>* fds,
                          absl::Time deadline, const std::string& what) {
-  if (auto s = WaitReadable(sock, deadline, what); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(WaitReadable(sock, deadline, what));
   std::vector<uint8_t> buf(size + 1);
   iovec iov{buf.data(), buf.size()};
   msghdr mh{};
@@ -257,7 +257,7 @@ absl::Status CheckSealed(int fd, const char* what) {
 }
 
 absl::StatusOr<Mapping> MapPeerDoorbell(int fd) {
-  if (absl::Status s = CheckSealed(fd, "doorbell"); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(CheckSealed(fd, "doorbell"));
   struct stat st {};
   if (::fstat(fd, &st) != 0) return SysError("fstat of the peer's doorbell", errno);
   if (st.st_size != 4096) {
@@ -332,10 +332,9 @@ absl::StatusOr<LocalDoorbell> CreateDoorbell() {
   d.fd = UniqueFd(::memfd_create("plexus-shm-doorbell", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!d.fd.valid()) return SysError("memfd_create (doorbell)", errno);
   if (::ftruncate(d.fd.get(), 4096) != 0) return SysError("ftruncate (doorbell)", errno);
-  if (absl::Status s = SealShared(d.fd.get(), "the doorbell"); !s.ok()) return s;
-  auto m = MapShared(d.fd.get(), 4096, "the doorbell");
-  if (!m.ok()) return m.status();
-  d.mapping = std::move(*m);
+  PLEXUS_RETURN_IF_ERROR(SealShared(d.fd.get(), "the doorbell"));
+  PLEXUS_ASSIGN_OR_RETURN(auto m, MapShared(d.fd.get(), 4096, "the doorbell"));
+  d.mapping = std::move(m);
   d.bell = Doorbell(d.mapping.data());
   return d;
 }
@@ -348,7 +347,7 @@ std::string UniqueAddress() {
 }
 
 absl::StatusOr<UniqueFd> ListenSocket(const std::string& address) {
-  if (auto s = CheckName(address); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(CheckName(address));
   UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return SysError("socket(AF_UNIX)", errno);
   socklen_t len;
@@ -367,7 +366,7 @@ absl::StatusOr<UniqueFd> ListenSocket(const std::string& address) {
 absl::StatusOr<Session> ConnectSession(const std::string& address, int local_doorbell_fd,
                                        const HandshakeOptions& options) {
   const absl::Time deadline = absl::Now() + options.timeout;
-  if (auto s = CheckName(address); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(CheckName(address));
   if (!ValidRingBytes(options.ring_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat("shm: ring size ", options.ring_bytes,
                                                    " must be a power of two in [", kMinRingBytes,
@@ -392,9 +391,8 @@ absl::StatusOr<Session> ConnectSession(const std::string& address, int local_doo
     return absl::UnavailableError(
         absl::StrCat("shm: cannot connect to '", address, "': ", Errno(err)));
   }
-  auto pid = PeerPid(s.socket.get());
-  if (!pid.ok()) return pid.status();
-  s.peer_pid = *pid;
+  PLEXUS_ASSIGN_OR_RETURN(auto pid, PeerPid(s.socket.get()));
+  s.peer_pid = pid;
 
   UniqueFd file(::memfd_create("plexus-shm-connection", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!file.valid()) return SysError("memfd_create", errno);
@@ -402,10 +400,9 @@ absl::StatusOr<Session> ConnectSession(const std::string& address, int local_doo
   if (::ftruncate(file.get(), static_cast<off_t>(file_bytes)) != 0) {
     return SysError(absl::StrCat("ftruncate of the ", file_bytes, "-byte connection file"), errno);
   }
-  if (absl::Status st = SealShared(file.get(), "the connection file"); !st.ok()) return st;
-  auto m = MapShared(file.get(), file_bytes, "the connection file");
-  if (!m.ok()) return m.status();
-  s.file = std::move(*m);
+  PLEXUS_RETURN_IF_ERROR(SealShared(file.get(), "the connection file"));
+  PLEXUS_ASSIGN_OR_RETURN(auto m, MapShared(file.get(), file_bytes, "the connection file"));
+  s.file = std::move(m);
   auto* fh = reinterpret_cast<FileHeader*>(s.file.data());
   fh->magic = options.magic;
   fh->version = options.version;
@@ -417,20 +414,13 @@ absl::StatusOr<Session> ConnectSession(const std::string& address, int local_doo
   Hello hello{kHandshakeMagic, options.version, options.ring_bytes,
               reinterpret_cast<uintptr_t>(&probe), probe};
   const int fds[2] = {file.get(), local_doorbell_fd};
-  if (auto st = SendWithFds(s.socket.get(), &hello, sizeof hello, fds, 2, "handshake hello");
-      !st.ok()) {
-    return st;
-  }
+  PLEXUS_RETURN_IF_ERROR(
+      SendWithFds(s.socket.get(), &hello, sizeof hello, fds, 2, "handshake hello"));
   Reply reply{};
   std::vector<UniqueFd> got;
-  if (auto st = RecvWithFds(s.socket.get(), &reply, sizeof reply, &got, deadline,
-                            absl::StrCat("handshake reply from '", address, "'"));
-      !st.ok()) {
-    return st;
-  }
-  if (auto st = CheckVersion(reply.magic, reply.version, "the listener's reply"); !st.ok()) {
-    return st;
-  }
+  PLEXUS_RETURN_IF_ERROR(RecvWithFds(s.socket.get(), &reply, sizeof reply, &got, deadline,
+                                     absl::StrCat("handshake reply from '", address, "'")));
+  PLEXUS_RETURN_IF_ERROR(CheckVersion(reply.magic, reply.version, "the listener's reply"));
   if (reply.status != 0) {
     reply.reason[sizeof reply.reason - 1] = '\0';
     return absl::FailedPreconditionError(
@@ -439,19 +429,16 @@ absl::StatusOr<Session> ConnectSession(const std::string& address, int local_doo
   if (got.size() != 1) {
     return absl::InvalidArgumentError("shm: handshake reply without exactly one doorbell");
   }
-  auto bell = MapPeerDoorbell(got[0].get());
-  if (!bell.ok()) return bell.status();
-  s.peer_doorbell_page = std::move(*bell);
+  PLEXUS_ASSIGN_OR_RETURN(auto bell, MapPeerDoorbell(got[0].get()));
+  s.peer_doorbell_page = std::move(bell);
   s.peer_doorbell = Doorbell(s.peer_doorbell_page.data());
   s.peer_can_pull = reply.peer_can_pull != 0;
 
   Final fin{kHandshakeMagic, kProtocolVersion, 0, 0, {}};
   fin.peer_can_pull =
       options.allow_cma && ProbeCma(s.peer_pid, reply.probe_address, reply.probe_value) ? 1 : 0;
-  if (auto st = SendWithFds(s.socket.get(), &fin, sizeof fin, nullptr, 0, "handshake final");
-      !st.ok()) {
-    return st;
-  }
+  PLEXUS_RETURN_IF_ERROR(
+      SendWithFds(s.socket.get(), &fin, sizeof fin, nullptr, 0, "handshake final"));
   return s;
 }
 
@@ -469,18 +456,14 @@ absl::StatusOr<Session> BeginAcceptSession(UniqueFd socket, int local_doorbell_f
   const absl::Time deadline = absl::Now() + options.timeout;
   Session s;
   s.socket = std::move(socket);
-  auto pid = PeerPid(s.socket.get());
-  if (!pid.ok()) return pid.status();
-  s.peer_pid = *pid;
+  PLEXUS_ASSIGN_OR_RETURN(auto pid, PeerPid(s.socket.get()));
+  s.peer_pid = pid;
   s.peer_address = absl::StrCat("shm-peer-pid-", s.peer_pid);
 
   Hello hello{};
   std::vector<UniqueFd> got;
-  if (auto st =
-          RecvWithFds(s.socket.get(), &hello, sizeof hello, &got, deadline, "handshake hello");
-      !st.ok()) {
-    return st;
-  }
+  PLEXUS_RETURN_IF_ERROR(
+      RecvWithFds(s.socket.get(), &hello, sizeof hello, &got, deadline, "handshake hello"));
   Reply reply{kHandshakeMagic, kProtocolVersion, 1, 0, 0, 0, {}};
   // Refuses with a reason the connector can show, and returns the same error here.
   auto reject = [&](absl::Status why) {
@@ -533,10 +516,8 @@ absl::StatusOr<Session> BeginAcceptSession(UniqueFd socket, int local_doorbell_f
   reply.probe_address = reinterpret_cast<uintptr_t>(&probe);
   reply.probe_value = probe;
   const int fds[1] = {local_doorbell_fd};
-  if (auto st2 = SendWithFds(s.socket.get(), &reply, sizeof reply, fds, 1, "handshake reply");
-      !st2.ok()) {
-    return st2;
-  }
+  PLEXUS_RETURN_IF_ERROR(
+      SendWithFds(s.socket.get(), &reply, sizeof reply, fds, 1, "handshake reply"));
   return s;
 }
 

@@ -97,9 +97,8 @@ class ShmDevice final : public Device, public std::enable_shared_from_this<ShmDe
   }
 
   absl::Status Init() {
-    auto bell = CreateDoorbell();
-    if (!bell.ok()) return bell.status();
-    doorbell_ = std::move(*bell);
+    PLEXUS_ASSIGN_OR_RETURN(auto bell, CreateDoorbell());
+    doorbell_ = std::move(bell);
     ring_bytes_ = RoundUpPowerOfTwo(options().shm_ring_bytes);
     config_.max_message_bytes = options().max_message_bytes;
     config_.op_timeout = options().op_timeout;
@@ -130,9 +129,9 @@ class ShmDevice final : public Device, public std::enable_shared_from_this<ShmDe
   absl::StatusOr<std::unique_ptr<Connection>> Connect(std::string_view address,
                                                       CompletionQueue* cq) override {
     if (cq == nullptr) return absl::InvalidArgumentError("Connect: null completion queue");
-    auto session = ConnectSession(std::string(address), doorbell_.fd.get(), Handshake());
-    if (!session.ok()) return session.status();
-    return Adopt(std::move(*session), cq);
+    PLEXUS_ASSIGN_OR_RETURN(auto session,
+                            ConnectSession(std::string(address), doorbell_.fd.get(), Handshake()));
+    return Adopt(std::move(session), cq);
   }
 
   HandshakeOptions Handshake() const {
@@ -349,7 +348,7 @@ class ShmListener final : public Listener {
       }
       std::erase_if(pending_, [](const Pending& p) { return !p.alive(); });
       if (pfds[0].revents != 0) {
-        if (absl::Status s = AcceptPending(); !s.ok()) return s;
+        PLEXUS_RETURN_IF_ERROR(AcceptPending());
       }
     }
   }
@@ -421,9 +420,8 @@ class ShmListener final : public Listener {
 
 absl::StatusOr<std::unique_ptr<Listener>> ShmDevice::Listen(std::string_view address) {
   std::string name = address.empty() ? UniqueAddress() : std::string(address);
-  auto fd = ListenSocket(name);
-  if (!fd.ok()) return fd.status();
-  return std::make_unique<ShmListener>(shared_from_this(), std::move(*fd), std::move(name));
+  PLEXUS_ASSIGN_OR_RETURN(auto fd, ListenSocket(name));
+  return std::make_unique<ShmListener>(shared_from_this(), std::move(fd), std::move(name));
 }
 
 }  // namespace
@@ -442,7 +440,7 @@ absl::StatusOr<std::shared_ptr<Device>> CreateShmDevice(const DeviceOptions& opt
                                                    " exceeds the limit of ", shm::kMaxRingBytes));
   }
   auto device = std::make_shared<shm::ShmDevice>(options);
-  if (auto s = device->Init(); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(device->Init());
   return device;
 }
 

@@ -247,7 +247,7 @@ class TcpCore {
       // the caller-mode wait of a lone socket (DriveLoneSocket), which blocks in recv() itself
       // instead of epoll_wait() + recv(): one system call less per message. SO_RCVTIMEO bounds
       // that wait so that timeouts are still checked.
-      if (absl::Status st = tcp::SetNonBlocking(s->fd, false); !st.ok()) return st;
+      PLEXUS_RETURN_IF_ERROR(tcp::SetNonBlocking(s->fd, false));
       const timeval tick = absl::ToTimeval(kLoneSocketTick);
       setsockopt(s->fd, SOL_SOCKET, SO_RCVTIMEO, &tick, sizeof tick);
       conn->sockets.push_back(std::move(s));
@@ -282,7 +282,7 @@ class TcpCore {
     std::lock_guard<std::mutex> lock(mu_);
     TcpConn* conn = Find(id);
     if (conn == nullptr) return absl::FailedPreconditionError("connection is closed");
-    if (!conn->status.ok()) return conn->status;
+    PLEXUS_RETURN_IF_ERROR(conn->status);
     auto op = std::make_shared<OutOp>();
     op->opcode = Opcode::kSend;
     op->wr_id = wr_id;
@@ -321,7 +321,7 @@ class TcpCore {
   absl::Status PostWrite(uint64_t id, const MemoryRegion& local, size_t local_offset, size_t length,
                          const RegionHandle& remote, size_t remote_offset,
                          std::optional<uint32_t> immediate, uint64_t wr_id) {
-    if (absl::Status s = CheckLocalRange(local, local_offset, length); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(CheckLocalRange(local, local_offset, length));
     if (remote.backend != Backend::kTcp) {
       return absl::InvalidArgumentError(absl::StrCat("PostWrite: remote handle is for backend ",
                                                      std::string(BackendName(remote.backend))));
@@ -338,13 +338,13 @@ class TcpCore {
     const uint8_t* src = static_cast<const uint8_t*>(local.data()) + local_offset;
     if (local.kind() == MemoryKind::kCuda && length > 0) {
       op->staging.resize(length);
-      if (absl::Status s = CopyCudaToHost(op->staging.data(), src, length); !s.ok()) return s;
+      PLEXUS_RETURN_IF_ERROR(CopyCudaToHost(op->staging.data(), src, length));
       src = op->staging.data();
     }
     std::lock_guard<std::mutex> lock(mu_);
     TcpConn* conn = Find(id);
     if (conn == nullptr) return absl::FailedPreconditionError("connection is closed");
-    if (!conn->status.ok()) return conn->status;
+    PLEXUS_RETURN_IF_ERROR(conn->status);
     FrameHeader h;
     h.type = FrameType::kWrite;
     h.length = length;
@@ -950,15 +950,14 @@ class TcpCore {
       op->target_kind = t->kind;
       op->base = t->data;
       if (t->kind == MemoryKind::kCuda) {
-        if (absl::Status s = Allocate(op->staging, h.length); !s.ok()) return s;
+        PLEXUS_RETURN_IF_ERROR(Allocate(op->staging, h.length));
         op->base = op->staging.data();
       }
       return op;
     }
     // A message: null when it cannot be held yet (the caller pauses the connection).
-    absl::StatusOr<Matcher::Admission> admitted = conn.matcher->Admit(h.length, &op->slot);
-    if (!admitted.ok()) return admitted.status();
-    if (*admitted == Matcher::Admission::kWait) return nullptr;
+    PLEXUS_ASSIGN_OR_RETURN(Matcher::Admission admitted, conn.matcher->Admit(h.length, &op->slot));
+    if (admitted == Matcher::Admission::kWait) return nullptr;
     op->base = op->slot.dest;
     return op;
   }
@@ -1198,7 +1197,7 @@ class TcpListener final : public Listener {
       }
       std::erase_if(clients_, [](const Client& c) { return c.fd < 0; });
       if (pfds[0].revents != 0) {
-        if (absl::Status s = AcceptPending(); !s.ok()) return s;
+        PLEXUS_RETURN_IF_ERROR(AcceptPending());
       }
     }
   }
@@ -1479,7 +1478,7 @@ class TcpDevice final : public Device {
 
 absl::StatusOr<std::shared_ptr<Device>> CreateTcpDevice(const DeviceOptions& options) {
   auto core = std::make_shared<TcpCore>(options);
-  if (absl::Status s = core->Init(); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(core->Init());
   return std::make_shared<TcpDevice>(options, std::move(core));
 }
 

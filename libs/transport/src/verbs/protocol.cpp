@@ -2,11 +2,11 @@
 #include "make_completion.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/status.hpp"
 #include "wire.hpp"
 
 namespace plexus::transport::verbs {
@@ -104,43 +104,17 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
 }
 
 absl::StatusOr<HostPort> ParseHostPort(std::string_view address) {
-  auto bad = [&](std::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("bad verbs address '", std::string(address),
-                                                   "': ", std::string(why),
-                                                   " (expected ip:port or [ipv6]:port)"));
-  };
-  HostPort out;
-  std::string_view port_text;
-  if (!address.empty() && address.front() == '[') {
-    const size_t close = address.find(']');
-    if (close == std::string_view::npos) return bad("missing ']'");
-    out.host = std::string(address.substr(1, close - 1));
-    if (close + 1 >= address.size() || address[close + 1] != ':') return bad("missing ':port'");
-    port_text = address.substr(close + 2);
-  } else {
-    const size_t colon = address.rfind(':');
-    if (colon == std::string_view::npos) return bad("missing ':port'");
-    out.host = std::string(address.substr(0, colon));
-    if (out.host.find(':') != std::string::npos) return bad("IPv6 hosts need brackets");
-    port_text = address.substr(colon + 1);
+  PLEXUS_ASSIGN_OR_RETURN(HostPort out, base::net::ParseHostPort(address, "verbs address"));
+  if (out.host.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("verbs address '", std::string(address),
+                                                   "' has an empty host (expected ip:port or "
+                                                   "[ipv6]:port)"));
   }
-  if (out.host.empty()) return bad("empty host");
-  unsigned port = 0;
-  const auto [end, ec] =
-      std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-  if (port_text.empty() || ec != std::errc() || end != port_text.data() + port_text.size() ||
-      port > 65535) {
-    return bad("port is not a number in [0, 65535]");
-  }
-  out.port = static_cast<uint16_t>(port);
   return out;
 }
 
 std::string FormatHostPort(std::string_view host, uint16_t port) {
-  if (host.find(':') != std::string_view::npos) {
-    return absl::StrCat("[", std::string(host), "]:", port);
-  }
-  return absl::StrCat(std::string(host), ":", port);
+  return base::net::JoinHostPort(host, port);
 }
 
 uint32_t ImmediateToWire(uint32_t host) {
@@ -202,13 +176,13 @@ Protocol::Protocol(const ProtocolConfig& config, absl::Span<uint8_t> send_pool,
 }
 
 absl::Status Protocol::Start() {
-  if (absl::Status s = ValidateConfig(config_); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(ValidateConfig(config_));
   if (send_pool_.size() < size_t{config_.send_slots} * config_.slot_bytes ||
       recv_pool_.size() < size_t{config_.recv_slots} * config_.slot_bytes) {
     return absl::InvalidArgumentError("verbs bounce pools are smaller than the configured slots");
   }
   for (uint32_t slot = 0; slot < config_.recv_slots; ++slot) {
-    if (absl::Status s = PostRecvSlot(slot); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(PostRecvSlot(slot));
   }
   return absl::OkStatus();
 }
@@ -227,7 +201,7 @@ absl::Status Protocol::Connected(const Hello& peer, absl::Time now) {
 }
 
 absl::Status Protocol::AddOp(Op op, absl::Time now) {
-  if (!status_.ok()) return status_;
+  PLEXUS_RETURN_IF_ERROR(status_);
   if (!connected_) return absl::FailedPreconditionError("verbs connection is not established yet");
   if (ops_.empty()) last_progress_ = now;
   op.seq = next_seq_++;
@@ -499,9 +473,9 @@ absl::Status Protocol::OnChunk(uint32_t slot, uint32_t byte_len) {
           absl::StrCat("message of ", h.total_bytes, " bytes exceeds max_message_bytes"));
     }
     m = Incoming{};
-    absl::StatusOr<internal::Matcher::Admission> admitted = matcher_.Admit(h.total_bytes, &m.slot);
-    if (!admitted.ok()) return admitted.status();
-    if (*admitted == internal::Matcher::Admission::kWait) {
+    PLEXUS_ASSIGN_OR_RETURN(internal::Matcher::Admission admitted,
+                            matcher_.Admit(h.total_bytes, &m.slot));
+    if (admitted == internal::Matcher::Admission::kWait) {
       // The chunk is consumed already: verbs cannot make its peer wait (yet).
       return absl::ResourceExhaustedError(absl::StrCat(
           "verbs: peer ", peer_, " sent a message of ", h.total_bytes, " bytes while ",

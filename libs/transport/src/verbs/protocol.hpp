@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "matcher.hpp"
+#include "plexus/base/net.hpp"
 #include "plexus/transport/completion.hpp"
 #include "plexus/transport/types.hpp"
 #include "verbs/slot_table.hpp"
@@ -74,13 +75,12 @@ std::array<uint8_t, kHelloBytes> EncodeHello(const Hello& hello);
 // Accepts trailing padding (InfiniBand CM pads private data); rejects anything else malformed.
 absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes);
 
-// "1.2.3.4:5678" or "[fe80::1]:5678". Port 0 is accepted (listen on any port).
-struct HostPort {
-  std::string host;
-  uint16_t port = 0;
-};
+// "1.2.3.4:5678" or "[fe80::1]:5678": base::net::ParseHostPort's syntax, except that the host
+// may not be empty (rdma_cm binds and connects to one interface). Port 0 is accepted (listen on
+// any port).
+using HostPort = base::net::HostPort;
 absl::StatusOr<HostPort> ParseHostPort(std::string_view address);
-std::string FormatHostPort(std::string_view host, uint16_t port);
+std::string FormatHostPort(std::string_view host, uint16_t port);  // base::net::JoinHostPort
 
 // The immediate travels big-endian (verbs imm_data is __be32).
 uint32_t ImmediateToWire(uint32_t host);

@@ -33,6 +33,7 @@
 #include "absl/strings/str_join.h"
 #include "backends.hpp"
 #include "cuda_copy.hpp"
+#include "plexus/base/status.hpp"
 #include "region_registry.hpp"
 #include "verbs/protocol.hpp"
 #include "verbs/slot_table.hpp"
@@ -74,7 +75,7 @@ absl::StatusOr<EventChannelPtr> CreateEventChannel() {
         absl::StrCat("rdma_create_event_channel failed: ", ErrnoText(errno),
                      " (is /dev/infiniband/rdma_cm present and accessible?)"));
   }
-  if (absl::Status s = SetNonBlocking(channel->fd, "RDMA CM event channel"); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(SetNonBlocking(channel->fd, "RDMA CM event channel"));
   return channel;
 }
 
@@ -371,9 +372,8 @@ class ConnState final : public verbs::Wire {
     max_inline_ = attr.cap.max_inline_data;
     qp_ = id_->qp;
 
-    absl::StatusOr<uint32_t> handle = core_->Add(self, cq_entries());
-    if (!handle.ok()) return handle.status();
-    handle_ = *handle;
+    PLEXUS_ASSIGN_OR_RETURN(uint32_t handle, core_->Add(self, cq_entries()));
+    handle_ = handle;
     registered_ = true;
     id_->context = reinterpret_cast<void*>(static_cast<uintptr_t>(handle_));
 
@@ -561,7 +561,7 @@ class VerbsConnection final : public Connection {
       return absl::InvalidArgumentError(
           "PostWrite: the local region was not registered with this verbs device");
     }
-    if (absl::Status s = CheckLocalRange(local, local_offset, length); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(CheckLocalRange(local, local_offset, length));
     if (remote.backend != Backend::kVerbs) {
       return absl::InvalidArgumentError(
           absl::StrCat("PostWrite: the remote region handle belongs to the ",
@@ -604,7 +604,7 @@ absl::StatusOr<std::unique_ptr<VerbsConnection>> NewConnection(
     const std::shared_ptr<VerbsCore>& core, rdma_cm_id* id, CompletionQueue* cq) {
   auto state = std::make_shared<ConnState>(core, id);
   auto connection = std::make_unique<VerbsConnection>(state, core.get());
-  if (absl::Status s = state->Setup(state, connection->id(), cq); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(state->Setup(state, connection->id(), cq));
   return connection;
 }
 
@@ -690,7 +690,7 @@ class VerbsListener final : public Listener {
     ConnState& state = (*connection)->state();
     // The passive side learns the peer's receives from the request, before its queue pair is
     // live, so that it can answer as soon as the first message arrives.
-    if (absl::Status s = state.Connected(*hello); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(state.Connected(*hello));
     uint8_t ack_timeout = AckTimeoutExponent(core_->options.op_timeout);
     rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack_timeout,
                     sizeof ack_timeout);  // best effort: older kernels keep their default
@@ -761,7 +761,7 @@ class VerbsDevice final : public Device {
       return absl::InvalidArgumentError("Register: verbs needs a non-null, non-empty range");
     }
     if (kind == MemoryKind::kCuda) {
-      if (absl::Status s = CheckCudaPointer(data); !s.ok()) return s;
+      PLEXUS_RETURN_IF_ERROR(CheckCudaPointer(data));
     }
     const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     // CUDA device memory is registered directly: GPUDirect RDMA, through nvidia-peermem.
@@ -802,23 +802,20 @@ class VerbsDevice final : public Device {
       }
       where.host = core_->ip;
     } else {
-      absl::StatusOr<verbs::HostPort> parsed = verbs::ParseHostPort(address);
-      if (!parsed.ok()) return parsed.status();
-      where = *parsed;
+      PLEXUS_ASSIGN_OR_RETURN(verbs::HostPort parsed, verbs::ParseHostPort(address));
+      where = parsed;
     }
-    absl::StatusOr<sockaddr_storage> addr = ResolveHostPort(where);
-    if (!addr.ok()) return addr.status();
-    absl::StatusOr<EventChannelPtr> channel = CreateEventChannel();
-    if (!channel.ok()) return channel.status();
+    PLEXUS_ASSIGN_OR_RETURN(sockaddr_storage addr, ResolveHostPort(where));
+    PLEXUS_ASSIGN_OR_RETURN(EventChannelPtr channel, CreateEventChannel());
     rdma_cm_id* id = nullptr;
-    if (rdma_create_id(channel->get(), &id, nullptr, RDMA_PS_TCP) != 0) {
+    if (rdma_create_id(channel.get(), &id, nullptr, RDMA_PS_TCP) != 0) {
       return absl::UnavailableError(absl::StrCat("rdma_create_id: ", ErrnoText(errno)));
     }
     auto fail = [&](absl::Status s) {
       rdma_destroy_id(id);
       return s;
     };
-    if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&*addr)) != 0) {
+    if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&addr)) != 0) {
       const int err = errno;
       return fail(absl::UnavailableError(
           absl::StrCat("cannot bind a verbs listener to ",
@@ -838,26 +835,23 @@ class VerbsDevice final : public Device {
     std::string host = where.host;
     if ((host == "0.0.0.0" || host == "::") && !core_->ip.empty()) host = core_->ip;
     return std::unique_ptr<Listener>(std::make_unique<VerbsListener>(
-        core_, std::move(*channel), id, verbs::FormatHostPort(host, port)));
+        core_, std::move(channel), id, verbs::FormatHostPort(host, port)));
   }
 
   absl::StatusOr<std::unique_ptr<Connection>> Connect(std::string_view address,
                                                       CompletionQueue* cq) override {
     if (cq == nullptr) return absl::InvalidArgumentError("Connect: null completion queue");
-    absl::StatusOr<verbs::HostPort> where = verbs::ParseHostPort(address);
-    if (!where.ok()) return where.status();
-    if (where->port == 0) {
+    PLEXUS_ASSIGN_OR_RETURN(verbs::HostPort where, verbs::ParseHostPort(address));
+    if (where.port == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("Connect: '", std::string(address), "' has port 0"));
     }
-    const std::string target = verbs::FormatHostPort(where->host, where->port);
-    absl::StatusOr<sockaddr_storage> dst = ResolveHostPort(*where);
-    if (!dst.ok()) return dst.status();
+    const std::string target = verbs::FormatHostPort(where.host, where.port);
+    PLEXUS_ASSIGN_OR_RETURN(sockaddr_storage dst, ResolveHostPort(where));
     std::optional<sockaddr_storage> src;
     if (core_->bind_to_ip) {
-      absl::StatusOr<sockaddr_storage> s = ResolveHostPort({core_->ip, 0});
-      if (!s.ok()) return s.status();
-      src = *s;
+      PLEXUS_ASSIGN_OR_RETURN(sockaddr_storage s, ResolveHostPort({core_->ip, 0}));
+      src = s;
     }
     const absl::Duration timeout = options().connect_timeout;
     const absl::Time deadline = absl::Now() + timeout;
@@ -866,10 +860,9 @@ class VerbsDevice final : public Device {
 
     // A private channel makes the handshake synchronous; the id moves to the device's channel
     // once established. The channel outlives the id (see the cleanup order below).
-    absl::StatusOr<EventChannelPtr> channel = CreateEventChannel();
-    if (!channel.ok()) return channel.status();
+    PLEXUS_ASSIGN_OR_RETURN(EventChannelPtr channel, CreateEventChannel());
     rdma_cm_id* id = nullptr;
-    if (rdma_create_id(channel->get(), &id, nullptr, RDMA_PS_TCP) != 0) {
+    if (rdma_create_id(channel.get(), &id, nullptr, RDMA_PS_TCP) != 0) {
       return absl::UnavailableError(absl::StrCat("rdma_create_id: ", ErrnoText(errno)));
     }
     std::unique_ptr<VerbsConnection> connection;  // owns `id` once created
@@ -883,7 +876,7 @@ class VerbsDevice final : public Device {
           s.code(), absl::StrCat("verbs connect to ", target, ": ", std::string(s.message())));
     };
     auto expect = [&](rdma_cm_event_type wanted) -> absl::StatusOr<CmEvent> {
-      std::optional<CmEvent> event = WaitCmEvent(channel->get(), deadline);
+      std::optional<CmEvent> event = WaitCmEvent(channel.get(), deadline);
       if (!event) {
         return absl::DeadlineExceededError(
             absl::StrCat("no answer within connect_timeout (", absl::FormatDuration(timeout), ")"));
@@ -911,7 +904,7 @@ class VerbsDevice final : public Device {
     };
 
     if (rdma_resolve_addr(id, src ? reinterpret_cast<sockaddr*>(&*src) : nullptr,
-                          reinterpret_cast<sockaddr*>(&*dst), timeout_ms) != 0) {
+                          reinterpret_cast<sockaddr*>(&dst), timeout_ms) != 0) {
       return fail(absl::UnavailableError(absl::StrCat("rdma_resolve_addr: ", ErrnoText(errno))));
     }
     if (absl::StatusOr<CmEvent> e = expect(RDMA_CM_EVENT_ADDR_RESOLVED); !e.ok()) {
@@ -1113,10 +1106,9 @@ absl::StatusOr<std::shared_ptr<VerbsCore>> OpenCore(const DeviceOptions& options
     if (core->ctx == nullptr) {
       // An IP: bind an id to it and see which device librdmacm attaches it to.
       absl::StatusOr<sockaddr_storage> addr = ResolveHostPort({want, 0});
-      absl::StatusOr<EventChannelPtr> channel = CreateEventChannel();
-      if (!channel.ok()) return channel.status();
+      PLEXUS_ASSIGN_OR_RETURN(EventChannelPtr channel, CreateEventChannel());
       rdma_cm_id* id = nullptr;
-      if (addr.ok() && rdma_create_id(channel->get(), &id, nullptr, RDMA_PS_TCP) == 0) {
+      if (addr.ok() && rdma_create_id(channel.get(), &id, nullptr, RDMA_PS_TCP) == 0) {
         if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&*addr)) == 0) core->ctx = id->verbs;
         rdma_destroy_id(id);
       }
@@ -1146,9 +1138,7 @@ absl::StatusOr<std::shared_ptr<VerbsCore>> OpenCore(const DeviceOptions& options
     return absl::UnavailableError(
         absl::StrCat("ibv_create_comp_channel on ", core->name, ": ", ErrnoText(errno)));
   }
-  if (absl::Status s = SetNonBlocking(core->comp_channel->fd, "completion channel"); !s.ok()) {
-    return s;
-  }
+  PLEXUS_RETURN_IF_ERROR(SetNonBlocking(core->comp_channel->fd, "completion channel"));
   core->cq_capacity = std::min(core->attr.max_cqe, 65536);
   core->cq = ibv_create_cq(core->ctx, core->cq_capacity, nullptr, core->comp_channel, 0);
   if (core->cq == nullptr) {
@@ -1156,9 +1146,8 @@ absl::StatusOr<std::shared_ptr<VerbsCore>> OpenCore(const DeviceOptions& options
                                                " entries on ", core->name, ": ", ErrnoText(errno)));
   }
   core->cq_capacity = core->cq->cqe;
-  absl::StatusOr<EventChannelPtr> cm = CreateEventChannel();
-  if (!cm.ok()) return cm.status();
-  core->cm_channel = std::move(*cm);
+  PLEXUS_ASSIGN_OR_RETURN(EventChannelPtr cm, CreateEventChannel());
+  core->cm_channel = std::move(cm);
 
   ProtocolConfig& p = core->protocol;
   p.max_send_wr = std::min<uint32_t>(p.max_send_wr, static_cast<uint32_t>(core->attr.max_qp_wr));
@@ -1166,11 +1155,10 @@ absl::StatusOr<std::shared_ptr<VerbsCore>> OpenCore(const DeviceOptions& options
   p.send_slots = std::min(p.send_slots, p.max_send_wr);
   p.max_message_bytes = options.max_message_bytes;
   p.op_timeout = options.op_timeout;
-  absl::StatusOr<HoldLimits> held = ResolveHoldLimits(options);
-  if (!held.ok()) return held.status();
-  p.held_bytes_per_connection = held->per_connection;
-  p.held_budget = std::make_shared<HoldBudget>(held->per_device);
-  if (absl::Status s = verbs::ValidateConfig(p); !s.ok()) return s;
+  PLEXUS_ASSIGN_OR_RETURN(HoldLimits held, ResolveHoldLimits(options));
+  p.held_bytes_per_connection = held.per_connection;
+  p.held_budget = std::make_shared<HoldBudget>(held.per_device);
+  PLEXUS_RETURN_IF_ERROR(verbs::ValidateConfig(p));
   return core;
 }
 
@@ -1181,13 +1169,12 @@ bool VerbsAvailable(std::string* why_not) { return ProbeVerbs(why_not); }
 absl::StatusOr<std::shared_ptr<Device>> CreateVerbsDevice(const DeviceOptions& options) {
   std::string why;
   if (!ProbeVerbs(&why)) return absl::UnavailableError(why);
-  absl::StatusOr<std::shared_ptr<VerbsCore>> core = OpenCore(options);
-  if (!core.ok()) return core.status();
+  PLEXUS_ASSIGN_OR_RETURN(std::shared_ptr<VerbsCore> core, OpenCore(options));
   const int wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd < 0) {
     return absl::InternalError(absl::StrCat("eventfd: ", ErrnoText(errno)));
   }
-  return std::shared_ptr<Device>(std::make_shared<VerbsDevice>(options, std::move(*core), wake_fd));
+  return std::shared_ptr<Device>(std::make_shared<VerbsDevice>(options, std::move(core), wake_fd));
 }
 
 }  // namespace plexus::transport::internal
