@@ -38,6 +38,7 @@
 #include "plexus/base/status.hpp"
 #include "region_registry.hpp"
 #include "tcp/frame.hpp"
+#include "tcp/listener.hpp"
 #include "tcp/protocol.hpp"
 
 namespace plexus::transport::internal {
@@ -1132,221 +1133,30 @@ absl::StatusOr<net::SocketAddress> LocalBinding(const DeviceOptions& options,
                    target.family() == AF_INET6 ? "IPv6" : "IPv4", " address to reach ", where));
 }
 
-// Accepts tcp connections. Clients are served concurrently: every accepted socket is
-// non-blocking and must deliver its hello within connect_timeout, and the socket group of a
-// connection (sockets_per_connection > 1) must be complete within connect_timeout of its first
-// hello. Silent, garbage and half-open clients are closed when they fail that, while other
-// clients' hellos are read as they arrive; at most kMaxHeldSockets sockets wait at once (the
-// oldest waiter is dropped first). Expiry runs inside Accept, and the destructor closes what is
-// left.
+// Accepts tcp connections: the HelloAcceptor (tcp/listener.hpp) assembles each connection's
+// socket group from the clients' hellos, then the core takes the sockets over.
 class TcpListener final : public Listener {
  public:
   TcpListener(std::shared_ptr<TcpCore> core, int fd, std::string address)
-      : core_(std::move(core)), fd_(fd), address_(std::move(address)) {}
-  ~TcpListener() override {
-    close(fd_);
-    for (Client& c : clients_) close(c.fd);
-    for (auto& [token, group] : groups_) CloseGroup(group);
-    for (Group& group : ready_) CloseGroup(group);
-  }
-  std::string address() const override { return address_; }
+      : core_(std::move(core)),
+        acceptor_(fd, std::move(address), core_->options().connect_timeout) {}
+  std::string address() const override { return acceptor_.address(); }
 
   absl::StatusOr<std::unique_ptr<Connection>> Accept(CompletionQueue* cq,
                                                      absl::Duration timeout) override {
     if (cq == nullptr) return absl::InvalidArgumentError("Accept: null completion queue");
-    const absl::Time deadline =
-        timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
-    last_error_ = absl::OkStatus();
-    for (;;) {
-      const absl::Time now = absl::Now();
-      Expire(now);
-      if (!ready_.empty()) {
-        Group group = std::move(ready_.front());
-        ready_.pop_front();
-        auto conn = std::make_unique<TcpConnection>(core_, group.peer);
-        if (absl::Status s = core_->AddConnection(conn->id(), group.fds, cq, group.peer); !s.ok()) {
-          CloseGroup(group);
-          return s;
-        }
-        return conn;
-      }
-      if (now >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "tcp accept on ", address_, ": no connection within ", absl::FormatDuration(timeout),
-            last_error_.ok() ? ""
-                             : absl::StrCat(" (last rejected: ", last_error_.ToString(), ")")));
-      }
-      // Sleep until a socket is readable, the caller's deadline, or the next expiry.
-      absl::Time wake = deadline;
-      std::vector<pollfd> pfds;
-      pfds.reserve(clients_.size() + 1);
-      pfds.push_back({fd_, POLLIN, 0});
-      for (const Client& c : clients_) {
-        pfds.push_back({c.fd, POLLIN, 0});
-        wake = std::min(wake, c.deadline);
-      }
-      for (const auto& [token, group] : groups_) wake = std::min(wake, group.deadline);
-      const int rc = poll(pfds.data(), pfds.size(), net::PollTimeoutMs(wake, 1000));
-      if (rc < 0 && errno != EINTR) {
-        return net::ErrnoStatus(errno, absl::StrCat("tcp accept on ", address_, ": poll"));
-      }
-      if (rc <= 0) continue;
-      // Clients first (they are the pfds[1..] of this round), then new ones.
-      for (size_t i = 1; i < pfds.size(); ++i) {
-        if (pfds[i].revents != 0) ReadHello(clients_[i - 1]);
-      }
-      std::erase_if(clients_, [](const Client& c) { return c.fd < 0; });
-      if (pfds[0].revents != 0) {
-        PLEXUS_RETURN_IF_ERROR(AcceptPending());
-      }
+    PLEXUS_ASSIGN_OR_RETURN(tcp::SocketGroup group, acceptor_.Next(timeout));
+    auto conn = std::make_unique<TcpConnection>(core_, group.peer);
+    if (absl::Status s = core_->AddConnection(conn->id(), group.fds, cq, group.peer); !s.ok()) {
+      tcp::CloseSocketGroup(group);
+      return s;
     }
+    return conn;
   }
 
  private:
-  // Sockets held at most while waiting for hellos or for the rest of a group.
-  static constexpr size_t kMaxHeldSockets = 1024;
-  // Accepted per poll round, so that reading hellos is not starved by a flood of connects.
-  static constexpr int kAcceptBurst = 64;
-
-  struct Client {  // an accepted socket whose hello is not complete
-    int fd = -1;
-    std::string peer;
-    absl::Time deadline;
-    uint8_t hello[tcp::kHelloSize] = {};
-    size_t got = 0;
-  };
-  struct Group {  // the sockets of one connection, by socket index (-1: not yet arrived)
-    std::vector<int> fds;
-    std::string peer;
-    absl::Time deadline;
-  };
-
-  static void CloseGroup(Group& group) {
-    for (int fd : group.fds) {
-      if (fd >= 0) close(fd);
-    }
-    group.fds.clear();
-  }
-
-  void Reject(Client& c, const absl::Status& why) {
-    last_error_ = base::Annotate(why, absl::StrCat("client ", c.peer));
-    close(c.fd);
-    c.fd = -1;
-  }
-
-  // Drops clients whose hello and groups whose sockets did not arrive in time.
-  void Expire(absl::Time now) {
-    const std::string limit = absl::FormatDuration(core_->options().connect_timeout);
-    for (Client& c : clients_) {
-      if (c.deadline <= now) {
-        Reject(c, absl::DeadlineExceededError(
-                      absl::StrCat("sent ", c.got, " of ", tcp::kHelloSize,
-                                   " hello bytes within the connect timeout (", limit, ")")));
-      }
-    }
-    std::erase_if(clients_, [](const Client& c) { return c.fd < 0; });
-    absl::erase_if(groups_, [&](auto& entry) {
-      Group& group = entry.second;
-      if (group.deadline > now) return false;
-      const auto missing = std::count(group.fds.begin(), group.fds.end(), -1);
-      last_error_ = absl::DeadlineExceededError(absl::StrCat(
-          "client ", group.peer, ": ", static_cast<int64_t>(group.fds.size()) - missing, " of ",
-          group.fds.size(), " sockets of a connection arrived within the connect timeout (", limit,
-          ")"));
-      CloseGroup(group);
-      return true;
-    });
-  }
-
-  size_t HeldSockets() const {
-    size_t n = clients_.size();
-    for (const auto& [token, group] : groups_) {
-      n += group.fds.size() - std::count(group.fds.begin(), group.fds.end(), -1);
-    }
-    return n;
-  }
-
-  // Makes room for one more socket: drops the waiter (client or group) that came first.
-  void EvictOldest() {
-    auto oldest_client =
-        std::min_element(clients_.begin(), clients_.end(),
-                         [](const Client& a, const Client& b) { return a.deadline < b.deadline; });
-    auto oldest_group = std::min_element(
-        groups_.begin(), groups_.end(),
-        [](const auto& a, const auto& b) { return a.second.deadline < b.second.deadline; });
-    if (oldest_client != clients_.end() &&
-        (oldest_group == groups_.end() ||
-         oldest_client->deadline <= oldest_group->second.deadline)) {
-      Reject(*oldest_client, absl::ResourceExhaustedError(absl::StrCat(
-                                 "dropped: ", kMaxHeldSockets, " sockets waiting for hellos")));
-      clients_.erase(oldest_client);
-    } else if (oldest_group != groups_.end()) {
-      last_error_ = absl::ResourceExhaustedError(
-          absl::StrCat("client ", oldest_group->second.peer, ": incomplete connection dropped, ",
-                       kMaxHeldSockets, " sockets waiting for hellos"));
-      CloseGroup(oldest_group->second);
-      groups_.erase(oldest_group);
-    }
-  }
-
-  absl::Status AcceptPending() {
-    for (int i = 0; i < kAcceptBurst; ++i) {
-      net::SocketAddress peer;
-      peer.length = sizeof peer.storage;
-      const int fd = accept4(fd_, reinterpret_cast<sockaddr*>(&peer.storage), &peer.length,
-                             SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return absl::OkStatus();
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        return net::ErrnoStatus(errno, absl::StrCat("tcp accept on ", address_));
-      }
-      while (HeldSockets() >= kMaxHeldSockets) EvictOldest();
-      clients_.push_back(
-          Client{fd, net::FormatAddress(peer), absl::Now() + core_->options().connect_timeout});
-      // The hello usually came with the connection: read it now rather than one poll later.
-      ReadHello(clients_.back());
-      if (clients_.back().fd < 0) clients_.pop_back();
-    }
-    return absl::OkStatus();
-  }
-
-  // Reads what is there of `c`'s hello; once whole, moves the socket into its group (c.fd = -1)
-  // or rejects it (closed, c.fd = -1).
-  void ReadHello(Client& c) {
-    const ssize_t n = recv(c.fd, c.hello + c.got, sizeof c.hello - c.got, MSG_DONTWAIT);
-    if (n == 0) return Reject(c, absl::UnavailableError("closed the connection before its hello"));
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
-      return Reject(c, net::ErrnoStatus(errno, "reading the tcp hello"));
-    }
-    c.got += static_cast<size_t>(n);
-    if (c.got < sizeof c.hello) return;
-    absl::StatusOr<tcp::Hello> hello = tcp::DecodeHello(c.hello);
-    if (!hello.ok()) return Reject(c, hello.status());
-    auto [it, fresh] = groups_.try_emplace(hello->token);
-    Group& group = it->second;
-    if (fresh) {
-      group.fds.assign(hello->socket_count, -1);
-      group.peer = c.peer;
-      group.deadline = absl::Now() + core_->options().connect_timeout;
-    }
-    if (group.fds.size() != hello->socket_count || group.fds[hello->socket_index] != -1) {
-      return Reject(c, absl::DataLossError("inconsistent socket group in tcp hello"));
-    }
-    group.fds[hello->socket_index] = c.fd;
-    c.fd = -1;
-    if (std::count(group.fds.begin(), group.fds.end(), -1) > 0) return;
-    ready_.push_back(std::move(group));
-    groups_.erase(it);
-  }
-
   std::shared_ptr<TcpCore> core_;
-  int fd_;
-  std::string address_;
-  std::vector<Client> clients_;
-  absl::flat_hash_map<uint64_t, Group> groups_;  // by the token of the connection's hello
-  std::deque<Group> ready_;                      // complete, not yet returned by Accept
-  absl::Status last_error_;                      // why the last client was dropped
+  tcp::HelloAcceptor acceptor_;
 };
 
 class TcpDevice final : public Device {
