@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -58,20 +59,21 @@ absl::StatusOr<int64_t> ParseInt(std::string_view text, std::string_view name) {
 }
 
 absl::StatusOr<uint64_t> ParseBytes(std::string_view text, std::string_view name) {
-  uint64_t multiplier = 1;
   std::string lower = absl::AsciiStrToLower(Trimmed(text));
-  auto strip = [&](std::string_view suffix, uint64_t m) {
+  // Longest suffixes first, so that "kib" is not taken for "b".
+  static constexpr std::pair<std::string_view, uint64_t> kSuffixes[] = {{"kib", 1ull << 10},
+                                                                        {"mib", 1ull << 20},
+                                                                        {"gib", 1ull << 30},
+                                                                        {"k", 1ull << 10},
+                                                                        {"m", 1ull << 20},
+                                                                        {"g", 1ull << 30},
+                                                                        {"b", 1}};
+  uint64_t multiplier = 1;
+  for (const auto& [suffix, m] : kSuffixes) {
     if (lower.size() > suffix.size() && lower.ends_with(suffix)) {
       lower.resize(lower.size() - suffix.size());
       multiplier = m;
-      return true;
-    }
-    return false;
-  };
-  if (!lower.ends_with("ib") ||
-      !(strip("kib", 1ull << 10) || strip("mib", 1ull << 20) || strip("gib", 1ull << 30))) {
-    if (!(strip("k", 1ull << 10) || strip("m", 1ull << 20) || strip("g", 1ull << 30))) {
-      strip("b", 1);
+      break;
     }
   }
   uint64_t v = 0;
