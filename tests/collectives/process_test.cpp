@@ -214,6 +214,28 @@ TEST_CASE("processes: a killed rank makes every peer fail naming it, within the 
   }
 }
 
+// Every rank but `victim` exited cleanly after a DeadlineExceeded that blames exactly `victim`,
+// and both its error and its communicator's close came within `bound_ns` of the SIGSTOP.
+void CheckSurvivorsNameStoppedRank(const StoppedRun& run, int n, int victim,
+                                   const std::string& backend, size_t bytes, long long bound_ns) {
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    const Outcome& o = run.out[r];
+    INFO(backend << " " << bytes << " B, rank " << r << ": " << o.output);
+    CHECK(o.exit_code == 0);
+    CHECK(o.output.find("[DEADLINE_EXCEEDED]") != std::string::npos);
+    CHECK(BlamedRank(o.output, r) == victim);
+    const long long failed = TimeAfter(o.output, "failed");
+    const long long closed = TimeAfter(o.output, "closed");
+    REQUIRE(failed > 0);
+    REQUIRE(closed > 0);
+    INFO("failed after " << (failed - run.stopped_at) / 1e9 << " s, closed after "
+                         << (closed - run.stopped_at) / 1e9 << " s");
+    CHECK(failed - run.stopped_at <= bound_ns);
+    CHECK(closed - run.stopped_at <= bound_ns);
+  }
+}
+
 // A stopped (SIGSTOP) rank is alive to the kernel: no EOF, no reset; only the timeout finds it.
 TEST_CASE("processes: a stopped rank makes every peer fail naming it, within 1.25x the timeout",
           "[collectives][process]") {
@@ -225,23 +247,8 @@ TEST_CASE("processes: a stopped rank makes every peer fail naming it, within 1.2
     // the pipelined ring.
     for (size_t bytes : {size_t{8}, size_t{16} << 20}) {
       const int n = 3, victim = 1;
-      StoppedRun run = RunStopped(n, backend, "stop", victim, kTimeoutMs, bytes);
-      for (int r = 0; r < n; ++r) {
-        if (r == victim) continue;
-        const Outcome& o = run.out[r];
-        INFO(backend << " " << bytes << " B, rank " << r << ": " << o.output);
-        CHECK(o.exit_code == 0);
-        CHECK(o.output.find("[DEADLINE_EXCEEDED]") != std::string::npos);
-        CHECK(BlamedRank(o.output, r) == victim);
-        const long long failed = TimeAfter(o.output, "failed");
-        const long long closed = TimeAfter(o.output, "closed");
-        REQUIRE(failed > 0);
-        REQUIRE(closed > 0);
-        INFO("failed after " << (failed - run.stopped_at) / 1e9 << " s, closed after "
-                             << (closed - run.stopped_at) / 1e9 << " s");
-        CHECK(failed - run.stopped_at <= kBoundNs);
-        CHECK(closed - run.stopped_at <= kBoundNs);
-      }
+      CheckSurvivorsNameStoppedRank(RunStopped(n, backend, "stop", victim, kTimeoutMs, bytes), n,
+                                    victim, backend, bytes, kBoundNs);
     }
   }
 }
@@ -258,23 +265,8 @@ TEST_CASE("processes: with 4 ranks every survivor names the stopped rank within 
     // tcp: the pipelined ring; shm: 8 bytes, the mailbox path.
     const size_t bytes = backend == "tcp" ? size_t{64} << 20 : 8;
     const int n = 4, victim = 2;
-    StoppedRun run = RunStopped(n, backend, "stop", victim, kTimeoutMs, bytes);
-    for (int r = 0; r < n; ++r) {
-      if (r == victim) continue;
-      const Outcome& o = run.out[r];
-      INFO(backend << " " << bytes << " B, rank " << r << ": " << o.output);
-      CHECK(o.exit_code == 0);
-      CHECK(o.output.find("[DEADLINE_EXCEEDED]") != std::string::npos);
-      CHECK(BlamedRank(o.output, r) == victim);
-      const long long failed = TimeAfter(o.output, "failed");
-      const long long closed = TimeAfter(o.output, "closed");
-      REQUIRE(failed > 0);
-      REQUIRE(closed > 0);
-      INFO("failed after " << (failed - run.stopped_at) / 1e9 << " s, closed after "
-                           << (closed - run.stopped_at) / 1e9 << " s");
-      CHECK(failed - run.stopped_at <= kBoundNs);
-      CHECK(closed - run.stopped_at <= kBoundNs);
-    }
+    CheckSurvivorsNameStoppedRank(RunStopped(n, backend, "stop", victim, kTimeoutMs, bytes), n,
+                                  victim, backend, bytes, kBoundNs);
   }
 }
 
