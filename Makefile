@@ -11,7 +11,8 @@ CTEST_ARGS ?=
 # Debian packages the build, the tests and the benchmarks need.
 DEB_PACKAGES := build-essential cmake ninja-build pkg-config git clang clang-format \
   libclang-rt-14-dev libabsl-dev libfmt-dev nlohmann-json3-dev catch2 libcli11-dev \
-  libibverbs-dev librdmacm-dev iproute2 procps libgloo-dev openmpi-bin libopenmpi-dev
+  libibverbs-dev librdmacm-dev iproute2 procps libgloo-dev openmpi-bin libopenmpi-dev \
+  python3-matplotlib
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -41,8 +42,24 @@ demo: build
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
+# Every benchmark (the collectives one with its Gloo and Open MPI peers), each writing its JSON
+# lines to $(REPORT_DIR); then tools/plot/plexus-plot draws the PNGs and report.md there. A
+# benchmark that fails is named at the end and the others still run.
+REPORT_DIR ?= $(BUILD_DIR)/bench-report
+BENCHES ?= transport collectives placement moe
+BENCH_ARGS_collectives ?= --compare --runs 3
+
 bench: build
-	@for b in $(BUILD_DIR)/bench/plexus-bench-*; do echo "== $$b"; $$b || exit 1; done
+	@mkdir -p $(REPORT_DIR); failed=""; \
+	for b in $(BENCHES); do \
+	  exe=$(BUILD_DIR)/bench/plexus-bench-$$b; \
+	  if [ ! -x $$exe ]; then echo "== $$b: not built, skipped"; continue; fi; \
+	  echo "== $$b -> $(REPORT_DIR)/$$b.jsonl"; \
+	  $$exe --json $(BENCH_ARGS_$$b) > $(REPORT_DIR)/$$b.jsonl || failed="$$failed $$b"; \
+	done; \
+	/usr/bin/python3 tools/plot/plexus-plot report $(REPORT_DIR) || echo "plexus-plot: no pictures (see above)"; \
+	if [ -n "$$failed" ]; then echo "failed:$$failed"; exit 1; fi; \
+	echo "report: $(REPORT_DIR)/report.md"
 
 format:
 	git ls-files '*.cpp' '*.hpp' '*.h' '*.cc' '*.cu' '*.cuh' | xargs -r clang-format -i
