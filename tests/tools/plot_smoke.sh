@@ -1,21 +1,21 @@
 #!/bin/sh
 # Draws every picture plexus-plot knows from real tool output and checks each is a PNG; also
 # checks that bad input gets a message and status 2. Skips (77) without python3-matplotlib.
-# Usage: plot_smoke.sh PLEXUS_PLOT TOOLS_DIR DATA_DIR WORK_DIR
+# Usage: plot_smoke.sh PLEXUS_PLOT PLEXUS_PLACE PLEXUS_MOE DATA_DIR WORK_DIR
 set -eu
-plot=$1 tools=$2 data=$3 work=$4
+plot=$1 place=$2 moe=$3 data=$4 work=$5
 if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
   echo "SKIP: python3-matplotlib is not installed (make deps installs it)"
   exit 77
 fi
 rm -rf "$work" && mkdir -p "$work"
 is_png() { [ "$(head -c 4 "$1" | od -An -c | tr -d ' \n')" = "211PNG" ] || { echo "not a PNG: $1"; exit 1; }; }
-"$tools/plexus-place" compare --json "$data/placement/vqa-medium.json" > "$work/place.json"
+"$place" compare --json "$data/placement/vqa-medium.json" > "$work/place.json"
 for k in 1 2 3; do
-  "$tools/plexus-moe" recovery --scenario "$data/moe/gpt-s.json" --failures $k --json \
+  "$moe" recovery --scenario "$data/moe/gpt-s.json" --failures $k --json \
     > "$work/recovery$k.json"
 done
-"$tools/plexus-moe" simulate --scenario "$data/moe/gpt-s.json" \
+"$moe" simulate --scenario "$data/moe/gpt-s.json" \
   --schedule "$data/moe/fail-every-5min.json" --system lazarus --json > "$work/simulate.json" 2>/dev/null
 "$plot" placement "$work/place.json" -o "$work/place.png" && is_png "$work/place.png"
 "$plot" recovery "$work"/recovery*.json -o "$work/recovery.png" && is_png "$work/recovery.png"
