@@ -14,6 +14,15 @@ if(NOT PLEXUS_WITH_VERBS STREQUAL "OFF")
   find_library(PLEXUS_RDMACM_LIB rdmacm)
   if(PLEXUS_IBVERBS_INCLUDE AND PLEXUS_RDMACM_INCLUDE AND PLEXUS_IBVERBS_LIB AND PLEXUS_RDMACM_LIB)
     set(PLEXUS_HAVE_VERBS ON)
+    # Imported targets rather than paths, so that the installed package names no file of this
+    # machine: plexusConfig.cmake finds both libraries again on the consumer's machine.
+    foreach(_lib ibverbs rdmacm)
+      string(TOUPPER ${_lib} _var)
+      add_library(plexus_rdma::${_lib} UNKNOWN IMPORTED GLOBAL)
+      set_target_properties(plexus_rdma::${_lib} PROPERTIES
+        IMPORTED_LOCATION ${PLEXUS_${_var}_LIB}
+        INTERFACE_INCLUDE_DIRECTORIES ${PLEXUS_${_var}_INCLUDE})
+    endforeach()
   elseif(PLEXUS_WITH_VERBS STREQUAL "ON")
     message(FATAL_ERROR "PLEXUS_WITH_VERBS=ON but libibverbs/librdmacm headers or libraries were "
                         "not found: apt-get install libibverbs-dev librdmacm-dev")

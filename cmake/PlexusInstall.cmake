@@ -11,7 +11,14 @@ if(_plexus_targets)
           RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
           INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
   install(EXPORT plexusTargets NAMESPACE plexus:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/plexus)
+  include(PlexusPkgConfig)
+  foreach(_target IN LISTS _plexus_targets)
+    plexus_write_pkg_config(${_target})
+  endforeach()
 endif()
+
+# The data the examples, tools and benchmarks read (with the licences of their sources).
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/examples/data/ DESTINATION ${CMAKE_INSTALL_DATADIR}/plexus/data)
 
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/plexusConfig.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/plexusConfig.cmake

@@ -20,6 +20,48 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/installed -G
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/installed)
 run(${WORK_DIR}/installed/consumer)
 
+# 2b. An unknown component fails the configure with a message naming it and what exists.
+file(MAKE_DIRECTORY ${WORK_DIR}/unknown)
+file(WRITE ${WORK_DIR}/unknown/CMakeLists.txt
+     "cmake_minimum_required(VERSION 3.25)\nproject(u LANGUAGES CXX)\n"
+     "find_package(plexus REQUIRED COMPONENTS collectives warp_drive)\n")
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${WORK_DIR}/unknown -B ${WORK_DIR}/unknown/build
+                -DCMAKE_PREFIX_PATH=${prefix} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                ERROR_VARIABLE out)
+if(rc EQUAL 0 OR NOT out MATCHES "no component 'warp_drive'.*has: transport, collectives")
+  message(FATAL_ERROR "find_package with an unknown component: rc ${rc}, output:\n${out}")
+endif()
+
+# 2c. No path of this build tree or source tree in the installed package files.
+file(GLOB_RECURSE package_files ${prefix}/lib/cmake/plexus/*.cmake ${prefix}/lib/pkgconfig/*.pc)
+foreach(f IN LISTS package_files)
+  file(READ ${f} text)
+  foreach(forbidden ${BUILD_DIR} ${SOURCE_DIR} libibverbs.so librdmacm.so)
+    string(FIND "${text}" "${forbidden}" at)
+    if(NOT at EQUAL -1)
+      message(FATAL_ERROR "${f} names '${forbidden}': the package must not depend on this machine")
+    endif()
+  endforeach()
+endforeach()
+
+# 2d. pkg-config: the same program built by a plain compiler command from the .pc files.
+find_program(PKG_CONFIG pkg-config)
+find_program(CXX_FOR_PC NAMES c++ g++)
+if(PKG_CONFIG AND CXX_FOR_PC)
+  set(ENV{PKG_CONFIG_PATH} ${prefix}/lib/pkgconfig)
+  execute_process(COMMAND ${PKG_CONFIG} --cflags --libs plexus-collectives plexus-moe
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE flags ERROR_VARIABLE err
+                  OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "pkg-config plexus-collectives plexus-moe failed: ${err}")
+  endif()
+  separate_arguments(flags UNIX_COMMAND "${flags}")
+  run(${CXX_FOR_PC} ${SOURCE_DIR}/tests/consumer/main.cpp -o ${WORK_DIR}/consumer-pc ${flags})
+  run(${WORK_DIR}/consumer-pc)
+else()
+  message(STATUS "pkg-config or c++ not found: the pkg-config build is not checked")
+endif()
+
 # 3. add_subdirectory(plexus): only what the consumer links is built.
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/vendored -G ${GENERATOR}
     -DCMAKE_BUILD_TYPE=${BUILD_TYPE} -DPLEXUS_SOURCE_DIR=${SOURCE_DIR})
