@@ -8,6 +8,7 @@
 
 #include "communicator_impl.hpp"
 #include "cuda_staging.hpp"
+#include "plexus/base/status.hpp"
 #include "reduce.hpp"
 
 namespace plexus::collectives::internal {
@@ -37,7 +38,7 @@ class Staging {
     }
     pinned_.push_back(host);
     if (copy_in) {
-      if (absl::Status s = internal::CopyDeviceToHost(host, user, bytes); !s.ok()) return s;
+      PLEXUS_RETURN_IF_ERROR(internal::CopyDeviceToHost(host, user, bytes));
     }
     staged_.push_back({const_cast<void*>(user), host, bytes});
     return static_cast<uint8_t*>(host);
@@ -50,7 +51,7 @@ class Staging {
   }
   absl::Status CopyOut() {
     for (const Entry& e : outputs_) {
-      if (absl::Status s = internal::CopyHostToDevice(e.user, e.host, e.bytes); !s.ok()) return s;
+      PLEXUS_RETURN_IF_ERROR(internal::CopyHostToDevice(e.user, e.host, e.bytes));
     }
     return absl::OkStatus();
   }
@@ -75,7 +76,7 @@ class Staging {
 CommunicatorImpl::TaskOr CommunicatorImpl::AllReduceTask(const void* send, void* recv, size_t count,
                                                          DataType dtype, ReduceOp op,
                                                          CallOptions call) {
-  if (absl::Status s = CheckCommon("AllReduce", send, recv, count, dtype, op); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(CheckCommon("AllReduce", send, recv, count, dtype, op));
   return [=, this] { return RunAllReduce(send, recv, count, dtype, op, call); };
 }
 
@@ -86,55 +87,52 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   const CallHeader header = Header(CollectiveKind::kAllReduce, dtype, op, algo, -1, count);
   if (count == 0) return absl::OkStatus();
   Staging staging;
-  auto buf = staging.Output(recv, bytes, send == recv);
-  if (!buf.ok()) return buf.status();
+  PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, bytes, send == recv));
   const Layout& L =
       MakeLayout(dtype, algo == Algorithm::kRing ? bytes / static_cast<size_t>(layout_.n) : 0);
   // Below a block per rank (or when latency dominates) whole-vector doubling is cheaper.
   const bool recursive_doubling = bytes <= 16384 || count < static_cast<size_t>(L.n);
   const uint8_t* input = nullptr;  // out of place: where this rank's operand is
   if (send != recv) {
-    auto in = staging.In(send, bytes, true);
-    if (!in.ok()) return in.status();
-    input = *in;
+    PLEXUS_ASSIGN_OR_RETURN(input, staging.In(send, bytes, true));
     // Ring and halving-doubling (power-of-two worlds) read their operand straight from the
     // input: every block of the output is written by a reduction or a receive. The others
     // start from a copy.
-    const bool overlap = input < *buf + bytes && *buf < input + bytes;
+    const bool overlap = input < buf + bytes && buf < input + bytes;
     const bool direct = algo == Algorithm::kRing || (algo == Algorithm::kHalvingDoubling &&
                                                      IsPowerOfTwo(L.n) && !recursive_doubling);
     if (!direct || L.n == 1 || overlap) {
-      std::memmove(*buf, input, bytes);
+      std::memmove(buf, input, bytes);
       input = nullptr;
     }
   }
   if (algo == Algorithm::kHalvingDoubling && recursive_doubling && FitsMailbox(bytes)) {
-    if (absl::Status s = MailboxAllReduce(*buf, count, dtype, op, header); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(MailboxAllReduce(buf, count, dtype, op, header));
   } else {
     Plan& plan = NewPlan();
     switch (algo) {
       case Algorithm::kHalvingDoubling:
         if (recursive_doubling) {
-          internal::BuildRecursiveDoubling(L, *buf, count, &plan);
+          internal::BuildRecursiveDoubling(L, buf, count, &plan);
         } else {
-          internal::BuildHalvingDoubling(L, *buf, count, &plan, input);
+          internal::BuildHalvingDoubling(L, buf, count, &plan, input);
         }
         break;
       case Algorithm::kTree:
-        internal::BuildDoubleTreeAllReduce(L, *buf, count, &plan);
+        internal::BuildDoubleTreeAllReduce(L, buf, count, &plan);
         break;
       default:
-        internal::BuildRing(L, *buf, internal::EvenBlocks(count, L.n), true, true, &plan, input);
+        internal::BuildRing(L, buf, internal::EvenBlocks(count, L.n), true, true, &plan, input);
         break;
     }
-    if (absl::Status s = Execute(plan, header, dtype, op); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
   }
   if (op == ReduceOp::kAvg && staging.any()) {
     // A device result: copy the sum back and divide it there (reduce_kernels.cu).
-    if (absl::Status s = staging.CopyOut(); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(staging.CopyOut());
     return internal::DeviceDivide(dtype, recv, count, L.n);
   }
-  if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, *buf, count, L.n);
+  if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, buf, count, L.n);
   return staging.CopyOut();
 }
 
@@ -142,27 +140,22 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* re
                                                       DataType dtype, ReduceOp op, int root,
                                                       CallOptions call) {
   const bool is_root = root == layout_.rank;
-  if (absl::Status s = CheckCommon("Reduce", send, is_root ? recv : send, count, dtype, op, root);
-      !s.ok()) {
-    return s;
-  }
+  PLEXUS_RETURN_IF_ERROR(
+      CheckCommon("Reduce", send, is_root ? recv : send, count, dtype, op, root));
   return [=, this]() -> absl::Status {
     const size_t bytes = count * DataTypeSize(dtype);
     const Algorithm algo = Resolve(CollectiveKind::kReduce, bytes, call.algorithm);
     const CallHeader header = Header(CollectiveKind::kReduce, dtype, op, algo, root, count);
     if (count == 0) return absl::OkStatus();
     Staging staging;
-    auto in = staging.In(send, bytes, true);
-    if (!in.ok()) return in.status();
+    PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, bytes, true));
     uint8_t* buf = nullptr;
     if (is_root) {
-      auto out = staging.Output(recv, bytes, false);
-      if (!out.ok()) return out.status();
-      buf = *out;
+      PLEXUS_ASSIGN_OR_RETURN(buf, staging.Output(recv, bytes, false));
     } else {
       buf = Scratch(bytes);
     }
-    if (buf != *in) std::memmove(buf, *in, bytes);
+    if (buf != in) std::memmove(buf, in, bytes);
     const Layout& L = MakeLayout(dtype);
     const int root_pos = L.position[root];
     Plan& plan = NewPlan();
@@ -171,7 +164,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* re
     } else {
       internal::BuildTreeReduce(L, buf, count, root_pos, &plan);
     }
-    if (absl::Status s = Execute(plan, header, dtype, op); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
     if (!is_root) return absl::OkStatus();
     if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, buf, count, L.n);
     return staging.CopyOut();
@@ -182,11 +175,8 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
                                                          DataType dtype, int root,
                                                          CallOptions call) {
   const bool is_root = root == layout_.rank;
-  if (absl::Status s =
-          CheckCommon("Broadcast", is_root ? send : recv, recv, count, dtype, ReduceOp::kSum, root);
-      !s.ok()) {
-    return s;
-  }
+  PLEXUS_RETURN_IF_ERROR(
+      CheckCommon("Broadcast", is_root ? send : recv, recv, count, dtype, ReduceOp::kSum, root));
   return [=, this]() -> absl::Status {
     const size_t bytes = count * DataTypeSize(dtype);
     const Algorithm algo = Resolve(CollectiveKind::kBroadcast, bytes, call.algorithm);
@@ -194,12 +184,10 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
         Header(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, algo, root, count);
     if (count == 0) return absl::OkStatus();
     Staging staging;
-    auto buf = staging.Output(recv, bytes, is_root && send == recv);
-    if (!buf.ok()) return buf.status();
+    PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, bytes, is_root && send == recv));
     if (is_root && send != recv) {
-      auto in = staging.In(send, bytes, true);
-      if (!in.ok()) return in.status();
-      std::memmove(*buf, *in, bytes);
+      PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, bytes, true));
+      std::memmove(buf, in, bytes);
     }
     const Layout& L = MakeLayout(dtype);
     if (algo == Algorithm::kTree && FitsMailbox(bytes)) {
@@ -207,35 +195,30 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
       const int i = ((L.pos() - L.position[root]) % L.n + L.n) % L.n;
       auto rank_at = [&](int index) { return L.at(L.position[root] + index); };
       if (i != 0) {
-        if (absl::Status s = MailExchange(-1, nullptr, {rank_at((i - 1) / 2), *buf, false, false},
-                                          bytes, dtype, ReduceOp::kSum, header);
-            !s.ok()) {
-          return s;
-        }
+        const MailInbound from_parent{rank_at((i - 1) / 2), buf, false, false};
+        PLEXUS_RETURN_IF_ERROR(
+            MailExchange(-1, nullptr, from_parent, bytes, dtype, ReduceOp::kSum, header));
       }
       for (int child = 2 * i + 1; child <= 2 * i + 2 && child < L.n; ++child) {
-        if (absl::Status s =
-                MailExchange(rank_at(child), *buf, {}, bytes, dtype, ReduceOp::kSum, header);
-            !s.ok()) {
-          return s;
-        }
+        PLEXUS_RETURN_IF_ERROR(
+            MailExchange(rank_at(child), buf, {}, bytes, dtype, ReduceOp::kSum, header));
       }
       return staging.CopyOut();
     }
     Plan& plan = NewPlan();
     if (algo == Algorithm::kRing) {
-      internal::BuildChainBroadcast(L, *buf, count, L.position[root], &plan);
+      internal::BuildChainBroadcast(L, buf, count, L.position[root], &plan);
     } else {
-      internal::BuildTreeBroadcast(L, *buf, count, L.position[root], &plan);
+      internal::BuildTreeBroadcast(L, buf, count, L.position[root], &plan);
     }
-    if (absl::Status s = Execute(plan, header, dtype, ReduceOp::kSum); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
     return staging.CopyOut();
   };
 }
 
 CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void* recv, size_t count,
                                                          DataType dtype, CallOptions call) {
-  if (absl::Status s = CheckCommon("AllGather", send, recv, count, dtype); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(CheckCommon("AllGather", send, recv, count, dtype));
   return [=, this]() -> absl::Status {
     const size_t esize = DataTypeSize(dtype);
     const int n = layout_.n;
@@ -247,12 +230,10 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     const size_t mine = static_cast<size_t>(layout_.rank) * count * esize;
     const bool in_place = send == static_cast<uint8_t*>(recv) + mine;
     Staging staging;
-    auto buf = staging.Output(recv, total, in_place);
-    if (!buf.ok()) return buf.status();
+    PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, total, in_place));
     if (!in_place) {
-      auto in = staging.In(send, count * esize, true);
-      if (!in.ok()) return in.status();
-      std::memmove(*buf + mine, *in, count * esize);
+      PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, count * esize, true));
+      std::memmove(buf + mine, in, count * esize);
     }
     const Layout& L = MakeLayout(dtype);
     if (algo == Algorithm::kHalvingDoubling && FitsMailbox(count * esize)) {
@@ -262,12 +243,9 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
       for (int d = 1; d < n; ++d) {
         const int to = (me + d) % n;
         const int from = (me - d + n) % n;
-        const MailInbound in{from, *buf + static_cast<size_t>(from) * count * esize, false, false};
-        if (absl::Status s =
-                MailExchange(to, *buf + mine, in, count * esize, dtype, ReduceOp::kSum, header);
-            !s.ok()) {
-          return s;
-        }
+        const MailInbound in{from, buf + static_cast<size_t>(from) * count * esize, false, false};
+        PLEXUS_RETURN_IF_ERROR(
+            MailExchange(to, buf + mine, in, count * esize, dtype, ReduceOp::kSum, header));
       }
       return staging.CopyOut();
     }
@@ -276,12 +254,12 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     Plan& plan = NewPlan();
     if (algo == Algorithm::kHalvingDoubling) {
       for (int b = 0; b < n; ++b) blocks[b] = Block{L.order[b] * count, count};
-      internal::BuildDoubling(L, *buf, blocks, &plan);
+      internal::BuildDoubling(L, buf, blocks, &plan);
     } else {
       for (int j = 0; j < n; ++j) blocks[j] = Block{L.at(j - 1) * count, count};
-      internal::BuildRing(L, *buf, blocks, false, true, &plan);
+      internal::BuildRing(L, buf, blocks, false, true, &plan);
     }
-    if (absl::Status s = Execute(plan, header, dtype, ReduceOp::kSum); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
     return staging.CopyOut();
   };
 }
@@ -289,9 +267,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
 CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, void* recv,
                                                              size_t count, DataType dtype,
                                                              ReduceOp op, CallOptions call) {
-  if (absl::Status s = CheckCommon("ReduceScatter", send, recv, count, dtype, op); !s.ok()) {
-    return s;
-  }
+  PLEXUS_RETURN_IF_ERROR(CheckCommon("ReduceScatter", send, recv, count, dtype, op));
   return [=, this]() -> absl::Status {
     const size_t esize = DataTypeSize(dtype);
     const int n = layout_.n;
@@ -300,11 +276,10 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, v
     const CallHeader header = Header(CollectiveKind::kReduceScatter, dtype, op, algo, -1, count);
     if (count == 0) return absl::OkStatus();
     Staging staging;
-    auto in = staging.In(send, total, true);
-    if (!in.ok()) return in.status();
+    PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, total, true));
     // Work on a copy: the send buffer is the caller's and recv may lie inside it.
     uint8_t* work = Scratch(total);
-    std::memcpy(work, *in, total);
+    std::memcpy(work, in, total);
     const Layout& L = MakeLayout(dtype);
     std::vector<Block> blocks(n);
     Plan& plan = NewPlan();
@@ -315,19 +290,18 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, v
       for (int j = 0; j < n; ++j) blocks[j] = Block{L.at(j - 1) * count, count};
       internal::BuildRing(L, work, blocks, true, false, &plan);
     }
-    if (absl::Status s = Execute(plan, header, dtype, op); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
     uint8_t* mine = work + static_cast<size_t>(layout_.rank) * count * esize;
     if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, mine, count, n);
-    auto out = staging.Output(recv, count * esize, false);
-    if (!out.ok()) return out.status();
-    std::memmove(*out, mine, count * esize);
+    PLEXUS_ASSIGN_OR_RETURN(auto out, staging.Output(recv, count * esize, false));
+    std::memmove(out, mine, count * esize);
     return staging.CopyOut();
   };
 }
 
 CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllTask(const void* send, void* recv, size_t count,
                                                         DataType dtype, CallOptions call) {
-  if (absl::Status s = CheckCommon("AllToAll", send, recv, count, dtype); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(CheckCommon("AllToAll", send, recv, count, dtype));
   return [=, this]() -> absl::Status {
     const size_t esize = DataTypeSize(dtype);
     const int n = layout_.n;
@@ -338,30 +312,25 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllTask(const void* send, void* 
         Header(CollectiveKind::kAllToAll, dtype, ReduceOp::kSum, algo, -1, count);
     if (count == 0) return absl::OkStatus();
     Staging staging;
-    auto in = staging.In(send, total, true);
-    if (!in.ok()) return in.status();
-    auto out = staging.Output(recv, total, false);
-    if (!out.ok()) return out.status();
-    const uint8_t* src = *in;
-    if (src == *out) {  // in place: send from a copy
+    PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, total, true));
+    PLEXUS_ASSIGN_OR_RETURN(auto out, staging.Output(recv, total, false));
+    const uint8_t* src = in;
+    if (src == out) {  // in place: send from a copy
       uint8_t* copy = Scratch(total);
       std::memcpy(copy, src, total);
       src = copy;
     }
     const int me = layout_.rank;
-    std::memmove(*out + me * block, src + me * block, block);
+    std::memmove(out + me * block, src + me * block, block);
     const Layout& L = MakeLayout(dtype);
     if (FitsMailbox(block)) {
       // Small: the same pairwise exchange, by mailbox.
       for (int d = 1; d < n; ++d) {
         const int to = (me + d) % n;
         const int from = (me - d + n) % n;
-        if (absl::Status s =
-                MailExchange(to, src + to * block, {from, *out + from * block, false, false}, block,
-                             dtype, ReduceOp::kSum, header);
-            !s.ok()) {
-          return s;
-        }
+        const MailInbound in{from, out + from * block, false, false};
+        PLEXUS_RETURN_IF_ERROR(
+            MailExchange(to, src + to * block, in, block, dtype, ReduceOp::kSum, header));
       }
       return staging.CopyOut();
     }
@@ -370,9 +339,9 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllTask(const void* send, void* 
       const int to = (me + d) % n;
       const int from = (me - d + n) % n;
       internal::BuildSendTo(L, src + to * block, count, to, false, &plan);
-      internal::BuildRecvFrom(L, *out + from * block, count, from, false, &plan);
+      internal::BuildRecvFrom(L, out + from * block, count, from, false, &plan);
     }
-    if (absl::Status s = Execute(plan, header, dtype, ReduceOp::kSum); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
     return staging.CopyOut();
   };
 }
@@ -382,7 +351,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllVTask(
     void* recv, absl::Span<const size_t> recv_counts, absl::Span<const size_t> recv_displs,
     DataType dtype, CallOptions call) {
   const int n = layout_.n;
-  if (absl::Status s = CheckCommon("AllToAllV", send, recv, 0, dtype); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(CheckCommon("AllToAllV", send, recv, 0, dtype));
   for (auto [span, name] : {std::pair{send_counts, "send_counts"},
                             {send_displs, "send_displs"},
                             {recv_counts, "recv_counts"},
@@ -419,16 +388,14 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllVTask(
     const CallHeader header =
         Header(CollectiveKind::kAllToAllV, dtype, ReduceOp::kSum, algo, -1, 0);
     Staging staging;
-    auto in = staging.In(send, send_extent * esize, true);
-    if (!in.ok()) return in.status();
-    auto out = staging.Output(recv, recv_extent * esize, false);
-    if (!out.ok()) return out.status();
+    PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, send_extent * esize, true));
+    PLEXUS_ASSIGN_OR_RETURN(auto out, staging.Output(recv, recv_extent * esize, false));
     const int me = layout_.rank;
     if (sc[me] != rc[me]) {
       return absl::InvalidArgumentError(absl::StrCat("AllToAllV: rank ", me, " sends itself ",
                                                      sc[me], " elements but expects ", rc[me]));
     }
-    if (sc[me] > 0) std::memmove(*out + rd[me] * esize, *in + sd[me] * esize, sc[me] * esize);
+    if (sc[me] > 0) std::memmove(out + rd[me] * esize, in + sd[me] * esize, sc[me] * esize);
     const Layout& L = MakeLayout(dtype);
     Plan& plan = NewPlan();
     plan.tx_extra.assign(n, 0);
@@ -438,10 +405,10 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllVTask(
       const int from = (me - d + n) % n;
       plan.tx_extra[to] = sc[to];
       plan.rx_extra[from] = rc[from];
-      internal::BuildSendTo(L, *in + sd[to] * esize, sc[to], to, true, &plan);
-      internal::BuildRecvFrom(L, *out + rd[from] * esize, rc[from], from, true, &plan);
+      internal::BuildSendTo(L, in + sd[to] * esize, sc[to], to, true, &plan);
+      internal::BuildRecvFrom(L, out + rd[from] * esize, rc[from], from, true, &plan);
     }
-    if (absl::Status s = Execute(plan, header, dtype, ReduceOp::kSum); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
     return staging.CopyOut();
   };
 }
@@ -449,7 +416,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllVTask(
 CommunicatorImpl::TaskOr CommunicatorImpl::PointToPointTask(void* buf, size_t count, DataType dtype,
                                                             int peer, bool is_send) {
   const char* what = is_send ? "Send" : "Recv";
-  if (absl::Status s = CheckCommon(what, buf, buf, count, dtype); !s.ok()) return s;
+  PLEXUS_RETURN_IF_ERROR(CheckCommon(what, buf, buf, count, dtype));
   if (peer < 0 || peer >= layout_.n || peer == layout_.rank) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": peer ", peer, " must be another rank of this ", layout_.n, "-rank communicator"));
@@ -469,15 +436,13 @@ CommunicatorImpl::TaskOr CommunicatorImpl::PointToPointTask(void* buf, size_t co
     const Layout& L = MakeLayout(dtype);
     Plan& plan = NewPlan();
     if (is_send) {
-      auto in = staging.In(buf, bytes, true);
-      if (!in.ok()) return in.status();
-      internal::BuildSendTo(L, *in, count, peer, true, &plan);
+      PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(buf, bytes, true));
+      internal::BuildSendTo(L, in, count, peer, true, &plan);
       return Execute(plan, header, dtype, ReduceOp::kSum);
     }
-    auto out = staging.Output(buf, bytes, false);
-    if (!out.ok()) return out.status();
-    internal::BuildRecvFrom(L, *out, count, peer, true, &plan);
-    if (absl::Status s = Execute(plan, header, dtype, ReduceOp::kSum); !s.ok()) return s;
+    PLEXUS_ASSIGN_OR_RETURN(auto out, staging.Output(buf, bytes, false));
+    internal::BuildRecvFrom(L, out, count, peer, true, &plan);
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
     return staging.CopyOut();
   };
 }

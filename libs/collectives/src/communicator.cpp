@@ -215,19 +215,20 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   // The host name counts the ranks sharing this machine and their CPU sets the CPUs they share
   // (see yield_when_idle_).
   const std::string host = base::HostName();
-  auto shapes = rendezvous.AllGather(
-      absl::StrCat("plexus/coll/create/", tag),
-      absl::StrCat(nonce, "|", host, "|", absl::StrJoin(base::UsableCpus(), ","), "|", shape),
-      options.connect_timeout);
-  if (!shapes.ok()) return shapes.status();
+  PLEXUS_ASSIGN_OR_RETURN(
+      const std::vector<std::string> shapes,
+      rendezvous.AllGather(
+          absl::StrCat("plexus/coll/create/", tag),
+          absl::StrCat(nonce, "|", host, "|", absl::StrJoin(base::UsableCpus(), ","), "|", shape),
+          options.connect_timeout));
   int local_ranks = 0;
   std::vector<int> local_cpus;
   for (int r = 0; r < n; ++r) {
-    const std::vector<std::string> fields = absl::StrSplit((*shapes)[r], absl::MaxSplits('|', 3));
+    const std::vector<std::string> fields = absl::StrSplit(shapes[r], absl::MaxSplits('|', 3));
     if (fields.size() != 4 || fields[3] != shape) {
       return absl::InvalidArgumentError(absl::StrCat(
           "communicator options differ between ranks: rank ", rank, " has ", shape, ", rank ", r,
-          " has ", fields.size() == 4 ? fields[3] : (*shapes)[r],
+          " has ", fields.size() == 4 ? fields[3] : shapes[r],
           " (backend, channels, chunk_bytes and ring_order must be equal on every rank)"));
     }
     if (r == 0 && !absl::SimpleAtoi(fields[0], &comm->uid_)) {
@@ -258,9 +259,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   // per rank the ring stays faster below 2 MiB).
   if (oversubscribed) device_options.shm_cma_threshold = size_t{256} << 10;
   if (n > 1) {
-    auto device = transport::Device::Create(device_options);
-    if (!device.ok()) return device.status();
-    comm->device_ = *std::move(device);
+    PLEXUS_ASSIGN_OR_RETURN(comm->device_, transport::Device::Create(device_options));
     comm->cq_ = comm->device_->CreateCompletionQueue();
     for (int c = 0; c < options.channels; ++c) {
       auto mesh = transport::ConnectFullMesh(rendezvous, *comm->device_, comm->cq_.get(),
@@ -324,13 +323,13 @@ absl::Status CommunicatorImpl::RunOne(const std::function<absl::Status()>& fn) {
 }
 
 absl::Status CommunicatorImpl::Blocking(TaskOr task) {
-  if (!task.ok()) return task.status();
+  PLEXUS_ASSIGN_OR_RETURN(std::function<absl::Status()> run, std::move(task));
   std::unique_lock<std::mutex> lock(mu_);
   if (queue_.empty() && !busy_) {
     // Nothing queued before us: run in the caller's thread (no thread hop on the latency path).
     busy_ = true;
     lock.unlock();
-    absl::Status status = RunOne(*task);
+    absl::Status status = RunOne(run);
     lock.lock();
     busy_ = false;
     lock.unlock();
@@ -338,7 +337,7 @@ absl::Status CommunicatorImpl::Blocking(TaskOr task) {
     return status;
   }
   auto work = std::make_shared<WorkImpl>();
-  queue_.push_back(Task{*std::move(task), work});
+  queue_.push_back(Task{std::move(run), work});
   if (!worker_.joinable()) worker_ = std::thread([this] { WorkerLoop(); });
   lock.unlock();
   cv_.notify_all();
@@ -500,10 +499,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Split(int color,
   for (int r : layout_.order) {
     if (child_rank_of[r] >= 0) options.ring_order.push_back(child_rank_of[r]);
   }
-  auto rendezvous = transport::Rendezvous::Create(child_rank_of[layout_.rank],
-                                                  static_cast<int>(members.size()), store_);
-  if (!rendezvous.ok()) return rendezvous.status();
-  return Make(*rendezvous, std::move(options),
+  PLEXUS_ASSIGN_OR_RETURN(transport::Rendezvous rendezvous,
+                          transport::Rendezvous::Create(child_rank_of[layout_.rank],
+                                                        static_cast<int>(members.size()), store_));
+  return Make(rendezvous, std::move(options),
               absl::StrCat(tag_, "/", uid_, "/split", split, "/color", color));
 }
 

@@ -27,6 +27,7 @@
 #include "absl/types/span.h"
 #include "blame.hpp"
 #include "plan.hpp"
+#include "plexus/base/status.hpp"
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/transport/device.hpp"
 #include "plexus/transport/rendezvous.hpp"
@@ -122,7 +123,7 @@ class CommunicatorImpl : public Communicator {
 
   absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                          CallOptions call) override {
-    if (absl::Status s = CheckCommon("AllReduce", send, recv, count, dtype, op); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(CheckCommon("AllReduce", send, recv, count, dtype, op));
     if (auto done = TryInline([&] { return RunAllReduce(send, recv, count, dtype, op, call); })) {
       return *std::move(done);
     }

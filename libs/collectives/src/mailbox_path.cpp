@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "communicator_impl.hpp"
+#include "plexus/base/status.hpp"
 #include "reduce.hpp"
 
 namespace plexus::collectives::internal {
@@ -187,19 +188,19 @@ absl::Status CommunicatorImpl::MailboxAllReduce(uint8_t* buf, size_t count, Data
   const int pos = L.pos();
   if (f.new_pos < 0) {  // folds out: hand the vector over, get the result back
     const int partner = L.at(pos + 1);
-    if (absl::Status s = exchange(partner, {}); !s.ok()) return s;
+    PLEXUS_RETURN_IF_ERROR(exchange(partner, {}));
     return exchange(-1, {partner, buf, false, false});
   }
   const bool folds_in = pos < 2 * f.rem;
   if (folds_in) {
-    if (absl::Status s = exchange(-1, {L.at(pos - 1), buf, true, true}); !s.ok()) return s;
+    const MailInbound fold_in{L.at(pos - 1), buf, true, true};
+    PLEXUS_RETURN_IF_ERROR(exchange(-1, fold_in));
   }
   for (int mask = 1; mask < f.p2; mask *= 2) {
     const int partner = f.new_pos ^ mask;
     const int peer = f.Real(L, partner);
-    if (absl::Status s = exchange(peer, {peer, buf, true, partner < f.new_pos}); !s.ok()) {
-      return s;
-    }
+    const MailInbound in{peer, buf, true, partner < f.new_pos};
+    PLEXUS_RETURN_IF_ERROR(exchange(peer, in));
   }
   if (folds_in) return exchange(L.at(pos - 1), {});
   return absl::OkStatus();
