@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "plexus/base/status.hpp"
 
 namespace plexus::collectives {
 namespace {
@@ -41,23 +42,20 @@ absl::Status ParseRange(absl::string_view text, T max, T* lo, T* hi) {
   }
   const size_t dash = text.find('-');
   const absl::string_view first = dash == absl::string_view::npos ? text : text.substr(0, dash);
-  auto a = ParseSize(first);
-  if (!a.ok()) return a.status();
-  uint64_t b = *a;
+  PLEXUS_ASSIGN_OR_RETURN(const uint64_t a, ParseSize(first));
+  uint64_t b = a;
   if (dash != absl::string_view::npos) {
     const absl::string_view second = text.substr(dash + 1);
     if (second.empty() || second == "*") {
       b = static_cast<uint64_t>(max);
     } else {
-      auto parsed = ParseSize(second);
-      if (!parsed.ok()) return parsed.status();
-      b = *parsed;
+      PLEXUS_ASSIGN_OR_RETURN(b, ParseSize(second));
     }
   }
-  if (*a > b || b > static_cast<uint64_t>(max)) {
+  if (a > b || b > static_cast<uint64_t>(max)) {
     return absl::InvalidArgumentError(absl::StrCat("range '", text, "' is empty or too large"));
   }
-  *lo = static_cast<T>(*a);
+  *lo = static_cast<T>(a);
   *hi = static_cast<T>(b);
   return absl::OkStatus();
 }
@@ -181,15 +179,15 @@ absl::StatusOr<AlgorithmOverrides> AlgorithmOverrides::Parse(std::string_view te
     }
     const absl::string_view name = item.substr(0, colon);
     const absl::string_view algo_name = item.substr(colon + 1);
-    auto algorithm = ParseAlgorithm(std::string_view(algo_name.data(), algo_name.size()));
-    if (!algorithm.ok()) return algorithm.status();
+    PLEXUS_ASSIGN_OR_RETURN(const Algorithm algorithm,
+                            ParseAlgorithm(std::string_view(algo_name.data(), algo_name.size())));
     if (name == "*") {
-      for (int k = 0; k < kNumCollectiveKinds; ++k) out.by_collective[k] = *algorithm;
+      for (int k = 0; k < kNumCollectiveKinds; ++k) out.by_collective[k] = algorithm;
       continue;
     }
-    auto kind = ParseCollective(std::string_view(name.data(), name.size()));
-    if (!kind.ok()) return kind.status();
-    out.Set(*kind, *algorithm);
+    PLEXUS_ASSIGN_OR_RETURN(const CollectiveKind kind,
+                            ParseCollective(std::string_view(name.data(), name.size())));
+    out.Set(kind, algorithm);
   }
   return out;
 }

@@ -1,0 +1,465 @@
+// Each collective of the communicator: argument checks when the call is issued, then (when it
+// runs) staging of device buffers, the layout, and either the mailbox path or a plan for the
+// executor.
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "communicator_impl.hpp"
+#include "cuda_staging.hpp"
+#include "plexus/base/status.hpp"
+#include "reduce.hpp"
+
+namespace plexus::collectives::internal {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Host staging of device buffers for one call.
+
+class Staging {
+ public:
+  Staging() = default;
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging() {
+    for (void* p : pinned_) internal::FreePinned(p);
+  }
+  // A host pointer holding `bytes` of `user` (copied in when `copy_in`); `user` itself when it
+  // is host memory.
+  absl::StatusOr<uint8_t*> In(const void* user, size_t bytes, bool copy_in) {
+    if (user == nullptr || !internal::IsDevicePointer(user)) {
+      return static_cast<uint8_t*>(const_cast<void*>(user));
+    }
+    void* host = internal::AllocPinned(bytes);
+    if (host == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", bytes, " bytes of pinned host memory for staging"));
+    }
+    pinned_.push_back(host);
+    if (copy_in) {
+      PLEXUS_RETURN_IF_ERROR(internal::CopyDeviceToHost(host, user, bytes));
+    }
+    staged_.push_back({const_cast<void*>(user), host, bytes});
+    return static_cast<uint8_t*>(host);
+  }
+  // Registers `user` as an output: Out() copies the host bytes back.
+  absl::StatusOr<uint8_t*> Output(void* user, size_t bytes, bool copy_in) {
+    auto host = In(user, bytes, copy_in);
+    if (host.ok() && *host != user) outputs_.push_back(staged_.back());
+    return host;
+  }
+  absl::Status CopyOut() {
+    for (const Entry& e : outputs_) {
+      PLEXUS_RETURN_IF_ERROR(internal::CopyHostToDevice(e.user, e.host, e.bytes));
+    }
+    return absl::OkStatus();
+  }
+  bool any() const { return !staged_.empty(); }
+
+ private:
+  struct Entry {
+    void* user;
+    void* host;
+    size_t bytes;
+  };
+  std::vector<void*> pinned_;
+  std::vector<Entry> staged_;
+  std::vector<Entry> outputs_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Collectives
+
+CommunicatorImpl::TaskOr CommunicatorImpl::AllReduceTask(const void* send, void* recv, size_t count,
+                                                         DataType dtype, ReduceOp op,
+                                                         CallOptions call) {
+  PLEXUS_RETURN_IF_ERROR(CheckCommon("AllReduce", send, recv, count, dtype, op));
+  return [=, this] { return RunAllReduce(send, recv, count, dtype, op, call); };
+}
+
+absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t count,
+                                            DataType dtype, ReduceOp op, CallOptions call) {
+  const size_t bytes = count * DataTypeSize(dtype);
+  const Algorithm algo = Resolve(CollectiveKind::kAllReduce, bytes, call.algorithm);
+  const CallHeader header = Header(CollectiveKind::kAllReduce, dtype, op, algo, -1, count);
+  if (count == 0) return absl::OkStatus();
+  Staging staging;
+  PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, bytes, send == recv));
+  const Layout& L =
+      MakeLayout(dtype, algo == Algorithm::kRing ? bytes / static_cast<size_t>(layout_.n) : 0);
+  // Below a block per rank (or when latency dominates) whole-vector doubling is cheaper.
+  const bool recursive_doubling = bytes <= 16384 || count < static_cast<size_t>(L.n);
+  const uint8_t* input = nullptr;  // out of place: where this rank's operand is
+  if (send != recv) {
+    PLEXUS_ASSIGN_OR_RETURN(input, staging.In(send, bytes, true));
+    // Ring and halving-doubling (power-of-two worlds) read their operand straight from the
+    // input: every block of the output is written by a reduction or a receive. The others
+    // start from a copy.
+    const bool overlap = input < buf + bytes && buf < input + bytes;
+    const bool direct = algo == Algorithm::kRing || (algo == Algorithm::kHalvingDoubling &&
+                                                     IsPowerOfTwo(L.n) && !recursive_doubling);
+    if (!direct || L.n == 1 || overlap) {
+      std::memmove(buf, input, bytes);
+      input = nullptr;
+    }
+  }
+  if (algo == Algorithm::kHalvingDoubling && recursive_doubling && FitsMailbox(bytes)) {
+    PLEXUS_RETURN_IF_ERROR(MailboxAllReduce(buf, count, dtype, op, header));
+  } else {
+    Plan& plan = NewPlan();
+    switch (algo) {
+      case Algorithm::kHalvingDoubling:
+        if (recursive_doubling) {
+          internal::BuildRecursiveDoubling(L, buf, count, &plan);
+        } else {
+          internal::BuildHalvingDoubling(L, buf, count, &plan, input);
+        }
+        break;
+      case Algorithm::kTree:
+        internal::BuildDoubleTreeAllReduce(L, buf, count, &plan);
+        break;
+      default:
+        internal::BuildRing(L, buf, internal::EvenBlocks(count, L.n), true, true, &plan, input);
+        break;
+    }
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
+  }
+  if (op == ReduceOp::kAvg && staging.any()) {
+    // A device result: copy the sum back and divide it there (reduce_kernels.cu).
+    PLEXUS_RETURN_IF_ERROR(staging.CopyOut());
+    return internal::DeviceDivide(dtype, recv, count, L.n);
+  }
+  if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, buf, count, L.n);
+  return staging.CopyOut();
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* recv, size_t count,
+                                                      DataType dtype, ReduceOp op, int root,
+                                                      CallOptions call) {
+  const bool is_root = root == layout_.rank;
+  PLEXUS_RETURN_IF_ERROR(
+      CheckCommon("Reduce", send, is_root ? recv : send, count, dtype, op, root));
+  return [=, this]() -> absl::Status {
+    const size_t bytes = count * DataTypeSize(dtype);
+    const Algorithm algo = Resolve(CollectiveKind::kReduce, bytes, call.algorithm);
+    const CallHeader header = Header(CollectiveKind::kReduce, dtype, op, algo, root, count);
+    if (count == 0) return absl::OkStatus();
+    Staging staging;
+    PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, bytes, true));
+    uint8_t* buf = nullptr;
+    if (is_root) {
+      PLEXUS_ASSIGN_OR_RETURN(buf, staging.Output(recv, bytes, false));
+    } else {
+      buf = Scratch(bytes);
+    }
+    if (buf != in) std::memmove(buf, in, bytes);
+    const Layout& L = MakeLayout(dtype);
+    const int root_pos = L.position[root];
+    Plan& plan = NewPlan();
+    if (algo == Algorithm::kRing) {
+      internal::BuildChainReduce(L, buf, count, root_pos, &plan);
+    } else {
+      internal::BuildTreeReduce(L, buf, count, root_pos, &plan);
+    }
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
+    if (!is_root) return absl::OkStatus();
+    if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, buf, count, L.n);
+    return staging.CopyOut();
+  };
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void* recv, size_t count,
+                                                         DataType dtype, int root,
+                                                         CallOptions call) {
+  const bool is_root = root == layout_.rank;
+  PLEXUS_RETURN_IF_ERROR(
+      CheckCommon("Broadcast", is_root ? send : recv, recv, count, dtype, ReduceOp::kSum, root));
+  return [=, this]() -> absl::Status {
+    const size_t bytes = count * DataTypeSize(dtype);
+    const Algorithm algo = Resolve(CollectiveKind::kBroadcast, bytes, call.algorithm);
+    const CallHeader header =
+        Header(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, algo, root, count);
+    if (count == 0) return absl::OkStatus();
+    Staging staging;
+    PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, bytes, is_root && send == recv));
+    if (is_root && send != recv) {
+      PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, bytes, true));
+      std::memmove(buf, in, bytes);
+    }
+    const Layout& L = MakeLayout(dtype);
+    if (algo == Algorithm::kTree && FitsMailbox(bytes)) {
+      // Small: a binary tree over the positions counted from the root, by mailbox.
+      const int i = ((L.pos() - L.position[root]) % L.n + L.n) % L.n;
+      auto rank_at = [&](int index) { return L.at(L.position[root] + index); };
+      if (i != 0) {
+        const MailInbound from_parent{rank_at((i - 1) / 2), buf, false, false};
+        PLEXUS_RETURN_IF_ERROR(
+            MailExchange(-1, nullptr, from_parent, bytes, dtype, ReduceOp::kSum, header));
+      }
+      for (int child = 2 * i + 1; child <= 2 * i + 2 && child < L.n; ++child) {
+        PLEXUS_RETURN_IF_ERROR(
+            MailExchange(rank_at(child), buf, {}, bytes, dtype, ReduceOp::kSum, header));
+      }
+      return staging.CopyOut();
+    }
+    Plan& plan = NewPlan();
+    if (algo == Algorithm::kRing) {
+      internal::BuildChainBroadcast(L, buf, count, L.position[root], &plan);
+    } else {
+      internal::BuildTreeBroadcast(L, buf, count, L.position[root], &plan);
+    }
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
+    return staging.CopyOut();
+  };
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void* recv, size_t count,
+                                                         DataType dtype, CallOptions call) {
+  PLEXUS_RETURN_IF_ERROR(CheckCommon("AllGather", send, recv, count, dtype));
+  return [=, this]() -> absl::Status {
+    const size_t esize = DataTypeSize(dtype);
+    const int n = layout_.n;
+    const size_t total = count * n * esize;
+    const Algorithm algo = Resolve(CollectiveKind::kAllGather, total, call.algorithm);
+    const CallHeader header =
+        Header(CollectiveKind::kAllGather, dtype, ReduceOp::kSum, algo, -1, count);
+    if (count == 0) return absl::OkStatus();
+    const size_t mine = static_cast<size_t>(layout_.rank) * count * esize;
+    const bool in_place = send == static_cast<uint8_t*>(recv) + mine;
+    Staging staging;
+    PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, total, in_place));
+    if (!in_place) {
+      PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, count * esize, true));
+      std::memmove(buf + mine, in, count * esize);
+    }
+    const Layout& L = MakeLayout(dtype);
+    if (algo == Algorithm::kHalvingDoubling && FitsMailbox(count * esize)) {
+      // Small (the selector's halving-doubling range): pairwise exchange by mailbox (step d: to
+      // rank + d, from rank - d); log2(n) doubling steps would move the same bytes, later.
+      const int me = layout_.rank;
+      for (int d = 1; d < n; ++d) {
+        const int to = (me + d) % n;
+        const int from = (me - d + n) % n;
+        const MailInbound in{from, buf + static_cast<size_t>(from) * count * esize, false, false};
+        PLEXUS_RETURN_IF_ERROR(
+            MailExchange(to, buf + mine, in, count * esize, dtype, ReduceOp::kSum, header));
+      }
+      return staging.CopyOut();
+    }
+    // Ring segment j / halving block b belongs to the rank that owns it at the end.
+    std::vector<Block> blocks(n);
+    Plan& plan = NewPlan();
+    if (algo == Algorithm::kHalvingDoubling) {
+      for (int b = 0; b < n; ++b) blocks[b] = Block{L.order[b] * count, count};
+      internal::BuildDoubling(L, buf, blocks, &plan);
+    } else {
+      for (int j = 0; j < n; ++j) blocks[j] = Block{L.at(j - 1) * count, count};
+      internal::BuildRing(L, buf, blocks, false, true, &plan);
+    }
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
+    return staging.CopyOut();
+  };
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, void* recv,
+                                                             size_t count, DataType dtype,
+                                                             ReduceOp op, CallOptions call) {
+  PLEXUS_RETURN_IF_ERROR(CheckCommon("ReduceScatter", send, recv, count, dtype, op));
+  return [=, this]() -> absl::Status {
+    const size_t esize = DataTypeSize(dtype);
+    const int n = layout_.n;
+    const size_t total = count * n * esize;
+    const Algorithm algo = Resolve(CollectiveKind::kReduceScatter, total, call.algorithm);
+    const CallHeader header = Header(CollectiveKind::kReduceScatter, dtype, op, algo, -1, count);
+    if (count == 0) return absl::OkStatus();
+    Staging staging;
+    PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, total, true));
+    // Work on a copy: the send buffer is the caller's and recv may lie inside it.
+    uint8_t* work = Scratch(total);
+    std::memcpy(work, in, total);
+    const Layout& L = MakeLayout(dtype);
+    std::vector<Block> blocks(n);
+    Plan& plan = NewPlan();
+    if (algo == Algorithm::kHalvingDoubling) {
+      for (int b = 0; b < n; ++b) blocks[b] = Block{L.order[b] * count, count};
+      internal::BuildHalving(L, work, blocks, &plan);
+    } else {
+      for (int j = 0; j < n; ++j) blocks[j] = Block{L.at(j - 1) * count, count};
+      internal::BuildRing(L, work, blocks, true, false, &plan);
+    }
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
+    uint8_t* mine = work + static_cast<size_t>(layout_.rank) * count * esize;
+    if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, mine, count, n);
+    PLEXUS_ASSIGN_OR_RETURN(auto out, staging.Output(recv, count * esize, false));
+    std::memmove(out, mine, count * esize);
+    return staging.CopyOut();
+  };
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllTask(const void* send, void* recv, size_t count,
+                                                        DataType dtype, CallOptions call) {
+  PLEXUS_RETURN_IF_ERROR(CheckCommon("AllToAll", send, recv, count, dtype));
+  return [=, this]() -> absl::Status {
+    const size_t esize = DataTypeSize(dtype);
+    const int n = layout_.n;
+    const size_t block = count * esize;
+    const size_t total = block * n;
+    const Algorithm algo = Resolve(CollectiveKind::kAllToAll, total, call.algorithm);
+    const CallHeader header =
+        Header(CollectiveKind::kAllToAll, dtype, ReduceOp::kSum, algo, -1, count);
+    if (count == 0) return absl::OkStatus();
+    Staging staging;
+    PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, total, true));
+    PLEXUS_ASSIGN_OR_RETURN(auto out, staging.Output(recv, total, false));
+    const uint8_t* src = in;
+    if (src == out) {  // in place: send from a copy
+      uint8_t* copy = Scratch(total);
+      std::memcpy(copy, src, total);
+      src = copy;
+    }
+    const int me = layout_.rank;
+    std::memmove(out + me * block, src + me * block, block);
+    const Layout& L = MakeLayout(dtype);
+    if (FitsMailbox(block)) {
+      // Small: the same pairwise exchange, by mailbox.
+      for (int d = 1; d < n; ++d) {
+        const int to = (me + d) % n;
+        const int from = (me - d + n) % n;
+        const MailInbound in{from, out + from * block, false, false};
+        PLEXUS_RETURN_IF_ERROR(
+            MailExchange(to, src + to * block, in, block, dtype, ReduceOp::kSum, header));
+      }
+      return staging.CopyOut();
+    }
+    Plan& plan = NewPlan();
+    for (int d = 1; d < n; ++d) {
+      const int to = (me + d) % n;
+      const int from = (me - d + n) % n;
+      internal::BuildSendTo(L, src + to * block, count, to, false, &plan);
+      internal::BuildRecvFrom(L, out + from * block, count, from, false, &plan);
+    }
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
+    return staging.CopyOut();
+  };
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllVTask(
+    const void* send, absl::Span<const size_t> send_counts, absl::Span<const size_t> send_displs,
+    void* recv, absl::Span<const size_t> recv_counts, absl::Span<const size_t> recv_displs,
+    DataType dtype, CallOptions call) {
+  const int n = layout_.n;
+  PLEXUS_RETURN_IF_ERROR(CheckCommon("AllToAllV", send, recv, 0, dtype));
+  for (auto [span, name] : {std::pair{send_counts, "send_counts"},
+                            {send_displs, "send_displs"},
+                            {recv_counts, "recv_counts"},
+                            {recv_displs, "recv_displs"}}) {
+    if (static_cast<int>(span.size()) != n) {
+      return absl::InvalidArgumentError(absl::StrCat("AllToAllV: ", name, " has ", span.size(),
+                                                     " entries, need one per rank (", n, ")"));
+    }
+  }
+  const size_t esize = DataTypeSize(dtype);
+  size_t send_extent = 0, recv_extent = 0;
+  for (int r = 0; r < n; ++r) {
+    const size_t limit = (size_t{1} << 40) / esize;
+    if (send_counts[r] > limit || send_displs[r] > limit || recv_counts[r] > limit ||
+        recv_displs[r] > limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AllToAllV: count or displacement for rank ", r, " is too large"));
+    }
+    send_extent = std::max(send_extent, send_displs[r] + send_counts[r]);
+    recv_extent = std::max(recv_extent, recv_displs[r] + recv_counts[r]);
+  }
+  if ((send_extent > 0 && send == nullptr) || (recv_extent > 0 && recv == nullptr)) {
+    return absl::InvalidArgumentError("AllToAllV: null buffer with non-zero counts");
+  }
+  if (send_extent > 0 && send == recv) {
+    return absl::InvalidArgumentError("AllToAllV cannot run in place: pass distinct buffers");
+  }
+  std::vector<size_t> sc(send_counts.begin(), send_counts.end());
+  std::vector<size_t> sd(send_displs.begin(), send_displs.end());
+  std::vector<size_t> rc(recv_counts.begin(), recv_counts.end());
+  std::vector<size_t> rd(recv_displs.begin(), recv_displs.end());
+  return [=, this]() -> absl::Status {
+    const Algorithm algo = Resolve(CollectiveKind::kAllToAllV, send_extent * esize, call.algorithm);
+    const CallHeader header =
+        Header(CollectiveKind::kAllToAllV, dtype, ReduceOp::kSum, algo, -1, 0);
+    Staging staging;
+    PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, send_extent * esize, true));
+    PLEXUS_ASSIGN_OR_RETURN(auto out, staging.Output(recv, recv_extent * esize, false));
+    const int me = layout_.rank;
+    if (sc[me] != rc[me]) {
+      return absl::InvalidArgumentError(absl::StrCat("AllToAllV: rank ", me, " sends itself ",
+                                                     sc[me], " elements but expects ", rc[me]));
+    }
+    if (sc[me] > 0) std::memmove(out + rd[me] * esize, in + sd[me] * esize, sc[me] * esize);
+    const Layout& L = MakeLayout(dtype);
+    Plan& plan = NewPlan();
+    plan.tx_extra.assign(n, 0);
+    plan.rx_extra.assign(n, 0);
+    for (int d = 1; d < n; ++d) {
+      const int to = (me + d) % n;
+      const int from = (me - d + n) % n;
+      plan.tx_extra[to] = sc[to];
+      plan.rx_extra[from] = rc[from];
+      internal::BuildSendTo(L, in + sd[to] * esize, sc[to], to, true, &plan);
+      internal::BuildRecvFrom(L, out + rd[from] * esize, rc[from], from, true, &plan);
+    }
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
+    return staging.CopyOut();
+  };
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::PointToPointTask(void* buf, size_t count, DataType dtype,
+                                                            int peer, bool is_send) {
+  const char* what = is_send ? "Send" : "Recv";
+  PLEXUS_RETURN_IF_ERROR(CheckCommon(what, buf, buf, count, dtype));
+  if (peer < 0 || peer >= layout_.n || peer == layout_.rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": peer ", peer, " must be another rank of this ", layout_.n, "-rank communicator"));
+  }
+  return [=, this]() -> absl::Status {
+    const size_t bytes = count * DataTypeSize(dtype);
+    CallHeader header;
+    header.kind = CollectiveKind::kSendRecv;
+    header.dtype = dtype;
+    header.algorithm = Algorithm::kRing;
+    header.sender = is_send ? layout_.rank : peer;
+    header.count = count;
+    header.communicator = uid_;
+    // Each direction of each pair numbers its messages: that is what matches a Send to a Recv.
+    header.sequence = is_send ? p2p_send_seq_[peer]++ : p2p_recv_seq_[peer]++;
+    Staging staging;
+    const Layout& L = MakeLayout(dtype);
+    Plan& plan = NewPlan();
+    if (is_send) {
+      PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(buf, bytes, true));
+      internal::BuildSendTo(L, in, count, peer, true, &plan);
+      return Execute(plan, header, dtype, ReduceOp::kSum);
+    }
+    PLEXUS_ASSIGN_OR_RETURN(auto out, staging.Output(buf, bytes, false));
+    internal::BuildRecvFrom(L, out, count, peer, true, &plan);
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
+    return staging.CopyOut();
+  };
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::BarrierTask() {
+  return [this] { return RunBarrier(); };
+}
+
+absl::Status CommunicatorImpl::RunBarrier() {
+  const CallHeader header = Header(CollectiveKind::kBarrier, DataType::kU8, ReduceOp::kMax,
+                                   Algorithm::kHalvingDoubling, -1, 1);
+  uint8_t token[8] = {};
+  if (FitsMailbox(1)) return MailboxAllReduce(token, 1, DataType::kU8, ReduceOp::kMax, header);
+  const Layout& L = MakeLayout(DataType::kU8);
+  Plan& plan = NewPlan();
+  internal::BuildRecursiveDoubling(L, token, 1, &plan);
+  return Execute(plan, header, DataType::kU8, ReduceOp::kMax);
+}
+
+}  // namespace plexus::collectives::internal

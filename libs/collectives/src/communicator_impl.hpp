@@ -1,0 +1,378 @@
+// The communicator's implementation class, shared by the files that implement it:
+//  - communicator.cpp: creation (Make, Split), destruction, issue order, algorithm selection;
+//  - collective_tasks.cpp: each collective's validation and run (staging, layout, plan);
+//  - executor.cpp: running a plan over the connections;
+//  - mailbox_path.cpp: small collectives over the connections' mailboxes;
+//  - abort.cpp: failure handling (whom to blame, breaking the communicator).
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "blame.hpp"
+#include "plan.hpp"
+#include "plexus/base/status.hpp"
+#include "plexus/collectives/communicator.hpp"
+#include "plexus/transport/device.hpp"
+#include "plexus/transport/rendezvous.hpp"
+#include "wire.hpp"
+
+namespace plexus::collectives::internal {
+
+constexpr size_t kHeaderBytes = CallHeader::kEncodedSize;
+
+// Allreduces up to this size go by mailbox when every peer has one: below it the mailbox's
+// in-place polling beats a plan over the transport's rings (measured: the plan path takes over
+// from 16 KiB on shm, docs/collectives.md).
+constexpr size_t kMailboxPathBytes = 8192;
+
+// Why a call failed, before Abort works out whom to blame (see blame.hpp).
+struct Failure {
+  enum class Kind {
+    kOwn,    // this rank's own finding (mismatched calls): `own` is the error
+    kPeer,   // the connection to `peer` failed with `why`
+    kStall,  // no progress for the timeout while waiting for `waiting`
+  };
+  Kind kind = Kind::kOwn;
+  absl::Status own;
+  int peer = -1;
+  absl::Status why;
+  std::vector<int> waiting;
+
+  static Failure Own(absl::Status status) {
+    Failure f;
+    f.own = std::move(status);
+    return f;
+  }
+  static Failure Peer(int peer, absl::Status why) {
+    Failure f;
+    f.kind = Kind::kPeer;
+    f.peer = peer;
+    f.why = std::move(why);
+    return f;
+  }
+  static Failure Stall(std::vector<int> waiting) {
+    Failure f;
+    f.kind = Kind::kStall;
+    f.waiting = std::move(waiting);
+    return f;
+  }
+};
+
+// The error of a rank that finds `peer` in another call than its own (`call`).
+inline absl::Status MismatchedCalls(int rank, const std::string& call, int peer,
+                                    const std::string& theirs, const std::string& why = "") {
+  return absl::FailedPreconditionError(absl::StrCat("mismatched collective calls: rank ", rank,
+                                                    " is in ", call, " but rank ", peer, " sent ",
+                                                    theirs, why));
+}
+
+// How long a waiting call polls the transport (yielding the CPU between polls) before it sleeps.
+constexpr absl::Duration kYieldWindow = absl::Milliseconds(2);
+
+inline bool IsReducing(CollectiveKind kind) {
+  return kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduce ||
+         kind == CollectiveKind::kReduceScatter;
+}
+
+inline bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+// The Work of a queued call (communicator.cpp).
+class WorkImpl;
+
+// ---------------------------------------------------------------------------------------------
+// The communicator
+
+struct Task {
+  std::function<absl::Status()> run;
+  std::shared_ptr<WorkImpl> work;
+};
+
+class CommunicatorImpl : public Communicator {
+ public:
+  static absl::StatusOr<std::unique_ptr<Communicator>> Make(transport::Rendezvous& rendezvous,
+                                                            CommunicatorOptions options,
+                                                            const std::string& tag);
+  ~CommunicatorImpl() override;
+
+  int rank() const override { return layout_.rank; }
+  int size() const override { return layout_.n; }
+  const std::vector<int>& ring_order() const override { return layout_.order; }
+  const CommunicatorOptions& options() const override { return options_; }
+  Algorithm SelectAlgorithm(CollectiveKind kind, size_t bytes, Algorithm forced) const override;
+  absl::Status health() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return broken_;
+  }
+
+  absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                         CallOptions call) override {
+    PLEXUS_RETURN_IF_ERROR(CheckCommon("AllReduce", send, recv, count, dtype, op));
+    if (auto done = TryInline([&] { return RunAllReduce(send, recv, count, dtype, op, call); })) {
+      return *std::move(done);
+    }
+    return Blocking(AllReduceTask(send, recv, count, dtype, op, call));
+  }
+  std::shared_ptr<Work> AllReduceAsync(const void* send, void* recv, size_t count, DataType dtype,
+                                       ReduceOp op, CallOptions call) override {
+    return Async(AllReduceTask(send, recv, count, dtype, op, call));
+  }
+  absl::Status Reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                      int root, CallOptions call) override {
+    return Blocking(ReduceTask(send, recv, count, dtype, op, root, call));
+  }
+  std::shared_ptr<Work> ReduceAsync(const void* send, void* recv, size_t count, DataType dtype,
+                                    ReduceOp op, int root, CallOptions call) override {
+    return Async(ReduceTask(send, recv, count, dtype, op, root, call));
+  }
+  absl::Status Broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
+                         CallOptions call) override {
+    return Blocking(BroadcastTask(send, recv, count, dtype, root, call));
+  }
+  std::shared_ptr<Work> BroadcastAsync(const void* send, void* recv, size_t count, DataType dtype,
+                                       int root, CallOptions call) override {
+    return Async(BroadcastTask(send, recv, count, dtype, root, call));
+  }
+  absl::Status AllGather(const void* send, void* recv, size_t count, DataType dtype,
+                         CallOptions call) override {
+    return Blocking(AllGatherTask(send, recv, count, dtype, call));
+  }
+  std::shared_ptr<Work> AllGatherAsync(const void* send, void* recv, size_t count, DataType dtype,
+                                       CallOptions call) override {
+    return Async(AllGatherTask(send, recv, count, dtype, call));
+  }
+  absl::Status ReduceScatter(const void* send, void* recv, size_t count, DataType dtype,
+                             ReduceOp op, CallOptions call) override {
+    return Blocking(ReduceScatterTask(send, recv, count, dtype, op, call));
+  }
+  std::shared_ptr<Work> ReduceScatterAsync(const void* send, void* recv, size_t count,
+                                           DataType dtype, ReduceOp op, CallOptions call) override {
+    return Async(ReduceScatterTask(send, recv, count, dtype, op, call));
+  }
+  absl::Status AllToAll(const void* send, void* recv, size_t count, DataType dtype,
+                        CallOptions call) override {
+    return Blocking(AllToAllTask(send, recv, count, dtype, call));
+  }
+  std::shared_ptr<Work> AllToAllAsync(const void* send, void* recv, size_t count, DataType dtype,
+                                      CallOptions call) override {
+    return Async(AllToAllTask(send, recv, count, dtype, call));
+  }
+  absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_counts,
+                         absl::Span<const size_t> send_displs, void* recv,
+                         absl::Span<const size_t> recv_counts, absl::Span<const size_t> recv_displs,
+                         DataType dtype, CallOptions call) override {
+    return Blocking(
+        AllToAllVTask(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype, call));
+  }
+  std::shared_ptr<Work> AllToAllVAsync(const void* send, absl::Span<const size_t> send_counts,
+                                       absl::Span<const size_t> send_displs, void* recv,
+                                       absl::Span<const size_t> recv_counts,
+                                       absl::Span<const size_t> recv_displs, DataType dtype,
+                                       CallOptions call) override {
+    return Async(
+        AllToAllVTask(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype, call));
+  }
+  absl::Status Send(const void* send, size_t count, DataType dtype, int peer) override {
+    return Blocking(PointToPointTask(const_cast<void*>(send), count, dtype, peer, true));
+  }
+  std::shared_ptr<Work> SendAsync(const void* send, size_t count, DataType dtype,
+                                  int peer) override {
+    return Async(PointToPointTask(const_cast<void*>(send), count, dtype, peer, true));
+  }
+  absl::Status Recv(void* recv, size_t count, DataType dtype, int peer) override {
+    return Blocking(PointToPointTask(recv, count, dtype, peer, false));
+  }
+  std::shared_ptr<Work> RecvAsync(void* recv, size_t count, DataType dtype, int peer) override {
+    return Async(PointToPointTask(recv, count, dtype, peer, false));
+  }
+  absl::Status Barrier() override {
+    if (auto done = TryInline([&] { return RunBarrier(); })) return *std::move(done);
+    return Blocking(BarrierTask());
+  }
+  std::shared_ptr<Work> BarrierAsync() override { return Async(BarrierTask()); }
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
+
+ private:
+  // A task, or the validation error that stops it from being queued.
+  using TaskOr = absl::StatusOr<std::function<absl::Status()>>;
+
+  CommunicatorImpl() = default;
+
+  absl::Status Blocking(TaskOr task);
+  // Runs fn in the caller's thread when no call is queued or running (the latency path: no
+  // closure, no thread hop); nullopt when it must queue.
+  template <typename Fn>
+  std::optional<absl::Status> TryInline(Fn&& fn) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!queue_.empty() || busy_) return std::nullopt;
+    if (!broken_.ok()) return broken_;
+    busy_ = true;
+    lock.unlock();
+    absl::Status status = fn();
+    lock.lock();
+    busy_ = false;
+    const bool worker = worker_.joinable();
+    lock.unlock();
+    if (worker) cv_.notify_all();
+    return status;
+  }
+  absl::Status RunAllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                            CallOptions call);
+  absl::Status RunBarrier();
+  std::shared_ptr<Work> Async(TaskOr task);
+  absl::Status RunOne(const std::function<absl::Status()>& fn);
+  void WorkerLoop();
+
+  TaskOr AllReduceTask(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                       CallOptions call);
+  TaskOr ReduceTask(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                    int root, CallOptions call);
+  TaskOr BroadcastTask(const void* send, void* recv, size_t count, DataType dtype, int root,
+                       CallOptions call);
+  TaskOr AllGatherTask(const void* send, void* recv, size_t count, DataType dtype,
+                       CallOptions call);
+  TaskOr ReduceScatterTask(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                           CallOptions call);
+  TaskOr AllToAllTask(const void* send, void* recv, size_t count, DataType dtype, CallOptions call);
+  TaskOr AllToAllVTask(const void* send, absl::Span<const size_t> send_counts,
+                       absl::Span<const size_t> send_displs, void* recv,
+                       absl::Span<const size_t> recv_counts, absl::Span<const size_t> recv_displs,
+                       DataType dtype, CallOptions call);
+  TaskOr PointToPointTask(void* buf, size_t count, DataType dtype, int peer, bool is_send);
+  TaskOr BarrierTask();
+
+  absl::Status CheckCommon(const char* what, const void* send, const void* recv, size_t count,
+                           DataType dtype, ReduceOp op = ReduceOp::kSum, int root = 0) const;
+  // The algorithm used, after falling back from ones the collective does not implement.
+  Algorithm Resolve(CollectiveKind kind, size_t bytes, Algorithm forced) const;
+  // The layout for elements of `dtype` (valid until the next call; calls run one at a time).
+  // With `segment_bytes` (what one ring step moves), chunks shrink so that each step still
+  // spreads over every channel and reductions overlap transfers.
+  const Layout& MakeLayout(DataType dtype, size_t segment_bytes = 0);
+  // An empty plan reusing the previous call's storage (no allocations on the latency path).
+  Plan& NewPlan();
+  CallHeader Header(CollectiveKind kind, DataType dtype, ReduceOp op, Algorithm algorithm, int root,
+                    size_t count);
+  uint8_t* Scratch(size_t bytes);
+
+  // Small allreduce (and barrier) by recursive doubling over the connections' mailboxes, when
+  // every peer connection has one (shm, inproc) and the vector fits one mailbox message:
+  // polled in place, no completion queue. Same pairs and reduction order as the plan-based
+  // recursive doubling, so the results are the same bits.
+  bool FitsMailbox(size_t bytes) const { return mailboxes_ready_ && bytes <= kMailboxPathBytes; }
+  absl::Status MailboxAllReduce(uint8_t* buf, size_t count, DataType dtype, ReduceOp op,
+                                const CallHeader& header);
+  // What arrives in a MailExchange: from rank `from` (-1: nothing), placed at `dst` or, with
+  // `reduce`, folded into it (dst = dst op incoming; incoming op dst with src_first).
+  struct MailInbound {
+    int from = -1;
+    uint8_t* dst = nullptr;
+    bool reduce = false;
+    bool src_first = false;
+  };
+  // Sends `bytes` of `data` to rank `to` (-1: nothing) and receives as many as `in` says, as
+  // fragments of one mailbox message each, interleaved so that two ranks exchanging more than an
+  // inbox holds never wait on each other. Incoming fragments are reduced straight from the
+  // peer's slot; fragment k only after this rank's fragment k left (data may be dst).
+  absl::Status MailExchange(int to, const uint8_t* data, const MailInbound& in, size_t bytes,
+                            DataType dtype, ReduceOp op, const CallHeader& header);
+  // A peer that sent this call's first message by mailbox while this rank runs a plan: the
+  // ranks disagree on the call. OK when no such message waits.
+  absl::Status CheckMailboxes(const CallHeader& header);
+
+  // Runs a plan to completion over the connections; the first message of the call on each
+  // connection carries `header`.
+  absl::Status Execute(const Plan& plan, const CallHeader& header, DataType dtype, ReduceOp op);
+  // Works out whom `failure` blames (the rank that failed first, not one that aborted in
+  // reaction: see blame.hpp), publishes that for the peers, marks the communicator broken with
+  // the resulting error (naming every rank whose connection is down) and closes every
+  // connection so that the peers fail fast too. Takes at most the blame grace (stalls) or
+  // ~0.3 s (failed connections) beyond the failure.
+  absl::Status Abort(const CallHeader& header, Failure failure);
+  std::string DownRanks();
+  // The ranks a stalled plan waits for: those with a receive posted but not arrived or a send
+  // in flight (what is not posted yet waits for these); failing that, any with work left.
+  std::vector<int> WaitingFor(int channels) const;
+
+  CommunicatorOptions options_;
+  Layout layout_;
+  std::string tag_;
+  uint64_t uid_ = 0;
+  int split_count_ = 0;
+  std::shared_ptr<transport::Store> store_;
+  // This rank's wait records and failure account on the store (blame.hpp).
+  std::unique_ptr<internal::BlameBoard> board_;
+  // A call without progress for this long posts whom it waits for, and re-posts it this often
+  // while it still waits (timeout / 2 and / 4).
+  absl::Duration wait_record_after_;
+  absl::Duration wait_record_every_;
+  AlgorithmTable table_;
+  AlgorithmOverrides env_overrides_;
+  bool debug_ = false;
+
+  std::shared_ptr<transport::Device> device_;
+  std::unique_ptr<transport::CompletionQueue> cq_;
+  // conns_[channel][rank]; null for this rank.
+  std::vector<std::vector<std::unique_ptr<transport::Connection>>> conns_;
+  absl::flat_hash_map<uint64_t, int> peer_of_connection_;
+
+  // Issue-order execution.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::thread worker_;
+  absl::Status broken_;  // guarded by mu_
+
+  // State of the executing call (one at a time).
+  uint64_t collective_seq_ = 0;
+  std::vector<uint64_t> p2p_send_seq_, p2p_recv_seq_;
+  std::vector<uint8_t> scratch_;
+  struct Link {
+    std::vector<int> sends, recvs;  // op indices in order
+    size_t next_send = 0, next_recv = 0, low_recv = 0;
+    int sends_in_flight = 0;
+    size_t slot_stride = 0;
+    std::vector<uint8_t> slots;
+    size_t slots_taken = 0;       // receives posted into slots (slot = slots_taken % depth)
+    std::vector<int> slot_owner;  // per slot: the receive using it, -1 if none yet
+    uint8_t tx_header[kHeaderBytes];
+  };
+  std::vector<Link> links_;
+  Layout call_layout_;
+  Plan plan_;
+  // Execute's per-call state, kept to reuse its storage.
+  std::vector<size_t> max_recv_;
+  std::vector<int> reduce_order_;
+  enum : uint8_t { kIdle = 0, kPosted = 1, kArrived = 2, kDone = 3 };  // per send / receive
+  std::vector<uint8_t> send_state_, recv_state_;
+  std::vector<uint8_t*> recv_landing_;
+  std::vector<int> slot_copies_;
+  uint64_t epoch_ = 0;
+  // Oversubscribed host (or PLEXUS_COLL_YIELD=1): waiting ranks yield at once instead of
+  // spinning for options_.spin first.
+  bool yield_when_idle_ = false;
+  bool ready_ = false;  // fully connected (Make succeeded)
+  // mailboxes_[rank]: the channel-0 connection's mailbox (null for this rank).
+  std::vector<transport::Mailbox*> mailboxes_;
+  bool mailboxes_ready_ = false;  // every peer connection has one
+};
+
+}  // namespace plexus::collectives::internal

@@ -1,0 +1,228 @@
+// Small collectives over the connections' mailboxes (shm, inproc): fragments polled in place,
+// no completion queue, each headed by a MailHeader that says which call it belongs to.
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "communicator_impl.hpp"
+#include "plexus/base/status.hpp"
+#include "reduce.hpp"
+
+namespace plexus::collectives::internal {
+namespace {
+
+using transport::Completion;
+using transport::ConstBuffer;
+
+// The header of a mailbox message: enough to check that both ranks are in the same call (the
+// fields CallHeader::SameCall compares, but the communicator id: mailboxes are per connection).
+struct MailHeader {
+  static constexpr uint8_t kMagic = 0xC5;
+  uint8_t magic = kMagic;
+  uint8_t kind = 0;
+  uint8_t dtype = 0;
+  uint8_t op = 0;
+  uint8_t algorithm = 0;
+  uint8_t reserved[3] = {};
+  uint32_t count = 0;
+  int32_t root = -1;
+  uint64_t sequence = 0;
+
+  static MailHeader Of(const CallHeader& h) {
+    MailHeader m;
+    m.kind = static_cast<uint8_t>(h.kind);
+    m.dtype = static_cast<uint8_t>(h.dtype);
+    m.op = static_cast<uint8_t>(h.op);
+    m.algorithm = static_cast<uint8_t>(h.algorithm);
+    m.count = static_cast<uint32_t>(h.count);
+    m.root = h.root;
+    m.sequence = h.sequence;
+    return m;
+  }
+  bool operator==(const MailHeader&) const = default;
+  bool Valid() const {
+    return magic == kMagic && kind < kNumCollectiveKinds && dtype < kNumDataTypes &&
+           op < kNumReduceOps && algorithm < kNumAlgorithms;
+  }
+  // "allreduce #3 (count 2, f32, sum, halving_doubling)" for the peer's side of a mismatch.
+  std::string Describe() const {
+    if (!Valid()) return "a message that is not a Plexus collective";
+    return absl::StrCat(std::string(CollectiveName(static_cast<CollectiveKind>(kind))), " #",
+                        sequence, " (count ", count, ", ",
+                        std::string(DataTypeName(static_cast<DataType>(dtype))), ", ",
+                        std::string(ReduceOpName(static_cast<ReduceOp>(op))), ", ",
+                        std::string(AlgorithmName(static_cast<Algorithm>(algorithm))),
+                        root >= 0 ? absl::StrCat(", root ", root) : std::string(), ")");
+  }
+};
+static_assert(sizeof(MailHeader) == 24);
+constexpr size_t kMailHeaderBytes = sizeof(MailHeader);
+constexpr size_t kMailFragmentBytes = transport::Mailbox::kMaxMessageBytes - kMailHeaderBytes;
+// Fragments hold whole elements of every type: each is reduced on its own, in place.
+static_assert(kMailFragmentBytes % 8 == 0);
+
+}  // namespace
+
+absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const MailInbound& in,
+                                            size_t bytes, DataType dtype, ReduceOp op,
+                                            const CallHeader& header) {
+  const MailHeader mine = MailHeader::Of(header);
+  const size_t esize = DataTypeSize(dtype);
+  // A zero-byte vector still travels as one (empty) fragment: it carries the header.
+  const size_t fragments =
+      std::max<size_t>(1, (bytes + kMailFragmentBytes - 1) / kMailFragmentBytes);
+  auto fragment_length = [&](size_t k) {
+    const size_t offset = k * kMailFragmentBytes;
+    return std::min(kMailFragmentBytes, bytes - std::min(bytes, offset));
+  };
+  size_t sent = to < 0 ? fragments : 0;
+  size_t received = in.from < 0 ? fragments : 0;
+  const absl::Duration pure_spin = yield_when_idle_ ? absl::ZeroDuration() : options_.spin;
+  absl::Time start = absl::InfinitePast();
+  absl::Duration idle = absl::ZeroDuration();
+  absl::Duration next_wait_record = wait_record_after_;  // idle time of the next wait record
+  auto failed = [&](int peer, const absl::Status& why) {
+    return Abort(header, Failure::Peer(peer, why));
+  };
+  uint32_t polls = 0;
+  while (sent < fragments || received < fragments) {
+    bool progress = false;
+    if (sent < fragments) {
+      const size_t length = fragment_length(sent);
+      const ConstBuffer parts[2] = {{&mine, kMailHeaderBytes},
+                                    {data + sent * kMailFragmentBytes, length}};
+      absl::StatusOr<bool> ok = mailboxes_[to]->TrySend(absl::MakeConstSpan(parts, 2));
+      if (!ok.ok()) return failed(to, ok.status());
+      if (*ok) {
+        ++sent;
+        progress = true;
+      }
+    }
+    if (received < fragments && (to < 0 || sent > received)) {
+      transport::Mailbox* mailbox = mailboxes_[in.from];
+      absl::StatusOr<std::optional<absl::Span<const uint8_t>>> got = mailbox->Peek();
+      if (!got.ok()) return failed(in.from, got.status());
+      if (got->has_value()) {
+        const absl::Span<const uint8_t> message = **got;
+        const size_t length = fragment_length(received);
+        MailHeader theirs;
+        if (message.size() >= kMailHeaderBytes) {
+          std::memcpy(&theirs, message.data(), kMailHeaderBytes);
+        }
+        if (message.size() < kMailHeaderBytes || !(theirs == mine) ||
+            message.size() != kMailHeaderBytes + length) {
+          return Abort(header,
+                       Failure::Own(MismatchedCalls(layout_.rank, header.Describe(), in.from,
+                                                    message.size() < kMailHeaderBytes
+                                                        ? std::string("a truncated message")
+                                                        : theirs.Describe())));
+        }
+        uint8_t* dst = in.dst + received * kMailFragmentBytes;
+        const uint8_t* payload = message.data() + kMailHeaderBytes;
+        if (in.reduce) {
+          internal::ReduceInto(dtype, op, dst, payload, length / esize, in.src_first);
+        } else if (length > 0) {
+          std::memcpy(dst, payload, length);
+        }
+        mailbox->Release();
+        ++received;
+        progress = true;
+      }
+    }
+    if (progress) {
+      start = absl::InfinitePast();
+      idle = absl::ZeroDuration();
+      polls = 0;
+      next_wait_record = wait_record_after_;
+      if (board_->posted()) board_->Retract();
+      continue;
+    }
+    // Past the yield window every pass sleeps anyway: read the clock on each.
+    if (++polls % 64 == 0 || idle >= kYieldWindow) {
+      const absl::Time now = absl::Now();
+      if (start == absl::InfinitePast()) start = now;
+      idle = now - start;
+      const int waited_for = sent < fragments ? to : in.from;
+      if (idle > options_.timeout) return Abort(header, Failure::Stall({waited_for}));
+      // Long without progress: publish whom this rank waits for (see Execute).
+      if (idle >= next_wait_record) {
+        board_->PostWaiting({waited_for}, absl::StatusCode::kDeadlineExceeded,
+                            absl::StrCat("waiting for ", absl::FormatDuration(idle)));
+        next_wait_record = idle + wait_record_every_;
+      }
+      Completion sink[4];
+      cq_->Poll(absl::MakeSpan(sink));  // caller-mode progress notices a dead peer
+      if (idle >= kYieldWindow) {
+        // Long waits sleep: on the slot itself when only receiving (bounded, so that a dead
+        // peer is still noticed); briefly when the peer's inbox is full (it drains as the peer
+        // catches up, with no wake-up to wait for).
+        if (sent == fragments) {
+          mailboxes_[in.from]->Wait(std::min(options_.timeout - idle, absl::Milliseconds(10)));
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+        continue;
+      }
+    }
+    if (idle >= pure_spin) sched_yield();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CommunicatorImpl::MailboxAllReduce(uint8_t* buf, size_t count, DataType dtype,
+                                                ReduceOp op, const CallHeader& header) {
+  const Layout& L = layout_;
+  const size_t bytes = count * DataTypeSize(dtype);
+  auto exchange = [&](int to, MailInbound in) {
+    return MailExchange(to, buf, in, bytes, dtype, op, header);
+  };
+  // Recursive doubling with the plan path's fold (internal::Fold) and reduction order: the
+  // same bits.
+  const internal::Fold f = internal::MakeFold(L);
+  const int pos = L.pos();
+  if (f.new_pos < 0) {  // folds out: hand the vector over, get the result back
+    const int partner = L.at(pos + 1);
+    PLEXUS_RETURN_IF_ERROR(exchange(partner, {}));
+    return exchange(-1, {partner, buf, false, false});
+  }
+  const bool folds_in = pos < 2 * f.rem;
+  if (folds_in) {
+    const MailInbound fold_in{L.at(pos - 1), buf, true, true};
+    PLEXUS_RETURN_IF_ERROR(exchange(-1, fold_in));
+  }
+  for (int mask = 1; mask < f.p2; mask *= 2) {
+    const int partner = f.new_pos ^ mask;
+    const int peer = f.Real(L, partner);
+    const MailInbound in{peer, buf, true, partner < f.new_pos};
+    PLEXUS_RETURN_IF_ERROR(exchange(peer, in));
+  }
+  if (folds_in) return exchange(L.at(pos - 1), {});
+  return absl::OkStatus();
+}
+
+absl::Status CommunicatorImpl::CheckMailboxes(const CallHeader& header) {
+  if (!mailboxes_ready_) return absl::OkStatus();
+  for (int peer = 0; peer < layout_.n; ++peer) {
+    if (mailboxes_[peer] == nullptr) continue;
+    auto got = mailboxes_[peer]->Peek();
+    if (!got.ok() || !got->has_value() || (*got)->size() < kMailHeaderBytes) continue;
+    MailHeader theirs;
+    std::memcpy(&theirs, (*got)->data(), kMailHeaderBytes);
+    // A message of a later call is the peer running ahead; one of this call means it chose the
+    // mailbox path where this rank did not (different arguments); one of an earlier call was
+    // never received here (a broadcast root that differed, say).
+    if (!theirs.Valid() || theirs.sequence > header.sequence) continue;
+    return MismatchedCalls(
+        layout_.rank, header.Describe(), peer, theirs.Describe(),
+        theirs.sequence < header.sequence ? ", which this rank never received" : "");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plexus::collectives::internal
