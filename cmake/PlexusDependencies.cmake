@@ -5,27 +5,19 @@ find_package(absl REQUIRED)
 find_package(fmt REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 
-# RDMA verbs: real code, compiled whenever the headers exist; devices are probed at run time.
+# RDMA verbs: real code, compiled whenever the headers exist. The libraries are not linked: the
+# transport loads libibverbs.so.1 and librdmacm.so.1 when it first probes for a device, so that a
+# program built with verbs runs where rdma-core is absent and the installed package depends on
+# nothing of this machine.
 set(PLEXUS_HAVE_VERBS OFF)
 if(NOT PLEXUS_WITH_VERBS STREQUAL "OFF")
   find_path(PLEXUS_IBVERBS_INCLUDE infiniband/verbs.h)
   find_path(PLEXUS_RDMACM_INCLUDE rdma/rdma_cma.h)
-  find_library(PLEXUS_IBVERBS_LIB ibverbs)
-  find_library(PLEXUS_RDMACM_LIB rdmacm)
-  if(PLEXUS_IBVERBS_INCLUDE AND PLEXUS_RDMACM_INCLUDE AND PLEXUS_IBVERBS_LIB AND PLEXUS_RDMACM_LIB)
+  if(PLEXUS_IBVERBS_INCLUDE AND PLEXUS_RDMACM_INCLUDE)
     set(PLEXUS_HAVE_VERBS ON)
-    # Imported targets rather than paths, so that the installed package names no file of this
-    # machine: plexusConfig.cmake finds both libraries again on the consumer's machine.
-    foreach(_lib ibverbs rdmacm)
-      string(TOUPPER ${_lib} _var)
-      add_library(plexus_rdma::${_lib} UNKNOWN IMPORTED GLOBAL)
-      set_target_properties(plexus_rdma::${_lib} PROPERTIES
-        IMPORTED_LOCATION ${PLEXUS_${_var}_LIB}
-        INTERFACE_INCLUDE_DIRECTORIES ${PLEXUS_${_var}_INCLUDE})
-    endforeach()
   elseif(PLEXUS_WITH_VERBS STREQUAL "ON")
-    message(FATAL_ERROR "PLEXUS_WITH_VERBS=ON but libibverbs/librdmacm headers or libraries were "
-                        "not found: apt-get install libibverbs-dev librdmacm-dev")
+    message(FATAL_ERROR "PLEXUS_WITH_VERBS=ON but the libibverbs/librdmacm headers were not "
+                        "found: apt-get install libibverbs-dev librdmacm-dev")
   endif()
 endif()
 

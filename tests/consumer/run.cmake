@@ -20,6 +20,15 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/installed -G
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/installed)
 run(${WORK_DIR}/installed/consumer)
 
+# 2a. rdma-core is loaded at run time, never a link dependency of a user's program.
+find_program(READELF readelf)
+if(READELF)
+  execute_process(COMMAND ${READELF} -d ${WORK_DIR}/installed/consumer OUTPUT_VARIABLE dynamic)
+  if(dynamic MATCHES "libibverbs|librdmacm")
+    message(FATAL_ERROR "the consumer links rdma-core directly; it must be loaded at run time")
+  endif()
+endif()
+
 # 2b. An unknown component fails the configure with a message naming it and what exists.
 file(MAKE_DIRECTORY ${WORK_DIR}/unknown)
 file(WRITE ${WORK_DIR}/unknown/CMakeLists.txt

@@ -37,6 +37,7 @@
 #include "region_registry.hpp"
 #include "verbs/protocol.hpp"
 #include "verbs/slot_table.hpp"
+#include "verbs/verbs_loader.hpp"
 
 namespace plexus::transport::internal {
 namespace {
@@ -1048,6 +1049,7 @@ class VerbsDevice final : public Device {
 
 // Lists the RDMA devices; false with the reason when there is none or they cannot be opened.
 bool ProbeVerbs(std::string* why_not) {
+  if (!VerbsLibrariesLoaded(why_not)) return false;
   int count = 0;
   errno = 0;
   ibv_device** list = ibv_get_device_list(&count);
