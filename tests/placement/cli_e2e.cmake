@@ -29,6 +29,12 @@ expect("VQA" "${out}")
 run_tool(TRUE optimize ${INPUT} --strategy lb --json)
 expect("\"proven_optimal\": true" "${out}")
 
+# The release's cost model (binary units, fill-in-order shares) prices the same plan at 7.509/h.
+run_tool(TRUE optimize ${INPUT} --strategy lb --byte-units binary --share-rule fill_in_order)
+expect("total 7.509" "${out}")
+run_tool(FALSE optimize ${INPUT} --share-rule evenly)
+expect("--share-rule: unknown share rule 'evenly'" "${err}")
+
 run_tool(TRUE simulate ${INPUT} ${WORK}/plan.json --duration 20)
 expect("sustained: yes" "${out}")
 

@@ -160,6 +160,64 @@ TEST_CASE("baselines follow their definitions", "[placement]") {
   CHECK(bf->accuracy == Approx(58.33));
 }
 
+TEST_CASE("the release's cost model reproduces its 7.5088/h on the real VQA input", "[placement]") {
+  auto problem = LoadProblem(testing::DataFile("jellybean-vqa/vqa-medium.json"));
+  REQUIRE(problem.ok());
+  auto plexus_lb = Optimize(*problem, Strategy::kExact);
+  REQUIRE(plexus_lb.ok());
+  CHECK(plexus_lb->proven_optimal);
+  CHECK(plexus_lb->total_cost == Approx(7.5476).margin(5e-5));
+
+  // The release: KB / 1024 / 1024 = GB, and the greedy's pick order filled to capacity.
+  problem->options.byte_units = ByteUnits::kBinary;
+  problem->options.share_rule = ShareRule::kFillInOrder;
+  for (Strategy strategy : {Strategy::kExact, Strategy::kJellyBean}) {
+    auto plan = Optimize(*problem, strategy);
+    REQUIRE(plan.ok());
+    INFO(PlanSummary(*problem, *plan));
+    CHECK(plan->total_cost == Approx(7.5088).margin(5e-5));
+    CHECK(plan->compute_cost == Approx(plexus_lb->compute_cost));  // the same workers
+    CHECK(plan->capacity_ok);
+    // SpeechRecognition: gpu-1 is cheapest per request, so it serves its full throughput
+    // (1000 / 26.894737666666668 ms = 37.18 req/s) and edge CPUs the remaining 2.82 of 40 (lb
+    // takes one CPU, jb two smaller ones at the same price).
+    const int speech = problem->FindOperator("SpeechRecognition");
+    REQUIRE(plan->workers[speech].size() >= 2);
+    const WorkerShare& first = plan->workers[speech][0];
+    CHECK(problem->workers[first.worker].name == "workflow-compute-gpu-1");
+    CHECK(first.share * 40 == Approx(1000 / 26.894737666666668));
+  }
+  auto lb = Optimize(*problem, Strategy::kExact);
+  REQUIRE(lb.ok());
+  CHECK_FALSE(lb->proven_optimal);
+  CHECK_THAT(lb->note, Catch::Contains("fill_in_order"));
+
+  // Either rule alone: binary units only scale the network cost by 1e-6 * 2^20.
+  problem->options.share_rule = ShareRule::kProportional;
+  auto binary = Optimize(*problem, Strategy::kExact);
+  REQUIRE(binary.ok());
+  CHECK(binary->proven_optimal);
+  CHECK(binary->network_cost == Approx(plexus_lb->network_cost / 1.048576));
+}
+
+TEST_CASE("the cost model options parse from the input and reject unknown values", "[placement]") {
+  nlohmann::json input = testing::TinyProblem();
+  input["options"]["byte_units"] = "binary";
+  input["options"]["share_rule"] = "fill_in_order";
+  auto problem = ParseProblem(input.dump());
+  REQUIRE(problem.ok());
+  CHECK(problem->options.byte_units == ByteUnits::kBinary);
+  CHECK(problem->options.share_rule == ShareRule::kFillInOrder);
+  auto again = ParseProblem(ProblemToJson(*problem));
+  REQUIRE(again.ok());
+  CHECK(again->options.share_rule == ShareRule::kFillInOrder);
+  input["options"]["byte_units"] = "kibi";
+  auto bad = ParseProblem(input.dump());
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(std::string(bad.status().message()), Catch::Contains("options.byte_units"));
+  CHECK_THAT(std::string(bad.status().message()), Catch::Contains("unknown byte units 'kibi'"));
+}
+
 TEST_CASE("infeasible objectives name the tightest reason", "[placement]") {
   Problem problem = Tiny();
   problem.objective.accuracy_target = 0.95;

@@ -72,7 +72,8 @@ absl::StatusOr<moe::Scenario> ScenarioOpt(const Args& a) {
 
 absl::StatusOr<std::vector<moe::Placement>> PlanLayers(const moe::Scenario& s, int nodes,
                                                        moe::PlacementPolicy policy,
-                                                       std::vector<moe::Allocation>* allocs) {
+                                                       std::vector<moe::Allocation>* allocs,
+                                                       int failures = 1) {
   if (nodes < 1) return absl::InvalidArgumentError("num_nodes must be positive");
   const int64_t slots =
       int64_t{nodes} * s.slots_per_node * static_cast<int64_t>(s.layer_loads.size());
@@ -89,8 +90,9 @@ absl::StatusOr<std::vector<moe::Placement>> PlanLayers(const moe::Scenario& s, i
       return absl::Status(a.status().code(),
                           "layer " + std::to_string(l) + ": " + std::string(a.status().message()));
     }
-    PLEXUS_ASSIGN_OR_RETURN(moe::Placement p, moe::PlaceExperts(policy, a->replicas, nodes,
-                                                                s.slots_per_node, a->ascending));
+    PLEXUS_ASSIGN_OR_RETURN(
+        moe::Placement p,
+        moe::PlaceExperts(policy, a->replicas, nodes, s.slots_per_node, a->ascending, failures));
     layers.push_back(std::move(p));
     if (allocs) allocs->push_back(*std::move(a));
   }
@@ -102,7 +104,7 @@ int CmdPlan(const Args& a) {
   if (!s.ok()) return Fail(s.status());
   absl::StatusOr<int> nodes = IntOpt(a, "nodes", s->nodes);
   if (!nodes.ok()) return Fail(nodes.status());
-  absl::StatusOr<moe::PlacementPolicy> policy = moe::ParsePlacementPolicy(Opt(a, "policy", "mro"));
+  absl::StatusOr<moe::PlacementPolicy> policy = moe::ParsePlacementPolicy(Opt(a, "policy", "best"));
   if (!policy.ok()) return Fail(policy.status());
   std::vector<moe::Allocation> allocs;
   const auto start = std::chrono::steady_clock::now();
@@ -166,8 +168,8 @@ int CmdRecovery(const Args& a) {
   const std::string method = Opt(a, "method", "auto");
   std::vector<moe::PlacementPolicy> policies;
   if (which == "all") {
-    policies = {moe::PlacementPolicy::kMro, moe::PlacementPolicy::kSpread,
-                moe::PlacementPolicy::kCompact};
+    policies = {moe::PlacementPolicy::kBest, moe::PlacementPolicy::kMro,
+                moe::PlacementPolicy::kSpread, moe::PlacementPolicy::kCompact};
   } else {
     absl::StatusOr<moe::PlacementPolicy> p = moe::ParsePlacementPolicy(which);
     if (!p.ok()) return Fail(p.status());
@@ -180,7 +182,8 @@ int CmdRecovery(const Args& a) {
                       fmt::format("{:<8} {:>10} {:>21} {:>12} {:>13}\n", "policy", "recovery",
                                   "95% interval", "method", "layer mean");
   for (moe::PlacementPolicy policy : policies) {
-    absl::StatusOr<std::vector<moe::Placement>> layers = PlanLayers(*s, *nodes, policy, nullptr);
+    absl::StatusOr<std::vector<moe::Placement>> layers =
+        PlanLayers(*s, *nodes, policy, nullptr, *failures);
     if (!layers.ok()) return Fail(layers.status());
     absl::StatusOr<moe::RecoveryResult> r;
     if (method == "auto") {
@@ -495,13 +498,13 @@ int main(int argc, char** argv) {
        "replicas per expert (Eq. 6.1) and the placement of every layer",
        {{"scenario", "scenario FILE (required)"},
         {"nodes", "number of nodes (default: the scenario's)"},
-        {"policy", "mro|spread|compact (default mro)"}}},
+        {"policy", "best|mro|spread|compact|exact (default best: never below the others)"}}},
       {"recovery",
        "probability that training survives K random node failures without a restart",
        {{"scenario", "scenario FILE (required)"},
         {"failures", "K failed nodes (required)"},
         {"nodes", "number of nodes (default: the scenario's)"},
-        {"policy", "all|mro|spread|compact (default all)"},
+        {"policy", "all|best|mro|spread|compact|exact (default all but exact)"},
         {"method", "auto|closed|enumerate|montecarlo (default auto)"},
         {"samples", "Monte Carlo samples"}}},
       {"dispatch",

@@ -32,6 +32,8 @@ struct Args {
   std::string strategies;
   std::string out;
   bool json = false;
+  std::string byte_units;  // empty: the input's options (default decimal)
+  std::string share_rule;  // empty: the input's options (default proportional)
   SimulationOptions simulation;
 };
 
@@ -42,9 +44,38 @@ int Usage(const std::string& message) { return g_tool->Usage(message); }
 
 void Progress(const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }
 
+// Loads the input and applies the cost-model flags over its `options`.
+absl::StatusOr<Problem> Load(const Args& args, const std::string& path) {
+  auto problem = LoadProblem(path);
+  if (!problem.ok()) return problem;
+  if (!args.byte_units.empty()) {
+    auto units = ParseByteUnits(args.byte_units);
+    if (!units.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--byte-units: ", units.status().message()));
+    problem->options.byte_units = *units;
+  }
+  if (!args.share_rule.empty()) {
+    auto rule = ParseShareRule(args.share_rule);
+    if (!rule.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--share-rule: ", rule.status().message()));
+    problem->options.share_rule = *rule;
+  }
+  return problem;
+}
+
+// --byte-units and --share-rule on a subcommand.
+void AddCostModelFlags(CLI::App* app, Args* args) {
+  app->add_option("--byte-units", args->byte_units,
+                  "decimal (KB = 10^3, GB = 10^9 bytes; default) or binary (2^10, 2^30: the "
+                  "JellyBean release's)");
+  app->add_option("--share-rule", args->share_rule,
+                  "proportional (to throughput; default) or fill_in_order (the release's: "
+                  "cheapest per request first at full throughput, the last worker the rest)");
+}
+
 int Optimize(const Args& args) {
   if (args.positional.size() != 1) return Usage("optimize needs exactly one input file");
-  auto problem = LoadProblem(args.positional[0]);
+  auto problem = Load(args, args.positional[0]);
   if (!problem.ok()) return Fail(std::string(problem.status().message()));
   auto strategy = ParseStrategy(args.strategy);
   if (!strategy.ok()) return Usage(std::string(strategy.status().message()));
@@ -67,7 +98,7 @@ int Optimize(const Args& args) {
 
 int Simulate(const Args& args) {
   if (args.positional.size() != 2) return Usage("simulate needs an input file and a plan file");
-  auto problem = LoadProblem(args.positional[0]);
+  auto problem = Load(args, args.positional[0]);
   if (!problem.ok()) return Fail(std::string(problem.status().message()));
   auto plan = LoadPlan(*problem, args.positional[1]);
   if (!plan.ok()) return Fail(std::string(plan.status().message()));
@@ -84,7 +115,7 @@ int Simulate(const Args& args) {
 
 int Compare(const Args& args) {
   if (args.positional.size() != 1) return Usage("compare needs exactly one input file");
-  auto problem = LoadProblem(args.positional[0]);
+  auto problem = Load(args, args.positional[0]);
   if (!problem.ok()) return Fail(std::string(problem.status().message()));
   std::vector<Strategy> strategies = AllStrategies();
   if (!args.strategies.empty()) {
@@ -119,7 +150,7 @@ int Compare(const Args& args) {
 
 int Validate(const Args& args) {
   if (args.positional.size() != 1) return Usage("validate needs exactly one input file");
-  auto problem = LoadProblem(args.positional[0]);
+  auto problem = Load(args, args.positional[0]);
   if (!problem.ok()) return Fail(std::string(problem.status().message()));
   std::cout << args.positional[0] << ": valid (" << problem->operators.size() << " operators, "
             << problem->workers.size() << " workers on " << problem->tiers.size()
@@ -144,6 +175,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   optimize->add_option("--out", args.out, "also write the plan to PLAN.json");
   tooling::AddJsonFlag(optimize, &args.json);
+  AddCostModelFlags(optimize, &args);
 
   CLI::App* simulate = tool.Subcommand("simulate", "serve the workflow under a plan");
   simulate->add_option("files", args.positional, "IN.json PLAN.json")->required()->expected(2);
@@ -155,12 +187,14 @@ int main(int argc, char** argv) {
                      decltype(args.simulation.seed){0},
                      std::numeric_limits<decltype(args.simulation.seed)>::max());
   simulate->add_flag("--poisson", args.simulation.poisson_arrivals, "Poisson arrivals");
+  AddCostModelFlags(simulate, &args);
   tooling::AddJsonFlag(simulate, &args.json);
 
   CLI::App* compare = tool.Subcommand("compare", "the cost of every strategy");
   compare->add_option("input", args.positional, "IN.json")->required()->expected(1);
   compare->add_option("--strategies", args.strategies, "comma-separated, default all");
   tooling::AddJsonFlag(compare, &args.json);
+  AddCostModelFlags(compare, &args);
 
   CLI::App* validate = tool.Subcommand("validate", "check an input file");
   validate->add_option("input", args.positional, "IN.json")->required()->expected(1);

@@ -4,6 +4,8 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "placement_internal.hpp"
+#include "plexus/base/status.hpp"
 
 namespace plexus::moe {
 
@@ -15,6 +17,10 @@ const char* PlacementPolicyName(PlacementPolicy policy) {
       return "spread";
     case PlacementPolicy::kCompact:
       return "compact";
+    case PlacementPolicy::kBest:
+      return "best";
+    case PlacementPolicy::kExact:
+      return "exact";
   }
   return "?";
 }
@@ -23,8 +29,10 @@ absl::StatusOr<PlacementPolicy> ParsePlacementPolicy(const std::string& name) {
   if (name == "mro") return PlacementPolicy::kMro;
   if (name == "spread") return PlacementPolicy::kSpread;
   if (name == "compact") return PlacementPolicy::kCompact;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown placement policy '", name, "' (expected mro, spread or compact)"));
+  if (name == "best") return PlacementPolicy::kBest;
+  if (name == "exact") return PlacementPolicy::kExact;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown placement policy '", name, "' (expected mro, spread, compact, best or exact)"));
 }
 
 std::vector<int> Placement::ReplicaMatrix() const {
@@ -158,9 +166,10 @@ class Builder {
 
 }  // namespace
 
-absl::StatusOr<Placement> PlaceExperts(PlacementPolicy policy, absl::Span<const int> replicas,
-                                       int num_nodes, int slots_per_node,
-                                       absl::Span<const int> ascending) {
+namespace internal {
+
+absl::Status CheckPlacementRequest(absl::Span<const int> replicas, int num_nodes,
+                                   int slots_per_node) {
   const int num_experts = static_cast<int>(replicas.size());
   if (num_experts == 0) return absl::InvalidArgumentError("no experts to place");
   if (num_nodes <= 0 || slots_per_node <= 0) {
@@ -180,6 +189,22 @@ absl::StatusOr<Placement> PlaceExperts(PlacementPolicy policy, absl::Span<const 
         absl::StrCat("replicas sum to ", total, " but ", num_nodes, " nodes x ", slots_per_node,
                      " slots = ", int64_t{num_nodes} * slots_per_node));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+
+absl::StatusOr<Placement> PlaceExperts(PlacementPolicy policy, absl::Span<const int> replicas,
+                                       int num_nodes, int slots_per_node,
+                                       absl::Span<const int> ascending, int failures) {
+  PLEXUS_RETURN_IF_ERROR(internal::CheckPlacementRequest(replicas, num_nodes, slots_per_node));
+  if (policy == PlacementPolicy::kBest) {
+    return internal::BestPlacement(replicas, num_nodes, slots_per_node, ascending, failures);
+  }
+  if (policy == PlacementPolicy::kExact) {
+    return ExactPlacement(replicas, num_nodes, slots_per_node, failures);
+  }
+  const int num_experts = static_cast<int>(replicas.size());
   // Order: by replica count, then by the caller's load order, then by id.
   std::vector<int> position(num_experts);
   std::iota(position.begin(), position.end(), 0);
@@ -257,6 +282,9 @@ absl::StatusOr<Placement> PlaceExperts(PlacementPolicy policy, absl::Span<const 
       }
       break;
     }
+    case PlacementPolicy::kBest:
+    case PlacementPolicy::kExact:
+      break;  // handled above
   }
   Placement placement = builder.Take();
   if (absl::Status status = ValidatePlacement(placement, replicas); !status.ok()) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "plexus/base/status.hpp"
+#include "recovery_internal.hpp"
 
 namespace plexus::moe {
 namespace {
@@ -14,6 +15,41 @@ namespace {
 __extension__ typedef __int128 Int128;
 __extension__ typedef unsigned __int128 UInt128;
 }  // namespace
+
+namespace internal {
+
+std::vector<uint64_t> ExpertMasks(const Placement& placement) {
+  std::vector<uint64_t> masks(placement.num_experts, 0);
+  for (int n = 0; n < placement.num_nodes; ++n) {
+    for (int e : placement.node_slots[n]) masks[e] |= uint64_t{1} << n;
+  }
+  return masks;
+}
+
+uint64_t CountRecoveringSets(absl::Span<const uint64_t> masks, int num_nodes, int failures) {
+  if (failures == 0) return 1;
+  if (failures > num_nodes) return 0;
+  uint64_t recovering = 0;
+  uint64_t subset = (uint64_t{1} << failures) - 1;
+  const uint64_t limit = uint64_t{1} << num_nodes;
+  while (subset < limit) {
+    bool dead = false;
+    for (uint64_t m : masks) {
+      if ((m & ~subset) == 0) {
+        dead = true;
+        break;
+      }
+    }
+    if (!dead) ++recovering;
+    // Gosper's hack: the next subset with the same popcount.
+    const uint64_t c = subset & (~subset + 1);
+    const uint64_t r = subset + c;
+    subset = (((r ^ subset) >> 2) / c) | r;
+  }
+  return recovering;
+}
+
+}  // namespace internal
 
 uint64_t Binomial(int n, int k) {
   if (k < 0 || n < 0 || k > n) return 0;
@@ -190,27 +226,7 @@ absl::StatusOr<RecoveryResult> RecoveryEnumerate(absl::Span<const Placement> lay
   }
   std::vector<uint64_t> masks;
   for (const NodeSet& set : supports.minimal) masks.push_back(set[0]);
-  uint64_t recovering = 0;
-  if (k == 0) {
-    recovering = 1;
-  } else {
-    uint64_t subset = (uint64_t{1} << k) - 1;
-    const uint64_t limit = uint64_t{1} << n;
-    while (subset < limit) {
-      bool dead = false;
-      for (uint64_t m : masks) {
-        if ((m & ~subset) == 0) {
-          dead = true;
-          break;
-        }
-      }
-      if (!dead) ++recovering;
-      // Gosper's hack: the next subset with the same popcount.
-      const uint64_t c = subset & (~subset + 1);
-      const uint64_t r = subset + c;
-      subset = (((r ^ subset) >> 2) / c) | r;
-    }
-  }
+  const uint64_t recovering = internal::CountRecoveringSets(masks, n, k);
   return ExactResult("enumeration",
                      static_cast<long double>(recovering) / static_cast<long double>(total), n, k,
                      recovering);

@@ -233,7 +233,7 @@ class ExactSearch {
                      PricePerGb(p_, classes_[pc].position, classes_[c].position);
           }
         }
-        net += kb * HourlyGbPerKbPerSecond() * price;
+        net += kb * HourlyGbPerKbPerSecond(p_) * price;
       }
       options.push_back(
           {static_cast<int>(c), throughput_[op][c], classes_[c].price, net, available});

@@ -13,9 +13,15 @@
 namespace plexus::placement::internal {
 
 inline constexpr double kInfinity = std::numeric_limits<double>::infinity();
-// Message sizes are in KB (10^3 bytes), prices per GB (10^9 bytes) and costs per hour.
-inline constexpr double kGbPerKb = 1e-6;
+// Message sizes are in KB, prices per GB and costs per hour; KB and GB are 10^3 and 10^9 bytes, or
+// 2^10 and 2^30 under ByteUnits::kBinary (the JellyBean release's KB / 1024 / 1024).
 inline constexpr double kSecondsPerHour = 3600;
+inline double BytesPerKb(const Problem& problem) {
+  return problem.options.byte_units == ByteUnits::kBinary ? 1024.0 : 1e3;
+}
+inline double BytesPerGb(const Problem& problem) {
+  return problem.options.byte_units == ByteUnits::kBinary ? 1073741824.0 : 1e9;
+}
 
 struct Position {
   int tier = 0;
@@ -59,7 +65,9 @@ inline double MessageKb(const Problem& problem, int edge, int from_variant, int 
 }
 
 // GB per hour carried by one KB per second.
-inline double HourlyGbPerKbPerSecond() { return kGbPerKb * kSecondsPerHour; }
+inline double HourlyGbPerKbPerSecond(const Problem& problem) {
+  return BytesPerKb(problem) / BytesPerGb(problem) * kSecondsPerHour;
+}
 
 // Latency of (op, variant, worker type) at the options' percentile; 0 when it cannot run there.
 inline double LatencyMs(const Problem& problem, int op, int variant, int type) {
@@ -83,6 +91,10 @@ double OperatorAccuracy(const Problem& problem, int op, int variant,
 // Sets shares proportional to each worker's throughput for the op's variant.
 void SetProportionalShares(const Problem& problem, int op, int variant,
                            std::vector<WorkerShare>& workers);
+// Sets the shares of every operator of `plan` by problem.options.share_rule (kFillInOrder also
+// reorders each operator's workers into the release's pick order). The searches price worker sets
+// with proportional shares; this is applied to their result before EvaluatePlan.
+void ApplyShareRule(const Problem& problem, Plan& plan);
 
 // A variant vector with 0 for every operator and -1 for sources.
 std::vector<int> DefaultVariants(const Problem& problem);

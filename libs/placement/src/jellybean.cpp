@@ -240,7 +240,7 @@ class Assigner {
             price += parent.share * PricePerGb(p_, WorkerPosition(p_, parent.worker), e.position);
           }
         }
-        net += kb * HourlyGbPerKbPerSecond() * price;
+        net += kb * HourlyGbPerKbPerSecond(p_) * price;
       }
       pool_.push_back(&e);
       net_.push_back(net);

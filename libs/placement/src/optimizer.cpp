@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "internal.hpp"
+#include "plexus/base/status.hpp"
 
 namespace plexus::placement {
 
@@ -44,8 +45,9 @@ absl::StatusOr<Strategy> ParseStrategy(std::string_view name) {
                                                  "' (expected jb, lb, bf, ff, pte, ptc, spc)"));
 }
 
-absl::StatusOr<Plan> Optimize(const Problem& problem, Strategy strategy,
-                              const ProgressFn& progress) {
+namespace {
+
+absl::StatusOr<Plan> Run(const Problem& problem, Strategy strategy, const ProgressFn& progress) {
   switch (strategy) {
     case Strategy::kJellyBean:
       return internal::RunJellyBean(problem);
@@ -54,6 +56,28 @@ absl::StatusOr<Plan> Optimize(const Problem& problem, Strategy strategy,
     default:
       return internal::RunBaseline(problem, strategy);
   }
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> Optimize(const Problem& problem, Strategy strategy,
+                              const ProgressFn& progress) {
+  absl::StatusOr<Plan> plan = Run(problem, strategy, progress);
+  // The searches choose worker sets under proportional shares; the release's fill-in-order rule
+  // re-splits each set (pte/ptc use one worker, spc splits by whole-workflow speed on purpose).
+  if (!plan.ok() || problem.options.share_rule == ShareRule::kProportional ||
+      strategy == Strategy::kCloudDataParallel) {
+    return plan;
+  }
+  internal::ApplyShareRule(problem, *plan);
+  PLEXUS_RETURN_IF_ERROR(EvaluatePlan(problem, *plan));
+  if (strategy == Strategy::kExact && plan->proven_optimal) {
+    plan->proven_optimal = false;
+    plan->note =
+        "optimal under proportional shares; re-split fill_in_order, optimality not proven for "
+        "that rule";
+  }
+  return plan;
 }
 
 std::vector<ComparisonRow> CompareStrategies(const Problem& problem,

@@ -29,6 +29,38 @@ void SetProportionalShares(const Problem& problem, int op, int variant,
   }
 }
 
+void ApplyShareRule(const Problem& problem, Plan& plan) {
+  for (size_t op = 0; op < plan.workers.size(); ++op) {
+    std::vector<WorkerShare>& workers = plan.workers[op];
+    if (workers.empty() || plan.variant[op] < 0) continue;
+    const int variant = plan.variant[op];
+    if (problem.options.share_rule == ShareRule::kProportional) {
+      SetProportionalShares(problem, static_cast<int>(op), variant, workers);
+      continue;
+    }
+    // The release's greedy picks the cheapest worker per request first (ties: the cheaper one),
+    // gives every pick its full throughput and the last pick what is left of the rate.
+    auto throughput = [&](const WorkerShare& w) {
+      return WorkerThroughput(problem, static_cast<int>(op), variant, w.worker);
+    };
+    std::stable_sort(workers.begin(), workers.end(),
+                     [&](const WorkerShare& a, const WorkerShare& b) {
+                       const double pa = WorkerPrice(problem, a.worker);
+                       const double pb = WorkerPrice(problem, b.worker);
+                       const double ua = pa / throughput(a), ub = pb / throughput(b);
+                       if (ua != ub) return ua < ub;
+                       return pa < pb;
+                     });
+    const double rate = problem.rate[op];
+    double left = rate;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      const double served = i + 1 == workers.size() ? left : std::min(left, throughput(workers[i]));
+      workers[i].share = rate > 0 ? served / rate : 0;
+      left -= served;
+    }
+  }
+}
+
 }  // namespace internal
 
 double EdgeNetworkCost(const Problem& problem, const Plan& plan, int edge) {
@@ -52,7 +84,7 @@ double EdgeNetworkCost(const Problem& problem, const Plan& plan, int edge) {
                internal::PricePerGb(problem, position, internal::WorkerPosition(problem, w.worker));
     }
   }
-  return kb_per_second * internal::HourlyGbPerKbPerSecond() * price;
+  return kb_per_second * internal::HourlyGbPerKbPerSecond(problem) * price;
 }
 
 absl::Status EvaluatePlan(const Problem& problem, Plan& plan) {
@@ -274,6 +306,12 @@ std::string PlanSummary(const Problem& problem, const Plan& plan) {
       plan.strategy == "lb" ? (plan.proven_optimal ? ", proven optimal" : ", NOT proven optimal")
                             : "");
   if (!plan.capacity_ok) absl::StrAppend(&out, "  WARNING: over capacity (some worker > 100%)\n");
+  if (problem.options.byte_units != ByteUnits::kDecimal ||
+      problem.options.share_rule != ShareRule::kProportional) {
+    absl::StrAppend(&out, "  cost model: ", std::string(ByteUnitsName(problem.options.byte_units)),
+                    " byte units, ", std::string(ShareRuleName(problem.options.share_rule)),
+                    " shares\n");
+  }
   for (int op : problem.topological_order) {
     const Operator& o = problem.operators[op];
     if (o.kind == OperatorKind::kSource) continue;

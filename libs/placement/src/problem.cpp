@@ -747,10 +747,10 @@ class Parser {
     const Json* options = nullptr;
     PLEXUS_ASSIGN_OR_RETURN(options, ObjectField(root, "", "options", false));
     if (options == nullptr) return absl::OkStatus();
-    PLEXUS_RETURN_IF_ERROR(
-        CheckKeys(*options, path,
-                  {"model_selection_beam", "worker_assignment_beam", "topological_orders",
-                   "latency_percentile", "lb_time_limit_s", "lb_node_limit"}));
+    PLEXUS_RETURN_IF_ERROR(CheckKeys(
+        *options, path,
+        {"model_selection_beam", "worker_assignment_beam", "topological_orders",
+         "latency_percentile", "lb_time_limit_s", "lb_node_limit", "byte_units", "share_rule"}));
     OptimizerOptions& o = p_.options;
     for (auto [key, slot] :
          {std::pair<const char*, int*>{"model_selection_beam", &o.model_selection_beam},
@@ -782,6 +782,19 @@ class Parser {
     PLEXUS_ASSIGN_OR_RETURN(o.lb_node_limit,
                             IntegerField(*options, path, "lb_node_limit", false, o.lb_node_limit));
     if (o.lb_node_limit < 1) return Invalid(Child(path, "lb_node_limit"), "must be >= 1");
+    std::string units, rule;
+    PLEXUS_ASSIGN_OR_RETURN(units, StringField(*options, path, "byte_units", false, "decimal"));
+    auto parsed_units = ParseByteUnits(units);
+    if (!parsed_units.ok()) {
+      return Invalid(Child(path, "byte_units"), std::string(parsed_units.status().message()));
+    }
+    o.byte_units = *parsed_units;
+    PLEXUS_ASSIGN_OR_RETURN(rule, StringField(*options, path, "share_rule", false, "proportional"));
+    auto parsed_rule = ParseShareRule(rule);
+    if (!parsed_rule.ok()) {
+      return Invalid(Child(path, "share_rule"), std::string(parsed_rule.status().message()));
+    }
+    o.share_rule = *parsed_rule;
     return absl::OkStatus();
   }
 
@@ -827,6 +840,29 @@ class Parser {
 };
 
 }  // namespace
+
+std::string_view ByteUnitsName(ByteUnits units) {
+  return units == ByteUnits::kBinary ? "binary" : "decimal";
+}
+
+std::string_view ShareRuleName(ShareRule rule) {
+  return rule == ShareRule::kFillInOrder ? "fill_in_order" : "proportional";
+}
+
+absl::StatusOr<ByteUnits> ParseByteUnits(std::string_view name) {
+  if (name == "decimal") return ByteUnits::kDecimal;
+  if (name == "binary") return ByteUnits::kBinary;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown byte units '", std::string(name),
+                   "' (decimal: KB = 10^3, GB = 10^9 bytes; binary: KB = 2^10, GB = 2^30 bytes)"));
+}
+
+absl::StatusOr<ShareRule> ParseShareRule(std::string_view name) {
+  if (name == "proportional") return ShareRule::kProportional;
+  if (name == "fill_in_order" || name == "fill-in-order") return ShareRule::kFillInOrder;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown share rule '", std::string(name), "' (proportional or fill_in_order)"));
+}
 
 std::string_view PercentileName(Percentile percentile) {
   switch (percentile) {
@@ -1023,7 +1059,9 @@ std::string ProblemToJson(const Problem& p) {
                      {"topological_orders", p.options.topological_orders},
                      {"latency_percentile", std::string(PercentileName(p.options.percentile))},
                      {"lb_time_limit_s", p.options.lb_time_limit_s},
-                     {"lb_node_limit", p.options.lb_node_limit}};
+                     {"lb_node_limit", p.options.lb_node_limit},
+                     {"byte_units", std::string(ByteUnitsName(p.options.byte_units))},
+                     {"share_rule", std::string(ShareRuleName(p.options.share_rule))}};
   return root.dump(1);
 }
 

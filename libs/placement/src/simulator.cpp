@@ -169,8 +169,8 @@ class Simulation {
       const int child = edge.to;
       const bool join =
           p_.operators[child].combine == Combine::kJoin && p_.in_edges[child].size() > 1;
-      const double bytes =
-          1000.0 * internal::MessageKb(p_, e, plan_.variant[op], plan_.variant[child]);
+      const double bytes = internal::BytesPerKb(p_) *
+                           internal::MessageKb(p_, e, plan_.variant[op], plan_.variant[child]);
       for (int k = 0; k < count; ++k) {
         int worker;
         int64_t ordinal = -1;
@@ -197,7 +197,8 @@ class Simulation {
           const std::string key =
               absl::StrCat(p_.tiers[from.tier].name, "->", p_.tiers[to.tier].name);
           report_.bytes_per_tier_pair[key] += bytes;
-          measured_network_cost_ += bytes / 1e9 * internal::PricePerGb(p_, from, to);
+          measured_network_cost_ +=
+              bytes / internal::BytesPerGb(p_) * internal::PricePerGb(p_, from, to);
         }
         Push({Event::kArrive, now_ + delay, 0, child, worker, birth, ordinal, 0});
       }

@@ -104,6 +104,21 @@ struct Worker {
 enum class Percentile : uint8_t { kP50, kP75, kP90 };
 std::string_view PercentileName(Percentile percentile);
 
+// How message sizes and link prices convert. Plexus's default is decimal (KB = 10^3 bytes, GB =
+// 10^9 bytes); the JellyBean release divides KB by 1024 * 1024 to get GB (binary).
+enum class ByteUnits : uint8_t { kDecimal, kBinary };
+std::string_view ByteUnitsName(ByteUnits units);  // "decimal", "binary"
+
+// How the optimizers split an operator's rate among its workers.
+enum class ShareRule : uint8_t {
+  kProportional,  // in proportion to throughput: every worker runs at the same utilisation
+  // The JellyBean release's rule: workers in the order its greedy picks them (cheapest per
+  // request first: price / throughput, then price) serve their full throughput, the last one the
+  // rest.
+  kFillInOrder,
+};
+std::string_view ShareRuleName(ShareRule rule);  // "proportional", "fill_in_order"
+
 struct Objective {
   double accuracy_target = 0;
   double input_rate = 0;  // requests per second of every source without its own rate
@@ -117,6 +132,9 @@ struct OptimizerOptions {
   Percentile percentile = Percentile::kP75;  // latency used to derive a worker's throughput
   double lb_time_limit_s = 60;               // the exact search stops here: not proven optimal
   int64_t lb_node_limit = 200'000'000;
+  // The cost model. {kBinary, kFillInOrder} prices plans as the JellyBean release does.
+  ByteUnits byte_units = ByteUnits::kDecimal;
+  ShareRule share_rule = ShareRule::kProportional;
 };
 
 struct Problem {
@@ -159,5 +177,9 @@ std::string ProblemToJson(const Problem& problem);
 double WorkerThroughput(const Problem& problem, int op, int variant, int worker);
 // Price per hour of a worker, times the tier's locations when the tier is replicated.
 double WorkerPrice(const Problem& problem, int worker);
+
+// Parses "decimal"/"binary" and "proportional"/"fill_in_order" ("fill-in-order" too).
+absl::StatusOr<ByteUnits> ParseByteUnits(std::string_view name);
+absl::StatusOr<ShareRule> ParseShareRule(std::string_view name);
 
 }  // namespace plexus::placement
