@@ -69,6 +69,10 @@ double Since(std::chrono::steady_clock::time_point t0) {
 }
 
 int RunRank(const tooling::Tool& tool, const TrainArgs& a) {
+  // Checked before the rendezvous, so that a usage error on one rank cannot strand the others.
+  if (a.checkpoint_every > 0 && a.checkpoint_path.empty()) {
+    return tool.Usage("--checkpoint-every needs --checkpoint-path (or --checkpoint-every 0)");
+  }
   auto rdv = pt::Rendezvous::FromEnv(absl::Seconds(60));
   if (!rdv.ok()) return tool.Fail(rdv.status());
   pm::RuntimeOptions options;
@@ -80,9 +84,6 @@ int RunRank(const tooling::Tool& tool, const TrainArgs& a) {
       a.recovery == "elastic" ? pm::RecoveryMode::kElastic : pm::RecoveryMode::kCheckpointRestart;
   options.checkpoint_every = a.checkpoint_every;
   options.checkpoint_path = a.checkpoint_path;
-  if (a.checkpoint_every > 0 && a.checkpoint_path.empty()) {
-    return tool.Usage("--checkpoint-every needs --checkpoint-path");
-  }
   const auto t0 = std::chrono::steady_clock::now();
   auto trainer = pm::Trainer::Create(rdv->store(), rdv->rank(), rdv->world_size(), options);
   if (!trainer.ok()) return tool.Fail(trainer.status());
