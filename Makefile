@@ -1,5 +1,5 @@
 # Plexus: the two commands of the README's Quick start, plus helpers.
-#   make demo   install missing Debian packages, build, run the demo
+#   make demo   install missing Debian packages, build, run the MoE demo (docs/moe.md)
 #   make test   install missing Debian packages, build, run every test through CTest
 # Both are idempotent and work as root (or with sudo) on a fresh Debian 12 machine.
 
@@ -37,7 +37,7 @@ build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 demo: build
-	$(BUILD_DIR)/tools/plexus-run -n 2 $(BUILD_DIR)/examples/transport-tour
+	$(BUILD_DIR)/tools/plexus-moe-demo --plot $(BUILD_DIR)/moe-demo.png
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)

@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   double timeout_s = 0;
   double grace_s = 3;
   bool json = false;
+  bool keep_going = false;
   std::vector<std::string> command;
   tooling::AddNumber(&app, "--np,-n", &ranks, "number of ranks (required)", 1, 4096);
   tooling::AddNumber(&app, "--timeout", &timeout_s,
@@ -71,6 +72,9 @@ int main(int argc, char** argv) {
   tooling::AddNumber(&app, "--grace", &grace_s, "after SIGTERM, wait SEC seconds before SIGKILL",
                      0.0, 1e9);
   app.add_flag("--json", json, "print a JSON summary of the ranks' outcomes on stdout at the end");
+  app.add_flag("--keep-going", keep_going,
+               "a rank that fails does not stop the others (elastic jobs that survive a dead "
+               "rank); the exit code still reports the first failure");
   // Everything from the program on (or after "--") belongs to the ranks.
   app.prefix_command();
   if (auto code = tool.Parse(argc, argv)) return *code;
@@ -88,6 +92,7 @@ int main(int argc, char** argv) {
   options.grace = absl::Seconds(grace_s);
   options.inherit_stdin_rank0 = true;
   options.forward_signals = true;
+  options.stop_on_failure = !keep_going;
   options.log_name = "plexus-run";
   tooling::Launcher launcher(std::move(options));
   if (absl::Status s = launcher.Start(); !s.ok()) {

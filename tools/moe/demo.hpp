@@ -1,0 +1,41 @@
+// plexus-moe-demo's parts: one rank of a run (demo.cpp) and the driver that launches and
+// compares the runs (demo_driver.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "plexus/moe/runtime.hpp"
+
+#include "plexus/tooling/cli.hpp"
+
+namespace plexus::moe::demo {
+
+// The settings of one training run (the flags of `plexus-moe-demo train`).
+struct TrainArgs {
+  int64_t steps = 160;
+  int64_t kill_step = 110;  // -1: nobody dies
+  int kill_rank = 1;
+  int checkpoint_every = 60;
+  std::string checkpoint_path;
+  std::string recovery = "elastic";
+  double timeout_s = 2;
+  double grace_s = 0.5;
+  int tokens = 512;
+  int hidden = 16;
+  int ffn = 32;
+  bool json = false;
+};
+
+// The model the runs train.
+ModelConfig ModelOf(const TrainArgs& args);
+// FNV-1a of the parameters' bytes: equal digests mean bit-identical parameters.
+std::string Digest(const std::vector<float>& state);
+
+// Runs the elastic and the checkpoint-restart run on `ranks` local ranks of `self train`, prints
+// progress and the comparison (or one JSON object), and writes the plot when `plot` is set.
+int RunDriver(const tooling::Tool& tool, const TrainArgs& args, int ranks, bool json,
+              const std::string& plot, const std::string& self);
+
+}  // namespace plexus::moe::demo
