@@ -1,6 +1,7 @@
 // The driver of plexus-moe-demo: launches the ranks of the elastic run and of the checkpoint
 // restart run with the same failure schedule, shows their progress, and compares them.
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -264,13 +265,18 @@ int RunDriver(const tooling::Tool& tool, const TrainArgs& a, int ranks, bool jso
     if (absl::Status s = plexus::base::WriteFileAtomic(data.string(), summary.dump()); !s.ok()) {
       return tool.Fail(s);
     }
-    const std::filesystem::path script =
-        std::filesystem::path(self).parent_path() / "plexus-moe-demo-plot.py";
-    const std::string cmd =
-        fmt::format("/usr/bin/python3 '{}' '{}' '{}'", script.string(), data.string(), plot);
+    // The project's one plotting script, installed (and built) next to this program.
+    const std::filesystem::path script = std::filesystem::path(self).parent_path() / "plexus-plot";
+    const std::string cmd = fmt::format("/usr/bin/python3 '{}' demo '{}' -o '{}'", script.string(),
+                                        data.string(), plot);
     rc = std::system(cmd.c_str());
     std::filesystem::remove(data);
-    if (rc != 0) fmt::print(stderr, "plexus-moe-demo: the plot script failed ({})\n", rc);
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 3) {
+      fmt::print("plexus-moe-demo: no plot (python3-matplotlib is missing; see above)\n");
+      rc = 0;
+    } else if (rc != 0) {
+      fmt::print(stderr, "plexus-moe-demo: the plot script failed ({})\n", rc);
+    }
   }
   if (!json_out) {
     fmt::print(

@@ -13,7 +13,6 @@
 #include "plexus/base/status.hpp"
 #include "plexus/moe/allocation.hpp"
 #include "plexus/moe/exchange.hpp"
-#include "runtime/prefix_store.hpp"
 
 namespace plexus::moe::runtime {
 namespace {
@@ -117,7 +116,7 @@ void TrainerImpl::SetPlacements(std::vector<Placement> placements) {
 absl::Status TrainerImpl::Connect() {
   comm_.reset();
   rendezvous_.reset();
-  auto store = std::make_shared<PrefixStore>(store_, absl::StrCat("plexus-moe/epoch", epoch_, "/"));
+  auto store = transport::PrefixStore(store_, absl::StrCat("plexus-moe/epoch", epoch_, "/"));
   PLEXUS_ASSIGN_OR_RETURN(
       transport::Rendezvous rdv,
       transport::Rendezvous::Create(index_, static_cast<int>(members_.size()), std::move(store)));

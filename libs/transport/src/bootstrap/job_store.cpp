@@ -1,7 +1,6 @@
 #include "bootstrap/job_store.hpp"
 
 #include <random>
-#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -10,48 +9,6 @@
 
 namespace plexus::transport::bootstrap {
 namespace {
-
-class NamespacedStore final : public Store {
- public:
-  NamespacedStore(std::shared_ptr<Store> inner, const std::string& job_id)
-      : inner_(std::move(inner)),
-        prefix_(absl::StrCat("plexus/job/", job_id, "/")),
-        description_(absl::StrCat(inner_->description(), " (job '", job_id, "')")) {}
-
-  absl::Status Set(std::string_view key, std::string_view value) override {
-    return inner_->Set(Key(key), value);
-  }
-  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
-    return inner_->Get(Key(key), timeout);
-  }
-  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) override {
-    return inner_->Add(Key(key), delta);
-  }
-  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override {
-    return inner_->Wait(Keys(keys), timeout);
-  }
-  absl::StatusOr<bool> Check(absl::Span<const std::string> keys) override {
-    return inner_->Check(Keys(keys));
-  }
-  absl::StatusOr<bool> Delete(std::string_view key) override { return inner_->Delete(Key(key)); }
-  std::string description() const override { return description_; }
-
- private:
-  // An empty key stays empty, so that the inner store rejects it as it would unprefixed.
-  std::string Key(std::string_view key) const {
-    return key.empty() ? std::string() : absl::StrCat(prefix_, std::string(key));
-  }
-  std::vector<std::string> Keys(absl::Span<const std::string> keys) const {
-    std::vector<std::string> out;
-    out.reserve(keys.size());
-    for (const std::string& k : keys) out.push_back(Key(k));
-    return out;
-  }
-
-  std::shared_ptr<Store> inner_;
-  std::string prefix_;
-  std::string description_;
-};
 
 std::string Describe(const JobIdentity& job) {
   return absl::StrCat("job '", job.id, "' (", job.source, ")");
@@ -77,7 +34,8 @@ std::string NewJobNonce() {
 }
 
 std::shared_ptr<Store> NamespaceStore(std::shared_ptr<Store> inner, const std::string& job_id) {
-  return std::make_shared<NamespacedStore>(std::move(inner), job_id);
+  std::string label = absl::StrCat("job '", job_id, "'");
+  return PrefixStore(std::move(inner), absl::StrCat("plexus/job/", job_id, "/"), std::move(label));
 }
 
 absl::Status JoinJob(Store& store, const JobIdentity& job, int rank, int world_size,

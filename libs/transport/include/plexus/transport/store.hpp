@@ -49,6 +49,13 @@ class Store {
   virtual std::string description() const = 0;
 };
 
+// A view of `inner` in which every key is prefixed with `prefix` (an empty key stays empty and is
+// refused as usual), so that separate phases or groups of a job sharing one store never meet each
+// other's keys. description() is the inner one followed by " (<label>)", or by the prefix when
+// `label` is empty.
+std::shared_ptr<Store> PrefixStore(std::shared_ptr<Store> inner, std::string prefix,
+                                   std::string label = "");
+
 // The server side of TcpStore: one thread (epoll) serving any number of clients up to a limit.
 // A client that sends a malformed, truncated or oversized frame, stays idle too long, or would
 // push the input buffered across all clients over the memory cap is disconnected (with the

@@ -1,21 +1,22 @@
-// A view of a store with every key under a prefix: one membership epoch of the runtime, so that
-// the rendezvous and communicator of epoch k never meet the keys of epoch k-1.
-#pragma once
-
 #include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "plexus/transport/store.hpp"
 
-namespace plexus::moe::runtime {
+namespace plexus::transport {
+namespace {
 
-class PrefixStore final : public transport::Store {
+class PrefixedStore final : public Store {
  public:
-  PrefixStore(std::shared_ptr<transport::Store> inner, std::string prefix)
-      : inner_(std::move(inner)), prefix_(std::move(prefix)) {}
+  PrefixedStore(std::shared_ptr<Store> inner, std::string prefix, const std::string& label)
+      : inner_(std::move(inner)),
+        prefix_(std::move(prefix)),
+        description_(absl::StrCat(
+            inner_->description(), " (",
+            label.empty() ? absl::StrCat("keys under '", prefix_, "'") : label, ")")) {}
+
   absl::Status Set(std::string_view key, std::string_view value) override {
     return inner_->Set(Key(key), value);
   }
@@ -32,21 +33,30 @@ class PrefixStore final : public transport::Store {
     return inner_->Check(Keys(keys));
   }
   absl::StatusOr<bool> Delete(std::string_view key) override { return inner_->Delete(Key(key)); }
-  std::string description() const override {
-    return absl::StrCat(inner_->description(), " (keys under '", prefix_, "')");
-  }
+  std::string description() const override { return description_; }
 
  private:
+  // An empty key stays empty, so that the inner store rejects it as it would unprefixed.
   std::string Key(std::string_view key) const {
     return key.empty() ? std::string() : absl::StrCat(prefix_, std::string(key));
   }
   std::vector<std::string> Keys(absl::Span<const std::string> keys) const {
     std::vector<std::string> out;
+    out.reserve(keys.size());
     for (const std::string& k : keys) out.push_back(Key(k));
     return out;
   }
-  std::shared_ptr<transport::Store> inner_;
+
+  std::shared_ptr<Store> inner_;
   std::string prefix_;
+  std::string description_;
 };
 
-}  // namespace plexus::moe::runtime
+}  // namespace
+
+std::shared_ptr<Store> PrefixStore(std::shared_ptr<Store> inner, std::string prefix,
+                                   std::string label) {
+  return std::make_shared<PrefixedStore>(std::move(inner), std::move(prefix), label);
+}
+
+}  // namespace plexus::transport
