@@ -257,8 +257,12 @@ absl::StatusOr<ReceiveState::Event> ReceiveState::Readmit() {
 }
 
 absl::Status ReceiveState::PostRecv(MutableBuffer buffer, uint64_t wr_id) {
-  PLEXUS_RETURN_IF_ERROR(matcher_.PostRecv(buffer, wr_id));
-  PLEXUS_RETURN_IF_ERROR(ReleaseInbound());
+  absl::Status s = matcher_.PostRecv(buffer, wr_id);
+  if (s.ok()) s = ReleaseInbound();
+  if (!s.ok()) {
+    if (broken_.ok()) broken_ = s;
+    return s;
+  }
   if (paused_) room_freed_ = true;  // the waiting message may go into this receive
   return absl::OkStatus();
 }

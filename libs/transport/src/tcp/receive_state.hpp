@@ -85,7 +85,8 @@ class ReceiveState {
   // freed). Returns kPaused again when it still does not fit.
   absl::StatusOr<Event> Readmit();
 
-  // The user posted a receive. An error (the message it took is longer) ends the connection.
+  // The user posted a receive. An error (the message it took is longer) ends the connection:
+  // it sticks like Consume's.
   absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id);
 
   // The connection ended with `why`: whole messages stay deliverable (unless `why` is a local
