@@ -11,3 +11,9 @@ plexus_add_test(transport_held_memory_test
 plexus_add_test(transport_tcp_protocol_test
                 SOURCES ${CMAKE_CURRENT_LIST_DIR}/tcp_protocol_test.cpp
                 DEPS plexus_transport_internal LABELS transport TIMEOUT 60)
+
+# The tcp backend's send and receive state without sockets: split streams, stripes, acks,
+# malformed frames.
+plexus_add_test(transport_tcp_state_test
+                SOURCES ${CMAKE_CURRENT_LIST_DIR}/tcp_state_test.cpp
+                DEPS plexus_transport_internal LABELS transport TIMEOUT 60)

@@ -1,0 +1,205 @@
+#include "tcp/send_state.hpp"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "cuda_copy.hpp"
+#include "make_completion.hpp"
+#include "plexus/base/status.hpp"
+#include "region_registry.hpp"
+
+namespace plexus::transport::internal::tcp {
+
+absl::StatusOr<PostedOp> PrepareSend(absl::Span<const ConstBuffer> buffers, uint64_t wr_id,
+                                     uint64_t max_message_bytes) {
+  size_t total = 0;
+  for (const ConstBuffer& b : buffers) {
+    if (b.data == nullptr && b.size > 0) return absl::InvalidArgumentError("PostSend: null buffer");
+    total += b.size;
+  }
+  if (total > max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("PostSend: message of ", total,
+                                                   " bytes exceeds max_message_bytes (",
+                                                   max_message_bytes, ")"));
+  }
+  PostedOp posted;
+  posted.op = std::make_shared<OutOp>();
+  posted.op->opcode = Opcode::kSend;
+  posted.op->wr_id = wr_id;
+  posted.op->bytes = total;
+  posted.header.type = FrameType::kMessage;
+  posted.header.length = total;
+  posted.payload.reserve(buffers.size());
+  for (const ConstBuffer& b : buffers) {
+    if (b.size > 0) posted.payload.push_back({const_cast<void*>(b.data), b.size});
+  }
+  return posted;
+}
+
+absl::StatusOr<PostedOp> PrepareWrite(const MemoryRegion& local, size_t local_offset, size_t length,
+                                      const RegionHandle& remote, size_t remote_offset,
+                                      std::optional<uint32_t> immediate, uint64_t wr_id) {
+  PLEXUS_RETURN_IF_ERROR(CheckLocalRange(local, local_offset, length));
+  if (remote.backend != Backend::kTcp) {
+    return absl::InvalidArgumentError(absl::StrCat("PostWrite: remote handle is for backend ",
+                                                   std::string(BackendName(remote.backend))));
+  }
+  if (remote_offset > remote.length || length > remote.length - remote_offset) {
+    return absl::OutOfRangeError(absl::StrCat("PostWrite: ", length, " bytes at offset ",
+                                              remote_offset, " exceed the remote region of ",
+                                              remote.length, " bytes"));
+  }
+  PostedOp posted;
+  posted.op = std::make_shared<OutOp>();
+  OutOp& op = *posted.op;
+  op.opcode = Opcode::kWrite;
+  op.wr_id = wr_id;
+  op.bytes = length;
+  const uint8_t* src = static_cast<const uint8_t*>(local.data()) + local_offset;
+  if (local.kind() == MemoryKind::kCuda && length > 0) {
+    op.staging.resize(length);
+    PLEXUS_RETURN_IF_ERROR(CopyCudaToHost(op.staging.data(), src, length));
+    src = op.staging.data();
+  }
+  FrameHeader& h = posted.header;
+  h.type = FrameType::kWrite;
+  h.length = length;
+  h.a = remote.id;
+  h.b = remote_offset;
+  if (immediate.has_value()) {
+    h.flags = kFlagImmediate;
+    h.immediate = *immediate;
+  }
+  if (length > 0) posted.payload.push_back({const_cast<uint8_t*>(src), length});
+  return posted;
+}
+
+FramePlans SendState::Start(const std::shared_ptr<OutOp>& op, const FrameHeader& h) {
+  ops_.push_back(op);
+  if (op->opcode == Opcode::kWrite) awaiting_ack_.push_back(op);
+  FramePlans frames;
+  if (sockets_ == 1 || h.length < threshold_) {
+    op->frames_left = 1;
+    frames.push_back({0, h, {0, h.length}});
+    return frames;
+  }
+  const uint64_t stripe = stripes_sent_++;
+  FrameHeader head = h;
+  head.type = FrameType::kStripeHead;
+  if (h.type == FrameType::kWrite) head.flags |= kFlagWrite;
+  op->frames_left = sockets_;
+  frames.reserve(sockets_);
+  for (size_t k = 0; k < sockets_; ++k) {
+    const StripeRange range = StripePart(h.length, sockets_, k);
+    if (k == 0) {
+      frames.push_back({0, head, range});
+      continue;
+    }
+    FrameHeader part;
+    part.type = FrameType::kStripePart;
+    part.length = range.length;
+    part.a = stripe;
+    part.b = range.offset;
+    frames.push_back({k, part, range});
+  }
+  return frames;
+}
+
+void SendState::FrameWritten(OutOp& op) {
+  if (op.frames_left == 0 || --op.frames_left > 0) return;
+  op.written = true;
+  Release();
+}
+
+absl::Status SendState::Acked(uint64_t count) {
+  if (count > awaiting_ack_.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ack for ", count, " writes, but only ", awaiting_ack_.size(), " await one"));
+  }
+  for (uint64_t i = 0; i < count; ++i) {
+    awaiting_ack_.front()->acked = true;
+    awaiting_ack_.pop_front();
+  }
+  Release();
+  return absl::OkStatus();
+}
+
+void SendState::Fail(const absl::Status& why) {
+  std::deque<std::shared_ptr<OutOp>> failed = std::move(ops_);
+  ops_.clear();
+  awaiting_ack_.clear();
+  for (auto& op : failed) {
+    cq_->Push(MakeCompletion(connection_id_, op->opcode, op->wr_id, why, 0));
+  }
+}
+
+std::vector<iovec> SliceIov(absl::Span<const iovec> iov, size_t offset, size_t length) {
+  std::vector<iovec> out;
+  for (const iovec& v : iov) {
+    if (length == 0) break;
+    if (offset >= v.iov_len) {
+      offset -= v.iov_len;
+      continue;
+    }
+    const size_t take = std::min(v.iov_len - offset, length);
+    out.push_back({static_cast<uint8_t*>(v.iov_base) + offset, take});
+    length -= take;
+    offset = 0;
+  }
+  return out;
+}
+
+void FrameQueue::Push(const FrameHeader& h, std::vector<iovec> payload, std::shared_ptr<OutOp> op) {
+  Frame& f = frames_.emplace_back();
+  EncodeFrameHeader(h, f.header);
+  f.total = kFrameHeaderSize;
+  for (const iovec& v : payload) f.total += v.iov_len;
+  f.payload = std::move(payload);
+  f.op = std::move(op);
+}
+
+int FrameQueue::Gather(iovec* iov, int max) const {
+  int n = 0;
+  for (auto it = frames_.begin(); it != frames_.end() && n < max - 1; ++it) {
+    size_t skip = it->sent;
+    if (skip < kFrameHeaderSize) {
+      iov[n++] = {const_cast<uint8_t*>(it->header) + skip, kFrameHeaderSize - skip};
+      skip = 0;
+    } else {
+      skip -= kFrameHeaderSize;
+    }
+    for (const iovec& v : it->payload) {
+      if (n == max) break;
+      if (skip >= v.iov_len) {
+        skip -= v.iov_len;
+        continue;
+      }
+      iov[n++] = {static_cast<uint8_t*>(v.iov_base) + skip, v.iov_len - skip};
+      skip = 0;
+    }
+  }
+  return n;
+}
+
+void FrameQueue::Advance(size_t bytes, SendState& send) {
+  while (bytes > 0 && !frames_.empty()) {
+    Frame& f = frames_.front();
+    const size_t take = std::min(bytes, f.total - f.sent);
+    f.sent += take;
+    bytes -= take;
+    if (f.sent < f.total) return;
+    std::shared_ptr<OutOp> op = std::move(f.op);
+    frames_.pop_front();
+    if (op) send.FrameWritten(*op);
+  }
+}
+
+void SendState::Release() {
+  while (!ops_.empty() && ops_.front()->done()) {
+    std::shared_ptr<OutOp> op = std::move(ops_.front());
+    ops_.pop_front();
+    cq_->Push(MakeCompletion(connection_id_, op->opcode, op->wr_id, absl::OkStatus(), op->bytes));
+  }
+}
+
+}  // namespace plexus::transport::internal::tcp

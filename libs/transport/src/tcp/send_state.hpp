@@ -1,0 +1,135 @@
+// The sending half of a tcp connection, without sockets: our operations in posting order, the
+// frames each one is cut into over the connection's sockets (striping), the bytes queued on each
+// socket and how far the kernel took them, which one-sided writes the peer acknowledged, and the
+// completions, in posting order. tcp_device.cpp only hands FrameQueue::Gather's bytes to
+// sendmsg() and reports back how many were taken; the ack frames arrive through ReceiveState
+// (tcp/receive_state.hpp). Unit-tested without sockets (tests/transport/tcp_state_test.cpp).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "plexus/transport/completion.hpp"
+#include "plexus/transport/memory.hpp"
+#include "tcp/frame.hpp"
+#include "tcp/protocol.hpp"
+
+namespace plexus::transport::internal::tcp {
+
+// One of our operations in flight: a send (done when written) or a write (done when acked).
+struct OutOp {
+  Opcode opcode = Opcode::kSend;
+  uint64_t wr_id = 0;
+  size_t bytes = 0;
+  size_t frames_left = 0;        // frames not yet written completely
+  std::vector<uint8_t> staging;  // host copy of a CUDA source
+  bool written = false;
+  bool acked = false;
+  bool done() const { return written && (opcode == Opcode::kSend || acked); }
+};
+
+// One frame of an operation: the socket it goes on, its header, and the range of the
+// operation's payload that follows the header.
+struct FramePlan {
+  size_t socket = 0;
+  FrameHeader header;
+  StripeRange payload;
+};
+using FramePlans = absl::InlinedVector<FramePlan, 1>;
+
+// A send or write as the user posted it: the operation, its (unstriped) frame header, and the
+// payload in the caller's memory.
+struct PostedOp {
+  std::shared_ptr<OutOp> op;
+  FrameHeader header;
+  std::vector<iovec> payload;
+};
+// InvalidArgument for a null buffer, or a message over `max_message_bytes`.
+absl::StatusOr<PostedOp> PrepareSend(absl::Span<const ConstBuffer> buffers, uint64_t wr_id,
+                                     uint64_t max_message_bytes);
+// Checks the local range and the remote one (InvalidArgument, OutOfRange naming them); a CUDA
+// source is copied to host memory now.
+absl::StatusOr<PostedOp> PrepareWrite(const MemoryRegion& local, size_t local_offset, size_t length,
+                                      const RegionHandle& remote, size_t remote_offset,
+                                      std::optional<uint32_t> immediate, uint64_t wr_id);
+
+class SendState {
+ public:
+  // Completions go to `cq` under `connection_id`. Operations of at least `stripe_threshold`
+  // bytes are striped when the connection has more than one socket.
+  SendState(CompletionQueue* cq, uint64_t connection_id, size_t sockets, uint64_t stripe_threshold)
+      : cq_(cq), connection_id_(connection_id), sockets_(sockets), threshold_(stripe_threshold) {}
+  SendState(const SendState&) = delete;
+  SendState& operator=(const SendState&) = delete;
+
+  // Takes `op` (a send or a write; `h` is its kMessage or kWrite header) and returns its frames
+  // in the order they are queued: one on socket 0, or, striped, a head with part 0 on socket 0
+  // and part k on socket k (empty parts too: every data socket sees every stripe number).
+  FramePlans Start(const std::shared_ptr<OutOp>& op, const FrameHeader& h);
+  // Every byte of one of `op`'s frames was written.
+  void FrameWritten(OutOp& op);
+  // The peer placed `count` more of our writes (oldest first). FailedPrecondition when fewer
+  // writes wait for an ack (the receiving side checks that first: see PlanHeader).
+  absl::Status Acked(uint64_t count);
+  // Every outstanding operation completes with `why`, in posting order.
+  void Fail(const absl::Status& why);
+
+  // No operation waits to be written or acknowledged.
+  bool idle() const { return ops_.empty(); }
+  size_t outstanding() const { return ops_.size(); }
+  uint64_t writes_awaiting_ack() const { return awaiting_ack_.size(); }
+
+ private:
+  // Completes our operations in posting order.
+  void Release();
+
+  CompletionQueue* const cq_;
+  const uint64_t connection_id_;
+  const size_t sockets_;
+  const uint64_t threshold_;
+  std::deque<std::shared_ptr<OutOp>> ops_;
+  std::deque<std::shared_ptr<OutOp>> awaiting_ack_;
+  uint64_t stripes_sent_ = 0;
+};
+
+// The slice [offset, offset + length) of the bytes described by `iov`.
+std::vector<iovec> SliceIov(absl::Span<const iovec> iov, size_t offset, size_t length);
+
+// The frames queued on one socket, oldest first, and how much of the oldest the kernel took.
+class FrameQueue {
+ public:
+  // Queues a frame: `h` and `payload` (the caller's memory, which stays valid until the frame
+  // is written or the connection fails). `op` is null for control frames (acks, closes).
+  void Push(const FrameHeader& h, std::vector<iovec> payload, std::shared_ptr<OutOp> op);
+  // Fills `iov` (room for `max` >= 2 entries) with the bytes to send next; returns how many
+  // entries it used (0 when the queue is empty).
+  int Gather(iovec* iov, int max) const;
+  // The kernel took `bytes` of what Gather described: frames written completely leave the queue
+  // and are reported to `send`.
+  void Advance(size_t bytes, SendState& send);
+  void Clear() { frames_.clear(); }
+  bool empty() const { return frames_.empty(); }
+  size_t size() const { return frames_.size(); }
+
+ private:
+  struct Frame {
+    uint8_t header[kFrameHeaderSize];
+    std::vector<iovec> payload;
+    size_t total = 0;  // header + payload bytes
+    size_t sent = 0;
+    std::shared_ptr<OutOp> op;
+  };
+  std::deque<Frame> frames_;
+};
+
+}  // namespace plexus::transport::internal::tcp
