@@ -1,0 +1,103 @@
+// The server side: a Server accepts connections on a transport Device and dispatches calls to
+// registered services (generated `Foo::Service` subclasses).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "plexus/rpc/call.hpp"
+#include "plexus/rpc/policy.hpp"
+#include "plexus/rpc/schema.hpp"
+#include "plexus/transport/device.hpp"
+
+namespace plexus::rpc {
+
+class ServerContext {
+ public:
+  virtual ~ServerContext() = default;
+  virtual const MetadataView& metadata() const = 0;
+  // InfiniteFuture when the client set none.
+  virtual absl::Time deadline() const = 0;
+  // The client cancelled the call (its response will be dropped).
+  virtual bool IsCancelled() const = 0;
+  // Metadata sent back with the response.
+  virtual void AddResponseMetadata(std::string key, std::string value) = 0;
+  // Memory that lives until the response is sent: back the response's views with it (or with the
+  // request's views, which live as long).
+  virtual void* Allocate(size_t bytes, size_t align = alignof(std::max_align_t)) = 0;
+  std::string_view CopyString(std::string_view s);
+  virtual std::string peer() const = 0;
+};
+
+namespace internal {
+class ServerCallState {
+ public:
+  virtual ~ServerCallState() = default;
+  virtual const void* request() const = 0;
+  virtual void* response() = 0;
+  virtual ServerContext& context() = 0;
+  // Sends the response (status OK) or the error; once, from any thread.
+  virtual void Finish(absl::Status status) = 0;
+};
+}  // namespace internal
+
+// One call as a handler sees it; copies share the call. Finish() exactly once.
+template <typename Req, typename Resp>
+class ServerCall {
+ public:
+  explicit ServerCall(std::shared_ptr<internal::ServerCallState> s) : s_(std::move(s)) {}
+  const Req& request() const { return *static_cast<const Req*>(s_->request()); }
+  Resp* response() { return static_cast<Resp*>(s_->response()); }
+  ServerContext& context() { return s_->context(); }
+  void Finish(absl::Status status) { s_->Finish(std::move(status)); }
+
+ private:
+  std::shared_ptr<internal::ServerCallState> s_;
+};
+
+class ServiceBase {
+ public:
+  virtual ~ServiceBase() = default;
+  virtual const ServiceDesc& descriptor() const = 0;
+  // Runs the handler of `method_id` (checked to be in range) for a decoded request.
+  virtual void Dispatch(uint32_t method_id, std::shared_ptr<internal::ServerCallState> call) = 0;
+};
+
+struct ServerOptions {
+  std::string address;  // "" picks a free one (tcp: an ephemeral port)
+  // Requests being handled per connection; later ones wait in the transport (bounded by its held
+  // bytes, then the client blocks). 0: PLEXUS_RPC_WINDOW (default 64).
+  size_t max_in_flight_per_connection = 0;
+  // Largest request accepted. 0: PLEXUS_RPC_MAX_MESSAGE_BYTES (default 4 MiB).
+  size_t max_message_bytes = 0;
+  int max_depth = 32;
+};
+
+class Server {
+ public:
+  static absl::StatusOr<std::unique_ptr<Server>> Create(std::shared_ptr<transport::Device> device,
+                                                        ServerOptions options = {});
+  ~Server();
+  // Before Start; the service must outlive the server. AlreadyExists for a second one of a name.
+  absl::Status Register(ServiceBase* service);
+  // Listens and starts the accept and dispatch threads.
+  absl::Status Start();
+  std::string address() const;
+  // Closes every connection and stops the threads (handlers finishing later are dropped).
+  void Shutdown();
+  // Policies run on every call of every connection.
+  EngineChain& engines();
+
+  struct Impl;
+
+ private:
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace plexus::rpc

@@ -1,0 +1,70 @@
+// Pieces the client and the server share: receive buffers, inbound messages, limits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "codec.hpp"
+#include "frame.hpp"
+#include "plexus/rpc/call.hpp"
+
+namespace plexus::rpc::internal {
+
+absl::StatusOr<size_t> ResolveWindow(size_t explicit_value);
+absl::StatusOr<size_t> ResolveMaxMessageBytes(size_t explicit_value);
+
+// Receive buffers of one size, 64-byte aligned, recycled (at most `keep` idle ones kept).
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  using Buffer = std::unique_ptr<uint8_t, Free>;
+  BufferPool(size_t bytes, size_t keep) : bytes_(bytes), keep_(keep) {}
+  Buffer Take();
+  void Give(Buffer b);
+  size_t bytes() const { return bytes_; }
+
+ private:
+  size_t bytes_;
+  size_t keep_;
+  std::mutex mu_;
+  std::vector<Buffer> free_;
+};
+
+// A received frame whose message was rebuilt in place; owns the buffer and the arena.
+class Inbound : public InboundMessage {
+ public:
+  Inbound(std::shared_ptr<BufferPool> pool, BufferPool::Buffer buffer, size_t bytes)
+      : pool_(std::move(pool)), buffer_(std::move(buffer)), bytes_(bytes) {}
+  ~Inbound() override {
+    if (buffer_) pool_->Give(std::move(buffer_));
+  }
+  absl::Span<const uint8_t> bytes() const { return {buffer_.get(), bytes_}; }
+  // Parses the frame (kept in frame()); metadata() then views it.
+  absl::Status Parse(const FrameLimits& limits);
+  // Decodes the message of type `desc` (the frame must carry one).
+  absl::Status Decode(const MessageDesc& desc, const CodecLimits& limits);
+  const FrameView& frame() const { return frame_; }
+
+ private:
+  std::shared_ptr<BufferPool> pool_;
+  BufferPool::Buffer buffer_;
+  size_t bytes_;
+  FrameView frame_;
+  Arena arena_;
+};
+
+inline uint32_t DeadlineBudgetUs(absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) return 0;
+  int64_t us = absl::ToInt64Microseconds(deadline - absl::Now());
+  if (us < 1) us = 1;
+  if (us > UINT32_MAX) return 0;
+  return static_cast<uint32_t>(us);
+}
+
+}  // namespace plexus::rpc::internal

@@ -1,0 +1,186 @@
+#include "frame.hpp"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace plexus::rpc::internal {
+namespace {
+
+constexpr uint8_t kZeros[kSegmentAlign] = {};
+
+size_t Pad(size_t n) { return (kSegmentAlign - n % kSegmentAlign) % kSegmentAlign; }
+
+template <typename T>
+void Put(std::string& s, T v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+template <typename T>
+T Get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+absl::Status Bad(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("malformed rpc frame: ", what));
+}
+
+}  // namespace
+
+void BuildFrame(const FrameHeader& h, std::string_view status_message,
+                absl::Span<const std::pair<std::string, std::string>> metadata,
+                const EncodedMessage* message, OutFrame* out) {
+  std::string& s = out->head;
+  s.clear();
+  out->parts.clear();
+  const size_t segments = message ? 1 + message->segment_bytes.size() : 0;
+  size_t md_bytes = 0;
+  for (const auto& [k, v] : metadata) md_bytes += k.size() + v.size();
+  Put<uint32_t>(s, kFrameMagic);
+  Put<uint8_t>(s, kFrameVersion);
+  Put<uint8_t>(s, static_cast<uint8_t>(h.type));
+  Put<uint16_t>(s, h.flags);
+  Put<uint64_t>(s, h.call_id);
+  Put<uint32_t>(s, h.service_id);
+  Put<uint32_t>(s, h.method_id);
+  Put<uint32_t>(s, h.status_code);
+  Put<uint32_t>(s, static_cast<uint32_t>(status_message.size()));
+  Put<uint32_t>(s, h.deadline_us);
+  Put<uint16_t>(s, static_cast<uint16_t>(metadata.size()));
+  Put<uint16_t>(s, 0);  // reserved
+  Put<uint32_t>(s, static_cast<uint32_t>(segments));
+  Put<uint32_t>(s, static_cast<uint32_t>(md_bytes));
+  for (const auto& [k, v] : metadata) {
+    Put<uint32_t>(s, static_cast<uint32_t>(k.size()));
+    Put<uint32_t>(s, static_cast<uint32_t>(v.size()));
+  }
+  if (message) {
+    Put<uint32_t>(s, static_cast<uint32_t>(message->structure.size()));
+    for (uint64_t b : message->segment_bytes) Put<uint32_t>(s, static_cast<uint32_t>(b));
+  }
+  s.append(status_message);
+  for (const auto& [k, v] : metadata) {
+    s.append(k);
+    s.append(v);
+  }
+  if (message) {
+    s.append(Pad(s.size()), '\0');
+    s.append(message->structure);
+  }
+  out->parts.push_back({nullptr, 0});  // head, set below once it stops growing
+  size_t at = s.size();
+  if (message) {
+    for (size_t i = 0; i < message->segment_bytes.size(); ++i) {
+      const size_t pad = Pad(at);
+      if (pad) {
+        if (i == 0) {
+          s.append(pad, '\0');
+        } else {
+          out->parts.push_back({kZeros, pad});
+        }
+        at += pad;
+      }
+      for (uint32_t k = 0; k < message->segment_parts[i]; ++k) {
+        out->parts.push_back(message->parts[message->segment_first[i] + k]);
+      }
+      at += message->segment_bytes[i];
+    }
+  }
+  out->parts[0] = {s.data(), s.size()};
+  out->bytes = at;
+}
+
+absl::StatusOr<FrameView> ParseFrame(absl::Span<const uint8_t> f, const FrameLimits& limits) {
+  if (f.size() < kFixedHeaderBytes) {
+    return Bad(
+        absl::StrCat("header: ", f.size(), " bytes, the fixed header needs ", kFixedHeaderBytes));
+  }
+  const uint8_t* p = f.data();
+  if (Get<uint32_t>(p) != kFrameMagic) return Bad("magic: not a plexus rpc frame");
+  if (p[4] != kFrameVersion) {
+    return Bad(absl::StrCat("version: ", p[4], " (this side speaks ", kFrameVersion, ")"));
+  }
+  FrameView v;
+  const uint8_t type = p[5];
+  if (type < 1 || type > 5) return Bad(absl::StrCat("type: ", type, " is not a frame type"));
+  v.header.type = static_cast<FrameType>(type);
+  v.header.flags = Get<uint16_t>(p + 6);
+  v.header.call_id = Get<uint64_t>(p + 8);
+  v.header.service_id = Get<uint32_t>(p + 16);
+  v.header.method_id = Get<uint32_t>(p + 20);
+  v.header.status_code = Get<uint32_t>(p + 24);
+  const uint32_t status_len = Get<uint32_t>(p + 28);
+  v.header.deadline_us = Get<uint32_t>(p + 32);
+  const uint16_t md_count = Get<uint16_t>(p + 36);
+  const uint32_t seg_count = Get<uint32_t>(p + 40);
+  const uint32_t md_bytes = Get<uint32_t>(p + 44);
+  if (v.header.status_code > 16) {
+    return Bad(absl::StrCat("status code: ", v.header.status_code, " is not a gRPC code"));
+  }
+  if (status_len > limits.max_status_bytes) {
+    return Bad(absl::StrCat("status message length: ", status_len, " over the limit of ",
+                            limits.max_status_bytes));
+  }
+  if (md_count > limits.max_metadata_entries) {
+    return Bad(absl::StrCat("metadata count: ", md_count, " over the limit of ",
+                            limits.max_metadata_entries));
+  }
+  if (md_bytes > limits.max_metadata_bytes) {
+    return Bad(absl::StrCat("metadata bytes: ", md_bytes, " over the limit of ",
+                            limits.max_metadata_bytes));
+  }
+  if (seg_count > limits.max_segments) {
+    return Bad(
+        absl::StrCat("segment count: ", seg_count, " over the limit of ", limits.max_segments));
+  }
+  const uint64_t table = uint64_t{md_count} * 8 + uint64_t{seg_count} * 4;
+  uint64_t at = kFixedHeaderBytes + table;
+  if (at + status_len + md_bytes > f.size()) {
+    return Bad(absl::StrCat("lengths: the table, status and metadata need ",
+                            at + status_len + md_bytes, " bytes, the frame has ", f.size()));
+  }
+  const uint8_t* t = p + kFixedHeaderBytes;
+  v.status_message = std::string_view(reinterpret_cast<const char*>(p + at), status_len);
+  at += status_len;
+  uint64_t md_sum = 0;
+  v.metadata.reserve(md_count);
+  for (uint16_t i = 0; i < md_count; ++i) {
+    const uint32_t kl = Get<uint32_t>(t + 8 * i), vl = Get<uint32_t>(t + 8 * i + 4);
+    md_sum += uint64_t{kl} + vl;
+    if (md_sum > md_bytes) {
+      return Bad(absl::StrCat("metadata[", i, "]: lengths exceed the ", md_bytes,
+                              " metadata bytes announced"));
+    }
+    const char* base = reinterpret_cast<const char*>(p + at);
+    v.metadata.emplace_back(std::string_view(base, kl), std::string_view(base + kl, vl));
+    at += uint64_t{kl} + vl;
+  }
+  if (md_sum != md_bytes) {
+    return Bad(absl::StrCat("metadata bytes: ", md_bytes, " announced, the entries hold ", md_sum));
+  }
+  const uint8_t* s = t + 8 * md_count;
+  v.segments.reserve(seg_count > 0 ? seg_count - 1 : 0);
+  for (uint32_t i = 0; i < seg_count; ++i) {
+    const uint32_t len = Get<uint32_t>(s + 4 * i);
+    at += Pad(at);
+    if (at + len > f.size()) {
+      return Bad(absl::StrCat("segment ", i, ": ", len, " bytes at offset ", at,
+                              " run past the frame's ", f.size(), " bytes"));
+    }
+    absl::Span<const uint8_t> seg(p + at, len);
+    if (i == 0) {
+      v.structure = seg;
+    } else {
+      v.segments.push_back(seg);
+    }
+    at += len;
+  }
+  if (at != f.size()) {
+    return Bad(
+        absl::StrCat("length: the frame has ", f.size(), " bytes, its header accounts for ", at));
+  }
+  return v;
+}
+
+}  // namespace plexus::rpc::internal

@@ -1,0 +1,81 @@
+// The rpc frame: one transport message per request, response, cancel or handshake.
+//
+//   fixed header (48 bytes, little-endian): magic "PXR1", version, type, flags, call id,
+//     service id, method id, status code, status message length, deadline budget (us),
+//     metadata count, segment count, metadata bytes
+//   table: per metadata entry (u32 key length, u32 value length); per segment its u32 length
+//   status message, metadata keys and values back to back
+//   segments, each starting at a multiple of 8 bytes from the frame start (segment 0 is the
+//   message's structure, the others its data segments)
+//
+// ParseFrame checks every count and length against the frame's size and the limits, so that a
+// hostile peer gets an error naming the field and never an out-of-bounds read.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "codec.hpp"
+
+namespace plexus::rpc::internal {
+
+inline constexpr uint32_t kFrameMagic = 0x31525850;  // "PXR1"
+inline constexpr uint8_t kFrameVersion = 1;
+inline constexpr size_t kFixedHeaderBytes = 48;
+inline constexpr size_t kSegmentAlign = 8;
+
+enum class FrameType : uint8_t {
+  kRequest = 1,
+  kResponse = 2,
+  kCancel = 3,
+  kHello = 4,     // client -> server: (service name, schema hash) pairs as metadata
+  kHelloAck = 5,  // server -> client: status OK or the reason for refusal
+};
+
+struct FrameHeader {
+  FrameType type = FrameType::kRequest;
+  uint16_t flags = 0;
+  uint64_t call_id = 0;
+  uint32_t service_id = 0;
+  uint32_t method_id = 0;
+  uint32_t status_code = 0;
+  uint32_t deadline_us = 0;  // 0: none; else the budget left when sent
+};
+
+struct FrameLimits {
+  size_t max_metadata_entries = 64;
+  size_t max_metadata_bytes = 16 << 10;
+  size_t max_status_bytes = 4 << 10;
+  size_t max_segments = 1 << 16;
+};
+
+// A frame to send: `head` (owned) then the message's data segments (views) with padding.
+struct OutFrame {
+  std::string head;
+  std::vector<Part> parts;  // parts[0] is head; all of them back to back form the frame
+  size_t bytes = 0;
+};
+
+void BuildFrame(const FrameHeader& header, std::string_view status_message,
+                absl::Span<const std::pair<std::string, std::string>> metadata,
+                const EncodedMessage* message, OutFrame* out);
+
+struct FrameView {
+  FrameHeader header;
+  std::string_view status_message;
+  std::vector<std::pair<std::string_view, std::string_view>> metadata;
+  absl::Span<const uint8_t> structure;              // empty when the frame carries no message
+  std::vector<absl::Span<const uint8_t>> segments;  // data segments
+};
+
+// `frame` must start 8-byte aligned (segments are mapped in place).
+absl::StatusOr<FrameView> ParseFrame(absl::Span<const uint8_t> frame,
+                                     const FrameLimits& limits = {});
+
+}  // namespace plexus::rpc::internal

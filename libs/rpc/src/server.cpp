@@ -1,0 +1,446 @@
+#include "plexus/rpc/server.hpp"
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "conn.hpp"
+#include "plexus/base/status.hpp"
+
+namespace plexus::rpc {
+
+std::string_view ServerContext::CopyString(std::string_view s) {
+  char* p = static_cast<char*>(Allocate(s.size(), 1));
+  std::memcpy(p, s.data(), s.size());
+  return std::string_view(p, s.size());
+}
+
+namespace internal {
+namespace {
+
+struct ServerCore;
+class ServerCallImpl;
+
+struct ServerConn {
+  ServerCore* server = nullptr;
+  std::string peer;
+  std::mutex mu;
+  bool hello_done = false;
+  bool dead = false;
+  bool close_after_ack = false;
+  uint64_t next_wr = 1;
+  absl::flat_hash_map<uint64_t, BufferPool::Buffer> recvs;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<ServerCallImpl>> sending;
+  absl::flat_hash_map<uint64_t, std::weak_ptr<ServerCallImpl>> active;
+  std::unique_ptr<OutFrame> ack;
+  // Declared last: destroyed first, so that no buffer above is freed under the transport.
+  std::unique_ptr<transport::Connection> conn;
+
+  void PostRecvLocked();
+};
+
+struct ServerCore {
+  std::shared_ptr<transport::Device> device;
+  std::unique_ptr<transport::CompletionQueue> cq;
+  std::unique_ptr<transport::Listener> listener;
+  ServerOptions options;
+  size_t window = 0;
+  std::shared_ptr<BufferPool> pool;
+  CodecLimits codec;
+  FrameLimits frame_limits;
+  EngineChain chain;
+  absl::flat_hash_map<uint32_t, ServiceBase*> services;
+  std::map<std::string, ServiceBase*, std::less<>> by_name;
+
+  std::mutex mu;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<ServerConn>> conns;
+  std::atomic<bool> stop{false};
+  std::thread accept_thread;
+  std::thread dispatch_thread;
+
+  void Accept();
+  void Dispatch();
+  void Handle(const transport::Completion& c);
+  void HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_ptr<Inbound> in,
+                   size_t bytes);
+  void Kill(const std::shared_ptr<ServerConn>& sc, const absl::Status& why);
+};
+
+void ServerConn::PostRecvLocked() {
+  if (dead) return;
+  BufferPool::Buffer b = server->pool->Take();
+  const uint64_t wr = (uint64_t{1} << 63) | next_wr++;
+  if (conn->PostRecv({b.get(), server->pool->bytes()}, wr).ok()) recvs.emplace(wr, std::move(b));
+}
+
+class ServerCallImpl : public ServerCallState,
+                       public ServerContext,
+                       public std::enable_shared_from_this<ServerCallImpl> {
+ public:
+  ServerCallImpl(std::shared_ptr<ServerConn> conn, std::shared_ptr<Inbound> in)
+      : conn_(std::move(conn)), in_(std::move(in)) {
+    const FrameHeader& h = in_->frame().header;
+    call_id_ = h.call_id;
+    info_.call_id = h.call_id;
+    info_.server_side = true;
+    info_.start = absl::Now();
+    info_.request_bytes = in_->bytes().size();
+    if (h.deadline_us != 0) deadline_ = info_.start + absl::Microseconds(h.deadline_us);
+  }
+
+  // Sets the method and builds a default response.
+  void Bind(const ServiceDesc* s, const MethodDesc* m) {
+    info_.service = s;
+    info_.method = m;
+    const MessageDesc& rd = *m->response();
+    response_ = arena_.Allocate(rd.size, rd.align);
+    rd.construct(response_);
+  }
+
+  const void* request() const override { return in_->message(); }
+  void* response() override { return response_; }
+  ServerContext& context() override { return *this; }
+  const MetadataView& metadata() const override { return in_->metadata(); }
+  absl::Time deadline() const override { return deadline_; }
+  bool IsCancelled() const override { return cancelled_.load(); }
+  void Cancel() { cancelled_ = true; }
+  void AddResponseMetadata(std::string key, std::string value) override {
+    std::lock_guard<std::mutex> lock(md_mu_);
+    response_md_.emplace_back(std::move(key), std::move(value));
+  }
+  void* Allocate(size_t bytes, size_t align) override {
+    std::lock_guard<std::mutex> lock(md_mu_);
+    return arena_.Allocate(bytes, align);
+  }
+  std::string peer() const override { return conn_->peer; }
+  void set_chain(EngineChain::Snapshot chain) { chain_ = std::move(chain); }
+  const CallInfo& info() const { return info_; }
+
+  void Finish(absl::Status status) override {
+    if (finished_.exchange(true)) return;
+    FrameHeader h;
+    h.type = FrameType::kResponse;
+    h.call_id = call_id_;
+    if (info_.service) h.service_id = info_.service->id;
+    if (info_.method) h.method_id = info_.method->id;
+    if (status.ok() && info_.method) {
+      absl::Status es = EncodeMessage(*info_.method->response(), response_, &encoded_);
+      if (!es.ok()) {
+        status = absl::InternalError(
+            absl::StrCat("the server could not encode the response: ", es.message()));
+      }
+    }
+    h.status_code = static_cast<uint32_t>(status.code());
+    std::string msg(status.message());
+    if (msg.size() > 4000) msg.resize(4000);
+    BuildFrame(h, msg, response_md_, status.ok() && info_.method ? &encoded_ : nullptr, &frame_);
+    info_.response_bytes = frame_.bytes;
+    status_ = status;
+    auto self = shared_from_this();
+    std::lock_guard<std::mutex> lock(conn_->mu);
+    conn_->active.erase(call_id_);
+    if (conn_->dead) return;
+    const uint64_t wr = conn_->next_wr++;
+    if (conn_->conn->PostSend(frame_.parts, wr).ok()) {
+      conn_->sending.emplace(wr, std::move(self));
+    } else {
+      conn_->PostRecvLocked();
+    }
+  }
+  // The response left: policies see the end of the call.
+  void Sent() {
+    if (chain_) {
+      for (const auto& p : *chain_) p->OnComplete(info_, status_);
+    }
+  }
+
+ private:
+  std::shared_ptr<ServerConn> conn_;
+  std::shared_ptr<Inbound> in_;
+  uint64_t call_id_ = 0;
+  CallInfo info_;
+  absl::Time deadline_ = absl::InfiniteFuture();
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> finished_{false};
+  std::mutex md_mu_;
+  Metadata response_md_;
+  Arena arena_;
+  void* response_ = nullptr;
+  EncodedMessage encoded_;
+  OutFrame frame_;
+  absl::Status status_;
+  EngineChain::Snapshot chain_;
+};
+
+void ServerCore::Accept() {
+  while (!stop.load()) {
+    auto c = listener->Accept(cq.get(), absl::Milliseconds(100));
+    if (!c.ok()) {
+      if (absl::IsDeadlineExceeded(c.status())) continue;
+      if (stop.load()) break;
+      absl::SleepFor(absl::Milliseconds(10));
+      continue;
+    }
+    auto sc = std::make_shared<ServerConn>();
+    sc->server = this;
+    sc->peer = (*c)->peer_address();
+    sc->conn = std::move(*c);
+    std::lock_guard<std::mutex> lock(mu);
+    const uint64_t id = sc->conn->id();
+    {
+      std::lock_guard<std::mutex> cl(sc->mu);
+      for (size_t i = 0; i < window; ++i) sc->PostRecvLocked();
+    }
+    conns.emplace(id, std::move(sc));
+  }
+}
+
+void ServerCore::Kill(const std::shared_ptr<ServerConn>& sc, const absl::Status& why) {
+  (void)why;
+  std::vector<std::shared_ptr<ServerCallImpl>> calls;
+  {
+    std::lock_guard<std::mutex> lock(sc->mu);
+    if (sc->dead) return;
+    sc->dead = true;
+    sc->conn->Close();
+    for (auto& [id, w] : sc->active) {
+      if (auto c = w.lock()) calls.push_back(c);
+    }
+  }
+  for (auto& c : calls) c->Cancel();
+  std::lock_guard<std::mutex> lock(mu);
+  conns.erase(sc->conn->id());
+}
+
+void ServerCore::Dispatch() {
+  transport::Completion batch[16];
+  while (!stop.load()) {
+    size_t n = cq->Poll(absl::MakeSpan(batch));
+    if (n == 0) {
+      auto c = cq->Wait(absl::Milliseconds(50));
+      if (!c.ok()) continue;
+      batch[0] = std::move(*c);
+      n = 1;
+    }
+    for (size_t i = 0; i < n; ++i) Handle(batch[i]);
+  }
+}
+
+void ServerCore::Handle(const transport::Completion& c) {
+  std::shared_ptr<ServerConn> sc;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = conns.find(c.connection_id);
+    if (it == conns.end()) return;
+    sc = it->second;
+  }
+  if (c.opcode == transport::Opcode::kSend) {
+    std::shared_ptr<ServerCallImpl> call;
+    bool close = false;
+    {
+      std::lock_guard<std::mutex> lock(sc->mu);
+      auto it = sc->sending.find(c.wr_id);
+      if (it != sc->sending.end()) {
+        call = std::move(it->second);
+        sc->sending.erase(it);
+      }
+      close = sc->close_after_ack && c.wr_id == 0;
+      if (call || c.wr_id == 0) sc->PostRecvLocked();
+    }
+    if (call) call->Sent();
+    if (close || !c.status.ok()) Kill(sc, c.status);
+    return;
+  }
+  if (c.opcode != transport::Opcode::kRecv) return;
+  BufferPool::Buffer buf;
+  {
+    std::lock_guard<std::mutex> lock(sc->mu);
+    auto it = sc->recvs.find(c.wr_id);
+    if (it == sc->recvs.end()) return;
+    buf = std::move(it->second);
+    sc->recvs.erase(it);
+  }
+  if (!c.status.ok()) {
+    Kill(sc, c.status);
+    return;
+  }
+  HandleFrame(sc, std::make_shared<Inbound>(pool, std::move(buf), c.bytes), c.bytes);
+}
+
+void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_ptr<Inbound> in,
+                             size_t bytes) {
+  (void)bytes;
+  if (absl::Status st = in->Parse(frame_limits); !st.ok()) {
+    Kill(sc, st);  // a peer that sends garbage is not talked to any more
+    return;
+  }
+  const FrameHeader& h = in->frame().header;
+  if (h.type == FrameType::kHello) {
+    absl::Status verdict;
+    for (const auto& [name, hash] : in->frame().metadata) {
+      auto it = by_name.find(name);
+      if (it == by_name.end()) {
+        std::string served;
+        for (const auto& [n, s] : by_name) absl::StrAppend(&served, served.empty() ? "" : ", ", n);
+        verdict = absl::NotFoundError(absl::StrCat("service ", std::string(name),
+                                                   " is not served here (serves: ", served, ")"));
+        break;
+      }
+      const std::string mine = absl::StrFormat("%016x", it->second->descriptor().schema_hash);
+      if (mine != hash) {
+        verdict = absl::FailedPreconditionError(absl::StrCat(
+            "service ", std::string(name), ": schema hash mismatch: client 0x", std::string(hash),
+            ", server 0x", mine, " (regenerate both sides from the same .proto)"));
+        break;
+      }
+    }
+    std::lock_guard<std::mutex> lock(sc->mu);
+    if (sc->hello_done) return;
+    sc->hello_done = verdict.ok();
+    sc->close_after_ack = !verdict.ok();
+    sc->ack = std::make_unique<OutFrame>();
+    FrameHeader a;
+    a.type = FrameType::kHelloAck;
+    a.status_code = static_cast<uint32_t>(verdict.code());
+    BuildFrame(a, std::string(verdict.message()), {}, nullptr, sc->ack.get());
+    (void)sc->conn->PostSend(sc->ack->parts, 0);  // completion (wr 0) reposts the receive
+    return;
+  }
+  if (h.type == FrameType::kCancel) {
+    std::shared_ptr<ServerCallImpl> call;
+    {
+      std::lock_guard<std::mutex> lock(sc->mu);
+      auto it = sc->active.find(h.call_id);
+      if (it != sc->active.end()) call = it->second.lock();
+      sc->PostRecvLocked();
+    }
+    if (call) call->Cancel();
+    return;
+  }
+  if (h.type != FrameType::kRequest) {
+    Kill(sc, absl::InvalidArgumentError("a client sent a non-request frame"));
+    return;
+  }
+  bool hello_done;
+  {
+    std::lock_guard<std::mutex> lock(sc->mu);
+    hello_done = sc->hello_done;
+  }
+  if (!hello_done) {
+    Kill(sc, absl::FailedPreconditionError("request before the handshake"));
+    return;
+  }
+  auto call = std::make_shared<ServerCallImpl>(sc, in);
+  {
+    std::lock_guard<std::mutex> lock(sc->mu);
+    sc->active.emplace(h.call_id, call);
+  }
+  auto sit = services.find(h.service_id);
+  if (sit == services.end()) {
+    call->Finish(
+        absl::UnimplementedError(absl::StrCat("service id ", h.service_id, " is not served here")));
+    return;
+  }
+  ServiceBase* service = sit->second;
+  const ServiceDesc& sd = service->descriptor();
+  if (h.method_id >= sd.method_count) {
+    call->Finish(
+        absl::UnimplementedError(absl::StrCat("service ", sd.full_name, " has no method ",
+                                              h.method_id, " (it has ", sd.method_count, ")")));
+    return;
+  }
+  const MethodDesc& md = sd.methods[h.method_id];
+  call->Bind(&sd, &md);
+  if (absl::Status ds = in->Decode(*md.request(), codec); !ds.ok()) {
+    call->Finish(absl::InvalidArgumentError(
+        absl::StrCat("request of ", sd.full_name, "/", md.name, ": ", ds.message())));
+    return;
+  }
+  auto chain_snapshot = chain.snapshot();
+  call->set_chain(chain_snapshot);
+  for (const auto& p : *chain_snapshot) {
+    if (absl::Status ps = p->OnRequest(call->info()); !ps.ok()) {
+      call->Finish(ps);
+      return;
+    }
+  }
+  service->Dispatch(h.method_id, call);
+}
+
+}  // namespace
+}  // namespace internal
+
+struct Server::Impl {
+  internal::ServerCore core;
+};
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Server::~Server() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(std::shared_ptr<transport::Device> device,
+                                                       ServerOptions options) {
+  auto impl = std::make_unique<Impl>();
+  auto& c = impl->core;
+  PLEXUS_ASSIGN_OR_RETURN(c.window, internal::ResolveWindow(options.max_in_flight_per_connection));
+  PLEXUS_ASSIGN_OR_RETURN(size_t max_bytes,
+                          internal::ResolveMaxMessageBytes(options.max_message_bytes));
+  c.pool = std::make_shared<internal::BufferPool>(max_bytes, c.window * 2 + 2);
+  c.codec.max_depth = options.max_depth;
+  c.options = std::move(options);
+  c.device = std::move(device);
+  c.cq = c.device->CreateCompletionQueue();
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+absl::Status Server::Register(ServiceBase* service) {
+  auto& c = impl_->core;
+  if (c.listener) return absl::FailedPreconditionError("Register after Start");
+  const ServiceDesc& d = service->descriptor();
+  if (c.services.contains(d.id)) {
+    return absl::AlreadyExistsError(absl::StrCat("service ", d.full_name, " already registered"));
+  }
+  c.services[d.id] = service;
+  c.by_name[d.full_name] = service;
+  return absl::OkStatus();
+}
+
+absl::Status Server::Start() {
+  auto& c = impl_->core;
+  if (c.listener) return absl::FailedPreconditionError("server already started");
+  PLEXUS_ASSIGN_OR_RETURN(c.listener, c.device->Listen(c.options.address));
+  c.accept_thread = std::thread([&c] { c.Accept(); });
+  c.dispatch_thread = std::thread([&c] { c.Dispatch(); });
+  return absl::OkStatus();
+}
+
+std::string Server::address() const {
+  return impl_->core.listener ? impl_->core.listener->address() : "";
+}
+
+void Server::Shutdown() {
+  auto& c = impl_->core;
+  if (c.stop.exchange(true)) return;
+  if (c.accept_thread.joinable()) c.accept_thread.join();
+  std::vector<std::shared_ptr<internal::ServerConn>> conns;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (auto& [id, sc] : c.conns) conns.push_back(sc);
+  }
+  for (auto& sc : conns) {
+    std::lock_guard<std::mutex> lock(sc->mu);
+    sc->dead = true;
+    sc->conn->Close();
+  }
+  if (c.dispatch_thread.joinable()) c.dispatch_thread.join();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.conns.clear();
+}
+
+EngineChain& Server::engines() { return impl_->core.chain; }
+
+}  // namespace plexus::rpc
