@@ -59,7 +59,8 @@ int main() {
     return 1;
   }
   plexus::kv::KeyValue::Stub kv(*channel);
-  const pr::CallOptions opts{.timeout = absl::Seconds(10)};
+  pr::CallOptions opts;
+  opts.timeout = absl::Seconds(10);
   plexus::kv::PutRequest::Builder put;
   put.set_key("greeting").set_value("hello, plexus");
   auto v1 = kv.PutSync(put.message(), opts);

@@ -69,6 +69,8 @@ struct Harness {
                 .matcher = {.backend = "tcp",
                             .peer = kPeer,
                             .connection_cap = held_cap,
+                            .device = nullptr,
+                            .max_spare_bytes = 0,
                             .deliver_eagerly = false},
                 .resolve_write = [this](uint64_t id, uint64_t offset,
                                         uint64_t length) -> absl::StatusOr<pi::WriteTarget> {
