@@ -46,30 +46,47 @@ TEST_CASE("sim: gossip with floor 4 is under a fifth of floor 1", "[sim]") {
   CHECK(four.gossip_fraction() * 5 < one.gossip_fraction());
 }
 
-TEST_CASE("sim: the gain over random is larger for exponential than constant service", "[sim]") {
+TEST_CASE("sim: the p99 gain over random is larger for exponential and bimodal than constant",
+          "[sim]") {
+  // In microseconds saved; as a ratio the three are close in this model (docs/rpc_balance.md).
   auto gain = [](Service s) {
-    return Run("random", 0.7, s).p99_us / Run("daronpon", 0.7, s).p99_us;
+    return Run("random", 0.7, s).p99_us - Run("daronpon", 0.7, s).p99_us;
   };
   const double constant = gain(Service::kConstant);
   const double exponential = gain(Service::kExponential);
-  INFO("random/daronpon p99: constant " << constant << " exponential " << exponential);
-  CHECK(exponential > constant);
+  const double bimodal = gain(Service::kBimodal);
+  INFO("random - daronpon p99 (us): constant " << constant << " exponential " << exponential
+                                               << " bimodal " << bimodal);
+  CHECK(constant > 0);
+  CHECK(exponential > 1.5 * constant);
+  CHECK(bimodal > 1.5 * constant);
 }
 
-TEST_CASE("sim: redirects go to the fast server under heterogeneity", "[sim]") {
-  SimConfig c;
-  c.policy = "daronpon";
-  c.load = 0.8;
-  c.service = Service::kExponential;
-  c.cores = {3, 1, 1, 1, 1, 1};
-  c.requests = 60000;
-  c.seed = 7;
-  auto r = Simulate(c);
-  REQUIRE(r.ok());
-  INFO("redirects to server 0: " << r->redirected_to[0] << " of " << r->redirects);
-  CHECK(r->redirected_to[0] * 2 > r->redirects);
-  // Server 0 has 3 of the 8 cores: it serves more than the 1/6 that random would send it.
-  CHECK(r->served[0] * 6 > r->completed);
+TEST_CASE("sim: redirects follow capacity under heterogeneity (seed 2.5.4: 3 servers)", "[sim]") {
+  // The seed's setup: three servers, one per ToR, one of them with 3 cores.
+  auto redirect_share = [](uint32_t fast_cores, SimResult* out) {
+    SimConfig c;
+    c.policy = "daronpon";
+    c.load = 0.8;
+    c.service = Service::kExponential;
+    c.servers_per_rack = 1;
+    c.clients = 3;
+    c.cores = {fast_cores, 1, 1};
+    c.requests = 60000;
+    c.seed = 7;
+    auto r = Simulate(c);
+    REQUIRE(r.ok());
+    *out = *r;
+    return double(r->redirected_to[0]) / r->redirects;
+  };
+  SimResult homogeneous, heterogeneous;
+  const double even = redirect_share(1, &homogeneous);
+  const double skewed = redirect_share(3, &heterogeneous);
+  INFO("share of redirects to server 0: 1 core " << even << ", 3 cores " << skewed);
+  CHECK(even < 0.45);
+  CHECK(skewed > 0.55);
+  // Server 0 holds 3 of 5 cores: it serves well over the third that a blind choice sends it.
+  CHECK(heterogeneous.served[0] * 2 > heterogeneous.completed);
 }
 
 TEST_CASE("sim: bad configurations are errors naming the field", "[sim]") {
