@@ -1,5 +1,8 @@
 // Replica selection: logarithmic gossip trigger sequences, Daronpon's redirect rule and one-hop
 // limit, estimates from piggyback and gossip, and determinism of the seeded policies.
+#include <algorithm>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -259,8 +262,8 @@ TEST_CASE("round robin and po2 are deterministic for a seed", "[balance]") {
   }
   CHECK(a == b);
   CHECK(a != d);
-  // Po2 never picks the more loaded of its two: with replica 3 far above, it is picked only
-  // when... never, since any pair holding 3 holds a lighter one.
+  // Po2 picks the lighter of its two: any pair holding the heavily loaded replica 3 also holds
+  // a lighter one, so 3 is never picked.
   for (int i = 0; i < 20; ++i) REQUIRE(p1->OnSend(3).ok());
   for (int i = 0; i < 64; ++i) CHECK(p1->Pick({}).replica != 3);
 }

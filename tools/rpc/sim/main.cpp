@@ -46,6 +46,12 @@ void AddCommon(CLI::App* sub, Args& a) {
                     "period of the periodic-gossip baseline (us)", 0.001, 1e6);
   sub->add_option("--cores", c.cores, "cores per server, rack-major (default 1 each)")
       ->delimiter(',');
+  sub->add_flag("--piggyback-responses,!--no-piggyback-responses", c.piggyback_responses,
+                "responses update the client's ToR on the way back (daronpon)")
+      ->capture_default_str();
+  sub->add_flag("--piggyback-redirects,!--no-piggyback-redirects", c.piggyback_redirects,
+                "redirected calls carry their first ToR's counts (daronpon)")
+      ->capture_default_str();
   plexus::tooling::AddJsonFlag(sub, &a.json);
 }
 
@@ -65,6 +71,7 @@ plexus::tooling::Figure MakeFigure(const std::string& name, double value, const 
              {"gossip_frac", r.gossip_fraction()},
              {"gossip_floor", c.gossip_floor},
              {"requests", r.completed},
+             {"piggyback_responses", c.piggyback_responses},
              {"seed", c.seed}};
   return f;
 }
