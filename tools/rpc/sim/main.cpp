@@ -38,7 +38,8 @@ void AddCommon(CLI::App* sub, Args& a) {
   sub->add_option("--service", a.service, "service time: constant | exp | bimodal")
       ->capture_default_str();
   AddNumber<double>(sub, "--mean-us", &c.mean_us, "mean service time (us)", 0.001, 1e6);
-  AddNumber<uint64_t>(sub, "--requests", &c.requests, "requests per run", 1, 100000000);
+  AddNumber<uint64_t>(sub, "--requests", &c.requests, "requests per run (memory: ~100 B each)", 1,
+                      10000000);
   AddNumber<uint64_t>(sub, "--seed", &c.seed, "RNG seed", 0, UINT64_MAX);
   AddNumber<uint32_t>(sub, "--delta", &c.delta, "Daronpon redirect threshold (calls)", 0, 1 << 20);
   AddNumber<uint32_t>(sub, "--gossip-floor", &c.gossip_floor, "lower gossip threshold", 0, 1 << 20);
@@ -104,6 +105,13 @@ int main(int argc, char** argv) {
   auto service = plexus::rpc::sim::ParseService(a.service);
   if (!service.ok()) return tool.Usage(std::string(service.status().message()));
   a.base.service = *service;
+  for (const std::string& policy : a.policies) {
+    if (policy != "random" && policy != "round_robin" && policy != "po2" && policy != "jsq" &&
+        policy != "periodic" && policy != "daronpon") {
+      return tool.Usage("--policies: unknown policy '" + policy +
+                        "'; expected random, round_robin, po2, jsq, periodic or daronpon");
+    }
+  }
   plexus::tooling::FigureWriter out("rpc_balance_sim", a.json);
   auto run = [&](const SimConfig& c) -> absl::StatusOr<SimResult> {
     std::fprintf(stderr, "plexus-rpc-sim: %s load %.2f %s floor %u ...\n", c.policy.c_str(), c.load,
