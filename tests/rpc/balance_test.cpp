@@ -9,12 +9,12 @@
 
 #include "plexus/rpc/balance.hpp"
 
+using plexus::rpc::BalanceCall;
+using plexus::rpc::BalancePolicy;
 using plexus::rpc::Balancer;
 using plexus::rpc::BalancerConfig;
-using plexus::rpc::Call;
 using plexus::rpc::GossipTrigger;
 using plexus::rpc::LoadReport;
-using plexus::rpc::Policy;
 
 namespace {
 
@@ -115,8 +115,8 @@ TEST_CASE("balancer: configuration errors name the problem", "[balance]") {
   c.max_hops = 2;
   CHECK(Balancer::Create(c).status().message() ==
         "balancer: max_hops is at most 1 (one redirect), got 2");
-  CHECK(plexus::rpc::ParsePolicy("po2").value() == Policy::kPowerOfTwo);
-  CHECK(plexus::rpc::ParsePolicy("jsq").status().message() ==
+  CHECK(plexus::rpc::ParseBalancePolicy("po2").value() == BalancePolicy::kPowerOfTwo);
+  CHECK(plexus::rpc::ParseBalancePolicy("jsq").status().message() ==
         "unknown balancing policy 'jsq'; expected round_robin, random, po2 or daronpon");
 }
 
@@ -242,13 +242,13 @@ TEST_CASE("daronpon: no local replica picks the least loaded estimate", "[balanc
 TEST_CASE("round robin and po2 are deterministic for a seed", "[balance]") {
   BalancerConfig c;
   c.replicas = 4;
-  c.policy = Policy::kRoundRobin;
+  c.policy = BalancePolicy::kRoundRobin;
   auto rr = Make(c);
   std::vector<uint32_t> seq;
   for (int i = 0; i < 6; ++i) seq.push_back(rr->Pick({}).replica);
   CHECK(seq == std::vector<uint32_t>{0, 1, 2, 3, 0, 1});
 
-  c.policy = Policy::kPowerOfTwo;
+  c.policy = BalancePolicy::kPowerOfTwo;
   c.seed = 42;
   auto p1 = Make(c);
   auto p2 = Make(c);

@@ -131,7 +131,7 @@ class Sim {
     if (tor_policy_) {
       for (uint32_t r = 0; r < c_.racks; ++r) {
         BalancerConfig b;
-        b.policy = Policy::kDaronpon;
+        b.policy = BalancePolicy::kDaronpon;
         b.replicas = n;
         for (uint32_t s = 0; s < c_.servers_per_rack; ++s)
           b.local.push_back(r * c_.servers_per_rack + s);
@@ -147,7 +147,7 @@ class Sim {
         Push(c_.gossip_period_us, Kind::kPeriodic, 0, 0);
       }
     } else if (p == "random" || p == "round_robin" || p == "po2") {
-      PLEXUS_ASSIGN_OR_RETURN(Policy policy, ParsePolicy(p));
+      PLEXUS_ASSIGN_OR_RETURN(BalancePolicy policy, ParseBalancePolicy(p));
       for (uint32_t i = 0; i < c_.clients; ++i) {
         BalancerConfig b;
         b.policy = policy;
@@ -284,7 +284,7 @@ class Sim {
         Balancer& tor = *tors_[e.where];
         for (const LoadReport& report : q.piggyback) PLEXUS_RETURN_IF_ERROR(tor.OnGossip(report));
         q.piggyback.clear();
-        const Choice choice = tor.Pick({q.replica, q.hops});
+        const BalanceChoice choice = tor.Pick({q.replica, q.hops});
         q.replica = choice.replica;
         if (choice.redirected) {
           ++q.hops;

@@ -29,23 +29,24 @@ std::optional<uint32_t> GossipTrigger::Observe(uint32_t outstanding) {
   return outstanding;
 }
 
-std::string_view PolicyName(Policy policy) {
+std::string_view BalancePolicyName(BalancePolicy policy) {
   switch (policy) {
-    case Policy::kRoundRobin:
+    case BalancePolicy::kRoundRobin:
       return "round_robin";
-    case Policy::kRandom:
+    case BalancePolicy::kRandom:
       return "random";
-    case Policy::kPowerOfTwo:
+    case BalancePolicy::kPowerOfTwo:
       return "po2";
-    case Policy::kDaronpon:
+    case BalancePolicy::kDaronpon:
       return "daronpon";
   }
   return "?";
 }
 
-absl::StatusOr<Policy> ParsePolicy(std::string_view name) {
-  for (Policy p : {Policy::kRoundRobin, Policy::kRandom, Policy::kPowerOfTwo, Policy::kDaronpon}) {
-    if (name == PolicyName(p)) return p;
+absl::StatusOr<BalancePolicy> ParseBalancePolicy(std::string_view name) {
+  for (BalancePolicy p : {BalancePolicy::kRoundRobin, BalancePolicy::kRandom,
+                          BalancePolicy::kPowerOfTwo, BalancePolicy::kDaronpon}) {
+    if (name == BalancePolicyName(p)) return p;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown balancing policy '", std::string(name),
@@ -57,7 +58,7 @@ namespace {
 class RoundRobin final : public Balancer {
  public:
   explicit RoundRobin(const BalancerConfig& config) : Balancer(config) {}
-  Choice Pick(const Call&) override {
+  BalanceChoice Pick(const BalanceCall&) override {
     const ReplicaId r = next_;
     next_ = (next_ + 1) % size();
     return {r, false};
@@ -70,14 +71,14 @@ class RoundRobin final : public Balancer {
 class Random final : public Balancer {
  public:
   explicit Random(const BalancerConfig& config) : Balancer(config) {}
-  Choice Pick(const Call&) override { return {UniformBelow(size()), false}; }
+  BalanceChoice Pick(const BalanceCall&) override { return {UniformBelow(size()), false}; }
 };
 
 // Two distinct replicas at random, the one with the lower Load() (the first on a tie).
 class PowerOfTwo final : public Balancer {
  public:
   explicit PowerOfTwo(const BalancerConfig& config) : Balancer(config) {}
-  Choice Pick(const Call&) override {
+  BalanceChoice Pick(const BalanceCall&) override {
     const uint32_t n = size();
     const ReplicaId a = UniformBelow(n);
     if (n == 1) return {a, false};
@@ -91,7 +92,7 @@ class Daronpon final : public Balancer {
  public:
   explicit Daronpon(const BalancerConfig& config) : Balancer(config) {}
 
-  Choice Pick(const Call& call) override {
+  BalanceChoice Pick(const BalanceCall& call) override {
     const bool has_target = call.target.has_value() && *call.target < size();
     if (has_target && call.hops >= config().max_hops) return {*call.target, false};
     ReplicaId candidate;
@@ -164,13 +165,13 @@ absl::StatusOr<std::unique_ptr<Balancer>> Balancer::Create(const BalancerConfig&
         absl::StrCat("balancer: max_hops is at most 1 (one redirect), got ", config.max_hops));
   }
   switch (config.policy) {
-    case Policy::kRoundRobin:
+    case BalancePolicy::kRoundRobin:
       return std::unique_ptr<Balancer>(new RoundRobin(config));
-    case Policy::kRandom:
+    case BalancePolicy::kRandom:
       return std::unique_ptr<Balancer>(new Random(config));
-    case Policy::kPowerOfTwo:
+    case BalancePolicy::kPowerOfTwo:
       return std::unique_ptr<Balancer>(new PowerOfTwo(config));
-    case Policy::kDaronpon:
+    case BalancePolicy::kDaronpon:
       return std::unique_ptr<Balancer>(new Daronpon(config));
   }
   return absl::InvalidArgumentError("balancer: unknown policy");

@@ -56,24 +56,24 @@ class GossipTrigger {
 
 // A call to place. `target` is the replica the call is addressed to (the client's pick in the
 // seed; nullopt lets the balancer choose freely); `hops` counts redirects already taken.
-struct Call {
+struct BalanceCall {
   std::optional<ReplicaId> target;
   uint32_t hops = 0;
 };
 
-struct Choice {
+struct BalanceChoice {
   ReplicaId replica = 0;
   // Daronpon only: the call leaves for a remote replica (carry LocalLoads() with it).
   bool redirected = false;
 };
 
-enum class Policy { kRoundRobin, kRandom, kPowerOfTwo, kDaronpon };
-std::string_view PolicyName(Policy policy);
+enum class BalancePolicy { kRoundRobin, kRandom, kPowerOfTwo, kDaronpon };
+std::string_view BalancePolicyName(BalancePolicy policy);
 // "round_robin" | "random" | "po2" | "daronpon"; an error lists the accepted names.
-absl::StatusOr<Policy> ParsePolicy(std::string_view name);
+absl::StatusOr<BalancePolicy> ParseBalancePolicy(std::string_view name);
 
 struct BalancerConfig {
-  Policy policy = Policy::kDaronpon;
+  BalancePolicy policy = BalancePolicy::kDaronpon;
   uint32_t replicas = 0;         // n >= 1
   std::vector<ReplicaId> local;  // local replicas (exact counts); may be empty
   uint64_t seed = 1;             // RNG seed for random, po2 and Daronpon's tie breaks
@@ -94,7 +94,7 @@ class Balancer {
   virtual ~Balancer() = default;
 
   // Where `call` goes. A target out of range is treated as no target.
-  virtual Choice Pick(const Call& call) = 0;
+  virtual BalanceChoice Pick(const BalanceCall& call) = 0;
 
   // A call was sent to `replica` through this balancer; its response will come back through it.
   // Returns a gossip announcement when the replica is local and its count crosses a threshold.
