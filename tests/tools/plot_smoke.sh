@@ -26,7 +26,15 @@ cat > "$work/collectives.jsonl" <<'J'
 {"bench":"collectives","figure":"allreduce busbw","impl":"plexus","op":"allreduce","transport":"tcp","nprocs":2,"bytes":2048,"busbw":0.9,"value":0.9,"unit":"GB/s"}
 {"bench":"collectives","figure":"allreduce busbw","impl":"openmpi","op":"allreduce","transport":"tcp","nprocs":2,"bytes":1024,"busbw":0.4,"value":0.4,"unit":"GB/s"}
 J
-"$plot" report "$work" && is_png "$work/collectives.png"
+# plexus-rpc-sim sweep --json lines (two policies, two loads).
+cat > "$work/rpc_balance_sim.jsonl" <<'J'
+{"bench":"rpc_balance_sim","figure":"p99","value":425.4,"unit":"us","policy":"random","load":0.7,"service":"exp"}
+{"bench":"rpc_balance_sim","figure":"p99","value":631.6,"unit":"us","policy":"random","load":0.8,"service":"exp"}
+{"bench":"rpc_balance_sim","figure":"p99","value":221.7,"unit":"us","policy":"daronpon","load":0.7,"service":"exp"}
+{"bench":"rpc_balance_sim","figure":"p99","value":249.1,"unit":"us","policy":"daronpon","load":0.8,"service":"exp"}
+J
+"$plot" p99 "$work/rpc_balance_sim.jsonl" -o "$work/p99.png" && is_png "$work/p99.png"
+"$plot" report "$work" && is_png "$work/collectives.png" && is_png "$work/rpc_balance_sim.png"
 grep -q '| allreduce busbw | 0.5 | GB/s' "$work/report.md" || { echo "report.md lacks the table"; exit 1; }
 # Bad input: a clear message and status 2, never a traceback.
 echo 'not json' > "$work/bad.jsonl"
