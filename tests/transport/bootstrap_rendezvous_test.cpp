@@ -329,6 +329,34 @@ TEST_CASE("Open MPI and Slurm with a PMIx server exchange the store address thro
   CHECK(absl::IsInvalidArgument(plexus.status()));
 }
 
+TEST_CASE("torchrun's environment selects the agent's store, and only with its flag") {
+  pt::Environment env = {{"RANK", "1"},
+                         {"WORLD_SIZE", "2"},
+                         {"MASTER_ADDR", "127.0.0.1"},
+                         {"MASTER_PORT", "29500"},
+                         {"TORCHELASTIC_RUN_ID", "job9"},
+                         {"TORCHELASTIC_RESTART_COUNT", "2"},
+                         {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  auto agent = pt::ParseLaunchEnvironment(env);
+  REQUIRE(agent.ok());
+  CHECK(agent->store_kind == pt::StoreKind::kTorch);
+  CHECK(agent->store_address == "127.0.0.1:29500");
+  CHECK(agent->job_id == "torchrun:job9.restart-2");
+  // --standalone (c10d rendezvous): the port is the workers' rank 0's to serve.
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  auto standalone = pt::ParseLaunchEnvironment(env);
+  REQUIRE(standalone.ok());
+  CHECK(standalone->store_kind == pt::StoreKind::kTcp);
+  CHECK(standalone->job_id == "torchrun:job9");
+  // PLEXUS_STORE_ADDR beats the agent's store.
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  env["PLEXUS_STORE_ADDR"] = "127.0.0.1:4000";
+  auto overridden = pt::ParseLaunchEnvironment(env);
+  REQUIRE(overridden.ok());
+  CHECK(overridden->store_kind == pt::StoreKind::kTcp);
+  CHECK(overridden->store_address == "127.0.0.1:4000");
+}
+
 TEST_CASE("FromEnv over tcp (torchrun variables): rank 0 serves, AllGather and Barrier work") {
   const int port = FreePort();
   constexpr int kRanks = 3;

@@ -23,3 +23,9 @@ endif()
 plexus_add_test(bootstrap_pmix_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/bootstrap_pmix_test.cpp
   DEPS plexus::transport LABELS "transport;launchers" TIMEOUT 60)
+
+# A client of torch's TCPStore, against torch's real server (skips without python3-torch).
+plexus_add_test(torch_store_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/torch_store_test.cpp
+  DEPS plexus::transport LABELS "transport;launchers" TIMEOUT 120)
+plexus_add_launcher_test(launch_torchrun_2 torchrun 2)

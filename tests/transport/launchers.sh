@@ -50,6 +50,7 @@ case $mode in
     # Debian's torchrun 1.13 on Python 3.11 rejects the default --redirects/--tee 0 (and 3), so
     # stdout goes through --tee 1, whose lines carry a "[default<rank>]:" prefix.
     timeout -k 5 $limit /usr/bin/python3 -m torch.distributed.run --nproc_per_node "$n" \
+      --monitor_interval 0.5 \
       --master_addr 127.0.0.1 --master_port "$port" --redirects 1 --tee 1 \
       --log_dir "$work/logs" --no_python "$probe" > "$work/raw"
     sed -n 's/^\[default[0-9]*\]://p' "$work/raw" > "$out"

@@ -88,6 +88,14 @@ absl::Status FindJobId(const Environment& env, Launcher launcher, LaunchConfig* 
   };
   if (auto id = Lookup(env, "PLEXUS_JOB_ID")) {
     take(*id, "PLEXUS_JOB_ID");
+  } else if (launcher == Launcher::kTorchrun && config->store_kind == StoreKind::kTorch) {
+    // The agent's store is this job's alone (the agent holds its port) but outlives a restart
+    // of the workers, whose keys must not meet the previous attempt's.
+    auto id = Lookup(env, "TORCHELASTIC_RUN_ID");
+    const auto restart = Lookup(env, "TORCHELASTIC_RESTART_COUNT");
+    take(absl::StrCat("torchrun:", id && *id != "none" ? *id : "agent-store", ".restart-",
+                      restart ? *restart : "0"),
+         "TORCHELASTIC_RUN_ID.TORCHELASTIC_RESTART_COUNT");
   } else if (launcher == Launcher::kTorchrun) {
     // torchrun's default --rdzv-id is "none", shared by every job: not an identity.
     if (auto id = Lookup(env, "TORCHELASTIC_RUN_ID"); id && *id != "none") {
@@ -123,6 +131,14 @@ std::string HostName() {
   char name[256] = {0};
   if (gethostname(name, sizeof name - 1) != 0) return "unknown-host";
   return name;
+}
+
+// torchrun's default (static) rendezvous runs a TCPStore in its agent at MASTER_ADDR:MASTER_PORT
+// and says so to its workers; with --standalone or another rendezvous backend the port is left
+// for the workers' rank 0.
+bool UsesAgentStore(const Environment& env) {
+  const auto v = Lookup(env, "TORCHELASTIC_USE_AGENT_STORE");
+  return v && (*v == "True" || *v == "true" || *v == "1");
 }
 
 // The variable that names the launcher's PMIx server ("" when there is none): PMIx clients find
@@ -214,6 +230,8 @@ std::string_view StoreKindName(StoreKind kind) {
       return "file";
     case StoreKind::kPmix:
       return "pmix";
+    case StoreKind::kTorch:
+      return "torch";
   }
   return "unknown";
 }
@@ -309,6 +327,12 @@ absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env) {
                                ? absl::StrCat("[", *master_addr, "]:", port)
                                : absl::StrCat(*master_addr, ":", port);
     store_source = absl::StrCat("MASTER_ADDR:MASTER_PORT=", config.store_address);
+    if (vars->launcher == Launcher::kTorchrun && UsesAgentStore(env)) {
+      config.store_kind = StoreKind::kTorch;
+      store_source =
+          absl::StrCat("torchrun's agent store at MASTER_ADDR:MASTER_PORT=", config.store_address,
+                       " (TORCHELASTIC_USE_AGENT_STORE)");
+    }
   } else if (master_addr || master_port) {
     return absl::InvalidArgumentError(
         absl::StrCat(master_addr ? "MASTER_ADDR" : "MASTER_PORT", " is set but ",
@@ -479,6 +503,13 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchConfig& config,
   if (config.store_kind == StoreKind::kFile) {
     PLEXUS_ASSIGN_OR_RETURN(auto file, FileStore::Open(config.store_path));
     store = std::move(file);
+  } else if (config.store_kind == StoreKind::kTorch) {
+    auto client = TorchStore::Connect(config.store_address, timeout);
+    if (!client.ok()) {
+      return absl::Status(client.status().code(),
+                          absl::StrCat(who, ": ", std::string(client.status().message())));
+    }
+    store = *std::move(client);
   } else if (config.store_kind == StoreKind::kPmix) {
     if (job.id.empty() && config.rank == 0) {
       job = {bootstrap::NewJobNonce(), true, "nonce chosen by rank 0: the launcher gave no id"};

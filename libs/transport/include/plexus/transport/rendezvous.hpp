@@ -33,10 +33,11 @@ std::string_view LauncherName(Launcher launcher);
 
 // How the ranks of a job meet.
 enum class StoreKind : uint8_t {
-  kTcp = 0,   // store_address: a plexus TcpStore, served by rank 0 when the address is its own
-  kFile = 1,  // store_path: a FileStore in a shared directory
-  kPmix = 2,  // rank 0 serves a TcpStore on a free port and publishes "host:port" through the
-              // launcher's PMIx server (mpirun, srun --mpi=pmix); every rank reads it there
+  kTcp = 0,    // store_address: a plexus TcpStore, served by rank 0 when the address is its own
+  kFile = 1,   // store_path: a FileStore in a shared directory
+  kPmix = 2,   // rank 0 serves a TcpStore on a free port and publishes "host:port" through the
+               // launcher's PMIx server (mpirun, srun --mpi=pmix); every rank reads it there
+  kTorch = 3,  // store_address: the TCPStore torchrun's agent serves (TorchStore, client only)
 };
 std::string_view StoreKindName(StoreKind kind);
 
@@ -45,13 +46,18 @@ std::string_view StoreKindName(StoreKind kind);
 // their variables the process is rank 0 of a job of one (Launcher::kNone). The store, first
 // match wins:
 //   1. PLEXUS_STORE_ADDR ("host:port") or PLEXUS_STORE_PATH (a shared directory), any launcher;
-//   2. MASTER_ADDR + MASTER_PORT, any launcher: rank 0 serves a plexus store there;
-//   3. a job of one: a private store on a free loopback port;
-//   4. Open MPI or Slurm whose environment names a PMIx server (PMIX_NAMESPACE and
+//   2. torchrun with TORCHELASTIC_USE_AGENT_STORE=True (its default static rendezvous): the
+//      store its agent serves at MASTER_ADDR:MASTER_PORT (StoreKind::kTorch);
+//   3. MASTER_ADDR + MASTER_PORT, any launcher (e.g. torchrun --standalone, whose agent leaves
+//      the port to rank 0): rank 0 serves a plexus store there;
+//   4. a job of one: a private store on a free loopback port;
+//   5. Open MPI or Slurm whose environment names a PMIx server (PMIX_NAMESPACE and
 //      PMIX_SERVER_URI*), when built with PMIx: StoreKind::kPmix;
-//   5. else InvalidArgument saying what to set.
+//   6. else InvalidArgument saying what to set.
 // The job id is PLEXUS_JOB_ID for any launcher, else the launcher's: torchrun
-// TORCHELASTIC_RUN_ID (not "none"), Open MPI OMPI_MCA_ess_base_jobid / PMIX_NAMESPACE /
+// TORCHELASTIC_RUN_ID (not "none"; over the agent's store, "agent-store" stands for "none" and
+// the id ends in ".restart-<TORCHELASTIC_RESTART_COUNT>", since the store outlives a restart of
+// the workers), Open MPI OMPI_MCA_ess_base_jobid / PMIX_NAMESPACE /
 // OMPI_MCA_orte_ess_jobid, Slurm SLURM_JOB_ID.SLURM_STEP_ID; else empty, and rank 0 chooses a
 // nonce (see docs/architecture.md, "Bootstrap", for what that can detect).
 struct LaunchConfig {
@@ -61,7 +67,7 @@ struct LaunchConfig {
   int local_rank = -1;        // -1: the launcher does not say; FromEnv derives it from host names
   int local_world_size = -1;  // -1: likewise
   StoreKind store_kind = StoreKind::kTcp;
-  std::string store_address;  // kTcp: "host:port"; else empty
+  std::string store_address;  // kTcp, kTorch: "host:port"; else empty
   std::string store_path;     // kFile: the store's directory; else empty
   std::string job_id;         // e.g. "slurm:77.0"; empty when the environment names no job
   std::string job_id_source;  // the variable(s) it came from, e.g. "SLURM_JOB_ID.SLURM_STEP_ID"
