@@ -43,7 +43,10 @@ PmixSession& Session() {
 
 void FinalizeAtExit() {
   PmixSession& s = Session();
-  std::lock_guard<std::mutex> lock(s.mu);
+  // A helper thread still stuck in a PMIx call (its caller timed out) holds the lock: exit
+  // without finalising rather than hang.
+  std::unique_lock<std::mutex> lock(s.mu, std::try_to_lock);
+  if (!lock.owns_lock()) return;
   if (s.initialized) PMIx_Finalize(nullptr, 0);
   s.initialized = false;
 }
