@@ -11,7 +11,7 @@ CTEST_ARGS ?=
 # Debian packages the build, the tests and the benchmarks need.
 DEB_PACKAGES := build-essential cmake ninja-build pkg-config git clang clang-format \
   libclang-rt-14-dev libabsl-dev libfmt-dev nlohmann-json3-dev catch2 libcli11-dev \
-  libibverbs-dev librdmacm-dev iproute2 procps libgloo-dev openmpi-bin libopenmpi-dev \
+  libibverbs-dev librdmacm-dev iproute2 procps libgloo-dev openmpi-bin libopenmpi-dev libpmix-dev \
   python3-matplotlib libprotoc-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

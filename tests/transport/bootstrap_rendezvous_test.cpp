@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bootstrap_test_util.hpp"
+#include "plexus/config.hpp"
 #include "plexus/transport/rendezvous.hpp"
 
 namespace pt = plexus::transport;
@@ -187,7 +188,6 @@ TEST_CASE("invalid and inconsistent environments give errors naming the variable
     std::vector<std::string> words;
   };
   const std::vector<Case> cases = {
-      {{}, {"no launcher", "plexus-run", "PLEXUS_RANK"}},
       {with_store({{"PLEXUS_RANK", "4"}, {"PLEXUS_WORLD_SIZE", "4"}}),
        {"PLEXUS_RANK=4", "not below", "PLEXUS_WORLD_SIZE=4"}},
       {with_store({{"RANK", "one"}, {"WORLD_SIZE", "4"}}), {"RANK='one'", "integer"}},
@@ -236,6 +236,125 @@ TEST_CASE("invalid and inconsistent environments give errors naming the variable
   auto single = pt::ParseLaunchEnvironment({{"RANK", "0"}, {"WORLD_SIZE", "1"}});
   REQUIRE(single.ok());
   CHECK(single->store_address == "127.0.0.1:0");
+}
+
+TEST_CASE("no launcher variables at all: a job of one") {
+  auto c = pt::ParseLaunchEnvironment({{"HOME", "/root"}});
+  REQUIRE(c.ok());
+  CHECK(c->launcher == pt::Launcher::kNone);
+  CHECK(c->rank == 0);
+  CHECK(c->world_size == 1);
+  CHECK(c->local_rank == 0);
+  CHECK(c->local_world_size == 1);
+  CHECK(c->store_kind == pt::StoreKind::kTcp);
+  CHECK(c->store_address == "127.0.0.1:0");
+  CHECK(c->source.find("no launcher") != std::string::npos);
+
+  auto rdzv = pt::Rendezvous::FromEnv(pt::Environment{}, absl::Seconds(10));
+  REQUIRE(rdzv.ok());
+  CHECK(rdzv->launcher() == pt::Launcher::kNone);
+  CHECK(rdzv->rank() == 0);
+  CHECK(rdzv->world_size() == 1);
+  auto all = rdzv->AllGather("solo", "me", absl::Seconds(5));
+  REQUIRE(all.ok());
+  CHECK(*all == std::vector<std::string>{"me"});
+  CHECK(rdzv->Barrier("solo", absl::Seconds(5)).ok());
+
+  // The overrides still apply to a job of one.
+  auto file = pt::ParseLaunchEnvironment({{"PLEXUS_STORE_PATH", "/shared/solo"}});
+  REQUIRE(file.ok());
+  CHECK(file->store_kind == pt::StoreKind::kFile);
+  CHECK(file->store_path == "/shared/solo");
+  auto both =
+      pt::ParseLaunchEnvironment({{"PLEXUS_STORE_PATH", "/x"}, {"PLEXUS_STORE_ADDR", "h:1"}});
+  CHECK(absl::IsInvalidArgument(both.status()));
+  auto job = pt::ParseLaunchEnvironment({{"PLEXUS_JOB_ID", "solo-7"}});
+  REQUIRE(job.ok());
+  CHECK(job->job_id == "solo-7");
+}
+
+TEST_CASE("Open MPI and Slurm with a PMIx server exchange the store address through it") {
+  const pt::Environment pmix = {{"PMIX_NAMESPACE", "472449025"},
+                                {"PMIX_SERVER_URI4", "472449024.0;tcp4://127.0.0.1:40475"}};
+  auto with = [](pt::Environment env, const pt::Environment& more) {
+    env.insert(more.begin(), more.end());
+    return env;
+  };
+  const pt::Environment mpi = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "3"}};
+  const pt::Environment slurm = {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "3"}};
+  for (const pt::Environment& launcher : {mpi, slurm}) {
+    auto c = pt::ParseLaunchEnvironment(with(launcher, pmix));
+#if PLEXUS_HAVE_PMIX
+    REQUIRE(c.ok());
+    CHECK(c->store_kind == pt::StoreKind::kPmix);
+    CHECK(c->store_address.empty());
+    CHECK(c->source.find("PMIx server (PMIX_SERVER_URI4)") != std::string::npos);
+#else
+    REQUIRE(absl::IsInvalidArgument(c.status()));
+    CHECK(Message(c.status()).find("no PMIx") != std::string::npos);
+#endif
+    // What the user names beats the launcher's service.
+    auto addr =
+        pt::ParseLaunchEnvironment(with(with(launcher, pmix), {{"PLEXUS_STORE_ADDR", "h:9"}}));
+    REQUIRE(addr.ok());
+    CHECK(addr->store_kind == pt::StoreKind::kTcp);
+    CHECK(addr->store_address == "h:9");
+    auto master = pt::ParseLaunchEnvironment(
+        with(with(launcher, pmix), {{"MASTER_ADDR", "h"}, {"MASTER_PORT", "7"}}));
+    REQUIRE(master.ok());
+    CHECK(master->store_kind == pt::StoreKind::kTcp);
+    CHECK(master->store_address == "h:7");
+    auto path =
+        pt::ParseLaunchEnvironment(with(with(launcher, pmix), {{"PLEXUS_STORE_PATH", "/d"}}));
+    REQUIRE(path.ok());
+    CHECK(path->store_kind == pt::StoreKind::kFile);
+  }
+  // A job of one needs no exchange.
+  auto one = pt::ParseLaunchEnvironment(
+      with({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}}, pmix));
+  REQUIRE(one.ok());
+  CHECK(one->store_kind == pt::StoreKind::kTcp);
+  CHECK(one->store_address == "127.0.0.1:0");
+  // A PMix namespace without a server address is no PMIx server.
+  auto no_uri = pt::ParseLaunchEnvironment(with(mpi, {{"PMIX_NAMESPACE", "1"}}));
+  REQUIRE(absl::IsInvalidArgument(no_uri.status()));
+  CHECK(Message(no_uri.status()).find("exports no PMIx server") != std::string::npos);
+  // srun without --mpi=pmix: the error says how to get it.
+  auto srun = pt::ParseLaunchEnvironment(slurm);
+  REQUIRE(absl::IsInvalidArgument(srun.status()));
+  CHECK(Message(srun.status()).find("srun --mpi=pmix") != std::string::npos);
+  // The plexus launcher and torchrun never use PMIx.
+  auto plexus =
+      pt::ParseLaunchEnvironment(with({{"PLEXUS_RANK", "0"}, {"PLEXUS_WORLD_SIZE", "2"}}, pmix));
+  CHECK(absl::IsInvalidArgument(plexus.status()));
+}
+
+TEST_CASE("torchrun's environment selects the agent's store, and only with its flag") {
+  pt::Environment env = {{"RANK", "1"},
+                         {"WORLD_SIZE", "2"},
+                         {"MASTER_ADDR", "127.0.0.1"},
+                         {"MASTER_PORT", "29500"},
+                         {"TORCHELASTIC_RUN_ID", "job9"},
+                         {"TORCHELASTIC_RESTART_COUNT", "2"},
+                         {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  auto agent = pt::ParseLaunchEnvironment(env);
+  REQUIRE(agent.ok());
+  CHECK(agent->store_kind == pt::StoreKind::kTorch);
+  CHECK(agent->store_address == "127.0.0.1:29500");
+  CHECK(agent->job_id == "torchrun:job9.restart-2");
+  // --standalone (c10d rendezvous): the port is the workers' rank 0's to serve.
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  auto standalone = pt::ParseLaunchEnvironment(env);
+  REQUIRE(standalone.ok());
+  CHECK(standalone->store_kind == pt::StoreKind::kTcp);
+  CHECK(standalone->job_id == "torchrun:job9");
+  // PLEXUS_STORE_ADDR beats the agent's store.
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  env["PLEXUS_STORE_ADDR"] = "127.0.0.1:4000";
+  auto overridden = pt::ParseLaunchEnvironment(env);
+  REQUIRE(overridden.ok());
+  CHECK(overridden->store_kind == pt::StoreKind::kTcp);
+  CHECK(overridden->store_address == "127.0.0.1:4000");
 }
 
 TEST_CASE("FromEnv over tcp (torchrun variables): rank 0 serves, AllGather and Barrier work") {

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -184,6 +185,36 @@ bool IsLocalHost(const std::string& host) {
   }
   if (ifs != nullptr) freeifaddrs(ifs);
   return local;
+}
+
+std::vector<std::string> InterfaceAddresses() {
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) != 0) return {};
+  std::vector<std::string> v4;
+  std::vector<std::string> v6;
+  for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || (i->ifa_flags & IFF_UP) == 0 ||
+        (i->ifa_flags & IFF_LOOPBACK) != 0) {
+      continue;
+    }
+    char ip[INET6_ADDRSTRLEN] = {0};
+    if (i->ifa_addr->sa_family == AF_INET) {
+      const auto* sin = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+      if ((ntohl(sin->sin_addr.s_addr) >> 24) == 127) continue;
+      inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof ip);
+      v4.emplace_back(ip);
+    } else if (i->ifa_addr->sa_family == AF_INET6) {
+      const auto* sin6 = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
+      if (IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr) || IN6_IS_ADDR_LINKLOCAL(&sin6->sin6_addr)) {
+        continue;
+      }
+      inet_ntop(AF_INET6, &sin6->sin6_addr, ip, sizeof ip);
+      v6.emplace_back(ip);
+    }
+  }
+  freeifaddrs(ifs);
+  v4.insert(v4.end(), v6.begin(), v6.end());
+  return v4;
 }
 
 int PollTimeoutMs(absl::Time deadline, int cap_ms) {

@@ -6,11 +6,14 @@
 #include <optional>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bootstrap/job_store.hpp"
+#include "bootstrap/pmix_exchange.hpp"
+#include "plexus/base/host.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
 
@@ -85,6 +88,14 @@ absl::Status FindJobId(const Environment& env, Launcher launcher, LaunchConfig* 
   };
   if (auto id = Lookup(env, "PLEXUS_JOB_ID")) {
     take(*id, "PLEXUS_JOB_ID");
+  } else if (launcher == Launcher::kTorchrun && config->store_kind == StoreKind::kTorch) {
+    // The agent's store is this job's alone (the agent holds its port) but outlives a restart
+    // of the workers, whose keys must not meet the previous attempt's.
+    auto id = Lookup(env, "TORCHELASTIC_RUN_ID");
+    const auto restart = Lookup(env, "TORCHELASTIC_RESTART_COUNT");
+    take(absl::StrCat("torchrun:", id && *id != "none" ? *id : "agent-store", ".restart-",
+                      restart ? *restart : "0"),
+         "TORCHELASTIC_RUN_ID.TORCHELASTIC_RESTART_COUNT");
   } else if (launcher == Launcher::kTorchrun) {
     // torchrun's default --rdzv-id is "none", shared by every job: not an identity.
     if (auto id = Lookup(env, "TORCHELASTIC_RUN_ID"); id && *id != "none") {
@@ -122,6 +133,64 @@ std::string HostName() {
   return name;
 }
 
+// torchrun's default (static) rendezvous runs a TCPStore in its agent at MASTER_ADDR:MASTER_PORT
+// and says so to its workers; with --standalone or another rendezvous backend the port is left
+// for the workers' rank 0.
+bool UsesAgentStore(const Environment& env) {
+  const auto v = Lookup(env, "TORCHELASTIC_USE_AGENT_STORE");
+  return v && (*v == "True" || *v == "true" || *v == "1");
+}
+
+// The variable that names the launcher's PMIx server ("" when there is none): PMIx clients find
+// their server through PMIX_SERVER_URI* in their environment, within PMIX_NAMESPACE.
+std::string PmixServerVariable(const Environment& env) {
+  if (!Lookup(env, "PMIX_NAMESPACE")) return "";
+  for (const char* name : {"PMIX_SERVER_URI41", "PMIX_SERVER_URI4", "PMIX_SERVER_URI3",
+                           "PMIX_SERVER_URI21", "PMIX_SERVER_URI2", "PMIX_SERVER_URI"}) {
+    if (Lookup(env, name)) return name;
+  }
+  return "";
+}
+
+// No launcher variables at all: rank 0 of a job of one, over a private store unless the user
+// names one (PLEXUS_STORE_ADDR / PLEXUS_STORE_PATH).
+absl::StatusOr<LaunchConfig> SingleProcess(const Environment& env) {
+  LaunchConfig config;
+  config.launcher = Launcher::kNone;
+  config.local_rank = 0;
+  config.local_world_size = 1;
+  std::string store_source = "private store";
+  const auto addr = Lookup(env, "PLEXUS_STORE_ADDR");
+  const auto path = Lookup(env, "PLEXUS_STORE_PATH");
+  if (addr && path) {
+    return absl::InvalidArgumentError(
+        "both PLEXUS_STORE_ADDR and PLEXUS_STORE_PATH are set: unset one (ADDR selects a tcp "
+        "store served by rank 0, PATH a file store in a shared directory)");
+  }
+  if (path) {
+    config.store_kind = StoreKind::kFile;
+    config.store_path = *path;
+    store_source = absl::StrCat("PLEXUS_STORE_PATH=", *path);
+  } else {
+    config.store_address = addr ? *addr : "127.0.0.1:0";
+    if (addr) store_source = absl::StrCat("PLEXUS_STORE_ADDR=", *addr);
+    auto hp = net::ParseHostPort(config.store_address, "the store address");
+    if (!hp.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(store_source, ": ", std::string(hp.status().message())));
+    }
+  }
+  PLEXUS_RETURN_IF_ERROR(FindJobId(env, Launcher::kNone, &config));
+  config.source = absl::StrCat(
+      "no launcher (none of PLEXUS_RANK, RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID is set): a job "
+      "of one, store ",
+      store_source, ", ",
+      config.job_id.empty()
+          ? std::string("no job id (rank 0 chooses a nonce)")
+          : absl::StrCat("job '", config.job_id, "' from ", config.job_id_source));
+  return config;
+}
+
 }  // namespace
 
 Environment ProcessEnvironment() {
@@ -147,6 +216,22 @@ std::string_view LauncherName(Launcher launcher) {
       return "Open MPI";
     case Launcher::kSlurm:
       return "Slurm";
+    case Launcher::kNone:
+      return "none";
+  }
+  return "unknown";
+}
+
+std::string_view StoreKindName(StoreKind kind) {
+  switch (kind) {
+    case StoreKind::kTcp:
+      return "tcp";
+    case StoreKind::kFile:
+      return "file";
+    case StoreKind::kPmix:
+      return "pmix";
+    case StoreKind::kTorch:
+      return "torch";
   }
   return "unknown";
 }
@@ -159,12 +244,7 @@ absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env) {
       break;
     }
   }
-  if (vars == nullptr) {
-    return absl::NotFoundError(
-        "no launcher environment found (none of PLEXUS_RANK, RANK, OMPI_COMM_WORLD_RANK, "
-        "SLURM_PROCID is set): start the program with plexus-run, torchrun, mpirun or srun, or set "
-        "PLEXUS_RANK, PLEXUS_WORLD_SIZE and PLEXUS_STORE_ADDR=<host of rank 0>:<free port>");
-  }
+  if (vars == nullptr) return SingleProcess(env);
   LaunchConfig config;
   config.launcher = vars->launcher;
   const std::string launcher(LauncherName(vars->launcher));
@@ -233,10 +313,12 @@ absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env) {
         "both PLEXUS_STORE_ADDR and PLEXUS_STORE_PATH are set: unset one (ADDR selects a tcp "
         "store served by rank 0, PATH a file store in a shared directory)");
   }
+  const std::string pmix_server = PmixServerVariable(env);
   if (addr) {
     config.store_address = *addr;
     store_source = absl::StrCat("PLEXUS_STORE_ADDR=", *addr);
   } else if (path) {
+    config.store_kind = StoreKind::kFile;
     config.store_path = *path;
     store_source = absl::StrCat("PLEXUS_STORE_PATH=", *path);
   } else if (master_addr && master_port) {
@@ -245,6 +327,12 @@ absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env) {
                                ? absl::StrCat("[", *master_addr, "]:", port)
                                : absl::StrCat(*master_addr, ":", port);
     store_source = absl::StrCat("MASTER_ADDR:MASTER_PORT=", config.store_address);
+    if (vars->launcher == Launcher::kTorchrun && UsesAgentStore(env)) {
+      config.store_kind = StoreKind::kTorch;
+      store_source =
+          absl::StrCat("torchrun's agent store at MASTER_ADDR:MASTER_PORT=", config.store_address,
+                       " (TORCHELASTIC_USE_AGENT_STORE)");
+    }
   } else if (master_addr || master_port) {
     return absl::InvalidArgumentError(
         absl::StrCat(master_addr ? "MASTER_ADDR" : "MASTER_PORT", " is set but ",
@@ -254,14 +342,25 @@ absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env) {
   } else if (config.world_size == 1) {
     config.store_address = "127.0.0.1:0";  // a job of one: a private store on a free port
     store_source = "private store (world size 1)";
+  } else if ((vars->launcher == Launcher::kOpenMpi || vars->launcher == Launcher::kSlurm) &&
+             !pmix_server.empty() && bootstrap::PmixCompiledIn()) {
+    config.store_kind = StoreKind::kPmix;
+    store_source = absl::StrCat("served by rank 0, address through ", launcher, "'s PMIx server (",
+                                pmix_server, ")");
   } else {
     std::string how;
     if (vars->launcher == Launcher::kOpenMpi) {
-      how = " (e.g. mpirun -x PLEXUS_STORE_ADDR=node1:29500 ...)";
+      how = pmix_server.empty()
+                ? " (this mpirun exports no PMIx server; e.g. mpirun -x "
+                  "PLEXUS_STORE_ADDR=node1:29500 ...)"
+                : " (this build of plexus has no PMIx, which mpirun offers: rebuild with "
+                  "libpmix-dev installed, or mpirun -x PLEXUS_STORE_ADDR=node1:29500 ...)";
     } else if (vars->launcher == Launcher::kSlurm) {
-      how =
-          " (e.g. export PLEXUS_STORE_ADDR=$(scontrol show hostnames | head -n1):29500 before "
-          "srun)";
+      how = absl::StrCat(
+          pmix_server.empty() ? " (run srun --mpi=pmix so that srun serves PMIx"
+                              : " (this build of plexus has no PMIx: rebuild with libpmix-dev",
+          ", or export PLEXUS_STORE_ADDR=$(scontrol show hostnames | head -n1):29500 before "
+          "srun)");
     }
     return absl::InvalidArgumentError(absl::StrCat(
         launcher,
@@ -326,6 +425,67 @@ std::string DescribePortHolder(const std::string& host, uint16_t port, const std
   return "";
 }
 
+// StoreKind::kPmix: rank 0 serves a store on a free port of every interface and publishes its
+// host name, port and interface addresses through the launcher's PMIx server; another rank on
+// rank 0's host connects through loopback, one elsewhere to the first address that accepts.
+// Returns the address this rank connects to.
+absl::StatusOr<std::string> PmixStoreAddress(const LaunchConfig& config,
+                                             const bootstrap::JobIdentity& job,
+                                             std::unique_ptr<TcpStoreServer>* server,
+                                             absl::Duration timeout) {
+  const std::string launcher(LauncherName(config.launcher));
+  constexpr std::string_view kKey = "plexus.store";
+  std::string mine;
+  if (config.rank == 0) {
+    TcpStoreServer::Options options;
+    options.job_id = job.id;
+    options.job_id_is_nonce = job.is_nonce;
+    auto started = TcpStoreServer::Start(":0", options);
+    if (!started.ok()) {
+      return absl::Status(started.status().code(),
+                          absl::StrCat("rank 0 cannot serve the store (", config.source,
+                                       "): ", std::string(started.status().message())));
+    }
+    *server = *std::move(started);
+    mine = absl::StrCat(base::HostName(), "\n", (*server)->port(), "\n",
+                        absl::StrJoin(net::InterfaceAddresses(), ","));
+  }
+  PLEXUS_ASSIGN_OR_RETURN(std::string published, bootstrap::PmixShareFromRank0(
+                                                     launcher, config.rank, kKey, mine, timeout));
+  const std::vector<std::string> parts = absl::StrSplit(published, '\n');
+  int port = 0;
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[1], &port) || port <= 0 || port > 65535) {
+    return absl::DataLossError(absl::StrCat(
+        "rank ", config.rank, ": the store address rank 0 published through ", launcher,
+        "'s PMIx server is malformed ('", absl::CHexEscape(published.substr(0, 200)),
+        "'); expected host, port and addresses on three lines. Set PLEXUS_STORE_ADDR instead"));
+  }
+  if (config.rank == 0 || parts[0] == base::HostName()) {
+    return absl::StrCat("127.0.0.1:", port);
+  }
+  // Another host: the first of rank 0's addresses that accepts a connection from here.
+  const absl::Time deadline = absl::Now() + std::min(timeout, absl::Seconds(30));
+  std::vector<std::string> tried;
+  for (absl::string_view ip : absl::StrSplit(parts[2], ',', absl::SkipEmpty())) {
+    const std::string address = net::JoinHostPort(std::string(ip), static_cast<uint16_t>(port));
+    auto resolved = net::ResolveFirst(address, "rank 0's store address");
+    if (!resolved.ok()) continue;
+    bool retryable = false;
+    const absl::Time probe = std::min(deadline, absl::Now() + absl::Seconds(2));
+    auto fd = net::ConnectTcp(*resolved, probe, &retryable);
+    if (fd.ok()) {
+      close(*fd);
+      return address;
+    }
+    tried.push_back(absl::StrCat(address, " (", fd.status().message(), ")"));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "rank ", config.rank, " on host ", base::HostName(),
+      " cannot reach the store rank 0 serves on host ", parts[0], " at any of its addresses: ",
+      tried.empty() ? std::string("rank 0 published none") : absl::StrJoin(tried, "; "),
+      ". Set PLEXUS_STORE_ADDR=<address of rank 0's host that every rank can reach>:<free port>"));
+}
+
 }  // namespace
 
 absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchConfig& config,
@@ -340,9 +500,31 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchConfig& config,
             "PLEXUS_STORE_ADDR=<MASTER_ADDR>:<another free port>)"
           : "";
   const std::string who = absl::StrCat("rank ", config.rank, " (", config.source, ")");
-  if (!config.store_path.empty()) {
+  if (config.store_kind == StoreKind::kFile) {
     PLEXUS_ASSIGN_OR_RETURN(auto file, FileStore::Open(config.store_path));
     store = std::move(file);
+  } else if (config.store_kind == StoreKind::kTorch) {
+    auto client = TorchStore::Connect(config.store_address, timeout);
+    if (!client.ok()) {
+      return absl::Status(client.status().code(),
+                          absl::StrCat(who, ": ", std::string(client.status().message())));
+    }
+    store = *std::move(client);
+  } else if (config.store_kind == StoreKind::kPmix) {
+    if (job.id.empty() && config.rank == 0) {
+      job = {bootstrap::NewJobNonce(), true, "nonce chosen by rank 0: the launcher gave no id"};
+    }
+    PLEXUS_ASSIGN_OR_RETURN(std::string connect_to,
+                            PmixStoreAddress(config, job, &server, timeout));
+    auto client = TcpStore::Connect(connect_to, timeout, absl::Seconds(30), job.id);
+    if (!client.ok()) {
+      return absl::Status(client.status().code(),
+                          absl::StrCat(who, ": ", std::string(client.status().message())));
+    }
+    if (job.id.empty() && (*client)->server_job_id_is_nonce()) {
+      job = {(*client)->server_job_id(), true, "nonce chosen by rank 0: the launcher gave no id"};
+    }
+    store = *std::move(client);
   } else {
     PLEXUS_ASSIGN_OR_RETURN(auto hp, net::ParseHostPort(config.store_address, "the store address"));
     std::string connect_to = config.store_address;

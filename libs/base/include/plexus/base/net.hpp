@@ -43,6 +43,11 @@ std::string FormatAddress(const SocketAddress& address);  // "ip:port" or "[ip]:
 // Whether `host` names this machine (loopback, one of its interface addresses, or its host name).
 bool IsLocalHost(const std::string& host);
 
+// The addresses other hosts may reach this one at: every up, non-loopback interface's IPv4
+// address, then its global IPv6 addresses (link-local ones need a scope and are left out), as
+// numeric text without port or brackets; empty when the machine has none.
+std::vector<std::string> InterfaceAddresses();
+
 // A non-blocking, close-on-exec TCP connection to `address`, established within `deadline`.
 // The error keeps the errno text; *retryable says whether trying again later may succeed.
 absl::StatusOr<int> ConnectTcp(const SocketAddress& address, absl::Time deadline, bool* retryable);

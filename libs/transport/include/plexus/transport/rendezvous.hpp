@@ -27,29 +27,53 @@ enum class Launcher : uint8_t {
   kTorchrun = 2,  // RANK / WORLD_SIZE (+ LOCAL_RANK / LOCAL_WORLD_SIZE)
   kOpenMpi = 3,   // mpirun: OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (+ _LOCAL_RANK / _SIZE)
   kSlurm = 4,     // srun: SLURM_PROCID / SLURM_NTASKS (+ SLURM_LOCALID, SLURM_TASKS_PER_NODE)
+  kNone = 5,      // no launcher variables at all: a job of one
 };
 std::string_view LauncherName(Launcher launcher);
 
+// How the ranks of a job meet.
+enum class StoreKind : uint8_t {
+  kTcp = 0,    // store_address: a plexus TcpStore, served by rank 0 when the address is its own
+  kFile = 1,   // store_path: a FileStore in a shared directory
+  kPmix = 2,   // rank 0 serves a TcpStore on a free port and publishes "host:port" through the
+               // launcher's PMIx server (mpirun, srun --mpi=pmix); every rank reads it there
+  kTorch = 3,  // store_address: the TCPStore torchrun's agent serves (TorchStore, client only)
+};
+std::string_view StoreKindName(StoreKind kind);
+
 // What the environment says, before anything is connected. Launchers are tried in the order
-// plexus, torchrun, Open MPI, Slurm (mpirun inside a Slurm allocation is Open MPI). The store is
-// PLEXUS_STORE_ADDR ("host:port") or PLEXUS_STORE_PATH (a shared directory) for any launcher,
-// else MASTER_ADDR + MASTER_PORT. The job id is PLEXUS_JOB_ID for any launcher, else the
-// launcher's: torchrun TORCHELASTIC_RUN_ID (not "none"), Open MPI OMPI_MCA_ess_base_jobid /
-// PMIX_NAMESPACE / OMPI_MCA_orte_ess_jobid, Slurm SLURM_JOB_ID.SLURM_STEP_ID; else empty, and
-// rank 0 chooses a nonce (see docs/architecture.md, "Bootstrap", for what that can detect).
+// plexus, torchrun, Open MPI, Slurm (mpirun inside a Slurm allocation is Open MPI); with none of
+// their variables the process is rank 0 of a job of one (Launcher::kNone). The store, first
+// match wins:
+//   1. PLEXUS_STORE_ADDR ("host:port") or PLEXUS_STORE_PATH (a shared directory), any launcher;
+//   2. torchrun with TORCHELASTIC_USE_AGENT_STORE=True (its default static rendezvous): the
+//      store its agent serves at MASTER_ADDR:MASTER_PORT (StoreKind::kTorch);
+//   3. MASTER_ADDR + MASTER_PORT, any launcher (e.g. torchrun --standalone, whose agent leaves
+//      the port to rank 0): rank 0 serves a plexus store there;
+//   4. a job of one: a private store on a free loopback port;
+//   5. Open MPI or Slurm whose environment names a PMIx server (PMIX_NAMESPACE and
+//      PMIX_SERVER_URI*), when built with PMIx: StoreKind::kPmix;
+//   6. else InvalidArgument saying what to set.
+// The job id is PLEXUS_JOB_ID for any launcher, else the launcher's: torchrun
+// TORCHELASTIC_RUN_ID (not "none"; over the agent's store, "agent-store" stands for "none" and
+// the id ends in ".restart-<TORCHELASTIC_RESTART_COUNT>", since the store outlives a restart of
+// the workers), Open MPI OMPI_MCA_ess_base_jobid / PMIX_NAMESPACE /
+// OMPI_MCA_orte_ess_jobid, Slurm SLURM_JOB_ID.SLURM_STEP_ID; else empty, and rank 0 chooses a
+// nonce (see docs/architecture.md, "Bootstrap", for what that can detect).
 struct LaunchConfig {
   Launcher launcher = Launcher::kPlexus;
   int rank = 0;
   int world_size = 1;
   int local_rank = -1;        // -1: the launcher does not say; FromEnv derives it from host names
   int local_world_size = -1;  // -1: likewise
-  std::string store_address;  // tcp "host:port", or empty when store_path is set
-  std::string store_path;     // file store directory, or empty
+  StoreKind store_kind = StoreKind::kTcp;
+  std::string store_address;  // kTcp, kTorch: "host:port"; else empty
+  std::string store_path;     // kFile: the store's directory; else empty
   std::string job_id;         // e.g. "slurm:77.0"; empty when the environment names no job
   std::string job_id_source;  // the variable(s) it came from, e.g. "SLURM_JOB_ID.SLURM_STEP_ID"
   std::string source;         // the variables used, e.g. "torchrun (RANK=1, WORLD_SIZE=4, ...)"
 };
-// Pure: no I/O. InvalidArgument/NotFound with the variable to set or fix when the environment is
+// Pure: no I/O. InvalidArgument with the variable to set or fix when the environment is
 // incomplete, inconsistent (rank >= world size) or not numeric.
 absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env);
 
@@ -57,13 +81,13 @@ absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env);
 class Rendezvous {
  public:
   // Reads the process environment (see ParseLaunchEnvironment), then opens the store: rank 0
-  // serves the TCP store when its address is local to rank 0, every other rank connects (waiting
-  // up to `timeout` for rank 0). Then it joins the job: the store a Rendezvous hands out keeps
-  // every key under the job id, a server refuses ranks of another job, and a rank whose world
-  // size differs from rank 0's or whose rank another process already took fails
-  // (FailedPrecondition / AlreadyExists naming both jobs, the store and what to set) without
-  // disturbing the job already there. Local rank and size missing from the environment are
-  // derived by exchanging host names through the store.
+  // serves the TCP store when its address is local to rank 0 (or, under PMIx, on a free port it
+  // publishes), every other rank connects (waiting up to `timeout` for rank 0). Then it joins the
+  // job: the store a Rendezvous hands out keeps every key under the job id, a server refuses ranks
+  // of another job, and a rank whose world size differs from rank 0's or whose rank another process
+  // already took fails (FailedPrecondition / AlreadyExists naming both jobs, the store and what to
+  // set) without disturbing the job already there. Local rank and size missing from the environment
+  // are derived by exchanging host names through the store.
   static absl::StatusOr<Rendezvous> FromEnv(absl::Duration timeout = absl::Minutes(5));
   // The same with an explicit environment instead of the process's.
   static absl::StatusOr<Rendezvous> FromEnv(const Environment& env, absl::Duration timeout);

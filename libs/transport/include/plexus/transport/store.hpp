@@ -150,6 +150,39 @@ class TcpStore : public Store {
   std::unique_ptr<Impl> impl_;
 };
 
+// A client of the store torchrun's agent serves at MASTER_ADDR:MASTER_PORT (torch 1.13's c10d
+// TCPStore protocol, as Debian 12's python3-torch speaks it), so that a program started by
+// torchrun meets its peers there instead of binding a port of its own. Keys are used as given
+// (torch's own Python clients prefix theirs with "/"). Like TcpStore, concurrent calls use their
+// own sockets. torch's server answers a malformed request, or an Add on a key that holds no
+// counter, by closing the connection; a Get or Wait that times out closes its socket (torch 1.13
+// has no way to cancel a wait).
+class TorchStore : public Store {
+ public:
+  // Connects to "host:port", retrying while nothing listens there yet, and checks that the
+  // server answers torch's protocol: FailedPrecondition naming the address when it does not
+  // (another program, a plexus store, or a torch whose protocol differs), DeadlineExceeded after
+  // `timeout`. `io_timeout` bounds each reply beyond the caller's own timeout.
+  static absl::StatusOr<std::unique_ptr<TorchStore>> Connect(
+      std::string_view address, absl::Duration timeout,
+      absl::Duration io_timeout = absl::Seconds(30));
+  ~TorchStore() override;
+
+  absl::Status Set(std::string_view key, std::string_view value) override;
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) override;
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+  absl::StatusOr<bool> Check(absl::Span<const std::string> keys) override;
+  absl::StatusOr<bool> Delete(std::string_view key) override;
+  std::string description() const override;
+
+  struct Impl;
+
+ private:
+  explicit TorchStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 // A store in a directory shared by the ranks (local disk, or NFS for several hosts). Each key is
 // one file, written atomically (temporary file + rename); Get and Wait poll with backoff; Add
 // holds an flock on the directory's lock file. Use a fresh directory per job: keys left by an

@@ -1,0 +1,31 @@
+# The same program started unchanged by every launcher (no PLEXUS_* variables): alone, under
+# plexus-run, under real mpirun (PMIx) and torchrun (torch's TCPStore). tests/transport/
+# launchers.sh skips (77) a launcher that is not installed.
+add_executable(launch_probe ${CMAKE_CURRENT_LIST_DIR}/launch_probe.cpp)
+target_link_libraries(launch_probe PRIVATE plexus::transport)
+plexus_target_defaults(launch_probe)
+
+function(plexus_add_launcher_test name mode ranks)
+  add_test(NAME ${name} COMMAND sh ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/launchers.sh ${mode}
+           $<TARGET_FILE:launch_probe> ${ranks} ${ARGN})
+  set_tests_properties(${name} PROPERTIES LABELS "transport;launchers" TIMEOUT 120
+                       SKIP_RETURN_CODE ${PLEXUS_SKIP_RETURN_CODE})
+endfunction()
+
+plexus_add_launcher_test(launch_alone none 1)
+plexus_add_launcher_test(launch_mpirun_2 mpirun 2)
+plexus_add_launcher_test(launch_mpirun_3 mpirun 3)
+if(PLEXUS_BUILD_TOOLS)
+  # tools/ is added after tests/, so plexus-run is referred to by name only.
+  plexus_add_launcher_test(launch_plexus_run plexus-run 2 $<TARGET_FILE:plexus-run>)
+endif()
+
+plexus_add_test(bootstrap_pmix_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/bootstrap_pmix_test.cpp
+  DEPS plexus::transport LABELS "transport;launchers" TIMEOUT 60)
+
+# A client of torch's TCPStore, against torch's real server (skips without python3-torch).
+plexus_add_test(torch_store_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/torch_store_test.cpp
+  DEPS plexus::transport LABELS "transport;launchers" TIMEOUT 120)
+plexus_add_launcher_test(launch_torchrun_2 torchrun 2)
