@@ -12,7 +12,7 @@ CTEST_ARGS ?=
 DEB_PACKAGES := build-essential cmake ninja-build pkg-config git clang clang-format \
   libclang-rt-14-dev libabsl-dev libfmt-dev nlohmann-json3-dev catch2 libcli11-dev \
   libibverbs-dev librdmacm-dev iproute2 procps libgloo-dev openmpi-bin libopenmpi-dev \
-  python3-matplotlib
+  python3-matplotlib python3-torch libtorch-dev pybind11-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
