@@ -237,14 +237,14 @@ def main():
                      for r in range(world)]
             for p in procs:
                 p.start()
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 240
             for p in procs:
                 p.join(max(0.0, deadline - time.monotonic()))
             for p in procs:
                 if p.is_alive():
                     p.kill()
                     p.join()
-                    failed.append(f"{name}: rank {procs.index(p)} still running after 120 s")
+                    failed.append(f"{name}: rank {procs.index(p)} still running after 240 s")
         while not errors.empty():
             failed.append(f"{name}: {errors.get()}")
         if any(p.exitcode != 0 for p in procs) and len(failed) == failed_before:
