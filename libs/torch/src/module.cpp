@@ -12,6 +12,10 @@ namespace py = pybind11;
 PYBIND11_MODULE(_C, m) {
   // torch's bindings of c10d::ProcessGroup and c10d::Store must be registered first.
   py::module::import("torch.distributed");
+  plexus::torch::SetGilReleaser([]() -> std::shared_ptr<void> {
+    if (Py_IsInitialized() == 0 || PyGILState_Check() == 0) return nullptr;
+    return std::make_shared<py::gil_scoped_release>();
+  });
   m.doc() = "Plexus collectives as a torch.distributed backend";
   py::class_<plexus::torch::ProcessGroupPlexus, c10d::ProcessGroup,
              c10::intrusive_ptr<plexus::torch::ProcessGroupPlexus>>(m, "ProcessGroupPlexus")

@@ -1,5 +1,6 @@
 #include "plexus/torch/process_group.hpp"
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -93,12 +94,17 @@ class PlexusWork final : public c10d::Work {
   std::vector<at::Tensor> keep_alive;      // staging buffers the parts read or write
   std::vector<std::vector<size_t>> spans;  // counts/displacements the parts read
 
-  void Complete(int rank, int size) {
+  // Waits for the parts, then completes the work unless another thread claimed it first
+  // (the completion thread and a caller blocked in wait() race; the first one done wins, so a
+  // synchronous call never waits for the completion thread to be scheduled). Returns whether
+  // this thread completed it.
+  bool Complete(int rank, int size) {
     absl::Status status;
     for (const auto& part : parts) {
       absl::Status s = part->Wait();
       if (status.ok() && !s.ok()) status = std::move(s);
     }
+    if (claimed_.exchange(true)) return false;
     std::exception_ptr error;
     if (status.ok() && post) {
       try {
@@ -111,21 +117,28 @@ class PlexusWork final : public c10d::Work {
       error = std::make_exception_ptr(std::runtime_error(absl::StrCat(
           "plexus: ", what_, " failed on rank ", rank, " of ", size, ": ", status.ToString())));
     }
-    parts.clear();
-    post = nullptr;
-    keep_alive.clear();
     if (error) {
       future_->setError(error);
     } else {
       future_->markCompleted(c10::IValue(outputs_));
     }
     finish(error);
+    return true;
   }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (timeout == kNoTimeout) Complete(rank_, size_);
+    return c10d::Work::wait(timeout);
+  }
+
+  void set_size(int size) { size_ = size; }
 
  private:
   std::string what_;
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<bool> claimed_{false};
+  int size_ = 1;
 };
 
 bool IsCuda(const at::Tensor& t) { return t.device().is_cuda(); }
@@ -239,7 +252,9 @@ struct ProcessGroupPlexus::Impl {
   c10::intrusive_ptr<PlexusWork> NewWork(c10d::OpType type, std::string what,
                                          std::vector<at::Tensor> outputs) {
     ++sequence;
-    return c10::make_intrusive<PlexusWork>(rank, type, std::move(what), std::move(outputs));
+    auto work = c10::make_intrusive<PlexusWork>(rank, type, std::move(what), std::move(outputs));
+    work->set_size(size);
+    return work;
   }
   static void SetPosts(PlexusWork& work, std::vector<std::function<void()>> posts) {
     if (posts.empty()) return;
@@ -308,7 +323,15 @@ c10::intrusive_ptr<ProcessGroupPlexus> ProcessGroupPlexus::Create(
 ProcessGroupPlexus::ProcessGroupPlexus(int rank, int size, std::unique_ptr<Impl> impl)
     : c10d::ProcessGroup(rank, size), impl_(std::move(impl)) {}
 
+namespace {
+std::atomic<GilReleaser> gil_releaser{nullptr};
+}  // namespace
+
+void SetGilReleaser(GilReleaser releaser) { gil_releaser.store(releaser); }
+
 ProcessGroupPlexus::~ProcessGroupPlexus() {
+  const GilReleaser releaser = gil_releaser.load();
+  std::shared_ptr<void> no_gil = releaser != nullptr ? releaser() : nullptr;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stop = true;

@@ -28,6 +28,12 @@
 
 namespace plexus::torch {
 
+// Set by the Python binding: returns a guard that releases the GIL while it lives when the
+// calling thread holds it (else nullptr). The destructor blocks (it joins the completion thread,
+// which may need the GIL to free tensors, and waits for the other ranks) and must not hold it.
+using GilReleaser = std::shared_ptr<void> (*)();
+void SetGilReleaser(GilReleaser releaser);
+
 class ProcessGroupPlexus : public c10d::ProcessGroup {
  public:
   // Collective over the `size` ranks sharing `store`: connects them, within `timeout`.
