@@ -75,8 +75,19 @@ from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
 )
 
 
+# Tests of features the backend refuses by design, with the reason.
+PLEXUS_UNSUPPORTED = {
+    "test_send_recv_any_source": "plexus matches point-to-point calls per peer in issue order; "
+                                 "recv from any source is refused",
+    "test_send_recv_any_source_torch_profiler": "plexus matches point-to-point calls per peer in "
+                                                "issue order; recv from any source is refused",
+}
+
+
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
+        if os.environ["BACKEND"] == "plexus" and self._testMethodName in PLEXUS_UNSUPPORTED:
+            raise unittest.SkipTest(PLEXUS_UNSUPPORTED[self._testMethodName])
         super().setUp()
         self._spawn_processes()
         torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
