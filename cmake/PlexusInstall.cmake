@@ -20,6 +20,15 @@ endif()
 # The data the examples, tools and benchmarks read (with the licences of their sources).
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/examples/data/ DESTINATION ${CMAKE_INSTALL_DATADIR}/plexus/data)
 
+# The components find_package(plexus COMPONENTS ...) accepts: the libraries installed here.
+set(PLEXUS_INSTALLED_LIBS "")
+foreach(_target IN LISTS _plexus_targets)
+  get_target_property(_name ${_target} EXPORT_NAME)
+  if(NOT _name STREQUAL "base")
+    list(APPEND PLEXUS_INSTALLED_LIBS ${_name})
+  endif()
+endforeach()
+
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/plexusConfig.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/plexusConfig.cmake
   INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/plexus)

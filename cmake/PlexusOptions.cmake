@@ -18,12 +18,15 @@ set(PLEXUS_WITH_VERBS AUTO CACHE STRING "RDMA verbs backend: AUTO (on when heade
 set_property(CACHE PLEXUS_WITH_VERBS PROPERTY STRINGS AUTO ON OFF)
 set(PLEXUS_WITH_CUDA AUTO CACHE STRING "CUDA support: AUTO (on when nvcc/toolkit found), ON, OFF")
 set_property(CACHE PLEXUS_WITH_CUDA PROPERTY STRINGS AUTO ON OFF)
+set(PLEXUS_WITH_TORCH AUTO CACHE STRING
+    "torch.distributed backend (libs/torch): AUTO (on when libtorch, pybind11 and a Python that imports torch are found), ON, OFF")
+set_property(CACHE PLEXUS_WITH_TORCH PROPERTY STRINGS AUTO ON OFF)
 
 set(PLEXUS_WITH_PMIX AUTO CACHE STRING
     "PMIx bootstrap under mpirun/srun: AUTO (on when libpmix-dev is found), ON, OFF")
 set_property(CACHE PLEXUS_WITH_PMIX PROPERTY STRINGS AUTO ON OFF)
 
-foreach(opt PLEXUS_WITH_VERBS PLEXUS_WITH_CUDA PLEXUS_WITH_PMIX)
+foreach(opt PLEXUS_WITH_VERBS PLEXUS_WITH_CUDA PLEXUS_WITH_PMIX PLEXUS_WITH_TORCH)
   if(NOT ${opt} MATCHES "^(AUTO|ON|OFF)$")
     message(FATAL_ERROR "${opt} must be AUTO, ON or OFF (got '${${opt}}')")
   endif()
