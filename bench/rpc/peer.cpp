@@ -63,11 +63,12 @@ void PrintResult(ClientResult r) {
     p99 = r.latency_us[std::min(r.latency_us.size() - 1, r.latency_us.size() * 99 / 100)];
   }
   const double s = std::max(r.seconds, 1e-9);
-  std::printf(
-      "result ok=%llu failed=%llu seconds=%.6f rate=%.3f goodput=%.6f median_us=%.3f "
-      "p99_us=%.3f\n",
-      static_cast<unsigned long long>(r.ok), static_cast<unsigned long long>(r.failed), r.seconds,
-      static_cast<double>(r.ok) / s, static_cast<double>(r.bytes) / s / 1e9, median, p99);
+  std::string line = absl::StrFormat(
+      "result ok=%d failed=%d seconds=%.6f rate=%.3f goodput=%.6f median_us=%.3f p99_us=%.3f", r.ok,
+      r.failed, r.seconds, static_cast<double>(r.ok) / s, static_cast<double>(r.bytes) / s / 1e9,
+      median, p99);
+  if (r.base_rate >= 0) line += absl::StrFormat(" base_rate=%.3f", r.base_rate);
+  std::printf("%s\n", line.c_str());
   std::fflush(stdout);
 }
 

@@ -3,7 +3,8 @@
 // the orchestrator runs every system the same way.
 //
 //   server: prints "address <addr>" once it listens, serves until SIGTERM.
-//   client: prints "result ok=N failed=N seconds=S rate=R goodput=B median_us=M p99_us=P".
+//   client: prints "result ok=N failed=N seconds=S rate=R goodput=B median_us=M p99_us=P"
+//           (and base_rate=R0 when it measured a policy against no policy).
 #pragma once
 
 #include <atomic>
@@ -49,6 +50,7 @@ struct ClientResult {
   uint64_t failed = 0;
   uint64_t bytes = 0;  // request payload bytes of the ok calls
   double seconds = 0;
+  double base_rate = -1;  // >= 0: printed as base_rate= (the rate without the policy)
 };
 void PrintResult(ClientResult result);
 
