@@ -26,6 +26,7 @@
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
 #include "plexus/transport/device.hpp"
+#include "raw_tcp.hpp"
 
 namespace pt = plexus::transport;
 
@@ -54,11 +55,7 @@ void Check(const absl::Status& s, const char* what) {
 }
 
 void Pin(int cpu) {
-  if (cpu < 0) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu % std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))), &set);
-  sched_setaffinity(0, sizeof set, &set);
+  if (cpu >= 0) plexus::bench::PinToCpu(cpu);
 }
 
 // Runs `server` in a forked child pinned to `server_cpu` and `client` here pinned to
@@ -83,11 +80,7 @@ double RunPair(int client_cpu, int server_cpu, const std::function<void(int addr
   const double figure = client(std::string(address, static_cast<size_t>(n)));
   int status = 0;
   waitpid(pid, &status, 0);
-  Pin(-1);
-  cpu_set_t all;
-  CPU_ZERO(&all);
-  for (int i = 0; i < CPU_SETSIZE; ++i) CPU_SET(i, &all);
-  sched_setaffinity(0, sizeof all, &all);
+  plexus::bench::PinToCpu(-1);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) Die("server process failed");
   return figure;
 }
@@ -102,47 +95,26 @@ void Publish(int fd, const std::string& address) {
 // ---- Raw TCP references -------------------------------------------------------------------
 
 int RawListen(int* port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) Die("bind");
-  listen(fd, 4);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  *port = ntohs(a.sin_port);
-  return fd;
+  auto fd = plexus::bench::TcpListenLoopback(port);
+  Check(fd.status(), "raw listen");
+  return *fd;
 }
 
 int RawConnect(const std::string& address) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(std::stoi(address)));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) Die("connect");
-  const int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  return fd;
+  auto fd = plexus::bench::TcpConnectLoopback(std::stoi(address));
+  Check(fd.status(), "raw connect");
+  return *fd;
 }
 
-void ReadAll(int fd, void* p, size_t n) {
-  auto* b = static_cast<uint8_t*>(p);
-  while (n > 0) {
-    ssize_t r = read(fd, b, n);
-    if (r <= 0) Die("raw read");
-    b += r;
-    n -= static_cast<size_t>(r);
-  }
+int RawAccept(int listen_fd) {
+  auto fd = plexus::bench::TcpAccept(listen_fd);
+  Check(fd.status(), "raw accept");
+  return *fd;
 }
+
+void ReadAll(int fd, void* p, size_t n) { Check(plexus::bench::ReadFull(fd, p, n), "raw read"); }
 void WriteAll(int fd, const void* p, size_t n) {
-  const auto* b = static_cast<const uint8_t*>(p);
-  while (n > 0) {
-    ssize_t w = write(fd, b, n);
-    if (w <= 0) Die("raw write");
-    b += w;
-    n -= static_cast<size_t>(w);
-  }
+  Check(plexus::bench::WriteFull(fd, p, n), "raw write");
 }
 
 struct Latency {
@@ -163,9 +135,7 @@ Latency RawPingPong(int iters, int client_cpu, int server_cpu) {
         int port = 0;
         int lfd = RawListen(&port);
         Publish(pub, std::to_string(port));
-        int fd = accept(lfd, nullptr, nullptr);
-        const int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        int fd = RawAccept(lfd);
         char req[64], resp[8] = {};
         for (int i = 0; i < iters; ++i) {
           ReadAll(fd, req, sizeof req);

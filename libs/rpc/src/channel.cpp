@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -35,6 +36,9 @@ class CallState {
   bool sent = false;
   absl::Time deadline = absl::InfiniteFuture();
   EncodedMessage encoded;
+  // The private copy of the request's data segments and its decoded form (content policies).
+  std::unique_ptr<uint8_t[]> private_bytes;
+  std::unique_ptr<Arena> private_arena;
   OutFrame frame;
   CallInfo info;
   EngineChain::Snapshot chain;
@@ -199,6 +203,8 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
     sending.erase(it);
     call->sent = true;
     call->encoded.Clear();
+    call->private_bytes.reset();
+    call->private_arena.reset();
     if (!c.status.ok() && !call->has_result) {
       BreakLocked(absl::UnavailableError(
                       absl::StrCat("rpc connection to ", peer, " failed: ", c.status.message())),
@@ -271,6 +277,48 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
     for (auto& call : ready) Finalize(call);
   }
 };
+
+// Copies the encoded request's data segments into memory the call owns, points the gather list
+// at that copy, and decodes the copy: content policies check the decoded copy, and the bytes sent
+// are the same private bytes, so the application changing its request after StartCall returned
+// (or from another thread while the chain runs) cannot change what was checked.
+absl::StatusOr<const void*> PrivatizeRequest(const MessageDesc& desc, const CodecLimits& limits,
+                                             CallState* call) {
+  EncodedMessage& e = call->encoded;
+  size_t total = 0;
+  for (const Part& p : e.parts) total += p.size;
+  call->private_bytes = std::make_unique<uint8_t[]>(std::max<size_t>(total, 1));
+  std::vector<Part> parts;
+  std::vector<absl::Span<const uint8_t>> segments;
+  parts.reserve(e.segment_first.size());
+  segments.reserve(e.segment_first.size());
+  size_t at = 0;
+  for (size_t i = 0; i < e.segment_first.size(); ++i) {
+    const size_t begin = at;
+    for (uint32_t k = 0; k < e.segment_parts[i]; ++k) {
+      const Part& p = e.parts[e.segment_first[i] + k];
+      if (p.size > 0) std::memcpy(call->private_bytes.get() + at, p.data, p.size);
+      at += p.size;
+    }
+    parts.push_back(Part{call->private_bytes.get() + begin, at - begin});
+    segments.emplace_back(call->private_bytes.get() + begin, at - begin);
+    e.segment_first[i] = static_cast<uint32_t>(i);
+    e.segment_parts[i] = 1;
+  }
+  e.parts = std::move(parts);
+  call->private_arena = std::make_unique<Arena>(limits.max_arena_bytes);
+  absl::StatusOr<void*> m =
+      DecodeMessage(desc,
+                    absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(e.structure.data()),
+                                              e.structure.size()),
+                    segments, *call->private_arena, limits);
+  if (!m.ok()) {
+    return absl::InternalError(
+        absl::StrCat("private copy of a ", desc.full_name,
+                     " request for a content policy: ", m.status().message()));
+  }
+  return static_cast<const void*>(*m);
+}
 
 RawResult WaitCall(CallState& call) {
   std::unique_lock<std::mutex> lock(call.mu);
@@ -439,9 +487,22 @@ std::shared_ptr<internal::CallState> Channel::StartCall(const ServiceDesc& servi
       internal::EncodeMessage(*method.request(), request, &call->encoded, core->codec);
   if (!st.ok()) return fail(st);
   call->chain = core->chain.snapshot();
-  for (const auto& p : *call->chain) {
-    if (absl::Status ps = p->OnRequest(call->info); !ps.ok()) return fail(ps);
+  call->info.deadline = call->deadline;
+  call->info.request = request;
+  if (std::any_of(call->chain->begin(), call->chain->end(),
+                  [](const auto& p) { return p->inspects_content(); })) {
+    absl::StatusOr<const void*> copy =
+        internal::PrivatizeRequest(*method.request(), core->codec, call.get());
+    if (!copy.ok()) return fail(copy.status());
+    call->info.request = *copy;
   }
+  for (const auto& p : *call->chain) {
+    if (absl::Status ps = p->OnRequest(call->info); !ps.ok()) {
+      call->info.request = nullptr;
+      return fail(ps);
+    }
+  }
+  call->info.request = nullptr;
   std::unique_lock<std::mutex> lock(core->mu);
   auto has_room = [&] { return core->in_flight < core->window || !core->broken.ok(); };
   if (call->deadline == absl::InfiniteFuture()) {

@@ -119,6 +119,11 @@ class ServerCallImpl : public ServerCallState,
   }
   std::string peer() const override { return conn_->peer; }
   void set_chain(EngineChain::Snapshot chain) { chain_ = std::move(chain); }
+  void set_request_for_policies(const void* request, uint64_t connection_id) {
+    info_.request = request;
+    info_.connection_id = connection_id;
+    info_.deadline = deadline_;
+  }
   const CallInfo& info() const { return info_; }
 
   void Finish(absl::Status status) override {
@@ -363,12 +368,17 @@ void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_
   }
   auto chain_snapshot = chain.snapshot();
   call->set_chain(chain_snapshot);
+  // The request was decoded in place in this server's receive buffer: no handler has it yet, so
+  // content policies check exactly what the handler will get.
+  call->set_request_for_policies(in->message(), sc->conn->id());
   for (const auto& p : *chain_snapshot) {
     if (absl::Status ps = p->OnRequest(call->info()); !ps.ok()) {
+      call->set_request_for_policies(nullptr, sc->conn->id());
       call->Finish(ps);
       return;
     }
   }
+  call->set_request_for_policies(nullptr, sc->conn->id());
   service->Dispatch(h.method_id, call);
 }
 

@@ -28,6 +28,15 @@ struct CallInfo {
   size_t request_bytes = 0;   // on the wire
   size_t response_bytes = 0;  // on the wire; 0 until the response exists
   absl::Time start;
+  absl::Time deadline = absl::InfiniteFuture();
+  // The connection: the transport's connection id on the server (one chain serves them all); 0 on
+  // a Channel (its chain is its connection's).
+  uint64_t connection_id = 0;
+  // The typed request (a `method->request()` message) while OnRequest runs; null in OnComplete.
+  // Server: decoded in the server's own receive buffer, which no handler sees before the chain
+  // passed. Client: the application's memory, unless a policy of the chain inspects_content():
+  // then a private copy of the encoded bytes, and exactly those bytes are sent (see Channel).
+  const void* request = nullptr;
 };
 
 class Policy {
@@ -35,6 +44,9 @@ class Policy {
   virtual ~Policy() = default;
   // Unique within a chain; the name Attach/Detach use.
   virtual std::string name() const = 0;
+  // True when OnRequest reads `call.request`: the client then runs the chain on a private copy
+  // of the request, so the application cannot change what was checked before it is sent.
+  virtual bool inspects_content() const { return false; }
   // A request on its way (client: before marshalling; server: after unmarshalling). A non-OK
   // status fails the call with it and the later engines never see it.
   virtual absl::Status OnRequest(const CallInfo& call) {

@@ -1,0 +1,85 @@
+#include "peer.hpp"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/strings/str_format.h"
+
+namespace plexus::benchrpc {
+
+void AddPeerOptions(CLI::App* app, PeerArgs* a) {
+  app->add_option("--role", a->role, "run one side of a measurement (used by the orchestrator)")
+      ->group("");
+  tooling::AddNumber(app, "--cpu", &a->cpu, "pin to this CPU (-1: not pinned)", -1, 4095)
+      ->group("");
+  app->add_option("--address", a->address, "the server's address")->group("");
+  app->add_option("--mode", a->mode, "latency or rate")
+      ->check(CLI::IsMember({"latency", "rate"}))
+      ->group("");
+  tooling::AddNumber(app, "--size", &a->size, "request payload bytes", 0u, 1u << 24)->group("");
+  tooling::AddNumber(app, "--reply", &a->reply, "reply payload bytes", 0u, 1u << 24)->group("");
+  tooling::AddNumber(app, "--inflight", &a->inflight, "calls in flight", 1, 4096)->group("");
+  tooling::AddNumber(app, "--seconds", &a->seconds, "measured seconds per run", 0.05, 600.0);
+  tooling::AddNumber(app, "--deny-percent", &a->deny_percent, "share of denied requests", 0.0,
+                     100.0)
+      ->group("");
+}
+
+void BlockTermSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+void WaitForTermSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  int sig = 0;
+  sigwait(&set, &sig);
+}
+
+void PublishAddress(std::string_view address) {
+  std::printf("address %.*s\n", static_cast<int>(address.size()), address.data());
+  std::fflush(stdout);
+}
+
+bool Denied(uint64_t i, double percent) {
+  if (percent <= 0) return false;
+  const uint64_t every = static_cast<uint64_t>(100.0 / percent);
+  return every <= 1 || i % every == 0;
+}
+
+void PrintResult(ClientResult r) {
+  double median = 0, p99 = 0;
+  if (!r.latency_us.empty()) {
+    std::sort(r.latency_us.begin(), r.latency_us.end());
+    median = r.latency_us[r.latency_us.size() / 2];
+    p99 = r.latency_us[std::min(r.latency_us.size() - 1, r.latency_us.size() * 99 / 100)];
+  }
+  const double s = std::max(r.seconds, 1e-9);
+  std::string line = absl::StrFormat(
+      "result ok=%d failed=%d seconds=%.6f rate=%.3f goodput=%.6f median_us=%.3f p99_us=%.3f", r.ok,
+      r.failed, r.seconds, static_cast<double>(r.ok) / s, static_cast<double>(r.bytes) / s / 1e9,
+      median, p99);
+  if (r.base_rate >= 0) line += absl::StrFormat(" base_rate=%.3f", r.base_rate);
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+Phases::Phases(double seconds) {
+  const auto now = Clock::now();
+  begin_ =
+      now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds / 5));
+  end_ =
+      begin_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+double Phases::seconds() const { return std::chrono::duration<double>(end_ - begin_).count(); }
+
+}  // namespace plexus::benchrpc

@@ -1,0 +1,109 @@
+// Policies on the engine chain (plexus/rpc/policy.hpp) beside MetricsPolicy: a token-bucket rate
+// limiter and a content ACL on a typed request field. Attach them to a Channel's chain (client:
+// before the request is marshalled) or a Server's (after it is unmarshalled, before the handler).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "plexus/rpc/policy.hpp"
+#include "plexus/rpc/schema.hpp"
+
+namespace plexus::rpc {
+
+struct RateLimitOptions {
+  enum class Scope { kConnection, kMethod };  // one bucket per connection, or per method
+  enum class OverLimit { kFail, kWait };      // ResourceExhausted, or wait for a token
+  Scope scope = Scope::kConnection;
+  OverLimit over_limit = OverLimit::kFail;
+  // Tokens per second; infinity never limits (the bucket still runs: its cost is measurable).
+  double rate = std::numeric_limits<double>::infinity();
+  double burst = 1;  // bucket size, >= 1; a new bucket starts full
+  // For tests: the clock and the sleep of kWait (default absl::Now / absl::SleepFor).
+  std::function<absl::Time()> clock;
+  std::function<void(absl::Duration)> sleep;
+};
+
+// Token bucket. A call over the limit fails with ResourceExhausted naming the policy, the method
+// and the limit (kFail), or waits for its token (kWait: a token is reserved, so waiters are served
+// in order; a wait that would end after the call's deadline fails with DeadlineExceeded at once).
+// kWait blocks the thread running the chain: the caller on a Channel, the dispatcher on a Server
+// (prefer kFail there).
+class RateLimitPolicy : public Policy {
+ public:
+  // InvalidArgument for a rate <= 0 or NaN, or a burst < 1.
+  static absl::StatusOr<std::shared_ptr<RateLimitPolicy>> Create(std::string name,
+                                                                 RateLimitOptions options);
+  std::string name() const override { return name_; }
+  absl::Status OnRequest(const CallInfo& call) override;
+  // New rate and burst for every bucket (tokens above the new burst are dropped).
+  absl::Status Reconfigure(double rate, double burst);
+  uint64_t admitted() const { return admitted_.load(); }
+  uint64_t rejected() const { return rejected_.load(); }
+
+ private:
+  struct Bucket {
+    double tokens = 0;
+    absl::Time last;
+  };
+  RateLimitPolicy(std::string name, RateLimitOptions options);
+  absl::Time Now() const;
+
+  std::string name_;
+  RateLimitOptions options_;
+  std::mutex mu_;
+  absl::flat_hash_map<uint64_t, Bucket> buckets_;
+  std::atomic<uint64_t> admitted_{0}, rejected_{0};
+};
+
+// Denies a method's calls whose request field holds one of a set of values.
+struct AclRule {
+  std::string name;    // named in the error
+  std::string method;  // "package.Service/Method"
+  // The field of the request, through singular message fields: "user" or "auth.tenant". Singular
+  // or optional bool, integer, enum, string or bytes; an unset optional or message never matches.
+  std::string field;
+  // Denied values as text: strings and bytes verbatim, integers and enums (by number) in decimal,
+  // bools as true/false.
+  std::vector<std::string> deny;
+};
+
+// Fails a matching call with PermissionDenied: "acl 'NAME': rule 'RULE' denies
+// package.Service/Method: field F is 'V'". It inspects content, so on a Channel it runs on a
+// private copy of the request, and exactly the bytes it checked are sent (docs/rpc.md).
+class AclPolicy : public Policy {
+ public:
+  // `services` resolve the rules' methods and fields: NotFound naming the rule and the missing
+  // method or field, InvalidArgument for a field of an unsupported kind or a value that does not
+  // parse as the field's type.
+  static absl::StatusOr<std::shared_ptr<AclPolicy>> Create(
+      std::string name, const std::vector<const ServiceDesc*>& services,
+      std::vector<AclRule> rules);
+  std::string name() const override { return name_; }
+  bool inspects_content() const override { return true; }
+  absl::Status OnRequest(const CallInfo& call) override;
+  uint64_t checked() const { return checked_.load(); }
+  uint64_t denied() const { return denied_.load(); }
+
+  struct Compiled;
+
+ private:
+  explicit AclPolicy(std::string name) : name_(std::move(name)) {}
+  std::string name_;
+  // Keyed by the method's descriptor.
+  absl::flat_hash_map<const MethodDesc*, std::vector<std::shared_ptr<const Compiled>>> rules_;
+  std::atomic<uint64_t> checked_{0}, denied_{0};
+};
+
+}  // namespace plexus::rpc

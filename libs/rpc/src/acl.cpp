@@ -1,0 +1,201 @@
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "plexus/rpc/policies.hpp"
+
+namespace plexus::rpc {
+
+struct AclPolicy::Compiled {
+  std::string rule;
+  std::string method;  // "package.Service/Method"
+  std::string field;   // the path as given
+  std::vector<const FieldDesc*> path;
+  absl::flat_hash_set<std::string> deny;  // canonical text (see Canonical)
+};
+
+namespace {
+
+bool Supported(const FieldDesc& f) { return f.kind != FieldKind::kMessage; }
+
+// The text a value of field `f` compares as; false when `in` does not parse as that type.
+bool Canonical(const FieldDesc& f, std::string_view text, std::string* out) {
+  // Debian's Abseil has its own string_view.
+  const absl::string_view in(text.data(), text.size());
+  switch (f.kind) {
+    case FieldKind::kString:
+    case FieldKind::kBytes:
+      *out = std::string(text);
+      return true;
+    case FieldKind::kBool:
+      if (text != "true" && text != "false") return false;
+      *out = std::string(text);
+      return true;
+    case FieldKind::kInt32:
+    case FieldKind::kEnum: {
+      int32_t v;
+      if (!absl::SimpleAtoi(in, &v)) return false;
+      *out = absl::StrCat(v);
+      return true;
+    }
+    case FieldKind::kInt64: {
+      int64_t v;
+      if (!absl::SimpleAtoi(in, &v)) return false;
+      *out = absl::StrCat(v);
+      return true;
+    }
+    case FieldKind::kUInt32: {
+      uint32_t v;
+      if (!absl::SimpleAtoi(in, &v)) return false;
+      *out = absl::StrCat(v);
+      return true;
+    }
+    case FieldKind::kUInt64: {
+      uint64_t v;
+      if (!absl::SimpleAtoi(in, &v)) return false;
+      *out = absl::StrCat(v);
+      return true;
+    }
+    case FieldKind::kFloat:
+    case FieldKind::kDouble: {
+      double v;
+      if (!absl::SimpleAtod(in, &v)) return false;
+      *out = absl::StrCat(v);
+      return true;
+    }
+    case FieldKind::kMessage:
+      return false;
+  }
+  return false;
+}
+
+// The value of scalar field `f` of `msg` as canonical text.
+std::string ScalarText(const FieldDesc& f, const void* msg) {
+  const void* p = f.value(const_cast<void*>(msg));
+  switch (f.kind) {
+    case FieldKind::kBool:
+      return *static_cast<const bool*>(p) ? "true" : "false";
+    case FieldKind::kInt32:
+    case FieldKind::kEnum:
+      return absl::StrCat(*static_cast<const int32_t*>(p));
+    case FieldKind::kUInt32:
+      return absl::StrCat(*static_cast<const uint32_t*>(p));
+    case FieldKind::kInt64:
+      return absl::StrCat(*static_cast<const int64_t*>(p));
+    case FieldKind::kUInt64:
+      return absl::StrCat(*static_cast<const uint64_t*>(p));
+    case FieldKind::kFloat:
+      return absl::StrCat(*static_cast<const float*>(p));
+    case FieldKind::kDouble:
+      return absl::StrCat(*static_cast<const double*>(p));
+    default:
+      return "";
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<AclPolicy>> AclPolicy::Create(
+    std::string name, const std::vector<const ServiceDesc*>& services, std::vector<AclRule> rules) {
+  std::shared_ptr<AclPolicy> acl(new AclPolicy(name));
+  for (AclRule& r : rules) {
+    const std::string where = absl::StrCat("acl '", name, "': rule '", r.name, "'");
+    const std::vector<std::string> parts = absl::StrSplit(r.method, '/');
+    const MethodDesc* method = nullptr;
+    for (const ServiceDesc* s : services) {
+      if (parts.size() != 2 || parts[0] != s->full_name) continue;
+      for (size_t m = 0; m < s->method_count; ++m) {
+        if (parts[1] == s->methods[m].name) method = &s->methods[m];
+      }
+    }
+    if (method == nullptr) {
+      std::vector<std::string> known;
+      for (const ServiceDesc* s : services) {
+        for (size_t m = 0; m < s->method_count; ++m) {
+          known.push_back(absl::StrCat(s->full_name, "/", s->methods[m].name));
+        }
+      }
+      return absl::NotFoundError(absl::StrCat(where, ": no method '", r.method,
+                                              "' (known: ", absl::StrJoin(known, ", "), ")"));
+    }
+    auto c = std::make_shared<Compiled>();
+    c->rule = r.name;
+    c->method = r.method;
+    c->field = r.field;
+    const MessageDesc* msg = method->request();
+    const std::vector<std::string> names = absl::StrSplit(r.field, '.');
+    for (size_t i = 0; i < names.size(); ++i) {
+      const FieldDesc* found = nullptr;
+      for (size_t k = 0; msg != nullptr && k < msg->field_count; ++k) {
+        if (names[i] == msg->fields[k].name) found = &msg->fields[k];
+      }
+      if (found == nullptr) {
+        return absl::NotFoundError(absl::StrCat(where, ": ", msg ? msg->full_name : "?",
+                                                " has no field '", names[i], "'"));
+      }
+      const bool last = i + 1 == names.size();
+      if (found->label == FieldLabel::kRepeated || (last && !Supported(*found)) ||
+          (!last && found->kind != FieldKind::kMessage)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": field ", msg->full_name, ".", names[i],
+                         last ? " is repeated or a message: the ACL compares one scalar, "
+                                "enum, string or bytes value"
+                              : " is not a singular message field"));
+      }
+      c->path.push_back(found);
+      msg = found->kind == FieldKind::kMessage ? found->message() : nullptr;
+    }
+    for (const std::string& v : r.deny) {
+      std::string canon;
+      if (!Canonical(*c->path.back(), v, &canon)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": value '", v, "' is not a value of field ", r.field));
+      }
+      c->deny.insert(std::move(canon));
+    }
+    acl->rules_[method].push_back(std::move(c));
+  }
+  return acl;
+}
+
+absl::Status AclPolicy::OnRequest(const CallInfo& call) {
+  auto it = rules_.find(call.method);
+  if (it == rules_.end() || call.request == nullptr) return absl::OkStatus();
+  checked_.fetch_add(1, std::memory_order_relaxed);
+  for (const auto& rule : it->second) {
+    const void* msg = call.request;
+    for (size_t i = 0; msg != nullptr && i + 1 < rule->path.size(); ++i) {
+      const void* data = nullptr;
+      size_t count = 0;
+      rule->path[i]->get_view(msg, &data, &count);
+      msg = count == 1 ? data : nullptr;
+    }
+    if (msg == nullptr) continue;
+    const FieldDesc& f = *rule->path.back();
+    if (f.label == FieldLabel::kOptional && !*f.has(const_cast<void*>(msg))) continue;
+    bool hit;
+    std::string shown;
+    if (f.kind == FieldKind::kString || f.kind == FieldKind::kBytes) {
+      const void* data = nullptr;
+      size_t count = 0;
+      f.get_view(msg, &data, &count);
+      std::string_view v(static_cast<const char*>(data), count);
+      hit = rule->deny.contains(absl::string_view(v.data(), v.size()));
+      if (hit) shown = std::string(v);
+    } else {
+      shown = ScalarText(f, msg);
+      hit = rule->deny.contains(shown);
+    }
+    if (hit) {
+      denied_.fetch_add(1, std::memory_order_relaxed);
+      return absl::PermissionDeniedError(absl::StrCat("acl '", name_, "': rule '", rule->rule,
+                                                      "' denies ", rule->method, ": field ",
+                                                      rule->field, " is '", shown, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plexus::rpc

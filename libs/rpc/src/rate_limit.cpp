@@ -1,0 +1,119 @@
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/rpc/policies.hpp"
+
+namespace plexus::rpc {
+namespace {
+absl::Status CheckRate(double rate, double burst) {
+  if (!(rate > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rate limit: rate must be > 0 calls/s (infinity: unlimited), not ", rate));
+  }
+  if (!(burst >= 1) || std::isinf(burst)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rate limit: burst must be a finite number >= 1, not ", burst));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+RateLimitPolicy::RateLimitPolicy(std::string name, RateLimitOptions options)
+    : name_(std::move(name)), options_(std::move(options)) {}
+
+absl::StatusOr<std::shared_ptr<RateLimitPolicy>> RateLimitPolicy::Create(std::string name,
+                                                                         RateLimitOptions options) {
+  if (absl::Status s = CheckRate(options.rate, options.burst); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("policy '", name, "': ", s.message()));
+  }
+  return std::shared_ptr<RateLimitPolicy>(new RateLimitPolicy(std::move(name), std::move(options)));
+}
+
+absl::Time RateLimitPolicy::Now() const { return options_.clock ? options_.clock() : absl::Now(); }
+
+absl::Status RateLimitPolicy::Reconfigure(double rate, double burst) {
+  if (absl::Status s = CheckRate(rate, burst); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("policy '", name_, "': ", s.message()));
+  }
+  const absl::Time now = Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool was_unlimited = std::isinf(options_.rate);
+  for (auto& [key, b] : buckets_) {
+    // Settle the old rate's refill up to now first; an infinite rate kept every bucket full.
+    if (was_unlimited) {
+      b.tokens = options_.burst;
+    } else if (now > b.last) {
+      b.tokens =
+          std::min(options_.burst, b.tokens + options_.rate * absl::ToDoubleSeconds(now - b.last));
+    }
+    b.last = std::max(b.last, now);
+    b.tokens = std::min(b.tokens, burst);
+  }
+  options_.rate = rate;
+  options_.burst = burst;
+  return absl::OkStatus();
+}
+
+absl::Status RateLimitPolicy::OnRequest(const CallInfo& call) {
+  const bool per_method = options_.scope == RateLimitOptions::Scope::kMethod;
+  uint64_t key = call.connection_id;
+  if (per_method && call.service != nullptr && call.method != nullptr) {
+    key = (uint64_t{call.service->id} << 32) | call.method->id;
+  }
+  const absl::Time now = Now();
+  absl::Duration wait;
+  double rate, burst;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rate = options_.rate;
+    burst = options_.burst;
+    auto [it, fresh] = buckets_.try_emplace(key);
+    Bucket& b = it->second;
+    if (fresh) {
+      b.tokens = burst;
+    } else if (std::isinf(rate)) {
+      b.tokens = burst;
+    } else if (now > b.last) {
+      b.tokens = std::min(burst, b.tokens + rate * absl::ToDoubleSeconds(now - b.last));
+    }
+    b.last = std::max(b.last, now);
+    if (b.tokens >= 1) {
+      b.tokens -= 1;
+      admitted_.fetch_add(1, std::memory_order_relaxed);
+      return absl::OkStatus();
+    }
+    wait = absl::Seconds((1 - b.tokens) / rate);
+    if (options_.over_limit == RateLimitOptions::OverLimit::kWait && now + wait <= call.deadline) {
+      b.tokens -= 1;  // reserved: the next caller waits behind this one
+    }
+  }
+  auto what = [&] {
+    return absl::StrCat(call.service ? call.service->full_name : "?", "/",
+                        call.method ? call.method->name : "?");
+  };
+  auto scope = [&] {
+    return per_method ? std::string("per method")
+                      : absl::StrCat("on connection ", call.connection_id);
+  };
+  if (options_.over_limit == RateLimitOptions::OverLimit::kFail) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return absl::ResourceExhaustedError(absl::StrCat("rate limit '", name_, "': ", what(),
+                                                     " is over ", rate, " calls/s (burst ", burst,
+                                                     ") ", scope()));
+  }
+  if (now + wait > call.deadline) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return absl::DeadlineExceededError(absl::StrCat(
+        "rate limit '", name_, "': ", what(), " would wait ", absl::FormatDuration(wait),
+        " for a token (", rate, " calls/s ", scope(), "), past the call's deadline"));
+  }
+  if (options_.sleep) {
+    options_.sleep(wait);
+  } else {
+    absl::SleepFor(wait);
+  }
+  admitted_.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+}  // namespace plexus::rpc
