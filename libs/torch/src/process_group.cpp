@@ -204,6 +204,30 @@ struct ProcessGroupPlexus::Impl {
       Refuse(rank, op, absl::StrCat("root ", root, " is not a rank of this group of ", size));
     }
   }
+  // Gather's outputs and scatter's inputs: `per_rank` (one list of size() tensors each matching
+  // `reference` in bytes and type) on the root, nothing elsewhere. `what` is "output"/"input".
+  void CheckRootList(std::string_view op, int root,
+                     const std::vector<std::vector<at::Tensor>>& per_rank,
+                     const at::Tensor& reference, std::string_view what_view) const {
+    const std::string what(what_view);
+    if (rank != root) {
+      if (!per_rank.empty() && !per_rank[0].empty()) {
+        Refuse(rank, op, absl::StrCat("only the root takes ", what, " tensors"));
+      }
+      return;
+    }
+    if (per_rank.size() != 1 || static_cast<int>(per_rank[0].size()) != size) {
+      Refuse(rank, op, absl::StrCat("the root expects one list of ", size, " ", what, " tensors"));
+    }
+    for (const auto& t : per_rank[0]) {
+      CheckTensor(op, t);
+      if (t.nbytes() != reference.nbytes() || t.scalar_type() != reference.scalar_type()) {
+        Refuse(rank, op,
+               absl::StrCat("every ", what, " tensor must match the ",
+                            what == "output" ? "input" : "output", "'s size and type"));
+      }
+    }
+  }
   void CheckPeer(std::string_view op, int peer) const {
     if (peer < 0 || peer >= size || peer == rank) {
       Refuse(rank, op, absl::StrCat("peer ", peer, " is not another rank of this group of ", size));
@@ -708,20 +732,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::gather(
   m.CheckRoot("gather", opts.rootRank);
   const int root = static_cast<int>(opts.rootRank);
   const at::Tensor& in = inputs[0];
-  if (m.rank == root) {
-    if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != m.size) {
-      Refuse(m.rank, "gather",
-             absl::StrCat("the root expects one list of ", m.size, " output tensors"));
-    }
-    for (const auto& o : outputs[0]) {
-      m.CheckTensor("gather", o);
-      if (o.nbytes() != in.nbytes() || o.scalar_type() != in.scalar_type()) {
-        Refuse(m.rank, "gather", "every output tensor must match the input's size and type");
-      }
-    }
-  } else if (!outputs.empty() && !outputs[0].empty()) {
-    Refuse(m.rank, "gather", "only the root takes output tensors");
-  }
+  m.CheckRootList("gather", root, outputs, in, "output");
   std::lock_guard<std::mutex> issue(m.issue_mu);
   auto work = m.NewWork(c10d::OpType::GATHER, "gather",
                         m.rank == root ? outputs[0] : std::vector<at::Tensor>{});
@@ -757,20 +768,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::scatter(
   m.CheckRoot("scatter", opts.rootRank);
   const int root = static_cast<int>(opts.rootRank);
   const at::Tensor& out = outputs[0];
-  if (m.rank == root) {
-    if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != m.size) {
-      Refuse(m.rank, "scatter",
-             absl::StrCat("the root expects one list of ", m.size, " input tensors"));
-    }
-    for (const auto& i : inputs[0]) {
-      m.CheckTensor("scatter", i);
-      if (i.nbytes() != out.nbytes() || i.scalar_type() != out.scalar_type()) {
-        Refuse(m.rank, "scatter", "every input tensor must match the output's size and type");
-      }
-    }
-  } else if (!inputs.empty() && !inputs[0].empty()) {
-    Refuse(m.rank, "scatter", "only the root takes input tensors");
-  }
+  m.CheckRootList("scatter", root, inputs, out, "input");
   std::lock_guard<std::mutex> issue(m.issue_mu);
   auto work = m.NewWork(c10d::OpType::SCATTER, "scatter", outputs);
   std::vector<std::function<void()>> posts;
