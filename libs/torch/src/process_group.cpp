@@ -286,6 +286,19 @@ struct ProcessGroupPlexus::Impl {
       for (const auto& p : posts) p();
     };
   }
+  // The tail of a call with one staged send buffer and one output tensor: stages `output`, keeps
+  // both alive, starts `start(send, recv)`, copies back into `output` when the call ends, queues.
+  c10::intrusive_ptr<c10d::Work> StartOneToOne(
+      c10::intrusive_ptr<PlexusWork> work, at::Tensor send, at::Tensor& output,
+      const std::function<std::shared_ptr<pc::Work>(at::Tensor&, at::Tensor&)>& start) {
+    std::vector<std::function<void()>> posts;
+    at::Tensor recv = InOut(output, posts);
+    SyncIfCuda(send);
+    work->keep_alive = {send, recv};
+    work->parts.push_back(start(send, recv));
+    SetPosts(*work, std::move(posts));
+    return Queue(work);
+  }
   c10::intrusive_ptr<c10d::Work> Queue(c10::intrusive_ptr<PlexusWork> work) {
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -542,15 +555,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::_allgather_base(at::Tensor& o
   }
   std::lock_guard<std::mutex> issue(m.issue_mu);
   auto work = m.NewWork(c10d::OpType::_ALLGATHER_BASE, "_allgather_base", {output});
-  std::vector<std::function<void()>> posts;
-  at::Tensor send = Impl::Input(input);
-  at::Tensor recv = Impl::InOut(output, posts);
-  Impl::SyncIfCuda(send);
-  work->keep_alive = {send, recv};
-  work->parts.push_back(
-      m.comm->AllGatherAsync(send.data_ptr(), recv.data_ptr(), send.nbytes(), pc::DataType::kU8));
-  Impl::SetPosts(*work, std::move(posts));
-  return m.Queue(work);
+  return m.StartOneToOne(work, Impl::Input(input), output, [&](at::Tensor& send, at::Tensor& recv) {
+    return m.comm->AllGatherAsync(send.data_ptr(), recv.data_ptr(), send.nbytes(),
+                                  pc::DataType::kU8);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::reduce_scatter(
@@ -575,15 +583,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::reduce_scatter(
   auto work = m.NewWork(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs);
   std::vector<at::Tensor> flat;
   for (const auto& i : inputs[0]) flat.push_back(i.reshape({-1}));
-  at::Tensor send = at::cat(flat);
-  std::vector<std::function<void()>> posts;
-  at::Tensor recv = Impl::InOut(outputs[0], posts);
-  Impl::SyncIfCuda(send);
-  work->keep_alive = {send, recv};
-  work->parts.push_back(
-      m.comm->ReduceScatterAsync(send.data_ptr(), recv.data_ptr(), recv.numel(), dtype, op));
-  Impl::SetPosts(*work, std::move(posts));
-  return m.Queue(work);
+  return m.StartOneToOne(work, at::cat(flat), outputs[0], [&](at::Tensor& send, at::Tensor& recv) {
+    return m.comm->ReduceScatterAsync(send.data_ptr(), recv.data_ptr(), recv.numel(), dtype, op);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::_reduce_scatter_base(
@@ -601,15 +603,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::_reduce_scatter_base(
   }
   std::lock_guard<std::mutex> issue(m.issue_mu);
   auto work = m.NewWork(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", {output});
-  std::vector<std::function<void()>> posts;
-  at::Tensor send = Impl::Input(input);
-  at::Tensor recv = Impl::InOut(output, posts);
-  Impl::SyncIfCuda(send);
-  work->keep_alive = {send, recv};
-  work->parts.push_back(
-      m.comm->ReduceScatterAsync(send.data_ptr(), recv.data_ptr(), recv.numel(), dtype, op));
-  Impl::SetPosts(*work, std::move(posts));
-  return m.Queue(work);
+  return m.StartOneToOne(work, Impl::Input(input), output, [&](at::Tensor& send, at::Tensor& recv) {
+    return m.comm->ReduceScatterAsync(send.data_ptr(), recv.data_ptr(), recv.numel(), dtype, op);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::alltoall_base(
