@@ -15,6 +15,9 @@ endfunction()
 plexus_add_launcher_test(launch_alone none 1)
 plexus_add_launcher_test(launch_mpirun_2 mpirun 2)
 plexus_add_launcher_test(launch_mpirun_3 mpirun 3)
+# Real srun --mpi=pmix on a private one-node Slurm that the test starts and stops (root; skips
+# without slurm-wlm).
+plexus_add_launcher_test(launch_srun_2 srun 2)
 if(PLEXUS_BUILD_TOOLS)
   # tools/ is added after tests/, so plexus-run is referred to by name only.
   plexus_add_launcher_test(launch_plexus_run plexus-run 2 $<TARGET_FILE:plexus-run>)

@@ -2,7 +2,8 @@
 # Starts tests/transport/launch_probe unchanged under a real launcher, with none of the PLEXUS_*
 # or torch variables inherited from the caller, and checks that every rank printed its line with
 # the exact sum of the hand-made allreduce. Exit 77 (skipped) when the launcher is not installed.
-# Usage: launchers.sh none|mpirun|torchrun|plexus-run PROBE RANKS [PLEXUS_RUN]
+# Usage: launchers.sh none|mpirun|srun|torchrun|plexus-run PROBE RANKS [PLEXUS_RUN]
+# srun starts a private one-node Slurm for the test (slurm_cluster.sh) and stops it after.
 set -eu
 mode=$1 probe=$2 n=$3 plexus_run=${4:-}
 limit=90  # seconds for the whole launch; ctest's TIMEOUT is above it
@@ -40,6 +41,23 @@ case $mode in
     export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_hwloc_base_binding_policy=none
     export OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_btl_tcp_if_include=lo
     timeout -k 5 $limit mpirun -np "$n" "$probe" > "$out"
+    ;;
+  srun)
+    . "$(dirname "$0")/slurm_cluster.sh"
+    rc=0
+    slurm_cluster_start "$work/slurm" || rc=$?
+    [ $rc = 0 ] || exit $rc
+    trap 'slurm_cluster_stop "$work/slurm"; rm -rf "$work"' EXIT
+    launcher=Slurm store=pmix
+    timeout -k 5 $limit srun -n "$n" --overcommit --mpi=pmix "$probe" > "$out"
+    # Without --mpi=pmix srun serves no key-value exchange: each rank must say what to do.
+    if timeout -k 5 $limit srun -n "$n" --overcommit "$probe" > "$work/nopmix" 2>&1; then
+      echo "FAIL: srun without --mpi=pmix succeeded"; cat "$work/nopmix"; exit 1
+    fi
+    if [ "$(grep -c 'run srun --mpi=pmix' "$work/nopmix")" != "$n" ]; then
+      echo "FAIL: every rank should name --mpi=pmix when srun serves no PMIx:"; cat "$work/nopmix"
+      exit 1
+    fi
     ;;
   torchrun)
     if ! /usr/bin/python3 -c 'import torch.distributed.run' 2> /dev/null; then
