@@ -12,12 +12,25 @@
 
 namespace plexus::placement::internal {
 
-absl::Status ParseWorkflow(const base::json::Json& workflow, Problem& p);
-absl::Status ParseInfrastructure(const base::json::Json& infra, Problem& p);
-absl::Status ParseAccuracyProfiles(const base::json::Json& root, Problem& p);
-absl::Status ParseExecutionProfiles(const base::json::Json& root, Problem& p);
-absl::Status ParseObjective(const base::json::Json& root, Problem& p);
-absl::Status ParseOptions(const base::json::Json& root, Problem& p);
+// The strict JSON field readers every section parser uses.
+using base::json::ArrayField;
+using base::json::BoolField;
+using base::json::CheckKeys;
+using base::json::Child;
+using base::json::Index;
+using base::json::IntegerField;
+using base::json::Invalid;
+using base::json::Json;
+using base::json::NumberField;
+using base::json::ObjectField;
+using base::json::StringField;
+
+absl::Status ParseWorkflow(const Json& workflow, Problem& p);
+absl::Status ParseInfrastructure(const Json& infra, Problem& p);
+absl::Status ParseAccuracyProfiles(const Json& root, Problem& p);
+absl::Status ParseExecutionProfiles(const Json& root, Problem& p);
+absl::Status ParseObjective(const Json& root, Problem& p);
+absl::Status ParseOptions(const Json& root, Problem& p);
 // Fills p.rate from the sources' rates along the edges; needs ParseWorkflow and ParseOptions.
 absl::Status ComputeRates(Problem& p);
 

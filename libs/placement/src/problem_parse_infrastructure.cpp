@@ -12,18 +12,6 @@
 
 namespace plexus::placement::internal {
 
-using base::json::ArrayField;
-using base::json::BoolField;
-using base::json::CheckKeys;
-using base::json::Child;
-using base::json::Index;
-using base::json::IntegerField;
-using base::json::Invalid;
-using base::json::Json;
-using base::json::NumberField;
-using base::json::ObjectField;
-using base::json::StringField;
-
 namespace {
 
 absl::StatusOr<Link> ParseLink(const Json& object, const std::string& path,

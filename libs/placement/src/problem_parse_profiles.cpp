@@ -11,18 +11,6 @@
 
 namespace plexus::placement::internal {
 
-using base::json::ArrayField;
-using base::json::BoolField;
-using base::json::CheckKeys;
-using base::json::Child;
-using base::json::Index;
-using base::json::IntegerField;
-using base::json::Invalid;
-using base::json::Json;
-using base::json::NumberField;
-using base::json::ObjectField;
-using base::json::StringField;
-
 namespace {
 
 // The ML operators whose accuracy reaches `op` directly or through relational operators.
