@@ -166,11 +166,34 @@ int PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
   std::mutex mu;
   std::condition_variable cv;
   int outstanding = slots;
+  // --policy upgrade: every call's start and end, and how often each call id completed.
+  const bool upgrading = x.policy == "upgrade";
+  std::mutex calls_mu;
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> spans;
+  std::vector<uint8_t> completions;
+  if (upgrading) {
+    if (auto st = (*ch)->engines().Attach(MakePolicy("ratelimit")); !st.ok()) Die(st.ToString());
+    if (auto st = (*ch)->engines().Attach(std::make_shared<pr::MetricsPolicy>(), "ratelimit");
+        !st.ok()) {
+      Die(st.ToString());
+    }
+  }
   std::function<void(int)> issue = [&](int slot) {
     pb::EchoRequest& req = reqs[static_cast<size_t>(slot)];
-    req.tag = pb::Denied(issued.fetch_add(1), a.deny_percent) ? "deny" : "ok";
-    stub.Echo(req, {}, [&, slot](absl::StatusOr<pr::Reply<pb::EchoReply>> r) {
+    const uint64_t id = issued.fetch_add(1);
+    req.tag = pb::Denied(id, a.deny_percent) ? "deny" : "ok";
+    const auto started = Clock::now();
+    if (upgrading) {
+      std::lock_guard<std::mutex> lock(calls_mu);
+      if (completions.size() <= id) completions.resize(id + 1, 0);
+    }
+    stub.Echo(req, {}, [&, slot, id, started](absl::StatusOr<pr::Reply<pb::EchoReply>> r) {
       const auto now = Clock::now();
+      if (upgrading) {
+        std::lock_guard<std::mutex> lock(calls_mu);
+        ++completions[id];
+        if (phases.Measuring(started)) spans.emplace_back(started, now);
+      }
       if (phases.Measuring(now)) {
         if (r.ok()) {
           ok[window.load(std::memory_order_relaxed)].fetch_add(1, std::memory_order_relaxed);
@@ -208,6 +231,24 @@ int PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
       w ^= 1;
     }
   }
+  // Live upgrade every 100 ms of the measured time: the rate limiter and the metrics engine, in
+  // turn, each replaced by a new version that adopts the old one's state.
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> swaps;
+  double max_pause_us = 0;
+  if (upgrading) {
+    std::this_thread::sleep_until(phases.begin());
+    for (int i = 0; Clock::now() + std::chrono::milliseconds(100) < phases.end(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const auto t0 = Clock::now();
+      std::shared_ptr<pr::Policy> next =
+          i % 2 ? std::shared_ptr<pr::Policy>(std::make_shared<pr::MetricsPolicy>())
+                : MakePolicy("ratelimit");
+      auto rep = (*ch)->engines().Upgrade(next->name(), next);
+      if (!rep.ok()) Die(rep.status().ToString());
+      swaps.emplace_back(t0, Clock::now());
+      max_pause_us = std::max(max_pause_us, absl::ToDoubleMicroseconds(rep->pause));
+    }
+  }
   {
     std::unique_lock<std::mutex> lock(mu);
     if (!cv.wait_for(lock, std::chrono::duration<double>(a.seconds * 2 + 30),
@@ -216,7 +257,7 @@ int PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
     }
   }
   result.failed = failed.load();
-  if (x.policy != "none") {
+  if (x.policy != "none" && !upgrading) {
     result.ok = ok[1].load();
     result.seconds = window_seconds[1];
     result.base_rate = static_cast<double>(ok[0].load()) / std::max(window_seconds[0], 1e-9);
@@ -225,6 +266,44 @@ int PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
     result.seconds = phases.seconds();
   }
   result.bytes = result.ok * a.size;
+  if (upgrading) {
+    // Lost: issued but never completed; duplicated: completed twice. The metrics engine, upgraded
+    // with the rest, must have counted every completed call (its counters carried over).
+    std::lock_guard<std::mutex> lock(calls_mu);
+    uint64_t lost = 0, duplicated = 0, completed = 0;
+    for (uint8_t c : completions) {
+      lost += c == 0;
+      duplicated += c > 1;
+      completed += c;
+    }
+    auto m = std::dynamic_pointer_cast<pr::MetricsPolicy>((*ch)->engines().Find("metrics"));
+    const uint64_t counted = m->Get()["plexus.benchrpc.EchoService/Echo"].calls;
+    std::vector<double> all, during;
+    for (const auto& [b, e] : spans) {
+      const double us = std::chrono::duration<double, std::micro>(e - b).count();
+      all.push_back(us);
+      for (const auto& [sb, se] : swaps) {
+        if (b <= se && e >= sb) {
+          during.push_back(us);
+          break;
+        }
+      }
+    }
+    auto p99 = [](std::vector<double> v) {
+      if (v.empty()) return 0.0;
+      std::sort(v.begin(), v.end());
+      return v[std::min(v.size() - 1, v.size() * 99 / 100)];
+    };
+    const double max_during = during.empty() ? 0 : *std::max_element(during.begin(), during.end());
+    std::printf(
+        "upgrade swaps=%zu max_pause_us=%.3f lost=%llu duplicated=%llu uncounted=%lld "
+        "p99_us=%.3f p99_during_us=%.3f max_during_us=%.3f\n",
+        swaps.size(), max_pause_us, static_cast<unsigned long long>(lost),
+        static_cast<unsigned long long>(duplicated),
+        static_cast<long long>(completed) - static_cast<long long>(counted), p99(all), p99(during),
+        max_during);
+    std::fflush(stdout);
+  }
   pb::PrintResult(std::move(result));
   (*ch)->Close();
   return 0;
@@ -289,6 +368,7 @@ int RawClient(const pb::PeerArgs& a) {
 struct Sample {
   double rate = 0, base_rate = 0, goodput = 0, median_us = 0, p99_us = 0;
   uint64_t ok = 0, failed = 0;
+  std::map<std::string, double> upgrade;  // --policy upgrade: the "upgrade" line's fields
 };
 
 std::string SelfPath() {
@@ -436,6 +516,13 @@ struct Orchestrator {
       if (p.first == "p99_us") s.p99_us = v;
       if (p.first == "ok") s.ok = static_cast<uint64_t>(v);
       if (p.first == "failed") s.failed = static_cast<uint64_t>(v);
+    }
+    if (policy == "upgrade") {
+      for (absl::string_view kv : absl::StrSplit(client.Line("upgrade ", limit), ' ')) {
+        std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+        double v = 0;
+        if (absl::SimpleAtod(p.second, &v)) s.upgrade[p.first] = v;
+      }
     }
     return s;
   }
@@ -585,6 +672,30 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base) {
     const double cost = 1 - Median(ratio);
     fig.Add("policy_cost", cost, "fraction", extra, "<= 0.05", cost <= 0.05);
   }
+  // Live upgrade every 100 ms during a rate run (32 in flight, 32 B): the longest time an upgrade
+  // held calls at the gate, p99 latency of the calls in flight during a swap against all calls,
+  // and calls lost, duplicated or missing from the upgraded metrics engine (target: 0).
+  {
+    std::map<std::string, std::vector<double>> u;
+    for (int r = 0; r < runs; ++r) {
+      Sample s = o.Run("plexus-tcp", unpinned, "rate", 32, 32, 32, "upgrade");
+      for (const auto& [k, v] : s.upgrade) u[k].push_back(v);
+    }
+    nlohmann::json extra = {{"system", "plexus-tcp"},
+                            {"inflight", 32},
+                            {"size", 32},
+                            {"every_ms", 100},
+                            {"swaps", Median(u["swaps"])}};
+    fig.Add("upgrade_max_pause", Median(u["max_pause_us"]), "us", extra);
+    fig.Add("upgrade_p99_during_swaps", Median(u["p99_during_us"]), "us", extra);
+    fig.Add("upgrade_max_latency_during_swaps", Median(u["max_during_us"]), "us", extra);
+    fig.Add("upgrade_p99_all", Median(u["p99_us"]), "us", extra);
+    double bad = 0;
+    for (const char* k : {"lost", "duplicated", "uncounted"}) {
+      for (double v : u[k]) bad += std::abs(v);
+    }
+    fig.Add("upgrade_calls_lost_duplicated_uncounted", bad, "calls", extra, "== 0", bad == 0);
+  }
   if (!json) out.PrintTable();
   return 0;
 }
@@ -615,8 +726,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"thread", "caller"}))
       ->group("");
   tool.app()
-      .add_option("--policy", x.policy, "peer: none, ratelimit or acl on the client's chain")
-      ->check(CLI::IsMember({"none", "ratelimit", "acl"}))
+      .add_option("--policy", x.policy,
+                  "peer: none, ratelimit or acl on the client's chain, or upgrade (rate limit and "
+                  "metrics upgraded every 100 ms)")
+      ->check(CLI::IsMember({"none", "ratelimit", "acl", "upgrade"}))
       ->group("");
   if (auto code = tool.Parse(argc, argv)) return *code;
   if (peer.cpu >= 0) plexus::bench::PinToCpu(peer.cpu);

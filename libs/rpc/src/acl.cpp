@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "plexus/base/status.hpp"
 #include "plexus/rpc/policies.hpp"
 
 namespace plexus::rpc {
@@ -158,6 +159,29 @@ absl::StatusOr<std::shared_ptr<AclPolicy>> AclPolicy::Create(
     acl->rules_[method].push_back(std::move(c));
   }
   return acl;
+}
+
+std::string AclPolicy::DescribeJson() const {
+  size_t rules = 0;
+  for (const auto& [m, r] : rules_) rules += r.size();
+  return absl::StrCat("{\"rules\":", rules, ",\"checked\":", checked_.load(),
+                      ",\"denied\":", denied_.load(), "}");
+}
+
+absl::StatusOr<EngineState> AclPolicy::Decompose() const {
+  EngineState state(kind(), version());
+  state.Put("checked", checked_.load());
+  state.Put("denied", denied_.load());
+  return state;
+}
+
+absl::Status AclPolicy::Restore(const EngineState& state) {
+  PLEXUS_RETURN_IF_ERROR(Policy::Restore(state));
+  PLEXUS_ASSIGN_OR_RETURN(uint64_t checked, state.Get<uint64_t>("checked"));
+  PLEXUS_ASSIGN_OR_RETURN(uint64_t denied, state.Get<uint64_t>("denied"));
+  checked_ += checked;
+  denied_ += denied;
+  return absl::OkStatus();
 }
 
 absl::Status AclPolicy::OnRequest(const CallInfo& call) {

@@ -4,6 +4,7 @@
 #include <bit>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/status.hpp"
 
 namespace plexus::rpc {
 namespace {
@@ -13,8 +14,103 @@ bool IsFixed(std::string_view n) {
 }
 }  // namespace
 
+absl::Status EngineState::Missing(std::string_view key) const {
+  return absl::NotFoundError(absl::StrCat("the state of a '", kind_, "' engine (version ", version_,
+                                          ") has no '", std::string(key), "'"));
+}
+
+absl::Status EngineState::WrongType(std::string_view key) const {
+  return absl::InvalidArgumentError(absl::StrCat("the state of a '", kind_, "' engine (version ",
+                                                 version_, ") holds '", std::string(key),
+                                                 "' as another type than this version expects"));
+}
+
+absl::Status Policy::Configure(std::string_view json_config) {
+  (void)json_config;
+  return absl::UnimplementedError(
+      absl::StrCat("engine '", name(), "' (", kind(), ") cannot be reconfigured"));
+}
+
+absl::Status Policy::Restore(const EngineState& state) {
+  if (state.kind() != kind()) {
+    return absl::InvalidArgumentError(absl::StrCat("engine '", name(), "' (", kind(), " v",
+                                                   version(), ") cannot adopt the state of a '",
+                                                   state.kind(), "' engine"));
+  }
+  return absl::OkStatus();
+}
+
+// ---- The gate ----------------------------------------------------------------------------------
+// A call: active_++ then reads closed_; a swap: closed_ = true then reads active_. Both
+// sequentially consistent, so either the call sees the gate closed (and backs out) or the swap sees
+// the call (and waits for it): a policy is never swapped under a call.
+
+EngineSlot::EngineSlot(std::shared_ptr<Policy> policy)
+    : name_(policy->name()), policy_(std::move(policy)) {}
+
+Policy* EngineSlot::Enter() {
+  while (true) {
+    active_.fetch_add(1);
+    if (!closed_.load()) return policy_.get();
+    Leave();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !closed_.load(); });
+  }
+}
+
+void EngineSlot::Leave() {
+  if (active_.fetch_sub(1) == 1 && closed_.load()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_all();
+  }
+}
+
+absl::Status EngineSlot::OnRequest(const CallInfo& call) {
+  Policy* p = Enter();
+  absl::Status st = p->OnRequest(call);
+  Leave();
+  return st;
+}
+
+void EngineSlot::OnComplete(const CallInfo& call, const absl::Status& status) {
+  Policy* p = Enter();
+  p->OnComplete(call, status);
+  Leave();
+}
+
+bool EngineSlot::inspects_content() {
+  Policy* p = Enter();
+  const bool r = p->inspects_content();
+  Leave();
+  return r;
+}
+
+std::shared_ptr<Policy> EngineSlot::policy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return policy_;
+}
+
+template <typename Fn>
+absl::StatusOr<EngineSwapReport> EngineSlot::Exclusive(Fn&& fn) {
+  const absl::Time t0 = absl::Now();
+  EngineSwapReport report;
+  std::unique_lock<std::mutex> lock(mu_);
+  closed_.store(true);
+  // The timed wait only guards against a missed wake-up; Leave notifies under mu_.
+  while (active_.load() != 0) cv_.wait_for(lock, std::chrono::milliseconds(1));
+  report.drain = absl::Now() - t0;
+  absl::Status st = fn(policy_);
+  closed_.store(false);
+  report.pause = absl::Now() - t0;
+  cv_.notify_all();
+  if (!st.ok()) return st;
+  return report;
+}
+
+// ---- The chain ---------------------------------------------------------------------------------
+
 EngineChain::EngineChain()
-    : policies_(std::make_shared<const std::vector<std::shared_ptr<Policy>>>()) {}
+    : slots_(std::make_shared<const std::vector<std::shared_ptr<EngineSlot>>>()) {}
 
 std::vector<std::string> EngineChain::Names() const {
   Snapshot s = snapshot();
@@ -29,7 +125,7 @@ absl::Status EngineChain::Attach(std::shared_ptr<Policy> policy, std::string_vie
   if (policy == nullptr) return absl::InvalidArgumentError("Attach: null policy");
   const std::string name = policy->name();
   std::lock_guard<std::mutex> lock(mu_);
-  auto next = std::make_shared<std::vector<std::shared_ptr<Policy>>>(*policies_);
+  auto next = std::make_shared<std::vector<std::shared_ptr<EngineSlot>>>(*slots_);
   if (IsFixed(name) ||
       std::any_of(next->begin(), next->end(), [&](const auto& p) { return p->name() == name; })) {
     return absl::AlreadyExistsError(
@@ -51,8 +147,9 @@ absl::Status EngineChain::Attach(std::shared_ptr<Policy> policy, std::string_vie
     }
     at = static_cast<size_t>(it - next->begin()) + 1;
   }
-  next->insert(next->begin() + static_cast<std::ptrdiff_t>(at), std::move(policy));
-  policies_ = std::move(next);
+  next->insert(next->begin() + static_cast<std::ptrdiff_t>(at),
+               std::make_shared<EngineSlot>(std::move(policy)));
+  slots_ = std::move(next);
   return absl::OkStatus();
 }
 
@@ -62,19 +159,60 @@ absl::StatusOr<std::shared_ptr<Policy>> EngineChain::Detach(std::string_view nam
     return absl::InvalidArgumentError(
         absl::StrCat("'", std::string(name), "' is a fixed engine and cannot be detached"));
   }
-  auto next = std::make_shared<std::vector<std::shared_ptr<Policy>>>(*policies_);
+  auto next = std::make_shared<std::vector<std::shared_ptr<EngineSlot>>>(*slots_);
   auto it =
       std::find_if(next->begin(), next->end(), [&](const auto& p) { return p->name() == name; });
   if (it == next->end()) {
     return absl::NotFoundError(absl::StrCat("no engine named '", std::string(name), "'"));
   }
-  std::shared_ptr<Policy> p = *it;
+  std::shared_ptr<Policy> p = (*it)->policy();
   next->erase(it);
-  policies_ = std::move(next);
+  slots_ = std::move(next);
   return p;
 }
 
-std::shared_ptr<Policy> EngineChain::Find(std::string_view name) const {
+absl::StatusOr<EngineSwapReport> EngineChain::Upgrade(std::string_view name,
+                                                      std::shared_ptr<Policy> next) {
+  if (next == nullptr) return absl::InvalidArgumentError("Upgrade: null policy");
+  if (next->name() != name) {
+    return absl::InvalidArgumentError(absl::StrCat("upgrade of engine '", std::string(name),
+                                                   "': the new version is named '", next->name(),
+                                                   "' (an upgrade keeps the name)"));
+  }
+  std::lock_guard<std::mutex> admin(admin_mu_);
+  std::shared_ptr<EngineSlot> slot = FindSlot(name);
+  if (slot == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("no engine named '", std::string(name), "' to upgrade"));
+  }
+  return slot->Exclusive([&](std::shared_ptr<Policy>& current) -> absl::Status {
+    absl::StatusOr<EngineState> state = current->Decompose();
+    if (!state.ok()) {
+      return base::Annotate(state.status(),
+                            absl::StrCat("upgrade of engine '", std::string(name), "': decompose"));
+    }
+    if (absl::Status st = next->Restore(*state); !st.ok()) {
+      return base::Annotate(st, absl::StrCat("upgrade of engine '", std::string(name),
+                                             "': restore (the old version stays)"));
+    }
+    current = std::move(next);
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<EngineSwapReport> EngineChain::Configure(std::string_view name,
+                                                        std::string_view json_config) {
+  std::lock_guard<std::mutex> admin(admin_mu_);
+  std::shared_ptr<EngineSlot> slot = FindSlot(name);
+  if (slot == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("no engine named '", std::string(name), "' to configure"));
+  }
+  return slot->Exclusive(
+      [&](std::shared_ptr<Policy>& current) { return current->Configure(json_config); });
+}
+
+std::shared_ptr<EngineSlot> EngineChain::FindSlot(std::string_view name) const {
   Snapshot s = snapshot();
   for (const auto& p : *s) {
     if (p->name() == name) return p;
@@ -82,9 +220,14 @@ std::shared_ptr<Policy> EngineChain::Find(std::string_view name) const {
   return nullptr;
 }
 
+std::shared_ptr<Policy> EngineChain::Find(std::string_view name) const {
+  std::shared_ptr<EngineSlot> slot = FindSlot(name);
+  return slot ? slot->policy() : nullptr;
+}
+
 EngineChain::Snapshot EngineChain::snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return policies_;
+  return slots_;
 }
 
 double MetricsPolicy::MethodMetrics::QuantileUpperUs(double q) const {
@@ -113,6 +256,27 @@ void MetricsPolicy::OnComplete(const CallInfo& call, const absl::Status& status)
   m.request_bytes += call.request_bytes;
   m.response_bytes += call.response_bytes;
   ++m.latency_us[bucket];
+}
+
+absl::StatusOr<EngineState> MetricsPolicy::Decompose() const {
+  EngineState state(kind(), version());
+  state.Put("methods", Get());
+  return state;
+}
+
+absl::Status MetricsPolicy::Restore(const EngineState& state) {
+  PLEXUS_RETURN_IF_ERROR(Policy::Restore(state));
+  PLEXUS_ASSIGN_OR_RETURN(auto old, (state.Get<std::map<std::string, MethodMetrics>>("methods")));
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [key, m] : old) {
+    MethodMetrics& mine = methods_[key];
+    mine.calls += m.calls;
+    mine.errors += m.errors;
+    mine.request_bytes += m.request_bytes;
+    mine.response_bytes += m.response_bytes;
+    for (int b = 0; b < kBuckets; ++b) mine.latency_us[b] += m.latency_us[b];
+  }
+  return absl::OkStatus();
 }
 
 std::map<std::string, MetricsPolicy::MethodMetrics> MetricsPolicy::Get() const {

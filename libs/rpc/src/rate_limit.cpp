@@ -1,6 +1,9 @@
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/json_reader.hpp"
+#include "plexus/base/status.hpp"
 #include "plexus/rpc/policies.hpp"
 
 namespace plexus::rpc {
@@ -51,6 +54,85 @@ absl::Status RateLimitPolicy::Reconfigure(double rate, double burst) {
   }
   options_.rate = rate;
   options_.burst = burst;
+  return absl::OkStatus();
+}
+
+absl::Status RateLimitPolicy::Configure(std::string_view json_config) {
+  namespace bj = base::json;
+  const std::string where = absl::StrCat("rate limit '", name_, "' configuration");
+  bj::Json j = bj::Json::parse(json_config.begin(), json_config.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(where,
+                                                   ": expected a JSON object such as "
+                                                   "{\"rate\": 100, \"burst\": 10}"));
+  }
+  PLEXUS_RETURN_IF_ERROR(bj::CheckKeys(j, where, {"rate", "burst"}));
+  double rate, burst;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rate = options_.rate;
+    burst = options_.burst;
+  }
+  if (auto it = j.find("rate"); it != j.end()) {
+    if (it->is_string() && it->get<std::string>() == "inf") {
+      rate = std::numeric_limits<double>::infinity();
+    } else {
+      PLEXUS_ASSIGN_OR_RETURN(rate, bj::NumberField(j, where, "rate", true));
+    }
+  }
+  if (j.contains("burst")) {
+    PLEXUS_ASSIGN_OR_RETURN(burst, bj::NumberField(j, where, "burst", true));
+  }
+  return Reconfigure(rate, burst);
+}
+
+std::string RateLimitPolicy::DescribeJson() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return absl::StrCat(
+      "{\"rate\":",
+      std::isinf(options_.rate) ? std::string("\"inf\"") : absl::StrCat(options_.rate),
+      ",\"burst\":", options_.burst, ",\"scope\":\"",
+      options_.scope == RateLimitOptions::Scope::kMethod ? "method" : "connection",
+      "\",\"over_limit\":\"",
+      options_.over_limit == RateLimitOptions::OverLimit::kWait ? "wait" : "fail",
+      "\",\"buckets\":", buckets_.size(), ",\"admitted\":", admitted_.load(),
+      ",\"rejected\":", rejected_.load(), "}");
+}
+
+absl::StatusOr<EngineState> RateLimitPolicy::Decompose() const {
+  EngineState state(kind(), version());
+  const absl::Time now = Now();
+  absl::flat_hash_map<uint64_t, Bucket> buckets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    buckets = buckets_;
+    for (auto& [key, b] : buckets) {
+      if (std::isinf(options_.rate)) {
+        b.tokens = options_.burst;
+      } else if (now > b.last) {
+        b.tokens = std::min(options_.burst,
+                            b.tokens + options_.rate * absl::ToDoubleSeconds(now - b.last));
+      }
+      b.last = std::max(b.last, now);
+    }
+  }
+  state.Put("buckets", std::move(buckets));
+  state.Put("admitted", admitted_.load());
+  state.Put("rejected", rejected_.load());
+  return state;
+}
+
+absl::Status RateLimitPolicy::Restore(const EngineState& state) {
+  PLEXUS_RETURN_IF_ERROR(Policy::Restore(state));
+  PLEXUS_ASSIGN_OR_RETURN(auto buckets,
+                          (state.Get<absl::flat_hash_map<uint64_t, Bucket>>("buckets")));
+  PLEXUS_ASSIGN_OR_RETURN(uint64_t admitted, state.Get<uint64_t>("admitted"));
+  PLEXUS_ASSIGN_OR_RETURN(uint64_t rejected, state.Get<uint64_t>("rejected"));
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [key, b] : buckets) b.tokens = std::min(b.tokens, options_.burst);
+  buckets_ = std::move(buckets);
+  admitted_ += admitted;
+  rejected_ += rejected;
   return absl::OkStatus();
 }
 

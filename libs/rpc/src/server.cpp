@@ -1,5 +1,6 @@
 #include "plexus/rpc/server.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -452,5 +453,22 @@ void Server::Shutdown() {
 }
 
 EngineChain& Server::engines() { return impl_->core.chain; }
+
+std::vector<Server::ConnectionInfo> Server::Connections() const {
+  auto& c = impl_->core;
+  std::vector<std::shared_ptr<internal::ServerConn>> conns;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (auto& [id, sc] : c.conns) conns.push_back(sc);
+  }
+  std::vector<ConnectionInfo> out;
+  for (auto& sc : conns) {
+    std::lock_guard<std::mutex> lock(sc->mu);
+    if (sc->dead) continue;
+    out.push_back({sc->conn->id(), sc->peer, sc->active.size()});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  return out;
+}
 
 }  // namespace plexus::rpc

@@ -46,23 +46,33 @@ class RateLimitPolicy : public Policy {
   static absl::StatusOr<std::shared_ptr<RateLimitPolicy>> Create(std::string name,
                                                                  RateLimitOptions options);
   std::string name() const override { return name_; }
+  std::string kind() const override { return "rate_limit"; }
+  std::string DescribeJson() const override;
   absl::Status OnRequest(const CallInfo& call) override;
   // New rate and burst for every bucket (tokens above the new burst are dropped).
   absl::Status Reconfigure(double rate, double burst);
+  // {"rate": calls/s or "inf", "burst": n}: Reconfigure; other fields are refused.
+  absl::Status Configure(std::string_view json_config) override;
+  // State: "buckets" (every bucket's tokens, settled at the old rate up to now: negative while
+  // kWait callers hold reservations), "admitted", "rejected". Restore keeps its own rate and
+  // burst and caps the tokens at its burst, so an upgrade grants no fresh burst.
+  absl::StatusOr<EngineState> Decompose() const override;
+  absl::Status Restore(const EngineState& state) override;
   uint64_t admitted() const { return admitted_.load(); }
   uint64_t rejected() const { return rejected_.load(); }
 
- private:
   struct Bucket {
     double tokens = 0;
     absl::Time last;
   };
+
+ private:
   RateLimitPolicy(std::string name, RateLimitOptions options);
   absl::Time Now() const;
 
   std::string name_;
   RateLimitOptions options_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   absl::flat_hash_map<uint64_t, Bucket> buckets_;
   std::atomic<uint64_t> admitted_{0}, rejected_{0};
 };
@@ -91,8 +101,13 @@ class AclPolicy : public Policy {
       std::string name, const std::vector<const ServiceDesc*>& services,
       std::vector<AclRule> rules);
   std::string name() const override { return name_; }
+  std::string kind() const override { return "acl"; }
+  std::string DescribeJson() const override;
   bool inspects_content() const override { return true; }
   absl::Status OnRequest(const CallInfo& call) override;
+  // State: "checked", "denied" (the rules are the new version's configuration).
+  absl::StatusOr<EngineState> Decompose() const override;
+  absl::Status Restore(const EngineState& state) override;
   uint64_t checked() const { return checked_.load(); }
   uint64_t denied() const { return denied_.load(); }
 

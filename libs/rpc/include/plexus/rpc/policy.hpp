@@ -1,10 +1,14 @@
 // The engine chain of a connection: frontend -> policies -> marshal -> transport on send, the
 // mirror on receive. Policies run on typed calls before marshalling (client) and after
-// unmarshalling (server); they can be attached between two named engines and detached while calls
-// flow: each call sees one consistent chain, and none is lost or run twice.
+// unmarshalling (server); they can be attached between two named engines, detached, reconfigured
+// and upgraded to a new version (state carried by Decompose/Restore) while calls flow: each call
+// sees one consistent chain, and none is lost, run twice or reordered.
 #pragma once
 
+#include <any>
 #include <array>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -39,11 +43,47 @@ struct CallInfo {
   const void* request = nullptr;
 };
 
+// What an engine's Decompose hands to its next version's Restore (mRPC's live upgrade): named
+// values of any type, plus the kind and version of the engine that produced them.
+class EngineState {
+ public:
+  EngineState() = default;
+  EngineState(std::string kind, int version) : kind_(std::move(kind)), version_(version) {}
+  const std::string& kind() const { return kind_; }
+  int version() const { return version_; }
+  template <typename T>
+  void Put(std::string key, T value) {
+    values_[std::move(key)] = std::any(std::move(value));
+  }
+  // NotFound for a missing key, InvalidArgument when it holds another type.
+  template <typename T>
+  absl::StatusOr<T> Get(std::string_view key) const {
+    auto it = values_.find(key);
+    if (it == values_.end()) return Missing(key);
+    if (const T* v = std::any_cast<T>(&it->second)) return *v;
+    return WrongType(key);
+  }
+  bool Has(std::string_view key) const { return values_.find(key) != values_.end(); }
+
+ private:
+  absl::Status Missing(std::string_view key) const;
+  absl::Status WrongType(std::string_view key) const;
+  std::string kind_;
+  int version_ = 0;
+  std::map<std::string, std::any, std::less<>> values_;
+};
+
 class Policy {
  public:
   virtual ~Policy() = default;
   // Unique within a chain; the name Attach/Detach use.
   virtual std::string name() const = 0;
+  // The engine's kind ("metrics", "rate_limit", "acl") and version: what an upgrade replaces and
+  // what an operator sees listed.
+  virtual std::string kind() const { return "custom"; }
+  virtual int version() const { return 1; }
+  // One JSON object: configuration and live counters, for listings (the admin endpoint).
+  virtual std::string DescribeJson() const { return "{}"; }
   // True when OnRequest reads `call.request`: the client then runs the chain on a private copy
   // of the request, so the application cannot change what was checked before it is sent.
   virtual bool inspects_content() const { return false; }
@@ -58,11 +98,57 @@ class Policy {
     (void)call;
     (void)status;
   }
+  // An operator's new configuration, a JSON object (each kind documents its fields). Runs with no
+  // call inside the engine. Unimplemented unless the kind supports it; an error changes nothing.
+  virtual absl::Status Configure(std::string_view json_config);
+  // Live upgrade, step 1: the engine's state (counters, tokens, queued work). Runs with no call
+  // inside the engine (the chain holds new calls at its gate). Must leave the engine unchanged:
+  // if the new version's Restore fails, this one stays in the chain and goes on.
+  virtual absl::StatusOr<EngineState> Decompose() const { return EngineState(kind(), version()); }
+  // Live upgrade, step 2, on the new version before it sees any call: adopt the old version's
+  // state, transforming it if the layout changed. An error refuses the upgrade (the old version
+  // stays).
+  virtual absl::Status Restore(const EngineState& state);
+};
+
+// How long an operation held the engine's calls back.
+struct EngineSwapReport {
+  absl::Duration drain;  // waiting for the calls inside the old engine to leave it
+  absl::Duration pause;  // the gate closed in all: new calls waited this long at most
+};
+
+// One engine's place in the chain: the policy behind a gate. Calls pass the gate without a lock
+// (two atomic operations); a swap closes it, waits until no call is inside, swaps, and reopens it.
+class EngineSlot {
+ public:
+  explicit EngineSlot(std::shared_ptr<Policy> policy);
+  EngineSlot(const EngineSlot&) = delete;
+  EngineSlot& operator=(const EngineSlot&) = delete;
+  absl::Status OnRequest(const CallInfo& call);
+  void OnComplete(const CallInfo& call, const absl::Status& status);
+  bool inspects_content();
+  std::string name() const { return name_; }
+  std::shared_ptr<Policy> policy() const;
+
+ private:
+  friend class EngineChain;
+  Policy* Enter();
+  void Leave();
+  // Closes the gate, waits for the calls inside, runs `fn` on the policy, reopens the gate.
+  template <typename Fn>
+  absl::StatusOr<EngineSwapReport> Exclusive(Fn&& fn);
+
+  const std::string name_;
+  std::atomic<int> active_{0};
+  std::atomic<bool> closed_{false};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::shared_ptr<Policy> policy_;  // written only with the gate closed and no call inside
 };
 
 class EngineChain {
  public:
-  using Snapshot = std::shared_ptr<const std::vector<std::shared_ptr<Policy>>>;
+  using Snapshot = std::shared_ptr<const std::vector<std::shared_ptr<EngineSlot>>>;
   EngineChain();
 
   // "frontend", the policies in order, "marshal", "transport".
@@ -71,15 +157,26 @@ class EngineChain {
   // AlreadyExists for a taken name, NotFound for an unknown `after`, InvalidArgument after
   // "marshal" or "transport" (policies work on typed messages).
   absl::Status Attach(std::shared_ptr<Policy> policy, std::string_view after = "frontend");
-  // Removes and returns the policy; calls already past it are not affected.
+  // Removes and returns the policy; calls that started before still run through it.
   absl::StatusOr<std::shared_ptr<Policy>> Detach(std::string_view name);
+  // Live upgrade: replaces the engine `name` by `next` (same name; any kind whose Restore accepts
+  // the old state) at the same place, under load. Calls that already passed the old version keep
+  // their result; every later step of every call (OnRequest and OnComplete, also of calls started
+  // before) runs on `next`, so no call is lost, run twice or reordered, and counters continue.
+  // NotFound for an unknown name, InvalidArgument for a different name, or Decompose's/Restore's
+  // error (the old version then stays).
+  absl::StatusOr<EngineSwapReport> Upgrade(std::string_view name, std::shared_ptr<Policy> next);
+  // Policy::Configure of engine `name` with no call inside it.
+  absl::StatusOr<EngineSwapReport> Configure(std::string_view name, std::string_view json_config);
   std::shared_ptr<Policy> Find(std::string_view name) const;
   // The chain a call runs through, taken once when it starts.
   Snapshot snapshot() const;
 
  private:
+  std::shared_ptr<EngineSlot> FindSlot(std::string_view name) const;
   mutable std::mutex mu_;
-  Snapshot policies_;
+  std::mutex admin_mu_;  // one swap or configuration at a time
+  Snapshot slots_;
 };
 
 // Per-method call count, errors, bytes and a latency histogram (powers of two of microseconds).
@@ -98,7 +195,12 @@ class MetricsPolicy : public Policy {
 
   explicit MetricsPolicy(std::string name = "metrics") : name_(std::move(name)) {}
   std::string name() const override { return name_; }
+  std::string kind() const override { return "metrics"; }
+  std::string DescribeJson() const override { return ToJson(); }
   void OnComplete(const CallInfo& call, const absl::Status& status) override;
+  // State: "methods" (std::map<std::string, MethodMetrics>); Restore adds it to this one's.
+  absl::StatusOr<EngineState> Decompose() const override;
+  absl::Status Restore(const EngineState& state) override;
 
   // Keyed by "package.Service/Method".
   std::map<std::string, MethodMetrics> Get() const;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -92,6 +93,14 @@ class Server {
   void Shutdown();
   // Policies run on every call of every connection.
   EngineChain& engines();
+
+  struct ConnectionInfo {
+    uint64_t id = 0;  // the transport's connection id (CallInfo::connection_id)
+    std::string peer;
+    size_t active_calls = 0;  // requests received and not answered yet
+  };
+  // The open connections, by id.
+  std::vector<ConnectionInfo> Connections() const;
 
   struct Impl;
 

@@ -1,0 +1,316 @@
+#include "plexus/base/admin.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+#include "plexus/base/net.hpp"
+#include "plexus/base/status.hpp"
+
+namespace plexus::base::admin {
+namespace {
+
+using Json = nlohmann::json;
+constexpr int kMaxDepth = 4;
+constexpr size_t kMaxCommand = 64;
+
+std::string Dump(const Json& j) {
+  // Replace invalid UTF-8 instead of throwing: requests are hostile input.
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+// Nesting depth of JSON text, outside strings; a cheap bound before the real parser runs.
+int Depth(std::string_view text) {
+  int depth = 0, worst = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if (c == '{' || c == '[') worst = std::max(worst, ++depth);
+    if (c == '}' || c == ']') --depth;
+  }
+  return worst;
+}
+
+std::string ErrorReply(const absl::Status& status) {
+  return Dump(Json{{"ok", false},
+                   {"code", absl::StatusCodeToString(status.code())},
+                   {"error", std::string(status.message())}});
+}
+
+absl::StatusCode CodeFromName(const std::string& name) {
+  for (int c = 0; c <= 16; ++c) {
+    if (absl::StatusCodeToString(static_cast<absl::StatusCode>(c)) == name) {
+      return static_cast<absl::StatusCode>(c);
+    }
+  }
+  return absl::StatusCode::kUnknown;
+}
+
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  }
+  return diff == 0;
+}
+
+bool IsLoopback(const net::SocketAddress& a) {
+  if (a.family() == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a.get());
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (a.family() == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a.get());
+    return IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
+  }
+  return false;
+}
+
+void PutLength(uint32_t n, unsigned char out[4]) {
+  out[0] = static_cast<unsigned char>(n >> 24);
+  out[1] = static_cast<unsigned char>(n >> 16);
+  out[2] = static_cast<unsigned char>(n >> 8);
+  out[3] = static_cast<unsigned char>(n);
+}
+
+uint32_t GetLength(const unsigned char in[4]) {
+  return (uint32_t{in[0]} << 24) | (uint32_t{in[1]} << 16) | (uint32_t{in[2]} << 8) | in[3];
+}
+
+absl::Status SendFrame(int fd, std::string_view body, absl::Time deadline) {
+  unsigned char len[4];
+  PutLength(static_cast<uint32_t>(body.size()), len);
+  PLEXUS_RETURN_IF_ERROR(net::SendAll(fd, len, 4, deadline));
+  return net::SendAll(fd, body.data(), body.size(), deadline);
+}
+
+}  // namespace
+
+absl::StatusOr<AdminRequest> DecodeRequest(std::string_view body) {
+  if (Depth(body) > kMaxDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("admin request: JSON nested deeper than ", kMaxDepth));
+  }
+  Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(
+        "admin request: expected a JSON object {\"token\", \"command\", \"args\"}");
+  }
+  AdminRequest r;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    if (key == "token" || key == "command") {
+      if (!it->is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("admin request: ", key, ": expected a string"));
+      }
+      (key == "token" ? r.token : r.command) = it->get<std::string>();
+    } else if (key == "args") {
+      if (!it->is_object()) {
+        return absl::InvalidArgumentError("admin request: args: expected an object");
+      }
+      for (auto a = it->begin(); a != it->end(); ++a) {
+        if (!a->is_string()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("admin request: args.", a.key(), ": expected a string"));
+        }
+        r.args[a.key()] = a->get<std::string>();
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "admin request: ", key, ": unknown field (expected one of: token, command, args)"));
+    }
+  }
+  if (r.command.empty() || r.command.size() > kMaxCommand) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("admin request: command: must have 1 to ", kMaxCommand, " characters"));
+  }
+  for (char c : r.command) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_')) {
+      return absl::InvalidArgumentError(
+          "admin request: command: only letters, digits, '-' and '_' are allowed");
+    }
+  }
+  return r;
+}
+
+std::string EncodeRequest(const AdminRequest& request) {
+  Json args = Json::object();
+  for (const auto& [k, v] : request.args) args[k] = v;
+  return Dump(Json{{"token", request.token}, {"command", request.command}, {"args", args}});
+}
+
+absl::StatusOr<std::unique_ptr<AdminServer>> AdminServer::Start(AdminOptions options) {
+  if (options.token.empty()) {
+    return absl::InvalidArgumentError("admin endpoint: a token is required (it is never open)");
+  }
+  if (options.max_request_bytes == 0) options.max_request_bytes = kDefaultMaxRequestBytes;
+  PLEXUS_ASSIGN_OR_RETURN(net::SocketAddress sa,
+                          net::ResolveFirst(options.address, "admin endpoint address"));
+  if (!IsLoopback(sa)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("admin endpoint address ", options.address,
+                     " is not a loopback address (it is served on 127.0.0.1 or ::1 only)"));
+  }
+  const int fd = ::socket(sa.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return net::ErrnoStatus(errno, "admin endpoint: socket");
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd, sa.get(), sa.length) != 0 || ::listen(fd, 16) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return net::ErrnoStatus(err, absl::StrCat("admin endpoint: listen on ", options.address));
+  }
+  std::unique_ptr<AdminServer> s(new AdminServer());
+  s->options_ = std::move(options);
+  s->listen_fd_ = fd;
+  auto local = net::LocalAddress(fd);
+  s->address_ = local.ok() ? net::FormatAddress(*local) : s->options_.address;
+  s->thread_ = std::thread([p = s.get()] { p->Serve(); });
+  return s;
+}
+
+AdminServer::~AdminServer() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+}
+
+void AdminServer::Handle(std::string command, std::string help, Handler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  handlers_[std::move(command)] = {std::move(help), std::move(handler)};
+}
+
+void AdminServer::Remove(const std::string& command) {
+  std::lock_guard<std::mutex> run(run_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  handlers_.erase(command);
+}
+
+std::string AdminServer::address() const { return address_; }
+
+void AdminServer::Serve() {
+  while (!stop_.load()) {
+    pollfd p{listen_fd_, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) continue;
+    ServeOne(fd);
+    ::close(fd);
+  }
+}
+
+void AdminServer::ServeOne(int fd) {
+  const absl::Time deadline = absl::Now() + options_.request_timeout;
+  unsigned char len[4];
+  if (!net::RecvAll(fd, len, 4, deadline).ok()) return;
+  const uint32_t n = GetLength(len);
+  if (n > options_.max_request_bytes) {
+    // Not read: the request is refused whole, and the connection closed after the reply.
+    (void)SendFrame(fd,
+                    ErrorReply(absl::InvalidArgumentError(
+                        absl::StrCat("admin request of ", n, " bytes is over the limit of ",
+                                     options_.max_request_bytes, " bytes"))),
+                    deadline);
+    return;
+  }
+  std::string body(n, '\0');
+  if (!net::RecvAll(fd, body.data(), n, deadline).ok()) return;
+  (void)SendFrame(fd, Dispatch(body), absl::Now() + options_.request_timeout);
+}
+
+std::string AdminServer::Dispatch(std::string_view body) {
+  if (body.size() > options_.max_request_bytes) {
+    return ErrorReply(absl::InvalidArgumentError(
+        absl::StrCat("admin request of ", body.size(), " bytes is over the limit of ",
+                     options_.max_request_bytes, " bytes")));
+  }
+  absl::StatusOr<AdminRequest> r = DecodeRequest(body);
+  if (!r.ok()) return ErrorReply(r.status());
+  if (!ConstantTimeEquals(r->token, options_.token)) {
+    return ErrorReply(absl::UnauthenticatedError(
+        "admin request: wrong or missing token (see the endpoint's token setting)"));
+  }
+  std::lock_guard<std::mutex> run(run_mu_);
+  Handler handler;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (r->command == "help") {
+      Json out = Json::object();
+      for (const auto& [name, h] : handlers_) out[name] = h.first;
+      return Dump(Json{{"ok", true}, {"result", out}});
+    }
+    auto it = handlers_.find(r->command);
+    if (it == handlers_.end()) {
+      std::vector<std::string> names{"help"};
+      for (const auto& [name, h] : handlers_) names.push_back(name);
+      return ErrorReply(
+          absl::NotFoundError(absl::StrCat("admin: unknown command '", r->command,
+                                           "' (commands: ", absl::StrJoin(names, ", "), ")")));
+    }
+    handler = it->second.second;
+  }
+  absl::StatusOr<std::string> result = handler(*r);
+  if (!result.ok()) return ErrorReply(result.status());
+  Json parsed = Json::parse(*result, nullptr, false);
+  if (parsed.is_discarded()) {
+    return ErrorReply(absl::InternalError(
+        absl::StrCat("admin: command '", r->command, "' produced invalid JSON")));
+  }
+  return Dump(Json{{"ok", true}, {"result", parsed}});
+}
+
+absl::StatusOr<std::string> AdminCall(std::string_view address, const AdminRequest& request,
+                                      absl::Duration timeout, size_t max_reply_bytes) {
+  const absl::Time deadline = absl::Now() + timeout;
+  const std::string where = absl::StrCat("admin endpoint ", std::string(address));
+  PLEXUS_ASSIGN_OR_RETURN(net::SocketAddress sa, net::ResolveFirst(address, "admin address"));
+  bool retryable = false;
+  absl::StatusOr<int> fd = net::ConnectTcp(sa, deadline, &retryable);
+  if (!fd.ok()) return Annotate(fd.status(), where);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{*fd};
+  PLEXUS_RETURN_IF_ERROR(Annotate(SendFrame(*fd, EncodeRequest(request), deadline), where));
+  unsigned char len[4];
+  PLEXUS_RETURN_IF_ERROR(Annotate(net::RecvAll(*fd, len, 4, deadline), where));
+  const uint32_t n = GetLength(len);
+  if (n > max_reply_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(where, ": a reply of ", n, " bytes is over ", max_reply_bytes));
+  }
+  std::string body(n, '\0');
+  PLEXUS_RETURN_IF_ERROR(Annotate(net::RecvAll(*fd, body.data(), n, deadline), where));
+  Json j = Json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("ok") || !j["ok"].is_boolean()) {
+    return absl::InternalError(absl::StrCat(where, ": malformed reply"));
+  }
+  if (j["ok"].get<bool>()) return Dump(j.value("result", Json()));
+  auto text = [&](const char* key, const char* fallback) {
+    auto it = j.find(key);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string(fallback);
+  };
+  return absl::Status(CodeFromName(text("code", "UNKNOWN")), text("error", "(no message)"));
+}
+
+}  // namespace plexus::base::admin
