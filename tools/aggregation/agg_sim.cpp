@@ -130,6 +130,7 @@ struct CompareArgs {
   int trials = 3;
   int chunks = 0;  // 0: one per node
   uint64_t seed = 1;
+  bool node_offset = false;
   bool json = false;
 };
 
@@ -175,7 +176,8 @@ int RunCompare(const plexus::tooling::Tool& tool, const CompareArgs& a) {
       if (!plan.ok()) return absl::StatusOr<sim::Schedule>(plan.status());
       return agg::PlanToSchedule(*plan, vm, 4);
     };
-    auto groups = agg::GroupByDistance(latency, {.seed = a.seed + trial}, {.seed = a.seed + trial});
+    auto groups = agg::GroupByDistance(
+        latency, {.node_offset = a.node_offset, .seed = a.seed + trial}, {.seed = a.seed + trial});
     if (!groups.ok()) return tool.Fail(groups.status());
     runs.emplace_back("plink 2lha (probed groups)", two_level(*groups));
     std::vector<std::vector<int>> truth(a.racks);
@@ -273,6 +275,8 @@ int main(int argc, char** argv) {
   t::AddNumber(cmp_cmd, "--trials", &cmp.trials, "simulated clouds", 1, 100);
   t::AddNumber(cmp_cmd, "--chunks", &cmp.chunks, "2LHA chunks (0: one per VM)", 0, 1 << 16);
   t::AddNumber(cmp_cmd, "--seed", &cmp.seed, "random seed", uint64_t{0}, ~uint64_t{0});
+  cmp_cmd->add_flag("--offset", cmp.node_offset,
+                    "embed with the per-node latency term h_i of Eq. 4.1");
   t::AddJsonFlag(cmp_cmd, &cmp.json);
 
   if (auto code = tool.Parse(argc, argv)) return *code;

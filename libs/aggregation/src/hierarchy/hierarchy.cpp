@@ -231,7 +231,7 @@ absl::StatusOr<std::vector<Table41Row>> ReproduceTable41(int n, int c, double s)
     // N chunks of one element each, one element standing for S/N bytes.
     absl::StatusOr<Plan> plan = BuildTwoLevelPlan(groups, n, {.chunk_elements = 1});
     if (!plan.ok()) return plan.status();
-    measure(std::move(row), PlanToSchedule(*plan, hosts, s / n));
+    measure(std::move(row), PlanToSchedule(*plan, hosts, s / n, /*fifo_connections=*/false));
   }
   return rows;
 }

@@ -534,7 +534,8 @@ std::vector<int> CommunicationRounds(const Plan& plan) {
 
 absl::StatusOr<collectives::sim::Schedule> PlanToSchedule(const Plan& plan,
                                                           std::span<const int> hosts,
-                                                          double element_bytes) {
+                                                          double element_bytes,
+                                                          bool fifo_connections) {
   if (absl::Status s = VerifyPlan(plan); !s.ok()) return s;
   if (static_cast<int>(hosts.size()) != plan.nodes) {
     return absl::InvalidArgumentError(
@@ -544,6 +545,7 @@ absl::StatusOr<collectives::sim::Schedule> PlanToSchedule(const Plan& plan,
   collectives::sim::Schedule schedule{"2-level hierarchical", {}};
   std::vector<std::vector<int>> needs(plan.steps.size());  // transfers done before the step
   std::map<std::pair<int, int>, int> transfer_of;          // (send step, peer) -> transfer
+  std::map<std::pair<int, int>, int> last_on;  // (node, peer) -> 1 + its latest transfer
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     const Step& s = plan.steps[i];
     std::vector<int> deps;
@@ -553,8 +555,12 @@ absl::StatusOr<collectives::sim::Schedule> PlanToSchedule(const Plan& plan,
     deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
     if (s.kind == StepKind::kSend || s.kind == StepKind::kBroadcast) {
       for (int p : s.peers) {
+        std::vector<int> after = deps;
+        int& previous = last_on[{s.node, p}];
+        if (fifo_connections && previous > 0) after.push_back(previous - 1);
         schedule.transfers.push_back(
-            {hosts[s.node], hosts[p], plan.chunks[s.chunk].elements * element_bytes, deps});
+            {hosts[s.node], hosts[p], plan.chunks[s.chunk].elements * element_bytes, after});
+        previous = static_cast<int>(schedule.transfers.size());
         transfer_of[{static_cast<int>(i), p}] = static_cast<int>(schedule.transfers.size()) - 1;
       }
     }
