@@ -2,8 +2,10 @@
 // on 127.0.0.1): the executor's sums equal EvaluatePlan bit for bit.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "collectives/ranks.hpp"
@@ -108,4 +110,24 @@ TEST_CASE("latency probing fills a symmetric matrix, bounded by its deadline", "
     return m.ok() ? "" : std::string(m.status().message());
   });
   CHECK(errors[0].find("before round 0") != std::string::npos);
+}
+
+TEST_CASE("a rank that never joins fails the plan on the others within the timeout", "[executor]") {
+  auto plan = agg::BuildTwoLevelPlan({{0, 1}, {2}}, 64, {.chunk_elements = 16});
+  REQUIRE(plan.ok());
+  CommunicatorOptions o = Options();
+  o.timeout = absl::Seconds(2);
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = RunRanks(3, o, [&](int rank, Communicator& comm) -> std::string {
+    if (rank == 2) return "";  // never executes its part of the plan
+    std::vector<float> buf(64, 1.0f);
+    return std::string(agg::ExecutePlan(comm, *plan, buf).message());
+  });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (int r : {0, 1}) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK(errors[r].find("plan executor, rank " + std::to_string(r)) != std::string::npos);
+  }
+  CHECK(seconds < 1.25 * 2 + 0.5 + 2);  // the timeout, plus rank 2's bounded teardown
 }
