@@ -286,6 +286,10 @@ absl::StatusOr<SimResult> Simulate(const Topology& topology, const Schedule& sch
     double step = std::numeric_limits<double>::infinity();
     for (int i : active) step = std::min(step, remaining[i] / rate[i]);
     if (!pending.empty()) step = std::min(step, pending.top().first - now);
+    if (!std::isfinite(step)) {
+      return absl::InternalError(absl::StrCat(schedule.name, ": no transfer can progress at t = ",
+                                              now, " s (a link's capacity is used up)"));
+    }
     now += step;
     std::vector<int> still;
     still.reserve(active.size());
