@@ -18,6 +18,7 @@
 #include "plexus/aggregation/plink.hpp"
 #include "plexus/collectives/flow_schedules.hpp"
 #include "plexus/tooling/cli.hpp"
+#include "plexus/tooling/figures.hpp"
 
 namespace {
 
@@ -207,19 +208,16 @@ int RunCompare(const plexus::tooling::Tool& tool, const CompareArgs& a) {
   };
   const double ring = mean(ms["ring (VM order)"]);
   if (a.json) {
+    plexus::tooling::FigureWriter writer("agg_sim_compare", /*json=*/true);
     for (const auto& name : order) {
-      std::cout << json{{"bench", "agg_sim_compare"},
-                        {"figure", name},
-                        {"value", mean(ms[name])},
-                        {"unit", "ms"},
-                        {"speedup_vs_ring", ring / mean(ms[name])},
-                        {"nodes", p},
-                        {"racks", a.racks},
-                        {"oversubscription", a.oversubscription},
-                        {"bytes", a.bytes},
-                        {"trials", a.trials}}
-                       .dump()
-                << "\n";
+      plexus::tooling::Figure f;
+      f.figure = name;
+      f.value = mean(ms[name]);
+      f.unit = "ms";
+      f.extra = {
+          {"speedup_vs_ring", ring / mean(ms[name])}, {"nodes", p},       {"racks", a.racks},
+          {"oversubscription", a.oversubscription},   {"bytes", a.bytes}, {"trials", a.trials}};
+      writer.Add(f);
     }
     return plexus::tooling::kExitOk;
   }
