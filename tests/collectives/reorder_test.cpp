@@ -215,6 +215,20 @@ TEST_CASE("tournament rounds: disjoint pairs, every pair once", "[reorder]") {
   }
 }
 
+TEST_CASE("probe rows: symmetrised by the max, loopback cost subtracted", "[reorder]") {
+  // rtt[i][j]: rank i's p10 RTT to j.
+  const std::vector<double> rtt = {0, 30, 12, 40, 0, 8, 10, 9, 0};
+  const std::vector<double> self = {4, 6, 2};
+  const CostMatrix m = pc::LatencyMatrixFromRtts({"a", "b", "c"}, rtt, self, true);
+  CHECK(m.labels == std::vector<std::string>{"a", "b", "c"});
+  CHECK(m.latency_us == std::vector<double>{0, 40 - 5, 12 - 3, 40 - 5, 0, 9 - 4, 12 - 3, 9 - 4, 0});
+  const CostMatrix raw = pc::LatencyMatrixFromRtts({"a", "b", "c"}, rtt, self, false);
+  CHECK(raw.latency_us == std::vector<double>{0, 40, 12, 40, 0, 9, 12, 9, 0});
+  // Never below zero: a pair cheaper than the loopback.
+  const CostMatrix floor = pc::LatencyMatrixFromRtts({"a", "b"}, {0, 1, 1, 0}, {5, 5}, true);
+  CHECK(floor.latency_us == std::vector<double>{0, 0, 0, 0});
+}
+
 TEST_CASE("percentile by nearest rank", "[reorder]") {
   CHECK(pc::Percentile({}, 0.1) == 0);
   CHECK(pc::Percentile({5, 1, 4, 2, 3, 10, 9, 8, 7, 6}, 0.1) == 1);

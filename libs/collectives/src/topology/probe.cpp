@@ -48,6 +48,24 @@ double Percentile(std::vector<double> samples, double p) {
   return samples[std::min(index, samples.size() - 1)];
 }
 
+CostMatrix LatencyMatrixFromRtts(std::vector<std::string> labels, const std::vector<double>& rtt,
+                                 const std::vector<double>& self, bool subtract_self) {
+  CostMatrix m;
+  m.n = static_cast<int>(labels.size());
+  m.labels = std::move(labels);
+  const size_t n = m.labels.size();
+  m.latency_us.assign(n * n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = 0; j < n; ++j) {
+      if (i == j) continue;
+      double v = std::max(rtt[i * n + j], rtt[j * n + i]);
+      if (subtract_self) v -= (self[i] + self[j]) / 2;
+      m.latency_us[i * n + j] = std::max(0.0, v);
+    }
+  }
+  return m;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -233,8 +251,7 @@ absl::StatusOr<CostMatrix> ProbeLatency(pt::Rendezvous& rdv, const ProbeOptions&
     }
     rows = std::move(*gathered);
   }
-  CostMatrix m;
-  m.n = n;
+  std::vector<std::string> labels;
   std::vector<double> rtt(static_cast<size_t>(n) * n, 0), self(n, 0);
   for (int i = 0; i < n; ++i) {
     std::vector<std::string> parts = absl::StrSplit(rows[i], '\n');
@@ -248,18 +265,9 @@ absl::StatusOr<CostMatrix> ProbeLatency(pt::Rendezvous& rdv, const ProbeOptions&
       return absl::DataLossError(
           absl::StrCat("latency probe: rank ", i, "'s row is malformed: '", rows[i], "'"));
     }
-    m.labels.push_back(parts[0].empty() ? absl::StrCat("rank", i) : parts[0]);
+    labels.push_back(parts[0].empty() ? absl::StrCat("rank", i) : parts[0]);
   }
-  m.latency_us.assign(static_cast<size_t>(n) * n, 0);
-  for (int i = 0; i < n; ++i) {
-    for (int j = 0; j < n; ++j) {
-      if (i == j) continue;
-      double v = std::max(rtt[size_t(i) * n + j], rtt[size_t(j) * n + i]);
-      if (o.subtract_self) v -= (self[i] + self[j]) / 2;
-      m.latency_us[size_t(i) * n + j] = std::max(0.0, v);
-    }
-  }
-  return m;
+  return LatencyMatrixFromRtts(std::move(labels), rtt, self, o.subtract_self);
 }
 
 }  // namespace plexus::collectives
