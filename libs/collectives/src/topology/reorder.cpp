@@ -204,8 +204,8 @@ class Annealer {
 class BranchAndBound {
  public:
   BranchAndBound(const CostMatrix& m, const CostStructure& s, const CostOptions& c, bool symmetric,
-                 int64_t node_limit)
-      : m_(m), s_(s), node_limit_(node_limit) {
+                 int64_t node_limit, absl::Time deadline)
+      : m_(m), s_(s), node_limit_(node_limit), deadline_(deadline) {
     const int n = m.n;
     // Every position is equivalent to position 0 under an automorphism of the ring (rotation),
     // of halving-doubling over a power of two (p -> p xor a) and of BCube (digit-wise shifts),
@@ -269,7 +269,7 @@ class BranchAndBound {
 
   void Search(int p) {
     if (aborted_) return;
-    if (++nodes_ > node_limit_) {
+    if (++nodes_ > node_limit_ || ((nodes_ & 0x3FF) == 0 && absl::Now() > deadline_)) {
       aborted_ = true;
       return;
     }
@@ -294,6 +294,7 @@ class BranchAndBound {
   const CostMatrix& m_;
   const CostStructure& s_;
   const int64_t node_limit_;
+  const absl::Time deadline_;
   bool fix_first_ = false;
   bool reflect_ = false;
   std::vector<int> order_;
@@ -351,7 +352,7 @@ absl::StatusOr<ReorderResult> Reorder(const CostMatrix& matrix, const ReorderOpt
   }
 
   if (n <= options.exact_max_n) {
-    BranchAndBound bb(matrix, s, options.cost, symmetric, options.exact_node_limit);
+    BranchAndBound bb(matrix, s, options.cost, symmetric, options.exact_node_limit, deadline);
     result.proven_optimal = bb.Run(result.order, result.cost);
     result.exact_nodes = bb.nodes();
     if (bb.best_cost() < result.cost) {

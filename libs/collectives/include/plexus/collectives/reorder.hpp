@@ -58,10 +58,11 @@ struct ReorderOptions {
   // Ring: end each run with 2-opt descent to a local minimum (symmetric matrices).
   bool polish = true;
   // Branch and bound runs after annealing when n <= exact_max_n, within exact_node_limit
-  // search nodes; the result is proven optimal when it finishes.
+  // search nodes and time_limit; the result is proven optimal when it finishes.
   int exact_max_n = 12;
   int64_t exact_node_limit = 50'000'000;
-  // Stops annealing early (the best so far is kept) once this much time has passed.
+  // Stops annealing, then branch and bound, once this much time has passed in all (the best
+  // order so far is kept; not proven optimal when branch and bound is cut short).
   absl::Duration time_limit = absl::Seconds(60);
   // Called now and then with a fraction done (0..1) and the best cost so far; may be empty.
   std::function<void(double fraction, double best_cost)> progress = nullptr;
