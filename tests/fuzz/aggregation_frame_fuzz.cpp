@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "wire.hpp"
+#include "ps/wire.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace pai = plexus::aggregation::internal;
