@@ -339,8 +339,8 @@ void RunPushPull(const Options& o, pt::FigureWriter& out) {
   size_t total = 0;
   for (size_t k : keys) total += k;
   const std::string dir = SelfPath().substr(0, SelfPath().rfind('/'));
-  const std::string coll = dir + "/../collectives/plexus-bench-collectives";
-  const std::string gloo = dir + "/../collectives/plexus-bench-collectives-gloo";
+  const std::string coll = dir + "/plexus-bench-collectives";
+  const std::string gloo = dir + "/plexus-bench-collectives-gloo";
   for (const std::string& transport : o.transports) {
     auto backend = Backend(transport);
     if (!backend.ok()) continue;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <thread>
 
@@ -43,6 +44,7 @@ constexpr uint64_t kHelloKey = ~uint64_t{0};
 
 struct Op {
   int remaining = 0;
+  int sends = 0;  // posted sends not yet completed: headers and frames must live until then
   absl::Status status;
   uint8_t* out = nullptr;  // values destination (null: none)
   uint64_t key = 0;
@@ -117,7 +119,7 @@ class ClientImpl : public Client {
         std::memcpy(frame.data() + kHeaderBytes, &idx, 4);
         std::memcpy(frame.data() + kHeaderBytes + 4, &n, 4);
         waiting_[{kHelloKey, static_cast<uint32_t>(q)}] = h;
-        PLEXUS_RETURN_IF_ERROR(conns_[q]->PostSend({frame.data(), frame.size()}, 0));
+        PLEXUS_RETURN_IF_ERROR(Send(q, h, {{frame.data(), frame.size()}}));
       }
     }
     return base::Annotate(Wait(h), absl::StrCat("worker ", o_.worker, ": joining namespace ",
@@ -163,7 +165,7 @@ class ClientImpl : public Client {
         std::memcpy(frame.data() + kHeaderBytes + kInitPrefixBytes,
                     static_cast<const uint8_t*>(values) + c.offset * esize, c.bytes);
         waiting_[{key, c.index}] = h;
-        absl::Status s = conns_[ks.chunk_conn[i]]->PostSend({frame.data(), frame.size()}, 0);
+        absl::Status s = Send(ks.chunk_conn[i], h, {{frame.data(), frame.size()}});
         if (!s.ok()) FinishChunk(h, s);
       }
       keys_[key] = std::move(ks);
@@ -208,7 +210,7 @@ class ClientImpl : public Client {
       EncodeHeader(Header(FrameType::kPull, key, ks.chunks[i].index, ks.round, ks.dtype, 0),
                    op.headers[i].data());
       waiting_[{key, ks.chunks[i].index}] = h;
-      absl::Status s = conns_[ks.chunk_conn[i]]->PostSend({op.headers[i].data(), kHeaderBytes}, 0);
+      absl::Status s = Send(ks.chunk_conn[i], h, {{op.headers[i].data(), kHeaderBytes}});
       if (!s.ok()) FinishChunk(h, s);
     }
     return h;
@@ -236,6 +238,7 @@ class ClientImpl : public Client {
     }
     absl::Status st = it->second.status;
     const uint64_t key = it->second.key;
+    if (it->second.sends > 0) retired_[h] = std::move(it->second);  // freed as the sends complete
     ops_.erase(it);
     auto kit = keys_.find(key);
     if (kit != keys_.end() && kit->second.inflight_push == h) {
@@ -315,10 +318,25 @@ class ClientImpl : public Client {
       const transport::ConstBuffer parts[2] = {
           {op.headers[i].data(), kHeaderBytes},
           {static_cast<const uint8_t*>(grad) + c.offset * esize, c.bytes}};
-      absl::Status s = conns_[ks.chunk_conn[i]]->PostSend(absl::MakeConstSpan(parts), 0);
+      absl::Status s = Send(ks.chunk_conn[i], h, {parts[0], parts[1]});
       if (!s.ok()) FinishChunk(h, s);
     }
     return h;
+  }
+
+  // Posts one message on connection q for operation h (mu_ held); h's buffers outlive it.
+  absl::Status Send(int q, Handle h, std::initializer_list<transport::ConstBuffer> parts) {
+    absl::Status s = conns_[q]->PostSend(absl::MakeConstSpan(parts.begin(), parts.size()), h);
+    if (s.ok()) ++ops_[h].sends;
+    return s;
+  }
+
+  void SendDone(Handle h) {
+    if (auto it = ops_.find(h); it != ops_.end()) {
+      --it->second.sends;
+    } else if (auto r = retired_.find(h); r != retired_.end() && --r->second.sends <= 0) {
+      retired_.erase(r);
+    }
   }
 
   void FinishChunk(Handle h, const absl::Status& s) {
@@ -362,6 +380,7 @@ class ClientImpl : public Client {
     auto qit = conn_ids_.find(c.connection_id);
     if (qit == conn_ids_.end()) return;
     const int q = qit->second;
+    if (c.opcode == Opcode::kSend) SendDone(c.wr_id);
     if (!c.status.ok()) {
       if (broken_.ok()) {
         broken_ = absl::UnavailableError(absl::StrCat("worker ", o_.worker, ": connection ", q,
@@ -420,10 +439,10 @@ class ClientImpl : public Client {
   ClientOptions o_;
   std::shared_ptr<transport::Device> device_;
   std::unique_ptr<transport::CompletionQueue> cq_;
+  std::vector<std::vector<AlignedBytes>> recv_;  // outlives the connections that fill it
   std::vector<std::unique_ptr<transport::Connection>> conns_;
   std::vector<std::string> peers_;
   absl::flat_hash_map<uint64_t, int> conn_ids_;
-  std::vector<std::vector<AlignedBytes>> recv_;
   size_t recv_bytes_ = 0;
   std::thread progress_;
   std::atomic<bool> stop_{false};
@@ -434,6 +453,7 @@ class ClientImpl : public Client {
   std::vector<uint64_t> conn_load_;
   absl::flat_hash_map<uint64_t, KeyState> keys_;
   absl::flat_hash_map<Handle, Op> ops_;
+  absl::flat_hash_map<Handle, Op> retired_;  // waited for, sends still in flight
   absl::flat_hash_map<std::pair<uint64_t, uint32_t>, Handle> waiting_;
   Handle next_handle_ = 1;
 };

@@ -34,13 +34,13 @@ struct Namespace {
 };
 
 struct ServerConn {
+  std::vector<AlignedBytes> recv;  // declared first: outlives the connection that fills it
   std::unique_ptr<Connection> conn;
   std::shared_ptr<const Namespace> ns;  // null until its hello
   int worker = -1;
   int index = -1;
   bool dead = false;
   std::string peer;
-  std::vector<AlignedBytes> recv;
 };
 
 struct ChunkState {
