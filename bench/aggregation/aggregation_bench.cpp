@@ -10,11 +10,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
-#include <functional>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,8 +44,7 @@ namespace {
 constexpr char kProgram[] = "plexus-bench-aggregation";
 
 double Seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 double Median(std::vector<double> v) {
@@ -135,24 +134,33 @@ void RunKernels(const Options& o, pt::FigureWriter& out) {
     std::function<void(size_t, size_t)> body;
   };
   const std::vector<Kernel> kernels = {
-      {"stream_add", 12, [&](size_t lo, size_t hi) { pai::StreamAdd(fc + lo, fa + lo, fb + lo, hi - lo, nt); }},
+      {"stream_add", 12,
+       [&](size_t lo, size_t hi) { pai::StreamAdd(fc + lo, fa + lo, fb + lo, hi - lo, nt); }},
       {"accumulate_f32", 12,
-       [&](size_t lo, size_t hi) { pai::Accumulate(fc + lo, fa + lo, DataType::kF32, hi - lo, false); }},
+       [&](size_t lo, size_t hi) {
+         pai::Accumulate(fc + lo, fa + lo, DataType::kF32, hi - lo, false);
+       }},
       {"accumulate_bf16", 10,
        [&](size_t lo, size_t hi) {
          pai::Accumulate(fc + lo, reinterpret_cast<const uint8_t*>(fa) + 2 * lo, DataType::kBF16,
                          hi - lo, false);
        }},
-      // Nesterov: loads w, g, m; stores w, m and the f32 values to send.
+      // Nesterov: loads w, g, m; stores w, m and the f32 values to send. Once with the store
+      // policy kAuto picks for this size, once forced non-temporal.
       {"nesterov_f32", 24,
        [&](size_t lo, size_t hi) {
          pai::ApplyOptimizer(nag.kind, step, fc + lo, fa + lo, fd + lo, nullptr, fe + lo,
                              DataType::kF32, hi - lo, nt);
        }},
-      {"nesterov_f32_cached", 24,
+      {"nesterov_f32_nt", 24,
        [&](size_t lo, size_t hi) {
          pai::ApplyOptimizer(nag.kind, step, fc + lo, fa + lo, fd + lo, nullptr, fe + lo,
-                             DataType::kF32, hi - lo, false);
+                             DataType::kF32, hi - lo, true);
+       }},
+      {"adam_f32", 32,  // loads w, g, m, v; stores w, m, v, values
+       [&](size_t lo, size_t hi) {
+         pai::ApplyOptimizer(pa::OptimizerKind::kAdam, step, fc + lo, fa + lo, fd + lo, fb + lo,
+                             fe + lo, DataType::kF32, hi - lo, nt);
        }},
   };
   for (int threads : {1, 2}) {
@@ -161,7 +169,8 @@ void RunKernels(const Options& o, pt::FigureWriter& out) {
       for (size_t k = 0; k < kernels.size(); ++k) {
         kernels[k].body(0, n / 4);  // warm the page tables of a part
         double best = 1e30;
-        for (int rep = 0; rep < 3; ++rep) best = std::min(best, TimeThreads(threads, n, kernels[k].body));
+        for (int rep = 0; rep < 3; ++rep)
+          best = std::min(best, TimeThreads(threads, n, kernels[k].body));
         gbps[k].push_back(kernels[k].bytes_per_element * static_cast<double>(n) / best / 1e9);
       }
     }
@@ -171,8 +180,11 @@ void RunKernels(const Options& o, pt::FigureWriter& out) {
       f.figure = absl::StrCat(kernels[k].name, "_gbps");
       f.value = Median(gbps[k]);
       f.unit = "GB/s";
-      f.extra = {{"threads", threads}, {"array_mib", o.kernel_mib}, {"runs", o.runs},
-                 {"non_temporal", k == 4 ? false : nt}, {"avx2", pai::KernelsUseAvx2()}};
+      f.extra = {{"threads", threads},
+                 {"array_mib", o.kernel_mib},
+                 {"runs", o.runs},
+                 {"non_temporal", k == 4 ? true : (k == 1 || k == 2 ? false : nt)},
+                 {"avx2", pai::KernelsUseAvx2()}};
       out.Add(f);
       if (k == 0) continue;
       pt::Figure ratio;
@@ -227,9 +239,9 @@ void RunEngines(const Options& o, pt::FigureWriter& out) {
       f.figure = i == 0 ? "tall_round_ms" : "wide_round_ms";
       f.value = ms[i];
       f.unit = "ms";
-      f.extra = {{"cores", cores}, {"workers", o.workers}, {"keys", keys.size()},
-                 {"model_mb", static_cast<double>(total) * 4 / 1e6}, {"runs", o.runs},
-                 {"optimizer", "nesterov"}};
+      f.extra = {{"cores", cores},      {"workers", o.workers},
+                 {"keys", keys.size()}, {"model_mb", static_cast<double>(total) * 4 / 1e6},
+                 {"runs", o.runs},      {"optimizer", "nesterov"}};
       out.Add(f);
     }
     pt::Figure r;
@@ -327,8 +339,8 @@ absl::StatusOr<double> LaunchAndRead(std::vector<std::string> argv, int ranks, b
   if (!r.ok()) return r.status();
   if (r->timed_out) return absl::DeadlineExceededError("timed out");
   if (r->first_failure >= 0) {
-    return absl::InternalError(absl::StrCat("rank ", r->first_failure, " ",
-                                            r->ranks[r->first_failure].Describe()));
+    return absl::InternalError(
+        absl::StrCat("rank ", r->first_failure, " ", r->ranks[r->first_failure].Describe()));
   }
   if (value < 0) return absl::InternalError(absl::StrCat("rank 0 printed no ", field));
   return value;
@@ -350,8 +362,11 @@ void RunPushPull(const Options& o, pt::FigureWriter& out) {
         f.figure = absl::StrCat(impl, "_iteration_ms");
         f.unit = "ms";
         f.value = ms.ok() ? Median(*ms) : NAN;
-        f.extra = {{"np", np}, {"transport", transport}, {"model_mb", total * 4 / 1e6},
-                   {"keys", keys.size()}, {"runs", o.runs}};
+        f.extra = {{"np", np},
+                   {"transport", transport},
+                   {"model_mb", total * 4 / 1e6},
+                   {"keys", keys.size()},
+                   {"runs", o.runs}};
         if (!ms.ok()) f.extra["error"] = std::string(ms.status().message());
         out.Add(f);
         return f.value;
@@ -376,21 +391,27 @@ void RunPushPull(const Options& o, pt::FigureWriter& out) {
         no.optimizer.rescale = 1.0f / np;
         auto ns = (*service)->CreateNamespace(no);
         const std::string addrs = absl::StrJoin((*service)->addresses(), ",");
-        auto v = LaunchAndRead(
-            {}, np, false, "iteration_ms", o.timeout_s, [&](int rank) {
-              return std::vector<std::string>{
-                  SelfPath(), "--worker", "--rank", std::to_string(rank), "--addresses", addrs,
-                  "--ns", std::to_string(ns->id), "--nonce", std::to_string(ns->nonce),
-                  "--transport", transport, "--scale", fmt::format("{}", o.scale), "--iters",
-                  std::to_string(o.iters)};
-            });
-        if (!v.ok()) ps_error = v.status();
-        else ps.push_back(*v);
+        auto v = LaunchAndRead({}, np, false, "iteration_ms", o.timeout_s, [&](int rank) {
+          return std::vector<std::string>{SelfPath(),    "--worker",
+                                          "--rank",      std::to_string(rank),
+                                          "--addresses", addrs,
+                                          "--ns",        std::to_string(ns->id),
+                                          "--nonce",     std::to_string(ns->nonce),
+                                          "--transport", transport,
+                                          "--scale",     fmt::format("{}", o.scale),
+                                          "--iters",     std::to_string(o.iters)};
+        });
+        if (!v.ok())
+          ps_error = v.status();
+        else
+          ps.push_back(*v);
       }
-      const double ps_ms = emit("ps_pushpull", ps_error.ok() ? absl::StatusOr<std::vector<double>>(ps)
-                                                            : absl::StatusOr<std::vector<double>>(ps_error));
+      const double ps_ms =
+          emit("ps_pushpull", ps_error.ok() ? absl::StatusOr<std::vector<double>>(ps)
+                                            : absl::StatusOr<std::vector<double>>(ps_error));
       // Plexus ring allreduce of the same bytes, fused (the collectives bench's worker mode).
-      auto allreduce = [&](const std::vector<std::string>& argv) -> absl::StatusOr<std::vector<double>> {
+      auto allreduce =
+          [&](const std::vector<std::string>& argv) -> absl::StatusOr<std::vector<double>> {
         std::vector<double> t;
         for (int r = 0; r < o.runs; ++r) {
           PLEXUS_ASSIGN_OR_RETURN(double us, LaunchAndRead(argv, np, true, "time_us", o.timeout_s));
@@ -410,10 +431,10 @@ void RunPushPull(const Options& o, pt::FigureWriter& out) {
       ratio.extra = {{"np", np}, {"transport", transport}};
       out.Add(ratio);
       if (transport == "tcp" && access(gloo.c_str(), X_OK) == 0) {
-        const double gloo_ms = emit("gloo_ring_allreduce",
-                                    allreduce({gloo, "--algorithm", "ring", "--sizes", bytes,
-                                               "--transport", "tcp", "--iters",
-                                               std::to_string(o.iters), "--warmup", "1"}));
+        const double gloo_ms =
+            emit("gloo_ring_allreduce",
+                 allreduce({gloo, "--algorithm", "ring", "--sizes", bytes, "--transport", "tcp",
+                            "--iters", std::to_string(o.iters), "--warmup", "1"}));
         pt::Figure g;
         g.figure = "ps_over_gloo_time";
         g.value = ps_ms / gloo_ms;

@@ -169,11 +169,15 @@ int main(int argc, char** argv) {
   lo.output = pt::OutputMode::kCaptured;
   lo.timeout = absl::Seconds(90);
   lo.rank_argv = [&](int rank) {
-    return std::vector<std::string>{exe, "--worker", "--rank", std::to_string(rank), "--addresses",
-                                    addrs, "--ns", std::to_string(ns->id), "--nonce",
-                                    std::to_string(ns->nonce), "--transport", o.transport,
-                                    "--workers", std::to_string(o.workers), "--steps",
-                                    std::to_string(o.steps), "--batch", std::to_string(o.batch)};
+    return std::vector<std::string>{exe,           "--worker",
+                                    "--rank",      std::to_string(rank),
+                                    "--addresses", addrs,
+                                    "--ns",        std::to_string(ns->id),
+                                    "--nonce",     std::to_string(ns->nonce),
+                                    "--transport", o.transport,
+                                    "--workers",   std::to_string(o.workers),
+                                    "--steps",     std::to_string(o.steps),
+                                    "--batch",     std::to_string(o.batch)};
   };
   auto run = pt::Launch(std::move(lo));
   if (!run.ok()) return tool.Fail(run.status());
@@ -199,9 +203,10 @@ int main(int argc, char** argv) {
   }
   const double ref_loss = Loss(d, w);
   const double initial = Loss(d, std::vector<float>(kParams, 0.0f));
-  std::printf("initial loss %.6f; %d workers through the parameter server (%s): %.6f; "
-              "one process: %.6f\n",
-              initial, o.workers, o.transport.c_str(), ps_loss, ref_loss);
+  std::printf(
+      "initial loss %.6f; %d workers through the parameter server (%s): %.6f; "
+      "one process: %.6f\n",
+      initial, o.workers, o.transport.c_str(), ps_loss, ref_loss);
   // Only the order of the float sums differs: the losses agree to far better than 1e-4.
   const bool same = std::fabs(ps_loss - ref_loss) <= 1e-4 * std::max(1.0, ref_loss);
   const bool learned = ps_loss < 0.6 * initial;

@@ -9,15 +9,15 @@
 #include <random>
 #include <vector>
 
-#include "ps/kernels.hpp"
 #include "plexus/aggregation/optimizer.hpp"
+#include "ps/kernels.hpp"
 #include "reduce.hpp"
 
 namespace pa = plexus::aggregation;
 namespace pai = plexus::aggregation::internal;
 namespace pci = plexus::collectives::internal;
-using plexus::collectives::DataType;
 using pa::OptimizerKind;
+using plexus::collectives::DataType;
 
 namespace {
 
@@ -147,7 +147,8 @@ TEST_CASE("Every optimizer matches the reference bit for bit, on every path",
               const auto s = pai::PrepareStep(c, step);
               pai::ApplyOptimizer(kind, s, w.data(), g.data(), m.data(), v.data(), o, out_dtype, n,
                                   nt);
-              for (size_t i = 0; i < n; ++i) RefStep(kind, c, s.adam_lr, rw[i], g.data()[i], rm[i], rv[i]);
+              for (size_t i = 0; i < n; ++i)
+                RefStep(kind, c, s.adam_lr, rw[i], g.data()[i], rm[i], rv[i]);
             }
             std::vector<uint8_t> ref_out(n * 4);
             pai::ConvertFromF32(ref_out.data(), out_dtype, rw.data(), n);
@@ -167,8 +168,7 @@ TEST_CASE("Every optimizer matches the reference bit for bit, on every path",
   }
 }
 
-TEST_CASE("Adam stays within a few ulp of a double-precision reference",
-          "[aggregation][kernels]") {
+TEST_CASE("Adam stays within a few ulp of a double-precision reference", "[aggregation][kernels]") {
   pa::OptimizerConfig c;
   c.kind = OptimizerKind::kAdam;
   c.learning_rate = 1e-3f;
@@ -212,8 +212,7 @@ TEST_CASE("Optimizer configs are validated field by field", "[aggregation][kerne
   CHECK(std::string(st.message()).find("momentum") != std::string::npos);
   c = {};
   c.learning_rate = NAN;
-  CHECK(std::string(pa::ValidateOptimizer(c).message()).find("learning_rate") !=
-        std::string::npos);
+  CHECK(std::string(pa::ValidateOptimizer(c).message()).find("learning_rate") != std::string::npos);
   CHECK(pa::ParseOptimizer("nesterov").value() == OptimizerKind::kNesterov);
   CHECK_FALSE(pa::ParseOptimizer("lamb").ok());
 }

@@ -80,8 +80,7 @@ TEST_CASE("LPT is within 4/3 - 1/(3m) of the optimum on small instances",
   CHECK(BruteForceOptimum(tight, 2) == 6);
 }
 
-TEST_CASE("LPT breaks ties deterministically and honours initial loads",
-          "[aggregation][mapping]") {
+TEST_CASE("LPT breaks ties deterministically and honours initial loads", "[aggregation][mapping]") {
   std::vector<uint64_t> sizes = {5, 5, 5, 5};
   CHECK(pa::LptAssign(sizes, 2) == std::vector<int>{0, 1, 0, 1});
   std::vector<uint64_t> loads = {10, 0};

@@ -8,12 +8,12 @@
 #include <thread>
 #include <vector>
 
-#include "ps/kernels.hpp"
 #include "plexus/aggregation/client.hpp"
 #include "plexus/aggregation/service.hpp"
 #include "plexus/transport/device.hpp"
-#include "reduce.hpp"
+#include "ps/kernels.hpp"
 #include "ps/wire.hpp"
+#include "reduce.hpp"
 
 namespace pa = plexus::aggregation;
 namespace pai = plexus::aggregation::internal;
@@ -72,19 +72,19 @@ Job MakeJob(pt::Backend backend, int workers, int cores, pa::OptimizerConfig opt
 template <typename F>
 void OnAll(Job& job, F f) {
   std::vector<std::thread> threads;
-  for (size_t w = 0; w < job.clients.size(); ++w) threads.emplace_back([&, w] { f(static_cast<int>(w)); });
+  for (size_t w = 0; w < job.clients.size(); ++w)
+    threads.emplace_back([&, w] { f(static_cast<int>(w)); });
   for (auto& t : threads) t.join();
 }
 
 std::vector<float> Grad(int worker, size_t n, int round) {
   std::vector<float> g(n);
-  for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>((worker + 1) * (i % 17) + round) * 0.125f;
+  for (size_t i = 0; i < n; ++i)
+    g[i] = static_cast<float>((worker + 1) * (i % 17) + round) * 0.125f;
   return g;
 }
 
-pt::Backend BackendParam() {
-  return GENERATE(pt::Backend::kTcp, pt::Backend::kShm);
-}
+pt::Backend BackendParam() { return GENERATE(pt::Backend::kTcp, pt::Backend::kShm); }
 
 }  // namespace
 
@@ -132,8 +132,7 @@ TEST_CASE("PushPull sums every worker's gradient and runs the optimizer once per
   CHECK(std::memcmp(pulled.data(), ref_w.data(), n * 4) == 0);
 }
 
-TEST_CASE("bf16 gradients are summed in f32 against f32 master weights",
-          "[aggregation][service]") {
+TEST_CASE("bf16 gradients are summed in f32 against f32 master weights", "[aggregation][service]") {
   pa::OptimizerConfig opt;
   opt.kind = pa::OptimizerKind::kAdam;
   opt.learning_rate = 0.01f;
@@ -147,9 +146,12 @@ TEST_CASE("bf16 gradients are summed in f32 against f32 master weights",
   pai::ConvertFromF32(g0.data(), DataType::kBF16, f.data(), n);
   for (size_t i = 0; i < n; ++i) f[i] = 0.5f * static_cast<float>(i % 3);
   pai::ConvertFromF32(g1.data(), DataType::kBF16, f.data(), n);
-  OnAll(job, [&](int w) { REQUIRE(job.clients[w]->Init(1, DataType::kBF16, init.data(), n).ok()); });
+  OnAll(job,
+        [&](int w) { REQUIRE(job.clients[w]->Init(1, DataType::kBF16, init.data(), n).ok()); });
   OnAll(job, [&](int w) {
-    REQUIRE(job.clients[w]->PushPull(1, w == 0 ? g0.data() : g1.data(), w == 0 ? out0.data() : out1.data(), n).ok());
+    REQUIRE(job.clients[w]
+                ->PushPull(1, w == 0 ? g0.data() : g1.data(), w == 0 ? out0.data() : out1.data(), n)
+                .ok());
   });
   std::vector<float> w(n), sum(n), m(n, 0.0f), v(n, 0.0f);
   pai::ConvertToF32(w.data(), init.data(), DataType::kBF16, n);

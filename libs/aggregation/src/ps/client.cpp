@@ -49,7 +49,7 @@ struct Op {
   uint8_t* out = nullptr;  // values destination (null: none)
   uint64_t key = 0;
   std::vector<std::array<uint8_t, kHeaderBytes>> headers;  // alive until the sends complete
-  std::vector<std::vector<uint8_t>> frames;                 // init frames
+  std::vector<std::vector<uint8_t>> frames;                // init frames
   bool done() const { return remaining == 0; }
 };
 
@@ -58,8 +58,8 @@ struct KeyState {
   size_t elements = 0;
   std::vector<Chunk> chunks;
   std::vector<int> chunk_conn;
-  uint64_t round = 0;              // rounds pushed
-  std::vector<uint8_t> cache;      // values of the last completed push (pull elision)
+  uint64_t round = 0;          // rounds pushed
+  std::vector<uint8_t> cache;  // values of the last completed push (pull elision)
   bool cache_valid = false;
   Client::Handle inflight_push = 0;
 };
@@ -88,8 +88,8 @@ class ClientImpl : public Client {
       const std::string& addr = o_.addresses[q % o_.addresses.size()];
       auto conn = device_->Connect(addr, cq_.get());
       if (!conn.ok()) {
-        return base::Annotate(conn.status(), absl::StrCat("worker ", o_.worker, ": connection ",
-                                                          q, " to ", addr));
+        return base::Annotate(conn.status(),
+                              absl::StrCat("worker ", o_.worker, ": connection ", q, " to ", addr));
       }
       conns_.push_back(*std::move(conn));
       peers_.push_back(addr);
@@ -97,8 +97,8 @@ class ClientImpl : public Client {
       recv_.emplace_back();
       for (int i = 0; i < kRecvsPerConnection; ++i) {
         recv_[q].push_back(AllocAligned(recv_bytes_));
-        PLEXUS_RETURN_IF_ERROR(conns_[q]->PostRecv({recv_[q][i].get(), recv_bytes_},
-                                                   static_cast<uint64_t>(i)));
+        PLEXUS_RETURN_IF_ERROR(
+            conns_[q]->PostRecv({recv_[q][i].get(), recv_bytes_}, static_cast<uint64_t>(i)));
       }
     }
     conn_load_.assign(nconn, 0);
@@ -111,8 +111,8 @@ class ClientImpl : public Client {
       Op& op = ops_[h];
       op.headers.resize(nconn);
       for (int q = 0; q < nconn; ++q) {
-        FrameHeader fh = Header(FrameType::kHello, kHelloKey, static_cast<uint32_t>(q), 0,
-                                DataType::kF32, 8);
+        FrameHeader fh =
+            Header(FrameType::kHello, kHelloKey, static_cast<uint32_t>(q), 0, DataType::kF32, 8);
         auto& frame = op.frames.emplace_back(kHeaderBytes + 8);
         EncodeHeader(fh, frame.data());
         const uint32_t idx = static_cast<uint32_t>(q), n = static_cast<uint32_t>(nconn);
@@ -122,8 +122,8 @@ class ClientImpl : public Client {
         PLEXUS_RETURN_IF_ERROR(Send(q, h, {{frame.data(), frame.size()}}));
       }
     }
-    return base::Annotate(Wait(h), absl::StrCat("worker ", o_.worker, ": joining namespace ",
-                                                o_.ns.id));
+    return base::Annotate(Wait(h),
+                          absl::StrCat("worker ", o_.worker, ": joining namespace ", o_.ns.id));
   }
 
   int worker() const override { return o_.worker; }
@@ -228,10 +228,10 @@ class ClientImpl : public Client {
       if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout &&
           !it->second.done()) {
         const uint64_t key = it->second.key;
-        FailOp(h, absl::DeadlineExceededError(absl::StrCat(
-                      "worker ", o_.worker, ": no reply for key ", key, " within ",
-                      absl::FormatDuration(timeout), " (server ", absl::StrJoin(peers_, ","),
-                      ")")));
+        FailOp(h,
+               absl::DeadlineExceededError(absl::StrCat(
+                   "worker ", o_.worker, ": no reply for key ", key, " within ",
+                   absl::FormatDuration(timeout), " (server ", absl::StrJoin(peers_, ","), ")")));
         break;
       }
       it = ops_.find(h);
@@ -410,9 +410,9 @@ class ClientImpl : public Client {
     Op& op = it->second;
     absl::Status status;
     if (h.type == FrameType::kError) {
-      status = absl::Status(static_cast<absl::StatusCode>(h.code),
-                            std::string(reinterpret_cast<const char*>(f.payload.data()),
-                                        f.payload.size()));
+      status = absl::Status(
+          static_cast<absl::StatusCode>(h.code),
+          std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size()));
     } else if (h.type == FrameType::kValues) {
       auto kit = keys_.find(h.key);
       if (kit == keys_.end() || h.chunk >= kit->second.chunks.size()) return;

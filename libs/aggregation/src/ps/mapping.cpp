@@ -17,8 +17,8 @@ absl::StatusOr<std::vector<Chunk>> SplitKey(uint64_t key, size_t elements, size_
   }
   if (chunk_bytes < element_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("key ", key, ": chunk_bytes ", chunk_bytes,
-                                                   " is smaller than one element (",
-                                                   element_bytes, " bytes)"));
+                                                   " is smaller than one element (", element_bytes,
+                                                   " bytes)"));
   }
   const size_t per_chunk = chunk_bytes / element_bytes;
   const size_t count = (elements + per_chunk - 1) / per_chunk;

@@ -26,8 +26,8 @@ absl::StatusOr<OptimizerKind> ParseOptimizer(std::string_view name) {
                  OptimizerKind::kAdam}) {
     if (name == OptimizerName(k)) return k;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown optimizer \"", std::string(name), "\": expected sgd, momentum, nesterov or adam"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown optimizer \"", std::string(name),
+                                                 "\": expected sgd, momentum, nesterov or adam"));
 }
 
 int OptimizerStateSlots(OptimizerKind kind) {
@@ -58,9 +58,9 @@ absl::Status ValidateOptimizer(const OptimizerConfig& c) {
                 {"epsilon", c.epsilon, 0.0f, INFINITY}};
   for (const auto& f : fields) {
     if (!std::isfinite(f.value) || f.value < f.lo || f.value > f.hi) {
-      return absl::InvalidArgumentError(absl::StrCat("optimizer ", std::string(OptimizerName(c.kind)), ": ",
-                                                     f.name, " = ", f.value, " is out of [", f.lo,
-                                                     ", ", f.hi, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer ", std::string(OptimizerName(c.kind)), ": ", f.name, " = ",
+                       f.value, " is out of [", f.lo, ", ", f.hi, "]"));
     }
   }
   return absl::OkStatus();

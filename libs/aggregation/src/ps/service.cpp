@@ -116,9 +116,9 @@ class ServiceImpl : public Service {
     if (options_.cores < 1) return absl::InvalidArgumentError("ServiceOptions.cores must be >= 1");
     if (!options_.listen_addresses.empty() &&
         static_cast<int>(options_.listen_addresses.size()) != options_.cores) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ServiceOptions.listen_addresses has ", options_.listen_addresses.size(),
-          " addresses for ", options_.cores, " cores: give one per core or none"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ServiceOptions.listen_addresses has ", options_.listen_addresses.size(),
+                       " addresses for ", options_.cores, " cores: give one per core or none"));
     }
     transport::DeviceOptions dopts;
     dopts.backend = options_.backend;
@@ -143,8 +143,8 @@ class ServiceImpl : public Service {
 
   absl::StatusOr<NamespaceInfo> CreateNamespace(const NamespaceOptions& o) override {
     if (o.workers < 1 || o.workers > 65536) {
-      return absl::InvalidArgumentError(absl::StrCat("namespace \"", o.name, "\": workers = ",
-                                                     o.workers, ", expected 1..65536"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("namespace \"", o.name, "\": workers = ", o.workers, ", expected 1..65536"));
     }
     if (o.chunk_bytes < 4 || o.chunk_bytes > kMaxChunkBytes) {
       return absl::InvalidArgumentError(absl::StrCat("namespace \"", o.name, "\": chunk_bytes ",
@@ -301,14 +301,17 @@ void Core::HandleFrame(ServerConn* c, const FrameView& f) {
   const FrameHeader& h = f.header;
   if (h.type == FrameType::kHello) return HandleHello(c, f);
   if (c->ns == nullptr) {
-    return SendError(c, h, absl::FailedPreconditionError(
-                               absl::StrCat(FrameTypeName(h.type), " before hello refused")));
+    return SendError(c, h,
+                     absl::FailedPreconditionError(
+                         absl::StrCat(FrameTypeName(h.type), " before hello refused")));
   }
-  if (h.ns != c->ns->id || h.nonce != c->ns->nonce || h.worker != static_cast<uint32_t>(c->worker)) {
-    return SendError(c, h, absl::PermissionDeniedError(absl::StrCat(
-                               FrameTypeName(h.type), " for namespace ", h.ns, " worker ", h.worker,
-                               " refused: this connection belongs to namespace ", c->ns->id,
-                               " worker ", c->worker, " (wrong namespace, worker or nonce)")));
+  if (h.ns != c->ns->id || h.nonce != c->ns->nonce ||
+      h.worker != static_cast<uint32_t>(c->worker)) {
+    return SendError(c, h,
+                     absl::PermissionDeniedError(absl::StrCat(
+                         FrameTypeName(h.type), " for namespace ", h.ns, " worker ", h.worker,
+                         " refused: this connection belongs to namespace ", c->ns->id, " worker ",
+                         c->worker, " (wrong namespace, worker or nonce)")));
   }
   CoreNamespace& cns = namespaces_[c->ns->id];
   switch (h.type) {
@@ -319,15 +322,17 @@ void Core::HandleFrame(ServerConn* c, const FrameView& f) {
     case FrameType::kPull: {
       auto it = cns.chunks.find({h.key, h.chunk});
       if (it == cns.chunks.end()) {
-        return SendError(c, h, absl::NotFoundError(absl::StrCat(
-                                   "pull of key ", h.key, " chunk ", h.chunk,
-                                   ": not initialised on server core ", index_)));
+        return SendError(
+            c, h,
+            absl::NotFoundError(absl::StrCat("pull of key ", h.key, " chunk ", h.chunk,
+                                             ": not initialised on server core ", index_)));
       }
       return SendValues(c, it->second);
     }
     default:
-      return SendError(c, h, absl::InvalidArgumentError(absl::StrCat(
-                                 "a worker may not send ", FrameTypeName(h.type), " frames")));
+      return SendError(c, h,
+                       absl::InvalidArgumentError(absl::StrCat("a worker may not send ",
+                                                               FrameTypeName(h.type), " frames")));
   }
 }
 
@@ -338,14 +343,16 @@ void Core::HandleHello(ServerConn* c, const FrameView& f) {
   }
   auto ns = service_->FindNamespace(h.ns);
   if (ns == nullptr || ns->nonce != h.nonce) {
-    return SendError(c, h, absl::PermissionDeniedError(absl::StrCat(
-                               "hello for namespace ", h.ns,
-                               " refused: no such namespace, or a wrong nonce")));
+    return SendError(
+        c, h,
+        absl::PermissionDeniedError(absl::StrCat("hello for namespace ", h.ns,
+                                                 " refused: no such namespace, or a wrong nonce")));
   }
   if (h.worker >= static_cast<uint32_t>(ns->options.workers)) {
-    return SendError(c, h, absl::InvalidArgumentError(absl::StrCat(
-                               "hello from worker ", h.worker, ": namespace \"", ns->options.name,
-                               "\" has ", ns->options.workers, " workers")));
+    return SendError(c, h,
+                     absl::InvalidArgumentError(absl::StrCat(
+                         "hello from worker ", h.worker, ": namespace \"", ns->options.name,
+                         "\" has ", ns->options.workers, " workers")));
   }
   CoreNamespace& cns = namespaces_[ns->id];
   if (cns.gone.empty()) cns.gone.resize(ns->options.workers);
@@ -375,20 +382,23 @@ void Core::HandleInit(ServerConn* c, CoreNamespace& cns, const FrameView& f) {
   if (!chunks.ok()) return SendError(c, h, chunks.status());
   if (h.chunk >= chunks->size() || (*chunks)[h.chunk].offset != offset ||
       (*chunks)[h.chunk].elements != elements) {
-    return SendError(c, h, absl::InvalidArgumentError(absl::StrCat(
-                               "init of key ", h.key, " chunk ", h.chunk, " (offset ", offset,
-                               ", ", elements, " elements) does not match the key's ",
-                               chunks->size(), " chunks of ", ns.options.chunk_bytes, " bytes")));
+    return SendError(c, h,
+                     absl::InvalidArgumentError(absl::StrCat(
+                         "init of key ", h.key, " chunk ", h.chunk, " (offset ", offset, ", ",
+                         elements, " elements) does not match the key's ", chunks->size(),
+                         " chunks of ", ns.options.chunk_bytes, " bytes")));
   }
   auto [it, inserted] = cns.chunks.try_emplace({h.key, h.chunk});
   ChunkState& st = it->second;
   if (!inserted) {
     if (st.dtype != h.dtype || st.elements != elements) {
-      return SendError(c, h, absl::InvalidArgumentError(absl::StrCat(
-                                 "init of key ", h.key, " chunk ", h.chunk, " by worker ",
-                                 c->worker, ": ", elements, " elements of ",
-                                 std::string(collectives::DataTypeName(h.dtype)), ", but it was initialised with ",
-                                 st.elements, " of ", std::string(collectives::DataTypeName(st.dtype)))));
+      return SendError(
+          c, h,
+          absl::InvalidArgumentError(absl::StrCat(
+              "init of key ", h.key, " chunk ", h.chunk, " by worker ", c->worker, ": ", elements,
+              " elements of ", std::string(collectives::DataTypeName(h.dtype)),
+              ", but it was initialised with ", st.elements, " of ",
+              std::string(collectives::DataTypeName(st.dtype)))));
     }
   } else {
     const int slots = OptimizerStateSlots(ns.options.optimizer.kind);
@@ -397,10 +407,11 @@ void Core::HandleInit(ServerConn* c, CoreNamespace& cns, const FrameView& f) {
     const size_t total = f32 * (2 + slots) + 2 * (kHeaderBytes + wire);
     if (!service_->Reserve(total)) {
       cns.chunks.erase(it);
-      return SendError(c, h, absl::ResourceExhaustedError(absl::StrCat(
-                                 "init of key ", h.key, " chunk ", h.chunk, " needs ", total,
-                                 " bytes: the service's memory budget (",
-                                 service_->options().memory_budget_bytes, " bytes) is spent")));
+      return SendError(c, h,
+                       absl::ResourceExhaustedError(absl::StrCat(
+                           "init of key ", h.key, " chunk ", h.chunk, " needs ", total,
+                           " bytes: the service's memory budget (",
+                           service_->options().memory_budget_bytes, " bytes) is spent")));
     }
     st.elements = elements;
     st.dtype = h.dtype;
@@ -436,39 +447,45 @@ void Core::HandlePush(ServerConn* c, CoreNamespace& cns, const FrameView& f) {
   const Namespace& ns = *c->ns;
   auto it = cns.chunks.find({h.key, h.chunk});
   if (it == cns.chunks.end()) {
-    return SendError(c, h, absl::NotFoundError(absl::StrCat(
-                               "push of key ", h.key, " chunk ", h.chunk, " by worker ", c->worker,
-                               ": unknown key (not initialised on server core ", index_, ")")));
+    return SendError(c, h,
+                     absl::NotFoundError(absl::StrCat(
+                         "push of key ", h.key, " chunk ", h.chunk, " by worker ", c->worker,
+                         ": unknown key (not initialised on server core ", index_, ")")));
   }
   ChunkState& st = it->second;
   const size_t esize = collectives::DataTypeSize(h.dtype);
   if (h.dtype != st.dtype || f.payload.size() / esize != st.elements) {
-    return SendError(c, h, absl::InvalidArgumentError(absl::StrCat(
-                               "push of key ", h.key, " chunk ", h.chunk, " by worker ", c->worker,
-                               ": ", f.payload.size() / esize, " elements of ",
-                               std::string(collectives::DataTypeName(h.dtype)), ", expected ", st.elements,
-                               " of ", std::string(collectives::DataTypeName(st.dtype)))));
+    return SendError(c, h,
+                     absl::InvalidArgumentError(absl::StrCat(
+                         "push of key ", h.key, " chunk ", h.chunk, " by worker ", c->worker, ": ",
+                         f.payload.size() / esize, " elements of ",
+                         std::string(collectives::DataTypeName(h.dtype)), ", expected ",
+                         st.elements, " of ", std::string(collectives::DataTypeName(st.dtype)))));
   }
   if (st.worker_conn[c->worker] != c) {
-    return SendError(c, h, absl::FailedPreconditionError(absl::StrCat(
-                               "push of key ", h.key, " chunk ", h.chunk, " by worker ", c->worker,
-                               " on a connection the worker did not initialise it on")));
+    return SendError(c, h,
+                     absl::FailedPreconditionError(absl::StrCat(
+                         "push of key ", h.key, " chunk ", h.chunk, " by worker ", c->worker,
+                         " on a connection the worker did not initialise it on")));
   }
   if (h.round != st.round) {
-    return SendError(c, h, absl::FailedPreconditionError(absl::StrCat(
-                               "push of key ", h.key, " chunk ", h.chunk, " by worker ", c->worker,
-                               " for round ", h.round, ", but the server is at round ", st.round)));
+    return SendError(c, h,
+                     absl::FailedPreconditionError(absl::StrCat(
+                         "push of key ", h.key, " chunk ", h.chunk, " by worker ", c->worker,
+                         " for round ", h.round, ", but the server is at round ", st.round)));
   }
   if (st.pushed[c->worker]) {
-    return SendError(c, h, absl::AlreadyExistsError(absl::StrCat(
-                               "push of key ", h.key, " chunk ", h.chunk, " by worker ", c->worker,
-                               ": this worker already pushed round ", h.round)));
+    return SendError(c, h,
+                     absl::AlreadyExistsError(
+                         absl::StrCat("push of key ", h.key, " chunk ", h.chunk, " by worker ",
+                                      c->worker, ": this worker already pushed round ", h.round)));
   }
   for (size_t w = 0; w < cns.gone.size(); ++w) {
     if (!cns.gone[w].empty()) {
-      return SendError(c, h, absl::UnavailableError(absl::StrCat(
-                                 "round ", h.round, " of key ", h.key, " chunk ", h.chunk,
-                                 " cannot complete: worker ", w, " is gone (", cns.gone[w], ")")));
+      return SendError(c, h,
+                       absl::UnavailableError(absl::StrCat(
+                           "round ", h.round, " of key ", h.key, " chunk ", h.chunk,
+                           " cannot complete: worker ", w, " is gone (", cns.gone[w], ")")));
     }
   }
   Accumulate(reinterpret_cast<float*>(st.g.get()), f.payload.data(), h.dtype, st.elements,

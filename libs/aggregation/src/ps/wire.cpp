@@ -9,7 +9,8 @@ namespace {
 
 template <typename T>
 void Put(uint8_t*& p, T v) {
-  for (size_t i = 0; i < sizeof(T); ++i) *p++ = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
+  for (size_t i = 0; i < sizeof(T); ++i)
+    *p++ = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
 }
 template <typename T>
 T Get(const uint8_t*& p) {
@@ -102,17 +103,17 @@ absl::StatusOr<FrameView> DecodeFrame(absl::Span<const uint8_t> bytes) {
   h.payload_bytes = Get<uint32_t>(p);
   h.round = Get<uint64_t>(p);
   if (h.payload_bytes != bytes.size() - kHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "aggregation ", FrameTypeName(h.type), " frame announces ", h.payload_bytes,
-        " payload bytes but carries ", bytes.size() - kHeaderBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("aggregation ", FrameTypeName(h.type), " frame announces ", h.payload_bytes,
+                     " payload bytes but carries ", bytes.size() - kHeaderBytes));
   }
   f.payload = bytes.subspan(kHeaderBytes);
   const size_t esize = h.dtype == collectives::DataType::kF32 ? 4 : 2;
   const size_t n = f.payload.size();
   auto bad = [&](std::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("aggregation ", FrameTypeName(h.type),
-                                                   " frame of key ", h.key, " chunk ", h.chunk,
-                                                   ": ", std::string(why), " (payload ", n, " bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("aggregation ", FrameTypeName(h.type), " frame of key ", h.key, " chunk ",
+                     h.chunk, ": ", std::string(why), " (payload ", n, " bytes)"));
   };
   switch (h.type) {
     case FrameType::kHello:

@@ -60,7 +60,9 @@ class Client {
   virtual absl::StatusOr<Handle> PushPullAsync(uint64_t key, const void* grad, void* out,
                                                size_t elements) = 0;
   // Waits for a handle: the operation's status (an error names the key, chunk and cause, e.g.
-  // the worker the round waited for). InfiniteDuration() = ClientOptions::timeout.
+  // the worker the round waited for). InfiniteDuration() = ClientOptions::timeout. After a
+  // DeadlineExceeded, a send still queued may read `grad` until it completes or the client is
+  // destroyed; replies that arrive late are dropped.
   virtual absl::Status Wait(Handle handle, absl::Duration timeout = absl::InfiniteDuration()) = 0;
 
   absl::Status Push(uint64_t key, const void* grad, size_t elements);

@@ -39,13 +39,16 @@ struct OptimizerConfig {
 // InvalidArgument naming the field when a value is not finite or out of range.
 absl::Status ValidateOptimizer(const OptimizerConfig& config);
 
-// How the kernels store what they write. Non-temporal stores bypass the cache: they pay off for
-// arrays far larger than the cache, which would be evicted before being read again anyway.
+// How the kernels store what they write. Non-temporal stores bypass the cache: they can pay off
+// for arrays far larger than the cache, which would be evicted before being read again anyway.
+// On the 2-core EPYC (32 MiB L3) this was measured on, cached stores won even at 64 MiB arrays
+// (docs/aggregation.md), as PHub found ("beneficial to cache both the model and gradients"), so
+// kAuto streams only from 256 MiB of output up; the service's 32 KB chunks always cache.
 enum class StorePolicy : uint8_t {
-  kAuto = 0,         // non-temporal from kNonTemporalThresholdBytes of output up, cached below
+  kAuto = 0,  // non-temporal from kNonTemporalThresholdBytes of output up, cached below
   kCached = 1,
   kNonTemporal = 2,  // where the destination is 32-byte aligned; cached otherwise
 };
-inline constexpr size_t kNonTemporalThresholdBytes = size_t{8} << 20;
+inline constexpr size_t kNonTemporalThresholdBytes = size_t{256} << 20;
 
 }  // namespace plexus::aggregation
