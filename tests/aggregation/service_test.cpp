@@ -168,6 +168,11 @@ TEST_CASE("A worker with another namespace's nonce cannot join", "[aggregation][
   Job job = MakeJob(pt::Backend::kTcp, 1, 1, {});
   pa::NamespaceOptions other;
   other.name = "other";
+  other.chunk_bytes = (size_t{256} << 10) + 1;  // beyond ServiceOptions::max_chunk_bytes
+  auto too_big = job.service->CreateNamespace(other);
+  CHECK(too_big.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(too_big.status().message()).find("max_chunk_bytes") != std::string::npos);
+  other.chunk_bytes = pa::kDefaultChunkBytes;
   auto ns2 = job.service->CreateNamespace(other).value();
   CHECK(ns2.id != job.ns.id);
   auto o = ClientOpts(job, 0);

@@ -105,6 +105,7 @@ class Core {
   absl::flat_hash_map<uint32_t, CoreNamespace> namespaces_;
   absl::flat_hash_map<uint64_t, std::vector<uint8_t>> control_sends_;
   uint64_t next_send_id_ = 1;
+  size_t recv_bytes_ = 0;  // the largest frame a worker may send: an init of the largest chunk
 };
 
 class ServiceImpl : public Service {
@@ -114,6 +115,11 @@ class ServiceImpl : public Service {
 
   absl::Status Start() {
     if (options_.cores < 1) return absl::InvalidArgumentError("ServiceOptions.cores must be >= 1");
+    if (options_.max_chunk_bytes < 4 || options_.max_chunk_bytes > kMaxChunkBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("ServiceOptions.max_chunk_bytes ",
+                                                     options_.max_chunk_bytes, " is outside [4, ",
+                                                     kMaxChunkBytes, "]"));
+    }
     if (!options_.listen_addresses.empty() &&
         static_cast<int>(options_.listen_addresses.size()) != options_.cores) {
       return absl::InvalidArgumentError(
@@ -146,10 +152,10 @@ class ServiceImpl : public Service {
       return absl::InvalidArgumentError(
           absl::StrCat("namespace \"", o.name, "\": workers = ", o.workers, ", expected 1..65536"));
     }
-    if (o.chunk_bytes < 4 || o.chunk_bytes > kMaxChunkBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("namespace \"", o.name, "\": chunk_bytes ",
-                                                     o.chunk_bytes, " is outside [4, ",
-                                                     kMaxChunkBytes, "]"));
+    if (o.chunk_bytes < 4 || o.chunk_bytes > options_.max_chunk_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "namespace \"", o.name, "\": chunk_bytes ", o.chunk_bytes,
+          " is outside [4, ServiceOptions.max_chunk_bytes = ", options_.max_chunk_bytes, "]"));
     }
     PLEXUS_RETURN_IF_ERROR(
         base::Annotate(ValidateOptimizer(o.optimizer), absl::StrCat("namespace \"", o.name, "\"")));
@@ -197,10 +203,8 @@ class ServiceImpl : public Service {
   uint32_t next_ns_ = 1;
 };
 
-// Largest frame a worker may send: an init of the largest chunk.
-constexpr size_t kRecvBytes = kHeaderBytes + kInitPrefixBytes + ServiceImpl::kMaxChunkBytes;
-
 absl::Status Core::Start(transport::Device& device, const std::string& address) {
+  recv_bytes_ = kHeaderBytes + kInitPrefixBytes + service_->options().max_chunk_bytes;
   PLEXUS_ASSIGN_OR_RETURN(listener_, device.Listen(address));
   cq_ = device.CreateCompletionQueue();
   accept_thread_ = std::thread([this] { AcceptLoop(); });
@@ -239,7 +243,7 @@ void Core::Adopt() {
     ServerConn* raw = c.get();
     conns_[raw->conn->id()] = std::move(c);
     for (int i = 0; i < kRecvsPerConnection; ++i) {
-      raw->recv.push_back(AllocAligned(kRecvBytes));
+      raw->recv.push_back(AllocAligned(recv_bytes_));
       Repost(raw, i);
     }
   }
@@ -247,7 +251,7 @@ void Core::Adopt() {
 
 void Core::Repost(ServerConn* c, size_t slot) {
   if (c->dead) return;
-  absl::Status st = c->conn->PostRecv({c->recv[slot].get(), kRecvBytes}, slot);
+  absl::Status st = c->conn->PostRecv({c->recv[slot].get(), recv_bytes_}, slot);
   if (!st.ok()) WorkerGone(c, st);
 }
 

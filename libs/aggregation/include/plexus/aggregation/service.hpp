@@ -32,6 +32,9 @@ struct ServiceOptions {
   // A round that started (first gradient of a chunk arrived) and misses a worker's gradient for
   // this long fails, naming the workers it waited for.
   absl::Duration round_timeout = absl::Seconds(30);
+  // Largest NamespaceOptions::chunk_bytes a namespace may use (at most 4 MiB); each connection
+  // keeps 8 receive buffers of this size (plus 64 bytes).
+  size_t max_chunk_bytes = size_t{256} << 10;
   // The transport's per-operation timeout: a silent peer's connection fails after it.
   absl::Duration op_timeout = absl::Seconds(30);
 };
