@@ -43,7 +43,7 @@ pa::ClientOptions ClientOpts(const Job& job, int worker) {
 
 Job MakeJob(pt::Backend backend, int workers, int cores, pa::OptimizerConfig opt,
             size_t chunk_bytes = 1024, absl::Duration round_timeout = absl::Seconds(20),
-            size_t budget = size_t{1} << 30) {
+            size_t budget = size_t{1} << 30, int connect = -1) {
   Job job;
   job.backend = backend;
   job.chunk_bytes = chunk_bytes;
@@ -60,7 +60,7 @@ Job MakeJob(pt::Backend backend, int workers, int cores, pa::OptimizerConfig opt
   no.optimizer = opt;
   no.chunk_bytes = chunk_bytes;
   job.ns = job.service->CreateNamespace(no).value();
-  for (int w = 0; w < workers; ++w) {
+  for (int w = 0; w < (connect < 0 ? workers : connect); ++w) {
     auto c = pa::Client::Connect(ClientOpts(job, w));
     REQUIRE(c.ok());
     job.clients.push_back(*std::move(c));
@@ -210,6 +210,19 @@ class RawWorker {
     std::memcpy(frame.data() + pai::kHeaderBytes, payload.data(), payload.size());
     return ExchangeBytes(frame);
   }
+  // Sends the frame twice and returns the one reply (the first send waits for other workers).
+  std::pair<pai::FrameHeader, std::string> ExchangeTwice(pai::FrameHeader h,
+                                                         const std::vector<uint8_t>& payload) {
+    h.payload_bytes = static_cast<uint32_t>(payload.size());
+    first_.assign(pai::kHeaderBytes + payload.size(), 0);
+    pai::EncodeHeader(h, first_.data());
+    std::memcpy(first_.data() + pai::kHeaderBytes, payload.data(), payload.size());
+    REQUIRE(conn_->PostSend({first_.data(), first_.size()}, 3).ok());
+    auto c = cq_->Wait(absl::Seconds(10));
+    REQUIRE(c.ok());
+    REQUIRE(c->opcode == pt::Opcode::kSend);
+    return ExchangeBytes(first_);
+  }
   std::pair<pai::FrameHeader, std::string> ExchangeBytes(const std::vector<uint8_t>& frame) {
     std::vector<uint8_t> reply(1 << 16);
     REQUIRE(conn_->PostRecv({reply.data(), reply.size()}, 1).ok());
@@ -234,6 +247,7 @@ class RawWorker {
   std::shared_ptr<pt::Device> device_;
   std::unique_ptr<pt::CompletionQueue> cq_;
   std::unique_ptr<pt::Connection> conn_;
+  std::vector<uint8_t> first_;
 };
 
 }  // namespace
@@ -363,4 +377,62 @@ TEST_CASE("Init beyond the memory budget is refused", "[aggregation][service]") 
   const absl::Status st = job.clients[0]->Init(2, DataType::kF32, v.data(), 256);
   CHECK(st.code() == absl::StatusCode::kResourceExhausted);
   CHECK(std::string(st.message()).find("memory budget") != std::string::npos);
+}
+
+TEST_CASE("Duplicate and out-of-round pushes are refused and change nothing",
+          "[aggregation][service]") {
+  pa::OptimizerConfig opt;  // SGD, lr 0.1
+  // Worker 0 is a Client; worker 1 a raw connection that initialises the chunk itself.
+  Job job = MakeJob(pt::Backend::kTcp, 2, 1, opt, 1024, absl::Seconds(20), size_t{1} << 30, 1);
+  const size_t n = 64;
+  std::vector<float> init(n, 2.0f);
+  REQUIRE(job.clients[0]->Init(5, DataType::kF32, init.data(), n).ok());
+  RawWorker raw(job, 0);
+  pai::FrameHeader h;
+  h.type = pai::FrameType::kHello;
+  h.ns = job.ns.id;
+  h.nonce = job.ns.nonce;
+  h.worker = 1;
+  REQUIRE(raw.Exchange(h, std::vector<uint8_t>(8, 0)).first.type == pai::FrameType::kHelloAck);
+  h.type = pai::FrameType::kInit;
+  h.key = 5;
+  std::vector<uint8_t> init_payload(pai::kInitPrefixBytes + n * 4);
+  const uint64_t total = n;
+  std::memcpy(init_payload.data(), &total, 8);
+  std::memcpy(init_payload.data() + pai::kInitPrefixBytes, init.data(), n * 4);
+  REQUIRE(raw.Exchange(h, init_payload).first.type == pai::FrameType::kInitAck);
+
+  // Round 5 while the server is at round 0: refused.
+  h.type = pai::FrameType::kPush;
+  h.round = 5;
+  std::vector<float> g1(n, 3.0f);
+  std::vector<uint8_t> grad(n * 4);
+  std::memcpy(grad.data(), g1.data(), n * 4);
+  auto [ahead, ahead_text] = raw.Exchange(h, grad);
+  CHECK(ahead.code == static_cast<uint8_t>(absl::StatusCode::kFailedPrecondition));
+  CHECK(ahead_text.find("round 5") != std::string::npos);
+  // Worker 0 pushes round 0 (async); the round cannot end without worker 1.
+  std::vector<float> g0(n, 1.0f), out(n);
+  auto handle = job.clients[0]->PushPullAsync(5, g0.data(), out.data(), n);
+  REQUIRE(handle.ok());
+  // Worker 1 pushes round 0 twice: the first completes the round; the second is refused (the
+  // server is at round 1 now: a stale round) and changes nothing.
+  h.round = 0;
+  auto [values, values_text] = raw.Exchange(h, grad);
+  CHECK(values.type == pai::FrameType::kValues);
+  CHECK(values.round == 1);
+  auto [stale, stale_text] = raw.Exchange(h, grad);
+  CHECK(stale.code == static_cast<uint8_t>(absl::StatusCode::kFailedPrecondition));
+  REQUIRE(job.clients[0]->Wait(*handle).ok());
+  for (size_t i = 0; i < n; ++i) REQUIRE(out[i] == 2.0f - 0.1f * 4.0f);
+  // A second push of round 1 by worker 1 before the round ends: AlreadyExists.
+  h.round = 1;
+  // (The first push of round 1 gets no reply until worker 0 pushes.)
+  auto [dup, dup_text] = raw.ExchangeTwice(h, grad);
+  CHECK(dup.code == static_cast<uint8_t>(absl::StatusCode::kAlreadyExists));
+  CHECK(dup_text.find("already pushed round 1") != std::string::npos);
+  // Worker 0's round-1 push completes the round with worker 1's single contribution.
+  std::vector<float> out2(n);
+  REQUIRE(job.clients[0]->PushPull(5, g0.data(), out2.data(), n).ok());
+  for (size_t i = 0; i < n; ++i) REQUIRE(out2[i] == out[i] - 0.1f * 4.0f);
 }
