@@ -224,7 +224,12 @@ void Core::Stop() {
 void Core::AcceptLoop() {
   while (!stop_) {
     auto conn = listener_->Accept(cq_.get(), absl::Milliseconds(100));
-    if (!conn.ok()) continue;  // deadline: look at stop_ again; errors are per attempt
+    if (!conn.ok()) {
+      // Deadline: look at stop_ again. Another error (a failed handshake) is per attempt; pause
+      // so that a listener failing at once every time cannot spin a core.
+      if (!absl::IsDeadlineExceeded(conn.status())) absl::SleepFor(absl::Milliseconds(10));
+      continue;
+    }
     std::lock_guard<std::mutex> lock(pending_mu_);
     pending_.push_back(*std::move(conn));
   }
