@@ -1,0 +1,154 @@
+// AVX2 + F16C kernels of kernels.hpp. Compiled with -mavx2 -mf16c -ffp-contract=off and only
+// called after the collectives' run-time CPU check; instantiates nothing shared with portable
+// files. Each loop mirrors kernels.cpp's scalar code operation by operation.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels.hpp"
+#include "simd_avx2.hpp"  // the collectives' bf16 <-> f32 lanes
+
+namespace plexus::aggregation::internal {
+namespace {
+
+using collectives::internal::LoadBf16;
+using collectives::internal::StoreBf16Bits;
+
+bool Aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; }
+
+__m256 LoadWire(const uint8_t* p, DataType dtype, size_t i) {
+  switch (dtype) {
+    case DataType::kBF16:
+      return LoadBf16(p + 2 * i);
+    case DataType::kF16:
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
+    default:
+      return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + i);
+  }
+}
+
+void StoreF32(float* p, __m256 v, bool nt) {
+  if (nt) {
+    _mm256_stream_ps(p, v);
+  } else {
+    _mm256_storeu_ps(p, v);
+  }
+}
+
+void StoreWire(uint8_t* p, DataType dtype, size_t i, __m256 v, bool nt) {
+  __m128i h;
+  switch (dtype) {
+    case DataType::kBF16:
+      h = StoreBf16Bits(v);
+      break;
+    case DataType::kF16:
+      h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      break;
+    default:
+      StoreF32(reinterpret_cast<float*>(p) + i, v, nt);
+      return;
+  }
+  auto* dst = reinterpret_cast<__m128i*>(p + 2 * i);
+  if (nt) {
+    _mm_stream_si128(dst, h);
+  } else {
+    _mm_storeu_si128(dst, h);
+  }
+}
+
+template <OptimizerKind kKind>
+size_t OptimizerLoop(const StepScalars& s, float* w, const float* g, float* m, float* v,
+                     uint8_t* out, DataType out_dtype, size_t n, bool nt) {
+  const __m256 rescale = _mm256_set1_ps(s.rescale);
+  const __m256 wd = _mm256_set1_ps(s.weight_decay);
+  const __m256 lr = _mm256_set1_ps(s.lr);
+  const __m256 mu = _mm256_set1_ps(s.momentum);
+  const __m256 b1 = _mm256_set1_ps(s.beta1);
+  const __m256 b2 = _mm256_set1_ps(s.beta2);
+  const __m256 omb1 = _mm256_set1_ps(s.one_minus_beta1);
+  const __m256 omb2 = _mm256_set1_ps(s.one_minus_beta2);
+  const __m256 eps = _mm256_set1_ps(s.epsilon);
+  const __m256 adam_lr = _mm256_set1_ps(s.adam_lr);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 wi = _mm256_loadu_ps(w + i);
+    const __m256 gp =
+        _mm256_add_ps(_mm256_mul_ps(rescale, _mm256_loadu_ps(g + i)), _mm256_mul_ps(wd, wi));
+    if constexpr (kKind == OptimizerKind::kSgd) {
+      wi = _mm256_sub_ps(wi, _mm256_mul_ps(lr, gp));
+    } else if constexpr (kKind == OptimizerKind::kMomentum) {
+      const __m256 mi = _mm256_add_ps(_mm256_mul_ps(mu, _mm256_loadu_ps(m + i)), gp);
+      StoreF32(m + i, mi, nt);
+      wi = _mm256_sub_ps(wi, _mm256_mul_ps(lr, mi));
+    } else if constexpr (kKind == OptimizerKind::kNesterov) {
+      const __m256 mi = _mm256_add_ps(_mm256_mul_ps(mu, _mm256_loadu_ps(m + i)), gp);
+      StoreF32(m + i, mi, nt);
+      const __m256 u = _mm256_add_ps(gp, _mm256_mul_ps(mu, mi));
+      wi = _mm256_sub_ps(wi, _mm256_mul_ps(lr, u));
+    } else {
+      const __m256 mi =
+          _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(omb1, gp));
+      const __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + i)),
+                                      _mm256_mul_ps(omb2, _mm256_mul_ps(gp, gp)));
+      StoreF32(m + i, mi, nt);
+      StoreF32(v + i, vi, nt);
+      const __m256 step = _mm256_div_ps(mi, _mm256_add_ps(_mm256_sqrt_ps(vi), eps));
+      wi = _mm256_sub_ps(wi, _mm256_mul_ps(adam_lr, step));
+    }
+    StoreF32(w + i, wi, nt);
+    if (out != nullptr) StoreWire(out, out_dtype, i, wi, nt);
+  }
+  return i;
+}
+
+}  // namespace
+
+size_t AccumulateHalfAvx2(float* dst, const uint8_t* src, DataType dtype, size_t n, bool first) {
+  size_t i = 0;
+  if (first) {
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, LoadWire(src, dtype, i));
+  } else {
+    for (; i + 8 <= n; i += 8) {
+      _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), LoadWire(src, dtype, i)));
+    }
+  }
+  return i;
+}
+
+size_t ApplyOptimizerAvx2(OptimizerKind kind, const StepScalars& s, float* w, const float* g,
+                          float* m, float* v, uint8_t* out, DataType out_dtype, size_t n,
+                          bool non_temporal) {
+  // Streaming stores need aligned destinations: every pointer written, at its vector width.
+  const bool nt = non_temporal && Aligned(w, 32) && (m == nullptr || Aligned(m, 32)) &&
+                  (v == nullptr || Aligned(v, 32)) &&
+                  (out == nullptr || Aligned(out, out_dtype == DataType::kF32 ? 32 : 16));
+  size_t i = 0;
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      i = OptimizerLoop<OptimizerKind::kSgd>(s, w, g, m, v, out, out_dtype, n, nt);
+      break;
+    case OptimizerKind::kMomentum:
+      i = OptimizerLoop<OptimizerKind::kMomentum>(s, w, g, m, v, out, out_dtype, n, nt);
+      break;
+    case OptimizerKind::kNesterov:
+      i = OptimizerLoop<OptimizerKind::kNesterov>(s, w, g, m, v, out, out_dtype, n, nt);
+      break;
+    case OptimizerKind::kAdam:
+      i = OptimizerLoop<OptimizerKind::kAdam>(s, w, g, m, v, out, out_dtype, n, nt);
+      break;
+  }
+  if (nt) _mm_sfence();
+  return i;
+}
+
+size_t StreamAddAvx2(float* c, const float* a, const float* b, size_t n, bool non_temporal) {
+  const bool nt = non_temporal && Aligned(c, 32);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    StoreF32(c + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)), nt);
+  }
+  if (nt) _mm_sfence();
+  return i;
+}
+
+}  // namespace plexus::aggregation::internal
