@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "plexus/base/status.hpp"
 #include "plexus/moe/reconfigure.hpp"
+#include "runtime/membership_codec.hpp"
 #include "runtime/trainer.hpp"
 
 namespace plexus::moe::runtime {
@@ -27,71 +28,6 @@ std::string TicketKey(int physical) { return absl::StrCat("plexus-moe/join/", ph
 
 bool Contains(const std::vector<int>& v, int x) {
   return std::find(v.begin(), v.end(), x) != v.end();
-}
-
-absl::StatusOr<std::vector<int>> ParseInts(absl::string_view text, char sep,
-                                           absl::string_view what) {
-  std::vector<int> out;
-  for (absl::string_view p : absl::StrSplit(text, sep, absl::SkipEmpty())) {
-    int v = 0;
-    if (!absl::SimpleAtoi(p, &v)) {
-      return absl::DataLossError(absl::StrCat("moe runtime: bad ", what, " '", text, "'"));
-    }
-    out.push_back(v);
-  }
-  return out;
-}
-
-// A joiner's ticket: what it needs to compute the same plan as the members.
-// "<epoch>;<step>;<generation>;<admitted before>;<admitted after>;<members>;<placements>",
-// placements: layers separated by '|', nodes by '/', experts by ','.
-struct Ticket {
-  int epoch = 0;
-  int64_t step = 0, generation = 0, admitted_before = 0, admitted_after = 0;
-  std::vector<int> members;
-  std::vector<Placement> placements;
-};
-
-std::string EncodeTicket(const Ticket& t) {
-  std::vector<std::string> layers;
-  for (const Placement& p : t.placements) {
-    std::vector<std::string> nodes;
-    for (const auto& slots : p.node_slots) nodes.push_back(absl::StrJoin(slots, ","));
-    layers.push_back(absl::StrJoin(nodes, "/"));
-  }
-  return absl::StrCat(t.epoch, ";", t.step, ";", t.generation, ";", t.admitted_before, ";",
-                      t.admitted_after, ";", absl::StrJoin(t.members, ","), ";",
-                      absl::StrJoin(layers, "|"));
-}
-
-absl::StatusOr<Ticket> DecodeTicket(const std::string& text, const ModelConfig& c, int slots) {
-  const auto bad = [&](absl::string_view why) {
-    return absl::DataLossError(
-        absl::StrCat("moe runtime: bad join ticket (", why, "): '", text.substr(0, 200), "'"));
-  };
-  std::vector<std::string> f = absl::StrSplit(text, ';');
-  Ticket t;
-  if (f.size() != 7 || !absl::SimpleAtoi(f[0], &t.epoch) || !absl::SimpleAtoi(f[1], &t.step) ||
-      !absl::SimpleAtoi(f[2], &t.generation) || !absl::SimpleAtoi(f[3], &t.admitted_before) ||
-      !absl::SimpleAtoi(f[4], &t.admitted_after) || t.admitted_after <= t.admitted_before) {
-    return bad("fields");
-  }
-  PLEXUS_ASSIGN_OR_RETURN(t.members, ParseInts(f[5], ',', "ticket members"));
-  std::vector<std::string> layers = absl::StrSplit(f[6], '|');
-  if (t.members.empty() || static_cast<int>(layers.size()) != c.layers) return bad("layers");
-  for (const std::string& layer : layers) {
-    Placement p;
-    p.num_nodes = static_cast<int>(t.members.size());
-    p.slots_per_node = slots;
-    p.num_experts = c.experts;
-    for (absl::string_view node : absl::StrSplit(layer, '/')) {
-      PLEXUS_ASSIGN_OR_RETURN(std::vector<int> experts, ParseInts(node, ',', "ticket placement"));
-      p.node_slots.push_back(std::move(experts));
-    }
-    if (absl::Status s = ValidatePlacement(p); !s.ok()) return bad(s.message());
-    t.placements.push_back(std::move(p));
-  }
-  return t;
 }
 
 }  // namespace
@@ -125,7 +61,7 @@ absl::StatusOr<TrainerImpl::Agreement> TrainerImpl::AgreeMembership(
     const std::vector<int>& expected, bool retry) {
   const std::string prefix = EpochPrefix(epoch_);
   const auto alive_key = [&](int p) { return absl::StrCat(prefix, "alive/", p); };
-  if (absl::Status s = store_->Set(alive_key(physical_), absl::StrCat(step_, ",", generation_));
+  if (absl::Status s = store_->Set(alive_key(physical_), EncodeAlive({step_, generation_}));
       !s.ok()) {
     return StoreError(s, "reporting itself alive after a failure");
   }
@@ -154,17 +90,11 @@ absl::StatusOr<TrainerImpl::Agreement> TrainerImpl::AgreeMembership(
     for (int p : present) {
       absl::StatusOr<std::string> v = store_->Get(alive_key(p), absl::Seconds(5));
       if (!v.ok()) return StoreError(v.status(), "agreeing on the membership");
-      std::vector<absl::string_view> parts = absl::StrSplit(*v, ',');
-      int64_t s = 0, g = 0;
-      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &s) || !absl::SimpleAtoi(parts[1], &g)) {
-        return absl::DataLossError(absl::StrCat("moe runtime: bad alive value '", *v, "' of rank ",
-                                                p, " in ", store_->description()));
-      }
-      step = std::min(step, s);
-      generation = std::min(generation, g);
+      PLEXUS_ASSIGN_OR_RETURN(AliveValue alive, DecodeAlive(*v));
+      step = std::min(step, alive.step);
+      generation = std::min(generation, alive.generation);
     }
-    if (absl::Status s = store_->Set(
-            members_key, absl::StrCat(step, ";", generation, ";", absl::StrJoin(present, ",")));
+    if (absl::Status s = store_->Set(members_key, EncodeMembership({step, generation, present}));
         !s.ok()) {
       return StoreError(s, "publishing the membership");
     }
@@ -184,20 +114,14 @@ absl::StatusOr<TrainerImpl::Agreement> TrainerImpl::AgreeMembership(
     }
     return StoreError(value.status(), "waiting for the membership");
   }
-  std::vector<std::string> parts = absl::StrSplit(*value, ';');
-  Agreement a;
-  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &a.step) ||
-      !absl::SimpleAtoi(parts[1], &a.generation)) {
-    return absl::DataLossError(absl::StrCat("moe runtime: bad membership '", *value, "'"));
-  }
-  PLEXUS_ASSIGN_OR_RETURN(a.members, ParseInts(parts[2], ',', "membership"));
-  if (!Contains(a.members, physical_)) {
+  PLEXUS_ASSIGN_OR_RETURN(Membership m, DecodeMembership(*value));
+  if (!Contains(m.members, physical_)) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "moe runtime: physical rank %d was left out of the membership of epoch %d (%s): it "
         "reported itself alive after the leader's deadline of %s",
-        physical_, epoch_ + 1, parts[2], absl::FormatDuration(leader_wait)));
+        physical_, epoch_ + 1, absl::StrJoin(m.members, ","), absl::FormatDuration(leader_wait)));
   }
-  return a;
+  return Agreement{std::move(m.members), m.step, m.generation};
 }
 
 absl::Status TrainerImpl::MoveTo(const std::vector<int>& target, bool restart, StepReport& report) {
@@ -388,7 +312,8 @@ absl::Status TrainerImpl::JoinJob() {
                         physical_, store_->description(), absl::FormatDuration(timeout),
                         text.status().message()));
   }
-  PLEXUS_ASSIGN_OR_RETURN(Ticket t, DecodeTicket(*text, layout_.config, options_.slots_per_node));
+  PLEXUS_ASSIGN_OR_RETURN(Ticket t, DecodeTicket(*text, layout_.config.layers,
+                                                 layout_.config.experts, options_.slots_per_node));
   epoch_ = t.epoch;
   step_ = t.step;
   generation_ = t.generation;
