@@ -5,6 +5,7 @@
 #include <random>
 
 #include "plexus/moe/reconfigure.hpp"
+#include "plexus/moe/recovery.hpp"
 
 namespace plexus::moe {
 namespace {
@@ -163,6 +164,67 @@ TEST_CASE("Reconfiguration rejects inconsistent input", "[moe][reconfigure]") {
   CHECK(PlanReconfiguration(bad_loads).status().code() == absl::StatusCode::kInvalidArgument);
   ReconfigureInput too_small = Input(d, {100}, 4);  // 8 experts, 4 slots
   CHECK(PlanReconfiguration(too_small).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+uint64_t Recovering(const Placement& p, int failures) {
+  absl::StatusOr<RecoveryResult> r = RecoveryEnumerate({&p, 1}, failures);
+  REQUIRE(r.ok());
+  return r->recovering_sets;
+}
+
+TEST_CASE("Re-plans use the default placement, never below the shipped baselines",
+          "[moe][reconfigure]") {
+  SECTION("the example where MRO falls below spread") {
+    // 4 nodes x 2 slots, 3 equally loaded experts; node 103 fails. The new cluster is N = 3,
+    // c = 2, r = (2, 2, 2): MRO puts expert 2 twice on one node (a further failure of that
+    // node loses it: 2 of 3 single failures recover); spread and the default recover from all.
+    Deployment d;
+    d.loads = {{1, 1, 1}};
+    absl::StatusOr<Allocation> a = AllocateReplicas(d.loads[0], {4, 2, 2});
+    REQUIRE(a.ok());
+    absl::StatusOr<Placement> p = PlaceExperts(PlacementPolicy::kMro, a->replicas, 4, 2);
+    REQUIRE(p.ok());
+    d.layers = {*p};
+    d.physical = {100, 101, 102, 103};
+    ReconfigureInput in = Input(d, {100, 101, 102}, 2);
+    absl::StatusOr<ReconfigurePlan> plan = PlanReconfiguration(in);
+    REQUIRE(plan.ok());
+    CHECK(plan->allocations[0].replicas == std::vector<int>{2, 2, 2});
+    CHECK(Recovering(plan->placements[0], 1) == 3);
+    in.policy = PlacementPolicy::kMro;  // what re-plans used before
+    absl::StatusOr<ReconfigurePlan> mro = PlanReconfiguration(in);
+    REQUIRE(mro.ok());
+    CHECK(Recovering(mro->placements[0], 1) == 2);
+  }
+  SECTION("random small deployments after one failure") {
+    std::mt19937 rng(14);
+    int checked = 0;
+    for (int trial = 0; trial < 60; ++trial) {
+      const int nodes = 3 + static_cast<int>(rng() % 4);  // 3..6
+      const int slots = 2 + static_cast<int>(rng() % 2);  // 2..3
+      const int experts = 2 + static_cast<int>(rng() % ((nodes - 1) * slots - 1));
+      const Deployment d = Deploy(nodes, slots, 2, experts, static_cast<uint32_t>(trial));
+      std::vector<int> next(d.physical.begin(), d.physical.end());
+      next.erase(next.begin() + static_cast<int>(rng() % nodes));
+      absl::StatusOr<ReconfigurePlan> plan = PlanReconfiguration(Input(d, next, slots));
+      REQUIRE(plan.ok());
+      for (size_t l = 0; l < plan->placements.size(); ++l) {
+        INFO("trial " << trial << " layer " << l);
+        const std::vector<int>& r = plan->allocations[l].replicas;
+        const int n = static_cast<int>(next.size());
+        const uint64_t best = Recovering(plan->placements[l], 1);
+        for (PlacementPolicy base :
+             {PlacementPolicy::kMro, PlacementPolicy::kSpread, PlacementPolicy::kCompact}) {
+          absl::StatusOr<Placement> b =
+              PlaceExperts(base, r, n, slots, plan->allocations[l].ascending);
+          REQUIRE(b.ok());
+          CHECK(best >= Recovering(*b, 1));
+        }
+        ++checked;
+      }
+    }
+    CHECK(checked == 120);
+  }
 }
 
 }  // namespace

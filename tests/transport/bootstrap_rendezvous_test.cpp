@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "bootstrap_test_util.hpp"
 #include "plexus/config.hpp"
+#include "plexus/transport/join.hpp"
 #include "plexus/transport/rendezvous.hpp"
 
 namespace pt = plexus::transport;
@@ -810,4 +811,43 @@ TEST_CASE("two jobs with job ids share a file store directory without seeing eac
     CHECK(got[t] == std::vector<std::string>{job + "/0", job + "/1"});
   }
   RemoveTree(dir);
+}
+
+TEST_CASE("OpenJobStore opens a running job's store for a joining process") {
+  // A launcher's job id: the joiner names it.
+  pt::Environment env = {{"PLEXUS_RANK", "0"},
+                         {"PLEXUS_WORLD_SIZE", "1"},
+                         {"PLEXUS_STORE_ADDR", "127.0.0.1:0"},
+                         {"PLEXUS_JOB_ID", "join-test"}};
+  auto rdv = pt::Rendezvous::FromEnv(env, absl::Seconds(10));
+  REQUIRE(rdv.ok());
+  REQUIRE(rdv->store_server() != nullptr);
+  REQUIRE(rdv->store()->Set("k", "v").ok());
+  const std::string addr = absl::StrCat("127.0.0.1:", rdv->store_server()->port());
+  auto store = pt::OpenJobStore({{"PLEXUS_STORE_ADDR", addr}, {"PLEXUS_JOB_ID", "join-test"}},
+                                absl::Seconds(5));
+  REQUIRE(store.ok());
+  auto v = (*store)->Get("k", absl::Seconds(1));
+  REQUIRE(v.ok());
+  CHECK(*v == "v");
+  auto other = pt::OpenJobStore({{"PLEXUS_STORE_ADDR", addr}, {"PLEXUS_JOB_ID", "another"}},
+                                absl::Seconds(5));
+  REQUIRE_FALSE(other.ok());
+  CHECK(other.status().code() == absl::StatusCode::kFailedPrecondition);
+  // No launcher id: rank 0's nonce, which the server tells a client naming no job.
+  env.erase("PLEXUS_JOB_ID");
+  auto nonce_job = pt::Rendezvous::FromEnv(env, absl::Seconds(10));
+  REQUIRE(nonce_job.ok());
+  REQUIRE(nonce_job->store()->Set("k", "w").ok());
+  auto joined = pt::OpenJobStore(
+      {{"PLEXUS_STORE_ADDR", absl::StrCat("127.0.0.1:", nonce_job->store_server()->port())}},
+      absl::Seconds(5));
+  REQUIRE(joined.ok());
+  auto w = (*joined)->Get("k", absl::Seconds(1));
+  REQUIRE(w.ok());
+  CHECK(*w == "w");
+  auto none = pt::OpenJobStore({}, absl::Seconds(1));
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(none.status().message()).find("PLEXUS_STORE_ADDR") != std::string::npos);
 }

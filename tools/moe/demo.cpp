@@ -6,8 +6,9 @@
 //   plexus-run -n 4 --keep-going plexus-moe-demo train [...]                 (one run, by hand)
 //
 // `train` is one rank of one run: it reads the launcher's environment (plexus-run, torchrun,
-// mpirun, srun) through Rendezvous::FromEnv. Rank 0 serves the store and must not be the one
-// killed. docs/moe.md, "The demo".
+// mpirun, srun) through Rendezvous::FromEnv; `train --join` is a new rank joining the running
+// job (PLEXUS_STORE_ADDR, PLEXUS_JOB_ID: transport::OpenJobStore). Rank 0 serves the store:
+// killing it ends the job with an error naming the store. docs/moe.md, "The demo".
 #include <signal.h>
 #include <unistd.h>
 
@@ -17,6 +18,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +31,7 @@
 #include "plexus/moe/runtime.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/launch.hpp"
+#include "plexus/transport/join.hpp"
 #include "plexus/transport/rendezvous.hpp"
 
 namespace pm = plexus::moe;
@@ -48,9 +52,11 @@ void AddTrainFlags(CLI::App* app, TrainArgs* a) {
                      "the killed rank dies (SIGKILL) before this step (-1: nobody dies)",
                      int64_t{-1}, int64_t{1} << 40);
   tooling::AddNumber(app, "--kill-rank", &a->kill_rank,
-                     "the rank that dies (not 0: it serves "
-                     "the store)",
-                     1, 4095);
+                     "the rank that dies (rank 0 serves the store: its death ends the job)", 0,
+                     4095);
+  tooling::AddNumber(app, "--join-step", &a->join_step,
+                     "a new rank asks to join once rank 0 reaches this step (-1: nobody joins)",
+                     int64_t{-1}, int64_t{1} << 40);
   tooling::AddNumber(app, "--checkpoint-every", &a->checkpoint_every,
                      "steps between checkpoints (0: none)", 0, 1 << 30);
   tooling::AddNumber(app, "--timeout", &a->timeout_s,
@@ -73,8 +79,6 @@ int RunRank(const tooling::Tool& tool, const TrainArgs& a) {
   if (a.checkpoint_every > 0 && a.checkpoint_path.empty()) {
     return tool.Usage("--checkpoint-every needs --checkpoint-path (or --checkpoint-every 0)");
   }
-  auto rdv = pt::Rendezvous::FromEnv(absl::Seconds(60));
-  if (!rdv.ok()) return tool.Fail(rdv.status());
   pm::RuntimeOptions options;
   options.model = plexus::moe::demo::ModelOf(a);
   options.comm.backend = pt::Backend::kShm;
@@ -85,20 +89,77 @@ int RunRank(const tooling::Tool& tool, const TrainArgs& a) {
   options.checkpoint_every = a.checkpoint_every;
   options.checkpoint_path = a.checkpoint_path;
   const auto t0 = std::chrono::steady_clock::now();
-  auto trainer = pm::Trainer::Create(rdv->store(), rdv->rank(), rdv->world_size(), options);
+  // The demo's own key: rank 0 says when the joiner may ask (so that it joins mid-run).
+  constexpr char kJoinNowKey[] = "plexus-moe-demo/join-now";
+  std::optional<pt::Rendezvous> rdv;
+  std::shared_ptr<pt::Store> store;
+  absl::StatusOr<std::unique_ptr<pm::Trainer>> trainer;
+  if (a.join) {
+    auto opened = pt::OpenJobStore(pt::ProcessEnvironment(), absl::Seconds(60));
+    if (!opened.ok()) return tool.Fail(opened.status());
+    store = *std::move(opened);
+    if (a.join_step >= 0) {
+      if (auto now = store->Get(kJoinNowKey, absl::Seconds(100)); !now.ok()) {
+        return tool.Fail(now.status());
+      }
+    }
+    trainer = pm::Trainer::Join(store, options);
+  } else {
+    auto joined = pt::Rendezvous::FromEnv(absl::Seconds(60));
+    if (!joined.ok()) return tool.Fail(joined.status());
+    rdv.emplace(*std::move(joined));
+    store = rdv->store();
+    trainer = pm::Trainer::Create(store, rdv->rank(), rdv->world_size(), options);
+  }
   if (!trainer.ok()) return tool.Fail(trainer.status());
-  const bool lead = rdv->rank() == 0;
+  const int physical = (*trainer)->physical_rank();
+  const bool lead = physical == 0;
+  if (lead && !a.json && rdv.has_value()) {
+    // How to add a rank by hand (the same model flags, plus --join).
+    const pt::Environment env = pt::ProcessEnvironment();
+    const auto addr = env.find("PLEXUS_STORE_ADDR");
+    const auto path = env.find("PLEXUS_STORE_PATH");
+    const std::string where = addr != env.end() ? "PLEXUS_STORE_ADDR=" + addr->second
+                              : path != env.end()
+                                  ? "PLEXUS_STORE_PATH=" + path->second
+                                  : std::string("PLEXUS_STORE_ADDR=<the store's address>");
+    fmt::print("to add a rank: {} PLEXUS_JOB_ID={} plexus-moe-demo train --join [model flags]\n",
+               where, rdv->job_id());
+  }
   const int64_t tokens = a.tokens;
   while ((*trainer)->step() < a.steps) {
-    if (rdv->rank() == a.kill_rank && (*trainer)->step() == a.kill_step) {
+    if (physical == a.kill_rank && (*trainer)->step() == a.kill_step) {
       std::fflush(stdout);
       raise(SIGKILL);
+    }
+    if (lead && (*trainer)->step() == a.join_step) {
+      if (absl::Status s = store->Set(kJoinNowKey, "1"); !s.ok()) return tool.Fail(s);
     }
     auto r = (*trainer)->Step();
     if (!r.ok()) return tool.Fail(r.status());
     if (!lead) continue;
     const double t = Since(t0);
     const int64_t samples = (*trainer)->step() * tokens;
+    if (!r->joined.empty()) {
+      if (a.json) {
+        fmt::print("{}\n", json{{"event", "join"},
+                                {"t", t},
+                                {"step", r->step},
+                                {"joined", r->joined},
+                                {"members", r->members},
+                                {"checkpoint_restart", r->checkpoint_restart},
+                                {"experts_fetched", r->experts_fetched},
+                                {"join_s", r->recovery_seconds},
+                                {"samples", samples}}
+                               .dump());
+      } else {
+        fmt::print(
+            "rank(s) {} joined after step {} in {:.2f} s: members {}, {} expert states "
+            "fetched\n",
+            json(r->joined).dump(), r->step, r->recovery_seconds, json(r->members).dump(),
+            r->experts_fetched);
+      }
+    }
     if (r->failed) {
       if (a.json) {
         fmt::print("{}\n", json{{"event", "failure"},
@@ -173,6 +234,7 @@ int main(int argc, char** argv) {
   tooling::Tool tool("plexus-moe-demo", kDescription);
   CLI::App& app = tool.app();
   TrainArgs a;
+  a.join_step = 135;  // the driver's run: a new rank joins after the kill
   int ranks = 4;
   bool json_out = false;
   std::string plot;
@@ -188,6 +250,9 @@ int main(int argc, char** argv) {
   train->add_option("--recovery", t.recovery, "elastic or checkpoint")
       ->check(CLI::IsMember({"elastic", "checkpoint"}));
   train->add_option("--checkpoint-path", t.checkpoint_path, "checkpoint file");
+  train->add_flag("--join", t.join,
+                  "join the running job whose store PLEXUS_STORE_ADDR (or PLEXUS_STORE_PATH) and "
+                  "PLEXUS_JOB_ID name, as a new rank");
   tooling::AddJsonFlag(train, &t.json);
   if (auto code = tool.Parse(argc, argv)) return *code;
   if (train->parsed()) return RunRank(tool, t);

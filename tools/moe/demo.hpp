@@ -17,6 +17,10 @@ struct TrainArgs {
   int64_t steps = 160;
   int64_t kill_step = 110;  // -1: nobody dies
   int kill_rank = 1;
+  // A new rank asks to join once rank 0 reaches this step (-1: nobody joins). The joiner is the
+  // same binary: `train --join` with the job's PLEXUS_STORE_ADDR (and PLEXUS_JOB_ID).
+  int64_t join_step = -1;
+  bool join = false;  // this process is the joiner
   int checkpoint_every = 60;
   std::string checkpoint_path;
   std::string recovery = "elastic";

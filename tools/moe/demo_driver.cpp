@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "demo.hpp"
 #include "fmt/core.h"
 #include "nlohmann/json.hpp"
@@ -31,6 +32,7 @@ struct RunLog {
   std::string mode;
   std::vector<json> steps;  // rank 0's step events
   json failure;             // null when none
+  json join;                // null when none
   json done;
   int exit_code = 0;
   std::string problem;  // why the run does not count ("" = fine)
@@ -42,32 +44,46 @@ RunLog RunOnce(const TrainArgs& a, int ranks, const std::string& mode, const std
   RunLog log;
   log.mode = mode;
   tooling::LaunchOptions options;
-  options.ranks = ranks;
-  options.argv = {self,
-                  "train",
-                  "--json",
-                  "--recovery",
-                  mode,
-                  "--steps",
-                  std::to_string(a.steps),
-                  "--kill-step",
-                  std::to_string(a.kill_step),
-                  "--kill-rank",
-                  std::to_string(a.kill_rank),
-                  "--checkpoint-every",
-                  std::to_string(a.checkpoint_every),
-                  "--checkpoint-path",
-                  checkpoint,
-                  "--timeout",
-                  std::to_string(a.timeout_s),
-                  "--grace",
-                  std::to_string(a.grace_s),
-                  "--tokens",
-                  std::to_string(a.tokens),
-                  "--hidden",
-                  std::to_string(a.hidden),
-                  "--ffn",
-                  std::to_string(a.ffn)};
+  // The joiner is one more process of the launch that tells its rank and world size to nobody:
+  // the others see a world of `ranks`, it finds the job through the store (`train --join`).
+  const bool joining = a.join_step >= 0 && a.join_step < a.steps;
+  options.ranks = ranks + (joining ? 1 : 0);
+  if (joining) {
+    options.env = {{"PLEXUS_WORLD_SIZE", std::to_string(ranks)},
+                   {"PLEXUS_LOCAL_WORLD_SIZE", std::to_string(ranks)}};
+  }
+  std::vector<std::string> argv = {self,
+                                   "train",
+                                   "--json",
+                                   "--recovery",
+                                   mode,
+                                   "--steps",
+                                   std::to_string(a.steps),
+                                   "--kill-step",
+                                   std::to_string(a.kill_step),
+                                   "--kill-rank",
+                                   std::to_string(a.kill_rank),
+                                   "--checkpoint-every",
+                                   std::to_string(a.checkpoint_every),
+                                   "--checkpoint-path",
+                                   checkpoint,
+                                   "--timeout",
+                                   std::to_string(a.timeout_s),
+                                   "--grace",
+                                   std::to_string(a.grace_s),
+                                   "--tokens",
+                                   std::to_string(a.tokens),
+                                   "--hidden",
+                                   std::to_string(a.hidden),
+                                   "--ffn",
+                                   std::to_string(a.ffn),
+                                   "--join-step",
+                                   std::to_string(joining ? a.join_step : -1)};
+  options.rank_argv = [argv, ranks](int rank) {
+    std::vector<std::string> v = argv;
+    if (rank == ranks) v.push_back("--join");
+    return v;
+  };
   options.output = tooling::OutputMode::kCallback;
   options.stop_on_failure = false;  // a killed rank is the experiment, not a reason to stop
   options.timeout = absl::Seconds(100);
@@ -105,6 +121,16 @@ RunLog RunOnce(const TrainArgs& a, int ranks, const std::string& mode, const std
             "steps lost, {} expert states fetched)\n",
             mode, j["recovery_s"].get<double>(), j["members"].dump(), j["step"].get<int64_t>(),
             j["steps_lost"].get<int64_t>(), j["experts_fetched"].get<int64_t>());
+      }
+    } else if (event == "join") {
+      log.join = j;
+      if (!quiet) {
+        fmt::print(
+            "  [{:18}] rank {} joined after step {}: {} in {:.2f} s with members {} ({} expert "
+            "states fetched, 0 steps lost)\n",
+            mode, absl::StrJoin(j["joined"].get<std::vector<int>>(), ","), j["step"].get<int64_t>(),
+            j["checkpoint_restart"].get<bool>() ? "checkpoint and restart" : "re-planned",
+            j["join_s"].get<double>(), j["members"].dump(), j["experts_fetched"].get<int64_t>());
       }
     } else if (event == "done") {
       log.done = j;
@@ -162,14 +188,20 @@ double TimeLost(const RunLog& log) {
 int RunDriver(const tooling::Tool& tool, const TrainArgs& a, int ranks, bool json_out,
               const std::string& plot, const std::string& self) {
   if (a.kill_rank >= ranks) return tool.Usage("--kill-rank must be below --ranks");
+  if (a.kill_rank == 0) {
+    return tool.Usage("--kill-rank 0: rank 0 serves the store, so its death ends the job");
+  }
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / fmt::format("plexus-moe-demo-{}", getpid());
   std::filesystem::create_directories(dir);
   if (!json_out) {
     fmt::print(
         "Lazarus MoE demo: {} ranks, {} steps of {} tokens; rank {} is killed (SIGKILL) "
-        "before step {}; checkpoints every {} steps\n",
-        ranks, a.steps, a.tokens, a.kill_rank, a.kill_step, a.checkpoint_every);
+        "before step {}; checkpoints every {} steps{}\n",
+        ranks, a.steps, a.tokens, a.kill_rank, a.kill_step, a.checkpoint_every,
+        a.join_step >= 0 && a.join_step < a.steps
+            ? fmt::format("; a new rank asks to join at step {}", a.join_step)
+            : std::string());
   }
   std::vector<RunLog> logs;
   for (const std::string mode : {"elastic", "checkpoint"}) {
@@ -206,11 +238,13 @@ int RunDriver(const tooling::Tool& tool, const TrainArgs& a, int ranks, bool jso
       {"elastic",
        {{"seconds", t_el},
         {"failure", el.failure},
+        {"join", el.join},
         {"time_lost_s", lost_el},
         {"digest", el.done["digest"]}}},
       {"checkpoint_restart",
        {{"seconds", t_cr},
         {"failure", cr.failure},
+        {"join", cr.join},
         {"time_lost_s", lost_cr},
         {"digest", cr.done["digest"]}}},
       {"never_failed_digest", reference_digest},

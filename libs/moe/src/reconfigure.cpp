@@ -128,8 +128,9 @@ absl::StatusOr<ReconfigurePlan> PlanReconfiguration(const ReconfigureInput& inpu
       return absl::Status(alloc.status().code(),
                           absl::StrCat("layer ", l, ": ", std::string(alloc.status().message())));
     }
-    PLEXUS_ASSIGN_OR_RETURN(Placement placement, PlaceExperts(input.policy, alloc->replicas,
-                                                              new_nodes, slots, alloc->ascending));
+    PLEXUS_ASSIGN_OR_RETURN(Placement placement,
+                            PlaceExperts(input.policy, alloc->replicas, new_nodes, slots,
+                                         alloc->ascending, input.failures));
     plan.allocations.push_back(*std::move(alloc));
     plan.placements.push_back(std::move(placement));
   }

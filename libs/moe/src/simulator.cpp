@@ -354,6 +354,9 @@ class Simulation {
     in.slots_per_node = s_.slots_per_node;
     in.min_replicas = s_.min_replicas;
     in.expert_state_bytes = m_.expert_state_bytes;
+    // The simulator models the paper's method: MRO, whose node groups line up across layers,
+    // like its initial plans (the measured figures in docs/moe.md are MRO's).
+    in.policy = PlacementPolicy::kMro;
     PLEXUS_ASSIGN_OR_RETURN(ReconfigurePlan plan, PlanReconfiguration(in));
     placements_ = std::move(plan.placements);
     physical_ = std::move(plan.physical);

@@ -48,6 +48,8 @@ void ApplyAll(const Layout& L, const std::vector<int64_t>& grad, const std::vect
   }
 }
 
+}  // namespace
+
 absl::Status ValidateConfig(const ModelConfig& c) {
   if (c.layers < 1 || c.experts < 1 || c.hidden < 1 || c.ffn < 1 || c.tokens_per_step < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -67,6 +69,8 @@ absl::Status ValidateConfig(const ModelConfig& c) {
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 constexpr char kCheckpointMagic[8] = {'P', 'X', 'M', 'O', 'E', 'C', 'K', '1'};
 
@@ -98,7 +102,7 @@ void TrainerImpl::SetPlacements(std::vector<Placement> placements) {
   const ModelConfig& c = layout_.config;
   placements_ = std::move(placements);
   held_.assign(c.layers * c.experts, 0);
-  for (int l = 0; l < c.layers; ++l) {
+  for (int l = 0; l < c.layers && index_ >= 0; ++l) {
     for (int e : placements_[l].node_slots[index_]) held_[l * c.experts + e] = 1;
   }
   // Experts this rank does not hold are poisoned, so that using one shows at once.
@@ -113,13 +117,12 @@ void TrainerImpl::SetPlacements(std::vector<Placement> placements) {
   }
 }
 
-absl::Status TrainerImpl::Connect() {
+absl::Status TrainerImpl::Connect(int index, int size) {
   comm_.reset();
   rendezvous_.reset();
   auto store = transport::PrefixStore(store_, absl::StrCat("plexus-moe/epoch", epoch_, "/"));
-  PLEXUS_ASSIGN_OR_RETURN(
-      transport::Rendezvous rdv,
-      transport::Rendezvous::Create(index_, static_cast<int>(members_.size()), std::move(store)));
+  PLEXUS_ASSIGN_OR_RETURN(transport::Rendezvous rdv,
+                          transport::Rendezvous::Create(index, size, std::move(store)));
   rendezvous_.emplace(std::move(rdv));
   auto comm = collectives::Communicator::Create(*rendezvous_, options_.comm);
   if (!comm.ok()) {
@@ -147,13 +150,15 @@ absl::Status TrainerImpl::Start(std::vector<int> members) {
                             AllocateReplicas(loads, {.num_nodes = n,
                                                      .slots_per_node = options_.slots_per_node,
                                                      .min_replicas = options_.min_replicas}));
-    PLEXUS_ASSIGN_OR_RETURN(Placement p, PlaceExperts(PlacementPolicy::kMro, alloc.replicas, n,
+    // The library's default, like the re-plans of MoveTo (ReconfigureInput's policy).
+    PLEXUS_ASSIGN_OR_RETURN(Placement p, PlaceExperts(PlacementPolicy::kBest, alloc.replicas, n,
                                                       options_.slots_per_node, alloc.ascending));
     placements.push_back(std::move(p));
   }
   if (state_.empty()) state_ = InitialState(layout_);
   SetPlacements(std::move(placements));
-  return Connect();
+  ++generation_;
+  return Connect(index_, n);
 }
 
 absl::StatusOr<double> TrainerImpl::TrainStep() {
@@ -180,7 +185,14 @@ absl::StatusOr<double> TrainerImpl::TrainStep() {
   std::vector<float> h(std::max<int64_t>(n, 1) * H), y(std::max<int64_t>(n, 1) * H);
   MakeBatch(c, step_, begin, end, h.data(), y.data());
 
-  std::vector<int64_t> grad(layout_.GradSize(), 0);
+  // [gradients | loss | join requests]: the last slot is plan node 0's count of join requests
+  // (the others add 0), so that every member learns it from the same step.
+  std::vector<int64_t> grad(layout_.GradSize() + 1, 0);
+  if (index_ == 0 && options_.join_poll_every > 0 && step_ % options_.join_poll_every == 0) {
+    absl::StatusOr<int64_t> requests = store_->Add(kJoinRequestsKey, 0);
+    if (!requests.ok()) return StoreError(requests.status(), "polling for join requests");
+    grad.back() = *requests;
+  }
   auto expert_w = [&](int l, int e) { return state_.data() + layout_.ExpertOffset(l, e); };
   auto check_held = [&](int l, int e) -> absl::Status {
     if (held_[l * E + e]) return absl::OkStatus();
@@ -313,7 +325,9 @@ absl::StatusOr<double> TrainerImpl::TrainStep() {
       comm_->AllReduce(grad.data(), grad.data(), grad.size(), DataType::kI64, ReduceOp::kSum));
   previous_state_ = state_;
   ApplyAll(layout_, grad, held_, state_);
-  return LossFromFixed(c, grad.back());
+  join_requests_ = grad.back();
+  undo_.reset();  // every member committed the deployment this step ran on
+  return LossFromFixed(c, *loss);
 }
 
 absl::StatusOr<StepReport> TrainerImpl::Step() {
@@ -321,6 +335,7 @@ absl::StatusOr<StepReport> TrainerImpl::Step() {
   report.step = step_;
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<double> loss = absl::UnavailableError("moe runtime: no communicator");
+  std::vector<int> expected = members_;  // who to agree among should the step fail
   if (comm_ != nullptr) loss = TrainStep();
   if (loss.ok()) {
     report.loss = *loss;
@@ -333,22 +348,25 @@ absl::StatusOr<StepReport> TrainerImpl::Step() {
           return s;
       }
     }
+    if (loss.ok() && join_requests_ > joins_admitted_) {
+      const auto admit_start = std::chrono::steady_clock::now();
+      absl::Status s = AdmitJoins(join_requests_, report, &expected);
+      if (!s.ok()) loss = s;  // a member failed while admitting: recover below
+      report.recovery_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - admit_start).count();
+    }
     if (loss.ok()) {
       report.members = members_;
       return report;
     }
   }
-  const absl::StatusCode code = loss.status().code();
-  if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded &&
-      code != absl::StatusCode::kAborted) {
-    return loss.status();  // not a failed peer: a bug or bad input
-  }
+  if (!IsPeerFailure(loss.status())) return loss.status();  // a bug, bad input, no store
   report.failed = true;
   report.error = std::string(loss.status().message());
   report.detect_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto recover_start = std::chrono::steady_clock::now();
-  PLEXUS_RETURN_IF_ERROR(Recover(report));
+  PLEXUS_RETURN_IF_ERROR(Recover(report, std::move(expected)));
   report.recovery_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - recover_start).count();
   report.step = step_;
@@ -432,10 +450,28 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(std::shared_ptr<transpo
   if (options.checkpoint_every > 0 && options.checkpoint_path.empty()) {
     return absl::InvalidArgumentError("moe runtime: checkpoint_every > 0 needs checkpoint_path");
   }
+  if (rank == 0) {
+    // Joiners take the physical ids from world_size on.
+    PLEXUS_RETURN_IF_ERROR(store->Set(runtime::kInitialWorldKey, absl::StrCat(world_size)));
+  }
   auto trainer = std::make_unique<runtime::TrainerImpl>(std::move(store), rank, std::move(options));
+  trainer->set_initial_world(world_size);
   std::vector<int> members(world_size);
   for (int i = 0; i < world_size; ++i) members[i] = i;
   PLEXUS_RETURN_IF_ERROR(trainer->Start(std::move(members)));
+  return trainer;
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Join(std::shared_ptr<transport::Store> store,
+                                                       RuntimeOptions options) {
+  if (store == nullptr)
+    return absl::InvalidArgumentError("moe runtime: Join needs the job's store");
+  if (options.checkpoint_every > 0 && options.checkpoint_path.empty()) {
+    return absl::InvalidArgumentError("moe runtime: checkpoint_every > 0 needs checkpoint_path");
+  }
+  PLEXUS_RETURN_IF_ERROR(runtime::ValidateConfig(options.model));
+  auto trainer = std::make_unique<runtime::TrainerImpl>(std::move(store), -1, std::move(options));
+  PLEXUS_RETURN_IF_ERROR(trainer->JoinJob());
   return trainer;
 }
 

@@ -16,6 +16,7 @@
 #include "plexus/base/host.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/transport/join.hpp"
 
 extern char** environ;
 
@@ -605,6 +606,38 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchConfig& config,
     absl::StrAppend(&rdzv.source_, "; local ranks from host names");
   }
   return rdzv;
+}
+
+absl::StatusOr<std::shared_ptr<Store>> OpenJobStore(const Environment& env,
+                                                    absl::Duration timeout) {
+  if (!Lookup(env, "PLEXUS_STORE_ADDR") && !Lookup(env, "PLEXUS_STORE_PATH")) {
+    return absl::InvalidArgumentError(
+        "joining a running job: set PLEXUS_STORE_ADDR (host:port of the job's tcp store) or "
+        "PLEXUS_STORE_PATH (its file store), and PLEXUS_JOB_ID when the job has one");
+  }
+  PLEXUS_ASSIGN_OR_RETURN(LaunchConfig config, SingleProcess(env));
+  std::shared_ptr<Store> store;
+  std::string job = config.job_id;
+  if (config.store_kind == StoreKind::kFile) {
+    PLEXUS_ASSIGN_OR_RETURN(auto file, FileStore::Open(config.store_path));
+    store = std::move(file);
+  } else {
+    PLEXUS_ASSIGN_OR_RETURN(
+        auto client, TcpStore::Connect(config.store_address, timeout, absl::Seconds(30), job));
+    if (job.empty() && client->server_job_id_is_nonce()) job = client->server_job_id();
+    store = std::move(client);
+  }
+  if (job.empty()) {
+    auto nonce = store->Get(bootstrap::kJobNonceKey, timeout);
+    if (!nonce.ok()) {
+      return absl::Status(nonce.status().code(),
+                          absl::StrCat("joining a running job: no job id (PLEXUS_JOB_ID) and no "
+                                       "job nonce in the store: ",
+                                       nonce.status().message()));
+    }
+    job = *std::move(nonce);
+  }
+  return bootstrap::NamespaceStore(std::move(store), job);
 }
 
 absl::StatusOr<Rendezvous> Rendezvous::Create(int rank, int world_size,

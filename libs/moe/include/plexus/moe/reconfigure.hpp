@@ -28,7 +28,10 @@ struct ReconfigureInput {
   std::vector<std::vector<double>> layer_loads;
   int slots_per_node = 0;
   int min_replicas = 2;
-  PlacementPolicy policy = PlacementPolicy::kMro;
+  // The library's default (kBest): never below MRO, spread or compact for `failures` failed
+  // nodes of one layer, and MRO itself whenever MRO is optimal (always when c divides E).
+  PlacementPolicy policy = PlacementPolicy::kBest;
+  int failures = 1;
   AssignmentMethod assignment = AssignmentMethod::kGreedy;
   // Bytes of one expert's state (weights + optimizer state), the same for every expert.
   int64_t expert_state_bytes = 0;

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +65,18 @@ struct RuntimeOptions {
   std::string checkpoint_path;
   // After a failure, how long survivors wait for each other before the membership is fixed.
   absl::Duration membership_grace = absl::Seconds(1);
+  // Every this many steps plan node 0 looks for join requests in the store (one store round
+  // trip); the count rides on the step's allreduce, so every member admits the same joiners
+  // after the same step. 0: the job admits nobody.
+  int join_poll_every = 1;
+  // Trainer::Join: how long a newcomer waits for the job to admit it.
+  absl::Duration join_timeout = absl::Minutes(5);
+  // A failure during recovery makes the survivors agree again and retry, at most this many
+  // times in a row, before Step() returns the error.
+  int max_recovery_attempts = 3;
+  // Fault injection for tests: called with the physical rank and a point of the protocol
+  // ("agreed", "connected", "transferred"); it may block to play a rank that hangs or dies there.
+  std::function<void(int physical, const char* point)> fault_hook;
 };
 
 // What one call of Step did.
@@ -72,7 +85,9 @@ struct StepReport {
   double loss = 0;           // mean squared error of the step's global batch (0 when failed)
   bool failed = false;       // a peer failed; the step was not applied and recovery ran
   std::string error;         // the communicator's error that revealed the failure
-  std::vector<int> members;  // physical ranks after recovery
+  std::vector<int> members;  // physical ranks after recovery (or after admitting joiners)
+  std::vector<int> joined;   // physical ranks admitted after this step (they host experts now)
+  int recovery_attempts = 0;        // agreements needed: > 1 when a member failed during recovery
   bool checkpoint_restart = false;  // recovery reloaded a checkpoint (mode, or an expert lost)
   int64_t steps_lost = 0;           // steps that must be redone
   int64_t experts_fetched = 0;      // expert states received from surviving owners (all ranks)
@@ -83,16 +98,28 @@ struct StepReport {
 class Trainer {
  public:
   // Collective over `world_size` ranks sharing `store` (every rank calls it). Rank r is physical
-  // node r of the plan; rank 0 must outlive the job (it serves the store).
+  // node r of the plan. When the store is served by one of the ranks (rank 0 under plexus-run,
+  // torchrun --standalone, mpirun), that rank's death ends the job with an error naming the
+  // store; with a store that outlives it (FileStore, an external TcpStoreServer) any rank may die.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(std::shared_ptr<transport::Store> store,
                                                          int rank, int world_size,
                                                          RuntimeOptions options);
+  // A new rank joining the running job that uses `store` (the job's store, e.g. from
+  // transport::OpenJobStore in plexus/transport/join.hpp; `options` as the job's). It asks to
+  // join; at its next poll (RuntimeOptions::join_poll_every) the job finishes the step, the
+  // members re-plan with it, send it the gate and the experts it now hosts (spread over their
+  // owners), and training goes on at the same step with it. Returns once it is a member (step() is
+  // the step it joined at); DeadlineExceeded after `join_timeout` when no job admits it.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Join(std::shared_ptr<transport::Store> store,
+                                                       RuntimeOptions options);
   virtual ~Trainer() = default;
 
-  // Trains step(); on success step() advances. When a peer fails, recovers (elastic, or from the
-  // checkpoint when asked or when an expert lost every replica) and returns failed = true; the
-  // caller simply calls Step() again. An error only when recovery itself is impossible (this
-  // rank was left out of the new membership, no checkpoint to fall back to, store unreachable).
+  // Trains step(); on success step() advances, and joiners waiting then are admitted (joined).
+  // When a peer fails, recovers (elastic, or from the checkpoint when asked or when an expert
+  // lost every replica) and returns failed = true; the caller simply calls Step() again. A
+  // failure during recovery restarts the agreement with the new membership. An error only when
+  // recovery itself is impossible (this rank was left out of the new membership, no checkpoint
+  // to fall back to, store unreachable, max_recovery_attempts failures in a row).
   virtual absl::StatusOr<StepReport> Step() = 0;
 
   virtual int64_t step() const = 0;
