@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -254,6 +256,15 @@ absl::StatusOr<StreamResult> MultipathStream(std::unique_ptr<nb::BedChannels> ow
   const auto a1 = acked();
   const absl::Time t1 = absl::Now();
   stop = true;
+  if (std::getenv("PLEXUS_BENCH_VERBOSE") != nullptr) {
+    for (const auto& p : ch.a->Stats().paths) {
+      std::fprintf(stderr,
+                   "  path %d up=%d acked=%llu reposted=%llu inflight=%d cap=%d cong=%llu %s\n",
+                   p.index, p.up, static_cast<unsigned long long>(p.bytes_acked),
+                   static_cast<unsigned long long>(p.chunks_reposted), p.in_flight, p.cap,
+                   static_cast<unsigned long long>(p.congestion_signals), p.error.c_str());
+    }
+  }
   sender.join();
   receiver.join();
   holder.reset();
@@ -376,6 +387,10 @@ absl::Status RunFailover(const Args& args, tooling::FigureWriter& out) {
       PLEXUS_RETURN_IF_ERROR(event_status);
       PLEXUS_RETURN_IF_ERROR(bed->Run({"restore", "2"}));
       outages.push_back(absl::ToDoubleSeconds(r.longest_gap));
+      if (std::getenv("PLEXUS_BENCH_VERBOSE") != nullptr) {
+        std::fprintf(stderr, "%s trial %d: outage %.3f s, %.1f Mbit/s\n", event.c_str(), trial,
+                     outages.back(), r.mbit);
+      }
       mbits.push_back(r.mbit);
       bad += r.bad_bytes;
       dup += r.duplicates;

@@ -289,3 +289,18 @@ TEST_CASE("options are validated", "[multipath]") {
   REQUIRE(ch.ok());
   CHECK_FALSE((*ch)->AddPath(nullptr).ok());
 }
+
+TEST_CASE("every path silent at once is a stall, not a failure", "[multipath][failover]") {
+  // Silence on one path while another progresses is a broken path; silence everywhere means
+  // this process or the peer stopped being scheduled, and killing every path would turn a
+  // pause into an outage.
+  pm::ChannelOptions options;
+  options.path_timeout = absl::Milliseconds(100);
+  options.probe_interval = absl::Milliseconds(10);
+  Pair pair(2, options);
+  pair.a->StallPathForTest(0);
+  pair.a->StallPathForTest(1);
+  absl::SleepFor(absl::Milliseconds(600));
+  CHECK(pair.a->live_paths() == 2);
+  CHECK(pair.b->live_paths() == 2);
+}

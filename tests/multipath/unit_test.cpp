@@ -315,6 +315,8 @@ TEST_CASE("path monitor: RTT EWMA, minimum, inflation; idle gaps are not service
   CHECK(m.min_rtt() == absl::Milliseconds(1));
   CHECK(m.Inflated(4, absl::Milliseconds(1)));
   CHECK_FALSE(m.Inflated(20, absl::Milliseconds(1)));
+  // 9 ms of the sender's own bytes queued at the bottleneck explain the inflation.
+  CHECK_FALSE(m.Inflated(4, absl::Milliseconds(1), absl::Milliseconds(9)));
   const absl::Time t = absl::UnixEpoch();
   m.OnChunk(1000, t, t + absl::Milliseconds(1));  // 1 MB/s
   m.OnIdle();

@@ -217,6 +217,7 @@ class MultipathChannel::Impl {
       s.bandwidth = p.monitor.bandwidth();
       s.srtt = Rtt(p);
       s.rate_factor = p.rate.factor();
+      s.congestion_signals = p.congestion_signals;
       s.error = p.error.ok() ? "" : p.error.ToString();
       out.paths.push_back(std::move(s));
     }
@@ -322,7 +323,7 @@ class MultipathChannel::Impl {
     absl::Time last_probe;
     bool stalled = false;
     absl::Duration pinned_rtt = absl::ZeroDuration();
-    uint64_t bytes_acked = 0, chunks_acked = 0, chunks_reposted = 0;
+    uint64_t bytes_acked = 0, chunks_acked = 0, chunks_reposted = 0, congestion_signals = 0;
   };
 
   // ---- Helpers (mu_ held) ----
@@ -593,10 +594,10 @@ class MultipathChannel::Impl {
     p.in_flight.clear();
     p.in_flight_chunks = 0;
     p.in_flight_bytes = 0;
-    if (greeted) {
-      fences_[p.index] = true;
-      pending_path_down_.push_back(p.index);
-    }
+    if (greeted) fences_[p.index] = true;
+    // (Re)announce every open fence: a kPathDown sent on this path may have died with it.
+    pending_path_down_.clear();
+    for (const auto& [dead, open] : fences_) pending_path_down_.push_back(dead);
     if (LivePaths() == 0 && !have_no_path_since_) have_no_path_since_ = absl::Now();
     SendPathDowns();
   }
@@ -724,9 +725,15 @@ class MultipathChannel::Impl {
           p.probe_outstanding = false;
           const absl::Time now = absl::Now();
           p.monitor.OnRtt(now - p.probe_sent);
-          if (p.monitor.Inflated(options_.congestion_rtt_factor, options_.congestion_rtt_slack) &&
+          const absl::Duration own_queue =
+              p.monitor.bandwidth() > 0
+                  ? absl::Seconds(static_cast<double>(p.in_flight_bytes) / p.monitor.bandwidth())
+                  : absl::ZeroDuration();
+          if (p.monitor.Inflated(options_.congestion_rtt_factor, options_.congestion_rtt_slack,
+                                 own_queue) &&
               now - p.last_signal > std::max(Rtt(p), options_.probe_interval)) {
             p.rate.OnCongestion();
+            ++p.congestion_signals;
             p.last_signal = now;
           }
         }
@@ -828,11 +835,19 @@ class MultipathChannel::Impl {
   }
 
   void Timers(absl::Time now) {
+    // A path is declared dead by silence only while another path shows the peer is alive and
+    // this side is being scheduled: when every path is silent at once, this process or the
+    // peer stalled (or every path broke, which the transport's own timeouts report).
+    absl::Time freshest = absl::InfinitePast();
+    for (const auto& path : paths_) {
+      if (path->state == PathState::kUp) freshest = std::max(freshest, path->last_progress);
+    }
+    const bool peer_alive = now - freshest <= path_timeout_;
     for (auto& path : paths_) {
       Path& p = *path;
       if (p.state == PathState::kDead) continue;
       const bool busy = !p.in_flight.empty() || p.probe_outstanding;
-      if (busy && now - p.last_progress > path_timeout_) {
+      if (busy && peer_alive && now - p.last_progress > path_timeout_) {
         PathFailed(p, absl::DeadlineExceededError(absl::StrCat(
                           "multipath path ", p.index, " to ", p.peer, ": no progress for ",
                           absl::FormatDuration(now - p.last_progress), " (path_timeout ",
@@ -897,6 +912,12 @@ class MultipathChannel::Impl {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
       for (size_t i = 0; i < n; ++i) HandleCompletion(batch[i]);
+      // Drain what queued up meanwhile before judging timeouts: after this thread was starved,
+      // a backlog of completions is progress, not silence.
+      for (int rounds = 0; n == batch.size() && rounds < 64; ++rounds) {
+        n = path_cq_.Poll(absl::MakeSpan(batch));
+        for (size_t i = 0; i < n; ++i) HandleCompletion(batch[i]);
+      }
       Timers(absl::Now());
       Schedule();
       SendPathDowns();

@@ -24,9 +24,9 @@ void PathMonitor::OnRtt(absl::Duration rtt) {
   if (min_rtt_ == absl::ZeroDuration() || rtt < min_rtt_) min_rtt_ = rtt;
 }
 
-bool PathMonitor::Inflated(double factor, absl::Duration slack) const {
+bool PathMonitor::Inflated(double factor, absl::Duration slack, absl::Duration own_queue) const {
   if (srtt_ == absl::ZeroDuration() || min_rtt_ == absl::ZeroDuration()) return false;
-  return srtt_ > factor * min_rtt_ + slack;
+  return srtt_ > factor * (min_rtt_ + own_queue) + slack;
 }
 
 void RateController::Cut(Cause cause) {

@@ -37,8 +37,11 @@ struct ChannelOptions {
   // Operations below this many bytes go whole on the lowest-RTT path (mice); 0 = never.
   size_t mice_bytes = 16 * 1024;
   SchedulerKind scheduler = SchedulerKind::kWeighted;
-  // A path with work outstanding and no completion for this long is declared dead; 0 = the
-  // environment's PLEXUS_MULTIPATH_PATH_TIMEOUT (default 100 ms).
+  // A path with work outstanding and no completion for this long, while another path made
+  // progress within that time, is declared dead; 0 = the environment's
+  // PLEXUS_MULTIPATH_PATH_TIMEOUT (default 100 ms). When every path is silent at once the
+  // channel waits (a stalled process is not a broken network); the transport's op_timeout
+  // still fails connections to a dead peer.
   absl::Duration path_timeout = absl::ZeroDuration();
   // Idle paths are probed this often (RTT, liveness).
   absl::Duration probe_interval = absl::Milliseconds(20);
@@ -47,7 +50,7 @@ struct ChannelOptions {
   size_t max_held_bytes = size_t{256} << 20;
   // RTT inflation that counts as congestion: srtt > factor x min_rtt + slack.
   double congestion_rtt_factor = 4;
-  absl::Duration congestion_rtt_slack = absl::Milliseconds(5);
+  absl::Duration congestion_rtt_slack = absl::Milliseconds(20);
 };
 
 // A snapshot of one path, for tools and tests.
@@ -63,7 +66,8 @@ struct PathStats {
   double bandwidth = 0;  // bytes/s
   absl::Duration srtt = absl::ZeroDuration();
   double rate_factor = 1;
-  std::string error;  // why it went down
+  uint64_t congestion_signals = 0;  // RTT-inflation cuts of this path's rate
+  std::string error;                // why it went down
 };
 
 struct ChannelStats {

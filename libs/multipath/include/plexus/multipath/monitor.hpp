@@ -23,8 +23,12 @@ class PathMonitor {
   double bandwidth() const { return bandwidth_; }  // bytes/s; 0 until measured
   absl::Duration srtt() const { return srtt_; }
   absl::Duration min_rtt() const { return min_rtt_; }
-  // RTT inflation: srtt above `factor` x min_rtt + `slack`.
-  bool Inflated(double factor, absl::Duration slack) const;
+  // RTT inflation that the path's own queue does not explain: srtt above
+  // `factor` x (min_rtt + `own_queue`) + `slack`, where `own_queue` is the time the sender's own
+  // bytes in flight take at the measured bandwidth (a saturated bottleneck queues them; that is
+  // the price of using the path fully, not congestion).
+  bool Inflated(double factor, absl::Duration slack,
+                absl::Duration own_queue = absl::ZeroDuration()) const;
 
  private:
   double bandwidth_ = 0;
