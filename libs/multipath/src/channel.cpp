@@ -311,7 +311,8 @@ class MultipathChannel::Impl {
     std::vector<uint32_t> in_flight;  // descriptor slots
     int in_flight_chunks = 0;         // of those, data chunks (the cap counts these)
     uint64_t in_flight_bytes = 0;
-    absl::Time last_progress;
+    absl::Time last_progress;  // baseline of the silence timeout
+    absl::Time last_heard;     // when something last arrived from the peer on this path
     PathMonitor monitor;
     RateController rate;
     absl::Time last_signal;
@@ -661,7 +662,7 @@ class MultipathChannel::Impl {
   }
 
   void OnFrame(Path& p, const Frame& f, absl::Span<const uint8_t> payload) {
-    p.last_progress = absl::Now();
+    p.last_progress = p.last_heard = absl::Now();
     switch (f.type) {
       case FrameType::kHello:
         if (p.state == PathState::kGreeting) {
@@ -831,7 +832,10 @@ class MultipathChannel::Impl {
     }
     // A Write chunk is in place when the transport completes it; Send chunks and notifications
     // wait for the receiver's ack.
-    if (c.opcode == pt::Opcode::kWrite) DescDone(slot, absl::Now());
+    if (c.opcode == pt::Opcode::kWrite) {
+      p.last_heard = absl::Now();
+      DescDone(slot, p.last_heard);
+    }
   }
 
   void Timers(absl::Time now) {
@@ -840,7 +844,7 @@ class MultipathChannel::Impl {
     // peer stalled (or every path broke, which the transport's own timeouts report).
     absl::Time freshest = absl::InfinitePast();
     for (const auto& path : paths_) {
-      if (path->state == PathState::kUp) freshest = std::max(freshest, path->last_progress);
+      if (path->state == PathState::kUp) freshest = std::max(freshest, path->last_heard);
     }
     const bool peer_alive = now - freshest <= path_timeout_;
     for (auto& path : paths_) {
