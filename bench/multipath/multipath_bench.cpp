@@ -112,8 +112,8 @@ absl::StatusOr<double> TcpStreams(nb::Bed& bed, const std::vector<size_t>& paths
                                   ports[i], protocol));
       return absl::OkStatus();
     }));
+    // The listener stays open while the flows run: MPTCP subflows join through it.
     servers[i] = accept(listeners[i], nullptr, nullptr);
-    close(listeners[i]);
     if (servers[i] < 0) return absl::UnavailableError("accept failed");
   }
   std::atomic<bool> stop{false};
@@ -154,6 +154,7 @@ absl::StatusOr<double> TcpStreams(nb::Bed& bed, const std::vector<size_t>& paths
   for (auto& t : threads) t.join();
   for (int fd : clients) close(fd);
   for (int fd : servers) close(fd);
+  for (int fd : listeners) close(fd);
   return static_cast<double>(b1 - b0) * 8 / absl::ToDoubleSeconds(t1 - t0) / 1e6;
 }
 

@@ -304,3 +304,20 @@ TEST_CASE("every path silent at once is a stall, not a failure", "[multipath][fa
   CHECK(pair.a->live_paths() == 2);
   CHECK(pair.b->live_paths() == 2);
 }
+
+TEST_CASE("destroying a channel fails its outstanding operations once", "[multipath]") {
+  pt::CompletionQueue cq;
+  auto ch = pm::MultipathChannel::Create({}, &cq);
+  REQUIRE(ch.ok());
+  std::vector<uint8_t> buf(100);
+  REQUIRE((*ch)->Recv({buf.data(), buf.size()}, 7).ok());
+  REQUIRE((*ch)->Send({buf.data(), buf.size()}, 8).ok());  // no path: stays queued
+  ch->reset();
+  std::vector<pt::Completion> got(4);
+  REQUIRE(cq.Poll(absl::MakeSpan(got)) == 2);
+  for (int i = 0; i < 2; ++i) {
+    CHECK(absl::IsCancelled(got[i].status));
+    CHECK((got[i].wr_id == 7 || got[i].wr_id == 8));
+  }
+  CHECK(got[0].wr_id != got[1].wr_id);
+}

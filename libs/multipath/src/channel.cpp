@@ -71,6 +71,8 @@ class MultipathChannel::Impl {
     for (auto& [seq, op] : ops_) {
       Complete(*op, absl::CancelledError("multipath channel destroyed"));
     }
+    reassembler_.CancelRecvs(absl::CancelledError("multipath channel destroyed"));
+    FlushReceiver();
     FlushUser();
     // Connections go before path_cq_ (declared first), so nothing pushes into a dead queue.
     for (auto& path : paths_) path->conn.reset();
@@ -781,6 +783,7 @@ class MultipathChannel::Impl {
     failed_ = why;
     for (auto& p : paths_) PathFailed(*p, why);
     for (auto& [seq, op] : ops_) Complete(*op, why);
+    reassembler_.CancelRecvs(why);
     for (uint32_t slot : repost_) FreeDesc(slot);
     ops_.clear();
     to_cut_.clear();

@@ -184,6 +184,19 @@ void Reassembler::Deliver() {
   }
 }
 
+void Reassembler::CancelRecvs(const absl::Status& why) {
+  for (auto& [index, recv] : recvs_) {
+    transport::Completion c;
+    c.opcode = transport::Opcode::kRecv;
+    c.wr_id = recv.wr_id;
+    c.status = why;
+    ready_.push_back(std::move(c));
+  }
+  recvs_.clear();
+  messages_.clear();
+  held_bytes_ = 0;
+}
+
 std::vector<transport::Completion> Reassembler::TakeCompletions() {
   std::vector<transport::Completion> out(ready_.begin(), ready_.end());
   ready_.clear();

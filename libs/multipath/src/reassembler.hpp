@@ -30,6 +30,8 @@ class Reassembler {
   absl::Status OnNotify(const Frame& frame, bool* duplicate);
   // The user's next receive buffer (matched with the next Send in order).
   void PostRecv(transport::MutableBuffer buffer, uint64_t wr_id);
+  // Fails every posted Recv not completed yet with `why` (the channel is closing or failed).
+  void CancelRecvs(const absl::Status& why);
   // Completions ready for the user (kRecv in Send order, kRemoteWrite), oldest first.
   std::vector<transport::Completion> TakeCompletions();
 
