@@ -49,10 +49,11 @@ test: build
 # lines to $(REPORT_DIR); then tools/plot/plexus-plot draws the PNGs and report.md there. A
 # benchmark that fails is named at the end and the others still run.
 REPORT_DIR ?= $(BUILD_DIR)/bench-report
-BENCHES ?= transport collectives placement moe rpc aggregation
+BENCHES ?= transport collectives placement moe rpc aggregation multipath
 BENCH_ARGS_collectives ?= --compare --runs 3
 BENCH_ARGS_rpc ?= --compare
 BENCH_ARGS_aggregation ?= --compare --runs 3
+BENCH_ARGS_multipath ?= --compare
 
 bench: build
 	@mkdir -p $(REPORT_DIR); failed=""; \

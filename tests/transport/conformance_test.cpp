@@ -632,6 +632,62 @@ TEST_CASE("tcp: local_address chooses the path's source address", "[conformance]
   CHECK(std::string(refused.status().message()).find("192.0.2.1") != std::string::npos);
 }
 
+TEST_CASE("tcp: ConnectFrom picks the source address per connection on one device",
+          "[conformance][tcp]") {
+  // One device, two connections from two loopback sources: the device's registrations serve
+  // both, which is what a multipath channel needs.
+  pt::DeviceOptions options;
+  options.backend = pt::Backend::kTcp;
+  auto server = pt::Device::Create(options);
+  REQUIRE(server.ok());
+  auto client = pt::Device::Create(options);
+  REQUIRE(client.ok());
+  auto cq_s = (*server)->CreateCompletionQueue();
+  auto cq_c = (*client)->CreateCompletionQueue();
+  auto listener = (*server)->Listen("127.0.0.1:0");
+  REQUIRE(listener.ok());
+  std::vector<uint8_t> target(64, 0);
+  auto target_region = (*server)->Register(target.data(), target.size());
+  REQUIRE(target_region.ok());
+  std::vector<uint8_t> source(64);
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<uint8_t>(i + 1);
+  auto source_region = (*client)->Register(source.data(), source.size());
+  REQUIRE(source_region.ok());
+  for (const char* from : {"127.0.0.3", "127.0.0.4"}) {
+    auto conn = (*client)->ConnectFrom(from, (*listener)->address(), cq_c.get());
+    REQUIRE(conn.ok());
+    auto accepted = (*listener)->Accept(cq_s.get(), absl::Seconds(5));
+    REQUIRE(accepted.ok());
+    CHECK((*accepted)->peer_address().rfind(std::string(from) + ":", 0) == 0);
+    const size_t offset = from[8] == '3' ? 0 : 32;
+    REQUIRE((*conn)
+                ->PostWrite(**source_region, offset, 32, (*target_region)->handle(), offset,
+                            std::nullopt, 7)
+                .ok());
+    auto done = cq_c->Wait(absl::Seconds(5));
+    REQUIRE(done.ok());
+    CHECK(done->status.ok());
+    CHECK(done->opcode == pt::Opcode::kWrite);
+  }
+  CHECK(target == source);
+
+  // An address this host does not have: a clear error naming it.
+  auto refused = (*client)->ConnectFrom("192.0.2.1", (*listener)->address(), cq_c.get());
+  REQUIRE_FALSE(refused.ok());
+  CHECK(std::string(refused.status().message()).find("192.0.2.1") != std::string::npos);
+
+  // A backend without per-connection sources refuses a different one by name.
+  pt::DeviceOptions inproc_options;
+  inproc_options.backend = pt::Backend::kInproc;
+  auto inproc = pt::Device::Create(inproc_options);
+  REQUIRE(inproc.ok());
+  auto inproc_cq = (*inproc)->CreateCompletionQueue();
+  auto unsupported = (*inproc)->ConnectFrom("127.0.0.3", "x", inproc_cq.get());
+  REQUIRE_FALSE(unsupported.ok());
+  CHECK(absl::IsUnimplemented(unsupported.status()));
+  CHECK(std::string(unsupported.status().message()).find("inproc") != std::string::npos);
+}
+
 TEST_CASE("tcp: malformed and truncated frames close the connection with an error",
           "[conformance][tcp]") {
   pt::DeviceOptions options;

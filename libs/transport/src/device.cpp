@@ -34,6 +34,19 @@ bool Device::Available(Backend backend, std::string* why_not) {
   return true;
 }
 
+absl::StatusOr<std::unique_ptr<Connection>> Device::ConnectFrom(std::string_view local_address,
+                                                                std::string_view address,
+                                                                CompletionQueue* cq) {
+  if (local_address.empty() || local_address == options_.local_address) {
+    return Connect(address, cq);
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("ConnectFrom ", std::string(local_address), " to ", std::string(address),
+                   ": the ", std::string(BackendName(backend())),
+                   " backend cannot choose a source address per connection; create one device per "
+                   "DeviceOptions.local_address instead"));
+}
+
 std::unique_ptr<CompletionQueue> Device::CreateCompletionQueue() {
   return std::make_unique<CompletionQueue>(options_.progress == ProgressMode::kCaller ? this
                                                                                       : nullptr);

@@ -771,6 +771,25 @@ class TcpDevice final : public Device {
     return conn;
   }
 
+  absl::StatusOr<std::unique_ptr<Connection>> ConnectFrom(std::string_view local_address,
+                                                          std::string_view address,
+                                                          CompletionQueue* cq) override {
+    if (local_address.empty() || local_address == options().local_address) {
+      return Connect(address, cq);
+    }
+    if (cq == nullptr) return absl::InvalidArgumentError("ConnectFrom: null completion queue");
+    const std::string where(address);
+    DeviceOptions from = options();
+    from.local_address = std::string(local_address);
+    PLEXUS_ASSIGN_OR_RETURN(std::vector<int> fds, tcp::DialConnection(address, from));
+    auto conn = std::make_unique<TcpConnection>(core_, where);
+    if (absl::Status s = core_->AddConnection(conn->id(), fds, cq, where); !s.ok()) {
+      for (int fd : fds) close(fd);
+      return s;
+    }
+    return conn;
+  }
+
   void Wake() override { core_->Wake(); }
 
  protected:

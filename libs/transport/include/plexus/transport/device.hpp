@@ -87,6 +87,15 @@ class Device : public ProgressDriver {
   virtual absl::StatusOr<std::unique_ptr<Connection>> Connect(std::string_view address,
                                                               CompletionQueue* cq) = 0;
 
+  // Connect from `local_address` instead of DeviceOptions::local_address (tcp: the IP the
+  // connection's sockets bind to), so that one device, and so one set of registered regions,
+  // can open one connection per network path. "" or the device's own address is plain Connect;
+  // backends that cannot choose a source per connection (inproc, shm, verbs) return
+  // Unimplemented for any other address.
+  virtual absl::StatusOr<std::unique_ptr<Connection>> ConnectFrom(std::string_view local_address,
+                                                                  std::string_view address,
+                                                                  CompletionQueue* cq);
+
   // ProgressDriver: a no-op sleep in kThread mode.
   void Progress(absl::Duration max_block) override;
 

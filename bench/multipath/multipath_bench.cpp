@@ -1,0 +1,456 @@
+// plexus-bench-multipath: multipath channels on a netbed (two namespaces joined by K veth paths
+// shaped with tbf) against single-path TCP, K independent TCP streams and kernel MPTCP:
+// aggregate throughput against the sum of path rates, each path's share against its capacity
+// share, failover outage (longest gap in delivered bytes) over link-down and blackhole trials,
+// and bytes lost or duplicated. Needs root (network namespaces).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "multipath_bed.hpp"
+#include "netbed.hpp"
+#include "plexus/tooling/cli.hpp"
+#include "plexus/tooling/figures.hpp"
+
+namespace pm = plexus::multipath;
+namespace pt = plexus::transport;
+namespace nb = plexus::netbed;
+namespace tooling = plexus::tooling;
+
+namespace {
+
+#ifndef IPPROTO_MPTCP
+#define IPPROTO_MPTCP 262
+#endif
+
+struct Args {
+  bool json = false;
+  bool compare = false;
+  int runs = 5;
+  double seconds = 3;
+  std::string netbed = PLEXUS_NETBED_SCRIPT;
+  std::vector<int> rates = {200, 400, 100, 300};
+  size_t message_bytes = size_t{1} << 20;
+  int depth = 16;
+};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// ---- Raw TCP references ----
+
+absl::StatusOr<int> ListenOn(const std::string& ip, int protocol, int* port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, protocol);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd, 16) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("bind/listen ", ip, ": ", std::strerror(errno)));
+  }
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+absl::StatusOr<int> ConnectFrom(const std::string& from, const std::string& to, int port,
+                                int protocol) {
+  const int fd = socket(AF_INET, SOCK_STREAM, protocol);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  sockaddr_in l{}, r{};
+  l.sin_family = r.sin_family = AF_INET;
+  inet_pton(AF_INET, from.c_str(), &l.sin_addr);
+  inet_pton(AF_INET, to.c_str(), &r.sin_addr);
+  r.sin_port = htons(static_cast<uint16_t>(port));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&l), sizeof l) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&r), sizeof r) != 0) {
+    close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("connect ", from, " -> ", to, ":", port, ": ", std::strerror(errno)));
+  }
+  return fd;
+}
+
+// Streams over `flows` (path k from 10.77.k.1 to 10.77.k.2, or MPTCP over path 1 with subflows)
+// for warmup + seconds; returns the receivers' goodput in Mbit/s over the measured window.
+absl::StatusOr<double> TcpStreams(nb::Bed& bed, const std::vector<size_t>& paths, int protocol,
+                                  double seconds) {
+  std::vector<int> listeners(paths.size()), ports(paths.size()), servers(paths.size()),
+      clients(paths.size());
+  for (size_t i = 0; i < paths.size(); ++i) {
+    PLEXUS_RETURN_IF_ERROR(nb::InNetns(bed.ns('b'), [&]() -> absl::Status {
+      PLEXUS_ASSIGN_OR_RETURN(listeners[i],
+                              ListenOn(nb::Bed::Address('b', paths[i]), protocol, &ports[i]));
+      return absl::OkStatus();
+    }));
+    PLEXUS_RETURN_IF_ERROR(nb::InNetns(bed.ns('a'), [&]() -> absl::Status {
+      PLEXUS_ASSIGN_OR_RETURN(
+          clients[i], ConnectFrom(nb::Bed::Address('a', paths[i]), nb::Bed::Address('b', paths[i]),
+                                  ports[i], protocol));
+      return absl::OkStatus();
+    }));
+    // The listener stays open while the flows run: MPTCP subflows join through it.
+    servers[i] = accept(listeners[i], nullptr, nullptr);
+    if (servers[i] < 0) return absl::UnavailableError("accept failed");
+  }
+  std::atomic<bool> stop{false};
+  std::vector<std::atomic<uint64_t>> received(paths.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    threads.emplace_back([&, i] {
+      std::vector<char> buf(1 << 20, 'x');
+      while (!stop.load()) {
+        if (send(clients[i], buf.data(), buf.size(), MSG_NOSIGNAL) < 0) break;
+      }
+    });
+    threads.emplace_back([&, i] {
+      std::vector<char> buf(1 << 20);
+      timeval tv{0, 200000};
+      setsockopt(servers[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      while (!stop.load()) {
+        const ssize_t n = recv(servers[i], buf.data(), buf.size(), 0);
+        if (n == 0) break;
+        if (n > 0) received[i] += static_cast<uint64_t>(n);
+      }
+    });
+  }
+  auto total = [&] {
+    uint64_t t = 0;
+    for (auto& r : received) t += r.load();
+    return t;
+  };
+  absl::SleepFor(absl::Milliseconds(700));  // slow start, MPTCP subflows joining
+  const uint64_t b0 = total();
+  const absl::Time t0 = absl::Now();
+  absl::SleepFor(absl::Seconds(seconds));
+  const uint64_t b1 = total();
+  const absl::Time t1 = absl::Now();
+  stop = true;
+  for (int fd : clients) shutdown(fd, SHUT_RDWR);
+  for (int fd : servers) shutdown(fd, SHUT_RDWR);
+  for (auto& t : threads) t.join();
+  for (int fd : clients) close(fd);
+  for (int fd : servers) close(fd);
+  for (int fd : listeners) close(fd);
+  return static_cast<double>(b1 - b0) * 8 / absl::ToDoubleSeconds(t1 - t0) / 1e6;
+}
+
+// ---- Multipath stream ----
+
+struct StreamResult {
+  double mbit = 0;
+  std::vector<double> path_share;  // of bytes acked over the window
+  absl::Duration longest_gap;      // between receiver completions, after warmup
+  uint64_t messages = 0, bad_bytes = 0, duplicates = 0, missing = 0;
+};
+
+// Streams messages a -> b for `seconds` after a warmup, verifying each one; `event` runs at
+// `event_at` into the measured window (failover trials).
+absl::StatusOr<StreamResult> MultipathStream(std::unique_ptr<nb::BedChannels> owned,
+                                             const Args& args, double seconds,
+                                             std::function<void()> event = nullptr,
+                                             double event_at = 0) {
+  const size_t n = args.message_bytes;
+  const int depth = args.depth;
+  std::vector<std::vector<uint8_t>> src(depth, std::vector<uint8_t>(n)),
+      dst(depth, std::vector<uint8_t>(n));
+  // The channels go before the buffers their posted operations point into.
+  std::unique_ptr<nb::BedChannels> holder = std::move(owned);
+  nb::BedChannels& ch = *holder;
+  for (int s = 0; s < depth; ++s) {
+    for (size_t i = 0; i < n; ++i) src[s][i] = static_cast<uint8_t>(i * 131 + (i >> 12));
+  }
+  auto stamp = [&](int slot, uint64_t index) { std::memcpy(src[slot].data(), &index, 8); };
+  std::atomic<bool> stop{false};
+  StreamResult result;
+  std::vector<absl::Time> done_at;
+  std::vector<uint64_t> delivered_index;
+  std::thread receiver([&] {
+    for (int s = 0; s < depth; ++s) (void)ch.b->Recv({dst[s].data(), n}, s);
+    uint64_t expect = 0;
+    while (!stop.load()) {
+      auto c = ch.cq_b.Wait(absl::Milliseconds(50));
+      if (!c.ok()) continue;
+      if (!c->status.ok() || c->opcode != pt::Opcode::kRecv) {
+        ++result.missing;
+        continue;
+      }
+      const int slot = static_cast<int>(c->wr_id);
+      uint64_t index = 0;
+      std::memcpy(&index, dst[slot].data(), 8);
+      if (index != expect) {
+        if (index < expect)
+          ++result.duplicates;
+        else
+          result.missing += index - expect;
+      }
+      expect = index + 1;
+      // After the 8-byte index, every message carries the same pattern (slots complete out of
+      // order at the sender, so the slot a message came from is not known here).
+      const std::vector<uint8_t>& want = src[0];
+      for (size_t i = 8; i < n; i += 4096) {
+        const size_t len = std::min<size_t>(4096, n - i);
+        if (std::memcmp(dst[slot].data() + i, want.data() + i, len) != 0) {
+          for (size_t j = 0; j < len; ++j) result.bad_bytes += dst[slot][i + j] != want[i + j];
+        }
+      }
+      done_at.push_back(absl::Now());
+      delivered_index.push_back(index);
+      (void)ch.b->Recv({dst[slot].data(), n}, slot);
+    }
+  });
+  uint64_t next = 0;
+  for (int s = 0; s < depth; ++s) {
+    stamp(s, next);
+    PLEXUS_RETURN_IF_ERROR(ch.a->Send({src[s].data(), n}, s));
+    ++next;
+  }
+  std::thread sender([&] {
+    while (!stop.load()) {
+      auto c = ch.cq_a.Wait(absl::Milliseconds(50));
+      if (!c.ok() || !c->status.ok()) continue;
+      const int slot = static_cast<int>(c->wr_id);
+      stamp(slot, next);
+      if (!ch.a->Send({src[slot].data(), n}, slot).ok()) break;
+      ++next;
+    }
+  });
+  auto acked = [&] {
+    std::vector<uint64_t> v;
+    for (const auto& p : ch.a->Stats().paths) v.push_back(p.bytes_acked);
+    return v;
+  };
+  absl::SleepFor(absl::Milliseconds(700));
+  const auto a0 = acked();
+  const size_t i0 = done_at.size();  // read racily: only for the window's start
+  const absl::Time t0 = absl::Now();
+  if (event) {
+    absl::SleepFor(absl::Seconds(event_at));
+    event();
+    absl::SleepFor(absl::Seconds(seconds - event_at));
+  } else {
+    absl::SleepFor(absl::Seconds(seconds));
+  }
+  const auto a1 = acked();
+  const absl::Time t1 = absl::Now();
+  stop = true;
+  if (std::getenv("PLEXUS_BENCH_VERBOSE") != nullptr) {
+    for (const auto& p : ch.a->Stats().paths) {
+      std::fprintf(stderr,
+                   "  path %d up=%d acked=%llu reposted=%llu inflight=%d cap=%d cong=%llu %s\n",
+                   p.index, p.up, static_cast<unsigned long long>(p.bytes_acked),
+                   static_cast<unsigned long long>(p.chunks_reposted), p.in_flight, p.cap,
+                   static_cast<unsigned long long>(p.congestion_signals), p.error.c_str());
+    }
+  }
+  sender.join();
+  receiver.join();
+  holder.reset();
+  uint64_t total = 0;
+  for (size_t i = 0; i < a1.size(); ++i) total += a1[i] - (i < a0.size() ? a0[i] : 0);
+  for (size_t i = 0; i < a1.size(); ++i) {
+    result.path_share.push_back(
+        total == 0 ? 0 : static_cast<double>(a1[i] - (i < a0.size() ? a0[i] : 0)) / total);
+  }
+  // The longest time in [t0, t1] without a message delivered (the window's ends count).
+  uint64_t delivered = 0;
+  absl::Time last = t0;
+  result.longest_gap = absl::ZeroDuration();
+  for (size_t i = i0; i < done_at.size() && done_at[i] <= t1; ++i) {
+    if (done_at[i] < t0) continue;
+    delivered += n;
+    result.longest_gap = std::max(result.longest_gap, done_at[i] - last);
+    last = done_at[i];
+  }
+  result.longest_gap = std::max(result.longest_gap, t1 - last);
+  result.messages = done_at.size();
+  result.mbit = static_cast<double>(delivered) * 8 / absl::ToDoubleSeconds(t1 - t0) / 1e6;
+  return result;
+}
+
+pm::ChannelOptions BenchOptions() {
+  pm::ChannelOptions o;
+  o.path_timeout = absl::Milliseconds(100);
+  return o;
+}
+
+std::string BedName() { return absl::StrCat("mpb", getpid()); }
+
+absl::Status RunThroughput(const Args& args, tooling::FigureWriter& out) {
+  for (int k = 2; k <= static_cast<int>(args.rates.size()); ++k) {
+    const std::vector<int> rates(args.rates.begin(), args.rates.begin() + k);
+    const double sum = std::accumulate(rates.begin(), rates.end(), 0.0);
+    PLEXUS_ASSIGN_OR_RETURN(auto bed, nb::Bed::Create(args.netbed, BedName(), rates));
+    const std::string rates_text = absl::StrJoin(rates, "/");
+    std::vector<double> mp, single, streams, mptcp;
+    std::vector<std::vector<double>> shares(k);
+    for (int run = 0; run < args.runs; ++run) {
+      PLEXUS_ASSIGN_OR_RETURN(auto ch, nb::BedChannels::Create(*bed, BenchOptions()));
+      for (int p = 1; p <= k; ++p) PLEXUS_RETURN_IF_ERROR(ch->Connect(p).status());
+      PLEXUS_RETURN_IF_ERROR(ch->WaitLive(k));
+      PLEXUS_ASSIGN_OR_RETURN(StreamResult r, MultipathStream(std::move(ch), args, args.seconds));
+      mp.push_back(r.mbit);
+      for (int p = 0; p < k; ++p) shares[p].push_back(r.path_share[p]);
+      if (args.compare) {
+        const size_t fastest = 1 + std::max_element(rates.begin(), rates.end()) - rates.begin();
+        PLEXUS_ASSIGN_OR_RETURN(double one, TcpStreams(*bed, {fastest}, 0, args.seconds));
+        single.push_back(one);
+        std::vector<size_t> all;
+        for (int p = 1; p <= k; ++p) all.push_back(p);
+        PLEXUS_ASSIGN_OR_RETURN(double many, TcpStreams(*bed, all, 0, args.seconds));
+        streams.push_back(many);
+        PLEXUS_RETURN_IF_ERROR(bed->Run({"mptcp"}));
+        auto m = TcpStreams(*bed, {1}, IPPROTO_MPTCP, args.seconds);
+        if (m.ok()) mptcp.push_back(*m);
+      }
+    }
+    auto add = [&](const std::string& figure, const std::vector<double>& v, bool target) {
+      if (v.empty()) return;
+      tooling::Figure f;
+      f.figure = figure;
+      f.value = Median(v) / sum;
+      f.unit = "fraction of sum of rates";
+      if (target) {
+        f.target = ">= 0.95";
+        f.met = f.value >= 0.95;
+      }
+      f.extra = {{"paths", k},
+                 {"rates_mbit", rates_text},
+                 {"runs", v.size()},
+                 {"median_mbit", Median(v)},
+                 {"min_mbit", *std::min_element(v.begin(), v.end())},
+                 {"max_mbit", *std::max_element(v.begin(), v.end())}};
+      out.Add(f);
+    };
+    add("multipath_aggregate", mp, true);
+    add("single_path_tcp", single, false);
+    add("k_tcp_streams", streams, false);
+    add("mptcp", mptcp, false);
+    for (int p = 0; p < k; ++p) {
+      tooling::Figure f;
+      f.figure = "path_share";
+      const double capacity = rates[p] / sum;
+      f.value = Median(shares[p]);
+      f.unit = "fraction";
+      f.target = absl::StrCat("within 0.05 of ", capacity);
+      f.met = std::abs(f.value - capacity) <= 0.05;
+      f.extra = {{"paths", k},
+                 {"path", p + 1},
+                 {"rate_mbit", rates[p]},
+                 {"capacity_share", capacity},
+                 {"runs", shares[p].size()}};
+      out.Add(f);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunFailover(const Args& args, tooling::FigureWriter& out) {
+  const std::vector<int> rates(args.rates.begin(), args.rates.begin() + 3);
+  PLEXUS_ASSIGN_OR_RETURN(auto bed, nb::Bed::Create(args.netbed, BedName(), rates));
+  for (const std::string event : {"link-down", "blackhole"}) {
+    std::vector<double> outages, mbits;
+    uint64_t bad = 0, dup = 0, missing = 0;
+    for (int trial = 0; trial < args.runs; ++trial) {
+      PLEXUS_ASSIGN_OR_RETURN(auto ch, nb::BedChannels::Create(*bed, BenchOptions()));
+      for (int p = 1; p <= 3; ++p) PLEXUS_RETURN_IF_ERROR(ch->Connect(p).status());
+      PLEXUS_RETURN_IF_ERROR(ch->WaitLive(3));
+      absl::Status event_status;
+      PLEXUS_ASSIGN_OR_RETURN(StreamResult r, MultipathStream(
+                                                  std::move(ch), args, 2.0,
+                                                  [&] {
+                                                    event_status = bed->Run({event, "2"});
+                                                  },
+                                                  0.8));
+      PLEXUS_RETURN_IF_ERROR(event_status);
+      PLEXUS_RETURN_IF_ERROR(bed->Run({"restore", "2"}));
+      outages.push_back(absl::ToDoubleSeconds(r.longest_gap));
+      if (std::getenv("PLEXUS_BENCH_VERBOSE") != nullptr) {
+        std::fprintf(stderr, "%s trial %d: outage %.3f s, %.1f Mbit/s\n", event.c_str(), trial,
+                     outages.back(), r.mbit);
+      }
+      mbits.push_back(r.mbit);
+      bad += r.bad_bytes;
+      dup += r.duplicates;
+      missing += r.missing;
+    }
+    tooling::Figure f;
+    f.figure = absl::StrCat("failover_outage_", event);
+    f.value = *std::max_element(outages.begin(), outages.end());
+    f.unit = "s";
+    f.target = "<= 0.2 in every trial";
+    f.met = f.value <= 0.2;
+    f.extra = {{"trials", outages.size()},
+               {"median_s", Median(outages)},
+               {"min_s", *std::min_element(outages.begin(), outages.end())},
+               {"rates_mbit", absl::StrJoin(rates, "/")},
+               {"path_timeout_ms", 100},
+               {"median_mbit", Median(mbits)},
+               {"message_bytes", args.message_bytes}};
+    out.Add(f);
+    tooling::Figure loss;
+    loss.figure = absl::StrCat("bytes_lost_or_duplicated_", event);
+    loss.value = static_cast<double>(bad + (dup + missing) * args.message_bytes);
+    loss.unit = "bytes";
+    loss.target = 0;
+    loss.met = loss.value == 0;
+    loss.extra = {{"trials", outages.size()},
+                  {"corrupt_bytes", bad},
+                  {"duplicate_messages", dup},
+                  {"missing_messages", missing}};
+    out.Add(loss);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tooling::Tool tool("plexus-bench-multipath",
+                     "Multipath channels on a shaped netns bed against single-path TCP, K TCP "
+                     "streams and MPTCP (needs root)");
+  Args args;
+  auto& app = tool.app();
+  tooling::AddJsonFlag(&app, &args.json);
+  app.add_flag("--compare", args.compare, "also measure single-path TCP, K streams and MPTCP");
+  tooling::AddNumber(&app, "--runs", &args.runs, "runs (medians are reported)", 1, 100);
+  tooling::AddNumber(&app, "--seconds", &args.seconds, "measured seconds per run", 0.5, 60.0);
+  app.add_option("--netbed", args.netbed, "the netbed script");
+  std::string what = "all";
+  app.add_option("--only", what, "throughput, failover or all");
+  if (auto code = tool.Parse(argc, argv)) return *code;
+  const std::string why = nb::WhyNoBed();
+  if (!why.empty()) return tool.Fail(why);
+  tooling::FigureWriter out("multipath", args.json);
+  if (what == "all" || what == "throughput") {
+    if (absl::Status s = RunThroughput(args, out); !s.ok()) return tool.Fail(s);
+  }
+  if (what == "all" || what == "failover") {
+    if (absl::Status s = RunFailover(args, out); !s.ok()) return tool.Fail(s);
+  }
+  if (!args.json) out.PrintTable();
+  return tooling::kExitOk;
+}

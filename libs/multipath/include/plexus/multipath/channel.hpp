@@ -1,0 +1,133 @@
+// MultipathChannel: one logical link to a peer over K transport connections, one per network
+// path (Maestro). Large operations are cut into chunks over disjoint sub-ranges of the user's
+// buffer, each chunk goes on the path the scheduler picks, and the user gets exactly one
+// completion per operation once every chunk is in place.
+//
+// Both peers create a channel and add the two ends of each path's connection with AddPath (in
+// any order; paths may be added, lost and re-added while traffic flows). All path connections
+// of one side must come from one Device in ProgressMode::kThread (tcp: Device::ConnectFrom picks
+// each path's source address), so that one registration serves every path.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "plexus/multipath/scheduler.hpp"
+#include "plexus/transport/completion.hpp"
+#include "plexus/transport/connection.hpp"
+#include "plexus/transport/memory.hpp"
+
+namespace plexus::multipath {
+
+struct ChannelOptions {
+  // Bytes per chunk (Maestro: 50 KB). SetChunkBytes changes it while traffic flows.
+  size_t chunk_bytes = 50 * 1000;
+  // The largest chunk this side accepts; sizes its receive buffers. The sender uses the smaller
+  // of its chunk_bytes and the peer's max_chunk_bytes.
+  size_t max_chunk_bytes = 256 * 1024;
+  // Chunks in flight per path, 1..8 (Maestro: at most 8 live work requests per queue pair).
+  int max_chunks_in_flight = 8;
+  // Operations below this many bytes go whole on the lowest-RTT path (mice); 0 = never.
+  size_t mice_bytes = 16 * 1024;
+  SchedulerKind scheduler = SchedulerKind::kWeighted;
+  // A path with work outstanding and no completion for this long, while another path made
+  // progress within that time, is declared dead; 0 = the environment's
+  // PLEXUS_MULTIPATH_PATH_TIMEOUT (default 100 ms). When every path is silent at once the
+  // channel waits (a stalled process is not a broken network); the transport's op_timeout
+  // still fails connections to a dead peer.
+  absl::Duration path_timeout = absl::ZeroDuration();
+  // Idle paths are probed this often (RTT, liveness).
+  absl::Duration probe_interval = absl::Milliseconds(20);
+  // Bytes of messages held for Recvs not posted yet; beyond half of it the receiver tells the
+  // sender it is overloaded, beyond all of it the channel fails (ResourceExhausted).
+  size_t max_held_bytes = size_t{256} << 20;
+  // RTT inflation that counts as congestion: srtt > factor x min_rtt + slack.
+  double congestion_rtt_factor = 4;
+  absl::Duration congestion_rtt_slack = absl::Milliseconds(20);
+};
+
+// A snapshot of one path, for tools and tests.
+struct PathStats {
+  int index = 0;
+  bool up = false;
+  std::string peer;
+  uint64_t bytes_acked = 0;  // chunk payload bytes this side sent that completed on the path
+  uint64_t chunks_acked = 0;
+  uint64_t chunks_reposted = 0;  // chunks of this path moved to others when it died
+  int in_flight = 0;
+  int cap = 0;
+  double bandwidth = 0;  // bytes/s
+  absl::Duration srtt = absl::ZeroDuration();
+  double rate_factor = 1;
+  uint64_t congestion_signals = 0;  // RTT-inflation cuts of this path's rate
+  std::string error;                // why it went down
+};
+
+struct ChannelStats {
+  std::vector<PathStats> paths;
+  uint64_t duplicates_dropped = 0;  // receiver: chunks that arrived twice (reposts), not applied
+  uint64_t overload_signals = 0;    // receiver: overload messages sent
+};
+
+class MultipathChannel {
+ public:
+  // `user_cq` receives one completion per operation: kSend, kRecv (bytes = message length),
+  // kWrite, and kRemoteWrite for a peer's Write with an immediate; connection_id is id().
+  static absl::StatusOr<std::unique_ptr<MultipathChannel>> Create(
+      const ChannelOptions& options, transport::CompletionQueue* user_cq);
+  ~MultipathChannel();
+  MultipathChannel(const MultipathChannel&) = delete;
+  MultipathChannel& operator=(const MultipathChannel&) = delete;
+
+  // The queue every path connection must report to: pass it to Device::Connect/ConnectFrom and
+  // Listener::Accept for the connections given to AddPath.
+  transport::CompletionQueue* path_queue();
+  // Adds a connected path (new, or replacing a dead one); returns its index. It carries traffic
+  // once the peer's greeting arrived on it.
+  absl::StatusOr<int> AddPath(std::unique_ptr<transport::Connection> connection);
+
+  // Sends `buffer` (any size, including 0) as one message; matched to the peer's Recvs in Send
+  // order. The bytes must stay valid until the kSend completion.
+  absl::Status Send(transport::ConstBuffer buffer, uint64_t wr_id);
+  absl::Status Recv(transport::MutableBuffer buffer, uint64_t wr_id);
+  // One-sided write of local[local_offset, +length) to remote[remote_offset, +length), in chunks
+  // over all paths; with an immediate the peer gets one kRemoteWrite after every byte is placed.
+  absl::Status Write(const transport::MemoryRegion& local, size_t local_offset, size_t length,
+                     const transport::RegionHandle& remote, size_t remote_offset,
+                     std::optional<uint32_t> immediate, uint64_t wr_id);
+
+  // Run-time knobs: take effect for the next chunk cut.
+  absl::Status SetChunkBytes(size_t bytes);
+  absl::Status SetMaxChunksInFlight(int chunks);
+  void SetScheduler(SchedulerKind kind);
+  SchedulerKind scheduler() const;
+
+  ChannelStats Stats() const;
+  // Paths currently up (greeted, not failed).
+  int live_paths() const;
+  // OK while at least one path is up or may come back; the error once the channel failed.
+  absl::Status status() const;
+  uint64_t id() const;
+
+  // Test hooks: fail a path as if its connection broke (Close it), or make it silently swallow
+  // what is posted on it from now on (a blackhole: only the timeout detects it); and pin a
+  // path's RTT estimate.
+  void FailPathForTest(int path);
+  void StallPathForTest(int path);
+  void SetPathRttForTest(int path, absl::Duration rtt);
+
+  class Impl;
+
+ private:
+  explicit MultipathChannel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace plexus::multipath

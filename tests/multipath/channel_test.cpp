@@ -1,0 +1,325 @@
+// Multipath channels over K tcp connections on loopback, each from its own source address
+// (127.0.0.2, .3, ...; no root needed): exact data at every size, exactly one completion per
+// operation, the notification only after every chunk, paths killed, blackholed and re-added
+// mid-transfer with no byte lost or duplicated, mice on the min-RTT path, scheduler, chunk size
+// and in-flight cap switched while traffic flows.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "channel_support.hpp"
+#include "plexus/multipath/channel.hpp"
+#include "plexus/transport/device.hpp"
+
+namespace pm = plexus::multipath;
+namespace pt = plexus::transport;
+using namespace plexus::multipath::testing;  // NOLINT: test helpers
+
+namespace {
+
+// Two channels joined by K loopback tcp paths; one device per side serves every path.
+struct Pair {
+  std::shared_ptr<pt::Device> dev_a, dev_b;
+  pt::CompletionQueue cq_a, cq_b;
+  std::unique_ptr<pm::MultipathChannel> a, b;
+  std::unique_ptr<pt::Listener> listener;
+  int next_source = 2;
+
+  // A loaded 2-core CI machine can starve a thread for longer than the production default
+  // path timeout (100 ms); tests that do not test detection use a lenient one.
+  static pm::ChannelOptions Lenient() {
+    pm::ChannelOptions o;
+    o.path_timeout = absl::Seconds(3);
+    return o;
+  }
+
+  explicit Pair(int paths, pm::ChannelOptions options = Lenient()) {
+    pt::DeviceOptions d;
+    d.backend = pt::Backend::kTcp;
+    d.op_timeout = absl::Seconds(20);
+    dev_a = *pt::Device::Create(d);
+    dev_b = *pt::Device::Create(d);
+    auto ca = pm::MultipathChannel::Create(options, &cq_a);
+    auto cb = pm::MultipathChannel::Create(options, &cq_b);
+    REQUIRE(ca.ok());
+    REQUIRE(cb.ok());
+    a = std::move(*ca);
+    b = std::move(*cb);
+    listener = std::move(*dev_b->Listen("127.0.0.1:0"));
+    for (int k = 0; k < paths; ++k) AddPath();
+    WaitLive(paths);
+  }
+
+  // Connects one more path (from the next loopback source); returns its index on side a.
+  int AddPath() {
+    const std::string from = absl::StrCat("127.0.0.", next_source++);
+    auto conn = dev_a->ConnectFrom(from, listener->address(), a->path_queue());
+    REQUIRE(conn.ok());
+    auto accepted = listener->Accept(b->path_queue(), absl::Seconds(5));
+    REQUIRE(accepted.ok());
+    auto ia = a->AddPath(std::move(*conn));
+    auto ib = b->AddPath(std::move(*accepted));
+    REQUIRE(ia.ok());
+    REQUIRE(ib.ok());
+    return *ia;
+  }
+
+  void WaitLive(int n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while ((a->live_paths() != n || b->live_paths() != n) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    for (const auto* ch : {a.get(), b.get()}) {
+      for (const auto& p : ch->Stats().paths) INFO("path " << p.index << ": " << p.error);
+    }
+    std::string errors;
+    for (const auto* ch : {a.get(), b.get()}) {
+      for (const auto& p : ch->Stats().paths) {
+        if (!p.error.empty()) errors += absl::StrCat(" path ", p.index, ": ", p.error);
+      }
+    }
+    INFO(errors);
+    REQUIRE(a->live_paths() == n);
+    REQUIRE(b->live_paths() == n);
+  }
+};
+
+void SendAndCheck(Pair& pair, const std::vector<size_t>& sizes, uint32_t seed,
+                  std::function<void(size_t)> during = nullptr) {
+  plexus::multipath::testing::SendAndCheck(*pair.a, *pair.b, pair.cq_a, pair.cq_b, sizes, seed,
+                                           std::move(during));
+}
+
+}  // namespace
+
+TEST_CASE("send/recv: exact data at every size, 1 B to 64 MiB, unaligned", "[multipath]") {
+  Pair pair(3);
+  SendAndCheck(pair, {0, 1, 3, 4095, 16383, 16384, 49999, 50000, 50001, (1 << 20) + 7}, 1);
+  SendAndCheck(pair, {(size_t{8} << 20) + 13, (size_t{64} << 20) + 1}, 2);
+  // Every path carried part of the large messages.
+  for (const auto& p : pair.a->Stats().paths) CHECK(p.bytes_acked > 0);
+}
+
+TEST_CASE("write: exact data at every size into unaligned remote offsets, one completion each",
+          "[multipath]") {
+  Pair pair(3);
+  const size_t region_bytes = (size_t{32} << 20) + 64;
+  std::vector<uint8_t> src = Pattern(region_bytes, 9), dst(region_bytes, 0);
+  auto local = pair.dev_a->Register(src.data(), src.size());
+  auto remote = pair.dev_b->Register(dst.data(), dst.size());
+  REQUIRE(local.ok());
+  REQUIRE(remote.ok());
+  const std::vector<size_t> sizes = {1, 7, 50001, (size_t{1} << 20) + 3, size_t{32} << 20};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::fill(dst.begin(), dst.end(), 0);
+    REQUIRE(
+        pair.a
+            ->Write(**local, 3, sizes[i], (*remote)->handle(), 17, static_cast<uint32_t>(i), 50 + i)
+            .ok());
+    auto w = Expect(pair.cq_a, 1);
+    CHECK(w[0].opcode == pt::Opcode::kWrite);
+    CHECK(w[0].wr_id == 50 + i);
+    auto n = Expect(pair.cq_b, 1);
+    CHECK(n[0].opcode == pt::Opcode::kRemoteWrite);
+    CHECK(n[0].has_immediate);
+    CHECK(n[0].immediate == i);
+    // The peer's notification comes after every byte is in place.
+    CHECK(std::memcmp(dst.data() + 17, src.data() + 3, sizes[i]) == 0);
+    CHECK(dst[16] == 0);
+    if (17 + sizes[i] < dst.size()) CHECK(dst[17 + sizes[i]] == 0);
+  }
+  // Out-of-range writes are refused up front, naming the sizes.
+  auto bad = pair.a->Write(**local, 0, region_bytes + 1, (*remote)->handle(), 0, std::nullopt, 1);
+  CHECK(absl::IsOutOfRange(bad));
+  ExpectNoMore(pair.cq_a);
+  ExpectNoMore(pair.cq_b);
+}
+
+TEST_CASE("the notification waits for the last chunk", "[multipath][failover]") {
+  pm::ChannelOptions options;
+  options.path_timeout = absl::Seconds(30);  // only the test decides when the path dies
+  Pair pair(2, options);
+  // Path 1 swallows everything from now on: its chunks never complete.
+  pair.a->StallPathForTest(1);
+  const size_t n = 4 << 20;
+  std::vector<uint8_t> src = Pattern(n, 3), dst(n, 0);
+  REQUIRE(pair.b->Recv({dst.data(), n}, 1).ok());
+  REQUIRE(pair.a->Send({src.data(), n}, 2).ok());
+  // Every chunk on path 0 completes, but the stuck ones keep both completions back.
+  absl::SleepFor(absl::Milliseconds(400));
+  CHECK(pair.cq_a.size() == 0);
+  CHECK(pair.cq_b.size() == 0);
+  const auto stats = pair.a->Stats();
+  CHECK(stats.paths[1].in_flight > 0);
+  // Once the path is declared dead, its chunks go on path 0 and everything completes.
+  pair.a->FailPathForTest(1);
+  Expect(pair.cq_a, 1);
+  Expect(pair.cq_b, 1);
+  CHECK(dst == src);
+  CHECK(pair.a->Stats().paths[1].chunks_reposted > 0);
+}
+
+TEST_CASE("a path killed mid-transfer: no byte lost or duplicated, then re-added",
+          "[multipath][failover]") {
+  Pair pair(3);
+  const size_t n = size_t{24} << 20;
+  SECTION("sender side closes the path") {
+    SendAndCheck(pair, {n, n}, 11, [&](size_t i) {
+      if (i == 0) {
+        WaitBytesAcked(*pair.a, 4 << 20);
+        pair.a->FailPathForTest(1);
+      }
+    });
+  }
+  SECTION("receiver side closes the path") {
+    SendAndCheck(pair, {n, n}, 12, [&](size_t i) {
+      if (i == 0) {
+        WaitBytesAcked(*pair.a, 4 << 20);
+        pair.b->FailPathForTest(2);
+      }
+    });
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while ((pair.a->live_paths() != 2 || pair.b->live_paths() != 2) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  CHECK(pair.a->live_paths() == 2);
+  CHECK(pair.b->live_paths() == 2);
+  // A new path is taken into use without restarting the channel.
+  const int added = pair.AddPath();
+  pair.WaitLive(3);
+  SendAndCheck(pair, {n}, 13);
+  CHECK(pair.a->Stats().paths[added].bytes_acked > 0);
+  CHECK(pair.a->status().ok());
+}
+
+TEST_CASE("a blackholed path is detected by its timeout and its chunks reposted once",
+          "[multipath][failover]") {
+  pm::ChannelOptions options;
+  options.path_timeout = absl::Milliseconds(300);
+  Pair pair(3, options);
+  const size_t n = size_t{16} << 20;
+  SendAndCheck(pair, {n, n}, 21, [&](size_t i) {
+    if (i == 0) {
+      WaitBytesAcked(*pair.a, 2 << 20);
+      pair.a->StallPathForTest(0);
+    }
+  });
+  const auto stats = pair.a->Stats();
+  CHECK_FALSE(stats.paths[0].up);
+  INFO(stats.paths[0].error);
+  // Either side may notice first (the peer's probes on the path go unanswered too).
+  CHECK((stats.paths[0].error.find("no progress") != std::string::npos ||
+         stats.paths[0].error.find("peer declared this path dead") != std::string::npos));
+  CHECK(stats.paths[1].up);
+  CHECK(stats.paths[2].up);
+}
+
+TEST_CASE("blackhole detection latency is bounded by the path timeout", "[multipath][failover]") {
+  pm::ChannelOptions options;
+  options.path_timeout = absl::Milliseconds(300);
+  Pair pair(2, options);
+  const size_t n = size_t{64} << 20;
+  std::vector<uint8_t> src = Pattern(n, 5), dst(n, 0);
+  REQUIRE(pair.b->Recv({dst.data(), n}, 1).ok());
+  REQUIRE(pair.a->Send({src.data(), n}, 2).ok());
+  WaitBytesAcked(*pair.a, 1 << 20);
+  const absl::Time stalled = absl::Now();
+  pair.a->StallPathForTest(1);
+  while (pair.a->live_paths() == 2 && absl::Now() - stalled < absl::Seconds(10)) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  const absl::Duration detection = absl::Now() - stalled;
+  INFO(absl::FormatDuration(detection));
+  CHECK(pair.a->live_paths() == 1);
+  CHECK(detection <= 1.25 * options.path_timeout + absl::Milliseconds(500));
+  Expect(pair.cq_a, 1);
+  Expect(pair.cq_b, 1);
+  CHECK(dst == src);
+}
+
+TEST_CASE("mice take the min-RTT path", "[multipath][scheduler]") {
+  Pair pair(3);
+  pair.a->SetPathRttForTest(0, absl::Milliseconds(2));
+  pair.a->SetPathRttForTest(1, absl::Microseconds(20));
+  pair.a->SetPathRttForTest(2, absl::Milliseconds(1));
+  const auto before = pair.a->Stats();
+  std::vector<size_t> sizes(100, 100);
+  SendAndCheck(pair, sizes, 31);
+  const auto after = pair.a->Stats();
+  CHECK(after.paths[1].chunks_acked - before.paths[1].chunks_acked == 100);
+  CHECK(after.paths[0].chunks_acked == before.paths[0].chunks_acked);
+  CHECK(after.paths[2].chunks_acked == before.paths[2].chunks_acked);
+}
+
+TEST_CASE("scheduler, chunk size and in-flight cap switched while traffic flows",
+          "[multipath][scheduler]") {
+  Pair pair(3);
+  const pm::SchedulerKind kinds[] = {pm::SchedulerKind::kRoundRobin, pm::SchedulerKind::kMinRtt,
+                                     pm::SchedulerKind::kCongestion, pm::SchedulerKind::kPowerOfTwo,
+                                     pm::SchedulerKind::kWeighted};
+  std::vector<size_t> sizes(10, (size_t{3} << 20) + 11);
+  SendAndCheck(pair, sizes, 41, [&](size_t i) {
+    pair.a->SetScheduler(kinds[i % 5]);
+    CHECK(pair.a->scheduler() == kinds[i % 5]);
+    REQUIRE(pair.a->SetChunkBytes(i % 2 == 0 ? 4096 : 200000).ok());
+    REQUIRE(pair.a->SetMaxChunksInFlight(1 + static_cast<int>(i % 8)).ok());
+  });
+  CHECK_FALSE(pair.a->SetChunkBytes(0).ok());
+  CHECK_FALSE(pair.a->SetChunkBytes(size_t{1} << 30).ok());
+  CHECK_FALSE(pair.a->SetMaxChunksInFlight(9).ok());
+  CHECK_FALSE(pair.a->SetMaxChunksInFlight(0).ok());
+}
+
+TEST_CASE("options are validated", "[multipath]") {
+  pt::CompletionQueue cq;
+  pm::ChannelOptions o;
+  o.max_chunks_in_flight = 9;
+  CHECK_FALSE(pm::MultipathChannel::Create(o, &cq).ok());
+  o = {};
+  o.chunk_bytes = o.max_chunk_bytes + 1;
+  CHECK_FALSE(pm::MultipathChannel::Create(o, &cq).ok());
+  o = {};
+  CHECK_FALSE(pm::MultipathChannel::Create(o, nullptr).ok());
+  auto ch = pm::MultipathChannel::Create({}, &cq);
+  REQUIRE(ch.ok());
+  CHECK_FALSE((*ch)->AddPath(nullptr).ok());
+}
+
+TEST_CASE("every path silent at once is a stall, not a failure", "[multipath][failover]") {
+  // Silence on one path while another progresses is a broken path; silence everywhere means
+  // this process or the peer stopped being scheduled, and killing every path would turn a
+  // pause into an outage.
+  pm::ChannelOptions options;
+  options.path_timeout = absl::Milliseconds(100);
+  options.probe_interval = absl::Milliseconds(10);
+  Pair pair(2, options);
+  pair.a->StallPathForTest(0);
+  pair.a->StallPathForTest(1);
+  absl::SleepFor(absl::Milliseconds(600));
+  CHECK(pair.a->live_paths() == 2);
+  CHECK(pair.b->live_paths() == 2);
+}
+
+TEST_CASE("destroying a channel fails its outstanding operations once", "[multipath]") {
+  pt::CompletionQueue cq;
+  auto ch = pm::MultipathChannel::Create({}, &cq);
+  REQUIRE(ch.ok());
+  std::vector<uint8_t> buf(100);
+  REQUIRE((*ch)->Recv({buf.data(), buf.size()}, 7).ok());
+  REQUIRE((*ch)->Send({buf.data(), buf.size()}, 8).ok());  // no path: stays queued
+  ch->reset();
+  std::vector<pt::Completion> got(4);
+  REQUIRE(cq.Poll(absl::MakeSpan(got)) == 2);
+  for (int i = 0; i < 2; ++i) {
+    CHECK(absl::IsCancelled(got[i].status));
+    CHECK((got[i].wr_id == 7 || got[i].wr_id == 8));
+  }
+  CHECK(got[0].wr_id != got[1].wr_id);
+}
