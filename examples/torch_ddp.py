@@ -4,7 +4,7 @@ backend "plexus" and with "gloo" in the same invocation: the loss curves side by
 agree) and the time per iteration.
 
     PYTHONPATH=build/python OMP_NUM_THREADS=1 /usr/bin/python3 examples/torch_ddp.py \
-        [--nprocs 2,4] [--hidden 64,512,2048] [--steps 20] [--runs 5] [--json]
+        [--nprocs 2,4] [--hidden 64,512,2048,3072] [--steps 20] [--runs 5] [--json]
 
 Each rank trains on its own shard of a fixed synthetic regression problem (same seeds for both
 backends, so the two runs start from the same weights and see the same data). Both process
@@ -12,7 +12,9 @@ groups live in the same processes (plexus is the default group, gloo a new_group
 ranks), and the timed runs alternate between them. A run is `--steps` iterations (forward,
 backward with DDP's gradient allreduce, SGD step); its time is the slowest rank's mean per
 iteration, and each figure is the median of `--runs` runs. `--hidden` sets the MLP's width and so
-the gradient size (64: 33 KiB, 512: 1.3 MiB, 2048: 17 MiB of float32 gradients).
+the gradient size (64: 33 KiB, 512: 1.1 MiB, 2048: 16.5 MiB, 3072: 36.8 MiB of float32
+gradients). With --json it writes the figures as JSON lines (plexus/tooling/figures.hpp's
+format: bench/figure/value/unit/target/met), as `make bench` records them.
 """
 
 import argparse
@@ -90,7 +92,7 @@ def worker(rank, world, init_method, widths, steps, runs):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nprocs", default="2,4")
-    p.add_argument("--hidden", default="64,512,2048")
+    p.add_argument("--hidden", default="64,512,2048,3072")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--json", action="store_true")
@@ -121,7 +123,7 @@ def main():
                 print(_bench.figure_line(_bench.figure(
                     "torch_ddp", "loss curve max relative difference", diff, "fraction",
                     target=1e-4, met=same, nprocs=n, hidden=r["hidden"],
-                    final_loss_plexus=cp[-1], final_loss_gloo=cg[-1])))
+                    final_loss_plexus=cp[-1], final_loss_gloo=cg[-1])), flush=True)
             else:
                 print(f"{n} processes, MLP width {r['hidden']} ({grad_bytes / 1024:.0f} KiB of "
                       f"gradients), median of {a.runs} runs of {a.steps} steps:")
