@@ -54,7 +54,7 @@ BENCH_ARGS_collectives ?= --compare --runs 3
 BENCH_ARGS_rpc ?= --compare
 # plexus vs gloo through torch.distributed, 2 and 4 processes, medians of 5 (docs/torch.md).
 BENCH_ARGS_torch ?= --nprocs 2,4 --runs 5
-BENCH_ARGS_torch_ddp ?= --nprocs 2,4 --hidden 64,512,2048,3072 --runs 5
+BENCH_ARGS_torch_ddp ?= --nprocs 2,4 --hidden 64,512,1024,2048 --batch 4 --steps 10 --runs 5
 
 bench: build
 	@mkdir -p $(REPORT_DIR); failed=""; \
