@@ -49,11 +49,14 @@ test: build
 # lines to $(REPORT_DIR); then tools/plot/plexus-plot draws the PNGs and report.md there. A
 # benchmark that fails is named at the end and the others still run.
 REPORT_DIR ?= $(BUILD_DIR)/bench-report
-BENCHES ?= transport collectives placement moe rpc aggregation multipath
+BENCHES ?= transport collectives placement moe rpc aggregation multipath torch torch_ddp
 BENCH_ARGS_collectives ?= --compare --runs 3
 BENCH_ARGS_rpc ?= --compare
 BENCH_ARGS_aggregation ?= --compare --runs 3
 BENCH_ARGS_multipath ?= --compare
+# plexus vs gloo through torch.distributed, 2 and 4 processes, medians of 5 (docs/torch.md).
+BENCH_ARGS_torch ?= --nprocs 2,4 --runs 5
+BENCH_ARGS_torch_ddp ?= --nprocs 2,4 --hidden 64,512,1024,2048 --batch 4 --steps 10 --runs 5
 
 bench: build
 	@mkdir -p $(REPORT_DIR); failed=""; \

@@ -4,7 +4,7 @@ backend "plexus" and with "gloo" in the same invocation: the loss curves side by
 agree) and the time per iteration.
 
     PYTHONPATH=build/python OMP_NUM_THREADS=1 /usr/bin/python3 examples/torch_ddp.py \
-        [--nprocs 2,4] [--hidden 64,512,2048] [--steps 20] [--runs 5] [--json]
+        [--nprocs 2,4] [--hidden 64,512,2048] [--batch 32] [--steps 20] [--runs 5] [--json]
 
 Each rank trains on its own shard of a fixed synthetic regression problem (same seeds for both
 backends, so the two runs start from the same weights and see the same data). Both process
@@ -12,7 +12,9 @@ groups live in the same processes (plexus is the default group, gloo a new_group
 ranks), and the timed runs alternate between them. A run is `--steps` iterations (forward,
 backward with DDP's gradient allreduce, SGD step); its time is the slowest rank's mean per
 iteration, and each figure is the median of `--runs` runs. `--hidden` sets the MLP's width and so
-the gradient size (64: 33 KiB, 512: 1.3 MiB, 2048: 17 MiB of float32 gradients).
+the gradient size (64: 33 KiB, 512: 1.1 MiB, 2048: 16.5 MiB, 3072: 36.8 MiB of float32
+gradients). With --json it writes the figures as JSON lines (plexus/tooling/figures.hpp's
+format: bench/figure/value/unit/target/met), as `make bench` records them.
 """
 
 import argparse
@@ -27,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import plexus_torch  # noqa: F401  (registers the backend "plexus")
 from plexus_torch import _bench
 
-IN, BATCH, LR = 64, 32, 0.01
+IN, LR = 64, 0.01
 
 
 def make_model(hidden):
@@ -36,11 +38,11 @@ def make_model(hidden):
                          nn.Linear(hidden, 1))
 
 
-def shard(rank, steps):
+def shard(rank, steps, batch):
     g = torch.Generator().manual_seed(1000 + rank)
     w = torch.randn(IN, 1, generator=torch.Generator().manual_seed(7))
-    xs = torch.randn(steps, BATCH, IN, generator=g)
-    return xs, xs @ w + 0.01 * torch.randn(steps, BATCH, 1, generator=g)
+    xs = torch.randn(steps, batch, IN, generator=g)
+    return xs, xs @ w + 0.01 * torch.randn(steps, batch, 1, generator=g)
 
 
 def train(model, group, xs, ys):
@@ -60,11 +62,11 @@ def train(model, group, xs, ys):
     return torch.stack(losses), per_iter
 
 
-def worker(rank, world, init_method, widths, steps, runs):
+def worker(rank, world, init_method, widths, steps, runs, batch):
     _bench.pin_threads()
     dist.init_process_group("plexus", init_method=init_method, rank=rank, world_size=world)
     groups = {"plexus": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
-    xs, ys = shard(rank, steps)
+    xs, ys = shard(rank, steps, batch)
     out = []
     for hidden in widths:
         params = sum(p.numel() for p in make_model(hidden).parameters())
@@ -92,6 +94,8 @@ def main():
     p.add_argument("--nprocs", default="2,4")
     p.add_argument("--hidden", default="64,512,2048")
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--batch", type=int, default=32,
+                   help="samples per rank and step (the compute grows with batch x width^2)")
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
@@ -99,7 +103,7 @@ def main():
     widths = [int(x) for x in a.hidden.split(",")]
     ok = True
     for n in nprocs:
-        res = _bench.spawn(worker, n, widths, a.steps, a.runs)
+        res = _bench.spawn(worker, n, widths, a.steps, a.runs, a.batch)
         for r in res:
             t = {b: _bench.median(v) for b, v in r["times"].items()}
             cp, cg = r["curves"]["plexus"], r["curves"]["gloo"]
@@ -112,7 +116,7 @@ def main():
                 for b in ("plexus", "gloo"):
                     print(_bench.figure_line(_bench.figure(
                         "torch_ddp", "ddp iteration time", t[b] * 1e3, "ms", impl=b, nprocs=n,
-                        hidden=r["hidden"], grad_bytes=grad_bytes, runs=a.runs, steps=a.steps,
+                        hidden=r["hidden"], grad_bytes=grad_bytes, runs=a.runs, steps=a.steps, batch=a.batch,
                         time_ms_min=min(r["times"][b]) * 1e3,
                         time_ms_max=max(r["times"][b]) * 1e3)))
                 print(_bench.figure_line(_bench.figure(
@@ -121,7 +125,7 @@ def main():
                 print(_bench.figure_line(_bench.figure(
                     "torch_ddp", "loss curve max relative difference", diff, "fraction",
                     target=1e-4, met=same, nprocs=n, hidden=r["hidden"],
-                    final_loss_plexus=cp[-1], final_loss_gloo=cg[-1])))
+                    final_loss_plexus=cp[-1], final_loss_gloo=cg[-1])), flush=True)
             else:
                 print(f"{n} processes, MLP width {r['hidden']} ({grad_bytes / 1024:.0f} KiB of "
                       f"gradients), median of {a.runs} runs of {a.steps} steps:")

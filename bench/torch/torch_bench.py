@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """dist.all_reduce through torch.distributed: backend plexus vs gloo, side by side.
 
-    build/bench/plexus-bench-torch [--nprocs 2] [--runs 5] [--json]   (a wrapper setting PYTHONPATH)
+    build/bench/plexus-bench-torch [--nprocs 2,4] [--runs 5] [--json]   (a wrapper setting PYTHONPATH)
 
 Both process groups live in the same processes (plexus is the default group, gloo a new_group
 over the same ranks); for each size (1 KiB..64 MiB of float32) the two alternate run by run.
@@ -58,21 +58,27 @@ def worker(rank, world, init_method, sizes, runs):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--nprocs", type=int, default=2)
+    p.add_argument("--nprocs", default="2,4", help="comma-separated process counts")
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--min-bytes", type=int, default=1 << 10)
     p.add_argument("--max-bytes", type=int, default=64 << 20)
     p.add_argument("--json", action="store_true", help="one JSON line per figure")
     a = p.parse_args()
-    if a.nprocs < 2 or a.runs < 1 or a.min_bytes < 4 or a.max_bytes < a.min_bytes:
+    nprocs = [int(x) for x in a.nprocs.split(",")]
+    if min(nprocs) < 2 or a.runs < 1 or a.min_bytes < 4 or a.max_bytes < a.min_bytes:
         p.error("need --nprocs >= 2, --runs >= 1, 4 <= --min-bytes <= --max-bytes")
     sizes = []
     s = a.min_bytes
     while s <= a.max_bytes:
         sizes.append(s)
         s *= 4
-    res = _bench.spawn(worker, a.nprocs, sizes, a.runs)
-    factor = 2 * (a.nprocs - 1) / a.nprocs
+    for n in nprocs:
+        report(n, a, _bench.spawn(worker, n, sizes, a.runs))
+    return 0
+
+
+def report(nprocs, a, res):
+    factor = 2 * (nprocs - 1) / nprocs
     rows = []
     for nbytes, iters, times in res["points"]:
         busbw = {}
@@ -81,19 +87,19 @@ def main():
             busbw[impl] = nbytes / med * factor / 1e9
             rows.append(_bench.figure(
                 BENCH, "allreduce busbw", busbw[impl], "GB/s", impl=impl,
-                transport=res["transport"] if impl == "plexus" else "tcp", nprocs=a.nprocs,
+                transport=res["transport"] if impl == "plexus" else "tcp", nprocs=nprocs,
                 bytes=nbytes, dtype="float32", time_us=med * 1e6, time_us_min=min(ts) * 1e6,
                 time_us_max=max(ts) * 1e6, runs=len(ts), iters=iters))
         ratio = busbw["plexus"] / busbw["gloo"]
         target = 1.2 if nbytes >= (1 << 20) else None
         rows.append(_bench.figure(BENCH, "allreduce busbw plexus/gloo", ratio, "ratio", target=target,
-                                  met=(ratio >= target) if target else None, nprocs=a.nprocs,
+                                  met=(ratio >= target) if target else None, nprocs=nprocs,
                                   bytes=nbytes))
     if a.json:
         for r in rows:
             print(_bench.figure_line(r), flush=True)
-        return 0
-    print(f"torch.distributed all_reduce, {a.nprocs} processes, median of {a.runs} runs "
+        return
+    print(f"torch.distributed all_reduce, {nprocs} processes, median of {a.runs} runs "
           f"(plexus over {res['transport']})")
     print(f"{'bytes':>10} {'plexus us':>10} {'gloo us':>10} {'plexus GB/s':>12} {'gloo GB/s':>10} {'ratio':>6}  target")
     by = {}
@@ -103,9 +109,7 @@ def main():
         ratio = d["ratio"]
         tgt = "" if "target" not in ratio else f">= {ratio['target']} {'met' if ratio['met'] else 'MISSED'}"
         print(f"{nbytes:>10} {d['plexus']['time_us']:>10.1f} {d['gloo']['time_us']:>10.1f} "
-              f"{d['plexus']['value']:>12.3f} {d['gloo']['value']:>10.3f} {ratio['value']:>6.2f}  {tgt}")
-    return 0
-
+              f"{d['plexus']['value']:>12.3f} {d['gloo']['value']:>10.3f} {ratio['value']:>6.2f}  {tgt}", flush=True)
 
 if __name__ == "__main__":
     sys.exit(main())

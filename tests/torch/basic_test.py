@@ -148,6 +148,46 @@ def collectives(rank, world):
     dist.barrier()
 
 
+def ordering(rank, world):
+    # Calls run in issue order whoever runs them: waiting only on the last of several async
+    # calls runs the earlier ones first (in this thread or the executor), with their copies out.
+    col = torch.arange(12, dtype=torch.float32).view(3, 4)[:, 1] + rank  # strided: staged
+    a = torch.full((1000,), float(rank))
+    b = torch.full((3,), float(rank + 1), dtype=torch.float64) if rank == 0 else torch.zeros(3, dtype=torch.float64)
+    c = torch.full((2,), rank + 1, dtype=torch.int32)
+    works = [dist.all_reduce(col, async_op=True), dist.all_reduce(a, async_op=True),
+             dist.broadcast(b, 0, async_op=True), dist.all_reduce(c, op=dist.ReduceOp.MAX, async_op=True)]
+    works[-1].wait()
+    check_equal("order: staged allreduce", col, torch.tensor([1.0, 5.0, 9.0]) * world + sum(range(world)))
+    check_equal("order: allreduce", a, torch.full((1000,), float(sum(range(world)))))
+    check_equal("order: broadcast", b, torch.ones(3, dtype=torch.float64))
+    check_equal("order: max", c, torch.full((2,), world, dtype=torch.int32))
+    for w in works:
+        w.wait()
+        assert w.is_completed() and w.is_success()
+    # A future callback may issue and wait() on a later call of the same group: the callback runs
+    # after the thread that ran the first call gave up running calls, so it does not wait on
+    # itself.
+    first = torch.full((4,), float(rank))
+    second = torch.full((4,), float(rank + 1))
+
+    def then(fut):
+        dist.all_reduce(second, async_op=True).wait()
+        return fut.value()[0] + second
+
+    got = dist.all_reduce(first, async_op=True).get_future().then(then).wait()
+    check_equal("callback waits on a later call", got,
+                torch.full((4,), float(sum(range(world)) + sum(range(1, world + 1)))))
+    # Many small async calls waited in reverse order: each completes once, with its value.
+    ts = [torch.full((8,), float(i + rank)) for i in range(50)]
+    ws = [dist.all_reduce(t, async_op=True) for t in ts]
+    for w in reversed(ws):
+        w.wait()
+    for i, t in enumerate(ts):
+        check_equal(f"reverse wait {i}", t, torch.full((8,), float(i * world + sum(range(world)))))
+    dist.barrier()
+
+
 def refusals(rank, world):
     def expect(fn, text):
         try:
@@ -206,7 +246,8 @@ def hung(rank, world):
     raise AssertionError("allreduce with a hung peer did not fail")
 
 
-CASES = {"collectives": (collectives, 3, 60), "refusals": (refusals, 2, 60),
+CASES = {"collectives": (collectives, 3, 60), "ordering": (ordering, 3, 60),
+         "refusals": (refusals, 2, 60),
          "failures": (failures, 2, 3), "hung": (hung, 2, 3)}
 
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "plexus/base/env.hpp"
 #include "plexus/base/host.hpp"
+#include "plexus/base/status.hpp"
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/config.hpp"
 #include "plexus/transport/rendezvous.hpp"
@@ -73,9 +74,35 @@ std::optional<pc::ReduceOp> PlexusOp(const c10d::ReduceOp& op) {
   }
 }
 
-// The Work a call returns: completed by the group's completion thread once every part (the
-// communicator's Works it issued) finished and the post step (copies into the caller's tensors)
-// ran.
+// One blocking communicator call of a Work (run by whichever thread executes the Work).
+using Call = std::function<absl::Status()>;
+
+class PlexusWork;
+
+// The group's queue of issued calls, shared with its Works (a Work may outlive the group). The
+// calls run one at a time in issue order, in the group's executor thread or in a thread blocked
+// in Work::wait() on one of them (it runs the queue up to its own call itself, so that a
+// synchronous call costs no thread hand-off). Each call is a blocking communicator call made in
+// the running thread: no thread of the communicator is involved. Results are completed (the
+// future's callbacks run) after the executing role is released, so a callback may wait() on a
+// later call.
+struct Scheduler {
+  int rank = 0;
+  int size = 1;
+  std::mutex mu;
+  std::condition_variable cv;  // queue, executing and completions changed
+  std::deque<c10::intrusive_ptr<PlexusWork>> queue;
+  uint64_t issued = 0;     // sequence number of the last queued Work
+  bool executing = false;  // a thread runs a call of the queue's head
+  bool stop = false;
+
+  // Runs the head of the queue (its calls, copies out, completion). Called with `lock` held,
+  // !executing and a non-empty queue; returns with it held.
+  void RunHead(std::unique_lock<std::mutex>& lock);
+};
+
+// The Work a call returns: completed once its communicator calls ran (in issue order, see
+// Scheduler) and the post step (copies into the caller's tensors) ran.
 class PlexusWork final : public c10d::Work {
  public:
   PlexusWork(int rank, c10d::OpType type, std::string what, std::vector<at::Tensor> outputs)
@@ -88,58 +115,83 @@ class PlexusWork final : public c10d::Work {
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
-  // Filled by the issuing call before the work is queued; read by the completion thread.
-  std::vector<std::shared_ptr<pc::Work>> parts;
-  std::function<void()> post;              // runs after every part succeeded
-  std::vector<at::Tensor> keep_alive;      // staging buffers the parts read or write
-  std::vector<std::vector<size_t>> spans;  // counts/displacements the parts read
+  // Filled by the issuing call before the work is queued; read by the executing thread.
+  std::vector<Call> parts;             // blocking communicator calls, in order
+  std::function<void()> post;          // runs after every part succeeded
+  std::vector<at::Tensor> keep_alive;  // staging buffers the parts read or write
+  uint64_t sequence = 0;               // position in the group's issue order
+  std::shared_ptr<Scheduler> scheduler;
 
-  // Waits for the parts, then completes the work unless another thread claimed it first
-  // (the completion thread and a caller blocked in wait() race; the first one done wins, so a
-  // synchronous call never waits for the completion thread to be scheduled). Returns whether
-  // this thread completed it.
-  bool Complete(int rank, int size) {
-    absl::Status status;
+  // Runs the parts (stopping at the first failure: the communicator is broken then) and the
+  // post step; returns the work's status.
+  absl::Status Execute() {
     for (const auto& part : parts) {
-      absl::Status s = part->Wait();
-      if (status.ok() && !s.ok()) status = std::move(s);
+      PLEXUS_RETURN_IF_ERROR(part());
     }
-    if (claimed_.exchange(true)) return false;
-    std::exception_ptr error;
-    if (status.ok() && post) {
+    if (post) {
       try {
         post();
       } catch (const std::exception& e) {
-        status = absl::InternalError(absl::StrCat("copying the result out: ", e.what()));
+        return absl::InternalError(absl::StrCat("copying the result out: ", e.what()));
       }
     }
+    return absl::OkStatus();
+  }
+
+  // Completes the future (running its callbacks) and the work; drops the buffers.
+  void Finish(const absl::Status& status, int rank, int size) {
+    parts.clear();
+    post = nullptr;
+    keep_alive.clear();
+    std::exception_ptr error;
     if (!status.ok()) {
       error = std::make_exception_ptr(std::runtime_error(absl::StrCat(
           "plexus: ", what_, " failed on rank ", rank, " of ", size, ": ", status.ToString())));
-    }
-    if (error) {
       future_->setError(error);
     } else {
       future_->markCompleted(c10::IValue(outputs_));
     }
     finish(error);
-    return true;
   }
 
+  // A blocking wait runs the queue up to this work in the calling thread when no other thread
+  // executes it already (the GIL is released by torch's binding).
   bool wait(std::chrono::milliseconds timeout) override {
-    if (timeout == kNoTimeout) Complete(rank_, size_);
+    if (timeout == kNoTimeout && scheduler != nullptr) {
+      std::shared_ptr<Scheduler> s = scheduler;
+      std::unique_lock<std::mutex> lock(s->mu);
+      while (!isCompleted()) {
+        if (!s->executing && !s->queue.empty() && s->queue.front()->sequence <= sequence) {
+          s->RunHead(lock);
+        } else {
+          s->cv.wait(lock);
+        }
+      }
+    }
     return c10d::Work::wait(timeout);
   }
-
-  void set_size(int size) { size_ = size; }
 
  private:
   std::string what_;
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
-  std::atomic<bool> claimed_{false};
-  int size_ = 1;
 };
+
+void Scheduler::RunHead(std::unique_lock<std::mutex>& lock) {
+  c10::intrusive_ptr<PlexusWork> work = std::move(queue.front());
+  queue.pop_front();
+  executing = true;
+  lock.unlock();
+  const absl::Status status = work->Execute();
+  lock.lock();
+  executing = false;
+  lock.unlock();
+  cv.notify_all();  // the next call may start while this one's callbacks run
+  work->Finish(status, rank, size);
+  work->scheduler.reset();
+  lock.lock();
+  cv.notify_all();  // isCompleted() changed: waiters re-check under `mu`
+}
 
 bool IsCuda(const at::Tensor& t) { return t.device().is_cuda(); }
 
@@ -153,25 +205,19 @@ struct ProcessGroupPlexus::Impl {
   std::unique_ptr<pc::Communicator> comm;
   uint64_t sequence = 0;
 
-  // Issue order = completion order: calls are issued under `issue_mu` and queued in that order.
+  // Calls are issued under `issue_mu` and queued in that order.
   std::mutex issue_mu;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<c10::intrusive_ptr<PlexusWork>> queue;
-  bool stop = false;
-  std::thread completer;
+  std::shared_ptr<Scheduler> scheduler = std::make_shared<Scheduler>();
+  std::thread executor;
 
+  // The executor thread: runs queued calls no waiting caller runs itself.
   void Run() {
+    Scheduler& s = *scheduler;
+    std::unique_lock<std::mutex> lock(s.mu);
     for (;;) {
-      c10::intrusive_ptr<PlexusWork> work;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stop || !queue.empty(); });
-        if (queue.empty()) return;
-        work = std::move(queue.front());
-        queue.pop_front();
-      }
-      work->Complete(rank, size);
+      s.cv.wait(lock, [&] { return !s.executing && (s.stop || !s.queue.empty()); });
+      if (s.queue.empty()) return;
+      s.RunHead(lock);
     }
   }
 
@@ -276,9 +322,7 @@ struct ProcessGroupPlexus::Impl {
   c10::intrusive_ptr<PlexusWork> NewWork(c10d::OpType type, std::string what,
                                          std::vector<at::Tensor> outputs) {
     ++sequence;
-    auto work = c10::make_intrusive<PlexusWork>(rank, type, std::move(what), std::move(outputs));
-    work->set_size(size);
-    return work;
+    return c10::make_intrusive<PlexusWork>(rank, type, std::move(what), std::move(outputs));
   }
   static void SetPosts(PlexusWork& work, std::vector<std::function<void()>> posts) {
     if (posts.empty()) return;
@@ -290,7 +334,7 @@ struct ProcessGroupPlexus::Impl {
   // both alive, starts `start(send, recv)`, copies back into `output` when the call ends, queues.
   c10::intrusive_ptr<c10d::Work> StartOneToOne(
       c10::intrusive_ptr<PlexusWork> work, at::Tensor send, at::Tensor& output,
-      const std::function<std::shared_ptr<pc::Work>(at::Tensor&, at::Tensor&)>& start) {
+      const std::function<Call(at::Tensor&, at::Tensor&)>& start) {
     std::vector<std::function<void()>> posts;
     at::Tensor recv = InOut(output, posts);
     SyncIfCuda(send);
@@ -300,11 +344,13 @@ struct ProcessGroupPlexus::Impl {
     return Queue(work);
   }
   c10::intrusive_ptr<c10d::Work> Queue(c10::intrusive_ptr<PlexusWork> work) {
+    work->scheduler = scheduler;
     {
-      std::lock_guard<std::mutex> lock(mu);
-      queue.push_back(work);
+      std::lock_guard<std::mutex> lock(scheduler->mu);
+      work->sequence = ++scheduler->issued;
+      scheduler->queue.push_back(work);
     }
-    cv.notify_one();
+    scheduler->cv.notify_all();
     return work;
   }
 };
@@ -352,7 +398,9 @@ c10::intrusive_ptr<ProcessGroupPlexus> ProcessGroupPlexus::Create(
   auto comm = pc::Communicator::Create(*impl->rendezvous, options);
   if (!comm.ok()) fail("connecting the ranks", comm.status());
   impl->comm = std::move(*comm);
-  impl->completer = std::thread([p = impl.get()] { p->Run(); });
+  impl->scheduler->rank = rank;
+  impl->scheduler->size = size;
+  impl->executor = std::thread([p = impl.get()] { p->Run(); });
   return c10::intrusive_ptr<ProcessGroupPlexus>::unsafe_steal_from_new(
       new ProcessGroupPlexus(rank, size, std::move(impl)));
 }
@@ -370,11 +418,12 @@ ProcessGroupPlexus::~ProcessGroupPlexus() {
   const GilReleaser releaser = gil_releaser.load();
   std::shared_ptr<void> no_gil = releaser != nullptr ? releaser() : nullptr;
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->stop = true;
+    std::lock_guard<std::mutex> lock(impl_->scheduler->mu);
+    impl_->scheduler->stop = true;
   }
-  impl_->cv.notify_all();
-  if (impl_->completer.joinable()) impl_->completer.join();
+  impl_->scheduler->cv.notify_all();
+  // The executor drains the queue (and waits for a caller running a call) before it returns.
+  if (impl_->executor.joinable()) impl_->executor.join();
   impl_->comm.reset();
 }
 
@@ -396,8 +445,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::broadcast(std::vector<at::Ten
   at::Tensor buf = Impl::InOut(tensors[0], posts);
   Impl::SyncIfCuda(buf);
   work->keep_alive = {buf};
-  work->parts.push_back(m.comm->BroadcastAsync(buf.data_ptr(), buf.data_ptr(), buf.nbytes(),
-                                               pc::DataType::kU8, static_cast<int>(opts.rootRank)));
+  work->parts.push_back(Call([=, c = m.comm.get()] {
+    return c->Broadcast(buf.data_ptr(), buf.data_ptr(), buf.nbytes(), pc::DataType::kU8,
+                        static_cast<int>(opts.rootRank));
+  }));
   Impl::SetPosts(*work, std::move(posts));
   return m.Queue(work);
 }
@@ -414,8 +465,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::allreduce(std::vector<at::Ten
   at::Tensor buf = Impl::InOut(tensors[0], posts);
   Impl::SyncIfCuda(buf);
   work->keep_alive = {buf};
-  work->parts.push_back(
-      m.comm->AllReduceAsync(buf.data_ptr(), buf.data_ptr(), buf.numel(), dtype, op));
+  work->parts.push_back(Call([=, c = m.comm.get()] {
+    return c->AllReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dtype, op);
+  }));
   Impl::SetPosts(*work, std::move(posts));
   return m.Queue(work);
 }
@@ -438,8 +490,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::allreduce_coalesced(
     at::Tensor buf = Impl::InOut(tensors[i], posts);
     Impl::SyncIfCuda(buf);
     work->keep_alive.push_back(buf);
-    work->parts.push_back(
-        m.comm->AllReduceAsync(buf.data_ptr(), buf.data_ptr(), buf.numel(), dtypes[i], op));
+    const pc::DataType d = dtypes[i];
+    work->parts.push_back(Call([=, c = m.comm.get()] {
+      return c->AllReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), d, op);
+    }));
   }
   Impl::SetPosts(*work, std::move(posts));
   return m.Queue(work);
@@ -459,9 +513,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::reduce(std::vector<at::Tensor
   at::Tensor buf = root ? Impl::InOut(tensors[0], posts) : Impl::Input(tensors[0]);
   Impl::SyncIfCuda(buf);
   work->keep_alive = {buf};
-  work->parts.push_back(m.comm->ReduceAsync(buf.data_ptr(), root ? buf.data_ptr() : nullptr,
-                                            buf.numel(), dtype, op,
-                                            static_cast<int>(opts.rootRank)));
+  work->parts.push_back(Call([=, c = m.comm.get()] {
+    return c->Reduce(buf.data_ptr(), root ? buf.data_ptr() : nullptr, buf.numel(), dtype, op,
+                     static_cast<int>(opts.rootRank));
+  }));
   Impl::SetPosts(*work, std::move(posts));
   return m.Queue(work);
 }
@@ -500,8 +555,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::allgather(
   at::Tensor recv = Blocks(in, m.size);
   Impl::SyncIfCuda(send);
   work->keep_alive = {send, recv};
-  work->parts.push_back(
-      m.comm->AllGatherAsync(send.data_ptr(), recv.data_ptr(), send.nbytes(), pc::DataType::kU8));
+  work->parts.push_back(Call([=, c = m.comm.get()] {
+    return c->AllGather(send.data_ptr(), recv.data_ptr(), send.nbytes(), pc::DataType::kU8);
+  }));
   work->post = [outs = outputs[0], recv, n = in.numel()]() mutable {
     for (size_t r = 0; r < outs.size(); ++r) {
       outs[r].copy_(recv.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
@@ -556,8 +612,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::_allgather_base(at::Tensor& o
   std::lock_guard<std::mutex> issue(m.issue_mu);
   auto work = m.NewWork(c10d::OpType::_ALLGATHER_BASE, "_allgather_base", {output});
   return m.StartOneToOne(work, Impl::Input(input), output, [&](at::Tensor& send, at::Tensor& recv) {
-    return m.comm->AllGatherAsync(send.data_ptr(), recv.data_ptr(), send.nbytes(),
-                                  pc::DataType::kU8);
+    return Call([=, c = m.comm.get()] {
+      return c->AllGather(send.data_ptr(), recv.data_ptr(), send.nbytes(), pc::DataType::kU8);
+    });
   });
 }
 
@@ -584,7 +641,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::reduce_scatter(
   std::vector<at::Tensor> flat;
   for (const auto& i : inputs[0]) flat.push_back(i.reshape({-1}));
   return m.StartOneToOne(work, at::cat(flat), outputs[0], [&](at::Tensor& send, at::Tensor& recv) {
-    return m.comm->ReduceScatterAsync(send.data_ptr(), recv.data_ptr(), recv.numel(), dtype, op);
+    return Call([=, c = m.comm.get()] {
+      return c->ReduceScatter(send.data_ptr(), recv.data_ptr(), recv.numel(), dtype, op);
+    });
   });
 }
 
@@ -604,7 +663,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::_reduce_scatter_base(
   std::lock_guard<std::mutex> issue(m.issue_mu);
   auto work = m.NewWork(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", {output});
   return m.StartOneToOne(work, Impl::Input(input), output, [&](at::Tensor& send, at::Tensor& recv) {
-    return m.comm->ReduceScatterAsync(send.data_ptr(), recv.data_ptr(), recv.numel(), dtype, op);
+    return Call([=, c = m.comm.get()] {
+      return c->ReduceScatter(send.data_ptr(), recv.data_ptr(), recv.numel(), dtype, op);
+    });
   });
 }
 
@@ -662,11 +723,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::alltoall_base(
   at::Tensor recv = Impl::InOut(output, posts);
   Impl::SyncIfCuda(send);
   work->keep_alive = {send, recv};
-  work->spans = {std::move(send_counts), std::move(send_displs), std::move(recv_counts),
-                 std::move(recv_displs)};
-  const auto& s = work->spans;
-  work->parts.push_back(m.comm->AllToAllVAsync(send.data_ptr(), s[0], s[1], recv.data_ptr(), s[2],
-                                               s[3], pc::DataType::kU8));
+  // The counts and displacements travel in the call (the communicator reads them as it runs).
+  const std::vector<std::vector<size_t>> s = {std::move(send_counts), std::move(send_displs),
+                                              std::move(recv_counts), std::move(recv_displs)};
+  work->parts.push_back(Call([=, c = m.comm.get()] {
+    return c->AllToAllV(send.data_ptr(), s[0], s[1], recv.data_ptr(), s[2], s[3],
+                        pc::DataType::kU8);
+  }));
   Impl::SetPosts(*work, std::move(posts));
   return m.Queue(work);
 }
@@ -705,11 +768,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::alltoall(std::vector<at::Tens
   at::Tensor recv = at::empty({static_cast<int64_t>(recv_at)}, send.options().dtype(at::kByte));
   Impl::SyncIfCuda(send);
   work->keep_alive = {send, recv};
-  work->spans = {std::move(send_counts), std::move(send_displs), std::move(recv_counts),
-                 std::move(recv_displs)};
-  const auto& s = work->spans;
-  work->parts.push_back(m.comm->AllToAllVAsync(send.data_ptr(), s[0], s[1], recv.data_ptr(), s[2],
-                                               s[3], pc::DataType::kU8));
+  // The counts and displacements travel in the call (the communicator reads them as it runs).
+  const std::vector<std::vector<size_t>> s = {std::move(send_counts), std::move(send_displs),
+                                              std::move(recv_counts), std::move(recv_displs)};
+  work->parts.push_back(Call([=, c = m.comm.get()] {
+    return c->AllToAllV(send.data_ptr(), s[0], s[1], recv.data_ptr(), s[2], s[3],
+                        pc::DataType::kU8);
+  }));
   work->post = [outs = outputs, recv, displs = s[3], counts = s[2]]() mutable {
     for (size_t r = 0; r < outs.size(); ++r) {
       at::Tensor bytes =
@@ -736,8 +801,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::gather(
   Impl::SyncIfCuda(send);
   work->keep_alive.push_back(send);
   if (m.rank != root) {
-    work->parts.push_back(
-        m.comm->SendAsync(send.data_ptr(), send.nbytes(), pc::DataType::kU8, root));
+    work->parts.push_back(Call([=, c = m.comm.get()] {
+      return c->Send(send.data_ptr(), send.nbytes(), pc::DataType::kU8, root);
+    }));
     return m.Queue(work);
   }
   // The root's own block is copied first, then staged outputs are copied back.
@@ -749,7 +815,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::gather(
       posts.push_back([out, send]() mutable { out.view(-1).copy_(send.view(-1)); });
       continue;
     }
-    work->parts.push_back(m.comm->RecvAsync(out.data_ptr(), out.nbytes(), pc::DataType::kU8, r));
+    work->parts.push_back(Call([=, c = m.comm.get()] {
+      return c->Recv(out.data_ptr(), out.nbytes(), pc::DataType::kU8, r);
+    }));
   }
   posts.insert(posts.end(), copy_back.begin(), copy_back.end());
   Impl::SetPosts(*work, std::move(posts));
@@ -771,8 +839,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::scatter(
   at::Tensor recv = Impl::InOut(out, posts);
   work->keep_alive.push_back(recv);
   if (m.rank != root) {
-    work->parts.push_back(
-        m.comm->RecvAsync(recv.data_ptr(), recv.nbytes(), pc::DataType::kU8, root));
+    work->parts.push_back(Call([=, c = m.comm.get()] {
+      return c->Recv(recv.data_ptr(), recv.nbytes(), pc::DataType::kU8, root);
+    }));
   } else {
     for (int r = 0; r < m.size; ++r) {
       at::Tensor send = Impl::Input(inputs[0][r]);
@@ -782,8 +851,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::scatter(
         posts.insert(posts.begin(), [recv, send]() mutable { recv.view(-1).copy_(send.view(-1)); });
         continue;
       }
-      work->parts.push_back(
-          m.comm->SendAsync(send.data_ptr(), send.nbytes(), pc::DataType::kU8, r));
+      work->parts.push_back(Call([=, c = m.comm.get()] {
+        return c->Send(send.data_ptr(), send.nbytes(), pc::DataType::kU8, r);
+      }));
     }
   }
   Impl::SetPosts(*work, std::move(posts));
@@ -800,7 +870,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::send(std::vector<at::Tensor>&
   at::Tensor buf = Impl::Input(tensors[0]);
   Impl::SyncIfCuda(buf);
   work->keep_alive = {buf};
-  work->parts.push_back(m.comm->SendAsync(buf.data_ptr(), buf.nbytes(), pc::DataType::kU8, dst));
+  work->parts.push_back(Call([=, c = m.comm.get()] {
+    return c->Send(buf.data_ptr(), buf.nbytes(), pc::DataType::kU8, dst);
+  }));
   return m.Queue(work);
 }
 
@@ -814,7 +886,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::recv(std::vector<at::Tensor>&
   std::vector<std::function<void()>> posts;
   at::Tensor buf = Impl::InOut(tensors[0], posts);
   work->keep_alive = {buf};
-  work->parts.push_back(m.comm->RecvAsync(buf.data_ptr(), buf.nbytes(), pc::DataType::kU8, src));
+  work->parts.push_back(Call([=, c = m.comm.get()] {
+    return c->Recv(buf.data_ptr(), buf.nbytes(), pc::DataType::kU8, src);
+  }));
   Impl::SetPosts(*work, std::move(posts));
   return m.Queue(work);
 }
@@ -823,7 +897,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::barrier(const c10d::BarrierOp
   Impl& m = *impl_;
   std::lock_guard<std::mutex> issue(m.issue_mu);
   auto work = m.NewWork(c10d::OpType::BARRIER, "barrier", {});
-  work->parts.push_back(m.comm->BarrierAsync());
+  work->parts.push_back(Call([=, c = m.comm.get()] { return c->Barrier(); }));
   return m.Queue(work);
 }
 

@@ -7,8 +7,11 @@
 //  - The rendezvous runs over the c10d::Store torch hands the backend (a prefixed store per
 //    group, so new_group works); no second store is opened.
 //  - Ranks on one host connect over shm, others over tcp (PLEXUS_TORCH_TRANSPORT overrides).
-//  - Every collective is issued asynchronously on the communicator in call order; the returned
-//    Work completes (wait, isCompleted, getFuture) from the group's completion thread.
+//  - Every call is queued in call order and runs as blocking communicator calls, one at a time,
+//    in the group's executor thread, or in the caller's thread when it blocks in wait() before
+//    the executor got to it (a synchronous call then costs no thread hand-off). The returned
+//    Work (wait, isCompleted, getFuture) completes in the thread that ran it; future callbacks
+//    run there too, after the next call may already have started.
 //  - CPU tensors of any layout-strided dtype move as bytes; reductions take f32, f64, f16,
 //    bf16, i32, i64 and u8 with SUM, AVG, PRODUCT, MIN and MAX; anything else is refused with a
 //    RuntimeError saying what is supported. Non-contiguous tensors are staged through
