@@ -115,8 +115,12 @@ TEST_CASE("hostile client: many calls never read; the server takes its window an
   CHECK(sent < kRequests);
 
   // The client goes away and the held calls are answered: the server takes at most another
-  // window from what the transport still held, never the whole backlog. (Whether it then notices
-  // the reset connection promptly is the tcp backend's business; here Shutdown ends it, bounded.)
+  // window from what the transport still held, never the whole backlog. The tcp backend fails
+  // the paused connection when the client's reset arrives (tests/transport/held_memory_test.cpp,
+  // "paused at the cap"), but the server only learns of it through completions: a PostSend or
+  // PostRecv refused on the failed connection (ServerCallImpl::Finish, PostRecvLocked) is
+  // dropped without Kill, so the connection stays in Connections() even after every call is
+  // answered. Until the server kills a connection whose posts fail, Shutdown ends it, bounded.
   (*conn)->Close();
   {
     std::lock_guard<std::mutex> lock(impl.mu);

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -97,6 +98,12 @@ class RawClient {
   void Close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
+  }
+  // Closes with a reset (RST) instead of a FIN, as a crashed peer's kernel may.
+  void Reset() {
+    const linger abort{.l_onoff = 1, .l_linger = 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &abort, sizeof abort);
+    Close();
   }
 
   // Writes a message frame header announcing `length` bytes.
@@ -493,4 +500,259 @@ TEST_CASE("inproc: a send the peer cannot hold is refused, the connection stays 
     CHECK(c.wr_id == static_cast<uint64_t>(i));
     CHECK(c.bytes == 1000);
   }
+}
+
+// A connection that stopped reading at its held-bytes cap must still notice that its peer is
+// gone: its own operations complete with an error naming the peer within the op_timeout, and the
+// messages the peer sent before it went away are delivered whole, in order, before the error.
+namespace {
+
+constexpr size_t kSmallCap = 256 << 10;
+constexpr size_t kSmallMessage = 64 << 10;
+constexpr absl::Duration kPeerTimeout = absl::Seconds(2);
+// Detection latency allowed: the op_timeout with some slack for a loaded 2-core machine.
+const absl::Duration kDetectBound = kPeerTimeout * 1.25 + absl::Milliseconds(500);
+
+std::shared_ptr<pt::Device> MakeSmallCapDevice() {
+  pt::DeviceOptions o;
+  o.backend = pt::Backend::kTcp;
+  o.local_address = "127.0.0.1";
+  o.op_timeout = kPeerTimeout;
+  o.max_held_bytes_per_connection = kSmallCap;
+  o.max_held_bytes_per_device = 4 * kSmallCap;
+  auto d = pt::Device::Create(o);
+  REQUIRE(d.ok());
+  return *d;
+}
+
+// Message i: every byte is (i * 31 + offset / 4096) & 0xff, and its first 4 bytes are i.
+std::vector<uint8_t> SmallMessage(int i) {
+  std::vector<uint8_t> m(kSmallMessage);
+  for (size_t j = 0; j < m.size(); ++j) m[j] = static_cast<uint8_t>(i * 31 + j / 4096);
+  std::memcpy(m.data(), &i, sizeof i);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("tcp: a connection paused at the cap fails its send when the peer resets", "[held]") {
+  auto dev = MakeSmallCapDevice();
+  auto cq = dev->CreateCompletionQueue();
+  auto listener = dev->Listen("");
+  REQUIRE(listener.ok());
+  RawClient client((*listener)->address());
+  auto conn = (*listener)->Accept(cq.get(), absl::Seconds(10));
+  REQUIRE(conn.ok());
+  const std::string peer = (*conn)->peer_address();
+  // The client writes 64 KiB messages until the receiver stops reading (no progress for 1 s).
+  int written = 0;
+  for (; written < 512; ++written) {
+    const std::vector<uint8_t> m = SmallMessage(written);
+    if (!client.Header(m.size(), absl::Seconds(1)) ||
+        !client.WriteAll(m.data(), m.size(), absl::Seconds(1))) {
+      break;
+    }
+  }
+  REQUIRE(written < 512);  // the receiver stopped reading
+  REQUIRE((*conn)->status().ok());
+  // An operation of the receiver's own that the client never reads: it stays outstanding.
+  std::vector<uint8_t> big(16 << 20, 7);
+  REQUIRE((*conn)->PostSend(pt::ConstBuffer{big.data(), big.size()}, 42).ok());
+  absl::SleepFor(absl::Milliseconds(200));
+  REQUIRE(cq->size() == 0);
+
+  const absl::Time t0 = absl::Now();
+  client.Reset();
+  pt::Completion c = Next(*cq, kPeerTimeout + absl::Seconds(10));
+  const absl::Duration took = absl::Now() - t0;
+  INFO(c.status.ToString() << " after " << absl::FormatDuration(took));
+  CHECK(c.wr_id == 42u);
+  CHECK(!c.status.ok());
+  CHECK(absl::StrContains(c.status.message(), peer));
+  CHECK(took <= kDetectBound);
+  CHECK(!(*conn)->status().ok());
+}
+
+TEST_CASE("tcp: a connection paused at the cap fails its send when the peer device is destroyed",
+          "[held]") {
+  auto sender = MakeSmallCapDevice();
+  auto receiver = MakeSmallCapDevice();
+  auto scq = sender->CreateCompletionQueue();
+  auto rcq = receiver->CreateCompletionQueue();
+  auto listener = receiver->Listen("");
+  REQUIRE(listener.ok());
+  auto out = sender->Connect((*listener)->address(), scq.get());
+  REQUIRE(out.ok());
+  auto in = (*listener)->Accept(rcq.get(), absl::Seconds(10));
+  REQUIRE(in.ok());
+  const std::string peer = (*in)->peer_address();
+  constexpr int kMessages = 128;  // 8 MiB: far more than the cap and the socket buffers
+  std::vector<std::vector<uint8_t>> sent;
+  for (int i = 0; i < kMessages; ++i) {
+    sent.push_back(SmallMessage(i));
+    REQUIRE((*out)->PostSend(pt::ConstBuffer{sent[i].data(), sent[i].size()}, i).ok());
+  }
+  absl::SleepFor(absl::Milliseconds(500));  // the receiver holds the cap and stops reading
+  REQUIRE((*in)->status().ok());
+  REQUIRE(scq->size() < kMessages);  // the sender is stuck
+
+  const absl::Time t0 = absl::Now();
+  out->reset();
+  sender.reset();  // the peer goes away with its sends still queued
+  // The receiver's own send to the dead peer must fail, naming it, within the op_timeout.
+  std::vector<uint8_t> big(16 << 20, 7);
+  REQUIRE((*in)->PostSend(pt::ConstBuffer{big.data(), big.size()}, 42).ok());
+  pt::Completion c = Next(*rcq, kPeerTimeout + absl::Seconds(10));
+  const absl::Duration took = absl::Now() - t0;
+  INFO(c.status.ToString() << " after " << absl::FormatDuration(took));
+  CHECK(c.wr_id == 42u);
+  CHECK(!c.status.ok());
+  CHECK(absl::StrContains(c.status.message(), peer));
+  CHECK(took <= kDetectBound);
+  CHECK(!(*in)->status().ok());
+}
+
+TEST_CASE("tcp: a connection paused at the cap delivers what a departed peer sent, then EOF",
+          "[held]") {
+  auto sender = MakeSmallCapDevice();
+  auto receiver = MakeSmallCapDevice();
+  auto scq = sender->CreateCompletionQueue();
+  auto rcq = receiver->CreateCompletionQueue();
+  auto listener = receiver->Listen("");
+  REQUIRE(listener.ok());
+  auto out = sender->Connect((*listener)->address(), scq.get());
+  REQUIRE(out.ok());
+  auto in = (*listener)->Accept(rcq.get(), absl::Seconds(10));
+  REQUIRE(in.ok());
+  const std::string peer = (*in)->peer_address();
+  constexpr int kMessages = 128;
+  std::vector<std::vector<uint8_t>> sent;
+  for (int i = 0; i < kMessages; ++i) {
+    sent.push_back(SmallMessage(i));
+    REQUIRE((*out)->PostSend(pt::ConstBuffer{sent[i].data(), sent[i].size()}, i).ok());
+  }
+  absl::SleepFor(absl::Milliseconds(500));  // the receiver holds the cap and stops reading
+  REQUIRE((*in)->status().ok());
+  // The sender goes away; the sends it had written completed (in order) before it did.
+  out->reset();
+  sender.reset();
+  int completed = 0;
+  while (scq->size() > 0) {
+    pt::Completion c = Next(*scq, absl::Seconds(1));
+    if (!c.status.ok()) break;
+    REQUIRE(c.wr_id == static_cast<uint64_t>(completed));
+    ++completed;
+  }
+  INFO("sender completed " << completed << " of " << kMessages);
+  REQUIRE(completed < kMessages);
+
+  // Receives drain what was held and what the kernel still has: every message the sender
+  // completed arrives intact and in order, then the end of the stream fails a receive, naming
+  // the peer, within the op_timeout.
+  std::vector<uint8_t> buf(kSmallMessage);
+  int got = 0;
+  absl::Status end;
+  for (int i = 0; i < kMessages && end.ok(); ++i) {
+    // Once the stream ended and nothing whole is left, the post itself reports the end.
+    if (absl::Status posted = (*in)->PostRecv({buf.data(), buf.size()}, i); !posted.ok()) {
+      end = posted;
+      break;
+    }
+    const absl::Time t0 = absl::Now();
+    pt::Completion c = Next(*rcq, kPeerTimeout + absl::Seconds(10));
+    const absl::Duration took = absl::Now() - t0;
+    INFO("receive " << i << ": " << c.status.ToString() << " after " << absl::FormatDuration(took));
+    REQUIRE(c.wr_id == static_cast<uint64_t>(i));
+    CHECK(took <= kDetectBound);
+    if (!c.status.ok()) {
+      end = c.status;
+      break;
+    }
+    REQUIRE(c.bytes == kSmallMessage);
+    REQUIRE(buf == sent[i]);
+    ++got;
+  }
+  INFO("received " << got << "; the end: " << end.ToString());
+  CHECK(got >= completed);
+  CHECK(got < kMessages);
+  CHECK(absl::IsUnavailable(end));
+  CHECK(absl::StrContains(end.message(), peer));
+}
+
+TEST_CASE("tcp: a connection paused at the cap fails its send when the peer hangs", "[held]") {
+  auto dev = MakeSmallCapDevice();
+  auto cq = dev->CreateCompletionQueue();
+  auto listener = dev->Listen("");
+  REQUIRE(listener.ok());
+  RawClient client((*listener)->address());
+  auto conn = (*listener)->Accept(cq.get(), absl::Seconds(10));
+  REQUIRE(conn.ok());
+  const std::string peer = (*conn)->peer_address();
+  int written = 0;
+  for (; written < 512; ++written) {
+    const std::vector<uint8_t> m = SmallMessage(written);
+    if (!client.Header(m.size(), absl::Seconds(1)) ||
+        !client.WriteAll(m.data(), m.size(), absl::Seconds(1))) {
+      break;
+    }
+  }
+  REQUIRE(written < 512);
+  // The client stays connected but neither reads nor writes: the receiver's send cannot finish
+  // and fails after op_timeout without progress.
+  std::vector<uint8_t> big(16 << 20, 7);
+  const absl::Time t0 = absl::Now();
+  REQUIRE((*conn)->PostSend(pt::ConstBuffer{big.data(), big.size()}, 42).ok());
+  pt::Completion c = Next(*cq, kPeerTimeout + absl::Seconds(10));
+  const absl::Duration took = absl::Now() - t0;
+  INFO(c.status.ToString() << " after " << absl::FormatDuration(took));
+  CHECK(c.wr_id == 42u);
+  CHECK(absl::IsDeadlineExceeded(c.status));
+  CHECK(absl::StrContains(c.status.message(), peer));
+  CHECK(took >= kPeerTimeout - absl::Milliseconds(100));
+  CHECK(took <= kDetectBound);
+}
+
+TEST_CASE("tcp: a paused connection whose peer closed delivers exactly what it sent, then EOF",
+          "[held]") {
+  auto dev = MakeSmallCapDevice();
+  auto cq = dev->CreateCompletionQueue();
+  auto listener = dev->Listen("");
+  REQUIRE(listener.ok());
+  RawClient client((*listener)->address());
+  auto conn = (*listener)->Accept(cq.get(), absl::Seconds(10));
+  REQUIRE(conn.ok());
+  const std::string peer = (*conn)->peer_address();
+  // 6 messages: above the cap (the receiver stops reading), within the kernel's socket buffers
+  // (the client's writes and its FIN all get through).
+  constexpr int kMessages = 6;
+  for (int i = 0; i < kMessages; ++i) {
+    const std::vector<uint8_t> m = SmallMessage(i);
+    REQUIRE(client.Header(m.size(), absl::Seconds(5)));
+    REQUIRE(client.WriteAll(m.data(), m.size(), absl::Seconds(5)));
+  }
+  client.Close();
+  absl::SleepFor(absl::Milliseconds(300));
+  // The peer's FIN waits behind its messages: nothing is lost, the connection is not failed yet.
+  CHECK((*conn)->status().ok());
+  std::vector<uint8_t> buf(kSmallMessage);
+  for (int i = 0; i < kMessages; ++i) {
+    REQUIRE((*conn)->PostRecv({buf.data(), buf.size()}, i).ok());
+    pt::Completion c = Next(*cq, absl::Seconds(10));
+    INFO("receive " << i << ": " << c.status.ToString());
+    REQUIRE(c.status.ok());
+    REQUIRE(c.wr_id == static_cast<uint64_t>(i));
+    REQUIRE(buf == SmallMessage(i));
+  }
+  // Then the end of the stream, naming the peer, promptly.
+  absl::Status end = (*conn)->PostRecv({buf.data(), buf.size()}, 99);
+  if (end.ok()) {
+    const absl::Time t0 = absl::Now();
+    pt::Completion c = Next(*cq, kPeerTimeout + absl::Seconds(10));
+    CHECK(c.wr_id == 99u);
+    CHECK(absl::Now() - t0 <= kDetectBound);
+    end = c.status;
+  }
+  INFO(end.ToString());
+  CHECK(absl::IsUnavailable(end));
+  CHECK(absl::StrContains(end.message(), peer));
 }
