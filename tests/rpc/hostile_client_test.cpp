@@ -117,16 +117,18 @@ TEST_CASE("hostile client: many calls never read; the server takes its window an
   // The client goes away and the held calls are answered: the server takes at most another
   // window from what the transport still held, never the whole backlog. The tcp backend fails
   // the paused connection when the client's reset arrives (tests/transport/held_memory_test.cpp,
-  // "paused at the cap"), but the server only learns of it through completions: a PostSend or
-  // PostRecv refused on the failed connection (ServerCallImpl::Finish, PostRecvLocked) is
-  // dropped without Kill, so the connection stays in Connections() even after every call is
-  // answered. Until the server kills a connection whose posts fail, Shutdown ends it, bounded.
+  // "paused at the cap"); the server learns it from a refused post (ServerCallImpl::Finish) or an
+  // error completion, and drops the connection: it leaves Connections() without a Shutdown.
   (*conn)->Close();
   {
     std::lock_guard<std::mutex> lock(impl.mu);
     for (auto& call : impl.held) call.Finish(absl::OkStatus());
   }
-  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time gone_by = absl::Now() + absl::Seconds(3);
+  while (!(*server)->Connections().empty() && absl::Now() < gone_by) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  CHECK((*server)->Connections().empty());
   CHECK(impl.Held() <= 2 * kWindow);
   (*server)->Shutdown();
 }
