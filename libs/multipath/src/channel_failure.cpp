@@ -1,0 +1,130 @@
+// MultipathChannel's failure handling: a dead path's chunks reposted once, the kPathDown fence,
+// silence and stall timers.
+#include "channel_impl.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/base/status.hpp"
+
+namespace plexus::multipath {
+
+void MultipathChannel::Impl::PathFailed(Path& p, absl::Status why) {
+  if (p.state == PathState::kDead) return;
+  const bool greeted = p.state == PathState::kUp;
+  p.state = PathState::kDead;
+  p.error = why.ok() ? absl::UnavailableError("path failed") : std::move(why);
+  if (p.conn) p.conn->Close();
+  std::vector<uint32_t> moved;
+  for (uint32_t slot : p.in_flight) {
+    Desc& d = descs_[slot];
+    ++d.gen;
+    d.path = -1;
+    if (d.notify) {
+      d.used = false;
+      d.op->notify_queued = false;
+      --d.op->outstanding;
+      Op* op = d.op;
+      d.op = nullptr;
+      free_descs_.push_back(slot);
+      QueueNotify(*op);
+      continue;
+    }
+    ++p.chunks_reposted;
+    moved.push_back(slot);
+  }
+  std::sort(moved.begin(), moved.end(),
+            [&](uint32_t a, uint32_t b) { return descs_[a].offset < descs_[b].offset; });
+  repost_.insert(repost_.begin(), moved.begin(), moved.end());
+  p.in_flight.clear();
+  p.in_flight_chunks = 0;
+  p.in_flight_bytes = 0;
+  if (greeted) fences_[p.index] = true;
+  // (Re)announce every open fence: a kPathDown sent on this path may have died with it.
+  pending_path_down_.clear();
+  for (const auto& [dead, open] : fences_) pending_path_down_.push_back(dead);
+  if (LivePaths() == 0 && !have_no_path_since_) have_no_path_since_ = absl::Now();
+  SendPathDowns();
+}
+
+void MultipathChannel::Impl::SendPathDowns() {
+  while (!pending_path_down_.empty()) {
+    Path* control = ControlPath();
+    if (control == nullptr) return;
+    const int dead = pending_path_down_.front();
+    pending_path_down_.pop_front();
+    Frame f;
+    f.type = FrameType::kPathDown;
+    f.seq = paths_[dead]->peer_index;
+    f.offset = static_cast<uint64_t>(dead);
+    SendControl(*control, f);
+  }
+}
+
+void MultipathChannel::Impl::Fail(absl::Status why) {
+  if (!failed_.ok()) return;
+  failed_ = why;
+  for (auto& p : paths_) PathFailed(*p, why);
+  for (auto& [seq, op] : ops_) Complete(*op, why);
+  reassembler_.CancelRecvs(why);
+  for (uint32_t slot : repost_) FreeDesc(slot);
+  ops_.clear();
+  to_cut_.clear();
+  notify_.clear();
+  repost_.clear();
+}
+
+void MultipathChannel::Impl::Timers(absl::Time now) {
+  // A path is declared dead by silence only while another path shows the peer is alive and
+  // this side is being scheduled: when every path is silent at once, this process or the
+  // peer stalled (or every path broke, which the transport's own timeouts report).
+  absl::Time freshest = absl::InfinitePast();
+  for (const auto& path : paths_) {
+    if (path->state == PathState::kUp) freshest = std::max(freshest, path->last_heard);
+  }
+  const bool peer_alive = now - freshest <= path_timeout_;
+  for (auto& path : paths_) {
+    Path& p = *path;
+    if (p.state == PathState::kDead) continue;
+    const bool busy = !p.in_flight.empty() || p.probe_outstanding;
+    if (busy && peer_alive && now - p.last_progress > path_timeout_) {
+      PathFailed(p, absl::DeadlineExceededError(absl::StrCat(
+                        "multipath path ", p.index, " to ", p.peer, ": no progress for ",
+                        absl::FormatDuration(now - p.last_progress), " (path_timeout ",
+                        absl::FormatDuration(path_timeout_), ")")));
+      continue;
+    }
+    if (p.state != PathState::kUp) continue;
+    if (now - p.last_tick >= options_.probe_interval) {
+      p.last_tick = now;
+      p.load_snapshot = p.monitor.bandwidth() > 0
+                            ? static_cast<double>(p.in_flight_bytes) / p.monitor.bandwidth()
+                            : static_cast<double>(p.in_flight_chunks);
+      if (now - p.last_signal >= options_.probe_interval) p.rate.Tick();
+    }
+    if (!p.probe_outstanding && now - p.last_probe >= options_.probe_interval) {
+      Frame f;
+      f.type = FrameType::kProbe;
+      f.seq = ++p.probe_id;
+      p.probe_outstanding = true;
+      p.probe_sent = now;
+      p.last_probe = now;
+      if (p.in_flight.empty()) p.last_progress = now;
+      SendControl(p, f);
+    }
+  }
+  if (have_no_path_since_ && !ops_.empty() && now - *have_no_path_since_ > no_path_limit_) {
+    for (auto& [seq, op] : ops_) {
+      Complete(*op, absl::UnavailableError(absl::StrCat("multipath: no live path for ",
+                                                        absl::FormatDuration(no_path_limit_))));
+    }
+    ops_.clear();
+    to_cut_.clear();
+    notify_.clear();
+    for (uint32_t slot : repost_) FreeDesc(slot);
+    repost_.clear();
+  }
+}
+
+}  // namespace plexus::multipath
