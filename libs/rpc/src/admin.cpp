@@ -197,32 +197,33 @@ absl::StatusOr<std::pair<std::string, std::string>> RpcAdmin::EnvSettings() {
 
 std::string RpcAdmin::address() const { return endpoint_->address(); }
 
+absl::Status RpcAdmin::AddTarget(std::shared_ptr<Target> target) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (targets_.contains(target->name)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("admin target '", target->name, "' already exists"));
+  }
+  std::string name = target->name;
+  targets_.emplace(std::move(name), std::move(target));
+  return absl::OkStatus();
+}
+
 absl::Status RpcAdmin::AddServer(std::string name, Server* server,
                                  std::vector<const ServiceDesc*> services) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (targets_.contains(name)) {
-    return absl::AlreadyExistsError(absl::StrCat("admin target '", name, "' already exists"));
-  }
   auto t = std::make_shared<Target>();
-  t->name = name;
+  t->name = std::move(name);
   t->server = server;
   t->services = std::move(services);
-  targets_.emplace(std::move(name), std::move(t));
-  return absl::OkStatus();
+  return AddTarget(std::move(t));
 }
 
 absl::Status RpcAdmin::AddChannel(std::string name, std::shared_ptr<Channel> channel,
                                   std::vector<const ServiceDesc*> services) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (targets_.contains(name)) {
-    return absl::AlreadyExistsError(absl::StrCat("admin target '", name, "' already exists"));
-  }
   auto t = std::make_shared<Target>();
-  t->name = name;
-  t->channel = channel;
+  t->name = std::move(name);
+  t->channel = std::move(channel);
   t->services = std::move(services);
-  targets_.emplace(std::move(name), std::move(t));
-  return absl::OkStatus();
+  return AddTarget(std::move(t));
 }
 
 void RpcAdmin::Remove(std::string_view name) {

@@ -60,6 +60,7 @@ class RpcAdmin {
   struct Target;
 
  private:
+  absl::Status AddTarget(std::shared_ptr<Target> target);
   absl::StatusOr<std::shared_ptr<Target>> Find(const base::admin::AdminRequest& r) const;
   absl::StatusOr<std::string> List(const base::admin::AdminRequest& r) const;
   absl::StatusOr<std::string> Engines(const base::admin::AdminRequest& r) const;
