@@ -188,6 +188,51 @@ TEST_CASE("A worker with another namespace's nonce cannot join", "[aggregation][
   CHECK(pa::Client::Connect(o).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("Two jobs share a service: the same key in two namespaces stays apart",
+          "[aggregation][service]") {
+  pa::OptimizerConfig sgd1;  // job 1: 2 workers, w -= 1.0 * sum
+  sgd1.learning_rate = 1.0f;
+  Job job = MakeJob(pt::Backend::kTcp, 2, 2, sgd1);
+  pa::NamespaceOptions other;  // job 2: 1 worker, w -= 0.5 * g, its own key 0
+  other.name = "job2";
+  other.workers = 1;
+  other.optimizer.learning_rate = 0.5f;
+  other.chunk_bytes = job.chunk_bytes;
+  const pa::NamespaceInfo ns2 = job.service->CreateNamespace(other).value();
+  REQUIRE(ns2.nonce != job.ns.nonce);
+  pa::ClientOptions o2 = ClientOpts(job, 0);
+  o2.ns = ns2;
+  auto job2 = pa::Client::Connect(o2).value();
+
+  const size_t n = 600;  // 3 chunks of 256 floats
+  std::vector<float> init1(n), init2(n);
+  for (size_t i = 0; i < n; ++i) {
+    init1[i] = static_cast<float>(i) * 0.5f;
+    init2[i] = 1000.0f + static_cast<float>(i);
+  }
+  OnAll(job, [&](int w) { REQUIRE(job.clients[w]->Init(0, DataType::kF32, init1.data(), n).ok()); });
+  REQUIRE(job2->Init(0, DataType::kF32, init2.data(), n).ok());
+  // Job 2's single worker finishes its rounds while job 1's round waits for its second worker:
+  // rounds are counted per namespace.
+  const std::vector<float> g1(n, 1.0f), g2(n, 2.0f);
+  std::vector<float> out2(n);
+  for (int round = 1; round <= 2; ++round) {
+    REQUIRE(job2->PushPull(0, g2.data(), out2.data(), n).ok());
+    for (size_t i = 0; i < n; ++i) REQUIRE(out2[i] == init2[i] - 1.0f * static_cast<float>(round));
+  }
+  std::vector<std::vector<float>> out1(2, std::vector<float>(n));
+  OnAll(job, [&](int w) {
+    REQUIRE(job.clients[w]->PushPull(0, g1.data(), out1[w].data(), n).ok());
+  });
+  for (int w = 0; w < 2; ++w) {
+    for (size_t i = 0; i < n; ++i) REQUIRE(out1[w][i] == init1[i] - 2.0f);
+  }
+  // Neither job's values moved the other's: a pull of job 2 still reads its own.
+  std::fill(out2.begin(), out2.end(), 0.0f);
+  REQUIRE(job2->Pull(0, out2.data(), n).ok());
+  for (size_t i = 0; i < n; ++i) REQUIRE(out2[i] == init2[i] - 2.0f);
+}
+
 namespace {
 
 // A hand-driven worker connection, to send frames the Client never would.
