@@ -20,6 +20,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -38,9 +39,9 @@
 #include "plexus/tooling/figures.hpp"
 #include "plexus/tooling/launch.hpp"
 #include "ps/buffers.hpp"
-#include "raw_tcp.hpp"  // plexus::bench::PinToCpu
 #include "ps/engine.hpp"
 #include "ps/kernels.hpp"
+#include "raw_tcp.hpp"  // plexus::bench::PinToCpu
 
 namespace pa = plexus::aggregation;
 namespace pai = plexus::aggregation::internal;
@@ -93,7 +94,7 @@ struct Options {
   bool compare = false;
   int runs = 3;
   std::string mode = "all";
-  bool pin = false;  // kernels: pin benchmark thread i to the i-th usable CPU
+  bool pin = false;        // kernels: pin benchmark thread i to the i-th usable CPU
   size_t kernel_mib = 64;  // per array
   double scale = 1.0;      // of ResNet-50's key sizes
   int workers = 8;         // engines
@@ -151,8 +152,8 @@ void RunKernels(const Options& o, pt::FigureWriter& out) {
   nag.kind = pa::OptimizerKind::kNesterov;
   const auto step = pai::PrepareStep(nag, 1);
   const bool nt = false;  // the cached variants; each *_nt variant streams its write-only output
-  float* const nesterov_arrays[2] = {fc, fd};    // w, m
-  float* const adam_arrays[3] = {fc, fd, fb};    // w, m, v
+  float* const nesterov_arrays[2] = {fc, fd};  // w, m
+  float* const adam_arrays[3] = {fc, fd, fb};  // w, m, v
   struct Kernel {
     const char* name;
     double bytes_per_element;  // the bytes the kernel names (loads + stores), not write-allocates
@@ -239,12 +240,9 @@ void RunKernels(const Options& o, pt::FigureWriter& out) {
       f.figure = absl::StrCat(kernels[k].name, "_gbps");
       f.value = Median(gbps[k]);
       f.unit = "GB/s";
-      f.extra = {{"threads", threads},
-                 {"array_mib", o.kernel_mib},
-                 {"runs", o.runs},
-                 {"non_temporal", kernels[k].non_temporal},
-                 {"pinned", o.pin},
-                 {"avx2", pai::KernelsUseAvx2()}};
+      f.extra = {{"threads", threads}, {"array_mib", o.kernel_mib},
+                 {"runs", o.runs},     {"non_temporal", kernels[k].non_temporal},
+                 {"pinned", o.pin},    {"avx2", pai::KernelsUseAvx2()}};
       out.Add(f);
       if (absl::StartsWith(kernels[k].name, "stream_")) continue;
       pt::Figure ratio;
@@ -542,8 +540,8 @@ void RunTable41(const Options& o, pt::FigureWriter& out) {
       const std::string& formula;
       double seed, counted;
       const char* unit;
-    } cols[] = {{"rounds", r.rounds_formula, r.seed_rounds,
-                 static_cast<double>(r.measured.rounds), "count"},
+    } cols[] = {{"rounds", r.rounds_formula, r.seed_rounds, static_cast<double>(r.measured.rounds),
+                 "count"},
                 {"wire_bytes", r.bytes_formula, r.seed_bytes, r.measured.wire_bytes, "S"},
                 {"cross_rack_bytes", r.cross_rack_formula, r.seed_cross_rack_bytes,
                  r.measured.cross_rack_bytes, "S"}};
@@ -557,6 +555,10 @@ void RunTable41(const Options& o, pt::FigureWriter& out) {
                  {"seed_formula", col.formula},
                  {"seed_value", col.seed},
                  {"equals_seed", std::fabs(col.counted - col.seed) < 1e-9}};
+      if (col.column == std::string_view("wire_bytes") &&
+          r.measured.logical_bytes != r.measured.wire_bytes) {
+        f.extra["logical_bytes"] = r.measured.logical_bytes;  // the tree's count of every edge
+      }
       out.Add(f);
     }
   }

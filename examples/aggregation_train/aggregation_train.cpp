@@ -229,26 +229,18 @@ absl::StatusOr<Curve> LaunchRun(const Options& o, const std::string& via,
   lo.output = pt::OutputMode::kCaptured;
   lo.timeout = absl::Seconds(90);
   lo.rank_argv = [&](int rank) {
-    std::vector<std::string> argv = {exe,
-                                     "--worker",
-                                     "--via",
-                                     via,
-                                     "--rank",
-                                     std::to_string(rank),
-                                     "--transport",
-                                     o.transport,
-                                     "--workers",
-                                     std::to_string(o.workers),
-                                     "--steps",
-                                     std::to_string(o.steps),
-                                     "--batch",
-                                     std::to_string(o.batch),
-                                     "--every",
-                                     std::to_string(o.every)};
+    std::vector<std::string> argv = {exe,           "--worker",
+                                     "--via",       via,
+                                     "--rank",      std::to_string(rank),
+                                     "--transport", o.transport,
+                                     "--workers",   std::to_string(o.workers),
+                                     "--steps",     std::to_string(o.steps),
+                                     "--batch",     std::to_string(o.batch),
+                                     "--every",     std::to_string(o.every)};
     if (via == "ps") {
-      for (const std::string& a : {std::string("--addresses"), addresses, std::string("--ns"),
-                                   std::to_string(ns.id), std::string("--nonce"),
-                                   std::to_string(ns.nonce)}) {
+      for (const std::string& a :
+           {std::string("--addresses"), addresses, std::string("--ns"), std::to_string(ns.id),
+            std::string("--nonce"), std::to_string(ns.nonce)}) {
         argv.push_back(a);
       }
     }

@@ -210,7 +210,8 @@ TEST_CASE("Two jobs share a service: the same key in two namespaces stays apart"
     init1[i] = static_cast<float>(i) * 0.5f;
     init2[i] = 1000.0f + static_cast<float>(i);
   }
-  OnAll(job, [&](int w) { REQUIRE(job.clients[w]->Init(0, DataType::kF32, init1.data(), n).ok()); });
+  OnAll(job,
+        [&](int w) { REQUIRE(job.clients[w]->Init(0, DataType::kF32, init1.data(), n).ok()); });
   REQUIRE(job2->Init(0, DataType::kF32, init2.data(), n).ok());
   // Job 2's single worker finishes its rounds while job 1's round waits for its second worker:
   // rounds are counted per namespace.
@@ -221,9 +222,8 @@ TEST_CASE("Two jobs share a service: the same key in two namespaces stays apart"
     for (size_t i = 0; i < n; ++i) REQUIRE(out2[i] == init2[i] - 1.0f * static_cast<float>(round));
   }
   std::vector<std::vector<float>> out1(2, std::vector<float>(n));
-  OnAll(job, [&](int w) {
-    REQUIRE(job.clients[w]->PushPull(0, g1.data(), out1[w].data(), n).ok());
-  });
+  OnAll(job,
+        [&](int w) { REQUIRE(job.clients[w]->PushPull(0, g1.data(), out1[w].data(), n).ok()); });
   for (int w = 0; w < 2; ++w) {
     for (size_t i = 0; i < n; ++i) REQUIRE(out1[w][i] == init1[i] - 2.0f);
   }

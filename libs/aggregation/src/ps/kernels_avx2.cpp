@@ -146,8 +146,8 @@ size_t ApplyOptimizerAvx2(OptimizerKind kind, const StepScalars& s, float* w, co
                           float* m, float* v, uint8_t* out, DataType out_dtype, size_t n,
                           bool non_temporal) {
   // Only `out` is streamed (OptimizerLoop); streaming stores need it aligned to its vector width.
-  const bool nt = non_temporal && out != nullptr &&
-                  Aligned(out, out_dtype == DataType::kF32 ? 32 : 16);
+  const bool nt =
+      non_temporal && out != nullptr && Aligned(out, out_dtype == DataType::kF32 ? 32 : 16);
   size_t i = 0;
   switch (kind) {
     case OptimizerKind::kSgd:
