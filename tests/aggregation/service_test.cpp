@@ -132,7 +132,10 @@ TEST_CASE("PushPull sums every worker's gradient and runs the optimizer once per
   CHECK(std::memcmp(pulled.data(), ref_w.data(), n * 4) == 0);
 }
 
-TEST_CASE("bf16 gradients are summed in f32 against f32 master weights", "[aggregation][service]") {
+TEST_CASE("bf16 and f16 gradients are summed in f32 against f32 master weights",
+          "[aggregation][service]") {
+  const DataType dtype = GENERATE(DataType::kBF16, DataType::kF16);
+  INFO("dtype " << static_cast<int>(dtype));
   pa::OptimizerConfig opt;
   opt.kind = pa::OptimizerKind::kAdam;
   opt.learning_rate = 0.01f;
@@ -141,25 +144,24 @@ TEST_CASE("bf16 gradients are summed in f32 against f32 master weights", "[aggre
   std::vector<uint16_t> init(n), g0(n), g1(n), out0(n), out1(n);
   std::vector<float> f(n);
   for (size_t i = 0; i < n; ++i) f[i] = 1.0f + static_cast<float>(i) / 64;
-  pai::ConvertFromF32(init.data(), DataType::kBF16, f.data(), n);
+  pai::ConvertFromF32(init.data(), dtype, f.data(), n);
   for (size_t i = 0; i < n; ++i) f[i] = static_cast<float>(i % 5) - 2.0f;
-  pai::ConvertFromF32(g0.data(), DataType::kBF16, f.data(), n);
+  pai::ConvertFromF32(g0.data(), dtype, f.data(), n);
   for (size_t i = 0; i < n; ++i) f[i] = 0.5f * static_cast<float>(i % 3);
-  pai::ConvertFromF32(g1.data(), DataType::kBF16, f.data(), n);
-  OnAll(job,
-        [&](int w) { REQUIRE(job.clients[w]->Init(1, DataType::kBF16, init.data(), n).ok()); });
+  pai::ConvertFromF32(g1.data(), dtype, f.data(), n);
+  OnAll(job, [&](int w) { REQUIRE(job.clients[w]->Init(1, dtype, init.data(), n).ok()); });
   OnAll(job, [&](int w) {
     REQUIRE(job.clients[w]
                 ->PushPull(1, w == 0 ? g0.data() : g1.data(), w == 0 ? out0.data() : out1.data(), n)
                 .ok());
   });
   std::vector<float> w(n), sum(n), m(n, 0.0f), v(n, 0.0f);
-  pai::ConvertToF32(w.data(), init.data(), DataType::kBF16, n);
-  pai::Accumulate(sum.data(), g0.data(), DataType::kBF16, n, true);
-  pai::Accumulate(sum.data(), g1.data(), DataType::kBF16, n, false);
+  pai::ConvertToF32(w.data(), init.data(), dtype, n);
+  pai::Accumulate(sum.data(), g0.data(), dtype, n, true);
+  pai::Accumulate(sum.data(), g1.data(), dtype, n, false);
   std::vector<uint16_t> want(n);
   pai::ApplyOptimizer(opt.kind, pai::PrepareStep(opt, 1), w.data(), sum.data(), m.data(), v.data(),
-                      want.data(), DataType::kBF16, n, false);
+                      want.data(), dtype, n, false);
   CHECK(out0 == want);
   CHECK(out1 == want);
 }
