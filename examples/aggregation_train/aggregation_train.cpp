@@ -114,8 +114,9 @@ struct Options {
 
 // Only the order of float sums differs between the runs (the server sums the workers' gradients
 // in arrival order, the ring in ring order, one process in sample order): with 17 parameters and a
-// convex loss, the curves agree to about 1e-7; 1e-4 leaves room and still catches a wrong batch,
-// a lost or doubled gradient (each shifts the loss by far more).
+// convex loss, the curves agree to about 1e-8; 1e-4 leaves room and still catches a systematic
+// error (a wrong batch share, a worker's gradient lost or doubled every step), which shifts the
+// loss by far more.
 constexpr double kTolerance = 1e-4;
 
 double Now() {
