@@ -1,31 +1,39 @@
 // plexus-bench-aggregation: the parameter server's figures as JSON lines (--json) or a table.
 //   kernels   aggregation and optimizer kernels in GB/s against STREAM's add in the same run,
-//             1 and 2 threads (target >= 0.85x)
+//             1 and 2 threads (target >= 0.85x), and against STREAM-style kernels with the
+//             optimizer's own streams (Nesterov 3 in + 3 out, Adam 4 + 4)
 //   engines   tall vs wide aggregation, 8 workers, ResNet-50 key sizes (PHub Table 6.1), 1 and 2
 //             cores
 //   pushpull  (--compare) PushPull of every ResNet-50 key through a Service with 2 and 4 local
 //             worker processes over tcp and shm, against Plexus ring allreduce and Gloo ring
 //             allreduce of the same bytes (the collectives bench's worker and Gloo peer programs)
+//   table41   the dissertation's Table 4.1 counted on the flow simulator's schedules, printed next
+//             to the seed's formulas (the same table as `plexus-agg-sim table`)
 // Every figure is the median of --runs runs.
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "plexus/aggregation/client.hpp"
+#include "plexus/aggregation/hierarchy.hpp"
 #include "plexus/aggregation/service.hpp"
+#include "plexus/base/host.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
@@ -33,6 +41,7 @@
 #include "ps/buffers.hpp"
 #include "ps/engine.hpp"
 #include "ps/kernels.hpp"
+#include "raw_tcp.hpp"  // plexus::bench::PinToCpu
 
 namespace pa = plexus::aggregation;
 namespace pai = plexus::aggregation::internal;
@@ -85,12 +94,15 @@ struct Options {
   bool compare = false;
   int runs = 3;
   std::string mode = "all";
+  bool pin = false;        // kernels: pin benchmark thread i to the i-th usable CPU
   size_t kernel_mib = 64;  // per array
   double scale = 1.0;      // of ResNet-50's key sizes
   int workers = 8;         // engines
   int iters = 5;           // pushpull rounds per run
   std::vector<int> nprocs = {2, 4};
   std::vector<std::string> transports = {"tcp", "shm"};
+  int table_n = 4;  // Table 4.1: nodes per rack (N) and racks (C); S = 1
+  int table_c = 2;
   double timeout_s = 600;
   // Worker mode (started by the driver).
   bool worker = false;
@@ -102,16 +114,28 @@ struct Options {
 
 // ---- kernels ------------------------------------------------------------------------------
 
+// Runs body over [0, n) split into `threads` contiguous parts, one per thread (the caller's
+// thread takes part 0); with `cpus` non-empty, thread i runs pinned to cpus[i % size] (the
+// caller's thread is unpinned again afterwards).
 template <typename F>
-double TimeThreads(int threads, size_t n, F body) {
+double TimeThreads(int threads, size_t n, const std::vector<int>& cpus, F body) {
+  auto pin = [&](int i) {
+    if (!cpus.empty()) plexus::bench::PinToCpu(cpus[static_cast<size_t>(i) % cpus.size()]);
+  };
   std::vector<std::thread> t;
+  pin(0);
   const double start = Seconds();
   for (int i = 1; i < threads; ++i) {
-    t.emplace_back([&, i] { body(n * i / threads, n * (i + 1) / threads); });
+    t.emplace_back([&, i] {
+      pin(i);
+      body(n * i / threads, n * (i + 1) / threads);
+    });
   }
   body(0, n / threads);
   for (auto& th : t) th.join();
-  return Seconds() - start;
+  const double seconds = Seconds() - start;
+  if (!cpus.empty()) plexus::bench::PinToCpu(-1);
+  return seconds;
 }
 
 void RunKernels(const Options& o, pt::FigureWriter& out) {
@@ -127,74 +151,117 @@ void RunKernels(const Options& o, pt::FigureWriter& out) {
   pa::OptimizerConfig nag;
   nag.kind = pa::OptimizerKind::kNesterov;
   const auto step = pai::PrepareStep(nag, 1);
-  const bool nt = pai::UseNonTemporal(pa::StorePolicy::kAuto, n * 4);
+  const bool nt = false;  // the cached variants; each *_nt variant streams its write-only output
+  float* const nesterov_arrays[2] = {fc, fd};  // w, m
+  float* const adam_arrays[3] = {fc, fd, fb};  // w, m, v
   struct Kernel {
     const char* name;
-    double bytes_per_element;
+    double bytes_per_element;  // the bytes the kernel names (loads + stores), not write-allocates
+    bool non_temporal;
+    int yardstick;  // index of the STREAM-style kernel with the same streams, -1: none
+    // (Every kernel is also compared with STREAM add of the same store policy: kernel 0 or 1.)
     std::function<void(size_t, size_t)> body;
   };
   const std::vector<Kernel> kernels = {
-      {"stream_add", 12,
+      {"stream_add", 12, nt, -1,
        [&](size_t lo, size_t hi) { pai::StreamAdd(fc + lo, fa + lo, fb + lo, hi - lo, nt); }},
-      {"accumulate_f32", 12,
+      {"stream_add_nt", 12, true, -1,
+       [&](size_t lo, size_t hi) { pai::StreamAdd(fc + lo, fa + lo, fb + lo, hi - lo, true); }},
+      {"accumulate_f32", 12, false, -1,
        [&](size_t lo, size_t hi) {
          pai::Accumulate(fc + lo, fa + lo, DataType::kF32, hi - lo, false);
        }},
-      {"accumulate_bf16", 10,
+      {"accumulate_bf16", 10, false, -1,
        [&](size_t lo, size_t hi) {
          pai::Accumulate(fc + lo, reinterpret_cast<const uint8_t*>(fa) + 2 * lo, DataType::kBF16,
                          hi - lo, false);
        }},
-      // Nesterov: loads w, g, m; stores w, m and the f32 values to send. Once with the store
-      // policy kAuto picks for this size, once forced non-temporal.
-      {"nesterov_f32", 24,
+      // Nesterov loads w, g, m and stores w, m and the f32 values to send: 3 + 3 streams. Its
+      // yardstick moves the same streams with one add each (x += g).
+      {"stream_3r3w", 24, nt, -1,
+       [&](size_t lo, size_t hi) {
+         float* const p[2] = {nesterov_arrays[0] + lo, nesterov_arrays[1] + lo};
+         pai::StreamUpdate(p, 2, fa + lo, fe + lo, hi - lo, nt);
+       }},
+      {"nesterov_f32", 24, nt, 4,
        [&](size_t lo, size_t hi) {
          pai::ApplyOptimizer(nag.kind, step, fc + lo, fa + lo, fd + lo, nullptr, fe + lo,
                              DataType::kF32, hi - lo, nt);
        }},
-      {"nesterov_f32_nt", 24,
+      {"stream_3r3w_nt", 24, true, -1,
+       [&](size_t lo, size_t hi) {
+         float* const p[2] = {nesterov_arrays[0] + lo, nesterov_arrays[1] + lo};
+         pai::StreamUpdate(p, 2, fa + lo, fe + lo, hi - lo, true);
+       }},
+      {"nesterov_f32_nt", 24, true, 6,
        [&](size_t lo, size_t hi) {
          pai::ApplyOptimizer(nag.kind, step, fc + lo, fa + lo, fd + lo, nullptr, fe + lo,
                              DataType::kF32, hi - lo, true);
        }},
-      {"adam_f32", 32,  // loads w, g, m, v; stores w, m, v, values
+      // Adam loads w, g, m, v and stores w, m, v and the values: 4 + 4 streams.
+      {"stream_4r4w", 32, nt, -1,
+       [&](size_t lo, size_t hi) {
+         float* const p[3] = {adam_arrays[0] + lo, adam_arrays[1] + lo, adam_arrays[2] + lo};
+         pai::StreamUpdate(p, 3, fa + lo, fe + lo, hi - lo, nt);
+       }},
+      {"adam_f32", 32, nt, 8,
        [&](size_t lo, size_t hi) {
          pai::ApplyOptimizer(pa::OptimizerKind::kAdam, step, fc + lo, fa + lo, fd + lo, fb + lo,
                              fe + lo, DataType::kF32, hi - lo, nt);
        }},
+      {"stream_4r4w_nt", 32, true, -1,
+       [&](size_t lo, size_t hi) {
+         float* const p[3] = {adam_arrays[0] + lo, adam_arrays[1] + lo, adam_arrays[2] + lo};
+         pai::StreamUpdate(p, 3, fa + lo, fe + lo, hi - lo, true);
+       }},
+      {"adam_f32_nt", 32, true, 10,
+       [&](size_t lo, size_t hi) {
+         pai::ApplyOptimizer(pa::OptimizerKind::kAdam, step, fc + lo, fa + lo, fd + lo, fb + lo,
+                             fe + lo, DataType::kF32, hi - lo, true);
+       }},
   };
+  const std::vector<int> cpus = o.pin ? plexus::base::UsableCpus() : std::vector<int>{};
   for (int threads : {1, 2}) {
     std::vector<std::vector<double>> gbps(kernels.size());
+    // Kernels interleaved within each run, so that a burst of load from other processes hits all
+    // of them rather than one.
     for (int r = 0; r < o.runs; ++r) {
       for (size_t k = 0; k < kernels.size(); ++k) {
         kernels[k].body(0, n / 4);  // warm the page tables of a part
         double best = 1e30;
         for (int rep = 0; rep < 3; ++rep)
-          best = std::min(best, TimeThreads(threads, n, kernels[k].body));
+          best = std::min(best, TimeThreads(threads, n, cpus, kernels[k].body));
         gbps[k].push_back(kernels[k].bytes_per_element * static_cast<double>(n) / best / 1e9);
       }
     }
-    const double stream = Median(gbps[0]);
+    const double stream[2] = {Median(gbps[0]), Median(gbps[1])};  // cached, non-temporal
     for (size_t k = 0; k < kernels.size(); ++k) {
       pt::Figure f;
       f.figure = absl::StrCat(kernels[k].name, "_gbps");
       f.value = Median(gbps[k]);
       f.unit = "GB/s";
-      f.extra = {{"threads", threads},
-                 {"array_mib", o.kernel_mib},
-                 {"runs", o.runs},
-                 {"non_temporal", k == 4 ? true : (k == 1 || k == 2 ? false : nt)},
-                 {"avx2", pai::KernelsUseAvx2()}};
+      f.extra = {{"threads", threads}, {"array_mib", o.kernel_mib},
+                 {"runs", o.runs},     {"non_temporal", kernels[k].non_temporal},
+                 {"pinned", o.pin},    {"avx2", pai::KernelsUseAvx2()}};
       out.Add(f);
-      if (k == 0) continue;
+      if (absl::StartsWith(kernels[k].name, "stream_")) continue;
       pt::Figure ratio;
       ratio.figure = absl::StrCat(kernels[k].name, "_vs_stream");
-      ratio.value = f.value / stream;
+      ratio.value = f.value / stream[kernels[k].non_temporal ? 1 : 0];
       ratio.unit = "ratio";
       ratio.target = 0.85;
       ratio.met = ratio.value >= 0.85;
-      ratio.extra = {{"threads", threads}};
+      ratio.extra = {{"threads", threads},
+                     {"yardstick", kernels[k].non_temporal ? "stream_add_nt" : "stream_add"}};
       out.Add(ratio);
+      if (kernels[k].yardstick < 0) continue;
+      // Against the yardstick with the same streams: what the arithmetic costs (informational).
+      pt::Figure same;
+      same.figure = absl::StrCat(kernels[k].name, "_vs_same_streams");
+      same.value = f.value / Median(gbps[static_cast<size_t>(kernels[k].yardstick)]);
+      same.unit = "ratio";
+      same.extra = {{"threads", threads}, {"yardstick", kernels[kernels[k].yardstick].name}};
+      out.Add(same);
     }
   }
 }
@@ -446,6 +513,57 @@ void RunPushPull(const Options& o, pt::FigureWriter& out) {
   }
 }
 
+// ---- table 4.1 ----------------------------------------------------------------------------
+
+// One figure per row and column: the count, with the seed's formula and value beside it (no
+// target: where a count differs from the seed's "~" formula, the row's note says why).
+void RunTable41(const Options& o, pt::FigureWriter& out) {
+  auto rows = pa::ReproduceTable41(o.table_n, o.table_c, 1.0);
+  if (!rows.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kProgram, std::string(rows.status().message()).c_str());
+    return;
+  }
+  if (!out.json()) std::printf("%s\n", pa::FormatTable41(*rows, o.table_n, o.table_c, 1.0).c_str());
+  for (const auto& r : *rows) {
+    if (!r.available) continue;
+    std::string slug;
+    for (char ch : r.name) {
+      if (std::isalnum(static_cast<unsigned char>(ch))) {
+        slug += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      } else if (!slug.empty() && slug.back() != '_') {
+        slug += '_';
+      }
+    }
+    while (!slug.empty() && slug.back() == '_') slug.pop_back();
+    const struct {
+      const char* column;
+      const std::string& formula;
+      double seed, counted;
+      const char* unit;
+    } cols[] = {{"rounds", r.rounds_formula, r.seed_rounds, static_cast<double>(r.measured.rounds),
+                 "count"},
+                {"wire_bytes", r.bytes_formula, r.seed_bytes, r.measured.wire_bytes, "S"},
+                {"cross_rack_bytes", r.cross_rack_formula, r.seed_cross_rack_bytes,
+                 r.measured.cross_rack_bytes, "S"}};
+    for (const auto& col : cols) {
+      pt::Figure f;
+      f.figure = absl::StrCat("table41_", slug, "_", col.column);
+      f.value = col.counted;
+      f.unit = col.unit;
+      f.extra = {{"N", o.table_n},
+                 {"C", o.table_c},
+                 {"seed_formula", col.formula},
+                 {"seed_value", col.seed},
+                 {"equals_seed", std::fabs(col.counted - col.seed) < 1e-9}};
+      if (col.column == std::string_view("wire_bytes") &&
+          r.measured.logical_bytes != r.measured.wire_bytes) {
+        f.extra["logical_bytes"] = r.measured.logical_bytes;  // the tree's count of every edge
+      }
+      out.Add(f);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -455,8 +573,9 @@ int main(int argc, char** argv) {
   pt::AddJsonFlag(&app, &o.json);
   app.add_flag("--compare", o.compare, "also PushPull end to end against ring and Gloo allreduce");
   pt::AddNumber(&app, "--runs", &o.runs, "runs per figure (the median is reported)", 1, 100);
-  app.add_option("--mode", o.mode, "all, kernels, engines or pushpull")
-      ->check(CLI::IsMember({"all", "kernels", "engines", "pushpull"}));
+  app.add_option("--mode", o.mode, "all, kernels, engines, pushpull or table41")
+      ->check(CLI::IsMember({"all", "kernels", "engines", "pushpull", "table41"}));
+  app.add_flag("--pin", o.pin, "kernels: pin thread i to the i-th usable CPU");
   pt::AddNumber(&app, "--kernel-mib", &o.kernel_mib, "MiB per kernel array", size_t{1},
                 size_t{4096});
   pt::AddNumber(&app, "--scale", &o.scale, "scale of ResNet-50's key sizes", 0.0001, 4.0);
@@ -465,6 +584,8 @@ int main(int argc, char** argv) {
   app.add_option("--nprocs", o.nprocs, "worker processes of the PushPull comparison");
   app.add_option("--transports", o.transports, "tcp and/or shm");
   pt::AddNumber(&app, "--timeout", &o.timeout_s, "seconds per launched job", 1.0, 86400.0);
+  pt::AddNumber(&app, "--table-n", &o.table_n, "Table 4.1: nodes per rack (N)", 1, 64);
+  pt::AddNumber(&app, "--table-c", &o.table_c, "Table 4.1: racks (C)", 2, 64);
   auto* w = app.add_flag("--worker", o.worker, "internal: one PushPull worker")->group("");
   app.add_option("--rank", o.rank)->group("")->needs(w);
   app.add_option("--addresses", o.addresses)->group("")->needs(w);
@@ -478,6 +599,7 @@ int main(int argc, char** argv) {
   if (o.mode == "all" || o.mode == "kernels") RunKernels(o, out);
   if (o.mode == "all" || o.mode == "engines") RunEngines(o, out);
   if ((o.mode == "all" && o.compare) || o.mode == "pushpull") RunPushPull(o, out);
+  if (o.mode == "all" || o.mode == "table41") RunTable41(o, out);
   if (!o.json) out.PrintTable();
   return 0;
 }

@@ -1,5 +1,5 @@
 // The 2LHA plan executor and the latency probe over real communicators (ranks as threads, TCP
-// on 127.0.0.1): the executor's sums equal EvaluatePlan bit for bit.
+// on 127.0.0.1 or shm): the executor's sums equal EvaluatePlan bit for bit.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -47,12 +47,15 @@ TEST_CASE("the executor reproduces the plan's reference bit for bit", "[executor
   auto expect = agg::EvaluatePlan(*plan, in, 0.125f);
   REQUIRE(expect.ok());
   std::vector<std::vector<float>> out = in;
-  auto errors = RunRanks(n, Options(), [&](int rank, Communicator& comm) -> std::string {
+  // Over tcp and over shm (the transport of ranks on one host).
+  CommunicatorOptions options = Options();
+  options.backend = GENERATE(plexus::transport::Backend::kTcp, plexus::transport::Backend::kShm);
+  auto errors = RunRanks(n, options, [&](int rank, Communicator& comm) -> std::string {
     absl::Status s = agg::ExecutePlan(comm, *plan, out[rank], {.scale = 0.125f});
     return s.ok() ? "" : std::string(s.message());
   });
   for (int r = 0; r < n; ++r) {
-    INFO("rank " << r);
+    INFO("rank " << r << " backend " << static_cast<int>(options.backend));
     CHECK(errors[r] == "");
     CHECK(std::memcmp(out[r].data(), (*expect)[r].data(), elements * sizeof(float)) == 0);
   }

@@ -158,6 +158,30 @@ TEST_CASE("Autotune re-plans above a 20% change and fine-tunes below it", "[plin
   CHECK(LmCount(*next)[3] < before);
 }
 
+TEST_CASE("Autotune re-plans when one link changes by more than 20%", "[plink][autotune]") {
+  const std::vector<std::vector<int>> groups = {{0, 1, 2, 3}, {4, 5, 6, 7}};
+  auto plan = agg::BuildTwoLevelPlan(groups, 64, {.chunk_elements = 1});
+  REQUIRE(plan.ok());
+  const agg::Matrix rtt = Uniform(8, 50e-6);
+  // One link 15% slower: under the threshold.
+  agg::Autotuner tuner(*plan, Uniform(8, 1e9), 4);
+  agg::Matrix bw = Uniform(8, 1e9);
+  bw[0][5] = bw[5][0] = 0.85e9;
+  REQUIRE(tuner.Observe(bw, rtt).ok());
+  CHECK(tuner.last_action() != "quicktune");
+  // The same link 30% slower. Nodes 0's and 5's totals move by only 30% / 7 = 4.3%: a trigger on
+  // node totals would miss it.
+  agg::Autotuner tuner2(*plan, Uniform(8, 1e9), 4);
+  bw[0][5] = bw[5][0] = 0.7e9;
+  auto next = tuner2.Observe(bw, rtt);
+  REQUIRE(next.ok());
+  CHECK(tuner2.last_action() == "quicktune");
+  CHECK(agg::VerifyPlan(*next).ok());
+  // Measured again unchanged: the plan was built for these rates, so no second re-plan.
+  REQUIRE(tuner2.Observe(bw, rtt).ok());
+  CHECK(tuner2.last_action() != "quicktune");
+}
+
 TEST_CASE("Finetune moves a master from the most to the least blamed node", "[plink][autotune]") {
   const std::vector<std::vector<int>> groups = {{0, 1}, {2, 3}};
   auto plan = agg::BuildTwoLevelPlan(groups, 8, {.chunk_elements = 1});

@@ -132,7 +132,10 @@ TEST_CASE("PushPull sums every worker's gradient and runs the optimizer once per
   CHECK(std::memcmp(pulled.data(), ref_w.data(), n * 4) == 0);
 }
 
-TEST_CASE("bf16 gradients are summed in f32 against f32 master weights", "[aggregation][service]") {
+TEST_CASE("bf16 and f16 gradients are summed in f32 against f32 master weights",
+          "[aggregation][service]") {
+  const DataType dtype = GENERATE(DataType::kBF16, DataType::kF16);
+  INFO("dtype " << static_cast<int>(dtype));
   pa::OptimizerConfig opt;
   opt.kind = pa::OptimizerKind::kAdam;
   opt.learning_rate = 0.01f;
@@ -141,25 +144,24 @@ TEST_CASE("bf16 gradients are summed in f32 against f32 master weights", "[aggre
   std::vector<uint16_t> init(n), g0(n), g1(n), out0(n), out1(n);
   std::vector<float> f(n);
   for (size_t i = 0; i < n; ++i) f[i] = 1.0f + static_cast<float>(i) / 64;
-  pai::ConvertFromF32(init.data(), DataType::kBF16, f.data(), n);
+  pai::ConvertFromF32(init.data(), dtype, f.data(), n);
   for (size_t i = 0; i < n; ++i) f[i] = static_cast<float>(i % 5) - 2.0f;
-  pai::ConvertFromF32(g0.data(), DataType::kBF16, f.data(), n);
+  pai::ConvertFromF32(g0.data(), dtype, f.data(), n);
   for (size_t i = 0; i < n; ++i) f[i] = 0.5f * static_cast<float>(i % 3);
-  pai::ConvertFromF32(g1.data(), DataType::kBF16, f.data(), n);
-  OnAll(job,
-        [&](int w) { REQUIRE(job.clients[w]->Init(1, DataType::kBF16, init.data(), n).ok()); });
+  pai::ConvertFromF32(g1.data(), dtype, f.data(), n);
+  OnAll(job, [&](int w) { REQUIRE(job.clients[w]->Init(1, dtype, init.data(), n).ok()); });
   OnAll(job, [&](int w) {
     REQUIRE(job.clients[w]
                 ->PushPull(1, w == 0 ? g0.data() : g1.data(), w == 0 ? out0.data() : out1.data(), n)
                 .ok());
   });
   std::vector<float> w(n), sum(n), m(n, 0.0f), v(n, 0.0f);
-  pai::ConvertToF32(w.data(), init.data(), DataType::kBF16, n);
-  pai::Accumulate(sum.data(), g0.data(), DataType::kBF16, n, true);
-  pai::Accumulate(sum.data(), g1.data(), DataType::kBF16, n, false);
+  pai::ConvertToF32(w.data(), init.data(), dtype, n);
+  pai::Accumulate(sum.data(), g0.data(), dtype, n, true);
+  pai::Accumulate(sum.data(), g1.data(), dtype, n, false);
   std::vector<uint16_t> want(n);
   pai::ApplyOptimizer(opt.kind, pai::PrepareStep(opt, 1), w.data(), sum.data(), m.data(), v.data(),
-                      want.data(), DataType::kBF16, n, false);
+                      want.data(), dtype, n, false);
   CHECK(out0 == want);
   CHECK(out1 == want);
 }
@@ -186,6 +188,51 @@ TEST_CASE("A worker with another namespace's nonce cannot join", "[aggregation][
   o.ns = job.ns;
   o.worker = 5;  // outside the namespace's workers
   CHECK(pa::Client::Connect(o).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Two jobs share a service: the same key in two namespaces stays apart",
+          "[aggregation][service]") {
+  pa::OptimizerConfig sgd1;  // job 1: 2 workers, w -= 1.0 * sum
+  sgd1.learning_rate = 1.0f;
+  Job job = MakeJob(pt::Backend::kTcp, 2, 2, sgd1);
+  pa::NamespaceOptions other;  // job 2: 1 worker, w -= 0.5 * g, its own key 0
+  other.name = "job2";
+  other.workers = 1;
+  other.optimizer.learning_rate = 0.5f;
+  other.chunk_bytes = job.chunk_bytes;
+  const pa::NamespaceInfo ns2 = job.service->CreateNamespace(other).value();
+  REQUIRE(ns2.nonce != job.ns.nonce);
+  pa::ClientOptions o2 = ClientOpts(job, 0);
+  o2.ns = ns2;
+  auto job2 = pa::Client::Connect(o2).value();
+
+  const size_t n = 600;  // 3 chunks of 256 floats
+  std::vector<float> init1(n), init2(n);
+  for (size_t i = 0; i < n; ++i) {
+    init1[i] = static_cast<float>(i) * 0.5f;
+    init2[i] = 1000.0f + static_cast<float>(i);
+  }
+  OnAll(job,
+        [&](int w) { REQUIRE(job.clients[w]->Init(0, DataType::kF32, init1.data(), n).ok()); });
+  REQUIRE(job2->Init(0, DataType::kF32, init2.data(), n).ok());
+  // Job 2's single worker finishes its rounds while job 1's round waits for its second worker:
+  // rounds are counted per namespace.
+  const std::vector<float> g1(n, 1.0f), g2(n, 2.0f);
+  std::vector<float> out2(n);
+  for (int round = 1; round <= 2; ++round) {
+    REQUIRE(job2->PushPull(0, g2.data(), out2.data(), n).ok());
+    for (size_t i = 0; i < n; ++i) REQUIRE(out2[i] == init2[i] - 1.0f * static_cast<float>(round));
+  }
+  std::vector<std::vector<float>> out1(2, std::vector<float>(n));
+  OnAll(job,
+        [&](int w) { REQUIRE(job.clients[w]->PushPull(0, g1.data(), out1[w].data(), n).ok()); });
+  for (int w = 0; w < 2; ++w) {
+    for (size_t i = 0; i < n; ++i) REQUIRE(out1[w][i] == init1[i] - 2.0f);
+  }
+  // Neither job's values moved the other's: a pull of job 2 still reads its own.
+  std::fill(out2.begin(), out2.end(), 0.0f);
+  REQUIRE(job2->Pull(0, out2.data(), n).ok());
+  for (size_t i = 0; i < n; ++i) REQUIRE(out2[i] == init2[i] - 2.0f);
 }
 
 namespace {

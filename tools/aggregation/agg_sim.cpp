@@ -64,32 +64,7 @@ int RunTable(const plexus::tooling::Tool& tool, const TableArgs& a) {
               << "\n";
     return plexus::tooling::kExitOk;
   }
-  std::printf(
-      "Table 4.1: allreduce of S = %.4g bytes per node, NC = %d nodes on C = %d racks of N = "
-      "%d (bytes in units of S; 'seed' = the dissertation's formula, 'sim' = counted)\n\n",
-      a.bytes, a.per_rack * a.racks, a.racks, a.per_rack);
-  std::printf("%-22s %-16s %6s %6s  %-20s %8s %8s  %-18s %8s %8s\n", "algorithm", "rounds", "seed",
-              "sim", "bytes on wire", "seed", "sim", "min XR bytes", "seed", "sim");
-  for (const auto& r : *rows) {
-    if (!r.available) {
-      std::printf("%-22s (not run: %s)\n", r.name.c_str(), r.note.c_str());
-      continue;
-    }
-    const double s = a.bytes;
-    std::string wire = absl::StrFormat("%8.3f", r.measured.wire_bytes / s);
-    if (r.measured.logical_bytes != r.measured.wire_bytes) {
-      wire = absl::StrFormat("%.3f (%.3f logical)", r.measured.wire_bytes / s,
-                             r.measured.logical_bytes / s);
-    }
-    std::printf("%-22s %-16s %6.2f %6d  %-20s %8.3f %s  %-18s %8.3f %8.3f\n", r.name.c_str(),
-                r.rounds_formula.c_str(), r.seed_rounds, r.measured.rounds, r.bytes_formula.c_str(),
-                r.seed_bytes / s, wire.c_str(), r.cross_rack_formula.c_str(),
-                r.seed_cross_rack_bytes / s, r.measured.cross_rack_bytes / s);
-  }
-  std::printf("\nNotes:\n");
-  for (const auto& r : *rows) {
-    if (r.available && !r.note.empty()) std::printf("- %s: %s\n", r.name.c_str(), r.note.c_str());
-  }
+  std::fputs(agg::FormatTable41(*rows, a.per_rack, a.racks, a.bytes).c_str(), stdout);
   return plexus::tooling::kExitOk;
 }
 

@@ -236,4 +236,34 @@ absl::StatusOr<std::vector<Table41Row>> ReproduceTable41(int n, int c, double s)
   return rows;
 }
 
+std::string FormatTable41(const std::vector<Table41Row>& rows, int n, int c, double s) {
+  std::string out = absl::StrFormat(
+      "Table 4.1: allreduce of S = %.4g bytes per node, NC = %d nodes on C = %d racks of N = "
+      "%d (bytes in units of S; 'seed' = the dissertation's formula, 'sim' = counted)\n\n",
+      s, n * c, c, n);
+  absl::StrAppendFormat(&out, "%-22s %-16s %6s %6s  %-20s %8s %8s  %-18s %8s %8s\n", "algorithm",
+                        "rounds", "seed", "sim", "bytes on wire", "seed", "sim", "min XR bytes",
+                        "seed", "sim");
+  for (const auto& r : rows) {
+    if (!r.available) {
+      absl::StrAppendFormat(&out, "%-22s (not run: %s)\n", r.name, r.note);
+      continue;
+    }
+    std::string wire = absl::StrFormat("%8.3f", r.measured.wire_bytes / s);
+    if (r.measured.logical_bytes != r.measured.wire_bytes) {
+      wire = absl::StrFormat("%.3f (%.3f logical)", r.measured.wire_bytes / s,
+                             r.measured.logical_bytes / s);
+    }
+    absl::StrAppendFormat(&out, "%-22s %-16s %6.2f %6d  %-20s %8.3f %s  %-18s %8.3f %8.3f\n",
+                          r.name, r.rounds_formula, r.seed_rounds, r.measured.rounds,
+                          r.bytes_formula, r.seed_bytes / s, wire, r.cross_rack_formula,
+                          r.seed_cross_rack_bytes / s, r.measured.cross_rack_bytes / s);
+  }
+  absl::StrAppend(&out, "\nNotes:\n");
+  for (const auto& r : rows) {
+    if (r.available && !r.note.empty()) absl::StrAppend(&out, "- ", r.name, ": ", r.note, "\n");
+  }
+  return out;
+}
+
 }  // namespace plexus::aggregation

@@ -355,10 +355,15 @@ Autotuner::Autotuner(Plan plan, Matrix bandwidth, double element_bytes, double t
 absl::StatusOr<Plan> Autotuner::Observe(const Matrix& bandwidth, const Matrix& rtt) {
   PLEXUS_RETURN_IF_ERROR(CheckMeasurements(plan_, rtt, bandwidth));
   PLEXUS_ASSIGN_OR_RETURN(std::vector<double> now, QuicktuneWeights(bandwidth));
-  PLEXUS_ASSIGN_OR_RETURN(std::vector<double> before, QuicktuneWeights(built_for_));
+  PLEXUS_RETURN_IF_ERROR(CheckMeasurements(plan_, rtt, built_for_));  // the constructor's matrix
+  // A link whose rate moved by more than the threshold (the seed re-plans on a sudden change);
+  // a node's total can only move that much when one of its links does.
   bool changed = false;
-  for (size_t i = 0; i < now.size(); ++i) {
-    if (std::abs(now[i] - before[i]) > threshold_ * before[i]) changed = true;
+  for (size_t i = 0; i < bandwidth.size(); ++i) {
+    for (size_t j = 0; j < bandwidth.size(); ++j) {
+      const double b = built_for_[i][j];
+      if (i != j && std::abs(bandwidth[i][j] - b) > threshold_ * b) changed = true;
+    }
   }
   if (changed) {
     const int64_t elements = plan_.chunks.back().offset + plan_.chunks.back().elements;

@@ -168,4 +168,14 @@ void StreamAdd(float* c, const float* a, const float* b, size_t n, bool non_temp
   for (; i < n; ++i) c[i] = a[i] + b[i];
 }
 
+void StreamUpdate(float* const* rmw, int arrays, const float* g, float* out, size_t n,
+                  bool non_temporal) {
+  size_t i = 0;
+  if (KernelsUseAvx2()) i = StreamUpdateAvx2(rmw, arrays, g, out, n, non_temporal);
+  for (; i < n; ++i) {
+    for (int a = 0; a < arrays; ++a) rmw[a][i] += g[i];
+    out[i] = rmw[0][i];
+  }
+}
+
 }  // namespace plexus::aggregation::internal

@@ -34,7 +34,8 @@ StepScalars PrepareStep(const OptimizerConfig& config, uint64_t step);
 
 // One optimizer step over n elements: updates w (and m, v as the kind needs: null otherwise)
 // from the summed gradient g, and writes the new weights to `out` as `out_dtype` (null: none).
-// `non_temporal` streams every store past the cache (where the pointers allow).
+// `non_temporal` streams the stores to `out` past the cache (where `out` is aligned to the vector
+// width); w, m and v, read in the same loop, are always stored through the cache.
 void ApplyOptimizer(OptimizerKind kind, const StepScalars& s, float* w, const float* g, float* m,
                     float* v, void* out, DataType out_dtype, size_t n, bool non_temporal);
 
@@ -44,6 +45,13 @@ bool UseNonTemporal(StorePolicy policy, size_t bytes);
 // STREAM's "add" (c = a + b) with the same loads and stores as Accumulate's f32 path: the
 // memory-bandwidth yardstick the benchmark compares the kernels with.
 void StreamAdd(float* c, const float* a, const float* b, size_t n, bool non_temporal);
+
+// A STREAM-style yardstick with an optimizer's memory streams and trivial arithmetic: each of the
+// `arrays` (1..3) arrays in `rmw` gets x[i] += g[i], and out[i] = rmw[0][i] afterwards, stored as
+// the optimizer stores `out`. With 2 arrays it reads and writes what Nesterov does (w, m, g in;
+// w, m, out out), with 3 what Adam does (plus v).
+void StreamUpdate(float* const* rmw, int arrays, const float* g, float* out, size_t n,
+                  bool non_temporal);
 
 // Whether the AVX2 kernels run (the collectives' switch: CPU support, and not disabled).
 bool KernelsUseAvx2();
@@ -55,5 +63,7 @@ size_t ApplyOptimizerAvx2(OptimizerKind kind, const StepScalars& s, float* w, co
                           float* m, float* v, uint8_t* out, DataType out_dtype, size_t n,
                           bool non_temporal);
 size_t StreamAddAvx2(float* c, const float* a, const float* b, size_t n, bool non_temporal);
+size_t StreamUpdateAvx2(float* const* rmw, int arrays, const float* g, float* out, size_t n,
+                        bool non_temporal);
 
 }  // namespace plexus::aggregation::internal

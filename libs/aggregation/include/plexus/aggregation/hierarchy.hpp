@@ -76,4 +76,8 @@ struct Table41Row {
 // row uses BuildTwoLevelPlan with the racks as groups and N chunks.
 absl::StatusOr<std::vector<Table41Row>> ReproduceTable41(int n, int c, double s);
 
+// The rows as a text table (bytes in units of S): per column the seed's formula, the seed's value
+// and the counted one, then the notes. plexus-agg-sim and plexus-bench-aggregation print this.
+std::string FormatTable41(const std::vector<Table41Row>& rows, int n, int c, double s);
+
 }  // namespace plexus::aggregation

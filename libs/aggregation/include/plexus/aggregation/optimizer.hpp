@@ -39,16 +39,18 @@ struct OptimizerConfig {
 // InvalidArgument naming the field when a value is not finite or out of range.
 absl::Status ValidateOptimizer(const OptimizerConfig& config);
 
-// How the kernels store what they write. Non-temporal stores bypass the cache: they can pay off
-// for arrays far larger than the cache, which would be evicted before being read again anyway.
-// On the 2-core EPYC (32 MiB L3) this was measured on, cached stores won even at 64 MiB arrays
-// (docs/aggregation.md), as PHub found ("beneficial to cache both the model and gradients"), so
-// kAuto streams only from 256 MiB of output up; the service's 32 KB chunks always cache.
+// How the optimizer kernels store the values they write out (the weights to send back). Weights
+// and optimizer state are read and written in the same loop and always go through the cache; the
+// write-only output may stream past it (non-temporal), which saves the read for ownership of every
+// line when the output is too large to be read again from the cache anyway. On the 2-core EPYC
+// (32 MiB L3) this was measured on, streaming the output won at 64 MiB arrays and streaming the
+// weights and state too lost 2-3x (docs/aggregation.md), so kAuto streams from the L3's size up;
+// the service's 32 KB chunks, read again at once to be sent, always cache.
 enum class StorePolicy : uint8_t {
   kAuto = 0,  // non-temporal from kNonTemporalThresholdBytes of output up, cached below
   kCached = 1,
-  kNonTemporal = 2,  // where the destination is 32-byte aligned; cached otherwise
+  kNonTemporal = 2,  // where the output is aligned to the vector width; cached otherwise
 };
-inline constexpr size_t kNonTemporalThresholdBytes = size_t{256} << 20;
+inline constexpr size_t kNonTemporalThresholdBytes = size_t{32} << 20;
 
 }  // namespace plexus::aggregation

@@ -98,9 +98,9 @@ absl::StatusOr<std::optional<Plan>> FinetuneStep(const Plan& plan, const Matrix&
                                                  const Matrix& bandwidth, double element_bytes,
                                                  int moves, const FinetuneOptions& options = {});
 
-// Autotune: rebuilds the plan (Quicktune) when some node's measured bandwidth moved by more
-// than `threshold` (the seed: 20%) from the one the current plan was built for, else runs
-// Finetune steps, moving exponentially more while the same node stays the bottleneck.
+// Autotune: rebuilds the plan (Quicktune) when some link's measured bandwidth moved by more than
+// `threshold` (the seed: 20%) from the one the current plan was built for, else runs Finetune
+// steps, moving exponentially more while the same node stays the bottleneck.
 class Autotuner {
  public:
   Autotuner(Plan plan, Matrix bandwidth, double element_bytes, double threshold = 0.2);
