@@ -316,3 +316,27 @@ TEST_CASE("Spearman's rank correlation on known inputs", "[spearman]") {
   CHECK(!sim::Spearman(x, std::vector<double>{1, 1, 1, 1, 1}).ok());
   CHECK(!sim::Spearman(x, std::vector<double>{1, 2}).ok());
 }
+
+TEST_CASE("the spread: the reordered ring beats every random order, tree and Clos", "[mccs]") {
+  sim::SpreadSpec spec;
+  spec.fabric = {.pods = 2, .racks_per_pod = 2, .hosts_per_rack = 4};
+  spec.orders = 30;
+  spec.correlation_orders = 12;
+  spec.reorder_seconds = 10;
+  for (bool clos : {false, true}) {
+    INFO((clos ? "clos" : "tree"));
+    spec.clos = clos;
+    spec.clos_fabric.leaves = 4;
+    spec.clos_fabric.hosts_per_leaf = 4;
+    spec.clos_fabric.spines = 2;
+    auto r = sim::RunSpread(spec);
+    REQUIRE(r.ok());
+    CHECK(r->n == 16);
+    REQUIRE(r->random_ms.size() == 30);
+    CHECK(r->reordered_ms < *std::min_element(r->random_ms.begin(), r->random_ms.end()));
+    CHECK(r->reordered_cost_us < r->median_random_cost_us);
+    // From the reordered order to random ones, cost and time rise together.
+    CHECK(r->spearman_latency > 0.5);
+    CHECK(r->spearman_bandwidth > 0.5);
+  }
+}

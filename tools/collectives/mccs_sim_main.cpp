@@ -68,8 +68,8 @@ int Table(const Args& a, const tooling::Tool& tool) {
   std::string table = absl::StrFormat(
       "%d GPUs: %d leaves x %d hosts x %d NICs, %d spines, %g Gbps, oversubscription %g; "
       "%g MB ring allreduce, %s, %d runs\n\n"
-      "| placement | strategy | jobs | mean time (ms) | mean cross-rack hops | speedup vs random "
-      "ring (mean of jobs) | seed |\n|---|---|---|---|---|---|---|\n",
+      "| placement | strategy | jobs | hosts, racks per job | mean time (ms) | mean cross-rack "
+      "hops | speedup vs random ring (mean of jobs) | seed |\n|---|---|---|---|---|---|---|---|\n",
       gpus, spec.fabric.leaves, spec.fabric.hosts_per_leaf, spec.fabric.nics_per_host,
       spec.fabric.spines, a.gbps, spec.fabric.oversubscription, spec.bytes / 1e6,
       spec.steady ? "all jobs overlapping (steady)" : "all jobs starting together", spec.runs);
@@ -79,8 +79,10 @@ int Table(const Args& a, const tooling::Tool& tool) {
     auto jobs = sim::RunMccs(spec, placement);
     if (!jobs.ok()) return tool.Fail(jobs.status());
     for (int s = 0; s < sim::kRingStrategies; ++s) {
-      std::vector<double> ms, speedup, cross;
+      std::vector<double> ms, speedup, cross, hosts, racks;
       for (const auto& j : *jobs) {
+        hosts.push_back(j.hosts);
+        racks.push_back(j.racks);
         ms.push_back(j.seconds[s] * 1e3);
         speedup.push_back(j.seconds[0] / j.seconds[s]);
         cross.push_back(j.cross_rack_hops[s]);
@@ -91,13 +93,16 @@ int Table(const Args& a, const tooling::Tool& tool) {
       extra["placement"] = name;
       extra["strategy"] = strategy;
       extra["jobs"] = jobs->size();
+      extra["hosts_per_job"] = Mean(hosts);
+      extra["racks_per_job"] = Mean(racks);
       out.Add({"allreduce_ms", Mean(ms), "ms", nullptr, std::nullopt, extra});
       extra["seed_speedup"] = seed;
       extra["p10"] = Percentile(speedup, 0.1);
       extra["p90"] = Percentile(speedup, 0.9);
       out.Add({"speedup_vs_random_ring", Mean(speedup), "ratio", nullptr, std::nullopt, extra});
-      table += absl::StrFormat("| %s | %s | %d | %.2f | %.1f | %.2fx | %.1fx |\n", name, strategy,
-                               jobs->size(), Mean(ms), Mean(cross), Mean(speedup), seed);
+      table += absl::StrFormat("| %s | %s | %d | %.1f, %.1f | %.2f | %.1f | %.2fx | %.1fx |\n",
+                               name, strategy, jobs->size(), Mean(hosts), Mean(racks), Mean(ms),
+                               Mean(cross), Mean(speedup), seed);
     }
   }
   if (!a.json) std::printf("%s", table.c_str());
@@ -108,25 +113,29 @@ int Spread(const Args& a, const tooling::Tool& tool) {
   auto r = sim::RunSpread(a.spread);
   if (!r.ok()) return tool.Fail(r.status());
   tooling::FigureWriter out("cc_spread", a.json);
-  const Json common = {{"n", r->n},
-                       {"orders", a.spread.orders},
-                       {"bytes", a.spread.bytes},
-                       {"pods", a.spread.fabric.pods},
-                       {"racks_per_pod", a.spread.fabric.racks_per_pod},
-                       {"hosts_per_rack", a.spread.fabric.hosts_per_rack},
-                       {"seed", a.spread.seed}};
+  Json common = {
+      {"n", r->n}, {"orders", a.spread.orders}, {"bytes", a.spread.bytes}, {"seed", a.spread.seed}};
+  if (a.spread.clos) {
+    common["fabric"] =
+        absl::StrFormat("clos %d leaves x %d hosts, %d spines, ECMP", a.spread.clos_fabric.leaves,
+                        a.spread.clos_fabric.hosts_per_leaf, a.spread.clos_fabric.spines);
+  } else {
+    common["fabric"] =
+        absl::StrFormat("tree %d pods x %d racks x %d hosts", a.spread.fabric.pods,
+                        a.spread.fabric.racks_per_pod, a.spread.fabric.hosts_per_rack);
+  }
   auto add = [&](const std::string& name, double value, const std::string& unit, Json more = {}) {
     Json extra = common;
     for (auto& [k, v] : more.items()) extra[k] = v;
     out.Add({name, value, unit, nullptr, std::nullopt, extra});
   };
   const double median = Percentile(r->random_ms, 0.5);
-  add("random_orders_ms", median, "ms",
-      {{"statistic", "median"},
-       {"times_ms", r->random_ms},
-       {"reordered_ms", r->reordered_ms},
-       {"min", Percentile(r->random_ms, 0)},
-       {"max", Percentile(r->random_ms, 1)}});
+  Json spread = {{"statistic", "median"},
+                 {"reordered_ms", r->reordered_ms},
+                 {"min", Percentile(r->random_ms, 0)},
+                 {"max", Percentile(r->random_ms, 1)}};
+  if (a.json) spread["times_ms"] = r->random_ms;  // for plexus-plot spread; too long for a table
+  add("random_orders_ms", median, "ms", spread);
   add("random_order_min_ms", Percentile(r->random_ms, 0), "ms");
   add("random_order_max_ms", Percentile(r->random_ms, 1), "ms");
   add("reordered_ms", r->reordered_ms, "ms");
@@ -187,6 +196,12 @@ int main(int argc, char** argv) {
   tooling::AddNumber(spread, "--pods", &a.spread.fabric.pods, "pods", 1, 4096);
   tooling::AddNumber(spread, "--racks", &a.spread.fabric.racks_per_pod, "racks per pod", 1, 4096);
   tooling::AddNumber(spread, "--hosts", &a.spread.fabric.hosts_per_rack, "hosts per rack", 1, 4096);
+  spread->add_flag("--clos", a.spread.clos,
+                   "a leaf/spine fabric with ECMP instead of the pod/rack/host tree");
+  tooling::AddNumber(spread, "--leaves", &a.spread.clos_fabric.leaves, "--clos: leaves", 1, 4096);
+  tooling::AddNumber(spread, "--spines", &a.spread.clos_fabric.spines, "--clos: spines", 1, 4096);
+  tooling::AddNumber(spread, "--hosts-per-leaf", &a.spread.clos_fabric.hosts_per_leaf,
+                     "--clos: hosts per leaf", 1, 4096);
   tooling::AddNumber(spread, "--orders", &a.spread.orders, "random orders timed", 1, 1'000'000);
   tooling::AddNumber(spread, "--correlation-orders", &a.spread.correlation_orders,
                      "orders from reordered to random for the rank correlation", 2, 1'000'000);

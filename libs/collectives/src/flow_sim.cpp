@@ -526,7 +526,12 @@ absl::StatusOr<CoupledResult> SimulateCoupled(const Topology& topology,
       if (!pending.empty()) now = pending.top().first;
       continue;
     }
-    ++result.events;
+    // Every event starts or finishes a flow: more than 2n + 1 means no progress (a bug).
+    if (++result.events > 2 * static_cast<int64_t>(n) + 1) {
+      return absl::InternalError(
+          absl::StrCat("coupled flows: no progress at t = ", now, " s with ", active.size(),
+                       " active flows, ", remaining[active[0]], " bytes left on flow ", active[0]));
+    }
     std::vector<const Uses*> ptrs;
     ptrs.reserve(active.size());
     for (int f : active) ptrs.push_back(&uses[f]);

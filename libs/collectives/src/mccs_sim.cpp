@@ -272,30 +272,89 @@ absl::StatusOr<SpreadResult> RunSpread(const SpreadSpec& spec) {
     return absl::InvalidArgumentError(
         "spread: orders >= 1, correlation_orders >= 2, bytes > 0 and reorder_seconds > 0");
   }
-  PLEXUS_ASSIGN_OR_RETURN(Model fabric, GenerateFabric(spec.fabric));
-  const int n = static_cast<int>(fabric.hosts.size());
-  if (n < 3) return absl::InvalidArgumentError("spread: needs at least 3 hosts");
   std::mt19937_64 rng(spec.seed);
-  std::vector<int> host_of(n);
-  std::iota(host_of.begin(), host_of.end(), 0);
-  std::shuffle(host_of.begin(), host_of.end(), rng);
-  Model t = fabric;
-  for (int i = 0; i < n; ++i) t.hosts[i] = fabric.hosts[host_of[i]];
-  PLEXUS_RETURN_IF_ERROR(t.Validate());
-  const CostMatrix latency = LatencyFromTopology(t, {.noise = spec.noise, .seed = spec.seed});
-  CostMatrix bandwidth = latency;
-  bandwidth.bandwidth_gbps = FairShareMatrix(t).bandwidth_gbps;
-  PLEXUS_ASSIGN_OR_RETURN(Topology net, Topology::Tree(t));
-
+  CostMatrix latency, bandwidth;
+  Topology net;
+  std::vector<int> endpoint_of;  // node -> endpoint of `net`
+  if (!spec.clos) {
+    PLEXUS_ASSIGN_OR_RETURN(Model fabric, GenerateFabric(spec.fabric));
+    const int n = static_cast<int>(fabric.hosts.size());
+    if (n < 3) return absl::InvalidArgumentError("spread: needs at least 3 hosts");
+    std::vector<int> host_of(n);
+    std::iota(host_of.begin(), host_of.end(), 0);
+    std::shuffle(host_of.begin(), host_of.end(), rng);
+    Model t = fabric;
+    for (int i = 0; i < n; ++i) t.hosts[i] = fabric.hosts[host_of[i]];
+    PLEXUS_RETURN_IF_ERROR(t.Validate());
+    latency = LatencyFromTopology(t, {.noise = spec.noise, .seed = spec.seed});
+    bandwidth = latency;
+    bandwidth.bandwidth_gbps = FairShareMatrix(t).bandwidth_gbps;
+    PLEXUS_ASSIGN_OR_RETURN(net, Topology::Tree(t));
+    endpoint_of.resize(n);
+    std::iota(endpoint_of.begin(), endpoint_of.end(), 0);
+  } else {
+    PLEXUS_ASSIGN_OR_RETURN(net, Topology::Clos(spec.clos_fabric));
+    const int n = net.hosts();
+    if (n < 3) return absl::InvalidArgumentError("spread: needs at least 3 hosts");
+    endpoint_of.resize(n);
+    std::iota(endpoint_of.begin(), endpoint_of.end(), 0);
+    std::shuffle(endpoint_of.begin(), endpoint_of.end(), rng);
+    // What a prober sees: round trips times a lognormal factor; fair shares: the NIC inside a
+    // leaf, the leaf's uplink over its hosts across leaves.
+    const ClosSpec& c = spec.clos_fabric;
+    const double nic_gbps = c.host_bytes_per_s * 8e-9;
+    const double cross_gbps = std::min(nic_gbps, nic_gbps / c.oversubscription);
+    std::normal_distribution<double> gauss(0, 1);
+    latency.n = bandwidth.n = n;
+    latency.latency_us.assign(static_cast<size_t>(n) * n, 0);
+    bandwidth.bandwidth_gbps.assign(static_cast<size_t>(n) * n, nic_gbps);
+    for (int i = 0; i < n; ++i) latency.labels.push_back(absl::StrCat("host", endpoint_of[i]));
+    for (int i = 0; i < n; ++i) {
+      for (int j = i + 1; j < n; ++j) {
+        const int a = endpoint_of[i], b = endpoint_of[j];
+        const double rtt = 2e6 * net.PathLatency(a, b) * std::exp(spec.noise * gauss(rng));
+        latency.latency_us[static_cast<size_t>(i) * n + j] = rtt;
+        latency.latency_us[static_cast<size_t>(j) * n + i] = rtt;
+        if (net.RackOf(a) != net.RackOf(b)) {
+          bandwidth.bandwidth_gbps[static_cast<size_t>(i) * n + j] = cross_gbps;
+          bandwidth.bandwidth_gbps[static_cast<size_t>(j) * n + i] = cross_gbps;
+        }
+      }
+    }
+    bandwidth.labels = latency.labels;
+    bandwidth.latency_us = latency.latency_us;
+  }
+  const int n = static_cast<int>(endpoint_of.size());
+  const uint64_t ecmp_seed = spec.seed * 131 + 7;
+  std::vector<double> capacity;
+  for (const Link& l : net.links()) capacity.push_back(l.bytes_per_s);
   auto time_ms = [&](const std::vector<int>& order) -> absl::StatusOr<double> {
-    PLEXUS_ASSIGN_OR_RETURN(CoupledResult r,
-                            SimulateCoupled(net, {RingAllreduceFlow(net, order, spec.bytes)}));
+    std::vector<int> ring;
+    for (int node : order) ring.push_back(endpoint_of[node]);
+    // One connection per hop; on a Clos, ECMP hashes it onto a spine.
+    std::vector<Flow> flows;
+    for (size_t i = 0; i < ring.size(); ++i) {
+      const int a = ring[i], b = ring[(i + 1) % ring.size()];
+      Flow f;
+      f.key = (static_cast<uint64_t>(a) << 32) | static_cast<uint64_t>(b);
+      for (int p = 0; p < std::max(1, net.Paths(a, b)); ++p) f.routes.push_back(net.Route(a, b, p));
+      flows.push_back(std::move(f));
+    }
+    FlowAssignOptions ecmp;
+    ecmp.policy = FlowAssignPolicy::kEcmp;
+    ecmp.ecmp_seed = ecmp_seed;
+    PLEXUS_ASSIGN_OR_RETURN(std::vector<int> route, AssignFlows(flows, capacity, ecmp));
+    for (size_t i = 0; i < route.size(); ++i) {
+      if (flows[i].routes.size() < 2) route[i] = -1;
+    }
+    PLEXUS_ASSIGN_OR_RETURN(
+        CoupledResult r, SimulateCoupled(net, {RingAllreduceFlow(net, ring, spec.bytes, route)}));
     return r.makespan_s * 1e3;
   };
   const CostOptions ring{.model = CostModel::kRing, .bytes = spec.bytes};
   SpreadResult result;
   result.n = n;
-  std::vector<double> random_lat, random_bw, random_costs;
+  std::vector<double> random_lat, random_bw;
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);
   for (int k = 0; k < spec.orders; ++k) {

@@ -73,6 +73,18 @@ absl::StatusOr<std::vector<MccsJob>> RunMccs(const MccsSpec& spec, Placement pla
 
 struct SpreadSpec {
   FabricSpec fabric;  // 16 pods x 4 racks x 8 hosts = 512 hosts by default
+  // Instead: a leaf/spine fabric whose cross-leaf connections ECMP hashes onto spines (32 leaves
+  // x 16 hosts = 512, 8 spines, 25 Gbps NICs, oversubscription 2).
+  bool clos = false;
+  ClosSpec clos_fabric = {.leaves = 32,
+                          .spines = 8,
+                          .hosts_per_leaf = 16,
+                          .host_bytes_per_s = 25e9 / 8,
+                          .oversubscription = 2,
+                          .host_latency_s = 2e-6,
+                          .spine_latency_s = 10e-6,
+                          .nics_per_host = 1,
+                          .nvlink_bytes_per_s = 0};
   double noise = 0.1;
   int orders = 500;              // random orders timed
   int correlation_orders = 100;  // orders spanning optimal .. random for the rank correlation
@@ -97,7 +109,8 @@ struct SpreadResult {
 };
 
 // Hosts of the generated fabric handed out in a random order (a cloud's VM list); the reorderer
-// sees only the noisy latency matrix (LatencyFromTopology), the simulator the fabric.
+// sees only the noisy latency matrix (LatencyFromTopology, or path round trips times a lognormal
+// factor on a Clos), the simulator the fabric (each hop one connection, ECMP-hashed on a Clos).
 absl::StatusOr<SpreadResult> RunSpread(const SpreadSpec& spec);
 
 // The fair-share bandwidth matrix of a topology model: for each pair the least, over the links
