@@ -340,3 +340,20 @@ TEST_CASE("the spread: the reordered ring beats every random order, tree and Clo
     CHECK(r->spearman_bandwidth > 0.5);
   }
 }
+
+TEST_CASE("the 768-GPU table: the figures docs/collectives.md quotes", "[mccs]") {
+  // plexus-mccs-sim table's defaults (about a second): 24 leaves x 4 hosts x 8 NICs, 16 spines.
+  const sim::MccsSpec spec;
+  const double expected[2][3] = {{1.0, 1.30, 1.97}, {1.0, 6.83, 8.07}};
+  for (int p = 0; p < 2; ++p) {
+    const auto placement = p == 0 ? sim::Placement::kRandom : sim::Placement::kCompact;
+    INFO(sim::PlacementName(placement));
+    auto jobs = sim::RunMccs(spec, placement);
+    REQUIRE(jobs.ok());
+    for (int s = 0; s < 3; ++s) {
+      double mean = 0;
+      for (const auto& j : *jobs) mean += j.seconds[0] / j.seconds[s] / jobs->size();
+      CHECK(mean == Approx(expected[p][s]).margin(0.005));
+    }
+  }
+}
