@@ -357,3 +357,13 @@ TEST_CASE("the 768-GPU table: the figures docs/collectives.md quotes", "[mccs]")
     }
   }
 }
+
+TEST_CASE("a tree topology refuses an invalid model, naming the element", "[flow_sim]") {
+  pc::Topology model;
+  model.pods = {{"p0", 100, 1}};
+  model.racks = {{"r0", "p0", 100, 1}};
+  model.hosts = {{"h0", "r9", 25, 1}};
+  auto t = sim::Topology::Tree(model);
+  REQUIRE(!t.ok());
+  CHECK(t.status().message().find("r9") != std::string::npos);
+}

@@ -98,8 +98,10 @@ absl::StatusOr<Topology> Topology::Clos(const ClosSpec& spec) {
   return t;
 }
 
-absl::StatusOr<Topology> Topology::Tree(const ::plexus::collectives::Topology& model) {
-  if (model.hosts.empty()) return absl::InvalidArgumentError("tree topology: no hosts");
+absl::StatusOr<Topology> Topology::Tree(const ::plexus::collectives::Topology& input) {
+  if (input.hosts.empty()) return absl::InvalidArgumentError("tree topology: no hosts");
+  ::plexus::collectives::Topology model = input;  // resolves parents (RackOf, PodOf)
+  PLEXUS_RETURN_IF_ERROR(model.Validate());
   Topology t;
   t.racks_ = static_cast<int>(model.racks.size());
   constexpr double kBytesPerGbit = 1e9 / 8;

@@ -69,7 +69,7 @@ class Topology {
   static absl::StatusOr<Topology> Clos(const ClosSpec& spec);
   // The three-level tree of a topology model (hosts in racks in pods under a non-blocking core;
   // plexus/collectives/topology.hpp): every host, rack and pod uplink a link per direction
-  // (Gbps and one-way µs converted to bytes/s and s). One route per pair. Must be Validate()d.
+  // (Gbps and one-way µs converted to bytes/s and s). One route per pair. Validates the model.
   static absl::StatusOr<Topology> Tree(const ::plexus::collectives::Topology& model);
 
   // Endpoints (hosts, or NICs of multi-NIC hosts): the range of a schedule's src and dst.
