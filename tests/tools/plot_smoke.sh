@@ -1,9 +1,9 @@
 #!/bin/sh
 # Draws every picture plexus-plot knows from real tool output and checks each is a PNG; also
 # checks that bad input gets a message and status 2. Skips (77) without python3-matplotlib.
-# Usage: plot_smoke.sh PLEXUS_PLOT PLEXUS_PLACE PLEXUS_MOE DATA_DIR WORK_DIR
+# Usage: plot_smoke.sh PLEXUS_PLOT PLEXUS_PLACE PLEXUS_MOE DATA_DIR WORK_DIR [PLEXUS_MCCS_SIM]
 set -eu
-plot=$1 place=$2 moe=$3 data=$4 work=$5
+plot=$1 place=$2 moe=$3 data=$4 work=$5 mccs=${6:-}
 if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
   echo "SKIP: python3-matplotlib is not installed (make deps installs it)"
   exit 77
@@ -39,6 +39,15 @@ cat > "$work/rpc_balance_sim.jsonl" <<'J'
 {"bench":"rpc_balance_sim","figure":"p99","value":249.1,"unit":"us","policy":"daronpon","load":0.8,"service":"exp"}
 J
 "$plot" p99 "$work/rpc_balance_sim.jsonl" -o "$work/p99.png" && is_png "$work/p99.png"
+# The flow simulator's two pictures, from small real runs of plexus-mccs-sim.
+if [ -n "$mccs" ]; then
+  "$mccs" table --leaves 4 --spines 4 --hosts-per-leaf 2 --nics 4 --job-sizes 8 --runs 1 --json \
+    > "$work/mccs_sim.jsonl"
+  "$mccs" spread --pods 2 --racks 2 --hosts 4 --orders 50 --correlation-orders 10 \
+    --reorder-seconds 5 --json > "$work/cc_spread.jsonl"
+  "$plot" mccs "$work/mccs_sim.jsonl" -o "$work/mccs.png" && is_png "$work/mccs.png"
+  "$plot" spread "$work/cc_spread.jsonl" -o "$work/spread.png" && is_png "$work/spread.png"
+fi
 "$plot" report "$work" && is_png "$work/collectives.png" && is_png "$work/rpc_balance_sim.png"
 grep -q '| allreduce busbw | 0.5 | GB/s' "$work/report.md" || { echo "report.md lacks the table"; exit 1; }
 # Bad input: a clear message and status 2, never a traceback.
