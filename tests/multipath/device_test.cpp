@@ -148,9 +148,37 @@ TEST_CASE("device: exact data at several sizes through Device/Connection, plain 
   Transfer(*link.a, link.cq_a, *link.b, link.cq_b, sizes, 1, /*gather=*/false);
   Transfer(*link.a, link.cq_a, *link.b, link.cq_b, sizes, 2, /*gather=*/true);
   Transfer(*link.b, link.cq_b, *link.a, link.cq_a, {3, 50001, (size_t{4} << 20) + 1}, 3, true);
-  // Both paths carried the large messages.
-  for (const auto& p : pm::MultipathDevice::ChannelOf(*link.a)->Stats().paths) {
-    CHECK(p.bytes_acked > 0);
+  // Both paths carried the large messages; the device sums its connections' paths.
+  const auto paths = pm::MultipathDevice::ChannelOf(*link.a)->Stats().paths;
+  REQUIRE(paths.size() == 2);
+  for (const auto& p : paths) CHECK(p.bytes_acked > 0);
+  CHECK(link.dev_a->PathBytesAcked() ==
+        std::vector<uint64_t>{paths[0].bytes_acked, paths[1].bytes_acked});
+  // Many parts whose boundaries fall inside chunks (50 KB) and at their edges.
+  {
+    const std::vector<size_t> part_sizes = {1, 49999, 50001, 0, 3, 200000, 17, 49980};
+    size_t total = 0;
+    for (size_t s : part_sizes) total += s;
+    const std::vector<uint8_t> src = Pattern(total + 1, 21);
+    std::vector<pt::ConstBuffer> parts;
+    size_t at = 1;
+    for (size_t s : part_sizes) {
+      parts.push_back({s == 0 ? nullptr : src.data() + at, s});
+      at += s;
+    }
+    std::vector<uint8_t> dst(total, 0);
+    REQUIRE(link.b->PostRecv({dst.data(), total}, 31).ok());
+    REQUIRE(link.a->PostSend(absl::MakeConstSpan(parts), 32).ok());
+    const pt::Completion s = Next(link.cq_a);
+    CHECK((s.status.ok() && s.wr_id == 32 && s.bytes == total));
+    const pt::Completion r = Next(link.cq_b);
+    CHECK((r.status.ok() && r.wr_id == 31 && r.bytes == total));
+    CHECK(std::memcmp(dst.data(), src.data() + 1, total) == 0);
+    // A null part with bytes is refused up front, naming it.
+    const pt::ConstBuffer bad[2] = {{src.data(), 4}, {nullptr, 5}};
+    const absl::Status refused = link.a->PostSend(absl::MakeConstSpan(bad, 2), 33);
+    CHECK(absl::IsInvalidArgument(refused));
+    CHECK(absl::StrContains(refused.message(), "buffer 1 of 2 is null"));
   }
   // A receive shorter than the message fails (ResourceExhausted), as on every transport.
   std::vector<uint8_t> small(10), big = Pattern(100, 4);

@@ -6,7 +6,10 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <mutex>
 #include <utility>
+
+#include "absl/container/flat_hash_set.h"
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -18,7 +21,14 @@
 
 namespace plexus::multipath {
 
+struct internal::DeviceRegistry {
+  std::mutex mu;
+  absl::flat_hash_set<MultipathChannel*> channels;
+};
+
 namespace {
+
+using Registry = internal::DeviceRegistry;
 
 namespace pt = ::plexus::transport;
 
@@ -95,8 +105,15 @@ absl::Status AwaitLive(MultipathChannel& channel, int paths, absl::Time deadline
 
 class MultipathConnection final : public pt::Connection {
  public:
-  explicit MultipathConnection(std::shared_ptr<pt::Device> inner) : inner_(std::move(inner)) {}
-  ~MultipathConnection() override { channel_.reset(); }
+  MultipathConnection(std::shared_ptr<pt::Device> inner, std::shared_ptr<Registry> registry)
+      : inner_(std::move(inner)), registry_(std::move(registry)) {}
+  ~MultipathConnection() override {
+    if (channel_ != nullptr) {
+      std::lock_guard<std::mutex> lock(registry_->mu);
+      registry_->channels.erase(channel_.get());
+    }
+    channel_.reset();
+  }
 
   // Creates the channel reporting to `cq` under this connection's id.
   absl::Status Init(const ChannelOptions& options, pt::CompletionQueue* cq) {
@@ -105,6 +122,8 @@ class MultipathConnection final : public pt::Connection {
     internal_options.fail_when_all_paths_dead = true;
     PLEXUS_ASSIGN_OR_RETURN(channel_,
                             internal::ChannelFactory::Create(options, cq, internal_options));
+    std::lock_guard<std::mutex> lock(registry_->mu);
+    registry_->channels.insert(channel_.get());
     return absl::OkStatus();
   }
 
@@ -134,15 +153,19 @@ class MultipathConnection final : public pt::Connection {
 
  private:
   std::shared_ptr<pt::Device> inner_;  // outlives the path connections
+  std::shared_ptr<Registry> registry_;
   std::unique_ptr<MultipathChannel> channel_;
   std::vector<std::string> peers_;
 };
 
 class MultipathListener final : public pt::Listener {
  public:
-  MultipathListener(std::shared_ptr<pt::Device> inner, MultipathDeviceOptions options,
-                    std::unique_ptr<pt::Listener> control)
-      : inner_(std::move(inner)), options_(std::move(options)), control_(std::move(control)) {
+  MultipathListener(std::shared_ptr<pt::Device> inner, std::shared_ptr<Registry> registry,
+                    MultipathDeviceOptions options, std::unique_ptr<pt::Listener> control)
+      : inner_(std::move(inner)),
+        registry_(std::move(registry)),
+        options_(std::move(options)),
+        control_(std::move(control)) {
     std::vector<std::string> hosts = options_.local_addresses;
     address_ = absl::StrCat(kPrefix, control_->address());
     for (size_t k = 1; k < hosts.size(); ++k) absl::StrAppend(&address_, ",", hosts[k]);
@@ -197,7 +220,7 @@ class MultipathListener final : public pt::Listener {
     }
     const std::string reply = absl::StrCat(kReplyOk, absl::StrJoin(addresses, ","));
     PLEXUS_RETURN_IF_ERROR(control->PostSend(pt::ConstBuffer{reply.data(), reply.size()}, 2));
-    auto conn = std::make_unique<MultipathConnection>(inner_);
+    auto conn = std::make_unique<MultipathConnection>(inner_, registry_);
     PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq));
     MultipathChannel& channel = *conn->channel();
     for (int k = 0; k < paths; ++k) {
@@ -219,6 +242,7 @@ class MultipathListener final : public pt::Listener {
 
  private:
   std::shared_ptr<pt::Device> inner_;
+  std::shared_ptr<Registry> registry_;
   MultipathDeviceOptions options_;
   std::unique_ptr<pt::Listener> control_;
   std::string address_;
@@ -295,7 +319,21 @@ absl::StatusOr<std::shared_ptr<MultipathDevice>> MultipathDevice::Create(
 }
 
 MultipathDevice::MultipathDevice(MultipathDeviceOptions options, std::shared_ptr<pt::Device> inner)
-    : Device(inner->options()), options_(std::move(options)), inner_(std::move(inner)) {}
+    : Device(inner->options()),
+      options_(std::move(options)),
+      inner_(std::move(inner)),
+      registry_(std::make_shared<internal::DeviceRegistry>()) {}
+
+std::vector<uint64_t> MultipathDevice::PathBytesAcked() const {
+  std::vector<uint64_t> out(options_.local_addresses.size(), 0);
+  std::lock_guard<std::mutex> lock(registry_->mu);
+  for (const MultipathChannel* channel : registry_->channels) {
+    for (const PathStats& p : channel->Stats().paths) {
+      if (p.index >= 0 && static_cast<size_t>(p.index) < out.size()) out[p.index] += p.bytes_acked;
+    }
+  }
+  return out;
+}
 
 absl::StatusOr<std::unique_ptr<pt::MemoryRegion>> MultipathDevice::Register(void* data,
                                                                             size_t bytes,
@@ -318,7 +356,7 @@ absl::StatusOr<std::unique_ptr<pt::Listener>> MultipathDevice::Listen(
   }
   PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<pt::Listener> listener, inner_->Listen(control));
   return std::unique_ptr<pt::Listener>(
-      std::make_unique<MultipathListener>(inner_, options_, std::move(listener)));
+      std::make_unique<MultipathListener>(inner_, registry_, options_, std::move(listener)));
 }
 
 absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::Connect(
@@ -367,7 +405,7 @@ absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::Connect(
         "multipath set-up: malformed answer from ", parsed.control, " ('", text.substr(0, 200),
         "'): expected ", paths, " paths on ", absl::StrJoin(parsed.hosts, ",")));
   }
-  auto conn = std::make_unique<MultipathConnection>(inner_);
+  auto conn = std::make_unique<MultipathConnection>(inner_, registry_);
   PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq));
   MultipathChannel& channel = *conn->channel();
   for (int k = 0; k < paths; ++k) {

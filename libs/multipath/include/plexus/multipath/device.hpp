@@ -24,6 +24,7 @@
 // are not delivered to later receives (the channel refuses new calls at once).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -35,6 +36,10 @@
 #include "plexus/transport/device.hpp"
 
 namespace plexus::multipath {
+
+namespace internal {
+struct DeviceRegistry;
+}  // namespace internal
 
 struct MultipathDeviceOptions {
   // The local IPv4 address of each path, in path order (K = size, at least 1). Sockets of path k
@@ -67,6 +72,10 @@ class MultipathDevice : public transport::Device {
   // The multipath channel of a connection made by a MultipathDevice, for statistics, run-time
   // knobs and test hooks (FailPathForTest); null for any other connection.
   static MultipathChannel* ChannelOf(transport::Connection& connection);
+
+  // Payload bytes this side sent that completed on each path (PathStats::bytes_acked), summed
+  // over the device's open connections; index k is path k.
+  std::vector<uint64_t> PathBytesAcked() const;
 
   transport::Backend backend() const override { return transport::Backend::kTcp; }
   int paths() const { return static_cast<int>(options_.local_addresses.size()); }
@@ -104,6 +113,7 @@ class MultipathDevice : public transport::Device {
 
   MultipathDeviceOptions options_;
   std::shared_ptr<transport::Device> inner_;
+  std::shared_ptr<internal::DeviceRegistry> registry_;  // the open connections' channels
 };
 
 }  // namespace plexus::multipath
