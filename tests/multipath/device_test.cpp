@@ -305,6 +305,20 @@ TEST_CASE("device: malformed composite addresses are refused, naming the entry",
     CHECK(absl::IsInvalidArgument(conn.status()));
     CHECK(absl::StrContains(conn.status().message(), expected));
   }
+  // A well-formed address where nothing listens: Unavailable, naming the control address.
+  {
+    auto closed = (*device)->Listen("");
+    REQUIRE(closed.ok());
+    const std::string address = (*closed)->address();
+    closed->reset();  // the port is free again
+    auto conn = (*device)->Connect(address, &cq);
+    INFO(conn.status().ToString());
+    CHECK(absl::IsUnavailable(conn.status()));
+    auto where = pm::MultipathDevice::ParseAddress(address);
+    REQUIRE(where.ok());
+    CHECK(absl::StrContains(conn.status().message(),
+                            absl::StrCat("control connection to ", where->control)));
+  }
   auto parsed = pm::MultipathDevice::ParseAddress("mp:127.0.0.1:5000,127.0.0.2");
   REQUIRE(parsed.ok());
   CHECK(parsed->control == "127.0.0.1:5000");
