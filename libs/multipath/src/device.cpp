@@ -177,12 +177,15 @@ class MultipathListener final : public pt::Listener {
                                                          absl::Duration timeout) override {
     if (cq == nullptr) return absl::InvalidArgumentError("Accept: null completion queue");
     const int paths = static_cast<int>(options_.local_addresses.size());
-    pt::CompletionQueue control_cq;  // declared before the control connection it outlives
+    // The queue and the buffers outlive the control connection (declared first, destroyed
+    // last): a post still outstanding when an error returns must not touch freed memory.
+    pt::CompletionQueue control_cq;
+    std::vector<char> request(kControlBytes);
+    std::string reply;
     PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<pt::Connection> control,
                             control_->Accept(&control_cq, timeout));
     const absl::Time deadline = absl::Now() + options_.device.connect_timeout;
     const std::string peer = control->peer_address();
-    std::vector<char> request(kControlBytes);
     PLEXUS_RETURN_IF_ERROR(control->PostRecv({request.data(), request.size()}, 1));
     PLEXUS_ASSIGN_OR_RETURN(
         pt::Completion got,
@@ -199,7 +202,7 @@ class MultipathListener final : public pt::Listener {
       const std::string why = absl::StrCat(
           "the connector ", peer, " has ", their_paths, " paths, the listener ", address_, " has ",
           paths, " (MultipathDeviceOptions.local_addresses must have equal sizes)");
-      std::string reply = absl::StrCat(kReplyError, why);
+      reply = absl::StrCat(kReplyError, why);
       if (control->PostSend(pt::ConstBuffer{reply.data(), reply.size()}, 2).ok()) {
         (void)AwaitControl(control_cq, 2, deadline, "sending the refusal");
       }
@@ -218,7 +221,7 @@ class MultipathListener final : public pt::Listener {
       addresses.push_back((*listener)->address());
       listeners.push_back(*std::move(listener));
     }
-    const std::string reply = absl::StrCat(kReplyOk, absl::StrJoin(addresses, ","));
+    reply = absl::StrCat(kReplyOk, absl::StrJoin(addresses, ","));
     PLEXUS_RETURN_IF_ERROR(control->PostSend(pt::ConstBuffer{reply.data(), reply.size()}, 2));
     auto conn = std::make_unique<MultipathConnection>(inner_, registry_);
     PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq));
@@ -371,16 +374,17 @@ absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::Connect(
         paths, " (MultipathDeviceOptions.local_addresses)"));
   }
   const absl::Time deadline = absl::Now() + options_.device.connect_timeout;
-  pt::CompletionQueue control_cq;  // declared before the control connection it outlives
+  // The queue and the buffers outlive the control connection (declared first, destroyed last).
+  pt::CompletionQueue control_cq;
+  std::vector<char> reply(kControlBytes);
+  const std::string request = absl::StrCat(kRequestMagic, paths);
   auto control_or = inner_->ConnectFrom(options_.local_addresses[0], parsed.control, &control_cq);
   if (!control_or.ok()) {
     return base::Annotate(control_or.status(),
                           absl::StrCat("multipath set-up: control connection to ", parsed.control));
   }
   std::unique_ptr<pt::Connection> control = *std::move(control_or);
-  std::vector<char> reply(kControlBytes);
   PLEXUS_RETURN_IF_ERROR(control->PostRecv({reply.data(), reply.size()}, 1));
-  const std::string request = absl::StrCat(kRequestMagic, paths);
   PLEXUS_RETURN_IF_ERROR(control->PostSend(pt::ConstBuffer{request.data(), request.size()}, 2));
   PLEXUS_ASSIGN_OR_RETURN(
       pt::Completion got,
