@@ -4,10 +4,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <string>
 
+#include "plexus/base/byte_order.hpp"
 #include "plexus/base/env.hpp"
 #include "plexus/base/file.hpp"
 #include "plexus/base/host.hpp"
@@ -126,6 +128,29 @@ TEST_CASE("files: errors say what is wrong with the path", "[base]") {
   REQUIRE(!bad.ok());
   CHECK(bad.status().message().find("a.json") != std::string::npos);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("byte order: fields are little-endian at any alignment and read back", "[base]") {
+  uint8_t buf[1 + 2 + 4 + 8] = {};
+  pb::ByteWriter w(buf);
+  w.U8(0xab);
+  w.U16(0x1234);
+  w.U32(0xdeadbeef);
+  w.U64(0x0102030405060708ull);
+  CHECK(w.position() == buf + sizeof buf);
+  // Least significant byte first, at odd offsets.
+  const uint8_t expected[] = {0xab, 0x34, 0x12, 0xef, 0xbe, 0xad, 0xde, 8, 7, 6, 5, 4, 3, 2, 1};
+  CHECK(std::equal(std::begin(buf), std::end(buf), std::begin(expected)));
+  pb::ByteReader r(buf);
+  CHECK(r.U8() == 0xab);
+  CHECK(r.U16() == 0x1234);
+  CHECK(r.U32() == 0xdeadbeef);
+  CHECK(r.U64() == 0x0102030405060708ull);
+  CHECK(pb::LoadLittleEndian<uint32_t>(buf + 3) == 0xdeadbeef);
+  std::string s;
+  pb::AppendLittleEndian<uint16_t>(s, 0x0102);
+  pb::AppendLittleEndian<int32_t>(s, -2);
+  CHECK(s == std::string("\x02\x01\xfe\xff\xff\xff", 6));
 }
 
 TEST_CASE("host probing", "[base]") {

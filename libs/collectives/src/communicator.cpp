@@ -118,9 +118,17 @@ CommunicatorImpl::~CommunicatorImpl() {
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
-    transport::Rendezvous& rendezvous, CommunicatorOptions options, const std::string& tag) {
+    transport::Rendezvous& rendezvous, CommunicatorOptions options, const std::string& tag,
+    std::shared_ptr<transport::Device> device) {
   const int n = rendezvous.world_size();
   const int rank = rendezvous.rank();
+  if (device != nullptr) {
+    // The device decides how peers connect; options() reports what it uses.
+    options.backend = device->backend();
+    options.progress = device->options().progress;
+    options.local_address = device->options().local_address;
+    options.sockets_per_connection = device->options().sockets_per_connection;
+  }
   // Validate and fill in defaults.
   if (options.ring_order.empty()) {
     options.ring_order.resize(n);
@@ -258,8 +266,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   // 256 KiB (measured, 4 ranks on 2 CPUs: 1 MiB allreduce 2.6 -> 3.0-3.3 GB/s busbw; with a CPU
   // per rank the ring stays faster below 2 MiB).
   if (oversubscribed) device_options.shm_cma_threshold = size_t{256} << 10;
-  if (n > 1) {
+  comm->caller_device_ = device != nullptr;
+  if (device != nullptr) {
+    comm->device_ = std::move(device);
+  } else if (n > 1) {
     PLEXUS_ASSIGN_OR_RETURN(comm->device_, transport::Device::Create(device_options));
+  }
+  if (n > 1) {
     comm->cq_ = comm->device_->CreateCompletionQueue();
     for (int c = 0; c < options.channels; ++c) {
       auto mesh = transport::ConnectFullMesh(rendezvous, *comm->device_, comm->cq_.get(),
@@ -503,7 +516,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Split(int color,
                           transport::Rendezvous::Create(child_rank_of[layout_.rank],
                                                         static_cast<int>(members.size()), store_));
   return Make(rendezvous, std::move(options),
-              absl::StrCat(tag_, "/", uid_, "/split", split, "/color", color));
+              absl::StrCat(tag_, "/", uid_, "/split", split, "/color", color),
+              caller_device_ ? device_ : nullptr);
 }
 
 }  // namespace plexus::collectives::internal
@@ -513,6 +527,17 @@ namespace plexus::collectives {
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
     transport::Rendezvous& rendezvous, CommunicatorOptions options) {
   return internal::CommunicatorImpl::Make(rendezvous, std::move(options), "coll");
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
+    transport::Rendezvous& rendezvous, std::shared_ptr<transport::Device> device,
+    CommunicatorOptions options) {
+  if (device == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Communicator::Create on rank ", rendezvous.rank(), ": the device is null"));
+  }
+  return internal::CommunicatorImpl::Make(rendezvous, std::move(options), "coll",
+                                          std::move(device));
 }
 
 }  // namespace plexus::collectives

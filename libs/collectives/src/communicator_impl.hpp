@@ -106,9 +106,11 @@ struct Task {
 
 class CommunicatorImpl : public Communicator {
  public:
-  static absl::StatusOr<std::unique_ptr<Communicator>> Make(transport::Rendezvous& rendezvous,
-                                                            CommunicatorOptions options,
-                                                            const std::string& tag);
+  // Connects over `device` when given (Communicator::Create on an existing device; Split
+  // children of such a communicator), else over a device made from `options`.
+  static absl::StatusOr<std::unique_ptr<Communicator>> Make(
+      transport::Rendezvous& rendezvous, CommunicatorOptions options, const std::string& tag,
+      std::shared_ptr<transport::Device> device = nullptr);
   ~CommunicatorImpl() override;
 
   int rank() const override { return layout_.rank; }
@@ -327,6 +329,8 @@ class CommunicatorImpl : public Communicator {
   bool debug_ = false;
 
   std::shared_ptr<transport::Device> device_;
+  // device_ came from the caller (Create on an existing device): Split children reuse it.
+  bool caller_device_ = false;
   std::unique_ptr<transport::CompletionQueue> cq_;
   // conns_[channel][rank]; null for this rank.
   std::vector<std::vector<std::unique_ptr<transport::Connection>>> conns_;

@@ -3,17 +3,31 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/byte_order.hpp"
 
 namespace plexus::collectives::internal {
 namespace {
 
+// Fixed-width field of `bytes` (1, 4 or 8) at `at`.
 void Put(uint8_t* out, size_t at, uint64_t v, size_t bytes) {
-  for (size_t i = 0; i < bytes; ++i) out[at + i] = static_cast<uint8_t>(v >> (8 * i));
+  switch (bytes) {
+    case 1:
+      return base::StoreLittleEndian(out + at, static_cast<uint8_t>(v));
+    case 4:
+      return base::StoreLittleEndian(out + at, static_cast<uint32_t>(v));
+    default:
+      return base::StoreLittleEndian(out + at, v);
+  }
 }
 uint64_t Get(const uint8_t* in, size_t at, size_t bytes) {
-  uint64_t v = 0;
-  for (size_t i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(in[at + i]) << (8 * i);
-  return v;
+  switch (bytes) {
+    case 1:
+      return base::LoadLittleEndian<uint8_t>(in + at);
+    case 4:
+      return base::LoadLittleEndian<uint32_t>(in + at);
+    default:
+      return base::LoadLittleEndian<uint64_t>(in + at);
+  }
 }
 
 }  // namespace

@@ -3,30 +3,17 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/byte_order.hpp"
 
 namespace plexus::multipath::internal {
 namespace {
 
-void Put16(uint8_t* p, uint16_t v) {
-  for (int i = 0; i < 2; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-void Put32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-void Put64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint16_t Get16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
-uint32_t Get32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-uint64_t Get64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
+void Put16(uint8_t* p, uint16_t v) { base::StoreLittleEndian(p, v); }
+void Put32(uint8_t* p, uint32_t v) { base::StoreLittleEndian(p, v); }
+void Put64(uint8_t* p, uint64_t v) { base::StoreLittleEndian(p, v); }
+uint16_t Get16(const uint8_t* p) { return base::LoadLittleEndian<uint16_t>(p); }
+uint32_t Get32(const uint8_t* p) { return base::LoadLittleEndian<uint32_t>(p); }
+uint64_t Get64(const uint8_t* p) { return base::LoadLittleEndian<uint64_t>(p); }
 
 // Flags each frame type may carry.
 uint16_t AllowedFlags(FrameType type) {

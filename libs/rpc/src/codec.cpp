@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/byte_order.hpp"
 #include "plexus/base/status.hpp"
 
 namespace plexus::rpc::internal {
@@ -66,7 +67,7 @@ bool IsView(const FieldDesc& f) {
 
 template <typename T>
 void Put(std::string& s, T v) {
-  s.append(reinterpret_cast<const char*>(&v), sizeof(v));
+  base::AppendLittleEndian(s, v);
 }
 
 class Encoder {

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/byte_order.hpp"
 
 namespace plexus::rpc::internal {
 namespace {
@@ -13,13 +14,11 @@ size_t Pad(size_t n) { return (kSegmentAlign - n % kSegmentAlign) % kSegmentAlig
 
 template <typename T>
 void Put(std::string& s, T v) {
-  s.append(reinterpret_cast<const char*>(&v), sizeof(v));
+  base::AppendLittleEndian(s, v);
 }
 template <typename T>
 T Get(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
+  return base::LoadLittleEndian<T>(p);
 }
 
 absl::Status Bad(const std::string& what) {

@@ -2,11 +2,11 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "plexus/base/byte_order.hpp"
 #include "plexus/transport/completion.hpp"
 #include "plexus/transport/connection.hpp"
 #include "plexus/transport/memory.hpp"
 #include "plexus/transport/types.hpp"
-#include "wire.hpp"
 
 namespace plexus::transport {
 
@@ -54,7 +54,7 @@ constexpr uint8_t kHandleVersion = 1;
 
 std::array<uint8_t, RegionHandle::kEncodedSize> RegionHandle::Encode() const {
   std::array<uint8_t, kEncodedSize> out{};
-  wire::Writer w(out.data());
+  base::ByteWriter w(out.data());
   w.U32(kHandleMagic);
   w.U8(kHandleVersion);
   w.U8(static_cast<uint8_t>(backend));
@@ -73,7 +73,7 @@ absl::StatusOr<RegionHandle> RegionHandle::Decode(absl::Span<const uint8_t> byte
     return absl::InvalidArgumentError(
         absl::StrCat("region handle must be ", kEncodedSize, " bytes, got ", bytes.size()));
   }
-  wire::Reader r(bytes.data());
+  base::ByteReader r(bytes.data());
   if (r.U32() != kHandleMagic) return absl::InvalidArgumentError("region handle: bad magic");
   if (r.U8() != kHandleVersion) {
     return absl::InvalidArgumentError("region handle: unsupported version");

@@ -3,20 +3,21 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/byte_order.hpp"
 
 namespace plexus::aggregation::internal {
 namespace {
 
 template <typename T>
 void Put(uint8_t*& p, T v) {
-  for (size_t i = 0; i < sizeof(T); ++i)
-    *p++ = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
+  base::StoreLittleEndian(p, v);
+  p += sizeof(T);
 }
 template <typename T>
 T Get(const uint8_t*& p) {
-  uint64_t v = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<uint64_t>(*p++) << (8 * i);
-  return static_cast<T>(v);
+  const T v = base::LoadLittleEndian<T>(p);
+  p += sizeof(T);
+  return v;
 }
 
 // Self-contained (the fuzzer compiles this file alone): the wire types and their sizes.

@@ -4,21 +4,16 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "plexus/base/byte_order.hpp"
 
 namespace plexus::transport::torch_store {
 namespace {
 
 // torch sends its integers in host order; every platform it ships on is little-endian, and so
 // is every one plexus builds for.
-void AppendU64(std::string* out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
+void AppendU64(std::string* out, uint64_t v) { base::AppendLittleEndian<uint64_t>(*out, v); }
 
-uint64_t ReadU64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
+uint64_t ReadU64(const uint8_t* p) { return base::LoadLittleEndian<uint64_t>(p); }
 
 void AppendString(std::string* out, std::string_view s) {
   AppendU64(out, s.size());

@@ -3,8 +3,8 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/byte_order.hpp"
 #include "plexus/base/status.hpp"
-#include "wire.hpp"
 
 namespace plexus::transport::internal::shm {
 namespace {
@@ -49,7 +49,7 @@ absl::Status ValidateWriteTarget(const FrameHeader& h) {
 }  // namespace
 
 void EncodeFrameHeader(const FrameHeader& h, uint8_t* out) {
-  wire::Writer w(out);
+  base::ByteWriter w(out);
   w.U16(kFrameMagic);
   w.U8(static_cast<uint8_t>(h.type));
   w.U8(h.flags);
@@ -68,7 +68,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes,
     return Malformed(
         absl::StrCat("truncated header (", bytes.size(), " of ", kFrameHeaderBytes, " bytes)"));
   }
-  wire::Reader r(bytes.data());
+  base::ByteReader r(bytes.data());
   if (const uint16_t magic = r.U16(); magic != kFrameMagic) {
     return Malformed(absl::StrCat("bad magic 0x", absl::Hex(magic), " (ring out of sync)"));
   }
@@ -163,7 +163,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes,
 }
 
 void EncodeCmaSegments(absl::Span<const CmaSegment> segments, uint8_t* out) {
-  wire::Writer w(out);
+  base::ByteWriter w(out);
   for (const CmaSegment& s : segments) {
     w.U64(s.address);
     w.U64(s.length);
@@ -177,7 +177,7 @@ absl::StatusOr<std::vector<CmaSegment>> DecodeCmaSegments(absl::Span<const uint8
                                   " bytes does not match the header"));
   }
   std::vector<CmaSegment> segments(payload.size() / kCmaSegmentBytes);
-  wire::Reader r(payload.data());
+  base::ByteReader r(payload.data());
   uint64_t sum = 0;
   for (CmaSegment& s : segments) {
     s.address = r.U64();

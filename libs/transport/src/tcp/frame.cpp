@@ -1,7 +1,7 @@
 #include "tcp/frame.hpp"
 
 #include "absl/strings/str_cat.h"
-#include "wire.hpp"
+#include "plexus/base/byte_order.hpp"
 
 namespace plexus::transport::internal::tcp {
 namespace {
@@ -11,7 +11,7 @@ constexpr uint16_t kVersion = 1;
 }  // namespace
 
 void EncodeFrameHeader(const FrameHeader& h, uint8_t* out) {
-  wire::Writer w(out);
+  base::ByteWriter w(out);
   w.U8(static_cast<uint8_t>(h.type));
   w.U8(h.flags);
   w.U16(kCheck);
@@ -27,7 +27,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes,
     return absl::DataLossError(
         absl::StrCat("truncated frame header: ", bytes.size(), " of ", kFrameHeaderSize, " bytes"));
   }
-  wire::Reader r(bytes.data());
+  base::ByteReader r(bytes.data());
   FrameHeader h;
   const uint8_t type = r.U8();
   h.flags = r.U8();
@@ -60,7 +60,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes,
 }
 
 void EncodeHello(const Hello& hello, uint8_t* out) {
-  wire::Writer w(out);
+  base::ByteWriter w(out);
   w.U32(kHelloMagic);
   w.U16(kVersion);
   w.U16(hello.socket_index);
@@ -72,7 +72,7 @@ void EncodeHello(const Hello& hello, uint8_t* out) {
 
 absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
   if (bytes.size() != kHelloSize) return absl::DataLossError("truncated tcp hello");
-  wire::Reader r(bytes.data());
+  base::ByteReader r(bytes.data());
   if (r.U32() != kHelloMagic) {
     return absl::DataLossError("not a Plexus tcp peer (bad hello magic)");
   }

@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/byte_order.hpp"
 #include "plexus/base/status.hpp"
-#include "wire.hpp"
 
 namespace plexus::transport::verbs {
 namespace {
@@ -21,7 +21,7 @@ constexpr uint16_t kHelloVersion = 1;
 // ---- Encodings --------------------------------------------------------------------------------
 
 void EncodeChunkHeader(const ChunkHeader& header, uint8_t* out) {
-  wire::Writer w(out);
+  base::ByteWriter w(out);
   w.U8(kChunkMagic);
   w.U8(static_cast<uint8_t>(header.type));
   w.U8(header.flags);
@@ -36,7 +36,7 @@ absl::StatusOr<ChunkHeader> DecodeChunkHeader(absl::Span<const uint8_t> bytes) {
                                             " bytes is shorter than its ", kChunkHeaderBytes,
                                             "-byte header"));
   }
-  wire::Reader r(bytes.data());
+  base::ByteReader r(bytes.data());
   if (r.U8() != kChunkMagic) return absl::DataLossError("chunk header has a bad magic byte");
   ChunkHeader h;
   const uint8_t type = r.U8();
@@ -61,7 +61,7 @@ absl::StatusOr<ChunkHeader> DecodeChunkHeader(absl::Span<const uint8_t> bytes) {
 
 std::array<uint8_t, kHelloBytes> EncodeHello(const Hello& hello) {
   std::array<uint8_t, kHelloBytes> out{};
-  wire::Writer w(out.data());
+  base::ByteWriter w(out.data());
   w.U32(kHelloMagic);
   w.U16(kHelloVersion);
   w.U16(0);
@@ -76,7 +76,7 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
         "verbs handshake: ", bytes.size(), " bytes of private data, expected at least ",
         kHelloBytes, " (is the peer a Plexus verbs endpoint?)"));
   }
-  wire::Reader r(bytes.data());
+  base::ByteReader r(bytes.data());
   if (r.U32() != kHelloMagic) {
     return absl::InvalidArgumentError(
         "verbs handshake: bad magic (the peer is not a Plexus verbs endpoint)");

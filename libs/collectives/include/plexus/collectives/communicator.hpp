@@ -120,6 +120,29 @@ class Communicator {
   static absl::StatusOr<std::unique_ptr<Communicator>> Create(transport::Rendezvous& rendezvous,
                                                               CommunicatorOptions options = {});
 
+  // As above, over `device`, which the caller created and may share (rpc, multipath, other
+  // communicators). Any transport::Device subclass works, including one defined outside the
+  // transport library that wraps another device (the communicator only calls its public
+  // interface: CreateCompletionQueue, Listen, Connect, Progress and the connections' calls).
+  //  - Ownership is shared: this communicator and every communicator Split from it keep a
+  //    reference until destroyed; the caller may drop its own at any time.
+  //  - The device decides the connections: every peer is reached over it (no per-peer choice of
+  //    transport), its backend() sets the backend defaults of channels and chunk_bytes and must
+  //    be the same on every rank, and its own settings (progress mode, local address, sockets
+  //    per connection, op_timeout, connect_timeout, shm thresholds) apply as they are.
+  //    options.backend, progress, local_address and sockets_per_connection are ignored;
+  //    options() reports the device's values. Every other option applies (`timeout` still
+  //    bounds a call that makes no progress, independently of the device's op_timeout).
+  //  - Split children use the same device (new connections, same device).
+  //  - Progress: with ProgressMode::kCaller the communicator's waiting calls drive the device
+  //    (moving bytes of every connection of the device, other users' included, as any caller
+  //    of Progress does); with kThread the device's thread moves the bytes and waiting calls
+  //    poll, yield and then sleep on the completion queue.
+  // InvalidArgument for a null device, plus the errors of the overload above.
+  static absl::StatusOr<std::unique_ptr<Communicator>> Create(
+      transport::Rendezvous& rendezvous, std::shared_ptr<transport::Device> device,
+      CommunicatorOptions options = {});
+
   // Collective, like MPI_Comm_free: waits for queued calls to finish, then for every rank to
   // reach its destructor (a barrier bounded by `timeout`; skipped when the communicator is
   // broken), so that no peer loses messages still in flight; then closes the connections.

@@ -1,0 +1,102 @@
+// Little-endian fixed-width integers in byte buffers: the one encoding every Plexus frame header
+// uses (tcp, shm and verbs frames, collectives call headers, rpc frames and messages, parameter
+// server and multipath frames, the torch store protocol). Reads and writes go through memcpy, so
+// unaligned positions are defined; on a big-endian host the bytes are swapped.
+//
+//   uint8_t header[16];
+//   base::ByteWriter w(header);
+//   w.Put<uint32_t>(kMagic);
+//   w.Put<uint64_t>(sequence);
+//   base::ByteReader r(header);
+//   if (r.Get<uint32_t>() != kMagic) ...
+//
+// Nothing here checks bounds: callers check a frame's length once, before decoding its fields.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+namespace plexus::base {
+
+namespace internal {
+template <typename T>
+constexpr T ToLittleEndian(T v) {
+  static_assert(std::is_integral_v<T>, "byte_order: integers only (cast enums and floats)");
+  if constexpr (std::endian::native == std::endian::little || sizeof(T) == 1) {
+    return v;
+  } else {
+    using U = std::make_unsigned_t<T>;
+    U u = static_cast<U>(v), out = 0;
+    for (size_t i = 0; i < sizeof(T); ++i)
+      out = static_cast<U>((out << 8) | ((u >> (8 * i)) & 0xff));
+    return static_cast<T>(out);
+  }
+}
+}  // namespace internal
+
+// Writes `v` at `out` (sizeof(T) bytes).
+template <typename T>
+inline void StoreLittleEndian(uint8_t* out, T v) {
+  v = internal::ToLittleEndian(v);
+  std::memcpy(out, &v, sizeof v);
+}
+
+// Reads a T from the sizeof(T) bytes at `in`.
+template <typename T>
+inline T LoadLittleEndian(const uint8_t* in) {
+  T v;
+  std::memcpy(&v, in, sizeof v);
+  return internal::ToLittleEndian(v);
+}
+
+// Appends `v` to a byte string.
+template <typename T>
+inline void AppendLittleEndian(std::string& out, T v) {
+  v = internal::ToLittleEndian(v);
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+// Sequential writer over a buffer the caller sized.
+class ByteWriter {
+ public:
+  explicit ByteWriter(uint8_t* out) : p_(out) {}
+  template <typename T>
+  void Put(T v) {
+    StoreLittleEndian<T>(p_, v);
+    p_ += sizeof(T);
+  }
+  void U8(uint8_t v) { Put(v); }
+  void U16(uint16_t v) { Put(v); }
+  void U32(uint32_t v) { Put(v); }
+  void U64(uint64_t v) { Put(v); }
+  uint8_t* position() const { return p_; }
+
+ private:
+  uint8_t* p_;
+};
+
+// Sequential reader over bytes whose length the caller checked.
+class ByteReader {
+ public:
+  explicit ByteReader(const uint8_t* in) : p_(in) {}
+  template <typename T>
+  T Get() {
+    T v = LoadLittleEndian<T>(p_);
+    p_ += sizeof(T);
+    return v;
+  }
+  uint8_t U8() { return Get<uint8_t>(); }
+  uint16_t U16() { return Get<uint16_t>(); }
+  uint32_t U32() { return Get<uint32_t>(); }
+  uint64_t U64() { return Get<uint64_t>(); }
+  const uint8_t* position() const { return p_; }
+
+ private:
+  const uint8_t* p_;
+};
+
+}  // namespace plexus::base
