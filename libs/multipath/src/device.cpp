@@ -3,20 +3,15 @@
 // connection only, so concurrent connectors cannot exchange paths.
 #include "plexus/multipath/device.hpp"
 
-#include <arpa/inet.h>
-
 #include <algorithm>
 #include <mutex>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
-
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "channel_impl.hpp"
+#include "device_wire.hpp"
 #include "plexus/base/status.hpp"
 
 namespace plexus::multipath {
@@ -32,39 +27,8 @@ using Registry = internal::DeviceRegistry;
 
 namespace pt = ::plexus::transport;
 
-const std::string kPrefix = "mp:";
-const std::string kRequestMagic = "plexus-multipath/1 paths=";
-const std::string kReplyOk = "ok ";
-const std::string kReplyError = "error ";
-constexpr size_t kControlBytes = 4096;  // largest set-up message either side accepts
-
-bool IsIpv4(const std::string& text) {
-  in_addr a;
-  return inet_pton(AF_INET, text.c_str(), &a) == 1;
-}
-
-// "IP:PORT" with an IPv4 literal and a port in [0, 65535].
-absl::Status CheckHostPort(const std::string& entry, const std::string& what) {
-  const size_t colon = entry.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ('", entry, "'): expected IP:PORT"));
-  }
-  if (!IsIpv4(entry.substr(0, colon))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " ('", entry, "'): '", entry.substr(0, colon), "' is not an IPv4 address"));
-  }
-  int port = -1;
-  if (!absl::SimpleAtoi(entry.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ('", entry, "'): port '",
-                                                   entry.substr(colon + 1),
-                                                   "' is not a number in [0, 65535]"));
-  }
-  return absl::OkStatus();
-}
-
-std::string HostOf(const std::string& host_port) {
-  return host_port.substr(0, host_port.rfind(':'));
-}
+using internal::IsIpv4;
+using internal::kSetupMessageBytes;
 
 // Waits for the completion of `wr_id` on `cq` (a set-up queue with one connection).
 absl::StatusOr<pt::Completion> AwaitControl(pt::CompletionQueue& cq, uint64_t wr_id,
@@ -146,7 +110,7 @@ class MultipathConnection final : public pt::Connection {
   void Close() override { channel_->Close(); }
   absl::Status status() const override { return channel_->status(); }
   std::string peer_address() const override {
-    return absl::StrCat(kPrefix, absl::StrJoin(peers_, ","));
+    return absl::StrCat("mp:", absl::StrJoin(peers_, ","));
   }
 
   MultipathChannel* channel() { return channel_.get(); }
@@ -167,7 +131,7 @@ class MultipathListener final : public pt::Listener {
         options_(std::move(options)),
         control_(std::move(control)) {
     std::vector<std::string> hosts = options_.local_addresses;
-    address_ = absl::StrCat(kPrefix, control_->address());
+    address_ = absl::StrCat("mp:", control_->address());
     for (size_t k = 1; k < hosts.size(); ++k) absl::StrAppend(&address_, ",", hosts[k]);
   }
 
@@ -180,7 +144,7 @@ class MultipathListener final : public pt::Listener {
     // The queue and the buffers outlive the control connection (declared first, destroyed
     // last): a post still outstanding when an error returns must not touch freed memory.
     pt::CompletionQueue control_cq;
-    std::vector<char> request(kControlBytes);
+    std::vector<char> request(kSetupMessageBytes);
     std::string reply;
     PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<pt::Connection> control,
                             control_->Accept(&control_cq, timeout));
@@ -191,18 +155,17 @@ class MultipathListener final : public pt::Listener {
         pt::Completion got,
         AwaitControl(control_cq, 1, deadline,
                      absl::StrCat("multipath set-up: waiting for the request of ", peer)));
-    const std::string text(request.data(), got.bytes);
-    int their_paths = 0;
-    if (!absl::StartsWith(text, kRequestMagic) ||
-        !absl::SimpleAtoi(text.substr(kRequestMagic.size()), &their_paths)) {
+    auto their_paths_or = internal::ParseSetupRequest(std::string(request.data(), got.bytes));
+    if (!their_paths_or.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("multipath set-up: malformed request from ",
                                                      peer, " (not a MultipathDevice?)"));
     }
+    const int their_paths = *their_paths_or;
     if (their_paths != paths) {
       const std::string why = absl::StrCat(
           "the connector ", peer, " has ", their_paths, " paths, the listener ", address_, " has ",
           paths, " (MultipathDeviceOptions.local_addresses must have equal sizes)");
-      reply = absl::StrCat(kReplyError, why);
+      reply = internal::EncodeSetupRefusal(why);
       if (control->PostSend(pt::ConstBuffer{reply.data(), reply.size()}, 2).ok()) {
         (void)AwaitControl(control_cq, 2, deadline, "sending the refusal");
       }
@@ -221,7 +184,7 @@ class MultipathListener final : public pt::Listener {
       addresses.push_back((*listener)->address());
       listeners.push_back(*std::move(listener));
     }
-    reply = absl::StrCat(kReplyOk, absl::StrJoin(addresses, ","));
+    reply = internal::EncodeSetupAccept(addresses);
     PLEXUS_RETURN_IF_ERROR(control->PostSend(pt::ConstBuffer{reply.data(), reply.size()}, 2));
     auto conn = std::make_unique<MultipathConnection>(inner_, registry_);
     PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq));
@@ -253,33 +216,8 @@ class MultipathListener final : public pt::Listener {
 
 }  // namespace
 
-absl::StatusOr<MultipathDevice::Address> MultipathDevice::ParseAddress(
-    std::string_view address_view) {
-  const std::string address(address_view);
-  const auto fail = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat("multipath address '", address, "': ", why,
-                                                   " (expected mp:IP0:PORT,IP1,...,IPK-1)"));
-  };
-  if (!absl::StartsWith(address, kPrefix)) return fail("missing the 'mp:' prefix");
-  const std::vector<std::string> entries = absl::StrSplit(address.substr(kPrefix.size()), ',');
-  Address out;
-  for (size_t k = 0; k < entries.size(); ++k) {
-    const std::string& e = entries[k];
-    if (e.empty()) return fail(absl::StrCat("entry ", k, " is empty"));
-    if (k == 0) {
-      if (absl::Status s = CheckHostPort(e, "entry 0"); !s.ok()) {
-        return fail(std::string(s.message()));
-      }
-      out.control = e;
-      out.hosts.push_back(HostOf(e));
-      continue;
-    }
-    if (!IsIpv4(e)) {
-      return fail(absl::StrCat("entry ", k, " ('", e, "') is not an IPv4 address"));
-    }
-    out.hosts.push_back(e);
-  }
-  return out;
+absl::StatusOr<MultipathDevice::Address> MultipathDevice::ParseAddress(std::string_view address) {
+  return internal::ParseCompositeAddress(address);
 }
 
 MultipathChannel* MultipathDevice::ChannelOf(pt::Connection& connection) {
@@ -376,8 +314,8 @@ absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::Connect(
   const absl::Time deadline = absl::Now() + options_.device.connect_timeout;
   // The queue and the buffers outlive the control connection (declared first, destroyed last).
   pt::CompletionQueue control_cq;
-  std::vector<char> reply(kControlBytes);
-  const std::string request = absl::StrCat(kRequestMagic, paths);
+  std::vector<char> reply(kSetupMessageBytes);
+  const std::string request = internal::EncodeSetupRequest(paths);
   auto control_or = inner_->ConnectFrom(options_.local_addresses[0], parsed.control, &control_cq);
   if (!control_or.ok()) {
     return base::Annotate(control_or.status(),
@@ -390,25 +328,15 @@ absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::Connect(
       pt::Completion got,
       AwaitControl(control_cq, 1, deadline,
                    absl::StrCat("multipath set-up: waiting for ", parsed.control, "'s answer")));
-  const std::string text(reply.data(), got.bytes);
-  if (absl::StartsWith(text, kReplyError)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "multipath set-up: ", parsed.control, " refused: ", text.substr(kReplyError.size())));
+  auto answer = internal::ParseSetupReply(std::string(reply.data(), got.bytes), parsed.hosts);
+  if (!answer.ok()) {
+    return base::Annotate(answer.status(), absl::StrCat("multipath set-up: from ", parsed.control));
   }
-  std::vector<std::string> addresses;
-  if (absl::StartsWith(text, kReplyOk)) {
-    addresses = absl::StrSplit(text.substr(kReplyOk.size()), ',');
+  if (answer->refused) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("multipath set-up: ", parsed.control, " refused: ", answer->why));
   }
-  bool well_formed = static_cast<int>(addresses.size()) == paths;
-  for (size_t k = 0; well_formed && k < addresses.size(); ++k) {
-    well_formed =
-        CheckHostPort(addresses[k], "path").ok() && HostOf(addresses[k]) == parsed.hosts[k];
-  }
-  if (!well_formed) {
-    return absl::DataLossError(absl::StrCat(
-        "multipath set-up: malformed answer from ", parsed.control, " ('", text.substr(0, 200),
-        "'): expected ", paths, " paths on ", absl::StrJoin(parsed.hosts, ",")));
-  }
+  const std::vector<std::string>& addresses = answer->addresses;
   auto conn = std::make_unique<MultipathConnection>(inner_, registry_);
   PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq));
   MultipathChannel& channel = *conn->channel();
