@@ -2,18 +2,22 @@
 // shaped with tbf) against single-path TCP, K independent TCP streams and kernel MPTCP:
 // aggregate throughput against the sum of path rates, each path's share against its capacity
 // share, failover outage (longest gap in delivered bytes) over link-down and blackhole trials,
-// and bytes lost or duplicated. Needs root (network namespaces).
+// bytes lost or duplicated, and a 2-rank ring allreduce over MultipathDevices (K paths) against
+// the same over one path. Needs root (network namespaces).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <stdlib.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -24,6 +28,8 @@
 #include "absl/time/clock.h"
 #include "multipath_bed.hpp"
 #include "netbed.hpp"
+#include "plexus/collectives/communicator.hpp"
+#include "plexus/multipath/device.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
 
@@ -31,6 +37,7 @@ namespace pm = plexus::multipath;
 namespace pt = plexus::transport;
 namespace nb = plexus::netbed;
 namespace tooling = plexus::tooling;
+namespace pc = plexus::collectives;
 
 namespace {
 
@@ -47,6 +54,9 @@ struct Args {
   std::vector<int> rates = {200, 400, 100, 300};
   size_t message_bytes = size_t{1} << 20;
   int depth = 16;
+  int allreduce_mib = 64;
+  int allreduce_paths = 2;
+  int allreduce_iterations = 3;
 };
 
 double Median(std::vector<double> v) {
@@ -426,6 +436,158 @@ absl::Status RunFailover(const Args& args, tooling::FigureWriter& out) {
   return absl::OkStatus();
 }
 
+// ---- Ring allreduce between 2 ranks (rank 0 in namespace a, rank 1 in b) ----
+
+// One run: a communicator per rank over `paths` (1-based path numbers): a MultipathDevice with
+// one path per entry when `multipath`, else the plain tcp device bound to the single path's
+// address. Returns rank 0's median seconds per allreduce of args.allreduce_mib MiB (f32 sum) over
+// args.allreduce_iterations after one warm-up, and each path's share of rank 0's bytes.
+struct AllReduceRun {
+  double seconds = 0;
+  std::vector<double> path_share;
+};
+
+absl::StatusOr<AllReduceRun> AllReduceOnce(nb::Bed& bed, const std::vector<size_t>& paths,
+                                           bool multipath, const Args& args) {
+  char dir_template[] = "/tmp/plexus-mp-allreduce-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) return absl::InternalError("mkdtemp failed");
+  const std::string dir = dir_template;
+  PLEXUS_ASSIGN_OR_RETURN(std::shared_ptr<pt::Store> store, pt::FileStore::Open(dir));
+  const size_t count = (size_t{1} << 20) * args.allreduce_mib / sizeof(float);
+  std::vector<absl::Status> status(2);
+  AllReduceRun result;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      const char side = r == 0 ? 'a' : 'b';
+      status[r] = nb::InNetns(bed.ns(side), [&]() -> absl::Status {
+        PLEXUS_ASSIGN_OR_RETURN(pt::Rendezvous rdv, pt::Rendezvous::Create(r, 2, store));
+        pc::CommunicatorOptions options;
+        options.timeout = absl::Seconds(60);
+        std::shared_ptr<pm::MultipathDevice> device;
+        std::unique_ptr<pc::Communicator> comm;
+        if (multipath) {
+          pm::MultipathDeviceOptions o;
+          for (size_t k : paths) o.local_addresses.push_back(nb::Bed::Address(side, k));
+          o.channel.path_timeout = absl::Milliseconds(100);
+          PLEXUS_ASSIGN_OR_RETURN(device, pm::MultipathDevice::Create(o));
+          PLEXUS_ASSIGN_OR_RETURN(comm, pc::Communicator::Create(rdv, device, options));
+        } else {
+          options.local_address = nb::Bed::Address(side, paths[0]);
+          PLEXUS_ASSIGN_OR_RETURN(comm, pc::Communicator::Create(rdv, options));
+        }
+        std::vector<float> in(count), out(count);
+        for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((i + r) % 1024);
+        std::vector<double> times;
+        for (int it = 0; it <= args.allreduce_iterations; ++it) {
+          const absl::Time t0 = absl::Now();
+          PLEXUS_RETURN_IF_ERROR(comm->AllReduce(in.data(), out.data(), count, pc::DataType::kF32,
+                                                 pc::ReduceOp::kSum));
+          if (it > 0) times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+        }
+        for (size_t i = 0; i < count; i += 4099) {
+          const float want = static_cast<float>(i % 1024 + (i + 1) % 1024);
+          if (out[i] != want) {
+            return absl::DataLossError(
+                absl::StrCat("rank ", r, " element ", i, ": ", out[i], ", want ", want));
+          }
+        }
+        if (r == 0) {
+          result.seconds = Median(times);
+          if (device != nullptr) {
+            const std::vector<uint64_t> bytes = device->PathBytesAcked();
+            const double total = std::accumulate(bytes.begin(), bytes.end(), 0.0);
+            for (uint64_t b : bytes) result.path_share.push_back(total > 0 ? b / total : 0);
+          }
+        }
+        comm.reset();  // collective: both ranks reach it
+        return absl::OkStatus();
+      });
+    });
+  }
+  for (auto& t : ranks) t.join();
+  store.reset();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  for (int r = 0; r < 2; ++r) {
+    PLEXUS_RETURN_IF_ERROR(plexus::base::Annotate(status[r], absl::StrCat("allreduce rank ", r)));
+  }
+  return result;
+}
+
+absl::Status RunAllReduce(const Args& args, tooling::FigureWriter& out) {
+  const int k = args.allreduce_paths;
+  const std::vector<int> rates(args.rates.begin(), args.rates.begin() + k);
+  PLEXUS_ASSIGN_OR_RETURN(auto bed, nb::Bed::Create(args.netbed, BedName(), rates));
+  std::vector<size_t> all;
+  for (int p = 1; p <= k; ++p) all.push_back(p);
+  const size_t fastest = 1 + std::max_element(rates.begin(), rates.end()) - rates.begin();
+  const double sum = std::accumulate(rates.begin(), rates.end(), 0.0);
+  const double bytes = static_cast<double>(size_t{1} << 20) * args.allreduce_mib;
+  // 2 ranks: busbw = algbw x 2(n-1)/n = bytes / time; each rank sends `bytes` each way.
+  auto busbw = [&](double seconds) { return bytes / seconds / 1e6; };
+  std::vector<double> mp, single;
+  std::vector<std::vector<double>> shares(k);
+  for (int run = 0; run < args.runs; ++run) {
+    PLEXUS_ASSIGN_OR_RETURN(AllReduceRun m, AllReduceOnce(*bed, all, true, args));
+    mp.push_back(busbw(m.seconds));
+    for (int p = 0; p < k && p < static_cast<int>(m.path_share.size()); ++p) {
+      shares[p].push_back(m.path_share[p]);
+    }
+    if (args.compare) {
+      PLEXUS_ASSIGN_OR_RETURN(AllReduceRun s, AllReduceOnce(*bed, {fastest}, false, args));
+      single.push_back(busbw(s.seconds));
+    }
+    if (std::getenv("PLEXUS_BENCH_VERBOSE") != nullptr) {
+      std::fprintf(stderr, "allreduce run %d: multipath %.1f MB/s, single path %.1f MB/s\n", run,
+                   mp.back(), single.empty() ? 0.0 : single.back());
+    }
+  }
+  const std::string rates_text = absl::StrJoin(rates, "/");
+  auto add = [&](const std::string& figure, const std::vector<double>& v, nlohmann::json extra) {
+    if (v.empty()) return;
+    tooling::Figure f;
+    f.figure = figure;
+    f.value = Median(v);
+    f.unit = "MB/s";
+    f.extra = {{"ranks", 2},
+               {"bytes", (size_t{1} << 20) * args.allreduce_mib},
+               {"dtype", "f32"},
+               {"rates_mbit", rates_text},
+               {"runs", v.size()},
+               {"iterations_per_run", args.allreduce_iterations},
+               {"min", *std::min_element(v.begin(), v.end())},
+               {"max", *std::max_element(v.begin(), v.end())},
+               {"busbw_mbit", Median(v) * 8}};
+    for (auto& [key, value] : extra.items()) f.extra[key] = value;
+    out.Add(f);
+  };
+  std::vector<double> share_medians;
+  for (auto& s : shares) share_medians.push_back(Median(s));
+  add("allreduce_busbw_multipath", mp,
+      {{"paths", k},
+       {"fraction_of_sum_of_rates", Median(mp) * 8 / sum},
+       {"path_share", share_medians}});
+  add("allreduce_busbw_single_path", single,
+      {{"paths", 1},
+       {"path", fastest},
+       {"rate_mbit", rates[fastest - 1]},
+       {"fraction_of_path_rate", single.empty() ? 0.0 : Median(single) * 8 / rates[fastest - 1]}});
+  if (!single.empty()) {
+    tooling::Figure f;
+    f.figure = "allreduce_multipath_speedup";
+    f.value = Median(mp) / Median(single);
+    f.unit = "ratio";
+    f.extra = {{"paths", k},
+               {"rates_mbit", rates_text},
+               {"ideal", sum / rates[fastest - 1]},
+               {"bytes", (size_t{1} << 20) * args.allreduce_mib},
+               {"runs", mp.size()}};
+    out.Add(f);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -440,7 +602,13 @@ int main(int argc, char** argv) {
   tooling::AddNumber(&app, "--seconds", &args.seconds, "measured seconds per run", 0.5, 60.0);
   app.add_option("--netbed", args.netbed, "the netbed script");
   std::string what = "all";
-  app.add_option("--only", what, "throughput, failover or all");
+  app.add_option("--only", what, "throughput, failover, allreduce or all");
+  tooling::AddNumber(&app, "--allreduce-mib", &args.allreduce_mib,
+                     "MiB per allreduce of the allreduce line", 1, 4096);
+  tooling::AddNumber(&app, "--allreduce-paths", &args.allreduce_paths,
+                     "paths of the allreduce line (the first K rates)", 1, 4);
+  tooling::AddNumber(&app, "--allreduce-iterations", &args.allreduce_iterations,
+                     "timed allreduces per run (after one warm-up)", 1, 100);
   if (auto code = tool.Parse(argc, argv)) return *code;
   const std::string why = nb::WhyNoBed();
   if (!why.empty()) return tool.Fail(why);
@@ -450,6 +618,9 @@ int main(int argc, char** argv) {
   }
   if (what == "all" || what == "failover") {
     if (absl::Status s = RunFailover(args, out); !s.ok()) return tool.Fail(s);
+  }
+  if (what == "all" || what == "allreduce") {
+    if (absl::Status s = RunAllReduce(args, out); !s.ok()) return tool.Fail(s);
   }
   if (!args.json) out.PrintTable();
   return tooling::kExitOk;

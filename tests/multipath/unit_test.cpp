@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "device_wire.hpp"
 #include "plexus/multipath/monitor.hpp"
 #include "plexus/multipath/scheduler.hpp"
 #include "reassembler.hpp"
@@ -322,4 +323,29 @@ TEST_CASE("path monitor: RTT EWMA, minimum, inflation; idle gaps are not service
   m.OnIdle();
   m.OnChunk(1000, t + absl::Seconds(10), t + absl::Seconds(10) + absl::Milliseconds(1));
   CHECK(m.bandwidth() == Approx(1e6));
+}
+
+TEST_CASE("device set-up messages: round trips, and malformed ones refused", "[multipath][unit]") {
+  namespace pmi = plexus::multipath::internal;
+  CHECK(*pmi::ParseSetupRequest(pmi::EncodeSetupRequest(3)) == 3);
+  CHECK_FALSE(pmi::ParseSetupRequest("plexus-multipath/1 paths=0").ok());
+  CHECK_FALSE(pmi::ParseSetupRequest("plexus-multipath/1 paths=x").ok());
+  CHECK_FALSE(pmi::ParseSetupRequest("GET / HTTP/1.1").ok());
+  const std::vector<std::string> hosts = {"127.0.0.1", "127.0.0.2"};
+  auto ok = pmi::ParseSetupReply(pmi::EncodeSetupAccept({"127.0.0.1:5", "127.0.0.2:6"}), hosts);
+  REQUIRE(ok.ok());
+  CHECK_FALSE(ok->refused);
+  CHECK(ok->addresses == std::vector<std::string>{"127.0.0.1:5", "127.0.0.2:6"});
+  auto refused = pmi::ParseSetupReply(pmi::EncodeSetupRefusal("the connector has 3 paths"), hosts);
+  REQUIRE(refused.ok());
+  CHECK(refused->refused);
+  CHECK(refused->why == "the connector has 3 paths");
+  // A path on another host than the address named, a wrong count, a bad port, garbage.
+  for (const char* bad :
+       {"ok 127.0.0.1:5,127.0.0.9:6", "ok 127.0.0.1:5", "ok 127.0.0.1:5,127.0.0.2:x",
+        "ok 127.0.0.1:5,127.0.0.2:6,127.0.0.3:7", "hello"}) {
+    auto r = pmi::ParseSetupReply(bad, hosts);
+    INFO(bad);
+    CHECK(r.status().code() == absl::StatusCode::kDataLoss);
+  }
 }

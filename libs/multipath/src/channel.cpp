@@ -73,17 +73,25 @@ absl::StatusOr<int> MultipathChannel::Impl::AddPath(std::unique_ptr<pt::Connecti
   return p.index;
 }
 
-absl::Status MultipathChannel::Impl::Send(pt::ConstBuffer buffer, uint64_t wr_id) {
-  if (buffer.size > 0 && buffer.data == nullptr) {
-    return absl::InvalidArgumentError("Send: null buffer");
+absl::Status MultipathChannel::Impl::Send(absl::Span<const pt::ConstBuffer> buffers,
+                                          uint64_t wr_id) {
+  auto op = std::make_unique<Op>();
+  uint64_t total = 0;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (buffers[i].size == 0) continue;
+    if (buffers[i].data == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("Send: buffer ", i, " of ", buffers.size(),
+                                                     " is null with size ", buffers[i].size));
+    }
+    total += buffers[i].size;
+    op->parts.push_back(buffers[i]);
+    op->part_end.push_back(total);
   }
   std::lock_guard<std::mutex> lock(mu_);
   PLEXUS_RETURN_IF_ERROR(failed_);
-  auto op = std::make_unique<Op>();
   op->kind = OpKind::kSend;
   op->wr_id = wr_id;
-  op->data = static_cast<const uint8_t*>(buffer.data);
-  op->total = buffer.size;
+  op->total = total;
   op->send_index = next_send_index_++;
   Enqueue(std::move(op));
   return absl::OkStatus();
@@ -178,6 +186,12 @@ void MultipathChannel::Impl::Run() {
 
 absl::StatusOr<std::unique_ptr<MultipathChannel>> MultipathChannel::Create(
     const ChannelOptions& options, pt::CompletionQueue* user_cq) {
+  return internal::ChannelFactory::Create(options, user_cq, internal::ChannelInternalOptions{});
+}
+
+absl::StatusOr<std::unique_ptr<MultipathChannel>> internal::ChannelFactory::Create(
+    const ChannelOptions& options, pt::CompletionQueue* user_cq,
+    const ChannelInternalOptions& internal_options) {
   if (user_cq == nullptr) return absl::InvalidArgumentError("multipath: null completion queue");
   if (options.max_chunk_bytes == 0 || options.max_chunk_bytes > (size_t{1} << 30)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -208,8 +222,8 @@ absl::StatusOr<std::unique_ptr<MultipathChannel>> MultipathChannel::Create(
   if (timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("multipath: path timeout must be positive");
   }
-  return std::unique_ptr<MultipathChannel>(
-      new MultipathChannel(std::make_unique<Impl>(options, timeout, user_cq)));
+  return std::unique_ptr<MultipathChannel>(new MultipathChannel(
+      std::make_unique<MultipathChannel::Impl>(options, timeout, user_cq, internal_options)));
 }
 
 MultipathChannel::MultipathChannel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -220,8 +234,12 @@ absl::StatusOr<int> MultipathChannel::AddPath(std::unique_ptr<pt::Connection> co
   return impl_->AddPath(std::move(connection));
 }
 absl::Status MultipathChannel::Send(pt::ConstBuffer buffer, uint64_t wr_id) {
-  return impl_->Send(buffer, wr_id);
+  return impl_->Send(absl::MakeConstSpan(&buffer, 1), wr_id);
 }
+absl::Status MultipathChannel::Send(absl::Span<const pt::ConstBuffer> buffers, uint64_t wr_id) {
+  return impl_->Send(buffers, wr_id);
+}
+void MultipathChannel::Close() { impl_->Close(); }
 absl::Status MultipathChannel::Recv(pt::MutableBuffer buffer, uint64_t wr_id) {
   return impl_->Recv(buffer, wr_id);
 }

@@ -177,14 +177,39 @@ void MultipathChannel::Impl::PostDesc(uint32_t slot, Path& p) {
     f.immediate = slot;
     if (op.mice && d.chunk == 0 && d.length == op.total) f.flags |= internal::kFlagLast;
     internal::EncodeHeader(f, d.header.data());
-    const pt::ConstBuffer parts[2] = {{d.header.data(), kHeaderSize},
-                                      {op.data + d.offset, d.length}};
-    st = p.conn->PostSend(absl::MakeConstSpan(parts, 2), wr_id);
+    if (op.parts.size() == 1) {
+      const pt::ConstBuffer parts[2] = {
+          {d.header.data(), kHeaderSize},
+          {static_cast<const uint8_t*>(op.parts[0].data) + d.offset, d.length}};
+      st = p.conn->PostSend(absl::MakeConstSpan(parts, 2), wr_id);
+    } else {
+      std::vector<pt::ConstBuffer> parts;
+      parts.reserve(4);
+      parts.push_back({d.header.data(), kHeaderSize});
+      SliceParts(op, d.offset, d.length, parts);
+      st = p.conn->PostSend(absl::MakeConstSpan(parts), wr_id);
+    }
   } else {
     st = p.conn->PostWrite(*op.local, op.local_offset + d.offset, d.length, op.remote,
                            op.remote_offset + d.offset, std::nullopt, wr_id);
   }
   if (!st.ok()) PathFailed(p, base::Annotate(st, "posting a chunk"));
+}
+
+void MultipathChannel::Impl::SliceParts(const Op& op, uint64_t offset, uint64_t length,
+                                        std::vector<pt::ConstBuffer>& out) {
+  // The first part ending past `offset`; parts are non-empty, so their ends strictly increase.
+  size_t i = static_cast<size_t>(std::upper_bound(op.part_end.begin(), op.part_end.end(), offset) -
+                                 op.part_end.begin());
+  while (length > 0 && i < op.parts.size()) {
+    const uint64_t start = op.part_end[i] - op.parts[i].size;
+    const uint64_t skip = offset - start;
+    const uint64_t take = std::min<uint64_t>(length, op.parts[i].size - skip);
+    out.push_back({static_cast<const uint8_t*>(op.parts[i].data) + skip, take});
+    offset += take;
+    length -= take;
+    ++i;
+  }
 }
 
 void MultipathChannel::Impl::SendControl(Path& p, const Frame& f) {
@@ -207,7 +232,7 @@ void MultipathChannel::Impl::Complete(Op& op, absl::Status status) {
   c.opcode = op.kind == OpKind::kSend ? pt::Opcode::kSend : pt::Opcode::kWrite;
   c.status = std::move(status);
   c.bytes = op.total;
-  c.connection_id = id_;
+  c.connection_id = completion_id_;
   user_ready_.push_back(std::move(c));
 }
 

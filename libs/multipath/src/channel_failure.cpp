@@ -46,6 +46,21 @@ void MultipathChannel::Impl::PathFailed(Path& p, absl::Status why) {
   for (const auto& [dead, open] : fences_) pending_path_down_.push_back(dead);
   if (LivePaths() == 0 && !have_no_path_since_) have_no_path_since_ = absl::Now();
   SendPathDowns();
+  MaybeFailAllDead(p.error);
+}
+
+void MultipathChannel::Impl::MaybeFailAllDead(const absl::Status& last) {
+  if (!fail_when_all_paths_dead_ || !failed_.ok() || paths_.empty()) return;
+  std::string why;
+  for (const auto& p : paths_) {
+    if (p->state != PathState::kDead) return;
+    absl::StrAppend(&why, why.empty() ? "" : "; ", "path ", p->index, " (", p->peer,
+                    "): ", p->error.message());
+  }
+  const std::string message = absl::StrCat("multipath connection: every path is down (", why, ")");
+  // The path that broke last says how the peer went: a peer that closed the connection closes
+  // every path (Aborted); earlier paths may have died of anything.
+  Fail(absl::IsAborted(last) ? absl::AbortedError(message) : absl::UnavailableError(message));
 }
 
 void MultipathChannel::Impl::SendPathDowns() {

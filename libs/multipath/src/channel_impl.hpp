@@ -40,6 +40,24 @@ inline constexpr int kMaxInFlightCap = 8;
 
 inline std::atomic<uint64_t> next_channel_id{1};
 
+// Settings only the library's own adapters use (MultipathDevice).
+struct ChannelInternalOptions {
+  // The connection_id of every user completion; 0 = the channel's own id().
+  uint64_t completion_id = 0;
+  // Fail the channel (Aborted when a peer closed a path, else Unavailable) as soon as every
+  // path added so far is dead, instead of waiting for AddPath: for owners that never add paths
+  // after set-up, where all paths gone means the peer is gone.
+  bool fail_when_all_paths_dead = false;
+};
+
+// Create with internal options (MultipathChannel::Create is this with the defaults).
+class ChannelFactory {
+ public:
+  static absl::StatusOr<std::unique_ptr<MultipathChannel>> Create(
+      const ChannelOptions& options, transport::CompletionQueue* user_cq,
+      const ChannelInternalOptions& internal_options);
+};
+
 }  // namespace internal
 
 using internal::kControlBit;
@@ -49,11 +67,14 @@ using internal::kRecvSlots;
 
 class MultipathChannel::Impl {
  public:
-  Impl(const ChannelOptions& options, absl::Duration path_timeout, pt::CompletionQueue* user_cq)
+  Impl(const ChannelOptions& options, absl::Duration path_timeout, pt::CompletionQueue* user_cq,
+       const internal::ChannelInternalOptions& internal_options)
       : options_(options),
         path_timeout_(path_timeout),
         user_cq_(user_cq),
         id_(internal::next_channel_id.fetch_add(1) | (uint64_t{1} << 48)),
+        completion_id_(internal_options.completion_id != 0 ? internal_options.completion_id : id_),
+        fail_when_all_paths_dead_(internal_options.fail_when_all_paths_dead),
         scheduler_(MakeScheduler(options.scheduler)),
         reassembler_(options.max_held_bytes) {
     chunk_bytes_ = options.chunk_bytes;
@@ -67,7 +88,14 @@ class MultipathChannel::Impl {
 
   absl::StatusOr<int> AddPath(std::unique_ptr<pt::Connection> conn);
 
-  absl::Status Send(pt::ConstBuffer buffer, uint64_t wr_id);
+  absl::Status Send(absl::Span<const pt::ConstBuffer> buffers, uint64_t wr_id);
+
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    Fail(absl::CancelledError("multipath connection closed locally"));
+    FlushReceiver();
+    FlushUser();
+  }
 
   absl::Status Recv(pt::MutableBuffer buffer, uint64_t wr_id);
 
@@ -157,7 +185,8 @@ class MultipathChannel::Impl {
     uint64_t wr_id = 0;
     uint64_t seq = 0;
     uint64_t send_index = 0;
-    const uint8_t* data = nullptr;            // Send
+    std::vector<pt::ConstBuffer> parts;       // Send: the gathered buffers, empty ones left out
+    std::vector<uint64_t> part_end;           // Send: offset just past each part in the message
     const pt::MemoryRegion* local = nullptr;  // Write
     size_t local_offset = 0;
     pt::RegionHandle remote;
@@ -268,6 +297,13 @@ class MultipathChannel::Impl {
 
   void SendControl(Path& p, const Frame& f);
 
+  // Appends to `out` the slices of a Send's parts covering message bytes [offset, +length).
+  static void SliceParts(const Op& op, uint64_t offset, uint64_t length,
+                         std::vector<pt::ConstBuffer>& out);
+
+  // With fail_when_all_paths_dead_: fails the channel once every path is dead.
+  void MaybeFailAllDead(const absl::Status& last);
+
   // A live path for control traffic (lowest RTT), or null.
   Path* ControlPath() {
     std::vector<PathView> views = Views();
@@ -302,7 +338,7 @@ class MultipathChannel::Impl {
 
   void FlushReceiver() {
     for (pt::Completion& c : reassembler_.TakeCompletions()) {
-      c.connection_id = id_;
+      c.connection_id = completion_id_;
       user_ready_.push_back(std::move(c));
     }
   }
@@ -319,6 +355,8 @@ class MultipathChannel::Impl {
   const absl::Duration no_path_limit_ = absl::Seconds(30);
   pt::CompletionQueue* const user_cq_;
   const uint64_t id_;
+  const uint64_t completion_id_;
+  const bool fail_when_all_paths_dead_;
   pt::CompletionQueue path_cq_;  // before paths_: destroyed after the connections
 
   mutable std::mutex mu_;

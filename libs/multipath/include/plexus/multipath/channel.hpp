@@ -19,12 +19,17 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "plexus/multipath/scheduler.hpp"
 #include "plexus/transport/completion.hpp"
 #include "plexus/transport/connection.hpp"
 #include "plexus/transport/memory.hpp"
 
 namespace plexus::multipath {
+
+namespace internal {
+class ChannelFactory;
+}  // namespace internal
 
 struct ChannelOptions {
   // Bytes per chunk (Maestro: 50 KB). SetChunkBytes changes it while traffic flows.
@@ -96,12 +101,22 @@ class MultipathChannel {
   // Sends `buffer` (any size, including 0) as one message; matched to the peer's Recvs in Send
   // order. The bytes must stay valid until the kSend completion.
   absl::Status Send(transport::ConstBuffer buffer, uint64_t wr_id);
+  // Sends the concatenation of `buffers` as one message (gather, no copy: each chunk's transport
+  // send takes the slices of the parts it covers). The span itself may go away on return; the
+  // bytes must stay valid until the kSend completion.
+  absl::Status Send(absl::Span<const transport::ConstBuffer> buffers, uint64_t wr_id);
   absl::Status Recv(transport::MutableBuffer buffer, uint64_t wr_id);
   // One-sided write of local[local_offset, +length) to remote[remote_offset, +length), in chunks
   // over all paths; with an immediate the peer gets one kRemoteWrite after every byte is placed.
   absl::Status Write(const transport::MemoryRegion& local, size_t local_offset, size_t length,
                      const transport::RegionHandle& remote, size_t remote_offset,
                      std::optional<uint32_t> immediate, uint64_t wr_id);
+
+  // Ends the channel: every path connection is closed, outstanding operations complete with
+  // Cancelled and later calls fail (Cancelled). The peer sees every path break: a channel made
+  // by Create keeps its operations up to 30 s for a new path (AddPath), one made by
+  // MultipathDevice fails at once with Aborted. Idempotent; never blocks on the network.
+  void Close();
 
   // Run-time knobs: take effect for the next chunk cut.
   absl::Status SetChunkBytes(size_t bytes);
@@ -126,6 +141,7 @@ class MultipathChannel {
   class Impl;
 
  private:
+  friend class internal::ChannelFactory;
   explicit MultipathChannel(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -1,0 +1,119 @@
+// MultipathDevice: a transport::Device whose connections are MultipathChannels over K tcp paths,
+// so that code written against Device/Connection (a collectives communicator, rpc) runs over
+// several network paths unchanged.
+//
+//   pm::MultipathDeviceOptions o;
+//   o.local_addresses = {"10.77.1.1", "10.77.2.1"};        // path k leaves from this IP
+//   auto device = *pm::MultipathDevice::Create(o);
+//   auto listener = *device->Listen("");                   // "mp:10.77.1.1:41000,10.77.2.1"
+//   auto conn = *peer_device->Connect(listener->address(), &cq);   // on the peer
+//
+// Composite address: "mp:IP0:PORT,IP1,...,IPK-1". IP0:PORT is the listener on path 0's address
+// that takes set-up requests; IPk is path k's address on the listening side. A connection is set
+// up over a short-lived control connection on path 0: the connector asks for K paths, the
+// listener opens one ephemeral listener per path address for this connection alone and names
+// them, and the connector opens path k from its local_addresses[k] to the listener's path k (so
+// concurrent connectors can never mix up their paths). Both sides need the same K.
+//
+// A connection's operations map one to one onto the channel's: PostSend -> Send (gathered, no
+// copy), PostRecv -> Recv, PostWrite -> Write, each with exactly one completion carrying the
+// caller's wr_id, the message or write length in `bytes`, and the Connection's id(). The
+// transport contract holds (tests/multipath/device_test.cpp), with two differences: the
+// connection fails only when every path is down (the peer's Close: Aborted; otherwise
+// Unavailable, naming each path's error), and after a failure messages that had arrived whole
+// are not delivered to later receives (the channel refuses new calls at once).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "plexus/multipath/channel.hpp"
+#include "plexus/transport/device.hpp"
+
+namespace plexus::multipath {
+
+namespace internal {
+struct DeviceRegistry;
+}  // namespace internal
+
+struct MultipathDeviceOptions {
+  // The local IPv4 address of each path, in path order (K = size, at least 1). Sockets of path k
+  // bind to local_addresses[k], so routing (or a source rule, as tools/netbed sets up) picks the
+  // path. Listen binds there too. The peer must have the same number of paths.
+  std::vector<std::string> local_addresses;
+  // Settings of every connection's channel (chunk size, scheduler, path timeout, ...).
+  ChannelOptions channel;
+  // The inner tcp device that carries every path: backend must be kTcp and progress kThread
+  // (the channel's own thread consumes the path completions); local_address is ignored (each
+  // path has its own). connect_timeout bounds a whole Connect or Accept set-up; op_timeout ends
+  // a path whose peer stopped reading.
+  transport::DeviceOptions device;
+};
+
+class MultipathDevice : public transport::Device {
+ public:
+  // InvalidArgument naming the field for an empty or malformed local_addresses entry, a backend
+  // other than tcp, kCaller progress, or ChannelOptions that MultipathChannel::Create rejects.
+  static absl::StatusOr<std::shared_ptr<MultipathDevice>> Create(
+      const MultipathDeviceOptions& options);
+
+  // Parses a composite address; InvalidArgument naming the entry and what is wrong with it.
+  struct Address {
+    std::string control;             // "IP0:PORT"
+    std::vector<std::string> hosts;  // IP of each path, hosts[0] = IP0
+  };
+  static absl::StatusOr<Address> ParseAddress(std::string_view address);
+
+  // The multipath channel of a connection made by a MultipathDevice, for statistics, run-time
+  // knobs and test hooks (FailPathForTest); null for any other connection.
+  static MultipathChannel* ChannelOf(transport::Connection& connection);
+
+  // Payload bytes this side sent that completed on each path (PathStats::bytes_acked), summed
+  // over the device's open connections; index k is path k.
+  std::vector<uint64_t> PathBytesAcked() const;
+
+  transport::Backend backend() const override { return transport::Backend::kTcp; }
+  int paths() const { return static_cast<int>(options_.local_addresses.size()); }
+  const MultipathDeviceOptions& multipath_options() const { return options_; }
+
+  // Registers with the inner tcp device: the region serves every path, and handles name it.
+  absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> Register(
+      void* data, size_t bytes, transport::MemoryKind kind = transport::MemoryKind::kHost) override;
+
+  // `address` "" listens on an ephemeral port of local_addresses[0]; otherwise a composite
+  // address whose IPs are this device's local_addresses (in order) and whose port is the one to
+  // use (0 = ephemeral). The listener reports the composite address to give to peers. Its
+  // Accept(cq, timeout) waits up to `timeout` for a connector, then blocks up to the device's
+  // connect_timeout for the set-up (every path connected and greeted); errors name the step and
+  // the peer (a peer with a different number of paths: FailedPrecondition).
+  absl::StatusOr<std::unique_ptr<transport::Listener>> Listen(std::string_view address) override;
+
+  // Blocks until the K paths are connected and greeted by the peer, at most connect_timeout.
+  // InvalidArgument for a malformed composite address (naming the entry) or one whose number of
+  // paths differs from this device's; Unavailable / DeadlineExceeded naming the path and
+  // address when a path cannot be set up; FailedPrecondition when the peer refuses (its reason).
+  absl::StatusOr<std::unique_ptr<transport::Connection>> Connect(
+      std::string_view address, transport::CompletionQueue* cq) override;
+
+  // Paths choose their own sources: only "" (plain Connect) is accepted.
+  absl::StatusOr<std::unique_ptr<transport::Connection>> ConnectFrom(
+      std::string_view local_address, std::string_view address,
+      transport::CompletionQueue* cq) override;
+
+ protected:
+  void DriveProgress(absl::Duration) override {}  // kThread only: nothing to drive
+
+ private:
+  MultipathDevice(MultipathDeviceOptions options, std::shared_ptr<transport::Device> inner);
+
+  MultipathDeviceOptions options_;
+  std::shared_ptr<transport::Device> inner_;
+  std::shared_ptr<internal::DeviceRegistry> registry_;  // the open connections' channels
+};
+
+}  // namespace plexus::multipath

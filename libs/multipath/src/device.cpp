@@ -1,0 +1,369 @@
+// MultipathDevice: transport::Device/Connection over MultipathChannels (device.hpp). Set-up runs
+// over a control connection on path 0; the data paths go to listeners opened for one
+// connection only, so concurrent connectors cannot exchange paths.
+#include "plexus/multipath/device.hpp"
+
+#include <algorithm>
+#include <mutex>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "channel_impl.hpp"
+#include "device_wire.hpp"
+#include "plexus/base/status.hpp"
+
+namespace plexus::multipath {
+
+struct internal::DeviceRegistry {
+  std::mutex mu;
+  absl::flat_hash_set<MultipathChannel*> channels;
+};
+
+namespace {
+
+using Registry = internal::DeviceRegistry;
+
+namespace pt = ::plexus::transport;
+
+using internal::IsIpv4;
+using internal::kSetupMessageBytes;
+
+// Waits for the completion of `wr_id` on `cq` (a set-up queue with one connection).
+absl::StatusOr<pt::Completion> AwaitControl(pt::CompletionQueue& cq, uint64_t wr_id,
+                                            absl::Time deadline, const std::string& what) {
+  for (;;) {
+    absl::StatusOr<pt::Completion> c =
+        cq.Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (!c.ok()) {
+      return absl::DeadlineExceededError(absl::StrCat(what,
+                                                      ": no answer within the connect "
+                                                      "timeout"));
+    }
+    if (c->wr_id != wr_id) continue;
+    if (!c->status.ok()) return base::Annotate(c->status, what);
+    return c;
+  }
+}
+
+// Waits until the channel has `paths` live paths (every hello arrived) or fails.
+absl::Status AwaitLive(MultipathChannel& channel, int paths, absl::Time deadline,
+                       const std::string& peer) {
+  for (;;) {
+    PLEXUS_RETURN_IF_ERROR(channel.status());
+    if (channel.live_paths() == paths) return absl::OkStatus();
+    if (absl::Now() > deadline) {
+      std::string missing;
+      for (const PathStats& p : channel.Stats().paths) {
+        if (p.up) continue;
+        absl::StrAppend(&missing, missing.empty() ? "" : ", ", "path ", p.index, " (", p.peer,
+                        p.error.empty() ? ": no greeting" : absl::StrCat(": ", p.error), ")");
+      }
+      return absl::DeadlineExceededError(absl::StrCat("multipath set-up with ", peer, ": ", missing,
+                                                      " not up within the connect timeout"));
+    }
+    absl::SleepFor(absl::Microseconds(200));
+  }
+}
+
+class MultipathConnection final : public pt::Connection {
+ public:
+  MultipathConnection(std::shared_ptr<pt::Device> inner, std::shared_ptr<Registry> registry)
+      : inner_(std::move(inner)), registry_(std::move(registry)) {}
+  ~MultipathConnection() override {
+    if (channel_ != nullptr) {
+      std::lock_guard<std::mutex> lock(registry_->mu);
+      registry_->channels.erase(channel_.get());
+    }
+    channel_.reset();
+  }
+
+  // Creates the channel reporting to `cq` under this connection's id.
+  absl::Status Init(const ChannelOptions& options, pt::CompletionQueue* cq) {
+    internal::ChannelInternalOptions internal_options;
+    internal_options.completion_id = id();
+    internal_options.fail_when_all_paths_dead = true;
+    PLEXUS_ASSIGN_OR_RETURN(channel_,
+                            internal::ChannelFactory::Create(options, cq, internal_options));
+    std::lock_guard<std::mutex> lock(registry_->mu);
+    registry_->channels.insert(channel_.get());
+    return absl::OkStatus();
+  }
+
+  absl::Status AddPath(std::unique_ptr<pt::Connection> path) {
+    peers_.push_back(path->peer_address());
+    return channel_->AddPath(std::move(path)).status();
+  }
+
+  absl::Status PostSend(absl::Span<const pt::ConstBuffer> buffers, uint64_t wr_id) override {
+    return channel_->Send(buffers, wr_id);
+  }
+  absl::Status PostRecv(pt::MutableBuffer buffer, uint64_t wr_id) override {
+    return channel_->Recv(buffer, wr_id);
+  }
+  absl::Status PostWrite(const pt::MemoryRegion& local, size_t local_offset, size_t length,
+                         const pt::RegionHandle& remote, size_t remote_offset,
+                         std::optional<uint32_t> immediate, uint64_t wr_id) override {
+    return channel_->Write(local, local_offset, length, remote, remote_offset, immediate, wr_id);
+  }
+  void Close() override { channel_->Close(); }
+  absl::Status status() const override { return channel_->status(); }
+  std::string peer_address() const override {
+    return absl::StrCat("mp:", absl::StrJoin(peers_, ","));
+  }
+
+  MultipathChannel* channel() { return channel_.get(); }
+
+ private:
+  std::shared_ptr<pt::Device> inner_;  // outlives the path connections
+  std::shared_ptr<Registry> registry_;
+  std::unique_ptr<MultipathChannel> channel_;
+  std::vector<std::string> peers_;
+};
+
+class MultipathListener final : public pt::Listener {
+ public:
+  MultipathListener(std::shared_ptr<pt::Device> inner, std::shared_ptr<Registry> registry,
+                    MultipathDeviceOptions options, std::unique_ptr<pt::Listener> control)
+      : inner_(std::move(inner)),
+        registry_(std::move(registry)),
+        options_(std::move(options)),
+        control_(std::move(control)) {
+    std::vector<std::string> hosts = options_.local_addresses;
+    address_ = absl::StrCat("mp:", control_->address());
+    for (size_t k = 1; k < hosts.size(); ++k) absl::StrAppend(&address_, ",", hosts[k]);
+  }
+
+  std::string address() const override { return address_; }
+
+  absl::StatusOr<std::unique_ptr<pt::Connection>> Accept(pt::CompletionQueue* cq,
+                                                         absl::Duration timeout) override {
+    if (cq == nullptr) return absl::InvalidArgumentError("Accept: null completion queue");
+    const int paths = static_cast<int>(options_.local_addresses.size());
+    // The queue and the buffers outlive the control connection (declared first, destroyed
+    // last): a post still outstanding when an error returns must not touch freed memory.
+    pt::CompletionQueue control_cq;
+    std::vector<char> request(kSetupMessageBytes);
+    std::string reply;
+    PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<pt::Connection> control,
+                            control_->Accept(&control_cq, timeout));
+    const absl::Time deadline = absl::Now() + options_.device.connect_timeout;
+    const std::string peer = control->peer_address();
+    PLEXUS_RETURN_IF_ERROR(control->PostRecv({request.data(), request.size()}, 1));
+    PLEXUS_ASSIGN_OR_RETURN(
+        pt::Completion got,
+        AwaitControl(control_cq, 1, deadline,
+                     absl::StrCat("multipath set-up: waiting for the request of ", peer)));
+    auto their_paths_or = internal::ParseSetupRequest(std::string(request.data(), got.bytes));
+    if (!their_paths_or.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("multipath set-up: malformed request from ",
+                                                     peer, " (not a MultipathDevice?)"));
+    }
+    const int their_paths = *their_paths_or;
+    if (their_paths != paths) {
+      const std::string why = absl::StrCat(
+          "the connector ", peer, " has ", their_paths, " paths, the listener ", address_, " has ",
+          paths, " (MultipathDeviceOptions.local_addresses must have equal sizes)");
+      reply = internal::EncodeSetupRefusal(why);
+      if (control->PostSend(pt::ConstBuffer{reply.data(), reply.size()}, 2).ok()) {
+        (void)AwaitControl(control_cq, 2, deadline, "sending the refusal");
+      }
+      return absl::FailedPreconditionError(absl::StrCat("multipath set-up: ", why));
+    }
+    // One listener per path for this connection alone.
+    std::vector<std::unique_ptr<pt::Listener>> listeners;
+    std::vector<std::string> addresses;
+    for (int k = 0; k < paths; ++k) {
+      auto listener = inner_->Listen(absl::StrCat(options_.local_addresses[k], ":0"));
+      if (!listener.ok()) {
+        return base::Annotate(listener.status(),
+                              absl::StrCat("multipath set-up: listening for path ", k, " on ",
+                                           options_.local_addresses[k]));
+      }
+      addresses.push_back((*listener)->address());
+      listeners.push_back(*std::move(listener));
+    }
+    reply = internal::EncodeSetupAccept(addresses);
+    PLEXUS_RETURN_IF_ERROR(control->PostSend(pt::ConstBuffer{reply.data(), reply.size()}, 2));
+    auto conn = std::make_unique<MultipathConnection>(inner_, registry_);
+    PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq));
+    MultipathChannel& channel = *conn->channel();
+    for (int k = 0; k < paths; ++k) {
+      auto path = listeners[k]->Accept(channel.path_queue(),
+                                       std::max(deadline - absl::Now(), absl::ZeroDuration()));
+      if (!path.ok()) {
+        return base::Annotate(path.status(),
+                              absl::StrCat("multipath set-up with ", peer, ": accepting path ", k,
+                                           " on ", addresses[k]));
+      }
+      PLEXUS_RETURN_IF_ERROR(
+          base::Annotate(conn->AddPath(*std::move(path)),
+                         absl::StrCat("multipath set-up with ", peer, ": adding path ", k)));
+    }
+    PLEXUS_RETURN_IF_ERROR(AwaitLive(channel, paths, deadline, peer));
+    control->Close();
+    return std::unique_ptr<pt::Connection>(std::move(conn));
+  }
+
+ private:
+  std::shared_ptr<pt::Device> inner_;
+  std::shared_ptr<Registry> registry_;
+  MultipathDeviceOptions options_;
+  std::unique_ptr<pt::Listener> control_;
+  std::string address_;
+};
+
+}  // namespace
+
+absl::StatusOr<MultipathDevice::Address> MultipathDevice::ParseAddress(std::string_view address) {
+  return internal::ParseCompositeAddress(address);
+}
+
+MultipathChannel* MultipathDevice::ChannelOf(pt::Connection& connection) {
+  auto* mp = dynamic_cast<MultipathConnection*>(&connection);
+  return mp == nullptr ? nullptr : mp->channel();
+}
+
+absl::StatusOr<std::shared_ptr<MultipathDevice>> MultipathDevice::Create(
+    const MultipathDeviceOptions& options) {
+  if (options.local_addresses.empty()) {
+    return absl::InvalidArgumentError(
+        "MultipathDeviceOptions.local_addresses is empty: name the local IP of each path");
+  }
+  for (size_t k = 0; k < options.local_addresses.size(); ++k) {
+    if (!IsIpv4(options.local_addresses[k])) {
+      return absl::InvalidArgumentError(absl::StrCat("MultipathDeviceOptions.local_addresses[", k,
+                                                     "] ('", options.local_addresses[k],
+                                                     "') is not an IPv4 address"));
+    }
+  }
+  if (options.device.backend != pt::Backend::kTcp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MultipathDeviceOptions.device.backend must be tcp, got ",
+                     std::string(pt::BackendName(options.device.backend))));
+  }
+  if (options.device.progress != pt::ProgressMode::kThread) {
+    return absl::InvalidArgumentError(
+        "MultipathDeviceOptions.device.progress must be kThread (the channels consume the path "
+        "completions in their own threads)");
+  }
+  // The channel options are checked the way every connection will create its channel.
+  pt::CompletionQueue probe_cq;
+  PLEXUS_RETURN_IF_ERROR(
+      base::Annotate(MultipathChannel::Create(options.channel, &probe_cq).status(),
+                     "MultipathDeviceOptions.channel"));
+  pt::DeviceOptions inner_options = options.device;
+  inner_options.local_address = options.local_addresses[0];
+  PLEXUS_ASSIGN_OR_RETURN(std::shared_ptr<pt::Device> inner, pt::Device::Create(inner_options));
+  return std::shared_ptr<MultipathDevice>(new MultipathDevice(options, std::move(inner)));
+}
+
+MultipathDevice::MultipathDevice(MultipathDeviceOptions options, std::shared_ptr<pt::Device> inner)
+    : Device(inner->options()),
+      options_(std::move(options)),
+      inner_(std::move(inner)),
+      registry_(std::make_shared<internal::DeviceRegistry>()) {}
+
+std::vector<uint64_t> MultipathDevice::PathBytesAcked() const {
+  std::vector<uint64_t> out(options_.local_addresses.size(), 0);
+  std::lock_guard<std::mutex> lock(registry_->mu);
+  for (const MultipathChannel* channel : registry_->channels) {
+    for (const PathStats& p : channel->Stats().paths) {
+      if (p.index >= 0 && static_cast<size_t>(p.index) < out.size()) out[p.index] += p.bytes_acked;
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<pt::MemoryRegion>> MultipathDevice::Register(void* data,
+                                                                            size_t bytes,
+                                                                            pt::MemoryKind kind) {
+  return inner_->Register(data, bytes, kind);
+}
+
+absl::StatusOr<std::unique_ptr<pt::Listener>> MultipathDevice::Listen(
+    std::string_view address_view) {
+  const std::string address(address_view);
+  std::string control = absl::StrCat(options_.local_addresses[0], ":0");
+  if (!address.empty()) {
+    PLEXUS_ASSIGN_OR_RETURN(Address parsed, ParseAddress(address));
+    if (parsed.hosts != options_.local_addresses) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Listen '", address, "': the IPs must be this device's local_addresses in order (",
+          absl::StrJoin(options_.local_addresses, ","), ")"));
+    }
+    control = parsed.control;
+  }
+  PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<pt::Listener> listener, inner_->Listen(control));
+  return std::unique_ptr<pt::Listener>(
+      std::make_unique<MultipathListener>(inner_, registry_, options_, std::move(listener)));
+}
+
+absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::Connect(
+    std::string_view address_view, pt::CompletionQueue* cq) {
+  const std::string address(address_view);
+  if (cq == nullptr) return absl::InvalidArgumentError("Connect: null completion queue");
+  PLEXUS_ASSIGN_OR_RETURN(Address parsed, ParseAddress(address));
+  const int paths = this->paths();
+  if (static_cast<int>(parsed.hosts.size()) != paths) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "multipath address '", address, "' names ", parsed.hosts.size(), " paths, this device has ",
+        paths, " (MultipathDeviceOptions.local_addresses)"));
+  }
+  const absl::Time deadline = absl::Now() + options_.device.connect_timeout;
+  // The queue and the buffers outlive the control connection (declared first, destroyed last).
+  pt::CompletionQueue control_cq;
+  std::vector<char> reply(kSetupMessageBytes);
+  const std::string request = internal::EncodeSetupRequest(paths);
+  auto control_or = inner_->ConnectFrom(options_.local_addresses[0], parsed.control, &control_cq);
+  if (!control_or.ok()) {
+    return base::Annotate(control_or.status(),
+                          absl::StrCat("multipath set-up: control connection to ", parsed.control));
+  }
+  std::unique_ptr<pt::Connection> control = *std::move(control_or);
+  PLEXUS_RETURN_IF_ERROR(control->PostRecv({reply.data(), reply.size()}, 1));
+  PLEXUS_RETURN_IF_ERROR(control->PostSend(pt::ConstBuffer{request.data(), request.size()}, 2));
+  PLEXUS_ASSIGN_OR_RETURN(
+      pt::Completion got,
+      AwaitControl(control_cq, 1, deadline,
+                   absl::StrCat("multipath set-up: waiting for ", parsed.control, "'s answer")));
+  auto answer = internal::ParseSetupReply(std::string(reply.data(), got.bytes), parsed.hosts);
+  if (!answer.ok()) {
+    return base::Annotate(answer.status(), absl::StrCat("multipath set-up: from ", parsed.control));
+  }
+  if (answer->refused) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("multipath set-up: ", parsed.control, " refused: ", answer->why));
+  }
+  const std::vector<std::string>& addresses = answer->addresses;
+  auto conn = std::make_unique<MultipathConnection>(inner_, registry_);
+  PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq));
+  MultipathChannel& channel = *conn->channel();
+  for (int k = 0; k < paths; ++k) {
+    auto path =
+        inner_->ConnectFrom(options_.local_addresses[k], addresses[k], channel.path_queue());
+    if (!path.ok()) {
+      return base::Annotate(path.status(),
+                            absl::StrCat("multipath set-up: path ", k, " from ",
+                                         options_.local_addresses[k], " to ", addresses[k]));
+    }
+    PLEXUS_RETURN_IF_ERROR(base::Annotate(conn->AddPath(*std::move(path)),
+                                          absl::StrCat("multipath set-up: adding path ", k)));
+  }
+  PLEXUS_RETURN_IF_ERROR(AwaitLive(channel, paths, deadline, parsed.control));
+  control->Close();
+  return std::unique_ptr<pt::Connection>(std::move(conn));
+}
+
+absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::ConnectFrom(
+    std::string_view local_address, std::string_view address, pt::CompletionQueue* cq) {
+  if (!local_address.empty()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "MultipathDevice::ConnectFrom ", std::string(local_address),
+        ": the paths' sources are MultipathDeviceOptions.local_addresses; use Connect"));
+  }
+  return Connect(address, cq);
+}
+
+}  // namespace plexus::multipath

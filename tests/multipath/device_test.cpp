@@ -1,0 +1,373 @@
+// MultipathDevice through the transport::Device / Connection interfaces only: K = 2 loopback
+// paths per side (127.0.0.x sources, no root needed), exact data at several sizes, unaligned and
+// gathered, one completion per operation carrying the Connection's id, a path failed
+// mid-transfer, Close on either side, and errors for malformed composite addresses.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "channel_support.hpp"
+#include "plexus/multipath/device.hpp"
+#include "plexus/transport/device.hpp"
+
+namespace pm = plexus::multipath;
+namespace pt = plexus::transport;
+using plexus::multipath::testing::Pattern;
+using plexus::multipath::testing::WaitBytesAcked;
+
+namespace {
+
+pm::MultipathDeviceOptions Options(std::vector<std::string> addresses) {
+  pm::MultipathDeviceOptions o;
+  o.local_addresses = std::move(addresses);
+  o.channel.path_timeout = absl::Seconds(3);  // a loaded 2-core CI machine starves threads
+  o.device.op_timeout = absl::Seconds(20);
+  o.device.connect_timeout = absl::Seconds(10);
+  return o;
+}
+
+// Two MultipathDevices joined by one connection of K = 2 paths: b listens on 127.0.0.1 and
+// 127.0.0.2, a connects from 127.0.0.1 and 127.0.0.3 (distinct, so the path mapping is visible
+// in peer_address()).
+struct Link {
+  std::shared_ptr<pm::MultipathDevice> dev_a, dev_b;
+  pt::CompletionQueue cq_a, cq_b;
+  std::unique_ptr<pt::Connection> a, b;
+
+  Link() {
+    auto da = pm::MultipathDevice::Create(Options({"127.0.0.1", "127.0.0.3"}));
+    auto db = pm::MultipathDevice::Create(Options({"127.0.0.1", "127.0.0.2"}));
+    REQUIRE(da.ok());
+    REQUIRE(db.ok());
+    dev_a = *da;
+    dev_b = *db;
+    std::shared_ptr<pt::Device> as_device = dev_b;  // through the base interface only
+    auto listener = as_device->Listen("");
+    REQUIRE(listener.ok());
+    absl::StatusOr<std::unique_ptr<pt::Connection>> accepted;
+    std::thread acceptor([&] { accepted = (*listener)->Accept(&cq_b, absl::Seconds(10)); });
+    auto connected =
+        std::static_pointer_cast<pt::Device>(dev_a)->Connect((*listener)->address(), &cq_a);
+    acceptor.join();
+    INFO(connected.status().ToString() << " / " << accepted.status().ToString());
+    REQUIRE(connected.ok());
+    REQUIRE(accepted.ok());
+    a = *std::move(connected);
+    b = *std::move(accepted);
+  }
+};
+
+// Waits for the next completion on `cq` within 60 s.
+pt::Completion Next(pt::CompletionQueue& cq) {
+  auto c = cq.Wait(absl::Seconds(60));
+  REQUIRE(c.ok());
+  return *std::move(c);
+}
+
+// Sends every size a -> b from unaligned sources into unaligned receives, each message gathered
+// from three parts (one empty) when `gather`; checks the bytes, the guard bytes around each
+// receive, and exactly one completion per operation with wr_id, bytes and connection id.
+void Transfer(pt::Connection& a, pt::CompletionQueue& cq_a, pt::Connection& b,
+              pt::CompletionQueue& cq_b, const std::vector<size_t>& sizes, uint32_t seed,
+              bool gather) {
+  std::vector<std::vector<uint8_t>> src, dst;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    src.push_back(Pattern(sizes[i] + 3, seed + static_cast<uint32_t>(i)));
+    dst.emplace_back(sizes[i] + 13, 0xee);  // 5 guard bytes before, 8 after
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    // A receive larger than the message: bytes reports the message length.
+    REQUIRE(b.PostRecv({dst[i].data() + 5, sizes[i] + 8}, 100 + i).ok());
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const uint8_t* p = src[i].data() + 3;
+    if (gather) {
+      const size_t first = sizes[i] / 3, second = sizes[i] - first;
+      const pt::ConstBuffer parts[3] = {{p, first}, {nullptr, 0}, {p + first, second}};
+      REQUIRE(a.PostSend(absl::MakeConstSpan(parts, 3), 200 + i).ok());
+    } else {
+      REQUIRE(a.PostSend(pt::ConstBuffer{p, sizes[i]}, 200 + i).ok());
+    }
+  }
+  std::vector<int> sent(sizes.size(), 0);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const pt::Completion c = Next(cq_a);
+    INFO(c.status.ToString());
+    REQUIRE(c.status.ok());
+    CHECK(c.opcode == pt::Opcode::kSend);
+    CHECK(c.connection_id == a.id());
+    REQUIRE(c.wr_id >= 200);
+    REQUIRE(c.wr_id < 200 + sizes.size());
+    CHECK(c.bytes == sizes[c.wr_id - 200]);
+    ++sent[c.wr_id - 200];
+  }
+  for (int n : sent) CHECK(n == 1);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const pt::Completion c = Next(cq_b);
+    INFO(c.status.ToString());
+    REQUIRE(c.status.ok());
+    CHECK(c.opcode == pt::Opcode::kRecv);
+    CHECK(c.connection_id == b.id());
+    CHECK(c.wr_id == 100 + i);  // in PostSend order
+    CHECK(c.bytes == sizes[i]);
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    INFO("message " << i << " of " << sizes[i] << " bytes");
+    CHECK(std::memcmp(dst[i].data() + 5, src[i].data() + 3, sizes[i]) == 0);
+    CHECK(std::vector<uint8_t>(dst[i].begin(), dst[i].begin() + 5) ==
+          std::vector<uint8_t>(5, 0xee));
+    CHECK(std::vector<uint8_t>(dst[i].end() - 8, dst[i].end()) == std::vector<uint8_t>(8, 0xee));
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  CHECK(cq_a.size() == 0);
+  CHECK(cq_b.size() == 0);
+}
+
+}  // namespace
+
+TEST_CASE("device: exact data at several sizes through Device/Connection, plain and gathered",
+          "[multipath][device]") {
+  Link link;
+  // Path k goes from the connector's local_addresses[k] to the listener's k-th address.
+  const std::string b_peer = link.b->peer_address();
+  INFO(b_peer);
+  CHECK(absl::StartsWith(b_peer, "mp:127.0.0.1:"));
+  CHECK(absl::StrContains(b_peer, ",127.0.0.3:"));
+  CHECK(absl::StartsWith(link.a->peer_address(), "mp:127.0.0.1:"));
+  CHECK(absl::StrContains(link.a->peer_address(), ",127.0.0.2:"));
+  CHECK(link.a->status().ok());
+  const std::vector<size_t> sizes = {0,     1,     7,       16383,         16385,
+                                     49999, 50001, 1 << 20, (1 << 20) + 3, (size_t{16} << 20) + 5};
+  Transfer(*link.a, link.cq_a, *link.b, link.cq_b, sizes, 1, /*gather=*/false);
+  Transfer(*link.a, link.cq_a, *link.b, link.cq_b, sizes, 2, /*gather=*/true);
+  Transfer(*link.b, link.cq_b, *link.a, link.cq_a, {3, 50001, (size_t{4} << 20) + 1}, 3, true);
+  // Both paths carried the large messages; the device sums its connections' paths.
+  const auto paths = pm::MultipathDevice::ChannelOf(*link.a)->Stats().paths;
+  REQUIRE(paths.size() == 2);
+  for (const auto& p : paths) CHECK(p.bytes_acked > 0);
+  CHECK(link.dev_a->PathBytesAcked() ==
+        std::vector<uint64_t>{paths[0].bytes_acked, paths[1].bytes_acked});
+  // Many parts whose boundaries fall inside chunks (50 KB) and at their edges.
+  {
+    const std::vector<size_t> part_sizes = {1, 49999, 50001, 0, 3, 200000, 17, 49980};
+    size_t total = 0;
+    for (size_t s : part_sizes) total += s;
+    const std::vector<uint8_t> src = Pattern(total + 1, 21);
+    std::vector<pt::ConstBuffer> parts;
+    size_t at = 1;
+    for (size_t s : part_sizes) {
+      parts.push_back({s == 0 ? nullptr : src.data() + at, s});
+      at += s;
+    }
+    std::vector<uint8_t> dst(total, 0);
+    REQUIRE(link.b->PostRecv({dst.data(), total}, 31).ok());
+    REQUIRE(link.a->PostSend(absl::MakeConstSpan(parts), 32).ok());
+    const pt::Completion s = Next(link.cq_a);
+    CHECK((s.status.ok() && s.wr_id == 32 && s.bytes == total));
+    const pt::Completion r = Next(link.cq_b);
+    CHECK((r.status.ok() && r.wr_id == 31 && r.bytes == total));
+    CHECK(std::memcmp(dst.data(), src.data() + 1, total) == 0);
+    // A null part with bytes is refused up front, naming it.
+    const pt::ConstBuffer bad[2] = {{src.data(), 4}, {nullptr, 5}};
+    const absl::Status refused = link.a->PostSend(absl::MakeConstSpan(bad, 2), 33);
+    CHECK(absl::IsInvalidArgument(refused));
+    CHECK(absl::StrContains(refused.message(), "buffer 1 of 2 is null"));
+  }
+  // A receive shorter than the message fails (ResourceExhausted), as on every transport.
+  std::vector<uint8_t> small(10), big = Pattern(100, 4);
+  REQUIRE(link.b->PostRecv({small.data(), small.size()}, 7).ok());
+  REQUIRE(link.a->PostSend(pt::ConstBuffer{big.data(), big.size()}, 8).ok());
+  const pt::Completion r = Next(link.cq_b);
+  CHECK(r.wr_id == 7);
+  CHECK(absl::IsResourceExhausted(r.status));
+}
+
+TEST_CASE("device: PostWrite with an immediate lands every byte before the peer's completion",
+          "[multipath][device]") {
+  Link link;
+  const size_t bytes = (size_t{8} << 20) + 64;
+  std::vector<uint8_t> src = Pattern(bytes, 9), dst(bytes, 0);
+  auto local = link.dev_a->Register(src.data(), src.size());
+  auto remote = link.dev_b->Register(dst.data(), dst.size());
+  REQUIRE(local.ok());
+  REQUIRE(remote.ok());
+  for (size_t length : {size_t{1}, size_t{50001}, size_t{8} << 20}) {
+    std::fill(dst.begin(), dst.end(), 0);
+    REQUIRE(link.a->PostWrite(**local, 3, length, (*remote)->handle(), 17, 0xabc, 77).ok());
+    const pt::Completion w = Next(link.cq_a);
+    REQUIRE(w.status.ok());
+    CHECK(w.opcode == pt::Opcode::kWrite);
+    CHECK(w.wr_id == 77);
+    CHECK(w.bytes == length);
+    CHECK(w.connection_id == link.a->id());
+    const pt::Completion n = Next(link.cq_b);
+    REQUIRE(n.status.ok());
+    CHECK(n.opcode == pt::Opcode::kRemoteWrite);
+    CHECK(n.has_immediate);
+    CHECK(n.immediate == 0xabc);
+    CHECK(n.connection_id == link.b->id());
+    CHECK(std::memcmp(dst.data() + 17, src.data() + 3, length) == 0);
+    CHECK(dst[16] == 0);
+    CHECK(dst[17 + length] == 0);
+  }
+}
+
+TEST_CASE("device: a path failed mid-transfer loses and duplicates nothing",
+          "[multipath][device][failover]") {
+  Link link;
+  pm::MultipathChannel* channel_a = pm::MultipathDevice::ChannelOf(*link.a);
+  REQUIRE(channel_a != nullptr);
+  REQUIRE(channel_a->live_paths() == 2);
+  const size_t n = size_t{24} << 20;
+  std::vector<uint8_t> src = Pattern(n + 1, 5), dst(n, 0), src2 = Pattern(n, 6), dst2(n, 0);
+  REQUIRE(link.b->PostRecv({dst.data(), n}, 1).ok());
+  REQUIRE(link.b->PostRecv({dst2.data(), n}, 2).ok());
+  REQUIRE(link.a->PostSend(pt::ConstBuffer{src.data() + 1, n}, 11).ok());
+  REQUIRE(link.a->PostSend(pt::ConstBuffer{src2.data(), n}, 12).ok());
+  WaitBytesAcked(*channel_a, 4 << 20);
+  channel_a->FailPathForTest(1);
+  std::vector<uint64_t> sent;
+  for (int i = 0; i < 2; ++i) {
+    const pt::Completion c = Next(link.cq_a);
+    INFO(c.status.ToString());
+    CHECK(c.status.ok());
+    sent.push_back(c.wr_id);
+  }
+  std::sort(sent.begin(), sent.end());
+  CHECK(sent == std::vector<uint64_t>{11, 12});
+  for (uint64_t wr : {1, 2}) {
+    const pt::Completion c = Next(link.cq_b);
+    INFO(c.status.ToString());
+    CHECK(c.status.ok());
+    CHECK(c.wr_id == wr);
+    CHECK(c.bytes == n);
+  }
+  CHECK(std::memcmp(dst.data(), src.data() + 1, n) == 0);
+  CHECK(dst2 == src2);
+  CHECK(channel_a->Stats().paths[1].chunks_reposted > 0);
+  // The connection goes on over the remaining path.
+  CHECK(link.a->status().ok());
+  CHECK(link.b->status().ok());
+  CHECK(channel_a->live_paths() == 1);
+  Transfer(*link.a, link.cq_a, *link.b, link.cq_b, {1, (size_t{2} << 20) + 1}, 7, true);
+}
+
+TEST_CASE("device: Close cancels local operations and fails the peer's with Aborted",
+          "[multipath][device]") {
+  Link link;
+  std::vector<uint8_t> buf_a(64), buf_b(64);
+  REQUIRE(link.a->PostRecv({buf_a.data(), buf_a.size()}, 1).ok());
+  REQUIRE(link.b->PostRecv({buf_b.data(), buf_b.size()}, 2).ok());
+  link.a->Close();
+  link.a->Close();  // idempotent
+  const pt::Completion local = Next(link.cq_a);
+  CHECK(local.wr_id == 1);
+  CHECK(absl::IsCancelled(local.status));
+  CHECK(absl::IsCancelled(link.a->status()));
+  CHECK(absl::IsCancelled(link.a->PostSend(pt::ConstBuffer{buf_a.data(), 1}, 3)));
+  const absl::Time start = absl::Now();
+  const pt::Completion remote = Next(link.cq_b);
+  INFO(remote.status.ToString());
+  CHECK(remote.wr_id == 2);
+  CHECK(absl::IsAborted(remote.status));
+  CHECK(absl::Now() - start < absl::Seconds(5));  // not the 30 s no-path wait of a channel
+  CHECK(absl::IsAborted(link.b->status()));
+}
+
+TEST_CASE("device: malformed composite addresses are refused, naming the entry",
+          "[multipath][device]") {
+  auto device = pm::MultipathDevice::Create(Options({"127.0.0.1", "127.0.0.2"}));
+  REQUIRE(device.ok());
+  pt::CompletionQueue cq;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"127.0.0.1:5000", "missing the 'mp:' prefix"},
+      {"mp:", "entry 0 is empty"},
+      {"mp:127.0.0.1", "entry 0 ('127.0.0.1'): expected IP:PORT"},
+      {"mp:127.0.0.1:70000,127.0.0.2", "entry 0 ('127.0.0.1:70000'): port '70000'"},
+      {"mp:127.0.0.1:x,127.0.0.2", "port 'x' is not a number"},
+      {"mp:300.0.0.1:5000,127.0.0.2", "'300.0.0.1' is not an IPv4 address"},
+      {"mp:127.0.0.1:5000,,127.0.0.2", "entry 1 is empty"},
+      {"mp:127.0.0.1:5000,host2", "entry 1 ('host2') is not an IPv4 address"},
+      {"mp:127.0.0.1:5000", "names 1 paths, this device has 2"},
+      {"mp:127.0.0.1:5000,127.0.0.2,127.0.0.3", "names 3 paths, this device has 2"},
+  };
+  for (const auto& [address, expected] : cases) {
+    auto conn = (*device)->Connect(address, &cq);
+    INFO(address << " -> " << conn.status().ToString());
+    REQUIRE_FALSE(conn.ok());
+    CHECK(absl::IsInvalidArgument(conn.status()));
+    CHECK(absl::StrContains(conn.status().message(), expected));
+  }
+  // A well-formed address where nothing listens: Unavailable, naming the control address.
+  {
+    auto closed = (*device)->Listen("");
+    REQUIRE(closed.ok());
+    const std::string address = (*closed)->address();
+    closed->reset();  // the port is free again
+    auto conn = (*device)->Connect(address, &cq);
+    INFO(conn.status().ToString());
+    CHECK(absl::IsUnavailable(conn.status()));
+    auto where = pm::MultipathDevice::ParseAddress(address);
+    REQUIRE(where.ok());
+    CHECK(absl::StrContains(conn.status().message(),
+                            absl::StrCat("control connection to ", where->control)));
+  }
+  auto parsed = pm::MultipathDevice::ParseAddress("mp:127.0.0.1:5000,127.0.0.2");
+  REQUIRE(parsed.ok());
+  CHECK(parsed->control == "127.0.0.1:5000");
+  CHECK(parsed->hosts == std::vector<std::string>{"127.0.0.1", "127.0.0.2"});
+  // Listen checks its address the same way, and that the IPs are this device's.
+  CHECK(absl::StrContains((*device)->Listen("mp:127.0.0.1:0,127.0.0.9").status().message(),
+                          "must be this device's local_addresses"));
+  CHECK(absl::IsUnimplemented(
+      (*device)->ConnectFrom("127.0.0.5", "mp:127.0.0.1:1,127.0.0.2", &cq).status()));
+}
+
+TEST_CASE("device: options and a peer with another number of paths are refused with the reason",
+          "[multipath][device]") {
+  auto empty = pm::MultipathDevice::Create(Options({}));
+  CHECK(absl::StrContains(empty.status().message(), "local_addresses is empty"));
+  auto bad = pm::MultipathDevice::Create(Options({"127.0.0.1", "nohost"}));
+  CHECK(absl::StrContains(bad.status().message(), "local_addresses[1] ('nohost')"));
+  auto caller = Options({"127.0.0.1"});
+  caller.device.progress = pt::ProgressMode::kCaller;
+  CHECK(absl::StrContains(pm::MultipathDevice::Create(caller).status().message(),
+                          "progress must be kThread"));
+  auto shm = Options({"127.0.0.1"});
+  shm.device.backend = pt::Backend::kShm;
+  CHECK(absl::StrContains(pm::MultipathDevice::Create(shm).status().message(),
+                          "backend must be tcp"));
+  auto chunk = Options({"127.0.0.1"});
+  chunk.channel.chunk_bytes = 0;
+  CHECK(absl::StrContains(pm::MultipathDevice::Create(chunk).status().message(),
+                          "MultipathDeviceOptions.channel: multipath: chunk_bytes"));
+
+  // A 3-path listener and a 2-path connector whose address was rewritten to name 2 paths.
+  auto three = pm::MultipathDevice::Create(Options({"127.0.0.1", "127.0.0.2", "127.0.0.3"}));
+  auto two = pm::MultipathDevice::Create(Options({"127.0.0.1", "127.0.0.2"}));
+  REQUIRE(three.ok());
+  REQUIRE(two.ok());
+  auto listener = (*three)->Listen("");
+  REQUIRE(listener.ok());
+  const std::string address = (*listener)->address();
+  CHECK(absl::EndsWith(address, ",127.0.0.2,127.0.0.3"));
+  auto parsed = pm::MultipathDevice::ParseAddress(address);
+  REQUIRE(parsed.ok());
+  pt::CompletionQueue cq_l, cq_c;
+  absl::StatusOr<std::unique_ptr<pt::Connection>> accepted;
+  std::thread acceptor([&] { accepted = (*listener)->Accept(&cq_l, absl::Seconds(10)); });
+  auto conn = (*two)->Connect(absl::StrCat("mp:", parsed->control, ",127.0.0.2"), &cq_c);
+  acceptor.join();
+  INFO(conn.status().ToString() << " / " << accepted.status().ToString());
+  CHECK(absl::IsFailedPrecondition(conn.status()));
+  CHECK(absl::StrContains(conn.status().message(), "has 2 paths"));
+  CHECK(absl::StrContains(conn.status().message(), "has 3"));
+  CHECK(absl::IsFailedPrecondition(accepted.status()));
+}
