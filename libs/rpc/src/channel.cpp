@@ -4,6 +4,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -14,6 +16,8 @@
 #include "absl/strings/str_format.h"
 #include "conn.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/rpc/balance.hpp"
+#include "plexus/rpc/policies.hpp"
 
 namespace plexus::rpc {
 namespace internal {
@@ -47,6 +51,7 @@ class CallState {
 constexpr uint64_t kRecvBit = uint64_t{1} << 63;
 constexpr uint64_t kControlBit = uint64_t{1} << 62;
 
+// One connection to one replica. A Channel holds one per replica and replaces it when it died.
 struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   std::shared_ptr<transport::Device> device;
   std::unique_ptr<transport::CompletionQueue> cq;
@@ -55,10 +60,14 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   size_t window = 0;
   std::shared_ptr<BufferPool> pool;
   std::string peer;
-  EngineChain chain;
-  absl::flat_hash_map<uint32_t, const ServiceDesc*> services;
+  uint32_t replica = 0;
+  // The channel's chain: it outlives the connections (engines stay attached across reconnects).
+  std::shared_ptr<EngineChain> chain;
   CodecLimits codec;
   FrameLimits frame_limits;
+  // Told once, from this connection's thread, when the connection failed (the channel redials).
+  std::function<void()> on_break;
+  std::atomic<bool> up{true};
 
   std::mutex mu;
   std::condition_variable window_cv;
@@ -71,6 +80,7 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   absl::flat_hash_map<uint64_t, BufferPool::Buffer> recvs;
   absl::flat_hash_map<uint64_t, std::unique_ptr<OutFrame>> controls;
   std::set<std::pair<absl::Time, uint64_t>> deadlines;
+  std::vector<uint32_t> load_reports;  // gossip from the server, delivered by Run
   uint64_t next_recv = 1;
 
   std::atomic<bool> stop{false};
@@ -134,6 +144,7 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   // With the lock: the connection is gone; fails every call waiting for a result.
   void BreakLocked(absl::Status why, std::vector<std::shared_ptr<CallState>>* ready) {
     if (broken.ok()) broken = why;
+    up = false;
     std::vector<std::shared_ptr<CallState>> waiting;
     for (auto& [id, c] : calls) waiting.push_back(c);
     for (auto& c : waiting) {
@@ -157,7 +168,8 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
       }
       auto in = std::make_shared<Inbound>(pool, std::move(buf), c.bytes);
       absl::Status st = in->Parse(frame_limits);
-      if (st.ok() && in->frame().header.type != FrameType::kResponse) {
+      if (st.ok() && in->frame().header.type != FrameType::kResponse &&
+          in->frame().header.type != FrameType::kLoad) {
         st = absl::InvalidArgumentError("malformed rpc frame: type: a server sent a non-response");
       }
       if (!st.ok()) {
@@ -172,9 +184,14 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
             ready);
       }
       const FrameHeader& h = in->frame().header;
+      if (h.type == FrameType::kLoad) {
+        load_reports.push_back(h.load);
+        return;
+      }
       auto call_it = calls.find(h.call_id);
       if (call_it == calls.end()) return;  // cancelled or expired: dropped
       std::shared_ptr<CallState> call = call_it->second;
+      if (h.flags & kFlagLoad) call->info.replica_load = h.load;
       RawResult r = absl::UnknownError("");
       if (h.status_code != 0) {
         r = absl::Status(static_cast<absl::StatusCode>(h.status_code),
@@ -235,8 +252,10 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
 
   void Run() {
     std::vector<std::shared_ptr<CallState>> ready;
+    std::vector<uint32_t> loads;
     transport::Completion batch[16];
     absl::Time drain_until = absl::InfiniteFuture();
+    bool told = false;
     while (true) {
       absl::Duration wait = absl::Milliseconds(5);
       {
@@ -263,9 +282,21 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
       {
         std::lock_guard<std::mutex> lock(mu);
         ExpireLocked(&ready);
+        loads.swap(load_reports);
+      }
+      if (!loads.empty()) {
+        EngineChain::Snapshot engines = chain->snapshot();
+        for (uint32_t load : loads) {
+          for (const auto& p : *engines) p->OnLoadReport(replica, load);
+        }
+        loads.clear();
       }
       for (auto& call : ready) Finalize(call);
       ready.clear();
+      if (!told && !up.load() && !stop.load()) {
+        told = true;
+        if (on_break) on_break();
+      }
     }
     std::lock_guard<std::mutex> lock(mu);
     BreakLocked(absl::CancelledError("rpc channel closed"), &ready);
@@ -275,6 +306,56 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
     }
     sending.clear();
     for (auto& call : ready) Finalize(call);
+  }
+
+  // Fails what is outstanding with Cancelled (unless the connection failed before), closes the
+  // connection and joins the thread. Not from the connection's own thread.
+  void Shutdown() {
+    if (!thread.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (broken.ok()) broken = absl::CancelledError("rpc channel closed");
+      up = false;
+      conn->Close();
+      stop = true;
+    }
+    thread.join();
+  }
+
+  // Sends an encoded call whose chain passed: waits for a window slot within its deadline.
+  // Returns the error to fail the call with (the call is then not registered).
+  absl::Status Submit(const std::shared_ptr<CallState>& call, const CallOptions& options) {
+    call->channel = weak_from_this();
+    const ServiceDesc& service = *call->info.service;
+    const MethodDesc& method = *call->info.method;
+    std::unique_lock<std::mutex> lock(mu);
+    auto has_room = [&] { return in_flight < window || !broken.ok(); };
+    if (call->deadline == absl::InfiniteFuture()) {
+      window_cv.wait(lock, has_room);
+    } else if (!window_cv.wait_until(lock, absl::ToChronoTime(call->deadline), has_room)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("deadline exceeded: ", service.full_name, "/", method.name, " to ", peer,
+                       " waited for a window slot (", window, " calls in flight)"));
+    }
+    if (!broken.ok()) return absl::UnavailableError(broken.message());
+    call->id = next_id++;
+    call->info.call_id = call->id;
+    FrameHeader h;
+    h.type = FrameType::kRequest;
+    h.call_id = call->id;
+    h.service_id = service.id;
+    h.method_id = method.id;
+    h.deadline_us = DeadlineBudgetUs(call->deadline);
+    BuildFrame(h, "", options.metadata, &call->encoded, &call->frame);
+    call->info.request_bytes = call->frame.bytes;
+    if (absl::Status ps = conn->PostSend(call->frame.parts, call->id); !ps.ok()) {
+      return absl::UnavailableError(absl::StrCat("rpc connection to ", peer, ": ", ps.message()));
+    }
+    ++in_flight;
+    calls.emplace(call->id, call);
+    sending.emplace(call->id, call);
+    if (call->deadline != absl::InfiniteFuture()) deadlines.emplace(call->deadline, call->id);
+    return absl::OkStatus();
   }
 };
 
@@ -353,79 +434,111 @@ void CancelCall(CallState& call) {
 
 }  // namespace internal
 
-struct Channel::Impl {
-  std::shared_ptr<internal::ChannelCore> core;
+namespace {
+
+// A dial's outcome: `refused` when the server answered the handshake with an error (a schema
+// mismatch, a service it does not serve): redialling cannot help.
+struct DialResult {
+  absl::StatusOr<std::shared_ptr<internal::ChannelCore>> core = absl::UnknownError("");
+  bool refused = false;
 };
 
-Channel::Channel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+}  // namespace
 
-Channel::~Channel() { Close(); }
+struct Channel::Impl {
+  struct Replica {
+    std::string address;
+    std::shared_ptr<internal::ChannelCore> core;  // null while not connected
+    absl::Status last_error;                      // why the last dial or connection failed
+    absl::Duration backoff;
+    absl::Time next_attempt = absl::InfinitePast();
+    uint64_t connections = 0;
+  };
 
-void Channel::Close() {
-  auto& core = impl_->core;
-  if (!core->thread.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(core->mu);
-    if (core->broken.ok()) core->broken = absl::CancelledError("rpc channel closed");
-    core->conn->Close();
-    core->stop = true;
+  std::shared_ptr<transport::Device> device;
+  std::vector<const ServiceDesc*> services;
+  absl::flat_hash_map<uint32_t, const ServiceDesc*> service_ids;
+  ChannelOptions options;
+  size_t window = 0;
+  size_t max_bytes = 0;
+  internal::CodecLimits codec;
+  std::shared_ptr<EngineChain> chain = std::make_shared<EngineChain>();
+
+  mutable std::mutex mu;
+  std::condition_variable cv;  // the connector's wake-ups; wait_for_ready callers
+  bool closed = false;
+  std::vector<Replica> replicas;
+  std::thread connector;
+  std::atomic<uint64_t> rotate{0};
+
+  DialResult Dial(uint32_t r, const std::string& address);
+  void Connector();
+  // From a connection's thread: the connection of replica `r` failed.
+  void OnBreak(uint32_t r) {
+    std::lock_guard<std::mutex> lock(mu);
+    Replica& rep = replicas[r];
+    rep.next_attempt = absl::Now() + rep.backoff;
+    cv.notify_all();
   }
-  core->thread.join();
-}
+  static absl::StatusOr<std::shared_ptr<Channel>> Open(std::shared_ptr<transport::Device> device,
+                                                       std::vector<std::string> addresses,
+                                                       std::vector<const ServiceDesc*> services,
+                                                       ChannelOptions options, bool single);
+};
 
-EngineChain& Channel::engines() { return impl_->core->chain; }
-
-absl::Status Channel::status() const {
-  std::lock_guard<std::mutex> lock(impl_->core->mu);
-  return impl_->core->broken;
-}
-
-std::string Channel::peer() const { return impl_->core->peer; }
-
-absl::StatusOr<std::shared_ptr<Channel>> Channel::Connect(std::shared_ptr<transport::Device> device,
-                                                          std::string_view address,
-                                                          std::vector<const ServiceDesc*> services,
-                                                          ChannelOptions options) {
+DialResult Channel::Impl::Dial(uint32_t r, const std::string& address) {
+  DialResult out;
   auto core = std::make_shared<internal::ChannelCore>();
-  PLEXUS_ASSIGN_OR_RETURN(core->window, internal::ResolveWindow(options.max_in_flight));
-  PLEXUS_ASSIGN_OR_RETURN(size_t max_bytes,
-                          internal::ResolveMaxMessageBytes(options.max_message_bytes));
+  core->window = window;
   core->options = options;
-  core->codec.max_depth = options.max_depth;
-  core->pool = std::make_shared<internal::BufferPool>(max_bytes, core->window * 2 + 2);
+  core->codec = codec;
+  core->pool = std::make_shared<internal::BufferPool>(max_bytes, window * 2 + 2);
   core->device = device;
-  core->peer = std::string(address);
+  core->peer = address;
+  core->replica = r;
+  core->chain = chain;
   core->cq = device->CreateCompletionQueue();
-  PLEXUS_ASSIGN_OR_RETURN(core->conn, device->Connect(address, core->cq.get()));
-  for (const ServiceDesc* s : services) core->services[s->id] = s;
+  auto conn = device->Connect(address, core->cq.get());
+  if (!conn.ok()) {
+    out.core = conn.status();
+    return out;
+  }
+  core->conn = std::move(*conn);
 
   // Handshake: the schema hash of every service, answered by the server's verdict.
   internal::OutFrame hello;
   internal::FrameHeader h;
   h.type = internal::FrameType::kHello;
+  // Several replicas: ask for the server's load reports (the balancing engines use them).
+  if (replicas.size() > 1) h.flags = internal::kFlagLoad;
   Metadata md;
   for (const ServiceDesc* s : services) {
     md.emplace_back(s->full_name, absl::StrFormat("%016x", s->schema_hash));
   }
   internal::BuildFrame(h, "", md, nullptr, &hello);
   internal::BufferPool::Buffer ack = core->pool->Take();
-  PLEXUS_RETURN_IF_ERROR(core->conn->PostRecv({ack.get(), core->pool->bytes()}, 1));
-  PLEXUS_RETURN_IF_ERROR(core->conn->PostSend(hello.parts, 2));
+  auto fail = [&](absl::Status st) {
+    core->conn->Close();
+    out.core = std::move(st);
+    return out;
+  };
+  if (absl::Status st = core->conn->PostRecv({ack.get(), core->pool->bytes()}, 1); !st.ok()) {
+    return fail(st);
+  }
+  if (absl::Status st = core->conn->PostSend(hello.parts, 2); !st.ok()) return fail(st);
   const absl::Time give_up = absl::Now() + options.connect_timeout;
   bool sent = false, received = false;
   size_t ack_bytes = 0;
   while (!(sent && received)) {
     auto c = core->cq->Wait(std::max(give_up - absl::Now(), absl::ZeroDuration()));
     if (!c.ok()) {
-      core->conn->Close();
-      return absl::DeadlineExceededError(
-          absl::StrCat("rpc handshake with ", core->peer, ": no answer within ",
-                       absl::FormatDuration(options.connect_timeout)));
+      return fail(absl::DeadlineExceededError(
+          absl::StrCat("rpc handshake with ", address, ": no answer within ",
+                       absl::FormatDuration(options.connect_timeout))));
     }
     if (!c->status.ok()) {
-      core->conn->Close();
-      return absl::UnavailableError(
-          absl::StrCat("rpc handshake with ", core->peer, " failed: ", c->status.message()));
+      return fail(absl::UnavailableError(
+          absl::StrCat("rpc handshake with ", address, " failed: ", c->status.message())));
     }
     if (c->wr_id == 2) sent = true;
     if (c->wr_id == 1) {
@@ -439,21 +552,240 @@ absl::StatusOr<std::shared_ptr<Channel>> Channel::Connect(std::shared_ptr<transp
     st = absl::InvalidArgumentError("malformed rpc frame: type: expected the handshake answer");
   }
   if (!st.ok()) {
-    core->conn->Close();
-    return absl::InternalError(absl::StrCat("rpc handshake with ", core->peer, ": ", st.message()));
+    out.refused = true;
+    return fail(absl::InternalError(absl::StrCat("rpc handshake with ", address, ": ",
+                                                 st.message())));
   }
   if (in.frame().header.status_code != 0) {
-    core->conn->Close();
-    return absl::Status(static_cast<absl::StatusCode>(in.frame().header.status_code),
-                        absl::StrCat("rpc handshake with ", core->peer,
-                                     " refused: ", std::string(in.frame().status_message)));
+    out.refused = true;
+    return fail(absl::Status(static_cast<absl::StatusCode>(in.frame().header.status_code),
+                             absl::StrCat("rpc handshake with ", address,
+                                          " refused: ", std::string(in.frame().status_message))));
   }
   {
     std::lock_guard<std::mutex> lock(core->mu);
-    for (size_t i = 0; i < core->window + 1; ++i) PLEXUS_RETURN_IF_ERROR(core->PostRecvLocked());
+    for (size_t i = 0; i < window + 1; ++i) {
+      if (absl::Status ps = core->PostRecvLocked(); !ps.ok()) return fail(ps);
+    }
   }
+  if (options.reconnect) core->on_break = [this, r] { OnBreak(r); };
   core->thread = std::thread([c = core.get()] { c->Run(); });
-  return std::shared_ptr<Channel>(new Channel(std::make_unique<Impl>(Impl{std::move(core)})));
+  out.core = std::move(core);
+  return out;
+}
+
+// Redials every replica whose connection is down once its backoff passed, one at a time.
+void Channel::Impl::Connector() {
+  std::unique_lock<std::mutex> lock(mu);
+  while (!closed) {
+    const absl::Time now = absl::Now();
+    absl::Time wake = absl::InfiniteFuture();
+    std::optional<uint32_t> due;
+    for (uint32_t r = 0; r < replicas.size(); ++r) {
+      const Replica& rep = replicas[r];
+      if (rep.core != nullptr && rep.core->up.load()) continue;
+      if (rep.core != nullptr && rep.next_attempt == absl::InfinitePast()) continue;  // not told
+      if (rep.next_attempt <= now) {
+        due = r;
+        break;
+      }
+      wake = std::min(wake, rep.next_attempt);
+    }
+    if (!due) {
+      if (wake == absl::InfiniteFuture()) {
+        cv.wait(lock);
+      } else {
+        cv.wait_until(lock, absl::ToChronoTime(wake));
+      }
+      continue;
+    }
+    Replica& rep = replicas[*due];
+    std::shared_ptr<internal::ChannelCore> old = std::move(rep.core);
+    if (old != nullptr) {
+      std::lock_guard<std::mutex> cl(old->mu);
+      rep.last_error = old->broken;
+    }
+    const std::string address = rep.address;
+    lock.unlock();
+    if (old != nullptr) old->Shutdown();  // its calls already failed with Unavailable
+    DialResult d = Dial(*due, address);
+    lock.lock();
+    Replica& again = replicas[*due];
+    if (d.core.ok()) {
+      if (closed) {
+        lock.unlock();
+        (*d.core)->Shutdown();
+        lock.lock();
+        break;
+      }
+      again.core = std::move(*d.core);
+      again.last_error = absl::OkStatus();
+      again.backoff = options.reconnect_backoff;
+      again.next_attempt = absl::InfinitePast();
+      ++again.connections;
+      cv.notify_all();
+    } else {
+      again.last_error = d.core.status();
+      again.next_attempt = absl::Now() + again.backoff;
+      again.backoff = std::min(again.backoff * 2, options.max_reconnect_backoff);
+    }
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Channel>> Channel::Impl::Open(
+    std::shared_ptr<transport::Device> device, std::vector<std::string> addresses,
+    std::vector<const ServiceDesc*> services, ChannelOptions options, bool single) {
+  if (addresses.empty()) {
+    return absl::InvalidArgumentError("rpc channel: no replica address given");
+  }
+  if (options.reconnect &&
+      (options.reconnect_backoff <= absl::ZeroDuration() ||
+       options.max_reconnect_backoff < options.reconnect_backoff)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rpc channel: reconnect_backoff (", absl::FormatDuration(options.reconnect_backoff),
+                     ") must be > 0 and <= max_reconnect_backoff (",
+                     absl::FormatDuration(options.max_reconnect_backoff), ")"));
+  }
+  auto impl = std::make_unique<Impl>();
+  PLEXUS_ASSIGN_OR_RETURN(impl->window, internal::ResolveWindow(options.max_in_flight));
+  PLEXUS_ASSIGN_OR_RETURN(impl->max_bytes,
+                          internal::ResolveMaxMessageBytes(options.max_message_bytes));
+  impl->codec.max_depth = options.max_depth;
+  impl->options = options;
+  impl->device = std::move(device);
+  impl->services = std::move(services);
+  for (const ServiceDesc* s : impl->services) impl->service_ids[s->id] = s;
+  for (std::string& a : addresses) {
+    Replica r;
+    r.address = std::move(a);
+    r.backoff = options.reconnect_backoff;
+    impl->replicas.push_back(std::move(r));
+  }
+  if (!single && !options.balance.empty()) {
+    PLEXUS_ASSIGN_OR_RETURN(BalancePolicy policy, ParseBalancePolicy(options.balance));
+    PLEXUS_ASSIGN_OR_RETURN(auto lb, LoadBalancePolicy::Create("balance", {.policy = policy}));
+    PLEXUS_RETURN_IF_ERROR(impl->chain->Attach(std::move(lb)));
+  }
+  // Dial every replica; the Impl lives at a stable address from here (the connections' on_break
+  // point at it).
+  size_t connected = 0;
+  absl::Status first_error;
+  for (uint32_t r = 0; r < impl->replicas.size(); ++r) {
+    DialResult d = impl->Dial(r, impl->replicas[r].address);
+    Replica& rep = impl->replicas[r];
+    if (d.core.ok()) {
+      rep.core = std::move(*d.core);
+      rep.connections = 1;
+      ++connected;
+      continue;
+    }
+    if (single || d.refused) {
+      for (Replica& other : impl->replicas) {
+        if (other.core) other.core->Shutdown();
+      }
+      if (single) return d.core.status();
+      return base::Annotate(d.core.status(), absl::StrCat("replica ", r, " (", rep.address, ")"));
+    }
+    rep.last_error = d.core.status();
+    rep.next_attempt = absl::Now() + rep.backoff;
+    if (first_error.ok()) first_error = d.core.status();
+  }
+  if (connected == 0) {
+    return base::Annotate(first_error, absl::StrCat("rpc channel: none of the ",
+                                                    impl->replicas.size(),
+                                                    " replicas is reachable; first"));
+  }
+  if (options.reconnect) {
+    Impl* raw = impl.get();
+    impl->connector = std::thread([raw] { raw->Connector(); });
+  }
+  return std::shared_ptr<Channel>(new Channel(std::move(impl)));
+}
+
+Channel::Channel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Channel::~Channel() { Close(); }
+
+void Channel::Close() {
+  Impl& impl = *impl_;
+  std::vector<std::shared_ptr<internal::ChannelCore>> cores;
+  {
+    std::lock_guard<std::mutex> lock(impl.mu);
+    if (impl.closed) return;
+    impl.closed = true;
+    impl.cv.notify_all();
+  }
+  if (impl.connector.joinable()) impl.connector.join();
+  {
+    std::lock_guard<std::mutex> lock(impl.mu);
+    for (auto& r : impl.replicas) {
+      if (r.core) cores.push_back(r.core);
+    }
+  }
+  for (auto& c : cores) c->Shutdown();
+}
+
+EngineChain& Channel::engines() { return *impl_->chain; }
+
+absl::Status Channel::status() const {
+  std::vector<std::shared_ptr<internal::ChannelCore>> cores;
+  absl::Status why;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    for (const auto& r : impl_->replicas) {
+      if (r.core != nullptr && r.core->up.load()) return absl::OkStatus();
+      if (r.core != nullptr) cores.push_back(r.core);
+      if (why.ok()) why = r.last_error;
+    }
+  }
+  for (const auto& c : cores) {
+    std::lock_guard<std::mutex> lock(c->mu);
+    if (!c->broken.ok()) return c->broken;
+  }
+  return why.ok() ? absl::UnavailableError("rpc channel: not connected") : why;
+}
+
+std::string Channel::peer() const {
+  std::string out;
+  for (const auto& r : impl_->replicas) absl::StrAppend(&out, out.empty() ? "" : ",", r.address);
+  return out;
+}
+
+std::vector<Channel::ReplicaInfo> Channel::Replicas() const {
+  std::vector<ReplicaInfo> out;
+  std::vector<std::shared_ptr<internal::ChannelCore>> cores;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    for (const auto& r : impl_->replicas) {
+      out.push_back({r.address, r.last_error, 0, r.connections});
+      cores.push_back(r.core);
+    }
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (cores[i] == nullptr) {
+      if (out[i].status.ok()) out[i].status = absl::UnavailableError("not connected");
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(cores[i]->mu);
+    out[i].in_flight = cores[i]->in_flight;
+    out[i].status = cores[i]->broken;
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<Channel>> Channel::Connect(std::shared_ptr<transport::Device> device,
+                                                          std::string_view address,
+                                                          std::vector<const ServiceDesc*> services,
+                                                          ChannelOptions options) {
+  return Impl::Open(std::move(device), {std::string(address)}, std::move(services),
+                    std::move(options), /*single=*/true);
+}
+
+absl::StatusOr<std::shared_ptr<Channel>> Channel::ConnectReplicas(
+    std::shared_ptr<transport::Device> device, std::vector<std::string> addresses,
+    std::vector<const ServiceDesc*> services, ChannelOptions options) {
+  return Impl::Open(std::move(device), std::move(addresses), std::move(services),
+                    std::move(options), /*single=*/false);
 }
 
 std::shared_ptr<internal::CallState> Channel::StartCall(const ServiceDesc& service,
@@ -461,10 +793,9 @@ std::shared_ptr<internal::CallState> Channel::StartCall(const ServiceDesc& servi
                                                         const void* request,
                                                         const CallOptions& options,
                                                         RawCallback done) {
-  auto& core = impl_->core;
+  Impl& impl = *impl_;
   auto call = std::make_shared<internal::CallState>();
   call->callback = std::move(done);
-  call->channel = core;
   call->info.service = &service;
   call->info.method = &method;
   call->info.start = absl::Now();
@@ -478,21 +809,20 @@ std::shared_ptr<internal::CallState> Channel::StartCall(const ServiceDesc& servi
     internal::ChannelCore::Finalize(call);
     return call;
   };
-  if (!core->services.contains(service.id)) {
+  if (!impl.service_ids.contains(service.id)) {
     return fail(absl::FailedPreconditionError(
-        absl::StrCat("service ", service.full_name, " was not named when the channel to ",
-                     core->peer, " was connected (its handshake checks each service's schema)")));
+        absl::StrCat("service ", service.full_name, " was not named when the channel to ", peer(),
+                     " was connected (its handshake checks each service's schema)")));
   }
-  absl::Status st =
-      internal::EncodeMessage(*method.request(), request, &call->encoded, core->codec);
+  absl::Status st = internal::EncodeMessage(*method.request(), request, &call->encoded, impl.codec);
   if (!st.ok()) return fail(st);
-  call->chain = core->chain.snapshot();
+  call->chain = impl.chain->snapshot();
   call->info.deadline = call->deadline;
   call->info.request = request;
   if (std::any_of(call->chain->begin(), call->chain->end(),
                   [](const auto& p) { return p->inspects_content(); })) {
     absl::StatusOr<const void*> copy =
-        internal::PrivatizeRequest(*method.request(), core->codec, call.get());
+        internal::PrivatizeRequest(*method.request(), impl.codec, call.get());
     if (!copy.ok()) return fail(copy.status());
     call->info.request = *copy;
   }
@@ -503,40 +833,73 @@ std::shared_ptr<internal::CallState> Channel::StartCall(const ServiceDesc& servi
     }
   }
   call->info.request = nullptr;
-  std::unique_lock<std::mutex> lock(core->mu);
-  auto has_room = [&] { return core->in_flight < core->window || !core->broken.ok(); };
-  if (call->deadline == absl::InfiniteFuture()) {
-    core->window_cv.wait(lock, has_room);
-  } else if (!core->window_cv.wait_until(lock, absl::ToChronoTime(call->deadline), has_room)) {
-    lock.unlock();
-    return fail(absl::DeadlineExceededError(
-        absl::StrCat("deadline exceeded: ", service.full_name, "/", method.name, " to ", core->peer,
-                     " waited for a window slot (", core->window, " calls in flight)")));
+
+  // The replicas' connections as of now; wait_for_ready waits (within the deadline) for one.
+  const uint32_t n = static_cast<uint32_t>(impl.replicas.size());
+  std::vector<std::shared_ptr<internal::ChannelCore>> cores(n);
+  std::vector<bool> usable(n);
+  {
+    std::unique_lock<std::mutex> lock(impl.mu);
+    auto snapshot = [&] {
+      bool any = false;
+      for (uint32_t r = 0; r < n; ++r) {
+        cores[r] = impl.replicas[r].core;
+        usable[r] = cores[r] != nullptr && cores[r]->up.load();
+        any = any || usable[r];
+      }
+      return any || impl.closed;
+    };
+    if (!snapshot() && options.wait_for_ready && impl.options.reconnect) {
+      if (call->deadline == absl::InfiniteFuture()) {
+        impl.cv.wait(lock, snapshot);
+      } else if (!impl.cv.wait_until(lock, absl::ToChronoTime(call->deadline), snapshot)) {
+        lock.unlock();
+        return fail(absl::DeadlineExceededError(
+            absl::StrCat("deadline exceeded: ", service.full_name, "/", method.name, " to ",
+                         peer(), " waited for a connection (wait_for_ready)")));
+      }
+    }
   }
-  if (!core->broken.ok()) {
-    absl::Status b = core->broken;
-    lock.unlock();
-    return fail(absl::UnavailableError(b.message()));
+  uint32_t r = 0;
+  if (n > 1) {
+    bool routed = false;
+    for (const auto& p : *call->chain) {
+      if (std::optional<uint32_t> to = p->Route(call->info, usable)) {
+        r = *to;
+        call->info.route_engine = p->name();
+        routed = true;
+        break;
+      }
+    }
+    if (!routed) {
+      const uint32_t from = static_cast<uint32_t>(impl.rotate.fetch_add(1) % n);
+      r = from;
+      for (uint32_t k = 0; k < n; ++k) {
+        if (usable[(from + k) % n]) {
+          r = (from + k) % n;
+          break;
+        }
+      }
+    } else if (r >= n) {
+      return fail(absl::InternalError(absl::StrCat("engine '", call->info.route_engine,
+                                                   "' routed a call to replica ", r, " of ", n)));
+    }
   }
-  call->id = core->next_id++;
-  call->info.call_id = call->id;
-  internal::FrameHeader h;
-  h.type = internal::FrameType::kRequest;
-  h.call_id = call->id;
-  h.service_id = service.id;
-  h.method_id = method.id;
-  h.deadline_us = internal::DeadlineBudgetUs(call->deadline);
-  internal::BuildFrame(h, "", options.metadata, &call->encoded, &call->frame);
-  call->info.request_bytes = call->frame.bytes;
-  if (absl::Status ps = core->conn->PostSend(call->frame.parts, call->id); !ps.ok()) {
-    lock.unlock();
-    return fail(
-        absl::UnavailableError(absl::StrCat("rpc connection to ", core->peer, ": ", ps.message())));
+  call->info.replica = r;
+  if (!usable[r]) {
+    absl::Status why;
+    if (cores[r] != nullptr) {
+      std::lock_guard<std::mutex> lock(cores[r]->mu);
+      why = cores[r]->broken;
+    } else {
+      std::lock_guard<std::mutex> lock(impl.mu);
+      why = impl.replicas[r].last_error;
+    }
+    return fail(absl::UnavailableError(absl::StrCat(
+        "rpc channel to ", impl.replicas[r].address, " is not connected",
+        impl.options.reconnect ? " (reconnecting)" : "", ": ", why.message())));
   }
-  ++core->in_flight;
-  core->calls.emplace(call->id, call);
-  core->sending.emplace(call->id, call);
-  if (call->deadline != absl::InfiniteFuture()) core->deadlines.emplace(call->deadline, call->id);
+  if (absl::Status ss = cores[r]->Submit(call, options); !ss.ok()) return fail(ss);
   return call;
 }
 
