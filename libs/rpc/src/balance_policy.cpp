@@ -37,6 +37,23 @@ absl::Status LoadBalancePolicy::Rebuild(uint32_t n, const std::vector<uint32_t>&
   return absl::OkStatus();
 }
 
+absl::Status LoadBalancePolicy::EnsureLocked(uint32_t n) {
+  if (balancer_ != nullptr && balancer_->size() == n) return absl::OkStatus();
+  std::vector<uint32_t> outstanding, load;
+  std::vector<absl::Time> reported = reported_;
+  if (balancer_ != nullptr) {
+    for (ReplicaId r = 0; r < balancer_->size() && r < n; ++r) {
+      outstanding.push_back(balancer_->outstanding(r));
+      load.push_back(balancer_->Load(r));
+    }
+  }
+  PLEXUS_RETURN_IF_ERROR(Rebuild(n, outstanding, load));
+  for (ReplicaId r = 0; r < n; ++r) {
+    reported_[r] = r < reported.size() ? reported[r] : absl::InfinitePast();
+  }
+  return absl::OkStatus();
+}
+
 void LoadBalancePolicy::Reported(uint32_t replica) {
   if (replica < reported_.size()) reported_[replica] = absl::Now();
 }
@@ -58,9 +75,7 @@ std::optional<uint32_t> LoadBalancePolicy::Route(const CallInfo& call,
   const uint32_t n = static_cast<uint32_t>(usable.size());
   if (n == 0) return std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
-  if (balancer_ == nullptr || balancer_->size() != n) {
-    if (!Rebuild(n, {}, {}).ok()) return std::nullopt;
-  }
+  if (!EnsureLocked(n).ok()) return std::nullopt;
   ExpireLocked();
   BalanceCall bc;
   if (options_.policy == BalancePolicy::kDaronpon) {
@@ -97,8 +112,8 @@ void LoadBalancePolicy::OnComplete(const CallInfo& call, const absl::Status& sta
 
 void LoadBalancePolicy::OnLoadReport(uint32_t replica, uint32_t load) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (balancer_ == nullptr) return;
-  // An unknown replica is refused, not applied.
+  // A report may come before the first call: the balancer then grows to cover the replica.
+  if (replica >= 4096 || !EnsureLocked(std::max(replica + 1, Size())).ok()) return;
   if (balancer_->OnGossip({replica, load}).ok()) Reported(replica);
 }
 

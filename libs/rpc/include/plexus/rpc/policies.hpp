@@ -176,6 +176,9 @@ class LoadBalancePolicy : public Policy {
   // With mu_: a balancer for n replicas, carrying `outstanding` and `load` over.
   absl::Status Rebuild(uint32_t n, const std::vector<uint32_t>& outstanding,
                        const std::vector<uint32_t>& load);
+  // With mu_: a balancer for exactly n replicas, carrying what the current one knows.
+  absl::Status EnsureLocked(uint32_t n);
+  uint32_t Size() const { return balancer_ ? balancer_->size() : 0; }
   // With mu_: a report about `replica` arrived now / drop the reports older than the ttl.
   void Reported(uint32_t replica);
   void ExpireLocked() const;
