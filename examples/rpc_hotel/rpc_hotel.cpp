@@ -94,14 +94,14 @@ class ProfileImpl : public ph::Profile::Service {
                            ph::ProfileResponse* resp) override {
     ++calls;
     Spin(cost_);
-    auto* hotels =
-        static_cast<ph::Hotel*>(ctx.Allocate(sizeof(ph::Hotel) * req.hotel_ids.size(),
-                                             alignof(ph::Hotel)));
+    auto* hotels = static_cast<ph::Hotel*>(
+        ctx.Allocate(sizeof(ph::Hotel) * req.hotel_ids.size(), alignof(ph::Hotel)));
     size_t n = 0;
     for (std::string_view id : req.hotel_ids) {
       int i = -1;
       if (id.size() > 1 && id[0] == 'h') i = std::atoi(std::string(id.substr(1)).c_str());
-      if (i < 0 || i >= kHotels) return absl::NotFoundError(absl::StrCat("no hotel ", id));
+      if (i < 0 || i >= kHotels)
+        return absl::NotFoundError(absl::StrCat("no hotel ", std::string(id)));
       new (&hotels[n++]) ph::Hotel(Hotels().hotels[i]);
     }
     resp->hotels = pr::Repeated<ph::Hotel>(hotels, n);
@@ -131,8 +131,7 @@ class FrontendImpl : public ph::Frontend::Service {
     nearby->in_date = call.request().in_date;
     nearby->out_date = call.request().out_date;
     nearby->limit = 5;
-    const absl::Duration budget =
-        std::max(ctx.deadline() - absl::Now(), absl::Milliseconds(1));
+    const absl::Duration budget = std::max(ctx.deadline() - absl::Now(), absl::Milliseconds(1));
     pr::CallOptions options{.timeout = std::min(budget, absl::Seconds(5))};
     search_.Nearby(*nearby, options, [this, call, options](auto found) mutable {
       if (!found.ok()) {
@@ -146,7 +145,8 @@ class FrontendImpl : public ph::Frontend::Service {
       const auto& ids = (*found)->hotel_ids;
       auto* kept = static_cast<std::string_view*>(
           ctx.Allocate(sizeof(std::string_view) * ids.size(), alignof(std::string_view)));
-      for (size_t i = 0; i < ids.size(); ++i) new (&kept[i]) std::string_view(ctx.CopyString(ids[i]));
+      for (size_t i = 0; i < ids.size(); ++i)
+        new (&kept[i]) std::string_view(ctx.CopyString(ids[i]));
       profiles->hotel_ids = pr::Repeated<std::string_view>(kept, ids.size());
       profiles->locale = call.request().locale;
       profile_.GetProfiles(*profiles, options, [call](auto got) mutable {
@@ -257,11 +257,10 @@ int main(int argc, char** argv) {
   double rate = 50;
   std::string ctl, token = "hotel-demo-token";
   CLI::App& app = tool.app();
-  plexus::tooling::AddNumber(&app, "--seconds", &seconds,
-                             "how long the load runs without --ctl", 1.0, 86400.0);
+  plexus::tooling::AddNumber(&app, "--seconds", &seconds, "how long the load runs without --ctl",
+                             1.0, 86400.0);
   plexus::tooling::AddNumber(&app, "--clients", &clients, "load generator threads", 1, 64);
-  plexus::tooling::AddNumber(&app, "--rate", &rate, "the scripted rate limit, calls/s", 1.0,
-                             1e6);
+  plexus::tooling::AddNumber(&app, "--rate", &rate, "the scripted rate limit, calls/s", 1.0, 1e6);
   app.add_option("--ctl", ctl, "plexus-rpc-ctl: run the scripted scenario with it");
   app.add_option("--token", token, "the admin endpoint's token");
   if (auto code = tool.Parse(argc, argv)) return *code;
@@ -282,14 +281,13 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<pr::Server>> profile_servers;
   std::vector<std::string> profile_addresses;
   for (uint32_t r = 0; r < 3; ++r) {
-    profiles.push_back(
-        std::make_unique<ProfileImpl>(r, absl::Microseconds(r == 2 ? 600 : 200)));
+    profiles.push_back(std::make_unique<ProfileImpl>(r, absl::Microseconds(r == 2 ? 600 : 200)));
     profile_servers.push_back(serve(profiles.back().get()));
     profile_addresses.push_back(profile_servers.back()->address());
   }
-  auto to_search = Must(pr::Channel::Connect(device, search_server->address(),
-                                             {&ph::Search::Descriptor()}),
-                        "channel to search");
+  auto to_search =
+      Must(pr::Channel::Connect(device, search_server->address(), {&ph::Search::Descriptor()}),
+           "channel to search");
   auto to_profile =
       Must(pr::Channel::ConnectReplicas(device, profile_addresses, {&ph::Profile::Descriptor()},
                                         {.balance = "daronpon"}),
@@ -298,8 +296,8 @@ int main(int argc, char** argv) {
   auto frontend_server = serve(&frontend);
 
   // The operator's endpoint: every server and the frontend's two channels.
-  auto endpoint = Must(admin::AdminServer::Start({.address = "127.0.0.1:0", .token = token}),
-                       "admin endpoint");
+  auto endpoint =
+      Must(admin::AdminServer::Start({.address = "127.0.0.1:0", .token = token}), "admin endpoint");
   pr::RpcAdmin rpc_admin(endpoint.get());
   Must(rpc_admin.AddServer("frontend", frontend_server.get(), {&ph::Frontend::Descriptor()}),
        "admin");
@@ -309,8 +307,7 @@ int main(int argc, char** argv) {
                              {&ph::Profile::Descriptor()}),
          "admin");
   }
-  Must(rpc_admin.AddChannel("frontend-to-search", to_search, {&ph::Search::Descriptor()}),
-       "admin");
+  Must(rpc_admin.AddChannel("frontend-to-search", to_search, {&ph::Search::Descriptor()}), "admin");
   Must(rpc_admin.AddChannel("frontend-to-profile", to_profile, {&ph::Profile::Descriptor()}),
        "admin");
   Must(frontend_server->engines().Attach(std::make_shared<pr::MetricsPolicy>("metrics")),
@@ -329,8 +326,8 @@ int main(int argc, char** argv) {
   std::vector<std::thread> load;
   for (int t = 0; t < clients; ++t) {
     load.emplace_back([&, t] {
-      auto ch = pr::Channel::Connect(device, frontend_server->address(),
-                                     {&ph::Frontend::Descriptor()});
+      auto ch =
+          pr::Channel::Connect(device, frontend_server->address(), {&ph::Frontend::Descriptor()});
       if (!ch.ok()) return;
       ph::Frontend::Stub stub(*ch);
       for (uint64_t i = t; !stop.load(); i += clients) {
@@ -368,8 +365,8 @@ int main(int argc, char** argv) {
     Snapshot s0 = Take(counters);
     absl::SleepFor(absl::Seconds(1));
     Snapshot s1 = Take(counters);
-    const double base = per_s(s1.Sum(absl::StatusCode::kOk) - s0.Sum(absl::StatusCode::kOk),
-                              s1.at - s0.at);
+    const double base =
+        per_s(s1.Sum(absl::StatusCode::kOk) - s0.Sum(absl::StatusCode::kOk), s1.at - s0.at);
     std::printf("phase 1, no policy: %.0f calls/s ok, mallory ok %llu\n", base,
                 static_cast<unsigned long long>(s1.Get(kMallory, absl::StatusCode::kOk)));
     check(s1.Sum(absl::StatusCode::kPermissionDenied) == 0, "no call denied before the ACL");
@@ -383,8 +380,8 @@ int main(int argc, char** argv) {
     Snapshot s2 = Take(counters);
     absl::SleepFor(absl::Seconds(1));
     Snapshot s3 = Take(counters);
-    const uint64_t mallory_ok = s3.Get(kMallory, absl::StatusCode::kOk) -
-                                s2.Get(kMallory, absl::StatusCode::kOk);
+    const uint64_t mallory_ok =
+        s3.Get(kMallory, absl::StatusCode::kOk) - s2.Get(kMallory, absl::StatusCode::kOk);
     const uint64_t mallory_denied = s3.Get(kMallory, absl::StatusCode::kPermissionDenied) -
                                     s2.Get(kMallory, absl::StatusCode::kPermissionDenied);
     const uint64_t others_ok = s3.Sum(absl::StatusCode::kOk) - s2.Sum(absl::StatusCode::kOk);
@@ -394,9 +391,10 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(others_ok));
     check(mallory_ok == 0, "no call of mallory succeeds under the ACL");
     check(mallory_denied > 0, "mallory's calls fail with PERMISSION_DENIED");
-    check(s3.Sum(absl::StatusCode::kPermissionDenied) - s2.Sum(absl::StatusCode::kPermissionDenied) ==
-              mallory_denied,
-          "nobody else is denied");
+    check(
+        s3.Sum(absl::StatusCode::kPermissionDenied) - s2.Sum(absl::StatusCode::kPermissionDenied) ==
+            mallory_denied,
+        "nobody else is denied");
     check(others_ok > 0, "the other customers' calls go on");
 
     // The rate limit: one bucket for the method across all connections.
@@ -408,18 +406,17 @@ int main(int argc, char** argv) {
     Snapshot s5 = Take(counters);
     // The rate limit runs first (attached after "frontend", before the ACL): what it admits
     // either succeeds or is denied by the ACL.
-    const uint64_t admitted =
-        s5.Sum(absl::StatusCode::kOk) - s4.Sum(absl::StatusCode::kOk) +
-        s5.Sum(absl::StatusCode::kPermissionDenied) - s4.Sum(absl::StatusCode::kPermissionDenied);
-    const uint64_t exhausted = s5.Sum(absl::StatusCode::kResourceExhausted) -
-                               s4.Sum(absl::StatusCode::kResourceExhausted);
+    const uint64_t admitted = s5.Sum(absl::StatusCode::kOk) - s4.Sum(absl::StatusCode::kOk) +
+                              s5.Sum(absl::StatusCode::kPermissionDenied) -
+                              s4.Sum(absl::StatusCode::kPermissionDenied);
+    const uint64_t exhausted =
+        s5.Sum(absl::StatusCode::kResourceExhausted) - s4.Sum(absl::StatusCode::kResourceExhausted);
     const absl::Duration window = s5.at - s4.at;
     std::printf("phase 3, rate limit %g/s: %.1f calls/s admitted, %.0f/s RESOURCE_EXHAUSTED\n",
                 rate, per_s(admitted, window), per_s(exhausted, window));
     // A token bucket admits at most burst + rate x time (+1 for a token refilled between the
     // snapshot and the call counted, and calls already past it when the window opened).
-    check(static_cast<double>(admitted) <=
-              5 + rate * absl::ToDoubleSeconds(window) + clients + 1,
+    check(static_cast<double>(admitted) <= 5 + rate * absl::ToDoubleSeconds(window) + clients + 1,
           absl::StrFormat("at most %g/s admitted", rate));
     check(exhausted > 0, "calls over the rate fail with RESOURCE_EXHAUSTED");
     run({"engines", "frontend"});

@@ -190,6 +190,5 @@ TEST_CASE("reconnect: options are checked", "[rpc][reconnect]") {
   bad.max_reconnect_backoff = absl::Seconds(1);
   auto channel = pr::Channel::Connect(device, one.server->address(), {&Kinds::Descriptor()}, bad);
   CHECK(channel.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(std::string(channel.status().message()).find("max_reconnect_backoff") !=
-        std::string::npos);
+  CHECK(std::string(channel.status().message()).find("max_reconnect_backoff") != std::string::npos);
 }

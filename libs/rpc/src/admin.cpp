@@ -132,8 +132,27 @@ absl::StatusOr<std::shared_ptr<Policy>> MakePolicy(
     if (!j.empty()) PLEXUS_RETURN_IF_ERROR(p->Configure(json_config));
     return std::shared_ptr<Policy>(std::move(p));
   }
+  if (kind == "admission") {
+    PLEXUS_RETURN_IF_ERROR(bj::CheckKeys(j, where, {"max_outstanding", "scope"}));
+    AdmissionOptions o;
+    PLEXUS_ASSIGN_OR_RETURN(double max, bj::NumberField(j, where, "max_outstanding", true));
+    if (!(max >= 1) || max > 1e12 || max != static_cast<double>(static_cast<uint64_t>(max))) {
+      return bj::Invalid(bj::Child(where, "max_outstanding"), "expected an integer >= 1");
+    }
+    o.max_outstanding = static_cast<uint64_t>(max);
+    PLEXUS_ASSIGN_OR_RETURN(std::string scope,
+                            bj::StringField(j, where, "scope", false, "connection"));
+    if (scope != "connection" && scope != "method") {
+      return bj::Invalid(bj::Child(where, "scope"), "expected \"connection\" or \"method\"");
+    }
+    o.scope =
+        scope == "method" ? AdmissionOptions::Scope::kMethod : AdmissionOptions::Scope::kConnection;
+    PLEXUS_ASSIGN_OR_RETURN(auto p, AdmissionPolicy::Create(name, o));
+    return std::shared_ptr<Policy>(std::move(p));
+  }
   return absl::NotFoundError(absl::StrCat("no policy kind '", std::string(kind),
-                                          "' (built in: metrics, rate_limit, acl, balance)"));
+                                          "' (built in: metrics, rate_limit, acl, balance, "
+                                          "admission)"));
 }
 
 struct RpcAdmin::Target {

@@ -145,12 +145,11 @@ std::string LoadBalancePolicy::DescribeJson() const {
     for (size_t i = 0; i < v.size(); ++i) absl::StrAppend(&out, i ? "," : "", v[i]);
     return out + "]";
   };
-  return absl::StrCat("{\"policy\":\"", std::string(BalancePolicyName(o.policy)), "\",\"delta\":", o.delta,
-                      ",\"seed\":", o.seed,
+  return absl::StrCat("{\"policy\":\"", std::string(BalancePolicyName(o.policy)),
+                      "\",\"delta\":", o.delta, ",\"seed\":", o.seed,
                       ",\"estimate_ttl_ms\":", absl::ToDoubleMilliseconds(o.estimate_ttl),
-                      ",\"picks\":", list(s.picks),
-                      ",\"outstanding\":", list(s.outstanding), ",\"load\":", list(s.load),
-                      ",\"redirects\":", s.redirects, "}");
+                      ",\"picks\":", list(s.picks), ",\"outstanding\":", list(s.outstanding),
+                      ",\"load\":", list(s.load), ",\"redirects\":", s.redirects, "}");
 }
 
 absl::Status LoadBalancePolicy::Configure(std::string_view json_config) {

@@ -5,9 +5,9 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
-#include <optional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -553,8 +553,8 @@ DialResult Channel::Impl::Dial(uint32_t r, const std::string& address) {
   }
   if (!st.ok()) {
     out.refused = true;
-    return fail(absl::InternalError(absl::StrCat("rpc handshake with ", address, ": ",
-                                                 st.message())));
+    return fail(
+        absl::InternalError(absl::StrCat("rpc handshake with ", address, ": ", st.message())));
   }
   if (in.frame().header.status_code != 0) {
     out.refused = true;
@@ -638,13 +638,12 @@ absl::StatusOr<std::shared_ptr<Channel>> Channel::Impl::Open(
   if (addresses.empty()) {
     return absl::InvalidArgumentError("rpc channel: no replica address given");
   }
-  if (options.reconnect &&
-      (options.reconnect_backoff <= absl::ZeroDuration() ||
-       options.max_reconnect_backoff < options.reconnect_backoff)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rpc channel: reconnect_backoff (", absl::FormatDuration(options.reconnect_backoff),
-                     ") must be > 0 and <= max_reconnect_backoff (",
-                     absl::FormatDuration(options.max_reconnect_backoff), ")"));
+  if (options.reconnect && (options.reconnect_backoff <= absl::ZeroDuration() ||
+                            options.max_reconnect_backoff < options.reconnect_backoff)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rpc channel: reconnect_backoff (", absl::FormatDuration(options.reconnect_backoff),
+        ") must be > 0 and <= max_reconnect_backoff (",
+        absl::FormatDuration(options.max_reconnect_backoff), ")"));
   }
   auto impl = std::make_unique<Impl>();
   PLEXUS_ASSIGN_OR_RETURN(impl->window, internal::ResolveWindow(options.max_in_flight));
@@ -691,9 +690,9 @@ absl::StatusOr<std::shared_ptr<Channel>> Channel::Impl::Open(
     if (first_error.ok()) first_error = d.core.status();
   }
   if (connected == 0) {
-    return base::Annotate(first_error, absl::StrCat("rpc channel: none of the ",
-                                                    impl->replicas.size(),
-                                                    " replicas is reachable; first"));
+    return base::Annotate(first_error,
+                          absl::StrCat("rpc channel: none of the ", impl->replicas.size(),
+                                       " replicas is reachable; first"));
   }
   if (options.reconnect) {
     Impl* raw = impl.get();
@@ -855,8 +854,8 @@ std::shared_ptr<internal::CallState> Channel::StartCall(const ServiceDesc& servi
       } else if (!impl.cv.wait_until(lock, absl::ToChronoTime(call->deadline), snapshot)) {
         lock.unlock();
         return fail(absl::DeadlineExceededError(
-            absl::StrCat("deadline exceeded: ", service.full_name, "/", method.name, " to ",
-                         peer(), " waited for a connection (wait_for_ready)")));
+            absl::StrCat("deadline exceeded: ", service.full_name, "/", method.name, " to ", peer(),
+                         " waited for a connection (wait_for_ready)")));
       }
     }
   }
@@ -895,9 +894,9 @@ std::shared_ptr<internal::CallState> Channel::StartCall(const ServiceDesc& servi
       std::lock_guard<std::mutex> lock(impl.mu);
       why = impl.replicas[r].last_error;
     }
-    return fail(absl::UnavailableError(absl::StrCat(
-        "rpc channel to ", impl.replicas[r].address, " is not connected",
-        impl.options.reconnect ? " (reconnecting)" : "", ": ", why.message())));
+    return fail(absl::UnavailableError(
+        absl::StrCat("rpc channel to ", impl.replicas[r].address, " is not connected",
+                     impl.options.reconnect ? " (reconnecting)" : "", ": ", why.message())));
   }
   if (absl::Status ss = cores[r]->Submit(call, options); !ss.ok()) return fail(ss);
   return call;

@@ -208,21 +208,28 @@ class ServerCallImpl : public ServerCallState,
     status_ = status;
     auto self = shared_from_this();
     absl::Status refused;
+    bool dropped = false;
     {
       std::lock_guard<std::mutex> lock(conn_->mu);
       conn_->active.erase(call_id_);
-      if (conn_->dead) return;
-      const uint64_t wr = conn_->next_wr++;
-      refused = conn_->conn->PostSend(frame_.parts, wr);
-      if (refused.ok()) {
-        conn_->sending.emplace(wr, std::move(self));
-        return;
+      if (conn_->dead) {
+        dropped = true;
+      } else {
+        const uint64_t wr = conn_->next_wr++;
+        refused = conn_->conn->PostSend(frame_.parts, wr);
+        if (refused.ok()) {
+          conn_->sending.emplace(wr, std::move(self));
+          return;
+        }
       }
     }
     // The transport refuses posts only on a failed connection (the client is gone): no
     // completion will ever come for it, so drop it now, or it would stay in Connections() with
     // its held requests until Shutdown. Outside conn_->mu: Kill takes it, then the server's.
-    conn_->server->Kill(conn_, refused);
+    if (!dropped) conn_->server->Kill(conn_, refused);
+    // The response is dropped, but the call ended: the policies see it end (an admission count
+    // or a metrics engine must not keep it outstanding for ever).
+    Sent();
   }
   // The response left: policies see the end of the call.
   void Sent() {

@@ -22,10 +22,10 @@ using MetadataView = std::vector<std::pair<std::string_view, std::string_view>>;
 struct CallOptions {
   // The call fails with DeadlineExceeded after this long (also while waiting for a window slot).
   absl::Duration timeout = absl::InfiniteDuration();
-  Metadata metadata;
   // While the channel is reconnecting (no replica connected), wait for a connection within the
   // timeout instead of failing at once with Unavailable (gRPC's wait_for_ready).
   bool wait_for_ready = false;
+  Metadata metadata;
 };
 
 // A received message rebuilt in place, with the buffer and arena its views point into.

@@ -83,8 +83,8 @@ class Channel {
   std::string peer() const;
   struct ReplicaInfo {
     std::string address;
-    absl::Status status;      // OK while connected
-    size_t in_flight = 0;     // calls on its connection
+    absl::Status status;       // OK while connected
+    size_t in_flight = 0;      // calls on its connection
     uint64_t connections = 0;  // successful dials (1 + reconnects)
   };
   std::vector<ReplicaInfo> Replicas() const;

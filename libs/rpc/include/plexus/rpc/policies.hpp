@@ -193,4 +193,52 @@ class LoadBalancePolicy : public Policy {
   uint32_t next_target_ = 0;
 };
 
+struct AdmissionOptions {
+  enum class Scope { kConnection, kMethod };  // a count per connection, or per method
+  Scope scope = Scope::kConnection;
+  // Calls admitted and not completed yet, per scope key; a call beyond it is refused.
+  uint64_t max_outstanding = 64;
+};
+
+// Admission control: a call arriving while `max_outstanding` calls of its connection (Server:
+// per transport connection; Channel: the channel) or its method are still outstanding fails at
+// once with ResourceExhausted naming the policy, the method and the limit; it never queues. A
+// call counts from its OnRequest here until its OnComplete (Server: its response left).
+class AdmissionPolicy : public Policy {
+ public:
+  // InvalidArgument for max_outstanding 0.
+  static absl::StatusOr<std::shared_ptr<AdmissionPolicy>> Create(std::string name,
+                                                                 AdmissionOptions options);
+  std::string name() const override { return name_; }
+  std::string kind() const override { return "admission"; }
+  std::string DescribeJson() const override;
+  absl::Status OnRequest(const CallInfo& call) override;
+  void OnComplete(const CallInfo& call, const absl::Status& status) override;
+  // {"max_outstanding": n}: a new limit (calls already admitted stay).
+  absl::Status Configure(std::string_view json_config) override;
+  // State: the calls admitted and not completed ("admitted_calls", keyed by their CallInfo),
+  // "admitted", "refused".
+  absl::StatusOr<EngineState> Decompose() const override;
+  absl::Status Restore(const EngineState& state) override;
+  uint64_t admitted() const;
+  uint64_t refused() const;
+  // Calls admitted and not completed under `key` (connection id or method key).
+  uint64_t outstanding(uint64_t key) const;
+  static uint64_t MethodKey(const CallInfo& call);
+
+ private:
+  AdmissionPolicy(std::string name, AdmissionOptions options)
+      : name_(std::move(name)), options_(options) {}
+  uint64_t Key(const CallInfo& call) const;
+
+  std::string name_;
+  mutable std::mutex mu_;
+  AdmissionOptions options_;
+  absl::flat_hash_map<uint64_t, uint64_t> counts_;
+  // Each admitted call by the address of its CallInfo (one object per call, the same in
+  // OnRequest and OnComplete on both sides), with its key.
+  absl::flat_hash_map<const CallInfo*, uint64_t> calls_;
+  uint64_t admitted_ = 0, refused_ = 0;
+};
+
 }  // namespace plexus::rpc

@@ -101,7 +101,8 @@ class Policy {
     (void)call;
     return absl::OkStatus();
   }
-  // The call finished with `status` (client: response received or failed; server: sent).
+  // The call finished with `status` (client: response received or failed; server: its response
+  // sent, or dropped because the connection died).
   virtual void OnComplete(const CallInfo& call, const absl::Status& status) {
     (void)call;
     (void)status;
