@@ -162,3 +162,37 @@ TEST_CASE("admission: on a channel, refused before anything is sent", "[rpc][adm
   CHECK(h1.Get().ok());
   CHECK((*adm)->outstanding(0) == 0);
 }
+
+TEST_CASE("admission: a call whose client died frees its slot when its handler finishes",
+          "[rpc][admission]") {
+  // Before the fix, a response dropped with its dead connection never reached OnComplete, so the
+  // slot stayed taken for ever and the next client was refused.
+  Setup s;
+  auto adm = pr::AdmissionPolicy::Create(
+      "adm", {.scope = pr::AdmissionOptions::Scope::kMethod, .max_outstanding = 1});
+  REQUIRE(s.server->engines().Attach(*adm).ok());
+  Inner r1, r2;
+  {
+    auto a = s.Connect();
+    Kinds::Stub sa(a);
+    auto h1 = sa.Hold(r1, {.timeout = absl::Seconds(10)});
+    s.WaitHeld(1);
+    a->Close();
+    CHECK(h1.Get().status().code() == absl::StatusCode::kCancelled);
+  }
+  // Wait until the server dropped the connection, then the handler answers the orphaned call.
+  for (int i = 0; i < 5000 && !s.server->Connections().empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  REQUIRE(s.server->Connections().empty());
+  s.impl.ReleaseOne();
+  CHECK((*adm)->outstanding(pr::AdmissionPolicy::MethodKey(
+            {.service = &Kinds::Descriptor(), .method = &Kinds::Descriptor().methods[1]})) == 0);
+  auto b = s.Connect();
+  Kinds::Stub sb(b);
+  auto h2 = sb.Hold(r2, {.timeout = absl::Seconds(10)});
+  s.WaitHeld(1);
+  CHECK((*adm)->refused() == 0);
+  s.impl.ReleaseOne();
+  CHECK(h2.Get().ok());
+}
