@@ -197,7 +197,8 @@ TEST_CASE("rpc admin: refused requests change nothing", "[rpc][admin]") {
   CHECK(f.Call("attach", {{"target", "nope"}, {"kind", "metrics"}, {"name", "m"}}).status() ==
         absl::NotFoundError("no rpc server or channel named 'nope' (known: client, kv)"));
   CHECK(f.Call("attach", {{"target", "kv"}, {"kind", "magic"}, {"name", "m"}}).status() ==
-        absl::NotFoundError("no policy kind 'magic' (built in: metrics, rate_limit, acl)"));
+        absl::NotFoundError(
+            "no policy kind 'magic' (built in: metrics, rate_limit, acl, balance, admission)"));
   CHECK(f.Call("attach", {{"target", "kv"},
                           {"kind", "rate_limit"},
                           {"name", "rl"},

@@ -126,8 +126,33 @@ absl::StatusOr<std::shared_ptr<Policy>> MakePolicy(
     PLEXUS_ASSIGN_OR_RETURN(auto p, AclPolicy::Create(name, services, std::move(out)));
     return std::shared_ptr<Policy>(std::move(p));
   }
+  if (kind == "balance") {
+    PLEXUS_RETURN_IF_ERROR(bj::CheckKeys(j, where, {"policy", "delta", "seed", "estimate_ttl_ms"}));
+    PLEXUS_ASSIGN_OR_RETURN(auto p, LoadBalancePolicy::Create(name, {}));
+    if (!j.empty()) PLEXUS_RETURN_IF_ERROR(p->Configure(json_config));
+    return std::shared_ptr<Policy>(std::move(p));
+  }
+  if (kind == "admission") {
+    PLEXUS_RETURN_IF_ERROR(bj::CheckKeys(j, where, {"max_outstanding", "scope"}));
+    AdmissionOptions o;
+    PLEXUS_ASSIGN_OR_RETURN(double max, bj::NumberField(j, where, "max_outstanding", true));
+    if (!(max >= 1) || max > 1e12 || max != static_cast<double>(static_cast<uint64_t>(max))) {
+      return bj::Invalid(bj::Child(where, "max_outstanding"), "expected an integer >= 1");
+    }
+    o.max_outstanding = static_cast<uint64_t>(max);
+    PLEXUS_ASSIGN_OR_RETURN(std::string scope,
+                            bj::StringField(j, where, "scope", false, "connection"));
+    if (scope != "connection" && scope != "method") {
+      return bj::Invalid(bj::Child(where, "scope"), "expected \"connection\" or \"method\"");
+    }
+    o.scope =
+        scope == "method" ? AdmissionOptions::Scope::kMethod : AdmissionOptions::Scope::kConnection;
+    PLEXUS_ASSIGN_OR_RETURN(auto p, AdmissionPolicy::Create(name, o));
+    return std::shared_ptr<Policy>(std::move(p));
+  }
   return absl::NotFoundError(absl::StrCat("no policy kind '", std::string(kind),
-                                          "' (built in: metrics, rate_limit, acl)"));
+                                          "' (built in: metrics, rate_limit, acl, balance, "
+                                          "admission)"));
 }
 
 struct RpcAdmin::Target {
@@ -285,9 +310,15 @@ absl::StatusOr<std::string> RpcAdmin::List(const AdminRequest& r) const {
     } else if (auto ch = t->channel.lock()) {
       j["role"] = "channel";
       j["address"] = ch->peer();
-      absl::Status st = ch->status();
-      conns.push_back(
-          {{"id", 0}, {"peer", ch->peer()}, {"status", st.ok() ? "OK" : st.ToString()}});
+      const auto replicas = ch->Replicas();
+      for (size_t i = 0; i < replicas.size(); ++i) {
+        const auto& rep = replicas[i];
+        conns.push_back({{"id", i},
+                         {"peer", rep.address},
+                         {"status", rep.status.ok() ? "OK" : rep.status.ToString()},
+                         {"in_flight", rep.in_flight},
+                         {"connections", rep.connections}});
+      }
     } else {
       j["role"] = "channel";
       j["address"] = "(released)";

@@ -21,6 +21,11 @@ T Get(const uint8_t* p) {
   return base::LoadLittleEndian<T>(p);
 }
 
+bool CarriesLoad(const FrameHeader& h) {
+  return (h.flags & kFlagLoad) != 0 &&
+         (h.type == FrameType::kResponse || h.type == FrameType::kLoad);
+}
+
 absl::Status Bad(const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("malformed rpc frame: ", what));
 }
@@ -45,7 +50,7 @@ void BuildFrame(const FrameHeader& h, std::string_view status_message,
   Put<uint32_t>(s, h.method_id);
   Put<uint32_t>(s, h.status_code);
   Put<uint32_t>(s, static_cast<uint32_t>(status_message.size()));
-  Put<uint32_t>(s, h.deadline_us);
+  Put<uint32_t>(s, CarriesLoad(h) ? h.load : h.deadline_us);
   Put<uint16_t>(s, static_cast<uint16_t>(metadata.size()));
   Put<uint16_t>(s, 0);  // reserved
   Put<uint32_t>(s, static_cast<uint32_t>(segments));
@@ -102,7 +107,7 @@ absl::StatusOr<FrameView> ParseFrame(absl::Span<const uint8_t> f, const FrameLim
   }
   FrameView v;
   const uint8_t type = p[5];
-  if (type < 1 || type > 5) return Bad(absl::StrCat("type: ", type, " is not a frame type"));
+  if (type < 1 || type > 6) return Bad(absl::StrCat("type: ", type, " is not a frame type"));
   v.header.type = static_cast<FrameType>(type);
   v.header.flags = Get<uint16_t>(p + 6);
   v.header.call_id = Get<uint64_t>(p + 8);
@@ -110,7 +115,11 @@ absl::StatusOr<FrameView> ParseFrame(absl::Span<const uint8_t> f, const FrameLim
   v.header.method_id = Get<uint32_t>(p + 20);
   v.header.status_code = Get<uint32_t>(p + 24);
   const uint32_t status_len = Get<uint32_t>(p + 28);
-  v.header.deadline_us = Get<uint32_t>(p + 32);
+  if (CarriesLoad(v.header)) {
+    v.header.load = Get<uint32_t>(p + 32);
+  } else {
+    v.header.deadline_us = Get<uint32_t>(p + 32);
+  }
   const uint16_t md_count = Get<uint16_t>(p + 36);
   const uint32_t seg_count = Get<uint32_t>(p + 40);
   const uint32_t md_bytes = Get<uint32_t>(p + 44);

@@ -1,7 +1,7 @@
 // The rpc frame: one transport message per request, response, cancel or handshake.
 //
 //   fixed header (48 bytes, little-endian): magic "PXR1", version, type, flags, call id,
-//     service id, method id, status code, status message length, deadline budget (us),
+//     service id, method id, status code, status message length, deadline budget (us) or load,
 //     metadata count, segment count, metadata bytes
 //   table: per metadata entry (u32 key length, u32 value length); per segment its u32 length
 //   status message, metadata keys and values back to back
@@ -36,7 +36,13 @@ enum class FrameType : uint8_t {
   kCancel = 3,
   kHello = 4,     // client -> server: (service name, schema hash) pairs as metadata
   kHelloAck = 5,  // server -> client: status OK or the reason for refusal
+  kLoad = 6,      // server -> client: the server's calls being handled (gossip), no message
 };
+
+// FrameHeader::flags.
+// kHello: the client balances across replicas and wants the server's load reports (kLoad).
+// kResponse, kLoad: `load` holds the server's calls being handled.
+inline constexpr uint16_t kFlagLoad = 1;
 
 struct FrameHeader {
   FrameType type = FrameType::kRequest;
@@ -45,7 +51,10 @@ struct FrameHeader {
   uint32_t service_id = 0;
   uint32_t method_id = 0;
   uint32_t status_code = 0;
+  // Bytes 32-35 carry one of the two: a request's deadline budget, or (kResponse and kLoad with
+  // kFlagLoad) the server's load.
   uint32_t deadline_us = 0;  // 0: none; else the budget left when sent
+  uint32_t load = 0;
 };
 
 struct FrameLimits {

@@ -78,6 +78,19 @@ void EngineSlot::OnComplete(const CallInfo& call, const absl::Status& status) {
   Leave();
 }
 
+std::optional<uint32_t> EngineSlot::Route(const CallInfo& call, const std::vector<bool>& usable) {
+  Policy* p = Enter();
+  std::optional<uint32_t> r = p->Route(call, usable);
+  Leave();
+  return r;
+}
+
+void EngineSlot::OnLoadReport(uint32_t replica, uint32_t load) {
+  Policy* p = Enter();
+  p->OnLoadReport(replica, load);
+  Leave();
+}
+
 bool EngineSlot::inspects_content() {
   Policy* p = Enter();
   const bool r = p->inspects_content();

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "conn.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/rpc/balance.hpp"
 
 namespace plexus::rpc {
 
@@ -34,11 +35,13 @@ struct ServerConn {
   bool hello_done = false;
   bool dead = false;
   bool close_after_ack = false;
+  bool wants_load = false;  // the client balances across replicas: piggyback and gossip loads
   uint64_t next_wr = 1;
   absl::flat_hash_map<uint64_t, BufferPool::Buffer> recvs;
   absl::flat_hash_map<uint64_t, std::shared_ptr<ServerCallImpl>> sending;
   absl::flat_hash_map<uint64_t, std::weak_ptr<ServerCallImpl>> active;
   std::unique_ptr<OutFrame> ack;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<OutFrame>> controls;  // load reports being sent
   // Declared last: destroyed first, so that no buffer above is freed under the transport.
   std::unique_ptr<transport::Connection> conn;
 
@@ -64,6 +67,17 @@ struct ServerCore {
   std::thread accept_thread;
   std::thread dispatch_thread;
 
+  // Calls being handled across every connection (the load the balancing clients see), and the
+  // logarithmic trigger that decides when to gossip it.
+  std::mutex load_mu;
+  uint32_t load = 0;
+  GossipTrigger trigger;
+
+  // Adds `delta` to the load; gossips it to the balancing clients when the trigger fires.
+  // Returns the new load. Without a connection's lock.
+  uint32_t ChangeLoad(int delta);
+  void BroadcastLoad(uint32_t value);
+
   void Accept();
   void Dispatch();
   void Handle(const transport::Completion& c);
@@ -71,6 +85,41 @@ struct ServerCore {
                    size_t bytes);
   void Kill(const std::shared_ptr<ServerConn>& sc, const absl::Status& why);
 };
+
+constexpr uint64_t kServerControlBit = uint64_t{1} << 62;
+
+uint32_t ServerCore::ChangeLoad(int delta) {
+  std::optional<uint32_t> announce;
+  uint32_t now;
+  {
+    std::lock_guard<std::mutex> lock(load_mu);
+    load = delta < 0 && load == 0 ? 0 : static_cast<uint32_t>(static_cast<int64_t>(load) + delta);
+    now = load;
+    announce = trigger.Observe(load);
+  }
+  if (announce) BroadcastLoad(*announce);
+  return now;
+}
+
+void ServerCore::BroadcastLoad(uint32_t value) {
+  std::vector<std::shared_ptr<ServerConn>> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& [id, sc] : conns) targets.push_back(sc);
+  }
+  for (auto& sc : targets) {
+    std::lock_guard<std::mutex> lock(sc->mu);
+    if (sc->dead || !sc->wants_load || !sc->hello_done) continue;
+    auto f = std::make_unique<OutFrame>();
+    FrameHeader h;
+    h.type = FrameType::kLoad;
+    h.flags = kFlagLoad;
+    h.load = value;
+    BuildFrame(h, "", {}, nullptr, f.get());
+    const uint64_t wr = kServerControlBit | sc->next_wr++;
+    if (sc->conn->PostSend(f->parts, wr).ok()) sc->controls.emplace(wr, std::move(f));
+  }
+}
 
 void ServerConn::PostRecvLocked() {
   if (dead) return;
@@ -129,9 +178,19 @@ class ServerCallImpl : public ServerCallState,
 
   void Finish(absl::Status status) override {
     if (finished_.exchange(true)) return;
+    const uint32_t load = conn_->server->ChangeLoad(-1);
     FrameHeader h;
     h.type = FrameType::kResponse;
     h.call_id = call_id_;
+    bool wants_load;
+    {
+      std::lock_guard<std::mutex> lock(conn_->mu);
+      wants_load = conn_->wants_load;
+    }
+    if (wants_load) {
+      h.flags = kFlagLoad;
+      h.load = load;
+    }
     if (info_.service) h.service_id = info_.service->id;
     if (info_.method) h.method_id = info_.method->id;
     if (status.ok() && info_.method) {
@@ -149,21 +208,28 @@ class ServerCallImpl : public ServerCallState,
     status_ = status;
     auto self = shared_from_this();
     absl::Status refused;
+    bool dropped = false;
     {
       std::lock_guard<std::mutex> lock(conn_->mu);
       conn_->active.erase(call_id_);
-      if (conn_->dead) return;
-      const uint64_t wr = conn_->next_wr++;
-      refused = conn_->conn->PostSend(frame_.parts, wr);
-      if (refused.ok()) {
-        conn_->sending.emplace(wr, std::move(self));
-        return;
+      if (conn_->dead) {
+        dropped = true;
+      } else {
+        const uint64_t wr = conn_->next_wr++;
+        refused = conn_->conn->PostSend(frame_.parts, wr);
+        if (refused.ok()) {
+          conn_->sending.emplace(wr, std::move(self));
+          return;
+        }
       }
     }
     // The transport refuses posts only on a failed connection (the client is gone): no
     // completion will ever come for it, so drop it now, or it would stay in Connections() with
     // its held requests until Shutdown. Outside conn_->mu: Kill takes it, then the server's.
-    conn_->server->Kill(conn_, refused);
+    if (!dropped) conn_->server->Kill(conn_, refused);
+    // The response is dropped, but the call ended: the policies see it end (an admission count
+    // or a metrics engine must not keep it outstanding for ever).
+    Sent();
   }
   // The response left: policies see the end of the call.
   void Sent() {
@@ -262,6 +328,7 @@ void ServerCore::Handle(const transport::Completion& c) {
         call = std::move(it->second);
         sc->sending.erase(it);
       }
+      sc->controls.erase(c.wr_id);
       close = sc->close_after_ack && c.wr_id == 0;
       if (call || c.wr_id == 0) sc->PostRecvLocked();
     }
@@ -315,6 +382,7 @@ void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_
     std::lock_guard<std::mutex> lock(sc->mu);
     if (sc->hello_done) return;
     sc->hello_done = verdict.ok();
+    sc->wants_load = (h.flags & kFlagLoad) != 0;
     sc->close_after_ack = !verdict.ok();
     sc->ack = std::make_unique<OutFrame>();
     FrameHeader a;
@@ -353,6 +421,7 @@ void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_
     std::lock_guard<std::mutex> lock(sc->mu);
     sc->active.emplace(h.call_id, call);
   }
+  ChangeLoad(+1);  // Finish takes it back
   auto sit = services.find(h.service_id);
   if (sit == services.end()) {
     call->Finish(
@@ -409,6 +478,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(std::shared_ptr<transport
                           internal::ResolveMaxMessageBytes(options.max_message_bytes));
   c.pool = std::make_shared<internal::BufferPool>(max_bytes, c.window * 2 + 2);
   c.codec.max_depth = options.max_depth;
+  c.trigger = GossipTrigger(options.load_gossip_floor);
   c.options = std::move(options);
   c.device = std::move(device);
   c.cq = c.device->CreateCompletionQueue();

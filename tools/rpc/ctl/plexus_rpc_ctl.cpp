@@ -89,7 +89,9 @@ int main(int argc, char** argv) {
   CLI::App* attach = tool.Subcommand("attach", "attach a new policy engine");
   add_target(attach);
   add_name(attach);
-  attach->add_option("--kind", kind, "metrics, rate_limit, acl or a kind the process added")
+  attach
+      ->add_option("--kind", kind,
+                   "metrics, rate_limit, acl, admission, balance or a kind the process added")
       ->required();
   attach->add_option("--after", after, "the engine to attach after (default: frontend)");
   attach->add_option("--config", config, "the policy's JSON configuration");

@@ -22,6 +22,9 @@ using MetadataView = std::vector<std::pair<std::string_view, std::string_view>>;
 struct CallOptions {
   // The call fails with DeadlineExceeded after this long (also while waiting for a window slot).
   absl::Duration timeout = absl::InfiniteDuration();
+  // While the channel is reconnecting (no replica connected), wait for a connection within the
+  // timeout instead of failing at once with Unavailable (gRPC's wait_for_ready).
+  bool wait_for_ready = false;
   Metadata metadata;
 };
 

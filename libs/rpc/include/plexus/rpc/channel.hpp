@@ -1,5 +1,7 @@
-// The client side: a Channel is one connection to a Server over a transport Device (inproc, shm,
-// tcp, verbs). Generated stubs call it; use it directly only for untyped calls.
+// The client side: a Channel is a connection to a Server over a transport Device (inproc, shm,
+// tcp, verbs), or one connection to each replica of a service with a balancing engine choosing
+// among them. It redials a connection that died. Generated stubs call it; use it directly only
+// for untyped calls.
 #pragma once
 
 #include <cstddef>
@@ -31,6 +33,19 @@ struct ChannelOptions {
   // latency for a busy CPU.
   bool poll = false;
   int max_depth = 32;  // nesting of a response's messages
+  // Redial a connection that died (server restart, peer death) in the background, after
+  // `reconnect_backoff`, doubling up to `max_reconnect_backoff` while dials fail. Calls
+  // outstanding on the connection when it died fail with Unavailable and are never re-sent (the
+  // channel cannot know whether the server ran them; retrying is the caller's decision). A call
+  // started while its replica is not connected fails at once with Unavailable, unless it sets
+  // CallOptions::wait_for_ready. false: a dead connection stays dead (calls fail with Unavailable).
+  bool reconnect = true;
+  absl::Duration reconnect_backoff = absl::Milliseconds(100);
+  absl::Duration max_reconnect_backoff = absl::Seconds(5);
+  // ConnectReplicas: the balancing engine attached as "balance" right after "frontend"
+  // (LoadBalancePolicy in plexus/rpc/policies.hpp): "round_robin", "random", "po2" or "daronpon";
+  // "" attaches none (the channel then rotates over the connected replicas).
+  std::string balance = "daronpon";
 };
 
 class Channel {
@@ -44,7 +59,14 @@ class Channel {
                                                           std::string_view address,
                                                           std::vector<const ServiceDesc*> services,
                                                           ChannelOptions options = {});
-  // Fails the calls still outstanding with Cancelled and closes the connection.
+  // One connection per replica of the same service(s), each with its own window; every call
+  // goes to one replica, chosen by the chain's balancing engine (options.balance). A replica
+  // that refuses the handshake fails the whole connect (the error names it); an unreachable one is
+  // dialled again in the background and avoided until then (Unavailable when none is reachable).
+  static absl::StatusOr<std::shared_ptr<Channel>> ConnectReplicas(
+      std::shared_ptr<transport::Device> device, std::vector<std::string> addresses,
+      std::vector<const ServiceDesc*> services, ChannelOptions options = {});
+  // Fails the calls still outstanding with Cancelled and closes the connections.
   ~Channel();
 
   // Starts a call; `done` (may be empty) runs on the channel's thread when it completes. Waits
@@ -55,9 +77,17 @@ class Channel {
 
   // Policies of this connection.
   EngineChain& engines();
-  // OK while usable; the error that ended the connection otherwise.
+  // OK while some replica is connected; otherwise why the (last) connection is down.
   absl::Status status() const;
+  // The address, or the replicas' addresses joined by ','.
   std::string peer() const;
+  struct ReplicaInfo {
+    std::string address;
+    absl::Status status;       // OK while connected
+    size_t in_flight = 0;      // calls on its connection
+    uint64_t connections = 0;  // successful dials (1 + reconnects)
+  };
+  std::vector<ReplicaInfo> Replicas() const;
   void Close();
 
   struct Impl;

@@ -1,6 +1,7 @@
 // Policies on the engine chain (plexus/rpc/policy.hpp) beside MetricsPolicy: a token-bucket rate
-// limiter and a content ACL on a typed request field. Attach them to a Channel's chain (client:
-// before the request is marshalled) or a Server's (after it is unmarshalled, before the handler).
+// limiter, a content ACL on a typed request field, and replica balancing. Attach the first two to
+// a Channel's chain (client: before the request is marshalled) or a Server's (after it is
+// unmarshalled, before the handler); the balancer to a Channel over several replicas.
 #pragma once
 
 #include <atomic>
@@ -17,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "plexus/rpc/balance.hpp"
 #include "plexus/rpc/policy.hpp"
 #include "plexus/rpc/schema.hpp"
 
@@ -119,6 +121,124 @@ class AclPolicy : public Policy {
   // Keyed by the method's descriptor.
   absl::flat_hash_map<const MethodDesc*, std::vector<std::shared_ptr<const Compiled>>> rules_;
   std::atomic<uint64_t> checked_{0}, denied_{0};
+};
+
+struct LoadBalanceOptions {
+  BalancePolicy policy = BalancePolicy::kDaronpon;
+  uint32_t delta = 1;  // Daronpon: redirect when another replica's load + delta < the target's
+  uint64_t seed = 1;   // random, po2 and tie breaks
+  // A replica's reported load older than this is dropped (its load is then this channel's own
+  // calls there). Gossip is silent while a load stays within a power of two and below the floor,
+  // so without this a replica last seen loaded, and therefore avoided, would never be tried
+  // again: now it gets a call per `estimate_ttl`, whose response refreshes the estimate.
+  absl::Duration estimate_ttl = absl::Milliseconds(100);
+};
+
+// Chooses the replica of each call of a Channel over several replicas (Channel::ConnectReplicas
+// attaches one as "balance"): round robin, random, power of two choices or Daronpon, run by
+// plexus::rpc::Balancer (balance.hpp), the same code as the simulator plexus-rpc-sim. The
+// channel is the dispatcher: its own calls in flight to each replica are exact; each replica's
+// load from all its clients is an estimate, taken from the count its server piggybacks on every
+// response and gossips when the count crosses a power of two. Daronpon takes the next replica in
+// turn as the call's target and redirects the call, once, to the least loaded other replica when
+// that one's load + delta is below the target's (docs/rpc.md). A replica that is not connected is
+// never chosen while another is.
+class LoadBalancePolicy : public Policy {
+ public:
+  static absl::StatusOr<std::shared_ptr<LoadBalancePolicy>> Create(std::string name,
+                                                                   LoadBalanceOptions options);
+  std::string name() const override { return name_; }
+  std::string kind() const override { return "balance"; }
+  std::string DescribeJson() const override;
+  std::optional<uint32_t> Route(const CallInfo& call, const std::vector<bool>& usable) override;
+  void OnComplete(const CallInfo& call, const absl::Status& status) override;
+  void OnLoadReport(uint32_t replica, uint32_t load) override;
+  // {"policy": "round_robin"|"random"|"po2"|"daronpon", "delta": n, "seed": n,
+  // "estimate_ttl_ms": n}: switches the policy in place, keeping the calls in flight and the load
+  // estimates.
+  absl::Status Configure(std::string_view json_config) override;
+  // State: "outstanding", "load" (per replica), "picks", "redirects"; Restore keeps its own policy.
+  absl::StatusOr<EngineState> Decompose() const override;
+  absl::Status Restore(const EngineState& state) override;
+
+  struct Stats {
+    std::vector<uint64_t> picks;        // calls sent to each replica
+    std::vector<uint32_t> outstanding;  // this channel's calls in flight to each
+    std::vector<uint32_t> load;         // the load the policy sees (Balancer::Load)
+    uint64_t redirects = 0;             // Daronpon: calls moved off their target
+  };
+  Stats stats() const;
+  LoadBalanceOptions options() const;
+
+ private:
+  LoadBalancePolicy(std::string name, LoadBalanceOptions options)
+      : name_(std::move(name)), options_(options) {}
+  // With mu_: a balancer for n replicas, carrying `outstanding` and `load` over.
+  absl::Status Rebuild(uint32_t n, const std::vector<uint32_t>& outstanding,
+                       const std::vector<uint32_t>& load);
+  // With mu_: a balancer for exactly n replicas, carrying what the current one knows.
+  absl::Status EnsureLocked(uint32_t n);
+  uint32_t Size() const { return balancer_ ? balancer_->size() : 0; }
+  // With mu_: a report about `replica` arrived now / drop the reports older than the ttl.
+  void Reported(uint32_t replica);
+  void ExpireLocked() const;
+
+  std::string name_;
+  mutable std::mutex mu_;
+  LoadBalanceOptions options_;
+  std::unique_ptr<Balancer> balancer_;
+  mutable std::vector<absl::Time> reported_;  // when each replica's load was last reported
+  std::vector<uint64_t> picks_;
+  uint64_t redirects_ = 0;
+  uint32_t next_target_ = 0;
+};
+
+struct AdmissionOptions {
+  enum class Scope { kConnection, kMethod };  // a count per connection, or per method
+  Scope scope = Scope::kConnection;
+  // Calls admitted and not completed yet, per scope key; a call beyond it is refused.
+  uint64_t max_outstanding = 64;
+};
+
+// Admission control: a call arriving while `max_outstanding` calls of its connection (Server:
+// per transport connection; Channel: the channel) or its method are still outstanding fails at
+// once with ResourceExhausted naming the policy, the method and the limit; it never queues. A
+// call counts from its OnRequest here until its OnComplete (Server: its response left).
+class AdmissionPolicy : public Policy {
+ public:
+  // InvalidArgument for max_outstanding 0.
+  static absl::StatusOr<std::shared_ptr<AdmissionPolicy>> Create(std::string name,
+                                                                 AdmissionOptions options);
+  std::string name() const override { return name_; }
+  std::string kind() const override { return "admission"; }
+  std::string DescribeJson() const override;
+  absl::Status OnRequest(const CallInfo& call) override;
+  void OnComplete(const CallInfo& call, const absl::Status& status) override;
+  // {"max_outstanding": n}: a new limit (calls already admitted stay).
+  absl::Status Configure(std::string_view json_config) override;
+  // State: the calls admitted and not completed ("admitted_calls", keyed by their CallInfo),
+  // "admitted", "refused".
+  absl::StatusOr<EngineState> Decompose() const override;
+  absl::Status Restore(const EngineState& state) override;
+  uint64_t admitted() const;
+  uint64_t refused() const;
+  // Calls admitted and not completed under `key` (connection id or method key).
+  uint64_t outstanding(uint64_t key) const;
+  static uint64_t MethodKey(const CallInfo& call);
+
+ private:
+  AdmissionPolicy(std::string name, AdmissionOptions options)
+      : name_(std::move(name)), options_(options) {}
+  uint64_t Key(const CallInfo& call) const;
+
+  std::string name_;
+  mutable std::mutex mu_;
+  AdmissionOptions options_;
+  absl::flat_hash_map<uint64_t, uint64_t> counts_;
+  // Each admitted call by the address of its CallInfo (one object per call, the same in
+  // OnRequest and OnComplete on both sides), with its key.
+  absl::flat_hash_map<const CallInfo*, uint64_t> calls_;
+  uint64_t admitted_ = 0, refused_ = 0;
 };
 
 }  // namespace plexus::rpc

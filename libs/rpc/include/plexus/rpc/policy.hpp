@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,6 +42,13 @@ struct CallInfo {
   // passed. Client: the application's memory, unless a policy of the chain inspects_content():
   // then a private copy of the encoded bytes, and exactly those bytes are sent (see Channel).
   const void* request = nullptr;
+  // A Channel over several replicas (Channel::ConnectReplicas): the replica the call went to (its
+  // index in the address list) and the engine that chose it ("" when the channel's default round
+  // robin did), set after every OnRequest passed; in OnComplete also the replica's load (its
+  // server's calls being handled) piggybacked on the response, when it carried one.
+  uint32_t replica = 0;
+  std::string route_engine;
+  std::optional<uint32_t> replica_load;
 };
 
 // What an engine's Decompose hands to its next version's Restore (mRPC's live upgrade): named
@@ -93,10 +101,26 @@ class Policy {
     (void)call;
     return absl::OkStatus();
   }
-  // The call finished with `status` (client: response received or failed; server: sent).
+  // The call finished with `status` (client: response received or failed; server: its response
+  // sent, or dropped because the connection died).
   virtual void OnComplete(const CallInfo& call, const absl::Status& status) {
     (void)call;
     (void)status;
+  }
+  // A Channel over several replicas, after every OnRequest passed: the replica the call goes to,
+  // or nullopt to leave the choice to a later engine (the channel's default: round robin over the
+  // usable replicas). `usable[r]` is false while replica r is disconnected; a replica returned
+  // that is not usable fails the call with Unavailable.
+  virtual std::optional<uint32_t> Route(const CallInfo& call, const std::vector<bool>& usable) {
+    (void)call;
+    (void)usable;
+    return std::nullopt;
+  }
+  // A Channel over several replicas: replica `replica`'s server reported `load` calls being
+  // handled (its logarithmic gossip; piggybacked loads come with OnComplete instead).
+  virtual void OnLoadReport(uint32_t replica, uint32_t load) {
+    (void)replica;
+    (void)load;
   }
   // An operator's new configuration, a JSON object (each kind documents its fields). Runs with no
   // call inside the engine. Unimplemented unless the kind supports it; an error changes nothing.
@@ -126,6 +150,8 @@ class EngineSlot {
   EngineSlot& operator=(const EngineSlot&) = delete;
   absl::Status OnRequest(const CallInfo& call);
   void OnComplete(const CallInfo& call, const absl::Status& status);
+  std::optional<uint32_t> Route(const CallInfo& call, const std::vector<bool>& usable);
+  void OnLoadReport(uint32_t replica, uint32_t load);
   bool inspects_content();
   std::string name() const { return name_; }
   std::shared_ptr<Policy> policy() const;

@@ -77,6 +77,11 @@ struct ServerOptions {
   // Largest request accepted. 0: PLEXUS_RPC_MAX_MESSAGE_BYTES (default 4 MiB).
   size_t max_message_bytes = 0;
   int max_depth = 32;
+  // Clients balancing across replicas (Channel::ConnectReplicas) learn this server's load (its
+  // calls being handled, all connections together) from every response, and from a gossip
+  // message sent when the load crosses a power of two (GossipTrigger, plexus/rpc/balance.hpp)
+  // at or above this floor.
+  uint32_t load_gossip_floor = 4;
 };
 
 class Server {
