@@ -64,6 +64,21 @@ __m256 ApplyPs(ReduceOp op, __m256 x, __m256 y) {
   return x;
 }
 
+// Eight wire elements (bf16 or f16) at p as f32, and back (round to nearest even).
+__m256 LoadWire(DataType wire, const uint8_t* p) {
+  if (wire == DataType::kBF16) return LoadBf16(p);
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+__m128i ToWireBits(DataType wire, __m256 v) {
+  if (wire == DataType::kBF16) return StoreBf16Bits(v);
+  return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+__m256 FromWireBits(DataType wire, __m128i h) {
+  if (wire == DataType::kBF16)
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return _mm256_cvtph_ps(h);
+}
+
 }  // namespace
 
 size_t ReduceAvx2(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* src, size_t n,
@@ -172,6 +187,33 @@ size_t ReduceAvx2(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* src,
           break;
       }
       return i;
+  }
+  return i;
+}
+
+size_t PackWireAvx2(DataType wire, uint8_t* out, const float* in, size_t n, float* keep) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = ToWireBits(wire, _mm256_loadu_ps(in + i));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), h);
+    if (keep != nullptr) _mm256_storeu_ps(keep + i, FromWireBits(wire, h));
+  }
+  return i;
+}
+
+size_t UnpackWireAvx2(DataType wire, float* out, const uint8_t* in, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, LoadWire(wire, in + 2 * i));
+  return i;
+}
+
+size_t ReduceWireAvx2(DataType wire, ReduceOp op, float* dst, const float* local, const uint8_t* in,
+                      size_t n, bool src_first) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a = _mm256_loadu_ps(local + i);
+    const __m256 b = LoadWire(wire, in + 2 * i);
+    _mm256_storeu_ps(dst + i, src_first ? ApplyPs(op, b, a) : ApplyPs(op, a, b));
   }
   return i;
 }
