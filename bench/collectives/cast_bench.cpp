@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,7 +89,8 @@ int WorkerMain(int argc, char** argv) {
   Worker w{std::move(*comm), runs};
   const int rank = w.comm->rank(), n = w.comm->size();
 
-  for (const std::string& size_text : absl::StrSplit(sizes_text, ',', absl::SkipEmpty())) {
+  const std::vector<std::string> size_list = absl::StrSplit(sizes_text, ',', absl::SkipEmpty());
+  for (const std::string& size_text : size_list) {
     auto bytes = plexus::base::ParseBytes(size_text, "--sizes");
     if (!bytes.ok()) Die("--sizes", bytes.status());
     const size_t count = *bytes / 4;
@@ -209,7 +211,9 @@ int main(int argc, char** argv) {
   if (auto code = tool.Parse(argc, argv)) return *code;
 
   tooling::FigureWriter writer(kBench, json);
-  for (const std::string& transport : absl::StrSplit(transports, ',', absl::SkipEmpty())) {
+  const std::vector<std::string> transport_list =
+      absl::StrSplit(transports, ',', absl::SkipEmpty());
+  for (const std::string& transport : transport_list) {
     tooling::LaunchOptions options;
     options.ranks = np;
     options.argv = {SelfPath(), "--worker", "--transport", transport,
