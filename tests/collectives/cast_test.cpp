@@ -563,6 +563,46 @@ TEST_CASE("fused casts: argument checks and mismatched wire types", "[collective
   CHECK(errors[1] == "");
 }
 
+// tcp on 127.0.0.1 with two channels (chunks striped over both, sized for the wire) and the
+// default chunk size: the same bound, the same bits on every rank.
+TEST_CASE("fused-cast allreduce over tcp with two channels", "[collectives][cast]") {
+  constexpr int kRanks = 3;
+  constexpr size_t kCount = 300007;
+  pc::CommunicatorOptions o = Options(pt::Backend::kTcp, 0);
+  o.local_address = "127.0.0.1";
+  o.channels = 2;
+  std::vector<std::vector<float>> all(kRanks), results(kRanks);
+  for (int r = 0; r < kRanks; ++r) all[r] = Operand(3, r, kCount, 50.0f);
+  auto errors = RunRanks(kRanks, o, [&](int rank, pc::Communicator& comm) -> std::string {
+    pc::CallOptions call;
+    call.algorithm = Algorithm::kRing;
+    call.wire_dtype = DataType::kBF16;
+    results[rank].assign(kCount, 0.0f);
+    if (absl::Status s = comm.AllReduce(all[rank].data(), results[rank].data(), kCount,
+                                        DataType::kF32, ReduceOp::kSum, call);
+        !s.ok()) {
+      return s.ToString();
+    }
+    for (size_t i = 0; i < kCount; ++i) {
+      double exact = 0, abs_sum = 0;
+      for (int r = 0; r < kRanks; ++r) {
+        exact += all[r][i];
+        abs_sum += std::fabs(all[r][i]);
+      }
+      const double bound = SumBound(DataType::kBF16, kRanks, abs_sum);
+      if (std::fabs(results[rank][i] - exact) > bound) {
+        return Fail(absl::StrCat("outside the bound ", bound), i, results[rank][i], exact);
+      }
+    }
+    return "";
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r] == "");
+    CHECK(SameBits(results[r].data(), results[0].data(), kCount));
+  }
+}
+
 // The bytes the shm transport moved for one allreduce (its per-connection counters: payload
 // streamed through the rings plus bytes pulled by cross-memory attach), cast against uncast.
 TEST_CASE("fused-cast allreduce halves the bytes on the wire (shm counters)",
