@@ -508,6 +508,76 @@ TEST_CASE("fused-cast broadcast and allgather: every rank gets exactly the round
   }
 }
 
+TEST_CASE("broadcast and allgather into half-width destinations (recv_dtype)",
+          "[collectives][cast]") {
+  for (int n : {2, 3, 4}) {
+    for (DataType out : {DataType::kBF16, DataType::kF16}) {
+      INFO(n << " ranks, recv " << pc::DataTypeName(out));
+      auto errors = RunRanks(
+          n, Options(pt::Backend::kInproc, 2048),
+          [&](int rank, pc::Communicator& comm) -> std::string {
+            pc::CallOptions call;
+            call.recv_dtype = out;
+            auto bits = [&](float f) {
+              return out == DataType::kBF16 ? pi::FloatToBf16(f) : pi::FloatToHalf(f);
+            };
+            for (size_t count : {size_t{1}, size_t{1001}, size_t{20011}}) {
+              const int root = static_cast<int>(count % n);
+              const std::vector<float> src = Operand(static_cast<int>(count), root, count, 100.0f);
+              std::vector<uint16_t> dst(count, 0xFFFF);
+              if (absl::Status s =
+                      comm.Broadcast(src.data(), dst.data(), count, DataType::kF32, root, call);
+                  !s.ok()) {
+                return absl::StrCat("broadcast ", count, ": ", s.ToString());
+              }
+              for (size_t i = 0; i < count; ++i) {
+                if (dst[i] != bits(src[i])) {
+                  return absl::StrCat("broadcast ", count, " element ", i, ": ", dst[i], " vs ",
+                                      bits(src[i]));
+                }
+              }
+              const std::vector<float> mine = Operand(static_cast<int>(count), rank, count, 100.0f);
+              std::vector<uint16_t> all(count * n, 0xFFFF);
+              if (absl::Status s =
+                      comm.AllGather(mine.data(), all.data(), count, DataType::kF32, call);
+                  !s.ok()) {
+                return absl::StrCat("allgather ", count, ": ", s.ToString());
+              }
+              for (int r = 0; r < n; ++r) {
+                const std::vector<float> theirs =
+                    Operand(static_cast<int>(count), r, count, 100.0f);
+                for (size_t i = 0; i < count; ++i) {
+                  if (all[r * count + i] != bits(theirs[i])) {
+                    return absl::StrCat("allgather ", count, " block ", r, " element ", i);
+                  }
+                }
+              }
+            }
+            // Errors: another collective, overlapping buffers, a different wire type.
+            std::vector<float> f(64, 1.0f);
+            absl::Status s =
+                comm.AllReduce(f.data(), f.data(), 64, DataType::kF32, ReduceOp::kSum, call);
+            if (s.code() != absl::StatusCode::kInvalidArgument) return "allreduce: " + s.ToString();
+            s = comm.AllGather(f.data(), f.data(), 8, DataType::kF32, call);
+            if (s.code() != absl::StatusCode::kInvalidArgument ||
+                std::string(s.message()).find("must not overlap") == std::string::npos) {
+              return "overlap: " + s.ToString();
+            }
+            pc::CallOptions other = call;
+            other.wire_dtype = out == DataType::kBF16 ? DataType::kF16 : DataType::kBF16;
+            std::vector<uint16_t> h(64 * n);
+            s = comm.AllGather(f.data(), h.data(), 64, DataType::kF32, other);
+            if (s.code() != absl::StatusCode::kInvalidArgument) return "wire: " + s.ToString();
+            return "";
+          });
+      for (int r = 0; r < n; ++r) {
+        INFO("rank " << r);
+        CHECK(errors[r] == "");
+      }
+    }
+  }
+}
+
 TEST_CASE("fused casts: argument checks and mismatched wire types", "[collectives][cast]") {
   auto errors = RunRanks(
       2, Options(pt::Backend::kInproc, 4096), [&](int rank, pc::Communicator& comm) -> std::string {

@@ -74,7 +74,11 @@ class Staging {
 // Fused casts
 
 absl::Status CommunicatorImpl::CheckWire(const char* what, DataType dtype, const CallOptions& call,
-                                         bool supported) const {
+                                         bool supported, bool recv_supported) const {
+  if (!recv_supported && call.recv_dtype.has_value() && *call.recv_dtype != dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": recv_dtype is for Broadcast and AllGather only; leave it unset"));
+  }
   if (!call.wire_dtype.has_value() || *call.wire_dtype == dtype) return absl::OkStatus();
   const std::string asked = absl::StrCat(what, ": wire_dtype ",
                                          static_cast<unsigned>(*call.wire_dtype) < kNumDataTypes
@@ -89,6 +93,40 @@ absl::Status CommunicatorImpl::CheckWire(const char* what, DataType dtype, const
       (*call.wire_dtype != DataType::kBF16 && *call.wire_dtype != DataType::kF16)) {
     return absl::InvalidArgumentError(
         absl::StrCat(asked, ": casts go from f32 data to bf16 or f16 on the wire"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CommunicatorImpl::CheckRecvType(const char* what, const void* send, size_t send_bytes,
+                                             const void* recv, size_t recv_bytes, DataType dtype,
+                                             const CallOptions& call) const {
+  const std::optional<DataType> out = RecvTypeOf(dtype, call);
+  if (!out.has_value()) return absl::OkStatus();
+  if (dtype != DataType::kF32 || (*out != DataType::kBF16 && *out != DataType::kF16)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": recv_dtype ",
+        static_cast<unsigned>(*out) < kNumDataTypes ? std::string(DataTypeName(*out))
+                                                    : std::string("(invalid)"),
+        " for ", std::string(DataTypeName(dtype)), " data: casts go from f32 to bf16 or f16"));
+  }
+  if (call.wire_dtype.has_value() && *call.wire_dtype != dtype && *call.wire_dtype != *out) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": wire_dtype ", std::string(DataTypeName(*call.wire_dtype)),
+                     " differs from recv_dtype ", std::string(DataTypeName(*out)),
+                     ": recv's elements travel as they are"));
+  }
+  const auto* s = static_cast<const uint8_t*>(send);
+  const auto* r = static_cast<const uint8_t*>(recv);
+  if (s != nullptr && r != nullptr && s < r + recv_bytes && r < s + send_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what,
+                     ": with recv_dtype, send must not overlap recv (they hold different "
+                     "types): pass distinct buffers"));
+  }
+  if ((s != nullptr && internal::IsDevicePointer(s)) ||
+      (r != nullptr && internal::IsDevicePointer(r))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": recv_dtype needs host buffers (device buffers: cast on the device)"));
   }
   return absl::OkStatus();
 }
@@ -217,7 +255,23 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
   const bool is_root = root == layout_.rank;
   PLEXUS_RETURN_IF_ERROR(
       CheckCommon("Broadcast", is_root ? send : recv, recv, count, dtype, ReduceOp::kSum, root));
-  PLEXUS_RETURN_IF_ERROR(CheckWire("Broadcast", dtype, call, true));
+  PLEXUS_RETURN_IF_ERROR(CheckWire("Broadcast", dtype, call, true, true));
+  if (const std::optional<DataType> out = RecvTypeOf(dtype, call)) {
+    PLEXUS_RETURN_IF_ERROR(CheckRecvType("Broadcast", is_root ? send : nullptr,
+                                         count * DataTypeSize(dtype), recv,
+                                         count * DataTypeSize(*out), dtype, call));
+    // The root converts its source into its recv (its output); then recv travels as it is.
+    CallOptions plain = call;
+    plain.wire_dtype.reset();
+    plain.recv_dtype.reset();
+    PLEXUS_ASSIGN_OR_RETURN(auto broadcast, BroadcastTask(recv, recv, count, *out, root, plain));
+    return [=, this]() -> absl::Status {
+      if (is_root && count > 0) {
+        internal::PackWire(*out, recv, static_cast<const float*>(send), count, nullptr);
+      }
+      return broadcast();
+    };
+  }
   return [=, this]() -> absl::Status {
     const size_t bytes = count * DataTypeSize(dtype);
     const Algorithm algo = Resolve(CollectiveKind::kBroadcast, bytes, call.algorithm);
@@ -265,7 +319,23 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
 CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void* recv, size_t count,
                                                          DataType dtype, CallOptions call) {
   PLEXUS_RETURN_IF_ERROR(CheckCommon("AllGather", send, recv, count, dtype));
-  PLEXUS_RETURN_IF_ERROR(CheckWire("AllGather", dtype, call, true));
+  PLEXUS_RETURN_IF_ERROR(CheckWire("AllGather", dtype, call, true, true));
+  if (const std::optional<DataType> out = RecvTypeOf(dtype, call)) {
+    const size_t block = count * DataTypeSize(*out);
+    PLEXUS_RETURN_IF_ERROR(CheckRecvType("AllGather", send, count * DataTypeSize(dtype), recv,
+                                         block * layout_.n, dtype, call));
+    // Each rank converts its block into its place in recv; then an in-place allgather of it.
+    uint8_t* mine = static_cast<uint8_t*>(recv) + static_cast<size_t>(layout_.rank) * block;
+    CallOptions plain = call;
+    plain.wire_dtype.reset();
+    plain.recv_dtype.reset();
+    PLEXUS_ASSIGN_OR_RETURN(auto gather, AllGatherTask(mine, recv, count, *out, plain));
+    return [=]() -> absl::Status {
+      if (count > 0)
+        internal::PackWire(*out, mine, static_cast<const float*>(send), count, nullptr);
+      return gather();
+    };
+  }
   return [=, this]() -> absl::Status {
     const size_t esize = DataTypeSize(dtype);
     const int n = layout_.n;

@@ -280,8 +280,18 @@ class CommunicatorImpl : public Communicator {
   const Layout& MakeLayout(DataType dtype, size_t segment_bytes = 0);
   // Fused casts (CallOptions::wire_dtype). CheckWire: InvalidArgument unless `call` asks for no
   // cast, or for bf16/f16 on an f32 call of a collective that supports it (`supported`).
-  absl::Status CheckWire(const char* what, DataType dtype, const CallOptions& call,
-                         bool supported) const;
+  // recv_supported: the collective takes CallOptions::recv_dtype (else it must be unset).
+  absl::Status CheckWire(const char* what, DataType dtype, const CallOptions& call, bool supported,
+                         bool recv_supported = false) const;
+  // CallOptions::recv_dtype (Broadcast, AllGather): InvalidArgument for an unsupported pair of
+  // types, device buffers, or the send_bytes of send overlapping the recv_bytes of recv. OK when
+  // not asked for.
+  absl::Status CheckRecvType(const char* what, const void* send, size_t send_bytes,
+                             const void* recv, size_t recv_bytes, DataType dtype,
+                             const CallOptions& call) const;
+  static std::optional<DataType> RecvTypeOf(DataType dtype, const CallOptions& call) {
+    return call.recv_dtype == dtype ? std::nullopt : call.recv_dtype;
+  }
   // The wire type of a call that takes a cast-capable path: nullopt when none was asked for.
   static std::optional<DataType> WireOf(DataType dtype, const CallOptions& call) {
     return call.wire_dtype == dtype ? std::nullopt : call.wire_dtype;

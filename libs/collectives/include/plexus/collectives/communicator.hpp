@@ -94,6 +94,10 @@ struct CommunicatorOptions {
 
 // Per-call settings.
 struct CallOptions {
+  CallOptions() = default;
+  // `{Algorithm::kRing}` forces an algorithm, as it did when that was the only field (a
+  // constructor, so that the brace form leaves the other fields default without a warning).
+  CallOptions(Algorithm forced) : algorithm(forced) {}  // NOLINT(google-explicit-constructor)
   // kAuto: the selector decides. Otherwise forced for this call (takes precedence over
   // PLEXUS_COLL_ALGO, the communicator's overrides and the table). An algorithm a collective
   // does not implement falls back as documented in docs/collectives.md.
@@ -117,6 +121,13 @@ struct CallOptions {
   // another collective, a dtype other than kF32, or another wire type. Every rank must pass the
   // same value (checked like the other arguments).
   std::optional<DataType> wire_dtype;
+  // Broadcast and AllGather: recv holds elements of this type (kBF16 or kF16) while send holds
+  // dtype (kF32): an f32 source cast on the way into half-width destinations. The root (for
+  // AllGather each rank, for its own block) converts its source straight into its recv, which
+  // then travels as it is: half the bytes, and no other rank converts anything. recv =
+  // wire(send) bit for bit. nullopt (or dtype): as the data. wire_dtype must be unset or equal.
+  // Host buffers only, and send must not overlap recv (InvalidArgument otherwise).
+  std::optional<DataType> recv_dtype;
 };
 
 // The handle of an asynchronous call.
