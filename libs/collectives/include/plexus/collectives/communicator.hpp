@@ -116,10 +116,11 @@ struct CallOptions {
   //   part in at most n - 1 f32 additions); min/max: r = wire(min/max_r x_r); avg: sum, then / n.
   // f16 also: values beyond 65504 become infinities, and below 2^-14 add up to 2^-25 absolute
   // error per rounding. NaN and infinities propagate (NaN results are canonical quiet NaNs).
-  // Calls of at most 16 KiB or with fewer elements than ranks (the latency paths: recursive
-  // doubling, mailboxes) travel uncast: exact, same bits on every rank. InvalidArgument for
-  // another collective, a dtype other than kF32, or another wire type. Every rank must pass the
-  // same value (checked like the other arguments).
+  // The latency paths travel uncast (exact, same bits on every rank): AllReduce of at most
+  // 16 KiB or with fewer elements than ranks, Broadcast/AllGather of at most 16 KiB in all, the
+  // mailbox AllGather (<= 8 KiB per rank). InvalidArgument for another collective, a dtype other
+  // than kF32, or another wire type. Every rank must pass the same value: on the cast paths a
+  // difference fails the call as mismatched (the header carries the wire type).
   std::optional<DataType> wire_dtype;
   // Broadcast and AllGather: recv holds elements of this type (kBF16 or kF16) while send holds
   // dtype (kF32): an f32 source cast on the way into half-width destinations. The root (for
