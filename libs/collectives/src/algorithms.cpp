@@ -17,8 +17,9 @@ Block ChunkOf(const Layout& L, const Block& b, size_t k) {
 }
 
 int AddSend(const Layout& L, Plan* plan, const uint8_t* buf, const Block& c, int peer, int channel,
-            int dep = -1, int dep_prefix = 0) {
+            int dep = -1, int dep_prefix = 0, bool final = false) {
   SendOp op;
+  op.final = final;
   op.data = buf + c.offset * L.esize;
   op.bytes = c.count * L.esize;
   op.peer = peer;
@@ -47,10 +48,10 @@ int Channel(const Layout& L, size_t k) { return static_cast<int>(k % L.channels)
 
 // Sends all of buf to `peer` chunk by chunk; returns nothing (indices are contiguous).
 void SendAll(const Layout& L, Plan* plan, const uint8_t* buf, size_t count, int peer,
-             int dep_prefix) {
+             int dep_prefix, bool final = false) {
   const Block all{0, count};
   for (size_t k = 0; k < NumChunks(L, count); ++k) {
-    AddSend(L, plan, buf, ChunkOf(L, all, k), peer, Channel(L, k), -1, dep_prefix);
+    AddSend(L, plan, buf, ChunkOf(L, all, k), peer, Channel(L, k), -1, dep_prefix, final);
   }
 }
 void RecvAll(const Layout& L, Plan* plan, uint8_t* buf, size_t count, int peer, bool reduce,
@@ -79,7 +80,7 @@ void FoldOut(const Layout& L, const Fold& f, uint8_t* buf, size_t count, Plan* p
   if (f.new_pos < 0) {
     RecvAll(L, plan, buf, count, L.at(pos + 1), false, false, static_cast<int>(plan->sends.size()));
   } else {
-    SendAll(L, plan, buf, count, L.at(pos - 1), static_cast<int>(plan->recvs.size()));
+    SendAll(L, plan, buf, count, L.at(pos - 1), static_cast<int>(plan->recvs.size()), true);
   }
 }
 
@@ -134,7 +135,8 @@ void DoublingCore(const Layout& L, const Fold& f, uint8_t* buf, const std::vecto
     size_t k_global = 0;
     for (int b = mine; b < mine + mask; ++b) {
       for (size_t k = 0; k < NumChunks(L, blocks[b].count); ++k, ++k_global) {
-        AddSend(L, plan, buf, ChunkOf(L, blocks[b], k), peer, Channel(L, k_global), -1, dep_prefix);
+        AddSend(L, plan, buf, ChunkOf(L, blocks[b], k), peer, Channel(L, k_global), -1, dep_prefix,
+                true);
       }
     }
     k_global = 0;
@@ -253,7 +255,7 @@ void BuildRing(const Layout& L, uint8_t* buf, const std::vector<Block>& segments
       for (size_t k = 0; k < kn; ++k) {
         if (k < NumChunks(L, out.count)) {
           const int dep = k < prev_recvs.size() ? prev_recvs[k] : -1;
-          AddSend(L, plan, buf, ChunkOf(L, out, k), next, Channel(L, k), dep);
+          AddSend(L, plan, buf, ChunkOf(L, out, k), next, Channel(L, k), dep, 0, true);
         }
         if (k < NumChunks(L, in.count)) {
           // The reduce-scatter sent this segment at step t: the bytes must have left first.
@@ -344,7 +346,7 @@ void BuildDoubleTreeAllReduce(const Layout& L, uint8_t* buf, size_t count, Plan*
       down_dep = AddRecv(L, plan, buf, c, parent, channel, false, false, up + 1);
     }
     for (int child = 2 * i + 1; child <= 2 * i + 2 && child < n; ++child) {
-      AddSend(L, plan, buf, c, rank_of(tree, child), channel, down_dep);
+      AddSend(L, plan, buf, c, rank_of(tree, child), channel, down_dep, 0, true);
     }
   });
 }
@@ -370,7 +372,7 @@ void BuildTreeBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_po
     int dep = -1;
     if (i != 0) dep = AddRecv(L, plan, buf, c, trees.RankOf(tree, TreeParent(i)), channel, false);
     for (int child = 2 * i + 1; child <= 2 * i + 2 && child < L.n; ++child) {
-      AddSend(L, plan, buf, c, trees.RankOf(tree, child), channel, dep);
+      AddSend(L, plan, buf, c, trees.RankOf(tree, child), channel, dep, 0, true);
     }
   });
 }
@@ -384,7 +386,7 @@ void BuildChainBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_p
     const Block c = ChunkOf(L, all, k);
     int dep = -1;
     if (i != 0) dep = AddRecv(L, plan, buf, c, L.at(root_pos + i - 1), Channel(L, k), false);
-    if (i != n - 1) AddSend(L, plan, buf, c, L.at(root_pos + i + 1), Channel(L, k), dep);
+    if (i != n - 1) AddSend(L, plan, buf, c, L.at(root_pos + i + 1), Channel(L, k), dep, 0, true);
   }
 }
 

@@ -71,12 +71,84 @@ class Staging {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+// Fused casts
+
+absl::Status CommunicatorImpl::CheckWire(const char* what, DataType dtype, const CallOptions& call,
+                                         bool supported, bool recv_supported) const {
+  if (!recv_supported && call.recv_dtype.has_value() && *call.recv_dtype != dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": recv_dtype is for Broadcast and AllGather only; leave it unset"));
+  }
+  if (!call.wire_dtype.has_value() || *call.wire_dtype == dtype) return absl::OkStatus();
+  const std::string asked = absl::StrCat(what, ": wire_dtype ",
+                                         static_cast<unsigned>(*call.wire_dtype) < kNumDataTypes
+                                             ? std::string(DataTypeName(*call.wire_dtype))
+                                             : std::string("(invalid)"),
+                                         " for ", std::string(DataTypeName(dtype)), " data");
+  if (!supported) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        asked, ": only AllReduce, Broadcast and AllGather cast on the wire; leave it unset"));
+  }
+  if (dtype != DataType::kF32 ||
+      (*call.wire_dtype != DataType::kBF16 && *call.wire_dtype != DataType::kF16)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(asked, ": casts go from f32 data to bf16 or f16 on the wire"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CommunicatorImpl::CheckRecvType(const char* what, const void* send, size_t send_bytes,
+                                             const void* recv, size_t recv_bytes, DataType dtype,
+                                             const CallOptions& call) const {
+  const std::optional<DataType> out = RecvTypeOf(dtype, call);
+  if (!out.has_value()) return absl::OkStatus();
+  if (dtype != DataType::kF32 || (*out != DataType::kBF16 && *out != DataType::kF16)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": recv_dtype ",
+        static_cast<unsigned>(*out) < kNumDataTypes ? std::string(DataTypeName(*out))
+                                                    : std::string("(invalid)"),
+        " for ", std::string(DataTypeName(dtype)), " data: casts go from f32 to bf16 or f16"));
+  }
+  if (call.wire_dtype.has_value() && *call.wire_dtype != dtype && *call.wire_dtype != *out) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": wire_dtype ", std::string(DataTypeName(*call.wire_dtype)),
+                     " differs from recv_dtype ", std::string(DataTypeName(*out)),
+                     ": recv's elements travel as they are"));
+  }
+  const auto* s = static_cast<const uint8_t*>(send);
+  const auto* r = static_cast<const uint8_t*>(recv);
+  if (s != nullptr && r != nullptr && s < r + recv_bytes && r < s + send_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what,
+                     ": with recv_dtype, send must not overlap recv (they hold different "
+                     "types): pass distinct buffers"));
+  }
+  if ((s != nullptr && internal::IsDevicePointer(s)) ||
+      (r != nullptr && internal::IsDevicePointer(r))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": recv_dtype needs host buffers (device buffers: cast on the device)"));
+  }
+  return absl::OkStatus();
+}
+
+const Layout& CommunicatorImpl::MakeWireLayout(DataType dtype, DataType wire,
+                                               size_t segment_bytes) {
+  const size_t esize = DataTypeSize(dtype);
+  const size_t wsize = DataTypeSize(wire);
+  MakeLayout(wire, segment_bytes / esize * wsize);  // chunk_bytes of wire elements
+  call_layout_.esize = esize;
+  call_layout_.chunk_bytes = std::max(call_layout_.chunk_bytes / wsize, size_t{1}) * esize;
+  return call_layout_;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Collectives
 
 CommunicatorImpl::TaskOr CommunicatorImpl::AllReduceTask(const void* send, void* recv, size_t count,
                                                          DataType dtype, ReduceOp op,
                                                          CallOptions call) {
   PLEXUS_RETURN_IF_ERROR(CheckCommon("AllReduce", send, recv, count, dtype, op));
+  PLEXUS_RETURN_IF_ERROR(CheckWire("AllReduce", dtype, call, true));
   return [=, this] { return RunAllReduce(send, recv, count, dtype, op, call); };
 }
 
@@ -84,14 +156,18 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
                                             DataType dtype, ReduceOp op, CallOptions call) {
   const size_t bytes = count * DataTypeSize(dtype);
   const Algorithm algo = Resolve(CollectiveKind::kAllReduce, bytes, call.algorithm);
-  const CallHeader header = Header(CollectiveKind::kAllReduce, dtype, op, algo, -1, count);
+  CallHeader header = Header(CollectiveKind::kAllReduce, dtype, op, algo, -1, count);
   if (count == 0) return absl::OkStatus();
   Staging staging;
   PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, bytes, send == recv));
-  const Layout& L =
-      MakeLayout(dtype, algo == Algorithm::kRing ? bytes / static_cast<size_t>(layout_.n) : 0);
-  // Below a block per rank (or when latency dominates) whole-vector doubling is cheaper.
-  const bool recursive_doubling = bytes <= 16384 || count < static_cast<size_t>(L.n);
+  // Below a block per rank (or when latency dominates) whole-vector doubling is cheaper. It
+  // travels uncast: every rank reduces both operands there, and a cast would have to round its
+  // own too.
+  const bool recursive_doubling = bytes <= 16384 || count < static_cast<size_t>(layout_.n);
+  const std::optional<DataType> wire = recursive_doubling ? std::nullopt : WireOf(dtype, call);
+  header.wire = wire;
+  const size_t segment = algo == Algorithm::kRing ? bytes / static_cast<size_t>(layout_.n) : 0;
+  const Layout& L = wire ? MakeWireLayout(dtype, *wire, segment) : MakeLayout(dtype, segment);
   const uint8_t* input = nullptr;  // out of place: where this rank's operand is
   if (send != recv) {
     PLEXUS_ASSIGN_OR_RETURN(input, staging.In(send, bytes, true));
@@ -110,6 +186,7 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
     PLEXUS_RETURN_IF_ERROR(MailboxAllReduce(buf, count, dtype, op, header));
   } else {
     Plan& plan = NewPlan();
+    plan.wire = wire;
     switch (algo) {
       case Algorithm::kHalvingDoubling:
         if (recursive_doubling) {
@@ -142,6 +219,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* re
   const bool is_root = root == layout_.rank;
   PLEXUS_RETURN_IF_ERROR(
       CheckCommon("Reduce", send, is_root ? recv : send, count, dtype, op, root));
+  PLEXUS_RETURN_IF_ERROR(CheckWire("Reduce", dtype, call, false));
   return [=, this]() -> absl::Status {
     const size_t bytes = count * DataTypeSize(dtype);
     const Algorithm algo = Resolve(CollectiveKind::kReduce, bytes, call.algorithm);
@@ -177,10 +255,27 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
   const bool is_root = root == layout_.rank;
   PLEXUS_RETURN_IF_ERROR(
       CheckCommon("Broadcast", is_root ? send : recv, recv, count, dtype, ReduceOp::kSum, root));
+  PLEXUS_RETURN_IF_ERROR(CheckWire("Broadcast", dtype, call, true, true));
+  if (const std::optional<DataType> out = RecvTypeOf(dtype, call)) {
+    PLEXUS_RETURN_IF_ERROR(CheckRecvType("Broadcast", is_root ? send : nullptr,
+                                         count * DataTypeSize(dtype), recv,
+                                         count * DataTypeSize(*out), dtype, call));
+    // The root converts its source into its recv (its output); then recv travels as it is.
+    CallOptions plain = call;
+    plain.wire_dtype.reset();
+    plain.recv_dtype.reset();
+    PLEXUS_ASSIGN_OR_RETURN(auto broadcast, BroadcastTask(recv, recv, count, *out, root, plain));
+    return [=, this]() -> absl::Status {
+      if (is_root && count > 0) {
+        internal::PackWire(*out, recv, static_cast<const float*>(send), count, nullptr);
+      }
+      return broadcast();
+    };
+  }
   return [=, this]() -> absl::Status {
     const size_t bytes = count * DataTypeSize(dtype);
     const Algorithm algo = Resolve(CollectiveKind::kBroadcast, bytes, call.algorithm);
-    const CallHeader header =
+    CallHeader header =
         Header(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, algo, root, count);
     if (count == 0) return absl::OkStatus();
     Staging staging;
@@ -205,7 +300,12 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
       }
       return staging.CopyOut();
     }
+    // Larger ones may cast: the root keeps the rounded values it sends (SendOp::final).
+    const std::optional<DataType> wire = bytes <= 16384 ? std::nullopt : WireOf(dtype, call);
+    header.wire = wire;
+    if (wire) MakeWireLayout(dtype, *wire);  // recuts L (the same call layout) for the wire
     Plan& plan = NewPlan();
+    plan.wire = wire;
     if (algo == Algorithm::kRing) {
       internal::BuildChainBroadcast(L, buf, count, L.position[root], &plan);
     } else {
@@ -219,13 +319,29 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
 CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void* recv, size_t count,
                                                          DataType dtype, CallOptions call) {
   PLEXUS_RETURN_IF_ERROR(CheckCommon("AllGather", send, recv, count, dtype));
+  PLEXUS_RETURN_IF_ERROR(CheckWire("AllGather", dtype, call, true, true));
+  if (const std::optional<DataType> out = RecvTypeOf(dtype, call)) {
+    const size_t block = count * DataTypeSize(*out);
+    PLEXUS_RETURN_IF_ERROR(CheckRecvType("AllGather", send, count * DataTypeSize(dtype), recv,
+                                         block * layout_.n, dtype, call));
+    // Each rank converts its block into its place in recv; then an in-place allgather of it.
+    uint8_t* mine = static_cast<uint8_t*>(recv) + static_cast<size_t>(layout_.rank) * block;
+    CallOptions plain = call;
+    plain.wire_dtype.reset();
+    plain.recv_dtype.reset();
+    PLEXUS_ASSIGN_OR_RETURN(auto gather, AllGatherTask(mine, recv, count, *out, plain));
+    return [=]() -> absl::Status {
+      if (count > 0)
+        internal::PackWire(*out, mine, static_cast<const float*>(send), count, nullptr);
+      return gather();
+    };
+  }
   return [=, this]() -> absl::Status {
     const size_t esize = DataTypeSize(dtype);
     const int n = layout_.n;
     const size_t total = count * n * esize;
     const Algorithm algo = Resolve(CollectiveKind::kAllGather, total, call.algorithm);
-    const CallHeader header =
-        Header(CollectiveKind::kAllGather, dtype, ReduceOp::kSum, algo, -1, count);
+    CallHeader header = Header(CollectiveKind::kAllGather, dtype, ReduceOp::kSum, algo, -1, count);
     if (count == 0) return absl::OkStatus();
     const size_t mine = static_cast<size_t>(layout_.rank) * count * esize;
     const bool in_place = send == static_cast<uint8_t*>(recv) + mine;
@@ -249,9 +365,14 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
       }
       return staging.CopyOut();
     }
+    // Larger ones may cast: each block's owner keeps the rounded values it sends.
+    const std::optional<DataType> wire = total <= 16384 ? std::nullopt : WireOf(dtype, call);
+    header.wire = wire;
+    if (wire) MakeWireLayout(dtype, *wire);  // recuts L (the same call layout) for the wire
     // Ring segment j / halving block b belongs to the rank that owns it at the end.
     std::vector<Block> blocks(n);
     Plan& plan = NewPlan();
+    plan.wire = wire;
     if (algo == Algorithm::kHalvingDoubling) {
       for (int b = 0; b < n; ++b) blocks[b] = Block{L.order[b] * count, count};
       internal::BuildDoubling(L, buf, blocks, &plan);
@@ -268,6 +389,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, v
                                                              size_t count, DataType dtype,
                                                              ReduceOp op, CallOptions call) {
   PLEXUS_RETURN_IF_ERROR(CheckCommon("ReduceScatter", send, recv, count, dtype, op));
+  PLEXUS_RETURN_IF_ERROR(CheckWire("ReduceScatter", dtype, call, false));
   return [=, this]() -> absl::Status {
     const size_t esize = DataTypeSize(dtype);
     const int n = layout_.n;
@@ -302,6 +424,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, v
 CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllTask(const void* send, void* recv, size_t count,
                                                         DataType dtype, CallOptions call) {
   PLEXUS_RETURN_IF_ERROR(CheckCommon("AllToAll", send, recv, count, dtype));
+  PLEXUS_RETURN_IF_ERROR(CheckWire("AllToAll", dtype, call, false));
   return [=, this]() -> absl::Status {
     const size_t esize = DataTypeSize(dtype);
     const int n = layout_.n;
@@ -352,6 +475,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllVTask(
     DataType dtype, CallOptions call) {
   const int n = layout_.n;
   PLEXUS_RETURN_IF_ERROR(CheckCommon("AllToAllV", send, recv, 0, dtype));
+  PLEXUS_RETURN_IF_ERROR(CheckWire("AllToAllV", dtype, call, false));
   for (auto [span, name] : {std::pair{send_counts, "send_counts"},
                             {send_displs, "send_displs"},
                             {recv_counts, "recv_counts"},

@@ -437,6 +437,7 @@ Plan& CommunicatorImpl::NewPlan() {
   plan_.recvs.clear();
   plan_.tx_extra.clear();
   plan_.rx_extra.clear();
+  plan_.wire.reset();
   return plan_;
 }
 

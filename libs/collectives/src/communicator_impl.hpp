@@ -126,6 +126,7 @@ class CommunicatorImpl : public Communicator {
   absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                          CallOptions call) override {
     PLEXUS_RETURN_IF_ERROR(CheckCommon("AllReduce", send, recv, count, dtype, op));
+    PLEXUS_RETURN_IF_ERROR(CheckWire("AllReduce", dtype, call, true));
     if (auto done = TryInline([&] { return RunAllReduce(send, recv, count, dtype, op, call); })) {
       return *std::move(done);
     }
@@ -210,6 +211,18 @@ class CommunicatorImpl : public Communicator {
   std::shared_ptr<Work> BarrierAsync() override { return Async(BarrierTask()); }
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
 
+  // Tests and diagnostics: every connection of this communicator (each channel, each peer), to
+  // read the transport's counters of the bytes it moved.
+  std::vector<const transport::Connection*> connections() const {
+    std::vector<const transport::Connection*> out;
+    for (const auto& channel : conns_) {
+      for (const auto& conn : channel) {
+        if (conn != nullptr) out.push_back(conn.get());
+      }
+    }
+    return out;
+  }
+
  private:
   // A task, or the validation error that stops it from being queued.
   using TaskOr = absl::StatusOr<std::function<absl::Status()>>;
@@ -267,6 +280,26 @@ class CommunicatorImpl : public Communicator {
   // With `segment_bytes` (what one ring step moves), chunks shrink so that each step still
   // spreads over every channel and reductions overlap transfers.
   const Layout& MakeLayout(DataType dtype, size_t segment_bytes = 0);
+  // Fused casts (CallOptions::wire_dtype). CheckWire: InvalidArgument unless `call` asks for no
+  // cast, or for bf16/f16 on an f32 call of a collective that supports it (`supported`).
+  // recv_supported: the collective takes CallOptions::recv_dtype (else it must be unset).
+  absl::Status CheckWire(const char* what, DataType dtype, const CallOptions& call, bool supported,
+                         bool recv_supported = false) const;
+  // CallOptions::recv_dtype (Broadcast, AllGather): InvalidArgument for an unsupported pair of
+  // types, device buffers, or the send_bytes of send overlapping the recv_bytes of recv. OK when
+  // not asked for.
+  absl::Status CheckRecvType(const char* what, const void* send, size_t send_bytes,
+                             const void* recv, size_t recv_bytes, DataType dtype,
+                             const CallOptions& call) const;
+  static std::optional<DataType> RecvTypeOf(DataType dtype, const CallOptions& call) {
+    return call.recv_dtype == dtype ? std::nullopt : call.recv_dtype;
+  }
+  // The wire type of a call that takes a cast-capable path: nullopt when none was asked for.
+  static std::optional<DataType> WireOf(DataType dtype, const CallOptions& call) {
+    return call.wire_dtype == dtype ? std::nullopt : call.wire_dtype;
+  }
+  // MakeLayout for a cast: chunks of chunk_bytes on the wire (so of twice as many f32 bytes).
+  const Layout& MakeWireLayout(DataType dtype, DataType wire, size_t segment_bytes = 0);
   // An empty plan reusing the previous call's storage (no allocations on the latency path).
   Plan& NewPlan();
   CallHeader Header(CollectiveKind kind, DataType dtype, ReduceOp op, Algorithm algorithm, int root,
@@ -357,13 +390,19 @@ class CommunicatorImpl : public Communicator {
     std::vector<uint8_t> slots;
     size_t slots_taken = 0;       // receives posted into slots (slot = slots_taken % depth)
     std::vector<int> slot_owner;  // per slot: the receive using it, -1 if none yet
+    // Wire casts: sends are packed into one of `depth` send slots (reused once that send
+    // completed), so that the staging memory is bounded by the pipeline, not the vector.
+    size_t send_slot_stride = 0;
+    std::vector<uint8_t> send_slots;
+    size_t send_slots_taken = 0;
+    std::vector<int> send_slot_owner;  // per send slot: the send using it, -1 if none yet
     uint8_t tx_header[kHeaderBytes];
   };
   std::vector<Link> links_;
   Layout call_layout_;
   Plan plan_;
   // Execute's per-call state, kept to reuse its storage.
-  std::vector<size_t> max_recv_;
+  std::vector<size_t> max_recv_, max_send_;
   std::vector<int> reduce_order_;
   enum : uint8_t { kIdle = 0, kPosted = 1, kArrived = 2, kDone = 3 };  // per send / receive
   std::vector<uint8_t> send_state_, recv_state_;

@@ -45,6 +45,12 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
   const size_t num_recvs = plan.recvs.size();
   if (num_sends == 0 && num_recvs == 0) return absl::OkStatus();
   const uint64_t epoch = ++epoch_ & 0x7FFFFFFF;
+  // A fused cast: the plan's byte counts are of `dtype` (f32); messages carry `wire` elements.
+  const bool cast = plan.wire.has_value();
+  const DataType wire = cast ? *plan.wire : dtype;
+  const size_t data_size = DataTypeSize(dtype);
+  const size_t wire_size = DataTypeSize(wire);
+  auto on_wire = [&](size_t bytes) { return cast ? bytes / data_size * wire_size : bytes; };
 
   for (Link& link : links_) {
     link.sends.clear();
@@ -53,12 +59,18 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     link.sends_in_flight = 0;
     link.slots_taken = 0;
     link.slot_owner.assign(depth, -1);
+    link.send_slots_taken = 0;
+    if (cast) link.send_slot_owner.assign(depth, -1);
   }
   std::vector<size_t>& max_recv = max_recv_;
   max_recv.assign(links_.size(), 0);
+  std::vector<size_t>& max_send = max_send_;
+  max_send.assign(links_.size(), 0);
   for (size_t i = 0; i < num_sends; ++i) {
     const auto& op_ = plan.sends[i];
-    links_[op_.peer * channels + op_.channel].sends.push_back(static_cast<int>(i));
+    const size_t l = op_.peer * channels + op_.channel;
+    links_[l].sends.push_back(static_cast<int>(i));
+    max_send[l] = std::max(max_send[l], on_wire(op_.bytes));
   }
   std::vector<int>& reduce_order = reduce_order_;
   reduce_order.clear();
@@ -66,7 +78,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     const auto& op_ = plan.recvs[i];
     const size_t l = op_.peer * channels + op_.channel;
     links_[l].recvs.push_back(static_cast<int>(i));
-    max_recv[l] = std::max(max_recv[l], op_.bytes);
+    max_recv[l] = std::max(max_recv[l], on_wire(op_.bytes));
     if (op_.reduce) reduce_order.push_back(static_cast<int>(i));
   }
   for (size_t l = 0; l < links_.size(); ++l) {
@@ -75,6 +87,11 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
       CallHeader h = header;
       h.extra = plan.tx_extra.empty() ? 0 : plan.tx_extra[l / channels];
       h.Encode(link.tx_header);
+      if (cast) {
+        link.send_slot_stride = (max_send[l] + 63) & ~size_t{63};
+        const size_t need = link.send_slot_stride * depth;
+        if (link.send_slots.size() < need) link.send_slots.resize(need);
+      }
     }
     if (!link.recvs.empty()) {
       // At least 4 KiB, so that a small oversized first message (a mismatched call) still fits
@@ -124,7 +141,12 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
         const int i = slot_copies[j];
         const auto& r = plan.recvs[i];
         if (sends_done_prefix >= static_cast<size_t>(r.war_prefix)) {
-          if (r.bytes > 0) std::memcpy(r.data, recv_landing[i], r.bytes);
+          if (cast) {
+            internal::UnpackWire(wire, reinterpret_cast<float*>(r.data), recv_landing[i],
+                                 r.bytes / data_size);
+          } else if (r.bytes > 0) {
+            std::memcpy(r.data, recv_landing[i], r.bytes);
+          }
           finish_recv(i);
           slot_copies[j] = slot_copies.back();
           slot_copies.pop_back();
@@ -139,8 +161,13 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
         if (recv_state[i] != kArrived || sends_done_prefix < static_cast<size_t>(r.war_prefix)) {
           break;
         }
-        const size_t elems = r.bytes / DataTypeSize(dtype);
-        if (r.local == nullptr) {
+        const size_t elems = r.bytes / data_size;
+        if (cast) {
+          // The incoming chunk is converted and folded into the f32 accumulator in one pass.
+          auto* dst = reinterpret_cast<float*>(r.data);
+          const auto* local = r.local == nullptr ? dst : reinterpret_cast<const float*>(r.local);
+          internal::ReduceWire(wire, op, dst, local, recv_landing[i], elems, r.src_first);
+        } else if (r.local == nullptr) {
           internal::ReduceInto(dtype, op, r.data, recv_landing[i], elems, r.src_first);
         } else if (recv_landing[i] == r.data) {
           // data holds the incoming operand: the same operation with the roles swapped.
@@ -172,14 +199,15 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
         const int i = link.recvs[link.next_recv];
         const auto& r = plan.recvs[i];
         MutableBuffer target;
-        if (link.next_recv == 0 || (r.reduce && r.local == nullptr)) {
+        // With a cast every receive lands in a slot: its bytes are not yet of the output's type.
+        if (link.next_recv == 0 || (r.reduce && r.local == nullptr) || cast) {
           int& owner = link.slot_owner[link.slots_taken % depth];
           if (owner >= 0 && recv_state[owner] != kDone) break;
           uint8_t* slot = link.slots.data() + (link.slots_taken % depth) * link.slot_stride;
           owner = i;
           ++link.slots_taken;
           // The first: header + payload, with room to see an oversized (mismatched) message.
-          target = {slot, link.next_recv == 0 ? link.slot_stride : r.bytes};
+          target = {slot, link.next_recv == 0 ? link.slot_stride : on_wire(r.bytes)};
         } else {  // placed, or reduced out of place: straight into the destination
           if (sends_done_prefix < static_cast<size_t>(r.war_prefix)) break;
           target = {r.data, r.bytes};
@@ -202,7 +230,22 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
         ConstBuffer parts[2];
         size_t nparts = 0;
         if (link.next_send == 0) parts[nparts++] = {link.tx_header, kHeaderBytes};
-        if (s.bytes > 0) parts[nparts++] = {s.data, s.bytes};
+        if (cast && s.bytes > 0) {
+          // Pack the chunk into a free send slot, converting as it is copied; a final result's
+          // sender keeps the rounded values (SendOp::final: data is in the call's output).
+          int& owner = link.send_slot_owner[link.send_slots_taken % depth];
+          if (owner >= 0 && send_state[owner] != kDone) break;
+          uint8_t* slot =
+              link.send_slots.data() + (link.send_slots_taken % depth) * link.send_slot_stride;
+          owner = i;
+          ++link.send_slots_taken;
+          const auto* from = reinterpret_cast<const float*>(s.data);
+          internal::PackWire(wire, slot, from, s.bytes / data_size,
+                             s.final ? const_cast<float*>(from) : nullptr);
+          parts[nparts++] = {slot, on_wire(s.bytes)};
+        } else if (s.bytes > 0) {
+          parts[nparts++] = {s.data, s.bytes};
+        }
         const uint64_t wr = (uint64_t{1} << 63) | (epoch << 32) | static_cast<uint64_t>(i);
         if (absl::Status st = conn->PostSend(absl::MakeConstSpan(parts, nparts), wr); !st.ok()) {
           failure = Failure::Peer(peer, st);
@@ -274,10 +317,10 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
       recv_landing[i] += kHeaderBytes;
       payload = c.bytes - kHeaderBytes;
     }
-    if (payload != r.bytes) {
+    if (payload != on_wire(r.bytes)) {
       failure = Failure::Own(absl::FailedPreconditionError(absl::StrCat(
           describe(), " on rank ", layout_.rank, ": rank ", r.peer, " sent a message of ", payload,
-          " bytes where ", r.bytes,
+          " bytes where ", on_wire(r.bytes),
           " were expected: the ranks' calls do not match (count, type or algorithm)")));
       return false;
     }

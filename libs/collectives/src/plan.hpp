@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "plexus/collectives/types.hpp"
@@ -21,6 +22,10 @@ struct SendOp {
   int channel = 0;
   int dep = -1;        // a recv (index) that must be finished before posting
   int dep_prefix = 0;  // every recv with a lower index must be finished before posting
+  // The data is a final result of the call (all-gather phases, broadcasts). With a wire cast the
+  // sender keeps the rounded value it sends (data then points into the call's output), so that
+  // every rank, the owner included, ends with the same bits.
+  bool final = false;
 };
 
 struct RecvOp {
@@ -45,6 +50,10 @@ struct Plan {
   // that peer (AllToAllV counts). Empty = zeros.
   std::vector<uint64_t> tx_extra;
   std::vector<uint64_t> rx_extra;
+  // A fused cast (CallOptions::wire_dtype): the buffers hold f32, every message travels as this
+  // type. Each send converts its chunk while packing it into a send slot; each receive lands in a
+  // slot and is converted into place, or reduced into its f32 destination, in one pass.
+  std::optional<DataType> wire;
 };
 
 // Where the ranks sit and how data is cut.

@@ -202,6 +202,49 @@ void ReduceInto(DataType dtype, ReduceOp op, void* dst_v, const void* src_v, siz
   ReduceScalar(dtype, op, dst + done * esize, src + done * esize, n - done, src_first);
 }
 
+namespace {
+
+uint16_t ToWire(DataType wire, float f) {
+  return wire == DataType::kBF16 ? FloatToBf16(f) : FloatToHalf(f);
+}
+float FromWire(DataType wire, uint16_t h) {
+  return wire == DataType::kBF16 ? Bf16ToFloat(h) : HalfToFloat(h);
+}
+
+}  // namespace
+
+void PackWire(DataType wire, void* out_v, const float* in_v, size_t n, float* keep_v) {
+  auto* out = static_cast<uint8_t*>(out_v);
+  const auto* in = reinterpret_cast<const uint8_t*>(in_v);
+  auto* keep = reinterpret_cast<uint8_t*>(keep_v);
+  size_t i = Avx2Active() ? PackWireAvx2(wire, out, in_v, n, keep_v) : 0;
+  for (; i < n; ++i) {
+    const uint16_t h = ToWire(wire, Load<float>(in + 4 * i));
+    Store<uint16_t>(out + 2 * i, h);
+    if (keep != nullptr) Store<float>(keep + 4 * i, FromWire(wire, h));
+  }
+}
+
+void UnpackWire(DataType wire, float* out_v, const void* in_v, size_t n) {
+  auto* out = reinterpret_cast<uint8_t*>(out_v);
+  const auto* in = static_cast<const uint8_t*>(in_v);
+  size_t i = Avx2Active() ? UnpackWireAvx2(wire, out_v, in, n) : 0;
+  for (; i < n; ++i) Store<float>(out + 4 * i, FromWire(wire, Load<uint16_t>(in + 2 * i)));
+}
+
+void ReduceWire(DataType wire, ReduceOp op, float* dst_v, const float* local_v, const void* in_v,
+                size_t n, bool src_first) {
+  auto* dst = reinterpret_cast<uint8_t*>(dst_v);
+  const auto* local = reinterpret_cast<const uint8_t*>(local_v);
+  const auto* in = static_cast<const uint8_t*>(in_v);
+  size_t i = Avx2Active() ? ReduceWireAvx2(wire, op, dst_v, local_v, in, n, src_first) : 0;
+  for (; i < n; ++i) {
+    const float a = Load<float>(local + 4 * i);
+    const float b = FromWire(wire, Load<uint16_t>(in + 2 * i));
+    Store<float>(dst + 4 * i, src_first ? Apply(op, b, a) : Apply(op, a, b));
+  }
+}
+
 void DivideInPlace(DataType dtype, void* data_v, size_t n, int divisor) {
   auto* data = static_cast<uint8_t*>(data_v);
   switch (dtype) {

@@ -22,6 +22,19 @@ bool Avx2Active();
 // Tests: force the scalar kernels (false) or allow AVX2 again (true). Returns the previous value.
 bool SetAvx2Allowed(bool allowed);
 
+// Fused casts (an f32 collective that travels as bf16 or f16, CallOptions::wire_dtype). `wire`
+// is kBF16 or kF16; f32 -> wire rounds to nearest even (bf16: NaNs stay quiet NaNs; f16: values
+// beyond 65504 become infinities, as F16C). Pointers need no alignment.
+// out[i] = wire(in[i]); with `keep` (may equal in), also keep[i] = f32(out[i]): the sender of a
+// final result keeps exactly the value it sends.
+void PackWire(DataType wire, void* out, const float* in, size_t n, float* keep);
+// out[i] = f32(in[i]).
+void UnpackWire(DataType wire, float* out, const void* in, size_t n);
+// dst[i] = local[i] op f32(in[i]) (src_first: f32(in[i]) op local[i]), accumulated in f32 (kAvg
+// as kSum). local may equal dst; in must not overlap either.
+void ReduceWire(DataType wire, ReduceOp op, float* dst, const float* local, const void* in,
+                size_t n, bool src_first);
+
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);
 float Bf16ToFloat(uint16_t h);
@@ -32,5 +45,12 @@ uint16_t FloatToBf16(float f);
 // CPU supports AVX2 and F16C.
 size_t ReduceAvx2(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* src, size_t n,
                   bool src_first);
+
+// The AVX2 + F16C forms of the three above, same contract as ReduceAvx2 (bit-identical to the
+// scalar kernels; they return how many leading elements they handled).
+size_t PackWireAvx2(DataType wire, uint8_t* out, const float* in, size_t n, float* keep);
+size_t UnpackWireAvx2(DataType wire, float* out, const uint8_t* in, size_t n);
+size_t ReduceWireAvx2(DataType wire, ReduceOp op, float* dst, const float* local, const uint8_t* in,
+                      size_t n, bool src_first);
 
 }  // namespace plexus::collectives::internal

@@ -64,6 +64,94 @@ __m256 ApplyPs(ReduceOp op, __m256 x, __m256 y) {
   return x;
 }
 
+// Eight wire elements (bf16 or f16) at p as f32, and back (round to nearest even). The wire
+// type and the operation are template parameters of the loops below: a branch per vector in the
+// loop body halved their throughput.
+template <bool kBf16>
+__m256 FromWireBits(__m128i h) {
+  if constexpr (kBf16) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm256_cvtph_ps(h);
+  }
+}
+template <bool kBf16>
+__m256 LoadWire(const uint8_t* p) {
+  return FromWireBits<kBf16>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+template <bool kBf16>
+__m128i ToWireBits(__m256 v) {
+  if constexpr (kBf16) {
+    return StoreBf16Bits(v);
+  } else {
+    return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+}
+template <ReduceOp kOp>
+__m256 ApplyPsFixed(__m256 x, __m256 y) {
+  if constexpr (kOp == ReduceOp::kSum || kOp == ReduceOp::kAvg) {
+    return CanonicalPs(_mm256_add_ps(x, y));
+  } else if constexpr (kOp == ReduceOp::kProd) {
+    return CanonicalPs(_mm256_mul_ps(x, y));
+  } else if constexpr (kOp == ReduceOp::kMin) {
+    return CanonicalPs(_mm256_min_ps(x, y));
+  } else {
+    return CanonicalPs(_mm256_max_ps(x, y));
+  }
+}
+
+template <bool kBf16, bool kKeep>
+size_t PackLoop(uint8_t* out, const float* in, size_t n, float* keep) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = ToWireBits<kBf16>(_mm256_loadu_ps(in + i));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), h);
+    if constexpr (kKeep) _mm256_storeu_ps(keep + i, FromWireBits<kBf16>(h));
+  }
+  return i;
+}
+
+template <bool kBf16>
+size_t UnpackLoop(float* out, const uint8_t* in, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, LoadWire<kBf16>(in + 2 * i));
+  return i;
+}
+
+template <bool kBf16, ReduceOp kOp, bool kSrcFirst>
+size_t ReduceWireLoop(float* dst, const float* local, const uint8_t* in, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a = _mm256_loadu_ps(local + i);
+    const __m256 b = LoadWire<kBf16>(in + 2 * i);
+    _mm256_storeu_ps(dst + i, kSrcFirst ? ApplyPsFixed<kOp>(b, a) : ApplyPsFixed<kOp>(a, b));
+  }
+  return i;
+}
+
+template <bool kBf16, ReduceOp kOp>
+size_t ReduceWireOp(float* dst, const float* local, const uint8_t* in, size_t n, bool src_first) {
+  return src_first ? ReduceWireLoop<kBf16, kOp, true>(dst, local, in, n)
+                   : ReduceWireLoop<kBf16, kOp, false>(dst, local, in, n);
+}
+
+template <bool kBf16>
+size_t ReduceWireType(ReduceOp op, float* dst, const float* local, const uint8_t* in, size_t n,
+                      bool src_first) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return ReduceWireOp<kBf16, ReduceOp::kSum>(dst, local, in, n, src_first);
+    case ReduceOp::kProd:
+      return ReduceWireOp<kBf16, ReduceOp::kProd>(dst, local, in, n, src_first);
+    case ReduceOp::kMin:
+      return ReduceWireOp<kBf16, ReduceOp::kMin>(dst, local, in, n, src_first);
+    case ReduceOp::kMax:
+      return ReduceWireOp<kBf16, ReduceOp::kMax>(dst, local, in, n, src_first);
+  }
+  return 0;
+}
+
 }  // namespace
 
 size_t ReduceAvx2(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* src, size_t n,
@@ -174,6 +262,25 @@ size_t ReduceAvx2(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* src,
       return i;
   }
   return i;
+}
+
+size_t PackWireAvx2(DataType wire, uint8_t* out, const float* in, size_t n, float* keep) {
+  if (wire == DataType::kBF16) {
+    return keep != nullptr ? PackLoop<true, true>(out, in, n, keep)
+                           : PackLoop<true, false>(out, in, n, keep);
+  }
+  return keep != nullptr ? PackLoop<false, true>(out, in, n, keep)
+                         : PackLoop<false, false>(out, in, n, keep);
+}
+
+size_t UnpackWireAvx2(DataType wire, float* out, const uint8_t* in, size_t n) {
+  return wire == DataType::kBF16 ? UnpackLoop<true>(out, in, n) : UnpackLoop<false>(out, in, n);
+}
+
+size_t ReduceWireAvx2(DataType wire, ReduceOp op, float* dst, const float* local, const uint8_t* in,
+                      size_t n, bool src_first) {
+  return wire == DataType::kBF16 ? ReduceWireType<true>(op, dst, local, in, n, src_first)
+                                 : ReduceWireType<false>(op, dst, local, in, n, src_first);
 }
 
 }  // namespace plexus::collectives::internal

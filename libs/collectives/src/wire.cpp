@@ -40,6 +40,7 @@ void CallHeader::Encode(uint8_t* out) const {
   Put(out, 6, static_cast<uint8_t>(dtype), 1);
   Put(out, 7, static_cast<uint8_t>(op), 1);
   Put(out, 8, static_cast<uint8_t>(algorithm), 1);
+  Put(out, 9, wire.has_value() ? 1 + static_cast<uint8_t>(*wire) : 0, 1);
   Put(out, 12, static_cast<uint32_t>(root), 4);
   Put(out, 16, static_cast<uint32_t>(sender), 4);
   Put(out, 24, sequence, 8);
@@ -58,15 +59,16 @@ absl::StatusOr<CallHeader> CallHeader::Decode(absl::Span<const uint8_t> bytes) {
   }
   CallHeader h;
   const uint64_t kind = Get(in, 5, 1), dtype = Get(in, 6, 1), op = Get(in, 7, 1),
-                 algorithm = Get(in, 8, 1);
+                 algorithm = Get(in, 8, 1), wire = Get(in, 9, 1);
   if (kind >= kNumCollectiveKinds || dtype >= kNumDataTypes || op >= kNumReduceOps ||
-      algorithm >= kNumAlgorithms) {
+      algorithm >= kNumAlgorithms || wire > kNumDataTypes) {
     return absl::DataLossError("call header with out-of-range fields");
   }
   h.kind = static_cast<CollectiveKind>(kind);
   h.dtype = static_cast<DataType>(dtype);
   h.op = static_cast<ReduceOp>(op);
   h.algorithm = static_cast<Algorithm>(algorithm);
+  if (wire > 0) h.wire = static_cast<DataType>(wire - 1);
   h.root = static_cast<int32_t>(static_cast<uint32_t>(Get(in, 12, 4)));
   h.sender = static_cast<int32_t>(static_cast<uint32_t>(Get(in, 16, 4)));
   h.sequence = Get(in, 24, 8);
@@ -85,6 +87,9 @@ std::string CallHeader::Describe() const {
   }
   if (root >= 0) absl::StrAppend(&out, ", root ", root);
   if (kind == CollectiveKind::kAllToAllV) absl::StrAppend(&out, ", ", extra, " elements to peer");
+  if (wire.has_value()) {
+    absl::StrAppend(&out, ", ", std::string(DataTypeName(*wire)), " on the wire");
+  }
   absl::StrAppend(&out, ", ", std::string(AlgorithmName(algorithm)), ")");
   return out;
 }
@@ -92,7 +97,7 @@ std::string CallHeader::Describe() const {
 bool CallHeader::SameCall(const CallHeader& o) const {
   return kind == o.kind && dtype == o.dtype && op == o.op && algorithm == o.algorithm &&
          root == o.root && sequence == o.sequence && count == o.count &&
-         communicator == o.communicator;
+         communicator == o.communicator && wire == o.wire;
 }
 
 }  // namespace plexus::collectives::internal

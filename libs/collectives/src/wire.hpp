@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -27,6 +28,9 @@ struct CallHeader {
   uint64_t count = 0;
   uint64_t extra = 0;  // AllToAllV: elements sent to the receiver
   uint64_t communicator = 0;
+  // The element type on the wire when it differs from dtype (a fused cast, CallOptions::
+  // wire_dtype); encoded in a byte that version 1 left zero, so uncast calls encode as before.
+  std::optional<DataType> wire;
 
   void Encode(uint8_t* out) const;
   // DataLoss for anything that is not a header of this version.

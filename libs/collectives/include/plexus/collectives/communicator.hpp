@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,10 +94,41 @@ struct CommunicatorOptions {
 
 // Per-call settings.
 struct CallOptions {
+  CallOptions() = default;
+  // `{Algorithm::kRing}` forces an algorithm, as it did when that was the only field (a
+  // constructor, so that the brace form leaves the other fields default without a warning).
+  CallOptions(Algorithm forced) : algorithm(forced) {}  // NOLINT(google-explicit-constructor)
   // kAuto: the selector decides. Otherwise forced for this call (takes precedence over
   // PLEXUS_COLL_ALGO, the communicator's overrides and the table). An algorithm a collective
   // does not implement falls back as documented in docs/collectives.md.
   Algorithm algorithm = Algorithm::kAuto;
+  // Fused cast: an f32 AllReduce, Broadcast or AllGather whose messages travel as kBF16 or kF16,
+  // half the bytes. Each send converts its chunk while packing it; each receive converts the
+  // incoming chunk into the f32 output, or reduces it into the f32 accumulator (AllReduce: the
+  // partial sums stay f32 at every hop), in the same pass; no pass over the whole buffer. Every
+  // rank ends with the same bits: the rank that distributes a final value (a ring segment's
+  // owner, a broadcast root, an allgather block's owner) keeps the rounded value it sends, so
+  // the root's and owners' own outputs are rounded too. nullopt (or dtype itself): as the data.
+  // Error, u = 2^-8 (bf16) or 2^-11 (f16), n ranks, exact sum s = sum_r x_r, r = the result:
+  //   Broadcast/AllGather: r = f32(wire(x)), |r - x| <= u |x|;
+  //   AllReduce sum: |r - s| <= ((1 + u)^n (1 + 2^-24)^(n - 1) - 1) sum_r |x_r| (each operand is
+  //   rounded at most n - 1 times on its way plus once as part of the final value, and takes
+  //   part in at most n - 1 f32 additions); min/max: r = wire(min/max_r x_r); avg: sum, then / n.
+  // f16 also: values beyond 65504 become infinities, and below 2^-14 add up to 2^-25 absolute
+  // error per rounding. NaN and infinities propagate (NaN results are canonical quiet NaNs).
+  // The latency paths travel uncast (exact, same bits on every rank): AllReduce of at most
+  // 16 KiB or with fewer elements than ranks, Broadcast/AllGather of at most 16 KiB in all, the
+  // mailbox AllGather (<= 8 KiB per rank). InvalidArgument for another collective, a dtype other
+  // than kF32, or another wire type. Every rank must pass the same value: on the cast paths a
+  // difference fails the call as mismatched (the header carries the wire type).
+  std::optional<DataType> wire_dtype;
+  // Broadcast and AllGather: recv holds elements of this type (kBF16 or kF16) while send holds
+  // dtype (kF32): an f32 source cast on the way into half-width destinations. The root (for
+  // AllGather each rank, for its own block) converts its source straight into its recv, which
+  // then travels as it is: half the bytes, and no other rank converts anything. recv =
+  // wire(send) bit for bit. nullopt (or dtype): as the data. wire_dtype must be unset or equal.
+  // Host buffers only, and send must not overlap recv (InvalidArgument otherwise).
+  std::optional<DataType> recv_dtype;
 };
 
 // The handle of an asynchronous call.
