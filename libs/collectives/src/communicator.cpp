@@ -124,10 +124,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   const int rank = rendezvous.rank();
   if (device != nullptr) {
     // The device decides how peers connect; options() reports what it uses.
-    options.backend = device->backend();
-    options.progress = device->options().progress;
-    options.local_address = device->options().local_address;
-    options.sockets_per_connection = device->options().sockets_per_connection;
+    options.device = device->options();
+    options.device.backend = device->backend();
   }
   // Validate and fill in defaults.
   if (options.ring_order.empty()) {
@@ -152,10 +150,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
     return absl::InvalidArgumentError(
         absl::StrCat("channels must be 0 (default) to 64, got ", options.channels));
   }
-  if (options.channels == 0) options.channels = options.backend == transport::Backend::kTcp ? 2 : 1;
+  if (options.channels == 0) {
+    options.channels = options.device.backend == transport::Backend::kTcp ? 2 : 1;
+  }
   if (options.chunk_bytes == 0) {
     options.chunk_bytes =
-        options.backend == transport::Backend::kTcp ? size_t{512} << 10 : size_t{1} << 20;
+        options.device.backend == transport::Backend::kTcp ? size_t{512} << 10 : size_t{1} << 20;
   }
   if (options.chunk_bytes < 64 || options.chunk_bytes > (size_t{1} << 30)) {
     return absl::InvalidArgumentError(
@@ -217,9 +217,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   std::random_device rd;
   const uint64_t nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
                          static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
-  const std::string shape =
-      absl::StrCat(std::string(transport::BackendName(options.backend)), "/ch", options.channels,
-                   "/chunk", options.chunk_bytes, "/order", absl::StrJoin(options.ring_order, ","));
+  const std::string shape = absl::StrCat(
+      std::string(transport::BackendName(options.device.backend)), "/ch", options.channels,
+      "/chunk", options.chunk_bytes, "/order", absl::StrJoin(options.ring_order, ","));
   // The host name counts the ranks sharing this machine and their CPU sets the CPUs they share
   // (see yield_when_idle_).
   const std::string host = base::HostName();
@@ -254,23 +254,27 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
       static_cast<int>(std::unique(local_cpus.begin(), local_cpus.end()) - local_cpus.begin());
 
   const bool oversubscribed = local_ranks > std::max(shared_cpus, 1);
-  transport::DeviceOptions device_options;
-  device_options.backend = options.backend;
-  device_options.progress = options.progress;
-  device_options.local_address = options.local_address;
-  device_options.sockets_per_connection = options.sockets_per_connection;
+  transport::DeviceOptions device_options = options.device;
   device_options.op_timeout = options.timeout;
   device_options.connect_timeout = options.connect_timeout;
   // Ranks outnumber the CPUs they share: every copy costs a CPU some rank is waiting for, so
   // bulk shm messages take one copy (cross-memory attach) rather than two through the ring from
   // 256 KiB (measured, 4 ranks on 2 CPUs: 1 MiB allreduce 2.6 -> 3.0-3.3 GB/s busbw; with a CPU
   // per rank the ring stays faster below 2 MiB).
-  if (oversubscribed) device_options.shm_cma_threshold = size_t{256} << 10;
+  if (oversubscribed && device_options.shm_cma_threshold == 0) {
+    device_options.shm_cma_threshold = size_t{256} << 10;
+  }
   comm->caller_device_ = device != nullptr;
   if (device != nullptr) {
     comm->device_ = std::move(device);
-  } else if (n > 1) {
-    PLEXUS_ASSIGN_OR_RETURN(comm->device_, transport::Device::Create(device_options));
+  } else {
+    // options() reports the timeouts the device uses (the CMA threshold stays the caller's
+    // choice, so that a Split child decides it again for its own ranks).
+    options.device.op_timeout = device_options.op_timeout;
+    options.device.connect_timeout = device_options.connect_timeout;
+    if (n > 1) {
+      PLEXUS_ASSIGN_OR_RETURN(comm->device_, transport::Device::Create(device_options));
+    }
   }
   if (n > 1) {
     comm->cq_ = comm->device_->CreateCompletionQueue();
@@ -315,7 +319,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
                  "ring order [%s], %d rank(s) on %d CPU(s) here: %s\n[plexus-coll] selector "
                  "table:\n%s",
                  static_cast<unsigned long long>(comm->uid_), n,
-                 std::string(transport::BackendName(comm->options_.backend)).c_str(),
+                 std::string(transport::BackendName(comm->options_.device.backend)).c_str(),
                  comm->options_.channels, comm->options_.chunk_bytes,
                  absl::StrJoin(comm->layout_.order, ",").c_str(), local_ranks, shared_cpus,
                  comm->yield_when_idle_ ? "waiting ranks yield" : "waiting ranks spin first",

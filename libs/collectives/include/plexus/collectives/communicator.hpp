@@ -3,7 +3,7 @@
 //
 //   auto rdv = plexus::transport::Rendezvous::FromEnv();
 //   plexus::collectives::CommunicatorOptions options;
-//   options.backend = plexus::transport::Backend::kShm;
+//   options.device.backend = plexus::transport::Backend::kShm;
 //   auto comm = plexus::collectives::Communicator::Create(*rdv, options);
 //   absl::Status s = (*comm)->AllReduce(grad, grad, n, DataType::kF32, ReduceOp::kSum);
 //
@@ -50,17 +50,25 @@
 
 namespace plexus::collectives {
 
+// DeviceOptions with caller-driven progress: the default device of a communicator.
+inline transport::DeviceOptions CallerDrivenDeviceOptions() {
+  transport::DeviceOptions options;
+  options.progress = transport::ProgressMode::kCaller;
+  return options;
+}
+
 // Settings of a communicator, fixed at creation.
 struct CommunicatorOptions {
-  // Transport backend connecting the ranks (inproc: threads of one process; shm: processes on
-  // one host; tcp: anywhere; verbs: RDMA).
-  transport::Backend backend = transport::Backend::kTcp;
-  // kCaller (default): the thread executing a call moves the bytes itself (lowest latency).
-  // kThread: a transport device thread moves them.
-  transport::ProgressMode progress = transport::ProgressMode::kCaller;
-  // tcp: local IP to bind to ("" = any); sockets per connection for striping large messages.
-  std::string local_address;
-  int sockets_per_connection = 1;
+  // The transport device the communicator creates (Create without a device): device.backend
+  // connects the ranks (inproc: threads of one process; shm: processes on one host; tcp:
+  // anywhere; verbs: RDMA); device.progress is kCaller here (the thread executing a call moves
+  // the bytes itself, lowest latency; kThread: a device thread moves them); tcp local_address and
+  // sockets_per_connection, held-byte caps and shm settings apply as documented in
+  // transport/device.hpp. device.op_timeout and device.connect_timeout are not read: the
+  // communicator sets them to `timeout` and `connect_timeout` below. shm_cma_threshold 0 lets the
+  // communicator choose (256 KiB when the host runs more ranks than CPUs). Create on an existing
+  // device ignores all of `device` (options() then reports that device's options).
+  transport::DeviceOptions device = CallerDrivenDeviceOptions();
   // Ring order: a permutation of 0..size-1; rank ring_order[i+1] follows ring_order[i]. Ring,
   // halving-doubling and tree all lay out ranks in this order. Empty = identity.
   std::vector<int> ring_order;
@@ -73,7 +81,8 @@ struct CommunicatorOptions {
   // Chunks in flight per connection and direction (receive slots of chunk_bytes each).
   int pipeline_depth = 4;
   // A call that makes no progress for this long fails with DeadlineExceeded naming the silent
-  // rank (within 1.1x this); also the transport's per-operation timeout.
+  // rank (within 1.1x this); also device.op_timeout, the transport's per-operation timeout, of
+  // the device the communicator creates (a caller's device keeps its own op_timeout).
   absl::Duration timeout = absl::Seconds(60);
   // How long a waiting call spins on the completion queue before it starts yielding the CPU
   // between polls (it sleeps in the transport after 2 ms without progress). Not used when this
@@ -87,7 +96,7 @@ struct CommunicatorOptions {
   AlgorithmTable table;
   // Logs every selection and the table at creation to stderr (also PLEXUS_COLL_DEBUG=1).
   bool debug = false;
-  // Time allowed to connect every rank at creation and at Split.
+  // Time allowed to connect every rank at creation and at Split (also device.connect_timeout).
   absl::Duration connect_timeout = absl::Minutes(1);
 };
 
@@ -115,8 +124,9 @@ class Work {
 class Communicator {
  public:
   // Connects the ranks of `rendezvous` (collective: every rank calls it, with equal options
-  // apart from local_address). InvalidArgument for a ring_order that is not a permutation or
-  // bad channel/chunk settings; Unavailable when the backend or a peer cannot be reached.
+  // apart from device.local_address). InvalidArgument for a ring_order that is not a
+  // permutation or bad channel/chunk settings; Unavailable when the backend or a peer cannot be
+  // reached.
   static absl::StatusOr<std::unique_ptr<Communicator>> Create(transport::Rendezvous& rendezvous,
                                                               CommunicatorOptions options = {});
 
@@ -130,9 +140,9 @@ class Communicator {
   //    transport), its backend() sets the backend defaults of channels and chunk_bytes and must
   //    be the same on every rank, and its own settings (progress mode, local address, sockets
   //    per connection, op_timeout, connect_timeout, shm thresholds) apply as they are.
-  //    options.backend, progress, local_address and sockets_per_connection are ignored;
-  //    options() reports the device's values. Every other option applies (`timeout` still
-  //    bounds a call that makes no progress, independently of the device's op_timeout).
+  //    options.device is ignored; options().device reports the device's options. Every other
+  //    option applies (`timeout` still bounds a call that makes no progress, independently of
+  //    the device's op_timeout).
   //  - Split children use the same device (new connections, same device).
   //  - Progress: with ProgressMode::kCaller the communicator's waiting calls drive the device
   //    (moving bytes of every connection of the device, other users' included, as any caller
