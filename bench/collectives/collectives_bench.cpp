@@ -123,6 +123,7 @@ int WorkerMain(int argc, char** argv) {
   if (!rendezvous.ok()) WorkerDie("rendezvous", rendezvous.status());
   pc::CommunicatorOptions comm_options;
   comm_options.device.backend = *backend;
+  comm_options.transport_policy = pc::TransportPolicy::kUniform;  // measure the backend named
   if (*backend == pt::Backend::kTcp) comm_options.device.local_address = "127.0.0.1";
   comm_options.channels = options.channels;
   comm_options.chunk_bytes = options.chunk_bytes;

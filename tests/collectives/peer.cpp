@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   if (!rdv.ok()) return 1;
   pc::CommunicatorOptions options;
   options.device.backend = *backend;
+  options.transport_policy = pc::TransportPolicy::kUniform;  // test the backend named
   options.device.local_address = *backend == pt::Backend::kTcp ? "127.0.0.1" : "";
   options.timeout =
       stop_mode ? absl::Milliseconds(timeout_ms) : absl::Seconds(mode == "suite" ? 30 : 5);

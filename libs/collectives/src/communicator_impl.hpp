@@ -117,6 +117,9 @@ class CommunicatorImpl : public Communicator {
   int size() const override { return layout_.n; }
   const std::vector<int>& ring_order() const override { return layout_.order; }
   const CommunicatorOptions& options() const override { return options_; }
+  transport::Backend peer_backend(int peer) const override {
+    return peer >= 0 && peer < layout_.n ? peer_backend_[peer] : options_.device.backend;
+  }
   Algorithm SelectAlgorithm(CollectiveKind kind, size_t bytes, Algorithm forced) const override;
   absl::Status health() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -328,7 +331,14 @@ class CommunicatorImpl : public Communicator {
   AlgorithmOverrides env_overrides_;
   bool debug_ = false;
 
-  std::shared_ptr<transport::Device> device_;
+  // The devices connecting the peers (one per backend in use; the caller's alone), and the
+  // last of them (the caller's, or tcp/verbs when this rank uses one).
+  std::vector<std::shared_ptr<transport::Device>> devices_;
+  transport::Device* device_ = nullptr;
+  // Caller-mode progress of every device for cq_ when there are several.
+  std::unique_ptr<transport::ProgressDriver> driver_;
+  // peer_backend_[rank]: the backend connecting that rank.
+  std::vector<transport::Backend> peer_backend_;
   // device_ came from the caller (Create on an existing device): Split children reuse it.
   bool caller_device_ = false;
   std::unique_ptr<transport::CompletionQueue> cq_;

@@ -393,6 +393,7 @@ c10::intrusive_ptr<ProcessGroupPlexus> ProcessGroupPlexus::Create(
            absl::InvalidArgumentError(absl::StrCat("'", *forced, "' is not tcp or shm")));
     }
     options.device.backend = *backend;
+    options.transport_policy = pc::TransportPolicy::kUniform;
   }
   impl->transport = std::string(transport::BackendName(options.device.backend));
   auto comm = pc::Communicator::Create(*impl->rendezvous, options);

@@ -50,6 +50,16 @@
 
 namespace plexus::collectives {
 
+// How a communicator that creates its devices picks the transport of each peer
+// (docs/collectives.md, "Transport per peer").
+enum class TransportPolicy : uint8_t {
+  // Ranks on this host over shm (with mailboxes), ranks on other hosts over device.backend (tcp
+  // when that is shm). With device.backend kInproc every peer is inproc.
+  kPerPeer = 0,
+  // device.backend for every peer (to measure or test one backend).
+  kUniform = 1,
+};
+
 // DeviceOptions with caller-driven progress: the default device of a communicator.
 inline transport::DeviceOptions CallerDrivenDeviceOptions() {
   transport::DeviceOptions options;
@@ -69,6 +79,13 @@ struct CommunicatorOptions {
   // communicator choose (256 KiB when the host runs more ranks than CPUs). Create on an existing
   // device ignores all of `device` (options() then reports that device's options).
   transport::DeviceOptions device = CallerDrivenDeviceOptions();
+  // Per peer (default) or one backend for all; PLEXUS_COLL_TRANSPORT_POLICY=per_peer|uniform
+  // overrides it. Equal on every rank. Not used by Create on an existing device.
+  TransportPolicy transport_policy = TransportPolicy::kPerPeer;
+  // The identity of this rank's host: ranks with equal ids use shm between them and share CPUs.
+  // "" = the environment's PLEXUS_HOST_ID if set, else the host name. Tests use it to play
+  // several hosts in one process.
+  std::string host_id;
   // Ring order: a permutation of 0..size-1; rank ring_order[i+1] follows ring_order[i]. Ring,
   // halving-doubling and tree all lay out ranks in this order. Empty = identity.
   std::vector<int> ring_order;
@@ -136,10 +153,10 @@ class Communicator {
   // interface: CreateCompletionQueue, Listen, Connect, Progress and the connections' calls).
   //  - Ownership is shared: this communicator and every communicator Split from it keep a
   //    reference until destroyed; the caller may drop its own at any time.
-  //  - The device decides the connections: every peer is reached over it (no per-peer choice of
-  //    transport), its backend() sets the backend defaults of channels and chunk_bytes and must
-  //    be the same on every rank, and its own settings (progress mode, local address, sockets
-  //    per connection, op_timeout, connect_timeout, shm thresholds) apply as they are.
+  //  - The device decides the connections: every peer is reached over it (transport_policy and
+  //    host ids do not choose), its backend() sets the backend defaults of channels and chunk_bytes
+  //    and must be the same on every rank, and its own settings (progress mode, local address,
+  //    sockets per connection, op_timeout, connect_timeout, shm thresholds) apply as they are.
   //    options.device is ignored; options().device reports the device's options. Every other
   //    option applies (`timeout` still bounds a call that makes no progress, independently of
   //    the device's op_timeout).
@@ -163,6 +180,8 @@ class Communicator {
   // The ring order in use (the option, or the identity).
   virtual const std::vector<int>& ring_order() const = 0;
   virtual const CommunicatorOptions& options() const = 0;
+  // The backend of the connections to rank `peer` (for this rank itself: device.backend).
+  virtual transport::Backend peer_backend(int peer) const = 0;
   // The algorithm a call of `kind` moving `bytes` (see SelectorRule) would use with `forced`.
   virtual Algorithm SelectAlgorithm(CollectiveKind kind, size_t bytes,
                                     Algorithm forced = Algorithm::kAuto) const = 0;
