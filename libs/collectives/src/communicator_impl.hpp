@@ -28,6 +28,7 @@
 #include "blame.hpp"
 #include "plan.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/transport/device.hpp"
 #include "plexus/transport/rendezvous.hpp"
@@ -83,7 +84,8 @@ inline absl::Status MismatchedCalls(int rank, const std::string& call, int peer,
                                                     theirs, why));
 }
 
-// How long a waiting call polls the transport (yielding the CPU between polls) before it sleeps.
+// How long a waiting call polls the transport (yielding the CPU between polls after the spin)
+// before it sleeps.
 constexpr absl::Duration kYieldWindow = absl::Milliseconds(2);
 
 inline bool IsReducing(CollectiveKind kind) {
@@ -383,6 +385,11 @@ class CommunicatorImpl : public Communicator {
   // Oversubscribed host (or PLEXUS_COLL_YIELD=1): waiting ranks yield at once instead of
   // spinning for options_.spin first.
   bool yield_when_idle_ = false;
+  // How a waiting call waits: spin for options_.spin (none when yield_when_idle_), yield until
+  // kYieldWindow, then sleep in the transport.
+  base::WaitPolicy WaitingPolicy() const {
+    return base::WaitPolicy(yield_when_idle_ ? absl::ZeroDuration() : options_.spin, kYieldWindow);
+  }
   bool ready_ = false;  // fully connected (Make succeeded)
   // mailboxes_[rank]: the channel-0 connection's mailbox (null for this rank).
   std::vector<transport::Mailbox*> mailboxes_;
