@@ -153,8 +153,8 @@ WorkerOptions ParseWorkerOptions(int argc, char** argv, const char* program) {
   app.add_option("--algorithm", o.algorithm, "implementation specific algorithm");
   app.add_option("--transport", o.transport, "the transport named in the JSON lines");
   tooling::AddNumber(&app, "--channels", &o.channels, "CommunicatorOptions::channels", 0, 1000000);
-  tooling::AddNumber(&app, "--sockets", &o.sockets, "CommunicatorOptions::sockets_per_connection",
-                     0, 1000000);
+  tooling::AddNumber(&app, "--sockets", &o.sockets,
+                     "CommunicatorOptions::device.sockets_per_connection", 0, 1000000);
   app.add_option_function<std::string>(
          "--chunk-bytes",
          [&o](const std::string& text) {
@@ -167,7 +167,7 @@ WorkerOptions ParseWorkerOptions(int argc, char** argv, const char* program) {
          },
          "CommunicatorOptions::chunk_bytes (K/M/G suffixes)")
       ->type_name("BYTES");
-  app.add_option("--progress", o.progress, "CommunicatorOptions::progress")
+  app.add_option("--progress", o.progress, "CommunicatorOptions::device.progress")
       ->check(CLI::IsMember({"caller", "thread"}));
   if (auto code = tool.Parse(argc, argv)) std::exit(*code);
   std::string error;

@@ -122,13 +122,14 @@ int WorkerMain(int argc, char** argv) {
   auto rendezvous = pt::Rendezvous::FromEnv(absl::Minutes(2));
   if (!rendezvous.ok()) WorkerDie("rendezvous", rendezvous.status());
   pc::CommunicatorOptions comm_options;
-  comm_options.backend = *backend;
-  if (*backend == pt::Backend::kTcp) comm_options.local_address = "127.0.0.1";
+  comm_options.device.backend = *backend;
+  comm_options.transport_policy = pc::TransportPolicy::kUniform;  // measure the backend named
+  if (*backend == pt::Backend::kTcp) comm_options.device.local_address = "127.0.0.1";
   comm_options.channels = options.channels;
   comm_options.chunk_bytes = options.chunk_bytes;
-  if (options.sockets > 0) comm_options.sockets_per_connection = options.sockets;
-  if (options.progress == "thread") comm_options.progress = pt::ProgressMode::kThread;
-  if (options.progress == "caller") comm_options.progress = pt::ProgressMode::kCaller;
+  if (options.sockets > 0) comm_options.device.sockets_per_connection = options.sockets;
+  if (options.progress == "thread") comm_options.device.progress = pt::ProgressMode::kThread;
+  if (options.progress == "caller") comm_options.device.progress = pt::ProgressMode::kCaller;
   auto comm = pc::Communicator::Create(*rendezvous, comm_options);
   if (!comm.ok()) WorkerDie("Communicator::Create", comm.status());
   PlexusAllreduce impl(std::move(*comm), *algorithm);
@@ -246,8 +247,8 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& o) {
                         64);
   app.add_option("--chunk-bytes", o.chunk_bytes, "Plexus CommunicatorOptions::chunk_bytes");
   pt_tooling::AddNumber(&app, "--sockets", &o.sockets,
-                        "Plexus CommunicatorOptions::sockets_per_connection", 0, 64);
-  app.add_option("--progress", o.progress, "Plexus CommunicatorOptions::progress")
+                        "Plexus CommunicatorOptions::device.sockets_per_connection", 0, 64);
+  app.add_option("--progress", o.progress, "Plexus CommunicatorOptions::device.progress")
       ->check(CLI::IsMember({"caller", "thread"}));
   std::string bind = "none";
   app.add_option("--bind", bind,

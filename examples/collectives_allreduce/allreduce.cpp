@@ -16,7 +16,7 @@ namespace pt = plexus::transport;
 int main() {
   const size_t count = 1 << 20;
   pc::CommunicatorOptions options;
-  options.backend = pt::Backend::kShm;  // ranks on one host; kTcp across hosts
+  options.device.backend = pt::Backend::kShm;  // ranks on one host; kTcp across hosts
   auto rendezvous = pt::Rendezvous::FromEnv();
   if (!rendezvous.ok()) {
     std::fprintf(stderr, "allreduce: %s\n", std::string(rendezvous.status().message()).c_str());

@@ -16,6 +16,7 @@
 #include "plexus/base/json_reader.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 
 namespace pb = plexus::base;
 
@@ -180,4 +181,31 @@ TEST_CASE("net: addresses parse, join and resolve; a loopback port can be reserv
   auto port = net::ReserveLoopbackPort();
   REQUIRE(port.ok());
   CHECK(*port != 0);
+}
+
+TEST_CASE("WaitPolicy: spin, then yield, then sleep", "[base][wait]") {
+  using plexus::base::WaitPolicy;
+  using Phase = WaitPolicy::Phase;
+  const WaitPolicy w(absl::Microseconds(50), absl::Milliseconds(2));
+  CHECK(w.At(absl::ZeroDuration()) == Phase::kSpin);
+  CHECK(w.At(absl::Microseconds(49)) == Phase::kSpin);
+  CHECK(w.At(absl::Microseconds(50)) == Phase::kYield);
+  CHECK(w.At(absl::Microseconds(1999)) == Phase::kYield);
+  CHECK(w.At(absl::Milliseconds(2)) == Phase::kSleep);
+  CHECK(w.At(absl::InfiniteDuration()) == Phase::kSleep);
+  // No spin (an oversubscribed host): yield at once.
+  const WaitPolicy no_spin(absl::ZeroDuration(), absl::Milliseconds(2));
+  CHECK(no_spin.At(absl::ZeroDuration()) == Phase::kYield);
+  CHECK(no_spin.At(absl::Milliseconds(2)) == Phase::kSleep);
+  // sleep_after <= spin: spin, then sleep, no yielding (the completion queue's Wait).
+  const WaitPolicy cq(absl::Microseconds(20), absl::Microseconds(20));
+  CHECK(cq.At(absl::Microseconds(19)) == Phase::kSpin);
+  CHECK(cq.At(absl::Microseconds(20)) == Phase::kSleep);
+  const WaitPolicy long_spin(absl::Milliseconds(5), absl::Milliseconds(2));
+  CHECK(long_spin.sleep_after() == absl::Milliseconds(5));
+  CHECK(long_spin.At(absl::Milliseconds(3)) == Phase::kSpin);
+  CHECK(long_spin.At(absl::Milliseconds(5)) == Phase::kSleep);
+  // Negative spin counts as none.
+  CHECK(WaitPolicy(absl::Microseconds(-1), absl::Milliseconds(1)).At(absl::ZeroDuration()) ==
+        Phase::kYield);
 }

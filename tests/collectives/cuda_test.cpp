@@ -54,7 +54,7 @@ TEST_CASE("device buffers: allreduce (sum, avg), broadcast and allgather", "[col
   if (!pt::CudaAvailable(&why)) plexus::testing::SkipTest(why);
   constexpr int kRanks = 3;
   pc::CommunicatorOptions options;
-  options.backend = pt::Backend::kInproc;
+  options.device.backend = pt::Backend::kInproc;
   options.timeout = absl::Seconds(30);
   auto results = pc::testing::RunRanks(kRanks, options, [](int r, pc::Communicator& comm) {
     // Sizes on both the mailbox (small) and the plan path; f32 sum and bf16 avg (the average is

@@ -13,6 +13,7 @@
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/transport/device.hpp"
 #include "plexus/transport/rendezvous.hpp"
+#include "ranks.hpp"
 #include "support/loopback.hpp"
 
 namespace pc = plexus::collectives;
@@ -93,9 +94,9 @@ RankResult RunRank(int rank, const std::shared_ptr<pt::Store>& store, Case c) {
   auto device = std::make_shared<CountingDevice>(*inner);
   pc::CommunicatorOptions options;
   // Ignored with an explicit device (the device's backend and progress mode apply).
-  options.backend = pt::Backend::kShm;
-  options.progress = c.progress == pt::ProgressMode::kCaller ? pt::ProgressMode::kThread
-                                                             : pt::ProgressMode::kCaller;
+  options.device.backend = pt::Backend::kShm;
+  options.device.progress = c.progress == pt::ProgressMode::kCaller ? pt::ProgressMode::kThread
+                                                                    : pt::ProgressMode::kCaller;
   options.timeout = absl::Seconds(20);
   options.connect_timeout = absl::Seconds(20);
   {
@@ -106,8 +107,8 @@ RankResult RunRank(int rank, const std::shared_ptr<pt::Store>& store, Case c) {
     }
     out.listens_after_create = device->listens();
     out.connects_after_create = device->connects();
-    out.reported_backend = (*comm)->options().backend;
-    out.reported_progress = (*comm)->options().progress;
+    out.reported_backend = (*comm)->options().device.backend;
+    out.reported_progress = (*comm)->options().device.progress;
     // A vector large enough for several chunks and both the mailbox and plan paths.
     for (size_t count : {size_t{3}, size_t{100000}}) {
       std::vector<int32_t> v(count);
@@ -184,6 +185,27 @@ TEST_CASE("a communicator runs on the caller's device, Split children too",
     CHECK(res.uses_while_alive == 3);
     CHECK(res.uses_after == 1);
   }
+}
+
+TEST_CASE("options().device reports the device a communicator made", "[collectives][device]") {
+  pc::CommunicatorOptions options;
+  options.device.backend = pt::Backend::kInproc;
+  options.device.max_held_bytes_per_connection = size_t{3} << 20;
+  options.timeout = absl::Seconds(7);
+  options.connect_timeout = absl::Seconds(9);
+  auto results = pc::testing::RunRanks(2, options, [](int, pc::Communicator& comm) {
+    const pt::DeviceOptions& d = comm.options().device;
+    if (d.backend != pt::Backend::kInproc) return std::string("backend");
+    if (d.progress != pt::ProgressMode::kCaller) return std::string("progress (default kCaller)");
+    if (d.max_held_bytes_per_connection != (size_t{3} << 20)) return std::string("held bytes");
+    // The communicator's timeouts are the device's.
+    if (d.op_timeout != absl::Seconds(7)) return std::string("op_timeout");
+    if (d.connect_timeout != absl::Seconds(9)) return std::string("connect_timeout");
+    int32_t v = 1, sum = 0;
+    absl::Status s = comm.AllReduce(&v, &sum, 1, pc::DataType::kI32, pc::ReduceOp::kSum);
+    return s.ok() && sum == 2 ? std::string() : "allreduce " + std::string(s.message());
+  });
+  for (const std::string& r : results) CHECK(r == "");
 }
 
 TEST_CASE("a null device is refused", "[collectives][device]") {

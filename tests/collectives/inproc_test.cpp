@@ -29,7 +29,7 @@ namespace {
 
 pc::CommunicatorOptions InprocOptions() {
   pc::CommunicatorOptions o;
-  o.backend = pt::Backend::kInproc;
+  o.device.backend = pt::Backend::kInproc;
   o.timeout = absl::Seconds(20);
   o.chunk_bytes = 256;  // many chunks per call: exercises the pipeline
   return o;
@@ -111,7 +111,7 @@ TEST_CASE("blame records: no store traffic on the healthy path, no key left afte
     REQUIRE(inner.ok());
     auto store = std::make_shared<BlameCountingStore>(*std::move(inner));
     pc::CommunicatorOptions options;
-    options.backend = pt::Backend::kInproc;
+    options.device.backend = pt::Backend::kInproc;
     options.timeout = absl::Seconds(2);
     std::vector<std::string> results(2);
     int fast_writes = -1;

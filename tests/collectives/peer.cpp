@@ -50,8 +50,9 @@ int main(int argc, char** argv) {
   auto rdv = pt::Rendezvous::Create(rank, size, std::shared_ptr<pt::Store>(*std::move(store)));
   if (!rdv.ok()) return 1;
   pc::CommunicatorOptions options;
-  options.backend = *backend;
-  options.local_address = *backend == pt::Backend::kTcp ? "127.0.0.1" : "";
+  options.device.backend = *backend;
+  options.transport_policy = pc::TransportPolicy::kUniform;  // test the backend named
+  options.device.local_address = *backend == pt::Backend::kTcp ? "127.0.0.1" : "";
   options.timeout =
       stop_mode ? absl::Milliseconds(timeout_ms) : absl::Seconds(mode == "suite" ? 30 : 5);
   options.chunk_bytes = mode == "suite" ? 1024 : 0;

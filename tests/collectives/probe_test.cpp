@@ -155,7 +155,7 @@ TEST_CASE("probe: the chosen order plugs into a communicator", "[probe]") {
     if (!order.ok()) return std::string(order.status().message());
     chosen[r] = order->order;
     pc::CommunicatorOptions options;
-    options.backend = pt::Backend::kInproc;
+    options.device.backend = pt::Backend::kInproc;
     options.ring_order = order->order;
     auto comm = pc::Communicator::Create(rdv, options);
     if (!comm.ok()) return std::string(comm.status().message());

@@ -15,10 +15,11 @@
 
 namespace plexus::collectives::testing {
 
-// Runs body(rank, comm) on n threads, each with its own communicator; returns one message per
-// rank ("" = success). Catch assertions stay in the main thread.
-inline std::vector<std::string> RunRanks(
-    int n, CommunicatorOptions options,
+// Runs body(rank, comm) on n threads, each with its own communicator made with
+// options_of(rank); returns one message per rank ("" = success). Catch assertions stay in the
+// main thread.
+inline std::vector<std::string> RunRanksWith(
+    int n, const std::function<CommunicatorOptions(int)>& options_of,
     const std::function<std::string(int, Communicator&)>& body) {
   namespace pt = plexus::transport;
   const plexus::testing::LoopbackStore loopback = plexus::testing::StartLoopbackStore();
@@ -32,7 +33,7 @@ inline std::vector<std::string> RunRanks(
         results[r] = "rendezvous: " + std::string(rdv.status().message());
         return;
       }
-      auto comm = Communicator::Create(*rdv, options);
+      auto comm = Communicator::Create(*rdv, options_of(r));
       if (!comm.ok()) {
         results[r] = "create: " + std::string(comm.status().message());
         return;
@@ -42,6 +43,14 @@ inline std::vector<std::string> RunRanks(
   }
   for (auto& t : threads) t.join();
   return results;
+}
+
+// RunRanksWith, the same options on every rank.
+inline std::vector<std::string> RunRanks(
+    int n, CommunicatorOptions options,
+    const std::function<std::string(int, Communicator&)>& body) {
+  return RunRanksWith(
+      n, [&](int) { return options; }, body);
 }
 
 }  // namespace plexus::collectives::testing

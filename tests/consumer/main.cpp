@@ -29,7 +29,7 @@ bool CollectivesAndMoe() {
   auto rendezvous = plexus::transport::Rendezvous::Create(0, 1, std::move(*store));
   if (!rendezvous.ok()) return false;
   pc::CommunicatorOptions options;
-  options.backend = plexus::transport::Backend::kInproc;
+  options.device.backend = plexus::transport::Backend::kInproc;
   auto comm = pc::Communicator::Create(*rendezvous, options);
   if (!comm.ok()) {
     std::fprintf(stderr, "consumer: %s\n", std::string(comm.status().ToString()).c_str());

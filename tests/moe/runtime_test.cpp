@@ -53,7 +53,7 @@ RunResult Run(int world, int64_t steps, pm::RuntimeOptions options, int stop_ran
       pt::TcpStore::Connect("127.0.0.1:" + std::to_string((*server)->port()), absl::Seconds(10));
   REQUIRE(store.ok());
   std::shared_ptr<pt::Store> shared = *std::move(store);
-  options.comm.backend = pt::Backend::kInproc;
+  options.comm.device.backend = pt::Backend::kInproc;
   RunResult out;
   out.errors.resize(world);
   out.states.resize(world);
@@ -126,7 +126,7 @@ ElasticResult RunElastic(const Scenario& sc, pm::RuntimeOptions options) {
       pt::TcpStore::Connect("127.0.0.1:" + std::to_string((*server)->port()), absl::Seconds(10));
   REQUIRE(store.ok());
   std::shared_ptr<pt::Store> shared = *std::move(store);
-  options.comm.backend = pt::Backend::kInproc;
+  options.comm.device.backend = pt::Backend::kInproc;
   std::mutex hang_mu;
   std::condition_variable hang_cv;
   bool release = false;

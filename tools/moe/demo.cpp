@@ -81,7 +81,7 @@ int RunRank(const tooling::Tool& tool, const TrainArgs& a) {
   }
   pm::RuntimeOptions options;
   options.model = plexus::moe::demo::ModelOf(a);
-  options.comm.backend = pt::Backend::kShm;
+  options.comm.device.backend = pt::Backend::kShm;
   options.comm.timeout = absl::Seconds(a.timeout_s);
   options.membership_grace = absl::Seconds(a.grace_s);
   options.recovery =

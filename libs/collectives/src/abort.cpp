@@ -70,7 +70,11 @@ absl::Status CommunicatorImpl::Abort(const CallHeader& header, Failure failure) 
     const absl::Time until = absl::Now() + absl::Milliseconds(200);
     Completion drained[16];
     while (absl::Now() < until) {
-      device_->Progress(absl::Milliseconds(5));
+      if (driver_ != nullptr) {
+        driver_->Progress(absl::Milliseconds(5));
+      } else {
+        device_->Progress(absl::Milliseconds(5));
+      }
       cq_->Poll(absl::MakeSpan(drained));
     }
   }

@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "communicator_impl.hpp"
+#include "peer_transport.hpp"
 #include "plexus/base/env.hpp"
 #include "plexus/base/host.hpp"
 #include "plexus/base/status.hpp"
@@ -79,6 +80,12 @@ const base::Param<std::string> kAlgoParam("PLEXUS_COLL_ALGO", "",
                                           "algorithm overrides, e.g. allreduce=ring");
 const base::Param<std::string> kYieldParam(
     "PLEXUS_COLL_YIELD", "", "waiting ranks yield the CPU: 1/0 (default: when oversubscribed)");
+const base::Param<std::string> kTransportPolicyParam(
+    "PLEXUS_COLL_TRANSPORT_POLICY", "",
+    "per_peer (shm on a host, tcp/verbs across) or uniform (CommunicatorOptions::device.backend "
+    "for every peer); overrides CommunicatorOptions::transport_policy");
+const base::Param<std::string> kHostIdParam(
+    "PLEXUS_HOST_ID", "", "this process's host identity for the collectives (default: host name)");
 const base::Param<bool> kMailboxParam("PLEXUS_COLL_MAILBOX", true,
                                       "small collectives over shm/inproc mailboxes");
 
@@ -124,10 +131,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   const int rank = rendezvous.rank();
   if (device != nullptr) {
     // The device decides how peers connect; options() reports what it uses.
-    options.backend = device->backend();
-    options.progress = device->options().progress;
-    options.local_address = device->options().local_address;
-    options.sockets_per_connection = device->options().sockets_per_connection;
+    options.device = device->options();
+    options.device.backend = device->backend();
   }
   // Validate and fill in defaults.
   if (options.ring_order.empty()) {
@@ -152,12 +157,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
     return absl::InvalidArgumentError(
         absl::StrCat("channels must be 0 (default) to 64, got ", options.channels));
   }
-  if (options.channels == 0) options.channels = options.backend == transport::Backend::kTcp ? 2 : 1;
-  if (options.chunk_bytes == 0) {
-    options.chunk_bytes =
-        options.backend == transport::Backend::kTcp ? size_t{512} << 10 : size_t{1} << 20;
-  }
-  if (options.chunk_bytes < 64 || options.chunk_bytes > (size_t{1} << 30)) {
+  if (options.chunk_bytes != 0 &&
+      (options.chunk_bytes < 64 || options.chunk_bytes > (size_t{1} << 30))) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk_bytes must be between 64 bytes and 1 GiB, got ", options.chunk_bytes));
   }
@@ -174,8 +175,6 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   comm->layout_.n = n;
   comm->layout_.order = options.ring_order;
   comm->layout_.position = position;
-  comm->layout_.channels = options.channels;
-  comm->layout_.chunk_bytes = options.chunk_bytes;
   comm->tag_ = tag;
   comm->store_ = rendezvous.store();
   comm->p2p_send_seq_.assign(n, 0);
@@ -187,6 +186,16 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   PLEXUS_ASSIGN_OR_RETURN(const std::string algo_text, kAlgoParam.Get());
   PLEXUS_ASSIGN_OR_RETURN(const std::string yield_text, kYieldParam.Get());
   PLEXUS_ASSIGN_OR_RETURN(const bool use_mailboxes, kMailboxParam.Get());
+  PLEXUS_ASSIGN_OR_RETURN(const std::string policy_text, kTransportPolicyParam.Get());
+  PLEXUS_ASSIGN_OR_RETURN(const std::string env_host_id, kHostIdParam.Get());
+  if (!policy_text.empty()) {
+    auto policy = ParseTransportPolicy(policy_text);
+    if (!policy.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kTransportPolicyParam.name(), ": ", std::string(policy.status().message())));
+    }
+    options.transport_policy = *policy;
+  }
   std::optional<bool> yield;
   if (!yield_text.empty()) {
     PLEXUS_ASSIGN_OR_RETURN(yield, base::ParseBool(yield_text, kYieldParam.name()));
@@ -217,12 +226,22 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   std::random_device rd;
   const uint64_t nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
                          static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
-  const std::string shape =
-      absl::StrCat(std::string(transport::BackendName(options.backend)), "/ch", options.channels,
-                   "/chunk", options.chunk_bytes, "/order", absl::StrJoin(options.ring_order, ","));
-  // The host name counts the ranks sharing this machine and their CPU sets the CPUs they share
-  // (see yield_when_idle_).
-  const std::string host = base::HostName();
+  // A caller's device connects every peer; otherwise the policy picks per pair of hosts.
+  const TransportPolicy policy =
+      device != nullptr ? TransportPolicy::kUniform : options.transport_policy;
+  const std::string shape = absl::StrCat(
+      std::string(transport::BackendName(options.device.backend)),
+      policy == TransportPolicy::kPerPeer ? "/per_peer" : "/uniform", "/ch", options.channels,
+      "/chunk", options.chunk_bytes, "/order", absl::StrJoin(options.ring_order, ","));
+  // The host identity picks each peer's transport, counts the ranks sharing this machine and,
+  // with their CPU sets, the CPUs they share (see yield_when_idle_).
+  const std::string host = !options.host_id.empty() ? options.host_id
+                           : !env_host_id.empty()   ? env_host_id
+                                                    : base::HostName();
+  if (host.find('|') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, ": host id '", host, "' contains '|'"));
+  }
   PLEXUS_ASSIGN_OR_RETURN(
       const std::vector<std::string> shapes,
       rendezvous.AllGather(
@@ -231,17 +250,20 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
           options.connect_timeout));
   int local_ranks = 0;
   std::vector<int> local_cpus;
+  std::vector<std::string> hosts(n);
   for (int r = 0; r < n; ++r) {
     const std::vector<std::string> fields = absl::StrSplit(shapes[r], absl::MaxSplits('|', 3));
     if (fields.size() != 4 || fields[3] != shape) {
       return absl::InvalidArgumentError(absl::StrCat(
           "communicator options differ between ranks: rank ", rank, " has ", shape, ", rank ", r,
           " has ", fields.size() == 4 ? fields[3] : shapes[r],
-          " (backend, channels, chunk_bytes and ring_order must be equal on every rank)"));
+          " (backend, transport policy, channels, chunk_bytes and ring_order must be equal on "
+          "every rank)"));
     }
     if (r == 0 && !absl::SimpleAtoi(fields[0], &comm->uid_)) {
       return absl::DataLossError("malformed communicator id from rank 0");
     }
+    hosts[r] = fields[1];
     if (fields[1] != host) continue;
     ++local_ranks;
     for (absl::string_view cpu : absl::StrSplit(fields[2], ',', absl::SkipEmpty())) {
@@ -254,29 +276,87 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
       static_cast<int>(std::unique(local_cpus.begin(), local_cpus.end()) - local_cpus.begin());
 
   const bool oversubscribed = local_ranks > std::max(shared_cpus, 1);
-  transport::DeviceOptions device_options;
-  device_options.backend = options.backend;
-  device_options.progress = options.progress;
-  device_options.local_address = options.local_address;
-  device_options.sockets_per_connection = options.sockets_per_connection;
+
+  // Each pair's backend, the same on every rank (so are the defaults that follow from them).
+  comm->peer_backend_.assign(n, options.device.backend);
+  bool any_tcp = options.device.backend == transport::Backend::kTcp && n == 1;
+  bool all_mailboxes = true;
+  for (int a = 0; a < n; ++a) {
+    for (int b = 0; b < n; ++b) {
+      if (a == b) continue;
+      const transport::Backend backend =
+          device != nullptr ? device->backend()
+                            : PairBackend(policy, options.device.backend, hosts[a], hosts[b]);
+      if (a == rank) comm->peer_backend_[b] = backend;
+      any_tcp = any_tcp || backend == transport::Backend::kTcp;
+      all_mailboxes = all_mailboxes && (backend == transport::Backend::kShm ||
+                                        backend == transport::Backend::kInproc);
+    }
+  }
+  if (options.channels == 0) options.channels = any_tcp ? 2 : 1;
+  if (options.chunk_bytes == 0) options.chunk_bytes = any_tcp ? size_t{512} << 10 : size_t{1} << 20;
+  comm->layout_.channels = options.channels;
+  comm->layout_.chunk_bytes = options.chunk_bytes;
+  transport::DeviceOptions device_options = options.device;
   device_options.op_timeout = options.timeout;
   device_options.connect_timeout = options.connect_timeout;
   // Ranks outnumber the CPUs they share: every copy costs a CPU some rank is waiting for, so
   // bulk shm messages take one copy (cross-memory attach) rather than two through the ring from
   // 256 KiB (measured, 4 ranks on 2 CPUs: 1 MiB allreduce 2.6 -> 3.0-3.3 GB/s busbw; with a CPU
   // per rank the ring stays faster below 2 MiB).
-  if (oversubscribed) device_options.shm_cma_threshold = size_t{256} << 10;
+  if (oversubscribed && device_options.shm_cma_threshold == 0) {
+    device_options.shm_cma_threshold = size_t{256} << 10;
+  }
   comm->caller_device_ = device != nullptr;
   if (device != nullptr) {
-    comm->device_ = std::move(device);
-  } else if (n > 1) {
-    PLEXUS_ASSIGN_OR_RETURN(comm->device_, transport::Device::Create(device_options));
+    comm->devices_.push_back(std::move(device));
+    comm->device_ = comm->devices_.back().get();
+  } else {
+    // options() reports the timeouts the devices use (the CMA threshold stays the caller's
+    // choice, so that a Split child decides it again for its own ranks).
+    options.device.op_timeout = device_options.op_timeout;
+    options.device.connect_timeout = device_options.connect_timeout;
+    // One device per backend this rank uses, shm first (see MultiDeviceDriver).
+    for (transport::Backend backend : {transport::Backend::kInproc, transport::Backend::kShm,
+                                       transport::Backend::kTcp, transport::Backend::kVerbs}) {
+      bool used = false;
+      for (int r = 0; r < n; ++r) used = used || (r != rank && comm->peer_backend_[r] == backend);
+      if (!used) continue;
+      transport::DeviceOptions o = device_options;
+      o.backend = backend;
+      auto created = transport::Device::Create(o);
+      if (!created.ok()) {
+        return absl::Status(created.status().code(),
+                            absl::StrCat("rank ", rank, ": creating the ",
+                                         std::string(transport::BackendName(backend)),
+                                         " device: ", std::string(created.status().message())));
+      }
+      comm->devices_.push_back(*std::move(created));
+    }
+    if (!comm->devices_.empty()) comm->device_ = comm->devices_.back().get();
   }
   if (n > 1) {
-    comm->cq_ = comm->device_->CreateCompletionQueue();
+    if (comm->devices_.size() == 1) {
+      comm->cq_ = comm->device_->CreateCompletionQueue();
+    } else {
+      std::vector<transport::Device*> drivers;
+      for (const auto& d : comm->devices_) drivers.push_back(d.get());
+      comm->driver_ = std::make_unique<MultiDeviceDriver>(std::move(drivers));
+      comm->cq_ = std::make_unique<transport::CompletionQueue>(
+          comm->device_->options().progress == transport::ProgressMode::kCaller
+              ? comm->driver_.get()
+              : nullptr);
+    }
+    std::vector<transport::Device*> device_of(n, nullptr);
+    for (int r = 0; r < n; ++r) {
+      if (r == rank) continue;
+      for (const auto& d : comm->devices_) {
+        if (d->backend() == comm->peer_backend_[r]) device_of[r] = d.get();
+      }
+    }
     for (int c = 0; c < options.channels; ++c) {
-      auto mesh = transport::ConnectFullMesh(rendezvous, *comm->device_, comm->cq_.get(),
-                                             absl::StrCat(tag, "/ch", c), options.connect_timeout);
+      auto mesh = ConnectPeers(rendezvous, device_of, comm->cq_.get(), absl::StrCat(tag, "/ch", c),
+                               options.connect_timeout);
       if (!mesh.ok()) {
         return absl::Status(mesh.status().code(),
                             absl::StrCat("connecting channel ", c, " of the communicator: ",
@@ -296,7 +376,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
     comm->mailboxes_[r] = comm->conns_[0][r]->mailbox();
     comm->mailboxes_ready_ = comm->mailboxes_[r] != nullptr;
   }
-  if (!use_mailboxes) comm->mailboxes_ready_ = false;
+  if (!use_mailboxes || !all_mailboxes) comm->mailboxes_ready_ = false;
   comm->call_layout_ = comm->layout_;
   // More ranks than CPUs on this host: a rank spinning for its peer takes the CPU the peer needs
   // to answer, so waiting ranks yield instead (as Open MPI does when oversubscribed).
@@ -315,7 +395,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
                  "ring order [%s], %d rank(s) on %d CPU(s) here: %s\n[plexus-coll] selector "
                  "table:\n%s",
                  static_cast<unsigned long long>(comm->uid_), n,
-                 std::string(transport::BackendName(comm->options_.backend)).c_str(),
+                 std::string(transport::BackendName(comm->options_.device.backend)).c_str(),
                  comm->options_.channels, comm->options_.chunk_bytes,
                  absl::StrJoin(comm->layout_.order, ",").c_str(), local_ranks, shared_cpus,
                  comm->yield_when_idle_ ? "waiting ranks yield" : "waiting ranks spin first",
@@ -518,7 +598,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Split(int color,
                                                         static_cast<int>(members.size()), store_));
   return Make(rendezvous, std::move(options),
               absl::StrCat(tag_, "/", uid_, "/split", split, "/color", color),
-              caller_device_ ? device_ : nullptr);
+              caller_device_ ? devices_.front() : nullptr);
 }
 
 }  // namespace plexus::collectives::internal

@@ -28,6 +28,7 @@
 #include "blame.hpp"
 #include "plan.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/transport/device.hpp"
 #include "plexus/transport/rendezvous.hpp"
@@ -83,7 +84,8 @@ inline absl::Status MismatchedCalls(int rank, const std::string& call, int peer,
                                                     theirs, why));
 }
 
-// How long a waiting call polls the transport (yielding the CPU between polls) before it sleeps.
+// How long a waiting call polls the transport (yielding the CPU between polls after the spin)
+// before it sleeps.
 constexpr absl::Duration kYieldWindow = absl::Milliseconds(2);
 
 inline bool IsReducing(CollectiveKind kind) {
@@ -117,6 +119,9 @@ class CommunicatorImpl : public Communicator {
   int size() const override { return layout_.n; }
   const std::vector<int>& ring_order() const override { return layout_.order; }
   const CommunicatorOptions& options() const override { return options_; }
+  transport::Backend peer_backend(int peer) const override {
+    return peer >= 0 && peer < layout_.n ? peer_backend_[peer] : options_.device.backend;
+  }
   Algorithm SelectAlgorithm(CollectiveKind kind, size_t bytes, Algorithm forced) const override;
   absl::Status health() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -361,7 +366,14 @@ class CommunicatorImpl : public Communicator {
   AlgorithmOverrides env_overrides_;
   bool debug_ = false;
 
-  std::shared_ptr<transport::Device> device_;
+  // The devices connecting the peers (one per backend in use; the caller's alone), and the
+  // last of them (the caller's, or tcp/verbs when this rank uses one).
+  std::vector<std::shared_ptr<transport::Device>> devices_;
+  transport::Device* device_ = nullptr;
+  // Caller-mode progress of every device for cq_ when there are several.
+  std::unique_ptr<transport::ProgressDriver> driver_;
+  // peer_backend_[rank]: the backend connecting that rank.
+  std::vector<transport::Backend> peer_backend_;
   // device_ came from the caller (Create on an existing device): Split children reuse it.
   bool caller_device_ = false;
   std::unique_ptr<transport::CompletionQueue> cq_;
@@ -412,6 +424,11 @@ class CommunicatorImpl : public Communicator {
   // Oversubscribed host (or PLEXUS_COLL_YIELD=1): waiting ranks yield at once instead of
   // spinning for options_.spin first.
   bool yield_when_idle_ = false;
+  // How a waiting call waits: spin for options_.spin (none when yield_when_idle_), yield until
+  // kYieldWindow, then sleep in the transport.
+  base::WaitPolicy WaitingPolicy() const {
+    return base::WaitPolicy(yield_when_idle_ ? absl::ZeroDuration() : options_.spin, kYieldWindow);
+  }
   bool ready_ = false;  // fully connected (Make succeeded)
   // mailboxes_[rank]: the channel-0 connection's mailbox (null for this rank).
   std::vector<transport::Mailbox*> mailboxes_;

@@ -343,7 +343,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
   absl::Duration idle = absl::ZeroDuration();
   bool progressed = false;
   uint32_t idle_polls = 0;
-  const absl::Duration pure_spin = yield_when_idle_ ? absl::ZeroDuration() : options_.spin;
+  const base::WaitPolicy wait = WaitingPolicy();
   absl::Duration next_wait_record = wait_record_after_;  // idle time of the next wait record
   Completion batch[32];
   for (;;) {
@@ -355,7 +355,8 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     }
     size_t got = cq_->Poll(absl::MakeSpan(batch));  // moves bytes too, in caller mode
     if (got == 0) {
-      if (progressed || ++idle_polls % 16 == 0 || idle >= kYieldWindow) {
+      if (progressed || ++idle_polls % 16 == 0 ||
+          wait.At(idle) == base::WaitPolicy::Phase::kSleep) {
         const absl::Time now = absl::Now();
         if (progressed) {
           last_progress = now;
@@ -388,9 +389,10 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
       // Waiting: spin (lowest latency, unless the host is oversubscribed), then poll and yield
       // the CPU to whoever needs it (a peer rank, or anything else this host runs), and only
       // after kYieldWindow without progress sleep in the transport.
-      if (idle < pure_spin) continue;
-      if (idle < kYieldWindow) {
-        sched_yield();
+      const base::WaitPolicy::Phase phase = wait.At(idle);
+      if (phase == base::WaitPolicy::Phase::kSpin) continue;
+      if (phase == base::WaitPolicy::Phase::kYield) {
+        base::WaitPolicy::Yield();
         continue;
       }
       // Wake for the next wait record too.

@@ -83,7 +83,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
   };
   size_t sent = to < 0 ? fragments : 0;
   size_t received = in.from < 0 ? fragments : 0;
-  const absl::Duration pure_spin = yield_when_idle_ ? absl::ZeroDuration() : options_.spin;
+  const base::WaitPolicy wait = WaitingPolicy();
   absl::Time start = absl::InfinitePast();
   absl::Duration idle = absl::ZeroDuration();
   absl::Duration next_wait_record = wait_record_after_;  // idle time of the next wait record
@@ -144,7 +144,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       continue;
     }
     // Past the yield window every pass sleeps anyway: read the clock on each.
-    if (++polls % 64 == 0 || idle >= kYieldWindow) {
+    if (++polls % 64 == 0 || wait.At(idle) == base::WaitPolicy::Phase::kSleep) {
       const absl::Time now = absl::Now();
       if (start == absl::InfinitePast()) start = now;
       idle = now - start;
@@ -158,7 +158,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       }
       Completion sink[4];
       cq_->Poll(absl::MakeSpan(sink));  // caller-mode progress notices a dead peer
-      if (idle >= kYieldWindow) {
+      if (wait.At(idle) == base::WaitPolicy::Phase::kSleep) {
         // Long waits sleep: on the slot itself when only receiving (bounded, so that a dead
         // peer is still noticed); briefly when the peer's inbox is full (it drains as the peer
         // catches up, with no wake-up to wait for).
@@ -170,7 +170,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
         continue;
       }
     }
-    if (idle >= pure_spin) sched_yield();
+    if (wait.At(idle) != base::WaitPolicy::Phase::kSpin) base::WaitPolicy::Yield();
   }
   return absl::OkStatus();
 }

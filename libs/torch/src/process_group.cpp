@@ -384,7 +384,7 @@ c10::intrusive_ptr<ProcessGroupPlexus> ProcessGroupPlexus::Create(
     if (!hosts.ok()) fail("exchanging host names", hosts.status());
     const bool one_host =
         std::all_of(hosts->begin(), hosts->end(), [&](const auto& h) { return h == (*hosts)[0]; });
-    options.backend = one_host ? transport::Backend::kShm : transport::Backend::kTcp;
+    options.device.backend = one_host ? transport::Backend::kShm : transport::Backend::kTcp;
   } else {
     auto backend = transport::ParseBackend(*forced);
     if (!backend.ok() ||
@@ -392,9 +392,10 @@ c10::intrusive_ptr<ProcessGroupPlexus> ProcessGroupPlexus::Create(
       fail("PLEXUS_TORCH_TRANSPORT",
            absl::InvalidArgumentError(absl::StrCat("'", *forced, "' is not tcp or shm")));
     }
-    options.backend = *backend;
+    options.device.backend = *backend;
+    options.transport_policy = pc::TransportPolicy::kUniform;
   }
-  impl->transport = std::string(transport::BackendName(options.backend));
+  impl->transport = std::string(transport::BackendName(options.device.backend));
   auto comm = pc::Communicator::Create(*impl->rendezvous, options);
   if (!comm.ok()) fail("connecting the ranks", comm.status());
   impl->comm = std::move(*comm);

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/wait_policy.hpp"
 
 namespace plexus::transport {
 namespace {
@@ -51,11 +52,12 @@ absl::StatusOr<Completion> CompletionQueue::Wait(absl::Duration timeout, absl::D
   const absl::Time start = absl::Now();
   const absl::Time deadline =
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : start + timeout;
-  const absl::Time spin_until = start + spin;
+  // Spin, then sleep: no yielding phase here (the sleep is in the driver or on cv_).
+  const base::WaitPolicy wait(spin, spin);
   Completion c;
   for (;;) {
     const absl::Time now = absl::Now();
-    if (now < spin_until) {  // spin, making progress on every pass
+    if (wait.At(now - start) == base::WaitPolicy::Phase::kSpin) {  // making progress each pass
       if (Poll({&c, 1}) == 1) return c;
       continue;
     }

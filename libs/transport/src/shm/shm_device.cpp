@@ -17,6 +17,7 @@
 #include "backends.hpp"
 #include "plexus/base/env.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "region_registry.hpp"
 #include "shm/connection_state.hpp"
 #include "shm/session.hpp"
@@ -239,15 +240,16 @@ class ShmDevice final : public Device, public std::enable_shared_from_this<ShmDe
   void ThreadLoop() {
     std::lock_guard<std::mutex> lock(progress_mu_);
     absl::Time busy_at = absl::Now();
+    // Yield rather than pause: the threads this one serves (the callers waiting for its
+    // completions) may need this core, and a 2-core host has no spare one.
+    const base::WaitPolicy wait(absl::ZeroDuration(), kSpinBeforeSleep);
     while (!stop_.load(std::memory_order_relaxed)) {
       if (RunOnce()) {
         busy_at = absl::Now();
         continue;
       }
-      if (absl::Now() - busy_at < kSpinBeforeSleep) {
-        // Yield rather than pause: the threads this one serves (the callers waiting for its
-        // completions) may need this core, and a 2-core host has no spare one.
-        std::this_thread::yield();
+      if (wait.At(absl::Now() - busy_at) == base::WaitPolicy::Phase::kYield) {
+        base::WaitPolicy::Yield();
         continue;
       }
       SleepOnce(kMaxSleep);

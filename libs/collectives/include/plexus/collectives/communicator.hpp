@@ -3,7 +3,7 @@
 //
 //   auto rdv = plexus::transport::Rendezvous::FromEnv();
 //   plexus::collectives::CommunicatorOptions options;
-//   options.backend = plexus::transport::Backend::kShm;
+//   options.device.backend = plexus::transport::Backend::kShm;
 //   auto comm = plexus::collectives::Communicator::Create(*rdv, options);
 //   absl::Status s = (*comm)->AllReduce(grad, grad, n, DataType::kF32, ReduceOp::kSum);
 //
@@ -51,17 +51,42 @@
 
 namespace plexus::collectives {
 
+// How a communicator that creates its devices picks the transport of each peer
+// (docs/collectives.md, "Transport per peer").
+enum class TransportPolicy : uint8_t {
+  // Ranks on this host over shm (with mailboxes), ranks on other hosts over device.backend (tcp
+  // when that is shm). With device.backend kInproc every peer is inproc.
+  kPerPeer = 0,
+  // device.backend for every peer (to measure or test one backend).
+  kUniform = 1,
+};
+
+// DeviceOptions with caller-driven progress: the default device of a communicator.
+inline transport::DeviceOptions CallerDrivenDeviceOptions() {
+  transport::DeviceOptions options;
+  options.progress = transport::ProgressMode::kCaller;
+  return options;
+}
+
 // Settings of a communicator, fixed at creation.
 struct CommunicatorOptions {
-  // Transport backend connecting the ranks (inproc: threads of one process; shm: processes on
-  // one host; tcp: anywhere; verbs: RDMA).
-  transport::Backend backend = transport::Backend::kTcp;
-  // kCaller (default): the thread executing a call moves the bytes itself (lowest latency).
-  // kThread: a transport device thread moves them.
-  transport::ProgressMode progress = transport::ProgressMode::kCaller;
-  // tcp: local IP to bind to ("" = any); sockets per connection for striping large messages.
-  std::string local_address;
-  int sockets_per_connection = 1;
+  // The transport device the communicator creates (Create without a device): device.backend
+  // connects the ranks (inproc: threads of one process; shm: processes on one host; tcp:
+  // anywhere; verbs: RDMA); device.progress is kCaller here (the thread executing a call moves
+  // the bytes itself, lowest latency; kThread: a device thread moves them); tcp local_address and
+  // sockets_per_connection, held-byte caps and shm settings apply as documented in
+  // transport/device.hpp. device.op_timeout and device.connect_timeout are not read: the
+  // communicator sets them to `timeout` and `connect_timeout` below. shm_cma_threshold 0 lets the
+  // communicator choose (256 KiB when the host runs more ranks than CPUs). Create on an existing
+  // device ignores all of `device` (options() then reports that device's options).
+  transport::DeviceOptions device = CallerDrivenDeviceOptions();
+  // Per peer (default) or one backend for all; PLEXUS_COLL_TRANSPORT_POLICY=per_peer|uniform
+  // overrides it. Equal on every rank. Not used by Create on an existing device.
+  TransportPolicy transport_policy = TransportPolicy::kPerPeer;
+  // The identity of this rank's host: ranks with equal ids use shm between them and share CPUs.
+  // "" = the environment's PLEXUS_HOST_ID if set, else the host name. Tests use it to play
+  // several hosts in one process.
+  std::string host_id;
   // Ring order: a permutation of 0..size-1; rank ring_order[i+1] follows ring_order[i]. Ring,
   // halving-doubling and tree all lay out ranks in this order. Empty = identity.
   std::vector<int> ring_order;
@@ -74,7 +99,8 @@ struct CommunicatorOptions {
   // Chunks in flight per connection and direction (receive slots of chunk_bytes each).
   int pipeline_depth = 4;
   // A call that makes no progress for this long fails with DeadlineExceeded naming the silent
-  // rank (within 1.1x this); also the transport's per-operation timeout.
+  // rank (within 1.1x this); also device.op_timeout, the transport's per-operation timeout, of
+  // the device the communicator creates (a caller's device keeps its own op_timeout).
   absl::Duration timeout = absl::Seconds(60);
   // How long a waiting call spins on the completion queue before it starts yielding the CPU
   // between polls (it sleeps in the transport after 2 ms without progress). Not used when this
@@ -88,7 +114,7 @@ struct CommunicatorOptions {
   AlgorithmTable table;
   // Logs every selection and the table at creation to stderr (also PLEXUS_COLL_DEBUG=1).
   bool debug = false;
-  // Time allowed to connect every rank at creation and at Split.
+  // Time allowed to connect every rank at creation and at Split (also device.connect_timeout).
   absl::Duration connect_timeout = absl::Minutes(1);
 };
 
@@ -147,8 +173,9 @@ class Work {
 class Communicator {
  public:
   // Connects the ranks of `rendezvous` (collective: every rank calls it, with equal options
-  // apart from local_address). InvalidArgument for a ring_order that is not a permutation or
-  // bad channel/chunk settings; Unavailable when the backend or a peer cannot be reached.
+  // apart from device.local_address). InvalidArgument for a ring_order that is not a
+  // permutation or bad channel/chunk settings; Unavailable when the backend or a peer cannot be
+  // reached.
   static absl::StatusOr<std::unique_ptr<Communicator>> Create(transport::Rendezvous& rendezvous,
                                                               CommunicatorOptions options = {});
 
@@ -158,13 +185,13 @@ class Communicator {
   // interface: CreateCompletionQueue, Listen, Connect, Progress and the connections' calls).
   //  - Ownership is shared: this communicator and every communicator Split from it keep a
   //    reference until destroyed; the caller may drop its own at any time.
-  //  - The device decides the connections: every peer is reached over it (no per-peer choice of
-  //    transport), its backend() sets the backend defaults of channels and chunk_bytes and must
-  //    be the same on every rank, and its own settings (progress mode, local address, sockets
-  //    per connection, op_timeout, connect_timeout, shm thresholds) apply as they are.
-  //    options.backend, progress, local_address and sockets_per_connection are ignored;
-  //    options() reports the device's values. Every other option applies (`timeout` still
-  //    bounds a call that makes no progress, independently of the device's op_timeout).
+  //  - The device decides the connections: every peer is reached over it (transport_policy and
+  //    host ids do not choose), its backend() sets the backend defaults of channels and chunk_bytes
+  //    and must be the same on every rank, and its own settings (progress mode, local address,
+  //    sockets per connection, op_timeout, connect_timeout, shm thresholds) apply as they are.
+  //    options.device is ignored; options().device reports the device's options. Every other
+  //    option applies (`timeout` still bounds a call that makes no progress, independently of
+  //    the device's op_timeout).
   //  - Split children use the same device (new connections, same device).
   //  - Progress: with ProgressMode::kCaller the communicator's waiting calls drive the device
   //    (moving bytes of every connection of the device, other users' included, as any caller
@@ -185,6 +212,8 @@ class Communicator {
   // The ring order in use (the option, or the identity).
   virtual const std::vector<int>& ring_order() const = 0;
   virtual const CommunicatorOptions& options() const = 0;
+  // The backend of the connections to rank `peer` (for this rank itself: device.backend).
+  virtual transport::Backend peer_backend(int peer) const = 0;
   // The algorithm a call of `kind` moving `bytes` (see SelectorRule) would use with `forced`.
   virtual Algorithm SelectAlgorithm(CollectiveKind kind, size_t bytes,
                                     Algorithm forced = Algorithm::kAuto) const = 0;
