@@ -82,8 +82,9 @@ int WorkerMain(int argc, char** argv) {
   auto rendezvous = pt::Rendezvous::FromEnv(absl::Minutes(2));
   if (!rendezvous.ok()) Die("rendezvous", rendezvous.status());
   pc::CommunicatorOptions options;
-  options.backend = *backend;
-  if (*backend == pt::Backend::kTcp) options.local_address = "127.0.0.1";
+  options.device.backend = *backend;
+  options.transport_policy = pc::TransportPolicy::kUniform;  // measure the backend named
+  if (*backend == pt::Backend::kTcp) options.device.local_address = "127.0.0.1";
   auto comm = pc::Communicator::Create(*rendezvous, options);
   if (!comm.ok()) Die("Communicator::Create", comm.status());
   Worker w{std::move(*comm), runs};

@@ -447,7 +447,9 @@ absl::StatusOr<AllReduceRun> AllReduceOnce(nb::Bed& bed, const std::vector<size_
           PLEXUS_ASSIGN_OR_RETURN(device, pm::MultipathDevice::Create(o));
           PLEXUS_ASSIGN_OR_RETURN(comm, pc::Communicator::Create(rdv, device, options));
         } else {
-          options.local_address = nb::Bed::Address(side, paths[0]);
+          options.device.local_address = nb::Bed::Address(side, paths[0]);
+          // tcp over the bed's path, although both namespaces share one host name.
+          options.transport_policy = pc::TransportPolicy::kUniform;
           PLEXUS_ASSIGN_OR_RETURN(comm, pc::Communicator::Create(rdv, options));
         }
         std::vector<float> in(count), out(count);
@@ -558,6 +560,9 @@ absl::Status RunAllReduce(const Args& args, tooling::FigureWriter& out) {
                {"bytes", (size_t{1} << 20) * args.allreduce_mib},
                {"runs", mp.size()}};
     out.Add(f);
+  }
+  return absl::OkStatus();
+}
 
 // ---- Kernel MPTCP failover trials (the reference for RunFailover) ----
 

@@ -177,7 +177,9 @@ absl::Status RingWorker(const Options& o) {
   PLEXUS_ASSIGN_OR_RETURN(plexus::transport::Rendezvous rdv,
                           plexus::transport::Rendezvous::FromEnv(absl::Seconds(60)));
   pc::CommunicatorOptions copt;
-  copt.backend = *plexus::transport::ParseBackend(o.transport);
+  copt.device.backend = *plexus::transport::ParseBackend(o.transport);
+  // The transport named, for every pair (ranks on one host would otherwise use shm).
+  copt.transport_policy = pc::TransportPolicy::kUniform;
   copt.timeout = absl::Seconds(30);
   PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<pc::Communicator> comm,
                           pc::Communicator::Create(rdv, copt));

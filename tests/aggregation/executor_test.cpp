@@ -49,13 +49,15 @@ TEST_CASE("the executor reproduces the plan's reference bit for bit", "[executor
   std::vector<std::vector<float>> out = in;
   // Over tcp and over shm (the transport of ranks on one host).
   CommunicatorOptions options = Options();
-  options.backend = GENERATE(plexus::transport::Backend::kTcp, plexus::transport::Backend::kShm);
+  options.transport_policy = plexus::collectives::TransportPolicy::kUniform;
+  options.device.backend =
+      GENERATE(plexus::transport::Backend::kTcp, plexus::transport::Backend::kShm);
   auto errors = RunRanks(n, options, [&](int rank, Communicator& comm) -> std::string {
     absl::Status s = agg::ExecutePlan(comm, *plan, out[rank], {.scale = 0.125f});
     return s.ok() ? "" : std::string(s.message());
   });
   for (int r = 0; r < n; ++r) {
-    INFO("rank " << r << " backend " << static_cast<int>(options.backend));
+    INFO("rank " << r << " backend " << static_cast<int>(options.device.backend));
     CHECK(errors[r] == "");
     CHECK(std::memcmp(out[r].data(), (*expect)[r].data(), elements * sizeof(float)) == 0);
   }

@@ -216,7 +216,8 @@ TEST_CASE("call header carries the wire type; uncast headers encode as before",
 
 pc::CommunicatorOptions Options(pt::Backend backend, size_t chunk_bytes) {
   pc::CommunicatorOptions o;
-  o.backend = backend;
+  o.device.backend = backend;
+  o.transport_policy = pc::TransportPolicy::kUniform;  // the backend named, for every pair
   o.timeout = absl::Seconds(20);
   o.chunk_bytes = chunk_bytes;
   return o;
@@ -639,7 +640,7 @@ TEST_CASE("fused-cast allreduce over tcp with two channels", "[collectives][cast
   constexpr int kRanks = 3;
   constexpr size_t kCount = 300007;
   pc::CommunicatorOptions o = Options(pt::Backend::kTcp, 0);
-  o.local_address = "127.0.0.1";
+  o.device.local_address = "127.0.0.1";
   o.channels = 2;
   std::vector<std::vector<float>> all(kRanks), results(kRanks);
   for (int r = 0; r < kRanks; ++r) all[r] = Operand(3, r, kCount, 50.0f);
