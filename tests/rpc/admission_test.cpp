@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "holding_service.hpp"
 #include "kinds.plexus.hpp"
 #include "plexus/rpc/admin.hpp"
 #include "plexus/rpc/channel.hpp"
@@ -21,31 +22,7 @@ using plexus::rpctest::Kinds;
 
 namespace {
 
-class HoldImpl : public Kinds::Service {
- public:
-  absl::Status Echo(pr::ServerContext&, const AllKinds& req, AllKinds* resp) override {
-    *resp = req;
-    return absl::OkStatus();
-  }
-  void HoldAsync(pr::ServerCall<Inner, Inner> call) override {
-    std::lock_guard<std::mutex> lock(mu);
-    held.push_back(std::move(call));
-  }
-  absl::Status Fail(pr::ServerContext&, const Inner&, Empty*) override { return absl::OkStatus(); }
-  // Answers the oldest held call.
-  void ReleaseOne() {
-    std::lock_guard<std::mutex> lock(mu);
-    REQUIRE(!held.empty());
-    held.front().Finish(absl::OkStatus());
-    held.erase(held.begin());
-  }
-  size_t Held() {
-    std::lock_guard<std::mutex> lock(mu);
-    return held.size();
-  }
-  std::mutex mu;
-  std::vector<pr::ServerCall<Inner, Inner>> held;
-};
+using HoldImpl = plexus::rpctest::HoldingService;
 
 struct Setup {
   Setup() {

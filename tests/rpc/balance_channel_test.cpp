@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "holding_service.hpp"
 #include "kinds.plexus.hpp"
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/policies.hpp"
@@ -21,27 +22,7 @@ using plexus::rpctest::Kinds;
 
 namespace {
 
-class Impl : public Kinds::Service {
- public:
-  absl::Status Echo(pr::ServerContext&, const AllKinds& req, AllKinds* resp) override {
-    ++echoes;
-    *resp = req;
-    return absl::OkStatus();
-  }
-  void HoldAsync(pr::ServerCall<Inner, Inner> call) override {
-    std::lock_guard<std::mutex> lock(mu);
-    held.push_back(std::move(call));
-  }
-  absl::Status Fail(pr::ServerContext&, const Inner&, Empty*) override { return absl::OkStatus(); }
-  void Release() {
-    std::lock_guard<std::mutex> lock(mu);
-    for (auto& c : held) c.Finish(absl::OkStatus());
-    held.clear();
-  }
-  std::atomic<int> echoes{0};
-  std::mutex mu;
-  std::vector<pr::ServerCall<Inner, Inner>> held;
-};
+using Impl = plexus::rpctest::HoldingService;
 
 struct Replica {
   Replica(std::shared_ptr<pt::Device> device, std::string address) {

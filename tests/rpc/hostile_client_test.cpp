@@ -11,6 +11,7 @@
 #include "catch2/catch.hpp"
 #include "codec.hpp"
 #include "frame.hpp"
+#include "holding_service.hpp"
 #include "kinds.plexus.hpp"
 #include "plexus/rpc/server.hpp"
 
@@ -24,23 +25,7 @@ using plexus::rpctest::Kinds;
 
 namespace {
 
-class HoldingImpl : public Kinds::Service {
- public:
-  absl::Status Echo(pr::ServerContext&, const AllKinds&, AllKinds*) override {
-    return absl::OkStatus();
-  }
-  void HoldAsync(pr::ServerCall<Inner, Inner> call) override {
-    std::lock_guard<std::mutex> lock(mu);
-    held.push_back(std::move(call));
-  }
-  absl::Status Fail(pr::ServerContext&, const Inner&, Empty*) override { return absl::OkStatus(); }
-  size_t Held() {
-    std::lock_guard<std::mutex> lock(mu);
-    return held.size();
-  }
-  std::mutex mu;
-  std::vector<pr::ServerCall<Inner, Inner>> held;
-};
+using HoldingImpl = plexus::rpctest::HoldingService;
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "holding_service.hpp"
 #include "kinds.plexus.hpp"
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/server.hpp"
@@ -23,20 +24,7 @@ using plexus::rpctest::Kinds;
 
 namespace {
 
-class HoldingImpl : public Kinds::Service {
- public:
-  absl::Status Echo(pr::ServerContext&, const AllKinds& req, AllKinds* resp) override {
-    *resp = req;
-    return absl::OkStatus();
-  }
-  void HoldAsync(pr::ServerCall<Inner, Inner> call) override {
-    std::lock_guard<std::mutex> lock(mu);
-    held.push_back(std::move(call));  // never answered
-  }
-  absl::Status Fail(pr::ServerContext&, const Inner&, Empty*) override { return absl::OkStatus(); }
-  std::mutex mu;
-  std::vector<pr::ServerCall<Inner, Inner>> held;
-};
+using HoldingImpl = plexus::rpctest::HoldingService;
 
 // The child: serves on tcp 127.0.0.1, writes its address to `fd`, and waits to be killed.
 [[noreturn]] void ServeAndWait(int fd) {

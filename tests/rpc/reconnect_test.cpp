@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "holding_service.hpp"
 #include "kinds.plexus.hpp"
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/server.hpp"
@@ -21,23 +22,7 @@ using plexus::rpctest::Kinds;
 
 namespace {
 
-class Impl : public Kinds::Service {
- public:
-  absl::Status Echo(pr::ServerContext&, const AllKinds& req, AllKinds* resp) override {
-    ++echoes;
-    *resp = req;
-    return absl::OkStatus();
-  }
-  void HoldAsync(pr::ServerCall<Inner, Inner> call) override {
-    ++holds;
-    std::lock_guard<std::mutex> lock(mu);
-    held.push_back(std::move(call));  // answered only by Release
-  }
-  absl::Status Fail(pr::ServerContext&, const Inner&, Empty*) override { return absl::OkStatus(); }
-  std::atomic<int> echoes{0}, holds{0};
-  std::mutex mu;
-  std::vector<pr::ServerCall<Inner, Inner>> held;
-};
+using Impl = plexus::rpctest::HoldingService;
 
 // One server incarnation; the impl lives beside it.
 struct Incarnation {

@@ -1,0 +1,53 @@
+// The test service most rpc tests need: Echo answers at once (and counts), HoldAsync parks its
+// call until the test releases it (so a test controls how many calls are in flight), Fail is OK.
+#pragma once
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <mutex>
+#include <vector>
+
+#include "kinds.plexus.hpp"
+#include "plexus/rpc/server.hpp"
+
+namespace plexus::rpctest {
+
+class HoldingService : public Kinds::Service {
+ public:
+  absl::Status Echo(rpc::ServerContext&, const AllKinds& req, AllKinds* resp) override {
+    ++echoes;
+    *resp = req;
+    return absl::OkStatus();
+  }
+  void HoldAsync(rpc::ServerCall<Inner, Inner> call) override {
+    ++holds;
+    std::lock_guard<std::mutex> lock(mu);
+    held.push_back(std::move(call));
+  }
+  absl::Status Fail(rpc::ServerContext&, const Inner&, Empty*) override { return absl::OkStatus(); }
+  // Calls parked now.
+  size_t Held() {
+    std::lock_guard<std::mutex> lock(mu);
+    return held.size();
+  }
+  // Answers the oldest parked call (OK).
+  void ReleaseOne() {
+    std::lock_guard<std::mutex> lock(mu);
+    REQUIRE(!held.empty());
+    held.front().Finish(absl::OkStatus());
+    held.erase(held.begin());
+  }
+  // Answers every parked call (OK).
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& c : held) c.Finish(absl::OkStatus());
+    held.clear();
+  }
+
+  std::atomic<int> echoes{0};  // Echo calls served
+  std::atomic<int> holds{0};   // HoldAsync calls received
+  std::mutex mu;
+  std::vector<rpc::ServerCall<Inner, Inner>> held;
+};
+
+}  // namespace plexus::rpctest
