@@ -169,6 +169,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   if (options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("timeout must be positive");
   }
+  PLEXUS_ASSIGN_OR_RETURN(options.qos, ResolveQosSchedule(options.qos));
 
   std::unique_ptr<CommunicatorImpl> comm(new CommunicatorImpl());
   comm->layout_.rank = rank;
@@ -355,8 +356,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
       }
     }
     for (int c = 0; c < options.channels; ++c) {
+      const std::string source = options.channel_local_addresses.empty() || device != nullptr
+                                     ? std::string()
+                                     : options.channel_local_addresses
+                                           [c % options.channel_local_addresses.size()];
       auto mesh = ConnectPeers(rendezvous, device_of, comm->cq_.get(), absl::StrCat(tag, "/ch", c),
-                               options.connect_timeout);
+                               options.connect_timeout, source);
       if (!mesh.ok()) {
         return absl::Status(mesh.status().code(),
                             absl::StrCat("connecting channel ", c, " of the communicator: ",
@@ -387,6 +392,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   // least: a failing rank's announcement is not refreshed) belongs to a rank that stopped.
   comm->board_ = std::make_unique<internal::BlameBoard>(
       comm->store_, comm->uid_, rank, std::max(options.timeout / 2, absl::Seconds(1)));
+  if (options.qos.enabled()) comm->qos_ = std::make_unique<QosGate>(options.qos, rank);
   comm->options_ = std::move(options);
   comm->ready_ = true;
   if (comm->debug_ && rank == 0) {

@@ -32,6 +32,7 @@
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/transport/device.hpp"
 #include "plexus/transport/rendezvous.hpp"
+#include "qos_gate.hpp"
 #include "wire.hpp"
 
 namespace plexus::collectives::internal {
@@ -227,6 +228,8 @@ class CommunicatorImpl : public Communicator {
     }
     return out;
   }
+  // Tests and diagnostics: the QoS send gate (null without a schedule).
+  QosGate* qos_gate() const { return qos_.get(); }
 
  private:
   // A task, or the validation error that stops it from being queued.
@@ -433,6 +436,10 @@ class CommunicatorImpl : public Communicator {
   // mailboxes_[rank]: the channel-0 connection's mailbox (null for this rank).
   std::vector<transport::Mailbox*> mailboxes_;
   bool mailboxes_ready_ = false;  // every peer connection has one
+  // QoS time windows (qos.cpp): the send-admission hook of Execute and MailExchange; null
+  // without a schedule. AdmitSend waits for the schedule, driving the devices meanwhile.
+  std::unique_ptr<QosGate> qos_;
+  absl::Status AdmitSend(const CallHeader& header);
 };
 
 }  // namespace plexus::collectives::internal

@@ -246,11 +246,18 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
         } else if (s.bytes > 0) {
           parts[nparts++] = {s.data, s.bytes};
         }
+        if (qos_ != nullptr) {  // QoS time windows: wait for the schedule to allow the send
+          if (absl::Status st = AdmitSend(header); !st.ok()) {
+            failure = Failure::Own(std::move(st));
+            return false;
+          }
+        }
         const uint64_t wr = (uint64_t{1} << 63) | (epoch << 32) | static_cast<uint64_t>(i);
         if (absl::Status st = conn->PostSend(absl::MakeConstSpan(parts, nparts), wr); !st.ok()) {
           failure = Failure::Peer(peer, st);
           return false;
         }
+        if (qos_ != nullptr) qos_->Posted();
         send_state[i] = kPosted;
         ++link.sends_in_flight;
         ++link.next_send;

@@ -72,6 +72,10 @@ static_assert(kMailFragmentBytes % 8 == 0);
 absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const MailInbound& in,
                                             size_t bytes, DataType dtype, ReduceOp op,
                                             const CallHeader& header) {
+  if (to >= 0 && qos_ != nullptr) {  // QoS time windows: one admission per exchange
+    if (absl::Status s = AdmitSend(header); !s.ok()) return Abort(header, Failure::Own(s));
+    qos_->Posted();
+  }
   const MailHeader mine = MailHeader::Of(header);
   const size_t esize = DataTypeSize(dtype);
   // A zero-byte vector still travels as one (empty) fragment: it carries the header.

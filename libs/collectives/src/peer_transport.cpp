@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
 
 namespace plexus::collectives::internal {
@@ -45,7 +46,8 @@ absl::StatusOr<TransportPolicy> ParseTransportPolicy(std::string_view text) {
 
 absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectPeers(
     transport::Rendezvous& rendezvous, absl::Span<transport::Device* const> device_of,
-    transport::CompletionQueue* cq, std::string_view tag, absl::Duration timeout) {
+    transport::CompletionQueue* cq, std::string_view tag, absl::Duration timeout,
+    std::string_view local_address) {
   const absl::Time deadline = absl::Now() + timeout;
   const int rank = rendezvous.rank();
   const int size = rendezvous.world_size();
@@ -67,7 +69,16 @@ absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectPeers
     size_t i = it - devices.begin();
     if (it == devices.end()) {
       devices.push_back(d);
-      PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<transport::Listener> listener, d->Listen(""));
+      const bool bind = !local_address.empty() && d->backend() == transport::Backend::kTcp;
+      absl::StatusOr<std::unique_ptr<transport::Listener>> listening =
+          d->Listen(bind ? base::net::JoinHostPort(local_address, 0) : std::string());
+      if (!listening.ok()) {
+        return absl::Status(listening.status().code(),
+                            absl::StrCat("rank ", rank, " listening",
+                                         bind ? absl::StrCat(" on ", std::string(local_address)) : "", ": ",
+                                         std::string(listening.status().message())));
+      }
+      std::unique_ptr<transport::Listener> listener = *std::move(listening);
       published.push_back(absl::StrCat(std::string(transport::BackendName(d->backend())), "=",
                                        listener->address()));
       listeners.push_back(std::move(listener));
@@ -95,11 +106,15 @@ absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectPeers
                        " listens on [", records[peer],
                        "] (ranks disagree on the transport policy or host identities)"));
     }
-    absl::StatusOr<std::unique_ptr<transport::Connection>> c = d->Connect(address, cq);
+    const bool bind = !local_address.empty() && d->backend() == transport::Backend::kTcp;
+    absl::StatusOr<std::unique_ptr<transport::Connection>> c =
+        bind ? d->ConnectFrom(local_address, address, cq) : d->Connect(address, cq);
     if (!c.ok()) {
-      return absl::Status(c.status().code(),
-                          absl::StrCat("rank ", rank, " connecting to rank ", peer, " over ",
-                                       backend, ": ", std::string(c.status().message())));
+      return absl::Status(
+          c.status().code(),
+          absl::StrCat("rank ", rank, " connecting to rank ", peer, " over ", backend,
+                       bind ? absl::StrCat(" from ", std::string(local_address)) : "", ": ",
+                       std::string(c.status().message())));
     }
     PLEXUS_RETURN_IF_ERROR((*c)->PostSend(transport::ConstBuffer{&me, sizeof me}, 0));
     PLEXUS_RETURN_IF_ERROR(AwaitSetup(cq, (*c)->id(), deadline,

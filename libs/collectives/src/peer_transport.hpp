@@ -29,9 +29,13 @@ absl::StatusOr<TransportPolicy> ParseTransportPolicy(std::string_view text);
 // completions to `cq` (collective: every rank calls it with the same `tag`). Each rank listens
 // once per distinct backend it uses and publishes the addresses; the higher rank of each pair
 // connects and introduces itself. Result[r] is the connection to rank r; null for this rank.
+// A non-empty `local_address` binds this rank's tcp connections to it (the tcp listener listens
+// on it, outgoing connections are made from it: CommunicatorOptions::channel_local_addresses);
+// other backends ignore it.
 absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectPeers(
     transport::Rendezvous& rendezvous, absl::Span<transport::Device* const> device_of,
-    transport::CompletionQueue* cq, std::string_view tag, absl::Duration timeout);
+    transport::CompletionQueue* cq, std::string_view tag, absl::Duration timeout,
+    std::string_view local_address = "");
 
 // Caller-mode progress over several devices for one completion queue: each pass drives every
 // device without blocking but the last, which blocks at most 200 us (a device blocked in its own

@@ -44,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "plexus/collectives/qos.hpp"
 #include "plexus/collectives/selector.hpp"
 #include "plexus/collectives/types.hpp"
 #include "plexus/transport/device.hpp"
@@ -116,6 +117,20 @@ struct CommunicatorOptions {
   bool debug = false;
   // Time allowed to connect every rank at creation and at Split (also device.connect_timeout).
   absl::Duration connect_timeout = absl::Minutes(1);
+  // Per-channel source addresses (tcp peers only; this rank's own, so they may differ between
+  // ranks): channel c listens on and connects from channel_local_addresses[c % size()], which
+  // steers the channel's connections onto a path where the fabric routes by source address
+  // (source-based policy routing, or the ECMP hash of the 5-tuple: Maestro-style IP aliases).
+  // Empty entries, or an empty list: device.local_address. Ignored by Create on an existing
+  // device. The strategy provider (plexus/collectives/provider.hpp) fills it from flow
+  // assignment. docs/collectives.md, "Strategy provider".
+  std::vector<std::string> channel_local_addresses;
+  // QoS time windows (plexus/collectives/qos.hpp): when enabled, every send (every
+  // qos.gate_every-th) waits for an allowed instant of the schedule, at most `timeout`; a call
+  // whose sends the schedule cannot admit within `timeout` fails with DeadlineExceeded naming the
+  // schedule. PLEXUS_COLL_QOS (its text form; "off" disables) overrides it. Split children
+  // inherit it.
+  QosSchedule qos;
 };
 
 // Per-call settings.

@@ -1,0 +1,219 @@
+// plexus-bench-qos: two jobs (two communicators of 2 ranks each, ranks as threads of this
+// process) run tcp allreduces at the same time over the same links; QoS time windows
+// (CommunicatorOptions::qos) give job A priority by letting job B send only in the last
+// --b-share of every epoch (MCCS's traffic scheduling: B fills A's gaps). Per run and mode, one
+// JSON line: job A alone ("solo"), A and B without windows ("shared"), A and B with B's windows
+// ("qos"); then a summary line with the medians and the ratios to A's solo time.
+//
+// Links: tcp over loopback by default (the jobs share the loopback path and this host's CPUs);
+// with --bed-mbit N (root), a tools/netbed bed whose path 1 is shaped to N Mbit/s: each job's
+// rank 0 runs in namespace a and rank 1 in b, both jobs bound to path 1's addresses, so the
+// shaped veth is the link they share.
+//
+//   plexus-bench-qos --bytes 4M --iters 20 --runs 3 --epoch-ms 20 --b-share 0.25
+//   plexus-bench-qos --bed-mbit 1000 --bytes 8M --iters 10
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <latch>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench_common.hpp"
+#include "netbed.hpp"
+#include "nlohmann/json.hpp"
+#include "plexus/collectives/communicator.hpp"
+#include "plexus/collectives/qos.hpp"
+#include "plexus/tooling/cli.hpp"
+#include "plexus/transport/rendezvous.hpp"
+#include "plexus/transport/store.hpp"
+
+namespace pc = plexus::collectives;
+namespace pt = plexus::transport;
+namespace nb = plexus::netbed;
+namespace tooling = plexus::tooling;
+
+namespace {
+
+struct Args {
+  std::string bytes_text = "4M";
+  size_t bytes = 4 << 20;
+  int iters = 20;
+  int runs = 3;
+  double epoch_ms = 20;
+  double b_share = 0.25;
+  int channels = 1;
+  int bed_mbit = 0;
+};
+
+// Runs one job per schedule at once (2 ranks each); returns each job's time for `iters`
+// allreduces (the slower rank's, from a common start), or an error.
+absl::StatusOr<std::vector<double>> RunJobs(const Args& a, nb::Bed* bed,
+                                            const std::vector<pc::QosSchedule>& jobs) {
+  const int n = static_cast<int>(jobs.size());
+  std::vector<std::unique_ptr<pt::TcpStoreServer>> servers;
+  std::vector<std::shared_ptr<pt::Store>> stores;
+  for (int j = 0; j < n; ++j) {
+    auto server = pt::TcpStoreServer::Start("127.0.0.1:0");
+    if (!server.ok()) return server.status();
+    auto store = pt::TcpStore::Connect(absl::StrCat("127.0.0.1:", (*server)->port()),
+                                       absl::Seconds(10));
+    if (!store.ok()) return store.status();
+    servers.push_back(*std::move(server));
+    stores.push_back(*std::move(store));
+  }
+  std::latch ready(2 * n);
+  std::vector<double> seconds(2 * n, 0);
+  std::vector<absl::Status> status(2 * n);
+  std::vector<std::thread> threads;
+  for (int j = 0; j < n; ++j) {
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, j, r] {
+        const int slot = 2 * j + r;
+        bool counted = false;
+        auto body = [&]() -> absl::Status {
+          PLEXUS_ASSIGN_OR_RETURN(pt::Rendezvous rdv, pt::Rendezvous::Create(r, 2, stores[j]));
+          pc::CommunicatorOptions o;
+          o.device.backend = pt::Backend::kTcp;
+          o.transport_policy = pc::TransportPolicy::kUniform;
+          o.channels = a.channels;
+          o.qos = jobs[j];
+          o.timeout = absl::Seconds(120);
+          if (bed != nullptr) {
+            o.channel_local_addresses = {nb::Bed::Address(r == 0 ? 'a' : 'b', 1)};
+          } else {
+            o.device.local_address = "127.0.0.1";
+          }
+          PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<pc::Communicator> comm,
+                                  pc::Communicator::Create(rdv, o));
+          std::vector<float> v(a.bytes / sizeof(float));
+          plexus::bench::FillInput(v.data(), v.size(), r);
+          PLEXUS_RETURN_IF_ERROR(comm->AllReduce(v.data(), v.data(), v.size(), pc::DataType::kF32,
+                                                 pc::ReduceOp::kSum));  // warm-up
+          counted = true;
+          ready.arrive_and_wait();
+          const absl::Time start = absl::Now();
+          for (int it = 0; it < a.iters; ++it) {
+            plexus::bench::FillInput(v.data(), v.size(), r);
+            PLEXUS_RETURN_IF_ERROR(comm->AllReduce(v.data(), v.data(), v.size(),
+                                                   pc::DataType::kF32, pc::ReduceOp::kSum));
+          }
+          seconds[slot] = absl::ToDoubleSeconds(absl::Now() - start);
+          if (plexus::bench::CountWrong(v.data(), v.size(), 2) != 0) {
+            return absl::DataLossError("wrong allreduce result");
+          }
+          return comm->Barrier();
+        };
+        status[slot] = bed != nullptr ? nb::InNetns(bed->ns(r == 0 ? 'a' : 'b'), body) : body();
+        if (!counted) ready.count_down();
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  std::vector<double> out(n);
+  for (int j = 0; j < n; ++j) {
+    for (int r = 0; r < 2; ++r) {
+      if (!status[2 * j + r].ok()) {
+        return absl::Status(status[2 * j + r].code(),
+                            absl::StrCat("job ", j, " rank ", r, ": ",
+                                         std::string(status[2 * j + r].message())));
+      }
+    }
+    out[j] = std::max(seconds[2 * j], seconds[2 * j + 1]);
+  }
+  return out;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  tooling::Tool tool("plexus-bench-qos",
+                     "Two jobs' allreduces over shared links, with and without QoS windows that "
+                     "give job A priority (JSON lines).");
+  tool.app().add_option("--bytes", a.bytes_text, "allreduce buffer per call (K/M suffixes)");
+  tooling::AddNumber(&tool.app(), "--iters", &a.iters, "allreduces per job and run", 1, 100000);
+  tooling::AddNumber(&tool.app(), "--runs", &a.runs, "runs per mode (medians reported)", 1, 100);
+  tooling::AddNumber(&tool.app(), "--epoch-ms", &a.epoch_ms, "QoS epoch", 0.1, 10000.0);
+  tooling::AddNumber(&tool.app(), "--b-share", &a.b_share,
+                     "fraction of each epoch (its end) in which job B may send", 0.01, 1.0);
+  tooling::AddNumber(&tool.app(), "--channels", &a.channels, "channels per communicator", 1, 16);
+  tooling::AddNumber(&tool.app(), "--bed-mbit", &a.bed_mbit,
+                     "0: loopback; N: a netbed path shaped to N Mbit/s (root)", 0, 100000);
+  if (auto code = tool.Parse(argc, argv)) return *code;
+  auto sizes = plexus::bench::ParseSizes(a.bytes_text, sizeof(float));
+  if (!sizes || sizes->size() != 1) return tool.Usage("--bytes takes one size, e.g. 4M");
+  a.bytes = sizes->front();
+
+  std::unique_ptr<nb::Bed> bed;
+  if (a.bed_mbit > 0) {
+    const std::string why = nb::WhyNoBed();
+    if (!why.empty()) return tool.Fail(why);
+    auto made = nb::Bed::Create(PLEXUS_NETBED_SCRIPT, absl::StrCat("pqos", getpid()), {a.bed_mbit});
+    if (!made.ok()) return tool.Fail(made.status());
+    bed = *std::move(made);
+  }
+  pc::QosSchedule none;
+  pc::QosSchedule gated;
+  gated.epoch = absl::Microseconds(static_cast<int64_t>(a.epoch_ms * 1000));
+  gated.windows = {{pc::QosWindow::kAllow, gated.epoch - gated.epoch * a.b_share, gated.epoch}};
+  if (absl::Status s = gated.Validate(); !s.ok()) return tool.Fail(s);
+
+  const std::string link =
+      bed != nullptr ? absl::StrCat("netbed ", a.bed_mbit, " Mbit/s") : "tcp loopback";
+  std::vector<double> solo, shared_a, shared_b, qos_a, qos_b;
+  auto emit = [&](const char* mode, int run, const std::vector<double>& t) {
+    nlohmann::json j = {{"bench", "collectives_qos"}, {"mode", mode},          {"run", run},
+                        {"link", link},               {"bytes", a.bytes},      {"iters", a.iters},
+                        {"channels", a.channels},     {"a_seconds", t[0]},
+                        {"qos_b", mode == std::string("qos") ? gated.ToString() : "off"}};
+    if (t.size() > 1) j["b_seconds"] = t[1];
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  };
+  for (int run = 0; run < a.runs; ++run) {
+    auto t = RunJobs(a, bed.get(), {none});
+    if (!t.ok()) return tool.Fail(t.status());
+    solo.push_back((*t)[0]);
+    emit("solo", run, *t);
+    t = RunJobs(a, bed.get(), {none, none});
+    if (!t.ok()) return tool.Fail(t.status());
+    shared_a.push_back((*t)[0]);
+    shared_b.push_back((*t)[1]);
+    emit("shared", run, *t);
+    t = RunJobs(a, bed.get(), {none, gated});
+    if (!t.ok()) return tool.Fail(t.status());
+    qos_a.push_back((*t)[0]);
+    qos_b.push_back((*t)[1]);
+    emit("qos", run, *t);
+  }
+  const double s = Median(solo);
+  nlohmann::json summary = {{"bench", "collectives_qos"},
+                            {"mode", "summary"},
+                            {"link", link},
+                            {"bytes", a.bytes},
+                            {"iters", a.iters},
+                            {"runs", a.runs},
+                            {"qos_b", gated.ToString()},
+                            {"a_solo_s", s},
+                            {"a_shared_s", Median(shared_a)},
+                            {"b_shared_s", Median(shared_b)},
+                            {"a_qos_s", Median(qos_a)},
+                            {"b_qos_s", Median(qos_b)},
+                            {"a_shared_over_solo", Median(shared_a) / s},
+                            {"a_qos_over_solo", Median(qos_a) / s},
+                            {"b_qos_over_shared", Median(qos_b) / Median(shared_b)}};
+  std::printf("%s\n", summary.dump().c_str());
+  return 0;
+}

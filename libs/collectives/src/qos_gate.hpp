@@ -1,0 +1,61 @@
+// The executor's send-admission hook for QoS time windows (plexus/collectives/qos.hpp).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "plexus/base/wait_policy.hpp"
+#include "plexus/collectives/qos.hpp"
+
+namespace plexus::collectives::internal {
+
+// options.qos, or PLEXUS_COLL_QOS when set (InvalidArgument naming the variable when it does
+// not parse; the option's Validate() error otherwise).
+absl::StatusOr<QosSchedule> ResolveQosSchedule(const QosSchedule& option);
+
+class QosGate {
+ public:
+  QosGate(QosSchedule schedule, int rank);
+
+  // Called before each send is posted. Every gate_every-th send asks the schedule; while it
+  // denies, waits (spinning only as `wait` allows, then yielding, then calling
+  // progress(max_block), which drives the transport and blocks at most max_block) until the
+  // next allowed instant. DeadlineExceeded, naming `call`, the rank and the schedule, when the
+  // schedule allows nothing within `timeout` (returned at once: the wait is known in advance).
+  absl::Status Admit(absl::Duration timeout, const base::WaitPolicy& wait,
+                     absl::FunctionRef<void(absl::Duration)> progress,
+                     absl::FunctionRef<std::string()> call);
+  // Called after a send was posted: records its monotonic time when recording (tests).
+  void Posted();
+  // Keeps the monotonic times of the next `limit` posted sends (0: none; the default).
+  void Record(size_t limit);
+  std::vector<absl::Duration> posts() const;
+
+  struct Stats {
+    uint64_t sends = 0;   // sends that passed the gate
+    uint64_t checks = 0;  // of them, those that asked the schedule (every gate_every-th)
+    uint64_t waits = 0;   // checks that found the schedule denying
+    absl::Duration waited = absl::ZeroDuration();
+  };
+  Stats stats() const;
+  const QosSchedule& schedule() const { return schedule_; }
+
+ private:
+  QosSchedule schedule_;
+  int rank_;
+  std::atomic<uint64_t> sends_{0}, checks_{0}, waits_{0};
+  std::atomic<int64_t> waited_ns_{0};
+  mutable std::mutex mu_;
+  std::atomic<size_t> record_limit_{0};
+  std::vector<absl::Duration> posts_;
+};
+
+}  // namespace plexus::collectives::internal
