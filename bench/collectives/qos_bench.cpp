@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <latch>
 #include <memory>
 #include <string>
@@ -28,6 +29,7 @@
 #include "bench_common.hpp"
 #include "netbed.hpp"
 #include "nlohmann/json.hpp"
+#include "plexus/base/status.hpp"
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/collectives/qos.hpp"
 #include "plexus/tooling/cli.hpp"
@@ -57,15 +59,16 @@ struct Args {
 absl::StatusOr<std::vector<double>> RunJobs(const Args& a, nb::Bed* bed,
                                             const std::vector<pc::QosSchedule>& jobs) {
   const int n = static_cast<int>(jobs.size());
-  std::vector<std::unique_ptr<pt::TcpStoreServer>> servers;
+  // One store per job in a fresh directory (reachable from the bed's namespaces, unlike a tcp
+  // store on loopback).
   std::vector<std::shared_ptr<pt::Store>> stores;
+  std::vector<std::string> dirs;
   for (int j = 0; j < n; ++j) {
-    auto server = pt::TcpStoreServer::Start("127.0.0.1:0");
-    if (!server.ok()) return server.status();
-    auto store = pt::TcpStore::Connect(absl::StrCat("127.0.0.1:", (*server)->port()),
-                                       absl::Seconds(10));
+    std::string dir = "/tmp/plexus-bench-qos-XXXXXX";
+    if (mkdtemp(dir.data()) == nullptr) return absl::InternalError("mkdtemp failed");
+    dirs.push_back(dir);
+    auto store = pt::FileStore::Open(dir);
     if (!store.ok()) return store.status();
-    servers.push_back(*std::move(server));
     stores.push_back(*std::move(store));
   }
   std::latch ready(2 * n);
@@ -116,6 +119,8 @@ absl::StatusOr<std::vector<double>> RunJobs(const Args& a, nb::Bed* bed,
     }
   }
   for (auto& t : threads) t.join();
+  stores.clear();
+  for (const std::string& dir : dirs) std::filesystem::remove_all(dir);
   std::vector<double> out(n);
   for (int j = 0; j < n; ++j) {
     for (int r = 0; r < 2; ++r) {
@@ -152,8 +157,10 @@ int main(int argc, char** argv) {
   tooling::AddNumber(&tool.app(), "--bed-mbit", &a.bed_mbit,
                      "0: loopback; N: a netbed path shaped to N Mbit/s (root)", 0, 100000);
   if (auto code = tool.Parse(argc, argv)) return *code;
-  auto sizes = plexus::bench::ParseSizes(a.bytes_text, sizeof(float));
-  if (!sizes || sizes->size() != 1) return tool.Usage("--bytes takes one size, e.g. 4M");
+  std::string why_not;
+  auto sizes = plexus::bench::ParseSizes(a.bytes_text, sizeof(float), &why_not);
+  if (!sizes) return tool.Usage(absl::StrCat("--bytes: ", why_not));
+  if (sizes->size() != 1) return tool.Usage("--bytes takes one size, e.g. 4M");
   a.bytes = sizes->front();
 
   std::unique_ptr<nb::Bed> bed;

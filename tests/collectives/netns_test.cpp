@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -21,8 +22,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "netbed.hpp"
+#include "plexus/base/status.hpp"
 #include "plexus/collectives/communicator.hpp"
-#include "support/loopback.hpp"
+#include "plexus/transport/store.hpp"
 #include "support/skip.hpp"
 
 namespace pc = plexus::collectives;
@@ -67,7 +69,15 @@ std::map<std::string, uint64_t> TxBytes() {
 std::vector<std::vector<uint64_t>> RunOnBed(nb::Bed& bed,
                                             const std::vector<std::vector<std::string>>& addresses,
                                             size_t floats) {
-  const plexus::testing::LoopbackStore loopback = plexus::testing::StartLoopbackStore();
+  // A store in a directory: a tcp store on loopback cannot be reached from the namespaces.
+  char dir[] = "/tmp/plexus-netns-store-XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  std::shared_ptr<pt::Store> store;
+  {
+    auto opened = pt::FileStore::Open(dir);
+    REQUIRE(opened.ok());
+    store = *std::move(opened);
+  }
   std::vector<std::string> results(2);
   std::vector<std::vector<uint64_t>> sent(2, std::vector<uint64_t>(kPaths, 0));
   std::vector<std::thread> threads;
@@ -75,7 +85,7 @@ std::vector<std::vector<uint64_t>> RunOnBed(nb::Bed& bed,
     threads.emplace_back([&, r] {
       const char side = r == 0 ? 'a' : 'b';
       absl::Status status = nb::InNetns(bed.ns(side), [&]() -> absl::Status {
-        auto rdv = pt::Rendezvous::Create(r, 2, loopback.store);
+        auto rdv = pt::Rendezvous::Create(r, 2, store);
         if (!rdv.ok()) return rdv.status();
         pc::CommunicatorOptions o;
         o.device.backend = pt::Backend::kTcp;
@@ -90,8 +100,11 @@ std::vector<std::vector<uint64_t>> RunOnBed(nb::Bed& bed,
         const auto before = TxBytes();
         absl::Status s = (*comm)->AllReduce(v.data(), v.data(), v.size(), pc::DataType::kF32,
                                             pc::ReduceOp::kSum);
-        const auto after = TxBytes();
         if (!s.ok()) return s;
+        // After the barrier the peer has received everything this rank sent: no byte of the
+        // allreduce still waits in a socket buffer, uncounted.
+        PLEXUS_RETURN_IF_ERROR((*comm)->Barrier());
+        const auto after = TxBytes();
         if (v.front() != 3.0f || v.back() != 3.0f) return absl::DataLossError("wrong sum");
         for (int k = 1; k <= kPaths; ++k) {
           const std::string dev = absl::StrCat(r == 0 ? "mpa" : "mpb", k);
@@ -103,6 +116,8 @@ std::vector<std::vector<uint64_t>> RunOnBed(nb::Bed& bed,
     });
   }
   for (auto& t : threads) t.join();
+  store.reset();
+  std::filesystem::remove_all(dir);
   for (int r = 0; r < 2; ++r) INFO("rank " << r << ": " << results[r]);
   REQUIRE(results == std::vector<std::string>(2));
   return sent;
@@ -121,8 +136,8 @@ TEST_CASE("netns: each channel leaves through the path of its source address", "
                                floats);
     for (int r = 0; r < 2; ++r) {
       INFO("rank " << r << " sent " << sent[r][0] << " / " << sent[r][1] << " / " << sent[r][2]);
-      CHECK(sent[r][0] >= half * 9 / 10);
-      CHECK(sent[r][1] >= half * 9 / 10);
+      CHECK(sent[r][0] >= half);
+      CHECK(sent[r][1] >= half);
       CHECK(sent[r][2] < 64 * 1024);  // path 3: no channel's address
     }
   }
@@ -134,7 +149,7 @@ TEST_CASE("netns: each channel leaves through the path of its source address", "
     for (int r = 0; r < 2; ++r) {
       INFO("rank " << r << " sent " << sent[r][0] << " / " << sent[r][1] << " / " << sent[r][2]);
       CHECK(sent[r][0] < 64 * 1024);
-      CHECK(sent[r][1] >= 2 * half * 9 / 10);
+      CHECK(sent[r][1] >= 2 * half);
       CHECK(sent[r][2] < 64 * 1024);
     }
   }
