@@ -51,6 +51,8 @@ struct Args {
   double epoch_ms = 20;
   double b_share = 0.25;
   int channels = 1;
+  int chunk_kib = 0;
+  int depth = 4;
   int bed_mbit = 0;
 };
 
@@ -86,6 +88,8 @@ absl::StatusOr<std::vector<double>> RunJobs(const Args& a, nb::Bed* bed,
           o.device.backend = pt::Backend::kTcp;
           o.transport_policy = pc::TransportPolicy::kUniform;
           o.channels = a.channels;
+          o.chunk_bytes = static_cast<size_t>(a.chunk_kib) << 10;
+          o.pipeline_depth = a.depth;
           o.qos = jobs[j];
           o.timeout = absl::Seconds(120);
           if (bed != nullptr) {
@@ -104,8 +108,8 @@ absl::StatusOr<std::vector<double>> RunJobs(const Args& a, nb::Bed* bed,
           const absl::Time start = absl::Now();
           for (int it = 0; it < a.iters; ++it) {
             plexus::bench::FillInput(v.data(), v.size(), r);
-            PLEXUS_RETURN_IF_ERROR(comm->AllReduce(v.data(), v.data(), v.size(),
-                                                   pc::DataType::kF32, pc::ReduceOp::kSum));
+            PLEXUS_RETURN_IF_ERROR(comm->AllReduce(v.data(), v.data(), v.size(), pc::DataType::kF32,
+                                                   pc::ReduceOp::kSum));
           }
           seconds[slot] = absl::ToDoubleSeconds(absl::Now() - start);
           if (plexus::bench::CountWrong(v.data(), v.size(), 2) != 0) {
@@ -125,9 +129,9 @@ absl::StatusOr<std::vector<double>> RunJobs(const Args& a, nb::Bed* bed,
   for (int j = 0; j < n; ++j) {
     for (int r = 0; r < 2; ++r) {
       if (!status[2 * j + r].ok()) {
-        return absl::Status(status[2 * j + r].code(),
-                            absl::StrCat("job ", j, " rank ", r, ": ",
-                                         std::string(status[2 * j + r].message())));
+        return absl::Status(
+            status[2 * j + r].code(),
+            absl::StrCat("job ", j, " rank ", r, ": ", std::string(status[2 * j + r].message())));
       }
     }
     out[j] = std::max(seconds[2 * j], seconds[2 * j + 1]);
@@ -154,6 +158,12 @@ int main(int argc, char** argv) {
   tooling::AddNumber(&tool.app(), "--b-share", &a.b_share,
                      "fraction of each epoch (its end) in which job B may send", 0.01, 1.0);
   tooling::AddNumber(&tool.app(), "--channels", &a.channels, "channels per communicator", 1, 16);
+  tooling::AddNumber(
+      &tool.app(), "--chunk-kib", &a.chunk_kib,
+      "chunk size (0: the backend default, 512 KiB for tcp); what a send admitted at "
+      "the end of a window may still carry past it",
+      0, 65536);
+  tooling::AddNumber(&tool.app(), "--depth", &a.depth, "pipeline depth (chunks in flight)", 1, 64);
   tooling::AddNumber(&tool.app(), "--bed-mbit", &a.bed_mbit,
                      "0: loopback; N: a netbed path shaped to N Mbit/s (root)", 0, 100000);
   if (auto code = tool.Parse(argc, argv)) return *code;
@@ -181,9 +191,16 @@ int main(int argc, char** argv) {
       bed != nullptr ? absl::StrCat("netbed ", a.bed_mbit, " Mbit/s") : "tcp loopback";
   std::vector<double> solo, shared_a, shared_b, qos_a, qos_b;
   auto emit = [&](const char* mode, int run, const std::vector<double>& t) {
-    nlohmann::json j = {{"bench", "collectives_qos"}, {"mode", mode},          {"run", run},
-                        {"link", link},               {"bytes", a.bytes},      {"iters", a.iters},
-                        {"channels", a.channels},     {"a_seconds", t[0]},
+    nlohmann::json j = {{"bench", "collectives_qos"},
+                        {"mode", mode},
+                        {"run", run},
+                        {"link", link},
+                        {"bytes", a.bytes},
+                        {"iters", a.iters},
+                        {"channels", a.channels},
+                        {"chunk_kib", a.chunk_kib},
+                        {"depth", a.depth},
+                        {"a_seconds", t[0]},
                         {"qos_b", mode == std::string("qos") ? gated.ToString() : "off"}};
     if (t.size() > 1) j["b_seconds"] = t[1];
     std::printf("%s\n", j.dump().c_str());

@@ -253,8 +253,7 @@ TEST_CASE("provider: a plugged-in provider sets the communicator's ring order", 
   constexpr int n = 4;
   ReverseProvider reverse;
   pc::DefaultStrategyProvider locality;
-  for (pc::StrategyProvider* provider :
-       std::vector<pc::StrategyProvider*>{&reverse, &locality}) {
+  for (pc::StrategyProvider* provider : std::vector<pc::StrategyProvider*>{&reverse, &locality}) {
     const plexus::testing::LoopbackStore loopback = plexus::testing::StartLoopbackStore();
     std::vector<std::string> results(n);
     std::vector<std::vector<int>> orders(n);
@@ -365,8 +364,8 @@ TEST_CASE("qos: complementary windows keep two communicators' sends apart", "[qo
         std::vector<float> v(64 * 1024);
         for (int it = 0; it < 20; ++it) {
           std::fill(v.begin(), v.end(), static_cast<float>(rank + it));
-          absl::Status s = comm.AllReduce(v.data(), v.data(), v.size(), pc::DataType::kF32,
-                                          pc::ReduceOp::kSum);
+          absl::Status s =
+              comm.AllReduce(v.data(), v.data(), v.size(), pc::DataType::kF32, pc::ReduceOp::kSum);
           if (!s.ok()) return std::string(s.message());
           if (v[0] != static_cast<float>(2 * it + 1)) return std::string("wrong sum");
         }
@@ -487,9 +486,8 @@ TEST_CASE("qos: PLEXUS_COLL_QOS overrides the option; a bad value names the vari
   });
   CHECK(results == std::vector<std::string>(2));
   setenv("PLEXUS_COLL_QOS", "epoch=10ms;allow=soon", 1);
-  results = pc::testing::RunRanks(2, InprocOptions(), [&](int, pc::Communicator&) {
-    return std::string("created");
-  });
+  results = pc::testing::RunRanks(2, InprocOptions(),
+                                  [&](int, pc::Communicator&) { return std::string("created"); });
   unsetenv("PLEXUS_COLL_QOS");
   for (const std::string& r : results) CHECK(r.find("PLEXUS_COLL_QOS") != std::string::npos);
 }

@@ -356,10 +356,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
       }
     }
     for (int c = 0; c < options.channels; ++c) {
-      const std::string source = options.channel_local_addresses.empty() || device != nullptr
-                                     ? std::string()
-                                     : options.channel_local_addresses
-                                           [c % options.channel_local_addresses.size()];
+      const std::string source =
+          options.channel_local_addresses.empty() || device != nullptr
+              ? std::string()
+              : options.channel_local_addresses[c % options.channel_local_addresses.size()];
       auto mesh = ConnectPeers(rendezvous, device_of, comm->cq_.get(), absl::StrCat(tag, "/ch", c),
                                options.connect_timeout, source);
       if (!mesh.ok()) {

@@ -73,10 +73,11 @@ absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectPeers
       absl::StatusOr<std::unique_ptr<transport::Listener>> listening =
           d->Listen(bind ? base::net::JoinHostPort(local_address, 0) : std::string());
       if (!listening.ok()) {
-        return absl::Status(listening.status().code(),
-                            absl::StrCat("rank ", rank, " listening",
-                                         bind ? absl::StrCat(" on ", std::string(local_address)) : "", ": ",
-                                         std::string(listening.status().message())));
+        return absl::Status(
+            listening.status().code(),
+            absl::StrCat("rank ", rank, " listening",
+                         bind ? absl::StrCat(" on ", std::string(local_address)) : "", ": ",
+                         std::string(listening.status().message())));
       }
       std::unique_ptr<transport::Listener> listener = *std::move(listening);
       published.push_back(absl::StrCat(std::string(transport::BackendName(d->backend())), "=",

@@ -30,9 +30,9 @@ absl::StatusOr<CostMatrix> RankLatencies(const Topology& topology,
   for (int i = 0; i < m.n; ++i) {
     const int h = ranks[i].locality.host;
     if (h < 0 || static_cast<size_t>(h) >= topology.hosts.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("strategy provider: rank ", i, " sits on host ", h, " but the topology has ",
-                       topology.hosts.size(), " hosts"));
+      return absl::InvalidArgumentError(absl::StrCat("strategy provider: rank ", i,
+                                                     " sits on host ", h, " but the topology has ",
+                                                     topology.hosts.size(), " hosts"));
     }
     m.labels.push_back(topology.hosts[h].name);
   }
@@ -59,9 +59,8 @@ absl::StatusOr<std::vector<Strategy>> DefaultStrategyProvider::Choose(
     PLEXUS_RETURN_IF_ERROR(options_.topology->Validate());
   }
   if (o.routes < 0 || o.channels < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("strategy provider: routes (", o.routes,
-                                                   ") and channels (", o.channels,
-                                                   ") must be >= 0"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "strategy provider: routes (", o.routes, ") and channels (", o.channels, ") must be >= 0"));
   }
   if (!(o.route_bytes_per_s > 0) || !(o.nic_bytes_per_s > 0)) {
     return absl::InvalidArgumentError(
@@ -227,8 +226,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateWithProvider(transport::Rend
                                                                  const RankPlacement& here) {
   for (const std::string& a : here.route_addresses) {
     if (a.find_first_of(",|") != std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", rendezvous.rank(), ": route address '", a, "' contains ',' or '|'"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rendezvous.rank(), ": route address '", a, "' contains ',' or '|'"));
     }
   }
   const std::string mine =
@@ -247,9 +246,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateWithProvider(transport::Rend
     if (parts.size() != 2 || where.size() != 3 || !absl::SimpleAtoi(where[0], &p.locality.pod) ||
         !absl::SimpleAtoi(where[1], &p.locality.rack) ||
         !absl::SimpleAtoi(where[2], &p.locality.host)) {
-      return absl::DataLossError(
-          absl::StrCat("rank ", rendezvous.rank(), ": malformed placement of rank ", r, ": '",
-                       all[r], "'"));
+      return absl::DataLossError(absl::StrCat(
+          "rank ", rendezvous.rank(), ": malformed placement of rank ", r, ": '", all[r], "'"));
     }
     if (!parts[1].empty()) p.route_addresses = absl::StrSplit(parts[1], ',');
     request.ranks.push_back(std::move(p));
@@ -265,7 +263,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateWithProvider(transport::Rend
                                             ": the strategy provider returned ", chosen->size(),
                                             " strategies for 1 communicator"));
   }
-  return Communicator::Create(rendezvous, ApplyStrategy(options, chosen->front(), rendezvous.rank()));
+  return Communicator::Create(rendezvous,
+                              ApplyStrategy(options, chosen->front(), rendezvous.rank()));
 }
 
 }  // namespace plexus::collectives

@@ -12,10 +12,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "communicator_impl.hpp"
 #include "plexus/base/env.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/collectives/qos.hpp"
-#include "communicator_impl.hpp"
 #include "qos_gate.hpp"
 
 namespace plexus::collectives {
@@ -89,8 +89,8 @@ absl::Duration QosSchedule::UntilAllowed(absl::Duration t) const {
 
 absl::Duration QosSchedule::EpochPosition(absl::Duration now) const {
   if (!enabled()) return absl::ZeroDuration();
-  absl::Duration r = absl::Nanoseconds(absl::ToInt64Nanoseconds(now + phase) %
-                                       absl::ToInt64Nanoseconds(epoch));
+  absl::Duration r =
+      absl::Nanoseconds(absl::ToInt64Nanoseconds(now + phase) % absl::ToInt64Nanoseconds(epoch));
   if (r < absl::ZeroDuration()) r += epoch;
   return r;
 }
@@ -142,12 +142,12 @@ absl::StatusOr<QosSchedule> ParseQosSchedule(std::string_view text) {
     }
   }
   if (!have_epoch) {
-    return absl::InvalidArgumentError(absl::StrCat("qos schedule '", std::string(trimmed),
-                                                   "' has no epoch=<duration> field"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("qos schedule '", std::string(trimmed), "' has no epoch=<duration> field"));
   }
   if (s.epoch <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("qos schedule '", std::string(trimmed),
-                                                   "': epoch must be positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("qos schedule '", std::string(trimmed), "': epoch must be positive"));
   }
   PLEXUS_RETURN_IF_ERROR(s.Validate());
   return s;
@@ -193,7 +193,8 @@ absl::Status CommunicatorImpl::AdmitSend(const CallHeader& header) {
       absl::SleepFor(max_block);
     }
   };
-  return qos_->Admit(options_.timeout, WaitingPolicy(), progress, [&] { return header.Describe(); });
+  return qos_->Admit(options_.timeout, WaitingPolicy(), progress,
+                     [&] { return header.Describe(); });
 }
 
 QosGate::QosGate(QosSchedule schedule, int rank) : schedule_(std::move(schedule)), rank_(rank) {}

@@ -39,23 +39,23 @@ struct RankPlacement {
 
 // One communicator (a job) for the provider to plan.
 struct StrategyRequest {
-  int job = 0;                          // distinguishes communicators in a joint plan (FFA)
-  bool high_priority = false;           // PFA: may use the reserved routes
-  std::vector<RankPlacement> ranks;     // by rank
-  int channels = 0;                     // requested; 0: the provider decides
+  int job = 0;                       // distinguishes communicators in a joint plan (FFA)
+  bool high_priority = false;        // PFA: may use the reserved routes
+  std::vector<RankPlacement> ranks;  // by rank
+  int channels = 0;                  // requested; 0: the provider decides
 };
 
 struct Strategy {
-  std::vector<int> ring_order;     // position -> rank; empty: identity
-  AlgorithmOverrides algorithms;   // kAuto entries leave the choice to the communicator
-  int channels = 0;                // 0: the communicator's default
+  std::vector<int> ring_order;    // position -> rank; empty: identity
+  AlgorithmOverrides algorithms;  // kAuto entries leave the choice to the communicator
+  int channels = 0;               // 0: the communicator's default
   // routes[c][r]: the route (index into the ranks' route_addresses) of rank r's channel-c
   // connection to its ring successor; empty: no assignment (the fabric's ECMP decides).
   std::vector<std::vector<int>> routes;
   // addresses[r][c]: rank r's source address for channel c (route_addresses[routes[c][r]]), or
   // empty strings where the rank gave no addresses.
   std::vector<std::vector<std::string>> addresses;
-  QosSchedule qos;                 // disabled: none
+  QosSchedule qos;  // disabled: none
 };
 
 // The interface a user implements. Choose plans every communicator it is given at once (FFA
