@@ -196,6 +196,19 @@ TEST_CASE("provider: FFA spreads two jobs over the routes between two racks", "[
     std::set<int> used = {st.routes[0][0], st.routes[1][0]};
     CHECK(used == std::set<int>{0, 1});
   }
+  // PFA with route 0 reserved and job 0 prioritised: job 0 on route 0, job 1 kept off it.
+  reqs[0].high_priority = true;
+  pc::DefaultStrategyProvider pfa(
+      {.routes = 2, .flow_policy = pc::FlowAssignPolicy::kPfa, .reserved_routes = {0}});
+  auto p = pfa.Choose(reqs);
+  REQUIRE(p.ok());
+  for (int c = 0; c < 2; ++c) {
+    for (int r = 0; r < 2; ++r) {
+      CHECK((*p)[0].routes[c][r] == 0);
+      CHECK((*p)[1].routes[c][r] == 1);
+    }
+  }
+  reqs[0].high_priority = false;
   // ECMP instead hashes each flow: with this seed two flows of a job collide on one route
   // somewhere (shown, not assumed: find a seed with a collision among the first 64).
   bool collided = false;
