@@ -348,11 +348,11 @@ TEST_CASE("qos: schedule arithmetic and the text form", "[qos]") {
 }
 
 TEST_CASE("qos: complementary windows keep two communicators' sends apart", "[qos]") {
-  // Two jobs of 2 ranks each in one process, running allreduces at the same time. Job A may send
-  // in the first half of every 40 ms epoch, job B in the second. Every send's post time (taken
-  // after PostSend returned, independently of the gate's decision) must fall in its job's
-  // window; tolerance 5 ms past the window's end for the gap between the gate's clock reading
-  // and the post's (preemption on a loaded machine).
+  // Two jobs of 2 ranks each in one process, running allreduces at the same time (20 calls, and 3
+  // epochs at least). Job A may send in the first half of every 40 ms epoch, job B in the second.
+  // Every send's post time (taken after PostSend returned, independently of the gate's decision)
+  // must fall in its job's window; tolerance 5 ms past the window's end for the gap between the
+  // gate's clock reading and the post's (preemption on a loaded machine).
   const absl::Duration tolerance = absl::Milliseconds(5);
   pc::QosSchedule a, b;
   a.epoch = b.epoch = absl::Milliseconds(40);
@@ -375,7 +375,17 @@ TEST_CASE("qos: complementary windows keep two communicators' sends apart", "[qo
         if (impl == nullptr || impl->qos_gate() == nullptr) return std::string("no QoS gate");
         impl->qos_gate()->Record(100000);
         std::vector<float> v(64 * 1024);
-        for (int it = 0; it < 20; ++it) {
+        // At least 20 calls, and for at least 3 epochs, so that sends meet the denied halves.
+        const auto start = std::chrono::steady_clock::now();
+        // (The ranks agree on when to stop: a max-allreduce of "go on".)
+        for (int it = 0;; ++it) {
+          float more = it < 20 || plexus::testing::SecondsSince(start) < 0.12 ? 1.0f : 0.0f;
+          if (absl::Status s =
+                  comm.AllReduce(&more, &more, 1, pc::DataType::kF32, pc::ReduceOp::kMax);
+              !s.ok()) {
+            return std::string(s.message());
+          }
+          if (more == 0.0f) break;
           std::fill(v.begin(), v.end(), static_cast<float>(rank + it));
           absl::Status s =
               comm.AllReduce(v.data(), v.data(), v.size(), pc::DataType::kF32, pc::ReduceOp::kSum);
@@ -401,7 +411,7 @@ TEST_CASE("qos: complementary windows keep two communicators' sends apart", "[qo
       CHECK(outside == 0);
     }
   }
-  // Each job waited for its window at some point (20 calls cannot all fit one half-epoch).
+  // Each job waited for its window at some point (its calls spanned 3 epochs).
   CHECK(stats[0][0].waits + stats[0][1].waits > 0);
   CHECK(stats[1][0].waits + stats[1][1].waits > 0);
 }

@@ -44,6 +44,14 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
   const size_t num_sends = plan.sends.size();
   const size_t num_recvs = plan.recvs.size();
   if (num_sends == 0 && num_recvs == 0) return absl::OkStatus();
+  // QoS: a schedule that cannot admit a send within the timeout fails the call before this rank
+  // touches a connection (so its own error, not a peer's reaction, is what it reports).
+  if (qos_ != nullptr && num_sends > 0) {
+    if (absl::Status s = qos_->CheckReachable(options_.timeout, [&] { return header.Describe(); });
+        !s.ok()) {
+      return Abort(header, Failure::Own(std::move(s)));
+    }
+  }
   const uint64_t epoch = ++epoch_ & 0x7FFFFFFF;
   // A fused cast: the plan's byte counts are of `dtype` (f32); messages carry `wire` elements.
   const bool cast = plan.wire.has_value();

@@ -210,18 +210,8 @@ absl::Status QosGate::Admit(absl::Duration timeout, const base::WaitPolicy& wait
   if (until == absl::ZeroDuration()) return absl::OkStatus();
   ++waits_;
   const absl::Duration start = now;
-  const absl::Duration deadline = start + timeout;
   // Never allowed, or not before the call's timeout: fail now rather than wait for nothing.
-  if (until == absl::InfiniteDuration() || now + until > deadline) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        call(), " on rank ", rank_, ": the communicator's QoS schedule (", schedule_.ToString(),
-        ") denies sends at ", absl::FormatDuration(schedule_.EpochPosition(now)),
-        " into the epoch and ",
-        until == absl::InfiniteDuration()
-            ? std::string("allows no instant of it")
-            : absl::StrCat("opens its next allowed window in ", absl::FormatDuration(until)),
-        ", beyond the call's timeout of ", absl::FormatDuration(timeout)));
-  }
+  PLEXUS_RETURN_IF_ERROR(Unreachable(now, until, timeout, call));
   // Wait: spin only for what the policy allows, then yield, then block in the transport's
   // progress (bytes keep moving; it returns early on I/O) until the window opens.
   for (;;) {
@@ -238,6 +228,25 @@ absl::Status QosGate::Admit(absl::Duration timeout, const base::WaitPolicy& wait
   }
   waited_ns_ += absl::ToInt64Nanoseconds(now - start);
   return absl::OkStatus();
+}
+
+absl::Status QosGate::Unreachable(absl::Duration now, absl::Duration until, absl::Duration timeout,
+                                  absl::FunctionRef<std::string()> call) const {
+  if (until != absl::InfiniteDuration() && until <= timeout) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat(
+      call(), " on rank ", rank_, ": the communicator's QoS schedule (", schedule_.ToString(),
+      ") denies sends at ", absl::FormatDuration(schedule_.EpochPosition(now)),
+      " into the epoch and ",
+      until == absl::InfiniteDuration()
+          ? std::string("allows no instant of it")
+          : absl::StrCat("opens its next allowed window in ", absl::FormatDuration(until)),
+      ", beyond the call's timeout of ", absl::FormatDuration(timeout)));
+}
+
+absl::Status QosGate::CheckReachable(absl::Duration timeout,
+                                     absl::FunctionRef<std::string()> call) const {
+  const absl::Duration now = MonotonicNow();
+  return Unreachable(now, schedule_.UntilAllowed(schedule_.EpochPosition(now)), timeout, call);
 }
 
 void QosGate::Posted() {

@@ -33,6 +33,9 @@ class QosGate {
   absl::Status Admit(absl::Duration timeout, const base::WaitPolicy& wait,
                      absl::FunctionRef<void(absl::Duration)> progress,
                      absl::FunctionRef<std::string()> call);
+  // The DeadlineExceeded Admit would return now if it were asked (without counting a send):
+  // OK when the schedule allows an instant within `timeout`.
+  absl::Status CheckReachable(absl::Duration timeout, absl::FunctionRef<std::string()> call) const;
   // Called after a send was posted: records its monotonic time when recording (tests).
   void Posted();
   // Keeps the monotonic times of the next `limit` posted sends (0: none; the default).
@@ -49,6 +52,10 @@ class QosGate {
   const QosSchedule& schedule() const { return schedule_; }
 
  private:
+  // DeadlineExceeded when the next allowed instant (`until` after `now`) is beyond `timeout`.
+  absl::Status Unreachable(absl::Duration now, absl::Duration until, absl::Duration timeout,
+                           absl::FunctionRef<std::string()> call) const;
+
   QosSchedule schedule_;
   int rank_;
   std::atomic<uint64_t> sends_{0}, checks_{0}, waits_{0};
