@@ -20,6 +20,7 @@
 #include "plexus/moe/exchange.hpp"
 #include "plexus/moe/runtime.hpp"
 #include "plexus/transport/store.hpp"
+#include "support/loopback.hpp"
 
 namespace pm = plexus::moe;
 namespace pt = plexus::transport;
@@ -36,21 +37,6 @@ pm::ModelConfig SmallModel() {
   c.top_k = 2;
   return c;
 }
-
-// A tcp store server on 127.0.0.1 and a client of it, for ranks as threads.
-struct TestStore {
-  TestStore() {
-    auto started = pt::TcpStoreServer::Start("127.0.0.1:0");
-    REQUIRE(started.ok());
-    server = *std::move(started);
-    auto client =
-        pt::TcpStore::Connect("127.0.0.1:" + std::to_string(server->port()), absl::Seconds(10));
-    REQUIRE(client.ok());
-    store = *std::move(client);
-  }
-  std::unique_ptr<pt::TcpStoreServer> server;
-  std::shared_ptr<pt::Store> store;
-};
 
 bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -80,8 +66,8 @@ struct ElasticResult {
 };
 
 ElasticResult RunElastic(const Scenario& sc, pm::RuntimeOptions options) {
-  const TestStore test_store;
-  const std::shared_ptr<pt::Store>& shared = test_store.store;
+  const plexus::testing::LoopbackStore loopback = plexus::testing::StartLoopbackStore();
+  const std::shared_ptr<pt::Store>& shared = loopback.store;
   options.comm.device.backend = pt::Backend::kInproc;
   std::mutex hang_mu;
   std::condition_variable hang_cv;
@@ -510,8 +496,8 @@ TEST_CASE("a rank that dies during recovery makes the survivors agree again", "[
 }
 
 TEST_CASE("Join without a job to admit it fails within join_timeout", "[moe][runtime][join]") {
-  const TestStore test_store;
-  const std::shared_ptr<pt::Store>& shared = test_store.store;
+  const plexus::testing::LoopbackStore loopback = plexus::testing::StartLoopbackStore();
+  const std::shared_ptr<pt::Store>& shared = loopback.store;
   pm::RuntimeOptions options = ElasticOptions();
   options.join_timeout = absl::Milliseconds(300);
   auto no_job = pm::Trainer::Join(shared, options);

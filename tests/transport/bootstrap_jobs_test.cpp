@@ -11,6 +11,7 @@
 #include "bootstrap_test_util.hpp"
 #include "plexus/transport/join.hpp"
 #include "plexus/transport/rendezvous.hpp"
+#include "support/loopback.hpp"
 
 namespace pt = plexus::transport;
 using plexus::testing::FreePort;
@@ -20,14 +21,10 @@ using plexus::testing::RemoveTree;
 
 namespace {
 
+// Waits (bounded) until `flag` is set.
 bool WaitUntil(const std::atomic<bool>& flag,
-               std::chrono::seconds limit = std::chrono::seconds(8)) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!flag.load()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
+               std::chrono::milliseconds limit = std::chrono::seconds(8)) {
+  return plexus::testing::WaitFor([&] { return flag.load(); }, limit);
 }
 
 // One rank of a two-job experiment on threads: FromEnv, then an AllGather of "<job>/<rank>".
@@ -88,11 +85,8 @@ void RunInOrder(const std::vector<RankRun*>& order) {
   RankRun::release = false;
   for (RankRun* run : order) {
     run->Start();
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
-    while (!run->joined.load() && !run->done.load() &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
+    plexus::testing::WaitFor([&] { return run->joined.load() || run->done.load(); },
+                             std::chrono::seconds(8));
   }
   // Every rank has joined or failed; those that joined finish their AllGather, then all let go.
   for (RankRun* run : order) {
