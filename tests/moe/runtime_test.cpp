@@ -207,6 +207,13 @@ std::string CheckpointPath(const std::string& tag) {
   return (std::filesystem::temp_directory_path() / (tag + "_" + std::to_string(getpid()))).string();
 }
 
+// The one step that failed (and recovered) on physical rank `r`.
+pm::StepReport OnlyFailure(const ElasticResult& run, int r) {
+  const std::vector<pm::StepReport> failures = Failures(run, r);
+  REQUIRE(failures.size() == 1);
+  return failures[0];
+}
+
 std::vector<int> Sorted(std::vector<int> v) {
   std::sort(v.begin(), v.end());
   return v;
@@ -216,12 +223,18 @@ std::vector<int> Sorted(std::vector<int> v) {
 // PlanReconfiguration from the 4-node plan to the 5-node one (kBest placements).
 constexpr int64_t kJoinTransfers = 4;
 
-pm::RuntimeOptions ElasticOptions() {
+// Recovery tests: a short timeout and membership grace, so that a stopped rank is noticed soon.
+pm::RuntimeOptions RecoveryOptions() {
   pm::RuntimeOptions options;
   options.model = SmallModel();
   options.comm.timeout = absl::Seconds(1);
-  options.comm.connect_timeout = absl::Seconds(2);
   options.membership_grace = absl::Milliseconds(500);
+  return options;
+}
+
+pm::RuntimeOptions ElasticOptions() {
+  pm::RuntimeOptions options = RecoveryOptions();
+  options.comm.connect_timeout = absl::Seconds(2);
   options.join_timeout = absl::Seconds(30);
   return options;
 }
@@ -277,10 +290,7 @@ TEST_CASE("distributed training equals the reference bit for bit for 1, 3 and 4 
 TEST_CASE("a rank that stops is survived elastically with the never-failed parameters",
           "[moe][runtime]") {
   const int64_t steps = 8;
-  pm::RuntimeOptions options;
-  options.model = SmallModel();
-  options.comm.timeout = absl::Seconds(1);
-  options.membership_grace = absl::Milliseconds(500);
+  pm::RuntimeOptions options = RecoveryOptions();
   auto reference = pm::TrainReference(options.model, steps);
   REQUIRE(reference.ok());
   // 6 experts on 4 ranks x 4 slots: after rank 1 stops, the new plan moves 12 expert states
@@ -289,9 +299,7 @@ TEST_CASE("a rank that stops is survived elastically with the never-failed param
   CheckEqualToReference(run, {0, 2, 3}, *reference);
   for (int r : {0, 2, 3}) {
     INFO("physical rank " << r);
-    const std::vector<pm::StepReport> failures = Failures(run, r);
-    REQUIRE(failures.size() == 1);
-    const pm::StepReport& rep = failures[0];
+    const pm::StepReport rep = OnlyFailure(run, r);
     CHECK(rep.step == 3);
     CHECK_FALSE(rep.checkpoint_restart);
     CHECK(rep.steps_lost == 0);
@@ -302,10 +310,7 @@ TEST_CASE("a rank that stops is survived elastically with the never-failed param
 
 TEST_CASE("checkpoint restart redoes the lost steps and ends equal too", "[moe][runtime]") {
   const int64_t steps = 8;
-  pm::RuntimeOptions options;
-  options.model = SmallModel();
-  options.comm.timeout = absl::Seconds(1);
-  options.membership_grace = absl::Milliseconds(500);
+  pm::RuntimeOptions options = RecoveryOptions();
   options.recovery = pm::RecoveryMode::kCheckpointRestart;
   options.checkpoint_every = 2;
   const std::string path = CheckpointPath("plexus_moe_ckpt");
@@ -317,9 +322,7 @@ TEST_CASE("checkpoint restart redoes the lost steps and ends equal too", "[moe][
   CheckEqualToReference(run, {0, 2, 3}, *reference);
   for (int r : {0, 2, 3}) {
     INFO("physical rank " << r);
-    const std::vector<pm::StepReport> failures = Failures(run, r);
-    REQUIRE(failures.size() == 1);
-    const pm::StepReport& rep = failures[0];
+    const pm::StepReport rep = OnlyFailure(run, r);
     CHECK(rep.checkpoint_restart);
     CHECK(rep.step == 4);  // the checkpoint after step 4
     CHECK(rep.steps_lost == 1);
@@ -329,12 +332,9 @@ TEST_CASE("checkpoint restart redoes the lost steps and ends equal too", "[moe][
 TEST_CASE("elastic recovery falls back to the checkpoint when an expert lost every replica",
           "[moe][runtime]") {
   const int64_t steps = 7;
-  pm::RuntimeOptions options;
-  options.model = SmallModel();
+  pm::RuntimeOptions options = RecoveryOptions();
   options.model.experts = 8;
   options.slots_per_node = 3;  // 8 experts in 12 slots: some have a single replica
-  options.comm.timeout = absl::Seconds(1);
-  options.membership_grace = absl::Milliseconds(500);
   options.checkpoint_every = 3;
   const std::string path = CheckpointPath("plexus_moe_ckpt_lost");
   options.checkpoint_path = path;
@@ -345,9 +345,7 @@ TEST_CASE("elastic recovery falls back to the checkpoint when an expert lost eve
   CheckEqualToReference(run, {0, 1, 3}, *reference);
   for (int r : {0, 1, 3}) {
     INFO("physical rank " << r);
-    const std::vector<pm::StepReport> failures = Failures(run, r);
-    REQUIRE(failures.size() == 1);
-    const pm::StepReport& rep = failures[0];
+    const pm::StepReport rep = OnlyFailure(run, r);
     CHECK(rep.checkpoint_restart);
     CHECK(rep.step == 3);
     CHECK(rep.steps_lost == 1);
@@ -441,9 +439,7 @@ TEST_CASE("rank 0 may die when the store outlives it", "[moe][runtime]") {
   CheckEqualToReference(run, {1, 2, 3}, *reference);
   for (int r : {1, 2, 3}) {
     INFO("physical rank " << r);
-    const std::vector<pm::StepReport> failures = Failures(run, r);
-    REQUIRE(failures.size() == 1);
-    const pm::StepReport& rep = failures[0];
+    const pm::StepReport rep = OnlyFailure(run, r);
     CHECK(rep.step == 3);
     CHECK(rep.steps_lost == 0);
     CHECK(Sorted(rep.members) == std::vector<int>{1, 2, 3});
