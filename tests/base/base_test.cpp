@@ -209,3 +209,37 @@ TEST_CASE("WaitPolicy: spin, then yield, then sleep", "[base][wait]") {
   CHECK(WaitPolicy(absl::Microseconds(-1), absl::Milliseconds(1)).At(absl::ZeroDuration()) ==
         Phase::kYield);
 }
+
+TEST_CASE("Backoff: doubling delays up to the cap, jitter within bounds, cut at the deadline",
+          "[base][wait]") {
+  using plexus::base::Backoff;
+  Backoff b(absl::Milliseconds(5), absl::Milliseconds(30));
+  CHECK(b.delay() == absl::Milliseconds(5));
+  CHECK(b.Next() == absl::Milliseconds(5));
+  CHECK(b.Next() == absl::Milliseconds(10));
+  CHECK(b.Next() == absl::Milliseconds(20));
+  CHECK(b.Next() == absl::Milliseconds(30));  // capped
+  CHECK(b.Next() == absl::Milliseconds(30));
+  CHECK(b.delay() == absl::Milliseconds(30));
+  b.Reset();
+  CHECK(b.Next() == absl::Milliseconds(5));
+
+  Backoff jittered(absl::Milliseconds(5), absl::Milliseconds(5), absl::Milliseconds(10));
+  bool varied = false;
+  absl::Duration first = jittered.Next();
+  for (int i = 0; i < 50; ++i) {
+    const absl::Duration d = jittered.Next();
+    CHECK(d >= absl::Milliseconds(5));
+    CHECK(d < absl::Milliseconds(15));
+    varied |= d != first;
+  }
+  CHECK(varied);
+
+  // A passed deadline: no sleep, false. A near one: the sleep stops there, not after `initial`.
+  Backoff slow(absl::Seconds(30), absl::Seconds(60));
+  const absl::Time start = absl::Now();
+  CHECK_FALSE(slow.SleepBefore(start - absl::Milliseconds(1)));
+  CHECK(slow.SleepBefore(start + absl::Milliseconds(20)));
+  CHECK(absl::Now() - start < absl::Seconds(5));
+  CHECK_FALSE(slow.SleepBefore(start + absl::Milliseconds(20)));
+}

@@ -44,6 +44,15 @@ std::unique_ptr<pt::TcpStore> TryConnect(const std::string& address) {
   return *std::move(store);
 }
 
+// The address a store server child process writes to `file` once it listens (bounded wait).
+std::string AddressWrittenTo(const std::string& file) {
+  std::string address;
+  REQUIRE(
+      plexus::testing::WaitFor([&] { return !(address = plexus::testing::ReadFile(file)).empty(); },
+                               std::chrono::seconds(5)));
+  return address;
+}
+
 std::unique_ptr<pt::TcpStore> MustConnect(const std::string& address) {
   auto store = TryConnect(address);
   REQUIRE(store != nullptr);
@@ -261,12 +270,7 @@ TEST_CASE("tcp store: a server process killed with SIGKILL gives an error, not a
   const std::string dir = MakeTempDir("store");
   const std::string address_file = dir + "/address";
   Child server({BOOTSTRAP_HELPER, "serve", address_file});
-  std::string address;
-  for (int i = 0; i < 500 && address.empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    address = plexus::testing::ReadFile(address_file);
-  }
-  REQUIRE_FALSE(address.empty());
+  const std::string address = AddressWrittenTo(address_file);
   auto store = MustConnect(address);
   std::thread killer([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -285,12 +289,7 @@ TEST_CASE("tcp store: a frozen server gives DeadlineExceeded within timeout + io
   const std::string dir = MakeTempDir("store");
   const std::string address_file = dir + "/address";
   Child server({BOOTSTRAP_HELPER, "serve", address_file});
-  std::string address;
-  for (int i = 0; i < 500 && address.empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    address = plexus::testing::ReadFile(address_file);
-  }
-  REQUIRE_FALSE(address.empty());
+  const std::string address = AddressWrittenTo(address_file);
   auto store = pt::TcpStore::Connect(address, absl::Seconds(10), absl::Milliseconds(300));
   REQUIRE(store.ok());
   REQUIRE(server.Signal(SIGSTOP));

@@ -6,10 +6,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -43,6 +46,16 @@ inline void RemoveTree(const std::string& dir) {
 // The file's contents; empty when it cannot be read (yet).
 inline std::string ReadFile(const std::string& path) {
   return base::ReadFile(path).value_or(std::string());
+}
+
+// Runs `body(rank)` on `n` threads and returns what each returned: empty for a rank that
+// succeeded, else its failure (Catch2 assertions are main-thread only).
+inline std::vector<std::string> OnThreads(int n, const std::function<std::string(int)>& body) {
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { errors[r] = body(r); });
+  for (auto& t : threads) t.join();
+  return errors;
 }
 
 struct ShellResult {

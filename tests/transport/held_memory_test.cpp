@@ -533,112 +533,131 @@ std::vector<uint8_t> SmallMessage(int i) {
   return m;
 }
 
-}  // namespace
-
-TEST_CASE("tcp: a connection paused at the cap fails its send when the peer resets", "[held]") {
-  auto dev = MakeSmallCapDevice();
-  auto cq = dev->CreateCompletionQueue();
-  auto listener = dev->Listen("");
-  REQUIRE(listener.ok());
-  RawClient client((*listener)->address());
-  auto conn = (*listener)->Accept(cq.get(), absl::Seconds(10));
-  REQUIRE(conn.ok());
-  const std::string peer = (*conn)->peer_address();
-  // The client writes 64 KiB messages until the receiver stops reading (no progress for 1 s).
-  int written = 0;
-  for (; written < 512; ++written) {
-    const std::vector<uint8_t> m = SmallMessage(written);
-    if (!client.Header(m.size(), absl::Seconds(1)) ||
-        !client.WriteAll(m.data(), m.size(), absl::Seconds(1))) {
-      break;
-    }
+// A small-cap device that accepted one connection from a RawClient.
+struct RawClientConnection {
+  RawClientConnection() {
+    auto l = dev->Listen("");
+    REQUIRE(l.ok());
+    listener = std::move(*l);
+    client = std::make_unique<RawClient>(listener->address());
+    auto c = listener->Accept(cq.get(), absl::Seconds(10));
+    REQUIRE(c.ok());
+    conn = std::move(*c);
+    peer = conn->peer_address();
   }
-  REQUIRE(written < 512);  // the receiver stopped reading
-  REQUIRE((*conn)->status().ok());
-  // An operation of the receiver's own that the client never reads: it stays outstanding.
-  std::vector<uint8_t> big(16 << 20, 7);
-  REQUIRE((*conn)->PostSend(pt::ConstBuffer{big.data(), big.size()}, 42).ok());
-  absl::SleepFor(absl::Milliseconds(200));
-  REQUIRE(cq->size() == 0);
+  // Writes SmallMessages until the receiver stops reading (no progress for 1 s); how many.
+  int WriteUntilStalled(int most) {
+    int written = 0;
+    for (; written < most; ++written) {
+      const std::vector<uint8_t> m = SmallMessage(written);
+      if (!client->Header(m.size(), absl::Seconds(1)) ||
+          !client->WriteAll(m.data(), m.size(), absl::Seconds(1))) {
+        break;
+      }
+    }
+    return written;
+  }
 
-  const absl::Time t0 = absl::Now();
-  client.Reset();
-  pt::Completion c = Next(*cq, kPeerTimeout + absl::Seconds(10));
+  std::shared_ptr<pt::Device> dev = MakeSmallCapDevice();
+  std::unique_ptr<pt::CompletionQueue> cq = dev->CreateCompletionQueue();
+  std::unique_ptr<pt::Listener> listener;
+  std::unique_ptr<RawClient> client;
+  std::unique_ptr<pt::Connection> conn;
+  std::string peer;
+};
+
+// Two small-cap devices, one connection between them, and `messages` SmallMessages posted by
+// the sender: far more than the receiver holds, so that it pauses at the cap.
+struct PausedPair {
+  explicit PausedPair(int messages) {
+    auto l = receiver->Listen("");
+    REQUIRE(l.ok());
+    listener = std::move(*l);
+    auto o = sender->Connect(listener->address(), scq.get());
+    REQUIRE(o.ok());
+    out = std::move(*o);
+    auto i = listener->Accept(rcq.get(), absl::Seconds(10));
+    REQUIRE(i.ok());
+    in = std::move(*i);
+    peer = in->peer_address();
+    for (int m = 0; m < messages; ++m) {
+      sent.push_back(SmallMessage(m));
+      REQUIRE(out->PostSend(pt::ConstBuffer{sent[m].data(), sent[m].size()}, m).ok());
+    }
+    absl::SleepFor(absl::Milliseconds(500));  // the receiver holds the cap and stops reading
+    REQUIRE(in->status().ok());
+  }
+
+  std::shared_ptr<pt::Device> sender = MakeSmallCapDevice();
+  std::shared_ptr<pt::Device> receiver = MakeSmallCapDevice();
+  std::unique_ptr<pt::CompletionQueue> scq = sender->CreateCompletionQueue();
+  std::unique_ptr<pt::CompletionQueue> rcq = receiver->CreateCompletionQueue();
+  std::unique_ptr<pt::Listener> listener;
+  std::unique_ptr<pt::Connection> out;
+  std::unique_ptr<pt::Connection> in;
+  std::string peer;
+  std::vector<std::vector<uint8_t>> sent;
+};
+
+// The next completion on `cq` is operation `wr_id`'s failure, naming `peer`, within
+// kDetectBound of `t0`; returns it.
+pt::Completion ExpectFailureNamingPeer(pt::CompletionQueue& cq, uint64_t wr_id,
+                                       const std::string& peer, absl::Time t0) {
+  pt::Completion c = Next(cq, kPeerTimeout + absl::Seconds(10));
   const absl::Duration took = absl::Now() - t0;
   INFO(c.status.ToString() << " after " << absl::FormatDuration(took));
-  CHECK(c.wr_id == 42u);
+  CHECK(c.wr_id == wr_id);
   CHECK(!c.status.ok());
   CHECK(absl::StrContains(c.status.message(), peer));
   CHECK(took <= kDetectBound);
-  CHECK(!(*conn)->status().ok());
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("tcp: a connection paused at the cap fails its send when the peer resets", "[held]") {
+  RawClientConnection t;
+  // The client writes 64 KiB messages until the receiver stops reading (no progress for 1 s).
+  REQUIRE(t.WriteUntilStalled(512) < 512);  // the receiver stopped reading
+  REQUIRE(t.conn->status().ok());
+  // An operation of the receiver's own that the client never reads: it stays outstanding.
+  std::vector<uint8_t> big(16 << 20, 7);
+  REQUIRE(t.conn->PostSend(pt::ConstBuffer{big.data(), big.size()}, 42).ok());
+  absl::SleepFor(absl::Milliseconds(200));
+  REQUIRE(t.cq->size() == 0);
+
+  const absl::Time t0 = absl::Now();
+  t.client->Reset();
+  ExpectFailureNamingPeer(*t.cq, 42, t.peer, t0);
+  CHECK(!t.conn->status().ok());
 }
 
 TEST_CASE("tcp: a connection paused at the cap fails its send when the peer device is destroyed",
           "[held]") {
-  auto sender = MakeSmallCapDevice();
-  auto receiver = MakeSmallCapDevice();
-  auto scq = sender->CreateCompletionQueue();
-  auto rcq = receiver->CreateCompletionQueue();
-  auto listener = receiver->Listen("");
-  REQUIRE(listener.ok());
-  auto out = sender->Connect((*listener)->address(), scq.get());
-  REQUIRE(out.ok());
-  auto in = (*listener)->Accept(rcq.get(), absl::Seconds(10));
-  REQUIRE(in.ok());
-  const std::string peer = (*in)->peer_address();
   constexpr int kMessages = 128;  // 8 MiB: far more than the cap and the socket buffers
-  std::vector<std::vector<uint8_t>> sent;
-  for (int i = 0; i < kMessages; ++i) {
-    sent.push_back(SmallMessage(i));
-    REQUIRE((*out)->PostSend(pt::ConstBuffer{sent[i].data(), sent[i].size()}, i).ok());
-  }
-  absl::SleepFor(absl::Milliseconds(500));  // the receiver holds the cap and stops reading
-  REQUIRE((*in)->status().ok());
-  REQUIRE(scq->size() < kMessages);  // the sender is stuck
+  PausedPair p(kMessages);
+  REQUIRE(p.scq->size() < kMessages);  // the sender is stuck
 
   const absl::Time t0 = absl::Now();
-  out->reset();
-  sender.reset();  // the peer goes away with its sends still queued
+  p.out.reset();
+  p.sender.reset();  // the peer goes away with its sends still queued
   // The receiver's own send to the dead peer must fail, naming it, within the op_timeout.
   std::vector<uint8_t> big(16 << 20, 7);
-  REQUIRE((*in)->PostSend(pt::ConstBuffer{big.data(), big.size()}, 42).ok());
-  pt::Completion c = Next(*rcq, kPeerTimeout + absl::Seconds(10));
-  const absl::Duration took = absl::Now() - t0;
-  INFO(c.status.ToString() << " after " << absl::FormatDuration(took));
-  CHECK(c.wr_id == 42u);
-  CHECK(!c.status.ok());
-  CHECK(absl::StrContains(c.status.message(), peer));
-  CHECK(took <= kDetectBound);
-  CHECK(!(*in)->status().ok());
+  REQUIRE(p.in->PostSend(pt::ConstBuffer{big.data(), big.size()}, 42).ok());
+  ExpectFailureNamingPeer(*p.rcq, 42, p.peer, t0);
+  CHECK(!p.in->status().ok());
 }
 
 TEST_CASE("tcp: a connection paused at the cap delivers what a departed peer sent, then EOF",
           "[held]") {
-  auto sender = MakeSmallCapDevice();
-  auto receiver = MakeSmallCapDevice();
-  auto scq = sender->CreateCompletionQueue();
-  auto rcq = receiver->CreateCompletionQueue();
-  auto listener = receiver->Listen("");
-  REQUIRE(listener.ok());
-  auto out = sender->Connect((*listener)->address(), scq.get());
-  REQUIRE(out.ok());
-  auto in = (*listener)->Accept(rcq.get(), absl::Seconds(10));
-  REQUIRE(in.ok());
-  const std::string peer = (*in)->peer_address();
   constexpr int kMessages = 128;
-  std::vector<std::vector<uint8_t>> sent;
-  for (int i = 0; i < kMessages; ++i) {
-    sent.push_back(SmallMessage(i));
-    REQUIRE((*out)->PostSend(pt::ConstBuffer{sent[i].data(), sent[i].size()}, i).ok());
-  }
-  absl::SleepFor(absl::Milliseconds(500));  // the receiver holds the cap and stops reading
-  REQUIRE((*in)->status().ok());
+  PausedPair p(kMessages);
   // The sender goes away; the sends it had written completed (in order) before it did.
-  out->reset();
-  sender.reset();
+  p.out.reset();
+  p.sender.reset();
   int completed = 0;
-  while (scq->size() > 0) {
-    pt::Completion c = Next(*scq, absl::Seconds(1));
+  while (p.scq->size() > 0) {
+    pt::Completion c = Next(*p.scq, absl::Seconds(1));
     if (!c.status.ok()) break;
     REQUIRE(c.wr_id == static_cast<uint64_t>(completed));
     ++completed;
@@ -654,12 +673,12 @@ TEST_CASE("tcp: a connection paused at the cap delivers what a departed peer sen
   absl::Status end;
   for (int i = 0; i < kMessages && end.ok(); ++i) {
     // Once the stream ended and nothing whole is left, the post itself reports the end.
-    if (absl::Status posted = (*in)->PostRecv({buf.data(), buf.size()}, i); !posted.ok()) {
+    if (absl::Status posted = p.in->PostRecv({buf.data(), buf.size()}, i); !posted.ok()) {
       end = posted;
       break;
     }
     const absl::Time t0 = absl::Now();
-    pt::Completion c = Next(*rcq, kPeerTimeout + absl::Seconds(10));
+    pt::Completion c = Next(*p.rcq, kPeerTimeout + absl::Seconds(10));
     const absl::Duration took = absl::Now() - t0;
     INFO("receive " << i << ": " << c.status.ToString() << " after " << absl::FormatDuration(took));
     REQUIRE(c.wr_id == static_cast<uint64_t>(i));
@@ -669,90 +688,63 @@ TEST_CASE("tcp: a connection paused at the cap delivers what a departed peer sen
       break;
     }
     REQUIRE(c.bytes == kSmallMessage);
-    REQUIRE(buf == sent[i]);
+    REQUIRE(buf == p.sent[i]);
     ++got;
   }
   INFO("received " << got << "; the end: " << end.ToString());
   CHECK(got >= completed);
   CHECK(got < kMessages);
   CHECK(absl::IsUnavailable(end));
-  CHECK(absl::StrContains(end.message(), peer));
+  CHECK(absl::StrContains(end.message(), p.peer));
 }
 
 TEST_CASE("tcp: a connection paused at the cap fails its send when the peer hangs", "[held]") {
-  auto dev = MakeSmallCapDevice();
-  auto cq = dev->CreateCompletionQueue();
-  auto listener = dev->Listen("");
-  REQUIRE(listener.ok());
-  RawClient client((*listener)->address());
-  auto conn = (*listener)->Accept(cq.get(), absl::Seconds(10));
-  REQUIRE(conn.ok());
-  const std::string peer = (*conn)->peer_address();
-  int written = 0;
-  for (; written < 512; ++written) {
-    const std::vector<uint8_t> m = SmallMessage(written);
-    if (!client.Header(m.size(), absl::Seconds(1)) ||
-        !client.WriteAll(m.data(), m.size(), absl::Seconds(1))) {
-      break;
-    }
-  }
-  REQUIRE(written < 512);
+  RawClientConnection t;
+  REQUIRE(t.WriteUntilStalled(512) < 512);
   // The client stays connected but neither reads nor writes: the receiver's send cannot finish
   // and fails after op_timeout without progress.
   std::vector<uint8_t> big(16 << 20, 7);
   const absl::Time t0 = absl::Now();
-  REQUIRE((*conn)->PostSend(pt::ConstBuffer{big.data(), big.size()}, 42).ok());
-  pt::Completion c = Next(*cq, kPeerTimeout + absl::Seconds(10));
-  const absl::Duration took = absl::Now() - t0;
-  INFO(c.status.ToString() << " after " << absl::FormatDuration(took));
-  CHECK(c.wr_id == 42u);
+  REQUIRE(t.conn->PostSend(pt::ConstBuffer{big.data(), big.size()}, 42).ok());
+  const pt::Completion c = ExpectFailureNamingPeer(*t.cq, 42, t.peer, t0);
   CHECK(absl::IsDeadlineExceeded(c.status));
-  CHECK(absl::StrContains(c.status.message(), peer));
-  CHECK(took >= kPeerTimeout - absl::Milliseconds(100));
-  CHECK(took <= kDetectBound);
+  CHECK(absl::Now() - t0 >= kPeerTimeout - absl::Milliseconds(100));
 }
 
 TEST_CASE("tcp: a paused connection whose peer closed delivers exactly what it sent, then EOF",
           "[held]") {
-  auto dev = MakeSmallCapDevice();
-  auto cq = dev->CreateCompletionQueue();
-  auto listener = dev->Listen("");
-  REQUIRE(listener.ok());
-  RawClient client((*listener)->address());
-  auto conn = (*listener)->Accept(cq.get(), absl::Seconds(10));
-  REQUIRE(conn.ok());
-  const std::string peer = (*conn)->peer_address();
+  RawClientConnection t;
   // 6 messages: above the cap (the receiver stops reading), within the kernel's socket buffers
   // (the client's writes and its FIN all get through).
   constexpr int kMessages = 6;
   for (int i = 0; i < kMessages; ++i) {
     const std::vector<uint8_t> m = SmallMessage(i);
-    REQUIRE(client.Header(m.size(), absl::Seconds(5)));
-    REQUIRE(client.WriteAll(m.data(), m.size(), absl::Seconds(5)));
+    REQUIRE(t.client->Header(m.size(), absl::Seconds(5)));
+    REQUIRE(t.client->WriteAll(m.data(), m.size(), absl::Seconds(5)));
   }
-  client.Close();
+  t.client->Close();
   absl::SleepFor(absl::Milliseconds(300));
   // The peer's FIN waits behind its messages: nothing is lost, the connection is not failed yet.
-  CHECK((*conn)->status().ok());
+  CHECK(t.conn->status().ok());
   std::vector<uint8_t> buf(kSmallMessage);
   for (int i = 0; i < kMessages; ++i) {
-    REQUIRE((*conn)->PostRecv({buf.data(), buf.size()}, i).ok());
-    pt::Completion c = Next(*cq, absl::Seconds(10));
+    REQUIRE(t.conn->PostRecv({buf.data(), buf.size()}, i).ok());
+    pt::Completion c = Next(*t.cq, absl::Seconds(10));
     INFO("receive " << i << ": " << c.status.ToString());
     REQUIRE(c.status.ok());
     REQUIRE(c.wr_id == static_cast<uint64_t>(i));
     REQUIRE(buf == SmallMessage(i));
   }
   // Then the end of the stream, naming the peer, promptly.
-  absl::Status end = (*conn)->PostRecv({buf.data(), buf.size()}, 99);
+  absl::Status end = t.conn->PostRecv({buf.data(), buf.size()}, 99);
   if (end.ok()) {
     const absl::Time t0 = absl::Now();
-    pt::Completion c = Next(*cq, kPeerTimeout + absl::Seconds(10));
+    pt::Completion c = Next(*t.cq, kPeerTimeout + absl::Seconds(10));
     CHECK(c.wr_id == 99u);
     CHECK(absl::Now() - t0 <= kDetectBound);
     end = c.status;
   }
   INFO(end.ToString());
   CHECK(absl::IsUnavailable(end));
-  CHECK(absl::StrContains(end.message(), peer));
+  CHECK(absl::StrContains(end.message(), t.peer));
 }

@@ -10,22 +10,13 @@
 #include "plexus/transport/completion.hpp"
 #include "plexus/transport/device.hpp"
 #include "tcp/protocol.hpp"
+#include "tcp_frames.hpp"
 
 namespace pt = plexus::transport;
 namespace tcp = plexus::transport::internal::tcp;
+using plexus::testing::Header;
 
 namespace {
-
-tcp::FrameHeader Header(tcp::FrameType type, uint64_t length = 0, uint64_t a = 0, uint64_t b = 0,
-                        uint8_t flags = 0) {
-  tcp::FrameHeader h;
-  h.type = type;
-  h.length = length;
-  h.a = a;
-  h.b = b;
-  h.flags = flags;
-  return h;
-}
 
 std::string Error(const absl::StatusOr<tcp::HeaderPlan>& plan) {
   REQUIRE_FALSE(plan.ok());

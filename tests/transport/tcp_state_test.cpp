@@ -16,10 +16,12 @@
 #include "tcp/frame.hpp"
 #include "tcp/receive_state.hpp"
 #include "tcp/send_state.hpp"
+#include "tcp_frames.hpp"
 
 namespace pt = plexus::transport;
 namespace pi = plexus::transport::internal;
 namespace tcp = plexus::transport::internal::tcp;
+using plexus::testing::Header;
 
 namespace {
 
@@ -28,18 +30,6 @@ using Event = tcp::ReceiveState::Event;
 
 constexpr uint64_t kRegion = 7;
 constexpr char kPeer[] = "10.0.0.2:5000";
-
-tcp::FrameHeader Header(tcp::FrameType type, uint64_t length = 0, uint64_t a = 0, uint64_t b = 0,
-                        uint8_t flags = 0, uint32_t immediate = 0) {
-  tcp::FrameHeader h;
-  h.type = type;
-  h.length = length;
-  h.a = a;
-  h.b = b;
-  h.flags = flags;
-  h.immediate = immediate;
-  return h;
-}
 
 // Appends a frame (header, then payload) to `stream`.
 void Append(Bytes& stream, const tcp::FrameHeader& h, const Bytes& payload = {}) {

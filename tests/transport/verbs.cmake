@@ -1,6 +1,6 @@
 # Verbs backend: the protocol engine (pure C++, always runs) and a hardware loopback test that
 # exits 77 (skipped) with the probe's reason where no RDMA device exists.
-set(_verbs_protocol_sources verbs_protocol_test.cpp)
+set(_verbs_protocol_sources verbs_protocol_test.cpp verbs_codec_test.cpp)
 if(NOT PLEXUS_HAVE_VERBS)
   # Without libibverbs the library leaves src/verbs/ out; its protocol is still tested.
   list(APPEND _verbs_protocol_sources

@@ -6,6 +6,7 @@
 #include "dispatch_internal.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/moe/dispatch.hpp"
+#include "plexus/transport/memory.hpp"
 
 namespace plexus::moe {
 namespace internal {
@@ -13,19 +14,8 @@ std::string RunDispatchKernel(int num_experts, int num_ranks, const int64_t* hos
                               const int* host_replicas, int64_t* host_dense);
 }  // namespace internal
 
-bool CudaDispatchAvailable(std::string* why_not) {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    if (why_not) *why_not = absl::StrCat("no usable CUDA device: ", cudaGetErrorString(err));
-    return false;
-  }
-  if (count == 0) {
-    if (why_not) *why_not = "no CUDA device present";
-    return false;
-  }
-  return true;
-}
+// The transport's probe: one answer (and one reason) for every library asking about CUDA.
+bool CudaDispatchAvailable(std::string* why_not) { return transport::CudaAvailable(why_not); }
 
 absl::StatusOr<std::vector<int64_t>> ComputeDispatchDenseCuda(const DispatchInput& input) {
   PLEXUS_RETURN_IF_ERROR(internal::ValidateDispatchInput(input));

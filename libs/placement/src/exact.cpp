@@ -209,32 +209,24 @@ class ExactSearch {
     int lowest_tier = 0;
     for (int e : p_.in_edges[op]) lowest_tier = std::max(lowest_tier, top_tier_[p_.edges[e].from]);
     std::vector<Option> options;
-    const double rate = p_.rate[op];
     for (size_t c = 0; c < classes_.size(); ++c) {
       const int available = static_cast<int>(classes_[c].workers.size()) - used_[c];
       if (throughput_[op][c] <= 0 || classes_[c].tier < lowest_tier || available <= 0) continue;
-      double net = 0;
-      for (int edge : p_.in_edges[op]) {
-        const Edge& ed = p_.edges[edge];
-        const double kb = p_.rate[ed.from] * ed.rate_ratio *
-                          MessageKb(p_, edge, variant_[ed.from], variant_[op]) / rate;
-        if (kb <= 0) continue;
-        double price = 0;
-        if (p_.operators[ed.from].kind == OperatorKind::kSource) {
-          price = PricePerGb(p_, SourcePosition(p_, ed.from), classes_[c].position);
-        } else {
-          double total = 0;
-          for (size_t pc = 0; pc < classes_.size(); ++pc) {
-            total += counts_[ed.from][pc] * throughput_[ed.from][pc];
-          }
-          for (size_t pc = 0; pc < classes_.size(); ++pc) {
-            if (counts_[ed.from][pc] == 0) continue;
-            price += counts_[ed.from][pc] * throughput_[ed.from][pc] / total *
-                     PricePerGb(p_, classes_[pc].position, classes_[c].position);
-          }
-        }
-        net += kb * HourlyGbPerKbPerSecond(p_) * price;
-      }
+      // A parent's classes share its traffic in proportion to their throughput.
+      const double net =
+          InputNetworkCost(p_, op, variant_, classes_[c].position, [&](int parent_op) {
+            double total = 0;
+            for (size_t pc = 0; pc < classes_.size(); ++pc) {
+              total += counts_[parent_op][pc] * throughput_[parent_op][pc];
+            }
+            double price = 0;
+            for (size_t pc = 0; pc < classes_.size(); ++pc) {
+              if (counts_[parent_op][pc] == 0) continue;
+              price += counts_[parent_op][pc] * throughput_[parent_op][pc] / total *
+                       PricePerGb(p_, classes_[pc].position, classes_[c].position);
+            }
+            return price;
+          });
       options.push_back(
           {static_cast<int>(c), throughput_[op][c], classes_[c].price, net, available});
     }

@@ -69,6 +69,33 @@ inline double HourlyGbPerKbPerSecond(const Problem& problem) {
   return BytesPerKb(problem) / BytesPerGb(problem) * kSecondsPerHour;
 }
 
+// KB per second that `edge` carries with the operators' `variant`s (sources count as variant 0).
+inline double EdgeKbPerSecond(const Problem& problem, int edge, const std::vector<int>& variant) {
+  const Edge& e = problem.edges[edge];
+  return problem.rate[e.from] * e.rate_ratio *
+         MessageKb(problem, edge, variant[e.from], variant[e.to]);
+}
+
+// Eq. 5.2: the network cost, per request of `op`, of bringing its inputs to a worker at `to`:
+// each in-edge's KB per request times the hourly GB price from where the parent runs, which is
+// the source's position for a source and `parent_price(parent)` (per GB, weighted over the
+// parent's placed workers as the caller knows them) for an operator.
+template <typename ParentPrice>
+double InputNetworkCost(const Problem& problem, int op, const std::vector<int>& variant,
+                        Position to, ParentPrice&& parent_price) {
+  double net = 0;
+  for (int edge : problem.in_edges[op]) {
+    const int from = problem.edges[edge].from;
+    const double kb = EdgeKbPerSecond(problem, edge, variant) / problem.rate[op];
+    if (kb <= 0) continue;
+    const double price = problem.operators[from].kind == OperatorKind::kSource
+                             ? PricePerGb(problem, SourcePosition(problem, from), to)
+                             : parent_price(from);
+    net += kb * HourlyGbPerKbPerSecond(problem) * price;
+  }
+  return net;
+}
+
 // Latency of (op, variant, worker type) at the options' percentile; 0 when it cannot run there.
 inline double LatencyMs(const Problem& problem, int op, int variant, int type) {
   const auto& profile = problem.latency[op][variant][type];

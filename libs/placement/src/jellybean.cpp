@@ -215,7 +215,6 @@ class Assigner {
 
  private:
   void Expand(const Entry& entry, int op, std::vector<Entry>& out) {
-    const double rate = p_.rate[op];
     int lowest_tier = 0;
     for (int e : p_.in_edges[op]) {
       lowest_tier = std::max(lowest_tier, entry.top_tier[p_.edges[e].from]);
@@ -226,22 +225,13 @@ class Assigner {
     net_.clear();
     for (const Eligible& e : eligible_[op]) {
       if (e.tier < lowest_tier || IsUsed(entry, e.worker)) continue;
-      double net = 0;
-      for (int edge : p_.in_edges[op]) {
-        const Edge& ed = p_.edges[edge];
-        const double kb = p_.rate[ed.from] * ed.rate_ratio *
-                          MessageKb(p_, edge, variant_[ed.from], variant_[op]) / rate;
-        if (kb <= 0) continue;
+      const double net = InputNetworkCost(p_, op, variant_, e.position, [&](int parent_op) {
         double price = 0;
-        if (p_.operators[ed.from].kind == OperatorKind::kSource) {
-          price = PricePerGb(p_, SourcePosition(p_, ed.from), e.position);
-        } else {
-          for (const WorkerShare& parent : entry.placed[ed.from]) {
-            price += parent.share * PricePerGb(p_, WorkerPosition(p_, parent.worker), e.position);
-          }
+        for (const WorkerShare& parent : entry.placed[parent_op]) {
+          price += parent.share * PricePerGb(p_, WorkerPosition(p_, parent.worker), e.position);
         }
-        net += kb * HourlyGbPerKbPerSecond(p_) * price;
-      }
+        return price;
+      });
       pool_.push_back(&e);
       net_.push_back(net);
     }

@@ -65,9 +65,7 @@ void ApplyShareRule(const Problem& problem, Plan& plan) {
 
 double EdgeNetworkCost(const Problem& problem, const Plan& plan, int edge) {
   const Edge& e = problem.edges[edge];
-  const double kb_per_second =
-      problem.rate[e.from] * e.rate_ratio *
-      internal::MessageKb(problem, edge, plan.variant[e.from], plan.variant[e.to]);
+  const double kb_per_second = internal::EdgeKbPerSecond(problem, edge, plan.variant);
   std::vector<std::pair<internal::Position, double>> from;
   if (problem.operators[e.from].kind == OperatorKind::kSource) {
     from.push_back({internal::SourcePosition(problem, e.from), 1.0});

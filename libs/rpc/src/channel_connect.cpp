@@ -146,14 +146,13 @@ void Channel::Impl::Connector() {
       }
       again.core = std::move(*d.core);
       again.last_error = absl::OkStatus();
-      again.backoff = options.reconnect_backoff;
+      again.backoff.Reset();
       again.next_attempt = absl::InfinitePast();
       ++again.connections;
       cv.notify_all();
     } else {
       again.last_error = d.core.status();
-      again.next_attempt = absl::Now() + again.backoff;
-      again.backoff = std::min(again.backoff * 2, options.max_reconnect_backoff);
+      again.next_attempt = absl::Now() + again.backoff.Next();
     }
   }
 }
@@ -183,7 +182,7 @@ absl::StatusOr<std::shared_ptr<Channel>> Channel::Impl::Open(
   for (std::string& a : addresses) {
     Replica r;
     r.address = std::move(a);
-    r.backoff = options.reconnect_backoff;
+    r.backoff = base::Backoff(options.reconnect_backoff, options.max_reconnect_backoff);
     impl->replicas.push_back(std::move(r));
   }
   if (!single && !options.balance.empty()) {
@@ -212,7 +211,7 @@ absl::StatusOr<std::shared_ptr<Channel>> Channel::Impl::Open(
       return base::Annotate(d.core.status(), absl::StrCat("replica ", r, " (", rep.address, ")"));
     }
     rep.last_error = d.core.status();
-    rep.next_attempt = absl::Now() + rep.backoff;
+    rep.next_attempt = absl::Now() + rep.backoff.delay();
     if (first_error.ok()) first_error = d.core.status();
   }
   if (connected == 0) {

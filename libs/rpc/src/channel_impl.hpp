@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "conn.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "plexus/rpc/balance.hpp"
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/policies.hpp"
@@ -381,7 +382,9 @@ struct Channel::Impl {
     std::string address;
     std::shared_ptr<internal::ChannelCore> core;  // null while not connected
     absl::Status last_error;                      // why the last dial or connection failed
-    absl::Duration backoff;
+    // Redial delays: options.reconnect_backoff, doubling up to max_reconnect_backoff while dials
+    // fail; reset by a successful one.
+    base::Backoff backoff{absl::ZeroDuration(), absl::ZeroDuration()};
     absl::Time next_attempt = absl::InfinitePast();
     uint64_t connections = 0;
   };
@@ -408,7 +411,7 @@ struct Channel::Impl {
   void OnBreak(uint32_t r) {
     std::lock_guard<std::mutex> lock(mu);
     Replica& rep = replicas[r];
-    rep.next_attempt = absl::Now() + rep.backoff;
+    rep.next_attempt = absl::Now() + rep.backoff.delay();
     cv.notify_all();
   }
   static absl::StatusOr<std::shared_ptr<Channel>> Open(std::shared_ptr<transport::Device> device,

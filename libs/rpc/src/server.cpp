@@ -13,6 +13,7 @@
 #include "conn.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/rpc/balance.hpp"
+#include "plexus/transport/accept_loop.hpp"
 
 namespace plexus::rpc {
 
@@ -257,26 +258,20 @@ class ServerCallImpl : public ServerCallState,
 };
 
 void ServerCore::Accept() {
-  while (!stop.load()) {
-    auto c = listener->Accept(cq.get(), absl::Milliseconds(100));
-    if (!c.ok()) {
-      if (absl::IsDeadlineExceeded(c.status())) continue;
-      if (stop.load()) break;
-      absl::SleepFor(absl::Milliseconds(10));
-      continue;
-    }
-    auto sc = std::make_shared<ServerConn>();
-    sc->server = this;
-    sc->peer = (*c)->peer_address();
-    sc->conn = std::move(*c);
-    std::lock_guard<std::mutex> lock(mu);
-    const uint64_t id = sc->conn->id();
-    {
-      std::lock_guard<std::mutex> cl(sc->mu);
-      for (size_t i = 0; i < window; ++i) sc->PostRecvLocked();
-    }
-    conns.emplace(id, std::move(sc));
-  }
+  transport::AcceptUntil(*listener, stop, cq.get(),
+                         [this](std::unique_ptr<transport::Connection> c) {
+                           auto sc = std::make_shared<ServerConn>();
+                           sc->server = this;
+                           sc->peer = c->peer_address();
+                           sc->conn = std::move(c);
+                           std::lock_guard<std::mutex> lock(mu);
+                           const uint64_t id = sc->conn->id();
+                           {
+                             std::lock_guard<std::mutex> cl(sc->mu);
+                             for (size_t i = 0; i < window; ++i) sc->PostRecvLocked();
+                           }
+                           conns.emplace(id, std::move(sc));
+                         });
 }
 
 void ServerCore::Kill(const std::shared_ptr<ServerConn>& sc, const absl::Status& why) {

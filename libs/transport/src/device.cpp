@@ -3,7 +3,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "backends.hpp"
+#include "plexus/transport/accept_loop.hpp"
 
 namespace plexus::transport {
 
@@ -45,6 +47,18 @@ absl::StatusOr<std::unique_ptr<Connection>> Device::ConnectFrom(std::string_view
                    ": the ", std::string(BackendName(backend())),
                    " backend cannot choose a source address per connection; create one device per "
                    "DeviceOptions.local_address instead"));
+}
+
+void AcceptUntil(Listener& listener, const std::atomic<bool>& stop, CompletionQueue* cq,
+                 absl::FunctionRef<void(std::unique_ptr<Connection>)> on_connection) {
+  while (!stop.load()) {
+    absl::StatusOr<std::unique_ptr<Connection>> conn = listener.Accept(cq, absl::Milliseconds(100));
+    if (conn.ok()) {
+      on_connection(*std::move(conn));
+    } else if (!absl::IsDeadlineExceeded(conn.status()) && !stop.load()) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
 }
 
 std::unique_ptr<CompletionQueue> Device::CreateCompletionQueue() {

@@ -14,6 +14,7 @@
 #include "buffers.hpp"
 #include "kernels.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/transport/accept_loop.hpp"
 #include "plexus/transport/device.hpp"
 #include "wire.hpp"
 
@@ -222,17 +223,10 @@ void Core::Stop() {
 }
 
 void Core::AcceptLoop() {
-  while (!stop_) {
-    auto conn = listener_->Accept(cq_.get(), absl::Milliseconds(100));
-    if (!conn.ok()) {
-      // Deadline: look at stop_ again. Another error (a failed handshake) is per attempt; pause
-      // so that a listener failing at once every time cannot spin a core.
-      if (!absl::IsDeadlineExceeded(conn.status())) absl::SleepFor(absl::Milliseconds(10));
-      continue;
-    }
+  transport::AcceptUntil(*listener_, stop_, cq_.get(), [this](std::unique_ptr<Connection> conn) {
     std::lock_guard<std::mutex> lock(pending_mu_);
-    pending_.push_back(*std::move(conn));
-  }
+    pending_.push_back(std::move(conn));
+  });
 }
 
 void Core::Adopt() {

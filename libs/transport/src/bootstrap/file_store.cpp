@@ -21,6 +21,7 @@
 #include "bootstrap/store_keys.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "plexus/transport/store.hpp"
 
 namespace plexus::transport {
@@ -100,23 +101,11 @@ bool Exists(const std::string& path) {
   return stat(path.c_str(), &st) == 0;
 }
 
-// Sleeps between polls: fast at first (a key usually appears soon), then at most 50 ms.
-class Backoff {
- public:
-  explicit Backoff(absl::Time deadline) : deadline_(deadline) {}
-  // False when the deadline has passed.
-  bool Sleep() {
-    const absl::Time now = absl::Now();
-    if (now >= deadline_) return false;
-    absl::SleepFor(std::min(delay_, deadline_ - now));
-    delay_ = std::min(delay_ * 2, absl::Milliseconds(50));
-    return true;
-  }
-
- private:
-  absl::Time deadline_;
-  absl::Duration delay_ = absl::Microseconds(500);
-};
+// The delays between polls of a key: fast at first (a key usually appears soon), then at most
+// 50 ms.
+base::Backoff PollBackoff() {
+  return base::Backoff(absl::Microseconds(500), absl::Milliseconds(50));
+}
 
 absl::Time DeadlineAfter(absl::Duration timeout) {
   return timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
@@ -211,13 +200,14 @@ absl::Status FileStore::Set(std::string_view key, std::string_view value) {
 
 absl::StatusOr<std::string> FileStore::Get(std::string_view key, absl::Duration timeout) {
   PLEXUS_ASSIGN_OR_RETURN(auto path, PathOf(key));
-  Backoff backoff(DeadlineAfter(timeout));
+  const absl::Time deadline = DeadlineAfter(timeout);
+  base::Backoff backoff = PollBackoff();
   std::string value;
   for (;;) {
     bool missing = false;
     PLEXUS_RETURN_IF_ERROR(ReadWholeFile(path, &value, &missing));
     if (!missing) return value;
-    if (!backoff.Sleep()) {
+    if (!backoff.SleepBefore(deadline)) {
       return absl::DeadlineExceededError(absl::StrCat(
           "key '", std::string(key), "' was not set within ", absl::FormatDuration(timeout),
           " in the ", description(), " (file ", path, ")"));
@@ -262,12 +252,13 @@ absl::Status FileStore::Wait(absl::Span<const std::string> keys, absl::Duration 
     PLEXUS_ASSIGN_OR_RETURN(auto path, PathOf(k));
     paths.push_back(std::move(path));
   }
-  Backoff backoff(DeadlineAfter(timeout));
+  const absl::Time deadline = DeadlineAfter(timeout);
+  base::Backoff backoff = PollBackoff();
   size_t present = 0;  // keys never disappear while waited for in a rendezvous: check in order
   for (;;) {
     while (present < paths.size() && Exists(paths[present])) ++present;
     if (present == paths.size()) return absl::OkStatus();
-    if (!backoff.Sleep()) {
+    if (!backoff.SleepBefore(deadline)) {
       std::vector<std::string> missing;
       for (size_t i = 0; i < paths.size(); ++i) {
         if (!Exists(paths[i])) missing.push_back(absl::StrCat("'", keys[i], "'"));

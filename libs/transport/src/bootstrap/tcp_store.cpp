@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <mutex>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -17,6 +16,7 @@
 #include "bootstrap/store_protocol.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "plexus/transport/store.hpp"
 
 namespace plexus::transport {
@@ -168,8 +168,8 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(std::string_view add
   }
   if (hp.host.empty()) hp.host = "127.0.0.1";
   const absl::Time deadline = absl::Now() + timeout;
-  absl::Duration backoff = absl::Milliseconds(5);
-  std::minstd_rand jitter(static_cast<uint32_t>(getpid()));
+  // Jittered, so that the ranks of a job dialing rank 0 together do not retry in lockstep.
+  base::Backoff backoff(absl::Milliseconds(5), absl::Milliseconds(500), absl::Milliseconds(10));
   std::string last_error = "no attempt made";
   int attempts = 0;
   for (;;) {
@@ -221,12 +221,7 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(std::string_view add
     } else {
       last_error = std::string(resolved.status().message());
     }
-    const absl::Time now = absl::Now();
-    if (now >= deadline) break;
-    const absl::Duration sleep =
-        std::min(deadline - now, backoff + absl::Milliseconds(jitter() % 10));
-    absl::SleepFor(sleep);
-    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+    if (!backoff.SleepBefore(deadline)) break;
   }
   return absl::DeadlineExceededError(absl::StrCat(
       "could not connect to the tcp store at ", std::string(address), " within ",

@@ -18,6 +18,7 @@
 #include "bootstrap/torch_store_protocol.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "plexus/transport/store.hpp"
 
 namespace plexus::transport {
@@ -158,7 +159,7 @@ absl::StatusOr<std::unique_ptr<TorchStore>> TorchStore::Connect(std::string_view
   impl->io_timeout = io_timeout;
   PLEXUS_ASSIGN_OR_RETURN(impl->resolved, net::ResolveFirst(address, "the torch store address"));
   const absl::Time deadline = absl::Now() + timeout;
-  absl::Duration backoff = absl::Milliseconds(20);
+  base::Backoff backoff(absl::Milliseconds(20), absl::Milliseconds(500));
   int fd = -1;
   while (true) {
     bool retryable = false;
@@ -168,7 +169,7 @@ absl::StatusOr<std::unique_ptr<TorchStore>> TorchStore::Connect(std::string_view
       fd = *connected;
       break;
     }
-    if (!retryable || absl::Now() + backoff >= deadline) {
+    if (!retryable || absl::Now() + backoff.delay() >= deadline) {
       return absl::Status(
           retryable ? absl::StatusCode::kDeadlineExceeded : connected.status().code(),
           absl::StrCat("cannot reach the ", impl->Where(), " within ",
@@ -177,8 +178,7 @@ absl::StatusOr<std::unique_ptr<TorchStore>> TorchStore::Connect(std::string_view
                        " (torchrun's agent serves it at MASTER_ADDR:MASTER_PORT while the job "
                        "runs)"));
     }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+    absl::SleepFor(backoff.Next());
   }
   // A CHECK of no keys is answered READY by every torch 1.13 server and by nothing else.
   const absl::Time probe_deadline =

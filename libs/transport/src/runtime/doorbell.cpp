@@ -9,8 +9,8 @@
 #include <mutex>
 
 #include "futex.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "plexus/transport/runtime.hpp"
-#include "runtime/cpu_relax.hpp"
 
 namespace plexus::transport {
 namespace {
@@ -113,13 +113,14 @@ bool Doorbell::Wait(absl::FunctionRef<bool()> ready, absl::Duration timeout, abs
   const bool finite = timeout != absl::InfiniteDuration();
   const auto deadline =
       finite ? start + absl::ToChronoNanoseconds(timeout) : Clock::time_point::max();
-  const auto spin_until = start + absl::ToChronoNanoseconds(std::max(spin, absl::ZeroDuration()));
+  // Spin, then sleep on the futex: no yielding phase (the waker rings).
+  const base::WaitPolicy wait(spin, spin);
   for (;;) {
     if (ready()) return true;
     const auto now = Clock::now();
     if (now >= deadline) return false;
-    if (now < spin_until) {
-      internal::CpuRelax();
+    if (wait.At(absl::FromChrono(now - start)) == base::WaitPolicy::Phase::kSpin) {
+      base::WaitPolicy::CpuRelax();
       continue;
     }
     PrepareSleep();

@@ -14,8 +14,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "plexus/transport/runtime.hpp"
-#include "runtime/cpu_relax.hpp"
 
 namespace plexus::transport {
 namespace {
@@ -197,7 +197,8 @@ struct Runtime::Impl {
   void Run(Worker& w) {
     using Clock = std::chrono::steady_clock;
     current_runtime = this;
-    const auto spin = absl::ToChronoNanoseconds(options.spin);
+    // Spin, then sleep on the doorbell: no yielding phase (a producer rings the bell).
+    const base::WaitPolicy wait(options.spin, options.spin);
     int idle_rounds = 0;
     bool idle_timing = false;
     Clock::time_point idle_since;
@@ -209,7 +210,7 @@ struct Runtime::Impl {
         continue;
       }
       if (++idle_rounds < kIdleRoundsPerClockRead) {
-        internal::CpuRelax();
+        base::WaitPolicy::CpuRelax();
         continue;
       }
       idle_rounds = 0;
@@ -219,7 +220,7 @@ struct Runtime::Impl {
         idle_since = now;
         continue;
       }
-      if (now - idle_since < spin) continue;
+      if (wait.At(absl::FromChrono(now - idle_since)) == base::WaitPolicy::Phase::kSpin) continue;
       // Announce the sleep, then look once more: a producer that published before seeing the
       // announcement is caught by this round, one that publishes after it rings.
       w.bell->PrepareSleep();

@@ -1,6 +1,6 @@
 // The tcp backend's protocol decisions that need no socket: how an operation is striped over
 // the sockets of a connection, and what a received frame header asks of the connection given
-// its state. tcp_device.cpp does the I/O around them. Unit-tested without sockets
+// its state. tcp/core.cpp (TcpCore) does the I/O around them. Unit-tested without sockets
 // (tests/transport/tcp_protocol_test.cpp) and fuzzed with the frame decoder
 // (tests/fuzz/tcp_frame_fuzz.cpp).
 #pragma once

@@ -2,7 +2,7 @@
 // connection's sockets into frames, reassembles striped operations, places payloads into the
 // matched receive or held memory (matcher.hpp) or a registered region, completes the peer's
 // operations in arrival order, counts the acks owed for its writes and hands the acks it sends
-// to SendState. tcp_device.cpp reads the sockets and feeds the bytes in (or lets the socket
+// to SendState. tcp/core.cpp reads the sockets and feeds the bytes in (or lets the socket
 // write straight into PayloadWindow); every decision about those bytes is made here.
 // Unit-tested without sockets (tests/transport/tcp_state_test.cpp) and fuzzed
 // (tests/fuzz/tcp_receive_fuzz.cpp).

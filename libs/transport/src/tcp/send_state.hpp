@@ -1,7 +1,7 @@
 // The sending half of a tcp connection, without sockets: our operations in posting order, the
 // frames each one is cut into over the connection's sockets (striping), the bytes queued on each
 // socket and how far the kernel took them, which one-sided writes the peer acknowledged, and the
-// completions, in posting order. tcp_device.cpp only hands FrameQueue::Gather's bytes to
+// completions, in posting order. tcp/core.cpp only hands FrameQueue::Gather's bytes to
 // sendmsg() and reports back how many were taken; the ack frames arrive through ReceiveState
 // (tcp/receive_state.hpp). Unit-tested without sockets (tests/transport/tcp_state_test.cpp).
 #pragma once

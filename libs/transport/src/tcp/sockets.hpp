@@ -1,4 +1,4 @@
-// Opening the sockets of tcp connections, apart from the epoll core (tcp_device.cpp): the
+// Opening the sockets of tcp connections, apart from the epoll core (tcp/core.cpp): the
 // listening socket, and the connecting half (bind to local_address, connect within
 // connect_timeout, one hello per socket so that the listener groups them: tcp/listener.hpp).
 #pragma once

@@ -1,12 +1,18 @@
 // How a thread waits for something another thread or process will do: spin first (lowest
 // latency), then poll yielding the CPU between polls (a peer sharing the CPU gets to run), then
 // sleep (a 2-core machine must not be burnt by busy loops). One policy for the transport's
-// completion queue and the collectives' waits.
+// completion queue, progress runtime and doorbells, and the collectives' waits.
+//
+// Backoff: the delays between retries of something that fails for a while (a server not yet
+// listening, a key not yet written, a replica down), doubling up to a cap, bounded by a deadline.
+// One schedule for the bootstrap stores' connects and polls and rpc's reconnects.
 #pragma once
 
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <random>
 
 #include "absl/time/time.h"
 
@@ -35,9 +41,43 @@ class WaitPolicy {
   // Gives the CPU to another runnable thread, if any.
   static void Yield() { sched_yield(); }
 
+  // The spinning phase's hint between two polls: lets the sibling hyper-thread (or the other
+  // vCPU's host core) run, without giving up the CPU.
+  static void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield" ::: "memory");
+#endif
+  }
+
  private:
   absl::Duration spin_;
   absl::Duration sleep_after_;
+};
+
+class Backoff {
+ public:
+  // Delays start at `initial` and double up to `max`; each one handed out gets up to `jitter`
+  // more, at random, so that many processes retrying together (ranks dialing rank 0) spread out.
+  Backoff(absl::Duration initial, absl::Duration max, absl::Duration jitter = absl::ZeroDuration());
+
+  // The delay the next retry waits (without jitter); does not advance the schedule.
+  absl::Duration delay() const { return delay_; }
+  // The delay before the next retry (delay() plus jitter); later calls return longer ones.
+  absl::Duration Next();
+  // Back to `initial` (the thing retried succeeded).
+  void Reset() { delay_ = initial_; }
+  // Sleeps Next(), cut short at `deadline`. False, without sleeping, once `deadline` has passed:
+  // the caller gives up (typically with DeadlineExceeded naming what it waited for).
+  bool SleepBefore(absl::Time deadline);
+
+ private:
+  absl::Duration initial_;
+  absl::Duration max_;
+  absl::Duration jitter_;
+  absl::Duration delay_;
+  std::minstd_rand rng_;
 };
 
 }  // namespace plexus::base

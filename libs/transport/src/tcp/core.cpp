@@ -1,0 +1,576 @@
+// TcpCore's definitions: connections, posts, the progress loop (epoll, the lone-socket and
+// busy-poll shortcuts), reading and writing the sockets, backpressure and timeouts.
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "backends.hpp"
+#include "matcher.hpp"
+#include "plexus/base/net.hpp"
+#include "plexus/base/status.hpp"
+#include "region_registry.hpp"
+#include "tcp/core.hpp"
+#include "tcp/frame.hpp"
+#include "tcp/listener.hpp"
+#include "tcp/receive_state.hpp"
+#include "tcp/send_state.hpp"
+#include "tcp/sockets.hpp"
+
+namespace plexus::transport::internal::tcp {
+
+namespace net = base::net;
+
+namespace {
+
+// Bytes read from one socket before giving the others a turn.
+constexpr size_t kReadBudgetBytes = 8 << 20;
+constexpr int kMaxIov = 512;
+// Longest a caller-mode driver blocks in recv() before it looks at timeouts and wake-ups again.
+constexpr absl::Duration kLoneSocketTick = absl::Milliseconds(10);
+// Caller-mode polls that find at most this many sockets expecting bytes read them directly
+// (recv with MSG_DONTWAIT) instead of asking epoll first: one system call per arriving message
+// instead of two. Every kEpollEvery-th poll still goes through epoll, which sees everything else
+// (unexpected messages, hang-ups) and checks timeouts.
+constexpr size_t kBusyPollSockets = 2;
+constexpr uint32_t kEpollEvery = 8;
+
+uint64_t EpollKey(uint64_t conn_id, int socket_index) {
+  return (conn_id << 8) | static_cast<uint64_t>(socket_index);
+}
+constexpr uint64_t kWakeKey = ~uint64_t{0};
+
+}  // namespace
+
+absl::Status TcpCore::Init() {
+  PLEXUS_ASSIGN_OR_RETURN(held_limits_, ResolveHoldLimits(options_));
+  held_budget_ = std::make_shared<HoldBudget>(held_limits_.per_device);
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epfd_ < 0) return net::ErrnoStatus(errno, "epoll_create1");
+  wakefd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wakefd_ < 0) return net::ErrnoStatus(errno, "eventfd");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeKey;
+  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, wakefd_, &ev) < 0) {
+    return net::ErrnoStatus(errno, "epoll_ctl(eventfd)");
+  }
+  if (options_.progress == ProgressMode::kThread) {
+    thread_ = std::thread([this] {
+      while (!stop_.load(std::memory_order_acquire)) Drive(absl::Milliseconds(100));
+    });
+  }
+  return absl::OkStatus();
+}
+
+TcpCore::~TcpCore() {
+  if (epfd_ >= 0) close(epfd_);
+  if (wakefd_ >= 0) close(wakefd_);
+}
+
+void TcpCore::Shutdown() {
+  stop_.store(true, std::memory_order_release);
+  Wake();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, conn] : conns_) {
+    Fail(*conn, absl::CancelledError("the tcp device was destroyed"));
+    ReleaseSockets(*conn);
+  }
+  conns_.clear();
+}
+
+void TcpCore::Wake() {
+  wake_pending_.store(true, std::memory_order_release);
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = write(wakefd_, &one, sizeof one);
+}
+
+absl::Status TcpCore::AddConnection(uint64_t id, std::vector<int> fds, CompletionQueue* cq,
+                                    std::string peer) {
+  tcp::ReceiveConfig rx{
+      .peer = peer,
+      .connection_id = id,
+      .sockets = fds.size(),
+      .max_message_bytes = options_.max_message_bytes,
+      .matcher = {.backend = "tcp",
+                  .peer = peer,
+                  .connection_cap = held_limits_.per_connection,
+                  .device = held_budget_,
+                  .max_spare_bytes = SpareBytesFor(held_limits_.per_connection),
+                  .deliver_eagerly = false},
+      .resolve_write = [registry = registry_](uint64_t region, uint64_t offset, uint64_t length) {
+        return registry->Resolve(region, offset, length);
+      }};
+  auto conn =
+      std::make_shared<TcpConn>(id, cq, std::move(peer), fds.size(), options_, std::move(rx));
+  for (size_t i = 0; i < fds.size(); ++i) {
+    auto s = std::make_unique<Socket>();
+    s->conn = conn.get();
+    s->index = static_cast<int>(i);
+    s->fd = fds[i];
+    const int one = 1;
+    setsockopt(s->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    // The socket stays in blocking mode: every send and receive passes MSG_DONTWAIT, except
+    // the caller-mode wait of a lone socket (DriveLoneSocket), which blocks in recv() itself
+    // instead of epoll_wait() + recv(): one system call less per message. SO_RCVTIMEO bounds
+    // that wait so that timeouts are still checked.
+    PLEXUS_RETURN_IF_ERROR(net::SetNonBlocking(s->fd, false));
+    const timeval tick = absl::ToTimeval(kLoneSocketTick);
+    setsockopt(s->fd, SOL_SOCKET, SO_RCVTIMEO, &tick, sizeof tick);
+    conn->sockets.push_back(std::move(s));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : conn->sockets) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.u64 = EpollKey(id, s->index);
+    if (epoll_ctl(epfd_, EPOLL_CTL_ADD, s->fd, &ev) < 0) {
+      return net::ErrnoStatus(errno, "epoll_ctl(add socket)");
+    }
+  }
+  conns_[id] = std::move(conn);
+  return absl::OkStatus();
+}
+
+absl::Status TcpCore::PostSend(uint64_t id, absl::Span<const ConstBuffer> buffers, uint64_t wr_id) {
+  PLEXUS_ASSIGN_OR_RETURN(tcp::PostedOp posted,
+                          tcp::PrepareSend(buffers, wr_id, options_.max_message_bytes));
+  return Post(id, std::move(posted));
+}
+
+absl::Status TcpCore::PostRecv(uint64_t id, MutableBuffer buffer, uint64_t wr_id) {
+  if (buffer.data == nullptr && buffer.size > 0) {
+    return absl::InvalidArgumentError("PostRecv: null buffer");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  TcpConn* conn = Find(id);
+  if (conn == nullptr) return absl::FailedPreconditionError("connection is closed");
+  if (!conn->status.ok() && !conn->rx.has_unclaimed()) return conn->status;  // after whole ones
+  if (absl::Status s = conn->rx.PostRecv(buffer, wr_id); !s.ok()) {
+    Fail(*conn, s);
+    return absl::OkStatus();
+  }
+  if (conn->rx.TakeRoomFreed()) room_freed_ = true;
+  MaybeUnpause();
+  return absl::OkStatus();
+}
+
+absl::Status TcpCore::PostWrite(uint64_t id, const MemoryRegion& local, size_t local_offset,
+                                size_t length, const RegionHandle& remote, size_t remote_offset,
+                                std::optional<uint32_t> immediate, uint64_t wr_id) {
+  PLEXUS_ASSIGN_OR_RETURN(
+      tcp::PostedOp posted,
+      tcp::PrepareWrite(local, local_offset, length, remote, remote_offset, immediate, wr_id));
+  return Post(id, std::move(posted));
+}
+
+void TcpCore::Close(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  TcpConn& conn = *it->second;
+  // Tell the peer this is a deliberate close, not a death: best effort, and only between
+  // frames (a half-sent frame is cut off and the peer sees a truncated stream instead).
+  Socket& control = *conn.sockets[0];
+  if (conn.status.ok() && control.sendq.empty()) {
+    uint8_t frame[tcp::kFrameHeaderSize];
+    FrameHeader h;
+    h.type = FrameType::kClose;
+    tcp::EncodeFrameHeader(h, frame);
+    [[maybe_unused]] ssize_t n = send(control.fd, frame, sizeof frame, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  Fail(conn, absl::CancelledError("connection closed locally"));
+  ReleaseSockets(*it->second);
+  conns_.erase(it);  // frees its held messages
+  MaybeUnpause();
+}
+
+absl::Status TcpCore::Status(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return absl::CancelledError("connection closed locally");
+  return it->second->status;
+}
+
+bool TcpCore::DriveLoneSocket() {
+  std::shared_ptr<TcpConn> conn;
+  Socket* s = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (conns_.size() != 1 || wake_pending_.load(std::memory_order_acquire)) return false;
+    conn = conns_.begin()->second;
+    if (!conn->status.ok() || conn->sockets.size() != 1) return false;
+    s = conn->sockets[0].get();
+    if (!s->sendq.empty() || conn->rx.paused() || s->rx_end > s->rx_begin || s->fd < 0) {
+      return false;
+    }
+    s->rx_begin = s->rx_end = 0;
+    conn->driver_reading = true;
+  }
+  // Only this thread (it holds drive_mu_) reads sockets, so the staging buffer is ours.
+  const ssize_t r = recv(s->fd, s->rx.get(), kStagedReadBytes, 0);
+  const int err = errno;
+  std::lock_guard<std::mutex> lock(mu_);
+  conn->driver_reading = false;
+  if (conn->close_deferred) {
+    conn->close_deferred = false;
+    ReleaseSockets(*conn);
+    return true;
+  }
+  if (!conn->status.ok()) return true;
+  if (r > 0) {
+    s->rx_end = static_cast<size_t>(r);
+    conn->last_progress = absl::Now();
+    Read(*s, /*drained=*/static_cast<size_t>(r) < kStagedReadBytes);
+    if (conn->status.ok()) SendAcks(*conn);
+  } else {
+    Received(*s, r, err);  // fails the connection where due
+  }
+  MaybeUnpause();
+  MaybeCheckTimeouts();
+  return true;
+}
+
+void TcpCore::Drive(absl::Duration max_block) {
+  std::unique_lock<std::mutex> driving(drive_mu_, std::try_to_lock);
+  if (!driving.owns_lock()) return;
+  if (options_.progress == ProgressMode::kCaller && max_block >= kLoneSocketTick &&
+      DriveLoneSocket()) {
+    return;
+  }
+  if (options_.progress == ProgressMode::kCaller && max_block <= absl::ZeroDuration() &&
+      ++polls_ % kEpollEvery != 0 && BusyPoll()) {
+    return;
+  }
+  wake_pending_.store(false, std::memory_order_relaxed);
+  epoll_event events[64];
+  const absl::Duration block = std::min(max_block, absl::Milliseconds(100));
+  timespec ts = absl::ToTimespec(std::max(block, absl::ZeroDuration()));
+  int n = epoll_pwait2(epfd_, events, 64, &ts, nullptr);
+  if (n < 0) n = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int i = 0; i < n; ++i) {
+    const uint64_t key = events[i].data.u64;
+    if (key == kWakeKey) {
+      uint64_t drained;
+      [[maybe_unused]] ssize_t r = read(wakefd_, &drained, sizeof drained);
+      continue;
+    }
+    TcpConn* conn = Find(key >> 8);
+    if (conn == nullptr || !conn->status.ok()) continue;
+    const size_t index = key & 0xff;
+    if (index >= conn->sockets.size()) continue;
+    Socket& s = *conn->sockets[index];
+    if (conn->rx.paused() && (events[i].events & (EPOLLHUP | EPOLLERR))) {
+      Fail(*conn, absl::UnavailableError(absl::StrCat(
+                      "tcp peer ", conn->peer,
+                      " reset the connection while its messages waited for receives")));
+      continue;
+    }
+    if (events[i].events & EPOLLOUT) Flush(s);
+    if (conn->status.ok() && (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
+      Read(s);
+    }
+    if (conn->status.ok()) SendAcks(*conn);
+  }
+  MaybeUnpause();
+  MaybeCheckTimeouts();
+}
+
+bool TcpCore::BusyPoll() {
+  if (wake_pending_.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  Socket* expecting[kBusyPollSockets];
+  size_t count = 0;
+  for (auto& [id, conn] : conns_) {
+    if (!conn->status.ok() || conn->sockets.empty() || conn->rx.paused()) continue;
+    Socket& s = *conn->sockets[0];
+    const bool expects =
+        conn->rx.has_posted_recv() || conn->rx.phase(0) != tcp::ReceiveState::Phase::kHeader;
+    if (!expects) continue;
+    if (conn->sockets.size() != 1 || count == kBusyPollSockets || s.fd < 0 ||
+        conn->driver_reading) {
+      return false;
+    }
+    expecting[count++] = &s;
+  }
+  if (count == 0) return false;
+  for (size_t i = 0; i < count; ++i) {
+    TcpConn& conn = *expecting[i]->conn;
+    Read(*expecting[i]);
+    if (conn.status.ok()) SendAcks(conn);
+  }
+  MaybeUnpause();
+  return true;
+}
+
+TcpConn* TcpCore::Find(uint64_t id) {
+  auto it = conns_.find(id);
+  return it == conns_.end() ? nullptr : it->second.get();
+}
+
+const TcpConn* TcpCore::Find(uint64_t id) const {
+  auto it = conns_.find(id);
+  return it == conns_.end() ? nullptr : it->second.get();
+}
+
+absl::Status TcpCore::Post(uint64_t id, tcp::PostedOp posted) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TcpConn* conn = Find(id);
+  if (conn == nullptr) return absl::FailedPreconditionError("connection is closed");
+  PLEXUS_RETURN_IF_ERROR(conn->status);
+  Enqueue(*conn, posted);
+  return absl::OkStatus();
+}
+
+void TcpCore::Enqueue(TcpConn& conn, tcp::PostedOp& posted) {
+  if (conn.send.idle()) conn.last_progress = absl::Now();  // the clock starts now
+  const tcp::FramePlans frames = conn.send.Start(posted.op, posted.header);
+  if (frames.size() == 1) {
+    conn.sockets[0]->sendq.Push(frames[0].header, std::move(posted.payload), posted.op);
+    Flush(*conn.sockets[0]);
+    return;
+  }
+  for (const tcp::FramePlan& f : frames) {
+    conn.sockets[f.socket]->sendq.Push(
+        f.header, tcp::SliceIov(posted.payload, f.payload.offset, f.payload.length), posted.op);
+  }
+  for (auto& s : conn.sockets) {
+    if (conn.status.ok()) Flush(*s);
+  }
+}
+
+void TcpCore::SendAcks(TcpConn& conn) {
+  const uint64_t owed = conn.rx.TakeAcksOwed();
+  if (owed == 0) return;
+  FrameHeader h;
+  h.type = FrameType::kWriteAck;
+  h.a = owed;
+  conn.sockets[0]->sendq.Push(h, {}, nullptr);
+  Flush(*conn.sockets[0]);
+}
+
+void TcpCore::Flush(Socket& s) {
+  TcpConn& conn = *s.conn;
+  while (!s.sendq.empty()) {
+    iovec iov[kMaxIov];
+    const int n = s.sendq.Gather(iov, kMaxIov);
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    const ssize_t w = sendmsg(s.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        SetWantOut(s, true);
+        return;
+      }
+      Fail(conn, net::ErrnoStatus(errno, absl::StrCat("tcp send to ", conn.peer)));
+      return;
+    }
+    conn.last_progress = absl::Now();
+    s.sendq.Advance(static_cast<size_t>(w), conn.send);
+  }
+  SetWantOut(s, false);
+}
+
+void TcpCore::SetWantOut(Socket& s, bool want) {
+  if (s.want_out == want) return;
+  s.want_out = want;
+  Arm(s);
+}
+
+void TcpCore::Arm(Socket& s) {
+  if (!s.conn->status.ok() || s.fd < 0) return;
+  const bool stalled = s.conn->rx.stalled(static_cast<size_t>(s.index));
+  epoll_event ev{};
+  ev.events = (stalled ? uint32_t{0} : uint32_t{EPOLLIN | EPOLLRDHUP}) |
+              (s.want_out ? uint32_t{EPOLLOUT} : uint32_t{0});
+  ev.data.u64 = EpollKey(s.conn->id, s.index);
+  epoll_ctl(epfd_, EPOLL_CTL_MOD, s.fd, &ev);
+}
+
+void TcpCore::MaybeUnpause() {
+  if (!room_freed_ || paused_conns_ == 0 || unpausing_) return;
+  unpausing_ = true;
+  while (room_freed_ && paused_conns_ > 0) {
+    room_freed_ = false;
+    std::vector<TcpConn*> paused;
+    for (auto& [id, conn] : conns_) {
+      if (conn->rx.paused()) paused.push_back(conn.get());
+    }
+    for (TcpConn* conn : paused) Unpause(*conn);
+  }
+  unpausing_ = false;
+}
+
+void TcpCore::Unpause(TcpConn& conn) {
+  if (!conn.rx.paused() || !conn.status.ok()) return;
+  --paused_conns_;
+  absl::StatusOr<tcp::ReceiveState::Event> event = conn.rx.Readmit();  // may pause once more
+  if (!event.ok()) {
+    Fail(conn, event.status());
+    return;
+  }
+  OnReceiveEvent(*conn.sockets[0], *event);
+  if (conn.rx.paused() || !conn.status.ok()) return;
+  for (auto& other : conn.sockets) Arm(*other);
+  // Bytes may wait in the staging buffers already: epoll would not report them.
+  for (auto& other : conn.sockets) {
+    if (conn.status.ok()) Read(*other);
+  }
+  if (conn.status.ok()) SendAcks(conn);
+}
+
+void TcpCore::OnReceiveEvent(Socket& s, tcp::ReceiveState::Event event) {
+  TcpConn& conn = *s.conn;
+  switch (event) {
+    case tcp::ReceiveState::Event::kNone:
+      return;
+    case tcp::ReceiveState::Event::kPaused:  // backpressure: the peer's sends block meanwhile
+      ++paused_conns_;
+      for (auto& other : conn.sockets) Arm(*other);
+      return;
+    case tcp::ReceiveState::Event::kStalled:  // no busy epoll meanwhile
+      Arm(s);
+      return;
+    case tcp::ReceiveState::Event::kPartsResumed: {
+      const absl::InlinedVector<size_t, 8> resumed = conn.rx.resumed();
+      for (size_t k : resumed) {
+        if (conn.status.ok()) Read(*conn.sockets[k]);
+      }
+      return;
+    }
+  }
+}
+
+void TcpCore::Read(Socket& s, bool drained) {
+  TcpConn& conn = *s.conn;
+  tcp::ReceiveState& rx = conn.rx;
+  const size_t k = static_cast<size_t>(s.index);
+  size_t budget = kReadBudgetBytes;
+  while (conn.status.ok() && budget > 0 && !rx.waiting(k)) {
+    if (s.rx_end > s.rx_begin) {
+      absl::StatusOr<tcp::ReceiveState::Consumed> c =
+          rx.Consume(k, absl::MakeConstSpan(s.rx.get() + s.rx_begin, s.rx_end - s.rx_begin));
+      if (!c.ok()) {
+        Fail(conn, c.status());
+        break;
+      }
+      s.rx_begin += c->bytes;
+      OnReceiveEvent(s, c->event);
+      continue;
+    }
+    // Payload bytes still to come above kDirectReadBytes go straight to their destination.
+    const absl::Span<uint8_t> window = rx.PayloadWindow(k);
+    if (window.size() < kDirectReadBytes) {
+      if (!Fill(s, budget, &drained)) break;
+      continue;
+    }
+    if (drained) break;
+    const size_t want = std::min(window.size(), budget);
+    const ssize_t r = recv(s.fd, window.data(), want, MSG_DONTWAIT);
+    if (!Received(s, r, errno)) break;
+    const size_t moved = static_cast<size_t>(r);
+    budget -= std::min(budget, moved);
+    drained = moved < want;
+    if (absl::Status placed = rx.Placed(k, moved); !placed.ok()) Fail(conn, placed);
+  }
+  if (rx.TakeRoomFreed()) room_freed_ = true;
+}
+
+bool TcpCore::Fill(Socket& s, size_t& budget, bool* drained) {
+  if (*drained) return false;
+  s.rx_begin = s.rx_end = 0;
+  const ssize_t r = recv(s.fd, s.rx.get(), kStagedReadBytes, MSG_DONTWAIT);
+  if (!Received(s, r, errno)) return false;
+  s.rx_end = static_cast<size_t>(r);
+  budget -= std::min(budget, s.rx_end);
+  *drained = s.rx_end < kStagedReadBytes;
+  return true;
+}
+
+bool TcpCore::Received(Socket& s, ssize_t r, int err) {
+  TcpConn& conn = *s.conn;
+  if (r > 0) {
+    conn.last_progress = absl::Now();
+    return true;
+  }
+  if (r == 0) {
+    Fail(conn,
+         absl::UnavailableError(absl::StrCat("tcp peer ", conn.peer, " closed the connection")));
+    return false;
+  }
+  if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) return false;
+  Fail(conn, net::ErrnoStatus(err, absl::StrCat("tcp receive from ", conn.peer)));
+  return false;
+}
+
+void TcpCore::Fail(TcpConn& conn, absl::Status why) {
+  if (!conn.status.ok()) return;
+  conn.status = why;
+  conn.send.Fail(why);
+  if (conn.rx.paused()) --paused_conns_;
+  conn.rx.Fail(why);
+  room_freed_ = true;
+  for (auto& s : conn.sockets) {
+    s->sendq.Clear();
+    if (s->fd >= 0) {
+      epoll_ctl(epfd_, EPOLL_CTL_DEL, s->fd, nullptr);
+      shutdown(s->fd, SHUT_RDWR);
+    }
+  }
+}
+
+void TcpCore::ReleaseSockets(TcpConn& conn) {
+  if (conn.driver_reading) {
+    conn.close_deferred = true;  // the driver closes them when its recv() returns
+    return;
+  }
+  for (auto& s : conn.sockets) {
+    if (s->fd >= 0) close(s->fd);
+    s->fd = -1;
+  }
+}
+
+void TcpCore::MaybeCheckTimeouts() {
+  const absl::Time now = absl::Now();
+  if (now - last_timeout_check_ <= absl::Milliseconds(50)) return;
+  last_timeout_check_ = now;
+  CheckTimeouts(now);
+}
+
+void TcpCore::CheckTimeouts(absl::Time now) {
+  for (auto& [id, conn] : conns_) {
+    if (!conn->status.ok()) continue;
+    bool busy = !conn->send.idle();
+    // A paused connection waits for the local user's receives, not for the peer.
+    for (auto& s : conn->sockets) {
+      if (conn->rx.paused()) break;
+      busy |= conn->rx.mid_frame(static_cast<size_t>(s->index)) || s->rx_end > s->rx_begin;
+    }
+    if (busy && now - conn->last_progress > options_.op_timeout) {
+      Fail(*conn, absl::DeadlineExceededError(
+                      absl::StrCat("tcp peer ", conn->peer, " made no progress for ",
+                                   absl::FormatDuration(options_.op_timeout), " (op_timeout)")));
+    }
+  }
+}
+
+}  // namespace plexus::transport::internal::tcp
