@@ -32,6 +32,7 @@
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/transport/device.hpp"
 #include "plexus/transport/rendezvous.hpp"
+#include "tracer.hpp"
 #include "wire.hpp"
 
 namespace plexus::collectives::internal {
@@ -104,6 +105,7 @@ class WorkImpl;
 struct Task {
   std::function<absl::Status()> run;
   std::shared_ptr<WorkImpl> work;
+  int64_t issued_ns = 0;  // when tracing: the moment the caller issued it
 };
 
 class CommunicatorImpl : public Communicator {
@@ -126,6 +128,9 @@ class CommunicatorImpl : public Communicator {
   absl::Status health() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return broken_;
+  }
+  CollectiveTrace Trace() const override {
+    return trace_ != nullptr ? trace_->Snapshot() : CollectiveTrace();
   }
 
   absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
@@ -239,12 +244,16 @@ class CommunicatorImpl : public Communicator {
   // closure, no thread hop); nullopt when it must queue.
   template <typename Fn>
   std::optional<absl::Status> TryInline(Fn&& fn) {
+    const int64_t issued = trace_ != nullptr ? Tracer::Now() : 0;
     std::unique_lock<std::mutex> lock(mu_);
     if (!queue_.empty() || busy_) return std::nullopt;
-    if (!broken_.ok()) return broken_;
+    if (!broken_.ok()) {
+      if (trace_ != nullptr) trace_->Refused(issued, broken_);
+      return broken_;
+    }
     busy_ = true;
     lock.unlock();
-    absl::Status status = fn();
+    absl::Status status = Traced(issued, fn);
     lock.lock();
     busy_ = false;
     const bool worker = worker_.joinable();
@@ -256,7 +265,17 @@ class CommunicatorImpl : public Communicator {
                             CallOptions call);
   absl::Status RunBarrier();
   std::shared_ptr<Work> Async(TaskOr task);
-  absl::Status RunOne(const std::function<absl::Status()>& fn);
+  // Runs fn unless the communicator is broken; issued_ns: see Task.
+  absl::Status RunOne(const std::function<absl::Status()>& fn, int64_t issued_ns = 0);
+  // fn(), recorded by the tracer when tracing is on.
+  template <typename Fn>
+  absl::Status Traced(int64_t issued_ns, Fn&& fn) {
+    if (trace_ == nullptr) return fn();
+    trace_->Begin(issued_ns);
+    absl::Status status = fn();
+    trace_->End(status);
+    return status;
+  }
   void WorkerLoop();
 
   TaskOr AllReduceTask(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
@@ -365,6 +384,8 @@ class CommunicatorImpl : public Communicator {
   AlgorithmTable table_;
   AlgorithmOverrides env_overrides_;
   bool debug_ = false;
+  // Non-null when tracing (CommunicatorOptions::trace): every hook is one branch on it.
+  std::unique_ptr<Tracer> trace_;
 
   // The devices connecting the peers (one per backend in use; the caller's alone), and the
   // last of them (the caller's, or tcp/verbs when this rank uses one).

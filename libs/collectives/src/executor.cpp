@@ -44,6 +44,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
   const size_t num_sends = plan.sends.size();
   const size_t num_recvs = plan.recvs.size();
   if (num_sends == 0 && num_recvs == 0) return absl::OkStatus();
+  if (trace_ != nullptr) trace_->NotePlan(plan);
   const uint64_t epoch = ++epoch_ & 0x7FFFFFFF;
   // A fused cast: the plan's byte counts are of `dtype` (f32); messages carry `wire` elements.
   const bool cast = plan.wire.has_value();

@@ -72,6 +72,7 @@ static_assert(kMailFragmentBytes % 8 == 0);
 absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const MailInbound& in,
                                             size_t bytes, DataType dtype, ReduceOp op,
                                             const CallHeader& header) {
+  if (trace_ != nullptr) trace_->NoteMailbox();
   const MailHeader mine = MailHeader::Of(header);
   const size_t esize = DataTypeSize(dtype);
   // A zero-byte vector still travels as one (empty) fragment: it carries the header.

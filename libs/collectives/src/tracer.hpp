@@ -1,0 +1,70 @@
+// The recorder behind CommunicatorOptions::trace (trace.hpp). The communicator holds one only when
+// tracing is on, so every hook is `if (trace_) trace_->...`. Calls of a communicator run one at a
+// time: Begin, the notes and End bracket the running call from its own thread, while Snapshot may
+// be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "plan.hpp"
+#include "plexus/collectives/trace.hpp"
+#include "wire.hpp"
+
+namespace plexus::collectives::internal {
+
+class Tracer {
+ public:
+  // nullptr when `options` and the environment (PLEXUS_COLL_TRACE, PLEXUS_COLL_TRACE_CAPACITY)
+  // leave tracing off. InvalidArgument for a capacity out of range or a malformed variable.
+  // `resolved` receives the effective options.
+  static absl::StatusOr<std::unique_ptr<Tracer>> Create(const TraceOptions& options, int rank,
+                                                        int size, uint64_t communicator,
+                                                        std::string tag, std::string host,
+                                                        TraceOptions* resolved);
+
+  static int64_t Now() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  // The running call: started now, issued at `issued_ns` (0: now).
+  void Begin(int64_t issued_ns);
+  // Its header (kind, sizes, algorithm, sequence); `peer` for Send/Recv.
+  void Describe(const CallHeader& header, int peer = -1);
+  void NoteBytes(uint64_t bytes) { current_.bytes = bytes; }
+  void NotePlan(const Plan& plan);
+  void NoteMailbox() { current_.path = TracePath::kMailbox; }
+  // Records the running call.
+  void End(const absl::Status& status);
+  // A call refused at once (the communicator was broken): recorded without a kind.
+  void Refused(int64_t issued_ns, const absl::Status& status);
+
+  CollectiveTrace Snapshot() const;
+  // Writes the trace to the file TraceOptions::path_prefix names, if any; errors go to stderr
+  // (called from the destructor).
+  void WriteIfAsked() const;
+
+ private:
+  Tracer() = default;
+  void Push(TraceEvent event);
+
+  TraceOptions options_;
+  CollectiveTrace header_;  // everything but events, recorded and dropped
+  std::string file_;        // "" = write nothing
+  TraceEvent current_;      // the running call (its thread only)
+
+  mutable std::mutex mu_;
+  std::vector<TraceEvent> ring_;  // grows to capacity, then next_ wraps
+  size_t next_ = 0;
+  uint64_t recorded_ = 0;
+};
+
+}  // namespace plexus::collectives::internal
