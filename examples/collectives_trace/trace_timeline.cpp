@@ -1,10 +1,10 @@
 // A traced imitation of data-parallel training steps, to see on a timeline where ranks wait for
-// each other: every step each rank "computes" (sleeps; rank 1 takes twice as long), then
+// each other: every step each rank "computes" (sleeps 10 ms; rank 1 30 ms), then
 // allreduces its gradients in two buckets (asynchronously, the second issued while the first
 // runs), allgathers a small vector of metrics, and every fourth step broadcasts parameters from
 // rank 0. The communicator writes its trace (Chrome trace-event format) at destruction.
 //
-//   build/tools/plexus-run -n 4 build/examples/collectives_trace/trace_timeline /tmp/steps
+//   build/tools/plexus-run -n 4 build/examples/trace_timeline /tmp/steps
 //   tools/plot/plexus-plot timeline /tmp/steps.*.json -o steps.png
 //
 // The first argument is the trace path prefix (<prefix>.<rank>.json); without it,
@@ -32,7 +32,7 @@ int Fail(const char* what, const absl::Status& status) {
 
 int main(int argc, char** argv) {
   constexpr int kSteps = 8;
-  constexpr size_t kBucket = size_t{1} << 20;  // floats per gradient bucket (4 MiB)
+  constexpr size_t kBucket = size_t{1} << 18;  // floats per gradient bucket (1 MiB)
   pc::CommunicatorOptions options;
   options.device.backend = pt::Backend::kShm;
   options.trace.enabled = true;
@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   std::vector<float> grad_a(kBucket, 1.0f), grad_b(kBucket, 1.0f), params(kBucket / 4, 0.5f);
   std::vector<float> metric(4, static_cast<float>(rank)), metrics(4 * comm.size());
   for (int step = 0; step < kSteps; ++step) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(rank == 1 ? 6 : 3));
+    std::this_thread::sleep_for(std::chrono::milliseconds(rank == 1 ? 30 : 10));
     auto a = comm.AllReduceAsync(grad_a.data(), grad_a.data(), kBucket, pc::DataType::kF32,
                                  pc::ReduceOp::kAvg);
     auto b = comm.AllReduceAsync(grad_b.data(), grad_b.data(), kBucket, pc::DataType::kF32,
