@@ -377,3 +377,60 @@ TEST_CASE("a malformed trace capacity is refused at creation", "[collectives][tr
   });
   CHECK(results[0].find("trace.capacity") != std::string::npos);
 }
+
+TEST_CASE("peer steps record each ring neighbour's first send and last receive",
+          "[collectives][trace]") {
+  constexpr int kRanks = 4;
+  pc::CommunicatorOptions o = TracedOptions();
+  o.trace.peer_steps = true;
+  std::vector<pc::CollectiveTrace> traces(kRanks);
+  auto results = pc::testing::RunRanks(kRanks, o, [&](int rank, pc::Communicator& c) {
+    std::vector<float> small(4, 1.0f), big(20000, 1.0f);
+    if (absl::Status s = c.AllReduce(big.data(), big.data(), big.size(), DataType::kF32,
+                                     ReduceOp::kSum, {pc::Algorithm::kRing});
+        !s.ok()) {
+      return std::string(s.message());
+    }
+    if (absl::Status s = c.AllReduce(small.data(), small.data(), 4, DataType::kF32, ReduceOp::kSum);
+        !s.ok()) {
+      return std::string(s.message());
+    }
+    traces[rank] = c.Trace();
+    return std::string();
+  });
+  RequireAllOk(results);
+  for (int rank = 0; rank < kRanks; ++rank) {
+    INFO("rank " << rank);
+    const pc::CollectiveTrace& t = traces[rank];
+    REQUIRE(t.events.size() == 2);
+    const pc::TraceEvent& ring = t.events[0];
+    // The ring sends to the next rank and receives from the previous one, nothing else.
+    REQUIRE(ring.peers.size() == 2);
+    const int next = (rank + 1) % kRanks, prev = (rank + kRanks - 1) % kRanks;
+    for (const pc::TracePeerStep& p : ring.peers) {
+      INFO("peer " << p.peer);
+      CHECK((p.peer == next || p.peer == prev));
+      if (p.peer == next) {
+        CHECK(p.sends > 0);
+        CHECK(p.recvs == 0);
+        CHECK(p.first_send_ns >= ring.start_ns);
+        CHECK(p.first_send_ns <= ring.end_ns);
+      } else {
+        CHECK(p.recvs > 0);
+        CHECK(p.sends == 0);
+        CHECK(p.last_recv_ns >= ring.start_ns);
+        CHECK(p.last_recv_ns <= ring.end_ns);
+      }
+    }
+    // The message counts add up to the plan's.
+    CHECK(ring.peers[0].sends + ring.peers[0].recvs + ring.peers[1].sends + ring.peers[1].recvs ==
+          ring.messages);
+    CHECK(t.events[1].path == pc::TracePath::kMailbox);
+    CHECK(t.events[1].peers.empty());
+    const json doc = json::parse(pc::ToChromeTraceJson(t));
+    const std::vector<json> calls = CallEvents(doc);
+    REQUIRE(calls.size() == 2);
+    CHECK(calls[0].at("args").at("peers").size() == 2);
+    CHECK(!calls[1].at("args").contains("peers"));
+  }
+}

@@ -253,6 +253,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
           return false;
         }
         send_state[i] = kPosted;
+        if (trace_ != nullptr) trace_->NoteSend(peer);
         ++link.sends_in_flight;
         ++link.next_send;
       }
@@ -326,6 +327,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
       return false;
     }
     recv_state[i] = kArrived;
+    if (trace_ != nullptr) trace_->NoteRecv(r.peer);
     if (r.reduce) return true;  // reduced in plan order by do_local
     if (recv_landing[i] != r.data) {
       slot_copies.push_back(static_cast<int>(i));

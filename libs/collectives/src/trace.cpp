@@ -89,6 +89,17 @@ std::string ToChromeTraceJson(const CollectiveTrace& trace) {
     if (e.peer >= 0) args["peer"] = e.peer;
     if (e.wire.has_value()) args["wire"] = std::string(DataTypeName(*e.wire));
     if (!e.status.ok()) args["error"] = std::string(e.status.message());
+    if (!e.peers.empty()) {
+      json peers = json::array();
+      for (const TracePeerStep& p : e.peers) {
+        peers.push_back({{"peer", p.peer},
+                         {"first_send_ns", p.first_send_ns},
+                         {"last_recv_ns", p.last_recv_ns},
+                         {"sends", p.sends},
+                         {"recvs", p.recvs}});
+      }
+      args["peers"] = std::move(peers);
+    }
     events.push_back({{"name", EventName(e)},
                       {"cat", e.status.ok() ? "collective" : "collective,failed"},
                       {"ph", "X"},
@@ -125,6 +136,9 @@ namespace {
 const base::Param<std::string> kTraceParam(
     "PLEXUS_COLL_TRACE", "",
     "trace every communicator's calls and write <value>.<rank>.json at destruction");
+const base::Param<bool> kTracePeersParam(
+    "PLEXUS_COLL_TRACE_PEERS", false,
+    "traced calls also record per peer their first send and last receive");
 const base::Param<int64_t> kTraceCapacityParam(
     "PLEXUS_COLL_TRACE_CAPACITY", static_cast<int64_t>(kDefaultTraceCapacity),
     "calls a communicator's trace keeps (the oldest are dropped beyond it)");
@@ -139,7 +153,9 @@ absl::StatusOr<std::unique_ptr<Tracer>> Tracer::Create(const TraceOptions& optio
                                                        TraceOptions* resolved) {
   PLEXUS_ASSIGN_OR_RETURN(const std::string env_prefix, kTraceParam.Get());
   PLEXUS_ASSIGN_OR_RETURN(const int64_t env_capacity, kTraceCapacityParam.Get());
+  PLEXUS_ASSIGN_OR_RETURN(const bool env_peers, kTracePeersParam.Get());
   TraceOptions o = options;
+  o.peer_steps = o.peer_steps || env_peers;
   if (o.path_prefix.empty()) o.path_prefix = env_prefix;
   o.enabled = o.enabled || !o.path_prefix.empty();
   if (o.capacity == 0) {
@@ -176,6 +192,7 @@ absl::StatusOr<std::unique_ptr<Tracer>> Tracer::Create(const TraceOptions& optio
                          std::chrono::system_clock::now().time_since_epoch())
                          .count();
   tracer->ring_.reserve(std::min<size_t>(o.capacity, 1024));
+  if (o.peer_steps) tracer->peer_steps_.resize(static_cast<size_t>(size));
   return tracer;
 }
 
@@ -210,12 +227,21 @@ void Tracer::NotePlan(const Plan& plan) {
   for (const auto& op : plan.sends) used |= uint64_t{1} << (op.channel & 63);
   for (const auto& op : plan.recvs) used |= uint64_t{1} << (op.channel & 63);
   current_.channels = __builtin_popcountll(used);
+  for (TracePeerStep& p : peer_steps_) p = TracePeerStep();
   current_.messages = static_cast<uint32_t>(plan.sends.size() + plan.recvs.size());
 }
 
 void Tracer::End(const absl::Status& status) {
   current_.end_ns = Now();
   current_.status = status;
+  if (current_.path == TracePath::kPlan) {
+    for (size_t r = 0; r < peer_steps_.size(); ++r) {
+      const TracePeerStep& p = peer_steps_[r];
+      if (p.sends == 0 && p.recvs == 0) continue;
+      current_.peers.push_back(p);
+      current_.peers.back().peer = static_cast<int>(r);
+    }
+  }
   Push(std::move(current_));
 }
 

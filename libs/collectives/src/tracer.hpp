@@ -42,6 +42,18 @@ class Tracer {
   void NoteBytes(uint64_t bytes) { current_.bytes = bytes; }
   void NotePlan(const Plan& plan);
   void NoteMailbox() { current_.path = TracePath::kMailbox; }
+  // The executor posted a send to / received a message from `peer` (TraceOptions::peer_steps).
+  void NoteSend(int peer) {
+    if (!options_.peer_steps) return;
+    TracePeerStep& p = peer_steps_[peer];
+    if (p.sends++ == 0) p.first_send_ns = Now();
+  }
+  void NoteRecv(int peer) {
+    if (!options_.peer_steps) return;
+    TracePeerStep& p = peer_steps_[peer];
+    ++p.recvs;
+    p.last_recv_ns = Now();
+  }
   // Records the running call.
   void End(const absl::Status& status);
   // A call refused at once (the communicator was broken): recorded without a kind.
@@ -57,9 +69,10 @@ class Tracer {
   void Push(TraceEvent event);
 
   TraceOptions options_;
-  CollectiveTrace header_;  // everything but events, recorded and dropped
-  std::string file_;        // "" = write nothing
-  TraceEvent current_;      // the running call (its thread only)
+  CollectiveTrace header_;                 // everything but events, recorded and dropped
+  std::string file_;                       // "" = write nothing
+  TraceEvent current_;                     // the running call (its thread only)
+  std::vector<TracePeerStep> peer_steps_;  // per rank, the running call's (peer_steps only)
 
   mutable std::mutex mu_;
   std::vector<TraceEvent> ring_;  // grows to capacity, then next_ wraps

@@ -1,6 +1,6 @@
 // Tracing of a communicator's calls: for every collective, Send/Recv and Barrier, when it was
 // issued, started and ended, what it moved and how (algorithm, path, channels), and how it ended.
-// Off by default; when off a call pays one branch. When on, a call costs two clock reads and a
+// Off by default; when off a call pays one branch. When on, a call costs three clock reads and a
 // short lock, and the records live in a ring of fixed capacity (the oldest are dropped and
 // counted). docs/collectives.md, "Tracing", describes the file format and the timeline picture.
 //
@@ -36,6 +36,10 @@ struct TraceOptions {
   // `<path_prefix>.<communicator id in hex>.<rank>.json`. Implies `enabled`. Empty: the value of
   // PLEXUS_COLL_TRACE. A later communicator of the same rank and prefix replaces the file.
   std::string path_prefix;
+  // Also record, for each call on the plan path, per peer when the first message to it was
+  // posted and when the last message from it arrived (TraceEvent::peers): two clock reads per
+  // message. PLEXUS_COLL_TRACE_PEERS=1 turns it on too.
+  bool peer_steps = false;
 };
 
 // Default ring capacity (records) when neither the option nor the environment sets one.
@@ -49,6 +53,15 @@ enum class TracePath : uint8_t {
 };
 // "local", "mailbox", "plan".
 const char* TracePathName(TracePath path);
+
+// TraceOptions::peer_steps: one peer's share of a call (times as TraceEvent's; 0 = none).
+struct TracePeerStep {
+  int peer = -1;
+  int64_t first_send_ns = 0;  // the first message to the peer was posted
+  int64_t last_recv_ns = 0;   // the last message from the peer arrived
+  uint32_t sends = 0;
+  uint32_t recvs = 0;
+};
 
 // One call. Times are nanoseconds of CLOCK_MONOTONIC (std::chrono::steady_clock), which every
 // process on a host shares; CollectiveTrace's anchors map them to wall-clock time.
@@ -70,12 +83,13 @@ struct TraceEvent {
   Algorithm algorithm = Algorithm::kAuto;
   std::optional<DataType> wire;  // a fused cast's wire type
   TracePath path = TracePath::kLocal;
-  int channels = 0;       // channels the plan used (0 off the plan path)
-  uint32_t messages = 0;  // sends + receives the plan posted
-  int64_t issue_ns = 0;   // the caller issued it (Blocking, Async or inline call)
-  int64_t start_ns = 0;   // it started running (after the calls queued before it)
-  int64_t end_ns = 0;     // it returned
-  absl::Status status;    // how it ended
+  int channels = 0;                  // channels the plan used (0 off the plan path)
+  uint32_t messages = 0;             // sends + receives the plan posted
+  int64_t issue_ns = 0;              // the caller issued it (Blocking, Async or inline call)
+  int64_t start_ns = 0;              // it started running (after the calls queued before it)
+  int64_t end_ns = 0;                // it returned
+  absl::Status status;               // how it ended
+  std::vector<TracePeerStep> peers;  // TraceOptions::peer_steps: the peers it exchanged with
 };
 
 // A communicator's trace at one moment.
