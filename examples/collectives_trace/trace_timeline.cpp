@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   std::printf(
       "rank %d: %zu calls traced (%llu dropped)%s%s\n", rank, trace.events.size(),
       static_cast<unsigned long long>(trace.dropped),
-      comm.options().trace.path_prefix.empty() ? "" : ", written to ",
+      comm.options().trace.path_prefix.empty() ? "" : ", to be written at exit to ",
       comm.options().trace.path_prefix.empty()
           ? ""
           : (comm.options().trace.path_prefix + "." + std::to_string(rank) + ".json").c_str());

@@ -72,8 +72,12 @@ grep -q '| timeline_outage |' "$work/report.md" || { echo "report.md lacks timel
 ! grep -q '| timeline |' "$work/report.md" || { echo "report.md lists timeline samples"; exit 1; }
 # Collectives traces (PLEXUS_COLL_TRACE's files from a real 4-rank run of the trace_timeline
 # example): one lane per rank.
-"$plot" timeline "$here"/coll_trace.*.json -o "$work/coll_trace.png"
+"$plot" timeline "$here"/coll_trace.*.json -o "$work/coll_trace.png" --merged "$work/merged.json"
 is_png "$work/coll_trace.png"
+# The merged Chrome trace holds every rank's process lane.
+/usr/bin/python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); \
+assert sorted({e["pid"] for e in d["traceEvents"]}) == [0, 1, 2, 3], "ranks missing"' \
+  "$work/merged.json"
 set +e
 "$plot" timeline "$here/coll_trace.0.json" "$work/rpc_balance_sim.jsonl" -o "$work/bad.png" \
   2> "$work/err.txt"; rc=$?
