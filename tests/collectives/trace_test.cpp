@@ -2,16 +2,20 @@
 // threads over inproc. Every call is recorded in issue order with its kind, bytes, algorithm and
 // times; failures carry their status and later calls are recorded as refused; the ring keeps the
 // newest records and counts the dropped ones; the environment writes one Chrome trace file per
-// rank (and per Split child); the JSON parses and holds what Trace() holds.
+// rank (and per Split child); the JSON parses and holds what Trace() holds; per-peer steps;
+// reading the trace while calls run.
 #include <catch2/catch.hpp>
 
 #include <stdlib.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nlohmann/json.hpp"
@@ -433,4 +437,62 @@ TEST_CASE("peer steps record each ring neighbour's first send and last receive",
     CHECK(calls[0].at("args").at("peers").size() == 2);
     CHECK(!calls[1].at("args").contains("peers"));
   }
+}
+
+TEST_CASE("the trace can be read while calls run", "[collectives][trace]") {
+  constexpr int kCalls = 300;
+  std::atomic<bool> done{false};
+  std::atomic<int> snapshots{0};
+  std::string reader_error;
+  // Rank 0's communicator while it runs; the reader holds watch_mu while it reads it.
+  std::mutex watch_mu;
+  pc::Communicator* watched = nullptr;
+  std::thread reader([&] {
+    uint64_t last_recorded = 0;
+    while (!done.load()) {
+      {
+        std::lock_guard<std::mutex> lock(watch_mu);
+        if (watched != nullptr) {
+          const pc::CollectiveTrace t = watched->Trace();
+          const json doc = json::parse(watched->TraceJson());
+          if (t.recorded < last_recorded) reader_error = "recorded went backwards";
+          last_recorded = t.recorded;
+          for (size_t i = 1; i < t.events.size(); ++i) {
+            if (t.events[i].start_ns < t.events[i - 1].end_ns) reader_error = "out of order";
+          }
+          if (CallEvents(doc).size() > t.capacity) reader_error = "more events than capacity";
+          ++snapshots;
+        }
+      }
+      std::this_thread::yield();
+    }
+  });
+  auto results = pc::testing::RunRanks(2, TracedOptions(64), [&](int rank, pc::Communicator& c) {
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(watch_mu);
+      watched = &c;
+    }
+    std::vector<int32_t> v(8, rank);
+    std::string error;
+    for (int i = 0; i < kCalls && error.empty(); ++i) {
+      absl::Status s = c.AllReduce(v.data(), v.data(), 8, DataType::kI32, ReduceOp::kMax);
+      if (!s.ok()) error = std::string(s.message());
+    }
+    if (rank == 0) {
+      // Let the reader see the finished trace once, then stop it before `c` goes away.
+      const int seen = snapshots.load();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (snapshots.load() < seen + 1 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::yield();
+      }
+      std::lock_guard<std::mutex> lock(watch_mu);
+      watched = nullptr;
+    }
+    return error;
+  });
+  done = true;
+  reader.join();
+  RequireAllOk(results);
+  CHECK(reader_error == "");
+  CHECK(snapshots.load() > 0);
 }
