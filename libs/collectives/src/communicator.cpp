@@ -189,6 +189,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   PLEXUS_ASSIGN_OR_RETURN(const bool use_mailboxes, kMailboxParam.Get());
   PLEXUS_ASSIGN_OR_RETURN(const std::string policy_text, kTransportPolicyParam.Get());
   PLEXUS_ASSIGN_OR_RETURN(const std::string env_host_id, kHostIdParam.Get());
+  PLEXUS_ASSIGN_OR_RETURN(options.trace, Tracer::Resolve(options.trace, rank));
   if (!policy_text.empty()) {
     auto policy = ParseTransportPolicy(policy_text);
     if (!policy.ok()) {
@@ -388,8 +389,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   // least: a failing rank's announcement is not refreshed) belongs to a rank that stopped.
   comm->board_ = std::make_unique<internal::BlameBoard>(
       comm->store_, comm->uid_, rank, std::max(options.timeout / 2, absl::Seconds(1)));
-  PLEXUS_ASSIGN_OR_RETURN(
-      comm->trace_, Tracer::Create(options.trace, rank, n, comm->uid_, tag, host, &options.trace));
+  comm->trace_ = Tracer::Create(options.trace, rank, n, comm->uid_, tag, host);
   comm->options_ = std::move(options);
   comm->ready_ = true;
   if (comm->debug_ && rank == 0) {

@@ -147,10 +147,7 @@ constexpr size_t kMaxTraceCapacity = size_t{1} << 24;
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Tracer>> Tracer::Create(const TraceOptions& options, int rank,
-                                                       int size, uint64_t communicator,
-                                                       std::string tag, std::string host,
-                                                       TraceOptions* resolved) {
+absl::StatusOr<TraceOptions> Tracer::Resolve(const TraceOptions& options, int rank) {
   PLEXUS_ASSIGN_OR_RETURN(const std::string env_prefix, kTraceParam.Get());
   PLEXUS_ASSIGN_OR_RETURN(const int64_t env_capacity, kTraceCapacityParam.Get());
   PLEXUS_ASSIGN_OR_RETURN(const bool env_peers, kTracePeersParam.Get());
@@ -160,7 +157,8 @@ absl::StatusOr<std::unique_ptr<Tracer>> Tracer::Create(const TraceOptions& optio
   o.enabled = o.enabled || !o.path_prefix.empty();
   if (o.capacity == 0) {
     if (env_capacity < 1 || static_cast<uint64_t>(env_capacity) > kMaxTraceCapacity) {
-      return absl::InvalidArgumentError(absl::StrCat(kTraceCapacityParam.name(), "=", env_capacity,
+      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": ",
+                                                     kTraceCapacityParam.name(), "=", env_capacity,
                                                      ": must be 1 to ", kMaxTraceCapacity));
     }
     o.capacity = static_cast<size_t>(env_capacity);
@@ -168,8 +166,12 @@ absl::StatusOr<std::unique_ptr<Tracer>> Tracer::Create(const TraceOptions& optio
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": trace.capacity ", o.capacity,
                                                    " is above ", kMaxTraceCapacity));
   }
-  if (resolved != nullptr) *resolved = o;
-  if (!o.enabled) return std::unique_ptr<Tracer>();
+  return o;
+}
+
+std::unique_ptr<Tracer> Tracer::Create(const TraceOptions& o, int rank, int size,
+                                       uint64_t communicator, std::string tag, std::string host) {
+  if (!o.enabled) return nullptr;
   std::unique_ptr<Tracer> tracer(new Tracer());
   tracer->options_ = o;
   if (!o.path_prefix.empty()) {

@@ -21,13 +21,14 @@ namespace plexus::collectives::internal {
 
 class Tracer {
  public:
-  // nullptr when `options` and the environment (PLEXUS_COLL_TRACE, PLEXUS_COLL_TRACE_CAPACITY)
-  // leave tracing off. InvalidArgument for a capacity out of range or a malformed variable.
-  // `resolved` receives the effective options.
-  static absl::StatusOr<std::unique_ptr<Tracer>> Create(const TraceOptions& options, int rank,
-                                                        int size, uint64_t communicator,
-                                                        std::string tag, std::string host,
-                                                        TraceOptions* resolved);
+  // The effective options: `options` completed from the environment (PLEXUS_COLL_TRACE,
+  // PLEXUS_COLL_TRACE_CAPACITY, PLEXUS_COLL_TRACE_PEERS). InvalidArgument for a capacity out of
+  // range or a malformed variable. Called before the ranks connect, so that a bad setting fails
+  // creation before any peer waits for this rank.
+  static absl::StatusOr<TraceOptions> Resolve(const TraceOptions& options, int rank);
+  // nullptr when `resolved` (from Resolve) leaves tracing off.
+  static std::unique_ptr<Tracer> Create(const TraceOptions& resolved, int rank, int size,
+                                        uint64_t communicator, std::string tag, std::string host);
 
   static int64_t Now() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
