@@ -169,6 +169,7 @@ WorkerOptions ParseWorkerOptions(int argc, char** argv, const char* program) {
       ->type_name("BYTES");
   app.add_option("--progress", o.progress, "CommunicatorOptions::device.progress")
       ->check(CLI::IsMember({"caller", "thread"}));
+  app.add_flag("--trace", o.trace, "CommunicatorOptions::trace.enabled (Plexus only)");
   if (auto code = tool.Parse(argc, argv)) std::exit(*code);
   std::string error;
   auto parsed = ParseSizes(sizes, sizeof(float), &error);

@@ -48,6 +48,7 @@ struct WorkerOptions {
   size_t chunk_bytes = 0;
   int sockets = 0;
   std::string progress;  // "caller", "thread" or empty (library default)
+  bool trace = false;    // CommunicatorOptions::trace.enabled (in memory, nothing written)
 };
 // Parses --sizes, --iters, --warmup, --algorithm, --transport, --channels, --chunk-bytes,
 // --sockets and --progress with the plexus::tooling conventions (strict numbers, --help); exits

@@ -130,6 +130,7 @@ int WorkerMain(int argc, char** argv) {
   if (options.sockets > 0) comm_options.device.sockets_per_connection = options.sockets;
   if (options.progress == "thread") comm_options.device.progress = pt::ProgressMode::kThread;
   if (options.progress == "caller") comm_options.device.progress = pt::ProgressMode::kCaller;
+  comm_options.trace.enabled = options.trace;
   auto comm = pc::Communicator::Create(*rendezvous, comm_options);
   if (!comm.ok()) WorkerDie("Communicator::Create", comm.status());
   PlexusAllreduce impl(std::move(*comm), *algorithm);
@@ -159,6 +160,7 @@ struct Options {
   bool bind_core = false;
   std::vector<std::string> mpirun_args;
   bool json = false;
+  bool trace = false;  // also run Plexus with tracing on (impl plexus_traced)
 };
 
 std::vector<std::string> SplitList(const std::string& text) {
@@ -262,6 +264,10 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& o) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   pt_tooling::AddNumber(&app, "--timeout", &o.timeout_s, "limit for one launch, seconds", 1.0,
                         86400.0);
+  app.add_flag("--trace", o.trace,
+               "also run Plexus with tracing on (CommunicatorOptions::trace, in memory) as "
+               "plexus_traced, interleaved with the untraced runs; its lines get "
+               "vs_untraced = time / untraced time");
   pt_tooling::AddJsonFlag(&app, &o.json);
   if (auto code = tool.Parse(argc, argv)) return code;
   o.bind_core = bind == "core";
@@ -335,6 +341,13 @@ std::vector<Job> PlanJobs(const Options& o) {
         plexus.argv.insert(plexus.argv.end(), {"--progress", o.progress});
       }
       jobs.push_back(plexus);
+      if (o.trace) {
+        Job traced = plexus;
+        traced.impl = "plexus_traced";
+        traced.plexus = false;  // not compared with the peers
+        traced.argv.push_back("--trace");
+        jobs.push_back(traced);
+      }
       if (!o.compare) continue;
       if (transport == "tcp") {
         for (const char* algorithm : {"ring", "ring_chunked", "halving_doubling"}) {
@@ -549,7 +562,7 @@ int main(int argc, char** argv) {
     std::optional<std::pair<std::string, Row>> best;
     for (const auto& [key, points] : samples) {
       const auto& [impl, t, n] = key;
-      if (impl == "plexus" || t != transport || n != nprocs) continue;
+      if (impl.rfind("plexus", 0) == 0 || t != transport || n != nprocs) continue;
       const auto it = points.find(bytes);
       if (it == points.end()) continue;
       const Row row = MakeRow(bytes, it->second, nprocs);
@@ -622,6 +635,19 @@ int main(int argc, char** argv) {
         j["runs"] = row.samples;
         j["oversubscribed"] = job.nprocs > cpus;
         j["bind"] = o.bind_core ? "core" : "none";
+        if (job.impl == "plexus_traced") {
+          // Tracing's cost: this line's median time over the untraced line's (same runs).
+          j["algorithm"] = o.algorithm;
+          j["trace"] = true;
+          std::optional<double> vs_untraced;
+          if (const auto u = samples.find(Key{"plexus", job.transport, job.nprocs});
+              u != samples.end()) {
+            if (const auto at = u->second.find(bytes); at != u->second.end()) {
+              vs_untraced = row.time_us / MakeRow(bytes, at->second, job.nprocs).time_us;
+            }
+          }
+          j["vs_untraced"] = vs_untraced ? nlohmann::json(*vs_untraced) : nlohmann::json(nullptr);
+        }
         if (job.plexus) {
           j["algorithm"] = o.algorithm;
           j["vs_best_peer"] = std::isnan(ratio) ? nlohmann::json(nullptr) : nlohmann::json(ratio);

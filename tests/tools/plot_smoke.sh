@@ -70,6 +70,19 @@ grep -q '| allreduce busbw | 0.5 | GB/s' "$work/report.md" || { echo "report.md 
 is_png "$work/multipath.png"
 grep -q '| timeline_outage |' "$work/report.md" || { echo "report.md lacks timeline_outage"; exit 1; }
 ! grep -q '| timeline |' "$work/report.md" || { echo "report.md lists timeline samples"; exit 1; }
+# Collectives traces (PLEXUS_COLL_TRACE's files from a real 4-rank run of the trace_timeline
+# example): one lane per rank.
+"$plot" timeline "$here"/coll_trace.*.json -o "$work/coll_trace.png" --merged "$work/merged.json"
+is_png "$work/coll_trace.png"
+# The merged Chrome trace holds every rank's process lane.
+/usr/bin/python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); \
+assert sorted({e["pid"] for e in d["traceEvents"]}) == [0, 1, 2, 3], "ranks missing"' \
+  "$work/merged.json"
+set +e
+"$plot" timeline "$here/coll_trace.0.json" "$work/rpc_balance_sim.jsonl" -o "$work/bad.png" \
+  2> "$work/err.txt"; rc=$?
+set -e
+[ $rc = 2 ] && grep -q 'not a collectives trace' "$work/err.txt" || { cat "$work/err.txt"; exit 1; }
 # Bad input: a clear message and status 2, never a traceback.
 echo 'not json' > "$work/bad.jsonl"
 set +e

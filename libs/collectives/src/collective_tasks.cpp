@@ -511,6 +511,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllVTask(
     const Algorithm algo = Resolve(CollectiveKind::kAllToAllV, send_extent * esize, call.algorithm);
     const CallHeader header =
         Header(CollectiveKind::kAllToAllV, dtype, ReduceOp::kSum, algo, -1, 0);
+    if (trace_ != nullptr) trace_->NoteBytes(send_extent * esize);
     Staging staging;
     PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, send_extent * esize, true));
     PLEXUS_ASSIGN_OR_RETURN(auto out, staging.Output(recv, recv_extent * esize, false));
@@ -556,6 +557,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::PointToPointTask(void* buf, size_t co
     header.communicator = uid_;
     // Each direction of each pair numbers its messages: that is what matches a Send to a Recv.
     header.sequence = is_send ? p2p_send_seq_[peer]++ : p2p_recv_seq_[peer]++;
+    if (trace_ != nullptr) trace_->Describe(header, peer);
     Staging staging;
     const Layout& L = MakeLayout(dtype);
     Plan& plan = NewPlan();

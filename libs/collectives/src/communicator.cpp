@@ -110,6 +110,7 @@ CommunicatorImpl::~CommunicatorImpl() {
   if (ready_ && layout_.n > 1 && health().ok()) {
     (void)RunOne(BarrierTask().value());
   }
+  if (trace_ != nullptr) trace_->WriteIfAsked();
   // A healthy communicator leaves nothing on the store: the barrier's last progress retracted
   // any wait record; see that the removal is written. A broken one leaves its account (one key
   // per rank) for peers still resolving whom to blame.
@@ -189,6 +190,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   PLEXUS_ASSIGN_OR_RETURN(const bool use_mailboxes, kMailboxParam.Get());
   PLEXUS_ASSIGN_OR_RETURN(const std::string policy_text, kTransportPolicyParam.Get());
   PLEXUS_ASSIGN_OR_RETURN(const std::string env_host_id, kHostIdParam.Get());
+  PLEXUS_ASSIGN_OR_RETURN(options.trace, Tracer::Resolve(options.trace, rank));
   if (!policy_text.empty()) {
     auto policy = ParseTransportPolicy(policy_text);
     if (!policy.ok()) {
@@ -393,6 +395,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   comm->board_ = std::make_unique<internal::BlameBoard>(
       comm->store_, comm->uid_, rank, std::max(options.timeout / 2, absl::Seconds(1)));
   if (options.qos.enabled()) comm->qos_ = std::make_unique<QosGate>(options.qos, rank);
+  comm->trace_ = Tracer::Create(options.trace, rank, n, comm->uid_, tag, host);
   comm->options_ = std::move(options);
   comm->ready_ = true;
   if (comm->debug_ && rank == 0) {
@@ -413,22 +416,26 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
 // ---------------------------------------------------------------------------------------------
 // Issue order
 
-absl::Status CommunicatorImpl::RunOne(const std::function<absl::Status()>& fn) {
+absl::Status CommunicatorImpl::RunOne(const std::function<absl::Status()>& fn, int64_t issued_ns) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!broken_.ok()) return broken_;
+    if (!broken_.ok()) {
+      if (trace_ != nullptr) trace_->Refused(issued_ns, broken_);
+      return broken_;
+    }
   }
-  return fn();
+  return Traced(issued_ns, fn);
 }
 
 absl::Status CommunicatorImpl::Blocking(TaskOr task) {
+  const int64_t issued = trace_ != nullptr ? Tracer::Now() : 0;
   PLEXUS_ASSIGN_OR_RETURN(std::function<absl::Status()> run, std::move(task));
   std::unique_lock<std::mutex> lock(mu_);
   if (queue_.empty() && !busy_) {
     // Nothing queued before us: run in the caller's thread (no thread hop on the latency path).
     busy_ = true;
     lock.unlock();
-    absl::Status status = RunOne(run);
+    absl::Status status = RunOne(run, issued);
     lock.lock();
     busy_ = false;
     lock.unlock();
@@ -436,7 +443,7 @@ absl::Status CommunicatorImpl::Blocking(TaskOr task) {
     return status;
   }
   auto work = std::make_shared<WorkImpl>();
-  queue_.push_back(Task{std::move(run), work});
+  queue_.push_back(Task{std::move(run), work, issued});
   if (!worker_.joinable()) worker_ = std::thread([this] { WorkerLoop(); });
   lock.unlock();
   cv_.notify_all();
@@ -444,11 +451,12 @@ absl::Status CommunicatorImpl::Blocking(TaskOr task) {
 }
 
 std::shared_ptr<Work> CommunicatorImpl::Async(TaskOr task) {
+  const int64_t issued = trace_ != nullptr ? Tracer::Now() : 0;
   if (!task.ok()) return FailedWork(task.status());
   auto work = std::make_shared<WorkImpl>();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(Task{*std::move(task), work});
+    queue_.push_back(Task{*std::move(task), work, issued});
     if (!worker_.joinable()) worker_ = std::thread([this] { WorkerLoop(); });
   }
   cv_.notify_all();
@@ -464,7 +472,7 @@ void CommunicatorImpl::WorkerLoop() {
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    absl::Status status = RunOne(task.run);
+    absl::Status status = RunOne(task.run, task.issued_ns);
     task.work->Complete(std::move(status));
     lock.lock();
     busy_ = false;
@@ -539,6 +547,7 @@ CallHeader CommunicatorImpl::Header(CollectiveKind kind, DataType dtype, ReduceO
   h.count = count;
   h.communicator = uid_;
   h.sequence = collective_seq_++;
+  if (trace_ != nullptr) trace_->Describe(h);
   if (debug_) {
     std::fprintf(stderr, "[plexus-coll rank %d] %s -> %s\n", layout_.rank, h.Describe().c_str(),
                  std::string(AlgorithmName(algorithm)).c_str());

@@ -33,6 +33,7 @@
 #include "plexus/transport/device.hpp"
 #include "plexus/transport/rendezvous.hpp"
 #include "qos_gate.hpp"
+#include "tracer.hpp"
 #include "wire.hpp"
 
 namespace plexus::collectives::internal {
@@ -105,6 +106,7 @@ class WorkImpl;
 struct Task {
   std::function<absl::Status()> run;
   std::shared_ptr<WorkImpl> work;
+  int64_t issued_ns = 0;  // when tracing: the moment the caller issued it
 };
 
 class CommunicatorImpl : public Communicator {
@@ -127,6 +129,9 @@ class CommunicatorImpl : public Communicator {
   absl::Status health() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return broken_;
+  }
+  CollectiveTrace Trace() const override {
+    return trace_ != nullptr ? trace_->Snapshot() : CollectiveTrace();
   }
 
   absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
@@ -239,9 +244,12 @@ class CommunicatorImpl : public Communicator {
 
   absl::Status Blocking(TaskOr task);
   // Runs fn in the caller's thread when no call is queued or running (the latency path: no
-  // closure, no thread hop); nullopt when it must queue.
+  // closure, no thread hop); nullopt when it must queue. Traced calls take Blocking's path,
+  // which records them (and also runs them in the caller's thread when nothing is queued), so
+  // that this stays as small as without tracing (one test more; measured in docs/collectives.md).
   template <typename Fn>
   std::optional<absl::Status> TryInline(Fn&& fn) {
+    if (trace_ != nullptr) return std::nullopt;
     std::unique_lock<std::mutex> lock(mu_);
     if (!queue_.empty() || busy_) return std::nullopt;
     if (!broken_.ok()) return broken_;
@@ -259,7 +267,17 @@ class CommunicatorImpl : public Communicator {
                             CallOptions call);
   absl::Status RunBarrier();
   std::shared_ptr<Work> Async(TaskOr task);
-  absl::Status RunOne(const std::function<absl::Status()>& fn);
+  // Runs fn unless the communicator is broken; issued_ns: see Task.
+  absl::Status RunOne(const std::function<absl::Status()>& fn, int64_t issued_ns = 0);
+  // fn(), recorded by the tracer when tracing is on.
+  template <typename Fn>
+  absl::Status Traced(int64_t issued_ns, Fn&& fn) {
+    if (trace_ == nullptr) return fn();
+    trace_->Begin(issued_ns);
+    absl::Status status = fn();
+    trace_->End(status);
+    return status;
+  }
   void WorkerLoop();
 
   TaskOr AllReduceTask(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
@@ -368,6 +386,8 @@ class CommunicatorImpl : public Communicator {
   AlgorithmTable table_;
   AlgorithmOverrides env_overrides_;
   bool debug_ = false;
+  // Non-null when tracing (CommunicatorOptions::trace): every hook is one branch on it.
+  std::unique_ptr<Tracer> trace_;
 
   // The devices connecting the peers (one per backend in use; the caller's alone), and the
   // last of them (the caller's, or tcp/verbs when this rank uses one).

@@ -52,6 +52,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
       return Abort(header, Failure::Own(std::move(s)));
     }
   }
+  if (trace_ != nullptr) trace_->NotePlan(plan);
   const uint64_t epoch = ++epoch_ & 0x7FFFFFFF;
   // A fused cast: the plan's byte counts are of `dtype` (f32); messages carry `wire` elements.
   const bool cast = plan.wire.has_value();
@@ -267,6 +268,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
         }
         if (qos_ != nullptr) qos_->Posted();
         send_state[i] = kPosted;
+        if (trace_ != nullptr) trace_->NoteSend(peer);
         ++link.sends_in_flight;
         ++link.next_send;
       }
@@ -340,6 +342,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
       return false;
     }
     recv_state[i] = kArrived;
+    if (trace_ != nullptr) trace_->NoteRecv(r.peer);
     if (r.reduce) return true;  // reduced in plan order by do_local
     if (recv_landing[i] != r.data) {
       slot_copies.push_back(static_cast<int>(i));

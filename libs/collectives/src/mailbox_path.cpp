@@ -76,6 +76,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
     if (absl::Status s = AdmitSend(header); !s.ok()) return Abort(header, Failure::Own(s));
     qos_->Posted();
   }
+  if (trace_ != nullptr) trace_->NoteMailbox();
   const MailHeader mine = MailHeader::Of(header);
   const size_t esize = DataTypeSize(dtype);
   // A zero-byte vector still travels as one (empty) fragment: it carries the header.

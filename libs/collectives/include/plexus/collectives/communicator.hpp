@@ -46,6 +46,7 @@
 #include "absl/types/span.h"
 #include "plexus/collectives/qos.hpp"
 #include "plexus/collectives/selector.hpp"
+#include "plexus/collectives/trace.hpp"
 #include "plexus/collectives/types.hpp"
 #include "plexus/transport/device.hpp"
 #include "plexus/transport/rendezvous.hpp"
@@ -131,6 +132,9 @@ struct CommunicatorOptions {
   // schedule. PLEXUS_COLL_QOS (its text form; "off" disables) overrides it. Split children
   // inherit it.
   QosSchedule qos;
+  // Records every call's issue, start and end (off by default; trace.hpp, docs/collectives.md
+  // "Tracing"). PLEXUS_COLL_TRACE=<prefix> turns it on. options() reports the effective values.
+  TraceOptions trace;
 };
 
 // Per-call settings.
@@ -234,6 +238,12 @@ class Communicator {
                                     Algorithm forced = Algorithm::kAuto) const = 0;
   // OK while usable; the error that broke the communicator otherwise.
   virtual absl::Status health() const = 0;
+  // The calls recorded so far (CommunicatorOptions::trace; enabled false and no events when
+  // tracing is off). Thread-safe, at any time, also while calls run.
+  virtual CollectiveTrace Trace() const { return {}; }
+  // Trace() in Chrome's trace-event format (what PLEXUS_COLL_TRACE writes; an admin endpoint's
+  // `coll-trace` command serves this).
+  std::string TraceJson() const { return ToChromeTraceJson(Trace()); }
 
   // recv[i] = op over ranks of send[i], on every rank. `count` elements each.
   virtual absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype,
