@@ -2,6 +2,7 @@
 // runs) staging of device buffers, the layout, and either the mailbox path or a plan for the
 // executor.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -199,7 +200,11 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
         internal::BuildDoubleTreeAllReduce(L, buf, count, &plan);
         break;
       default:
-        internal::BuildRing(L, buf, internal::EvenBlocks(count, L.n), true, true, &plan, input);
+        if (std::getenv("PLEXUS_COLL_DIRECT_EXPERIMENT") != nullptr) {
+          internal::BuildDirectAllReduce(L, buf, internal::EvenBlocks(count, L.n), &plan, input);
+        } else {
+          internal::BuildRing(L, buf, internal::EvenBlocks(count, L.n), true, true, &plan, input);
+        }
         break;
     }
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
