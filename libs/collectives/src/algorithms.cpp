@@ -272,46 +272,6 @@ void BuildRing(const Layout& L, uint8_t* buf, const std::vector<Block>& segments
   }
 }
 
-void BuildDirectAllReduce(const Layout& L, uint8_t* buf, const std::vector<Block>& segments,
-                          Plan* plan, const uint8_t* input) {
-  const int n = L.n;
-  if (n == 1) return;
-  const int p = L.pos();
-  const Block& mine = segments[p];
-  const uint8_t* operand = input != nullptr ? input : buf;
-  // Reduce-scatter: at step d position p sends segment p + d to its owner and reduces the copy
-  // of segment p that position p - d sends. No send waits for a receive.
-  for (int d = 1; d < n; ++d) {
-    const int to_pos = (p + d) % n;
-    const Block& out = segments[to_pos];
-    for (size_t k = 0; k < NumChunks(L, out.count); ++k) {
-      AddSend(L, plan, operand, ChunkOf(L, out, k), L.at(to_pos), Channel(L, k));
-    }
-    const int from = L.at(p - d);
-    for (size_t k = 0; k < NumChunks(L, mine.count); ++k) {
-      const Block c = ChunkOf(L, mine, k);
-      AddRecv(L, plan, buf, c, from, Channel(L, k), true);
-      // The first contribution meets this rank's operand where it is (out of place: input).
-      if (d == 1 && input != nullptr) plan->recvs.back().local = input + c.offset * L.esize;
-    }
-  }
-  // All-gather: the reduced segment goes to every other position once all of it is reduced;
-  // in place, a received segment may overwrite bytes the reduce-scatter sent from buf.
-  const int reduced = static_cast<int>(plan->recvs.size());
-  const int war = input == nullptr ? static_cast<int>(plan->sends.size()) : 0;
-  for (int d = 1; d < n; ++d) {
-    const int to = L.at(p + d);
-    for (size_t k = 0; k < NumChunks(L, mine.count); ++k) {
-      AddSend(L, plan, buf, ChunkOf(L, mine, k), to, Channel(L, k), -1, reduced, true);
-    }
-    const int from_pos = ((p - d) % n + n) % n;
-    const Block& in = segments[from_pos];
-    for (size_t k = 0; k < NumChunks(L, in.count); ++k) {
-      AddRecv(L, plan, buf, ChunkOf(L, in, k), L.at(from_pos), Channel(L, k), false, false, war);
-    }
-  }
-}
-
 void BuildRecursiveDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* plan) {
   if (L.n == 1 || count == 0) return;
   const Fold f = MakeFold(L);

@@ -2,7 +2,6 @@
 // runs) staging of device buffers, the layout, and either the mailbox path or a plan for the
 // executor.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -200,11 +199,7 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
         internal::BuildDoubleTreeAllReduce(L, buf, count, &plan);
         break;
       default:
-        if (std::getenv("PLEXUS_COLL_DIRECT_EXPERIMENT") != nullptr) {
-          internal::BuildDirectAllReduce(L, buf, internal::EvenBlocks(count, L.n), &plan, input);
-        } else {
-          internal::BuildRing(L, buf, internal::EvenBlocks(count, L.n), true, true, &plan, input);
-        }
+        internal::BuildRing(L, buf, internal::EvenBlocks(count, L.n), true, true, &plan, input);
         break;
     }
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));

@@ -101,12 +101,6 @@ std::vector<Block> EvenBlocks(size_t count, int parts);
 // an out-of-place allreduce then skips copying its input.
 void BuildRing(const Layout& L, uint8_t* buf, const std::vector<Block>& segments,
                bool reduce_scatter, bool all_gather, Plan* plan, const uint8_t* input = nullptr);
-// Direct reduce-scatter + all-gather: position p owns segments[p]; every other position sends
-// it its copy at once and p reduces them in a fixed order (p - 1, p - 2, ...), then sends the
-// result to all. 2(n-1)/n of the vector leaves each rank, as in the ring, but in two dependent
-// phases instead of 2(n-1) steps that each wait for the predecessor. `input` as for BuildRing.
-void BuildDirectAllReduce(const Layout& L, uint8_t* buf, const std::vector<Block>& segments,
-                          Plan* plan, const uint8_t* input = nullptr);
 // Recursive doubling of the whole vector (small messages); any world size (extra ranks fold in).
 void BuildRecursiveDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* plan);
 // Recursive halving reduce-scatter + recursive doubling all-gather (Rabenseifner); any world
