@@ -50,7 +50,7 @@ test: build
 # benchmark that fails is named at the end and the others still run.
 REPORT_DIR ?= $(BUILD_DIR)/bench-report
 BENCHES ?= transport collectives placement moe rpc aggregation multipath torch torch_ddp
-BENCH_ARGS_collectives ?= --compare --runs 3
+BENCH_ARGS_collectives ?= --compare --runs 3 --ops all
 BENCH_ARGS_rpc ?= --compare
 BENCH_ARGS_aggregation ?= --compare --runs 3
 BENCH_ARGS_multipath ?= --compare

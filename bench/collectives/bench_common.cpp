@@ -139,12 +139,163 @@ size_t CountWrong(const float* result, size_t count, int world_size) {
   return wrong;
 }
 
+const std::vector<Op>& AllOps() {
+  static const std::vector<Op> ops = {Op::kAllreduce, Op::kBroadcast, Op::kAllgather,
+                                      Op::kReduceScatter, Op::kAlltoall};
+  return ops;
+}
+
+std::string_view OpName(Op op) {
+  switch (op) {
+    case Op::kAllreduce:
+      return "allreduce";
+    case Op::kBroadcast:
+      return "broadcast";
+    case Op::kAllgather:
+      return "allgather";
+    case Op::kReduceScatter:
+      return "reduce_scatter";
+    case Op::kAlltoall:
+      return "alltoall";
+  }
+  return "?";
+}
+
+std::optional<std::vector<Op>> ParseOps(const std::string& text, std::string* error) {
+  std::vector<Op> ops;
+  for (const std::string& item : Split(text, ',')) {
+    if (item == "all") {
+      ops = AllOps();
+      continue;
+    }
+    const auto it =
+        std::find_if(AllOps().begin(), AllOps().end(), [&](Op op) { return OpName(op) == item; });
+    if (it == AllOps().end()) {
+      *error = fmt::format(
+          "unknown operation '{}' (expected allreduce, broadcast, allgather, reduce_scatter, "
+          "alltoall or all)",
+          item);
+      return std::nullopt;
+    }
+    if (std::find(ops.begin(), ops.end(), *it) == ops.end()) ops.push_back(*it);
+  }
+  // In AllOps' order, whatever the order given.
+  std::vector<Op> ordered;
+  for (Op op : AllOps()) {
+    if (std::find(ops.begin(), ops.end(), op) != ops.end()) ordered.push_back(op);
+  }
+  return ordered;
+}
+
+double BusFactor(Op op, int nprocs) {
+  if (nprocs <= 1) return 1.0;
+  const double n = nprocs;
+  switch (op) {
+    case Op::kAllreduce:
+      return 2.0 * (n - 1) / n;
+    case Op::kBroadcast:
+      return 1.0;
+    case Op::kAllgather:
+    case Op::kReduceScatter:
+    case Op::kAlltoall:
+      return (n - 1) / n;
+  }
+  return 1.0;
+}
+
+OpShape ShapeFor(Op op, size_t bytes, int world_size) {
+  const size_t elements = bytes / sizeof(float);
+  const size_t n = static_cast<size_t>(std::max(world_size, 1));
+  OpShape shape;
+  switch (op) {
+    case Op::kAllreduce:
+    case Op::kBroadcast:
+      shape.count = shape.send_count = shape.recv_count = std::max<size_t>(elements, 1);
+      shape.bytes = shape.count * sizeof(float);
+      return shape;
+    case Op::kAllgather:
+      shape.count = std::max<size_t>(elements / n, 1);
+      shape.send_count = shape.count;
+      shape.recv_count = shape.count * n;
+      break;
+    case Op::kReduceScatter:
+      shape.count = std::max<size_t>(elements / n, 1);
+      shape.send_count = shape.count * n;
+      shape.recv_count = shape.count;
+      break;
+    case Op::kAlltoall:
+      shape.count = std::max<size_t>(elements / n, 1);
+      shape.send_count = shape.recv_count = shape.count * n;
+      break;
+  }
+  shape.bytes = shape.count * n * sizeof(float);
+  return shape;
+}
+
+void OpBuffers::Prepare(Op op, size_t bytes, int rank, int world_size) {
+  op_ = op;
+  shape_ = ShapeFor(op, bytes, world_size);
+  rank_ = rank;
+  world_size_ = world_size;
+  send_.assign(shape_.send_count, 0.0f);
+  recv_.assign(shape_.recv_count, 0.0f);
+  Refill();
+}
+
+void OpBuffers::Refill() {
+  FillInput(send_.data(), send_.size(), rank_);
+  if (op_ == Op::kBroadcast && rank_ == 0) {
+    FillInput(recv_.data(), recv_.size(), rank_);
+  } else {
+    std::fill(recv_.begin(), recv_.end(), -1.0f);
+  }
+}
+
+size_t OpBuffers::CountWrong() const {
+  const size_t c = shape_.count;
+  size_t wrong = 0;
+  switch (op_) {
+    case Op::kAllreduce:
+      return plexus::bench::CountWrong(recv_.data(), recv_.size(), world_size_);
+    case Op::kBroadcast:
+      for (size_t i = 0; i < recv_.size(); ++i) wrong += recv_[i] != InputValue(0, i);
+      return wrong;
+    case Op::kAllgather:
+      for (size_t i = 0; i < recv_.size(); ++i) {
+        wrong += recv_[i] != InputValue(static_cast<int>(i / c), i % c);
+      }
+      return wrong;
+    case Op::kReduceScatter:
+      for (size_t i = 0; i < c; ++i) {
+        wrong += recv_[i] != ExpectedSum(world_size_, static_cast<size_t>(rank_) * c + i);
+      }
+      return wrong;
+    case Op::kAlltoall:
+      // Block r came from rank r's block for this rank.
+      for (size_t i = 0; i < recv_.size(); ++i) {
+        wrong +=
+            recv_[i] != InputValue(static_cast<int>(i / c), static_cast<size_t>(rank_) * c + i % c);
+      }
+      return wrong;
+  }
+  return recv_.size();
+}
+
+size_t CollectiveUnderTest::RunAndCheck(OpBuffers& buffers) {
+  buffers.Refill();
+  Run();
+  return buffers.CountWrong();
+}
+
 WorkerOptions ParseWorkerOptions(int argc, char** argv, const char* program) {
   WorkerOptions o;
   std::string sizes = "8,1K..64M";
   tooling::Tool tool(program, "One rank of plexus-bench-collectives (started by the driver).");
   CLI::App& app = tool.app();
   app.add_option("--sizes", sizes, "bytes: 8,1K..64M; A..B doubles, A..BxF multiplies by F")
+      ->capture_default_str();
+  std::string ops = "allreduce";
+  app.add_option("--ops", ops, "allreduce, broadcast, allgather, reduce_scatter, alltoall, all")
       ->capture_default_str();
   tooling::AddNumber(&app, "--iters", &o.iters, "timed calls per size (0: ~256 MiB per size)", 1,
                      1000000);
@@ -175,39 +326,47 @@ WorkerOptions ParseWorkerOptions(int argc, char** argv, const char* program) {
   auto parsed = ParseSizes(sizes, sizeof(float), &error);
   if (!parsed) std::exit(tool.Usage("--sizes: " + error));
   o.sizes = std::move(*parsed);
+  auto parsed_ops = ParseOps(ops, &error);
+  if (!parsed_ops) std::exit(tool.Usage("--ops: " + error));
+  o.ops = std::move(*parsed_ops);
   return o;
 }
 
-void MeasureAllreduce(AllreduceUnderTest& impl, const WorkerOptions& options,
-                      const std::string& impl_name) {
+void MeasureOps(CollectiveUnderTest& impl, const WorkerOptions& options,
+                const std::function<std::string(Op)>& impl_name) {
   using Clock = std::chrono::steady_clock;
-  for (size_t bytes : options.sizes) {
-    const size_t count = bytes / sizeof(float);
-    const int iters = IterationsFor(bytes, options.iters);
-    const int warmup = WarmupFor(iters, options.warmup);
-    impl.Prepare(count);
-    for (int i = 0; i < warmup; ++i) impl.Run();
-    impl.Barrier();
-    const auto start = Clock::now();
-    for (int i = 0; i < iters; ++i) impl.Run();
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    const double time_us = impl.Max(seconds * 1e6 / iters);
-    const double wrong = impl.Sum(static_cast<double>(impl.RunAndCheck()));
-    if (impl.rank() != 0) continue;
-    nlohmann::json j;
-    j["impl"] = impl_name;
-    j["transport"] = options.transport;
-    j["nprocs"] = impl.world_size();
-    j["op"] = "allreduce";
-    j["bytes"] = bytes;
-    j["count"] = count;
-    j["dtype"] = "float";
-    j["redop"] = "sum";
-    j["iters"] = iters;
-    j["time_us"] = time_us;
-    j["wrong"] = static_cast<uint64_t>(wrong);
-    std::printf("%s\n", j.dump().c_str());
-    std::fflush(stdout);
+  OpBuffers buffers;
+  for (Op op : options.ops) {
+    if (!impl.Supports(op)) continue;
+    for (size_t requested : options.sizes) {
+      buffers.Prepare(op, requested, impl.rank(), impl.world_size());
+      const OpShape& shape = buffers.shape();
+      const int iters = IterationsFor(shape.bytes, options.iters);
+      const int warmup = WarmupFor(iters, options.warmup);
+      impl.Prepare(buffers);
+      for (int i = 0; i < warmup; ++i) impl.Run();
+      impl.Barrier();
+      const auto start = Clock::now();
+      for (int i = 0; i < iters; ++i) impl.Run();
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      const double time_us = impl.Max(seconds * 1e6 / iters);
+      const double wrong = impl.Sum(static_cast<double>(impl.RunAndCheck(buffers)));
+      if (impl.rank() != 0) continue;
+      nlohmann::json j;
+      j["impl"] = impl_name(op);
+      j["transport"] = options.transport;
+      j["nprocs"] = impl.world_size();
+      j["op"] = OpName(op);
+      j["bytes"] = shape.bytes;
+      j["count"] = shape.count;
+      j["dtype"] = "float";
+      j["redop"] = op == Op::kAllreduce || op == Op::kReduceScatter ? "sum" : "none";
+      j["iters"] = iters;
+      j["time_us"] = time_us;
+      j["wrong"] = static_cast<uint64_t>(wrong);
+      std::printf("%s\n", j.dump().c_str());
+      std::fflush(stdout);
+    }
   }
 }
 

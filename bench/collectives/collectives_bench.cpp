@@ -1,9 +1,10 @@
-// plexus-bench-collectives: allreduce (f32, sum, out of place) of plexus::collectives between
-// local processes, in the nccl-tests output format, optionally side by side with Gloo and
-// Open MPI measured in the same invocation.
+// plexus-bench-collectives: allreduce, broadcast, allgather, reduce-scatter and alltoall (f32,
+// sum) of plexus::collectives between local processes, in the nccl-tests output format,
+// optionally side by side with Gloo and Open MPI measured in the same invocation.
 //
 //   plexus-bench-collectives [--np 2[,4]] [--transport tcp[,shm]] [--compare] [--sizes 8,1K..64M]
-//       [--iters N] [--warmup N] [--runs R] [--json] [--algorithm auto|ring|hd|tree] ...
+//       [--ops allreduce|LIST|all] [--iters N] [--warmup N] [--runs R] [--json]
+//       [--algorithm auto|ring|hd|tree] ...
 //
 // The program launches its own ranks: it starts N copies of itself (with the PLEXUS_* variables
 // of plexus-run), the Gloo peer program N times the same way, and the Open MPI peer program
@@ -49,12 +50,15 @@ using Clock = std::chrono::steady_clock;
 constexpr char kProgram[] = "plexus-bench-collectives";
 
 constexpr char kDescription[] =
-    "Allreduce (float, sum, out of place) between local processes, nccl-tests style. The\n"
-    "program starts its ranks itself; every point is checked (#wrong: elements that differ\n"
-    "from the exact sum, over all ranks).";
+    "Collectives (float, sum; allreduce by default, --ops for broadcast, allgather,\n"
+    "reduce_scatter, alltoall) between local processes, nccl-tests style. The program starts\n"
+    "its ranks itself; every point is checked (#wrong: elements that differ from the exact\n"
+    "result, over all ranks).";
 
 constexpr char kFooter[] =
-    "time: slowest rank's mean time per call; algbw = bytes / time; busbw = algbw * 2(n-1)/n.\n"
+    "size: a rank's whole buffer (allgather: output; reduce_scatter, alltoall: input).\n"
+    "time: slowest rank's mean time per call; algbw = size / time; busbw = algbw * factor:\n"
+    "allreduce 2(n-1)/n, broadcast 1, allgather, reduce_scatter, alltoall (n-1)/n.\n"
     "Exit status: 0 when every launch succeeded and #wrong is 0 everywhere, 1 when one failed,\n"
     "2 for usage errors.";
 
@@ -66,30 +70,41 @@ constexpr char kFooter[] =
   std::exit(1);
 }
 
-class PlexusAllreduce : public pb::AllreduceUnderTest {
+class PlexusCollectives : public pb::CollectiveUnderTest {
  public:
-  PlexusAllreduce(std::unique_ptr<pc::Communicator> comm, pc::Algorithm algorithm)
+  PlexusCollectives(std::unique_ptr<pc::Communicator> comm, pc::Algorithm algorithm)
       : comm_(std::move(comm)) {
     call_.algorithm = algorithm;
   }
   int rank() const override { return comm_->rank(); }
   int world_size() const override { return comm_->size(); }
+  bool Supports(pb::Op) const override { return true; }
 
-  void Prepare(size_t count) override {
-    input_.assign(count, 0.0f);
-    output_.assign(count, 0.0f);
-    pb::FillInput(input_.data(), count, rank());
-  }
+  void Prepare(pb::OpBuffers& buffers) override { buffers_ = &buffers; }
   void Run() override {
-    const absl::Status s = comm_->AllReduce(input_.data(), output_.data(), input_.size(),
-                                            pc::DataType::kF32, pc::ReduceOp::kSum, call_);
-    if (!s.ok()) WorkerDie(fmt::format("AllReduce of {} floats", input_.size()), s);
-  }
-  size_t RunAndCheck() override {
-    pb::FillInput(input_.data(), input_.size(), rank());
-    std::fill(output_.begin(), output_.end(), -1.0f);
-    Run();
-    return pb::CountWrong(output_.data(), output_.size(), world_size());
+    float* send = buffers_->send();
+    float* recv = buffers_->recv();
+    const size_t count = buffers_->shape().count;
+    constexpr pc::DataType kF32 = pc::DataType::kF32;
+    absl::Status s;
+    switch (buffers_->op()) {
+      case pb::Op::kAllreduce:
+        s = comm_->AllReduce(send, recv, count, kF32, pc::ReduceOp::kSum, call_);
+        break;
+      case pb::Op::kBroadcast:  // in place, as MPI_Bcast
+        s = comm_->Broadcast(recv, recv, count, kF32, /*root=*/0, call_);
+        break;
+      case pb::Op::kAllgather:
+        s = comm_->AllGather(send, recv, count, kF32, call_);
+        break;
+      case pb::Op::kReduceScatter:
+        s = comm_->ReduceScatter(send, recv, count, kF32, pc::ReduceOp::kSum, call_);
+        break;
+      case pb::Op::kAlltoall:
+        s = comm_->AllToAll(send, recv, count, kF32, call_);
+        break;
+    }
+    if (!s.ok()) WorkerDie(fmt::format("{} of {} floats", pb::OpName(buffers_->op()), count), s);
   }
   void Barrier() override {
     const absl::Status s = comm_->Barrier();
@@ -108,8 +123,7 @@ class PlexusAllreduce : public pb::AllreduceUnderTest {
 
   std::unique_ptr<pc::Communicator> comm_;
   pc::CallOptions call_;
-  std::vector<float> input_;
-  std::vector<float> output_;
+  pb::OpBuffers* buffers_ = nullptr;
 };
 
 int WorkerMain(int argc, char** argv) {
@@ -133,8 +147,8 @@ int WorkerMain(int argc, char** argv) {
   comm_options.trace.enabled = options.trace;
   auto comm = pc::Communicator::Create(*rendezvous, comm_options);
   if (!comm.ok()) WorkerDie("Communicator::Create", comm.status());
-  PlexusAllreduce impl(std::move(*comm), *algorithm);
-  pb::MeasureAllreduce(impl, options, "plexus");
+  PlexusCollectives impl(std::move(*comm), *algorithm);
+  pb::MeasureOps(impl, options, [](pb::Op) { return std::string("plexus"); });
   return 0;
 }
 
@@ -144,8 +158,11 @@ struct Options {
   std::vector<int> nprocs;
   std::vector<std::string> transports = {"tcp"};
   bool compare = false;
+  // "gloo" (Gloo's broadcast, allgather and alltoall) only when asked: over Gloo 0.x's tcp
+  // transport they ran at 1-15 MB/s on this project's VM (milliseconds per message).
   std::vector<std::string> peers = {"gloo_ring", "gloo_ring_chunked", "gloo_halving_doubling",
                                     "openmpi"};
+  std::vector<pb::Op> ops = {pb::Op::kAllreduce};
   std::string sizes = "8,1K..64M";
   std::vector<size_t> size_list;
   int iters = 0;
@@ -227,8 +244,17 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& o) {
                "for shm); Plexus lines get vs_best_peer");
   bool peers_given = false;
   AddListOption(app, "--peers", &o.peers,
-                {"gloo_ring", "gloo_ring_chunked", "gloo_halving_doubling", "openmpi"},
-                "restrict the peers of --compare (default all)", &peers_given);
+                {"gloo_ring", "gloo_ring_chunked", "gloo_halving_doubling", "gloo", "openmpi"},
+                "the peers of --compare (default all but gloo: Gloo's broadcast, allgather and "
+                "alltoall, slow over Gloo's tcp transport)",
+                &peers_given);
+  std::string ops = "allreduce";
+  app.add_option(
+         "--ops", ops,
+         "operations: allreduce, broadcast, allgather, reduce_scatter, alltoall (a "
+         "comma-separated list) or all; peers: Open MPI all, Gloo allreduce (and with --peers "
+         "gloo broadcast, allgather, alltoall)")
+      ->capture_default_str();
   app.add_option("--sizes", o.sizes, "bytes: A..B doubles, A..BxF multiplies by F")
       ->capture_default_str();
   pt_tooling::AddNumber(&app, "--iters", &o.iters,
@@ -277,6 +303,9 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& o) {
   auto sizes = pb::ParseSizes(o.sizes, sizeof(float), &error);
   if (!sizes) return tool.Usage("--sizes: " + error);
   o.size_list = std::move(*sizes);
+  auto parsed_ops = pb::ParseOps(ops, &error);
+  if (!parsed_ops) return tool.Usage("--ops: " + error);
+  o.ops = std::move(*parsed_ops);
   return std::nullopt;
 }
 
@@ -287,7 +316,8 @@ struct Job {
   std::string impl;       // "plexus", "gloo_ring", ..., "openmpi"
   std::string transport;  // "tcp" or "shm"
   int nprocs = 0;
-  bool plexus = false;  // a Plexus line (gets vs_best_peer)
+  bool plexus = false;      // a Plexus line (gets vs_best_peer)
+  std::vector<pb::Op> ops;  // what it measures (each reports one point per op and size)
   // The program to start and how: `processes` copies with PLEXUS_* variables (plexus, gloo), or
   // one mpirun.
   std::vector<std::string> argv;
@@ -311,8 +341,11 @@ std::string SelfPath() {
   return std::string(path, static_cast<size_t>(n));
 }
 
-std::vector<std::string> WorkerArgs(const Options& o, const std::string& transport) {
-  std::vector<std::string> args = {"--sizes", o.sizes, "--transport", transport};
+std::vector<std::string> WorkerArgs(const Options& o, const std::string& transport,
+                                    const std::vector<pb::Op>& ops) {
+  std::string op_list;
+  for (pb::Op op : ops) op_list += fmt::format("{}{}", op_list.empty() ? "" : ",", pb::OpName(op));
+  std::vector<std::string> args = {"--sizes", o.sizes, "--transport", transport, "--ops", op_list};
   if (o.iters > 0) args.insert(args.end(), {"--iters", std::to_string(o.iters)});
   if (o.warmup >= 0) args.insert(args.end(), {"--warmup", std::to_string(o.warmup)});
   return args;
@@ -328,8 +361,8 @@ std::vector<Job> PlanJobs(const Options& o) {
   std::vector<Job> jobs;
   for (int n : o.nprocs) {
     for (const std::string& transport : o.transports) {
-      Job plexus{"plexus", transport, n, true, {SelfPath(), "--worker"}, n, ""};
-      for (const std::string& a : WorkerArgs(o, transport)) plexus.argv.push_back(a);
+      Job plexus{"plexus", transport, n, true, o.ops, {SelfPath(), "--worker"}, n, ""};
+      for (const std::string& a : WorkerArgs(o, transport, o.ops)) plexus.argv.push_back(a);
       plexus.argv.insert(plexus.argv.end(), {"--algorithm", o.algorithm});
       if (o.channels > 0)
         plexus.argv.insert(plexus.argv.end(), {"--channels", std::to_string(o.channels)});
@@ -350,11 +383,22 @@ std::vector<Job> PlanJobs(const Options& o) {
       }
       if (!o.compare) continue;
       if (transport == "tcp") {
-        for (const char* algorithm : {"ring", "ring_chunked", "halving_doubling"}) {
-          const std::string impl = std::string("gloo_") + algorithm;
-          if (!peer_wanted(impl)) continue;
-          Job job{impl, "tcp", n, false, {gloo, "--algorithm", algorithm}, n, ""};
-          for (const std::string& a : WorkerArgs(o, "tcp")) job.argv.push_back(a);
+        // One launch per Gloo allreduce algorithm, and one ("gloo") for its other operations.
+        const bool allreduce =
+            std::find(o.ops.begin(), o.ops.end(), pb::Op::kAllreduce) != o.ops.end();
+        std::vector<pb::Op> other_ops;
+        for (pb::Op op : o.ops) {
+          if (op != pb::Op::kAllreduce && op != pb::Op::kReduceScatter) other_ops.push_back(op);
+        }
+        for (const char* algorithm : {"ring", "ring_chunked", "halving_doubling", ""}) {
+          const std::string impl =
+              *algorithm != 0 ? std::string("gloo_") + algorithm : std::string("gloo");
+          const std::vector<pb::Op> ops =
+              *algorithm != 0 ? std::vector<pb::Op>{pb::Op::kAllreduce} : other_ops;
+          if (!peer_wanted(impl) || (*algorithm != 0 && !allreduce) || ops.empty()) continue;
+          Job job{impl, "tcp", n, false, ops, {gloo}, n, ""};
+          if (*algorithm != 0) job.argv.insert(job.argv.end(), {"--algorithm", algorithm});
+          for (const std::string& a : WorkerArgs(o, "tcp", ops)) job.argv.push_back(a);
           if (std::string(PLEXUS_BENCH_GLOO_MISSING).empty()) {
             if (access(gloo.c_str(), X_OK) != 0) job.unavailable = gloo + " is missing";
           } else {
@@ -366,7 +410,7 @@ std::vector<Job> PlanJobs(const Options& o) {
       if (peer_wanted("openmpi")) {
         // ob1 so that the btl choice holds (a UCX pml would bypass it); tcp over loopback
         // like the others.
-        Job job{"openmpi", transport, n, false, {}, 1, "", true};
+        Job job{"openmpi", transport, n, false, o.ops, {}, 1, "", true};
         job.argv = {PLEXUS_BENCH_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "-np",
                     std::to_string(n)};
         // Binding as the others: none, or rank r on CPU r (overloading CPUs at 4 processes).
@@ -382,7 +426,7 @@ std::vector<Job> PlanJobs(const Options& o) {
         }
         for (const std::string& a : o.mpirun_args) job.argv.push_back(a);
         job.argv.push_back(mpi);
-        for (const std::string& a : WorkerArgs(o, transport)) job.argv.push_back(a);
+        for (const std::string& a : WorkerArgs(o, transport, o.ops)) job.argv.push_back(a);
         if (std::string(PLEXUS_BENCH_MPI_MISSING).empty()) {
           if (access(mpi.c_str(), X_OK) != 0) job.unavailable = mpi + " is missing";
           if (access(PLEXUS_BENCH_MPIEXEC, X_OK) != 0) {
@@ -459,16 +503,14 @@ struct Point {
   int iters = 0;
   size_t count = 0;
 };
-// (impl, transport, nprocs) -> bytes -> samples.
-using Key = std::tuple<std::string, std::string, int>;
+// (impl, op, transport, nprocs) -> bytes -> samples.
+using Key = std::tuple<std::string, std::string, std::string, int>;
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
-
-double BusFactor(int nprocs) { return nprocs > 1 ? 2.0 * (nprocs - 1) / nprocs : 1.0; }
 
 struct Row {
   size_t bytes = 0;
@@ -481,13 +523,13 @@ struct Row {
   int samples = 0;
 };
 
-Row MakeRow(size_t bytes, const Point& p, int nprocs) {
+Row MakeRow(pb::Op op, size_t bytes, const Point& p, int nprocs) {
   Row r;
   r.bytes = bytes;
   r.count = p.count;
   r.time_us = Median(p.times_us);
   r.algbw = r.time_us > 0 ? static_cast<double>(bytes) / (r.time_us * 1e-6) / 1e9 : 0;
-  r.busbw = r.algbw * BusFactor(nprocs);
+  r.busbw = r.algbw * pb::BusFactor(op, nprocs);
   r.wrong = p.wrong;
   r.iters = p.iters;
   r.samples = static_cast<int>(p.times_us.size());
@@ -499,6 +541,10 @@ std::string LoadAverage() {
   std::string a, b, c;
   in >> a >> b >> c;
   return in ? fmt::format("{} {} {}", a, b, c) : std::string("unknown");
+}
+
+bool Measures(const Job& job, pb::Op op) {
+  return std::find(job.ops.begin(), job.ops.end(), op) != job.ops.end();
 }
 
 }  // namespace
@@ -515,7 +561,8 @@ int main(int argc, char** argv) {
 
   std::vector<Job> jobs = PlanJobs(o);
   std::map<Key, std::map<size_t, Point>> samples;
-  std::map<Key, std::string> failures;
+  // (impl, transport, nprocs) -> why its last launch failed.
+  std::map<std::tuple<std::string, std::string, int>, std::string> failures;
   bool all_ok = true;
   for (const Job& job : jobs) {
     if (!job.unavailable.empty()) {
@@ -528,24 +575,24 @@ int main(int argc, char** argv) {
   for (int run = 0; run < o.runs; ++run) {
     for (const Job& job : jobs) {
       if (!job.unavailable.empty()) continue;
-      const Key key{job.impl, job.transport, job.nprocs};
       const auto start = Clock::now();
       std::fprintf(stderr, "# run %d/%d: %s over %s, %d processes ...", run + 1, o.runs,
                    job.impl.c_str(), job.transport.c_str(), job.nprocs);
       std::fflush(stderr);
       LaunchResult r = Launch(job, o.timeout_s, o.bind_core);
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      if (!r.ok || r.points.size() != o.size_list.size()) {
+      const size_t expected = job.ops.size() * o.size_list.size();
+      if (!r.ok || r.points.size() != expected) {
         const std::string why =
-            r.ok ? fmt::format("reported {} of {} sizes", r.points.size(), o.size_list.size())
-                 : r.error;
+            r.ok ? fmt::format("reported {} of {} points", r.points.size(), expected) : r.error;
         std::fprintf(stderr, " failed after %.1f s: %s\n", seconds, why.c_str());
-        failures[key] = why;
+        failures[{job.impl, job.transport, job.nprocs}] = why;
         all_ok = false;
       } else {
         std::fprintf(stderr, " %.1f s\n", seconds);
       }
       for (const nlohmann::json& j : r.points) {
+        const Key key{job.impl, j.value("op", std::string("allreduce")), job.transport, job.nprocs};
         Point& p = samples[key][j.value("bytes", size_t{0})];
         p.times_us.push_back(j.value("time_us", 0.0));
         p.wrong += j.value("wrong", uint64_t{0});
@@ -555,17 +602,17 @@ int main(int argc, char** argv) {
     }
   }
 
-  // The best peer for a Plexus line: the highest busbw among peers of the same transport and
-  // process count at the same size (for shm that is Open MPI over vader only).
-  auto best_peer = [&](const std::string& transport, int nprocs,
+  // The best peer for a Plexus line: the highest busbw among peers of the same operation,
+  // transport and process count at the same size (for shm that is Open MPI over vader only).
+  auto best_peer = [&](pb::Op op, const std::string& transport, int nprocs,
                        size_t bytes) -> std::optional<std::pair<std::string, Row>> {
     std::optional<std::pair<std::string, Row>> best;
     for (const auto& [key, points] : samples) {
-      const auto& [impl, t, n] = key;
-      if (impl.rfind("plexus", 0) == 0 || t != transport || n != nprocs) continue;
+      const auto& [impl, op_name, t, n] = key;
+      if (impl.rfind("plexus", 0) == 0 || op_name != pb::OpName(op) || t != transport || n != nprocs) continue;
       const auto it = points.find(bytes);
       if (it == points.end()) continue;
-      const Row row = MakeRow(bytes, it->second, nprocs);
+      const Row row = MakeRow(op, bytes, it->second, nprocs);
       if (!best || row.busbw > best->second.busbw) best = {{impl, row}};
     }
     return best;
@@ -573,8 +620,13 @@ int main(int argc, char** argv) {
 
   const bool oversubscribed = max_np > cpus;
   if (!o.json) {
+    std::string op_names;
+    for (pb::Op op : o.ops)
+      op_names += fmt::format("{}{}", op_names.empty() ? "" : ", ", pb::OpName(op));
     std::printf(
-        "# plexus-bench-collectives: allreduce, float, sum, out of place (Gloo: in place)\n");
+        "# plexus-bench-collectives: %s; float, sum, out of place (Gloo allreduce and "
+        "every broadcast: in place)\n",
+        op_names.c_str());
     std::printf("# %ld CPUs, load average at start %s; %s of %d launch(es) per configuration\n",
                 cpus, load_at_start.c_str(), o.runs > 1 ? "medians" : "figures", o.runs);
     std::printf("# binding: %s\n", o.bind_core ? "rank r on CPU r mod #CPUs (--bind core)"
@@ -584,107 +636,118 @@ int main(int argc, char** argv) {
                   cpus);
     }
   }
-  for (const Job& job : jobs) {
-    const Key key{job.impl, job.transport, job.nprocs};
-    const auto it = samples.find(key);
-    if (!o.json) {
-      std::printf("#\n# %s over %s, %d processes%s\n", job.impl.c_str(), job.transport.c_str(),
-                  job.nprocs, job.nprocs > cpus ? " (oversubscribed)" : "");
-      if (!job.unavailable.empty()) {
-        std::printf("# peer unavailable: %s\n", job.unavailable.c_str());
-        continue;
+  for (pb::Op op : o.ops) {
+    const std::string op_name(pb::OpName(op));
+    if (!o.json) std::printf("#\n# ==== %s ====\n", op_name.c_str());
+    for (const Job& job : jobs) {
+      if (!Measures(job, op)) continue;
+      const Key key{job.impl, op_name, job.transport, job.nprocs};
+      const auto it = samples.find(key);
+      if (!o.json) {
+        std::printf("#\n# %s %s over %s, %d processes%s\n", job.impl.c_str(), op_name.c_str(),
+                    job.transport.c_str(), job.nprocs,
+                    job.nprocs > cpus ? " (oversubscribed)" : "");
+        if (!job.unavailable.empty()) {
+          std::printf("# peer unavailable: %s\n", job.unavailable.c_str());
+          continue;
+        }
+        if (job.under_mpirun) {
+          std::string command;
+          for (const std::string& a : job.argv) command += (command.empty() ? "" : " ") + a;
+          std::printf("# %s\n", command.c_str());
+        }
+        const auto failed = failures.find({job.impl, job.transport, job.nprocs});
+        if (failed != failures.end()) std::printf("# FAILED: %s\n", failed->second.c_str());
+        if (it == samples.end()) continue;
+        std::printf("# %10s %12s %8s %6s %11s %12s %12s %7s%s\n", "size", "count", "type", "redop",
+                    "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong",
+                    job.plexus && o.compare ? "  vs_best_peer" : "");
       }
-      if (job.under_mpirun) {
-        std::string command;
-        for (const std::string& a : job.argv) command += (command.empty() ? "" : " ") + a;
-        std::printf("# %s\n", command.c_str());
-      }
-      if (failures.count(key)) std::printf("# FAILED: %s\n", failures[key].c_str());
       if (it == samples.end()) continue;
-      std::printf("# %10s %12s %8s %6s %11s %12s %12s %7s%s\n", "size", "count", "type", "redop",
-                  "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong",
-                  job.plexus && o.compare ? "  vs_best_peer" : "");
-    }
-    if (it == samples.end()) continue;
-    for (const auto& [bytes, point] : it->second) {
-      const Row row = MakeRow(bytes, point, job.nprocs);
-      if (row.wrong != 0) all_ok = false;
-      std::optional<std::pair<std::string, Row>> best;
-      if (job.plexus && o.compare) best = best_peer(job.transport, job.nprocs, bytes);
-      // NaN when there is no peer figure to compare with.
-      const double ratio =
-          best && best->second.busbw > 0 ? row.busbw / best->second.busbw : std::nan("");
-      if (o.json) {
-        nlohmann::json j;
-        j["impl"] = job.impl;
-        j["transport"] = job.transport;
-        j["nprocs"] = job.nprocs;
-        j["op"] = "allreduce";
-        j["bytes"] = row.bytes;
-        j["count"] = row.count;
-        j["dtype"] = "float";
-        j["redop"] = "sum";
-        j["time_us"] = row.time_us;
-        // The spread over runs, to tell a real gap from a noisy machine.
-        j["time_us_min"] = *std::min_element(point.times_us.begin(), point.times_us.end());
-        j["time_us_max"] = *std::max_element(point.times_us.begin(), point.times_us.end());
-        j["algbw"] = row.algbw;
-        j["busbw"] = row.busbw;
-        j["wrong"] = row.wrong;
-        j["iters"] = row.iters;
-        j["runs"] = row.samples;
-        j["oversubscribed"] = job.nprocs > cpus;
-        j["bind"] = o.bind_core ? "core" : "none";
-        if (job.impl == "plexus_traced") {
-          // Tracing's cost: this line's median time over the untraced line's (same runs).
-          j["algorithm"] = o.algorithm;
-          j["trace"] = true;
-          std::optional<double> vs_untraced;
-          if (const auto u = samples.find(Key{"plexus", job.transport, job.nprocs});
-              u != samples.end()) {
-            if (const auto at = u->second.find(bytes); at != u->second.end()) {
-              vs_untraced = row.time_us / MakeRow(bytes, at->second, job.nprocs).time_us;
+      const char* redop = op == pb::Op::kAllreduce || op == pb::Op::kReduceScatter ? "sum" : "none";
+      for (const auto& [bytes, point] : it->second) {
+        const Row row = MakeRow(op, bytes, point, job.nprocs);
+        if (row.wrong != 0) all_ok = false;
+        std::optional<std::pair<std::string, Row>> best;
+        if (job.plexus && o.compare) best = best_peer(op, job.transport, job.nprocs, bytes);
+        // NaN when there is no peer figure to compare with.
+        const double ratio =
+            best && best->second.busbw > 0 ? row.busbw / best->second.busbw : std::nan("");
+        if (o.json) {
+          nlohmann::json j;
+          j["impl"] = job.impl;
+          j["transport"] = job.transport;
+          j["nprocs"] = job.nprocs;
+          j["op"] = op_name;
+          j["bytes"] = row.bytes;
+          j["count"] = row.count;
+          j["dtype"] = "float";
+          j["redop"] = redop;
+          j["time_us"] = row.time_us;
+          // The spread over runs, to tell a real gap from a noisy machine.
+          j["time_us_min"] = *std::min_element(point.times_us.begin(), point.times_us.end());
+          j["time_us_max"] = *std::max_element(point.times_us.begin(), point.times_us.end());
+          j["algbw"] = row.algbw;
+          j["busbw"] = row.busbw;
+          j["wrong"] = row.wrong;
+          j["iters"] = row.iters;
+          j["runs"] = row.samples;
+          j["oversubscribed"] = job.nprocs > cpus;
+          j["bind"] = o.bind_core ? "core" : "none";
+          if (job.impl == "plexus_traced") {
+            // Tracing's cost: this line's median time over the untraced line's (same runs).
+            j["algorithm"] = o.algorithm;
+            j["trace"] = true;
+            std::optional<double> vs_untraced;
+            if (const auto u = samples.find(Key{"plexus", op_name, job.transport, job.nprocs});
+                u != samples.end()) {
+              if (const auto at = u->second.find(bytes); at != u->second.end()) {
+                vs_untraced = row.time_us / MakeRow(op, bytes, at->second, job.nprocs).time_us;
+              }
             }
+            j["vs_untraced"] = vs_untraced ? nlohmann::json(*vs_untraced) : nlohmann::json(nullptr);
           }
-          j["vs_untraced"] = vs_untraced ? nlohmann::json(*vs_untraced) : nlohmann::json(nullptr);
+          if (job.plexus) {
+            j["algorithm"] = o.algorithm;
+            j["vs_best_peer"] = std::isnan(ratio) ? nlohmann::json(nullptr) : nlohmann::json(ratio);
+            j["best_peer"] = best ? nlohmann::json(best->first) : nlohmann::json(nullptr);
+          }
+          // A plexus::tooling figure line (bench, figure, value, unit) with the fields above.
+          const pt_tooling::Figure figure{op_name + " busbw", row.busbw, "GB/s", nullptr,
+                                          std::nullopt,       j};
+          std::printf("%s\n", pt_tooling::FigureJson("collectives", figure).dump().c_str());
+        } else {
+          std::string vs;
+          if (job.plexus && o.compare) {
+            vs = std::isnan(ratio) ? "  n/a" : fmt::format("  {:6.2f}x {}", ratio, best->first);
+          }
+          std::printf("  %10zu %12zu %8s %6s %11.2f %12.3f %12.3f %7llu%s\n", row.bytes, row.count,
+                      "float", redop, row.time_us, row.algbw, row.busbw,
+                      static_cast<unsigned long long>(row.wrong), vs.c_str());
         }
-        if (job.plexus) {
-          j["algorithm"] = o.algorithm;
-          j["vs_best_peer"] = std::isnan(ratio) ? nlohmann::json(nullptr) : nlohmann::json(ratio);
-          j["best_peer"] = best ? nlohmann::json(best->first) : nlohmann::json(nullptr);
-        }
-        // A plexus::tooling figure line (bench, figure, value, unit) with the fields above.
-        const pt_tooling::Figure figure{"allreduce busbw", row.busbw,    "GB/s",
-                                        nullptr,           std::nullopt, j};
-        std::printf("%s\n", pt_tooling::FigureJson("collectives", figure).dump().c_str());
-      } else {
-        std::string vs;
-        if (job.plexus && o.compare) {
-          vs = std::isnan(ratio) ? "  n/a" : fmt::format("  {:6.2f}x {}", ratio, best->first);
-        }
-        std::printf("  %10zu %12zu %8s %6s %11.2f %12.3f %12.3f %7llu%s\n", row.bytes, row.count,
-                    "float", "sum", row.time_us, row.algbw, row.busbw,
-                    static_cast<unsigned long long>(row.wrong), vs.c_str());
       }
     }
   }
   if (!o.json && o.compare) {
-    // One line per transport and process count: the ratio column of the tables above.
+    // One line per operation, transport and process count: the ratio column of the tables.
     std::printf(
         "#\n# summary: plexus busbw / best peer's busbw (>= 1.00: Plexus is at least as "
         "fast)\n");
-    for (const auto& [key, points] : samples) {
-      const auto& [impl, transport, nprocs] = key;
-      if (impl != "plexus") continue;
-      std::string line = fmt::format("#   {} {} processes:", transport, nprocs);
-      for (const auto& [bytes, point] : points) {
-        const Row row = MakeRow(bytes, point, nprocs);
-        const auto best = best_peer(transport, nprocs, bytes);
-        line += best && best->second.busbw > 0 ? fmt::format("  {} {:.2f}x", pb::FormatBytes(bytes),
-                                                             row.busbw / best->second.busbw)
-                                               : fmt::format("  {} n/a", pb::FormatBytes(bytes));
+    for (pb::Op op : o.ops) {
+      for (const auto& [key, points] : samples) {
+        const auto& [impl, op_name, transport, nprocs] = key;
+        if (impl != "plexus" || op_name != pb::OpName(op)) continue;
+        std::string line = fmt::format("#   {} {} {} processes:", op_name, transport, nprocs);
+        for (const auto& [bytes, point] : points) {
+          const Row row = MakeRow(op, bytes, point, nprocs);
+          const auto best = best_peer(op, transport, nprocs, bytes);
+          line += best && best->second.busbw > 0
+                      ? fmt::format("  {} {:.2f}x", pb::FormatBytes(bytes),
+                                    row.busbw / best->second.busbw)
+                      : fmt::format("  {} n/a", pb::FormatBytes(bytes));
+        }
+        std::printf("%s\n", line.c_str());
       }
-      std::printf("%s\n", line.c_str());
     }
   }
   if (!o.json) {

@@ -1,10 +1,12 @@
-// plexus-bench-collectives-gloo: one rank of the Gloo allreduce peer of plexus-bench-collectives
-// (started by it; not meant to be run by hand). Gloo's tcp transport on 127.0.0.1; the ranks
+// plexus-bench-collectives-gloo: one rank of the Gloo peer of plexus-bench-collectives (started
+// by it; not meant to be run by hand): allreduce (ring, ring_chunked or halving_doubling),
+// broadcast, allgather and alltoall. Gloo's tcp transport on 127.0.0.1; the ranks
 // meet through Plexus's rendezvous (PLEXUS_RANK, PLEXUS_WORLD_SIZE, PLEXUS_STORE_ADDR), which
 // Gloo sees as a gloo::rendezvous::Store.
 //
-//   plexus-bench-collectives-gloo --algorithm ring|ring_chunked|halving_doubling
+//   plexus-bench-collectives-gloo [--algorithm ring|ring_chunked|halving_doubling] [--ops LIST]
 //       [--sizes LIST] [--iters N] [--warmup N]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -13,10 +15,13 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "gloo/allgather.h"
 #include "gloo/allreduce_halving_doubling.h"
 #include "gloo/allreduce_ring.h"
 #include "gloo/allreduce_ring_chunked.h"
+#include "gloo/alltoall.h"
 #include "gloo/barrier_all_to_all.h"
+#include "gloo/broadcast.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/rendezvous/store.h"
@@ -61,35 +66,95 @@ class PlexusStoreForGloo : public gloo::rendezvous::Store {
   std::shared_ptr<pt::Store> store_;
 };
 
-class GlooAllreduce : public pb::AllreduceUnderTest {
+class GlooCollectives : public pb::CollectiveUnderTest {
  public:
-  GlooAllreduce(std::shared_ptr<gloo::Context> context, std::string algorithm)
+  GlooCollectives(std::shared_ptr<gloo::Context> context, std::string algorithm)
       : context_(std::move(context)), algorithm_(std::move(algorithm)) {}
 
   int rank() const override { return context_->rank; }
   int world_size() const override { return context_->size; }
+  // Gloo's reduce-scatter (halving-doubling, in place, ragged counts) is left out.
+  bool Supports(pb::Op op) const override { return op != pb::Op::kReduceScatter; }
 
-  void Prepare(size_t count) override {
-    buffer_.assign(count, 0.0f);
-    pb::FillInput(buffer_.data(), count, rank());
-    const std::vector<float*> ptrs = {buffer_.data()};
-    const int n = static_cast<int>(count);
-    if (algorithm_ == "ring") {
-      algorithm_impl_ = std::make_unique<gloo::AllreduceRing<float>>(context_, ptrs, n);
-    } else if (algorithm_ == "ring_chunked") {
-      algorithm_impl_ = std::make_unique<gloo::AllreduceRingChunked<float>>(context_, ptrs, n);
-    } else {
-      algorithm_impl_ = std::make_unique<gloo::AllreduceHalvingDoubling<float>>(context_, ptrs, n);
+  void Prepare(pb::OpBuffers& buffers) override {
+    buffers_ = &buffers;
+    op_ = buffers.op();
+    float* send = buffers.send();
+    float* recv = buffers.recv();
+    const pb::OpShape& shape = buffers.shape();
+    switch (op_) {
+      case pb::Op::kAllreduce: {
+        // In place on recv, which starts as a copy of the input.
+        std::copy(send, send + shape.count, recv);
+        const std::vector<float*> ptrs = {recv};
+        const int n = static_cast<int>(shape.count);
+        if (algorithm_ == "ring") {
+          allreduce_ = std::make_unique<gloo::AllreduceRing<float>>(context_, ptrs, n);
+        } else if (algorithm_ == "ring_chunked") {
+          allreduce_ = std::make_unique<gloo::AllreduceRingChunked<float>>(context_, ptrs, n);
+        } else {
+          allreduce_ = std::make_unique<gloo::AllreduceHalvingDoubling<float>>(context_, ptrs, n);
+        }
+        break;
+      }
+      case pb::Op::kBroadcast:
+      case pb::Op::kAllgather:
+      case pb::Op::kAlltoall:
+        break;  // options per call (Run)
+      case pb::Op::kReduceScatter:
+        Die("reduce_scatter is not measured for Gloo");
     }
   }
-  // Gloo reduces in place, so the timed calls multiply the values by the world size each time
-  // until they reach infinity; x86 adds infinities at full speed (only subnormals are slow), and
-  // RunAndCheck starts again from the pattern.
-  void Run() override { algorithm_impl_->run(); }
-  size_t RunAndCheck() override {
-    pb::FillInput(buffer_.data(), buffer_.size(), rank());
-    algorithm_impl_->run();
-    return pb::CountWrong(buffer_.data(), buffer_.size(), world_size());
+  // Gloo reduces in place, so the timed allreduce calls multiply the values by the world size
+  // each time until they reach infinity; x86 adds infinities at full speed (only subnormals are
+  // slow), and RunAndCheck starts again from the pattern.
+  // Broadcast, allgather and alltoall build their options per call with a fresh tag, as
+  // PyTorch's Gloo backend does. Over Gloo 0.x's tcp transport they take milliseconds per
+  // message here (1 MiB broadcast, 2 ranks: ~0.7 s), which is why the driver runs them only
+  // with --peers gloo.
+  void Run() override {
+    float* send = buffers_->send();
+    float* recv = buffers_->recv();
+    const pb::OpShape& shape = buffers_->shape();
+    switch (op_) {
+      case pb::Op::kAllreduce:
+        allreduce_->run();
+        break;
+      case pb::Op::kBroadcast: {
+        gloo::BroadcastOptions opts(context_);
+        opts.setTag(NextTag());
+        opts.setRoot(0);
+        opts.setOutput(recv, shape.recv_count);
+        gloo::broadcast(opts);
+        break;
+      }
+      case pb::Op::kAllgather: {
+        gloo::AllgatherOptions opts(context_);
+        opts.setTag(NextTag());
+        opts.setInput(send, shape.send_count);
+        opts.setOutput(recv, shape.recv_count);
+        gloo::allgather(opts);
+        break;
+      }
+      case pb::Op::kAlltoall: {
+        gloo::AlltoallOptions opts(context_);
+        opts.setTag(NextTag());
+        opts.setInput(send, shape.send_count);
+        opts.setOutput(recv, shape.recv_count);
+        gloo::alltoall(opts);
+        break;
+      }
+      case pb::Op::kReduceScatter:
+        break;
+    }
+  }
+  size_t RunAndCheck(pb::OpBuffers& buffers) override {
+    buffers.Refill();
+    if (op_ == pb::Op::kAllreduce) {
+      std::copy(buffers.send(), buffers.send() + buffers.shape().count, buffers.recv());
+    }
+    Run();
+    return buffers.CountWrong();
   }
   void Barrier() override { gloo::BarrierAllToAll(context_).run(); }
   double Max(double value) override { return Reduce(value, gloo::ReductionFunction<double>::max); }
@@ -104,15 +169,21 @@ class GlooAllreduce : public pb::AllreduceUnderTest {
 
   std::shared_ptr<gloo::Context> context_;
   std::string algorithm_;
-  std::vector<float> buffer_;
-  std::unique_ptr<gloo::Algorithm> algorithm_impl_;
+  pb::OpBuffers* buffers_ = nullptr;
+  pb::Op op_ = pb::Op::kAllreduce;
+  std::unique_ptr<gloo::Algorithm> allreduce_;
+  uint32_t tag_ = 0;
+
+  uint32_t NextTag() { return tag_++; }
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
   pb::WorkerOptions options = pb::ParseWorkerOptions(argc, argv, "plexus-bench-collectives-gloo");
-  if (options.algorithm != "ring" && options.algorithm != "ring_chunked" &&
+  const bool allreduce =
+      std::find(options.ops.begin(), options.ops.end(), pb::Op::kAllreduce) != options.ops.end();
+  if (allreduce && options.algorithm != "ring" && options.algorithm != "ring_chunked" &&
       options.algorithm != "halving_doubling") {
     Die("--algorithm must be ring, ring_chunked or halving_doubling, got '" + options.algorithm +
         "'");
@@ -130,8 +201,11 @@ int main(int argc, char** argv) {
         std::make_shared<gloo::rendezvous::Context>(rendezvous->rank(), rendezvous->world_size());
     context->setTimeout(kTimeout);
     context->connectFullMesh(prefixed, device);
-    GlooAllreduce impl(context, options.algorithm);
-    pb::MeasureAllreduce(impl, options, "gloo_" + options.algorithm);
+    GlooCollectives impl(context, options.algorithm);
+    // Allreduce under its algorithm's name; Gloo has one implementation of the others.
+    pb::MeasureOps(impl, options, [&](pb::Op op) {
+      return op == pb::Op::kAllreduce ? "gloo_" + options.algorithm : std::string("gloo");
+    });
   } catch (const std::exception& e) {
     Die(std::string("gloo: ") + e.what());
   }

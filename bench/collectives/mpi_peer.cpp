@@ -1,14 +1,13 @@
-// plexus-bench-collectives-mpi: one rank of the Open MPI allreduce peer of
-// plexus-bench-collectives, which starts it under mpirun (btl tcp,self or vader,self); not meant
-// to be run by hand. MPI_Allreduce, out of place, f32 sum.
+// plexus-bench-collectives-mpi: one rank of the Open MPI peer of plexus-bench-collectives, which
+// starts it under mpirun (btl tcp,self or vader,self); not meant to be run by hand. f32, sum:
+// MPI_Allreduce (out of place), MPI_Bcast (root 0), MPI_Allgather, MPI_Reduce_scatter_block and
+// MPI_Alltoall.
 //
 //   mpirun -np N --mca btl tcp,self plexus-bench-collectives-mpi --transport tcp [--sizes LIST]
-//       [--iters N] [--warmup N]
+//       [--ops LIST] [--iters N] [--warmup N]
 #include <mpi.h>
 
-#include <algorithm>
-#include <cstdio>
-#include <vector>
+#include <string>
 
 #include "bench_common.hpp"
 
@@ -16,29 +15,38 @@ namespace {
 
 namespace pb = plexus::bench;
 
-class MpiAllreduce : public pb::AllreduceUnderTest {
+class MpiCollectives : public pb::CollectiveUnderTest {
  public:
-  MpiAllreduce() {
+  MpiCollectives() {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
   }
   int rank() const override { return rank_; }
   int world_size() const override { return size_; }
+  bool Supports(pb::Op) const override { return true; }
 
-  void Prepare(size_t count) override {
-    input_.assign(count, 0.0f);
-    output_.assign(count, 0.0f);
-    pb::FillInput(input_.data(), count, rank_);
-  }
+  void Prepare(pb::OpBuffers& buffers) override { buffers_ = &buffers; }
   void Run() override {
-    MPI_Allreduce(input_.data(), output_.data(), static_cast<int>(input_.size()), MPI_FLOAT,
-                  MPI_SUM, MPI_COMM_WORLD);
-  }
-  size_t RunAndCheck() override {
-    pb::FillInput(input_.data(), input_.size(), rank_);
-    std::fill(output_.begin(), output_.end(), -1.0f);
-    Run();
-    return pb::CountWrong(output_.data(), output_.size(), size_);
+    float* send = buffers_->send();
+    float* recv = buffers_->recv();
+    const int count = static_cast<int>(buffers_->shape().count);
+    switch (buffers_->op()) {
+      case pb::Op::kAllreduce:
+        MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        break;
+      case pb::Op::kBroadcast:
+        MPI_Bcast(recv, count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        break;
+      case pb::Op::kAllgather:
+        MPI_Allgather(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, MPI_COMM_WORLD);
+        break;
+      case pb::Op::kReduceScatter:
+        MPI_Reduce_scatter_block(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        break;
+      case pb::Op::kAlltoall:
+        MPI_Alltoall(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, MPI_COMM_WORLD);
+        break;
+    }
   }
   void Barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
   double Max(double value) override { return Reduce(value, MPI_MAX); }
@@ -53,8 +61,7 @@ class MpiAllreduce : public pb::AllreduceUnderTest {
 
   int rank_ = 0;
   int size_ = 1;
-  std::vector<float> input_;
-  std::vector<float> output_;
+  pb::OpBuffers* buffers_ = nullptr;
 };
 
 }  // namespace
@@ -65,8 +72,8 @@ int main(int argc, char** argv) {
   const pb::WorkerOptions options =
       pb::ParseWorkerOptions(argc, argv, "plexus-bench-collectives-mpi");
   {
-    MpiAllreduce impl;
-    pb::MeasureAllreduce(impl, options, "openmpi");
+    MpiCollectives impl;
+    pb::MeasureOps(impl, options, [](pb::Op) { return std::string("openmpi"); });
   }
   MPI_Finalize();
   return 0;

@@ -1,14 +1,18 @@
 # Tests of plexus-bench-collectives: its size parsing and result checking (bench_common_test),
-# and a smoke run of two processes over shm and over tcp, sizes 8 and 64K, three timed calls,
-# where every reported point must have #wrong == 0.
+# and a smoke run of two processes over shm and over tcp, every operation (--ops all), sizes 8
+# and 64K, three timed calls, where every reported point must have #wrong == 0.
 #
 # Included from tests/collectives/CMakeLists.txt (include(bench.cmake)). The same file is the
 # test's script: ctest runs it with `cmake -P` (CMAKE_SCRIPT_MODE_FILE is then set).
 
 if(CMAKE_SCRIPT_MODE_FILE)
-  set(_sizes 8 65536)
+  set(_expected "")
+  foreach(_op allreduce broadcast allgather reduce_scatter alltoall)
+    list(APPEND _expected ${_op}:8 ${_op}:65536)
+  endforeach()
   execute_process(
-    COMMAND ${BENCH} --np 2 --transport ${TRANSPORT} --sizes 8,64K --iters 3 --json --timeout 100
+    COMMAND ${BENCH} --np 2 --transport ${TRANSPORT} --sizes 8,64K --ops all --iters 3 --json
+            --timeout 100
     OUTPUT_VARIABLE _out ERROR_VARIABLE _err RESULT_VARIABLE _rc TIMEOUT 110)
   if(NOT _rc EQUAL 0)
     message(FATAL_ERROR "plexus-bench-collectives over ${TRANSPORT} failed (${_rc}):\n${_out}\n${_err}")
@@ -23,6 +27,7 @@ if(CMAKE_SCRIPT_MODE_FILE)
     string(JSON _wrong GET "${_line}" wrong)
     string(JSON _bytes GET "${_line}" bytes)
     string(JSON _busbw GET "${_line}" busbw)
+    string(JSON _op GET "${_line}" op)
     if(NOT _impl STREQUAL "plexus")
       message(FATAL_ERROR "unexpected implementation '${_impl}' in: ${_line}")
     endif()
@@ -32,10 +37,10 @@ if(CMAKE_SCRIPT_MODE_FILE)
     if(NOT _busbw GREATER 0)
       message(FATAL_ERROR "no bandwidth measured at ${_bytes} bytes over ${TRANSPORT}: ${_line}")
     endif()
-    list(APPEND _seen ${_bytes})
+    list(APPEND _seen ${_op}:${_bytes})
   endforeach()
-  if(NOT _seen STREQUAL "${_sizes}")
-    message(FATAL_ERROR "expected points at ${_sizes} bytes, got [${_seen}]:\n${_out}\n${_err}")
+  if(NOT _seen STREQUAL "${_expected}")
+    message(FATAL_ERROR "expected points [${_expected}], got [${_seen}]:\n${_out}\n${_err}")
   endif()
   message(STATUS "plexus-bench-collectives over ${TRANSPORT}: sizes ${_seen}, #wrong 0")
   return()

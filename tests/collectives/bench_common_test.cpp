@@ -65,3 +65,101 @@ TEST_CASE("iteration counts: fixed when given, bounded otherwise") {
   CHECK(pb::WarmupFor(5, -1) == 2);
   CHECK(pb::WarmupFor(5, 0) == 0);
 }
+
+TEST_CASE("operations: names, lists and nccl-tests bus factors") {
+  std::string error;
+  auto ops = pb::ParseOps("alltoall,allreduce", &error);
+  REQUIRE(ops.has_value());
+  CHECK(*ops == std::vector<pb::Op>{pb::Op::kAllreduce, pb::Op::kAlltoall});
+  ops = pb::ParseOps("all", &error);
+  REQUIRE(ops.has_value());
+  CHECK(ops->size() == 5);
+  for (pb::Op op : *ops) {
+    auto again = pb::ParseOps(std::string(pb::OpName(op)), &error);
+    REQUIRE(again.has_value());
+    CHECK(*again == std::vector<pb::Op>{op});
+  }
+  for (const char* bad : {"", "allreduce,", "reduce", "ALL"}) {
+    INFO(bad);
+    error.clear();
+    CHECK_FALSE(pb::ParseOps(bad, &error).has_value());
+    CHECK_FALSE(error.empty());
+  }
+  CHECK(pb::BusFactor(pb::Op::kAllreduce, 4) == 1.5);
+  CHECK(pb::BusFactor(pb::Op::kBroadcast, 4) == 1.0);
+  CHECK(pb::BusFactor(pb::Op::kAllgather, 4) == 0.75);
+  CHECK(pb::BusFactor(pb::Op::kReduceScatter, 2) == 0.5);
+  CHECK(pb::BusFactor(pb::Op::kAlltoall, 4) == 0.75);
+  CHECK(pb::BusFactor(pb::Op::kAllreduce, 1) == 1.0);
+}
+
+TEST_CASE("operation shapes: the size is a rank's whole buffer, per-rank counts at least 1") {
+  const pb::OpShape ag = pb::ShapeFor(pb::Op::kAllgather, 1 << 20, 4);
+  CHECK(ag.count == (1 << 20) / 16);
+  CHECK(ag.send_count == ag.count);
+  CHECK(ag.recv_count == ag.count * 4);
+  CHECK(ag.bytes == 1 << 20);
+  const pb::OpShape rs = pb::ShapeFor(pb::Op::kReduceScatter, 1 << 20, 4);
+  CHECK(rs.send_count == rs.count * 4);
+  CHECK(rs.recv_count == rs.count);
+  const pb::OpShape a2a = pb::ShapeFor(pb::Op::kAlltoall, 8, 4);  // rounded up to 1 per rank
+  CHECK(a2a.count == 1);
+  CHECK(a2a.bytes == 16);
+  const pb::OpShape bc = pb::ShapeFor(pb::Op::kBroadcast, 64, 3);
+  CHECK(bc.count == 16);
+  CHECK(bc.bytes == 64);
+}
+
+// Computes each operation's result from every rank's input the way a correct implementation
+// would, checks it counts as right, then corrupts one element.
+TEST_CASE("operation checks: exact results pass, a corrupted or misplaced block does not") {
+  for (int world : {1, 2, 3, 4}) {
+    for (pb::Op op : pb::AllOps()) {
+      INFO("world " << world << " op " << pb::OpName(op));
+      std::vector<pb::OpBuffers> ranks(world);
+      for (int r = 0; r < world; ++r) ranks[r].Prepare(op, 4096, r, world);
+      const size_t c = ranks[0].shape().count;
+      for (int me = 0; me < world; ++me) {
+        float* out = ranks[me].recv();
+        const size_t n = ranks[me].shape().recv_count;
+        for (size_t i = 0; i < n; ++i) {
+          switch (op) {
+            case pb::Op::kAllreduce: {
+              float sum = 0;
+              for (int r = 0; r < world; ++r) sum += ranks[r].send()[i];
+              out[i] = sum;
+              break;
+            }
+            case pb::Op::kBroadcast:
+              out[i] = ranks[0].recv()[i];
+              break;
+            case pb::Op::kAllgather:
+              out[i] = ranks[i / c].send()[i % c];
+              break;
+            case pb::Op::kReduceScatter: {
+              float sum = 0;
+              for (int r = 0; r < world; ++r) sum += ranks[r].send()[me * c + i];
+              out[i] = sum;
+              break;
+            }
+            case pb::Op::kAlltoall:
+              out[i] = ranks[i / c].send()[me * c + i % c];
+              break;
+          }
+        }
+      }
+      for (int me = 0; me < world; ++me) CHECK(ranks[me].CountWrong() == 0);
+      // A wrong element is counted (on a non-root rank for broadcast: root's is its input).
+      pb::OpBuffers& victim = ranks[world - 1];
+      if (op != pb::Op::kBroadcast || world > 1) {
+        victim.recv()[0] += 1.0f;
+        CHECK(victim.CountWrong() == 1);
+      }
+      // The receive buffer as Refill leaves it (-1, never a valid value) is all wrong, except
+      // broadcast's root, which holds its input.
+      ranks[0].Refill();
+      const size_t expected = op == pb::Op::kBroadcast ? 0 : ranks[0].shape().recv_count;
+      CHECK(ranks[0].CountWrong() == expected);
+    }
+  }
+}

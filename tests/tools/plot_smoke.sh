@@ -36,6 +36,8 @@ cat > "$work/collectives.jsonl" <<'J'
 {"bench":"collectives","figure":"allreduce busbw","impl":"plexus","op":"allreduce","transport":"tcp","nprocs":2,"bytes":1024,"busbw":0.5,"value":0.5,"unit":"GB/s"}
 {"bench":"collectives","figure":"allreduce busbw","impl":"plexus","op":"allreduce","transport":"tcp","nprocs":2,"bytes":2048,"busbw":0.9,"value":0.9,"unit":"GB/s"}
 {"bench":"collectives","figure":"allreduce busbw","impl":"openmpi","op":"allreduce","transport":"tcp","nprocs":2,"bytes":1024,"busbw":0.4,"value":0.4,"unit":"GB/s"}
+{"bench":"collectives","figure":"broadcast busbw","impl":"plexus","op":"broadcast","transport":"shm","nprocs":4,"bytes":1024,"busbw":0.7,"value":0.7,"unit":"GB/s"}
+{"bench":"collectives","figure":"broadcast busbw","impl":"openmpi","op":"broadcast","transport":"shm","nprocs":4,"bytes":1024,"busbw":0.6,"value":0.6,"unit":"GB/s"}
 J
 # plexus-rpc-sim sweep --json lines (two policies, two loads).
 cat > "$work/rpc_balance_sim.jsonl" <<'J'

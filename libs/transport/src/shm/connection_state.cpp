@@ -509,14 +509,15 @@ bool ConnectionState::WriteOneFrameLocked(SendOp& op, uint64_t free_bytes) {
       h.flags = kFlagImmediate;
       h.immediate = *op.immediate;
     }
-    CmaSegment segments[kMaxCmaSegments];
-    for (size_t i = 0; i < op.buffers.size(); ++i) {
-      segments[i] = CmaSegment{reinterpret_cast<uintptr_t>(op.buffers[i].data), op.buffers[i].size};
-    }
     EncodeFrameHeader(h, header);
     tx.CopyIn(tx_head_, header, sizeof header);
     scratch_.resize(payload);
-    EncodeCmaSegments(absl::MakeConstSpan(segments, op.buffers.size()), scratch_.data());
+    // Segment by segment: a CmaSegment[kMaxCmaSegments] on the stack was zero-filled (16 KiB)
+    // on every frame, ~5% of a rank's instructions in a 4-rank 1 MiB allreduce (callgrind).
+    for (size_t i = 0; i < op.buffers.size(); ++i) {
+      const CmaSegment segment{reinterpret_cast<uintptr_t>(op.buffers[i].data), op.buffers[i].size};
+      EncodeCmaSegments(absl::MakeConstSpan(&segment, 1), scratch_.data() + i * kCmaSegmentBytes);
+    }
     tx.CopyIn(tx_head_ + kFrameHeaderBytes, scratch_.data(), payload);
     tx_head_ += FrameFootprint(payload);
     tx.StoreHead(tx_head_);
