@@ -9,7 +9,7 @@
 #include <optional>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "backends.hpp"
 #include "cuda_copy.hpp"
@@ -226,7 +226,9 @@ struct Directory {
     std::shared_ptr<HoldBudget> budget;
     std::deque<std::shared_ptr<Link>> pending;
   };
-  absl::flat_hash_map<std::string, Entry> listeners;
+  // Node-based: Accept keeps a reference to its entry's queue while it waits on `cv` without the
+  // lock, and other threads' Listen calls insert meanwhile (a flat map would move the entry).
+  absl::node_hash_map<std::string, Entry> listeners;
   uint64_t next_name = 0;
 };
 
