@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -79,11 +80,27 @@ class MultipathConnection final : public pt::Connection {
     channel_.reset();
   }
 
-  // Creates the channel reporting to `cq` under this connection's id.
-  absl::Status Init(const ChannelOptions& options, pt::CompletionQueue* cq) {
+  // How this side re-establishes a dead path k (MultipathDeviceOptions::revive_paths): the
+  // connector dials its local_addresses[k] -> the listener's path-k address again; the
+  // listener accepts on the path-k listener it keeps for this connection.
+  struct Redial {
+    std::vector<std::string> local_addresses, remote_addresses;  // connector
+    std::vector<std::unique_ptr<pt::Listener>> listeners;        // listener
+  };
+
+  // Creates the channel reporting to `cq` under this connection's id; with `redial`, the
+  // channel revives dead paths by itself.
+  absl::Status Init(ChannelOptions options, pt::CompletionQueue* cq, std::optional<Redial> redial) {
     internal::ChannelInternalOptions internal_options;
     internal_options.completion_id = id();
     internal_options.fail_when_all_paths_dead = true;
+    options.redial = nullptr;
+    if (redial.has_value()) {
+      redial_ = std::move(*redial);
+      max_accept_wait_ = options.max_reconnect_backoff;
+      // The channel (and its revival thread) goes before this object's other members.
+      options.redial = [this](int lane) { return RedialPath(lane); };
+    }
     PLEXUS_ASSIGN_OR_RETURN(channel_,
                             internal::ChannelFactory::Create(options, cq, internal_options));
     std::lock_guard<std::mutex> lock(registry_->mu);
@@ -114,10 +131,43 @@ class MultipathConnection final : public pt::Connection {
   }
 
   MultipathChannel* channel() { return channel_.get(); }
+  // The listener side's path listeners, kept for revival.
+  void KeepListeners(std::vector<std::unique_ptr<pt::Listener>> listeners) {
+    std::lock_guard<std::mutex> lock(redial_mu_);
+    redial_.listeners = std::move(listeners);
+  }
 
  private:
+  // Runs in the channel's revival thread.
+  absl::StatusOr<std::unique_ptr<pt::Connection>> RedialPath(int lane) {
+    std::lock_guard<std::mutex> lock(redial_mu_);
+    const size_t k = static_cast<size_t>(lane);
+    if (k < redial_.remote_addresses.size()) {
+      auto conn = inner_->ConnectFrom(redial_.local_addresses[k], redial_.remote_addresses[k],
+                                      channel_->path_queue());
+      if (conn.ok()) return conn;
+      return base::Annotate(conn.status(), absl::StrCat("multipath: redialing path ", k, " from ",
+                                                        redial_.local_addresses[k], " to ",
+                                                        redial_.remote_addresses[k]));
+    }
+    if (k < redial_.listeners.size()) {
+      // Bounded, so that a closing channel's destructor does not wait long for this call.
+      auto conn = redial_.listeners[k]->Accept(channel_->path_queue(), max_accept_wait_);
+      if (conn.ok()) return conn;
+      return base::Annotate(
+          conn.status(), absl::StrCat("multipath: waiting for the peer to redial path ", k, " on ",
+                                      redial_.listeners[k]->address()));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("multipath: no path ", k, " to revive (", redial_.remote_addresses.size(),
+                     " dial targets, ", redial_.listeners.size(), " listeners)"));
+  }
+
   std::shared_ptr<pt::Device> inner_;  // outlives the path connections
   std::shared_ptr<Registry> registry_;
+  std::mutex redial_mu_;
+  Redial redial_;
+  absl::Duration max_accept_wait_ = absl::Seconds(1);
   std::unique_ptr<MultipathChannel> channel_;
   std::vector<std::string> peers_;
 };
@@ -187,7 +237,9 @@ class MultipathListener final : public pt::Listener {
     reply = internal::EncodeSetupAccept(addresses);
     PLEXUS_RETURN_IF_ERROR(control->PostSend(pt::ConstBuffer{reply.data(), reply.size()}, 2));
     auto conn = std::make_unique<MultipathConnection>(inner_, registry_);
-    PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq));
+    std::optional<MultipathConnection::Redial> redial;
+    if (options_.revive_paths) redial.emplace();  // the listeners join it once set up
+    PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq, std::move(redial)));
     MultipathChannel& channel = *conn->channel();
     for (int k = 0; k < paths; ++k) {
       auto path = listeners[k]->Accept(channel.path_queue(),
@@ -203,6 +255,7 @@ class MultipathListener final : public pt::Listener {
     }
     PLEXUS_RETURN_IF_ERROR(AwaitLive(channel, paths, deadline, peer));
     control->Close();
+    if (options_.revive_paths) conn->KeepListeners(std::move(listeners));
     return std::unique_ptr<pt::Connection>(std::move(conn));
   }
 
@@ -338,7 +391,13 @@ absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::Connect(
   }
   const std::vector<std::string>& addresses = answer->addresses;
   auto conn = std::make_unique<MultipathConnection>(inner_, registry_);
-  PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq));
+  std::optional<MultipathConnection::Redial> redial;
+  if (options_.revive_paths) {
+    redial.emplace();
+    redial->local_addresses = options_.local_addresses;
+    redial->remote_addresses = addresses;
+  }
+  PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq, std::move(redial)));
   MultipathChannel& channel = *conn->channel();
   for (int k = 0; k < paths; ++k) {
     auto path =

@@ -1,0 +1,189 @@
+// plexus-bench-multipath's allreduce section: a 2-rank ring allreduce (rank 0 in namespace a,
+// rank 1 in b) over MultipathDevices with K paths against the same over one path.
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "bench_common.hpp"
+#include "netbed.hpp"
+#include "plexus/collectives/communicator.hpp"
+#include "plexus/multipath/device.hpp"
+#include "plexus/tooling/figures.hpp"
+
+namespace pm = plexus::multipath;
+namespace pt = plexus::transport;
+namespace nb = plexus::netbed;
+namespace mpb = plexus::mpbench;
+namespace tooling = plexus::tooling;
+namespace pc = plexus::collectives;
+
+namespace plexus::mpbench {
+
+namespace {
+
+// One run: a communicator per rank over `paths` (1-based path numbers): a MultipathDevice with
+// one path per entry when `multipath`, else the plain tcp device bound to the single path's
+// address. Returns rank 0's median seconds per allreduce of args.allreduce_mib MiB (f32 sum) over
+// args.allreduce_iterations after one warm-up, and each path's share of rank 0's bytes.
+struct AllReduceRun {
+  double seconds = 0;
+  std::vector<double> path_share;
+};
+
+absl::StatusOr<AllReduceRun> AllReduceOnce(nb::Bed& bed, const std::vector<size_t>& paths,
+                                           bool multipath, const Args& args) {
+  char dir_template[] = "/tmp/plexus-mp-allreduce-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) return absl::InternalError("mkdtemp failed");
+  const std::string dir = dir_template;
+  PLEXUS_ASSIGN_OR_RETURN(std::shared_ptr<pt::Store> store, pt::FileStore::Open(dir));
+  const size_t count = (size_t{1} << 20) * args.allreduce_mib / sizeof(float);
+  std::vector<absl::Status> status(2);
+  AllReduceRun result;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      const char side = r == 0 ? 'a' : 'b';
+      status[r] = nb::InNetns(bed.ns(side), [&]() -> absl::Status {
+        PLEXUS_ASSIGN_OR_RETURN(pt::Rendezvous rdv, pt::Rendezvous::Create(r, 2, store));
+        pc::CommunicatorOptions options;
+        options.timeout = absl::Seconds(60);
+        std::shared_ptr<pm::MultipathDevice> device;
+        std::unique_ptr<pc::Communicator> comm;
+        if (multipath) {
+          pm::MultipathDeviceOptions o;
+          for (size_t k : paths) o.local_addresses.push_back(nb::Bed::Address(side, k));
+          o.channel.path_timeout = absl::Milliseconds(100);
+          if (args.allreduce_cap > 0) o.channel.max_chunks_in_flight = args.allreduce_cap;
+          PLEXUS_ASSIGN_OR_RETURN(device, pm::MultipathDevice::Create(o));
+          PLEXUS_ASSIGN_OR_RETURN(comm, pc::Communicator::Create(rdv, device, options));
+        } else {
+          options.device.local_address = nb::Bed::Address(side, paths[0]);
+          // tcp over the bed's path, although both namespaces share one host name.
+          options.transport_policy = pc::TransportPolicy::kUniform;
+          PLEXUS_ASSIGN_OR_RETURN(comm, pc::Communicator::Create(rdv, options));
+        }
+        std::vector<float> in(count), out(count);
+        for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((i + r) % 1024);
+        std::vector<double> times;
+        for (int it = 0; it <= args.allreduce_iterations; ++it) {
+          const absl::Time t0 = absl::Now();
+          PLEXUS_RETURN_IF_ERROR(comm->AllReduce(in.data(), out.data(), count, pc::DataType::kF32,
+                                                 pc::ReduceOp::kSum));
+          if (it > 0) times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+        }
+        for (size_t i = 0; i < count; i += 4099) {
+          const float want = static_cast<float>(i % 1024 + (i + 1) % 1024);
+          if (out[i] != want) {
+            return absl::DataLossError(
+                absl::StrCat("rank ", r, " element ", i, ": ", out[i], ", want ", want));
+          }
+        }
+        if (r == 0) {
+          result.seconds = Median(times);
+          if (device != nullptr) {
+            const std::vector<uint64_t> bytes = device->PathBytesAcked();
+            const double total = std::accumulate(bytes.begin(), bytes.end(), 0.0);
+            for (uint64_t b : bytes) result.path_share.push_back(total > 0 ? b / total : 0);
+          }
+        }
+        comm.reset();  // collective: both ranks reach it
+        return absl::OkStatus();
+      });
+    });
+  }
+  for (auto& t : ranks) t.join();
+  store.reset();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  for (int r = 0; r < 2; ++r) {
+    PLEXUS_RETURN_IF_ERROR(plexus::base::Annotate(status[r], absl::StrCat("allreduce rank ", r)));
+  }
+  return result;
+}
+
+}  // namespace
+
+absl::Status RunAllReduce(const Args& args, tooling::FigureWriter& out) {
+  const int k = args.allreduce_paths;
+  const std::vector<int> rates(args.rates.begin(), args.rates.begin() + k);
+  PLEXUS_ASSIGN_OR_RETURN(auto bed, nb::Bed::Create(args.netbed, BedName(), rates));
+  std::vector<size_t> all;
+  for (int p = 1; p <= k; ++p) all.push_back(p);
+  const size_t fastest = 1 + std::max_element(rates.begin(), rates.end()) - rates.begin();
+  const double sum = std::accumulate(rates.begin(), rates.end(), 0.0);
+  const double bytes = static_cast<double>(size_t{1} << 20) * args.allreduce_mib;
+  // 2 ranks: busbw = algbw x 2(n-1)/n = bytes / time; each rank sends `bytes` each way.
+  auto busbw = [&](double seconds) { return bytes / seconds / 1e6; };
+  std::vector<double> mp, single;
+  std::vector<std::vector<double>> shares(k);
+  for (int run = 0; run < args.runs; ++run) {
+    PLEXUS_ASSIGN_OR_RETURN(AllReduceRun m, AllReduceOnce(*bed, all, true, args));
+    mp.push_back(busbw(m.seconds));
+    for (int p = 0; p < k && p < static_cast<int>(m.path_share.size()); ++p) {
+      shares[p].push_back(m.path_share[p]);
+    }
+    if (args.compare) {
+      PLEXUS_ASSIGN_OR_RETURN(AllReduceRun s, AllReduceOnce(*bed, {fastest}, false, args));
+      single.push_back(busbw(s.seconds));
+    }
+    if (std::getenv("PLEXUS_BENCH_VERBOSE") != nullptr) {
+      std::fprintf(stderr, "allreduce run %d: multipath %.1f MB/s, single path %.1f MB/s\n", run,
+                   mp.back(), single.empty() ? 0.0 : single.back());
+    }
+  }
+  const std::string rates_text = absl::StrJoin(rates, "/");
+  auto add = [&](const std::string& figure, const std::vector<double>& v, nlohmann::json extra) {
+    if (v.empty()) return;
+    tooling::Figure f;
+    f.figure = figure;
+    f.value = Median(v);
+    f.unit = "MB/s";
+    f.extra = {{"ranks", 2},
+               {"bytes", (size_t{1} << 20) * args.allreduce_mib},
+               {"dtype", "f32"},
+               {"rates_mbit", rates_text},
+               {"runs", v.size()},
+               {"iterations_per_run", args.allreduce_iterations},
+               {"min", *std::min_element(v.begin(), v.end())},
+               {"max", *std::max_element(v.begin(), v.end())},
+               {"busbw_mbit", Median(v) * 8}};
+    for (auto& [key, value] : extra.items()) f.extra[key] = value;
+    out.Add(f);
+  };
+  std::vector<double> share_medians;
+  for (auto& s : shares) share_medians.push_back(Median(s));
+  add("allreduce_busbw_multipath", mp,
+      {{"paths", k},
+       {"fraction_of_sum_of_rates", Median(mp) * 8 / sum},
+       {"path_share", share_medians}});
+  add("allreduce_busbw_single_path", single,
+      {{"paths", 1},
+       {"path", fastest},
+       {"rate_mbit", rates[fastest - 1]},
+       {"fraction_of_path_rate", single.empty() ? 0.0 : Median(single) * 8 / rates[fastest - 1]}});
+  if (!single.empty()) {
+    tooling::Figure f;
+    f.figure = "allreduce_multipath_speedup";
+    f.value = Median(mp) / Median(single);
+    f.unit = "ratio";
+    f.extra = {{"paths", k},
+               {"rates_mbit", rates_text},
+               {"ideal", sum / rates[fastest - 1]},
+               {"bytes", (size_t{1} << 20) * args.allreduce_mib},
+               {"runs", mp.size()}};
+    out.Add(f);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plexus::mpbench
