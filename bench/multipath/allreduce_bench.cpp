@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -23,7 +24,6 @@
 namespace pm = plexus::multipath;
 namespace pt = plexus::transport;
 namespace nb = plexus::netbed;
-namespace mpb = plexus::mpbench;
 namespace tooling = plexus::tooling;
 namespace pc = plexus::collectives;
 
@@ -38,6 +38,59 @@ namespace {
 struct AllReduceRun {
   double seconds = 0;
   std::vector<double> path_share;
+  // Sampled every 2 ms over the timed calls, per path, over rank 0's connections: chunks in
+  // flight against the cap, the fraction of samples at the cap, and the mean smoothed RTT.
+  std::vector<double> occupancy, at_cap, srtt_ms;
+};
+
+// Samples a MultipathDevice's channels until stopped (AllReduceRun's occupancy figures).
+class OccupancySampler {
+ public:
+  OccupancySampler(const pm::MultipathDevice& device, size_t paths)
+      : in_flight_(paths), cap_(paths), at_cap_(paths), srtt_(paths), device_(device) {
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        std::vector<double> in_flight(in_flight_.size()), cap(in_flight_.size());
+        for (const pm::ChannelStats& ch : device_.Stats()) {
+          for (const pm::PathStats& p : ch.paths) {
+            if (!p.up || p.lane < 0 || static_cast<size_t>(p.lane) >= in_flight.size()) continue;
+            in_flight[p.lane] += p.in_flight;
+            cap[p.lane] += p.cap;
+            srtt_[p.lane] += absl::ToDoubleMilliseconds(p.srtt);
+          }
+        }
+        for (size_t k = 0; k < in_flight.size(); ++k) {
+          in_flight_[k] += in_flight[k];
+          cap_[k] += cap[k];
+          at_cap_[k] += cap[k] > 0 && in_flight[k] >= cap[k] ? 1 : 0;
+        }
+        ++samples_;
+        absl::SleepFor(absl::Milliseconds(2));
+      }
+    });
+  }
+  ~OccupancySampler() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  // Stops sampling and writes the figures.
+  void Finish(AllReduceRun& run) {
+    stop_ = true;
+    thread_.join();
+    const size_t channels = std::max<size_t>(1, device_.Stats().size());
+    for (size_t k = 0; k < in_flight_.size(); ++k) {
+      run.occupancy.push_back(cap_[k] > 0 ? in_flight_[k] / cap_[k] : 0);
+      run.at_cap.push_back(samples_ > 0 ? at_cap_[k] / samples_ : 0);
+      run.srtt_ms.push_back(samples_ > 0 ? srtt_[k] / samples_ / channels : 0);
+    }
+  }
+
+ private:
+  std::vector<double> in_flight_, cap_, at_cap_, srtt_;
+  double samples_ = 0;
+  const pm::MultipathDevice& device_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
 };
 
 absl::StatusOr<AllReduceRun> AllReduceOnce(nb::Bed& bed, const std::vector<size_t>& paths,
@@ -57,6 +110,9 @@ absl::StatusOr<AllReduceRun> AllReduceOnce(nb::Bed& bed, const std::vector<size_
         PLEXUS_ASSIGN_OR_RETURN(pt::Rendezvous rdv, pt::Rendezvous::Create(r, 2, store));
         pc::CommunicatorOptions options;
         options.timeout = absl::Seconds(60);
+        if (args.allreduce_depth > 0) options.pipeline_depth = args.allreduce_depth;
+        if (args.allreduce_chunk_kib > 0)
+          options.chunk_bytes = size_t{1024} * args.allreduce_chunk_kib;
         std::shared_ptr<pm::MultipathDevice> device;
         std::unique_ptr<pc::Communicator> comm;
         if (multipath) {
@@ -64,6 +120,9 @@ absl::StatusOr<AllReduceRun> AllReduceOnce(nb::Bed& bed, const std::vector<size_
           for (size_t k : paths) o.local_addresses.push_back(nb::Bed::Address(side, k));
           o.channel.path_timeout = absl::Milliseconds(100);
           if (args.allreduce_cap > 0) o.channel.max_chunks_in_flight = args.allreduce_cap;
+          if (args.allreduce_path_chunk_kb > 0) {
+            o.channel.chunk_bytes = size_t{1000} * args.allreduce_path_chunk_kb;
+          }
           PLEXUS_ASSIGN_OR_RETURN(device, pm::MultipathDevice::Create(o));
           PLEXUS_ASSIGN_OR_RETURN(comm, pc::Communicator::Create(rdv, device, options));
         } else {
@@ -75,7 +134,11 @@ absl::StatusOr<AllReduceRun> AllReduceOnce(nb::Bed& bed, const std::vector<size_
         std::vector<float> in(count), out(count);
         for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((i + r) % 1024);
         std::vector<double> times;
+        std::unique_ptr<OccupancySampler> sampler;
         for (int it = 0; it <= args.allreduce_iterations; ++it) {
+          if (it == 1 && r == 0 && device != nullptr) {
+            sampler = std::make_unique<OccupancySampler>(*device, paths.size());
+          }
           const absl::Time t0 = absl::Now();
           PLEXUS_RETURN_IF_ERROR(comm->AllReduce(in.data(), out.data(), count, pc::DataType::kF32,
                                                  pc::ReduceOp::kSum));
@@ -90,6 +153,7 @@ absl::StatusOr<AllReduceRun> AllReduceOnce(nb::Bed& bed, const std::vector<size_
         }
         if (r == 0) {
           result.seconds = Median(times);
+          if (sampler != nullptr) sampler->Finish(result);
           if (device != nullptr) {
             const std::vector<uint64_t> bytes = device->PathBytesAcked();
             const double total = std::accumulate(bytes.begin(), bytes.end(), 0.0);
@@ -125,12 +189,17 @@ absl::Status RunAllReduce(const Args& args, tooling::FigureWriter& out) {
   // 2 ranks: busbw = algbw x 2(n-1)/n = bytes / time; each rank sends `bytes` each way.
   auto busbw = [&](double seconds) { return bytes / seconds / 1e6; };
   std::vector<double> mp, single;
-  std::vector<std::vector<double>> shares(k);
+  std::vector<std::vector<double>> shares(k), occupancy(k), at_cap(k), srtt_ms(k);
   for (int run = 0; run < args.runs; ++run) {
     PLEXUS_ASSIGN_OR_RETURN(AllReduceRun m, AllReduceOnce(*bed, all, true, args));
     mp.push_back(busbw(m.seconds));
     for (int p = 0; p < k && p < static_cast<int>(m.path_share.size()); ++p) {
       shares[p].push_back(m.path_share[p]);
+    }
+    for (int p = 0; p < k && p < static_cast<int>(m.occupancy.size()); ++p) {
+      occupancy[p].push_back(m.occupancy[p]);
+      at_cap[p].push_back(m.at_cap[p]);
+      srtt_ms[p].push_back(m.srtt_ms[p]);
     }
     if (args.compare) {
       PLEXUS_ASSIGN_OR_RETURN(AllReduceRun s, AllReduceOnce(*bed, {fastest}, false, args));
@@ -139,6 +208,13 @@ absl::Status RunAllReduce(const Args& args, tooling::FigureWriter& out) {
     if (std::getenv("PLEXUS_BENCH_VERBOSE") != nullptr) {
       std::fprintf(stderr, "allreduce run %d: multipath %.1f MB/s, single path %.1f MB/s\n", run,
                    mp.back(), single.empty() ? 0.0 : single.back());
+      for (size_t p = 0; p < m.occupancy.size(); ++p) {
+        std::fprintf(stderr,
+                     "  path %zu: share %.3f, in flight / cap %.2f, at cap %.2f of samples, "
+                     "srtt %.1f ms\n",
+                     p + 1, p < m.path_share.size() ? m.path_share[p] : 0.0, m.occupancy[p],
+                     m.at_cap[p], m.srtt_ms[p]);
+      }
     }
   }
   const std::string rates_text = absl::StrJoin(rates, "/");
@@ -160,12 +236,20 @@ absl::Status RunAllReduce(const Args& args, tooling::FigureWriter& out) {
     for (auto& [key, value] : extra.items()) f.extra[key] = value;
     out.Add(f);
   };
-  std::vector<double> share_medians;
+  std::vector<double> share_medians, occupancy_medians, at_cap_medians, srtt_medians;
   for (auto& s : shares) share_medians.push_back(Median(s));
+  for (auto& s : occupancy) occupancy_medians.push_back(Median(s));
+  for (auto& s : at_cap) at_cap_medians.push_back(Median(s));
+  for (auto& s : srtt_ms) srtt_medians.push_back(Median(s));
   add("allreduce_busbw_multipath", mp,
       {{"paths", k},
        {"fraction_of_sum_of_rates", Median(mp) * 8 / sum},
-       {"path_share", share_medians}});
+       {"path_share", share_medians},
+       {"path_in_flight_per_cap", occupancy_medians},
+       {"path_at_cap_fraction", at_cap_medians},
+       {"path_srtt_ms", srtt_medians},
+       {"chunks_in_flight_cap", args.allreduce_cap > 0 ? args.allreduce_cap : 8},
+       {"chunk_kb", args.allreduce_path_chunk_kb > 0 ? args.allreduce_path_chunk_kb : 50}});
   add("allreduce_busbw_single_path", single,
       {{"paths", 1},
        {"path", fastest},

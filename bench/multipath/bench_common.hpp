@@ -33,8 +33,11 @@ struct Args {
   int allreduce_mib = 64;
   int allreduce_paths = 2;
   int allreduce_iterations = 3;
-  int allreduce_cap = 0;  // chunks in flight per path of the allreduce's channels; 0 = default
-  int interval_ms = 50;   // --timeline's sampling interval
+  int allreduce_cap = 0;    // chunks in flight per path of the allreduce's channels; 0 = default
+  int allreduce_depth = 0;  // the communicators' pipeline_depth; 0 = default
+  int allreduce_chunk_kib = 0;      // the communicators' chunk_bytes in KiB; 0 = default
+  int allreduce_path_chunk_kb = 0;  // the channels' chunk_bytes in KB; 0 = default (50)
+  int interval_ms = 50;             // --timeline's sampling interval
 };
 
 inline double Median(std::vector<double> v) {

@@ -13,12 +13,9 @@
 #include "netbed.hpp"
 #include "plexus/tooling/figures.hpp"
 
-namespace pm = plexus::multipath;
-namespace pt = plexus::transport;
 namespace nb = plexus::netbed;
 namespace mpb = plexus::mpbench;
 namespace tooling = plexus::tooling;
-namespace pc = plexus::collectives;
 
 namespace plexus::mpbench {
 

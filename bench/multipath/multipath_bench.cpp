@@ -34,18 +34,14 @@
 #include "failover_series.hpp"
 #include "multipath_bed.hpp"
 #include "netbed.hpp"
-#include "plexus/collectives/communicator.hpp"
 #include "plexus/multipath/device.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
 #include "sockets.hpp"
 
-namespace pm = plexus::multipath;
 namespace pt = plexus::transport;
 namespace nb = plexus::netbed;
-namespace mpb = plexus::mpbench;
 namespace tooling = plexus::tooling;
-namespace pc = plexus::collectives;
 
 namespace plexus::mpbench {
 
@@ -404,6 +400,12 @@ int main(int argc, char** argv) {
   tooling::AddNumber(&app, "--allreduce-cap", &args.allreduce_cap,
                      "chunks in flight per path of the allreduce's channels (0: the default)", 0,
                      64);
+  tooling::AddNumber(&app, "--allreduce-path-chunk-kb", &args.allreduce_path_chunk_kb,
+                     "the allreduce channels' chunk size in KB (0: the default, 50)", 0, 256);
+  tooling::AddNumber(&app, "--allreduce-depth", &args.allreduce_depth,
+                     "the allreduce communicators' pipeline_depth (0: the default)", 0, 64);
+  tooling::AddNumber(&app, "--allreduce-chunk-kib", &args.allreduce_chunk_kib,
+                     "the allreduce communicators' chunk_bytes in KiB (0: the default)", 0, 65536);
   bool timeline = false;
   app.add_flag(
       "--timeline", timeline,

@@ -323,9 +323,16 @@ std::vector<uint64_t> MultipathDevice::PathBytesAcked() const {
   std::lock_guard<std::mutex> lock(registry_->mu);
   for (const MultipathChannel* channel : registry_->channels) {
     for (const PathStats& p : channel->Stats().paths) {
-      if (p.index >= 0 && static_cast<size_t>(p.index) < out.size()) out[p.index] += p.bytes_acked;
+      if (p.lane >= 0 && static_cast<size_t>(p.lane) < out.size()) out[p.lane] += p.bytes_acked;
     }
   }
+  return out;
+}
+
+std::vector<ChannelStats> MultipathDevice::Stats() const {
+  std::vector<ChannelStats> out;
+  std::lock_guard<std::mutex> lock(registry_->mu);
+  for (const MultipathChannel* channel : registry_->channels) out.push_back(channel->Stats());
   return out;
 }
 

@@ -88,6 +88,8 @@ class MultipathDevice : public transport::Device {
   // Payload bytes this side sent that completed on each path (PathStats::bytes_acked), summed
   // over the device's open connections; index k is path k.
   std::vector<uint64_t> PathBytesAcked() const;
+  // A snapshot of every open connection's channel (paths, in-flight chunks, caps, RTTs).
+  std::vector<ChannelStats> Stats() const;
 
   transport::Backend backend() const override { return transport::Backend::kTcp; }
   int paths() const { return static_cast<int>(options_.local_addresses.size()); }
