@@ -187,8 +187,8 @@ absl::Status RunTimeline(const Args& args, tooling::FigureWriter& out) {
                                                   std::move(ch), args, seconds,
                                                   [&] {
                                                     event_status = fail_and_restore([&] {
-                                                      // The channel does not probe a dead
-                                                      // path: the application re-adds it.
+                                                      // Bare channels (no redial): the
+                                                      // bench re-adds the path.
                                                       absl::Status s;
                                                       for (int i = 0; i < 10; ++i) {
                                                         s = channels->Connect(plan.path).status();

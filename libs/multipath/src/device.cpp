@@ -4,6 +4,7 @@
 #include "plexus/multipath/device.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -73,6 +74,7 @@ class MultipathConnection final : public pt::Connection {
   MultipathConnection(std::shared_ptr<pt::Device> inner, std::shared_ptr<Registry> registry)
       : inner_(std::move(inner)), registry_(std::move(registry)) {}
   ~MultipathConnection() override {
+    closing_ = true;
     if (channel_ != nullptr) {
       std::lock_guard<std::mutex> lock(registry_->mu);
       registry_->channels.erase(channel_.get());
@@ -124,7 +126,18 @@ class MultipathConnection final : public pt::Connection {
                          std::optional<uint32_t> immediate, uint64_t wr_id) override {
     return channel_->Write(local, local_offset, length, remote, remote_offset, immediate, wr_id);
   }
-  void Close() override { channel_->Close(); }
+  // Also closes the path listeners kept for revival (after a running accept's slice, at most
+  // kAcceptSlice), so that a peer redialing a path is refused at once instead of waiting for
+  // its connect timeout.
+  void Close() override {
+    closing_ = true;
+    channel_->Close();
+    // remote_addresses is set before the channel exists and never changes: a connector (which
+    // may be in a connect, holding redial_mu_) has no listeners to close.
+    if (!redial_.remote_addresses.empty()) return;
+    std::lock_guard<std::mutex> lock(redial_mu_);
+    redial_.listeners.clear();
+  }
   absl::Status status() const override { return channel_->status(); }
   std::string peer_address() const override {
     return absl::StrCat("mp:", absl::StrJoin(peers_, ","));
@@ -151,8 +164,15 @@ class MultipathConnection final : public pt::Connection {
                                                         redial_.remote_addresses[k]));
     }
     if (k < redial_.listeners.size()) {
-      // Bounded, so that a closing channel's destructor does not wait long for this call.
-      auto conn = redial_.listeners[k]->Accept(channel_->path_queue(), max_accept_wait_);
+      // Bounded, and in short slices, so that Close and the destructor do not wait long.
+      const absl::Time deadline = absl::Now() + max_accept_wait_;
+      absl::StatusOr<std::unique_ptr<pt::Connection>> conn;
+      do {
+        const absl::Duration slice = std::min(kAcceptSlice, deadline - absl::Now());
+        conn = redial_.listeners[k]->Accept(channel_->path_queue(),
+                                            std::max(slice, absl::ZeroDuration()));
+      } while (!conn.ok() && absl::IsDeadlineExceeded(conn.status()) && !closing_.load() &&
+               absl::Now() < deadline);
       if (conn.ok()) return conn;
       return base::Annotate(
           conn.status(), absl::StrCat("multipath: waiting for the peer to redial path ", k, " on ",
@@ -165,6 +185,8 @@ class MultipathConnection final : public pt::Connection {
 
   std::shared_ptr<pt::Device> inner_;  // outlives the path connections
   std::shared_ptr<Registry> registry_;
+  static constexpr absl::Duration kAcceptSlice = absl::Milliseconds(50);
+  std::atomic<bool> closing_{false};
   std::mutex redial_mu_;
   Redial redial_;
   absl::Duration max_accept_wait_ = absl::Seconds(1);
