@@ -132,8 +132,10 @@ void ReviveMidTransfer(size_t k, const std::string& event) {
                    }
                    REQUIRE_FALSE(LaneUp(*link->ch_a, lane));
                    absl::SleepFor(absl::Milliseconds(300));
-                   REQUIRE(bed->Run({"restore", std::to_string(k)}).ok());
+                   // Timed from the restore command's start: the path may come back while the
+                   // script still shapes the link.
                    const absl::Time restored = absl::Now();
+                   REQUIRE(bed->Run({"restore", std::to_string(k)}).ok());
                    while (!(LaneUp(*link->ch_a, lane) && LaneUp(*link->ch_b, lane)) &&
                           absl::Now() - restored < absl::Seconds(6)) {
                      absl::SleepFor(absl::Milliseconds(2));

@@ -105,6 +105,12 @@ class MultipathConnection final : public pt::Connection {
     }
     PLEXUS_ASSIGN_OR_RETURN(channel_,
                             internal::ChannelFactory::Create(options, cq, internal_options));
+    {
+      // RedialPath uses this, not channel_: unique_ptr::reset nulls channel_ before the
+      // channel's destructor joins the revival thread.
+      std::lock_guard<std::mutex> lock(redial_mu_);
+      path_queue_ = channel_->path_queue();
+    }
     std::lock_guard<std::mutex> lock(registry_->mu);
     registry_->channels.insert(channel_.get());
     return absl::OkStatus();
@@ -156,8 +162,8 @@ class MultipathConnection final : public pt::Connection {
     std::lock_guard<std::mutex> lock(redial_mu_);
     const size_t k = static_cast<size_t>(lane);
     if (k < redial_.remote_addresses.size()) {
-      auto conn = inner_->ConnectFrom(redial_.local_addresses[k], redial_.remote_addresses[k],
-                                      channel_->path_queue());
+      auto conn =
+          inner_->ConnectFrom(redial_.local_addresses[k], redial_.remote_addresses[k], path_queue_);
       if (conn.ok()) return conn;
       return base::Annotate(conn.status(), absl::StrCat("multipath: redialing path ", k, " from ",
                                                         redial_.local_addresses[k], " to ",
@@ -169,8 +175,7 @@ class MultipathConnection final : public pt::Connection {
       absl::StatusOr<std::unique_ptr<pt::Connection>> conn;
       do {
         const absl::Duration slice = std::min(kAcceptSlice, deadline - absl::Now());
-        conn = redial_.listeners[k]->Accept(channel_->path_queue(),
-                                            std::max(slice, absl::ZeroDuration()));
+        conn = redial_.listeners[k]->Accept(path_queue_, std::max(slice, absl::ZeroDuration()));
       } while (!conn.ok() && absl::IsDeadlineExceeded(conn.status()) && !closing_.load() &&
                absl::Now() < deadline);
       if (conn.ok()) return conn;
@@ -189,6 +194,7 @@ class MultipathConnection final : public pt::Connection {
   std::atomic<bool> closing_{false};
   std::mutex redial_mu_;
   Redial redial_;
+  pt::CompletionQueue* path_queue_ = nullptr;  // the channel's (guarded by redial_mu_)
   absl::Duration max_accept_wait_ = absl::Seconds(1);
   std::unique_ptr<MultipathChannel> channel_;
   std::vector<std::string> peers_;
