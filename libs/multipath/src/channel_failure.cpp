@@ -158,8 +158,9 @@ void MultipathChannel::Impl::Timers(absl::Time now) {
       continue;
     }
     // A revived path whose greeting never came (the peer gave up on it, or the path went dark
-    // again at once) must not hold its lane: it dies, and the lane is redialed.
-    if (p.state == PathState::kGreeting && options_.redial && peer_alive &&
+    // again at once) must not hold its lane: it dies, and the lane is redialed (if this process
+    // was stalled instead, the cost is one more redial).
+    if (p.state == PathState::kGreeting && options_.redial &&
         now - p.last_progress > std::max(absl::Seconds(1), 4 * path_timeout_)) {
       PathFailed(p, absl::DeadlineExceededError(absl::StrCat(
                         "multipath path ", p.index, " (lane ", p.lane, ") to ", p.peer,
