@@ -120,6 +120,7 @@ absl::StatusOr<AllReduceRun> AllReduceOnce(nb::Bed& bed, const std::vector<size_
           for (size_t k : paths) o.local_addresses.push_back(nb::Bed::Address(side, k));
           o.channel.path_timeout = absl::Milliseconds(100);
           if (args.allreduce_cap > 0) o.channel.max_chunks_in_flight = args.allreduce_cap;
+          o.channel.ack_ahead = args.allreduce_ack_ahead != 0;
           if (args.allreduce_path_chunk_kb > 0) {
             o.channel.chunk_bytes = size_t{1000} * args.allreduce_path_chunk_kb;
           }
@@ -249,7 +250,8 @@ absl::Status RunAllReduce(const Args& args, tooling::FigureWriter& out) {
        {"path_at_cap_fraction", at_cap_medians},
        {"path_srtt_ms", srtt_medians},
        {"chunks_in_flight_cap", args.allreduce_cap > 0 ? args.allreduce_cap : 8},
-       {"chunk_kb", args.allreduce_path_chunk_kb > 0 ? args.allreduce_path_chunk_kb : 50}});
+       {"chunk_kb", args.allreduce_path_chunk_kb > 0 ? args.allreduce_path_chunk_kb : 50},
+       {"ack_ahead", args.allreduce_ack_ahead != 0}});
   add("allreduce_busbw_single_path", single,
       {{"paths", 1},
        {"path", fastest},

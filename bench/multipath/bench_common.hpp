@@ -37,6 +37,7 @@ struct Args {
   int allreduce_depth = 0;  // the communicators' pipeline_depth; 0 = default
   int allreduce_chunk_kib = 0;      // the communicators' chunk_bytes in KiB; 0 = default
   int allreduce_path_chunk_kb = 0;  // the channels' chunk_bytes in KB; 0 = default (50)
+  int allreduce_ack_ahead = 1;      // ChannelOptions::ack_ahead of the allreduce's channels
   int interval_ms = 50;             // --timeline's sampling interval
 };
 

@@ -402,6 +402,10 @@ int main(int argc, char** argv) {
                      64);
   tooling::AddNumber(&app, "--allreduce-path-chunk-kb", &args.allreduce_path_chunk_kb,
                      "the allreduce channels' chunk size in KB (0: the default, 50)", 0, 256);
+  tooling::AddNumber(&app, "--allreduce-ack-ahead", &args.allreduce_ack_ahead,
+                     "1: the allreduce channels send acks ahead on the lowest-RTT path (the "
+                     "default), 0: only on the chunk's path",
+                     0, 1);
   tooling::AddNumber(&app, "--allreduce-depth", &args.allreduce_depth,
                      "the allreduce communicators' pipeline_depth (0: the default)", 0, 64);
   tooling::AddNumber(&app, "--allreduce-chunk-kib", &args.allreduce_chunk_kib,

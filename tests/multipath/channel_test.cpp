@@ -411,3 +411,47 @@ TEST_CASE("a dead lane is redialed with bounded back-off and used again, without
   std::lock_guard<std::mutex> lock(mu);
   CHECK(tries.size() == 4);
 }
+
+TEST_CASE(
+    "acks sent ahead on the fastest path: that path or a chunk's own path killed "
+    "mid-transfer loses and duplicates nothing",
+    "[multipath][failover]") {
+  Pair pair(3);
+  // The receiver takes path 0 for the fastest, so it sends a copy of every ack of a chunk that
+  // came on path 1 or 2 ahead on path 0.
+  pair.b->SetPathRttForTest(0, absl::Microseconds(100));
+  pair.b->SetPathRttForTest(1, absl::Milliseconds(50));
+  pair.b->SetPathRttForTest(2, absl::Milliseconds(50));
+  const size_t n = size_t{24} << 20;
+  SECTION("the path the copies travel on dies (acks in flight on it are lost)") {
+    SendAndCheck(pair, {n, n, n}, 70, [&](size_t i) {
+      if (i == 0) {
+        WaitBytesAcked(*pair.a, 4 << 20);
+        pair.b->FailPathForTest(0);
+      }
+    });
+  }
+  SECTION("a chunk's own path dies while its ack copies travel ahead") {
+    SendAndCheck(pair, {n, n, n}, 71, [&](size_t i) {
+      if (i == 0) {
+        WaitBytesAcked(*pair.a, 4 << 20);
+        pair.a->FailPathForTest(1);
+      }
+    });
+  }
+  CHECK(pair.b->Stats().acks_sent_ahead > 0);
+  CHECK(pair.a->status().ok());
+  CHECK(pair.a->live_paths() == 2);
+  SendAndCheck(pair, {n}, 72);
+}
+
+TEST_CASE("ack_ahead = false: acks only on the chunk's path", "[multipath]") {
+  pm::ChannelOptions o = Pair::Lenient();
+  o.ack_ahead = false;
+  Pair pair(2, o);
+  pair.b->SetPathRttForTest(0, absl::Microseconds(100));
+  pair.b->SetPathRttForTest(1, absl::Milliseconds(50));
+  SendAndCheck(pair, {size_t{8} << 20}, 73);
+  CHECK(pair.b->Stats().acks_sent_ahead == 0);
+  CHECK(pair.a->Stats().paths[1].bytes_acked > 0);
+}

@@ -144,6 +144,7 @@ ChannelStats MultipathChannel::Impl::Stats() const {
   out.duplicates_dropped = reassembler_.duplicates();
   out.overload_signals = overload_signals_;
   out.paths_revived = paths_revived_;
+  out.acks_sent_ahead = acks_sent_ahead_;
   out.last_redial_error = last_redial_error_;
   for (const auto& path : paths_) {
     const Path& p = *path;

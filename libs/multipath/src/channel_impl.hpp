@@ -365,6 +365,10 @@ class MultipathChannel::Impl {
 
   void OnFrame(Path& p, const Frame& f, absl::Span<const uint8_t> payload);
 
+  // ChannelOptions::ack_ahead: a copy of a chunk's ack on the lowest-RTT path, when that is
+  // not the path the chunk arrived on.
+  void SendAckAhead(Path& arrived, Frame ack);
+
   void MaybeSignalOverload(Path& p);
 
   // The channel cannot go on (a broken peer, or held bytes over the cap).
@@ -427,6 +431,7 @@ class MultipathChannel::Impl {
   std::vector<Lane> lanes_;
   std::condition_variable revive_cv_;  // a path died, or the channel is stopping
   uint64_t paths_revived_ = 0;
+  uint64_t acks_sent_ahead_ = 0;
   std::string last_redial_error_;
   std::thread thread_;
   std::thread revive_thread_;

@@ -58,6 +58,11 @@ struct ChannelOptions {
   // RTT inflation that counts as congestion: srtt > factor x min_rtt + slack.
   double congestion_rtt_factor = 4;
   absl::Duration congestion_rtt_slack = absl::Milliseconds(20);
+  // The receiver acks each chunk on the path it arrived on and, when another live path has a
+  // lower RTT, sends a copy of the ack there too: the sender frees the chunk's slot on the
+  // first to arrive, so a slow path loaded in both directions does not wait for its ack behind
+  // the peer's data (the copy on the chunk's own path keeps the failure handling unchanged).
+  bool ack_ahead = true;
   // Revival of dead paths without the application: when set, whenever a lane (the network path
   // a first AddPath opened; AddPath returns it) has no live or greeting path, the channel's
   // revival thread calls redial(lane) until it returns a new connection to the peer on that
@@ -94,6 +99,7 @@ struct ChannelStats {
   std::vector<PathStats> paths;
   uint64_t duplicates_dropped = 0;  // receiver: chunks that arrived twice (reposts), not applied
   uint64_t overload_signals = 0;    // receiver: overload messages sent
+  uint64_t acks_sent_ahead = 0;     // receiver: ack copies sent on a faster path (ack_ahead)
   uint64_t paths_revived = 0;       // paths the revival thread re-established (redial)
   std::string last_redial_error;    // why the last failed redial failed
 };
