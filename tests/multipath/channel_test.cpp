@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -412,19 +413,76 @@ TEST_CASE("a dead lane is redialed with bounded back-off and used again, without
   CHECK(tries.size() == 4);
 }
 
+// Sends `count` messages of `n` bytes each way at once (a -> b and b -> a, so that every path
+// is loaded in both directions); checks every byte and exactly one completion per operation,
+// receives in send order. `during(i)` runs after the i-th sends are posted.
+void BothWays(Pair& pair, size_t n, size_t count, uint32_t seed,
+              const std::function<void(size_t)>& during) {
+  struct Side {
+    pm::MultipathChannel* ch;
+    pt::CompletionQueue* cq;
+    std::vector<std::vector<uint8_t>> src, dst;
+  };
+  Side sides[2] = {{pair.a.get(), &pair.cq_a, {}, {}}, {pair.b.get(), &pair.cq_b, {}, {}}};
+  for (int s = 0; s < 2; ++s) {
+    for (size_t i = 0; i < count; ++i) {
+      sides[s].src.push_back(Pattern(n, seed + 100 * s + static_cast<uint32_t>(i)));
+      sides[s].dst.emplace_back(n, 0);
+    }
+  }
+  for (int s = 0; s < 2; ++s) {
+    for (size_t i = 0; i < count; ++i) {
+      REQUIRE(sides[s].ch->Recv({sides[s].dst[i].data(), n}, 1000 + i).ok());
+    }
+  }
+  for (size_t i = 0; i < count; ++i) {
+    for (int s = 0; s < 2; ++s) {
+      REQUIRE(sides[s].ch->Send({sides[s].src[i].data(), n}, 2000 + i).ok());
+    }
+    if (during) during(i);
+  }
+  for (int s = 0; s < 2; ++s) {
+    std::vector<int> sent(count, 0);
+    size_t next_recv = 1000;
+    for (const pt::Completion& c : Expect(*sides[s].cq, 2 * count)) {
+      if (c.opcode == pt::Opcode::kSend) {
+        REQUIRE(c.wr_id >= 2000);
+        REQUIRE(c.wr_id < 2000 + count);
+        ++sent[c.wr_id - 2000];
+      } else {
+        CHECK(c.opcode == pt::Opcode::kRecv);
+        CHECK(c.wr_id == next_recv++);  // in Send order
+        CHECK(c.bytes == n);
+      }
+    }
+    for (int k : sent) CHECK(k == 1);
+    CHECK(next_recv == 1000 + count);
+  }
+  for (int s = 0; s < 2; ++s) {
+    for (size_t i = 0; i < count; ++i) {
+      INFO("side " << s << " message " << i);
+      CHECK(sides[s].dst[i] == sides[1 - s].src[i]);
+    }
+  }
+  ExpectNoMore(pair.cq_a);
+  ExpectNoMore(pair.cq_b);
+}
+
 TEST_CASE(
     "acks sent ahead on the fastest path: that path or a chunk's own path killed "
     "mid-transfer loses and duplicates nothing",
     "[multipath][failover]") {
   Pair pair(3);
-  // The receiver takes path 0 for the fastest, so it sends a copy of every ack of a chunk that
-  // came on path 1 or 2 ahead on path 0.
-  pair.b->SetPathRttForTest(0, absl::Microseconds(100));
-  pair.b->SetPathRttForTest(1, absl::Milliseconds(50));
-  pair.b->SetPathRttForTest(2, absl::Milliseconds(50));
-  const size_t n = size_t{24} << 20;
+  // Both sides take path 0 for the fastest, so with every path loaded both ways each sends a
+  // copy of every ack of a chunk that came on path 1 or 2 ahead on path 0.
+  for (auto* ch : {pair.a.get(), pair.b.get()}) {
+    ch->SetPathRttForTest(0, absl::Microseconds(100));
+    ch->SetPathRttForTest(1, absl::Milliseconds(50));
+    ch->SetPathRttForTest(2, absl::Milliseconds(50));
+  }
+  const size_t n = size_t{8} << 20;
   SECTION("the path the copies travel on dies (acks in flight on it are lost)") {
-    SendAndCheck(pair, {n, n, n}, 70, [&](size_t i) {
+    BothWays(pair, n, 4, 70, [&](size_t i) {
       if (i == 0) {
         WaitBytesAcked(*pair.a, 4 << 20);
         pair.b->FailPathForTest(0);
@@ -432,26 +490,29 @@ TEST_CASE(
     });
   }
   SECTION("a chunk's own path dies while its ack copies travel ahead") {
-    SendAndCheck(pair, {n, n, n}, 71, [&](size_t i) {
+    BothWays(pair, n, 4, 71, [&](size_t i) {
       if (i == 0) {
         WaitBytesAcked(*pair.a, 4 << 20);
         pair.a->FailPathForTest(1);
       }
     });
   }
-  CHECK(pair.b->Stats().acks_sent_ahead > 0);
+  CHECK(pair.a->Stats().acks_sent_ahead + pair.b->Stats().acks_sent_ahead > 0);
   CHECK(pair.a->status().ok());
   CHECK(pair.a->live_paths() == 2);
-  SendAndCheck(pair, {n}, 72);
+  BothWays(pair, n, 2, 72, nullptr);
 }
 
 TEST_CASE("ack_ahead = false: acks only on the chunk's path", "[multipath]") {
   pm::ChannelOptions o = Pair::Lenient();
   o.ack_ahead = false;
   Pair pair(2, o);
-  pair.b->SetPathRttForTest(0, absl::Microseconds(100));
-  pair.b->SetPathRttForTest(1, absl::Milliseconds(50));
-  SendAndCheck(pair, {size_t{8} << 20}, 73);
+  for (auto* ch : {pair.a.get(), pair.b.get()}) {
+    ch->SetPathRttForTest(0, absl::Microseconds(100));
+    ch->SetPathRttForTest(1, absl::Milliseconds(50));
+  }
+  BothWays(pair, size_t{8} << 20, 2, 73, nullptr);
+  CHECK(pair.a->Stats().acks_sent_ahead == 0);
   CHECK(pair.b->Stats().acks_sent_ahead == 0);
   CHECK(pair.a->Stats().paths[1].bytes_acked > 0);
 }

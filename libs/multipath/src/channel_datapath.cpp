@@ -376,7 +376,9 @@ void MultipathChannel::Impl::OnFrame(Path& p, const Frame& f, absl::Span<const u
 }
 
 void MultipathChannel::Impl::SendAckAhead(Path& arrived, Frame ack) {
-  if (!options_.ack_ahead) return;
+  // Only while this side has chunks of its own in flight on the arrival path: then the ack
+  // queues behind them; on a path idle this way it goes straight back, and a copy is only cost.
+  if (!options_.ack_ahead || arrived.in_flight_chunks == 0) return;
   Path* fast = ControlPath();
   if (fast == nullptr || fast == &arrived || Rtt(*fast) >= Rtt(arrived)) return;
   ack.total = arrived.peer_index + 1;

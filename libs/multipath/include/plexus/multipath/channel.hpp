@@ -58,10 +58,11 @@ struct ChannelOptions {
   // RTT inflation that counts as congestion: srtt > factor x min_rtt + slack.
   double congestion_rtt_factor = 4;
   absl::Duration congestion_rtt_slack = absl::Milliseconds(20);
-  // The receiver acks each chunk on the path it arrived on and, when another live path has a
-  // lower RTT, sends a copy of the ack there too: the sender frees the chunk's slot on the
-  // first to arrive, so a slow path loaded in both directions does not wait for its ack behind
-  // the peer's data (the copy on the chunk's own path keeps the failure handling unchanged).
+  // The receiver acks each chunk on the path it arrived on and, when it has chunks of its own
+  // in flight on that path (both directions loaded) and another live path has a lower RTT,
+  // sends a copy of the ack there too: the sender frees the chunk's slot on the first to
+  // arrive, so the ack does not wait behind the receiver's own data on a slow path (the copy on
+  // the chunk's own path keeps the failure handling unchanged).
   bool ack_ahead = true;
   // Revival of dead paths without the application: when set, whenever a lane (the network path
   // a first AddPath opened; AddPath returns it) has no live or greeting path, the channel's
