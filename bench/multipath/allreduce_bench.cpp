@@ -41,6 +41,7 @@ struct AllReduceRun {
   // Sampled every 2 ms over the timed calls, per path, over rank 0's connections: chunks in
   // flight against the cap, the fraction of samples at the cap, and the mean smoothed RTT.
   std::vector<double> occupancy, at_cap, srtt_ms;
+  uint64_t chunks_reposted = 0, paths_revived = 0;  // failovers during the run (rank 0's side)
 };
 
 // Samples a MultipathDevice's channels until stopped (AllReduceRun's occupancy figures).
@@ -77,7 +78,12 @@ class OccupancySampler {
   void Finish(AllReduceRun& run) {
     stop_ = true;
     thread_.join();
-    const size_t channels = std::max<size_t>(1, device_.Stats().size());
+    const std::vector<pm::ChannelStats> stats = device_.Stats();
+    const size_t channels = std::max<size_t>(1, stats.size());
+    for (const pm::ChannelStats& ch : stats) {
+      run.paths_revived += ch.paths_revived;
+      for (const pm::PathStats& p : ch.paths) run.chunks_reposted += p.chunks_reposted;
+    }
     for (size_t k = 0; k < in_flight_.size(); ++k) {
       run.occupancy.push_back(cap_[k] > 0 ? in_flight_[k] / cap_[k] : 0);
       run.at_cap.push_back(samples_ > 0 ? at_cap_[k] / samples_ : 0);
@@ -207,8 +213,12 @@ absl::Status RunAllReduce(const Args& args, tooling::FigureWriter& out) {
       single.push_back(busbw(s.seconds));
     }
     if (std::getenv("PLEXUS_BENCH_VERBOSE") != nullptr) {
-      std::fprintf(stderr, "allreduce run %d: multipath %.1f MB/s, single path %.1f MB/s\n", run,
-                   mp.back(), single.empty() ? 0.0 : single.back());
+      std::fprintf(stderr,
+                   "allreduce run %d: multipath %.1f MB/s, single path %.1f MB/s (chunks reposted "
+                   "%llu, paths revived %llu)\n",
+                   run, mp.back(), single.empty() ? 0.0 : single.back(),
+                   static_cast<unsigned long long>(m.chunks_reposted),
+                   static_cast<unsigned long long>(m.paths_revived));
       for (size_t p = 0; p < m.occupancy.size(); ++p) {
         std::fprintf(stderr,
                      "  path %zu: share %.3f, in flight / cap %.2f, at cap %.2f of samples, "
