@@ -4,6 +4,9 @@
 // share, failover outage (longest gap in delivered bytes) over link-down and blackhole trials,
 // bytes lost or duplicated, and a 2-rank ring allreduce over MultipathDevices (K paths) against
 // the same over one path. Needs root (network namespaces).
+//
+// This file: the throughput and failover sections and main; allreduce_bench.cpp and
+// mptcp_bench.cpp hold the others (bench_common.hpp).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -27,48 +30,25 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "bench_common.hpp"
 #include "failover_series.hpp"
 #include "multipath_bed.hpp"
 #include "netbed.hpp"
-#include "plexus/collectives/communicator.hpp"
 #include "plexus/multipath/device.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
 #include "sockets.hpp"
 
-namespace pm = plexus::multipath;
 namespace pt = plexus::transport;
 namespace nb = plexus::netbed;
-namespace mpb = plexus::mpbench;
 namespace tooling = plexus::tooling;
-namespace pc = plexus::collectives;
+
+namespace plexus::mpbench {
 
 namespace {
 
 using plexus::mpbench::ConnectFrom;
 using plexus::mpbench::ListenOn;
-
-struct Args {
-  bool json = false;
-  bool compare = false;
-  int runs = 5;
-  double seconds = 3;
-  std::string netbed = PLEXUS_NETBED_SCRIPT;
-  std::vector<int> rates = {200, 400, 100, 300};
-  size_t message_bytes = size_t{1} << 20;
-  int depth = 16;
-  int allreduce_mib = 64;
-  int allreduce_paths = 2;
-  int allreduce_iterations = 3;
-  int interval_ms = 50;  // --timeline's sampling interval
-};
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 // ---- Raw TCP references ----
 
@@ -136,23 +116,13 @@ absl::StatusOr<double> TcpStreams(nb::Bed& bed, const std::vector<size_t>& paths
   return static_cast<double>(b1 - b0) * 8 / absl::ToDoubleSeconds(t1 - t0) / 1e6;
 }
 
+}  // namespace
+
 // ---- Multipath stream ----
 
-struct StreamResult {
-  double mbit = 0;
-  std::vector<double> path_share;  // of bytes acked over the window
-  absl::Duration longest_gap;      // between receiver completions, after warmup
-  uint64_t messages = 0, bad_bytes = 0, duplicates = 0, missing = 0;
-  absl::Time window_start, window_end;  // the measured window (after the warmup)
-  std::vector<absl::Time> done_at;      // every message's delivery at the receiver
-};
-
-// Streams messages a -> b for `seconds` after a warmup, verifying each one; `event` runs at
-// `event_at` into the measured window (failover trials).
 absl::StatusOr<StreamResult> MultipathStream(std::unique_ptr<nb::BedChannels> owned,
                                              const Args& args, double seconds,
-                                             std::function<void()> event = nullptr,
-                                             double event_at = 0) {
+                                             std::function<void()> event, double event_at) {
   const size_t n = args.message_bytes;
   const int depth = args.depth;
   std::vector<std::vector<uint8_t>> src(depth, std::vector<uint8_t>(n)),
@@ -273,14 +243,6 @@ absl::StatusOr<StreamResult> MultipathStream(std::unique_ptr<nb::BedChannels> ow
   result.mbit = static_cast<double>(delivered) * 8 / absl::ToDoubleSeconds(t1 - t0) / 1e6;
   return result;
 }
-
-pm::ChannelOptions BenchOptions() {
-  pm::ChannelOptions o;
-  o.path_timeout = absl::Milliseconds(100);
-  return o;
-}
-
-std::string BedName() { return absl::StrCat("mpb", getpid()); }
 
 absl::Status RunThroughput(const Args& args, tooling::FigureWriter& out) {
   for (int k = 2; k <= static_cast<int>(args.rates.size()); ++k) {
@@ -410,372 +372,10 @@ absl::Status RunFailover(const Args& args, tooling::FigureWriter& out) {
   return absl::OkStatus();
 }
 
-// ---- Ring allreduce between 2 ranks (rank 0 in namespace a, rank 1 in b) ----
-
-// One run: a communicator per rank over `paths` (1-based path numbers): a MultipathDevice with
-// one path per entry when `multipath`, else the plain tcp device bound to the single path's
-// address. Returns rank 0's median seconds per allreduce of args.allreduce_mib MiB (f32 sum) over
-// args.allreduce_iterations after one warm-up, and each path's share of rank 0's bytes.
-struct AllReduceRun {
-  double seconds = 0;
-  std::vector<double> path_share;
-};
-
-absl::StatusOr<AllReduceRun> AllReduceOnce(nb::Bed& bed, const std::vector<size_t>& paths,
-                                           bool multipath, const Args& args) {
-  char dir_template[] = "/tmp/plexus-mp-allreduce-XXXXXX";
-  if (mkdtemp(dir_template) == nullptr) return absl::InternalError("mkdtemp failed");
-  const std::string dir = dir_template;
-  PLEXUS_ASSIGN_OR_RETURN(std::shared_ptr<pt::Store> store, pt::FileStore::Open(dir));
-  const size_t count = (size_t{1} << 20) * args.allreduce_mib / sizeof(float);
-  std::vector<absl::Status> status(2);
-  AllReduceRun result;
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.emplace_back([&, r] {
-      const char side = r == 0 ? 'a' : 'b';
-      status[r] = nb::InNetns(bed.ns(side), [&]() -> absl::Status {
-        PLEXUS_ASSIGN_OR_RETURN(pt::Rendezvous rdv, pt::Rendezvous::Create(r, 2, store));
-        pc::CommunicatorOptions options;
-        options.timeout = absl::Seconds(60);
-        std::shared_ptr<pm::MultipathDevice> device;
-        std::unique_ptr<pc::Communicator> comm;
-        if (multipath) {
-          pm::MultipathDeviceOptions o;
-          for (size_t k : paths) o.local_addresses.push_back(nb::Bed::Address(side, k));
-          o.channel.path_timeout = absl::Milliseconds(100);
-          PLEXUS_ASSIGN_OR_RETURN(device, pm::MultipathDevice::Create(o));
-          PLEXUS_ASSIGN_OR_RETURN(comm, pc::Communicator::Create(rdv, device, options));
-        } else {
-          options.device.local_address = nb::Bed::Address(side, paths[0]);
-          // tcp over the bed's path, although both namespaces share one host name.
-          options.transport_policy = pc::TransportPolicy::kUniform;
-          PLEXUS_ASSIGN_OR_RETURN(comm, pc::Communicator::Create(rdv, options));
-        }
-        std::vector<float> in(count), out(count);
-        for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((i + r) % 1024);
-        std::vector<double> times;
-        for (int it = 0; it <= args.allreduce_iterations; ++it) {
-          const absl::Time t0 = absl::Now();
-          PLEXUS_RETURN_IF_ERROR(comm->AllReduce(in.data(), out.data(), count, pc::DataType::kF32,
-                                                 pc::ReduceOp::kSum));
-          if (it > 0) times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
-        }
-        for (size_t i = 0; i < count; i += 4099) {
-          const float want = static_cast<float>(i % 1024 + (i + 1) % 1024);
-          if (out[i] != want) {
-            return absl::DataLossError(
-                absl::StrCat("rank ", r, " element ", i, ": ", out[i], ", want ", want));
-          }
-        }
-        if (r == 0) {
-          result.seconds = Median(times);
-          if (device != nullptr) {
-            const std::vector<uint64_t> bytes = device->PathBytesAcked();
-            const double total = std::accumulate(bytes.begin(), bytes.end(), 0.0);
-            for (uint64_t b : bytes) result.path_share.push_back(total > 0 ? b / total : 0);
-          }
-        }
-        comm.reset();  // collective: both ranks reach it
-        return absl::OkStatus();
-      });
-    });
-  }
-  for (auto& t : ranks) t.join();
-  store.reset();
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
-  for (int r = 0; r < 2; ++r) {
-    PLEXUS_RETURN_IF_ERROR(plexus::base::Annotate(status[r], absl::StrCat("allreduce rank ", r)));
-  }
-  return result;
-}
-
-absl::Status RunAllReduce(const Args& args, tooling::FigureWriter& out) {
-  const int k = args.allreduce_paths;
-  const std::vector<int> rates(args.rates.begin(), args.rates.begin() + k);
-  PLEXUS_ASSIGN_OR_RETURN(auto bed, nb::Bed::Create(args.netbed, BedName(), rates));
-  std::vector<size_t> all;
-  for (int p = 1; p <= k; ++p) all.push_back(p);
-  const size_t fastest = 1 + std::max_element(rates.begin(), rates.end()) - rates.begin();
-  const double sum = std::accumulate(rates.begin(), rates.end(), 0.0);
-  const double bytes = static_cast<double>(size_t{1} << 20) * args.allreduce_mib;
-  // 2 ranks: busbw = algbw x 2(n-1)/n = bytes / time; each rank sends `bytes` each way.
-  auto busbw = [&](double seconds) { return bytes / seconds / 1e6; };
-  std::vector<double> mp, single;
-  std::vector<std::vector<double>> shares(k);
-  for (int run = 0; run < args.runs; ++run) {
-    PLEXUS_ASSIGN_OR_RETURN(AllReduceRun m, AllReduceOnce(*bed, all, true, args));
-    mp.push_back(busbw(m.seconds));
-    for (int p = 0; p < k && p < static_cast<int>(m.path_share.size()); ++p) {
-      shares[p].push_back(m.path_share[p]);
-    }
-    if (args.compare) {
-      PLEXUS_ASSIGN_OR_RETURN(AllReduceRun s, AllReduceOnce(*bed, {fastest}, false, args));
-      single.push_back(busbw(s.seconds));
-    }
-    if (std::getenv("PLEXUS_BENCH_VERBOSE") != nullptr) {
-      std::fprintf(stderr, "allreduce run %d: multipath %.1f MB/s, single path %.1f MB/s\n", run,
-                   mp.back(), single.empty() ? 0.0 : single.back());
-    }
-  }
-  const std::string rates_text = absl::StrJoin(rates, "/");
-  auto add = [&](const std::string& figure, const std::vector<double>& v, nlohmann::json extra) {
-    if (v.empty()) return;
-    tooling::Figure f;
-    f.figure = figure;
-    f.value = Median(v);
-    f.unit = "MB/s";
-    f.extra = {{"ranks", 2},
-               {"bytes", (size_t{1} << 20) * args.allreduce_mib},
-               {"dtype", "f32"},
-               {"rates_mbit", rates_text},
-               {"runs", v.size()},
-               {"iterations_per_run", args.allreduce_iterations},
-               {"min", *std::min_element(v.begin(), v.end())},
-               {"max", *std::max_element(v.begin(), v.end())},
-               {"busbw_mbit", Median(v) * 8}};
-    for (auto& [key, value] : extra.items()) f.extra[key] = value;
-    out.Add(f);
-  };
-  std::vector<double> share_medians;
-  for (auto& s : shares) share_medians.push_back(Median(s));
-  add("allreduce_busbw_multipath", mp,
-      {{"paths", k},
-       {"fraction_of_sum_of_rates", Median(mp) * 8 / sum},
-       {"path_share", share_medians}});
-  add("allreduce_busbw_single_path", single,
-      {{"paths", 1},
-       {"path", fastest},
-       {"rate_mbit", rates[fastest - 1]},
-       {"fraction_of_path_rate", single.empty() ? 0.0 : Median(single) * 8 / rates[fastest - 1]}});
-  if (!single.empty()) {
-    tooling::Figure f;
-    f.figure = "allreduce_multipath_speedup";
-    f.value = Median(mp) / Median(single);
-    f.unit = "ratio";
-    f.extra = {{"paths", k},
-               {"rates_mbit", rates_text},
-               {"ideal", sum / rates[fastest - 1]},
-               {"bytes", (size_t{1} << 20) * args.allreduce_mib},
-               {"runs", mp.size()}};
-    out.Add(f);
-  }
-  return absl::OkStatus();
-}
-
-// ---- Kernel MPTCP failover trials (the reference for RunFailover) ----
-
-// The same trials as RunFailover, for one kernel MPTCP connection (initial subflow on path 1,
-// one subflow per other path from the in-kernel path manager's `subflow` endpoints) on the same
-// bed and rates: path 2 taken down or blackholed 0.8 s into a 2 s window, 5 trials each; the
-// outage is the longest gap in bytes delivered to the receiving application, and every byte of
-// the stream is checked, then drained to EOF (bytes never delivered count as lost).
-absl::Status RunMptcpFailover(const Args& args, tooling::FigureWriter& out) {
-  const std::vector<int> rates(args.rates.begin(), args.rates.begin() + 3);
-  PLEXUS_ASSIGN_OR_RETURN(auto bed, nb::Bed::Create(args.netbed, BedName(), rates));
-  for (const std::string event : {"link-down", "blackhole"}) {
-    std::vector<double> outages, message_outages, mbits;
-    std::vector<int> subflows;
-    uint64_t sent = 0, lost = 0, corrupt = 0;
-    int undrained = 0;
-    std::string errors;
-    for (int trial = 0; trial < args.runs; ++trial) {
-      // Fresh endpoints each trial (flush and add): the same subflows every time.
-      PLEXUS_RETURN_IF_ERROR(bed->Run({"mptcp"}));
-      absl::Status event_status;
-      PLEXUS_ASSIGN_OR_RETURN(mpb::MptcpResult r, mpb::MptcpStream(
-                                                      *bed, 2.0,
-                                                      [&] {
-                                                        event_status = bed->Run({event, "2"});
-                                                      },
-                                                      0.8));
-      PLEXUS_RETURN_IF_ERROR(event_status);
-      PLEXUS_RETURN_IF_ERROR(bed->Run({"restore", "2"}));
-      outages.push_back(absl::ToDoubleSeconds(r.longest_gap));
-      message_outages.push_back(absl::ToDoubleSeconds(mpb::LongestGap(
-          mpb::MessageDeliveries(r.deliveries, args.message_bytes), r.window_start, r.window_end)));
-      mbits.push_back(r.mbit);
-      subflows.push_back(r.subflows_before_event);
-      sent += r.sent;
-      lost += r.lost();
-      corrupt += r.corrupt_bytes;
-      undrained += r.drained ? 0 : 1;
-      if (!r.error.empty()) absl::StrAppend(&errors, errors.empty() ? "" : "; ", r.error);
-      if (std::getenv("PLEXUS_BENCH_VERBOSE") != nullptr) {
-        std::fprintf(stderr,
-                     "mptcp %s trial %d: outage %.3f s (%.3f s in whole messages), %.1f Mbit/s, "
-                     "subflows %d -> %d, sent %llu received %llu corrupt %llu%s %s\n",
-                     event.c_str(), trial, outages.back(), message_outages.back(), r.mbit,
-                     r.subflows_before_event, r.subflows_at_end,
-                     static_cast<unsigned long long>(r.sent),
-                     static_cast<unsigned long long>(r.received),
-                     static_cast<unsigned long long>(r.corrupt_bytes),
-                     r.drained ? "" : " (not drained)", r.error.c_str());
-      }
-    }
-    tooling::Figure f;
-    f.figure = absl::StrCat("mptcp_failover_outage_", event);
-    f.value = *std::max_element(outages.begin(), outages.end());
-    f.unit = "s";
-    f.extra = {{"trials", outages.size()},
-               {"outages_s", outages},
-               {"median_s", Median(outages)},
-               {"min_s", *std::min_element(outages.begin(), outages.end())},
-               {"rates_mbit", absl::StrJoin(rates, "/")},
-               {"median_mbit", Median(mbits)},
-               {"subflows_before_event", subflows}};
-    out.Add(f);
-    // The same outage with the stream read as whole messages of the multipath runs' size (their
-    // outage is between whole messages too): the comparison on equal terms.
-    tooling::Figure m;
-    m.figure = absl::StrCat("mptcp_failover_outage_messages_", event);
-    m.value = *std::max_element(message_outages.begin(), message_outages.end());
-    m.unit = "s";
-    m.extra = {{"trials", message_outages.size()},
-               {"outages_s", message_outages},
-               {"median_s", Median(message_outages)},
-               {"min_s", *std::min_element(message_outages.begin(), message_outages.end())},
-               {"message_bytes", args.message_bytes}};
-    out.Add(m);
-    tooling::Figure loss;
-    loss.figure = absl::StrCat("mptcp_bytes_lost_or_duplicated_", event);
-    loss.value = static_cast<double>(lost + corrupt);
-    loss.unit = "bytes";
-    loss.extra = {{"trials", outages.size()},
-                  {"sent_bytes", sent},
-                  {"lost_bytes", lost},
-                  {"corrupt_bytes", corrupt},
-                  {"trials_not_drained_in_10s", undrained}};
-    if (!errors.empty()) loss.extra["errors"] = errors;
-    out.Add(loss);
-  }
-  return absl::OkStatus();
-}
-
-// ---- Throughput per path over time through a failover and a restore (--timeline) ----
-
-struct TimelinePlan {
-  double down_s = 1.0, restore_s = 2.5, end_s = 4.5;  // from the window's start
-  int path = 2;
-};
-
-// Writes one line per sample ("timeline": value = application goodput, path_mbit = what each
-// path's wire delivered, headers included) and one summary line ("timeline_outage": the longest
-// gap in delivered bytes, the same counting only whole messages of the multipath runs' size,
-// and the times of the failure and the restore) for `system`.
-void EmitTimeline(tooling::FigureWriter& out, const std::string& system, const std::string& event,
-                  const TimelinePlan& plan, const std::vector<int>& rates,
-                  const std::vector<mpb::TimelinePoint>& points, absl::Duration outage,
-                  absl::Duration message_outage, double down_s, double restore_s) {
-  if (out.json()) {  // the table shows the summary only
-    // Rounded (1 ms, 0.1 Mbit/s): finer is noise, and the series stays small.
-    auto round = [](double v, double per_unit) { return std::round(v * per_unit) / per_unit; };
-    for (const mpb::TimelinePoint& p : points) {
-      tooling::Figure f;
-      f.figure = "timeline";
-      f.value = round(p.goodput_mbit, 10);
-      f.unit = "Mbit/s";
-      std::vector<double> path_mbit;
-      for (double v : p.path_mbit) path_mbit.push_back(round(v, 10));
-      f.extra = {{"system", system},
-                 {"event", event},
-                 {"t_s", round(p.t_s, 1000)},
-                 {"path_mbit", path_mbit}};
-      out.Add(f);
-    }
-  }
-  tooling::Figure f;
-  f.figure = "timeline_outage";
-  f.value = absl::ToDoubleSeconds(outage);
-  f.unit = "s";
-  f.extra = {
-      {"system", system},         {"event", event},
-      {"path", plan.path},        {"down_s", down_s},
-      {"restore_s", restore_s},   {"rates_mbit", rates},
-      {"samples", points.size()}, {"outage_messages_s", absl::ToDoubleSeconds(message_outage)}};
-  out.Add(f);
-}
-
-absl::Status RunTimeline(const Args& args, tooling::FigureWriter& out) {
-  const TimelinePlan plan;
-  const std::vector<int> rates(args.rates.begin(), args.rates.begin() + 3);
-  const std::string path = std::to_string(plan.path);
-  const absl::Duration interval = absl::Milliseconds(args.interval_ms);
-  PLEXUS_ASSIGN_OR_RETURN(auto bed, nb::Bed::Create(args.netbed, BedName(), rates));
-  for (const std::string event : {"link-down", "blackhole"}) {
-    // Takes the path down, restores it (restore_s - down_s) later, then runs `after_restore`.
-    absl::Time down_at, restore_at;
-    auto fail_and_restore = [&](const std::function<absl::Status()>& after_restore) {
-      down_at = absl::Now();
-      absl::Status s = bed->Run({event, path});
-      absl::SleepFor(down_at + absl::Seconds(plan.restore_s - plan.down_s) - absl::Now());
-      restore_at = absl::Now();
-      if (s.ok()) s = bed->Run({"restore", path});
-      if (s.ok()) s = after_restore();
-      return s;
-    };
-    // The event runs inside the stream's window, which it lengthens by its own run time.
-    const double seconds = plan.end_s - (plan.restore_s - plan.down_s);
-    {  // Plexus
-      PLEXUS_ASSIGN_OR_RETURN(auto ch, nb::BedChannels::Create(*bed, BenchOptions()));
-      for (int p = 1; p <= 3; ++p) PLEXUS_RETURN_IF_ERROR(ch->Connect(p).status());
-      PLEXUS_RETURN_IF_ERROR(ch->WaitLive(3));
-      nb::BedChannels* channels = ch.get();  // alive until the stream returns
-      PLEXUS_ASSIGN_OR_RETURN(auto sampler, mpb::WireSampler::Start(*bed, interval));
-      absl::Status event_status;
-      PLEXUS_ASSIGN_OR_RETURN(StreamResult r, MultipathStream(
-                                                  std::move(ch), args, seconds,
-                                                  [&] {
-                                                    event_status = fail_and_restore([&] {
-                                                      // The channel does not probe a dead
-                                                      // path: the application re-adds it.
-                                                      absl::Status s;
-                                                      for (int i = 0; i < 10; ++i) {
-                                                        s = channels->Connect(plan.path).status();
-                                                        if (s.ok()) break;
-                                                        absl::SleepFor(absl::Milliseconds(100));
-                                                      }
-                                                      return s;
-                                                    });
-                                                  },
-                                                  plan.down_s));
-      PLEXUS_RETURN_IF_ERROR(event_status);
-      PLEXUS_ASSIGN_OR_RETURN(auto samples, sampler->Stop());
-      std::vector<mpb::Delivery> deliveries;
-      for (absl::Time t : r.done_at) deliveries.push_back({t, args.message_bytes});
-      EmitTimeline(out, "plexus", event, plan, rates,
-                   mpb::Timeline(samples, deliveries, r.window_start, r.window_end), r.longest_gap,
-                   r.longest_gap, absl::ToDoubleSeconds(down_at - r.window_start),
-                   absl::ToDoubleSeconds(restore_at - r.window_start));
-    }
-    {  // kernel MPTCP: its subflow on the path survives (bound to the device) and resumes
-      PLEXUS_RETURN_IF_ERROR(bed->Run({"mptcp"}));
-      PLEXUS_ASSIGN_OR_RETURN(auto sampler, mpb::WireSampler::Start(*bed, interval));
-      absl::Status event_status;
-      PLEXUS_ASSIGN_OR_RETURN(
-          mpb::MptcpResult r,
-          mpb::MptcpStream(
-              *bed, seconds,
-              [&] { event_status = fail_and_restore([] { return absl::OkStatus(); }); },
-              plan.down_s));
-      PLEXUS_RETURN_IF_ERROR(event_status);
-      PLEXUS_ASSIGN_OR_RETURN(auto samples, sampler->Stop());
-      EmitTimeline(out, "mptcp", event, plan, rates,
-                   mpb::Timeline(samples, r.deliveries, r.window_start, r.window_end),
-                   r.longest_gap,
-                   mpb::LongestGap(mpb::MessageDeliveries(r.deliveries, args.message_bytes),
-                                   r.window_start, r.window_end),
-                   absl::ToDoubleSeconds(down_at - r.window_start),
-                   absl::ToDoubleSeconds(restore_at - r.window_start));
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
+}  // namespace plexus::mpbench
 
 int main(int argc, char** argv) {
+  using namespace plexus::mpbench;  // NOLINT: the sections and Args
   tooling::Tool tool("plexus-bench-multipath",
                      "Multipath channels on a shaped netns bed against single-path TCP, K TCP "
                      "streams and MPTCP (needs root)");
@@ -797,6 +397,19 @@ int main(int argc, char** argv) {
                      "paths of the allreduce line (the first K rates)", 1, 4);
   tooling::AddNumber(&app, "--allreduce-iterations", &args.allreduce_iterations,
                      "timed allreduces per run (after one warm-up)", 1, 100);
+  tooling::AddNumber(&app, "--allreduce-cap", &args.allreduce_cap,
+                     "chunks in flight per path of the allreduce's channels (0: the default)", 0,
+                     64);
+  tooling::AddNumber(&app, "--allreduce-path-chunk-kb", &args.allreduce_path_chunk_kb,
+                     "the allreduce channels' chunk size in KB (0: the default, 50)", 0, 256);
+  tooling::AddNumber(&app, "--allreduce-ack-ahead", &args.allreduce_ack_ahead,
+                     "1: the allreduce channels send acks ahead on the lowest-RTT path (the "
+                     "default), 0: only on the chunk's path",
+                     0, 1);
+  tooling::AddNumber(&app, "--allreduce-depth", &args.allreduce_depth,
+                     "the allreduce communicators' pipeline_depth (0: the default)", 0, 64);
+  tooling::AddNumber(&app, "--allreduce-chunk-kib", &args.allreduce_chunk_kib,
+                     "the allreduce communicators' chunk_bytes in KiB (0: the default)", 0, 65536);
   bool timeline = false;
   app.add_flag(
       "--timeline", timeline,

@@ -6,7 +6,9 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -273,14 +275,20 @@ TEST_CASE("scheduler, chunk size and in-flight cap switched while traffic flows"
   });
   CHECK_FALSE(pair.a->SetChunkBytes(0).ok());
   CHECK_FALSE(pair.a->SetChunkBytes(size_t{1} << 30).ok());
-  CHECK_FALSE(pair.a->SetMaxChunksInFlight(9).ok());
+  CHECK_FALSE(pair.a->SetMaxChunksInFlight(65).ok());
   CHECK_FALSE(pair.a->SetMaxChunksInFlight(0).ok());
 }
 
 TEST_CASE("options are validated", "[multipath]") {
   pt::CompletionQueue cq;
   pm::ChannelOptions o;
-  o.max_chunks_in_flight = 9;
+  o.max_chunks_in_flight = 65;
+  CHECK_FALSE(pm::MultipathChannel::Create(o, &cq).ok());
+  o = {};
+  o.reconnect_backoff = absl::ZeroDuration();
+  CHECK_FALSE(pm::MultipathChannel::Create(o, &cq).ok());
+  o = {};
+  o.max_reconnect_backoff = o.reconnect_backoff / 2;
   CHECK_FALSE(pm::MultipathChannel::Create(o, &cq).ok());
   o = {};
   o.chunk_bytes = o.max_chunk_bytes + 1;
@@ -322,4 +330,189 @@ TEST_CASE("destroying a channel fails its outstanding operations once", "[multip
     CHECK((got[i].wr_id == 7 || got[i].wr_id == 8));
   }
   CHECK(got[0].wr_id != got[1].wr_id);
+}
+
+TEST_CASE("a dead lane is redialed with bounded back-off and used again, without AddPath",
+          "[multipath][failover][revive]") {
+  pt::DeviceOptions d;
+  d.backend = pt::Backend::kTcp;
+  d.op_timeout = absl::Seconds(20);
+  auto dev_a = *pt::Device::Create(d);
+  auto dev_b = *pt::Device::Create(d);
+  auto listener = std::move(*dev_b->Listen("127.0.0.1:0"));
+  pt::CompletionQueue cq_a, cq_b;
+  std::mutex mu;
+  std::vector<absl::Time> tries;  // side a's redial calls
+  pm::MultipathChannel* raw_a = nullptr;
+  pm::MultipathChannel* raw_b = nullptr;
+  pm::ChannelOptions oa = Pair::Lenient();
+  oa.reconnect_backoff = absl::Milliseconds(20);
+  oa.max_reconnect_backoff = absl::Milliseconds(80);
+  pm::ChannelOptions ob = oa;
+  // Side a dials (the first three tries fail, as against a path still down); side b accepts.
+  oa.redial = [&](int lane) -> absl::StatusOr<std::unique_ptr<pt::Connection>> {
+    std::lock_guard<std::mutex> lock(mu);
+    tries.push_back(absl::Now());
+    if (tries.size() <= 3) return absl::UnavailableError("refused by the test");
+    return dev_a->ConnectFrom(absl::StrCat("127.0.0.", 2 + lane), listener->address(),
+                              raw_a->path_queue());
+  };
+  ob.redial = [&](int) { return listener->Accept(raw_b->path_queue(), absl::Milliseconds(80)); };
+  // The channels go before what their redial functions use.
+  auto a = std::move(*pm::MultipathChannel::Create(oa, &cq_a));
+  auto b = std::move(*pm::MultipathChannel::Create(ob, &cq_b));
+  raw_a = a.get();
+  raw_b = b.get();
+  for (int k = 0; k < 2; ++k) {
+    auto conn =
+        dev_a->ConnectFrom(absl::StrCat("127.0.0.", 2 + k), listener->address(), a->path_queue());
+    REQUIRE(conn.ok());
+    auto accepted = listener->Accept(b->path_queue(), absl::Seconds(5));
+    REQUIRE(accepted.ok());
+    REQUIRE(*a->AddPath(std::move(*conn)) == k);
+    REQUIRE(b->AddPath(std::move(*accepted)).ok());
+  }
+  const size_t n = size_t{16} << 20;
+  SendAndCheck(*a, *b, cq_a, cq_b, {n, n}, 60, [&](size_t i) {
+    if (i == 0) {
+      WaitBytesAcked(*a, 2 << 20);
+      a->FailPathForTest(1);
+    }
+  });
+  // Lane 1 comes back on both sides: a new path (index 2) on lane 1.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while ((a->live_paths() != 2 || b->live_paths() != 2) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  INFO("a: " << a->Stats().last_redial_error << "; b: " << b->Stats().last_redial_error);
+  REQUIRE(a->live_paths() == 2);
+  REQUIRE(b->live_paths() == 2);
+  const pm::ChannelStats stats = a->Stats();
+  REQUIRE(stats.paths.size() == 3);
+  CHECK(stats.paths[2].lane == 1);
+  CHECK(stats.paths[2].up);
+  CHECK_FALSE(stats.paths[1].up);
+  CHECK(stats.paths_revived == 1);
+  CHECK(b->Stats().paths_revived == 1);
+  CHECK(stats.last_redial_error.find("refused by the test") != std::string::npos);
+  {
+    // Back-off between failed tries: 20, 40, 80 ms (doubling, capped at 80).
+    std::lock_guard<std::mutex> lock(mu);
+    REQUIRE(tries.size() == 4);
+    CHECK(tries[1] - tries[0] >= absl::Milliseconds(20));
+    CHECK(tries[2] - tries[1] >= absl::Milliseconds(40));
+    CHECK(tries[3] - tries[2] >= absl::Milliseconds(80));
+    CHECK(tries[3] - tries[0] < absl::Seconds(5));
+  }
+  SendAndCheck(*a, *b, cq_a, cq_b, {n}, 61);
+  CHECK(a->Stats().paths[2].bytes_acked > 0);
+  // Closing stops the revival: no more tries after it.
+  a->Close();
+  b->Close();
+  std::lock_guard<std::mutex> lock(mu);
+  CHECK(tries.size() == 4);
+}
+
+// Sends `count` messages of `n` bytes each way at once (a -> b and b -> a, so that every path
+// is loaded in both directions); checks every byte and exactly one completion per operation,
+// receives in send order. `during(i)` runs after the i-th sends are posted.
+void BothWays(Pair& pair, size_t n, size_t count, uint32_t seed,
+              const std::function<void(size_t)>& during) {
+  struct Side {
+    pm::MultipathChannel* ch;
+    pt::CompletionQueue* cq;
+    std::vector<std::vector<uint8_t>> src, dst;
+  };
+  Side sides[2] = {{pair.a.get(), &pair.cq_a, {}, {}}, {pair.b.get(), &pair.cq_b, {}, {}}};
+  for (int s = 0; s < 2; ++s) {
+    for (size_t i = 0; i < count; ++i) {
+      sides[s].src.push_back(Pattern(n, seed + 100 * s + static_cast<uint32_t>(i)));
+      sides[s].dst.emplace_back(n, 0);
+    }
+  }
+  for (int s = 0; s < 2; ++s) {
+    for (size_t i = 0; i < count; ++i) {
+      REQUIRE(sides[s].ch->Recv({sides[s].dst[i].data(), n}, 1000 + i).ok());
+    }
+  }
+  for (size_t i = 0; i < count; ++i) {
+    for (int s = 0; s < 2; ++s) {
+      REQUIRE(sides[s].ch->Send({sides[s].src[i].data(), n}, 2000 + i).ok());
+    }
+    if (during) during(i);
+  }
+  for (int s = 0; s < 2; ++s) {
+    std::vector<int> sent(count, 0);
+    size_t next_recv = 1000;
+    for (const pt::Completion& c : Expect(*sides[s].cq, 2 * count)) {
+      if (c.opcode == pt::Opcode::kSend) {
+        REQUIRE(c.wr_id >= 2000);
+        REQUIRE(c.wr_id < 2000 + count);
+        ++sent[c.wr_id - 2000];
+      } else {
+        CHECK(c.opcode == pt::Opcode::kRecv);
+        CHECK(c.wr_id == next_recv++);  // in Send order
+        CHECK(c.bytes == n);
+      }
+    }
+    for (int k : sent) CHECK(k == 1);
+    CHECK(next_recv == 1000 + count);
+  }
+  for (int s = 0; s < 2; ++s) {
+    for (size_t i = 0; i < count; ++i) {
+      INFO("side " << s << " message " << i);
+      CHECK(sides[s].dst[i] == sides[1 - s].src[i]);
+    }
+  }
+  ExpectNoMore(pair.cq_a);
+  ExpectNoMore(pair.cq_b);
+}
+
+TEST_CASE(
+    "acks sent ahead on the fastest path: that path or a chunk's own path killed "
+    "mid-transfer loses and duplicates nothing",
+    "[multipath][failover]") {
+  Pair pair(3);
+  // Both sides take path 0 for the fastest, so with every path loaded both ways each sends a
+  // copy of every ack of a chunk that came on path 1 or 2 ahead on path 0.
+  for (auto* ch : {pair.a.get(), pair.b.get()}) {
+    ch->SetPathRttForTest(0, absl::Microseconds(100));
+    ch->SetPathRttForTest(1, absl::Milliseconds(50));
+    ch->SetPathRttForTest(2, absl::Milliseconds(50));
+  }
+  const size_t n = size_t{8} << 20;
+  SECTION("the path the copies travel on dies (acks in flight on it are lost)") {
+    BothWays(pair, n, 4, 70, [&](size_t i) {
+      if (i == 0) {
+        WaitBytesAcked(*pair.a, 4 << 20);
+        pair.b->FailPathForTest(0);
+      }
+    });
+  }
+  SECTION("a chunk's own path dies while its ack copies travel ahead") {
+    BothWays(pair, n, 4, 71, [&](size_t i) {
+      if (i == 0) {
+        WaitBytesAcked(*pair.a, 4 << 20);
+        pair.a->FailPathForTest(1);
+      }
+    });
+  }
+  CHECK(pair.a->Stats().acks_sent_ahead + pair.b->Stats().acks_sent_ahead > 0);
+  CHECK(pair.a->status().ok());
+  CHECK(pair.a->live_paths() == 2);
+  BothWays(pair, n, 2, 72, nullptr);
+}
+
+TEST_CASE("ack_ahead = false: acks only on the chunk's path", "[multipath]") {
+  pm::ChannelOptions o = Pair::Lenient();
+  o.ack_ahead = false;
+  Pair pair(2, o);
+  for (auto* ch : {pair.a.get(), pair.b.get()}) {
+    ch->SetPathRttForTest(0, absl::Microseconds(100));
+    ch->SetPathRttForTest(1, absl::Milliseconds(50));
+  }
+  BothWays(pair, size_t{8} << 20, 2, 73, nullptr);
+  CHECK(pair.a->Stats().acks_sent_ahead == 0);
+  CHECK(pair.b->Stats().acks_sent_ahead == 0);
+  CHECK(pair.a->Stats().paths[1].bytes_acked > 0);
 }

@@ -1,7 +1,8 @@
 // MultipathDevice through the transport::Device / Connection interfaces only: K = 2 loopback
 // paths per side (127.0.0.x sources, no root needed), exact data at several sizes, unaligned and
 // gathered, one completion per operation carrying the Connection's id, a path failed
-// mid-transfer, Close on either side, and errors for malformed composite addresses.
+// mid-transfer (path 1 on the connector, path 0 on the listener) and revived by itself, Close on
+// either side, and errors for malformed composite addresses.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -41,9 +42,10 @@ struct Link {
   pt::CompletionQueue cq_a, cq_b;
   std::unique_ptr<pt::Connection> a, b;
 
-  Link() {
-    auto da = pm::MultipathDevice::Create(Options({"127.0.0.1", "127.0.0.3"}));
-    auto db = pm::MultipathDevice::Create(Options({"127.0.0.1", "127.0.0.2"}));
+  Link() : Link(Options({"127.0.0.1", "127.0.0.3"}), Options({"127.0.0.1", "127.0.0.2"})) {}
+  Link(const pm::MultipathDeviceOptions& options_a, const pm::MultipathDeviceOptions& options_b) {
+    auto da = pm::MultipathDevice::Create(options_a);
+    auto db = pm::MultipathDevice::Create(options_b);
     REQUIRE(da.ok());
     REQUIRE(db.ok());
     dev_a = *da;
@@ -63,6 +65,35 @@ struct Link {
     b = *std::move(accepted);
   }
 };
+
+// Payload bytes sent on `lane` (only over paths revived there, when `revived_only`).
+uint64_t LaneBytes(const pm::MultipathChannel& channel, int lane, bool revived_only) {
+  uint64_t bytes = 0;
+  for (const pm::PathStats& p : channel.Stats().paths) {
+    if (p.lane == lane && (!revived_only || p.index != p.lane)) bytes += p.bytes_acked;
+  }
+  return bytes;
+}
+
+// Both sides get `lane` back without an application call, within 10 s (loopback: the first
+// redial succeeds; the bound is for a starved CI machine).
+void ExpectRevived(pt::Connection& a, pt::Connection& b, int lane) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  for (pt::Connection* conn : {&a, &b}) {
+    pm::MultipathChannel* channel = pm::MultipathDevice::ChannelOf(*conn);
+    REQUIRE(channel != nullptr);
+    auto lane_up = [&] {
+      for (const pm::PathStats& p : channel->Stats().paths) {
+        if (p.lane == lane && p.up) return true;
+      }
+      return false;
+    };
+    while (!lane_up() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    INFO("last redial error: " << channel->Stats().last_redial_error);
+    REQUIRE(lane_up());
+    CHECK(channel->live_paths() == 2);
+  }
+}
 
 // Waits for the next completion on `cq` within 60 s.
 pt::Completion Next(pt::CompletionQueue& cq) {
@@ -252,11 +283,57 @@ TEST_CASE("device: a path failed mid-transfer loses and duplicates nothing",
   CHECK(std::memcmp(dst.data(), src.data() + 1, n) == 0);
   CHECK(dst2 == src2);
   CHECK(channel_a->Stats().paths[1].chunks_reposted > 0);
-  // The connection goes on over the remaining path.
+  // The connection goes on, and the path comes back by itself (revive_paths): a new path on
+  // lane 1, which carries chunks again.
   CHECK(link.a->status().ok());
   CHECK(link.b->status().ok());
+  ExpectRevived(*link.a, *link.b, 1);
+  Transfer(*link.a, link.cq_a, *link.b, link.cq_b, {1, (size_t{8} << 20) + 1}, 7, true);
+  CHECK(LaneBytes(*channel_a, 1, /*revived_only=*/true) > 0);
+}
+
+TEST_CASE(
+    "device: path 0 (set-up's path) failed on the listening side mid-transfer; it comes "
+    "back by itself",
+    "[multipath][device][failover]") {
+  Link link;
+  pm::MultipathChannel* channel_a = pm::MultipathDevice::ChannelOf(*link.a);
+  pm::MultipathChannel* channel_b = pm::MultipathDevice::ChannelOf(*link.b);
+  REQUIRE(channel_b != nullptr);
+  // b -> a, so that the side that loses the path (b, the listener) is the sender; a, the
+  // connector, learns of it from b's fence and redials.
+  const size_t n = size_t{24} << 20;
+  std::vector<uint8_t> src = Pattern(n, 8), dst(n + 1, 0);
+  REQUIRE(link.a->PostRecv({dst.data() + 1, n}, 1).ok());
+  REQUIRE(link.b->PostSend(pt::ConstBuffer{src.data(), n}, 2).ok());
+  WaitBytesAcked(*channel_b, 4 << 20);
+  channel_b->FailPathForTest(0);
+  const pt::Completion sent = Next(link.cq_b);
+  INFO(sent.status.ToString());
+  CHECK(sent.status.ok());
+  const pt::Completion received = Next(link.cq_a);
+  INFO(received.status.ToString());
+  CHECK(received.status.ok());
+  CHECK(received.bytes == n);
+  CHECK(std::memcmp(dst.data() + 1, src.data(), n) == 0);
+  ExpectRevived(*link.a, *link.b, 0);
+  Transfer(*link.b, link.cq_b, *link.a, link.cq_a, {(size_t{8} << 20) + 3}, 9, false);
+  CHECK(LaneBytes(*channel_b, 0, /*revived_only=*/true) > 0);
+  CHECK(channel_a->Stats().paths_revived + channel_b->Stats().paths_revived >= 2);
+}
+
+TEST_CASE("device: revive_paths = false leaves a dead path dead", "[multipath][device]") {
+  auto oa = Options({"127.0.0.1", "127.0.0.3"});
+  auto ob = Options({"127.0.0.1", "127.0.0.2"});
+  oa.revive_paths = ob.revive_paths = false;
+  Link link(oa, ob);
+  pm::MultipathChannel* channel_a = pm::MultipathDevice::ChannelOf(*link.a);
+  channel_a->FailPathForTest(1);
+  absl::SleepFor(absl::Milliseconds(500));
   CHECK(channel_a->live_paths() == 1);
-  Transfer(*link.a, link.cq_a, *link.b, link.cq_b, {1, (size_t{2} << 20) + 1}, 7, true);
+  CHECK(channel_a->Stats().paths.size() == 2);
+  CHECK(channel_a->Stats().paths_revived == 0);
+  Transfer(*link.a, link.cq_a, *link.b, link.cq_b, {(size_t{1} << 20) + 1}, 10, false);
 }
 
 TEST_CASE("device: Close cancels local operations and fails the peer's with Aborted",

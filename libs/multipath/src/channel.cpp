@@ -23,8 +23,10 @@ MultipathChannel::Impl::~Impl() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
+  revive_cv_.notify_all();
   path_cq_.Push(pt::Completion{});  // wake the thread
   thread_.join();
+  if (revive_thread_.joinable()) revive_thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& path : paths_) {
     if (path->conn) path->conn->Close();
@@ -39,15 +41,21 @@ MultipathChannel::Impl::~Impl() {
   for (auto& path : paths_) path->conn.reset();
 }
 
-absl::StatusOr<int> MultipathChannel::Impl::AddPath(std::unique_ptr<pt::Connection> conn) {
+absl::StatusOr<int> MultipathChannel::Impl::AddPathLocked(std::unique_ptr<pt::Connection> conn,
+                                                          int lane) {
   if (conn == nullptr) return absl::InvalidArgumentError("AddPath: null connection");
   if (!conn->status().ok()) {
     return base::Annotate(conn->status(), "AddPath: the connection is already down");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  PLEXUS_RETURN_IF_ERROR(failed_);
   if (paths_.size() >= 0xffff) return absl::ResourceExhaustedError("AddPath: too many paths");
   auto path = std::make_unique<Path>();
   path->index = static_cast<int>(paths_.size());
+  if (lane < 0) {
+    lane = static_cast<int>(lanes_.size());
+    lanes_.push_back(Lane{absl::InfinitePast(), options_.reconnect_backoff});
+  }
+  path->lane = lane;
   path->peer = conn->peer_address();
   path->conn_id = conn->id();
   path->conn = std::move(conn);
@@ -121,8 +129,8 @@ absl::Status MultipathChannel::Impl::SetChunkBytes(size_t bytes) {
 
 absl::Status MultipathChannel::Impl::SetMaxChunksInFlight(int chunks) {
   if (chunks < 1 || chunks > kMaxInFlightCap) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunks in flight per path must be in [1, 8], got ", chunks));
+    return absl::InvalidArgumentError(absl::StrCat("chunks in flight per path must be in [1, ",
+                                                   kMaxInFlightCap, "], got ", chunks));
   }
   std::lock_guard<std::mutex> lock(mu_);
   cap_ = chunks;
@@ -135,10 +143,14 @@ ChannelStats MultipathChannel::Impl::Stats() const {
   ChannelStats out;
   out.duplicates_dropped = reassembler_.duplicates();
   out.overload_signals = overload_signals_;
+  out.paths_revived = paths_revived_;
+  out.acks_sent_ahead = acks_sent_ahead_;
+  out.last_redial_error = last_redial_error_;
   for (const auto& path : paths_) {
     const Path& p = *path;
     PathStats s;
     s.index = p.index;
+    s.lane = p.lane;
     s.up = p.state == PathState::kUp;
     s.peer = p.peer;
     s.bytes_acked = p.bytes_acked;
@@ -179,6 +191,7 @@ void MultipathChannel::Impl::Run() {
     Timers(absl::Now());
     Schedule();
     SendPathDowns();
+    ReapDeadPaths();
     FlushReceiver();
     FlushUser();
   }
@@ -203,13 +216,21 @@ absl::StatusOr<std::unique_ptr<MultipathChannel>> internal::ChannelFactory::Crea
                                                    options.chunk_bytes));
   }
   if (options.max_chunks_in_flight < 1 || options.max_chunks_in_flight > kMaxInFlightCap) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "multipath: max_chunks_in_flight must be in [1, 8], got ", options.max_chunks_in_flight));
+    return absl::InvalidArgumentError(
+        absl::StrCat("multipath: max_chunks_in_flight must be in [1, ", kMaxInFlightCap, "], got ",
+                     options.max_chunks_in_flight));
   }
   if (options.mice_bytes > options.max_chunk_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("multipath: mice_bytes (", options.mice_bytes,
                                                    ") must not exceed max_chunk_bytes (",
                                                    options.max_chunk_bytes, ")"));
+  }
+  if (options.reconnect_backoff <= absl::ZeroDuration() ||
+      options.max_reconnect_backoff < options.reconnect_backoff) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "multipath: reconnect_backoff (", absl::FormatDuration(options.reconnect_backoff),
+        ") must be > 0 and <= max_reconnect_backoff (",
+        absl::FormatDuration(options.max_reconnect_backoff), ")"));
   }
   if (options.probe_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("multipath: probe_interval must be positive");

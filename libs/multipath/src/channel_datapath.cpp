@@ -291,6 +291,7 @@ void MultipathChannel::Impl::OnFrame(Path& p, const Frame& f, absl::Span<const u
       ack.chunk = f.chunk;
       ack.offset = f.immediate;
       SendControl(p, ack);
+      SendAckAhead(p, ack);
       MaybeSignalOverload(p);
       break;
     }
@@ -314,11 +315,15 @@ void MultipathChannel::Impl::OnFrame(Path& p, const Frame& f, absl::Span<const u
       const uint32_t slot = static_cast<uint32_t>(f.offset);
       Desc& d = descs_[slot];
       const bool notify = (f.flags & internal::kFlagNotify) != 0;
+      // The path the chunk crossed: this one, or the one a copy sent ahead names.
+      const uint64_t crossed = f.total == 0 ? static_cast<uint64_t>(p.index) : f.total - 1;
       if (!d.used || d.op == nullptr || d.op->seq != f.seq || d.notify != notify ||
-          (!notify && d.chunk != f.chunk) || d.path != p.index) {
-        break;  // stale: the descriptor was reposted or finished
+          (!notify && d.chunk != f.chunk) || static_cast<uint64_t>(d.path) != crossed) {
+        break;  // stale: the descriptor was reposted or finished (or its other ack came first)
       }
-      DescDone(slot, absl::Now());
+      const absl::Time now = absl::Now();
+      paths_[d.path]->last_progress = now;  // the chunk made it across its own path
+      DescDone(slot, now);
       break;
     }
     case FrameType::kProbe: {
@@ -368,6 +373,17 @@ void MultipathChannel::Impl::OnFrame(Path& p, const Frame& f, absl::Span<const u
       break;
     }
   }
+}
+
+void MultipathChannel::Impl::SendAckAhead(Path& arrived, Frame ack) {
+  // Only while this side has chunks of its own in flight on the arrival path: then the ack
+  // queues behind them; on a path idle this way it goes straight back, and a copy is only cost.
+  if (!options_.ack_ahead || arrived.in_flight_chunks == 0) return;
+  Path* fast = ControlPath();
+  if (fast == nullptr || fast == &arrived || Rtt(*fast) >= Rtt(arrived)) return;
+  ack.total = arrived.peer_index + 1;
+  SendControl(*fast, ack);
+  ++acks_sent_ahead_;
 }
 
 void MultipathChannel::Impl::MaybeSignalOverload(Path& p) {

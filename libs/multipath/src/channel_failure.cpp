@@ -47,6 +47,53 @@ void MultipathChannel::Impl::PathFailed(Path& p, absl::Status why) {
   if (LivePaths() == 0 && !have_no_path_since_) have_no_path_since_ = absl::Now();
   SendPathDowns();
   MaybeFailAllDead(p.error);
+  revive_cv_.notify_one();
+}
+
+void MultipathChannel::Impl::ReviveLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_ && failed_.ok()) {
+    const absl::Time now = absl::Now();
+    int lane = -1;
+    absl::Time wake = now + absl::Milliseconds(100);  // re-checked at least this often
+    for (int l = 0; l < static_cast<int>(lanes_.size()); ++l) {
+      Lane& ln = lanes_[l];
+      if (LaneAlive(l)) {
+        ln.backoff = options_.reconnect_backoff;
+        ln.next_try = absl::InfinitePast();
+      } else if (ln.next_try <= now) {
+        lane = l;
+        break;
+      } else {
+        wake = std::min(wake, ln.next_try);
+      }
+    }
+    if (lane < 0) {
+      revive_cv_.wait_for(lock, absl::ToChronoNanoseconds(wake - now));
+      continue;
+    }
+    // The redial may block (a connect over a path that drops SYNs): without the lock, so
+    // traffic on the live paths goes on meanwhile.
+    lock.unlock();
+    absl::StatusOr<std::unique_ptr<pt::Connection>> conn = options_.redial(lane);
+    lock.lock();
+    if (stop_ || !failed_.ok()) break;  // the connection, if any, closes as it goes
+    absl::Status why = conn.status();
+    if (conn.ok()) {
+      absl::StatusOr<int> index = AddPathLocked(*std::move(conn), lane);
+      if (index.ok()) {
+        ++paths_revived_;
+        Schedule();
+        FlushUser();
+        continue;
+      }
+      why = index.status();
+    }
+    last_redial_error_ = absl::StrCat("lane ", lane, ": ", why.ToString());
+    Lane& ln = lanes_[lane];
+    ln.next_try = absl::Now() + ln.backoff;
+    ln.backoff = std::min(ln.backoff * 2, options_.max_reconnect_backoff);
+  }
 }
 
 void MultipathChannel::Impl::MaybeFailAllDead(const absl::Status& last) {
@@ -108,6 +155,16 @@ void MultipathChannel::Impl::Timers(absl::Time now) {
                         "multipath path ", p.index, " to ", p.peer, ": no progress for ",
                         absl::FormatDuration(now - p.last_progress), " (path_timeout ",
                         absl::FormatDuration(path_timeout_), ")")));
+      continue;
+    }
+    // A revived path whose greeting never came (the peer gave up on it, or the path went dark
+    // again at once) must not hold its lane: it dies, and the lane is redialed (if this process
+    // was stalled instead, the cost is one more redial).
+    if (p.state == PathState::kGreeting && options_.redial &&
+        now - p.last_progress > std::max(absl::Seconds(1), 4 * path_timeout_)) {
+      PathFailed(p, absl::DeadlineExceededError(absl::StrCat(
+                        "multipath path ", p.index, " (lane ", p.lane, ") to ", p.peer,
+                        ": no greeting within ", absl::FormatDuration(now - p.last_progress))));
       continue;
     }
     if (p.state != PathState::kUp) continue;

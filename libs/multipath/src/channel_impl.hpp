@@ -36,7 +36,9 @@ namespace internal {
 inline constexpr uint64_t kControlBit = uint64_t{1} << 63;
 inline constexpr uint64_t kRecvBit = uint64_t{1} << 62;
 inline constexpr int kRecvSlots = 16;
-inline constexpr int kMaxInFlightCap = 8;
+// The largest max_chunks_in_flight accepted (a path whose bandwidth-delay product is more than
+// 8 chunks needs more to stay full).
+inline constexpr int kMaxInFlightCap = 64;
 
 inline std::atomic<uint64_t> next_channel_id{1};
 
@@ -80,13 +82,17 @@ class MultipathChannel::Impl {
     chunk_bytes_ = options.chunk_bytes;
     cap_ = options.max_chunks_in_flight;
     thread_ = std::thread([this] { Run(); });
+    if (options_.redial) revive_thread_ = std::thread([this] { ReviveLoop(); });
   }
 
   ~Impl();
 
   // ---- Public API (called with no lock held) ----
 
-  absl::StatusOr<int> AddPath(std::unique_ptr<pt::Connection> conn);
+  absl::StatusOr<int> AddPath(std::unique_ptr<pt::Connection> conn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return AddPathLocked(std::move(conn), -1);
+  }
 
   absl::Status Send(absl::Span<const pt::ConstBuffer> buffers, uint64_t wr_id);
 
@@ -219,6 +225,7 @@ class MultipathChannel::Impl {
 
   struct Path {
     int index = 0;
+    int lane = 0;
     std::unique_ptr<pt::Connection> conn;
     uint64_t conn_id = 0;
     std::string peer;
@@ -246,7 +253,38 @@ class MultipathChannel::Impl {
     uint64_t bytes_acked = 0, chunks_acked = 0, chunks_reposted = 0, congestion_signals = 0;
   };
 
+  // Revival state of one lane (a network path; see ChannelOptions::redial).
+  struct Lane {
+    absl::Time next_try = absl::InfinitePast();
+    absl::Duration backoff;
+  };
+
   // ---- Helpers (mu_ held) ----
+
+  // Adds a connected path on `lane` (-1: a new lane).
+  absl::StatusOr<int> AddPathLocked(std::unique_ptr<pt::Connection> conn, int lane);
+
+  // Whether `lane` has a path that is up or still greeting.
+  bool LaneAlive(int lane) const {
+    for (const auto& p : paths_) {
+      if (p->lane == lane && p->state != PathState::kDead) return true;
+    }
+    return false;
+  }
+
+  // Dead paths give back their connection and receive buffers (after the completion batch that
+  // may still read a buffer), so a flapping path costs a few hundred bytes per revival.
+  void ReapDeadPaths() {
+    for (auto& p : paths_) {
+      if (p->state != PathState::kDead || p->recv_buffers.empty()) continue;
+      p->conn.reset();
+      p->recv_buffers.clear();
+      p->recv_buffers.shrink_to_fit();
+    }
+  }
+
+  // The revival thread (options_.redial set): re-dials dead lanes with bounded back-off.
+  void ReviveLoop();
 
   int Cap(const Path& p) const {
     return std::max(1, static_cast<int>(cap_ * p.rate.factor() + 1e-9));
@@ -327,6 +365,10 @@ class MultipathChannel::Impl {
 
   void OnFrame(Path& p, const Frame& f, absl::Span<const uint8_t> payload);
 
+  // ChannelOptions::ack_ahead: a copy of a chunk's ack on the lowest-RTT path, when that is
+  // not the path the chunk arrived on.
+  void SendAckAhead(Path& arrived, Frame ack);
+
   void MaybeSignalOverload(Path& p);
 
   // The channel cannot go on (a broken peer, or held bytes over the cap).
@@ -386,7 +428,13 @@ class MultipathChannel::Impl {
   absl::Time last_overload_sent_ = absl::InfinitePast();
   uint64_t overload_signals_ = 0;
   std::vector<pt::Completion> user_ready_;
+  std::vector<Lane> lanes_;
+  std::condition_variable revive_cv_;  // a path died, or the channel is stopping
+  uint64_t paths_revived_ = 0;
+  uint64_t acks_sent_ahead_ = 0;
+  std::string last_redial_error_;
   std::thread thread_;
+  std::thread revive_thread_;
 };
 
 }  // namespace plexus::multipath

@@ -4,7 +4,9 @@
 #include "plexus/multipath/device.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -72,6 +74,7 @@ class MultipathConnection final : public pt::Connection {
   MultipathConnection(std::shared_ptr<pt::Device> inner, std::shared_ptr<Registry> registry)
       : inner_(std::move(inner)), registry_(std::move(registry)) {}
   ~MultipathConnection() override {
+    closing_ = true;
     if (channel_ != nullptr) {
       std::lock_guard<std::mutex> lock(registry_->mu);
       registry_->channels.erase(channel_.get());
@@ -79,13 +82,35 @@ class MultipathConnection final : public pt::Connection {
     channel_.reset();
   }
 
-  // Creates the channel reporting to `cq` under this connection's id.
-  absl::Status Init(const ChannelOptions& options, pt::CompletionQueue* cq) {
+  // How this side re-establishes a dead path k (MultipathDeviceOptions::revive_paths): the
+  // connector dials its local_addresses[k] -> the listener's path-k address again; the
+  // listener accepts on the path-k listener it keeps for this connection.
+  struct Redial {
+    std::vector<std::string> local_addresses, remote_addresses;  // connector
+    std::vector<std::unique_ptr<pt::Listener>> listeners;        // listener
+  };
+
+  // Creates the channel reporting to `cq` under this connection's id; with `redial`, the
+  // channel revives dead paths by itself.
+  absl::Status Init(ChannelOptions options, pt::CompletionQueue* cq, std::optional<Redial> redial) {
     internal::ChannelInternalOptions internal_options;
     internal_options.completion_id = id();
     internal_options.fail_when_all_paths_dead = true;
+    options.redial = nullptr;
+    if (redial.has_value()) {
+      redial_ = std::move(*redial);
+      max_accept_wait_ = options.max_reconnect_backoff;
+      // The channel (and its revival thread) goes before this object's other members.
+      options.redial = [this](int lane) { return RedialPath(lane); };
+    }
     PLEXUS_ASSIGN_OR_RETURN(channel_,
                             internal::ChannelFactory::Create(options, cq, internal_options));
+    {
+      // RedialPath uses this, not channel_: unique_ptr::reset nulls channel_ before the
+      // channel's destructor joins the revival thread.
+      std::lock_guard<std::mutex> lock(redial_mu_);
+      path_queue_ = channel_->path_queue();
+    }
     std::lock_guard<std::mutex> lock(registry_->mu);
     registry_->channels.insert(channel_.get());
     return absl::OkStatus();
@@ -107,17 +132,70 @@ class MultipathConnection final : public pt::Connection {
                          std::optional<uint32_t> immediate, uint64_t wr_id) override {
     return channel_->Write(local, local_offset, length, remote, remote_offset, immediate, wr_id);
   }
-  void Close() override { channel_->Close(); }
+  // Also closes the path listeners kept for revival (after a running accept's slice, at most
+  // kAcceptSlice), so that a peer redialing a path is refused at once instead of waiting for
+  // its connect timeout.
+  void Close() override {
+    closing_ = true;
+    channel_->Close();
+    // remote_addresses is set before the channel exists and never changes: a connector (which
+    // may be in a connect, holding redial_mu_) has no listeners to close.
+    if (!redial_.remote_addresses.empty()) return;
+    std::lock_guard<std::mutex> lock(redial_mu_);
+    redial_.listeners.clear();
+  }
   absl::Status status() const override { return channel_->status(); }
   std::string peer_address() const override {
     return absl::StrCat("mp:", absl::StrJoin(peers_, ","));
   }
 
   MultipathChannel* channel() { return channel_.get(); }
+  // The listener side's path listeners, kept for revival.
+  void KeepListeners(std::vector<std::unique_ptr<pt::Listener>> listeners) {
+    std::lock_guard<std::mutex> lock(redial_mu_);
+    redial_.listeners = std::move(listeners);
+  }
 
  private:
+  // Runs in the channel's revival thread.
+  absl::StatusOr<std::unique_ptr<pt::Connection>> RedialPath(int lane) {
+    std::lock_guard<std::mutex> lock(redial_mu_);
+    const size_t k = static_cast<size_t>(lane);
+    if (k < redial_.remote_addresses.size()) {
+      auto conn =
+          inner_->ConnectFrom(redial_.local_addresses[k], redial_.remote_addresses[k], path_queue_);
+      if (conn.ok()) return conn;
+      return base::Annotate(conn.status(), absl::StrCat("multipath: redialing path ", k, " from ",
+                                                        redial_.local_addresses[k], " to ",
+                                                        redial_.remote_addresses[k]));
+    }
+    if (k < redial_.listeners.size()) {
+      // Bounded, and in short slices, so that Close and the destructor do not wait long.
+      const absl::Time deadline = absl::Now() + max_accept_wait_;
+      absl::StatusOr<std::unique_ptr<pt::Connection>> conn;
+      do {
+        const absl::Duration slice = std::min(kAcceptSlice, deadline - absl::Now());
+        conn = redial_.listeners[k]->Accept(path_queue_, std::max(slice, absl::ZeroDuration()));
+      } while (!conn.ok() && absl::IsDeadlineExceeded(conn.status()) && !closing_.load() &&
+               absl::Now() < deadline);
+      if (conn.ok()) return conn;
+      return base::Annotate(
+          conn.status(), absl::StrCat("multipath: waiting for the peer to redial path ", k, " on ",
+                                      redial_.listeners[k]->address()));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("multipath: no path ", k, " to revive (", redial_.remote_addresses.size(),
+                     " dial targets, ", redial_.listeners.size(), " listeners)"));
+  }
+
   std::shared_ptr<pt::Device> inner_;  // outlives the path connections
   std::shared_ptr<Registry> registry_;
+  static constexpr absl::Duration kAcceptSlice = absl::Milliseconds(50);
+  std::atomic<bool> closing_{false};
+  std::mutex redial_mu_;
+  Redial redial_;
+  pt::CompletionQueue* path_queue_ = nullptr;  // the channel's (guarded by redial_mu_)
+  absl::Duration max_accept_wait_ = absl::Seconds(1);
   std::unique_ptr<MultipathChannel> channel_;
   std::vector<std::string> peers_;
 };
@@ -187,7 +265,9 @@ class MultipathListener final : public pt::Listener {
     reply = internal::EncodeSetupAccept(addresses);
     PLEXUS_RETURN_IF_ERROR(control->PostSend(pt::ConstBuffer{reply.data(), reply.size()}, 2));
     auto conn = std::make_unique<MultipathConnection>(inner_, registry_);
-    PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq));
+    std::optional<MultipathConnection::Redial> redial;
+    if (options_.revive_paths) redial.emplace();  // the listeners join it once set up
+    PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq, std::move(redial)));
     MultipathChannel& channel = *conn->channel();
     for (int k = 0; k < paths; ++k) {
       auto path = listeners[k]->Accept(channel.path_queue(),
@@ -203,6 +283,7 @@ class MultipathListener final : public pt::Listener {
     }
     PLEXUS_RETURN_IF_ERROR(AwaitLive(channel, paths, deadline, peer));
     control->Close();
+    if (options_.revive_paths) conn->KeepListeners(std::move(listeners));
     return std::unique_ptr<pt::Connection>(std::move(conn));
   }
 
@@ -270,9 +351,16 @@ std::vector<uint64_t> MultipathDevice::PathBytesAcked() const {
   std::lock_guard<std::mutex> lock(registry_->mu);
   for (const MultipathChannel* channel : registry_->channels) {
     for (const PathStats& p : channel->Stats().paths) {
-      if (p.index >= 0 && static_cast<size_t>(p.index) < out.size()) out[p.index] += p.bytes_acked;
+      if (p.lane >= 0 && static_cast<size_t>(p.lane) < out.size()) out[p.lane] += p.bytes_acked;
     }
   }
+  return out;
+}
+
+std::vector<ChannelStats> MultipathDevice::Stats() const {
+  std::vector<ChannelStats> out;
+  std::lock_guard<std::mutex> lock(registry_->mu);
+  for (const MultipathChannel* channel : registry_->channels) out.push_back(channel->Stats());
   return out;
 }
 
@@ -338,7 +426,13 @@ absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::Connect(
   }
   const std::vector<std::string>& addresses = answer->addresses;
   auto conn = std::make_unique<MultipathConnection>(inner_, registry_);
-  PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq));
+  std::optional<MultipathConnection::Redial> redial;
+  if (options_.revive_paths) {
+    redial.emplace();
+    redial->local_addresses = options_.local_addresses;
+    redial->remote_addresses = addresses;
+  }
+  PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq, std::move(redial)));
   MultipathChannel& channel = *conn->channel();
   for (int k = 0; k < paths; ++k) {
     auto path =

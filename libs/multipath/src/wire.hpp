@@ -21,7 +21,9 @@ enum class FrameType : uint8_t {
   kChunk = 2,   // a piece of a Send: seq, send_index, offset, total, chunk, length
   kNotify = 3,  // every chunk of op `seq` is in place: total, chunk (= chunk count),
                 // send_index (Send) or immediate (Write, kFlagImmediate)
-  kAck = 4,     // receiver has chunk `chunk` of op `seq` (kFlagNotify: its notification)
+  kAck = 4,     // receiver has chunk `chunk` of op `seq` (kFlagNotify: its notification);
+                // total: 0 = it arrived on the path the ack travels on, else 1 + the sender's
+                // index of the path it arrived on (a copy sent ahead on a faster path)
   kProbe = 5,   // seq: probe id; offset: sender's clock (echoed)
   kProbeReply = 6,
   kPathDown = 7,     // seq: the receiver's path index to close; offset: sender's path index

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,7 +38,8 @@ struct ChannelOptions {
   // The largest chunk this side accepts; sizes its receive buffers. The sender uses the smaller
   // of its chunk_bytes and the peer's max_chunk_bytes.
   size_t max_chunk_bytes = 256 * 1024;
-  // Chunks in flight per path, 1..8 (Maestro: at most 8 live work requests per queue pair).
+  // Chunks in flight per path, 1..64 (Maestro: at most 8 live work requests per queue pair; a
+  // path whose bandwidth-delay product exceeds 8 chunks needs more to stay full).
   int max_chunks_in_flight = 8;
   // Operations below this many bytes go whole on the lowest-RTT path (mice); 0 = never.
   size_t mice_bytes = 16 * 1024;
@@ -56,11 +58,30 @@ struct ChannelOptions {
   // RTT inflation that counts as congestion: srtt > factor x min_rtt + slack.
   double congestion_rtt_factor = 4;
   absl::Duration congestion_rtt_slack = absl::Milliseconds(20);
+  // The receiver acks each chunk on the path it arrived on and, when it has chunks of its own
+  // in flight on that path (both directions loaded) and another live path has a lower RTT,
+  // sends a copy of the ack there too: the sender frees the chunk's slot on the first to
+  // arrive, so the ack does not wait behind the receiver's own data on a slow path (the copy on
+  // the chunk's own path keeps the failure handling unchanged).
+  bool ack_ahead = true;
+  // Revival of dead paths without the application: when set, whenever a lane (the network path
+  // a first AddPath opened; AddPath returns it) has no live or greeting path, the channel's
+  // revival thread calls redial(lane) until it returns a new connection to the peer on that
+  // network path, reporting to path_queue() (dial it, or accept it on a listener the peer
+  // dials), and adds it to the lane: it carries chunks again once greeted. Failed tries back off
+  // from reconnect_backoff, doubling up to max_reconnect_backoff. Both sides need it (one dials,
+  // the other accepts). Each call should return within about max_reconnect_backoff (the
+  // channel's destructor waits for a call in progress). Empty: a dead path stays dead until
+  // the application calls AddPath.
+  std::function<absl::StatusOr<std::unique_ptr<transport::Connection>>(int lane)> redial;
+  absl::Duration reconnect_backoff = absl::Milliseconds(50);
+  absl::Duration max_reconnect_backoff = absl::Seconds(1);
 };
 
 // A snapshot of one path, for tools and tests.
 struct PathStats {
   int index = 0;
+  int lane = 0;  // the network path: a revived path keeps its lane, gets a new index
   bool up = false;
   std::string peer;
   uint64_t bytes_acked = 0;  // chunk payload bytes this side sent that completed on the path
@@ -79,6 +100,9 @@ struct ChannelStats {
   std::vector<PathStats> paths;
   uint64_t duplicates_dropped = 0;  // receiver: chunks that arrived twice (reposts), not applied
   uint64_t overload_signals = 0;    // receiver: overload messages sent
+  uint64_t acks_sent_ahead = 0;     // receiver: ack copies sent on a faster path (ack_ahead)
+  uint64_t paths_revived = 0;       // paths the revival thread re-established (redial)
+  std::string last_redial_error;    // why the last failed redial failed
 };
 
 class MultipathChannel {
@@ -94,8 +118,8 @@ class MultipathChannel {
   // The queue every path connection must report to: pass it to Device::Connect/ConnectFrom and
   // Listener::Accept for the connections given to AddPath.
   transport::CompletionQueue* path_queue();
-  // Adds a connected path (new, or replacing a dead one); returns its index. It carries traffic
-  // once the peer's greeting arrived on it.
+  // Adds a connected path (new, or replacing a dead one) on a new lane; returns its index (=
+  // its lane unless paths were revived). It carries traffic once the peer's greeting arrived.
   absl::StatusOr<int> AddPath(std::unique_ptr<transport::Connection> connection);
 
   // Sends `buffer` (any size, including 0) as one message; matched to the peer's Recvs in Send

@@ -13,7 +13,10 @@
 // up over a short-lived control connection on path 0: the connector asks for K paths, the
 // listener opens one ephemeral listener per path address for this connection alone and names
 // them, and the connector opens path k from its local_addresses[k] to the listener's path k (so
-// concurrent connectors can never mix up their paths). Both sides need the same K.
+// concurrent connectors can never mix up their paths). Both sides need the same K. The control
+// connection serves set-up only; a path that dies later is redialed by the connector to the
+// path listener the listening side keeps for the connection (revive_paths), so no path,
+// path 0 included, is special after set-up.
 //
 // A connection's operations map one to one onto the channel's: PostSend -> Send (gathered, no
 // copy), PostRecv -> Recv, PostWrite -> Write, each with exactly one completion carrying the
@@ -46,8 +49,17 @@ struct MultipathDeviceOptions {
   // bind to local_addresses[k], so routing (or a source rule, as tools/netbed sets up) picks the
   // path. Listen binds there too. The peer must have the same number of paths.
   std::vector<std::string> local_addresses;
-  // Settings of every connection's channel (chunk size, scheduler, path timeout, ...).
+  // Settings of every connection's channel (chunk size, scheduler, path timeout, ...;
+  // channel.redial is ignored: see revive_paths).
   ChannelOptions channel;
+  // A dead path comes back by itself: the connector redials it (from local_addresses[k] to the
+  // listener's path-k address, which the listener keeps open for the connection's lifetime),
+  // with channel.reconnect_backoff doubling up to channel.max_reconnect_backoff between tries,
+  // and the channel resumes chunks on it once greeted. No Accept call is involved, so losing
+  // path 0 is no different from losing any other. Closing a connection may wait for a redial
+  // in progress: up to device.connect_timeout on the connector, max_reconnect_backoff on the
+  // listener. false: a dead path stays dead for the connection's lifetime.
+  bool revive_paths = true;
   // The inner tcp device that carries every path: backend must be kTcp and progress kThread
   // (the channel's own thread consumes the path completions); local_address is ignored (each
   // path has its own). connect_timeout bounds a whole Connect or Accept set-up; op_timeout ends
@@ -76,6 +88,8 @@ class MultipathDevice : public transport::Device {
   // Payload bytes this side sent that completed on each path (PathStats::bytes_acked), summed
   // over the device's open connections; index k is path k.
   std::vector<uint64_t> PathBytesAcked() const;
+  // A snapshot of every open connection's channel (paths, in-flight chunks, caps, RTTs).
+  std::vector<ChannelStats> Stats() const;
 
   transport::Backend backend() const override { return transport::Backend::kTcp; }
   int paths() const { return static_cast<int>(options_.local_addresses.size()); }
