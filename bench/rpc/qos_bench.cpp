@@ -63,21 +63,22 @@ QosMixSample RunQosMix(const QosMixOptions& o) {
   WorkingEcho impl(o.work_passes);
   if (auto s = (*server)->Register(&impl); !s.ok()) Fail(s.ToString());
   if (auto s = (*server)->Start(); !s.ok()) Fail(s.ToString());
-  auto qos = pr::QosPolicy::Create(
-      "qos", {.small_bytes = 1024, .schedule = {.max_concurrent = 1, .latency_burst = 8}});
+  pr::QosOptions qo;
+  qo.small_bytes = 1024;
+  qo.schedule.max_concurrent = 1;
+  auto qos = pr::QosPolicy::Create("qos", qo);
   if (!qos.ok()) Fail(qos.status().ToString());
   auto connect = [&] {
     auto c = pr::Channel::Connect(*device, (*server)->address(), {&EchoService::Descriptor()});
     if (!c.ok()) Fail(c.status().ToString());
     return *c;
   };
+  if (o.qos && !(*server)->engines().Attach(*qos).ok()) Fail("attach qos");
   auto bulk_ch = connect();
   auto small_ch = connect();
 
-  std::atomic<int> mode{0};  // 0: no policy, 1: qos attached; switched by this thread
-  std::atomic<bool> stop{false};
-  std::atomic<uint64_t> failed{0};
-  std::atomic<uint64_t> bulk_done[2] = {0, 0};
+  std::atomic<bool> measuring{false}, stop{false};
+  std::atomic<uint64_t> failed{0}, bulk_done{0};
 
   // Bulk: `bulk_inflight` calls kept in flight, each re-issued from its completion.
   std::vector<uint8_t> bulk_payload(o.bulk_bytes, 7);
@@ -85,20 +86,21 @@ QosMixSample RunQosMix(const QosMixOptions& o) {
   bulk_req.payload = pr::Bytes(bulk_payload.data(), bulk_payload.size());
   EchoService::Stub bulk_stub(bulk_ch);
   std::atomic<int> bulk_outstanding{0};
+  pr::CallOptions opts;
+  opts.timeout = absl::Seconds(30);
   std::function<void()> issue = [&] {
     ++bulk_outstanding;
-    bulk_stub.Echo(bulk_req, {.timeout = absl::Seconds(30)},
-                   [&](absl::StatusOr<pr::Reply<EchoReply>> r) {
-                     if (!r.ok()) ++failed;
-                     ++bulk_done[mode.load()];
-                     --bulk_outstanding;
-                     if (!stop.load()) issue();
-                   });
+    bulk_stub.Echo(bulk_req, opts, [&](absl::StatusOr<pr::Reply<EchoReply>> r) {
+      if (!r.ok()) ++failed;
+      if (measuring.load()) ++bulk_done;
+      --bulk_outstanding;
+      if (!stop.load()) issue();
+    });
   };
   for (int i = 0; i < o.bulk_inflight; ++i) issue();
 
-  // Small: one call at a time, timed.
-  std::vector<double> lat[2];
+  // Small: one call at a time, timed while measuring.
+  std::vector<double> lat;
   std::thread small([&] {
     std::vector<uint8_t> payload(o.small_bytes, 1);
     EchoRequest req;
@@ -106,49 +108,33 @@ QosMixSample RunQosMix(const QosMixOptions& o) {
     req.reply_bytes = o.small_bytes;
     EchoService::Stub stub(small_ch);
     while (!stop.load()) {
-      const int m = mode.load();
+      const bool counted = measuring.load();
       const absl::Time t0 = absl::Now();
-      auto r = stub.EchoSync(req, {.timeout = absl::Seconds(30)});
+      auto r = stub.EchoSync(req, opts);
       const absl::Duration d = absl::Now() - t0;
       if (!r.ok()) {
         ++failed;
         continue;
       }
-      if (mode.load() == m) lat[m].push_back(absl::ToDoubleMicroseconds(d));
+      if (counted && measuring.load()) lat.push_back(absl::ToDoubleMicroseconds(d));
     }
   });
 
-  // Alternate 200 ms windows without and with the engine (after a 200 ms warm-up).
-  absl::SleepFor(absl::Milliseconds(200));
-  const uint64_t b0[2] = {bulk_done[0].load(), bulk_done[1].load()};
-  double spent[2] = {0, 0};
-  const absl::Time end = absl::Now() + absl::Seconds(o.seconds);
-  while (absl::Now() < end) {
-    for (int m : {0, 1}) {
-      if (m == 1) {
-        if (!(*server)->engines().Attach(*qos).ok()) Fail("attach qos");
-      }
-      mode = m;
-      const absl::Time w0 = absl::Now();
-      absl::SleepFor(absl::Milliseconds(200));
-      spent[m] += absl::ToDoubleSeconds(absl::Now() - w0);
-      if (m == 1) {
-        mode = 0;
-        if (!(*server)->engines().Detach("qos").ok()) Fail("detach qos");
-      }
-    }
-  }
+  absl::SleepFor(absl::Milliseconds(200));  // warm-up: the bulk backlog builds
+  measuring = true;
+  const absl::Time t0 = absl::Now();
+  absl::SleepFor(absl::Seconds(o.seconds));
+  measuring = false;
+  const double spent = absl::ToDoubleSeconds(absl::Now() - t0);
   stop = true;
   small.join();
   while (bulk_outstanding.load() > 0) absl::SleepFor(absl::Milliseconds(1));
 
   QosMixSample s;
-  for (int m : {0, 1}) {
-    s.small_median_us[m] = Quantile(lat[m], 0.5);
-    s.small_p99_us[m] = Quantile(lat[m], 0.99);
-    s.small_calls[m] = static_cast<double>(lat[m].size());
-    s.bulk_rate[m] = spent[m] > 0 ? static_cast<double>(bulk_done[m].load() - b0[m]) / spent[m] : 0;
-  }
+  s.small_median_us = Quantile(lat, 0.5);
+  s.small_p99_us = Quantile(lat, 0.99);
+  s.small_calls = static_cast<double>(lat.size());
+  s.bulk_rate = static_cast<double>(bulk_done.load()) / spent;
   s.failed = failed.load();
   bulk_ch->Close();
   small_ch->Close();
