@@ -164,7 +164,9 @@ void QosQueue::Push(QosClass cls, const QosSchedule* schedule, Job job) {
     return;
   }
   if (schedule != nullptr) schedule_ = *schedule;
-  (cls == QosClass::kLatency ? latency_ : bulk_).push_back({absl::Now(), std::move(job)});
+  const absl::Time now = absl::Now();
+  if (cls == QosClass::kBulk && bulk_.empty()) bulk_served_ = now;  // starts waiting now
+  (cls == QosClass::kLatency ? latency_ : bulk_).push_back({now, std::move(job)});
   stats_.max_queued = std::max(stats_.max_queued, latency_.size() + bulk_.size());
   if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
   cv_.notify_all();
@@ -193,7 +195,7 @@ QosQueue::Entry QosQueue::PopLocked() {
   if (!bulk_.empty()) {
     if (latency_.empty()) {
       from = &bulk_;
-    } else if (absl::Now() - bulk_.front().queued >= schedule_.max_wait) {
+    } else if (absl::Now() - bulk_served_ >= schedule_.max_wait) {
       from = &bulk_;
       ++stats_.aged;
     } else if (streak_ >= schedule_.latency_burst) {
@@ -203,6 +205,7 @@ QosQueue::Entry QosQueue::PopLocked() {
   }
   if (from == &bulk_) {
     streak_ = 0;
+    bulk_served_ = absl::Now();
     ++stats_.bulk;
   } else {
     streak_ = bulk_.empty() ? 0 : streak_ + 1;

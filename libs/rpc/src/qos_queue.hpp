@@ -28,7 +28,7 @@ class QosQueue {
   struct Stats {
     uint64_t latency = 0;  // calls dispatched from the latency queue
     uint64_t bulk = 0;     // from the bulk queue
-    uint64_t aged = 0;     // bulk calls dispatched ahead of latency ones by aging
+    uint64_t aged = 0;     // bulk calls dispatched ahead of latency ones by aging (max_wait)
     uint64_t shared = 0;   // ... by the weighted share
     size_t queued = 0;     // waiting now
     size_t max_queued = 0;
@@ -65,7 +65,8 @@ class QosQueue {
   std::condition_variable cv_;
   std::deque<Entry> latency_, bulk_;
   QosSchedule schedule_;
-  uint32_t streak_ = 0;  // latency calls dispatched in a row while bulk ones waited
+  uint32_t streak_ = 0;     // latency calls dispatched in a row while bulk ones waited
+  absl::Time bulk_served_;  // the last bulk dispatch, or when the bulk queue filled
   bool handing_ = false;
   bool stop_ = false;
   Stats stats_;

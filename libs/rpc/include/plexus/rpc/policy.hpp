@@ -65,7 +65,9 @@ struct QosSchedule {
   uint32_t max_concurrent = 1;
   // Weighted share: after this many latency calls in a row while bulk calls wait, one bulk call.
   uint32_t latency_burst = 8;
-  // Aging: a bulk call that has waited this long goes before any latency call.
+  // Aging of the bulk class: when bulk calls have waited this long without one of them being
+  // dispatched (since the last bulk dispatch, or since the bulk queue filled), the oldest goes
+  // before any latency call. Bulk calls waiting behind other bulk calls do not trigger it.
   absl::Duration max_wait = absl::Milliseconds(50);
 };
 struct QosVerdict {
