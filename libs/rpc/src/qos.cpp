@@ -167,15 +167,13 @@ void QosQueue::Push(QosClass cls, const QosSchedule* schedule, Job job) {
   const absl::Time now = absl::Now();
   if (cls == QosClass::kBulk && bulk_.empty()) bulk_served_ = now;  // starts waiting now
   (cls == QosClass::kLatency ? latency_ : bulk_).push_back({now, std::move(job)});
+  ++pending_;
   stats_.max_queued = std::max(stats_.max_queued, latency_.size() + bulk_.size());
   if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
   cv_.notify_all();
 }
 
-bool QosQueue::Busy() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return handing_ || !latency_.empty() || !bulk_.empty();
-}
+bool QosQueue::Busy() const { return pending_.load() > 0; }
 
 void QosQueue::Done() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -226,12 +224,11 @@ void QosQueue::Run() {
     if (stop_) break;
     Entry e = PopLocked();
     ++stats_.running;
-    handing_ = true;
     lock.unlock();
     e.job.run();
     e.job = {};
     lock.lock();
-    handing_ = false;
+    --pending_;
   }
 }
 
@@ -243,6 +240,7 @@ void QosQueue::Stop() {
     stop_ = true;
     for (auto* q : {&latency_, &bulk_}) {
       for (auto& e : *q) dropped.push_back(std::move(e));
+      pending_ -= q->size();
       q->clear();
     }
     cv_.notify_all();

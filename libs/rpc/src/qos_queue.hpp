@@ -4,6 +4,7 @@
 // connection's receive slots (the window), which is not reposted until its response left.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -67,7 +68,8 @@ class QosQueue {
   QosSchedule schedule_;
   uint32_t streak_ = 0;     // latency calls dispatched in a row while bulk ones waited
   absl::Time bulk_served_;  // the last bulk dispatch, or when the bulk queue filled
-  bool handing_ = false;
+  // Calls queued or being handed over: Busy() without the lock (every call of a server asks).
+  std::atomic<size_t> pending_{0};
   bool stop_ = false;
   Stats stats_;
   std::thread thread_;
