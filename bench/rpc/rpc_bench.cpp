@@ -41,6 +41,7 @@
 #include "plexus/tooling/figures.hpp"
 #include "plexus/tooling/launch.hpp"
 #include "plexus/transport/device.hpp"
+#include "qos_bench.hpp"
 #include "raw_tcp.hpp"
 
 namespace pb = plexus::benchrpc;
@@ -551,7 +552,43 @@ struct Figures {
   }
 };
 
-int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base) {
+// Global QoS: small calls' latency with a bulk background on one server, without and with the
+// "qos" engine (qos_bench.cpp; in this process, the two modes alternate within each run).
+void QosFigures(Figures& fig, int runs, double seconds) {
+  std::vector<double> med[2], p99[2], bulk[2], calls[2], ratio;
+  double failed = 0;
+  pb::QosMixOptions mix{.seconds = std::max(1.0, seconds)};
+  for (int r = 0; r < runs; ++r) {
+    pb::QosMixSample s[2];
+    for (int m : {0, 1}) {
+      mix.qos = m == 1;
+      s[m] = pb::RunQosMix(mix);
+      med[m].push_back(s[m].small_median_us);
+      p99[m].push_back(s[m].small_p99_us);
+      bulk[m].push_back(s[m].bulk_rate);
+      calls[m].push_back(s[m].small_calls);
+      failed += static_cast<double>(s[m].failed);
+    }
+    ratio.push_back(s[1].small_p99_us / s[0].small_p99_us);
+  }
+  for (int m : {0, 1}) {
+    nlohmann::json extra = {{"system", "plexus-tcp"},
+                            {"policy", m ? "qos" : "none"},
+                            {"small_bytes", mix.small_bytes},
+                            {"bulk_bytes", mix.bulk_bytes},
+                            {"bulk_inflight", mix.bulk_inflight},
+                            {"small_calls", Median(calls[m])},
+                            {"failed_calls", failed}};
+    fig.Add("qos_small_latency_median", Median(med[m]), "us", extra);
+    fig.Add("qos_small_latency_p99", Median(p99[m]), "us", extra);
+    fig.Add("qos_bulk_rate", Median(bulk[m]), "RPC/s", extra);
+  }
+  fig.Add("qos_small_p99_with_over_without", Median(ratio), "ratio",
+          {{"system", "plexus-tcp"}, {"bulk_inflight", mix.bulk_inflight}});
+}
+
+int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
+                const std::string& only) {
   Orchestrator o;
   o.self = SelfPath();
   o.base = base;
@@ -572,6 +609,11 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base) {
         "processes on 127.0.0.1, each blocking in the kernel while idle (Plexus waits spin 20 us "
         "first, the library default)\n",
         runs, base.seconds);
+  }
+  if (only == "qos") {
+    QosFigures(fig, runs, base.seconds);
+    if (!json) out.PrintTable();
+    return 0;
   }
   const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   std::vector<Layout> layouts = {{"same-cpu,blocking", 0, 0}};
@@ -696,6 +738,7 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base) {
     }
     fig.Add("upgrade_calls_lost_duplicated_uncounted", bad, "calls", extra, "== 0", bad == 0);
   }
+  QosFigures(fig, runs, base.seconds);
   if (!json) out.PrintTable();
   return 0;
 }
@@ -710,6 +753,7 @@ int main(int argc, char** argv) {
       "client run in separate processes on 127.0.0.1; figures are medians of --runs runs.");
   bool compare = false, json = false;
   int runs = 5;
+  std::string only;
   pb::PeerArgs peer;
   PlexusArgs x;
   tool.app().add_flag("--compare", compare, "also run gRPC (plexus-bench-rpc-grpc)");
@@ -731,9 +775,12 @@ int main(int argc, char** argv) {
                   "metrics upgraded every 100 ms)")
       ->check(CLI::IsMember({"none", "ratelimit", "acl", "upgrade"}))
       ->group("");
+  tool.app()
+      .add_option("--only", only, "run one group of figures: qos (the global QoS figures)")
+      ->check(CLI::IsMember({"qos"}));
   if (auto code = tool.Parse(argc, argv)) return *code;
   if (peer.cpu >= 0) plexus::bench::PinToCpu(peer.cpu);
-  if (peer.role.empty()) return Orchestrate(compare, json, runs, peer);
+  if (peer.role.empty()) return Orchestrate(compare, json, runs, peer, only);
   if (peer.role == "server") return PlexusServer(x);
   if (peer.role == "client") return PlexusClient(peer, x);
   if (peer.role == "raw-server") return RawServer();

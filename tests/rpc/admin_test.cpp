@@ -196,9 +196,10 @@ TEST_CASE("rpc admin: refused requests change nothing", "[rpc][admin]") {
   CHECK(bad_token.status().code() == absl::StatusCode::kUnauthenticated);
   CHECK(f.Call("attach", {{"target", "nope"}, {"kind", "metrics"}, {"name", "m"}}).status() ==
         absl::NotFoundError("no rpc server or channel named 'nope' (known: client, kv)"));
-  CHECK(f.Call("attach", {{"target", "kv"}, {"kind", "magic"}, {"name", "m"}}).status() ==
-        absl::NotFoundError(
-            "no policy kind 'magic' (built in: metrics, rate_limit, acl, balance, admission)"));
+  CHECK(
+      f.Call("attach", {{"target", "kv"}, {"kind", "magic"}, {"name", "m"}}).status() ==
+      absl::NotFoundError(
+          "no policy kind 'magic' (built in: metrics, rate_limit, acl, balance, admission, qos)"));
   CHECK(f.Call("attach", {{"target", "kv"},
                           {"kind", "rate_limit"},
                           {"name", "rl"},
@@ -272,5 +273,32 @@ TEST_CASE("plexus-rpc-ctl drives the endpoint and prints tables", "[rpc][admin]"
         "plexus-rpc-ctl: admin request: wrong or missing token (see the "
         "endpoint's token setting)\n");
   CHECK(f.server->engines().Names().size() == 4);
+}
+
+TEST_CASE("plexus-rpc-ctl attaches, configures and detaches the global QoS engine live",
+          "[rpc][admin][qos]") {
+  Fixture f;
+  REQUIRE(f.EchoMany(1) == 1);
+  const std::string at = "--timeout 10 --address " + f.endpoint->address() + " --token tok ";
+  auto [attached, rc1] = Ctl(
+      at + "attach kv qos --kind qos --config '{\"small_bytes\": 4096, \"max_concurrent\": 2}'");
+  CHECK(rc1 == 0);
+  CHECK(attached == "attached qos on kv; chain: frontend -> qos -> marshal -> transport\n");
+  CHECK(f.EchoMany(3) == 3);
+  CHECK(f.server->qos().latency == 3);  // small requests: latency class, through the queue
+  auto [conf, rc2] = Ctl(at + "configure kv qos --config '{\"small_bytes\": 0}'");
+  CHECK(rc2 == 0);
+  CHECK(f.EchoMany(2) == 2);
+  CHECK(f.server->qos().bulk == 2);
+  auto [engines, rc3] = Ctl(at + "engines kv --json");
+  CHECK(rc3 == 0);
+  INFO(engines);
+  CHECK(Json::parse(engines)[1]["state"]["latency_calls"] == 3);
+  CHECK(Json::parse(engines)[1]["state"]["bulk_calls"] == 2);
+  CHECK(Json::parse(engines)[1]["state"]["max_concurrent"] == 2);
+  auto [det, rc4] = Ctl(at + "detach kv qos");
+  CHECK(rc4 == 0);
+  CHECK(f.EchoMany(2) == 2);
+  CHECK(f.server->qos().bulk + f.server->qos().latency == 5);  // detached: straight to handlers
 }
 #endif

@@ -9,6 +9,7 @@
 #include "plexus/base/json_reader.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/rpc/policies.hpp"
+#include "plexus/rpc/qos.hpp"
 
 namespace plexus::rpc {
 namespace {
@@ -150,9 +151,14 @@ absl::StatusOr<std::shared_ptr<Policy>> MakePolicy(
     PLEXUS_ASSIGN_OR_RETURN(auto p, AdmissionPolicy::Create(name, o));
     return std::shared_ptr<Policy>(std::move(p));
   }
+  if (kind == "qos") {
+    PLEXUS_ASSIGN_OR_RETURN(auto p, QosPolicy::Create(name, {}));
+    if (!j.empty()) PLEXUS_RETURN_IF_ERROR(p->Configure(json_config));
+    return std::shared_ptr<Policy>(std::move(p));
+  }
   return absl::NotFoundError(absl::StrCat("no policy kind '", std::string(kind),
                                           "' (built in: metrics, rate_limit, acl, balance, "
-                                          "admission)"));
+                                          "admission, qos)"));
 }
 
 struct RpcAdmin::Target {

@@ -36,7 +36,7 @@ DialResult Channel::Impl::Dial(uint32_t r, const std::string& address) {
   internal::FrameHeader h;
   h.type = internal::FrameType::kHello;
   // Several replicas: ask for the server's load reports (the balancing engines use them).
-  if (replicas.size() > 1) h.flags = internal::kFlagLoad;
+  if (replicas.size() > 1 || options.load_reports) h.flags = internal::kFlagLoad;
   Metadata md;
   for (const ServiceDesc* s : services) {
     md.emplace_back(s->full_name, absl::StrFormat("%016x", s->schema_hash));

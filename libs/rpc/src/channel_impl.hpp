@@ -350,6 +350,7 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
     h.service_id = service.id;
     h.method_id = method.id;
     h.deadline_us = DeadlineBudgetUs(call->deadline);
+    if (options.forwarded) h.flags |= kFlagForwarded;
     BuildFrame(h, "", options.metadata, &call->encoded, &call->frame);
     call->info.request_bytes = call->frame.bytes;
     if (absl::Status ps = conn->PostSend(call->frame.parts, call->id); !ps.ok()) {

@@ -43,6 +43,9 @@ enum class FrameType : uint8_t {
 // kHello: the client balances across replicas and wants the server's load reports (kLoad).
 // kResponse, kLoad: `load` holds the server's calls being handled.
 inline constexpr uint16_t kFlagLoad = 1;
+// kRequest: a server forwarded this call to its peer replica (server-side Daronpon); the peer
+// serves it and never forwards it again (one hop).
+inline constexpr uint16_t kFlagForwarded = 2;
 
 struct FrameHeader {
   FrameType type = FrameType::kRequest;

@@ -91,6 +91,13 @@ void EngineSlot::OnLoadReport(uint32_t replica, uint32_t load) {
   Leave();
 }
 
+std::optional<QosVerdict> EngineSlot::Classify(const CallInfo& call) {
+  Policy* p = Enter();
+  std::optional<QosVerdict> v = p->Classify(call);
+  Leave();
+  return v;
+}
+
 bool EngineSlot::inspects_content() {
   Policy* p = Enter();
   const bool r = p->inspects_content();

@@ -14,6 +14,7 @@
 #include "plexus/base/status.hpp"
 #include "plexus/rpc/balance.hpp"
 #include "plexus/transport/accept_loop.hpp"
+#include "server_impl.hpp"
 
 namespace plexus::rpc {
 
@@ -25,69 +26,8 @@ std::string_view ServerContext::CopyString(std::string_view s) {
 
 namespace internal {
 namespace {
-
-struct ServerCore;
-class ServerCallImpl;
-
-struct ServerConn {
-  ServerCore* server = nullptr;
-  std::string peer;
-  std::mutex mu;
-  bool hello_done = false;
-  bool dead = false;
-  bool close_after_ack = false;
-  bool wants_load = false;  // the client balances across replicas: piggyback and gossip loads
-  uint64_t next_wr = 1;
-  absl::flat_hash_map<uint64_t, BufferPool::Buffer> recvs;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<ServerCallImpl>> sending;
-  absl::flat_hash_map<uint64_t, std::weak_ptr<ServerCallImpl>> active;
-  std::unique_ptr<OutFrame> ack;
-  absl::flat_hash_map<uint64_t, std::unique_ptr<OutFrame>> controls;  // load reports being sent
-  // Declared last: destroyed first, so that no buffer above is freed under the transport.
-  std::unique_ptr<transport::Connection> conn;
-
-  void PostRecvLocked();
-};
-
-struct ServerCore {
-  std::shared_ptr<transport::Device> device;
-  std::unique_ptr<transport::CompletionQueue> cq;
-  std::unique_ptr<transport::Listener> listener;
-  ServerOptions options;
-  size_t window = 0;
-  std::shared_ptr<BufferPool> pool;
-  CodecLimits codec;
-  FrameLimits frame_limits;
-  EngineChain chain;
-  absl::flat_hash_map<uint32_t, ServiceBase*> services;
-  std::map<std::string, ServiceBase*, std::less<>> by_name;
-
-  std::mutex mu;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<ServerConn>> conns;
-  std::atomic<bool> stop{false};
-  std::thread accept_thread;
-  std::thread dispatch_thread;
-
-  // Calls being handled across every connection (the load the balancing clients see), and the
-  // logarithmic trigger that decides when to gossip it.
-  std::mutex load_mu;
-  uint32_t load = 0;
-  GossipTrigger trigger;
-
-  // Adds `delta` to the load; gossips it to the balancing clients when the trigger fires.
-  // Returns the new load. Without a connection's lock.
-  uint32_t ChangeLoad(int delta);
-  void BroadcastLoad(uint32_t value);
-
-  void Accept();
-  void Dispatch();
-  void Handle(const transport::Completion& c);
-  void HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_ptr<Inbound> in,
-                   size_t bytes);
-  void Kill(const std::shared_ptr<ServerConn>& sc, const absl::Status& why);
-};
-
 constexpr uint64_t kServerControlBit = uint64_t{1} << 62;
+}  // namespace
 
 uint32_t ServerCore::ChangeLoad(int delta) {
   std::optional<uint32_t> announce;
@@ -97,9 +37,22 @@ uint32_t ServerCore::ChangeLoad(int delta) {
     load = delta < 0 && load == 0 ? 0 : static_cast<uint32_t>(static_cast<int64_t>(load) + delta);
     now = load;
     announce = trigger.Observe(load);
+    // Forwarding: the balancer's local replica (0) is this server, counted exactly.
+    if (Forwarding* f = forwarding.load()) {
+      if (delta > 0) {
+        (void)f->balancer->OnSend(0);
+      } else if (f->balancer->outstanding(0) > 0) {
+        (void)f->balancer->OnResponse(0, std::nullopt);
+      }
+    }
   }
   if (announce) BroadcastLoad(*announce);
   return now;
+}
+
+uint32_t ServerCore::CurrentLoad() {
+  std::lock_guard<std::mutex> lock(load_mu);
+  return load;
 }
 
 void ServerCore::BroadcastLoad(uint32_t value) {
@@ -129,133 +82,125 @@ void ServerConn::PostRecvLocked() {
   if (conn->PostRecv({b.get(), server->pool->bytes()}, wr).ok()) recvs.emplace(wr, std::move(b));
 }
 
-class ServerCallImpl : public ServerCallState,
-                       public ServerContext,
-                       public std::enable_shared_from_this<ServerCallImpl> {
- public:
-  ServerCallImpl(std::shared_ptr<ServerConn> conn, std::shared_ptr<Inbound> in)
-      : conn_(std::move(conn)), in_(std::move(in)) {
-    const FrameHeader& h = in_->frame().header;
-    call_id_ = h.call_id;
-    info_.call_id = h.call_id;
-    info_.server_side = true;
-    info_.start = absl::Now();
-    info_.request_bytes = in_->bytes().size();
-    if (h.deadline_us != 0) deadline_ = info_.start + absl::Microseconds(h.deadline_us);
-  }
+ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConn> conn, std::shared_ptr<Inbound> in)
+    : conn_(std::move(conn)), in_(std::move(in)) {
+  const FrameHeader& h = in_->frame().header;
+  call_id_ = h.call_id;
+  info_.call_id = h.call_id;
+  info_.server_side = true;
+  info_.start = absl::Now();
+  info_.request_bytes = in_->bytes().size();
+  if (h.deadline_us != 0) deadline_ = info_.start + absl::Microseconds(h.deadline_us);
+}
 
-  // Sets the method and builds a default response.
-  void Bind(const ServiceDesc* s, const MethodDesc* m) {
-    info_.service = s;
-    info_.method = m;
-    const MessageDesc& rd = *m->response();
-    response_ = arena_.Allocate(rd.size, rd.align);
-    rd.construct(response_);
-  }
+void ServerCallImpl::Bind(const ServiceDesc* s, const MethodDesc* m) {
+  info_.service = s;
+  info_.method = m;
+  const MessageDesc& rd = *m->response();
+  response_ = arena_.Allocate(rd.size, rd.align);
+  rd.construct(response_);
+}
 
-  const void* request() const override { return in_->message(); }
-  void* response() override { return response_; }
-  ServerContext& context() override { return *this; }
-  const MetadataView& metadata() const override { return in_->metadata(); }
-  absl::Time deadline() const override { return deadline_; }
-  bool IsCancelled() const override { return cancelled_.load(); }
-  void Cancel() { cancelled_ = true; }
-  void AddResponseMetadata(std::string key, std::string value) override {
+void ServerCallImpl::Count() {
+  counted_ = true;
+  conn_->server->ChangeLoad(+1);
+}
+
+void ServerCallImpl::AddResponseMetadata(std::string key, std::string value) {
+  std::lock_guard<std::mutex> lock(md_mu_);
+  response_md_.emplace_back(std::move(key), std::move(value));
+}
+
+void* ServerCallImpl::Allocate(size_t bytes, size_t align) {
+  std::lock_guard<std::mutex> lock(md_mu_);
+  return arena_.Allocate(bytes, align);
+}
+
+void ServerCallImpl::set_request_for_policies(const void* request, uint64_t connection_id) {
+  info_.request = request;
+  info_.metadata = request != nullptr ? &in_->metadata() : nullptr;
+  info_.connection_id = connection_id;
+  info_.deadline = deadline_;
+}
+
+void ServerCallImpl::Relay(RawResult result) {
+  if (!result.ok()) {
+    Finish(result.status());
+    return;
+  }
+  reply_ = std::move(*result);
+  {
     std::lock_guard<std::mutex> lock(md_mu_);
-    response_md_.emplace_back(std::move(key), std::move(value));
+    for (const auto& [k, v] : reply_->metadata()) response_md_.emplace_back(k, v);
   }
-  void* Allocate(size_t bytes, size_t align) override {
-    std::lock_guard<std::mutex> lock(md_mu_);
-    return arena_.Allocate(bytes, align);
-  }
-  std::string peer() const override { return conn_->peer; }
-  void set_chain(EngineChain::Snapshot chain) { chain_ = std::move(chain); }
-  void set_request_for_policies(const void* request, uint64_t connection_id) {
-    info_.request = request;
-    info_.connection_id = connection_id;
-    info_.deadline = deadline_;
-  }
-  const CallInfo& info() const { return info_; }
+  // The response's views point into the peer's reply, which lives as long as this call.
+  response_ = const_cast<void*>(reply_->message());
+  Finish(absl::OkStatus());
+}
 
-  void Finish(absl::Status status) override {
-    if (finished_.exchange(true)) return;
-    const uint32_t load = conn_->server->ChangeLoad(-1);
-    FrameHeader h;
-    h.type = FrameType::kResponse;
-    h.call_id = call_id_;
-    bool wants_load;
-    {
-      std::lock_guard<std::mutex> lock(conn_->mu);
-      wants_load = conn_->wants_load;
+void ServerCallImpl::Finish(absl::Status status) {
+  if (finished_.exchange(true)) return;
+  ServerCore* server = conn_->server;
+  const uint32_t load = counted_ ? server->ChangeLoad(-1) : server->CurrentLoad();
+  if (qos_slot_) server->qos.Done();
+  FrameHeader h;
+  h.type = FrameType::kResponse;
+  h.call_id = call_id_;
+  bool wants_load;
+  {
+    std::lock_guard<std::mutex> lock(conn_->mu);
+    wants_load = conn_->wants_load;
+  }
+  if (wants_load) {
+    h.flags = kFlagLoad;
+    h.load = load;
+  }
+  if (info_.service) h.service_id = info_.service->id;
+  if (info_.method) h.method_id = info_.method->id;
+  if (status.ok() && info_.method) {
+    absl::Status es = EncodeMessage(*info_.method->response(), response_, &encoded_);
+    if (!es.ok()) {
+      status = absl::InternalError(
+          absl::StrCat("the server could not encode the response: ", es.message()));
     }
-    if (wants_load) {
-      h.flags = kFlagLoad;
-      h.load = load;
-    }
-    if (info_.service) h.service_id = info_.service->id;
-    if (info_.method) h.method_id = info_.method->id;
-    if (status.ok() && info_.method) {
-      absl::Status es = EncodeMessage(*info_.method->response(), response_, &encoded_);
-      if (!es.ok()) {
-        status = absl::InternalError(
-            absl::StrCat("the server could not encode the response: ", es.message()));
+  }
+  h.status_code = static_cast<uint32_t>(status.code());
+  std::string msg(status.message());
+  if (msg.size() > 4000) msg.resize(4000);
+  BuildFrame(h, msg, response_md_, status.ok() && info_.method ? &encoded_ : nullptr, &frame_);
+  info_.response_bytes = frame_.bytes;
+  status_ = status;
+  auto self = shared_from_this();
+  absl::Status refused;
+  bool dropped = false;
+  {
+    std::lock_guard<std::mutex> lock(conn_->mu);
+    conn_->active.erase(call_id_);
+    if (conn_->dead) {
+      dropped = true;
+    } else {
+      const uint64_t wr = conn_->next_wr++;
+      refused = conn_->conn->PostSend(frame_.parts, wr);
+      if (refused.ok()) {
+        conn_->sending.emplace(wr, std::move(self));
+        return;
       }
     }
-    h.status_code = static_cast<uint32_t>(status.code());
-    std::string msg(status.message());
-    if (msg.size() > 4000) msg.resize(4000);
-    BuildFrame(h, msg, response_md_, status.ok() && info_.method ? &encoded_ : nullptr, &frame_);
-    info_.response_bytes = frame_.bytes;
-    status_ = status;
-    auto self = shared_from_this();
-    absl::Status refused;
-    bool dropped = false;
-    {
-      std::lock_guard<std::mutex> lock(conn_->mu);
-      conn_->active.erase(call_id_);
-      if (conn_->dead) {
-        dropped = true;
-      } else {
-        const uint64_t wr = conn_->next_wr++;
-        refused = conn_->conn->PostSend(frame_.parts, wr);
-        if (refused.ok()) {
-          conn_->sending.emplace(wr, std::move(self));
-          return;
-        }
-      }
-    }
-    // The transport refuses posts only on a failed connection (the client is gone): no
-    // completion will ever come for it, so drop it now, or it would stay in Connections() with
-    // its held requests until Shutdown. Outside conn_->mu: Kill takes it, then the server's.
-    if (!dropped) conn_->server->Kill(conn_, refused);
-    // The response is dropped, but the call ended: the policies see it end (an admission count
-    // or a metrics engine must not keep it outstanding for ever).
-    Sent();
   }
-  // The response left: policies see the end of the call.
-  void Sent() {
-    if (chain_) {
-      for (const auto& p : *chain_) p->OnComplete(info_, status_);
-    }
-  }
+  // The transport refuses posts only on a failed connection (the client is gone): no
+  // completion will ever come for it, so drop it now, or it would stay in Connections() with
+  // its held requests until Shutdown. Outside conn_->mu: Kill takes it, then the server's.
+  if (!dropped) conn_->server->Kill(conn_, refused);
+  // The response is dropped, but the call ended: the policies see it end (an admission count
+  // or a metrics engine must not keep it outstanding for ever).
+  Sent();
+}
 
- private:
-  std::shared_ptr<ServerConn> conn_;
-  std::shared_ptr<Inbound> in_;
-  uint64_t call_id_ = 0;
-  CallInfo info_;
-  absl::Time deadline_ = absl::InfiniteFuture();
-  std::atomic<bool> cancelled_{false};
-  std::atomic<bool> finished_{false};
-  std::mutex md_mu_;
-  Metadata response_md_;
-  Arena arena_;
-  void* response_ = nullptr;
-  EncodedMessage encoded_;
-  OutFrame frame_;
-  absl::Status status_;
-  EngineChain::Snapshot chain_;
-};
+void ServerCallImpl::Sent() {
+  if (chain_) {
+    for (const auto& p : *chain_) p->OnComplete(info_, status_);
+  }
+}
 
 void ServerCore::Accept() {
   transport::AcceptUntil(*listener, stop, cq.get(),
@@ -416,7 +361,6 @@ void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_
     std::lock_guard<std::mutex> lock(sc->mu);
     sc->active.emplace(h.call_id, call);
   }
-  ChangeLoad(+1);  // Finish takes it back
   auto sit = services.find(h.service_id);
   if (sit == services.end()) {
     call->Finish(
@@ -450,16 +394,46 @@ void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_
       return;
     }
   }
+  std::optional<QosVerdict> verdict;
+  for (const auto& p : *chain_snapshot) {
+    if ((verdict = p->Classify(call->info()))) break;
+  }
   call->set_request_for_policies(nullptr, sc->conn->id());
-  service->Dispatch(h.method_id, call);
+  Route(call, service, h.method_id, (h.flags & kFlagForwarded) != 0, verdict);
 }
 
-}  // namespace
-}  // namespace internal
+void ServerCore::Route(const std::shared_ptr<ServerCallImpl>& call, ServiceBase* service,
+                       uint32_t method_id, bool forwarded_to_us,
+                       const std::optional<QosVerdict>& verdict) {
+  if (std::optional<uint32_t> peer = ForwardTarget(forwarded_to_us)) {
+    Forward(call, *peer);
+    return;
+  }
+  call->Count();  // Finish takes it back
+  if (!verdict && !qos.Busy()) {
+    service->Dispatch(method_id, call);
+    return;
+  }
+  QosQueue::Job job;
+  job.run = [call, service, method_id] {
+    call->HoldsQosSlot();
+    // A call that waited past its deadline or was cancelled meanwhile is not worth a handler.
+    if (call->IsCancelled()) {
+      call->Finish(absl::CancelledError("the call was cancelled while queued for QoS"));
+    } else if (absl::Now() > call->deadline()) {
+      call->Finish(absl::DeadlineExceededError(
+          absl::StrCat("deadline exceeded while queued for QoS on the server (",
+                       call->info().service->full_name, "/", call->info().method->name, ")")));
+    } else {
+      service->Dispatch(method_id, call);
+    }
+  };
+  job.drop = [call] { call->Finish(absl::UnavailableError("the rpc server is shutting down")); };
+  qos.Push(verdict ? verdict->cls : QosClass::kBulk, verdict ? &verdict->schedule : nullptr,
+           std::move(job));
+}
 
-struct Server::Impl {
-  internal::ServerCore core;
-};
+}  // namespace internal
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() { Shutdown(); }
@@ -508,6 +482,7 @@ std::string Server::address() const {
 void Server::Shutdown() {
   auto& c = impl_->core;
   if (c.stop.exchange(true)) return;
+  c.StopForwarding();  // forwarded calls fail (Cancelled) while their clients can still hear it
   if (c.accept_thread.joinable()) c.accept_thread.join();
   std::vector<std::shared_ptr<internal::ServerConn>> conns;
   {
@@ -520,11 +495,17 @@ void Server::Shutdown() {
     sc->conn->Close();
   }
   if (c.dispatch_thread.joinable()) c.dispatch_thread.join();
+  c.qos.Stop();  // calls still queued are dropped (their connections are closed)
   std::lock_guard<std::mutex> lock(c.mu);
   c.conns.clear();
 }
 
 EngineChain& Server::engines() { return impl_->core.chain; }
+
+Server::QosStats Server::qos() const {
+  internal::QosQueue::Stats s = impl_->core.qos.stats();
+  return {s.latency, s.bulk, s.aged, s.shared, s.queued, s.max_queued};
+}
 
 std::vector<Server::ConnectionInfo> Server::Connections() const {
   auto& c = impl_->core;

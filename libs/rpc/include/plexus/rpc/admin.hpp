@@ -28,7 +28,8 @@ using PolicyFactory = std::function<absl::StatusOr<std::shared_ptr<Policy>>(
 
 // The shipped kinds: "metrics" ({}), "rate_limit" ({"rate": n or "inf", "burst": n, "scope":
 // "connection"|"method", "over_limit": "fail"|"wait"}), "acl" ({"rules": [{"name", "method",
-// "field", "deny": [..]}]}). InvalidArgument naming the field, NotFound for an unknown kind.
+// "field", "deny": [..]}]}), "admission", "balance", "qos" (QosPolicy::Configure's fields,
+// plexus/rpc/qos.hpp). InvalidArgument naming the field, NotFound for an unknown kind.
 absl::StatusOr<std::shared_ptr<Policy>> MakePolicy(std::string_view kind, const std::string& name,
                                                    std::string_view json_config,
                                                    const std::vector<const ServiceDesc*>& services);

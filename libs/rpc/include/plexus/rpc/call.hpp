@@ -26,6 +26,9 @@ struct CallOptions {
   // timeout instead of failing at once with Unavailable (gRPC's wait_for_ready).
   bool wait_for_ready = false;
   Metadata metadata;
+  // Set by a server forwarding a call to its peer replica (Server::ForwardTo): the peer serves
+  // it and never forwards it again.
+  bool forwarded = false;
 };
 
 // A received message rebuilt in place, with the buffer and arena its views point into.

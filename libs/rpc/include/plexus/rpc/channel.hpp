@@ -46,6 +46,9 @@ struct ChannelOptions {
   // (LoadBalancePolicy in plexus/rpc/policies.hpp): "round_robin", "random", "po2" or "daronpon";
   // "" attaches none (the channel then rotates over the connected replicas).
   std::string balance = "daronpon";
+  // Ask the server for its load (piggybacked on responses, CallInfo::replica_load, and gossiped,
+  // Policy::OnLoadReport) also with one replica; ConnectReplicas over several always does.
+  bool load_reports = false;
 };
 
 class Channel {

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "plexus/rpc/call.hpp"
 #include "plexus/rpc/schema.hpp"
 
 namespace plexus::rpc {
@@ -42,6 +43,9 @@ struct CallInfo {
   // passed. Client: the application's memory, unless a policy of the chain inspects_content():
   // then a private copy of the encoded bytes, and exactly those bytes are sent (see Channel).
   const void* request = nullptr;
+  // Server: the request's metadata while OnRequest and Classify run; null otherwise and on a
+  // Channel.
+  const MetadataView* metadata = nullptr;
   // A Channel over several replicas (Channel::ConnectReplicas): the replica the call went to (its
   // index in the address list) and the engine that chose it ("" when the channel's default round
   // robin did), set after every OnRequest passed; in OnComplete also the replica's load (its
@@ -49,6 +53,26 @@ struct CallInfo {
   uint32_t replica = 0;
   std::string route_engine;
   std::optional<uint32_t> replica_load;
+};
+
+// Global QoS: the class of a call at a server's reorder point before its handlers.
+enum class QosClass : uint8_t { kLatency = 0, kBulk = 1 };
+// How the reorder point serves its two classes (the scheduling engine's configuration, applied
+// from the next call it classifies on).
+struct QosSchedule {
+  // Calls handed to handlers and not finished yet; further calls wait in the queue, latency
+  // class first. 1 serializes the handlers (as the dispatcher thread does for synchronous ones).
+  uint32_t max_concurrent = 1;
+  // Weighted share: after this many latency calls in a row while bulk calls wait, one bulk call.
+  uint32_t latency_burst = 8;
+  // Aging of the bulk class: when bulk calls have waited this long without one of them being
+  // dispatched (since the last bulk dispatch, or since the bulk queue filled), the oldest goes
+  // before any latency call. Bulk calls waiting behind other bulk calls do not trigger it.
+  absl::Duration max_wait = absl::Milliseconds(50);
+};
+struct QosVerdict {
+  QosClass cls = QosClass::kBulk;
+  QosSchedule schedule;
 };
 
 // What an engine's Decompose hands to its next version's Restore (mRPC's live upgrade): named
@@ -122,6 +146,13 @@ class Policy {
     (void)replica;
     (void)load;
   }
+  // A Server, after every OnRequest passed: the call's class at the global QoS reorder point,
+  // or nullopt (not a scheduling engine). The first engine that answers decides; with none, the
+  // call goes straight to its handler (once the queue has drained).
+  virtual std::optional<QosVerdict> Classify(const CallInfo& call) {
+    (void)call;
+    return std::nullopt;
+  }
   // An operator's new configuration, a JSON object (each kind documents its fields). Runs with no
   // call inside the engine. Unimplemented unless the kind supports it; an error changes nothing.
   virtual absl::Status Configure(std::string_view json_config);
@@ -152,6 +183,7 @@ class EngineSlot {
   void OnComplete(const CallInfo& call, const absl::Status& status);
   std::optional<uint32_t> Route(const CallInfo& call, const std::vector<bool>& usable);
   void OnLoadReport(uint32_t replica, uint32_t load);
+  std::optional<QosVerdict> Classify(const CallInfo& call);
   bool inspects_content();
   std::string name() const { return name_; }
   std::shared_ptr<Policy> policy() const;

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "plexus/rpc/call.hpp"
+#include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/policy.hpp"
 #include "plexus/rpc/schema.hpp"
 #include "plexus/transport/device.hpp"
@@ -84,6 +85,14 @@ struct ServerOptions {
   uint32_t load_gossip_floor = 4;
 };
 
+// Server-side Daronpon forwarding (Server::ForwardTo).
+struct ForwardOptions {
+  // A call goes to the least loaded peer when that peer's load + delta < this server's own.
+  uint32_t delta = 1;
+  // The channels to the peers (their window bounds the calls forwarded to each; reconnect on).
+  ChannelOptions channel;
+};
+
 class Server {
  public:
   static absl::StatusOr<std::unique_ptr<Server>> Create(std::shared_ptr<transport::Device> device,
@@ -98,6 +107,33 @@ class Server {
   void Shutdown();
   // Policies run on every call of every connection.
   EngineChain& engines();
+
+  // Server-side Daronpon (seed 003): this server and `peer_addresses` are replicas of the same
+  // services. After ForwardTo, a new call goes one hop to the least loaded peer when that
+  // peer's load + delta < the calls being handled here (peers' loads: piggybacked on their
+  // responses and gossiped, as the clients learn them), through the same Balancer as
+  // ConnectReplicas' channels. A forwarded call carries a flag: its peer serves it and never
+  // forwards it again. The peer's response or error (Unavailable when it died) is relayed to
+  // the caller once; a peer that is down or whose window is full is skipped (served here).
+  // After Start, once. Errors: a peer refusing the handshake (names it), a second call.
+  absl::Status ForwardTo(std::vector<std::string> peer_addresses, ForwardOptions options = {});
+  struct ForwardStats {
+    uint64_t forwarded = 0;      // calls this server sent on
+    uint64_t received = 0;       // forwarded calls it served for a peer
+    uint64_t peer_unusable = 0;  // a peer was chosen but down or full: served here instead
+    std::vector<uint64_t> per_peer;
+    std::vector<uint32_t> peer_load;  // the load Daronpon sees for each peer now
+    uint32_t local_load = 0;
+  };
+  ForwardStats forwarding() const;
+
+  // The global QoS reorder point (a "qos" engine in the chain, plexus/rpc/qos.hpp).
+  struct QosStats {
+    uint64_t latency = 0, bulk = 0;  // calls dispatched from each class
+    uint64_t aged = 0, shared = 0;   // bulk calls dispatched ahead by aging / the weighted share
+    size_t queued = 0, max_queued = 0;
+  };
+  QosStats qos() const;
 
   struct ConnectionInfo {
     uint64_t id = 0;  // the transport's connection id (CallInfo::connection_id)

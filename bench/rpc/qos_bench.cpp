@@ -1,0 +1,145 @@
+// The global QoS figure of plexus-bench-rpc (see qos_bench.hpp).
+#include "qos_bench.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "echo.plexus.hpp"
+#include "plexus/rpc/channel.hpp"
+#include "plexus/rpc/qos.hpp"
+#include "plexus/rpc/server.hpp"
+#include "plexus/transport/device.hpp"
+
+namespace plexus::benchrpc {
+namespace {
+
+namespace pr = plexus::rpc;
+namespace pt = plexus::transport;
+
+[[noreturn]] void Fail(const std::string& what) {
+  std::fprintf(stderr, "plexus-bench-rpc: qos: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+// A handler whose service time grows with the request: it reads the payload `passes` times.
+class WorkingEcho : public EchoService::Service {
+ public:
+  explicit WorkingEcho(uint32_t passes) : passes_(passes) {}
+  absl::Status Echo(pr::ServerContext&, const EchoRequest& req, EchoReply* resp) override {
+    uint64_t sum = 0;
+    for (uint32_t p = 0; p < passes_; ++p) {
+      for (uint8_t b : req.payload) sum = sum * 31 + b;
+    }
+    sink_.fetch_add(sum, std::memory_order_relaxed);
+    resp->payload = req.payload.subspan(0, std::min<size_t>(req.reply_bytes, req.payload.size()));
+    return absl::OkStatus();
+  }
+
+ private:
+  uint32_t passes_;
+  std::atomic<uint64_t> sink_{0};
+};
+
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+}
+
+}  // namespace
+
+QosMixSample RunQosMix(const QosMixOptions& o) {
+  auto device = pt::Device::Create({.backend = pt::Backend::kTcp, .local_address = "127.0.0.1"});
+  if (!device.ok()) Fail(device.status().ToString());
+  auto server = pr::Server::Create(*device, {.address = "127.0.0.1:0"});
+  if (!server.ok()) Fail(server.status().ToString());
+  WorkingEcho impl(o.work_passes);
+  if (auto s = (*server)->Register(&impl); !s.ok()) Fail(s.ToString());
+  if (auto s = (*server)->Start(); !s.ok()) Fail(s.ToString());
+  pr::QosOptions qo;
+  qo.small_bytes = 1024;
+  qo.schedule.max_concurrent = 1;
+  auto qos = pr::QosPolicy::Create("qos", qo);
+  if (!qos.ok()) Fail(qos.status().ToString());
+  auto connect = [&] {
+    auto c = pr::Channel::Connect(*device, (*server)->address(), {&EchoService::Descriptor()});
+    if (!c.ok()) Fail(c.status().ToString());
+    return *c;
+  };
+  if (o.qos && !(*server)->engines().Attach(*qos).ok()) Fail("attach qos");
+  auto bulk_ch = connect();
+  auto small_ch = connect();
+
+  std::atomic<bool> measuring{false}, stop{false};
+  std::atomic<uint64_t> failed{0}, bulk_done{0};
+
+  // Bulk: `bulk_inflight` calls kept in flight, each re-issued from its completion.
+  std::vector<uint8_t> bulk_payload(o.bulk_bytes, 7);
+  EchoRequest bulk_req;
+  bulk_req.payload = pr::Bytes(bulk_payload.data(), bulk_payload.size());
+  EchoService::Stub bulk_stub(bulk_ch);
+  std::atomic<int> bulk_outstanding{0};
+  pr::CallOptions opts;
+  opts.timeout = absl::Seconds(30);
+  std::function<void()> issue = [&] {
+    ++bulk_outstanding;
+    bulk_stub.Echo(bulk_req, opts, [&](absl::StatusOr<pr::Reply<EchoReply>> r) {
+      if (!r.ok()) ++failed;
+      if (measuring.load()) ++bulk_done;
+      --bulk_outstanding;
+      if (!stop.load()) issue();
+    });
+  };
+  for (int i = 0; i < o.bulk_inflight; ++i) issue();
+
+  // Small: one call at a time, timed while measuring.
+  std::vector<double> lat;
+  std::thread small([&] {
+    std::vector<uint8_t> payload(o.small_bytes, 1);
+    EchoRequest req;
+    req.payload = pr::Bytes(payload.data(), payload.size());
+    req.reply_bytes = o.small_bytes;
+    EchoService::Stub stub(small_ch);
+    while (!stop.load()) {
+      const bool counted = measuring.load();
+      const absl::Time t0 = absl::Now();
+      auto r = stub.EchoSync(req, opts);
+      const absl::Duration d = absl::Now() - t0;
+      if (!r.ok()) {
+        ++failed;
+        continue;
+      }
+      if (counted && measuring.load()) lat.push_back(absl::ToDoubleMicroseconds(d));
+    }
+  });
+
+  absl::SleepFor(absl::Milliseconds(200));  // warm-up: the bulk backlog builds
+  measuring = true;
+  const absl::Time t0 = absl::Now();
+  absl::SleepFor(absl::Seconds(o.seconds));
+  measuring = false;
+  const double spent = absl::ToDoubleSeconds(absl::Now() - t0);
+  stop = true;
+  small.join();
+  while (bulk_outstanding.load() > 0) absl::SleepFor(absl::Milliseconds(1));
+
+  QosMixSample s;
+  s.small_median_us = Quantile(lat, 0.5);
+  s.small_p99_us = Quantile(lat, 0.99);
+  s.small_calls = static_cast<double>(lat.size());
+  s.bulk_rate = static_cast<double>(bulk_done.load()) / spent;
+  s.failed = failed.load();
+  bulk_ch->Close();
+  small_ch->Close();
+  (*server)->Shutdown();
+  return s;
+}
+
+}  // namespace plexus::benchrpc

@@ -1,0 +1,177 @@
+// The insides of a Server, shared by server.cpp (connections, frames, calls) and forward.cpp
+// (server-side Daronpon forwarding): a connection, the server core, and one call.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "conn.hpp"
+#include "plexus/rpc/balance.hpp"
+#include "plexus/rpc/channel.hpp"
+#include "plexus/rpc/server.hpp"
+#include "qos_queue.hpp"
+
+namespace plexus::rpc::internal {
+
+struct ServerCore;
+class ServerCallImpl;
+
+struct ServerConn {
+  ServerCore* server = nullptr;
+  std::string peer;
+  std::mutex mu;
+  bool hello_done = false;
+  bool dead = false;
+  bool close_after_ack = false;
+  bool wants_load = false;  // the client balances across replicas: piggyback and gossip loads
+  uint64_t next_wr = 1;
+  absl::flat_hash_map<uint64_t, BufferPool::Buffer> recvs;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<ServerCallImpl>> sending;
+  absl::flat_hash_map<uint64_t, std::weak_ptr<ServerCallImpl>> active;
+  std::unique_ptr<OutFrame> ack;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<OutFrame>> controls;  // load reports being sent
+  // Declared last: destroyed first, so that no buffer above is freed under the transport.
+  std::unique_ptr<transport::Connection> conn;
+
+  void PostRecvLocked();
+};
+
+// Server-side Daronpon (forward.cpp): channels to the peer replicas and the balancer that decides,
+// per call, whether a peer's load + delta is below this server's own.
+struct Forwarding {
+  std::vector<std::string> addresses;
+  std::vector<std::shared_ptr<Channel>> peers;  // peer p is the balancer's replica p + 1
+  std::unique_ptr<Balancer> balancer;           // replica 0: this server (local, exact)
+  size_t window = 0;                            // calls in flight per peer channel
+  // Under ServerCore::load_mu.
+  uint64_t forwarded = 0;      // calls sent on to a peer
+  uint64_t received = 0;       // forwarded calls received from a peer (served here)
+  uint64_t peer_unusable = 0;  // Daronpon chose a peer that was down or full: served here
+  std::vector<uint64_t> per_peer;
+};
+
+struct ServerCore {
+  std::shared_ptr<transport::Device> device;
+  std::unique_ptr<transport::CompletionQueue> cq;
+  std::unique_ptr<transport::Listener> listener;
+  ServerOptions options;
+  size_t window = 0;
+  std::shared_ptr<BufferPool> pool;
+  CodecLimits codec;
+  FrameLimits frame_limits;
+  EngineChain chain;
+  absl::flat_hash_map<uint32_t, ServiceBase*> services;
+  std::map<std::string, ServiceBase*, std::less<>> by_name;
+
+  std::mutex mu;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<ServerConn>> conns;
+  std::atomic<bool> stop{false};
+  std::thread accept_thread;
+  std::thread dispatch_thread;
+
+  // Calls being handled here across every connection (the load the balancing clients see; not
+  // the calls forwarded to a peer), and the logarithmic trigger that decides when to gossip it.
+  std::mutex load_mu;
+  uint32_t load = 0;
+  GossipTrigger trigger;
+
+  // The global QoS reorder point (used while a chain's engine classifies calls).
+  QosQueue qos;
+
+  // Set once by Server::ForwardTo; read by the dispatcher and the peer channels' threads.
+  std::unique_ptr<Forwarding> forwarding_owner;
+  std::atomic<Forwarding*> forwarding{nullptr};
+
+  // Adds `delta` to the load; gossips it to the balancing clients when the trigger fires.
+  // Returns the new load. Without a connection's lock.
+  uint32_t ChangeLoad(int delta);
+  uint32_t CurrentLoad();
+  void BroadcastLoad(uint32_t value);
+
+  void Accept();
+  void Dispatch();
+  void Handle(const transport::Completion& c);
+  void HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_ptr<Inbound> in,
+                   size_t bytes);
+  // After the chain passed: forwards the call, queues it for QoS, or runs its handler.
+  void Route(const std::shared_ptr<ServerCallImpl>& call, ServiceBase* service, uint32_t method_id,
+             bool forwarded_to_us, const std::optional<QosVerdict>& verdict);
+  void Kill(const std::shared_ptr<ServerConn>& sc, const absl::Status& why);
+
+  // forward.cpp: the peer to forward a call to (counted there), or nullopt to serve it here (a
+  // call that was forwarded to us always is).
+  std::optional<uint32_t> ForwardTarget(bool forwarded_to_us);
+  // forward.cpp: sends `call` to peer `p` and relays its response.
+  void Forward(const std::shared_ptr<ServerCallImpl>& call, uint32_t p);
+  void StopForwarding();
+};
+
+class ServerCallImpl : public ServerCallState,
+                       public ServerContext,
+                       public std::enable_shared_from_this<ServerCallImpl> {
+ public:
+  ServerCallImpl(std::shared_ptr<ServerConn> conn, std::shared_ptr<Inbound> in);
+
+  // Sets the method and builds a default response.
+  void Bind(const ServiceDesc* s, const MethodDesc* m);
+  // The call counts in the server's load from now until Finish (forwarded calls never do).
+  void Count();
+  // The QoS queue handed the call to its handler: Finish frees that slot.
+  void HoldsQosSlot() { qos_slot_ = true; }
+
+  const void* request() const override { return in_->message(); }
+  void* response() override { return response_; }
+  ServerContext& context() override { return *this; }
+  const MetadataView& metadata() const override { return in_->metadata(); }
+  absl::Time deadline() const override { return deadline_; }
+  bool IsCancelled() const override { return cancelled_.load(); }
+  void Cancel() { cancelled_ = true; }
+  void AddResponseMetadata(std::string key, std::string value) override;
+  void* Allocate(size_t bytes, size_t align) override;
+  std::string peer() const override { return conn_->peer; }
+  void set_chain(EngineChain::Snapshot chain) { chain_ = std::move(chain); }
+  void set_request_for_policies(const void* request, uint64_t connection_id);
+  const CallInfo& info() const { return info_; }
+  const ServerConn& conn() const { return *conn_; }
+
+  void Finish(absl::Status status) override;
+  // A forwarded call's result from the peer: its response (kept alive until sent) or its error.
+  void Relay(RawResult result);
+  // The response left: policies see the end of the call.
+  void Sent();
+
+ private:
+  std::shared_ptr<ServerConn> conn_;
+  std::shared_ptr<Inbound> in_;
+  uint64_t call_id_ = 0;
+  CallInfo info_;
+  absl::Time deadline_ = absl::InfiniteFuture();
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> finished_{false};
+  bool counted_ = false;
+  bool qos_slot_ = false;
+  std::mutex md_mu_;
+  Metadata response_md_;
+  Arena arena_;
+  void* response_ = nullptr;
+  std::shared_ptr<const InboundMessage> reply_;  // a forwarded call's response from the peer
+  EncodedMessage encoded_;
+  OutFrame frame_;
+  absl::Status status_;
+  EngineChain::Snapshot chain_;
+};
+
+}  // namespace plexus::rpc::internal
+
+namespace plexus::rpc {
+struct Server::Impl {
+  internal::ServerCore core;
+};
+}  // namespace plexus::rpc
