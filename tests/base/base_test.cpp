@@ -243,3 +243,27 @@ TEST_CASE("Backoff: doubling delays up to the cap, jitter within bounds, cut at 
   CHECK(absl::Now() - start < absl::Seconds(5));
   CHECK_FALSE(slow.SleepBefore(start + absl::Milliseconds(20)));
 }
+
+TEST_CASE("PollUntil: true once the condition holds, false at the deadline, always polls once",
+          "[base][wait]") {
+  int calls = 0;
+  CHECK(plexus::base::PollUntil(absl::Now() + absl::Seconds(10), absl::Milliseconds(1),
+                                [&] { return ++calls == 3; }));
+  CHECK(calls == 3);
+  calls = 0;
+  const absl::Time start = absl::Now();
+  CHECK_FALSE(plexus::base::PollUntil(start + absl::Milliseconds(30), absl::Milliseconds(5), [&] {
+    ++calls;
+    return false;
+  }));
+  CHECK(absl::Now() - start >= absl::Milliseconds(30));
+  CHECK(absl::Now() - start < absl::Seconds(5));
+  CHECK(calls >= 2);
+  // A passed deadline still polls once.
+  calls = 0;
+  CHECK(plexus::base::PollUntil(start - absl::Seconds(1), absl::Seconds(1), [&] {
+    ++calls;
+    return true;
+  }));
+  CHECK(calls == 1);
+}

@@ -1,4 +1,4 @@
-// Backoff's schedule (WaitPolicy is header-only: it sits on hot polling paths).
+// Backoff's schedule and PollUntil (WaitPolicy is header-only: it sits on hot polling paths).
 #include "plexus/base/wait_policy.hpp"
 
 #include <unistd.h>
@@ -30,6 +30,15 @@ bool Backoff::SleepBefore(absl::Time deadline) {
   if (now >= deadline) return false;
   absl::SleepFor(std::min(Next(), deadline - now));
   return true;
+}
+
+bool PollUntil(absl::Time deadline, absl::Duration interval, absl::FunctionRef<bool()> done) {
+  for (;;) {
+    if (done()) return true;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return false;
+    absl::SleepFor(std::min(interval, deadline - now));
+  }
 }
 
 }  // namespace plexus::base

@@ -15,6 +15,7 @@
 #include "channel_impl.hpp"
 #include "device_wire.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 
 namespace plexus::multipath {
 
@@ -52,21 +53,19 @@ absl::StatusOr<pt::Completion> AwaitControl(pt::CompletionQueue& cq, uint64_t wr
 // Waits until the channel has `paths` live paths (every hello arrived) or fails.
 absl::Status AwaitLive(MultipathChannel& channel, int paths, absl::Time deadline,
                        const std::string& peer) {
-  for (;;) {
-    PLEXUS_RETURN_IF_ERROR(channel.status());
-    if (channel.live_paths() == paths) return absl::OkStatus();
-    if (absl::Now() > deadline) {
-      std::string missing;
-      for (const PathStats& p : channel.Stats().paths) {
-        if (p.up) continue;
-        absl::StrAppend(&missing, missing.empty() ? "" : ", ", "path ", p.index, " (", p.peer,
-                        p.error.empty() ? ": no greeting" : absl::StrCat(": ", p.error), ")");
-      }
-      return absl::DeadlineExceededError(absl::StrCat("multipath set-up with ", peer, ": ", missing,
-                                                      " not up within the connect timeout"));
-    }
-    absl::SleepFor(absl::Microseconds(200));
+  const bool ended = base::PollUntil(deadline, absl::Microseconds(200), [&] {
+    return !channel.status().ok() || channel.live_paths() == paths;
+  });
+  PLEXUS_RETURN_IF_ERROR(channel.status());
+  if (ended) return absl::OkStatus();
+  std::string missing;
+  for (const PathStats& p : channel.Stats().paths) {
+    if (p.up) continue;
+    absl::StrAppend(&missing, missing.empty() ? "" : ", ", "path ", p.index, " (", p.peer,
+                    p.error.empty() ? ": no greeting" : absl::StrCat(": ", p.error), ")");
   }
+  return absl::DeadlineExceededError(absl::StrCat("multipath set-up with ", peer, ": ", missing,
+                                                  " not up within the connect timeout"));
 }
 
 class MultipathConnection final : public pt::Connection {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "plexus/moe/reconfigure.hpp"
 #include "runtime/membership_codec.hpp"
 #include "runtime/trainer.hpp"
@@ -74,18 +75,21 @@ absl::StatusOr<TrainerImpl::Agreement> TrainerImpl::AgreeMembership(
       (retry ? options_.comm.timeout + options_.comm.connect_timeout : absl::ZeroDuration());
   const std::string members_key = absl::StrCat(prefix, "members");
   if (*bid == 1) {
-    const absl::Time deadline = absl::Now() + leader_wait;
     std::vector<int> present;
-    while (true) {
+    absl::Status store_error;
+    base::PollUntil(absl::Now() + leader_wait, absl::Milliseconds(5), [&] {
       present.clear();
       for (int p : expected) {
         absl::StatusOr<bool> here = store_->Check({alive_key(p)});
-        if (!here.ok()) return StoreError(here.status(), "agreeing on the membership");
+        if (!here.ok()) {
+          store_error = here.status();
+          return true;
+        }
         if (*here) present.push_back(p);
       }
-      if (present.size() == expected.size() || absl::Now() >= deadline) break;
-      absl::SleepFor(absl::Milliseconds(5));
-    }
+      return present.size() == expected.size();
+    });
+    if (!store_error.ok()) return StoreError(store_error, "agreeing on the membership");
     int64_t step = step_, generation = generation_;
     for (int p : present) {
       absl::StatusOr<std::string> v = store_->Get(alive_key(p), absl::Seconds(5));

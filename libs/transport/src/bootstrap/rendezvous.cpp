@@ -16,6 +16,7 @@
 #include "plexus/base/host.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "plexus/transport/join.hpp"
 
 extern char** environ;
@@ -672,10 +673,8 @@ Rendezvous& Rendezvous::operator=(Rendezvous&&) noexcept = default;
 Rendezvous::~Rendezvous() {
   store_.reset();
   if (server_ == nullptr) return;
-  const absl::Time deadline = absl::Now() + linger_;
-  while (server_->connected_clients() > 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(2));
-  }
+  base::PollUntil(absl::Now() + linger_, absl::Milliseconds(2),
+                  [&] { return server_->connected_clients() == 0; });
   server_.reset();
 }
 

@@ -3,6 +3,9 @@
 // sleep (a 2-core machine must not be burnt by busy loops). One policy for the transport's
 // completion queue, progress runtime and doorbells, and the collectives' waits.
 //
+// PollUntil: a bounded poll of a condition nothing signals (a store key, a peer's count), at a
+// fixed interval.
+//
 // Backoff: the delays between retries of something that fails for a while (a server not yet
 // listening, a key not yet written, a replica down), doubling up to a cap, bounded by a deadline.
 // One schedule for the bootstrap stores' connects and polls and rpc's reconnects.
@@ -14,6 +17,7 @@
 #include <cstdint>
 #include <random>
 
+#include "absl/functional/function_ref.h"
 #include "absl/time/time.h"
 
 namespace plexus::base {
@@ -79,5 +83,10 @@ class Backoff {
   absl::Duration delay_;
   std::minstd_rand rng_;
 };
+
+// Calls `done` until it returns true or `deadline` has passed, sleeping `interval` between calls
+// (cut at the deadline); `done` runs at least once. Whether it returned true. A `done` that meets
+// an error records it, returns true, and the caller looks at the error first.
+bool PollUntil(absl::Time deadline, absl::Duration interval, absl::FunctionRef<bool()> done);
 
 }  // namespace plexus::base
