@@ -609,7 +609,9 @@ int main(int argc, char** argv) {
     std::optional<std::pair<std::string, Row>> best;
     for (const auto& [key, points] : samples) {
       const auto& [impl, op_name, t, n] = key;
-      if (impl.rfind("plexus", 0) == 0 || op_name != pb::OpName(op) || t != transport || n != nprocs) continue;
+      if (impl.rfind("plexus", 0) == 0 || op_name != pb::OpName(op) || t != transport ||
+          n != nprocs)
+        continue;
       const auto it = points.find(bytes);
       if (it == points.end()) continue;
       const Row row = MakeRow(op, bytes, it->second, nprocs);
