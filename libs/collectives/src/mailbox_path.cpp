@@ -91,6 +91,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
     return Abort(header, Failure::Peer(peer, why));
   };
   uint32_t polls = 0;
+  bool contended = false;  // a yield found the CPU contended: sleep until the next progress
   while (sent < fragments || received < fragments) {
     bool progress = false;
     if (sent < fragments) {
@@ -139,12 +140,15 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       start = absl::InfinitePast();
       idle = absl::ZeroDuration();
       polls = 0;
+      contended = false;
       next_wait_record = wait_record_after_;
       if (board_->posted()) board_->Retract();
       continue;
     }
-    // Past the yield window every pass sleeps anyway: read the clock on each.
-    if (++polls % 64 == 0 || wait.At(idle) == base::WaitPolicy::Phase::kSleep) {
+    // Past the yield window (or on a contended CPU) every pass sleeps anyway: read the clock on
+    // each.
+    const bool sleeping = contended || wait.At(idle) == base::WaitPolicy::Phase::kSleep;
+    if (++polls % 64 == 0 || sleeping) {
       const absl::Time now = absl::Now();
       if (start == absl::InfinitePast()) start = now;
       idle = now - start;
@@ -158,10 +162,10 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       }
       Completion sink[4];
       cq_->Poll(absl::MakeSpan(sink));  // caller-mode progress notices a dead peer
-      if (wait.At(idle) == base::WaitPolicy::Phase::kSleep) {
-        // Long waits sleep: on the slot itself when only receiving (bounded, so that a dead
-        // peer is still noticed); briefly when the peer's inbox is full (it drains as the peer
-        // catches up, with no wake-up to wait for).
+      if (contended || wait.At(idle) == base::WaitPolicy::Phase::kSleep) {
+        // Long waits (and any wait on a contended CPU) sleep: on the slot itself when only
+        // receiving (bounded, so that a dead peer is still noticed); briefly when the peer's inbox
+        // is full (it drains as the peer catches up, with no wake-up to wait for).
         if (sent == fragments) {
           mailboxes_[in.from]->Wait(std::min(options_.timeout - idle, absl::Milliseconds(10)));
         } else {
@@ -170,7 +174,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
         continue;
       }
     }
-    if (wait.At(idle) != base::WaitPolicy::Phase::kSpin) base::WaitPolicy::Yield();
+    if (wait.At(idle) != base::WaitPolicy::Phase::kSpin) contended = base::WaitPolicy::Yield();
   }
   return absl::OkStatus();
 }

@@ -1,5 +1,7 @@
 #include "plexus/torch/process_group.hpp"
 
+#include <pthread.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -30,6 +32,9 @@ namespace pc = plexus::collectives;
 const base::Param<std::string> kTransportParam(
     "PLEXUS_TORCH_TRANSPORT", "",
     "transport of the torch backend: tcp or shm (default: shm when every rank is on one host)");
+const base::Param<std::string> kProgressParam(
+    "PLEXUS_TORCH_PROGRESS", "",
+    "who moves the torch backend's bytes: thread (the transport's progress thread) or caller");
 
 // Throws the RuntimeError Python sees for invalid arguments.
 [[noreturn]] void Refuse(int rank, std::string_view op, std::string_view why) {
@@ -395,6 +400,9 @@ c10::intrusive_ptr<ProcessGroupPlexus> ProcessGroupPlexus::Create(
     options.device.backend = *backend;
     options.transport_policy = pc::TransportPolicy::kUniform;
   }
+  auto progress = kProgressParam.Get();
+  if (!progress.ok()) fail("reading PLEXUS_TORCH_PROGRESS", progress.status());
+  if (*progress == "caller") options.device.progress = transport::ProgressMode::kCaller;
   impl->transport = std::string(transport::BackendName(options.device.backend));
   auto comm = pc::Communicator::Create(*impl->rendezvous, options);
   if (!comm.ok()) fail("connecting the ranks", comm.status());
@@ -402,6 +410,7 @@ c10::intrusive_ptr<ProcessGroupPlexus> ProcessGroupPlexus::Create(
   impl->scheduler->rank = rank;
   impl->scheduler->size = size;
   impl->executor = std::thread([p = impl.get()] { p->Run(); });
+  pthread_setname_np(impl->executor.native_handle(), "plexus-torch");
   return c10::intrusive_ptr<ProcessGroupPlexus>::unsafe_steal_from_new(
       new ProcessGroupPlexus(rank, size, std::move(impl)));
 }
