@@ -392,8 +392,10 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
       // the CPU to whoever needs it (a peer rank, or anything else this host runs), and only
       // after kYieldWindow without progress sleep in the transport.
       // A contended CPU (a yield came back late) sleeps at once until the next progress.
-      const base::WaitPolicy::Phase phase =
-          contended ? base::WaitPolicy::Phase::kSleep : wait.At(idle);
+      const base::WaitPolicy::Phase phase = !contended ? wait.At(idle)
+                                            : idle < base::WaitPolicy::kContendedPoll
+                                                ? base::WaitPolicy::Phase::kSpin
+                                                : base::WaitPolicy::Phase::kSleep;
       if (phase == base::WaitPolicy::Phase::kSpin) continue;
       if (phase == base::WaitPolicy::Phase::kYield) {
         contended = base::WaitPolicy::Yield();

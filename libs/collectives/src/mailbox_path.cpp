@@ -146,9 +146,15 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       continue;
     }
     // Past the yield window (or on a contended CPU) every pass sleeps anyway: read the clock on
-    // each.
-    const bool sleeping = contended || wait.At(idle) == base::WaitPolicy::Phase::kSleep;
-    if (++polls % 64 == 0 || sleeping) {
+    // each. A fragment can arrive (we sent ahead of what we received): sleep on the slot itself
+    // (bounded, so that a dead peer is still noticed, and briefly while sends wait). Only
+    // sending (the peer's inbox is full; it drains as the peer catches up, with no wake-up to
+    // wait for): sleep briefly past the yield window, yield before it even if contended.
+    const bool receivable = received < fragments && (to < 0 || sent > received);
+    const bool long_wait = wait.At(idle) == base::WaitPolicy::Phase::kSleep;
+    const bool sleeping =
+        long_wait || (contended && receivable && idle >= base::WaitPolicy::kContendedPoll);
+    if (++polls % 64 == 0 || sleeping || contended) {
       const absl::Time now = absl::Now();
       if (start == absl::InfinitePast()) start = now;
       idle = now - start;
@@ -162,19 +168,20 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       }
       Completion sink[4];
       cq_->Poll(absl::MakeSpan(sink));  // caller-mode progress notices a dead peer
-      if (contended || wait.At(idle) == base::WaitPolicy::Phase::kSleep) {
-        // Long waits (and any wait on a contended CPU) sleep: on the slot itself when only
-        // receiving (bounded, so that a dead peer is still noticed); briefly when the peer's inbox
-        // is full (it drains as the peer catches up, with no wake-up to wait for).
-        if (sent == fragments) {
-          mailboxes_[in.from]->Wait(std::min(options_.timeout - idle, absl::Milliseconds(10)));
+      if (sleeping) {
+        if (receivable) {
+          const absl::Duration bound =
+              sent == fragments ? absl::Milliseconds(10) : absl::Microseconds(200);
+          mailboxes_[in.from]->Wait(std::min(options_.timeout - idle, bound));
         } else {
           std::this_thread::sleep_for(std::chrono::microseconds(200));
         }
         continue;
       }
     }
-    if (wait.At(idle) != base::WaitPolicy::Phase::kSpin) contended = base::WaitPolicy::Yield();
+    if (wait.At(idle) != base::WaitPolicy::Phase::kSpin && !(contended && receivable)) {
+      contended = base::WaitPolicy::Yield(/*can_sleep=*/receivable);
+    }
   }
   return absl::OkStatus();
 }

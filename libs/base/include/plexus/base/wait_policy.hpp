@@ -7,7 +7,7 @@
 // loop's compute beside the waiting thread) yielding is the worst way to wait: each yield puts
 // the thread behind every other runnable one, so what it waits for is seen a round of time
 // slices late, while a sleeper woken by the producer is run sooner. Yield() finds that case
-// (and remembers it a while) and callers then sleep until their next progress (see Yield).
+// (and remembers it for a moment) and callers then sleep until their next progress (see Yield).
 #pragma once
 
 #include <sched.h>
@@ -46,18 +46,25 @@ class WaitPolicy {
   // message in tens of microseconds).
   static constexpr absl::Duration kContendedYield = absl::Microseconds(200);
   // How long one such yield marks the process's CPUs as contended. Finding out costs a round of
-  // other threads' time slices (~10 ms at a load of 12 on 2 CPUs), so it is not asked per wait.
+  // other threads' time slices (~10 ms at a load of 12 on 2 CPUs), so it is not asked on every
+  // wait. (100 ms instead: DDP at parity with gloo rather than ahead, docs/torch.md.)
   static constexpr absl::Duration kContendedFor = absl::Seconds(1);
 
+  // On a contended CPU a waiter that can sleep polls this long without progress before it does:
+  // the hops of a running exchange mostly complete within it, and each sleep costs a wake-up
+  // (100-300 us on the 2-CPU VM under load).
+  static constexpr absl::Duration kContendedPoll = absl::Microseconds(200);
+
   // Gives the CPU to another runnable thread, if any, unless the CPUs were found contended
-  // within kContendedFor. Returns true when they are (then, or by this yield, which took
-  // kContendedYield or more): the caller should sleep, on a wait its producer wakes, until its
-  // next progress rather than yield. Measured (docs/torch.md): DDP on 2 ranks at a load of
-  // 12-14 on 2 CPUs lost ~20 ms per iteration to yielding waiters.
-  static bool Yield() {
+  // within kContendedFor and the caller `can_sleep` (has a wait its producer wakes). Returns
+  // true when they are contended (found then, or by this yield, which took kContendedYield or
+  // more): a caller that can sleep should then sleep until its next progress rather than yield.
+  // Measured (docs/torch.md): DDP on 2 ranks at a load of 12-14 on 2 CPUs lost ~20 ms per
+  // iteration to yielding waiters.
+  static bool Yield(bool can_sleep = true) {
     using Clock = std::chrono::steady_clock;
     const int64_t start = Clock::now().time_since_epoch().count();
-    if (start < contended_until_.load(std::memory_order_relaxed)) return true;
+    if (can_sleep && start < contended_until_.load(std::memory_order_relaxed)) return true;
     sched_yield();
     const int64_t end = Clock::now().time_since_epoch().count();
     if (end - start < Ticks(kContendedYield)) return false;
