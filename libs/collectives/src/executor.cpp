@@ -361,6 +361,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
   absl::Duration idle = absl::ZeroDuration();
   bool progressed = false;
   uint32_t idle_polls = 0;
+  bool contended = false;  // a yield found the CPU contended: sleep until the next progress
   const base::WaitPolicy wait = WaitingPolicy();
   absl::Duration next_wait_record = wait_record_after_;  // idle time of the next wait record
   Completion batch[32];
@@ -373,12 +374,13 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     }
     size_t got = cq_->Poll(absl::MakeSpan(batch));  // moves bytes too, in caller mode
     if (got == 0) {
-      if (progressed || ++idle_polls % 16 == 0 ||
+      if (progressed || ++idle_polls % 16 == 0 || contended ||
           wait.At(idle) == base::WaitPolicy::Phase::kSleep) {
         const absl::Time now = absl::Now();
         if (progressed) {
           last_progress = now;
           progressed = false;
+          contended = false;
           idle_polls = 0;
           next_wait_record = wait_record_after_;
           if (board_->posted()) board_->Retract();
@@ -407,10 +409,14 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
       // Waiting: spin (lowest latency, unless the host is oversubscribed), then poll and yield
       // the CPU to whoever needs it (a peer rank, or anything else this host runs), and only
       // after kYieldWindow without progress sleep in the transport.
-      const base::WaitPolicy::Phase phase = wait.At(idle);
+      // A contended CPU (a yield came back late) sleeps at once until the next progress.
+      const base::WaitPolicy::Phase phase = !contended ? wait.At(idle)
+                                            : idle < base::WaitPolicy::kContendedPoll
+                                                ? base::WaitPolicy::Phase::kSpin
+                                                : base::WaitPolicy::Phase::kSleep;
       if (phase == base::WaitPolicy::Phase::kSpin) continue;
       if (phase == base::WaitPolicy::Phase::kYield) {
-        base::WaitPolicy::Yield();
+        contended = base::WaitPolicy::Yield();
         continue;
       }
       // Wake for the next wait record too.

@@ -96,6 +96,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
     return Abort(header, Failure::Peer(peer, why));
   };
   uint32_t polls = 0;
+  bool contended = false;  // a yield found the CPU contended: sleep until the next progress
   while (sent < fragments || received < fragments) {
     bool progress = false;
     if (sent < fragments) {
@@ -144,12 +145,21 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       start = absl::InfinitePast();
       idle = absl::ZeroDuration();
       polls = 0;
+      contended = false;
       next_wait_record = wait_record_after_;
       if (board_->posted()) board_->Retract();
       continue;
     }
-    // Past the yield window every pass sleeps anyway: read the clock on each.
-    if (++polls % 64 == 0 || wait.At(idle) == base::WaitPolicy::Phase::kSleep) {
+    // Past the yield window (or on a contended CPU) every pass sleeps anyway: read the clock on
+    // each. A fragment can arrive (we sent ahead of what we received): sleep on the slot itself
+    // (bounded, so that a dead peer is still noticed, and briefly while sends wait). Only
+    // sending (the peer's inbox is full; it drains as the peer catches up, with no wake-up to
+    // wait for): sleep briefly past the yield window, yield before it even if contended.
+    const bool receivable = received < fragments && (to < 0 || sent > received);
+    const bool long_wait = wait.At(idle) == base::WaitPolicy::Phase::kSleep;
+    const bool sleeping =
+        long_wait || (contended && receivable && idle >= base::WaitPolicy::kContendedPoll);
+    if (++polls % 64 == 0 || sleeping || contended) {
       const absl::Time now = absl::Now();
       if (start == absl::InfinitePast()) start = now;
       idle = now - start;
@@ -163,19 +173,20 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       }
       Completion sink[4];
       cq_->Poll(absl::MakeSpan(sink));  // caller-mode progress notices a dead peer
-      if (wait.At(idle) == base::WaitPolicy::Phase::kSleep) {
-        // Long waits sleep: on the slot itself when only receiving (bounded, so that a dead
-        // peer is still noticed); briefly when the peer's inbox is full (it drains as the peer
-        // catches up, with no wake-up to wait for).
-        if (sent == fragments) {
-          mailboxes_[in.from]->Wait(std::min(options_.timeout - idle, absl::Milliseconds(10)));
+      if (sleeping) {
+        if (receivable) {
+          const absl::Duration bound =
+              sent == fragments ? absl::Milliseconds(10) : absl::Microseconds(200);
+          mailboxes_[in.from]->Wait(std::min(options_.timeout - idle, bound));
         } else {
           std::this_thread::sleep_for(std::chrono::microseconds(200));
         }
         continue;
       }
     }
-    if (wait.At(idle) != base::WaitPolicy::Phase::kSpin) base::WaitPolicy::Yield();
+    if (wait.At(idle) != base::WaitPolicy::Phase::kSpin && !(contended && receivable)) {
+      contended = base::WaitPolicy::Yield(/*can_sleep=*/receivable);
+    }
   }
   return absl::OkStatus();
 }

@@ -221,7 +221,7 @@ absl::Status QosGate::Admit(absl::Duration timeout, const base::WaitPolicy& wait
     const base::WaitPolicy::Phase phase = wait.At(now - start);
     if (phase == base::WaitPolicy::Phase::kSpin && until < wait.spin()) continue;
     if (phase != base::WaitPolicy::Phase::kSleep && until < wait.sleep_after()) {
-      base::WaitPolicy::Yield();
+      base::WaitPolicy::Yield(/*can_sleep=*/false);  // a short wait: always yield
       continue;
     }
     progress(std::min(until, absl::Milliseconds(1)));

@@ -1,6 +1,7 @@
 // The shm backend: processes of one host, connected through a shared-memory file of two
 // single-producer single-consumer byte rings; bulk bytes move by cross-memory attach.
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -114,6 +115,7 @@ class ShmDevice final : public Device, public std::enable_shared_from_this<ShmDe
     config_.held_budget = std::make_shared<HoldBudget>(held.per_device);
     if (options().progress == ProgressMode::kThread) {
       thread_ = std::thread([this] { ThreadLoop(); });
+      pthread_setname_np(thread_.native_handle(), "plexus-shm");
     }
     return absl::OkStatus();
   }
@@ -243,13 +245,17 @@ class ShmDevice final : public Device, public std::enable_shared_from_this<ShmDe
     // Yield rather than pause: the threads this one serves (the callers waiting for its
     // completions) may need this core, and a 2-core host has no spare one.
     const base::WaitPolicy wait(absl::ZeroDuration(), kSpinBeforeSleep);
+    bool contended = false;
     while (!stop_.load(std::memory_order_relaxed)) {
       if (RunOnce()) {
         busy_at = absl::Now();
+        contended = false;
         continue;
       }
-      if (wait.At(absl::Now() - busy_at) == base::WaitPolicy::Phase::kYield) {
-        base::WaitPolicy::Yield();
+      // Yield while recently busy, unless the CPU is contended (see base::WaitPolicy::Yield):
+      // then sleep on the doorbell, which the peers ring when they produce.
+      if (!contended && wait.At(absl::Now() - busy_at) == base::WaitPolicy::Phase::kYield) {
+        contended = base::WaitPolicy::Yield();
         continue;
       }
       SleepOnce(kMaxSleep);
