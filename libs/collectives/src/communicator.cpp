@@ -108,8 +108,9 @@ CommunicatorImpl::~CommunicatorImpl() {
   // sent last, and closing now would fail its receives. After the barrier every rank has
   // finished every call it issued before.
   if (ready_ && layout_.n > 1 && health().ok()) {
-    (void)RunOne(BarrierTask().value());
+    if (auto barrier = BarrierTask(); barrier.ok()) (void)RunOne(*barrier);
   }
+  StopReconfiguration();
   // A healthy communicator leaves nothing on the store: the barrier's last progress retracted
   // any wait record; see that the removal is written. A broken one leaves its account (one key
   // per rank) for peers still resolving whom to blame.
@@ -389,6 +390,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
       comm->store_, comm->uid_, rank, std::max(options.timeout / 2, absl::Seconds(1)));
   comm->options_ = std::move(options);
   comm->ready_ = true;
+  comm->StartReconfiguration();
   if (comm->debug_ && rank == 0) {
     std::fprintf(stderr,
                  "[plexus-coll] communicator %llx: %d ranks over %s, %d channel(s), chunk %zu B, "
@@ -502,6 +504,7 @@ Algorithm CommunicatorImpl::Resolve(CollectiveKind kind, size_t bytes, Algorithm
 const Layout& CommunicatorImpl::MakeLayout(DataType dtype, size_t segment_bytes) {
   call_layout_.esize = DataTypeSize(dtype);
   call_layout_.chunk_bytes = layout_.chunk_bytes;
+  call_layout_.channels = layout_.channels;
   if (segment_bytes > 0 && layout_.channels > 1) {
     constexpr size_t kMinChunk = size_t{64} << 10;
     const size_t per_channel = (segment_bytes + layout_.channels - 1) / layout_.channels;

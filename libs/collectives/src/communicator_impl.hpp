@@ -32,6 +32,7 @@
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/transport/device.hpp"
 #include "plexus/transport/rendezvous.hpp"
+#include "reconfig.hpp"
 #include "wire.hpp"
 
 namespace plexus::collectives::internal {
@@ -216,6 +217,12 @@ class CommunicatorImpl : public Communicator {
   std::shared_ptr<Work> BarrierAsync() override { return Async(BarrierTask()); }
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
 
+  // Live reconfiguration (reconfig.cpp).
+  absl::StatusOr<uint64_t> RequestReconfiguration(const Reconfiguration& change) override;
+  absl::StatusOr<uint64_t> AwaitReconfiguration(uint64_t epoch, absl::Duration timeout) override;
+  ActiveConfiguration configuration() const override;
+  uint64_t collective_sequence() const override;
+
   // Tests and diagnostics: every connection of this communicator (each channel, each peer), to
   // read the transport's counters of the bytes it moved.
   std::vector<const transport::Connection*> connections() const {
@@ -244,7 +251,8 @@ class CommunicatorImpl : public Communicator {
     if (!broken_.ok()) return broken_;
     busy_ = true;
     lock.unlock();
-    absl::Status status = fn();
+    absl::Status status = IssueCollective();
+    if (status.ok()) status = fn();
     lock.lock();
     busy_ = false;
     const bool worker = worker_.joinable();
@@ -276,6 +284,25 @@ class CommunicatorImpl : public Communicator {
                        DataType dtype, CallOptions call);
   TaskOr PointToPointTask(void* buf, size_t count, DataType dtype, int peer, bool is_send);
   TaskOr BarrierTask();
+
+  // Live reconfiguration (reconfig.cpp). Issuing a collective (creating its task, or running it
+  // inline) calls IssueCollective: it waits while a round freezes issues, then counts the call
+  // (the broken status when the wait ended because the communicator broke). Running it calls
+  // BeginCollective first, before choosing its algorithm or layout: it applies the changes that
+  // land on this collective's sequence number.
+  absl::Status IssueCollective();
+  void BeginCollective();
+  void ApplyChange(const DecidedChange& decided);
+  // After Make connected: the active configuration, and the watcher thread (several ranks).
+  void StartReconfiguration();
+  // The destructor: posts the watchers' stop request (healthy communicators, after the barrier)
+  // and joins this rank's watcher.
+  void StopReconfiguration();
+  void WatchReconfigurations();
+  // One round of the barrier for request `epoch`; an error breaks the communicator.
+  absl::Status RunReconfigRound(uint64_t epoch, const std::string& payload);
+  void BreakFromWatcher(absl::Status status);
+  std::string ReconfigKey(std::string_view what, uint64_t epoch, int rank = -1) const;
 
   absl::Status CheckCommon(const char* what, const void* send, const void* recv, size_t count,
                            DataType dtype, ReduceOp op = ReduceOp::kSum, int root = 0) const;
@@ -433,6 +460,8 @@ class CommunicatorImpl : public Communicator {
   // mailboxes_[rank]: the channel-0 connection's mailbox (null for this rank).
   std::vector<transport::Mailbox*> mailboxes_;
   bool mailboxes_ready_ = false;  // every peer connection has one
+  // Live reconfiguration (reconfig.hpp).
+  ReconfigState reconf_;
 };
 
 }  // namespace plexus::collectives::internal
