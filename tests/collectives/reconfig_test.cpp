@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "plexus/base/admin.hpp"
+#include "plexus/base/status.hpp"
 #include "plexus/collectives/admin.hpp"
 #include "plexus/collectives/communicator.hpp"
 #include "ranks.hpp"
@@ -163,38 +164,39 @@ TEST_CASE("live reconfiguration: delayed, reordered requests from a non-zero ran
   std::vector<std::vector<Seen>> seen(kRanks);
   std::vector<std::vector<std::vector<float>>> outputs(kRanks);
   std::vector<uint64_t> landing(kRanks, 0);
-  auto results = RunRanks(kRanks, Options(backend), [&](int rank, pc::Communicator& comm) {
-    if (rank == idle_rank) std::this_thread::sleep_for(std::chrono::milliseconds(150));
-    auto one = [&](int i) -> absl::Status {
-      std::vector<float> in = Operand(rank, i);
-      std::vector<float> out(kCount);
-      PLEXUS_RETURN_IF_ERROR(
-          comm.AllReduce(in.data(), out.data(), kCount, DataType::kF32, ReduceOp::kSum));
-      outputs[rank].push_back(std::move(out));
-      const pc::ActiveConfiguration c = comm.configuration();
-      seen[rank].push_back({c.epoch, c.since_sequence, c.ring_order});
-      return absl::OkStatus();
-    };
-    int i = 0;
-    for (; i < kCalls; ++i) {
-      if (rank == 1 && i == request_at) {
-        pc::Reconfiguration change;
-        change.ring_order = kOrderB;
-        auto epoch = comm.RequestReconfiguration(change);
-        if (!epoch.ok()) return std::string(epoch.status().message());
-        if (*epoch != 1) return absl::StrCat("first epoch is ", *epoch);
-      }
-      if (absl::Status s = one(i); !s.ok()) return std::string(s.message());
-    }
-    auto lands = comm.AwaitReconfiguration(1, absl::Seconds(10));
-    if (!lands.ok()) return std::string(lands.status().message());
-    landing[rank] = *lands;
-    // Every rank knows the same landing sequence: run up to it, the same number of calls.
-    while (comm.collective_sequence() <= *lands) {
-      if (absl::Status s = one(i++); !s.ok()) return std::string(s.message());
-    }
-    return std::string();
-  });
+  auto results =
+      RunRanks(kRanks, Options(backend), [&](int rank, pc::Communicator& comm) -> std::string {
+        if (rank == idle_rank) std::this_thread::sleep_for(std::chrono::milliseconds(150));
+        auto one = [&](int i) -> absl::Status {
+          std::vector<float> in = Operand(rank, i);
+          std::vector<float> out(kCount);
+          PLEXUS_RETURN_IF_ERROR(
+              comm.AllReduce(in.data(), out.data(), kCount, DataType::kF32, ReduceOp::kSum));
+          outputs[rank].push_back(std::move(out));
+          const pc::ActiveConfiguration c = comm.configuration();
+          seen[rank].push_back({c.epoch, c.since_sequence, c.ring_order});
+          return absl::OkStatus();
+        };
+        int i = 0;
+        for (; i < kCalls; ++i) {
+          if (rank == 1 && i == request_at) {
+            pc::Reconfiguration change;
+            change.ring_order = kOrderB;
+            auto epoch = comm.RequestReconfiguration(change);
+            if (!epoch.ok()) return std::string(epoch.status().message());
+            if (*epoch != 1) return absl::StrCat("first epoch is ", *epoch);
+          }
+          if (absl::Status s = one(i); !s.ok()) return std::string(s.message());
+        }
+        auto lands = comm.AwaitReconfiguration(1, absl::Seconds(10));
+        if (!lands.ok()) return std::string(lands.status().message());
+        landing[rank] = *lands;
+        // Every rank knows the same landing sequence: run up to it, the same number of calls.
+        while (comm.collective_sequence() <= *lands) {
+          if (absl::Status s = one(i++); !s.ok()) return std::string(s.message());
+        }
+        return std::string();
+      });
   for (const auto& r : results) REQUIRE(r == "");
   for (int r = 0; r < kRanks; ++r) {
     INFO("rank " << r << " saw " << Describe(seen[r]));
@@ -225,36 +227,37 @@ TEST_CASE("live reconfiguration: concurrent requests apply in one order on every
   std::vector<std::vector<Seen>> seen(kRanks);
   std::vector<std::vector<std::vector<float>>> outputs(kRanks);
   std::vector<pc::ActiveConfiguration> final_config(kRanks);
-  auto results = RunRanks(kRanks, Options(backend), [&](int rank, pc::Communicator& comm) {
-    auto one = [&](int i) -> absl::Status {
-      std::vector<float> in = Operand(rank, i);
-      std::vector<float> out(kCount);
-      PLEXUS_RETURN_IF_ERROR(
-          comm.AllReduce(in.data(), out.data(), kCount, DataType::kF32, ReduceOp::kSum));
-      outputs[rank].push_back(std::move(out));
-      const pc::ActiveConfiguration c = comm.configuration();
-      seen[rank].push_back({c.epoch, c.since_sequence, c.ring_order});
-      return absl::OkStatus();
-    };
-    int i = 0;
-    for (; i < kCalls; ++i) {
-      if ((rank == 0 || rank == 2) && i == 2) {
-        pc::Reconfiguration change;
-        change.ring_order = rank == 0 ? kOrderB : kOrderC;
-        if (rank == 2) change.channels = 1;  // fewer channels: same bits (same ring order)
-        auto epoch = comm.RequestReconfiguration(change);
-        if (!epoch.ok()) return std::string(epoch.status().message());
-      }
-      if (absl::Status s = one(i); !s.ok()) return std::string(s.message());
-    }
-    auto lands = comm.AwaitReconfiguration(2, absl::Seconds(10));
-    if (!lands.ok()) return std::string(lands.status().message());
-    while (comm.collective_sequence() <= *lands) {
-      if (absl::Status s = one(i++); !s.ok()) return std::string(s.message());
-    }
-    final_config[rank] = comm.configuration();
-    return std::string();
-  });
+  auto results =
+      RunRanks(kRanks, Options(backend), [&](int rank, pc::Communicator& comm) -> std::string {
+        auto one = [&](int i) -> absl::Status {
+          std::vector<float> in = Operand(rank, i);
+          std::vector<float> out(kCount);
+          PLEXUS_RETURN_IF_ERROR(
+              comm.AllReduce(in.data(), out.data(), kCount, DataType::kF32, ReduceOp::kSum));
+          outputs[rank].push_back(std::move(out));
+          const pc::ActiveConfiguration c = comm.configuration();
+          seen[rank].push_back({c.epoch, c.since_sequence, c.ring_order});
+          return absl::OkStatus();
+        };
+        int i = 0;
+        for (; i < kCalls; ++i) {
+          if ((rank == 0 || rank == 2) && i == 2) {
+            pc::Reconfiguration change;
+            change.ring_order = rank == 0 ? kOrderB : kOrderC;
+            if (rank == 2) change.channels = 1;  // fewer channels: same bits (same ring order)
+            auto epoch = comm.RequestReconfiguration(change);
+            if (!epoch.ok()) return std::string(epoch.status().message());
+          }
+          if (absl::Status s = one(i); !s.ok()) return std::string(s.message());
+        }
+        auto lands = comm.AwaitReconfiguration(2, absl::Seconds(10));
+        if (!lands.ok()) return std::string(lands.status().message());
+        while (comm.collective_sequence() <= *lands) {
+          if (absl::Status s = one(i++); !s.ok()) return std::string(s.message());
+        }
+        final_config[rank] = comm.configuration();
+        return std::string();
+      });
   for (const auto& r : results) REQUIRE(r == "");
   REQUIRE(final_config[0].epoch == 2);
   for (int r = 0; r < kRanks; ++r) {
@@ -280,52 +283,53 @@ TEST_CASE("live reconfiguration: calls queued before the request finish with the
   HookGuard hook({{{2, pi::ReconfigStep::kFrozen}, 20}});
   std::vector<std::vector<std::vector<float>>> outputs(kRanks);
   std::vector<uint64_t> landing(kRanks, 0);
-  auto results = RunRanks(kRanks, Options(backend), [&](int rank, pc::Communicator& comm) {
-    std::vector<std::vector<float>> in(2 * kCalls + 1), out(2 * kCalls + 1);
-    std::vector<std::shared_ptr<pc::Work>> works;
-    uint64_t epoch = 1;
-    for (int i = 0; i < kCalls; ++i) {
-      in[i] = Operand(rank, i);
-      out[i].resize(kCount);
-      works.push_back(comm.AllReduceAsync(in[i].data(), out[i].data(), kCount, DataType::kF32,
-                                          ReduceOp::kSum));
-    }
-    if (rank == 3) {
-      pc::Reconfiguration change;
-      change.ring_order = kOrderB;
-      auto e = comm.RequestReconfiguration(change);
-      if (!e.ok()) return std::string(e.status().message());
-      epoch = *e;
-    }
-    int i = kCalls;
-    for (; i < 2 * kCalls; ++i) {
-      in[i] = Operand(rank, i);
-      out[i].resize(kCount);
-      works.push_back(comm.AllReduceAsync(in[i].data(), out[i].data(), kCount, DataType::kF32,
-                                          ReduceOp::kSum));
-    }
-    for (auto& w : works) {
-      if (absl::Status s = w->Wait(absl::Seconds(30)); !s.ok()) return std::string(s.message());
-    }
-    auto lands = comm.AwaitReconfiguration(epoch, absl::Seconds(10));
-    if (!lands.ok()) return std::string(lands.status().message());
-    landing[rank] = *lands;
-    // The requester had issued kCalls calls: they all run with the old order.
-    if (rank == 3 && *lands < kCalls) return absl::StrCat("landed on ", *lands, " < ", kCalls);
-    while (comm.collective_sequence() <= *lands) {
-      in[i] = Operand(rank, i);
-      out[i].resize(kCount);
-      if (absl::Status s = comm.AllReduce(in[i].data(), out[i].data(), kCount, DataType::kF32,
-                                          ReduceOp::kSum);
-          !s.ok()) {
-        return std::string(s.message());
-      }
-      ++i;
-    }
-    out.resize(i);
-    outputs[rank] = std::move(out);
-    return std::string();
-  });
+  auto results =
+      RunRanks(kRanks, Options(backend), [&](int rank, pc::Communicator& comm) -> std::string {
+        std::vector<std::vector<float>> in(2 * kCalls + 1), out(2 * kCalls + 1);
+        std::vector<std::shared_ptr<pc::Work>> works;
+        uint64_t epoch = 1;
+        for (int i = 0; i < kCalls; ++i) {
+          in[i] = Operand(rank, i);
+          out[i].resize(kCount);
+          works.push_back(comm.AllReduceAsync(in[i].data(), out[i].data(), kCount, DataType::kF32,
+                                              ReduceOp::kSum));
+        }
+        if (rank == 3) {
+          pc::Reconfiguration change;
+          change.ring_order = kOrderB;
+          auto e = comm.RequestReconfiguration(change);
+          if (!e.ok()) return std::string(e.status().message());
+          epoch = *e;
+        }
+        int i = kCalls;
+        for (; i < 2 * kCalls; ++i) {
+          in[i] = Operand(rank, i);
+          out[i].resize(kCount);
+          works.push_back(comm.AllReduceAsync(in[i].data(), out[i].data(), kCount, DataType::kF32,
+                                              ReduceOp::kSum));
+        }
+        for (auto& w : works) {
+          if (absl::Status s = w->Wait(absl::Seconds(30)); !s.ok()) return std::string(s.message());
+        }
+        auto lands = comm.AwaitReconfiguration(epoch, absl::Seconds(10));
+        if (!lands.ok()) return std::string(lands.status().message());
+        landing[rank] = *lands;
+        // The requester had issued kCalls calls: they all run with the old order.
+        if (rank == 3 && *lands < kCalls) return absl::StrCat("landed on ", *lands, " < ", kCalls);
+        while (comm.collective_sequence() <= *lands) {
+          in[i] = Operand(rank, i);
+          out[i].resize(kCount);
+          if (absl::Status s = comm.AllReduce(in[i].data(), out[i].data(), kCount, DataType::kF32,
+                                              ReduceOp::kSum);
+              !s.ok()) {
+            return std::string(s.message());
+          }
+          ++i;
+        }
+        out.resize(i);
+        outputs[rank] = std::move(out);
+        return std::string();
+      });
   for (const auto& r : results) REQUIRE(r == "");
   for (int r = 0; r < kRanks; ++r) {
     INFO("rank " << r << ", landing " << landing[0]);
@@ -337,61 +341,63 @@ TEST_CASE("live reconfiguration: calls queued before the request finish with the
   }
 }
 
-TEST_CASE("live reconfiguration: invalid requests, one rank, destruction mid-round",
-          "[reconfig]") {
-  auto results = RunRanks(2, Options(pt::Backend::kInproc), [&](int rank, pc::Communicator& comm) {
-    auto expect_invalid = [&](const pc::Reconfiguration& c, const char* what) -> std::string {
-      auto e = comm.RequestReconfiguration(c);
-      if (e.ok() || e.status().code() != absl::StatusCode::kInvalidArgument) {
-        return absl::StrCat(what, ": ", e.ok() ? "accepted" : e.status().ToString());
-      }
-      return "";
-    };
-    std::string err = expect_invalid({}, "empty");
-    pc::Reconfiguration bad_order;
-    bad_order.ring_order = std::vector<int>{0, 0};
-    if (err.empty()) err = expect_invalid(bad_order, "not a permutation");
-    pc::Reconfiguration short_order;
-    short_order.ring_order = std::vector<int>{0};
-    if (err.empty()) err = expect_invalid(short_order, "wrong size");
-    pc::Reconfiguration too_many;
-    too_many.channels = 3;
-    if (err.empty()) err = expect_invalid(too_many, "3 channels of 2");
-    pc::Reconfiguration zero;
-    zero.channels = 0;
-    if (err.empty()) err = expect_invalid(zero, "0 channels");
-    if (!err.empty()) return err;
-    // A request just before destruction: the destructor neither hangs nor fails.
-    if (rank == 0) {
-      pc::Reconfiguration c;
-      c.ring_order = std::vector<int>{1, 0};
-      auto e = comm.RequestReconfiguration(c);
-      if (!e.ok()) return std::string(e.status().message());
-    }
-    return std::string();
-  });
+TEST_CASE("live reconfiguration: invalid requests, one rank, destruction mid-round", "[reconfig]") {
+  auto results = RunRanks(
+      2, Options(pt::Backend::kInproc), [&](int rank, pc::Communicator& comm) -> std::string {
+        auto expect_invalid = [&](const pc::Reconfiguration& c, const char* what) -> std::string {
+          auto e = comm.RequestReconfiguration(c);
+          if (e.ok() || e.status().code() != absl::StatusCode::kInvalidArgument) {
+            return absl::StrCat(what, ": ", e.ok() ? "accepted" : e.status().ToString());
+          }
+          return "";
+        };
+        std::string err = expect_invalid({}, "empty");
+        pc::Reconfiguration bad_order;
+        bad_order.ring_order = std::vector<int>{0, 0};
+        if (err.empty()) err = expect_invalid(bad_order, "not a permutation");
+        pc::Reconfiguration short_order;
+        short_order.ring_order = std::vector<int>{0};
+        if (err.empty()) err = expect_invalid(short_order, "wrong size");
+        pc::Reconfiguration too_many;
+        too_many.channels = 3;
+        if (err.empty()) err = expect_invalid(too_many, "3 channels of 2");
+        pc::Reconfiguration zero;
+        zero.channels = 0;
+        if (err.empty()) err = expect_invalid(zero, "0 channels");
+        if (!err.empty()) return err;
+        // A request just before destruction: the destructor neither hangs nor fails.
+        if (rank == 0) {
+          pc::Reconfiguration c;
+          c.ring_order = std::vector<int>{1, 0};
+          auto e = comm.RequestReconfiguration(c);
+          if (!e.ok()) return std::string(e.status().message());
+        }
+        return std::string();
+      });
   for (const auto& r : results) CHECK(r == "");
 
   // One rank: the change lands on the next collective.
-  auto single = RunRanks(1, Options(pt::Backend::kInproc), [&](int, pc::Communicator& comm) {
-    pc::Reconfiguration c;
-    c.algorithms = pc::AlgorithmOverrides::Parse("allreduce:tree").value();
-    c.channels = 1;
-    int x = 1, y = 0;
-    if (!comm.AllReduce(&x, &y, 1, DataType::kI32, ReduceOp::kSum).ok()) return "first call";
-    auto e = comm.RequestReconfiguration(c);
-    if (!e.ok()) return std::string(e.status().message());
-    auto lands = comm.AwaitReconfiguration(*e, absl::Seconds(1));
-    if (!lands.ok() || *lands != 1) return "landing";
-    if (comm.configuration().epoch != 0) return "applied early";
-    if (!comm.AllReduce(&x, &y, 1, DataType::kI32, ReduceOp::kSum).ok() || y != 1) return "call";
-    const pc::ActiveConfiguration a = comm.configuration();
-    if (a.epoch != 1 || a.since_sequence != 1 || a.channels != 1 ||
-        a.algorithms.Get(pc::CollectiveKind::kAllReduce) != pc::Algorithm::kTree) {
-      return "not applied";
-    }
-    return "";
-  });
+  auto single =
+      RunRanks(1, Options(pt::Backend::kInproc), [&](int, pc::Communicator& comm) -> std::string {
+        pc::Reconfiguration c;
+        c.algorithms = pc::AlgorithmOverrides::Parse("allreduce:tree").value();
+        c.channels = 1;
+        int x = 1, y = 0;
+        if (!comm.AllReduce(&x, &y, 1, DataType::kI32, ReduceOp::kSum).ok()) return "first call";
+        auto e = comm.RequestReconfiguration(c);
+        if (!e.ok()) return std::string(e.status().message());
+        auto lands = comm.AwaitReconfiguration(*e, absl::Seconds(1));
+        if (!lands.ok() || *lands != 1) return "landing";
+        if (comm.configuration().epoch != 0) return "applied early";
+        if (!comm.AllReduce(&x, &y, 1, DataType::kI32, ReduceOp::kSum).ok() || y != 1)
+          return "call";
+        const pc::ActiveConfiguration a = comm.configuration();
+        if (a.epoch != 1 || a.since_sequence != 1 || a.channels != 1 ||
+            a.algorithms.Get(pc::CollectiveKind::kAllReduce) != pc::Algorithm::kTree) {
+          return "not applied";
+        }
+        return "";
+      });
   CHECK(single[0] == "");
 }
 
@@ -402,54 +408,54 @@ TEST_CASE("admin endpoint: coll-list and coll-reconfigure over the wire", "[reco
   const std::string address = (*server)->address();
   std::mutex mu;
   std::string list_json;
-  auto results = RunRanks(kRanks, Options(pt::Backend::kInproc), [&](int rank,
-                                                                     pc::Communicator& comm) {
-    const std::string name = absl::StrCat("job/r", rank);
-    if (absl::Status s = coll_admin.Add(name, &comm); !s.ok()) return std::string(s.message());
-    std::string err;
-    auto call = [&](std::string command, std::map<std::string, std::string> args,
-                    std::string token = "s3cret") {
-      admin::AdminRequest req;
-      req.token = std::move(token);
-      req.command = std::move(command);
-      req.args = std::move(args);
-      return admin::AdminCall(address, req, absl::Seconds(5));
-    };
-    if (comm.Barrier().ok() && rank == 1) {
-      // Errors travel back with their codes; nothing is requested.
-      auto wrong_token = call("coll-list", {}, "nope");
-      auto unknown = call("coll-reconfigure", {{"name", "job/r9"}, {"ring_order", "0,1,2,3"}});
-      auto bad = call("coll-reconfigure", {{"name", "job/r1"}, {"ring_order", "0,1,1,3"}});
-      auto bad_arg = call("coll-reconfigure", {{"name", "job/r1"}, {"order", "0,1,2,3"}});
-      if (wrong_token.ok() || unknown.ok() ||
-          unknown.status().code() != absl::StatusCode::kNotFound || bad.ok() ||
-          bad.status().code() != absl::StatusCode::kInvalidArgument || bad_arg.ok()) {
-        return std::string("an invalid admin request was accepted");
-      }
-      auto reply = call("coll-reconfigure", {{"name", "job/r1"},
-                                             {"ring_order", "3,1,0,2"},
-                                             {"algorithms", "allreduce:ring,broadcast:tree"}});
-      if (!reply.ok()) return std::string(reply.status().message());
-      auto j = nlohmann::json::parse(*reply);
-      if (j["epoch"] != 1) return "epoch " + j.dump();
-    }
-    auto lands = comm.AwaitReconfiguration(1, absl::Seconds(10));
-    if (!lands.ok()) return std::string(lands.status().message());
-    while (comm.collective_sequence() <= *lands) {
-      if (absl::Status s = comm.Barrier(); !s.ok()) return std::string(s.message());
-    }
-    if (comm.configuration().ring_order != kOrderB) return std::string("order not applied");
-    if (!comm.Barrier().ok()) return std::string("barrier");
-    if (rank == 0) {
-      auto reply = call("coll-list", {});
-      if (!reply.ok()) return std::string(reply.status().message());
-      std::lock_guard<std::mutex> lock(mu);
-      list_json = *reply;
-    }
-    if (!comm.Barrier().ok()) return std::string("barrier");
-    coll_admin.Remove(name);
-    return err;
-  });
+  auto results = RunRanks(
+      kRanks, Options(pt::Backend::kInproc), [&](int rank, pc::Communicator& comm) -> std::string {
+        const std::string name = absl::StrCat("job/r", rank);
+        if (absl::Status s = coll_admin.Add(name, &comm); !s.ok()) return std::string(s.message());
+        std::string err;
+        auto call = [&](std::string command, std::map<std::string, std::string> args,
+                        std::string token = "s3cret") {
+          admin::AdminRequest req;
+          req.token = std::move(token);
+          req.command = std::move(command);
+          req.args = std::move(args);
+          return admin::AdminCall(address, req, absl::Seconds(5));
+        };
+        if (comm.Barrier().ok() && rank == 1) {
+          // Errors travel back with their codes; nothing is requested.
+          auto wrong_token = call("coll-list", {}, "nope");
+          auto unknown = call("coll-reconfigure", {{"name", "job/r9"}, {"ring_order", "0,1,2,3"}});
+          auto bad = call("coll-reconfigure", {{"name", "job/r1"}, {"ring_order", "0,1,1,3"}});
+          auto bad_arg = call("coll-reconfigure", {{"name", "job/r1"}, {"order", "0,1,2,3"}});
+          if (wrong_token.ok() || unknown.ok() ||
+              unknown.status().code() != absl::StatusCode::kNotFound || bad.ok() ||
+              bad.status().code() != absl::StatusCode::kInvalidArgument || bad_arg.ok()) {
+            return std::string("an invalid admin request was accepted");
+          }
+          auto reply = call("coll-reconfigure", {{"name", "job/r1"},
+                                                 {"ring_order", "3,1,0,2"},
+                                                 {"algorithms", "allreduce:ring,broadcast:tree"}});
+          if (!reply.ok()) return std::string(reply.status().message());
+          auto j = nlohmann::json::parse(*reply);
+          if (j["epoch"] != 1) return "epoch " + j.dump();
+        }
+        auto lands = comm.AwaitReconfiguration(1, absl::Seconds(10));
+        if (!lands.ok()) return std::string(lands.status().message());
+        while (comm.collective_sequence() <= *lands) {
+          if (absl::Status s = comm.Barrier(); !s.ok()) return std::string(s.message());
+        }
+        if (comm.configuration().ring_order != kOrderB) return std::string("order not applied");
+        if (!comm.Barrier().ok()) return std::string("barrier");
+        if (rank == 0) {
+          auto reply = call("coll-list", {});
+          if (!reply.ok()) return std::string(reply.status().message());
+          std::lock_guard<std::mutex> lock(mu);
+          list_json = *reply;
+        }
+        if (!comm.Barrier().ok()) return std::string("barrier");
+        coll_admin.Remove(name);
+        return err;
+      });
   for (const auto& r : results) REQUIRE(r == "");
   const auto list = nlohmann::json::parse(list_json);
   REQUIRE(list.size() == kRanks);

@@ -22,10 +22,10 @@ absl::Status CheckArgs(const AdminRequest& r, std::initializer_list<std::string_
   for (const auto& [key, value] : r.args) {
     if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
       std::string names;
-      for (std::string_view a : allowed) absl::StrAppend(&names, names.empty() ? "" : ", ", std::string(a));
-      return absl::InvalidArgumentError(absl::StrCat("admin command '", r.command,
-                                                     "': unknown argument '", key,
-                                                     "' (expected: ", names, ")"));
+      for (std::string_view a : allowed)
+        absl::StrAppend(&names, names.empty() ? "" : ", ", std::string(a));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "admin command '", r.command, "': unknown argument '", key, "' (expected: ", names, ")"));
     }
   }
   return absl::OkStatus();
@@ -71,12 +71,14 @@ CollectivesAdmin::~CollectivesAdmin() {
 }
 
 absl::Status CollectivesAdmin::Add(std::string name, Communicator* comm) {
-  if (comm == nullptr) return absl::InvalidArgumentError("CollectivesAdmin::Add: null communicator");
+  if (comm == nullptr)
+    return absl::InvalidArgumentError("CollectivesAdmin::Add: null communicator");
   if (name.empty() || name.size() > 128 ||
-      name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./") !=
+      name.find_first_not_of(
+          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./") !=
           std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CollectivesAdmin::Add: name '", name, "' must be 1-128 of [A-Za-z0-9-_./]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CollectivesAdmin::Add: name '", name, "' must be 1-128 of [A-Za-z0-9-_./]"));
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (!comms_.emplace(name, comm).second) {
@@ -120,9 +122,8 @@ absl::StatusOr<std::string> CollectivesAdmin::Reconfigure(const AdminRequest& r)
   if (const std::string* channels = arg("channels")) {
     int n = 0;
     if (!absl::SimpleAtoi(*channels, &n)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("admin command '", r.command, "': channels '", *channels,
-                       "' is not a number"));
+      return absl::InvalidArgumentError(absl::StrCat("admin command '", r.command, "': channels '",
+                                                     *channels, "' is not a number"));
     }
     change.channels = n;
   }

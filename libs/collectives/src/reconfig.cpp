@@ -31,8 +31,8 @@ std::string RingOrderText(const std::vector<int>& order) { return absl::StrJoin(
 
 absl::StatusOr<std::vector<int>> ParseRingOrder(std::string_view text) {
   std::vector<int> order;
-  for (absl::string_view item : absl::StrSplit(absl::string_view(text.data(), text.size()), ',',
-                                               absl::SkipWhitespace())) {
+  for (absl::string_view item :
+       absl::StrSplit(absl::string_view(text.data(), text.size()), ',', absl::SkipWhitespace())) {
     int r = 0;
     if (!absl::SimpleAtoi(item, &r)) {
       return absl::InvalidArgumentError(
@@ -51,8 +51,8 @@ std::string OverridesText(const AlgorithmOverrides& overrides) {
   for (int k = 0; k < kNumCollectiveKinds; ++k) {
     const Algorithm a = overrides.by_collective[k];
     if (a == Algorithm::kAuto) continue;
-    items.push_back(absl::StrCat(std::string(CollectiveName(static_cast<CollectiveKind>(k))),
-                                 ":", std::string(AlgorithmName(a))));
+    items.push_back(absl::StrCat(std::string(CollectiveName(static_cast<CollectiveKind>(k))), ":",
+                                 std::string(AlgorithmName(a))));
   }
   return absl::StrJoin(items, ",");
 }
@@ -90,8 +90,8 @@ absl::Status CheckRingOrder(const std::vector<int>& order, int n) {
   std::vector<bool> seen(n, false);
   for (int r : order) {
     if (r < 0 || r >= n || seen[r]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ring order [", RingOrderText(order), "] is not a permutation of 0..", n - 1));
+      return absl::InvalidArgumentError(absl::StrCat("ring order [", RingOrderText(order),
+                                                     "] is not a permutation of 0..", n - 1));
     }
     seen[r] = true;
   }
@@ -107,8 +107,10 @@ void SetReconfigTestHook(ReconfigHook hook) {
 
 std::string EncodeReconfiguration(const Reconfiguration& change, int requester) {
   std::string out = absl::StrCat("requester=", requester, "\n");
-  if (change.ring_order) absl::StrAppend(&out, "ring_order=", RingOrderText(*change.ring_order), "\n");
-  if (change.algorithms) absl::StrAppend(&out, "algorithms=", OverridesText(*change.algorithms), "\n");
+  if (change.ring_order)
+    absl::StrAppend(&out, "ring_order=", RingOrderText(*change.ring_order), "\n");
+  if (change.algorithms)
+    absl::StrAppend(&out, "algorithms=", OverridesText(*change.algorithms), "\n");
   if (change.channels) absl::StrAppend(&out, "channels=", *change.channels, "\n");
   return out;
 }
@@ -119,29 +121,32 @@ absl::StatusOr<DecidedChange> DecodeReconfiguration(std::string_view text) {
        absl::StrSplit(absl::string_view(text.data(), text.size()), '\n', absl::SkipEmpty())) {
     const size_t eq = line.find('=');
     if (eq == absl::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("reconfiguration request: bad line '", line, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("reconfiguration request: bad line '", line, "'"));
     }
     const absl::string_view key = line.substr(0, eq);
     const absl::string_view value = line.substr(eq + 1);
     if (key == "requester") {
       if (!absl::SimpleAtoi(value, &out.requester)) {
-        return absl::InvalidArgumentError(absl::StrCat("reconfiguration request: requester '", value, "'"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("reconfiguration request: requester '", value, "'"));
       }
     } else if (key == "ring_order") {
       PLEXUS_ASSIGN_OR_RETURN(out.change.ring_order,
                               ParseRingOrder(std::string_view(value.data(), value.size())));
     } else if (key == "algorithms") {
-      PLEXUS_ASSIGN_OR_RETURN(
-          out.change.algorithms,
-          AlgorithmOverrides::Parse(std::string_view(value.data(), value.size())));
+      PLEXUS_ASSIGN_OR_RETURN(out.change.algorithms, AlgorithmOverrides::Parse(std::string_view(
+                                                         value.data(), value.size())));
     } else if (key == "channels") {
       int channels = 0;
       if (!absl::SimpleAtoi(value, &channels)) {
-        return absl::InvalidArgumentError(absl::StrCat("reconfiguration request: channels '", value, "'"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("reconfiguration request: channels '", value, "'"));
       }
       out.change.channels = channels;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("reconfiguration request: unknown field '", key, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("reconfiguration request: unknown field '", key, "'"));
     }
   }
   return out;
@@ -182,8 +187,8 @@ absl::StatusOr<uint64_t> CommunicatorImpl::RequestReconfiguration(const Reconfig
   }
   if (change.ring_order) {
     if (absl::Status s = CheckRingOrder(*change.ring_order, n); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("RequestReconfiguration on rank ",
-                                                     layout_.rank, ": ", s.message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("RequestReconfiguration on rank ", layout_.rank, ": ", s.message()));
     }
   }
   if (change.channels && (*change.channels < 1 || *change.channels > options_.channels)) {
@@ -208,9 +213,10 @@ absl::StatusOr<uint64_t> CommunicatorImpl::RequestReconfiguration(const Reconfig
   }
   auto k = store_->Add(absl::StrCat(reconf_.prefix, "count"), 1);
   if (!k.ok()) {
-    return absl::Status(k.status().code(),
-                        absl::StrCat("RequestReconfiguration on rank ", layout_.rank,
-                                     ": numbering the request on the store: ", k.status().message()));
+    return absl::Status(
+        k.status().code(),
+        absl::StrCat("RequestReconfiguration on rank ", layout_.rank,
+                     ": numbering the request on the store: ", k.status().message()));
   }
   const uint64_t epoch = static_cast<uint64_t>(*k);
   if (absl::Status s =
@@ -230,10 +236,10 @@ absl::StatusOr<uint64_t> CommunicatorImpl::AwaitReconfiguration(uint64_t epoch,
     if (reconf_.decided_epoch >= epoch) {
       auto it = reconf_.history.find(epoch);
       if (it == reconf_.history.end()) {
-        return absl::NotFoundError(absl::StrCat(
-            "AwaitReconfiguration on rank ", layout_.rank, ": epoch ", epoch,
-            " is not a change of this communicator, or is older than the last ",
-            ReconfigState::kMaxHistory, " decisions"));
+        return absl::NotFoundError(
+            absl::StrCat("AwaitReconfiguration on rank ", layout_.rank, ": epoch ", epoch,
+                         " is not a change of this communicator, or is older than the last ",
+                         ReconfigState::kMaxHistory, " decisions"));
       }
       return it->second;
     }
@@ -366,8 +372,7 @@ absl::Status CommunicatorImpl::RunReconfigRound(uint64_t epoch, const std::strin
   }
   CallHook(rank, epoch, ReconfigStep::kFrozen);
   const std::string where = absl::StrCat("rank ", rank, ": live reconfiguration epoch ", epoch);
-  if (absl::Status s = store_->Set(ReconfigKey("rep", epoch, rank), absl::StrCat(count));
-      !s.ok()) {
+  if (absl::Status s = store_->Set(ReconfigKey("rep", epoch, rank), absl::StrCat(count)); !s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat(where, ": publishing this rank's count: ", s.message()));
   }
@@ -379,8 +384,8 @@ absl::Status CommunicatorImpl::RunReconfigRound(uint64_t epoch, const std::strin
     if (s.ok()) break;
     if (reconf_.stop.load()) return absl::CancelledError(where + ": communicator destroyed");
     if (s.code() != absl::StatusCode::kDeadlineExceeded) {
-      return absl::Status(s.code(), absl::StrCat(where, ": waiting for the ranks' counts: ",
-                                                 s.message()));
+      return absl::Status(s.code(),
+                          absl::StrCat(where, ": waiting for the ranks' counts: ", s.message()));
     }
     if (absl::Now() >= deadline) {
       std::vector<int> missing;
@@ -403,9 +408,9 @@ absl::Status CommunicatorImpl::RunReconfigRound(uint64_t epoch, const std::strin
     auto value = store_->Get(keys[r], options_.timeout);
     uint64_t theirs = 0;
     if (!value.ok() || !absl::SimpleAtoi(*value, &theirs)) {
-      return absl::DataLossError(absl::StrCat(where, ": reading rank ", r, "'s count: ",
-                                              value.ok() ? "'" + *value + "' is not a number"
-                                                         : std::string(value.status().message())));
+      return absl::DataLossError(absl::StrCat(
+          where, ": reading rank ", r, "'s count: ",
+          value.ok() ? "'" + *value + "' is not a number" : std::string(value.status().message())));
     }
     sequence = std::max(sequence, theirs);
   }

@@ -64,9 +64,9 @@ inline constexpr std::string_view kCloseRequest = "close";
 // hook that sleeps delays that rank's step (reordering when it learns of a change, when it
 // publishes its count). Process-wide; set it before the communicators are created.
 enum class ReconfigStep : uint8_t {
-  kSeen = 0,    // read request `epoch` from the store; nothing frozen yet
-  kFrozen = 1,  // froze issues and read this rank's count; publishes it next
-  kDecided = 2,    // read every count; launches resume
+  kSeen = 0,     // read request `epoch` from the store; nothing frozen yet
+  kFrozen = 1,   // froze issues and read this rank's count; publishes it next
+  kDecided = 2,  // read every count; launches resume
 };
 using ReconfigHook = std::function<void(int rank, uint64_t epoch, ReconfigStep step)>;
 void SetReconfigTestHook(ReconfigHook hook);

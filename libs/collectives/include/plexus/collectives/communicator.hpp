@@ -308,8 +308,7 @@ class Communicator {
   virtual absl::StatusOr<uint64_t> RequestReconfiguration(const Reconfiguration& change) = 0;
   // Waits until every rank agreed where change `epoch` lands; returns the sequence number of the
   // first collective that runs with it (the same on every rank). DeadlineExceeded after `timeout`.
-  virtual absl::StatusOr<uint64_t> AwaitReconfiguration(uint64_t epoch,
-                                                        absl::Duration timeout) = 0;
+  virtual absl::StatusOr<uint64_t> AwaitReconfiguration(uint64_t epoch, absl::Duration timeout) = 0;
   // The configuration in effect (a copy; safe from any thread).
   virtual ActiveConfiguration configuration() const = 0;
   // Collectives issued so far on this rank (the sequence number the next one issued gets).
