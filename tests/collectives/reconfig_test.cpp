@@ -6,6 +6,7 @@
 // driven over its wire.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -25,6 +26,7 @@
 #include "plexus/collectives/communicator.hpp"
 #include "ranks.hpp"
 #include "reconfig.hpp"
+#include "support/loopback.hpp"
 
 namespace pc = plexus::collectives;
 namespace pt = plexus::transport;
@@ -473,4 +475,100 @@ TEST_CASE("admin endpoint: coll-list and coll-reconfigure over the wire", "[reco
     CHECK(c["channels"] == 2);
     CHECK(c["health"] == "ok");
   }
+}
+
+namespace {
+
+// A store that can be switched off: every call then fails as a vanished TCP store does.
+class SwitchableStore : public pt::Store {
+ public:
+  explicit SwitchableStore(std::shared_ptr<pt::Store> inner) : inner_(std::move(inner)) {}
+  void TurnOff() { off_.store(true); }
+  absl::Status Set(std::string_view key, std::string_view value) override {
+    if (off_.load()) return Gone();
+    return inner_->Set(key, value);
+  }
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
+    if (off_.load()) return Gone();
+    // Short slices, so that a watcher blocked here notices the switch soon.
+    const absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      auto v = inner_->Get(key, std::min(absl::Milliseconds(20), deadline - absl::Now()));
+      if (off_.load()) return Gone();
+      if (v.ok() || v.status().code() != absl::StatusCode::kDeadlineExceeded ||
+          absl::Now() >= deadline) {
+        return v;
+      }
+    }
+  }
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) override {
+    if (off_.load()) return Gone();
+    return inner_->Add(key, delta);
+  }
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override {
+    if (off_.load()) return Gone();
+    return inner_->Wait(keys, timeout);
+  }
+  absl::StatusOr<bool> Check(absl::Span<const std::string> keys) override {
+    if (off_.load()) return Gone();
+    return inner_->Check(keys);
+  }
+  absl::StatusOr<bool> Delete(std::string_view key) override {
+    if (off_.load()) return Gone();
+    return inner_->Delete(key);
+  }
+  std::string description() const override { return "switchable " + inner_->description(); }
+
+ private:
+  static absl::Status Gone() { return absl::UnavailableError("lost the connection to the store"); }
+  std::shared_ptr<pt::Store> inner_;
+  std::atomic<bool> off_{false};
+};
+
+}  // namespace
+
+TEST_CASE("live reconfiguration: a lost store turns reconfiguration off, not the collectives",
+          "[reconfig]") {
+  const plexus::testing::LoopbackStore loopback = plexus::testing::StartLoopbackStore();
+  auto store = std::make_shared<SwitchableStore>(loopback.store);
+  std::vector<std::string> results(2);
+  std::vector<std::thread> threads;
+  std::atomic<int> created{0};
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto rdv = pt::Rendezvous::Create(r, 2, store);
+      if (!rdv.ok()) {
+        results[r] = std::string(rdv.status().message());
+        return;
+      }
+      auto comm = pc::Communicator::Create(*rdv, Options(pt::Backend::kInproc));
+      if (!comm.ok()) {
+        results[r] = std::string(comm.status().message());
+        return;
+      }
+      if (++created == 2) store->TurnOff();
+      while (created.load() < 2) std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the watchers notice
+      std::vector<float> in = Operand(r, 0), out(kCount);
+      for (int i = 0; i < 3; ++i) {
+        absl::Status s =
+            (*comm)->AllReduce(in.data(), out.data(), kCount, DataType::kF32, ReduceOp::kSum);
+        if (!s.ok()) {
+          results[r] = absl::StrCat("allreduce after the store went: ", s.ToString());
+          return;
+        }
+      }
+      pc::Reconfiguration change;
+      change.channels = 1;
+      auto e = (*comm)->RequestReconfiguration(change);
+      if (e.ok() || e.status().code() != absl::StatusCode::kUnavailable) {
+        results[r] =
+            absl::StrCat("request without a store: ", e.ok() ? "accepted" : e.status().ToString());
+        return;
+      }
+      if (!(*comm)->health().ok()) results[r] = "broken";
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& r : results) CHECK(r == "");
 }

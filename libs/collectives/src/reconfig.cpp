@@ -197,6 +197,10 @@ absl::StatusOr<uint64_t> CommunicatorImpl::RequestReconfiguration(const Reconfig
         options_.channels, " (the channels connected at creation), got ", *change.channels));
   }
   PLEXUS_RETURN_IF_ERROR(health());
+  {
+    std::lock_guard<std::mutex> lock(reconf_.mu);
+    if (!reconf_.lost.ok()) return reconf_.lost;
+  }
   if (n == 1) {
     std::lock_guard<std::mutex> lock(reconf_.mu);
     DecidedChange decided;
@@ -337,10 +341,14 @@ void CommunicatorImpl::WatchReconfigurations() {
     if (reconf_.stop.load()) return;
     if (!payload.ok()) {
       if (payload.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
-      BreakFromWatcher(absl::Status(
+      // The store is gone (e.g. rank 0 destroyed the rendezvous serving it): collectives go on;
+      // only reconfiguration stops (a request fails with this error; a peer that still reaches
+      // the store and requests a change times out waiting for this rank and breaks).
+      std::lock_guard<std::mutex> lock(reconf_.mu);
+      reconf_.lost = absl::Status(
           payload.status().code(),
-          absl::StrCat("rank ", layout_.rank, ": live reconfiguration: reading request ", epoch,
-                       " from the store: ", payload.status().message())));
+          absl::StrCat("rank ", layout_.rank, ": live reconfiguration is off: reading request ",
+                       epoch, " from the store failed: ", payload.status().message()));
       return;
     }
     if (*payload == kCloseRequest) return;

@@ -47,6 +47,8 @@ struct ReconfigState {
   ActiveConfiguration active;
   // Single-rank communicators number their own epochs.
   uint64_t local_epochs = 0;
+  // Set when this rank's watcher lost the store while idle (RequestReconfiguration returns it).
+  absl::Status lost;
   std::atomic<bool> stop{false};
   std::thread watcher;
   // Store keys of this communicator's rounds: <prefix>count, <prefix>req/<k>,
