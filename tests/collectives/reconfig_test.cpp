@@ -26,6 +26,7 @@
 #include "plexus/collectives/communicator.hpp"
 #include "ranks.hpp"
 #include "reconfig.hpp"
+#include "support/child_process.hpp"
 #include "support/loopback.hpp"
 
 namespace pc = plexus::collectives;
@@ -455,6 +456,29 @@ TEST_CASE("admin endpoint: coll-list and coll-reconfigure over the wire", "[reco
           list_json = *reply;
         }
         if (!comm.Barrier().ok()) return std::string("barrier");
+#ifdef PLEXUS_RPC_CTL
+        // The operator's CLI: its generic subcommand reaches the collectives' commands too.
+        if (rank == 2) {
+          plexus::testing::Child bad({PLEXUS_RPC_CTL, "--address", address, "--token", "s3cret",
+                                      "call", "coll-reconfigure", "name=job/r2", "channels=9"},
+                                     absl::Seconds(30));
+          if (bad.Wait() == 0) return std::string("plexus-rpc-ctl accepted 9 channels");
+          plexus::testing::Child ctl(
+              {PLEXUS_RPC_CTL, "--address", address, "--token", "s3cret", "call",
+               "coll-reconfigure", "name=job/r2", "ring_order=0,1,2,3", "channels=1"},
+              absl::Seconds(30));
+          if (int code = ctl.Wait(); code != 0) return absl::StrCat("plexus-rpc-ctl exited ", code);
+        }
+        auto lands2 = comm.AwaitReconfiguration(2, absl::Seconds(10));
+        if (!lands2.ok()) return std::string(lands2.status().message());
+        while (comm.collective_sequence() <= *lands2) {
+          if (absl::Status s = comm.Barrier(); !s.ok()) return std::string(s.message());
+        }
+        const pc::ActiveConfiguration after = comm.configuration();
+        if (after.ring_order != kIdentity || after.channels != 1 || after.epoch != 2) {
+          return std::string("the CLI's change was not applied");
+        }
+#endif
         coll_admin.Remove(name);
         return err;
       });
