@@ -62,7 +62,7 @@ void MeasureReconfiguration(pc::Communicator& comm, const WorkerOptions& options
       }
       return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
     };
-    std::vector<double> baseline, landing, request_to_landing;
+    std::vector<double> baseline, landing, affected, request_to_landing;
     size_t wrong = 0, before_landing = 0;
     for (int round = 0; round < rounds; ++round) {
       if (absl::Status s = comm.Barrier(); !s.ok()) Die("Barrier", s);
@@ -80,14 +80,17 @@ void MeasureReconfiguration(pc::Communicator& comm, const WorkerOptions& options
         }
       }
       // Every rank sees the new epoch after the same call: the one the change landed on.
+      double slowest = 0;
       for (;;) {
         const double us = call();
+        slowest = std::max(slowest, us);
         if (comm.configuration().epoch >= epoch) {
           landing.push_back(us);
           break;
         }
         ++before_landing;
       }
+      affected.push_back(slowest);
       request_to_landing.push_back(
           std::chrono::duration<double, std::micro>(Clock::now() - requested).count());
       wrong += CountWrong(out.data(), count, n);
@@ -96,6 +99,7 @@ void MeasureReconfiguration(pc::Communicator& comm, const WorkerOptions& options
     const double landing_us = max_over_ranks(Percentile(landing, 0.5));
     const double landing_p90_us = max_over_ranks(Percentile(landing, 0.9));
     const double baseline_p90_us = max_over_ranks(Percentile(baseline, 0.9));
+    const double affected_us = max_over_ranks(Percentile(affected, 0.5));
     const double total_wrong = max_over_ranks(static_cast<double>(wrong));
     const double before = max_over_ranks(static_cast<double>(before_landing));
     if (comm.rank() == 0) {
@@ -116,6 +120,7 @@ void MeasureReconfiguration(pc::Communicator& comm, const WorkerOptions& options
       j["added_us"] = landing_us - baseline_us;
       j["landing_p90_us"] = landing_p90_us;
       j["baseline_p90_us"] = baseline_p90_us;
+      j["affected_us"] = affected_us;
       j["request_to_landing_us"] = Percentile(request_to_landing, 0.5);
       j["calls_before_landing"] = before / rounds;
       std::printf("%s\n", j.dump().c_str());

@@ -12,7 +12,9 @@ namespace plexus::bench {
 // (alternately reversed and identity) and every rank goes on calling allreduce until its active
 // configuration reports the new epoch; the last call is the one the change landed on. Rank 0
 // prints one JSON line per size: baseline_us and landing_us (medians, slowest rank), added_us,
-// landing_p90_us, baseline_p90_us, request_to_landing_us (rank 0, from the request to the landing
+// landing_p90_us, baseline_p90_us, affected_us (the slowest call from the request to the
+// landing one inclusive: a call issued while the round froze this rank may precede the landing
+// call), request_to_landing_us (rank 0, from the request to the landing
 // call's return), calls_before_landing (mean), plus the fields MeasureAllreduce prints (time_us =
 // landing_us; wrong: mismatches of every landing call's result).
 void MeasureReconfiguration(plexus::collectives::Communicator& comm, const WorkerOptions& options);
