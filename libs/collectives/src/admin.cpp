@@ -18,18 +18,7 @@ using Json = nlohmann::json;
 constexpr const char* kList = "coll-list";
 constexpr const char* kReconfigure = "coll-reconfigure";
 
-absl::Status CheckArgs(const AdminRequest& r, std::initializer_list<std::string_view> allowed) {
-  for (const auto& [key, value] : r.args) {
-    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
-      std::string names;
-      for (std::string_view a : allowed)
-        absl::StrAppend(&names, names.empty() ? "" : ", ", std::string(a));
-      return absl::InvalidArgumentError(absl::StrCat(
-          "admin command '", r.command, "': unknown argument '", key, "' (expected: ", names, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
+using base::admin::CheckArgs;
 
 Json Describe(const std::string& name, const Communicator& comm) {
   const ActiveConfiguration c = comm.configuration();
