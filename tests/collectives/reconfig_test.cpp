@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -594,5 +595,22 @@ TEST_CASE("live reconfiguration: a lost store turns reconfiguration off, not the
     });
   }
   for (auto& t : threads) t.join();
+  for (const auto& r : results) CHECK(r == "");
+}
+
+TEST_CASE("live reconfiguration: PLEXUS_COLL_RECONFIG=0 turns it off", "[reconfig]") {
+  ::setenv("PLEXUS_COLL_RECONFIG", "0", 1);
+  auto results = RunRanks(2, Options(pt::Backend::kInproc), [&](int, pc::Communicator& comm) {
+    pc::Reconfiguration change;
+    change.channels = 1;
+    auto e = comm.RequestReconfiguration(change);
+    if (e.ok() || e.status().code() != absl::StatusCode::kFailedPrecondition) {
+      return std::string("request accepted while off");
+    }
+    int x = 1, y = 0;
+    absl::Status s = comm.AllReduce(&x, &y, 1, DataType::kI32, ReduceOp::kSum);
+    return s.ok() && y == 2 ? std::string() : std::string("allreduce");
+  });
+  ::unsetenv("PLEXUS_COLL_RECONFIG");
   for (const auto& r : results) CHECK(r == "");
 }

@@ -389,8 +389,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   comm->board_ = std::make_unique<internal::BlameBoard>(
       comm->store_, comm->uid_, rank, std::max(options.timeout / 2, absl::Seconds(1)));
   comm->options_ = std::move(options);
+  PLEXUS_RETURN_IF_ERROR(comm->StartReconfiguration());
   comm->ready_ = true;
-  comm->StartReconfiguration();
   if (comm->debug_ && rank == 0) {
     std::fprintf(stderr,
                  "[plexus-coll] communicator %llx: %d ranks over %s, %d channel(s), chunk %zu B, "

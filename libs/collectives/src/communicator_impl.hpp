@@ -293,8 +293,9 @@ class CommunicatorImpl : public Communicator {
   absl::Status IssueCollective();
   void BeginCollective();
   void ApplyChange(const DecidedChange& decided);
-  // After Make connected: the active configuration, and the watcher thread (several ranks).
-  void StartReconfiguration();
+  // After Make connected: the active configuration, and the watcher thread (several ranks,
+  // unless PLEXUS_COLL_RECONFIG=0). The environment variable's error.
+  absl::Status StartReconfiguration();
   // The destructor: posts the watchers' stop request (healthy communicators, after the barrier)
   // and joins this rank's watcher.
   void StopReconfiguration();

@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "communicator_impl.hpp"
+#include "plexus/base/env.hpp"
 #include "plexus/base/status.hpp"
 
 namespace plexus::collectives {
@@ -66,6 +67,11 @@ namespace {
 // destroyed communicator also posts a stop request that wakes it at once), and within a round.
 constexpr absl::Duration kIdleSlice = absl::Seconds(1);
 constexpr absl::Duration kRoundSlice = absl::Milliseconds(50);
+
+const base::Param<bool> kReconfigParam(
+    "PLEXUS_COLL_RECONFIG", true,
+    "live reconfiguration: a watcher thread per communicator reading change requests from the "
+    "rendezvous store (0: off; must be equal on every rank)");
 
 std::mutex hook_mu;
 ReconfigHook& Hook() {
@@ -157,13 +163,20 @@ std::string CommunicatorImpl::ReconfigKey(std::string_view what, uint64_t epoch,
   return absl::StrCat(reconf_.prefix, std::string(what), "/", epoch, "/", rank);
 }
 
-void CommunicatorImpl::StartReconfiguration() {
+absl::Status CommunicatorImpl::StartReconfiguration() {
+  PLEXUS_ASSIGN_OR_RETURN(const bool enabled, kReconfigParam.Get());
   reconf_.prefix = absl::StrCat("plexus/coll/reconf/", uid_, "/");
   reconf_.active.ring_order = layout_.order;
   reconf_.active.algorithms = options_.algorithms;
   reconf_.active.channels = layout_.channels;
   reconf_.active.connected_channels = options_.channels;
-  if (layout_.n > 1) reconf_.watcher = std::thread([this] { WatchReconfigurations(); });
+  if (!enabled) {
+    reconf_.lost = absl::FailedPreconditionError(absl::StrCat(
+        "rank ", layout_.rank, ": live reconfiguration is off (", kReconfigParam.name(), "=0)"));
+  } else if (layout_.n > 1) {
+    reconf_.watcher = std::thread([this] { WatchReconfigurations(); });
+  }
+  return absl::OkStatus();
 }
 
 void CommunicatorImpl::StopReconfiguration() {
@@ -404,7 +417,7 @@ absl::Status CommunicatorImpl::RunReconfigRound(uint64_t epoch, const std::strin
       return absl::DeadlineExceededError(absl::StrCat(
           where, ": rank(s) ", absl::StrJoin(missing, ","),
           " published no collective count within ", absl::FormatDuration(options_.timeout),
-          " (dead, or its communicator destroyed)"));
+          " (dead, its communicator destroyed, or ", kReconfigParam.name(), "=0 there)"));
     }
   }
   uint64_t sequence = 0;

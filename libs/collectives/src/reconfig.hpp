@@ -47,7 +47,8 @@ struct ReconfigState {
   ActiveConfiguration active;
   // Single-rank communicators number their own epochs.
   uint64_t local_epochs = 0;
-  // Set when this rank's watcher lost the store while idle (RequestReconfiguration returns it).
+  // Set when this rank's watcher lost the store while idle, or reconfiguration is off
+  // (PLEXUS_COLL_RECONFIG=0): RequestReconfiguration returns it.
   absl::Status lost;
   std::atomic<bool> stop{false};
   std::thread watcher;
