@@ -1,9 +1,10 @@
 // One rank of the multi-process collectives tests (started by process_test.cpp):
 //   collectives_peer <rank> <size> <store host:port> <backend> <mode> [victim [timeout_ms bytes]]
 // modes: suite (the full correctness matrix), reconfig (a live ring order change from the last
-// rank), kill (the victim dies mid-run; the others must fail with an error naming it), mismatch (rank 1 calls with another count), stop (allreduces
-// of `bytes` until one fails: the test SIGSTOPs the victim once it printed "running"), stop-destroy
-// (a few allreduces, then the victim stays out of the destructor's barrier and is stopped).
+// rank), kill (the victim dies mid-run; the others must fail with an error naming it), mismatch
+// (rank 1 calls with another count), stop (allreduces of `bytes` until one fails: the test
+// SIGSTOPs the victim once it printed "running"), stop-destroy (a few allreduces, then the victim
+// stays out of the destructor's barrier and is stopped).
 // Exit 0 when this rank saw what it should; the reason is printed otherwise. The stop modes
 // print the CLOCK_MONOTONIC nanoseconds of the failure and of the destructor's end for the test
 // to measure from the moment it stopped the victim.
