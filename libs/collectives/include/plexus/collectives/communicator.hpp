@@ -29,6 +29,9 @@
 //    ncclCommAbort); create a new communicator to continue.
 //  - Results are bit-identical across runs for the same algorithm, ring order and world size:
 //    every element is reduced in an order fixed by the algorithm, never by arrival times.
+//  - Live reconfiguration: RequestReconfiguration changes the ring order, algorithm overrides or
+//    channel count from any rank at any time; every rank switches at the same collective
+//    (docs/collectives.md, "Live reconfiguration"; operators: plexus/collectives/admin.hpp).
 //  - CUDA builds (PLEXUS_HAVE_CUDA): device pointers are accepted and staged through pinned host
 //    memory; reductions of staged data run on the host.
 #pragma once
