@@ -38,6 +38,7 @@
 #include "plexus/tooling/launch.hpp"
 #include "plexus/transport/rendezvous.hpp"
 #include "plexus/transport/types.hpp"
+#include "reconfig_bench.hpp"
 
 namespace {
 
@@ -126,15 +127,17 @@ class PlexusCollectives : public pb::CollectiveUnderTest {
   pb::OpBuffers* buffers_ = nullptr;
 };
 
-int WorkerMain(int argc, char** argv) {
-  const pb::WorkerOptions options = pb::ParseWorkerOptions(argc, argv, kProgram);
-  auto backend = pt::ParseBackend(options.transport);
-  if (!backend.ok()) WorkerDie("--transport", backend.status());
-  auto algorithm =
-      pc::ParseAlgorithm(options.algorithm.empty() ? std::string("auto") : options.algorithm);
-  if (!algorithm.ok()) WorkerDie("--algorithm", algorithm.status());
+// The rendezvous must outlive the communicator (rank 0's serves the store it uses).
+pt::Rendezvous WorkerRendezvous() {
   auto rendezvous = pt::Rendezvous::FromEnv(absl::Minutes(2));
   if (!rendezvous.ok()) WorkerDie("rendezvous", rendezvous.status());
+  return *std::move(rendezvous);
+}
+
+std::unique_ptr<pc::Communicator> MakeWorkerCommunicator(const pb::WorkerOptions& options,
+                                                         pt::Rendezvous& rendezvous) {
+  auto backend = pt::ParseBackend(options.transport);
+  if (!backend.ok()) WorkerDie("--transport", backend.status());
   pc::CommunicatorOptions comm_options;
   comm_options.device.backend = *backend;
   comm_options.transport_policy = pc::TransportPolicy::kUniform;  // measure the backend named
@@ -145,10 +148,27 @@ int WorkerMain(int argc, char** argv) {
   if (options.progress == "thread") comm_options.device.progress = pt::ProgressMode::kThread;
   if (options.progress == "caller") comm_options.device.progress = pt::ProgressMode::kCaller;
   comm_options.trace.enabled = options.trace;
-  auto comm = pc::Communicator::Create(*rendezvous, comm_options);
+  auto comm = pc::Communicator::Create(rendezvous, comm_options);
   if (!comm.ok()) WorkerDie("Communicator::Create", comm.status());
-  PlexusCollectives impl(std::move(*comm), *algorithm);
+  return *std::move(comm);
+}
+
+int WorkerMain(int argc, char** argv) {
+  const pb::WorkerOptions options = pb::ParseWorkerOptions(argc, argv, kProgram);
+  auto algorithm =
+      pc::ParseAlgorithm(options.algorithm.empty() ? std::string("auto") : options.algorithm);
+  if (!algorithm.ok()) WorkerDie("--algorithm", algorithm.status());
+  pt::Rendezvous rendezvous = WorkerRendezvous();
+  PlexusCollectives impl(MakeWorkerCommunicator(options, rendezvous), *algorithm);
   pb::MeasureOps(impl, options, [](pb::Op) { return std::string("plexus"); });
+  return 0;
+}
+
+// --reconfig: what a live reconfiguration adds to the allreduce it lands on.
+int ReconfigWorkerMain(int argc, char** argv) {
+  const pb::WorkerOptions options = pb::ParseWorkerOptions(argc, argv, kProgram);
+  pt::Rendezvous rendezvous = WorkerRendezvous();
+  pb::MeasureReconfiguration(*MakeWorkerCommunicator(options, rendezvous), options);
   return 0;
 }
 
@@ -178,6 +198,7 @@ struct Options {
   std::vector<std::string> mpirun_args;
   bool json = false;
   bool trace = false;  // also run Plexus with tracing on (impl plexus_traced)
+  bool reconfig = false;
 };
 
 std::vector<std::string> SplitList(const std::string& text) {
@@ -295,6 +316,10 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& o) {
                "plexus_traced, interleaved with the untraced runs; its lines get "
                "vs_untraced = time / untraced time");
   pt_tooling::AddJsonFlag(&app, &o.json);
+  app.add_flag("--reconfig", o.reconfig,
+               "Plexus only: the latency of the allreduce a live reconfiguration (ring order "
+               "change requested by rank 0) lands on vs the calls before it, JSON lines per "
+               "size and run (--iters: rounds, default 40)");
   if (auto code = tool.Parse(argc, argv)) return code;
   o.bind_core = bind == "core";
   if (o.nprocs.empty()) o.nprocs = o.compare ? std::vector<int>{2, 4} : std::vector<int>{2};
@@ -542,6 +567,36 @@ std::string LoadAverage() {
   in >> a >> b >> c;
   return in ? fmt::format("{} {} {}", a, b, c) : std::string("unknown");
 }
+// --reconfig: one launch per transport, process count and run; every point as a JSON line.
+int RunReconfig(const Options& o) {
+  bool all_ok = true;
+  for (int run = 0; run < o.runs; ++run) {
+    for (const std::string& transport : o.transports) {
+      for (int n : o.nprocs) {
+        Job job{"plexus", transport,    n, true, {pb::Op::kAllreduce}, {SelfPath(), "--reconfig-worker"},
+                n,        ""};
+        const std::vector<std::string> args = WorkerArgs(o, transport, job.ops);
+        job.argv.insert(job.argv.end(), args.begin(), args.end());
+        if (o.channels > 0) {
+          job.argv.insert(job.argv.end(), {"--channels", std::to_string(o.channels)});
+        }
+        LaunchResult r = Launch(job, o.timeout_s, o.bind_core);
+        if (!r.ok || r.points.size() != o.size_list.size()) {
+          std::fprintf(stderr, "# reconfig run %d over %s, %d processes failed: %s\n", run + 1,
+                       transport.c_str(), n, r.ok ? "missing sizes" : r.error.c_str());
+          all_ok = false;
+        }
+        for (nlohmann::json& j : r.points) {
+          j["run"] = run;
+          all_ok = all_ok && j.value("wrong", uint64_t{1}) == 0;
+          std::printf("%s\n", j.dump().c_str());
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  return all_ok ? 0 : 1;
+}
 
 bool Measures(const Job& job, pb::Op op) {
   return std::find(job.ops.begin(), job.ops.end(), op) != job.ops.end();
@@ -551,10 +606,14 @@ bool Measures(const Job& job, pb::Op op) {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--worker") return WorkerMain(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "--reconfig-worker") {
+    return ReconfigWorkerMain(argc - 1, argv + 1);
+  }
   Options options;
   if (auto code = ParseOptions(argc, argv, options)) return *code;
   const Options& o = options;
   signal(SIGPIPE, SIG_IGN);
+  if (o.reconfig) return RunReconfig(o);
   const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   const int max_np = *std::max_element(o.nprocs.begin(), o.nprocs.end());
   const std::string load_at_start = LoadAverage();

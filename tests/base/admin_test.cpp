@@ -142,3 +142,16 @@ TEST_CASE("admin: loopback only, and a token is required", "[base][admin]") {
   CHECK(no_token.status() ==
         absl::InvalidArgumentError("admin endpoint: a token is required (it is never open)"));
 }
+
+TEST_CASE("admin: CheckArgs names the command and the unknown argument", "[base][admin]") {
+  admin::AdminRequest r;
+  r.command = "coll-reconfigure";
+  r.args = {{"name", "x"}, {"channels", "1"}};
+  CHECK(admin::CheckArgs(r, {"name", "channels", "ring_order"}).ok());
+  const absl::Status bad = admin::CheckArgs(r, {"name"});
+  CHECK(bad.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(bad.message()) ==
+        "admin command 'coll-reconfigure': unknown argument 'channels' (expected: name)");
+  r.args.clear();
+  CHECK(admin::CheckArgs(r, {}).ok());
+}

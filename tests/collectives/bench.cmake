@@ -57,4 +57,11 @@ if(TARGET plexus_collectives AND PLEXUS_BUILD_BENCH)
     set_tests_properties(collectives_bench_${_transport} PROPERTIES LABELS "collectives;bench"
                          TIMEOUT 120)
   endforeach()
+  # --reconfig (live reconfiguration's cost): two shm processes, three rounds; exits non-zero
+  # when a launch fails or a landing call's result is wrong.
+  add_test(NAME collectives_bench_reconfig
+           COMMAND plexus-bench-collectives --reconfig --np 2 --transport shm --sizes 8,64K
+                   --iters 3 --timeout 100)
+  set_tests_properties(collectives_bench_reconfig PROPERTIES LABELS "collectives;bench"
+                       TIMEOUT 120)
 endif()

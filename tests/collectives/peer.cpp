@@ -1,9 +1,10 @@
 // One rank of the multi-process collectives tests (started by process_test.cpp):
 //   collectives_peer <rank> <size> <store host:port> <backend> <mode> [victim [timeout_ms bytes]]
-// modes: suite (the full correctness matrix), kill (the victim dies mid-run; the others must
-// fail with an error naming it), mismatch (rank 1 calls with another count), stop (allreduces
-// of `bytes` until one fails: the test SIGSTOPs the victim once it printed "running"), stop-destroy
-// (a few allreduces, then the victim stays out of the destructor's barrier and is stopped).
+// modes: suite (the full correctness matrix), reconfig (a live ring order change from the last
+// rank), kill (the victim dies mid-run; the others must fail with an error naming it), mismatch
+// (rank 1 calls with another count), stop (allreduces of `bytes` until one fails: the test
+// SIGSTOPs the victim once it printed "running"), stop-destroy (a few allreduces, then the victim
+// stays out of the destructor's barrier and is stopped).
 // Exit 0 when this rank saw what it should; the reason is printed otherwise. The stop modes
 // print the CLOCK_MONOTONIC nanoseconds of the failure and of the destructor's end for the test
 // to measure from the moment it stopped the victim.
@@ -135,6 +136,56 @@ int main(int argc, char** argv) {
     const long long entered = now_ns();
     comm->reset();  // the barrier waits for the victim
     std::printf("rank %d destroyed from %lld to %lld\n", rank, entered, now_ns());
+    return 0;
+  }
+  if (mode == "reconfig") {
+    // The last rank requests a reversed ring order after two calls; every rank then calls on
+    // until the change landed, checks each sum, and compares its landing sequence with the
+    // others' (gathered by the communicator itself).
+    std::vector<int64_t> v(50000), sum(50000);
+    std::vector<int> reversed(size);
+    for (int r = 0; r < size; ++r) reversed[r] = size - 1 - r;
+    for (int i = 0; i < 6 || c.configuration().epoch < 1; ++i) {
+      if (i > 100) {
+        std::printf("rank %d: the change never landed\n", rank);
+        return 1;
+      }
+      if (rank == size - 1 && i == 2) {
+        pc::Reconfiguration change;
+        change.ring_order = reversed;
+        if (auto e = c.RequestReconfiguration(change); !e.ok()) {
+          std::printf("rank %d: %s\n", rank, std::string(e.status().message()).c_str());
+          return 1;
+        }
+      }
+      for (size_t e = 0; e < v.size(); ++e) v[e] = static_cast<int64_t>(e) * (rank + 1) + i;
+      absl::Status s =
+          c.AllReduce(v.data(), sum.data(), v.size(), pc::DataType::kI64, pc::ReduceOp::kSum);
+      if (!s.ok()) {
+        std::printf("rank %d: %s\n", rank, std::string(s.message()).c_str());
+        return 1;
+      }
+      const int64_t ranks_sum = static_cast<int64_t>(size) * (size + 1) / 2;
+      for (size_t e = 0; e < v.size(); ++e) {
+        if (sum[e] != static_cast<int64_t>(e) * ranks_sum + static_cast<int64_t>(i) * size) {
+          std::printf("rank %d: call %d element %zu wrong\n", rank, i, e);
+          return 1;
+        }
+      }
+    }
+    const pc::ActiveConfiguration a = c.configuration();
+    std::vector<int64_t> mine = {static_cast<int64_t>(a.since_sequence)};
+    std::vector<int64_t> all(size);
+    if (!c.AllGather(mine.data(), all.data(), 1, pc::DataType::kI64).ok()) return 1;
+    for (int r = 0; r < size; ++r) {
+      if (all[r] != all[0]) {
+        std::printf("rank %d: landed on %lld, rank %d on %lld\n", rank,
+                    static_cast<long long>(all[0]), r, static_cast<long long>(all[r]));
+        return 1;
+      }
+    }
+    if (a.ring_order != reversed) return 1;
+    std::printf("rank %d: landed on collective %lld\n", rank, static_cast<long long>(all[0]));
     return 0;
   }
   if (mode == "mismatch" || mode == "mismatch-mixed") {

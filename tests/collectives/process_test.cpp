@@ -368,3 +368,14 @@ TEST_CASE("processes: mismatched counts are reported", "[collectives][process]")
     }
   }
 }
+
+TEST_CASE("processes: a live reconfiguration lands on the same collective in every process",
+          "[collectives][process]") {
+  for (const std::string& backend : Backends()) {
+    auto out = RunPeers(3, backend, "reconfig", -1, std::chrono::seconds(60));
+    for (int r = 0; r < 3; ++r) {
+      INFO(backend << " rank " << r << ": " << out[r].output);
+      CHECK(out[r].exit_code == 0);
+    }
+  }
+}

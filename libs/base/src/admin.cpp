@@ -105,6 +105,22 @@ absl::Status SendFrame(int fd, std::string_view body, absl::Time deadline) {
 
 }  // namespace
 
+absl::Status CheckArgs(const AdminRequest& request,
+                       std::initializer_list<std::string_view> allowed) {
+  for (const auto& [key, value] : request.args) {
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      std::string names;
+      for (std::string_view a : allowed) {
+        absl::StrAppend(&names, names.empty() ? "" : ", ", std::string(a));
+      }
+      return absl::InvalidArgumentError(absl::StrCat("admin command '", request.command,
+                                                     "': unknown argument '", key,
+                                                     "' (expected: ", names, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<AdminRequest> DecodeRequest(std::string_view body) {
   if (Depth(body) > kMaxDepth) {
     return absl::InvalidArgumentError(

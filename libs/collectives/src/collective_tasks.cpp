@@ -149,11 +149,13 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllReduceTask(const void* send, void*
                                                          CallOptions call) {
   PLEXUS_RETURN_IF_ERROR(CheckCommon("AllReduce", send, recv, count, dtype, op));
   PLEXUS_RETURN_IF_ERROR(CheckWire("AllReduce", dtype, call, true));
+  PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this] { return RunAllReduce(send, recv, count, dtype, op, call); };
 }
 
 absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t count,
                                             DataType dtype, ReduceOp op, CallOptions call) {
+  BeginCollective();
   const size_t bytes = count * DataTypeSize(dtype);
   const Algorithm algo = Resolve(CollectiveKind::kAllReduce, bytes, call.algorithm);
   CallHeader header = Header(CollectiveKind::kAllReduce, dtype, op, algo, -1, count);
@@ -220,7 +222,9 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* re
   PLEXUS_RETURN_IF_ERROR(
       CheckCommon("Reduce", send, is_root ? recv : send, count, dtype, op, root));
   PLEXUS_RETURN_IF_ERROR(CheckWire("Reduce", dtype, call, false));
+  PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
+    BeginCollective();
     const size_t bytes = count * DataTypeSize(dtype);
     const Algorithm algo = Resolve(CollectiveKind::kReduce, bytes, call.algorithm);
     const CallHeader header = Header(CollectiveKind::kReduce, dtype, op, algo, root, count);
@@ -272,7 +276,9 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
       return broadcast();
     };
   }
+  PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
+    BeginCollective();
     const size_t bytes = count * DataTypeSize(dtype);
     const Algorithm algo = Resolve(CollectiveKind::kBroadcast, bytes, call.algorithm);
     CallHeader header =
@@ -336,7 +342,9 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
       return gather();
     };
   }
+  PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
+    BeginCollective();
     const size_t esize = DataTypeSize(dtype);
     const int n = layout_.n;
     const size_t total = count * n * esize;
@@ -390,7 +398,9 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, v
                                                              ReduceOp op, CallOptions call) {
   PLEXUS_RETURN_IF_ERROR(CheckCommon("ReduceScatter", send, recv, count, dtype, op));
   PLEXUS_RETURN_IF_ERROR(CheckWire("ReduceScatter", dtype, call, false));
+  PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
+    BeginCollective();
     const size_t esize = DataTypeSize(dtype);
     const int n = layout_.n;
     const size_t total = count * n * esize;
@@ -425,7 +435,9 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllTask(const void* send, void* 
                                                         DataType dtype, CallOptions call) {
   PLEXUS_RETURN_IF_ERROR(CheckCommon("AllToAll", send, recv, count, dtype));
   PLEXUS_RETURN_IF_ERROR(CheckWire("AllToAll", dtype, call, false));
+  PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
+    BeginCollective();
     const size_t esize = DataTypeSize(dtype);
     const int n = layout_.n;
     const size_t block = count * esize;
@@ -507,7 +519,9 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllVTask(
   std::vector<size_t> sd(send_displs.begin(), send_displs.end());
   std::vector<size_t> rc(recv_counts.begin(), recv_counts.end());
   std::vector<size_t> rd(recv_displs.begin(), recv_displs.end());
+  PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
+    BeginCollective();
     const Algorithm algo = Resolve(CollectiveKind::kAllToAllV, send_extent * esize, call.algorithm);
     const CallHeader header =
         Header(CollectiveKind::kAllToAllV, dtype, ReduceOp::kSum, algo, -1, 0);
@@ -559,7 +573,11 @@ CommunicatorImpl::TaskOr CommunicatorImpl::PointToPointTask(void* buf, size_t co
     header.sequence = is_send ? p2p_send_seq_[peer]++ : p2p_recv_seq_[peer]++;
     if (trace_ != nullptr) trace_->Describe(header, peer);
     Staging staging;
-    const Layout& L = MakeLayout(dtype);
+    // Every connected channel, whatever the active configuration: a Send and its Recv may sit
+    // on either side of a reconfiguration.
+    MakeLayout(dtype);
+    call_layout_.channels = options_.channels;
+    const Layout& L = call_layout_;
     Plan& plan = NewPlan();
     if (is_send) {
       PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(buf, bytes, true));
@@ -574,10 +592,12 @@ CommunicatorImpl::TaskOr CommunicatorImpl::PointToPointTask(void* buf, size_t co
 }
 
 CommunicatorImpl::TaskOr CommunicatorImpl::BarrierTask() {
+  PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [this] { return RunBarrier(); };
 }
 
 absl::Status CommunicatorImpl::RunBarrier() {
+  BeginCollective();
   const CallHeader header = Header(CollectiveKind::kBarrier, DataType::kU8, ReduceOp::kMax,
                                    Algorithm::kHalvingDoubling, -1, 1);
   uint8_t token[8] = {};

@@ -108,9 +108,10 @@ CommunicatorImpl::~CommunicatorImpl() {
   // sent last, and closing now would fail its receives. After the barrier every rank has
   // finished every call it issued before.
   if (ready_ && layout_.n > 1 && health().ok()) {
-    (void)RunOne(BarrierTask().value());
+    if (auto barrier = BarrierTask(); barrier.ok()) (void)RunOne(*barrier);
   }
   if (trace_ != nullptr) trace_->WriteIfAsked();
+  StopReconfiguration();
   // A healthy communicator leaves nothing on the store: the barrier's last progress retracted
   // any wait record; see that the removal is written. A broken one leaves its account (one key
   // per rank) for peers still resolving whom to blame.
@@ -397,6 +398,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   if (options.qos.enabled()) comm->qos_ = std::make_unique<QosGate>(options.qos, rank);
   comm->trace_ = Tracer::Create(options.trace, rank, n, comm->uid_, tag, host);
   comm->options_ = std::move(options);
+  PLEXUS_RETURN_IF_ERROR(comm->StartReconfiguration());
   comm->ready_ = true;
   if (comm->debug_ && rank == 0) {
     std::fprintf(stderr,
@@ -516,6 +518,7 @@ Algorithm CommunicatorImpl::Resolve(CollectiveKind kind, size_t bytes, Algorithm
 const Layout& CommunicatorImpl::MakeLayout(DataType dtype, size_t segment_bytes) {
   call_layout_.esize = DataTypeSize(dtype);
   call_layout_.chunk_bytes = layout_.chunk_bytes;
+  call_layout_.channels = layout_.channels;
   if (segment_bytes > 0 && layout_.channels > 1) {
     constexpr size_t kMinChunk = size_t{64} << 10;
     const size_t per_channel = (segment_bytes + layout_.channels - 1) / layout_.channels;

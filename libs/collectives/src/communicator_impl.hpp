@@ -34,6 +34,7 @@
 #include "plexus/transport/rendezvous.hpp"
 #include "qos_gate.hpp"
 #include "tracer.hpp"
+#include "reconfig.hpp"
 #include "wire.hpp"
 
 namespace plexus::collectives::internal {
@@ -222,6 +223,12 @@ class CommunicatorImpl : public Communicator {
   std::shared_ptr<Work> BarrierAsync() override { return Async(BarrierTask()); }
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
 
+  // Live reconfiguration (reconfig.cpp).
+  absl::StatusOr<uint64_t> RequestReconfiguration(const Reconfiguration& change) override;
+  absl::StatusOr<uint64_t> AwaitReconfiguration(uint64_t epoch, absl::Duration timeout) override;
+  ActiveConfiguration configuration() const override;
+  uint64_t collective_sequence() const override;
+
   // Tests and diagnostics: every connection of this communicator (each channel, each peer), to
   // read the transport's counters of the bytes it moved.
   std::vector<const transport::Connection*> connections() const {
@@ -255,7 +262,8 @@ class CommunicatorImpl : public Communicator {
     if (!broken_.ok()) return broken_;
     busy_ = true;
     lock.unlock();
-    absl::Status status = fn();
+    absl::Status status = IssueCollective();
+    if (status.ok()) status = fn();
     lock.lock();
     busy_ = false;
     const bool worker = worker_.joinable();
@@ -297,6 +305,26 @@ class CommunicatorImpl : public Communicator {
                        DataType dtype, CallOptions call);
   TaskOr PointToPointTask(void* buf, size_t count, DataType dtype, int peer, bool is_send);
   TaskOr BarrierTask();
+
+  // Live reconfiguration (reconfig.cpp). Issuing a collective (creating its task, or running it
+  // inline) calls IssueCollective: it waits while a round freezes issues, then counts the call
+  // (the broken status when the wait ended because the communicator broke). Running it calls
+  // BeginCollective first, before choosing its algorithm or layout: it applies the changes that
+  // land on this collective's sequence number.
+  absl::Status IssueCollective();
+  void BeginCollective();
+  void ApplyChange(const DecidedChange& decided);
+  // After Make connected: the active configuration, and the watcher thread (several ranks,
+  // unless PLEXUS_COLL_RECONFIG=0). The environment variable's error.
+  absl::Status StartReconfiguration();
+  // The destructor: posts the watchers' stop request (healthy communicators, after the barrier)
+  // and joins this rank's watcher.
+  void StopReconfiguration();
+  void WatchReconfigurations();
+  // One round of the barrier for request `epoch`; an error breaks the communicator.
+  absl::Status RunReconfigRound(uint64_t epoch, const std::string& payload);
+  void BreakFromWatcher(absl::Status status);
+  std::string ReconfigKey(std::string_view what, uint64_t epoch, int rank = -1) const;
 
   absl::Status CheckCommon(const char* what, const void* send, const void* recv, size_t count,
                            DataType dtype, ReduceOp op = ReduceOp::kSum, int root = 0) const;
@@ -460,6 +488,8 @@ class CommunicatorImpl : public Communicator {
   // without a schedule. AdmitSend waits for the schedule, driving the devices meanwhile.
   std::unique_ptr<QosGate> qos_;
   absl::Status AdmitSend(const CallHeader& header);
+  // Live reconfiguration (reconfig.hpp).
+  ReconfigState reconf_;
 };
 
 }  // namespace plexus::collectives::internal

@@ -370,6 +370,15 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
     if (!post_all()) break;
     if (sends_done == num_sends && recvs_done == num_recvs) {
       if (board_->posted()) board_->Retract();
+      // A peer's mailbox message of an earlier call that this rank never received (a broadcast
+      // root that differed) is found here too when the call never had to wait (a rank that
+      // starts late finds everything arrived): mismatches do not depend on timing.
+      if (mailboxes_ready_ && header.kind != CollectiveKind::kSendRecv) {
+        if (absl::Status s = CheckMailboxes(header); !s.ok()) {
+          failure = Failure::Own(s);
+          break;
+        }
+      }
       return absl::OkStatus();
     }
     size_t got = cq_->Poll(absl::MakeSpan(batch));  // moves bytes too, in caller mode

@@ -46,17 +46,7 @@ absl::StatusOr<std::string> Arg(const AdminRequest& r, const std::string& key,
   return it->second;
 }
 
-absl::Status CheckArgs(const AdminRequest& r, std::initializer_list<std::string_view> allowed) {
-  for (const auto& [k, v] : r.args) {
-    if (std::find(allowed.begin(), allowed.end(), k) == allowed.end()) {
-      std::string names;
-      for (auto a : allowed) absl::StrAppend(&names, names.empty() ? "" : ", ", std::string(a));
-      return absl::InvalidArgumentError(absl::StrCat(
-          "admin command '", r.command, "': unknown argument '", k, "' (expected: ", names, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
+using base::admin::CheckArgs;
 
 Json EngineJson(const Policy& p) {
   Json j{{"name", p.name()}, {"kind", p.kind()}, {"version", p.version()}};

@@ -28,7 +28,10 @@ constexpr char kDescription[] =
     "  plexus-rpc-ctl attach kv rl --kind rate_limit --config '{\"rate\": 1000, \"burst\": 50}'\n"
     "  plexus-rpc-ctl configure kv rl --config '{\"rate\": 200}'\n"
     "  plexus-rpc-ctl upgrade kv rl\n"
-    "  plexus-rpc-ctl metrics --json";
+    "  plexus-rpc-ctl metrics --json\n"
+    "Any command the endpoint serves, e.g. the collectives' (plexus/collectives/admin.hpp):\n"
+    "  plexus-rpc-ctl call coll-list\n"
+    "  plexus-rpc-ctl call coll-reconfigure name=train/dp ring_order=3,1,0,2";
 
 // Fixed-width columns: the widest cell of each.
 void PrintTable(const std::vector<std::string>& header,
@@ -112,6 +115,12 @@ int main(int argc, char** argv) {
   metrics->add_option("target", target, "only this server or channel");
   CLI::App* help = tool.Subcommand("commands", "the commands the endpoint serves");
   (void)help;
+  std::string generic_command;
+  std::vector<std::string> generic_args;
+  CLI::App* call = tool.Subcommand(
+      "call", "any command of the endpoint with key=value arguments; prints its JSON result");
+  call->add_option("command", generic_command, "the command, e.g. coll-list")->required();
+  call->add_option("args", generic_args, "key=value arguments");
 
   if (auto code = tool.Parse(argc, argv)) return *code;
   if (address.empty()) return tool.Usage("no endpoint: pass --address or set PLEXUS_RPC_ADMIN");
@@ -119,6 +128,16 @@ int main(int argc, char** argv) {
   CLI::App* sub = app.get_subcommands().front();
   req.token = token;
   req.command = sub->get_name() == "commands" ? "help" : sub->get_name();
+  if (sub == call) {
+    req.command = generic_command;
+    for (const std::string& kv : generic_args) {
+      const size_t eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        return tool.Usage(absl::StrCat("call: argument '", kv, "' is not key=value"));
+      }
+      req.args[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+  }
   if (!target.empty()) req.args["target"] = target;
   if (!name.empty()) req.args["name"] = name;
   if (!kind.empty()) req.args["kind"] = kind;
@@ -127,7 +146,7 @@ int main(int argc, char** argv) {
 
   auto reply = admin::AdminCall(address, req, absl::Seconds(timeout_s));
   if (!reply.ok()) return tool.Fail(reply.status());
-  if (json) {
+  if (json || sub == call) {
     std::printf("%s\n", reply->c_str());
     return tooling::kExitOk;
   }

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -43,6 +44,10 @@ inline constexpr size_t kDefaultMaxRequestBytes = 64 * 1024;
 absl::StatusOr<AdminRequest> DecodeRequest(std::string_view body);
 // The request as JSON text (what DecodeRequest reads).
 std::string EncodeRequest(const AdminRequest& request);
+// For a command's handler: InvalidArgument naming the command, the first argument not in
+// `allowed`, and the allowed ones; OK when every argument is allowed.
+absl::Status CheckArgs(const AdminRequest& request,
+                       std::initializer_list<std::string_view> allowed);
 
 struct AdminOptions {
   // "127.0.0.1:0" picks a free port. Only loopback addresses are accepted.

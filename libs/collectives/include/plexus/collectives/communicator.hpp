@@ -29,6 +29,9 @@
 //    ncclCommAbort); create a new communicator to continue.
 //  - Results are bit-identical across runs for the same algorithm, ring order and world size:
 //    every element is reduced in an order fixed by the algorithm, never by arrival times.
+//  - Live reconfiguration: RequestReconfiguration changes the ring order, algorithm overrides or
+//    channel count from any rank at any time; every rank switches at the same collective
+//    (docs/collectives.md, "Live reconfiguration"; operators: plexus/collectives/admin.hpp).
 //  - CUDA builds (PLEXUS_HAVE_CUDA): device pointers are accepted and staged through pinned host
 //    memory; reductions of staged data run on the host.
 #pragma once
@@ -45,6 +48,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "plexus/collectives/qos.hpp"
+#include "plexus/collectives/reconfiguration.hpp"
 #include "plexus/collectives/selector.hpp"
 #include "plexus/collectives/trace.hpp"
 #include "plexus/collectives/types.hpp"
@@ -228,7 +232,8 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // The ring order in use (the option, or the identity).
+  // The ring order in use (the option, or the identity; after a reconfiguration the new one).
+  // Updated by the thread running collectives: from other threads read configuration().
   virtual const std::vector<int>& ring_order() const = 0;
   virtual const CommunicatorOptions& options() const = 0;
   // The backend of the connections to rank `peer` (for this rank itself: device.backend).
@@ -318,6 +323,24 @@ class Communicator {
   // inherits the options (ring order: the parent's order restricted to the child's ranks).
   static constexpr int kNoColor = -1;
   virtual absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) = 0;
+
+  // Live reconfiguration (docs/collectives.md, "Live reconfiguration"). Any rank, any thread,
+  // any time (not collective): the change is published on the rendezvous store and takes effect
+  // on every rank at the same collective, the first one that no rank had launched when it learnt
+  // of the change (MCCS's sequence-number barrier); collectives already launched or queued before
+  // it finish with the old configuration. Concurrent requests are applied one after the other in
+  // the order the store numbered them, on every rank alike. Returns the change's epoch (1, 2,
+  // ...). InvalidArgument for an empty change, a ring order that is not a permutation, or
+  // channels outside 1..connected; the communicator's error when it is broken; the store's
+  // error when publishing fails.
+  virtual absl::StatusOr<uint64_t> RequestReconfiguration(const Reconfiguration& change) = 0;
+  // Waits until every rank agreed where change `epoch` lands; returns the sequence number of the
+  // first collective that runs with it (the same on every rank). DeadlineExceeded after `timeout`.
+  virtual absl::StatusOr<uint64_t> AwaitReconfiguration(uint64_t epoch, absl::Duration timeout) = 0;
+  // The configuration in effect (a copy; safe from any thread).
+  virtual ActiveConfiguration configuration() const = 0;
+  // Collectives issued so far on this rank (the sequence number the next one issued gets).
+  virtual uint64_t collective_sequence() const = 0;
 
  protected:
   Communicator() = default;

@@ -1,0 +1,462 @@
+// Live reconfiguration: the sequence-number barrier of MCCS over the rendezvous store, without a
+// daemon (reconfig.hpp; docs/collectives.md, "Live reconfiguration").
+//
+// A request is numbered by the store's counter (<prefix>count) and written at <prefix>req/<k>.
+// Every rank's watcher thread reads requests in that order and runs one round per request:
+//   1. freeze: a collective issued now waits (IssueCollective);
+//   2. publish how many this rank issued at <prefix>rep/<k>/<rank>;
+//   3. read every rank's count; the change lands on collective S = max(counts, previous S);
+//   4. unfreeze.
+// No rank issued collective S before publishing (it was frozen from its count on), so every rank
+// runs collectives < S, including those queued when it learnt of the change, with the old
+// configuration and S onwards with the new one (applied when collective S starts to run,
+// BeginCollective). The watcher is a thread of its own so that a rank blocked inside a collective
+// still publishes: freezing never waits for a collective to finish, so it cannot deadlock.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "communicator_impl.hpp"
+#include "plexus/base/env.hpp"
+#include "plexus/base/status.hpp"
+
+namespace plexus::collectives {
+
+std::string RingOrderText(const std::vector<int>& order) { return absl::StrJoin(order, ","); }
+
+absl::StatusOr<std::vector<int>> ParseRingOrder(std::string_view text) {
+  std::vector<int> order;
+  for (absl::string_view item :
+       absl::StrSplit(absl::string_view(text.data(), text.size()), ',', absl::SkipWhitespace())) {
+    int r = 0;
+    if (!absl::SimpleAtoi(item, &r)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ring order '", std::string(text), "': '", item, "' is not a rank number"));
+    }
+    order.push_back(r);
+  }
+  if (order.empty()) {
+    return absl::InvalidArgumentError("ring order is empty (expected e.g. 0,2,1,3)");
+  }
+  return order;
+}
+
+std::string OverridesText(const AlgorithmOverrides& overrides) {
+  std::vector<std::string> items;
+  for (int k = 0; k < kNumCollectiveKinds; ++k) {
+    const Algorithm a = overrides.by_collective[k];
+    if (a == Algorithm::kAuto) continue;
+    items.push_back(absl::StrCat(std::string(CollectiveName(static_cast<CollectiveKind>(k))), ":",
+                                 std::string(AlgorithmName(a))));
+  }
+  return absl::StrJoin(items, ",");
+}
+
+}  // namespace plexus::collectives
+
+namespace plexus::collectives::internal {
+namespace {
+
+// How long a watcher's blocking store call lasts before it looks at its stop flag: idle (a
+// destroyed communicator also posts a stop request that wakes it at once), and within a round.
+constexpr absl::Duration kIdleSlice = absl::Seconds(1);
+constexpr absl::Duration kRoundSlice = absl::Milliseconds(50);
+
+const base::Param<bool> kReconfigParam(
+    "PLEXUS_COLL_RECONFIG", true,
+    "live reconfiguration: a watcher thread per communicator reading change requests from the "
+    "rendezvous store (0: off; must be equal on every rank)");
+
+std::mutex hook_mu;
+ReconfigHook& Hook() {
+  static ReconfigHook* hook = new ReconfigHook();
+  return *hook;
+}
+void CallHook(int rank, uint64_t epoch, ReconfigStep step) {
+  ReconfigHook hook;
+  {
+    std::lock_guard<std::mutex> lock(hook_mu);
+    hook = Hook();
+  }
+  if (hook) hook(rank, epoch, step);
+}
+
+absl::Status CheckRingOrder(const std::vector<int>& order, int n) {
+  if (static_cast<int>(order.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("ring order [", RingOrderText(order), "] has ",
+                                                   order.size(), " entries; the communicator has ",
+                                                   n, " ranks"));
+  }
+  std::vector<bool> seen(n, false);
+  for (int r : order) {
+    if (r < 0 || r >= n || seen[r]) {
+      return absl::InvalidArgumentError(absl::StrCat("ring order [", RingOrderText(order),
+                                                     "] is not a permutation of 0..", n - 1));
+    }
+    seen[r] = true;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void SetReconfigTestHook(ReconfigHook hook) {
+  std::lock_guard<std::mutex> lock(hook_mu);
+  Hook() = std::move(hook);
+}
+
+std::string EncodeReconfiguration(const Reconfiguration& change, int requester) {
+  std::string out = absl::StrCat("requester=", requester, "\n");
+  if (change.ring_order)
+    absl::StrAppend(&out, "ring_order=", RingOrderText(*change.ring_order), "\n");
+  if (change.algorithms)
+    absl::StrAppend(&out, "algorithms=", OverridesText(*change.algorithms), "\n");
+  if (change.channels) absl::StrAppend(&out, "channels=", *change.channels, "\n");
+  return out;
+}
+
+absl::StatusOr<DecidedChange> DecodeReconfiguration(std::string_view text) {
+  DecidedChange out;
+  for (absl::string_view line :
+       absl::StrSplit(absl::string_view(text.data(), text.size()), '\n', absl::SkipEmpty())) {
+    const size_t eq = line.find('=');
+    if (eq == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reconfiguration request: bad line '", line, "'"));
+    }
+    const absl::string_view key = line.substr(0, eq);
+    const absl::string_view value = line.substr(eq + 1);
+    if (key == "requester") {
+      if (!absl::SimpleAtoi(value, &out.requester)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("reconfiguration request: requester '", value, "'"));
+      }
+    } else if (key == "ring_order") {
+      PLEXUS_ASSIGN_OR_RETURN(out.change.ring_order,
+                              ParseRingOrder(std::string_view(value.data(), value.size())));
+    } else if (key == "algorithms") {
+      PLEXUS_ASSIGN_OR_RETURN(out.change.algorithms, AlgorithmOverrides::Parse(std::string_view(
+                                                         value.data(), value.size())));
+    } else if (key == "channels") {
+      int channels = 0;
+      if (!absl::SimpleAtoi(value, &channels)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("reconfiguration request: channels '", value, "'"));
+      }
+      out.change.channels = channels;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reconfiguration request: unknown field '", key, "'"));
+    }
+  }
+  return out;
+}
+
+std::string CommunicatorImpl::ReconfigKey(std::string_view what, uint64_t epoch, int rank) const {
+  if (rank < 0) return absl::StrCat(reconf_.prefix, std::string(what), "/", epoch);
+  return absl::StrCat(reconf_.prefix, std::string(what), "/", epoch, "/", rank);
+}
+
+absl::Status CommunicatorImpl::StartReconfiguration() {
+  PLEXUS_ASSIGN_OR_RETURN(const bool enabled, kReconfigParam.Get());
+  reconf_.prefix = absl::StrCat("plexus/coll/reconf/", uid_, "/");
+  reconf_.active.ring_order = layout_.order;
+  reconf_.active.algorithms = options_.algorithms;
+  reconf_.active.channels = layout_.channels;
+  reconf_.active.connected_channels = options_.channels;
+  if (!enabled) {
+    reconf_.lost = absl::FailedPreconditionError(absl::StrCat(
+        "rank ", layout_.rank, ": live reconfiguration is off (", kReconfigParam.name(), "=0)"));
+  } else if (layout_.n > 1) {
+    reconf_.watcher = std::thread([this] { WatchReconfigurations(); });
+  }
+  return absl::OkStatus();
+}
+
+void CommunicatorImpl::StopReconfiguration() {
+  if (!reconf_.watcher.joinable()) return;
+  reconf_.stop.store(true);
+  // Wake the watchers blocked on the next request at once (every rank is past the destructor's
+  // barrier, or the communicator is broken: no real request can follow). Best effort: without
+  // it a watcher notices the stop flag within kIdleSlice.
+  if (auto k = store_->Add(absl::StrCat(reconf_.prefix, "count"), 1); k.ok()) {
+    (void)store_->Set(ReconfigKey("req", static_cast<uint64_t>(*k)), kCloseRequest);
+  }
+  reconf_.watcher.join();
+}
+
+absl::StatusOr<uint64_t> CommunicatorImpl::RequestReconfiguration(const Reconfiguration& change) {
+  const int n = layout_.n;
+  if (!change.ring_order && !change.algorithms && !change.channels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RequestReconfiguration on rank ", layout_.rank,
+                     ": the change is empty (set ring_order, algorithms or channels)"));
+  }
+  if (change.ring_order) {
+    if (absl::Status s = CheckRingOrder(*change.ring_order, n); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RequestReconfiguration on rank ", layout_.rank, ": ", s.message()));
+    }
+  }
+  if (change.channels && (*change.channels < 1 || *change.channels > options_.channels)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RequestReconfiguration on rank ", layout_.rank, ": channels must be 1 to ",
+        options_.channels, " (the channels connected at creation), got ", *change.channels));
+  }
+  PLEXUS_RETURN_IF_ERROR(health());
+  {
+    std::lock_guard<std::mutex> lock(reconf_.mu);
+    if (!reconf_.lost.ok()) return reconf_.lost;
+  }
+  if (n == 1) {
+    std::lock_guard<std::mutex> lock(reconf_.mu);
+    DecidedChange decided;
+    decided.epoch = ++reconf_.local_epochs;
+    decided.sequence = std::max(reconf_.issued, reconf_.last_sequence);
+    decided.requester = 0;
+    decided.change = change;
+    reconf_.last_sequence = decided.sequence;
+    reconf_.decided_epoch = decided.epoch;
+    reconf_.history[decided.epoch] = decided.sequence;
+    reconf_.pending.push_back(std::move(decided));
+    reconf_.cv.notify_all();
+    return reconf_.decided_epoch;
+  }
+  auto k = store_->Add(absl::StrCat(reconf_.prefix, "count"), 1);
+  if (!k.ok()) {
+    return absl::Status(
+        k.status().code(),
+        absl::StrCat("RequestReconfiguration on rank ", layout_.rank,
+                     ": numbering the request on the store: ", k.status().message()));
+  }
+  const uint64_t epoch = static_cast<uint64_t>(*k);
+  if (absl::Status s =
+          store_->Set(ReconfigKey("req", epoch), EncodeReconfiguration(change, layout_.rank));
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("RequestReconfiguration on rank ", layout_.rank,
+                                               ": publishing request ", epoch, ": ", s.message()));
+  }
+  return epoch;
+}
+
+absl::StatusOr<uint64_t> CommunicatorImpl::AwaitReconfiguration(uint64_t epoch,
+                                                                absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::unique_lock<std::mutex> lock(reconf_.mu);
+  for (;;) {
+    if (reconf_.decided_epoch >= epoch) {
+      auto it = reconf_.history.find(epoch);
+      if (it == reconf_.history.end()) {
+        return absl::NotFoundError(
+            absl::StrCat("AwaitReconfiguration on rank ", layout_.rank, ": epoch ", epoch,
+                         " is not a change of this communicator, or is older than the last ",
+                         ReconfigState::kMaxHistory, " decisions"));
+      }
+      return it->second;
+    }
+    lock.unlock();
+    PLEXUS_RETURN_IF_ERROR(health());
+    lock.lock();
+    if (reconf_.decided_epoch >= epoch) continue;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "AwaitReconfiguration on rank ", layout_.rank, ": epoch ", epoch, " not decided after ",
+          absl::FormatDuration(timeout), " (last decided: ", reconf_.decided_epoch, ")"));
+    }
+    reconf_.cv.wait_for(lock, absl::ToChronoNanoseconds(std::min(deadline - now, kRoundSlice)));
+  }
+}
+
+ActiveConfiguration CommunicatorImpl::configuration() const {
+  std::lock_guard<std::mutex> lock(reconf_.mu);
+  return reconf_.active;
+}
+
+uint64_t CommunicatorImpl::collective_sequence() const {
+  std::lock_guard<std::mutex> lock(reconf_.mu);
+  return reconf_.issued;
+}
+
+absl::Status CommunicatorImpl::IssueCollective() {
+  std::unique_lock<std::mutex> lock(reconf_.mu);
+  bool waited = false;
+  if (reconf_.frozen) {
+    // The watcher always unfreezes: on a decision, an error (the communicator breaks) or a stop.
+    reconf_.cv.wait(lock, [&] { return !reconf_.frozen; });
+    waited = true;
+  }
+  ++reconf_.issued;
+  lock.unlock();
+  return waited ? health() : absl::OkStatus();
+}
+
+void CommunicatorImpl::BeginCollective() {
+  std::lock_guard<std::mutex> lock(reconf_.mu);
+  const uint64_t sequence = collective_seq_;
+  while (!reconf_.pending.empty() && reconf_.pending.front().sequence <= sequence) {
+    ApplyChange(reconf_.pending.front());
+    reconf_.active.since_sequence = sequence;
+    reconf_.pending.pop_front();
+  }
+}
+
+void CommunicatorImpl::ApplyChange(const DecidedChange& decided) {
+  const Reconfiguration& change = decided.change;
+  if (change.ring_order && CheckRingOrder(*change.ring_order, layout_.n).ok()) {
+    layout_.order = *change.ring_order;
+    for (int i = 0; i < layout_.n; ++i) layout_.position[layout_.order[i]] = i;
+    call_layout_.order = layout_.order;
+    call_layout_.position = layout_.position;
+    options_.ring_order = layout_.order;
+    reconf_.active.ring_order = layout_.order;
+  }
+  if (change.algorithms) {
+    options_.algorithms = *change.algorithms;
+    reconf_.active.algorithms = *change.algorithms;
+  }
+  if (change.channels && *change.channels >= 1 && *change.channels <= options_.channels) {
+    layout_.channels = *change.channels;
+    call_layout_.channels = *change.channels;
+    reconf_.active.channels = *change.channels;
+  }
+  reconf_.active.epoch = decided.epoch;
+  if (debug_) {
+    std::fprintf(stderr,
+                 "[plexus-coll rank %d] reconfiguration epoch %llu (from rank %d) lands on "
+                 "collective %llu: ring order [%s], algorithms '%s', %d channel(s)\n",
+                 layout_.rank, static_cast<unsigned long long>(decided.epoch), decided.requester,
+                 static_cast<unsigned long long>(decided.sequence),
+                 RingOrderText(layout_.order).c_str(), OverridesText(options_.algorithms).c_str(),
+                 layout_.channels);
+  }
+}
+
+void CommunicatorImpl::BreakFromWatcher(absl::Status status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_.ok()) broken_ = std::move(status);
+  }
+  std::lock_guard<std::mutex> lock(reconf_.mu);
+  reconf_.frozen = false;
+  reconf_.cv.notify_all();
+}
+
+void CommunicatorImpl::WatchReconfigurations() {
+  for (uint64_t epoch = 1; !reconf_.stop.load();) {
+    auto payload = store_->Get(ReconfigKey("req", epoch), kIdleSlice);
+    if (reconf_.stop.load()) return;
+    if (!payload.ok()) {
+      if (payload.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
+      // The store is gone (e.g. rank 0 destroyed the rendezvous serving it): collectives go on;
+      // only reconfiguration stops (a request fails with this error; a peer that still reaches
+      // the store and requests a change times out waiting for this rank and breaks).
+      std::lock_guard<std::mutex> lock(reconf_.mu);
+      reconf_.lost = absl::Status(
+          payload.status().code(),
+          absl::StrCat("rank ", layout_.rank, ": live reconfiguration is off: reading request ",
+                       epoch, " from the store failed: ", payload.status().message()));
+      return;
+    }
+    if (*payload == kCloseRequest) return;
+    if (absl::Status s = RunReconfigRound(epoch, *payload); !s.ok()) {
+      if (!reconf_.stop.load()) BreakFromWatcher(std::move(s));
+      std::lock_guard<std::mutex> lock(reconf_.mu);
+      reconf_.frozen = false;
+      reconf_.cv.notify_all();
+      return;
+    }
+    ++epoch;
+  }
+}
+
+absl::Status CommunicatorImpl::RunReconfigRound(uint64_t epoch, const std::string& payload) {
+  const int n = layout_.n;
+  const int rank = layout_.rank;
+  CallHook(rank, epoch, ReconfigStep::kSeen);
+  // Every rank reads the same text, so an undecodable request is a no-op round everywhere (the
+  // requester validated it; this only guards against a corrupted store).
+  auto decoded = DecodeReconfiguration(payload);
+  DecidedChange decided = decoded.ok() ? *std::move(decoded) : DecidedChange{};
+  decided.epoch = epoch;
+  uint64_t count = 0;
+  {
+    std::lock_guard<std::mutex> lock(reconf_.mu);
+    reconf_.frozen = true;
+    count = reconf_.issued;
+  }
+  CallHook(rank, epoch, ReconfigStep::kFrozen);
+  const std::string where = absl::StrCat("rank ", rank, ": live reconfiguration epoch ", epoch);
+  if (absl::Status s = store_->Set(ReconfigKey("rep", epoch, rank), absl::StrCat(count)); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat(where, ": publishing this rank's count: ", s.message()));
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < n; ++r) keys.push_back(ReconfigKey("rep", epoch, r));
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  for (;;) {
+    absl::Status s = store_->Wait(keys, kRoundSlice);
+    if (s.ok()) break;
+    if (reconf_.stop.load()) return absl::CancelledError(where + ": communicator destroyed");
+    if (s.code() != absl::StatusCode::kDeadlineExceeded) {
+      return absl::Status(s.code(),
+                          absl::StrCat(where, ": waiting for the ranks' counts: ", s.message()));
+    }
+    if (absl::Now() >= deadline) {
+      std::vector<int> missing;
+      for (int r = 0; r < n; ++r) {
+        auto there = store_->Check({keys[r]});
+        if (there.ok() && !*there) missing.push_back(r);
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          where, ": rank(s) ", absl::StrJoin(missing, ","),
+          " published no collective count within ", absl::FormatDuration(options_.timeout),
+          " (dead, its communicator destroyed, or ", kReconfigParam.name(), "=0 there)"));
+    }
+  }
+  uint64_t sequence = 0;
+  {
+    std::lock_guard<std::mutex> lock(reconf_.mu);
+    sequence = reconf_.last_sequence;
+  }
+  for (int r = 0; r < n; ++r) {
+    auto value = store_->Get(keys[r], options_.timeout);
+    uint64_t theirs = 0;
+    if (!value.ok() || !absl::SimpleAtoi(*value, &theirs)) {
+      return absl::DataLossError(absl::StrCat(
+          where, ": reading rank ", r, "'s count: ",
+          value.ok() ? "'" + *value + "' is not a number" : std::string(value.status().message())));
+    }
+    sequence = std::max(sequence, theirs);
+  }
+  decided.sequence = sequence;
+  {
+    std::lock_guard<std::mutex> lock(reconf_.mu);
+    reconf_.last_sequence = sequence;
+    reconf_.decided_epoch = epoch;
+    reconf_.history[epoch] = sequence;
+    while (reconf_.history.size() > ReconfigState::kMaxHistory) {
+      reconf_.history.erase(reconf_.history.begin());
+    }
+    reconf_.pending.push_back(std::move(decided));
+    reconf_.frozen = false;
+  }
+  reconf_.cv.notify_all();
+  CallHook(rank, epoch, ReconfigStep::kDecided);
+  // Every rank finished round epoch - 1 before publishing for this one, so nobody reads the keys
+  // of round epoch - 2 any more: each rank removes its count, rank 0 the request.
+  if (epoch > 2) {
+    const uint64_t old = epoch - 2;
+    (void)store_->Delete(ReconfigKey("rep", old, rank));
+    if (rank == 0) (void)store_->Delete(ReconfigKey("req", old));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plexus::collectives::internal
