@@ -269,32 +269,34 @@ TEST_CASE("PollUntil: true once the condition holds, false at the deadline, alwa
     return true;
   }));
   CHECK(calls == 1);
-  TEST_CASE("WaitPolicy::Yield finds a contended CPU and remembers it", "[base][wait]") {
-    using plexus::base::WaitPolicy;
-    // This thread and a busy one share one CPU: a yield hands it to the busy thread for a time
-    // slice, which is what a loaded host does to a yielding waiter.
-    cpu_set_t mine;
-    REQUIRE(sched_getaffinity(0, sizeof(mine), &mine) == 0);
-    int cpu = 0;
-    while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &mine)) ++cpu;
-    REQUIRE(cpu < CPU_SETSIZE);
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    REQUIRE(sched_setaffinity(0, sizeof(one), &one) == 0);
-    std::atomic<bool> stop{false};
-    std::thread busy([&] {
-      sched_setaffinity(0, sizeof(one), &one);
-      while (!stop.load(std::memory_order_relaxed)) {
-      }
-    });
-    bool contended = false;
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (!contended && absl::Now() < deadline) contended = WaitPolicy::Yield();
-    stop = true;
-    busy.join();
-    sched_setaffinity(0, sizeof(mine), &mine);
-    CHECK(contended);
-    // Remembered: the next waits are told to sleep without yielding first.
-    CHECK(WaitPolicy::Yield());
-  }
+}
+
+TEST_CASE("WaitPolicy::Yield finds a contended CPU and remembers it", "[base][wait]") {
+  using plexus::base::WaitPolicy;
+  // This thread and a busy one share one CPU: a yield hands it to the busy thread for a time
+  // slice, which is what a loaded host does to a yielding waiter.
+  cpu_set_t mine;
+  REQUIRE(sched_getaffinity(0, sizeof(mine), &mine) == 0);
+  int cpu = 0;
+  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &mine)) ++cpu;
+  REQUIRE(cpu < CPU_SETSIZE);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  REQUIRE(sched_setaffinity(0, sizeof(one), &one) == 0);
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    sched_setaffinity(0, sizeof(one), &one);
+    while (!stop.load(std::memory_order_relaxed)) {
+    }
+  });
+  bool contended = false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!contended && absl::Now() < deadline) contended = WaitPolicy::Yield();
+  stop = true;
+  busy.join();
+  sched_setaffinity(0, sizeof(mine), &mine);
+  CHECK(contended);
+  // Remembered: the next waits are told to sleep without yielding first.
+  CHECK(WaitPolicy::Yield());
+}
