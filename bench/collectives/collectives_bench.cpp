@@ -573,8 +573,9 @@ int RunReconfig(const Options& o) {
   for (int run = 0; run < o.runs; ++run) {
     for (const std::string& transport : o.transports) {
       for (int n : o.nprocs) {
-        Job job{"plexus", transport,    n, true, {pb::Op::kAllreduce}, {SelfPath(), "--reconfig-worker"},
-                n,        ""};
+        Job job{
+            "plexus", transport, n, true, {pb::Op::kAllreduce}, {SelfPath(), "--reconfig-worker"},
+            n,        ""};
         const std::vector<std::string> args = WorkerArgs(o, transport, job.ops);
         job.argv.insert(job.argv.end(), args.begin(), args.end());
         if (o.channels > 0) {

@@ -33,8 +33,8 @@
 #include "plexus/transport/device.hpp"
 #include "plexus/transport/rendezvous.hpp"
 #include "qos_gate.hpp"
-#include "tracer.hpp"
 #include "reconfig.hpp"
+#include "tracer.hpp"
 #include "wire.hpp"
 
 namespace plexus::collectives::internal {
