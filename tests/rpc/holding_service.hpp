@@ -50,4 +50,23 @@ class HoldingService : public Kinds::Service {
   std::vector<rpc::ServerCall<Inner, Inner>> held;
 };
 
+// A HoldingService that records the id of each Hold request in the order the handler got it
+// (what the QoS and forwarding tests assert on).
+class OrderedHold : public HoldingService {
+ public:
+  void HoldAsync(rpc::ServerCall<Inner, Inner> call) override {
+    {
+      std::lock_guard<std::mutex> lock(order_mu);
+      order.push_back(call.request().id);
+    }
+    HoldingService::HoldAsync(std::move(call));
+  }
+  std::vector<int> Order() {
+    std::lock_guard<std::mutex> lock(order_mu);
+    return order;
+  }
+  std::mutex order_mu;
+  std::vector<int> order;
+};
+
 }  // namespace plexus::rpctest

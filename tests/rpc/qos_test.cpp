@@ -23,26 +23,9 @@ namespace pt = plexus::transport;
 using plexus::rpctest::AllKinds;
 using plexus::rpctest::Inner;
 using plexus::rpctest::Kinds;
+using plexus::rpctest::OrderedHold;
 
 namespace {
-
-// Records the id of each Hold request in the order the handler got it.
-class OrderedHold : public plexus::rpctest::HoldingService {
- public:
-  void HoldAsync(pr::ServerCall<Inner, Inner> call) override {
-    {
-      std::lock_guard<std::mutex> lock(order_mu);
-      order.push_back(call.request().id);
-    }
-    HoldingService::HoldAsync(std::move(call));
-  }
-  std::vector<int> Order() {
-    std::lock_guard<std::mutex> lock(order_mu);
-    return order;
-  }
-  std::mutex order_mu;
-  std::vector<int> order;
-};
 
 struct Setup {
   Setup() {
