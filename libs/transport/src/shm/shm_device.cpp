@@ -245,17 +245,17 @@ class ShmDevice final : public Device, public std::enable_shared_from_this<ShmDe
     // Yield rather than pause: the threads this one serves (the callers waiting for its
     // completions) may need this core, and a 2-core host has no spare one.
     const base::WaitPolicy wait(absl::ZeroDuration(), kSpinBeforeSleep);
-    bool contended = false;
     while (!stop_.load(std::memory_order_relaxed)) {
       if (RunOnce()) {
         busy_at = absl::Now();
-        contended = false;
         continue;
       }
-      // Yield while recently busy, unless the CPU is contended (see base::WaitPolicy::Yield):
-      // then sleep on the doorbell, which the peers ring when they produce.
-      if (!contended && wait.At(absl::Now() - busy_at) == base::WaitPolicy::Phase::kYield) {
-        contended = base::WaitPolicy::Yield();
+      // Yield while recently busy, even on a contended CPU: sleeping on the doorbell there as
+      // soon as a yield came back late (as the collectives' waiters do) cost a third of shm
+      // RPC/s (plexus-bench-rpc, 2 processes on 2 CPUs: 320k -> 190k calls/s), since every
+      // message then needs a wake-up of this thread.
+      if (wait.At(absl::Now() - busy_at) == base::WaitPolicy::Phase::kYield) {
+        base::WaitPolicy::Yield(/*can_sleep=*/false);
         continue;
       }
       SleepOnce(kMaxSleep);
