@@ -185,7 +185,9 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       }
     }
     if (wait.At(idle) != base::WaitPolicy::Phase::kSpin && !(contended && receivable)) {
-      contended = base::WaitPolicy::Yield(/*can_sleep=*/receivable);
+      // Oversubscribed hosts yield to their peer ranks (see Execute).
+      contended = base::WaitPolicy::Yield(/*can_sleep=*/receivable && !yield_when_idle_) &&
+                  !yield_when_idle_;
     }
   }
   return absl::OkStatus();
