@@ -120,6 +120,20 @@ std::string Describe(const std::vector<Seen>& seen) {
   return out;
 }
 
+// Call `i` of `rank`: an allreduce of its operand, its output and the configuration it ran with
+// appended to `outputs` and `seen`.
+absl::Status RecordedAllReduce(pc::Communicator& comm, int rank, int i,
+                               std::vector<std::vector<float>>& outputs, std::vector<Seen>& seen) {
+  std::vector<float> in = Operand(rank, i);
+  std::vector<float> out(kCount);
+  PLEXUS_RETURN_IF_ERROR(
+      comm.AllReduce(in.data(), out.data(), kCount, DataType::kF32, ReduceOp::kSum));
+  outputs.push_back(std::move(out));
+  const pc::ActiveConfiguration c = comm.configuration();
+  seen.push_back({c.epoch, c.since_sequence, c.ring_order});
+  return absl::OkStatus();
+}
+
 const std::vector<int> kIdentity = {0, 1, 2, 3};
 const std::vector<int> kOrderB = {3, 1, 0, 2};
 const std::vector<int> kOrderC = {2, 0, 3, 1};
@@ -171,15 +185,8 @@ TEST_CASE("live reconfiguration: delayed, reordered requests from a non-zero ran
   auto results =
       RunRanks(kRanks, Options(backend), [&](int rank, pc::Communicator& comm) -> std::string {
         if (rank == idle_rank) std::this_thread::sleep_for(std::chrono::milliseconds(150));
-        auto one = [&](int i) -> absl::Status {
-          std::vector<float> in = Operand(rank, i);
-          std::vector<float> out(kCount);
-          PLEXUS_RETURN_IF_ERROR(
-              comm.AllReduce(in.data(), out.data(), kCount, DataType::kF32, ReduceOp::kSum));
-          outputs[rank].push_back(std::move(out));
-          const pc::ActiveConfiguration c = comm.configuration();
-          seen[rank].push_back({c.epoch, c.since_sequence, c.ring_order});
-          return absl::OkStatus();
+        auto one = [&](int i) {
+          return RecordedAllReduce(comm, rank, i, outputs[rank], seen[rank]);
         };
         int i = 0;
         for (; i < kCalls; ++i) {
@@ -233,15 +240,8 @@ TEST_CASE("live reconfiguration: concurrent requests apply in one order on every
   std::vector<pc::ActiveConfiguration> final_config(kRanks);
   auto results =
       RunRanks(kRanks, Options(backend), [&](int rank, pc::Communicator& comm) -> std::string {
-        auto one = [&](int i) -> absl::Status {
-          std::vector<float> in = Operand(rank, i);
-          std::vector<float> out(kCount);
-          PLEXUS_RETURN_IF_ERROR(
-              comm.AllReduce(in.data(), out.data(), kCount, DataType::kF32, ReduceOp::kSum));
-          outputs[rank].push_back(std::move(out));
-          const pc::ActiveConfiguration c = comm.configuration();
-          seen[rank].push_back({c.epoch, c.since_sequence, c.ring_order});
-          return absl::OkStatus();
+        auto one = [&](int i) {
+          return RecordedAllReduce(comm, rank, i, outputs[rank], seen[rank]);
         };
         int i = 0;
         for (; i < kCalls; ++i) {
