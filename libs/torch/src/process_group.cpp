@@ -279,12 +279,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::_allgather_base(at::Tensor& o
   Impl& m = *impl_;
   m.CheckTensor("_allgather_base", input);
   m.CheckTensor("_allgather_base", output);
-  if (output.numel() != input.numel() * m.size || output.scalar_type() != input.scalar_type()) {
-    Refuse(m.rank, "_allgather_base",
-           absl::StrCat("output must hold ", m.size, " x ", input.numel(),
-                        " elements of the input's type, got ", output.numel(), " of ",
-                        c10::toString(output.scalar_type())));
-  }
+  m.CheckFlat("_allgather_base", output, "output", input, "input");
   std::lock_guard<std::mutex> issue(m.issue_mu);
   auto work = m.NewWork(c10d::OpType::_ALLGATHER_BASE, "_allgather_base", {output});
   return m.StartOneToOne(work, Impl::Input(input), output, [&](at::Tensor& send, at::Tensor& recv) {

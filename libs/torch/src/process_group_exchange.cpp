@@ -53,12 +53,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::_reduce_scatter_base(
   m.CheckTensor("_reduce_scatter_base", output);
   const pc::DataType dtype = m.Reducible("_reduce_scatter_base", output);
   const pc::ReduceOp op = m.Op("_reduce_scatter_base", opts.reduceOp);
-  if (input.numel() != output.numel() * m.size || output.scalar_type() != input.scalar_type()) {
-    Refuse(m.rank, "_reduce_scatter_base",
-           absl::StrCat("input must hold ", m.size, " x ", output.numel(),
-                        " elements of the output's type, got ", input.numel(), " of ",
-                        c10::toString(input.scalar_type())));
-  }
+  m.CheckFlat("_reduce_scatter_base", input, "input", output, "output");
   std::lock_guard<std::mutex> issue(m.issue_mu);
   auto work = m.NewWork(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", {output});
   return m.StartOneToOne(work, Impl::Input(input), output, [&](at::Tensor& send, at::Tensor& recv) {

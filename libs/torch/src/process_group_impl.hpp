@@ -103,6 +103,17 @@ struct ProcessGroupPlexus::Impl {
   }
 
   // --- argument checks (throw RuntimeError) ---
+  // The flat collectives (_allgather_base, _reduce_scatter_base): `whole` holds size x
+  // `part`'s elements, of `part`'s type. `whole_name` / `part_name`: "output" / "input" or back.
+  void CheckFlat(std::string_view op, const at::Tensor& whole, const char* whole_name,
+                 const at::Tensor& part, const char* part_name) const {
+    if (whole.numel() != part.numel() * size || whole.scalar_type() != part.scalar_type()) {
+      internal::Refuse(rank, op,
+                       absl::StrCat(whole_name, " must hold ", size, " x ", part.numel(),
+                                    " elements of the ", part_name, "'s type, got ", whole.numel(),
+                                    " of ", c10::toString(whole.scalar_type())));
+    }
+  }
   void CheckTensor(std::string_view op, const at::Tensor& t) const {
     if (!t.defined()) internal::Refuse(rank, op, "undefined tensor");
     if (t.is_sparse()) internal::Refuse(rank, op, "sparse tensors are not supported");
