@@ -373,12 +373,6 @@ int WorkerMain(const Options& o) {
   return 0;
 }
 
-std::string SelfPath() {
-  char path[4096];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-  return n <= 0 ? kProgram : std::string(path, static_cast<size_t>(n));
-}
-
 // Starts `ranks` copies of argv and returns the number rank 0 prints under `field`.
 absl::StatusOr<double> LaunchAndRead(std::vector<std::string> argv, int ranks, bool plexus_env,
                                      const char* field, double timeout_s,
@@ -417,7 +411,7 @@ void RunPushPull(const Options& o, pt::FigureWriter& out) {
   const auto keys = ResNet50Keys(o.scale);
   size_t total = 0;
   for (size_t k : keys) total += k;
-  const std::string dir = SelfPath().substr(0, SelfPath().rfind('/'));
+  const std::string dir = pt::SelfPath(kProgram).substr(0, pt::SelfPath(kProgram).rfind('/'));
   const std::string coll = dir + "/plexus-bench-collectives";
   const std::string gloo = dir + "/plexus-bench-collectives-gloo";
   for (const std::string& transport : o.transports) {
@@ -459,14 +453,22 @@ void RunPushPull(const Options& o, pt::FigureWriter& out) {
         auto ns = (*service)->CreateNamespace(no);
         const std::string addrs = absl::StrJoin((*service)->addresses(), ",");
         auto v = LaunchAndRead({}, np, false, "iteration_ms", o.timeout_s, [&](int rank) {
-          return std::vector<std::string>{SelfPath(),    "--worker",
-                                          "--rank",      std::to_string(rank),
-                                          "--addresses", addrs,
-                                          "--ns",        std::to_string(ns->id),
-                                          "--nonce",     std::to_string(ns->nonce),
-                                          "--transport", transport,
-                                          "--scale",     fmt::format("{}", o.scale),
-                                          "--iters",     std::to_string(o.iters)};
+          return std::vector<std::string>{pt::SelfPath(kProgram),
+                                          "--worker",
+                                          "--rank",
+                                          std::to_string(rank),
+                                          "--addresses",
+                                          addrs,
+                                          "--ns",
+                                          std::to_string(ns->id),
+                                          "--nonce",
+                                          std::to_string(ns->nonce),
+                                          "--transport",
+                                          transport,
+                                          "--scale",
+                                          fmt::format("{}", o.scale),
+                                          "--iters",
+                                          std::to_string(o.iters)};
         });
         if (!v.ok())
           ps_error = v.status();

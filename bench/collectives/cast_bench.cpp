@@ -181,12 +181,6 @@ int WorkerMain(int argc, char** argv) {
   return 0;
 }
 
-std::string SelfPath() {
-  char path[4096];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-  return n <= 0 ? std::string(kProgram) : std::string(path, static_cast<size_t>(n));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -217,26 +211,22 @@ int main(int argc, char** argv) {
   for (const std::string& transport : transport_list) {
     tooling::LaunchOptions options;
     options.ranks = np;
-    options.argv = {SelfPath(), "--worker", "--transport", transport,
-                    "--sizes",  sizes,      "--runs",      std::to_string(runs)};
+    options.argv = {tooling::SelfPath(kProgram),
+                    "--worker",
+                    "--transport",
+                    transport,
+                    "--sizes",
+                    sizes,
+                    "--runs",
+                    std::to_string(runs)};
     options.output = tooling::OutputMode::kCallback;
     options.timeout = absl::Seconds(timeout_s);
     options.on_line = [&](tooling::Launcher&, int rank, tooling::Stream stream,
                           std::string_view text) {
       const std::string line(text);
-      if (rank == 0 && stream == tooling::Stream::kStdout && !line.empty() && line[0] == '{') {
-        auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-        if (!j.is_discarded() && j.is_object() && j.contains("value") && j["value"].is_number()) {
-          tooling::Figure f;
-          f.figure = j.value("figure", "");
-          f.value = j["value"].get<double>();
-          f.unit = j.value("unit", "");
-          for (auto& [key, value] : j.items()) {
-            if (key != "bench" && key != "figure" && key != "value" && key != "unit") {
-              f.extra[key] = value;
-            }
-          }
-          writer.Add(f);
+      if (rank == 0 && stream == tooling::Stream::kStdout) {
+        if (std::optional<tooling::Figure> f = tooling::FigureFromJsonLine(line)) {
+          writer.Add(*f);
           return;
         }
       }

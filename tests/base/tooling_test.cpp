@@ -272,3 +272,27 @@ TEST_CASE("figures: the table mode prints one row per figure", "[tooling][figure
         "  figure    value  unit      target  met\n"
         "  recovery   0.75  fraction  0.7     yes  np=4\n");
 }
+
+TEST_CASE("figures: a worker's line reads back as the same figure", "[tooling][figures]") {
+  const pt::Figure f{"allreduce_time", 1.25, "ms", "<= 2", true, {{"np", 2}, {"variant", "f32"}}};
+  const std::optional<pt::Figure> back = pt::FigureFromJsonLine(pt::FigureJson("cast", f).dump());
+  REQUIRE(back.has_value());
+  CHECK(back->figure == "allreduce_time");
+  CHECK(back->value == 1.25);
+  CHECK(back->unit == "ms");
+  CHECK(back->target == "<= 2");
+  CHECK(back->met == std::optional<bool>(true));
+  CHECK(back->extra == f.extra);
+  // Lines that are not figures: progress text, bad JSON, an array, a value that is not a number.
+  for (const char* line : {"", "rank 0 ready", "{\"value\":", "[1,2]", "{\"figure\":\"x\"}",
+                           "{\"figure\":\"x\",\"value\":null}"}) {
+    INFO(line);
+    CHECK_FALSE(pt::FigureFromJsonLine(line).has_value());
+  }
+}
+
+TEST_CASE("launcher: SelfPath names this test program", "[tooling][launch]") {
+  const std::string self = pt::SelfPath("fallback");
+  CHECK(self.front() == '/');
+  CHECK(self.find("tooling") != std::string::npos);
+}

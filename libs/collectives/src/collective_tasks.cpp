@@ -10,65 +10,9 @@
 #include "cuda_staging.hpp"
 #include "plexus/base/status.hpp"
 #include "reduce.hpp"
+#include "staging.hpp"
 
 namespace plexus::collectives::internal {
-namespace {
-
-// ---------------------------------------------------------------------------------------------
-// Host staging of device buffers for one call.
-
-class Staging {
- public:
-  Staging() = default;
-  Staging(const Staging&) = delete;
-  Staging& operator=(const Staging&) = delete;
-  ~Staging() {
-    for (void* p : pinned_) internal::FreePinned(p);
-  }
-  // A host pointer holding `bytes` of `user` (copied in when `copy_in`); `user` itself when it
-  // is host memory.
-  absl::StatusOr<uint8_t*> In(const void* user, size_t bytes, bool copy_in) {
-    if (user == nullptr || !internal::IsDevicePointer(user)) {
-      return static_cast<uint8_t*>(const_cast<void*>(user));
-    }
-    void* host = internal::AllocPinned(bytes);
-    if (host == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", bytes, " bytes of pinned host memory for staging"));
-    }
-    pinned_.push_back(host);
-    if (copy_in) {
-      PLEXUS_RETURN_IF_ERROR(internal::CopyDeviceToHost(host, user, bytes));
-    }
-    staged_.push_back({const_cast<void*>(user), host, bytes});
-    return static_cast<uint8_t*>(host);
-  }
-  // Registers `user` as an output: Out() copies the host bytes back.
-  absl::StatusOr<uint8_t*> Output(void* user, size_t bytes, bool copy_in) {
-    auto host = In(user, bytes, copy_in);
-    if (host.ok() && *host != user) outputs_.push_back(staged_.back());
-    return host;
-  }
-  absl::Status CopyOut() {
-    for (const Entry& e : outputs_) {
-      PLEXUS_RETURN_IF_ERROR(internal::CopyHostToDevice(e.user, e.host, e.bytes));
-    }
-    return absl::OkStatus();
-  }
-  bool any() const { return !staged_.empty(); }
-
- private:
-  struct Entry {
-    void* user;
-    void* host;
-    size_t bytes;
-  };
-  std::vector<void*> pinned_;
-  std::vector<Entry> staged_;
-  std::vector<Entry> outputs_;
-};
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Fused casts
@@ -160,7 +104,7 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   const Algorithm algo = Resolve(CollectiveKind::kAllReduce, bytes, call.algorithm);
   CallHeader header = Header(CollectiveKind::kAllReduce, dtype, op, algo, -1, count);
   if (count == 0) return absl::OkStatus();
-  Staging staging;
+  Staging staging(&pinned_pool_, options_.staging_cache_bytes);
   PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, bytes, send == recv));
   // Below a block per rank (or when latency dominates) whole-vector doubling is cheaper. It
   // travels uncast: every rank reduces both operands there, and a cast would have to round its
@@ -229,7 +173,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* re
     const Algorithm algo = Resolve(CollectiveKind::kReduce, bytes, call.algorithm);
     const CallHeader header = Header(CollectiveKind::kReduce, dtype, op, algo, root, count);
     if (count == 0) return absl::OkStatus();
-    Staging staging;
+    Staging staging(&pinned_pool_, options_.staging_cache_bytes);
     PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, bytes, true));
     uint8_t* buf = nullptr;
     if (is_root) {
@@ -284,7 +228,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
     CallHeader header =
         Header(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, algo, root, count);
     if (count == 0) return absl::OkStatus();
-    Staging staging;
+    Staging staging(&pinned_pool_, options_.staging_cache_bytes);
     PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, bytes, is_root && send == recv));
     if (is_root && send != recv) {
       PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, bytes, true));
@@ -353,7 +297,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     if (count == 0) return absl::OkStatus();
     const size_t mine = static_cast<size_t>(layout_.rank) * count * esize;
     const bool in_place = send == static_cast<uint8_t*>(recv) + mine;
-    Staging staging;
+    Staging staging(&pinned_pool_, options_.staging_cache_bytes);
     PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, total, in_place));
     if (!in_place) {
       PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, count * esize, true));
@@ -407,7 +351,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, v
     const Algorithm algo = Resolve(CollectiveKind::kReduceScatter, total, call.algorithm);
     const CallHeader header = Header(CollectiveKind::kReduceScatter, dtype, op, algo, -1, count);
     if (count == 0) return absl::OkStatus();
-    Staging staging;
+    Staging staging(&pinned_pool_, options_.staging_cache_bytes);
     PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, total, true));
     // Work on a copy: the send buffer is the caller's and recv may lie inside it.
     uint8_t* work = Scratch(total);
@@ -446,7 +390,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllTask(const void* send, void* 
     const CallHeader header =
         Header(CollectiveKind::kAllToAll, dtype, ReduceOp::kSum, algo, -1, count);
     if (count == 0) return absl::OkStatus();
-    Staging staging;
+    Staging staging(&pinned_pool_, options_.staging_cache_bytes);
     PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, total, true));
     PLEXUS_ASSIGN_OR_RETURN(auto out, staging.Output(recv, total, false));
     const uint8_t* src = in;
@@ -526,7 +470,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllVTask(
     const CallHeader header =
         Header(CollectiveKind::kAllToAllV, dtype, ReduceOp::kSum, algo, -1, 0);
     if (trace_ != nullptr) trace_->NoteBytes(send_extent * esize);
-    Staging staging;
+    Staging staging(&pinned_pool_, options_.staging_cache_bytes);
     PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, send_extent * esize, true));
     PLEXUS_ASSIGN_OR_RETURN(auto out, staging.Output(recv, recv_extent * esize, false));
     const int me = layout_.rank;
@@ -572,7 +516,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::PointToPointTask(void* buf, size_t co
     // Each direction of each pair numbers its messages: that is what matches a Send to a Recv.
     header.sequence = is_send ? p2p_send_seq_[peer]++ : p2p_recv_seq_[peer]++;
     if (trace_ != nullptr) trace_->Describe(header, peer);
-    Staging staging;
+    Staging staging(&pinned_pool_, options_.staging_cache_bytes);
     // Every connected channel, whatever the active configuration: a Send and its Recv may sit
     // on either side of a reconfiguration.
     MakeLayout(dtype);

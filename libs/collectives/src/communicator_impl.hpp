@@ -34,6 +34,7 @@
 #include "plexus/transport/rendezvous.hpp"
 #include "qos_gate.hpp"
 #include "reconfig.hpp"
+#include "staging.hpp"
 #include "tracer.hpp"
 #include "wire.hpp"
 
@@ -400,6 +401,8 @@ class CommunicatorImpl : public Communicator {
   std::vector<int> WaitingFor(int channels) const;
 
   CommunicatorOptions options_;
+  // Pinned host buffers of earlier calls on device memory (staging.hpp).
+  internal::PinnedPool pinned_pool_;
   Layout layout_;
   std::string tag_;
   uint64_t uid_ = 0;

@@ -33,6 +33,28 @@ nlohmann::json FigureJson(const std::string& bench, const Figure& f) {
   return j;
 }
 
+std::optional<Figure> FigureFromJsonLine(const std::string& line) {
+  if (line.empty() || line[0] != '{') return std::nullopt;
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("value") || !j["value"].is_number()) {
+    return std::nullopt;
+  }
+  Figure f;
+  f.figure = j.value("figure", "");
+  f.value = j["value"].get<double>();
+  f.unit = j.value("unit", "");
+  if (j.contains("target")) f.target = j["target"];
+  if (j.contains("met") && j["met"].is_boolean()) f.met = j["met"].get<bool>();
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    if (key != "bench" && key != "figure" && key != "value" && key != "unit" && key != "target" &&
+        key != "met") {
+      f.extra[key] = it.value();
+    }
+  }
+  return f;
+}
+
 FigureWriter::FigureWriter(std::string bench, bool json, FILE* out)
     : bench_(std::move(bench)), json_(json), out_(out) {}
 

@@ -576,4 +576,10 @@ absl::StatusOr<LaunchResult> Launch(LaunchOptions options) {
   return launcher.Wait();
 }
 
+std::string SelfPath(const std::string& fallback) {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  return n <= 0 ? fallback : std::string(path, static_cast<size_t>(n));
+}
+
 }  // namespace plexus::tooling

@@ -25,6 +25,10 @@ struct Figure {
 // The JSON object of one figure of `bench`: bench, figure, value, unit, then target and met
 // when set, then the extra fields (which cannot override the first ones).
 nlohmann::json FigureJson(const std::string& bench, const Figure& figure);
+// The inverse, for a driver that relays its workers' lines: a Figure from one line of
+// FigureJson output (bench dropped), or nullopt when `line` is not such an object with a numeric
+// value.
+std::optional<Figure> FigureFromJsonLine(const std::string& line);
 
 class FigureWriter {
  public:

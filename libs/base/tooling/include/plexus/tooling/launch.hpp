@@ -126,4 +126,8 @@ class Launcher {
 // Start() then Wait(); a start failure is returned as the status.
 absl::StatusOr<LaunchResult> Launch(LaunchOptions options);
 
+// The absolute path of the running program (/proc/self/exe), or `fallback` when it cannot be
+// read: how a driver starts its own binary again as a worker rank.
+std::string SelfPath(const std::string& fallback);
+
 }  // namespace plexus::tooling
