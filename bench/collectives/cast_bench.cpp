@@ -219,24 +219,9 @@ int main(int argc, char** argv) {
                     sizes,
                     "--runs",
                     std::to_string(runs)};
-    options.output = tooling::OutputMode::kCallback;
     options.timeout = absl::Seconds(timeout_s);
-    options.on_line = [&](tooling::Launcher&, int rank, tooling::Stream stream,
-                          std::string_view text) {
-      const std::string line(text);
-      if (rank == 0 && stream == tooling::Stream::kStdout) {
-        if (std::optional<tooling::Figure> f = tooling::FigureFromJsonLine(line)) {
-          writer.Add(*f);
-          return;
-        }
-      }
-      std::fprintf(stderr, "[rank %d] %s\n", rank, line.c_str());
-    };
-    auto launched = tooling::Launch(std::move(options));
-    if (!launched.ok()) return tool.Fail(launched.status());
-    if (launched->exit_code != 0) {
-      return tool.Fail(absl::StrCat(transport, ": the ranks failed (exit ", launched->exit_code,
-                                    launched->timed_out ? ", timed out" : "", ")"));
+    if (absl::Status s = tooling::RunWorkers(std::move(options), writer, transport); !s.ok()) {
+      return tool.Fail(s);
     }
   }
   if (!json) writer.PrintTable();

@@ -296,3 +296,21 @@ TEST_CASE("launcher: SelfPath names this test program", "[tooling][launch]") {
   CHECK(self.front() == '/');
   CHECK(self.find("tooling") != std::string::npos);
 }
+
+TEST_CASE("launcher: RunWorkers relays rank 0's figures and names a failure",
+          "[tooling][launch][figures]") {
+  pt::FigureWriter writer("w", false);
+  absl::Status s = pt::RunWorkers(
+      Shell(2,
+            "echo '{\"figure\":\"t\",\"value\":'$PLEXUS_RANK',\"unit\":\"us\",\"np\":2}'; "
+            "echo progress"),
+      writer, "shm");
+  CHECK(s.ok());
+  REQUIRE(writer.figures().size() == 1);  // rank 1's line is not a figure of the run
+  CHECK(writer.figures()[0].figure == "t");
+  CHECK(writer.figures()[0].value == 0);
+  CHECK(writer.figures()[0].extra["np"] == 2);
+  s = pt::RunWorkers(Shell(2, "exit 3"), writer, "tcp");
+  CHECK_FALSE(s.ok());
+  CHECK(std::string(s.message()).find("tcp: the ranks failed (exit 3") != std::string::npos);
+}

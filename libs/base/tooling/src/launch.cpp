@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "plexus/base/net.hpp"
+#include "plexus/tooling/figures.hpp"
 
 extern char** environ;
 
@@ -574,6 +575,27 @@ absl::StatusOr<LaunchResult> Launch(LaunchOptions options) {
   Launcher launcher(std::move(options));
   if (absl::Status s = launcher.Start(); !s.ok()) return s;
   return launcher.Wait();
+}
+
+absl::Status RunWorkers(LaunchOptions options, FigureWriter& writer, const std::string& what) {
+  options.output = OutputMode::kCallback;
+  options.on_line = [&writer](Launcher&, int rank, Stream stream, std::string_view text) {
+    const std::string line(text);
+    if (rank == 0 && stream == Stream::kStdout) {
+      if (std::optional<Figure> f = FigureFromJsonLine(line)) {
+        writer.Add(*f);
+        return;
+      }
+    }
+    std::fprintf(stderr, "[rank %d] %s\n", rank, line.c_str());
+  };
+  absl::StatusOr<LaunchResult> launched = Launch(std::move(options));
+  if (!launched.ok()) return launched.status();
+  if (launched->exit_code != 0) {
+    return absl::InternalError(absl::StrCat(what, ": the ranks failed (exit ", launched->exit_code,
+                                            launched->timed_out ? ", timed out" : "", ")"));
+  }
+  return absl::OkStatus();
 }
 
 std::string SelfPath(const std::string& fallback) {

@@ -126,6 +126,13 @@ class Launcher {
 // Start() then Wait(); a start failure is returned as the status.
 absl::StatusOr<LaunchResult> Launch(LaunchOptions options);
 
+class FigureWriter;
+// Runs `options.ranks` ranks of `options.argv` (output and on_line are set here) as a benchmark's
+// workers: every line rank 0 prints on stdout that is a figure (FigureFromJsonLine) goes to
+// `writer`; every other line goes to stderr prefixed "[rank r]". An error names `what`, the exit
+// code and whether the ranks timed out.
+absl::Status RunWorkers(LaunchOptions options, FigureWriter& writer, const std::string& what);
+
 // The absolute path of the running program (/proc/self/exe), or `fallback` when it cannot be
 // read: how a driver starts its own binary again as a worker rank.
 std::string SelfPath(const std::string& fallback);
