@@ -112,3 +112,53 @@ TEST_CASE("device buffers: allreduce (sum, avg), broadcast and allgather", "[col
   }
 #endif
 }
+
+TEST_CASE("device buffers: large allreduces run as pipelined segments (in and out of place)",
+          "[collectives][cuda]") {
+#if !PLEXUS_HAVE_CUDA
+  plexus::testing::SkipTest("built without CUDA (PLEXUS_WITH_CUDA found no toolkit)");
+#else
+  std::string why;
+  if (!pt::CudaAvailable(&why)) plexus::testing::SkipTest(why);
+  constexpr int kRanks = 3;
+  pc::CommunicatorOptions options;
+  options.device.backend = pt::Backend::kInproc;
+  options.timeout = absl::Seconds(60);
+  options.algorithms.Set(pc::CollectiveKind::kAllReduce, pc::Algorithm::kRing);
+  auto results = pc::testing::RunRanks(kRanks, options, [](int r, pc::Communicator& comm) {
+    // 12 MiB + 4 bytes: above the 8 MiB threshold, segments that do not divide it evenly.
+    const size_t count = (size_t{3} << 20) + 1;
+    for (const bool in_place : {false, true}) {
+      for (const pc::ReduceOp op : {pc::ReduceOp::kSum, pc::ReduceOp::kAvg}) {
+        std::vector<uint8_t> host(count * 4);
+        for (size_t i = 0; i < count; ++i) {
+          pc::testing::Set(pc::DataType::kF32, host.data(), i, static_cast<double>(i % 29 + r));
+        }
+        DeviceBuffer in(count * 4), out(count * 4);
+        if (in.ptr == nullptr || out.ptr == nullptr || !in.Upload(host)) {
+          return std::string("cudaMalloc/cudaMemcpy failed");
+        }
+        void* dst = in_place ? in.ptr : out.ptr;
+        absl::Status s = comm.AllReduce(in.ptr, dst, count, pc::DataType::kF32, op);
+        if (!s.ok()) return std::string(s.message());
+        const std::vector<uint8_t> got = in_place ? in.Download() : out.Download();
+        if (got.size() != count * 4) return std::string("cudaMemcpy of the result failed");
+        for (size_t i = 0; i < count; ++i) {
+          const double sum = 3.0 * (i % 29) + 0 + 1 + 2;
+          const double want = op == pc::ReduceOp::kAvg ? sum / kRanks : sum;
+          if (std::abs(pc::testing::Get(pc::DataType::kF32, got.data(), i) - want) > 1e-5 * want) {
+            return "element " + std::to_string(i) + (in_place ? " (in place)" : " (out of place)") +
+                   " is wrong";
+          }
+        }
+        if (!in_place && in.Download() != host) return std::string("the input was modified");
+      }
+    }
+    return std::string();
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    INFO("rank " << r);
+    CHECK(results[r] == "");
+  }
+#endif
+}

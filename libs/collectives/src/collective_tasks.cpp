@@ -104,6 +104,11 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   const Algorithm algo = Resolve(CollectiveKind::kAllReduce, bytes, call.algorithm);
   CallHeader header = Header(CollectiveKind::kAllReduce, dtype, op, algo, -1, count);
   if (count == 0) return absl::OkStatus();
+  if (algo == Algorithm::kRing && !WireOf(dtype, call) && layout_.n > 1 &&
+      bytes >= kPipelinedStagingBytes && internal::IsDevicePointer(recv) &&
+      (send == recv || internal::IsDevicePointer(send))) {
+    return PipelinedDeviceAllReduce(send, recv, count, dtype, op, header);
+  }
   Staging staging(&pinned_pool_, options_.staging_cache_bytes);
   PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, bytes, send == recv));
   // Below a block per rank (or when latency dominates) whole-vector doubling is cheaper. It
@@ -157,6 +162,48 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   }
   if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, buf, count, L.n);
   return staging.CopyOut();
+}
+
+absl::Status CommunicatorImpl::PipelinedDeviceAllReduce(const void* send, void* recv, size_t count,
+                                                        DataType dtype, ReduceOp op,
+                                                        const CallHeader& header) {
+  const size_t esize = DataTypeSize(dtype);
+  Staging staging(&pinned_pool_, options_.staging_cache_bytes);
+  PLEXUS_ASSIGN_OR_RETURN(uint8_t * buf, staging.Output(recv, count * esize, false));
+  uint8_t* input = nullptr;  // out of place: the host copy of send (the ring reads it directly)
+  if (send != recv) {
+    PLEXUS_ASSIGN_OR_RETURN(input, staging.In(send, count * esize, false));
+  }
+  uint8_t* landing = input != nullptr ? input : buf;
+  const auto* source = static_cast<const uint8_t*>(send);
+  auto* target = static_cast<uint8_t*>(recv);
+  const size_t per_segment =
+      std::max(kStagingSegmentBytes / esize, (count + kStagingSegments - 1) / kStagingSegments);
+  // Declared after `staging`: destroyed first, so every queued copy has landed before the pinned
+  // buffers go back to the pool, also on an early error return.
+  CopyStreams copies;
+  const size_t first_bytes = std::min(per_segment, count) * esize;
+  PLEXUS_ASSIGN_OR_RETURN(int arrived, copies.ToHost(landing, source, first_bytes));
+  for (size_t first = 0; first < count; first += per_segment) {
+    const size_t n = std::min(per_segment, count - first);
+    const size_t offset = first * esize;
+    PLEXUS_RETURN_IF_ERROR(copies.Wait(arrived));
+    if (first + n < count) {
+      const size_t next = std::min(per_segment, count - first - n);
+      const size_t at = offset + n * esize;
+      PLEXUS_ASSIGN_OR_RETURN(arrived, copies.ToHost(landing + at, source + at, next * esize));
+    }
+    CallHeader segment = header;  // checked against the peers' like a call of its own
+    segment.count = n;
+    const Layout& L = MakeLayout(dtype, n * esize / static_cast<size_t>(layout_.n));
+    Plan& plan = NewPlan();
+    internal::BuildRing(L, buf + offset, internal::EvenBlocks(n, L.n), true, true, &plan,
+                        input != nullptr ? input + offset : nullptr);
+    PLEXUS_RETURN_IF_ERROR(Execute(plan, segment, dtype, op));
+    if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, buf + offset, n, L.n);
+    PLEXUS_RETURN_IF_ERROR(copies.ToDevice(target + offset, buf + offset, n * esize).status());
+  }
+  return copies.WaitAll();
 }
 
 CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* recv, size_t count,

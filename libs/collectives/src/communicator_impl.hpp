@@ -274,6 +274,11 @@ class CommunicatorImpl : public Communicator {
   }
   absl::Status RunAllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                             CallOptions call);
+  // RunAllReduce of large device buffers over a ring: the call runs as segments of the buffer,
+  // each one's copy to the host overlapping the previous segment's ring and its copy back the
+  // next one's (staging.hpp). Every rank segments alike (same count, same options).
+  absl::Status PipelinedDeviceAllReduce(const void* send, void* recv, size_t count, DataType dtype,
+                                        ReduceOp op, const CallHeader& header);
   absl::Status RunBarrier();
   std::shared_ptr<Work> Async(TaskOr task);
   // Runs fn unless the communicator is broken; issued_ns: see Task.

@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "plexus/collectives/types.hpp"
 
 namespace plexus::collectives::internal {
@@ -21,5 +22,26 @@ absl::Status CopyHostToDevice(void* device, const void* host, size_t bytes);
 // data[i] /= divisor on the device (a kernel in cuda/reduce_kernels.cu): the last step of kAvg
 // for device buffers.
 absl::Status DeviceDivide(DataType dtype, void* device, size_t n, int divisor);
+
+// Copies between device memory and pinned host memory queued on two CUDA streams of their own
+// (one per direction, so that both copy engines work at once), for staging pipelined with the
+// collective's steps. Each copy gets a ticket; Wait(ticket) blocks until that copy (and every
+// earlier one in its direction) has landed. Without CUDA every call is Unimplemented.
+class CopyStreams {
+ public:
+  CopyStreams();
+  ~CopyStreams();  // waits for every queued copy
+  CopyStreams(const CopyStreams&) = delete;
+  CopyStreams& operator=(const CopyStreams&) = delete;
+
+  absl::StatusOr<int> ToHost(void* host, const void* device, size_t bytes);
+  absl::StatusOr<int> ToDevice(void* device, const void* host, size_t bytes);
+  absl::Status Wait(int ticket);
+  absl::Status WaitAll();
+
+ private:
+  struct State;
+  State* state_;
+};
 
 }  // namespace plexus::collectives::internal

@@ -17,6 +17,12 @@
 
 namespace plexus::collectives::internal {
 
+// Device-buffer allreduces of at least this many bytes run pipelined: kStagingSegments segments
+// of at least kStagingSegmentBytes each, the copies of one overlapping the ring of another.
+inline constexpr size_t kPipelinedStagingBytes = size_t{8} << 20;
+inline constexpr size_t kStagingSegments = 8;
+inline constexpr size_t kStagingSegmentBytes = size_t{2} << 20;
+
 // Pinned host buffers for reuse. Thread-safe. Sizes are rounded up to a power of two (at least
 // 64 KiB) so that calls of nearby sizes share buffers; Acquire hands out the smallest cached
 // buffer that fits.
