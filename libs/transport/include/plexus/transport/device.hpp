@@ -115,10 +115,11 @@ class Device : public ProgressDriver {
                                                               CompletionQueue* cq) = 0;
 
   // Connect from `local_address` instead of DeviceOptions::local_address (tcp: the IP the
-  // connection's sockets bind to), so that one device, and so one set of registered regions,
+  // connection's sockets bind to; verbs: the IP the rdma_cm id binds to, which picks the port
+  // and source GID, on this device), so that one device, and so one set of registered regions,
   // can open one connection per network path. "" or the device's own address is plain Connect;
-  // backends that cannot choose a source per connection (inproc, shm, verbs) return
-  // Unimplemented for any other address.
+  // backends that cannot choose a source per connection (inproc, shm) return Unimplemented for
+  // any other address.
   virtual absl::StatusOr<std::unique_ptr<Connection>> ConnectFrom(std::string_view local_address,
                                                                   std::string_view address,
                                                                   CompletionQueue* cq);
