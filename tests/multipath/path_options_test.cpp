@@ -119,3 +119,24 @@ TEST_CASE("multipath device: path_options are validated, naming the path and fie
   shm.device.backend = pt::Backend::kShm;
   CHECK(absl::StrContains(message(shm), "must be tcp or verbs, got shm"));
 }
+
+TEST_CASE("multipath device: ConnectOnPath / ListenOnPath take no binding of their own",
+          "[multipath][paths]") {
+  pm::MultipathDeviceOptions o;
+  o.local_addresses = {"127.0.0.1", "127.0.0.2"};
+  auto device = pm::MultipathDevice::Create(o);
+  REQUIRE(device.ok());
+  pt::CompletionQueue cq;
+  pt::PathBinding labelled;
+  labelled.flow_label = 3;
+  auto refused = (*device)->ConnectOnPath(labelled, "mp:127.0.0.1:1,127.0.0.2", &cq);
+  REQUIRE(absl::IsInvalidArgument(refused.status()));
+  CHECK(absl::StrContains(refused.status().message(), "binds each of its paths itself"));
+  pt::PathBinding from;
+  from.local_address = "127.0.0.1";
+  CHECK(absl::IsInvalidArgument((*device)->ListenOnPath(from, "").status()));
+  // An empty binding is plain Listen.
+  auto listener = (*device)->ListenOnPath(pt::PathBinding{}, "");
+  REQUIRE(listener.ok());
+  CHECK(absl::StartsWith((*listener)->address(), "mp:127.0.0.1:"));
+}

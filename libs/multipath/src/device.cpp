@@ -476,4 +476,30 @@ absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::ConnectFrom(
   return Connect(address, cq);
 }
 
+namespace {
+
+absl::Status RequireEmptyBinding(const pt::PathBinding& path, std::string_view call) {
+  if (path.local_address.empty() && path.gid_index == -1 && path.flow_label == 0) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "MultipathDevice::", std::string(call), ": a multipath connection binds each of its paths ",
+      "itself (MultipathDeviceOptions.local_addresses and path_options); pass an empty "
+      "PathBinding"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::ConnectOnPath(
+    const pt::PathBinding& path, std::string_view address, pt::CompletionQueue* cq) {
+  PLEXUS_RETURN_IF_ERROR(RequireEmptyBinding(path, "ConnectOnPath"));
+  return Connect(address, cq);
+}
+
+absl::StatusOr<std::unique_ptr<pt::Listener>> MultipathDevice::ListenOnPath(
+    const pt::PathBinding& path, std::string_view address) {
+  PLEXUS_RETURN_IF_ERROR(RequireEmptyBinding(path, "ListenOnPath"));
+  return Listen(address);
+}
+
 }  // namespace plexus::multipath

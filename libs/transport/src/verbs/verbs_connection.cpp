@@ -81,6 +81,15 @@ absl::Status ConnState::Setup(const std::shared_ptr<ConnState>& self, uint64_t c
   return protocol_->Start();
 }
 
+namespace {
+
+const char* QpStateName(int state) {
+  static constexpr const char* kNames[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"};
+  return state >= 0 && state <= IBV_QPS_ERR ? kNames[state] : "?";
+}
+
+}  // namespace
+
 std::string ConnState::PathName() const {
   return absl::StrCat("verbs path from ", SockaddrText(rdma_get_local_addr(id_)), " to ", peer_);
 }
@@ -113,8 +122,8 @@ absl::Status ConnState::ModifyWithCmAttributes(int state) {
   attr.qp_state = static_cast<ibv_qp_state>(state);
   int mask = 0;
   if (rdma_init_qp_attr(id_, &attr, &mask) != 0) {
-    return absl::UnavailableError(absl::StrCat("rdma_init_qp_attr (state ", state, ") for the ",
-                                               PathName(), ": ", ErrnoText(errno)));
+    return absl::UnavailableError(absl::StrCat("rdma_init_qp_attr (", QpStateName(state),
+                                               ") for the ", PathName(), ": ", ErrnoText(errno)));
   }
   if (state == IBV_QPS_RTR) {
     if (!attr.ah_attr.is_global) {
@@ -126,9 +135,9 @@ absl::Status ConnState::ModifyWithCmAttributes(int state) {
     if (sgid_index_) attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(*sgid_index_);
   }
   if (const int rc = ibv_modify_qp(qp_, &attr, mask); rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("ibv_modify_qp to state ", state, " for the ", PathName(), " (flow_label ",
-                     path_.flow_label, ", gid_index ", path_.gid_index, "): ", ErrnoText(rc)));
+    return absl::UnavailableError(absl::StrCat(
+        "ibv_modify_qp to ", QpStateName(state), " for the ", PathName(), " (flow_label ",
+        path_.flow_label, ", gid_index ", path_.gid_index, "): ", ErrnoText(rc)));
   }
   return absl::OkStatus();
 }
@@ -155,8 +164,7 @@ absl::StatusOr<internal::VerbsPathInfo> ConnState::Describe() {
   }
   internal::VerbsPathInfo info;
   info.qp_num = qp_->qp_num;
-  static constexpr const char* kStates[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"};
-  info.state = attr.qp_state <= IBV_QPS_ERR ? kStates[attr.qp_state] : "?";
+  info.state = QpStateName(attr.qp_state);
   info.is_global = attr.ah_attr.is_global != 0;
   info.sgid_index = attr.ah_attr.grh.sgid_index;
   info.flow_label = attr.ah_attr.grh.flow_label;

@@ -146,7 +146,10 @@ class VerbsListener final : public Listener {
     FillConnParam(state.local_hello(), param);
     if (state.owns_queue_pair()) {
       // The binding's flow label and GID go in at RTR, which librdmacm would do in rdma_accept.
-      PLEXUS_RETURN_IF_ERROR(state.EnterRtrRts());
+      if (absl::Status s = state.EnterRtrRts(); !s.ok()) {
+        rdma_reject(id, nullptr, 0);  // the peer learns at once; the id goes with the connection
+        return s;
+      }
       param.param.qp_num = state.qp_num();
     }
     if (rdma_accept(id, &param.param) != 0) {

@@ -152,6 +152,13 @@ class MultipathDevice : public transport::Device {
   absl::StatusOr<std::unique_ptr<transport::Connection>> ConnectFrom(
       std::string_view local_address, std::string_view address,
       transport::CompletionQueue* cq) override;
+  // The same: each path's binding comes from local_addresses and path_options, so only an
+  // empty PathBinding (plain Connect / Listen) is accepted (InvalidArgument otherwise).
+  absl::StatusOr<std::unique_ptr<transport::Connection>> ConnectOnPath(
+      const transport::PathBinding& path, std::string_view address,
+      transport::CompletionQueue* cq) override;
+  absl::StatusOr<std::unique_ptr<transport::Listener>> ListenOnPath(
+      const transport::PathBinding& path, std::string_view address) override;
 
  protected:
   void DriveProgress(absl::Duration) override {}  // kThread only: nothing to drive
