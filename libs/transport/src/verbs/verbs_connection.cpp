@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -100,6 +101,9 @@ absl::Status ConnState::CreateOwnQueuePair(ibv_qp_init_attr& attr) {
   PLEXUS_ASSIGN_OR_RETURN(
       sgid_index_, SelectSourceGid(table, id_->port_num, SockaddrHost(rdma_get_local_addr(id_)),
                                    path_.gid_index, PathName()));
+  infiniband_ = std::none_of(table.begin(), table.end(), [&](const GidEntry& e) {
+    return e.port == id_->port_num && e.type != GidType::kIb;
+  });
   ibv_qp* qp = ibv_create_qp(core_->pd, &attr);
   if (qp == nullptr) {
     attr.cap.max_inline_data = 0;  // some devices have no inline sends
@@ -126,6 +130,10 @@ absl::Status ConnState::ModifyWithCmAttributes(int state) {
                                                ") for the ", PathName(), ": ", ErrnoText(errno)));
   }
   if (state == IBV_QPS_RTR) {
+    // As librdmacm's RTR: the connection parameters offer no RDMA READ resources, and on
+    // InfiniBand the mask loses bits 21-23, which old rdma_ucm kernels reported for RoCE only.
+    attr.max_dest_rd_atomic = 0;
+    if (infiniband_) mask &= ~0xe00000;
     if (!attr.ah_attr.is_global) {
       return absl::FailedPreconditionError(absl::StrCat(
           PathName(), ": the route has no GRH (InfiniBand within one subnet), so neither ",
@@ -134,6 +142,7 @@ absl::Status ConnState::ModifyWithCmAttributes(int state) {
     if (path_.flow_label != 0) attr.ah_attr.grh.flow_label = path_.flow_label;
     if (sgid_index_) attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(*sgid_index_);
   }
+  if (state == IBV_QPS_RTS) attr.max_rd_atomic = 0;  // no RDMA READ is ever issued
   if (const int rc = ibv_modify_qp(qp_, &attr, mask); rc != 0) {
     return absl::UnavailableError(absl::StrCat(
         "ibv_modify_qp to ", QpStateName(state), " for the ", PathName(), " (flow_label ",
@@ -146,6 +155,10 @@ absl::Status ConnState::EnterRtrRts() {
   if (!own_qp_ || qp_ == nullptr) {
     return absl::FailedPreconditionError("EnterRtrRts: librdmacm transitions this queue pair");
   }
+  // The order of librdmacm's own transitions (ucma_modify_qp_rtr, _rts): INIT again first, with
+  // the attributes the connection now has (the access flags that allow the peer's RDMA WRITEs
+  // are known only once the CM exchange began), then RTR and RTS.
+  PLEXUS_RETURN_IF_ERROR(ModifyWithCmAttributes(IBV_QPS_INIT));
   PLEXUS_RETURN_IF_ERROR(ModifyWithCmAttributes(IBV_QPS_RTR));
   return ModifyWithCmAttributes(IBV_QPS_RTS);
 }

@@ -211,6 +211,7 @@ class ConnState final : public verbs::Wire {
   const PathBinding path_;
   const bool own_qp_;
   std::optional<uint32_t> sgid_index_;  // the binding's source GID, when it overrides rdma_cm's
+  bool infiniband_ = false;             // the port has IB GIDs only (no RoCE)
   std::string peer_;
   std::unique_ptr<uint8_t, FreeDeleter> pool_;
   ibv_mr* send_mr_ = nullptr;
