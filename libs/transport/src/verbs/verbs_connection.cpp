@@ -96,6 +96,12 @@ std::string ConnState::PathName() const {
 }
 
 absl::Status ConnState::CreateOwnQueuePair(ibv_qp_init_attr& attr) {
+  if (id_->verbs->device->transport_type != IBV_TRANSPORT_IB) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        PathName(), ": RDMA device ", core_->name,
+        " is not InfiniBand or RoCE (iWARP runs over TCP: no GID index or flow label applies); ",
+        "leave gid_index -1 and flow_label 0"));
+  }
   // The binding's source GID, checked against the port's table before anything is created.
   PLEXUS_ASSIGN_OR_RETURN(std::vector<GidEntry> table, QueryGidTable(id_->verbs));
   PLEXUS_ASSIGN_OR_RETURN(
