@@ -31,6 +31,9 @@
 #include "plexus/transport/device.hpp"
 #include "support/skip.hpp"
 #include "verbs_path_info.hpp"
+#if PLEXUS_TEST_HAVE_VERBS
+#include "verbs/verbs_loader.hpp"
+#endif
 
 namespace pm = plexus::multipath;
 namespace pt = plexus::transport;
@@ -76,6 +79,16 @@ void SetUp(VerbsBed& bed) {
     return;
   }
   std::string why;
+#if PLEXUS_TEST_HAVE_VERBS
+  // Without rdma-core's libraries a soft-RoCE device would not help.
+  if (!pt::internal::VerbsLibrariesLoaded(&why)) {
+    bed.skip = why;
+    return;
+  }
+#else
+  bed.skip = "Plexus was built without RDMA verbs (PLEXUS_WITH_VERBS=OFF)";
+  return;
+#endif
   if (pt::Device::Available(pt::Backend::kVerbs, &why)) {
     bed.skip =
         "an RDMA device exists, but PLEXUS_VERBS_PATH_ADDRESSES is not set: set it to two local "
