@@ -149,7 +149,8 @@ class ConnState final : public verbs::Wire {
   // rdma_accept (passive) or after the connect response, before rdma_establish (active).
   bool owns_queue_pair() const { return own_qp_; }
   uint32_t qp_num() const { return qp_ ? qp_->qp_num : 0; }
-  // RTR with rdma_cm's attributes plus the binding's flow label and source GID, then RTS.
+  // As librdmacm would: INIT again with the connection's attributes, RTR with rdma_cm's
+  // attributes plus the binding's flow label and source GID, then RTS.
   absl::Status EnterRtrRts();
   // ibv_query_qp of the queue pair.
   absl::StatusOr<internal::VerbsPathInfo> Describe();
