@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "channel_impl.hpp"
@@ -50,6 +51,14 @@ absl::StatusOr<pt::Completion> AwaitControl(pt::CompletionQueue& cq, uint64_t wr
   }
 }
 
+// The default flow labels of a new connection's paths: drawn per connection, so that the
+// connections of a device spread over ECMP routes as well as their paths.
+std::vector<uint32_t> NewDefaultLabels(int paths) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t base = absl::Uniform<uint64_t>(absl::BitGen());
+  return DefaultFlowLabels(paths, base + counter.fetch_add(1, std::memory_order_relaxed));
+}
+
 // Waits until the channel has `paths` live paths (every hello arrived) or fails.
 absl::Status AwaitLive(MultipathChannel& channel, int paths, absl::Time deadline,
                        const std::string& peer) {
@@ -85,8 +94,9 @@ class MultipathConnection final : public pt::Connection {
   // connector dials its local_addresses[k] -> the listener's path-k address again; the
   // listener accepts on the path-k listener it keeps for this connection.
   struct Redial {
-    std::vector<std::string> local_addresses, remote_addresses;  // connector
-    std::vector<std::unique_ptr<pt::Listener>> listeners;        // listener
+    std::vector<pt::PathBinding> bindings;                 // connector: path k's source
+    std::vector<std::string> remote_addresses;             // connector: path k's listener
+    std::vector<std::unique_ptr<pt::Listener>> listeners;  // listener
   };
 
   // Creates the channel reporting to `cq` under this connection's id; with `redial`, the
@@ -161,11 +171,12 @@ class MultipathConnection final : public pt::Connection {
     std::lock_guard<std::mutex> lock(redial_mu_);
     const size_t k = static_cast<size_t>(lane);
     if (k < redial_.remote_addresses.size()) {
+      // The same binding: a redialed path keeps its source, GID and flow label.
       auto conn =
-          inner_->ConnectFrom(redial_.local_addresses[k], redial_.remote_addresses[k], path_queue_);
+          inner_->ConnectOnPath(redial_.bindings[k], redial_.remote_addresses[k], path_queue_);
       if (conn.ok()) return conn;
       return base::Annotate(conn.status(), absl::StrCat("multipath: redialing path ", k, " from ",
-                                                        redial_.local_addresses[k], " to ",
+                                                        redial_.bindings[k].local_address, " to ",
                                                         redial_.remote_addresses[k]));
     }
     if (k < redial_.listeners.size()) {
@@ -248,11 +259,13 @@ class MultipathListener final : public pt::Listener {
       }
       return absl::FailedPreconditionError(absl::StrCat("multipath set-up: ", why));
     }
-    // One listener per path for this connection alone.
+    // One listener per path for this connection alone; its accepted path (and a redialed one)
+    // takes the path's binding (verbs: GID index, flow label).
+    const std::vector<pt::PathBinding> bindings = PathBindings(options_, NewDefaultLabels(paths));
     std::vector<std::unique_ptr<pt::Listener>> listeners;
     std::vector<std::string> addresses;
     for (int k = 0; k < paths; ++k) {
-      auto listener = inner_->Listen(absl::StrCat(options_.local_addresses[k], ":0"));
+      auto listener = inner_->ListenOnPath(bindings[k], "");
       if (!listener.ok()) {
         return base::Annotate(listener.status(),
                               absl::StrCat("multipath set-up: listening for path ", k, " on ",
@@ -318,11 +331,13 @@ absl::StatusOr<std::shared_ptr<MultipathDevice>> MultipathDevice::Create(
                                                      "') is not an IPv4 address"));
     }
   }
-  if (options.device.backend != pt::Backend::kTcp) {
+  if (options.device.backend != pt::Backend::kTcp &&
+      options.device.backend != pt::Backend::kVerbs) {
     return absl::InvalidArgumentError(
-        absl::StrCat("MultipathDeviceOptions.device.backend must be tcp, got ",
+        absl::StrCat("MultipathDeviceOptions.device.backend must be tcp or verbs, got ",
                      std::string(pt::BackendName(options.device.backend))));
   }
+  PLEXUS_RETURN_IF_ERROR(internal::ValidatePathOptions(options));
   if (options.device.progress != pt::ProgressMode::kThread) {
     return absl::InvalidArgumentError(
         "MultipathDeviceOptions.device.progress must be kThread (the channels consume the path "
@@ -344,6 +359,8 @@ MultipathDevice::MultipathDevice(MultipathDeviceOptions options, std::shared_ptr
       options_(std::move(options)),
       inner_(std::move(inner)),
       registry_(std::make_shared<internal::DeviceRegistry>()) {}
+
+pt::Backend MultipathDevice::backend() const { return inner_->backend(); }
 
 std::vector<uint64_t> MultipathDevice::PathBytesAcked() const {
   std::vector<uint64_t> out(options_.local_addresses.size(), 0);
@@ -426,16 +443,16 @@ absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::Connect(
   const std::vector<std::string>& addresses = answer->addresses;
   auto conn = std::make_unique<MultipathConnection>(inner_, registry_);
   std::optional<MultipathConnection::Redial> redial;
+  const std::vector<pt::PathBinding> bindings = PathBindings(options_, NewDefaultLabels(paths));
   if (options_.revive_paths) {
     redial.emplace();
-    redial->local_addresses = options_.local_addresses;
+    redial->bindings = bindings;
     redial->remote_addresses = addresses;
   }
   PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq, std::move(redial)));
   MultipathChannel& channel = *conn->channel();
   for (int k = 0; k < paths; ++k) {
-    auto path =
-        inner_->ConnectFrom(options_.local_addresses[k], addresses[k], channel.path_queue());
+    auto path = inner_->ConnectOnPath(bindings[k], addresses[k], channel.path_queue());
     if (!path.ok()) {
       return base::Annotate(path.status(),
                             absl::StrCat("multipath set-up: path ", k, " from ",
@@ -457,6 +474,32 @@ absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::ConnectFrom(
         ": the paths' sources are MultipathDeviceOptions.local_addresses; use Connect"));
   }
   return Connect(address, cq);
+}
+
+namespace {
+
+absl::Status RequireEmptyBinding(const pt::PathBinding& path, std::string_view call) {
+  if (path.local_address.empty() && path.gid_index == -1 && path.flow_label == 0) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "MultipathDevice::", std::string(call), ": a multipath connection binds each of its paths ",
+      "itself (MultipathDeviceOptions.local_addresses and path_options); pass an empty "
+      "PathBinding"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::ConnectOnPath(
+    const pt::PathBinding& path, std::string_view address, pt::CompletionQueue* cq) {
+  PLEXUS_RETURN_IF_ERROR(RequireEmptyBinding(path, "ConnectOnPath"));
+  return Connect(address, cq);
+}
+
+absl::StatusOr<std::unique_ptr<pt::Listener>> MultipathDevice::ListenOnPath(
+    const pt::PathBinding& path, std::string_view address) {
+  PLEXUS_RETURN_IF_ERROR(RequireEmptyBinding(path, "ListenOnPath"));
+  return Listen(address);
 }
 
 }  // namespace plexus::multipath

@@ -17,6 +17,10 @@ inline constexpr size_t kSetupMessageBytes = 4096;
 // "mp:IP0:PORT,IP1,...": InvalidArgument naming the entry and what is wrong with it.
 absl::StatusOr<MultipathDevice::Address> ParseCompositeAddress(std::string_view address);
 
+// MultipathDeviceOptions::path_options against local_addresses and the backend (path_options.cpp):
+// InvalidArgument naming the entry and the field.
+absl::Status ValidatePathOptions(const MultipathDeviceOptions& options);
+
 // True for an IPv4 literal ("10.0.0.1").
 bool IsIpv4(const std::string& text);
 

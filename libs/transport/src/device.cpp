@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "backends.hpp"
+#include "plexus/base/net.hpp"
+#include "plexus/base/status.hpp"
 #include "plexus/transport/accept_loop.hpp"
 
 namespace plexus::transport {
@@ -47,6 +49,59 @@ absl::StatusOr<std::unique_ptr<Connection>> Device::ConnectFrom(std::string_view
                    ": the ", std::string(BackendName(backend())),
                    " backend cannot choose a source address per connection; create one device per "
                    "DeviceOptions.local_address instead"));
+}
+
+absl::Status ValidatePathBinding(const PathBinding& binding, std::string_view what) {
+  if (binding.flow_label > kMaxFlowLabel) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), ": flow_label ", binding.flow_label, " (0x",
+                     absl::Hex(binding.flow_label), ") does not fit the GRH's 20 bits (at most 0x",
+                     absl::Hex(kMaxFlowLabel), ")"));
+  }
+  if (binding.gid_index < -1 || binding.gid_index > 255) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), ": gid_index ", binding.gid_index,
+                     " is not a GID table index (0..255, or -1 for the GID of local_address)"));
+  }
+  return absl::OkStatus();
+}
+
+uint16_t RoceV2SourcePort(uint32_t flow_label) {
+  const uint32_t low = flow_label & 0x3FFF;
+  const uint32_t high = (flow_label & 0xFC000) >> 14;
+  return static_cast<uint16_t>((low ^ high) | 0xC000);
+}
+
+namespace {
+
+// Backends without GIDs take a binding that names a source address only.
+absl::Status RequireAddressOnly(const PathBinding& path, Backend backend) {
+  PLEXUS_RETURN_IF_ERROR(ValidatePathBinding(path, "PathBinding"));
+  if (path.gid_index != -1 || path.flow_label != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "PathBinding: the ", std::string(BackendName(backend)),
+        " backend has no GID index or flow label (gid_index ", path.gid_index, ", flow_label ",
+        path.flow_label, "); they apply to verbs only, leave them -1 and 0"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Connection>> Device::ConnectOnPath(const PathBinding& path,
+                                                                  std::string_view address,
+                                                                  CompletionQueue* cq) {
+  PLEXUS_RETURN_IF_ERROR(RequireAddressOnly(path, backend()));
+  return ConnectFrom(path.local_address, address, cq);
+}
+
+absl::StatusOr<std::unique_ptr<Listener>> Device::ListenOnPath(const PathBinding& path,
+                                                               std::string_view address) {
+  PLEXUS_RETURN_IF_ERROR(RequireAddressOnly(path, backend()));
+  if (address.empty() && !path.local_address.empty()) {
+    return Listen(base::net::JoinHostPort(path.local_address, 0));
+  }
+  return Listen(address);
 }
 
 void AcceptUntil(Listener& listener, const std::atomic<bool>& stop, CompletionQueue* cq,

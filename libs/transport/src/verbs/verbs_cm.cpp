@@ -50,9 +50,9 @@ std::optional<CmEvent> TryGetCmEvent(rdma_event_channel* channel) {
   out.id = event->id;
   out.context = reinterpret_cast<uintptr_t>(event->id->context);
   out.status = event->status;
-  const bool has_conn_param = event->event == RDMA_CM_EVENT_CONNECT_REQUEST ||
-                              event->event == RDMA_CM_EVENT_ESTABLISHED ||
-                              event->event == RDMA_CM_EVENT_REJECTED;
+  const bool has_conn_param =
+      event->event == RDMA_CM_EVENT_CONNECT_REQUEST || event->event == RDMA_CM_EVENT_ESTABLISHED ||
+      event->event == RDMA_CM_EVENT_CONNECT_RESPONSE || event->event == RDMA_CM_EVENT_REJECTED;
   if (has_conn_param && event->param.conn.private_data != nullptr) {
     const auto* p = static_cast<const uint8_t*>(event->param.conn.private_data);
     out.private_data.assign(p, p + event->param.conn.private_data_len);
@@ -76,19 +76,23 @@ std::optional<CmEvent> WaitCmEvent(rdma_event_channel* channel, absl::Time deadl
   }
 }
 
-std::string SockaddrText(const sockaddr* addr) {
-  if (addr == nullptr) return "?";
-  char host[INET6_ADDRSTRLEN] = "?";
-  uint16_t port = 0;
+std::string SockaddrHost(const sockaddr* addr) {
+  if (addr == nullptr) return "";
+  char host[INET6_ADDRSTRLEN] = "";
   if (addr->sa_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(addr);
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-    port = ntohs(in->sin_port);
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr, host, sizeof host);
   } else if (addr->sa_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(addr);
-    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-    port = ntohs(in6->sin6_port);
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr, host, sizeof host);
   }
+  return host;
+}
+
+std::string SockaddrText(const sockaddr* addr) {
+  const std::string host = SockaddrHost(addr);
+  if (host.empty()) return "?";
+  const uint16_t port = addr->sa_family == AF_INET
+                            ? ntohs(reinterpret_cast<const sockaddr_in*>(addr)->sin_port)
+                            : ntohs(reinterpret_cast<const sockaddr_in6*>(addr)->sin6_port);
   return verbs::FormatHostPort(host, port);
 }
 
@@ -178,6 +182,38 @@ std::string DeviceIp(const std::string& name) {
   }
   freeifaddrs(list);
   return v4.empty() ? v6 : v4;
+}
+
+absl::StatusOr<std::vector<GidEntry>> QueryGidTable(ibv_context* context) {
+  // rdma-core returns -errno (the loader -1 with errno ENOSYS when the symbol is missing); the
+  // call also fails while the buffer is smaller than the table, so it grows.
+  int err = 0;
+  for (size_t capacity : {size_t{256}, size_t{2048}, size_t{16384}}) {
+    std::vector<ibv_gid_entry> raw(capacity);
+    errno = 0;
+    const ssize_t n = ibv_query_gid_table(context, raw.data(), raw.size(), 0);
+    if (n < 0) {
+      err = (n == -1 && errno == ENOSYS) ? ENOSYS : static_cast<int>(-n);
+      if (err == ENOSYS) break;
+      continue;
+    }
+    std::vector<GidEntry> out;
+    for (ssize_t i = 0; i < n; ++i) {
+      GidEntry e;
+      e.index = raw[i].gid_index;
+      e.port = raw[i].port_num;
+      std::memcpy(e.gid.data(), raw[i].gid.raw, e.gid.size());
+      e.type = raw[i].gid_type == IBV_GID_TYPE_ROCE_V2   ? GidType::kRoceV2
+               : raw[i].gid_type == IBV_GID_TYPE_ROCE_V1 ? GidType::kRoceV1
+                                                         : GidType::kIb;
+      out.push_back(e);
+    }
+    return out;
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "cannot read the GID table of RDMA device ", ibv_get_device_name(context->device),
+      " (ibv_query_gid_table: ", ErrnoText(err),
+      "; it needs rdma-core 32 or newer), so a path's gid_index or flow_label cannot be set"));
 }
 
 void FillConnParam(const Hello& hello, ConnParamStorage& out) {

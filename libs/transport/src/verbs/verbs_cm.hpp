@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "verbs/path_gid.hpp"
 #include "verbs/protocol.hpp"
 
 namespace plexus::transport::verbs {
@@ -50,6 +51,8 @@ std::optional<CmEvent> TryGetCmEvent(rdma_event_channel* channel);
 std::optional<CmEvent> WaitCmEvent(rdma_event_channel* channel, absl::Time deadline);
 
 std::string SockaddrText(const sockaddr* addr);
+// The IP of a socket address from librdmacm, without the port ("" when null or another family).
+std::string SockaddrHost(const sockaddr* addr);
 
 // "ip:port" of a socket address from librdmacm ("?" when null or of another family).
 absl::StatusOr<sockaddr_storage> ResolveHostPort(const HostPort& hp);
@@ -66,6 +69,10 @@ uint8_t AckTimeoutExponent(absl::Duration op_timeout);
 
 // The first IP of the network interfaces of RDMA device `name` (RoCE netdev or IPoIB).
 std::string DeviceIp(const std::string& name);
+
+// Every valid GID entry of the device (ibv_query_gid_table), as path_gid.hpp's entries;
+// Unavailable naming the device when the table cannot be read (rdma-core older than 32).
+absl::StatusOr<std::vector<GidEntry>> QueryGidTable(ibv_context* context);
 
 // The connection parameters that carry the Hello in the CM private data.
 struct ConnParamStorage {

@@ -24,6 +24,7 @@
 #include "verbs/protocol.hpp"
 #include "verbs/slot_table.hpp"
 #include "verbs/verbs_cm.hpp"
+#include "verbs_path_info.hpp"
 
 namespace plexus::transport::verbs {
 
@@ -111,8 +112,15 @@ struct FreeDeleter {
 // completion, the progress loop; every member below `mu` is guarded by it.
 class ConnState final : public verbs::Wire {
  public:
-  ConnState(std::shared_ptr<VerbsCore> core, rdma_cm_id* id)
-      : core_(std::move(core)), id_(id), config_(core_->protocol) {}
+  // `path`: the GID index and flow label of the queue pair (its local_address is already the
+  // id's source). With either set, the connection owns its queue pair and the caller moves it
+  // to RTR and RTS (EnterRtrRts) instead of librdmacm, so that the address vector can change.
+  ConnState(std::shared_ptr<VerbsCore> core, rdma_cm_id* id, PathBinding path)
+      : core_(std::move(core)),
+        id_(id),
+        config_(core_->protocol),
+        path_(std::move(path)),
+        own_qp_(path_.gid_index != -1 || path_.flow_label != 0) {}
 
   ~ConnState() override {
     DestroyQueuePair();
@@ -135,6 +143,17 @@ class ConnState final : public verbs::Wire {
   }
 
   rdma_cm_id* id() const { return id_; }
+
+  // Whether the caller transitions the queue pair (a PathBinding with a GID or flow label): then
+  // rdma_connect / rdma_accept carry qp_num() and the caller calls EnterRtrRts before
+  // rdma_accept (passive) or after the connect response, before rdma_establish (active).
+  bool owns_queue_pair() const { return own_qp_; }
+  uint32_t qp_num() const { return qp_ ? qp_->qp_num : 0; }
+  // As librdmacm would: INIT again with the connection's attributes, RTR with rdma_cm's
+  // attributes plus the binding's flow label and source GID, then RTS.
+  absl::Status EnterRtrRts();
+  // ibv_query_qp of the queue pair.
+  absl::StatusOr<internal::VerbsPathInfo> Describe();
 
   // Leaves the device table and destroys the queue pair; the bounce pools stay until the last
   // reference goes, and the hardware no longer touches them once the queue pair is destroyed.
@@ -178,12 +197,22 @@ class ConnState final : public verbs::Wire {
 
  private:
   absl::Status PostSendWr(ibv_send_wr& wr);
+  // "verbs path from <source> to <peer>", for errors.
+  std::string PathName() const;
+  // ibv_create_qp on the device's PD and CQ, then INIT (owns_queue_pair()).
+  absl::Status CreateOwnQueuePair(ibv_qp_init_attr& attr);
+  // ibv_modify_qp to `state` with rdma_init_qp_attr's attributes; RTR adds the binding's.
+  absl::Status ModifyWithCmAttributes(int state);
 
   void DestroyQueuePair();
 
   const std::shared_ptr<VerbsCore> core_;
   rdma_cm_id* id_;
   const ProtocolConfig config_;
+  const PathBinding path_;
+  const bool own_qp_;
+  std::optional<uint32_t> sgid_index_;  // the binding's source GID, when it overrides rdma_cm's
+  bool infiniband_ = false;             // the port has IB GIDs only (no RoCE)
   std::string peer_;
   std::unique_ptr<uint8_t, FreeDeleter> pool_;
   ibv_mr* send_mr_ = nullptr;
@@ -205,6 +234,7 @@ class VerbsConnection final : public Connection {
   ~VerbsConnection() override { Close(); }
 
   ConnState& state() { return *state_; }
+  const std::shared_ptr<ConnState>& shared_state() const { return state_; }
 
   absl::Status PostSend(absl::Span<const ConstBuffer> buffers, uint64_t wr_id) override {
     return state_->WithProtocol(
@@ -236,7 +266,9 @@ class VerbsConnection final : public Connection {
 // Wraps an id that is ready for a queue pair (route resolved, or a connect request) into a
 // connection with its queue pair, bounce buffers and posted receives. On error the half-built
 // connection is destroyed, which destroys the id as well.
+// `path` sets the queue pair's GID index and flow label (ConnState).
 absl::StatusOr<std::unique_ptr<VerbsConnection>> NewConnection(
-    const std::shared_ptr<VerbsCore>& core, rdma_cm_id* id, CompletionQueue* cq);
+    const std::shared_ptr<VerbsCore>& core, rdma_cm_id* id, CompletionQueue* cq,
+    const PathBinding& path);
 
 }  // namespace plexus::transport::verbs

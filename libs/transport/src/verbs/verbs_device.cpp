@@ -73,11 +73,12 @@ using verbs::WorkCompletionError;
 class VerbsListener final : public Listener {
  public:
   VerbsListener(std::shared_ptr<VerbsCore> core, EventChannelPtr channel, rdma_cm_id* id,
-                std::string address)
+                std::string address, PathBinding path)
       : core_(std::move(core)),
         channel_(std::move(channel)),
         id_(id),
-        address_(std::move(address)) {}
+        address_(std::move(address)),
+        path_(std::move(path)) {}
 
   ~VerbsListener() override {
     for (CmEvent& request : backlog_) {
@@ -127,7 +128,8 @@ class VerbsListener final : public Listener {
       return absl::InvalidArgumentError(absl::StrCat("rejected the verbs connection from ", peer,
                                                      ": ", std::string(hello.status().message())));
     }
-    absl::StatusOr<std::unique_ptr<VerbsConnection>> connection = NewConnection(core_, id, cq);
+    absl::StatusOr<std::unique_ptr<VerbsConnection>> connection =
+        NewConnection(core_, id, cq, path_);
     if (!connection.ok()) {
       return absl::Status(connection.status().code(),
                           absl::StrCat("accepting the verbs connection from ", peer, ": ",
@@ -142,6 +144,14 @@ class VerbsListener final : public Listener {
                     sizeof ack_timeout);  // best effort: older kernels keep their default
     ConnParamStorage param;
     FillConnParam(state.local_hello(), param);
+    if (state.owns_queue_pair()) {
+      // The binding's flow label and GID go in at RTR, which librdmacm would do in rdma_accept.
+      if (absl::Status s = state.EnterRtrRts(); !s.ok()) {
+        rdma_reject(id, nullptr, 0);  // the peer learns at once; the id goes with the connection
+        return s;
+      }
+      param.param.qp_num = state.qp_num();
+    }
     if (rdma_accept(id, &param.param) != 0) {
       return absl::UnavailableError(
           absl::StrCat("rdma_accept of the connection from ", peer, " failed: ", ErrnoText(errno)));
@@ -174,6 +184,7 @@ class VerbsListener final : public Listener {
   EventChannelPtr channel_;
   rdma_cm_id* id_;
   std::string address_;
+  const PathBinding path_;  // the GID index and flow label of accepted connections
   std::mutex mu_;
   std::vector<CmEvent> backlog_;  // connect requests seen while finishing another handshake
 };
@@ -238,8 +249,16 @@ class VerbsDevice final : public Device {
   }
 
   absl::StatusOr<std::unique_ptr<Listener>> Listen(std::string_view address) override {
+    return ListenOnPath(PathBinding{}, address);
+  }
+
+  absl::StatusOr<std::unique_ptr<Listener>> ListenOnPath(const PathBinding& path,
+                                                         std::string_view address) override {
+    PLEXUS_RETURN_IF_ERROR(ValidatePathBinding(path, "ListenOnPath"));
     verbs::HostPort where;
-    if (address.empty()) {
+    if (address.empty() && !path.local_address.empty()) {
+      where.host = path.local_address;
+    } else if (address.empty()) {
       if (core_->ip.empty()) {
         return absl::FailedPreconditionError(absl::StrCat(
             "cannot tell which IP address reaches RDMA device ", core_->name,
@@ -281,12 +300,28 @@ class VerbsDevice final : public Device {
     std::string host = where.host;
     if ((host == "0.0.0.0" || host == "::") && !core_->ip.empty()) host = core_->ip;
     return std::unique_ptr<Listener>(std::make_unique<VerbsListener>(
-        core_, std::move(channel), id, verbs::FormatHostPort(host, port)));
+        core_, std::move(channel), id, verbs::FormatHostPort(host, port), path));
   }
 
   absl::StatusOr<std::unique_ptr<Connection>> Connect(std::string_view address,
                                                       CompletionQueue* cq) override {
+    return ConnectOnPath(PathBinding{}, address, cq);
+  }
+
+  // The rdma_cm id is bound to `local_address`, which picks the port and the source GID.
+  absl::StatusOr<std::unique_ptr<Connection>> ConnectFrom(std::string_view local_address,
+                                                          std::string_view address,
+                                                          CompletionQueue* cq) override {
+    PathBinding path;
+    path.local_address = std::string(local_address);
+    return ConnectOnPath(path, address, cq);
+  }
+
+  absl::StatusOr<std::unique_ptr<Connection>> ConnectOnPath(const PathBinding& path,
+                                                            std::string_view address,
+                                                            CompletionQueue* cq) override {
     if (cq == nullptr) return absl::InvalidArgumentError("Connect: null completion queue");
+    PLEXUS_RETURN_IF_ERROR(ValidatePathBinding(path, "ConnectOnPath"));
     PLEXUS_ASSIGN_OR_RETURN(verbs::HostPort where, verbs::ParseHostPort(address));
     if (where.port == 0) {
       return absl::InvalidArgumentError(
@@ -295,7 +330,14 @@ class VerbsDevice final : public Device {
     const std::string target = verbs::FormatHostPort(where.host, where.port);
     PLEXUS_ASSIGN_OR_RETURN(sockaddr_storage dst, ResolveHostPort(where));
     std::optional<sockaddr_storage> src;
-    if (core_->bind_to_ip) {
+    if (!path.local_address.empty()) {
+      absl::StatusOr<sockaddr_storage> s = ResolveHostPort({path.local_address, 0});
+      if (!s.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("verbs connect to ", target, ": local_address ", s.status().message()));
+      }
+      src = *s;
+    } else if (core_->bind_to_ip) {
       PLEXUS_ASSIGN_OR_RETURN(sockaddr_storage s, ResolveHostPort({core_->ip, 0}));
       src = s;
     }
@@ -365,19 +407,30 @@ class VerbsDevice final : public Device {
     if (absl::StatusOr<CmEvent> e = expect(RDMA_CM_EVENT_ROUTE_RESOLVED); !e.ok()) {
       return fail(e.status());
     }
-    absl::StatusOr<std::unique_ptr<VerbsConnection>> created = NewConnection(core_, id, cq);
+    absl::StatusOr<std::unique_ptr<VerbsConnection>> created = NewConnection(core_, id, cq, path);
     if (!created.ok()) return fail(created.status());
     connection = std::move(*created);
+    ConnState& state = connection->state();
     ConnParamStorage param;
-    FillConnParam(connection->state().local_hello(), param);
+    FillConnParam(state.local_hello(), param);
+    if (state.owns_queue_pair()) param.param.qp_num = state.qp_num();
     if (rdma_connect(id, &param.param) != 0) {
       return fail(absl::UnavailableError(absl::StrCat("rdma_connect: ", ErrnoText(errno))));
     }
-    absl::StatusOr<CmEvent> established = expect(RDMA_CM_EVENT_ESTABLISHED);
-    if (!established.ok()) return fail(established.status());
-    absl::StatusOr<Hello> hello = verbs::DecodeHello(established->private_data);
+    // With its own queue pair (a binding's flow label or GID) librdmacm reports the peer's
+    // answer as CONNECT_RESPONSE and leaves RTR and RTS to us; rdma_establish then completes.
+    absl::StatusOr<CmEvent> answer = expect(state.owns_queue_pair() ? RDMA_CM_EVENT_CONNECT_RESPONSE
+                                                                    : RDMA_CM_EVENT_ESTABLISHED);
+    if (!answer.ok()) return fail(answer.status());
+    absl::StatusOr<Hello> hello = verbs::DecodeHello(answer->private_data);
     if (!hello.ok()) return fail(hello.status());
-    if (absl::Status s = connection->state().Connected(*hello); !s.ok()) return fail(s);
+    if (absl::Status s = state.Connected(*hello); !s.ok()) return fail(s);
+    if (state.owns_queue_pair()) {
+      if (absl::Status s = state.EnterRtrRts(); !s.ok()) return fail(s);
+      if (rdma_establish(id) != 0) {
+        return fail(absl::UnavailableError(absl::StrCat("rdma_establish: ", ErrnoText(errno))));
+      }
+    }
     if (rdma_migrate_id(id, core_->cm_channel.get()) != 0) {
       return fail(absl::InternalError(absl::StrCat("rdma_migrate_id: ", ErrnoText(errno))));
     }

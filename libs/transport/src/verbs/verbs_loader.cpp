@@ -97,6 +97,30 @@ void(ibv_ack_cq_events)(struct ibv_cq* cq, unsigned int nevents) {
   Call<decltype(&::ibv_ack_cq_events)>(kIbverbs, "ibv_ack_cq_events", cq, nevents);
 }
 
+struct ibv_qp*(ibv_create_qp)(struct ibv_pd* pd, struct ibv_qp_init_attr* qp_init_attr) {
+  return Call<decltype(&::ibv_create_qp)>(kIbverbs, "ibv_create_qp", pd, qp_init_attr);
+}
+
+int(ibv_destroy_qp)(struct ibv_qp* qp) {
+  return Call<decltype(&::ibv_destroy_qp)>(kIbverbs, "ibv_destroy_qp", qp);
+}
+
+int(ibv_modify_qp)(struct ibv_qp* qp, struct ibv_qp_attr* attr, int attr_mask) {
+  return Call<decltype(&::ibv_modify_qp)>(kIbverbs, "ibv_modify_qp", qp, attr, attr_mask);
+}
+
+int(ibv_query_qp)(struct ibv_qp* qp, struct ibv_qp_attr* attr, int attr_mask,
+                  struct ibv_qp_init_attr* init_attr) {
+  return Call<decltype(&::ibv_query_qp)>(kIbverbs, "ibv_query_qp", qp, attr, attr_mask, init_attr);
+}
+
+// rdma-core 32+ (2020); older libraries report ENOSYS, and a path that needs the GID table says so.
+ssize_t(_ibv_query_gid_table)(struct ibv_context* context, struct ibv_gid_entry* entries,
+                              size_t max_entries, uint32_t flags, size_t entry_size) {
+  return Call<decltype(&::_ibv_query_gid_table)>(kIbverbs, "_ibv_query_gid_table", context, entries,
+                                                 max_entries, flags, entry_size);
+}
+
 struct ibv_pd*(ibv_alloc_pd)(struct ibv_context* context) {
   return Call<decltype(&::ibv_alloc_pd)>(kIbverbs, "ibv_alloc_pd", context);
 }
@@ -207,6 +231,15 @@ void(rdma_destroy_qp)(struct rdma_cm_id* id) {
 
 int(rdma_disconnect)(struct rdma_cm_id* id) {
   return Call<decltype(&::rdma_disconnect)>(kRdmacm, "rdma_disconnect", id);
+}
+
+int(rdma_establish)(struct rdma_cm_id* id) {
+  return Call<decltype(&::rdma_establish)>(kRdmacm, "rdma_establish", id);
+}
+
+int(rdma_init_qp_attr)(struct rdma_cm_id* id, struct ibv_qp_attr* qp_attr, int* qp_attr_mask) {
+  return Call<decltype(&::rdma_init_qp_attr)>(kRdmacm, "rdma_init_qp_attr", id, qp_attr,
+                                              qp_attr_mask);
 }
 
 const char*(rdma_event_str)(enum rdma_cm_event_type event) {

@@ -5,8 +5,9 @@
 //
 // Both peers create a channel and add the two ends of each path's connection with AddPath (in
 // any order; paths may be added, lost and re-added while traffic flows). All path connections
-// of one side must come from one Device in ProgressMode::kThread (tcp: Device::ConnectFrom picks
-// each path's source address), so that one registration serves every path.
+// of one side must come from one Device in ProgressMode::kThread (Device::ConnectOnPath binds
+// each path: its source address on tcp and verbs, plus its GID index and flow label on verbs),
+// so that one registration serves every path.
 #pragma once
 
 #include <cstddef>

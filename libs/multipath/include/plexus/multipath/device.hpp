@@ -1,6 +1,6 @@
-// MultipathDevice: a transport::Device whose connections are MultipathChannels over K tcp paths,
-// so that code written against Device/Connection (a collectives communicator, rpc) runs over
-// several network paths unchanged.
+// MultipathDevice: a transport::Device whose connections are MultipathChannels over K tcp or
+// verbs paths, so that code written against Device/Connection (a collectives communicator, rpc)
+// runs over several network paths unchanged.
 //
 //   pm::MultipathDeviceOptions o;
 //   o.local_addresses = {"10.77.1.1", "10.77.2.1"};        // path k leaves from this IP
@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,11 +45,33 @@ namespace internal {
 struct DeviceRegistry;
 }  // namespace internal
 
+// A path's settings beyond its source address, for the verbs backend (one RC queue pair per
+// path); tcp takes only the defaults.
+struct PathOptions {
+  // The queue pair's source GID table index; -1 = the GID of the path's local address (its
+  // RoCE v2 entry where the port has one). An explicit index must hold that address.
+  int gid_index = -1;
+  // The flow label of the path's queue pair, at most 20 bits (transport::kMaxFlowLabel). RoCE v2
+  // NICs derive the UDP source port from it, which ECMP switches hash. nullopt = a label from
+  // DefaultFlowLabels (distinct per path of a connection, drawn anew per connection, kept when
+  // the path is redialed); 0 = the NIC's own choice (mlx5, rxe: from the queue pair numbers).
+  std::optional<uint32_t> flow_label;
+};
+
+// The flow labels of K paths when PathOptions::flow_label is unset: non-zero, 20 bits, with
+// pairwise distinct RoCE v2 UDP source ports (transport::RoceV2SourcePort), so that ECMP can
+// spread the paths; a pure function of (paths, seed).
+std::vector<uint32_t> DefaultFlowLabels(int paths, uint64_t seed);
+
 struct MultipathDeviceOptions {
   // The local IPv4 address of each path, in path order (K = size, at least 1). Sockets of path k
   // bind to local_addresses[k], so routing (or a source rule, as tools/netbed sets up) picks the
   // path. Listen binds there too. The peer must have the same number of paths.
   std::vector<std::string> local_addresses;
+  // verbs: the GID index and flow label of each path, in path order: empty (every path takes
+  // the defaults) or one entry per local_addresses entry. With tcp, every entry must be the
+  // default (InvalidArgument naming the path and field otherwise).
+  std::vector<PathOptions> path_options;
   // Settings of every connection's channel (chunk size, scheduler, path timeout, ...;
   // channel.redial is ignored: see revive_paths).
   ChannelOptions channel;
@@ -60,17 +83,28 @@ struct MultipathDeviceOptions {
   // in progress: up to device.connect_timeout on the connector, max_reconnect_backoff on the
   // listener. false: a dead path stays dead for the connection's lifetime.
   bool revive_paths = true;
-  // The inner tcp device that carries every path: backend must be kTcp and progress kThread
-  // (the channel's own thread consumes the path completions); local_address is ignored (each
-  // path has its own). connect_timeout bounds a whole Connect or Accept set-up; op_timeout ends
-  // a path whose peer stopped reading.
+  // The inner device that carries every path: backend kTcp or kVerbs (one RDMA device holding
+  // every path's address: one protection domain, so one registration serves every path, as
+  // Maestro's one PD for all queue pairs) and progress kThread (the channel's own thread
+  // consumes the path completions); local_address is set to local_addresses[0] (for verbs it
+  // picks the RDMA device). connect_timeout bounds a whole Connect or Accept set-up; op_timeout
+  // ends a path whose peer stopped reading.
   transport::DeviceOptions device;
 };
+
+// Each path's transport::PathBinding for a connection: local_addresses[k], path_options[k]
+// (or the defaults), the flow label from `default_labels` where path_options leaves it unset.
+// Verbs only gets GIDs and labels: for tcp every binding is the address alone.
+std::vector<transport::PathBinding> PathBindings(const MultipathDeviceOptions& options,
+                                                 const std::vector<uint32_t>& default_labels);
 
 class MultipathDevice : public transport::Device {
  public:
   // InvalidArgument naming the field for an empty or malformed local_addresses entry, a backend
-  // other than tcp, kCaller progress, or ChannelOptions that MultipathChannel::Create rejects.
+  // other than tcp or verbs, kCaller progress, path_options of another size than
+  // local_addresses or with a flow label over 20 bits or a gid_index below -1 (naming the path),
+  // GID or flow label settings on tcp, or ChannelOptions that MultipathChannel::Create rejects.
+  // The devices of both peers must have the same backend.
   static absl::StatusOr<std::shared_ptr<MultipathDevice>> Create(
       const MultipathDeviceOptions& options);
 
@@ -91,11 +125,11 @@ class MultipathDevice : public transport::Device {
   // A snapshot of every open connection's channel (paths, in-flight chunks, caps, RTTs).
   std::vector<ChannelStats> Stats() const;
 
-  transport::Backend backend() const override { return transport::Backend::kTcp; }
+  transport::Backend backend() const override;
   int paths() const { return static_cast<int>(options_.local_addresses.size()); }
   const MultipathDeviceOptions& multipath_options() const { return options_; }
 
-  // Registers with the inner tcp device: the region serves every path, and handles name it.
+  // Registers with the inner device: the region serves every path, and handles name it.
   absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> Register(
       void* data, size_t bytes, transport::MemoryKind kind = transport::MemoryKind::kHost) override;
 
@@ -118,6 +152,13 @@ class MultipathDevice : public transport::Device {
   absl::StatusOr<std::unique_ptr<transport::Connection>> ConnectFrom(
       std::string_view local_address, std::string_view address,
       transport::CompletionQueue* cq) override;
+  // The same: each path's binding comes from local_addresses and path_options, so only an
+  // empty PathBinding (plain Connect / Listen) is accepted (InvalidArgument otherwise).
+  absl::StatusOr<std::unique_ptr<transport::Connection>> ConnectOnPath(
+      const transport::PathBinding& path, std::string_view address,
+      transport::CompletionQueue* cq) override;
+  absl::StatusOr<std::unique_ptr<transport::Listener>> ListenOnPath(
+      const transport::PathBinding& path, std::string_view address) override;
 
  protected:
   void DriveProgress(absl::Duration) override {}  // kThread only: nothing to drive

@@ -51,6 +51,33 @@ struct DeviceOptions {
   size_t shm_cma_threshold = 0;
 };
 
+// Pins one connection to a network path (a multipath layer opens one connection per path):
+// where it leaves from and, on RDMA, which source GID and flow label its queue pair uses.
+struct PathBinding {
+  // tcp, verbs: the local IP the connection leaves from ("" = DeviceOptions::local_address).
+  // verbs: the rdma_cm id is bound to it, which picks the RDMA port and that address's GID.
+  std::string local_address;
+  // verbs: the queue pair's source GID table index (`ibv_query_gid_table`, rdma-core's
+  // `show_gids`); -1 = the GID of local_address, its RoCE v2 entry where the port has one. An
+  // explicit index must hold local_address's GID (e.g. to pick its RoCE v1 entry instead).
+  int gid_index = -1;
+  // verbs: the flow label of the queue pair's GRH, at most 20 bits (kMaxFlowLabel). RoCE v2
+  // NICs derive the UDP source port from it (RoceV2SourcePort), which is what ECMP switches
+  // hash: paths with distinct labels can take distinct equal-cost routes. 0 = the NIC's own
+  // choice (mlx5 and rxe derive it from the two queue pair numbers).
+  uint32_t flow_label = 0;
+};
+
+inline constexpr uint32_t kMaxFlowLabel = 0xFFFFF;
+
+// InvalidArgument naming `what` (e.g. "path 2") and the field: a flow label over 20 bits, or a
+// gid_index below -1 or above 255.
+absl::Status ValidatePathBinding(const PathBinding& binding, std::string_view what);
+
+// The UDP source port a RoCE v2 NIC sends a non-zero `flow_label` with (Linux's
+// rdma_flow_label_to_udp_sport: low 14 bits XOR the high 6, in 0xC000..0xFFFF).
+uint16_t RoceV2SourcePort(uint32_t flow_label);
+
 // Accepts connections on the address it reports.
 class Listener {
  public:
@@ -88,13 +115,30 @@ class Device : public ProgressDriver {
                                                               CompletionQueue* cq) = 0;
 
   // Connect from `local_address` instead of DeviceOptions::local_address (tcp: the IP the
-  // connection's sockets bind to), so that one device, and so one set of registered regions,
+  // connection's sockets bind to; verbs: the IP the rdma_cm id binds to, which picks the port
+  // and source GID, on this device), so that one device, and so one set of registered regions,
   // can open one connection per network path. "" or the device's own address is plain Connect;
-  // backends that cannot choose a source per connection (inproc, shm, verbs) return
-  // Unimplemented for any other address.
+  // backends that cannot choose a source per connection (inproc, shm) return Unimplemented for
+  // any other address.
   virtual absl::StatusOr<std::unique_ptr<Connection>> ConnectFrom(std::string_view local_address,
                                                                   std::string_view address,
                                                                   CompletionQueue* cq);
+
+  // Connect over one network path: ConnectFrom(path.local_address, ...) and, on verbs, the
+  // queue pair's source GID index and flow label (set in its transition to RTR). Errors:
+  // InvalidArgument from ValidatePathBinding; InvalidArgument when the GID index is not in the
+  // port's table or does not hold local_address (naming both and the valid entries);
+  // Unimplemented from backends without GIDs (tcp, shm, inproc) for a gid_index or flow_label.
+  virtual absl::StatusOr<std::unique_ptr<Connection>> ConnectOnPath(const PathBinding& path,
+                                                                    std::string_view address,
+                                                                    CompletionQueue* cq);
+
+  // Listen for one network path: address "" = an ephemeral port on path.local_address (or on
+  // the device's address when that is "" too); accepted connections take the binding's GID
+  // index and flow label (verbs), checked against the port of each connection as it arrives.
+  // The same errors as ConnectOnPath.
+  virtual absl::StatusOr<std::unique_ptr<Listener>> ListenOnPath(const PathBinding& path,
+                                                                 std::string_view address);
 
   // ProgressDriver: a no-op sleep in kThread mode.
   void Progress(absl::Duration max_block) override;
