@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench_common.hpp"
+#include "driver.hpp"
 #include "plexus/base/env.hpp"
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/config.hpp"
@@ -79,14 +80,10 @@ struct Buffers {
 };
 
 int WorkerMain(int argc, char** argv) {
-  std::string transport = "shm", sizes_text;
-  int runs = 5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--transport") transport = argv[i + 1];
-    if (flag == "--sizes") sizes_text = argv[i + 1];
-    if (flag == "--runs") runs = std::atoi(argv[i + 1]);
-  }
+  const pb::DriverOptions args = pb::ParseWorkerArgs(argc, argv);
+  const std::string& transport = args.transports;
+  const std::string& sizes_text = args.sizes;
+  const int runs = args.runs;
   auto backend = pt::ParseBackend(transport);
   if (!backend.ok()) Die("--transport", std::string(backend.status().message()));
   std::string why;
@@ -217,21 +214,9 @@ int main(int argc, char** argv) {
   tooling::Tool tool(kProgram,
                      "Allreduce of CUDA device buffers against the same allreduce of host "
                      "buffers (f32 sum), per transport, process count and size.");
-  std::string transports = "shm,tcp", sizes = "64K,1M,16M,64M";
-  int np = 2, runs = 5;
-  double timeout_s = 900;
-  bool json = false;
-  tool.app()
-      .add_option("--transport", transports, "comma-separated: shm, tcp, inproc")
-      ->capture_default_str();
-  tool.app()
-      .add_option("--sizes", sizes, "comma-separated sizes in bytes (K/M/G suffixes)")
-      ->capture_default_str();
-  tooling::AddNumber(&tool.app(), "--np", &np, "processes", 1, 64);
-  tooling::AddNumber(&tool.app(), "--runs", &runs, "runs per point (the median is reported)", 1,
-                     100);
-  tooling::AddNumber(&tool.app(), "--timeout", &timeout_s, "seconds per transport", 1.0, 86400.0);
-  tooling::AddJsonFlag(&tool.app(), &json);
+  pb::DriverOptions options;
+  options.sizes = "64K,1M,16M,64M";
+  pb::AddDriverFlags(tool, &options, 1);
   if (auto code = tool.Parse(argc, argv)) return *code;
   // Exit 77 (skipped, as the tests do) where there is nothing to measure: `make bench` goes on.
   std::string why;
@@ -240,27 +225,11 @@ int main(int argc, char** argv) {
     return 77;
   }
 
-  tooling::FigureWriter writer(kBench, json);
-  const std::vector<std::string> transport_list =
-      absl::StrSplit(transports, ',', absl::SkipEmpty());
-  for (const std::string& transport : transport_list) {
-    if (!json) std::fprintf(stderr, "%s: %s, %d processes...\n", kProgram, transport.c_str(), np);
-    tooling::LaunchOptions options;
-    options.ranks = np;
-    options.argv = {tooling::SelfPath(kProgram),
-                    "--worker",
-                    "--transport",
-                    transport,
-                    "--sizes",
-                    sizes,
-                    "--runs",
-                    std::to_string(runs)};
-    options.timeout = absl::Seconds(timeout_s);
-    if (absl::Status s = tooling::RunWorkers(std::move(options), writer, transport); !s.ok()) {
-      return tool.Fail(s);
-    }
+  tooling::FigureWriter writer(kBench, options.json);
+  if (absl::Status s = pb::RunWorkersPerTransport(options, kProgram, writer); !s.ok()) {
+    return tool.Fail(s);
   }
   AddRatios(writer);
-  if (!json) writer.PrintTable();
+  if (!options.json) writer.PrintTable();
   return 0;
 }

@@ -43,6 +43,17 @@ struct DeviceBuffer {
   }
 };
 
+// Skips (exit 77, with the reason) without a usable GPU; else 3 ranks' options: threads of this
+// process over inproc, all on GPU 0.
+pc::CommunicatorOptions DeviceOptionsOrSkip(absl::Duration timeout) {
+  std::string why;
+  if (!pt::CudaAvailable(&why)) plexus::testing::SkipTest(why);
+  pc::CommunicatorOptions options;
+  options.device.backend = pt::Backend::kInproc;
+  options.timeout = timeout;
+  return options;
+}
+
 }  // namespace
 #endif
 
@@ -50,12 +61,8 @@ TEST_CASE("device buffers: allreduce (sum, avg), broadcast and allgather", "[col
 #if !PLEXUS_HAVE_CUDA
   plexus::testing::SkipTest("built without CUDA (PLEXUS_WITH_CUDA found no toolkit)");
 #else
-  std::string why;
-  if (!pt::CudaAvailable(&why)) plexus::testing::SkipTest(why);
   constexpr int kRanks = 3;
-  pc::CommunicatorOptions options;
-  options.device.backend = pt::Backend::kInproc;
-  options.timeout = absl::Seconds(30);
+  const pc::CommunicatorOptions options = DeviceOptionsOrSkip(absl::Seconds(30));
   auto results = pc::testing::RunRanks(kRanks, options, [](int r, pc::Communicator& comm) {
     // Sizes on both the mailbox (small) and the plan path; f32 sum and bf16 avg (the average is
     // finished by a kernel on the device).
@@ -118,12 +125,8 @@ TEST_CASE("device buffers: large allreduces run as pipelined segments (in and ou
 #if !PLEXUS_HAVE_CUDA
   plexus::testing::SkipTest("built without CUDA (PLEXUS_WITH_CUDA found no toolkit)");
 #else
-  std::string why;
-  if (!pt::CudaAvailable(&why)) plexus::testing::SkipTest(why);
   constexpr int kRanks = 3;
-  pc::CommunicatorOptions options;
-  options.device.backend = pt::Backend::kInproc;
-  options.timeout = absl::Seconds(60);
+  pc::CommunicatorOptions options = DeviceOptionsOrSkip(absl::Seconds(60));
   options.algorithms.Set(pc::CollectiveKind::kAllReduce, pc::Algorithm::kRing);
   auto results = pc::testing::RunRanks(kRanks, options, [](int r, pc::Communicator& comm) {
     // 12 MiB + 4 bytes: above the 8 MiB threshold, segments that do not divide it evenly.
