@@ -52,6 +52,43 @@ absl::StatusOr<const void*> PrivatizeRequest(const MessageDesc& desc, const Code
 }
 
 RawResult WaitCall(CallState& call) {
+  // The caller polls the connection itself (run-to-completion, no thread hop) when no other
+  // blocking caller does; otherwise it waits for its result or for the role.
+  std::shared_ptr<ChannelCore> ch = call.channel.lock();
+  bool registered = false;
+  while (ch != nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(call.mu);
+      if (call.done) break;
+      call.promoted = false;
+    }
+    bool lead = false;
+    {
+      std::lock_guard<std::mutex> lock(ch->mu);
+      if (!ch->leader && !ch->stop.load()) {
+        ch->leader = true;
+        lead = true;
+        if (registered) {
+          std::erase(ch->followers, &call);
+          registered = false;
+        }
+      } else if (!registered) {
+        ch->followers.push_back(&call);
+        registered = true;
+      }
+    }
+    if (lead) {
+      ch->Lead(call);
+      continue;
+    }
+    std::unique_lock<std::mutex> lock(call.mu);
+    call.cv.wait(lock, [&] { return call.done || call.promoted; });
+    if (call.done) break;
+  }
+  if (registered) {
+    std::lock_guard<std::mutex> lock(ch->mu);
+    std::erase(ch->followers, &call);
+  }
   std::unique_lock<std::mutex> lock(call.mu);
   call.cv.wait(lock, [&] { return call.done; });
   if (call.taken) return absl::FailedPreconditionError("the call's result was already taken");

@@ -1,8 +1,10 @@
 // Dialling a Channel's replicas, the handshake, and redialling a connection that died.
 #include <algorithm>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "channel_impl.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/rpc/balance.hpp"
@@ -37,6 +39,9 @@ DialResult Channel::Impl::Dial(uint32_t r, const std::string& address) {
   h.type = internal::FrameType::kHello;
   // Several replicas: ask for the server's load reports (the balancing engines use them).
   if (replicas.size() > 1 || options.load_reports) h.flags = internal::kFlagLoad;
+  // We take batches of responses up to our receive buffer; the server says whether it does.
+  h.flags |= internal::kFlagBatch;
+  h.deadline_us = static_cast<uint32_t>(std::min<size_t>(core->pool->bytes(), UINT32_MAX));
   Metadata md;
   for (const ServiceDesc* s : services) {
     md.emplace_back(s->full_name, absl::StrFormat("%016x", s->schema_hash));
@@ -87,6 +92,23 @@ DialResult Channel::Impl::Dial(uint32_t r, const std::string& address) {
     return fail(absl::Status(static_cast<absl::StatusCode>(in.frame().header.status_code),
                              absl::StrCat("rpc handshake with ", address,
                                           " refused: ", std::string(in.frame().status_message))));
+  }
+  if (in.frame().header.flags & internal::kFlagBatch) {
+    for (const auto& [key, value] : in.frame().metadata) {
+      if (key != internal::kBatchLimitsKey) continue;
+      const std::string text(value);
+      std::pair<std::string, std::string> fb = absl::StrSplit(text, absl::MaxSplits(' ', 1));
+      uint64_t frames = 0, bytes = 0;
+      if (!absl::SimpleAtoi(fb.first, &frames) || !absl::SimpleAtoi(fb.second, &bytes) ||
+          frames < 1 || bytes < internal::kFixedHeaderBytes) {
+        out.refused = true;
+        return fail(absl::InternalError(absl::StrCat("rpc handshake with ", address, ": malformed ",
+                                                     std::string(internal::kBatchLimitsKey), " \"",
+                                                     text, "\" (want \"<frames> <bytes>\")")));
+      }
+      core->peer_batch = {static_cast<size_t>(frames), static_cast<size_t>(bytes)};
+      core->batches_in = true;
+    }
   }
   {
     std::lock_guard<std::mutex> lock(core->mu);

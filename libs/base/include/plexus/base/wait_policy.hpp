@@ -104,6 +104,41 @@ class WaitPolicy {
   absl::Duration sleep_after_;
 };
 
+// A spin phase that is kept only while it pays. A waiter whose event keeps coming after the spin
+// window (typically: the peer that answers shares this CPU, and cannot run while we spin) stops
+// spinning after kMissesToStop such waits, and spins again on a probe every kProbeEvery waits or
+// as soon as a sleeping wait ended within the window (spinning would have caught it). Not
+// thread-safe: one per waiting thread (or per queue with one waiter at a time).
+class AdaptiveSpin {
+ public:
+  static constexpr uint32_t kMissesToStop = 8;
+  static constexpr uint32_t kProbeEvery = 64;
+
+  explicit AdaptiveSpin(absl::Duration spin) : max_(std::max(spin, absl::ZeroDuration())) {}
+
+  // The spin for the next wait.
+  absl::Duration spin() {
+    if (misses_ < kMissesToStop) return max_;
+    return ++off_waits_ % kProbeEvery == 0 ? max_ : absl::ZeroDuration();
+  }
+  // A wait with spin `spun` (what spin() returned) that found its event after `waited` (waits
+  // that timed out say nothing). A wait that did not spin turns spinning back on when its event
+  // came within half the window even after a sleep and a wake-up.
+  void Record(absl::Duration spun, absl::Duration waited) {
+    if (spun > absl::ZeroDuration() ? waited <= spun : waited <= max_ / 2) {
+      misses_ = 0;
+    } else if (spun > absl::ZeroDuration() && misses_ < kMissesToStop) {
+      ++misses_;
+    }
+  }
+  bool spinning() const { return misses_ < kMissesToStop; }
+
+ private:
+  absl::Duration max_;
+  uint32_t misses_ = 0;
+  uint32_t off_waits_ = 0;
+};
+
 class Backoff {
  public:
   // Delays start at `initial` and double up to `max`; each one handed out gets up to `jitter`
