@@ -18,7 +18,7 @@ absl::StatusOr<const void*> PrivatizeRequest(const MessageDesc& desc, const Code
   EncodedMessage& e = call->encoded;
   size_t total = 0;
   for (const Part& p : e.parts) total += p.size;
-  call->private_bytes = std::make_unique<uint8_t[]>(std::max<size_t>(total, 1));
+  call->private_bytes = std::make_unique_for_overwrite<uint8_t[]>(std::max<size_t>(total, 1));
   std::vector<Part> parts;
   std::vector<absl::Span<const uint8_t>> segments;
   parts.reserve(e.segment_first.size());

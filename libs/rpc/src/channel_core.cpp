@@ -236,7 +236,15 @@ void ChannelCore::FlushLocked(std::vector<std::shared_ptr<CallState>>* ready) {
 
 void ChannelCore::Poll(absl::Duration wait, std::vector<std::shared_ptr<CallState>>* ready) {
   transport::Completion batch[64];
-  size_t n = cq->Poll(absl::MakeSpan(batch));
+  size_t n = 0;
+  // A busy connection (the last round handled several completions): take what is there first.
+  // One call at a time: wait at once (in ProgressMode::kCaller one system call per message).
+  // Completions queued already (our own sends) are taken without driving the transport.
+  if (const size_t queued = cq->size(); queued > 0) {
+    n = cq->Poll(absl::MakeSpan(batch, std::min<size_t>(queued, 64)));
+  } else if (last_round_.load(std::memory_order_relaxed) > 1) {
+    n = cq->Poll(absl::MakeSpan(batch));
+  }
   if (n == 0) {
     // Spin first only while that pays (not when the server shares this CPU: it cannot answer
     // while we spin).
@@ -247,8 +255,13 @@ void ChannelCore::Poll(absl::Duration wait, std::vector<std::shared_ptr<CallStat
       if (!options.poll) spin_.Record(spin, absl::Now() - start);
       batch[0] = std::move(*c);
       n = 1;
+      // And what is queued already, without driving the transport again.
+      if (const size_t more = std::min<size_t>(cq->size(), 63); more > 0) {
+        n += cq->Poll(absl::MakeSpan(batch + 1, more));
+      }
     }
   }
+  last_round_.store(n, std::memory_order_relaxed);
   for (size_t i = 0; i < n; ++i) Handle(batch[i], ready);
   std::vector<uint32_t> loads;
   {
@@ -333,7 +346,7 @@ void ChannelCore::Lead(CallState& call) {
   call.polling.store(true, std::memory_order_release);
   std::vector<std::shared_ptr<CallState>> ready, mine;
   while (!call.finished.load(std::memory_order_acquire) && !stop.load()) {
-    absl::Duration wait = absl::Milliseconds(5);
+    absl::Duration wait = absl::Milliseconds(50);
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!deadlines.empty()) {
@@ -358,7 +371,10 @@ void ChannelCore::Lead(CallState& call) {
     }
     ready.clear();
     if (wake_run) run_cv.notify_one();
-    for (auto& c : mine) Finalize(c);
+    for (auto& c : mine) {
+      if (c.get() == &call) call.polling.store(false, std::memory_order_release);  // no wake-up
+      Finalize(c);
+    }
     mine.clear();
   }
   call.polling.store(false, std::memory_order_release);

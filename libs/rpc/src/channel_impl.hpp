@@ -119,6 +119,7 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   absl::Time leader_left = absl::InfinitePast();     // when the last leader gave the role up
   std::condition_variable run_cv;                    // Run parks on it while a leader polls
   base::AdaptiveSpin spin_{absl::Microseconds(20)};  // the poller's (one at a time)
+  std::atomic<size_t> last_round_{0};                // completions the last poll handled
 
   std::atomic<bool> stop{false};
   std::thread thread;

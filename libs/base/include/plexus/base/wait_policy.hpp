@@ -106,9 +106,9 @@ class WaitPolicy {
 
 // A spin phase that is kept only while it pays. A waiter whose event keeps coming after the spin
 // window (typically: the peer that answers shares this CPU, and cannot run while we spin) stops
-// spinning after kMissesToStop such waits, and spins again on a probe every kProbeEvery waits or
-// as soon as a sleeping wait ended within the window (spinning would have caught it). Not
-// thread-safe: one per waiting thread (or per queue with one waiter at a time).
+// spinning after kMissesToStop such waits, and spins again on a probe every kProbeEvery waits
+// (a probe that catches its event turns spinning back on). Not thread-safe: one per waiting
+// thread (or per queue with one waiter at a time).
 class AdaptiveSpin {
  public:
   static constexpr uint32_t kMissesToStop = 8;
@@ -122,12 +122,13 @@ class AdaptiveSpin {
     return ++off_waits_ % kProbeEvery == 0 ? max_ : absl::ZeroDuration();
   }
   // A wait with spin `spun` (what spin() returned) that found its event after `waited` (waits
-  // that timed out say nothing). A wait that did not spin turns spinning back on when its event
-  // came within half the window even after a sleep and a wake-up.
+  // that timed out say nothing). Waits that did not spin say nothing either: a sleeper's wake-up
+  // time is no measure of what spinning would have done.
   void Record(absl::Duration spun, absl::Duration waited) {
-    if (spun > absl::ZeroDuration() ? waited <= spun : waited <= max_ / 2) {
+    if (spun <= absl::ZeroDuration()) return;
+    if (waited <= spun) {
       misses_ = 0;
-    } else if (spun > absl::ZeroDuration() && misses_ < kMissesToStop) {
+    } else if (misses_ < kMissesToStop) {
       ++misses_;
     }
   }
