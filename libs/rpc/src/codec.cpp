@@ -43,7 +43,7 @@ void EncodedMessage::Clear() {
 void* Arena::Allocate(size_t bytes, size_t align) {
   if (bytes == 0) bytes = 1;
   size_t pad = (align - reinterpret_cast<uintptr_t>(cursor_) % align) % align;
-  if (cursor_ == nullptr || pad + bytes > left_) {
+  if (pad + bytes > left_) {
     size_t block = std::max<size_t>(bytes + align, 4096);
     if (used_ + block > limit_) return nullptr;
     // Not zeroed: the decoder writes every byte it hands out (a 4 KiB memset per message was a
