@@ -339,3 +339,41 @@ TEST_CASE("a blocking call's deadline and the connection's death reach a polling
   CHECK(unavailable == 2);
   CHECK(absl::Now() - killed < absl::Seconds(5));
 }
+
+TEST_CASE("a blocking call made from a callback completes (its caller polls the connection)",
+          "[rpc][batch]") {
+  auto dev = pt::Device::Create({.backend = pt::Backend::kTcp,
+                                 .progress = pt::ProgressMode::kCaller,
+                                 .local_address = "127.0.0.1"});
+  REQUIRE(dev.ok());
+  auto server = pr::Server::Create(*dev, {});
+  REQUIRE(server.ok());
+  plexus::rpctest::HoldingService impl;
+  REQUIRE((*server)->Register(&impl).ok());
+  REQUIRE((*server)->Start().ok());
+  auto ch = pr::Channel::Connect(*dev, (*server)->address(), {&Kinds::Descriptor()});
+  REQUIRE(ch.ok());
+  Kinds::Stub stub(*ch);
+  int32_t outer_value = 1, inner_value = 2;
+  AllKinds outer, inner;
+  outer.ints = pr::Repeated<int32_t>(&outer_value, 1);
+  inner.ints = pr::Repeated<int32_t>(&inner_value, 1);
+  std::atomic<int> inner_result{0};
+  std::atomic<bool> done{false};
+  absl::Duration inner_took;
+  stub.Echo(outer, {}, [&](absl::StatusOr<pr::Reply<AllKinds>> r) {
+    REQUIRE(r.ok());
+    const absl::Time t0 = absl::Now();
+    auto nested = stub.EchoSync(inner, {.timeout = absl::Seconds(5)});
+    inner_took = absl::Now() - t0;
+    inner_result = nested.ok() && (*nested)->ints.size() == 1 ? (*nested)->ints[0] : -1;
+    done = true;
+  });
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!done && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(2));
+  REQUIRE(done);
+  CHECK(inner_result == 2);
+  CHECK(inner_took < absl::Seconds(1));  // answered, not failed by its 5 s deadline
+  (*ch)->Close();
+  (*server)->Shutdown();
+}

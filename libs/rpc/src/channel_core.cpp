@@ -345,6 +345,12 @@ void ChannelCore::Run() {
 void ChannelCore::Lead(CallState& call) {
   call.polling.store(true, std::memory_order_release);
   std::vector<std::shared_ptr<CallState>> ready, mine;
+  {
+    // A blocking call made from a callback (on Run's thread, in its round) waits in the outbox
+    // with the round's other requests: send them now, the round will not end before it returns.
+    std::lock_guard<std::mutex> lock(mu);
+    FlushLocked(&ready);
+  }
   while (!call.finished.load(std::memory_order_acquire) && !stop.load()) {
     absl::Duration wait = absl::Milliseconds(50);
     {
