@@ -187,6 +187,7 @@ void ChannelCore::Handle(const transport::Completion& c,
 }
 
 void ChannelCore::ExpireLocked(std::vector<std::shared_ptr<CallState>>* ready) {
+  if (deadlines.empty()) return;
   const absl::Time now = absl::Now();
   while (!deadlines.empty() && deadlines.begin()->first <= now) {
     const uint64_t id = deadlines.begin()->second;
@@ -249,10 +250,11 @@ void ChannelCore::Poll(absl::Duration wait, std::vector<std::shared_ptr<CallStat
     // Spin first only while that pays (not when the server shares this CPU: it cannot answer
     // while we spin).
     const absl::Duration spin = options.poll ? wait : spin_.spin();
-    const absl::Time start = absl::Now();
+    const bool timed = !options.poll && spin > absl::ZeroDuration();  // what AdaptiveSpin learns
+    const absl::Time start = timed ? absl::Now() : absl::InfinitePast();
     auto c = cq->Wait(wait, spin);
     if (c.ok()) {
-      if (!options.poll) spin_.Record(spin, absl::Now() - start);
+      if (timed) spin_.Record(spin, absl::Now() - start);
       batch[0] = std::move(*c);
       n = 1;
       // And what is queued already, without driving the transport again.

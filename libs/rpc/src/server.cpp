@@ -333,10 +333,11 @@ void ServerCore::Dispatch() {
     }
     if (n == 0) {
       const absl::Duration spun = spin.spin();
-      const absl::Time start = absl::Now();
+      const bool timed = spun > absl::ZeroDuration();  // only spinning waits teach AdaptiveSpin
+      const absl::Time start = timed ? absl::Now() : absl::InfinitePast();
       auto c = cq->Wait(absl::Milliseconds(50), spun);
       if (!c.ok()) continue;
-      spin.Record(spun, absl::Now() - start);
+      if (timed) spin.Record(spun, absl::Now() - start);
       batch[0] = std::move(*c);
       n = 1;
       // And what is queued already, without driving the transport again.
