@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "channel_impl.hpp"
 
@@ -18,26 +19,35 @@ absl::StatusOr<const void*> PrivatizeRequest(const MessageDesc& desc, const Code
   EncodedMessage& e = call->encoded;
   size_t total = 0;
   for (const Part& p : e.parts) total += p.size;
-  call->private_bytes = std::make_unique_for_overwrite<uint8_t[]>(std::max<size_t>(total, 1));
-  std::vector<Part> parts;
-  std::vector<absl::Span<const uint8_t>> segments;
-  parts.reserve(e.segment_first.size());
-  segments.reserve(e.segment_first.size());
+  call->private_arena = std::make_unique<Arena>(limits.max_arena_bytes);
+  // A small request's copy lives in the arena too (one allocation per call for both).
+  constexpr size_t kCopyInArena = 1024;
+  uint8_t* copy = nullptr;
+  if (total <= kCopyInArena) {
+    copy = static_cast<uint8_t*>(call->private_arena->Allocate(total, kSegmentAlign));
+  }
+  if (copy == nullptr) {
+    call->private_bytes = std::make_unique_for_overwrite<uint8_t[]>(std::max<size_t>(total, 1));
+    copy = call->private_bytes.get();
+  }
+  absl::InlinedVector<absl::Span<const uint8_t>, 4> segments;
   size_t at = 0;
   for (size_t i = 0; i < e.segment_first.size(); ++i) {
     const size_t begin = at;
     for (uint32_t k = 0; k < e.segment_parts[i]; ++k) {
       const Part& p = e.parts[e.segment_first[i] + k];
-      if (p.size > 0) std::memcpy(call->private_bytes.get() + at, p.data, p.size);
+      if (p.size > 0) std::memcpy(copy + at, p.data, p.size);
       at += p.size;
     }
-    parts.push_back(Part{call->private_bytes.get() + begin, at - begin});
-    segments.emplace_back(call->private_bytes.get() + begin, at - begin);
+    segments.emplace_back(copy + begin, at - begin);
+  }
+  // The gather list now points at the copy, one part per segment.
+  e.parts.resize(segments.size());
+  for (size_t i = 0; i < segments.size(); ++i) {
+    e.parts[i] = Part{segments[i].data(), segments[i].size()};
     e.segment_first[i] = static_cast<uint32_t>(i);
     e.segment_parts[i] = 1;
   }
-  e.parts = std::move(parts);
-  call->private_arena = std::make_unique<Arena>(limits.max_arena_bytes);
   absl::StatusOr<void*> m =
       DecodeMessage(desc,
                     absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(e.structure.data()),
