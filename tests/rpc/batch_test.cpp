@@ -377,3 +377,59 @@ TEST_CASE("a blocking call made from a callback completes (its caller polls the 
   (*ch)->Close();
   (*server)->Shutdown();
 }
+
+TEST_CASE("a client that does not take batches gets one frame per message", "[rpc][batch]") {
+  auto dev = pt::Device::Create({.backend = pt::Backend::kTcp, .local_address = "127.0.0.1"});
+  REQUIRE(dev.ok());
+  auto server = pr::Server::Create(*dev, {});
+  REQUIRE(server.ok());
+  plexus::rpctest::HoldingService impl;
+  REQUIRE((*server)->Register(&impl).ok());
+  REQUIRE((*server)->Start().ok());
+  auto cq = (*dev)->CreateCompletionQueue();
+  auto conn = (*dev)->Connect((*server)->address(), cq.get());
+  REQUIRE(conn.ok());
+  pi::OutFrame hello;
+  pi::FrameHeader h;
+  h.type = pi::FrameType::kHello;  // no kFlagBatch: an older client
+  pi::BuildFrame(
+      h, "",
+      {{Kinds::Descriptor().full_name, absl::StrFormat("%016x", Kinds::Descriptor().schema_hash)}},
+      nullptr, &hello);
+  constexpr size_t kBytes = 64 << 10;
+  constexpr int kCalls = 6;
+  std::vector<std::vector<uint64_t>> bufs(kCalls + 1, std::vector<uint64_t>(kBytes / 8));
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    REQUIRE((*conn)->PostRecv({bufs[i].data(), kBytes}, i).ok());
+  }
+  REQUIRE((*conn)->PostSend(hello.parts, 1000).ok());
+  std::vector<std::unique_ptr<EchoFrame>> frames;
+  int acks = 0, responses = 0;
+  while (acks + responses < 1 + kCalls) {
+    auto c = cq->Wait(absl::Seconds(10));
+    REQUIRE(c.ok());
+    REQUIRE(c->status.ok());
+    if (c->opcode != pt::Opcode::kRecv) continue;
+    // Every message is exactly one frame (ParseFrame refuses trailing bytes).
+    auto f = pi::ParseFrame({reinterpret_cast<const uint8_t*>(bufs[c->wr_id].data()), c->bytes});
+    REQUIRE(f.ok());
+    if (f->header.type == pi::FrameType::kHelloAck) {
+      ++acks;
+      CHECK((f->header.flags & pi::kFlagBatch) == 0);
+      CHECK(f->metadata.empty());
+      // Requests sent back to back, one per message: the server handles them in one round.
+      for (uint64_t id = 1; id <= kCalls; ++id) {
+        frames.push_back(std::make_unique<EchoFrame>(id));
+        REQUIRE((*conn)->PostSend(frames.back()->frame.parts, 1000 + id).ok());
+      }
+      continue;
+    }
+    CHECK(f->header.type == pi::FrameType::kResponse);
+    ++responses;
+  }
+  CHECK(acks == 1);
+  CHECK(responses == kCalls);
+  CHECK(impl.echoes == kCalls);
+  (*conn)->Close();
+  (*server)->Shutdown();
+}
