@@ -126,8 +126,9 @@ DialResult Channel::Impl::Dial(uint32_t r, const std::string& address) {
 void Channel::Impl::Connector() {
   std::unique_lock<std::mutex> lock(mu);
   while (!closed) {
+    absl::Time wake = RunRetries(lock);
+    if (closed) break;
     const absl::Time now = absl::Now();
-    absl::Time wake = absl::InfiniteFuture();
     std::optional<uint32_t> due;
     for (uint32_t r = 0; r < replicas.size(); ++r) {
       const Replica& rep = replicas[r];
@@ -241,11 +242,11 @@ absl::StatusOr<std::shared_ptr<Channel>> Channel::Impl::Open(
                           absl::StrCat("rpc channel: none of the ", impl->replicas.size(),
                                        " replicas is reachable; first"));
   }
-  if (options.reconnect) {
-    Impl* raw = impl.get();
-    impl->connector = std::thread([raw] { raw->Connector(); });
-  }
-  return std::shared_ptr<Channel>(new Channel(std::move(impl)));
+  Impl* raw = impl.get();
+  auto channel = std::shared_ptr<Channel>(new Channel(std::move(impl)));
+  raw->self = channel.get();
+  if (options.reconnect) raw->connector = std::thread([raw] { raw->Connector(); });
+  return channel;
 }
 
 }  // namespace plexus::rpc

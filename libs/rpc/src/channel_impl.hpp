@@ -39,7 +39,11 @@ class CallState {
   Channel::RawCallback callback;
   std::weak_ptr<ChannelCore> channel;
   std::atomic<bool> finished{false};  // `done`, readable without the lock
-  std::atomic<bool> polling{false};   // its blocking caller polls the connection (the leader)
+  // An idempotent call the channel retries (channel.cpp): the user holds this state, each try is
+  // a call of its own (`attempt`, under mu).
+  std::weak_ptr<struct RetryState> retry;
+  std::shared_ptr<CallState> attempt;
+  std::atomic<bool> polling{false};  // its blocking caller polls the connection (the leader)
 
   // Owned by the channel's lock.
   uint64_t id = 0;
@@ -157,6 +161,20 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   absl::Status Submit(const std::shared_ptr<CallState>& call, const CallOptions& options);
 };
 
+// What a retried call needs to start another try (the request stays valid until it completes).
+struct RetryState {
+  std::shared_ptr<CallState> outer;  // what the user holds
+  const ServiceDesc* service = nullptr;
+  const MethodDesc* method = nullptr;
+  const void* request = nullptr;
+  CallOptions options;
+  int attempts = 0;
+  std::atomic<bool> cancelled{false};
+  std::atomic<bool> completed{false};
+  Channel::Impl* impl = nullptr;
+  absl::Status last;  // the last try's Unavailable
+};
+
 // Copies the encoded request's data segments into memory the call owns and decodes the copy
 // (content policies check exactly the bytes sent); see channel.cpp.
 absl::StatusOr<const void*> PrivatizeRequest(const MessageDesc& desc, const CodecLimits& limits,
@@ -199,7 +217,24 @@ struct Channel::Impl {
   std::thread connector;
   std::atomic<uint64_t> rotate{0};
 
+  // Idempotent calls waiting for a connection to try again (channel.cpp), under mu.
+  std::vector<std::shared_ptr<internal::RetryState>> retries;
+
   internal::DialResult Dial(uint32_t r, const std::string& address);
+  // One try of a call (Channel::StartCall without the retry).
+  std::shared_ptr<internal::CallState> StartOnce(Channel& channel, const ServiceDesc& service,
+                                                 const MethodDesc& method, const void* request,
+                                                 const CallOptions& options,
+                                                 Channel::RawCallback done);
+  // Starts the next try of `retry`, or completes its call (deadline, attempts, closed).
+  void Attempt(Channel& channel, const std::shared_ptr<internal::RetryState>& retry);
+  // A try ended: completes the call, or queues it for the connector to try again.
+  void OnAttempt(const std::shared_ptr<internal::RetryState>& retry, internal::RawResult r);
+  static void Complete(const std::shared_ptr<internal::RetryState>& retry, internal::RawResult r);
+  // The connector: starts the queued tries once a replica is connected; fails those whose
+  // deadline passed. Returns when it should look again. With mu held (released meanwhile).
+  absl::Time RunRetries(std::unique_lock<std::mutex>& lock);
+  Channel* self = nullptr;
   void Connector();
   // From a connection's thread: the connection of replica `r` failed.
   void OnBreak(uint32_t r) {
