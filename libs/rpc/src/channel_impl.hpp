@@ -1,5 +1,6 @@
-// The insides of a Channel, shared by channel.cpp (calls) and channel_connect.cpp (dialling,
-// redialling, replicas): the call state, one connection (ChannelCore), and Channel::Impl.
+// The insides of a Channel, shared by channel.cpp (calls, idempotent retry), channel_core.cpp
+// (one connection: polling, batches, deadlines) and channel_connect.cpp (dialling, redialling,
+// replicas): the call state, one connection (ChannelCore), and Channel::Impl.
 #pragma once
 
 #include <algorithm>
