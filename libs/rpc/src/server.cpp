@@ -129,6 +129,7 @@ ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConn> conn, std::shared_ptr
   info_.server_side = true;
   info_.start = absl::Now();
   info_.request_bytes = in_->bytes().size();
+  wants_load_ = conn_->wants_load;  // set by the hello, on the dispatcher's thread, as this is
   if (h.deadline_us != 0) deadline_ = info_.start + absl::Microseconds(h.deadline_us);
 }
 
@@ -185,12 +186,7 @@ void ServerCallImpl::Finish(absl::Status status) {
   FrameHeader h;
   h.type = FrameType::kResponse;
   h.call_id = call_id_;
-  bool wants_load;
-  {
-    std::lock_guard<std::mutex> lock(conn_->mu);
-    wants_load = conn_->wants_load;
-  }
-  if (wants_load) {
+  if (wants_load_) {
     h.flags = kFlagLoad;
     h.load = load;
   }
@@ -412,14 +408,13 @@ void ServerCore::Handle(const transport::Completion& c) {
     Kill(sc, st);  // a peer that sends garbage is not talked to any more
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(sc->mu);
-    for (const auto& in : frames) {
-      if (in->frame().header.type == FrameType::kRequest) ++sc->held;
-    }
-  }
+  size_t requests = 0;
+  for (const auto& in : frames) requests += in->frame().header.type == FrameType::kRequest;
   for (auto& in : frames) HandleFrame(sc, std::move(in));
+  // Counted after the handlers ran: only this thread changes `held` (a response's send
+  // completion, handled here later, takes it back), so the window is the same.
   std::lock_guard<std::mutex> lock(sc->mu);
+  sc->held += requests;
   if (sc->hello_done) sc->RefillLocked();
 }
 
@@ -480,19 +475,16 @@ void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_
     Kill(sc, absl::InvalidArgumentError("a client sent a non-request frame"));
     return;
   }
+  auto call = std::make_shared<ServerCallImpl>(sc, in);
   bool hello_done;
   {
     std::lock_guard<std::mutex> lock(sc->mu);
     hello_done = sc->hello_done;
+    if (hello_done) sc->active.emplace(h.call_id, call);
   }
   if (!hello_done) {
     Kill(sc, absl::FailedPreconditionError("request before the handshake"));
     return;
-  }
-  auto call = std::make_shared<ServerCallImpl>(sc, in);
-  {
-    std::lock_guard<std::mutex> lock(sc->mu);
-    sc->active.emplace(h.call_id, call);
   }
   auto sit = services.find(h.service_id);
   if (sit == services.end()) {

@@ -180,6 +180,7 @@ class ServerCallImpl : public ServerCallState,
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> finished_{false};
   bool counted_ = false;
+  bool wants_load_ = false;  // the client takes the server's load on each response
   bool qos_slot_ = false;
   std::mutex md_mu_;
   Metadata response_md_;
