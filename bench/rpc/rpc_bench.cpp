@@ -455,7 +455,7 @@ struct Orchestrator {
   std::string self, grpc_peer;
   pb::PeerArgs base;
 
-  // system: "plexus-tcp", "plexus-shm", "grpc", "raw-tcp".
+  // system: "plexus-tcp", "plexus-tcp-thread", "plexus-shm", "grpc", "raw-tcp".
   Sample Run(const std::string& system, const Layout& layout, const std::string& mode,
              uint32_t size, uint32_t reply, int inflight, const std::string& policy = "none",
              double deny_percent = 0) {
@@ -468,10 +468,14 @@ struct Orchestrator {
       server_role = "raw-server";
       client_role = "raw-client";
     } else {
-      // Latency: the transport moves bytes in the threads that wait for completions (one thread
-      // hop less per side); rate and goodput: a device thread does (it overlaps the callers).
+      // The transport moves bytes in the threads that poll for completions (ProgressMode::kCaller:
+      // rpc handles each completion run-to-completion on the thread that read it);
+      // "plexus-tcp-thread" is the same with a device thread moving the bytes (kThread: one
+      // thread hop more per side). shm's rate runs keep kThread, faster there (docs/rpc.md).
+      const bool thread_mode =
+          system == "plexus-tcp-thread" || (system == "plexus-shm" && mode == "rate");
       common = {"--transport", system == "plexus-shm" ? "shm" : "tcp", "--progress",
-                mode == "latency" ? "caller" : "thread"};
+                thread_mode ? "thread" : "caller"};
     }
     std::vector<std::string> sargv = {program, "--role", server_role, "--cpu",
                                       std::to_string(layout.server_cpu)};
@@ -606,8 +610,9 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
   if (!json) {
     std::printf(
         "plexus-bench-rpc: medians of %d runs of %.2f s; server and client in separate "
-        "processes on 127.0.0.1, each blocking in the kernel while idle (Plexus waits spin 20 us "
-        "first, the library default)\n",
+        "processes on 127.0.0.1, each blocking in the kernel while idle (Plexus waits spin up to "
+        "20 us "
+        "first while that pays, the library default)\n",
         runs, base.seconds);
   }
   if (only == "qos") {
@@ -655,7 +660,10 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
     std::map<std::string, std::vector<double>> rate;
     std::vector<std::string> systems = {"plexus-tcp"};
     if (grpc) systems.push_back("grpc");
-    if (inflight == 32) systems.push_back("plexus-shm");
+    if (inflight == 32) {
+      systems.push_back("plexus-shm");
+      systems.push_back("plexus-tcp-thread");
+    }
     for (int r = 0; r < runs; ++r) {
       for (const std::string& sys : systems) {
         rate[sys].push_back(o.Run(sys, unpinned, "rate", 32, 32, inflight).rate);

@@ -213,6 +213,41 @@ TEST_CASE("WaitPolicy: spin, then yield, then sleep", "[base][wait]") {
         Phase::kYield);
 }
 
+TEST_CASE("AdaptiveSpin: stops after spins that miss, probes, resumes on a probe that hits",
+          "[base][wait]") {
+  using plexus::base::AdaptiveSpin;
+  const absl::Duration us20 = absl::Microseconds(20), late = absl::Microseconds(40);
+  AdaptiveSpin s(us20);
+  // Hits keep it spinning; a hit resets the misses.
+  for (uint32_t i = 0; i + 1 < AdaptiveSpin::kMissesToStop; ++i) s.Record(s.spin(), late);
+  s.Record(s.spin(), absl::Microseconds(5));
+  CHECK(s.spinning());
+  for (uint32_t i = 0; i + 1 < AdaptiveSpin::kMissesToStop; ++i) s.Record(s.spin(), late);
+  CHECK(s.spinning());
+  s.Record(s.spin(), late);  // the kMissesToStop-th miss in a row
+  CHECK_FALSE(s.spinning());
+  // Off: no spin, except one probe every kProbeEvery waits; waits without a spin say nothing.
+  int probes = 0;
+  for (uint32_t i = 0; i < 2 * AdaptiveSpin::kProbeEvery; ++i) {
+    const absl::Duration spun = s.spin();
+    if (spun > absl::ZeroDuration()) {
+      CHECK(spun == us20);
+      ++probes;
+      s.Record(spun, late);  // a probe that misses: still off
+    } else {
+      s.Record(spun, absl::Microseconds(1));
+    }
+    CHECK_FALSE(s.spinning());
+  }
+  CHECK(probes == 2);
+  // A probe that catches its event turns spinning back on.
+  absl::Duration spun = absl::ZeroDuration();
+  while ((spun = s.spin()) == absl::ZeroDuration()) s.Record(spun, late);
+  s.Record(spun, absl::Microseconds(3));
+  CHECK(s.spinning());
+  CHECK(s.spin() == us20);
+}
+
 TEST_CASE("Backoff: doubling delays up to the cap, jitter within bounds, cut at the deadline",
           "[base][wait]") {
   using plexus::base::Backoff;

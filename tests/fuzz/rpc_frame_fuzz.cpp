@@ -113,6 +113,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)pi::EncodeMessage(*NodeDesc(), *m, &enc);
     }
   }
+  // The same bytes as a batch (several frames back to back), walked as SplitFrames does: every
+  // frame's bounds must stay inside the buffer and the walk must end.
+  for (size_t at = 0, frames = 0; frames <= size / pi::kFixedHeaderBytes; ++frames) {
+    size_t length = 0;
+    auto f = pi::ParseFramePrefix(bytes.subspan(at), &length);
+    if (!f.ok()) break;
+    if (length == 0 || at + length > size) __builtin_trap();
+    auto next = pi::NextFrameOffset(at + length, size);
+    if (!next.ok() || !next->has_value()) break;
+    if (**next <= at || **next % 8 != 0) __builtin_trap();
+    at = **next;
+  }
   // The structure decoder alone, on the raw input (no frame).
   pi::Arena arena(size_t{16} << 20);
   (void)pi::DecodeMessage(*NodeDesc(), absl::MakeConstSpan(data, size), {}, arena);

@@ -478,7 +478,10 @@ class Generator : public pb::compiler::CodeGenerator {
         << ", []() -> const ::plexus::rpc::MessageDesc* { return &"
         << QualifiedName(m->input_type()) << "::Descriptor(); },\n"
         << "         []() -> const ::plexus::rpc::MessageDesc* { return &"
-        << QualifiedName(m->output_type()) << "::Descriptor(); }},\n";
+        << QualifiedName(m->output_type()) << "::Descriptor(); }, "
+        << (m->options().idempotency_level() != pb::MethodOptions::IDEMPOTENCY_UNKNOWN ? "true"
+                                                                                       : "false")
+        << "},\n";
     }
     o << "    };\n    static const ::plexus::rpc::ServiceDesc desc{\"" << s->full_name() << "\", "
       << id << "u, kSchemaHash, methods, " << s->method_count() << "};\n    return desc;\n  }\n\n";

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "channel_impl.hpp"
 
@@ -18,26 +19,35 @@ absl::StatusOr<const void*> PrivatizeRequest(const MessageDesc& desc, const Code
   EncodedMessage& e = call->encoded;
   size_t total = 0;
   for (const Part& p : e.parts) total += p.size;
-  call->private_bytes = std::make_unique<uint8_t[]>(std::max<size_t>(total, 1));
-  std::vector<Part> parts;
-  std::vector<absl::Span<const uint8_t>> segments;
-  parts.reserve(e.segment_first.size());
-  segments.reserve(e.segment_first.size());
+  call->private_arena = std::make_unique<Arena>(limits.max_arena_bytes);
+  // A small request's copy lives in the arena too (one allocation per call for both).
+  constexpr size_t kCopyInArena = 1024;
+  uint8_t* copy = nullptr;
+  if (total <= kCopyInArena) {
+    copy = static_cast<uint8_t*>(call->private_arena->Allocate(total, kSegmentAlign));
+  }
+  if (copy == nullptr) {
+    call->private_bytes = std::make_unique_for_overwrite<uint8_t[]>(std::max<size_t>(total, 1));
+    copy = call->private_bytes.get();
+  }
+  absl::InlinedVector<absl::Span<const uint8_t>, 4> segments;
   size_t at = 0;
   for (size_t i = 0; i < e.segment_first.size(); ++i) {
     const size_t begin = at;
     for (uint32_t k = 0; k < e.segment_parts[i]; ++k) {
       const Part& p = e.parts[e.segment_first[i] + k];
-      if (p.size > 0) std::memcpy(call->private_bytes.get() + at, p.data, p.size);
+      if (p.size > 0) std::memcpy(copy + at, p.data, p.size);
       at += p.size;
     }
-    parts.push_back(Part{call->private_bytes.get() + begin, at - begin});
-    segments.emplace_back(call->private_bytes.get() + begin, at - begin);
+    segments.emplace_back(copy + begin, at - begin);
+  }
+  // The gather list now points at the copy, one part per segment.
+  e.parts.resize(segments.size());
+  for (size_t i = 0; i < segments.size(); ++i) {
+    e.parts[i] = Part{segments[i].data(), segments[i].size()};
     e.segment_first[i] = static_cast<uint32_t>(i);
     e.segment_parts[i] = 1;
   }
-  e.parts = std::move(parts);
-  call->private_arena = std::make_unique<Arena>(limits.max_arena_bytes);
   absl::StatusOr<void*> m =
       DecodeMessage(desc,
                     absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(e.structure.data()),
@@ -52,6 +62,43 @@ absl::StatusOr<const void*> PrivatizeRequest(const MessageDesc& desc, const Code
 }
 
 RawResult WaitCall(CallState& call) {
+  // The caller polls the connection itself (run-to-completion, no thread hop) when no other
+  // blocking caller does; otherwise it waits for its result or for the role.
+  std::shared_ptr<ChannelCore> ch = call.channel.lock();
+  bool registered = false;
+  while (ch != nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(call.mu);
+      if (call.done) break;
+      call.promoted = false;
+    }
+    bool lead = false;
+    {
+      std::lock_guard<std::mutex> lock(ch->mu);
+      if (!ch->leader && !ch->stop.load()) {
+        ch->leader = true;
+        lead = true;
+        if (registered) {
+          std::erase(ch->followers, &call);
+          registered = false;
+        }
+      } else if (!registered) {
+        ch->followers.push_back(&call);
+        registered = true;
+      }
+    }
+    if (lead) {
+      ch->Lead(call);
+      continue;
+    }
+    std::unique_lock<std::mutex> lock(call.mu);
+    call.cv.wait(lock, [&] { return call.done || call.promoted; });
+    if (call.done) break;
+  }
+  if (registered) {
+    std::lock_guard<std::mutex> lock(ch->mu);
+    std::erase(ch->followers, &call);
+  }
   std::unique_lock<std::mutex> lock(call.mu);
   call.cv.wait(lock, [&] { return call.done; });
   if (call.taken) return absl::FailedPreconditionError("the call's result was already taken");
@@ -65,6 +112,19 @@ bool WaitCallFor(CallState& call, absl::Duration timeout) {
 }
 
 void CancelCall(CallState& call) {
+  if (std::shared_ptr<RetryState> retry = call.retry.lock()) {
+    // A retried call: no further try, and the one in flight (if any) is cancelled.
+    retry->cancelled = true;
+    std::shared_ptr<CallState> attempt;
+    {
+      std::lock_guard<std::mutex> lock(call.mu);
+      attempt = call.attempt;
+    }
+    if (attempt != nullptr) CancelCall(*attempt);
+    std::lock_guard<std::mutex> lock(retry->impl->mu);
+    retry->impl->cv.notify_all();  // the connector completes it if it waits for a connection
+    return;
+  }
   std::shared_ptr<ChannelCore> ch = call.channel.lock();
   if (!ch) return;
   std::shared_ptr<CallState> self;
@@ -105,6 +165,13 @@ void Channel::Close() {
     }
   }
   for (auto& c : cores) c->Shutdown();
+  // Idempotent calls that waited to be tried again: the channel is gone.
+  std::vector<std::shared_ptr<internal::RetryState>> retries;
+  {
+    std::lock_guard<std::mutex> lock(impl.mu);
+    retries.swap(impl.retries);
+  }
+  for (auto& r : retries) Impl::Complete(r, absl::CancelledError("rpc channel closed"));
 }
 
 EngineChain& Channel::engines() { return *impl_->chain; }
@@ -176,6 +243,116 @@ std::shared_ptr<internal::CallState> Channel::StartCall(const ServiceDesc& servi
                                                         const CallOptions& options,
                                                         RawCallback done) {
   Impl& impl = *impl_;
+  if (!method.idempotent || !impl.options.retry_idempotent || !impl.options.reconnect ||
+      options.forwarded) {
+    return impl.StartOnce(*this, service, method, request, options, std::move(done));
+  }
+  // An idempotent method: the user holds `outer`; every try is a call of its own whose result
+  // completes `outer`, or (Unavailable) goes back to the connector to be tried again.
+  auto outer = std::make_shared<internal::CallState>();
+  outer->callback = std::move(done);
+  outer->info.service = &service;
+  outer->info.method = &method;
+  outer->info.start = absl::Now();
+  if (options.timeout != absl::InfiniteDuration()) {
+    outer->deadline = outer->info.start + options.timeout;
+  }
+  auto retry = std::make_shared<internal::RetryState>();
+  retry->outer = outer;
+  retry->service = &service;
+  retry->method = &method;
+  retry->request = request;
+  retry->options = options;
+  retry->impl = &impl;
+  outer->retry = retry;
+  impl.Attempt(*this, retry);
+  return outer;
+}
+
+void Channel::Impl::Complete(const std::shared_ptr<internal::RetryState>& retry,
+                             internal::RawResult r) {
+  if (retry->completed.exchange(true)) return;
+  const std::shared_ptr<internal::CallState>& outer = retry->outer;
+  outer->has_result = true;
+  outer->sent = true;
+  outer->result = std::move(r);
+  internal::ChannelCore::Finalize(outer);
+}
+
+void Channel::Impl::Attempt(Channel& channel, const std::shared_ptr<internal::RetryState>& retry) {
+  const std::shared_ptr<internal::CallState>& outer = retry->outer;
+  if (retry->cancelled.load()) {
+    Complete(retry,
+             absl::CancelledError(absl::StrCat("call ", retry->service->full_name, "/",
+                                               retry->method->name, " cancelled by the client")));
+    return;
+  }
+  CallOptions o = retry->options;
+  if (retry->attempts > 0) o.wait_for_ready = false;  // tried once a replica is connected
+  if (outer->deadline != absl::InfiniteFuture()) {
+    o.timeout = outer->deadline - absl::Now();
+    if (o.timeout <= absl::ZeroDuration()) {
+      Complete(retry, absl::DeadlineExceededError(absl::StrCat(
+                          "deadline exceeded: ", retry->service->full_name, "/",
+                          retry->method->name, " to ", channel.peer(), " after ", retry->attempts,
+                          " tries (idempotent, retried on: ", retry->last.message(), ")")));
+      return;
+    }
+  }
+  ++retry->attempts;
+  auto attempt =
+      StartOnce(channel, *retry->service, *retry->method, retry->request, o,
+                [this, retry](internal::RawResult r) { OnAttempt(retry, std::move(r)); });
+  std::lock_guard<std::mutex> lock(outer->mu);
+  if (!outer->done) outer->attempt = std::move(attempt);
+}
+
+void Channel::Impl::OnAttempt(const std::shared_ptr<internal::RetryState>& retry,
+                              internal::RawResult r) {
+  const absl::Time deadline = retry->outer->deadline;
+  if (!r.ok() && r.status().code() == absl::StatusCode::kUnavailable && !retry->cancelled.load() &&
+      retry->attempts < options.max_attempts &&
+      (deadline == absl::InfiniteFuture() || absl::Now() < deadline)) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!closed) {
+      retry->last = r.status();
+      retries.push_back(retry);
+      cv.notify_all();
+      return;
+    }
+  }
+  Complete(retry, std::move(r));
+}
+
+absl::Time Channel::Impl::RunRetries(std::unique_lock<std::mutex>& lock) {
+  absl::Time wake = absl::InfiniteFuture();
+  if (retries.empty()) return wake;
+  bool any_up = false;
+  for (const Replica& r : replicas) any_up = any_up || (r.core != nullptr && r.core->up.load());
+  const absl::Time now = absl::Now();
+  std::vector<std::shared_ptr<internal::RetryState>> start, keep, expired;
+  for (auto& r : retries) {
+    if (r->cancelled.load() || r->outer->deadline <= now || any_up) {
+      (any_up && !r->cancelled.load() && r->outer->deadline > now ? start : expired)
+          .push_back(std::move(r));
+    } else {
+      wake = std::min(wake, r->outer->deadline);
+      keep.push_back(std::move(r));
+    }
+  }
+  retries.swap(keep);
+  lock.unlock();
+  // Attempt() completes the cancelled and expired ones with the right status.
+  for (auto& r : expired) Attempt(*self, r);
+  for (auto& r : start) Attempt(*self, r);
+  lock.lock();
+  return wake;
+}
+
+std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
+    Channel& channel, const ServiceDesc& service, const MethodDesc& method, const void* request,
+    const CallOptions& options, RawCallback done) {
+  Impl& impl = *this;
   auto call = std::make_shared<internal::CallState>();
   call->callback = std::move(done);
   call->info.service = &service;
@@ -192,9 +369,9 @@ std::shared_ptr<internal::CallState> Channel::StartCall(const ServiceDesc& servi
     return call;
   };
   if (!impl.service_ids.contains(service.id)) {
-    return fail(absl::FailedPreconditionError(
-        absl::StrCat("service ", service.full_name, " was not named when the channel to ", peer(),
-                     " was connected (its handshake checks each service's schema)")));
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "service ", service.full_name, " was not named when the channel to ", channel.peer(),
+        " was connected (its handshake checks each service's schema)")));
   }
   absl::Status st = internal::EncodeMessage(*method.request(), request, &call->encoded, impl.codec);
   if (!st.ok()) return fail(st);
@@ -237,8 +414,8 @@ std::shared_ptr<internal::CallState> Channel::StartCall(const ServiceDesc& servi
       } else if (!impl.cv.wait_until(lock, absl::ToChronoTime(call->deadline), snapshot)) {
         lock.unlock();
         return fail(absl::DeadlineExceededError(
-            absl::StrCat("deadline exceeded: ", service.full_name, "/", method.name, " to ", peer(),
-                         " waited for a connection (wait_for_ready)")));
+            absl::StrCat("deadline exceeded: ", service.full_name, "/", method.name, " to ",
+                         channel.peer(), " waited for a connection (wait_for_ready)")));
       }
     }
   }

@@ -1,8 +1,10 @@
 // Dialling a Channel's replicas, the handshake, and redialling a connection that died.
 #include <algorithm>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "channel_impl.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/rpc/balance.hpp"
@@ -37,6 +39,9 @@ DialResult Channel::Impl::Dial(uint32_t r, const std::string& address) {
   h.type = internal::FrameType::kHello;
   // Several replicas: ask for the server's load reports (the balancing engines use them).
   if (replicas.size() > 1 || options.load_reports) h.flags = internal::kFlagLoad;
+  // We take batches of responses up to our receive buffer; the server says whether it does.
+  h.flags |= internal::kFlagBatch;
+  h.deadline_us = static_cast<uint32_t>(std::min<size_t>(core->pool->bytes(), UINT32_MAX));
   Metadata md;
   for (const ServiceDesc* s : services) {
     md.emplace_back(s->full_name, absl::StrFormat("%016x", s->schema_hash));
@@ -88,6 +93,23 @@ DialResult Channel::Impl::Dial(uint32_t r, const std::string& address) {
                              absl::StrCat("rpc handshake with ", address,
                                           " refused: ", std::string(in.frame().status_message))));
   }
+  if (in.frame().header.flags & internal::kFlagBatch) {
+    for (const auto& [key, value] : in.frame().metadata) {
+      if (key != internal::kBatchLimitsKey) continue;
+      const std::string text(value);
+      std::pair<std::string, std::string> fb = absl::StrSplit(text, absl::MaxSplits(' ', 1));
+      uint64_t frames = 0, bytes = 0;
+      if (!absl::SimpleAtoi(fb.first, &frames) || !absl::SimpleAtoi(fb.second, &bytes) ||
+          frames < 1 || bytes < internal::kFixedHeaderBytes) {
+        out.refused = true;
+        return fail(absl::InternalError(absl::StrCat("rpc handshake with ", address, ": malformed ",
+                                                     std::string(internal::kBatchLimitsKey), " \"",
+                                                     text, "\" (want \"<frames> <bytes>\")")));
+      }
+      core->peer_batch = {static_cast<size_t>(frames), static_cast<size_t>(bytes)};
+      core->batches_in = true;
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(core->mu);
     for (size_t i = 0; i < window + 1; ++i) {
@@ -104,8 +126,9 @@ DialResult Channel::Impl::Dial(uint32_t r, const std::string& address) {
 void Channel::Impl::Connector() {
   std::unique_lock<std::mutex> lock(mu);
   while (!closed) {
+    absl::Time wake = RunRetries(lock);
+    if (closed) break;
     const absl::Time now = absl::Now();
-    absl::Time wake = absl::InfiniteFuture();
     std::optional<uint32_t> due;
     for (uint32_t r = 0; r < replicas.size(); ++r) {
       const Replica& rep = replicas[r];
@@ -219,11 +242,11 @@ absl::StatusOr<std::shared_ptr<Channel>> Channel::Impl::Open(
                           absl::StrCat("rpc channel: none of the ", impl->replicas.size(),
                                        " replicas is reachable; first"));
   }
-  if (options.reconnect) {
-    Impl* raw = impl.get();
-    impl->connector = std::thread([raw] { raw->Connector(); });
-  }
-  return std::shared_ptr<Channel>(new Channel(std::move(impl)));
+  Impl* raw = impl.get();
+  auto channel = std::shared_ptr<Channel>(new Channel(std::move(impl)));
+  raw->self = channel.get();
+  if (options.reconnect) raw->connector = std::thread([raw] { raw->Connector(); });
+  return channel;
 }
 
 }  // namespace plexus::rpc

@@ -1,5 +1,6 @@
-// The insides of a Channel, shared by channel.cpp (calls) and channel_connect.cpp (dialling,
-// redialling, replicas): the call state, one connection (ChannelCore), and Channel::Impl.
+// The insides of a Channel, shared by channel.cpp (calls, idempotent retry), channel_core.cpp
+// (one connection: polling, batches, deadlines) and channel_connect.cpp (dialling, redialling,
+// replicas): the call state, one connection (ChannelCore), and Channel::Impl.
 #pragma once
 
 #include <algorithm>
@@ -32,16 +33,24 @@ class CallState {
  public:
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;   // the user sees the result
-  bool taken = false;  // WaitCall moved it out
+  bool done = false;      // the user sees the result
+  bool taken = false;     // WaitCall moved it out
+  bool promoted = false;  // a blocking caller waiting for the poller's role got it
   RawResult result = absl::UnknownError("call not completed");
   Channel::RawCallback callback;
   std::weak_ptr<ChannelCore> channel;
+  std::atomic<bool> finished{false};  // `done`, readable without the lock
+  // An idempotent call the channel retries (channel.cpp): the user holds this state, each try is
+  // a call of its own (`attempt`, under mu).
+  std::weak_ptr<struct RetryState> retry;
+  std::shared_ptr<CallState> attempt;
+  std::atomic<bool> polling{false};  // its blocking caller polls the connection (the leader)
 
   // Owned by the channel's lock.
   uint64_t id = 0;
   bool has_result = false;
   bool sent = false;
+  bool async = false;  // completes through a callback
   absl::Time deadline = absl::InfiniteFuture();
   EncodedMessage encoded;
   // The private copy of the request's data segments and its decoded form (content policies).
@@ -54,8 +63,19 @@ class CallState {
 
 constexpr uint64_t kRecvBit = uint64_t{1} << 63;
 constexpr uint64_t kControlBit = uint64_t{1} << 62;
+constexpr uint64_t kSendBit = uint64_t{1} << 61;
+// Pushed into the completion queue to interrupt a blocking caller that polls it (its call was
+// completed by another thread).
+constexpr uint64_t kWakeId = uint64_t{1} << 60;
 
 // One connection to one replica. A Channel holds one per replica and replaces it when it died.
+//
+// Completions are handled run-to-completion by whichever thread polls the connection's queue:
+// the connection's own thread (Run), or a blocking caller (WaitCall) that takes the poller's role
+// (the leader) while it waits, so that a synchronous call needs no thread hop on either side.
+// While a leader polls, Run parks; calls with callbacks that the leader completes are handed to
+// Run (callbacks run on the channel's thread). Requests started on Run's thread during a round
+// (from callbacks) queue in the outbox and leave as one batch when the round ends.
 struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   std::shared_ptr<transport::Device> device;
   std::unique_ptr<transport::CompletionQueue> cq;
@@ -69,6 +89,9 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   std::shared_ptr<EngineChain> chain;
   CodecLimits codec;
   FrameLimits frame_limits;
+  // What the server takes per message and whether it sends batches (from the handshake).
+  BatchLimits peer_batch;
+  bool batches_in = false;
   // Told once, from this connection's thread, when the connection failed (the channel redials).
   std::function<void()> on_break;
   std::atomic<bool> up{true};
@@ -79,289 +102,78 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   size_t in_flight = 0;
   uint64_t next_id = 1;
   uint64_t next_control = 1;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<CallState>> calls;    // awaiting a result
-  absl::flat_hash_map<uint64_t, std::shared_ptr<CallState>> sending;  // awaiting kSend
+  uint64_t next_send = 1;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<CallState>> calls;  // awaiting a result
+  struct Sending {
+    std::vector<std::shared_ptr<CallState>> calls;
+    std::vector<Part> parts;  // a batch's gather list
+  };
+  absl::flat_hash_map<uint64_t, Sending> sending;  // awaiting kSend
+  std::vector<std::shared_ptr<CallState>> outbox;  // requests of Run's round, not sent yet
+  size_t outbox_bytes = 0;
   absl::flat_hash_map<uint64_t, BufferPool::Buffer> recvs;
   absl::flat_hash_map<uint64_t, std::unique_ptr<OutFrame>> controls;
   std::set<std::pair<absl::Time, uint64_t>> deadlines;
   std::vector<uint32_t> load_reports;  // gossip from the server, delivered by Run
   uint64_t next_recv = 1;
+  // The poller's role (see above), under mu.
+  bool leader = false;
+  std::vector<CallState*> followers;                 // blocking callers waiting for the role
+  std::vector<std::shared_ptr<CallState>> handoff;   // completed by the leader, with callbacks
+  size_t async_in_flight = 0;                        // calls with callbacks not completed
+  absl::Time leader_left = absl::InfinitePast();     // when the last leader gave the role up
+  std::condition_variable run_cv;                    // Run parks on it while a leader polls
+  base::AdaptiveSpin spin_{absl::Microseconds(20)};  // the poller's (one at a time)
+  std::atomic<size_t> last_round_{0};                // completions the last poll handled
 
   std::atomic<bool> stop{false};
   std::thread thread;
 
   // Completes `call` for the user; without the lock.
-  static void Finalize(const std::shared_ptr<CallState>& call) {
-    absl::Status st = call->result.ok() ? absl::OkStatus() : call->result.status();
-    if (call->chain) {
-      for (const auto& p : *call->chain) p->OnComplete(call->info, st);
-    }
-    Channel::RawCallback cb;
-    {
-      std::lock_guard<std::mutex> lock(call->mu);
-      call->done = true;
-      cb = std::move(call->callback);
-      if (!cb) call->cv.notify_all();
-    }
-    if (cb) {
-      RawResult r = std::move(call->result);
-      call->taken = true;
-      cb(std::move(r));
-    }
-  }
+  static void Finalize(const std::shared_ptr<CallState>& call);
 
   // With the lock: records the result; returns whether the call can be finalized now.
-  bool SetResult(const std::shared_ptr<CallState>& call, RawResult r) {
-    if (call->has_result) return false;
-    call->has_result = true;
-    call->result = std::move(r);
-    calls.erase(call->id);
-    if (call->deadline != absl::InfiniteFuture()) deadlines.erase({call->deadline, call->id});
-    return ReleaseIfDone(call);
-  }
-  bool ReleaseIfDone(const std::shared_ptr<CallState>& call) {
-    if (!call->has_result || !call->sent) return false;
-    --in_flight;
-    window_cv.notify_one();
-    return true;
-  }
-
-  absl::Status PostRecvLocked() {
-    BufferPool::Buffer b = pool->Take();
-    const uint64_t wr = kRecvBit | next_recv++;
-    PLEXUS_RETURN_IF_ERROR(conn->PostRecv({b.get(), pool->bytes()}, wr));
-    recvs.emplace(wr, std::move(b));
-    return absl::OkStatus();
-  }
-
-  void SendCancelLocked(uint64_t call_id) {
-    if (!broken.ok()) return;
-    auto f = std::make_unique<OutFrame>();
-    FrameHeader h;
-    h.type = FrameType::kCancel;
-    h.call_id = call_id;
-    BuildFrame(h, "", {}, nullptr, f.get());
-    const uint64_t wr = kControlBit | next_control++;
-    if (conn->PostSend(f->parts, wr).ok()) controls.emplace(wr, std::move(f));
-  }
-
+  bool SetResult(const std::shared_ptr<CallState>& call, RawResult r);
+  bool ReleaseIfDone(const std::shared_ptr<CallState>& call);
+  absl::Status PostRecvLocked();
+  void SendCancelLocked(uint64_t call_id);
   // With the lock: the connection is gone; fails every call waiting for a result.
-  void BreakLocked(absl::Status why, std::vector<std::shared_ptr<CallState>>* ready) {
-    if (broken.ok()) broken = why;
-    up = false;
-    std::vector<std::shared_ptr<CallState>> waiting;
-    for (auto& [id, c] : calls) waiting.push_back(c);
-    for (auto& c : waiting) {
-      if (SetResult(c, broken)) ready->push_back(c);
-    }
-    window_cv.notify_all();
-  }
-
-  void Handle(const transport::Completion& c, std::vector<std::shared_ptr<CallState>>* ready) {
-    std::unique_lock<std::mutex> lock(mu);
-    if (c.wr_id & kRecvBit) {
-      auto it = recvs.find(c.wr_id);
-      if (it == recvs.end()) return;
-      BufferPool::Buffer buf = std::move(it->second);
-      recvs.erase(it);
-      if (!c.status.ok()) {
-        BreakLocked(absl::UnavailableError(
-                        absl::StrCat("rpc connection to ", peer, " failed: ", c.status.message())),
-                    ready);
-        return;
-      }
-      auto in = std::make_shared<Inbound>(pool, std::move(buf), c.bytes);
-      absl::Status st = in->Parse(frame_limits);
-      if (st.ok() && in->frame().header.type != FrameType::kResponse &&
-          in->frame().header.type != FrameType::kLoad) {
-        st = absl::InvalidArgumentError("malformed rpc frame: type: a server sent a non-response");
-      }
-      if (!st.ok()) {
-        conn->Close();
-        BreakLocked(absl::InternalError(absl::StrCat("rpc server ", peer, ": ", st.message())),
-                    ready);
-        return;
-      }
-      if (absl::Status rs = PostRecvLocked(); !rs.ok()) {
-        BreakLocked(
-            absl::UnavailableError(absl::StrCat("rpc connection to ", peer, ": ", rs.message())),
-            ready);
-      }
-      const FrameHeader& h = in->frame().header;
-      if (h.type == FrameType::kLoad) {
-        load_reports.push_back(h.load);
-        return;
-      }
-      auto call_it = calls.find(h.call_id);
-      if (call_it == calls.end()) return;  // cancelled or expired: dropped
-      std::shared_ptr<CallState> call = call_it->second;
-      if (h.flags & kFlagLoad) call->info.replica_load = h.load;
-      RawResult r = absl::UnknownError("");
-      if (h.status_code != 0) {
-        r = absl::Status(static_cast<absl::StatusCode>(h.status_code),
-                         std::string(in->frame().status_message));
-      } else {
-        call->info.response_bytes = c.bytes;
-        absl::Status ds = in->Decode(*call->info.method->response(), codec);
-        if (ds.ok()) {
-          r = std::shared_ptr<const InboundMessage>(std::move(in));
-        } else {
-          r = absl::InternalError(absl::StrCat("response of ", call->info.service->full_name, "/",
-                                               call->info.method->name, " from ", peer, ": ",
-                                               ds.message()));
-        }
-      }
-      if (SetResult(call, std::move(r))) ready->push_back(call);
-      return;
-    }
-    if (c.wr_id & kControlBit) {
-      controls.erase(c.wr_id);
-      return;
-    }
-    auto it = sending.find(c.wr_id);
-    if (it == sending.end()) return;
-    std::shared_ptr<CallState> call = it->second;
-    sending.erase(it);
-    call->sent = true;
-    call->encoded.Clear();
-    call->private_bytes.reset();
-    call->private_arena.reset();
-    if (!c.status.ok() && !call->has_result) {
-      BreakLocked(absl::UnavailableError(
-                      absl::StrCat("rpc connection to ", peer, " failed: ", c.status.message())),
-                  ready);
-    }
-    if (ReleaseIfDone(call)) ready->push_back(call);
-  }
-
-  void ExpireLocked(std::vector<std::shared_ptr<CallState>>* ready) {
-    const absl::Time now = absl::Now();
-    while (!deadlines.empty() && deadlines.begin()->first <= now) {
-      const uint64_t id = deadlines.begin()->second;
-      auto it = calls.find(id);
-      if (it == calls.end()) {
-        deadlines.erase(deadlines.begin());
-        continue;
-      }
-      std::shared_ptr<CallState> call = it->second;
-      SendCancelLocked(id);
-      if (SetResult(call, absl::DeadlineExceededError(absl::StrCat(
-                              "deadline exceeded: ", call->info.service->full_name, "/",
-                              call->info.method->name, " to ", peer, " got no response within ",
-                              absl::FormatDuration(call->deadline - call->info.start))))) {
-        ready->push_back(call);
-      }
-    }
-  }
-
-  void Run() {
-    std::vector<std::shared_ptr<CallState>> ready;
-    std::vector<uint32_t> loads;
-    transport::Completion batch[16];
-    absl::Time drain_until = absl::InfiniteFuture();
-    bool told = false;
-    while (true) {
-      absl::Duration wait = absl::Milliseconds(5);
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (stop.load()) {
-          if (drain_until == absl::InfiniteFuture()) drain_until = absl::Now() + absl::Seconds(2);
-          if ((sending.empty() && recvs.empty() && controls.empty()) || absl::Now() > drain_until) {
-            break;
-          }
-        }
-        if (!deadlines.empty()) {
-          wait = std::clamp(deadlines.begin()->first - absl::Now(), absl::ZeroDuration(), wait);
-        }
-      }
-      size_t n = cq->Poll(absl::MakeSpan(batch));
-      if (n == 0) {
-        auto c = cq->Wait(wait, options.poll ? wait : absl::Microseconds(20));
-        if (c.ok()) {
-          batch[0] = std::move(*c);
-          n = 1;
-        }
-      }
-      for (size_t i = 0; i < n; ++i) Handle(batch[i], &ready);
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        ExpireLocked(&ready);
-        loads.swap(load_reports);
-      }
-      if (!loads.empty()) {
-        EngineChain::Snapshot engines = chain->snapshot();
-        for (uint32_t load : loads) {
-          for (const auto& p : *engines) p->OnLoadReport(replica, load);
-        }
-        loads.clear();
-      }
-      for (auto& call : ready) Finalize(call);
-      ready.clear();
-      if (!told && !up.load() && !stop.load()) {
-        told = true;
-        if (on_break) on_break();
-      }
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    BreakLocked(absl::CancelledError("rpc channel closed"), &ready);
-    for (auto& [wr, call] : sending) {
-      call->sent = true;
-      if (ReleaseIfDone(call)) ready.push_back(call);
-    }
-    sending.clear();
-    for (auto& call : ready) Finalize(call);
-  }
+  void BreakLocked(absl::Status why, std::vector<std::shared_ptr<CallState>>* ready);
+  void Handle(const transport::Completion& c, std::vector<std::shared_ptr<CallState>>* ready);
+  void HandleFrame(const std::shared_ptr<Inbound>& in,
+                   std::vector<std::shared_ptr<CallState>>* ready);
+  void ExpireLocked(std::vector<std::shared_ptr<CallState>>* ready);
+  // Sends the outbox (one request as is, several as a batch).
+  void FlushLocked(std::vector<std::shared_ptr<CallState>>* ready);
+  // Polls the queue once (waiting up to `wait`) and handles what came: completions, deadlines,
+  // load reports. `ready` receives the calls to finalize.
+  void Poll(absl::Duration wait, std::vector<std::shared_ptr<CallState>>* ready);
+  // The connection's thread.
+  void Run();
+  // A blocking caller polls the connection itself until `call` completes (it holds the role).
+  void Lead(CallState& call);
 
   // Fails what is outstanding with Cancelled (unless the connection failed before), closes the
   // connection and joins the thread. Not from the connection's own thread.
-  void Shutdown() {
-    if (!thread.joinable()) return;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (broken.ok()) broken = absl::CancelledError("rpc channel closed");
-      up = false;
-      conn->Close();
-      stop = true;
-    }
-    thread.join();
-  }
+  void Shutdown();
 
   // Sends an encoded call whose chain passed: waits for a window slot within its deadline.
   // Returns the error to fail the call with (the call is then not registered).
-  absl::Status Submit(const std::shared_ptr<CallState>& call, const CallOptions& options) {
-    call->channel = weak_from_this();
-    const ServiceDesc& service = *call->info.service;
-    const MethodDesc& method = *call->info.method;
-    std::unique_lock<std::mutex> lock(mu);
-    auto has_room = [&] { return in_flight < window || !broken.ok(); };
-    if (call->deadline == absl::InfiniteFuture()) {
-      window_cv.wait(lock, has_room);
-    } else if (!window_cv.wait_until(lock, absl::ToChronoTime(call->deadline), has_room)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("deadline exceeded: ", service.full_name, "/", method.name, " to ", peer,
-                       " waited for a window slot (", window, " calls in flight)"));
-    }
-    if (!broken.ok()) return absl::UnavailableError(broken.message());
-    call->id = next_id++;
-    call->info.call_id = call->id;
-    FrameHeader h;
-    h.type = FrameType::kRequest;
-    h.call_id = call->id;
-    h.service_id = service.id;
-    h.method_id = method.id;
-    h.deadline_us = DeadlineBudgetUs(call->deadline);
-    if (options.forwarded) h.flags |= kFlagForwarded;
-    BuildFrame(h, "", options.metadata, &call->encoded, &call->frame);
-    call->info.request_bytes = call->frame.bytes;
-    if (absl::Status ps = conn->PostSend(call->frame.parts, call->id); !ps.ok()) {
-      return absl::UnavailableError(absl::StrCat("rpc connection to ", peer, ": ", ps.message()));
-    }
-    ++in_flight;
-    calls.emplace(call->id, call);
-    sending.emplace(call->id, call);
-    if (call->deadline != absl::InfiniteFuture()) deadlines.emplace(call->deadline, call->id);
-    return absl::OkStatus();
-  }
+  absl::Status Submit(const std::shared_ptr<CallState>& call, const CallOptions& options);
+};
+
+// What a retried call needs to start another try (the request stays valid until it completes).
+struct RetryState {
+  std::shared_ptr<CallState> outer;  // what the user holds
+  const ServiceDesc* service = nullptr;
+  const MethodDesc* method = nullptr;
+  const void* request = nullptr;
+  CallOptions options;
+  int attempts = 0;
+  std::atomic<bool> cancelled{false};
+  std::atomic<bool> completed{false};
+  Channel::Impl* impl = nullptr;
+  absl::Status last;  // the last try's Unavailable
 };
 
 // Copies the encoded request's data segments into memory the call owns and decodes the copy
@@ -406,7 +218,24 @@ struct Channel::Impl {
   std::thread connector;
   std::atomic<uint64_t> rotate{0};
 
+  // Idempotent calls waiting for a connection to try again (channel.cpp), under mu.
+  std::vector<std::shared_ptr<internal::RetryState>> retries;
+
   internal::DialResult Dial(uint32_t r, const std::string& address);
+  // One try of a call (Channel::StartCall without the retry).
+  std::shared_ptr<internal::CallState> StartOnce(Channel& channel, const ServiceDesc& service,
+                                                 const MethodDesc& method, const void* request,
+                                                 const CallOptions& options,
+                                                 Channel::RawCallback done);
+  // Starts the next try of `retry`, or completes its call (deadline, attempts, closed).
+  void Attempt(Channel& channel, const std::shared_ptr<internal::RetryState>& retry);
+  // A try ended: completes the call, or queues it for the connector to try again.
+  void OnAttempt(const std::shared_ptr<internal::RetryState>& retry, internal::RawResult r);
+  static void Complete(const std::shared_ptr<internal::RetryState>& retry, internal::RawResult r);
+  // The connector: starts the queued tries once a replica is connected; fails those whose
+  // deadline passed. Returns when it should look again. With mu held (released meanwhile).
+  absl::Time RunRetries(std::unique_lock<std::mutex>& lock);
+  Channel* self = nullptr;
   void Connector();
   // From a connection's thread: the connection of replica `r` failed.
   void OnBreak(uint32_t r) {

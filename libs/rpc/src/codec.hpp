@@ -49,14 +49,21 @@ absl::Status EncodeMessage(const MessageDesc& desc, const void* msg, EncodedMess
 class Arena {
  public:
   explicit Arena(size_t limit = size_t{64} << 20) : limit_(limit) {}
+  Arena(const Arena&) = delete;  // it may point into itself
+  Arena& operator=(const Arena&) = delete;
   // nullptr when the limit would be exceeded.
   void* Allocate(size_t bytes, size_t align);
+  // Bytes of the blocks allocated beyond the inline ones.
   size_t used() const { return used_; }
 
  private:
+  // The first bytes live in the arena itself: a small message (and its owner, allocated
+  // together with it) needs no allocation of its own.
+  static constexpr size_t kInlineBytes = 256;
+  alignas(std::max_align_t) unsigned char inline_[kInlineBytes];
   std::vector<std::unique_ptr<unsigned char[]>> blocks_;
-  unsigned char* cursor_ = nullptr;
-  size_t left_ = 0;
+  unsigned char* cursor_ = inline_;
+  size_t left_ = kInlineBytes;
   size_t used_ = 0;
   size_t limit_;
 };

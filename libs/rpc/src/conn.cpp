@@ -66,6 +66,33 @@ absl::Status Inbound::Parse(const FrameLimits& limits) {
   return absl::OkStatus();
 }
 
+absl::Status SplitFrames(std::shared_ptr<const RecvBuffer> buffer, bool batches,
+                         const FrameLimits& limits, std::vector<std::shared_ptr<Inbound>>* out) {
+  const absl::Span<const uint8_t> all = buffer->bytes();
+  if (!batches) {
+    auto in = std::make_shared<Inbound>(buffer, 0, all.size());
+    PLEXUS_RETURN_IF_ERROR(in->Parse(limits));
+    out->push_back(std::move(in));
+    return absl::OkStatus();
+  }
+  size_t at = 0;
+  for (size_t index = 0;; ++index) {
+    size_t length = 0;
+    auto frame = ParseFramePrefix(all.subspan(at), &length, limits);
+    if (!frame.ok()) {
+      return base::Annotate(frame.status(),
+                            absl::StrCat("frame ", index, " of a batch (at byte ", at, ")"));
+    }
+    auto in = std::make_shared<Inbound>(buffer, at, length);
+    in->frame_ = *std::move(frame);
+    in->metadata_.assign(in->frame_.metadata.begin(), in->frame_.metadata.end());
+    out->push_back(std::move(in));
+    PLEXUS_ASSIGN_OR_RETURN(std::optional<size_t> next, NextFrameOffset(at + length, all.size()));
+    if (!next) return absl::OkStatus();
+    at = *next;
+  }
+}
+
 absl::Status Inbound::Decode(const MessageDesc& desc, const CodecLimits& limits) {
   if (frame_.structure.empty()) {
     return absl::InvalidArgumentError(

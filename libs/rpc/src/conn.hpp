@@ -36,15 +36,33 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   std::vector<Buffer> free_;
 };
 
-// A received frame whose message was rebuilt in place; owns the buffer and the arena.
-class Inbound : public InboundMessage {
+// One filled receive buffer, shared by the frames of a batch parsed in place in it; back to the
+// pool when the last of them is gone.
+class RecvBuffer {
  public:
-  Inbound(std::shared_ptr<BufferPool> pool, BufferPool::Buffer buffer, size_t bytes)
+  RecvBuffer(std::shared_ptr<BufferPool> pool, BufferPool::Buffer buffer, size_t bytes)
       : pool_(std::move(pool)), buffer_(std::move(buffer)), bytes_(bytes) {}
-  ~Inbound() override {
+  ~RecvBuffer() {
     if (buffer_) pool_->Give(std::move(buffer_));
   }
   absl::Span<const uint8_t> bytes() const { return {buffer_.get(), bytes_}; }
+
+ private:
+  std::shared_ptr<BufferPool> pool_;
+  BufferPool::Buffer buffer_;
+  size_t bytes_;
+};
+
+// A received frame whose message was rebuilt in place; shares the buffer, owns the arena.
+class Inbound : public InboundMessage {
+ public:
+  // The frame at [offset, offset + bytes) of `buffer` (offset a multiple of 8).
+  Inbound(std::shared_ptr<const RecvBuffer> buffer, size_t offset, size_t bytes)
+      : buffer_(std::move(buffer)), offset_(offset), bytes_(bytes) {}
+  Inbound(std::shared_ptr<BufferPool> pool, BufferPool::Buffer buffer, size_t bytes)
+      : Inbound(std::make_shared<RecvBuffer>(std::move(pool), std::move(buffer), bytes), 0, bytes) {
+  }
+  absl::Span<const uint8_t> bytes() const { return buffer_->bytes().subspan(offset_, bytes_); }
   // Parses the frame (kept in frame()); metadata() then views it.
   absl::Status Parse(const FrameLimits& limits);
   // Decodes the message of type `desc` (the frame must carry one).
@@ -52,11 +70,28 @@ class Inbound : public InboundMessage {
   const FrameView& frame() const { return frame_; }
 
  private:
-  std::shared_ptr<BufferPool> pool_;
-  BufferPool::Buffer buffer_;
+  friend absl::Status SplitFrames(std::shared_ptr<const RecvBuffer> buffer, bool batches,
+                                  const FrameLimits& limits,
+                                  std::vector<std::shared_ptr<Inbound>>* out);
+  std::shared_ptr<const RecvBuffer> buffer_;
+  size_t offset_;
   size_t bytes_;
   FrameView frame_;
   Arena arena_;
+};
+
+// Parses every frame of a received message into `out` (in order): one frame, or with `batches`
+// (the handshake agreed on them) several back to back. An error names the malformed frame; the
+// frames before it are in `out`.
+absl::Status SplitFrames(std::shared_ptr<const RecvBuffer> buffer, bool batches,
+                         const FrameLimits& limits, std::vector<std::shared_ptr<Inbound>>* out);
+
+// Sends gathered several frames that queue for one connection: frames are added while their
+// caller runs a round of completions on the connection's thread, and leave as one transport
+// message (a batch, one gathered write) when the round ends. Limits come from the handshake.
+struct BatchLimits {
+  size_t frames = 1;  // 1: the peer takes one frame per message (no batches)
+  size_t bytes = 0;   // the peer's receive buffer
 };
 
 inline uint32_t DeadlineBudgetUs(absl::Time deadline) {

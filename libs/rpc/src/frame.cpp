@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "plexus/base/byte_order.hpp"
+#include "plexus/base/status.hpp"
 
 namespace plexus::rpc::internal {
 namespace {
@@ -96,6 +97,36 @@ void BuildFrame(const FrameHeader& h, std::string_view status_message,
 }
 
 absl::StatusOr<FrameView> ParseFrame(absl::Span<const uint8_t> f, const FrameLimits& limits) {
+  size_t length = 0;
+  PLEXUS_ASSIGN_OR_RETURN(FrameView v, ParseFramePrefix(f, &length, limits));
+  if (length != f.size()) {
+    return Bad(absl::StrCat("length: the frame has ", f.size(), " bytes, its header accounts for ",
+                            length));
+  }
+  return v;
+}
+
+absl::StatusOr<std::optional<size_t>> NextFrameOffset(size_t end, size_t total) {
+  if (end >= total) return std::optional<size_t>();
+  const size_t next = end + Pad(end);
+  if (next + kFixedHeaderBytes > total) {
+    return Bad(absl::StrCat("batch: ", total - end, " stray bytes after the frame ending at ", end,
+                            " (a frame needs ", kFixedHeaderBytes, ")"));
+  }
+  return std::optional<size_t>(next);
+}
+
+void AppendToBatch(const OutFrame& frame, std::vector<Part>* parts, size_t* bytes) {
+  if (const size_t pad = Pad(*bytes); pad > 0) {
+    parts->push_back({kZeros, pad});
+    *bytes += pad;
+  }
+  parts->insert(parts->end(), frame.parts.begin(), frame.parts.end());
+  *bytes += frame.bytes;
+}
+
+absl::StatusOr<FrameView> ParseFramePrefix(absl::Span<const uint8_t> f, size_t* length,
+                                           const FrameLimits& limits) {
   if (f.size() < kFixedHeaderBytes) {
     return Bad(
         absl::StrCat("header: ", f.size(), " bytes, the fixed header needs ", kFixedHeaderBytes));
@@ -184,10 +215,7 @@ absl::StatusOr<FrameView> ParseFrame(absl::Span<const uint8_t> f, const FrameLim
     }
     at += len;
   }
-  if (at != f.size()) {
-    return Bad(
-        absl::StrCat("length: the frame has ", f.size(), " bytes, its header accounts for ", at));
-  }
+  *length = static_cast<size_t>(at);
   return v;
 }
 

@@ -1,4 +1,6 @@
-// The rpc frame: one transport message per request, response, cancel or handshake.
+// The rpc frame: a request, response, cancel or handshake. A transport message carries one
+// frame, or (between peers that agreed on it in the handshake, kFlagBatch) several frames back
+// to back, each starting at a multiple of 8 bytes from the message start (a batch).
 //
 //   fixed header (48 bytes, little-endian): magic "PXR1", version, type, flags, call id,
 //     service id, method id, status code, status message length, deadline budget (us) or load,
@@ -14,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -46,6 +49,11 @@ inline constexpr uint16_t kFlagLoad = 1;
 // kRequest: a server forwarded this call to its peer replica (server-side Daronpon); the peer
 // serves it and never forwards it again (one hop).
 inline constexpr uint16_t kFlagForwarded = 2;
+// kHello: the client accepts batches (several frames per transport message); bytes 32-35 hold
+// its receive buffer's size. kHelloAck: the server accepts batches too; its limits are in the
+// ack's metadata (kBatchLimitsKey: "<frames> <bytes>").
+inline constexpr uint16_t kFlagBatch = 4;
+inline constexpr std::string_view kBatchLimitsKey = "plexus-batch";
 
 struct FrameHeader {
   FrameType type = FrameType::kRequest;
@@ -89,5 +97,18 @@ struct FrameView {
 // `frame` must start 8-byte aligned (segments are mapped in place).
 absl::StatusOr<FrameView> ParseFrame(absl::Span<const uint8_t> frame,
                                      const FrameLimits& limits = {});
+
+// Parses the frame at the start of `bytes` (8-byte aligned), which may be followed by further
+// frames of a batch; `*length` is the frame's own size. Every length is checked against `bytes`.
+absl::StatusOr<FrameView> ParseFramePrefix(absl::Span<const uint8_t> bytes, size_t* length,
+                                           const FrameLimits& limits = {});
+
+// Where the frame after one that ended at `end` starts in a batch of `total` bytes: nullopt when
+// the batch ends there; an error when only padding (or a stray tail under 8 bytes) follows.
+absl::StatusOr<std::optional<size_t>> NextFrameOffset(size_t end, size_t total);
+
+// Appends `frame` to a batch being gathered in `parts` (`*bytes` so far), after the zero padding
+// that starts it at a multiple of 8 bytes.
+void AppendToBatch(const OutFrame& frame, std::vector<Part>* parts, size_t* bytes);
 
 }  // namespace plexus::rpc::internal

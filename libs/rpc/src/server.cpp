@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "conn.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "plexus/rpc/balance.hpp"
 #include "plexus/transport/accept_loop.hpp"
 #include "server_impl.hpp"
@@ -27,6 +28,10 @@ std::string_view ServerContext::CopyString(std::string_view s) {
 namespace internal {
 namespace {
 constexpr uint64_t kServerControlBit = uint64_t{1} << 62;
+// Responses gathered into one batch at most (and at most the client's receive buffer).
+constexpr size_t kMaxResponsesPerBatch = 256;
+// The server whose dispatcher runs on this thread, while it handles a round of completions.
+thread_local const ServerCore* round_of = nullptr;
 }  // namespace
 
 uint32_t ServerCore::ChangeLoad(int delta) {
@@ -79,7 +84,41 @@ void ServerConn::PostRecvLocked() {
   if (dead) return;
   BufferPool::Buffer b = server->pool->Take();
   const uint64_t wr = (uint64_t{1} << 63) | next_wr++;
-  if (conn->PostRecv({b.get(), server->pool->bytes()}, wr).ok()) recvs.emplace(wr, std::move(b));
+  if (conn->PostRecv({b.get(), server->pool->bytes()}, wr).ok()) {
+    recvs.emplace(wr, std::move(b));
+    ++posted;
+  }
+}
+
+void ServerConn::RefillLocked() {
+  while (!dead && posted + held < server->window) {
+    const size_t before = posted;
+    PostRecvLocked();
+    if (posted == before) return;  // the connection refused it (it is failing)
+  }
+}
+
+absl::Status ServerConn::FlushLocked(std::vector<std::shared_ptr<ServerCallImpl>>* dropped) {
+  if (outbox.empty()) return absl::OkStatus();
+  Sending batch;
+  batch.calls.swap(outbox);
+  outbox_bytes = 0;
+  absl::Span<const Part> parts;
+  if (batch.calls.size() == 1) {
+    parts = batch.calls[0]->frame().parts;
+  } else {
+    size_t bytes = 0;
+    for (const auto& c : batch.calls) AppendToBatch(c->frame(), &batch.parts, &bytes);
+    parts = batch.parts;
+  }
+  const uint64_t wr = next_wr++;
+  absl::Status st = conn->PostSend(parts, wr);
+  if (!st.ok()) {
+    dropped->insert(dropped->end(), batch.calls.begin(), batch.calls.end());
+    return st;
+  }
+  sending.emplace(wr, std::move(batch));
+  return absl::OkStatus();
 }
 
 ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConn> conn, std::shared_ptr<Inbound> in)
@@ -90,6 +129,7 @@ ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConn> conn, std::shared_ptr
   info_.server_side = true;
   info_.start = absl::Now();
   info_.request_bytes = in_->bytes().size();
+  wants_load_ = conn_->wants_load;  // set by the hello, on the dispatcher's thread, as this is
   if (h.deadline_us != 0) deadline_ = info_.start + absl::Microseconds(h.deadline_us);
 }
 
@@ -146,12 +186,7 @@ void ServerCallImpl::Finish(absl::Status status) {
   FrameHeader h;
   h.type = FrameType::kResponse;
   h.call_id = call_id_;
-  bool wants_load;
-  {
-    std::lock_guard<std::mutex> lock(conn_->mu);
-    wants_load = conn_->wants_load;
-  }
-  if (wants_load) {
+  if (wants_load_) {
     h.flags = kFlagLoad;
     h.load = load;
   }
@@ -173,27 +208,68 @@ void ServerCallImpl::Finish(absl::Status status) {
   auto self = shared_from_this();
   absl::Status refused;
   bool dropped = false;
+  std::vector<std::shared_ptr<ServerCallImpl>> ended;
+  const bool in_round = server->InRound();
+  bool first_queued = false;
   {
     std::lock_guard<std::mutex> lock(conn_->mu);
     conn_->active.erase(call_id_);
     if (conn_->dead) {
       dropped = true;
     } else {
-      const uint64_t wr = conn_->next_wr++;
-      refused = conn_->conn->PostSend(frame_.parts, wr);
-      if (refused.ok()) {
-        conn_->sending.emplace(wr, std::move(self));
-        return;
+      ServerConn& sc = *conn_;
+      // A response finished on the dispatcher's thread waits for the round's end, to leave with
+      // the others of the round in one batch (when the client takes batches and it fits).
+      if (!sc.outbox.empty() &&
+          (sc.outbox.size() >= std::min(sc.peer_batch.frames, kMaxResponsesPerBatch) ||
+           sc.outbox_bytes + frame_.bytes + kSegmentAlign > sc.peer_batch.bytes)) {
+        refused = sc.FlushLocked(&ended);
+      }
+      if (!refused.ok()) {
+        dropped = true;  // this response too: the connection is failing
+      } else {
+        first_queued = sc.outbox.empty();
+        sc.outbox.push_back(std::move(self));
+        sc.outbox_bytes += frame_.bytes + kSegmentAlign;
+        if (!in_round || sc.peer_batch.frames <= 1) {
+          first_queued = false;
+          refused = sc.FlushLocked(&ended);
+        }
       }
     }
   }
+  if (first_queued) server->flush_list.push_back(conn_);
+  if (refused.ok() && !dropped) return;
   // The transport refuses posts only on a failed connection (the client is gone): no
   // completion will ever come for it, so drop it now, or it would stay in Connections() with
   // its held requests until Shutdown. Outside conn_->mu: Kill takes it, then the server's.
-  if (!dropped) conn_->server->Kill(conn_, refused);
+  if (!refused.ok()) conn_->server->Kill(conn_, refused);
   // The response is dropped, but the call ended: the policies see it end (an admission count
   // or a metrics engine must not keep it outstanding for ever).
-  Sent();
+  if (dropped) Sent();
+  for (auto& c : ended) c->Sent();
+}
+
+bool ServerCore::InRound() const { return round_of == this; }
+
+void ServerCore::EndRound() {
+  std::vector<std::shared_ptr<ServerConn>> conns;
+  conns.swap(flush_list);
+  for (auto& sc : conns) {
+    std::vector<std::shared_ptr<ServerCallImpl>> ended;
+    absl::Status st;
+    {
+      std::lock_guard<std::mutex> lock(sc->mu);
+      if (sc->dead) {
+        ended.swap(sc->outbox);
+        sc->outbox_bytes = 0;
+      } else {
+        st = sc->FlushLocked(&ended);
+      }
+    }
+    if (!st.ok()) Kill(sc, st);
+    for (auto& c : ended) c->Sent();
+  }
 }
 
 void ServerCallImpl::Sent() {
@@ -213,7 +289,7 @@ void ServerCore::Accept() {
                            const uint64_t id = sc->conn->id();
                            {
                              std::lock_guard<std::mutex> cl(sc->mu);
-                             for (size_t i = 0; i < window; ++i) sc->PostRecvLocked();
+                             sc->RefillLocked();
                            }
                            conns.emplace(id, std::move(sc));
                          });
@@ -237,17 +313,43 @@ void ServerCore::Kill(const std::shared_ptr<ServerConn>& sc, const absl::Status&
 }
 
 void ServerCore::Dispatch() {
-  transport::Completion batch[16];
+  transport::Completion batch[64];
+  // Spin before sleeping only while that pays (not when the clients share this CPU).
+  base::AdaptiveSpin spin(absl::Microseconds(20));
+  size_t last_round = 0;
   while (!stop.load()) {
-    size_t n = cq->Poll(absl::MakeSpan(batch));
+    // Busy (the last round handled several completions): take what is there first. One call at
+    // a time: wait at once (in ProgressMode::kCaller one system call per message).
+    // Completions queued already (our own sends) are taken without driving the transport.
+    size_t n = 0;
+    if (const size_t queued = cq->size(); queued > 0) {
+      n = cq->Poll(absl::MakeSpan(batch, std::min<size_t>(queued, 64)));
+    } else if (last_round > 1) {
+      n = cq->Poll(absl::MakeSpan(batch));
+    }
     if (n == 0) {
-      auto c = cq->Wait(absl::Milliseconds(50));
+      const absl::Duration spun = spin.spin();
+      const bool timed = spun > absl::ZeroDuration();  // only spinning waits teach AdaptiveSpin
+      const absl::Time start = timed ? absl::Now() : absl::InfinitePast();
+      auto c = cq->Wait(absl::Milliseconds(50), spun);
       if (!c.ok()) continue;
+      if (timed) spin.Record(spun, absl::Now() - start);
       batch[0] = std::move(*c);
       n = 1;
+      // And what is queued already, without driving the transport again.
+      if (const size_t more = std::min<size_t>(cq->size(), 63); more > 0) {
+        n += cq->Poll(absl::MakeSpan(batch + 1, more));
+      }
     }
+    last_round = n;
+    // Run to completion: parse, chain and handler of each call on this thread; the responses
+    // finished meanwhile leave together, one batch per connection, when the round ends.
+    round_of = this;
     for (size_t i = 0; i < n; ++i) Handle(batch[i]);
+    round_of = nullptr;
+    EndRound();
   }
+  EndRound();
 }
 
 void ServerCore::Handle(const transport::Completion& c) {
@@ -259,46 +361,64 @@ void ServerCore::Handle(const transport::Completion& c) {
     sc = it->second;
   }
   if (c.opcode == transport::Opcode::kSend) {
-    std::shared_ptr<ServerCallImpl> call;
+    ServerConn::Sending sent;
     bool close = false;
     {
       std::lock_guard<std::mutex> lock(sc->mu);
       auto it = sc->sending.find(c.wr_id);
       if (it != sc->sending.end()) {
-        call = std::move(it->second);
+        sent = std::move(it->second);
         sc->sending.erase(it);
+        sc->held -= std::min(sc->held, sent.calls.size());
       }
       sc->controls.erase(c.wr_id);
       close = sc->close_after_ack && c.wr_id == 0;
-      if (call || c.wr_id == 0) sc->PostRecvLocked();
+      if (!sent.calls.empty() || c.wr_id == 0) sc->RefillLocked();
     }
-    if (call) call->Sent();
+    for (auto& call : sent.calls) call->Sent();
     if (close || !c.status.ok()) Kill(sc, c.status);
     return;
   }
   if (c.opcode != transport::Opcode::kRecv) return;
   BufferPool::Buffer buf;
+  bool batches;
   {
     std::lock_guard<std::mutex> lock(sc->mu);
     auto it = sc->recvs.find(c.wr_id);
     if (it == sc->recvs.end()) return;
     buf = std::move(it->second);
     sc->recvs.erase(it);
+    --sc->posted;
+    batches = sc->hello_done && sc->peer_batch.frames > 1;
   }
   if (!c.status.ok()) {
     Kill(sc, c.status);
     return;
   }
-  HandleFrame(sc, std::make_shared<Inbound>(pool, std::move(buf), c.bytes), c.bytes);
-}
-
-void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_ptr<Inbound> in,
-                             size_t bytes) {
-  (void)bytes;
-  if (absl::Status st = in->Parse(frame_limits); !st.ok()) {
+  std::vector<std::shared_ptr<Inbound>> frames;
+  absl::Status st = SplitFrames(std::make_shared<RecvBuffer>(pool, std::move(buf), c.bytes),
+                                batches, frame_limits, &frames);
+  // A batch takes at most a window of calls (the client was told so in the handshake).
+  if (st.ok() && frames.size() > window) {
+    st = absl::ResourceExhaustedError(absl::StrCat("a batch of ", frames.size(),
+                                                   " frames from a client, over the window of ",
+                                                   window, " calls per connection"));
+  }
+  if (!st.ok()) {
     Kill(sc, st);  // a peer that sends garbage is not talked to any more
     return;
   }
+  size_t requests = 0;
+  for (const auto& in : frames) requests += in->frame().header.type == FrameType::kRequest;
+  for (auto& in : frames) HandleFrame(sc, std::move(in));
+  // Counted after the handlers ran: only this thread changes `held` (a response's send
+  // completion, handled here later, takes it back), so the window is the same.
+  std::lock_guard<std::mutex> lock(sc->mu);
+  sc->held += requests;
+  if (sc->hello_done) sc->RefillLocked();
+}
+
+void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_ptr<Inbound> in) {
   const FrameHeader& h = in->frame().header;
   if (h.type == FrameType::kHello) {
     absl::Status verdict;
@@ -328,7 +448,16 @@ void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_
     FrameHeader a;
     a.type = FrameType::kHelloAck;
     a.status_code = static_cast<uint32_t>(verdict.code());
-    BuildFrame(a, std::string(verdict.message()), {}, nullptr, sc->ack.get());
+    Metadata ack_md;
+    // Batches both ways when the client takes them: it may send up to a window of requests in
+    // one message of at most our receive buffer, we send responses up to its receive buffer.
+    if ((h.flags & kFlagBatch) != 0 && h.deadline_us >= kFixedHeaderBytes && verdict.ok()) {
+      sc->peer_batch = {kMaxResponsesPerBatch, h.deadline_us};
+      a.flags = kFlagBatch;
+      ack_md.emplace_back(std::string(kBatchLimitsKey),
+                          absl::StrCat(window, " ", std::min<size_t>(pool->bytes(), UINT32_MAX)));
+    }
+    BuildFrame(a, std::string(verdict.message()), ack_md, nullptr, sc->ack.get());
     (void)sc->conn->PostSend(sc->ack->parts, 0);  // completion (wr 0) reposts the receive
     return;
   }
@@ -338,7 +467,6 @@ void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_
       std::lock_guard<std::mutex> lock(sc->mu);
       auto it = sc->active.find(h.call_id);
       if (it != sc->active.end()) call = it->second.lock();
-      sc->PostRecvLocked();
     }
     if (call) call->Cancel();
     return;
@@ -347,19 +475,16 @@ void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_
     Kill(sc, absl::InvalidArgumentError("a client sent a non-request frame"));
     return;
   }
+  auto call = std::make_shared<ServerCallImpl>(sc, in);
   bool hello_done;
   {
     std::lock_guard<std::mutex> lock(sc->mu);
     hello_done = sc->hello_done;
+    if (hello_done) sc->active.emplace(h.call_id, call);
   }
   if (!hello_done) {
     Kill(sc, absl::FailedPreconditionError("request before the handshake"));
     return;
-  }
-  auto call = std::make_shared<ServerCallImpl>(sc, in);
-  {
-    std::lock_guard<std::mutex> lock(sc->mu);
-    sc->active.emplace(h.call_id, call);
   }
   auto sit = services.find(h.service_id);
   if (sit == services.end()) {

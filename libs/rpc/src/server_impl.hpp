@@ -31,16 +31,35 @@ struct ServerConn {
   bool dead = false;
   bool close_after_ack = false;
   bool wants_load = false;  // the client balances across replicas: piggyback and gossip loads
+  BatchLimits peer_batch;   // what the client takes per message (its hello)
   uint64_t next_wr = 1;
+  // The window: receives posted plus requests received whose response has not left stay below
+  // the server's window (a batch may take the requests held up to twice the window: its frames
+  // are limited to the window).
+  size_t posted = 0;
+  size_t held = 0;
   absl::flat_hash_map<uint64_t, BufferPool::Buffer> recvs;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<ServerCallImpl>> sending;
+  // Responses being sent, per send (one response, or a batch of them).
+  struct Sending {
+    std::vector<std::shared_ptr<ServerCallImpl>> calls;
+    std::vector<Part> parts;  // a batch's gather list
+  };
+  absl::flat_hash_map<uint64_t, Sending> sending;
+  // Responses finished during the dispatcher's round, sent as one batch when it ends.
+  std::vector<std::shared_ptr<ServerCallImpl>> outbox;
+  size_t outbox_bytes = 0;
   absl::flat_hash_map<uint64_t, std::weak_ptr<ServerCallImpl>> active;
   std::unique_ptr<OutFrame> ack;
   absl::flat_hash_map<uint64_t, std::unique_ptr<OutFrame>> controls;  // load reports being sent
   // Declared last: destroyed first, so that no buffer above is freed under the transport.
   std::unique_ptr<transport::Connection> conn;
 
+  // Posts receives while the window has room.
+  void RefillLocked();
   void PostRecvLocked();
+  // Sends the outbox (one frame as is, several as a batch); the calls' ends are returned in
+  // `dropped` when the connection refused the send.
+  absl::Status FlushLocked(std::vector<std::shared_ptr<ServerCallImpl>>* dropped);
 };
 
 // Server-side Daronpon (forward.cpp): channels to the peer replicas and the balancer that decides,
@@ -98,8 +117,12 @@ struct ServerCore {
   void Accept();
   void Dispatch();
   void Handle(const transport::Completion& c);
-  void HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_ptr<Inbound> in,
-                   size_t bytes);
+  void HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_ptr<Inbound> in);
+  // The dispatcher's round: responses finished on its thread meanwhile queue per connection
+  // (`flush_list`) and leave batched when the round ends (EndRound).
+  bool InRound() const;
+  void EndRound();
+  std::vector<std::shared_ptr<ServerConn>> flush_list;  // the dispatcher's thread only
   // After the chain passed: forwards the call, queues it for QoS, or runs its handler.
   void Route(const std::shared_ptr<ServerCallImpl>& call, ServiceBase* service, uint32_t method_id,
              bool forwarded_to_us, const std::optional<QosVerdict>& verdict);
@@ -146,6 +169,7 @@ class ServerCallImpl : public ServerCallState,
   void Relay(RawResult result);
   // The response left: policies see the end of the call.
   void Sent();
+  const OutFrame& frame() const { return frame_; }
 
  private:
   std::shared_ptr<ServerConn> conn_;
@@ -156,6 +180,7 @@ class ServerCallImpl : public ServerCallState,
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> finished_{false};
   bool counted_ = false;
+  bool wants_load_ = false;  // the client takes the server's load on each response
   bool qos_slot_ = false;
   std::mutex md_mu_;
   Metadata response_md_;

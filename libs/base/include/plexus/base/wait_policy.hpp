@@ -104,6 +104,42 @@ class WaitPolicy {
   absl::Duration sleep_after_;
 };
 
+// A spin phase that is kept only while it pays. A waiter whose event keeps coming after the spin
+// window (typically: the peer that answers shares this CPU, and cannot run while we spin) stops
+// spinning after kMissesToStop such waits, and spins again on a probe every kProbeEvery waits
+// (a probe that catches its event turns spinning back on). Not thread-safe: one per waiting
+// thread (or per queue with one waiter at a time).
+class AdaptiveSpin {
+ public:
+  static constexpr uint32_t kMissesToStop = 8;
+  static constexpr uint32_t kProbeEvery = 64;
+
+  explicit AdaptiveSpin(absl::Duration spin) : max_(std::max(spin, absl::ZeroDuration())) {}
+
+  // The spin for the next wait.
+  absl::Duration spin() {
+    if (misses_ < kMissesToStop) return max_;
+    return ++off_waits_ % kProbeEvery == 0 ? max_ : absl::ZeroDuration();
+  }
+  // A wait with spin `spun` (what spin() returned) that found its event after `waited` (waits
+  // that timed out say nothing). Waits that did not spin say nothing either: a sleeper's wake-up
+  // time is no measure of what spinning would have done.
+  void Record(absl::Duration spun, absl::Duration waited) {
+    if (spun <= absl::ZeroDuration()) return;
+    if (waited <= spun) {
+      misses_ = 0;
+    } else if (misses_ < kMissesToStop) {
+      ++misses_;
+    }
+  }
+  bool spinning() const { return misses_ < kMissesToStop; }
+
+ private:
+  absl::Duration max_;
+  uint32_t misses_ = 0;
+  uint32_t off_waits_ = 0;
+};
+
 class Backoff {
  public:
   // Delays start at `initial` and double up to `max`; each one handed out gets up to `jitter`

@@ -72,7 +72,8 @@ template <typename T>
 class PendingCall {
  public:
   explicit PendingCall(std::shared_ptr<internal::CallState> state) : state_(std::move(state)) {}
-  // Waits for the response or the error (gRPC status codes). Call once.
+  // Waits for the response or the error (gRPC status codes). Call once. While no other thread
+  // does, the waiting thread polls the call's connection itself (no hop to another thread).
   absl::StatusOr<Reply<T>> Get() {
     internal::RawResult r = internal::WaitCall(*state_);
     if (!r.ok()) return r.status();

@@ -29,8 +29,9 @@ struct ChannelOptions {
   // (default 4 MiB).
   size_t max_message_bytes = 0;
   absl::Duration connect_timeout = absl::Seconds(10);
-  // The dispatcher thread spins on the completion queue instead of sleeping when idle: lower
-  // latency for a busy CPU.
+  // The thread polling a connection (the channel's, or a blocking caller) spins on its queue
+  // instead of sleeping when idle: lower latency for a busy CPU. false: it spins up to 20 us
+  // before it sleeps, and only while that pays (base::AdaptiveSpin).
   bool poll = false;
   int max_depth = 32;  // nesting of a response's messages
   // Redial a connection that died (server restart, peer death) in the background, after
@@ -40,6 +41,12 @@ struct ChannelOptions {
   // started while its replica is not connected fails at once with Unavailable, unless it sets
   // CallOptions::wait_for_ready. false: a dead connection stays dead (calls fail with Unavailable).
   bool reconnect = true;
+  // With `reconnect`: a call of a method the .proto marks idempotent (`option idempotency_level
+  // = IDEMPOTENT` or NO_SIDE_EFFECTS) that fails with Unavailable (its connection died, or no
+  // replica was connected) is started again once a replica is connected, within its deadline,
+  // at most `max_attempts` times in all; other methods are never retried.
+  bool retry_idempotent = true;
+  int max_attempts = 5;
   absl::Duration reconnect_backoff = absl::Milliseconds(100);
   absl::Duration max_reconnect_backoff = absl::Seconds(5);
   // ConnectReplicas: the balancing engine attached as "balance" right after "frontend"

@@ -96,6 +96,10 @@ struct MethodDesc {
   uint32_t id;  // index in the service
   const MessageDesc* (*request)();
   const MessageDesc* (*response)();
+  // The .proto says running it twice is harmless (`option idempotency_level = IDEMPOTENT` or
+  // NO_SIDE_EFFECTS): a Channel retries it on Unavailable after a reconnect, within its deadline
+  // (ChannelOptions::retry_idempotent).
+  bool idempotent = false;
 };
 
 struct ServiceDesc {

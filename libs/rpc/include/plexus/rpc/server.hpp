@@ -29,8 +29,8 @@ class ServerContext {
   virtual bool IsCancelled() const = 0;
   // Metadata sent back with the response.
   virtual void AddResponseMetadata(std::string key, std::string value) = 0;
-  // Memory that lives until the response is sent: back the response's views with it (or with the
-  // request's views, which live as long).
+  // Memory (uninitialized) that lives until the response is sent: back the response's views with it
+  // (or with the request's views, which live as long).
   virtual void* Allocate(size_t bytes, size_t align = alignof(std::max_align_t)) = 0;
   std::string_view CopyString(std::string_view s);
   virtual std::string peer() const = 0;

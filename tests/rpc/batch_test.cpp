@@ -1,0 +1,435 @@
+// Batches (several frames per transport message) and run-to-completion polling: the batch
+// parser's checks, the handshake that agrees on batches, a raw client's batch of requests answered
+// (and a batch over the window refused), and a Channel whose blocking callers poll the connection
+// themselves while callbacks keep running on the channel's thread, in ProgressMode kCaller and
+// kThread.
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "catch2/catch.hpp"
+#include "codec.hpp"
+#include "conn.hpp"
+#include "frame.hpp"
+#include "holding_service.hpp"
+#include "kinds.plexus.hpp"
+#include "plexus/rpc/channel.hpp"
+#include "plexus/rpc/server.hpp"
+
+namespace pr = plexus::rpc;
+namespace pi = plexus::rpc::internal;
+namespace pt = plexus::transport;
+using plexus::rpctest::AllKinds;
+using plexus::rpctest::Inner;
+using plexus::rpctest::Kinds;
+
+namespace {
+
+// A request frame for Kinds/Echo carrying `ints` = {id}.
+struct EchoFrame {
+  AllKinds req;
+  int32_t value = 0;
+  pi::EncodedMessage encoded;
+  pi::OutFrame frame;
+  EchoFrame(uint64_t id) : value(static_cast<int32_t>(id)) {
+    req.ints = pr::Repeated<int32_t>(&value, 1);
+    REQUIRE(pi::EncodeMessage(*Kinds::Descriptor().methods[0].request(), &req, &encoded).ok());
+    pi::FrameHeader h;
+    h.type = pi::FrameType::kRequest;
+    h.call_id = id;
+    h.service_id = Kinds::Descriptor().id;
+    h.method_id = 0;
+    pi::BuildFrame(h, "", {}, &encoded, &frame);
+  }
+};
+
+// Copies gathered parts into one 64-byte aligned buffer (what a receiver holds).
+std::shared_ptr<pi::RecvBuffer> Flatten(const std::vector<pi::Part>& parts, size_t extra = 0) {
+  size_t bytes = 0;
+  for (const auto& p : parts) bytes += p.size;
+  auto pool = std::make_shared<pi::BufferPool>(bytes + extra + 64, 1);
+  pi::BufferPool::Buffer b = pool->Take();
+  size_t at = 0;
+  for (const auto& p : parts) {
+    std::memcpy(b.get() + at, p.data, p.size);
+    at += p.size;
+  }
+  std::memset(b.get() + at, 0, extra);
+  return std::make_shared<pi::RecvBuffer>(pool, std::move(b), bytes + extra);
+}
+
+}  // namespace
+
+TEST_CASE("batch parsing: frames back to back, every length checked", "[rpc][batch]") {
+  std::vector<std::unique_ptr<EchoFrame>> frames;
+  std::vector<pi::Part> parts;
+  size_t bytes = 0;
+  for (uint64_t id = 1; id <= 3; ++id) {
+    frames.push_back(std::make_unique<EchoFrame>(id));
+    pi::AppendToBatch(frames.back()->frame, &parts, &bytes);
+  }
+  SECTION("three frames") {
+    std::vector<std::shared_ptr<pi::Inbound>> in;
+    REQUIRE(pi::SplitFrames(Flatten(parts), true, {}, &in).ok());
+    REQUIRE(in.size() == 3);
+    for (uint64_t i = 0; i < 3; ++i) {
+      CHECK(in[i]->frame().header.call_id == i + 1);
+      REQUIRE(in[i]->Decode(*Kinds::Descriptor().methods[0].request(), {}).ok());
+      const auto* m = static_cast<const AllKinds*>(in[i]->message());
+      REQUIRE(m->ints.size() == 1);
+      CHECK(m->ints[0] == static_cast<int32_t>(i + 1));
+    }
+  }
+  SECTION("without batches agreed, a second frame is an error") {
+    std::vector<std::shared_ptr<pi::Inbound>> in;
+    absl::Status st = pi::SplitFrames(Flatten(parts), false, {}, &in);
+    REQUIRE_FALSE(st.ok());
+    CHECK_THAT(std::string(st.message()),
+               Catch::Contains("malformed rpc frame: length: the frame has"));
+  }
+  SECTION("a stray tail after the last frame") {
+    std::vector<std::shared_ptr<pi::Inbound>> in;
+    absl::Status st = pi::SplitFrames(Flatten(parts, 20), true, {}, &in);
+    REQUIRE_FALSE(st.ok());
+    CHECK_THAT(std::string(st.message()), Catch::Contains("stray bytes after the frame ending"));
+  }
+  SECTION("a frame cut short names its index and offset") {
+    std::vector<pi::Part> cut = parts;
+    cut.back().size -= 1;
+    std::vector<std::shared_ptr<pi::Inbound>> in;
+    absl::Status st = pi::SplitFrames(Flatten(cut), true, {}, &in);
+    REQUIRE_FALSE(st.ok());
+    CHECK_THAT(std::string(st.message()), Catch::Contains("frame 2 of a batch (at byte "));
+  }
+}
+
+TEST_CASE("a raw client's batch of requests is answered; a batch over the window is refused",
+          "[rpc][batch]") {
+  constexpr size_t kWindow = 8;
+  auto dev = pt::Device::Create({.backend = pt::Backend::kTcp, .local_address = "127.0.0.1"});
+  REQUIRE(dev.ok());
+  auto server = pr::Server::Create(*dev, {.max_in_flight_per_connection = kWindow});
+  REQUIRE(server.ok());
+  plexus::rpctest::HoldingService impl;
+  REQUIRE((*server)->Register(&impl).ok());
+  REQUIRE((*server)->Start().ok());
+  auto cq = (*dev)->CreateCompletionQueue();
+  auto conn = (*dev)->Connect((*server)->address(), cq.get());
+  REQUIRE(conn.ok());
+
+  constexpr size_t kRecvBytes = 64 << 10;
+  pi::OutFrame hello;
+  pi::FrameHeader h;
+  h.type = pi::FrameType::kHello;
+  h.flags = pi::kFlagBatch;
+  h.deadline_us = kRecvBytes;
+  pi::BuildFrame(
+      h, "",
+      {{Kinds::Descriptor().full_name, absl::StrFormat("%016x", Kinds::Descriptor().schema_hash)}},
+      nullptr, &hello);
+  auto pool = std::make_shared<pi::BufferPool>(kRecvBytes, 4);
+  std::vector<pi::BufferPool::Buffer> bufs;
+  auto post = [&] {
+    bufs.push_back(pool->Take());
+    REQUIRE((*conn)->PostRecv({bufs.back().get(), kRecvBytes}, bufs.size() - 1).ok());
+  };
+  post();
+  REQUIRE((*conn)->PostSend(hello.parts, 1000).ok());
+  // Receives: completion wr_id = index into bufs; sends: 1000 and up.
+  auto next_recv = [&]() -> pt::Completion {
+    while (true) {
+      auto c = cq->Wait(absl::Seconds(10));
+      REQUIRE(c.ok());
+      if (c->opcode == pt::Opcode::kRecv) return *c;
+      REQUIRE(c->status.ok());
+    }
+  };
+  pt::Completion ack_c = next_recv();
+  REQUIRE(ack_c.status.ok());
+  auto ack = pi::ParseFrame({bufs[ack_c.wr_id].get(), ack_c.bytes});
+  REQUIRE(ack.ok());
+  CHECK(ack->header.type == pi::FrameType::kHelloAck);
+  CHECK(ack->header.status_code == 0);
+  CHECK((ack->header.flags & pi::kFlagBatch) != 0);
+  REQUIRE(ack->metadata.size() == 1);
+  CHECK(ack->metadata[0].first == pi::kBatchLimitsKey);
+  CHECK(ack->metadata[0].second == absl::StrCat(kWindow, " ", 4 << 20));
+
+  // A batch of 5 requests in one message: 5 responses (in one or more messages).
+  std::vector<std::unique_ptr<EchoFrame>> frames;
+  std::vector<pi::Part> parts;
+  size_t bytes = 0;
+  for (uint64_t id = 1; id <= 5; ++id) {
+    frames.push_back(std::make_unique<EchoFrame>(id));
+    pi::AppendToBatch(frames.back()->frame, &parts, &bytes);
+  }
+  for (int i = 0; i < 5; ++i) post();
+  REQUIRE((*conn)->PostSend(parts, 1001).ok());
+  std::set<uint64_t> answered;
+  while (answered.size() < 5) {
+    pt::Completion c = next_recv();
+    REQUIRE(c.status.ok());
+    std::vector<std::shared_ptr<pi::Inbound>> in;
+    REQUIRE(
+        pi::SplitFrames(std::make_shared<pi::RecvBuffer>(pool, std::move(bufs[c.wr_id]), c.bytes),
+                        true, {}, &in)
+            .ok());
+    for (const auto& f : in) {
+      CHECK(f->frame().header.type == pi::FrameType::kResponse);
+      CHECK(f->frame().header.status_code == 0);
+      REQUIRE(f->Decode(*Kinds::Descriptor().methods[0].response(), {}).ok());
+      const auto* m = static_cast<const AllKinds*>(f->message());
+      REQUIRE(m->ints.size() == 1);
+      CHECK(m->ints[0] == static_cast<int32_t>(f->frame().header.call_id));
+      CHECK(answered.insert(f->frame().header.call_id).second);
+    }
+  }
+  CHECK(impl.echoes == 5);
+  REQUIRE((*server)->Connections().size() == 1);
+
+  // A batch of window + 1 requests: the server drops the connection.
+  frames.clear();
+  parts.clear();
+  bytes = 0;
+  for (uint64_t id = 10; id < 10 + kWindow + 1; ++id) {
+    frames.push_back(std::make_unique<EchoFrame>(id));
+    pi::AppendToBatch(frames.back()->frame, &parts, &bytes);
+  }
+  REQUIRE((*conn)->PostSend(parts, 1002).ok());
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (!(*server)->Connections().empty() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  CHECK((*server)->Connections().empty());
+  CHECK(impl.echoes == 5);  // none of the oversized batch ran
+  (*conn)->Close();
+  (*server)->Shutdown();
+}
+
+TEST_CASE("blocking callers poll the connection; callbacks stay on the channel's thread",
+          "[rpc][batch]") {
+  const pt::ProgressMode mode = GENERATE(pt::ProgressMode::kCaller, pt::ProgressMode::kThread);
+  INFO("progress mode " << static_cast<int>(mode));
+  auto dev = pt::Device::Create(
+      {.backend = pt::Backend::kTcp, .progress = mode, .local_address = "127.0.0.1"});
+  REQUIRE(dev.ok());
+  auto server = pr::Server::Create(*dev, {.max_in_flight_per_connection = 64});
+  REQUIRE(server.ok());
+  plexus::rpctest::HoldingService impl;
+  REQUIRE((*server)->Register(&impl).ok());
+  REQUIRE((*server)->Start().ok());
+  auto ch = pr::Channel::Connect(*dev, (*server)->address(), {&Kinds::Descriptor()},
+                                 {.max_in_flight = 64});
+  REQUIRE(ch.ok());
+  Kinds::Stub stub(*ch);
+
+  // 8 chains of callbacks, each starting its next call from its callback (those leave batched),
+  // 400 calls each; meanwhile 4 threads make 300 blocking calls each.
+  constexpr int kChains = 8, kPerChain = 400, kThreads = 4, kPerThread = 300;
+  std::mutex mu;
+  std::set<std::thread::id> callback_threads;
+  std::atomic<int> callbacks_ok{0}, callbacks_bad{0}, chains_done{0};
+  std::vector<int32_t> values(kChains);
+  std::vector<AllKinds> reqs(kChains);
+  std::function<void(int, int)> issue = [&](int chain, int n) {
+    values[chain] = chain * 100000 + n;
+    reqs[chain].ints = pr::Repeated<int32_t>(&values[chain], 1);
+    stub.Echo(reqs[chain], {.timeout = absl::Seconds(20)},
+              [&, chain, n](absl::StatusOr<pr::Reply<AllKinds>> r) {
+                {
+                  std::lock_guard<std::mutex> lock(mu);
+                  callback_threads.insert(std::this_thread::get_id());
+                }
+                if (r.ok() && (*r)->ints.size() == 1 && (*r)->ints[0] == chain * 100000 + n) {
+                  ++callbacks_ok;
+                } else {
+                  ++callbacks_bad;
+                }
+                if (n + 1 < kPerChain) {
+                  issue(chain, n + 1);
+                } else {
+                  ++chains_done;
+                }
+              });
+  };
+  for (int c = 0; c < kChains; ++c) issue(c, 0);
+  std::atomic<int> sync_ok{0}, sync_bad{0};
+  std::vector<std::thread::id> caller_ids;
+  std::vector<std::thread> callers;
+  for (int t = 0; t < kThreads; ++t) {
+    callers.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        int32_t v = t * 1000000 + i;
+        AllKinds req;
+        req.ints = pr::Repeated<int32_t>(&v, 1);
+        auto r = stub.EchoSync(req, {.timeout = absl::Seconds(20)});
+        if (r.ok() && (*r)->ints.size() == 1 && (*r)->ints[0] == v) {
+          ++sync_ok;
+        } else {
+          ++sync_bad;
+        }
+      }
+    });
+    caller_ids.push_back(callers.back().get_id());
+  }
+  for (auto& t : callers) t.join();
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (chains_done < kChains && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  CHECK(sync_ok == kThreads * kPerThread);
+  CHECK(sync_bad == 0);
+  CHECK(callbacks_ok == kChains * kPerChain);
+  CHECK(callbacks_bad == 0);
+  CHECK(chains_done == kChains);
+  CHECK(impl.echoes == kThreads * kPerThread + kChains * kPerChain);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    // Every callback ran on the channel's one thread: never on a blocking caller, never the test's.
+    CHECK(callback_threads.size() == 1);
+    for (const auto& id : caller_ids) CHECK_FALSE(callback_threads.contains(id));
+    CHECK_FALSE(callback_threads.contains(std::this_thread::get_id()));
+  }
+  (*ch)->Close();
+  (*server)->Shutdown();
+}
+
+TEST_CASE("a blocking call's deadline and the connection's death reach a polling caller",
+          "[rpc][batch]") {
+  auto dev = pt::Device::Create({.backend = pt::Backend::kTcp,
+                                 .progress = pt::ProgressMode::kCaller,
+                                 .local_address = "127.0.0.1"});
+  REQUIRE(dev.ok());
+  auto server = pr::Server::Create(*dev, {});
+  REQUIRE(server.ok());
+  plexus::rpctest::HoldingService impl;
+  REQUIRE((*server)->Register(&impl).ok());
+  REQUIRE((*server)->Start().ok());
+  auto ch = pr::Channel::Connect(*dev, (*server)->address(), {&Kinds::Descriptor()},
+                                 {.reconnect = false});
+  REQUIRE(ch.ok());
+  Kinds::Stub stub(*ch);
+  Inner in{"h", 1, {}, nullptr};
+  const absl::Time t0 = absl::Now();
+  auto r = stub.HoldSync(in, {.timeout = absl::Milliseconds(200)});
+  const absl::Duration took = absl::Now() - t0;
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(took >= absl::Milliseconds(200));
+  CHECK(took < absl::Seconds(2));
+
+  // Two blocking callers held at the server; the server goes away: both fail with Unavailable.
+  std::atomic<int> unavailable{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 2; ++t) {
+    callers.emplace_back([&] {
+      Inner req{"h", 2, {}, nullptr};
+      auto hr = stub.HoldSync(req, {.timeout = absl::Seconds(10)});
+      if (!hr.ok() && hr.status().code() == absl::StatusCode::kUnavailable) ++unavailable;
+    });
+  }
+  const absl::Time held_by = absl::Now() + absl::Seconds(5);
+  while (impl.holds < 3 && absl::Now() < held_by) absl::SleepFor(absl::Milliseconds(5));
+  REQUIRE(impl.holds == 3);
+  const absl::Time killed = absl::Now();
+  (*server)->Shutdown();
+  for (auto& t : callers) t.join();
+  CHECK(unavailable == 2);
+  CHECK(absl::Now() - killed < absl::Seconds(5));
+}
+
+TEST_CASE("a blocking call made from a callback completes (its caller polls the connection)",
+          "[rpc][batch]") {
+  auto dev = pt::Device::Create({.backend = pt::Backend::kTcp,
+                                 .progress = pt::ProgressMode::kCaller,
+                                 .local_address = "127.0.0.1"});
+  REQUIRE(dev.ok());
+  auto server = pr::Server::Create(*dev, {});
+  REQUIRE(server.ok());
+  plexus::rpctest::HoldingService impl;
+  REQUIRE((*server)->Register(&impl).ok());
+  REQUIRE((*server)->Start().ok());
+  auto ch = pr::Channel::Connect(*dev, (*server)->address(), {&Kinds::Descriptor()});
+  REQUIRE(ch.ok());
+  Kinds::Stub stub(*ch);
+  int32_t outer_value = 1, inner_value = 2;
+  AllKinds outer, inner;
+  outer.ints = pr::Repeated<int32_t>(&outer_value, 1);
+  inner.ints = pr::Repeated<int32_t>(&inner_value, 1);
+  std::atomic<int> inner_result{0};
+  std::atomic<bool> done{false};
+  absl::Duration inner_took;
+  stub.Echo(outer, {}, [&](absl::StatusOr<pr::Reply<AllKinds>> r) {
+    REQUIRE(r.ok());
+    const absl::Time t0 = absl::Now();
+    auto nested = stub.EchoSync(inner, {.timeout = absl::Seconds(5)});
+    inner_took = absl::Now() - t0;
+    inner_result = nested.ok() && (*nested)->ints.size() == 1 ? (*nested)->ints[0] : -1;
+    done = true;
+  });
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!done && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(2));
+  REQUIRE(done);
+  CHECK(inner_result == 2);
+  CHECK(inner_took < absl::Seconds(1));  // answered, not failed by its 5 s deadline
+  (*ch)->Close();
+  (*server)->Shutdown();
+}
+
+TEST_CASE("a client that does not take batches gets one frame per message", "[rpc][batch]") {
+  auto dev = pt::Device::Create({.backend = pt::Backend::kTcp, .local_address = "127.0.0.1"});
+  REQUIRE(dev.ok());
+  auto server = pr::Server::Create(*dev, {});
+  REQUIRE(server.ok());
+  plexus::rpctest::HoldingService impl;
+  REQUIRE((*server)->Register(&impl).ok());
+  REQUIRE((*server)->Start().ok());
+  auto cq = (*dev)->CreateCompletionQueue();
+  auto conn = (*dev)->Connect((*server)->address(), cq.get());
+  REQUIRE(conn.ok());
+  pi::OutFrame hello;
+  pi::FrameHeader h;
+  h.type = pi::FrameType::kHello;  // no kFlagBatch: an older client
+  pi::BuildFrame(
+      h, "",
+      {{Kinds::Descriptor().full_name, absl::StrFormat("%016x", Kinds::Descriptor().schema_hash)}},
+      nullptr, &hello);
+  constexpr size_t kBytes = 64 << 10;
+  constexpr int kCalls = 6;
+  std::vector<std::vector<uint64_t>> bufs(kCalls + 1, std::vector<uint64_t>(kBytes / 8));
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    REQUIRE((*conn)->PostRecv({bufs[i].data(), kBytes}, i).ok());
+  }
+  REQUIRE((*conn)->PostSend(hello.parts, 1000).ok());
+  std::vector<std::unique_ptr<EchoFrame>> frames;
+  int acks = 0, responses = 0;
+  while (acks + responses < 1 + kCalls) {
+    auto c = cq->Wait(absl::Seconds(10));
+    REQUIRE(c.ok());
+    REQUIRE(c->status.ok());
+    if (c->opcode != pt::Opcode::kRecv) continue;
+    // Every message is exactly one frame (ParseFrame refuses trailing bytes).
+    auto f = pi::ParseFrame({reinterpret_cast<const uint8_t*>(bufs[c->wr_id].data()), c->bytes});
+    REQUIRE(f.ok());
+    if (f->header.type == pi::FrameType::kHelloAck) {
+      ++acks;
+      CHECK((f->header.flags & pi::kFlagBatch) == 0);
+      CHECK(f->metadata.empty());
+      // Requests sent back to back, one per message: the server handles them in one round.
+      for (uint64_t id = 1; id <= kCalls; ++id) {
+        frames.push_back(std::make_unique<EchoFrame>(id));
+        REQUIRE((*conn)->PostSend(frames.back()->frame.parts, 1000 + id).ok());
+      }
+      continue;
+    }
+    CHECK(f->header.type == pi::FrameType::kResponse);
+    ++responses;
+  }
+  CHECK(acks == 1);
+  CHECK(responses == kCalls);
+  CHECK(impl.echoes == kCalls);
+  (*conn)->Close();
+  (*server)->Shutdown();
+}

@@ -1,0 +1,182 @@
+// Idempotent retry: a method the .proto marks idempotent (idempotency_level IDEMPOTENT or
+// NO_SIDE_EFFECTS) is started again by a reconnecting Channel when its try fails with Unavailable
+// (the server died with it), once the server is back, within the call's deadline; a method that
+// is not marked never is.
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "plexus/rpc/channel.hpp"
+#include "plexus/rpc/server.hpp"
+#include "retry.plexus.hpp"
+
+namespace pr = plexus::rpc;
+namespace pt = plexus::transport;
+using plexus::rpctest::retry::Req;
+using plexus::rpctest::retry::Resp;
+using plexus::rpctest::retry::Store;
+
+namespace {
+
+// Incarnation 1 parks every call (it dies with them); later ones answer at once.
+class StoreImpl : public Store::Service {
+ public:
+  explicit StoreImpl(int incarnation) : incarnation_(incarnation) {}
+  void GetAsync(pr::ServerCall<Req, Resp> call) override { Serve(std::move(call)); }
+  void PutAsync(pr::ServerCall<Req, Resp> call) override { Serve(std::move(call)); }
+  void AddAsync(pr::ServerCall<Req, Resp> call) override { Serve(std::move(call)); }
+  std::atomic<int> calls{0};
+
+ private:
+  void Serve(pr::ServerCall<Req, Resp> call) {
+    ++calls;
+    if (incarnation_ == 1) {
+      std::lock_guard<std::mutex> lock(mu_);
+      held_.push_back(std::move(call));
+      return;
+    }
+    call.response()->id = call.request().id;
+    call.response()->incarnation = incarnation_;
+    call.Finish(absl::OkStatus());
+  }
+  int incarnation_;
+  std::mutex mu_;
+  std::vector<pr::ServerCall<Req, Resp>> held_;
+};
+
+struct Incarnation {
+  Incarnation(std::shared_ptr<pt::Device> device, std::string address, int n) : impl(n) {
+    auto s = pr::Server::Create(device, {.address = std::move(address)});
+    REQUIRE(s.ok());
+    server = std::move(*s);
+    REQUIRE(server->Register(&impl).ok());
+    REQUIRE(server->Start().ok());
+  }
+  ~Incarnation() { server->Shutdown(); }
+  StoreImpl impl;
+  std::unique_ptr<pr::Server> server;
+};
+
+std::shared_ptr<pt::Device> Tcp() {
+  auto d = pt::Device::Create({.backend = pt::Backend::kTcp, .local_address = "127.0.0.1"});
+  REQUIRE(d.ok());
+  return *d;
+}
+
+pr::ChannelOptions FastRedial(bool retry) {
+  pr::ChannelOptions o;
+  o.reconnect_backoff = absl::Milliseconds(20);
+  o.max_reconnect_backoff = absl::Milliseconds(100);
+  o.retry_idempotent = retry;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("protoc-gen-plexus reads idempotency_level", "[rpc][retry]") {
+  const pr::ServiceDesc& d = Store::Descriptor();
+  REQUIRE(d.method_count == 3);
+  CHECK(d.methods[0].idempotent);        // Get: NO_SIDE_EFFECTS
+  CHECK(d.methods[1].idempotent);        // Put: IDEMPOTENT
+  CHECK_FALSE(d.methods[2].idempotent);  // Add
+}
+
+TEST_CASE("an idempotent call survives a server restart; others fail with Unavailable",
+          "[rpc][retry]") {
+  auto device = Tcp();
+  auto first = std::make_unique<Incarnation>(device, "127.0.0.1:0", 1);
+  const std::string address = first->server->address();
+  auto ch = pr::Channel::Connect(device, address, {&Store::Descriptor()}, FastRedial(true));
+  REQUIRE(ch.ok());
+  Store::Stub stub(*ch);
+  Req get_req{7}, put_req{8}, add_req{9};
+  auto get = stub.Get(get_req, {.timeout = absl::Seconds(10)});
+  auto put = stub.Put(put_req, {.timeout = absl::Seconds(10)});
+  auto add = stub.Add(add_req, {.timeout = absl::Seconds(10)});
+  const absl::Time reached_by = absl::Now() + absl::Seconds(5);
+  while (first->impl.calls < 3 && absl::Now() < reached_by) absl::SleepFor(absl::Milliseconds(5));
+  REQUIRE(first->impl.calls == 3);
+
+  first.reset();  // dies with the three calls
+  auto a = add.Get();
+  REQUIRE_FALSE(a.ok());
+  CHECK(a.status().code() == absl::StatusCode::kUnavailable);
+
+  absl::SleepFor(absl::Milliseconds(100));  // an outage: the idempotent calls wait
+  CHECK_FALSE(get.WaitFor(absl::ZeroDuration()));
+  Incarnation second(device, address, 2);
+  auto g = get.Get();
+  REQUIRE(g.ok());
+  CHECK((*g)->id == 7);
+  CHECK((*g)->incarnation == 2);
+  auto p = put.Get();
+  REQUIRE(p.ok());
+  CHECK((*p)->id == 8);
+  CHECK((*p)->incarnation == 2);
+  CHECK(second.impl.calls == 2);  // the two idempotent calls, once each; never Add
+}
+
+TEST_CASE("an idempotent retry ends at the deadline; retry_idempotent = false does not retry",
+          "[rpc][retry]") {
+  auto device = Tcp();
+  SECTION("deadline") {
+    auto first = std::make_unique<Incarnation>(device, "127.0.0.1:0", 1);
+    auto ch = pr::Channel::Connect(device, first->server->address(), {&Store::Descriptor()},
+                                   FastRedial(true));
+    REQUIRE(ch.ok());
+    Store::Stub stub(*ch);
+    Req req{1};
+    auto get = stub.Get(req, {.timeout = absl::Milliseconds(400)});
+    const absl::Time reached_by = absl::Now() + absl::Seconds(5);
+    while (first->impl.calls < 1 && absl::Now() < reached_by) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    REQUIRE(first->impl.calls == 1);
+    const absl::Time t0 = absl::Now();
+    first.reset();  // nobody comes back
+    auto g = get.Get();
+    REQUIRE_FALSE(g.ok());
+    CHECK(g.status().code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(absl::Now() - t0 < absl::Seconds(2));
+  }
+  SECTION("not retried") {
+    auto first = std::make_unique<Incarnation>(device, "127.0.0.1:0", 1);
+    auto ch = pr::Channel::Connect(device, first->server->address(), {&Store::Descriptor()},
+                                   FastRedial(false));
+    REQUIRE(ch.ok());
+    Store::Stub stub(*ch);
+    Req req{1};
+    auto get = stub.Get(req, {.timeout = absl::Seconds(10)});
+    const absl::Time reached_by = absl::Now() + absl::Seconds(5);
+    while (first->impl.calls < 1 && absl::Now() < reached_by) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    first.reset();
+    auto g = get.Get();
+    REQUIRE_FALSE(g.ok());
+    CHECK(g.status().code() == absl::StatusCode::kUnavailable);
+  }
+  SECTION("cancelled while waiting for the connection") {
+    auto first = std::make_unique<Incarnation>(device, "127.0.0.1:0", 1);
+    auto ch = pr::Channel::Connect(device, first->server->address(), {&Store::Descriptor()},
+                                   FastRedial(true));
+    REQUIRE(ch.ok());
+    Store::Stub stub(*ch);
+    Req req{1};
+    auto get = stub.Get(req, {.timeout = absl::Seconds(10)});
+    const absl::Time reached_by = absl::Now() + absl::Seconds(5);
+    while (first->impl.calls < 1 && absl::Now() < reached_by) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    first.reset();
+    absl::SleepFor(absl::Milliseconds(100));
+    const absl::Time t0 = absl::Now();
+    get.Cancel();
+    auto g = get.Get();
+    REQUIRE_FALSE(g.ok());
+    CHECK(g.status().code() == absl::StatusCode::kCancelled);
+    CHECK(absl::Now() - t0 < absl::Seconds(2));
+  }
+}
