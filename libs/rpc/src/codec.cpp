@@ -362,7 +362,7 @@ class Decoder {
     const size_t lengths_at = pos_;
     uint64_t total = 0;
     for (uint32_t k = 0; k < count; ++k) {
-      uint32_t len;
+      uint32_t len = 0;  // always read: count * 4 bytes remain (checked above)
       Read(&len, sizeof len);
       total += len;
     }
