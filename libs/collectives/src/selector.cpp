@@ -76,6 +76,11 @@ AlgorithmTable AlgorithmTable::Default() {
   return AlgorithmTable({
       // Latency-bound allreduce: recursive doubling is log2(n) exchanges of the whole vector.
       {K::kAllReduce, 1, kAnyWorld, 0, 64 * kKiB - 1, A::kHalvingDoubling},
+      // 4 ranks up to 1 MiB: halving-doubling's 4 dependent steps beat the ring's 6 (same bytes)
+      // where each step waits for a peer to be scheduled (4 ranks on 2 CPUs: 64 KiB tcp
+      // 148 -> 124 us, 1 MiB 801 -> 645 us; docs/collectives.md, "Benchmarks"); from 2 MiB the
+      // ring's even steps win.
+      {K::kAllReduce, 4, 4, 64 * kKiB, 2048 * kKiB - 1, A::kHalvingDoubling},
       // Mid sizes at larger scale: the double binary tree pipelines with log2(n) depth.
       {K::kAllReduce, 8, kAnyWorld, 64 * kKiB, 512 * kKiB - 1, A::kTree},
       {K::kAllReduce, 1, kAnyWorld, 64 * kKiB, kAnyBytes, A::kRing},
