@@ -133,12 +133,12 @@ TEST_CASE("selector table: default, parsing, errors and round trip", "[collectiv
   const pc::AlgorithmTable def = pc::AlgorithmTable::Default();
   CHECK(def.Select(CollectiveKind::kAllReduce, 4, 8) == Algorithm::kHalvingDoubling);
   CHECK(def.Select(CollectiveKind::kAllReduce, 4, 64 << 20) == Algorithm::kRing);
-  // 4 ranks, 64 KiB to 2 MiB: halving-doubling (fewer dependent steps); other worlds: ring.
+  // 4 ranks, 64 to 512 KiB: halving-doubling (fewer dependent steps); other worlds: ring.
   CHECK(def.Select(CollectiveKind::kAllReduce, 4, 64 << 10) == Algorithm::kHalvingDoubling);
-  CHECK(def.Select(CollectiveKind::kAllReduce, 4, (2 << 20) - 1) == Algorithm::kHalvingDoubling);
-  CHECK(def.Select(CollectiveKind::kAllReduce, 4, 2 << 20) == Algorithm::kRing);
-  CHECK(def.Select(CollectiveKind::kAllReduce, 3, 1 << 20) == Algorithm::kRing);
-  CHECK(def.Select(CollectiveKind::kAllReduce, 2, 1 << 20) == Algorithm::kRing);
+  CHECK(def.Select(CollectiveKind::kAllReduce, 4, (512 << 10) - 1) == Algorithm::kHalvingDoubling);
+  CHECK(def.Select(CollectiveKind::kAllReduce, 4, 512 << 10) == Algorithm::kRing);
+  CHECK(def.Select(CollectiveKind::kAllReduce, 3, 256 << 10) == Algorithm::kRing);
+  CHECK(def.Select(CollectiveKind::kAllReduce, 2, 256 << 10) == Algorithm::kRing);
   auto parsed = pc::AlgorithmTable::Parse(def.ToString());
   REQUIRE(parsed.ok());
   CHECK(parsed->ToString() == def.ToString());

@@ -76,12 +76,11 @@ AlgorithmTable AlgorithmTable::Default() {
   return AlgorithmTable({
       // Latency-bound allreduce: recursive doubling is log2(n) exchanges of the whole vector.
       {K::kAllReduce, 1, kAnyWorld, 0, 64 * kKiB - 1, A::kHalvingDoubling},
-      // 4 ranks up to 1 MiB: halving-doubling's 4 dependent steps beat the ring's 6 (same bytes)
-      // where each step waits for a peer to be scheduled (4 ranks on 2 CPUs: 64 KiB tcp
-      // 148 -> 124 us, 1 MiB 801 -> 645 us; docs/collectives.md, "Benchmarks"); from 2 MiB the
-      // ring's even steps win.
-      {K::kAllReduce, 4, 4, 64 * kKiB, 2048 * kKiB - 1, A::kHalvingDoubling},
-      // Mid sizes at larger scale: the double binary tree pipelines with log2(n) depth.
+      // 4 ranks, 64-512 KiB: halving-doubling's 4 dependent steps beat the ring's 6 (same bytes)
+      // where each step waits for a peer to be scheduled (4 ranks on 2 CPUs, alternated launch
+      // by launch: 64 KiB tcp 148 -> 124 us, 256 KiB 525 -> 405 us; docs/collectives.md,
+      // "Benchmarks"). From 512 KiB neither was reliably ahead under load: the ring stays.
+      {K::kAllReduce, 4, 4, 64 * kKiB, 512 * kKiB - 1, A::kHalvingDoubling},
       {K::kAllReduce, 8, kAnyWorld, 64 * kKiB, 512 * kKiB - 1, A::kTree},
       {K::kAllReduce, 1, kAnyWorld, 64 * kKiB, kAnyBytes, A::kRing},
       {K::kBroadcast, 1, kAnyWorld, 0, 256 * kKiB - 1, A::kTree},
