@@ -175,22 +175,16 @@ std::optional<int> ParseGridOptions(int argc, char** argv, GridOptions& o) {
 
 namespace {
 
+// The directory of this program, where the peer programs are built.
 std::string SelfDirectory() {
-  char path[4096];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-  if (n <= 0) return ".";
-  std::string self(path, static_cast<size_t>(n));
-  return self.substr(0, self.rfind('/'));
+  const std::string self = pt_tooling::SelfPath("");
+  const size_t slash = self.rfind('/');
+  return slash == std::string::npos ? std::string(".") : self.substr(0, slash);
 }
 
 }  // namespace
 
-std::string SelfPath() {
-  char path[4096];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-  if (n <= 0) return kCollectivesProgram;
-  return std::string(path, static_cast<size_t>(n));
-}
+std::string SelfPath() { return pt_tooling::SelfPath(kCollectivesProgram); }
 
 std::vector<std::string> WorkerArgs(const GridOptions& o, const std::string& transport,
                                     const std::vector<pb::Op>& ops) {
