@@ -211,56 +211,64 @@ TEST_CASE("results are bit-identical across runs and ranks", "[collectives][inpr
   }
 }
 
-// The default table's 4-rank rule (halving-doubling from 64 to 512 KiB, ring from there):
-// what a call selects at its edges, and that the auto-selected calls give the bits of the same
-// algorithm asked for explicitly, out of place (ReduceOutOf on the first chunk of each link).
+// The default table's 4-rank rule (over tcp: halving-doubling from 64 to 512 KiB, ring from
+// there; inproc and shm: ring from 64 KiB): what a call selects at its edges, and that the
+// auto-selected calls give the bits of the same algorithm asked for by name, out of place
+// (ReduceOutOf on the first chunk of each link), and exact integer sums.
 TEST_CASE("4 ranks: the default selection at 64 KiB-1 MiB, bit for bit", "[collectives][inproc]") {
   const int n = 4;
-  auto results = RunRanks(n, InprocOptions(), [&](int rank, pc::Communicator& comm) {
-    struct Case {
-      size_t count;
-      Algorithm expected;
-    };
-    for (const Case& c :
-         {Case{16383, Algorithm::kHalvingDoubling}, Case{16384, Algorithm::kHalvingDoubling},
-          Case{131071, Algorithm::kHalvingDoubling}, Case{131072, Algorithm::kRing},
-          Case{262144, Algorithm::kRing}}) {
-      const Algorithm chosen =
-          comm.SelectAlgorithm(pc::CollectiveKind::kAllReduce, c.count * sizeof(float));
-      if (chosen != c.expected) {
-        return absl::StrCat("count ", c.count, ": selected ",
-                            std::string(pc::AlgorithmName(chosen)), ", expected ",
-                            std::string(pc::AlgorithmName(c.expected)));
-      }
-      std::vector<float> in(c.count), by_auto(c.count), by_name(c.count);
-      uint32_t x = 777u + static_cast<uint32_t>(rank);
-      for (float& v : in) {
-        x = x * 1664525u + 1013904223u;
-        v = static_cast<float>((x >> 8) * 1e-5 - 80.0);
-      }
-      absl::Status s =
-          comm.AllReduce(in.data(), by_auto.data(), c.count, DataType::kF32, ReduceOp::kSum);
-      if (s.ok()) {
-        s = comm.AllReduce(in.data(), by_name.data(), c.count, DataType::kF32, ReduceOp::kSum,
-                           {c.expected});
-      }
-      if (!s.ok()) return absl::StrCat("count ", c.count, ": ", s.message());
-      if (by_auto != by_name) return absl::StrCat("count ", c.count, ": auto differs");
-      // Integer-valued check of the sum itself: every element of every rank's input is rank + i
-      // % 7.
-      std::vector<float> small(c.count), sum(c.count);
-      for (size_t i = 0; i < c.count; ++i) small[i] = static_cast<float>(rank + i % 7);
-      s = comm.AllReduce(small.data(), sum.data(), c.count, DataType::kF32, ReduceOp::kSum);
-      if (!s.ok()) return absl::StrCat("count ", c.count, ": ", s.message());
-      for (size_t i = 0; i < c.count; ++i) {
-        if (sum[i] != static_cast<float>(6 + 4 * (i % 7))) {
-          return absl::StrCat("count ", c.count, ": element ", i, " is ", sum[i]);
+  for (bool tcp : {false, true}) {
+    pc::CommunicatorOptions options = InprocOptions();
+    if (tcp) {
+      options.device.backend = pt::Backend::kTcp;
+      options.device.local_address = "127.0.0.1";
+      options.transport_policy = pc::TransportPolicy::kUniform;  // tcp between every pair
+    }
+    INFO((tcp ? "tcp" : "inproc"));
+    const Algorithm mid = tcp ? Algorithm::kHalvingDoubling : Algorithm::kRing;
+    auto results = RunRanks(n, options, [&](int rank, pc::Communicator& comm) {
+      struct Case {
+        size_t count;
+        Algorithm expected;
+      };
+      for (const Case& c : {Case{16383, Algorithm::kHalvingDoubling}, Case{16384, mid},
+                            Case{131071, mid}, Case{131072, Algorithm::kRing}}) {
+        const Algorithm chosen =
+            comm.SelectAlgorithm(pc::CollectiveKind::kAllReduce, c.count * sizeof(float));
+        if (chosen != c.expected) {
+          return absl::StrCat("count ", c.count, ": selected ",
+                              std::string(pc::AlgorithmName(chosen)), ", expected ",
+                              std::string(pc::AlgorithmName(c.expected)));
+        }
+        std::vector<float> in(c.count), by_auto(c.count), by_name(c.count);
+        uint32_t x = 777u + static_cast<uint32_t>(rank);
+        for (float& v : in) {
+          x = x * 1664525u + 1013904223u;
+          v = static_cast<float>((x >> 8) * 1e-5 - 80.0);
+        }
+        absl::Status s =
+            comm.AllReduce(in.data(), by_auto.data(), c.count, DataType::kF32, ReduceOp::kSum);
+        if (s.ok()) {
+          s = comm.AllReduce(in.data(), by_name.data(), c.count, DataType::kF32, ReduceOp::kSum,
+                             {c.expected});
+        }
+        if (!s.ok()) return absl::StrCat("count ", c.count, ": ", s.message());
+        if (by_auto != by_name) return absl::StrCat("count ", c.count, ": auto differs");
+        // Every rank's element i is rank + i % 7: the sum is exact in any order.
+        std::vector<float> small(c.count), sum(c.count);
+        for (size_t i = 0; i < c.count; ++i) small[i] = static_cast<float>(rank + i % 7);
+        s = comm.AllReduce(small.data(), sum.data(), c.count, DataType::kF32, ReduceOp::kSum);
+        if (!s.ok()) return absl::StrCat("count ", c.count, ": ", s.message());
+        for (size_t i = 0; i < c.count; ++i) {
+          if (sum[i] != static_cast<float>(6 + 4 * (i % 7))) {
+            return absl::StrCat("count ", c.count, ": element ", i, " is ", sum[i]);
+          }
         }
       }
-    }
-    return std::string();
-  });
-  RequireAllOk(results);
+      return std::string();
+    });
+    RequireAllOk(results);
+  }
 }
 
 TEST_CASE("small allreduces by mailbox give the bits of the plan path", "[collectives][inproc]") {

@@ -133,12 +133,19 @@ TEST_CASE("selector table: default, parsing, errors and round trip", "[collectiv
   const pc::AlgorithmTable def = pc::AlgorithmTable::Default();
   CHECK(def.Select(CollectiveKind::kAllReduce, 4, 8) == Algorithm::kHalvingDoubling);
   CHECK(def.Select(CollectiveKind::kAllReduce, 4, 64 << 20) == Algorithm::kRing);
-  // 4 ranks, 64 to 512 KiB: halving-doubling (fewer dependent steps); other worlds: ring.
-  CHECK(def.Select(CollectiveKind::kAllReduce, 4, 64 << 10) == Algorithm::kHalvingDoubling);
-  CHECK(def.Select(CollectiveKind::kAllReduce, 4, (512 << 10) - 1) == Algorithm::kHalvingDoubling);
-  CHECK(def.Select(CollectiveKind::kAllReduce, 4, 512 << 10) == Algorithm::kRing);
-  CHECK(def.Select(CollectiveKind::kAllReduce, 3, 256 << 10) == Algorithm::kRing);
-  CHECK(def.Select(CollectiveKind::kAllReduce, 2, 256 << 10) == Algorithm::kRing);
+  // 4 ranks over tcp, 64 to 512 KiB: halving-doubling (fewer dependent steps); not over shm,
+  // not for other worlds.
+  const pc::AlgorithmTable tcp = pc::AlgorithmTable::Default(/*tcp=*/true);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, 64 << 10) == Algorithm::kHalvingDoubling);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, (512 << 10) - 1) == Algorithm::kHalvingDoubling);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, 512 << 10) == Algorithm::kRing);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 3, 256 << 10) == Algorithm::kRing);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 8, 256 << 10) == Algorithm::kTree);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, 8) == Algorithm::kHalvingDoubling);
+  CHECK(def.Select(CollectiveKind::kAllReduce, 4, 64 << 10) == Algorithm::kRing);
+  auto tcp_parsed = pc::AlgorithmTable::Parse(tcp.ToString());
+  REQUIRE(tcp_parsed.ok());
+  CHECK(tcp_parsed->ToString() == tcp.ToString());
   auto parsed = pc::AlgorithmTable::Parse(def.ToString());
   REQUIRE(parsed.ok());
   CHECK(parsed->ToString() == def.ToString());
