@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/transport/store.hpp"
 #include "ranks.hpp"
@@ -207,6 +208,66 @@ TEST_CASE("results are bit-identical across runs and ranks", "[collectives][inpr
       INFO(pc::AlgorithmName(a) << " " << pc::DataTypeName(dt));
       for (int i = 1; i < 2 * n; ++i) CHECK(outputs[i] == outputs[0]);
     }
+  }
+}
+
+// The default table's 4-rank rule (over tcp: halving-doubling from 64 to 512 KiB, ring from
+// there; inproc and shm: ring from 64 KiB): what a call selects at its edges, and that the
+// auto-selected calls give the bits of the same algorithm asked for by name, out of place
+// (ReduceOutOf on the first chunk of each link), and exact integer sums.
+TEST_CASE("4 ranks: the default selection at 64 KiB-1 MiB, bit for bit", "[collectives][inproc]") {
+  const int n = 4;
+  for (bool tcp : {false, true}) {
+    pc::CommunicatorOptions options = InprocOptions();
+    if (tcp) {
+      options.device.backend = pt::Backend::kTcp;
+      options.device.local_address = "127.0.0.1";
+      options.transport_policy = pc::TransportPolicy::kUniform;  // tcp between every pair
+    }
+    INFO((tcp ? "tcp" : "inproc"));
+    const Algorithm mid = tcp ? Algorithm::kHalvingDoubling : Algorithm::kRing;
+    auto results = RunRanks(n, options, [&](int rank, pc::Communicator& comm) {
+      struct Case {
+        size_t count;
+        Algorithm expected;
+      };
+      for (const Case& c : {Case{16383, Algorithm::kHalvingDoubling}, Case{16384, mid},
+                            Case{131071, mid}, Case{131072, Algorithm::kRing}}) {
+        const Algorithm chosen =
+            comm.SelectAlgorithm(pc::CollectiveKind::kAllReduce, c.count * sizeof(float));
+        if (chosen != c.expected) {
+          return absl::StrCat("count ", c.count, ": selected ",
+                              std::string(pc::AlgorithmName(chosen)), ", expected ",
+                              std::string(pc::AlgorithmName(c.expected)));
+        }
+        std::vector<float> in(c.count), by_auto(c.count), by_name(c.count);
+        uint32_t x = 777u + static_cast<uint32_t>(rank);
+        for (float& v : in) {
+          x = x * 1664525u + 1013904223u;
+          v = static_cast<float>((x >> 8) * 1e-5 - 80.0);
+        }
+        absl::Status s =
+            comm.AllReduce(in.data(), by_auto.data(), c.count, DataType::kF32, ReduceOp::kSum);
+        if (s.ok()) {
+          s = comm.AllReduce(in.data(), by_name.data(), c.count, DataType::kF32, ReduceOp::kSum,
+                             {c.expected});
+        }
+        if (!s.ok()) return absl::StrCat("count ", c.count, ": ", s.message());
+        if (by_auto != by_name) return absl::StrCat("count ", c.count, ": auto differs");
+        // Every rank's element i is rank + i % 7: the sum is exact in any order.
+        std::vector<float> small(c.count), sum(c.count);
+        for (size_t i = 0; i < c.count; ++i) small[i] = static_cast<float>(rank + i % 7);
+        s = comm.AllReduce(small.data(), sum.data(), c.count, DataType::kF32, ReduceOp::kSum);
+        if (!s.ok()) return absl::StrCat("count ", c.count, ": ", s.message());
+        for (size_t i = 0; i < c.count; ++i) {
+          if (sum[i] != static_cast<float>(6 + 4 * (i % 7))) {
+            return absl::StrCat("count ", c.count, ": element ", i, " is ", sum[i]);
+          }
+        }
+      }
+      return std::string();
+    });
+    RequireAllOk(results);
   }
 }
 

@@ -74,6 +74,43 @@ TEST_CASE("AVX2 kernels are bit-identical to the scalar ones", "[collectives]") 
   }
 }
 
+TEST_CASE("ReduceOutOf equals a copy then ReduceInto, vector and scalar", "[collectives]") {
+  std::mt19937 rng(11);
+  const size_t n = 1003;
+  for (int t = 0; t < pc::kNumDataTypes; ++t) {
+    const DataType dt = static_cast<DataType>(t);
+    const size_t es = pc::DataTypeSize(dt);
+    for (int o = 0; o < pc::kNumReduceOps; ++o) {
+      const ReduceOp op = static_cast<ReduceOp>(o);
+      for (bool src_first : {false, true}) {
+        for (bool avx2 : {true, false}) {
+          std::vector<uint8_t> local(n * es + 1), src(n * es + 1);
+          for (auto& x : local) x = static_cast<uint8_t>(rng());
+          for (auto& x : src) x = static_cast<uint8_t>(rng());
+          const bool was = pi::SetAvx2Allowed(avx2);
+          std::vector<uint8_t> expected = local;
+          pi::ReduceInto(dt, op, expected.data() + 1, src.data() + 1, n, src_first);
+          // dst distinct from local (filled with garbage it must overwrite), unaligned.
+          std::vector<uint8_t> out(n * es + 3, 0xA5);
+          pi::ReduceOutOf(dt, op, out.data() + 3, local.data() + 1, src.data() + 1, n, src_first);
+          // dst equal to local: the in-place form.
+          std::vector<uint8_t> same = local;
+          pi::ReduceOutOf(dt, op, same.data() + 1, same.data() + 1, src.data() + 1, n, src_first);
+          pi::SetAvx2Allowed(was);
+          INFO(pc::DataTypeName(dt)
+               << " " << pc::ReduceOpName(op) << " src_first " << src_first << " avx2 " << avx2);
+          REQUIRE(std::memcmp(out.data() + 3, expected.data() + 1, n * es) == 0);
+          REQUIRE(same == expected);
+          // The local operand is read only.
+          std::vector<uint8_t> again = local;
+          pi::ReduceOutOf(dt, op, out.data() + 3, again.data() + 1, src.data() + 1, n, src_first);
+          REQUIRE(again == local);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("scalar kernels compute the operation", "[collectives]") {
   int32_t a[3] = {5, -7, 2147483647};
   const int32_t b[3] = {3, 9, 1};
@@ -96,6 +133,19 @@ TEST_CASE("selector table: default, parsing, errors and round trip", "[collectiv
   const pc::AlgorithmTable def = pc::AlgorithmTable::Default();
   CHECK(def.Select(CollectiveKind::kAllReduce, 4, 8) == Algorithm::kHalvingDoubling);
   CHECK(def.Select(CollectiveKind::kAllReduce, 4, 64 << 20) == Algorithm::kRing);
+  // 4 ranks over tcp, 64 to 512 KiB: halving-doubling (fewer dependent steps); not over shm,
+  // not for other worlds.
+  const pc::AlgorithmTable tcp = pc::AlgorithmTable::Default(/*tcp=*/true);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, 64 << 10) == Algorithm::kHalvingDoubling);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, (512 << 10) - 1) == Algorithm::kHalvingDoubling);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, 512 << 10) == Algorithm::kRing);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 3, 256 << 10) == Algorithm::kRing);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 8, 256 << 10) == Algorithm::kTree);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, 8) == Algorithm::kHalvingDoubling);
+  CHECK(def.Select(CollectiveKind::kAllReduce, 4, 64 << 10) == Algorithm::kRing);
+  auto tcp_parsed = pc::AlgorithmTable::Parse(tcp.ToString());
+  REQUIRE(tcp_parsed.ok());
+  CHECK(tcp_parsed->ToString() == tcp.ToString());
   auto parsed = pc::AlgorithmTable::Parse(def.ToString());
   REQUIRE(parsed.ok());
   CHECK(parsed->ToString() == def.ToString());

@@ -205,6 +205,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
     PLEXUS_ASSIGN_OR_RETURN(yield, base::ParseBool(yield_text, kYieldParam.name()));
   }
   comm->debug_ = options.debug || env_debug;
+  bool use_default_table = false;
   if (!options.table.rules().empty()) {
     comm->table_ = options.table;
   } else if (!table_path.empty()) {
@@ -215,7 +216,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
     }
     comm->table_ = *std::move(table);
   } else {
-    comm->table_ = AlgorithmTable::Default();
+    use_default_table = true;  // set below, once the pairs' backends are known
   }
   if (!algo_text.empty()) {
     auto overrides = AlgorithmOverrides::Parse(algo_text);
@@ -297,6 +298,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
                                         backend == transport::Backend::kInproc);
     }
   }
+  if (use_default_table) comm->table_ = AlgorithmTable::Default(any_tcp);
   if (options.channels == 0) options.channels = any_tcp ? 2 : 1;
   if (options.chunk_bytes == 0) options.chunk_bytes = any_tcp ? size_t{512} << 10 : size_t{1} << 20;
   comm->layout_.channels = options.channels;

@@ -181,9 +181,8 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
         } else if (recv_landing[i] == r.data) {
           // data holds the incoming operand: the same operation with the roles swapped.
           internal::ReduceInto(dtype, op, r.data, r.local, elems, !r.src_first);
-        } else {
-          if (r.bytes > 0) std::memcpy(r.data, r.local, r.bytes);
-          internal::ReduceInto(dtype, op, r.data, recv_landing[i], elems, r.src_first);
+        } else {  // landed in a slot: one pass, no copy of the operand first
+          internal::ReduceOutOf(dtype, op, r.data, r.local, recv_landing[i], elems, r.src_first);
         }
         finish_recv(i);
         ++reduce_cursor;

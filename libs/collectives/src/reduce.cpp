@@ -72,43 +72,45 @@ T ApplyInt(ReduceOp op, T a, T b) {
 }
 
 template <typename T, typename F>
-void Loop(uint8_t* dst, const uint8_t* src, size_t n, bool src_first, F f) {
+void Loop(uint8_t* dst, const uint8_t* local, const uint8_t* src, size_t n, bool src_first, F f) {
   for (size_t i = 0; i < n; ++i) {
-    const T a = Load<T>(dst + i * sizeof(T));
+    const T a = Load<T>(local + i * sizeof(T));
     const T b = Load<T>(src + i * sizeof(T));
     Store<T>(dst + i * sizeof(T), src_first ? f(b, a) : f(a, b));
   }
 }
 
-void ReduceScalar(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* src, size_t n,
-                  bool src_first) {
+void ReduceScalar(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* local,
+                  const uint8_t* src, size_t n, bool src_first) {
   switch (dtype) {
     case DataType::kF32:
-      Loop<float>(dst, src, n, src_first, [op](float a, float b) { return Apply(op, a, b); });
+      Loop<float>(dst, local, src, n, src_first,
+                  [op](float a, float b) { return Apply(op, a, b); });
       break;
     case DataType::kF64:
-      Loop<double>(dst, src, n, src_first, [op](double a, double b) { return Apply(op, a, b); });
+      Loop<double>(dst, local, src, n, src_first,
+                   [op](double a, double b) { return Apply(op, a, b); });
       break;
     case DataType::kF16:
-      Loop<uint16_t>(dst, src, n, src_first, [op](uint16_t a, uint16_t b) {
+      Loop<uint16_t>(dst, local, src, n, src_first, [op](uint16_t a, uint16_t b) {
         return FloatToHalf(Apply(op, HalfToFloat(a), HalfToFloat(b)));
       });
       break;
     case DataType::kBF16:
-      Loop<uint16_t>(dst, src, n, src_first, [op](uint16_t a, uint16_t b) {
+      Loop<uint16_t>(dst, local, src, n, src_first, [op](uint16_t a, uint16_t b) {
         return FloatToBf16(Apply(op, Bf16ToFloat(a), Bf16ToFloat(b)));
       });
       break;
     case DataType::kI32:
-      Loop<int32_t>(dst, src, n, src_first,
+      Loop<int32_t>(dst, local, src, n, src_first,
                     [op](int32_t a, int32_t b) { return ApplyInt<int32_t, uint32_t>(op, a, b); });
       break;
     case DataType::kI64:
-      Loop<int64_t>(dst, src, n, src_first,
+      Loop<int64_t>(dst, local, src, n, src_first,
                     [op](int64_t a, int64_t b) { return ApplyInt<int64_t, uint64_t>(op, a, b); });
       break;
     case DataType::kU8:
-      Loop<uint8_t>(dst, src, n, src_first,
+      Loop<uint8_t>(dst, local, src, n, src_first,
                     [op](uint8_t a, uint8_t b) { return ApplyInt<uint8_t, uint32_t>(op, a, b); });
       break;
   }
@@ -192,14 +194,19 @@ bool Avx2Active() { return avx2_allowed.load(std::memory_order_relaxed) && CpuHa
 
 bool SetAvx2Allowed(bool allowed) { return avx2_allowed.exchange(allowed); }
 
-void ReduceInto(DataType dtype, ReduceOp op, void* dst_v, const void* src_v, size_t n,
-                bool src_first) {
+void ReduceOutOf(DataType dtype, ReduceOp op, void* dst_v, const void* local_v, const void* src_v,
+                 size_t n, bool src_first) {
   auto* dst = static_cast<uint8_t*>(dst_v);
+  const auto* local = static_cast<const uint8_t*>(local_v);
   const auto* src = static_cast<const uint8_t*>(src_v);
   size_t done = 0;
-  if (Avx2Active()) done = ReduceAvx2(dtype, op, dst, src, n, src_first);
-  const size_t esize = DataTypeSize(dtype);
-  ReduceScalar(dtype, op, dst + done * esize, src + done * esize, n - done, src_first);
+  if (Avx2Active()) done = ReduceAvx2(dtype, op, dst, local, src, n, src_first);
+  const size_t at = done * DataTypeSize(dtype);
+  ReduceScalar(dtype, op, dst + at, local + at, src + at, n - done, src_first);
+}
+
+void ReduceInto(DataType dtype, ReduceOp op, void* dst, const void* src, size_t n, bool src_first) {
+  ReduceOutOf(dtype, op, dst, dst, src, n, src_first);
 }
 
 namespace {

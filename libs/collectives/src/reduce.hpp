@@ -13,6 +13,11 @@ namespace plexus::collectives::internal {
 // (DivideInPlace finishes it). f16/bf16 are computed in f32 and rounded to nearest even.
 // Pointers need no alignment; dst and src must not overlap.
 void ReduceInto(DataType dtype, ReduceOp op, void* dst, const void* src, size_t n, bool src_first);
+// dst[i] = local[i] op src[i] (src_first: src[i] op local[i]): an out-of-place reduction in one
+// pass instead of a copy of local into dst and a ReduceInto. local may equal dst; src must not
+// overlap dst.
+void ReduceOutOf(DataType dtype, ReduceOp op, void* dst, const void* local, const void* src,
+                 size_t n, bool src_first);
 
 // data[i] /= divisor (integer division for integer types): the last step of kAvg.
 void DivideInPlace(DataType dtype, void* data, size_t n, int divisor);
@@ -42,9 +47,9 @@ uint16_t FloatToBf16(float f);
 
 // The AVX2 kernels (reduce_avx2.cpp, compiled with -mavx2 -mf16c): process a prefix of the
 // elements and return how many they handled (the caller finishes the tail). Call only when the
-// CPU supports AVX2 and F16C.
-size_t ReduceAvx2(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* src, size_t n,
-                  bool src_first);
+// CPU supports AVX2 and F16C. ReduceAvx2 is ReduceOutOf's (local may equal dst).
+size_t ReduceAvx2(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* local,
+                  const uint8_t* src, size_t n, bool src_first);
 
 // The AVX2 + F16C forms of the three above, same contract as ReduceAvx2 (bit-identical to the
 // scalar kernels; they return how many leading elements they handled).

@@ -10,32 +10,32 @@ namespace plexus::collectives::internal {
 namespace {
 
 // x = first operand, y = second: each macro computes op(x, y) with the semantics the scalar
-// fallback mirrors (min(x, y) = x < y ? x : y, ...).
-#define PLEXUS_F32_LOOP(EXPR)                                                  \
-  for (; i + 8 <= n; i += 8) {                                                 \
-    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(dst) + i); \
-    const __m256 s = _mm256_loadu_ps(reinterpret_cast<const float*>(src) + i); \
-    const __m256 x = src_first ? s : d;                                        \
-    const __m256 y = src_first ? d : s;                                        \
-    _mm256_storeu_ps(reinterpret_cast<float*>(dst) + i, CanonicalPs(EXPR));    \
+// fallback mirrors (min(x, y) = x < y ? x : y, ...). d is read from `local` (which may be dst).
+#define PLEXUS_F32_LOOP(EXPR)                                                    \
+  for (; i + 8 <= n; i += 8) {                                                   \
+    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(local) + i); \
+    const __m256 s = _mm256_loadu_ps(reinterpret_cast<const float*>(src) + i);   \
+    const __m256 x = src_first ? s : d;                                          \
+    const __m256 y = src_first ? d : s;                                          \
+    _mm256_storeu_ps(reinterpret_cast<float*>(dst) + i, CanonicalPs(EXPR));      \
   }
 
-#define PLEXUS_F64_LOOP(EXPR)                                                    \
-  for (; i + 4 <= n; i += 4) {                                                   \
-    const __m256d d = _mm256_loadu_pd(reinterpret_cast<const double*>(dst) + i); \
-    const __m256d s = _mm256_loadu_pd(reinterpret_cast<const double*>(src) + i); \
-    const __m256d x = src_first ? s : d;                                         \
-    const __m256d y = src_first ? d : s;                                         \
-    _mm256_storeu_pd(reinterpret_cast<double*>(dst) + i, CanonicalPd(EXPR));     \
+#define PLEXUS_F64_LOOP(EXPR)                                                      \
+  for (; i + 4 <= n; i += 4) {                                                     \
+    const __m256d d = _mm256_loadu_pd(reinterpret_cast<const double*>(local) + i); \
+    const __m256d s = _mm256_loadu_pd(reinterpret_cast<const double*>(src) + i);   \
+    const __m256d x = src_first ? s : d;                                           \
+    const __m256d y = src_first ? d : s;                                           \
+    _mm256_storeu_pd(reinterpret_cast<double*>(dst) + i, CanonicalPd(EXPR));       \
   }
 
-#define PLEXUS_INT_LOOP(WIDTH, EXPR)                                                         \
-  for (; i + (32 / WIDTH) <= n; i += 32 / WIDTH) {                                           \
-    const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(dst + i * WIDTH)); \
-    const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * WIDTH)); \
-    const __m256i x = src_first ? s : d;                                                     \
-    const __m256i y = src_first ? d : s;                                                     \
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i * WIDTH), EXPR);                  \
+#define PLEXUS_INT_LOOP(WIDTH, EXPR)                                                           \
+  for (; i + (32 / WIDTH) <= n; i += 32 / WIDTH) {                                             \
+    const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(local + i * WIDTH)); \
+    const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * WIDTH));   \
+    const __m256i x = src_first ? s : d;                                                       \
+    const __m256i y = src_first ? d : s;                                                       \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i * WIDTH), EXPR);                    \
   }
 
 // NaN results become the canonical quiet NaN (as the scalar kernels do): which NaN operand an
@@ -154,8 +154,8 @@ size_t ReduceWireType(ReduceOp op, float* dst, const float* local, const uint8_t
 
 }  // namespace
 
-size_t ReduceAvx2(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* src, size_t n,
-                  bool src_first) {
+size_t ReduceAvx2(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* local,
+                  const uint8_t* src, size_t n, bool src_first) {
   size_t i = 0;
   switch (dtype) {
     case DataType::kF32:
@@ -195,7 +195,7 @@ size_t ReduceAvx2(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* src,
     case DataType::kF16:
       for (; i + 8 <= n; i += 8) {
         const __m256 d =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dst + 2 * i)));
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(local + 2 * i)));
         const __m256 s =
             _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i)));
         const __m256 r = src_first ? ApplyPs(op, s, d) : ApplyPs(op, d, s);
@@ -205,7 +205,7 @@ size_t ReduceAvx2(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* src,
       return i;
     case DataType::kBF16:
       for (; i + 8 <= n; i += 8) {
-        const __m256 d = LoadBf16(dst + 2 * i);
+        const __m256 d = LoadBf16(local + 2 * i);
         const __m256 s = LoadBf16(src + 2 * i);
         const __m256 r = src_first ? ApplyPs(op, s, d) : ApplyPs(op, d, s);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), StoreBf16Bits(r));

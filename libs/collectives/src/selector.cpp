@@ -68,15 +68,14 @@ std::string RangeText(uint64_t lo, uint64_t hi, uint64_t max) {
 
 }  // namespace
 
-AlgorithmTable AlgorithmTable::Default() {
+AlgorithmTable AlgorithmTable::Default(bool tcp) {
   constexpr int kAnyWorld = std::numeric_limits<int>::max();
   constexpr size_t kAnyBytes = std::numeric_limits<size_t>::max();
   using K = CollectiveKind;
   using A = Algorithm;
-  return AlgorithmTable({
+  std::vector<SelectorRule> rules({
       // Latency-bound allreduce: recursive doubling is log2(n) exchanges of the whole vector.
       {K::kAllReduce, 1, kAnyWorld, 0, 64 * kKiB - 1, A::kHalvingDoubling},
-      // Mid sizes at larger scale: the double binary tree pipelines with log2(n) depth.
       {K::kAllReduce, 8, kAnyWorld, 64 * kKiB, 512 * kKiB - 1, A::kTree},
       {K::kAllReduce, 1, kAnyWorld, 64 * kKiB, kAnyBytes, A::kRing},
       {K::kBroadcast, 1, kAnyWorld, 0, 256 * kKiB - 1, A::kTree},
@@ -87,6 +86,16 @@ AlgorithmTable AlgorithmTable::Default() {
       {K::kReduceScatter, 1, kAnyWorld, 0, 64 * kKiB - 1, A::kHalvingDoubling},
       {K::kBarrier, 1, kAnyWorld, 0, kAnyBytes, A::kHalvingDoubling},
   });
+  if (tcp) {
+    // 4 ranks over tcp, 64-512 KiB: halving-doubling's 4 dependent steps beat the ring's 6
+    // (same bytes), each step a round of loopback system calls (4 ranks on 2 CPUs, alternated
+    // launch by launch, quiet: 64 KiB 145 -> 135 us, 256 KiB 276 -> 204 us; docs/collectives.md,
+    // "Benchmarks"). Over shm the ring was ahead there on a quiet machine (64 KiB 30 vs 43 us),
+    // and from 512 KiB neither was reliably ahead.
+    rules.insert(rules.begin() + 1,
+                 SelectorRule{K::kAllReduce, 4, 4, 64 * kKiB, 512 * kKiB - 1, A::kHalvingDoubling});
+  }
+  return AlgorithmTable(std::move(rules));
 }
 
 absl::StatusOr<AlgorithmTable> AlgorithmTable::Parse(std::string_view text) {

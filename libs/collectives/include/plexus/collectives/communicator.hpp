@@ -120,7 +120,7 @@ struct CommunicatorOptions {
   // Per-communicator algorithm choices (kAuto entries leave the choice to the table).
   AlgorithmOverrides algorithms;
   // The selector table; empty rules = the file named by PLEXUS_COLL_TABLE if set, else
-  // AlgorithmTable::Default().
+  // AlgorithmTable::Default(tcp), tcp: some pair of ranks talks over tcp.
   AlgorithmTable table;
   // Logs every selection and the table at creation to stderr (also PLEXUS_COLL_DEBUG=1).
   bool debug = false;
