@@ -9,6 +9,7 @@
 
 #include "catch2/catch.hpp"
 #include "holding_service.hpp"
+#include "incarnation.hpp"
 #include "kinds.plexus.hpp"
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/server.hpp"
@@ -24,25 +25,8 @@ namespace {
 
 using Impl = plexus::rpctest::HoldingService;
 
-// One server incarnation; the impl lives beside it.
-struct Incarnation {
-  Incarnation(std::shared_ptr<pt::Device> device, std::string address) {
-    auto s = pr::Server::Create(device, {.address = std::move(address)});
-    REQUIRE(s.ok());
-    server = std::move(*s);
-    REQUIRE(server->Register(&impl).ok());
-    REQUIRE(server->Start().ok());
-  }
-  ~Incarnation() { server->Shutdown(); }
-  Impl impl;
-  std::unique_ptr<pr::Server> server;
-};
-
-std::shared_ptr<pt::Device> Tcp() {
-  auto d = pt::Device::Create({.backend = pt::Backend::kTcp, .local_address = "127.0.0.1"});
-  REQUIRE(d.ok());
-  return *d;
-}
+using Incarnation = plexus::rpctest::Incarnation<Impl>;
+using plexus::rpctest::LoopbackTcp;
 
 // Calls Echo until one succeeds, at most `limit`; returns how long it took (or limit + 1 s).
 absl::Duration EchoUntilOk(Kinds::Stub& stub, absl::Duration limit) {
@@ -61,7 +45,7 @@ const pr::ChannelOptions kFastRedial{.reconnect_backoff = absl::Milliseconds(20)
 }  // namespace
 
 TEST_CASE("reconnect: a server restart on the same address is survived", "[rpc][reconnect]") {
-  auto device = Tcp();
+  auto device = LoopbackTcp();
   auto first = std::make_unique<Incarnation>(device, "127.0.0.1:0");
   const std::string address = first->server->address();
   auto channel = pr::Channel::Connect(device, address, {&Kinds::Descriptor()}, kFastRedial);
@@ -111,7 +95,7 @@ TEST_CASE("reconnect: a server restart on the same address is survived", "[rpc][
 
 TEST_CASE("reconnect: wait_for_ready waits for the connection within the deadline",
           "[rpc][reconnect]") {
-  auto device = Tcp();
+  auto device = LoopbackTcp();
   auto first = std::make_unique<Incarnation>(device, "127.0.0.1:0");
   const std::string address = first->server->address();
   auto channel = pr::Channel::Connect(device, address, {&Kinds::Descriptor()}, kFastRedial);
@@ -148,7 +132,7 @@ TEST_CASE("reconnect: wait_for_ready waits for the connection within the deadlin
 }
 
 TEST_CASE("reconnect: off, a dead connection stays dead", "[rpc][reconnect]") {
-  auto device = Tcp();
+  auto device = LoopbackTcp();
   auto first = std::make_unique<Incarnation>(device, "127.0.0.1:0");
   const std::string address = first->server->address();
   pr::ChannelOptions options = kFastRedial;
@@ -168,7 +152,7 @@ TEST_CASE("reconnect: off, a dead connection stays dead", "[rpc][reconnect]") {
 }
 
 TEST_CASE("reconnect: options are checked", "[rpc][reconnect]") {
-  auto device = Tcp();
+  auto device = LoopbackTcp();
   Incarnation one(device, "127.0.0.1:0");
   pr::ChannelOptions bad;
   bad.reconnect_backoff = absl::Seconds(2);

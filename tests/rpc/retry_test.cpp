@@ -5,9 +5,11 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "incarnation.hpp"
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/server.hpp"
 #include "retry.plexus.hpp"
@@ -46,24 +48,8 @@ class StoreImpl : public Store::Service {
   std::vector<pr::ServerCall<Req, Resp>> held_;
 };
 
-struct Incarnation {
-  Incarnation(std::shared_ptr<pt::Device> device, std::string address, int n) : impl(n) {
-    auto s = pr::Server::Create(device, {.address = std::move(address)});
-    REQUIRE(s.ok());
-    server = std::move(*s);
-    REQUIRE(server->Register(&impl).ok());
-    REQUIRE(server->Start().ok());
-  }
-  ~Incarnation() { server->Shutdown(); }
-  StoreImpl impl;
-  std::unique_ptr<pr::Server> server;
-};
-
-std::shared_ptr<pt::Device> Tcp() {
-  auto d = pt::Device::Create({.backend = pt::Backend::kTcp, .local_address = "127.0.0.1"});
-  REQUIRE(d.ok());
-  return *d;
-}
+using Incarnation = plexus::rpctest::Incarnation<StoreImpl>;
+using plexus::rpctest::LoopbackTcp;
 
 pr::ChannelOptions FastRedial(bool retry) {
   pr::ChannelOptions o;
@@ -72,6 +58,34 @@ pr::ChannelOptions FastRedial(bool retry) {
   o.retry_idempotent = retry;
   return o;
 }
+
+// Waits (5 s at most) until `incarnation` has received `n` calls.
+void AwaitCalls(const Incarnation& incarnation, int n) {
+  const absl::Time reached_by = absl::Now() + absl::Seconds(5);
+  while (incarnation.impl.calls < n && absl::Now() < reached_by) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  REQUIRE(incarnation.impl.calls == n);
+}
+
+// A Get (id 1) parked on a first incarnation, which the test then kills.
+struct GetOnDyingServer {
+  GetOnDyingServer(std::shared_ptr<pt::Device> device, bool retry, absl::Duration timeout)
+      : first(std::make_unique<Incarnation>(device, "127.0.0.1:0", 1)) {
+    auto connected = pr::Channel::Connect(device, first->server->address(), {&Store::Descriptor()},
+                                          FastRedial(retry));
+    REQUIRE(connected.ok());
+    channel = *connected;
+    stub = std::make_unique<Store::Stub>(channel);
+    get.emplace(stub->Get(req, {.timeout = timeout}));
+    AwaitCalls(*first, 1);
+  }
+  std::unique_ptr<Incarnation> first;
+  std::shared_ptr<pr::Channel> channel;
+  std::unique_ptr<Store::Stub> stub;
+  Req req{1};
+  std::optional<pr::PendingCall<Resp>> get;
+};
 
 }  // namespace
 
@@ -85,7 +99,7 @@ TEST_CASE("protoc-gen-plexus reads idempotency_level", "[rpc][retry]") {
 
 TEST_CASE("an idempotent call survives a server restart; others fail with Unavailable",
           "[rpc][retry]") {
-  auto device = Tcp();
+  auto device = LoopbackTcp();
   auto first = std::make_unique<Incarnation>(device, "127.0.0.1:0", 1);
   const std::string address = first->server->address();
   auto ch = pr::Channel::Connect(device, address, {&Store::Descriptor()}, FastRedial(true));
@@ -95,9 +109,7 @@ TEST_CASE("an idempotent call survives a server restart; others fail with Unavai
   auto get = stub.Get(get_req, {.timeout = absl::Seconds(10)});
   auto put = stub.Put(put_req, {.timeout = absl::Seconds(10)});
   auto add = stub.Add(add_req, {.timeout = absl::Seconds(10)});
-  const absl::Time reached_by = absl::Now() + absl::Seconds(5);
-  while (first->impl.calls < 3 && absl::Now() < reached_by) absl::SleepFor(absl::Milliseconds(5));
-  REQUIRE(first->impl.calls == 3);
+  AwaitCalls(*first, 3);
 
   first.reset();  // dies with the three calls
   auto a = add.Get();
@@ -120,61 +132,30 @@ TEST_CASE("an idempotent call survives a server restart; others fail with Unavai
 
 TEST_CASE("an idempotent retry ends at the deadline; retry_idempotent = false does not retry",
           "[rpc][retry]") {
-  auto device = Tcp();
+  auto device = LoopbackTcp();
   SECTION("deadline") {
-    auto first = std::make_unique<Incarnation>(device, "127.0.0.1:0", 1);
-    auto ch = pr::Channel::Connect(device, first->server->address(), {&Store::Descriptor()},
-                                   FastRedial(true));
-    REQUIRE(ch.ok());
-    Store::Stub stub(*ch);
-    Req req{1};
-    auto get = stub.Get(req, {.timeout = absl::Milliseconds(400)});
-    const absl::Time reached_by = absl::Now() + absl::Seconds(5);
-    while (first->impl.calls < 1 && absl::Now() < reached_by) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    REQUIRE(first->impl.calls == 1);
+    GetOnDyingServer call(device, true, absl::Milliseconds(400));
     const absl::Time t0 = absl::Now();
-    first.reset();  // nobody comes back
-    auto g = get.Get();
+    call.first.reset();  // nobody comes back
+    auto g = call.get->Get();
     REQUIRE_FALSE(g.ok());
     CHECK(g.status().code() == absl::StatusCode::kDeadlineExceeded);
     CHECK(absl::Now() - t0 < absl::Seconds(2));
   }
   SECTION("not retried") {
-    auto first = std::make_unique<Incarnation>(device, "127.0.0.1:0", 1);
-    auto ch = pr::Channel::Connect(device, first->server->address(), {&Store::Descriptor()},
-                                   FastRedial(false));
-    REQUIRE(ch.ok());
-    Store::Stub stub(*ch);
-    Req req{1};
-    auto get = stub.Get(req, {.timeout = absl::Seconds(10)});
-    const absl::Time reached_by = absl::Now() + absl::Seconds(5);
-    while (first->impl.calls < 1 && absl::Now() < reached_by) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    first.reset();
-    auto g = get.Get();
+    GetOnDyingServer call(device, false, absl::Seconds(10));
+    call.first.reset();
+    auto g = call.get->Get();
     REQUIRE_FALSE(g.ok());
     CHECK(g.status().code() == absl::StatusCode::kUnavailable);
   }
   SECTION("cancelled while waiting for the connection") {
-    auto first = std::make_unique<Incarnation>(device, "127.0.0.1:0", 1);
-    auto ch = pr::Channel::Connect(device, first->server->address(), {&Store::Descriptor()},
-                                   FastRedial(true));
-    REQUIRE(ch.ok());
-    Store::Stub stub(*ch);
-    Req req{1};
-    auto get = stub.Get(req, {.timeout = absl::Seconds(10)});
-    const absl::Time reached_by = absl::Now() + absl::Seconds(5);
-    while (first->impl.calls < 1 && absl::Now() < reached_by) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    first.reset();
+    GetOnDyingServer call(device, true, absl::Seconds(10));
+    call.first.reset();
     absl::SleepFor(absl::Milliseconds(100));
     const absl::Time t0 = absl::Now();
-    get.Cancel();
-    auto g = get.Get();
+    call.get->Cancel();
+    auto g = call.get->Get();
     REQUIRE_FALSE(g.ok());
     CHECK(g.status().code() == absl::StatusCode::kCancelled);
     CHECK(absl::Now() - t0 < absl::Seconds(2));
