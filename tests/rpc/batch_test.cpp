@@ -62,6 +62,30 @@ std::shared_ptr<pi::RecvBuffer> Flatten(const std::vector<pi::Part>& parts, size
   return std::make_shared<pi::RecvBuffer>(pool, std::move(b), bytes + extra);
 }
 
+// A tcp device in `mode`, a started server with a HoldingService, and a channel to it.
+struct EchoBed {
+  EchoBed(pt::ProgressMode mode, pr::ServerOptions server_options,
+          pr::ChannelOptions channel_options) {
+    auto d = pt::Device::Create(
+        {.backend = pt::Backend::kTcp, .progress = mode, .local_address = "127.0.0.1"});
+    REQUIRE(d.ok());
+    dev = *d;
+    auto s = pr::Server::Create(dev, std::move(server_options));
+    REQUIRE(s.ok());
+    server = std::move(*s);
+    REQUIRE(server->Register(&impl).ok());
+    REQUIRE(server->Start().ok());
+    auto c = pr::Channel::Connect(dev, server->address(), {&Kinds::Descriptor()},
+                                  std::move(channel_options));
+    REQUIRE(c.ok());
+    ch = *c;
+  }
+  std::shared_ptr<pt::Device> dev;
+  plexus::rpctest::HoldingService impl;
+  std::unique_ptr<pr::Server> server;
+  std::shared_ptr<pr::Channel> ch;
+};
+
 }  // namespace
 
 TEST_CASE("batch parsing: frames back to back, every length checked", "[rpc][batch]") {
@@ -214,18 +238,9 @@ TEST_CASE("blocking callers poll the connection; callbacks stay on the channel's
           "[rpc][batch]") {
   const pt::ProgressMode mode = GENERATE(pt::ProgressMode::kCaller, pt::ProgressMode::kThread);
   INFO("progress mode " << static_cast<int>(mode));
-  auto dev = pt::Device::Create(
-      {.backend = pt::Backend::kTcp, .progress = mode, .local_address = "127.0.0.1"});
-  REQUIRE(dev.ok());
-  auto server = pr::Server::Create(*dev, {.max_in_flight_per_connection = 64});
-  REQUIRE(server.ok());
-  plexus::rpctest::HoldingService impl;
-  REQUIRE((*server)->Register(&impl).ok());
-  REQUIRE((*server)->Start().ok());
-  auto ch = pr::Channel::Connect(*dev, (*server)->address(), {&Kinds::Descriptor()},
-                                 {.max_in_flight = 64});
-  REQUIRE(ch.ok());
-  Kinds::Stub stub(*ch);
+  EchoBed bed(mode, {.max_in_flight_per_connection = 64}, {.max_in_flight = 64});
+  auto& impl = bed.impl;
+  Kinds::Stub stub(bed.ch);
 
   // 8 chains of callbacks, each starting its next call from its callback (those leave batched),
   // 400 calls each; meanwhile 4 threads make 300 blocking calls each.
@@ -292,25 +307,15 @@ TEST_CASE("blocking callers poll the connection; callbacks stay on the channel's
     for (const auto& id : caller_ids) CHECK_FALSE(callback_threads.contains(id));
     CHECK_FALSE(callback_threads.contains(std::this_thread::get_id()));
   }
-  (*ch)->Close();
-  (*server)->Shutdown();
+  bed.ch->Close();
+  bed.server->Shutdown();
 }
 
 TEST_CASE("a blocking call's deadline and the connection's death reach a polling caller",
           "[rpc][batch]") {
-  auto dev = pt::Device::Create({.backend = pt::Backend::kTcp,
-                                 .progress = pt::ProgressMode::kCaller,
-                                 .local_address = "127.0.0.1"});
-  REQUIRE(dev.ok());
-  auto server = pr::Server::Create(*dev, {});
-  REQUIRE(server.ok());
-  plexus::rpctest::HoldingService impl;
-  REQUIRE((*server)->Register(&impl).ok());
-  REQUIRE((*server)->Start().ok());
-  auto ch = pr::Channel::Connect(*dev, (*server)->address(), {&Kinds::Descriptor()},
-                                 {.reconnect = false});
-  REQUIRE(ch.ok());
-  Kinds::Stub stub(*ch);
+  EchoBed bed(pt::ProgressMode::kCaller, {}, {.reconnect = false});
+  auto& impl = bed.impl;
+  Kinds::Stub stub(bed.ch);
   Inner in{"h", 1, {}, nullptr};
   const absl::Time t0 = absl::Now();
   auto r = stub.HoldSync(in, {.timeout = absl::Milliseconds(200)});
@@ -334,7 +339,7 @@ TEST_CASE("a blocking call's deadline and the connection's death reach a polling
   while (impl.holds < 3 && absl::Now() < held_by) absl::SleepFor(absl::Milliseconds(5));
   REQUIRE(impl.holds == 3);
   const absl::Time killed = absl::Now();
-  (*server)->Shutdown();
+  bed.server->Shutdown();
   for (auto& t : callers) t.join();
   CHECK(unavailable == 2);
   CHECK(absl::Now() - killed < absl::Seconds(5));
@@ -342,18 +347,8 @@ TEST_CASE("a blocking call's deadline and the connection's death reach a polling
 
 TEST_CASE("a blocking call made from a callback completes (its caller polls the connection)",
           "[rpc][batch]") {
-  auto dev = pt::Device::Create({.backend = pt::Backend::kTcp,
-                                 .progress = pt::ProgressMode::kCaller,
-                                 .local_address = "127.0.0.1"});
-  REQUIRE(dev.ok());
-  auto server = pr::Server::Create(*dev, {});
-  REQUIRE(server.ok());
-  plexus::rpctest::HoldingService impl;
-  REQUIRE((*server)->Register(&impl).ok());
-  REQUIRE((*server)->Start().ok());
-  auto ch = pr::Channel::Connect(*dev, (*server)->address(), {&Kinds::Descriptor()});
-  REQUIRE(ch.ok());
-  Kinds::Stub stub(*ch);
+  EchoBed bed(pt::ProgressMode::kCaller, {}, {});
+  Kinds::Stub stub(bed.ch);
   int32_t outer_value = 1, inner_value = 2;
   AllKinds outer, inner;
   outer.ints = pr::Repeated<int32_t>(&outer_value, 1);
@@ -374,8 +369,8 @@ TEST_CASE("a blocking call made from a callback completes (its caller polls the 
   REQUIRE(done);
   CHECK(inner_result == 2);
   CHECK(inner_took < absl::Seconds(1));  // answered, not failed by its 5 s deadline
-  (*ch)->Close();
-  (*server)->Shutdown();
+  bed.ch->Close();
+  bed.server->Shutdown();
 }
 
 TEST_CASE("a client that does not take batches gets one frame per message", "[rpc][batch]") {
