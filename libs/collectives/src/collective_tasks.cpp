@@ -177,8 +177,12 @@ absl::Status CommunicatorImpl::PipelinedDeviceAllReduce(const void* send, void* 
   uint8_t* landing = input != nullptr ? input : buf;
   const auto* source = static_cast<const uint8_t*>(send);
   auto* target = static_cast<uint8_t*>(recv);
-  const size_t per_segment =
+  // Segments of equal size (the last one shorter by fewer elements than there are segments), so
+  // that no tail segment is too small for a ring step per rank.
+  const size_t largest =
       std::max(kStagingSegmentBytes / esize, (count + kStagingSegments - 1) / kStagingSegments);
+  const size_t segments = (count + largest - 1) / largest;
+  const size_t per_segment = (count + segments - 1) / segments;
   // Declared after `staging`: destroyed first, so every queued copy has landed before the pinned
   // buffers go back to the pool, also on an early error return.
   CopyStreams copies;
