@@ -17,8 +17,9 @@
 
 namespace plexus::collectives::internal {
 
-// Device-buffer allreduces of at least this many bytes run pipelined: kStagingSegments segments
-// of at least kStagingSegmentBytes each, the copies of one overlapping the ring of another.
+// Device-buffer allreduces of at least this many bytes run pipelined: at most kStagingSegments
+// equal segments of about max(kStagingSegmentBytes, bytes / kStagingSegments) each, the copies of
+// one overlapping the ring of another.
 inline constexpr size_t kPipelinedStagingBytes = size_t{8} << 20;
 inline constexpr size_t kStagingSegments = 8;
 inline constexpr size_t kStagingSegmentBytes = size_t{2} << 20;
