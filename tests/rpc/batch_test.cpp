@@ -5,6 +5,7 @@
 // kThread.
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -62,10 +63,11 @@ std::shared_ptr<pi::RecvBuffer> Flatten(const std::vector<pi::Part>& parts, size
   return std::make_shared<pi::RecvBuffer>(pool, std::move(b), bytes + extra);
 }
 
-// A tcp device in `mode`, a started server with a HoldingService, and a channel to it.
+// A tcp device in `mode`, a started server with a HoldingService, and (unless `channel_options`
+// is nullopt: tests that speak the wire themselves) a channel to it.
 struct EchoBed {
   EchoBed(pt::ProgressMode mode, pr::ServerOptions server_options,
-          pr::ChannelOptions channel_options) {
+          std::optional<pr::ChannelOptions> channel_options) {
     auto d = pt::Device::Create(
         {.backend = pt::Backend::kTcp, .progress = mode, .local_address = "127.0.0.1"});
     REQUIRE(d.ok());
@@ -75,8 +77,9 @@ struct EchoBed {
     server = std::move(*s);
     REQUIRE(server->Register(&impl).ok());
     REQUIRE(server->Start().ok());
+    if (!channel_options) return;
     auto c = pr::Channel::Connect(dev, server->address(), {&Kinds::Descriptor()},
-                                  std::move(channel_options));
+                                  std::move(*channel_options));
     REQUIRE(c.ok());
     ch = *c;
   }
@@ -134,15 +137,11 @@ TEST_CASE("batch parsing: frames back to back, every length checked", "[rpc][bat
 TEST_CASE("a raw client's batch of requests is answered; a batch over the window is refused",
           "[rpc][batch]") {
   constexpr size_t kWindow = 8;
-  auto dev = pt::Device::Create({.backend = pt::Backend::kTcp, .local_address = "127.0.0.1"});
-  REQUIRE(dev.ok());
-  auto server = pr::Server::Create(*dev, {.max_in_flight_per_connection = kWindow});
-  REQUIRE(server.ok());
-  plexus::rpctest::HoldingService impl;
-  REQUIRE((*server)->Register(&impl).ok());
-  REQUIRE((*server)->Start().ok());
-  auto cq = (*dev)->CreateCompletionQueue();
-  auto conn = (*dev)->Connect((*server)->address(), cq.get());
+  EchoBed bed(pt::DeviceOptions{}.progress, {.max_in_flight_per_connection = kWindow},
+              std::nullopt);
+  auto& impl = bed.impl;
+  auto cq = bed.dev->CreateCompletionQueue();
+  auto conn = bed.dev->Connect(bed.server->address(), cq.get());
   REQUIRE(conn.ok());
 
   constexpr size_t kRecvBytes = 64 << 10;
@@ -213,7 +212,7 @@ TEST_CASE("a raw client's batch of requests is answered; a batch over the window
     }
   }
   CHECK(impl.echoes == 5);
-  REQUIRE((*server)->Connections().size() == 1);
+  REQUIRE(bed.server->Connections().size() == 1);
 
   // A batch of window + 1 requests: the server drops the connection.
   frames.clear();
@@ -225,20 +224,20 @@ TEST_CASE("a raw client's batch of requests is answered; a batch over the window
   }
   REQUIRE((*conn)->PostSend(parts, 1002).ok());
   const absl::Time give_up = absl::Now() + absl::Seconds(5);
-  while (!(*server)->Connections().empty() && absl::Now() < give_up) {
+  while (!bed.server->Connections().empty() && absl::Now() < give_up) {
     absl::SleepFor(absl::Milliseconds(10));
   }
-  CHECK((*server)->Connections().empty());
+  CHECK(bed.server->Connections().empty());
   CHECK(impl.echoes == 5);  // none of the oversized batch ran
   (*conn)->Close();
-  (*server)->Shutdown();
+  bed.server->Shutdown();
 }
 
 TEST_CASE("blocking callers poll the connection; callbacks stay on the channel's thread",
           "[rpc][batch]") {
   const pt::ProgressMode mode = GENERATE(pt::ProgressMode::kCaller, pt::ProgressMode::kThread);
   INFO("progress mode " << static_cast<int>(mode));
-  EchoBed bed(mode, {.max_in_flight_per_connection = 64}, {.max_in_flight = 64});
+  EchoBed bed(mode, {.max_in_flight_per_connection = 64}, pr::ChannelOptions{.max_in_flight = 64});
   auto& impl = bed.impl;
   Kinds::Stub stub(bed.ch);
 
@@ -313,7 +312,7 @@ TEST_CASE("blocking callers poll the connection; callbacks stay on the channel's
 
 TEST_CASE("a blocking call's deadline and the connection's death reach a polling caller",
           "[rpc][batch]") {
-  EchoBed bed(pt::ProgressMode::kCaller, {}, {.reconnect = false});
+  EchoBed bed(pt::ProgressMode::kCaller, {}, pr::ChannelOptions{.reconnect = false});
   auto& impl = bed.impl;
   Kinds::Stub stub(bed.ch);
   Inner in{"h", 1, {}, nullptr};
@@ -347,7 +346,7 @@ TEST_CASE("a blocking call's deadline and the connection's death reach a polling
 
 TEST_CASE("a blocking call made from a callback completes (its caller polls the connection)",
           "[rpc][batch]") {
-  EchoBed bed(pt::ProgressMode::kCaller, {}, {});
+  EchoBed bed(pt::ProgressMode::kCaller, {}, pr::ChannelOptions{});
   Kinds::Stub stub(bed.ch);
   int32_t outer_value = 1, inner_value = 2;
   AllKinds outer, inner;
@@ -374,15 +373,10 @@ TEST_CASE("a blocking call made from a callback completes (its caller polls the 
 }
 
 TEST_CASE("a client that does not take batches gets one frame per message", "[rpc][batch]") {
-  auto dev = pt::Device::Create({.backend = pt::Backend::kTcp, .local_address = "127.0.0.1"});
-  REQUIRE(dev.ok());
-  auto server = pr::Server::Create(*dev, {});
-  REQUIRE(server.ok());
-  plexus::rpctest::HoldingService impl;
-  REQUIRE((*server)->Register(&impl).ok());
-  REQUIRE((*server)->Start().ok());
-  auto cq = (*dev)->CreateCompletionQueue();
-  auto conn = (*dev)->Connect((*server)->address(), cq.get());
+  EchoBed bed(pt::DeviceOptions{}.progress, {}, std::nullopt);
+  auto& impl = bed.impl;
+  auto cq = bed.dev->CreateCompletionQueue();
+  auto conn = bed.dev->Connect(bed.server->address(), cq.get());
   REQUIRE(conn.ok());
   pi::OutFrame hello;
   pi::FrameHeader h;
@@ -426,5 +420,5 @@ TEST_CASE("a client that does not take batches gets one frame per message", "[rp
   CHECK(responses == kCalls);
   CHECK(impl.echoes == kCalls);
   (*conn)->Close();
-  (*server)->Shutdown();
+  bed.server->Shutdown();
 }
