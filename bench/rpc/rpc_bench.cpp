@@ -372,13 +372,6 @@ struct Sample {
   std::map<std::string, double> upgrade;  // --policy upgrade: the "upgrade" line's fields
 };
 
-std::string SelfPath() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) Die("cannot read /proc/self/exe");
-  return std::string(buf, static_cast<size_t>(n));
-}
-
 // Runs one peer process; `on_line` sees its stdout lines. Wait() in a thread.
 class Peer {
  public:
@@ -594,7 +587,7 @@ void QosFigures(Figures& fig, int runs, double seconds) {
 int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
                 const std::string& only) {
   Orchestrator o;
-  o.self = SelfPath();
+  o.self = plexus::tooling::SelfPath("plexus-bench-rpc");
   o.base = base;
   std::string grpc_missing = PLEXUS_BENCH_GRPC_MISSING;
   if (compare && grpc_missing.empty()) {

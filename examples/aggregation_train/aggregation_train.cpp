@@ -223,9 +223,7 @@ absl::StatusOr<Curve> ParseCurve(const std::string& out, std::string_view what) 
 // "ring" with the plexus rendezvous environment) and returns worker 0's curve.
 absl::StatusOr<Curve> LaunchRun(const Options& o, const std::string& via,
                                 const std::string& addresses, pa::NamespaceInfo ns) {
-  char self[4096];
-  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-  const std::string exe = len > 0 ? std::string(self, static_cast<size_t>(len)) : "logreg_ps";
+  const std::string exe = pt::SelfPath("logreg_ps");
   pt::LaunchOptions lo;
   lo.ranks = o.workers;
   lo.plexus_env = via == "ring";
