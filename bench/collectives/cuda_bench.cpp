@@ -8,7 +8,8 @@
 //   plexus-bench-cuda --transport shm,tcp --np 2 --sizes 64K,1M,16M,64M --runs 5 --json
 //
 // The peer for device buffers is torch.distributed's Gloo backend on CUDA tensors:
-// bench/collectives/cuda_torch_peer.py prints the same figures (needs a torch with CUDA).
+// bench/collectives/cuda_torch_peer.py prints the same figures (needs a torch with CUDA). Built
+// only in CUDA builds (bench/collectives/CMakeLists.txt).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -26,16 +27,13 @@
 #include "driver.hpp"
 #include "plexus/base/env.hpp"
 #include "plexus/collectives/communicator.hpp"
-#include "plexus/config.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
 #include "plexus/tooling/launch.hpp"
 #include "plexus/transport/memory.hpp"
 #include "plexus/transport/rendezvous.hpp"
 
-#if PLEXUS_HAVE_CUDA
 #include <cuda_runtime_api.h>
-#endif
 
 namespace pb = plexus::bench;
 namespace pc = plexus::collectives;
@@ -52,7 +50,6 @@ constexpr char kBench[] = "collectives_cuda";
   std::exit(1);
 }
 
-#if PLEXUS_HAVE_CUDA
 void CheckCuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) Die(what, cudaGetErrorString(e));
 }
@@ -180,9 +177,6 @@ int WorkerMain(int argc, char** argv) {
   }
   return 0;
 }
-#else
-int WorkerMain(int, char**) { Die("CUDA", "plexus was built without CUDA"); }
-#endif
 
 // Device/host time ratios per (transport, np, bytes), from the collected figures.
 void AddRatios(tooling::FigureWriter& writer) {

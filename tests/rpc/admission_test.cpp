@@ -12,6 +12,7 @@
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/policies.hpp"
 #include "plexus/rpc/server.hpp"
+#include "test_server.hpp"
 
 namespace pr = plexus::rpc;
 namespace pt = plexus::transport;
@@ -24,17 +25,10 @@ namespace {
 
 using HoldImpl = plexus::rpctest::HoldingService;
 
-struct Setup {
-  Setup() {
-    device = *pt::Device::Create({.backend = pt::Backend::kInproc});
-    server = std::move(*pr::Server::Create(device, {}));
-    REQUIRE(server->Register(&impl).ok());
-    REQUIRE(server->Start().ok());
-  }
-  ~Setup() {
-    while (impl.Held() > 0) impl.ReleaseOne();
-    server->Shutdown();
-  }
+// An inproc server that answers its parked calls before it shuts down.
+struct Setup : plexus::rpctest::TestServer<HoldImpl> {
+  Setup() : TestServer(*pt::Device::Create({.backend = pt::Backend::kInproc}), "") {}
+  ~Setup() { impl.Release(); }
   std::shared_ptr<pr::Channel> Connect() {
     auto c = pr::Channel::Connect(device, server->address(), {&Kinds::Descriptor()});
     REQUIRE(c.ok());
@@ -45,9 +39,6 @@ struct Setup {
     for (int i = 0; i < 5000 && impl.Held() < n; ++i) absl::SleepFor(absl::Milliseconds(1));
     REQUIRE(impl.Held() == n);
   }
-  std::shared_ptr<pt::Device> device;
-  HoldImpl impl;
-  std::unique_ptr<pr::Server> server;
 };
 
 }  // namespace

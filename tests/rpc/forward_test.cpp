@@ -13,6 +13,7 @@
 #include "kinds.plexus.hpp"
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/server.hpp"
+#include "test_server.hpp"
 
 namespace pr = plexus::rpc;
 namespace pt = plexus::transport;
@@ -23,18 +24,11 @@ using plexus::rpctest::OrderedHold;
 
 namespace {
 
-struct Replica {
-  explicit Replica(std::shared_ptr<pt::Device> device) {
-    server = std::move(*pr::Server::Create(device, {.address = "127.0.0.1:0"}));
-    REQUIRE(server->Register(&impl).ok());
-    REQUIRE(server->Start().ok());
-  }
-  ~Replica() {
-    impl.Release();
-    server->Shutdown();
-  }
-  OrderedHold impl;
-  std::unique_ptr<pr::Server> server;
+// A replica answers its parked calls before it shuts down.
+struct Replica : plexus::rpctest::TestServer<OrderedHold> {
+  explicit Replica(std::shared_ptr<pt::Device> device)
+      : TestServer(std::move(device), "127.0.0.1:0") {}
+  ~Replica() { impl.Release(); }
 };
 
 struct Pair {

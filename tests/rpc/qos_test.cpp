@@ -17,6 +17,7 @@
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/qos.hpp"
 #include "plexus/rpc/server.hpp"
+#include "test_server.hpp"
 
 namespace pr = plexus::rpc;
 namespace pt = plexus::transport;
@@ -27,17 +28,10 @@ using plexus::rpctest::OrderedHold;
 
 namespace {
 
-struct Setup {
-  Setup() {
-    device = *pt::Device::Create({.backend = pt::Backend::kInproc});
-    server = std::move(*pr::Server::Create(device, {}));
-    REQUIRE(server->Register(&impl).ok());
-    REQUIRE(server->Start().ok());
-  }
-  ~Setup() {
-    impl.Release();
-    server->Shutdown();
-  }
+// An inproc server that answers its parked calls before it shuts down.
+struct Setup : plexus::rpctest::TestServer<OrderedHold> {
+  Setup() : TestServer(*pt::Device::Create({.backend = pt::Backend::kInproc}), "") {}
+  ~Setup() { impl.Release(); }
   std::shared_ptr<pr::Channel> Connect() {
     auto c = pr::Channel::Connect(device, server->address(), {&Kinds::Descriptor()});
     REQUIRE(c.ok());
@@ -62,9 +56,6 @@ struct Setup {
       impl.ReleaseOne();
     }
   }
-  std::shared_ptr<pt::Device> device;
-  OrderedHold impl;
-  std::unique_ptr<pr::Server> server;
 };
 
 pr::CallOptions Class(const char* cls) {

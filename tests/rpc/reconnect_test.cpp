@@ -9,10 +9,10 @@
 
 #include "catch2/catch.hpp"
 #include "holding_service.hpp"
-#include "incarnation.hpp"
 #include "kinds.plexus.hpp"
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/server.hpp"
+#include "test_server.hpp"
 
 namespace pr = plexus::rpc;
 namespace pt = plexus::transport;
@@ -25,7 +25,7 @@ namespace {
 
 using Impl = plexus::rpctest::HoldingService;
 
-using Incarnation = plexus::rpctest::Incarnation<Impl>;
+using Incarnation = plexus::rpctest::TestServer<Impl>;
 using plexus::rpctest::LoopbackTcp;
 
 // Calls Echo until one succeeds, at most `limit`; returns how long it took (or limit + 1 s).

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "incarnation.hpp"
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/server.hpp"
 #include "retry.plexus.hpp"
+#include "test_server.hpp"
 
 namespace pr = plexus::rpc;
 namespace pt = plexus::transport;
@@ -48,7 +48,7 @@ class StoreImpl : public Store::Service {
   std::vector<pr::ServerCall<Req, Resp>> held_;
 };
 
-using Incarnation = plexus::rpctest::Incarnation<StoreImpl>;
+using Incarnation = plexus::rpctest::TestServer<StoreImpl>;
 using plexus::rpctest::LoopbackTcp;
 
 pr::ChannelOptions FastRedial(bool retry) {

@@ -1,6 +1,7 @@
-// One incarnation of a test server: a started Server on `device` at `address` with its service
-// object beside it, shut down when the incarnation goes (the reconnection and retry tests kill
-// and restart servers at one address).
+// A test server: a started Server on `device` at `address` ("" picks one) with its service object
+// beside it, shut down when it goes. The reconnection and retry tests kill and restart such
+// servers at one address (calls parked in the service die with it); tests that must answer parked
+// calls first derive and release them in their destructor.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -14,18 +15,19 @@
 namespace plexus::rpctest {
 
 template <typename Impl>
-struct Incarnation {
+struct TestServer {
   // `impl_args` construct the service.
   template <typename... Args>
-  Incarnation(std::shared_ptr<transport::Device> device, std::string address, Args&&... impl_args)
-      : impl(std::forward<Args>(impl_args)...) {
+  TestServer(std::shared_ptr<transport::Device> on, std::string address, Args&&... impl_args)
+      : device(std::move(on)), impl(std::forward<Args>(impl_args)...) {
     auto s = rpc::Server::Create(device, {.address = std::move(address)});
     REQUIRE(s.ok());
     server = std::move(*s);
     REQUIRE(server->Register(&impl).ok());
     REQUIRE(server->Start().ok());
   }
-  ~Incarnation() { server->Shutdown(); }
+  ~TestServer() { server->Shutdown(); }
+  std::shared_ptr<transport::Device> device;
   Impl impl;
   std::unique_ptr<rpc::Server> server;
 };
