@@ -109,7 +109,7 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
       (send == recv || internal::IsDevicePointer(send))) {
     return PipelinedDeviceAllReduce(send, recv, count, dtype, op, header);
   }
-  Staging staging(&pinned_pool_, options_.staging_cache_bytes);
+  Staging staging = NewStaging();
   PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, bytes, send == recv));
   // Below a block per rank (or when latency dominates) whole-vector doubling is cheaper. It
   // travels uncast: every rank reduces both operands there, and a cast would have to round its
@@ -168,7 +168,7 @@ absl::Status CommunicatorImpl::PipelinedDeviceAllReduce(const void* send, void* 
                                                         DataType dtype, ReduceOp op,
                                                         const CallHeader& header) {
   const size_t esize = DataTypeSize(dtype);
-  Staging staging(&pinned_pool_, options_.staging_cache_bytes);
+  Staging staging = NewStaging();
   PLEXUS_ASSIGN_OR_RETURN(uint8_t * buf, staging.Output(recv, count * esize, false));
   uint8_t* input = nullptr;  // out of place: the host copy of send (the ring reads it directly)
   if (send != recv) {
@@ -224,7 +224,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* re
     const Algorithm algo = Resolve(CollectiveKind::kReduce, bytes, call.algorithm);
     const CallHeader header = Header(CollectiveKind::kReduce, dtype, op, algo, root, count);
     if (count == 0) return absl::OkStatus();
-    Staging staging(&pinned_pool_, options_.staging_cache_bytes);
+    Staging staging = NewStaging();
     PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, bytes, true));
     uint8_t* buf = nullptr;
     if (is_root) {
@@ -279,7 +279,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
     CallHeader header =
         Header(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, algo, root, count);
     if (count == 0) return absl::OkStatus();
-    Staging staging(&pinned_pool_, options_.staging_cache_bytes);
+    Staging staging = NewStaging();
     PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, bytes, is_root && send == recv));
     if (is_root && send != recv) {
       PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, bytes, true));
@@ -348,7 +348,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     if (count == 0) return absl::OkStatus();
     const size_t mine = static_cast<size_t>(layout_.rank) * count * esize;
     const bool in_place = send == static_cast<uint8_t*>(recv) + mine;
-    Staging staging(&pinned_pool_, options_.staging_cache_bytes);
+    Staging staging = NewStaging();
     PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, total, in_place));
     if (!in_place) {
       PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, count * esize, true));
@@ -402,7 +402,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, v
     const Algorithm algo = Resolve(CollectiveKind::kReduceScatter, total, call.algorithm);
     const CallHeader header = Header(CollectiveKind::kReduceScatter, dtype, op, algo, -1, count);
     if (count == 0) return absl::OkStatus();
-    Staging staging(&pinned_pool_, options_.staging_cache_bytes);
+    Staging staging = NewStaging();
     PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, total, true));
     // Work on a copy: the send buffer is the caller's and recv may lie inside it.
     uint8_t* work = Scratch(total);
@@ -441,7 +441,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllTask(const void* send, void* 
     const CallHeader header =
         Header(CollectiveKind::kAllToAll, dtype, ReduceOp::kSum, algo, -1, count);
     if (count == 0) return absl::OkStatus();
-    Staging staging(&pinned_pool_, options_.staging_cache_bytes);
+    Staging staging = NewStaging();
     PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, total, true));
     PLEXUS_ASSIGN_OR_RETURN(auto out, staging.Output(recv, total, false));
     const uint8_t* src = in;
@@ -521,7 +521,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllVTask(
     const CallHeader header =
         Header(CollectiveKind::kAllToAllV, dtype, ReduceOp::kSum, algo, -1, 0);
     if (trace_ != nullptr) trace_->NoteBytes(send_extent * esize);
-    Staging staging(&pinned_pool_, options_.staging_cache_bytes);
+    Staging staging = NewStaging();
     PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, send_extent * esize, true));
     PLEXUS_ASSIGN_OR_RETURN(auto out, staging.Output(recv, recv_extent * esize, false));
     const int me = layout_.rank;
@@ -567,7 +567,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::PointToPointTask(void* buf, size_t co
     // Each direction of each pair numbers its messages: that is what matches a Send to a Recv.
     header.sequence = is_send ? p2p_send_seq_[peer]++ : p2p_recv_seq_[peer]++;
     if (trace_ != nullptr) trace_->Describe(header, peer);
-    Staging staging(&pinned_pool_, options_.staging_cache_bytes);
+    Staging staging = NewStaging();
     // Every connected channel, whatever the active configuration: a Send and its Recv may sit
     // on either side of a reconfiguration.
     MakeLayout(dtype);

@@ -406,8 +406,12 @@ class CommunicatorImpl : public Communicator {
   std::vector<int> WaitingFor(int channels) const;
 
   CommunicatorOptions options_;
-  // Pinned host buffers of earlier calls on device memory (staging.hpp).
+  // Pinned host buffers of earlier calls on device memory (staging.hpp), and one call's staging
+  // drawing on them.
   internal::PinnedPool pinned_pool_;
+  internal::Staging NewStaging() {
+    return internal::Staging(&pinned_pool_, options_.staging_cache_bytes);
+  }
   Layout layout_;
   std::string tag_;
   uint64_t uid_ = 0;
