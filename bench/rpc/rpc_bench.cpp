@@ -584,6 +584,31 @@ void QosFigures(Figures& fig, int runs, double seconds) {
           {{"system", "plexus-tcp"}, {"bulk_inflight", mix.bulk_inflight}});
 }
 
+// Policy cost: RPC/s (ok calls) with the policy on the client's chain over RPC/s without, in
+// alternating 100 ms windows of one client run (so both see the same machine), 32 in flight,
+// 32 B; 1% of requests carry the tag the ACL denies (only ok calls count, so the ACL's 1% is
+// part of its cost).
+void PolicyFigures(Orchestrator& o, Figures& fig, int runs) {
+  const Layout unpinned{"unpinned,blocking", -1, -1};
+  for (const std::string p : {"ratelimit", "acl"}) {
+    std::vector<double> with, without, ratio;
+    for (int r = 0; r < runs; ++r) {
+      Sample s = o.Run("plexus-tcp", unpinned, "rate", 32, 32, 32, p, 1.0);
+      with.push_back(s.rate);
+      without.push_back(s.base_rate);
+      ratio.push_back(s.base_rate > 0 ? s.rate / s.base_rate : NAN);
+    }
+    nlohmann::json extra = {
+        {"system", "plexus-tcp"}, {"policy", p}, {"inflight", 32}, {"size", 32}};
+    fig.Add("policy_rpc_rate", Median(with), "RPC/s", extra);
+    nlohmann::json base = extra;
+    base["policy"] = absl::StrCat("none (", p, " run)");
+    fig.Add("policy_rpc_rate", Median(without), "RPC/s", base);
+    const double cost = 1 - Median(ratio);
+    fig.Add("policy_cost", cost, "fraction", extra, "<= 0.05", cost <= 0.05);
+  }
+}
+
 int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
                 const std::string& only) {
   Orchestrator o;
@@ -610,6 +635,11 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
   }
   if (only == "qos") {
     QosFigures(fig, runs, base.seconds);
+    if (!json) out.PrintTable();
+    return 0;
+  }
+  if (only == "policy") {
+    PolicyFigures(o, fig, runs);
     if (!json) out.PrintTable();
     return 0;
   }
@@ -694,27 +724,7 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
     }
   }
 
-  // Policy cost: RPC/s (ok calls) with the policy on the client's chain over RPC/s without, in
-  // alternating 100 ms windows of one client run (so both see the same machine), 32 in flight,
-  // 32 B; 1% of requests carry the tag the ACL denies (only ok calls count, so the ACL's 1% is
-  // part of its cost).
-  for (const std::string p : {"ratelimit", "acl"}) {
-    std::vector<double> with, without, ratio;
-    for (int r = 0; r < runs; ++r) {
-      Sample s = o.Run("plexus-tcp", unpinned, "rate", 32, 32, 32, p, 1.0);
-      with.push_back(s.rate);
-      without.push_back(s.base_rate);
-      ratio.push_back(s.base_rate > 0 ? s.rate / s.base_rate : NAN);
-    }
-    nlohmann::json extra = {
-        {"system", "plexus-tcp"}, {"policy", p}, {"inflight", 32}, {"size", 32}};
-    fig.Add("policy_rpc_rate", Median(with), "RPC/s", extra);
-    nlohmann::json base = extra;
-    base["policy"] = absl::StrCat("none (", p, " run)");
-    fig.Add("policy_rpc_rate", Median(without), "RPC/s", base);
-    const double cost = 1 - Median(ratio);
-    fig.Add("policy_cost", cost, "fraction", extra, "<= 0.05", cost <= 0.05);
-  }
+  PolicyFigures(o, fig, runs);
   // Live upgrade every 100 ms during a rate run (32 in flight, 32 B): the longest time an upgrade
   // held calls at the gate, p99 latency of the calls in flight during a swap against all calls,
   // and calls lost, duplicated or missing from the upgraded metrics engine (target: 0).
@@ -777,8 +787,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "ratelimit", "acl", "upgrade"}))
       ->group("");
   tool.app()
-      .add_option("--only", only, "run one group of figures: qos (the global QoS figures)")
-      ->check(CLI::IsMember({"qos"}));
+      .add_option("--only", only,
+                  "run one group of figures: qos (the global QoS figures) or policy (each "
+                  "policy's cost)")
+      ->check(CLI::IsMember({"qos", "policy"}));
   if (auto code = tool.Parse(argc, argv)) return *code;
   if (peer.cpu >= 0) plexus::bench::PinToCpu(peer.cpu);
   if (peer.role.empty()) return Orchestrate(compare, json, runs, peer, only);

@@ -184,6 +184,14 @@ absl::Status AclPolicy::Restore(const EngineState& state) {
   return absl::OkStatus();
 }
 
+bool AclPolicy::ContentFields(const MethodDesc& method,
+                              absl::FunctionRef<void(FieldPath)> read) const {
+  if (auto it = rules_.find(&method); it != rules_.end()) {
+    for (const auto& rule : it->second) read(rule->path);
+  }
+  return true;
+}
+
 absl::Status AclPolicy::OnRequest(const CallInfo& call) {
   auto it = rules_.find(call.method);
   if (it == rules_.end() || call.request == nullptr) return absl::OkStatus();

@@ -1,65 +1,13 @@
 #include "plexus/rpc/channel.hpp"
 
 #include <algorithm>
-#include <cstring>
 
-#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "channel_impl.hpp"
+#include "private_request.hpp"
 
 namespace plexus::rpc {
 namespace internal {
-
-// Copies the encoded request's data segments into memory the call owns, points the gather list
-// at that copy, and decodes the copy: content policies check the decoded copy, and the bytes sent
-// are the same private bytes, so the application changing its request after StartCall returned
-// (or from another thread while the chain runs) cannot change what was checked.
-absl::StatusOr<const void*> PrivatizeRequest(const MessageDesc& desc, const CodecLimits& limits,
-                                             CallState* call) {
-  EncodedMessage& e = call->encoded;
-  size_t total = 0;
-  for (const Part& p : e.parts) total += p.size;
-  call->private_arena = std::make_unique<Arena>(limits.max_arena_bytes);
-  // A small request's copy lives in the arena too (one allocation per call for both).
-  constexpr size_t kCopyInArena = 1024;
-  uint8_t* copy = nullptr;
-  if (total <= kCopyInArena) {
-    copy = static_cast<uint8_t*>(call->private_arena->Allocate(total, kSegmentAlign));
-  }
-  if (copy == nullptr) {
-    call->private_bytes = std::make_unique_for_overwrite<uint8_t[]>(std::max<size_t>(total, 1));
-    copy = call->private_bytes.get();
-  }
-  absl::InlinedVector<absl::Span<const uint8_t>, 4> segments;
-  size_t at = 0;
-  for (size_t i = 0; i < e.segment_first.size(); ++i) {
-    const size_t begin = at;
-    for (uint32_t k = 0; k < e.segment_parts[i]; ++k) {
-      const Part& p = e.parts[e.segment_first[i] + k];
-      if (p.size > 0) std::memcpy(copy + at, p.data, p.size);
-      at += p.size;
-    }
-    segments.emplace_back(copy + begin, at - begin);
-  }
-  // The gather list now points at the copy, one part per segment.
-  e.parts.resize(segments.size());
-  for (size_t i = 0; i < segments.size(); ++i) {
-    e.parts[i] = Part{segments[i].data(), segments[i].size()};
-    e.segment_first[i] = static_cast<uint32_t>(i);
-    e.segment_parts[i] = 1;
-  }
-  absl::StatusOr<void*> m =
-      DecodeMessage(desc,
-                    absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(e.structure.data()),
-                                              e.structure.size()),
-                    segments, *call->private_arena, limits);
-  if (!m.ok()) {
-    return absl::InternalError(
-        absl::StrCat("private copy of a ", desc.full_name,
-                     " request for a content policy: ", m.status().message()));
-  }
-  return static_cast<const void*>(*m);
-}
 
 RawResult WaitCall(CallState& call) {
   // The caller polls the connection itself (run-to-completion, no thread hop) when no other
@@ -373,25 +321,33 @@ std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
         "service ", service.full_name, " was not named when the channel to ", channel.peer(),
         " was connected (its handshake checks each service's schema)")));
   }
-  absl::Status st = internal::EncodeMessage(*method.request(), request, &call->encoded, impl.codec);
-  if (!st.ok()) return fail(st);
   call->chain = impl.chain->snapshot();
   call->info.deadline = call->deadline;
   call->info.request = request;
-  if (std::any_of(call->chain->begin(), call->chain->end(),
-                  [](const auto& p) { return p->inspects_content(); })) {
-    absl::StatusOr<const void*> copy =
-        internal::PrivatizeRequest(*method.request(), impl.codec, call.get());
-    if (!copy.ok()) return fail(copy.status());
-    call->info.request = *copy;
-  }
+  // A content policy reads a private copy, made when the first one is reached and holding what
+  // each reads (private_request.hpp); the request is marshalled from that copy once the chain
+  // passed, so the bytes checked are the bytes sent.
+  std::optional<internal::PrivateRequest> copy;
+  auto prepare = [&](const Policy& p) -> absl::Status {
+    if (!p.inspects_content()) return absl::OkStatus();
+    if (!copy) {
+      call->private_arena.emplace(impl.codec.max_arena_bytes);
+      copy.emplace(*method.request(), request, *call->private_arena, impl.codec);
+    }
+    PLEXUS_RETURN_IF_ERROR(copy->Add(p, method));
+    call->info.request = copy->message();
+    return absl::OkStatus();
+  };
   for (const auto& p : *call->chain) {
-    if (absl::Status ps = p->OnRequest(call->info); !ps.ok()) {
+    if (absl::Status ps = p->OnRequest(call->info, prepare); !ps.ok()) {
       call->info.request = nullptr;
       return fail(ps);
     }
   }
   call->info.request = nullptr;
+  absl::Status st = internal::EncodeMessage(*method.request(), copy ? copy->message() : request,
+                                            &call->encoded, impl.codec);
+  if (!st.ok()) return fail(st);
 
   // The replicas' connections as of now; wait_for_ready waits (within the deadline) for one.
   const uint32_t n = static_cast<uint32_t>(impl.replicas.size());

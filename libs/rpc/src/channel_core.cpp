@@ -175,7 +175,6 @@ void ChannelCore::Handle(const transport::Completion& c,
   for (const auto& call : sent.calls) {
     call->sent = true;
     call->encoded.Clear();
-    call->private_bytes.reset();
     call->private_arena.reset();
     if (!c.status.ok() && !call->has_result) {
       BreakLocked(absl::UnavailableError(

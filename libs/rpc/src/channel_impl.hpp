@@ -53,9 +53,9 @@ class CallState {
   bool async = false;  // completes through a callback
   absl::Time deadline = absl::InfiniteFuture();
   EncodedMessage encoded;
-  // The private copy of the request's data segments and its decoded form (content policies).
-  std::unique_ptr<uint8_t[]> private_bytes;
-  std::unique_ptr<Arena> private_arena;
+  // What content policies check and the request is marshalled from (private_request.hpp), until
+  // the request has left.
+  std::optional<Arena> private_arena;
   OutFrame frame;
   CallInfo info;
   EngineChain::Snapshot chain;
@@ -175,11 +175,6 @@ struct RetryState {
   Channel::Impl* impl = nullptr;
   absl::Status last;  // the last try's Unavailable
 };
-
-// Copies the encoded request's data segments into memory the call owns and decodes the copy
-// (content policies check exactly the bytes sent); see channel.cpp.
-absl::StatusOr<const void*> PrivatizeRequest(const MessageDesc& desc, const CodecLimits& limits,
-                                             CallState* call);
 
 // A dial's outcome: `refused` when the server answered the handshake with an error (a schema
 // mismatch, a service it does not serve): redialling cannot help.

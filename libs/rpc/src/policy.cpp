@@ -72,6 +72,15 @@ absl::Status EngineSlot::OnRequest(const CallInfo& call) {
   return st;
 }
 
+absl::Status EngineSlot::OnRequest(const CallInfo& call,
+                                   absl::FunctionRef<absl::Status(const Policy&)> prepare) {
+  Policy* p = Enter();
+  absl::Status st = prepare(*p);
+  if (st.ok()) st = p->OnRequest(call);
+  Leave();
+  return st;
+}
+
 void EngineSlot::OnComplete(const CallInfo& call, const absl::Status& status) {
   Policy* p = Enter();
   p->OnComplete(call, status);

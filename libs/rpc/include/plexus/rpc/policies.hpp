@@ -92,8 +92,8 @@ struct AclRule {
 };
 
 // Fails a matching call with PermissionDenied: "acl 'NAME': rule 'RULE' denies
-// package.Service/Method: field F is 'V'". It inspects content, so on a Channel it runs on a
-// private copy of the request, and exactly the bytes it checked are sent (docs/rpc.md).
+// package.Service/Method: field F is 'V'". It inspects content, so on a Channel it reads a private
+// copy of its rules' fields, and exactly the bytes it checked are sent (docs/rpc.md).
 class AclPolicy : public Policy {
  public:
   // `services` resolve the rules' methods and fields: NotFound naming the rule and the missing
@@ -106,6 +106,9 @@ class AclPolicy : public Policy {
   std::string kind() const override { return "acl"; }
   std::string DescribeJson() const override;
   bool inspects_content() const override { return true; }
+  // The fields of the method's rules (none for a method without rules).
+  bool ContentFields(const MethodDesc& method,
+                     absl::FunctionRef<void(FieldPath)> read) const override;
   absl::Status OnRequest(const CallInfo& call) override;
   // State: "checked", "denied" (the rules are the new version's configuration).
   absl::StatusOr<EngineState> Decompose() const override;

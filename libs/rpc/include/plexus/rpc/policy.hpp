@@ -18,9 +18,11 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "plexus/rpc/call.hpp"
 #include "plexus/rpc/schema.hpp"
 
@@ -40,8 +42,10 @@ struct CallInfo {
   uint64_t connection_id = 0;
   // The typed request (a `method->request()` message) while OnRequest runs; null in OnComplete.
   // Server: decoded in the server's own receive buffer, which no handler sees before the chain
-  // passed. Client: the application's memory, unless a policy of the chain inspects_content():
-  // then a private copy of the encoded bytes, and exactly those bytes are sent (see Channel).
+  // passed. Client: the application's memory until a policy that inspects_content() is reached;
+  // from then on a private copy holding (at least) the fields that policy reads, and the request
+  // is marshalled from that copy once the chain passed, so exactly the checked bytes are sent
+  // (docs/rpc.md, "Content ACL").
   const void* request = nullptr;
   // Server: the request's metadata while OnRequest and Classify run; null otherwise and on a
   // Channel.
@@ -54,6 +58,10 @@ struct CallInfo {
   std::string route_engine;
   std::optional<uint32_t> replica_load;
 };
+
+// A field of a request, reached from the request message through singular message fields: the
+// fields in order, the last one the field itself (for example {&auth, &tenant}).
+using FieldPath = absl::Span<const FieldDesc* const>;
 
 // Global QoS: the class of a call at a server's reorder point before its handlers.
 enum class QosClass : uint8_t { kLatency = 0, kBulk = 1 };
@@ -119,6 +127,19 @@ class Policy {
   // True when OnRequest reads `call.request`: the client then runs the chain on a private copy
   // of the request, so the application cannot change what was checked before it is sent.
   virtual bool inspects_content() const { return false; }
+  // With inspects_content(): names every field of a `method` request that OnRequest reads, each
+  // by one call of `read` (a path through singular message fields to a singular or optional
+  // scalar, enum, string or bytes field), and returns true. A Channel then copies only those
+  // fields (a string's or bytes' bytes, the message structs on the way) into memory the call
+  // owns, instead of the whole request. A promise: any other field OnRequest reads is the
+  // application's memory. false (the default): OnRequest may read any field; the whole request
+  // is copied.
+  virtual bool ContentFields(const MethodDesc& method,
+                             absl::FunctionRef<void(FieldPath)> read) const {
+    (void)method;
+    (void)read;
+    return false;
+  }
   // A request on its way (client: before marshalling; server: after unmarshalling). A non-OK
   // status fails the call with it and the later engines never see it.
   virtual absl::Status OnRequest(const CallInfo& call) {
@@ -180,6 +201,11 @@ class EngineSlot {
   EngineSlot(const EngineSlot&) = delete;
   EngineSlot& operator=(const EngineSlot&) = delete;
   absl::Status OnRequest(const CallInfo& call);
+  // OnRequest with `prepare(policy)` run first behind the same gate (a Channel makes what a
+  // content policy reads private there, so the policy cannot be swapped between naming its
+  // fields and reading them). An error from `prepare` fails the call without OnRequest.
+  absl::Status OnRequest(const CallInfo& call,
+                         absl::FunctionRef<absl::Status(const Policy&)> prepare);
   void OnComplete(const CallInfo& call, const absl::Status& status);
   std::optional<uint32_t> Route(const CallInfo& call, const std::vector<bool>& usable);
   void OnLoadReport(uint32_t replica, uint32_t load);

@@ -1,0 +1,49 @@
+// The private copy of a request that a Channel's content policies check (docs/rpc.md, "Content
+// ACL"): a shallow copy of the request struct, made when the first content policy is reached, into
+// which the fields those policies read are copied (a string's or bytes' bytes, the nested structs
+// on the way). Scalars are private as soon as the struct is copied. The channel marshals the copy
+// once the chain passed, so the bytes checked are the bytes sent, whatever the application does
+// to its own memory meanwhile; the fields no policy reads are still gathered from the
+// application's memory (no copy), as without a content policy.
+#pragma once
+
+#include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
+#include "codec.hpp"
+#include "plexus/rpc/policy.hpp"
+
+namespace plexus::rpc::internal {
+
+class PrivateRequest {
+ public:
+  // `request` is the application's message of type `desc`; copies live in `arena` (which must
+  // outlive the send).
+  PrivateRequest(const MessageDesc& desc, const void* request, Arena& arena,
+                 const CodecLimits& limits)
+      : desc_(desc), request_(request), arena_(arena), limits_(limits) {}
+  // Makes the fields `policy` reads for `method` private (all of them when it does not name
+  // them). ResourceExhausted when the copy exceeds the arena's limit.
+  absl::Status Add(const Policy& policy, const MethodDesc& method);
+  // The copy once a field was added (policies read it, the channel marshals it), else the
+  // application's request.
+  const void* message() const { return root_ != nullptr ? root_ : request_; }
+
+ private:
+  absl::Status Root();
+  absl::Status AddPath(FieldPath path);
+  // Copies every view of `msg` (of type `desc`, already private itself), recursively.
+  absl::Status AddAll(const MessageDesc& desc, void* msg, int depth);
+  // `bytes` copied into the arena (nullptr with an error naming `what` past the limit).
+  absl::StatusOr<void*> Copy(const void* data, size_t bytes, size_t align, const char* what);
+
+  const MessageDesc& desc_;
+  const void* request_;
+  Arena& arena_;
+  const CodecLimits& limits_;
+  void* root_ = nullptr;
+  bool all_ = false;
+  // Nested structs already copied (reached again by another path: not copied twice).
+  absl::InlinedVector<const void*, 4> private_structs_;
+};
+
+}  // namespace plexus::rpc::internal
