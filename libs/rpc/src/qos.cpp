@@ -163,12 +163,9 @@ void QosQueue::Push(QosClass cls, const QosSchedule* schedule, Job job) {
     job.drop();  // outside the lock: it finishes the call, which calls Done()
     return;
   }
-  if (schedule != nullptr) schedule_ = *schedule;
-  const absl::Time now = absl::Now();
-  if (cls == QosClass::kBulk && bulk_.empty()) bulk_served_ = now;  // starts waiting now
-  (cls == QosClass::kLatency ? latency_ : bulk_).push_back({now, std::move(job)});
+  if (schedule != nullptr) order_.set_schedule(*schedule);
+  order_.Push(cls, std::move(job), absl::Now());
   ++pending_;
-  stats_.max_queued = std::max(stats_.max_queued, latency_.size() + bulk_.size());
   if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
   cv_.notify_all();
 }
@@ -177,76 +174,53 @@ bool QosQueue::Busy() const { return pending_.load() > 0; }
 
 void QosQueue::Done() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (stats_.running > 0) --stats_.running;
+  if (running_ > 0) --running_;
   cv_.notify_all();
 }
 
 QosQueue::Stats QosQueue::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  Stats s = stats_;
-  s.queued = latency_.size() + bulk_.size();
+  const auto& c = order_.counts();
+  Stats s;
+  s.latency = c.latency;
+  s.bulk = c.bulk;
+  s.aged = c.aged;
+  s.shared = c.shared;
+  s.max_queued = c.max_queued;
+  s.queued = order_.size();
+  s.running = running_;
   return s;
-}
-
-QosQueue::Entry QosQueue::PopLocked() {
-  std::deque<Entry>* from = &latency_;
-  if (!bulk_.empty()) {
-    if (latency_.empty()) {
-      from = &bulk_;
-    } else if (absl::Now() - bulk_served_ >= schedule_.max_wait) {
-      from = &bulk_;
-      ++stats_.aged;
-    } else if (streak_ >= schedule_.latency_burst) {
-      from = &bulk_;
-      ++stats_.shared;
-    }
-  }
-  if (from == &bulk_) {
-    streak_ = 0;
-    bulk_served_ = absl::Now();
-    ++stats_.bulk;
-  } else {
-    streak_ = bulk_.empty() ? 0 : streak_ + 1;
-    ++stats_.latency;
-  }
-  Entry e = std::move(from->front());
-  from->pop_front();
-  return e;
 }
 
 void QosQueue::Run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [&] {
-      return stop_ ||
-             ((!latency_.empty() || !bulk_.empty()) && stats_.running < schedule_.max_concurrent);
+      return stop_ || (!order_.empty() && running_ < order_.schedule().max_concurrent);
     });
     if (stop_) break;
-    Entry e = PopLocked();
-    ++stats_.running;
+    Job job = std::move(*order_.Pop(absl::Now()));
+    ++running_;
     lock.unlock();
-    e.job.run();
-    e.job = {};
+    job.run();
+    job = {};
     lock.lock();
     --pending_;
   }
 }
 
 void QosQueue::Stop() {
-  std::deque<Entry> dropped;
+  std::vector<Job> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
     stop_ = true;
-    for (auto* q : {&latency_, &bulk_}) {
-      for (auto& e : *q) dropped.push_back(std::move(e));
-      pending_ -= q->size();
-      q->clear();
-    }
+    order_.Extract([](const Job&) { return true; }, &dropped);
+    pending_ -= dropped.size();
     cv_.notify_all();
   }
   if (thread_.joinable()) thread_.join();
-  for (auto& e : dropped) e.job.drop();
+  for (auto& j : dropped) j.drop();
 }
 
 }  // namespace internal
