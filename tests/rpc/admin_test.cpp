@@ -301,4 +301,27 @@ TEST_CASE("plexus-rpc-ctl attaches, configures and detaches the global QoS engin
   CHECK(f.EchoMany(2) == 2);
   CHECK(f.server->qos().bulk + f.server->qos().latency == 5);  // detached: straight to handlers
 }
+
+TEST_CASE("plexus-rpc-ctl attaches the QoS engine to a channel: the client's reorder point",
+          "[rpc][admin][qos]") {
+  Fixture f;
+  const std::string at = "--timeout 10 --address " + f.endpoint->address() + " --token tok ";
+  auto [attached, rc1] = Ctl(at +
+                             "attach client qos --kind qos --config '{\"small_bytes\": 4096, "
+                             "\"max_in_flight\": 8}'");
+  CHECK(rc1 == 0);
+  CHECK(attached == "attached qos on client; chain: frontend -> qos -> marshal -> transport\n");
+  CHECK(f.EchoMany(3) == 3);
+  CHECK(f.channel->qos().latency == 3);  // small requests: latency class, through the queue
+  CHECK(f.server->qos().latency == 0);   // the server has no engine
+  auto [engines, rc2] = Ctl(at + "engines client --json");
+  CHECK(rc2 == 0);
+  INFO(engines);
+  CHECK(Json::parse(engines)[1]["state"]["latency_calls"] == 3);
+  CHECK(Json::parse(engines)[1]["state"]["max_in_flight"] == 8);
+  auto [det, rc3] = Ctl(at + "detach client qos");
+  CHECK(rc3 == 0);
+  CHECK(f.EchoMany(2) == 2);
+  CHECK(f.channel->qos().latency == 3);  // detached: straight to the connection
+}
 #endif

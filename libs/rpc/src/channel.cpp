@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "channel_impl.hpp"
+#include "client_qos.hpp"
 #include "private_request.hpp"
 
 namespace plexus::rpc {
@@ -60,6 +61,7 @@ bool WaitCallFor(CallState& call, absl::Duration timeout) {
 }
 
 void CancelCall(CallState& call) {
+  if (call.qos != nullptr && call.qos->Cancel(call)) return;  // waiting in the QoS queue
   if (std::shared_ptr<RetryState> retry = call.retry.lock()) {
     // A retried call: no further try, and the one in flight (if any) is cancelled.
     retry->cancelled = true;
@@ -113,6 +115,7 @@ void Channel::Close() {
     }
   }
   for (auto& c : cores) c->Shutdown();
+  impl.qos->Kick();  // its calls still queued for QoS fail now (their connections are closed)
   // Idempotent calls that waited to be tried again: the channel is gone.
   std::vector<std::shared_ptr<internal::RetryState>> retries;
   {
@@ -147,6 +150,8 @@ std::string Channel::peer() const {
   for (const auto& r : impl_->replicas) absl::StrAppend(&out, out.empty() ? "" : ",", r.address);
   return out;
 }
+
+QosStats Channel::qos() const { return impl_->qos->stats(); }
 
 std::vector<Channel::ReplicaInfo> Channel::Replicas() const {
   std::vector<ReplicaInfo> out;
@@ -348,6 +353,22 @@ std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
   absl::Status st = internal::EncodeMessage(*method.request(), copy ? copy->message() : request,
                                             &call->encoded, impl.codec);
   if (!st.ok()) return fail(st);
+  // A scheduling engine's class for the QoS reorder point (the same rule as on a Server: the
+  // metadata, the method, the size: here the encoded message and the fixed header).
+  std::optional<QosVerdict> verdict;
+  if (!call->chain->empty()) {
+    call->info.request_bytes = internal::kFixedHeaderBytes + call->encoded.structure.size();
+    for (uint64_t b : call->encoded.segment_bytes) call->info.request_bytes += b;
+    MetadataView md;
+    if (!options.metadata.empty()) {
+      for (const auto& [k, v] : options.metadata) md.emplace_back(k, v);
+      call->info.metadata = &md;
+    }
+    for (const auto& p : *call->chain) {
+      if ((verdict = p->Classify(call->info))) break;
+    }
+    call->info.metadata = nullptr;
+  }
 
   // The replicas' connections as of now; wait_for_ready waits (within the deadline) for one.
   const uint32_t n = static_cast<uint32_t>(impl.replicas.size());
@@ -413,6 +434,15 @@ std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
     return fail(absl::UnavailableError(
         absl::StrCat("rpc channel to ", impl.replicas[r].address, " is not connected",
                      impl.options.reconnect ? " (reconnecting)" : "", ": ", why.message())));
+  }
+  if (verdict || cores[r]->qos_queued.load(std::memory_order_relaxed) > 0) {
+    if (absl::Status ss =
+            impl.qos->Submit(call, cores[r], options, verdict ? verdict->cls : QosClass::kBulk,
+                             verdict ? &verdict->schedule : nullptr);
+        !ss.ok()) {
+      return fail(ss);
+    }
+    return call;
   }
   if (absl::Status ss = cores[r]->Submit(call, options); !ss.ok()) return fail(ss);
   return call;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "channel_impl.hpp"
+#include "client_qos.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/rpc/balance.hpp"
 #include "plexus/rpc/policies.hpp"
@@ -200,6 +201,7 @@ absl::StatusOr<std::shared_ptr<Channel>> Channel::Impl::Open(
   impl->codec.max_depth = options.max_depth;
   impl->options = options;
   impl->device = std::move(device);
+  impl->qos = internal::ClientQos::ForDevice(impl->device);
   impl->services = std::move(services);
   for (const ServiceDesc* s : impl->services) impl->service_ids[s->id] = s;
   for (std::string& a : addresses) {

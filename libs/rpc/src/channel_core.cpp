@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "channel_impl.hpp"
+#include "client_qos.hpp"
 
 namespace plexus::rpc::internal {
 namespace {
@@ -17,6 +18,10 @@ constexpr absl::Duration kParkSlice = absl::Milliseconds(5);
 }  // namespace
 
 void ChannelCore::Finalize(const std::shared_ptr<CallState>& call) {
+  if (call->qos_counted) {  // sent by the QoS reorder point: its slot is free
+    call->qos_counted = false;
+    call->qos->Done();
+  }
   absl::Status st = call->result.ok() ? absl::OkStatus() : call->result.status();
   if (call->chain) {
     for (const auto& p : *call->chain) p->OnComplete(call->info, st);
@@ -418,7 +423,6 @@ absl::Status ChannelCore::Submit(const std::shared_ptr<CallState>& call,
   call->channel = weak_from_this();
   const ServiceDesc& service = *call->info.service;
   const MethodDesc& method = *call->info.method;
-  std::vector<std::shared_ptr<CallState>> ready;
   std::unique_lock<std::mutex> lock(mu);
   auto has_room = [&] { return in_flight < window || !broken.ok(); };
   if (call->deadline == absl::InfiniteFuture()) {
@@ -429,6 +433,24 @@ absl::Status ChannelCore::Submit(const std::shared_ptr<CallState>& call,
                      " waited for a window slot (", window, " calls in flight)"));
   }
   if (!broken.ok()) return absl::UnavailableError(broken.message());
+  return SendLocked(call, options, lock);
+}
+
+std::optional<absl::Status> ChannelCore::TrySubmit(const std::shared_ptr<CallState>& call,
+                                                   const CallOptions& options) {
+  call->channel = weak_from_this();
+  std::unique_lock<std::mutex> lock(mu);
+  if (!broken.ok()) return absl::UnavailableError(broken.message());
+  if (in_flight >= window) return std::nullopt;
+  return SendLocked(call, options, lock);
+}
+
+absl::Status ChannelCore::SendLocked(const std::shared_ptr<CallState>& call,
+                                     const CallOptions& options,
+                                     std::unique_lock<std::mutex>& lock) {
+  const ServiceDesc& service = *call->info.service;
+  const MethodDesc& method = *call->info.method;
+  std::vector<std::shared_ptr<CallState>> ready;
   call->id = next_id++;
   call->info.call_id = call->id;
   FrameHeader h;

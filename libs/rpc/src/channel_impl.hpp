@@ -28,6 +28,7 @@ namespace plexus::rpc {
 namespace internal {
 
 struct ChannelCore;
+class ClientQos;
 
 class CallState {
  public:
@@ -59,6 +60,10 @@ class CallState {
   OutFrame frame;
   CallInfo info;
   EngineChain::Snapshot chain;
+  // Sent through the runtime's QoS reorder point (client_qos.hpp): `qos` is set while it waits
+  // there, `qos_counted` while it holds one of its slots (released in Finalize).
+  std::shared_ptr<ClientQos> qos;
+  bool qos_counted = false;
 };
 
 constexpr uint64_t kRecvBit = uint64_t{1} << 63;
@@ -160,6 +165,16 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   // Sends an encoded call whose chain passed: waits for a window slot within its deadline.
   // Returns the error to fail the call with (the call is then not registered).
   absl::Status Submit(const std::shared_ptr<CallState>& call, const CallOptions& options);
+  // Submit without waiting (the QoS reorder point, client_qos.hpp): nullopt, and nothing done,
+  // while the window is full.
+  std::optional<absl::Status> TrySubmit(const std::shared_ptr<CallState>& call,
+                                        const CallOptions& options);
+  // Submit's send, with mu held by `lock` (released on return).
+  absl::Status SendLocked(const std::shared_ptr<CallState>& call, const CallOptions& options,
+                          std::unique_lock<std::mutex>& lock);
+  // Calls of this connection waiting in the runtime's QoS reorder point: while there are any, a
+  // call that no engine classifies queues behind them (FIFO, as bulk) instead of overtaking.
+  std::atomic<uint32_t> qos_queued{0};
 };
 
 // What a retried call needs to start another try (the request stays valid until it completes).
@@ -205,6 +220,8 @@ struct Channel::Impl {
   size_t max_bytes = 0;
   internal::CodecLimits codec;
   std::shared_ptr<EngineChain> chain = std::make_shared<EngineChain>();
+  // The client QoS reorder point of the channels on `device` (client_qos.hpp).
+  std::shared_ptr<internal::ClientQos> qos;
 
   mutable std::mutex mu;
   std::condition_variable cv;  // the connector's wake-ups; wait_for_ready callers

@@ -69,9 +69,10 @@ absl::Status QosPolicy::Configure(std::string_view json_config) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": expected a JSON object such as {\"small_bytes\": 256}"));
   }
-  PLEXUS_RETURN_IF_ERROR(bj::CheckKeys(j, where,
-                                       {"metadata_key", "latency_methods", "small_bytes",
-                                        "max_concurrent", "latency_burst", "max_wait_ms"}));
+  PLEXUS_RETURN_IF_ERROR(
+      bj::CheckKeys(j, where,
+                    {"metadata_key", "latency_methods", "small_bytes", "max_concurrent",
+                     "latency_burst", "max_wait_ms", "max_in_flight"}));
   QosOptions o = options();
   PLEXUS_ASSIGN_OR_RETURN(o.metadata_key,
                           bj::StringField(j, where, "metadata_key", false, o.metadata_key));
@@ -96,11 +97,13 @@ absl::Status QosPolicy::Configure(std::string_view json_config) {
                           count("small_bytes", 0, static_cast<int64_t>(o.small_bytes)));
   PLEXUS_ASSIGN_OR_RETURN(int64_t conc, count("max_concurrent", 1, o.schedule.max_concurrent));
   PLEXUS_ASSIGN_OR_RETURN(int64_t burst, count("latency_burst", 1, o.schedule.latency_burst));
+  PLEXUS_ASSIGN_OR_RETURN(int64_t in_flight, count("max_in_flight", 0, o.schedule.max_in_flight));
   PLEXUS_ASSIGN_OR_RETURN(int64_t wait,
                           count("max_wait_ms", 0, absl::ToInt64Milliseconds(o.schedule.max_wait)));
   o.small_bytes = static_cast<size_t>(small);
   o.schedule.max_concurrent = static_cast<uint32_t>(std::min<int64_t>(conc, UINT32_MAX));
   o.schedule.latency_burst = static_cast<uint32_t>(std::min<int64_t>(burst, UINT32_MAX));
+  o.schedule.max_in_flight = static_cast<uint32_t>(std::min<int64_t>(in_flight, UINT32_MAX));
   if (j.contains("max_wait_ms")) o.schedule.max_wait = absl::Milliseconds(wait);
   PLEXUS_RETURN_IF_ERROR(Check(name_, o));
   std::lock_guard<std::mutex> lock(mu_);
@@ -116,6 +119,7 @@ std::string QosPolicy::DescribeJson() const {
              {"max_concurrent", options_.schedule.max_concurrent},
              {"latency_burst", options_.schedule.latency_burst},
              {"max_wait_ms", absl::ToDoubleMilliseconds(options_.schedule.max_wait)},
+             {"max_in_flight", options_.schedule.max_in_flight},
              {"latency_calls", latency_},
              {"bulk_calls", bulk_}};
   return j.dump();

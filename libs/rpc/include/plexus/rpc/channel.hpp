@@ -98,6 +98,9 @@ class Channel {
     uint64_t connections = 0;  // successful dials (1 + reconnects)
   };
   std::vector<ReplicaInfo> Replicas() const;
+  // The client QoS reorder point this channel shares with the other channels of its transport
+  // Device (a "qos" engine in a chain sends the calls through it; docs/rpc.md, "Global QoS").
+  QosStats qos() const;
   void Close();
 
   struct Impl;

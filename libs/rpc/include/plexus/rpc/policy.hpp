@@ -77,6 +77,16 @@ struct QosSchedule {
   // dispatched (since the last bulk dispatch, or since the bulk queue filled), the oldest goes
   // before any latency call. Bulk calls waiting behind other bulk calls do not trigger it.
   absl::Duration max_wait = absl::Milliseconds(50);
+  // A Channel (the runtime's reorder point, shared by the channels of one transport Device):
+  // calls sent through it and not completed, across those channels; 0: no shared limit, each
+  // channel's own window only. A Server ignores it (max_concurrent bounds its handlers).
+  uint32_t max_in_flight = 0;
+};
+// A QoS reorder point's counters (Server::qos(), Channel::qos()).
+struct QosStats {
+  uint64_t latency = 0, bulk = 0;  // calls dispatched from each class
+  uint64_t aged = 0, shared = 0;   // bulk calls dispatched ahead by aging / the weighted share
+  size_t queued = 0, max_queued = 0;
 };
 struct QosVerdict {
   QosClass cls = QosClass::kBulk;
@@ -167,9 +177,10 @@ class Policy {
     (void)replica;
     (void)load;
   }
-  // A Server, after every OnRequest passed: the call's class at the global QoS reorder point,
-  // or nullopt (not a scheduling engine). The first engine that answers decides; with none, the
-  // call goes straight to its handler (once the queue has drained).
+  // After every OnRequest passed: the call's class at the global QoS reorder point (a Server's,
+  // before its handlers; a Channel's, before the connection's window), or nullopt (not a
+  // scheduling engine). The first engine that answers decides; with none, the call goes straight
+  // on (once the calls queued before it have left).
   virtual std::optional<QosVerdict> Classify(const CallInfo& call) {
     (void)call;
     return std::nullopt;

@@ -1,8 +1,9 @@
 // Global QoS (mRPC's "small or latency-class calls first across the connections of a runtime"):
-// the engine that classifies a Server's calls for its reorder point. Calls of every connection
-// whose chain passed wait in one queue in front of the handlers; latency-class calls go first,
-// with a weighted share and aging so that bulk calls are never starved. See docs/rpc.md, "Global
-// QoS".
+// the engine that classifies calls for a reorder point. On a Server, calls of every connection
+// whose chain passed wait in one queue in front of the handlers; on a Channel, calls wait for a
+// slot of their connection's window in one queue shared by the channels of the same transport
+// Device. Latency-class calls go first, with a weighted share and aging so that bulk calls are
+// never starved. See docs/rpc.md, "Global QoS".
 #pragma once
 
 #include <cstdint>
@@ -28,9 +29,10 @@ struct QosOptions {
   QosSchedule schedule;
 };
 
-// Kind "qos". Attach to a Server's chain (on a Channel it does nothing: a channel has no reorder
-// point). Configure (JSON): {"metadata_key", "latency_methods": [..], "small_bytes",
-// "max_concurrent", "latency_burst", "max_wait_ms"}; fields left out keep their value.
+// Kind "qos". Attach to a Server's chain (reorder point before the handlers) or a Channel's (before
+// the connection's window, shared with the device's other channels). Configure (JSON):
+// {"metadata_key", "latency_methods": [..], "small_bytes", "max_concurrent" (Server),
+// "latency_burst", "max_wait_ms", "max_in_flight" (Channel)}; fields left out keep their value.
 class QosPolicy : public Policy {
  public:
   // InvalidArgument for max_concurrent or latency_burst 0, or a method name without a '/'.

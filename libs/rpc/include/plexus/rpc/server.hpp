@@ -128,11 +128,7 @@ class Server {
   ForwardStats forwarding() const;
 
   // The global QoS reorder point (a "qos" engine in the chain, plexus/rpc/qos.hpp).
-  struct QosStats {
-    uint64_t latency = 0, bulk = 0;  // calls dispatched from each class
-    uint64_t aged = 0, shared = 0;   // bulk calls dispatched ahead by aging / the weighted share
-    size_t queued = 0, max_queued = 0;
-  };
+  using QosStats = rpc::QosStats;
   QosStats qos() const;
 
   struct ConnectionInfo {
