@@ -53,29 +53,72 @@ double Quantile(std::vector<double> v, double q) {
   return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
 }
 
-}  // namespace
+// A tcp 127.0.0.1 device and a started server on it serving `impl`.
+struct Bed {
+  std::shared_ptr<pt::Device> device;
+  std::unique_ptr<pr::Server> server;
+  Bed(WorkingEcho* impl) {
+    auto d = pt::Device::Create({.backend = pt::Backend::kTcp, .local_address = "127.0.0.1"});
+    if (!d.ok()) Fail(d.status().ToString());
+    device = *d;
+    auto s = pr::Server::Create(device, {.address = "127.0.0.1:0"});
+    if (!s.ok()) Fail(s.status().ToString());
+    server = std::move(*s);
+    if (auto st = server->Register(impl); !st.ok()) Fail(st.ToString());
+    if (auto st = server->Start(); !st.ok()) Fail(st.ToString());
+  }
+  std::shared_ptr<pr::Channel> Connect(size_t window = 0) {
+    auto c = pr::Channel::Connect(device, server->address(), {&EchoService::Descriptor()},
+                                  {.max_in_flight = window});
+    if (!c.ok()) Fail(c.status().ToString());
+    return *c;
+  }
+};
 
-QosMixSample RunQosMix(const QosMixOptions& o) {
-  auto device = pt::Device::Create({.backend = pt::Backend::kTcp, .local_address = "127.0.0.1"});
-  if (!device.ok()) Fail(device.status().ToString());
-  auto server = pr::Server::Create(*device, {.address = "127.0.0.1:0"});
-  if (!server.ok()) Fail(server.status().ToString());
-  WorkingEcho impl(o.work_passes);
-  if (auto s = (*server)->Register(&impl); !s.ok()) Fail(s.ToString());
-  if (auto s = (*server)->Start(); !s.ok()) Fail(s.ToString());
+std::shared_ptr<pr::QosPolicy> SmallFirst() {
   pr::QosOptions qo;
   qo.small_bytes = 1024;
   qo.schedule.max_concurrent = 1;
   auto qos = pr::QosPolicy::Create("qos", qo);
   if (!qos.ok()) Fail(qos.status().ToString());
-  auto connect = [&] {
-    auto c = pr::Channel::Connect(*device, (*server)->address(), {&EchoService::Descriptor()});
-    if (!c.ok()) Fail(c.status().ToString());
-    return *c;
-  };
-  if (o.qos && !(*server)->engines().Attach(*qos).ok()) Fail("attach qos");
-  auto bulk_ch = connect();
-  auto small_ch = connect();
+  return *qos;
+}
+
+// One small call at a time on `ch` until `stop`, timed while `measuring`.
+std::vector<double> SmallCalls(const QosMixOptions& o, std::shared_ptr<pr::Channel> ch,
+                               const std::atomic<bool>& measuring, const std::atomic<bool>& stop,
+                               std::atomic<uint64_t>& failed) {
+  std::vector<double> lat;
+  std::vector<uint8_t> payload(o.small_bytes, 1);
+  EchoRequest req;
+  req.payload = pr::Bytes(payload.data(), payload.size());
+  req.reply_bytes = o.small_bytes;
+  EchoService::Stub stub(ch);
+  pr::CallOptions opts;
+  opts.timeout = absl::Seconds(30);
+  while (!stop.load()) {
+    const bool counted = measuring.load();
+    const absl::Time t0 = absl::Now();
+    auto r = stub.EchoSync(req, opts);
+    const absl::Duration d = absl::Now() - t0;
+    if (!r.ok()) {
+      ++failed;
+      continue;
+    }
+    if (counted && measuring.load()) lat.push_back(absl::ToDoubleMicroseconds(d));
+  }
+  return lat;
+}
+
+}  // namespace
+
+QosMixSample RunQosMix(const QosMixOptions& o) {
+  WorkingEcho impl(o.work_passes);
+  Bed bed(&impl);
+  std::shared_ptr<pr::QosPolicy> qos = SmallFirst();
+  if (o.qos && !bed.server->engines().Attach(qos).ok()) Fail("attach qos");
+  auto bulk_ch = bed.Connect();
+  auto small_ch = bed.Connect();
 
   std::atomic<bool> measuring{false}, stop{false};
   std::atomic<uint64_t> failed{0}, bulk_done{0};
@@ -101,24 +144,7 @@ QosMixSample RunQosMix(const QosMixOptions& o) {
 
   // Small: one call at a time, timed while measuring.
   std::vector<double> lat;
-  std::thread small([&] {
-    std::vector<uint8_t> payload(o.small_bytes, 1);
-    EchoRequest req;
-    req.payload = pr::Bytes(payload.data(), payload.size());
-    req.reply_bytes = o.small_bytes;
-    EchoService::Stub stub(small_ch);
-    while (!stop.load()) {
-      const bool counted = measuring.load();
-      const absl::Time t0 = absl::Now();
-      auto r = stub.EchoSync(req, opts);
-      const absl::Duration d = absl::Now() - t0;
-      if (!r.ok()) {
-        ++failed;
-        continue;
-      }
-      if (counted && measuring.load()) lat.push_back(absl::ToDoubleMicroseconds(d));
-    }
-  });
+  std::thread small([&] { lat = SmallCalls(o, small_ch, measuring, stop, failed); });
 
   absl::SleepFor(absl::Milliseconds(200));  // warm-up: the bulk backlog builds
   measuring = true;
@@ -138,7 +164,52 @@ QosMixSample RunQosMix(const QosMixOptions& o) {
   s.failed = failed.load();
   bulk_ch->Close();
   small_ch->Close();
-  (*server)->Shutdown();
+  bed.server->Shutdown();
+  return s;
+}
+
+QosMixSample RunClientQosMix(const QosMixOptions& o) {
+  WorkingEcho impl(o.work_passes);
+  Bed bed(&impl);
+  auto ch = bed.Connect(o.window);
+  if (o.qos && !ch->engines().Attach(SmallFirst()).ok()) Fail("attach qos");
+  std::atomic<bool> measuring{false}, stop{false};
+  std::atomic<uint64_t> failed{0}, bulk_done{0};
+  std::vector<uint8_t> bulk_payload(o.bulk_bytes, 7);
+  std::vector<std::thread> bulk;
+  for (int i = 0; i < o.bulk_inflight; ++i) {
+    bulk.emplace_back([&] {
+      EchoRequest req;
+      req.payload = pr::Bytes(bulk_payload.data(), bulk_payload.size());
+      EchoService::Stub stub(ch);
+      pr::CallOptions opts;
+      opts.timeout = absl::Seconds(30);
+      while (!stop.load()) {
+        auto r = stub.EchoSync(req, opts);
+        if (!r.ok()) ++failed;
+        if (measuring.load()) ++bulk_done;
+      }
+    });
+  }
+  std::vector<double> lat;
+  std::thread small([&] { lat = SmallCalls(o, ch, measuring, stop, failed); });
+  absl::SleepFor(absl::Milliseconds(200));  // warm-up: the bulk callers fill the window
+  measuring = true;
+  const absl::Time t0 = absl::Now();
+  absl::SleepFor(absl::Seconds(o.seconds));
+  measuring = false;
+  const double spent = absl::ToDoubleSeconds(absl::Now() - t0);
+  stop = true;
+  small.join();
+  for (auto& t : bulk) t.join();
+  QosMixSample s;
+  s.small_median_us = Quantile(lat, 0.5);
+  s.small_p99_us = Quantile(lat, 0.99);
+  s.small_calls = static_cast<double>(lat.size());
+  s.bulk_rate = static_cast<double>(bulk_done.load()) / spent;
+  s.failed = failed.load();
+  ch->Close();
+  bed.server->Shutdown();
   return s;
 }
 

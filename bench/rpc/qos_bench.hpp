@@ -1,7 +1,9 @@
-// plexus-bench-rpc's global QoS figure: small calls' latency under a bulk background, with and
-// without a "qos" engine on the server (qos_bench.cpp).
+// plexus-bench-rpc's global QoS figures: small calls' latency under a bulk background, with and
+// without a "qos" engine on the server, and with and without one on the client's channel
+// (qos_bench.cpp).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace plexus::benchrpc {
@@ -12,7 +14,8 @@ struct QosMixOptions {
   int bulk_inflight = 16;     // bulk calls kept in flight by the bulk connection
   uint32_t small_bytes = 64;  // one small call at a time from another connection
   uint32_t work_passes = 1;   // the handler reads its payload this many times (its service time)
-  bool qos = false;           // the qos engine is on the server's chain from the start
+  bool qos = false;           // the qos engine is on the server's (client's) chain from the start
+  size_t window = 4;          // client side: the channel's window (calls in flight)
 };
 
 struct QosMixSample {
@@ -26,5 +29,12 @@ struct QosMixSample {
 // One run in this process over tcp 127.0.0.1, a fresh server: with options.qos the qos engine
 // (max_concurrent 1, small_bytes 1024) is on its chain from the start, otherwise no engine.
 QosMixSample RunQosMix(const QosMixOptions& options);
+
+// The client side, in this process over tcp 127.0.0.1: one channel with a window of
+// options.window calls; options.bulk_inflight threads make bulk calls one after another (more
+// than the window: the rest wait for a slot) and one thread makes small calls. With options.qos
+// the qos engine (small_bytes 1024) is on the channel's chain from the start (the server has
+// none): a small call takes the next free slot instead of waiting behind the bulk callers.
+QosMixSample RunClientQosMix(const QosMixOptions& options);
 
 }  // namespace plexus::benchrpc

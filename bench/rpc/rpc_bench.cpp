@@ -550,7 +550,8 @@ struct Figures {
 };
 
 // Global QoS: small calls' latency with a bulk background on one server, without and with the
-// "qos" engine (qos_bench.cpp; in this process, the two modes alternate within each run).
+// "qos" engine on the server, then on the client's channel (qos_bench.cpp; in this process, the
+// two modes alternate within each run).
 void QosFigures(Figures& fig, int runs, double seconds) {
   std::vector<double> med[2], p99[2], bulk[2], calls[2], ratio;
   double failed = 0;
@@ -582,6 +583,41 @@ void QosFigures(Figures& fig, int runs, double seconds) {
   }
   fig.Add("qos_small_p99_with_over_without", Median(ratio), "ratio",
           {{"system", "plexus-tcp"}, {"bulk_inflight", mix.bulk_inflight}});
+
+  // The client side: one channel (window 4) that 12 bulk callers keep full, a small caller beside
+  // them, without and with the qos engine on the channel (the server has none).
+  std::vector<double> cmed[2], cp99[2], cbulk[2], ccalls[2], cratio;
+  double cfailed = 0;
+  pb::QosMixOptions cmix{.seconds = std::max(1.0, seconds), .bulk_inflight = 12, .window = 4};
+  for (int r = 0; r < runs; ++r) {
+    pb::QosMixSample s[2];
+    for (int m : {0, 1}) {
+      cmix.qos = m == 1;
+      s[m] = pb::RunClientQosMix(cmix);
+      cmed[m].push_back(s[m].small_median_us);
+      cp99[m].push_back(s[m].small_p99_us);
+      cbulk[m].push_back(s[m].bulk_rate);
+      ccalls[m].push_back(s[m].small_calls);
+      cfailed += static_cast<double>(s[m].failed);
+    }
+    cratio.push_back(s[1].small_p99_us / s[0].small_p99_us);
+  }
+  for (int m : {0, 1}) {
+    nlohmann::json extra = {{"system", "plexus-tcp"},
+                            {"policy", m ? "qos on the channel" : "none"},
+                            {"small_bytes", cmix.small_bytes},
+                            {"bulk_bytes", cmix.bulk_bytes},
+                            {"bulk_callers", cmix.bulk_inflight},
+                            {"window", cmix.window},
+                            {"small_calls", Median(ccalls[m])},
+                            {"failed_calls", cfailed}};
+    fig.Add("qos_client_small_latency_median", Median(cmed[m]), "us", extra);
+    fig.Add("qos_client_small_latency_p99", Median(cp99[m]), "us", extra);
+    fig.Add("qos_client_bulk_rate", Median(cbulk[m]), "RPC/s", extra);
+  }
+  fig.Add(
+      "qos_client_small_p99_with_over_without", Median(cratio), "ratio",
+      {{"system", "plexus-tcp"}, {"bulk_callers", cmix.bulk_inflight}, {"window", cmix.window}});
 }
 
 // Policy cost: RPC/s (ok calls) with the policy on the client's chain over RPC/s without, in
