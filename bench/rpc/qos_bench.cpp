@@ -15,6 +15,7 @@
 #include "plexus/rpc/qos.hpp"
 #include "plexus/rpc/server.hpp"
 #include "plexus/transport/device.hpp"
+#include "plexus_peer.hpp"
 
 namespace plexus::benchrpc {
 namespace {
@@ -22,11 +23,7 @@ namespace {
 namespace pr = plexus::rpc;
 namespace pt = plexus::transport;
 
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "plexus-bench-rpc: qos: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
+[[noreturn]] void Fail(const std::string& what) { Die(absl::StrCat("qos: ", what)); }
 
 // A handler whose service time grows with the request: it reads the payload `passes` times.
 class WorkingEcho : public EchoService::Service {

@@ -1,0 +1,167 @@
+// The driver of plexus-bench-rpc (see orchestrator.hpp).
+#include "orchestrator.hpp"
+
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "plexus/tooling/launch.hpp"
+#include "plexus_peer.hpp"
+
+namespace plexus::benchrpc {
+namespace {
+
+// Runs one peer process; `on_line` sees its stdout lines. Wait() in a thread.
+class Peer {
+ public:
+  Peer(std::vector<std::string> argv, absl::Duration timeout) {
+    plexus::tooling::LaunchOptions o;
+    o.ranks = 1;
+    o.argv = std::move(argv);
+    o.plexus_env = false;
+    o.output = plexus::tooling::OutputMode::kCallback;
+    o.timeout = timeout;
+    o.grace = absl::Seconds(2);
+    o.on_line = [this](plexus::tooling::Launcher&, int, plexus::tooling::Stream stream,
+                       std::string_view line) {
+      if (stream == plexus::tooling::Stream::kStderr) {
+        std::fprintf(stderr, "  [%s] %.*s\n", name_.c_str(), static_cast<int>(line.size()),
+                     line.data());
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      lines_.emplace_back(line);
+      cv_.notify_all();
+    };
+    name_ = o.argv[0].substr(o.argv[0].rfind('/') + 1) + " " + o.argv[2];
+    launcher_ = std::make_unique<plexus::tooling::Launcher>(std::move(o));
+    if (auto s = launcher_->Start(); !s.ok()) Die(s.ToString());
+    waiter_ = std::thread([this] {
+      plexus::tooling::LaunchResult r = launcher_->Wait();
+      std::lock_guard<std::mutex> lock(mu_);
+      ended_ = true;
+      result_ = r.ranks.empty() ? "did not start" : r.ranks[0].Describe();
+      exit_ok_ = !r.ranks.empty() && (r.ranks[0].ok() || r.ranks[0].stopped_by_launcher);
+      cv_.notify_all();
+    });
+  }
+  ~Peer() {
+    launcher_->Signal(0, SIGTERM);
+    waiter_.join();
+  }
+  // The first stdout line starting with `prefix` (without it); dies when the process ended first
+  // or `timeout` passed.
+  std::string Line(const std::string& prefix, absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
+    while (true) {
+      for (const std::string& l : lines_) {
+        if (l.rfind(prefix, 0) == 0) return l.substr(prefix.size());
+      }
+      if (ended_) Die(absl::StrCat(name_, " ", result_, " without printing '", prefix, "'"));
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        Die(absl::StrCat(name_, " printed no '", prefix, "' line within ",
+                         absl::FormatDuration(timeout)));
+      }
+    }
+  }
+
+ private:
+  std::string name_;
+  std::unique_ptr<plexus::tooling::Launcher> launcher_;
+  std::thread waiter_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> lines_;
+  bool ended_ = false;
+  bool exit_ok_ = false;
+  std::string result_;
+};
+
+}  // namespace
+
+Sample Orchestrator::Run(const std::string& system, const Layout& layout, const std::string& mode,
+                         uint32_t size, uint32_t reply, int inflight, const std::string& policy,
+                         double deny_percent) {
+  std::vector<std::string> common;
+  std::string program = self;
+  std::string server_role = "server", client_role = "client";
+  if (system == "grpc") {
+    program = grpc_peer;
+  } else if (system == "raw-tcp") {
+    server_role = "raw-server";
+    client_role = "raw-client";
+  } else {
+    // The transport moves bytes in the threads that poll for completions (ProgressMode::kCaller:
+    // rpc handles each completion run-to-completion on the thread that read it);
+    // "plexus-tcp-thread" is the same with a device thread moving the bytes (kThread: one
+    // thread hop more per side). shm's rate runs keep kThread, faster there (docs/rpc.md).
+    const bool thread_mode =
+        system == "plexus-tcp-thread" || (system == "plexus-shm" && mode == "rate");
+    common = {"--transport", system == "plexus-shm" ? "shm" : "tcp", "--progress",
+              thread_mode ? "thread" : "caller"};
+  }
+  std::vector<std::string> sargv = {program, "--role", server_role, "--cpu",
+                                    std::to_string(layout.server_cpu)};
+  sargv.insert(sargv.end(), common.begin(), common.end());
+  const absl::Duration limit = absl::Seconds(base.seconds * 3 + 60);
+  Peer server(sargv, limit);
+  const std::string address = server.Line("address ", absl::Seconds(30));
+  std::vector<std::string> cargv = {program,
+                                    "--role",
+                                    client_role,
+                                    "--cpu",
+                                    std::to_string(layout.client_cpu),
+                                    "--address",
+                                    address,
+                                    "--mode",
+                                    mode,
+                                    "--size",
+                                    std::to_string(size),
+                                    "--reply",
+                                    std::to_string(reply),
+                                    "--inflight",
+                                    std::to_string(inflight),
+                                    "--seconds",
+                                    absl::StrCat(base.seconds),
+                                    "--deny-percent",
+                                    absl::StrCat(deny_percent)};
+  cargv.insert(cargv.end(), common.begin(), common.end());
+  if (policy != "none") {
+    cargv.push_back("--policy");
+    cargv.push_back(policy);
+  }
+  Peer client(cargv, limit);
+  const std::string line = client.Line("result ", limit);
+  Sample s;
+  for (absl::string_view kv : absl::StrSplit(line, ' ')) {
+    std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    double v = 0;
+    if (!absl::SimpleAtod(p.second, &v)) continue;
+    if (p.first == "rate") s.rate = v;
+    if (p.first == "base_rate") s.base_rate = v;
+    if (p.first == "goodput") s.goodput = v;
+    if (p.first == "median_us") s.median_us = v;
+    if (p.first == "p99_us") s.p99_us = v;
+    if (p.first == "ok") s.ok = static_cast<uint64_t>(v);
+    if (p.first == "failed") s.failed = static_cast<uint64_t>(v);
+  }
+  if (policy == "upgrade") {
+    for (absl::string_view kv : absl::StrSplit(client.Line("upgrade ", limit), ' ')) {
+      std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+      double v = 0;
+      if (absl::SimpleAtod(p.second, &v)) s.upgrade[p.first] = v;
+    }
+  }
+  return s;
+}
+
+}  // namespace plexus::benchrpc

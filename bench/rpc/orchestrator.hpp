@@ -1,0 +1,36 @@
+// plexus-bench-rpc's driver: runs one measurement as a server process and a client process (this
+// program with --role, or plexus-bench-rpc-grpc), and reads the client's result line (peer.hpp).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "peer.hpp"
+
+namespace plexus::benchrpc {
+
+// A client's result line.
+struct Sample {
+  double rate = 0, base_rate = 0, goodput = 0, median_us = 0, p99_us = 0;
+  uint64_t ok = 0, failed = 0;
+  std::map<std::string, double> upgrade;  // --policy upgrade: the "upgrade" line's fields
+};
+
+// Where the two processes run: pinned to a CPU each, or -1 (not pinned).
+struct Layout {
+  std::string name;
+  int server_cpu, client_cpu;
+};
+
+struct Orchestrator {
+  std::string self, grpc_peer;
+  PeerArgs base;
+
+  // system: "plexus-tcp", "plexus-tcp-thread", "plexus-shm", "grpc", "raw-tcp".
+  Sample Run(const std::string& system, const Layout& layout, const std::string& mode,
+             uint32_t size, uint32_t reply, int inflight, const std::string& policy = "none",
+             double deny_percent = 0);
+};
+
+}  // namespace plexus::benchrpc

@@ -1,0 +1,28 @@
+// The processes plexus-bench-rpc runs with --role: the Plexus server and client on echo.proto
+// (tcp or shm, a policy on the client's chain, live upgrades) and the raw TCP ping-pong floor.
+// Each prints the lines peer.hpp describes; the orchestrator (orchestrator.hpp) starts them.
+#pragma once
+
+#include <string>
+
+#include "peer.hpp"
+
+namespace plexus::benchrpc {
+
+// Options of the Plexus peer beyond peer.hpp's.
+struct PlexusArgs {
+  std::string transport = "tcp";    // tcp or shm
+  std::string progress = "thread";  // the transport's ProgressMode: thread or caller
+  std::string policy = "none";      // client chain: none, ratelimit (infinite rate) or acl
+};
+
+// "plexus-bench-rpc: <what>" on stderr, then exits with 1 (no cleanup: a bench process).
+[[noreturn]] void Die(const std::string& what);
+
+int PlexusServer(const PlexusArgs& x);
+int PlexusClient(const PeerArgs& a, const PlexusArgs& x);
+// A blocking ping-pong of `size` bytes each way (plus an 8-byte size header): the floor.
+int RawServer();
+int RawClient(const PeerArgs& a);
+
+}  // namespace plexus::benchrpc
