@@ -115,7 +115,8 @@ void Channel::Close() {
     }
   }
   for (auto& c : cores) c->Shutdown();
-  impl.qos->Kick();  // its calls still queued for QoS fail now (their connections are closed)
+  // Its calls still queued for QoS fail now (their connections are closed).
+  if (impl.qos) impl.qos->Kick();
   // Idempotent calls that waited to be tried again: the channel is gone.
   std::vector<std::shared_ptr<internal::RetryState>> retries;
   {
