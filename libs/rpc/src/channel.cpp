@@ -337,8 +337,9 @@ std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
   auto prepare = [&](const Policy& p) -> absl::Status {
     if (!p.inspects_content()) return absl::OkStatus();
     if (!copy) {
-      call->private_arena.emplace(impl.codec.max_arena_bytes);
-      copy.emplace(*method.request(), request, *call->private_arena, impl.codec);
+      copy.emplace(*method.request(), request,
+                   absl::MakeSpan(call->private_inline, sizeof call->private_inline),
+                   &call->private_arena, impl.codec);
     }
     PLEXUS_RETURN_IF_ERROR(copy->Add(p, method));
     call->info.request = copy->message();

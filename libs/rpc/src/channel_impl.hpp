@@ -55,13 +55,15 @@ class CallState {
   absl::Time deadline = absl::InfiniteFuture();
   EncodedMessage encoded;
   // What content policies check and the request is marshalled from (private_request.hpp), until
-  // the request has left.
-  std::optional<Arena> private_arena;
+  // the request has left: the first bytes inline (a small request's copy needs no allocation),
+  // the rest in an arena made when needed.
+  alignas(std::max_align_t) unsigned char private_inline[128];
+  std::unique_ptr<Arena> private_arena;
   OutFrame frame;
   CallInfo info;
   EngineChain::Snapshot chain;
-  // Sent through the runtime's QoS reorder point (client_qos.hpp): `qos` is set while it waits
-  // there, `qos_counted` while it holds one of its slots (released in Finalize).
+  // The runtime's QoS reorder point (client_qos.hpp) when the call went through it;
+  // `qos_counted` while the call holds one of its slots (given back in Finalize).
   std::shared_ptr<ClientQos> qos;
   bool qos_counted = false;
 };

@@ -7,8 +7,11 @@
 // application's memory (no copy), as without a content policy.
 #pragma once
 
+#include <memory>
+
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "codec.hpp"
 #include "plexus/rpc/policy.hpp"
 
@@ -16,11 +19,12 @@ namespace plexus::rpc::internal {
 
 class PrivateRequest {
  public:
-  // `request` is the application's message of type `desc`; copies live in `arena` (which must
-  // outlive the send).
-  PrivateRequest(const MessageDesc& desc, const void* request, Arena& arena,
-                 const CodecLimits& limits)
-      : desc_(desc), request_(request), arena_(arena), limits_(limits) {}
+  // `request` is the application's message of type `desc`. Copies go to `first` while it has
+  // room, then to `*overflow` (an arena of limits.max_arena_bytes, made on first need); both must
+  // outlive the send.
+  PrivateRequest(const MessageDesc& desc, const void* request, absl::Span<unsigned char> first,
+                 std::unique_ptr<Arena>* overflow, const CodecLimits& limits)
+      : desc_(desc), request_(request), first_(first), overflow_(overflow), limits_(limits) {}
   // Makes the fields `policy` reads for `method` private (all of them when it does not name
   // them). ResourceExhausted when the copy exceeds the arena's limit.
   absl::Status Add(const Policy& policy, const MethodDesc& method);
@@ -33,12 +37,14 @@ class PrivateRequest {
   absl::Status AddPath(FieldPath path);
   // Copies every view of `msg` (of type `desc`, already private itself), recursively.
   absl::Status AddAll(const MessageDesc& desc, void* msg, int depth);
-  // `bytes` copied into the arena (nullptr with an error naming `what` past the limit).
+  // `bytes` copied into memory of the call (an error naming `what` past the arena's limit).
   absl::StatusOr<void*> Copy(const void* data, size_t bytes, size_t align, const char* what);
 
   const MessageDesc& desc_;
   const void* request_;
-  Arena& arena_;
+  absl::Span<unsigned char> first_;
+  size_t first_used_ = 0;
+  std::unique_ptr<Arena>* overflow_;
   const CodecLimits& limits_;
   void* root_ = nullptr;
   bool all_ = false;
