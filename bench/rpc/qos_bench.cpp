@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -81,31 +83,55 @@ std::shared_ptr<pr::QosPolicy> SmallFirst() {
   return *qos;
 }
 
-// One small call at a time on `ch` until `stop`, timed while `measuring`.
-std::vector<double> SmallCalls(const QosMixOptions& o, std::shared_ptr<pr::Channel> ch,
-                               const std::atomic<bool>& measuring, const std::atomic<bool>& stop,
-                               std::atomic<uint64_t>& failed) {
-  std::vector<double> lat;
-  std::vector<uint8_t> payload(o.small_bytes, 1);
-  EchoRequest req;
-  req.payload = pr::Bytes(payload.data(), payload.size());
-  req.reply_bytes = o.small_bytes;
-  EchoService::Stub stub(ch);
-  pr::CallOptions opts;
-  opts.timeout = absl::Seconds(30);
-  while (!stop.load()) {
-    const bool counted = measuring.load();
+// What both mixes share: the counters of the bulk load, and the measured window with a small
+// caller making one call at a time.
+struct Mix {
+  std::atomic<bool> measuring{false}, stop{false};
+  std::atomic<uint64_t> failed{0}, bulk_done{0};
+
+  // With the bulk load running: a warm-up, then `o.seconds` measured while a small caller calls
+  // on `small_ch`, then stop; `drain` waits for the bulk load to end.
+  QosMixSample Measure(const QosMixOptions& o, const std::shared_ptr<pr::Channel>& small_ch,
+                       const std::function<void()>& drain) {
+    std::vector<double> lat;
+    std::thread small([&] {
+      std::vector<uint8_t> payload(o.small_bytes, 1);
+      EchoRequest req;
+      req.payload = pr::Bytes(payload.data(), payload.size());
+      req.reply_bytes = o.small_bytes;
+      EchoService::Stub stub(small_ch);
+      pr::CallOptions opts;
+      opts.timeout = absl::Seconds(30);
+      while (!stop.load()) {
+        const bool counted = measuring.load();
+        const absl::Time t0 = absl::Now();
+        auto r = stub.EchoSync(req, opts);
+        const absl::Duration d = absl::Now() - t0;
+        if (!r.ok()) {
+          ++failed;
+          continue;
+        }
+        if (counted && measuring.load()) lat.push_back(absl::ToDoubleMicroseconds(d));
+      }
+    });
+    absl::SleepFor(absl::Milliseconds(200));  // warm-up: the bulk load builds its backlog
+    measuring = true;
     const absl::Time t0 = absl::Now();
-    auto r = stub.EchoSync(req, opts);
-    const absl::Duration d = absl::Now() - t0;
-    if (!r.ok()) {
-      ++failed;
-      continue;
-    }
-    if (counted && measuring.load()) lat.push_back(absl::ToDoubleMicroseconds(d));
+    absl::SleepFor(absl::Seconds(o.seconds));
+    measuring = false;
+    const double spent = absl::ToDoubleSeconds(absl::Now() - t0);
+    stop = true;
+    small.join();
+    drain();
+    QosMixSample s;
+    s.small_median_us = Quantile(lat, 0.5);
+    s.small_p99_us = Quantile(lat, 0.99);
+    s.small_calls = static_cast<double>(lat.size());
+    s.bulk_rate = static_cast<double>(bulk_done.load()) / spent;
+    s.failed = failed.load();
+    return s;
   }
-  return lat;
-}
+};
 
 }  // namespace
 
@@ -117,9 +143,7 @@ QosMixSample RunQosMix(const QosMixOptions& o) {
   auto bulk_ch = bed.Connect();
   auto small_ch = bed.Connect();
 
-  std::atomic<bool> measuring{false}, stop{false};
-  std::atomic<uint64_t> failed{0}, bulk_done{0};
-
+  Mix mix;
   // Bulk: `bulk_inflight` calls kept in flight, each re-issued from its completion.
   std::vector<uint8_t> bulk_payload(o.bulk_bytes, 7);
   EchoRequest bulk_req;
@@ -131,34 +155,17 @@ QosMixSample RunQosMix(const QosMixOptions& o) {
   std::function<void()> issue = [&] {
     ++bulk_outstanding;
     bulk_stub.Echo(bulk_req, opts, [&](absl::StatusOr<pr::Reply<EchoReply>> r) {
-      if (!r.ok()) ++failed;
-      if (measuring.load()) ++bulk_done;
+      if (!r.ok()) ++mix.failed;
+      if (mix.measuring.load()) ++mix.bulk_done;
       --bulk_outstanding;
-      if (!stop.load()) issue();
+      if (!mix.stop.load()) issue();
     });
   };
   for (int i = 0; i < o.bulk_inflight; ++i) issue();
 
-  // Small: one call at a time, timed while measuring.
-  std::vector<double> lat;
-  std::thread small([&] { lat = SmallCalls(o, small_ch, measuring, stop, failed); });
-
-  absl::SleepFor(absl::Milliseconds(200));  // warm-up: the bulk backlog builds
-  measuring = true;
-  const absl::Time t0 = absl::Now();
-  absl::SleepFor(absl::Seconds(o.seconds));
-  measuring = false;
-  const double spent = absl::ToDoubleSeconds(absl::Now() - t0);
-  stop = true;
-  small.join();
-  while (bulk_outstanding.load() > 0) absl::SleepFor(absl::Milliseconds(1));
-
-  QosMixSample s;
-  s.small_median_us = Quantile(lat, 0.5);
-  s.small_p99_us = Quantile(lat, 0.99);
-  s.small_calls = static_cast<double>(lat.size());
-  s.bulk_rate = static_cast<double>(bulk_done.load()) / spent;
-  s.failed = failed.load();
+  QosMixSample s = mix.Measure(o, small_ch, [&] {
+    while (bulk_outstanding.load() > 0) absl::SleepFor(absl::Milliseconds(1));
+  });
   bulk_ch->Close();
   small_ch->Close();
   bed.server->Shutdown();
@@ -170,8 +177,7 @@ QosMixSample RunClientQosMix(const QosMixOptions& o) {
   Bed bed(&impl);
   auto ch = bed.Connect(o.window);
   if (o.qos && !ch->engines().Attach(SmallFirst()).ok()) Fail("attach qos");
-  std::atomic<bool> measuring{false}, stop{false};
-  std::atomic<uint64_t> failed{0}, bulk_done{0};
+  Mix mix;
   std::vector<uint8_t> bulk_payload(o.bulk_bytes, 7);
   std::vector<std::thread> bulk;
   for (int i = 0; i < o.bulk_inflight; ++i) {
@@ -181,30 +187,16 @@ QosMixSample RunClientQosMix(const QosMixOptions& o) {
       EchoService::Stub stub(ch);
       pr::CallOptions opts;
       opts.timeout = absl::Seconds(30);
-      while (!stop.load()) {
+      while (!mix.stop.load()) {
         auto r = stub.EchoSync(req, opts);
-        if (!r.ok()) ++failed;
-        if (measuring.load()) ++bulk_done;
+        if (!r.ok()) ++mix.failed;
+        if (mix.measuring.load()) ++mix.bulk_done;
       }
     });
   }
-  std::vector<double> lat;
-  std::thread small([&] { lat = SmallCalls(o, ch, measuring, stop, failed); });
-  absl::SleepFor(absl::Milliseconds(200));  // warm-up: the bulk callers fill the window
-  measuring = true;
-  const absl::Time t0 = absl::Now();
-  absl::SleepFor(absl::Seconds(o.seconds));
-  measuring = false;
-  const double spent = absl::ToDoubleSeconds(absl::Now() - t0);
-  stop = true;
-  small.join();
-  for (auto& t : bulk) t.join();
-  QosMixSample s;
-  s.small_median_us = Quantile(lat, 0.5);
-  s.small_p99_us = Quantile(lat, 0.99);
-  s.small_calls = static_cast<double>(lat.size());
-  s.bulk_rate = static_cast<double>(bulk_done.load()) / spent;
-  s.failed = failed.load();
+  QosMixSample s = mix.Measure(o, ch, [&] {
+    for (auto& t : bulk) t.join();
+  });
   ch->Close();
   bed.server->Shutdown();
   return s;

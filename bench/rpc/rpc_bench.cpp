@@ -65,18 +65,20 @@ struct Figures {
   }
 };
 
-// Global QoS: small calls' latency with a bulk background on one server, without and with the
-// "qos" engine on the server, then on the client's channel (qos_bench.cpp; in this process, the
-// two modes alternate within each run).
-void QosFigures(Figures& fig, int runs, double seconds) {
+// One QoS mix without and with its engine, alternating within each run: the lines `prefix` +
+// small_latency_median, small_latency_p99, bulk_rate (per mode, `extra` plus the mode's "policy"
+// name and the counts) and small_p99_with_over_without (`ratio_extra`).
+void MixFigures(Figures& fig, int runs, pb::QosMixOptions mix,
+                pb::QosMixSample (*run)(const pb::QosMixOptions&), const std::string& prefix,
+                const char* with_name, const nlohmann::json& extra,
+                const nlohmann::json& ratio_extra) {
   std::vector<double> med[2], p99[2], bulk[2], calls[2], ratio;
   double failed = 0;
-  pb::QosMixOptions mix{.seconds = std::max(1.0, seconds)};
   for (int r = 0; r < runs; ++r) {
     pb::QosMixSample s[2];
     for (int m : {0, 1}) {
       mix.qos = m == 1;
-      s[m] = pb::RunQosMix(mix);
+      s[m] = run(mix);
       med[m].push_back(s[m].small_median_us);
       p99[m].push_back(s[m].small_p99_us);
       bulk[m].push_back(s[m].bulk_rate);
@@ -86,53 +88,38 @@ void QosFigures(Figures& fig, int runs, double seconds) {
     ratio.push_back(s[1].small_p99_us / s[0].small_p99_us);
   }
   for (int m : {0, 1}) {
-    nlohmann::json extra = {{"system", "plexus-tcp"},
-                            {"policy", m ? "qos" : "none"},
-                            {"small_bytes", mix.small_bytes},
-                            {"bulk_bytes", mix.bulk_bytes},
-                            {"bulk_inflight", mix.bulk_inflight},
-                            {"small_calls", Median(calls[m])},
-                            {"failed_calls", failed}};
-    fig.Add("qos_small_latency_median", Median(med[m]), "us", extra);
-    fig.Add("qos_small_latency_p99", Median(p99[m]), "us", extra);
-    fig.Add("qos_bulk_rate", Median(bulk[m]), "RPC/s", extra);
+    nlohmann::json e = extra;
+    e["policy"] = m ? with_name : "none";
+    e["small_calls"] = Median(calls[m]);
+    e["failed_calls"] = failed;
+    fig.Add(prefix + "small_latency_median", Median(med[m]), "us", e);
+    fig.Add(prefix + "small_latency_p99", Median(p99[m]), "us", e);
+    fig.Add(prefix + "bulk_rate", Median(bulk[m]), "RPC/s", e);
   }
-  fig.Add("qos_small_p99_with_over_without", Median(ratio), "ratio",
-          {{"system", "plexus-tcp"}, {"bulk_inflight", mix.bulk_inflight}});
+  fig.Add(prefix + "small_p99_with_over_without", Median(ratio), "ratio", ratio_extra);
+}
 
+// Global QoS: small calls' latency with a bulk background on one server, without and with the
+// "qos" engine on the server, then on the client's channel (qos_bench.cpp; in this process, the
+// two modes alternate within each run).
+void QosFigures(Figures& fig, int runs, double seconds) {
+  const pb::QosMixOptions mix{.seconds = std::max(1.0, seconds)};
+  MixFigures(fig, runs, mix, pb::RunQosMix, "qos_", "qos",
+             {{"system", "plexus-tcp"},
+              {"small_bytes", mix.small_bytes},
+              {"bulk_bytes", mix.bulk_bytes},
+              {"bulk_inflight", mix.bulk_inflight}},
+             {{"system", "plexus-tcp"}, {"bulk_inflight", mix.bulk_inflight}});
   // The client side: one channel (window 4) that 12 bulk callers keep full, a small caller beside
   // them, without and with the qos engine on the channel (the server has none).
-  std::vector<double> cmed[2], cp99[2], cbulk[2], ccalls[2], cratio;
-  double cfailed = 0;
-  pb::QosMixOptions cmix{.seconds = std::max(1.0, seconds), .bulk_inflight = 12, .window = 4};
-  for (int r = 0; r < runs; ++r) {
-    pb::QosMixSample s[2];
-    for (int m : {0, 1}) {
-      cmix.qos = m == 1;
-      s[m] = pb::RunClientQosMix(cmix);
-      cmed[m].push_back(s[m].small_median_us);
-      cp99[m].push_back(s[m].small_p99_us);
-      cbulk[m].push_back(s[m].bulk_rate);
-      ccalls[m].push_back(s[m].small_calls);
-      cfailed += static_cast<double>(s[m].failed);
-    }
-    cratio.push_back(s[1].small_p99_us / s[0].small_p99_us);
-  }
-  for (int m : {0, 1}) {
-    nlohmann::json extra = {{"system", "plexus-tcp"},
-                            {"policy", m ? "qos on the channel" : "none"},
-                            {"small_bytes", cmix.small_bytes},
-                            {"bulk_bytes", cmix.bulk_bytes},
-                            {"bulk_callers", cmix.bulk_inflight},
-                            {"window", cmix.window},
-                            {"small_calls", Median(ccalls[m])},
-                            {"failed_calls", cfailed}};
-    fig.Add("qos_client_small_latency_median", Median(cmed[m]), "us", extra);
-    fig.Add("qos_client_small_latency_p99", Median(cp99[m]), "us", extra);
-    fig.Add("qos_client_bulk_rate", Median(cbulk[m]), "RPC/s", extra);
-  }
-  fig.Add(
-      "qos_client_small_p99_with_over_without", Median(cratio), "ratio",
+  const pb::QosMixOptions cmix{.seconds = std::max(1.0, seconds), .bulk_inflight = 12, .window = 4};
+  MixFigures(
+      fig, runs, cmix, pb::RunClientQosMix, "qos_client_", "qos on the channel",
+      {{"system", "plexus-tcp"},
+       {"small_bytes", cmix.small_bytes},
+       {"bulk_bytes", cmix.bulk_bytes},
+       {"bulk_callers", cmix.bulk_inflight},
+       {"window", cmix.window}},
       {{"system", "plexus-tcp"}, {"bulk_callers", cmix.bulk_inflight}, {"window", cmix.window}});
 }
 

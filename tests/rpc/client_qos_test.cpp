@@ -27,10 +27,8 @@ using plexus::rpctest::OrderedHold;
 
 namespace {
 
-// An inproc server (no engine of its own) that answers its parked calls before it shuts down.
-struct Setup : plexus::rpctest::TestServer<OrderedHold> {
-  Setup() : TestServer(*pt::Device::Create({.backend = pt::Backend::kInproc}), "") {}
-  ~Setup() { impl.Release(); }
+// The server has no engine of its own.
+struct Setup : plexus::rpctest::OrderedHoldServer {
   // A channel with a window of `window` calls and a qos engine configured by `json`.
   std::shared_ptr<pr::Channel> Connect(size_t window, const char* json = nullptr) {
     auto c = pr::Channel::Connect(device, server->address(), {&Kinds::Descriptor()},
@@ -44,24 +42,8 @@ struct Setup : plexus::rpctest::TestServer<OrderedHold> {
     }
     return *c;
   }
-  template <typename Pred>
-  void WaitUntil(Pred pred, const char* what) {
-    for (int i = 0; i < 5000 && !pred(); ++i) absl::SleepFor(absl::Milliseconds(1));
-    INFO(what);
-    REQUIRE(pred());
-  }
-  void WaitHeld(size_t n) {
-    WaitUntil([&] { return impl.Held() == n; }, "held calls");
-  }
   void WaitQueued(const pr::Channel& ch, size_t n) {
-    WaitUntil([&] { return ch.qos().queued == n; }, "calls queued at the client");
-  }
-  // Answers the parked call, in turn, until `total` were answered.
-  void ReleaseInTurn(size_t total) {
-    for (size_t done = 0; done < total; ++done) {
-      WaitHeld(1);
-      impl.ReleaseOne();
-    }
+    plexus::rpctest::WaitUntil([&] { return ch.qos().queued == n; }, "calls queued at the client");
   }
 };
 

@@ -46,14 +46,9 @@ struct Pair {
     REQUIRE(c.ok());
     return *c;
   }
-  template <typename Pred>
-  void WaitUntil(Pred pred, const char* what) {
-    for (int i = 0; i < 5000 && !pred(); ++i) absl::SleepFor(absl::Milliseconds(1));
-    INFO(what);
-    REQUIRE(pred());
-  }
   void WaitHeld(size_t at_a, size_t at_b) {
-    WaitUntil([&] { return a->impl.Held() == at_a && b->impl.Held() == at_b; }, "held calls");
+    plexus::rpctest::WaitUntil([&] { return a->impl.Held() == at_a && b->impl.Held() == at_b; },
+                               "held calls");
   }
   std::shared_ptr<pt::Device> device;
   std::unique_ptr<Replica> a, b;
@@ -77,7 +72,8 @@ TEST_CASE("forward: an overloaded replica forwards to an idle peer; replies arri
       if (r.ok()) ++ok[i];
     });
     // One at a time: each decision sees the previous one's effect (A's count or B's estimate).
-    p.WaitUntil([&] { return p.a->impl.Held() + p.b->impl.Held() == size_t(i + 1); }, "arrival");
+    plexus::rpctest::WaitUntil([&] { return p.a->impl.Held() + p.b->impl.Held() == size_t(i + 1); },
+                               "arrival");
   }
   // Daronpon with delta 1 at A: forward when load(B) + 1 < load(A), where load(B) counts the
   // calls A forwarded there. 0 0 -> A, 0 1 -> A, 0 2 -> B, 1 2 -> A, 1 3 -> B, ...
@@ -108,7 +104,7 @@ TEST_CASE("forward: an overloaded replica forwards to an idle peer; replies arri
 
   p.b->impl.Release();
   p.a->impl.Release();
-  p.WaitUntil(
+  plexus::rpctest::WaitUntil(
       [&] {
         for (auto& r : replies) {
           if (r.load() != 1) return false;
@@ -166,7 +162,8 @@ TEST_CASE("forward: the peer's death fails forwarded calls with UNAVAILABLE with
   for (int i = 0; i < 5; ++i) {
     reqs[i].id = i;
     calls.push_back(stub.Hold(reqs[i], {.timeout = absl::Seconds(5)}));
-    p.WaitUntil([&] { return p.a->impl.Held() + p.b->impl.Held() == size_t(i + 1); }, "arrival");
+    plexus::rpctest::WaitUntil([&] { return p.a->impl.Held() + p.b->impl.Held() == size_t(i + 1); },
+                               "arrival");
   }
   p.WaitHeld(3, 2);  // 2 and 4 went to B
   const absl::Time t0 = absl::Now();

@@ -9,6 +9,7 @@
 
 #include "kinds.plexus.hpp"
 #include "plexus/rpc/server.hpp"
+#include "test_server.hpp"
 
 namespace plexus::rpctest {
 
@@ -67,6 +68,33 @@ class OrderedHold : public HoldingService {
   }
   std::mutex order_mu;
   std::vector<int> order;
+};
+
+// Waits up to 5 s (in 1 ms steps) for `pred`, then REQUIREs it; `what` names it in a failure.
+template <typename Pred>
+void WaitUntil(Pred pred, const char* what) {
+  for (int i = 0; i < 5000 && !pred(); ++i) absl::SleepFor(absl::Milliseconds(1));
+  INFO(what);
+  REQUIRE(pred());
+}
+
+// The QoS tests' bed: an inproc server of an OrderedHold that answers its parked calls before it
+// shuts down.
+struct OrderedHoldServer : TestServer<OrderedHold> {
+  OrderedHoldServer()
+      : TestServer(*transport::Device::Create({.backend = transport::Backend::kInproc}), "") {}
+  ~OrderedHoldServer() { impl.Release(); }
+  void WaitHeld(size_t n) {
+    WaitUntil([&] { return impl.Held() == n; }, "held calls");
+  }
+  // Answers the parked call and waits until the next one (if any is queued) is parked, until
+  // `total` were answered.
+  void ReleaseInTurn(size_t total) {
+    for (size_t done = 0; done < total; ++done) {
+      WaitHeld(1);
+      impl.ReleaseOne();
+    }
+  }
 };
 
 }  // namespace plexus::rpctest

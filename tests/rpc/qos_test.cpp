@@ -28,33 +28,14 @@ using plexus::rpctest::OrderedHold;
 
 namespace {
 
-// An inproc server that answers its parked calls before it shuts down.
-struct Setup : plexus::rpctest::TestServer<OrderedHold> {
-  Setup() : TestServer(*pt::Device::Create({.backend = pt::Backend::kInproc}), "") {}
-  ~Setup() { impl.Release(); }
+struct Setup : plexus::rpctest::OrderedHoldServer {
   std::shared_ptr<pr::Channel> Connect() {
     auto c = pr::Channel::Connect(device, server->address(), {&Kinds::Descriptor()});
     REQUIRE(c.ok());
     return *c;
   }
-  template <typename Pred>
-  void WaitUntil(Pred pred, const char* what) {
-    for (int i = 0; i < 5000 && !pred(); ++i) absl::SleepFor(absl::Milliseconds(1));
-    INFO(what);
-    REQUIRE(pred());
-  }
-  void WaitHeld(size_t n) {
-    WaitUntil([&] { return impl.Held() == n; }, "held calls");
-  }
   void WaitQueued(size_t n) {
-    WaitUntil([&] { return server->qos().queued == n; }, "queued calls");
-  }
-  // Answers the parked call and waits until the next one (if any is queued) is parked.
-  void ReleaseInTurn(size_t total) {
-    for (size_t done = 0; done < total; ++done) {
-      WaitHeld(1);
-      impl.ReleaseOne();
-    }
+    plexus::rpctest::WaitUntil([&] { return server->qos().queued == n; }, "queued calls");
   }
 };
 
