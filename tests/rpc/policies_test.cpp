@@ -508,3 +508,28 @@ TEST_CASE("a content policy that names no fields reads a private copy of the who
   CHECK(got.int0 == 1);
   CHECK(got.inner_name == "leaf");
 }
+
+TEST_CASE("acl: a rule with many values (hashed) and with few (compared in turn)",
+          "[rpc][policies]") {
+  Pair f;
+  auto acl = *pr::AclPolicy::Create(
+      "acl", {&Kinds::Descriptor()},
+      {{"many", "plexus.rpctest.Kinds/Echo", "text", {"v0", "v1", "v2", "v3", "v4", "v5"}},
+       {"few", "plexus.rpctest.Kinds/Echo", "i32", {"7", "-3"}}});
+  REQUIRE(f.channel->engines().Attach(acl).ok());
+  Kinds::Stub stub(f.channel);
+  auto run = [&](std::string_view text, int32_t i32) {
+    AllKinds req;
+    req.text = text;
+    req.i32 = i32;
+    return stub.EchoSync(req, TenSeconds()).status().code();
+  };
+  CHECK(run("v4", 0) == absl::StatusCode::kPermissionDenied);
+  CHECK(run("v0", 0) == absl::StatusCode::kPermissionDenied);
+  CHECK(run("v9", 0) == absl::StatusCode::kOk);
+  CHECK(run("v", 0) == absl::StatusCode::kOk);
+  CHECK(run("ok", -3) == absl::StatusCode::kPermissionDenied);
+  CHECK(run("ok", 3) == absl::StatusCode::kOk);
+  CHECK(acl->denied() == 3);
+  CHECK(f.impl.calls.load() == 3);
+}

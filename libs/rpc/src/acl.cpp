@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
@@ -15,6 +16,15 @@ struct AclPolicy::Compiled {
   std::string field;   // the path as given
   std::vector<const FieldDesc*> path;
   absl::flat_hash_set<std::string> deny;  // canonical text (see Canonical)
+  // The same values while there are few: compared one by one, cheaper than hashing per call.
+  std::vector<std::string> few;
+  bool Denies(std::string_view v) const {
+    if (deny.size() > few.size()) return deny.contains(absl::string_view(v.data(), v.size()));
+    for (const std::string& d : few) {
+      if (d == v) return true;
+    }
+    return false;
+  }
 };
 
 namespace {
@@ -156,7 +166,12 @@ absl::StatusOr<std::shared_ptr<AclPolicy>> AclPolicy::Create(
       }
       c->deny.insert(std::move(canon));
     }
-    acl->rules_[method].push_back(std::move(c));
+    if (c->deny.size() <= 4) c->few.assign(c->deny.begin(), c->deny.end());
+    auto at =
+        std::lower_bound(acl->rules_.begin(), acl->rules_.end(), method,
+                         [](const MethodRules& m, const MethodDesc* d) { return m.first < d; });
+    if (at == acl->rules_.end() || at->first != method) at = acl->rules_.insert(at, {method, {}});
+    at->second.push_back(std::move(c));
   }
   return acl;
 }
@@ -184,19 +199,32 @@ absl::Status AclPolicy::Restore(const EngineState& state) {
   return absl::OkStatus();
 }
 
+const std::vector<std::shared_ptr<const AclPolicy::Compiled>>* AclPolicy::Find(
+    const MethodDesc* method) const {
+  if (rules_.size() <= 8) {
+    for (const auto& [m, rules] : rules_) {
+      if (m == method) return &rules;
+    }
+    return nullptr;
+  }
+  auto at = std::lower_bound(rules_.begin(), rules_.end(), method,
+                             [](const MethodRules& m, const MethodDesc* d) { return m.first < d; });
+  return at != rules_.end() && at->first == method ? &at->second : nullptr;
+}
+
 bool AclPolicy::ContentFields(const MethodDesc& method,
                               absl::FunctionRef<void(FieldPath)> read) const {
-  if (auto it = rules_.find(&method); it != rules_.end()) {
-    for (const auto& rule : it->second) read(rule->path);
+  if (const auto* rules = Find(&method)) {
+    for (const auto& rule : *rules) read(rule->path);
   }
   return true;
 }
 
 absl::Status AclPolicy::OnRequest(const CallInfo& call) {
-  auto it = rules_.find(call.method);
-  if (it == rules_.end() || call.request == nullptr) return absl::OkStatus();
+  const auto* rules = Find(call.method);
+  if (rules == nullptr || call.request == nullptr) return absl::OkStatus();
   checked_.fetch_add(1, std::memory_order_relaxed);
-  for (const auto& rule : it->second) {
+  for (const auto& rule : *rules) {
     const void* msg = call.request;
     for (size_t i = 0; msg != nullptr && i + 1 < rule->path.size(); ++i) {
       const void* data = nullptr;
@@ -214,11 +242,11 @@ absl::Status AclPolicy::OnRequest(const CallInfo& call) {
       size_t count = 0;
       f.get_view(msg, &data, &count);
       std::string_view v(static_cast<const char*>(data), count);
-      hit = rule->deny.contains(absl::string_view(v.data(), v.size()));
+      hit = rule->Denies(v);
       if (hit) shown = std::string(v);
     } else {
       shown = ScalarText(f, msg);
-      hit = rule->deny.contains(shown);
+      hit = rule->Denies(shown);
     }
     if (hit) {
       denied_.fetch_add(1, std::memory_order_relaxed);

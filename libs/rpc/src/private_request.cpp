@@ -9,21 +9,14 @@
 
 namespace plexus::rpc::internal {
 
-absl::StatusOr<void*> PrivateRequest::Copy(const void* data, size_t bytes, size_t align,
-                                           const char* what) {
-  void* p = nullptr;
-  const size_t at = (first_used_ + align - 1) / align * align;
-  if (at + bytes <= first_.size()) {
-    p = first_.data() + at;
-    first_used_ = at + bytes;
-  } else {
-    if (*overflow_ == nullptr) *overflow_ = std::make_unique<Arena>(limits_.max_arena_bytes);
-    p = (*overflow_)->Allocate(bytes, align);
-  }
+absl::StatusOr<void*> PrivateRequest::CopyToArena(const void* data, size_t bytes, size_t align,
+                                                  const char* what) {
+  if (*overflow_ == nullptr) *overflow_ = std::make_unique<Arena>(limits_.max_arena_bytes);
+  void* p = (*overflow_)->Allocate(bytes, align);
   if (p == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("private copy of a ", desc_.full_name,
-                                                     " request for a content policy: field ", what,
-                                                     " exceeds the per-message limit"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "private copy of a ", desc_.full_name, " request for a content policy: field ", what,
+        " exceeds the per-message limit of ", limits_.max_arena_bytes, " bytes"));
   }
   if (bytes > 0) std::memcpy(p, data, bytes);
   return p;

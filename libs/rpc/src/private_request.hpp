@@ -7,6 +7,7 @@
 // application's memory (no copy), as without a content policy.
 #pragma once
 
+#include <cstring>
 #include <memory>
 
 #include "absl/container/inlined_vector.h"
@@ -37,8 +38,17 @@ class PrivateRequest {
   absl::Status AddPath(FieldPath path);
   // Copies every view of `msg` (of type `desc`, already private itself), recursively.
   absl::Status AddAll(const MessageDesc& desc, void* msg, int depth);
-  // `bytes` copied into memory of the call (an error naming `what` past the arena's limit).
-  absl::StatusOr<void*> Copy(const void* data, size_t bytes, size_t align, const char* what);
+  // `bytes` copied into memory of the call (an error naming `what` past the arena's limit). The
+  // first bytes go to the call's inline buffer (a power-of-two `align`), with no call.
+  absl::StatusOr<void*> Copy(const void* data, size_t bytes, size_t align, const char* what) {
+    const size_t at = (first_used_ + align - 1) & ~(align - 1);
+    if (at + bytes > first_.size()) return CopyToArena(data, bytes, align, what);
+    unsigned char* p = first_.data() + at;
+    first_used_ = at + bytes;
+    if (bytes > 0) std::memcpy(p, data, bytes);
+    return p;
+  }
+  absl::StatusOr<void*> CopyToArena(const void* data, size_t bytes, size_t align, const char* what);
 
   const MessageDesc& desc_;
   const void* request_;
