@@ -618,8 +618,10 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
   if (cpus >= 2) layouts.push_back({"split-cpu,blocking", 0, 1});
   const Layout unpinned{"unpinned,blocking", -1, -1};
 
+  // --only: one group (qos, latency, rate, goodput); empty: all of them.
+  auto wanted = [&](const char* group) { return only.empty() || only == group; };
   // Latency, 1 in flight. Systems alternate within each run, so a disturbance hits all of them.
-  for (const Layout& layout : layouts) {
+  for (const Layout& layout : wanted("latency") ? layouts : std::vector<Layout>{}) {
     for (uint32_t size : {64u, 8u}) {
       std::map<std::string, std::vector<double>> med, p99;
       std::vector<std::string> systems = {"raw-tcp", "plexus-tcp"};
@@ -649,7 +651,7 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
   }
 
   // RPC/s with 32 and 128 in flight, 32 B each way; unpinned (both processes on every CPU).
-  for (int inflight : {32, 128}) {
+  for (int inflight : wanted("rate") ? std::vector<int>{32, 128} : std::vector<int>{}) {
     std::map<std::string, std::vector<double>> rate;
     std::vector<std::string> systems = {"plexus-tcp"};
     if (grpc) systems.push_back("grpc");
@@ -674,7 +676,7 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
   }
 
   // Goodput: 8 KiB requests, empty replies, 32 in flight.
-  {
+  if (wanted("goodput")) {
     std::map<std::string, std::vector<double>> gp;
     std::vector<std::string> systems = {"plexus-tcp"};
     if (grpc) systems.push_back("grpc");
@@ -698,7 +700,8 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
   // alternating 100 ms windows of one client run (so both see the same machine), 32 in flight,
   // 32 B; 1% of requests carry the tag the ACL denies (only ok calls count, so the ACL's 1% is
   // part of its cost).
-  for (const std::string p : {"ratelimit", "acl"}) {
+  for (const std::string p : wanted("policy") ? std::vector<std::string>{"ratelimit", "acl"}
+                                              : std::vector<std::string>{}) {
     std::vector<double> with, without, ratio;
     for (int r = 0; r < runs; ++r) {
       Sample s = o.Run("plexus-tcp", unpinned, "rate", 32, 32, 32, p, 1.0);
@@ -718,7 +721,7 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
   // Live upgrade every 100 ms during a rate run (32 in flight, 32 B): the longest time an upgrade
   // held calls at the gate, p99 latency of the calls in flight during a swap against all calls,
   // and calls lost, duplicated or missing from the upgraded metrics engine (target: 0).
-  {
+  if (wanted("upgrade")) {
     std::map<std::string, std::vector<double>> u;
     for (int r = 0; r < runs; ++r) {
       Sample s = o.Run("plexus-tcp", unpinned, "rate", 32, 32, 32, "upgrade");
@@ -739,7 +742,7 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
     }
     fig.Add("upgrade_calls_lost_duplicated_uncounted", bad, "calls", extra, "== 0", bad == 0);
   }
-  QosFigures(fig, runs, base.seconds);
+  if (wanted("qos")) QosFigures(fig, runs, base.seconds);
   if (!json) out.PrintTable();
   return 0;
 }
@@ -777,8 +780,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "ratelimit", "acl", "upgrade"}))
       ->group("");
   tool.app()
-      .add_option("--only", only, "run one group of figures: qos (the global QoS figures)")
-      ->check(CLI::IsMember({"qos"}));
+      .add_option("--only", only,
+                  "run one group of figures: latency, rate (RPC/s), goodput, policy (policy "
+                  "costs), upgrade (live upgrade) or qos (the global QoS figures)")
+      ->check(CLI::IsMember({"latency", "rate", "goodput", "policy", "upgrade", "qos"}));
   if (auto code = tool.Parse(argc, argv)) return *code;
   if (peer.cpu >= 0) plexus::bench::PinToCpu(peer.cpu);
   if (peer.role.empty()) return Orchestrate(compare, json, runs, peer, only);

@@ -426,8 +426,9 @@ std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
 
   // The replicas' connections as of now; wait_for_ready waits (within the deadline) for one.
   const uint32_t n = static_cast<uint32_t>(impl.replicas.size());
-  std::vector<std::shared_ptr<internal::ChannelCore>> cores(n);
-  std::vector<bool> usable(n);
+  // Inline for a few replicas: no allocation per call.
+  absl::InlinedVector<std::shared_ptr<internal::ChannelCore>, 4> cores(n);
+  absl::InlinedVector<bool, 4> usable(n);
   {
     std::unique_lock<std::mutex> lock(impl.mu);
     auto snapshot = [&] {
@@ -453,8 +454,9 @@ std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
   uint32_t r = 0;
   if (n > 1) {
     bool routed = false;
+    const std::vector<bool> routable(usable.begin(), usable.end());  // the engines' type
     for (const auto& p : *call->chain) {
-      if (std::optional<uint32_t> to = p->Route(call->info, usable)) {
+      if (std::optional<uint32_t> to = p->Route(call->info, routable)) {
         r = *to;
         call->info.route_engine = p->name();
         routed = true;

@@ -257,22 +257,40 @@ void ChannelCore::Poll(absl::Duration wait, std::vector<std::shared_ptr<CallStat
   } else if (last_round_.load(std::memory_order_relaxed) > 1) {
     n = cq->Poll(absl::MakeSpan(batch));
   }
-  if (n == 0) {
+  // Nothing but our own sends' completions (a request's, a cancel's): no call can complete from
+  // them alone (a call completes once its response came too), so wait for the next completion
+  // and handle them all in one round, in order: one lock and one pass of the caller's loop per
+  // call instead of two. A wake-up or a receive among them returns at once, as before.
+  const bool only_sends = n > 0 && n < 64 && std::all_of(batch, batch + n, [](const auto& c) {
+    return c.wr_id != kWakeId && (c.wr_id & kRecvBit) == 0;
+  });
+  if ((n == 0 || only_sends) && wait > absl::ZeroDuration()) {
     // Spin first only while that pays (not when the server shares this CPU: it cannot answer
     // while we spin).
     const absl::Duration spin = options.poll ? wait : spin_.spin();
     const bool timed = !options.poll && spin > absl::ZeroDuration();  // what AdaptiveSpin learns
-    const absl::Time start = timed ? absl::Now() : absl::InfinitePast();
-    auto c = cq->Wait(wait, spin);
-    if (c.ok()) {
-      if (timed) spin_.Record(spin, absl::Now() - start);
-      batch[0] = std::move(*c);
-      n = 1;
-      // And what is queued already, without driving the transport again.
-      if (const size_t more = std::min<size_t>(cq->size(), 63); more > 0) {
-        n += cq->Poll(absl::MakeSpan(batch + 1, more));
+    const absl::Span<transport::Completion> room(batch + n, 64 - n);
+    size_t got = 0;
+    // Before a spin, one pass for what is there already: a response that came while this thread
+    // was descheduled (its server shares the CPU and ran meanwhile) says nothing about spinning,
+    // and counting it as a hit kept the spin on where it cannot pay (see docs/rpc.md).
+    if (timed) got = cq->Poll(room);
+    if (got == 0) {
+      const absl::Time start = timed ? absl::Now() : absl::InfinitePast();
+      auto c = cq->Wait(wait, spin);
+      if (c.ok()) {
+        if (timed) spin_.Record(spin, absl::Now() - start);
+        room[0] = std::move(*c);
+        got = 1;
+        // And what is queued already, without driving the transport again.
+        if (const size_t more = std::min<size_t>(cq->size(), room.size() - 1); more > 0) {
+          got += cq->Poll(room.subspan(1, more));
+        }
       }
     }
+    n += got;
+  } else if (n == 0) {
+    n = cq->Poll(absl::MakeSpan(batch));  // wait 0: one pass
   }
   last_round_.store(n, std::memory_order_relaxed);
   // One lock for the whole round (completions, expiry, load reports); none when nothing came and

@@ -359,9 +359,12 @@ void ServerCore::Dispatch() {
     } else if (last_round > 1) {
       n = cq->Poll(absl::MakeSpan(batch));
     }
+    const absl::Duration spun = n == 0 ? spin.spin() : absl::ZeroDuration();
+    const bool timed = spun > absl::ZeroDuration();  // only spinning waits teach AdaptiveSpin
+    // Before a spin, one pass for what is there already: a request that came while this thread
+    // was descheduled (its client shares the CPU) says nothing about spinning (as in Channel).
+    if (n == 0 && timed) n = cq->Poll(absl::MakeSpan(batch));
     if (n == 0) {
-      const absl::Duration spun = spin.spin();
-      const bool timed = spun > absl::ZeroDuration();  // only spinning waits teach AdaptiveSpin
       const absl::Time start = timed ? absl::Now() : absl::InfinitePast();
       auto c = cq->Wait(absl::Milliseconds(50), spun);
       if (!c.ok()) continue;
