@@ -262,8 +262,8 @@ void ChannelCore::Poll(absl::Duration wait, std::vector<std::shared_ptr<CallStat
   // and handle them all in one round, in order: one lock and one pass of the caller's loop per
   // call instead of two. A wake-up or a receive among them returns at once, as before.
   const bool only_sends = n > 0 && n < 64 && std::all_of(batch, batch + n, [](const auto& c) {
-    return c.wr_id != kWakeId && (c.wr_id & kRecvBit) == 0;
-  });
+                            return c.wr_id != kWakeId && (c.wr_id & kRecvBit) == 0;
+                          });
   if ((n == 0 || only_sends) && wait > absl::ZeroDuration()) {
     // Spin first only while that pays (not when the server shares this CPU: it cannot answer
     // while we spin).

@@ -218,6 +218,9 @@ struct DialResult {
 }  // namespace internal
 
 struct Channel::Impl {
+  // The insides of `channel` (tests look at the recycled call states).
+  static Impl& Of(Channel& channel) { return *channel.impl_; }
+
   struct Replica {
     std::string address;
     std::shared_ptr<internal::ChannelCore> core;  // null while not connected
