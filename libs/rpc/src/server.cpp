@@ -342,6 +342,7 @@ void ServerCore::Kill(const std::shared_ptr<ServerConn>& sc, const absl::Status&
   for (auto& c : calls) c->Cancel();
   std::lock_guard<std::mutex> lock(mu);
   conns.erase(sc->conn->id());
+  conns_epoch.fetch_add(1, std::memory_order_release);
 }
 
 void ServerCore::Dispatch() {
@@ -389,11 +390,17 @@ void ServerCore::Dispatch() {
 
 void ServerCore::Handle(const transport::Completion& c) {
   std::shared_ptr<ServerConn> sc;
-  {
+  if (cached_conn != nullptr && c.connection_id == cached_id &&
+      conns_epoch.load(std::memory_order_acquire) == cached_epoch) {
+    sc = cached_conn;  // still in `conns` (a removal bumps the epoch)
+  } else {
     std::lock_guard<std::mutex> lock(mu);
     auto it = conns.find(c.connection_id);
     if (it == conns.end()) return;
     sc = it->second;
+    cached_id = c.connection_id;
+    cached_epoch = conns_epoch.load(std::memory_order_relaxed);
+    cached_conn = sc;
   }
   if (c.opcode == transport::Opcode::kSend) {
     ServerConn::Sending sent;
@@ -662,9 +669,11 @@ void Server::Shutdown() {
     sc->conn->Close();
   }
   if (c.dispatch_thread.joinable()) c.dispatch_thread.join();
-  c.qos.Stop();  // calls still queued are dropped (their connections are closed)
+  c.qos.Stop();           // calls still queued are dropped (their connections are closed)
+  c.cached_conn.reset();  // the dispatcher has stopped
   std::lock_guard<std::mutex> lock(c.mu);
   c.conns.clear();
+  c.conns_epoch.fetch_add(1, std::memory_order_release);
 }
 
 EngineChain& Server::engines() { return impl_->core.chain; }

@@ -100,6 +100,13 @@ struct ServerCore {
 
   std::mutex mu;
   absl::flat_hash_map<uint64_t, std::shared_ptr<ServerConn>> conns;
+  // Bumped (under mu) whenever a connection leaves `conns`: the dispatcher's cache of the
+  // connection it looked up last (below) is valid while this is unchanged, so the common case
+  // (completions of one connection in a row) takes no lock for the lookup.
+  std::atomic<uint64_t> conns_epoch{0};
+  uint64_t cached_id = 0;  // the dispatcher's thread only, like the two below
+  uint64_t cached_epoch = ~uint64_t{0};
+  std::shared_ptr<ServerConn> cached_conn;
   std::atomic<bool> stop{false};
   std::thread accept_thread;
   std::thread dispatch_thread;
