@@ -172,23 +172,15 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
         "first while that pays, the library default)\n",
         runs, base.seconds);
   }
-  if (only == "qos") {
-    QosFigures(fig, runs, base.seconds);
-    if (!json) out.PrintTable();
-    return 0;
-  }
-  if (only == "policy") {
-    PolicyFigures(o, fig, runs);
-    if (!json) out.PrintTable();
-    return 0;
-  }
   const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   std::vector<Layout> layouts = {{"same-cpu,blocking", 0, 0}};
   if (cpus >= 2) layouts.push_back({"split-cpu,blocking", 0, 1});
   const Layout unpinned{"unpinned,blocking", -1, -1};
 
+  // --only: one group of figures; empty: all of them.
+  auto wanted = [&](const char* group) { return only.empty() || only == group; };
   // Latency, 1 in flight. Systems alternate within each run, so a disturbance hits all of them.
-  for (const Layout& layout : layouts) {
+  for (const Layout& layout : wanted("latency") ? layouts : std::vector<Layout>{}) {
     for (uint32_t size : {64u, 8u}) {
       std::map<std::string, std::vector<double>> med, p99;
       std::vector<std::string> systems = {"raw-tcp", "plexus-tcp"};
@@ -218,7 +210,7 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
   }
 
   // RPC/s with 32 and 128 in flight, 32 B each way; unpinned (both processes on every CPU).
-  for (int inflight : {32, 128}) {
+  for (int inflight : wanted("rate") ? std::vector<int>{32, 128} : std::vector<int>{}) {
     std::map<std::string, std::vector<double>> rate;
     std::vector<std::string> systems = {"plexus-tcp"};
     if (grpc) systems.push_back("grpc");
@@ -243,7 +235,7 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
   }
 
   // Goodput: 8 KiB requests, empty replies, 32 in flight.
-  {
+  if (wanted("goodput")) {
     std::map<std::string, std::vector<double>> gp;
     std::vector<std::string> systems = {"plexus-tcp"};
     if (grpc) systems.push_back("grpc");
@@ -263,11 +255,11 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
     }
   }
 
-  PolicyFigures(o, fig, runs);
+  if (wanted("policy")) PolicyFigures(o, fig, runs);
   // Live upgrade every 100 ms during a rate run (32 in flight, 32 B): the longest time an upgrade
   // held calls at the gate, p99 latency of the calls in flight during a swap against all calls,
   // and calls lost, duplicated or missing from the upgraded metrics engine (target: 0).
-  {
+  if (wanted("upgrade")) {
     std::map<std::string, std::vector<double>> u;
     for (int r = 0; r < runs; ++r) {
       Sample s = o.Run("plexus-tcp", unpinned, "rate", 32, 32, 32, "upgrade");
@@ -288,7 +280,7 @@ int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
     }
     fig.Add("upgrade_calls_lost_duplicated_uncounted", bad, "calls", extra, "== 0", bad == 0);
   }
-  QosFigures(fig, runs, base.seconds);
+  if (wanted("qos")) QosFigures(fig, runs, base.seconds);
   if (!json) out.PrintTable();
   return 0;
 }
@@ -327,9 +319,9 @@ int main(int argc, char** argv) {
       ->group("");
   tool.app()
       .add_option("--only", only,
-                  "run one group of figures: qos (the global QoS figures) or policy (each "
-                  "policy's cost)")
-      ->check(CLI::IsMember({"qos", "policy"}));
+                  "run one group of figures: latency, rate (RPC/s), goodput, policy (policy "
+                  "costs), upgrade (live upgrade) or qos (the global QoS figures)")
+      ->check(CLI::IsMember({"latency", "rate", "goodput", "policy", "upgrade", "qos"}));
   if (auto code = tool.Parse(argc, argv)) return *code;
   if (peer.cpu >= 0) plexus::bench::PinToCpu(peer.cpu);
   if (peer.role.empty()) return Orchestrate(compare, json, runs, peer, only);

@@ -10,17 +10,46 @@
 namespace plexus::rpc {
 namespace internal {
 
+const absl::Status& CallState::NotCompleted() {
+  static const absl::Status* const kNotCompleted =
+      new absl::Status(absl::UnknownError("call not completed"));
+  return *kNotCompleted;
+}
+
+void CallState::Recycle() {
+  done = false;
+  taken = false;
+  promoted = false;
+  result = NotCompleted();
+  callback = nullptr;
+  channel.reset();
+  finished.store(false, std::memory_order_relaxed);
+  retry.reset();
+  attempt.reset();
+  polling.store(false, std::memory_order_relaxed);
+  id = 0;
+  has_result = false;
+  sent = false;
+  async = false;
+  deadline = absl::InfiniteFuture();
+  encoded.Clear();
+  private_arena.reset();
+  frame.parts.clear();  // the head keeps its capacity (BuildFrame resizes it)
+  frame.bytes = 0;
+  info = CallInfo();
+  chain.reset();
+  qos.reset();
+  qos_counted = false;
+}
+
 RawResult WaitCall(CallState& call) {
   // The caller polls the connection itself (run-to-completion, no thread hop) when no other
   // blocking caller does; otherwise it waits for its result or for the role.
   std::shared_ptr<ChannelCore> ch = call.channel.lock();
   bool registered = false;
   while (ch != nullptr) {
-    {
-      std::lock_guard<std::mutex> lock(call.mu);
-      if (call.done) break;
-      call.promoted = false;
-    }
+    // `finished` is set (release) with `done`, under call.mu: no lock needed to see it.
+    if (call.finished.load(std::memory_order_acquire)) break;
     bool lead = false;
     {
       std::lock_guard<std::mutex> lock(ch->mu);
@@ -43,6 +72,7 @@ RawResult WaitCall(CallState& call) {
     std::unique_lock<std::mutex> lock(call.mu);
     call.cv.wait(lock, [&] { return call.done || call.promoted; });
     if (call.done) break;
+    call.promoted = false;  // taken: try for the role
   }
   if (registered) {
     std::lock_guard<std::mutex> lock(ch->mu);
@@ -203,7 +233,7 @@ std::shared_ptr<internal::CallState> Channel::StartCall(const ServiceDesc& servi
   }
   // An idempotent method: the user holds `outer`; every try is a call of its own whose result
   // completes `outer`, or (Unavailable) goes back to the connector to be tried again.
-  auto outer = std::make_shared<internal::CallState>();
+  std::shared_ptr<internal::CallState> outer = impl.call_states->Take();
   outer->callback = std::move(done);
   outer->info.service = &service;
   outer->info.method = &method;
@@ -307,12 +337,13 @@ std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
     Channel& channel, const ServiceDesc& service, const MethodDesc& method, const void* request,
     const CallOptions& options, RawCallback done) {
   Impl& impl = *this;
-  auto call = std::make_shared<internal::CallState>();
+  std::shared_ptr<internal::CallState> call = impl.call_states->Take();
   call->callback = std::move(done);
   call->info.service = &service;
   call->info.method = &method;
-  call->info.start = absl::Now();
+  // The clock is read only when a deadline or an engine needs the start (below).
   if (options.timeout != absl::InfiniteDuration()) {
+    call->info.start = absl::Now();
     call->deadline = call->info.start + options.timeout;
   }
   auto fail = [&](absl::Status st) {
@@ -328,6 +359,7 @@ std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
         " was connected (its handshake checks each service's schema)")));
   }
   call->chain = impl.chain->snapshot();
+  if (!call->chain->empty() && call->info.start == absl::Time()) call->info.start = absl::Now();
   call->info.deadline = call->deadline;
   call->info.request = request;
   // A content policy reads a private copy, made when the first one is reached and holding what
@@ -374,8 +406,9 @@ std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
 
   // The replicas' connections as of now; wait_for_ready waits (within the deadline) for one.
   const uint32_t n = static_cast<uint32_t>(impl.replicas.size());
-  std::vector<std::shared_ptr<internal::ChannelCore>> cores(n);
-  std::vector<bool> usable(n);
+  // Inline for a few replicas: no allocation per call.
+  absl::InlinedVector<std::shared_ptr<internal::ChannelCore>, 4> cores(n);
+  absl::InlinedVector<bool, 4> usable(n);
   {
     std::unique_lock<std::mutex> lock(impl.mu);
     auto snapshot = [&] {
@@ -401,8 +434,9 @@ std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
   uint32_t r = 0;
   if (n > 1) {
     bool routed = false;
+    const std::vector<bool> routable(usable.begin(), usable.end());  // the engines' type
     for (const auto& p : *call->chain) {
-      if (std::optional<uint32_t> to = p->Route(call->info, usable)) {
+      if (std::optional<uint32_t> to = p->Route(call->info, routable)) {
         r = *to;
         call->info.route_engine = p->name();
         routed = true;

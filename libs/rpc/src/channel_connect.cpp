@@ -196,6 +196,8 @@ absl::StatusOr<std::shared_ptr<Channel>> Channel::Impl::Open(
   }
   auto impl = std::make_unique<Impl>();
   PLEXUS_ASSIGN_OR_RETURN(impl->window, internal::ResolveWindow(options.max_in_flight));
+  impl->call_states =
+      std::make_shared<internal::Recycler<internal::CallState>>(std::max<size_t>(impl->window, 8));
   PLEXUS_ASSIGN_OR_RETURN(impl->max_bytes,
                           internal::ResolveMaxMessageBytes(options.max_message_bytes));
   impl->codec.max_depth = options.max_depth;

@@ -59,7 +59,10 @@ bool ChannelCore::SetResult(const std::shared_ptr<CallState>& call, RawResult r)
   call->result = std::move(r);
   if (call->async) --async_in_flight;
   calls.erase(call->id);
-  if (call->deadline != absl::InfiniteFuture()) deadlines.erase({call->deadline, call->id});
+  if (call->deadline != absl::InfiniteFuture()) {
+    deadlines.erase({call->deadline, call->id});
+    has_deadlines.store(!deadlines.empty(), std::memory_order_relaxed);
+  }
   return ReleaseIfDone(call);
 }
 
@@ -130,10 +133,9 @@ void ChannelCore::HandleFrame(const std::shared_ptr<Inbound>& in,
   if (SetResult(call, std::move(r))) ready->push_back(call);
 }
 
-void ChannelCore::Handle(const transport::Completion& c,
-                         std::vector<std::shared_ptr<CallState>>* ready) {
+void ChannelCore::HandleLocked(const transport::Completion& c,
+                               std::vector<std::shared_ptr<CallState>>* ready) {
   if (c.wr_id == kWakeId) return;
-  std::unique_lock<std::mutex> lock(mu);
   if (c.wr_id & kRecvBit) {
     auto it = recvs.find(c.wr_id);
     if (it == recvs.end()) return;
@@ -146,7 +148,8 @@ void ChannelCore::Handle(const transport::Completion& c,
       return;
     }
     // Every frame of the message (a batch of responses) is parsed in place in the buffer.
-    std::vector<std::shared_ptr<Inbound>> frames;
+    std::vector<std::shared_ptr<Inbound>>& frames = frames_scratch;
+    frames.clear();
     absl::Status st = SplitFrames(std::make_shared<RecvBuffer>(pool, std::move(buf), c.bytes),
                                   batches_in, frame_limits, &frames);
     for (const auto& in : frames) {
@@ -156,6 +159,7 @@ void ChannelCore::Handle(const transport::Completion& c,
       }
     }
     if (!st.ok()) {
+      frames.clear();
       conn->Close();
       BreakLocked(absl::InternalError(absl::StrCat("rpc server ", peer, ": ", st.message())),
                   ready);
@@ -167,6 +171,7 @@ void ChannelCore::Handle(const transport::Completion& c,
           ready);
     }
     for (const auto& in : frames) HandleFrame(in, ready);
+    frames.clear();
     return;
   }
   if (c.wr_id & kControlBit) {
@@ -177,7 +182,7 @@ void ChannelCore::Handle(const transport::Completion& c,
   if (it == sending.end()) return;
   Sending sent = std::move(it->second);
   sending.erase(it);
-  for (const auto& call : sent.calls) {
+  sent.ForEach([&](const std::shared_ptr<CallState>& call) {
     call->sent = true;
     call->encoded.Clear();
     call->private_arena.reset();
@@ -187,7 +192,7 @@ void ChannelCore::Handle(const transport::Completion& c,
                   ready);
     }
     if (ReleaseIfDone(call)) ready->push_back(call);
-  }
+  });
 }
 
 void ChannelCore::ExpireLocked(std::vector<std::shared_ptr<CallState>>* ready) {
@@ -198,6 +203,7 @@ void ChannelCore::ExpireLocked(std::vector<std::shared_ptr<CallState>>* ready) {
     auto it = calls.find(id);
     if (it == calls.end()) {
       deadlines.erase(deadlines.begin());
+      has_deadlines.store(!deadlines.empty(), std::memory_order_relaxed);
       continue;
     }
     std::shared_ptr<CallState> call = it->second;
@@ -214,12 +220,14 @@ void ChannelCore::ExpireLocked(std::vector<std::shared_ptr<CallState>>* ready) {
 void ChannelCore::FlushLocked(std::vector<std::shared_ptr<CallState>>* ready) {
   if (outbox.empty()) return;
   Sending batch;
-  batch.calls.swap(outbox);
   outbox_bytes = 0;
   absl::Span<const Part> parts;
-  if (batch.calls.size() == 1) {
-    parts = batch.calls[0]->frame.parts;
+  if (outbox.size() == 1) {
+    batch.one = std::move(outbox[0]);
+    outbox.clear();  // keeps its capacity for the next round
+    parts = batch.one->frame.parts;
   } else {
+    batch.calls.swap(outbox);
     size_t bytes = 0;
     for (const auto& c : batch.calls) AppendToBatch(c->frame, &batch.parts, &bytes);
     parts = batch.parts;
@@ -227,20 +235,23 @@ void ChannelCore::FlushLocked(std::vector<std::shared_ptr<CallState>>* ready) {
   const uint64_t wr = kSendBit | next_send++;
   if (absl::Status st = conn->PostSend(parts, wr); !st.ok()) {
     // Refused only when the connection is down: its calls fail with the connection.
-    for (const auto& c : batch.calls) c->sent = true;
+    batch.ForEach([](const std::shared_ptr<CallState>& c) { c->sent = true; });
     BreakLocked(
         absl::UnavailableError(absl::StrCat("rpc connection to ", peer, ": ", st.message())),
         ready);
-    for (const auto& c : batch.calls) {
+    batch.ForEach([&](const std::shared_ptr<CallState>& c) {
       if (ReleaseIfDone(c)) ready->push_back(c);
-    }
+    });
     return;
   }
   sending.emplace(wr, std::move(batch));
 }
 
 void ChannelCore::Poll(absl::Duration wait, std::vector<std::shared_ptr<CallState>>* ready) {
-  transport::Completion batch[64];
+  // Per thread, not per poll: 64 completions (each with a Status) built and destroyed on every
+  // poll were a visible share of a small call. Poll is not re-entered on a thread (no user code
+  // runs inside it).
+  thread_local transport::Completion batch[64];
   size_t n = 0;
   // A busy connection (the last round handled several completions): take what is there first.
   // One call at a time: wait at once (in ProgressMode::kCaller one system call per message).
@@ -250,30 +261,50 @@ void ChannelCore::Poll(absl::Duration wait, std::vector<std::shared_ptr<CallStat
   } else if (last_round_.load(std::memory_order_relaxed) > 1) {
     n = cq->Poll(absl::MakeSpan(batch));
   }
-  if (n == 0) {
+  // Nothing but our own sends' completions (a request's, a cancel's): no call can complete from
+  // them alone (a call completes once its response came too), so wait for the next completion
+  // and handle them all in one round, in order: one lock and one pass of the caller's loop per
+  // call instead of two. A wake-up or a receive among them returns at once, as before.
+  const bool only_sends = n > 0 && n < 64 && std::all_of(batch, batch + n, [](const auto& c) {
+                            return c.wr_id != kWakeId && (c.wr_id & kRecvBit) == 0;
+                          });
+  if ((n == 0 || only_sends) && wait > absl::ZeroDuration()) {
     // Spin first only while that pays (not when the server shares this CPU: it cannot answer
     // while we spin).
     const absl::Duration spin = options.poll ? wait : spin_.spin();
     const bool timed = !options.poll && spin > absl::ZeroDuration();  // what AdaptiveSpin learns
-    const absl::Time start = timed ? absl::Now() : absl::InfinitePast();
-    auto c = cq->Wait(wait, spin);
-    if (c.ok()) {
-      if (timed) spin_.Record(spin, absl::Now() - start);
-      batch[0] = std::move(*c);
-      n = 1;
-      // And what is queued already, without driving the transport again.
-      if (const size_t more = std::min<size_t>(cq->size(), 63); more > 0) {
-        n += cq->Poll(absl::MakeSpan(batch + 1, more));
+    const absl::Span<transport::Completion> room(batch + n, 64 - n);
+    size_t got = 0;
+    // Before a spin, one pass for what is there already: a response that came while this thread
+    // was descheduled (its server shares the CPU and ran meanwhile) says nothing about spinning,
+    // and counting it as a hit kept the spin on where it cannot pay (see docs/rpc.md).
+    if (timed) got = cq->Poll(room);
+    if (got == 0) {
+      const absl::Time start = timed ? absl::Now() : absl::InfinitePast();
+      auto c = cq->Wait(wait, spin);
+      if (c.ok()) {
+        if (timed) spin_.Record(spin, absl::Now() - start);
+        room[0] = std::move(*c);
+        got = 1;
+        // And what is queued already, without driving the transport again.
+        if (const size_t more = std::min<size_t>(cq->size(), room.size() - 1); more > 0) {
+          got += cq->Poll(room.subspan(1, more));
+        }
       }
     }
+    n += got;
+  } else if (n == 0) {
+    n = cq->Poll(absl::MakeSpan(batch));  // wait 0: one pass
   }
   last_round_.store(n, std::memory_order_relaxed);
-  for (size_t i = 0; i < n; ++i) Handle(batch[i], ready);
+  // One lock for the whole round (completions, expiry, load reports); none when nothing came and
+  // no call has a deadline.
   std::vector<uint32_t> loads;
-  {
+  if (n > 0 || has_deadlines.load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> lock(mu);
+    for (size_t i = 0; i < n; ++i) HandleLocked(batch[i], ready);
     ExpireLocked(ready);
-    loads.swap(load_reports);
+    if (!load_reports.empty()) loads.swap(load_reports);
   }
   if (!loads.empty()) {
     EngineChain::Snapshot engines = chain->snapshot();
@@ -332,10 +363,10 @@ void ChannelCore::Run() {
   std::lock_guard<std::mutex> lock(mu);
   BreakLocked(absl::CancelledError("rpc channel closed"), &ready);
   for (auto& [wr, batch] : sending) {
-    for (auto& call : batch.calls) {
+    batch.ForEach([&](const std::shared_ptr<CallState>& call) {
       call->sent = true;
       if (ReleaseIfDone(call)) ready.push_back(call);
-    }
+    });
   }
   sending.clear();
   for (auto& call : outbox) {
@@ -350,45 +381,46 @@ void ChannelCore::Run() {
 
 void ChannelCore::Lead(CallState& call) {
   call.polling.store(true, std::memory_order_release);
-  std::vector<std::shared_ptr<CallState>> ready, mine;
-  {
+  std::vector<std::shared_ptr<CallState>>& ready = lead_ready;  // the role's: one thread
+  if (round_of == this) {
     // A blocking call made from a callback (on Run's thread, in its round) waits in the outbox
     // with the round's other requests: send them now, the round will not end before it returns.
+    // (Called from any other thread, the outbox is Run's, which sends it when its round ends.)
     std::lock_guard<std::mutex> lock(mu);
     FlushLocked(&ready);
   }
+  // Calls with callbacks that this leader completed go to Run (callbacks run on the channel's
+  // thread); the others are finalized here. `async` was set by Submit under mu, before the call
+  // could complete, and does not change: read without a lock.
+  auto finalize = [&] {
+    bool wake_run = false;
+    for (const auto& c : ready) wake_run = wake_run || c->async;
+    if (wake_run) {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& c : ready) {
+        if (c->async) handoff.push_back(std::move(c));
+      }
+    }
+    if (wake_run) run_cv.notify_one();
+    for (auto& c : ready) {
+      if (c == nullptr) continue;                                                  // handed off
+      if (c.get() == &call) call.polling.store(false, std::memory_order_release);  // no wake-up
+      Finalize(c);
+    }
+    ready.clear();
+  };
   while (!call.finished.load(std::memory_order_acquire) && !stop.load()) {
     absl::Duration wait = absl::Milliseconds(50);
-    {
+    if (has_deadlines.load(std::memory_order_relaxed)) {
       std::lock_guard<std::mutex> lock(mu);
       if (!deadlines.empty()) {
         wait = std::clamp(deadlines.begin()->first - absl::Now(), absl::ZeroDuration(), wait);
       }
     }
     Poll(wait, &ready);
-    bool wake_run = false;
-    for (auto& c : ready) {
-      bool has_callback;
-      {
-        std::lock_guard<std::mutex> lock(c->mu);
-        has_callback = static_cast<bool>(c->callback);
-      }
-      if (has_callback) {
-        std::lock_guard<std::mutex> lock(mu);
-        handoff.push_back(std::move(c));
-        wake_run = true;
-      } else {
-        mine.push_back(std::move(c));
-      }
-    }
-    ready.clear();
-    if (wake_run) run_cv.notify_one();
-    for (auto& c : mine) {
-      if (c.get() == &call) call.polling.store(false, std::memory_order_release);  // no wake-up
-      Finalize(c);
-    }
-    mine.clear();
+    finalize();
   }
+  finalize();  // what the flush above failed, when the call had completed meanwhile
   call.polling.store(false, std::memory_order_release);
   // Hand the role on: to a blocking caller still waiting, else back to Run (woken when it has
   // work: callbacks outstanding; otherwise it looks again within kParkSlice).
@@ -487,13 +519,16 @@ absl::Status ChannelCore::SendLocked(const std::shared_ptr<CallState>& call,
       for (auto& c : ready) Finalize(c);
       return absl::UnavailableError(absl::StrCat("rpc connection to ", peer, ": ", ps.message()));
     }
-    sending.emplace(wr, Sending{{call}, {}});
+    sending.emplace(wr, Sending{call, {}, {}});
   }
   ++in_flight;
   call->async = has_callback;
   if (has_callback) ++async_in_flight;
   calls.emplace(call->id, call);
-  if (call->deadline != absl::InfiniteFuture()) deadlines.emplace(call->deadline, call->id);
+  if (call->deadline != absl::InfiniteFuture()) {
+    deadlines.emplace(call->deadline, call->id);
+    has_deadlines.store(true, std::memory_order_relaxed);
+  }
   lock.unlock();
   for (auto& c : ready) Finalize(c);
   return absl::OkStatus();

@@ -23,6 +23,7 @@
 #include "plexus/rpc/balance.hpp"
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/policies.hpp"
+#include "recycle.hpp"
 
 namespace plexus::rpc {
 namespace internal {
@@ -30,14 +31,20 @@ namespace internal {
 struct ChannelCore;
 class ClientQos;
 
+// One call of a Channel. Recycled (Recycler<CallState>, bounded): a call id is never reused, so
+// a late response or cancel for an earlier call of the same object finds no entry in `calls`
+// under its old id and is dropped.
 class CallState {
  public:
+  // Back to the state of a new call, keeping the capacity of its buffers.
+  void Recycle();
+
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;      // the user sees the result
   bool taken = false;     // WaitCall moved it out
   bool promoted = false;  // a blocking caller waiting for the poller's role got it
-  RawResult result = absl::UnknownError("call not completed");
+  RawResult result = NotCompleted();
   Channel::RawCallback callback;
   std::weak_ptr<ChannelCore> channel;
   std::atomic<bool> finished{false};  // `done`, readable without the lock
@@ -66,6 +73,9 @@ class CallState {
   // `qos_counted` while the call holds one of its slots (given back in Finalize).
   std::shared_ptr<ClientQos> qos;
   bool qos_counted = false;
+
+  // The result before there is one (a shared status: no allocation per call).
+  static const absl::Status& NotCompleted();
 };
 
 constexpr uint64_t kRecvBit = uint64_t{1} << 63;
@@ -112,8 +122,16 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   uint64_t next_send = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<CallState>> calls;  // awaiting a result
   struct Sending {
+    // One request (the common case, no vector to allocate), or a batch: `calls` and its gather
+    // list `parts`.
+    std::shared_ptr<CallState> one;
     std::vector<std::shared_ptr<CallState>> calls;
-    std::vector<Part> parts;  // a batch's gather list
+    std::vector<Part> parts;
+    template <typename F>
+    void ForEach(F&& f) const {
+      if (one) f(one);
+      for (const auto& c : calls) f(c);
+    }
   };
   absl::flat_hash_map<uint64_t, Sending> sending;  // awaiting kSend
   std::vector<std::shared_ptr<CallState>> outbox;  // requests of Run's round, not sent yet
@@ -121,6 +139,9 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   absl::flat_hash_map<uint64_t, BufferPool::Buffer> recvs;
   absl::flat_hash_map<uint64_t, std::unique_ptr<OutFrame>> controls;
   std::set<std::pair<absl::Time, uint64_t>> deadlines;
+  // !deadlines.empty(), readable without the lock: a poller skips the lock when no call has a
+  // deadline (written under mu; a stale read only delays an expiry to the next poll, as before).
+  std::atomic<bool> has_deadlines{false};
   std::vector<uint32_t> load_reports;  // gossip from the server, delivered by Run
   uint64_t next_recv = 1;
   // The poller's role (see above), under mu.
@@ -131,7 +152,12 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   absl::Time leader_left = absl::InfinitePast();     // when the last leader gave the role up
   std::condition_variable run_cv;                    // Run parks on it while a leader polls
   base::AdaptiveSpin spin_{absl::Microseconds(20)};  // the poller's (one at a time)
-  std::atomic<size_t> last_round_{0};                // completions the last poll handled
+  // The leader's list of calls to finalize (owned by the role, one thread at a time: its
+  // capacity is kept across calls).
+  std::vector<std::shared_ptr<CallState>> lead_ready;
+  // Frames of one received message, under mu (capacity kept).
+  std::vector<std::shared_ptr<Inbound>> frames_scratch;
+  std::atomic<size_t> last_round_{0};  // completions the last poll handled
 
   std::atomic<bool> stop{false};
   std::thread thread;
@@ -146,7 +172,8 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   void SendCancelLocked(uint64_t call_id);
   // With the lock: the connection is gone; fails every call waiting for a result.
   void BreakLocked(absl::Status why, std::vector<std::shared_ptr<CallState>>* ready);
-  void Handle(const transport::Completion& c, std::vector<std::shared_ptr<CallState>>* ready);
+  // With the lock: one completion.
+  void HandleLocked(const transport::Completion& c, std::vector<std::shared_ptr<CallState>>* ready);
   void HandleFrame(const std::shared_ptr<Inbound>& in,
                    std::vector<std::shared_ptr<CallState>>* ready);
   void ExpireLocked(std::vector<std::shared_ptr<CallState>>* ready);
@@ -203,6 +230,9 @@ struct DialResult {
 }  // namespace internal
 
 struct Channel::Impl {
+  // The insides of `channel` (tests look at the recycled call states).
+  static Impl& Of(Channel& channel) { return *channel.impl_; }
+
   struct Replica {
     std::string address;
     std::shared_ptr<internal::ChannelCore> core;  // null while not connected
@@ -224,6 +254,8 @@ struct Channel::Impl {
   std::shared_ptr<EngineChain> chain = std::make_shared<EngineChain>();
   // The client QoS reorder point of the channels on `device` (client_qos.hpp).
   std::shared_ptr<internal::ClientQos> qos;
+  // Call states, recycled (bounded by the window: more are freed).
+  std::shared_ptr<internal::Recycler<internal::CallState>> call_states;
 
   mutable std::mutex mu;
   std::condition_variable cv;  // the connector's wake-ups; wait_for_ready callers

@@ -179,13 +179,30 @@ class Encoder {
   const CodecLimits& limits_;
 };
 
+// A field's path ("kv.PutRequest.entries[2].key"), spelled out only for an error message: a
+// decode that succeeds builds no string (it used to build one per field, per call).
+struct FieldPath {
+  const FieldPath* parent = nullptr;
+  const char* name = "";  // appended after a '.' (the root: the message's full name)
+  int64_t index = -1;     // >= 0: an element "[index]" of the parent
+  std::string Str() const {
+    std::string out = parent ? parent->Str() : std::string();
+    if (index >= 0) {
+      absl::StrAppend(&out, "[", index, "]");
+    } else {
+      absl::StrAppend(&out, parent ? "." : "", name);
+    }
+    return out;
+  }
+};
+
 class Decoder {
  public:
   Decoder(absl::Span<const uint8_t> structure, absl::Span<const absl::Span<const uint8_t>> segments,
           Arena& arena, const CodecLimits& limits)
       : s_(structure), segments_(segments), arena_(arena), limits_(limits) {}
 
-  absl::Status Message(const MessageDesc& desc, void* m, int depth, const std::string& path) {
+  absl::Status Message(const MessageDesc& desc, void* m, int depth, const FieldPath& path) {
     if (depth > limits_.max_depth) {
       return Error(path, absl::StrCat("nests deeper than ", limits_.max_depth, " levels"));
     }
@@ -197,7 +214,7 @@ class Decoder {
     }
     for (size_t i = 0; i < desc.field_count; ++i) {
       const FieldDesc& f = desc.fields[i];
-      const std::string fpath = absl::StrCat(path, ".", f.name);
+      const FieldPath fpath{&path, f.name};
       if (f.label == FieldLabel::kOptional && f.kind != FieldKind::kMessage) {
         uint8_t has;
         if (!Read(&has, 1)) return Truncated(fpath);
@@ -233,7 +250,7 @@ class Decoder {
         PLEXUS_ASSIGN_OR_RETURN(void* arr, New(sub, count, fpath));
         for (uint32_t k = 0; k < count; ++k) {
           PLEXUS_RETURN_IF_ERROR(Message(sub, static_cast<char*>(arr) + k * sub.size, depth + 1,
-                                         absl::StrCat(fpath, "[", k, "]")));
+                                         FieldPath{&fpath, "", static_cast<int64_t>(k)}));
         }
         f.set_view(m, count ? arr : nullptr, count);
         continue;
@@ -261,7 +278,8 @@ class Decoder {
       const size_t count = bytes / es;
       if (f.kind == FieldKind::kBool || f.kind == FieldKind::kEnum) {
         for (size_t k = 0; k < count; ++k) {
-          PLEXUS_RETURN_IF_ERROR(Check(f, seg.data() + k * es, absl::StrCat(fpath, "[", k, "]")));
+          PLEXUS_RETURN_IF_ERROR(
+              Check(f, seg.data() + k * es, FieldPath{&fpath, "", static_cast<int64_t>(k)}));
         }
       }
       f.set_view(m, count ? seg.data() : nullptr, count);
@@ -271,22 +289,23 @@ class Decoder {
 
   absl::Status Finish(const MessageDesc& desc) {
     if (pos_ != s_.size()) {
-      return Error(desc.full_name,
+      return Error(FieldPath{nullptr, desc.full_name},
                    absl::StrCat("has ", s_.size() - pos_, " trailing structure bytes"));
     }
     if (next_segment_ != segments_.size()) {
-      return Error(desc.full_name, absl::StrCat("uses ", next_segment_, " of the ",
-                                                segments_.size(), " data segments sent"));
+      return Error(FieldPath{nullptr, desc.full_name},
+                   absl::StrCat("uses ", next_segment_, " of the ", segments_.size(),
+                                " data segments sent"));
     }
     return absl::OkStatus();
   }
 
-  absl::StatusOr<void*> New(const MessageDesc& desc, size_t count, const std::string& path) {
+  absl::StatusOr<void*> New(const MessageDesc& desc, size_t count, const FieldPath& path) {
     void* p = arena_.Allocate(desc.size * count, desc.align);
     if (p == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat("field ", path, ": decoding exceeds the ",
-                                                       limits_.max_arena_bytes,
-                                                       "-byte limit of one message"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("field ", path.Str(), ": decoding exceeds the ", limits_.max_arena_bytes,
+                       "-byte limit of one message"));
     }
     for (size_t k = 0; k < count; ++k) desc.construct(static_cast<char*>(p) + k * desc.size);
     return p;
@@ -299,13 +318,14 @@ class Decoder {
     pos_ += n;
     return true;
   }
-  static absl::Status Error(const std::string& path, const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat("malformed message: field ", path, " ", what));
+  static absl::Status Error(const FieldPath& path, const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed message: field ", path.Str(), " ", what));
   }
-  static absl::Status Truncated(const std::string& path) {
+  static absl::Status Truncated(const FieldPath& path) {
     return Error(path, "is cut off (the structure segment ends inside it)");
   }
-  absl::StatusOr<absl::Span<const uint8_t>> Segment(uint64_t bytes, const std::string& path) {
+  absl::StatusOr<absl::Span<const uint8_t>> Segment(uint64_t bytes, const FieldPath& path) {
     if (next_segment_ >= segments_.size()) {
       return Error(path, absl::StrCat("needs data segment ", next_segment_ + 1, " but only ",
                                       segments_.size(), " were sent"));
@@ -318,7 +338,7 @@ class Decoder {
     ++next_segment_;
     return seg;
   }
-  absl::Status Check(const FieldDesc& f, const void* p, const std::string& path) {
+  absl::Status Check(const FieldDesc& f, const void* p, const FieldPath& path) {
     if (f.kind == FieldKind::kBool) {
       uint8_t b;
       std::memcpy(&b, p, 1);
@@ -333,7 +353,7 @@ class Decoder {
     }
     return absl::OkStatus();
   }
-  absl::Status Scalar(const FieldDesc& f, void* out, const std::string& path) {
+  absl::Status Scalar(const FieldDesc& f, void* out, const FieldPath& path) {
     const size_t n = ScalarSize(f.kind);
     if (s_.size() - pos_ < n) return Truncated(path);
     PLEXUS_RETURN_IF_ERROR(Check(f, s_.data() + pos_, path));
@@ -345,7 +365,7 @@ class Decoder {
     pos_ += n;
     return absl::OkStatus();
   }
-  absl::Status RepeatedStrings(const FieldDesc& f, void* m, const std::string& path) {
+  absl::Status RepeatedStrings(const FieldDesc& f, void* m, const FieldPath& path) {
     uint32_t count;
     if (!Read(&count, sizeof count)) return Truncated(path);
     if (count > (s_.size() - pos_) / 4) {
@@ -356,7 +376,7 @@ class Decoder {
     void* arr = arena_.Allocate(es * std::max<size_t>(count, 1), alignof(std::string_view));
     if (arr == nullptr) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("field ", path, ": decoding exceeds the per-message limit of ",
+          absl::StrCat("field ", path.Str(), ": decoding exceeds the per-message limit of ",
                        limits_.max_arena_bytes, " bytes"));
     }
     const size_t lengths_at = pos_;
@@ -407,8 +427,9 @@ absl::StatusOr<void*> DecodeMessage(const MessageDesc& desc, absl::Span<const ui
                                     absl::Span<const absl::Span<const uint8_t>> segments,
                                     Arena& arena, const CodecLimits& limits) {
   Decoder d(structure, segments, arena, limits);
-  PLEXUS_ASSIGN_OR_RETURN(void* msg, d.New(desc, 1, desc.full_name));
-  PLEXUS_RETURN_IF_ERROR(d.Message(desc, msg, 0, desc.full_name));
+  const FieldPath root{nullptr, desc.full_name};
+  PLEXUS_ASSIGN_OR_RETURN(void* msg, d.New(desc, 1, root));
+  PLEXUS_RETURN_IF_ERROR(d.Message(desc, msg, 0, root));
   PLEXUS_RETURN_IF_ERROR(d.Finish(desc));
   return msg;
 }

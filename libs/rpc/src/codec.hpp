@@ -55,6 +55,14 @@ class Arena {
   void* Allocate(size_t bytes, size_t align);
   // Bytes of the blocks allocated beyond the inline ones.
   size_t used() const { return used_; }
+  // Forgets every allocation (frees the blocks beyond the inline bytes): a recycled owner's
+  // arena starts empty.
+  void Reset() {
+    blocks_.clear();
+    cursor_ = inline_;
+    left_ = kInlineBytes;
+    used_ = 0;
+  }
 
  private:
   // The first bytes live in the arena itself: a small message (and its owner, allocated

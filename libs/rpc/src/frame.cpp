@@ -14,10 +14,6 @@ constexpr uint8_t kZeros[kSegmentAlign] = {};
 size_t Pad(size_t n) { return (kSegmentAlign - n % kSegmentAlign) % kSegmentAlign; }
 
 template <typename T>
-void Put(std::string& s, T v) {
-  base::AppendLittleEndian(s, v);
-}
-template <typename T>
 T Get(const uint8_t* p) {
   return base::LoadLittleEndian<T>(p);
 }
@@ -37,53 +33,76 @@ void BuildFrame(const FrameHeader& h, std::string_view status_message,
                 absl::Span<const std::pair<std::string, std::string>> metadata,
                 const EncodedMessage* message, OutFrame* out) {
   std::string& s = out->head;
-  s.clear();
   out->parts.clear();
   const size_t segments = message ? 1 + message->segment_bytes.size() : 0;
   size_t md_bytes = 0;
   for (const auto& [k, v] : metadata) md_bytes += k.size() + v.size();
-  Put<uint32_t>(s, kFrameMagic);
-  Put<uint8_t>(s, kFrameVersion);
-  Put<uint8_t>(s, static_cast<uint8_t>(h.type));
-  Put<uint16_t>(s, h.flags);
-  Put<uint64_t>(s, h.call_id);
-  Put<uint32_t>(s, h.service_id);
-  Put<uint32_t>(s, h.method_id);
-  Put<uint32_t>(s, h.status_code);
-  Put<uint32_t>(s, static_cast<uint32_t>(status_message.size()));
-  Put<uint32_t>(s, CarriesLoad(h) ? h.load : h.deadline_us);
-  Put<uint16_t>(s, static_cast<uint16_t>(metadata.size()));
-  Put<uint16_t>(s, 0);  // reserved
-  Put<uint32_t>(s, static_cast<uint32_t>(segments));
-  Put<uint32_t>(s, static_cast<uint32_t>(md_bytes));
+  // The head's size is known up front: one allocation at most (none when `out` is reused, as
+  // the pooled call states do), and the fixed fields are stored in place.
+  const size_t table = metadata.size() * 8 + segments * 4;
+  size_t head = kFixedHeaderBytes + table + status_message.size() + md_bytes;
+  if (message) {
+    head += Pad(head) + message->structure.size();
+    if (!message->segment_bytes.empty()) head += Pad(head);
+  }
+  s.resize(head);
+  uint8_t* p = reinterpret_cast<uint8_t*>(s.data());
+  base::StoreLittleEndian<uint32_t>(p, kFrameMagic);
+  p[4] = kFrameVersion;
+  p[5] = static_cast<uint8_t>(h.type);
+  base::StoreLittleEndian<uint16_t>(p + 6, h.flags);
+  base::StoreLittleEndian<uint64_t>(p + 8, h.call_id);
+  base::StoreLittleEndian<uint32_t>(p + 16, h.service_id);
+  base::StoreLittleEndian<uint32_t>(p + 20, h.method_id);
+  base::StoreLittleEndian<uint32_t>(p + 24, h.status_code);
+  base::StoreLittleEndian<uint32_t>(p + 28, static_cast<uint32_t>(status_message.size()));
+  base::StoreLittleEndian<uint32_t>(p + 32, CarriesLoad(h) ? h.load : h.deadline_us);
+  base::StoreLittleEndian<uint16_t>(p + 36, static_cast<uint16_t>(metadata.size()));
+  base::StoreLittleEndian<uint16_t>(p + 38, 0);  // reserved
+  base::StoreLittleEndian<uint32_t>(p + 40, static_cast<uint32_t>(segments));
+  base::StoreLittleEndian<uint32_t>(p + 44, static_cast<uint32_t>(md_bytes));
+  uint8_t* w = p + kFixedHeaderBytes;
   for (const auto& [k, v] : metadata) {
-    Put<uint32_t>(s, static_cast<uint32_t>(k.size()));
-    Put<uint32_t>(s, static_cast<uint32_t>(v.size()));
+    base::StoreLittleEndian<uint32_t>(w, static_cast<uint32_t>(k.size()));
+    base::StoreLittleEndian<uint32_t>(w + 4, static_cast<uint32_t>(v.size()));
+    w += 8;
   }
   if (message) {
-    Put<uint32_t>(s, static_cast<uint32_t>(message->structure.size()));
-    for (uint64_t b : message->segment_bytes) Put<uint32_t>(s, static_cast<uint32_t>(b));
+    base::StoreLittleEndian<uint32_t>(w, static_cast<uint32_t>(message->structure.size()));
+    w += 4;
+    for (uint64_t b : message->segment_bytes) {
+      base::StoreLittleEndian<uint32_t>(w, static_cast<uint32_t>(b));
+      w += 4;
+    }
   }
-  s.append(status_message);
+  auto put = [&w](std::string_view bytes) {
+    if (!bytes.empty()) std::memcpy(w, bytes.data(), bytes.size());
+    w += bytes.size();
+  };
+  put(status_message);
   for (const auto& [k, v] : metadata) {
-    s.append(k);
-    s.append(v);
+    put(k);
+    put(v);
   }
   if (message) {
-    s.append(Pad(s.size()), '\0');
-    s.append(message->structure);
+    const size_t pad = Pad(static_cast<size_t>(w - p));
+    std::memset(w, 0, pad);
+    w += pad;
+    put(message->structure);
+    // Segment 0's padding is part of the head; later segments' padding are parts of their own.
+    if (!message->segment_bytes.empty()) {
+      const size_t pad0 = Pad(static_cast<size_t>(w - p));
+      std::memset(w, 0, pad0);
+      w += pad0;
+    }
   }
-  out->parts.push_back({nullptr, 0});  // head, set below once it stops growing
+  out->parts.push_back({s.data(), s.size()});
   size_t at = s.size();
   if (message) {
     for (size_t i = 0; i < message->segment_bytes.size(); ++i) {
       const size_t pad = Pad(at);
-      if (pad) {
-        if (i == 0) {
-          s.append(pad, '\0');
-        } else {
-          out->parts.push_back({kZeros, pad});
-        }
+      if (pad && i > 0) {
+        out->parts.push_back({kZeros, pad});
         at += pad;
       }
       for (uint32_t k = 0; k < message->segment_parts[i]; ++k) {
@@ -92,7 +111,6 @@ void BuildFrame(const FrameHeader& h, std::string_view status_message,
       at += message->segment_bytes[i];
     }
   }
-  out->parts[0] = {s.data(), s.size()};
   out->bytes = at;
 }
 

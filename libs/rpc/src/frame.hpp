@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "codec.hpp"
@@ -90,8 +91,9 @@ struct FrameView {
   FrameHeader header;
   std::string_view status_message;
   std::vector<std::pair<std::string_view, std::string_view>> metadata;
-  absl::Span<const uint8_t> structure;              // empty when the frame carries no message
-  std::vector<absl::Span<const uint8_t>> segments;  // data segments
+  absl::Span<const uint8_t> structure;  // empty when the frame carries no message
+  // Data segments; a few inline (no allocation per received message for small ones).
+  absl::InlinedVector<absl::Span<const uint8_t>, 4> segments;
 };
 
 // `frame` must start 8-byte aligned (segments are mapped in place).

@@ -101,12 +101,14 @@ void ServerConn::RefillLocked() {
 absl::Status ServerConn::FlushLocked(std::vector<std::shared_ptr<ServerCallImpl>>* dropped) {
   if (outbox.empty()) return absl::OkStatus();
   Sending batch;
-  batch.calls.swap(outbox);
   outbox_bytes = 0;
   absl::Span<const Part> parts;
-  if (batch.calls.size() == 1) {
-    parts = batch.calls[0]->frame().parts;
+  if (outbox.size() == 1) {
+    batch.one = std::move(outbox[0]);
+    outbox.clear();  // keeps its capacity
+    parts = batch.one->frame().parts;
   } else {
+    batch.calls.swap(outbox);
     size_t bytes = 0;
     for (const auto& c : batch.calls) AppendToBatch(c->frame(), &batch.parts, &bytes);
     parts = batch.parts;
@@ -114,23 +116,52 @@ absl::Status ServerConn::FlushLocked(std::vector<std::shared_ptr<ServerCallImpl>
   const uint64_t wr = next_wr++;
   absl::Status st = conn->PostSend(parts, wr);
   if (!st.ok()) {
-    dropped->insert(dropped->end(), batch.calls.begin(), batch.calls.end());
+    batch.ForEach([&](const std::shared_ptr<ServerCallImpl>& c) { dropped->push_back(c); });
     return st;
   }
   sending.emplace(wr, std::move(batch));
   return absl::OkStatus();
 }
 
-ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConn> conn, std::shared_ptr<Inbound> in)
-    : conn_(std::move(conn)), in_(std::move(in)) {
+void ServerCallImpl::Start(std::shared_ptr<ServerConn> conn, std::shared_ptr<Inbound> in) {
+  conn_ = std::move(conn);
+  in_ = std::move(in);
   const FrameHeader& h = in_->frame().header;
   call_id_ = h.call_id;
   info_.call_id = h.call_id;
   info_.server_side = true;
-  info_.start = absl::Now();
   info_.request_bytes = in_->bytes().size();
   wants_load_ = conn_->wants_load;  // set by the hello, on the dispatcher's thread, as this is
-  if (h.deadline_us != 0) deadline_ = info_.start + absl::Microseconds(h.deadline_us);
+  if (h.deadline_us != 0) {
+    StampStart();
+    deadline_ = info_.start + absl::Microseconds(h.deadline_us);
+  }
+}
+
+void ServerCallImpl::StampStart() {
+  if (info_.start == absl::Time()) info_.start = absl::Now();
+}
+
+void ServerCallImpl::Recycle() {
+  conn_.reset();
+  in_.reset();
+  call_id_ = 0;
+  info_ = CallInfo();
+  deadline_ = absl::InfiniteFuture();
+  cancelled_.store(false, std::memory_order_relaxed);
+  finished_.store(false, std::memory_order_relaxed);
+  counted_ = false;
+  wants_load_ = false;
+  qos_slot_ = false;
+  response_md_.clear();
+  arena_.Reset();
+  response_ = nullptr;
+  reply_.reset();
+  encoded_.Clear();
+  frame_.parts.clear();  // the head keeps its capacity (BuildFrame resizes it)
+  frame_.bytes = 0;
+  status_ = absl::OkStatus();
+  chain_.reset();
 }
 
 void ServerCallImpl::Bind(const ServiceDesc* s, const MethodDesc* m) {
@@ -253,7 +284,7 @@ void ServerCallImpl::Finish(absl::Status status) {
 bool ServerCore::InRound() const { return round_of == this; }
 
 void ServerCore::EndRound() {
-  std::vector<std::shared_ptr<ServerConn>> conns;
+  std::vector<std::shared_ptr<ServerConn>>& conns = flushing;  // capacity kept across rounds
   conns.swap(flush_list);
   for (auto& sc : conns) {
     std::vector<std::shared_ptr<ServerCallImpl>> ended;
@@ -270,6 +301,7 @@ void ServerCore::EndRound() {
     if (!st.ok()) Kill(sc, st);
     for (auto& c : ended) c->Sent();
   }
+  conns.clear();
 }
 
 void ServerCallImpl::Sent() {
@@ -310,6 +342,7 @@ void ServerCore::Kill(const std::shared_ptr<ServerConn>& sc, const absl::Status&
   for (auto& c : calls) c->Cancel();
   std::lock_guard<std::mutex> lock(mu);
   conns.erase(sc->conn->id());
+  conns_epoch.fetch_add(1, std::memory_order_release);
 }
 
 void ServerCore::Dispatch() {
@@ -327,9 +360,12 @@ void ServerCore::Dispatch() {
     } else if (last_round > 1) {
       n = cq->Poll(absl::MakeSpan(batch));
     }
+    const absl::Duration spun = n == 0 ? spin.spin() : absl::ZeroDuration();
+    const bool timed = spun > absl::ZeroDuration();  // only spinning waits teach AdaptiveSpin
+    // Before a spin, one pass for what is there already: a request that came while this thread
+    // was descheduled (its client shares the CPU) says nothing about spinning (as in Channel).
+    if (n == 0 && timed) n = cq->Poll(absl::MakeSpan(batch));
     if (n == 0) {
-      const absl::Duration spun = spin.spin();
-      const bool timed = spun > absl::ZeroDuration();  // only spinning waits teach AdaptiveSpin
       const absl::Time start = timed ? absl::Now() : absl::InfinitePast();
       auto c = cq->Wait(absl::Milliseconds(50), spun);
       if (!c.ok()) continue;
@@ -354,11 +390,17 @@ void ServerCore::Dispatch() {
 
 void ServerCore::Handle(const transport::Completion& c) {
   std::shared_ptr<ServerConn> sc;
-  {
+  if (cached_conn != nullptr && c.connection_id == cached_id &&
+      conns_epoch.load(std::memory_order_acquire) == cached_epoch) {
+    sc = cached_conn;  // still in `conns` (a removal bumps the epoch)
+  } else {
     std::lock_guard<std::mutex> lock(mu);
     auto it = conns.find(c.connection_id);
     if (it == conns.end()) return;
     sc = it->second;
+    cached_id = c.connection_id;
+    cached_epoch = conns_epoch.load(std::memory_order_relaxed);
+    cached_conn = sc;
   }
   if (c.opcode == transport::Opcode::kSend) {
     ServerConn::Sending sent;
@@ -369,13 +411,13 @@ void ServerCore::Handle(const transport::Completion& c) {
       if (it != sc->sending.end()) {
         sent = std::move(it->second);
         sc->sending.erase(it);
-        sc->held -= std::min(sc->held, sent.calls.size());
+        sc->held -= std::min(sc->held, sent.size());
       }
-      sc->controls.erase(c.wr_id);
+      if (!sc->controls.empty()) sc->controls.erase(c.wr_id);
       close = sc->close_after_ack && c.wr_id == 0;
-      if (!sent.calls.empty() || c.wr_id == 0) sc->RefillLocked();
+      if (sent.size() > 0 || c.wr_id == 0) sc->RefillLocked();
     }
-    for (auto& call : sent.calls) call->Sent();
+    sent.ForEach([](const std::shared_ptr<ServerCallImpl>& call) { call->Sent(); });
     if (close || !c.status.ok()) Kill(sc, c.status);
     return;
   }
@@ -395,7 +437,8 @@ void ServerCore::Handle(const transport::Completion& c) {
     Kill(sc, c.status);
     return;
   }
-  std::vector<std::shared_ptr<Inbound>> frames;
+  std::vector<std::shared_ptr<Inbound>>& frames = frames_scratch;  // the dispatcher's only
+  frames.clear();
   absl::Status st = SplitFrames(std::make_shared<RecvBuffer>(pool, std::move(buf), c.bytes),
                                 batches, frame_limits, &frames);
   // A batch takes at most a window of calls (the client was told so in the handshake).
@@ -405,12 +448,14 @@ void ServerCore::Handle(const transport::Completion& c) {
                                                    window, " calls per connection"));
   }
   if (!st.ok()) {
+    frames.clear();
     Kill(sc, st);  // a peer that sends garbage is not talked to any more
     return;
   }
   size_t requests = 0;
   for (const auto& in : frames) requests += in->frame().header.type == FrameType::kRequest;
   for (auto& in : frames) HandleFrame(sc, std::move(in));
+  frames.clear();
   // Counted after the handlers ran: only this thread changes `held` (a response's send
   // completion, handled here later, takes it back), so the window is the same.
   std::lock_guard<std::mutex> lock(sc->mu);
@@ -475,7 +520,8 @@ void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_
     Kill(sc, absl::InvalidArgumentError("a client sent a non-request frame"));
     return;
   }
-  auto call = std::make_shared<ServerCallImpl>(sc, in);
+  std::shared_ptr<ServerCallImpl> call = call_pool->Take();
+  call->Start(sc, in);
   bool hello_done;
   {
     std::lock_guard<std::mutex> lock(sc->mu);
@@ -508,6 +554,7 @@ void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_
     return;
   }
   auto chain_snapshot = chain.snapshot();
+  if (!chain_snapshot->empty()) call->StampStart();  // engines see the start (metrics latency)
   call->set_chain(chain_snapshot);
   // The request was decoded in place in this server's receive buffer: no handler has it yet, so
   // content policies check exactly what the handler will get.
@@ -571,6 +618,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(std::shared_ptr<transport
   PLEXUS_ASSIGN_OR_RETURN(size_t max_bytes,
                           internal::ResolveMaxMessageBytes(options.max_message_bytes));
   c.pool = std::make_shared<internal::BufferPool>(max_bytes, c.window * 2 + 2);
+  c.call_pool = std::make_shared<internal::Recycler<internal::ServerCallImpl>>(
+      std::min<size_t>(c.window * 2 + 2, 1024));
   c.codec.max_depth = options.max_depth;
   c.trigger = GossipTrigger(options.load_gossip_floor);
   c.options = std::move(options);
@@ -620,9 +669,11 @@ void Server::Shutdown() {
     sc->conn->Close();
   }
   if (c.dispatch_thread.joinable()) c.dispatch_thread.join();
-  c.qos.Stop();  // calls still queued are dropped (their connections are closed)
+  c.qos.Stop();           // calls still queued are dropped (their connections are closed)
+  c.cached_conn.reset();  // the dispatcher has stopped
   std::lock_guard<std::mutex> lock(c.mu);
   c.conns.clear();
+  c.conns_epoch.fetch_add(1, std::memory_order_release);
 }
 
 EngineChain& Server::engines() { return impl_->core.chain; }

@@ -17,6 +17,7 @@
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/server.hpp"
 #include "qos_queue.hpp"
+#include "recycle.hpp"
 
 namespace plexus::rpc::internal {
 
@@ -39,10 +40,18 @@ struct ServerConn {
   size_t posted = 0;
   size_t held = 0;
   absl::flat_hash_map<uint64_t, BufferPool::Buffer> recvs;
-  // Responses being sent, per send (one response, or a batch of them).
+  // Responses being sent, per send: one response (no vector to allocate), or a batch (`calls`
+  // and its gather list `parts`).
   struct Sending {
+    std::shared_ptr<ServerCallImpl> one;
     std::vector<std::shared_ptr<ServerCallImpl>> calls;
-    std::vector<Part> parts;  // a batch's gather list
+    std::vector<Part> parts;
+    size_t size() const { return (one ? 1 : 0) + calls.size(); }
+    template <typename F>
+    void ForEach(F&& f) const {
+      if (one) f(one);
+      for (const auto& c : calls) f(c);
+    }
   };
   absl::flat_hash_map<uint64_t, Sending> sending;
   // Responses finished during the dispatcher's round, sent as one batch when it ends.
@@ -91,6 +100,13 @@ struct ServerCore {
 
   std::mutex mu;
   absl::flat_hash_map<uint64_t, std::shared_ptr<ServerConn>> conns;
+  // Bumped (under mu) whenever a connection leaves `conns`: the dispatcher's cache of the
+  // connection it looked up last (below) is valid while this is unchanged, so the common case
+  // (completions of one connection in a row) takes no lock for the lookup.
+  std::atomic<uint64_t> conns_epoch{0};
+  uint64_t cached_id = 0;  // the dispatcher's thread only, like the two below
+  uint64_t cached_epoch = ~uint64_t{0};
+  std::shared_ptr<ServerConn> cached_conn;
   std::atomic<bool> stop{false};
   std::thread accept_thread;
   std::thread dispatch_thread;
@@ -123,6 +139,11 @@ struct ServerCore {
   bool InRound() const;
   void EndRound();
   std::vector<std::shared_ptr<ServerConn>> flush_list;  // the dispatcher's thread only
+  // The dispatcher's scratch lists (capacity kept across rounds).
+  std::vector<std::shared_ptr<ServerConn>> flushing;
+  std::vector<std::shared_ptr<Inbound>> frames_scratch;
+  // Calls, recycled (bounded: more are freed). Each handed-out call holds it.
+  std::shared_ptr<Recycler<ServerCallImpl>> call_pool;
   // After the chain passed: forwards the call, queues it for QoS, or runs its handler.
   void Route(const std::shared_ptr<ServerCallImpl>& call, ServiceBase* service, uint32_t method_id,
              bool forwarded_to_us, const std::optional<QosVerdict>& verdict);
@@ -136,11 +157,17 @@ struct ServerCore {
   void StopForwarding();
 };
 
+// One call on the server. Recycled through ServerCore::call_pool: Start() begins a call, Recycle()
+// (when the last holder let go) drops it and keeps the buffers' capacity.
 class ServerCallImpl : public ServerCallState,
                        public ServerContext,
                        public std::enable_shared_from_this<ServerCallImpl> {
  public:
-  ServerCallImpl(std::shared_ptr<ServerConn> conn, std::shared_ptr<Inbound> in);
+  // The request frame `in` arrived on `conn`.
+  void Start(std::shared_ptr<ServerConn> conn, std::shared_ptr<Inbound> in);
+  void Recycle();
+  // Reads the clock for the call's start (a deadline or an engine needs it), once.
+  void StampStart();
 
   // Sets the method and builds a default response.
   void Bind(const ServiceDesc* s, const MethodDesc* m);

@@ -35,6 +35,8 @@ struct CallInfo {
   bool server_side = false;
   size_t request_bytes = 0;   // on the wire
   size_t response_bytes = 0;  // on the wire; 0 until the response exists
+  // When the call started; read only for calls with a deadline or a non-empty chain (the clock
+  // costs per call), so every engine that sees the call sees it set.
   absl::Time start;
   absl::Time deadline = absl::InfiniteFuture();
   // The connection: the transport's connection id on the server (one chain serves them all); 0 on
