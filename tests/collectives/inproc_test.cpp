@@ -184,7 +184,8 @@ TEST_CASE("every collective, dtype, op and algorithm matches the reference, 1 to
 TEST_CASE("results are bit-identical across runs and ranks", "[collectives][inproc]") {
   const int n = 5;
   constexpr size_t kCount = 3001;
-  for (Algorithm a : {Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kTree}) {
+  for (Algorithm a : {Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kTree,
+                      Algorithm::kRecursiveDoubling}) {
     for (DataType dt : {DataType::kF32, DataType::kBF16}) {
       std::vector<std::vector<uint8_t>> outputs(2 * n);
       std::mutex mu;
@@ -211,11 +212,12 @@ TEST_CASE("results are bit-identical across runs and ranks", "[collectives][inpr
   }
 }
 
-// The default table's 4-rank rule (over tcp: halving-doubling from 64 to 512 KiB, ring from
-// there; inproc and shm: ring from 64 KiB): what a call selects at its edges, and that the
-// auto-selected calls give the bits of the same algorithm asked for by name, out of place
-// (ReduceOutOf on the first chunk of each link), and exact integer sums.
-TEST_CASE("4 ranks: the default selection at 64 KiB-1 MiB, bit for bit", "[collectives][inproc]") {
+// The default table's 4-rank rules (over tcp: whole-vector recursive doubling from 64 to
+// 128 KiB, halving-doubling to 8 MiB, ring from there; inproc and shm: ring from 64 KiB): what
+// a call selects at their edges, and that the auto-selected calls give the bits of the same
+// algorithm asked for by name, out of place (ReduceOutOf on the first chunk of each link), and
+// exact integer sums.
+TEST_CASE("4 ranks: the default selection at 64 KiB-8 MiB, bit for bit", "[collectives][inproc]") {
   const int n = 4;
   for (bool tcp : {false, true}) {
     pc::CommunicatorOptions options = InprocOptions();
@@ -225,14 +227,16 @@ TEST_CASE("4 ranks: the default selection at 64 KiB-1 MiB, bit for bit", "[colle
       options.transport_policy = pc::TransportPolicy::kUniform;  // tcp between every pair
     }
     INFO((tcp ? "tcp" : "inproc"));
+    const Algorithm low = tcp ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
     const Algorithm mid = tcp ? Algorithm::kHalvingDoubling : Algorithm::kRing;
     auto results = RunRanks(n, options, [&](int rank, pc::Communicator& comm) {
       struct Case {
         size_t count;
         Algorithm expected;
       };
-      for (const Case& c : {Case{16383, Algorithm::kHalvingDoubling}, Case{16384, mid},
-                            Case{131071, mid}, Case{131072, Algorithm::kRing}}) {
+      for (const Case& c : {Case{16383, Algorithm::kHalvingDoubling}, Case{16384, low},
+                            Case{32767, low}, Case{32768, mid}, Case{(size_t{2} << 20) - 1, mid},
+                            Case{size_t{2} << 20, Algorithm::kRing}}) {
         const Algorithm chosen =
             comm.SelectAlgorithm(pc::CollectiveKind::kAllReduce, c.count * sizeof(float));
         if (chosen != c.expected) {

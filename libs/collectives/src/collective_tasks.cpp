@@ -101,7 +101,12 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
                                             DataType dtype, ReduceOp op, CallOptions call) {
   BeginCollective();
   const size_t bytes = count * DataTypeSize(dtype);
-  const Algorithm algo = Resolve(CollectiveKind::kAllReduce, bytes, call.algorithm);
+  Algorithm algo = Resolve(CollectiveKind::kAllReduce, bytes, call.algorithm);
+  // Whole-vector doubling travels uncast (below); a wire cast asks for fewer bytes, so with one
+  // the call halves and doubles instead, casting on the way.
+  if (algo == Algorithm::kRecursiveDoubling && WireOf(dtype, call)) {
+    algo = Algorithm::kHalvingDoubling;
+  }
   CallHeader header = Header(CollectiveKind::kAllReduce, dtype, op, algo, -1, count);
   if (count == 0) return absl::OkStatus();
   if (algo == Algorithm::kRing && !WireOf(dtype, call) && layout_.n > 1 &&
@@ -114,7 +119,9 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   // Below a block per rank (or when latency dominates) whole-vector doubling is cheaper. It
   // travels uncast: every rank reduces both operands there, and a cast would have to round its
   // own too.
-  const bool recursive_doubling = bytes <= 16384 || count < static_cast<size_t>(layout_.n);
+  const bool recursive_doubling = algo == Algorithm::kRecursiveDoubling ||
+                                  (algo == Algorithm::kHalvingDoubling &&
+                                   (bytes <= 16384 || count < static_cast<size_t>(layout_.n)));
   const std::optional<DataType> wire = recursive_doubling ? std::nullopt : WireOf(dtype, call);
   header.wire = wire;
   const size_t segment = algo == Algorithm::kRing ? bytes / static_cast<size_t>(layout_.n) : 0;
@@ -133,13 +140,14 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
       input = nullptr;
     }
   }
-  if (algo == Algorithm::kHalvingDoubling && recursive_doubling && FitsMailbox(bytes)) {
+  if (recursive_doubling && FitsMailbox(bytes)) {
     PLEXUS_RETURN_IF_ERROR(MailboxAllReduce(buf, count, dtype, op, header));
   } else {
     Plan& plan = NewPlan();
     plan.wire = wire;
     switch (algo) {
       case Algorithm::kHalvingDoubling:
+      case Algorithm::kRecursiveDoubling:
         if (recursive_doubling) {
           internal::BuildRecursiveDoubling(L, buf, count, &plan);
         } else {

@@ -497,6 +497,10 @@ Algorithm CommunicatorImpl::Resolve(CollectiveKind kind, size_t bytes, Algorithm
   if (a == Algorithm::kAuto) a = env_overrides_.Get(kind);
   if (a == Algorithm::kAuto) a = options_.algorithms.Get(kind);
   if (a == Algorithm::kAuto) a = table_.Select(kind, layout_.n, bytes);
+  // Whole-vector doubling is an allreduce of its own; elsewhere it means halving-doubling.
+  if (kind != CollectiveKind::kAllReduce && a == Algorithm::kRecursiveDoubling) {
+    a = Algorithm::kHalvingDoubling;
+  }
   switch (kind) {
     case CollectiveKind::kAllReduce:
       return a;
