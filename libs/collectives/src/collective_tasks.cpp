@@ -116,13 +116,15 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   }
   Staging staging = NewStaging();
   PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, bytes, send == recv));
-  // Below a block per rank (or when latency dominates) whole-vector doubling is cheaper. It
-  // travels uncast: every rank reduces both operands there, and a cast would have to round its
-  // own too.
-  const bool recursive_doubling = algo == Algorithm::kRecursiveDoubling ||
-                                  (algo == Algorithm::kHalvingDoubling &&
-                                   (bytes <= 16384 || count < static_cast<size_t>(layout_.n)));
-  const std::optional<DataType> wire = recursive_doubling ? std::nullopt : WireOf(dtype, call);
+  // Small calls (or fewer elements than ranks) are latency-bound: they travel uncast, and
+  // halving-doubling exchanges the whole vector there (cheaper below a block per rank).
+  // Whole-vector doubling always travels uncast: every rank reduces both operands, and a cast
+  // would have to round its own too.
+  const bool small = bytes <= 16384 || count < static_cast<size_t>(layout_.n);
+  const bool recursive_doubling =
+      algo == Algorithm::kRecursiveDoubling || (algo == Algorithm::kHalvingDoubling && small);
+  const std::optional<DataType> wire =
+      small || recursive_doubling ? std::nullopt : WireOf(dtype, call);
   header.wire = wire;
   const size_t segment = algo == Algorithm::kRing ? bytes / static_cast<size_t>(layout_.n) : 0;
   const Layout& L = wire ? MakeWireLayout(dtype, *wire, segment) : MakeLayout(dtype, segment);

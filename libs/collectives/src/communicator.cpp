@@ -315,8 +315,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
     comm->devices_.push_back(std::move(device));
     comm->device_ = comm->devices_.back().get();
   } else {
-    // options() reports the timeouts the devices use (the CMA threshold stays the caller's
-    // choice, so that a Split child decides it again for its own ranks).
+    // options() reports the timeouts the devices use.
     options.device.op_timeout = device_options.op_timeout;
     options.device.connect_timeout = device_options.connect_timeout;
     // One device per backend this rank uses, shm first (see MultiDeviceDriver).
