@@ -275,6 +275,54 @@ TEST_CASE("4 ranks: the default selection at 64 KiB-8 MiB, bit for bit", "[colle
   }
 }
 
+// Whole-vector doubling on a power-of-two world reads the operand from the send buffer (no
+// copy into the output first): the bits of the same call in place, and the input untouched.
+TEST_CASE("4 ranks: whole-vector doubling out of place gives the bits of in place",
+          "[collectives][inproc]") {
+  const int n = 4;
+  for (bool tcp : {false, true}) {
+    pc::CommunicatorOptions options = InprocOptions();
+    if (tcp) {
+      options.device.backend = pt::Backend::kTcp;
+      options.device.local_address = "127.0.0.1";
+      options.transport_policy = pc::TransportPolicy::kUniform;
+    }
+    INFO((tcp ? "tcp" : "inproc"));
+    auto results = RunRanks(n, options, [&](int rank, pc::Communicator& comm) {
+      struct Case {
+        size_t count;
+        Algorithm algorithm;
+      };
+      // 3 < n and 3000 (12 KB) take halving-doubling's whole-vector path (inproc: 3 by mailbox);
+      // the others are named.
+      for (const Case& c :
+           {Case{3, Algorithm::kHalvingDoubling}, Case{3000, Algorithm::kHalvingDoubling},
+            Case{3000, Algorithm::kRecursiveDoubling},
+            Case{20001, Algorithm::kRecursiveDoubling}}) {
+        std::vector<float> in(c.count), out(c.count);
+        uint32_t x = 4242u + static_cast<uint32_t>(rank);
+        for (float& v : in) {
+          x = x * 1664525u + 1013904223u;
+          v = static_cast<float>((x >> 8) * 1e-5 - 80.0);
+        }
+        const std::vector<float> original = in;
+        const std::string what =
+            absl::StrCat("count ", c.count, " ", std::string(pc::AlgorithmName(c.algorithm)));
+        absl::Status s = comm.AllReduce(in.data(), out.data(), c.count, DataType::kF32,
+                                        ReduceOp::kSum, {c.algorithm});
+        if (!s.ok()) return absl::StrCat(what, ": ", s.message());
+        if (in != original) return absl::StrCat(what, ": out of place changed its input");
+        s = comm.AllReduce(in.data(), in.data(), c.count, DataType::kF32, ReduceOp::kSum,
+                           {c.algorithm});
+        if (!s.ok()) return absl::StrCat(what, ": ", s.message());
+        if (out != in) return absl::StrCat(what, ": out of place differs from in place");
+      }
+      return std::string();
+    });
+    RequireAllOk(results);
+  }
+}
+
 TEST_CASE("small allreduces by mailbox give the bits of the plan path", "[collectives][inproc]") {
   // Inproc connections have mailboxes, so small halving-doubling allreduces take the mailbox
   // path; PLEXUS_COLL_MAILBOX=0 (read at creation) forces the plan path. Counts cover one

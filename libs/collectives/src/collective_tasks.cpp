@@ -131,12 +131,15 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   const uint8_t* input = nullptr;  // out of place: where this rank's operand is
   if (send != recv) {
     PLEXUS_ASSIGN_OR_RETURN(input, staging.In(send, bytes, true));
-    // Ring and halving-doubling (power-of-two worlds) read their operand straight from the
-    // input: every block of the output is written by a reduction or a receive. The others
-    // start from a copy.
+    // Ring, halving-doubling and whole-vector doubling (power-of-two worlds, not by mailbox)
+    // read their operand straight from the input: every block of the output is written by a
+    // reduction or a receive. The others start from a copy.
     const bool overlap = input < buf + bytes && buf < input + bytes;
-    const bool direct = algo == Algorithm::kRing || (algo == Algorithm::kHalvingDoubling &&
-                                                     IsPowerOfTwo(L.n) && !recursive_doubling);
+    const bool direct =
+        algo == Algorithm::kRing ||
+        (IsPowerOfTwo(L.n) &&
+         (algo == Algorithm::kHalvingDoubling || algo == Algorithm::kRecursiveDoubling) &&
+         !(recursive_doubling && FitsMailbox(bytes)));
     if (!direct || L.n == 1 || overlap) {
       std::memmove(buf, input, bytes);
       input = nullptr;
@@ -151,7 +154,7 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
       case Algorithm::kHalvingDoubling:
       case Algorithm::kRecursiveDoubling:
         if (recursive_doubling) {
-          internal::BuildRecursiveDoubling(L, buf, count, &plan);
+          internal::BuildRecursiveDoubling(L, buf, count, &plan, input);
         } else {
           internal::BuildHalvingDoubling(L, buf, count, &plan, input);
         }
