@@ -123,7 +123,8 @@ std::optional<int> ParseGridOptions(int argc, char** argv, GridOptions& o) {
                         "untimed calls first (-1: iters/10, at least 2)", 0, 1000000);
   pt_tooling::AddNumber(&app, "--runs", &o.runs,
                         "launch every configuration R times, report medians", 1, 100);
-  app.add_option("--algorithm", o.algorithm, "Plexus algorithm: auto, ring, halving_doubling, tree")
+  app.add_option("--algorithm", o.algorithm,
+                 "Plexus algorithm: auto, ring, halving_doubling, tree, recursive_doubling")
       ->capture_default_str()
       ->check(CLI::Validator(
           [](std::string& name) {

@@ -184,7 +184,8 @@ TEST_CASE("every collective, dtype, op and algorithm matches the reference, 1 to
 TEST_CASE("results are bit-identical across runs and ranks", "[collectives][inproc]") {
   const int n = 5;
   constexpr size_t kCount = 3001;
-  for (Algorithm a : {Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kTree}) {
+  for (Algorithm a : {Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kTree,
+                      Algorithm::kRecursiveDoubling}) {
     for (DataType dt : {DataType::kF32, DataType::kBF16}) {
       std::vector<std::vector<uint8_t>> outputs(2 * n);
       std::mutex mu;
@@ -211,11 +212,12 @@ TEST_CASE("results are bit-identical across runs and ranks", "[collectives][inpr
   }
 }
 
-// The default table's 4-rank rule (over tcp: halving-doubling from 64 to 512 KiB, ring from
-// there; inproc and shm: ring from 64 KiB): what a call selects at its edges, and that the
-// auto-selected calls give the bits of the same algorithm asked for by name, out of place
-// (ReduceOutOf on the first chunk of each link), and exact integer sums.
-TEST_CASE("4 ranks: the default selection at 64 KiB-1 MiB, bit for bit", "[collectives][inproc]") {
+// The default table's 4-rank rules (over tcp: whole-vector recursive doubling from 64 to
+// 128 KiB, halving-doubling to 8 MiB, ring from there; inproc and shm: ring from 64 KiB): what
+// a call selects at their edges, and that the auto-selected calls give the bits of the same
+// algorithm asked for by name, out of place (ReduceOutOf on the first chunk of each link), and
+// exact integer sums.
+TEST_CASE("4 ranks: the default selection at 64 KiB-8 MiB, bit for bit", "[collectives][inproc]") {
   const int n = 4;
   for (bool tcp : {false, true}) {
     pc::CommunicatorOptions options = InprocOptions();
@@ -225,14 +227,16 @@ TEST_CASE("4 ranks: the default selection at 64 KiB-1 MiB, bit for bit", "[colle
       options.transport_policy = pc::TransportPolicy::kUniform;  // tcp between every pair
     }
     INFO((tcp ? "tcp" : "inproc"));
+    const Algorithm low = tcp ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
     const Algorithm mid = tcp ? Algorithm::kHalvingDoubling : Algorithm::kRing;
     auto results = RunRanks(n, options, [&](int rank, pc::Communicator& comm) {
       struct Case {
         size_t count;
         Algorithm expected;
       };
-      for (const Case& c : {Case{16383, Algorithm::kHalvingDoubling}, Case{16384, mid},
-                            Case{131071, mid}, Case{131072, Algorithm::kRing}}) {
+      for (const Case& c : {Case{16383, Algorithm::kHalvingDoubling}, Case{16384, low},
+                            Case{32767, low}, Case{32768, mid}, Case{(size_t{2} << 20) - 1, mid},
+                            Case{size_t{2} << 20, Algorithm::kRing}}) {
         const Algorithm chosen =
             comm.SelectAlgorithm(pc::CollectiveKind::kAllReduce, c.count * sizeof(float));
         if (chosen != c.expected) {
@@ -264,6 +268,54 @@ TEST_CASE("4 ranks: the default selection at 64 KiB-1 MiB, bit for bit", "[colle
             return absl::StrCat("count ", c.count, ": element ", i, " is ", sum[i]);
           }
         }
+      }
+      return std::string();
+    });
+    RequireAllOk(results);
+  }
+}
+
+// Whole-vector doubling on a power-of-two world reads the operand from the send buffer (no
+// copy into the output first): the bits of the same call in place, and the input untouched.
+TEST_CASE("4 ranks: whole-vector doubling out of place gives the bits of in place",
+          "[collectives][inproc]") {
+  const int n = 4;
+  for (bool tcp : {false, true}) {
+    pc::CommunicatorOptions options = InprocOptions();
+    if (tcp) {
+      options.device.backend = pt::Backend::kTcp;
+      options.device.local_address = "127.0.0.1";
+      options.transport_policy = pc::TransportPolicy::kUniform;
+    }
+    INFO((tcp ? "tcp" : "inproc"));
+    auto results = RunRanks(n, options, [&](int rank, pc::Communicator& comm) {
+      struct Case {
+        size_t count;
+        Algorithm algorithm;
+      };
+      // 3 < n and 3000 (12 KB) take halving-doubling's whole-vector path (inproc: 3 by mailbox);
+      // the others are named.
+      for (const Case& c :
+           {Case{3, Algorithm::kHalvingDoubling}, Case{3000, Algorithm::kHalvingDoubling},
+            Case{3000, Algorithm::kRecursiveDoubling},
+            Case{20001, Algorithm::kRecursiveDoubling}}) {
+        std::vector<float> in(c.count), out(c.count);
+        uint32_t x = 4242u + static_cast<uint32_t>(rank);
+        for (float& v : in) {
+          x = x * 1664525u + 1013904223u;
+          v = static_cast<float>((x >> 8) * 1e-5 - 80.0);
+        }
+        const std::vector<float> original = in;
+        const std::string what =
+            absl::StrCat("count ", c.count, " ", std::string(pc::AlgorithmName(c.algorithm)));
+        absl::Status s = comm.AllReduce(in.data(), out.data(), c.count, DataType::kF32,
+                                        ReduceOp::kSum, {c.algorithm});
+        if (!s.ok()) return absl::StrCat(what, ": ", s.message());
+        if (in != original) return absl::StrCat(what, ": out of place changed its input");
+        s = comm.AllReduce(in.data(), in.data(), c.count, DataType::kF32, ReduceOp::kSum,
+                           {c.algorithm});
+        if (!s.ok()) return absl::StrCat(what, ": ", s.message());
+        if (out != in) return absl::StrCat(what, ": out of place differs from in place");
       }
       return std::string();
     });

@@ -133,12 +133,17 @@ TEST_CASE("selector table: default, parsing, errors and round trip", "[collectiv
   const pc::AlgorithmTable def = pc::AlgorithmTable::Default();
   CHECK(def.Select(CollectiveKind::kAllReduce, 4, 8) == Algorithm::kHalvingDoubling);
   CHECK(def.Select(CollectiveKind::kAllReduce, 4, 64 << 20) == Algorithm::kRing);
-  // 4 ranks over tcp, 64 to 512 KiB: halving-doubling (fewer dependent steps); not over shm,
-  // not for other worlds.
+  // 4 ranks over tcp: whole-vector recursive doubling from 64 to 128 KiB, halving-doubling to
+  // 8 MiB (fewer dependent steps), ring from there; not over shm, not for other worlds.
   const pc::AlgorithmTable tcp = pc::AlgorithmTable::Default(/*tcp=*/true);
-  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, 64 << 10) == Algorithm::kHalvingDoubling);
-  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, (512 << 10) - 1) == Algorithm::kHalvingDoubling);
-  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, 512 << 10) == Algorithm::kRing);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, (64 << 10) - 1) == Algorithm::kHalvingDoubling);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, 64 << 10) == Algorithm::kRecursiveDoubling);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, (128 << 10) - 1) ==
+        Algorithm::kRecursiveDoubling);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, 128 << 10) == Algorithm::kHalvingDoubling);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, (8 << 20) - 1) == Algorithm::kHalvingDoubling);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, 8 << 20) == Algorithm::kRing);
+  CHECK(tcp.Select(CollectiveKind::kAllReduce, 2, 1 << 20) == Algorithm::kRing);
   CHECK(tcp.Select(CollectiveKind::kAllReduce, 3, 256 << 10) == Algorithm::kRing);
   CHECK(tcp.Select(CollectiveKind::kAllReduce, 8, 256 << 10) == Algorithm::kTree);
   CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, 8) == Algorithm::kHalvingDoubling);
@@ -214,6 +219,12 @@ TEST_CASE("names parse back", "[collectives]") {
     CHECK(static_cast<int>(*p) == t);
   }
   CHECK(pc::ParseAlgorithm("HD").value() == Algorithm::kHalvingDoubling);
+  for (int a = 0; a < pc::kNumAlgorithms; ++a) {
+    auto p = pc::ParseAlgorithm(pc::AlgorithmName(static_cast<Algorithm>(a)));
+    REQUIRE(p.ok());
+    CHECK(static_cast<int>(*p) == a);
+  }
+  CHECK(pc::ParseAlgorithm("rd").value() == Algorithm::kRecursiveDoubling);
   CHECK_FALSE(pc::ParseReduceOp("mean").ok());
 }
 

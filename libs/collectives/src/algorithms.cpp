@@ -272,9 +272,11 @@ void BuildRing(const Layout& L, uint8_t* buf, const std::vector<Block>& segments
   }
 }
 
-void BuildRecursiveDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* plan) {
+void BuildRecursiveDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* plan,
+                            const uint8_t* input) {
   if (L.n == 1 || count == 0) return;
   const Fold f = MakeFold(L);
+  if (f.rem > 0) input = nullptr;  // callers pass input only for powers of two
   FoldIn(L, f, buf, count, plan);
   if (f.new_pos >= 0) {
     const Block all{0, count};
@@ -284,15 +286,19 @@ void BuildRecursiveDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* p
     for (int mask = 1; mask < f.p2; mask *= 2) {
       const int partner_np = f.new_pos ^ mask;
       const int peer = f.Real(L, partner_np);
+      const uint8_t* operand = mask == 1 ? input : nullptr;  // first step only
       std::vector<int> sends(kn);
       for (size_t k = 0; k < kn; ++k) {
-        sends[k] =
-            AddSend(L, plan, buf, ChunkOf(L, all, k), peer, Channel(L, k), prev[k], fold_prefix);
+        sends[k] = AddSend(L, plan, operand != nullptr ? operand : buf, ChunkOf(L, all, k), peer,
+                           Channel(L, k), prev[k], fold_prefix);
       }
       for (size_t k = 0; k < kn; ++k) {
-        // Reduce chunk k only once its outgoing copy has left.
-        prev[k] = AddRecv(L, plan, buf, ChunkOf(L, all, k), peer, Channel(L, k), true,
-                          partner_np < f.new_pos, sends[k] + 1);
+        // Reduce chunk k only once its outgoing copy has left (from the input, nothing to wait
+        // for: the reduction writes buf, local op incoming).
+        const Block c = ChunkOf(L, all, k);
+        prev[k] = AddRecv(L, plan, buf, c, peer, Channel(L, k), true, partner_np < f.new_pos,
+                          operand != nullptr ? 0 : sends[k] + 1);
+        if (operand != nullptr) plan->recvs.back().local = operand + c.offset * L.esize;
       }
     }
   }

@@ -101,7 +101,12 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
                                             DataType dtype, ReduceOp op, CallOptions call) {
   BeginCollective();
   const size_t bytes = count * DataTypeSize(dtype);
-  const Algorithm algo = Resolve(CollectiveKind::kAllReduce, bytes, call.algorithm);
+  Algorithm algo = Resolve(CollectiveKind::kAllReduce, bytes, call.algorithm);
+  // Whole-vector doubling travels uncast (below); a wire cast asks for fewer bytes, so with one
+  // the call halves and doubles instead, casting on the way.
+  if (algo == Algorithm::kRecursiveDoubling && WireOf(dtype, call)) {
+    algo = Algorithm::kHalvingDoubling;
+  }
   CallHeader header = Header(CollectiveKind::kAllReduce, dtype, op, algo, -1, count);
   if (count == 0) return absl::OkStatus();
   if (algo == Algorithm::kRing && !WireOf(dtype, call) && layout_.n > 1 &&
@@ -111,37 +116,45 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   }
   Staging staging = NewStaging();
   PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, bytes, send == recv));
-  // Below a block per rank (or when latency dominates) whole-vector doubling is cheaper. It
-  // travels uncast: every rank reduces both operands there, and a cast would have to round its
-  // own too.
-  const bool recursive_doubling = bytes <= 16384 || count < static_cast<size_t>(layout_.n);
-  const std::optional<DataType> wire = recursive_doubling ? std::nullopt : WireOf(dtype, call);
+  // Small calls (or fewer elements than ranks) are latency-bound: they travel uncast, and
+  // halving-doubling exchanges the whole vector there (cheaper below a block per rank).
+  // Whole-vector doubling always travels uncast: every rank reduces both operands, and a cast
+  // would have to round its own too.
+  const bool small = bytes <= 16384 || count < static_cast<size_t>(layout_.n);
+  const bool recursive_doubling =
+      algo == Algorithm::kRecursiveDoubling || (algo == Algorithm::kHalvingDoubling && small);
+  const std::optional<DataType> wire =
+      small || recursive_doubling ? std::nullopt : WireOf(dtype, call);
   header.wire = wire;
   const size_t segment = algo == Algorithm::kRing ? bytes / static_cast<size_t>(layout_.n) : 0;
   const Layout& L = wire ? MakeWireLayout(dtype, *wire, segment) : MakeLayout(dtype, segment);
   const uint8_t* input = nullptr;  // out of place: where this rank's operand is
   if (send != recv) {
     PLEXUS_ASSIGN_OR_RETURN(input, staging.In(send, bytes, true));
-    // Ring and halving-doubling (power-of-two worlds) read their operand straight from the
-    // input: every block of the output is written by a reduction or a receive. The others
-    // start from a copy.
+    // Ring, halving-doubling and whole-vector doubling (power-of-two worlds, not by mailbox)
+    // read their operand straight from the input: every block of the output is written by a
+    // reduction or a receive. The others start from a copy.
     const bool overlap = input < buf + bytes && buf < input + bytes;
-    const bool direct = algo == Algorithm::kRing || (algo == Algorithm::kHalvingDoubling &&
-                                                     IsPowerOfTwo(L.n) && !recursive_doubling);
+    const bool direct =
+        algo == Algorithm::kRing ||
+        (IsPowerOfTwo(L.n) &&
+         (algo == Algorithm::kHalvingDoubling || algo == Algorithm::kRecursiveDoubling) &&
+         !(recursive_doubling && FitsMailbox(bytes)));
     if (!direct || L.n == 1 || overlap) {
       std::memmove(buf, input, bytes);
       input = nullptr;
     }
   }
-  if (algo == Algorithm::kHalvingDoubling && recursive_doubling && FitsMailbox(bytes)) {
+  if (recursive_doubling && FitsMailbox(bytes)) {
     PLEXUS_RETURN_IF_ERROR(MailboxAllReduce(buf, count, dtype, op, header));
   } else {
     Plan& plan = NewPlan();
     plan.wire = wire;
     switch (algo) {
       case Algorithm::kHalvingDoubling:
+      case Algorithm::kRecursiveDoubling:
         if (recursive_doubling) {
-          internal::BuildRecursiveDoubling(L, buf, count, &plan);
+          internal::BuildRecursiveDoubling(L, buf, count, &plan, input);
         } else {
           internal::BuildHalvingDoubling(L, buf, count, &plan, input);
         }

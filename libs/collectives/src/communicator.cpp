@@ -306,20 +306,16 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   transport::DeviceOptions device_options = options.device;
   device_options.op_timeout = options.timeout;
   device_options.connect_timeout = options.connect_timeout;
-  // Ranks outnumber the CPUs they share: every copy costs a CPU some rank is waiting for, so
-  // bulk shm messages take one copy (cross-memory attach) rather than two through the ring from
-  // 256 KiB (measured, 4 ranks on 2 CPUs: 1 MiB allreduce 2.6 -> 3.0-3.3 GB/s busbw; with a CPU
-  // per rank the ring stays faster below 2 MiB).
-  if (oversubscribed && device_options.shm_cma_threshold == 0) {
-    device_options.shm_cma_threshold = size_t{256} << 10;
-  }
+  // Bulk shm messages stream through the ring (two copies) also when ranks outnumber CPUs: a
+  // cross-memory-attach pull (one copy) from 256 KiB there made the sender wait for a receiver
+  // that shares its CPU (4 ranks on 2 CPUs, 1 MiB: 573 -> 236 us without it; 16 MiB 14.8 ->
+  // 8.8 ms; docs/collectives.md, "Benchmarks"). The transport's own threshold (2 MiB) stays.
   comm->caller_device_ = device != nullptr;
   if (device != nullptr) {
     comm->devices_.push_back(std::move(device));
     comm->device_ = comm->devices_.back().get();
   } else {
-    // options() reports the timeouts the devices use (the CMA threshold stays the caller's
-    // choice, so that a Split child decides it again for its own ranks).
+    // options() reports the timeouts the devices use.
     options.device.op_timeout = device_options.op_timeout;
     options.device.connect_timeout = device_options.connect_timeout;
     // One device per backend this rank uses, shm first (see MultiDeviceDriver).
@@ -497,6 +493,10 @@ Algorithm CommunicatorImpl::Resolve(CollectiveKind kind, size_t bytes, Algorithm
   if (a == Algorithm::kAuto) a = env_overrides_.Get(kind);
   if (a == Algorithm::kAuto) a = options_.algorithms.Get(kind);
   if (a == Algorithm::kAuto) a = table_.Select(kind, layout_.n, bytes);
+  // Whole-vector doubling is an allreduce of its own; elsewhere it means halving-doubling.
+  if (kind != CollectiveKind::kAllReduce && a == Algorithm::kRecursiveDoubling) {
+    a = Algorithm::kHalvingDoubling;
+  }
   switch (kind) {
     case CollectiveKind::kAllReduce:
       return a;

@@ -102,7 +102,9 @@ std::vector<Block> EvenBlocks(size_t count, int parts);
 void BuildRing(const Layout& L, uint8_t* buf, const std::vector<Block>& segments,
                bool reduce_scatter, bool all_gather, Plan* plan, const uint8_t* input = nullptr);
 // Recursive doubling of the whole vector (small messages); any world size (extra ranks fold in).
-void BuildRecursiveDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* plan);
+// `input` as for BuildHalvingDoubling (powers of two only; otherwise buf holds the operand).
+void BuildRecursiveDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* plan,
+                            const uint8_t* input = nullptr);
 // Recursive halving reduce-scatter + recursive doubling all-gather (Rabenseifner); any world
 // size (the first 2 * (n - 2^k) positions pair up first). `input` as for BuildRing, but only for
 // powers of two: otherwise it is ignored and buf must hold the operand.

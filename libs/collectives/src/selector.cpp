@@ -87,13 +87,16 @@ AlgorithmTable AlgorithmTable::Default(bool tcp) {
       {K::kBarrier, 1, kAnyWorld, 0, kAnyBytes, A::kHalvingDoubling},
   });
   if (tcp) {
-    // 4 ranks over tcp, 64-512 KiB: halving-doubling's 4 dependent steps beat the ring's 6
-    // (same bytes), each step a round of loopback system calls (4 ranks on 2 CPUs, alternated
-    // launch by launch, quiet: 64 KiB 145 -> 135 us, 256 KiB 276 -> 204 us; docs/collectives.md,
-    // "Benchmarks"). Over shm the ring was ahead there on a quiet machine (64 KiB 30 vs 43 us),
-    // and from 512 KiB neither was reliably ahead.
-    rules.insert(rules.begin() + 1,
-                 SelectorRule{K::kAllReduce, 4, 4, 64 * kKiB, 512 * kKiB - 1, A::kHalvingDoubling});
+    // 4 ranks over tcp (loopback, 4 ranks on 2 CPUs; docs/collectives.md, "Benchmarks"), each
+    // dependent step a round of system calls and a peer to be scheduled: 64-128 KiB, whole-vector
+    // recursive doubling (2 steps, 2 S bytes) beat halving-doubling (4 steps, 1.5 S): 64 KiB
+    // 202 -> 149 us; to 8 MiB halving-doubling beat the ring (6 steps, same bytes): 1 MiB
+    // 803 -> 651 us, 4 MiB 5390 -> 3643 us; from 16 MiB the ring was ahead (17.2 vs 18.6 ms).
+    // Over shm the ring stays ahead from 64 KiB on a quiet machine (64 KiB 30 vs 43 us).
+    rules.insert(
+        rules.begin() + 1,
+        {SelectorRule{K::kAllReduce, 4, 4, 64 * kKiB, 128 * kKiB - 1, A::kRecursiveDoubling},
+         SelectorRule{K::kAllReduce, 4, 4, 128 * kKiB, 8 * kKiB * kKiB - 1, A::kHalvingDoubling}});
   }
   return AlgorithmTable(std::move(rules));
 }

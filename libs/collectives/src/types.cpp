@@ -13,7 +13,7 @@ constexpr std::string_view kDataTypeNames[kNumDataTypes] = {"f32", "f64", "f16",
 constexpr size_t kDataTypeSizes[kNumDataTypes] = {4, 8, 2, 2, 4, 8, 1};
 constexpr std::string_view kReduceOpNames[kNumReduceOps] = {"sum", "prod", "min", "max", "avg"};
 constexpr std::string_view kAlgorithmNames[kNumAlgorithms] = {"auto", "ring", "halving_doubling",
-                                                              "tree"};
+                                                              "tree", "recursive_doubling"};
 constexpr std::string_view kCollectiveNames[kNumCollectiveKinds] = {
     "allreduce", "reduce",    "broadcast", "allgather", "reducescatter",
     "alltoall",  "alltoallv", "sendrecv",  "barrier"};
@@ -66,6 +66,7 @@ absl::StatusOr<Algorithm> ParseAlgorithm(std::string_view name) {
   if (lower == "hd" || lower == "rhd" || lower == "halving-doubling") {
     return Algorithm::kHalvingDoubling;
   }
+  if (lower == "rd" || lower == "recursive-doubling") return Algorithm::kRecursiveDoubling;
   return ParseName<Algorithm>(name, kAlgorithmNames, "algorithm");
 }
 

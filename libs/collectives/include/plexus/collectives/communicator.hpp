@@ -82,9 +82,9 @@ struct CommunicatorOptions {
   // the bytes itself, lowest latency; kThread: a device thread moves them); tcp local_address and
   // sockets_per_connection, held-byte caps and shm settings apply as documented in
   // transport/device.hpp. device.op_timeout and device.connect_timeout are not read: the
-  // communicator sets them to `timeout` and `connect_timeout` below. shm_cma_threshold 0 lets the
-  // communicator choose (256 KiB when the host runs more ranks than CPUs). Create on an existing
-  // device ignores all of `device` (options() then reports that device's options).
+  // communicator sets them to `timeout` and `connect_timeout` below. shm_cma_threshold 0 keeps the
+  // transport's default (PLEXUS_SHM_CMA_THRESHOLD, else 2 MiB). Create on an existing device
+  // ignores all of `device` (options() then reports that device's options).
   transport::DeviceOptions device = CallerDrivenDeviceOptions();
   // Per peer (default) or one backend for all; PLEXUS_COLL_TRANSPORT_POLICY=per_peer|uniform
   // overrides it. Equal on every rank. Not used by Create on an existing device.

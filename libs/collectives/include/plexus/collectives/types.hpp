@@ -42,9 +42,13 @@ enum class Algorithm : uint8_t {
   kRing = 1,             // pipelined, chunked ring over every channel: bandwidth-optimal
   kHalvingDoubling = 2,  // recursive halving/doubling (any world size): log2(n) steps
   kTree = 3,             // double binary tree, pipelined: log2(n) depth, for latency-bound sizes
+  // AllReduce: log2(n) exchanges of the whole vector at any size (halving-doubling does this
+  // below 16 KiB): fewer bytes-independent steps, more bytes. Elsewhere as kHalvingDoubling.
+  kRecursiveDoubling = 4,
 };
-inline constexpr int kNumAlgorithms = 4;
-// "auto", "ring", "halving_doubling" (also parsed: "hd", "rhd"), "tree".
+inline constexpr int kNumAlgorithms = 5;
+// "auto", "ring", "halving_doubling" (also parsed: "hd", "rhd"), "tree", "recursive_doubling"
+// (also "rd").
 std::string_view AlgorithmName(Algorithm algorithm);
 absl::StatusOr<Algorithm> ParseAlgorithm(std::string_view name);
 
