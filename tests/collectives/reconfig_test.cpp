@@ -345,6 +345,49 @@ TEST_CASE("live reconfiguration: calls queued before the request finish with the
   }
 }
 
+TEST_CASE(
+    "live reconfiguration: ranks running one collective under different epochs fail, naming both",
+    "[reconfig]") {
+  // The test hook breaks the barrier on purpose: rank 1 applies the change one collective late,
+  // so collective S runs under epoch 1 on rank 0 and epoch 0 on rank 1. The plan path (a 24 KiB
+  // ring allreduce: CallHeader::epoch) and the mailbox path (a barrier over inproc's
+  // mailboxes: MailHeader::epoch) must both refuse it rather than mix the two configurations.
+  const std::string path = GENERATE("plan", "mailbox");
+  INFO("path " << path);
+  pi::SetReconfigLandingTestHook(
+      [](int rank, uint64_t, uint64_t sequence) { return rank == 1 ? sequence + 1 : sequence; });
+  struct Unhook {
+    ~Unhook() { pi::SetReconfigLandingTestHook(nullptr); }
+  } unhook;
+  pc::CommunicatorOptions o = Options(pt::Backend::kInproc);
+  o.timeout = absl::Seconds(5);
+  auto results = RunRanks(2, o, [&](int rank, pc::Communicator& comm) -> std::string {
+    if (rank == 0) {
+      pc::Reconfiguration change;
+      change.ring_order = std::vector<int>{1, 0};
+      if (auto e = comm.RequestReconfiguration(change); !e.ok()) {
+        return "request: " + std::string(e.status().message());
+      }
+    }
+    auto lands = comm.AwaitReconfiguration(1, absl::Seconds(10));
+    if (!lands.ok()) return "await: " + std::string(lands.status().message());
+    std::vector<float> in = Operand(rank, 0), out(kCount);
+    while (comm.collective_sequence() <= *lands + 2) {
+      absl::Status s = path == "plan" ? comm.AllReduce(in.data(), out.data(), kCount,
+                                                       DataType::kF32, ReduceOp::kSum)
+                                      : comm.Barrier();
+      if (!s.ok()) return std::string(s.message());
+    }
+    return "no error";
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << results[r]);
+    CHECK(results[r].find("configuration epoch mismatch") != std::string::npos);
+    CHECK(results[r].find("under epoch 1") != std::string::npos);
+    CHECK(results[r].find("under epoch 0") != std::string::npos);
+  }
+}
+
 TEST_CASE("live reconfiguration: invalid requests, one rank, destruction mid-round", "[reconfig]") {
   auto results = RunRanks(
       2, Options(pt::Backend::kInproc), [&](int rank, pc::Communicator& comm) -> std::string {

@@ -564,6 +564,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::PointToPointTask(void* buf, size_t co
     header.sender = is_send ? layout_.rank : peer;
     header.count = count;
     header.communicator = uid_;
+    header.epoch = config_epoch_;  // informational: a Send and its Recv may straddle a change
     // Each direction of each pair numbers its messages: that is what matches a Send to a Recv.
     header.sequence = is_send ? p2p_send_seq_[peer]++ : p2p_recv_seq_[peer]++;
     if (trace_ != nullptr) trace_->Describe(header, peer);

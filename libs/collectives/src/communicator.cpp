@@ -552,6 +552,7 @@ CallHeader CommunicatorImpl::Header(CollectiveKind kind, DataType dtype, ReduceO
   h.count = count;
   h.communicator = uid_;
   h.sequence = collective_seq_++;
+  h.epoch = config_epoch_;
   if (trace_ != nullptr) trace_->Describe(h);
   if (debug_) {
     std::fprintf(stderr, "[plexus-coll rank %d] %s -> %s\n", layout_.rank, h.Describe().c_str(),

@@ -88,6 +88,17 @@ inline absl::Status MismatchedCalls(int rank, const std::string& call, int peer,
                                                     theirs, why));
 }
 
+// The error of a rank whose peer ran the same collective under another live-reconfiguration
+// epoch (the header's `epoch`): the ranks applied a change at different collectives, so their
+// plans may differ (ring order, channels, algorithm, transport) and the result would be wrong.
+inline absl::Status EpochMismatch(int rank, const std::string& call, uint64_t epoch, int peer,
+                                  const std::string& theirs, const std::string& their_epoch) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("configuration epoch mismatch: rank ", rank, " runs ", call, " under epoch ",
+                   epoch, " but rank ", peer, " sent ", theirs, " under epoch ", their_epoch,
+                   ": the ranks applied a live reconfiguration at different collectives"));
+}
+
 // How long a waiting call polls the transport (yielding the CPU between polls after the spin)
 // before it sleeps.
 constexpr absl::Duration kYieldWindow = absl::Milliseconds(2);
@@ -455,6 +466,9 @@ class CommunicatorImpl : public Communicator {
 
   // State of the executing call (one at a time).
   uint64_t collective_seq_ = 0;
+  // The live-reconfiguration epoch collectives run under (ActiveConfiguration::epoch, kept by
+  // the thread running collectives: BeginCollective writes it, Header() reads it).
+  uint64_t config_epoch_ = 0;
   std::vector<uint64_t> p2p_send_seq_, p2p_recv_seq_;
   std::vector<uint8_t> scratch_;
   struct Link {

@@ -78,6 +78,10 @@ ReconfigHook& Hook() {
   static ReconfigHook* hook = new ReconfigHook();
   return *hook;
 }
+ReconfigLandingHook& LandingHook() {
+  static ReconfigLandingHook* hook = new ReconfigLandingHook();
+  return *hook;
+}
 void CallHook(int rank, uint64_t epoch, ReconfigStep step) {
   ReconfigHook hook;
   {
@@ -109,6 +113,11 @@ absl::Status CheckRingOrder(const std::vector<int>& order, int n) {
 void SetReconfigTestHook(ReconfigHook hook) {
   std::lock_guard<std::mutex> lock(hook_mu);
   Hook() = std::move(hook);
+}
+
+void SetReconfigLandingTestHook(ReconfigLandingHook hook) {
+  std::lock_guard<std::mutex> lock(hook_mu);
+  LandingHook() = std::move(hook);
 }
 
 std::string EncodeReconfiguration(const Reconfiguration& change, int requester) {
@@ -327,6 +336,7 @@ void CommunicatorImpl::ApplyChange(const DecidedChange& decided) {
     reconf_.active.channels = *change.channels;
   }
   reconf_.active.epoch = decided.epoch;
+  config_epoch_ = decided.epoch;
   if (debug_) {
     std::fprintf(stderr,
                  "[plexus-coll rank %d] reconfiguration epoch %llu (from rank %d) lands on "
@@ -436,6 +446,14 @@ absl::Status CommunicatorImpl::RunReconfigRound(uint64_t epoch, const std::strin
     sequence = std::max(sequence, theirs);
   }
   decided.sequence = sequence;
+  {
+    ReconfigLandingHook landing;
+    {
+      std::lock_guard<std::mutex> lock(hook_mu);
+      landing = LandingHook();
+    }
+    if (landing) decided.sequence = landing(rank, epoch, sequence);
+  }
   {
     std::lock_guard<std::mutex> lock(reconf_.mu);
     reconf_.last_sequence = sequence;
