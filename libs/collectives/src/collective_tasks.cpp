@@ -99,7 +99,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllReduceTask(const void* send, void*
 
 absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t count,
                                             DataType dtype, ReduceOp op, CallOptions call) {
-  BeginCollective();
+  PLEXUS_RETURN_IF_ERROR(BeginCollective());
   const size_t bytes = count * DataTypeSize(dtype);
   const Algorithm algo = Resolve(CollectiveKind::kAllReduce, bytes, call.algorithm);
   CallHeader header = Header(CollectiveKind::kAllReduce, dtype, op, algo, -1, count);
@@ -219,7 +219,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* re
   PLEXUS_RETURN_IF_ERROR(CheckWire("Reduce", dtype, call, false));
   PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
-    BeginCollective();
+    PLEXUS_RETURN_IF_ERROR(BeginCollective());
     const size_t bytes = count * DataTypeSize(dtype);
     const Algorithm algo = Resolve(CollectiveKind::kReduce, bytes, call.algorithm);
     const CallHeader header = Header(CollectiveKind::kReduce, dtype, op, algo, root, count);
@@ -273,7 +273,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
   }
   PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
-    BeginCollective();
+    PLEXUS_RETURN_IF_ERROR(BeginCollective());
     const size_t bytes = count * DataTypeSize(dtype);
     const Algorithm algo = Resolve(CollectiveKind::kBroadcast, bytes, call.algorithm);
     CallHeader header =
@@ -339,7 +339,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
   }
   PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
-    BeginCollective();
+    PLEXUS_RETURN_IF_ERROR(BeginCollective());
     const size_t esize = DataTypeSize(dtype);
     const int n = layout_.n;
     const size_t total = count * n * esize;
@@ -395,7 +395,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, v
   PLEXUS_RETURN_IF_ERROR(CheckWire("ReduceScatter", dtype, call, false));
   PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
-    BeginCollective();
+    PLEXUS_RETURN_IF_ERROR(BeginCollective());
     const size_t esize = DataTypeSize(dtype);
     const int n = layout_.n;
     const size_t total = count * n * esize;
@@ -432,7 +432,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllTask(const void* send, void* 
   PLEXUS_RETURN_IF_ERROR(CheckWire("AllToAll", dtype, call, false));
   PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
-    BeginCollective();
+    PLEXUS_RETURN_IF_ERROR(BeginCollective());
     const size_t esize = DataTypeSize(dtype);
     const int n = layout_.n;
     const size_t block = count * esize;
@@ -516,7 +516,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllVTask(
   std::vector<size_t> rd(recv_displs.begin(), recv_displs.end());
   PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
-    BeginCollective();
+    PLEXUS_RETURN_IF_ERROR(BeginCollective());
     const Algorithm algo = Resolve(CollectiveKind::kAllToAllV, send_extent * esize, call.algorithm);
     const CallHeader header =
         Header(CollectiveKind::kAllToAllV, dtype, ReduceOp::kSum, algo, -1, 0);
@@ -593,7 +593,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BarrierTask() {
 }
 
 absl::Status CommunicatorImpl::RunBarrier() {
-  BeginCollective();
+  PLEXUS_RETURN_IF_ERROR(BeginCollective());
   const CallHeader header = Header(CollectiveKind::kBarrier, DataType::kU8, ReduceOp::kMax,
                                    Algorithm::kHalvingDoubling, -1, 1);
   uint8_t token[8] = {};

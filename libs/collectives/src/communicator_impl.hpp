@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "blame.hpp"
+#include "connection_set.hpp"
 #include "plan.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/base/wait_policy.hpp"
@@ -329,7 +330,8 @@ class CommunicatorImpl : public Communicator {
   // BeginCollective first, before choosing its algorithm or layout: it applies the changes that
   // land on this collective's sequence number.
   absl::Status IssueCollective();
-  void BeginCollective();
+  // The error of a transport change that failed (the communicator is broken then).
+  absl::Status BeginCollective();
   void ApplyChange(const DecidedChange& decided);
   // After Make connected: the active configuration, and the watcher thread (several ranks,
   // unless PLEXUS_COLL_RECONFIG=0). The environment variable's error.
@@ -341,6 +343,17 @@ class CommunicatorImpl : public Communicator {
   // One round of the barrier for request `epoch`; an error breaks the communicator.
   absl::Status RunReconfigRound(uint64_t epoch, const std::string& payload);
   void BreakFromWatcher(absl::Status status);
+  // A change of transport landing on the collective about to run (connection_set.cpp): every
+  // rank opens the devices it needs, gathers whether all could (and the point-to-point counts
+  // per pair, which must match), connects the new set, swaps it in and closes the old one. An
+  // error (naming the rank or peer; within options_.connect_timeout) breaks the communicator.
+  absl::Status ChangeTransport(const TransportChoice& choice, uint64_t epoch);
+  // The connection set in use, moved out of / into the members below (connection_set.hpp).
+  ConnectionSet TakeConnections();
+  void InstallConnections(ConnectionSet set);
+  // What a connection set for the pair backends `pairs` ([a][b], PairBackends) is built from.
+  ConnectionSpec MakeConnectionSpec(const std::vector<std::vector<transport::Backend>>& pairs,
+                                    std::string tag) const;
   std::string ReconfigKey(std::string_view what, uint64_t epoch, int rank = -1) const;
 
   absl::Status CheckCommon(const char* what, const void* send, const void* recv, size_t count,
@@ -450,6 +463,13 @@ class CommunicatorImpl : public Communicator {
   std::vector<transport::Backend> peer_backend_;
   // device_ came from the caller (Create on an existing device): Split children reuse it.
   bool caller_device_ = false;
+  // What a transport change rebuilds the connections from (ChangeTransport): every rank's host
+  // identity, the options of the devices the communicator creates, whether the mailbox path is
+  // allowed (PLEXUS_COLL_MAILBOX) and whether table_ is the default for the pair backends.
+  std::vector<std::string> hosts_;
+  transport::DeviceOptions device_options_;
+  bool use_mailboxes_ = true;
+  bool use_default_table_ = false;
   std::unique_ptr<transport::CompletionQueue> cq_;
   // conns_[channel][rank]; null for this rank.
   std::vector<std::vector<std::unique_ptr<transport::Connection>>> conns_;

@@ -57,16 +57,6 @@
 
 namespace plexus::collectives {
 
-// How a communicator that creates its devices picks the transport of each peer
-// (docs/collectives.md, "Transport per peer").
-enum class TransportPolicy : uint8_t {
-  // Ranks on this host over shm (with mailboxes), ranks on other hosts over device.backend (tcp
-  // when that is shm). With device.backend kInproc every peer is inproc.
-  kPerPeer = 0,
-  // device.backend for every peer (to measure or test one backend).
-  kUniform = 1,
-};
-
 // DeviceOptions with caller-driven progress: the default device of a communicator.
 inline transport::DeviceOptions CallerDrivenDeviceOptions() {
   transport::DeviceOptions options;
