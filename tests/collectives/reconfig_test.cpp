@@ -815,3 +815,73 @@ TEST_CASE("live reconfiguration: transport tcp -> shm -> tcp under a stream of a
     }
   }
 }
+
+TEST_CASE("live reconfiguration: a transport change a rank never reaches fails within the timeout",
+          "[reconfig][transport]") {
+  pc::CommunicatorOptions o = TcpOptions();
+  o.connect_timeout = absl::Seconds(1);
+  o.timeout = absl::Seconds(3);
+  std::vector<double> failed_after_s(2, 0);
+  auto results = RunRanks(2, o, [&](int rank, pc::Communicator& comm) -> std::string {
+    if (rank == 0) {
+      pc::Reconfiguration change;
+      change.transport = pc::TransportChoice{pt::Backend::kShm, pc::TransportPolicy::kUniform};
+      if (auto e = comm.RequestReconfiguration(change); !e.ok()) {
+        return std::string(e.status().message());
+      }
+    }
+    auto lands = comm.AwaitReconfiguration(1, absl::Seconds(10));
+    if (!lands.ok()) return std::string(lands.status().message());
+    if (rank == 1) {  // silent: never starts the landing collective while rank 0 waits
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+      return "";
+    }
+    std::vector<float> in = Operand(rank, 0), out(kCount);
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status s = comm.AllReduce(in.data(), out.data(), kCount, DataType::kF32, ReduceOp::kSum);
+    failed_after_s[rank] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (s.ok()) return std::string("the landing collective succeeded without rank 1");
+    if (comm.health().ok()) return std::string("the communicator is not broken");
+    return std::string(s.message());
+  });
+  INFO(results[0]);
+  CHECK(results[1] == "");
+  CHECK(results[0].find("changing the transport to shm") != std::string::npos);
+  CHECK(results[0].find("rank 1") != std::string::npos);
+  CHECK(failed_after_s[0] < 2.0);  // connect_timeout (1 s) and the store's answer
+}
+
+TEST_CASE("live reconfiguration: a Send and its Recv straddling a transport change are refused",
+          "[reconfig][transport]") {
+  pc::CommunicatorOptions o = TcpOptions();
+  o.connect_timeout = absl::Seconds(5);
+  auto results = RunRanks(2, o, [&](int rank, pc::Communicator& comm) -> std::string {
+    if (rank == 0) {
+      pc::Reconfiguration change;
+      change.transport = pc::TransportChoice{pt::Backend::kShm, pc::TransportPolicy::kUniform};
+      if (auto e = comm.RequestReconfiguration(change); !e.ok()) {
+        return std::string(e.status().message());
+      }
+    }
+    auto lands = comm.AwaitReconfiguration(1, absl::Seconds(10));
+    if (!lands.ok()) return std::string(lands.status().message());
+    if (*lands != comm.collective_sequence()) return "the change lands later than expected";
+    int32_t token = 7;
+    std::vector<float> in = Operand(rank, 0), out(kCount);
+    // Rank 0 sends before the landing collective; rank 1 receives after it.
+    if (rank == 0) {
+      if (absl::Status s = comm.Send(&token, 1, DataType::kI32, 1); !s.ok()) {
+        return "send: " + std::string(s.message());
+      }
+    }
+    absl::Status s = comm.AllReduce(in.data(), out.data(), kCount, DataType::kF32, ReduceOp::kSum);
+    if (s.ok()) return std::string("the landing collective succeeded");
+    return std::string(s.message());
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << results[r]);
+    CHECK(results[r].find("rank 0 had sent 1 point-to-point message(s) to rank 1, which had "
+                          "received 0") != std::string::npos);
+  }
+}

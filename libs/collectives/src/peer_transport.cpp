@@ -124,6 +124,13 @@ absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectPeers
   }
   // Accept every higher rank, polling the listeners in turn; each peer says who it is.
   int left = size - 1 - rank;
+  auto missing = [&] {  // the higher ranks not connected yet, named in errors
+    std::vector<int> out;
+    for (int r = rank + 1; r < size; ++r) {
+      if (conns[r] == nullptr) out.push_back(r);
+    }
+    return absl::StrCat("rank", out.size() == 1 ? " " : "s ", absl::StrJoin(out, ", "));
+  };
   while (left > 0) {
     bool accepted = false;
     for (size_t i = 0; i < listeners.size(); ++i) {
@@ -135,8 +142,8 @@ absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectPeers
       if (!c.ok()) {
         if (absl::IsDeadlineExceeded(c.status()) && absl::Now() < deadline) continue;
         return absl::Status(c.status().code(),
-                            absl::StrCat("rank ", rank, " waiting for ", left,
-                                         " higher rank(s): ", std::string(c.status().message())));
+                            absl::StrCat("rank ", rank, " waiting for ", missing(),
+                                         " to connect: ", std::string(c.status().message())));
       }
       uint32_t who = UINT32_MAX;
       PLEXUS_RETURN_IF_ERROR((*c)->PostRecv({&who, sizeof who}, 0));
@@ -154,7 +161,7 @@ absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectPeers
     }
     if (!accepted && absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
-          absl::StrCat("rank ", rank, " waiting for ", left, " higher rank(s) to connect"));
+          absl::StrCat("rank ", rank, " waiting for ", missing(), " to connect: timed out"));
     }
   }
   return conns;
