@@ -475,6 +475,12 @@ TEST_CASE("admin endpoint: coll-list and coll-reconfigure over the wire", "[reco
           auto unknown = call("coll-reconfigure", {{"name", "job/r9"}, {"ring_order", "0,1,2,3"}});
           auto bad = call("coll-reconfigure", {{"name", "job/r1"}, {"ring_order", "0,1,1,3"}});
           auto bad_arg = call("coll-reconfigure", {{"name", "job/r1"}, {"order", "0,1,2,3"}});
+          auto bad_transport =
+              call("coll-reconfigure", {{"name", "job/r1"}, {"transport", "carrier-pigeon"}});
+          if (bad_transport.ok() ||
+              bad_transport.status().code() != absl::StatusCode::kInvalidArgument) {
+            return std::string("an unknown transport was accepted");
+          }
           if (wrong_token.ok() || unknown.ok() ||
               unknown.status().code() != absl::StatusCode::kNotFound || bad.ok() ||
               bad.status().code() != absl::StatusCode::kInvalidArgument || bad_arg.ok()) {
@@ -542,6 +548,8 @@ TEST_CASE("admin endpoint: coll-list and coll-reconfigure over the wire", "[reco
     CHECK(c["algorithms"]["allreduce"] == "ring");
     CHECK(c["algorithms"]["broadcast"] == "tree");
     CHECK(c["channels"] == 2);
+    CHECK(c["transport"] == "inproc/per_peer");
+    CHECK(c["peer_backends"].size() == kRanks);
     CHECK(c["health"] == "ok");
   }
 }
