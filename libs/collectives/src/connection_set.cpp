@@ -263,7 +263,9 @@ absl::Status CommunicatorImpl::ChangeTransport(const TransportChoice& choice, ui
           "collective the change lands on)")));
     }
   }
+  const absl::Time gathered = absl::Now();
   if (absl::Status s = ConnectAll(rendezvous, spec, &next); !s.ok()) return fail(s);
+  const absl::Time connected = absl::Now();
   ConnectionSet old = TakeConnections();
   InstallConnections(std::move(next));
   // Nothing is posted on the old connections and nothing is in flight on them (the gather
@@ -283,9 +285,15 @@ absl::Status CommunicatorImpl::ChangeTransport(const TransportChoice& choice, ui
   }
   record();
   if (debug_) {
-    std::fprintf(stderr, "[plexus-coll rank %d] epoch %llu: transport %s in %s\n", rank,
-                 static_cast<unsigned long long>(epoch), TransportChoiceText(choice).c_str(),
-                 absl::FormatDuration(absl::Now() - start).c_str());
+    const absl::Time end = absl::Now();
+    std::fprintf(stderr,
+                 "[plexus-coll rank %d] epoch %llu: transport %s in %s (devices and gather %s, "
+                 "connecting %d channel(s) %s, closing the old set %s)\n",
+                 rank, static_cast<unsigned long long>(epoch), TransportChoiceText(choice).c_str(),
+                 absl::FormatDuration(end - start).c_str(),
+                 absl::FormatDuration(gathered - start).c_str(), spec.channels,
+                 absl::FormatDuration(connected - gathered).c_str(),
+                 absl::FormatDuration(end - connected).c_str());
   }
   return absl::OkStatus();
 }
