@@ -329,8 +329,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   spec.channel_local_addresses = options.channel_local_addresses;
   spec.timeout = options.connect_timeout;
   ConnectionSet set;
-  PLEXUS_RETURN_IF_ERROR(OpenDevices(spec, {}, &set));
-  PLEXUS_RETURN_IF_ERROR(ConnectAll(rendezvous, spec, &set));
+  // A rank whose devices do not open still takes part in the exchange: every rank fails at
+  // once, naming it, instead of waiting for its addresses until the timeout.
+  const absl::Status opened = OpenDevices(spec, {}, &set);
+  PLEXUS_RETURN_IF_ERROR(ConnectAll(rendezvous, spec, &set, opened));
   comm->InstallConnections(std::move(set));
   comm->links_.resize(static_cast<size_t>(n) * options.channels);
   comm->call_layout_ = comm->layout_;

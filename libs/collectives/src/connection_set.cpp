@@ -89,14 +89,16 @@ absl::Status OpenDevices(const ConnectionSpec& spec,
 }
 
 absl::Status ConnectAll(transport::Rendezvous& rendezvous, const ConnectionSpec& spec,
-                        ConnectionSet* set) {
+                        ConnectionSet* set, const absl::Status& opened, std::string_view note,
+                        const NoteCheck& check) {
   const int n = spec.n;
   const int rank = spec.rank;
+  const absl::Time deadline = absl::Now() + spec.timeout;
   set->mailboxes.assign(n, nullptr);
   set->mailboxes_ready = false;
-  if (n == 1) return absl::OkStatus();
+  if (n == 1) return opened;
   std::vector<transport::Device*> device_of(n, nullptr);
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < n && opened.ok(); ++r) {
     if (r == rank) continue;
     for (const auto& d : set->devices) {
       if (spec.caller_device != nullptr || d->backend() == spec.peer_backend[r]) {
@@ -104,13 +106,59 @@ absl::Status ConnectAll(transport::Rendezvous& rendezvous, const ConnectionSpec&
       }
     }
   }
+  auto source = [&](int c) {
+    return spec.channel_local_addresses.empty() || spec.caller_device != nullptr
+               ? std::string()
+               : spec.channel_local_addresses[c % spec.channel_local_addresses.size()];
+  };
+  // What this rank publishes, one line each: "ok|<note>" (or "error|<why>" when its devices did
+  // not open, or a channel could not listen), then every channel's listening record.
+  auto one_line = [](std::string_view text) {
+    std::string out(text);
+    std::replace(out.begin(), out.end(), '\n', ' ');
+    return out;
+  };
+  std::vector<PeerListeners> listening;
+  absl::Status mine = opened;
+  for (int c = 0; c < spec.channels && mine.ok(); ++c) {
+    auto l = ListenForPeers(rank, device_of, source(c));
+    if (!l.ok()) {
+      mine =
+          absl::Status(l.status().code(), absl::StrCat("channel ", c, ": ", l.status().message()));
+      break;
+    }
+    listening.push_back(*std::move(l));
+  }
+  std::string published = mine.ok() ? absl::StrCat("ok|", one_line(note))
+                                    : absl::StrCat("error|", one_line(std::string(mine.message())));
+  for (const PeerListeners& l : listening) absl::StrAppend(&published, "\n", l.record);
+  // One store exchange for every channel (and the caller's note).
+  PLEXUS_ASSIGN_OR_RETURN(
+      std::vector<std::string> gathered,
+      rendezvous.AllGather(absl::StrCat("plexus/coll/peers/", spec.tag), published, spec.timeout));
+  std::vector<std::vector<std::string>> lines(n);
+  std::vector<std::string> notes(n);
+  for (int r = 0; r < n; ++r) {
+    lines[r] = absl::StrSplit(gathered[r], '\n');
+    const std::string& head = lines[r][0];
+    if (absl::StartsWith(head, "error|")) {
+      return absl::UnavailableError(
+          absl::StrCat("rank ", r, " could not open its connections: ", head.substr(6)));
+    }
+    if (!absl::StartsWith(head, "ok|") || static_cast<int>(lines[r].size()) != spec.channels + 1) {
+      return absl::DataLossError(absl::StrCat("rank ", r, " published '", gathered[r],
+                                              "' (expected ", spec.channels,
+                                              " channel record(s): do the ranks agree on "
+                                              "the channels?)"));
+    }
+    notes[r] = head.substr(3);
+  }
+  if (check) PLEXUS_RETURN_IF_ERROR(check(notes));
+  std::vector<std::string> records(n);
   for (int c = 0; c < spec.channels; ++c) {
-    const std::string source =
-        spec.channel_local_addresses.empty() || spec.caller_device != nullptr
-            ? std::string()
-            : spec.channel_local_addresses[c % spec.channel_local_addresses.size()];
-    auto mesh = ConnectPeers(rendezvous, device_of, set->cq.get(), absl::StrCat(spec.tag, "/ch", c),
-                             spec.timeout, source);
+    for (int r = 0; r < n; ++r) records[r] = lines[r][c + 1];
+    auto mesh = ConnectListening(rank, listening[c], records, device_of, set->cq.get(), deadline,
+                                 source(c));
     if (!mesh.ok()) {
       return absl::Status(mesh.status().code(),
                           absl::StrCat("connecting channel ", c, " of the communicator: ",
@@ -213,58 +261,54 @@ absl::Status CommunicatorImpl::ChangeTransport(const TransportChoice& choice, ui
     }
     return status;
   };
-  PLEXUS_ASSIGN_OR_RETURN(transport::Rendezvous rendezvous,
-                          transport::Rendezvous::Create(rank, n, store_));
+  auto rendezvous = transport::Rendezvous::Create(rank, n, store_);
+  if (!rendezvous.ok()) return fail(rendezvous.status());
   const ConnectionSpec spec = MakeConnectionSpec(pairs, absl::StrCat(uid_, "/transport/", epoch));
   ConnectionSet next;
   const absl::Status opened = OpenDevices(spec, devices_, &next);
-  // Every rank says whether its devices opened, and how many point-to-point messages it has sent
-  // to and received from each peer. Gathering this is also the barrier that makes closing the
-  // old connections safe: a rank contributes when it starts the landing collective, so after it
-  // every rank has finished every collective before it, and every message of those arrived.
-  const std::string mine = opened.ok() ? absl::StrCat("ok|", absl::StrJoin(p2p_send_seq_, ","), "|",
-                                                      absl::StrJoin(p2p_recv_seq_, ","))
-                                       : absl::StrCat("error|", opened.message());
-  auto records = rendezvous.AllGather(absl::StrCat("plexus/coll/transport/", uid_, "/", epoch),
-                                      mine, options_.connect_timeout);
-  if (!records.ok()) return fail(records.status());
-  std::vector<std::vector<uint64_t>> sent(n), received(n);
-  for (int r = 0; r < n; ++r) {
-    const std::string& theirs = (*records)[r];
-    if (absl::StartsWith(theirs, "error|")) {
-      return fail(absl::UnavailableError(
-          absl::StrCat("rank ", r, " could not open its devices: ", theirs.substr(6))));
-    }
-    const std::vector<std::string> fields = absl::StrSplit(theirs, '|');
-    bool ok = fields.size() == 3 && fields[0] == "ok";
-    for (int k = 1; ok && k <= 2; ++k) {
-      auto& into = k == 1 ? sent[r] : received[r];
-      for (absl::string_view v : absl::StrSplit(fields[k], ',')) {
-        uint64_t x = 0;
-        ok = ok && absl::SimpleAtoi(v, &x);
-        into.push_back(x);
-      }
-      ok = ok && static_cast<int>(into.size()) == n;
-    }
-    if (!ok) {
-      return fail(absl::DataLossError(
-          absl::StrCat("rank ", r, "'s record '", (*records)[r], "' is malformed")));
-    }
-  }
+  // One store exchange: every rank's listening addresses, whether its devices opened, and how
+  // many point-to-point messages it has sent to and received from each peer. It is also the
+  // barrier that makes closing the old connections safe: a rank contributes when it starts the
+  // landing collective, so once it completes every rank has finished every collective before
+  // it, and every message of those arrived.
+  const std::string note =
+      absl::StrCat(absl::StrJoin(p2p_send_seq_, ","), "|", absl::StrJoin(p2p_recv_seq_, ","));
   // A Send before the change whose Recv runs after it would wait on the new connections for a
-  // message that arrived on the old ones: refuse it on every rank alike.
-  for (int a = 0; a < n; ++a) {
-    for (int b = 0; b < n; ++b) {
-      if (a == b || sent[a][b] == received[b][a]) continue;
-      return fail(absl::FailedPreconditionError(absl::StrCat(
-          "rank ", a, " had sent ", sent[a][b], " point-to-point message(s) to rank ", b,
-          ", which had received ", received[b][a],
-          ": a Send and its Recv straddle the transport change (finish both before the "
-          "collective the change lands on)")));
+  // message that arrived on the old ones: refuse it on every rank alike, before connecting.
+  auto check = [&](absl::Span<const std::string> notes) -> absl::Status {
+    std::vector<std::vector<uint64_t>> sent(n), received(n);
+    for (int r = 0; r < n; ++r) {
+      const std::vector<std::string> fields = absl::StrSplit(notes[r], '|');
+      bool ok = fields.size() == 2;
+      for (int k = 0; ok && k < 2; ++k) {
+        auto& into = k == 0 ? sent[r] : received[r];
+        for (absl::string_view v : absl::StrSplit(fields[k], ',')) {
+          uint64_t x = 0;
+          ok = ok && absl::SimpleAtoi(v, &x);
+          into.push_back(x);
+        }
+        ok = ok && static_cast<int>(into.size()) == n;
+      }
+      if (!ok) {
+        return absl::DataLossError(
+            absl::StrCat("rank ", r, "'s point-to-point counts '", notes[r], "' are malformed"));
+      }
     }
+    for (int a = 0; a < n; ++a) {
+      for (int b = 0; b < n; ++b) {
+        if (a == b || sent[a][b] == received[b][a]) continue;
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank ", a, " had sent ", sent[a][b], " point-to-point message(s) to rank ", b,
+            ", which had received ", received[b][a],
+            ": a Send and its Recv straddle the transport change (finish both before the "
+            "collective the change lands on)"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = ConnectAll(*rendezvous, spec, &next, opened, note, check); !s.ok()) {
+    return fail(s);
   }
-  const absl::Time gathered = absl::Now();
-  if (absl::Status s = ConnectAll(rendezvous, spec, &next); !s.ok()) return fail(s);
   const absl::Time connected = absl::Now();
   ConnectionSet old = TakeConnections();
   InstallConnections(std::move(next));
@@ -287,12 +331,11 @@ absl::Status CommunicatorImpl::ChangeTransport(const TransportChoice& choice, ui
   if (debug_) {
     const absl::Time end = absl::Now();
     std::fprintf(stderr,
-                 "[plexus-coll rank %d] epoch %llu: transport %s in %s (devices and gather %s, "
-                 "connecting %d channel(s) %s, closing the old set %s)\n",
+                 "[plexus-coll rank %d] epoch %llu: transport %s in %s (devices, one store "
+                 "exchange and %d channel(s) connected in %s, the old set closed in %s)\n",
                  rank, static_cast<unsigned long long>(epoch), TransportChoiceText(choice).c_str(),
-                 absl::FormatDuration(end - start).c_str(),
-                 absl::FormatDuration(gathered - start).c_str(), spec.channels,
-                 absl::FormatDuration(connected - gathered).c_str(),
+                 absl::FormatDuration(end - start).c_str(), spec.channels,
+                 absl::FormatDuration(connected - start).c_str(),
                  absl::FormatDuration(end - connected).c_str());
   }
   return absl::OkStatus();

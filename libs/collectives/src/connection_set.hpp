@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -51,7 +53,7 @@ struct ConnectionSpec {
   std::shared_ptr<transport::Device> caller_device;  // Create on a caller's device: every peer
   int channels = 1;
   std::vector<std::string> channel_local_addresses;  // tcp sources per channel (may be empty)
-  std::string tag;                                   // ConnectPeers' tag: "<tag>/ch<c>"
+  std::string tag;                                   // the store key of the connections' exchange
   absl::Duration timeout = absl::Seconds(10);
 };
 
@@ -67,9 +69,16 @@ absl::Status OpenDevices(const ConnectionSpec& spec,
                          absl::Span<const std::shared_ptr<transport::Device>> reuse,
                          ConnectionSet* set);
 
+// Judges every rank's note (ConnectAll): an error stops every rank before any connection.
+using NoteCheck = std::function<absl::Status(absl::Span<const std::string> notes)>;
+
 // Connects every channel to every peer over the devices OpenDevices opened (collective: every
-// rank calls it with the same spec.tag), and finds the mailboxes.
+// rank calls it with the same spec.tag), and finds the mailboxes. One store exchange for all
+// channels carries each rank's listening addresses, whether `opened` (OpenDevices' result) is
+// OK (a rank whose devices did not open fails every rank at once, named), and `note`, which
+// `check` then judges on every rank alike. Errors name the rank or peer; spec.timeout bounds it.
 absl::Status ConnectAll(transport::Rendezvous& rendezvous, const ConnectionSpec& spec,
-                        ConnectionSet* set);
+                        ConnectionSet* set, const absl::Status& opened = absl::OkStatus(),
+                        std::string_view note = "", const NoteCheck& check = nullptr);
 
 }  // namespace plexus::collectives::internal
