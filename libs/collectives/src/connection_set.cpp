@@ -266,6 +266,7 @@ absl::Status CommunicatorImpl::ChangeTransport(const TransportChoice& choice, ui
   const ConnectionSpec spec = MakeConnectionSpec(pairs, absl::StrCat(uid_, "/transport/", epoch));
   ConnectionSet next;
   const absl::Status opened = OpenDevices(spec, devices_, &next);
+  const absl::Time devices_opened = absl::Now();
   // One store exchange: every rank's listening addresses, whether its devices opened, and how
   // many point-to-point messages it has sent to and received from each peer. It is also the
   // barrier that makes closing the old connections safe: a rank contributes when it starts the
@@ -331,11 +332,13 @@ absl::Status CommunicatorImpl::ChangeTransport(const TransportChoice& choice, ui
   if (debug_) {
     const absl::Time end = absl::Now();
     std::fprintf(stderr,
-                 "[plexus-coll rank %d] epoch %llu: transport %s in %s (devices, one store "
-                 "exchange and %d channel(s) connected in %s, the old set closed in %s)\n",
+                 "[plexus-coll rank %d] epoch %llu: transport %s in %s (devices opened in %s; "
+                 "one store exchange and %d channel(s) connected in %s; the old set closed in "
+                 "%s)\n",
                  rank, static_cast<unsigned long long>(epoch), TransportChoiceText(choice).c_str(),
-                 absl::FormatDuration(end - start).c_str(), spec.channels,
-                 absl::FormatDuration(connected - start).c_str(),
+                 absl::FormatDuration(end - start).c_str(),
+                 absl::FormatDuration(devices_opened - start).c_str(), spec.channels,
+                 absl::FormatDuration(connected - devices_opened).c_str(),
                  absl::FormatDuration(end - connected).c_str());
   }
   return absl::OkStatus();
