@@ -101,6 +101,9 @@ struct WorkerOptions {
   int sockets = 0;
   std::string progress;  // "caller", "thread" or empty (library default)
   bool trace = false;    // CommunicatorOptions::trace.enabled (in memory, nothing written)
+  // --reconfig: what each round changes, "ring_order" (reversed / identity) or "transport"
+  // (the other of tcp and shm / back).
+  std::string reconfig_change = "ring_order";
 };
 // Parses --sizes, --ops, --iters, --warmup, --algorithm, --transport, --channels,
 // --chunk-bytes, --sockets and --progress with the plexus::tooling conventions (strict numbers,

@@ -177,6 +177,8 @@ int RunReconfig(const pb::GridOptions& o) {
         if (o.channels > 0) {
           job.argv.insert(job.argv.end(), {"--channels", std::to_string(o.channels)});
         }
+        if (!o.progress.empty()) job.argv.insert(job.argv.end(), {"--progress", o.progress});
+        job.argv.insert(job.argv.end(), {"--reconfig-change", o.reconfig_change});
         pb::LaunchResult r = pb::Launch(job, o.timeout_s, o.bind_core);
         if (!r.ok || r.points.size() != o.size_list.size()) {
           std::fprintf(stderr, "# reconfig run %d over %s, %d processes failed: %s\n", run + 1,

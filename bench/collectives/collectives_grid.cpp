@@ -160,6 +160,11 @@ std::optional<int> ParseGridOptions(int argc, char** argv, GridOptions& o) {
                "Plexus only: the latency of the allreduce a live reconfiguration (ring order "
                "change requested by rank 0) lands on vs the calls before it, JSON lines per "
                "size and run (--iters: rounds, default 40)");
+  app.add_option("--reconfig-change", o.reconfig_change,
+                 "with --reconfig: what each round changes: ring_order (reversed, then back) or "
+                 "transport (tcp <-> shm: every rank connects again)")
+      ->check(CLI::IsMember({"ring_order", "transport"}))
+      ->capture_default_str();
   if (auto code = tool.Parse(argc, argv)) return code;
   o.bind_core = bind == "core";
   if (o.nprocs.empty()) o.nprocs = o.compare ? std::vector<int>{2, 4} : std::vector<int>{2};

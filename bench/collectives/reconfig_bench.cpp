@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -41,6 +42,12 @@ void MeasureReconfiguration(pc::Communicator& comm, const WorkerOptions& options
   std::iota(identity.begin(), identity.end(), 0);
   std::reverse_copy(identity.begin(), identity.end(), reversed.begin());
   uint64_t epoch = comm.configuration().epoch;
+  // --reconfig-change transport: every round moves the connections to the other of tcp and shm
+  // (uniform), and the next one back.
+  const bool by_transport = options.reconfig_change == "transport";
+  const transport::Backend first = comm.configuration().transport.backend;
+  const transport::Backend other =
+      first == transport::Backend::kTcp ? transport::Backend::kShm : transport::Backend::kTcp;
   auto max_over_ranks = [&](double value) {
     double out = 0;
     if (absl::Status s = comm.AllReduce(&value, &out, 1, pc::DataType::kF64, pc::ReduceOp::kMax);
@@ -62,16 +69,28 @@ void MeasureReconfiguration(pc::Communicator& comm, const WorkerOptions& options
       }
       return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
     };
-    std::vector<double> baseline, landing, affected, request_to_landing;
+    std::vector<double> baseline, landing, affected, request_to_landing, after_landing;
+    // --reconfig-change transport: per backend, the baseline calls on it and the landing calls
+    // that moved to it (the two directions of the change cost differently).
+    std::map<std::string, std::vector<double>> baseline_on, landing_to;
     size_t wrong = 0, before_landing = 0;
     for (int round = 0; round < rounds; ++round) {
       if (absl::Status s = comm.Barrier(); !s.ok()) Die("Barrier", s);
-      for (int i = 0; i < kBaselineCalls; ++i) baseline.push_back(call());
+      const std::string on(transport::BackendName(comm.configuration().transport.backend));
+      for (int i = 0; i < kBaselineCalls; ++i) {
+        baseline.push_back(call());
+        baseline_on[on].push_back(baseline.back());
+      }
       ++epoch;
       const auto requested = Clock::now();
       if (comm.rank() == 0) {
         pc::Reconfiguration change;
-        change.ring_order = round % 2 == 0 ? reversed : identity;
+        if (by_transport) {
+          change.transport =
+              pc::TransportChoice{round % 2 == 0 ? other : first, pc::TransportPolicy::kUniform};
+        } else {
+          change.ring_order = round % 2 == 0 ? reversed : identity;
+        }
         auto e = comm.RequestReconfiguration(change);
         if (!e.ok()) Die("RequestReconfiguration", e.status());
         if (*e != epoch) {
@@ -86,6 +105,8 @@ void MeasureReconfiguration(pc::Communicator& comm, const WorkerOptions& options
         slowest = std::max(slowest, us);
         if (comm.configuration().epoch >= epoch) {
           landing.push_back(us);
+          landing_to[std::string(transport::BackendName(comm.configuration().transport.backend))]
+              .push_back(us);
           break;
         }
         ++before_landing;
@@ -94,18 +115,30 @@ void MeasureReconfiguration(pc::Communicator& comm, const WorkerOptions& options
       request_to_landing.push_back(
           std::chrono::duration<double, std::micro>(Clock::now() - requested).count());
       wrong += CountWrong(out.data(), count, n);
+      // The call after: what is left of the change's cost (a transport change's fresh
+      // connections are cold for large messages: new shm rings fault in, tcp starts slow).
+      after_landing.push_back(call());
     }
     const double baseline_us = max_over_ranks(Percentile(baseline, 0.5));
     const double landing_us = max_over_ranks(Percentile(landing, 0.5));
     const double landing_p90_us = max_over_ranks(Percentile(landing, 0.9));
     const double baseline_p90_us = max_over_ranks(Percentile(baseline, 0.9));
     const double affected_us = max_over_ranks(Percentile(affected, 0.5));
+    const double after_landing_us = max_over_ranks(Percentile(after_landing, 0.5));
     const double total_wrong = max_over_ranks(static_cast<double>(wrong));
+    nlohmann::json by_backend = nlohmann::json::object();
+    if (by_transport) {
+      for (const char* b : {"shm", "tcp"}) {
+        by_backend[b] = {{"baseline_us", max_over_ranks(Percentile(baseline_on[b], 0.5))},
+                         {"landing_us", max_over_ranks(Percentile(landing_to[b], 0.5))}};
+      }
+    }
     const double before = max_over_ranks(static_cast<double>(before_landing));
     if (comm.rank() == 0) {
       nlohmann::json j;
       j["impl"] = "plexus";
       j["mode"] = "reconfig";
+      j["change"] = options.reconfig_change;
       j["transport"] = options.transport;
       j["nprocs"] = n;
       j["op"] = "allreduce";
@@ -121,6 +154,9 @@ void MeasureReconfiguration(pc::Communicator& comm, const WorkerOptions& options
       j["landing_p90_us"] = landing_p90_us;
       j["baseline_p90_us"] = baseline_p90_us;
       j["affected_us"] = affected_us;
+      j["after_landing_us"] = after_landing_us;
+      // Transport changes: per backend, the calls on it and the landing calls moving to it.
+      if (by_transport) j["by_backend"] = by_backend;
       j["request_to_landing_us"] = Percentile(request_to_landing, 0.5);
       j["calls_before_landing"] = before / rounds;
       std::printf("%s\n", j.dump().c_str());

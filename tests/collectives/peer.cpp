@@ -1,8 +1,9 @@
 // One rank of the multi-process collectives tests (started by process_test.cpp):
 //   collectives_peer <rank> <size> <store host:port> <backend> <mode> [victim [timeout_ms bytes]]
 // modes: suite (the full correctness matrix), reconfig (a live ring order change from the last
-// rank), kill (the victim dies mid-run; the others must fail with an error naming it), mismatch
-// (rank 1 calls with another count), stop (allreduces of `bytes` until one fails: the test
+// rank), reconfig-transport (tcp -> shm -> tcp, or shm -> tcp -> shm, requested by the last rank
+// and then rank 0), kill (the victim dies mid-run; the others must fail with an error naming it),
+// mismatch (rank 1 calls with another count), stop (allreduces of `bytes` until one fails: the test
 // SIGSTOPs the victim once it printed "running"), stop-destroy (a few allreduces, then the victim
 // stays out of the destructor's barrier and is stopped).
 // Exit 0 when this rank saw what it should; the reason is printed otherwise. The stop modes
@@ -186,6 +187,80 @@ int main(int argc, char** argv) {
     }
     if (a.ring_order != reversed) return 1;
     std::printf("rank %d: landed on collective %lld\n", rank, static_cast<long long>(all[0]));
+    return 0;
+  }
+  if (mode == "reconfig-transport") {
+    // The last rank asks for the other transport after two calls, rank 0 for the first one back
+    // two calls after that landed; every sum is checked, every rank must report the transport
+    // of each phase, and the landing sequences must agree.
+    const pt::Backend other = *backend == pt::Backend::kTcp ? pt::Backend::kShm : pt::Backend::kTcp;
+    std::vector<int64_t> v(50000), sum(50000);
+    auto check_peers = [&](pt::Backend expected) {
+      for (int r = 0; r < size; ++r) {
+        if (r != rank && c.peer_backend(r) != expected) {
+          std::printf("rank %d: rank %d is reached over %s, expected %s\n", rank, r,
+                      std::string(pt::BackendName(c.peer_backend(r))).c_str(),
+                      std::string(pt::BackendName(expected)).c_str());
+          return false;
+        }
+      }
+      return true;
+    };
+    int first_landed_at = -1;
+    for (int i = 0; i < 8 || c.configuration().epoch < 2; ++i) {
+      if (i > 200) {
+        std::printf("rank %d: the changes never landed\n", rank);
+        return 1;
+      }
+      pc::Reconfiguration change;
+      if (rank == size - 1 && i == 2) {
+        change.transport = pc::TransportChoice{other, pc::TransportPolicy::kUniform};
+      } else if (rank == 0 && first_landed_at >= 0 && i == first_landed_at + 2) {
+        change.transport = pc::TransportChoice{*backend, pc::TransportPolicy::kUniform};
+      }
+      if (change.transport) {
+        if (auto e = c.RequestReconfiguration(change); !e.ok()) {
+          std::printf("rank %d: %s\n", rank, std::string(e.status().message()).c_str());
+          return 1;
+        }
+      }
+      for (size_t e = 0; e < v.size(); ++e) v[e] = static_cast<int64_t>(e) * (rank + 1) + i;
+      absl::Status s =
+          c.AllReduce(v.data(), sum.data(), v.size(), pc::DataType::kI64, pc::ReduceOp::kSum);
+      if (!s.ok()) {
+        std::printf("rank %d: %s\n", rank, std::string(s.message()).c_str());
+        return 1;
+      }
+      const int64_t ranks_sum = static_cast<int64_t>(size) * (size + 1) / 2;
+      for (size_t e = 0; e < v.size(); ++e) {
+        if (sum[e] != static_cast<int64_t>(e) * ranks_sum + static_cast<int64_t>(i) * size) {
+          std::printf("rank %d: call %d element %zu wrong\n", rank, i, e);
+          return 1;
+        }
+      }
+      const uint64_t epoch = c.configuration().epoch;
+      if (epoch == 1 && first_landed_at < 0) {
+        first_landed_at = i;
+        if (!check_peers(other)) return 1;
+      }
+    }
+    if (!check_peers(*backend)) return 1;
+    const pc::ActiveConfiguration a = c.configuration();
+    std::vector<int64_t> mine = {static_cast<int64_t>(a.since_sequence), first_landed_at};
+    std::vector<int64_t> all(2 * size);
+    if (!c.AllGather(mine.data(), all.data(), 2, pc::DataType::kI64).ok()) return 1;
+    for (int r = 0; r < size; ++r) {
+      if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) {
+        std::printf("rank %d: landed on %lld and %lld, rank %d on %lld and %lld\n", rank,
+                    static_cast<long long>(all[1]), static_cast<long long>(all[0]), r,
+                    static_cast<long long>(all[2 * r + 1]), static_cast<long long>(all[2 * r]));
+        return 1;
+      }
+    }
+    std::printf("rank %d: %s -> %s landed on collective %lld, back on %lld\n", rank,
+                std::string(pt::BackendName(*backend)).c_str(),
+                std::string(pt::BackendName(other)).c_str(), static_cast<long long>(all[1]),
+                static_cast<long long>(all[0]));
     return 0;
   }
   if (mode == "mismatch" || mode == "mismatch-mixed") {

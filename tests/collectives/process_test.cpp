@@ -379,3 +379,17 @@ TEST_CASE("processes: a live reconfiguration lands on the same collective in eve
     }
   }
 }
+
+TEST_CASE("processes: a live transport change (tcp <-> shm) lands on the same collective",
+          "[collectives][process]") {
+  for (const std::string& backend : Backends()) {
+    for (int n : {2, 3}) {
+      auto out = RunPeers(n, backend, "reconfig-transport", -1, std::chrono::seconds(60));
+      for (int r = 0; r < n; ++r) {
+        INFO(backend << " n=" << n << " rank " << r << ": " << out[r].output);
+        CHECK(out[r].exit_code == 0);
+        CHECK(out[r].output.find("landed on collective") != std::string::npos);
+      }
+    }
+  }
+}

@@ -196,6 +196,7 @@ TEST_CASE("call header round trip and rejection of garbage", "[collectives]") {
   h.count = 1ull << 33;
   h.extra = 17;
   h.communicator = 0xABCDEF;
+  h.epoch = 0x0102030405060708ull;
   uint8_t buf[pi::CallHeader::kEncodedSize];
   h.Encode(buf);
   auto d = pi::CallHeader::Decode(absl::MakeConstSpan(buf, sizeof buf));
@@ -203,6 +204,16 @@ TEST_CASE("call header round trip and rejection of garbage", "[collectives]") {
   CHECK(d->SameCall(h));
   CHECK(d->sender == 5);
   CHECK(d->extra == 17);
+  // The configuration epoch: bytes 56-63, little endian; the header stays 64 bytes.
+  CHECK(d->epoch == h.epoch);
+  CHECK(pi::CallHeader::kEncodedSize == 64);
+  CHECK(buf[56] == 0x08);
+  CHECK(buf[63] == 0x01);
+  pi::CallHeader unchanged = h;
+  unchanged.epoch = 0;
+  uint8_t zero[pi::CallHeader::kEncodedSize];
+  unchanged.Encode(zero);
+  for (size_t i = 56; i < 64; ++i) CHECK(zero[i] == 0);  // as version 1 before the epoch
   CHECK(d->Describe().find("reduce #123456789") != std::string::npos);
   CHECK_FALSE(pi::CallHeader::Decode(absl::MakeConstSpan(buf, 10)).ok());
   buf[0] ^= 1;

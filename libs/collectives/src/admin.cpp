@@ -30,6 +30,10 @@ Json Describe(const std::string& name, const Communicator& comm) {
         std::string(AlgorithmName(a));
   }
   const absl::Status health = comm.health();
+  std::vector<std::string> peer_backends;
+  for (transport::Backend b : c.peer_backends) {
+    peer_backends.emplace_back(transport::BackendName(b));
+  }
   return Json{{"name", name},
               {"rank", comm.rank()},
               {"size", comm.size()},
@@ -37,6 +41,8 @@ Json Describe(const std::string& name, const Communicator& comm) {
               {"channels", c.channels},
               {"connected_channels", c.connected_channels},
               {"algorithms", overrides},
+              {"transport", TransportChoiceText(c.transport)},
+              {"peer_backends", peer_backends},
               {"epoch", c.epoch},
               {"since_sequence", c.since_sequence},
               {"sequence", comm.collective_sequence()},
@@ -49,7 +55,8 @@ CollectivesAdmin::CollectivesAdmin(base::admin::AdminServer* endpoint) : endpoin
   endpoint_->Handle(kList, "every communicator: rank, size, ring order, epoch, sequence",
                     [this](const AdminRequest& r) { return List(r); });
   endpoint_->Handle(kReconfigure,
-                    "name=COMM [ring_order=0,2,1,3] [algorithms=allreduce:ring] [channels=N]: "
+                    "name=COMM [ring_order=0,2,1,3] [algorithms=allreduce:ring] [channels=N] "
+                    "[transport=shm|tcp|tcp/per_peer]: "
                     "a live reconfiguration (lands on the same collective on every rank)",
                     [this](const AdminRequest& r) { return Reconfigure(r); });
 }
@@ -91,7 +98,8 @@ absl::StatusOr<std::string> CollectivesAdmin::List(const AdminRequest& r) const 
 }
 
 absl::StatusOr<std::string> CollectivesAdmin::Reconfigure(const AdminRequest& r) {
-  PLEXUS_RETURN_IF_ERROR(CheckArgs(r, {"name", "ring_order", "algorithms", "channels"}));
+  PLEXUS_RETURN_IF_ERROR(
+      CheckArgs(r, {"name", "ring_order", "algorithms", "channels", "transport"}));
   auto arg = [&](const char* key) -> const std::string* {
     auto it = r.args.find(key);
     return it == r.args.end() ? nullptr : &it->second;
@@ -115,6 +123,9 @@ absl::StatusOr<std::string> CollectivesAdmin::Reconfigure(const AdminRequest& r)
                                                      *channels, "' is not a number"));
     }
     change.channels = n;
+  }
+  if (const std::string* transport = arg("transport")) {
+    PLEXUS_ASSIGN_OR_RETURN(change.transport, ParseTransportChoice(*transport));
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto it = comms_.find(*name);

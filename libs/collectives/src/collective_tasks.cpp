@@ -99,7 +99,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllReduceTask(const void* send, void*
 
 absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t count,
                                             DataType dtype, ReduceOp op, CallOptions call) {
-  BeginCollective();
+  PLEXUS_RETURN_IF_ERROR(BeginCollective());
   const size_t bytes = count * DataTypeSize(dtype);
   Algorithm algo = Resolve(CollectiveKind::kAllReduce, bytes, call.algorithm);
   // Whole-vector doubling travels uncast (below); a wire cast asks for fewer bytes, so with one
@@ -232,7 +232,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* re
   PLEXUS_RETURN_IF_ERROR(CheckWire("Reduce", dtype, call, false));
   PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
-    BeginCollective();
+    PLEXUS_RETURN_IF_ERROR(BeginCollective());
     const size_t bytes = count * DataTypeSize(dtype);
     const Algorithm algo = Resolve(CollectiveKind::kReduce, bytes, call.algorithm);
     const CallHeader header = Header(CollectiveKind::kReduce, dtype, op, algo, root, count);
@@ -286,7 +286,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
   }
   PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
-    BeginCollective();
+    PLEXUS_RETURN_IF_ERROR(BeginCollective());
     const size_t bytes = count * DataTypeSize(dtype);
     const Algorithm algo = Resolve(CollectiveKind::kBroadcast, bytes, call.algorithm);
     CallHeader header =
@@ -352,7 +352,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
   }
   PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
-    BeginCollective();
+    PLEXUS_RETURN_IF_ERROR(BeginCollective());
     const size_t esize = DataTypeSize(dtype);
     const int n = layout_.n;
     const size_t total = count * n * esize;
@@ -408,7 +408,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, v
   PLEXUS_RETURN_IF_ERROR(CheckWire("ReduceScatter", dtype, call, false));
   PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
-    BeginCollective();
+    PLEXUS_RETURN_IF_ERROR(BeginCollective());
     const size_t esize = DataTypeSize(dtype);
     const int n = layout_.n;
     const size_t total = count * n * esize;
@@ -445,7 +445,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllTask(const void* send, void* 
   PLEXUS_RETURN_IF_ERROR(CheckWire("AllToAll", dtype, call, false));
   PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
-    BeginCollective();
+    PLEXUS_RETURN_IF_ERROR(BeginCollective());
     const size_t esize = DataTypeSize(dtype);
     const int n = layout_.n;
     const size_t block = count * esize;
@@ -529,7 +529,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllToAllVTask(
   std::vector<size_t> rd(recv_displs.begin(), recv_displs.end());
   PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [=, this]() -> absl::Status {
-    BeginCollective();
+    PLEXUS_RETURN_IF_ERROR(BeginCollective());
     const Algorithm algo = Resolve(CollectiveKind::kAllToAllV, send_extent * esize, call.algorithm);
     const CallHeader header =
         Header(CollectiveKind::kAllToAllV, dtype, ReduceOp::kSum, algo, -1, 0);
@@ -577,6 +577,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::PointToPointTask(void* buf, size_t co
     header.sender = is_send ? layout_.rank : peer;
     header.count = count;
     header.communicator = uid_;
+    header.epoch = config_epoch_;  // informational: a Send and its Recv may straddle a change
     // Each direction of each pair numbers its messages: that is what matches a Send to a Recv.
     header.sequence = is_send ? p2p_send_seq_[peer]++ : p2p_recv_seq_[peer]++;
     if (trace_ != nullptr) trace_->Describe(header, peer);
@@ -605,7 +606,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BarrierTask() {
 }
 
 absl::Status CommunicatorImpl::RunBarrier() {
-  BeginCollective();
+  PLEXUS_RETURN_IF_ERROR(BeginCollective());
   const CallHeader header = Header(CollectiveKind::kBarrier, DataType::kU8, ReduceOp::kMax,
                                    Algorithm::kHalvingDoubling, -1, 1);
   uint8_t token[8] = {};

@@ -283,19 +283,17 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   const bool oversubscribed = local_ranks > std::max(shared_cpus, 1);
 
   // Each pair's backend, the same on every rank (so are the defaults that follow from them).
-  comm->peer_backend_.assign(n, options.device.backend);
+  std::vector<std::vector<transport::Backend>> pairs =
+      PairBackends(policy, options.device.backend, hosts);
+  if (device != nullptr) {
+    for (auto& row : pairs) row.assign(n, device->backend());
+  }
+  comm->peer_backend_ = pairs[rank];
+  comm->peer_backend_[rank] = options.device.backend;
   bool any_tcp = options.device.backend == transport::Backend::kTcp && n == 1;
-  bool all_mailboxes = true;
   for (int a = 0; a < n; ++a) {
     for (int b = 0; b < n; ++b) {
-      if (a == b) continue;
-      const transport::Backend backend =
-          device != nullptr ? device->backend()
-                            : PairBackend(policy, options.device.backend, hosts[a], hosts[b]);
-      if (a == rank) comm->peer_backend_[b] = backend;
-      any_tcp = any_tcp || backend == transport::Backend::kTcp;
-      all_mailboxes = all_mailboxes && (backend == transport::Backend::kShm ||
-                                        backend == transport::Backend::kInproc);
+      any_tcp = any_tcp || (a != b && pairs[a][b] == transport::Backend::kTcp);
     }
   }
   if (use_default_table) comm->table_ = AlgorithmTable::Default(any_tcp);
@@ -311,78 +309,28 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   // that shares its CPU (4 ranks on 2 CPUs, 1 MiB: 573 -> 236 us without it; 16 MiB 14.8 ->
   // 8.8 ms; docs/collectives.md, "Benchmarks"). The transport's own threshold (2 MiB) stays.
   comm->caller_device_ = device != nullptr;
-  if (device != nullptr) {
-    comm->devices_.push_back(std::move(device));
-    comm->device_ = comm->devices_.back().get();
-  } else {
+  if (device == nullptr) {
     // options() reports the timeouts the devices use.
     options.device.op_timeout = device_options.op_timeout;
     options.device.connect_timeout = device_options.connect_timeout;
-    // One device per backend this rank uses, shm first (see MultiDeviceDriver).
-    for (transport::Backend backend : {transport::Backend::kInproc, transport::Backend::kShm,
-                                       transport::Backend::kTcp, transport::Backend::kVerbs}) {
-      bool used = false;
-      for (int r = 0; r < n; ++r) used = used || (r != rank && comm->peer_backend_[r] == backend);
-      if (!used) continue;
-      transport::DeviceOptions o = device_options;
-      o.backend = backend;
-      auto created = transport::Device::Create(o);
-      if (!created.ok()) {
-        return absl::Status(created.status().code(),
-                            absl::StrCat("rank ", rank, ": creating the ",
-                                         std::string(transport::BackendName(backend)),
-                                         " device: ", std::string(created.status().message())));
-      }
-      comm->devices_.push_back(*std::move(created));
-    }
-    if (!comm->devices_.empty()) comm->device_ = comm->devices_.back().get();
   }
-  if (n > 1) {
-    if (comm->devices_.size() == 1) {
-      comm->cq_ = comm->device_->CreateCompletionQueue();
-    } else {
-      std::vector<transport::Device*> drivers;
-      for (const auto& d : comm->devices_) drivers.push_back(d.get());
-      comm->driver_ = std::make_unique<MultiDeviceDriver>(std::move(drivers));
-      comm->cq_ = std::make_unique<transport::CompletionQueue>(
-          comm->device_->options().progress == transport::ProgressMode::kCaller
-              ? comm->driver_.get()
-              : nullptr);
-    }
-    std::vector<transport::Device*> device_of(n, nullptr);
-    for (int r = 0; r < n; ++r) {
-      if (r == rank) continue;
-      for (const auto& d : comm->devices_) {
-        if (d->backend() == comm->peer_backend_[r]) device_of[r] = d.get();
-      }
-    }
-    for (int c = 0; c < options.channels; ++c) {
-      const std::string source =
-          options.channel_local_addresses.empty() || device != nullptr
-              ? std::string()
-              : options.channel_local_addresses[c % options.channel_local_addresses.size()];
-      auto mesh = ConnectPeers(rendezvous, device_of, comm->cq_.get(), absl::StrCat(tag, "/ch", c),
-                               options.connect_timeout, source);
-      if (!mesh.ok()) {
-        return absl::Status(mesh.status().code(),
-                            absl::StrCat("connecting channel ", c, " of the communicator: ",
-                                         std::string(mesh.status().message())));
-      }
-      for (int r = 0; r < n; ++r) {
-        if ((*mesh)[r]) comm->peer_of_connection_[(*mesh)[r]->id()] = r;
-      }
-      comm->conns_.push_back(*std::move(mesh));
-    }
-  }
+  // What a live transport change rebuilds the connections from.
+  comm->hosts_ = hosts;
+  comm->device_options_ = device_options;
+  comm->use_mailboxes_ = use_mailboxes;
+  comm->use_default_table_ = use_default_table;
+  ConnectionSpec spec = comm->MakeConnectionSpec(pairs, tag);
+  spec.caller_device = device;  // options_ is not set yet: the fields read from it
+  spec.channels = options.channels;
+  spec.channel_local_addresses = options.channel_local_addresses;
+  spec.timeout = options.connect_timeout;
+  ConnectionSet set;
+  // A rank whose devices do not open still takes part in the exchange: every rank fails at
+  // once, naming it, instead of waiting for its addresses until the timeout.
+  const absl::Status opened = OpenDevices(spec, {}, &set);
+  PLEXUS_RETURN_IF_ERROR(ConnectAll(rendezvous, spec, &set, opened));
+  comm->InstallConnections(std::move(set));
   comm->links_.resize(static_cast<size_t>(n) * options.channels);
-  comm->mailboxes_.assign(n, nullptr);
-  comm->mailboxes_ready_ = n > 1 && !comm->conns_.empty();
-  for (int r = 0; r < n && comm->mailboxes_ready_; ++r) {
-    if (r == rank) continue;
-    comm->mailboxes_[r] = comm->conns_[0][r]->mailbox();
-    comm->mailboxes_ready_ = comm->mailboxes_[r] != nullptr;
-  }
-  if (!use_mailboxes || !all_mailboxes) comm->mailboxes_ready_ = false;
   comm->call_layout_ = comm->layout_;
   // More ranks than CPUs on this host: a rank spinning for its peer takes the CPU the peer needs
   // to answer, so waiting ranks yield instead (as Open MPI does when oversubscribed).
@@ -552,6 +500,7 @@ CallHeader CommunicatorImpl::Header(CollectiveKind kind, DataType dtype, ReduceO
   h.count = count;
   h.communicator = uid_;
   h.sequence = collective_seq_++;
+  h.epoch = config_epoch_;
   if (trace_ != nullptr) trace_->Describe(h);
   if (debug_) {
     std::fprintf(stderr, "[plexus-coll rank %d] %s -> %s\n", layout_.rank, h.Describe().c_str(),

@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "blame.hpp"
+#include "connection_set.hpp"
 #include "plan.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/base/wait_policy.hpp"
@@ -86,6 +87,17 @@ inline absl::Status MismatchedCalls(int rank, const std::string& call, int peer,
   return absl::FailedPreconditionError(absl::StrCat("mismatched collective calls: rank ", rank,
                                                     " is in ", call, " but rank ", peer, " sent ",
                                                     theirs, why));
+}
+
+// The error of a rank whose peer ran the same collective under another live-reconfiguration
+// epoch (the header's `epoch`): the ranks applied a change at different collectives, so their
+// plans may differ (ring order, channels, algorithm, transport) and the result would be wrong.
+inline absl::Status EpochMismatch(int rank, const std::string& call, uint64_t epoch, int peer,
+                                  const std::string& theirs, const std::string& their_epoch) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("configuration epoch mismatch: rank ", rank, " runs ", call, " under epoch ",
+                   epoch, " but rank ", peer, " sent ", theirs, " under epoch ", their_epoch,
+                   ": the ranks applied a live reconfiguration at different collectives"));
 }
 
 // How long a waiting call polls the transport (yielding the CPU between polls after the spin)
@@ -318,7 +330,8 @@ class CommunicatorImpl : public Communicator {
   // BeginCollective first, before choosing its algorithm or layout: it applies the changes that
   // land on this collective's sequence number.
   absl::Status IssueCollective();
-  void BeginCollective();
+  // The error of a transport change that failed (the communicator is broken then).
+  absl::Status BeginCollective();
   void ApplyChange(const DecidedChange& decided);
   // After Make connected: the active configuration, and the watcher thread (several ranks,
   // unless PLEXUS_COLL_RECONFIG=0). The environment variable's error.
@@ -330,6 +343,17 @@ class CommunicatorImpl : public Communicator {
   // One round of the barrier for request `epoch`; an error breaks the communicator.
   absl::Status RunReconfigRound(uint64_t epoch, const std::string& payload);
   void BreakFromWatcher(absl::Status status);
+  // A change of transport landing on the collective about to run (connection_set.cpp): every
+  // rank opens the devices it needs, gathers whether all could (and the point-to-point counts
+  // per pair, which must match), connects the new set, swaps it in and closes the old one. An
+  // error (naming the rank or peer; within options_.connect_timeout) breaks the communicator.
+  absl::Status ChangeTransport(const TransportChoice& choice, uint64_t epoch);
+  // The connection set in use, moved out of / into the members below (connection_set.hpp).
+  ConnectionSet TakeConnections();
+  void InstallConnections(ConnectionSet set);
+  // What a connection set for the pair backends `pairs` ([a][b], PairBackends) is built from.
+  ConnectionSpec MakeConnectionSpec(const std::vector<std::vector<transport::Backend>>& pairs,
+                                    std::string tag) const;
   std::string ReconfigKey(std::string_view what, uint64_t epoch, int rank = -1) const;
 
   absl::Status CheckCommon(const char* what, const void* send, const void* recv, size_t count,
@@ -439,6 +463,13 @@ class CommunicatorImpl : public Communicator {
   std::vector<transport::Backend> peer_backend_;
   // device_ came from the caller (Create on an existing device): Split children reuse it.
   bool caller_device_ = false;
+  // What a transport change rebuilds the connections from (ChangeTransport): every rank's host
+  // identity, the options of the devices the communicator creates, whether the mailbox path is
+  // allowed (PLEXUS_COLL_MAILBOX) and whether table_ is the default for the pair backends.
+  std::vector<std::string> hosts_;
+  transport::DeviceOptions device_options_;
+  bool use_mailboxes_ = true;
+  bool use_default_table_ = false;
   std::unique_ptr<transport::CompletionQueue> cq_;
   // conns_[channel][rank]; null for this rank.
   std::vector<std::vector<std::unique_ptr<transport::Connection>>> conns_;
@@ -455,6 +486,9 @@ class CommunicatorImpl : public Communicator {
 
   // State of the executing call (one at a time).
   uint64_t collective_seq_ = 0;
+  // The live-reconfiguration epoch collectives run under (ActiveConfiguration::epoch, kept by
+  // the thread running collectives: BeginCollective writes it, Header() reads it).
+  uint64_t config_epoch_ = 0;
   std::vector<uint64_t> p2p_send_seq_, p2p_recv_seq_;
   std::vector<uint8_t> scratch_;
   struct Link {

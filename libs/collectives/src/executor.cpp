@@ -315,6 +315,13 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
                          "): the ranks issued different sequences of calls")));
         return false;
       }
+      // Collectives run under the same epoch on every rank (the sequence-number barrier);
+      // Send/Recv number their messages per pair and may straddle a change.
+      if (theirs->epoch != header.epoch && header.kind != CollectiveKind::kSendRecv) {
+        failure = Failure::Own(EpochMismatch(layout_.rank, describe(), header.epoch, r.peer,
+                                             theirs->Describe(), absl::StrCat(theirs->epoch)));
+        return false;
+      }
       const uint64_t expected_extra = plan.rx_extra.empty() ? 0 : plan.rx_extra[r.peer];
       if (!theirs->SameCall(header) || theirs->sender != r.peer ||
           theirs->extra != expected_extra) {

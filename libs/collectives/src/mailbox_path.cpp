@@ -21,7 +21,8 @@ using transport::Completion;
 using transport::ConstBuffer;
 
 // The header of a mailbox message: enough to check that both ranks are in the same call (the
-// fields CallHeader::SameCall compares, but the communicator id: mailboxes are per connection).
+// fields CallHeader::SameCall compares, but the communicator id: mailboxes are per connection)
+// under the same live-reconfiguration epoch (its low 16 bits: CallHeader::epoch).
 struct MailHeader {
   static constexpr uint8_t kMagic = 0xC5;
   uint8_t magic = kMagic;
@@ -29,7 +30,8 @@ struct MailHeader {
   uint8_t dtype = 0;
   uint8_t op = 0;
   uint8_t algorithm = 0;
-  uint8_t reserved[3] = {};
+  uint8_t reserved = 0;
+  uint16_t epoch = 0;  // CallHeader::epoch mod 2^16
   uint32_t count = 0;
   int32_t root = -1;
   uint64_t sequence = 0;
@@ -43,6 +45,7 @@ struct MailHeader {
     m.count = static_cast<uint32_t>(h.count);
     m.root = h.root;
     m.sequence = h.sequence;
+    m.epoch = static_cast<uint16_t>(h.epoch);
     return m;
   }
   bool operator==(const MailHeader&) const = default;
@@ -120,6 +123,11 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
         MailHeader theirs;
         if (message.size() >= kMailHeaderBytes) {
           std::memcpy(&theirs, message.data(), kMailHeaderBytes);
+        }
+        if (message.size() >= kMailHeaderBytes && theirs.Valid() && theirs.epoch != mine.epoch) {
+          return Abort(header, Failure::Own(EpochMismatch(
+                                   layout_.rank, header.Describe(), header.epoch, in.from,
+                                   theirs.Describe(), absl::StrCat(theirs.epoch, " (mod 2^16)"))));
         }
         if (message.size() < kMailHeaderBytes || !(theirs == mine) ||
             message.size() != kMailHeaderBytes + length) {

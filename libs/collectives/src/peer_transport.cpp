@@ -44,20 +44,12 @@ absl::StatusOr<TransportPolicy> ParseTransportPolicy(std::string_view text) {
       absl::StrCat("transport policy '", std::string(text), "' is not per_peer or uniform"));
 }
 
-absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectPeers(
-    transport::Rendezvous& rendezvous, absl::Span<transport::Device* const> device_of,
-    transport::CompletionQueue* cq, std::string_view tag, absl::Duration timeout,
-    std::string_view local_address) {
-  const absl::Time deadline = absl::Now() + timeout;
-  const int rank = rendezvous.rank();
-  const int size = rendezvous.world_size();
-  std::vector<std::unique_ptr<transport::Connection>> conns(size);
-  if (size == 1) return conns;
-
+absl::StatusOr<PeerListeners> ListenForPeers(int rank,
+                                             absl::Span<transport::Device* const> device_of,
+                                             std::string_view local_address) {
+  const int size = static_cast<int>(device_of.size());
+  PeerListeners out;
   // One listener per distinct device; the published record is "backend=address;...".
-  std::vector<transport::Device*> devices;
-  std::vector<std::unique_ptr<transport::Listener>> listeners;
-  std::vector<int> expected;  // per listener: the higher ranks that connect to it
   std::vector<std::string> published;
   for (int r = 0; r < size; ++r) {
     transport::Device* d = device_of[r];
@@ -65,10 +57,10 @@ absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectPeers
     if (d == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": no device for rank ", r));
     }
-    auto it = std::find(devices.begin(), devices.end(), d);
-    size_t i = it - devices.begin();
-    if (it == devices.end()) {
-      devices.push_back(d);
+    auto it = std::find(out.devices.begin(), out.devices.end(), d);
+    size_t i = it - out.devices.begin();
+    if (it == out.devices.end()) {
+      out.devices.push_back(d);
       const bool bind = !local_address.empty() && d->backend() == transport::Backend::kTcp;
       absl::StatusOr<std::unique_ptr<transport::Listener>> listening =
           d->Listen(bind ? base::net::JoinHostPort(local_address, 0) : std::string());
@@ -82,14 +74,25 @@ absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectPeers
       std::unique_ptr<transport::Listener> listener = *std::move(listening);
       published.push_back(absl::StrCat(std::string(transport::BackendName(d->backend())), "=",
                                        listener->address()));
-      listeners.push_back(std::move(listener));
-      expected.push_back(0);
+      out.listeners.push_back(std::move(listener));
+      out.expected.push_back(0);
     }
-    if (r > rank) ++expected[i];
+    if (r > rank) ++out.expected[i];
   }
-  PLEXUS_ASSIGN_OR_RETURN(std::vector<std::string> records,
-                          rendezvous.AllGather(absl::StrCat("plexus/coll/peers/", std::string(tag)),
-                                               absl::StrJoin(published, ";"), timeout));
+  out.record = absl::StrJoin(published, ";");
+  return out;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectListening(
+    int rank, PeerListeners& listening, absl::Span<const std::string> records,
+    absl::Span<transport::Device* const> device_of, transport::CompletionQueue* cq,
+    absl::Time deadline, std::string_view local_address) {
+  const int size = static_cast<int>(device_of.size());
+  std::vector<std::unique_ptr<transport::Connection>> conns(size);
+  if (size == 1) return conns;
+  const std::vector<transport::Device*>& devices = listening.devices;
+  std::vector<std::unique_ptr<transport::Listener>>& listeners = listening.listeners;
+  std::vector<int>& expected = listening.expected;
 
   // Connect to every lower rank over its device and introduce ourselves.
   const uint32_t me = static_cast<uint32_t>(rank);
@@ -124,6 +127,13 @@ absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectPeers
   }
   // Accept every higher rank, polling the listeners in turn; each peer says who it is.
   int left = size - 1 - rank;
+  auto missing = [&] {  // the higher ranks not connected yet, named in errors
+    std::vector<int> out;
+    for (int r = rank + 1; r < size; ++r) {
+      if (conns[r] == nullptr) out.push_back(r);
+    }
+    return absl::StrCat("rank", out.size() == 1 ? " " : "s ", absl::StrJoin(out, ", "));
+  };
   while (left > 0) {
     bool accepted = false;
     for (size_t i = 0; i < listeners.size(); ++i) {
@@ -135,8 +145,8 @@ absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectPeers
       if (!c.ok()) {
         if (absl::IsDeadlineExceeded(c.status()) && absl::Now() < deadline) continue;
         return absl::Status(c.status().code(),
-                            absl::StrCat("rank ", rank, " waiting for ", left,
-                                         " higher rank(s): ", std::string(c.status().message())));
+                            absl::StrCat("rank ", rank, " waiting for ", missing(),
+                                         " to connect: ", std::string(c.status().message())));
       }
       uint32_t who = UINT32_MAX;
       PLEXUS_RETURN_IF_ERROR((*c)->PostRecv({&who, sizeof who}, 0));
@@ -154,7 +164,7 @@ absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectPeers
     }
     if (!accepted && absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
-          absl::StrCat("rank ", rank, " waiting for ", left, " higher rank(s) to connect"));
+          absl::StrCat("rank ", rank, " waiting for ", missing(), " to connect: timed out"));
     }
   }
   return conns;

@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "communicator_impl.hpp"
+#include "peer_transport.hpp"
 #include "plexus/base/env.hpp"
 #include "plexus/base/status.hpp"
 
@@ -58,6 +59,33 @@ std::string OverridesText(const AlgorithmOverrides& overrides) {
   return absl::StrJoin(items, ",");
 }
 
+std::string TransportChoiceText(const TransportChoice& choice) {
+  const std::string backend(transport::BackendName(choice.backend));
+  return choice.policy == TransportPolicy::kPerPeer ? backend + "/per_peer" : backend;
+}
+
+absl::StatusOr<TransportChoice> ParseTransportChoice(std::string_view text) {
+  const std::vector<std::string> parts =
+      absl::StrSplit(absl::string_view(text.data(), text.size()), absl::MaxSplits('/', 1));
+  TransportChoice choice;
+  auto backend = transport::ParseBackend(parts[0]);
+  if (!backend.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transport '", std::string(text), "': ", backend.status().message()));
+  }
+  choice.backend = *backend;
+  if (parts.size() == 2) {
+    auto policy = internal::ParseTransportPolicy(parts[1]);
+    if (!policy.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("transport '", std::string(text),
+                                                     "': ", policy.status().message(),
+                                                     " (expected e.g. shm, tcp or tcp/per_peer)"));
+    }
+    choice.policy = *policy;
+  }
+  return choice;
+}
+
 }  // namespace plexus::collectives
 
 namespace plexus::collectives::internal {
@@ -76,6 +104,10 @@ const base::Param<bool> kReconfigParam(
 std::mutex hook_mu;
 ReconfigHook& Hook() {
   static ReconfigHook* hook = new ReconfigHook();
+  return *hook;
+}
+ReconfigLandingHook& LandingHook() {
+  static ReconfigLandingHook* hook = new ReconfigLandingHook();
   return *hook;
 }
 void CallHook(int rank, uint64_t epoch, ReconfigStep step) {
@@ -111,6 +143,11 @@ void SetReconfigTestHook(ReconfigHook hook) {
   Hook() = std::move(hook);
 }
 
+void SetReconfigLandingTestHook(ReconfigLandingHook hook) {
+  std::lock_guard<std::mutex> lock(hook_mu);
+  LandingHook() = std::move(hook);
+}
+
 std::string EncodeReconfiguration(const Reconfiguration& change, int requester) {
   std::string out = absl::StrCat("requester=", requester, "\n");
   if (change.ring_order)
@@ -118,6 +155,9 @@ std::string EncodeReconfiguration(const Reconfiguration& change, int requester) 
   if (change.algorithms)
     absl::StrAppend(&out, "algorithms=", OverridesText(*change.algorithms), "\n");
   if (change.channels) absl::StrAppend(&out, "channels=", *change.channels, "\n");
+  if (change.transport) {
+    absl::StrAppend(&out, "transport=", TransportChoiceText(*change.transport), "\n");
+  }
   return out;
 }
 
@@ -150,6 +190,9 @@ absl::StatusOr<DecidedChange> DecodeReconfiguration(std::string_view text) {
             absl::StrCat("reconfiguration request: channels '", value, "'"));
       }
       out.change.channels = channels;
+    } else if (key == "transport") {
+      PLEXUS_ASSIGN_OR_RETURN(out.change.transport,
+                              ParseTransportChoice(std::string_view(value.data(), value.size())));
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("reconfiguration request: unknown field '", key, "'"));
@@ -170,6 +213,8 @@ absl::Status CommunicatorImpl::StartReconfiguration() {
   reconf_.active.algorithms = options_.algorithms;
   reconf_.active.channels = layout_.channels;
   reconf_.active.connected_channels = options_.channels;
+  reconf_.active.transport = {options_.device.backend, options_.transport_policy};
+  reconf_.active.peer_backends = peer_backend_;
   if (!enabled) {
     reconf_.lost = absl::FailedPreconditionError(absl::StrCat(
         "rank ", layout_.rank, ": live reconfiguration is off (", kReconfigParam.name(), "=0)"));
@@ -193,10 +238,26 @@ void CommunicatorImpl::StopReconfiguration() {
 
 absl::StatusOr<uint64_t> CommunicatorImpl::RequestReconfiguration(const Reconfiguration& change) {
   const int n = layout_.n;
-  if (!change.ring_order && !change.algorithms && !change.channels) {
+  if (!change.ring_order && !change.algorithms && !change.channels && !change.transport) {
     return absl::InvalidArgumentError(
         absl::StrCat("RequestReconfiguration on rank ", layout_.rank,
-                     ": the change is empty (set ring_order, algorithms or channels)"));
+                     ": the change is empty (set ring_order, algorithms, channels or transport)"));
+  }
+  if (change.transport) {
+    if (caller_device_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("RequestReconfiguration on rank ", layout_.rank,
+                       ": this communicator was created on the caller's device, which decides its "
+                       "connections: its transport cannot change"));
+    }
+    std::string why;
+    if (static_cast<unsigned>(change.transport->backend) >
+            static_cast<unsigned>(transport::Backend::kVerbs) ||
+        !transport::Device::Available(change.transport->backend, &why)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RequestReconfiguration on rank ", layout_.rank, ": transport ",
+                       TransportChoiceText(*change.transport), " is not available here: ", why));
+    }
   }
   if (change.ring_order) {
     if (absl::Status s = CheckRingOrder(*change.ring_order, n); !s.ok()) {
@@ -297,14 +358,26 @@ absl::Status CommunicatorImpl::IssueCollective() {
   return waited ? health() : absl::OkStatus();
 }
 
-void CommunicatorImpl::BeginCollective() {
-  std::lock_guard<std::mutex> lock(reconf_.mu);
-  const uint64_t sequence = collective_seq_;
-  while (!reconf_.pending.empty() && reconf_.pending.front().sequence <= sequence) {
-    ApplyChange(reconf_.pending.front());
-    reconf_.active.since_sequence = sequence;
-    reconf_.pending.pop_front();
+absl::Status CommunicatorImpl::BeginCollective() {
+  std::optional<TransportChoice> transport;
+  uint64_t epoch = 0;
+  {
+    std::lock_guard<std::mutex> lock(reconf_.mu);
+    const uint64_t sequence = collective_seq_;
+    while (!reconf_.pending.empty() && reconf_.pending.front().sequence <= sequence) {
+      const DecidedChange& decided = reconf_.pending.front();
+      ApplyChange(decided);
+      if (decided.change.transport) {  // the last one landing here wins
+        transport = decided.change.transport;
+        epoch = decided.epoch;
+      }
+      reconf_.active.since_sequence = sequence;
+      reconf_.pending.pop_front();
+    }
   }
+  // Outside the lock: connecting takes a while, and the watcher runs the next round meanwhile.
+  if (transport) return ChangeTransport(*transport, epoch);
+  return absl::OkStatus();
 }
 
 void CommunicatorImpl::ApplyChange(const DecidedChange& decided) {
@@ -327,6 +400,7 @@ void CommunicatorImpl::ApplyChange(const DecidedChange& decided) {
     reconf_.active.channels = *change.channels;
   }
   reconf_.active.epoch = decided.epoch;
+  config_epoch_ = decided.epoch;
   if (debug_) {
     std::fprintf(stderr,
                  "[plexus-coll rank %d] reconfiguration epoch %llu (from rank %d) lands on "
@@ -436,6 +510,14 @@ absl::Status CommunicatorImpl::RunReconfigRound(uint64_t epoch, const std::strin
     sequence = std::max(sequence, theirs);
   }
   decided.sequence = sequence;
+  {
+    ReconfigLandingHook landing;
+    {
+      std::lock_guard<std::mutex> lock(hook_mu);
+      landing = LandingHook();
+    }
+    if (landing) decided.sequence = landing(rank, epoch, sequence);
+  }
   {
     std::lock_guard<std::mutex> lock(reconf_.mu);
     reconf_.last_sequence = sequence;

@@ -73,5 +73,11 @@ enum class ReconfigStep : uint8_t {
 };
 using ReconfigHook = std::function<void(int rank, uint64_t epoch, ReconfigStep step)>;
 void SetReconfigTestHook(ReconfigHook hook);
+// Tests: breaks the barrier on purpose. When set, a watcher lets decision `epoch` land on the
+// collective the hook returns instead of the agreed `sequence` (on its rank only), so that the
+// ranks run one collective under different epochs and the epoch check in the message headers
+// must catch it. Process-wide; nullptr removes it.
+using ReconfigLandingHook = std::function<uint64_t(int rank, uint64_t epoch, uint64_t sequence)>;
+void SetReconfigLandingTestHook(ReconfigLandingHook hook);
 
 }  // namespace plexus::collectives::internal

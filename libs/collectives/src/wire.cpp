@@ -47,6 +47,7 @@ void CallHeader::Encode(uint8_t* out) const {
   Put(out, 32, count, 8);
   Put(out, 40, extra, 8);
   Put(out, 48, communicator, 8);
+  Put(out, 56, epoch, 8);
 }
 
 absl::StatusOr<CallHeader> CallHeader::Decode(absl::Span<const uint8_t> bytes) {
@@ -75,6 +76,7 @@ absl::StatusOr<CallHeader> CallHeader::Decode(absl::Span<const uint8_t> bytes) {
   h.count = Get(in, 32, 8);
   h.extra = Get(in, 40, 8);
   h.communicator = Get(in, 48, 8);
+  h.epoch = Get(in, 56, 8);
   return h;
 }
 

@@ -1,5 +1,6 @@
 // The header that travels with the first message of every call on each connection: it lets the
-// receiver check that both ranks are in the same call with the same arguments.
+// receiver check that both ranks are in the same call with the same arguments, under the same
+// live-reconfiguration epoch (docs/collectives.md, "On the wire").
 #pragma once
 
 #include <cstddef>
@@ -31,6 +32,12 @@ struct CallHeader {
   // The element type on the wire when it differs from dtype (a fused cast, CallOptions::
   // wire_dtype); encoded in a byte that version 1 left zero, so uncast calls encode as before.
   std::optional<DataType> wire;
+  // The configuration epoch the sender ran the call under (ActiveConfiguration::epoch: 0 as
+  // created, then the epoch of the last live reconfiguration applied); bytes 56-63, which
+  // version 1 left zero, so a communicator never reconfigured encodes as before. Not part of
+  // SameCall: the executor checks it on its own, for collectives (not Send/Recv), so that a
+  // mismatch names both epochs.
+  uint64_t epoch = 0;
 
   void Encode(uint8_t* out) const;
   // DataLoss for anything that is not a header of this version.

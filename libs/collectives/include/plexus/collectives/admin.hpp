@@ -4,8 +4,10 @@
 // server and adds communicators here.
 //
 //   coll-list                        every added communicator: name, rank, size, ring order,
-//                                    channels, epoch, since_sequence, sequence, overrides, health
+//                                    channels, epoch, since_sequence, sequence, overrides,
+//                                    transport, peer_backends, health
 //   coll-reconfigure name=NAME [ring_order=0,2,1,3] [algorithms=allreduce:ring] [channels=N]
+//                    [transport=shm|tcp|tcp/per_peer]
 //                                    Communicator::RequestReconfiguration; {"epoch": k}
 //
 // Any client of the wire works: base::admin::AdminCall, or `plexus-rpc-ctl call`.

@@ -57,16 +57,6 @@
 
 namespace plexus::collectives {
 
-// How a communicator that creates its devices picks the transport of each peer
-// (docs/collectives.md, "Transport per peer").
-enum class TransportPolicy : uint8_t {
-  // Ranks on this host over shm (with mailboxes), ranks on other hosts over device.backend (tcp
-  // when that is shm). With device.backend kInproc every peer is inproc.
-  kPerPeer = 0,
-  // device.backend for every peer (to measure or test one backend).
-  kUniform = 1,
-};
-
 // DeviceOptions with caller-driven progress: the default device of a communicator.
 inline transport::DeviceOptions CallerDrivenDeviceOptions() {
   transport::DeviceOptions options;
@@ -240,7 +230,9 @@ class Communicator {
   // Updated by the thread running collectives: from other threads read configuration().
   virtual const std::vector<int>& ring_order() const = 0;
   virtual const CommunicatorOptions& options() const = 0;
-  // The backend of the connections to rank `peer` (for this rank itself: device.backend).
+  // The backend of the connections to rank `peer` (for this rank itself: device.backend). A live
+  // transport change updates it from the thread running collectives: from other threads read
+  // configuration().peer_backends.
   virtual transport::Backend peer_backend(int peer) const = 0;
   // The algorithm a call of `kind` moving `bytes` (see SelectorRule) would use with `forced`.
   virtual Algorithm SelectAlgorithm(CollectiveKind kind, size_t bytes,
@@ -334,9 +326,12 @@ class Communicator {
   // of the change (MCCS's sequence-number barrier); collectives already launched or queued before
   // it finish with the old configuration. Concurrent requests are applied one after the other in
   // the order the store numbered them, on every rank alike. Returns the change's epoch (1, 2,
-  // ...). InvalidArgument for an empty change, a ring order that is not a permutation, or
-  // channels outside 1..connected; the communicator's error when it is broken; the store's
-  // error when publishing fails.
+  // ...). InvalidArgument for an empty change, a ring order that is not a permutation,
+  // channels outside 1..connected, or a transport whose backend this machine lacks;
+  // FailedPrecondition for a transport change of a communicator created on the caller's device;
+  // the communicator's error when it is broken; the store's error when publishing fails.
+  // A transport change that cannot connect fails the collective it lands on (and breaks the
+  // communicator) within CommunicatorOptions::connect_timeout, naming the rank or peer.
   virtual absl::StatusOr<uint64_t> RequestReconfiguration(const Reconfiguration& change) = 0;
   // Waits until every rank agreed where change `epoch` lands; returns the sequence number of the
   // first collective that runs with it (the same on every rank). DeadlineExceeded after `timeout`.

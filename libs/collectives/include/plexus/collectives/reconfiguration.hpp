@@ -9,8 +9,27 @@
 
 #include "absl/status/statusor.h"
 #include "plexus/collectives/selector.hpp"
+#include "plexus/transport/types.hpp"
 
 namespace plexus::collectives {
+
+// How a communicator that creates its devices picks the transport of each peer
+// (docs/collectives.md, "Transport per peer").
+enum class TransportPolicy : uint8_t {
+  // Ranks on this host over shm (with mailboxes), ranks on other hosts over device.backend (tcp
+  // when that is shm). With device.backend kInproc every peer is inproc.
+  kPerPeer = 0,
+  // device.backend for every peer (to measure or test one backend).
+  kUniform = 1,
+};
+
+// The transport of a communicator's connections: device.backend and the policy that derives
+// each pair's backend from it (docs/collectives.md, "Transport per peer").
+struct TransportChoice {
+  transport::Backend backend = transport::Backend::kTcp;
+  TransportPolicy policy = TransportPolicy::kUniform;
+  bool operator==(const TransportChoice&) const = default;
+};
 
 // A change requested with Communicator::RequestReconfiguration. Unset fields keep their value.
 struct Reconfiguration {
@@ -22,6 +41,13 @@ struct Reconfiguration {
   // Channels collectives stripe over: 1 to the number connected at creation (no connection is
   // opened or closed). Point-to-point calls keep every connected channel.
   std::optional<int> channels;
+  // New connections: every rank connects every peer again over the backends `transport` picks
+  // (e.g. tcp -> shm for ranks of one host), at the collective the change lands on; collectives
+  // before it finish on the old connections, which are closed once every rank is past them.
+  // Not for a communicator created on a caller's device. Point-to-point messages must not
+  // straddle the change (a Send before it whose Recv runs after it): the landing collective
+  // fails with FailedPrecondition naming the pair.
+  std::optional<TransportChoice> transport;
 };
 
 // The configuration collectives run with, and since when.
@@ -35,6 +61,9 @@ struct ActiveConfiguration {
   AlgorithmOverrides algorithms;
   int channels = 1;            // in use by collectives
   int connected_channels = 1;  // connected at creation (the most `channels` may be)
+  TransportChoice transport;   // the connections' transport
+  // peer_backends[r]: the backend of this rank's connections to rank r (this rank: backend).
+  std::vector<transport::Backend> peer_backends;
 };
 
 // Text forms, for the admin endpoint and logs. "0,2,1,3" <-> a ring order (no range check);
@@ -42,5 +71,8 @@ struct ActiveConfiguration {
 std::string RingOrderText(const std::vector<int>& order);
 absl::StatusOr<std::vector<int>> ParseRingOrder(std::string_view text);
 std::string OverridesText(const AlgorithmOverrides& overrides);
+// "tcp" (uniform) or "shm/per_peer" <-> a TransportChoice ("tcp/uniform" parses too).
+std::string TransportChoiceText(const TransportChoice& choice);
+absl::StatusOr<TransportChoice> ParseTransportChoice(std::string_view text);
 
 }  // namespace plexus::collectives

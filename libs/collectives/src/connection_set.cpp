@@ -1,0 +1,347 @@
+// The connection set (connection_set.hpp): built at creation, and rebuilt and swapped in by a
+// live transport change (CommunicatorImpl::ChangeTransport, docs/collectives.md, "Changing the
+// transport").
+#include "connection_set.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "communicator_impl.hpp"
+#include "peer_transport.hpp"
+#include "plexus/base/status.hpp"
+
+namespace plexus::collectives::internal {
+
+void ConnectionSet::Close() {
+  for (auto& channel : conns) {
+    for (auto& c : channel) {
+      if (c) c->Close();
+    }
+  }
+}
+
+std::vector<std::vector<transport::Backend>> PairBackends(TransportPolicy policy,
+                                                          transport::Backend base,
+                                                          const std::vector<std::string>& hosts) {
+  const size_t n = hosts.size();
+  std::vector<std::vector<transport::Backend>> out(n, std::vector<transport::Backend>(n, base));
+  for (size_t a = 0; a < n; ++a) {
+    for (size_t b = 0; b < n; ++b) {
+      if (a != b) out[a][b] = PairBackend(policy, base, hosts[a], hosts[b]);
+    }
+  }
+  return out;
+}
+
+absl::Status OpenDevices(const ConnectionSpec& spec,
+                         absl::Span<const std::shared_ptr<transport::Device>> reuse,
+                         ConnectionSet* set) {
+  if (spec.caller_device != nullptr) {
+    set->devices.push_back(spec.caller_device);
+  } else {
+    // One device per backend this rank uses, shm first (see MultiDeviceDriver).
+    for (transport::Backend backend : {transport::Backend::kInproc, transport::Backend::kShm,
+                                       transport::Backend::kTcp, transport::Backend::kVerbs}) {
+      bool used = false;
+      for (int r = 0; r < spec.n; ++r) {
+        used = used || (r != spec.rank && spec.peer_backend[r] == backend);
+      }
+      if (!used) continue;
+      auto same = std::find_if(reuse.begin(), reuse.end(),
+                               [&](const auto& d) { return d && d->backend() == backend; });
+      if (same != reuse.end()) {
+        set->devices.push_back(*same);
+        continue;
+      }
+      transport::DeviceOptions o = spec.device_options;
+      o.backend = backend;
+      auto created = transport::Device::Create(o);
+      if (!created.ok()) {
+        return absl::Status(created.status().code(),
+                            absl::StrCat("rank ", spec.rank, ": creating the ",
+                                         std::string(transport::BackendName(backend)),
+                                         " device: ", std::string(created.status().message())));
+      }
+      set->devices.push_back(*std::move(created));
+    }
+  }
+  set->device = set->devices.empty() ? nullptr : set->devices.back().get();
+  if (spec.n == 1 || set->device == nullptr) return absl::OkStatus();
+  if (set->devices.size() == 1) {
+    set->cq = set->device->CreateCompletionQueue();
+  } else {
+    std::vector<transport::Device*> drivers;
+    for (const auto& d : set->devices) drivers.push_back(d.get());
+    set->driver = std::make_unique<MultiDeviceDriver>(std::move(drivers));
+    set->cq = std::make_unique<transport::CompletionQueue>(
+        set->device->options().progress == transport::ProgressMode::kCaller ? set->driver.get()
+                                                                            : nullptr);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ConnectAll(transport::Rendezvous& rendezvous, const ConnectionSpec& spec,
+                        ConnectionSet* set, const absl::Status& opened, std::string_view note,
+                        const NoteCheck& check) {
+  const int n = spec.n;
+  const int rank = spec.rank;
+  const absl::Time deadline = absl::Now() + spec.timeout;
+  set->mailboxes.assign(n, nullptr);
+  set->mailboxes_ready = false;
+  if (n == 1) return opened;
+  std::vector<transport::Device*> device_of(n, nullptr);
+  for (int r = 0; r < n && opened.ok(); ++r) {
+    if (r == rank) continue;
+    for (const auto& d : set->devices) {
+      if (spec.caller_device != nullptr || d->backend() == spec.peer_backend[r]) {
+        device_of[r] = d.get();
+      }
+    }
+  }
+  auto source = [&](int c) {
+    return spec.channel_local_addresses.empty() || spec.caller_device != nullptr
+               ? std::string()
+               : spec.channel_local_addresses[c % spec.channel_local_addresses.size()];
+  };
+  // What this rank publishes, one line each: "ok|<note>" (or "error|<why>" when its devices did
+  // not open, or a channel could not listen), then every channel's listening record.
+  auto one_line = [](std::string_view text) {
+    std::string out(text);
+    std::replace(out.begin(), out.end(), '\n', ' ');
+    return out;
+  };
+  std::vector<PeerListeners> listening;
+  absl::Status mine = opened;
+  for (int c = 0; c < spec.channels && mine.ok(); ++c) {
+    auto l = ListenForPeers(rank, device_of, source(c));
+    if (!l.ok()) {
+      mine =
+          absl::Status(l.status().code(), absl::StrCat("channel ", c, ": ", l.status().message()));
+      break;
+    }
+    listening.push_back(*std::move(l));
+  }
+  std::string published = mine.ok() ? absl::StrCat("ok|", one_line(note))
+                                    : absl::StrCat("error|", one_line(std::string(mine.message())));
+  for (const PeerListeners& l : listening) absl::StrAppend(&published, "\n", l.record);
+  // One store exchange for every channel (and the caller's note).
+  PLEXUS_ASSIGN_OR_RETURN(
+      std::vector<std::string> gathered,
+      rendezvous.AllGather(absl::StrCat("plexus/coll/peers/", spec.tag), published, spec.timeout));
+  std::vector<std::vector<std::string>> lines(n);
+  std::vector<std::string> notes(n);
+  for (int r = 0; r < n; ++r) {
+    lines[r] = absl::StrSplit(gathered[r], '\n');
+    const std::string& head = lines[r][0];
+    if (absl::StartsWith(head, "error|")) {
+      return absl::UnavailableError(
+          absl::StrCat("rank ", r, " could not open its connections: ", head.substr(6)));
+    }
+    if (!absl::StartsWith(head, "ok|") || static_cast<int>(lines[r].size()) != spec.channels + 1) {
+      return absl::DataLossError(absl::StrCat("rank ", r, " published '", gathered[r],
+                                              "' (expected ", spec.channels,
+                                              " channel record(s): do the ranks agree on "
+                                              "the channels?)"));
+    }
+    notes[r] = head.substr(3);
+  }
+  if (check) PLEXUS_RETURN_IF_ERROR(check(notes));
+  std::vector<std::string> records(n);
+  for (int c = 0; c < spec.channels; ++c) {
+    for (int r = 0; r < n; ++r) records[r] = lines[r][c + 1];
+    auto mesh = ConnectListening(rank, listening[c], records, device_of, set->cq.get(), deadline,
+                                 source(c));
+    if (!mesh.ok()) {
+      return absl::Status(mesh.status().code(),
+                          absl::StrCat("connecting channel ", c, " of the communicator: ",
+                                       std::string(mesh.status().message())));
+    }
+    for (int r = 0; r < n; ++r) {
+      if ((*mesh)[r]) set->peer_of_connection[(*mesh)[r]->id()] = r;
+    }
+    set->conns.push_back(*std::move(mesh));
+  }
+  set->mailboxes_ready = spec.mailboxes && !set->conns.empty();
+  for (int r = 0; r < n && set->mailboxes_ready; ++r) {
+    if (r == rank) continue;
+    set->mailboxes[r] = set->conns[0][r]->mailbox();
+    set->mailboxes_ready = set->mailboxes[r] != nullptr;
+  }
+  return absl::OkStatus();
+}
+
+ConnectionSet CommunicatorImpl::TakeConnections() {
+  ConnectionSet set;
+  set.devices = std::exchange(devices_, {});
+  set.device = std::exchange(device_, nullptr);
+  set.driver = std::move(driver_);
+  set.cq = std::move(cq_);
+  set.conns = std::exchange(conns_, {});
+  set.peer_of_connection = std::exchange(peer_of_connection_, {});
+  set.mailboxes = std::exchange(mailboxes_, {});
+  set.mailboxes_ready = std::exchange(mailboxes_ready_, false);
+  return set;
+}
+
+void CommunicatorImpl::InstallConnections(ConnectionSet set) {
+  devices_ = std::move(set.devices);
+  device_ = set.device;
+  driver_ = std::move(set.driver);
+  cq_ = std::move(set.cq);
+  conns_ = std::move(set.conns);
+  peer_of_connection_ = std::move(set.peer_of_connection);
+  mailboxes_ = std::move(set.mailboxes);
+  mailboxes_ready_ = set.mailboxes_ready;
+}
+
+ConnectionSpec CommunicatorImpl::MakeConnectionSpec(
+    const std::vector<std::vector<transport::Backend>>& pairs, std::string tag) const {
+  ConnectionSpec spec;
+  spec.rank = layout_.rank;
+  spec.n = layout_.n;
+  spec.peer_backend = pairs[layout_.rank];
+  bool all_mailboxes = use_mailboxes_;
+  for (size_t a = 0; a < pairs.size(); ++a) {
+    for (size_t b = 0; b < pairs.size(); ++b) {
+      all_mailboxes = all_mailboxes && (a == b || pairs[a][b] == transport::Backend::kShm ||
+                                        pairs[a][b] == transport::Backend::kInproc);
+    }
+  }
+  spec.mailboxes = all_mailboxes;
+  spec.device_options = device_options_;
+  spec.caller_device = caller_device_ && !devices_.empty() ? devices_.front() : nullptr;
+  spec.channels = options_.channels;
+  spec.channel_local_addresses = options_.channel_local_addresses;
+  spec.tag = std::move(tag);
+  spec.timeout = options_.connect_timeout;
+  return spec;
+}
+
+absl::Status CommunicatorImpl::ChangeTransport(const TransportChoice& choice, uint64_t epoch) {
+  const int n = layout_.n;
+  const int rank = layout_.rank;
+  const TransportChoice current{options_.device.backend, options_.transport_policy};
+  const auto pairs = PairBackends(choice.policy, choice.backend, hosts_);
+  const bool same_pairs = pairs == PairBackends(current.policy, current.backend, hosts_);
+  auto record = [&] {
+    options_.device.backend = choice.backend;
+    options_.transport_policy = choice.policy;
+    std::lock_guard<std::mutex> lock(reconf_.mu);
+    reconf_.active.transport = choice;
+    reconf_.active.peer_backends = peer_backend_;
+  };
+  // Every rank derives the same matrix: all of them rebuild, or none does.
+  if (same_pairs || n == 1) {
+    record();
+    return absl::OkStatus();
+  }
+  const absl::Time start = absl::Now();
+  const std::string where = absl::StrCat("rank ", rank, ": live reconfiguration epoch ", epoch,
+                                         " changing the transport to ", TransportChoiceText(choice),
+                                         " at collective ", collective_seq_);
+  auto fail = [&](absl::Status s) {
+    absl::Status status(s.code(), absl::StrCat(where, ": ", s.message()));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (broken_.ok()) broken_ = status;
+    }
+    // The old connections go too, so that a peer blocked on them fails at once.
+    for (auto& channel : conns_) {
+      for (auto& c : channel) {
+        if (c) c->Close();
+      }
+    }
+    return status;
+  };
+  auto rendezvous = transport::Rendezvous::Create(rank, n, store_);
+  if (!rendezvous.ok()) return fail(rendezvous.status());
+  const ConnectionSpec spec = MakeConnectionSpec(pairs, absl::StrCat(uid_, "/transport/", epoch));
+  ConnectionSet next;
+  const absl::Status opened = OpenDevices(spec, devices_, &next);
+  const absl::Time devices_opened = absl::Now();
+  // One store exchange: every rank's listening addresses, whether its devices opened, and how
+  // many point-to-point messages it has sent to and received from each peer. It is also the
+  // barrier that makes closing the old connections safe: a rank contributes when it starts the
+  // landing collective, so once it completes every rank has finished every collective before
+  // it, and every message of those arrived.
+  const std::string note =
+      absl::StrCat(absl::StrJoin(p2p_send_seq_, ","), "|", absl::StrJoin(p2p_recv_seq_, ","));
+  // A Send before the change whose Recv runs after it would wait on the new connections for a
+  // message that arrived on the old ones: refuse it on every rank alike, before connecting.
+  auto check = [&](absl::Span<const std::string> notes) -> absl::Status {
+    std::vector<std::vector<uint64_t>> sent(n), received(n);
+    for (int r = 0; r < n; ++r) {
+      const std::vector<std::string> fields = absl::StrSplit(notes[r], '|');
+      bool ok = fields.size() == 2;
+      for (int k = 0; ok && k < 2; ++k) {
+        auto& into = k == 0 ? sent[r] : received[r];
+        for (absl::string_view v : absl::StrSplit(fields[k], ',')) {
+          uint64_t x = 0;
+          ok = ok && absl::SimpleAtoi(v, &x);
+          into.push_back(x);
+        }
+        ok = ok && static_cast<int>(into.size()) == n;
+      }
+      if (!ok) {
+        return absl::DataLossError(
+            absl::StrCat("rank ", r, "'s point-to-point counts '", notes[r], "' are malformed"));
+      }
+    }
+    for (int a = 0; a < n; ++a) {
+      for (int b = 0; b < n; ++b) {
+        if (a == b || sent[a][b] == received[b][a]) continue;
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank ", a, " had sent ", sent[a][b], " point-to-point message(s) to rank ", b,
+            ", which had received ", received[b][a],
+            ": a Send and its Recv straddle the transport change (finish both before the "
+            "collective the change lands on)"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = ConnectAll(*rendezvous, spec, &next, opened, note, check); !s.ok()) {
+    return fail(s);
+  }
+  const absl::Time connected = absl::Now();
+  ConnectionSet old = TakeConnections();
+  InstallConnections(std::move(next));
+  // Nothing is posted on the old connections and nothing is in flight on them (the gather
+  // above): close them; `old` releases the devices no longer used as it goes.
+  old.Close();
+  old = ConnectionSet();
+  peer_backend_ = pairs[rank];
+  peer_backend_[rank] = choice.backend;
+  if (use_default_table_) {
+    bool any_tcp = false;
+    for (int a = 0; a < n; ++a) {
+      for (int b = 0; b < n; ++b) {
+        any_tcp = any_tcp || (a != b && pairs[a][b] == transport::Backend::kTcp);
+      }
+    }
+    table_ = AlgorithmTable::Default(any_tcp);
+  }
+  record();
+  if (debug_) {
+    const absl::Time end = absl::Now();
+    std::fprintf(stderr,
+                 "[plexus-coll rank %d] epoch %llu: transport %s in %s (devices opened in %s; "
+                 "one store exchange and %d channel(s) connected in %s; the old set closed in "
+                 "%s)\n",
+                 rank, static_cast<unsigned long long>(epoch), TransportChoiceText(choice).c_str(),
+                 absl::FormatDuration(end - start).c_str(),
+                 absl::FormatDuration(devices_opened - start).c_str(), spec.channels,
+                 absl::FormatDuration(connected - devices_opened).c_str(),
+                 absl::FormatDuration(end - connected).c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plexus::collectives::internal
