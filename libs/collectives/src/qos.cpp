@@ -207,7 +207,10 @@ absl::Status QosGate::Admit(absl::Duration timeout, const base::WaitPolicy& wait
   ++checks_;
   absl::Duration now = MonotonicNow();
   absl::Duration until = schedule_.UntilAllowed(schedule_.EpochPosition(now));
-  if (until == absl::ZeroDuration()) return absl::OkStatus();
+  if (until == absl::ZeroDuration()) {
+    RecordAdmission(now);
+    return absl::OkStatus();
+  }
   ++waits_;
   const absl::Duration start = now;
   // Never allowed, or not before the call's timeout: fail now rather than wait for nothing.
@@ -227,7 +230,14 @@ absl::Status QosGate::Admit(absl::Duration timeout, const base::WaitPolicy& wait
     progress(std::min(until, absl::Milliseconds(1)));
   }
   waited_ns_ += absl::ToInt64Nanoseconds(now - start);
+  RecordAdmission(now);
   return absl::OkStatus();
+}
+
+void QosGate::RecordAdmission(absl::Duration now) {
+  if (record_limit_ == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (admissions_.size() < record_limit_) admissions_.push_back(now);
 }
 
 absl::Status QosGate::Unreachable(absl::Duration now, absl::Duration until, absl::Duration timeout,
@@ -260,6 +270,13 @@ void QosGate::Record(size_t limit) {
   record_limit_ = limit;
   posts_.clear();
   posts_.reserve(limit);
+  admissions_.clear();
+  admissions_.reserve(limit);
+}
+
+std::vector<absl::Duration> QosGate::admissions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return admissions_;
 }
 
 std::vector<absl::Duration> QosGate::posts() const {

@@ -38,9 +38,11 @@ class QosGate {
   absl::Status CheckReachable(absl::Duration timeout, absl::FunctionRef<std::string()> call) const;
   // Called after a send was posted: records its monotonic time when recording (tests).
   void Posted();
-  // Keeps the monotonic times of the next `limit` posted sends (0: none; the default).
+  // Keeps the monotonic times of the next `limit` posted sends and of the next `limit` checks
+  // that admitted a send (the clock reading the schedule allowed) (0: none; the default).
   void Record(size_t limit);
   std::vector<absl::Duration> posts() const;
+  std::vector<absl::Duration> admissions() const;
 
   struct Stats {
     uint64_t sends = 0;   // sends that passed the gate
@@ -56,6 +58,8 @@ class QosGate {
   absl::Status Unreachable(absl::Duration now, absl::Duration until, absl::Duration timeout,
                            absl::FunctionRef<std::string()> call) const;
 
+  void RecordAdmission(absl::Duration now);
+
   QosSchedule schedule_;
   int rank_;
   std::atomic<uint64_t> sends_{0}, checks_{0}, waits_{0};
@@ -63,6 +67,7 @@ class QosGate {
   mutable std::mutex mu_;
   std::atomic<size_t> record_limit_{0};
   std::vector<absl::Duration> posts_;
+  std::vector<absl::Duration> admissions_;
 };
 
 }  // namespace plexus::collectives::internal
