@@ -391,9 +391,9 @@ TEST_CASE("tcp frame queue: gathers what is left and reports written frames", "[
 
 TEST_CASE("tcp frame queue: frames leave in order while it never drains, and after it did",
           "[tcp]") {
-  // The queue reuses its storage (compacting while it never drains): push and write 1000
-  // messages of distinct payloads keeping up to 100 queued, then drain and refill; every byte
-  // must come out in posting order and every send complete, in order.
+  // Push and write 1000 messages of distinct payloads keeping about 100 queued (the queue
+  // never drains), then drain and refill; every byte must come out in posting order and every
+  // send complete, in order.
   pt::CompletionQueue cq;
   tcp::SendState send(&cq, 3, 1, size_t{1} << 20);
   tcp::FrameQueue q;

@@ -160,8 +160,7 @@ void FrameQueue::Push(const FrameHeader& h, IovList payload, std::shared_ptr<Out
 
 int FrameQueue::Gather(iovec* iov, int max) const {
   int n = 0;
-  for (auto it = frames_.begin() + static_cast<ptrdiff_t>(head_);
-       it != frames_.end() && n < max - 1; ++it) {
+  for (auto it = frames_.begin(); it != frames_.end() && n < max - 1; ++it) {
     size_t skip = it->sent;
     if (skip < kFrameHeaderSize) {
       iov[n++] = {const_cast<uint8_t*>(it->header) + skip, kFrameHeaderSize - skip};
@@ -183,43 +182,15 @@ int FrameQueue::Gather(iovec* iov, int max) const {
 }
 
 void FrameQueue::Advance(size_t bytes, SendState& send) {
-  while (bytes > 0 && !empty()) {
-    Frame& f = frames_[head_];
+  while (bytes > 0 && !frames_.empty()) {
+    Frame& f = frames_.front();
     const size_t take = std::min(bytes, f.total - f.sent);
     f.sent += take;
     bytes -= take;
     if (f.sent < f.total) return;
     std::shared_ptr<OutOp> op = std::move(f.op);
-    PopFront();
+    frames_.pop_front();
     if (op) send.FrameWritten(*op);
-  }
-}
-
-namespace {
-// The storage a FrameQueue keeps once it drained; more (after a burst) is given back.
-constexpr size_t kKeptFrames = 64;
-}  // namespace
-
-void FrameQueue::PopFront() {
-  frames_[head_] = Frame{};  // releases its op reference now, as popping a deque did
-  if (++head_ < frames_.size()) {
-    // Never drained: move the queued frames to the front once the popped ones are the majority
-    // (amortized O(1) per frame, memory bounded by twice the queued frames).
-    if (head_ >= kKeptFrames && head_ * 2 >= frames_.size()) {
-      frames_.erase(frames_.begin(), frames_.begin() + static_cast<ptrdiff_t>(head_));
-      head_ = 0;
-    }
-    return;
-  }
-  Clear();
-}
-
-void FrameQueue::Clear() {
-  head_ = 0;
-  if (frames_.capacity() > kKeptFrames) {
-    std::vector<Frame>().swap(frames_);
-  } else {
-    frames_.clear();  // keeps the storage: no allocation for the next frames
   }
 }
 

@@ -122,9 +122,9 @@ class FrameQueue {
   // The kernel took `bytes` of what Gather described: frames written completely leave the queue
   // and are reported to `send`.
   void Advance(size_t bytes, SendState& send);
-  void Clear();
-  bool empty() const { return head_ == frames_.size(); }
-  size_t size() const { return frames_.size() - head_; }
+  void Clear() { frames_.clear(); }
+  bool empty() const { return frames_.empty(); }
+  size_t size() const { return frames_.size(); }
 
  private:
   struct Frame {
@@ -134,13 +134,7 @@ class FrameQueue {
     size_t sent = 0;
     std::shared_ptr<OutOp> op;
   };
-  // Drops the oldest frame.
-  void PopFront();
-
-  // frames_[head_..] are queued. A vector reused in place rather than a deque, which allocates
-  // a block every few frames even when the queue never holds more than one.
-  std::vector<Frame> frames_;
-  size_t head_ = 0;
+  std::deque<Frame> frames_;
 };
 
 }  // namespace plexus::transport::internal::tcp
