@@ -389,6 +389,60 @@ TEST_CASE("tcp frame queue: gathers what is left and reports written frames", "[
   CHECK(q.Gather(iov, 8) == 0);
 }
 
+TEST_CASE("tcp frame queue: frames leave in order while it never drains, and after it did",
+          "[tcp]") {
+  // Push and write 1000 messages of distinct payloads keeping about 100 queued (the queue
+  // never drains), then drain and refill; every byte must come out in posting order and every
+  // send complete, in order.
+  pt::CompletionQueue cq;
+  tcp::SendState send(&cq, 3, 1, size_t{1} << 20);
+  tcp::FrameQueue q;
+  std::vector<Bytes> payloads;
+  for (int i = 0; i < 1000; ++i) payloads.push_back(Pattern(5 + i % 7, static_cast<uint8_t>(i)));
+  Bytes expected, written;
+  size_t pushed = 0;
+  auto push = [&] {
+    auto op = std::make_shared<tcp::OutOp>();
+    op->wr_id = pushed;
+    op->bytes = payloads[pushed].size();
+    const tcp::FrameHeader h = Header(tcp::FrameType::kMessage, op->bytes);
+    REQUIRE(send.Start(op, h).size() == 1);
+    q.Push(h, {{payloads[pushed].data(), payloads[pushed].size()}}, op);
+    Append(expected, h, payloads[pushed]);
+    ++pushed;
+  };
+  auto write_some = [&](size_t most) {  // what a socket taking `most` bytes would take
+    iovec iov[16];
+    const int n = q.Gather(iov, 16);
+    size_t took = 0;
+    for (int i = 0; i < n && took < most; ++i) {
+      const size_t len = std::min(iov[i].iov_len, most - took);
+      const auto* p = static_cast<const uint8_t*>(iov[i].iov_base);
+      written.insert(written.end(), p, p + len);
+      took += len;
+    }
+    q.Advance(took, send);
+  };
+  while (pushed < 100) push();
+  while (pushed < 600) {  // never drains: one frame in, about one out
+    push();
+    write_some(38);
+    CHECK(q.size() >= 90);
+  }
+  while (!q.empty()) write_some(1000);
+  while (pushed < 1000) {
+    push();
+    write_some(7);
+  }
+  while (!q.empty()) write_some(100);
+  CHECK(written == expected);
+  for (uint64_t i = 0; i < 1000; ++i) {
+    pt::Completion c;
+    REQUIRE(cq.Poll(absl::MakeSpan(&c, 1)) == 1);
+    CHECK(c.wr_id == i);
+  }
+}
+
 TEST_CASE("tcp receive state: malformed frames end the connection with their exact error",
           "[tcp]") {
   using tcp::FrameType;

@@ -234,16 +234,20 @@ bool TcpCore::DriveLoneSocket() {
     return true;
   }
   if (!conn->status.ok()) return true;
+  // One clock read serves both the progress stamp and the timeout check: the few microseconds
+  // of Read() in between cannot matter against op_timeout, and a reading from before them only
+  // makes the check later, never early.
+  const absl::Time now = absl::Now();
   if (r > 0) {
     s->rx_end = static_cast<size_t>(r);
-    conn->last_progress = absl::Now();
+    conn->last_progress = now;
     Read(*s, /*drained=*/static_cast<size_t>(r) < kStagedReadBytes);
     if (conn->status.ok()) SendAcks(*conn);
   } else {
     Received(*s, r, err);  // fails the connection where due
   }
   MaybeUnpause();
-  MaybeCheckTimeouts();
+  MaybeCheckTimeouts(now);
   return true;
 }
 
@@ -290,7 +294,7 @@ void TcpCore::Drive(absl::Duration max_block) {
     if (conn->status.ok()) SendAcks(*conn);
   }
   MaybeUnpause();
-  MaybeCheckTimeouts();
+  MaybeCheckTimeouts(absl::Now());
 }
 
 bool TcpCore::BusyPoll() {
@@ -340,20 +344,24 @@ absl::Status TcpCore::Post(uint64_t id, tcp::PostedOp posted) {
 }
 
 void TcpCore::Enqueue(TcpConn& conn, tcp::PostedOp& posted) {
-  if (conn.send.idle()) conn.last_progress = absl::Now();  // the clock starts now
+  // The op_timeout clock starts now when nothing was outstanding. A Flush that writes stamps
+  // last_progress itself, so the clock is read here only when nothing could be written.
+  const bool was_idle = conn.send.idle();
   const tcp::FramePlans frames = conn.send.Start(posted.op, posted.header);
+  bool wrote = false;
   if (frames.size() == 1) {
     conn.sockets[0]->sendq.Push(frames[0].header, std::move(posted.payload), posted.op);
-    Flush(*conn.sockets[0]);
-    return;
+    wrote = Flush(*conn.sockets[0]);
+  } else {
+    for (const tcp::FramePlan& f : frames) {
+      conn.sockets[f.socket]->sendq.Push(
+          f.header, tcp::SliceIov(posted.payload, f.payload.offset, f.payload.length), posted.op);
+    }
+    for (auto& s : conn.sockets) {
+      if (conn.status.ok()) wrote |= Flush(*s);
+    }
   }
-  for (const tcp::FramePlan& f : frames) {
-    conn.sockets[f.socket]->sendq.Push(
-        f.header, tcp::SliceIov(posted.payload, f.payload.offset, f.payload.length), posted.op);
-  }
-  for (auto& s : conn.sockets) {
-    if (conn.status.ok()) Flush(*s);
-  }
+  if (was_idle && !wrote) conn.last_progress = absl::Now();
 }
 
 void TcpCore::SendAcks(TcpConn& conn) {
@@ -366,8 +374,9 @@ void TcpCore::SendAcks(TcpConn& conn) {
   Flush(*conn.sockets[0]);
 }
 
-void TcpCore::Flush(Socket& s) {
+bool TcpCore::Flush(Socket& s) {
   TcpConn& conn = *s.conn;
+  bool wrote = false;
   while (!s.sendq.empty()) {
     iovec iov[kMaxIov];
     const int n = s.sendq.Gather(iov, kMaxIov);
@@ -379,15 +388,17 @@ void TcpCore::Flush(Socket& s) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         SetWantOut(s, true);
-        return;
+        return wrote;
       }
       Fail(conn, net::ErrnoStatus(errno, absl::StrCat("tcp send to ", conn.peer)));
-      return;
+      return wrote;
     }
     conn.last_progress = absl::Now();
+    wrote = true;
     s.sendq.Advance(static_cast<size_t>(w), conn.send);
   }
   SetWantOut(s, false);
+  return wrote;
 }
 
 void TcpCore::SetWantOut(Socket& s, bool want) {
@@ -549,8 +560,7 @@ void TcpCore::ReleaseSockets(TcpConn& conn) {
   }
 }
 
-void TcpCore::MaybeCheckTimeouts() {
-  const absl::Time now = absl::Now();
+void TcpCore::MaybeCheckTimeouts(absl::Time now) {
   if (now - last_timeout_check_ <= absl::Milliseconds(50)) return;
   last_timeout_check_ = now;
   CheckTimeouts(now);

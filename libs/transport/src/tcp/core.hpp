@@ -140,8 +140,9 @@ class TcpCore {
 
   void SendAcks(TcpConn& conn);
 
-  // Writes queued segments until the socket is full; arms EPOLLOUT when it is.
-  void Flush(Socket& s);
+  // Writes queued segments until the socket is full; arms EPOLLOUT when it is. True when it
+  // wrote bytes (and so stamped the connection's last_progress).
+  bool Flush(Socket& s);
 
   void SetWantOut(Socket& s, bool want);
 
@@ -179,7 +180,8 @@ class TcpCore {
 
   void ReleaseSockets(TcpConn& conn);
 
-  void MaybeCheckTimeouts();
+  // Checks timeouts at most every 50 ms; `now` is a clock reading the caller already took.
+  void MaybeCheckTimeouts(absl::Time now);
 
   void CheckTimeouts(absl::Time now);
 

@@ -215,9 +215,22 @@ absl::Status ReceiveState::PayloadDone(size_t socket) {
   return ReleaseInbound();
 }
 
+std::unique_ptr<ReceiveState::InOp> ReceiveState::TakeInOp() {
+  if (spare_in_ops_.empty()) return std::make_unique<InOp>();
+  std::unique_ptr<InOp> op = std::move(spare_in_ops_.back());
+  spare_in_ops_.pop_back();
+  return op;
+}
+
+void ReceiveState::RecycleInOp(std::unique_ptr<InOp> op) {
+  if (spare_in_ops_.size() >= kSpareInOps) return;  // `op` is destroyed
+  *op = InOp{};
+  spare_in_ops_.push_back(std::move(op));
+}
+
 absl::StatusOr<std::unique_ptr<ReceiveState::InOp>> ReceiveState::NewInOp(const FrameHeader& h,
                                                                           bool is_write) {
-  auto op = std::make_unique<InOp>();
+  std::unique_ptr<InOp> op = TakeInOp();
   op->is_message = !is_write;
   op->length = op->remaining = h.length;
   op->has_immediate = (h.flags & kFlagImmediate) != 0;
@@ -241,7 +254,10 @@ absl::StatusOr<std::unique_ptr<ReceiveState::InOp>> ReceiveState::NewInOp(const 
   }
   // A message: null when it cannot be held yet (the caller pauses the connection).
   PLEXUS_ASSIGN_OR_RETURN(Matcher::Admission admitted, matcher_.Admit(h.length, &op->slot));
-  if (admitted == Matcher::Admission::kWait) return nullptr;
+  if (admitted == Matcher::Admission::kWait) {
+    RecycleInOp(std::move(op));
+    return nullptr;
+  }
   op->base = op->slot.dest;
   return op;
 }
@@ -288,7 +304,9 @@ absl::Status ReceiveState::ReleaseInbound() {
                                  op.length, op.immediate));
       }
     }
+    std::unique_ptr<InOp> done = std::move(in_ops_.front());
     in_ops_.pop_front();
+    RecycleInOp(std::move(done));
   }
   return absl::OkStatus();
 }

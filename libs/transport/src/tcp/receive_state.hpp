@@ -167,6 +167,11 @@ class ReceiveState {
   absl::Status StartPayload(size_t socket, InOp* op, size_t offset, size_t length);
   absl::Status PayloadDone(size_t socket);
   absl::StatusOr<std::unique_ptr<InOp>> NewInOp(const FrameHeader& h, bool is_write);
+  // A fresh InOp, from spare_in_ops_ when one is there: no allocation per message.
+  std::unique_ptr<InOp> TakeInOp();
+  // Resets `op` (its staging buffer is freed now, as destroying it would) and keeps it as a
+  // spare, up to kSpareInOps; beyond that it is destroyed.
+  void RecycleInOp(std::unique_ptr<InOp> op);
   // Completes the peer's operations in arrival order, once placed (and matched, for messages).
   absl::Status ReleaseInbound();
   // Advances the socket's payload by `bytes` (at most what remains of it).
@@ -179,6 +184,9 @@ class ReceiveState {
   Matcher matcher_;
   std::vector<Stream> streams_;
   std::deque<std::unique_ptr<InOp>> in_ops_;
+  // Released InOps kept for the next ones (bounded: a burst does not pin memory afterwards).
+  static constexpr size_t kSpareInOps = 8;
+  std::vector<std::unique_ptr<InOp>> spare_in_ops_;
   absl::flat_hash_map<uint64_t, InOp*> stripes_;  // stripe number -> op, until placed
   uint64_t stripe_heads_received_ = 0;
   uint64_t acks_owed_ = 0;

@@ -133,8 +133,8 @@ void SendState::Fail(const absl::Status& why) {
   }
 }
 
-std::vector<iovec> SliceIov(absl::Span<const iovec> iov, size_t offset, size_t length) {
-  std::vector<iovec> out;
+IovList SliceIov(absl::Span<const iovec> iov, size_t offset, size_t length) {
+  IovList out;
   for (const iovec& v : iov) {
     if (length == 0) break;
     if (offset >= v.iov_len) {
@@ -149,7 +149,7 @@ std::vector<iovec> SliceIov(absl::Span<const iovec> iov, size_t offset, size_t l
   return out;
 }
 
-void FrameQueue::Push(const FrameHeader& h, std::vector<iovec> payload, std::shared_ptr<OutOp> op) {
+void FrameQueue::Push(const FrameHeader& h, IovList payload, std::shared_ptr<OutOp> op) {
   Frame& f = frames_.emplace_back();
   EncodeFrameHeader(h, f.header);
   f.total = kFrameHeaderSize;

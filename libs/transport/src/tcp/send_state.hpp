@@ -47,12 +47,17 @@ struct FramePlan {
 };
 using FramePlans = absl::InlinedVector<FramePlan, 1>;
 
+// A frame's payload in the caller's memory. Four entries inline: a send of up to four buffers
+// (an rpc frame is its head plus one to three body segments) and every write need no heap
+// allocation per message.
+using IovList = absl::InlinedVector<iovec, 4>;
+
 // A send or write as the user posted it: the operation, its (unstriped) frame header, and the
 // payload in the caller's memory.
 struct PostedOp {
   std::shared_ptr<OutOp> op;
   FrameHeader header;
-  std::vector<iovec> payload;
+  IovList payload;
 };
 // InvalidArgument for a null buffer, or a message over `max_message_bytes`.
 absl::StatusOr<PostedOp> PrepareSend(absl::Span<const ConstBuffer> buffers, uint64_t wr_id,
@@ -103,14 +108,14 @@ class SendState {
 };
 
 // The slice [offset, offset + length) of the bytes described by `iov`.
-std::vector<iovec> SliceIov(absl::Span<const iovec> iov, size_t offset, size_t length);
+IovList SliceIov(absl::Span<const iovec> iov, size_t offset, size_t length);
 
 // The frames queued on one socket, oldest first, and how much of the oldest the kernel took.
 class FrameQueue {
  public:
   // Queues a frame: `h` and `payload` (the caller's memory, which stays valid until the frame
   // is written or the connection fails). `op` is null for control frames (acks, closes).
-  void Push(const FrameHeader& h, std::vector<iovec> payload, std::shared_ptr<OutOp> op);
+  void Push(const FrameHeader& h, IovList payload, std::shared_ptr<OutOp> op);
   // Fills `iov` (room for `max` >= 2 entries) with the bytes to send next; returns how many
   // entries it used (0 when the queue is empty).
   int Gather(iovec* iov, int max) const;
@@ -124,7 +129,7 @@ class FrameQueue {
  private:
   struct Frame {
     uint8_t header[kFrameHeaderSize];
-    std::vector<iovec> payload;
+    IovList payload;
     size_t total = 0;  // header + payload bytes
     size_t sent = 0;
     std::shared_ptr<OutOp> op;
