@@ -27,6 +27,27 @@
 namespace pc = plexus::collectives;
 namespace pt = plexus::transport;
 
+// Call `i` of the reconfiguration modes: an i64 sum allreduce of v[e] = e * (rank + 1) + i,
+// every element checked; false (after printing why) on an error or a wrong element.
+bool CheckedSum(pc::Communicator& c, int rank, int size, int i, std::vector<int64_t>& v,
+                std::vector<int64_t>& sum) {
+  for (size_t e = 0; e < v.size(); ++e) v[e] = static_cast<int64_t>(e) * (rank + 1) + i;
+  absl::Status s =
+      c.AllReduce(v.data(), sum.data(), v.size(), pc::DataType::kI64, pc::ReduceOp::kSum);
+  if (!s.ok()) {
+    std::printf("rank %d: %s\n", rank, std::string(s.message()).c_str());
+    return false;
+  }
+  const int64_t ranks_sum = static_cast<int64_t>(size) * (size + 1) / 2;
+  for (size_t e = 0; e < v.size(); ++e) {
+    if (sum[e] != static_cast<int64_t>(e) * ranks_sum + static_cast<int64_t>(i) * size) {
+      std::printf("rank %d: call %d element %zu wrong\n", rank, i, e);
+      return false;
+    }
+  }
+  return true;
+}
+
 int main(int argc, char** argv) {
   if (argc < 6) {
     std::fprintf(stderr,
@@ -159,20 +180,7 @@ int main(int argc, char** argv) {
           return 1;
         }
       }
-      for (size_t e = 0; e < v.size(); ++e) v[e] = static_cast<int64_t>(e) * (rank + 1) + i;
-      absl::Status s =
-          c.AllReduce(v.data(), sum.data(), v.size(), pc::DataType::kI64, pc::ReduceOp::kSum);
-      if (!s.ok()) {
-        std::printf("rank %d: %s\n", rank, std::string(s.message()).c_str());
-        return 1;
-      }
-      const int64_t ranks_sum = static_cast<int64_t>(size) * (size + 1) / 2;
-      for (size_t e = 0; e < v.size(); ++e) {
-        if (sum[e] != static_cast<int64_t>(e) * ranks_sum + static_cast<int64_t>(i) * size) {
-          std::printf("rank %d: call %d element %zu wrong\n", rank, i, e);
-          return 1;
-        }
-      }
+      if (!CheckedSum(c, rank, size, i, v, sum)) return 1;
     }
     const pc::ActiveConfiguration a = c.configuration();
     std::vector<int64_t> mine = {static_cast<int64_t>(a.since_sequence)};
@@ -224,20 +232,7 @@ int main(int argc, char** argv) {
           return 1;
         }
       }
-      for (size_t e = 0; e < v.size(); ++e) v[e] = static_cast<int64_t>(e) * (rank + 1) + i;
-      absl::Status s =
-          c.AllReduce(v.data(), sum.data(), v.size(), pc::DataType::kI64, pc::ReduceOp::kSum);
-      if (!s.ok()) {
-        std::printf("rank %d: %s\n", rank, std::string(s.message()).c_str());
-        return 1;
-      }
-      const int64_t ranks_sum = static_cast<int64_t>(size) * (size + 1) / 2;
-      for (size_t e = 0; e < v.size(); ++e) {
-        if (sum[e] != static_cast<int64_t>(e) * ranks_sum + static_cast<int64_t>(i) * size) {
-          std::printf("rank %d: call %d element %zu wrong\n", rank, i, e);
-          return 1;
-        }
-      }
+      if (!CheckedSum(c, rank, size, i, v, sum)) return 1;
       const uint64_t epoch = c.configuration().epoch;
       if (epoch == 1 && first_landed_at < 0) {
         first_landed_at = i;
