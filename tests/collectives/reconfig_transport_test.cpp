@@ -82,6 +82,17 @@ pc::CommunicatorOptions TcpOptions() {
   return o;
 }
 
+// Rank 0 asks for a change to shm (epoch 1); every rank waits until it is decided and gets the
+// sequence of the collective it lands on.
+absl::StatusOr<uint64_t> ToShmFromRankZero(int rank, pc::Communicator& comm) {
+  if (rank == 0) {
+    pc::Reconfiguration change;
+    change.transport = pc::TransportChoice{pt::Backend::kShm, pc::TransportPolicy::kUniform};
+    PLEXUS_RETURN_IF_ERROR(comm.RequestReconfiguration(change).status());
+  }
+  return comm.AwaitReconfiguration(1, absl::Seconds(10));
+}
+
 }  // namespace
 
 TEST_CASE("live reconfiguration: transport tcp -> shm -> tcp under a stream of allreduces",
@@ -195,14 +206,7 @@ TEST_CASE("live reconfiguration: a transport change a rank never reaches fails w
   o.timeout = absl::Seconds(3);
   std::vector<double> failed_after_s(2, 0);
   auto results = RunRanks(2, o, [&](int rank, pc::Communicator& comm) -> std::string {
-    if (rank == 0) {
-      pc::Reconfiguration change;
-      change.transport = pc::TransportChoice{pt::Backend::kShm, pc::TransportPolicy::kUniform};
-      if (auto e = comm.RequestReconfiguration(change); !e.ok()) {
-        return std::string(e.status().message());
-      }
-    }
-    auto lands = comm.AwaitReconfiguration(1, absl::Seconds(10));
+    auto lands = ToShmFromRankZero(rank, comm);
     if (!lands.ok()) return std::string(lands.status().message());
     if (rank == 1) {  // silent: never starts the landing collective while rank 0 waits
       std::this_thread::sleep_for(std::chrono::milliseconds(2500));
@@ -229,14 +233,7 @@ TEST_CASE("live reconfiguration: a Send and its Recv straddling a transport chan
   pc::CommunicatorOptions o = TcpOptions();
   o.connect_timeout = absl::Seconds(5);
   auto results = RunRanks(2, o, [&](int rank, pc::Communicator& comm) -> std::string {
-    if (rank == 0) {
-      pc::Reconfiguration change;
-      change.transport = pc::TransportChoice{pt::Backend::kShm, pc::TransportPolicy::kUniform};
-      if (auto e = comm.RequestReconfiguration(change); !e.ok()) {
-        return std::string(e.status().message());
-      }
-    }
-    auto lands = comm.AwaitReconfiguration(1, absl::Seconds(10));
+    auto lands = ToShmFromRankZero(rank, comm);
     if (!lands.ok()) return std::string(lands.status().message());
     if (*lands != comm.collective_sequence()) return "the change lands later than expected";
     int32_t token = 7;

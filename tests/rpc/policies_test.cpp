@@ -337,14 +337,26 @@ class FieldScribbler : public pr::Policy {
   uint8_t* blob_;
 };
 
+namespace {
+
+// An ACL on Kinds/Echo over a string, a scalar and a nested string: text "evil", i32 666 and
+// inner.name "root" are denied.
+std::shared_ptr<pr::AclPolicy> ThreeFieldAcl() {
+  auto acl =
+      pr::AclPolicy::Create("acl", {&Kinds::Descriptor()},
+                            {{"no-evil", "plexus.rpctest.Kinds/Echo", "text", {"evil"}},
+                             {"no-666", "plexus.rpctest.Kinds/Echo", "i32", {"666"}},
+                             {"no-root", "plexus.rpctest.Kinds/Echo", "inner.name", {"root"}}});
+  REQUIRE(acl.ok());
+  return *acl;
+}
+
+}  // namespace
+
 TEST_CASE("acl on a channel: scalar and nested fields are checked on the copy that is sent",
           "[rpc][policies]") {
   Pair f;
-  auto acl =
-      *pr::AclPolicy::Create("acl", {&Kinds::Descriptor()},
-                             {{"no-evil", "plexus.rpctest.Kinds/Echo", "text", {"evil"}},
-                              {"no-666", "plexus.rpctest.Kinds/Echo", "i32", {"666"}},
-                              {"no-root", "plexus.rpctest.Kinds/Echo", "inner.name", {"root"}}});
+  auto acl = ThreeFieldAcl();
   char text[] = "good";
   char inner_name[] = "leaf";
   uint8_t blob[] = {'b', 'l', 'o', 'b'};
@@ -380,11 +392,7 @@ TEST_CASE("acl on a channel: scalar and nested fields are checked on the copy th
 TEST_CASE("acl on a channel: a thread flipping the request never gets a denied value through",
           "[rpc][policies]") {
   Pair f;
-  auto acl =
-      *pr::AclPolicy::Create("acl", {&Kinds::Descriptor()},
-                             {{"no-evil", "plexus.rpctest.Kinds/Echo", "text", {"evil"}},
-                              {"no-666", "plexus.rpctest.Kinds/Echo", "i32", {"666"}},
-                              {"no-root", "plexus.rpctest.Kinds/Echo", "inner.name", {"root"}}});
+  auto acl = ThreeFieldAcl();
   REQUIRE(f.channel->engines().Attach(acl).ok());
   alignas(4) char text[4];
   alignas(4) char inner_name[4];
