@@ -323,7 +323,16 @@ absl::Status CommunicatorImpl::ChangeConnections(const std::optional<TransportCh
     options_.channels = new_channels;
     layout_.channels = new_channels;
     call_layout_.channels = new_channels;
-    links_.resize(static_cast<size_t>(n) * new_channels);
+    // links_[peer * channels + channel]: the kept channels keep their link state (their warm
+    // receive slots) under the new stride.
+    std::vector<Link> links(static_cast<size_t>(n) * new_channels);
+    for (int p = 0; p < n; ++p) {
+      for (int c = 0; c < std::min(old_channels, new_channels); ++c) {
+        links[static_cast<size_t>(p) * new_channels + c] =
+            std::move(links_[static_cast<size_t>(p) * old_channels + c]);
+      }
+    }
+    links_ = std::move(links);
     std::lock_guard<std::mutex> lock(reconf_.mu);
     reconf_.active.transport = choice;
     reconf_.active.peer_backends = peer_backend_;
