@@ -22,6 +22,7 @@
 #include "ranks.hpp"
 #include "reconfig.hpp"
 #include "reconfig_support.hpp"
+#include "support/loopback.hpp"
 
 namespace pc = plexus::collectives;
 namespace pt = plexus::transport;
@@ -426,4 +427,60 @@ TEST_CASE("live reconfiguration: a Send and its Recv straddling a channel change
     CHECK(results[r].find("rank 0 had sent 1 point-to-point message(s) to rank 1, which had "
                           "received 0") != std::string::npos);
   }
+}
+
+TEST_CASE("live reconfiguration: channels change on a caller's device (thread progress)",
+          "[reconfig][channels]") {
+  // The caller's device decides its own completion queue (no driver of the communicator's):
+  // the kept channel stays on it and the new ones join it.
+  const plexus::testing::LoopbackStore loopback = plexus::testing::StartLoopbackStore();
+  std::vector<std::string> results(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      results[rank] = [&]() -> std::string {
+        auto rdv = pt::Rendezvous::Create(rank, 2, loopback.store);
+        if (!rdv.ok()) return "rendezvous: " + std::string(rdv.status().message());
+        pt::DeviceOptions d;
+        d.backend = pt::Backend::kTcp;
+        d.progress = pt::ProgressMode::kThread;
+        d.local_address = "127.0.0.1";
+        auto device = pt::Device::Create(d);
+        if (!device.ok()) return "device: " + std::string(device.status().message());
+        pc::CommunicatorOptions o;
+        o.channels = 1;
+        o.chunk_bytes = 4096;  // several chunks, striped over every channel
+        o.timeout = absl::Seconds(20);
+        auto comm =
+            pc::Communicator::Create(*rdv, std::shared_ptr<pt::Device>(*std::move(device)), o);
+        if (!comm.ok()) return "create: " + std::string(comm.status().message());
+        pc::Communicator& c = **comm;
+        const auto created = ConnectionIds(c);
+        for (int want : {3, 1}) {
+          if (rank == 0) {
+            if (auto e = c.RequestReconfiguration(Channels(want)); !e.ok()) {
+              return std::string(e.status().message());
+            }
+          }
+          auto lands = c.AwaitReconfiguration(want == 3 ? 1 : 2, absl::Seconds(10));
+          if (!lands.ok()) return std::string(lands.status().message());
+          std::vector<int32_t> v(50000);
+          for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>(i) * (rank + 1);
+          if (absl::Status s =
+                  c.AllReduce(v.data(), v.data(), v.size(), DataType::kI32, ReduceOp::kSum);
+              !s.ok()) {
+            return std::string(s.message());
+          }
+          for (size_t i = 0; i < v.size(); ++i) {
+            if (v[i] != static_cast<int32_t>(i) * 3) return absl::StrCat("element ", i);
+          }
+          if (std::string err = CheckChannels(c, want); !err.empty()) return err;
+          if (ConnectionIds(c)[0] != created[0]) return "channel 0 was replaced";
+        }
+        return "";
+      }();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& r : results) CHECK(r == "");
 }
