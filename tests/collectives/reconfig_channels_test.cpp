@@ -484,3 +484,78 @@ TEST_CASE("live reconfiguration: channels change on a caller's device (thread pr
   for (auto& t : threads) t.join();
   for (const auto& r : results) CHECK(r == "");
 }
+
+TEST_CASE("live reconfiguration: calls queued before a channel change run on the old count",
+          "[reconfig][channels]") {
+  // 3 ranks, 1 channel, traced: six AllReduceAsync queued, rank 1 asks for 3 channels, six more
+  // queued. The trace says how many channels each call's plan used: 1 before the landing
+  // sequence (the requester's six at least), 3 from it on; results bit-identical to no change.
+  const pt::Backend backend = GENERATE(pt::Backend::kInproc, pt::Backend::kShm);
+  INFO(pt::BackendName(backend));
+  constexpr int kRanks = 3, kQueued = 6;
+  pc::CommunicatorOptions o = Options(backend);
+  o.channels = 1;
+  o.trace.enabled = true;
+  const ChannelRun ref = RunChannelChanges(kRanks, o, false, 0);
+  for (const auto& r : ref.results) REQUIRE(r == "");
+  HookGuard hook({{{2, pi::ReconfigStep::kFrozen}, 20}});
+  std::vector<std::vector<std::vector<float>>> outputs(kRanks);
+  std::vector<uint64_t> landing(kRanks, 0);
+  auto results = RunRanks(kRanks, o, [&](int rank, pc::Communicator& comm) -> std::string {
+    std::vector<std::vector<float>> in(2 * kQueued), out(2 * kQueued);
+    std::vector<std::shared_ptr<pc::Work>> works;
+    auto queue = [&](int i) {
+      in[i] = Operand(rank, i);
+      out[i].resize(kCount);
+      works.push_back(
+          comm.AllReduceAsync(in[i].data(), out[i].data(), kCount, DataType::kF32, ReduceOp::kSum));
+    };
+    for (int i = 0; i < kQueued; ++i) queue(i);
+    if (rank == 1) {
+      if (auto e = comm.RequestReconfiguration(Channels(3)); !e.ok()) {
+        return std::string(e.status().message());
+      }
+    }
+    for (int i = kQueued; i < 2 * kQueued; ++i) queue(i);
+    for (auto& w : works) {
+      if (absl::Status s = w->Wait(absl::Seconds(30)); !s.ok()) return std::string(s.message());
+    }
+    auto lands = comm.AwaitReconfiguration(1, absl::Seconds(10));
+    if (!lands.ok()) return std::string(lands.status().message());
+    landing[rank] = *lands;
+    if (rank == 1 && *lands < kQueued) return absl::StrCat("landed on ", *lands, " < ", kQueued);
+    // A landing past the queued calls (a late rank's count): run up to it.
+    for (int i = 2 * kQueued; comm.collective_sequence() <= *lands; ++i) {
+      std::vector<float> a = Operand(rank, i), b(kCount);
+      if (absl::Status s =
+              comm.AllReduce(a.data(), b.data(), kCount, DataType::kF32, ReduceOp::kSum);
+          !s.ok()) {
+        return std::string(s.message());
+      }
+      out.push_back(std::move(b));
+    }
+    outputs[rank] = std::move(out);
+    size_t traced = 0;
+    for (const pc::TraceEvent& e : comm.Trace().events) {
+      if (e.kind != pc::CollectiveKind::kAllReduce) continue;
+      ++traced;
+      const int want = e.sequence < *lands ? 1 : 3;
+      if (e.channels != want) {
+        return absl::StrCat("call ", e.sequence, " used ", e.channels, " channel(s), expected ",
+                            want, " (landing ", *lands, ")");
+      }
+    }
+    if (traced != outputs[rank].size()) return absl::StrCat(traced, " calls traced");
+    return "";
+  });
+  for (const auto& r : results) REQUIRE(r == "");
+  for (int r = 0; r < kRanks; ++r) {
+    INFO("rank " << r);
+    CHECK(landing[r] == landing[0]);
+    REQUIRE(outputs[r].size() <= ref.outputs[r].size());
+    for (size_t i = 0; i < outputs[r].size(); ++i) {
+      INFO("call " << i);
+      CHECK(outputs[r][i] == ref.outputs[r][i]);
+    }
+  }
+}
