@@ -226,26 +226,37 @@ TEST_CASE("AdaptiveSpin: stops after spins that miss, probes, resumes on a probe
   CHECK(s.spinning());
   s.Record(s.spin(), late);  // the kMissesToStop-th miss in a row
   CHECK_FALSE(s.spinning());
-  // Off: no spin, except one probe every kProbeEvery waits; waits without a spin say nothing.
-  int probes = 0;
-  for (uint32_t i = 0; i < 2 * AdaptiveSpin::kProbeEvery; ++i) {
-    const absl::Duration spun = s.spin();
-    if (spun > absl::ZeroDuration()) {
-      CHECK(spun == us20);
-      ++probes;
-      s.Record(spun, late);  // a probe that misses: still off
-    } else {
+  // Off: no spin, except a probe after kProbeEvery waits; each probe that misses doubles the
+  // waits to the next one, up to kMaxProbeEvery; waits without a spin say nothing.
+  auto waits_to_probe = [&](absl::Duration probe_waited) {
+    uint32_t waits = 1;
+    absl::Duration spun;
+    while ((spun = s.spin()) == absl::ZeroDuration()) {
       s.Record(spun, absl::Microseconds(1));
+      CHECK_FALSE(s.spinning());
+      ++waits;
+      REQUIRE(waits <= AdaptiveSpin::kMaxProbeEvery);
     }
+    CHECK(spun == us20);
+    s.Record(spun, probe_waited);
+    return waits;
+  };
+  uint32_t expected = AdaptiveSpin::kProbeEvery;
+  for (int probe = 0; probe < 10; ++probe) {
+    CHECK(waits_to_probe(late) == expected);  // a probe that misses: still off
     CHECK_FALSE(s.spinning());
+    expected = std::min(expected * 2, AdaptiveSpin::kMaxProbeEvery);
   }
-  CHECK(probes == 2);
-  // A probe that catches its event turns spinning back on.
-  absl::Duration spun = absl::ZeroDuration();
-  while ((spun = s.spin()) == absl::ZeroDuration()) s.Record(spun, late);
-  s.Record(spun, absl::Microseconds(3));
+  CHECK(s.probe_every() == AdaptiveSpin::kMaxProbeEvery);
+  CHECK(waits_to_probe(late) == AdaptiveSpin::kMaxProbeEvery);  // capped
+  // A probe that catches its event turns spinning back on, and the probes start over.
+  CHECK(waits_to_probe(absl::Microseconds(3)) == AdaptiveSpin::kMaxProbeEvery);
   CHECK(s.spinning());
   CHECK(s.spin() == us20);
+  CHECK(s.probe_every() == AdaptiveSpin::kProbeEvery);
+  for (uint32_t i = 0; i < AdaptiveSpin::kMissesToStop; ++i) s.Record(s.spin(), late);
+  CHECK_FALSE(s.spinning());
+  CHECK(waits_to_probe(late) == AdaptiveSpin::kProbeEvery);
 }
 
 TEST_CASE("Backoff: doubling delays up to the cap, jitter within bounds, cut at the deadline",

@@ -389,6 +389,80 @@ TEST_CASE("tcp frame queue: gathers what is left and reports written frames", "[
   CHECK(q.Gather(iov, 8) == 0);
 }
 
+TEST_CASE("tcp send state: completed operations' records are reused, at most kSpareOps kept",
+          "[tcp]") {
+  pt::CompletionQueue cq;
+  tcp::SendState send(&cq, 3, 1, size_t{1} << 20);
+  tcp::FrameQueue q;
+  const Bytes payload = Pattern(5, 1);
+  const tcp::FrameHeader h = Header(tcp::FrameType::kMessage, payload.size());
+  auto post = [&](uint64_t wr_id) {
+    tcp::OutOp fields;
+    fields.wr_id = wr_id;
+    fields.bytes = payload.size();
+    std::shared_ptr<tcp::OutOp> op = send.NewOp(std::move(fields));
+    CHECK(op->wr_id == wr_id);  // a reused record starts from the fields alone
+    CHECK(op->frames_left == 0);
+    CHECK_FALSE(op->written);
+    REQUIRE(send.Start(op, h).size() == 1);
+    const tcp::OutOp* record = op.get();
+    q.Push(h, {{const_cast<uint8_t*>(payload.data()), payload.size()}}, std::move(op));
+    return record;
+  };
+  auto write_all = [&] {
+    iovec iov[64];
+    const int n = q.Gather(iov, 64);
+    size_t bytes = 0;
+    for (int i = 0; i < n; ++i) bytes += iov[i].iov_len;
+    q.Advance(bytes, send);
+    CHECK(q.empty());
+  };
+  auto completed = [&] {
+    std::vector<uint64_t> ids;
+    pt::Completion c;
+    while (cq.Poll(absl::MakeSpan(&c, 1)) == 1) {
+      CHECK(c.status.ok());
+      CHECK(c.bytes == payload.size());
+      ids.push_back(c.wr_id);
+    }
+    return ids;
+  };
+  // One operation at a time: the same record goes round, each completion with its own wr_id.
+  const tcp::OutOp* first = post(1);
+  write_all();
+  CHECK(send.spare_ops() == 1);
+  for (uint64_t id = 2; id <= 5; ++id) {
+    CHECK(post(id) == first);
+    CHECK(send.spare_ops() == 0);
+    write_all();
+    CHECK(send.spare_ops() == 1);
+  }
+  CHECK(completed() == std::vector<uint64_t>{1, 2, 3, 4, 5});
+  // 20 in flight: 19 new records; when they complete only kSpareOps are kept.
+  std::vector<uint64_t> ids;
+  for (uint64_t id = 100; id < 120; ++id) {
+    post(id);
+    ids.push_back(id);
+  }
+  CHECK(send.spare_ops() == 0);
+  write_all();
+  CHECK(send.idle());
+  CHECK(send.spare_ops() == tcp::SendState::kSpareOps);
+  CHECK(completed() == ids);
+  // A record that someone else still holds is not reused.
+  tcp::OutOp fields;
+  fields.wr_id = 7;
+  fields.bytes = payload.size();
+  std::shared_ptr<tcp::OutOp> held = send.NewOp(std::move(fields));
+  REQUIRE(send.Start(held, h).size() == 1);
+  q.Push(h, {{const_cast<uint8_t*>(payload.data()), payload.size()}}, held);
+  write_all();
+  CHECK(held->written);
+  CHECK(send.spare_ops() == tcp::SendState::kSpareOps - 1);
+  CHECK(completed() == std::vector<uint64_t>{7});
+  CHECK(post(8) != held.get());
+}
+
 TEST_CASE("tcp frame queue: frames leave in order while it never drains, and after it did",
           "[tcp]") {
   // Push and write 1000 messages of distinct payloads keeping about 100 queued (the queue

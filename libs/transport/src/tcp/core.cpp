@@ -347,16 +347,18 @@ void TcpCore::Enqueue(TcpConn& conn, tcp::PostedOp& posted) {
   // The op_timeout clock starts now when nothing was outstanding. A Flush that writes stamps
   // last_progress itself, so the clock is read here only when nothing could be written.
   const bool was_idle = conn.send.idle();
-  const tcp::FramePlans frames = conn.send.Start(posted.op, posted.header);
+  std::shared_ptr<tcp::OutOp> op = conn.send.NewOp(std::move(posted.op));
+  const tcp::FramePlans frames = conn.send.Start(op, posted.header);
   bool wrote = false;
   if (frames.size() == 1) {
-    conn.sockets[0]->sendq.Push(frames[0].header, std::move(posted.payload), posted.op);
+    conn.sockets[0]->sendq.Push(frames[0].header, std::move(posted.payload), std::move(op));
     wrote = Flush(*conn.sockets[0]);
   } else {
     for (const tcp::FramePlan& f : frames) {
       conn.sockets[f.socket]->sendq.Push(
-          f.header, tcp::SliceIov(posted.payload, f.payload.offset, f.payload.length), posted.op);
+          f.header, tcp::SliceIov(posted.payload, f.payload.offset, f.payload.length), op);
     }
+    op.reset();  // the queues hold it now (and SendState): recycled when it completes
     for (auto& s : conn.sockets) {
       if (conn.status.ok()) wrote |= Flush(*s);
     }

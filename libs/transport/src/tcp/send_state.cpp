@@ -23,10 +23,9 @@ absl::StatusOr<PostedOp> PrepareSend(absl::Span<const ConstBuffer> buffers, uint
                                                    max_message_bytes, ")"));
   }
   PostedOp posted;
-  posted.op = std::make_shared<OutOp>();
-  posted.op->opcode = Opcode::kSend;
-  posted.op->wr_id = wr_id;
-  posted.op->bytes = total;
+  posted.op.opcode = Opcode::kSend;
+  posted.op.wr_id = wr_id;
+  posted.op.bytes = total;
   posted.header.type = FrameType::kMessage;
   posted.header.length = total;
   posted.payload.reserve(buffers.size());
@@ -50,8 +49,7 @@ absl::StatusOr<PostedOp> PrepareWrite(const MemoryRegion& local, size_t local_of
                                               remote.length, " bytes"));
   }
   PostedOp posted;
-  posted.op = std::make_shared<OutOp>();
-  OutOp& op = *posted.op;
+  OutOp& op = posted.op;
   op.opcode = Opcode::kWrite;
   op.wr_id = wr_id;
   op.bytes = length;
@@ -72,6 +70,14 @@ absl::StatusOr<PostedOp> PrepareWrite(const MemoryRegion& local, size_t local_of
   }
   if (length > 0) posted.payload.push_back({const_cast<uint8_t*>(src), length});
   return posted;
+}
+
+std::shared_ptr<OutOp> SendState::NewOp(OutOp fields) {
+  if (spare_.empty()) return std::make_shared<OutOp>(std::move(fields));
+  std::shared_ptr<OutOp> op = std::move(spare_.back());
+  spare_.pop_back();
+  *op = std::move(fields);
+  return op;
 }
 
 FramePlans SendState::Start(const std::shared_ptr<OutOp>& op, const FrameHeader& h) {
@@ -190,7 +196,15 @@ void FrameQueue::Advance(size_t bytes, SendState& send) {
     if (f.sent < f.total) return;
     std::shared_ptr<OutOp> op = std::move(f.op);
     frames_.pop_front();
-    if (op) send.FrameWritten(*op);
+    if (op == nullptr) continue;
+    if (op.use_count() == 1) {  // SendState does not hold it (a failed connection's): no recycling
+      send.FrameWritten(*op);
+      continue;
+    }
+    // SendState holds it until it completes, which FrameWritten may do: drop ours first.
+    OutOp& written = *op;
+    op.reset();
+    send.FrameWritten(written);
   }
 }
 
@@ -199,6 +213,11 @@ void SendState::Release() {
     std::shared_ptr<OutOp> op = std::move(ops_.front());
     ops_.pop_front();
     cq_->Push(MakeCompletion(connection_id_, op->opcode, op->wr_id, absl::OkStatus(), op->bytes));
+    // Recycled only when nothing else refers to it (a caller of Start may keep its own copy).
+    if (op.use_count() == 1 && spare_.size() < kSpareOps) {
+      op->staging = {};  // a CUDA source's host copy is not kept
+      spare_.push_back(std::move(op));
+    }
   }
 }
 

@@ -52,10 +52,11 @@ using FramePlans = absl::InlinedVector<FramePlan, 1>;
 // allocation per message.
 using IovList = absl::InlinedVector<iovec, 4>;
 
-// A send or write as the user posted it: the operation, its (unstriped) frame header, and the
-// payload in the caller's memory.
+// A send or write as the user posted it: the operation (its record is taken from
+// SendState::NewOp when it is queued), its (unstriped) frame header, and the payload in the
+// caller's memory.
 struct PostedOp {
-  std::shared_ptr<OutOp> op;
+  OutOp op;
   FrameHeader header;
   IovList payload;
 };
@@ -76,6 +77,15 @@ class SendState {
       : cq_(cq), connection_id_(connection_id), sockets_(sockets), threshold_(stripe_threshold) {}
   SendState(const SendState&) = delete;
   SendState& operator=(const SendState&) = delete;
+
+  // Kept for reuse: the records of this many completed operations, at most.
+  static constexpr size_t kSpareOps = 8;
+
+  // A record for an operation of `fields`: a completed one's, recycled, when one is spare (one
+  // allocation less per operation), else a new one.
+  std::shared_ptr<OutOp> NewOp(OutOp fields);
+  // Completed records kept for NewOp (at most kSpareOps).
+  size_t spare_ops() const { return spare_.size(); }
 
   // Takes `op` (a send or a write; `h` is its kMessage or kWrite header) and returns its frames
   // in the order they are queued: one on socket 0, or, striped, a head with part 0 on socket 0
@@ -104,6 +114,8 @@ class SendState {
   const uint64_t threshold_;
   std::deque<std::shared_ptr<OutOp>> ops_;
   std::deque<std::shared_ptr<OutOp>> awaiting_ack_;
+  // Records of completed operations that nothing else referred to any more.
+  std::vector<std::shared_ptr<OutOp>> spare_;
   uint64_t stripes_sent_ = 0;
 };
 
@@ -120,7 +132,8 @@ class FrameQueue {
   // entries it used (0 when the queue is empty).
   int Gather(iovec* iov, int max) const;
   // The kernel took `bytes` of what Gather described: frames written completely leave the queue
-  // and are reported to `send`.
+  // and are reported to `send` (after the queue dropped its reference to the operation, so that
+  // `send` can recycle the record of one that completes).
   void Advance(size_t bytes, SendState& send);
   void Clear() { frames_.clear(); }
   bool empty() const { return frames_.empty(); }

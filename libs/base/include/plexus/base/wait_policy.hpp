@@ -106,20 +106,25 @@ class WaitPolicy {
 
 // A spin phase that is kept only while it pays. A waiter whose event keeps coming after the spin
 // window (typically: the peer that answers shares this CPU, and cannot run while we spin) stops
-// spinning after kMissesToStop such waits, and spins again on a probe every kProbeEvery waits
-// (a probe that catches its event turns spinning back on). Not thread-safe: one per waiting
+// spinning after kMissesToStop such waits, and spins again on a probe after kProbeEvery waits; a
+// probe that catches its event turns spinning back on, one that misses doubles the waits to the
+// next probe, up to kMaxProbeEvery (on one CPU every probe holds the CPU from the peer for the
+// whole spin and costs a failed non-blocking read per pass). Not thread-safe: one per waiting
 // thread (or per queue with one waiter at a time).
 class AdaptiveSpin {
  public:
   static constexpr uint32_t kMissesToStop = 8;
   static constexpr uint32_t kProbeEvery = 64;
+  static constexpr uint32_t kMaxProbeEvery = 4096;
 
   explicit AdaptiveSpin(absl::Duration spin) : max_(std::max(spin, absl::ZeroDuration())) {}
 
   // The spin for the next wait.
   absl::Duration spin() {
     if (misses_ < kMissesToStop) return max_;
-    return ++off_waits_ % kProbeEvery == 0 ? max_ : absl::ZeroDuration();
+    if (++off_waits_ < probe_every_) return absl::ZeroDuration();
+    off_waits_ = 0;
+    return max_;
   }
   // A wait with spin `spun` (what spin() returned) that found its event after `waited` (waits
   // that timed out say nothing). Waits that did not spin say nothing either: a sleeper's wake-up
@@ -128,16 +133,22 @@ class AdaptiveSpin {
     if (spun <= absl::ZeroDuration()) return;
     if (waited <= spun) {
       misses_ = 0;
+      probe_every_ = kProbeEvery;
     } else if (misses_ < kMissesToStop) {
       ++misses_;
+    } else {  // a probe that missed
+      probe_every_ = std::min(probe_every_ * 2, kMaxProbeEvery);
     }
   }
   bool spinning() const { return misses_ < kMissesToStop; }
+  // Waits from one probe to the next while spinning is off.
+  uint32_t probe_every() const { return probe_every_; }
 
  private:
   absl::Duration max_;
   uint32_t misses_ = 0;
   uint32_t off_waits_ = 0;
+  uint32_t probe_every_ = kProbeEvery;
 };
 
 class Backoff {
