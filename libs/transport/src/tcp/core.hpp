@@ -35,13 +35,12 @@
 
 namespace plexus::transport::internal::tcp {
 
-// Payload bytes still to come above this go straight from the socket into their destination.
-constexpr size_t kDirectReadBytes = 32 * 1024;
 // At most this much is read into the staging buffer at once: it still batches many small frames
 // per recv(), while the bulk of a large payload that follows a header goes straight to its
 // destination instead of being copied twice (reads of up to 256 KiB staged half of a 512 KiB
-// message).
-constexpr size_t kStagedReadBytes = kDirectReadBytes;
+// message). The rest of a payload under way is always read straight into its destination, with
+// the bytes after it into the staging buffer in the same read (TcpCore::ReadPayload).
+constexpr size_t kStagedReadBytes = 32 * 1024;
 
 struct TcpConn;
 
@@ -170,6 +169,9 @@ class TcpCore {
   // (level-triggered), saving the recv() that would only return EAGAIN.
   // The buffer is empty here: ReceiveState takes every byte unless the socket waits.
   bool Fill(Socket& s, size_t& budget, bool* drained);
+  // One read of the payload under way on `s` straight into `window` (its destination), and of
+  // what follows into the (empty) staging buffer; false when the socket had nothing or failed.
+  bool ReadPayload(Socket& s, absl::Span<uint8_t> window, size_t& budget, bool* drained);
 
   // Interprets a recv() result (and its errno); false (and the connection failed where due)
   // when not > 0.

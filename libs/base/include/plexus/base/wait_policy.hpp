@@ -104,6 +104,33 @@ class WaitPolicy {
   absl::Duration sleep_after_;
 };
 
+// Something done only while it pays, learnt from its outcomes: it stays on while its tries pay,
+// goes off after kMissesToStop tries in a row that did not, and is tried again on a probe every
+// kProbeEvery chances while off (a probe that pays turns it back on). What "pays" means is the
+// caller's: AdaptiveSpin (below) and rpc's pipelined rounds (libs/rpc/src/conn.hpp). Not
+// thread-safe: one per deciding thread (or per role held by one thread at a time).
+class AdaptiveToggle {
+ public:
+  static constexpr uint32_t kMissesToStop = 8;
+  static constexpr uint32_t kProbeEvery = 64;
+
+  // Whether to do it this time (on, or a probe while off).
+  bool Next() { return on() || ++off_chances_ % kProbeEvery == 0; }
+  // A try that was done (Next() said so) paid or not. Chances not taken say nothing.
+  void Record(bool paid) {
+    if (paid) {
+      misses_ = 0;
+    } else if (misses_ < kMissesToStop) {
+      ++misses_;
+    }
+  }
+  bool on() const { return misses_ < kMissesToStop; }
+
+ private:
+  uint32_t misses_ = 0;
+  uint32_t off_chances_ = 0;
+};
+
 // A spin phase that is kept only while it pays. A waiter whose event keeps coming after the spin
 // window (typically: the peer that answers shares this CPU, and cannot run while we spin) stops
 // spinning after kMissesToStop such waits, and spins again on a probe every kProbeEvery waits
@@ -111,33 +138,25 @@ class WaitPolicy {
 // thread (or per queue with one waiter at a time).
 class AdaptiveSpin {
  public:
-  static constexpr uint32_t kMissesToStop = 8;
-  static constexpr uint32_t kProbeEvery = 64;
+  static constexpr uint32_t kMissesToStop = AdaptiveToggle::kMissesToStop;
+  static constexpr uint32_t kProbeEvery = AdaptiveToggle::kProbeEvery;
 
   explicit AdaptiveSpin(absl::Duration spin) : max_(std::max(spin, absl::ZeroDuration())) {}
 
   // The spin for the next wait.
-  absl::Duration spin() {
-    if (misses_ < kMissesToStop) return max_;
-    return ++off_waits_ % kProbeEvery == 0 ? max_ : absl::ZeroDuration();
-  }
+  absl::Duration spin() { return toggle_.Next() ? max_ : absl::ZeroDuration(); }
   // A wait with spin `spun` (what spin() returned) that found its event after `waited` (waits
   // that timed out say nothing). Waits that did not spin say nothing either: a sleeper's wake-up
   // time is no measure of what spinning would have done.
   void Record(absl::Duration spun, absl::Duration waited) {
     if (spun <= absl::ZeroDuration()) return;
-    if (waited <= spun) {
-      misses_ = 0;
-    } else if (misses_ < kMissesToStop) {
-      ++misses_;
-    }
+    toggle_.Record(waited <= spun);
   }
-  bool spinning() const { return misses_ < kMissesToStop; }
+  bool spinning() const { return toggle_.on(); }
 
  private:
   absl::Duration max_;
-  uint32_t misses_ = 0;
-  uint32_t off_waits_ = 0;
+  AdaptiveToggle toggle_;
 };
 
 class Backoff {
