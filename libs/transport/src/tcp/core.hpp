@@ -41,6 +41,10 @@ namespace plexus::transport::internal::tcp {
 // message). The rest of a payload under way is always read straight into its destination, with
 // the bytes after it into the staging buffer in the same read (TcpCore::ReadPayload).
 constexpr size_t kStagedReadBytes = 32 * 1024;
+// What a read takes into the staging buffer after the tail of a payload of at least
+// kStagedReadBytes: the next header and a little of what follows, not up to 32 KiB of the next
+// payload to copy again (a stream of 64 KiB messages: ~4 KiB copied per message, not ~32 KiB).
+constexpr size_t kSmallStagedReadBytes = 4 * 1024;
 
 struct TcpConn;
 
@@ -55,6 +59,7 @@ struct Socket {
   std::unique_ptr<uint8_t[]> rx{new uint8_t[kStagedReadBytes]};
   size_t rx_begin = 0;
   size_t rx_end = 0;
+  size_t staged_read = kStagedReadBytes;  // what the next read into `rx` asks for
 };
 
 // The socket-free protocol state (send, receive) plus the sockets and clocks around it.
