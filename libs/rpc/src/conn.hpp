@@ -103,10 +103,11 @@ struct BatchLimits {
 // two CPUs used one between them). A piece is a quarter of the round's calls, at least
 // kMinPieceFrames frames (fewer, larger messages for small calls), or kPieceBytes bytes,
 // whichever comes first (large messages: the kernel's copy of the first piece overlaps the
-// building of the next). docs/rpc.md, "Pipelined rounds", has the measurements.
+// building of the next; 64 KiB made 16 pieces of a round of 128 calls of 8 KiB, each piece a
+// message's fixed cost, and was slower at 128 in flight). docs/rpc.md, "Pipelined rounds", has the measurements.
 inline constexpr size_t kPiecesPerRound = 4;
 inline constexpr size_t kMinPieceFrames = 8;
-inline constexpr size_t kPieceBytes = 64 << 10;
+inline constexpr size_t kPieceBytes = 256 << 10;
 
 // The frames per piece of a round that handles `round_calls` calls.
 inline size_t PieceFrames(size_t round_calls) {
