@@ -104,7 +104,8 @@ struct BatchLimits {
 // kMinPieceFrames frames (fewer, larger messages for small calls), or kPieceBytes bytes,
 // whichever comes first (large messages: the kernel's copy of the first piece overlaps the
 // building of the next; 64 KiB made 16 pieces of a round of 128 calls of 8 KiB, each piece a
-// message's fixed cost, and was slower at 128 in flight). docs/rpc.md, "Pipelined rounds", has the measurements.
+// message's fixed cost, and was slower at 128 in flight). docs/rpc.md, "Pipelined rounds", has the
+// measurements.
 inline constexpr size_t kPiecesPerRound = 4;
 inline constexpr size_t kMinPieceFrames = 8;
 inline constexpr size_t kPieceBytes = 256 << 10;
@@ -120,15 +121,15 @@ inline bool PieceFull(size_t frames, size_t bytes, size_t piece_frames) {
   return piece_frames > 0 && (frames >= piece_frames || bytes >= kPieceBytes);
 }
 
+// This thread's involuntary context switches so far (0 where the kernel does not say).
+long InvoluntarySwitches();
+
 // Whether a poller's rounds go in pieces. Pieces pay only while the peer runs beside this thread:
 // on a shared CPU the peer cannot start before this thread blocks (or it preempts it), and each
 // piece is one more message to send and receive. A round that left in pieces paid when the
 // peer's answer to an early piece is there by the time the round ended and this thread was not
 // switched out involuntarily meanwhile (a peer on this CPU that answered by preempting it); the
 // decision is learnt from that (base::AdaptiveToggle). One per poller thread (or role).
-// This thread's involuntary context switches so far (0 where the kernel does not say).
-long InvoluntarySwitches();
-
 class PiecesGate {
  public:
   // `switches` counts this thread's involuntary context switches (tests pass their own).
