@@ -32,14 +32,17 @@ using plexus::rpctest::Kinds;
 
 namespace {
 
-// A request frame for Kinds/Echo carrying `ints` = {id}.
+// A request frame for Kinds/Echo carrying `ints` = {id} (and a blob of `blob_bytes`).
 struct EchoFrame {
   AllKinds req;
   int32_t value = 0;
+  std::vector<uint8_t> blob;
   pi::EncodedMessage encoded;
   pi::OutFrame frame;
-  EchoFrame(uint64_t id) : value(static_cast<int32_t>(id)) {
+  explicit EchoFrame(uint64_t id, size_t blob_bytes = 0)
+      : value(static_cast<int32_t>(id)), blob(blob_bytes, static_cast<uint8_t>(id)) {
     req.ints = pr::Repeated<int32_t>(&value, 1);
+    if (!blob.empty()) req.blob = pr::Bytes(blob.data(), blob.size());
     REQUIRE(pi::EncodeMessage(*Kinds::Descriptor().methods[0].request(), &req, &encoded).ok());
     pi::FrameHeader h;
     h.type = pi::FrameType::kRequest;
@@ -436,8 +439,9 @@ TEST_CASE("pipelined rounds: pieces of a quarter, kept only while the peer answe
   CHECK(pi::PieceFrames(32) == 8);
   CHECK(pi::PieceFrames(33) == 9);
   CHECK(pi::PieceFrames(128) == 32);
-  CHECK(pi::PieceFull(8, 100, 8));
-  CHECK_FALSE(pi::PieceFull(7, 100, 8));
+  CHECK(pi::PieceFull(8, pi::kMinPieceBytes, 8));
+  CHECK_FALSE(pi::PieceFull(7, pi::kMinPieceBytes, 8));
+  CHECK_FALSE(pi::PieceFull(8, 100, 8));  // small calls: the round leaves whole
   CHECK(pi::PieceFull(1, pi::kPieceBytes, 8));
   CHECK_FALSE(pi::PieceFull(100, 2 * pi::kPieceBytes, 0));  // the round leaves whole
 
@@ -465,15 +469,13 @@ TEST_CASE("pipelined rounds: pieces of a quarter, kept only while the peer answe
   CHECK(gate.on());
   // A peer that answered by preempting this thread (it shares the CPU) does not count as paid:
   // kMissesToStop such rounds turn pieces off.
-  for (uint32_t i = 0; i < plexus::base::AdaptiveToggle::kMissesToStop; ++i) {
-    CHECK(round(true, true));
-  }
+  for (uint32_t i = 0; i < pi::PiecesGate::kMissesToStop; ++i) CHECK(round(true, true));
   CHECK_FALSE(gate.on());
   CHECK(gate.PieceFor(4) == 0);
   // Off: rounds leave whole, but one in kProbeEvery is a probe in pieces; a probe whose answer
   // was not there keeps it off, one that paid turns it back on.
   int probes = 0;
-  for (uint32_t i = 0; i < 2 * plexus::base::AdaptiveToggle::kProbeEvery; ++i) {
+  for (uint32_t i = 0; i < 2 * pi::PiecesGate::kProbeEvery; ++i) {
     if (round(false, false)) ++probes;
   }
   CHECK(probes == 2);
@@ -489,12 +491,13 @@ TEST_CASE("pipelined rounds: pieces of a quarter, kept only while the peer answe
   CHECK_FALSE(gate.TakePieced());
 }
 
-TEST_CASE("a round of 32 requests is answered in 4 pieces of 8, in order", "[rpc][batch]") {
+TEST_CASE("a round of 32 requests of 8 KiB is answered in 4 pieces of 8, in order",
+          "[rpc][batch]") {
   EchoBed bed(pt::DeviceOptions{}.progress, {.max_in_flight_per_connection = 64}, std::nullopt);
   auto cq = bed.dev->CreateCompletionQueue();
   auto conn = bed.dev->Connect(bed.server->address(), cq.get());
   REQUIRE(conn.ok());
-  constexpr size_t kRecvBytes = 64 << 10;
+  constexpr size_t kRecvBytes = 1 << 20;
   pi::OutFrame hello;
   pi::FrameHeader h;
   h.type = pi::FrameType::kHello;
@@ -522,13 +525,15 @@ TEST_CASE("a round of 32 requests is answered in 4 pieces of 8, in order", "[rpc
   pt::Completion ack = next_recv();
   REQUIRE(pi::ParseFrame({bufs[ack.wr_id].get(), ack.bytes}).ok());
 
-  // 32 requests in one message: the server's round splits its responses (the gate starts on).
+  // 32 requests in one message: the server's round splits its responses (the gate starts on;
+  // 8 responses of 8 KiB are a piece, over kMinPieceBytes).
   constexpr uint64_t kCalls = 32;
+  constexpr size_t kBlob = 8 << 10;
   std::vector<std::unique_ptr<EchoFrame>> frames;
   std::vector<pi::Part> parts;
   size_t bytes = 0;
   for (uint64_t id = 1; id <= kCalls; ++id) {
-    frames.push_back(std::make_unique<EchoFrame>(id));
+    frames.push_back(std::make_unique<EchoFrame>(id, kBlob));
     pi::AppendToBatch(frames.back()->frame, &parts, &bytes);
   }
   REQUIRE((*conn)->PostSend(parts, 1001).ok());
@@ -549,6 +554,8 @@ TEST_CASE("a round of 32 requests is answered in 4 pieces of 8, in order", "[rpc
       const auto* m = static_cast<const AllKinds*>(f->message());
       REQUIRE(m->ints.size() == 1);
       CHECK(m->ints[0] == static_cast<int32_t>(f->frame().header.call_id));
+      REQUIRE(m->blob.size() == kBlob);
+      CHECK(m->blob[kBlob - 1] == static_cast<uint8_t>(f->frame().header.call_id));
     }
   }
   CHECK(per_message == std::vector<size_t>{8, 8, 8, 8});

@@ -101,13 +101,15 @@ struct BatchLimits {
 // in pieces, so that the peer handles the first piece while this side still builds the rest
 // (with the round held back as one batch, the two sides took turns: a client and a server on
 // two CPUs used one between them). A piece is a quarter of the round's calls, at least
-// kMinPieceFrames frames (fewer, larger messages for small calls), or kPieceBytes bytes,
-// whichever comes first (large messages: the kernel's copy of the first piece overlaps the
-// building of the next; 64 KiB made 16 pieces of a round of 128 calls of 8 KiB, each piece a
-// message's fixed cost, and was slower at 128 in flight). docs/rpc.md, "Pipelined rounds", has the
-// measurements.
+// kMinPieceFrames frames and kMinPieceBytes bytes, or kPieceBytes bytes, whichever comes first.
+// Every piece is one more message (a few microseconds of fixed cost on each side): a piece of
+// small calls is about as much work for the peer as the message costs, so small calls (under
+// 4 KiB at 8 per piece) keep whole rounds; 64 KiB as the cap made 16 pieces of a round of 128
+// calls of 8 KiB, and was slower at 128 in flight than 256 KiB. docs/rpc.md, "Pipelined
+// rounds", has the measurements.
 inline constexpr size_t kPiecesPerRound = 4;
 inline constexpr size_t kMinPieceFrames = 8;
+inline constexpr size_t kMinPieceBytes = 32 << 10;
 inline constexpr size_t kPieceBytes = 256 << 10;
 
 // The frames per piece of a round that handles `round_calls` calls.
@@ -118,7 +120,8 @@ inline size_t PieceFrames(size_t round_calls) {
 // Whether an outbox of `frames` frames and `bytes` bytes is a piece that leaves now; never
 // while `piece_frames` is 0 (the round is not sent in pieces).
 inline bool PieceFull(size_t frames, size_t bytes, size_t piece_frames) {
-  return piece_frames > 0 && (frames >= piece_frames || bytes >= kPieceBytes);
+  return piece_frames > 0 &&
+         ((frames >= piece_frames && bytes >= kMinPieceBytes) || bytes >= kPieceBytes);
 }
 
 // This thread's involuntary context switches so far (0 where the kernel does not say).
@@ -129,9 +132,15 @@ long InvoluntarySwitches();
 // piece is one more message to send and receive. A round that left in pieces paid when the
 // peer's answer to an early piece is there by the time the round ended and this thread was not
 // switched out involuntarily meanwhile (a peer on this CPU that answered by preempting it); the
-// decision is learnt from that (base::AdaptiveToggle). One per poller thread (or role).
+// decision is learnt from that (base::AdaptiveToggle): off after kMissesToStop rounds in a row
+// that did not pay (where the two sides run beside each other, under 1% of rounds miss, so two
+// in a row is a change of place, not noise), a probe every kProbeEvery rounds while off. One per
+// poller thread (or role).
 class PiecesGate {
  public:
+  static constexpr uint32_t kMissesToStop = 2;
+  static constexpr uint32_t kProbeEvery = 64;
+
   // `switches` counts this thread's involuntary context switches (tests pass their own).
   explicit PiecesGate(long (*switches)() = &InvoluntarySwitches) : switches_fn_(switches) {}
   // A round starts.
@@ -155,7 +164,7 @@ class PiecesGate {
 
  private:
   long (*switches_fn_)();
-  base::AdaptiveToggle toggle_;
+  base::AdaptiveToggle toggle_{kMissesToStop, kProbeEvery};
   bool decided_ = false;
   bool split_ = false;
   bool piece_left_ = false;

@@ -105,8 +105,8 @@ class WaitPolicy {
 };
 
 // Something done only while it pays, learnt from its outcomes: it stays on while its tries pay,
-// goes off after kMissesToStop tries in a row that did not, and is tried again on a probe every
-// kProbeEvery chances while off (a probe that pays turns it back on). What "pays" means is the
+// goes off after `misses_to_stop` tries in a row that did not, and is tried again on a probe every
+// `probe_every` chances while off (a probe that pays turns it back on). What "pays" means is the
 // caller's: AdaptiveSpin (below) and rpc's pipelined rounds (libs/rpc/src/conn.hpp). Not
 // thread-safe: one per deciding thread (or per role held by one thread at a time).
 class AdaptiveToggle {
@@ -114,19 +114,26 @@ class AdaptiveToggle {
   static constexpr uint32_t kMissesToStop = 8;
   static constexpr uint32_t kProbeEvery = 64;
 
+  explicit AdaptiveToggle(uint32_t misses_to_stop = kMissesToStop,
+                          uint32_t probe_every = kProbeEvery)
+      : misses_to_stop_(std::max<uint32_t>(misses_to_stop, 1)),
+        probe_every_(std::max<uint32_t>(probe_every, 1)) {}
+
   // Whether to do it this time (on, or a probe while off).
-  bool Next() { return on() || ++off_chances_ % kProbeEvery == 0; }
+  bool Next() { return on() || ++off_chances_ % probe_every_ == 0; }
   // A try that was done (Next() said so) paid or not. Chances not taken say nothing.
   void Record(bool paid) {
     if (paid) {
       misses_ = 0;
-    } else if (misses_ < kMissesToStop) {
+    } else if (misses_ < misses_to_stop_) {
       ++misses_;
     }
   }
-  bool on() const { return misses_ < kMissesToStop; }
+  bool on() const { return misses_ < misses_to_stop_; }
 
  private:
+  uint32_t misses_to_stop_;
+  uint32_t probe_every_;
   uint32_t misses_ = 0;
   uint32_t off_chances_ = 0;
 };
