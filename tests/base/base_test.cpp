@@ -276,6 +276,16 @@ TEST_CASE("AdaptiveToggle: on until tries stop paying, probes while off, back on
   t.Record(true);  // a probe that pays
   CHECK(t.on());
   CHECK(t.Next());
+  // Thresholds of the caller's: off after 2 misses, a probe every 4 chances.
+  AdaptiveToggle quick(2, 4);
+  quick.Record(false);
+  CHECK(quick.on());
+  quick.Record(false);
+  CHECK_FALSE(quick.on());
+  CHECK_FALSE(quick.Next());
+  CHECK_FALSE(quick.Next());
+  CHECK_FALSE(quick.Next());
+  CHECK(quick.Next());
 }
 
 TEST_CASE("Backoff: doubling delays up to the cap, jitter within bounds, cut at the deadline",
