@@ -259,6 +259,46 @@ TEST_CASE("AdaptiveSpin: stops after spins that miss, probes, resumes on a probe
   CHECK(waits_to_probe(late) == AdaptiveSpin::kProbeEvery);
 }
 
+TEST_CASE("AdaptiveToggle: on until tries stop paying, probes while off, back on when one pays",
+          "[base][wait]") {
+  using plexus::base::AdaptiveToggle;
+  AdaptiveToggle t;
+  CHECK(t.on());
+  CHECK(t.Next());
+  // A try that pays resets the misses: kMissesToStop - 1 misses, a hit, then as many again.
+  for (uint32_t i = 0; i + 1 < AdaptiveToggle::kMissesToStop; ++i) t.Record(false);
+  t.Record(true);
+  for (uint32_t i = 0; i + 1 < AdaptiveToggle::kMissesToStop; ++i) t.Record(false);
+  CHECK(t.on());
+  t.Record(false);  // the kMissesToStop-th miss in a row
+  CHECK_FALSE(t.on());
+  // Off: one probe every kProbeEvery chances; a probe that does not pay keeps it off.
+  int probes = 0;
+  for (uint32_t i = 0; i < 3 * AdaptiveToggle::kProbeEvery; ++i) {
+    if (t.Next()) {
+      ++probes;
+      t.Record(false);
+    }
+  }
+  CHECK(probes == 3);
+  CHECK_FALSE(t.on());
+  while (!t.Next()) {
+  }
+  t.Record(true);  // a probe that pays
+  CHECK(t.on());
+  CHECK(t.Next());
+  // Thresholds of the caller's: off after 2 misses, a probe every 4 chances.
+  AdaptiveToggle quick(2, 4);
+  quick.Record(false);
+  CHECK(quick.on());
+  quick.Record(false);
+  CHECK_FALSE(quick.on());
+  CHECK_FALSE(quick.Next());
+  CHECK_FALSE(quick.Next());
+  CHECK_FALSE(quick.Next());
+  CHECK(quick.Next());
+}
+
 TEST_CASE("Backoff: doubling delays up to the cap, jitter within bounds, cut at the deadline",
           "[base][wait]") {
   using plexus::base::Backoff;

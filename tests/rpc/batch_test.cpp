@@ -2,8 +2,10 @@
 // parser's checks, the handshake that agrees on batches, a raw client's batch of requests answered
 // (and a batch over the window refused), and a Channel whose blocking callers poll the connection
 // themselves while callbacks keep running on the channel's thread, in ProgressMode kCaller and
-// kThread.
+// kThread; pipelined rounds (a round's frames leave in pieces while that pays).
+#include <algorithm>
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -30,14 +32,17 @@ using plexus::rpctest::Kinds;
 
 namespace {
 
-// A request frame for Kinds/Echo carrying `ints` = {id}.
+// A request frame for Kinds/Echo carrying `ints` = {id} (and a blob of `blob_bytes`).
 struct EchoFrame {
   AllKinds req;
   int32_t value = 0;
+  std::vector<uint8_t> blob;
   pi::EncodedMessage encoded;
   pi::OutFrame frame;
-  EchoFrame(uint64_t id) : value(static_cast<int32_t>(id)) {
+  explicit EchoFrame(uint64_t id, size_t blob_bytes = 0)
+      : value(static_cast<int32_t>(id)), blob(blob_bytes, static_cast<uint8_t>(id)) {
     req.ints = pr::Repeated<int32_t>(&value, 1);
+    if (!blob.empty()) req.blob = pr::Bytes(blob.data(), blob.size());
     REQUIRE(pi::EncodeMessage(*Kinds::Descriptor().methods[0].request(), &req, &encoded).ok());
     pi::FrameHeader h;
     h.type = pi::FrameType::kRequest;
@@ -420,5 +425,201 @@ TEST_CASE("a client that does not take batches gets one frame per message", "[rp
   CHECK(responses == kCalls);
   CHECK(impl.echoes == kCalls);
   (*conn)->Close();
+  bed.server->Shutdown();
+}
+
+namespace {
+long fake_switches = 0;
+long FakeSwitches() { return fake_switches; }
+}  // namespace
+
+TEST_CASE("pipelined rounds: pieces of a quarter, kept only while the peer answers beside us",
+          "[rpc][batch]") {
+  CHECK(pi::PieceFrames(1) == pi::kMinPieceFrames);
+  CHECK(pi::PieceFrames(32) == 8);
+  CHECK(pi::PieceFrames(33) == 9);
+  CHECK(pi::PieceFrames(128) == 32);
+  CHECK(pi::PieceFull(8, pi::kMinPieceBytes, 8));
+  CHECK_FALSE(pi::PieceFull(7, pi::kMinPieceBytes, 8));
+  CHECK_FALSE(pi::PieceFull(8, 100, 8));  // small calls: the round leaves whole
+  CHECK(pi::PieceFull(1, pi::kPieceBytes, 8));
+  CHECK_FALSE(pi::PieceFull(100, 2 * pi::kPieceBytes, 0));  // the round leaves whole
+
+  pi::PiecesGate gate(&FakeSwitches);
+  // One round of 32 calls that leaves in pieces (when the gate says so); false when it left whole.
+  auto round = [&](bool answered, bool switched_out) {
+    gate.StartRound();
+    const size_t piece = gate.PieceFor(32);
+    if (piece == 0) return false;
+    CHECK(piece == 8);
+    gate.Queued();
+    gate.PieceLeft();
+    if (switched_out) ++fake_switches;
+    gate.Queued();  // a frame queued after a piece left: the round went in pieces
+    REQUIRE(gate.TakePieced());
+    CHECK_FALSE(gate.TakePieced());
+    gate.Learn(answered);
+    return true;
+  };
+  // On at first; small batches are not split but stay piece-sized (kMinPieceFrames) while on.
+  CHECK(gate.on());
+  CHECK(gate.PieceFor(4) == pi::kMinPieceFrames);
+  // Answers that came while this thread ran elsewhere keep it on.
+  for (int i = 0; i < 20; ++i) CHECK(round(true, false));
+  CHECK(gate.on());
+  // A peer that answered by preempting this thread (it shares the CPU) does not count as paid:
+  // kMissesToStop such rounds turn pieces off.
+  for (uint32_t i = 0; i < pi::PiecesGate::kMissesToStop; ++i) CHECK(round(true, true));
+  CHECK_FALSE(gate.on());
+  CHECK(gate.PieceFor(4) == 0);
+  // Off: rounds leave whole, but one in kProbeEvery is a probe in pieces; a probe whose answer
+  // was not there keeps it off, one that paid turns it back on.
+  int probes = 0;
+  for (uint32_t i = 0; i < 2 * pi::PiecesGate::kProbeEvery; ++i) {
+    if (round(false, false)) ++probes;
+  }
+  CHECK(probes == 2);
+  CHECK_FALSE(gate.on());
+  while (!round(true, false)) {
+  }
+  CHECK(gate.on());
+  // A round in which a piece left but nothing followed it went out as one message.
+  gate.StartRound();
+  REQUIRE(gate.PieceFor(32) == 8);
+  gate.Queued();
+  gate.PieceLeft();
+  CHECK_FALSE(gate.TakePieced());
+}
+
+TEST_CASE("a round of 32 requests of 8 KiB is answered in 4 pieces of 8, in order",
+          "[rpc][batch]") {
+  EchoBed bed(pt::DeviceOptions{}.progress, {.max_in_flight_per_connection = 64}, std::nullopt);
+  auto cq = bed.dev->CreateCompletionQueue();
+  auto conn = bed.dev->Connect(bed.server->address(), cq.get());
+  REQUIRE(conn.ok());
+  constexpr size_t kRecvBytes = 1 << 20;
+  pi::OutFrame hello;
+  pi::FrameHeader h;
+  h.type = pi::FrameType::kHello;
+  h.flags = pi::kFlagBatch;
+  h.deadline_us = kRecvBytes;
+  pi::BuildFrame(
+      h, "",
+      {{Kinds::Descriptor().full_name, absl::StrFormat("%016x", Kinds::Descriptor().schema_hash)}},
+      nullptr, &hello);
+  auto pool = std::make_shared<pi::BufferPool>(kRecvBytes, 8);
+  std::vector<pi::BufferPool::Buffer> bufs;
+  for (int i = 0; i < 8; ++i) {
+    bufs.push_back(pool->Take());
+    REQUIRE((*conn)->PostRecv({bufs.back().get(), kRecvBytes}, bufs.size() - 1).ok());
+  }
+  REQUIRE((*conn)->PostSend(hello.parts, 1000).ok());
+  auto next_recv = [&]() -> pt::Completion {
+    while (true) {
+      auto c = cq->Wait(absl::Seconds(10));
+      REQUIRE(c.ok());
+      REQUIRE(c->status.ok());
+      if (c->opcode == pt::Opcode::kRecv) return *c;
+    }
+  };
+  pt::Completion ack = next_recv();
+  REQUIRE(pi::ParseFrame({bufs[ack.wr_id].get(), ack.bytes}).ok());
+
+  // 32 requests in one message: the server's round splits its responses (the gate starts on;
+  // 8 responses of 8 KiB are a piece, over kMinPieceBytes).
+  constexpr uint64_t kCalls = 32;
+  constexpr size_t kBlob = 8 << 10;
+  std::vector<std::unique_ptr<EchoFrame>> frames;
+  std::vector<pi::Part> parts;
+  size_t bytes = 0;
+  for (uint64_t id = 1; id <= kCalls; ++id) {
+    frames.push_back(std::make_unique<EchoFrame>(id, kBlob));
+    pi::AppendToBatch(frames.back()->frame, &parts, &bytes);
+  }
+  REQUIRE((*conn)->PostSend(parts, 1001).ok());
+  std::vector<size_t> per_message;
+  uint64_t next_id = 1;
+  while (next_id <= kCalls) {
+    pt::Completion c = next_recv();
+    std::vector<std::shared_ptr<pi::Inbound>> in;
+    REQUIRE(
+        pi::SplitFrames(std::make_shared<pi::RecvBuffer>(pool, std::move(bufs[c.wr_id]), c.bytes),
+                        true, {}, &in)
+            .ok());
+    per_message.push_back(in.size());
+    for (const auto& f : in) {
+      REQUIRE(f->frame().header.type == pi::FrameType::kResponse);
+      CHECK(f->frame().header.call_id == next_id++);  // in order across the pieces
+      REQUIRE(f->Decode(*Kinds::Descriptor().methods[0].response(), {}).ok());
+      const auto* m = static_cast<const AllKinds*>(f->message());
+      REQUIRE(m->ints.size() == 1);
+      CHECK(m->ints[0] == static_cast<int32_t>(f->frame().header.call_id));
+      REQUIRE(m->blob.size() == kBlob);
+      CHECK(m->blob[kBlob - 1] == static_cast<uint8_t>(f->frame().header.call_id));
+    }
+  }
+  CHECK(per_message == std::vector<size_t>{8, 8, 8, 8});
+  CHECK(bed.impl.echoes == kCalls);
+  (*conn)->Close();
+  bed.server->Shutdown();
+}
+
+TEST_CASE("callbacks' large requests leave in pieces: every call gets its own bytes, in order",
+          "[rpc][batch]") {
+  const pt::ProgressMode mode = GENERATE(pt::ProgressMode::kCaller, pt::ProgressMode::kThread);
+  INFO("progress mode " << static_cast<int>(mode));
+  // 64 chains of 16 KiB requests at a window of 64: a round's requests (up to 64, 1 MiB) leave
+  // in pieces of 64 KiB, and the server's responses (the same bytes) in pieces too.
+  EchoBed bed(mode, {.max_in_flight_per_connection = 64}, pr::ChannelOptions{.max_in_flight = 64});
+  Kinds::Stub stub(bed.ch);
+  constexpr int kChains = 64, kPerChain = 40;
+  constexpr size_t kBytes = 16 << 10;
+  std::vector<std::vector<uint8_t>> blobs(kChains, std::vector<uint8_t>(kBytes));
+  std::vector<AllKinds> reqs(kChains);
+  std::atomic<int> ok{0}, bad{0}, chains_done{0};
+  // Calls issued from callbacks (the channel's one thread) complete in the order they were
+  // issued: the server answers a connection's requests in order, pieces or not.
+  std::mutex mu;
+  uint64_t issued_in_callbacks = 0;
+  std::vector<uint64_t> completion_order;
+  std::function<void(int, int, bool)> issue = [&](int chain, int n, bool from_callback) {
+    std::vector<uint8_t>& blob = blobs[chain];
+    for (size_t i = 0; i < kBytes; ++i) blob[i] = static_cast<uint8_t>(chain * 31 + n * 7 + i);
+    reqs[chain].blob = pr::Bytes(blob.data(), blob.size());
+    uint64_t seq = 0;
+    if (from_callback) {
+      std::lock_guard<std::mutex> lock(mu);
+      seq = ++issued_in_callbacks;
+    }
+    stub.Echo(reqs[chain], {.timeout = absl::Seconds(30)},
+              [&, chain, n, seq](absl::StatusOr<pr::Reply<AllKinds>> r) {
+                bool good = r.ok() && (*r)->blob.size() == kBytes;
+                for (size_t i = 0; good && i < kBytes; ++i) {
+                  good = (*r)->blob[i] == static_cast<uint8_t>(chain * 31 + n * 7 + i);
+                }
+                ++(good ? ok : bad);
+                if (seq > 0) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  completion_order.push_back(seq);
+                }
+                if (n + 1 < kPerChain) {
+                  issue(chain, n + 1, true);
+                } else {
+                  ++chains_done;
+                }
+              });
+  };
+  for (int c = 0; c < kChains; ++c) issue(c, 0, false);
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (chains_done < kChains && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  CHECK(chains_done == kChains);
+  CHECK(ok == kChains * kPerChain);
+  CHECK(bad == 0);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    CHECK(completion_order.size() == static_cast<size_t>(kChains * (kPerChain - 1)));
+    CHECK(std::is_sorted(completion_order.begin(), completion_order.end()));
+  }
+  bed.ch->Close();
   bed.server->Shutdown();
 }

@@ -247,7 +247,8 @@ void ChannelCore::FlushLocked(std::vector<std::shared_ptr<CallState>>* ready) {
   sending.emplace(wr, std::move(batch));
 }
 
-void ChannelCore::Poll(absl::Duration wait, std::vector<std::shared_ptr<CallState>>* ready) {
+void ChannelCore::Poll(absl::Duration wait, std::vector<std::shared_ptr<CallState>>* ready,
+                       bool after_pieces) {
   // Per thread, not per poll: 64 completions (each with a Status) built and destroyed on every
   // poll were a visible share of a small call. Poll is not re-entered on a thread (no user code
   // runs inside it).
@@ -256,7 +257,14 @@ void ChannelCore::Poll(absl::Duration wait, std::vector<std::shared_ptr<CallStat
   // A busy connection (the last round handled several completions): take what is there first.
   // One call at a time: wait at once (in ProgressMode::kCaller one system call per message).
   // Completions queued already (our own sends) are taken without driving the transport.
-  if (const size_t queued = cq->size(); queued > 0) {
+  if (after_pieces) {
+    // A round that left in pieces paid when the server's answer to an early piece is here now
+    // (it ran beside this thread); with the server on this CPU nothing can be here yet.
+    n = cq->Poll(absl::MakeSpan(batch));
+    pieces.Learn(std::any_of(batch, batch + n, [](const transport::Completion& c) {
+      return c.wr_id != kWakeId && (c.wr_id & kRecvBit) != 0;
+    }));
+  } else if (const size_t queued = cq->size(); queued > 0) {
     n = cq->Poll(absl::MakeSpan(batch, std::min<size_t>(queued, 64)));
   } else if (last_round_.load(std::memory_order_relaxed) > 1) {
     n = cq->Poll(absl::MakeSpan(batch));
@@ -343,9 +351,13 @@ void ChannelCore::Run() {
       }
     }
     // Run to completion: the callbacks of this round start their next calls into the outbox,
-    // which leaves as one batch when the round ends.
+    // which leaves in pieces of a quarter of the round (conn.hpp, PieceFrames) and when the
+    // round ends.
     round_of = this;
-    if (ready.empty()) Poll(wait, &ready);
+    const bool after_pieces = pieces.TakePieced();
+    if (ready.empty()) Poll(wait, &ready, after_pieces);
+    pieces.StartRound();
+    round_piece = pieces.PieceFor(ready.size());
     for (auto& call : ready) Finalize(call);
     round_of = nullptr;
     ready.clear();
@@ -495,6 +507,7 @@ absl::Status ChannelCore::SendLocked(const std::shared_ptr<CallState>& call,
   BuildFrame(h, "", options.metadata, &call->encoded, &call->frame);
   call->info.request_bytes = call->frame.bytes;
   const bool has_callback = static_cast<bool>(call->callback);
+  bool piece_full = false;  // the outbox holds a piece of the round: it leaves now
   if (round_of == this && peer_batch.frames > 1) {
     // Started from a callback of Run's round: leaves with the round's other requests.
     if (outbox.size() >= peer_batch.frames ||
@@ -507,8 +520,10 @@ absl::Status ChannelCore::SendLocked(const std::shared_ptr<CallState>& call,
       return absl::UnavailableError(
           absl::StrCat("rpc connection to ", peer, ": ", broken.message()));
     }
+    pieces.Queued();
     outbox.push_back(call);
     outbox_bytes += call->frame.bytes + kSegmentAlign;
+    piece_full = PieceFull(outbox.size(), outbox_bytes, round_piece);
   } else {
     FlushLocked(&ready);  // what Run queued goes first (per-thread order is kept anyway)
     const uint64_t wr = kSendBit | next_send++;
@@ -528,6 +543,11 @@ absl::Status ChannelCore::SendLocked(const std::shared_ptr<CallState>& call,
   if (call->deadline != absl::InfiniteFuture()) {
     deadlines.emplace(call->deadline, call->id);
     has_deadlines.store(true, std::memory_order_relaxed);
+  }
+  // After the call is registered: a send refused now fails it with the connection's other calls.
+  if (piece_full) {
+    FlushLocked(&ready);
+    pieces.PieceLeft();
   }
   lock.unlock();
   for (auto& c : ready) Finalize(c);

@@ -92,7 +92,7 @@ constexpr uint64_t kWakeId = uint64_t{1} << 60;
 // (the leader) while it waits, so that a synchronous call needs no thread hop on either side.
 // While a leader polls, Run parks; calls with callbacks that the leader completes are handed to
 // Run (callbacks run on the channel's thread). Requests started on Run's thread during a round
-// (from callbacks) queue in the outbox and leave as one batch when the round ends.
+// (from callbacks) queue in the outbox and leave in pieces (PieceFrames) and when the round ends.
 struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   std::shared_ptr<transport::Device> device;
   std::unique_ptr<transport::CompletionQueue> cq;
@@ -136,6 +136,10 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   absl::flat_hash_map<uint64_t, Sending> sending;  // awaiting kSend
   std::vector<std::shared_ptr<CallState>> outbox;  // requests of Run's round, not sent yet
   size_t outbox_bytes = 0;
+  // Run's thread only: frames per piece of its round (0: the round leaves whole) and whether
+  // pieces pay (conn.hpp).
+  size_t round_piece = 0;
+  PiecesGate pieces;
   absl::flat_hash_map<uint64_t, BufferPool::Buffer> recvs;
   absl::flat_hash_map<uint64_t, std::unique_ptr<OutFrame>> controls;
   std::set<std::pair<absl::Time, uint64_t>> deadlines;
@@ -180,8 +184,11 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   // Sends the outbox (one request as is, several as a batch).
   void FlushLocked(std::vector<std::shared_ptr<CallState>>* ready);
   // Polls the queue once (waiting up to `wait`) and handles what came: completions, deadlines,
-  // load reports. `ready` receives the calls to finalize.
-  void Poll(absl::Duration wait, std::vector<std::shared_ptr<CallState>>* ready);
+  // load reports. `ready` receives the calls to finalize. `after_pieces` (Run's, after a round
+  // that left in pieces): first one pass of the transport, which tells `pieces` whether the
+  // server answered while the round ran.
+  void Poll(absl::Duration wait, std::vector<std::shared_ptr<CallState>>* ready,
+            bool after_pieces = false);
   // The connection's thread.
   void Run();
   // A blocking caller polls the connection itself until `call` completes (it holds the role).

@@ -1,5 +1,7 @@
 #include "conn.hpp"
 
+#include <sys/resource.h>
+
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +18,33 @@ const base::Param<base::Bytes> kMaxMessageParam(
     "largest rpc request/response frame accepted (each posted receive is this big)");
 
 }  // namespace
+
+long InvoluntarySwitches() {
+  rusage u{};
+  return getrusage(RUSAGE_THREAD, &u) == 0 ? u.ru_nivcsw : 0;
+}
+
+size_t PiecesGate::PieceFor(size_t calls) {
+  bool split;
+  if (calls > kMinPieceFrames) {
+    if (!decided_) {
+      decided_ = true;
+      split_ = toggle_.Next();
+    }
+    split = split_;
+  } else {
+    split = toggle_.on();
+  }
+  return split ? PieceFrames(calls) : 0;
+}
+
+void PiecesGate::PieceLeft() {
+  if (piece_left_) return;
+  piece_left_ = true;
+  switches_ = switches_fn_();
+}
+
+void PiecesGate::Learn(bool answered) { toggle_.Record(answered && switches_fn_() == switches_); }
 
 absl::StatusOr<size_t> ResolveWindow(size_t explicit_value) {
   if (explicit_value > 0) return explicit_value;

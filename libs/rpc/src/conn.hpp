@@ -1,15 +1,18 @@
 // Pieces the client and the server share: receive buffers, inbound messages, limits.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "codec.hpp"
 #include "frame.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "plexus/rpc/call.hpp"
 
 namespace plexus::rpc::internal {
@@ -92,6 +95,81 @@ absl::Status SplitFrames(std::shared_ptr<const RecvBuffer> buffer, bool batches,
 struct BatchLimits {
   size_t frames = 1;  // 1: the peer takes one frame per message (no batches)
   size_t bytes = 0;   // the peer's receive buffer
+};
+
+// Pipelined rounds. A round's outbox does not wait for the round's end when it grows: it leaves
+// in pieces, so that the peer handles the first piece while this side still builds the rest
+// (with the round held back as one batch, the two sides took turns: a client and a server on
+// two CPUs used one between them). A piece is a quarter of the round's calls, at least
+// kMinPieceFrames frames and kMinPieceBytes bytes, or kPieceBytes bytes, whichever comes first.
+// Every piece is one more message (a few microseconds of fixed cost on each side): a piece of
+// small calls is about as much work for the peer as the message costs, so small calls (under
+// 4 KiB at 8 per piece) keep whole rounds; 64 KiB as the cap made 16 pieces of a round of 128
+// calls of 8 KiB, and was slower at 128 in flight than 256 KiB. docs/rpc.md, "Pipelined
+// rounds", has the measurements.
+inline constexpr size_t kPiecesPerRound = 4;
+inline constexpr size_t kMinPieceFrames = 8;
+inline constexpr size_t kMinPieceBytes = 32 << 10;
+inline constexpr size_t kPieceBytes = 256 << 10;
+
+// The frames per piece of a round that handles `round_calls` calls.
+inline size_t PieceFrames(size_t round_calls) {
+  return std::max(kMinPieceFrames, (round_calls + kPiecesPerRound - 1) / kPiecesPerRound);
+}
+
+// Whether an outbox of `frames` frames and `bytes` bytes is a piece that leaves now; never
+// while `piece_frames` is 0 (the round is not sent in pieces).
+inline bool PieceFull(size_t frames, size_t bytes, size_t piece_frames) {
+  return piece_frames > 0 &&
+         ((frames >= piece_frames && bytes >= kMinPieceBytes) || bytes >= kPieceBytes);
+}
+
+// This thread's involuntary context switches so far (0 where the kernel does not say).
+long InvoluntarySwitches();
+
+// Whether a poller's rounds go in pieces. Pieces pay only while the peer runs beside this thread:
+// on a shared CPU the peer cannot start before this thread blocks (or it preempts it), and each
+// piece is one more message to send and receive. A round that left in pieces paid when the
+// peer's answer to an early piece is there by the time the round ended and this thread was not
+// switched out involuntarily meanwhile (a peer on this CPU that answered by preempting it); the
+// decision is learnt from that (base::AdaptiveToggle): off after kMissesToStop rounds in a row
+// that did not pay (where the two sides run beside each other, under 1% of rounds miss, so two
+// in a row is a change of place, not noise), a probe every kProbeEvery rounds while off. One per
+// poller thread (or role).
+class PiecesGate {
+ public:
+  static constexpr uint32_t kMissesToStop = 2;
+  static constexpr uint32_t kProbeEvery = 64;
+
+  // `switches` counts this thread's involuntary context switches (tests pass their own).
+  explicit PiecesGate(long (*switches)() = &InvoluntarySwitches) : switches_fn_(switches) {}
+  // A round starts.
+  void StartRound() {
+    decided_ = false;
+    piece_left_ = false;
+  }
+  // The frames per piece for a batch of `calls` calls of this round; 0: it leaves whole. A batch
+  // too small to split takes no probe while pieces are off.
+  size_t PieceFor(size_t calls);
+  // A piece left (before the round's end).
+  void PieceLeft();
+  // A frame was queued in the round: after a piece left, the round goes in pieces.
+  void Queued() { pieced_ = pieced_ || piece_left_; }
+  // Whether the last round went in pieces (then Learn once the peer's answer was looked for).
+  bool TakePieced() { return std::exchange(pieced_, false); }
+  // After a round that went in pieces: whether the peer's answer was there (one pass of the
+  // transport, without waiting).
+  void Learn(bool answered);
+  bool on() const { return toggle_.on(); }
+
+ private:
+  long (*switches_fn_)();
+  base::AdaptiveToggle toggle_{kMissesToStop, kProbeEvery};
+  bool decided_ = false;
+  bool split_ = false;
+  bool piece_left_ = false;
+  bool pieced_ = false;
+  long switches_ = 0;  // this thread's involuntary context switches when the first piece left
 };
 
 inline uint32_t DeadlineBudgetUs(absl::Time deadline) {

@@ -259,12 +259,19 @@ void ServerCallImpl::Finish(absl::Status status) {
       if (!refused.ok()) {
         dropped = true;  // this response too: the connection is failing
       } else {
-        first_queued = sc.outbox.empty();
         sc.outbox.push_back(std::move(self));
         sc.outbox_bytes += frame_.bytes + kSegmentAlign;
         if (!in_round || sc.peer_batch.frames <= 1) {
-          first_queued = false;
           refused = sc.FlushLocked(&ended);
+        } else {
+          // A piece of the round (conn.hpp, PieceFrames) leaves now, the rest when it ends.
+          first_queued = !sc.in_flush_list;
+          sc.in_flush_list = true;
+          server->pieces.Queued();
+          if (PieceFull(sc.outbox.size(), sc.outbox_bytes, sc.round_piece)) {
+            refused = sc.FlushLocked(&ended);
+            server->pieces.PieceLeft();
+          }
         }
       }
     }
@@ -291,6 +298,7 @@ void ServerCore::EndRound() {
     absl::Status st;
     {
       std::lock_guard<std::mutex> lock(sc->mu);
+      sc->in_flush_list = false;
       if (sc->dead) {
         ended.swap(sc->outbox);
         sc->outbox_bytes = 0;
@@ -355,7 +363,14 @@ void ServerCore::Dispatch() {
     // a time: wait at once (in ProgressMode::kCaller one system call per message).
     // Completions queued already (our own sends) are taken without driving the transport.
     size_t n = 0;
-    if (const size_t queued = cq->size(); queued > 0) {
+    if (pieces.TakePieced()) {
+      // The last round left in pieces: it paid when a client's next requests are here now (it
+      // ran beside this thread); with the clients on this CPU nothing can be here yet.
+      n = cq->Poll(absl::MakeSpan(batch));
+      pieces.Learn(std::any_of(batch, batch + n, [](const transport::Completion& c) {
+        return c.opcode == transport::Opcode::kRecv;
+      }));
+    } else if (const size_t queued = cq->size(); queued > 0) {
       n = cq->Poll(absl::MakeSpan(batch, std::min<size_t>(queued, 64)));
     } else if (last_round > 1) {
       n = cq->Poll(absl::MakeSpan(batch));
@@ -379,8 +394,10 @@ void ServerCore::Dispatch() {
     }
     last_round = n;
     // Run to completion: parse, chain and handler of each call on this thread; the responses
-    // finished meanwhile leave together, one batch per connection, when the round ends.
+    // finished meanwhile leave together, one batch per connection, in pieces while those pay
+    // (conn.hpp) and when the round ends.
     round_of = this;
+    pieces.StartRound();
     for (size_t i = 0; i < n; ++i) Handle(batch[i]);
     round_of = nullptr;
     EndRound();
@@ -454,6 +471,7 @@ void ServerCore::Handle(const transport::Completion& c) {
   }
   size_t requests = 0;
   for (const auto& in : frames) requests += in->frame().header.type == FrameType::kRequest;
+  sc->round_piece = pieces.PieceFor(requests);
   for (auto& in : frames) HandleFrame(sc, std::move(in));
   frames.clear();
   // Counted after the handlers ran: only this thread changes `held` (a response's send

@@ -54,9 +54,14 @@ struct ServerConn {
     }
   };
   absl::flat_hash_map<uint64_t, Sending> sending;
-  // Responses finished during the dispatcher's round, sent as one batch when it ends.
+  // Responses finished during the dispatcher's round, sent in pieces of the batch of requests
+  // being handled (conn.hpp, PieceFrames) and when the round ends.
   std::vector<std::shared_ptr<ServerCallImpl>> outbox;
   size_t outbox_bytes = 0;
+  bool in_flush_list = false;  // ServerCore::flush_list holds this connection (once a round)
+  // Frames per piece of the batch being handled (0: not in pieces): the dispatcher's thread only
+  // (written before it runs the batch's handlers, read by the responses they finish there).
+  size_t round_piece = 0;
   absl::flat_hash_map<uint64_t, std::weak_ptr<ServerCallImpl>> active;
   std::unique_ptr<OutFrame> ack;
   absl::flat_hash_map<uint64_t, std::unique_ptr<OutFrame>> controls;  // load reports being sent
@@ -139,6 +144,7 @@ struct ServerCore {
   bool InRound() const;
   void EndRound();
   std::vector<std::shared_ptr<ServerConn>> flush_list;  // the dispatcher's thread only
+  PiecesGate pieces;  // the dispatcher's: whether its rounds go in pieces (conn.hpp)
   // The dispatcher's scratch lists (capacity kept across rounds).
   std::vector<std::shared_ptr<ServerConn>> flushing;
   std::vector<std::shared_ptr<Inbound>> frames_scratch;

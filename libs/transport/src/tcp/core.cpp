@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -490,20 +491,12 @@ void TcpCore::Read(Socket& s, bool drained) {
       OnReceiveEvent(s, c->event);
       continue;
     }
-    // Payload bytes still to come above kDirectReadBytes go straight to their destination.
     const absl::Span<uint8_t> window = rx.PayloadWindow(k);
-    if (window.size() < kDirectReadBytes) {
+    if (window.empty()) {
       if (!Fill(s, budget, &drained)) break;
       continue;
     }
-    if (drained) break;
-    const size_t want = std::min(window.size(), budget);
-    const ssize_t r = recv(s.fd, window.data(), want, MSG_DONTWAIT);
-    if (!Received(s, r, errno)) break;
-    const size_t moved = static_cast<size_t>(r);
-    budget -= std::min(budget, moved);
-    drained = moved < want;
-    if (absl::Status placed = rx.Placed(k, moved); !placed.ok()) Fail(conn, placed);
+    if (drained || !ReadPayload(s, window, budget, &drained)) break;
   }
   if (rx.TakeRoomFreed()) room_freed_ = true;
 }
@@ -511,11 +504,38 @@ void TcpCore::Read(Socket& s, bool drained) {
 bool TcpCore::Fill(Socket& s, size_t& budget, bool* drained) {
   if (*drained) return false;
   s.rx_begin = s.rx_end = 0;
-  const ssize_t r = recv(s.fd, s.rx.get(), kStagedReadBytes, MSG_DONTWAIT);
+  const size_t want = std::exchange(s.staged_read, kStagedReadBytes);
+  const ssize_t r = recv(s.fd, s.rx.get(), want, MSG_DONTWAIT);
   if (!Received(s, r, errno)) return false;
   s.rx_end = static_cast<size_t>(r);
   budget -= std::min(budget, s.rx_end);
-  *drained = s.rx_end < kStagedReadBytes;
+  *drained = s.rx_end < want;
+  return true;
+}
+
+bool TcpCore::ReadPayload(Socket& s, absl::Span<uint8_t> window, size_t& budget, bool* drained) {
+  // The staging buffer is empty here (Read consumes it first): what follows the payload lands at
+  // its start. It is read too only when the whole window fits the budget.
+  const size_t direct = std::min(window.size(), budget);
+  // After a large payload, only a little of the next one is staged (then copied).
+  s.staged_read = window.size() >= kStagedReadBytes ? kSmallStagedReadBytes : kStagedReadBytes;
+  iovec iov[2] = {{window.data(), direct}, {s.rx.get(), s.staged_read}};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = direct == window.size() ? 2 : 1;
+  const size_t want = direct + (msg.msg_iovlen == 2 ? s.staged_read : 0);
+  const ssize_t r = recvmsg(s.fd, &msg, MSG_DONTWAIT);
+  if (!Received(s, r, errno)) return false;
+  const size_t moved = static_cast<size_t>(r);
+  const size_t placed = std::min(moved, direct);
+  s.rx_begin = 0;
+  s.rx_end = moved - placed;
+  budget -= std::min(budget, moved);
+  *drained = moved < want;
+  if (absl::Status st = s.conn->rx.Placed(static_cast<size_t>(s.index), placed); !st.ok()) {
+    Fail(*s.conn, st);
+    return false;
+  }
   return true;
 }
 

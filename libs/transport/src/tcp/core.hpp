@@ -35,13 +35,16 @@
 
 namespace plexus::transport::internal::tcp {
 
-// Payload bytes still to come above this go straight from the socket into their destination.
-constexpr size_t kDirectReadBytes = 32 * 1024;
 // At most this much is read into the staging buffer at once: it still batches many small frames
 // per recv(), while the bulk of a large payload that follows a header goes straight to its
 // destination instead of being copied twice (reads of up to 256 KiB staged half of a 512 KiB
-// message).
-constexpr size_t kStagedReadBytes = kDirectReadBytes;
+// message). The rest of a payload under way is always read straight into its destination, with
+// the bytes after it into the staging buffer in the same read (TcpCore::ReadPayload).
+constexpr size_t kStagedReadBytes = 32 * 1024;
+// What a read takes into the staging buffer after the tail of a payload of at least
+// kStagedReadBytes: the next header and a little of what follows, not up to 32 KiB of the next
+// payload to copy again (a stream of 64 KiB messages: ~4 KiB copied per message, not ~32 KiB).
+constexpr size_t kSmallStagedReadBytes = 4 * 1024;
 
 struct TcpConn;
 
@@ -56,6 +59,7 @@ struct Socket {
   std::unique_ptr<uint8_t[]> rx{new uint8_t[kStagedReadBytes]};
   size_t rx_begin = 0;
   size_t rx_end = 0;
+  size_t staged_read = kStagedReadBytes;  // what the next read into `rx` asks for
 };
 
 // The socket-free protocol state (send, receive) plus the sockets and clocks around it.
@@ -170,6 +174,9 @@ class TcpCore {
   // (level-triggered), saving the recv() that would only return EAGAIN.
   // The buffer is empty here: ReceiveState takes every byte unless the socket waits.
   bool Fill(Socket& s, size_t& budget, bool* drained);
+  // One read of the payload under way on `s` straight into `window` (its destination), and of
+  // what follows into the (empty) staging buffer; false when the socket had nothing or failed.
+  bool ReadPayload(Socket& s, absl::Span<uint8_t> window, size_t& budget, bool* drained);
 
   // Interprets a recv() result (and its errno); false (and the connection failed where due)
   // when not > 0.

@@ -104,6 +104,56 @@ class WaitPolicy {
   absl::Duration sleep_after_;
 };
 
+// Something done only while it pays, learnt from its outcomes: it stays on while its tries pay,
+// goes off after `misses_to_stop` tries in a row that did not, and is tried again on a probe every
+// `probe_every` chances while off (a probe that pays turns it back on). What "pays" means is the
+// caller's: AdaptiveSpin (below) and rpc's pipelined rounds (libs/rpc/src/conn.hpp). Not
+// thread-safe: one per deciding thread (or per role held by one thread at a time).
+class AdaptiveToggle {
+ public:
+  static constexpr uint32_t kMissesToStop = 8;
+  static constexpr uint32_t kProbeEvery = 64;
+
+  // `max_probe_every` > `probe_every`: each probe that misses doubles the chances to the next
+  // probe, up to that many; a try that pays starts again from `probe_every`.
+  explicit AdaptiveToggle(uint32_t misses_to_stop = kMissesToStop,
+                          uint32_t probe_every = kProbeEvery, uint32_t max_probe_every = 0)
+      : misses_to_stop_(std::max<uint32_t>(misses_to_stop, 1)),
+        min_probe_every_(std::max<uint32_t>(probe_every, 1)),
+        max_probe_every_(std::max(max_probe_every, min_probe_every_)),
+        probe_every_(min_probe_every_) {}
+
+  // Whether to do it this time (on, or a probe while off).
+  bool Next() {
+    if (on()) return true;
+    if (++off_chances_ < probe_every_) return false;
+    off_chances_ = 0;
+    return true;
+  }
+  // A try that was done (Next() said so) paid or not. Chances not taken say nothing.
+  void Record(bool paid) {
+    if (paid) {
+      misses_ = 0;
+      probe_every_ = min_probe_every_;
+    } else if (misses_ < misses_to_stop_) {
+      ++misses_;
+    } else {  // a probe that missed
+      probe_every_ = std::min(probe_every_ * 2, max_probe_every_);
+    }
+  }
+  bool on() const { return misses_ < misses_to_stop_; }
+  // Chances from one probe to the next while off.
+  uint32_t probe_every() const { return probe_every_; }
+
+ private:
+  uint32_t misses_to_stop_;
+  uint32_t min_probe_every_;
+  uint32_t max_probe_every_;
+  uint32_t probe_every_;
+  uint32_t misses_ = 0;
+  uint32_t off_chances_ = 0;
+};
+
 // A spin phase that is kept only while it pays. A waiter whose event keeps coming after the spin
 // window (typically: the peer that answers shares this CPU, and cannot run while we spin) stops
 // spinning after kMissesToStop such waits, and spins again on a probe after kProbeEvery waits; a
@@ -113,42 +163,30 @@ class WaitPolicy {
 // thread (or per queue with one waiter at a time).
 class AdaptiveSpin {
  public:
-  static constexpr uint32_t kMissesToStop = 8;
-  static constexpr uint32_t kProbeEvery = 64;
+  static constexpr uint32_t kMissesToStop = AdaptiveToggle::kMissesToStop;
+  static constexpr uint32_t kProbeEvery = AdaptiveToggle::kProbeEvery;
+  // A probe that misses doubles the waits to the next one, up to this many: on one CPU each
+  // probe blocks the peer for the whole spin.
   static constexpr uint32_t kMaxProbeEvery = 4096;
 
   explicit AdaptiveSpin(absl::Duration spin) : max_(std::max(spin, absl::ZeroDuration())) {}
 
   // The spin for the next wait.
-  absl::Duration spin() {
-    if (misses_ < kMissesToStop) return max_;
-    if (++off_waits_ < probe_every_) return absl::ZeroDuration();
-    off_waits_ = 0;
-    return max_;
-  }
+  absl::Duration spin() { return toggle_.Next() ? max_ : absl::ZeroDuration(); }
   // A wait with spin `spun` (what spin() returned) that found its event after `waited` (waits
   // that timed out say nothing). Waits that did not spin say nothing either: a sleeper's wake-up
   // time is no measure of what spinning would have done.
   void Record(absl::Duration spun, absl::Duration waited) {
     if (spun <= absl::ZeroDuration()) return;
-    if (waited <= spun) {
-      misses_ = 0;
-      probe_every_ = kProbeEvery;
-    } else if (misses_ < kMissesToStop) {
-      ++misses_;
-    } else {  // a probe that missed
-      probe_every_ = std::min(probe_every_ * 2, kMaxProbeEvery);
-    }
+    toggle_.Record(waited <= spun);
   }
-  bool spinning() const { return misses_ < kMissesToStop; }
+  bool spinning() const { return toggle_.on(); }
   // Waits from one probe to the next while spinning is off.
-  uint32_t probe_every() const { return probe_every_; }
+  uint32_t probe_every() const { return toggle_.probe_every(); }
 
  private:
   absl::Duration max_;
-  uint32_t misses_ = 0;
-  uint32_t off_waits_ = 0;
-  uint32_t probe_every_ = kProbeEvery;
+  AdaptiveToggle toggle_{kMissesToStop, kProbeEvery, kMaxProbeEvery};
 };
 
 class Backoff {
