@@ -138,4 +138,9 @@ class CollectiveUnderTest {
 void MeasureOps(CollectiveUnderTest& impl, const WorkerOptions& options,
                 const std::function<std::string(Op)>& impl_name);
 
+// Row `row` (any number: rows repeat) of a balanced (Williams) Latin square of n items, the
+// order of one run's launches: over n rows (2n for n odd) every item takes every position once
+// (twice) and directly follows every other item once (twice).
+std::vector<size_t> BalancedOrder(size_t n, size_t row);
+
 }  // namespace plexus::bench
