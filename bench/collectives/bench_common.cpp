@@ -318,6 +318,9 @@ WorkerOptions ParseWorkerOptions(int argc, char** argv, const char* program) {
          },
          "CommunicatorOptions::chunk_bytes (K/M/G suffixes)")
       ->type_name("BYTES");
+  app.add_option("--loopback-cc", o.loopback_cc,
+                 "CommunicatorOptions::device.loopback_congestion_control (system: the "
+                 "system's)");
   app.add_option("--progress", o.progress, "CommunicatorOptions::device.progress")
       ->check(CLI::IsMember({"caller", "thread"}));
   app.add_flag("--trace", o.trace, "CommunicatorOptions::trace.enabled (Plexus only)");

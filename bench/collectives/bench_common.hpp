@@ -100,7 +100,10 @@ struct WorkerOptions {
   size_t chunk_bytes = 0;
   int sockets = 0;
   std::string progress;  // "caller", "thread" or empty (library default)
-  bool trace = false;    // CommunicatorOptions::trace.enabled (in memory, nothing written)
+  // DeviceOptions::loopback_congestion_control: a name, "system" (the system's) or empty
+  // (library default).
+  std::string loopback_cc;
+  bool trace = false;  // CommunicatorOptions::trace.enabled (in memory, nothing written)
   // --reconfig: what each round changes, "ring_order" (reversed / identity) or "transport"
   // (the other of tcp and shm / back).
   std::string reconfig_change = "ring_order";

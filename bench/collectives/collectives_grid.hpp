@@ -38,6 +38,7 @@ struct GridOptions {
   std::string chunk_bytes;
   int sockets = 0;
   std::string progress;
+  std::string loopback_cc;  // --loopback-cc: Plexus's tcp congestion control over loopback
   double timeout_s = 600;
   bool bind_core = false;
   std::vector<std::string> mpirun_args;
