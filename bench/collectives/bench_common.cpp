@@ -324,8 +324,9 @@ WorkerOptions ParseWorkerOptions(int argc, char** argv, const char* program) {
   app.add_option("--progress", o.progress, "CommunicatorOptions::device.progress")
       ->check(CLI::IsMember({"caller", "thread"}));
   app.add_flag("--trace", o.trace, "CommunicatorOptions::trace.enabled (Plexus only)");
-  app.add_option("--reconfig-change", o.reconfig_change, "--reconfig: ring_order or transport")
-      ->check(CLI::IsMember({"ring_order", "transport"}));
+  app.add_option("--reconfig-change", o.reconfig_change,
+                 "--reconfig: ring_order, transport or channels")
+      ->check(CLI::IsMember({"ring_order", "transport", "channels"}));
   if (auto code = tool.Parse(argc, argv)) std::exit(*code);
   std::string error;
   auto parsed = ParseSizes(sizes, sizeof(float), &error);

@@ -104,8 +104,8 @@ struct WorkerOptions {
   // (library default).
   std::string loopback_cc;
   bool trace = false;  // CommunicatorOptions::trace.enabled (in memory, nothing written)
-  // --reconfig: what each round changes, "ring_order" (reversed / identity) or "transport"
-  // (the other of tcp and shm / back).
+  // --reconfig: what each round changes, "ring_order" (reversed / identity), "transport"
+  // (the other of tcp and shm / back) or "channels" (twice the created count / back).
   std::string reconfig_change = "ring_order";
 };
 // Parses --sizes, --ops, --iters, --warmup, --algorithm, --transport, --channels,

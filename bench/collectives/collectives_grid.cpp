@@ -170,9 +170,10 @@ std::optional<int> ParseGridOptions(int argc, char** argv, GridOptions& o) {
                "change requested by rank 0) lands on vs the calls before it, JSON lines per "
                "size and run (--iters: rounds, default 40)");
   app.add_option("--reconfig-change", o.reconfig_change,
-                 "with --reconfig: what each round changes: ring_order (reversed, then back) or "
-                 "transport (tcp <-> shm: every rank connects again)")
-      ->check(CLI::IsMember({"ring_order", "transport"}))
+                 "with --reconfig: what each round changes: ring_order (reversed, then back), "
+                 "transport (tcp <-> shm: every rank connects again) or channels (doubled, "
+                 "then back: the new channels connected, then closed)")
+      ->check(CLI::IsMember({"ring_order", "transport", "channels"}))
       ->capture_default_str();
   if (auto code = tool.Parse(argc, argv)) return code;
   o.bind_core = bind == "core";

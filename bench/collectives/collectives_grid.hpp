@@ -45,7 +45,7 @@ struct GridOptions {
   bool json = false;
   bool trace = false;  // also run Plexus with tracing on (impl plexus_traced)
   bool reconfig = false;
-  std::string reconfig_change = "ring_order";  // --reconfig-change: ring_order or transport
+  std::string reconfig_change = "ring_order";  // --reconfig-change: ring_order, transport, channels
 };
 
 // Parses the driver's command line into `o`; returns the exit code when main() must stop

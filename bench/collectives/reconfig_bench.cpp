@@ -48,6 +48,17 @@ void MeasureReconfiguration(pc::Communicator& comm, const WorkerOptions& options
   const transport::Backend first = comm.configuration().transport.backend;
   const transport::Backend other =
       first == transport::Backend::kTcp ? transport::Backend::kShm : transport::Backend::kTcp;
+  // --reconfig-change channels: every round doubles the channels created (shm 1 -> 2, tcp
+  // 2 -> 4: as many new connections per peer as a transport change makes), the next one halves
+  // them back (closing them).
+  const bool by_channels = options.reconfig_change == "channels";
+  const int first_channels = comm.configuration().channels;
+  // What the calls are split by: the transport or the channel count they ran on.
+  auto phase = [&]() -> std::string {
+    const pc::ActiveConfiguration a = comm.configuration();
+    return by_channels ? std::to_string(a.channels)
+                       : std::string(transport::BackendName(a.transport.backend));
+  };
   auto max_over_ranks = [&](double value) {
     double out = 0;
     if (absl::Status s = comm.AllReduce(&value, &out, 1, pc::DataType::kF64, pc::ReduceOp::kMax);
@@ -70,13 +81,13 @@ void MeasureReconfiguration(pc::Communicator& comm, const WorkerOptions& options
       return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
     };
     std::vector<double> baseline, landing, affected, request_to_landing, after_landing;
-    // --reconfig-change transport: per backend, the baseline calls on it and the landing calls
-    // that moved to it (the two directions of the change cost differently).
+    // --reconfig-change transport (channels): per backend (count), the baseline calls on it and
+    // the landing calls that moved to it (the two directions of the change cost differently).
     std::map<std::string, std::vector<double>> baseline_on, landing_to;
     size_t wrong = 0, before_landing = 0;
     for (int round = 0; round < rounds; ++round) {
       if (absl::Status s = comm.Barrier(); !s.ok()) Die("Barrier", s);
-      const std::string on(transport::BackendName(comm.configuration().transport.backend));
+      const std::string on = phase();
       for (int i = 0; i < kBaselineCalls; ++i) {
         baseline.push_back(call());
         baseline_on[on].push_back(baseline.back());
@@ -88,6 +99,8 @@ void MeasureReconfiguration(pc::Communicator& comm, const WorkerOptions& options
         if (by_transport) {
           change.transport =
               pc::TransportChoice{round % 2 == 0 ? other : first, pc::TransportPolicy::kUniform};
+        } else if (by_channels) {
+          change.channels = round % 2 == 0 ? 2 * first_channels : first_channels;
         } else {
           change.ring_order = round % 2 == 0 ? reversed : identity;
         }
@@ -105,8 +118,7 @@ void MeasureReconfiguration(pc::Communicator& comm, const WorkerOptions& options
         slowest = std::max(slowest, us);
         if (comm.configuration().epoch >= epoch) {
           landing.push_back(us);
-          landing_to[std::string(transport::BackendName(comm.configuration().transport.backend))]
-              .push_back(us);
+          landing_to[phase()].push_back(us);
           break;
         }
         ++before_landing;
@@ -126,12 +138,13 @@ void MeasureReconfiguration(pc::Communicator& comm, const WorkerOptions& options
     const double affected_us = max_over_ranks(Percentile(affected, 0.5));
     const double after_landing_us = max_over_ranks(Percentile(after_landing, 0.5));
     const double total_wrong = max_over_ranks(static_cast<double>(wrong));
-    nlohmann::json by_backend = nlohmann::json::object();
-    if (by_transport) {
-      for (const char* b : {"shm", "tcp"}) {
-        by_backend[b] = {{"baseline_us", max_over_ranks(Percentile(baseline_on[b], 0.5))},
-                         {"landing_us", max_over_ranks(Percentile(landing_to[b], 0.5))}};
-      }
+    nlohmann::json by_phase = nlohmann::json::object();
+    std::vector<std::string> phases;
+    if (by_transport) phases = {"shm", "tcp"};
+    if (by_channels) phases = {std::to_string(first_channels), std::to_string(2 * first_channels)};
+    for (const std::string& b : phases) {
+      by_phase[b] = {{"baseline_us", max_over_ranks(Percentile(baseline_on[b], 0.5))},
+                     {"landing_us", max_over_ranks(Percentile(landing_to[b], 0.5))}};
     }
     const double before = max_over_ranks(static_cast<double>(before_landing));
     if (comm.rank() == 0) {
@@ -155,8 +168,10 @@ void MeasureReconfiguration(pc::Communicator& comm, const WorkerOptions& options
       j["baseline_p90_us"] = baseline_p90_us;
       j["affected_us"] = affected_us;
       j["after_landing_us"] = after_landing_us;
-      // Transport changes: per backend, the calls on it and the landing calls moving to it.
-      if (by_transport) j["by_backend"] = by_backend;
+      // Transport (channel) changes: per backend (count), the calls on it and the landing calls
+      // moving to it.
+      if (by_transport) j["by_backend"] = by_phase;
+      if (by_channels) j["by_channels"] = by_phase;
       j["request_to_landing_us"] = Percentile(request_to_landing, 0.5);
       j["calls_before_landing"] = before / rounds;
       std::printf("%s\n", j.dump().c_str());

@@ -2,13 +2,13 @@
 //   collectives_peer <rank> <size> <store host:port> <backend> <mode> [victim [timeout_ms bytes]]
 // modes: suite (the full correctness matrix), reconfig (a live ring order change from the last
 // rank), reconfig-transport (tcp -> shm -> tcp, or shm -> tcp -> shm, requested by the last rank
-// and then rank 0), kill (the victim dies mid-run; the others must fail with an error naming it),
-// mismatch (rank 1 calls with another count), stop (allreduces of `bytes` until one fails: the test
-// SIGSTOPs the victim once it printed "running"), stop-destroy (a few allreduces, then the victim
-// stays out of the destructor's barrier and is stopped).
-// Exit 0 when this rank saw what it should; the reason is printed otherwise. The stop modes
-// print the CLOCK_MONOTONIC nanoseconds of the failure and of the destructor's end for the test
-// to measure from the moment it stopped the victim.
+// and then rank 0), reconfig-channels (4 channels, then 2, requested likewise), kill (the victim
+// dies mid-run; the others must fail with an error naming it), mismatch (rank 1 calls with another
+// count), stop (allreduces of `bytes` until one fails: the test SIGSTOPs the victim once it printed
+// "running"), stop-destroy (a few allreduces, then the victim stays out of the destructor's barrier
+// and is stopped). Exit 0 when this rank saw what it should; the reason is printed otherwise. The
+// stop modes print the CLOCK_MONOTONIC nanoseconds of the failure and of the destructor's end for
+// the test to measure from the moment it stopped the victim.
 #include <signal.h>
 #include <unistd.h>
 
@@ -256,6 +256,59 @@ int main(int argc, char** argv) {
                 std::string(pt::BackendName(*backend)).c_str(),
                 std::string(pt::BackendName(other)).c_str(), static_cast<long long>(all[1]),
                 static_cast<long long>(all[0]));
+    return 0;
+  }
+  if (mode == "reconfig-channels") {
+    // The last rank asks for 4 channels after two calls, rank 0 for 2 two calls after that
+    // landed; every sum is checked, every rank must report the count of each phase, and the
+    // landing sequences must agree.
+    std::vector<int64_t> v(50000), sum(50000);
+    int first_landed_at = -1;
+    for (int i = 0; i < 8 || c.configuration().epoch < 2; ++i) {
+      if (i > 200) {
+        std::printf("rank %d: the changes never landed\n", rank);
+        return 1;
+      }
+      pc::Reconfiguration change;
+      if (rank == size - 1 && i == 2) {
+        change.channels = 4;
+      } else if (rank == 0 && first_landed_at >= 0 && i == first_landed_at + 2) {
+        change.channels = 2;
+      }
+      if (change.channels) {
+        if (auto e = c.RequestReconfiguration(change); !e.ok()) {
+          std::printf("rank %d: %s\n", rank, std::string(e.status().message()).c_str());
+          return 1;
+        }
+      }
+      if (!CheckedSum(c, rank, size, i, v, sum)) return 1;
+      const pc::ActiveConfiguration a = c.configuration();
+      if (a.epoch == 1 && first_landed_at < 0) {
+        first_landed_at = i;
+        if (a.channels != 4 || c.options().channels != 4) {
+          std::printf("rank %d: %d channel(s) after the change to 4\n", rank, a.channels);
+          return 1;
+        }
+      }
+    }
+    const pc::ActiveConfiguration a = c.configuration();
+    if (a.channels != 2 || c.options().channels != 2) {
+      std::printf("rank %d: %d channel(s) after the change to 2\n", rank, a.channels);
+      return 1;
+    }
+    std::vector<int64_t> mine = {static_cast<int64_t>(a.since_sequence), first_landed_at};
+    std::vector<int64_t> all(2 * size);
+    if (!c.AllGather(mine.data(), all.data(), 2, pc::DataType::kI64).ok()) return 1;
+    for (int r = 0; r < size; ++r) {
+      if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) {
+        std::printf("rank %d: landed on %lld and %lld, rank %d on %lld and %lld\n", rank,
+                    static_cast<long long>(all[1]), static_cast<long long>(all[0]), r,
+                    static_cast<long long>(all[2 * r + 1]), static_cast<long long>(all[2 * r]));
+        return 1;
+      }
+    }
+    std::printf("rank %d: 4 channels landed on collective %lld, 2 on %lld\n", rank,
+                static_cast<long long>(all[1]), static_cast<long long>(all[0]));
     return 0;
   }
   if (mode == "mismatch" || mode == "mismatch-mixed") {

@@ -393,3 +393,15 @@ TEST_CASE("processes: a live transport change (tcp <-> shm) lands on the same co
     }
   }
 }
+
+TEST_CASE("processes: a live channel change (4, then 2) lands on the same collective",
+          "[collectives][process]") {
+  for (const std::string& backend : Backends()) {
+    auto out = RunPeers(2, backend, "reconfig-channels", -1, std::chrono::seconds(60));
+    for (int r = 0; r < 2; ++r) {
+      INFO(backend << " rank " << r << ": " << out[r].output);
+      CHECK(out[r].exit_code == 0);
+      CHECK(out[r].output.find("4 channels landed on collective") != std::string::npos);
+    }
+  }
+}

@@ -155,9 +155,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
     }
     position[r] = i;
   }
-  if (options.channels < 0 || options.channels > 64) {
+  if (options.channels < 0 || options.channels > kMaxChannels) {
     return absl::InvalidArgumentError(
-        absl::StrCat("channels must be 0 (default) to 64, got ", options.channels));
+        absl::StrCat("channels must be 0 (default) to ", kMaxChannels, ", got ", options.channels));
   }
   if (options.chunk_bytes != 0 &&
       (options.chunk_bytes < 64 || options.chunk_bytes > (size_t{1} << 30))) {
@@ -328,7 +328,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   // A rank whose devices do not open still takes part in the exchange: every rank fails at
   // once, naming it, instead of waiting for its addresses until the timeout.
   const absl::Status opened = OpenDevices(spec, {}, &set);
-  PLEXUS_RETURN_IF_ERROR(ConnectAll(rendezvous, spec, &set, opened));
+  MakeQueue(spec, &set);
+  PLEXUS_RETURN_IF_ERROR(ConnectAll(rendezvous, spec, &set, set.cq.get(), opened));
+  FindMailboxes(spec, &set);
+  for (const auto& channel : set.conns) {
+    for (const auto& c : channel) comm->connections_opened_ += c != nullptr ? 1 : 0;
+  }
+  comm->pair_backends_ = pairs;
   comm->InstallConnections(std::move(set));
   comm->links_.resize(static_cast<size_t>(n) * options.channels);
   comm->call_layout_ = comm->layout_;

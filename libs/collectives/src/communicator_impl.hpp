@@ -6,6 +6,7 @@
 //  - abort.cpp: failure handling (whom to blame, breaking the communicator).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -253,6 +254,11 @@ class CommunicatorImpl : public Communicator {
     }
     return out;
   }
+  // Tests and diagnostics: how many connections this rank has made since creation, creation's
+  // included (a live change that keeps a pair's connections adds none for it).
+  uint64_t connections_opened() const {
+    return connections_opened_.load(std::memory_order_relaxed);
+  }
   // Tests and diagnostics: the QoS send gate (null without a schedule).
   QosGate* qos_gate() const { return qos_.get(); }
 
@@ -343,11 +349,16 @@ class CommunicatorImpl : public Communicator {
   // One round of the barrier for request `epoch`; an error breaks the communicator.
   absl::Status RunReconfigRound(uint64_t epoch, const std::string& payload);
   void BreakFromWatcher(absl::Status status);
-  // A change of transport landing on the collective about to run (connection_set.cpp): every
-  // rank opens the devices it needs, gathers whether all could (and the point-to-point counts
-  // per pair, which must match), connects the new set, swaps it in and closes the old one. An
-  // error (naming the rank or peer; within options_.connect_timeout) breaks the communicator.
-  absl::Status ChangeTransport(const TransportChoice& choice, uint64_t epoch);
+  // A change of transport and/or channel count landing on the collective about to run
+  // (connection_set.cpp; unset: unchanged): every rank opens the devices it needs, gathers
+  // whether all could (and the point-to-point counts of the pairs whose connections change,
+  // which must match), connects only the connections that change (every channel of a pair whose
+  // backend changes, the channels added), takes the others over, swaps the new set in and closes
+  // the dropped ones. Nothing happens, on every rank alike, when neither the pair backends nor
+  // the count change. An error (naming the rank or peer; within options_.connect_timeout)
+  // breaks the communicator.
+  absl::Status ChangeConnections(const std::optional<TransportChoice>& transport,
+                                 std::optional<int> channels, uint64_t epoch);
   // The connection set in use, moved out of / into the members below (connection_set.hpp).
   ConnectionSet TakeConnections();
   void InstallConnections(ConnectionSet set);
@@ -457,13 +468,16 @@ class CommunicatorImpl : public Communicator {
   // last of them (the caller's, or tcp/verbs when this rank uses one).
   std::vector<std::shared_ptr<transport::Device>> devices_;
   transport::Device* device_ = nullptr;
-  // Caller-mode progress of every device for cq_ when there are several.
-  std::unique_ptr<transport::ProgressDriver> driver_;
-  // peer_backend_[rank]: the backend connecting that rank.
+  // Caller-mode progress of the devices for cq_ (null for the caller's device and inproc).
+  std::unique_ptr<MultiDeviceDriver> driver_;
+  // peer_backend_[rank]: the backend connecting that rank; pair_backends_[a][b]: every pair's
+  // (the same on every rank).
   std::vector<transport::Backend> peer_backend_;
+  std::vector<std::vector<transport::Backend>> pair_backends_;
+  std::atomic<uint64_t> connections_opened_{0};
   // device_ came from the caller (Create on an existing device): Split children reuse it.
   bool caller_device_ = false;
-  // What a transport change rebuilds the connections from (ChangeTransport): every rank's host
+  // What a live change rebuilds the connections from (ChangeConnections): every rank's host
   // identity, the options of the devices the communicator creates, whether the mailbox path is
   // allowed (PLEXUS_COLL_MAILBOX) and whether table_ is the default for the pair backends.
   std::vector<std::string> hosts_;

@@ -1,6 +1,7 @@
-// The connection set (connection_set.hpp): built at creation, and rebuilt and swapped in by a
-// live transport change (CommunicatorImpl::ChangeTransport, docs/collectives.md, "Changing the
-// transport").
+// The connection set (connection_set.hpp): built at creation, and rebuilt (keeping the
+// connections that do not change) and swapped in by a live change of the transport or the
+// channel count (CommunicatorImpl::ChangeConnections, docs/collectives.md, "Changing the
+// transport or the channels").
 #include "connection_set.hpp"
 
 #include <algorithm>
@@ -74,38 +75,68 @@ absl::Status OpenDevices(const ConnectionSpec& spec,
     }
   }
   set->device = set->devices.empty() ? nullptr : set->devices.back().get();
-  if (spec.n == 1 || set->device == nullptr) return absl::OkStatus();
-  if (set->devices.size() == 1) {
-    set->cq = set->device->CreateCompletionQueue();
-  } else {
-    std::vector<transport::Device*> drivers;
-    for (const auto& d : set->devices) drivers.push_back(d.get());
-    set->driver = std::make_unique<MultiDeviceDriver>(std::move(drivers));
-    set->cq = std::make_unique<transport::CompletionQueue>(
-        set->device->options().progress == transport::ProgressMode::kCaller ? set->driver.get()
-                                                                            : nullptr);
-  }
   return absl::OkStatus();
 }
 
+void MakeQueue(const ConnectionSpec& spec, ConnectionSet* set) {
+  if (spec.n == 1 || set->device == nullptr) return;
+  // The caller's device decides its own queue; inproc completes inside the Post calls (its
+  // queue has no driver). Neither changes devices while connections are kept.
+  if (spec.caller_device != nullptr ||
+      (set->devices.size() == 1 && set->device->backend() == transport::Backend::kInproc)) {
+    set->cq = set->device->CreateCompletionQueue();
+    return;
+  }
+  std::vector<transport::Device*> drivers;
+  for (const auto& d : set->devices) drivers.push_back(d.get());
+  set->driver = std::make_unique<MultiDeviceDriver>(std::move(drivers));
+  set->cq = std::make_unique<transport::CompletionQueue>(
+      set->device->options().progress == transport::ProgressMode::kCaller ? set->driver.get()
+                                                                          : nullptr);
+}
+
+void FindMailboxes(const ConnectionSpec& spec, ConnectionSet* set) {
+  set->mailboxes.assign(spec.n, nullptr);
+  set->mailboxes_ready = spec.mailboxes && !set->conns.empty() && spec.n > 1;
+  for (int r = 0; r < spec.n && set->mailboxes_ready; ++r) {
+    if (r == spec.rank) continue;
+    set->mailboxes[r] = set->conns[0][r] ? set->conns[0][r]->mailbox() : nullptr;
+    set->mailboxes_ready = set->mailboxes[r] != nullptr;
+  }
+  if (!set->mailboxes_ready) set->mailboxes.assign(spec.n, nullptr);
+}
+
 absl::Status ConnectAll(transport::Rendezvous& rendezvous, const ConnectionSpec& spec,
-                        ConnectionSet* set, const absl::Status& opened, std::string_view note,
-                        const NoteCheck& check) {
+                        ConnectionSet* set, transport::CompletionQueue* cq,
+                        const absl::Status& opened, std::string_view note, const NoteCheck& check) {
   const int n = spec.n;
   const int rank = spec.rank;
   const absl::Time deadline = absl::Now() + spec.timeout;
-  set->mailboxes.assign(n, nullptr);
-  set->mailboxes_ready = false;
   if (n == 1) return opened;
   std::vector<transport::Device*> device_of(n, nullptr);
-  for (int r = 0; r < n && opened.ok(); ++r) {
+  absl::Status mine = opened;
+  for (int r = 0; r < n && mine.ok(); ++r) {
     if (r == rank) continue;
     for (const auto& d : set->devices) {
       if (spec.caller_device != nullptr || d->backend() == spec.peer_backend[r]) {
         device_of[r] = d.get();
       }
     }
+    if (device_of[r] == nullptr) {
+      mine = absl::InternalError(absl::StrCat("rank ", rank, ": no device for rank ", r));
+    }
   }
+  auto kept = [&](int c, int r) {
+    return static_cast<size_t>(c) < spec.keep.size() && spec.keep[c][r];
+  };
+  // Per channel: the peers connected anew (null: this rank, or a connection kept).
+  auto device_on = [&](int c) {
+    std::vector<transport::Device*> out = device_of;
+    for (int r = 0; r < n; ++r) {
+      if (kept(c, r)) out[r] = nullptr;
+    }
+    return out;
+  };
   auto source = [&](int c) {
     return spec.channel_local_addresses.empty() || spec.caller_device != nullptr
                ? std::string()
@@ -119,9 +150,8 @@ absl::Status ConnectAll(transport::Rendezvous& rendezvous, const ConnectionSpec&
     return out;
   };
   std::vector<PeerListeners> listening;
-  absl::Status mine = opened;
   for (int c = 0; c < spec.channels && mine.ok(); ++c) {
-    auto l = ListenForPeers(rank, device_of, source(c));
+    auto l = ListenForPeers(rank, device_on(c), source(c));
     if (!l.ok()) {
       mine =
           absl::Status(l.status().code(), absl::StrCat("channel ", c, ": ", l.status().message()));
@@ -157,8 +187,8 @@ absl::Status ConnectAll(transport::Rendezvous& rendezvous, const ConnectionSpec&
   std::vector<std::string> records(n);
   for (int c = 0; c < spec.channels; ++c) {
     for (int r = 0; r < n; ++r) records[r] = lines[r][c + 1];
-    auto mesh = ConnectListening(rank, listening[c], records, device_of, set->cq.get(), deadline,
-                                 source(c));
+    auto mesh =
+        ConnectListening(rank, listening[c], records, device_on(c), cq, deadline, source(c));
     if (!mesh.ok()) {
       return absl::Status(mesh.status().code(),
                           absl::StrCat("connecting channel ", c, " of the communicator: ",
@@ -168,12 +198,6 @@ absl::Status ConnectAll(transport::Rendezvous& rendezvous, const ConnectionSpec&
       if ((*mesh)[r]) set->peer_of_connection[(*mesh)[r]->id()] = r;
     }
     set->conns.push_back(*std::move(mesh));
-  }
-  set->mailboxes_ready = spec.mailboxes && !set->conns.empty();
-  for (int r = 0; r < n && set->mailboxes_ready; ++r) {
-    if (r == rank) continue;
-    set->mailboxes[r] = set->conns[0][r]->mailbox();
-    set->mailboxes_ready = set->mailboxes[r] != nullptr;
   }
   return absl::OkStatus();
 }
@@ -225,28 +249,132 @@ ConnectionSpec CommunicatorImpl::MakeConnectionSpec(
   return spec;
 }
 
-absl::Status CommunicatorImpl::ChangeTransport(const TransportChoice& choice, uint64_t epoch) {
+namespace {
+
+// The order OpenDevices creates devices in (shm before tcp: MultiDeviceDriver drives the last
+// one blocking).
+std::vector<transport::Device*> DriveOrder(std::vector<transport::Device*> devices) {
+  std::stable_sort(devices.begin(), devices.end(), [](transport::Device* a, transport::Device* b) {
+    return static_cast<int>(a->backend()) < static_cast<int>(b->backend());
+  });
+  devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+  return devices;
+}
+
+std::vector<transport::Device*> Raw(absl::Span<const std::shared_ptr<transport::Device>> devices) {
+  std::vector<transport::Device*> out;
+  for (const auto& d : devices) out.push_back(d.get());
+  return out;
+}
+
+// "rank 0 had sent 1 point-to-point message(s) to rank 1, which had received 0" when a pair
+// whose connections change (`changes`[a][b]) has a Send whose Recv has not run: it would wait
+// on the new connections for a message that arrived on the old ones. notes[r]: rank r's counts,
+// "sent to 0,1,...|received from 0,1,...".
+absl::Status CheckPointToPoint(absl::Span<const std::string> notes,
+                               const std::vector<std::vector<bool>>& changes) {
+  const int n = static_cast<int>(notes.size());
+  std::vector<std::vector<uint64_t>> sent(n), received(n);
+  for (int r = 0; r < n; ++r) {
+    const std::vector<std::string> fields = absl::StrSplit(notes[r], '|');
+    bool ok = fields.size() == 2;
+    for (int k = 0; ok && k < 2; ++k) {
+      auto& into = k == 0 ? sent[r] : received[r];
+      for (absl::string_view v : absl::StrSplit(fields[k], ',')) {
+        uint64_t x = 0;
+        ok = ok && absl::SimpleAtoi(v, &x);
+        into.push_back(x);
+      }
+      ok = ok && static_cast<int>(into.size()) == n;
+    }
+    if (!ok) {
+      return absl::DataLossError(
+          absl::StrCat("rank ", r, "'s point-to-point counts '", notes[r], "' are malformed"));
+    }
+  }
+  for (int a = 0; a < n; ++a) {
+    for (int b = 0; b < n; ++b) {
+      if (a == b || !changes[a][b] || sent[a][b] == received[b][a]) continue;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", a, " had sent ", sent[a][b], " point-to-point message(s) to rank ", b,
+          ", which had received ", received[b][a],
+          ": a Send and its Recv straddle the change of their connections (finish both before "
+          "the collective the change lands on)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CommunicatorImpl::ChangeConnections(const std::optional<TransportChoice>& transport,
+                                                 std::optional<int> channels, uint64_t epoch) {
   const int n = layout_.n;
   const int rank = layout_.rank;
   const TransportChoice current{options_.device.backend, options_.transport_policy};
-  const auto pairs = PairBackends(choice.policy, choice.backend, hosts_);
-  const bool same_pairs = pairs == PairBackends(current.policy, current.backend, hosts_);
+  const TransportChoice choice = transport.value_or(current);
+  const int old_channels = options_.channels;
+  const int new_channels = channels.value_or(old_channels);
+  const auto pairs =
+      transport ? PairBackends(choice.policy, choice.backend, hosts_) : pair_backends_;
   auto record = [&] {
     options_.device.backend = choice.backend;
     options_.transport_policy = choice.policy;
+    options_.channels = new_channels;
+    layout_.channels = new_channels;
+    call_layout_.channels = new_channels;
+    // links_[peer * channels + channel]: the kept channels keep their link state (their warm
+    // receive slots) under the new stride.
+    std::vector<Link> links(static_cast<size_t>(n) * new_channels);
+    for (int p = 0; p < n; ++p) {
+      for (int c = 0; c < std::min(old_channels, new_channels); ++c) {
+        links[static_cast<size_t>(p) * new_channels + c] =
+            std::move(links_[static_cast<size_t>(p) * old_channels + c]);
+      }
+    }
+    links_ = std::move(links);
     std::lock_guard<std::mutex> lock(reconf_.mu);
     reconf_.active.transport = choice;
     reconf_.active.peer_backends = peer_backend_;
+    reconf_.active.channels = new_channels;
+    reconf_.active.connected_channels = new_channels;
   };
-  // Every rank derives the same matrix: all of them rebuild, or none does.
-  if (same_pairs || n == 1) {
+  // Every rank derives the same matrix and channel count: all of them reconnect, or none does.
+  if ((pairs == pair_backends_ && new_channels == old_channels) || n == 1) {
     record();
     return absl::OkStatus();
   }
   const absl::Time start = absl::Now();
-  const std::string where = absl::StrCat("rank ", rank, ": live reconfiguration epoch ", epoch,
-                                         " changing the transport to ", TransportChoiceText(choice),
-                                         " at collective ", collective_seq_);
+  std::string what;
+  if (transport && pairs != pair_backends_) {
+    what = absl::StrCat("changing the transport to ", TransportChoiceText(choice));
+  }
+  if (new_channels != old_channels) {
+    absl::StrAppend(&what, what.empty() ? "changing" : " and", " the channels from ", old_channels,
+                    " to ", new_channels);
+  }
+  const std::string where = absl::StrCat("rank ", rank, ": live reconfiguration epoch ", epoch, " ",
+                                         what, " at collective ", collective_seq_);
+  // Which connections change: every one of a pair whose backend changes, and the channels added
+  // or dropped. The rest (channel c < min(old, new) of a pair whose backend stays) move over.
+  std::vector<std::vector<bool>> changes(n, std::vector<bool>(n, false));
+  for (int a = 0; a < n; ++a) {
+    for (int b = 0; b < n; ++b) {
+      changes[a][b] =
+          a != b && (pairs[a][b] != pair_backends_[a][b] || new_channels != old_channels);
+    }
+  }
+  ConnectionSpec spec = MakeConnectionSpec(pairs, absl::StrCat(uid_, "/connections/", epoch));
+  spec.channels = new_channels;
+  spec.keep.assign(new_channels, std::vector<bool>(n, false));
+  bool any_kept = false;
+  for (int c = 0; c < std::min(old_channels, new_channels); ++c) {
+    for (int r = 0; r < n; ++r) {
+      spec.keep[c][r] = r != rank && pairs[rank][r] == pair_backends_[rank][r];
+      any_kept = any_kept || spec.keep[c][r];
+    }
+  }
+  const std::vector<transport::Device*> old_devices = Raw(devices_);
   auto fail = [&](absl::Status s) {
     absl::Status status(s.code(), absl::StrCat(where, ": ", s.message()));
     {
@@ -259,64 +387,74 @@ absl::Status CommunicatorImpl::ChangeTransport(const TransportChoice& choice, ui
         if (c) c->Close();
       }
     }
+    if (driver_ != nullptr) driver_->SetDevices(old_devices);  // the new set's go with it
     return status;
   };
   auto rendezvous = transport::Rendezvous::Create(rank, n, store_);
   if (!rendezvous.ok()) return fail(rendezvous.status());
-  const ConnectionSpec spec = MakeConnectionSpec(pairs, absl::StrCat(uid_, "/transport/", epoch));
   ConnectionSet next;
-  const absl::Status opened = OpenDevices(spec, devices_, &next);
+  absl::Status opened = OpenDevices(spec, devices_, &next);
+  // Kept connections stay on this communicator's queue, which the new connections join: its
+  // driver drives the old devices and the new ones until the swap.
+  transport::CompletionQueue* cq = cq_.get();
+  if (!any_kept) {
+    MakeQueue(spec, &next);
+    cq = next.cq.get();
+  } else if (driver_ != nullptr) {
+    std::vector<transport::Device*> both = old_devices;
+    for (const auto& d : next.devices) both.push_back(d.get());
+    driver_->SetDevices(DriveOrder(std::move(both)));
+  } else if (opened.ok() && DriveOrder(Raw(next.devices)) != DriveOrder(old_devices) &&
+             cq_ != nullptr && device_ != nullptr &&
+             device_->options().progress == transport::ProgressMode::kCaller) {
+    // Not reached: a queue without a driver (the caller's device, inproc) keeps its devices.
+    opened = absl::InternalError("the completion queue cannot drive the new devices");
+  }
   const absl::Time devices_opened = absl::Now();
   // One store exchange: every rank's listening addresses, whether its devices opened, and how
   // many point-to-point messages it has sent to and received from each peer. It is also the
-  // barrier that makes closing the old connections safe: a rank contributes when it starts the
-  // landing collective, so once it completes every rank has finished every collective before
+  // barrier that makes closing the dropped connections safe: a rank contributes when it starts
+  // the landing collective, so once it completes every rank has finished every collective before
   // it, and every message of those arrived.
   const std::string note =
       absl::StrCat(absl::StrJoin(p2p_send_seq_, ","), "|", absl::StrJoin(p2p_recv_seq_, ","));
-  // A Send before the change whose Recv runs after it would wait on the new connections for a
-  // message that arrived on the old ones: refuse it on every rank alike, before connecting.
-  auto check = [&](absl::Span<const std::string> notes) -> absl::Status {
-    std::vector<std::vector<uint64_t>> sent(n), received(n);
-    for (int r = 0; r < n; ++r) {
-      const std::vector<std::string> fields = absl::StrSplit(notes[r], '|');
-      bool ok = fields.size() == 2;
-      for (int k = 0; ok && k < 2; ++k) {
-        auto& into = k == 0 ? sent[r] : received[r];
-        for (absl::string_view v : absl::StrSplit(fields[k], ',')) {
-          uint64_t x = 0;
-          ok = ok && absl::SimpleAtoi(v, &x);
-          into.push_back(x);
-        }
-        ok = ok && static_cast<int>(into.size()) == n;
-      }
-      if (!ok) {
-        return absl::DataLossError(
-            absl::StrCat("rank ", r, "'s point-to-point counts '", notes[r], "' are malformed"));
-      }
-    }
-    for (int a = 0; a < n; ++a) {
-      for (int b = 0; b < n; ++b) {
-        if (a == b || sent[a][b] == received[b][a]) continue;
-        return absl::FailedPreconditionError(absl::StrCat(
-            "rank ", a, " had sent ", sent[a][b], " point-to-point message(s) to rank ", b,
-            ", which had received ", received[b][a],
-            ": a Send and its Recv straddle the transport change (finish both before the "
-            "collective the change lands on)"));
-      }
-    }
-    return absl::OkStatus();
+  auto check = [&](absl::Span<const std::string> notes) {
+    return CheckPointToPoint(notes, changes);
   };
-  if (absl::Status s = ConnectAll(*rendezvous, spec, &next, opened, note, check); !s.ok()) {
+  if (absl::Status s = ConnectAll(*rendezvous, spec, &next, cq, opened, note, check); !s.ok()) {
     return fail(s);
   }
   const absl::Time connected = absl::Now();
   ConnectionSet old = TakeConnections();
+  int made = 0, kept = 0;
+  for (int c = 0; c < new_channels; ++c) {
+    for (int r = 0; r < n; ++r) {
+      if (spec.keep[c][r]) {
+        next.conns[c][r] = std::move(old.conns[c][r]);
+        next.peer_of_connection[next.conns[c][r]->id()] = r;
+        ++kept;
+      } else if (next.conns[c][r] != nullptr) {
+        ++made;
+      }
+    }
+  }
+  if (any_kept) {
+    next.cq = std::move(old.cq);
+    next.driver = std::move(old.driver);
+    if (next.driver != nullptr) next.driver->SetDevices(DriveOrder(Raw(next.devices)));
+  }
+  FindMailboxes(spec, &next);
   InstallConnections(std::move(next));
-  // Nothing is posted on the old connections and nothing is in flight on them (the gather
+  connections_opened_.fetch_add(made, std::memory_order_relaxed);
+  // Nothing is posted on the dropped connections and nothing is in flight on them (the gather
   // above): close them; `old` releases the devices no longer used as it goes.
+  int closed = 0;
+  for (auto& channel : old.conns) {
+    for (auto& c : channel) closed += c != nullptr ? 1 : 0;
+  }
   old.Close();
   old = ConnectionSet();
+  pair_backends_ = pairs;
   peer_backend_ = pairs[rank];
   peer_backend_[rank] = choice.backend;
   if (use_default_table_) {
@@ -332,13 +470,12 @@ absl::Status CommunicatorImpl::ChangeTransport(const TransportChoice& choice, ui
   if (debug_) {
     const absl::Time end = absl::Now();
     std::fprintf(stderr,
-                 "[plexus-coll rank %d] epoch %llu: transport %s in %s (devices opened in %s; "
-                 "one store exchange and %d channel(s) connected in %s; the old set closed in "
-                 "%s)\n",
-                 rank, static_cast<unsigned long long>(epoch), TransportChoiceText(choice).c_str(),
+                 "[plexus-coll rank %d] epoch %llu: %s in %s (devices opened in %s; one store "
+                 "exchange and %d connection(s) made in %s, %d kept; %d closed in %s)\n",
+                 rank, static_cast<unsigned long long>(epoch), what.c_str(),
                  absl::FormatDuration(end - start).c_str(),
-                 absl::FormatDuration(devices_opened - start).c_str(), spec.channels,
-                 absl::FormatDuration(connected - devices_opened).c_str(),
+                 absl::FormatDuration(devices_opened - start).c_str(), made,
+                 absl::FormatDuration(connected - devices_opened).c_str(), kept, closed,
                  absl::FormatDuration(end - connected).c_str());
   }
   return absl::OkStatus();

@@ -1,6 +1,7 @@
 // A communicator's connection set (issue 13, part 0): its devices, completion queue, progress
 // driver, connections per channel and peer, and mailboxes. Built at creation (Make) and again by
-// a live transport change (ChangeTransport), which swaps it in between two collectives.
+// a live change of the transport or the channel count (ChangeConnections), which takes over the
+// connections that do not change and swaps the set in between two collectives.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "peer_transport.hpp"
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/transport/completion.hpp"
 #include "plexus/transport/device.hpp"
@@ -26,8 +28,9 @@ struct ConnectionSet {
   // `device` is the last of them (null without peers).
   std::vector<std::shared_ptr<transport::Device>> devices;
   transport::Device* device = nullptr;
-  // Caller-mode progress of every device for `cq` when there are several.
-  std::unique_ptr<transport::ProgressDriver> driver;
+  // Caller-mode progress of the devices for `cq` (null for the caller's device and inproc,
+  // whose own queue is used): it outlives a change of devices when connections are kept.
+  std::unique_ptr<MultiDeviceDriver> driver;
   std::unique_ptr<transport::CompletionQueue> cq;
   // conns[channel][rank]; null for this rank.
   std::vector<std::vector<std::unique_ptr<transport::Connection>>> conns;
@@ -55,6 +58,9 @@ struct ConnectionSpec {
   std::vector<std::string> channel_local_addresses;  // tcp sources per channel (may be empty)
   std::string tag;                                   // the store key of the connections' exchange
   absl::Duration timeout = absl::Seconds(10);
+  // keep[c][r]: channel c to rank r is taken over from the current set, not connected (a live
+  // change; the same on both ranks of the pair). Empty: connect every channel to every peer.
+  std::vector<std::vector<bool>> keep;
 };
 
 // The backend of every pair of ranks [a][b] (the diagonal: `base`): a pure function of inputs
@@ -64,21 +70,28 @@ std::vector<std::vector<transport::Backend>> PairBackends(TransportPolicy policy
                                                           const std::vector<std::string>& hosts);
 
 // The devices of `spec` (the caller's, or one per backend this rank uses, taken from `reuse`
-// when one of that backend is there, else created), and the completion queue over them.
+// when one of that backend is there, else created).
 absl::Status OpenDevices(const ConnectionSpec& spec,
                          absl::Span<const std::shared_ptr<transport::Device>> reuse,
                          ConnectionSet* set);
+// A completion queue over set->devices (and its driver, except for the caller's device and
+// inproc). Nothing without peers.
+void MakeQueue(const ConnectionSpec& spec, ConnectionSet* set);
+// set->mailboxes: every peer's channel-0 mailbox when spec.mailboxes and every one has one.
+void FindMailboxes(const ConnectionSpec& spec, ConnectionSet* set);
 
 // Judges every rank's note (ConnectAll): an error stops every rank before any connection.
 using NoteCheck = std::function<absl::Status(absl::Span<const std::string> notes)>;
 
-// Connects every channel to every peer over the devices OpenDevices opened (collective: every
-// rank calls it with the same spec.tag), and finds the mailboxes. One store exchange for all
-// channels carries each rank's listening addresses, whether `opened` (OpenDevices' result) is
-// OK (a rank whose devices did not open fails every rank at once, named), and `note`, which
-// `check` then judges on every rank alike. Errors name the rank or peer; spec.timeout bounds it.
+// Connects every channel to every peer but the pairs spec.keep leaves alone (set->conns holds
+// null there) over the devices OpenDevices opened, completions to `cq` (collective: every rank
+// calls it with the same spec.tag). One store exchange for all channels carries each rank's
+// listening addresses, whether `opened` (OpenDevices' result) is OK (a rank whose devices did
+// not open fails every rank at once, named), and `note`, which `check` then judges on every
+// rank alike. Errors name the rank or peer; spec.timeout bounds it. Mailboxes: FindMailboxes.
 absl::Status ConnectAll(transport::Rendezvous& rendezvous, const ConnectionSpec& spec,
-                        ConnectionSet* set, const absl::Status& opened = absl::OkStatus(),
-                        std::string_view note = "", const NoteCheck& check = nullptr);
+                        ConnectionSet* set, transport::CompletionQueue* cq,
+                        const absl::Status& opened = absl::OkStatus(), std::string_view note = "",
+                        const NoteCheck& check = nullptr);
 
 }  // namespace plexus::collectives::internal

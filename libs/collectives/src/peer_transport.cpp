@@ -53,10 +53,7 @@ absl::StatusOr<PeerListeners> ListenForPeers(int rank,
   std::vector<std::string> published;
   for (int r = 0; r < size; ++r) {
     transport::Device* d = device_of[r];
-    if (r == rank) continue;
-    if (d == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": no device for rank ", r));
-    }
+    if (r == rank || d == nullptr) continue;  // this rank, or a pair left alone
     auto it = std::find(out.devices.begin(), out.devices.end(), d);
     size_t i = it - out.devices.begin();
     if (it == out.devices.end()) {
@@ -98,6 +95,7 @@ absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectListe
   const uint32_t me = static_cast<uint32_t>(rank);
   for (int peer = 0; peer < rank; ++peer) {
     transport::Device* d = device_of[peer];
+    if (d == nullptr) continue;  // a pair left alone
     const std::string backend(transport::BackendName(d->backend()));
     std::string address;
     for (absl::string_view entry : absl::StrSplit(records[peer], ';', absl::SkipEmpty())) {
@@ -126,11 +124,12 @@ absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectListe
     conns[peer] = *std::move(c);
   }
   // Accept every higher rank, polling the listeners in turn; each peer says who it is.
-  int left = size - 1 - rank;
+  int left = 0;
+  for (int r = rank + 1; r < size; ++r) left += device_of[r] != nullptr ? 1 : 0;
   auto missing = [&] {  // the higher ranks not connected yet, named in errors
     std::vector<int> out;
     for (int r = rank + 1; r < size; ++r) {
-      if (conns[r] == nullptr) out.push_back(r);
+      if (conns[r] == nullptr && device_of[r] != nullptr) out.push_back(r);
     }
     return absl::StrCat("rank", out.size() == 1 ? " " : "s ", absl::StrJoin(out, ", "));
   };
@@ -171,6 +170,10 @@ absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectListe
 }
 
 void MultiDeviceDriver::Progress(absl::Duration max_block) {
+  if (devices_.size() == 1) {  // the device's own progress, as its own queue would drive it
+    devices_[0]->Progress(max_block);
+    return;
+  }
   for (size_t i = 0; i + 1 < devices_.size(); ++i) devices_[i]->Progress(absl::ZeroDuration());
   if (!devices_.empty()) {
     devices_.back()->Progress(std::min(max_block, absl::Microseconds(200)));
@@ -178,7 +181,13 @@ void MultiDeviceDriver::Progress(absl::Duration max_block) {
 }
 
 void MultiDeviceDriver::Wake() {
+  std::lock_guard<std::mutex> lock(mu_);
   for (transport::Device* d : devices_) d->Wake();
+}
+
+void MultiDeviceDriver::SetDevices(std::vector<transport::Device*> devices) {
+  std::lock_guard<std::mutex> lock(mu_);
+  devices_ = std::move(devices);
 }
 
 }  // namespace plexus::collectives::internal

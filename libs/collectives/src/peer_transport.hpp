@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,8 +26,10 @@ transport::Backend PairBackend(TransportPolicy policy, transport::Backend base,
 // Parses "per_peer" or "uniform" (PLEXUS_COLL_TRANSPORT_POLICY).
 absl::StatusOr<TransportPolicy> ParseTransportPolicy(std::string_view text);
 
-// Connecting this rank to every other rank over device_of[r] (null for this rank), in two
-// steps so that a caller can publish the records of several channels in one store exchange.
+// Connecting this rank to every other rank over device_of[r] (null for this rank, and for a
+// rank this call leaves alone: a live change keeps that pair's connection), in two steps so
+// that a caller can publish the records of several channels in one store exchange. Both ranks
+// of a pair must agree on whether it is connected.
 // ListenForPeers: one listener per distinct backend this rank uses, and the record peers connect
 // by ("backend=address;..."). ConnectListening, with every rank's record (records[r], gathered
 // by the caller): the higher rank of each pair connects and introduces itself, completions to
@@ -48,17 +51,23 @@ absl::StatusOr<std::vector<std::unique_ptr<transport::Connection>>> ConnectListe
     absl::Span<transport::Device* const> device_of, transport::CompletionQueue* cq,
     absl::Time deadline, std::string_view local_address = "");
 
-// Caller-mode progress over several devices for one completion queue: each pass drives every
-// device without blocking but the last, which blocks at most 200 us (a device blocked in its own
-// wait cannot see another's bytes).
+// Caller-mode progress of a communicator's devices for its one completion queue. With one
+// device it is that device's own progress; with several, each pass drives every device without
+// blocking but the last, which blocks at most 200 us (a device blocked in its own wait cannot
+// see another's bytes). The devices can change (SetDevices) while the queue and the connections
+// on it stay: a live change that keeps some connections and adds a backend.
 class MultiDeviceDriver : public transport::ProgressDriver {
  public:
   explicit MultiDeviceDriver(std::vector<transport::Device*> devices)
       : devices_(std::move(devices)) {}
+  // Progress runs on the thread that calls SetDevices (the one running collectives); Wake may
+  // come from a backend's thread, hence the lock there.
   void Progress(absl::Duration max_block) override;
   void Wake() override;
+  void SetDevices(std::vector<transport::Device*> devices);
 
  private:
+  std::mutex mu_;  // guards devices_ against Wake while SetDevices writes it
   std::vector<transport::Device*> devices_;
 };
 

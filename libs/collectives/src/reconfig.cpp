@@ -265,10 +265,10 @@ absl::StatusOr<uint64_t> CommunicatorImpl::RequestReconfiguration(const Reconfig
           absl::StrCat("RequestReconfiguration on rank ", layout_.rank, ": ", s.message()));
     }
   }
-  if (change.channels && (*change.channels < 1 || *change.channels > options_.channels)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RequestReconfiguration on rank ", layout_.rank, ": channels must be 1 to ",
-        options_.channels, " (the channels connected at creation), got ", *change.channels));
+  if (change.channels && (*change.channels < 1 || *change.channels > kMaxChannels)) {
+    return absl::InvalidArgumentError(absl::StrCat("RequestReconfiguration on rank ", layout_.rank,
+                                                   ": channels must be 1 to ", kMaxChannels,
+                                                   " (kMaxChannels), got ", *change.channels));
   }
   PLEXUS_RETURN_IF_ERROR(health());
   {
@@ -360,6 +360,7 @@ absl::Status CommunicatorImpl::IssueCollective() {
 
 absl::Status CommunicatorImpl::BeginCollective() {
   std::optional<TransportChoice> transport;
+  std::optional<int> channels;
   uint64_t epoch = 0;
   {
     std::lock_guard<std::mutex> lock(reconf_.mu);
@@ -367,7 +368,15 @@ absl::Status CommunicatorImpl::BeginCollective() {
     while (!reconf_.pending.empty() && reconf_.pending.front().sequence <= sequence) {
       const DecidedChange& decided = reconf_.pending.front();
       ApplyChange(decided);
-      if (decided.change.transport) {  // the last one landing here wins
+      // The last one landing here wins (per field). Every rank reads the same requests, so an
+      // out-of-range count (only from a corrupted store: the requester checked it) is ignored
+      // everywhere alike.
+      const std::optional<int>& c = decided.change.channels;
+      if (c && *c >= 1 && *c <= kMaxChannels) {
+        channels = *c;
+        epoch = decided.epoch;
+      }
+      if (decided.change.transport) {
         transport = decided.change.transport;
         epoch = decided.epoch;
       }
@@ -376,7 +385,7 @@ absl::Status CommunicatorImpl::BeginCollective() {
     }
   }
   // Outside the lock: connecting takes a while, and the watcher runs the next round meanwhile.
-  if (transport) return ChangeTransport(*transport, epoch);
+  if (transport || channels) return ChangeConnections(transport, channels, epoch);
   return absl::OkStatus();
 }
 
@@ -394,21 +403,17 @@ void CommunicatorImpl::ApplyChange(const DecidedChange& decided) {
     options_.algorithms = *change.algorithms;
     reconf_.active.algorithms = *change.algorithms;
   }
-  if (change.channels && *change.channels >= 1 && *change.channels <= options_.channels) {
-    layout_.channels = *change.channels;
-    call_layout_.channels = *change.channels;
-    reconf_.active.channels = *change.channels;
-  }
+  // Channels and transport: ChangeConnections, once every change landing here is read.
   reconf_.active.epoch = decided.epoch;
   config_epoch_ = decided.epoch;
   if (debug_) {
     std::fprintf(stderr,
                  "[plexus-coll rank %d] reconfiguration epoch %llu (from rank %d) lands on "
-                 "collective %llu: ring order [%s], algorithms '%s', %d channel(s)\n",
+                 "collective %llu: ring order [%s], algorithms '%s', %d channel(s) asked\n",
                  layout_.rank, static_cast<unsigned long long>(decided.epoch), decided.requester,
                  static_cast<unsigned long long>(decided.sequence),
                  RingOrderText(layout_.order).c_str(), OverridesText(options_.algorithms).c_str(),
-                 layout_.channels);
+                 change.channels.value_or(layout_.channels));
   }
 }
 

@@ -87,7 +87,8 @@ struct CommunicatorOptions {
   // halving-doubling and tree all lay out ranks in this order. Empty = identity.
   std::vector<int> ring_order;
   // Independent connection sets ("channels") the data of a large collective is striped over.
-  // 0 = backend default (tcp 2, others 1).
+  // 0 = backend default (tcp 2, others 1); at most kMaxChannels. Reconfiguration::channels
+  // changes it live.
   int channels = 0;
   // Pipelining unit: messages are at most this many bytes. 0 = backend default (tcp 512 KiB,
   // shm 1 MiB, inproc 1 MiB).
@@ -327,11 +328,12 @@ class Communicator {
   // it finish with the old configuration. Concurrent requests are applied one after the other in
   // the order the store numbered them, on every rank alike. Returns the change's epoch (1, 2,
   // ...). InvalidArgument for an empty change, a ring order that is not a permutation,
-  // channels outside 1..connected, or a transport whose backend this machine lacks;
+  // channels outside 1..kMaxChannels, or a transport whose backend this machine lacks;
   // FailedPrecondition for a transport change of a communicator created on the caller's device;
   // the communicator's error when it is broken; the store's error when publishing fails.
-  // A transport change that cannot connect fails the collective it lands on (and breaks the
-  // communicator) within CommunicatorOptions::connect_timeout, naming the rank or peer.
+  // A transport or channel change that cannot connect fails the collective it lands on (and
+  // breaks the communicator) within CommunicatorOptions::connect_timeout, naming the rank or
+  // peer.
   virtual absl::StatusOr<uint64_t> RequestReconfiguration(const Reconfiguration& change) = 0;
   // Waits until every rank agreed where change `epoch` lands; returns the sequence number of the
   // first collective that runs with it (the same on every rank). DeadlineExceeded after `timeout`.

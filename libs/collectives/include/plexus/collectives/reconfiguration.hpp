@@ -31,6 +31,10 @@ struct TransportChoice {
   bool operator==(const TransportChoice&) const = default;
 };
 
+// The most channels a communicator connects (CommunicatorOptions::channels,
+// Reconfiguration::channels).
+inline constexpr int kMaxChannels = 64;
+
 // A change requested with Communicator::RequestReconfiguration. Unset fields keep their value.
 struct Reconfiguration {
   // A permutation of 0..size-1 (as CommunicatorOptions::ring_order).
@@ -38,15 +42,19 @@ struct Reconfiguration {
   // Replaces the communicator's overrides (CommunicatorOptions::algorithms) as a whole;
   // PLEXUS_COLL_ALGO and per-call CallOptions::algorithm still take precedence.
   std::optional<AlgorithmOverrides> algorithms;
-  // Channels collectives stripe over: 1 to the number connected at creation (no connection is
-  // opened or closed). Point-to-point calls keep every connected channel.
+  // Channels: 1 to kMaxChannels. At the collective the change lands on every rank connects the
+  // channels added (channel c >= the old count, to every peer) and closes the channels dropped
+  // once every rank is past the collectives before it; channels below both counts keep their
+  // connections. Collectives and point-to-point calls stripe over this many.
   std::optional<int> channels;
-  // New connections: every rank connects every peer again over the backends `transport` picks
-  // (e.g. tcp -> shm for ranks of one host), at the collective the change lands on; collectives
-  // before it finish on the old connections, which are closed once every rank is past them.
-  // Not for a communicator created on a caller's device. Point-to-point messages must not
-  // straddle the change (a Send before it whose Recv runs after it): the landing collective
-  // fails with FailedPrecondition naming the pair.
+  // The backends `transport` picks per pair (e.g. tcp -> shm for ranks of one host), at the
+  // collective the change lands on: every rank connects the pairs whose backend changes (every
+  // channel) and keeps the connections of the others; collectives before it finish on the old
+  // connections, the replaced ones closed once every rank is past them. Not for a communicator
+  // created on a caller's device.
+  // With `channels` or `transport`, point-to-point messages of a pair whose connections change
+  // must not straddle the change (a Send before it whose Recv runs after it): the landing
+  // collective fails with FailedPrecondition naming the pair.
   std::optional<TransportChoice> transport;
 };
 
@@ -59,8 +67,8 @@ struct ActiveConfiguration {
   uint64_t since_sequence = 0;
   std::vector<int> ring_order;
   AlgorithmOverrides algorithms;
-  int channels = 1;            // in use by collectives
-  int connected_channels = 1;  // connected at creation (the most `channels` may be)
+  int channels = 1;            // in use by collectives and point-to-point calls
+  int connected_channels = 1;  // connected per peer (equal to `channels` since they change live)
   TransportChoice transport;   // the connections' transport
   // peer_backends[r]: the backend of this rank's connections to rank r (this rank: backend).
   std::vector<transport::Backend> peer_backends;
