@@ -100,7 +100,10 @@ struct WorkerOptions {
   size_t chunk_bytes = 0;
   int sockets = 0;
   std::string progress;  // "caller", "thread" or empty (library default)
-  bool trace = false;    // CommunicatorOptions::trace.enabled (in memory, nothing written)
+  // DeviceOptions::loopback_congestion_control: a name, "system" (the system's) or empty
+  // (library default).
+  std::string loopback_cc;
+  bool trace = false;  // CommunicatorOptions::trace.enabled (in memory, nothing written)
   // --reconfig: what each round changes, "ring_order" (reversed / identity), "transport"
   // (the other of tcp and shm / back) or "channels" (twice the created count / back).
   std::string reconfig_change = "ring_order";
@@ -137,5 +140,10 @@ class CollectiveUnderTest {
 // ranks, from a checked call after the timed ones).
 void MeasureOps(CollectiveUnderTest& impl, const WorkerOptions& options,
                 const std::function<std::string(Op)>& impl_name);
+
+// Row `row` (any number: rows repeat) of a balanced (Williams) Latin square of n items, the
+// order of one run's launches: over n rows (2n for n odd) every item takes every position once
+// (twice) and directly follows every other item once (twice).
+std::vector<size_t> BalancedOrder(size_t n, size_t row);
 
 }  // namespace plexus::bench

@@ -132,6 +132,10 @@ std::unique_ptr<pc::Communicator> MakeWorkerCommunicator(const pb::WorkerOptions
   comm_options.channels = options.channels;
   comm_options.chunk_bytes = options.chunk_bytes;
   if (options.sockets > 0) comm_options.device.sockets_per_connection = options.sockets;
+  if (!options.loopback_cc.empty()) {
+    comm_options.device.loopback_congestion_control =
+        options.loopback_cc == "system" ? std::string() : options.loopback_cc;
+  }
   if (options.progress == "thread") comm_options.device.progress = pt::ProgressMode::kThread;
   if (options.progress == "caller") comm_options.device.progress = pt::ProgressMode::kCaller;
   comm_options.trace.enabled = options.trace;

@@ -122,7 +122,12 @@ std::optional<int> ParseGridOptions(int argc, char** argv, GridOptions& o) {
   pt_tooling::AddNumber(&app, "--warmup", &o.warmup,
                         "untimed calls first (-1: iters/10, at least 2)", 0, 1000000);
   pt_tooling::AddNumber(&app, "--runs", &o.runs,
-                        "launch every configuration R times, report medians", 1, 100);
+                        "launch every configuration R times, report medians; each run launches "
+                        "the configurations of a transport and process count together, in a "
+                        "balanced order: over N runs (2N for an odd number N of "
+                        "configurations) each launches first, and right after each other one, "
+                        "equally often",
+                        1, 100);
   app.add_option("--algorithm", o.algorithm,
                  "Plexus algorithm: auto, ring, halving_doubling, tree, recursive_doubling")
       ->capture_default_str()
@@ -137,6 +142,10 @@ std::optional<int> ParseGridOptions(int argc, char** argv, GridOptions& o) {
   app.add_option("--chunk-bytes", o.chunk_bytes, "Plexus CommunicatorOptions::chunk_bytes");
   pt_tooling::AddNumber(&app, "--sockets", &o.sockets,
                         "Plexus CommunicatorOptions::device.sockets_per_connection", 0, 64);
+  app.add_option("--loopback-cc", o.loopback_cc,
+                 "Plexus DeviceOptions::loopback_congestion_control: the tcp congestion control "
+                 "of connections between local processes (default reno; system: the system's, "
+                 "net.ipv4.tcp_congestion_control, as the peers use)");
   app.add_option("--progress", o.progress, "Plexus CommunicatorOptions::device.progress")
       ->check(CLI::IsMember({"caller", "thread"}));
   std::string bind = "none";
@@ -224,6 +233,9 @@ std::vector<Job> PlanJobs(const GridOptions& o) {
         plexus.argv.insert(plexus.argv.end(), {"--sockets", std::to_string(o.sockets)});
       if (!o.progress.empty()) {
         plexus.argv.insert(plexus.argv.end(), {"--progress", o.progress});
+      }
+      if (!o.loopback_cc.empty()) {
+        plexus.argv.insert(plexus.argv.end(), {"--loopback-cc", o.loopback_cc});
       }
       jobs.push_back(plexus);
       if (o.trace) {
@@ -338,14 +350,37 @@ LaunchResult Launch(const Job& job, double timeout_s, bool bind_core) {
   return result;
 }
 
+std::vector<size_t> LaunchOrder(const std::vector<Job>& jobs, int run) {
+  std::vector<size_t> order;
+  size_t begin = 0;
+  while (begin < jobs.size()) {
+    // One group: the consecutive jobs of one transport and process count (PlanJobs' order).
+    size_t end = begin;
+    std::vector<size_t> group;
+    while (end < jobs.size() && jobs[end].transport == jobs[begin].transport &&
+           jobs[end].nprocs == jobs[begin].nprocs) {
+      if (jobs[end].unavailable.empty()) group.push_back(end);
+      ++end;
+    }
+    for (size_t k : BalancedOrder(group.size(), static_cast<size_t>(run))) {
+      order.push_back(group[k]);
+    }
+    begin = end;
+  }
+  return order;
+}
+
 bool RunGrid(const GridOptions& o, const std::vector<Job>& jobs, Samples* samples,
              Failures* failures) {
   bool all_ok = true;
   // Runs interleave the configurations, so that a slow phase of the machine (other work on its
-  // cores) spreads over every implementation instead of hitting one.
+  // cores) spreads over every implementation instead of hitting one; and the order changes run
+  // by run (LaunchOrder), so that no implementation always launches first, or always right
+  // after the same other one: what a launch meets (caches, sockets and CPUs that the one
+  // before just left) is then the same for everyone.
   for (int run = 0; run < o.runs; ++run) {
-    for (const Job& job : jobs) {
-      if (!job.unavailable.empty()) continue;
+    for (const size_t index : LaunchOrder(jobs, run)) {
+      const Job& job = jobs[index];
       const auto start = Clock::now();
       std::fprintf(stderr, "# run %d/%d: %s over %s, %d processes ...", run + 1, o.runs,
                    job.impl.c_str(), job.transport.c_str(), job.nprocs);

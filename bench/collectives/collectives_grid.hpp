@@ -38,6 +38,7 @@ struct GridOptions {
   std::string chunk_bytes;
   int sockets = 0;
   std::string progress;
+  std::string loopback_cc;  // --loopback-cc: Plexus's tcp congestion control over loopback
   double timeout_s = 600;
   bool bind_core = false;
   std::vector<std::string> mpirun_args;
@@ -98,8 +99,14 @@ using Samples = std::map<Key, std::map<size_t, Point>>;
 // (impl, transport, nprocs) -> why its last launch failed.
 using Failures = std::map<std::tuple<std::string, std::string, int>, std::string>;
 
-// Launches every available job o.runs times, interleaved run by run, and gathers their points;
-// progress goes to stderr. Returns false when a launch failed (the reason is in `failures`).
+// The order of run `run`'s launches (indices into `jobs`, unavailable ones left out): the jobs
+// of one transport and process count stay together, in BalancedOrder(group size, run), so that
+// no implementation always launches first, or always right after the same other one.
+std::vector<size_t> LaunchOrder(const std::vector<Job>& jobs, int run);
+
+// Launches every available job o.runs times, interleaved run by run in LaunchOrder, and gathers
+// their points (times_us in run order); progress goes to stderr. Returns false when a launch failed
+// (the reason is in `failures`).
 bool RunGrid(const GridOptions& o, const std::vector<Job>& jobs, Samples* samples,
              Failures* failures);
 

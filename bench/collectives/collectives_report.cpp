@@ -154,6 +154,7 @@ bool PrintReport(const GridOptions& o, const std::vector<Job>& jobs, const Sampl
           // The spread over runs, to tell a real gap from a noisy machine.
           j["time_us_min"] = *std::min_element(point.times_us.begin(), point.times_us.end());
           j["time_us_max"] = *std::max_element(point.times_us.begin(), point.times_us.end());
+          j["time_us_runs"] = point.times_us;  // one per launch, in run order
           j["algbw"] = row.algbw;
           j["busbw"] = row.busbw;
           j["wrong"] = row.wrong;

@@ -1,6 +1,7 @@
 // The pieces of plexus-bench-collectives that decide what is measured and what counts as wrong.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -160,6 +161,36 @@ TEST_CASE("operation checks: exact results pass, a corrupted or misplaced block 
       ranks[0].Refill();
       const size_t expected = op == pb::Op::kBroadcast ? 0 : ranks[0].shape().recv_count;
       CHECK(ranks[0].CountWrong() == expected);
+    }
+  }
+}
+
+TEST_CASE("launch order: balanced positions and predecessors over the runs") {
+  CHECK(pb::BalancedOrder(0, 3).empty());
+  CHECK(pb::BalancedOrder(1, 7) == std::vector<size_t>{0});
+  CHECK(pb::BalancedOrder(2, 0) == std::vector<size_t>{0, 1});
+  CHECK(pb::BalancedOrder(2, 1) == std::vector<size_t>{1, 0});
+  for (size_t n : {2, 3, 4, 5, 6, 7}) {
+    INFO("n = " << n);
+    const size_t rows = n % 2 == 0 ? n : 2 * n;  // the design's period
+    const size_t per_cell = rows / n;
+    std::vector<std::vector<size_t>> at_position(n, std::vector<size_t>(n, 0));
+    std::vector<std::vector<size_t>> follows(n, std::vector<size_t>(n, 0));
+    for (size_t row = 0; row < rows; ++row) {
+      const std::vector<size_t> order = pb::BalancedOrder(n, row);
+      REQUIRE(order.size() == n);
+      std::vector<size_t> sorted = order;
+      std::sort(sorted.begin(), sorted.end());
+      for (size_t k = 0; k < n; ++k) REQUIRE(sorted[k] == k);  // a permutation
+      for (size_t k = 0; k < n; ++k) ++at_position[order[k]][k];
+      for (size_t k = 1; k < n; ++k) ++follows[order[k]][order[k - 1]];
+      CHECK(pb::BalancedOrder(n, row + rows) == order);  // rows repeat
+    }
+    for (size_t item = 0; item < n; ++item) {
+      for (size_t k = 0; k < n; ++k) CHECK(at_position[item][k] == per_cell);
+      for (size_t other = 0; other < n; ++other) {
+        CHECK(follows[item][other] == (other == item ? 0 : per_cell));
+      }
     }
   }
 }

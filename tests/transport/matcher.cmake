@@ -17,3 +17,8 @@ plexus_add_test(transport_tcp_protocol_test
 plexus_add_test(transport_tcp_state_test
                 SOURCES ${CMAKE_CURRENT_LIST_DIR}/tcp_state_test.cpp
                 DEPS plexus_transport_internal LABELS transport TIMEOUT 60)
+
+# Which tcp connections take the loopback path, and the congestion control they get.
+plexus_add_test(transport_tcp_sockets_test
+                SOURCES ${CMAKE_CURRENT_LIST_DIR}/tcp_sockets_test.cpp
+                DEPS plexus_transport_internal LABELS transport TIMEOUT 60)

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -138,6 +139,54 @@ absl::StatusOr<std::vector<int>> DialConnection(std::string_view address,
     }
   }
   return fds;
+}
+
+namespace {
+
+bool IsLoopbackAddress(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) {
+    return (ntohl(reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr) >> 24) == 127;
+  }
+  if (a.ss_family != AF_INET6) return false;
+  const in6_addr& ip = reinterpret_cast<const sockaddr_in6&>(a).sin6_addr;
+  return IN6_IS_ADDR_LOOPBACK(&ip) || (IN6_IS_ADDR_V4MAPPED(&ip) && ip.s6_addr[12] == 127);
+}
+
+bool SameHostAddress(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in&>(b).sin_addr.s_addr;
+  }
+  if (a.ss_family != AF_INET6) return false;
+  return IN6_ARE_ADDR_EQUAL(&reinterpret_cast<const sockaddr_in6&>(a).sin6_addr,
+                            &reinterpret_cast<const sockaddr_in6&>(b).sin6_addr);
+}
+
+}  // namespace
+
+bool IsLoopbackPath(int fd) {
+  sockaddr_storage peer{}, self{};
+  socklen_t peer_length = sizeof peer, self_length = sizeof self;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&self), &self_length) != 0) {
+    return false;
+  }
+  return IsLoopbackAddress(peer) || SameHostAddress(peer, self);
+}
+
+absl::Status SetCongestionControl(int fd, const std::string& algorithm, std::string_view peer) {
+  if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, algorithm.data(),
+                 static_cast<socklen_t>(algorithm.size())) == 0) {
+    return absl::OkStatus();
+  }
+  const int err = errno;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "tcp connection to ", std::string(peer), ": DeviceOptions::loopback_congestion_control '",
+      algorithm, "' was refused (", net::ErrnoText(err),
+      "): name one in net.ipv4.tcp_allowed_congestion_control (or "
+      "net.ipv4.tcp_available_congestion_control with CAP_NET_ADMIN), or \"\" for the "
+      "system's"));
 }
 
 }  // namespace plexus::transport::internal::tcp

@@ -27,4 +27,13 @@ absl::StatusOr<ListeningSocket> OpenListeningSocket(std::string_view address,
 absl::StatusOr<std::vector<int>> DialConnection(std::string_view address,
                                                 const DeviceOptions& options);
 
+// Whether both ends of the connected socket `fd` are on this host, so that its traffic takes
+// the loopback device: the peer's address is a loopback one (127.0.0.0/8, ::1, an IPv4-mapped
+// 127.x) or the socket's own. False when either address cannot be read.
+bool IsLoopbackPath(int fd);
+
+// Sets the socket's congestion control (TCP_CONGESTION) to `algorithm`; InvalidArgument naming
+// it, `peer` and the sysctl that lists what may be chosen when the kernel refuses.
+absl::Status SetCongestionControl(int fd, const std::string& algorithm, std::string_view peer);
+
 }  // namespace plexus::transport::internal::tcp

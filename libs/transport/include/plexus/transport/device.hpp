@@ -25,6 +25,15 @@ struct DeviceOptions {
   // tcp: local IP to bind listening and outgoing sockets to ("" = any), so that a multipath
   // layer can choose the path. verbs: the RDMA device name or local IP ("" = first device).
   std::string local_address;
+  // tcp: the congestion control (TCP_CONGESTION) of connections whose two ends are on this
+  // host (the peer is a loopback address or the socket's own address), "" = the system's
+  // (net.ipv4.tcp_congestion_control). Loopback has no congestion to control; BBR, a common
+  // system default, paces every send at its bandwidth estimate, which on loopback lags the
+  // bursts of a collective (2 processes, allreduce of 16 MiB: 6.4 -> 4.6 ms with reno,
+  // docs/collectives.md "Benchmarks"). Reno neither paces nor needs privileges (it is always in
+  // net.ipv4.tcp_allowed_congestion_control); a name the kernel refuses fails the connection.
+  // Connections to other hosts keep the system's.
+  std::string loopback_congestion_control = "reno";
   // tcp: sockets per connection; messages of at least `stripe_threshold` bytes are striped.
   int sockets_per_connection = 1;
   size_t stripe_threshold = size_t{1} << 20;
