@@ -383,6 +383,44 @@ TEST_CASE("reduce-scatter and broadcast out of place give the bits of in place",
   }
 }
 
+// Broadcast over tcp, 4 ranks: the default table's double tree at every size (inproc: the
+// chain from 256 KiB); auto gives the root's bits on every rank, out of place.
+TEST_CASE("4 ranks over tcp: broadcasts select the double tree", "[collectives][inproc]") {
+  const int n = 4;
+  for (bool tcp : {false, true}) {
+    pc::CommunicatorOptions options = InprocOptions();
+    if (tcp) {
+      options.device.backend = pt::Backend::kTcp;
+      options.device.local_address = "127.0.0.1";
+      options.transport_policy = pc::TransportPolicy::kUniform;
+    }
+    INFO((tcp ? "tcp" : "inproc"));
+    auto results = RunRanks(n, options, [&](int rank, pc::Communicator& comm) {
+      for (size_t count : {size_t{100}, size_t{65536}, size_t{300001}}) {
+        const size_t bytes = count * sizeof(float);
+        const Algorithm expected = tcp || bytes < (256 << 10) ? Algorithm::kTree : Algorithm::kRing;
+        const Algorithm chosen = comm.SelectAlgorithm(pc::CollectiveKind::kBroadcast, bytes);
+        if (chosen != expected) {
+          return absl::StrCat("count ", count, ": selected ",
+                              std::string(pc::AlgorithmName(chosen)));
+        }
+        const int root = static_cast<int>(count % n);
+        std::vector<float> in(count), out(count, -1.0f);
+        for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(rank * 1000003 + i) * 0.5f;
+        absl::Status s = comm.Broadcast(in.data(), out.data(), count, DataType::kF32, root);
+        if (!s.ok()) return absl::StrCat("count ", count, ": ", s.message());
+        for (size_t i = 0; i < count; ++i) {
+          if (out[i] != static_cast<float>(root * 1000003 + i) * 0.5f) {
+            return absl::StrCat("count ", count, ": element ", i, " is ", out[i]);
+          }
+        }
+      }
+      return std::string();
+    });
+    RequireAllOk(results);
+  }
+}
+
 TEST_CASE("small allreduces by mailbox give the bits of the plan path", "[collectives][inproc]") {
   // Inproc connections have mailboxes, so small halving-doubling allreduces take the mailbox
   // path; PLEXUS_COLL_MAILBOX=0 (read at creation) forces the plan path. Counts cover one
