@@ -325,10 +325,11 @@ TEST_CASE("4 ranks: whole-vector doubling out of place gives the bits of in plac
 }
 
 // Out of place, ReduceScatter's first step reads the operand straight from the send buffer
-// (no copy into scratch) and a Broadcast's root sends straight from its input (copied into its
-// output after): the bits of the same call in place, the inputs untouched. Counts cross the
+// (no copy into scratch): the bits of the same call in place. A Broadcast's root sends straight
+// from its input (copied into its output after): the root's values on every rank. The inputs
+// stay untouched. Counts cross the
 // chunk size and the mailbox limit; 3 ranks fold nothing (ring) but are no power of two.
-TEST_CASE("reduce-scatter and broadcast out of place give the bits of in place",
+TEST_CASE("reduce-scatter and broadcast out of place read the input directly",
           "[collectives][inproc]") {
   for (int n : {2, 3, 4}) {
     INFO("ranks " << n);
