@@ -4,6 +4,7 @@
 // process_test.cpp.)
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -316,6 +317,104 @@ TEST_CASE("4 ranks: whole-vector doubling out of place gives the bits of in plac
                            {c.algorithm});
         if (!s.ok()) return absl::StrCat(what, ": ", s.message());
         if (out != in) return absl::StrCat(what, ": out of place differs from in place");
+      }
+      return std::string();
+    });
+    RequireAllOk(results);
+  }
+}
+
+// Out of place, ReduceScatter's first step reads the operand straight from the send buffer
+// (no copy into scratch): the bits of the same call in place. A Broadcast's root sends straight
+// from its input (copied into its output after): the root's values on every rank. The inputs
+// stay untouched. Counts cross the
+// chunk size and the mailbox limit; 3 ranks fold nothing (ring) but are no power of two.
+TEST_CASE("reduce-scatter and broadcast out of place read the input directly",
+          "[collectives][inproc]") {
+  for (int n : {2, 3, 4}) {
+    INFO("ranks " << n);
+    auto results = RunRanks(n, InprocOptions(), [&](int rank, pc::Communicator& comm) {
+      for (size_t count : {size_t{1}, size_t{1000}, size_t{70001}}) {
+        for (Algorithm a : {Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kTree}) {
+          const std::string what =
+              absl::StrCat("count ", count, " ", std::string(pc::AlgorithmName(a)));
+          std::vector<float> in(count * n);
+          uint32_t x = 99u + static_cast<uint32_t>(rank);
+          for (float& v : in) {
+            x = x * 1664525u + 1013904223u;
+            v = static_cast<float>((x >> 8) * 1e-5 - 80.0);
+          }
+          const std::vector<float> original = in;
+          if (a != Algorithm::kTree) {
+            std::vector<float> out(count);
+            absl::Status s = comm.ReduceScatter(in.data(), out.data(), count, DataType::kF32,
+                                                ReduceOp::kSum, {a});
+            if (!s.ok()) return absl::StrCat("ReduceScatter ", what, ": ", s.message());
+            if (in != original) return absl::StrCat("ReduceScatter ", what, ": input changed");
+            float* mine = in.data() + static_cast<size_t>(rank) * count;
+            s = comm.ReduceScatter(in.data(), mine, count, DataType::kF32, ReduceOp::kSum, {a});
+            if (!s.ok()) return absl::StrCat("ReduceScatter ", what, " in place: ", s.message());
+            if (!std::equal(out.begin(), out.end(), mine)) {
+              return absl::StrCat("ReduceScatter ", what, ": out of place differs from in place");
+            }
+            in = original;
+          }
+          if (a == Algorithm::kHalvingDoubling) continue;  // broadcasts: chain and tree
+          for (int root = 0; root < n; ++root) {
+            std::vector<float> out(count * n, -1.0f);
+            absl::Status s =
+                comm.Broadcast(in.data(), out.data(), count * n, DataType::kF32, root, {a});
+            if (!s.ok()) return absl::StrCat("Broadcast ", what, ": ", s.message());
+            if (in != original) return absl::StrCat("Broadcast ", what, ": input changed");
+            std::vector<float> expected(count * n);
+            uint32_t y = 99u + static_cast<uint32_t>(root);
+            for (float& v : expected) {
+              y = y * 1664525u + 1013904223u;
+              v = static_cast<float>((y >> 8) * 1e-5 - 80.0);
+            }
+            if (out != expected) {
+              return absl::StrCat("Broadcast ", what, " root ", root, ": wrong result");
+            }
+          }
+        }
+      }
+      return std::string();
+    });
+    RequireAllOk(results);
+  }
+}
+
+// Broadcast over tcp, 4 ranks: the default table's double tree at every size (inproc: the
+// chain from 256 KiB); auto gives the root's bits on every rank, out of place.
+TEST_CASE("4 ranks over tcp: broadcasts select the double tree", "[collectives][inproc]") {
+  const int n = 4;
+  for (bool tcp : {false, true}) {
+    pc::CommunicatorOptions options = InprocOptions();
+    if (tcp) {
+      options.device.backend = pt::Backend::kTcp;
+      options.device.local_address = "127.0.0.1";
+      options.transport_policy = pc::TransportPolicy::kUniform;
+    }
+    INFO((tcp ? "tcp" : "inproc"));
+    auto results = RunRanks(n, options, [&](int rank, pc::Communicator& comm) {
+      for (size_t count : {size_t{100}, size_t{65536}, size_t{300001}}) {
+        const size_t bytes = count * sizeof(float);
+        const Algorithm expected = tcp || bytes < (256 << 10) ? Algorithm::kTree : Algorithm::kRing;
+        const Algorithm chosen = comm.SelectAlgorithm(pc::CollectiveKind::kBroadcast, bytes);
+        if (chosen != expected) {
+          return absl::StrCat("count ", count, ": selected ",
+                              std::string(pc::AlgorithmName(chosen)));
+        }
+        const int root = static_cast<int>(count % n);
+        std::vector<float> in(count), out(count, -1.0f);
+        for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(rank * 1000003 + i) * 0.5f;
+        absl::Status s = comm.Broadcast(in.data(), out.data(), count, DataType::kF32, root);
+        if (!s.ok()) return absl::StrCat("count ", count, ": ", s.message());
+        for (size_t i = 0; i < count; ++i) {
+          if (out[i] != static_cast<float>(root * 1000003 + i) * 0.5f) {
+            return absl::StrCat("count ", count, ": element ", i, " is ", out[i]);
+          }
+        }
       }
       return std::string();
     });

@@ -148,6 +148,13 @@ TEST_CASE("selector table: default, parsing, errors and round trip", "[collectiv
   CHECK(tcp.Select(CollectiveKind::kAllReduce, 8, 256 << 10) == Algorithm::kTree);
   CHECK(tcp.Select(CollectiveKind::kAllReduce, 4, 8) == Algorithm::kHalvingDoubling);
   CHECK(def.Select(CollectiveKind::kAllReduce, 4, 64 << 10) == Algorithm::kRing);
+  // Broadcast, 4 ranks over tcp: the double tree at every size; elsewhere the chain from 256 KiB.
+  CHECK(tcp.Select(CollectiveKind::kBroadcast, 4, 8) == Algorithm::kTree);
+  CHECK(tcp.Select(CollectiveKind::kBroadcast, 4, 1 << 20) == Algorithm::kTree);
+  CHECK(tcp.Select(CollectiveKind::kBroadcast, 4, size_t{64} << 20) == Algorithm::kTree);
+  CHECK(tcp.Select(CollectiveKind::kBroadcast, 2, 1 << 20) == Algorithm::kRing);
+  CHECK(tcp.Select(CollectiveKind::kBroadcast, 8, 1 << 20) == Algorithm::kRing);
+  CHECK(def.Select(CollectiveKind::kBroadcast, 4, 1 << 20) == Algorithm::kRing);
   auto tcp_parsed = pc::AlgorithmTable::Parse(tcp.ToString());
   REQUIRE(tcp_parsed.ok());
   CHECK(tcp_parsed->ToString() == tcp.ToString());

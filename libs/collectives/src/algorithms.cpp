@@ -319,10 +319,11 @@ void BuildHalvingDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* pla
   FoldOut(L, f, buf, count, plan);
 }
 
-void BuildHalving(const Layout& L, uint8_t* buf, const std::vector<Block>& blocks, Plan* plan) {
+void BuildHalving(const Layout& L, uint8_t* buf, const std::vector<Block>& blocks, Plan* plan,
+                  const uint8_t* input) {
   if (L.n == 1) return;
   const Fold f = MakeFold(L);  // callers guarantee a power of two: no fold
-  HalvingCore(L, f, buf, blocks, plan);
+  HalvingCore(L, f, buf, blocks, plan, input);
 }
 
 void BuildDoubling(const Layout& L, uint8_t* buf, const std::vector<Block>& blocks, Plan* plan) {
@@ -370,29 +371,33 @@ void BuildTreeReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, 
   });
 }
 
-void BuildTreeBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan) {
+void BuildTreeBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan,
+                        const uint8_t* source) {
   if (L.n == 1 || count == 0) return;
   const RootedTrees trees{L, root_pos};
   ForEachTreeChunk(L, count, [&](int tree, const Block& c, int channel) {
     const int i = trees.IndexOf(tree, L.pos());
     int dep = -1;
     if (i != 0) dep = AddRecv(L, plan, buf, c, trees.RankOf(tree, TreeParent(i)), channel, false);
+    const uint8_t* from = i == 0 && source != nullptr ? source : buf;
     for (int child = 2 * i + 1; child <= 2 * i + 2 && child < L.n; ++child) {
-      AddSend(L, plan, buf, c, trees.RankOf(tree, child), channel, dep, 0, true);
+      AddSend(L, plan, from, c, trees.RankOf(tree, child), channel, dep, 0, true);
     }
   });
 }
 
-void BuildChainBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan) {
+void BuildChainBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan,
+                         const uint8_t* source) {
   const int n = L.n;
   if (n == 1 || count == 0) return;
   const int i = ((L.pos() - root_pos) % n + n) % n;
+  const uint8_t* from = i == 0 && source != nullptr ? source : buf;
   const Block all{0, count};
   for (size_t k = 0; k < NumChunks(L, count); ++k) {
     const Block c = ChunkOf(L, all, k);
     int dep = -1;
     if (i != 0) dep = AddRecv(L, plan, buf, c, L.at(root_pos + i - 1), Channel(L, k), false);
-    if (i != n - 1) AddSend(L, plan, buf, c, L.at(root_pos + i + 1), Channel(L, k), dep, 0, true);
+    if (i != n - 1) AddSend(L, plan, from, c, L.at(root_pos + i + 1), Channel(L, k), dep, 0, true);
   }
 }
 

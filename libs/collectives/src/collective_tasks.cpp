@@ -294,12 +294,21 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
     if (count == 0) return absl::OkStatus();
     Staging staging = NewStaging();
     PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, bytes, is_root && send == recv));
+    const uint8_t* source = nullptr;  // out of place at the root: its input
     if (is_root && send != recv) {
-      PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, bytes, true));
-      std::memmove(buf, in, bytes);
+      PLEXUS_ASSIGN_OR_RETURN(source, staging.In(send, bytes, true));
     }
+    // Larger ones may cast: the root keeps the rounded values it sends (SendOp::final).
+    const std::optional<DataType> wire = bytes <= 16384 ? std::nullopt : WireOf(dtype, call);
+    const bool mailbox = algo == Algorithm::kTree && FitsMailbox(bytes);
+    // Out of place, the plan's root sends straight from its input and copies it into its
+    // output after (no copy before the first send). Not by mailbox, with a cast (the root's
+    // output holds the rounded values) or when input and output overlap.
+    const bool direct =
+        source != nullptr && !mailbox && !wire && !(source < buf + bytes && buf < source + bytes);
+    if (source != nullptr && !direct) std::memmove(buf, source, bytes);
     const Layout& L = MakeLayout(dtype);
-    if (algo == Algorithm::kTree && FitsMailbox(bytes)) {
+    if (mailbox) {
       // Small: a binary tree over the positions counted from the root, by mailbox.
       const int i = ((L.pos() - L.position[root]) % L.n + L.n) % L.n;
       auto rank_at = [&](int index) { return L.at(L.position[root] + index); };
@@ -314,18 +323,18 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
       }
       return staging.CopyOut();
     }
-    // Larger ones may cast: the root keeps the rounded values it sends (SendOp::final).
-    const std::optional<DataType> wire = bytes <= 16384 ? std::nullopt : WireOf(dtype, call);
     header.wire = wire;
     if (wire) MakeWireLayout(dtype, *wire);  // recuts L (the same call layout) for the wire
     Plan& plan = NewPlan();
     plan.wire = wire;
+    const uint8_t* from = direct ? source : nullptr;
     if (algo == Algorithm::kRing) {
-      internal::BuildChainBroadcast(L, buf, count, L.position[root], &plan);
+      internal::BuildChainBroadcast(L, buf, count, L.position[root], &plan, from);
     } else {
-      internal::BuildTreeBroadcast(L, buf, count, L.position[root], &plan);
+      internal::BuildTreeBroadcast(L, buf, count, L.position[root], &plan, from);
     }
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
+    if (direct) std::memcpy(buf, source, bytes);
     return staging.CopyOut();
   };
 }
@@ -417,19 +426,21 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, v
     if (count == 0) return absl::OkStatus();
     Staging staging = NewStaging();
     PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, total, true));
-    // Work on a copy: the send buffer is the caller's and recv may lie inside it.
+    // The send buffer is the caller's and recv may lie inside it: the partial sums go to a
+    // scratch buffer. The first step reads this rank's operand straight from the input (every
+    // block of `work` that is read was written by a reduction first), so nothing is copied in.
     uint8_t* work = Scratch(total);
-    std::memcpy(work, in, total);
     const Layout& L = MakeLayout(dtype);
     std::vector<Block> blocks(n);
     Plan& plan = NewPlan();
     if (algo == Algorithm::kHalvingDoubling) {
       for (int b = 0; b < n; ++b) blocks[b] = Block{L.order[b] * count, count};
-      internal::BuildHalving(L, work, blocks, &plan);
+      internal::BuildHalving(L, work, blocks, &plan, in);
     } else {
       for (int j = 0; j < n; ++j) blocks[j] = Block{L.at(j - 1) * count, count};
-      internal::BuildRing(L, work, blocks, true, false, &plan);
+      internal::BuildRing(L, work, blocks, true, false, &plan, in);
     }
+    if (n == 1) std::memcpy(work, in, total);  // no step: the input is the result
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
     uint8_t* mine = work + static_cast<size_t>(layout_.rank) * count * esize;
     if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, mine, count, n);

@@ -111,17 +111,23 @@ void BuildRecursiveDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* p
 void BuildHalvingDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* plan,
                           const uint8_t* input = nullptr);
 // The two halves of power-of-two world sizes: blocks[b] is the block that position b owns after
-// the halving. Used for ReduceScatter (halving only) and AllGather (doubling only).
-void BuildHalving(const Layout& L, uint8_t* buf, const std::vector<Block>& blocks, Plan* plan);
+// the halving. Used for ReduceScatter (halving only) and AllGather (doubling only). With
+// `input`, the halving reads this rank's operand from input (as BuildRing): buf needs no copy.
+void BuildHalving(const Layout& L, uint8_t* buf, const std::vector<Block>& blocks, Plan* plan,
+                  const uint8_t* input = nullptr);
 void BuildDoubling(const Layout& L, uint8_t* buf, const std::vector<Block>& blocks, Plan* plan);
 // Double binary tree allreduce: half the data up and down each of two complementary trees.
 void BuildDoubleTreeAllReduce(const Layout& L, uint8_t* buf, size_t count, Plan* plan);
 // Double binary tree reduce to / broadcast from root_pos: half of the vector down (up) each of
 // two heap-shaped trees rooted at root_pos, the second mirrored, pipelined chunk by chunk.
+// Broadcasts: with `source`, the root sends from source instead of buf (its input, out of
+// place; the caller copies it into buf), so its sends need not wait for that copy.
 void BuildTreeReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan);
-void BuildTreeBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan);
+void BuildTreeBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan,
+                        const uint8_t* source = nullptr);
 // Pipelined chains along the ring: broadcast from root_pos; reduce ending at root_pos.
-void BuildChainBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan);
+void BuildChainBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan,
+                         const uint8_t* source = nullptr);
 void BuildChainReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan);
 // Sends count elements to / receives from one peer (chunked over channels). An empty message
 // is still sent when `always` (so that the header travels: AllToAllV).
