@@ -29,10 +29,13 @@ namespace pt = plexus::transport;
 namespace pi = plexus::collectives::internal;
 using pc::DataType;
 using pc::ReduceOp;
+using pc::reconfigtest::CheckSendAcrossLandingRefused;
 using pc::reconfigtest::HookGuard;
 using pc::reconfigtest::kCount;
+using pc::reconfigtest::LandWithSilentRankOne;
 using pc::reconfigtest::Operand;
 using pc::reconfigtest::Options;
+using pc::reconfigtest::SendAcrossLanding;
 using pc::testing::RunRanks;
 using pc::testing::RunRanksWith;
 
@@ -379,18 +382,7 @@ TEST_CASE("live reconfiguration: a channel change a rank never reaches fails wit
     if (auto lands = comm.AwaitReconfiguration(1, absl::Seconds(10)); !lands.ok()) {
       return std::string(lands.status().message());
     }
-    if (rank == 1) {  // silent: never starts the landing collective while rank 0 waits
-      std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-      return "";
-    }
-    std::vector<float> in = Operand(rank, 0), out(kCount);
-    const auto start = std::chrono::steady_clock::now();
-    absl::Status s = comm.AllReduce(in.data(), out.data(), kCount, DataType::kF32, ReduceOp::kSum);
-    failed_after_s[rank] =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (s.ok()) return std::string("the landing collective succeeded without rank 1");
-    if (comm.health().ok()) return std::string("the communicator is not broken");
-    return std::string(s.message());
+    return LandWithSilentRankOne(rank, comm, failed_after_s);
   });
   INFO(results[0]);
   CHECK(results[1] == "");
@@ -411,22 +403,9 @@ TEST_CASE("live reconfiguration: a Send and its Recv straddling a channel change
     }
     auto lands = comm.AwaitReconfiguration(1, absl::Seconds(10));
     if (!lands.ok()) return std::string(lands.status().message());
-    int32_t token = 7;
-    if (rank == 0) {
-      if (absl::Status s = comm.Send(&token, 1, DataType::kI32, 1); !s.ok()) {
-        return "send: " + std::string(s.message());
-      }
-    }
-    std::vector<float> in = Operand(rank, 0), out(kCount);
-    absl::Status s = comm.AllReduce(in.data(), out.data(), kCount, DataType::kF32, ReduceOp::kSum);
-    if (s.ok()) return std::string("the landing collective succeeded");
-    return std::string(s.message());
+    return SendAcrossLanding(rank, comm);
   });
-  for (int r = 0; r < 2; ++r) {
-    INFO("rank " << r << ": " << results[r]);
-    CHECK(results[r].find("rank 0 had sent 1 point-to-point message(s) to rank 1, which had "
-                          "received 0") != std::string::npos);
-  }
+  CheckSendAcrossLandingRefused(results);
 }
 
 TEST_CASE("live reconfiguration: channels change on a caller's device (thread progress)",

@@ -25,10 +25,13 @@ namespace pt = plexus::transport;
 namespace pi = plexus::collectives::internal;
 using pc::DataType;
 using pc::ReduceOp;
+using pc::reconfigtest::CheckSendAcrossLandingRefused;
 using pc::reconfigtest::HookGuard;
 using pc::reconfigtest::kCount;
+using pc::reconfigtest::LandWithSilentRankOne;
 using pc::reconfigtest::Operand;
 using pc::reconfigtest::Options;
+using pc::reconfigtest::SendAcrossLanding;
 using pc::testing::RunRanks;
 
 namespace {
@@ -208,18 +211,7 @@ TEST_CASE("live reconfiguration: a transport change a rank never reaches fails w
   auto results = RunRanks(2, o, [&](int rank, pc::Communicator& comm) -> std::string {
     auto lands = ToShmFromRankZero(rank, comm);
     if (!lands.ok()) return std::string(lands.status().message());
-    if (rank == 1) {  // silent: never starts the landing collective while rank 0 waits
-      std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-      return "";
-    }
-    std::vector<float> in = Operand(rank, 0), out(kCount);
-    const auto start = std::chrono::steady_clock::now();
-    absl::Status s = comm.AllReduce(in.data(), out.data(), kCount, DataType::kF32, ReduceOp::kSum);
-    failed_after_s[rank] =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (s.ok()) return std::string("the landing collective succeeded without rank 1");
-    if (comm.health().ok()) return std::string("the communicator is not broken");
-    return std::string(s.message());
+    return LandWithSilentRankOne(rank, comm, failed_after_s);
   });
   INFO(results[0]);
   CHECK(results[1] == "");
@@ -236,21 +228,7 @@ TEST_CASE("live reconfiguration: a Send and its Recv straddling a transport chan
     auto lands = ToShmFromRankZero(rank, comm);
     if (!lands.ok()) return std::string(lands.status().message());
     if (*lands != comm.collective_sequence()) return "the change lands later than expected";
-    int32_t token = 7;
-    std::vector<float> in = Operand(rank, 0), out(kCount);
-    // Rank 0 sends before the landing collective; rank 1 receives after it.
-    if (rank == 0) {
-      if (absl::Status s = comm.Send(&token, 1, DataType::kI32, 1); !s.ok()) {
-        return "send: " + std::string(s.message());
-      }
-    }
-    absl::Status s = comm.AllReduce(in.data(), out.data(), kCount, DataType::kF32, ReduceOp::kSum);
-    if (s.ok()) return std::string("the landing collective succeeded");
-    return std::string(s.message());
+    return SendAcrossLanding(rank, comm);
   });
-  for (int r = 0; r < 2; ++r) {
-    INFO("rank " << r << ": " << results[r]);
-    CHECK(results[r].find("rank 0 had sent 1 point-to-point message(s) to rank 1, which had "
-                          "received 0") != std::string::npos);
-  }
+  CheckSendAcrossLandingRefused(results);
 }
