@@ -16,8 +16,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "plexus/collectives/communicator.hpp"
@@ -46,6 +49,54 @@ bool CheckedSum(pc::Communicator& c, int rank, int size, int i, std::vector<int6
     }
   }
   return true;
+}
+
+// The reconfiguration modes' two changes: the last rank asks for `there` after two calls, rank 0
+// for `back` two calls after it landed; every call is a CheckedSum. `on_first_landing` runs on
+// the first call that ran with `there`. The ranks then compare where both changes landed.
+// Returns {the call `there` landed on, the sequence `back` took effect from}, or nullopt after
+// printing why.
+std::optional<std::pair<int64_t, int64_t>> ChangeThereAndBack(
+    pc::Communicator& c, int rank, int size, const pc::Reconfiguration& there,
+    const pc::Reconfiguration& back, const std::function<bool()>& on_first_landing) {
+  std::vector<int64_t> v(50000), sum(50000);
+  int64_t first_landed_at = -1;
+  for (int i = 0; i < 8 || c.configuration().epoch < 2; ++i) {
+    if (i > 200) {
+      std::printf("rank %d: the changes never landed\n", rank);
+      return std::nullopt;
+    }
+    const pc::Reconfiguration* change = nullptr;
+    if (rank == size - 1 && i == 2) {
+      change = &there;
+    } else if (rank == 0 && first_landed_at >= 0 && i == first_landed_at + 2) {
+      change = &back;
+    }
+    if (change != nullptr) {
+      if (auto e = c.RequestReconfiguration(*change); !e.ok()) {
+        std::printf("rank %d: %s\n", rank, std::string(e.status().message()).c_str());
+        return std::nullopt;
+      }
+    }
+    if (!CheckedSum(c, rank, size, i, v, sum)) return std::nullopt;
+    if (c.configuration().epoch == 1 && first_landed_at < 0) {
+      first_landed_at = i;
+      if (!on_first_landing()) return std::nullopt;
+    }
+  }
+  std::vector<int64_t> mine = {static_cast<int64_t>(c.configuration().since_sequence),
+                               first_landed_at};
+  std::vector<int64_t> all(2 * size);
+  if (!c.AllGather(mine.data(), all.data(), 2, pc::DataType::kI64).ok()) return std::nullopt;
+  for (int r = 0; r < size; ++r) {
+    if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) {
+      std::printf("rank %d: landed on %lld and %lld, rank %d on %lld and %lld\n", rank,
+                  static_cast<long long>(all[1]), static_cast<long long>(all[0]), r,
+                  static_cast<long long>(all[2 * r + 1]), static_cast<long long>(all[2 * r]));
+      return std::nullopt;
+    }
+  }
+  return std::make_pair(all[1], all[0]);
 }
 
 int main(int argc, char** argv) {
@@ -202,7 +253,6 @@ int main(int argc, char** argv) {
     // two calls after that landed; every sum is checked, every rank must report the transport
     // of each phase, and the landing sequences must agree.
     const pt::Backend other = *backend == pt::Backend::kTcp ? pt::Backend::kShm : pt::Backend::kTcp;
-    std::vector<int64_t> v(50000), sum(50000);
     auto check_peers = [&](pt::Backend expected) {
       for (int r = 0; r < size; ++r) {
         if (r != rank && c.peer_backend(r) != expected) {
@@ -214,101 +264,39 @@ int main(int argc, char** argv) {
       }
       return true;
     };
-    int first_landed_at = -1;
-    for (int i = 0; i < 8 || c.configuration().epoch < 2; ++i) {
-      if (i > 200) {
-        std::printf("rank %d: the changes never landed\n", rank);
-        return 1;
-      }
-      pc::Reconfiguration change;
-      if (rank == size - 1 && i == 2) {
-        change.transport = pc::TransportChoice{other, pc::TransportPolicy::kUniform};
-      } else if (rank == 0 && first_landed_at >= 0 && i == first_landed_at + 2) {
-        change.transport = pc::TransportChoice{*backend, pc::TransportPolicy::kUniform};
-      }
-      if (change.transport) {
-        if (auto e = c.RequestReconfiguration(change); !e.ok()) {
-          std::printf("rank %d: %s\n", rank, std::string(e.status().message()).c_str());
-          return 1;
-        }
-      }
-      if (!CheckedSum(c, rank, size, i, v, sum)) return 1;
-      const uint64_t epoch = c.configuration().epoch;
-      if (epoch == 1 && first_landed_at < 0) {
-        first_landed_at = i;
-        if (!check_peers(other)) return 1;
-      }
-    }
-    if (!check_peers(*backend)) return 1;
-    const pc::ActiveConfiguration a = c.configuration();
-    std::vector<int64_t> mine = {static_cast<int64_t>(a.since_sequence), first_landed_at};
-    std::vector<int64_t> all(2 * size);
-    if (!c.AllGather(mine.data(), all.data(), 2, pc::DataType::kI64).ok()) return 1;
-    for (int r = 0; r < size; ++r) {
-      if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) {
-        std::printf("rank %d: landed on %lld and %lld, rank %d on %lld and %lld\n", rank,
-                    static_cast<long long>(all[1]), static_cast<long long>(all[0]), r,
-                    static_cast<long long>(all[2 * r + 1]), static_cast<long long>(all[2 * r]));
-        return 1;
-      }
-    }
+    pc::Reconfiguration there, back;
+    there.transport = pc::TransportChoice{other, pc::TransportPolicy::kUniform};
+    back.transport = pc::TransportChoice{*backend, pc::TransportPolicy::kUniform};
+    const auto landed =
+        ChangeThereAndBack(c, rank, size, there, back, [&] { return check_peers(other); });
+    if (!landed || !check_peers(*backend)) return 1;
     std::printf("rank %d: %s -> %s landed on collective %lld, back on %lld\n", rank,
                 std::string(pt::BackendName(*backend)).c_str(),
-                std::string(pt::BackendName(other)).c_str(), static_cast<long long>(all[1]),
-                static_cast<long long>(all[0]));
+                std::string(pt::BackendName(other)).c_str(), static_cast<long long>(landed->first),
+                static_cast<long long>(landed->second));
     return 0;
   }
   if (mode == "reconfig-channels") {
     // The last rank asks for 4 channels after two calls, rank 0 for 2 two calls after that
     // landed; every sum is checked, every rank must report the count of each phase, and the
     // landing sequences must agree.
-    std::vector<int64_t> v(50000), sum(50000);
-    int first_landed_at = -1;
-    for (int i = 0; i < 8 || c.configuration().epoch < 2; ++i) {
-      if (i > 200) {
-        std::printf("rank %d: the changes never landed\n", rank);
-        return 1;
-      }
-      pc::Reconfiguration change;
-      if (rank == size - 1 && i == 2) {
-        change.channels = 4;
-      } else if (rank == 0 && first_landed_at >= 0 && i == first_landed_at + 2) {
-        change.channels = 2;
-      }
-      if (change.channels) {
-        if (auto e = c.RequestReconfiguration(change); !e.ok()) {
-          std::printf("rank %d: %s\n", rank, std::string(e.status().message()).c_str());
-          return 1;
-        }
-      }
-      if (!CheckedSum(c, rank, size, i, v, sum)) return 1;
-      const pc::ActiveConfiguration a = c.configuration();
-      if (a.epoch == 1 && first_landed_at < 0) {
-        first_landed_at = i;
-        if (a.channels != 4 || c.options().channels != 4) {
-          std::printf("rank %d: %d channel(s) after the change to 4\n", rank, a.channels);
-          return 1;
-        }
-      }
-    }
-    const pc::ActiveConfiguration a = c.configuration();
-    if (a.channels != 2 || c.options().channels != 2) {
-      std::printf("rank %d: %d channel(s) after the change to 2\n", rank, a.channels);
+    pc::Reconfiguration there, back;
+    there.channels = 4;
+    back.channels = 2;
+    const auto landed = ChangeThereAndBack(c, rank, size, there, back, [&] {
+      if (c.configuration().channels == 4 && c.options().channels == 4) return true;
+      std::printf("rank %d: %d channel(s) after the change to 4\n", rank,
+                  c.configuration().channels);
+      return false;
+    });
+    if (!landed) return 1;
+    if (c.configuration().channels != 2 || c.options().channels != 2) {
+      std::printf("rank %d: %d channel(s) after the change to 2\n", rank,
+                  c.configuration().channels);
       return 1;
     }
-    std::vector<int64_t> mine = {static_cast<int64_t>(a.since_sequence), first_landed_at};
-    std::vector<int64_t> all(2 * size);
-    if (!c.AllGather(mine.data(), all.data(), 2, pc::DataType::kI64).ok()) return 1;
-    for (int r = 0; r < size; ++r) {
-      if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) {
-        std::printf("rank %d: landed on %lld and %lld, rank %d on %lld and %lld\n", rank,
-                    static_cast<long long>(all[1]), static_cast<long long>(all[0]), r,
-                    static_cast<long long>(all[2 * r + 1]), static_cast<long long>(all[2 * r]));
-        return 1;
-      }
-    }
     std::printf("rank %d: 4 channels landed on collective %lld, 2 on %lld\n", rank,
-                static_cast<long long>(all[1]), static_cast<long long>(all[0]));
+                static_cast<long long>(landed->first), static_cast<long long>(landed->second));
     return 0;
   }
   if (mode == "mismatch" || mode == "mismatch-mixed") {

@@ -94,6 +94,22 @@ struct EchoBed {
   std::shared_ptr<pr::Channel> ch;
 };
 
+// A raw client's hello for the Kinds service. `batch_bytes` > 0: it takes batches into receive
+// buffers of that many bytes; 0: an older client, one frame per message. Built in place (parts[0]
+// points into head).
+void BuildRawHello(size_t batch_bytes, pi::OutFrame* hello) {
+  pi::FrameHeader h;
+  h.type = pi::FrameType::kHello;
+  if (batch_bytes > 0) {
+    h.flags = pi::kFlagBatch;
+    h.deadline_us = batch_bytes;
+  }
+  pi::BuildFrame(
+      h, "",
+      {{Kinds::Descriptor().full_name, absl::StrFormat("%016x", Kinds::Descriptor().schema_hash)}},
+      nullptr, hello);
+}
+
 }  // namespace
 
 TEST_CASE("batch parsing: frames back to back, every length checked", "[rpc][batch]") {
@@ -151,14 +167,7 @@ TEST_CASE("a raw client's batch of requests is answered; a batch over the window
 
   constexpr size_t kRecvBytes = 64 << 10;
   pi::OutFrame hello;
-  pi::FrameHeader h;
-  h.type = pi::FrameType::kHello;
-  h.flags = pi::kFlagBatch;
-  h.deadline_us = kRecvBytes;
-  pi::BuildFrame(
-      h, "",
-      {{Kinds::Descriptor().full_name, absl::StrFormat("%016x", Kinds::Descriptor().schema_hash)}},
-      nullptr, &hello);
+  BuildRawHello(kRecvBytes, &hello);
   auto pool = std::make_shared<pi::BufferPool>(kRecvBytes, 4);
   std::vector<pi::BufferPool::Buffer> bufs;
   auto post = [&] {
@@ -384,12 +393,7 @@ TEST_CASE("a client that does not take batches gets one frame per message", "[rp
   auto conn = bed.dev->Connect(bed.server->address(), cq.get());
   REQUIRE(conn.ok());
   pi::OutFrame hello;
-  pi::FrameHeader h;
-  h.type = pi::FrameType::kHello;  // no kFlagBatch: an older client
-  pi::BuildFrame(
-      h, "",
-      {{Kinds::Descriptor().full_name, absl::StrFormat("%016x", Kinds::Descriptor().schema_hash)}},
-      nullptr, &hello);
+  BuildRawHello(0, &hello);  // no kFlagBatch: an older client
   constexpr size_t kBytes = 64 << 10;
   constexpr int kCalls = 6;
   std::vector<std::vector<uint64_t>> bufs(kCalls + 1, std::vector<uint64_t>(kBytes / 8));
@@ -499,14 +503,7 @@ TEST_CASE("a round of 32 requests of 8 KiB is answered in 4 pieces of 8, in orde
   REQUIRE(conn.ok());
   constexpr size_t kRecvBytes = 1 << 20;
   pi::OutFrame hello;
-  pi::FrameHeader h;
-  h.type = pi::FrameType::kHello;
-  h.flags = pi::kFlagBatch;
-  h.deadline_us = kRecvBytes;
-  pi::BuildFrame(
-      h, "",
-      {{Kinds::Descriptor().full_name, absl::StrFormat("%016x", Kinds::Descriptor().schema_hash)}},
-      nullptr, &hello);
+  BuildRawHello(kRecvBytes, &hello);
   auto pool = std::make_shared<pi::BufferPool>(kRecvBytes, 8);
   std::vector<pi::BufferPool::Buffer> bufs;
   for (int i = 0; i < 8; ++i) {
