@@ -37,6 +37,15 @@ pc::CommunicatorOptions InprocOptions() {
   return o;
 }
 
+// InprocOptions over loopback tcp between every pair (no per-host shm).
+pc::CommunicatorOptions TcpOptions() {
+  pc::CommunicatorOptions o = InprocOptions();
+  o.device.backend = pt::Backend::kTcp;
+  o.device.local_address = "127.0.0.1";
+  o.transport_policy = pc::TransportPolicy::kUniform;
+  return o;
+}
+
 void RequireAllOk(const std::vector<std::string>& results) {
   for (size_t r = 0; r < results.size(); ++r) {
     INFO("rank " << r);
@@ -221,12 +230,7 @@ TEST_CASE("results are bit-identical across runs and ranks", "[collectives][inpr
 TEST_CASE("4 ranks: the default selection at 64 KiB-8 MiB, bit for bit", "[collectives][inproc]") {
   const int n = 4;
   for (bool tcp : {false, true}) {
-    pc::CommunicatorOptions options = InprocOptions();
-    if (tcp) {
-      options.device.backend = pt::Backend::kTcp;
-      options.device.local_address = "127.0.0.1";
-      options.transport_policy = pc::TransportPolicy::kUniform;  // tcp between every pair
-    }
+    const pc::CommunicatorOptions options = tcp ? TcpOptions() : InprocOptions();
     INFO((tcp ? "tcp" : "inproc"));
     const Algorithm low = tcp ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
     const Algorithm mid = tcp ? Algorithm::kHalvingDoubling : Algorithm::kRing;
@@ -282,12 +286,7 @@ TEST_CASE("4 ranks: whole-vector doubling out of place gives the bits of in plac
           "[collectives][inproc]") {
   const int n = 4;
   for (bool tcp : {false, true}) {
-    pc::CommunicatorOptions options = InprocOptions();
-    if (tcp) {
-      options.device.backend = pt::Backend::kTcp;
-      options.device.local_address = "127.0.0.1";
-      options.transport_policy = pc::TransportPolicy::kUniform;
-    }
+    const pc::CommunicatorOptions options = tcp ? TcpOptions() : InprocOptions();
     INFO((tcp ? "tcp" : "inproc"));
     auto results = RunRanks(n, options, [&](int rank, pc::Communicator& comm) {
       struct Case {
@@ -389,12 +388,7 @@ TEST_CASE("reduce-scatter and broadcast out of place read the input directly",
 TEST_CASE("4 ranks over tcp: broadcasts select the double tree", "[collectives][inproc]") {
   const int n = 4;
   for (bool tcp : {false, true}) {
-    pc::CommunicatorOptions options = InprocOptions();
-    if (tcp) {
-      options.device.backend = pt::Backend::kTcp;
-      options.device.local_address = "127.0.0.1";
-      options.transport_policy = pc::TransportPolicy::kUniform;
-    }
+    const pc::CommunicatorOptions options = tcp ? TcpOptions() : InprocOptions();
     INFO((tcp ? "tcp" : "inproc"));
     auto results = RunRanks(n, options, [&](int rank, pc::Communicator& comm) {
       for (size_t count : {size_t{100}, size_t{65536}, size_t{300001}}) {
