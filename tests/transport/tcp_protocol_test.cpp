@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "connected_pair.hpp"
 #include "plexus/transport/completion.hpp"
 #include "plexus/transport/device.hpp"
 #include "tcp/protocol.hpp"
@@ -120,37 +121,26 @@ TEST_CASE("tcp: striped operations shorter than the socket count arrive", "[tcp]
   o.sockets_per_connection = 4;
   o.stripe_threshold = 0;
   o.op_timeout = absl::Seconds(10);
-  auto a = pt::Device::Create(o);
-  auto b = pt::Device::Create(o);
-  REQUIRE(a.ok());
-  REQUIRE(b.ok());
-  auto cq_a = (*a)->CreateCompletionQueue();
-  auto cq_b = (*b)->CreateCompletionQueue();
-  auto listener = (*b)->Listen("");
-  REQUIRE(listener.ok());
-  auto out = (*a)->Connect((*listener)->address(), cq_a.get());
-  REQUIRE(out.ok());
-  auto in = (*listener)->Accept(cq_b.get(), absl::Seconds(10));
-  REQUIRE(in.ok());
+  pt::testing::ConnectedPair pair = pt::testing::ConnectPair(o);
   std::vector<uint8_t> region(64, 0);
-  auto mr = (*b)->Register(region.data(), region.size());
+  auto mr = pair.b->Register(region.data(), region.size());
   REQUIRE(mr.ok());
   constexpr int kCount = 24;
   std::vector<std::vector<uint8_t>> sent(kCount), got(kCount, std::vector<uint8_t>(32, 0xff));
   for (int i = 0; i < kCount; ++i) {
     sent[i].assign(i, static_cast<uint8_t>(i));  // 0..23 bytes
-    REQUIRE((*in)->PostRecv({got[i].data(), got[i].size()}, i).ok());
+    REQUIRE(pair.in->PostRecv({got[i].data(), got[i].size()}, i).ok());
   }
   for (int i = 0; i < kCount; ++i) {
-    REQUIRE((*out)->PostSend(pt::ConstBuffer{sent[i].data(), sent[i].size()}, i).ok());
+    REQUIRE(pair.out->PostSend(pt::ConstBuffer{sent[i].data(), sent[i].size()}, i).ok());
   }
   // A 3-byte striped write too: parts 2 and 3 are empty.
   const uint8_t three[3] = {7, 8, 9};
-  auto local = (*a)->Register(const_cast<uint8_t*>(three), 3);
+  auto local = pair.a->Register(const_cast<uint8_t*>(three), 3);
   REQUIRE(local.ok());
-  REQUIRE((*out)->PostWrite(**local, 0, 3, (*mr)->handle(), 10, 42u, 100).ok());
+  REQUIRE(pair.out->PostWrite(**local, 0, 3, (*mr)->handle(), 10, 42u, 100).ok());
   for (int i = 0; i < kCount; ++i) {
-    auto c = cq_b->Wait(absl::Seconds(10));
+    auto c = pair.cq_b->Wait(absl::Seconds(10));
     REQUIRE(c.ok());
     INFO(c->status.ToString());
     REQUIRE(c->status.ok());
@@ -158,7 +148,7 @@ TEST_CASE("tcp: striped operations shorter than the socket count arrive", "[tcp]
     CHECK(c->bytes == static_cast<size_t>(i));
     CHECK(std::equal(sent[i].begin(), sent[i].end(), got[i].begin()));
   }
-  auto remote = cq_b->Wait(absl::Seconds(10));
+  auto remote = pair.cq_b->Wait(absl::Seconds(10));
   REQUIRE(remote.ok());
   REQUIRE(remote->status.ok());
   CHECK(remote->opcode == pt::Opcode::kRemoteWrite);
@@ -168,7 +158,7 @@ TEST_CASE("tcp: striped operations shorter than the socket count arrive", "[tcp]
   CHECK(region[13] == 0);
   int sends = 0;
   while (sends < kCount + 1) {
-    auto c = cq_a->Wait(absl::Seconds(10));
+    auto c = pair.cq_a->Wait(absl::Seconds(10));
     REQUIRE(c.ok());
     REQUIRE(c->status.ok());
     ++sends;

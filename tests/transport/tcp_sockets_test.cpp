@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 
+#include "connected_pair.hpp"
 #include "plexus/transport/completion.hpp"
 #include "plexus/transport/device.hpp"
 #include "tcp/sockets.hpp"
@@ -91,22 +92,11 @@ TEST_CASE("tcp: loopback connections get loopback_congestion_control, a refused 
   o.local_address = "127.0.0.1";
   o.connect_timeout = absl::Seconds(10);
   SECTION("the default (reno) carries messages") {
-    auto a = pt::Device::Create(o);
-    auto b = pt::Device::Create(o);
-    REQUIRE(a.ok());
-    REQUIRE(b.ok());
-    auto cq_a = (*a)->CreateCompletionQueue();
-    auto cq_b = (*b)->CreateCompletionQueue();
-    auto listener = (*b)->Listen("");
-    REQUIRE(listener.ok());
-    auto out = (*a)->Connect((*listener)->address(), cq_a.get());
-    REQUIRE(out.ok());
-    auto in = (*listener)->Accept(cq_b.get(), absl::Seconds(10));
-    REQUIRE(in.ok());
+    pt::testing::ConnectedPair pair = pt::testing::ConnectPair(o);
     std::string got(5, '\0');
-    REQUIRE((*in)->PostRecv({got.data(), got.size()}, 1).ok());
-    REQUIRE((*out)->PostSend(pt::ConstBuffer{"hello", 5}, 2).ok());
-    auto c = cq_b->Wait(absl::Seconds(10));
+    REQUIRE(pair.in->PostRecv({got.data(), got.size()}, 1).ok());
+    REQUIRE(pair.out->PostSend(pt::ConstBuffer{"hello", 5}, 2).ok());
+    auto c = pair.cq_b->Wait(absl::Seconds(10));
     REQUIRE(c.ok());
     REQUIRE(c->status.ok());
     CHECK(got == "hello");

@@ -1,0 +1,46 @@
+// Two devices made with the same options and one connection between them, for tests that move a
+// few messages over a real backend (tcp_protocol_test, tcp_sockets_test).
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <memory>
+
+#include "plexus/transport/completion.hpp"
+#include "plexus/transport/device.hpp"
+
+namespace plexus::transport::testing {
+
+struct ConnectedPair {
+  std::shared_ptr<Device> a, b;
+  std::unique_ptr<CompletionQueue> cq_a, cq_b;
+  std::unique_ptr<Listener> listener;  // b's
+  std::unique_ptr<Connection> out;     // a's end, on cq_a
+  std::unique_ptr<Connection> in;      // b's end (accepted), on cq_b
+};
+
+// REQUIREs every step; `out` connects from a to b's listener, `in` is its accepted end.
+inline ConnectedPair ConnectPair(const DeviceOptions& options,
+                                 absl::Duration timeout = absl::Seconds(10)) {
+  ConnectedPair p;
+  auto a = Device::Create(options);
+  auto b = Device::Create(options);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  p.a = *std::move(a);
+  p.b = *std::move(b);
+  p.cq_a = p.a->CreateCompletionQueue();
+  p.cq_b = p.b->CreateCompletionQueue();
+  auto listener = p.b->Listen("");
+  REQUIRE(listener.ok());
+  p.listener = *std::move(listener);
+  auto out = p.a->Connect(p.listener->address(), p.cq_a.get());
+  REQUIRE(out.ok());
+  p.out = *std::move(out);
+  auto in = p.listener->Accept(p.cq_b.get(), timeout);
+  REQUIRE(in.ok());
+  p.in = *std::move(in);
+  return p;
+}
+
+}  // namespace plexus::transport::testing
