@@ -146,6 +146,12 @@ class TcpCore {
   // accept right now.
   void Enqueue(TcpConn& conn, tcp::PostedOp& posted);
 
+  // A small send's fast path: when the frame is next on the wire and its completion next in
+  // order, it is written here in one send() and completed, with no queue entry or operation
+  // record. False when that does not apply or the socket took only part of it (the bytes it took
+  // are in posted.already_written; Enqueue queues the rest).
+  bool TrySendAtOnce(TcpConn& conn, tcp::PostedOp& posted);
+
   void SendAcks(TcpConn& conn);
 
   // Writes queued segments until the socket is full; arms EPOLLOUT when it is. True when it

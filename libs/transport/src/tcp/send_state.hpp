@@ -59,6 +59,7 @@ struct PostedOp {
   OutOp op;
   FrameHeader header;
   IovList payload;
+  size_t already_written = 0;  // bytes of the frame a first send() took (TcpCore::TrySendAtOnce)
 };
 // InvalidArgument for a null buffer, or a message over `max_message_bytes`.
 absl::StatusOr<PostedOp> PrepareSend(absl::Span<const ConstBuffer> buffers, uint64_t wr_id,
