@@ -19,12 +19,13 @@ struct ConnectedPair {
   std::unique_ptr<Connection> in;      // b's end (accepted), on cq_b
 };
 
-// REQUIREs every step; `out` connects from a to b's listener, `in` is its accepted end.
-inline ConnectedPair ConnectPair(const DeviceOptions& options,
+// REQUIREs every step; `out` connects from a (made with `a_options`) to the listener of b (made
+// with `b_options`), `in` is its accepted end.
+inline ConnectedPair ConnectPair(const DeviceOptions& a_options, const DeviceOptions& b_options,
                                  absl::Duration timeout = absl::Seconds(10)) {
   ConnectedPair p;
-  auto a = Device::Create(options);
-  auto b = Device::Create(options);
+  auto a = Device::Create(a_options);
+  auto b = Device::Create(b_options);
   REQUIRE(a.ok());
   REQUIRE(b.ok());
   p.a = *std::move(a);
@@ -41,6 +42,12 @@ inline ConnectedPair ConnectPair(const DeviceOptions& options,
   REQUIRE(in.ok());
   p.in = *std::move(in);
   return p;
+}
+
+// Both devices made with `options`.
+inline ConnectedPair ConnectPair(const DeviceOptions& options,
+                                 absl::Duration timeout = absl::Seconds(10)) {
+  return ConnectPair(options, options, timeout);
 }
 
 }  // namespace plexus::transport::testing
