@@ -23,6 +23,7 @@ DialResult Channel::Impl::Dial(uint32_t r, const std::string& address) {
   core->codec = codec;
   core->pool = std::make_shared<internal::BufferPool>(max_bytes, window * 2 + 2);
   core->device = device;
+  core->spin_ = base::AdaptiveSpin(internal::PollerSpin(*device));
   core->peer = address;
   core->replica = r;
   core->chain = chain;

@@ -150,12 +150,12 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   uint64_t next_recv = 1;
   // The poller's role (see above), under mu.
   bool leader = false;
-  std::vector<CallState*> followers;                 // blocking callers waiting for the role
-  std::vector<std::shared_ptr<CallState>> handoff;   // completed by the leader, with callbacks
-  size_t async_in_flight = 0;                        // calls with callbacks not completed
-  absl::Time leader_left = absl::InfinitePast();     // when the last leader gave the role up
-  std::condition_variable run_cv;                    // Run parks on it while a leader polls
-  base::AdaptiveSpin spin_{absl::Microseconds(20)};  // the poller's (one at a time)
+  std::vector<CallState*> followers;                // blocking callers waiting for the role
+  std::vector<std::shared_ptr<CallState>> handoff;  // completed by the leader, with callbacks
+  size_t async_in_flight = 0;                       // calls with callbacks not completed
+  absl::Time leader_left = absl::InfinitePast();    // when the last leader gave the role up
+  std::condition_variable run_cv;                   // Run parks on it while a leader polls
+  base::AdaptiveSpin spin_{kThreadModeSpin};        // the poller's (one at a time); PollerSpin
   // The leader's list of calls to finalize (owned by the role, one thread at a time: its
   // capacity is kept across calls).
   std::vector<std::shared_ptr<CallState>> lead_ready;

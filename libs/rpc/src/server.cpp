@@ -356,7 +356,7 @@ void ServerCore::Kill(const std::shared_ptr<ServerConn>& sc, const absl::Status&
 void ServerCore::Dispatch() {
   transport::Completion batch[64];
   // Spin before sleeping only while that pays (not when the clients share this CPU).
-  base::AdaptiveSpin spin(absl::Microseconds(20));
+  base::AdaptiveSpin spin(PollerSpin(*device));
   size_t last_round = 0;
   while (!stop.load()) {
     // Busy (the last round handled several completions): take what is there first. One call at
