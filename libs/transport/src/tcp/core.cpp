@@ -57,7 +57,7 @@ constexpr uint32_t kEpollEvery = 8;
 constexpr uint32_t kLoneStreakOutOfEpoll = 16;
 // A small gather leaves as one contiguous send(): copying a few hundred bytes costs less than
 // the kernel's import of the msghdr and its iovec array (about 0.1 us per message on loopback,
-// a visible share of a small RPC's round trip; docs/rpc.md).
+// a visible share of a small RPC's round trip; docs/rpc-measurements.md).
 constexpr size_t kCoalesceBytes = 1024;
 constexpr int kCoalesceIov = 8;
 
