@@ -1,5 +1,7 @@
 // The base layer: parameter parsing and precedence, file errors, strict JSON fields.
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -181,9 +183,22 @@ TEST_CASE("net: addresses parse, join and resolve; a loopback port can be reserv
   CHECK(net::FormatAddress(*sa) == "127.0.0.1:7");
   CHECK(absl::IsUnavailable(net::ErrnoStatus(ECONNREFUSED, "connect")));
   CHECK(net::ErrnoStatus(EMFILE, "accept").message() == "accept: Too many open files");
-  auto port = net::ReserveLoopbackPort();
-  REQUIRE(port.ok());
-  CHECK(*port != 0);
+  // Reserved ports come from below the ephemeral range (where outgoing connections cannot take
+  // them in between) and can be bound once released.
+  for (int i = 0; i < 8; ++i) {
+    auto port = net::ReserveLoopbackPort();
+    REQUIRE(port.ok());
+    CHECK(*port != 0);
+    if (net::EphemeralPortLow() > 11000) CHECK(*port < net::EphemeralPortLow());
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(*port);
+    CHECK(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    close(fd);
+  }
 }
 
 TEST_CASE("WaitPolicy: spin, then yield, then sleep", "[base][wait]") {

@@ -13,9 +13,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "plexus/base/file.hpp"
 
 namespace plexus::base::net {
 
@@ -326,21 +332,66 @@ absl::Status RecvAll(int fd, void* data, size_t size, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint16_t> ReserveLoopbackPort() {
+namespace {
+
+// Binds a TCP socket to 127.0.0.1:`port` (0: the kernel picks) and releases it; the port bound,
+// or 0 where the bind failed with `*err` set.
+uint16_t TryBindLoopback(uint16_t port, int* err) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return ErrnoStatus(errno, "reserving a port on 127.0.0.1: socket()");
+  if (fd < 0) {
+    *err = errno;
+    return 0;
+  }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
   socklen_t len = sizeof addr;
-  absl::Status status;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    status = ErrnoStatus(errno, "reserving a port on 127.0.0.1");
+  uint16_t bound = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    bound = ntohs(addr.sin_port);
+  } else {
+    *err = errno;
   }
   close(fd);
-  if (!status.ok()) return status;
-  return ntohs(addr.sin_port);
+  return bound;
+}
+
+}  // namespace
+
+uint16_t EphemeralPortLow() {
+  constexpr uint16_t kLinuxDefault = 32768;
+  absl::StatusOr<std::string> range = ReadFile("/proc/sys/net/ipv4/ip_local_port_range", 64);
+  if (!range.ok()) return kLinuxDefault;
+  std::vector<std::string> parts =
+      absl::StrSplit(*range, absl::ByAnyChar(" \t\n"), absl::SkipEmpty());
+  uint32_t low = 0;
+  if (parts.empty() || !absl::SimpleAtoi(parts[0], &low) || low == 0 || low > 65535) {
+    return kLinuxDefault;
+  }
+  return static_cast<uint16_t>(low);
+}
+
+absl::StatusOr<uint16_t> ReserveLoopbackPort() {
+  // Below the kernel's ephemeral range: a port bound to 0 comes from the range every outgoing
+  // connect() draws from, so any process's next connection could take it before the store binds
+  // it (seen as a failed CI run: "store server cannot listen ... Address already in use"). Below
+  // the range only an explicit bind of the same port can, which a random choice makes unlikely.
+  constexpr uint16_t kLowest = 10000;
+  const uint16_t low = EphemeralPortLow();
+  int err = 0;
+  if (low > kLowest + 1000) {
+    std::mt19937 random(std::random_device{}() ^ static_cast<uint32_t>(getpid()));
+    std::uniform_int_distribution<int> pick(kLowest, low - 1);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      if (const uint16_t port = TryBindLoopback(static_cast<uint16_t>(pick(random)), &err)) {
+        return port;
+      }
+    }
+  }
+  if (const uint16_t port = TryBindLoopback(0, &err)) return port;
+  return ErrnoStatus(err, "reserving a port on 127.0.0.1");
 }
 
 }  // namespace plexus::base::net

@@ -68,9 +68,14 @@ std::string ErrnoText(int err);
 // prefixed by what was being done.
 absl::Status ErrnoStatus(int err, std::string_view what);
 
-// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, read back, released),
-// for launchers that must name a store address before the store exists. Another process may
-// take it in between; the store's own bind reports that (FailedPrecondition, EADDRINUSE).
+// A TCP port on 127.0.0.1 that was free a moment ago (bound, then released), for launchers that
+// must name a store address before the store exists: a random one below the kernel's ephemeral
+// range (which outgoing connections draw from), else one the kernel picks. Another process may
+// still take it in between; the store's own bind reports that (FailedPrecondition, EADDRINUSE).
 absl::StatusOr<uint16_t> ReserveLoopbackPort();
+
+// The lowest port of the kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range;
+// 32768, Linux's default, where it cannot be read).
+uint16_t EphemeralPortLow();
 
 }  // namespace plexus::base::net
