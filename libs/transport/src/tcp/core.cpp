@@ -167,6 +167,32 @@ absl::Status TcpCore::AddConnection(uint64_t id, std::vector<int> fds, Completio
   return absl::OkStatus();
 }
 
+namespace {
+
+ssize_t SendGathered(int fd, const iovec* iov, int n) {
+  constexpr int kFlags = MSG_NOSIGNAL | MSG_DONTWAIT;
+  if (n == 1) return send(fd, iov[0].iov_base, iov[0].iov_len, kFlags);
+  if (n <= kCoalesceIov) {
+    size_t total = 0;
+    for (int i = 0; i < n; ++i) total += iov[i].iov_len;
+    if (total <= kCoalesceBytes) {
+      uint8_t flat[kCoalesceBytes];
+      size_t at = 0;
+      for (int i = 0; i < n; ++i) {
+        if (iov[i].iov_len > 0) std::memcpy(flat + at, iov[i].iov_base, iov[i].iov_len);
+        at += iov[i].iov_len;
+      }
+      return send(fd, flat, total, kFlags);
+    }
+  }
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(iov);
+  msg.msg_iovlen = static_cast<size_t>(n);
+  return sendmsg(fd, &msg, kFlags);
+}
+
+}  // namespace
+
 absl::Status TcpCore::PostSend(uint64_t id, absl::Span<const ConstBuffer> buffers, uint64_t wr_id) {
   PLEXUS_ASSIGN_OR_RETURN(tcp::PostedOp posted,
                           tcp::PrepareSend(buffers, wr_id, options_.max_message_bytes));
@@ -189,16 +215,16 @@ bool TcpCore::TrySendAtOnce(TcpConn& conn, tcp::PostedOp& posted) {
   if (conn.sockets.size() != 1 || !conn.send.idle()) return false;
   Socket& s = *conn.sockets[0];
   if (!s.sendq.empty() || s.fd < 0) return false;
-  uint8_t frame[kCoalesceBytes];
-  tcp::EncodeFrameHeader(posted.header, frame);
-  size_t at = tcp::kFrameHeaderSize;
-  for (const iovec& v : posted.payload) {
-    std::memcpy(frame + at, v.iov_base, v.iov_len);
-    at += v.iov_len;
-  }
+  uint8_t header[tcp::kFrameHeaderSize];
+  tcp::EncodeFrameHeader(posted.header, header);
+  iovec iov[kCoalesceIov];
+  int n = 0;
+  iov[n++] = {header, sizeof header};
+  for (const iovec& v : posted.payload) iov[n++] = v;
+  const size_t at = sizeof header + posted.op.bytes;
   ssize_t w;
   do {
-    w = send(s.fd, frame, at, MSG_NOSIGNAL | MSG_DONTWAIT);
+    w = SendGathered(s.fd, iov, n);  // one send() of a flat copy: the caller checked the size
   } while (w < 0 && errno == EINTR);
   if (w != static_cast<ssize_t>(at)) {
     // Part of it, or nothing (a full socket buffer, an error): the frame is queued with the
@@ -448,32 +474,6 @@ void TcpCore::SendAcks(TcpConn& conn) {
   conn.sockets[0]->sendq.Push(h, {}, nullptr);
   Flush(*conn.sockets[0]);
 }
-
-namespace {
-
-ssize_t SendGathered(int fd, const iovec* iov, int n) {
-  constexpr int kFlags = MSG_NOSIGNAL | MSG_DONTWAIT;
-  if (n == 1) return send(fd, iov[0].iov_base, iov[0].iov_len, kFlags);
-  if (n <= kCoalesceIov) {
-    size_t total = 0;
-    for (int i = 0; i < n; ++i) total += iov[i].iov_len;
-    if (total <= kCoalesceBytes) {
-      uint8_t flat[kCoalesceBytes];
-      size_t at = 0;
-      for (int i = 0; i < n; ++i) {
-        if (iov[i].iov_len > 0) std::memcpy(flat + at, iov[i].iov_base, iov[i].iov_len);
-        at += iov[i].iov_len;
-      }
-      return send(fd, flat, total, kFlags);
-    }
-  }
-  msghdr msg{};
-  msg.msg_iov = const_cast<iovec*>(iov);
-  msg.msg_iovlen = static_cast<size_t>(n);
-  return sendmsg(fd, &msg, kFlags);
-}
-
-}  // namespace
 
 bool TcpCore::Flush(Socket& s) {
   TcpConn& conn = *s.conn;
