@@ -1,7 +1,8 @@
 // The tcp backend's per-socket choices (src/tcp/sockets.*): which connections take the loopback
 // path, and the congestion control they get (DeviceOptions::loopback_congestion_control), on
-// raw sockets and through a device's connections; and the caller-mode lone socket that leaves the
-// epoll set while its driver blocks in recv() (src/tcp/core.cpp).
+// raw sockets and through a device's connections; the caller-mode lone socket that leaves the
+// epoll set while its driver blocks in recv(); small sends written inside PostSend, also when a
+// full socket buffer takes only part of one (src/tcp/core.cpp).
 #include <catch2/catch.hpp>
 
 #include <netinet/in.h>
