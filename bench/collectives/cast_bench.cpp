@@ -29,7 +29,7 @@
 #include "plexus/tooling/figures.hpp"
 #include "plexus/tooling/launch.hpp"
 #include "plexus/transport/rendezvous.hpp"
-#include "reduce.hpp"
+#include "plexus/kernels/reduce.hpp"
 
 namespace pb = plexus::bench;
 namespace pc = plexus::collectives;
@@ -124,13 +124,13 @@ int WorkerMain(int argc, char** argv) {
         {"cast_pass_bf16",
          [&] {
            // The same AVX2 conversion kernels, as separate passes over the whole buffer.
-           pi::PackWire(pc::DataType::kBF16, in16.data(), in.data(), count, nullptr);
+           plexus::kernels::PackWire(pc::DataType::kBF16, in16.data(), in.data(), count, nullptr);
            if (absl::Status s = w.comm->AllReduce(in16.data(), out16.data(), count,
                                                   pc::DataType::kBF16, pc::ReduceOp::kSum, ring);
                !s.ok()) {
              Die("bf16 allreduce", s);
            }
-           pi::UnpackWire(pc::DataType::kBF16, out.data(), out16.data(), count);
+           plexus::kernels::UnpackWire(pc::DataType::kBF16, out.data(), out16.data(), count);
          }},
     };
     const int iters = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / *bytes, 2, 50));

@@ -8,11 +8,11 @@
 
 #include "plexus/aggregation/hierarchy.hpp"
 #include "plexus/aggregation/plan.hpp"
-#include "plexus/collectives/flow_schedules.hpp"
-#include "plexus/collectives/flow_sim.hpp"
+#include "plexus/netmodel/flow_schedules.hpp"
+#include "plexus/netmodel/flow_sim.hpp"
 
 namespace agg = plexus::aggregation;
-namespace sim = plexus::collectives::sim;
+namespace sim = plexus::netmodel::sim;
 
 namespace {
 

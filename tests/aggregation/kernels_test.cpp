@@ -11,7 +11,7 @@
 
 #include "plexus/aggregation/optimizer.hpp"
 #include "ps/kernels.hpp"
-#include "reduce.hpp"
+#include "plexus/kernels/reduce.hpp"
 
 namespace pa = plexus::aggregation;
 namespace pai = plexus::aggregation::internal;
@@ -46,7 +46,7 @@ float RefLoad(const std::vector<uint8_t>& src, DataType dtype, size_t i) {
     return f;
   }
   std::memcpy(&h, src.data() + 2 * i, 2);
-  return dtype == DataType::kBF16 ? pci::Bf16ToFloat(h) : pci::HalfToFloat(h);
+  return dtype == DataType::kBF16 ? plexus::kernels::Bf16ToFloat(h) : plexus::kernels::HalfToFloat(h);
 }
 
 // The formulas of optimizer.hpp, one element at a time.
@@ -84,8 +84,8 @@ std::vector<uint8_t> RandomWire(DataType dtype, size_t n, std::mt19937& rng) {
 
 class Avx2Switch {
  public:
-  explicit Avx2Switch(bool allowed) : previous_(pci::SetAvx2Allowed(allowed)) {}
-  ~Avx2Switch() { pci::SetAvx2Allowed(previous_); }
+  explicit Avx2Switch(bool allowed) : previous_(plexus::kernels::SetAvx2Allowed(allowed)) {}
+  ~Avx2Switch() { plexus::kernels::SetAvx2Allowed(previous_); }
 
  private:
   bool previous_;

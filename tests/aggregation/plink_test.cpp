@@ -10,7 +10,7 @@
 
 #include "plexus/aggregation/plan.hpp"
 #include "plexus/aggregation/plink.hpp"
-#include "plexus/collectives/flow_sim.hpp"
+#include "plexus/netmodel/flow_sim.hpp"
 
 namespace agg = plexus::aggregation;
 
@@ -208,7 +208,7 @@ TEST_CASE("Finetune moves a master from the most to the least blamed node", "[pl
 
 TEST_CASE("Quicktune recovers a throttled node's share in the flow simulator",
           "[plink][autotune]") {
-  namespace sim = plexus::collectives::sim;
+  namespace sim = plexus::netmodel::sim;
   // Two racks of four; host 1's NIC drops to a tenth (the seed's experiment: 5 -> 2 Gbit/s).
   auto topo = sim::Topology::Racks({.racks = 2,
                                     .hosts_per_rack = 4,

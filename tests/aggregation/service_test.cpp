@@ -13,7 +13,7 @@
 #include "plexus/transport/device.hpp"
 #include "ps/kernels.hpp"
 #include "ps/wire.hpp"
-#include "reduce.hpp"
+#include "plexus/kernels/reduce.hpp"
 
 namespace pa = plexus::aggregation;
 namespace pai = plexus::aggregation::internal;

@@ -16,7 +16,7 @@
 #include "communicator_impl.hpp"
 #include "plexus/collectives/communicator.hpp"
 #include "ranks.hpp"
-#include "reduce.hpp"
+#include "plexus/kernels/reduce.hpp"
 #include "shm/stats.hpp"
 #include "wire.hpp"
 
@@ -42,8 +42,8 @@ float FromBits(uint32_t b) {
 }
 // The value an f32 becomes after a trip through the wire type (scalar reference).
 float Round(DataType wire, float f) {
-  return wire == DataType::kBF16 ? pi::Bf16ToFloat(pi::FloatToBf16(f))
-                                 : pi::HalfToFloat(pi::FloatToHalf(f));
+  return wire == DataType::kBF16 ? plexus::kernels::Bf16ToFloat(plexus::kernels::FloatToBf16(f))
+                                 : plexus::kernels::HalfToFloat(plexus::kernels::FloatToHalf(f));
 }
 // Unit roundoff of the wire type (round to nearest: half an ulp of 1).
 double UnitRoundoff(DataType wire) {
@@ -101,8 +101,8 @@ TEST_CASE("wire cast kernels: AVX2 and scalar agree bit for bit and round to nea
     // Scalar reference: one element at a time through the existing conversions.
     for (float f : values) {
       uint16_t out = 0;
-      pi::PackWire(wire, &out, &f, 1, nullptr);
-      const uint16_t expect = wire == DataType::kBF16 ? pi::FloatToBf16(f) : pi::FloatToHalf(f);
+      plexus::kernels::PackWire(wire, &out, &f, 1, nullptr);
+      const uint16_t expect = wire == DataType::kBF16 ? plexus::kernels::FloatToBf16(f) : plexus::kernels::FloatToHalf(f);
       CHECK(out == expect);
     }
     CHECK(Round(wire, 1.0f + std::ldexp(1.0f, wire == DataType::kBF16 ? -8 : -11)) == 1.0f);
@@ -126,10 +126,10 @@ TEST_CASE("wire cast kernels: AVX2 and scalar agree bit for bit and round to nea
         std::vector<uint8_t> keep_v(4 * n + 8), keep_s(4 * n + 8);
         auto* kv = reinterpret_cast<float*>(keep_v.data() + misalign);
         auto* ks = reinterpret_cast<float*>(keep_s.data() + misalign);
-        pi::PackWire(wire, wire_v.data() + misalign, in, n, kv);
-        const bool was = pi::SetAvx2Allowed(false);
-        pi::PackWire(wire, wire_s.data() + misalign, in, n, ks);
-        pi::SetAvx2Allowed(was);
+        plexus::kernels::PackWire(wire, wire_v.data() + misalign, in, n, kv);
+        const bool was = plexus::kernels::SetAvx2Allowed(false);
+        plexus::kernels::PackWire(wire, wire_s.data() + misalign, in, n, ks);
+        plexus::kernels::SetAvx2Allowed(was);
         CHECK(std::memcmp(wire_v.data(), wire_s.data(), wire_v.size()) == 0);
         CHECK(std::memcmp(keep_v.data(), keep_s.data(), keep_v.size()) == 0);
         for (size_t i = 0; i < n; ++i) {
@@ -143,12 +143,12 @@ TEST_CASE("wire cast kernels: AVX2 and scalar agree bit for bit and round to nea
         }
         // Unpack.
         std::vector<uint8_t> un_v(4 * n + 8), un_s(4 * n + 8);
-        pi::UnpackWire(wire, reinterpret_cast<float*>(un_v.data() + misalign),
+        plexus::kernels::UnpackWire(wire, reinterpret_cast<float*>(un_v.data() + misalign),
                        wire_v.data() + misalign, n);
-        pi::SetAvx2Allowed(false);
-        pi::UnpackWire(wire, reinterpret_cast<float*>(un_s.data() + misalign),
+        plexus::kernels::SetAvx2Allowed(false);
+        plexus::kernels::UnpackWire(wire, reinterpret_cast<float*>(un_s.data() + misalign),
                        wire_v.data() + misalign, n);
-        pi::SetAvx2Allowed(was);
+        plexus::kernels::SetAvx2Allowed(was);
         CHECK(std::memcmp(un_v.data(), un_s.data(), un_v.size()) == 0);
         CHECK(std::memcmp(un_v.data() + misalign, ks, 4 * n) == 0);
         // Reduce, every op, both operand orders, out of place and in place.
@@ -157,16 +157,16 @@ TEST_CASE("wire cast kernels: AVX2 and scalar agree bit for bit and round to nea
           for (bool src_first : {false, true}) {
             INFO("op " << pc::ReduceOpName(op) << ", src_first " << src_first);
             std::vector<uint8_t> rv(4 * n + 8), rs(4 * n + 8);
-            pi::ReduceWire(wire, op, reinterpret_cast<float*>(rv.data() + misalign), local,
+            plexus::kernels::ReduceWire(wire, op, reinterpret_cast<float*>(rv.data() + misalign), local,
                            wire_v.data() + misalign, n, src_first);
-            pi::SetAvx2Allowed(false);
-            pi::ReduceWire(wire, op, reinterpret_cast<float*>(rs.data() + misalign), local,
+            plexus::kernels::SetAvx2Allowed(false);
+            plexus::kernels::ReduceWire(wire, op, reinterpret_cast<float*>(rs.data() + misalign), local,
                            wire_v.data() + misalign, n, src_first);
-            pi::SetAvx2Allowed(was);
+            plexus::kernels::SetAvx2Allowed(was);
             CHECK(std::memcmp(rv.data(), rs.data(), rv.size()) == 0);
             // In place (local == dst) gives the same bits.
             std::vector<uint8_t> ip(local_bytes);
-            pi::ReduceWire(wire, op, reinterpret_cast<float*>(ip.data() + misalign),
+            plexus::kernels::ReduceWire(wire, op, reinterpret_cast<float*>(ip.data() + misalign),
                            reinterpret_cast<float*>(ip.data() + misalign), wire_v.data() + misalign,
                            n, src_first);
             CHECK(std::memcmp(ip.data() + misalign, rv.data() + misalign, 4 * n) == 0);
@@ -520,7 +520,7 @@ TEST_CASE("broadcast and allgather into half-width destinations (recv_dtype)",
             pc::CallOptions call;
             call.recv_dtype = out;
             auto bits = [&](float f) {
-              return out == DataType::kBF16 ? pi::FloatToBf16(f) : pi::FloatToHalf(f);
+              return out == DataType::kBF16 ? plexus::kernels::FloatToBf16(f) : plexus::kernels::FloatToHalf(f);
             };
             for (size_t count : {size_t{1}, size_t{1001}, size_t{20011}}) {
               const int root = static_cast<int>(count % n);

@@ -12,13 +12,14 @@
 #include "plexus/base/host.hpp"
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/collectives/probe.hpp"
-#include "plexus/collectives/reorder.hpp"
+#include "plexus/netmodel/reorder.hpp"
 #include "plexus/transport/device.hpp"
 #include "plexus/transport/mesh.hpp"
 #include "plexus/transport/store.hpp"
 #include "support/loopback.hpp"
 
 namespace pc = plexus::collectives;
+namespace pn = plexus::netmodel;
 namespace pt = plexus::transport;
 
 namespace {
@@ -43,7 +44,7 @@ std::vector<std::string> OnRanks(int n,
   return results;
 }
 
-std::string CheckMatrix(const pc::CostMatrix& m, int n) {
+std::string CheckMatrix(const pn::CostMatrix& m, int n) {
   if (m.n != n) return "n is " + std::to_string(m.n);
   if (auto s = m.Validate(); !s.ok()) return std::string(s.message());
   for (int i = 0; i < n; ++i) {
@@ -60,7 +61,7 @@ std::string CheckMatrix(const pc::CostMatrix& m, int n) {
 
 void ProbeWith(pt::Backend backend, const std::string& local_address) {
   const int n = 4;
-  std::vector<pc::CostMatrix> matrices(n);
+  std::vector<pn::CostMatrix> matrices(n);
   std::vector<std::vector<int>> progress(n);
   auto results = OnRanks(n, [&](int r, pt::Rendezvous& rdv) -> std::string {
     pc::ProbeOptions o;
@@ -151,7 +152,7 @@ TEST_CASE("probe: the chosen order plugs into a communicator", "[probe]") {
     auto m = pc::ProbeLatency(rdv, o);
     if (!m.ok()) return std::string(m.status().message());
     // Every rank computes the same order from the same matrix and seed.
-    auto order = pc::Reorder(*m, {});
+    auto order = pn::Reorder(*m, {});
     if (!order.ok()) return std::string(order.status().message());
     chosen[r] = order->order;
     pc::CommunicatorOptions options;

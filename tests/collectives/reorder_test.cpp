@@ -9,12 +9,13 @@
 #include <vector>
 
 #include "plexus/collectives/probe.hpp"
-#include "plexus/collectives/reorder.hpp"
-#include "plexus/collectives/topology.hpp"
+#include "plexus/netmodel/reorder.hpp"
+#include "plexus/netmodel/topology.hpp"
 
 namespace pc = plexus::collectives;
-using pc::CostMatrix;
-using pc::CostModel;
+namespace pn = plexus::netmodel;
+using pn::CostMatrix;
+using pn::CostModel;
 
 namespace {
 
@@ -51,8 +52,8 @@ CostMatrix Random(int n, std::mt19937_64& rng, bool symmetric, bool bandwidth) {
   return m;
 }
 
-double Cost(const CostMatrix& m, const std::vector<int>& order, pc::CostOptions o) {
-  auto c = pc::OrderCost(m, order, o);
+double Cost(const CostMatrix& m, const std::vector<int>& order, pn::CostOptions o) {
+  auto c = pn::OrderCost(m, order, o);
   REQUIRE(c.ok());
   return *c;
 }
@@ -60,7 +61,7 @@ double Cost(const CostMatrix& m, const std::vector<int>& order, pc::CostOptions 
 }  // namespace
 
 TEST_CASE("topology JSON round trip and path latencies", "[reorder]") {
-  auto fabric = pc::GenerateFabric({.pods = 2,
+  auto fabric = pn::GenerateFabric({.pods = 2,
                                     .racks_per_pod = 2,
                                     .hosts_per_rack = 2,
                                     .nic_gbps = 10,
@@ -82,30 +83,30 @@ TEST_CASE("topology JSON round trip and path latencies", "[reorder]") {
   CHECK(fabric->PodOf(7) == 1);
   CHECK(fabric->RackOf(7) == 3);
 
-  auto back = pc::ParseTopology(pc::TopologyToJson(*fabric), "round trip");
+  auto back = pn::ParseTopology(pc::TopologyToJson(*fabric), "round trip");
   REQUIRE(back.ok());
   CHECK(pc::TopologyToJson(*back) == pc::TopologyToJson(*fabric));
   CHECK(back->LatencyUs(0, 7) == 28);
 }
 
 TEST_CASE("topology JSON errors name the element", "[reorder]") {
-  auto bad_rack = pc::ParseTopology(
+  auto bad_rack = pn::ParseTopology(
       R"({"pods":[{"name":"p","uplink_gbps":1}],"racks":[{"name":"r","pod":"p","uplink_gbps":1}],
           "hosts":[{"name":"h","rack":"r9","nic_gbps":1}]})",
       "t.json");
   REQUIRE_FALSE(bad_rack.ok());
   CHECK(std::string(bad_rack.status().message()) == "t.json: hosts[0].rack: no rack named 'r9'");
-  auto misspelt = pc::ParseTopology(
+  auto misspelt = pn::ParseTopology(
       R"({"pods":[{"name":"p","uplink_gbps":1,"latency":3}],"racks":[],"hosts":[]})", "t.json");
   REQUIRE_FALSE(misspelt.ok());
   CHECK(std::string(misspelt.status().message()).find("pods[0].latency: unknown field") !=
         std::string::npos);
-  auto dup = pc::ParseTopology(
+  auto dup = pn::ParseTopology(
       R"({"pods":[{"name":"p","uplink_gbps":1},{"name":"p","uplink_gbps":1}],"racks":[],"hosts":[]})",
       "t.json");
   REQUIRE_FALSE(dup.ok());
   CHECK(std::string(dup.status().message()) == "t.json: pods[1].name: duplicate name 'p'");
-  auto zero = pc::ParseTopology(
+  auto zero = pn::ParseTopology(
       R"({"pods":[{"name":"p","uplink_gbps":0}],"racks":[],"hosts":[{"name":"h","rack":"r","nic_gbps":1}]})",
       "t.json");
   REQUIRE_FALSE(zero.ok());
@@ -116,7 +117,7 @@ TEST_CASE("topology JSON errors name the element", "[reorder]") {
 TEST_CASE("cost matrix JSON round trip and errors", "[reorder]") {
   CostMatrix m = FromRows({{0, 1.5, 2}, {1.5, 0, 3}, {2, 3, 0}});
   m.bandwidth_gbps = {1, 2, 3, 2, 1, 4, 3, 4, 1};
-  auto back = pc::ParseCostMatrix(pc::CostMatrixToJson(m), "m");
+  auto back = pn::ParseCostMatrix(pn::CostMatrixToJson(m), "m");
   REQUIRE(back.ok());
   CHECK(back->labels == m.labels);
   CHECK(back->latency_us == m.latency_us);
@@ -124,11 +125,11 @@ TEST_CASE("cost matrix JSON round trip and errors", "[reorder]") {
   // 1e6 bytes over 2 Gbps = 4000 us, plus 1.5 us.
   CHECK(back->Cost(0, 1, 1e6) == Approx(4001.5));
 
-  auto ragged = pc::ParseCostMatrix(R"({"labels":["a","b"],"latency_us":[[0,1],[1]]})", "m.json");
+  auto ragged = pn::ParseCostMatrix(R"({"labels":["a","b"],"latency_us":[[0,1],[1]]})", "m.json");
   REQUIRE_FALSE(ragged.ok());
   CHECK(std::string(ragged.status().message()) ==
         "m.json: latency_us[1]: expected an array of 2 numbers");
-  auto diag = pc::ParseCostMatrix(R"({"labels":["a","b"],"latency_us":[[1,1],[1,0]]})", "m.json");
+  auto diag = pn::ParseCostMatrix(R"({"labels":["a","b"],"latency_us":[[1,1],[1,0]]})", "m.json");
   REQUIRE_FALSE(diag.ok());
   CHECK(std::string(diag.status().message()) ==
         "m.json: cost matrix: latency_us[0][0] must be 0, got 1");
@@ -138,13 +139,13 @@ TEST_CASE("cost models on hand-computed instances", "[reorder]") {
   // Four nodes, symmetric: a = 0-1, b = 0-2, ...
   const CostMatrix m =
       FromRows({{0, 1, 10, 100}, {1, 0, 1000, 10000}, {10, 1000, 0, 5}, {100, 10000, 5, 0}});
-  pc::CostOptions ring{.model = CostModel::kRing};
+  pn::CostOptions ring{.model = CostModel::kRing};
   CHECK(Cost(m, {0, 1, 2, 3}, ring) == 1 + 1000 + 5 + 100);
   CHECK(Cost(m, {0, 1, 3, 2}, ring) == 1 + 10000 + 5 + 10);
   CHECK(Cost(m, {1, 0, 2, 3}, ring) == 1 + 10 + 5 + 10000);
 
   // Halving-doubling, n = 4: rounds mask 2 (0-2, 1-3), mask 1 (0-1, 2-3), then 1, then 2.
-  pc::CostOptions hd{.model = CostModel::kHalvingDoubling};
+  pn::CostOptions hd{.model = CostModel::kHalvingDoubling};
   CHECK(Cost(m, {0, 1, 2, 3}, hd) == 2 * (std::max(10.0, 10000.0) + std::max(1.0, 5.0)));
   CHECK(Cost(m, {0, 2, 1, 3}, hd) == 2 * (std::max(1.0, 5.0) + std::max(10.0, 10000.0)));
   // Positions 0-2 hold nodes 0 and 3 (100), 1-3 nodes 1 and 2 (1000); 0-1: 1, 2-3: 5.
@@ -155,25 +156,25 @@ TEST_CASE("cost models on hand-computed instances", "[reorder]") {
 
   // Double binary tree, n = 4: tree 1 over indices 0..3: root 1, children 0 and 2, 2 -> 3;
   // tree 2 = indices shifted down by one: root 0, children 3 and 1, 1 -> 2. Paths of positions.
-  pc::CostOptions dbt{.model = CostModel::kDoubleBinaryTree, .bytes = 0};
+  pn::CostOptions dbt{.model = CostModel::kDoubleBinaryTree, .bytes = 0};
   // order = identity: tree 1 paths 1-0 (1), 1-2-3 (1000 + 5); tree 2 paths 0-3 (100), 0-1-2
   // (1+1000).
   CHECK(Cost(m, {0, 1, 2, 3}, dbt) == 1005);
 
   // BCube with base 2 has the pairs of halving-doubling over a power of two: equal costs.
-  pc::CostOptions bcube{.model = CostModel::kBCube, .bcube_base = 2};
+  pn::CostOptions bcube{.model = CostModel::kBCube, .bcube_base = 2};
   std::mt19937_64 rng(3);
   const CostMatrix m8 = Random(8, rng, true, false);
   std::vector<int> order = {3, 1, 4, 0, 5, 2, 7, 6};
   CHECK(Cost(m8, order, bcube) == Cost(m8, order, hd));
   // BCube base 4 over 4 nodes: one round where everyone talks to everyone, twice.
-  pc::CostOptions b4{.model = CostModel::kBCube, .bcube_base = 4};
+  pn::CostOptions b4{.model = CostModel::kBCube, .bcube_base = 4};
   CHECK(Cost(m, {0, 1, 2, 3}, b4) == 2 * 10000);
-  auto not_power = pc::OrderCost(m3, {0, 1, 2}, b4);
+  auto not_power = pn::OrderCost(m3, {0, 1, 2}, b4);
   REQUIRE_FALSE(not_power.ok());
   CHECK(std::string(not_power.status().message()).find("power of its base 4; got n = 3") !=
         std::string::npos);
-  auto bad_order = pc::OrderCost(m, {0, 1, 1, 3}, ring);
+  auto bad_order = pn::OrderCost(m, {0, 1, 1, 3}, ring);
   REQUIRE_FALSE(bad_order.ok());
   CHECK(std::string(bad_order.status().message()).find("order[2] = 1") != std::string::npos);
 }
@@ -245,7 +246,7 @@ void CheckExact(int n, int instances, uint64_t seed) {
   for (int k = 0; k < instances; ++k) {
     for (CostModel model : {CostModel::kRing, CostModel::kHalvingDoubling,
                             CostModel::kDoubleBinaryTree, CostModel::kBCube}) {
-      pc::CostOptions cost{.model = model, .bytes = 1e5};
+      pn::CostOptions cost{.model = model, .bytes = 1e5};
       if (model == CostModel::kBCube) {
         if (n == 4 || n == 8) {
           cost.bcube_base = 2;
@@ -258,17 +259,17 @@ void CheckExact(int n, int instances, uint64_t seed) {
       const bool symmetric = k % 3 != 2;
       const bool bandwidth = k % 2 == 1;
       const CostMatrix m = Random(n, rng, symmetric, bandwidth);
-      auto brute = pc::BruteForceReorder(m, cost);
+      auto brute = pn::BruteForceReorder(m, cost);
       REQUIRE(brute.ok());
       // Weak annealing on odd instances, so that branch and bound has to find the optimum.
-      pc::ReorderOptions options{.cost = cost, .seed = seed + k};
+      pn::ReorderOptions options{.cost = cost, .seed = seed + k};
       if (k % 2 == 1) {
         options.anneal_runs = 1;
         options.anneal_moves = 5;
       }
-      auto r = pc::Reorder(m, options);
+      auto r = pn::Reorder(m, options);
       REQUIRE(r.ok());
-      INFO("n " << n << " instance " << k << " model " << pc::CostModelName(model)
+      INFO("n " << n << " instance " << k << " model " << pn::CostModelName(model)
                 << (symmetric ? " symmetric" : " asymmetric")
                 << (bandwidth ? " with bandwidth" : ""));
       CHECK(r->proven_optimal);
@@ -304,9 +305,9 @@ TEST_CASE("reorder beats the identity on a clustered instance and reports progre
     }
   }
   int calls = 0;
-  pc::ReorderOptions options;
+  pn::ReorderOptions options;
   options.progress = [&](double, double) { ++calls; };
-  auto r = pc::Reorder(m, options);
+  auto r = pn::Reorder(m, options);
   REQUIRE(r.ok());
   CHECK(r->identity_cost == 9 * 100);
   CHECK(r->cost == 3 * 100 + 6 * 1);  // three intra-cluster runs joined by three crossings
@@ -318,18 +319,18 @@ TEST_CASE("launcher files follow the order", "[reorder]") {
   CostMatrix m = FromRows({{0, 1, 1}, {1, 0, 1}, {1, 1, 0}});
   m.labels = {"a", "b", "a"};
   const std::vector<int> order = {2, 1, 0};
-  CHECK(pc::FormatRankfile(m, order) == "rank 0=a slot=0\nrank 1=b slot=0\nrank 2=a slot=1\n");
-  CHECK(pc::FormatHostfile(m, order) == "a slots=1\nb slots=1\na slots=1\n");
-  CHECK(pc::FormatRankAssignment(m, order) == "a RANK=2\nb RANK=1\na RANK=0\n");
+  CHECK(pn::FormatRankfile(m, order) == "rank 0=a slot=0\nrank 1=b slot=0\nrank 2=a slot=1\n");
+  CHECK(pn::FormatHostfile(m, order) == "a slots=1\nb slots=1\na slots=1\n");
+  CHECK(pn::FormatRankAssignment(m, order) == "a RANK=2\nb RANK=1\na RANK=0\n");
 }
 
 TEST_CASE("generated latency matrices are symmetric, noisy and deterministic", "[reorder]") {
-  auto fabric = pc::GenerateFabric({.pods = 2, .racks_per_pod = 2, .hosts_per_rack = 2});
+  auto fabric = pn::GenerateFabric({.pods = 2, .racks_per_pod = 2, .hosts_per_rack = 2});
   REQUIRE(fabric.ok());
   const CostMatrix a =
-      pc::LatencyFromTopology(*fabric, {.noise = 0.2, .tenant_fraction = 0, .seed = 5});
+      pn::LatencyFromTopology(*fabric, {.noise = 0.2, .tenant_fraction = 0, .seed = 5});
   const CostMatrix b =
-      pc::LatencyFromTopology(*fabric, {.noise = 0.2, .tenant_fraction = 0, .seed = 5});
+      pn::LatencyFromTopology(*fabric, {.noise = 0.2, .tenant_fraction = 0, .seed = 5});
   CHECK(a.latency_us == b.latency_us);
   REQUIRE(a.Validate().ok());
   for (int i = 0; i < a.n; ++i) {
@@ -342,6 +343,6 @@ TEST_CASE("generated latency matrices are symmetric, noisy and deterministic", "
       }
     }
   }
-  const CostMatrix none = pc::LatencyFromTopology(*fabric, {.noise = 0, .tenant_fraction = 0});
+  const CostMatrix none = pn::LatencyFromTopology(*fabric, {.noise = 0, .tenant_fraction = 0});
   CHECK(none.latency(0, 7) == 2 * fabric->LatencyUs(0, 7));
 }

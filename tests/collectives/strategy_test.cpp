@@ -22,6 +22,7 @@
 #include "ranks.hpp"
 
 namespace pc = plexus::collectives;
+namespace pn = plexus::netmodel;
 namespace pi = plexus::collectives::internal;
 namespace pt = plexus::transport;
 
@@ -38,7 +39,7 @@ pc::CommunicatorOptions InprocOptions() {
 // n ranks on a fabric of pods x racks x hosts, placed at random (one rank per host slot).
 std::vector<pc::RankPlacement> RandomPlacement(int n, int pods, int racks, int hosts,
                                                uint32_t seed) {
-  std::vector<pc::Locality> slots;
+  std::vector<pn::Locality> slots;
   for (int p = 0; p < pods; ++p) {
     for (int r = 0; r < racks; ++r) {
       for (int h = 0; h < hosts; ++h) {
@@ -53,13 +54,13 @@ std::vector<pc::RankPlacement> RandomPlacement(int n, int pods, int racks, int h
   return out;
 }
 
-std::vector<pc::Locality> Localities(const std::vector<pc::RankPlacement>& ranks) {
-  std::vector<pc::Locality> out;
+std::vector<pn::Locality> Localities(const std::vector<pc::RankPlacement>& ranks) {
+  std::vector<pn::Locality> out;
   for (const auto& r : ranks) out.push_back(r.locality);
   return out;
 }
 
-int DistinctRacks(const std::vector<pc::Locality>& where) {
+int DistinctRacks(const std::vector<pn::Locality>& where) {
   std::set<std::pair<int, int>> racks;
   for (const auto& l : where) racks.insert({l.pod, l.rack});
   return static_cast<int>(racks.size());
@@ -105,7 +106,7 @@ TEST_CASE("provider: locality-aware ring has the minimal cross-rack hops", "[pro
 
 TEST_CASE("provider: the reorder optimiser's ring is minimal in cross-rack hops too",
           "[provider]") {
-  auto fabric = pc::GenerateFabric({.pods = 2, .racks_per_pod = 2, .hosts_per_rack = 2});
+  auto fabric = pn::GenerateFabric({.pods = 2, .racks_per_pod = 2, .hosts_per_rack = 2});
   REQUIRE(fabric.ok());
   // 8 ranks, one per host, shuffled; Locality::host indexes the fabric's hosts (p<i>r<j>h<k>).
   std::vector<pc::RankPlacement> ranks(8);
@@ -148,7 +149,7 @@ TEST_CASE("provider: FFA gives each channel its own route and source address", "
   }
   pc::StrategyRequest req;
   req.ranks = ranks;
-  pc::DefaultStrategyProvider ffa({.flow_policy = pc::FlowAssignPolicy::kFfa});
+  pc::DefaultStrategyProvider ffa({.flow_policy = pn::FlowAssignPolicy::kFfa});
   auto s = ffa.Choose({&req, 1});
   REQUIRE(s.ok());
   const pc::Strategy& st = s->front();
@@ -199,7 +200,7 @@ TEST_CASE("provider: FFA spreads two jobs over the routes between two racks", "[
   // PFA with route 0 reserved and job 0 prioritised: job 0 on route 0, job 1 kept off it.
   reqs[0].high_priority = true;
   pc::DefaultStrategyProvider pfa(
-      {.routes = 2, .flow_policy = pc::FlowAssignPolicy::kPfa, .reserved_routes = {0}});
+      {.routes = 2, .flow_policy = pn::FlowAssignPolicy::kPfa, .reserved_routes = {0}});
   auto p = pfa.Choose(reqs);
   REQUIRE(p.ok());
   for (int c = 0; c < 2; ++c) {
@@ -214,7 +215,7 @@ TEST_CASE("provider: FFA spreads two jobs over the routes between two racks", "[
   bool collided = false;
   for (uint64_t seed = 0; seed < 64 && !collided; ++seed) {
     pc::DefaultStrategyProvider ecmp(
-        {.routes = 2, .flow_policy = pc::FlowAssignPolicy::kEcmp, .ecmp_seed = seed});
+        {.routes = 2, .flow_policy = pn::FlowAssignPolicy::kEcmp, .ecmp_seed = seed});
     auto e = ecmp.Choose(reqs);
     REQUIRE(e.ok());
     for (const auto& st : *e) collided = collided || st.routes[0][0] == st.routes[1][0];

@@ -10,7 +10,7 @@
 #include "blame.hpp"
 #include "plexus/collectives/selector.hpp"
 #include "plexus/transport/store.hpp"
-#include "reduce.hpp"
+#include "plexus/kernels/reduce.hpp"
 #include "wire.hpp"
 
 namespace pc = plexus::collectives;
@@ -21,27 +21,27 @@ using pc::DataType;
 using pc::ReduceOp;
 
 TEST_CASE("f16 and bf16 conversions round to nearest even", "[collectives]") {
-  CHECK(pi::FloatToHalf(1.0f) == 0x3C00);
-  CHECK(pi::FloatToHalf(65504.0f) == 0x7BFF);
-  CHECK(pi::FloatToHalf(65520.0f) == 0x7C00);            // halfway to the next: rounds to infinity
-  CHECK(pi::FloatToHalf(1.0f + 1.0f / 2048) == 0x3C00);  // tie: even
-  CHECK(pi::FloatToHalf(1.0f + 3.0f / 2048) == 0x3C02);  // tie: even (up)
-  CHECK(pi::FloatToHalf(std::ldexp(1.0f, -24)) == 0x0001);
-  CHECK(pi::FloatToHalf(std::ldexp(1.0f, -25)) == 0x0000);
-  CHECK(pi::FloatToHalf(-0.0f) == 0x8000);
-  CHECK((pi::FloatToHalf(NAN) & 0x7E00) == 0x7E00);
-  CHECK(pi::FloatToBf16(1.0f) == 0x3F80);
-  CHECK(pi::FloatToBf16(1.0f + 1.0f / 256) == 0x3F80);  // tie: even
-  CHECK(pi::FloatToBf16(1.0f + 3.0f / 256) == 0x3F82);
+  CHECK(plexus::kernels::FloatToHalf(1.0f) == 0x3C00);
+  CHECK(plexus::kernels::FloatToHalf(65504.0f) == 0x7BFF);
+  CHECK(plexus::kernels::FloatToHalf(65520.0f) == 0x7C00);            // halfway to the next: rounds to infinity
+  CHECK(plexus::kernels::FloatToHalf(1.0f + 1.0f / 2048) == 0x3C00);  // tie: even
+  CHECK(plexus::kernels::FloatToHalf(1.0f + 3.0f / 2048) == 0x3C02);  // tie: even (up)
+  CHECK(plexus::kernels::FloatToHalf(std::ldexp(1.0f, -24)) == 0x0001);
+  CHECK(plexus::kernels::FloatToHalf(std::ldexp(1.0f, -25)) == 0x0000);
+  CHECK(plexus::kernels::FloatToHalf(-0.0f) == 0x8000);
+  CHECK((plexus::kernels::FloatToHalf(NAN) & 0x7E00) == 0x7E00);
+  CHECK(plexus::kernels::FloatToBf16(1.0f) == 0x3F80);
+  CHECK(plexus::kernels::FloatToBf16(1.0f + 1.0f / 256) == 0x3F80);  // tie: even
+  CHECK(plexus::kernels::FloatToBf16(1.0f + 3.0f / 256) == 0x3F82);
   for (uint32_t h = 0; h < 0x10000; ++h) {
-    const float f = pi::HalfToFloat(static_cast<uint16_t>(h));
+    const float f = plexus::kernels::HalfToFloat(static_cast<uint16_t>(h));
     if (std::isnan(f)) continue;
-    REQUIRE(pi::FloatToHalf(f) == h);  // every half survives a round trip
+    REQUIRE(plexus::kernels::FloatToHalf(f) == h);  // every half survives a round trip
   }
 }
 
 TEST_CASE("AVX2 kernels are bit-identical to the scalar ones", "[collectives]") {
-  if (!pi::Avx2Active()) {
+  if (!plexus::kernels::Avx2Active()) {
     WARN("this CPU has no AVX2/F16C: only the scalar kernels run");
     return;
   }
@@ -63,10 +63,10 @@ TEST_CASE("AVX2 kernels are bit-identical to the scalar ones", "[collectives]") 
           for (size_t i = 0; i < 6; ++i) std::memcpy(&b[1 + 4 * i], &specials[5 - i], 4);
         }
         std::vector<uint8_t> vec = a, scalar = a;
-        pi::ReduceInto(dt, op, vec.data() + 1, b.data() + 1, n, src_first);  // unaligned
-        const bool was = pi::SetAvx2Allowed(false);
-        pi::ReduceInto(dt, op, scalar.data() + 1, b.data() + 1, n, src_first);
-        pi::SetAvx2Allowed(was);
+        plexus::kernels::ReduceInto(dt, op, vec.data() + 1, b.data() + 1, n, src_first);  // unaligned
+        const bool was = plexus::kernels::SetAvx2Allowed(false);
+        plexus::kernels::ReduceInto(dt, op, scalar.data() + 1, b.data() + 1, n, src_first);
+        plexus::kernels::SetAvx2Allowed(was);
         INFO(pc::DataTypeName(dt) << " " << pc::ReduceOpName(op) << " src_first " << src_first);
         REQUIRE(vec == scalar);
       }
@@ -87,23 +87,23 @@ TEST_CASE("ReduceOutOf equals a copy then ReduceInto, vector and scalar", "[coll
           std::vector<uint8_t> local(n * es + 1), src(n * es + 1);
           for (auto& x : local) x = static_cast<uint8_t>(rng());
           for (auto& x : src) x = static_cast<uint8_t>(rng());
-          const bool was = pi::SetAvx2Allowed(avx2);
+          const bool was = plexus::kernels::SetAvx2Allowed(avx2);
           std::vector<uint8_t> expected = local;
-          pi::ReduceInto(dt, op, expected.data() + 1, src.data() + 1, n, src_first);
+          plexus::kernels::ReduceInto(dt, op, expected.data() + 1, src.data() + 1, n, src_first);
           // dst distinct from local (filled with garbage it must overwrite), unaligned.
           std::vector<uint8_t> out(n * es + 3, 0xA5);
-          pi::ReduceOutOf(dt, op, out.data() + 3, local.data() + 1, src.data() + 1, n, src_first);
+          plexus::kernels::ReduceOutOf(dt, op, out.data() + 3, local.data() + 1, src.data() + 1, n, src_first);
           // dst equal to local: the in-place form.
           std::vector<uint8_t> same = local;
-          pi::ReduceOutOf(dt, op, same.data() + 1, same.data() + 1, src.data() + 1, n, src_first);
-          pi::SetAvx2Allowed(was);
+          plexus::kernels::ReduceOutOf(dt, op, same.data() + 1, same.data() + 1, src.data() + 1, n, src_first);
+          plexus::kernels::SetAvx2Allowed(was);
           INFO(pc::DataTypeName(dt)
                << " " << pc::ReduceOpName(op) << " src_first " << src_first << " avx2 " << avx2);
           REQUIRE(std::memcmp(out.data() + 3, expected.data() + 1, n * es) == 0);
           REQUIRE(same == expected);
           // The local operand is read only.
           std::vector<uint8_t> again = local;
-          pi::ReduceOutOf(dt, op, out.data() + 3, again.data() + 1, src.data() + 1, n, src_first);
+          plexus::kernels::ReduceOutOf(dt, op, out.data() + 3, again.data() + 1, src.data() + 1, n, src_first);
           REQUIRE(again == local);
         }
       }
@@ -114,17 +114,17 @@ TEST_CASE("ReduceOutOf equals a copy then ReduceInto, vector and scalar", "[coll
 TEST_CASE("scalar kernels compute the operation", "[collectives]") {
   int32_t a[3] = {5, -7, 2147483647};
   const int32_t b[3] = {3, 9, 1};
-  pi::ReduceInto(DataType::kI32, ReduceOp::kSum, a, b, 3, false);
+  plexus::kernels::ReduceInto(DataType::kI32, ReduceOp::kSum, a, b, 3, false);
   CHECK(a[0] == 8);
   CHECK(a[1] == 2);
   CHECK(a[2] == -2147483647 - 1);  // wraps
   float f[2] = {1.5f, -2.0f};
   const float g[2] = {2.0f, -3.0f};
-  pi::ReduceInto(DataType::kF32, ReduceOp::kMin, f, g, 2, false);
+  plexus::kernels::ReduceInto(DataType::kF32, ReduceOp::kMin, f, g, 2, false);
   CHECK(f[0] == 1.5f);
   CHECK(f[1] == -3.0f);
   int64_t avg[2] = {10, -9};
-  pi::DivideInPlace(DataType::kI64, avg, 2, 4);
+  plexus::kernels::DivideInPlace(DataType::kI64, avg, 2, 4);
   CHECK(avg[0] == 2);
   CHECK(avg[1] == -2);
 }

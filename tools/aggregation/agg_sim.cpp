@@ -16,7 +16,7 @@
 #include "plexus/aggregation/hierarchy.hpp"
 #include "plexus/aggregation/plan.hpp"
 #include "plexus/aggregation/plink.hpp"
-#include "plexus/collectives/flow_schedules.hpp"
+#include "plexus/netmodel/flow_schedules.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
 
@@ -113,7 +113,7 @@ struct CompareArgs {
 // One simulated cloud: racks with oversubscribed uplinks, a random extra latency per host (a
 // noisy neighbour), VMs handed out in random order, latency probes with relative noise.
 int RunCompare(const plexus::tooling::Tool& tool, const CompareArgs& a) {
-  namespace sim = plexus::collectives::sim;
+  namespace sim = plexus::netmodel::sim;
   const int p = a.racks * a.per_rack;
   const double elements = std::floor(a.bytes / 4);
   const int chunks = a.chunks > 0 ? a.chunks : p;

@@ -15,14 +15,15 @@
 #include "plexus/base/json_reader.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/collectives/probe.hpp"
-#include "plexus/collectives/reorder.hpp"
-#include "plexus/collectives/topology.hpp"
+#include "plexus/netmodel/reorder.hpp"
+#include "plexus/netmodel/topology.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/transport/rendezvous.hpp"
 
 namespace {
 
 namespace pc = plexus::collectives;
+namespace pn = plexus::netmodel;
 namespace pt = plexus::transport;
 namespace tooling = plexus::tooling;
 using Json = nlohmann::json;
@@ -56,8 +57,8 @@ struct Args {
   // rankfile
   std::string format = "rankfile";
   // fabric
-  pc::FabricSpec fabric;
-  pc::LatencyNoise noise;
+  pn::FabricSpec fabric;
+  pn::LatencyNoise noise;
   std::string topology_out;
 };
 
@@ -65,10 +66,10 @@ const tooling::Tool* g_tool = nullptr;
 
 int Fail(const absl::Status& s) { return g_tool->Fail(s); }
 
-absl::StatusOr<pc::CostMatrix> LoadMatrix(const std::string& path) {
+absl::StatusOr<pn::CostMatrix> LoadMatrix(const std::string& path) {
   auto text = plexus::base::ReadFile(path);
   if (!text.ok()) return text.status();
-  return pc::ParseCostMatrix(*text, path);
+  return pn::ParseCostMatrix(*text, path);
 }
 
 absl::Status Emit(const Args& a, const std::string& text) {
@@ -109,16 +110,16 @@ absl::StatusOr<std::vector<int>> LoadOrder(const std::string& spec) {
   return order;
 }
 
-pc::CostOptions CostOptionsOf(const Args& a, pc::CostModel model) {
-  return pc::CostOptions{.model = model, .bytes = a.bytes, .bcube_base = a.bcube_base};
+pn::CostOptions CostOptionsOf(const Args& a, pn::CostModel model) {
+  return pn::CostOptions{.model = model, .bytes = a.bytes, .bcube_base = a.bcube_base};
 }
 
-std::vector<pc::CostModel> Models(const std::string& name, absl::Status* error) {
+std::vector<pn::CostModel> Models(const std::string& name, absl::Status* error) {
   if (name == "all") {
-    return {pc::CostModel::kRing, pc::CostModel::kHalvingDoubling, pc::CostModel::kDoubleBinaryTree,
-            pc::CostModel::kBCube};
+    return {pn::CostModel::kRing, pn::CostModel::kHalvingDoubling, pn::CostModel::kDoubleBinaryTree,
+            pn::CostModel::kBCube};
   }
-  auto m = pc::ParseCostModel(name);
+  auto m = pn::ParseCostModel(name);
   if (!m.ok()) {
     *error = m.status();
     return {};
@@ -151,7 +152,7 @@ int Probe(const Args& a) {
   if (!m.ok()) return Fail(m.status());
   if (!leader) return tooling::kExitOk;
   if (a.json || !a.out.empty()) {
-    if (auto s = Emit(a, pc::CostMatrixToJson(*m) + "\n"); !s.ok()) return Fail(s);
+    if (auto s = Emit(a, pn::CostMatrixToJson(*m) + "\n"); !s.ok()) return Fail(s);
   }
   if (!a.json) {
     std::string table = "latency (us, RTT less loopback)\n        ";
@@ -182,18 +183,18 @@ int Cost(const Args& a) {
   }
   Json rows = Json::array();
   std::string table = absl::StrFormat("%-20s %16s\n", "model", "cost (us)");
-  for (pc::CostModel model : models) {
-    auto c = pc::OrderCost(*m, order, CostOptionsOf(a, model));
+  for (pn::CostModel model : models) {
+    auto c = pn::OrderCost(*m, order, CostOptionsOf(a, model));
     if (!c.ok()) {
-      if (a.model == "all" && model == pc::CostModel::kBCube) {  // n not a power of the base
-        absl::StrAppendFormat(&table, "%-20s %16s  (%s)\n", pc::CostModelName(model), "-",
+      if (a.model == "all" && model == pn::CostModel::kBCube) {  // n not a power of the base
+        absl::StrAppendFormat(&table, "%-20s %16s  (%s)\n", pn::CostModelName(model), "-",
                               c.status().message());
         continue;
       }
       return Fail(c.status());
     }
-    rows.push_back({{"model", pc::CostModelName(model)}, {"cost_us", *c}});
-    absl::StrAppendFormat(&table, "%-20s %16.1f\n", pc::CostModelName(model), *c);
+    rows.push_back({{"model", pn::CostModelName(model)}, {"cost_us", *c}});
+    absl::StrAppendFormat(&table, "%-20s %16.1f\n", pn::CostModelName(model), *c);
   }
   if (a.json) {
     std::printf("%s\n", Json({{"order", order}, {"costs", rows}}).dump().c_str());
@@ -206,9 +207,9 @@ int Cost(const Args& a) {
 int Reorder(const Args& a) {
   auto m = LoadMatrix(a.files[0]);
   if (!m.ok()) return Fail(m.status());
-  auto model = pc::ParseCostModel(a.model);
+  auto model = pn::ParseCostModel(a.model);
   if (!model.ok()) return g_tool->Usage(absl::StrCat("--model: ", model.status().message()));
-  pc::ReorderOptions o;
+  pn::ReorderOptions o;
   o.cost = CostOptionsOf(a, *model);
   o.seed = a.seed;
   o.anneal_runs = a.runs;
@@ -219,10 +220,10 @@ int Reorder(const Args& a) {
     std::fprintf(stderr, "  annealing %3.0f%%: best cost %.1f us\n", 100 * fraction, best);
   };
   std::fprintf(stderr, "reordering %d nodes for %s\n", m->n,
-               std::string(pc::CostModelName(*model)).c_str());
-  auto r = pc::Reorder(*m, o);
+               std::string(pn::CostModelName(*model)).c_str());
+  auto r = pn::Reorder(*m, o);
   if (!r.ok()) return Fail(r.status());
-  const Json doc = {{"model", pc::CostModelName(*model)},
+  const Json doc = {{"model", pn::CostModelName(*model)},
                     {"order", r->order},
                     {"cost_us", r->cost},
                     {"identity_cost_us", r->identity_cost},
@@ -236,7 +237,7 @@ int Reorder(const Args& a) {
     std::printf("%s\n", doc.dump().c_str());
     return tooling::kExitOk;
   }
-  std::printf("%-16s %s\n", "model", std::string(pc::CostModelName(*model)).c_str());
+  std::printf("%-16s %s\n", "model", std::string(pn::CostModelName(*model)).c_str());
   std::printf("%-16s %.1f us\n", "identity cost", r->identity_cost);
   std::printf("%-16s %.1f us (%.2fx lower)\n", "chosen cost", r->cost,
               r->cost > 0 ? r->identity_cost / r->cost : 1.0);
@@ -255,14 +256,14 @@ int Rankfile(const Args& a) {
   if (!m.ok()) return Fail(m.status());
   auto order = LoadOrder(a.files[1]);
   if (!order.ok()) return Fail(order.status());
-  if (auto c = pc::OrderCost(*m, *order, {}); !c.ok()) return Fail(c.status());  // a permutation
+  if (auto c = pn::OrderCost(*m, *order, {}); !c.ok()) return Fail(c.status());  // a permutation
   std::string text;
   if (a.format == "rankfile") {
-    text = pc::FormatRankfile(*m, *order);
+    text = pn::FormatRankfile(*m, *order);
   } else if (a.format == "hostfile") {
-    text = pc::FormatHostfile(*m, *order);
+    text = pn::FormatHostfile(*m, *order);
   } else if (a.format == "rank") {
-    text = pc::FormatRankAssignment(*m, *order);
+    text = pn::FormatRankAssignment(*m, *order);
   } else {
     return g_tool->Usage("--format expects rankfile, hostfile or rank, got '" + a.format + "'");
   }
@@ -271,7 +272,7 @@ int Rankfile(const Args& a) {
 }
 
 int Fabric(const Args& a) {
-  auto t = pc::GenerateFabric(a.fabric);
+  auto t = pn::GenerateFabric(a.fabric);
   if (!t.ok()) return Fail(t.status());
   if (!a.topology_out.empty()) {
     if (auto s = plexus::base::WriteFileAtomic(a.topology_out, pc::TopologyToJson(*t) + "\n");
@@ -279,8 +280,8 @@ int Fabric(const Args& a) {
       return Fail(s);
     }
   }
-  const pc::CostMatrix m = pc::LatencyFromTopology(*t, a.noise);
-  if (auto s = Emit(a, pc::CostMatrixToJson(m) + "\n"); !s.ok()) return Fail(s);
+  const pn::CostMatrix m = pn::LatencyFromTopology(*t, a.noise);
+  if (auto s = Emit(a, pn::CostMatrixToJson(m) + "\n"); !s.ok()) return Fail(s);
   if (!a.out.empty()) {
     std::fprintf(stderr, "%d hosts (%d pods x %d racks x %d hosts) -> %s\n", m.n, a.fabric.pods,
                  a.fabric.racks_per_pod, a.fabric.hosts_per_rack, a.out.c_str());

@@ -9,7 +9,7 @@
 #include "communicator_impl.hpp"
 #include "cuda_staging.hpp"
 #include "plexus/base/status.hpp"
-#include "reduce.hpp"
+#include "plexus/kernels/reduce.hpp"
 #include "staging.hpp"
 
 namespace plexus::collectives::internal {
@@ -169,11 +169,11 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
   }
   if (op == ReduceOp::kAvg && staging.any()) {
-    // A device result: copy the sum back and divide it there (reduce_kernels.cu).
+    // A device result: copy the sum back and divide it there (libs/kernels/src/cuda/divide.cu).
     PLEXUS_RETURN_IF_ERROR(staging.CopyOut());
     return internal::DeviceDivide(dtype, recv, count, L.n);
   }
-  if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, buf, count, L.n);
+  if (op == ReduceOp::kAvg) plexus::kernels::DivideInPlace(dtype, buf, count, L.n);
   return staging.CopyOut();
 }
 
@@ -217,7 +217,7 @@ absl::Status CommunicatorImpl::PipelinedDeviceAllReduce(const void* send, void* 
     internal::BuildRing(L, buf + offset, internal::EvenBlocks(n, L.n), true, true, &plan,
                         input != nullptr ? input + offset : nullptr);
     PLEXUS_RETURN_IF_ERROR(Execute(plan, segment, dtype, op));
-    if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, buf + offset, n, L.n);
+    if (op == ReduceOp::kAvg) plexus::kernels::DivideInPlace(dtype, buf + offset, n, L.n);
     PLEXUS_RETURN_IF_ERROR(copies.ToDevice(target + offset, buf + offset, n * esize).status());
   }
   return copies.WaitAll();
@@ -256,7 +256,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* re
     }
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
     if (!is_root) return absl::OkStatus();
-    if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, buf, count, L.n);
+    if (op == ReduceOp::kAvg) plexus::kernels::DivideInPlace(dtype, buf, count, L.n);
     return staging.CopyOut();
   };
 }
@@ -279,7 +279,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
     PLEXUS_ASSIGN_OR_RETURN(auto broadcast, BroadcastTask(recv, recv, count, *out, root, plain));
     return [=, this]() -> absl::Status {
       if (is_root && count > 0) {
-        internal::PackWire(*out, recv, static_cast<const float*>(send), count, nullptr);
+        plexus::kernels::PackWire(*out, recv, static_cast<const float*>(send), count, nullptr);
       }
       return broadcast();
     };
@@ -355,7 +355,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     PLEXUS_ASSIGN_OR_RETURN(auto gather, AllGatherTask(mine, recv, count, *out, plain));
     return [=]() -> absl::Status {
       if (count > 0)
-        internal::PackWire(*out, mine, static_cast<const float*>(send), count, nullptr);
+        plexus::kernels::PackWire(*out, mine, static_cast<const float*>(send), count, nullptr);
       return gather();
     };
   }
@@ -443,7 +443,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, v
     if (n == 1) std::memcpy(work, in, total);  // no step: the input is the result
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
     uint8_t* mine = work + static_cast<size_t>(layout_.rank) * count * esize;
-    if (op == ReduceOp::kAvg) internal::DivideInPlace(dtype, mine, count, n);
+    if (op == ReduceOp::kAvg) plexus::kernels::DivideInPlace(dtype, mine, count, n);
     PLEXUS_ASSIGN_OR_RETURN(auto out, staging.Output(recv, count * esize, false));
     std::memmove(out, mine, count * esize);
     return staging.CopyOut();

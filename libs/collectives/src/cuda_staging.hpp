@@ -19,7 +19,7 @@ void* AllocPinned(size_t bytes);
 void FreePinned(void* p);
 absl::Status CopyDeviceToHost(void* host, const void* device, size_t bytes);
 absl::Status CopyHostToDevice(void* device, const void* host, size_t bytes);
-// data[i] /= divisor on the device (a kernel in cuda/reduce_kernels.cu): the last step of kAvg
+// data[i] /= divisor on the device (a kernel in libs/kernels/src/cuda/divide.cu): the last step of kAvg
 // for device buffers.
 absl::Status DeviceDivide(DataType dtype, void* device, size_t n, int divisor);
 

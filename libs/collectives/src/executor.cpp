@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "communicator_impl.hpp"
-#include "reduce.hpp"
+#include "plexus/kernels/reduce.hpp"
 
 namespace plexus::collectives::internal {
 
@@ -151,7 +151,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
         const auto& r = plan.recvs[i];
         if (sends_done_prefix >= static_cast<size_t>(r.war_prefix)) {
           if (cast) {
-            internal::UnpackWire(wire, reinterpret_cast<float*>(r.data), recv_landing[i],
+            plexus::kernels::UnpackWire(wire, reinterpret_cast<float*>(r.data), recv_landing[i],
                                  r.bytes / data_size);
           } else if (r.bytes > 0) {
             std::memcpy(r.data, recv_landing[i], r.bytes);
@@ -175,14 +175,14 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
           // The incoming chunk is converted and folded into the f32 accumulator in one pass.
           auto* dst = reinterpret_cast<float*>(r.data);
           const auto* local = r.local == nullptr ? dst : reinterpret_cast<const float*>(r.local);
-          internal::ReduceWire(wire, op, dst, local, recv_landing[i], elems, r.src_first);
+          plexus::kernels::ReduceWire(wire, op, dst, local, recv_landing[i], elems, r.src_first);
         } else if (r.local == nullptr) {
-          internal::ReduceInto(dtype, op, r.data, recv_landing[i], elems, r.src_first);
+          plexus::kernels::ReduceInto(dtype, op, r.data, recv_landing[i], elems, r.src_first);
         } else if (recv_landing[i] == r.data) {
           // data holds the incoming operand: the same operation with the roles swapped.
-          internal::ReduceInto(dtype, op, r.data, r.local, elems, !r.src_first);
+          plexus::kernels::ReduceInto(dtype, op, r.data, r.local, elems, !r.src_first);
         } else {  // landed in a slot: one pass, no copy of the operand first
-          internal::ReduceOutOf(dtype, op, r.data, r.local, recv_landing[i], elems, r.src_first);
+          plexus::kernels::ReduceOutOf(dtype, op, r.data, r.local, recv_landing[i], elems, r.src_first);
         }
         finish_recv(i);
         ++reduce_cursor;
@@ -248,7 +248,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
           owner = i;
           ++link.send_slots_taken;
           const auto* from = reinterpret_cast<const float*>(s.data);
-          internal::PackWire(wire, slot, from, s.bytes / data_size,
+          plexus::kernels::PackWire(wire, slot, from, s.bytes / data_size,
                              s.final ? const_cast<float*>(from) : nullptr);
           parts[nparts++] = {slot, on_wire(s.bytes)};
         } else if (s.bytes > 0) {

@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "communicator_impl.hpp"
 #include "plexus/base/status.hpp"
-#include "reduce.hpp"
+#include "plexus/kernels/reduce.hpp"
 
 namespace plexus::collectives::internal {
 namespace {
@@ -140,7 +140,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
         uint8_t* dst = in.dst + received * kMailFragmentBytes;
         const uint8_t* payload = message.data() + kMailHeaderBytes;
         if (in.reduce) {
-          internal::ReduceInto(dtype, op, dst, payload, length / esize, in.src_first);
+          plexus::kernels::ReduceInto(dtype, op, dst, payload, length / esize, in.src_first);
         } else if (length > 0) {
           std::memcpy(dst, payload, length);
         }

@@ -17,6 +17,16 @@
 #include "plexus/base/status.hpp"
 
 namespace plexus::collectives {
+using netmodel::AssignFlows;
+using netmodel::CostMatrix;
+using netmodel::Flow;
+using netmodel::FlowAssignOptions;
+using netmodel::Locality;
+using netmodel::LocalityRingOrder;
+using netmodel::Reorder;
+using netmodel::ReorderResult;
+using netmodel::Topology;
+
 namespace {
 
 bool SameRack(const Locality& a, const Locality& b) { return a.pod == b.pod && a.rack == b.rack; }

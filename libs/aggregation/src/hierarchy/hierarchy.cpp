@@ -7,12 +7,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "plexus/aggregation/plan.hpp"
-#include "plexus/collectives/flow_schedules.hpp"
+#include "plexus/netmodel/flow_schedules.hpp"
 
 namespace plexus::aggregation {
 namespace {
 
-namespace sim = collectives::sim;
+namespace sim = netmodel::sim;
 
 bool Positive(double v) { return std::isfinite(v) && v > 0; }
 

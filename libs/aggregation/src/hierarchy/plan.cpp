@@ -532,7 +532,7 @@ std::vector<int> CommunicationRounds(const Plan& plan) {
   return rounds;
 }
 
-absl::StatusOr<collectives::sim::Schedule> PlanToSchedule(const Plan& plan,
+absl::StatusOr<netmodel::sim::Schedule> PlanToSchedule(const Plan& plan,
                                                           std::span<const int> hosts,
                                                           double element_bytes,
                                                           bool fifo_connections) {
@@ -542,7 +542,7 @@ absl::StatusOr<collectives::sim::Schedule> PlanToSchedule(const Plan& plan,
         absl::StrCat("plan schedule: ", hosts.size(), " hosts for ", plan.nodes, " nodes"));
   }
   absl::StatusOr<std::vector<int>> match = MatchReceives(plan);
-  collectives::sim::Schedule schedule{"2-level hierarchical", {}};
+  netmodel::sim::Schedule schedule{"2-level hierarchical", {}};
   std::vector<std::vector<int>> needs(plan.steps.size());  // transfers done before the step
   std::map<std::pair<int, int>, int> transfer_of;          // (send step, peer) -> transfer
   std::map<std::pair<int, int>, int> last_on;  // (node, peer) -> 1 + its latest transfer

@@ -3,22 +3,20 @@
 #include <cmath>
 #include <cstring>
 
-#include "reduce.hpp"  // the collectives' kernels and f16/bf16 conversions
+#include "plexus/kernels/reduce.hpp"  // the shared kernels and f16/bf16 conversions
 
 namespace plexus::aggregation::internal {
 namespace {
-
-namespace ci = collectives::internal;
 
 float LoadAsF32(const uint8_t* src, DataType dtype, size_t i) {
   uint16_t h;
   switch (dtype) {
     case DataType::kBF16:
       std::memcpy(&h, src + 2 * i, 2);
-      return ci::Bf16ToFloat(h);
+      return plexus::kernels::Bf16ToFloat(h);
     case DataType::kF16:
       std::memcpy(&h, src + 2 * i, 2);
-      return ci::HalfToFloat(h);
+      return plexus::kernels::HalfToFloat(h);
     default: {
       float f;
       std::memcpy(&f, src + 4 * i, 4);
@@ -31,11 +29,11 @@ void StoreFromF32(uint8_t* out, DataType dtype, size_t i, float f) {
   uint16_t h;
   switch (dtype) {
     case DataType::kBF16:
-      h = ci::FloatToBf16(f);
+      h = plexus::kernels::FloatToBf16(f);
       std::memcpy(out + 2 * i, &h, 2);
       break;
     case DataType::kF16:
-      h = ci::FloatToHalf(f);
+      h = plexus::kernels::FloatToHalf(f);
       std::memcpy(out + 2 * i, &h, 2);
       break;
     default:
@@ -90,7 +88,7 @@ bool IsWireType(DataType dtype) {
   return dtype == DataType::kF32 || dtype == DataType::kBF16 || dtype == DataType::kF16;
 }
 
-bool KernelsUseAvx2() { return ci::Avx2Active(); }
+bool KernelsUseAvx2() { return plexus::kernels::Avx2Active(); }
 
 void Accumulate(float* dst, const void* src_v, DataType dtype, size_t n, bool first) {
   const auto* src = static_cast<const uint8_t*>(src_v);
@@ -98,7 +96,7 @@ void Accumulate(float* dst, const void* src_v, DataType dtype, size_t n, bool fi
     if (first) {
       std::memcpy(dst, src, n * sizeof(float));
     } else {
-      ci::ReduceInto(DataType::kF32, collectives::ReduceOp::kSum, dst, src, n, false);
+      plexus::kernels::ReduceInto(DataType::kF32, collectives::ReduceOp::kSum, dst, src, n, false);
     }
     return;
   }

@@ -6,13 +6,13 @@
 #include <cstdint>
 
 #include "kernels.hpp"
-#include "simd_avx2.hpp"  // the collectives' bf16 <-> f32 lanes
+#include "plexus/kernels/simd_avx2.hpp"  // the kernels' bf16 <-> f32 lanes
 
 namespace plexus::aggregation::internal {
 namespace {
 
-using collectives::internal::LoadBf16;
-using collectives::internal::StoreBf16Bits;
+using plexus::kernels::LoadBf16;
+using plexus::kernels::StoreBf16Bits;
 
 bool Aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; }
 

@@ -7,10 +7,12 @@
 #include "cuda_staging.hpp"
 #include "plexus/transport/memory.hpp"
 
-namespace plexus::collectives::internal {
-
-// Launches the division kernel (reduce_kernels.cu).
+namespace plexus::kernels {
+// Launches the division kernel (libs/kernels/src/cuda/divide.cu).
 cudaError_t LaunchDivide(int dtype, void* data, size_t n, int divisor);
+}  // namespace plexus::kernels
+
+namespace plexus::collectives::internal {
 
 namespace {
 absl::Status CudaError(cudaError_t e, const char* what) {
@@ -55,7 +57,7 @@ absl::Status CopyHostToDevice(void* device, const void* host, size_t bytes) {
 
 absl::Status DeviceDivide(DataType dtype, void* device, size_t n, int divisor) {
   if (n == 0) return absl::OkStatus();
-  cudaError_t e = LaunchDivide(static_cast<int>(dtype), device, n, divisor);
+  cudaError_t e = kernels::LaunchDivide(static_cast<int>(dtype), device, n, divisor);
   if (e == cudaSuccess) e = cudaDeviceSynchronize();
   return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "average kernel");
 }

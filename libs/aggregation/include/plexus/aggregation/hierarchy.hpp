@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "plexus/collectives/flow_sim.hpp"
+#include "plexus/netmodel/flow_sim.hpp"
 
 namespace plexus::aggregation {
 
@@ -53,12 +53,12 @@ PboxLayout RackPboxLayout(int racks, int workers_per_rack);
 
 // Without the hierarchy: the boxes form one sharded PS; every worker pushes 1/R of its buffer
 // to every rack's box and pulls the reduced shard back.
-absl::StatusOr<collectives::sim::Schedule> PboxFlatSchedule(const PboxLayout& layout, double bytes);
+absl::StatusOr<netmodel::sim::Schedule> PboxFlatSchedule(const PboxLayout& layout, double bytes);
 
 // PBox's hierarchical reduction: workers push to their rack's box; the boxes exchange rack sums
 // (a sharded PS among the boxes, or a ring allreduce); each box optimizes and sends the result
 // to its workers.
-absl::StatusOr<collectives::sim::Schedule> PboxHierarchicalSchedule(const PboxLayout& layout,
+absl::StatusOr<netmodel::sim::Schedule> PboxHierarchicalSchedule(const PboxLayout& layout,
                                                                     double bytes, CrossRack cross);
 
 // One row of Table 4.1 for NC nodes on C racks of N, S bytes per node: the seed's formulas and
@@ -68,7 +68,7 @@ struct Table41Row {
   std::string rounds_formula, bytes_formula, cross_rack_formula;  // as printed in the seed
   double seed_rounds = 0, seed_bytes = 0, seed_cross_rack_bytes = 0;
   bool available = true;  // false: N, C do not fit the algorithm (note says why)
-  collectives::sim::Counts measured;
+  netmodel::sim::Counts measured;
   std::string note;  // where a count differs from the seed's formula, and why
 };
 

@@ -12,7 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "plexus/collectives/flow_sim.hpp"
+#include "plexus/netmodel/flow_sim.hpp"
 
 namespace plexus::aggregation {
 
@@ -86,7 +86,7 @@ absl::StatusOr<std::vector<std::vector<float>>> EvaluatePlan(
 // `fifo_connections` a node's messages to one peer leave one after another in step order (the
 // seed's AggEngine: one send queue per connection, bytes on the wire in SendTo order), which lets
 // chunks pipeline through the phases; without it they all share the link at once.
-absl::StatusOr<collectives::sim::Schedule> PlanToSchedule(const Plan& plan,
+absl::StatusOr<netmodel::sim::Schedule> PlanToSchedule(const Plan& plan,
                                                           std::span<const int> hosts,
                                                           double element_bytes,
                                                           bool fifo_connections = true);

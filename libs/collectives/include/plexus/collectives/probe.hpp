@@ -4,7 +4,7 @@
 //
 //   auto rdv = plexus::transport::Rendezvous::FromEnv();
 //   auto matrix = plexus::collectives::ProbeLatency(*rdv, {});   // the same matrix on every rank
-//   auto order = plexus::collectives::Reorder(*matrix, {});
+//   auto order = plexus::netmodel::Reorder(*matrix, {});
 #pragma once
 
 #include <functional>
@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "plexus/collectives/topology.hpp"
+#include "plexus/netmodel/topology.hpp"
 #include "plexus/transport/rendezvous.hpp"
 #include "plexus/transport/types.hpp"
 
@@ -46,13 +46,13 @@ struct ProbeOptions {
 // symmetrised round-trip latencies in microseconds (entry i,j = the larger of i's and j's
 // percentile RTT to each other, less the loopback cost when subtract_self; never below 0),
 // labelled with each rank's host name.
-absl::StatusOr<CostMatrix> ProbeLatency(transport::Rendezvous& rendezvous,
+absl::StatusOr<netmodel::CostMatrix> ProbeLatency(transport::Rendezvous& rendezvous,
                                         const ProbeOptions& options = {});
 
 // The matrix from the measurements: rtt_us[i*n + j] is rank i's percentile RTT to rank j,
 // self_us[i] rank i's loopback RTT. Entry i,j = max(rtt_ij, rtt_ji), less (self_i + self_j) / 2
 // when subtract_self, never below 0; the diagonal is 0.
-CostMatrix LatencyMatrixFromRtts(std::vector<std::string> labels, const std::vector<double>& rtt_us,
+netmodel::CostMatrix LatencyMatrixFromRtts(std::vector<std::string> labels, const std::vector<double>& rtt_us,
                                  const std::vector<double>& self_us, bool subtract_self);
 
 // The tournament: n - 1 rounds for even n, n for odd n (one rank sits each round out), each a

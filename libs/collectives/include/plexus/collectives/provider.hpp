@@ -21,11 +21,11 @@
 
 #include "absl/status/statusor.h"
 #include "plexus/collectives/communicator.hpp"
-#include "plexus/collectives/flow_assign.hpp"
+#include "plexus/netmodel/flow_assign.hpp"
 #include "plexus/collectives/qos.hpp"
-#include "plexus/collectives/reorder.hpp"
+#include "plexus/netmodel/reorder.hpp"
 #include "plexus/collectives/selector.hpp"
-#include "plexus/collectives/topology.hpp"
+#include "plexus/netmodel/topology.hpp"
 
 namespace plexus::collectives {
 
@@ -33,7 +33,7 @@ namespace plexus::collectives {
 // (route_addresses[k]: the local IP alias whose flows the fabric sends over route k; empty when
 // the rank cannot choose).
 struct RankPlacement {
-  Locality locality;
+  netmodel::Locality locality;
   std::vector<std::string> route_addresses;
 };
 
@@ -77,14 +77,14 @@ struct DefaultProviderOptions {
   };
   Ring ring = Ring::kLocality;
   // kReorder: the fabric (Locality::host indexes topology.hosts); required for kReorder.
-  std::optional<Topology> topology;
-  ReorderOptions reorder;
+  std::optional<netmodel::Topology> topology;
+  netmodel::ReorderOptions reorder;
   // Equal-cost routes between racks (spines, or source-address aliases per host); 0: the
   // largest number of route_addresses any rank gives (1 when none).
   int routes = 0;
   // Channels when a request leaves them at 0: one per route (MCCS: a ring per route).
   int channels = 0;
-  FlowAssignPolicy flow_policy = FlowAssignPolicy::kFfa;
+  netmodel::FlowAssignPolicy flow_policy = netmodel::FlowAssignPolicy::kFfa;
   std::vector<int> reserved_routes;  // PFA
   uint64_t ecmp_seed = 0;
   // Capacity of each route's link out of (and into) a rack, and each flow's demand, in bytes/s;
@@ -122,7 +122,7 @@ CommunicatorOptions ApplyStrategy(const CommunicatorOptions& options, const Stra
 
 // Ring hops whose two ends sit in different racks (different pods count too), around the whole
 // ring (position n-1 to 0 included).
-int CrossRackHops(std::span<const Locality> ranks, const std::vector<int>& ring_order);
+int CrossRackHops(std::span<const netmodel::Locality> ranks, const std::vector<int>& ring_order);
 
 // Creates a communicator whose strategy `provider` chooses (collective: every rank calls it):
 // the ranks exchange their placements over the rendezvous, every rank asks the provider for the
