@@ -97,7 +97,7 @@ struct CommunicatorOptions {
   int pipeline_depth = 4;
   // Collectives on CUDA device buffers run on pinned host copies (one per buffer of the call);
   // the communicator keeps up to this many bytes of them for later calls, since allocating
-  // pinned memory costs about a millisecond. 0: allocate and free per call.
+  // pinned memory is slow (docs/collectives.md, "CUDA buffers"). 0: allocate and free per call.
   size_t staging_cache_bytes = size_t{256} << 20;
   // A call that makes no progress for this long fails with DeadlineExceeded naming the silent
   // rank (within 1.1x this); also device.op_timeout, the transport's per-operation timeout, of
