@@ -24,7 +24,7 @@
 //  - Failure: a dead or unreachable peer, or no progress for `timeout`, fails the call on every
 //    rank within about 1.1x `timeout` with an error that names first the rank that failed first
 //    ("... failed on rank 0: rank 2 made no progress ..."), not a rank that aborted in reaction
-//    (Unavailable / DeadlineExceeded; docs/collectives.md, "Failure"). After any failure the
+//    (Unavailable / DeadlineExceeded; docs/collectives.md, "Contract"). After any failure the
 //    communicator is broken: every later call fails at once with the same error (as NCCL's
 //    ncclCommAbort); create a new communicator to continue.
 //  - Results are bit-identical across runs for the same algorithm, ring order and world size:
