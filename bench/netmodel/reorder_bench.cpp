@@ -1,5 +1,5 @@
 // plexus-bench-reorder: Cloud Collectives rank reordering on simulated oversubscribed fabrics
-// (docs/netmodel.md, "Reordering"). For each fabric (pods x racks x hosts with oversubscribed
+// (docs/netmodel.md, "Rank reordering"). For each fabric (pods x racks x hosts with oversubscribed
 // uplinks, hosts handed out in a random order as a cloud's VM list is), the prober's view is a
 // noisy latency matrix; the reorderer sees only that matrix. Figures:
 //  - the chosen ring's cost against the best of 10,000 random restarts of a greedy descent

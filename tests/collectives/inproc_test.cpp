@@ -108,9 +108,9 @@ class BlameCountingStore : public pt::Store {
 
 }  // namespace
 
-// Wait records (docs/collectives.md, "Blame") cost the healthy path nothing, are posted by a
-// call that waits half the timeout, and are gone once it completed and the communicator is
-// destroyed.
+// Wait records (docs/collectives.md, "Contract", blame) cost the healthy path nothing, are
+// posted by a call that waits half the timeout, and are gone once it completed and the
+// communicator is destroyed.
 TEST_CASE("blame records: no store traffic on the healthy path, no key left after a slow call",
           "[collectives][inproc]") {
   // 8 B: the mailbox path; 64 KiB: a plan. A store of their own each (rendezvous keys).

@@ -1,6 +1,6 @@
 // plexus-reorder: measure the network between the ranks of a job, price rank orders with the
 // collectives' cost models, find a cheap order and write it for a launcher (Cloud Collectives;
-// docs/collectives.md, "Topology" and "Reordering").
+// docs/netmodel.md, "Rank reordering").
 #include <cstdio>
 #include <limits>
 #include <string>

@@ -1,5 +1,5 @@
-// plexus-mccs-sim: the flow-level simulator's reproductions (docs/netmodel.md, "Flow-level
-// simulator"): MCCS's 768-GPU table (random ring vs optimal ring vs optimal ring + FFA, random
+// plexus-mccs-sim: the flow-level simulator's reproductions (docs/netmodel.md,
+// "Reproductions"): MCCS's 768-GPU table (random ring vs optimal ring vs optimal ring + FFA, random
 // and compact placement) and Cloud Collectives' spread of random rank orders, with the rank
 // correlation between the cost models and the simulator.
 #include <algorithm>

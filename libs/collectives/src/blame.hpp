@@ -1,4 +1,4 @@
-// Whom a failed communicator blames (docs/collectives.md, "Failure"). Each rank keeps one record
+// Whom a failed communicator blames (docs/collectives.md, "Contract"). Each rank keeps one record
 // on the rendezvous store:
 //  - a wait record while a call has made no progress for half the timeout: whom it waits for,
 //    refreshed while it waits and removed when it progresses again, so that when some rank times

@@ -306,8 +306,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   device_options.connect_timeout = options.connect_timeout;
   // Bulk shm messages stream through the ring (two copies) also when ranks outnumber CPUs: a
   // cross-memory-attach pull (one copy) from 256 KiB there made the sender wait for a receiver
-  // that shares its CPU (4 ranks on 2 CPUs, 1 MiB: 573 -> 236 us without it; 16 MiB 14.8 ->
-  // 8.8 ms; docs/collectives.md, "Benchmarks"). The transport's own threshold (2 MiB) stays.
+  // that shares its CPU, and lost to the ring at 1 and 16 MiB (docs/measurements/collectives.md,
+  // "What made the difference"). The transport's own threshold (2 MiB) stays.
   comm->caller_device_ = device != nullptr;
   if (device == nullptr) {
     // options() reports the timeouts the devices use.

@@ -45,8 +45,8 @@ namespace plexus::collectives::internal {
 constexpr size_t kHeaderBytes = CallHeader::kEncodedSize;
 
 // Allreduces up to this size go by mailbox when every peer has one: below it the mailbox's
-// in-place polling beats a plan over the transport's rings (measured: the plan path takes over
-// from 16 KiB on shm, docs/collectives.md).
+// in-place polling beats a plan over the transport's rings (docs/collectives.md, "Algorithms",
+// small calls by mailbox).
 constexpr size_t kMailboxPathBytes = 8192;
 
 // Why a call failed, before Abort works out whom to blame (see blame.hpp).
@@ -272,7 +272,8 @@ class CommunicatorImpl : public Communicator {
   // Runs fn in the caller's thread when no call is queued or running (the latency path: no
   // closure, no thread hop); nullopt when it must queue. Traced calls take Blocking's path,
   // which records them (and also runs them in the caller's thread when nothing is queued), so
-  // that this stays as small as without tracing (one test more; measured in docs/collectives.md).
+  // that this stays as small as without tracing (one test more; docs/collectives.md, "Current
+  // figures", tracing cost).
   template <typename Fn>
   std::optional<absl::Status> TryInline(Fn&& fn) {
     if (trace_ != nullptr) return std::nullopt;

@@ -359,10 +359,11 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
   };
 
   // The clock is read only when a poll finds nothing, and then only on every 16th such poll
-  // (reading it cost ~4% of a small call) while spinning, but on every one once past the yield
-  // window, where each pass sleeps anyway: last_progress is the first such moment after the
-  // latest completion. (Reading it rarely there too let a timed-out Wait repeat 16 times with a
-  // stale `left`: a hung peer was found after 16x the timeout.)
+  // (reading it is a visible share of a small call) while spinning, but on every one once past
+  // the yield window, where each pass sleeps anyway: last_progress is the first such moment after
+  // the latest completion. (Reading it rarely there too let a timed-out Wait repeat 16 times
+  // with a stale `left`; docs/measurements/collectives.md, "Figures first recorded in code
+  // comments".)
   absl::Time last_progress = absl::Now();
   absl::Duration idle = absl::ZeroDuration();
   bool progressed = false;
@@ -433,7 +434,7 @@ absl::Status CommunicatorImpl::Execute(const Plan& plan, const CallHeader& heade
       if (phase == base::WaitPolicy::Phase::kYield) {
         // Not when this host runs more ranks than CPUs: there every yield is late because the
         // peer ranks run, and yielding to them is what moves the collective (sleeping instead
-        // made a 4-rank 64 KiB allreduce on 2 CPUs 20x slower).
+        // made small allreduces many times slower; docs/measurements/collectives.md, "Waiting").
         contended = base::WaitPolicy::Yield(/*can_sleep=*/!yield_when_idle_) && !yield_when_idle_;
         continue;
       }

@@ -87,20 +87,20 @@ AlgorithmTable AlgorithmTable::Default(bool tcp) {
       {K::kBarrier, 1, kAnyWorld, 0, kAnyBytes, A::kHalvingDoubling},
   });
   if (tcp) {
-    // 4 ranks over tcp (loopback, 4 ranks on 2 CPUs; docs/collectives.md, "Benchmarks"), each
-    // dependent step a round of system calls and a peer to be scheduled: 64-128 KiB, whole-vector
-    // recursive doubling (2 steps, 2 S bytes) beat halving-doubling (4 steps, 1.5 S): 64 KiB
-    // 202 -> 149 us; to 8 MiB halving-doubling beat the ring (6 steps, same bytes): 1 MiB
-    // 803 -> 651 us, 4 MiB 5390 -> 3643 us; from 16 MiB the ring was ahead (17.2 vs 18.6 ms).
-    // Over shm the ring stays ahead from 64 KiB on a quiet machine (64 KiB 30 vs 43 us).
+    // 4 ranks over tcp (loopback, 4 ranks on 2 CPUs), each dependent step a round of system
+    // calls and a peer to be scheduled: at 64-128 KiB whole-vector recursive doubling (2 steps,
+    // 2 S bytes) beat halving-doubling (4 steps, 1.5 S); up to 8 MiB halving-doubling beat the
+    // ring (6 steps, same bytes); from 16 MiB the ring was ahead. Over shm the ring stays ahead
+    // from 64 KiB on a quiet machine. docs/collectives.md, "Selecting an algorithm"; the runs:
+    // docs/measurements/collectives.md, "The last four short points (second pass)".
     rules.insert(
         rules.begin() + 1,
         {SelectorRule{K::kAllReduce, 4, 4, 64 * kKiB, 128 * kKiB - 1, A::kRecursiveDoubling},
          SelectorRule{K::kAllReduce, 4, 4, 128 * kKiB, 8 * kKiB * kKiB - 1, A::kHalvingDoubling}});
     // Broadcast, 4 ranks over tcp: the chain's 3 dependent hops (each a peer to be scheduled on
-    // 2 CPUs) lost to the double tree's 2 at every size measured (docs/collectives.md,
-    // "Benchmarks", "Every operation against Open MPI"): 256 KiB 343 -> 148 us, 1 MiB
-    // 1079 -> 490 us, 8 MiB 7045 -> 4423 us, 16 MiB 10585 -> 9902 us.
+    // 2 CPUs) lost to the double tree's 2 at every size tried, 256 KiB to 16 MiB
+    // (docs/measurements/collectives.md, "Broadcast over tcp and ReduceScatter without the
+    // input copy").
     rules.insert(rules.begin(), SelectorRule{K::kBroadcast, 4, 4, 0, kAnyBytes, A::kTree});
   }
   return AlgorithmTable(std::move(rules));

@@ -1,6 +1,6 @@
 // The header that travels with the first message of every call on each connection: it lets the
 // receiver check that both ranks are in the same call with the same arguments, under the same
-// live-reconfiguration epoch (docs/collectives.md, "On the wire").
+// live-reconfiguration epoch (docs/collectives.md, "Contract").
 #pragma once
 
 #include <cstddef>

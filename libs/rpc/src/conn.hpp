@@ -107,7 +107,7 @@ struct BatchLimits {
 // small calls is about as much work for the peer as the message costs, so small calls (under
 // 4 KiB at 8 per piece) keep whole rounds; 64 KiB as the cap made 16 pieces of a round of 128
 // calls of 8 KiB, and was slower at 128 in flight than 256 KiB. docs/rpc.md, "Pipelined
-// rounds", has the measurements.
+// rounds"; the measurements are in docs/measurements/rpc.md, "Pipelined rounds".
 inline constexpr size_t kPiecesPerRound = 4;
 inline constexpr size_t kMinPieceFrames = 8;
 inline constexpr size_t kMinPieceBytes = 32 << 10;
@@ -134,7 +134,7 @@ long InvoluntarySwitches();
 // peer's answer to an early piece is there by the time the round ended and this thread was not
 // switched out involuntarily meanwhile (a peer on this CPU that answered by preempting it); the
 // decision is learnt from that (base::AdaptiveToggle): off after kMissesToStop rounds in a row
-// that did not pay (where the two sides run beside each other, under 1% of rounds miss, so two
+// that did not pay (where the two sides run beside each other, hardly any round misses, so two
 // in a row is a change of place, not noise), a probe every kProbeEvery rounds while off. One per
 // poller thread (or role).
 class PiecesGate {
@@ -177,10 +177,9 @@ class PiecesGate {
 // sleeps, while spinning pays (base::AdaptiveSpin turns it off where it does not, e.g. with the
 // peer on the same CPU). Where the device moves the bytes in the polling thread
 // (ProgressMode::kCaller), every pass of the spin reads the sockets itself, and a sleep costs the
-// wake-up of an idle CPU, tens of microseconds in a VM: 50 us kept both ends of a stream of 8 KiB
-// calls at 32 in flight busy (4.5 against 2.5 GB/s with 20 us) and more than doubled the RPC/s
-// of 32 B calls at 32 in flight (docs/rpc.md, "Waiting"). Where a device thread moves them, a
-// spinning poller only takes a CPU from that thread: 20 us.
+// wake-up of an idle CPU: 50 us keeps both ends of a stream busy where a shorter spin made them
+// take turns (docs/rpc.md, "Waiting"; the figures in docs/measurements/rpc.md, "Waiting"). Where
+// a device thread moves them, a spinning poller only takes a CPU from that thread: 20 us.
 inline constexpr absl::Duration kCallerModeSpin = absl::Microseconds(50);
 inline constexpr absl::Duration kThreadModeSpin = absl::Microseconds(20);
 inline absl::Duration PollerSpin(const transport::Device& device) {

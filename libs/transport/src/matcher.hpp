@@ -33,7 +33,8 @@ inline constexpr size_t kHeldMessageOverhead = 64;
 
 // Buffers of delivered held messages a connection keeps for reuse, at most (and at most half
 // its cap): a fresh allocation per large message costs page faults and zeroing each time
-// (measured on tcp: ~10% of a 4-rank allreduce's CPU time).
+// (a visible share of a 4-rank allreduce's CPU time over tcp; docs/measurements/collectives.md,
+// "What made the difference").
 inline constexpr size_t kMaxSpareHeldBytes = size_t{64} << 20;
 inline size_t SpareBytesFor(size_t connection_cap) {
   return connection_cap / 2 < kMaxSpareHeldBytes ? connection_cap / 2 : kMaxSpareHeldBytes;

@@ -64,9 +64,9 @@ void StoreWire(uint8_t* p, DataType dtype, size_t i, __m256 v, bool nt) {
 }
 
 // `nt` streams only the stores to `out`: w, m and v were loaded a moment before, so their lines
-// are in L1 and a streaming store would have to evict them again (measured 0.3-0.6x of cached
-// stores on the EPYC, docs/aggregation.md); `out` is written and never read, where a streaming
-// store saves the read for ownership of every line.
+// are in L1 and a streaming store would have to evict them again (a fraction of the cached
+// stores' speed; docs/measurements/aggregation.md); `out` is written and never read, where a
+// streaming store saves the read for ownership of every line.
 template <OptimizerKind kKind>
 size_t OptimizerLoop(const StepScalars& s, float* w, const float* g, float* m, float* v,
                      uint8_t* out, DataType out_dtype, size_t n, bool nt) {
@@ -111,9 +111,9 @@ size_t OptimizerLoop(const StepScalars& s, float* w, const float* g, float* m, f
   };
   // Two vectors per iteration and a software prefetch of every input stream kPrefetch elements
   // ahead: Adam's square root and division make a long chain per vector, and with 4 + 4 streams
-  // the loads of the next lines must be under way while it runs (measured +10-25% for Adam at 1
-  // and 2 threads; neutral for the others). Prefetches never fault, so running past the end of
-  // the arrays is harmless (PrefetchAhead).
+  // the loads of the next lines must be under way while it runs (a gain for Adam, neutral for
+  // the others; docs/measurements/aggregation.md). Prefetches never fault, so running past the
+  // end of the arrays is harmless (PrefetchAhead).
   constexpr size_t kPrefetch = 256;  // 1 KiB: 16 lines per stream
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {

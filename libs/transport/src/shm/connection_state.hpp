@@ -30,7 +30,8 @@ struct EngineConfig {
   absl::Duration op_timeout = absl::Seconds(30);
   // Bulk sends at least this long use CMA. Below it the ring wins: both processes copy at once
   // (sender in, receiver out) from cache-hot ring memory, while process_vm_readv pays for
-  // pinning every page it touches (measured: 1 MiB at 0.62x memcpy by ring, 0.26x by CMA).
+  // pinning every page it touches (docs/measurements/transport.md, "Figures first recorded in
+  // code comments").
   size_t cma_threshold = size_t{2} << 20;
   // Caps on messages held before their receive is posted (DeviceOptions::max_held_bytes_*).
   size_t held_bytes_per_connection = kDefaultHeldBytesPerConnection;

@@ -34,8 +34,9 @@ const base::Param<base::Bytes> kShmCmaThresholdParam(
     "PLEXUS_SHM_CMA_THRESHOLD", base::Bytes{0},
     "shm messages from this size go by cross-memory attach (0: the backend's default)");
 
-// Spinning covers a round trip between two processes (this VM needs ~50 us to wake a sleeping
-// CPU); after that the progress loop sleeps on its doorbell futex.
+// Spinning covers a round trip between two processes (waking a sleeping CPU takes tens of
+// microseconds in a VM; docs/measurements/transport.md, "Figures first recorded in code
+// comments"); after that the progress loop sleeps on its doorbell futex.
 constexpr absl::Duration kSpinBeforeSleep = absl::Microseconds(100);
 // Longest sleep between liveness checks of the peers' sockets.
 constexpr absl::Duration kMaxSleep = absl::Milliseconds(10);
@@ -251,9 +252,9 @@ class ShmDevice final : public Device, public std::enable_shared_from_this<ShmDe
         continue;
       }
       // Yield while recently busy, even on a contended CPU: sleeping on the doorbell there as
-      // soon as a yield came back late (as the collectives' waiters do) cost a third of shm
-      // RPC/s (plexus-bench-rpc, 2 processes on 2 CPUs: 320k -> 190k calls/s), since every
-      // message then needs a wake-up of this thread.
+      // soon as a yield came back late (as the collectives' waiters do) cost much of the shm
+      // RPC rate (docs/measurements/torch.md, "Performance runs"), since every message then
+      // needs a wake-up of this thread.
       if (wait.At(absl::Now() - busy_at) == base::WaitPolicy::Phase::kYield) {
         base::WaitPolicy::Yield(/*can_sleep=*/false);
         continue;

@@ -56,8 +56,8 @@ constexpr uint32_t kEpollEvery = 8;
 // a waiter that alternates with epoll waits keeps it there (no epoll_ctl per message).
 constexpr uint32_t kLoneStreakOutOfEpoll = 16;
 // A small gather leaves as one contiguous send(): copying a few hundred bytes costs less than
-// the kernel's import of the msghdr and its iovec array (about 0.1 us per message on loopback,
-// a visible share of a small RPC's round trip; docs/rpc-measurements.md).
+// the kernel's import of the msghdr and its iovec array (a visible share of a small RPC's round
+// trip on loopback; docs/measurements/rpc.md, "Where the same-CPU time goes").
 constexpr size_t kCoalesceBytes = 1024;
 constexpr int kCoalesceIov = 8;
 

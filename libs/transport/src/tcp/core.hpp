@@ -55,8 +55,8 @@ struct Socket {
   bool want_out = false;
   // Registered with the device's epoll set. A lone socket whose driver blocks in recv() leaves
   // the set while it does (DriveLoneSocket): with a receive timeout and an epoll registration
-  // both on it, the kernel's wake-up costs ~0.4 us more per message on loopback
-  // (docs/rpc-measurements.md).
+  // both on it, the kernel's wake-up costs more per message on loopback
+  // (docs/measurements/rpc.md, "Where the same-CPU time goes").
   bool in_epoll = true;
   tcp::FrameQueue sendq;
   // Bytes read but not yet taken by the connection's ReceiveState (it stops at events and

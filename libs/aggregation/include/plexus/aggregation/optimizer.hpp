@@ -43,8 +43,9 @@ absl::Status ValidateOptimizer(const OptimizerConfig& config);
 // and optimizer state are read and written in the same loop and always go through the cache; the
 // write-only output may stream past it (non-temporal), which saves the read for ownership of every
 // line when the output is too large to be read again from the cache anyway. On the 2-core EPYC
-// (32 MiB L3) this was measured on, streaming the output won at 64 MiB arrays and streaming the
-// weights and state too lost 2-3x (docs/aggregation.md), so kAuto streams from the L3's size up;
+// (32 MiB L3) it was tuned on, streaming the output won at 64 MiB arrays and streaming the
+// weights and state too lost (docs/measurements/aggregation.md), so kAuto streams from the L3's
+// size up;
 // the service's 32 KB chunks, read again at once to be sent, always cache.
 enum class StorePolicy : uint8_t {
   kAuto = 0,  // non-temporal from kNonTemporalThresholdBytes of output up, cached below

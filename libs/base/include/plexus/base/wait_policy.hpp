@@ -55,21 +55,22 @@ class WaitPolicy {
   // message in tens of microseconds).
   static constexpr absl::Duration kContendedYield = absl::Microseconds(200);
   // How long one such yield marks the process's CPUs as contended. Finding out costs a round of
-  // other threads' time slices (~10 ms at a load of 12 on 2 CPUs), so it is not asked on every
-  // wait. (100 ms instead: DDP at parity with gloo rather than ahead, docs/torch.md.)
+  // other threads' time slices (milliseconds on a loaded host), so it is not asked on every
+  // wait; a shorter memory lost what the sleeping waits gain (docs/measurements/torch.md,
+  // "Waiting under load").
   static constexpr absl::Duration kContendedFor = absl::Seconds(1);
 
   // On a contended CPU a waiter that can sleep polls this long without progress before it does:
   // the hops of a running exchange mostly complete within it, and each sleep costs a wake-up
-  // (100-300 us on the 2-CPU VM under load).
+  // (far longer than this on a loaded host; docs/measurements/torch.md, "Waiting under load").
   static constexpr absl::Duration kContendedPoll = absl::Microseconds(200);
 
   // Gives the CPU to another runnable thread, if any, unless the CPUs were found contended
   // within kContendedFor and the caller `can_sleep` (has a wait its producer wakes). Returns
   // true when they are contended (found then, or by this yield, which took kContendedYield or
   // more): a caller that can sleep should then sleep until its next progress rather than yield.
-  // Measured (docs/torch.md): DDP on 2 ranks at a load of 12-14 on 2 CPUs lost ~20 ms per
-  // iteration to yielding waiters.
+  // Yielding waiters on a contended CPU see their data a round of time slices late; DDP under
+  // load lost much of an iteration to them (docs/measurements/torch.md, "Waiting under load").
   static bool Yield(bool can_sleep = true) {
     using Clock = std::chrono::steady_clock;
     const int64_t start = Clock::now().time_since_epoch().count();

@@ -24,7 +24,7 @@
 //  - Failure: a dead or unreachable peer, or no progress for `timeout`, fails the call on every
 //    rank within about 1.1x `timeout` with an error that names first the rank that failed first
 //    ("... failed on rank 0: rank 2 made no progress ..."), not a rank that aborted in reaction
-//    (Unavailable / DeadlineExceeded; docs/collectives.md, "Failure"). After any failure the
+//    (Unavailable / DeadlineExceeded; docs/collectives.md, "Contract"). After any failure the
 //    communicator is broken: every later call fails at once with the same error (as NCCL's
 //    ncclCommAbort); create a new communicator to continue.
 //  - Results are bit-identical across runs for the same algorithm, ring order and world size:
@@ -97,7 +97,7 @@ struct CommunicatorOptions {
   int pipeline_depth = 4;
   // Collectives on CUDA device buffers run on pinned host copies (one per buffer of the call);
   // the communicator keeps up to this many bytes of them for later calls, since allocating
-  // pinned memory costs about a millisecond. 0: allocate and free per call.
+  // pinned memory is slow (docs/collectives.md, "CUDA buffers"). 0: allocate and free per call.
   size_t staging_cache_bytes = size_t{256} << 20;
   // A call that makes no progress for this long fails with DeadlineExceeded naming the silent
   // rank (within 1.1x this); also device.op_timeout, the transport's per-operation timeout, of

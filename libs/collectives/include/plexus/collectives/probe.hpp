@@ -1,6 +1,6 @@
 // Latency probing over the transport (Cloud Collectives, seed 001 §5.2.2): every pair of ranks
 // measures its round-trip time in a round-robin tournament of disjoint pairs, so that no rank
-// serves two probes at once; docs/collectives.md, "Topology".
+// serves two probes at once; docs/collectives.md, "Latency prober".
 //
 //   auto rdv = plexus::transport::Rendezvous::FromEnv();
 //   auto matrix = plexus::collectives::ProbeLatency(*rdv, {});   // the same matrix on every rank

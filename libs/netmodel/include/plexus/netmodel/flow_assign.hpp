@@ -6,8 +6,8 @@
 //  - PFA (priority flow assignment): FFA where low-priority flows avoid reserved routes.
 // A route index maps to whatever pins a connection to a path: the source address or UDP source
 // port a policy-based route matches (MCCS sets the RoCEv2 source port), or a multipath path.
-// The flow simulator (flow_sim.hpp) runs the same assignments; docs/netmodel.md, "Flow-level
-// simulator".
+// The flow simulator (flow_sim.hpp) runs the same assignments; docs/netmodel.md, "Flow
+// assignment".
 //
 //   std::vector<Flow> flows = ...;   // one per connection, routes = the pair's equal-cost paths
 //   auto routes = AssignFlows(flows, capacity, {.policy = FlowAssignPolicy::kFfa});

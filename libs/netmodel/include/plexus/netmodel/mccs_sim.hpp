@@ -1,5 +1,5 @@
 // Experiments on the flow-level simulator (flow_sim.hpp), reproducing two published results
-// (docs/netmodel.md, "Flow-level simulator"):
+// (docs/netmodel.md, "Reproductions"):
 //  - MCCS's 768-GPU table (seed 000 §4.6.5): jobs of 16 or 32 GPUs on a leaf/spine fabric with
 //    8 NICs per host, ring allreduce with a random ring, the locality-aware optimal ring (OR,
 //    ECMP routes) and OR with fair flow assignment (FFA), under random and compact placement;

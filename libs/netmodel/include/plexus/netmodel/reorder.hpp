@@ -1,7 +1,7 @@
 // Cloud Collectives rank reordering: cost models of collective algorithms over a cost matrix
 // (plexus/netmodel/topology.hpp), and a search for the order of nodes that minimises one:
 // simulated annealing, then branch and bound that proves the result optimal for small n.
-// docs/netmodel.md, "Reordering".
+// docs/netmodel.md, "Rank reordering".
 //
 //   CostMatrix c = ...;                       // ProbeLatency(...) or ParseCostMatrix(...)
 //   auto r = Reorder(c, {.model = CostModel::kRing});

@@ -1,7 +1,7 @@
 // What the network looks like to a job: a topology model (hosts in racks in pods, each element
 // with an uplink of given capacity and latency) and a cost matrix between nodes (measured by the
 // latency prober, plexus/collectives/probe.hpp, or derived from a topology). Both read and write
-// JSON; docs/netmodel.md, "Topology".
+// JSON; docs/netmodel.md, "Topology model and cost matrix".
 //
 //   auto fabric = GenerateFabric({.pods = 16, .racks_per_pod = 4, .hosts_per_rack = 8});
 //   CostMatrix latency = LatencyFromTopology(fabric, {.noise = 0.1, .seed = 7});

@@ -29,8 +29,8 @@ struct DeviceOptions {
   // host (the peer is a loopback address or the socket's own address), "" = the system's
   // (net.ipv4.tcp_congestion_control). Loopback has no congestion to control; BBR, a common
   // system default, paces every send at its bandwidth estimate, which on loopback lags the
-  // bursts of a collective (2 processes, allreduce of 16 MiB: 6.4 -> 4.6 ms with reno,
-  // docs/collectives.md "Benchmarks"). Reno neither paces nor needs privileges (it is always in
+  // bursts of a collective (docs/measurements/collectives.md, "tcp 2 processes 1 MiB: launch
+  // order and congestion control"). Reno neither paces nor needs privileges (it is always in
   // net.ipv4.tcp_allowed_congestion_control); a name the kernel refuses fails the connection.
   // Connections to other hosts keep the system's.
   std::string loopback_congestion_control = "reno";
