@@ -291,7 +291,7 @@ int Fabric(const Args& a) {
 
 void AddCostFlags(CLI::App* app, Args* a) {
   app->add_option("--model", a->model,
-                  "ring, halving-doubling (hd), double-binary-tree (dbt), bcube")
+                  "ring, halving_doubling (hd), double_binary_tree (dbt), bcube")
       ->capture_default_str();
   tooling::AddNumber(app, "--bytes", &a->bytes, "collective buffer (used with bandwidths)", 0.0,
                      1e15);

@@ -12,9 +12,9 @@ std::string_view CostModelName(CostModel model) {
     case CostModel::kRing:
       return "ring";
     case CostModel::kHalvingDoubling:
-      return "halving-doubling";
+      return "halving_doubling";
     case CostModel::kDoubleBinaryTree:
-      return "double-binary-tree";
+      return "double_binary_tree";
     case CostModel::kBCube:
       return "bcube";
   }
@@ -22,14 +22,18 @@ std::string_view CostModelName(CostModel model) {
 }
 
 absl::StatusOr<CostModel> ParseCostModel(std::string_view name) {
-  const std::string s = absl::AsciiStrToLower(std::string(name));
+  // Hyphens are accepted for underscores, as the communicator's algorithm names are.
+  std::string s = absl::AsciiStrToLower(std::string(name));
+  for (char& c : s) {
+    if (c == '-') c = '_';
+  }
   if (s == "ring") return CostModel::kRing;
-  if (s == "halving-doubling" || s == "hd") return CostModel::kHalvingDoubling;
-  if (s == "double-binary-tree" || s == "dbt") return CostModel::kDoubleBinaryTree;
+  if (s == "halving_doubling" || s == "hd") return CostModel::kHalvingDoubling;
+  if (s == "double_binary_tree" || s == "dbt") return CostModel::kDoubleBinaryTree;
   if (s == "bcube") return CostModel::kBCube;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown cost model '", std::string(name),
-                   "' (expected ring, halving-doubling, double-binary-tree, bcube)"));
+                   "' (expected ring, halving_doubling, double_binary_tree, bcube)"));
 }
 
 namespace internal {

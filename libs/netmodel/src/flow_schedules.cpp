@@ -100,7 +100,7 @@ absl::StatusOr<Schedule> RingChunkedSchedule(std::span<const int> hosts, double 
 }
 
 absl::StatusOr<Schedule> HalvingDoublingSchedule(std::span<const int> hosts, double bytes) {
-  if (absl::Status st = CheckRanks("halving-doubling", hosts, bytes); !st.ok()) return st;
+  if (absl::Status st = CheckRanks("halving_doubling", hosts, bytes); !st.ok()) return st;
   const int p = static_cast<int>(hosts.size());
   if ((p & (p - 1)) != 0) {
     return absl::InvalidArgumentError(
@@ -108,7 +108,7 @@ absl::StatusOr<Schedule> HalvingDoublingSchedule(std::span<const int> hosts, dou
   }
   int levels = 0;
   while ((1 << levels) < p) ++levels;
-  Schedule s{"halving-doubling", {}};
+  Schedule s{"halving_doubling", {}};
   std::vector<int> last_into(p, -1);
   auto round = [&](int i) {
     std::vector<int> now(p, -1);
