@@ -15,7 +15,6 @@
 
 namespace pa = plexus::aggregation;
 namespace pai = plexus::aggregation::internal;
-namespace pci = plexus::collectives::internal;
 using pa::OptimizerKind;
 using plexus::collectives::DataType;
 
