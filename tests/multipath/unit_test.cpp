@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "device_wire.hpp"
@@ -196,7 +198,7 @@ TEST_CASE("weighted scheduler: picks converge to capacity shares measured from c
     }
     CHECK(monitors[p].bandwidth() == Approx(rates[p]).epsilon(1e-6));
   }
-  auto sched = pm::MakeScheduler(pm::SchedulerKind::kWeighted);
+  auto sched = *pm::MakeScheduler("weighted");
   std::vector<pm::PathView> views(3);
   for (int p = 0; p < 3; ++p) {
     views[p].index = p;
@@ -220,7 +222,7 @@ TEST_CASE("weighted scheduler: picks converge to capacity shares measured from c
 
 TEST_CASE("congestion scheduler shifts weight away from a path with RTT inflation",
           "[multipath][scheduler]") {
-  auto sched = pm::MakeScheduler(pm::SchedulerKind::kCongestion);
+  auto sched = *pm::MakeScheduler("congestion");
   std::vector<pm::PathView> views(2);
   for (int p = 0; p < 2; ++p) {
     views[p].index = p;
@@ -242,7 +244,7 @@ TEST_CASE("round robin, min-RTT and power-of-two choices", "[multipath][schedule
     views[p].index = p + 10;
     views[p].has_slot = true;
   }
-  auto rr = pm::MakeScheduler(pm::SchedulerKind::kRoundRobin);
+  auto rr = *pm::MakeScheduler("round_robin");
   CHECK(rr->Pick(views) == 10);
   CHECK(rr->Pick(views) == 11);
   CHECK(rr->Pick(views) == 12);
@@ -261,23 +263,24 @@ TEST_CASE("round robin, min-RTT and power-of-two choices", "[multipath][schedule
 
   // Power of two: never the most loaded of three when the two others are less loaded.
   views[0].load = 0.5, views[1].load = 0.1, views[2].load = 0.9;
-  auto po2 = pm::MakeScheduler(pm::SchedulerKind::kPowerOfTwo, 42);
+  auto po2 = *pm::MakeScheduler("power_of_two", 42);
   int picks[3] = {0, 0, 0};
   for (int i = 0; i < 3000; ++i) ++picks[po2->Pick(views) - 10];
   CHECK(picks[2] == 0);        // loses every pair it is in
   CHECK(picks[1] > picks[0]);  // wins every pair it is in
   CHECK(picks[0] + picks[1] == 3000);
-  for (auto kind :
-       {pm::SchedulerKind::kRoundRobin, pm::SchedulerKind::kWeighted, pm::SchedulerKind::kMinRtt,
-        pm::SchedulerKind::kCongestion, pm::SchedulerKind::kPowerOfTwo}) {
-    auto parsed = pm::ParseScheduler(pm::SchedulerName(kind));
-    REQUIRE(parsed.ok());
-    CHECK(*parsed == kind);
+  REQUIRE(pm::BuiltinSchedulers().size() == 5);
+  for (std::string_view name : pm::BuiltinSchedulers()) {
+    auto made = pm::MakeScheduler(name);
+    REQUIRE(made.ok());
+    CHECK((*made)->name() == name);
     for (auto& v : views) v.has_slot = false;
-    CHECK(pm::MakeScheduler(kind)->Pick(views) == -1);
+    CHECK((*made)->Pick(views) == -1);
     for (auto& v : views) v.has_slot = true;
   }
-  CHECK_FALSE(pm::ParseScheduler("fastest").ok());
+  const auto unknown = pm::MakeScheduler("fastest");
+  REQUIRE(absl::IsInvalidArgument(unknown.status()));
+  CHECK(std::string(unknown.status().message()).find("power_of_two") != std::string::npos);
 }
 
 TEST_CASE("rate controller: congestion returns to the remembered rate, overload adds up",
