@@ -170,6 +170,77 @@ TEST_CASE("reassembly: held before the Recv, Send order, too-long and held caps"
   CHECK(std::string(st.message()).find("max_held_bytes") != std::string::npos);
 }
 
+TEST_CASE(
+    "reassembly: early chunks go straight into their posted Recv; Recvs complete in Send "
+    "order, a too-long one included",
+    "[multipath][reassembly]") {
+  pmi::Reassembler r(1 << 20);
+  bool dup = false;
+  std::vector<uint8_t> first(8, 0), second(4, 0), third(2, 0);
+  r.PostRecv({first.data(), first.size()}, 200);
+  r.PostRecv({second.data(), second.size()}, 201);
+  r.PostRecv({third.data(), third.size()}, 202);
+  pmi::Frame f;
+  f.type = pmi::FrameType::kChunk;
+  // Message 1 (whole) and message 2 (too long for its Recv) arrive before any chunk of message
+  // 0: message 1 lands in its Recv at once (nothing held), and neither completes before 0.
+  f.flags = pmi::kFlagLast;
+  f.seq = 1, f.send_index = 1, f.total = 4, f.length = 4, f.offset = 0, f.chunk = 0;
+  REQUIRE(r.OnChunk(f, std::vector<uint8_t>{5, 6, 7, 8}, &dup).ok());
+  CHECK(r.held_bytes() == 0);
+  CHECK(second == std::vector<uint8_t>{5, 6, 7, 8});
+  f.seq = 2, f.send_index = 2, f.total = 3, f.length = 3;
+  REQUIRE(r.OnChunk(f, std::vector<uint8_t>{9, 9, 9}, &dup).ok());
+  CHECK(third == std::vector<uint8_t>(2, 0));  // never written past its size
+  CHECK(r.TakeCompletions().empty());
+  // Message 0 in two chunks and a notification.
+  f.flags = 0;
+  f.seq = 0, f.send_index = 0, f.total = 8, f.length = 4;
+  REQUIRE(r.OnChunk(f, std::vector<uint8_t>{1, 2, 3, 4}, &dup).ok());
+  CHECK(r.TakeCompletions().empty());  // 1 and 2 still wait for 0
+  f.chunk = 1, f.offset = 4;
+  REQUIRE(r.OnChunk(f, std::vector<uint8_t>{5, 6, 7, 8}, &dup).ok());
+  CHECK(r.TakeCompletions().empty());  // not notified yet
+  pmi::Frame n;
+  n.type = pmi::FrameType::kNotify;
+  n.seq = 0, n.send_index = 0, n.total = 8, n.chunk = 2;
+  REQUIRE(r.OnNotify(n, &dup).ok());
+  auto done = r.TakeCompletions();
+  REQUIRE(done.size() == 3);
+  CHECK(done[0].wr_id == 200);
+  CHECK(done[0].status.ok());
+  CHECK(done[0].bytes == 8);
+  CHECK(first == std::vector<uint8_t>{1, 2, 3, 4, 5, 6, 7, 8});
+  CHECK(done[1].wr_id == 201);
+  CHECK(done[1].status.ok());
+  CHECK(done[1].bytes == 4);
+  CHECK(done[2].wr_id == 202);
+  CHECK(absl::IsResourceExhausted(done[2].status));
+  CHECK(r.held_bytes() == 0);
+}
+
+TEST_CASE("reassembly: closing fails every Recv not completed, in progress or waiting",
+          "[multipath][reassembly]") {
+  pmi::Reassembler r(1 << 20);
+  bool dup = false;
+  std::vector<uint8_t> a(8), b(8), c(8);
+  r.PostRecv({a.data(), a.size()}, 1);
+  r.PostRecv({b.data(), b.size()}, 2);
+  pmi::Frame f;
+  f.type = pmi::FrameType::kChunk;
+  f.seq = 0, f.send_index = 0, f.total = 8, f.length = 4;  // message 0 half there
+  REQUIRE(r.OnChunk(f, std::vector<uint8_t>(4, 1), &dup).ok());
+  r.CancelRecvs(absl::CancelledError("closed"));
+  r.PostRecv({c.data(), c.size()}, 3);  // after the close: fails at once
+  auto done = r.TakeCompletions();
+  REQUIRE(done.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(done[i].wr_id == i + 1);
+    CHECK(absl::IsCancelled(done[i].status));
+  }
+  CHECK(r.held_bytes() == 0);
+}
+
 TEST_CASE("reassembly: a peer that contradicts itself is refused", "[multipath][reassembly]") {
   pmi::Reassembler r(1 << 20);
   bool dup = false;
