@@ -305,7 +305,7 @@ WorkerOptions ParseWorkerOptions(int argc, char** argv, const char* program) {
   app.add_option("--transport", o.transport, "the transport named in the JSON lines");
   tooling::AddNumber(&app, "--channels", &o.channels, "CommunicatorOptions::channels", 0, 1000000);
   tooling::AddNumber(&app, "--sockets", &o.sockets,
-                     "CommunicatorOptions::device.sockets_per_connection", 0, 1000000);
+                     "CommunicatorOptions::device.tcp.sockets_per_connection", 0, 1000000);
   app.add_option_function<std::string>(
          "--chunk-bytes",
          [&o](const std::string& text) {
@@ -319,7 +319,7 @@ WorkerOptions ParseWorkerOptions(int argc, char** argv, const char* program) {
          "CommunicatorOptions::chunk_bytes (K/M/G suffixes)")
       ->type_name("BYTES");
   app.add_option("--loopback-cc", o.loopback_cc,
-                 "CommunicatorOptions::device.loopback_congestion_control (system: the "
+                 "CommunicatorOptions::device.tcp.loopback_congestion_control (system: the "
                  "system's)");
   app.add_option("--progress", o.progress, "CommunicatorOptions::device.progress")
       ->check(CLI::IsMember({"caller", "thread"}));

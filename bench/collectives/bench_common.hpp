@@ -100,7 +100,7 @@ struct WorkerOptions {
   size_t chunk_bytes = 0;
   int sockets = 0;
   std::string progress;  // "caller", "thread" or empty (library default)
-  // DeviceOptions::loopback_congestion_control: a name, "system" (the system's) or empty
+  // DeviceOptions::tcp.loopback_congestion_control: a name, "system" (the system's) or empty
   // (library default).
   std::string loopback_cc;
   bool trace = false;  // CommunicatorOptions::trace.enabled (in memory, nothing written)

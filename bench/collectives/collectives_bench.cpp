@@ -131,9 +131,9 @@ std::unique_ptr<pc::Communicator> MakeWorkerCommunicator(const pb::WorkerOptions
   if (*backend == pt::Backend::kTcp) comm_options.device.local_address = "127.0.0.1";
   comm_options.channels = options.channels;
   comm_options.chunk_bytes = options.chunk_bytes;
-  if (options.sockets > 0) comm_options.device.sockets_per_connection = options.sockets;
+  if (options.sockets > 0) comm_options.device.tcp.sockets_per_connection = options.sockets;
   if (!options.loopback_cc.empty()) {
-    comm_options.device.loopback_congestion_control =
+    comm_options.device.tcp.loopback_congestion_control =
         options.loopback_cc == "system" ? std::string() : options.loopback_cc;
   }
   if (options.progress == "thread") comm_options.device.progress = pt::ProgressMode::kThread;

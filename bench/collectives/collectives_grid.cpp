@@ -141,11 +141,12 @@ std::optional<int> ParseGridOptions(int argc, char** argv, GridOptions& o) {
                         64);
   app.add_option("--chunk-bytes", o.chunk_bytes, "Plexus CommunicatorOptions::chunk_bytes");
   pt_tooling::AddNumber(&app, "--sockets", &o.sockets,
-                        "Plexus CommunicatorOptions::device.sockets_per_connection", 0, 64);
-  app.add_option("--loopback-cc", o.loopback_cc,
-                 "Plexus DeviceOptions::loopback_congestion_control: the tcp congestion control "
-                 "of connections between local processes (default reno; system: the system's, "
-                 "net.ipv4.tcp_congestion_control, as the peers use)");
+                        "Plexus CommunicatorOptions::device.tcp.sockets_per_connection", 0, 64);
+  app.add_option(
+      "--loopback-cc", o.loopback_cc,
+      "Plexus DeviceOptions::tcp.loopback_congestion_control: the tcp congestion control "
+      "of connections between local processes (default reno; system: the system's, "
+      "net.ipv4.tcp_congestion_control, as the peers use)");
   app.add_option("--progress", o.progress, "Plexus CommunicatorOptions::device.progress")
       ->check(CLI::IsMember({"caller", "thread"}));
   std::string bind = "none";

@@ -214,7 +214,7 @@ TEST_CASE("a rank whose device does not open fails every rank at once, named",
       2,
       [&](int rank) {
         pc::CommunicatorOptions mine = o;
-        if (rank == 1) mine.device.shm_ring_bytes = size_t{1} << 40;  // refused by the device
+        if (rank == 1) mine.device.shm.ring_bytes = size_t{1} << 40;  // refused by the device
         return mine;
       },
       [](int, pc::Communicator&) { return std::string("created"); });
@@ -223,7 +223,7 @@ TEST_CASE("a rank whose device does not open fails every rank at once, named",
   for (int r = 0; r < 2; ++r) {
     INFO("rank " << r << ": " << results[r]);
     CHECK(results[r].find("rank 1 could not open its connections") != std::string::npos);
-    CHECK(results[r].find("shm_ring_bytes") != std::string::npos);
+    CHECK(results[r].find("shm.ring_bytes") != std::string::npos);
   }
   CHECK(seconds < 10);  // not connect_timeout
 }

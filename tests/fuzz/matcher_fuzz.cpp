@@ -9,10 +9,9 @@
 #include <memory>
 #include <vector>
 
-#include "matcher.hpp"
+#include "plexus/transport/matcher.hpp"
 
 namespace pt = plexus::transport;
-namespace in = plexus::transport::internal;
 
 namespace {
 
@@ -23,10 +22,10 @@ namespace {
 
 struct Side {
   struct Pending {
-    in::Matcher::Slot slot;
+    pt::Matcher::Slot slot;
     uint8_t fill;
   };
-  std::unique_ptr<in::Matcher> matcher;
+  std::unique_ptr<pt::Matcher> matcher;
   std::deque<std::vector<uint8_t>> buffers;  // receive buffers (stable addresses)
   std::vector<int> completed;                // times each receive completed
   std::vector<Pending> pending;              // admitted, not yet placed
@@ -46,12 +45,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   const bool eager = data[0] & 1;
   const size_t conn_cap = size_t{64} << (data[1] % 12);  // 64 B .. 128 KiB
-  auto device = std::make_shared<in::HoldBudget>(conn_cap + conn_cap / 2);
+  auto device = std::make_shared<pt::HoldBudget>(conn_cap + conn_cap / 2);
   Side sides[2];
   for (Side& s : sides) {
     Side* self = &s;
-    s.matcher = std::make_unique<in::Matcher>(
-        in::MatcherConfig{.backend = "fuzz",
+    s.matcher = std::make_unique<pt::Matcher>(
+        pt::MatcherConfig{.backend = "fuzz",
                           .peer = "peer",
                           .connection_cap = conn_cap,
                           .device = device,
@@ -77,13 +76,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 0:
       case 1: {  // a header: mostly small, sometimes enormous
         const size_t length = (arg & 0x8000) ? (size_t{1} << (arg % 50)) : (arg & 0x7fff) / 8;
-        in::Matcher::Slot slot;
+        pt::Matcher::Slot slot;
         auto admitted = s.matcher->Admit(length, &slot);
         if (!admitted.ok()) {
           s.Fail(admitted.status(), true);
           break;
         }
-        if (*admitted == in::Matcher::Admission::kWait) break;
+        if (*admitted == pt::Matcher::Admission::kWait) break;
         CHECK_OR_TRAP(slot.length == length);
         const uint8_t fill = static_cast<uint8_t>(s.admitted++ & 0xff);
         s.pending.push_back({slot, fill});

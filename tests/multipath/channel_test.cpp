@@ -5,22 +5,26 @@
 // and in-flight cap switched while traffic flows.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "channel_support.hpp"
+#include "channel_test_access.hpp"
 #include "plexus/multipath/channel.hpp"
 #include "plexus/transport/device.hpp"
 
 namespace pm = plexus::multipath;
 namespace pt = plexus::transport;
+namespace pmi = plexus::multipath::internal;
 using namespace plexus::multipath::testing;  // NOLINT: test helpers
 
 namespace {
@@ -157,7 +161,7 @@ TEST_CASE("the notification waits for the last chunk", "[multipath][failover]") 
   options.path_timeout = absl::Seconds(30);  // only the test decides when the path dies
   Pair pair(2, options);
   // Path 1 swallows everything from now on: its chunks never complete.
-  pair.a->StallPathForTest(1);
+  pmi::ChannelTestAccess::StallPath(*pair.a, 1);
   const size_t n = 4 << 20;
   std::vector<uint8_t> src = Pattern(n, 3), dst(n, 0);
   REQUIRE(pair.b->Recv({dst.data(), n}, 1).ok());
@@ -169,7 +173,7 @@ TEST_CASE("the notification waits for the last chunk", "[multipath][failover]") 
   const auto stats = pair.a->Stats();
   CHECK(stats.paths[1].in_flight > 0);
   // Once the path is declared dead, its chunks go on path 0 and everything completes.
-  pair.a->FailPathForTest(1);
+  pmi::ChannelTestAccess::FailPath(*pair.a, 1);
   Expect(pair.cq_a, 1);
   Expect(pair.cq_b, 1);
   CHECK(dst == src);
@@ -184,7 +188,7 @@ TEST_CASE("a path killed mid-transfer: no byte lost or duplicated, then re-added
     SendAndCheck(pair, {n, n}, 11, [&](size_t i) {
       if (i == 0) {
         WaitBytesAcked(*pair.a, 4 << 20);
-        pair.a->FailPathForTest(1);
+        pmi::ChannelTestAccess::FailPath(*pair.a, 1);
       }
     });
   }
@@ -192,7 +196,7 @@ TEST_CASE("a path killed mid-transfer: no byte lost or duplicated, then re-added
     SendAndCheck(pair, {n, n}, 12, [&](size_t i) {
       if (i == 0) {
         WaitBytesAcked(*pair.a, 4 << 20);
-        pair.b->FailPathForTest(2);
+        pmi::ChannelTestAccess::FailPath(*pair.b, 2);
       }
     });
   }
@@ -219,7 +223,7 @@ TEST_CASE("a blackholed path is detected by its timeout and its chunks reposted 
   SendAndCheck(pair, {n, n}, 21, [&](size_t i) {
     if (i == 0) {
       WaitBytesAcked(*pair.a, 2 << 20);
-      pair.a->StallPathForTest(0);
+      pmi::ChannelTestAccess::StallPath(*pair.a, 0);
     }
   });
   const auto stats = pair.a->Stats();
@@ -245,7 +249,7 @@ TEST_CASE("blackhole detection latency is bounded by the path timeout", "[multip
   REQUIRE(pair.a->Send({src.data(), n}, 2).ok());
   WaitBytesAcked(*pair.a, 1 << 20);
   const absl::Time stalled = absl::Now();
-  pair.a->StallPathForTest(1);
+  pmi::ChannelTestAccess::StallPath(*pair.a, 1);
   while (pair.a->live_paths() == 2 && absl::Now() - stalled < absl::Seconds(10)) {
     absl::SleepFor(absl::Milliseconds(1));
   }
@@ -260,9 +264,9 @@ TEST_CASE("blackhole detection latency is bounded by the path timeout", "[multip
 
 TEST_CASE("mice take the min-RTT path", "[multipath][scheduler]") {
   Pair pair(3);
-  pair.a->SetPathRttForTest(0, absl::Milliseconds(2));
-  pair.a->SetPathRttForTest(1, absl::Microseconds(20));
-  pair.a->SetPathRttForTest(2, absl::Milliseconds(1));
+  pmi::ChannelTestAccess::SetPathRtt(*pair.a, 0, absl::Milliseconds(2));
+  pmi::ChannelTestAccess::SetPathRtt(*pair.a, 1, absl::Microseconds(20));
+  pmi::ChannelTestAccess::SetPathRtt(*pair.a, 2, absl::Milliseconds(1));
   const auto before = pair.a->Stats();
   std::vector<size_t> sizes(100, 100);
   SendAndCheck(pair, sizes, 31);
@@ -275,13 +279,12 @@ TEST_CASE("mice take the min-RTT path", "[multipath][scheduler]") {
 TEST_CASE("scheduler, chunk size and in-flight cap switched while traffic flows",
           "[multipath][scheduler]") {
   Pair pair(3);
-  const pm::SchedulerKind kinds[] = {pm::SchedulerKind::kRoundRobin, pm::SchedulerKind::kMinRtt,
-                                     pm::SchedulerKind::kCongestion, pm::SchedulerKind::kPowerOfTwo,
-                                     pm::SchedulerKind::kWeighted};
+  const std::string_view names[] = {"round_robin", "min_rtt", "congestion", "power_of_two",
+                                    "weighted"};
   std::vector<size_t> sizes(10, (size_t{3} << 20) + 11);
   SendAndCheck(pair, sizes, 41, [&](size_t i) {
-    pair.a->SetScheduler(kinds[i % 5]);
-    CHECK(pair.a->scheduler() == kinds[i % 5]);
+    REQUIRE(pair.a->SetScheduler(names[i % 5]).ok());
+    CHECK(pair.a->scheduler() == names[i % 5]);
     REQUIRE(pair.a->SetChunkBytes(i % 2 == 0 ? 4096 : 200000).ok());
     REQUIRE(pair.a->SetMaxChunksInFlight(1 + static_cast<int>(i % 8)).ok());
   });
@@ -289,6 +292,88 @@ TEST_CASE("scheduler, chunk size and in-flight cap switched while traffic flows"
   CHECK_FALSE(pair.a->SetChunkBytes(size_t{1} << 30).ok());
   CHECK_FALSE(pair.a->SetMaxChunksInFlight(65).ok());
   CHECK_FALSE(pair.a->SetMaxChunksInFlight(0).ok());
+  CHECK(absl::IsInvalidArgument(pair.a->SetScheduler("fastest")));
+  CHECK(pair.a->scheduler() == "weighted");  // the last one set stays
+}
+
+namespace {
+
+// An application's own scheduler: every chunk on one path while it has a free slot (else none);
+// counts its picks.
+class PinnedScheduler final : public pm::Scheduler {
+ public:
+  PinnedScheduler(int path, std::atomic<int>* picks) : path_(path), picks_(picks) {}
+  std::string name() const override { return absl::StrCat("pinned_", path_); }
+  int Pick(absl::Span<const pm::PathView> paths) override {
+    picks_->fetch_add(1);
+    for (const pm::PathView& p : paths) {
+      if (p.index == path_) return p.has_slot ? path_ : -1;
+    }
+    return -1;
+  }
+
+ private:
+  int path_;
+  std::atomic<int>* picks_;
+};
+
+// A scheduler that errs: it names a path that does not exist.
+class WrongScheduler final : public pm::Scheduler {
+ public:
+  std::string name() const override { return "wrong"; }
+  int Pick(absl::Span<const pm::PathView>) override { return 99; }
+};
+
+}  // namespace
+
+TEST_CASE("a user-defined scheduler carries the chunks, set at creation and switched at run time",
+          "[multipath][scheduler]") {
+  std::atomic<int> picks_a{0}, picks_b{0};
+  pm::ChannelOptions options = Pair::Lenient();
+  options.make_scheduler = [&] { return std::make_unique<PinnedScheduler>(2, &picks_a); };
+  Pair pair(3, options);
+  CHECK(pair.a->scheduler() == "pinned_2");
+  // Large messages (not mice): every chunk goes where the scheduler says (the notifications,
+  // on the lowest-RTT path, carry no payload bytes).
+  const size_t big = (size_t{2} << 20) + 5;
+  auto before = pair.a->Stats();
+  SendAndCheck(pair, {big, big}, 61);
+  auto after = pair.a->Stats();
+  CHECK(picks_a.load() > 0);
+  CHECK(after.paths[2].bytes_acked - before.paths[2].bytes_acked == 2 * big);
+  CHECK(after.paths[0].bytes_acked == before.paths[0].bytes_acked);
+  CHECK(after.paths[1].bytes_acked == before.paths[1].bytes_acked);
+
+  // Switched while the channel runs: now path 0 only.
+  REQUIRE(pair.a->SetScheduler(std::make_unique<PinnedScheduler>(0, &picks_b)).ok());
+  CHECK(pair.a->scheduler() == "pinned_0");
+  before = pair.a->Stats();
+  const int a_before = picks_a.load();
+  SendAndCheck(pair, {big}, 62);
+  after = pair.a->Stats();
+  CHECK(picks_b.load() > 0);
+  CHECK(picks_a.load() == a_before);
+  CHECK(after.paths[0].bytes_acked - before.paths[0].bytes_acked == big);
+  CHECK(after.paths[1].bytes_acked == before.paths[1].bytes_acked);
+  CHECK(after.paths[2].bytes_acked == before.paths[2].bytes_acked);
+
+  // A scheduler naming no live path does not stall the channel: MinRttPath decides instead.
+  REQUIRE(pair.a->SetScheduler(std::make_unique<WrongScheduler>()).ok());
+  SendAndCheck(pair, {big}, 63);
+  // Back to a built-in by name; a null scheduler is refused.
+  REQUIRE(pair.a->SetScheduler("round_robin").ok());
+  CHECK(pair.a->scheduler() == "round_robin");
+  CHECK(absl::IsInvalidArgument(pair.a->SetScheduler(std::unique_ptr<pm::Scheduler>())));
+  SendAndCheck(pair, {big}, 64);
+
+  // make_scheduler returning null fails Create, as does an unknown built-in name.
+  pt::CompletionQueue cq;
+  pm::ChannelOptions bad;
+  bad.make_scheduler = [] { return std::unique_ptr<pm::Scheduler>(); };
+  CHECK(absl::IsInvalidArgument(pm::MultipathChannel::Create(bad, &cq).status()));
+  bad = {};
+  bad.scheduler = "fastest";
+  CHECK(absl::IsInvalidArgument(pm::MultipathChannel::Create(bad, &cq).status()));
 }
 
 TEST_CASE("options are validated", "[multipath]") {
@@ -320,8 +405,8 @@ TEST_CASE("every path silent at once is a stall, not a failure", "[multipath][fa
   options.path_timeout = absl::Milliseconds(100);
   options.probe_interval = absl::Milliseconds(10);
   Pair pair(2, options);
-  pair.a->StallPathForTest(0);
-  pair.a->StallPathForTest(1);
+  pmi::ChannelTestAccess::StallPath(*pair.a, 0);
+  pmi::ChannelTestAccess::StallPath(*pair.a, 1);
   absl::SleepFor(absl::Milliseconds(600));
   CHECK(pair.a->live_paths() == 2);
   CHECK(pair.b->live_paths() == 2);
@@ -388,7 +473,7 @@ TEST_CASE("a dead lane is redialed with bounded back-off and used again, without
   SendAndCheck(*a, *b, cq_a, cq_b, {n, n}, 60, [&](size_t i) {
     if (i == 0) {
       WaitBytesAcked(*a, 2 << 20);
-      a->FailPathForTest(1);
+      pmi::ChannelTestAccess::FailPath(*a, 1);
     }
   });
   // Lane 1 comes back on both sides: a new path (index 2) on lane 1.
@@ -488,16 +573,16 @@ TEST_CASE(
   // Both sides take path 0 for the fastest, so with every path loaded both ways each sends a
   // copy of every ack of a chunk that came on path 1 or 2 ahead on path 0.
   for (auto* ch : {pair.a.get(), pair.b.get()}) {
-    ch->SetPathRttForTest(0, absl::Microseconds(100));
-    ch->SetPathRttForTest(1, absl::Milliseconds(50));
-    ch->SetPathRttForTest(2, absl::Milliseconds(50));
+    pmi::ChannelTestAccess::SetPathRtt(*ch, 0, absl::Microseconds(100));
+    pmi::ChannelTestAccess::SetPathRtt(*ch, 1, absl::Milliseconds(50));
+    pmi::ChannelTestAccess::SetPathRtt(*ch, 2, absl::Milliseconds(50));
   }
   const size_t n = size_t{8} << 20;
   SECTION("the path the copies travel on dies (acks in flight on it are lost)") {
     BothWays(pair, n, 4, 70, [&](size_t i) {
       if (i == 0) {
         WaitBytesAcked(*pair.a, 4 << 20);
-        pair.b->FailPathForTest(0);
+        pmi::ChannelTestAccess::FailPath(*pair.b, 0);
       }
     });
   }
@@ -505,7 +590,7 @@ TEST_CASE(
     BothWays(pair, n, 4, 71, [&](size_t i) {
       if (i == 0) {
         WaitBytesAcked(*pair.a, 4 << 20);
-        pair.a->FailPathForTest(1);
+        pmi::ChannelTestAccess::FailPath(*pair.a, 1);
       }
     });
   }
@@ -520,8 +605,8 @@ TEST_CASE("ack_ahead = false: acks only on the chunk's path", "[multipath]") {
   o.ack_ahead = false;
   Pair pair(2, o);
   for (auto* ch : {pair.a.get(), pair.b.get()}) {
-    ch->SetPathRttForTest(0, absl::Microseconds(100));
-    ch->SetPathRttForTest(1, absl::Milliseconds(50));
+    pmi::ChannelTestAccess::SetPathRtt(*ch, 0, absl::Microseconds(100));
+    pmi::ChannelTestAccess::SetPathRtt(*ch, 1, absl::Milliseconds(50));
   }
   BothWays(pair, size_t{8} << 20, 2, 73, nullptr);
   CHECK(pair.a->Stats().acks_sent_ahead == 0);

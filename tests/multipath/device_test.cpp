@@ -15,11 +15,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "channel_support.hpp"
+#include "channel_test_access.hpp"
 #include "plexus/multipath/device.hpp"
 #include "plexus/transport/device.hpp"
 
 namespace pm = plexus::multipath;
 namespace pt = plexus::transport;
+namespace pmi = plexus::multipath::internal;
 using plexus::multipath::testing::Pattern;
 using plexus::multipath::testing::WaitBytesAcked;
 
@@ -263,7 +265,7 @@ TEST_CASE("device: a path failed mid-transfer loses and duplicates nothing",
   REQUIRE(link.a->PostSend(pt::ConstBuffer{src.data() + 1, n}, 11).ok());
   REQUIRE(link.a->PostSend(pt::ConstBuffer{src2.data(), n}, 12).ok());
   WaitBytesAcked(*channel_a, 4 << 20);
-  channel_a->FailPathForTest(1);
+  pmi::ChannelTestAccess::FailPath(*channel_a, 1);
   std::vector<uint64_t> sent;
   for (int i = 0; i < 2; ++i) {
     const pt::Completion c = Next(link.cq_a);
@@ -307,7 +309,7 @@ TEST_CASE(
   REQUIRE(link.a->PostRecv({dst.data() + 1, n}, 1).ok());
   REQUIRE(link.b->PostSend(pt::ConstBuffer{src.data(), n}, 2).ok());
   WaitBytesAcked(*channel_b, 4 << 20);
-  channel_b->FailPathForTest(0);
+  pmi::ChannelTestAccess::FailPath(*channel_b, 0);
   const pt::Completion sent = Next(link.cq_b);
   INFO(sent.status.ToString());
   CHECK(sent.status.ok());
@@ -328,7 +330,7 @@ TEST_CASE("device: revive_paths = false leaves a dead path dead", "[multipath][d
   oa.revive_paths = ob.revive_paths = false;
   Link link(oa, ob);
   pm::MultipathChannel* channel_a = pm::MultipathDevice::ChannelOf(*link.a);
-  channel_a->FailPathForTest(1);
+  pmi::ChannelTestAccess::FailPath(*channel_a, 1);
   absl::SleepFor(absl::Milliseconds(500));
   CHECK(channel_a->live_paths() == 1);
   CHECK(channel_a->Stats().paths.size() == 2);

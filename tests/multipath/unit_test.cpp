@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "device_wire.hpp"
@@ -168,6 +170,77 @@ TEST_CASE("reassembly: held before the Recv, Send order, too-long and held caps"
   CHECK(std::string(st.message()).find("max_held_bytes") != std::string::npos);
 }
 
+TEST_CASE(
+    "reassembly: early chunks go straight into their posted Recv; Recvs complete in Send "
+    "order, a too-long one included",
+    "[multipath][reassembly]") {
+  pmi::Reassembler r(1 << 20);
+  bool dup = false;
+  std::vector<uint8_t> first(8, 0), second(4, 0), third(2, 0);
+  r.PostRecv({first.data(), first.size()}, 200);
+  r.PostRecv({second.data(), second.size()}, 201);
+  r.PostRecv({third.data(), third.size()}, 202);
+  pmi::Frame f;
+  f.type = pmi::FrameType::kChunk;
+  // Message 1 (whole) and message 2 (too long for its Recv) arrive before any chunk of message
+  // 0: message 1 lands in its Recv at once (nothing held), and neither completes before 0.
+  f.flags = pmi::kFlagLast;
+  f.seq = 1, f.send_index = 1, f.total = 4, f.length = 4, f.offset = 0, f.chunk = 0;
+  REQUIRE(r.OnChunk(f, std::vector<uint8_t>{5, 6, 7, 8}, &dup).ok());
+  CHECK(r.held_bytes() == 0);
+  CHECK(second == std::vector<uint8_t>{5, 6, 7, 8});
+  f.seq = 2, f.send_index = 2, f.total = 3, f.length = 3;
+  REQUIRE(r.OnChunk(f, std::vector<uint8_t>{9, 9, 9}, &dup).ok());
+  CHECK(third == std::vector<uint8_t>(2, 0));  // never written past its size
+  CHECK(r.TakeCompletions().empty());
+  // Message 0 in two chunks and a notification.
+  f.flags = 0;
+  f.seq = 0, f.send_index = 0, f.total = 8, f.length = 4;
+  REQUIRE(r.OnChunk(f, std::vector<uint8_t>{1, 2, 3, 4}, &dup).ok());
+  CHECK(r.TakeCompletions().empty());  // 1 and 2 still wait for 0
+  f.chunk = 1, f.offset = 4;
+  REQUIRE(r.OnChunk(f, std::vector<uint8_t>{5, 6, 7, 8}, &dup).ok());
+  CHECK(r.TakeCompletions().empty());  // not notified yet
+  pmi::Frame n;
+  n.type = pmi::FrameType::kNotify;
+  n.seq = 0, n.send_index = 0, n.total = 8, n.chunk = 2;
+  REQUIRE(r.OnNotify(n, &dup).ok());
+  auto done = r.TakeCompletions();
+  REQUIRE(done.size() == 3);
+  CHECK(done[0].wr_id == 200);
+  CHECK(done[0].status.ok());
+  CHECK(done[0].bytes == 8);
+  CHECK(first == std::vector<uint8_t>{1, 2, 3, 4, 5, 6, 7, 8});
+  CHECK(done[1].wr_id == 201);
+  CHECK(done[1].status.ok());
+  CHECK(done[1].bytes == 4);
+  CHECK(done[2].wr_id == 202);
+  CHECK(absl::IsResourceExhausted(done[2].status));
+  CHECK(r.held_bytes() == 0);
+}
+
+TEST_CASE("reassembly: closing fails every Recv not completed, in progress or waiting",
+          "[multipath][reassembly]") {
+  pmi::Reassembler r(1 << 20);
+  bool dup = false;
+  std::vector<uint8_t> a(8), b(8), c(8);
+  r.PostRecv({a.data(), a.size()}, 1);
+  r.PostRecv({b.data(), b.size()}, 2);
+  pmi::Frame f;
+  f.type = pmi::FrameType::kChunk;
+  f.seq = 0, f.send_index = 0, f.total = 8, f.length = 4;  // message 0 half there
+  REQUIRE(r.OnChunk(f, std::vector<uint8_t>(4, 1), &dup).ok());
+  r.CancelRecvs(absl::CancelledError("closed"));
+  r.PostRecv({c.data(), c.size()}, 3);  // after the close: fails at once
+  auto done = r.TakeCompletions();
+  REQUIRE(done.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(done[i].wr_id == i + 1);
+    CHECK(absl::IsCancelled(done[i].status));
+  }
+  CHECK(r.held_bytes() == 0);
+}
+
 TEST_CASE("reassembly: a peer that contradicts itself is refused", "[multipath][reassembly]") {
   pmi::Reassembler r(1 << 20);
   bool dup = false;
@@ -196,7 +269,7 @@ TEST_CASE("weighted scheduler: picks converge to capacity shares measured from c
     }
     CHECK(monitors[p].bandwidth() == Approx(rates[p]).epsilon(1e-6));
   }
-  auto sched = pm::MakeScheduler(pm::SchedulerKind::kWeighted);
+  auto sched = *pm::MakeScheduler("weighted");
   std::vector<pm::PathView> views(3);
   for (int p = 0; p < 3; ++p) {
     views[p].index = p;
@@ -220,7 +293,7 @@ TEST_CASE("weighted scheduler: picks converge to capacity shares measured from c
 
 TEST_CASE("congestion scheduler shifts weight away from a path with RTT inflation",
           "[multipath][scheduler]") {
-  auto sched = pm::MakeScheduler(pm::SchedulerKind::kCongestion);
+  auto sched = *pm::MakeScheduler("congestion");
   std::vector<pm::PathView> views(2);
   for (int p = 0; p < 2; ++p) {
     views[p].index = p;
@@ -242,7 +315,7 @@ TEST_CASE("round robin, min-RTT and power-of-two choices", "[multipath][schedule
     views[p].index = p + 10;
     views[p].has_slot = true;
   }
-  auto rr = pm::MakeScheduler(pm::SchedulerKind::kRoundRobin);
+  auto rr = *pm::MakeScheduler("round_robin");
   CHECK(rr->Pick(views) == 10);
   CHECK(rr->Pick(views) == 11);
   CHECK(rr->Pick(views) == 12);
@@ -261,23 +334,24 @@ TEST_CASE("round robin, min-RTT and power-of-two choices", "[multipath][schedule
 
   // Power of two: never the most loaded of three when the two others are less loaded.
   views[0].load = 0.5, views[1].load = 0.1, views[2].load = 0.9;
-  auto po2 = pm::MakeScheduler(pm::SchedulerKind::kPowerOfTwo, 42);
+  auto po2 = *pm::MakeScheduler("power_of_two", 42);
   int picks[3] = {0, 0, 0};
   for (int i = 0; i < 3000; ++i) ++picks[po2->Pick(views) - 10];
   CHECK(picks[2] == 0);        // loses every pair it is in
   CHECK(picks[1] > picks[0]);  // wins every pair it is in
   CHECK(picks[0] + picks[1] == 3000);
-  for (auto kind :
-       {pm::SchedulerKind::kRoundRobin, pm::SchedulerKind::kWeighted, pm::SchedulerKind::kMinRtt,
-        pm::SchedulerKind::kCongestion, pm::SchedulerKind::kPowerOfTwo}) {
-    auto parsed = pm::ParseScheduler(pm::SchedulerName(kind));
-    REQUIRE(parsed.ok());
-    CHECK(*parsed == kind);
+  REQUIRE(pm::BuiltinSchedulers().size() == 5);
+  for (std::string_view name : pm::BuiltinSchedulers()) {
+    auto made = pm::MakeScheduler(name);
+    REQUIRE(made.ok());
+    CHECK((*made)->name() == name);
     for (auto& v : views) v.has_slot = false;
-    CHECK(pm::MakeScheduler(kind)->Pick(views) == -1);
+    CHECK((*made)->Pick(views) == -1);
     for (auto& v : views) v.has_slot = true;
   }
-  CHECK_FALSE(pm::ParseScheduler("fastest").ok());
+  const auto unknown = pm::MakeScheduler("fastest");
+  REQUIRE(absl::IsInvalidArgument(unknown.status()));
+  CHECK(std::string(unknown.status().message()).find("power_of_two") != std::string::npos);
 }
 
 TEST_CASE("rate controller: congestion returns to the remembered rate, overload adds up",

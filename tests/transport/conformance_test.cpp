@@ -47,9 +47,9 @@ std::vector<Config> Configs() {
 pt::DeviceOptions OptionsFor(const Config& c) {
   pt::DeviceOptions o;
   o.backend = c.backend;
-  o.sockets_per_connection = c.sockets;
+  o.tcp.sockets_per_connection = c.sockets;
   o.progress = c.progress;
-  o.stripe_threshold = 64 << 10;
+  o.tcp.stripe_threshold = 64 << 10;
   o.op_timeout = absl::Seconds(5);
   o.connect_timeout = absl::Seconds(5);
   if (c.backend == pt::Backend::kTcp) o.local_address = "127.0.0.1";
@@ -643,7 +643,7 @@ TEST_CASE("tcp: local_address chooses the path's source address", "[conformance]
   REQUIRE(server.ok());
   pt::DeviceOptions client_options = server_options;
   client_options.local_address = "127.0.0.2";
-  client_options.sockets_per_connection = 2;
+  client_options.tcp.sockets_per_connection = 2;
   auto client = pt::Device::Create(client_options);
   REQUIRE(client.ok());
   auto cq_s = (*server)->CreateCompletionQueue();

@@ -66,7 +66,7 @@ TEST_CASE("completion queue delivers in push order and times out", "[transport]"
 
 TEST_CASE("device options are validated", "[transport]") {
   pt::DeviceOptions options;
-  options.sockets_per_connection = 0;
+  options.tcp.sockets_per_connection = 0;
   CHECK(absl::IsInvalidArgument(pt::Device::Create(options).status()));
   std::string why;
   if (!pt::Device::Available(pt::Backend::kVerbs, &why)) CHECK_FALSE(why.empty());

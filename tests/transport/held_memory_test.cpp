@@ -67,7 +67,7 @@ std::shared_ptr<pt::Device> MakeDevice(pt::Backend backend) {
   o.max_message_bytes = k16GiB;
   o.max_held_bytes_per_connection = kCap;
   o.max_held_bytes_per_device = 2 * kCap;
-  o.shm_ring_bytes = kMiB;
+  o.shm.ring_bytes = kMiB;
   auto d = pt::Device::Create(o);
   REQUIRE(d.ok());
   return *d;
@@ -299,7 +299,7 @@ TEST_CASE("shm: early messages from a peer process stop at the cap until receive
         pt::DeviceOptions o;
         o.backend = pt::Backend::kShm;
         o.op_timeout = absl::Seconds(20);
-        o.shm_ring_bytes = kMiB;
+        o.shm.ring_bytes = kMiB;
         return o;
       }());
       if (!child.ok()) std::_Exit(2);
@@ -368,7 +368,7 @@ TcpPair MakeTcpPair(int sockets, size_t per_connection, size_t per_device) {
   o.backend = pt::Backend::kTcp;
   o.local_address = "127.0.0.1";
   o.op_timeout = absl::Seconds(20);
-  o.sockets_per_connection = sockets;
+  o.tcp.sockets_per_connection = sockets;
   o.max_held_bytes_per_connection = per_connection;
   o.max_held_bytes_per_device = per_device;
   auto s = pt::Device::Create(o);

@@ -219,7 +219,7 @@ TEST_CASE("tcp: half-open socket groups are closed after the connect timeout", "
   // The listener still serves a real 2-socket connection.
   pt::DeviceOptions o;
   o.backend = pt::Backend::kTcp;
-  o.sockets_per_connection = 2;
+  o.tcp.sockets_per_connection = 2;
   auto client = pt::Device::Create(o);
   REQUIRE(client.ok());
   auto cq_c = (*client)->CreateCompletionQueue();
@@ -338,7 +338,7 @@ TEST_CASE("tcp over IPv6 loopback: listen, connect, local_address", "[ipv6]") {
   }
   pt::DeviceOptions o;
   o.backend = pt::Backend::kTcp;
-  o.sockets_per_connection = GENERATE(1, 2);
+  o.tcp.sockets_per_connection = GENERATE(1, 2);
   auto server = pt::Device::Create(o);
   REQUIRE(server.ok());
   auto cq_s = (*server)->CreateCompletionQueue();

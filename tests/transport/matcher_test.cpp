@@ -13,10 +13,10 @@
 #include "matcher.hpp"
 
 namespace pt = plexus::transport;
-using plexus::transport::internal::HoldBudget;
-using plexus::transport::internal::kHeldMessageOverhead;
-using plexus::transport::internal::Matcher;
-using plexus::transport::internal::MatcherConfig;
+using plexus::transport::HoldBudget;
+using plexus::transport::kHeldMessageOverhead;
+using plexus::transport::Matcher;
+using plexus::transport::MatcherConfig;
 
 namespace {
 

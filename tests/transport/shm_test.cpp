@@ -124,7 +124,7 @@ pt::DeviceOptions Options(pt::ProgressMode mode, absl::Duration op_timeout = abs
   o.progress = mode;
   o.op_timeout = op_timeout;
   o.connect_timeout = absl::Seconds(10);
-  o.shm_ring_bytes = size_t{1} << 20;  // smaller than the big messages: they must stream
+  o.shm.ring_bytes = size_t{1} << 20;  // smaller than the big messages: they must stream
   o.max_message_bytes = size_t{1} << 30;
   return o;
 }

@@ -118,8 +118,8 @@ TEST_CASE("tcp: striped operations shorter than the socket count arrive", "[tcp]
   pt::DeviceOptions o;
   o.backend = pt::Backend::kTcp;
   o.local_address = "127.0.0.1";
-  o.sockets_per_connection = 4;
-  o.stripe_threshold = 0;
+  o.tcp.sockets_per_connection = 4;
+  o.tcp.stripe_threshold = 0;
   o.op_timeout = absl::Seconds(10);
   pt::testing::ConnectedPair pair = pt::testing::ConnectPair(o);
   std::vector<uint8_t> region(64, 0);

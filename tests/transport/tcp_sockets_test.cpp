@@ -1,5 +1,5 @@
 // The tcp backend's per-socket choices (src/tcp/sockets.*): which connections take the loopback
-// path, and the congestion control they get (DeviceOptions::loopback_congestion_control), on
+// path, and the congestion control they get (DeviceOptions::tcp.loopback_congestion_control), on
 // raw sockets and through a device's connections; the caller-mode lone socket that leaves the
 // epoll set while its driver blocks in recv(); small sends written inside PostSend, also when a
 // full socket buffer takes only part of one (src/tcp/core.cpp).
@@ -106,7 +106,7 @@ TEST_CASE("tcp: loopback connections get loopback_congestion_control, a refused 
   }
   SECTION("a name the kernel refuses fails the connecting side with the option's name") {
     pt::DeviceOptions bad = o;
-    bad.loopback_congestion_control = "no-such-cc";
+    bad.tcp.loopback_congestion_control = "no-such-cc";
     auto a = pt::Device::Create(bad);
     auto b = pt::Device::Create(o);
     REQUIRE(a.ok());

@@ -1,5 +1,6 @@
 // MultipathChannel: the public calls, the progress thread and Create (channel_impl.hpp).
 #include "channel_impl.hpp"
+#include "channel_test_access.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -243,8 +244,18 @@ absl::StatusOr<std::unique_ptr<MultipathChannel>> internal::ChannelFactory::Crea
   if (timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("multipath: path timeout must be positive");
   }
-  return std::unique_ptr<MultipathChannel>(new MultipathChannel(
-      std::make_unique<MultipathChannel::Impl>(options, timeout, user_cq, internal_options)));
+  std::unique_ptr<Scheduler> scheduler;
+  if (options.make_scheduler) {
+    scheduler = options.make_scheduler();
+    if (scheduler == nullptr) {
+      return absl::InvalidArgumentError("multipath: ChannelOptions::make_scheduler returned null");
+    }
+  } else {
+    PLEXUS_ASSIGN_OR_RETURN(scheduler, MakeScheduler(options.scheduler));
+  }
+  return std::unique_ptr<MultipathChannel>(
+      new MultipathChannel(std::make_unique<MultipathChannel::Impl>(
+          options, timeout, user_cq, internal_options, std::move(scheduler))));
 }
 
 MultipathChannel::MultipathChannel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -274,16 +285,26 @@ absl::Status MultipathChannel::SetChunkBytes(size_t bytes) { return impl_->SetCh
 absl::Status MultipathChannel::SetMaxChunksInFlight(int chunks) {
   return impl_->SetMaxChunksInFlight(chunks);
 }
-void MultipathChannel::SetScheduler(SchedulerKind kind) { impl_->SetScheduler(kind); }
-SchedulerKind MultipathChannel::scheduler() const { return impl_->scheduler(); }
+absl::Status MultipathChannel::SetScheduler(std::string_view name) {
+  return impl_->SetScheduler(name);
+}
+absl::Status MultipathChannel::SetScheduler(std::unique_ptr<Scheduler> scheduler) {
+  return impl_->SetScheduler(std::move(scheduler));
+}
+std::string MultipathChannel::scheduler() const { return impl_->scheduler(); }
 ChannelStats MultipathChannel::Stats() const { return impl_->Stats(); }
 int MultipathChannel::live_paths() const { return impl_->live_paths(); }
 absl::Status MultipathChannel::status() const { return impl_->status(); }
 uint64_t MultipathChannel::id() const { return impl_->id(); }
-void MultipathChannel::FailPathForTest(int path) {
-  impl_->FailPath(path, absl::UnavailableError("path killed by a test"));
+void internal::ChannelTestAccess::FailPath(MultipathChannel& channel, int path) {
+  channel.impl_->FailPath(path, absl::UnavailableError("path killed by a test"));
 }
-void MultipathChannel::StallPathForTest(int path) { impl_->StallPath(path); }
-void MultipathChannel::SetPathRttForTest(int path, absl::Duration rtt) { impl_->PinRtt(path, rtt); }
+void internal::ChannelTestAccess::StallPath(MultipathChannel& channel, int path) {
+  channel.impl_->StallPath(path);
+}
+void internal::ChannelTestAccess::SetPathRtt(MultipathChannel& channel, int path,
+                                             absl::Duration rtt) {
+  channel.impl_->PinRtt(path, rtt);
+}
 
 }  // namespace plexus::multipath

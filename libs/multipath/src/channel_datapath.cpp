@@ -54,6 +54,15 @@ std::vector<PathView> MultipathChannel::Impl::Views() const {
   return views;
 }
 
+int MultipathChannel::Impl::PickPath(absl::Span<const PathView> views) {
+  const int p = scheduler_->Pick(views);
+  if (p < 0) return -1;
+  for (const PathView& v : views) {
+    if (v.index == p && v.has_slot) return p;
+  }
+  return MinRttPath(views);
+}
+
 uint64_t MultipathChannel::Impl::SendChunkLimit() const {
   uint64_t limit = chunk_bytes_;
   for (const auto& p : paths_) {
@@ -77,7 +86,7 @@ void MultipathChannel::Impl::Schedule() {
       if (d.op->mice) {
         for (PathView& v : views) v.has_slot = true;
       }
-      const int p = d.op->mice ? MinRttPath(views) : scheduler_->Pick(views);
+      const int p = d.op->mice ? MinRttPath(views) : PickPath(views);
       if (p < 0) break;
       repost_.pop_front();
       PostDesc(slot, *paths_[p]);
@@ -110,7 +119,7 @@ void MultipathChannel::Impl::Schedule() {
       if (op->mice) {
         for (PathView& v : views) v.has_slot = true;
       }
-      const int p = op->mice ? MinRttPath(views) : scheduler_->Pick(views);
+      const int p = op->mice ? MinRttPath(views) : PickPath(views);
       if (p < 0) break;
       uint64_t limit = op->kind == OpKind::kSend ? SendChunkLimit() : chunk_bytes_;
       if (op->mice && op->kind == OpKind::kSend) limit = std::max(limit, op->total);

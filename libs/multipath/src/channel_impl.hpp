@@ -70,14 +70,15 @@ using internal::kRecvSlots;
 class MultipathChannel::Impl {
  public:
   Impl(const ChannelOptions& options, absl::Duration path_timeout, pt::CompletionQueue* user_cq,
-       const internal::ChannelInternalOptions& internal_options)
+       const internal::ChannelInternalOptions& internal_options,
+       std::unique_ptr<Scheduler> scheduler)
       : options_(options),
         path_timeout_(path_timeout),
         user_cq_(user_cq),
         id_(internal::next_channel_id.fetch_add(1) | (uint64_t{1} << 48)),
         completion_id_(internal_options.completion_id != 0 ? internal_options.completion_id : id_),
         fail_when_all_paths_dead_(internal_options.fail_when_all_paths_dead),
-        scheduler_(MakeScheduler(options.scheduler)),
+        scheduler_(std::move(scheduler)),
         reassembler_(options.max_held_bytes) {
     chunk_bytes_ = options.chunk_bytes;
     cap_ = options.max_chunks_in_flight;
@@ -136,14 +137,25 @@ class MultipathChannel::Impl {
 
   absl::Status SetMaxChunksInFlight(int chunks);
 
-  void SetScheduler(SchedulerKind kind) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (scheduler_->kind() != kind) scheduler_ = MakeScheduler(kind);
+  absl::Status SetScheduler(std::string_view name) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (scheduler_->name() == name) return absl::OkStatus();
+    }
+    PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> next, MakeScheduler(name));
+    return SetScheduler(std::move(next));
   }
 
-  SchedulerKind scheduler() const {
+  absl::Status SetScheduler(std::unique_ptr<Scheduler> scheduler) {
+    if (scheduler == nullptr) return absl::InvalidArgumentError("SetScheduler: null scheduler");
     std::lock_guard<std::mutex> lock(mu_);
-    return scheduler_->kind();
+    scheduler_ = std::move(scheduler);
+    return absl::OkStatus();
+  }
+
+  std::string scheduler() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return scheduler_->name();
   }
 
   ChannelStats Stats() const;
@@ -318,6 +330,9 @@ class MultipathChannel::Impl {
   static uint64_t WrId(uint32_t slot, uint32_t gen) { return (uint64_t{gen} << 32) | slot; }
 
   std::vector<PathView> Views() const;
+  // The scheduler's path for the next chunk among `views`; a choice that is not a view with a
+  // free slot (an application's scheduler may err) falls back to MinRttPath's.
+  int PickPath(absl::Span<const PathView> views);
 
   // Payload bytes of the next chunk of a Send (bounded by the peer's receive buffers).
   uint64_t SendChunkLimit() const;

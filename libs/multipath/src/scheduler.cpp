@@ -6,6 +6,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace plexus::multipath {
 namespace {
@@ -37,7 +38,7 @@ std::vector<double> Weights(absl::Span<const PathView> paths, bool penalise_infl
 
 class RoundRobin final : public Scheduler {
  public:
-  SchedulerKind kind() const override { return SchedulerKind::kRoundRobin; }
+  std::string name() const override { return "round_robin"; }
   int Pick(absl::Span<const PathView> paths) override {
     if (paths.empty()) return -1;
     for (size_t k = 0; k < paths.size(); ++k) {
@@ -59,9 +60,7 @@ class RoundRobin final : public Scheduler {
 class SmoothWeighted final : public Scheduler {
  public:
   explicit SmoothWeighted(bool congestion) : congestion_(congestion) {}
-  SchedulerKind kind() const override {
-    return congestion_ ? SchedulerKind::kCongestion : SchedulerKind::kWeighted;
-  }
+  std::string name() const override { return congestion_ ? "congestion" : "weighted"; }
   int Pick(absl::Span<const PathView> paths) override {
     const std::vector<double> w = Weights(paths, congestion_);
     int best = -1;
@@ -86,7 +85,7 @@ class SmoothWeighted final : public Scheduler {
 
 class MinRtt final : public Scheduler {
  public:
-  SchedulerKind kind() const override { return SchedulerKind::kMinRtt; }
+  std::string name() const override { return "min_rtt"; }
   int Pick(absl::Span<const PathView> paths) override { return MinRttPath(paths); }
 };
 
@@ -96,7 +95,7 @@ class MinRtt final : public Scheduler {
 class PowerOfTwo final : public Scheduler {
  public:
   explicit PowerOfTwo(uint64_t seed) : gen_(std::seed_seq{seed}) {}
-  SchedulerKind kind() const override { return SchedulerKind::kPowerOfTwo; }
+  std::string name() const override { return "power_of_two"; }
   int Pick(absl::Span<const PathView> paths) override {
     std::vector<size_t> open;
     for (size_t i = 0; i < paths.size(); ++i) {
@@ -119,47 +118,23 @@ class PowerOfTwo final : public Scheduler {
 
 }  // namespace
 
-std::string_view SchedulerName(SchedulerKind kind) {
-  switch (kind) {
-    case SchedulerKind::kRoundRobin:
-      return "round_robin";
-    case SchedulerKind::kWeighted:
-      return "weighted";
-    case SchedulerKind::kMinRtt:
-      return "min_rtt";
-    case SchedulerKind::kCongestion:
-      return "congestion";
-    case SchedulerKind::kPowerOfTwo:
-      return "power_of_two";
-  }
-  return "unknown";
+const std::vector<std::string_view>& BuiltinSchedulers() {
+  static const std::vector<std::string_view>* const kNames = new std::vector<std::string_view>{
+      "round_robin", "weighted", "min_rtt", "congestion", "power_of_two"};
+  return *kNames;
 }
 
-absl::StatusOr<SchedulerKind> ParseScheduler(std::string_view name) {
-  for (SchedulerKind k :
-       {SchedulerKind::kRoundRobin, SchedulerKind::kWeighted, SchedulerKind::kMinRtt,
-        SchedulerKind::kCongestion, SchedulerKind::kPowerOfTwo}) {
-    if (SchedulerName(k) == name) return k;
-  }
+absl::StatusOr<std::unique_ptr<Scheduler>> MakeScheduler(std::string_view name, uint64_t seed) {
+  if (name == "round_robin") return std::make_unique<RoundRobin>();
+  if (name == "weighted") return std::make_unique<SmoothWeighted>(false);
+  if (name == "min_rtt") return std::make_unique<MinRtt>();
+  if (name == "congestion") return std::make_unique<SmoothWeighted>(true);
+  if (name == "power_of_two") return std::make_unique<PowerOfTwo>(seed);
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown multipath scheduler '", std::string(name),
-                   "'; expected round_robin, weighted, min_rtt, congestion or power_of_two"));
-}
-
-std::unique_ptr<Scheduler> MakeScheduler(SchedulerKind kind, uint64_t seed) {
-  switch (kind) {
-    case SchedulerKind::kRoundRobin:
-      return std::make_unique<RoundRobin>();
-    case SchedulerKind::kWeighted:
-      return std::make_unique<SmoothWeighted>(false);
-    case SchedulerKind::kMinRtt:
-      return std::make_unique<MinRtt>();
-    case SchedulerKind::kCongestion:
-      return std::make_unique<SmoothWeighted>(true);
-    case SchedulerKind::kPowerOfTwo:
-      return std::make_unique<PowerOfTwo>(seed);
-  }
-  return std::make_unique<RoundRobin>();
+      absl::StrCat("unknown multipath scheduler '", std::string(name), "'; expected one of ",
+                   absl::StrJoin(BuiltinSchedulers(), ", ",
+                                 [](std::string* out, std::string_view n) { out->append(n); }),
+                   " (or an application's own: ChannelOptions::make_scheduler)"));
 }
 
 int MinRttPath(absl::Span<const PathView> paths) {

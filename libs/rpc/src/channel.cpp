@@ -37,10 +37,19 @@ void CallState::Recycle() {
   frame.parts.clear();  // the head keeps its capacity (BuildFrame resizes it)
   frame.bytes = 0;
   info = CallInfo();
+  forwarded = false;
   chain.reset();
   qos.reset();
   qos_counted = false;
 }
+
+}  // namespace internal
+
+RawResult RawCall::Get() { return internal::WaitCall(*state_); }
+bool RawCall::WaitFor(absl::Duration timeout) { return internal::WaitCallFor(*state_, timeout); }
+void RawCall::Cancel() { internal::CancelCall(*state_); }
+
+namespace internal {
 
 RawResult WaitCall(CallState& call) {
   // The caller polls the connection itself (run-to-completion, no thread hop) when no other
@@ -221,15 +230,12 @@ absl::StatusOr<std::shared_ptr<Channel>> Channel::ConnectReplicas(
                     std::move(options), /*single=*/false);
 }
 
-std::shared_ptr<internal::CallState> Channel::StartCall(const ServiceDesc& service,
-                                                        const MethodDesc& method,
-                                                        const void* request,
-                                                        const CallOptions& options,
-                                                        RawCallback done) {
+RawCall Channel::StartCall(const ServiceDesc& service, const MethodDesc& method,
+                           const void* request, const CallOptions& options, RawCallback done) {
   Impl& impl = *impl_;
-  if (!method.idempotent || !impl.options.retry_idempotent || !impl.options.reconnect ||
-      options.forwarded) {
-    return impl.StartOnce(*this, service, method, request, options, std::move(done));
+  if (!method.idempotent || !impl.options.retry_idempotent || !impl.options.reconnect) {
+    return internal::CallAccess::Make(
+        impl.StartOnce(*this, service, method, request, options, std::move(done)));
   }
   // An idempotent method: the user holds `outer`; every try is a call of its own whose result
   // completes `outer`, or (Unavailable) goes back to the connector to be tried again.
@@ -250,11 +256,10 @@ std::shared_ptr<internal::CallState> Channel::StartCall(const ServiceDesc& servi
   retry->impl = &impl;
   outer->retry = retry;
   impl.Attempt(*this, retry);
-  return outer;
+  return internal::CallAccess::Make(std::move(outer));
 }
 
-void Channel::Impl::Complete(const std::shared_ptr<internal::RetryState>& retry,
-                             internal::RawResult r) {
+void Channel::Impl::Complete(const std::shared_ptr<internal::RetryState>& retry, RawResult r) {
   if (retry->completed.exchange(true)) return;
   const std::shared_ptr<internal::CallState>& outer = retry->outer;
   outer->has_result = true;
@@ -284,15 +289,13 @@ void Channel::Impl::Attempt(Channel& channel, const std::shared_ptr<internal::Re
     }
   }
   ++retry->attempts;
-  auto attempt =
-      StartOnce(channel, *retry->service, *retry->method, retry->request, o,
-                [this, retry](internal::RawResult r) { OnAttempt(retry, std::move(r)); });
+  auto attempt = StartOnce(channel, *retry->service, *retry->method, retry->request, o,
+                           [this, retry](RawResult r) { OnAttempt(retry, std::move(r)); });
   std::lock_guard<std::mutex> lock(outer->mu);
   if (!outer->done) outer->attempt = std::move(attempt);
 }
 
-void Channel::Impl::OnAttempt(const std::shared_ptr<internal::RetryState>& retry,
-                              internal::RawResult r) {
+void Channel::Impl::OnAttempt(const std::shared_ptr<internal::RetryState>& retry, RawResult r) {
   const absl::Time deadline = retry->outer->deadline;
   if (!r.ok() && r.status().code() == absl::StatusCode::kUnavailable && !retry->cancelled.load() &&
       retry->attempts < options.max_attempts &&
@@ -335,10 +338,11 @@ absl::Time Channel::Impl::RunRetries(std::unique_lock<std::mutex>& lock) {
 
 std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
     Channel& channel, const ServiceDesc& service, const MethodDesc& method, const void* request,
-    const CallOptions& options, RawCallback done) {
+    const CallOptions& options, RawCallback done, bool forwarded) {
   Impl& impl = *this;
   std::shared_ptr<internal::CallState> call = impl.call_states->Take();
   call->callback = std::move(done);
+  call->forwarded = forwarded;
   call->info.service = &service;
   call->info.method = &method;
   // The clock is read only when a deadline or an engine needs the start (below).

@@ -503,7 +503,7 @@ absl::Status ChannelCore::SendLocked(const std::shared_ptr<CallState>& call,
   h.service_id = service.id;
   h.method_id = method.id;
   h.deadline_us = DeadlineBudgetUs(call->deadline);
-  if (options.forwarded) h.flags |= kFlagForwarded;
+  if (call->forwarded) h.flags |= kFlagForwarded;
   BuildFrame(h, "", options.metadata, &call->encoded, &call->frame);
   call->info.request_bytes = call->frame.bytes;
   const bool has_callback = static_cast<bool>(call->callback);

@@ -68,6 +68,9 @@ class CallState {
   std::unique_ptr<Arena> private_arena;
   OutFrame frame;
   CallInfo info;
+  // Sent by a server forwarding a call to its peer replica (kFlagForwarded): the peer serves it
+  // and never forwards it again.
+  bool forwarded = false;
   EngineChain::Snapshot chain;
   // The runtime's QoS reorder point (client_qos.hpp) when the call went through it;
   // `qos_counted` while the call holds one of its slots (given back in Finalize).
@@ -76,6 +79,17 @@ class CallState {
 
   // The result before there is one (a shared status: no allocation per call).
   static const absl::Status& NotCompleted();
+};
+
+// Blocks until the call completed and returns its result (once: it is moved out).
+RawResult WaitCall(CallState& call);
+bool WaitCallFor(CallState& call, absl::Duration timeout);
+void CancelCall(CallState& call);
+
+// The call state behind a RawCall, for the runtime (and tests linking plexus_rpc_internal).
+struct CallAccess {
+  static RawCall Make(std::shared_ptr<CallState> state) { return RawCall(std::move(state)); }
+  static const std::shared_ptr<CallState>& State(const RawCall& call) { return call.state_; }
 };
 
 constexpr uint64_t kRecvBit = uint64_t{1} << 63;
@@ -275,16 +289,17 @@ struct Channel::Impl {
   std::vector<std::shared_ptr<internal::RetryState>> retries;
 
   internal::DialResult Dial(uint32_t r, const std::string& address);
-  // One try of a call (Channel::StartCall without the retry).
+  // One try of a call (Channel::StartCall without the retry). `forwarded`: a server forwarding
+  // the call to its peer replica (forward.cpp) sends it flagged, tried once.
   std::shared_ptr<internal::CallState> StartOnce(Channel& channel, const ServiceDesc& service,
                                                  const MethodDesc& method, const void* request,
                                                  const CallOptions& options,
-                                                 Channel::RawCallback done);
+                                                 Channel::RawCallback done, bool forwarded = false);
   // Starts the next try of `retry`, or completes its call (deadline, attempts, closed).
   void Attempt(Channel& channel, const std::shared_ptr<internal::RetryState>& retry);
   // A try ended: completes the call, or queues it for the connector to try again.
-  void OnAttempt(const std::shared_ptr<internal::RetryState>& retry, internal::RawResult r);
-  static void Complete(const std::shared_ptr<internal::RetryState>& retry, internal::RawResult r);
+  void OnAttempt(const std::shared_ptr<internal::RetryState>& retry, RawResult r);
+  static void Complete(const std::shared_ptr<internal::RetryState>& retry, RawResult r);
   // The connector: starts the queued tries once a replica is connected; fails those whose
   // deadline passed. Returns when it should look again. With mu held (released meanwhile).
   absl::Time RunRetries(std::unique_lock<std::mutex>& lock);

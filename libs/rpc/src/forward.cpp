@@ -3,6 +3,7 @@
 // peers' loads come back as they do to any balancing client: piggybacked on the responses of the
 // forwarded calls and gossiped (the peer channels ask for load reports).
 #include "absl/strings/str_cat.h"
+#include "channel_impl.hpp"
 #include "plexus/base/status.hpp"
 #include "server_impl.hpp"
 
@@ -80,7 +81,6 @@ void ServerCore::Forward(const std::shared_ptr<ServerCallImpl>& call, uint32_t p
   Forwarding* f = forwarding.load();
   const CallInfo& info = call->info();
   CallOptions opts;
-  opts.forwarded = true;
   if (call->deadline() != absl::InfiniteFuture()) {
     const absl::Duration left = call->deadline() - absl::Now();
     if (left <= absl::ZeroDuration()) {
@@ -97,8 +97,11 @@ void ServerCore::Forward(const std::shared_ptr<ServerCallImpl>& call, uint32_t p
   for (const auto& [k, v] : call->metadata()) opts.metadata.emplace_back(k, v);
   // The request was decoded in this server's receive buffer, which the call keeps until it
   // finishes; the peer channel gathers its segments from there (no copy).
-  f->peers[p]->StartCall(*info.service, *info.method, call->request(), opts,
-                         [call](RawResult r) { call->Relay(std::move(r)); });
+  // Flagged as forwarded (the peer serves it, never forwards it again) and tried once.
+  Channel& peer = *f->peers[p];
+  (void)Channel::Impl::Of(peer).StartOnce(
+      peer, *info.service, *info.method, call->request(), opts,
+      [call](RawResult r) { call->Relay(std::move(r)); }, /*forwarded=*/true);
 }
 
 void ServerCore::StopForwarding() {

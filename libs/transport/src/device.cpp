@@ -12,9 +12,9 @@
 namespace plexus::transport {
 
 absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& options) {
-  if (options.sockets_per_connection < 1 || options.sockets_per_connection > 64) {
+  if (options.tcp.sockets_per_connection < 1 || options.tcp.sockets_per_connection > 64) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "sockets_per_connection must be in [1, 64], got ", options.sockets_per_connection));
+        "tcp.sockets_per_connection must be in [1, 64], got ", options.tcp.sockets_per_connection));
   }
   if (options.op_timeout <= absl::ZeroDuration() ||
       options.connect_timeout <= absl::ZeroDuration()) {

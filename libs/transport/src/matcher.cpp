@@ -1,4 +1,4 @@
-#include "matcher.hpp"
+#include "plexus/transport/matcher.hpp"
 
 #include <sys/mman.h>
 
@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace plexus::transport::internal {
+namespace plexus::transport {
 namespace {
 
 // Blocks from this size are mapped (and unmapped when freed) instead of taken from malloc.
@@ -78,8 +78,8 @@ Matcher::~Matcher() {
 absl::Status Matcher::TooLong(size_t message, size_t buffer, uint64_t wr_id) const {
   return absl::ResourceExhaustedError(
       absl::StrCat(config_.backend, ": message of ", message, " bytes from ", config_.peer,
-                   " is longer than the posted receive of ", buffer, " bytes (wr_id ", wr_id,
-                   "); the connection is closed"));
+                   " is longer than the posted receive of ", buffer, " bytes (wr_id ", wr_id, "); ",
+                   config_.after_too_long));
 }
 
 absl::Status Matcher::TooLargeToHold(size_t length, size_t cap, bool device) const {
@@ -283,4 +283,4 @@ void Matcher::Fail(const absl::Status& why, bool keep_whole) {
   recvs_.clear();
 }
 
-}  // namespace plexus::transport::internal
+}  // namespace plexus::transport

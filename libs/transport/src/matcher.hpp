@@ -1,35 +1,15 @@
-// Receive matching, shared by every backend: the FIFO of posted receives, the FIFO of messages
-// that arrived before their receive was posted ("held"), the one "message too long" error, and
-// the caps on the bytes held for a connection and for a whole device.
-//
-// A backend tells the matcher when a message's header arrives (Admit: where do its bytes go?),
-// when its bytes are all in place (Placed), when the user posts a receive (PostRecv) and when
-// the connection ends (Fail). The matcher reports receive completions through a callback. Not
-// thread-safe: the backend serialises calls (its connection lock); only HoldBudget is shared.
+// The caps on bytes held for early messages as the Plexus backends configure their Matcher
+// (plexus/transport/matcher.hpp): resolved from DeviceOptions and the environment, and the spare
+// buffers a connection keeps.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
-#include <cstdint>
-#include <deque>
-#include <functional>
-#include <memory>
-#include <string>
-#include <string_view>
-#include <vector>
 
-#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "plexus/transport/device.hpp"
-#include "plexus/transport/memory.hpp"
+#include "plexus/transport/matcher.hpp"
 
 namespace plexus::transport::internal {
-
-inline constexpr size_t kDefaultHeldBytesPerConnection = size_t{256} << 20;
-inline constexpr size_t kDefaultHeldBytesPerDevice = size_t{1} << 30;
-// What one held message costs the budget besides its bytes: a flood of empty messages is
-// bounded too.
-inline constexpr size_t kHeldMessageOverhead = 64;
 
 // Buffers of delivered held messages a connection keeps for reuse, at most (and at most half
 // its cap): a fresh allocation per large message costs page faults and zeroing each time
@@ -48,154 +28,5 @@ struct HoldLimits {
 // PLEXUS_MAX_HELD_BYTES_PER_{CONNECTION,DEVICE}, which beats the default. InvalidArgument for an
 // unparsable variable or a zero cap.
 absl::StatusOr<HoldLimits> ResolveHoldLimits(const DeviceOptions& options);
-
-// Bytes held by all connections of one device. Thread-safe (shm connections have a lock each).
-class HoldBudget {
- public:
-  explicit HoldBudget(size_t cap) : cap_(cap) {}
-  size_t cap() const { return cap_; }
-  size_t used() const { return used_.load(std::memory_order_relaxed); }
-  bool TryReserve(size_t bytes);
-  void Release(size_t bytes);
-
- private:
-  const size_t cap_;
-  std::atomic<size_t> used_{0};
-};
-
-// Memory of one held message. Large blocks are mapped privately, so that freeing them returns
-// the memory to the system at once (malloc may keep freed blocks of a few MiB in its heap).
-class HeldBytes {
- public:
-  HeldBytes() = default;
-  HeldBytes(HeldBytes&& other) noexcept { *this = std::move(other); }
-  HeldBytes& operator=(HeldBytes&& other) noexcept;
-  ~HeldBytes() { Reset(); }
-  // Uninitialised memory (every byte is received); false when the system refuses it.
-  bool Allocate(size_t bytes);
-  void Reset();
-  uint8_t* data() const { return data_; }
-  size_t capacity() const { return capacity_; }
-
- private:
-  uint8_t* data_ = nullptr;
-  size_t capacity_ = 0;
-  bool mapped_ = false;
-};
-
-struct MatcherConfig {
-  std::string backend;  // "tcp", "shm", ... (error messages)
-  std::string peer;     // the peer as the user knows it (error messages)
-  size_t connection_cap = kDefaultHeldBytesPerConnection;
-  std::shared_ptr<HoldBudget> device;  // null: no device-wide cap
-  // Buffers of delivered messages kept for reuse (counted in connection_cap, not in the
-  // device's cap): a fresh allocation per large message costs page faults and zeroing each
-  // time. 0 = none.
-  size_t max_spare_bytes = 0;
-  // Held messages are delivered as soon as they are whole and have a receive. false: only by
-  // DeliverOldest (tcp orders them with one-sided writes); after Fail they always are.
-  bool deliver_eagerly = true;
-};
-
-class Matcher {
- public:
-  // Reports a receive's completion (always Opcode::kRecv).
-  using CompleteFn = std::function<void(uint64_t wr_id, absl::Status status, size_t bytes)>;
-
-  Matcher(MatcherConfig config, CompleteFn complete);
-  ~Matcher();
-  Matcher(const Matcher&) = delete;
-  Matcher& operator=(const Matcher&) = delete;
-
-  // Where an admitted message's bytes go.
-  struct Slot {
-    uint8_t* dest = nullptr;  // length bytes (null when length is 0)
-    size_t length = 0;
-    bool held = false;
-    uint64_t ticket = 0;  // held: names the message for Placed
-    uint64_t wr_id = 0;   // direct: the matched receive
-  };
-  enum class Admission { kAdmitted, kWait };
-
-  // A message of `length` bytes announced itself. It goes straight into the oldest posted
-  // receive when one is posted, else into held memory. kWait: holding it now would exceed a
-  // cap; stop reading from the connection and call again after PostRecv or once held messages
-  // were delivered. Errors (the backend fails the connection with them): the matched receive is
-  // too short (it completes with the error), or no receive is posted and the message alone is
-  // larger than a cap. Nothing of `length` is allocated before it is checked.
-  absl::StatusOr<Admission> Admit(size_t length, Slot* slot);
-
-  // Every byte of the message in `slot` is in place. Direct: completes its receive. Held: marks
-  // it whole (and delivers, when eager).
-  void Placed(const Slot& slot);
-
-  // Delivers the oldest held message if it is whole and has a receive; true when it did (or
-  // when that receive had already failed as too short).
-  bool DeliverOldest();
-
-  // The user posted a receive: it takes the oldest held message without one (delivered when
-  // whole, when eager), or waits in the FIFO. Error: the message it took is longer; the receive
-  // completed with that error and the backend should fail the connection. After Fail, with no
-  // whole message left: Fail's reason (nothing is queued).
-  absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id);
-
-  // The connection ended with `why`: posted receives, and receives of messages not yet whole,
-  // complete with it; messages not yet whole are dropped. With `keep_whole`, whole messages stay
-  // deliverable to later PostRecv calls (and count against the caps until then); without, they
-  // are freed.
-  void Fail(const absl::Status& why, bool keep_whole);
-
-  // Whether PostRecv would find a held message without a receive.
-  bool has_unclaimed() const { return claimed_ < held_.size(); }
-  bool has_posted_recv() const { return !recvs_.empty(); }
-  size_t posted_recvs() const { return recvs_.size(); }
-  size_t held_messages() const { return held_.size(); }
-  size_t held_bytes() const { return used_; }  // held, spare buffers and overheads
-  const std::string& peer() const { return config_.peer; }
-
-  // "message too long", in one wording.
-  absl::Status TooLong(size_t message, size_t buffer, uint64_t wr_id) const;
-
- private:
-  struct Held {
-    HeldBytes bytes;
-    size_t length = 0;
-    bool whole = false;
-    bool claimed = false;   // a receive took it
-    bool rejected = false;  // ... and was too short (already completed with the error)
-    MutableBuffer recv;
-    uint64_t wr_id = 0;
-  };
-  struct Recv {
-    MutableBuffer buffer;
-    uint64_t wr_id = 0;
-  };
-
-  absl::Status TooLargeToHold(size_t length, size_t cap, bool device) const;
-  // Reserves `bytes` in both caps, dropping spare buffers when that makes room in the
-  // connection's.
-  bool Reserve(size_t bytes);
-  void Unreserve(size_t bytes);
-  // A buffer of at least `length` bytes: a spare one, or a fresh one; false: no room (or memory).
-  bool TakeBuffer(size_t length, HeldBytes* out);
-  void GiveBack(HeldBytes bytes);
-  void DropSpares();
-  void Deliver(Held& h);
-  void DeliverReady();
-
-  const MatcherConfig config_;
-  const CompleteFn complete_;
-  std::deque<Recv> recvs_;  // non-empty only while every held message is claimed
-  std::deque<Held> held_;
-  size_t claimed_ = 0;         // held_[0, claimed_) have a receive
-  uint64_t front_ticket_ = 0;  // ticket of held_.front()
-  size_t used_ = 0;            // held, overheads and spares: against connection_cap
-  size_t device_used_ = 0;     // held and overheads: this connection's share of the device's
-  std::vector<HeldBytes> spares_;
-  size_t spare_bytes_ = 0;
-  bool eager_;
-  bool failed_ = false;
-  absl::Status failure_;  // Fail's reason
-};
 
 }  // namespace plexus::transport::internal

@@ -102,13 +102,13 @@ class ShmDevice final : public Device, public std::enable_shared_from_this<ShmDe
   absl::Status Init() {
     PLEXUS_ASSIGN_OR_RETURN(auto bell, CreateDoorbell());
     doorbell_ = std::move(bell);
-    ring_bytes_ = RoundUpPowerOfTwo(options().shm_ring_bytes);
+    ring_bytes_ = RoundUpPowerOfTwo(options().shm.ring_bytes);
     config_.max_message_bytes = options().max_message_bytes;
     config_.op_timeout = options().op_timeout;
     PLEXUS_ASSIGN_OR_RETURN(allow_cma_, kShmCmaParam.Get());
-    // An explicit DeviceOptions::shm_cma_threshold beats the environment.
+    // An explicit DeviceOptions::shm.cma_threshold beats the environment.
     std::optional<base::Bytes> threshold;
-    if (options().shm_cma_threshold > 0) threshold = base::Bytes{options().shm_cma_threshold};
+    if (options().shm.cma_threshold > 0) threshold = base::Bytes{options().shm.cma_threshold};
     PLEXUS_ASSIGN_OR_RETURN(const base::Bytes resolved, kShmCmaThresholdParam.Resolve(threshold));
     if (resolved.value > 0) config_.cma_threshold = resolved.value;
     PLEXUS_ASSIGN_OR_RETURN(const HoldLimits held, ResolveHoldLimits(options()));
@@ -444,8 +444,8 @@ absl::StatusOr<ConnectionStats> GetConnectionStats(const Connection& connection)
 }  // namespace shm
 
 absl::StatusOr<std::shared_ptr<Device>> CreateShmDevice(const DeviceOptions& options) {
-  if (options.shm_ring_bytes > shm::kMaxRingBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("shm_ring_bytes = ", options.shm_ring_bytes,
+  if (options.shm.ring_bytes > shm::kMaxRingBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("shm.ring_bytes = ", options.shm.ring_bytes,
                                                    " exceeds the limit of ", shm::kMaxRingBytes));
   }
   auto device = std::make_shared<shm::ShmDevice>(options);

@@ -115,11 +115,11 @@ void TcpCore::Wake() {
 absl::Status TcpCore::AddConnection(uint64_t id, std::vector<int> fds, CompletionQueue* cq,
                                     std::string peer) {
   // Before anything is registered: a refused name fails the connection as it is made.
-  if (!options_.loopback_congestion_control.empty()) {
+  if (!options_.tcp.loopback_congestion_control.empty()) {
     for (const int fd : fds) {
       if (!tcp::IsLoopbackPath(fd)) continue;
       PLEXUS_RETURN_IF_ERROR(
-          tcp::SetCongestionControl(fd, options_.loopback_congestion_control, peer));
+          tcp::SetCongestionControl(fd, options_.tcp.loopback_congestion_control, peer));
     }
   }
   tcp::ReceiveConfig rx{

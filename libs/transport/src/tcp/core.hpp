@@ -74,7 +74,7 @@ struct TcpConn {
       : id(id),
         cq(cq),
         peer(std::move(peer)),
-        send(cq, id, sockets, options.stripe_threshold),
+        send(cq, id, sockets, options.tcp.stripe_threshold),
         rx(std::move(rx_config), cq, &send) {}
 
   uint64_t id = 0;

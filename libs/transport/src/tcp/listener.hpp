@@ -1,5 +1,5 @@
 // The accepting half of the tcp listener: reads the hellos of accepted sockets and assembles
-// the socket groups of connections (sockets_per_connection > 1), with no knowledge of the
+// the socket groups of connections (tcp.sockets_per_connection > 1), with no knowledge of the
 // connection's data path. Split from tcp_device.cpp so that the protocol of accepting (hellos,
 // deadlines, eviction) reads apart from the epoll core.
 #pragma once

@@ -94,7 +94,7 @@ absl::StatusOr<std::vector<int>> DialConnection(std::string_view address,
   if (!options.local_address.empty()) {
     PLEXUS_ASSIGN_OR_RETURN(local, LocalBinding(options, addr, where));
   }
-  const int count = options.sockets_per_connection;
+  const int count = options.tcp.sockets_per_connection;
   const absl::Time deadline = absl::Now() + options.connect_timeout;
   static thread_local absl::BitGen gen;
   Hello hello;
@@ -182,7 +182,7 @@ absl::Status SetCongestionControl(int fd, const std::string& algorithm, std::str
   }
   const int err = errno;
   return absl::InvalidArgumentError(absl::StrCat(
-      "tcp connection to ", std::string(peer), ": DeviceOptions::loopback_congestion_control '",
+      "tcp connection to ", std::string(peer), ": DeviceOptions::tcp.loopback_congestion_control '",
       algorithm, "' was refused (", net::ErrnoText(err),
       "): name one in net.ipv4.tcp_allowed_congestion_control (or "
       "net.ipv4.tcp_available_congestion_control with CAP_NET_ADMIN), or \"\" for the "

@@ -21,7 +21,7 @@ struct ListeningSocket {
 absl::StatusOr<ListeningSocket> OpenListeningSocket(std::string_view address,
                                                     const DeviceOptions& options);
 
-// The options.sockets_per_connection sockets of a new connection to `address`, connected and
+// The options.tcp.sockets_per_connection sockets of a new connection to `address`, connected and
 // greeted within options.connect_timeout, from options.local_address when set. The caller owns
 // them.
 absl::StatusOr<std::vector<int>> DialConnection(std::string_view address,

@@ -162,12 +162,12 @@ Protocol::Protocol(const ProtocolConfig& config, absl::Span<uint8_t> send_pool,
       connection_id_(connection_id),
       peer_(std::move(peer)),
       wrs_(config.recv_slots + config.max_send_wr),
-      matcher_(internal::MatcherConfig{.backend = "verbs",
-                                       .peer = peer_,
-                                       .connection_cap = config.held_bytes_per_connection,
-                                       .device = config.held_budget,
-                                       .max_spare_bytes = internal::SpareBytesFor(
-                                           config.held_bytes_per_connection)},
+      matcher_(MatcherConfig{.backend = "verbs",
+                             .peer = peer_,
+                             .connection_cap = config.held_bytes_per_connection,
+                             .device = config.held_budget,
+                             .max_spare_bytes =
+                                 internal::SpareBytesFor(config.held_bytes_per_connection)},
                [this](uint64_t wr_id, absl::Status status, size_t bytes) {
                  Push(Opcode::kRecv, wr_id, std::move(status), bytes);
                }) {
@@ -473,9 +473,8 @@ absl::Status Protocol::OnChunk(uint32_t slot, uint32_t byte_len) {
           absl::StrCat("message of ", h.total_bytes, " bytes exceeds max_message_bytes"));
     }
     m = Incoming{};
-    PLEXUS_ASSIGN_OR_RETURN(internal::Matcher::Admission admitted,
-                            matcher_.Admit(h.total_bytes, &m.slot));
-    if (admitted == internal::Matcher::Admission::kWait) {
+    PLEXUS_ASSIGN_OR_RETURN(Matcher::Admission admitted, matcher_.Admit(h.total_bytes, &m.slot));
+    if (admitted == Matcher::Admission::kWait) {
       // The chunk is consumed already: verbs cannot make its peer wait (yet).
       return absl::ResourceExhaustedError(absl::StrCat(
           "verbs: peer ", peer_, " sent a message of ", h.total_bytes, " bytes while ",
@@ -499,7 +498,7 @@ absl::Status Protocol::OnChunk(uint32_t slot, uint32_t byte_len) {
   if (n > 0) std::memcpy(m.slot.dest + m.received, payload, n);
   m.received = end;
   if (!last) return absl::OkStatus();
-  const internal::Matcher::Slot placed = m.slot;
+  const Matcher::Slot placed = m.slot;
   m = Incoming{};
   matcher_.Placed(placed);
   return absl::OkStatus();

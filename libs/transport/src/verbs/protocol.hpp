@@ -97,8 +97,8 @@ struct ProtocolConfig {
   uint64_t max_message_bytes = uint64_t{1} << 34;
   absl::Duration op_timeout = absl::Seconds(30);
   // Caps on messages held before their receive is posted (DeviceOptions::max_held_bytes_*).
-  uint64_t held_bytes_per_connection = internal::kDefaultHeldBytesPerConnection;
-  std::shared_ptr<internal::HoldBudget> held_budget;  // the device's; null = no device cap
+  uint64_t held_bytes_per_connection = kDefaultHeldBytesPerConnection;
+  std::shared_ptr<HoldBudget> held_budget;  // the device's; null = no device cap
 };
 absl::Status ValidateConfig(const ProtocolConfig& config);
 
@@ -215,7 +215,7 @@ class Protocol {
     bool active = false;
     uint64_t total = 0;
     uint64_t received = 0;
-    internal::Matcher::Slot slot;  // a posted receive's buffer, or held memory
+    Matcher::Slot slot;  // a posted receive's buffer, or held memory
   };
 
   uint8_t* send_slot(uint32_t slot) {
@@ -261,7 +261,7 @@ class Protocol {
   std::deque<uint32_t> pending_;  // ops with work left to post, in post order
   SlotTable<WrDesc> wrs_;
   std::vector<uint32_t> free_send_slots_;
-  internal::Matcher matcher_;
+  Matcher matcher_;
   Incoming incoming_;
 };
 

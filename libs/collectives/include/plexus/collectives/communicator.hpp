@@ -69,10 +69,10 @@ struct CommunicatorOptions {
   // The transport device the communicator creates (Create without a device): device.backend
   // connects the ranks (inproc: threads of one process; shm: processes on one host; tcp:
   // anywhere; verbs: RDMA); device.progress is kCaller here (the thread executing a call moves
-  // the bytes itself, lowest latency; kThread: a device thread moves them); tcp local_address and
-  // sockets_per_connection, held-byte caps and shm settings apply as documented in
+  // the bytes itself, lowest latency; kThread: a device thread moves them); local_address, the
+  // held-byte caps and the tcp and shm groups apply as documented in
   // transport/device.hpp. device.op_timeout and device.connect_timeout are not read: the
-  // communicator sets them to `timeout` and `connect_timeout` below. shm_cma_threshold 0 keeps the
+  // communicator sets them to `timeout` and `connect_timeout` below. shm.cma_threshold 0 keeps the
   // transport's default (PLEXUS_SHM_CMA_THRESHOLD, else 2 MiB). Create on an existing device
   // ignores all of `device` (options() then reports that device's options).
   transport::DeviceOptions device = CallerDrivenDeviceOptions();

@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -31,6 +32,7 @@ namespace plexus::multipath {
 
 namespace internal {
 class ChannelFactory;
+class ChannelTestAccess;
 }  // namespace internal
 
 struct ChannelOptions {
@@ -44,7 +46,12 @@ struct ChannelOptions {
   int max_chunks_in_flight = 8;
   // Operations below this many bytes go whole on the lowest-RTT path (mice); 0 = never.
   size_t mice_bytes = 16 * 1024;
-  SchedulerKind scheduler = SchedulerKind::kWeighted;
+  // The path scheduler (plexus/multipath/scheduler.hpp): a built-in by name (MakeScheduler), or,
+  // when make_scheduler is set, the one it returns (called once per channel: a MultipathDevice
+  // makes a channel per connection; a null result fails Create). SetScheduler switches at run
+  // time.
+  std::string scheduler = "weighted";
+  std::function<std::unique_ptr<Scheduler>()> make_scheduler;
   // A path with work outstanding and no completion for this long, while another path made
   // progress within that time, is declared dead; 0 = the environment's
   // PLEXUS_MULTIPATH_PATH_TIMEOUT (default 100 ms). When every path is silent at once the
@@ -146,8 +153,13 @@ class MultipathChannel {
   // Run-time knobs: take effect for the next chunk cut.
   absl::Status SetChunkBytes(size_t bytes);
   absl::Status SetMaxChunksInFlight(int chunks);
-  void SetScheduler(SchedulerKind kind);
-  SchedulerKind scheduler() const;
+  // Switches to the built-in scheduler `name` (MakeScheduler); the running one keeps its state
+  // when it already is that built-in. InvalidArgument for an unknown name.
+  absl::Status SetScheduler(std::string_view name);
+  // Switches to an application's own scheduler (InvalidArgument when null).
+  absl::Status SetScheduler(std::unique_ptr<Scheduler> scheduler);
+  // The running scheduler's name().
+  std::string scheduler() const;
 
   ChannelStats Stats() const;
   // Paths currently up (greeted, not failed).
@@ -156,17 +168,11 @@ class MultipathChannel {
   absl::Status status() const;
   uint64_t id() const;
 
-  // Test hooks: fail a path as if its connection broke (Close it), or make it silently swallow
-  // what is posted on it from now on (a blackhole: only the timeout detects it); and pin a
-  // path's RTT estimate.
-  void FailPathForTest(int path);
-  void StallPathForTest(int path);
-  void SetPathRttForTest(int path, absl::Duration rtt);
-
   class Impl;
 
  private:
   friend class internal::ChannelFactory;
+  friend class internal::ChannelTestAccess;
   explicit MultipathChannel(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

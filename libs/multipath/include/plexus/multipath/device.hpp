@@ -115,8 +115,8 @@ class MultipathDevice : public transport::Device {
   };
   static absl::StatusOr<Address> ParseAddress(std::string_view address);
 
-  // The multipath channel of a connection made by a MultipathDevice, for statistics, run-time
-  // knobs and test hooks (FailPathForTest); null for any other connection.
+  // The multipath channel of a connection made by a MultipathDevice, for statistics and run-time
+  // knobs; null for any other connection.
   static MultipathChannel* ChannelOf(transport::Connection& connection);
 
   // Payload bytes this side sent that completed on each path (PathStats::bytes_acked), summed

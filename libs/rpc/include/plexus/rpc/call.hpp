@@ -1,5 +1,5 @@
-// Client-side call vocabulary: options, metadata, the reply holding a received message, and the
-// pending call returned by the async stubs.
+// Client-side call vocabulary: options, metadata, the reply holding a received message, the
+// untyped call Channel::StartCall returns, and the typed pending call returned by the async stubs.
 #pragma once
 
 #include <functional>
@@ -26,9 +26,6 @@ struct CallOptions {
   // timeout instead of failing at once with Unavailable (gRPC's wait_for_ready).
   bool wait_for_ready = false;
   Metadata metadata;
-  // Set by a server forwarding a call to its peer replica (Server::ForwardTo): the peer serves
-  // it and never forwards it again.
-  bool forwarded = false;
 };
 
 // A received message rebuilt in place, with the buffer and arena its views point into.
@@ -59,33 +56,51 @@ class Reply {
 
 namespace internal {
 class CallState;
-using RawResult = absl::StatusOr<std::shared_ptr<const InboundMessage>>;
-// Blocks until the call completed and returns its result (once: it is moved out).
-RawResult WaitCall(CallState& call);
-bool WaitCallFor(CallState& call, absl::Duration timeout);
-void CancelCall(CallState& call);
+struct CallAccess;
 }  // namespace internal
 
-// An outstanding call. The request (and every buffer its views point to) must stay valid until
-// the call completes: it is sent from that memory without a copy.
+// What a call ends with: the response, or the error (gRPC status codes).
+using RawResult = absl::StatusOr<std::shared_ptr<const InboundMessage>>;
+
+// An outstanding untyped call (Channel::StartCall); PendingCall<T> is its typed form. A handle:
+// copies refer to the same call. The request (and every buffer its views point to) must stay
+// valid until the call completes: it is sent from that memory without a copy.
+class RawCall {
+ public:
+  // Waits for the response or the error. Call once (a second Get fails with
+  // FailedPrecondition). While no other thread does, the waiting thread polls the call's
+  // connection itself (no hop to another thread).
+  RawResult Get();
+  // True when the call completed within `timeout`.
+  bool WaitFor(absl::Duration timeout);
+  // Completes the call with Cancelled (unless it already completed) and tells the server.
+  void Cancel();
+
+ private:
+  friend struct internal::CallAccess;
+  explicit RawCall(std::shared_ptr<internal::CallState> state) : state_(std::move(state)) {}
+  std::shared_ptr<internal::CallState> state_;
+};
+
+// An outstanding call with a response of type T; see RawCall.
 template <typename T>
 class PendingCall {
  public:
-  explicit PendingCall(std::shared_ptr<internal::CallState> state) : state_(std::move(state)) {}
+  explicit PendingCall(RawCall call) : call_(std::move(call)) {}
   // Waits for the response or the error (gRPC status codes). Call once. While no other thread
   // does, the waiting thread polls the call's connection itself (no hop to another thread).
   absl::StatusOr<Reply<T>> Get() {
-    internal::RawResult r = internal::WaitCall(*state_);
+    RawResult r = call_.Get();
     if (!r.ok()) return r.status();
     return Reply<T>(std::move(*r));
   }
   // True when the call completed within `timeout`.
-  bool WaitFor(absl::Duration timeout) { return internal::WaitCallFor(*state_, timeout); }
+  bool WaitFor(absl::Duration timeout) { return call_.WaitFor(timeout); }
   // Completes the call with Cancelled (unless it already completed) and tells the server.
-  void Cancel() { internal::CancelCall(*state_); }
+  void Cancel() { call_.Cancel(); }
 
  private:
-  std::shared_ptr<internal::CallState> state_;
+  RawCall call_;
 };
 
 }  // namespace plexus::rpc

@@ -61,7 +61,7 @@ struct ChannelOptions {
 
 class Channel {
  public:
-  using RawCallback = absl::AnyInvocable<void(internal::RawResult)>;
+  using RawCallback = absl::AnyInvocable<void(RawResult)>;
 
   // Connects to a Server's address and runs the handshake for `services` (every service this
   // channel will call): FailedPrecondition naming the service and both schema hashes when the
@@ -80,11 +80,11 @@ class Channel {
   // Fails the calls still outstanding with Cancelled and closes the connections.
   ~Channel();
 
-  // Starts a call; `done` (may be empty) runs on the channel's thread when it completes. Waits
-  // while the window is full. The request must stay valid until the call completes.
-  std::shared_ptr<internal::CallState> StartCall(const ServiceDesc& service,
-                                                 const MethodDesc& method, const void* request,
-                                                 const CallOptions& options, RawCallback done);
+  // Starts an untyped call (generated stubs wrap it in their typed forms); `done` (may be empty)
+  // runs on the channel's thread when it completes. Waits while the window is full. The request
+  // must stay valid until the call completes.
+  RawCall StartCall(const ServiceDesc& service, const MethodDesc& method, const void* request,
+                    const CallOptions& options, RawCallback done);
 
   // Policies of this connection.
   EngineChain& engines();

@@ -19,14 +19,10 @@ enum class ProgressMode : uint8_t {
   kCaller = 1,  // CompletionQueue::Poll/Wait move bytes in the caller's thread (lowest latency)
 };
 
-struct DeviceOptions {
-  Backend backend = Backend::kTcp;
-  ProgressMode progress = ProgressMode::kThread;
-  // tcp: local IP to bind listening and outgoing sockets to ("" = any), so that a multipath
-  // layer can choose the path. verbs: the RDMA device name or local IP ("" = first device).
-  std::string local_address;
-  // tcp: the congestion control (TCP_CONGESTION) of connections whose two ends are on this
-  // host (the peer is a loopback address or the socket's own address), "" = the system's
+// Settings of the tcp backend (DeviceOptions::tcp); other backends ignore them.
+struct TcpOptions {
+  // The congestion control (TCP_CONGESTION) of connections whose two ends are on this host (the
+  // peer is a loopback address or the socket's own address), "" = the system's
   // (net.ipv4.tcp_congestion_control). Loopback has no congestion to control; BBR, a common
   // system default, paces every send at its bandwidth estimate, which on loopback lags the
   // bursts of a collective (docs/measurements/collectives.md, "tcp 2 processes 1 MiB: launch
@@ -34,9 +30,30 @@ struct DeviceOptions {
   // net.ipv4.tcp_allowed_congestion_control); a name the kernel refuses fails the connection.
   // Connections to other hosts keep the system's.
   std::string loopback_congestion_control = "reno";
-  // tcp: sockets per connection; messages of at least `stripe_threshold` bytes are striped.
+  // Sockets per connection, 1..64; messages of at least `stripe_threshold` bytes are striped.
   int sockets_per_connection = 1;
   size_t stripe_threshold = size_t{1} << 20;
+};
+
+// Settings of the shm backend (DeviceOptions::shm); other backends ignore them.
+struct ShmOptions {
+  // Bytes of each direction's ring.
+  size_t ring_bytes = size_t{4} << 20;
+  // Messages and writes of at least this many bytes are pulled by the receiver with cross-memory
+  // attach (one copy) instead of streaming through the ring (two copies, made by both sides at
+  // once). 0 = default (2 MiB, where one transfer with a CPU per side is fastest; lower it when
+  // CPUs, not copies in flight, are short). PLEXUS_SHM_CMA_THRESHOLD overrides.
+  size_t cma_threshold = 0;
+};
+
+// A device's settings: those of every backend, then one group per backend with settings of its
+// own (as Gloo's per-transport attributes).
+struct DeviceOptions {
+  Backend backend = Backend::kTcp;
+  ProgressMode progress = ProgressMode::kThread;
+  // tcp: local IP to bind listening and outgoing sockets to ("" = any), so that a multipath
+  // layer can choose the path. verbs: the RDMA device name or local IP ("" = first device).
+  std::string local_address;
   // An operation that makes no progress for this long fails its connection (DeadlineExceeded).
   absl::Duration op_timeout = absl::Seconds(30);
   absl::Duration connect_timeout = absl::Seconds(10);
@@ -51,13 +68,8 @@ struct DeviceOptions {
   // inproc refuses such a PostSend instead; verbs fails the connection.
   size_t max_held_bytes_per_connection = 0;
   size_t max_held_bytes_per_device = 0;
-  // shm: bytes of each direction's ring.
-  size_t shm_ring_bytes = size_t{4} << 20;
-  // shm: messages and writes of at least this many bytes are pulled by the receiver with
-  // cross-memory attach (one copy) instead of streaming through the ring (two copies, made by
-  // both sides at once). 0 = default (2 MiB, where one transfer with a CPU per side is fastest;
-  // lower it when CPUs, not copies in flight, are short). PLEXUS_SHM_CMA_THRESHOLD overrides.
-  size_t shm_cma_threshold = 0;
+  TcpOptions tcp;
+  ShmOptions shm;
 };
 
 // Pins one connection to a network path (a multipath layer opens one connection per path):
