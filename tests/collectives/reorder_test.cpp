@@ -83,9 +83,9 @@ TEST_CASE("topology JSON round trip and path latencies", "[reorder]") {
   CHECK(fabric->PodOf(7) == 1);
   CHECK(fabric->RackOf(7) == 3);
 
-  auto back = pn::ParseTopology(pc::TopologyToJson(*fabric), "round trip");
+  auto back = pn::ParseTopology(pn::TopologyToJson(*fabric), "round trip");
   REQUIRE(back.ok());
-  CHECK(pc::TopologyToJson(*back) == pc::TopologyToJson(*fabric));
+  CHECK(pn::TopologyToJson(*back) == pn::TopologyToJson(*fabric));
   CHECK(back->LatencyUs(0, 7) == 28);
 }
 

@@ -275,7 +275,7 @@ int Fabric(const Args& a) {
   auto t = pn::GenerateFabric(a.fabric);
   if (!t.ok()) return Fail(t.status());
   if (!a.topology_out.empty()) {
-    if (auto s = plexus::base::WriteFileAtomic(a.topology_out, pc::TopologyToJson(*t) + "\n");
+    if (auto s = plexus::base::WriteFileAtomic(a.topology_out, pn::TopologyToJson(*t) + "\n");
         !s.ok()) {
       return Fail(s);
     }
