@@ -1,5 +1,6 @@
 #include "cost_model.hpp"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 

@@ -3,6 +3,7 @@
 // order follows the transfer indices.
 #include "plexus/netmodel/schedule.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -81,8 +82,9 @@ absl::StatusOr<Schedule> RingAllreduceSchedule(int n, double bytes, int slices) 
     std::vector<int> last_into(n, -1);  // the previous round's transfer into each position
     for (int step = 0; step < 2 * (n - 1); ++step) {
       std::vector<int> now(n, -1);
-      for (int r = 0; r < n; ++r)
+      for (int r = 0; r < n; ++r) {
         now[(r + 1) % n] = Add(s, r, (r + 1) % n, piece, After(last_into[r]), step);
+      }
       last_into = std::move(now);
     }
   }
@@ -122,8 +124,9 @@ absl::StatusOr<Schedule> HalvingDoublingSchedule(int n, double bytes, HalvingOrd
   for (int k = 0; k < levels; ++k) exchange(mask_of(k), k);
   for (int k = levels - 1; k >= 0; --k) exchange(mask_of(k), k);
   if (rem > 0) {
-    for (int k = 0; k < rem; ++k)
+    for (int k = 0; k < rem; ++k) {
       Add(s, 2 * k + 1, 2 * k, bytes, After(last_into[2 * k + 1]), round);
+    }
   }
   return s;
 }
