@@ -1,7 +1,9 @@
 // Topology model, cost models and rank reordering (Cloud Collectives): JSON in and out, the cost
-// formulas on hand-computed instances, and the reorderer against brute force.
+// formulas on hand-computed instances and as the seed's closed forms computed apart from the
+// schedules the models price, and the reorderer against brute force.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -194,6 +196,132 @@ TEST_CASE("halving-doubling equals twice the seed's formula over a power of two"
       seed += worst;
     }
     CHECK(Cost(m, order, {.model = CostModel::kHalvingDoubling}) == 2 * seed);
+  }
+}
+
+namespace {
+
+// The seed's closed forms, computed here apart from the schedules the cost models price.
+double RingFormula(const CostMatrix& m, const std::vector<int>& o, double s) {
+  const int n = m.n;
+  double c = 0;
+  if (n < 2) return 0;
+  for (int i = 0; i < n; ++i) c += m.Cost(o[i], o[(i + 1) % n], s);  // C_r = sum_i c_{i,i+1}(S)
+  return c;
+}
+
+// Sum over rounds of the dearest pair: the fold in, halving (partners j xor m, m = p2/2 .. 1,
+// carrying S m / p2), doubling (m = 1 .. p2/2), the fold out.
+double HalvingDoublingFormula(const CostMatrix& m, const std::vector<int>& o, double s) {
+  const int n = m.n;
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  const int rem = n - p2;
+  std::vector<int> core;
+  for (int k = 0; k < rem; ++k) core.push_back(2 * k + 1);
+  for (int p = 2 * rem; p < n; ++p) core.push_back(p);
+  double total = 0;
+  auto fold = [&](bool in) {
+    double worst = 0;
+    for (int k = 0; k < rem; ++k) {
+      worst = std::max(worst,
+                       in ? m.Cost(o[2 * k], o[2 * k + 1], s) : m.Cost(o[2 * k + 1], o[2 * k], s));
+    }
+    total += worst;
+  };
+  auto round = [&](int mask) {
+    double worst = 0;
+    for (int j = 0; j < p2; ++j) {
+      worst = std::max(worst, m.Cost(o[core[j]], o[core[j ^ mask]], s * mask / p2));
+    }
+    total += worst;
+  };
+  fold(true);
+  for (int mask = p2 / 2; mask >= 1; mask /= 2) round(mask);
+  for (int mask = 1; mask < p2; mask *= 2) round(mask);
+  fold(false);
+  return total;
+}
+
+// C_dbt = max(T_1, T_2): T(i, j) = 0 for i >= j, else the dearer of c_{m, mid(child range)}(S/2)
+// + T(child range) over both children, m = mid(i, j); tree 2 is tree 1 with indices minus one.
+double TreeFormula(const CostMatrix& m, const std::vector<int>& o, double s, int i, int j,
+                   int shift) {
+  const int n = m.n;
+  auto at = [&](int index) { return o[((index + shift) % n + n) % n]; };
+  const int mid = (i + j) / 2;
+  double worst = 0;
+  if (i < mid) {
+    worst = std::max(worst, m.Cost(at(mid), at((i + mid - 1) / 2), s / 2) +
+                                TreeFormula(m, o, s, i, mid - 1, shift));
+  }
+  if (mid < j) {
+    worst = std::max(worst, m.Cost(at(mid), at((mid + 1 + j) / 2), s / 2) +
+                                TreeFormula(m, o, s, mid + 1, j, shift));
+  }
+  return worst;
+}
+
+// C_b = sum over the reduce-scatter rounds i, then the all-gather rounds backwards, of
+// MAX_j MAX_k c_{j, j + (k - digit_i(j)) B^i}(S / B^{i+1}).
+double BCubeFormula(const CostMatrix& m, const std::vector<int>& o, double s, int base) {
+  const int n = m.n;
+  int digits = 0;
+  for (int p = 1; p < n; p *= base) ++digits;
+  std::vector<double> rounds;
+  for (int i = 0, stride = 1; i < digits; ++i, stride *= base) {
+    double worst = 0;
+    for (int j = 0; j < n; ++j) {
+      const int digit = (j / stride) % base;
+      for (int k = 0; k < base; ++k) {
+        if (k == digit) continue;
+        worst =
+            std::max(worst, m.Cost(o[j], o[j + (k - digit) * stride], s / std::pow(base, i + 1)));
+      }
+    }
+    rounds.push_back(worst);
+  }
+  double total = 0;
+  for (double r : rounds) total += r;
+  for (auto it = rounds.rbegin(); it != rounds.rend(); ++it) total += *it;
+  return total;
+}
+
+}  // namespace
+
+TEST_CASE("every cost model equals the seed's closed form", "[reorder]") {
+  std::mt19937_64 rng(23);
+  for (int n = 1; n <= 17; ++n) {
+    for (bool bandwidth : {false, true}) {
+      const CostMatrix m = Random(n, rng, /*symmetric=*/false, bandwidth);
+      std::vector<int> order(n);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      const double s = 12345;
+      INFO("n " << n << (bandwidth ? " with bandwidth" : ""));
+      // Integer latencies alone add exactly in any order; bandwidth terms up to rounding.
+      auto same = [&](double cost, double formula) {
+        if (bandwidth) {
+          CHECK(cost == Approx(formula).epsilon(1e-12));
+        } else {
+          CHECK(cost == formula);
+        }
+      };
+      same(Cost(m, order, {.model = CostModel::kRing, .bytes = s}), RingFormula(m, order, s));
+      same(Cost(m, order, {.model = CostModel::kHalvingDoubling, .bytes = s}),
+           HalvingDoublingFormula(m, order, s));
+      const double dbt = n < 2 ? 0
+                               : std::max(TreeFormula(m, order, s, 0, n - 1, 0),
+                                          TreeFormula(m, order, s, 0, n - 1, -1));
+      same(Cost(m, order, {.model = CostModel::kDoubleBinaryTree, .bytes = s}), dbt);
+      for (int base : {2, 3, 4}) {
+        int power = 1;
+        while (power < n) power *= base;
+        if (power != n) continue;
+        same(Cost(m, order, {.model = CostModel::kBCube, .bytes = s, .bcube_base = base}),
+             BCubeFormula(m, order, s, base));
+      }
+    }
   }
 }
 

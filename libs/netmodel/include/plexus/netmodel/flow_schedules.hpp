@@ -1,12 +1,13 @@
-// Allreduce schedules for the flow simulator (flow_sim.hpp): which host sends how many bytes to
-// which, after what. `hosts[r]` is the host that logical rank r runs on (a rank order); `bytes`
-// is the buffer every rank contributes (S in the PLink dissertation's Table 4.1).
+// Allreduce schedules for the flow simulator (flow_sim.hpp): netmodel's schedules
+// (schedule.hpp) with rank r placed on host `hosts[r]` (a rank order; one rank per host);
+// `bytes` is the buffer every rank contributes (S in the PLink dissertation's Table 4.1).
 #pragma once
 
 #include <span>
 
 #include "absl/status/statusor.h"
 #include "plexus/netmodel/flow_sim.hpp"
+#include "plexus/netmodel/schedule.hpp"
 
 namespace plexus::netmodel::sim {
 
@@ -25,8 +26,8 @@ absl::StatusOr<Schedule> RingChunkedSchedule(std::span<const int> hosts, double 
                                              int chunks = 1);
 
 // Recursive halving (reduce-scatter) then recursive doubling (allgather); P a power of two;
-// partners at distance 1, 2, 4, ... in the reduce-scatter (neighbours first), so that ranks laid
-// out rack by rack exchange inside the rack while the pieces are large.
+// partners at distance 1, 2, 4, ... in the reduce-scatter (HalvingOrder::kNearFirst), so that
+// ranks laid out rack by rack exchange inside the rack while the pieces are large.
 absl::StatusOr<Schedule> HalvingDoublingSchedule(std::span<const int> hosts, double bytes);
 
 // Reduce up then broadcast down a tree of fan-out F over P = F^d ranks, with the dissertation's

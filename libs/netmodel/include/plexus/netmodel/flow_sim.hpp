@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "plexus/netmodel/schedule.hpp"
 #include "plexus/netmodel/topology.hpp"
 
 namespace plexus::netmodel::sim {
@@ -109,21 +110,11 @@ class Topology {
   std::vector<Link> links_;
 };
 
-// One transfer of `bytes` from host `src` to host `dst`, started when every transfer in
-// `after` (indices of EARLIER transfers) has finished. src == dst is a local step (a node that
-// is its own parent in a tree): it takes no time and no link, and is counted apart.
-struct Transfer {
-  int src = 0;
-  int dst = 0;
-  double bytes = 0;
-  std::vector<int> after;
-  int path = -1;  // equal-cost route (Topology::Paths), -1: the topology's fixed hash
-};
-
-struct Schedule {
-  std::string name;
-  std::vector<Transfer> transfers;
-};
+// A schedule's transfers name endpoints here (schedule.hpp; PlaceSchedule puts hosts at a
+// schedule's positions); src == dst is a local step: it takes no time and no link, and is
+// counted apart. `Transfer::path` picks an equal-cost route (Topology::Paths).
+using ::plexus::netmodel::Schedule;
+using ::plexus::netmodel::Transfer;
 
 // Checks hosts in [0, hosts), dependencies on earlier transfers only, bytes finite and >= 0,
 // and (with a topology) paths in range. Errors name the transfer.

@@ -1,7 +1,7 @@
 // Cloud Collectives rank reordering: cost models of collective algorithms over a cost matrix
-// (plexus/netmodel/topology.hpp), and a search for the order of nodes that minimises one:
-// simulated annealing, then branch and bound that proves the result optimal for small n.
-// docs/netmodel.md, "Rank reordering".
+// (plexus/netmodel/topology.hpp), each a schedule priced (plexus/netmodel/schedule.hpp), and a
+// search for the order of nodes that minimises one: simulated annealing, then branch and bound that
+// proves the result optimal for small n. docs/netmodel.md, "Rank reordering".
 //
 //   CostMatrix c = ...;                       // ProbeLatency(...) or ParseCostMatrix(...)
 //   auto r = Reorder(c, {.model = CostModel::kRing});
@@ -17,15 +17,18 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "plexus/netmodel/schedule.hpp"
 #include "plexus/netmodel/topology.hpp"
 
 namespace plexus::netmodel {
 
+// A cost model is a schedule (CostModelSchedule) and the rule that prices it (CostModelPricing).
 enum class CostModel : uint8_t {
-  kRing,              // sum of the n hop costs around the ring
-  kHalvingDoubling,   // sum over rounds of the slowest pair of the round
-  kDoubleBinaryTree,  // the slower of two in-order binary trees: max root-to-leaf path cost
-  kBCube,             // sum over rounds (one per base-B digit) of the slowest transfer
+  kRing,              // RingAllreduceSchedule, kLinks: the sum of the n hop costs around the ring
+  kHalvingDoubling,   // HalvingDoublingSchedule (far first), kRounds: the slowest pair per round
+  kDoubleBinaryTree,  // DoubleBinaryTreeSchedule's broadcast, kChains: the dearest root-to-leaf
+                      // path of either in-order binary tree
+  kBCube,             // BCubeSchedule, kRounds: one round per base-B digit, each way
 };
 std::string_view CostModelName(CostModel model);
 // "ring", "halving-doubling" (or "hd"), "double-binary-tree" (or "dbt"), "bcube".
@@ -37,6 +40,11 @@ struct CostOptions {
   double bytes = 100e6;
   int bcube_base = 4;  // kBCube: n must be a power of it
 };
+
+// The schedule a model prices over n positions, and how it prices it. InvalidArgument when n < 1,
+// bytes < 0, or BCube's n is not a power of its base.
+absl::StatusOr<Schedule> CostModelSchedule(int n, const CostOptions& options);
+Pricing CostModelPricing(CostModel model);
 
 // The cost (microseconds) of running the model with node order[p] at position p (order is a
 // permutation of 0..n-1). InvalidArgument when order is not a permutation of the matrix's nodes,
