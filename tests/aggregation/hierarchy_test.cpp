@@ -16,8 +16,8 @@ namespace sim = plexus::netmodel::sim;
 
 namespace {
 
-sim::Topology Racks(int racks, int per_rack, double bw, double oversub, double latency = 0) {
-  auto t = sim::Topology::Racks({.racks = racks,
+sim::Network Racks(int racks, int per_rack, double bw, double oversub, double latency = 0) {
+  auto t = sim::Network::Racks({.racks = racks,
                                  .hosts_per_rack = per_rack,
                                  .host_bytes_per_s = bw,
                                  .oversubscription = oversub,
@@ -56,7 +56,7 @@ agg::Plan SmallPlan() {
 }  // namespace
 
 TEST_CASE("one flow takes latency plus bytes over bandwidth", "[flow_sim]") {
-  const sim::Topology t = Racks(2, 2, 100, 1, 0.5);
+  const sim::Network t = Racks(2, 2, 100, 1, 0.5);
   sim::Schedule s{"one", {{0, 3, 200, {}}}};
   auto r = sim::Simulate(t, s);
   REQUIRE(r.ok());
@@ -68,7 +68,7 @@ TEST_CASE("one flow takes latency plus bytes over bandwidth", "[flow_sim]") {
 TEST_CASE("flows share links max-min fairly and speed up when others finish", "[flow_sim]") {
   // Uplinks of 2 x 100 / 4 = 50 B/s: the two cross-rack flows get 25 each, the intra-rack flow
   // from host 0 the rest of host 0's NIC (75), not an equal third.
-  const sim::Topology t = Racks(2, 2, 100, 4);
+  const sim::Network t = Racks(2, 2, 100, 4);
   sim::Schedule s{"three", {{0, 2, 100, {}}, {1, 3, 100, {}}, {0, 1, 100, {}}}};
   auto r = sim::Simulate(t, s);
   REQUIRE(r.ok());
@@ -84,7 +84,7 @@ TEST_CASE("flows share links max-min fairly and speed up when others finish", "[
 }
 
 TEST_CASE("a Clos fabric spreads cross-leaf flows over spines", "[flow_sim]") {
-  auto t = sim::Topology::Clos({.leaves = 2,
+  auto t = sim::Network::Clos({.leaves = 2,
                                 .spines = 2,
                                 .hosts_per_leaf = 2,
                                 .host_bytes_per_s = 100,
@@ -102,9 +102,9 @@ TEST_CASE("a Clos fabric spreads cross-leaf flows over spines", "[flow_sim]") {
 }
 
 TEST_CASE("bad topologies and schedules are refused with the field named", "[flow_sim]") {
-  CHECK(sim::Topology::Racks({.racks = 0}).status().message().find("racks") != std::string::npos);
-  CHECK(!sim::Topology::Racks({.racks = 1, .hosts_per_rack = 1, .oversubscription = 0.5}).ok());
-  const sim::Topology t = Racks(1, 2, 100, 1);
+  CHECK(sim::Network::Racks({.racks = 0}).status().message().find("racks") != std::string::npos);
+  CHECK(!sim::Network::Racks({.racks = 1, .hosts_per_rack = 1, .oversubscription = 0.5}).ok());
+  const sim::Network t = Racks(1, 2, 100, 1);
   sim::Schedule bad{"bad", {{0, 5, 1, {}}}};
   CHECK(sim::Simulate(t, bad).status().message().find("transfer 0") != std::string::npos);
   sim::Schedule cyclic{"cyclic", {{0, 1, 1, {0}}}};
@@ -213,7 +213,7 @@ TEST_CASE("the PBox inequality says when the hierarchy pays, and the simulator a
     CHECK(choice->local_s_per_byte == Approx(1 / worker));
     CHECK(choice->cross_s_per_byte == Approx((racks - 1.0) / (racks * std::min(pbox, core))));
 
-    sim::Topology t = Racks(racks, n + 1, worker, oversub);
+    sim::Network t = Racks(racks, n + 1, worker, oversub);
     const agg::PboxLayout layout = agg::RackPboxLayout(racks, n);
     for (int box : layout.pbox) REQUIRE(t.SetHostBandwidth(box, pbox, pbox).ok());
     auto flat = sim::Simulate(t, *agg::PboxFlatSchedule(layout, bytes));

@@ -18,18 +18,18 @@ namespace {
 
 // `racks` racks of `per_rack` nodes, the node ids shuffled; 10 us inside a rack, 100 us across,
 // each entry perturbed by up to +-`noise` (relative), deterministically.
-struct Fabric {
+struct Network {
   agg::Matrix latency;
   std::vector<std::vector<int>> racks;
 };
 
-Fabric MakeFabric(int racks, int per_rack, double noise, uint64_t seed) {
+Network MakeFabric(int racks, int per_rack, double noise, uint64_t seed) {
   const int n = racks * per_rack;
   std::vector<int> id(n);
   for (int i = 0; i < n; ++i) id[i] = i;
   std::mt19937_64 rng(seed);
   std::shuffle(id.begin(), id.end(), rng);
-  Fabric f;
+  Network f;
   f.racks.assign(racks, {});
   std::vector<int> rack_of(n);
   for (int k = 0; k < n; ++k) {
@@ -68,7 +68,7 @@ std::vector<int> LmCount(const agg::Plan& plan) {
 TEST_CASE("ProbeEmbed recovers racks from noisy latencies, ~sqrt(n) balanced groups", "[plink]") {
   for (uint64_t seed : {1, 2, 3}) {
     INFO("seed " << seed);
-    const Fabric f = MakeFabric(4, 4, 0.3, seed);
+    const Network f = MakeFabric(4, 4, 0.3, seed);
     auto groups = agg::GroupByDistance(f.latency);
     REQUIRE(groups.ok());
     CHECK(groups->size() == 4);  // round(sqrt(16))
@@ -210,7 +210,7 @@ TEST_CASE("Quicktune recovers a throttled node's share in the flow simulator",
           "[plink][autotune]") {
   namespace sim = plexus::netmodel::sim;
   // Two racks of four; host 1's NIC drops to a tenth (the seed's experiment: 5 -> 2 Gbit/s).
-  auto topo = sim::Topology::Racks({.racks = 2,
+  auto topo = sim::Network::Racks({.racks = 2,
                                     .hosts_per_rack = 4,
                                     .host_bytes_per_s = 1e9,
                                     .oversubscription = 2,

@@ -21,9 +21,9 @@ namespace sim = plexus::netmodel::sim;
 
 namespace {
 
-sim::Topology Clos(int leaves, int spines, int hosts_per_leaf, double bw, double oversub,
+sim::Network Clos(int leaves, int spines, int hosts_per_leaf, double bw, double oversub,
                    int nics = 1, double nvlink = 0) {
-  auto t = sim::Topology::Clos({.leaves = leaves,
+  auto t = sim::Network::Clos({.leaves = leaves,
                                 .spines = spines,
                                 .hosts_per_leaf = hosts_per_leaf,
                                 .host_bytes_per_s = bw,
@@ -36,8 +36,8 @@ sim::Topology Clos(int leaves, int spines, int hosts_per_leaf, double bw, double
   return *t;
 }
 
-sim::Topology Racks(int racks, int per_rack, double bw, double oversub) {
-  auto t = sim::Topology::Racks({.racks = racks,
+sim::Network Racks(int racks, int per_rack, double bw, double oversub) {
+  auto t = sim::Network::Racks({.racks = racks,
                                  .hosts_per_rack = per_rack,
                                  .host_bytes_per_s = bw,
                                  .oversubscription = oversub,
@@ -47,14 +47,14 @@ sim::Topology Racks(int racks, int per_rack, double bw, double oversub) {
   return *t;
 }
 
-std::vector<double> Capacities(const sim::Topology& t) {
+std::vector<double> Capacities(const sim::Network& t) {
   std::vector<double> c;
   for (const auto& l : t.links()) c.push_back(l.bytes_per_s);
   return c;
 }
 
 // One flow per (src, dst) pair, every equal-cost route of the topology a candidate.
-pn::Flow FlowOf(const sim::Topology& t, int job, int src, int dst, uint64_t key) {
+pn::Flow FlowOf(const sim::Network& t, int job, int src, int dst, uint64_t key) {
   pn::Flow f;
   f.job = job;
   f.key = key;
@@ -67,7 +67,7 @@ pn::Flow FlowOf(const sim::Topology& t, int job, int src, int dst, uint64_t key)
 TEST_CASE("coupled flows share links max-min fairly, counting every crossing", "[flow_sim]") {
   // Racks of 2 hosts, NICs 100 B/s, uplinks 2 x 100 / 4 = 50 B/s. R crosses rack0.up twice
   // (0->2 and 1->3): 2r <= 50, r = 25. S (0->1) shares host0.up with R: gets 100 - 25 = 75.
-  const sim::Topology t = Racks(2, 2, 100, 4);
+  const sim::Network t = Racks(2, 2, 100, 4);
   const sim::CoupledFlow r{{{0, 2, -1}, {1, 3, -1}}, 100, 0, 0};
   const sim::CoupledFlow s{{{0, 1, -1}}, 150, 0, 0};
   auto rates = sim::MaxMinRates(t, {sim::LinkUses(t, r), sim::LinkUses(t, s)});
@@ -79,7 +79,7 @@ TEST_CASE("coupled flows share links max-min fairly, counting every crossing", "
 
   // Uplinks of 200 B/s: host0.up (100) is the bottleneck, 50 each; S (100 B) ends at 2 s, then
   // R (300 B, 200 left) alone gets 100 B/s on host0.up and 200 / 2 on the uplink: ends at 4 s.
-  const sim::Topology wide = Racks(2, 2, 100, 1);
+  const sim::Network wide = Racks(2, 2, 100, 1);
   const sim::CoupledFlow r2{{{0, 2, -1}, {1, 3, -1}}, 300, 0, 0};
   const sim::CoupledFlow s2{{{0, 1, -1}}, 100, 0, 0};
   auto run = sim::SimulateCoupled(wide, {r2, s2});
@@ -100,7 +100,7 @@ TEST_CASE("coupled flows share links max-min fairly, counting every crossing", "
 
 TEST_CASE("a ring allreduce channel carries 2(n-1)/n of the buffer", "[flow_sim]") {
   // Four hosts on one rack of 100 B/s NICs: every hop at 100 B/s, 2 * 3/4 * 400 = 600 B.
-  const sim::Topology t = Racks(1, 4, 100, 1);
+  const sim::Network t = Racks(1, 4, 100, 1);
   const std::vector<int> ring{0, 1, 2, 3};
   const sim::CoupledFlow f = sim::RingAllreduceFlow(t, ring, 400);
   CHECK(f.hops.size() == 4);
@@ -119,7 +119,7 @@ TEST_CASE("a ring allreduce channel carries 2(n-1)/n of the buffer", "[flow_sim]
 
 TEST_CASE("multi-NIC Clos: NICs of one host talk over NVLink, leaves over any spine",
           "[flow_sim]") {
-  const sim::Topology t = Clos(2, 4, 2, 100, 2, /*nics=*/4);
+  const sim::Network t = Clos(2, 4, 2, 100, 2, /*nics=*/4);
   CHECK(t.hosts() == 16);
   CHECK(t.MachineOf(5) == 1);
   CHECK(t.RackOf(7) == 0);
@@ -136,7 +136,7 @@ TEST_CASE("multi-NIC Clos: NICs of one host talk over NVLink, leaves over any sp
   CHECK(t.links()[route[2]].name == "leaf1-spine3.down");
   CHECK(t.links()[route[0]].name == "host0.nic0.up");
 
-  const sim::Topology nv = Clos(1, 1, 1, 100, 1, 2, /*nvlink=*/1000);
+  const sim::Network nv = Clos(1, 1, 1, 100, 1, 2, /*nvlink=*/1000);
   const auto local = nv.Route(0, 1);
   REQUIRE(local.size() == 2);
   CHECK(nv.links()[local[0]].bytes_per_s == 1000.0);
@@ -159,7 +159,7 @@ TEST_CASE("a tree topology routes through rack and pod uplinks", "[flow_sim]") {
                                    .rack_oversubscription = 2,
                                    .pod_oversubscription = 2});
   REQUIRE(model.ok());
-  auto t = sim::Topology::Tree(*model);
+  auto t = sim::Network::Tree(*model);
   REQUIRE(t.ok());
   CHECK(t->hosts() == 8);
   CHECK(t->Route(0, 1).size() == 2);
@@ -176,7 +176,7 @@ TEST_CASE("a tree topology routes through rack and pod uplinks", "[flow_sim]") {
 TEST_CASE("ECMP hashes two flows onto one spine; FFA puts them on two", "[flow_assign]") {
   // 2 leaves x 2 hosts, 2 spines, NICs 100 B/s, no oversubscription: one cable per leaf and
   // spine of 100 B/s. Flows 0->2 and 1->3 collide under ECMP when their hashes agree mod 2.
-  const sim::Topology t = Clos(2, 2, 2, 100, 1);
+  const sim::Network t = Clos(2, 2, 2, 100, 1);
   const std::vector<double> capacity = Capacities(t);
   const std::vector<pn::Flow> flows{FlowOf(t, 0, 0, 2, 11), FlowOf(t, 0, 1, 3, 22)};
   uint64_t seed = 0;
@@ -213,7 +213,7 @@ TEST_CASE("ECMP hashes two flows onto one spine; FFA puts them on two", "[flow_a
 TEST_CASE("FFA gives every route a flow of each job; PFA dedicates one to the priority job",
           "[flow_assign]") {
   // The seed's example: jobs A and B each have 2 flows from rack 0 to rack 1, 2 routes.
-  const sim::Topology t = Clos(2, 2, 2, 100, 1);
+  const sim::Network t = Clos(2, 2, 2, 100, 1);
   const std::vector<double> capacity = Capacities(t);
   std::vector<pn::Flow> flows{FlowOf(t, 0, 0, 2, 1), FlowOf(t, 0, 1, 3, 2), FlowOf(t, 1, 0, 3, 3),
                               FlowOf(t, 1, 1, 2, 4)};
@@ -363,7 +363,7 @@ TEST_CASE("a tree topology refuses an invalid model, naming the element", "[flow
   model.pods = {{"p0", 100, 1}};
   model.racks = {{"r0", "p0", 100, 1}};
   model.hosts = {{"h0", "r9", 25, 1}};
-  auto t = sim::Topology::Tree(model);
+  auto t = sim::Network::Tree(model);
   REQUIRE(!t.ok());
   CHECK(t.status().message().find("r9") != std::string::npos);
 }

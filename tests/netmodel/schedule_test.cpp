@@ -311,7 +311,7 @@ TEST_CASE("the simulator's allreduces are the schedules placed on hosts", "[sche
 
   // The simulator runs any of them: the cost models' halving-doubling with its fold, over
   // 6 hosts on two racks, takes 1 + 2 + 2 + 1 dependent rounds.
-  auto fabric = sim::Topology::Racks({.racks = 2, .hosts_per_rack = 3});
+  auto fabric = sim::Network::Racks({.racks = 2, .hosts_per_rack = 3});
   REQUIRE(fabric.ok());
   auto hd = pn::HalvingDoublingSchedule(6, 6e6);
   REQUIRE(hd.ok());

@@ -121,7 +121,7 @@ int RunCompare(const plexus::tooling::Tool& tool, const CompareArgs& a) {
   std::vector<std::string> order;
   std::mt19937_64 rng(a.seed);
   for (int trial = 0; trial < a.trials; ++trial) {
-    auto topo = sim::Topology::Racks({.racks = a.racks,
+    auto topo = sim::Network::Racks({.racks = a.racks,
                                       .hosts_per_rack = a.per_rack,
                                       .host_bytes_per_s = a.host_gbit * 1e9 / 8,
                                       .oversubscription = a.oversubscription,

@@ -19,7 +19,7 @@ bool NonNegative(double v) { return std::isfinite(v) && v >= 0; }
 
 // Link layout: host h up = 2h, down = 2h + 1; then per rack up/down (racks) or per leaf and
 // spine up/down (Clos).
-absl::StatusOr<Topology> Topology::Racks(const RackSpec& spec) {
+absl::StatusOr<Network> Network::Racks(const RackSpec& spec) {
   if (spec.racks < 1 || spec.hosts_per_rack < 1) {
     return absl::InvalidArgumentError(absl::StrCat("rack topology: racks (", spec.racks,
                                                    ") and hosts_per_rack (", spec.hosts_per_rack,
@@ -31,7 +31,7 @@ absl::StatusOr<Topology> Topology::Racks(const RackSpec& spec) {
     return absl::InvalidArgumentError(
         "rack topology: host_bytes_per_s must be > 0, oversubscription >= 1, latencies >= 0");
   }
-  Topology t;
+  Network t;
   t.racks_ = spec.racks;
   t.hosts_per_rack_ = spec.hosts_per_rack;
   const int hosts = spec.racks * spec.hosts_per_rack;
@@ -50,7 +50,7 @@ absl::StatusOr<Topology> Topology::Racks(const RackSpec& spec) {
   return t;
 }
 
-absl::StatusOr<Topology> Topology::Clos(const ClosSpec& spec) {
+absl::StatusOr<Network> Network::Clos(const ClosSpec& spec) {
   if (spec.leaves < 1 || spec.spines < 1 || spec.hosts_per_leaf < 1 || spec.nics_per_host < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "clos topology: leaves (", spec.leaves, "), spines (", spec.spines, "), hosts_per_leaf (",
@@ -63,7 +63,7 @@ absl::StatusOr<Topology> Topology::Clos(const ClosSpec& spec) {
         "clos topology: host_bytes_per_s must be > 0, oversubscription >= 1, latencies and "
         "nvlink_bytes_per_s >= 0");
   }
-  Topology t;
+  Network t;
   t.racks_ = spec.leaves;
   t.spines_ = spec.spines;
   t.nics_per_host_ = spec.nics_per_host;
@@ -98,11 +98,11 @@ absl::StatusOr<Topology> Topology::Clos(const ClosSpec& spec) {
   return t;
 }
 
-absl::StatusOr<Topology> Topology::Tree(const ::plexus::netmodel::Topology& input) {
+absl::StatusOr<Network> Network::Tree(const ::plexus::netmodel::Topology& input) {
   if (input.hosts.empty()) return absl::InvalidArgumentError("tree topology: no hosts");
   ::plexus::netmodel::Topology model = input;  // resolves parents (RackOf, PodOf)
   PLEXUS_RETURN_IF_ERROR(model.Validate());
-  Topology t;
+  Network t;
   t.racks_ = static_cast<int>(model.racks.size());
   constexpr double kBytesPerGbit = 1e9 / 8;
   auto add = [&](double gbps, double latency_us, bool cross, const std::string& name) {
@@ -132,13 +132,13 @@ absl::StatusOr<Topology> Topology::Tree(const ::plexus::netmodel::Topology& inpu
   return t;
 }
 
-int Topology::Paths(int src, int dst) const {
+int Network::Paths(int src, int dst) const {
   if (src == dst) return 0;
   if (spines_ > 0 && rack_of_[src] != rack_of_[dst]) return spines_;
   return 1;
 }
 
-std::vector<int> Topology::Route(int src, int dst, int path) const {
+std::vector<int> Network::Route(int src, int dst, int path) const {
   if (src == dst) return {};
   if (nics_per_host_ > 1 && MachineOf(src) == MachineOf(dst)) {
     if (nvlink_base_ < 0) return {};
@@ -172,13 +172,13 @@ std::vector<int> Topology::Route(int src, int dst, int path) const {
   return route;
 }
 
-double Topology::PathLatency(int src, int dst) const {
+double Network::PathLatency(int src, int dst) const {
   double latency = 0;
   for (int link : Route(src, dst)) latency += links_[link].latency_s;
   return latency;
 }
 
-absl::Status Topology::SetHostBandwidth(int host, double up_bytes_per_s, double down_bytes_per_s) {
+absl::Status Network::SetHostBandwidth(int host, double up_bytes_per_s, double down_bytes_per_s) {
   if (host < 0 || host >= hosts()) {
     return absl::OutOfRangeError(absl::StrCat("host ", host, " is not in [0, ", hosts(), ")"));
   }
@@ -191,7 +191,7 @@ absl::Status Topology::SetHostBandwidth(int host, double up_bytes_per_s, double 
   return absl::OkStatus();
 }
 
-absl::Status Topology::AddHostLatency(int host, double extra_s) {
+absl::Status Network::AddHostLatency(int host, double extra_s) {
   if (host < 0 || host >= hosts()) {
     return absl::OutOfRangeError(absl::StrCat("host ", host, " is not in [0, ", hosts(), ")"));
   }
@@ -225,7 +225,7 @@ absl::Status ValidateSchedule(const Schedule& schedule, int hosts) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateSchedule(const Schedule& schedule, const Topology& topology) {
+absl::Status ValidateSchedule(const Schedule& schedule, const Network& topology) {
   PLEXUS_RETURN_IF_ERROR(ValidateSchedule(schedule, topology.hosts()));
   for (size_t i = 0; i < schedule.transfers.size(); ++i) {
     const Transfer& t = schedule.transfers[i];
@@ -256,7 +256,7 @@ Counts Count(const Schedule& schedule, std::span<const int> rack_of) {
   return c;
 }
 
-absl::StatusOr<SimResult> Simulate(const Topology& topology, const Schedule& schedule) {
+absl::StatusOr<SimResult> Simulate(const Network& topology, const Schedule& schedule) {
   if (absl::Status s = ValidateSchedule(schedule, topology); !s.ok()) return s;
   const auto& transfers = schedule.transfers;
   const size_t n = transfers.size();
@@ -446,7 +446,7 @@ std::vector<double> FillRates(const std::vector<Link>& links,
 
 }  // namespace
 
-std::vector<double> MaxMinRates(const Topology& topology,
+std::vector<double> MaxMinRates(const Network& topology,
                                 const std::vector<std::vector<std::pair<int, int>>>& uses) {
   std::vector<const Uses*> ptrs;
   ptrs.reserve(uses.size());
@@ -454,7 +454,7 @@ std::vector<double> MaxMinRates(const Topology& topology,
   return FillRates(topology.links(), ptrs);
 }
 
-std::vector<std::pair<int, int>> LinkUses(const Topology& topology, const CoupledFlow& flow) {
+std::vector<std::pair<int, int>> LinkUses(const Network& topology, const CoupledFlow& flow) {
   std::vector<int> all;
   for (const Hop& hop : flow.hops) {
     for (int l : topology.Route(hop.src, hop.dst, hop.path)) all.push_back(l);
@@ -471,7 +471,7 @@ std::vector<std::pair<int, int>> LinkUses(const Topology& topology, const Couple
   return uses;
 }
 
-absl::StatusOr<CoupledResult> SimulateCoupled(const Topology& topology,
+absl::StatusOr<CoupledResult> SimulateCoupled(const Network& topology,
                                               const std::vector<CoupledFlow>& flows) {
   const size_t n = flows.size();
   std::vector<Uses> uses(n);
@@ -564,7 +564,7 @@ absl::StatusOr<CoupledResult> SimulateCoupled(const Topology& topology,
   return result;
 }
 
-CoupledFlow RingAllreduceFlow(const Topology& topology, std::span<const int> ring, double bytes,
+CoupledFlow RingAllreduceFlow(const Network& topology, std::span<const int> ring, double bytes,
                               std::span<const int> paths) {
   CoupledFlow flow;
   const size_t n = ring.size();

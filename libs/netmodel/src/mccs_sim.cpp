@@ -90,7 +90,7 @@ absl::StatusOr<std::vector<MccsJob>> RunMccs(const MccsSpec& spec, Placement pla
     return absl::InvalidArgumentError(
         "mccs sim: load must be in (0, 1], bytes > 0, channels >= 0, runs >= 1");
   }
-  PLEXUS_ASSIGN_OR_RETURN(Topology topo, Topology::Clos(spec.fabric));
+  PLEXUS_ASSIGN_OR_RETURN(Network topo, Network::Clos(spec.fabric));
   const int gpus = topo.hosts();
   const int channels = spec.channels > 0 ? spec.channels : spec.fabric.spines;
   std::vector<double> capacity;
@@ -274,7 +274,7 @@ absl::StatusOr<SpreadResult> RunSpread(const SpreadSpec& spec) {
   }
   std::mt19937_64 rng(spec.seed);
   CostMatrix latency, bandwidth;
-  Topology net;
+  Network net;
   std::vector<int> endpoint_of;  // node -> endpoint of `net`
   if (!spec.clos) {
     PLEXUS_ASSIGN_OR_RETURN(Model fabric, GenerateFabric(spec.fabric));
@@ -289,11 +289,11 @@ absl::StatusOr<SpreadResult> RunSpread(const SpreadSpec& spec) {
     latency = LatencyFromTopology(t, {.noise = spec.noise, .seed = spec.seed});
     bandwidth = latency;
     bandwidth.bandwidth_gbps = FairShareMatrix(t).bandwidth_gbps;
-    PLEXUS_ASSIGN_OR_RETURN(net, Topology::Tree(t));
+    PLEXUS_ASSIGN_OR_RETURN(net, Network::Tree(t));
     endpoint_of.resize(n);
     std::iota(endpoint_of.begin(), endpoint_of.end(), 0);
   } else {
-    PLEXUS_ASSIGN_OR_RETURN(net, Topology::Clos(spec.clos_fabric));
+    PLEXUS_ASSIGN_OR_RETURN(net, Network::Clos(spec.clos_fabric));
     const int n = net.hosts();
     if (n < 3) return absl::InvalidArgumentError("spread: needs at least 3 hosts");
     endpoint_of.resize(n);

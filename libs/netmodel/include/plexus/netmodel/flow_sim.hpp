@@ -64,14 +64,14 @@ struct ClosSpec {
   double nvlink_bytes_per_s = 0;
 };
 
-class Topology {
+class Network {
  public:
-  static absl::StatusOr<Topology> Racks(const RackSpec& spec);
-  static absl::StatusOr<Topology> Clos(const ClosSpec& spec);
+  static absl::StatusOr<Network> Racks(const RackSpec& spec);
+  static absl::StatusOr<Network> Clos(const ClosSpec& spec);
   // The three-level tree of a topology model (hosts in racks in pods under a non-blocking core;
   // plexus/netmodel/topology.hpp): every host, rack and pod uplink a link per direction
   // (Gbps and one-way µs converted to bytes/s and s). One route per pair. Validates the model.
-  static absl::StatusOr<Topology> Tree(const ::plexus::netmodel::Topology& model);
+  static absl::StatusOr<Network> Tree(const ::plexus::netmodel::Topology& model);
 
   // Endpoints (hosts, or NICs of multi-NIC hosts): the range of a schedule's src and dst.
   int hosts() const { return static_cast<int>(rack_of_.size()); }
@@ -112,14 +112,14 @@ class Topology {
 
 // A schedule's transfers name endpoints here (schedule.hpp; PlaceSchedule puts hosts at a
 // schedule's positions); src == dst is a local step: it takes no time and no link, and is
-// counted apart. `Transfer::path` picks an equal-cost route (Topology::Paths).
+// counted apart. `Transfer::path` picks an equal-cost route (Network::Paths).
 using ::plexus::netmodel::Schedule;
 using ::plexus::netmodel::Transfer;
 
 // Checks hosts in [0, hosts), dependencies on earlier transfers only, bytes finite and >= 0,
 // and (with a topology) paths in range. Errors name the transfer.
 absl::Status ValidateSchedule(const Schedule& schedule, int hosts);
-absl::Status ValidateSchedule(const Schedule& schedule, const Topology& topology);
+absl::Status ValidateSchedule(const Schedule& schedule, const Network& network);
 
 struct Counts {
   int rounds = 0;               // longest dependency chain, in transfers (local steps count)
@@ -143,14 +143,14 @@ struct SimResult {
 // Runs the schedule on the topology: a transfer starts once its dependencies are done plus its
 // path latency, then shares every link on its route max-min fairly with the other active
 // transfers until its bytes are through.
-absl::StatusOr<SimResult> Simulate(const Topology& topology, const Schedule& schedule);
+absl::StatusOr<SimResult> Simulate(const Network& network, const Schedule& schedule);
 
 // Max-min fair rates of flows that each cross links a given number of times and move at one
 // rate on all of them (a pipelined ring channel: every hop carries the same bytes, the slowest
 // paces the rest). `uses[f]` lists (link, times) for flow f; a link's capacity is shared so
 // that sum over flows of rate * times <= capacity, by progressive filling (every connection on
 // a link counts once: per-flow fairness). A flow with no link gets +infinity.
-std::vector<double> MaxMinRates(const Topology& topology,
+std::vector<double> MaxMinRates(const Network& network,
                                 const std::vector<std::vector<std::pair<int, int>>>& uses);
 
 // One hop of a coupled flow: a connection from src to dst on equal-cost route `path`.
@@ -178,16 +178,16 @@ struct CoupledResult {
 
 // The links a coupled flow crosses and how many of its hops cross each (sorted by link); hops
 // must be valid (SimulateCoupled checks them).
-std::vector<std::pair<int, int>> LinkUses(const Topology& topology, const CoupledFlow& flow);
+std::vector<std::pair<int, int>> LinkUses(const Network& network, const CoupledFlow& flow);
 
 // Event-driven: rates are recomputed (MaxMinRates) whenever a flow starts or finishes.
-absl::StatusOr<CoupledResult> SimulateCoupled(const Topology& topology,
+absl::StatusOr<CoupledResult> SimulateCoupled(const Network& network,
                                               const std::vector<CoupledFlow>& flows);
 
 // The coupled flow of one channel of a ring allreduce over `ring` (endpoints in ring order,
 // hop i from ring[i] to ring[i+1], on route paths[i] when i < paths.size(), else the hash): each
 // hop carries 2(n-1)/n of `bytes`, and the 2(n-1) steps each wait out the slowest hop's latency.
-CoupledFlow RingAllreduceFlow(const Topology& topology, std::span<const int> ring, double bytes,
+CoupledFlow RingAllreduceFlow(const Network& network, std::span<const int> ring, double bytes,
                               std::span<const int> paths = {});
 
 }  // namespace plexus::netmodel::sim

@@ -29,7 +29,7 @@ struct Transfer {
   int dst = 0;
   double bytes = 0;
   std::vector<int> after;
-  int path = -1;  // simulator: equal-cost route (sim::Topology::Paths), -1: the fixed hash
+  int path = -1;  // simulator: equal-cost route (sim::Network::Paths), -1: the fixed hash
   int round = 0;  // the step of the algorithm it belongs to; rounds run one after the other
 };
 
