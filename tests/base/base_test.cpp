@@ -228,6 +228,37 @@ TEST_CASE("WaitPolicy: spin, then yield, then sleep", "[base][wait]") {
         Phase::kYield);
 }
 
+TEST_CASE("WaitPolicy: SpinUntil, Sleep and AwaitOthersProgress bound their waits",
+          "[base][wait]") {
+  using plexus::base::WaitPolicy;
+  int calls = 0;
+  CHECK(WaitPolicy::SpinUntil(absl::Now() + absl::Seconds(10), [&] { return ++calls == 5; }));
+  CHECK(calls == 5);
+  // A passed deadline does not call at all; a condition that never holds spins until it.
+  calls = 0;
+  CHECK_FALSE(WaitPolicy::SpinUntil(absl::Now() - absl::Seconds(1), [&] { return ++calls > 0; }));
+  CHECK(calls == 0);
+  absl::Time start = absl::Now();
+  CHECK_FALSE(WaitPolicy::SpinUntil(start + absl::Milliseconds(2), [] { return false; }));
+  CHECK(absl::Now() - start >= absl::Milliseconds(2));
+
+  start = absl::Now();
+  WaitPolicy::Sleep(absl::Milliseconds(3));
+  CHECK(absl::Now() - start >= absl::Milliseconds(3));
+  // Zero and negative durations return at once; so does a caller that only polls.
+  start = absl::Now();
+  WaitPolicy::Sleep(absl::ZeroDuration());
+  WaitPolicy::Sleep(absl::Seconds(-5));
+  WaitPolicy::AwaitOthersProgress(absl::ZeroDuration());
+  CHECK(absl::Now() - start < absl::Seconds(1));
+  // A long max_block is cut to kOthersProgress.
+  start = absl::Now();
+  WaitPolicy::AwaitOthersProgress(absl::Seconds(10));
+  const absl::Duration took = absl::Now() - start;
+  CHECK(took >= WaitPolicy::kOthersProgress);
+  CHECK(took < absl::Seconds(1));
+}
+
 TEST_CASE("AdaptiveSpin: stops after spins that miss, probes, resumes on a probe that hits",
           "[base][wait]") {
   using plexus::base::AdaptiveSpin;
