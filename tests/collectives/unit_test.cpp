@@ -169,6 +169,11 @@ TEST_CASE("selector table: default, parsing, errors and round trip", "[collectiv
   CHECK(t->Select(CollectiveKind::kAllReduce, 3, 1025) == Algorithm::kHalvingDoubling);
   CHECK(t->Select(CollectiveKind::kAllReduce, 8, 10) == Algorithm::kRing);  // no rule
   CHECK(t->Select(CollectiveKind::kBroadcast, 9, 10) == Algorithm::kRing);
+  // Byte numbers take base::ParseBytes's forms (KiB as well as K).
+  auto kib = pc::AlgorithmTable::Parse("allreduce * 0-1KiB tree\n");
+  REQUIRE(kib.ok());
+  CHECK(kib->Select(CollectiveKind::kAllReduce, 3, 1024) == Algorithm::kTree);
+  CHECK(kib->Select(CollectiveKind::kAllReduce, 3, 1025) == Algorithm::kRing);
 
   for (const char* bad : {"allreduce 2-4 0-1K", "allgatherz * * ring", "allreduce 4-2 * ring",
                           "allreduce * 1Q ring", "allreduce * * auto", "allreduce * * bogus"}) {
@@ -177,6 +182,8 @@ TEST_CASE("selector table: default, parsing, errors and round trip", "[collectiv
     REQUIRE_FALSE(r.ok());
     CHECK(std::string(r.status().message()).find("line 1") != std::string::npos);
   }
+  auto bad_bytes = pc::AlgorithmTable::Parse("allreduce * 1Q ring");
+  CHECK(std::string(bad_bytes.status().message()).find("byte range") != std::string::npos);
   CHECK_FALSE(pc::AlgorithmTable::Load("/nonexistent/table").ok());
 
   auto o = pc::AlgorithmOverrides::Parse("allreduce:ring; broadcast:tree");
