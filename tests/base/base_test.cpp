@@ -173,6 +173,13 @@ TEST_CASE("net: addresses parse, join and resolve; a loopback port can be reserv
   CHECK(v6->port == 29500);
   CHECK(net::JoinHostPort(v6->host, v6->port) == "[::1]:29500");
   CHECK(net::JoinHostPort("10.0.0.1", 80) == "10.0.0.1:80");
+  CHECK(net::IsIpLiteral("10.0.0.1"));
+  CHECK(net::IsIpLiteral("::1"));
+  CHECK(net::IsIpLiteral("fd00::2"));
+  CHECK_FALSE(net::IsIpLiteral("[::1]"));
+  CHECK_FALSE(net::IsIpLiteral("300.0.0.1"));
+  CHECK_FALSE(net::IsIpLiteral("localhost"));
+  CHECK_FALSE(net::IsIpLiteral(""));
   CHECK(net::ParseHostPort("::1:80", "the test address")
             .status()
             .message()

@@ -340,6 +340,13 @@ TEST_CASE("device set-up messages: round trips, and malformed ones refused", "[m
   REQUIRE(refused.ok());
   CHECK(refused->refused);
   CHECK(refused->why == "the connector has 3 paths");
+  // IPv6 paths: bracketed addresses on the hosts named without brackets.
+  const std::vector<std::string> v6_hosts = {"::1", "fd00::2"};
+  auto v6 = pmi::ParseSetupReply(pmi::EncodeSetupAccept({"[::1]:5", "[fd00::2]:6"}), v6_hosts);
+  REQUIRE(v6.ok());
+  CHECK(v6->addresses == std::vector<std::string>{"[::1]:5", "[fd00::2]:6"});
+  CHECK_FALSE(
+      pmi::ParseSetupReply(pmi::EncodeSetupAccept({"[::1]:5", "[fd00::9]:6"}), v6_hosts).ok());
   // A path on another host than the address named, a wrong count, a bad port, garbage.
   for (const char* bad :
        {"ok 127.0.0.1:5,127.0.0.9:6", "ok 127.0.0.1:5", "ok 127.0.0.1:5,127.0.0.2:x",
