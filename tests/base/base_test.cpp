@@ -159,6 +159,37 @@ TEST_CASE("byte order: fields are little-endian at any alignment and read back",
   CHECK(s == std::string("\x02\x01\xfe\xff\xff\xff", 6));
 }
 
+TEST_CASE("byte order: CheckedByteReader reads what is there and stops at the first short read",
+          "[base]") {
+  std::string bytes;
+  pb::AppendLittleEndian<uint32_t>(bytes, 3);
+  bytes += "abc";
+  pb::AppendLittleEndian<int64_t>(bytes, -7);
+  pb::CheckedByteReader r(bytes);
+  uint32_t n = 0;
+  std::string_view text;
+  int64_t v = 0;
+  REQUIRE(r.U32(&n));
+  REQUIRE(r.Bytes(n, &text));
+  REQUIRE(r.I64(&v));
+  CHECK(text == "abc");
+  CHECK(v == -7);
+  CHECK(r.ok());
+  CHECK(r.remaining() == 0);
+  // Short: nothing is read, the error says where, and it sticks.
+  uint16_t more = 0;
+  CHECK_FALSE(r.U16(&more));
+  CHECK(r.error() == "truncated: needs 2 more bytes at offset 15, has 0");
+  CHECK_FALSE(r.Bytes(0, &text));
+  CHECK_FALSE(r.Fail("later"));
+  CHECK(r.error() == "truncated: needs 2 more bytes at offset 15, has 0");
+  pb::CheckedByteReader short_bytes(std::string_view("\x05\x00\x00\x00xy", 6));
+  CHECK(short_bytes.U32(&n));
+  CHECK_FALSE(short_bytes.Bytes(n, &text));
+  CHECK(short_bytes.offset() == 4);
+  CHECK_FALSE(short_bytes.ok());
+}
+
 TEST_CASE("host probing", "[base]") {
   CHECK(!pb::HostName().empty());
   CHECK(!pb::UsableCpus().empty());
