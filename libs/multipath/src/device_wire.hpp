@@ -1,5 +1,6 @@
-// MultipathDevice's texts from the network: the composite address and the set-up messages on the
-// control connection. Pure parsing (no I/O), so it is fuzzed directly (tests/fuzz).
+// MultipathDevice's bytes from the network: the composite address and the set-up messages on the
+// control connection (base::Records). Pure parsing (no I/O), so it is fuzzed directly
+// (tests/fuzz).
 #pragma once
 
 #include <string>
