@@ -13,7 +13,6 @@
 // BeginCollective). The watcher is a thread of its own so that a rank blocked inside a collective
 // still publishes: freezing never waits for a collective to finish, so it cannot deadlock.
 #include <algorithm>
-#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +24,7 @@
 #include "communicator_impl.hpp"
 #include "peer_transport.hpp"
 #include "plexus/base/env.hpp"
+#include "plexus/base/log.hpp"
 #include "plexus/base/record.hpp"
 #include "plexus/base/status.hpp"
 
@@ -401,13 +401,13 @@ void CommunicatorImpl::ApplyChange(const DecidedChange& decided) {
   reconf_.active.epoch = decided.epoch;
   config_epoch_ = decided.epoch;
   if (debug_) {
-    std::fprintf(stderr,
-                 "[plexus-coll rank %d] reconfiguration epoch %llu (from rank %d) lands on "
-                 "collective %llu: ring order [%s], algorithms '%s', %d channel(s) asked\n",
-                 layout_.rank, static_cast<unsigned long long>(decided.epoch), decided.requester,
-                 static_cast<unsigned long long>(decided.sequence),
-                 RingOrderText(layout_.order).c_str(), OverridesText(options_.algorithms).c_str(),
-                 change.channels.value_or(layout_.channels));
+    base::Logf(base::LogLevel::kInfo,
+               "[plexus-coll rank %d] reconfiguration epoch %llu (from rank %d) lands on "
+               "collective %llu: ring order [%s], algorithms '%s', %d channel(s) asked",
+               layout_.rank, static_cast<unsigned long long>(decided.epoch), decided.requester,
+               static_cast<unsigned long long>(decided.sequence),
+               RingOrderText(layout_.order).c_str(), OverridesText(options_.algorithms).c_str(),
+               change.channels.value_or(layout_.channels));
   }
 }
 
