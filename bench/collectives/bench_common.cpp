@@ -1,7 +1,6 @@
 #include "bench_common.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -11,30 +10,17 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "plexus/base/env.hpp"
 #include "plexus/tooling/cli.hpp"
 
 namespace plexus::bench {
 namespace {
 
+// A byte count in base::ParseBytes's forms (8, 64K, 1MiB), at most 1 TiB (plenty for a buffer).
 std::optional<size_t> ParseOneSize(const std::string& text) {
-  if (text.empty()) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
-  if (errno != 0 || end == text.c_str() || text[0] == '-') return std::nullopt;
-  unsigned shift = 0;
-  const std::string suffix(end);
-  if (suffix == "K" || suffix == "k") {
-    shift = 10;
-  } else if (suffix == "M" || suffix == "m") {
-    shift = 20;
-  } else if (suffix == "G" || suffix == "g") {
-    shift = 30;
-  } else if (!suffix.empty()) {
-    return std::nullopt;
-  }
-  if (value > (uint64_t{1} << 40) >> shift) return std::nullopt;  // 1 TiB is plenty
-  return static_cast<size_t>(value << shift);
+  const absl::StatusOr<uint64_t> value = base::ParseBytes(text, "size");
+  if (!value.ok() || *value > (uint64_t{1} << 40)) return std::nullopt;
+  return static_cast<size_t>(*value);
 }
 
 std::vector<std::string> Split(const std::string& text, char separator) {

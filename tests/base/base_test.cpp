@@ -159,6 +159,37 @@ TEST_CASE("byte order: fields are little-endian at any alignment and read back",
   CHECK(s == std::string("\x02\x01\xfe\xff\xff\xff", 6));
 }
 
+TEST_CASE("byte order: CheckedByteReader reads what is there and stops at the first short read",
+          "[base]") {
+  std::string bytes;
+  pb::AppendLittleEndian<uint32_t>(bytes, 3);
+  bytes += "abc";
+  pb::AppendLittleEndian<int64_t>(bytes, -7);
+  pb::CheckedByteReader r(bytes);
+  uint32_t n = 0;
+  std::string_view text;
+  int64_t v = 0;
+  REQUIRE(r.U32(&n));
+  REQUIRE(r.Bytes(n, &text));
+  REQUIRE(r.I64(&v));
+  CHECK(text == "abc");
+  CHECK(v == -7);
+  CHECK(r.ok());
+  CHECK(r.remaining() == 0);
+  // Short: nothing is read, the error says where, and it sticks.
+  uint16_t more = 0;
+  CHECK_FALSE(r.U16(&more));
+  CHECK(r.error() == "truncated: needs 2 more bytes at offset 15, has 0");
+  CHECK_FALSE(r.Bytes(0, &text));
+  CHECK_FALSE(r.Fail("later"));
+  CHECK(r.error() == "truncated: needs 2 more bytes at offset 15, has 0");
+  pb::CheckedByteReader short_bytes(std::string_view("\x05\x00\x00\x00xy", 6));
+  CHECK(short_bytes.U32(&n));
+  CHECK_FALSE(short_bytes.Bytes(n, &text));
+  CHECK(short_bytes.offset() == 4);
+  CHECK_FALSE(short_bytes.ok());
+}
+
 TEST_CASE("host probing", "[base]") {
   CHECK(!pb::HostName().empty());
   CHECK(!pb::UsableCpus().empty());
@@ -173,6 +204,13 @@ TEST_CASE("net: addresses parse, join and resolve; a loopback port can be reserv
   CHECK(v6->port == 29500);
   CHECK(net::JoinHostPort(v6->host, v6->port) == "[::1]:29500");
   CHECK(net::JoinHostPort("10.0.0.1", 80) == "10.0.0.1:80");
+  CHECK(net::IsIpLiteral("10.0.0.1"));
+  CHECK(net::IsIpLiteral("::1"));
+  CHECK(net::IsIpLiteral("fd00::2"));
+  CHECK_FALSE(net::IsIpLiteral("[::1]"));
+  CHECK_FALSE(net::IsIpLiteral("300.0.0.1"));
+  CHECK_FALSE(net::IsIpLiteral("localhost"));
+  CHECK_FALSE(net::IsIpLiteral(""));
   CHECK(net::ParseHostPort("::1:80", "the test address")
             .status()
             .message()
@@ -226,6 +264,37 @@ TEST_CASE("WaitPolicy: spin, then yield, then sleep", "[base][wait]") {
   // Negative spin counts as none.
   CHECK(WaitPolicy(absl::Microseconds(-1), absl::Milliseconds(1)).At(absl::ZeroDuration()) ==
         Phase::kYield);
+}
+
+TEST_CASE("WaitPolicy: SpinUntil, Sleep and AwaitOthersProgress bound their waits",
+          "[base][wait]") {
+  using plexus::base::WaitPolicy;
+  int calls = 0;
+  CHECK(WaitPolicy::SpinUntil(absl::Now() + absl::Seconds(10), [&] { return ++calls == 5; }));
+  CHECK(calls == 5);
+  // A passed deadline does not call at all; a condition that never holds spins until it.
+  calls = 0;
+  CHECK_FALSE(WaitPolicy::SpinUntil(absl::Now() - absl::Seconds(1), [&] { return ++calls > 0; }));
+  CHECK(calls == 0);
+  absl::Time start = absl::Now();
+  CHECK_FALSE(WaitPolicy::SpinUntil(start + absl::Milliseconds(2), [] { return false; }));
+  CHECK(absl::Now() - start >= absl::Milliseconds(2));
+
+  start = absl::Now();
+  WaitPolicy::Sleep(absl::Milliseconds(3));
+  CHECK(absl::Now() - start >= absl::Milliseconds(3));
+  // Zero and negative durations return at once; so does a caller that only polls.
+  start = absl::Now();
+  WaitPolicy::Sleep(absl::ZeroDuration());
+  WaitPolicy::Sleep(absl::Seconds(-5));
+  WaitPolicy::AwaitOthersProgress(absl::ZeroDuration());
+  CHECK(absl::Now() - start < absl::Seconds(1));
+  // A long max_block is cut to kOthersProgress.
+  start = absl::Now();
+  WaitPolicy::AwaitOthersProgress(absl::Seconds(10));
+  const absl::Duration took = absl::Now() - start;
+  CHECK(took >= WaitPolicy::kOthersProgress);
+  CHECK(took < absl::Seconds(1));
 }
 
 TEST_CASE("AdaptiveSpin: stops after spins that miss, probes, resumes on a probe that hits",

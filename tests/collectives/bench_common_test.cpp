@@ -23,11 +23,17 @@ TEST_CASE("sizes: lists, ranges, factors and suffixes") {
   sizes = pb::ParseSizes("10,8", 4, &error);
   REQUIRE(sizes.has_value());
   CHECK(*sizes == std::vector<size_t>{8});
+
+  // base::ParseBytes's forms: either case, K or KiB.
+  sizes = pb::ParseSizes("64KiB,2m", 4, &error);
+  REQUIRE(sizes.has_value());
+  CHECK(*sizes == std::vector<size_t>{64 << 10, 2 << 20});
 }
 
 TEST_CASE("sizes: bad input is an error naming the item") {
   std::string error;
-  for (const char* bad : {"", "abc", "8,,16", "-8", "4K..1K", "0..8", "1K..4Kx1", "2", "8Q"}) {
+  for (const char* bad :
+       {"", "abc", "8,,16", "-8", "4K..1K", "0..8", "1K..4Kx1", "2", "8Q", "2048G"}) {
     INFO(bad);
     error.clear();
     CHECK_FALSE(pb::ParseSizes(bad, 4, &error).has_value());

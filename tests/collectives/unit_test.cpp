@@ -7,10 +7,13 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "blame.hpp"
+#include "plexus/base/record.hpp"
 #include "plexus/collectives/selector.hpp"
 #include "plexus/transport/store.hpp"
 #include "plexus/kernels/reduce.hpp"
+#include "reconfig.hpp"
 #include "wire.hpp"
 
 namespace pc = plexus::collectives;
@@ -169,6 +172,11 @@ TEST_CASE("selector table: default, parsing, errors and round trip", "[collectiv
   CHECK(t->Select(CollectiveKind::kAllReduce, 3, 1025) == Algorithm::kHalvingDoubling);
   CHECK(t->Select(CollectiveKind::kAllReduce, 8, 10) == Algorithm::kRing);  // no rule
   CHECK(t->Select(CollectiveKind::kBroadcast, 9, 10) == Algorithm::kRing);
+  // Byte numbers take base::ParseBytes's forms (KiB as well as K).
+  auto kib = pc::AlgorithmTable::Parse("allreduce * 0-1KiB tree\n");
+  REQUIRE(kib.ok());
+  CHECK(kib->Select(CollectiveKind::kAllReduce, 3, 1024) == Algorithm::kTree);
+  CHECK(kib->Select(CollectiveKind::kAllReduce, 3, 1025) == Algorithm::kRing);
 
   for (const char* bad : {"allreduce 2-4 0-1K", "allgatherz * * ring", "allreduce 4-2 * ring",
                           "allreduce * 1Q ring", "allreduce * * auto", "allreduce * * bogus"}) {
@@ -177,6 +185,8 @@ TEST_CASE("selector table: default, parsing, errors and round trip", "[collectiv
     REQUIRE_FALSE(r.ok());
     CHECK(std::string(r.status().message()).find("line 1") != std::string::npos);
   }
+  auto bad_bytes = pc::AlgorithmTable::Parse("allreduce * 1Q ring");
+  CHECK(std::string(bad_bytes.status().message()).find("byte range") != std::string::npos);
   CHECK_FALSE(pc::AlgorithmTable::Load("/nonexistent/table").ok());
 
   auto o = pc::AlgorithmOverrides::Parse("allreduce:ring; broadcast:tree");
@@ -262,13 +272,93 @@ TEST_CASE("blame accounts round-trip and reject garbage", "[collectives][unit]")
   CHECK(back->reporter == 1);
   CHECK(back->at_ms == 1700000000123);
   CHECK(back->reason == b.reason);
-  CHECK(pi::Blame::Decode("F|4|1|0|5|x").has_value());
-  CHECK(!pi::Blame::Decode("F|99|1|0|5|x").has_value());
-  CHECK(!pi::Blame::Decode("X|4|1|0|5|x").has_value());
-  CHECK(!pi::Blame::Decode("F|4|-1|0|5|x").has_value());
-  CHECK(!pi::Blame::Decode("F|4|1|0|soon|x").has_value());
-  CHECK(!pi::Blame::Decode("F|4|1|0|x").has_value());
-  CHECK(!pi::Blame::Decode("F|4").has_value());
+  // A record written field by field: a final account of code 4 blaming rank 1, and the same
+  // with one field bad, missing, mistyped, extra or cut short.
+  const auto record = [](int64_t final, int64_t code, std::vector<int> ranks, bool with_reason,
+                         bool at_as_text) {
+    plexus::base::RecordWriter w("collectives.blame", 1);
+    w.Int("final", final).Int("code", code).Ints("ranks", ranks).Int("reporter", 0);
+    if (at_as_text) {
+      w.String("at_ms", "soon");
+    } else {
+      w.Int("at_ms", 5);
+    }
+    if (with_reason) w.String("reason", "x");
+    return w.Finish();
+  };
+  auto good = pi::Blame::Decode(record(1, 4, {1}, true, false));
+  REQUIRE(good.has_value());
+  CHECK(good->final);
+  CHECK(good->code == absl::StatusCode::kDeadlineExceeded);
+  CHECK(good->ranks == std::vector<int>{1});
+  CHECK(good->reason == "x");
+  CHECK(!pi::Blame::Decode(record(1, 99, {1}, true, false)).has_value());  // no such code
+  CHECK(!pi::Blame::Decode(record(2, 4, {1}, true, false)).has_value());   // neither F nor W
+  CHECK(!pi::Blame::Decode(record(1, 4, {-1}, true, false)).has_value());  // no such rank
+  CHECK(!pi::Blame::Decode(record(1, 4, {1}, true, true)).has_value());    // a time as text
+  CHECK(!pi::Blame::Decode(record(1, 4, {1}, false, false)).has_value());  // no reason
+  const std::string full = record(1, 4, {1}, true, false);
+  CHECK(!pi::Blame::Decode(full.substr(0, full.size() - 1)).has_value());  // cut short
+  CHECK(!pi::Blame::Decode(full + "x").has_value());                       // trailing bytes
+  // The '|'-separated form of earlier builds is not a record.
+  CHECK(!pi::Blame::Decode("F|4|1|0|5|x").has_value());
+  // An over-long reason is cut on encoding, so that it still decodes.
+  b.reason = std::string(5000, 'r');
+  auto cut = pi::Blame::Decode(b.Encode());
+  REQUIRE(cut.has_value());
+  CHECK(cut->reason.size() == 1024);
+}
+
+TEST_CASE("reconfiguration requests round-trip as records and reject garbage",
+          "[collectives][unit]") {
+  pc::Reconfiguration change;
+  change.ring_order = std::vector<int>{0, 2, 1, 3};
+  change.channels = 3;
+  change.transport =
+      pc::TransportChoice{plexus::transport::Backend::kTcp, pc::TransportPolicy::kPerPeer};
+  pc::AlgorithmOverrides overrides;
+  overrides.Set(CollectiveKind::kAllReduce, Algorithm::kTree);
+  change.algorithms = overrides;
+  auto back = pi::DecodeReconfiguration(pi::EncodeReconfiguration(change, 2));
+  REQUIRE(back.ok());
+  CHECK(back->requester == 2);
+  CHECK(back->change.ring_order == change.ring_order);
+  CHECK(back->change.channels == 3);
+  REQUIRE(back->change.transport.has_value());
+  CHECK(back->change.transport->backend == plexus::transport::Backend::kTcp);
+  CHECK(back->change.transport->policy == pc::TransportPolicy::kPerPeer);
+  REQUIRE(back->change.algorithms.has_value());
+  CHECK(back->change.algorithms->Get(CollectiveKind::kAllReduce) == Algorithm::kTree);
+  // Only what was asked travels.
+  auto bare = pi::DecodeReconfiguration(pi::EncodeReconfiguration(pc::Reconfiguration{}, 0));
+  REQUIRE(bare.ok());
+  CHECK_FALSE(bare->change.ring_order.has_value());
+  CHECK_FALSE(bare->change.channels.has_value());
+  // Refusals name the field.
+  const auto refused = [](const std::string& bytes, const std::string& says) {
+    auto r = pi::DecodeReconfiguration(bytes);
+    INFO(r.status().ToString());
+    REQUIRE_FALSE(r.ok());
+    CHECK(absl::StrContains(r.status().message(), says));
+  };
+  refused("requester=1\nchannels=2\n", "not a record");
+  refused(plexus::base::RecordWriter("collectives.reconfig", 1).Int("channels", 2).Finish(),
+          "field 'requester': is missing");
+  refused(plexus::base::RecordWriter("collectives.reconfig", 1)
+              .Int("requester", 0)
+              .Int("channels", 0)
+              .Finish(),
+          "field 'channels': 0 is outside [1, 64]");
+  refused(plexus::base::RecordWriter("collectives.reconfig", 1)
+              .Int("requester", 0)
+              .String("transport", "carrier-pigeon")
+              .Finish(),
+          "field 'transport': ");
+  refused(plexus::base::RecordWriter("collectives.reconfig", 1)
+              .Int("requester", 0)
+              .Int("colour", 1)
+              .Finish(),
+          "unknown field 'colour'");
 }
 
 namespace {

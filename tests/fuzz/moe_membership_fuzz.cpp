@@ -1,7 +1,7 @@
-// libFuzzer target for the text codecs of the MoE runtime's membership values (libs/moe/src/
-// runtime/membership_codec), which a rank reads from the job's store as other processes wrote
-// them: survivors' "alive" values, the leader's "members", a newcomer's join ticket. The first
-// three bytes pick the model shape the ticket is checked against, the rest is the text.
+// libFuzzer target for the codecs of the MoE runtime's membership values (libs/moe/src/runtime/
+// membership_codec, base::Records), which a rank reads from the job's store as other processes
+// wrote them: survivors' "alive" values, the leader's "members", a newcomer's join ticket. The
+// first three bytes pick the model shape the ticket is checked against, the rest is the value.
 // Decoding must never crash, and whatever decodes must encode back to a value that decodes to
 // the same thing.
 #include <cstddef>

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "device_wire.hpp"
+#include "plexus/base/net.hpp"
 
 namespace pmi = plexus::multipath::internal;
 
@@ -16,11 +17,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (address.ok()) {
     if (address->hosts.empty() || address->control.empty()) __builtin_trap();
     for (const std::string& host : address->hosts) {
-      if (!pmi::IsIpv4(host)) __builtin_trap();
+      if (!plexus::base::net::IsIpLiteral(host)) __builtin_trap();
     }
     // An acceptance built for these hosts parses back to the same addresses.
     std::vector<std::string> addresses;
-    for (const std::string& host : address->hosts) addresses.push_back(host + ":1");
+    for (const std::string& host : address->hosts) {
+      addresses.push_back(plexus::base::net::JoinHostPort(host, 1));
+    }
     auto round = pmi::ParseSetupReply(pmi::EncodeSetupAccept(addresses), address->hosts);
     if (!round.ok() || round->refused || round->addresses != addresses) __builtin_trap();
   }

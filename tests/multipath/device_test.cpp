@@ -3,6 +3,10 @@
 // gathered, one completion per operation carrying the Connection's id, a path failed
 // mid-transfer (path 1 on the connector, path 0 on the listener) and revived by itself, Close on
 // either side, and errors for malformed composite addresses.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -26,6 +30,18 @@ using plexus::multipath::testing::Pattern;
 using plexus::multipath::testing::WaitBytesAcked;
 
 namespace {
+
+// Whether a socket can bind to ::1 (a host or container may have IPv6 off).
+bool HaveIpv6Loopback() {
+  const int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 address{};
+  address.sin6_family = AF_INET6;
+  address.sin6_addr = in6addr_loopback;
+  const bool ok = bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0;
+  close(fd);
+  return ok;
+}
 
 pm::MultipathDeviceOptions Options(std::vector<std::string> addresses) {
   pm::MultipathDeviceOptions o;
@@ -54,6 +70,7 @@ struct Link {
     dev_b = *db;
     std::shared_ptr<pt::Device> as_device = dev_b;  // through the base interface only
     auto listener = as_device->Listen("");
+    INFO(listener.status().ToString());
     REQUIRE(listener.ok());
     absl::StatusOr<std::unique_ptr<pt::Connection>> accepted;
     std::thread acceptor([&] { accepted = (*listener)->Accept(&cq_b, absl::Seconds(10)); });
@@ -222,6 +239,18 @@ TEST_CASE("device: exact data at several sizes through Device/Connection, plain 
   CHECK(absl::IsResourceExhausted(r.status));
 }
 
+TEST_CASE("device: IPv6 paths (loopback) set up from a bracketed address and carry data",
+          "[multipath][device]") {
+  if (!HaveIpv6Loopback()) {
+    WARN("no IPv6 loopback here");
+    return;
+  }
+  Link link(Options({"::1", "::1"}), Options({"::1", "::1"}));
+  CHECK(absl::StartsWith(link.b->peer_address(), "mp:[::1]:"));
+  Transfer(*link.a, link.cq_a, *link.b, link.cq_b, {0, 7, 50001, (size_t{1} << 20) + 3}, 5,
+           /*gather=*/false);
+}
+
 TEST_CASE("device: PostWrite with an immediate lands every byte before the peer's completion",
           "[multipath][device]") {
   Link link;
@@ -368,12 +397,15 @@ TEST_CASE("device: malformed composite addresses are refused, naming the entry",
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"127.0.0.1:5000", "missing the 'mp:' prefix"},
       {"mp:", "entry 0 is empty"},
-      {"mp:127.0.0.1", "entry 0 ('127.0.0.1'): expected IP:PORT"},
-      {"mp:127.0.0.1:70000,127.0.0.2", "entry 0 ('127.0.0.1:70000'): port '70000'"},
+      {"mp:127.0.0.1", "entry 0 '127.0.0.1' is not a valid address: no ':port'"},
+      {"mp:127.0.0.1:70000,127.0.0.2",
+       "entry 0 '127.0.0.1:70000' is not a valid address: port "
+       "'70000'"},
       {"mp:127.0.0.1:x,127.0.0.2", "port 'x' is not a number"},
-      {"mp:300.0.0.1:5000,127.0.0.2", "'300.0.0.1' is not an IPv4 address"},
+      {"mp:300.0.0.1:5000,127.0.0.2", "'300.0.0.1' is not an IP address"},
+      {"mp:::1:5000,::1", "IPv6 addresses need brackets"},
       {"mp:127.0.0.1:5000,,127.0.0.2", "entry 1 is empty"},
-      {"mp:127.0.0.1:5000,host2", "entry 1 ('host2') is not an IPv4 address"},
+      {"mp:127.0.0.1:5000,host2", "entry 1 ('host2') is not an IP address"},
       {"mp:127.0.0.1:5000", "names 1 paths, this device has 2"},
       {"mp:127.0.0.1:5000,127.0.0.2,127.0.0.3", "names 3 paths, this device has 2"},
   };
@@ -402,6 +434,11 @@ TEST_CASE("device: malformed composite addresses are refused, naming the entry",
   REQUIRE(parsed.ok());
   CHECK(parsed->control == "127.0.0.1:5000");
   CHECK(parsed->hosts == std::vector<std::string>{"127.0.0.1", "127.0.0.2"});
+  // IPv6: the control address in brackets, the other paths' IPs with or without.
+  auto v6 = pm::MultipathDevice::ParseAddress("mp:[::1]:5000,fd00::2,[fd00::3]");
+  REQUIRE(v6.ok());
+  CHECK(v6->control == "[::1]:5000");
+  CHECK(v6->hosts == std::vector<std::string>{"::1", "fd00::2", "fd00::3"});
   // Listen checks its address the same way, and that the IPs are this device's.
   CHECK(absl::StrContains((*device)->Listen("mp:127.0.0.1:0,127.0.0.9").status().message(),
                           "must be this device's local_addresses"));
@@ -414,7 +451,8 @@ TEST_CASE("device: options and a peer with another number of paths are refused w
   auto empty = pm::MultipathDevice::Create(Options({}));
   CHECK(absl::StrContains(empty.status().message(), "local_addresses is empty"));
   auto bad = pm::MultipathDevice::Create(Options({"127.0.0.1", "nohost"}));
-  CHECK(absl::StrContains(bad.status().message(), "local_addresses[1] ('nohost')"));
+  CHECK(absl::StrContains(bad.status().message(),
+                          "local_addresses[1] ('nohost') is not an IP address"));
   auto caller = Options({"127.0.0.1"});
   caller.device.progress = pt::ProgressMode::kCaller;
   CHECK(absl::StrContains(pm::MultipathDevice::Create(caller).status().message(),

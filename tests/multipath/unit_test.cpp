@@ -10,7 +10,9 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "device_wire.hpp"
+#include "plexus/base/record.hpp"
 #include "plexus/multipath/monitor.hpp"
 #include "plexus/multipath/scheduler.hpp"
 #include "reassembler.hpp"
@@ -401,10 +403,14 @@ TEST_CASE("path monitor: RTT EWMA, minimum, inflation; idle gaps are not service
 
 TEST_CASE("device set-up messages: round trips, and malformed ones refused", "[multipath][unit]") {
   namespace pmi = plexus::multipath::internal;
+  namespace pb = plexus::base;
   CHECK(*pmi::ParseSetupRequest(pmi::EncodeSetupRequest(3)) == 3);
-  CHECK_FALSE(pmi::ParseSetupRequest("plexus-multipath/1 paths=0").ok());
-  CHECK_FALSE(pmi::ParseSetupRequest("plexus-multipath/1 paths=x").ok());
+  CHECK_FALSE(pmi::ParseSetupRequest(pmi::EncodeSetupRequest(0)).ok());
+  CHECK_FALSE(pmi::ParseSetupRequest(
+                  pb::RecordWriter("multipath.setup_request", 1).String("paths", "x").Finish())
+                  .ok());
   CHECK_FALSE(pmi::ParseSetupRequest("GET / HTTP/1.1").ok());
+  CHECK_FALSE(pmi::ParseSetupRequest("plexus-multipath/1 paths=2").ok());  // not a record
   const std::vector<std::string> hosts = {"127.0.0.1", "127.0.0.2"};
   auto ok = pmi::ParseSetupReply(pmi::EncodeSetupAccept({"127.0.0.1:5", "127.0.0.2:6"}), hosts);
   REQUIRE(ok.ok());
@@ -414,12 +420,29 @@ TEST_CASE("device set-up messages: round trips, and malformed ones refused", "[m
   REQUIRE(refused.ok());
   CHECK(refused->refused);
   CHECK(refused->why == "the connector has 3 paths");
-  // A path on another host than the address named, a wrong count, a bad port, garbage.
-  for (const char* bad :
-       {"ok 127.0.0.1:5,127.0.0.9:6", "ok 127.0.0.1:5", "ok 127.0.0.1:5,127.0.0.2:x",
-        "ok 127.0.0.1:5,127.0.0.2:6,127.0.0.3:7", "hello"}) {
+  // IPv6 paths: bracketed addresses on the hosts named without brackets.
+  const std::vector<std::string> v6_hosts = {"::1", "fd00::2"};
+  auto v6 = pmi::ParseSetupReply(pmi::EncodeSetupAccept({"[::1]:5", "[fd00::2]:6"}), v6_hosts);
+  REQUIRE(v6.ok());
+  CHECK(v6->addresses == std::vector<std::string>{"[::1]:5", "[fd00::2]:6"});
+  CHECK_FALSE(
+      pmi::ParseSetupReply(pmi::EncodeSetupAccept({"[::1]:5", "[fd00::9]:6"}), v6_hosts).ok());
+  // A path on another host than the address named, a wrong count, a bad port, a refusal
+  // without its reason, garbage.
+  for (const std::string& bad :
+       {pmi::EncodeSetupAccept({"127.0.0.1:5", "127.0.0.9:6"}),
+        pmi::EncodeSetupAccept({"127.0.0.1:5"}),
+        pmi::EncodeSetupAccept({"127.0.0.1:5", "127.0.0.2:x"}),
+        pmi::EncodeSetupAccept({"127.0.0.1:5", "127.0.0.2:6", "127.0.0.3:7"}),
+        pb::RecordWriter("multipath.setup_reply", 1).Int("refused", 1).Finish(),
+        std::string("hello")}) {
     auto r = pmi::ParseSetupReply(bad, hosts);
-    INFO(bad);
+    INFO(r.status().ToString());
     CHECK(r.status().code() == absl::StatusCode::kDataLoss);
   }
+  CHECK(absl::StrContains(
+      pmi::ParseSetupReply(pmi::EncodeSetupAccept({"127.0.0.1:5", "127.0.0.9:6"}), hosts)
+          .status()
+          .message(),
+      "field 'addresses': path 1 ('127.0.0.9:6') is not on 127.0.0.2"));
 }

@@ -1,11 +1,11 @@
 // The TcpStore frame decoder: round trips, and rejection of every malformed input.
 #include <catch2/catch.hpp>
 
-#include <cstring>
 #include <random>
 #include <string>
 
 #include "bootstrap/store_protocol.hpp"
+#include "plexus/base/byte_order.hpp"
 
 namespace proto = plexus::transport::store_protocol;
 
@@ -21,9 +21,9 @@ absl::Span<const uint8_t> Body(const std::string& frame) {
 }
 
 std::string Header(uint32_t magic, uint32_t length) {
-  std::string h(8, '\0');
-  std::memcpy(h.data(), &magic, 4);
-  std::memcpy(h.data() + 4, &length, 4);
+  std::string h;
+  plexus::base::AppendLittleEndian(h, magic);
+  plexus::base::AppendLittleEndian(h, length);
   return h;
 }
 
@@ -86,17 +86,29 @@ TEST_CASE("requests round-trip through encode and decode") {
   }
 }
 
+TEST_CASE("frames are little-endian on the wire, whatever the host's byte order") {
+  proto::Request r;
+  r.op = proto::Op::kAdd;
+  r.keys = {"k"};
+  r.delta = 0x0102030405060708;
+  const std::string frame = proto::EncodeRequest(r);
+  // "PXST", body length 14, op 4, delta least significant byte first, key length 1, key.
+  const std::string expected(
+      "PXST\x0e\x00\x00\x00\x04\x08\x07\x06\x05\x04\x03\x02\x01"
+      "\x01\x00\x00\x00k",
+      22);
+  CHECK(frame == expected);
+}
+
 TEST_CASE("a version-1 hello (no job field) decodes, so the server can answer its version") {
   std::string body(1, static_cast<char>(proto::Op::kHello));
-  const uint32_t v1 = 1;
-  body.append(reinterpret_cast<const char*>(&v1), 4);
+  plexus::base::AppendLittleEndian<uint32_t>(body, 1);
   auto decoded = proto::DecodeRequest(Bytes(body));
   REQUIRE(decoded.ok());
   CHECK(decoded->version == 1);
   CHECK(decoded->job.empty());
   // From version 2 on the job field is required.
-  const uint32_t v2 = 2;
-  std::memcpy(body.data() + 1, &v2, 4);
+  plexus::base::StoreLittleEndian<uint32_t>(reinterpret_cast<uint8_t*>(body.data()) + 1, 2);
   CHECK_FALSE(proto::DecodeRequest(Bytes(body)).ok());
 }
 

@@ -73,6 +73,10 @@ TEST_CASE("torchrun variables") {
       {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "fe80::1"}, {"MASTER_PORT", "1234"}});
   REQUIRE(v6.ok());
   CHECK(v6->store_address == "[fe80::1]:1234");
+  auto big_port = pt::ParseLaunchEnvironment(
+      {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "70000"}});
+  CHECK(absl::IsInvalidArgument(big_port.status()));
+  CHECK(big_port.status().message().find("MASTER_PORT='70000' is not a port") != std::string::npos);
 
   // PLEXUS_STORE_ADDR overrides MASTER_ADDR/PORT (e.g. when torchrun's agent owns MASTER_PORT).
   auto overridden = pt::ParseLaunchEnvironment({{"RANK", "0"},

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <utility>
@@ -11,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "plexus/base/log.hpp"
 
 namespace plexus::base {
 namespace {
@@ -129,7 +129,9 @@ void ParamBase::NoteRead() const {
     if (!debug) return;
     auto on = ParseBool(*debug, "PLEXUS_DEBUG");
     if (!on.ok() || !*on) return;
-    std::fprintf(stderr, "plexus: parameters (PLEXUS_DEBUG=1)\n%s", FormatParams().c_str());
+    std::string table = FormatParams();
+    if (!table.empty() && table.back() == '\n') table.pop_back();
+    Log(LogLevel::kInfo, absl::StrCat("plexus: parameters (PLEXUS_DEBUG=1)\n", table));
   });
 }
 

@@ -94,6 +94,13 @@ std::string JoinHostPort(std::string_view host, uint16_t port) {
   return absl::StrCat(std::string(host), ":", port);
 }
 
+bool IsIpLiteral(std::string_view host) {
+  const std::string text(host);
+  in6_addr storage;  // large enough for either family
+  return inet_pton(AF_INET, text.c_str(), &storage) == 1 ||
+         inet_pton(AF_INET6, text.c_str(), &storage) == 1;
+}
+
 absl::StatusOr<std::vector<SocketAddress>> Resolve(const HostPort& hp) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

@@ -7,10 +7,8 @@
 #include <mutex>
 #include <thread>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
+#include "plexus/base/record.hpp"
 
 namespace plexus::collectives::internal {
 namespace {
@@ -21,6 +19,10 @@ constexpr absl::Duration kPollInterval = absl::Milliseconds(10);
 constexpr absl::Duration kWriteMargin = absl::Milliseconds(100);
 // A record's reason is cut to this many bytes: one key per rank stays small.
 constexpr size_t kMaxReasonBytes = 1024;
+// A record on the store: a base::Record of this kind and version.
+constexpr std::string_view kBlameRecord = "collectives.blame";
+constexpr uint16_t kBlameVersion = 1;
+constexpr size_t kMaxBlamedRanks = size_t{1} << 20;
 
 // A peer's record; nullopt when absent, malformed, or a wait record its writer stopped
 // refreshing (stopped while waiting: it is not waiting any more, it is silent).
@@ -128,28 +130,29 @@ Blame ResolveFrom(transport::Store& store, uint64_t uid, int self, const Blame& 
 }  // namespace
 
 std::string Blame::Encode() const {
-  return absl::StrCat(final ? "F" : "W", "|", static_cast<int>(code), "|",
-                      absl::StrJoin(ranks, ","), "|", reporter, "|", at_ms, "|",
-                      reason.substr(0, kMaxReasonBytes));
+  return base::RecordWriter(kBlameRecord, kBlameVersion)
+      .Int("final", final ? 1 : 0)
+      .Int("code", static_cast<int>(code))
+      .Ints("ranks", ranks)
+      .Int("reporter", reporter)
+      .Int("at_ms", at_ms)
+      .String("reason", std::string_view(reason).substr(0, kMaxReasonBytes))
+      .Finish();
 }
 
 std::optional<Blame> Blame::Decode(std::string_view text) {
-  const std::vector<absl::string_view> f =
-      absl::StrSplit(absl::string_view(text.data(), text.size()), absl::MaxSplits('|', 5));
-  if (f.size() != 6 || (f[0] != "F" && f[0] != "W")) return std::nullopt;
+  absl::StatusOr<base::RecordReader> r =
+      base::RecordReader::Parse(text, kBlameRecord, kBlameVersion);
+  if (!r.ok()) return std::nullopt;
   Blame b;
-  b.final = f[0] == "F";
-  int code = 0;
-  if (!absl::SimpleAtoi(f[1], &code) || code <= 0 || code > 16) return std::nullopt;
-  b.code = static_cast<absl::StatusCode>(code);
-  for (absl::string_view r : absl::StrSplit(f[2], ',', absl::SkipEmpty())) {
-    int rank = -1;
-    if (!absl::SimpleAtoi(r, &rank) || rank < 0) return std::nullopt;
-    b.ranks.push_back(rank);
-  }
-  if (!absl::SimpleAtoi(f[3], &b.reporter)) return std::nullopt;
-  if (!absl::SimpleAtoi(f[4], &b.at_ms)) return std::nullopt;
-  b.reason = std::string(f[5]);
+  b.final = r->Int("final", 0, 1) == 1;
+  // The non-OK codes (CANCELLED .. UNAUTHENTICATED).
+  b.code = static_cast<absl::StatusCode>(r->IntAs<int>("code", 1, 16));
+  b.ranks = r->Ints<int>("ranks", kMaxBlamedRanks, 0);
+  b.reporter = r->IntAs<int>("reporter");
+  b.at_ms = r->Int("at_ms");
+  b.reason = r->String("reason", kMaxReasonBytes);
+  if (!r->Finish().ok()) return std::nullopt;
   return b;
 }
 

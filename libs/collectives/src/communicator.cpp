@@ -4,7 +4,6 @@
 #include "plexus/collectives/communicator.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -15,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -23,6 +23,7 @@
 #include "peer_transport.hpp"
 #include "plexus/base/env.hpp"
 #include "plexus/base/host.hpp"
+#include "plexus/base/log.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/transport/mesh.hpp"
 
@@ -353,16 +354,16 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   PLEXUS_RETURN_IF_ERROR(comm->StartReconfiguration());
   comm->ready_ = true;
   if (comm->debug_ && rank == 0) {
-    std::fprintf(stderr,
-                 "[plexus-coll] communicator %llx: %d ranks over %s, %d channel(s), chunk %zu B, "
-                 "ring order [%s], %d rank(s) on %d CPU(s) here: %s\n[plexus-coll] selector "
-                 "table:\n%s",
-                 static_cast<unsigned long long>(comm->uid_), n,
-                 std::string(transport::BackendName(comm->options_.device.backend)).c_str(),
-                 comm->options_.channels, comm->options_.chunk_bytes,
-                 absl::StrJoin(comm->layout_.order, ",").c_str(), local_ranks, shared_cpus,
-                 comm->yield_when_idle_ ? "waiting ranks yield" : "waiting ranks spin first",
-                 comm->table_.ToString().c_str());
+    base::Logf(base::LogLevel::kInfo,
+               "[plexus-coll] communicator %llx: %d ranks over %s, %d channel(s), chunk %zu B, "
+               "ring order [%s], %d rank(s) on %d CPU(s) here: %s\n[plexus-coll] selector "
+               "table:\n%s",
+               static_cast<unsigned long long>(comm->uid_), n,
+               std::string(transport::BackendName(comm->options_.device.backend)).c_str(),
+               comm->options_.channels, comm->options_.chunk_bytes,
+               absl::StrJoin(comm->layout_.order, ",").c_str(), local_ranks, shared_cpus,
+               comm->yield_when_idle_ ? "waiting ranks yield" : "waiting ranks spin first",
+               std::string(absl::StripTrailingAsciiWhitespace(comm->table_.ToString())));
   }
   return std::unique_ptr<Communicator>(std::move(comm));
 }
@@ -509,8 +510,8 @@ CallHeader CommunicatorImpl::Header(CollectiveKind kind, DataType dtype, ReduceO
   h.epoch = config_epoch_;
   if (trace_ != nullptr) trace_->Describe(h);
   if (debug_) {
-    std::fprintf(stderr, "[plexus-coll rank %d] %s -> %s\n", layout_.rank, h.Describe().c_str(),
-                 std::string(AlgorithmName(algorithm)).c_str());
+    base::Logf(base::LogLevel::kInfo, "[plexus-coll rank %d] %s -> %s", layout_.rank,
+               h.Describe().c_str(), std::string(AlgorithmName(algorithm)).c_str());
   }
   return h;
 }

@@ -5,7 +5,6 @@
 #include "connection_set.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "communicator_impl.hpp"
 #include "peer_transport.hpp"
+#include "plexus/base/log.hpp"
 #include "plexus/base/status.hpp"
 
 namespace plexus::collectives::internal {
@@ -469,14 +469,14 @@ absl::Status CommunicatorImpl::ChangeConnections(const std::optional<TransportCh
   record();
   if (debug_) {
     const absl::Time end = absl::Now();
-    std::fprintf(stderr,
-                 "[plexus-coll rank %d] epoch %llu: %s in %s (devices opened in %s; one store "
-                 "exchange and %d connection(s) made in %s, %d kept; %d closed in %s)\n",
-                 rank, static_cast<unsigned long long>(epoch), what.c_str(),
-                 absl::FormatDuration(end - start).c_str(),
-                 absl::FormatDuration(devices_opened - start).c_str(), made,
-                 absl::FormatDuration(connected - devices_opened).c_str(), kept, closed,
-                 absl::FormatDuration(end - connected).c_str());
+    base::Logf(base::LogLevel::kInfo,
+               "[plexus-coll rank %d] epoch %llu: %s in %s (devices opened in %s; one store "
+               "exchange and %d connection(s) made in %s, %d kept; %d closed in %s)",
+               rank, static_cast<unsigned long long>(epoch), what.c_str(),
+               absl::FormatDuration(end - start).c_str(),
+               absl::FormatDuration(devices_opened - start).c_str(), made,
+               absl::FormatDuration(connected - devices_opened).c_str(), kept, closed,
+               absl::FormatDuration(end - connected).c_str());
   }
   return absl::OkStatus();
 }

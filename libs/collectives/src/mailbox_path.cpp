@@ -3,15 +3,14 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "communicator_impl.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "plexus/kernels/reduce.hpp"
 
 namespace plexus::collectives::internal {
@@ -187,7 +186,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
               sent == fragments ? absl::Milliseconds(10) : absl::Microseconds(200);
           mailboxes_[in.from]->Wait(std::min(options_.timeout - idle, bound));
         } else {
-          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          base::WaitPolicy::Sleep(absl::Microseconds(200));
         }
         continue;
       }

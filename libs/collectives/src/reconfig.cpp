@@ -13,7 +13,6 @@
 // BeginCollective). The watcher is a thread of its own so that a rank blocked inside a collective
 // still publishes: freezing never waits for a collective to finish, so it cannot deadlock.
 #include <algorithm>
-#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +24,8 @@
 #include "communicator_impl.hpp"
 #include "peer_transport.hpp"
 #include "plexus/base/env.hpp"
+#include "plexus/base/log.hpp"
+#include "plexus/base/record.hpp"
 #include "plexus/base/status.hpp"
 
 namespace plexus::collectives {
@@ -96,6 +97,13 @@ namespace {
 constexpr absl::Duration kIdleSlice = absl::Seconds(1);
 constexpr absl::Duration kRoundSlice = absl::Milliseconds(50);
 
+// A request on the store: a base::Record of this kind and version.
+constexpr std::string_view kRequestRecord = "collectives.reconfig";
+constexpr uint16_t kRequestVersion = 1;
+// Bounds the decoder holds a request to (the requester checked the values themselves).
+constexpr size_t kMaxRequestRanks = size_t{1} << 20;
+constexpr size_t kMaxRequestTextBytes = 4096;
+
 const base::Param<bool> kReconfigParam(
     "PLEXUS_COLL_RECONFIG", true,
     "live reconfiguration: a watcher thread per communicator reading change requests from the "
@@ -149,55 +157,41 @@ void SetReconfigLandingTestHook(ReconfigLandingHook hook) {
 }
 
 std::string EncodeReconfiguration(const Reconfiguration& change, int requester) {
-  std::string out = absl::StrCat("requester=", requester, "\n");
-  if (change.ring_order)
-    absl::StrAppend(&out, "ring_order=", RingOrderText(*change.ring_order), "\n");
-  if (change.algorithms)
-    absl::StrAppend(&out, "algorithms=", OverridesText(*change.algorithms), "\n");
-  if (change.channels) absl::StrAppend(&out, "channels=", *change.channels, "\n");
-  if (change.transport) {
-    absl::StrAppend(&out, "transport=", TransportChoiceText(*change.transport), "\n");
-  }
-  return out;
+  base::RecordWriter w(kRequestRecord, kRequestVersion);
+  w.Int("requester", requester);
+  if (change.ring_order) w.Ints("ring_order", *change.ring_order);
+  // Algorithms and transport travel in their own text forms (the ones the admin endpoint and
+  // the environment take), parsed back by the same parsers.
+  if (change.algorithms) w.String("algorithms", OverridesText(*change.algorithms));
+  if (change.channels) w.Int("channels", *change.channels);
+  if (change.transport) w.String("transport", TransportChoiceText(*change.transport));
+  return w.Finish();
 }
 
 absl::StatusOr<DecidedChange> DecodeReconfiguration(std::string_view text) {
+  PLEXUS_ASSIGN_OR_RETURN(base::RecordReader r,
+                          base::RecordReader::Parse(text, kRequestRecord, kRequestVersion));
   DecidedChange out;
-  for (absl::string_view line :
-       absl::StrSplit(absl::string_view(text.data(), text.size()), '\n', absl::SkipEmpty())) {
-    const size_t eq = line.find('=');
-    if (eq == absl::string_view::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("reconfiguration request: bad line '", line, "'"));
-    }
-    const absl::string_view key = line.substr(0, eq);
-    const absl::string_view value = line.substr(eq + 1);
-    if (key == "requester") {
-      if (!absl::SimpleAtoi(value, &out.requester)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("reconfiguration request: requester '", value, "'"));
-      }
-    } else if (key == "ring_order") {
-      PLEXUS_ASSIGN_OR_RETURN(out.change.ring_order,
-                              ParseRingOrder(std::string_view(value.data(), value.size())));
-    } else if (key == "algorithms") {
-      PLEXUS_ASSIGN_OR_RETURN(out.change.algorithms, AlgorithmOverrides::Parse(std::string_view(
-                                                         value.data(), value.size())));
-    } else if (key == "channels") {
-      int channels = 0;
-      if (!absl::SimpleAtoi(value, &channels)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("reconfiguration request: channels '", value, "'"));
-      }
-      out.change.channels = channels;
-    } else if (key == "transport") {
-      PLEXUS_ASSIGN_OR_RETURN(out.change.transport,
-                              ParseTransportChoice(std::string_view(value.data(), value.size())));
+  out.requester = r.IntAs<int>("requester", 0);
+  if (r.Has("ring_order")) out.change.ring_order = r.Ints<int>("ring_order", kMaxRequestRanks, 0);
+  if (r.Has("algorithms")) {
+    auto algorithms = AlgorithmOverrides::Parse(r.String("algorithms", kMaxRequestTextBytes));
+    if (algorithms.ok()) {
+      out.change.algorithms = *algorithms;
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("reconfiguration request: unknown field '", key, "'"));
+      r.Fail("algorithms", std::string(algorithms.status().message()));
     }
   }
+  if (r.Has("channels")) out.change.channels = r.IntAs<int>("channels", 1, kMaxChannels);
+  if (r.Has("transport")) {
+    auto transport = ParseTransportChoice(r.String("transport", kMaxRequestTextBytes));
+    if (transport.ok()) {
+      out.change.transport = *transport;
+    } else {
+      r.Fail("transport", std::string(transport.status().message()));
+    }
+  }
+  PLEXUS_RETURN_IF_ERROR(r.Finish());
   return out;
 }
 
@@ -407,13 +401,13 @@ void CommunicatorImpl::ApplyChange(const DecidedChange& decided) {
   reconf_.active.epoch = decided.epoch;
   config_epoch_ = decided.epoch;
   if (debug_) {
-    std::fprintf(stderr,
-                 "[plexus-coll rank %d] reconfiguration epoch %llu (from rank %d) lands on "
-                 "collective %llu: ring order [%s], algorithms '%s', %d channel(s) asked\n",
-                 layout_.rank, static_cast<unsigned long long>(decided.epoch), decided.requester,
-                 static_cast<unsigned long long>(decided.sequence),
-                 RingOrderText(layout_.order).c_str(), OverridesText(options_.algorithms).c_str(),
-                 change.channels.value_or(layout_.channels));
+    base::Logf(base::LogLevel::kInfo,
+               "[plexus-coll rank %d] reconfiguration epoch %llu (from rank %d) lands on "
+               "collective %llu: ring order [%s], algorithms '%s', %d channel(s) asked",
+               layout_.rank, static_cast<unsigned long long>(decided.epoch), decided.requester,
+               static_cast<unsigned long long>(decided.sequence),
+               RingOrderText(layout_.order).c_str(), OverridesText(options_.algorithms).c_str(),
+               change.channels.value_or(layout_.channels));
   }
 }
 

@@ -57,8 +57,9 @@ struct ReconfigState {
   std::string prefix;
 };
 
-// The text a request travels as on the store ("close" is the watchers' stop signal that a
-// destroyed communicator posts). Parse is strict: an unknown line or bad value is an error.
+// The bytes a request travels as on the store: a base::Record ("close" is the watchers' stop
+// signal that a destroyed communicator posts). Decoding is strict: a missing, unknown or bad
+// field is an error naming it.
 std::string EncodeReconfiguration(const Reconfiguration& change, int requester);
 absl::StatusOr<DecidedChange> DecodeReconfiguration(std::string_view text);
 inline constexpr std::string_view kCloseRequest = "close";

@@ -4,10 +4,10 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "plexus/base/env.hpp"
 #include "plexus/base/status.hpp"
 
 namespace plexus::collectives {
@@ -15,26 +15,10 @@ namespace {
 
 constexpr size_t kKiB = 1024;
 
-absl::StatusOr<uint64_t> ParseSize(absl::string_view text) {
-  uint64_t scale = 1;
-  if (!text.empty()) {
-    const char last = absl::ascii_toupper(text.back());
-    if (last == 'K') scale = uint64_t{1} << 10;
-    if (last == 'M') scale = uint64_t{1} << 20;
-    if (last == 'G') scale = uint64_t{1} << 30;
-    if (scale != 1) text.remove_suffix(1);
-  }
-  uint64_t value = 0;
-  if (!absl::SimpleAtoi(text, &value) || value > UINT64_MAX / scale) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "' is not a size (a number with an optional K/M/G suffix)"));
-  }
-  return value * scale;
-}
-
-// "*", "lo-hi", "lo-", "n".
+// "*", "lo-hi", "lo-", "n"; the numbers in base::ParseBytes's forms (64K, 1MiB). `what` names
+// the field in errors.
 template <typename T>
-absl::Status ParseRange(absl::string_view text, T max, T* lo, T* hi) {
+absl::Status ParseRange(absl::string_view text, std::string_view what, T max, T* lo, T* hi) {
   if (text == "*") {
     *lo = 0;
     *hi = max;
@@ -42,18 +26,21 @@ absl::Status ParseRange(absl::string_view text, T max, T* lo, T* hi) {
   }
   const size_t dash = text.find('-');
   const absl::string_view first = dash == absl::string_view::npos ? text : text.substr(0, dash);
-  PLEXUS_ASSIGN_OR_RETURN(const uint64_t a, ParseSize(first));
+  PLEXUS_ASSIGN_OR_RETURN(const uint64_t a,
+                          base::ParseBytes(std::string_view(first.data(), first.size()), what));
   uint64_t b = a;
   if (dash != absl::string_view::npos) {
     const absl::string_view second = text.substr(dash + 1);
     if (second.empty() || second == "*") {
       b = static_cast<uint64_t>(max);
     } else {
-      PLEXUS_ASSIGN_OR_RETURN(b, ParseSize(second));
+      PLEXUS_ASSIGN_OR_RETURN(
+          b, base::ParseBytes(std::string_view(second.data(), second.size()), what));
     }
   }
   if (a > b || b > static_cast<uint64_t>(max)) {
-    return absl::InvalidArgumentError(absl::StrCat("range '", text, "' is empty or too large"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), " '", text, "' is empty or too large"));
   }
   *lo = static_cast<T>(a);
   *hi = static_cast<T>(b);
@@ -127,13 +114,14 @@ absl::StatusOr<AlgorithmTable> AlgorithmTable::Parse(std::string_view text) {
     auto kind = ParseCollective(std::string_view(fields[0].data(), fields[0].size()));
     if (!kind.ok()) return fail(kind.status().message());
     rule.collective = *kind;
-    if (absl::Status s = ParseRange<int>(fields[1], std::numeric_limits<int>::max(),
+    if (absl::Status s = ParseRange<int>(fields[1], "world range", std::numeric_limits<int>::max(),
                                          &rule.world_min, &rule.world_max);
         !s.ok()) {
       return fail(s.message());
     }
-    if (absl::Status s = ParseRange<size_t>(fields[2], std::numeric_limits<size_t>::max(),
-                                            &rule.bytes_min, &rule.bytes_max);
+    if (absl::Status s =
+            ParseRange<size_t>(fields[2], "byte range", std::numeric_limits<size_t>::max(),
+                               &rule.bytes_min, &rule.bytes_max);
         !s.ok()) {
       return fail(s.message());
     }

@@ -12,6 +12,7 @@
 #include "nlohmann/json.hpp"
 #include "plexus/base/env.hpp"
 #include "plexus/base/file.hpp"
+#include "plexus/base/log.hpp"
 #include "plexus/base/status.hpp"
 #include "tracer.hpp"
 
@@ -281,16 +282,17 @@ void Tracer::WriteIfAsked() const {
   if (file_.empty()) return;
   const CollectiveTrace trace = Snapshot();
   if (absl::Status s = base::WriteFileAtomic(file_, ToChromeTraceJson(trace)); !s.ok()) {
-    std::fprintf(stderr, "[plexus-coll rank %d] cannot write the collectives trace: %s\n",
-                 header_.rank, std::string(s.message()).c_str());
+    base::Logf(base::LogLevel::kWarning,
+               "[plexus-coll rank %d] cannot write the collectives trace: %s", header_.rank,
+               std::string(s.message()).c_str());
     return;
   }
   if (trace.dropped > 0) {
-    std::fprintf(stderr,
-                 "[plexus-coll rank %d] trace %s: %llu of %llu calls dropped (capacity %zu; "
-                 "raise PLEXUS_COLL_TRACE_CAPACITY)\n",
-                 header_.rank, file_.c_str(), static_cast<unsigned long long>(trace.dropped),
-                 static_cast<unsigned long long>(trace.recorded), trace.capacity);
+    base::Logf(base::LogLevel::kWarning,
+               "[plexus-coll rank %d] trace %s: %llu of %llu calls dropped (capacity %zu; "
+               "raise PLEXUS_COLL_TRACE_CAPACITY)",
+               header_.rank, file_.c_str(), static_cast<unsigned long long>(trace.dropped),
+               static_cast<unsigned long long>(trace.recorded), trace.capacity);
   }
 }
 

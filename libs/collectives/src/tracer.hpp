@@ -61,8 +61,8 @@ class Tracer {
   void Refused(int64_t issued_ns, const absl::Status& status);
 
   CollectiveTrace Snapshot() const;
-  // Writes the trace to the file TraceOptions::path_prefix names, if any; errors go to stderr
-  // (called from the destructor).
+  // Writes the trace to the file TraceOptions::path_prefix names, if any; errors are logged
+  // (base::Log; called from the destructor).
   void WriteIfAsked() const;
 
  private:

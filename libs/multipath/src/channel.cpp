@@ -54,7 +54,8 @@ absl::StatusOr<int> MultipathChannel::Impl::AddPathLocked(std::unique_ptr<pt::Co
   path->index = static_cast<int>(paths_.size());
   if (lane < 0) {
     lane = static_cast<int>(lanes_.size());
-    lanes_.push_back(Lane{absl::InfinitePast(), options_.reconnect_backoff});
+    lanes_.push_back(Lane{absl::InfinitePast(), base::Backoff(options_.reconnect_backoff,
+                                                              options_.max_reconnect_backoff)});
   }
   path->lane = lane;
   path->peer = conn->peer_address();

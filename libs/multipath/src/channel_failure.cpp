@@ -59,7 +59,7 @@ void MultipathChannel::Impl::ReviveLoop() {
     for (int l = 0; l < static_cast<int>(lanes_.size()); ++l) {
       Lane& ln = lanes_[l];
       if (LaneAlive(l)) {
-        ln.backoff = options_.reconnect_backoff;
+        ln.backoff.Reset();
         ln.next_try = absl::InfinitePast();
       } else if (ln.next_try <= now) {
         lane = l;
@@ -91,8 +91,7 @@ void MultipathChannel::Impl::ReviveLoop() {
     }
     last_redial_error_ = absl::StrCat("lane ", lane, ": ", why.ToString());
     Lane& ln = lanes_[lane];
-    ln.next_try = absl::Now() + ln.backoff;
-    ln.backoff = std::min(ln.backoff * 2, options_.max_reconnect_backoff);
+    ln.next_try = absl::Now() + ln.backoff.Next();
   }
 }
 

@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "plexus/multipath/monitor.hpp"
 #include "reassembler.hpp"
 #include "wire.hpp"
@@ -265,10 +266,11 @@ class MultipathChannel::Impl {
     uint64_t bytes_acked = 0, chunks_acked = 0, chunks_reposted = 0, congestion_signals = 0;
   };
 
-  // Revival state of one lane (a network path; see ChannelOptions::redial).
+  // Revival state of one lane (a network path; see ChannelOptions::redial): redials wait
+  // reconnect_backoff, doubling up to max_reconnect_backoff, until one succeeds.
   struct Lane {
     absl::Time next_try = absl::InfinitePast();
-    absl::Duration backoff;
+    base::Backoff backoff;
   };
 
   // ---- Helpers (mu_ held) ----

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "channel_impl.hpp"
 #include "device_wire.hpp"
+#include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/base/wait_policy.hpp"
 
@@ -31,7 +32,6 @@ using Registry = internal::DeviceRegistry;
 
 namespace pt = ::plexus::transport;
 
-using internal::IsIpv4;
 using internal::kSetupMessageBytes;
 
 // Waits for the completion of `wr_id` on `cq` (a set-up queue with one connection).
@@ -325,10 +325,10 @@ absl::StatusOr<std::shared_ptr<MultipathDevice>> MultipathDevice::Create(
         "MultipathDeviceOptions.local_addresses is empty: name the local IP of each path");
   }
   for (size_t k = 0; k < options.local_addresses.size(); ++k) {
-    if (!IsIpv4(options.local_addresses[k])) {
+    if (!base::net::IsIpLiteral(options.local_addresses[k])) {
       return absl::InvalidArgumentError(absl::StrCat("MultipathDeviceOptions.local_addresses[", k,
                                                      "] ('", options.local_addresses[k],
-                                                     "') is not an IPv4 address"));
+                                                     "') is not an IP address"));
     }
   }
   if (options.device.backend != pt::Backend::kTcp &&
@@ -389,7 +389,7 @@ absl::StatusOr<std::unique_ptr<pt::MemoryRegion>> MultipathDevice::Register(void
 absl::StatusOr<std::unique_ptr<pt::Listener>> MultipathDevice::Listen(
     std::string_view address_view) {
   const std::string address(address_view);
-  std::string control = absl::StrCat(options_.local_addresses[0], ":0");
+  std::string control = base::net::JoinHostPort(options_.local_addresses[0], 0);
   if (!address.empty()) {
     PLEXUS_ASSIGN_OR_RETURN(Address parsed, ParseAddress(address));
     if (parsed.hosts != options_.local_addresses) {

@@ -1,58 +1,59 @@
 // MultipathDevice's composite address and set-up messages (device_wire.hpp).
 #include "device_wire.hpp"
 
-#include <arpa/inet.h>
+#include <optional>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "plexus/base/net.hpp"
+#include "plexus/base/record.hpp"
 
 namespace plexus::multipath::internal {
 
 namespace {
 
 const std::string kPrefix = "mp:";
-const std::string kRequestMagic = "plexus-multipath/1 paths=";
-const std::string kReplyOk = "ok ";
-const std::string kReplyError = "error ";
+// The set-up messages: base::Records of these kinds.
+constexpr std::string_view kRequestRecord = "multipath.setup_request";
+constexpr std::string_view kReplyRecord = "multipath.setup_reply";
+constexpr uint16_t kSetupVersion = 1;
+constexpr int kMaxPaths = 1 << 16;  // a connection's paths are numbered in 16 bits
+constexpr size_t kMaxAddressBytes = 300;
+constexpr size_t kMaxRefusalBytes = 1000;
 
-// "IP:PORT" with an IPv4 literal and a port in [0, 65535].
-absl::Status CheckHostPort(const std::string& entry, const std::string& what) {
-  const size_t colon = entry.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ('", entry, "'): expected IP:PORT"));
+// "IP:PORT" or "[IPv6]:PORT" (base::net::ParseHostPort) with a numeric IP; the IP, without
+// brackets.
+absl::StatusOr<std::string> HostOfHostPort(const std::string& entry, const std::string& what) {
+  absl::StatusOr<base::net::HostPort> hp = base::net::ParseHostPort(entry, what);
+  if (!hp.ok()) return hp.status();
+  if (!base::net::IsIpLiteral(hp->host)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ('", entry, "'): '", hp->host, "' is not an IP address"));
   }
-  if (!IsIpv4(entry.substr(0, colon))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " ('", entry, "'): '", entry.substr(0, colon), "' is not an IPv4 address"));
-  }
-  int port = -1;
-  if (!absl::SimpleAtoi(entry.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ('", entry, "'): port '",
-                                                   entry.substr(colon + 1),
-                                                   "' is not a number in [0, 65535]"));
-  }
-  return absl::OkStatus();
+  return hp->host;
 }
 
-std::string HostOf(const std::string& host_port) {
-  return host_port.substr(0, host_port.rfind(':'));
+// An IP of a path after the first: "10.0.0.2", "fd00::2" or "[fd00::2]"; the IP, without
+// brackets, or nullopt.
+std::optional<std::string> PathHost(const std::string& entry) {
+  std::string host = entry;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (!base::net::IsIpLiteral(host)) return std::nullopt;
+  return host;
 }
 
 }  // namespace
-
-bool IsIpv4(const std::string& text) {
-  in_addr a;
-  return inet_pton(AF_INET, text.c_str(), &a) == 1;
-}
 
 absl::StatusOr<MultipathDevice::Address> ParseCompositeAddress(std::string_view address_view) {
   const std::string address(address_view);
   const auto fail = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat("multipath address '", address, "': ", why,
-                                                   " (expected mp:IP0:PORT,IP1,...,IPK-1)"));
+                                                   " (expected mp:IP0:PORT,IP1,...,IPK-1; IPv6 "
+                                                   "as mp:[IP0]:PORT,IP1,...)"));
   };
   if (!absl::StartsWith(address, kPrefix)) return fail("missing the 'mp:' prefix");
   const std::vector<std::string> entries = absl::StrSplit(address.substr(kPrefix.size()), ',');
@@ -61,63 +62,83 @@ absl::StatusOr<MultipathDevice::Address> ParseCompositeAddress(std::string_view 
     const std::string& e = entries[k];
     if (e.empty()) return fail(absl::StrCat("entry ", k, " is empty"));
     if (k == 0) {
-      if (absl::Status s = CheckHostPort(e, "entry 0"); !s.ok()) {
-        return fail(std::string(s.message()));
-      }
+      absl::StatusOr<std::string> host = HostOfHostPort(e, "entry 0");
+      if (!host.ok()) return fail(std::string(host.status().message()));
       out.control = e;
-      out.hosts.push_back(HostOf(e));
+      out.hosts.push_back(*std::move(host));
       continue;
     }
-    if (!IsIpv4(e)) {
-      return fail(absl::StrCat("entry ", k, " ('", e, "') is not an IPv4 address"));
-    }
-    out.hosts.push_back(e);
+    std::optional<std::string> host = PathHost(e);
+    if (!host) return fail(absl::StrCat("entry ", k, " ('", e, "') is not an IP address"));
+    out.hosts.push_back(*std::move(host));
   }
   return out;
 }
 
-std::string EncodeSetupRequest(int paths) { return absl::StrCat(kRequestMagic, paths); }
+std::string EncodeSetupRequest(int paths) {
+  return base::RecordWriter(kRequestRecord, kSetupVersion).Int("paths", paths).Finish();
+}
 
-absl::StatusOr<int> ParseSetupRequest(std::string_view text_view) {
-  const std::string text(text_view);
+absl::StatusOr<int> ParseSetupRequest(std::string_view text) {
+  absl::StatusOr<base::RecordReader> r =
+      base::RecordReader::Parse(text, kRequestRecord, kSetupVersion);
+  absl::Status status = r.status();
   int paths = 0;
-  if (!absl::StartsWith(text, kRequestMagic) ||
-      !absl::SimpleAtoi(text.substr(kRequestMagic.size()), &paths) || paths < 1) {
-    return absl::InvalidArgumentError("malformed multipath set-up request");
+  if (r.ok()) {
+    paths = r->IntAs<int>("paths", 1, kMaxPaths);
+    status = r->Finish();
+  }
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed multipath set-up request: ", status.message()));
   }
   return paths;
 }
 
 std::string EncodeSetupAccept(const std::vector<std::string>& addresses) {
-  return absl::StrCat(kReplyOk, absl::StrJoin(addresses, ","));
+  return base::RecordWriter(kReplyRecord, kSetupVersion)
+      .Int("refused", 0)
+      .Strings("addresses", addresses)
+      .Finish();
 }
 
 std::string EncodeSetupRefusal(std::string_view why) {
-  return absl::StrCat(kReplyError, std::string(why));
+  return base::RecordWriter(kReplyRecord, kSetupVersion)
+      .Int("refused", 1)
+      .String("why", why.substr(0, kMaxRefusalBytes))
+      .Finish();
 }
 
-absl::StatusOr<SetupReply> ParseSetupReply(std::string_view text_view,
+absl::StatusOr<SetupReply> ParseSetupReply(std::string_view text,
                                            const std::vector<std::string>& hosts) {
-  const std::string text(text_view);
+  const auto malformed = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("malformed set-up answer: ", why, " (expected ",
+                                            hosts.size(), " paths on ", absl::StrJoin(hosts, ","),
+                                            ")"));
+  };
+  absl::StatusOr<base::RecordReader> r =
+      base::RecordReader::Parse(text, kReplyRecord, kSetupVersion);
+  if (!r.ok()) return malformed(r.status().message());
   SetupReply out;
-  if (absl::StartsWith(text, kReplyError)) {
-    out.refused = true;
-    out.why = text.substr(kReplyError.size(), 1000);
-    return out;
+  out.refused = r->Int("refused", 0, 1) == 1;
+  if (out.refused) {
+    out.why = r->String("why", kMaxRefusalBytes);
+  } else {
+    out.addresses = r->Strings("addresses", kMaxPaths, kMaxAddressBytes);
+    if (r->ok() && out.addresses.size() != hosts.size()) {
+      r->Fail("addresses", absl::StrCat(out.addresses.size(), " paths"));
+    }
+    for (size_t k = 0; r->ok() && k < out.addresses.size(); ++k) {
+      absl::StatusOr<std::string> host = HostOfHostPort(out.addresses[k], "path");
+      if (!host.ok()) {
+        r->Fail("addresses", std::string(host.status().message()));
+      } else if (*host != hosts[k]) {
+        r->Fail("addresses",
+                absl::StrCat("path ", k, " ('", out.addresses[k], "') is not on ", hosts[k]));
+      }
+    }
   }
-  if (absl::StartsWith(text, kReplyOk)) {
-    out.addresses = absl::StrSplit(text.substr(kReplyOk.size()), ',');
-  }
-  bool well_formed = out.addresses.size() == hosts.size();
-  for (size_t k = 0; well_formed && k < out.addresses.size(); ++k) {
-    well_formed =
-        CheckHostPort(out.addresses[k], "path").ok() && HostOf(out.addresses[k]) == hosts[k];
-  }
-  if (!well_formed) {
-    return absl::DataLossError(absl::StrCat("malformed set-up answer ('", text.substr(0, 200),
-                                            "'): expected ", hosts.size(), " paths on ",
-                                            absl::StrJoin(hosts, ",")));
-  }
+  if (absl::Status s = r->Finish(); !s.ok()) return malformed(s.message());
   return out;
 }
 

@@ -1,12 +1,11 @@
 #include "plexus/transport/device.hpp"
 
-#include <thread>
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "backends.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "plexus/transport/accept_loop.hpp"
 
 namespace plexus::transport {
@@ -125,7 +124,7 @@ void Device::Progress(absl::Duration max_block) {
   if (options_.progress == ProgressMode::kCaller) {
     DriveProgress(max_block);
   } else if (max_block > absl::ZeroDuration()) {
-    std::this_thread::sleep_for(absl::ToChronoNanoseconds(max_block));
+    base::WaitPolicy::Sleep(max_block);
   }
 }
 

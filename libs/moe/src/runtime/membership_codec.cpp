@@ -1,127 +1,142 @@
-// Text codecs of the runtime's membership values (membership_codec.hpp). No dependency beyond
-// Abseil, so that the fuzzer (tests/fuzz/moe_membership_fuzz.cpp) compiles this file alone.
+// Codecs of the runtime's membership values (membership_codec.hpp), as base::Records. No
+// dependency beyond Abseil and base's record, so that the fuzzer
+// (tests/fuzz/moe_membership_fuzz.cpp) compiles this file with record.cpp alone.
 #include "runtime/membership_codec.hpp"
 
 #include <algorithm>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
+#include "plexus/base/record.hpp"
 
 namespace plexus::moe::runtime {
 namespace {
 
-absl::Status Bad(absl::string_view what, absl::string_view text, absl::string_view why) {
-  return absl::DataLossError(absl::StrCat("moe runtime: bad ", what, " '",
-                                          text.substr(0, std::min<size_t>(text.size(), 200)),
-                                          "' in the job's store: ", why));
+// Every value is a record of version 1; the kinds are "moe.alive", "moe.membership" and
+// "moe.ticket".
+constexpr uint16_t kVersion = 1;
+// Physical node ids, and experts held in a ticket's placements, at most.
+constexpr size_t kMaxMembers = size_t{1} << 20;
+constexpr size_t kMaxPlacementEntries = size_t{1} << 24;
+
+// Parses `text` as a record of `kind` and reads it into a T with `read`; any error, and a field
+// `read` did not ask for, is DataLoss naming `what`.
+template <typename T, typename Read>
+absl::StatusOr<T> Decode(absl::string_view text, std::string_view kind, std::string_view what,
+                         Read read) {
+  absl::StatusOr<base::RecordReader> r =
+      base::RecordReader::Parse(std::string_view(text.data(), text.size()), kind, kVersion);
+  absl::Status status = r.status();
+  T value;
+  if (r.ok()) {
+    read(*r, value);
+    status = r->Finish();
+  }
+  if (!status.ok()) {
+    return absl::DataLossError(absl::StrCat("moe runtime: bad ", std::string(what),
+                                            " in the job's store: ", status.message()));
+  }
+  return value;
 }
 
-// Comma-separated non-negative ints (an empty field is an error).
-absl::StatusOr<std::vector<int>> ParseIds(absl::string_view field, absl::string_view what,
-                                          absl::string_view text) {
-  std::vector<int> out;
-  if (field.empty()) return out;
-  for (absl::string_view p : absl::StrSplit(field, ',')) {
-    int v = 0;
-    if (!absl::SimpleAtoi(p, &v) || v < 0) return Bad(what, text, "a list entry is not an id");
-    out.push_back(v);
+// The fields the alive value and the membership start with: steps completed, deployments
+// committed (both >= 0).
+base::RecordWriter StepAndGeneration(std::string_view kind, int64_t step, int64_t generation) {
+  base::RecordWriter w(kind, kVersion);
+  w.Int("step", step).Int("generation", generation);
+  return w;
+}
+void ReadStepAndGeneration(base::RecordReader& r, int64_t* step, int64_t* generation) {
+  *step = r.Int("step", 0);
+  *generation = r.Int("generation", 0);
+}
+
+// A non-empty list of distinct ids >= 0.
+std::vector<int> ReadMembers(base::RecordReader& r) {
+  std::vector<int> members = r.Ints<int>("members", kMaxMembers, 0);
+  std::vector<int> sorted = members;
+  std::sort(sorted.begin(), sorted.end());
+  if (r.ok() &&
+      (sorted.empty() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())) {
+    r.Fail("members", "no members, or one twice");
   }
-  return out;
+  return members;
 }
 
 }  // namespace
 
-std::string EncodeAlive(const AliveValue& v) { return absl::StrCat(v.step, ",", v.generation); }
+std::string EncodeAlive(const AliveValue& v) {
+  return StepAndGeneration("moe.alive", v.step, v.generation).Finish();
+}
 
 absl::StatusOr<AliveValue> DecodeAlive(absl::string_view text) {
-  std::vector<absl::string_view> f = absl::StrSplit(text, ',');
-  AliveValue v;
-  if (f.size() != 2 || !absl::SimpleAtoi(f[0], &v.step) || !absl::SimpleAtoi(f[1], &v.generation) ||
-      v.step < 0 || v.generation < 0) {
-    return Bad("alive value", text, "want <step>,<generation>");
-  }
-  return v;
+  return Decode<AliveValue>(text, "moe.alive", "alive value",
+                            [](base::RecordReader& r, AliveValue& v) {
+                              ReadStepAndGeneration(r, &v.step, &v.generation);
+                            });
 }
 
 std::string EncodeMembership(const Membership& m) {
-  return absl::StrCat(m.step, ";", m.generation, ";", absl::StrJoin(m.members, ","));
+  return StepAndGeneration("moe.membership", m.step, m.generation)
+      .Ints("members", m.members)
+      .Finish();
 }
 
 absl::StatusOr<Membership> DecodeMembership(absl::string_view text) {
-  std::vector<absl::string_view> f = absl::StrSplit(text, ';');
-  Membership m;
-  if (f.size() != 3 || !absl::SimpleAtoi(f[0], &m.step) || !absl::SimpleAtoi(f[1], &m.generation) ||
-      m.step < 0 || m.generation < 0) {
-    return Bad("membership", text, "want <step>;<generation>;<ids>");
-  }
-  absl::StatusOr<std::vector<int>> ids = ParseIds(f[2], "membership", text);
-  if (!ids.ok()) return ids.status();
-  m.members = *std::move(ids);
-  std::vector<int> sorted = m.members;
-  std::sort(sorted.begin(), sorted.end());
-  if (sorted.empty() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
-    return Bad("membership", text, "no members, or one twice");
-  }
-  return m;
+  return Decode<Membership>(text, "moe.membership", "membership",
+                            [](base::RecordReader& r, Membership& m) {
+                              ReadStepAndGeneration(r, &m.step, &m.generation);
+                              m.members = ReadMembers(r);
+                            });
 }
 
 std::string EncodeTicket(const Ticket& t) {
-  std::vector<std::string> layers;
+  // Placements flattened layer by layer, node by node: the decoder knows the shape.
+  std::vector<int> experts;
   for (const Placement& p : t.placements) {
-    std::vector<std::string> nodes;
-    for (const auto& slots : p.node_slots) nodes.push_back(absl::StrJoin(slots, ","));
-    layers.push_back(absl::StrJoin(nodes, "/"));
+    for (const auto& slots : p.node_slots) {
+      experts.insert(experts.end(), slots.begin(), slots.end());
+    }
   }
-  return absl::StrCat(t.epoch, ";", t.step, ";", t.generation, ";", t.admitted_before, ";",
-                      t.admitted_after, ";", absl::StrJoin(t.members, ","), ";",
-                      absl::StrJoin(layers, "|"));
+  return base::RecordWriter("moe.ticket", kVersion)
+      .Int("epoch", t.epoch)
+      .Int("step", t.step)
+      .Int("generation", t.generation)
+      .Int("admitted_before", t.admitted_before)
+      .Int("admitted_after", t.admitted_after)
+      .Ints("members", t.members)
+      .Ints("placements", experts)
+      .Finish();
 }
 
 absl::StatusOr<Ticket> DecodeTicket(absl::string_view text, int layers, int experts, int slots) {
-  std::vector<absl::string_view> f = absl::StrSplit(text, ';');
-  Ticket t;
-  if (f.size() != 7 || !absl::SimpleAtoi(f[0], &t.epoch) || !absl::SimpleAtoi(f[1], &t.step) ||
-      !absl::SimpleAtoi(f[2], &t.generation) || !absl::SimpleAtoi(f[3], &t.admitted_before) ||
-      !absl::SimpleAtoi(f[4], &t.admitted_after) || t.epoch < 0 || t.step < 0 || t.generation < 0 ||
-      t.admitted_before < 0 || t.admitted_after <= t.admitted_before) {
-    return Bad("join ticket", text, "want 7 ';'-separated fields, counts in order");
-  }
-  absl::StatusOr<std::vector<int>> ids = ParseIds(f[5], "join ticket", text);
-  if (!ids.ok()) return ids.status();
-  t.members = *std::move(ids);
-  std::vector<int> sorted = t.members;
-  std::sort(sorted.begin(), sorted.end());
-  if (sorted.empty() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
-    return Bad("join ticket", text, "no members, or one twice");
-  }
-  std::vector<absl::string_view> layer_texts = absl::StrSplit(f[6], '|');
-  if (static_cast<int>(layer_texts.size()) != layers) {
-    return Bad("join ticket", text, absl::StrCat("want ", layers, " layers"));
-  }
-  for (absl::string_view layer : layer_texts) {
-    Placement p;
-    p.num_nodes = static_cast<int>(t.members.size());
-    p.slots_per_node = slots;
-    p.num_experts = experts;
-    std::vector<absl::string_view> nodes = absl::StrSplit(layer, '/');
-    if (nodes.size() != t.members.size()) {
-      return Bad("join ticket", text, "a layer's node count differs from the members'");
+  return Decode<Ticket>(text, "moe.ticket", "join ticket", [&](base::RecordReader& r, Ticket& t) {
+    t.epoch = r.IntAs<int>("epoch", 0);
+    t.step = r.Int("step", 0);
+    t.generation = r.Int("generation", 0);
+    t.admitted_before = r.Int("admitted_before", 0);
+    t.admitted_after = r.Int("admitted_after", 0);
+    if (r.ok() && t.admitted_after <= t.admitted_before) {
+      r.Fail("admitted_after", absl::StrCat(t.admitted_after, " is not above admitted_before (",
+                                            t.admitted_before, ")"));
     }
-    for (absl::string_view node : nodes) {
-      absl::StatusOr<std::vector<int>> held = ParseIds(node, "join ticket", text);
-      if (!held.ok()) return held.status();
-      if (static_cast<int>(held->size()) != slots ||
-          std::any_of(held->begin(), held->end(), [&](int e) { return e >= experts; })) {
-        return Bad("join ticket", text,
-                   absl::StrCat("a node must hold ", slots, " experts below ", experts));
-      }
-      p.node_slots.push_back(*std::move(held));
+    t.members = ReadMembers(r);
+    const std::vector<int> held = r.Ints<int>("placements", kMaxPlacementEntries, 0, experts - 1);
+    const size_t nodes = t.members.size();
+    if (r.ok() && held.size() != static_cast<size_t>(layers) * nodes * static_cast<size_t>(slots)) {
+      r.Fail("placements", absl::StrCat("has ", held.size(), " experts, want ", layers,
+                                        " layers x ", nodes, " nodes x ", slots, " slots"));
     }
-    t.placements.push_back(std::move(p));
-  }
-  return t;
+    if (!r.ok()) return;
+    auto at = held.begin();
+    for (int l = 0; l < layers; ++l) {
+      Placement p;
+      p.num_nodes = static_cast<int>(nodes);
+      p.slots_per_node = slots;
+      p.num_experts = experts;
+      for (size_t n = 0; n < nodes; ++n, at += slots) p.node_slots.emplace_back(at, at + slots);
+      t.placements.push_back(std::move(p));
+    }
+  });
 }
 
 }  // namespace plexus::moe::runtime

@@ -1,7 +1,7 @@
 // The values the runtime's ranks exchange through the job's store during membership changes
-// (docs/moe.md, "Elasticity protocol"), as text: what a survivor reports ("alive"), what the
-// leader decides ("members") and what a newcomer is told ("ticket"). Decoding is strict: a
-// value another process wrote is checked field by field (DataLoss naming what is wrong).
+// (docs/moe.md, "Elasticity protocol"), as base::Records: what a survivor reports ("alive"), what
+// the leader decides ("members") and what a newcomer is told ("ticket"). Decoding is strict: a
+// value another process wrote is checked field by field (DataLoss naming the field).
 #pragma once
 
 #include <cstdint>
@@ -14,7 +14,7 @@
 
 namespace plexus::moe::runtime {
 
-// "alive/<physical>": "<steps completed>,<deployments committed>".
+// "alive/<physical>": steps completed, deployments committed (record moe.alive).
 struct AliveValue {
   int64_t step = 0;
   int64_t generation = 0;
@@ -22,7 +22,7 @@ struct AliveValue {
 std::string EncodeAlive(const AliveValue& v);
 absl::StatusOr<AliveValue> DecodeAlive(absl::string_view text);
 
-// "members": "<step>;<generation>;<physical>,..." (distinct ids >= 0, at least one).
+// "members": step, generation, physical ids (distinct, >= 0, at least one; moe.membership).
 struct Membership {
   int64_t step = 0;
   int64_t generation = 0;
@@ -31,9 +31,8 @@ struct Membership {
 std::string EncodeMembership(const Membership& m);
 absl::StatusOr<Membership> DecodeMembership(absl::string_view text);
 
-// A joiner's ticket: what it needs to compute the same plan as the members.
-// "<epoch>;<step>;<generation>;<admitted before>;<admitted after>;<members>;<placements>",
-// placements: layers separated by '|', nodes by '/', experts by ','.
+// A joiner's ticket: what it needs to compute the same plan as the members (moe.ticket; the
+// placements as one list of experts, layer by layer, node by node, slot by slot).
 struct Ticket {
   int epoch = 0;
   int64_t step = 0;

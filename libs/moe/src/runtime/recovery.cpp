@@ -52,10 +52,10 @@ absl::Status TrainerImpl::StoreError(const absl::Status& status, const char* doi
               : absl::StrCat(" (the last checkpoint is ", options_.checkpoint_path, ")")));
 }
 
-// Every rank publishes "alive/<physical>" = "<steps completed>,<generation>" under the epoch's
-// prefix and bids for leadership with an atomic Add: the first to arrive leads, whichever rank
-// it is (rank 0 may be the one that died). The leader waits until every expected rank is
-// present or the grace passed, then publishes "members" = "<step>;<generation>;<physical>,...":
+// Every rank publishes "alive/<physical>" = its steps completed and generation (membership_codec)
+// under the epoch's prefix and bids for leadership with an atomic Add: the first to arrive leads,
+// whichever rank it is (rank 0 may be the one that died). The leader waits until every expected
+// rank is present or the grace passed, then publishes "members" = step, generation, physical ids:
 // the smallest step and generation present (a rank one step or one deployment ahead rolls
 // back) and the members present, in the order of `expected`.
 absl::StatusOr<TrainerImpl::Agreement> TrainerImpl::AgreeMembership(

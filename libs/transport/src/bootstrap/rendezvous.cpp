@@ -325,9 +325,11 @@ absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env) {
     store_source = absl::StrCat("PLEXUS_STORE_PATH=", *path);
   } else if (master_addr && master_port) {
     PLEXUS_ASSIGN_OR_RETURN(auto port, ParseCount("MASTER_PORT", *master_port));
-    config.store_address = master_addr->find(':') != std::string::npos
-                               ? absl::StrCat("[", *master_addr, "]:", port)
-                               : absl::StrCat(*master_addr, ":", port);
+    if (port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("MASTER_PORT='", *master_port, "' is not a port (0..65535)"));
+    }
+    config.store_address = net::JoinHostPort(*master_addr, static_cast<uint16_t>(port));
     store_source = absl::StrCat("MASTER_ADDR:MASTER_PORT=", config.store_address);
     if (vars->launcher == Launcher::kTorchrun && UsesAgentStore(env)) {
       config.store_kind = StoreKind::kTorch;
@@ -408,7 +410,7 @@ namespace {
 // plexus store of another job, its refusal names that job.
 std::string DescribePortHolder(const std::string& host, uint16_t port, const std::string& job_id,
                                absl::Duration timeout) {
-  const std::string address = absl::StrCat(host, ":", port);
+  const std::string address = net::JoinHostPort(host, port);
   const absl::Duration probe = std::min(timeout, absl::Seconds(2));
   auto holder = TcpStore::Connect(address, probe, probe, job_id);
   if (holder.ok()) {

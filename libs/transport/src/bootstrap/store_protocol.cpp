@@ -1,23 +1,19 @@
 #include "bootstrap/store_protocol.hpp"
 
-#include <cstring>
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "plexus/base/byte_order.hpp"
 #include "plexus/base/status.hpp"
 
 namespace plexus::transport::store_protocol {
 namespace {
 
-// Bounds-checked little-endian reads over a body; the first failure sticks.
-class BodyReader {
+// A body's fields (base::CheckedByteReader: little-endian, bounds-checked, the first failure
+// sticks) plus the protocol's length-prefixed strings.
+class BodyReader : public base::CheckedByteReader {
  public:
-  explicit BodyReader(absl::Span<const uint8_t> bytes) : bytes_(bytes) {}
-
-  bool U8(uint8_t* out) { return Fixed(out); }
-  bool U32(uint32_t* out) { return Fixed(out); }
-  bool U64(uint64_t* out) { return Fixed(out); }
-  bool I64(int64_t* out) { return Fixed(out); }
+  explicit BodyReader(absl::Span<const uint8_t> bytes)
+      : CheckedByteReader(bytes.data(), bytes.size()) {}
 
   // A length-prefixed string of at most `max` bytes; `what` names it in the error.
   bool Str(std::string* out, size_t min, size_t max, const char* what) {
@@ -30,43 +26,17 @@ class BodyReader {
       return Fail(absl::StrCat(what, " of ", length, " bytes truncated (", remaining(),
                                " bytes left in the frame)"));
     }
-    out->assign(reinterpret_cast<const char*>(bytes_.data() + offset_), length);
-    offset_ += length;
+    std::string_view bytes;
+    Bytes(length, &bytes);
+    out->assign(bytes);
     return true;
   }
-
-  size_t remaining() const { return bytes_.size() - offset_; }
-  bool ok() const { return error_.empty(); }
 
   absl::Status Finish(const char* what) {
-    if (error_.empty() && remaining() != 0) {
-      error_ = absl::StrCat(remaining(), " unexpected trailing bytes");
-    }
-    if (error_.empty()) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat("malformed store ", what, ": ", error_));
+    if (ok() && remaining() != 0) Fail(absl::StrCat(remaining(), " unexpected trailing bytes"));
+    if (ok()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("malformed store ", what, ": ", error()));
   }
-
-  bool Fail(std::string error) {
-    if (error_.empty()) error_ = std::move(error);
-    return false;
-  }
-
- private:
-  template <typename T>
-  bool Fixed(T* out) {
-    if (!error_.empty()) return false;
-    if (remaining() < sizeof(T)) {
-      return Fail(absl::StrCat("truncated: needs ", sizeof(T), " more bytes at offset ", offset_,
-                               ", has ", remaining()));
-    }
-    std::memcpy(out, bytes_.data() + offset_, sizeof(T));
-    offset_ += sizeof(T);
-    return true;
-  }
-
-  absl::Span<const uint8_t> bytes_;
-  size_t offset_ = 0;
-  std::string error_;
 };
 
 bool ValidOp(uint8_t op) {
@@ -92,34 +62,29 @@ bool ReadKeyList(BodyReader& r, std::vector<std::string>* keys) {
   return true;
 }
 
-// Appends little-endian fields to a frame; the header's length is patched by Finish().
+// Appends little-endian fields to a frame (base::AppendLittleEndian); the header's length is
+// patched by Finish().
 class FrameWriter {
  public:
   FrameWriter() {
     U32(kMagic);
     U32(0);
   }
-  void U8(uint8_t v) { Fixed(v); }
-  void U32(uint32_t v) { Fixed(v); }
-  void U64(uint64_t v) { Fixed(v); }
-  void I64(int64_t v) { Fixed(v); }
+  void U8(uint8_t v) { base::AppendLittleEndian(out_, v); }
+  void U32(uint32_t v) { base::AppendLittleEndian(out_, v); }
+  void U64(uint64_t v) { base::AppendLittleEndian(out_, v); }
+  void I64(int64_t v) { base::AppendLittleEndian(out_, v); }
   void Str(const std::string& s) {
     U32(static_cast<uint32_t>(s.size()));
     out_.append(s);
   }
   std::string Finish() && {
-    const uint32_t body = static_cast<uint32_t>(out_.size() - kHeaderBytes);
-    std::memcpy(out_.data() + 4, &body, sizeof body);
+    const auto body = static_cast<uint32_t>(out_.size() - kHeaderBytes);
+    base::StoreLittleEndian(reinterpret_cast<uint8_t*>(out_.data()) + 4, body);
     return std::move(out_);
   }
 
  private:
-  template <typename T>
-  void Fixed(T v) {
-    char bytes[sizeof(T)];
-    std::memcpy(bytes, &v, sizeof(T));
-    out_.append(bytes, sizeof(T));
-  }
   std::string out_;
 };
 
@@ -150,7 +115,7 @@ absl::StatusOr<size_t> PeekFrame(absl::Span<const uint8_t> bytes, size_t max_bod
     // Reject a wrong magic as early as its first bytes, so that e.g. an HTTP client is dropped
     // without waiting for more.
     uint8_t magic[4];
-    std::memcpy(magic, &kMagic, sizeof magic);
+    base::StoreLittleEndian(magic, kMagic);
     for (size_t i = 0; i < bytes.size() && i < 4; ++i) {
       if (bytes[i] != magic[i]) {
         return absl::InvalidArgumentError(
@@ -160,10 +125,9 @@ absl::StatusOr<size_t> PeekFrame(absl::Span<const uint8_t> bytes, size_t max_bod
     }
     return size_t{0};
   }
-  uint32_t magic = 0;
-  uint32_t body = 0;
-  std::memcpy(&magic, bytes.data(), 4);
-  std::memcpy(&body, bytes.data() + 4, 4);
+  base::ByteReader header(bytes.data());
+  const uint32_t magic = header.U32();
+  const uint32_t body = header.U32();
   if (magic != kMagic) {
     return absl::InvalidArgumentError(
         "malformed store frame: bad magic (not a plexus store peer, or a different protocol)");

@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -28,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "bootstrap/store_protocol.hpp"
 #include "plexus/base/env.hpp"
+#include "plexus/base/log.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/transport/store.hpp"
@@ -94,7 +94,7 @@ struct TcpStoreServer::Impl {
   bool job_id_is_nonce = false;
 
   // Refusals are logged at most once a second, so that a flood of connections cannot flood
-  // stderr; the count of those not logged is reported with the next line.
+  // the log (base::Log); the count of those not logged is reported with the next line.
   absl::Time last_refusal_log = absl::InfinitePast();
   size_t unlogged_refusals = 0;
 
@@ -122,8 +122,8 @@ struct TcpStoreServer::Impl {
       const int n =
           epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()), timeout_ms);
       if (n < 0 && errno != EINTR) {
-        std::fprintf(stderr, "plexus store %s: epoll_wait failed: %s; stopping\n", address.c_str(),
-                     net::ErrnoText(errno).c_str());
+        base::Logf(base::LogLevel::kError, "plexus store %s: epoll_wait failed: %s; stopping",
+                   address, net::ErrnoText(errno));
         return;
       }
       for (int i = 0; i < n; ++i) {
@@ -162,8 +162,8 @@ struct TcpStoreServer::Impl {
     if (unlogged_refusals > 0) {
       more = absl::StrCat(" (and ", unlogged_refusals, " more refusals in the last second)");
     }
-    std::fprintf(stderr, "plexus store %s: refusing client %s: %s%s\n", address.c_str(),
-                 peer.c_str(), why.c_str(), more.c_str());
+    base::Logf(base::LogLevel::kWarning, "plexus store %s: refusing client %s: %s%s", address, peer,
+               why, more);
     last_refusal_log = now;
     unlogged_refusals = 0;
   }
@@ -237,8 +237,8 @@ struct TcpStoreServer::Impl {
   void DropClient(int fd, const std::string& why) {
     auto it = clients.find(fd);
     if (it == clients.end()) return;
-    std::fprintf(stderr, "plexus store %s: dropping client %s: %s\n", address.c_str(),
-                 it->second->peer.c_str(), why.c_str());
+    base::Logf(base::LogLevel::kWarning, "plexus store %s: dropping client %s: %s", address,
+               it->second->peer, why);
     dropped.fetch_add(1);
     CloseClient(fd);
   }

@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstddef>
-#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -24,6 +23,7 @@
 #include "futex.hpp"
 #include "plexus/base/env.hpp"
 #include "plexus/base/host.hpp"
+#include "plexus/base/log.hpp"
 #include "plexus/base/status.hpp"
 
 namespace plexus::transport::internal::shm {
@@ -664,8 +664,8 @@ bool ParallelCmaEnabled() {
                                          "split large shm copies across two threads");
     auto on = param.Get();
     if (!on.ok()) {
-      std::fprintf(stderr, "plexus: %s; using the default\n",
-                   std::string(on.status().message()).c_str());
+      base::Logf(base::LogLevel::kWarning, "plexus: %s; using the default",
+                 std::string(on.status().message()));
     }
     return on.value_or(true) && base::OnlineCpuCount() >= 2;
   }();

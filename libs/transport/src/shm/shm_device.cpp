@@ -42,14 +42,6 @@ constexpr absl::Duration kSpinBeforeSleep = absl::Microseconds(100);
 constexpr absl::Duration kMaxSleep = absl::Milliseconds(10);
 constexpr absl::Duration kLivenessInterval = absl::Milliseconds(5);
 
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 size_t RoundUpPowerOfTwo(size_t v) {
   size_t p = kMinRingBytes;
   while (p < v && p < kMaxRingBytes) p <<= 1;
@@ -179,18 +171,14 @@ class ShmDevice final : public Device, public std::enable_shared_from_this<ShmDe
     std::unique_lock<std::mutex> lock(progress_mu_, std::try_to_lock);
     if (!lock.owns_lock()) {
       // Another caller is moving bytes; do not burn the second core competing with it.
-      if (max_block > absl::ZeroDuration()) {
-        std::this_thread::sleep_for(
-            absl::ToChronoMicroseconds(std::min(max_block, absl::Microseconds(50))));
-      }
+      base::WaitPolicy::AwaitOthersProgress(max_block);
       return;
     }
     if (RunOnce() || max_block <= absl::ZeroDuration()) return;
     const absl::Time start = absl::Now();
-    const absl::Time spin_until = start + std::min(max_block, kSpinBeforeSleep);
-    while (absl::Now() < spin_until) {
-      if (RunOnce()) return;
-      CpuRelax();
+    if (base::WaitPolicy::SpinUntil(start + std::min(max_block, kSpinBeforeSleep),
+                                    [this] { return RunOnce(); })) {
+      return;
     }
     const absl::Duration left = max_block - (absl::Now() - start);
     if (left > absl::ZeroDuration()) SleepOnce(std::min(left, kMaxSleep));

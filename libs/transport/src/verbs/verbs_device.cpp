@@ -37,6 +37,7 @@
 #include "cuda_copy.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "region_registry.hpp"
 #include "verbs/protocol.hpp"
 #include "verbs/slot_table.hpp"
@@ -492,10 +493,7 @@ class VerbsDevice final : public Device {
     std::unique_lock<std::mutex> lock(progress_mu_, std::try_to_lock);
     if (!lock.owns_lock()) {
       // Another thread is making progress for everyone; wait for it a little.
-      if (max_block > absl::ZeroDuration()) {
-        std::this_thread::sleep_for(
-            absl::ToChronoNanoseconds(std::min(max_block, absl::Microseconds(50))));
-      }
+      base::WaitPolicy::AwaitOthersProgress(max_block);
       return;
     }
     int done = PollCq();

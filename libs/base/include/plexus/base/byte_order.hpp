@@ -10,7 +10,9 @@
 //   base::ByteReader r(header);
 //   if (r.Get<uint32_t>() != kMagic) ...
 //
-// Nothing here checks bounds: callers check a frame's length once, before decoding its fields.
+// ByteReader and ByteWriter do not check bounds: callers check a frame's length once, before
+// decoding its fields. Bytes whose length says nothing yet (a variable-length body, a value from
+// a store) are read with CheckedByteReader, which checks every read.
 #pragma once
 
 #include <bit>
@@ -18,7 +20,9 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <type_traits>
+#include <utility>
 
 namespace plexus::base {
 
@@ -97,6 +101,66 @@ class ByteReader {
 
  private:
   const uint8_t* p_;
+};
+
+// Sequential reader over bytes of untrusted content: every read checks what is left, and the
+// first failure sticks (later reads return false too), so a decoder reads field after field and
+// looks at ok() / error() once at the end.
+//
+//   base::CheckedByteReader r(body);
+//   uint32_t count = 0;
+//   std::string_view name;
+//   if (r.U32(&count) && r.Bytes(count, &name)) ...
+//   if (!r.ok()) return Malformed(r.error());
+class CheckedByteReader {
+ public:
+  CheckedByteReader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  explicit CheckedByteReader(std::string_view bytes)
+      : CheckedByteReader(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()) {}
+
+  template <typename T>
+  bool Get(T* out) {
+    if (!Need(sizeof(T))) return false;
+    *out = LoadLittleEndian<T>(data_ + offset_);
+    offset_ += sizeof(T);
+    return true;
+  }
+  bool U8(uint8_t* v) { return Get(v); }
+  bool U16(uint16_t* v) { return Get(v); }
+  bool U32(uint32_t* v) { return Get(v); }
+  bool U64(uint64_t* v) { return Get(v); }
+  bool I64(int64_t* v) { return Get(v); }
+  // The next `n` bytes, in place (valid while the underlying bytes are).
+  bool Bytes(size_t n, std::string_view* out) {
+    if (!Need(n)) return false;
+    *out = std::string_view(reinterpret_cast<const char*>(data_ + offset_), n);
+    offset_ += n;
+    return true;
+  }
+
+  // Records `error` unless an earlier one is recorded; returns false (for `return r.Fail(...)`).
+  bool Fail(std::string error) {
+    if (error_.empty()) error_ = std::move(error);
+    return false;
+  }
+  bool ok() const { return error_.empty(); }
+  // The first failure: "truncated: needs 4 more bytes at offset 9, has 2", or one from Fail().
+  const std::string& error() const { return error_; }
+  size_t offset() const { return offset_; }
+  size_t remaining() const { return size_ - offset_; }
+
+ private:
+  bool Need(size_t n) {
+    if (!error_.empty()) return false;
+    if (remaining() >= n) return true;
+    return Fail("truncated: needs " + std::to_string(n) + " more bytes at offset " +
+                std::to_string(offset_) + ", has " + std::to_string(remaining()));
+  }
+
+  const uint8_t* data_;
+  size_t size_;
+  size_t offset_ = 0;
+  std::string error_;
 };
 
 }  // namespace plexus::base

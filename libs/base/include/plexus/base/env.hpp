@@ -10,7 +10,8 @@
 //    InvalidArgument naming the variable and the expected form (never silently 0);
 //  - booleans have one spelling: 1/0, true/false, yes/no, on/off (any case);
 //  - with PLEXUS_DEBUG=1 the process prints every registered parameter's effective value and
-//    where it came from, once, on stderr, the first time any parameter is read.
+//    where it came from, once, through base::Log (stderr by default), the first time any
+//    parameter is read.
 #pragma once
 
 #include <cstdint>

@@ -25,6 +25,8 @@ struct HostPort {
 absl::StatusOr<HostPort> ParseHostPort(std::string_view address, std::string_view what);
 // "host:port", or "[host]:port" when host is an IPv6 literal (the inverse of ParseHostPort).
 std::string JoinHostPort(std::string_view host, uint16_t port);
+// Whether `host` is a numeric IPv4 or IPv6 address ("10.0.0.1", "fd00::2"; no brackets, no name).
+bool IsIpLiteral(std::string_view host);
 
 struct SocketAddress {
   sockaddr_storage storage{};

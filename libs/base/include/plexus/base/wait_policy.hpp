@@ -9,6 +9,9 @@
 // slices late, while a sleeper woken by the producer is run sooner. Yield() finds that case
 // (and remembers it for a moment) and callers then sleep until their next progress (see Yield).
 //
+// Sleep / SpinUntil / AwaitOthersProgress: the sleeping and spinning phases for waits that have
+// no doorbell of their own (a progress engine's caller, a sender waiting for room).
+//
 // PollUntil: a bounded poll of a condition nothing signals (a store key, a peer's count), at a
 // fixed interval.
 //
@@ -24,8 +27,10 @@
 #include <chrono>
 #include <cstdint>
 #include <random>
+#include <thread>
 
 #include "absl/functional/function_ref.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace plexus::base {
@@ -90,6 +95,32 @@ class WaitPolicy {
 #elif defined(__aarch64__)
     asm volatile("yield" ::: "memory");
 #endif
+  }
+
+  // The spinning phase of a wait on something nothing signals: calls `done` until it returns
+  // true (then true) or `until` has passed (then false), with CpuRelax() between calls.
+  static bool SpinUntil(absl::Time until, absl::FunctionRef<bool()> done) {
+    while (absl::Now() < until) {
+      if (done()) return true;
+      CpuRelax();
+    }
+    return false;
+  }
+
+  // Blocks the calling thread for `d` (returns at once when d <= 0): the sleeping phase of a
+  // wait that has no doorbell or condition variable to sleep on.
+  static void Sleep(absl::Duration d) {
+    if (d > absl::ZeroDuration()) std::this_thread::sleep_for(absl::ToChronoNanoseconds(d));
+  }
+
+  // How long a caller of a progress engine that another thread is driving (the engine's lock is
+  // taken) waits before it looks again: the CPU goes to that thread rather than to a second
+  // poller competing with it, and the caller is back within a fraction of a message's round trip.
+  static constexpr absl::Duration kOthersProgress = absl::Microseconds(50);
+  // Sleeps kOthersProgress, at most `max_block` (nothing when max_block <= 0: the caller only
+  // polls).
+  static void AwaitOthersProgress(absl::Duration max_block) {
+    Sleep(std::min(max_block, kOthersProgress));
   }
 
  private:

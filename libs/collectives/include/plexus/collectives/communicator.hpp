@@ -113,7 +113,7 @@ struct CommunicatorOptions {
   // The selector table; empty rules = the file named by PLEXUS_COLL_TABLE if set, else
   // AlgorithmTable::Default(tcp), tcp: some pair of ranks talks over tcp.
   AlgorithmTable table;
-  // Logs every selection and the table at creation to stderr (also PLEXUS_COLL_DEBUG=1).
+  // Logs every selection and the table at creation (base::Log, info; also PLEXUS_COLL_DEBUG=1).
   bool debug = false;
   // Time allowed to connect every rank at creation and at Split (also device.connect_timeout).
   absl::Duration connect_timeout = absl::Minutes(1);

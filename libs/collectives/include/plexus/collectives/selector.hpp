@@ -31,8 +31,9 @@ struct SelectorRule {
 //
 // Text form (PLEXUS_COLL_TABLE=<file>, AlgorithmTable::Parse): one rule per line,
 //   <collective> <world range> <byte range> <algorithm>
-// where a range is "lo-hi", "lo-" (no upper bound), a single number or "*", byte numbers may
-// carry K/M/G suffixes (powers of 1024), and '#' starts a comment. Example:
+// where a range is "lo-hi", "lo-" (no upper bound), a single number or "*", numbers may carry
+// K/M/G or KiB/MiB/GiB suffixes (powers of 1024; base::ParseBytes), and '#' starts a comment.
+// Example:
 //   allreduce  2-*   0-64K   halving_doubling
 //   allreduce  *     64K-    ring
 class AlgorithmTable {

@@ -64,9 +64,9 @@ struct PathOptions {
 std::vector<uint32_t> DefaultFlowLabels(int paths, uint64_t seed);
 
 struct MultipathDeviceOptions {
-  // The local IPv4 address of each path, in path order (K = size, at least 1). Sockets of path k
-  // bind to local_addresses[k], so routing (or a source rule, as tools/netbed sets up) picks the
-  // path. Listen binds there too. The peer must have the same number of paths.
+  // The local IP address (IPv4 or IPv6, numeric) of each path, in path order (K = size, at least
+  // 1). Sockets of path k bind to local_addresses[k], so routing (or a source rule, as tools/netbed
+  // sets up) picks the path. Listen binds there too. The peer must have the same number of paths.
   std::vector<std::string> local_addresses;
   // verbs: the GID index and flow label of each path, in path order: empty (every path takes
   // the defaults) or one entry per local_addresses entry. With tcp, every entry must be the
@@ -110,8 +110,8 @@ class MultipathDevice : public transport::Device {
 
   // Parses a composite address; InvalidArgument naming the entry and what is wrong with it.
   struct Address {
-    std::string control;             // "IP0:PORT"
-    std::vector<std::string> hosts;  // IP of each path, hosts[0] = IP0
+    std::string control;             // "IP0:PORT" ("[IP0]:PORT" for IPv6)
+    std::vector<std::string> hosts;  // IP of each path (no brackets), hosts[0] = IP0
   };
   static absl::StatusOr<Address> ParseAddress(std::string_view address);
 

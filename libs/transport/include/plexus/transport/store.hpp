@@ -58,8 +58,8 @@ std::shared_ptr<Store> PrefixStore(std::shared_ptr<Store> inner, std::string pre
 
 // The server side of TcpStore: one thread (epoll) serving any number of clients up to a limit.
 // A client that sends a malformed, truncated or oversized frame, stays idle too long, or would
-// push the input buffered across all clients over the memory cap is disconnected (with the
-// reason on stderr); the others are served on.
+// push the input buffered across all clients over the memory cap is disconnected (the reason
+// logged, base::Log); the others are served on.
 class TcpStoreServer {
  public:
   struct Options {
