@@ -148,7 +148,7 @@ void RunKernels(const Options& o, pt::FigureWriter& out) {
   auto* fd = reinterpret_cast<float*>(d.get());
   auto* fe = reinterpret_cast<float*>(e.get());
   for (size_t i = 0; i < n; ++i) fa[i] = fb[i] = fc[i] = fd[i] = fe[i] = 1e-3f;
-  pa::OptimizerConfig nag;
+  pa::UpdateRule nag;
   nag.kind = pa::OptimizerKind::kNesterov;
   const auto step = pai::PrepareStep(nag, 1);
   const bool nt = false;  // the cached variants; each *_nt variant streams its write-only output

@@ -23,7 +23,7 @@ TEST_CASE("Tall and wide engines agree bit for bit with the reference", "[aggreg
     for (size_t i = 0; i < total; ++i) g[w][i] = static_cast<float>((i * (w + 3)) % 11) * 0.01f;
     ptrs.push_back(g[w].data());
   }
-  pa::OptimizerConfig opt;
+  pa::UpdateRule opt;
   opt.kind = pa::OptimizerKind::kMomentum;
   std::vector<float> ref_w(total, 0.0f), ref_m(total, 0.0f), sum(total);
   for (int cores : {1, 2, 3}) {

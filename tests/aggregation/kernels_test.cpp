@@ -49,7 +49,7 @@ float RefLoad(const std::vector<uint8_t>& src, DataType dtype, size_t i) {
 }
 
 // The formulas of optimizer.hpp, one element at a time.
-void RefStep(OptimizerKind kind, const pa::OptimizerConfig& c, float adam_lr, float& w, float g,
+void RefStep(OptimizerKind kind, const pa::UpdateRule& c, float adam_lr, float& w, float g,
              float& m, float& v) {
   const float gp = c.rescale * g + c.weight_decay * w;
   switch (kind) {
@@ -117,7 +117,7 @@ TEST_CASE("Every optimizer matches the reference bit for bit, on every path",
           "[aggregation][kernels]") {
   std::mt19937 rng(5);
   const size_t n = 1003;
-  pa::OptimizerConfig c;
+  pa::UpdateRule c;
   c.learning_rate = 0.05f;
   c.momentum = 0.9f;
   c.weight_decay = 1e-4f;
@@ -168,7 +168,7 @@ TEST_CASE("Every optimizer matches the reference bit for bit, on every path",
 }
 
 TEST_CASE("Adam stays within a few ulp of a double-precision reference", "[aggregation][kernels]") {
-  pa::OptimizerConfig c;
+  pa::UpdateRule c;
   c.kind = OptimizerKind::kAdam;
   c.learning_rate = 1e-3f;
   const size_t n = 257;
@@ -204,7 +204,7 @@ TEST_CASE("Store policy: non-temporal from the threshold up, unless forced",
 }
 
 TEST_CASE("Optimizer configs are validated field by field", "[aggregation][kernels]") {
-  pa::OptimizerConfig c;
+  pa::UpdateRule c;
   c.momentum = 1.5f;
   auto st = pa::ValidateOptimizer(c);
   REQUIRE(st.code() == absl::StatusCode::kInvalidArgument);

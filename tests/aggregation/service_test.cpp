@@ -41,7 +41,7 @@ pa::ClientOptions ClientOpts(const Job& job, int worker) {
   return o;
 }
 
-Job MakeJob(pt::Backend backend, int workers, int cores, pa::OptimizerConfig opt,
+Job MakeJob(pt::Backend backend, int workers, int cores, pa::UpdateRule opt,
             size_t chunk_bytes = 1024, absl::Duration round_timeout = absl::Seconds(20),
             size_t budget = size_t{1} << 30, int connect = -1) {
   Job job;
@@ -91,7 +91,7 @@ pt::Backend BackendParam() { return GENERATE(pt::Backend::kTcp, pt::Backend::kSh
 TEST_CASE("PushPull sums every worker's gradient and runs the optimizer once per round",
           "[aggregation][service]") {
   const pt::Backend backend = BackendParam();
-  pa::OptimizerConfig opt;
+  pa::UpdateRule opt;
   opt.kind = pa::OptimizerKind::kNesterov;
   opt.learning_rate = 0.5f;
   opt.rescale = 1.0f / 3;
@@ -136,7 +136,7 @@ TEST_CASE("bf16 and f16 gradients are summed in f32 against f32 master weights",
           "[aggregation][service]") {
   const DataType dtype = GENERATE(DataType::kBF16, DataType::kF16);
   INFO("dtype " << static_cast<int>(dtype));
-  pa::OptimizerConfig opt;
+  pa::UpdateRule opt;
   opt.kind = pa::OptimizerKind::kAdam;
   opt.learning_rate = 0.01f;
   Job job = MakeJob(pt::Backend::kTcp, 2, 1, opt, 512);
@@ -192,7 +192,7 @@ TEST_CASE("A worker with another namespace's nonce cannot join", "[aggregation][
 
 TEST_CASE("Two jobs share a service: the same key in two namespaces stays apart",
           "[aggregation][service]") {
-  pa::OptimizerConfig sgd1;  // job 1: 2 workers, w -= 1.0 * sum
+  pa::UpdateRule sgd1;  // job 1: 2 workers, w -= 1.0 * sum
   sgd1.learning_rate = 1.0f;
   Job job = MakeJob(pt::Backend::kTcp, 2, 2, sgd1);
   pa::NamespaceOptions other;  // job 2: 1 worker, w -= 0.5 * g, its own key 0
@@ -301,7 +301,7 @@ class RawWorker {
 
 TEST_CASE("Malformed pushes are refused with an error and change nothing",
           "[aggregation][service]") {
-  pa::OptimizerConfig opt;  // SGD, lr 0.1
+  pa::UpdateRule opt;  // SGD, lr 0.1
   Job job = MakeJob(pt::Backend::kTcp, 2, 1, opt, 1024);
   const size_t n = 256;  // one chunk
   std::vector<float> init(n, 1.0f);
@@ -428,7 +428,7 @@ TEST_CASE("Init beyond the memory budget is refused", "[aggregation][service]") 
 
 TEST_CASE("Duplicate and out-of-round pushes are refused and change nothing",
           "[aggregation][service]") {
-  pa::OptimizerConfig opt;  // SGD, lr 0.1
+  pa::UpdateRule opt;  // SGD, lr 0.1
   // Worker 0 is a Client; worker 1 a raw connection that initialises the chunk itself.
   Job job = MakeJob(pt::Backend::kTcp, 2, 1, opt, 1024, absl::Seconds(20), size_t{1} << 30, 1);
   const size_t n = 64;

@@ -27,8 +27,8 @@ namespace pt = plexus::transport;
 
 namespace {
 
-pm::ModelConfig SmallModel() {
-  pm::ModelConfig c;
+pm::ModelSpec SmallModel() {
+  pm::ModelSpec c;
   c.layers = 2;
   c.experts = 6;
   c.hidden = 8;

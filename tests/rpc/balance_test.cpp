@@ -12,7 +12,7 @@
 using plexus::rpc::BalanceCall;
 using plexus::rpc::BalancePolicy;
 using plexus::rpc::Balancer;
-using plexus::rpc::BalancerConfig;
+using plexus::rpc::BalancerOptions;
 using plexus::rpc::GossipTrigger;
 using plexus::rpc::LoadReport;
 
@@ -37,7 +37,7 @@ std::vector<uint32_t> Range(uint32_t from, uint32_t to) {  // inclusive, either 
   return v;
 }
 
-std::unique_ptr<Balancer> Make(BalancerConfig config) {
+std::unique_ptr<Balancer> Make(BalancerOptions config) {
   auto b = Balancer::Create(config);
   REQUIRE(b.ok());
   return std::move(*b);
@@ -100,7 +100,7 @@ TEST_CASE("gossip: floor 0 also announces zero; floor 1 does so only as the fina
 }
 
 TEST_CASE("balancer: configuration errors name the problem", "[balance]") {
-  BalancerConfig c;
+  BalancerOptions c;
   c.replicas = 0;
   auto none = Balancer::Create(c);
   REQUIRE_FALSE(none.ok());
@@ -121,7 +121,7 @@ TEST_CASE("balancer: configuration errors name the problem", "[balance]") {
 }
 
 TEST_CASE("balancer: bad reports and duplicate responses are errors, not corruption", "[balance]") {
-  BalancerConfig c;
+  BalancerOptions c;
   c.replicas = 2;
   c.local = {0};
   auto b = Make(c);
@@ -138,7 +138,7 @@ TEST_CASE("balancer: bad reports and duplicate responses are errors, not corrupt
 }
 
 TEST_CASE("daronpon: redirect only when estimate + delta < local count", "[balance][daronpon]") {
-  BalancerConfig c;
+  BalancerOptions c;
   c.replicas = 3;
   c.local = {0};
   c.delta = 2;
@@ -166,7 +166,7 @@ TEST_CASE("daronpon: redirect only when estimate + delta < local count", "[balan
 }
 
 TEST_CASE("daronpon: one hop at most", "[balance][daronpon]") {
-  BalancerConfig c;
+  BalancerOptions c;
   c.replicas = 2;
   c.local = {0};
   c.delta = 0;
@@ -181,7 +181,7 @@ TEST_CASE("daronpon: one hop at most", "[balance][daronpon]") {
 
 TEST_CASE("daronpon: counted redirects spread a burst instead of herding it",
           "[balance][daronpon]") {
-  BalancerConfig c;
+  BalancerOptions c;
   c.replicas = 3;
   c.local = {0};
   c.delta = 1;
@@ -204,7 +204,7 @@ TEST_CASE("daronpon: counted redirects spread a burst instead of herding it",
 
 TEST_CASE("daronpon: gossip from local sends, estimates from piggybacked responses",
           "[balance][daronpon]") {
-  BalancerConfig c;
+  BalancerOptions c;
   c.replicas = 2;
   c.local = {0};
   c.gossip_floor = 4;
@@ -229,7 +229,7 @@ TEST_CASE("daronpon: gossip from local sends, estimates from piggybacked respons
 }
 
 TEST_CASE("daronpon: no local replica picks the least loaded estimate", "[balance][daronpon]") {
-  BalancerConfig c;
+  BalancerOptions c;
   c.replicas = 3;
   auto b = Make(c);
   REQUIRE(b->OnGossip({0, 5}).ok());
@@ -240,7 +240,7 @@ TEST_CASE("daronpon: no local replica picks the least loaded estimate", "[balanc
 }
 
 TEST_CASE("round robin and po2 are deterministic for a seed", "[balance]") {
-  BalancerConfig c;
+  BalancerOptions c;
   c.replicas = 4;
   c.policy = BalancePolicy::kRoundRobin;
   auto rr = Make(c);

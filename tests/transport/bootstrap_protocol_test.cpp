@@ -1,10 +1,13 @@
 // The TcpStore frame decoder: round trips, and rejection of every malformed input.
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "bootstrap/store_protocol.hpp"
+#include "bootstrap/store_state.hpp"
 #include "plexus/base/byte_order.hpp"
 
 namespace proto = plexus::transport::store_protocol;
@@ -247,4 +250,96 @@ TEST_CASE("random and mutated bodies never crash the decoders") {
     (void)resp;
   }
   CHECK(accepted > 0);  // mutations of valid frames sometimes stay valid
+}
+
+// The store's request semantics without sockets (StoreState): what the server's thread does with
+// each decoded request.
+namespace {
+proto::Request Req(proto::Op op, std::vector<std::string> keys, std::string value = "",
+                   uint64_t timeout_ms = proto::kNoTimeout) {
+  proto::Request r;
+  r.op = op;
+  r.keys = std::move(keys);
+  r.value = std::move(value);
+  r.timeout_ms = timeout_ms;
+  return r;
+}
+}  // namespace
+
+TEST_CASE("store state: a parked Get completes when its key is set, once", "[store_state]") {
+  proto::StoreState state("", false, "127.0.0.1:1");
+  const absl::Time t0 = absl::UnixEpoch();
+  auto get = state.Handle(7, Req(proto::Op::kGet, {"k"}), t0);
+  CHECK_FALSE(get.reply.has_value());
+  CHECK(state.parked(7));
+  CHECK(state.TakeCompleted().empty());
+  auto set = state.Handle(8, Req(proto::Op::kSet, {"k"}, "v"), t0);
+  REQUIRE(set.reply.has_value());
+  CHECK(set.reply->code == proto::Code::kOk);
+  auto done = state.TakeCompleted();
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].first == 7);
+  CHECK(done[0].second.value == "v");
+  CHECK_FALSE(state.parked(7));
+  CHECK(state.TakeCompleted().empty());
+}
+
+TEST_CASE("store state: a parked Wait times out at its deadline naming the missing keys",
+          "[store_state]") {
+  proto::StoreState state("", false, "127.0.0.1:1");
+  const absl::Time t0 = absl::UnixEpoch();
+  state.Handle(3, Req(proto::Op::kSet, {"a"}, "1"), t0);
+  auto wait = state.Handle(4, Req(proto::Op::kWait, {"a", "b", "c"}, "", 500), t0);
+  CHECK_FALSE(wait.reply.has_value());
+  CHECK(state.next_deadline() == t0 + absl::Milliseconds(500));
+  CHECK(state.Expire(t0 + absl::Milliseconds(499)).empty());
+  auto expired = state.Expire(t0 + absl::Milliseconds(500));
+  REQUIRE(expired.size() == 1);
+  CHECK(expired[0].first == 4);
+  CHECK(expired[0].second.code == proto::Code::kTimeout);
+  CHECK(expired[0].second.value == "missing keys 'b', 'c'");
+  CHECK(state.next_deadline() == absl::InfiniteFuture());
+}
+
+TEST_CASE("store state: a forgotten client's parked request is dropped", "[store_state]") {
+  proto::StoreState state("", false, "127.0.0.1:1");
+  state.Handle(5, Req(proto::Op::kGet, {"k"}), absl::UnixEpoch());
+  state.Forget(5);
+  state.Handle(6, Req(proto::Op::kSet, {"k"}, "v"), absl::UnixEpoch());
+  CHECK(state.TakeCompleted().empty());
+}
+
+TEST_CASE("store state: counters add, refuse non-counters and overflow", "[store_state]") {
+  proto::StoreState state("", false, "127.0.0.1:1");
+  proto::Request add = Req(proto::Op::kAdd, {"n"});
+  add.delta = 5;
+  CHECK(state.Handle(1, add, absl::UnixEpoch()).reply->number == 5);
+  add.delta = std::numeric_limits<int64_t>::max();
+  CHECK(state.Handle(1, add, absl::UnixEpoch()).reply->code == proto::Code::kInvalid);
+  state.Handle(1, Req(proto::Op::kSet, {"s"}, "text"), absl::UnixEpoch());
+  add.keys = {"s"};
+  add.delta = 1;
+  auto r = state.Handle(1, add, absl::UnixEpoch());
+  CHECK(r.reply->code == proto::Code::kInvalid);
+  CHECK(r.reply->value == "key 's' holds a value that is not a counter");
+}
+
+TEST_CASE("store state: a hello of another job is refused naming both jobs", "[store_state]") {
+  proto::StoreState state("job-a", false, "127.0.0.1:29500");
+  proto::Request hello = Req(proto::Op::kHello, {});
+  hello.version = proto::kVersion;
+  hello.job = "job-b";
+  auto refused = state.Handle(1, hello, absl::UnixEpoch());
+  CHECK_FALSE(refused.hello_accepted);
+  CHECK(refused.reply->code == proto::Code::kRefused);
+  CHECK(refused.refusal.find("job 'job-a'") != std::string::npos);
+  CHECK(refused.refusal.find("is job 'job-b'") != std::string::npos);
+  hello.job = "job-a";
+  CHECK(state.Handle(2, hello, absl::UnixEpoch()).hello_accepted);
+  // A nonce job lets a client that names no job in (it learns the nonce from the reply).
+  proto::StoreState nonce("n123", true, "127.0.0.1:29500");
+  hello.job = "";
+  auto learned = nonce.Handle(3, hello, absl::UnixEpoch());
+  CHECK(learned.hello_accepted);
+  CHECK(learned.reply->job == "n123");
 }

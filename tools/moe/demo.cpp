@@ -213,8 +213,8 @@ int RunRank(const tooling::Tool& tool, const TrainArgs& a) {
 
 namespace plexus::moe::demo {
 
-ModelConfig ModelOf(const TrainArgs& a) {
-  ModelConfig c;
+ModelSpec ModelOf(const TrainArgs& a) {
+  ModelSpec c;
   c.tokens_per_step = a.tokens;
   c.hidden = a.hidden;
   c.ffn = a.ffn;

@@ -33,7 +33,7 @@ struct TrainArgs {
 };
 
 // The model the runs train.
-ModelConfig ModelOf(const TrainArgs& args);
+ModelSpec ModelOf(const TrainArgs& args);
 // FNV-1a of the parameters' bytes: equal digests mean bit-identical parameters.
 std::string Digest(const std::vector<float>& state);
 

@@ -17,7 +17,7 @@ absl::StatusOr<std::shared_ptr<LoadBalancePolicy>> LoadBalancePolicy::Create(
 
 absl::Status LoadBalancePolicy::Rebuild(uint32_t n, const std::vector<uint32_t>& outstanding,
                                         const std::vector<uint32_t>& load) {
-  BalancerConfig config;
+  BalancerOptions config;
   config.policy = options_.policy;
   config.replicas = n;
   config.seed = options_.seed;

@@ -137,7 +137,7 @@ absl::Status Server::ForwardTo(std::vector<std::string> peer_addresses, ForwardO
     f->peers.push_back(std::move(*ch));
   }
   f->per_peer.assign(peer_addresses.size(), 0);
-  BalancerConfig bc;
+  BalancerOptions bc;
   bc.policy = BalancePolicy::kDaronpon;
   bc.replicas = static_cast<uint32_t>(peer_addresses.size() + 1);
   bc.local = {0};

@@ -130,7 +130,7 @@ class Sim {
     tor_policy_ = p == "daronpon" || p == "periodic";
     if (tor_policy_) {
       for (uint32_t r = 0; r < c_.racks; ++r) {
-        BalancerConfig b;
+        BalancerOptions b;
         b.policy = BalancePolicy::kDaronpon;
         b.replicas = n;
         for (uint32_t s = 0; s < c_.servers_per_rack; ++s)
@@ -149,7 +149,7 @@ class Sim {
     } else if (p == "random" || p == "round_robin" || p == "po2") {
       PLEXUS_ASSIGN_OR_RETURN(BalancePolicy policy, ParseBalancePolicy(p));
       for (uint32_t i = 0; i < c_.clients; ++i) {
-        BalancerConfig b;
+        BalancerOptions b;
         b.policy = policy;
         b.replicas = n;
         b.seed = c_.seed * 104729 + i + 1;

@@ -31,7 +31,7 @@ struct EngineOptions {
   int cores = 1;
   int workers = 1;
   size_t chunk_bytes = kDefaultChunkBytes;
-  OptimizerConfig optimizer;
+  UpdateRule optimizer;
 };
 
 class Engine {

@@ -121,7 +121,7 @@ void ConvertToF32(float* out, const void* in, DataType dtype, size_t n) {
   Accumulate(out, in, dtype, n, /*first=*/true);
 }
 
-StepScalars PrepareStep(const OptimizerConfig& c, uint64_t step) {
+StepScalars PrepareStep(const UpdateRule& c, uint64_t step) {
   StepScalars s;
   s.lr = c.learning_rate;
   s.momentum = c.momentum;

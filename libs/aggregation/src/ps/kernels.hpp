@@ -30,7 +30,7 @@ struct StepScalars {
   float beta1 = 0, beta2 = 0, one_minus_beta1 = 0, one_minus_beta2 = 0, epsilon = 0;
   float adam_lr = 0;  // lr * sqrt(1 - beta2^t) / (1 - beta1^t)
 };
-StepScalars PrepareStep(const OptimizerConfig& config, uint64_t step);
+StepScalars PrepareStep(const UpdateRule& config, uint64_t step);
 
 // One optimizer step over n elements: updates w (and m, v as the kind needs: null otherwise)
 // from the summed gradient g, and writes the new weights to `out` as `out_dtype` (null: none).

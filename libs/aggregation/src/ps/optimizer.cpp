@@ -43,7 +43,7 @@ int OptimizerStateSlots(OptimizerKind kind) {
   return 0;
 }
 
-absl::Status ValidateOptimizer(const OptimizerConfig& c) {
+absl::Status ValidateOptimizer(const UpdateRule& c) {
   if (static_cast<int>(c.kind) > 3) return absl::InvalidArgumentError("optimizer: unknown kind");
   const struct {
     const char* name;

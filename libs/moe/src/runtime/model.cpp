@@ -28,7 +28,7 @@ int64_t Quantize(double v) {
   return static_cast<int64_t>(q);
 }
 
-void Softmax(const ModelConfig& c, const float* gate, const float* h, float* p) {
+void Softmax(const ModelSpec& c, const float* gate, const float* h, float* p) {
   float max = -std::numeric_limits<float>::infinity();
   for (int e = 0; e < c.experts; ++e) {
     float z = -static_cast<float>(c.skew * std::log(e + 1.0));
@@ -48,14 +48,14 @@ void Softmax(const ModelConfig& c, const float* gate, const float* h, float* p) 
 
 static_assert(kFixedPointBits == 30, "Quantize scales by 2^30");
 
-Layout::Layout(const ModelConfig& c) : config(c) {
+Layout::Layout(const ModelSpec& c) : config(c) {
   gate_size = int64_t{c.layers} * c.experts * c.hidden;
   expert_params = ExpertParameterCount(c);
   total = 2 * gate_size + int64_t{c.layers} * c.experts * 2 * expert_params;
 }
 
 std::vector<float> InitialState(const Layout& layout) {
-  const ModelConfig& c = layout.config;
+  const ModelSpec& c = layout.config;
   std::vector<float> s(layout.total, 0.0f);
   for (int64_t i = 0; i < layout.gate_size; ++i) s[i] = 0.1f * Uniform(c.seed, 1, i, 0);
   const float s1 = 1.0f / std::sqrt(static_cast<float>(c.hidden));
@@ -73,7 +73,7 @@ std::vector<float> InitialState(const Layout& layout) {
   return s;
 }
 
-void MakeBatch(const ModelConfig& c, int64_t step, int64_t begin, int64_t end, float* x, float* y) {
+void MakeBatch(const ModelSpec& c, int64_t step, int64_t begin, int64_t end, float* x, float* y) {
   const int H = c.hidden;
   for (int64_t t = begin; t < end; ++t) {
     float* xt = x + (t - begin) * H;
@@ -86,7 +86,7 @@ void MakeBatch(const ModelConfig& c, int64_t step, int64_t begin, int64_t end, f
   }
 }
 
-Route RouteToken(const ModelConfig& c, const float* gate, const float* h) {
+Route RouteToken(const ModelSpec& c, const float* gate, const float* h) {
   std::vector<float> p(c.experts);
   Softmax(c, gate, h, p.data());
   Route r;
@@ -102,7 +102,7 @@ Route RouteToken(const ModelConfig& c, const float* gate, const float* h) {
   return r;
 }
 
-void ExpertForward(const ModelConfig& c, const float* w, const float* h, float* f) {
+void ExpertForward(const ModelSpec& c, const float* w, const float* h, float* f) {
   const int H = c.hidden, F = c.ffn;
   const float* b1 = w + F * H;
   const float* w2 = b1 + F;
@@ -120,7 +120,7 @@ void ExpertForward(const ModelConfig& c, const float* w, const float* h, float* 
   }
 }
 
-void ExpertBackward(const ModelConfig& c, const float* w, const float* h, const float* go,
+void ExpertBackward(const ModelSpec& c, const float* w, const float* h, const float* go,
                     int64_t* grad, float* dh) {
   const int H = c.hidden, F = c.ffn;
   const float* b1 = w + F * H;
@@ -157,7 +157,7 @@ void ExpertBackward(const ModelConfig& c, const float* w, const float* h, const 
   }
 }
 
-void Combine(const ModelConfig& c, const float* h, const Route& r, const float* const* f,
+void Combine(const ModelSpec& c, const float* h, const Route& r, const float* const* f,
              float* h_next) {
   for (int d = 0; d < c.hidden; ++d) {
     float v = h[d];
@@ -166,7 +166,7 @@ void Combine(const ModelConfig& c, const float* h, const Route& r, const float* 
   }
 }
 
-void GateBackward(const ModelConfig& c, const float* gate, const float* h, const Route& r,
+void GateBackward(const ModelSpec& c, const float* gate, const float* h, const Route& r,
                   const float* const* f, const float* g, int64_t* grad, float* dh) {
   std::vector<float> p(c.experts), dlogit(c.experts, 0.0f);
   Softmax(c, gate, h, p.data());
@@ -186,7 +186,7 @@ void GateBackward(const ModelConfig& c, const float* gate, const float* h, const
   }
 }
 
-void LossBackward(const ModelConfig& c, const float* h, const float* y, int64_t* loss, float* g) {
+void LossBackward(const ModelSpec& c, const float* h, const float* y, int64_t* loss, float* g) {
   double l = 0;
   for (int d = 0; d < c.hidden; ++d) {
     const float diff = h[d] - y[d];
@@ -196,7 +196,7 @@ void LossBackward(const ModelConfig& c, const float* h, const float* y, int64_t*
   *loss += Quantize(l / c.hidden);
 }
 
-void ApplyUpdate(const ModelConfig& c, float* w, float* m, const int64_t* grad, int64_t n,
+void ApplyUpdate(const ModelSpec& c, float* w, float* m, const int64_t* grad, int64_t n,
                  int64_t tokens) {
   const double scale = 0x1.0p-30 / static_cast<double>(tokens);
   for (int64_t i = 0; i < n; ++i) {
@@ -206,7 +206,7 @@ void ApplyUpdate(const ModelConfig& c, float* w, float* m, const int64_t* grad, 
   }
 }
 
-double LossFromFixed(const ModelConfig& c, int64_t loss_sum) {
+double LossFromFixed(const ModelSpec& c, int64_t loss_sum) {
   return static_cast<double>(loss_sum) * 0x1.0p-30 / c.tokens_per_step;
 }
 
@@ -214,7 +214,7 @@ double LossFromFixed(const ModelConfig& c, int64_t loss_sum) {
 
 namespace plexus::moe {
 
-int64_t ExpertParameterCount(const ModelConfig& c) {
+int64_t ExpertParameterCount(const ModelSpec& c) {
   return 2 * int64_t{c.ffn} * c.hidden + c.ffn + c.hidden;
 }
 

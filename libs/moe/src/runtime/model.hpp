@@ -22,8 +22,8 @@ namespace plexus::moe::runtime {
 inline constexpr int kFixedPointBits = 30;
 
 struct Layout {
-  explicit Layout(const ModelConfig& c);
-  ModelConfig config;
+  explicit Layout(const ModelSpec& c);
+  ModelSpec config;
   int64_t gate_size = 0;      // L*E*H (weights; momentum follows)
   int64_t expert_params = 0;  // P
   int64_t total = 0;          // 2*gate_size + L*E*2P
@@ -42,32 +42,32 @@ struct Layout {
 
 std::vector<float> InitialState(const Layout& layout);
 // Inputs and targets of global tokens [begin, end) of `step` (hidden floats each).
-void MakeBatch(const ModelConfig& c, int64_t step, int64_t begin, int64_t end, float* x, float* y);
+void MakeBatch(const ModelSpec& c, int64_t step, int64_t begin, int64_t end, float* x, float* y);
 
 struct Route {
   int expert[2] = {0, 0};
   float prob[2] = {0, 0};
 };
 // gate: this layer's [E][H] weights.
-Route RouteToken(const ModelConfig& c, const float* gate, const float* h);
+Route RouteToken(const ModelSpec& c, const float* gate, const float* h);
 // f = f_e(h) for the expert whose weights start at w.
-void ExpertForward(const ModelConfig& c, const float* w, const float* h, float* f);
+void ExpertForward(const ModelSpec& c, const float* w, const float* h, float* f);
 // For go = dL/df: accumulates the quantized weight gradients into grad[P] and writes dh = dL/dh.
-void ExpertBackward(const ModelConfig& c, const float* w, const float* h, const float* go,
+void ExpertBackward(const ModelSpec& c, const float* w, const float* h, const float* go,
                     int64_t* grad, float* dh);
 // h_next = h + sum_k p_k f_k, in k order.
-void Combine(const ModelConfig& c, const float* h, const Route& r, const float* const* f,
+void Combine(const ModelSpec& c, const float* h, const Route& r, const float* const* f,
              float* h_next);
 // Gate part of the backward pass: given g = dL/dh_next and the expert outputs f_k, accumulates
 // the quantized gate gradients into grad[E][H] and adds Wg^T dlogits to dh.
-void GateBackward(const ModelConfig& c, const float* gate, const float* h, const Route& r,
+void GateBackward(const ModelSpec& c, const float* gate, const float* h, const Route& r,
                   const float* const* f, const float* g, int64_t* grad, float* dh);
 // Loss of one token (|h - y|^2 / H, quantized into *loss) and dL/dh for it.
-void LossBackward(const ModelConfig& c, const float* h, const float* y, int64_t* loss, float* g);
+void LossBackward(const ModelSpec& c, const float* h, const float* y, int64_t* loss, float* g);
 
 // SGD with momentum on n floats from the summed quantized gradients of `tokens` tokens.
-void ApplyUpdate(const ModelConfig& c, float* w, float* m, const int64_t* grad, int64_t n,
+void ApplyUpdate(const ModelSpec& c, float* w, float* m, const int64_t* grad, int64_t n,
                  int64_t tokens);
-double LossFromFixed(const ModelConfig& c, int64_t loss_sum);
+double LossFromFixed(const ModelSpec& c, int64_t loss_sum);
 
 }  // namespace plexus::moe::runtime

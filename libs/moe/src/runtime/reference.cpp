@@ -6,7 +6,7 @@
 
 namespace plexus::moe {
 
-absl::StatusOr<std::vector<float>> TrainReference(const ModelConfig& c, int64_t steps,
+absl::StatusOr<std::vector<float>> TrainReference(const ModelSpec& c, int64_t steps,
                                                   std::vector<double>* losses) {
   using namespace runtime;  // NOLINT: the model's helpers
   if (c.top_k != 1 && c.top_k != 2) {

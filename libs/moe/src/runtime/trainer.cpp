@@ -21,7 +21,7 @@ using collectives::DataType;
 using collectives::ReduceOp;
 
 // dh = g + sum_k dh_k: the residual plus each expert's input gradient, in k order.
-void SumInputGradients(const ModelConfig& c, const float* g, const float* const* dh_k, float* dh) {
+void SumInputGradients(const ModelSpec& c, const float* g, const float* const* dh_k, float* dh) {
   for (int d = 0; d < c.hidden; ++d) {
     float v = g[d];
     for (int k = 0; k < c.top_k; ++k) v += dh_k[k][d];
@@ -29,13 +29,13 @@ void SumInputGradients(const ModelConfig& c, const float* g, const float* const*
   }
 }
 
-void Scale(const ModelConfig& c, float p, const float* g, float* out) {
+void Scale(const ModelSpec& c, float p, const float* g, float* out) {
   for (int d = 0; d < c.hidden; ++d) out[d] = p * g[d];
 }
 
 void ApplyAll(const Layout& L, const std::vector<int64_t>& grad, const std::vector<char>& held,
               std::vector<float>& state) {
-  const ModelConfig& c = L.config;
+  const ModelSpec& c = L.config;
   ApplyUpdate(c, state.data(), state.data() + L.gate_size, grad.data(), L.gate_size,
               c.tokens_per_step);
   for (int l = 0; l < c.layers; ++l) {
@@ -50,7 +50,7 @@ void ApplyAll(const Layout& L, const std::vector<int64_t>& grad, const std::vect
 
 }  // namespace
 
-absl::Status ValidateConfig(const ModelConfig& c) {
+absl::Status ValidateConfig(const ModelSpec& c) {
   if (c.layers < 1 || c.experts < 1 || c.hidden < 1 || c.ffn < 1 || c.tokens_per_step < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "model config: layers (%d), experts (%d), hidden (%d), ffn (%d) and tokens_per_step (%d) "
@@ -76,7 +76,7 @@ constexpr char kCheckpointMagic[8] = {'P', 'X', 'M', 'O', 'E', 'C', 'K', '1'};
 
 }  // namespace
 
-std::vector<double> ExpectedLoads(const ModelConfig& c) {
+std::vector<double> ExpectedLoads(const ModelSpec& c) {
   std::vector<double> loads(c.experts);
   for (int e = 0; e < c.experts; ++e) loads[e] = std::pow(e + 1.0, -c.skew);
   return loads;
@@ -99,7 +99,7 @@ std::vector<int> TrainerImpl::HeldExperts(int layer) const {
 }
 
 void TrainerImpl::SetPlacements(std::vector<Placement> placements) {
-  const ModelConfig& c = layout_.config;
+  const ModelSpec& c = layout_.config;
   placements_ = std::move(placements);
   held_.assign(c.layers * c.experts, 0);
   for (int l = 0; l < c.layers && index_ >= 0; ++l) {
@@ -162,7 +162,7 @@ absl::Status TrainerImpl::Start(std::vector<int> members) {
 }
 
 absl::StatusOr<double> TrainerImpl::TrainStep() {
-  const ModelConfig& c = layout_.config;
+  const ModelSpec& c = layout_.config;
   const int H = c.hidden, K = c.top_k, E = c.experts;
   const int n_ranks = static_cast<int>(members_.size());
   const int64_t begin = int64_t{c.tokens_per_step} * index_ / n_ranks;
@@ -375,7 +375,7 @@ absl::StatusOr<StepReport> TrainerImpl::Step() {
 }
 
 absl::StatusOr<std::vector<float>> TrainerImpl::GatherState() {
-  const ModelConfig& c = layout_.config;
+  const ModelSpec& c = layout_.config;
   std::vector<int32_t> bits(layout_.total, 0);
   // Each value comes from exactly one rank (the others add zeros): an exact integer sum.
   if (index_ == 0) std::memcpy(bits.data(), state_.data(), 2 * layout_.gate_size * sizeof(float));

@@ -17,8 +17,8 @@
 namespace plexus::moe::runtime {
 
 // Expected load of each expert under the gate's routing bias: what the allocation plans for.
-std::vector<double> ExpectedLoads(const ModelConfig& c);
-absl::Status ValidateConfig(const ModelConfig& c);
+std::vector<double> ExpectedLoads(const ModelSpec& c);
+absl::Status ValidateConfig(const ModelSpec& c);
 
 // Keys of the job's store (besides the epochs' "plexus-moe/epoch<k>/..."): the initial world
 // size (joiners take physical ids from it on), the counter of join requests, and the ticket of

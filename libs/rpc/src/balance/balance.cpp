@@ -57,7 +57,7 @@ namespace {
 
 class RoundRobin final : public Balancer {
  public:
-  explicit RoundRobin(const BalancerConfig& config) : Balancer(config) {}
+  explicit RoundRobin(const BalancerOptions& config) : Balancer(config) {}
   BalanceChoice Pick(const BalanceCall&) override {
     const ReplicaId r = next_;
     next_ = (next_ + 1) % size();
@@ -70,14 +70,14 @@ class RoundRobin final : public Balancer {
 
 class Random final : public Balancer {
  public:
-  explicit Random(const BalancerConfig& config) : Balancer(config) {}
+  explicit Random(const BalancerOptions& config) : Balancer(config) {}
   BalanceChoice Pick(const BalanceCall&) override { return {UniformBelow(size()), false}; }
 };
 
 // Two distinct replicas at random, the one with the lower Load() (the first on a tie).
 class PowerOfTwo final : public Balancer {
  public:
-  explicit PowerOfTwo(const BalancerConfig& config) : Balancer(config) {}
+  explicit PowerOfTwo(const BalancerOptions& config) : Balancer(config) {}
   BalanceChoice Pick(const BalanceCall&) override {
     const uint32_t n = size();
     const ReplicaId a = UniformBelow(n);
@@ -90,7 +90,7 @@ class PowerOfTwo final : public Balancer {
 
 class Daronpon final : public Balancer {
  public:
-  explicit Daronpon(const BalancerConfig& config) : Balancer(config) {}
+  explicit Daronpon(const BalancerOptions& config) : Balancer(config) {}
 
   BalanceChoice Pick(const BalanceCall& call) override {
     const bool has_target = call.target.has_value() && *call.target < size();
@@ -137,13 +137,13 @@ class Daronpon final : public Balancer {
 
 }  // namespace
 
-Balancer::Balancer(const BalancerConfig& config)
+Balancer::Balancer(const BalancerOptions& config)
     : config_(config), replicas_(config.replicas), rng_(config.seed) {
   for (Replica& r : replicas_) r.trigger = GossipTrigger(config.gossip_floor);
   for (ReplicaId id : config.local) replicas_[id].local = true;
 }
 
-absl::StatusOr<std::unique_ptr<Balancer>> Balancer::Create(const BalancerConfig& config) {
+absl::StatusOr<std::unique_ptr<Balancer>> Balancer::Create(const BalancerOptions& config) {
   if (config.replicas == 0) {
     return absl::InvalidArgumentError("balancer: a service needs at least one replica, got 0");
   }

@@ -83,7 +83,7 @@ int SlurmTasksOnNode(const std::string& tasks_per_node, int node_id) {
 
 // Job ids are prefixed with the launcher, so that e.g. a Slurm job and an Open MPI job with the
 // same number are still different jobs. Empty when the environment names none.
-absl::Status FindJobId(const Environment& env, Launcher launcher, LaunchConfig* config) {
+absl::Status FindJobId(const Environment& env, Launcher launcher, LaunchInfo* config) {
   auto take = [&](std::string id, std::string source) {
     config->job_id = std::move(id);
     config->job_id_source = std::move(source);
@@ -156,8 +156,8 @@ std::string PmixServerVariable(const Environment& env) {
 
 // No launcher variables at all: rank 0 of a job of one, over a private store unless the user
 // names one (PLEXUS_STORE_ADDR / PLEXUS_STORE_PATH).
-absl::StatusOr<LaunchConfig> SingleProcess(const Environment& env) {
-  LaunchConfig config;
+absl::StatusOr<LaunchInfo> SingleProcess(const Environment& env) {
+  LaunchInfo config;
   config.launcher = Launcher::kNone;
   config.local_rank = 0;
   config.local_world_size = 1;
@@ -238,7 +238,7 @@ std::string_view StoreKindName(StoreKind kind) {
   return "unknown";
 }
 
-absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env) {
+absl::StatusOr<LaunchInfo> ParseLaunchEnvironment(const Environment& env) {
   const LauncherVars* vars = nullptr;
   for (const LauncherVars& l : kLaunchers) {
     if (Lookup(env, l.rank) || Lookup(env, l.size)) {
@@ -247,7 +247,7 @@ absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env) {
     }
   }
   if (vars == nullptr) return SingleProcess(env);
-  LaunchConfig config;
+  LaunchInfo config;
   config.launcher = vars->launcher;
   const std::string launcher(LauncherName(vars->launcher));
   const auto rank_text = Lookup(env, vars->rank);
@@ -433,7 +433,7 @@ std::string DescribePortHolder(const std::string& host, uint16_t port, const std
 // host name, port and interface addresses through the launcher's PMIx server; another rank on
 // rank 0's host connects through loopback, one elsewhere to the first address that accepts.
 // Returns the address this rank connects to.
-absl::StatusOr<std::string> PmixStoreAddress(const LaunchConfig& config,
+absl::StatusOr<std::string> PmixStoreAddress(const LaunchInfo& config,
                                              const bootstrap::JobIdentity& job,
                                              std::unique_ptr<TcpStoreServer>* server,
                                              absl::Duration timeout) {
@@ -492,7 +492,7 @@ absl::StatusOr<std::string> PmixStoreAddress(const LaunchConfig& config,
 
 }  // namespace
 
-absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchConfig& config,
+absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchInfo& config,
                                                   absl::Duration timeout) {
   std::shared_ptr<Store> store;
   std::unique_ptr<TcpStoreServer> server;
@@ -618,7 +618,7 @@ absl::StatusOr<std::shared_ptr<Store>> OpenJobStore(const Environment& env,
         "joining a running job: set PLEXUS_STORE_ADDR (host:port of the job's tcp store) or "
         "PLEXUS_STORE_PATH (its file store), and PLEXUS_JOB_ID when the job has one");
   }
-  PLEXUS_ASSIGN_OR_RETURN(LaunchConfig config, SingleProcess(env));
+  PLEXUS_ASSIGN_OR_RETURN(LaunchInfo config, SingleProcess(env));
   std::shared_ptr<Store> store;
   std::string job = config.job_id;
   if (config.store_kind == StoreKind::kFile) {

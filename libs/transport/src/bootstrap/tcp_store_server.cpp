@@ -1,4 +1,5 @@
-// TcpStoreServer: one epoll thread. Each client has at most one request in service: a Get/Wait
+// TcpStoreServer: one epoll thread over the sockets; what a request does to the store is
+// StoreState's (store_state.hpp). Each client has at most one request in service: a Get/Wait
 // whose keys are missing parks the client as a waiter until the keys appear or its deadline
 // passes; further frames from it stay buffered (bounded) until then. What clients can make the
 // server hold is bounded three ways: per client (one frame ahead), in count (max_clients) and in
@@ -26,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "bootstrap/store_protocol.hpp"
+#include "bootstrap/store_state.hpp"
 #include "plexus/base/env.hpp"
 #include "plexus/base/log.hpp"
 #include "plexus/base/net.hpp"
@@ -63,11 +65,8 @@ struct Client {
   std::string in;
   std::string out;
   size_t out_sent = 0;
-  bool waiting = false;  // a Get/Wait is parked
   bool hello_ok = false;
   bool close_after_reply = false;  // refused: close once the refusal is sent
-  proto::Request parked;
-  absl::Time deadline = absl::InfiniteFuture();
   absl::Time last_active;
 };
 
@@ -90,16 +89,15 @@ struct TcpStoreServer::Impl {
   int64_t max_clients = 0;
   absl::Duration idle_timeout = absl::InfiniteDuration();
   uint64_t max_buffered = 0;
-  std::string job_id;
-  bool job_id_is_nonce = false;
+  std::string job_id;  // empty: any job (checked by the state's hello; also before it here)
 
   // Refusals are logged at most once a second, so that a flood of connections cannot flood
   // the log (base::Log); the count of those not logged is reported with the next line.
   absl::Time last_refusal_log = absl::InfinitePast();
   size_t unlogged_refusals = 0;
 
-  // Owned by the server thread only.
-  absl::flat_hash_map<std::string, std::string> data;
+  // Owned by the server thread only. The state is created once the address is known.
+  std::unique_ptr<proto::StoreState> state;
   absl::flat_hash_map<int, std::unique_ptr<Client>> clients;
 
   ~Impl() {
@@ -142,12 +140,10 @@ struct TcpStoreServer::Impl {
   }
 
   absl::Time NextDeadline() const {
-    absl::Time next = absl::InfiniteFuture();
+    absl::Time next = state->next_deadline();
+    if (idle_timeout == absl::InfiniteDuration()) return next;
     for (const auto& [fd, c] : clients) {
-      if (c->waiting && c->deadline < next) next = c->deadline;
-      if (!c->waiting && idle_timeout != absl::InfiniteDuration()) {
-        next = std::min(next, c->last_active + idle_timeout);
-      }
+      if (!state->parked(fd)) next = std::min(next, c->last_active + idle_timeout);
     }
     return next;
   }
@@ -230,6 +226,7 @@ struct TcpStoreServer::Impl {
     epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
     close(fd);
     buffered.fetch_sub(it->second->in.size());
+    state->Forget(fd);
     clients.erase(it);
     connected.fetch_sub(1);
   }
@@ -360,7 +357,7 @@ struct TcpStoreServer::Impl {
       auto it = clients.find(fd);
       if (it == clients.end()) return;
       Client& c = *it->second;
-      if (c.waiting || !c.out.empty()) return;
+      if (state->parked(fd) || !c.out.empty()) return;
       auto size = proto::PeekFrame(
           absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(c.in.data()), c.in.size()));
       if (!size.ok()) {
@@ -382,139 +379,20 @@ struct TcpStoreServer::Impl {
                                     "' and checks every connection's job)"));
         return;
       }
-      std::vector<int> woken;
-      Handle(c, std::move(*request), &woken);
+      proto::StoreState::Outcome outcome = state->Handle(fd, std::move(*request), absl::Now());
+      if (outcome.hello_accepted) c.hello_ok = true;
+      if (!outcome.refusal.empty()) {
+        c.close_after_reply = true;
+        refused.fetch_add(1);
+        LogRefusal(c.peer, outcome.refusal);
+      }
+      if (outcome.reply) Reply(c, *outcome.reply);
+      std::vector<std::pair<int, proto::Response>> completed = state->TakeCompleted();
+      for (const auto& [other, response] : completed) Reply(*clients.at(other), response);
       if (!Flush(c)) return;
-      for (int other : woken) {
+      for (const auto& [other, response] : completed) {
         auto o = clients.find(other);
         if (o != clients.end() && Flush(*o->second)) Serve(other);
-      }
-    }
-  }
-
-  bool AllPresent(const std::vector<std::string>& keys) const {
-    for (const std::string& k : keys) {
-      if (!data.contains(k)) return false;
-    }
-    return true;
-  }
-
-  proto::Response Satisfied(const proto::Request& req) const {
-    proto::Response r;
-    r.op = req.op;
-    if (req.op == proto::Op::kGet) r.value = data.at(req.keys[0]);
-    return r;
-  }
-
-  proto::Response TimedOut(const proto::Request& req) const {
-    proto::Response r;
-    r.op = req.op;
-    r.code = proto::Code::kTimeout;
-    std::vector<std::string> missing;
-    for (const std::string& k : req.keys) {
-      if (!data.contains(k)) missing.push_back(absl::StrCat("'", k, "'"));
-    }
-    r.value = absl::StrCat("missing ", missing.size() == 1 ? "key " : "keys ",
-                           absl::StrJoin(missing, ", "));
-    return r;
-  }
-
-  void Handle(Client& c, proto::Request req, std::vector<int>* woken) {
-    proto::Response r;
-    r.op = req.op;
-    switch (req.op) {
-      case proto::Op::kHello:
-        r.number = proto::kVersion;
-        r.job = job_id;
-        r.flag = job_id_is_nonce;
-        if (req.version != proto::kVersion) {
-          r.code = proto::Code::kInvalid;
-          r.value = absl::StrCat("protocol version ", req.version, " is not supported (server ",
-                                 proto::kVersion, "); use the same plexus build on every rank");
-        } else if (std::string why = CheckJob(req.job); !why.empty()) {
-          r.code = proto::Code::kRefused;
-          r.value = why;
-          c.close_after_reply = true;
-          refused.fetch_add(1);
-          LogRefusal(c.peer, why);
-        } else {
-          c.hello_ok = true;
-        }
-        break;
-      case proto::Op::kSet:
-        data[req.keys[0]] = std::move(req.value);
-        WakeWaiters(woken);
-        break;
-      case proto::Op::kAdd: {
-        auto [it, inserted] = data.try_emplace(req.keys[0], "0");
-        int64_t current = 0;
-        if (!absl::SimpleAtoi(it->second, &current)) {
-          if (inserted) data.erase(it);
-          r.code = proto::Code::kInvalid;
-          r.value = absl::StrCat("key '", req.keys[0], "' holds a value that is not a counter");
-          break;
-        }
-        if ((req.delta > 0 && current > std::numeric_limits<int64_t>::max() - req.delta) ||
-            (req.delta < 0 && current < std::numeric_limits<int64_t>::min() - req.delta)) {
-          r.code = proto::Code::kInvalid;
-          r.value = absl::StrCat("counter '", req.keys[0], "' would overflow");
-          break;
-        }
-        r.number = current + req.delta;
-        it->second = std::to_string(r.number);
-        WakeWaiters(woken);
-        break;
-      }
-      case proto::Op::kCheck:
-        r.flag = AllPresent(req.keys);
-        break;
-      case proto::Op::kDelete:
-        r.flag = data.erase(req.keys[0]) > 0;
-        break;
-      case proto::Op::kGet:
-      case proto::Op::kWait:
-        if (AllPresent(req.keys)) {
-          r = Satisfied(req);
-        } else if (req.timeout_ms == 0) {
-          r = TimedOut(req);
-        } else {
-          c.waiting = true;
-          c.deadline = req.timeout_ms == proto::kNoTimeout
-                           ? absl::InfiniteFuture()
-                           : absl::Now() + absl::Milliseconds(static_cast<int64_t>(
-                                               std::min<uint64_t>(req.timeout_ms, 1ull << 50)));
-          c.parked = std::move(req);
-          return;
-        }
-        break;
-    }
-    Reply(c, r);
-  }
-
-  // Empty when a client of job `client_job` may use this store, else why not.
-  std::string CheckJob(const std::string& client_job) const {
-    if (job_id.empty() || client_job == job_id) return "";
-    if (client_job.empty() && job_id_is_nonce) return "";  // it learns the nonce from our reply
-    const std::string served =
-        job_id_is_nonce ? absl::StrCat("a job without a launcher job id (its rank 0 chose nonce '",
-                                       job_id, "')")
-                        : absl::StrCat("job '", job_id, "'");
-    const std::string client = client_job.empty() ? std::string("names no job id")
-                                                  : absl::StrCat("is job '", client_job, "'");
-    return absl::StrCat("the tcp store at ", address, " serves ", served, ", but this client ",
-                        client,
-                        ": two jobs share one store address. Give each job its own "
-                        "PLEXUS_STORE_ADDR port (or MASTER_PORT), and make every rank of a job "
-                        "see the same job id (PLEXUS_JOB_ID, or the launcher's)");
-  }
-
-  void WakeWaiters(std::vector<int>* woken) {
-    for (auto& [fd, c] : clients) {
-      if (c->waiting && AllPresent(c->parked.keys)) {
-        c->waiting = false;
-        Reply(*c, Satisfied(c->parked));
-        c->parked = proto::Request();
-        woken->push_back(fd);
       }
     }
   }
@@ -524,23 +402,16 @@ struct TcpStoreServer::Impl {
     if (idle_timeout != absl::InfiniteDuration()) {
       std::vector<int> idle;
       for (auto& [fd, c] : clients) {
-        if (!c->waiting && now - c->last_active >= idle_timeout) idle.push_back(fd);
+        if (!state->parked(fd) && now - c->last_active >= idle_timeout) idle.push_back(fd);
       }
       for (int fd : idle) {
         DropClient(fd, absl::StrCat("idle for ", absl::FormatDuration(idle_timeout),
                                     " (PLEXUS_STORE_IDLE_TIMEOUT) with no request in service"));
       }
     }
-    std::vector<int> expired;
-    for (auto& [fd, c] : clients) {
-      if (c->waiting && c->deadline <= now) {
-        c->waiting = false;
-        Reply(*c, TimedOut(c->parked));
-        c->parked = proto::Request();
-        expired.push_back(fd);
-      }
-    }
-    for (int fd : expired) {
+    const std::vector<std::pair<int, proto::Response>> expired = state->Expire(now);
+    for (const auto& [fd, response] : expired) Reply(*clients.at(fd), response);
+    for (const auto& [fd, response] : expired) {
       auto it = clients.find(fd);
       if (it != clients.end() && Flush(*it->second)) Serve(fd);
     }
@@ -585,8 +456,6 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::strin
   impl->max_clients = max_clients;
   impl->idle_timeout = idle_timeout;
   impl->max_buffered = max_buffered.value;
-  impl->job_id = options.job_id;
-  impl->job_id_is_nonce = options.job_id_is_nonce && !options.job_id.empty();
   impl->listen_fd = socket(sa.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (impl->listen_fd < 0) {
     return absl::ResourceExhaustedError(
@@ -610,6 +479,9 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::strin
   impl->port = bound.storage.ss_family == AF_INET
                    ? ntohs(reinterpret_cast<sockaddr_in*>(&bound.storage)->sin_port)
                    : ntohs(reinterpret_cast<sockaddr_in6*>(&bound.storage)->sin6_port);
+  impl->job_id = options.job_id;
+  impl->state = std::make_unique<proto::StoreState>(
+      options.job_id, options.job_id_is_nonce && !options.job_id.empty(), impl->address);
 
   impl->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

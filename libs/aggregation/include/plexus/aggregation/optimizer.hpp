@@ -25,7 +25,8 @@ absl::StatusOr<OptimizerKind> ParseOptimizer(std::string_view name);
 // f32 state arrays per element: 0 (SGD), 1 (momentum, Nesterov), 2 (Adam).
 int OptimizerStateSlots(OptimizerKind kind);
 
-struct OptimizerConfig {
+// The optimizer a server applies to each summed gradient, and its hyperparameters.
+struct UpdateRule {
   OptimizerKind kind = OptimizerKind::kSgd;
   float learning_rate = 0.1f;
   float momentum = 0.9f;
@@ -37,7 +38,7 @@ struct OptimizerConfig {
   float epsilon = 1e-8f;
 };
 // InvalidArgument naming the field when a value is not finite or out of range.
-absl::Status ValidateOptimizer(const OptimizerConfig& config);
+absl::Status ValidateOptimizer(const UpdateRule& config);
 
 // How the optimizer kernels store the values they write out (the weights to send back). Weights
 // and optimizer state are read and written in the same loop and always go through the cache; the

@@ -42,7 +42,7 @@ struct ServiceOptions {
 struct NamespaceOptions {
   std::string name;  // for messages
   int workers = 1;
-  OptimizerConfig optimizer;
+  UpdateRule optimizer;
   size_t chunk_bytes = kDefaultChunkBytes;
   StorePolicy store_policy = StorePolicy::kAuto;
 };

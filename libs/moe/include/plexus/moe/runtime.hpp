@@ -31,7 +31,7 @@
 
 namespace plexus::moe {
 
-struct ModelConfig {
+struct ModelSpec {
   int layers = 2;
   int experts = 6;            // per layer
   int hidden = 16;            // token width
@@ -45,7 +45,7 @@ struct ModelConfig {
 };
 
 // Floats of one expert's weights (W1, b1, W2, b2); its state is twice that (with momentum).
-int64_t ExpertParameterCount(const ModelConfig& config);
+int64_t ExpertParameterCount(const ModelSpec& config);
 
 enum class RecoveryMode {
   kElastic,            // Lazarus: re-plan and continue from the same step
@@ -54,7 +54,7 @@ enum class RecoveryMode {
 const char* RecoveryModeName(RecoveryMode mode);
 
 struct RuntimeOptions {
-  ModelConfig model;
+  ModelSpec model;
   int slots_per_node = 4;  // expert replicas per rank and layer (c)
   int min_replicas = 2;    // f
   // The communicator's settings; `timeout` bounds how long a dead peer goes unnoticed.
@@ -139,7 +139,7 @@ class Trainer {
 // The same model trained on one process without communication: the reference the distributed
 // runs must match bit for bit. Returns GatherState()'s layout after `steps` steps, and the loss
 // of each step in `losses` when not null.
-absl::StatusOr<std::vector<float>> TrainReference(const ModelConfig& config, int64_t steps,
+absl::StatusOr<std::vector<float>> TrainReference(const ModelSpec& config, int64_t steps,
                                                   std::vector<double>* losses = nullptr);
 
 }  // namespace plexus::moe

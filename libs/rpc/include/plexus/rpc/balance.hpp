@@ -72,7 +72,7 @@ std::string_view BalancePolicyName(BalancePolicy policy);
 // "round_robin" | "random" | "po2" | "daronpon"; an error lists the accepted names.
 absl::StatusOr<BalancePolicy> ParseBalancePolicy(std::string_view name);
 
-struct BalancerConfig {
+struct BalancerOptions {
   BalancePolicy policy = BalancePolicy::kDaronpon;
   uint32_t replicas = 0;         // n >= 1
   std::vector<ReplicaId> local;  // local replicas (exact counts); may be empty
@@ -90,7 +90,7 @@ struct BalancerConfig {
 class Balancer {
  public:
   // Errors: no replicas, a local replica out of range or listed twice.
-  static absl::StatusOr<std::unique_ptr<Balancer>> Create(const BalancerConfig& config);
+  static absl::StatusOr<std::unique_ptr<Balancer>> Create(const BalancerOptions& config);
   virtual ~Balancer() = default;
 
   // Where `call` goes. A target out of range is treated as no target.
@@ -115,10 +115,10 @@ class Balancer {
   uint32_t outstanding(ReplicaId replica) const { return replicas_[replica].outstanding; }
   bool is_local(ReplicaId replica) const { return replicas_[replica].local; }
   uint32_t size() const { return static_cast<uint32_t>(replicas_.size()); }
-  const BalancerConfig& config() const { return config_; }
+  const BalancerOptions& config() const { return config_; }
 
  protected:
-  explicit Balancer(const BalancerConfig& config);
+  explicit Balancer(const BalancerOptions& config);
   uint64_t NextRandom();
   uint32_t UniformBelow(uint32_t n);
   void CountRedirect(ReplicaId replica) { ++replicas_[replica].estimate; }
@@ -132,7 +132,7 @@ class Balancer {
   };
   std::optional<LoadReport> Announce(ReplicaId replica);
 
-  BalancerConfig config_;
+  BalancerOptions config_;
   std::vector<Replica> replicas_;
   uint64_t rng_;
 };

@@ -60,7 +60,7 @@ std::string_view StoreKindName(StoreKind kind);
 // the workers), Open MPI OMPI_MCA_ess_base_jobid / PMIX_NAMESPACE /
 // OMPI_MCA_orte_ess_jobid, Slurm SLURM_JOB_ID.SLURM_STEP_ID; else empty, and rank 0 chooses a
 // nonce (see docs/architecture.md, "Bootstrap", for what that can detect).
-struct LaunchConfig {
+struct LaunchInfo {
   Launcher launcher = Launcher::kPlexus;
   int rank = 0;
   int world_size = 1;
@@ -75,7 +75,7 @@ struct LaunchConfig {
 };
 // Pure: no I/O. InvalidArgument with the variable to set or fix when the environment is
 // incomplete, inconsistent (rank >= world size) or not numeric.
-absl::StatusOr<LaunchConfig> ParseLaunchEnvironment(const Environment& env);
+absl::StatusOr<LaunchInfo> ParseLaunchEnvironment(const Environment& env);
 
 // The ranks of one job and the store they share.
 class Rendezvous {
@@ -91,7 +91,7 @@ class Rendezvous {
   static absl::StatusOr<Rendezvous> FromEnv(absl::Duration timeout = absl::Minutes(5));
   // The same with an explicit environment instead of the process's.
   static absl::StatusOr<Rendezvous> FromEnv(const Environment& env, absl::Duration timeout);
-  static absl::StatusOr<Rendezvous> FromConfig(const LaunchConfig& config, absl::Duration timeout);
+  static absl::StatusOr<Rendezvous> FromConfig(const LaunchInfo& config, absl::Duration timeout);
   // A rendezvous over an existing store (threads of one process, tests, custom launchers).
   static absl::StatusOr<Rendezvous> Create(int rank, int world_size, std::shared_ptr<Store> store,
                                            int local_rank = -1, int local_world_size = -1);
