@@ -89,13 +89,13 @@ const base::Param<std::string> kHostIdParam(
 const base::Param<bool> kMailboxParam("PLEXUS_COLL_MAILBOX", true,
                                       "small collectives over shm/inproc mailboxes");
 
+}  // namespace
+
 std::shared_ptr<Work> FailedWork(absl::Status status) {
   auto work = std::make_shared<WorkImpl>();
   work->Complete(std::move(status));
   return work;
 }
-
-}  // namespace
 
 CommunicatorImpl::~CommunicatorImpl() {
   {
@@ -434,6 +434,46 @@ void CommunicatorImpl::WorkerLoop() {
   }
 }
 
+absl::Status CommunicatorImpl::RunBlocking(const BlockingCall& c) {
+  if (c.kind == CollectiveKind::kAllReduce) {
+    PLEXUS_RETURN_IF_ERROR(CheckCommon("AllReduce", c.send, c.recv, c.count, c.dtype, c.op));
+    PLEXUS_RETURN_IF_ERROR(CheckWire("AllReduce", c.dtype, c.options, true));
+    if (auto done = TryInline(
+            [&] { return RunAllReduce(c.send, c.recv, c.count, c.dtype, c.op, c.options); })) {
+      return *std::move(done);
+    }
+  } else if (c.kind == CollectiveKind::kBarrier) {
+    if (auto done = TryInline([&] { return RunBarrier(); })) return *std::move(done);
+  }
+  return Blocking(TaskOf(c));
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::TaskOf(const BlockingCall& c) {
+  switch (c.kind) {
+    case CollectiveKind::kAllReduce:
+      return AllReduceTask(c.send, c.recv, c.count, c.dtype, c.op, c.options);
+    case CollectiveKind::kReduce:
+      return ReduceTask(c.send, c.recv, c.count, c.dtype, c.op, c.root, c.options);
+    case CollectiveKind::kBroadcast:
+      return BroadcastTask(c.send, c.recv, c.count, c.dtype, c.root, c.options);
+    case CollectiveKind::kAllGather:
+      return AllGatherTask(c.send, c.recv, c.count, c.dtype, c.options);
+    case CollectiveKind::kReduceScatter:
+      return ReduceScatterTask(c.send, c.recv, c.count, c.dtype, c.op, c.options);
+    case CollectiveKind::kAllToAll:
+      return AllToAllTask(c.send, c.recv, c.count, c.dtype, c.options);
+    case CollectiveKind::kAllToAllV:
+      return AllToAllVTask(c.send, c.send_counts, c.send_displs, c.recv, c.recv_counts,
+                           c.recv_displs, c.dtype, c.options);
+    case CollectiveKind::kSendRecv:
+      return c.is_send ? PointToPointTask(const_cast<void*>(c.send), c.count, c.dtype, c.peer, true)
+                       : PointToPointTask(c.recv, c.count, c.dtype, c.peer, false);
+    case CollectiveKind::kBarrier:
+      return BarrierTask();
+  }
+  return absl::InvalidArgumentError("unknown collective");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Selection
 
@@ -579,6 +619,36 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Split(int color,
 }  // namespace plexus::collectives::internal
 
 namespace plexus::collectives {
+
+absl::Status Communicator::RunBlocking(const BlockingCall& call) {
+  return IssueAsync(call)->Wait(absl::InfiniteDuration());
+}
+
+std::shared_ptr<Work> Communicator::IssueAsync(const BlockingCall& c) {
+  switch (c.kind) {
+    case CollectiveKind::kAllReduce:
+      return AllReduceAsync(c.send, c.recv, c.count, c.dtype, c.op, c.options);
+    case CollectiveKind::kReduce:
+      return ReduceAsync(c.send, c.recv, c.count, c.dtype, c.op, c.root, c.options);
+    case CollectiveKind::kBroadcast:
+      return BroadcastAsync(c.send, c.recv, c.count, c.dtype, c.root, c.options);
+    case CollectiveKind::kAllGather:
+      return AllGatherAsync(c.send, c.recv, c.count, c.dtype, c.options);
+    case CollectiveKind::kReduceScatter:
+      return ReduceScatterAsync(c.send, c.recv, c.count, c.dtype, c.op, c.options);
+    case CollectiveKind::kAllToAll:
+      return AllToAllAsync(c.send, c.recv, c.count, c.dtype, c.options);
+    case CollectiveKind::kAllToAllV:
+      return AllToAllVAsync(c.send, c.send_counts, c.send_displs, c.recv, c.recv_counts,
+                            c.recv_displs, c.dtype, c.options);
+    case CollectiveKind::kSendRecv:
+      return c.is_send ? SendAsync(c.send, c.count, c.dtype, c.peer)
+                       : RecvAsync(c.recv, c.count, c.dtype, c.peer);
+    case CollectiveKind::kBarrier:
+      return BarrierAsync();
+  }
+  return internal::FailedWork(absl::InvalidArgumentError("unknown collective"));
+}
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
     transport::Rendezvous& rendezvous, CommunicatorOptions options) {

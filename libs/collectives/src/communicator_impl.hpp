@@ -114,6 +114,8 @@ inline bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 // The Work of a queued call (communicator.cpp).
 class WorkImpl;
+// A Work that has already finished with `status`.
+std::shared_ptr<Work> FailedWork(absl::Status status);
 
 // ---------------------------------------------------------------------------------------------
 // The communicator
@@ -149,65 +151,29 @@ class CommunicatorImpl : public Communicator {
     return trace_ != nullptr ? trace_->Snapshot() : CollectiveTrace();
   }
 
-  absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
-                         CallOptions call) override {
-    PLEXUS_RETURN_IF_ERROR(CheckCommon("AllReduce", send, recv, count, dtype, op));
-    PLEXUS_RETURN_IF_ERROR(CheckWire("AllReduce", dtype, call, true));
-    if (auto done = TryInline([&] { return RunAllReduce(send, recv, count, dtype, op, call); })) {
-      return *std::move(done);
-    }
-    return Blocking(AllReduceTask(send, recv, count, dtype, op, call));
-  }
   std::shared_ptr<Work> AllReduceAsync(const void* send, void* recv, size_t count, DataType dtype,
                                        ReduceOp op, CallOptions call) override {
     return Async(AllReduceTask(send, recv, count, dtype, op, call));
-  }
-  absl::Status Reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
-                      int root, CallOptions call) override {
-    return Blocking(ReduceTask(send, recv, count, dtype, op, root, call));
   }
   std::shared_ptr<Work> ReduceAsync(const void* send, void* recv, size_t count, DataType dtype,
                                     ReduceOp op, int root, CallOptions call) override {
     return Async(ReduceTask(send, recv, count, dtype, op, root, call));
   }
-  absl::Status Broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
-                         CallOptions call) override {
-    return Blocking(BroadcastTask(send, recv, count, dtype, root, call));
-  }
   std::shared_ptr<Work> BroadcastAsync(const void* send, void* recv, size_t count, DataType dtype,
                                        int root, CallOptions call) override {
     return Async(BroadcastTask(send, recv, count, dtype, root, call));
-  }
-  absl::Status AllGather(const void* send, void* recv, size_t count, DataType dtype,
-                         CallOptions call) override {
-    return Blocking(AllGatherTask(send, recv, count, dtype, call));
   }
   std::shared_ptr<Work> AllGatherAsync(const void* send, void* recv, size_t count, DataType dtype,
                                        CallOptions call) override {
     return Async(AllGatherTask(send, recv, count, dtype, call));
   }
-  absl::Status ReduceScatter(const void* send, void* recv, size_t count, DataType dtype,
-                             ReduceOp op, CallOptions call) override {
-    return Blocking(ReduceScatterTask(send, recv, count, dtype, op, call));
-  }
   std::shared_ptr<Work> ReduceScatterAsync(const void* send, void* recv, size_t count,
                                            DataType dtype, ReduceOp op, CallOptions call) override {
     return Async(ReduceScatterTask(send, recv, count, dtype, op, call));
   }
-  absl::Status AllToAll(const void* send, void* recv, size_t count, DataType dtype,
-                        CallOptions call) override {
-    return Blocking(AllToAllTask(send, recv, count, dtype, call));
-  }
   std::shared_ptr<Work> AllToAllAsync(const void* send, void* recv, size_t count, DataType dtype,
                                       CallOptions call) override {
     return Async(AllToAllTask(send, recv, count, dtype, call));
-  }
-  absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_counts,
-                         absl::Span<const size_t> send_displs, void* recv,
-                         absl::Span<const size_t> recv_counts, absl::Span<const size_t> recv_displs,
-                         DataType dtype, CallOptions call) override {
-    return Blocking(
-        AllToAllVTask(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype, call));
   }
   std::shared_ptr<Work> AllToAllVAsync(const void* send, absl::Span<const size_t> send_counts,
                                        absl::Span<const size_t> send_displs, void* recv,
@@ -217,22 +183,12 @@ class CommunicatorImpl : public Communicator {
     return Async(
         AllToAllVTask(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype, call));
   }
-  absl::Status Send(const void* send, size_t count, DataType dtype, int peer) override {
-    return Blocking(PointToPointTask(const_cast<void*>(send), count, dtype, peer, true));
-  }
   std::shared_ptr<Work> SendAsync(const void* send, size_t count, DataType dtype,
                                   int peer) override {
     return Async(PointToPointTask(const_cast<void*>(send), count, dtype, peer, true));
   }
-  absl::Status Recv(void* recv, size_t count, DataType dtype, int peer) override {
-    return Blocking(PointToPointTask(recv, count, dtype, peer, false));
-  }
   std::shared_ptr<Work> RecvAsync(void* recv, size_t count, DataType dtype, int peer) override {
     return Async(PointToPointTask(recv, count, dtype, peer, false));
-  }
-  absl::Status Barrier() override {
-    if (auto done = TryInline([&] { return RunBarrier(); })) return *std::move(done);
-    return Blocking(BarrierTask());
   }
   std::shared_ptr<Work> BarrierAsync() override { return Async(BarrierTask()); }
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
@@ -268,6 +224,11 @@ class CommunicatorImpl : public Communicator {
 
   CommunicatorImpl() = default;
 
+  // Blocking calls run in the caller's thread when nothing is queued before them; AllReduce and
+  // Barrier first try TryInline (no closure at all).
+  absl::Status RunBlocking(const BlockingCall& call) override;
+  // The task of a blocking call (its validation error when it cannot be issued).
+  TaskOr TaskOf(const BlockingCall& call);
   absl::Status Blocking(TaskOr task);
   // Runs fn in the caller's thread when no call is queued or running (the latency path: no
   // closure, no thread hop); nullopt when it must queue. Traced calls take Blocking's path,

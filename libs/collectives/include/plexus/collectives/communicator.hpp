@@ -247,43 +247,65 @@ class Communicator {
   // `coll-trace` command serves this).
   std::string TraceJson() const { return ToChromeTraceJson(Trace()); }
 
+  // Every operation comes in two forms: the blocking one (written once, here) and its *Async
+  // form (what an implementation provides). A blocking call runs through RunBlocking, which by
+  // default issues the *Async form and waits for it.
+
   // recv[i] = op over ranks of send[i], on every rank. `count` elements each.
-  virtual absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype,
-                                 ReduceOp op, CallOptions call = {}) = 0;
+  absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                         CallOptions call = {}) {
+    return RunBlocking({.kind = CollectiveKind::kAllReduce, .send = send, .recv = recv,
+                        .count = count, .dtype = dtype, .op = op, .options = call});
+  }
   virtual std::shared_ptr<Work> AllReduceAsync(const void* send, void* recv, size_t count,
                                                DataType dtype, ReduceOp op,
                                                CallOptions call = {}) = 0;
 
   // recv[i] = op over ranks of send[i], on `root` only (recv is ignored elsewhere, may be null).
-  virtual absl::Status Reduce(const void* send, void* recv, size_t count, DataType dtype,
-                              ReduceOp op, int root, CallOptions call = {}) = 0;
+  absl::Status Reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                      int root, CallOptions call = {}) {
+    return RunBlocking({.kind = CollectiveKind::kReduce, .send = send, .recv = recv,
+                        .count = count, .dtype = dtype, .op = op, .root = root, .options = call});
+  }
   virtual std::shared_ptr<Work> ReduceAsync(const void* send, void* recv, size_t count,
                                             DataType dtype, ReduceOp op, int root,
                                             CallOptions call = {}) = 0;
 
   // recv = root's send on every rank (send is read on root only; in place when equal).
-  virtual absl::Status Broadcast(const void* send, void* recv, size_t count, DataType dtype,
-                                 int root, CallOptions call = {}) = 0;
+  absl::Status Broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
+                         CallOptions call = {}) {
+    return RunBlocking({.kind = CollectiveKind::kBroadcast, .send = send, .recv = recv,
+                        .count = count, .dtype = dtype, .root = root, .options = call});
+  }
   virtual std::shared_ptr<Work> BroadcastAsync(const void* send, void* recv, size_t count,
                                                DataType dtype, int root, CallOptions call = {}) = 0;
 
   // recv[r*count + i] = send of rank r [i]. `count` is per rank; recv holds size()*count.
-  virtual absl::Status AllGather(const void* send, void* recv, size_t count, DataType dtype,
-                                 CallOptions call = {}) = 0;
+  absl::Status AllGather(const void* send, void* recv, size_t count, DataType dtype,
+                         CallOptions call = {}) {
+    return RunBlocking({.kind = CollectiveKind::kAllGather, .send = send, .recv = recv,
+                        .count = count, .dtype = dtype, .options = call});
+  }
   virtual std::shared_ptr<Work> AllGatherAsync(const void* send, void* recv, size_t count,
                                                DataType dtype, CallOptions call = {}) = 0;
 
   // recv[i] = op over ranks of send[rank()*count + i]. send holds size()*count; `count` is the
   // per-rank output.
-  virtual absl::Status ReduceScatter(const void* send, void* recv, size_t count, DataType dtype,
-                                     ReduceOp op, CallOptions call = {}) = 0;
+  absl::Status ReduceScatter(const void* send, void* recv, size_t count, DataType dtype,
+                             ReduceOp op, CallOptions call = {}) {
+    return RunBlocking({.kind = CollectiveKind::kReduceScatter, .send = send, .recv = recv,
+                        .count = count, .dtype = dtype, .op = op, .options = call});
+  }
   virtual std::shared_ptr<Work> ReduceScatterAsync(const void* send, void* recv, size_t count,
                                                    DataType dtype, ReduceOp op,
                                                    CallOptions call = {}) = 0;
 
   // recv[r*count + i] = send of rank r [rank()*count + i]; both hold size()*count.
-  virtual absl::Status AllToAll(const void* send, void* recv, size_t count, DataType dtype,
-                                CallOptions call = {}) = 0;
+  absl::Status AllToAll(const void* send, void* recv, size_t count, DataType dtype,
+                        CallOptions call = {}) {
+    return RunBlocking({.kind = CollectiveKind::kAllToAll, .send = send, .recv = recv,
+                        .count = count, .dtype = dtype, .options = call});
+  }
   virtual std::shared_ptr<Work> AllToAllAsync(const void* send, void* recv, size_t count,
                                               DataType dtype, CallOptions call = {}) = 0;
 
@@ -291,11 +313,15 @@ class Communicator {
   // send + send_displs[r] go to rank r, which receives them at its recv + recv_displs[rank()];
   // recv_counts[r] must equal rank r's send_counts[rank()] (checked: a mismatch is an error).
   // Every span has size() entries. Not in place.
-  virtual absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_counts,
-                                 absl::Span<const size_t> send_displs, void* recv,
-                                 absl::Span<const size_t> recv_counts,
-                                 absl::Span<const size_t> recv_displs, DataType dtype,
-                                 CallOptions call = {}) = 0;
+  absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_counts,
+                         absl::Span<const size_t> send_displs, void* recv,
+                         absl::Span<const size_t> recv_counts, absl::Span<const size_t> recv_displs,
+                         DataType dtype, CallOptions call = {}) {
+    return RunBlocking({.kind = CollectiveKind::kAllToAllV, .send = send, .recv = recv,
+                        .dtype = dtype, .options = call, .send_counts = send_counts,
+                        .send_displs = send_displs, .recv_counts = recv_counts,
+                        .recv_displs = recv_displs});
+  }
   virtual std::shared_ptr<Work> AllToAllVAsync(const void* send,
                                                absl::Span<const size_t> send_counts,
                                                absl::Span<const size_t> send_displs, void* recv,
@@ -305,14 +331,20 @@ class Communicator {
 
   // Point to point, matched in issue order per pair of ranks (a Send of n elements pairs with
   // the peer's Recv of n elements of the same type; a mismatch is an error).
-  virtual absl::Status Send(const void* send, size_t count, DataType dtype, int peer) = 0;
+  absl::Status Send(const void* send, size_t count, DataType dtype, int peer) {
+    return RunBlocking({.kind = CollectiveKind::kSendRecv, .send = send, .count = count,
+                        .dtype = dtype, .peer = peer, .is_send = true});
+  }
   virtual std::shared_ptr<Work> SendAsync(const void* send, size_t count, DataType dtype,
                                           int peer) = 0;
-  virtual absl::Status Recv(void* recv, size_t count, DataType dtype, int peer) = 0;
+  absl::Status Recv(void* recv, size_t count, DataType dtype, int peer) {
+    return RunBlocking({.kind = CollectiveKind::kSendRecv, .recv = recv, .count = count,
+                        .dtype = dtype, .peer = peer, .is_send = false});
+  }
   virtual std::shared_ptr<Work> RecvAsync(void* recv, size_t count, DataType dtype, int peer) = 0;
 
   // Returns once every rank has entered the barrier.
-  virtual absl::Status Barrier() = 0;
+  absl::Status Barrier() { return RunBlocking({.kind = CollectiveKind::kBarrier}); }
   virtual std::shared_ptr<Work> BarrierAsync() = 0;
 
   // Collective over this communicator: ranks with equal `color` form a new communicator, ranked
@@ -345,6 +377,27 @@ class Communicator {
 
  protected:
   Communicator() = default;
+
+  // The arguments of one blocking call; which fields it reads depends on `kind` (kSendRecv: a
+  // Send when is_send, else a Recv).
+  struct BlockingCall {
+    CollectiveKind kind = CollectiveKind::kAllReduce;
+    const void* send = nullptr;
+    void* recv = nullptr;
+    size_t count = 0;
+    DataType dtype = DataType::kU8;
+    ReduceOp op = ReduceOp::kSum;
+    int root = 0;
+    int peer = -1;
+    bool is_send = false;
+    CallOptions options;
+    absl::Span<const size_t> send_counts, send_displs, recv_counts, recv_displs;
+  };
+  // Runs a blocking call. The default issues its *Async form (IssueAsync) and waits for it; an
+  // implementation may run it in the caller's thread instead (the latency path).
+  virtual absl::Status RunBlocking(const BlockingCall& call);
+  // The *Async form of `call`.
+  std::shared_ptr<Work> IssueAsync(const BlockingCall& call);
 };
 
 }  // namespace plexus::collectives
