@@ -111,7 +111,7 @@ CommunicatorImpl::~CommunicatorImpl() {
     if (auto barrier = BarrierTask(); barrier.ok()) (void)RunOne(*barrier);
   }
   if (trace_ != nullptr) trace_->WriteIfAsked();
-  StopReconfiguration();
+  reconfig_.Stop();
   // A healthy communicator leaves nothing on the store: the barrier's last progress retracted
   // any wait record; see that the removal is written. A broken one leaves its account (one key
   // per rank) for peers still resolving whom to blame.
@@ -119,11 +119,7 @@ CommunicatorImpl::~CommunicatorImpl() {
     board_->Retract();
     board_->Flush(absl::Now() + std::min(options_.timeout, absl::Seconds(1)));
   }
-  for (auto& channel : conns_) {
-    for (auto& c : channel) {
-      if (c) c->Close();
-    }
-  }
+  conns_.Close();
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
@@ -335,20 +331,40 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
     for (const auto& c : channel) comm->connections_opened_ += c != nullptr ? 1 : 0;
   }
   comm->pair_backends_ = pairs;
-  comm->InstallConnections(std::move(set));
-  comm->links_.resize(static_cast<size_t>(n) * options.channels);
+  comm->conns_ = std::move(set);
   comm->call_layout_ = comm->layout_;
+  CallEnv& env = comm->env_;
+  env.rank = rank;
+  env.n = n;
+  env.timeout = options.timeout;
   // More ranks than CPUs on this host: a rank spinning for its peer takes the CPU the peer needs
   // to answer, so waiting ranks yield instead (as Open MPI does when oversubscribed).
-  comm->yield_when_idle_ = yield.value_or(oversubscribed);
-  comm->wait_record_after_ = options.timeout / 2;
-  comm->wait_record_every_ = options.timeout / 4;
+  env.yield_when_idle = yield.value_or(oversubscribed);
+  // How a waiting call waits: spin for options.spin (none when yielding at once), yield until
+  // kYieldWindow, then sleep in the transport.
+  env.wait =
+      base::WaitPolicy(env.yield_when_idle ? absl::ZeroDuration() : options.spin, kYieldWindow);
+  // A call without progress for timeout / 2 posts whom it waits for, and re-posts it every
+  // timeout / 4 while it still waits.
+  env.record_after = options.timeout / 2;
+  env.record_every = options.timeout / 4;
+  env.conns = &comm->conns_;
+  env.layout = &comm->layout_;
+  CommunicatorImpl* self = comm.get();
+  env.abort = [self](const CallHeader& header, Failure failure) {
+    return self->Abort(header, std::move(failure));
+  };
+  comm->executor_.SetDepth(options.pipeline_depth);
+  comm->executor_.SetChannels(options.channels);
   // A waiting rank refreshes its record every timeout / 4; one older than timeout / 2 (1 s at
   // least: a failing rank's announcement is not refreshed) belongs to a rank that stopped.
   comm->board_ = std::make_unique<internal::BlameBoard>(
       comm->store_, comm->uid_, rank, std::max(options.timeout / 2, absl::Seconds(1)));
   if (options.qos.enabled()) comm->qos_ = std::make_unique<QosGate>(options.qos, rank);
   comm->trace_ = Tracer::Create(options.trace, rank, n, comm->uid_, tag, host);
+  env.board = comm->board_.get();
+  env.qos = comm->qos_.get();
+  env.trace = comm->trace_.get();
   comm->options_ = std::move(options);
   PLEXUS_RETURN_IF_ERROR(comm->StartReconfiguration());
   comm->ready_ = true;
@@ -361,7 +377,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
                  std::string(transport::BackendName(comm->options_.device.backend)).c_str(),
                  comm->options_.channels, comm->options_.chunk_bytes,
                  absl::StrJoin(comm->layout_.order, ",").c_str(), local_ranks, shared_cpus,
-                 comm->yield_when_idle_ ? "waiting ranks yield" : "waiting ranks spin first",
+                 env.yield_when_idle ? "waiting ranks yield" : "waiting ranks spin first",
                  comm->table_.ToString().c_str());
   }
   return std::unique_ptr<Communicator>(std::move(comm));
@@ -613,7 +629,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Split(int color,
                                                         static_cast<int>(members.size()), store_));
   return Make(rendezvous, std::move(options),
               absl::StrCat(tag_, "/", uid_, "/split", split, "/color", color),
-              caller_device_ ? devices_.front() : nullptr);
+              caller_device_ ? conns_.devices.front() : nullptr);
 }
 
 }  // namespace plexus::collectives::internal

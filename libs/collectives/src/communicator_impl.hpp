@@ -1,8 +1,14 @@
-// The communicator's implementation class, shared by the files that implement it:
+// The communicator: a facade that sequences its parts, each a class of its own with its own state:
+//  - ConnectionSet (connection_set.hpp): devices, completion queue, connections, mailboxes;
+//  - PlanExecutor (executor.hpp): runs a plan over the connection set;
+//  - MailboxPath (mailbox_path.hpp): small collectives over the connections' mailboxes;
+//  - Reconfigurer (reconfig.hpp): live reconfiguration's requests, rounds and decisions.
+// The executor and the mailbox path read a CallEnv (call_env.hpp) the communicator fills; none
+// of the parts knows the communicator or the reconfigurer. The communicator's own files:
 //  - communicator.cpp: creation (Make, Split), destruction, issue order, algorithm selection;
 //  - collective_tasks.cpp: each collective's validation and run (staging, layout, plan);
-//  - executor.cpp: running a plan over the connections;
-//  - mailbox_path.cpp: small collectives over the connections' mailboxes;
+//  - connection_set.cpp: ChangeConnections, a live change of the connection set;
+//  - reconfig.cpp: BeginCollective, applying the changes that land on a collective;
 //  - abort.cpp: failure handling (whom to blame, breaking the communicator).
 #pragma once
 
@@ -20,18 +26,19 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "blame.hpp"
+#include "call_env.hpp"
 #include "connection_set.hpp"
+#include "executor.hpp"
+#include "mailbox_path.hpp"
 #include "plan.hpp"
-#include "plexus/base/status.hpp"
-#include "plexus/base/wait_policy.hpp"
 #include "plexus/collectives/communicator.hpp"
+#include "plexus/collectives/reconfiguration.hpp"
+#include "plexus/collectives/trace.hpp"
 #include "plexus/transport/device.hpp"
 #include "plexus/transport/rendezvous.hpp"
 #include "qos_gate.hpp"
@@ -41,69 +48,6 @@
 #include "wire.hpp"
 
 namespace plexus::collectives::internal {
-
-constexpr size_t kHeaderBytes = CallHeader::kEncodedSize;
-
-// Allreduces up to this size go by mailbox when every peer has one: below it the mailbox's
-// in-place polling beats a plan over the transport's rings (measured: the plan path takes over
-// from 16 KiB on shm, docs/collectives.md).
-constexpr size_t kMailboxPathBytes = 8192;
-
-// Why a call failed, before Abort works out whom to blame (see blame.hpp).
-struct Failure {
-  enum class Kind {
-    kOwn,    // this rank's own finding (mismatched calls): `own` is the error
-    kPeer,   // the connection to `peer` failed with `why`
-    kStall,  // no progress for the timeout while waiting for `waiting`
-  };
-  Kind kind = Kind::kOwn;
-  absl::Status own;
-  int peer = -1;
-  absl::Status why;
-  std::vector<int> waiting;
-
-  static Failure Own(absl::Status status) {
-    Failure f;
-    f.own = std::move(status);
-    return f;
-  }
-  static Failure Peer(int peer, absl::Status why) {
-    Failure f;
-    f.kind = Kind::kPeer;
-    f.peer = peer;
-    f.why = std::move(why);
-    return f;
-  }
-  static Failure Stall(std::vector<int> waiting) {
-    Failure f;
-    f.kind = Kind::kStall;
-    f.waiting = std::move(waiting);
-    return f;
-  }
-};
-
-// The error of a rank that finds `peer` in another call than its own (`call`).
-inline absl::Status MismatchedCalls(int rank, const std::string& call, int peer,
-                                    const std::string& theirs, const std::string& why = "") {
-  return absl::FailedPreconditionError(absl::StrCat("mismatched collective calls: rank ", rank,
-                                                    " is in ", call, " but rank ", peer, " sent ",
-                                                    theirs, why));
-}
-
-// The error of a rank whose peer ran the same collective under another live-reconfiguration
-// epoch (the header's `epoch`): the ranks applied a change at different collectives, so their
-// plans may differ (ring order, channels, algorithm, transport) and the result would be wrong.
-inline absl::Status EpochMismatch(int rank, const std::string& call, uint64_t epoch, int peer,
-                                  const std::string& theirs, const std::string& their_epoch) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("configuration epoch mismatch: rank ", rank, " runs ", call, " under epoch ",
-                   epoch, " but rank ", peer, " sent ", theirs, " under epoch ", their_epoch,
-                   ": the ranks applied a live reconfiguration at different collectives"));
-}
-
-// How long a waiting call polls the transport (yielding the CPU between polls after the spin)
-// before it sleeps.
-constexpr absl::Duration kYieldWindow = absl::Milliseconds(2);
 
 inline bool IsReducing(CollectiveKind kind) {
   return kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduce ||
@@ -193,23 +137,19 @@ class CommunicatorImpl : public Communicator {
   std::shared_ptr<Work> BarrierAsync() override { return Async(BarrierTask()); }
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
 
-  // Live reconfiguration (reconfig.cpp).
-  absl::StatusOr<uint64_t> RequestReconfiguration(const Reconfiguration& change) override;
-  absl::StatusOr<uint64_t> AwaitReconfiguration(uint64_t epoch, absl::Duration timeout) override;
-  ActiveConfiguration configuration() const override;
-  uint64_t collective_sequence() const override;
+  // Live reconfiguration (the Reconfigurer).
+  absl::StatusOr<uint64_t> RequestReconfiguration(const Reconfiguration& change) override {
+    return reconfig_.Request(change);
+  }
+  absl::StatusOr<uint64_t> AwaitReconfiguration(uint64_t epoch, absl::Duration timeout) override {
+    return reconfig_.Await(epoch, timeout);
+  }
+  ActiveConfiguration configuration() const override { return reconfig_.configuration(); }
+  uint64_t collective_sequence() const override { return reconfig_.issued(); }
 
   // Tests and diagnostics: every connection of this communicator (each channel, each peer), to
   // read the transport's counters of the bytes it moved.
-  std::vector<const transport::Connection*> connections() const {
-    std::vector<const transport::Connection*> out;
-    for (const auto& channel : conns_) {
-      for (const auto& conn : channel) {
-        if (conn != nullptr) out.push_back(conn.get());
-      }
-    }
-    return out;
-  }
+  std::vector<const transport::Connection*> connections() const { return conns_.Connections(); }
   // Tests and diagnostics: how many connections this rank has made since creation, creation's
   // included (a live change that keeps a pair's connections adds none for it).
   uint64_t connections_opened() const {
@@ -291,25 +231,18 @@ class CommunicatorImpl : public Communicator {
   TaskOr PointToPointTask(void* buf, size_t count, DataType dtype, int peer, bool is_send);
   TaskOr BarrierTask();
 
-  // Live reconfiguration (reconfig.cpp). Issuing a collective (creating its task, or running it
-  // inline) calls IssueCollective: it waits while a round freezes issues, then counts the call
-  // (the broken status when the wait ended because the communicator broke). Running it calls
-  // BeginCollective first, before choosing its algorithm or layout: it applies the changes that
-  // land on this collective's sequence number.
-  absl::Status IssueCollective();
-  // The error of a transport change that failed (the communicator is broken then).
+  // Live reconfiguration. Issuing a collective (creating its task, or running it inline) calls
+  // IssueCollective (Reconfigurer::Issue). Running it calls BeginCollective first, before
+  // choosing its algorithm or layout: it applies the changes that land on this collective's
+  // sequence number (reconfig.cpp); the error of a transport change that failed (the
+  // communicator is broken then).
+  absl::Status IssueCollective() { return reconfig_.Issue(); }
   absl::Status BeginCollective();
   void ApplyChange(const DecidedChange& decided);
-  // After Make connected: the active configuration, and the watcher thread (several ranks,
-  // unless PLEXUS_COLL_RECONFIG=0). The environment variable's error.
+  // After Make connected: the Reconfigurer's setup and start.
   absl::Status StartReconfiguration();
-  // The destructor: posts the watchers' stop request (healthy communicators, after the barrier)
-  // and joins this rank's watcher.
-  void StopReconfiguration();
-  void WatchReconfigurations();
-  // One round of the barrier for request `epoch`; an error breaks the communicator.
-  absl::Status RunReconfigRound(uint64_t epoch, const std::string& payload);
-  void BreakFromWatcher(absl::Status status);
+  // Breaks the communicator with `status` unless it is broken already.
+  void Break(absl::Status status);
   // A change of transport and/or channel count landing on the collective about to run
   // (connection_set.cpp; unset: unchanged): every rank opens the devices it needs, gathers
   // whether all could (and the point-to-point counts of the pairs whose connections change,
@@ -320,13 +253,9 @@ class CommunicatorImpl : public Communicator {
   // breaks the communicator.
   absl::Status ChangeConnections(const std::optional<TransportChoice>& transport,
                                  std::optional<int> channels, uint64_t epoch);
-  // The connection set in use, moved out of / into the members below (connection_set.hpp).
-  ConnectionSet TakeConnections();
-  void InstallConnections(ConnectionSet set);
   // What a connection set for the pair backends `pairs` ([a][b], PairBackends) is built from.
   ConnectionSpec MakeConnectionSpec(const std::vector<std::vector<transport::Backend>>& pairs,
                                     std::string tag) const;
-  std::string ReconfigKey(std::string_view what, uint64_t epoch, int rank = -1) const;
 
   absl::Status CheckCommon(const char* what, const void* send, const void* recv, size_t count,
                            DataType dtype, ReduceOp op = ReduceOp::kSum, int root = 0) const;
@@ -362,44 +291,26 @@ class CommunicatorImpl : public Communicator {
                     size_t count);
   uint8_t* Scratch(size_t bytes);
 
-  // Small allreduce (and barrier) by recursive doubling over the connections' mailboxes, when
-  // every peer connection has one (shm, inproc) and the vector fits one mailbox message:
-  // polled in place, no completion queue. Same pairs and reduction order as the plan-based
-  // recursive doubling, so the results are the same bits.
-  bool FitsMailbox(size_t bytes) const { return mailboxes_ready_ && bytes <= kMailboxPathBytes; }
-  absl::Status MailboxAllReduce(uint8_t* buf, size_t count, DataType dtype, ReduceOp op,
-                                const CallHeader& header);
-  // What arrives in a MailExchange: from rank `from` (-1: nothing), placed at `dst` or, with
-  // `reduce`, folded into it (dst = dst op incoming; incoming op dst with src_first).
-  struct MailInbound {
-    int from = -1;
-    uint8_t* dst = nullptr;
-    bool reduce = false;
-    bool src_first = false;
-  };
-  // Sends `bytes` of `data` to rank `to` (-1: nothing) and receives as many as `in` says, as
-  // fragments of one mailbox message each, interleaved so that two ranks exchanging more than an
-  // inbox holds never wait on each other. Incoming fragments are reduced straight from the
-  // peer's slot; fragment k only after this rank's fragment k left (data may be dst).
+  // The mailbox path and the plan executor; a failure ends in Abort.
+  bool FitsMailbox(size_t bytes) const { return mailbox_.Fits(bytes); }
+  using MailInbound = MailboxPath::MailInbound;
   absl::Status MailExchange(int to, const uint8_t* data, const MailInbound& in, size_t bytes,
-                            DataType dtype, ReduceOp op, const CallHeader& header);
-  // A peer that sent this call's first message by mailbox while this rank runs a plan: the
-  // ranks disagree on the call. OK when no such message waits.
-  absl::Status CheckMailboxes(const CallHeader& header);
-
-  // Runs a plan to completion over the connections; the first message of the call on each
-  // connection carries `header`.
-  absl::Status Execute(const Plan& plan, const CallHeader& header, DataType dtype, ReduceOp op);
+                            DataType dtype, ReduceOp op, const CallHeader& header) {
+    return mailbox_.MailExchange(to, data, in, bytes, dtype, op, header);
+  }
+  absl::Status MailboxAllReduce(uint8_t* buf, size_t count, DataType dtype, ReduceOp op,
+                                const CallHeader& header) {
+    return mailbox_.MailboxAllReduce(buf, count, dtype, op, header);
+  }
+  absl::Status Execute(const Plan& plan, const CallHeader& header, DataType dtype, ReduceOp op) {
+    return executor_.Execute(plan, header, dtype, op);
+  }
   // Works out whom `failure` blames (the rank that failed first, not one that aborted in
   // reaction: see blame.hpp), publishes that for the peers, marks the communicator broken with
   // the resulting error (naming every rank whose connection is down) and closes every
   // connection so that the peers fail fast too. Takes at most the blame grace (stalls) or
   // ~0.3 s (failed connections) beyond the failure.
   absl::Status Abort(const CallHeader& header, Failure failure);
-  std::string DownRanks();
-  // The ranks a stalled plan waits for: those with a receive posted but not arrived or a send
-  // in flight (what is not posted yet waits for these); failing that, any with work left.
-  std::vector<int> WaitingFor(int channels) const;
 
   CommunicatorOptions options_;
   // Pinned host buffers of earlier calls on device memory (staging.hpp), and one call's staging
@@ -415,28 +326,18 @@ class CommunicatorImpl : public Communicator {
   std::shared_ptr<transport::Store> store_;
   // This rank's wait records and failure account on the store (blame.hpp).
   std::unique_ptr<internal::BlameBoard> board_;
-  // A call without progress for this long posts whom it waits for, and re-posts it this often
-  // while it still waits (timeout / 2 and / 4).
-  absl::Duration wait_record_after_;
-  absl::Duration wait_record_every_;
   AlgorithmTable table_;
   AlgorithmOverrides env_overrides_;
   bool debug_ = false;
   // Non-null when tracing (CommunicatorOptions::trace): every hook is one branch on it.
   std::unique_ptr<Tracer> trace_;
 
-  // The devices connecting the peers (one per backend in use; the caller's alone), and the
-  // last of them (the caller's, or tcp/verbs when this rank uses one).
-  std::vector<std::shared_ptr<transport::Device>> devices_;
-  transport::Device* device_ = nullptr;
-  // Caller-mode progress of the devices for cq_ (null for the caller's device and inproc).
-  std::unique_ptr<MultiDeviceDriver> driver_;
   // peer_backend_[rank]: the backend connecting that rank; pair_backends_[a][b]: every pair's
   // (the same on every rank).
   std::vector<transport::Backend> peer_backend_;
   std::vector<std::vector<transport::Backend>> pair_backends_;
   std::atomic<uint64_t> connections_opened_{0};
-  // device_ came from the caller (Create on an existing device): Split children reuse it.
+  // The device came from the caller (Create on an existing device): Split children reuse it.
   bool caller_device_ = false;
   // What a live change rebuilds the connections from (ChangeConnections): every rank's host
   // identity, the options of the devices the communicator creates, whether the mailbox path is
@@ -445,10 +346,8 @@ class CommunicatorImpl : public Communicator {
   transport::DeviceOptions device_options_;
   bool use_mailboxes_ = true;
   bool use_default_table_ = false;
-  std::unique_ptr<transport::CompletionQueue> cq_;
-  // conns_[channel][rank]; null for this rank.
-  std::vector<std::vector<std::unique_ptr<transport::Connection>>> conns_;
-  absl::flat_hash_map<uint64_t, int> peer_of_connection_;
+  // The connections in use (a live change swaps its contents; the object stays).
+  ConnectionSet conns_;
 
   // Issue-order execution.
   mutable std::mutex mu_;
@@ -466,51 +365,20 @@ class CommunicatorImpl : public Communicator {
   uint64_t config_epoch_ = 0;
   std::vector<uint64_t> p2p_send_seq_, p2p_recv_seq_;
   std::vector<uint8_t> scratch_;
-  struct Link {
-    std::vector<int> sends, recvs;  // op indices in order
-    size_t next_send = 0, next_recv = 0, low_recv = 0;
-    int sends_in_flight = 0;
-    size_t slot_stride = 0;
-    std::vector<uint8_t> slots;
-    size_t slots_taken = 0;       // receives posted into slots (slot = slots_taken % depth)
-    std::vector<int> slot_owner;  // per slot: the receive using it, -1 if none yet
-    // Wire casts: sends are packed into one of `depth` send slots (reused once that send
-    // completed), so that the staging memory is bounded by the pipeline, not the vector.
-    size_t send_slot_stride = 0;
-    std::vector<uint8_t> send_slots;
-    size_t send_slots_taken = 0;
-    std::vector<int> send_slot_owner;  // per send slot: the send using it, -1 if none yet
-    uint8_t tx_header[kHeaderBytes];
-  };
-  std::vector<Link> links_;
   Layout call_layout_;
   Plan plan_;
-  // Execute's per-call state, kept to reuse its storage.
-  std::vector<size_t> max_recv_, max_send_;
-  std::vector<int> reduce_order_;
-  enum : uint8_t { kIdle = 0, kPosted = 1, kArrived = 2, kDone = 3 };  // per send / receive
-  std::vector<uint8_t> send_state_, recv_state_;
-  std::vector<uint8_t*> recv_landing_;
-  std::vector<int> slot_copies_;
-  uint64_t epoch_ = 0;
-  // Oversubscribed host (or PLEXUS_COLL_YIELD=1): waiting ranks yield at once instead of
-  // spinning for options_.spin first.
-  bool yield_when_idle_ = false;
-  // How a waiting call waits: spin for options_.spin (none when yield_when_idle_), yield until
-  // kYieldWindow, then sleep in the transport.
-  base::WaitPolicy WaitingPolicy() const {
-    return base::WaitPolicy(yield_when_idle_ ? absl::ZeroDuration() : options_.spin, kYieldWindow);
-  }
+  // The decisions landing on the collective starting (BeginCollective; reused storage).
+  std::vector<DecidedChange> landing_;
   bool ready_ = false;  // fully connected (Make succeeded)
-  // mailboxes_[rank]: the channel-0 connection's mailbox (null for this rank).
-  std::vector<transport::Mailbox*> mailboxes_;
-  bool mailboxes_ready_ = false;  // every peer connection has one
-  // QoS time windows (qos.cpp): the send-admission hook of Execute and MailExchange; null
-  // without a schedule. AdmitSend waits for the schedule, driving the devices meanwhile.
+  // QoS time windows (qos.cpp): the send-admission gate of the executor and the mailbox path;
+  // null without a schedule.
   std::unique_ptr<QosGate> qos_;
-  absl::Status AdmitSend(const CallHeader& header);
-  // Live reconfiguration (reconfig.hpp).
-  ReconfigState reconf_;
+
+  // The parts (declared last: they refer to the members above).
+  CallEnv env_;
+  MailboxPath mailbox_{env_};
+  PlanExecutor executor_{env_, mailbox_};
+  Reconfigurer reconfig_;
 };
 
 }  // namespace plexus::collectives::internal
