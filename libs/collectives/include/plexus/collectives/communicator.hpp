@@ -254,8 +254,13 @@ class Communicator {
   // recv[i] = op over ranks of send[i], on every rank. `count` elements each.
   absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                          CallOptions call = {}) {
-    return RunBlocking({.kind = CollectiveKind::kAllReduce, .send = send, .recv = recv,
-                        .count = count, .dtype = dtype, .op = op, .options = call});
+    return RunBlocking({.kind = CollectiveKind::kAllReduce,
+                        .send = send,
+                        .recv = recv,
+                        .count = count,
+                        .dtype = dtype,
+                        .op = op,
+                        .options = call});
   }
   virtual std::shared_ptr<Work> AllReduceAsync(const void* send, void* recv, size_t count,
                                                DataType dtype, ReduceOp op,
@@ -264,8 +269,14 @@ class Communicator {
   // recv[i] = op over ranks of send[i], on `root` only (recv is ignored elsewhere, may be null).
   absl::Status Reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                       int root, CallOptions call = {}) {
-    return RunBlocking({.kind = CollectiveKind::kReduce, .send = send, .recv = recv,
-                        .count = count, .dtype = dtype, .op = op, .root = root, .options = call});
+    return RunBlocking({.kind = CollectiveKind::kReduce,
+                        .send = send,
+                        .recv = recv,
+                        .count = count,
+                        .dtype = dtype,
+                        .op = op,
+                        .root = root,
+                        .options = call});
   }
   virtual std::shared_ptr<Work> ReduceAsync(const void* send, void* recv, size_t count,
                                             DataType dtype, ReduceOp op, int root,
@@ -274,8 +285,13 @@ class Communicator {
   // recv = root's send on every rank (send is read on root only; in place when equal).
   absl::Status Broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
                          CallOptions call = {}) {
-    return RunBlocking({.kind = CollectiveKind::kBroadcast, .send = send, .recv = recv,
-                        .count = count, .dtype = dtype, .root = root, .options = call});
+    return RunBlocking({.kind = CollectiveKind::kBroadcast,
+                        .send = send,
+                        .recv = recv,
+                        .count = count,
+                        .dtype = dtype,
+                        .root = root,
+                        .options = call});
   }
   virtual std::shared_ptr<Work> BroadcastAsync(const void* send, void* recv, size_t count,
                                                DataType dtype, int root, CallOptions call = {}) = 0;
@@ -283,8 +299,12 @@ class Communicator {
   // recv[r*count + i] = send of rank r [i]. `count` is per rank; recv holds size()*count.
   absl::Status AllGather(const void* send, void* recv, size_t count, DataType dtype,
                          CallOptions call = {}) {
-    return RunBlocking({.kind = CollectiveKind::kAllGather, .send = send, .recv = recv,
-                        .count = count, .dtype = dtype, .options = call});
+    return RunBlocking({.kind = CollectiveKind::kAllGather,
+                        .send = send,
+                        .recv = recv,
+                        .count = count,
+                        .dtype = dtype,
+                        .options = call});
   }
   virtual std::shared_ptr<Work> AllGatherAsync(const void* send, void* recv, size_t count,
                                                DataType dtype, CallOptions call = {}) = 0;
@@ -293,8 +313,13 @@ class Communicator {
   // per-rank output.
   absl::Status ReduceScatter(const void* send, void* recv, size_t count, DataType dtype,
                              ReduceOp op, CallOptions call = {}) {
-    return RunBlocking({.kind = CollectiveKind::kReduceScatter, .send = send, .recv = recv,
-                        .count = count, .dtype = dtype, .op = op, .options = call});
+    return RunBlocking({.kind = CollectiveKind::kReduceScatter,
+                        .send = send,
+                        .recv = recv,
+                        .count = count,
+                        .dtype = dtype,
+                        .op = op,
+                        .options = call});
   }
   virtual std::shared_ptr<Work> ReduceScatterAsync(const void* send, void* recv, size_t count,
                                                    DataType dtype, ReduceOp op,
@@ -303,8 +328,12 @@ class Communicator {
   // recv[r*count + i] = send of rank r [rank()*count + i]; both hold size()*count.
   absl::Status AllToAll(const void* send, void* recv, size_t count, DataType dtype,
                         CallOptions call = {}) {
-    return RunBlocking({.kind = CollectiveKind::kAllToAll, .send = send, .recv = recv,
-                        .count = count, .dtype = dtype, .options = call});
+    return RunBlocking({.kind = CollectiveKind::kAllToAll,
+                        .send = send,
+                        .recv = recv,
+                        .count = count,
+                        .dtype = dtype,
+                        .options = call});
   }
   virtual std::shared_ptr<Work> AllToAllAsync(const void* send, void* recv, size_t count,
                                               DataType dtype, CallOptions call = {}) = 0;
@@ -317,9 +346,14 @@ class Communicator {
                          absl::Span<const size_t> send_displs, void* recv,
                          absl::Span<const size_t> recv_counts, absl::Span<const size_t> recv_displs,
                          DataType dtype, CallOptions call = {}) {
-    return RunBlocking({.kind = CollectiveKind::kAllToAllV, .send = send, .recv = recv,
-                        .dtype = dtype, .options = call, .send_counts = send_counts,
-                        .send_displs = send_displs, .recv_counts = recv_counts,
+    return RunBlocking({.kind = CollectiveKind::kAllToAllV,
+                        .send = send,
+                        .recv = recv,
+                        .dtype = dtype,
+                        .options = call,
+                        .send_counts = send_counts,
+                        .send_displs = send_displs,
+                        .recv_counts = recv_counts,
                         .recv_displs = recv_displs});
   }
   virtual std::shared_ptr<Work> AllToAllVAsync(const void* send,
@@ -332,14 +366,22 @@ class Communicator {
   // Point to point, matched in issue order per pair of ranks (a Send of n elements pairs with
   // the peer's Recv of n elements of the same type; a mismatch is an error).
   absl::Status Send(const void* send, size_t count, DataType dtype, int peer) {
-    return RunBlocking({.kind = CollectiveKind::kSendRecv, .send = send, .count = count,
-                        .dtype = dtype, .peer = peer, .is_send = true});
+    return RunBlocking({.kind = CollectiveKind::kSendRecv,
+                        .send = send,
+                        .count = count,
+                        .dtype = dtype,
+                        .peer = peer,
+                        .is_send = true});
   }
   virtual std::shared_ptr<Work> SendAsync(const void* send, size_t count, DataType dtype,
                                           int peer) = 0;
   absl::Status Recv(void* recv, size_t count, DataType dtype, int peer) {
-    return RunBlocking({.kind = CollectiveKind::kSendRecv, .recv = recv, .count = count,
-                        .dtype = dtype, .peer = peer, .is_send = false});
+    return RunBlocking({.kind = CollectiveKind::kSendRecv,
+                        .recv = recv,
+                        .count = count,
+                        .dtype = dtype,
+                        .peer = peer,
+                        .is_send = false});
   }
   virtual std::shared_ptr<Work> RecvAsync(void* recv, size_t count, DataType dtype, int peer) = 0;
 
@@ -390,8 +432,11 @@ class Communicator {
     int root = 0;
     int peer = -1;
     bool is_send = false;
-    CallOptions options;
-    absl::Span<const size_t> send_counts, send_displs, recv_counts, recv_displs;
+    CallOptions options = {};
+    absl::Span<const size_t> send_counts = {};
+    absl::Span<const size_t> send_displs = {};
+    absl::Span<const size_t> recv_counts = {};
+    absl::Span<const size_t> recv_displs = {};
   };
   // Runs a blocking call. The default issues its *Async form (IssueAsync) and waits for it; an
   // implementation may run it in the caller's thread instead (the latency path).
