@@ -436,4 +436,82 @@ void BuildRecvFrom(const Layout& L, uint8_t* buf, size_t count, int peer, bool a
   RecvAll(L, plan, buf, count, peer, false, false, 0);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The schedules
+
+namespace {
+
+bool PowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
+bool Always(int) { return true; }
+
+// AllGather and ReduceScatter blocks: ring segment j belongs to the rank that owns it at the end
+// (position j - 1); halving block b to the rank at position b.
+std::vector<Block> RingBlocks(const Layout& L, size_t count) {
+  std::vector<Block> blocks(L.n);
+  for (int j = 0; j < L.n; ++j) blocks[j] = Block{L.at(j - 1) * count, count};
+  return blocks;
+}
+std::vector<Block> PositionBlocks(const Layout& L, size_t count) {
+  std::vector<Block> blocks(L.n);
+  for (int b = 0; b < L.n; ++b) blocks[b] = Block{L.order[b] * count, count};
+  return blocks;
+}
+
+using K = CollectiveKind;
+using A = Algorithm;
+
+const Schedule kSchedules[] = {
+    {K::kAllReduce, A::kRing, nullptr, Always,
+     [](const ScheduleArgs& a, Plan* p) {
+       BuildRing(a.L, a.buf, EvenBlocks(a.count, a.L.n), true, true, p, a.input);
+     }},
+    {K::kAllReduce, A::kHalvingDoubling, nullptr, PowerOfTwo,
+     [](const ScheduleArgs& a, Plan* p) { BuildHalvingDoubling(a.L, a.buf, a.count, p, a.input); }},
+    {K::kAllReduce, A::kRecursiveDoubling, nullptr, PowerOfTwo,
+     [](const ScheduleArgs& a, Plan* p) {
+       BuildRecursiveDoubling(a.L, a.buf, a.count, p, a.input);
+     }},
+    {K::kAllReduce, A::kTree, nullptr, nullptr,
+     [](const ScheduleArgs& a, Plan* p) { BuildDoubleTreeAllReduce(a.L, a.buf, a.count, p); }},
+    {K::kReduce, A::kRing, nullptr, nullptr,
+     [](const ScheduleArgs& a, Plan* p) { BuildChainReduce(a.L, a.buf, a.count, a.root_pos, p); }},
+    {K::kReduce, A::kTree, nullptr, nullptr,
+     [](const ScheduleArgs& a, Plan* p) { BuildTreeReduce(a.L, a.buf, a.count, a.root_pos, p); }},
+    {K::kBroadcast, A::kRing, nullptr, Always,
+     [](const ScheduleArgs& a, Plan* p) {
+       BuildChainBroadcast(a.L, a.buf, a.count, a.root_pos, p, a.input);
+     }},
+    {K::kBroadcast, A::kTree, nullptr, Always,
+     [](const ScheduleArgs& a, Plan* p) {
+       BuildTreeBroadcast(a.L, a.buf, a.count, a.root_pos, p, a.input);
+     }},
+    {K::kAllGather, A::kRing, nullptr, nullptr,
+     [](const ScheduleArgs& a, Plan* p) {
+       BuildRing(a.L, a.buf, RingBlocks(a.L, a.count), false, true, p);
+     }},
+    {K::kAllGather, A::kHalvingDoubling, PowerOfTwo, nullptr,
+     [](const ScheduleArgs& a, Plan* p) {
+       BuildDoubling(a.L, a.buf, PositionBlocks(a.L, a.count), p);
+     }},
+    {K::kReduceScatter, A::kRing, nullptr, Always,
+     [](const ScheduleArgs& a, Plan* p) {
+       BuildRing(a.L, a.buf, RingBlocks(a.L, a.count), true, false, p, a.input);
+     }},
+    {K::kReduceScatter, A::kHalvingDoubling, PowerOfTwo, Always,
+     [](const ScheduleArgs& a, Plan* p) {
+       BuildHalving(a.L, a.buf, PositionBlocks(a.L, a.count), p, a.input);
+     }},
+};
+
+}  // namespace
+
+const Schedule* FindSchedule(CollectiveKind kind, Algorithm algorithm, int n) {
+  for (const Schedule& s : kSchedules) {
+    if (s.kind == kind && s.algorithm == algorithm && (s.runs_at == nullptr || s.runs_at(n))) {
+      return &s;
+    }
+  }
+  return nullptr;
+}
+
 }  // namespace plexus::collectives::internal

@@ -508,23 +508,22 @@ Algorithm CommunicatorImpl::Resolve(CollectiveKind kind, size_t bytes, Algorithm
     a = Algorithm::kHalvingDoubling;
   }
   switch (kind) {
-    case CollectiveKind::kAllReduce:
-      return a;
     case CollectiveKind::kBroadcast:
     case CollectiveKind::kReduce:
-      return a == Algorithm::kHalvingDoubling ? Algorithm::kTree : a;
-    case CollectiveKind::kAllGather:
-    case CollectiveKind::kReduceScatter:
-      // Halving/doubling needs a power of two here (each rank owns exactly one block).
-      return a == Algorithm::kHalvingDoubling && IsPowerOfTwo(layout_.n) ? a : Algorithm::kRing;
+      if (a == Algorithm::kHalvingDoubling) a = Algorithm::kTree;
+      break;
     case CollectiveKind::kBarrier:
       return Algorithm::kHalvingDoubling;
     case CollectiveKind::kAllToAll:
     case CollectiveKind::kAllToAllV:
     case CollectiveKind::kSendRecv:
       return Algorithm::kRing;  // pairwise exchange; reported as ring
+    default:
+      break;
   }
-  return a;
+  // One the collective does not implement at this world size (halving/doubling of AllGather and
+  // ReduceScatter needs a power of two: each rank owns exactly one block) falls back to the ring.
+  return FindSchedule(kind, a, layout_.n) != nullptr ? a : Algorithm::kRing;
 }
 
 const Layout& CommunicatorImpl::MakeLayout(DataType dtype, size_t segment_bytes) {

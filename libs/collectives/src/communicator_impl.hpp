@@ -54,8 +54,6 @@ inline bool IsReducing(CollectiveKind kind) {
          kind == CollectiveKind::kReduceScatter;
 }
 
-inline bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
-
 // The Work of a queued call (communicator.cpp).
 class WorkImpl;
 // A Work that has already finished with `status`.

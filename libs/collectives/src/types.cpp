@@ -12,8 +12,6 @@ constexpr std::string_view kDataTypeNames[kNumDataTypes] = {"f32", "f64", "f16",
                                                             "i32", "i64", "u8"};
 constexpr size_t kDataTypeSizes[kNumDataTypes] = {4, 8, 2, 2, 4, 8, 1};
 constexpr std::string_view kReduceOpNames[kNumReduceOps] = {"sum", "prod", "min", "max", "avg"};
-constexpr std::string_view kAlgorithmNames[kNumAlgorithms] = {"auto", "ring", "halving_doubling",
-                                                              "tree", "recursive_doubling"};
 constexpr std::string_view kCollectiveNames[kNumCollectiveKinds] = {
     "allreduce", "reduce",    "broadcast", "allgather", "reducescatter",
     "alltoall",  "alltoallv", "sendrecv",  "barrier"};

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string_view>
 
 #include "absl/status/statusor.h"
@@ -36,7 +37,9 @@ inline constexpr int kNumReduceOps = 5;
 std::string_view ReduceOpName(ReduceOp op);
 absl::StatusOr<ReduceOp> ParseReduceOp(std::string_view name);
 
-// How a collective moves its data (docs/collectives.md gives steps and bytes on the wire).
+// How a collective moves its data (docs/collectives.md gives steps and bytes on the wire). Each
+// has its name at its index in kAlgorithmNames below; which collectives it implements is the
+// schedule table's (src/algorithms.cpp).
 enum class Algorithm : uint8_t {
   kAuto = 0,             // chosen by the selector (size, world size, table, overrides)
   kRing = 1,             // pipelined, chunked ring over every channel: bandwidth-optimal
@@ -46,9 +49,10 @@ enum class Algorithm : uint8_t {
   // below 16 KiB): fewer bytes-independent steps, more bytes. Elsewhere as kHalvingDoubling.
   kRecursiveDoubling = 4,
 };
-inline constexpr int kNumAlgorithms = 5;
-// "auto", "ring", "halving_doubling" (also parsed: "hd", "rhd"), "tree", "recursive_doubling"
-// (also "rd").
+// Also parsed: "hd", "rhd" (halving_doubling), "rd" (recursive_doubling).
+inline constexpr std::string_view kAlgorithmNames[] = {"auto", "ring", "halving_doubling", "tree",
+                                                       "recursive_doubling"};
+inline constexpr int kNumAlgorithms = static_cast<int>(std::size(kAlgorithmNames));
 std::string_view AlgorithmName(Algorithm algorithm);
 absl::StatusOr<Algorithm> ParseAlgorithm(std::string_view name);
 
