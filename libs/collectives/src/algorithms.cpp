@@ -441,6 +441,41 @@ void BuildRecvFrom(const Layout& L, uint8_t* buf, size_t count, int peer, bool a
 
 namespace {
 
+// Bruck's allgather: in round d = 1, 2, 4, ... < n, position p sends the blocks of positions
+// p .. p + m - 1 (m = min(d, n - d)), which it holds by then, to position p - d and receives those
+// of p + d .. p + d + m - 1 from it: ceil(log2 n) rounds at any world size, the ring's bytes.
+// Blocks go straight to their place in buf (no final rotation); a forwarded chunk leaves as soon
+// as it arrived.
+void BuildBruckAllGather(const Layout& L, uint8_t* buf, size_t count, Plan* plan) {
+  const int n = L.n;
+  const int pos = L.pos();
+  const size_t chunks = NumChunks(L, count);
+  // first_recv[j]: the first receive of the block of position pos + j (its chunks follow).
+  std::vector<int> first_recv(n, -1);
+  for (int d = 1; d < n; d *= 2) {
+    const int m = std::min(d, n - d);
+    const int to = L.at(pos - d);
+    const int from = L.at(pos + d);
+    size_t k_global = 0;
+    for (int j = 0; j < m; ++j) {
+      const Block b{static_cast<size_t>(L.at(pos + j)) * count, count};
+      for (size_t k = 0; k < chunks; ++k, ++k_global) {
+        // A forwarded chunk leaves once it arrived; this rank's own block at once.
+        const int dep = j == 0 ? -1 : first_recv[j] + static_cast<int>(k);
+        AddSend(L, plan, buf, ChunkOf(L, b, k), to, Channel(L, k_global), dep, 0, true);
+      }
+    }
+    k_global = 0;
+    for (int j = 0; j < m; ++j) {
+      const Block b{static_cast<size_t>(L.at(pos + d + j)) * count, count};
+      first_recv[d + j] = static_cast<int>(plan->recvs.size());
+      for (size_t k = 0; k < chunks; ++k, ++k_global) {
+        AddRecv(L, plan, buf, ChunkOf(L, b, k), from, Channel(L, k_global), false);
+      }
+    }
+  }
+}
+
 bool PowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
 bool Always(int) { return true; }
 
@@ -493,6 +528,8 @@ const Schedule kSchedules[] = {
      [](const ScheduleArgs& a, Plan* p) {
        BuildDoubling(a.L, a.buf, PositionBlocks(a.L, a.count), p);
      }},
+    {K::kAllGather, A::kBruck, nullptr, nullptr,
+     [](const ScheduleArgs& a, Plan* p) { BuildBruckAllGather(a.L, a.buf, a.count, p); }},
     {K::kReduceScatter, A::kRing, nullptr, Always,
      [](const ScheduleArgs& a, Plan* p) {
        BuildRing(a.L, a.buf, RingBlocks(a.L, a.count), true, false, p, a.input);

@@ -48,10 +48,13 @@ enum class Algorithm : uint8_t {
   // AllReduce: log2(n) exchanges of the whole vector at any size (halving-doubling does this
   // below 16 KiB): fewer bytes-independent steps, more bytes. Elsewhere as kHalvingDoubling.
   kRecursiveDoubling = 4,
+  // AllGather: Bruck's ceil(log2(n)) rounds at any world size (the ring's bytes). Elsewhere as
+  // kRing.
+  kBruck = 5,
 };
 // Also parsed: "hd", "rhd" (halving_doubling), "rd" (recursive_doubling).
-inline constexpr std::string_view kAlgorithmNames[] = {"auto", "ring", "halving_doubling", "tree",
-                                                       "recursive_doubling"};
+inline constexpr std::string_view kAlgorithmNames[] = {
+    "auto", "ring", "halving_doubling", "tree", "recursive_doubling", "bruck"};
 inline constexpr int kNumAlgorithms = static_cast<int>(std::size(kAlgorithmNames));
 std::string_view AlgorithmName(Algorithm algorithm);
 absl::StatusOr<Algorithm> ParseAlgorithm(std::string_view name);
