@@ -48,14 +48,37 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "plexus/collectives/qos.hpp"
-#include "plexus/collectives/reconfiguration.hpp"
 #include "plexus/collectives/selector.hpp"
-#include "plexus/collectives/trace.hpp"
 #include "plexus/collectives/types.hpp"
 #include "plexus/transport/device.hpp"
 #include "plexus/transport/rendezvous.hpp"
 
 namespace plexus::collectives {
+
+// Live reconfiguration (plexus/collectives/reconfiguration.hpp) and tracing
+// (plexus/collectives/trace.hpp): include those to call RequestReconfiguration,
+// configuration() or Trace().
+struct Reconfiguration;
+struct ActiveConfiguration;
+struct CollectiveTrace;
+
+// CommunicatorOptions::trace. Every rank may choose differently.
+struct TraceOptions {
+  // Record every call. PLEXUS_COLL_TRACE (non-empty) also turns it on.
+  bool enabled = false;
+  // Calls kept: a ring, beyond it the oldest records are dropped (CollectiveTrace::dropped).
+  // 1 to 2^24; PLEXUS_COLL_TRACE_CAPACITY sets it when this is left at 0.
+  size_t capacity = 0;
+  // Non-empty: when the communicator is destroyed, its trace is written (Chrome trace-event
+  // format) to `<path_prefix>.<rank>.json`, or for a communicator made by Split to
+  // `<path_prefix>.<communicator id in hex>.<rank>.json`. Implies `enabled`. Empty: the value of
+  // PLEXUS_COLL_TRACE. A later communicator of the same rank and prefix replaces the file.
+  std::string path_prefix;
+  // Also record, for each call on the plan path, per peer when the first message to it was
+  // posted and when the last message from it arrived (TraceEvent::peers): two clock reads per
+  // message. PLEXUS_COLL_TRACE_PEERS=1 turns it on too.
+  bool peer_steps = false;
+};
 
 // DeviceOptions with caller-driven progress: the default device of a communicator.
 inline transport::DeviceOptions CallerDrivenDeviceOptions() {
@@ -147,24 +170,11 @@ struct CallOptions {
   // does not implement falls back as documented in docs/collectives.md.
   Algorithm algorithm = Algorithm::kAuto;
   // Fused cast: an f32 AllReduce, Broadcast or AllGather whose messages travel as kBF16 or kF16,
-  // half the bytes. Each send converts its chunk while packing it; each receive converts the
-  // incoming chunk into the f32 output, or reduces it into the f32 accumulator (AllReduce: the
-  // partial sums stay f32 at every hop), in the same pass; no pass over the whole buffer. Every
-  // rank ends with the same bits: the rank that distributes a final value (a ring segment's
-  // owner, a broadcast root, an allgather block's owner) keeps the rounded value it sends, so
-  // the root's and owners' own outputs are rounded too. nullopt (or dtype itself): as the data.
-  // Error, u = 2^-8 (bf16) or 2^-11 (f16), n ranks, exact sum s = sum_r x_r, r = the result:
-  //   Broadcast/AllGather: r = f32(wire(x)), |r - x| <= u |x|;
-  //   AllReduce sum: |r - s| <= ((1 + u)^n (1 + 2^-24)^(n - 1) - 1) sum_r |x_r| (each operand is
-  //   rounded at most n - 1 times on its way plus once as part of the final value, and takes
-  //   part in at most n - 1 f32 additions); min/max: r = wire(min/max_r x_r); avg: sum, then / n.
-  // f16 also: values beyond 65504 become infinities, and below 2^-14 add up to 2^-25 absolute
-  // error per rounding. NaN and infinities propagate (NaN results are canonical quiet NaNs).
-  // The latency paths travel uncast (exact, same bits on every rank): AllReduce of at most
-  // 16 KiB or with fewer elements than ranks, Broadcast/AllGather of at most 16 KiB in all, the
-  // mailbox AllGather (<= 8 KiB per rank). InvalidArgument for another collective, a dtype other
-  // than kF32, or another wire type. Every rank must pass the same value: on the cast paths a
-  // difference fails the call as mismatched (the header carries the wire type).
+  // half the bytes, converted while packing and on arrival (no pass over the whole buffer); every
+  // rank ends with the same bits. nullopt (or dtype itself): as the data. Small calls travel
+  // uncast. InvalidArgument for another collective, a dtype other than kF32, or another wire
+  // type. Every rank must pass the same value (the header carries it: a difference fails the
+  // call as mismatched). Error bounds and paths: docs/collectives.md, "Fused casts".
   std::optional<DataType> wire_dtype;
   // Broadcast and AllGather: recv holds elements of this type (kBF16 or kF16) while send holds
   // dtype (kF32): an f32 source cast on the way into half-width destinations. The root (for
@@ -242,10 +252,10 @@ class Communicator {
   virtual absl::Status health() const = 0;
   // The calls recorded so far (CommunicatorOptions::trace; enabled false and no events when
   // tracing is off). Thread-safe, at any time, also while calls run.
-  virtual CollectiveTrace Trace() const { return {}; }
+  virtual CollectiveTrace Trace() const;
   // Trace() in Chrome's trace-event format (what PLEXUS_COLL_TRACE writes; an admin endpoint's
   // `coll-trace` command serves this).
-  std::string TraceJson() const { return ToChromeTraceJson(Trace()); }
+  std::string TraceJson() const;
 
   // Every operation comes in two forms: the blocking one (written once, here) and its *Async
   // form (what an implementation provides). A blocking call runs through RunBlocking, which by

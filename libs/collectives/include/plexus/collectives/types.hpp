@@ -77,4 +77,18 @@ inline constexpr int kNumCollectiveKinds = 9;
 std::string_view CollectiveName(CollectiveKind kind);
 absl::StatusOr<CollectiveKind> ParseCollective(std::string_view name);
 
+// How a communicator that creates its devices picks the transport of each peer
+// (docs/collectives.md, "Transport per peer").
+enum class TransportPolicy : uint8_t {
+  // Ranks on this host over shm (with mailboxes), ranks on other hosts over device.backend (tcp
+  // when that is shm). With device.backend kInproc every peer is inproc.
+  kPerPeer = 0,
+  // device.backend for every peer (to measure or test one backend).
+  kUniform = 1,
+};
+
+// The most channels a communicator connects (CommunicatorOptions::channels,
+// Reconfiguration::channels).
+inline constexpr int kMaxChannels = 64;
+
 }  // namespace plexus::collectives
