@@ -138,10 +138,7 @@ absl::Status CommunicatorImpl::Abort(const CallHeader& header, Failure failure) 
   const std::string down = conns_.DownRanks(layout_.n);
   if (!down.empty()) absl::StrAppend(&message, " [connections down: ", down, "]");
   absl::Status status(blame.code, message);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    broken_ = status;
-  }
+  issue_.Break(status, /*replace=*/true);
   conns_.Close();
   return status;
 }

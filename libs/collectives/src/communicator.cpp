@@ -98,17 +98,12 @@ std::shared_ptr<Work> FailedWork(absl::Status status) {
 }
 
 CommunicatorImpl::~CommunicatorImpl() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  issue_.Stop();
   // Destruction is collective (as MPI_Comm_free): a peer may still be receiving what this rank
   // sent last, and closing now would fail its receives. After the barrier every rank has
   // finished every call it issued before.
   if (ready_ && layout_.n > 1 && health().ok()) {
-    if (auto barrier = BarrierTask(); barrier.ok()) (void)RunOne(*barrier);
+    if (auto barrier = BarrierTask(); barrier.ok()) (void)issue_.RunOne(*barrier);
   }
   if (trace_ != nullptr) trace_->WriteIfAsked();
   reconfig_.Stop();
@@ -362,6 +357,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
       comm->store_, comm->uid_, rank, std::max(options.timeout / 2, absl::Seconds(1)));
   if (options.qos.enabled()) comm->qos_ = std::make_unique<QosGate>(options.qos, rank);
   comm->trace_ = Tracer::Create(options.trace, rank, n, comm->uid_, tag, host);
+  comm->issue_.set_tracer(comm->trace_.get());
   env.board = comm->board_.get();
   env.qos = comm->qos_.get();
   env.trace = comm->trace_.get();
@@ -386,7 +382,16 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
 // ---------------------------------------------------------------------------------------------
 // Issue order
 
-absl::Status CommunicatorImpl::RunOne(const std::function<absl::Status()>& fn, int64_t issued_ns) {
+void IssueQueue::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+absl::Status IssueQueue::RunOne(const Fn& fn, int64_t issued_ns) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_.ok()) {
@@ -394,12 +399,16 @@ absl::Status CommunicatorImpl::RunOne(const std::function<absl::Status()>& fn, i
       return broken_;
     }
   }
-  return Traced(issued_ns, fn);
+  if (trace_ == nullptr) return fn();
+  trace_->Begin(issued_ns);
+  absl::Status status = fn();
+  trace_->End(status);
+  return status;
 }
 
-absl::Status CommunicatorImpl::Blocking(TaskOr task) {
+absl::Status IssueQueue::Blocking(absl::StatusOr<Fn> task) {
   const int64_t issued = trace_ != nullptr ? Tracer::Now() : 0;
-  PLEXUS_ASSIGN_OR_RETURN(std::function<absl::Status()> run, std::move(task));
+  PLEXUS_ASSIGN_OR_RETURN(Fn run, std::move(task));
   std::unique_lock<std::mutex> lock(mu_);
   if (queue_.empty() && !busy_) {
     // Nothing queued before us: run in the caller's thread (no thread hop on the latency path).
@@ -420,7 +429,7 @@ absl::Status CommunicatorImpl::Blocking(TaskOr task) {
   return work->Wait(absl::InfiniteDuration());
 }
 
-std::shared_ptr<Work> CommunicatorImpl::Async(TaskOr task) {
+std::shared_ptr<Work> IssueQueue::Async(absl::StatusOr<Fn> task) {
   const int64_t issued = trace_ != nullptr ? Tracer::Now() : 0;
   if (!task.ok()) return FailedWork(task.status());
   auto work = std::make_shared<WorkImpl>();
@@ -433,7 +442,7 @@ std::shared_ptr<Work> CommunicatorImpl::Async(TaskOr task) {
   return work;
 }
 
-void CommunicatorImpl::WorkerLoop() {
+void IssueQueue::WorkerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return (!queue_.empty() && !busy_) || (stop_ && queue_.empty()); });

@@ -34,6 +34,7 @@
 #include "call_env.hpp"
 #include "connection_set.hpp"
 #include "executor.hpp"
+#include "issue_queue.hpp"
 #include "mailbox_path.hpp"
 #include "plan.hpp"
 #include "plexus/collectives/communicator.hpp"
@@ -54,20 +55,6 @@ inline bool IsReducing(CollectiveKind kind) {
          kind == CollectiveKind::kReduceScatter;
 }
 
-// The Work of a queued call (communicator.cpp).
-class WorkImpl;
-// A Work that has already finished with `status`.
-std::shared_ptr<Work> FailedWork(absl::Status status);
-
-// ---------------------------------------------------------------------------------------------
-// The communicator
-
-struct Task {
-  std::function<absl::Status()> run;
-  std::shared_ptr<WorkImpl> work;
-  int64_t issued_ns = 0;  // when tracing: the moment the caller issued it
-};
-
 class CommunicatorImpl : public Communicator {
  public:
   // Connects over `device` when given (Communicator::Create on an existing device; Split
@@ -85,10 +72,7 @@ class CommunicatorImpl : public Communicator {
     return peer >= 0 && peer < layout_.n ? peer_backend_[peer] : options_.device.backend;
   }
   Algorithm SelectAlgorithm(CollectiveKind kind, size_t bytes, Algorithm forced) const override;
-  absl::Status health() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return broken_;
-  }
+  absl::Status health() const override { return issue_.broken(); }
   CollectiveTrace Trace() const override {
     return trace_ != nullptr ? trace_->Snapshot() : CollectiveTrace();
   }
@@ -167,27 +151,12 @@ class CommunicatorImpl : public Communicator {
   absl::Status RunBlocking(const BlockingCall& call) override;
   // The task of a blocking call (its validation error when it cannot be issued).
   TaskOr TaskOf(const BlockingCall& call);
-  absl::Status Blocking(TaskOr task);
-  // Runs fn in the caller's thread when no call is queued or running (the latency path: no
-  // closure, no thread hop); nullopt when it must queue. Traced calls take Blocking's path,
-  // which records them (and also runs them in the caller's thread when nothing is queued), so
-  // that this stays as small as without tracing (one test more; measured in docs/collectives.md).
+  absl::Status Blocking(TaskOr task) { return issue_.Blocking(std::move(task)); }
+  std::shared_ptr<Work> Async(TaskOr task) { return issue_.Async(std::move(task)); }
+  // IssueQueue::TryInline, issuing the collective first.
   template <typename Fn>
   std::optional<absl::Status> TryInline(Fn&& fn) {
-    if (trace_ != nullptr) return std::nullopt;
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!queue_.empty() || busy_) return std::nullopt;
-    if (!broken_.ok()) return broken_;
-    busy_ = true;
-    lock.unlock();
-    absl::Status status = IssueCollective();
-    if (status.ok()) status = fn();
-    lock.lock();
-    busy_ = false;
-    const bool worker = worker_.joinable();
-    lock.unlock();
-    if (worker) cv_.notify_all();
-    return status;
+    return issue_.TryInline([this] { return IssueCollective(); }, std::forward<Fn>(fn));
   }
   absl::Status RunAllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                             CallOptions call);
@@ -197,19 +166,6 @@ class CommunicatorImpl : public Communicator {
   absl::Status PipelinedDeviceAllReduce(const void* send, void* recv, size_t count, DataType dtype,
                                         ReduceOp op, const CallHeader& header);
   absl::Status RunBarrier();
-  std::shared_ptr<Work> Async(TaskOr task);
-  // Runs fn unless the communicator is broken; issued_ns: see Task.
-  absl::Status RunOne(const std::function<absl::Status()>& fn, int64_t issued_ns = 0);
-  // fn(), recorded by the tracer when tracing is on.
-  template <typename Fn>
-  absl::Status Traced(int64_t issued_ns, Fn&& fn) {
-    if (trace_ == nullptr) return fn();
-    trace_->Begin(issued_ns);
-    absl::Status status = fn();
-    trace_->End(status);
-    return status;
-  }
-  void WorkerLoop();
 
   TaskOr AllReduceTask(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                        CallOptions call);
@@ -239,8 +195,6 @@ class CommunicatorImpl : public Communicator {
   void ApplyChange(const DecidedChange& decided);
   // After Make connected: the Reconfigurer's setup and start.
   absl::Status StartReconfiguration();
-  // Breaks the communicator with `status` unless it is broken already.
-  void Break(absl::Status status);
   // A change of transport and/or channel count landing on the collective about to run
   // (connection_set.cpp; unset: unchanged): every rank opens the devices it needs, gathers
   // whether all could (and the point-to-point counts of the pairs whose connections change,
@@ -347,14 +301,8 @@ class CommunicatorImpl : public Communicator {
   // The connections in use (a live change swaps its contents; the object stays).
   ConnectionSet conns_;
 
-  // Issue-order execution.
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;
-  bool busy_ = false;
-  bool stop_ = false;
-  std::thread worker_;
-  absl::Status broken_;  // guarded by mu_
+  // Issue order, and the broken status.
+  IssueQueue issue_;
 
   // State of the executing call (one at a time).
   uint64_t collective_seq_ = 0;

@@ -383,7 +383,7 @@ absl::Status CommunicatorImpl::ChangeConnections(const std::optional<TransportCh
   const std::vector<transport::Device*> old_devices = Raw(conns_.devices);
   auto fail = [&](absl::Status s) {
     absl::Status status(s.code(), absl::StrCat(where, ": ", s.message()));
-    Break(status);
+    issue_.Break(status);
     // The old connections go too, so that a peer blocked on them fails at once.
     conns_.Close();
     if (conns_.driver != nullptr) conns_.driver->SetDevices(old_devices);  // the new set's go

@@ -384,13 +384,8 @@ absl::Status CommunicatorImpl::StartReconfiguration() {
   setup.active.transport = {options_.device.backend, options_.transport_policy};
   setup.active.peer_backends = peer_backend_;
   setup.health = [this] { return health(); };
-  setup.on_error = [this](absl::Status status) { Break(std::move(status)); };
+  setup.on_error = [this](absl::Status status) { issue_.Break(std::move(status)); };
   return reconfig_.Start(std::move(setup));
-}
-
-void CommunicatorImpl::Break(absl::Status status) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (broken_.ok()) broken_ = std::move(status);
 }
 
 absl::Status CommunicatorImpl::BeginCollective() {
