@@ -2,10 +2,11 @@
 //  - ConnectionSet (connection_set.hpp): devices, completion queue, connections, mailboxes;
 //  - PlanExecutor (executor.hpp): runs a plan over the connection set;
 //  - MailboxPath (mailbox_path.hpp): small collectives over the connections' mailboxes;
-//  - Reconfigurer (reconfig.hpp): live reconfiguration's requests, rounds and decisions.
+//  - Reconfigurer (reconfig.hpp): live reconfiguration's requests, rounds and decisions;
+//  - IssueQueue (issue_queue.hpp): the order calls run in, and the broken status.
 // The executor and the mailbox path read a CallEnv (call_env.hpp) the communicator fills; none
 // of the parts knows the communicator or the reconfigurer. The communicator's own files:
-//  - communicator.cpp: creation (Make, Split), destruction, issue order, algorithm selection;
+//  - communicator.cpp: creation (Make, Split), destruction, the IssueQueue, algorithm selection;
 //  - collective_tasks.cpp: each collective's validation and run (staging, layout, plan);
 //  - connection_set.cpp: ChangeConnections, a live change of the connection set;
 //  - reconfig.cpp: BeginCollective, applying the changes that land on a collective;
