@@ -4,6 +4,7 @@
 
 #include "bench_common.hpp"
 #include "plexus/collectives/communicator.hpp"
+#include "plexus/collectives/reconfiguration.hpp"
 
 namespace plexus::bench {
 

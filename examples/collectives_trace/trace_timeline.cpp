@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "plexus/collectives/communicator.hpp"
+#include "plexus/collectives/trace.hpp"
 #include "plexus/transport/rendezvous.hpp"
 
 namespace pc = plexus::collectives;

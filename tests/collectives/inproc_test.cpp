@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -16,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "plexus/collectives/communicator.hpp"
+#include "plexus/collectives/selector.hpp"
 #include "plexus/transport/store.hpp"
 #include "ranks.hpp"
 #include "suite.hpp"
@@ -220,6 +223,105 @@ TEST_CASE("results are bit-identical across runs and ranks", "[collectives][inpr
       for (int i = 1; i < 2 * n; ++i) CHECK(outputs[i] == outputs[0]);
     }
   }
+}
+
+// Bruck's allgather against the ring's, bit for bit: odd counts and world sizes that are not
+// powers of two, several types, a non-identity ring order, two channels, a fused cast; asked for
+// per call, through the communicator's overrides and PLEXUS_COLL_ALGO-style text, and picked by
+// the default table for small calls at those world sizes.
+TEST_CASE("Bruck's allgather gives the ring's bits at any world size", "[collectives][inproc]") {
+  struct Case {
+    DataType dtype;
+    size_t count;
+    size_t chunk_bytes;
+    std::optional<DataType> wire;
+  };
+  const Case cases[] = {
+      {DataType::kU8, 1, 256, std::nullopt},
+      {DataType::kI32, 7, 256, std::nullopt},
+      {DataType::kF64, 7, 64, std::nullopt},
+      {DataType::kBF16, 1001, 256, std::nullopt},
+      {DataType::kF32, 4099, 1024, std::nullopt},
+      {DataType::kU8, 1000003, 64 << 10, std::nullopt},
+      {DataType::kBF16, 1000003, 256 << 10, std::nullopt},
+      {DataType::kF32, 20011, 4096, DataType::kBF16},
+  };
+  for (int n : {3, 5, 6}) {
+    pc::CommunicatorOptions options = InprocOptions();
+    options.channels = 2;
+    for (int i = n - 1; i >= 0; --i) options.ring_order.push_back((i + 2) % n);
+    // One rank's communicator forces Bruck through its overrides, the others per call.
+    for (const Case& c : cases) {
+      options.chunk_bytes = c.chunk_bytes;
+      INFO("world size " << n << ", " << pc::DataTypeName(c.dtype) << " x " << c.count
+                         << (c.wire ? " on the wire as bf16" : ""));
+      const size_t es = pc::DataTypeSize(c.dtype);
+      auto results = pc::testing::RunRanksWith(
+          n,
+          [&](int rank) {
+            pc::CommunicatorOptions o = options;
+            if (rank == 1) o.algorithms = *pc::AlgorithmOverrides::Parse("allgather:bruck");
+            return o;
+          },
+          [&](int rank, pc::Communicator& comm) -> std::string {
+            std::vector<uint8_t> send(c.count * es);
+            uint32_t x = 977u * static_cast<uint32_t>(rank) + 3u;
+            for (size_t i = 0; i < c.count; ++i) {
+              x = x * 1664525u + 1013904223u;
+              pc::testing::Set(c.dtype, send.data(), i,
+                               c.dtype == DataType::kU8 ? (x >> 24) : (x >> 8) * 1e-4 - 500.0);
+            }
+            pc::CallOptions ring{Algorithm::kRing};
+            pc::CallOptions bruck{rank == 1 ? Algorithm::kAuto : Algorithm::kBruck};
+            ring.wire_dtype = bruck.wire_dtype = c.wire;
+            std::vector<uint8_t> by_ring(n * send.size()), by_bruck(n * send.size(), 0xEE);
+            if (absl::Status s =
+                    comm.AllGather(send.data(), by_ring.data(), c.count, c.dtype, ring);
+                !s.ok()) {
+              return "ring: " + std::string(s.message());
+            }
+            if (absl::Status s =
+                    comm.AllGather(send.data(), by_bruck.data(), c.count, c.dtype, bruck);
+                !s.ok()) {
+              return "bruck: " + std::string(s.message());
+            }
+            if (by_bruck != by_ring) return "Bruck's output differs from the ring's";
+            // In place (send is this rank's block of recv), asynchronously.
+            std::vector<uint8_t> in_place(n * send.size(), 0);
+            std::memcpy(in_place.data() + rank * send.size(), send.data(), send.size());
+            auto work = comm.AllGatherAsync(in_place.data() + rank * send.size(), in_place.data(),
+                                            c.count, c.dtype, bruck);
+            if (absl::Status s = work->Wait(); !s.ok())
+              return "in place: " + std::string(s.message());
+            if (in_place != by_ring) return "Bruck in place differs from the ring";
+            // Uncast, this rank's block is its input as it was.
+            if (!c.wire &&
+                std::memcmp(by_ring.data() + rank * send.size(), send.data(), send.size()) != 0) {
+              return "the ring's output lost this rank's block";
+            }
+            if (comm.SelectAlgorithm(pc::CollectiveKind::kAllGather, n * send.size(),
+                                     Algorithm::kBruck) != Algorithm::kBruck) {
+              return "a forced Bruck is not selected";
+            }
+            if (comm.SelectAlgorithm(pc::CollectiveKind::kReduceScatter, 64, Algorithm::kBruck) !=
+                Algorithm::kRing) {
+              return "Bruck for a reduce-scatter does not fall back to the ring";
+            }
+            if (comm.SelectAlgorithm(pc::CollectiveKind::kAllGather, 1024) != Algorithm::kBruck) {
+              return "the default table does not pick Bruck for a small allgather";
+            }
+            return std::string();
+          });
+      RequireAllOk(results);
+    }
+  }
+  // Powers of two keep halving-doubling by default.
+  auto results = RunRanks(4, InprocOptions(), [&](int, pc::Communicator& comm) -> std::string {
+    return comm.SelectAlgorithm(pc::CollectiveKind::kAllGather, 1024) == Algorithm::kHalvingDoubling
+               ? ""
+               : "4 ranks: a small allgather is not halving-doubling";
+  });
+  RequireAllOk(results);
 }
 
 // The default table's 4-rank rules (over tcp: whole-vector recursive doubling from 64 to

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "plexus/collectives/communicator.hpp"
+#include "plexus/collectives/reconfiguration.hpp"
 #include "plexus/transport/store.hpp"
 #include "suite.hpp"
 

@@ -12,6 +12,7 @@
 
 #include "peer_transport.hpp"
 #include "plexus/collectives/communicator.hpp"
+#include "plexus/collectives/reconfiguration.hpp"
 #include "ranks.hpp"
 
 namespace pc = plexus::collectives;

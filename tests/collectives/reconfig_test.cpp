@@ -26,6 +26,7 @@
 #include "plexus/base/status.hpp"
 #include "plexus/collectives/admin.hpp"
 #include "plexus/collectives/communicator.hpp"
+#include "plexus/collectives/reconfiguration.hpp"
 #include "ranks.hpp"
 #include "reconfig.hpp"
 #include "reconfig_support.hpp"

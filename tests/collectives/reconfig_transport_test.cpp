@@ -16,6 +16,7 @@
 #include "communicator_impl.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/collectives/communicator.hpp"
+#include "plexus/collectives/reconfiguration.hpp"
 #include "ranks.hpp"
 #include "reconfig.hpp"
 #include "reconfig_support.hpp"

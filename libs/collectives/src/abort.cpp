@@ -38,24 +38,6 @@ internal::Blame ConnectionBlame(int self, int peer, const absl::Status& why) {
 
 }  // namespace
 
-std::string CommunicatorImpl::DownRanks() {
-  std::vector<std::string> down;
-  for (int r = 0; r < layout_.n; ++r) {
-    for (auto& channel : conns_) {
-      if (!channel[r]) continue;
-      const absl::Status s = channel[r]->status();
-      if (!s.ok()) {
-        // The transport reports a deliberate close as Aborted: that rank is alive and gave up
-        // (usually after an error of its own); anything else means it died or is unreachable.
-        down.push_back(absl::IsAborted(s) ? absl::StrCat("rank ", r, " (closed its connection)")
-                                          : absl::StrCat("rank ", r));
-        break;
-      }
-    }
-  }
-  return absl::StrJoin(down, ", ");
-}
-
 absl::Status CommunicatorImpl::Abort(const CallHeader& header, Failure failure) {
   const int self = layout_.rank;
   if (failure.kind == Failure::Kind::kPeer) {
@@ -66,16 +48,13 @@ absl::Status CommunicatorImpl::Abort(const CallHeader& header, Failure failure) 
   // A peer that closed on purpose published its account first: read it at once. Anything else
   // may be a death, which shows on every connection to that rank; give the transport a moment
   // to notice so that the error names the rank that died, not only the neighbour that told us.
-  if (failure.kind == Failure::Kind::kPeer && !absl::IsAborted(failure.why) && device_ != nullptr) {
+  if (failure.kind == Failure::Kind::kPeer && !absl::IsAborted(failure.why) &&
+      conns_.device != nullptr) {
     const absl::Time until = absl::Now() + absl::Milliseconds(200);
     Completion drained[16];
     while (absl::Now() < until) {
-      if (driver_ != nullptr) {
-        driver_->Progress(absl::Milliseconds(5));
-      } else {
-        device_->Progress(absl::Milliseconds(5));
-      }
-      cq_->Poll(absl::MakeSpan(drained));
+      conns_.Progress(absl::Milliseconds(5));
+      conns_.cq->Poll(absl::MakeSpan(drained));
     }
   }
   // Direct evidence first: a connection that failed other than by the peer's deliberate close
@@ -85,7 +64,7 @@ absl::Status CommunicatorImpl::Abort(const CallHeader& header, Failure failure) 
   absl::Status died_why;
   std::vector<int> closed;
   for (int r = 0; r < layout_.n; ++r) {
-    for (auto& channel : conns_) {
+    for (auto& channel : conns_.conns) {
       if (!channel[r]) continue;
       const absl::Status s = channel[r]->status();
       if (s.ok() || absl::IsCancelled(s)) continue;
@@ -156,18 +135,11 @@ absl::Status CommunicatorImpl::Abort(const CallHeader& header, Failure failure) 
                       absl::StrJoin(failure.waiting, ", "), ", blocked on it");
     }
   }
-  const std::string down = DownRanks();
+  const std::string down = conns_.DownRanks(layout_.n);
   if (!down.empty()) absl::StrAppend(&message, " [connections down: ", down, "]");
   absl::Status status(blame.code, message);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    broken_ = status;
-  }
-  for (auto& channel : conns_) {
-    for (auto& c : channel) {
-      if (c) c->Close();
-    }
-  }
+  issue_.Break(status, /*replace=*/true);
+  conns_.Close();
   return status;
 }
 

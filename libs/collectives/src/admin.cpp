@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/collectives/reconfiguration.hpp"
 
 namespace plexus::collectives {
 namespace {

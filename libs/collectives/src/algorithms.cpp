@@ -436,4 +436,119 @@ void BuildRecvFrom(const Layout& L, uint8_t* buf, size_t count, int peer, bool a
   RecvAll(L, plan, buf, count, peer, false, false, 0);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The schedules
+
+namespace {
+
+// Bruck's allgather: in round d = 1, 2, 4, ... < n, position p sends the blocks of positions
+// p .. p + m - 1 (m = min(d, n - d)), which it holds by then, to position p - d and receives those
+// of p + d .. p + d + m - 1 from it: ceil(log2 n) rounds at any world size, the ring's bytes.
+// Blocks go straight to their place in buf (no final rotation); a forwarded chunk leaves as soon
+// as it arrived.
+void BuildBruckAllGather(const Layout& L, uint8_t* buf, size_t count, Plan* plan) {
+  const int n = L.n;
+  const int pos = L.pos();
+  const size_t chunks = NumChunks(L, count);
+  // first_recv[j]: the first receive of the block of position pos + j (its chunks follow).
+  std::vector<int> first_recv(n, -1);
+  for (int d = 1; d < n; d *= 2) {
+    const int m = std::min(d, n - d);
+    const int to = L.at(pos - d);
+    const int from = L.at(pos + d);
+    size_t k_global = 0;
+    for (int j = 0; j < m; ++j) {
+      const Block b{static_cast<size_t>(L.at(pos + j)) * count, count};
+      for (size_t k = 0; k < chunks; ++k, ++k_global) {
+        // A forwarded chunk leaves once it arrived; this rank's own block at once.
+        const int dep = j == 0 ? -1 : first_recv[j] + static_cast<int>(k);
+        AddSend(L, plan, buf, ChunkOf(L, b, k), to, Channel(L, k_global), dep, 0, true);
+      }
+    }
+    k_global = 0;
+    for (int j = 0; j < m; ++j) {
+      const Block b{static_cast<size_t>(L.at(pos + d + j)) * count, count};
+      first_recv[d + j] = static_cast<int>(plan->recvs.size());
+      for (size_t k = 0; k < chunks; ++k, ++k_global) {
+        AddRecv(L, plan, buf, ChunkOf(L, b, k), from, Channel(L, k_global), false);
+      }
+    }
+  }
+}
+
+bool PowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
+bool Always(int) { return true; }
+
+// AllGather and ReduceScatter blocks: ring segment j belongs to the rank that owns it at the end
+// (position j - 1); halving block b to the rank at position b.
+std::vector<Block> RingBlocks(const Layout& L, size_t count) {
+  std::vector<Block> blocks(L.n);
+  for (int j = 0; j < L.n; ++j) blocks[j] = Block{L.at(j - 1) * count, count};
+  return blocks;
+}
+std::vector<Block> PositionBlocks(const Layout& L, size_t count) {
+  std::vector<Block> blocks(L.n);
+  for (int b = 0; b < L.n; ++b) blocks[b] = Block{L.order[b] * count, count};
+  return blocks;
+}
+
+using K = CollectiveKind;
+using A = Algorithm;
+
+const Schedule kSchedules[] = {
+    {K::kAllReduce, A::kRing, nullptr, Always,
+     [](const ScheduleArgs& a, Plan* p) {
+       BuildRing(a.L, a.buf, EvenBlocks(a.count, a.L.n), true, true, p, a.input);
+     }},
+    {K::kAllReduce, A::kHalvingDoubling, nullptr, PowerOfTwo,
+     [](const ScheduleArgs& a, Plan* p) { BuildHalvingDoubling(a.L, a.buf, a.count, p, a.input); }},
+    {K::kAllReduce, A::kRecursiveDoubling, nullptr, PowerOfTwo,
+     [](const ScheduleArgs& a, Plan* p) {
+       BuildRecursiveDoubling(a.L, a.buf, a.count, p, a.input);
+     }},
+    {K::kAllReduce, A::kTree, nullptr, nullptr,
+     [](const ScheduleArgs& a, Plan* p) { BuildDoubleTreeAllReduce(a.L, a.buf, a.count, p); }},
+    {K::kReduce, A::kRing, nullptr, nullptr,
+     [](const ScheduleArgs& a, Plan* p) { BuildChainReduce(a.L, a.buf, a.count, a.root_pos, p); }},
+    {K::kReduce, A::kTree, nullptr, nullptr,
+     [](const ScheduleArgs& a, Plan* p) { BuildTreeReduce(a.L, a.buf, a.count, a.root_pos, p); }},
+    {K::kBroadcast, A::kRing, nullptr, Always,
+     [](const ScheduleArgs& a, Plan* p) {
+       BuildChainBroadcast(a.L, a.buf, a.count, a.root_pos, p, a.input);
+     }},
+    {K::kBroadcast, A::kTree, nullptr, Always,
+     [](const ScheduleArgs& a, Plan* p) {
+       BuildTreeBroadcast(a.L, a.buf, a.count, a.root_pos, p, a.input);
+     }},
+    {K::kAllGather, A::kRing, nullptr, nullptr,
+     [](const ScheduleArgs& a, Plan* p) {
+       BuildRing(a.L, a.buf, RingBlocks(a.L, a.count), false, true, p);
+     }},
+    {K::kAllGather, A::kHalvingDoubling, PowerOfTwo, nullptr,
+     [](const ScheduleArgs& a, Plan* p) {
+       BuildDoubling(a.L, a.buf, PositionBlocks(a.L, a.count), p);
+     }},
+    {K::kAllGather, A::kBruck, nullptr, nullptr,
+     [](const ScheduleArgs& a, Plan* p) { BuildBruckAllGather(a.L, a.buf, a.count, p); }},
+    {K::kReduceScatter, A::kRing, nullptr, Always,
+     [](const ScheduleArgs& a, Plan* p) {
+       BuildRing(a.L, a.buf, RingBlocks(a.L, a.count), true, false, p, a.input);
+     }},
+    {K::kReduceScatter, A::kHalvingDoubling, PowerOfTwo, Always,
+     [](const ScheduleArgs& a, Plan* p) {
+       BuildHalving(a.L, a.buf, PositionBlocks(a.L, a.count), p, a.input);
+     }},
+};
+
+}  // namespace
+
+const Schedule* FindSchedule(CollectiveKind kind, Algorithm algorithm, int n) {
+  for (const Schedule& s : kSchedules) {
+    if (s.kind == kind && s.algorithm == algorithm && (s.runs_at == nullptr || s.runs_at(n))) {
+      return &s;
+    }
+  }
+  return nullptr;
+}
+
 }  // namespace plexus::collectives::internal

@@ -128,6 +128,9 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   header.wire = wire;
   const size_t segment = algo == Algorithm::kRing ? bytes / static_cast<size_t>(layout_.n) : 0;
   const Layout& L = wire ? MakeWireLayout(dtype, *wire, segment) : MakeLayout(dtype, segment);
+  // Small halving-doubling exchanges the whole vector: the recursive doubling schedule.
+  const Schedule* schedule = FindSchedule(
+      CollectiveKind::kAllReduce, recursive_doubling ? Algorithm::kRecursiveDoubling : algo, L.n);
   const uint8_t* input = nullptr;  // out of place: where this rank's operand is
   if (send != recv) {
     PLEXUS_ASSIGN_OR_RETURN(input, staging.In(send, bytes, true));
@@ -135,11 +138,8 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
     // read their operand straight from the input: every block of the output is written by a
     // reduction or a receive. The others start from a copy.
     const bool overlap = input < buf + bytes && buf < input + bytes;
-    const bool direct =
-        algo == Algorithm::kRing ||
-        (IsPowerOfTwo(L.n) &&
-         (algo == Algorithm::kHalvingDoubling || algo == Algorithm::kRecursiveDoubling) &&
-         !(recursive_doubling && FitsMailbox(bytes)));
+    const bool direct = schedule->reads_input != nullptr && schedule->reads_input(L.n) &&
+                        !(recursive_doubling && FitsMailbox(bytes));
     if (!direct || L.n == 1 || overlap) {
       std::memmove(buf, input, bytes);
       input = nullptr;
@@ -150,22 +150,7 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   } else {
     Plan& plan = NewPlan();
     plan.wire = wire;
-    switch (algo) {
-      case Algorithm::kHalvingDoubling:
-      case Algorithm::kRecursiveDoubling:
-        if (recursive_doubling) {
-          internal::BuildRecursiveDoubling(L, buf, count, &plan, input);
-        } else {
-          internal::BuildHalvingDoubling(L, buf, count, &plan, input);
-        }
-        break;
-      case Algorithm::kTree:
-        internal::BuildDoubleTreeAllReduce(L, buf, count, &plan);
-        break;
-      default:
-        internal::BuildRing(L, buf, internal::EvenBlocks(count, L.n), true, true, &plan, input);
-        break;
-    }
+    schedule->build({.L = L, .buf = buf, .count = count, .input = input}, &plan);
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
   }
   if (op == ReduceOp::kAvg && staging.any()) {
@@ -247,13 +232,9 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* re
     }
     if (buf != in) std::memmove(buf, in, bytes);
     const Layout& L = MakeLayout(dtype);
-    const int root_pos = L.position[root];
     Plan& plan = NewPlan();
-    if (algo == Algorithm::kRing) {
-      internal::BuildChainReduce(L, buf, count, root_pos, &plan);
-    } else {
-      internal::BuildTreeReduce(L, buf, count, root_pos, &plan);
-    }
+    FindSchedule(CollectiveKind::kReduce, algo, L.n)
+        ->build({.L = L, .buf = buf, .count = count, .root_pos = L.position[root]}, &plan);
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
     if (!is_root) return absl::OkStatus();
     if (op == ReduceOp::kAvg) plexus::kernels::DivideInPlace(dtype, buf, count, L.n);
@@ -327,12 +308,13 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
     if (wire) MakeWireLayout(dtype, *wire);  // recuts L (the same call layout) for the wire
     Plan& plan = NewPlan();
     plan.wire = wire;
-    const uint8_t* from = direct ? source : nullptr;
-    if (algo == Algorithm::kRing) {
-      internal::BuildChainBroadcast(L, buf, count, L.position[root], &plan, from);
-    } else {
-      internal::BuildTreeBroadcast(L, buf, count, L.position[root], &plan, from);
-    }
+    FindSchedule(CollectiveKind::kBroadcast, algo, L.n)
+        ->build({.L = L,
+                 .buf = buf,
+                 .count = count,
+                 .root_pos = L.position[root],
+                 .input = direct ? source : nullptr},
+                &plan);
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
     if (direct) std::memcpy(buf, source, bytes);
     return staging.CopyOut();
@@ -394,17 +376,10 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     const std::optional<DataType> wire = total <= 16384 ? std::nullopt : WireOf(dtype, call);
     header.wire = wire;
     if (wire) MakeWireLayout(dtype, *wire);  // recuts L (the same call layout) for the wire
-    // Ring segment j / halving block b belongs to the rank that owns it at the end.
-    std::vector<Block> blocks(n);
     Plan& plan = NewPlan();
     plan.wire = wire;
-    if (algo == Algorithm::kHalvingDoubling) {
-      for (int b = 0; b < n; ++b) blocks[b] = Block{L.order[b] * count, count};
-      internal::BuildDoubling(L, buf, blocks, &plan);
-    } else {
-      for (int j = 0; j < n; ++j) blocks[j] = Block{L.at(j - 1) * count, count};
-      internal::BuildRing(L, buf, blocks, false, true, &plan);
-    }
+    FindSchedule(CollectiveKind::kAllGather, algo, n)
+        ->build({.L = L, .buf = buf, .count = count}, &plan);
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
     return staging.CopyOut();
   };
@@ -431,15 +406,9 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, v
     // block of `work` that is read was written by a reduction first), so nothing is copied in.
     uint8_t* work = Scratch(total);
     const Layout& L = MakeLayout(dtype);
-    std::vector<Block> blocks(n);
     Plan& plan = NewPlan();
-    if (algo == Algorithm::kHalvingDoubling) {
-      for (int b = 0; b < n; ++b) blocks[b] = Block{L.order[b] * count, count};
-      internal::BuildHalving(L, work, blocks, &plan, in);
-    } else {
-      for (int j = 0; j < n; ++j) blocks[j] = Block{L.at(j - 1) * count, count};
-      internal::BuildRing(L, work, blocks, true, false, &plan, in);
-    }
+    FindSchedule(CollectiveKind::kReduceScatter, algo, n)
+        ->build({.L = L, .buf = work, .count = count, .input = in}, &plan);
     if (n == 1) std::memcpy(work, in, total);  // no step: the input is the result
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
     uint8_t* mine = work + static_cast<size_t>(layout_.rank) * count * esize;

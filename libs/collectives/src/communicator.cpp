@@ -90,29 +90,24 @@ const base::Param<std::string> kHostIdParam(
 const base::Param<bool> kMailboxParam("PLEXUS_COLL_MAILBOX", true,
                                       "small collectives over shm/inproc mailboxes");
 
+}  // namespace
+
 std::shared_ptr<Work> FailedWork(absl::Status status) {
   auto work = std::make_shared<WorkImpl>();
   work->Complete(std::move(status));
   return work;
 }
 
-}  // namespace
-
 CommunicatorImpl::~CommunicatorImpl() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  issue_.Stop();
   // Destruction is collective (as MPI_Comm_free): a peer may still be receiving what this rank
   // sent last, and closing now would fail its receives. After the barrier every rank has
   // finished every call it issued before.
   if (ready_ && layout_.n > 1 && health().ok()) {
-    if (auto barrier = BarrierTask(); barrier.ok()) (void)RunOne(*barrier);
+    if (auto barrier = BarrierTask(); barrier.ok()) (void)issue_.RunOne(*barrier);
   }
   if (trace_ != nullptr) trace_->WriteIfAsked();
-  StopReconfiguration();
+  reconfig_.Stop();
   // A healthy communicator leaves nothing on the store: the barrier's last progress retracted
   // any wait record; see that the removal is written. A broken one leaves its account (one key
   // per rank) for peers still resolving whom to blame.
@@ -120,11 +115,7 @@ CommunicatorImpl::~CommunicatorImpl() {
     board_->Retract();
     board_->Flush(absl::Now() + std::min(options_.timeout, absl::Seconds(1)));
   }
-  for (auto& channel : conns_) {
-    for (auto& c : channel) {
-      if (c) c->Close();
-    }
-  }
+  conns_.Close();
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
@@ -336,20 +327,41 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
     for (const auto& c : channel) comm->connections_opened_ += c != nullptr ? 1 : 0;
   }
   comm->pair_backends_ = pairs;
-  comm->InstallConnections(std::move(set));
-  comm->links_.resize(static_cast<size_t>(n) * options.channels);
+  comm->conns_ = std::move(set);
   comm->call_layout_ = comm->layout_;
+  CallEnv& env = comm->env_;
+  env.rank = rank;
+  env.n = n;
+  env.timeout = options.timeout;
   // More ranks than CPUs on this host: a rank spinning for its peer takes the CPU the peer needs
   // to answer, so waiting ranks yield instead (as Open MPI does when oversubscribed).
-  comm->yield_when_idle_ = yield.value_or(oversubscribed);
-  comm->wait_record_after_ = options.timeout / 2;
-  comm->wait_record_every_ = options.timeout / 4;
+  env.yield_when_idle = yield.value_or(oversubscribed);
+  // How a waiting call waits: spin for options.spin (none when yielding at once), yield until
+  // kYieldWindow, then sleep in the transport.
+  env.wait =
+      base::WaitPolicy(env.yield_when_idle ? absl::ZeroDuration() : options.spin, kYieldWindow);
+  // A call without progress for timeout / 2 posts whom it waits for, and re-posts it every
+  // timeout / 4 while it still waits.
+  env.record_after = options.timeout / 2;
+  env.record_every = options.timeout / 4;
+  env.conns = &comm->conns_;
+  env.layout = &comm->layout_;
+  CommunicatorImpl* self = comm.get();
+  env.abort = [self](const CallHeader& header, Failure failure) {
+    return self->Abort(header, std::move(failure));
+  };
+  comm->executor_.SetDepth(options.pipeline_depth);
+  comm->executor_.SetChannels(options.channels);
   // A waiting rank refreshes its record every timeout / 4; one older than timeout / 2 (1 s at
   // least: a failing rank's announcement is not refreshed) belongs to a rank that stopped.
   comm->board_ = std::make_unique<internal::BlameBoard>(
       comm->store_, comm->uid_, rank, std::max(options.timeout / 2, absl::Seconds(1)));
   if (options.qos.enabled()) comm->qos_ = std::make_unique<QosGate>(options.qos, rank);
   comm->trace_ = Tracer::Create(options.trace, rank, n, comm->uid_, tag, host);
+  comm->issue_.set_tracer(comm->trace_.get());
+  env.board = comm->board_.get();
+  env.qos = comm->qos_.get();
+  env.trace = comm->trace_.get();
   comm->options_ = std::move(options);
   PLEXUS_RETURN_IF_ERROR(comm->StartReconfiguration());
   comm->ready_ = true;
@@ -362,7 +374,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
                std::string(transport::BackendName(comm->options_.device.backend)).c_str(),
                comm->options_.channels, comm->options_.chunk_bytes,
                absl::StrJoin(comm->layout_.order, ",").c_str(), local_ranks, shared_cpus,
-               comm->yield_when_idle_ ? "waiting ranks yield" : "waiting ranks spin first",
+               env.yield_when_idle ? "waiting ranks yield" : "waiting ranks spin first",
                std::string(absl::StripTrailingAsciiWhitespace(comm->table_.ToString())));
   }
   return std::unique_ptr<Communicator>(std::move(comm));
@@ -371,7 +383,16 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
 // ---------------------------------------------------------------------------------------------
 // Issue order
 
-absl::Status CommunicatorImpl::RunOne(const std::function<absl::Status()>& fn, int64_t issued_ns) {
+void IssueQueue::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+absl::Status IssueQueue::RunOne(const Fn& fn, int64_t issued_ns) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_.ok()) {
@@ -379,12 +400,16 @@ absl::Status CommunicatorImpl::RunOne(const std::function<absl::Status()>& fn, i
       return broken_;
     }
   }
-  return Traced(issued_ns, fn);
+  if (trace_ == nullptr) return fn();
+  trace_->Begin(issued_ns);
+  absl::Status status = fn();
+  trace_->End(status);
+  return status;
 }
 
-absl::Status CommunicatorImpl::Blocking(TaskOr task) {
+absl::Status IssueQueue::Blocking(absl::StatusOr<Fn> task) {
   const int64_t issued = trace_ != nullptr ? Tracer::Now() : 0;
-  PLEXUS_ASSIGN_OR_RETURN(std::function<absl::Status()> run, std::move(task));
+  PLEXUS_ASSIGN_OR_RETURN(Fn run, std::move(task));
   std::unique_lock<std::mutex> lock(mu_);
   if (queue_.empty() && !busy_) {
     // Nothing queued before us: run in the caller's thread (no thread hop on the latency path).
@@ -405,7 +430,7 @@ absl::Status CommunicatorImpl::Blocking(TaskOr task) {
   return work->Wait(absl::InfiniteDuration());
 }
 
-std::shared_ptr<Work> CommunicatorImpl::Async(TaskOr task) {
+std::shared_ptr<Work> IssueQueue::Async(absl::StatusOr<Fn> task) {
   const int64_t issued = trace_ != nullptr ? Tracer::Now() : 0;
   if (!task.ok()) return FailedWork(task.status());
   auto work = std::make_shared<WorkImpl>();
@@ -418,7 +443,7 @@ std::shared_ptr<Work> CommunicatorImpl::Async(TaskOr task) {
   return work;
 }
 
-void CommunicatorImpl::WorkerLoop() {
+void IssueQueue::WorkerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return (!queue_.empty() && !busy_) || (stop_ && queue_.empty()); });
@@ -433,6 +458,46 @@ void CommunicatorImpl::WorkerLoop() {
     busy_ = false;
     cv_.notify_all();
   }
+}
+
+absl::Status CommunicatorImpl::RunBlocking(const BlockingCall& c) {
+  if (c.kind == CollectiveKind::kAllReduce) {
+    PLEXUS_RETURN_IF_ERROR(CheckCommon("AllReduce", c.send, c.recv, c.count, c.dtype, c.op));
+    PLEXUS_RETURN_IF_ERROR(CheckWire("AllReduce", c.dtype, c.options, true));
+    if (auto done = TryInline(
+            [&] { return RunAllReduce(c.send, c.recv, c.count, c.dtype, c.op, c.options); })) {
+      return *std::move(done);
+    }
+  } else if (c.kind == CollectiveKind::kBarrier) {
+    if (auto done = TryInline([&] { return RunBarrier(); })) return *std::move(done);
+  }
+  return Blocking(TaskOf(c));
+}
+
+CommunicatorImpl::TaskOr CommunicatorImpl::TaskOf(const BlockingCall& c) {
+  switch (c.kind) {
+    case CollectiveKind::kAllReduce:
+      return AllReduceTask(c.send, c.recv, c.count, c.dtype, c.op, c.options);
+    case CollectiveKind::kReduce:
+      return ReduceTask(c.send, c.recv, c.count, c.dtype, c.op, c.root, c.options);
+    case CollectiveKind::kBroadcast:
+      return BroadcastTask(c.send, c.recv, c.count, c.dtype, c.root, c.options);
+    case CollectiveKind::kAllGather:
+      return AllGatherTask(c.send, c.recv, c.count, c.dtype, c.options);
+    case CollectiveKind::kReduceScatter:
+      return ReduceScatterTask(c.send, c.recv, c.count, c.dtype, c.op, c.options);
+    case CollectiveKind::kAllToAll:
+      return AllToAllTask(c.send, c.recv, c.count, c.dtype, c.options);
+    case CollectiveKind::kAllToAllV:
+      return AllToAllVTask(c.send, c.send_counts, c.send_displs, c.recv, c.recv_counts,
+                           c.recv_displs, c.dtype, c.options);
+    case CollectiveKind::kSendRecv:
+      return c.is_send ? PointToPointTask(const_cast<void*>(c.send), c.count, c.dtype, c.peer, true)
+                       : PointToPointTask(c.recv, c.count, c.dtype, c.peer, false);
+    case CollectiveKind::kBarrier:
+      return BarrierTask();
+  }
+  return absl::InvalidArgumentError("unknown collective");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -453,23 +518,22 @@ Algorithm CommunicatorImpl::Resolve(CollectiveKind kind, size_t bytes, Algorithm
     a = Algorithm::kHalvingDoubling;
   }
   switch (kind) {
-    case CollectiveKind::kAllReduce:
-      return a;
     case CollectiveKind::kBroadcast:
     case CollectiveKind::kReduce:
-      return a == Algorithm::kHalvingDoubling ? Algorithm::kTree : a;
-    case CollectiveKind::kAllGather:
-    case CollectiveKind::kReduceScatter:
-      // Halving/doubling needs a power of two here (each rank owns exactly one block).
-      return a == Algorithm::kHalvingDoubling && IsPowerOfTwo(layout_.n) ? a : Algorithm::kRing;
+      if (a == Algorithm::kHalvingDoubling) a = Algorithm::kTree;
+      break;
     case CollectiveKind::kBarrier:
       return Algorithm::kHalvingDoubling;
     case CollectiveKind::kAllToAll:
     case CollectiveKind::kAllToAllV:
     case CollectiveKind::kSendRecv:
       return Algorithm::kRing;  // pairwise exchange; reported as ring
+    default:
+      break;
   }
-  return a;
+  // One the collective does not implement at this world size (halving/doubling of AllGather and
+  // ReduceScatter needs a power of two: each rank owns exactly one block) falls back to the ring.
+  return FindSchedule(kind, a, layout_.n) != nullptr ? a : Algorithm::kRing;
 }
 
 const Layout& CommunicatorImpl::MakeLayout(DataType dtype, size_t segment_bytes) {
@@ -574,12 +638,42 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Split(int color,
                                                         static_cast<int>(members.size()), store_));
   return Make(rendezvous, std::move(options),
               absl::StrCat(tag_, "/", uid_, "/split", split, "/color", color),
-              caller_device_ ? devices_.front() : nullptr);
+              caller_device_ ? conns_.devices.front() : nullptr);
 }
 
 }  // namespace plexus::collectives::internal
 
 namespace plexus::collectives {
+
+absl::Status Communicator::RunBlocking(const BlockingCall& call) {
+  return IssueAsync(call)->Wait(absl::InfiniteDuration());
+}
+
+std::shared_ptr<Work> Communicator::IssueAsync(const BlockingCall& c) {
+  switch (c.kind) {
+    case CollectiveKind::kAllReduce:
+      return AllReduceAsync(c.send, c.recv, c.count, c.dtype, c.op, c.options);
+    case CollectiveKind::kReduce:
+      return ReduceAsync(c.send, c.recv, c.count, c.dtype, c.op, c.root, c.options);
+    case CollectiveKind::kBroadcast:
+      return BroadcastAsync(c.send, c.recv, c.count, c.dtype, c.root, c.options);
+    case CollectiveKind::kAllGather:
+      return AllGatherAsync(c.send, c.recv, c.count, c.dtype, c.options);
+    case CollectiveKind::kReduceScatter:
+      return ReduceScatterAsync(c.send, c.recv, c.count, c.dtype, c.op, c.options);
+    case CollectiveKind::kAllToAll:
+      return AllToAllAsync(c.send, c.recv, c.count, c.dtype, c.options);
+    case CollectiveKind::kAllToAllV:
+      return AllToAllVAsync(c.send, c.send_counts, c.send_displs, c.recv, c.recv_counts,
+                            c.recv_displs, c.dtype, c.options);
+    case CollectiveKind::kSendRecv:
+      return c.is_send ? SendAsync(c.send, c.count, c.dtype, c.peer)
+                       : RecvAsync(c.recv, c.count, c.dtype, c.peer);
+    case CollectiveKind::kBarrier:
+      return BarrierAsync();
+  }
+  return internal::FailedWork(absl::InvalidArgumentError("unknown collective"));
+}
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
     transport::Rendezvous& rendezvous, CommunicatorOptions options) {

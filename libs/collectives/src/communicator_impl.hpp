@@ -1,8 +1,15 @@
-// The communicator's implementation class, shared by the files that implement it:
-//  - communicator.cpp: creation (Make, Split), destruction, issue order, algorithm selection;
+// The communicator: a facade that sequences its parts, each a class of its own with its own state:
+//  - ConnectionSet (connection_set.hpp): devices, completion queue, connections, mailboxes;
+//  - PlanExecutor (executor.hpp): runs a plan over the connection set;
+//  - MailboxPath (mailbox_path.hpp): small collectives over the connections' mailboxes;
+//  - Reconfigurer (reconfig.hpp): live reconfiguration's requests, rounds and decisions;
+//  - IssueQueue (issue_queue.hpp): the order calls run in, and the broken status.
+// The executor and the mailbox path read a CallEnv (call_env.hpp) the communicator fills; none
+// of the parts knows the communicator or the reconfigurer. The communicator's own files:
+//  - communicator.cpp: creation (Make, Split), destruction, the IssueQueue, algorithm selection;
 //  - collective_tasks.cpp: each collective's validation and run (staging, layout, plan);
-//  - executor.cpp: running a plan over the connections;
-//  - mailbox_path.cpp: small collectives over the connections' mailboxes;
+//  - connection_set.cpp: ChangeConnections, a live change of the connection set;
+//  - reconfig.cpp: BeginCollective, applying the changes that land on a collective;
 //  - abort.cpp: failure handling (whom to blame, breaking the communicator).
 #pragma once
 
@@ -20,18 +27,20 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "blame.hpp"
+#include "call_env.hpp"
 #include "connection_set.hpp"
+#include "executor.hpp"
+#include "issue_queue.hpp"
+#include "mailbox_path.hpp"
 #include "plan.hpp"
-#include "plexus/base/status.hpp"
-#include "plexus/base/wait_policy.hpp"
 #include "plexus/collectives/communicator.hpp"
+#include "plexus/collectives/reconfiguration.hpp"
+#include "plexus/collectives/trace.hpp"
 #include "plexus/transport/device.hpp"
 #include "plexus/transport/rendezvous.hpp"
 #include "qos_gate.hpp"
@@ -42,87 +51,10 @@
 
 namespace plexus::collectives::internal {
 
-constexpr size_t kHeaderBytes = CallHeader::kEncodedSize;
-
-// Allreduces up to this size go by mailbox when every peer has one: below it the mailbox's
-// in-place polling beats a plan over the transport's rings (docs/collectives.md, "Algorithms",
-// small calls by mailbox).
-constexpr size_t kMailboxPathBytes = 8192;
-
-// Why a call failed, before Abort works out whom to blame (see blame.hpp).
-struct Failure {
-  enum class Kind {
-    kOwn,    // this rank's own finding (mismatched calls): `own` is the error
-    kPeer,   // the connection to `peer` failed with `why`
-    kStall,  // no progress for the timeout while waiting for `waiting`
-  };
-  Kind kind = Kind::kOwn;
-  absl::Status own;
-  int peer = -1;
-  absl::Status why;
-  std::vector<int> waiting;
-
-  static Failure Own(absl::Status status) {
-    Failure f;
-    f.own = std::move(status);
-    return f;
-  }
-  static Failure Peer(int peer, absl::Status why) {
-    Failure f;
-    f.kind = Kind::kPeer;
-    f.peer = peer;
-    f.why = std::move(why);
-    return f;
-  }
-  static Failure Stall(std::vector<int> waiting) {
-    Failure f;
-    f.kind = Kind::kStall;
-    f.waiting = std::move(waiting);
-    return f;
-  }
-};
-
-// The error of a rank that finds `peer` in another call than its own (`call`).
-inline absl::Status MismatchedCalls(int rank, const std::string& call, int peer,
-                                    const std::string& theirs, const std::string& why = "") {
-  return absl::FailedPreconditionError(absl::StrCat("mismatched collective calls: rank ", rank,
-                                                    " is in ", call, " but rank ", peer, " sent ",
-                                                    theirs, why));
-}
-
-// The error of a rank whose peer ran the same collective under another live-reconfiguration
-// epoch (the header's `epoch`): the ranks applied a change at different collectives, so their
-// plans may differ (ring order, channels, algorithm, transport) and the result would be wrong.
-inline absl::Status EpochMismatch(int rank, const std::string& call, uint64_t epoch, int peer,
-                                  const std::string& theirs, const std::string& their_epoch) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("configuration epoch mismatch: rank ", rank, " runs ", call, " under epoch ",
-                   epoch, " but rank ", peer, " sent ", theirs, " under epoch ", their_epoch,
-                   ": the ranks applied a live reconfiguration at different collectives"));
-}
-
-// How long a waiting call polls the transport (yielding the CPU between polls after the spin)
-// before it sleeps.
-constexpr absl::Duration kYieldWindow = absl::Milliseconds(2);
-
 inline bool IsReducing(CollectiveKind kind) {
   return kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduce ||
          kind == CollectiveKind::kReduceScatter;
 }
-
-inline bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
-
-// The Work of a queued call (communicator.cpp).
-class WorkImpl;
-
-// ---------------------------------------------------------------------------------------------
-// The communicator
-
-struct Task {
-  std::function<absl::Status()> run;
-  std::shared_ptr<WorkImpl> work;
-  int64_t issued_ns = 0;  // when tracing: the moment the caller issued it
-};
 
 class CommunicatorImpl : public Communicator {
  public:
@@ -141,73 +73,34 @@ class CommunicatorImpl : public Communicator {
     return peer >= 0 && peer < layout_.n ? peer_backend_[peer] : options_.device.backend;
   }
   Algorithm SelectAlgorithm(CollectiveKind kind, size_t bytes, Algorithm forced) const override;
-  absl::Status health() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return broken_;
-  }
+  absl::Status health() const override { return issue_.broken(); }
   CollectiveTrace Trace() const override {
     return trace_ != nullptr ? trace_->Snapshot() : CollectiveTrace();
   }
 
-  absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
-                         CallOptions call) override {
-    PLEXUS_RETURN_IF_ERROR(CheckCommon("AllReduce", send, recv, count, dtype, op));
-    PLEXUS_RETURN_IF_ERROR(CheckWire("AllReduce", dtype, call, true));
-    if (auto done = TryInline([&] { return RunAllReduce(send, recv, count, dtype, op, call); })) {
-      return *std::move(done);
-    }
-    return Blocking(AllReduceTask(send, recv, count, dtype, op, call));
-  }
   std::shared_ptr<Work> AllReduceAsync(const void* send, void* recv, size_t count, DataType dtype,
                                        ReduceOp op, CallOptions call) override {
     return Async(AllReduceTask(send, recv, count, dtype, op, call));
-  }
-  absl::Status Reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
-                      int root, CallOptions call) override {
-    return Blocking(ReduceTask(send, recv, count, dtype, op, root, call));
   }
   std::shared_ptr<Work> ReduceAsync(const void* send, void* recv, size_t count, DataType dtype,
                                     ReduceOp op, int root, CallOptions call) override {
     return Async(ReduceTask(send, recv, count, dtype, op, root, call));
   }
-  absl::Status Broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
-                         CallOptions call) override {
-    return Blocking(BroadcastTask(send, recv, count, dtype, root, call));
-  }
   std::shared_ptr<Work> BroadcastAsync(const void* send, void* recv, size_t count, DataType dtype,
                                        int root, CallOptions call) override {
     return Async(BroadcastTask(send, recv, count, dtype, root, call));
-  }
-  absl::Status AllGather(const void* send, void* recv, size_t count, DataType dtype,
-                         CallOptions call) override {
-    return Blocking(AllGatherTask(send, recv, count, dtype, call));
   }
   std::shared_ptr<Work> AllGatherAsync(const void* send, void* recv, size_t count, DataType dtype,
                                        CallOptions call) override {
     return Async(AllGatherTask(send, recv, count, dtype, call));
   }
-  absl::Status ReduceScatter(const void* send, void* recv, size_t count, DataType dtype,
-                             ReduceOp op, CallOptions call) override {
-    return Blocking(ReduceScatterTask(send, recv, count, dtype, op, call));
-  }
   std::shared_ptr<Work> ReduceScatterAsync(const void* send, void* recv, size_t count,
                                            DataType dtype, ReduceOp op, CallOptions call) override {
     return Async(ReduceScatterTask(send, recv, count, dtype, op, call));
   }
-  absl::Status AllToAll(const void* send, void* recv, size_t count, DataType dtype,
-                        CallOptions call) override {
-    return Blocking(AllToAllTask(send, recv, count, dtype, call));
-  }
   std::shared_ptr<Work> AllToAllAsync(const void* send, void* recv, size_t count, DataType dtype,
                                       CallOptions call) override {
     return Async(AllToAllTask(send, recv, count, dtype, call));
-  }
-  absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_counts,
-                         absl::Span<const size_t> send_displs, void* recv,
-                         absl::Span<const size_t> recv_counts, absl::Span<const size_t> recv_displs,
-                         DataType dtype, CallOptions call) override {
-    return Blocking(
-        AllToAllVTask(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype, call));
   }
   std::shared_ptr<Work> AllToAllVAsync(const void* send, absl::Span<const size_t> send_counts,
                                        absl::Span<const size_t> send_displs, void* recv,
@@ -217,43 +110,29 @@ class CommunicatorImpl : public Communicator {
     return Async(
         AllToAllVTask(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype, call));
   }
-  absl::Status Send(const void* send, size_t count, DataType dtype, int peer) override {
-    return Blocking(PointToPointTask(const_cast<void*>(send), count, dtype, peer, true));
-  }
   std::shared_ptr<Work> SendAsync(const void* send, size_t count, DataType dtype,
                                   int peer) override {
     return Async(PointToPointTask(const_cast<void*>(send), count, dtype, peer, true));
   }
-  absl::Status Recv(void* recv, size_t count, DataType dtype, int peer) override {
-    return Blocking(PointToPointTask(recv, count, dtype, peer, false));
-  }
   std::shared_ptr<Work> RecvAsync(void* recv, size_t count, DataType dtype, int peer) override {
     return Async(PointToPointTask(recv, count, dtype, peer, false));
-  }
-  absl::Status Barrier() override {
-    if (auto done = TryInline([&] { return RunBarrier(); })) return *std::move(done);
-    return Blocking(BarrierTask());
   }
   std::shared_ptr<Work> BarrierAsync() override { return Async(BarrierTask()); }
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
 
-  // Live reconfiguration (reconfig.cpp).
-  absl::StatusOr<uint64_t> RequestReconfiguration(const Reconfiguration& change) override;
-  absl::StatusOr<uint64_t> AwaitReconfiguration(uint64_t epoch, absl::Duration timeout) override;
-  ActiveConfiguration configuration() const override;
-  uint64_t collective_sequence() const override;
+  // Live reconfiguration (the Reconfigurer).
+  absl::StatusOr<uint64_t> RequestReconfiguration(const Reconfiguration& change) override {
+    return reconfig_.Request(change);
+  }
+  absl::StatusOr<uint64_t> AwaitReconfiguration(uint64_t epoch, absl::Duration timeout) override {
+    return reconfig_.Await(epoch, timeout);
+  }
+  ActiveConfiguration configuration() const override { return reconfig_.configuration(); }
+  uint64_t collective_sequence() const override { return reconfig_.issued(); }
 
   // Tests and diagnostics: every connection of this communicator (each channel, each peer), to
   // read the transport's counters of the bytes it moved.
-  std::vector<const transport::Connection*> connections() const {
-    std::vector<const transport::Connection*> out;
-    for (const auto& channel : conns_) {
-      for (const auto& conn : channel) {
-        if (conn != nullptr) out.push_back(conn.get());
-      }
-    }
-    return out;
-  }
+  std::vector<const transport::Connection*> connections() const { return conns_.Connections(); }
   // Tests and diagnostics: how many connections this rank has made since creation, creation's
   // included (a live change that keeps a pair's connections adds none for it).
   uint64_t connections_opened() const {
@@ -268,28 +147,17 @@ class CommunicatorImpl : public Communicator {
 
   CommunicatorImpl() = default;
 
-  absl::Status Blocking(TaskOr task);
-  // Runs fn in the caller's thread when no call is queued or running (the latency path: no
-  // closure, no thread hop); nullopt when it must queue. Traced calls take Blocking's path,
-  // which records them (and also runs them in the caller's thread when nothing is queued), so
-  // that this stays as small as without tracing (one test more; docs/collectives.md, "Current
-  // figures", tracing cost).
+  // Blocking calls run in the caller's thread when nothing is queued before them; AllReduce and
+  // Barrier first try TryInline (no closure at all).
+  absl::Status RunBlocking(const BlockingCall& call) override;
+  // The task of a blocking call (its validation error when it cannot be issued).
+  TaskOr TaskOf(const BlockingCall& call);
+  absl::Status Blocking(TaskOr task) { return issue_.Blocking(std::move(task)); }
+  std::shared_ptr<Work> Async(TaskOr task) { return issue_.Async(std::move(task)); }
+  // IssueQueue::TryInline, issuing the collective first.
   template <typename Fn>
   std::optional<absl::Status> TryInline(Fn&& fn) {
-    if (trace_ != nullptr) return std::nullopt;
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!queue_.empty() || busy_) return std::nullopt;
-    if (!broken_.ok()) return broken_;
-    busy_ = true;
-    lock.unlock();
-    absl::Status status = IssueCollective();
-    if (status.ok()) status = fn();
-    lock.lock();
-    busy_ = false;
-    const bool worker = worker_.joinable();
-    lock.unlock();
-    if (worker) cv_.notify_all();
-    return status;
+    return issue_.TryInline([this] { return IssueCollective(); }, std::forward<Fn>(fn));
   }
   absl::Status RunAllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                             CallOptions call);
@@ -299,19 +167,6 @@ class CommunicatorImpl : public Communicator {
   absl::Status PipelinedDeviceAllReduce(const void* send, void* recv, size_t count, DataType dtype,
                                         ReduceOp op, const CallHeader& header);
   absl::Status RunBarrier();
-  std::shared_ptr<Work> Async(TaskOr task);
-  // Runs fn unless the communicator is broken; issued_ns: see Task.
-  absl::Status RunOne(const std::function<absl::Status()>& fn, int64_t issued_ns = 0);
-  // fn(), recorded by the tracer when tracing is on.
-  template <typename Fn>
-  absl::Status Traced(int64_t issued_ns, Fn&& fn) {
-    if (trace_ == nullptr) return fn();
-    trace_->Begin(issued_ns);
-    absl::Status status = fn();
-    trace_->End(status);
-    return status;
-  }
-  void WorkerLoop();
 
   TaskOr AllReduceTask(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                        CallOptions call);
@@ -331,25 +186,16 @@ class CommunicatorImpl : public Communicator {
   TaskOr PointToPointTask(void* buf, size_t count, DataType dtype, int peer, bool is_send);
   TaskOr BarrierTask();
 
-  // Live reconfiguration (reconfig.cpp). Issuing a collective (creating its task, or running it
-  // inline) calls IssueCollective: it waits while a round freezes issues, then counts the call
-  // (the broken status when the wait ended because the communicator broke). Running it calls
-  // BeginCollective first, before choosing its algorithm or layout: it applies the changes that
-  // land on this collective's sequence number.
-  absl::Status IssueCollective();
-  // The error of a transport change that failed (the communicator is broken then).
+  // Live reconfiguration. Issuing a collective (creating its task, or running it inline) calls
+  // IssueCollective (Reconfigurer::Issue). Running it calls BeginCollective first, before
+  // choosing its algorithm or layout: it applies the changes that land on this collective's
+  // sequence number (reconfig.cpp); the error of a transport change that failed (the
+  // communicator is broken then).
+  absl::Status IssueCollective() { return reconfig_.Issue(); }
   absl::Status BeginCollective();
   void ApplyChange(const DecidedChange& decided);
-  // After Make connected: the active configuration, and the watcher thread (several ranks,
-  // unless PLEXUS_COLL_RECONFIG=0). The environment variable's error.
+  // After Make connected: the Reconfigurer's setup and start.
   absl::Status StartReconfiguration();
-  // The destructor: posts the watchers' stop request (healthy communicators, after the barrier)
-  // and joins this rank's watcher.
-  void StopReconfiguration();
-  void WatchReconfigurations();
-  // One round of the barrier for request `epoch`; an error breaks the communicator.
-  absl::Status RunReconfigRound(uint64_t epoch, const std::string& payload);
-  void BreakFromWatcher(absl::Status status);
   // A change of transport and/or channel count landing on the collective about to run
   // (connection_set.cpp; unset: unchanged): every rank opens the devices it needs, gathers
   // whether all could (and the point-to-point counts of the pairs whose connections change,
@@ -360,13 +206,9 @@ class CommunicatorImpl : public Communicator {
   // breaks the communicator.
   absl::Status ChangeConnections(const std::optional<TransportChoice>& transport,
                                  std::optional<int> channels, uint64_t epoch);
-  // The connection set in use, moved out of / into the members below (connection_set.hpp).
-  ConnectionSet TakeConnections();
-  void InstallConnections(ConnectionSet set);
   // What a connection set for the pair backends `pairs` ([a][b], PairBackends) is built from.
   ConnectionSpec MakeConnectionSpec(const std::vector<std::vector<transport::Backend>>& pairs,
                                     std::string tag) const;
-  std::string ReconfigKey(std::string_view what, uint64_t epoch, int rank = -1) const;
 
   absl::Status CheckCommon(const char* what, const void* send, const void* recv, size_t count,
                            DataType dtype, ReduceOp op = ReduceOp::kSum, int root = 0) const;
@@ -402,44 +244,26 @@ class CommunicatorImpl : public Communicator {
                     size_t count);
   uint8_t* Scratch(size_t bytes);
 
-  // Small allreduce (and barrier) by recursive doubling over the connections' mailboxes, when
-  // every peer connection has one (shm, inproc) and the vector fits one mailbox message:
-  // polled in place, no completion queue. Same pairs and reduction order as the plan-based
-  // recursive doubling, so the results are the same bits.
-  bool FitsMailbox(size_t bytes) const { return mailboxes_ready_ && bytes <= kMailboxPathBytes; }
-  absl::Status MailboxAllReduce(uint8_t* buf, size_t count, DataType dtype, ReduceOp op,
-                                const CallHeader& header);
-  // What arrives in a MailExchange: from rank `from` (-1: nothing), placed at `dst` or, with
-  // `reduce`, folded into it (dst = dst op incoming; incoming op dst with src_first).
-  struct MailInbound {
-    int from = -1;
-    uint8_t* dst = nullptr;
-    bool reduce = false;
-    bool src_first = false;
-  };
-  // Sends `bytes` of `data` to rank `to` (-1: nothing) and receives as many as `in` says, as
-  // fragments of one mailbox message each, interleaved so that two ranks exchanging more than an
-  // inbox holds never wait on each other. Incoming fragments are reduced straight from the
-  // peer's slot; fragment k only after this rank's fragment k left (data may be dst).
+  // The mailbox path and the plan executor; a failure ends in Abort.
+  bool FitsMailbox(size_t bytes) const { return mailbox_.Fits(bytes); }
+  using MailInbound = MailboxPath::MailInbound;
   absl::Status MailExchange(int to, const uint8_t* data, const MailInbound& in, size_t bytes,
-                            DataType dtype, ReduceOp op, const CallHeader& header);
-  // A peer that sent this call's first message by mailbox while this rank runs a plan: the
-  // ranks disagree on the call. OK when no such message waits.
-  absl::Status CheckMailboxes(const CallHeader& header);
-
-  // Runs a plan to completion over the connections; the first message of the call on each
-  // connection carries `header`.
-  absl::Status Execute(const Plan& plan, const CallHeader& header, DataType dtype, ReduceOp op);
+                            DataType dtype, ReduceOp op, const CallHeader& header) {
+    return mailbox_.MailExchange(to, data, in, bytes, dtype, op, header);
+  }
+  absl::Status MailboxAllReduce(uint8_t* buf, size_t count, DataType dtype, ReduceOp op,
+                                const CallHeader& header) {
+    return mailbox_.MailboxAllReduce(buf, count, dtype, op, header);
+  }
+  absl::Status Execute(const Plan& plan, const CallHeader& header, DataType dtype, ReduceOp op) {
+    return executor_.Execute(plan, header, dtype, op);
+  }
   // Works out whom `failure` blames (the rank that failed first, not one that aborted in
   // reaction: see blame.hpp), publishes that for the peers, marks the communicator broken with
   // the resulting error (naming every rank whose connection is down) and closes every
   // connection so that the peers fail fast too. Takes at most the blame grace (stalls) or
   // ~0.3 s (failed connections) beyond the failure.
   absl::Status Abort(const CallHeader& header, Failure failure);
-  std::string DownRanks();
-  // The ranks a stalled plan waits for: those with a receive posted but not arrived or a send
-  // in flight (what is not posted yet waits for these); failing that, any with work left.
-  std::vector<int> WaitingFor(int channels) const;
 
   CommunicatorOptions options_;
   // Pinned host buffers of earlier calls on device memory (staging.hpp), and one call's staging
@@ -455,28 +279,18 @@ class CommunicatorImpl : public Communicator {
   std::shared_ptr<transport::Store> store_;
   // This rank's wait records and failure account on the store (blame.hpp).
   std::unique_ptr<internal::BlameBoard> board_;
-  // A call without progress for this long posts whom it waits for, and re-posts it this often
-  // while it still waits (timeout / 2 and / 4).
-  absl::Duration wait_record_after_;
-  absl::Duration wait_record_every_;
   AlgorithmTable table_;
   AlgorithmOverrides env_overrides_;
   bool debug_ = false;
   // Non-null when tracing (CommunicatorOptions::trace): every hook is one branch on it.
   std::unique_ptr<Tracer> trace_;
 
-  // The devices connecting the peers (one per backend in use; the caller's alone), and the
-  // last of them (the caller's, or tcp/verbs when this rank uses one).
-  std::vector<std::shared_ptr<transport::Device>> devices_;
-  transport::Device* device_ = nullptr;
-  // Caller-mode progress of the devices for cq_ (null for the caller's device and inproc).
-  std::unique_ptr<MultiDeviceDriver> driver_;
   // peer_backend_[rank]: the backend connecting that rank; pair_backends_[a][b]: every pair's
   // (the same on every rank).
   std::vector<transport::Backend> peer_backend_;
   std::vector<std::vector<transport::Backend>> pair_backends_;
   std::atomic<uint64_t> connections_opened_{0};
-  // device_ came from the caller (Create on an existing device): Split children reuse it.
+  // The device came from the caller (Create on an existing device): Split children reuse it.
   bool caller_device_ = false;
   // What a live change rebuilds the connections from (ChangeConnections): every rank's host
   // identity, the options of the devices the communicator creates, whether the mailbox path is
@@ -485,19 +299,11 @@ class CommunicatorImpl : public Communicator {
   transport::DeviceOptions device_options_;
   bool use_mailboxes_ = true;
   bool use_default_table_ = false;
-  std::unique_ptr<transport::CompletionQueue> cq_;
-  // conns_[channel][rank]; null for this rank.
-  std::vector<std::vector<std::unique_ptr<transport::Connection>>> conns_;
-  absl::flat_hash_map<uint64_t, int> peer_of_connection_;
+  // The connections in use (a live change swaps its contents; the object stays).
+  ConnectionSet conns_;
 
-  // Issue-order execution.
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;
-  bool busy_ = false;
-  bool stop_ = false;
-  std::thread worker_;
-  absl::Status broken_;  // guarded by mu_
+  // Issue order, and the broken status.
+  IssueQueue issue_;
 
   // State of the executing call (one at a time).
   uint64_t collective_seq_ = 0;
@@ -506,51 +312,20 @@ class CommunicatorImpl : public Communicator {
   uint64_t config_epoch_ = 0;
   std::vector<uint64_t> p2p_send_seq_, p2p_recv_seq_;
   std::vector<uint8_t> scratch_;
-  struct Link {
-    std::vector<int> sends, recvs;  // op indices in order
-    size_t next_send = 0, next_recv = 0, low_recv = 0;
-    int sends_in_flight = 0;
-    size_t slot_stride = 0;
-    std::vector<uint8_t> slots;
-    size_t slots_taken = 0;       // receives posted into slots (slot = slots_taken % depth)
-    std::vector<int> slot_owner;  // per slot: the receive using it, -1 if none yet
-    // Wire casts: sends are packed into one of `depth` send slots (reused once that send
-    // completed), so that the staging memory is bounded by the pipeline, not the vector.
-    size_t send_slot_stride = 0;
-    std::vector<uint8_t> send_slots;
-    size_t send_slots_taken = 0;
-    std::vector<int> send_slot_owner;  // per send slot: the send using it, -1 if none yet
-    uint8_t tx_header[kHeaderBytes];
-  };
-  std::vector<Link> links_;
   Layout call_layout_;
   Plan plan_;
-  // Execute's per-call state, kept to reuse its storage.
-  std::vector<size_t> max_recv_, max_send_;
-  std::vector<int> reduce_order_;
-  enum : uint8_t { kIdle = 0, kPosted = 1, kArrived = 2, kDone = 3 };  // per send / receive
-  std::vector<uint8_t> send_state_, recv_state_;
-  std::vector<uint8_t*> recv_landing_;
-  std::vector<int> slot_copies_;
-  uint64_t epoch_ = 0;
-  // Oversubscribed host (or PLEXUS_COLL_YIELD=1): waiting ranks yield at once instead of
-  // spinning for options_.spin first.
-  bool yield_when_idle_ = false;
-  // How a waiting call waits: spin for options_.spin (none when yield_when_idle_), yield until
-  // kYieldWindow, then sleep in the transport.
-  base::WaitPolicy WaitingPolicy() const {
-    return base::WaitPolicy(yield_when_idle_ ? absl::ZeroDuration() : options_.spin, kYieldWindow);
-  }
+  // The decisions landing on the collective starting (BeginCollective; reused storage).
+  std::vector<DecidedChange> landing_;
   bool ready_ = false;  // fully connected (Make succeeded)
-  // mailboxes_[rank]: the channel-0 connection's mailbox (null for this rank).
-  std::vector<transport::Mailbox*> mailboxes_;
-  bool mailboxes_ready_ = false;  // every peer connection has one
-  // QoS time windows (qos.cpp): the send-admission hook of Execute and MailExchange; null
-  // without a schedule. AdmitSend waits for the schedule, driving the devices meanwhile.
+  // QoS time windows (qos.cpp): the send-admission gate of the executor and the mailbox path;
+  // null without a schedule.
   std::unique_ptr<QosGate> qos_;
-  absl::Status AdmitSend(const CallHeader& header);
-  // Live reconfiguration (reconfig.hpp).
-  ReconfigState reconf_;
+
+  // The parts (declared last: they refer to the members above).
+  CallEnv env_;
+  MailboxPath mailbox_{env_};
+  PlanExecutor executor_{env_, mailbox_};
+  Reconfigurer reconfig_;
 };
 
 }  // namespace plexus::collectives::internal

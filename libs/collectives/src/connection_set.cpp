@@ -29,6 +29,44 @@ void ConnectionSet::Close() {
   }
 }
 
+void ConnectionSet::Progress(absl::Duration max_block) {
+  if (driver != nullptr) {
+    driver->Progress(max_block);
+  } else if (device != nullptr) {
+    device->Progress(max_block);
+  } else {
+    absl::SleepFor(max_block);
+  }
+}
+
+std::string ConnectionSet::DownRanks(int n) const {
+  std::vector<std::string> down;
+  for (int r = 0; r < n; ++r) {
+    for (const auto& channel : conns) {
+      if (!channel[r]) continue;
+      const absl::Status s = channel[r]->status();
+      if (!s.ok()) {
+        // The transport reports a deliberate close as Aborted: that rank is alive and gave up
+        // (usually after an error of its own); anything else means it died or is unreachable.
+        down.push_back(absl::IsAborted(s) ? absl::StrCat("rank ", r, " (closed its connection)")
+                                          : absl::StrCat("rank ", r));
+        break;
+      }
+    }
+  }
+  return absl::StrJoin(down, ", ");
+}
+
+std::vector<const transport::Connection*> ConnectionSet::Connections() const {
+  std::vector<const transport::Connection*> out;
+  for (const auto& channel : conns) {
+    for (const auto& conn : channel) {
+      if (conn != nullptr) out.push_back(conn.get());
+    }
+  }
+  return out;
+}
+
 std::vector<std::vector<transport::Backend>> PairBackends(TransportPolicy policy,
                                                           transport::Backend base,
                                                           const std::vector<std::string>& hosts) {
@@ -202,30 +240,6 @@ absl::Status ConnectAll(transport::Rendezvous& rendezvous, const ConnectionSpec&
   return absl::OkStatus();
 }
 
-ConnectionSet CommunicatorImpl::TakeConnections() {
-  ConnectionSet set;
-  set.devices = std::exchange(devices_, {});
-  set.device = std::exchange(device_, nullptr);
-  set.driver = std::move(driver_);
-  set.cq = std::move(cq_);
-  set.conns = std::exchange(conns_, {});
-  set.peer_of_connection = std::exchange(peer_of_connection_, {});
-  set.mailboxes = std::exchange(mailboxes_, {});
-  set.mailboxes_ready = std::exchange(mailboxes_ready_, false);
-  return set;
-}
-
-void CommunicatorImpl::InstallConnections(ConnectionSet set) {
-  devices_ = std::move(set.devices);
-  device_ = set.device;
-  driver_ = std::move(set.driver);
-  cq_ = std::move(set.cq);
-  conns_ = std::move(set.conns);
-  peer_of_connection_ = std::move(set.peer_of_connection);
-  mailboxes_ = std::move(set.mailboxes);
-  mailboxes_ready_ = set.mailboxes_ready;
-}
-
 ConnectionSpec CommunicatorImpl::MakeConnectionSpec(
     const std::vector<std::vector<transport::Backend>>& pairs, std::string tag) const {
   ConnectionSpec spec;
@@ -241,7 +255,7 @@ ConnectionSpec CommunicatorImpl::MakeConnectionSpec(
   }
   spec.mailboxes = all_mailboxes;
   spec.device_options = device_options_;
-  spec.caller_device = caller_device_ && !devices_.empty() ? devices_.front() : nullptr;
+  spec.caller_device = caller_device_ && !conns_.devices.empty() ? conns_.devices.front() : nullptr;
   spec.channels = options_.channels;
   spec.channel_local_addresses = options_.channel_local_addresses;
   spec.tag = std::move(tag);
@@ -323,21 +337,13 @@ absl::Status CommunicatorImpl::ChangeConnections(const std::optional<TransportCh
     options_.channels = new_channels;
     layout_.channels = new_channels;
     call_layout_.channels = new_channels;
-    // links_[peer * channels + channel]: the kept channels keep their link state (their warm
-    // receive slots) under the new stride.
-    std::vector<Link> links(static_cast<size_t>(n) * new_channels);
-    for (int p = 0; p < n; ++p) {
-      for (int c = 0; c < std::min(old_channels, new_channels); ++c) {
-        links[static_cast<size_t>(p) * new_channels + c] =
-            std::move(links_[static_cast<size_t>(p) * old_channels + c]);
-      }
-    }
-    links_ = std::move(links);
-    std::lock_guard<std::mutex> lock(reconf_.mu);
-    reconf_.active.transport = choice;
-    reconf_.active.peer_backends = peer_backend_;
-    reconf_.active.channels = new_channels;
-    reconf_.active.connected_channels = new_channels;
+    executor_.SetChannels(new_channels);
+    reconfig_.UpdateActive([&](ActiveConfiguration& active) {
+      active.transport = choice;
+      active.peer_backends = peer_backend_;
+      active.channels = new_channels;
+      active.connected_channels = new_channels;
+    });
   };
   // Every rank derives the same matrix and channel count: all of them reconnect, or none does.
   if ((pairs == pair_backends_ && new_channels == old_channels) || n == 1) {
@@ -374,39 +380,32 @@ absl::Status CommunicatorImpl::ChangeConnections(const std::optional<TransportCh
       any_kept = any_kept || spec.keep[c][r];
     }
   }
-  const std::vector<transport::Device*> old_devices = Raw(devices_);
+  const std::vector<transport::Device*> old_devices = Raw(conns_.devices);
   auto fail = [&](absl::Status s) {
     absl::Status status(s.code(), absl::StrCat(where, ": ", s.message()));
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (broken_.ok()) broken_ = status;
-    }
+    issue_.Break(status);
     // The old connections go too, so that a peer blocked on them fails at once.
-    for (auto& channel : conns_) {
-      for (auto& c : channel) {
-        if (c) c->Close();
-      }
-    }
-    if (driver_ != nullptr) driver_->SetDevices(old_devices);  // the new set's go with it
+    conns_.Close();
+    if (conns_.driver != nullptr) conns_.driver->SetDevices(old_devices);  // the new set's go
     return status;
   };
   auto rendezvous = transport::Rendezvous::Create(rank, n, store_);
   if (!rendezvous.ok()) return fail(rendezvous.status());
   ConnectionSet next;
-  absl::Status opened = OpenDevices(spec, devices_, &next);
+  absl::Status opened = OpenDevices(spec, conns_.devices, &next);
   // Kept connections stay on this communicator's queue, which the new connections join: its
   // driver drives the old devices and the new ones until the swap.
-  transport::CompletionQueue* cq = cq_.get();
+  transport::CompletionQueue* cq = conns_.cq.get();
   if (!any_kept) {
     MakeQueue(spec, &next);
     cq = next.cq.get();
-  } else if (driver_ != nullptr) {
+  } else if (conns_.driver != nullptr) {
     std::vector<transport::Device*> both = old_devices;
     for (const auto& d : next.devices) both.push_back(d.get());
-    driver_->SetDevices(DriveOrder(std::move(both)));
+    conns_.driver->SetDevices(DriveOrder(std::move(both)));
   } else if (opened.ok() && DriveOrder(Raw(next.devices)) != DriveOrder(old_devices) &&
-             cq_ != nullptr && device_ != nullptr &&
-             device_->options().progress == transport::ProgressMode::kCaller) {
+             conns_.cq != nullptr && conns_.device != nullptr &&
+             conns_.device->options().progress == transport::ProgressMode::kCaller) {
     // Not reached: a queue without a driver (the caller's device, inproc) keeps its devices.
     opened = absl::InternalError("the completion queue cannot drive the new devices");
   }
@@ -425,7 +424,7 @@ absl::Status CommunicatorImpl::ChangeConnections(const std::optional<TransportCh
     return fail(s);
   }
   const absl::Time connected = absl::Now();
-  ConnectionSet old = TakeConnections();
+  ConnectionSet old = std::move(conns_);
   int made = 0, kept = 0;
   for (int c = 0; c < new_channels; ++c) {
     for (int r = 0; r < n; ++r) {
@@ -444,7 +443,7 @@ absl::Status CommunicatorImpl::ChangeConnections(const std::optional<TransportCh
     if (next.driver != nullptr) next.driver->SetDevices(DriveOrder(Raw(next.devices)));
   }
   FindMailboxes(spec, &next);
-  InstallConnections(std::move(next));
+  conns_ = std::move(next);
   connections_opened_.fetch_add(made, std::memory_order_relaxed);
   // Nothing is posted on the dropped connections and nothing is in flight on them (the gather
   // above): close them; `old` releases the devices no longer used as it goes.

@@ -42,6 +42,12 @@ struct ConnectionSet {
   // Closes every connection (the peers' receives on them fail; nothing is posted on a retired
   // set).
   void Close();
+  // Drives the devices' progress, blocking at most max_block (sleeps without devices).
+  void Progress(absl::Duration max_block);
+  // "rank 2, rank 3 (closed its connection)": the ranks (of n) with a connection that failed.
+  std::string DownRanks(int n) const;
+  // Every connection (each channel, each peer).
+  std::vector<const transport::Connection*> Connections() const;
 };
 
 // What a connection set is built from; the same on every rank but `rank` and `peer_backend`.

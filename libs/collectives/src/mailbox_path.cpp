@@ -6,12 +6,17 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "communicator_impl.hpp"
+#include "blame.hpp"
+#include "mailbox_path.hpp"
+#include "plan.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/base/wait_policy.hpp"
+#include "qos_gate.hpp"
 #include "plexus/kernels/reduce.hpp"
+#include "tracer.hpp"
 
 namespace plexus::collectives::internal {
 namespace {
@@ -71,14 +76,15 @@ static_assert(kMailFragmentBytes % 8 == 0);
 
 }  // namespace
 
-absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const MailInbound& in,
-                                            size_t bytes, DataType dtype, ReduceOp op,
-                                            const CallHeader& header) {
-  if (to >= 0 && qos_ != nullptr) {  // QoS time windows: one admission per exchange
-    if (absl::Status s = AdmitSend(header); !s.ok()) return Abort(header, Failure::Own(s));
-    qos_->Posted();
+absl::Status MailboxPath::MailExchange(int to, const uint8_t* data, const MailInbound& in,
+                                       size_t bytes, DataType dtype, ReduceOp op,
+                                       const CallHeader& header) {
+  const auto& Abort = env_.abort;
+  if (to >= 0 && env_.qos != nullptr) {  // QoS time windows: one admission per exchange
+    if (absl::Status s = env_.AdmitSend(header); !s.ok()) return Abort(header, Failure::Own(s));
+    env_.qos->Posted();
   }
-  if (trace_ != nullptr) trace_->NoteMailbox();
+  if (env_.trace != nullptr) env_.trace->NoteMailbox();
   const MailHeader mine = MailHeader::Of(header);
   const size_t esize = DataTypeSize(dtype);
   // A zero-byte vector still travels as one (empty) fragment: it carries the header.
@@ -90,10 +96,10 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
   };
   size_t sent = to < 0 ? fragments : 0;
   size_t received = in.from < 0 ? fragments : 0;
-  const base::WaitPolicy wait = WaitingPolicy();
+  const base::WaitPolicy& wait = env_.wait;
   absl::Time start = absl::InfinitePast();
   absl::Duration idle = absl::ZeroDuration();
-  absl::Duration next_wait_record = wait_record_after_;  // idle time of the next wait record
+  absl::Duration next_wait_record = env_.record_after;  // idle time of the next wait record
   auto failed = [&](int peer, const absl::Status& why) {
     return Abort(header, Failure::Peer(peer, why));
   };
@@ -105,7 +111,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       const size_t length = fragment_length(sent);
       const ConstBuffer parts[2] = {{&mine, kMailHeaderBytes},
                                     {data + sent * kMailFragmentBytes, length}};
-      absl::StatusOr<bool> ok = mailboxes_[to]->TrySend(absl::MakeConstSpan(parts, 2));
+      absl::StatusOr<bool> ok = mailbox(to)->TrySend(absl::MakeConstSpan(parts, 2));
       if (!ok.ok()) return failed(to, ok.status());
       if (*ok) {
         ++sent;
@@ -113,8 +119,8 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       }
     }
     if (received < fragments && (to < 0 || sent > received)) {
-      transport::Mailbox* mailbox = mailboxes_[in.from];
-      absl::StatusOr<std::optional<absl::Span<const uint8_t>>> got = mailbox->Peek();
+      transport::Mailbox* inbox = mailbox(in.from);
+      absl::StatusOr<std::optional<absl::Span<const uint8_t>>> got = inbox->Peek();
       if (!got.ok()) return failed(in.from, got.status());
       if (got->has_value()) {
         const absl::Span<const uint8_t> message = **got;
@@ -125,16 +131,15 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
         }
         if (message.size() >= kMailHeaderBytes && theirs.Valid() && theirs.epoch != mine.epoch) {
           return Abort(header, Failure::Own(EpochMismatch(
-                                   layout_.rank, header.Describe(), header.epoch, in.from,
+                                   env_.rank, header.Describe(), header.epoch, in.from,
                                    theirs.Describe(), absl::StrCat(theirs.epoch, " (mod 2^16)"))));
         }
         if (message.size() < kMailHeaderBytes || !(theirs == mine) ||
             message.size() != kMailHeaderBytes + length) {
-          return Abort(header,
-                       Failure::Own(MismatchedCalls(layout_.rank, header.Describe(), in.from,
-                                                    message.size() < kMailHeaderBytes
-                                                        ? std::string("a truncated message")
-                                                        : theirs.Describe())));
+          return Abort(header, Failure::Own(MismatchedCalls(env_.rank, header.Describe(), in.from,
+                                                            message.size() < kMailHeaderBytes
+                                                                ? std::string("a truncated message")
+                                                                : theirs.Describe())));
         }
         uint8_t* dst = in.dst + received * kMailFragmentBytes;
         const uint8_t* payload = message.data() + kMailHeaderBytes;
@@ -143,7 +148,7 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
         } else if (length > 0) {
           std::memcpy(dst, payload, length);
         }
-        mailbox->Release();
+        inbox->Release();
         ++received;
         progress = true;
       }
@@ -153,8 +158,8 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       idle = absl::ZeroDuration();
       polls = 0;
       contended = false;
-      next_wait_record = wait_record_after_;
-      if (board_->posted()) board_->Retract();
+      next_wait_record = env_.record_after;
+      if (env_.board->posted()) env_.board->Retract();
       continue;
     }
     // Past the yield window (or on a contended CPU) every pass sleeps anyway: read the clock on
@@ -171,20 +176,20 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
       if (start == absl::InfinitePast()) start = now;
       idle = now - start;
       const int waited_for = sent < fragments ? to : in.from;
-      if (idle > options_.timeout) return Abort(header, Failure::Stall({waited_for}));
+      if (idle > env_.timeout) return Abort(header, Failure::Stall({waited_for}));
       // Long without progress: publish whom this rank waits for (see Execute).
       if (idle >= next_wait_record) {
-        board_->PostWaiting({waited_for}, absl::StatusCode::kDeadlineExceeded,
-                            absl::StrCat("waiting for ", absl::FormatDuration(idle)));
-        next_wait_record = idle + wait_record_every_;
+        env_.board->PostWaiting({waited_for}, absl::StatusCode::kDeadlineExceeded,
+                                absl::StrCat("waiting for ", absl::FormatDuration(idle)));
+        next_wait_record = idle + env_.record_every;
       }
       Completion sink[4];
-      cq_->Poll(absl::MakeSpan(sink));  // caller-mode progress notices a dead peer
+      env_.conns->cq->Poll(absl::MakeSpan(sink));  // caller-mode progress notices a dead peer
       if (sleeping) {
         if (receivable) {
           const absl::Duration bound =
               sent == fragments ? absl::Milliseconds(10) : absl::Microseconds(200);
-          mailboxes_[in.from]->Wait(std::min(options_.timeout - idle, bound));
+          mailbox(in.from)->Wait(std::min(env_.timeout - idle, bound));
         } else {
           base::WaitPolicy::Sleep(absl::Microseconds(200));
         }
@@ -193,16 +198,16 @@ absl::Status CommunicatorImpl::MailExchange(int to, const uint8_t* data, const M
     }
     if (wait.At(idle) != base::WaitPolicy::Phase::kSpin && !(contended && receivable)) {
       // Oversubscribed hosts yield to their peer ranks (see Execute).
-      contended = base::WaitPolicy::Yield(/*can_sleep=*/receivable && !yield_when_idle_) &&
-                  !yield_when_idle_;
+      contended = base::WaitPolicy::Yield(/*can_sleep=*/receivable && !env_.yield_when_idle) &&
+                  !env_.yield_when_idle;
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status CommunicatorImpl::MailboxAllReduce(uint8_t* buf, size_t count, DataType dtype,
-                                                ReduceOp op, const CallHeader& header) {
-  const Layout& L = layout_;
+absl::Status MailboxPath::MailboxAllReduce(uint8_t* buf, size_t count, DataType dtype, ReduceOp op,
+                                           const CallHeader& header) {
+  const Layout& L = *env_.layout;
   const size_t bytes = count * DataTypeSize(dtype);
   auto exchange = [&](int to, MailInbound in) {
     return MailExchange(to, buf, in, bytes, dtype, op, header);
@@ -231,11 +236,11 @@ absl::Status CommunicatorImpl::MailboxAllReduce(uint8_t* buf, size_t count, Data
   return absl::OkStatus();
 }
 
-absl::Status CommunicatorImpl::CheckMailboxes(const CallHeader& header) {
-  if (!mailboxes_ready_) return absl::OkStatus();
-  for (int peer = 0; peer < layout_.n; ++peer) {
-    if (mailboxes_[peer] == nullptr) continue;
-    auto got = mailboxes_[peer]->Peek();
+absl::Status MailboxPath::CheckMailboxes(const CallHeader& header) const {
+  if (!env_.conns->mailboxes_ready) return absl::OkStatus();
+  for (int peer = 0; peer < env_.n; ++peer) {
+    if (mailbox(peer) == nullptr) continue;
+    auto got = mailbox(peer)->Peek();
     if (!got.ok() || !got->has_value() || (*got)->size() < kMailHeaderBytes) continue;
     MailHeader theirs;
     std::memcpy(&theirs, (*got)->data(), kMailHeaderBytes);
@@ -244,7 +249,7 @@ absl::Status CommunicatorImpl::CheckMailboxes(const CallHeader& header) {
     // never received here (a broadcast root that differed, say).
     if (!theirs.Valid() || theirs.sequence > header.sequence) continue;
     return MismatchedCalls(
-        layout_.rank, header.Describe(), peer, theirs.Describe(),
+        env_.rank, header.Describe(), peer, theirs.Describe(),
         theirs.sequence < header.sequence ? ", which this rank never received" : "");
   }
   return absl::OkStatus();

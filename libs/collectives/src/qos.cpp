@@ -12,7 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "communicator_impl.hpp"
+#include "call_env.hpp"
+#include "connection_set.hpp"
 #include "plexus/base/env.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/collectives/qos.hpp"
@@ -183,18 +184,9 @@ absl::StatusOr<QosSchedule> ResolveQosSchedule(const QosSchedule& option) {
   return option;
 }
 
-absl::Status CommunicatorImpl::AdmitSend(const CallHeader& header) {
-  auto progress = [this](absl::Duration max_block) {
-    if (driver_ != nullptr) {
-      driver_->Progress(max_block);
-    } else if (device_ != nullptr) {
-      device_->Progress(max_block);
-    } else {
-      absl::SleepFor(max_block);
-    }
-  };
-  return qos_->Admit(options_.timeout, WaitingPolicy(), progress,
-                     [&] { return header.Describe(); });
+absl::Status CallEnv::AdmitSend(const CallHeader& header) const {
+  auto progress = [this](absl::Duration max_block) { conns->Progress(max_block); };
+  return qos->Admit(timeout, wait, progress, [&] { return header.Describe(); });
 }
 
 QosGate::QosGate(QosSchedule schedule, int rank) : schedule_(std::move(schedule)), rank_(rank) {}

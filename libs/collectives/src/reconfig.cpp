@@ -195,52 +195,51 @@ absl::StatusOr<DecidedChange> DecodeReconfiguration(std::string_view text) {
   return out;
 }
 
-std::string CommunicatorImpl::ReconfigKey(std::string_view what, uint64_t epoch, int rank) const {
+std::string Reconfigurer::ReconfigKey(std::string_view what, uint64_t epoch, int rank) const {
   if (rank < 0) return absl::StrCat(reconf_.prefix, std::string(what), "/", epoch);
   return absl::StrCat(reconf_.prefix, std::string(what), "/", epoch, "/", rank);
 }
 
-absl::Status CommunicatorImpl::StartReconfiguration() {
+absl::Status Reconfigurer::Start(Setup setup) {
   PLEXUS_ASSIGN_OR_RETURN(const bool enabled, kReconfigParam.Get());
-  reconf_.prefix = absl::StrCat("plexus/coll/reconf/", uid_, "/");
-  reconf_.active.ring_order = layout_.order;
-  reconf_.active.algorithms = options_.algorithms;
-  reconf_.active.channels = layout_.channels;
-  reconf_.active.connected_channels = options_.channels;
-  reconf_.active.transport = {options_.device.backend, options_.transport_policy};
-  reconf_.active.peer_backends = peer_backend_;
+  setup_ = std::move(setup);
+  reconf_.prefix = absl::StrCat("plexus/coll/reconf/", setup_.uid, "/");
+  reconf_.active = setup_.active;
   if (!enabled) {
     reconf_.lost = absl::FailedPreconditionError(absl::StrCat(
-        "rank ", layout_.rank, ": live reconfiguration is off (", kReconfigParam.name(), "=0)"));
-  } else if (layout_.n > 1) {
+        "rank ", setup_.rank, ": live reconfiguration is off (", kReconfigParam.name(), "=0)"));
+  } else if (setup_.n > 1) {
     reconf_.watcher = std::thread([this] { WatchReconfigurations(); });
   }
   return absl::OkStatus();
 }
 
-void CommunicatorImpl::StopReconfiguration() {
+void Reconfigurer::Stop() {
   if (!reconf_.watcher.joinable()) return;
   reconf_.stop.store(true);
   // Wake the watchers blocked on the next request at once (every rank is past the destructor's
   // barrier, or the communicator is broken: no real request can follow). Best effort: without
   // it a watcher notices the stop flag within kIdleSlice.
+  auto& store_ = setup_.store;
   if (auto k = store_->Add(absl::StrCat(reconf_.prefix, "count"), 1); k.ok()) {
     (void)store_->Set(ReconfigKey("req", static_cast<uint64_t>(*k)), kCloseRequest);
   }
   reconf_.watcher.join();
 }
 
-absl::StatusOr<uint64_t> CommunicatorImpl::RequestReconfiguration(const Reconfiguration& change) {
-  const int n = layout_.n;
+absl::StatusOr<uint64_t> Reconfigurer::Request(const Reconfiguration& change) {
+  const int n = setup_.n;
+  const int rank = setup_.rank;
+  auto& store_ = setup_.store;
   if (!change.ring_order && !change.algorithms && !change.channels && !change.transport) {
     return absl::InvalidArgumentError(
-        absl::StrCat("RequestReconfiguration on rank ", layout_.rank,
+        absl::StrCat("RequestReconfiguration on rank ", rank,
                      ": the change is empty (set ring_order, algorithms, channels or transport)"));
   }
   if (change.transport) {
-    if (caller_device_) {
+    if (setup_.caller_device) {
       return absl::FailedPreconditionError(
-          absl::StrCat("RequestReconfiguration on rank ", layout_.rank,
+          absl::StrCat("RequestReconfiguration on rank ", rank,
                        ": this communicator was created on the caller's device, which decides its "
                        "connections: its transport cannot change"));
     }
@@ -249,22 +248,22 @@ absl::StatusOr<uint64_t> CommunicatorImpl::RequestReconfiguration(const Reconfig
             static_cast<unsigned>(transport::Backend::kVerbs) ||
         !transport::Device::Available(change.transport->backend, &why)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("RequestReconfiguration on rank ", layout_.rank, ": transport ",
+          absl::StrCat("RequestReconfiguration on rank ", rank, ": transport ",
                        TransportChoiceText(*change.transport), " is not available here: ", why));
     }
   }
   if (change.ring_order) {
     if (absl::Status s = CheckRingOrder(*change.ring_order, n); !s.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("RequestReconfiguration on rank ", layout_.rank, ": ", s.message()));
+          absl::StrCat("RequestReconfiguration on rank ", rank, ": ", s.message()));
     }
   }
   if (change.channels && (*change.channels < 1 || *change.channels > kMaxChannels)) {
-    return absl::InvalidArgumentError(absl::StrCat("RequestReconfiguration on rank ", layout_.rank,
+    return absl::InvalidArgumentError(absl::StrCat("RequestReconfiguration on rank ", rank,
                                                    ": channels must be 1 to ", kMaxChannels,
                                                    " (kMaxChannels), got ", *change.channels));
   }
-  PLEXUS_RETURN_IF_ERROR(health());
+  PLEXUS_RETURN_IF_ERROR(setup_.health());
   {
     std::lock_guard<std::mutex> lock(reconf_.mu);
     if (!reconf_.lost.ok()) return reconf_.lost;
@@ -285,23 +284,21 @@ absl::StatusOr<uint64_t> CommunicatorImpl::RequestReconfiguration(const Reconfig
   }
   auto k = store_->Add(absl::StrCat(reconf_.prefix, "count"), 1);
   if (!k.ok()) {
-    return absl::Status(
-        k.status().code(),
-        absl::StrCat("RequestReconfiguration on rank ", layout_.rank,
-                     ": numbering the request on the store: ", k.status().message()));
+    return absl::Status(k.status().code(), absl::StrCat("RequestReconfiguration on rank ", rank,
+                                                        ": numbering the request on the store: ",
+                                                        k.status().message()));
   }
   const uint64_t epoch = static_cast<uint64_t>(*k);
-  if (absl::Status s =
-          store_->Set(ReconfigKey("req", epoch), EncodeReconfiguration(change, layout_.rank));
+  if (absl::Status s = store_->Set(ReconfigKey("req", epoch), EncodeReconfiguration(change, rank));
       !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("RequestReconfiguration on rank ", layout_.rank,
+    return absl::Status(s.code(), absl::StrCat("RequestReconfiguration on rank ", rank,
                                                ": publishing request ", epoch, ": ", s.message()));
   }
   return epoch;
 }
 
-absl::StatusOr<uint64_t> CommunicatorImpl::AwaitReconfiguration(uint64_t epoch,
-                                                                absl::Duration timeout) {
+absl::StatusOr<uint64_t> Reconfigurer::Await(uint64_t epoch, absl::Duration timeout) {
+  const int rank = setup_.rank;
   const absl::Time deadline = absl::Now() + timeout;
   std::unique_lock<std::mutex> lock(reconf_.mu);
   for (;;) {
@@ -309,37 +306,37 @@ absl::StatusOr<uint64_t> CommunicatorImpl::AwaitReconfiguration(uint64_t epoch,
       auto it = reconf_.history.find(epoch);
       if (it == reconf_.history.end()) {
         return absl::NotFoundError(
-            absl::StrCat("AwaitReconfiguration on rank ", layout_.rank, ": epoch ", epoch,
+            absl::StrCat("AwaitReconfiguration on rank ", rank, ": epoch ", epoch,
                          " is not a change of this communicator, or is older than the last ",
                          ReconfigState::kMaxHistory, " decisions"));
       }
       return it->second;
     }
     lock.unlock();
-    PLEXUS_RETURN_IF_ERROR(health());
+    PLEXUS_RETURN_IF_ERROR(setup_.health());
     lock.lock();
     if (reconf_.decided_epoch >= epoch) continue;
     const absl::Time now = absl::Now();
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "AwaitReconfiguration on rank ", layout_.rank, ": epoch ", epoch, " not decided after ",
+          "AwaitReconfiguration on rank ", rank, ": epoch ", epoch, " not decided after ",
           absl::FormatDuration(timeout), " (last decided: ", reconf_.decided_epoch, ")"));
     }
     reconf_.cv.wait_for(lock, absl::ToChronoNanoseconds(std::min(deadline - now, kRoundSlice)));
   }
 }
 
-ActiveConfiguration CommunicatorImpl::configuration() const {
+ActiveConfiguration Reconfigurer::configuration() const {
   std::lock_guard<std::mutex> lock(reconf_.mu);
   return reconf_.active;
 }
 
-uint64_t CommunicatorImpl::collective_sequence() const {
+uint64_t Reconfigurer::issued() const {
   std::lock_guard<std::mutex> lock(reconf_.mu);
   return reconf_.issued;
 }
 
-absl::Status CommunicatorImpl::IssueCollective() {
+absl::Status Reconfigurer::Issue() {
   std::unique_lock<std::mutex> lock(reconf_.mu);
   bool waited = false;
   if (reconf_.frozen) {
@@ -349,36 +346,70 @@ absl::Status CommunicatorImpl::IssueCollective() {
   }
   ++reconf_.issued;
   lock.unlock();
-  return waited ? health() : absl::OkStatus();
+  return waited ? setup_.health() : absl::OkStatus();
+}
+
+void Reconfigurer::TakeLanding(uint64_t sequence, std::vector<DecidedChange>* out) {
+  out->clear();
+  std::lock_guard<std::mutex> lock(reconf_.mu);
+  while (!reconf_.pending.empty() && reconf_.pending.front().sequence <= sequence) {
+    out->push_back(std::move(reconf_.pending.front()));
+    reconf_.pending.pop_front();
+  }
+}
+
+void Reconfigurer::UpdateActive(absl::FunctionRef<void(ActiveConfiguration&)> update) {
+  std::lock_guard<std::mutex> lock(reconf_.mu);
+  update(reconf_.active);
+}
+
+absl::Status CommunicatorImpl::StartReconfiguration() {
+  Reconfigurer::Setup setup;
+  setup.rank = layout_.rank;
+  setup.n = layout_.n;
+  setup.uid = uid_;
+  setup.store = store_;
+  setup.timeout = options_.timeout;
+  setup.caller_device = caller_device_;
+  setup.active.ring_order = layout_.order;
+  setup.active.algorithms = options_.algorithms;
+  setup.active.channels = layout_.channels;
+  setup.active.connected_channels = options_.channels;
+  setup.active.transport = {options_.device.backend, options_.transport_policy};
+  setup.active.peer_backends = peer_backend_;
+  setup.health = [this] { return health(); };
+  setup.on_error = [this](absl::Status status) { issue_.Break(std::move(status)); };
+  return reconfig_.Start(std::move(setup));
 }
 
 absl::Status CommunicatorImpl::BeginCollective() {
+  reconfig_.TakeLanding(collective_seq_, &landing_);
+  if (landing_.empty()) return absl::OkStatus();
   std::optional<TransportChoice> transport;
   std::optional<int> channels;
   uint64_t epoch = 0;
-  {
-    std::lock_guard<std::mutex> lock(reconf_.mu);
-    const uint64_t sequence = collective_seq_;
-    while (!reconf_.pending.empty() && reconf_.pending.front().sequence <= sequence) {
-      const DecidedChange& decided = reconf_.pending.front();
-      ApplyChange(decided);
-      // The last one landing here wins (per field). Every rank reads the same requests, so an
-      // out-of-range count (only from a corrupted store: the requester checked it) is ignored
-      // everywhere alike.
-      const std::optional<int>& c = decided.change.channels;
-      if (c && *c >= 1 && *c <= kMaxChannels) {
-        channels = *c;
-        epoch = decided.epoch;
-      }
-      if (decided.change.transport) {
-        transport = decided.change.transport;
-        epoch = decided.epoch;
-      }
-      reconf_.active.since_sequence = sequence;
-      reconf_.pending.pop_front();
+  for (const DecidedChange& decided : landing_) {
+    ApplyChange(decided);
+    // The last one landing here wins (per field). Every rank reads the same requests, so an
+    // out-of-range count (only from a corrupted store: the requester checked it) is ignored
+    // everywhere alike.
+    const std::optional<int>& c = decided.change.channels;
+    if (c && *c >= 1 && *c <= kMaxChannels) {
+      channels = *c;
+      epoch = decided.epoch;
+    }
+    if (decided.change.transport) {
+      transport = decided.change.transport;
+      epoch = decided.epoch;
     }
   }
-  // Outside the lock: connecting takes a while, and the watcher runs the next round meanwhile.
+  reconfig_.UpdateActive([&](ActiveConfiguration& active) {
+    active.ring_order = layout_.order;
+    active.algorithms = options_.algorithms;
+    active.epoch = config_epoch_;
+    active.since_sequence = collective_seq_;
+  });
+  // Connecting takes a while; the watcher runs the next round meanwhile.
   if (transport || channels) return ChangeConnections(transport, channels, epoch);
   return absl::OkStatus();
 }
@@ -391,14 +422,9 @@ void CommunicatorImpl::ApplyChange(const DecidedChange& decided) {
     call_layout_.order = layout_.order;
     call_layout_.position = layout_.position;
     options_.ring_order = layout_.order;
-    reconf_.active.ring_order = layout_.order;
   }
-  if (change.algorithms) {
-    options_.algorithms = *change.algorithms;
-    reconf_.active.algorithms = *change.algorithms;
-  }
+  if (change.algorithms) options_.algorithms = *change.algorithms;
   // Channels and transport: ChangeConnections, once every change landing here is read.
-  reconf_.active.epoch = decided.epoch;
   config_epoch_ = decided.epoch;
   if (debug_) {
     base::Logf(base::LogLevel::kInfo,
@@ -411,17 +437,15 @@ void CommunicatorImpl::ApplyChange(const DecidedChange& decided) {
   }
 }
 
-void CommunicatorImpl::BreakFromWatcher(absl::Status status) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (broken_.ok()) broken_ = std::move(status);
-  }
+void Reconfigurer::BreakFromWatcher(absl::Status status) {
+  setup_.on_error(std::move(status));
   std::lock_guard<std::mutex> lock(reconf_.mu);
   reconf_.frozen = false;
   reconf_.cv.notify_all();
 }
 
-void CommunicatorImpl::WatchReconfigurations() {
+void Reconfigurer::WatchReconfigurations() {
+  auto& store_ = setup_.store;
   for (uint64_t epoch = 1; !reconf_.stop.load();) {
     auto payload = store_->Get(ReconfigKey("req", epoch), kIdleSlice);
     if (reconf_.stop.load()) return;
@@ -433,7 +457,7 @@ void CommunicatorImpl::WatchReconfigurations() {
       std::lock_guard<std::mutex> lock(reconf_.mu);
       reconf_.lost = absl::Status(
           payload.status().code(),
-          absl::StrCat("rank ", layout_.rank, ": live reconfiguration is off: reading request ",
+          absl::StrCat("rank ", setup_.rank, ": live reconfiguration is off: reading request ",
                        epoch, " from the store failed: ", payload.status().message()));
       return;
     }
@@ -449,9 +473,11 @@ void CommunicatorImpl::WatchReconfigurations() {
   }
 }
 
-absl::Status CommunicatorImpl::RunReconfigRound(uint64_t epoch, const std::string& payload) {
-  const int n = layout_.n;
-  const int rank = layout_.rank;
+absl::Status Reconfigurer::RunReconfigRound(uint64_t epoch, const std::string& payload) {
+  const int n = setup_.n;
+  const int rank = setup_.rank;
+  auto& store_ = setup_.store;
+  const absl::Duration timeout = setup_.timeout;
   CallHook(rank, epoch, ReconfigStep::kSeen);
   // Every rank reads the same text, so an undecodable request is a no-op round everywhere (the
   // requester validated it; this only guards against a corrupted store).
@@ -472,7 +498,7 @@ absl::Status CommunicatorImpl::RunReconfigRound(uint64_t epoch, const std::strin
   }
   std::vector<std::string> keys;
   for (int r = 0; r < n; ++r) keys.push_back(ReconfigKey("rep", epoch, r));
-  const absl::Time deadline = absl::Now() + options_.timeout;
+  const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
     absl::Status s = store_->Wait(keys, kRoundSlice);
     if (s.ok()) break;
@@ -489,7 +515,7 @@ absl::Status CommunicatorImpl::RunReconfigRound(uint64_t epoch, const std::strin
       }
       return absl::DeadlineExceededError(absl::StrCat(
           where, ": rank(s) ", absl::StrJoin(missing, ","),
-          " published no collective count within ", absl::FormatDuration(options_.timeout),
+          " published no collective count within ", absl::FormatDuration(timeout),
           " (dead, its communicator destroyed, or ", kReconfigParam.name(), "=0 there)"));
     }
   }
@@ -499,7 +525,7 @@ absl::Status CommunicatorImpl::RunReconfigRound(uint64_t epoch, const std::strin
     sequence = reconf_.last_sequence;
   }
   for (int r = 0; r < n; ++r) {
-    auto value = store_->Get(keys[r], options_.timeout);
+    auto value = store_->Get(keys[r], timeout);
     uint64_t theirs = 0;
     if (!value.ok() || !absl::SimpleAtoi(*value, &theirs)) {
       return absl::DataLossError(absl::StrCat(

@@ -11,12 +11,18 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "plexus/collectives/reconfiguration.hpp"
+#include "plexus/transport/store.hpp"
 
 namespace plexus::collectives::internal {
 
@@ -55,6 +61,66 @@ struct ReconfigState {
   // Store keys of this communicator's rounds: <prefix>count, <prefix>req/<k>,
   // <prefix>rep/<k>/<rank>.
   std::string prefix;
+};
+
+// A communicator's live reconfiguration: requests, the watcher thread's rounds, and the
+// decisions the communicator applies when the collective they land on starts. It knows nothing
+// of the communicator but the two callbacks of its Setup.
+class Reconfigurer {
+ public:
+  struct Setup {
+    int rank = 0;
+    int n = 1;
+    uint64_t uid = 0;  // the communicator's id: names its keys on the store
+    std::shared_ptr<transport::Store> store;
+    absl::Duration timeout = absl::Seconds(60);  // a round's wait for the ranks' counts
+    // Created on the caller's device: a transport change is refused.
+    bool caller_device = false;
+    ActiveConfiguration active;  // as created
+    // The communicator's health: a broken one takes no requests.
+    std::function<absl::Status()> health;
+    // Breaks the communicator (a round that failed).
+    std::function<void(absl::Status)> on_error;
+  };
+
+  Reconfigurer() = default;
+  Reconfigurer(const Reconfigurer&) = delete;
+  Reconfigurer& operator=(const Reconfigurer&) = delete;
+  ~Reconfigurer() { Stop(); }
+
+  // The active configuration, and the watcher thread (several ranks, unless
+  // PLEXUS_COLL_RECONFIG=0). The environment variable's error.
+  absl::Status Start(Setup setup);
+  // Posts the watchers' stop request (call it on healthy communicators after the destructor's
+  // barrier) and joins this rank's watcher.
+  void Stop();
+
+  // Communicator::RequestReconfiguration, AwaitReconfiguration, configuration(),
+  // collective_sequence().
+  absl::StatusOr<uint64_t> Request(const Reconfiguration& change);
+  absl::StatusOr<uint64_t> Await(uint64_t epoch, absl::Duration timeout);
+  ActiveConfiguration configuration() const;
+  uint64_t issued() const;
+
+  // Issuing a collective (creating its task, or running it inline): waits while a round freezes
+  // issues, then counts the call (the broken status when the wait ended because the
+  // communicator broke).
+  absl::Status Issue();
+  // The decisions landing on collective `sequence` (taken out of the pending ones, in order)
+  // into *out, which is cleared first (empty: nothing lands; no allocation then).
+  void TakeLanding(uint64_t sequence, std::vector<DecidedChange>* out);
+  // Changes the reported active configuration.
+  void UpdateActive(absl::FunctionRef<void(ActiveConfiguration&)> update);
+
+ private:
+  std::string ReconfigKey(std::string_view what, uint64_t epoch, int rank = -1) const;
+  void WatchReconfigurations();
+  // One round of the barrier for request `epoch`; an error breaks the communicator.
+  absl::Status RunReconfigRound(uint64_t epoch, const std::string& payload);
+  void BreakFromWatcher(absl::Status status);
+
+  Setup setup_;
+  ReconfigState reconf_;
 };
 
 // The bytes a request travels as on the store: a base::Record ("close" is the watchers' stop

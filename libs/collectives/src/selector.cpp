@@ -69,6 +69,13 @@ AlgorithmTable AlgorithmTable::Default(bool tcp) {
       {K::kBroadcast, 1, kAnyWorld, 256 * kKiB, kAnyBytes, A::kRing},
       {K::kReduce, 1, kAnyWorld, 0, 256 * kKiB - 1, A::kTree},
       {K::kReduce, 1, kAnyWorld, 256 * kKiB, kAnyBytes, A::kRing},
+      // Small allgathers at world sizes that are not powers of two (halving-doubling needs one
+      // there): Bruck's ceil(log2 n) rounds instead of the ring's n - 1, the same bytes.
+      {K::kAllGather, 3, 3, 0, 64 * kKiB - 1, A::kBruck},
+      {K::kAllGather, 5, 7, 0, 64 * kKiB - 1, A::kBruck},
+      {K::kAllGather, 9, 15, 0, 64 * kKiB - 1, A::kBruck},
+      {K::kAllGather, 17, 31, 0, 64 * kKiB - 1, A::kBruck},
+      {K::kAllGather, 33, 63, 0, 64 * kKiB - 1, A::kBruck},
       {K::kAllGather, 1, kAnyWorld, 0, 64 * kKiB - 1, A::kHalvingDoubling},
       {K::kReduceScatter, 1, kAnyWorld, 0, 64 * kKiB - 1, A::kHalvingDoubling},
       {K::kBarrier, 1, kAnyWorld, 0, kAnyBytes, A::kHalvingDoubling},

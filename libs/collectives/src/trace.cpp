@@ -18,6 +18,10 @@
 
 namespace plexus::collectives {
 
+CollectiveTrace Communicator::Trace() const { return {}; }
+
+std::string Communicator::TraceJson() const { return ToChromeTraceJson(Trace()); }
+
 const char* TracePathName(TracePath path) {
   switch (path) {
     case TracePath::kLocal:

@@ -8,8 +8,6 @@
 
 namespace plexus::collectives {
 namespace {
-constexpr std::string_view kAlgorithmNames[kNumAlgorithms] = {"auto", "ring", "halving_doubling",
-                                                              "tree", "recursive_doubling"};
 constexpr std::string_view kCollectiveNames[kNumCollectiveKinds] = {
     "allreduce", "reduce",    "broadcast", "allgather", "reducescatter",
     "alltoall",  "alltoallv", "sendrecv",  "barrier"};

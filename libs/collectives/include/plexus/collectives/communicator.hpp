@@ -48,14 +48,37 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "plexus/collectives/qos.hpp"
-#include "plexus/collectives/reconfiguration.hpp"
 #include "plexus/collectives/selector.hpp"
-#include "plexus/collectives/trace.hpp"
 #include "plexus/collectives/types.hpp"
 #include "plexus/transport/device.hpp"
 #include "plexus/transport/rendezvous.hpp"
 
 namespace plexus::collectives {
+
+// Live reconfiguration (plexus/collectives/reconfiguration.hpp) and tracing
+// (plexus/collectives/trace.hpp): include those to call RequestReconfiguration,
+// configuration() or Trace().
+struct Reconfiguration;
+struct ActiveConfiguration;
+struct CollectiveTrace;
+
+// CommunicatorOptions::trace. Every rank may choose differently.
+struct TraceOptions {
+  // Record every call. PLEXUS_COLL_TRACE (non-empty) also turns it on.
+  bool enabled = false;
+  // Calls kept: a ring, beyond it the oldest records are dropped (CollectiveTrace::dropped).
+  // 1 to 2^24; PLEXUS_COLL_TRACE_CAPACITY sets it when this is left at 0.
+  size_t capacity = 0;
+  // Non-empty: when the communicator is destroyed, its trace is written (Chrome trace-event
+  // format) to `<path_prefix>.<rank>.json`, or for a communicator made by Split to
+  // `<path_prefix>.<communicator id in hex>.<rank>.json`. Implies `enabled`. Empty: the value of
+  // PLEXUS_COLL_TRACE. A later communicator of the same rank and prefix replaces the file.
+  std::string path_prefix;
+  // Also record, for each call on the plan path, per peer when the first message to it was
+  // posted and when the last message from it arrived (TraceEvent::peers): two clock reads per
+  // message. PLEXUS_COLL_TRACE_PEERS=1 turns it on too.
+  bool peer_steps = false;
+};
 
 // DeviceOptions with caller-driven progress: the default device of a communicator.
 inline transport::DeviceOptions CallerDrivenDeviceOptions() {
@@ -147,24 +170,11 @@ struct CallOptions {
   // does not implement falls back as documented in docs/collectives.md.
   Algorithm algorithm = Algorithm::kAuto;
   // Fused cast: an f32 AllReduce, Broadcast or AllGather whose messages travel as kBF16 or kF16,
-  // half the bytes. Each send converts its chunk while packing it; each receive converts the
-  // incoming chunk into the f32 output, or reduces it into the f32 accumulator (AllReduce: the
-  // partial sums stay f32 at every hop), in the same pass; no pass over the whole buffer. Every
-  // rank ends with the same bits: the rank that distributes a final value (a ring segment's
-  // owner, a broadcast root, an allgather block's owner) keeps the rounded value it sends, so
-  // the root's and owners' own outputs are rounded too. nullopt (or dtype itself): as the data.
-  // Error, u = 2^-8 (bf16) or 2^-11 (f16), n ranks, exact sum s = sum_r x_r, r = the result:
-  //   Broadcast/AllGather: r = f32(wire(x)), |r - x| <= u |x|;
-  //   AllReduce sum: |r - s| <= ((1 + u)^n (1 + 2^-24)^(n - 1) - 1) sum_r |x_r| (each operand is
-  //   rounded at most n - 1 times on its way plus once as part of the final value, and takes
-  //   part in at most n - 1 f32 additions); min/max: r = wire(min/max_r x_r); avg: sum, then / n.
-  // f16 also: values beyond 65504 become infinities, and below 2^-14 add up to 2^-25 absolute
-  // error per rounding. NaN and infinities propagate (NaN results are canonical quiet NaNs).
-  // The latency paths travel uncast (exact, same bits on every rank): AllReduce of at most
-  // 16 KiB or with fewer elements than ranks, Broadcast/AllGather of at most 16 KiB in all, the
-  // mailbox AllGather (<= 8 KiB per rank). InvalidArgument for another collective, a dtype other
-  // than kF32, or another wire type. Every rank must pass the same value: on the cast paths a
-  // difference fails the call as mismatched (the header carries the wire type).
+  // half the bytes, converted while packing and on arrival (no pass over the whole buffer); every
+  // rank ends with the same bits. nullopt (or dtype itself): as the data. Small calls travel
+  // uncast. InvalidArgument for another collective, a dtype other than kF32, or another wire
+  // type. Every rank must pass the same value (the header carries it: a difference fails the
+  // call as mismatched). Error bounds and paths: docs/collectives.md, "Fused casts".
   std::optional<DataType> wire_dtype;
   // Broadcast and AllGather: recv holds elements of this type (kBF16 or kF16) while send holds
   // dtype (kF32): an f32 source cast on the way into half-width destinations. The root (for
@@ -242,48 +252,99 @@ class Communicator {
   virtual absl::Status health() const = 0;
   // The calls recorded so far (CommunicatorOptions::trace; enabled false and no events when
   // tracing is off). Thread-safe, at any time, also while calls run.
-  virtual CollectiveTrace Trace() const { return {}; }
+  virtual CollectiveTrace Trace() const;
   // Trace() in Chrome's trace-event format (what PLEXUS_COLL_TRACE writes; an admin endpoint's
   // `coll-trace` command serves this).
-  std::string TraceJson() const { return ToChromeTraceJson(Trace()); }
+  std::string TraceJson() const;
+
+  // Every operation comes in two forms: the blocking one (written once, here) and its *Async
+  // form (what an implementation provides). A blocking call runs through RunBlocking, which by
+  // default issues the *Async form and waits for it.
 
   // recv[i] = op over ranks of send[i], on every rank. `count` elements each.
-  virtual absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype,
-                                 ReduceOp op, CallOptions call = {}) = 0;
+  absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                         CallOptions call = {}) {
+    return RunBlocking({.kind = CollectiveKind::kAllReduce,
+                        .send = send,
+                        .recv = recv,
+                        .count = count,
+                        .dtype = dtype,
+                        .op = op,
+                        .options = call});
+  }
   virtual std::shared_ptr<Work> AllReduceAsync(const void* send, void* recv, size_t count,
                                                DataType dtype, ReduceOp op,
                                                CallOptions call = {}) = 0;
 
   // recv[i] = op over ranks of send[i], on `root` only (recv is ignored elsewhere, may be null).
-  virtual absl::Status Reduce(const void* send, void* recv, size_t count, DataType dtype,
-                              ReduceOp op, int root, CallOptions call = {}) = 0;
+  absl::Status Reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                      int root, CallOptions call = {}) {
+    return RunBlocking({.kind = CollectiveKind::kReduce,
+                        .send = send,
+                        .recv = recv,
+                        .count = count,
+                        .dtype = dtype,
+                        .op = op,
+                        .root = root,
+                        .options = call});
+  }
   virtual std::shared_ptr<Work> ReduceAsync(const void* send, void* recv, size_t count,
                                             DataType dtype, ReduceOp op, int root,
                                             CallOptions call = {}) = 0;
 
   // recv = root's send on every rank (send is read on root only; in place when equal).
-  virtual absl::Status Broadcast(const void* send, void* recv, size_t count, DataType dtype,
-                                 int root, CallOptions call = {}) = 0;
+  absl::Status Broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
+                         CallOptions call = {}) {
+    return RunBlocking({.kind = CollectiveKind::kBroadcast,
+                        .send = send,
+                        .recv = recv,
+                        .count = count,
+                        .dtype = dtype,
+                        .root = root,
+                        .options = call});
+  }
   virtual std::shared_ptr<Work> BroadcastAsync(const void* send, void* recv, size_t count,
                                                DataType dtype, int root, CallOptions call = {}) = 0;
 
   // recv[r*count + i] = send of rank r [i]. `count` is per rank; recv holds size()*count.
-  virtual absl::Status AllGather(const void* send, void* recv, size_t count, DataType dtype,
-                                 CallOptions call = {}) = 0;
+  absl::Status AllGather(const void* send, void* recv, size_t count, DataType dtype,
+                         CallOptions call = {}) {
+    return RunBlocking({.kind = CollectiveKind::kAllGather,
+                        .send = send,
+                        .recv = recv,
+                        .count = count,
+                        .dtype = dtype,
+                        .options = call});
+  }
   virtual std::shared_ptr<Work> AllGatherAsync(const void* send, void* recv, size_t count,
                                                DataType dtype, CallOptions call = {}) = 0;
 
   // recv[i] = op over ranks of send[rank()*count + i]. send holds size()*count; `count` is the
   // per-rank output.
-  virtual absl::Status ReduceScatter(const void* send, void* recv, size_t count, DataType dtype,
-                                     ReduceOp op, CallOptions call = {}) = 0;
+  absl::Status ReduceScatter(const void* send, void* recv, size_t count, DataType dtype,
+                             ReduceOp op, CallOptions call = {}) {
+    return RunBlocking({.kind = CollectiveKind::kReduceScatter,
+                        .send = send,
+                        .recv = recv,
+                        .count = count,
+                        .dtype = dtype,
+                        .op = op,
+                        .options = call});
+  }
   virtual std::shared_ptr<Work> ReduceScatterAsync(const void* send, void* recv, size_t count,
                                                    DataType dtype, ReduceOp op,
                                                    CallOptions call = {}) = 0;
 
   // recv[r*count + i] = send of rank r [rank()*count + i]; both hold size()*count.
-  virtual absl::Status AllToAll(const void* send, void* recv, size_t count, DataType dtype,
-                                CallOptions call = {}) = 0;
+  absl::Status AllToAll(const void* send, void* recv, size_t count, DataType dtype,
+                        CallOptions call = {}) {
+    return RunBlocking({.kind = CollectiveKind::kAllToAll,
+                        .send = send,
+                        .recv = recv,
+                        .count = count,
+                        .dtype = dtype,
+                        .options = call});
+  }
   virtual std::shared_ptr<Work> AllToAllAsync(const void* send, void* recv, size_t count,
                                               DataType dtype, CallOptions call = {}) = 0;
 
@@ -291,11 +352,20 @@ class Communicator {
   // send + send_displs[r] go to rank r, which receives them at its recv + recv_displs[rank()];
   // recv_counts[r] must equal rank r's send_counts[rank()] (checked: a mismatch is an error).
   // Every span has size() entries. Not in place.
-  virtual absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_counts,
-                                 absl::Span<const size_t> send_displs, void* recv,
-                                 absl::Span<const size_t> recv_counts,
-                                 absl::Span<const size_t> recv_displs, DataType dtype,
-                                 CallOptions call = {}) = 0;
+  absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_counts,
+                         absl::Span<const size_t> send_displs, void* recv,
+                         absl::Span<const size_t> recv_counts, absl::Span<const size_t> recv_displs,
+                         DataType dtype, CallOptions call = {}) {
+    return RunBlocking({.kind = CollectiveKind::kAllToAllV,
+                        .send = send,
+                        .recv = recv,
+                        .dtype = dtype,
+                        .options = call,
+                        .send_counts = send_counts,
+                        .send_displs = send_displs,
+                        .recv_counts = recv_counts,
+                        .recv_displs = recv_displs});
+  }
   virtual std::shared_ptr<Work> AllToAllVAsync(const void* send,
                                                absl::Span<const size_t> send_counts,
                                                absl::Span<const size_t> send_displs, void* recv,
@@ -305,14 +375,28 @@ class Communicator {
 
   // Point to point, matched in issue order per pair of ranks (a Send of n elements pairs with
   // the peer's Recv of n elements of the same type; a mismatch is an error).
-  virtual absl::Status Send(const void* send, size_t count, DataType dtype, int peer) = 0;
+  absl::Status Send(const void* send, size_t count, DataType dtype, int peer) {
+    return RunBlocking({.kind = CollectiveKind::kSendRecv,
+                        .send = send,
+                        .count = count,
+                        .dtype = dtype,
+                        .peer = peer,
+                        .is_send = true});
+  }
   virtual std::shared_ptr<Work> SendAsync(const void* send, size_t count, DataType dtype,
                                           int peer) = 0;
-  virtual absl::Status Recv(void* recv, size_t count, DataType dtype, int peer) = 0;
+  absl::Status Recv(void* recv, size_t count, DataType dtype, int peer) {
+    return RunBlocking({.kind = CollectiveKind::kSendRecv,
+                        .recv = recv,
+                        .count = count,
+                        .dtype = dtype,
+                        .peer = peer,
+                        .is_send = false});
+  }
   virtual std::shared_ptr<Work> RecvAsync(void* recv, size_t count, DataType dtype, int peer) = 0;
 
   // Returns once every rank has entered the barrier.
-  virtual absl::Status Barrier() = 0;
+  absl::Status Barrier() { return RunBlocking({.kind = CollectiveKind::kBarrier}); }
   virtual std::shared_ptr<Work> BarrierAsync() = 0;
 
   // Collective over this communicator: ranks with equal `color` form a new communicator, ranked
@@ -345,6 +429,30 @@ class Communicator {
 
  protected:
   Communicator() = default;
+
+  // The arguments of one blocking call; which fields it reads depends on `kind` (kSendRecv: a
+  // Send when is_send, else a Recv).
+  struct BlockingCall {
+    CollectiveKind kind = CollectiveKind::kAllReduce;
+    const void* send = nullptr;
+    void* recv = nullptr;
+    size_t count = 0;
+    DataType dtype = DataType::kU8;
+    ReduceOp op = ReduceOp::kSum;
+    int root = 0;
+    int peer = -1;
+    bool is_send = false;
+    CallOptions options = {};
+    absl::Span<const size_t> send_counts = {};
+    absl::Span<const size_t> send_displs = {};
+    absl::Span<const size_t> recv_counts = {};
+    absl::Span<const size_t> recv_displs = {};
+  };
+  // Runs a blocking call. The default issues its *Async form (IssueAsync) and waits for it; an
+  // implementation may run it in the caller's thread instead (the latency path).
+  virtual absl::Status RunBlocking(const BlockingCall& call);
+  // The *Async form of `call`.
+  std::shared_ptr<Work> IssueAsync(const BlockingCall& call);
 };
 
 }  // namespace plexus::collectives

@@ -13,16 +13,6 @@
 
 namespace plexus::collectives {
 
-// How a communicator that creates its devices picks the transport of each peer
-// (docs/collectives.md, "Transport per peer").
-enum class TransportPolicy : uint8_t {
-  // Ranks on this host over shm (with mailboxes), ranks on other hosts over device.backend (tcp
-  // when that is shm). With device.backend kInproc every peer is inproc.
-  kPerPeer = 0,
-  // device.backend for every peer (to measure or test one backend).
-  kUniform = 1,
-};
-
 // The transport of a communicator's connections: device.backend and the policy that derives
 // each pair's backend from it (docs/collectives.md, "Transport per peer").
 struct TransportChoice {
@@ -30,10 +20,6 @@ struct TransportChoice {
   TransportPolicy policy = TransportPolicy::kUniform;
   bool operator==(const TransportChoice&) const = default;
 };
-
-// The most channels a communicator connects (CommunicatorOptions::channels,
-// Reconfiguration::channels).
-inline constexpr int kMaxChannels = 64;
 
 // A change requested with Communicator::RequestReconfiguration. Unset fields keep their value.
 struct Reconfiguration {

@@ -20,27 +20,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "plexus/collectives/communicator.hpp"
 #include "plexus/collectives/types.hpp"
 
 namespace plexus::collectives {
-
-// CommunicatorOptions::trace. Every rank may choose differently.
-struct TraceOptions {
-  // Record every call. PLEXUS_COLL_TRACE (non-empty) also turns it on.
-  bool enabled = false;
-  // Calls kept: a ring, beyond it the oldest records are dropped (CollectiveTrace::dropped).
-  // 1 to 2^24; PLEXUS_COLL_TRACE_CAPACITY sets it when this is left at 0.
-  size_t capacity = 0;
-  // Non-empty: when the communicator is destroyed, its trace is written (Chrome trace-event
-  // format) to `<path_prefix>.<rank>.json`, or for a communicator made by Split to
-  // `<path_prefix>.<communicator id in hex>.<rank>.json`. Implies `enabled`. Empty: the value of
-  // PLEXUS_COLL_TRACE. A later communicator of the same rank and prefix replaces the file.
-  std::string path_prefix;
-  // Also record, for each call on the plan path, per peer when the first message to it was
-  // posted and when the last message from it arrived (TraceEvent::peers): two clock reads per
-  // message. PLEXUS_COLL_TRACE_PEERS=1 turns it on too.
-  bool peer_steps = false;
-};
 
 // Default ring capacity (records) when neither the option nor the environment sets one.
 inline constexpr size_t kDefaultTraceCapacity = 4096;

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string_view>
 
 #include "absl/status/statusor.h"
@@ -22,7 +23,9 @@ using kernels::ParseReduceOp;
 using kernels::ReduceOp;
 using kernels::ReduceOpName;
 
-// How a collective moves its data (docs/collectives.md gives steps and bytes on the wire).
+// How a collective moves its data (docs/collectives.md gives steps and bytes on the wire). Each
+// has its name at its index in kAlgorithmNames below; which collectives it implements is the
+// schedule table's (src/algorithms.cpp).
 enum class Algorithm : uint8_t {
   kAuto = 0,             // chosen by the selector (size, world size, table, overrides)
   kRing = 1,             // pipelined, chunked ring over every channel: bandwidth-optimal
@@ -31,10 +34,14 @@ enum class Algorithm : uint8_t {
   // AllReduce: log2(n) exchanges of the whole vector at any size (halving-doubling does this
   // below 16 KiB): fewer bytes-independent steps, more bytes. Elsewhere as kHalvingDoubling.
   kRecursiveDoubling = 4,
+  // AllGather: Bruck's ceil(log2(n)) rounds at any world size (the ring's bytes). Elsewhere as
+  // kRing.
+  kBruck = 5,
 };
-inline constexpr int kNumAlgorithms = 5;
-// "auto", "ring", "halving_doubling" (also parsed: "hd", "rhd"), "tree", "recursive_doubling"
-// (also "rd").
+// Also parsed: "hd", "rhd" (halving_doubling), "rd" (recursive_doubling).
+inline constexpr std::string_view kAlgorithmNames[] = {
+    "auto", "ring", "halving_doubling", "tree", "recursive_doubling", "bruck"};
+inline constexpr int kNumAlgorithms = static_cast<int>(std::size(kAlgorithmNames));
 std::string_view AlgorithmName(Algorithm algorithm);
 absl::StatusOr<Algorithm> ParseAlgorithm(std::string_view name);
 
@@ -55,5 +62,19 @@ inline constexpr int kNumCollectiveKinds = 9;
 // "sendrecv", "barrier".
 std::string_view CollectiveName(CollectiveKind kind);
 absl::StatusOr<CollectiveKind> ParseCollective(std::string_view name);
+
+// How a communicator that creates its devices picks the transport of each peer
+// (docs/collectives.md, "Transport per peer").
+enum class TransportPolicy : uint8_t {
+  // Ranks on this host over shm (with mailboxes), ranks on other hosts over device.backend (tcp
+  // when that is shm). With device.backend kInproc every peer is inproc.
+  kPerPeer = 0,
+  // device.backend for every peer (to measure or test one backend).
+  kUniform = 1,
+};
+
+// The most channels a communicator connects (CommunicatorOptions::channels,
+// Reconfiguration::channels).
+inline constexpr int kMaxChannels = 64;
 
 }  // namespace plexus::collectives
