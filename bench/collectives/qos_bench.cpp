@@ -59,7 +59,7 @@ struct Args {
 // Runs one job per schedule at once (2 ranks each); returns each job's time for `iters`
 // allreduces (the slower rank's, from a common start), or an error.
 absl::StatusOr<std::vector<double>> RunJobs(const Args& a, nb::Bed* bed,
-                                            const std::vector<pc::QosSchedule>& jobs) {
+                                            const std::vector<pc::QosTimetable>& jobs) {
   const int n = static_cast<int>(jobs.size());
   // One store per job in a fresh directory (reachable from the bed's namespaces, unlike a tcp
   // store on loopback).
@@ -181,8 +181,8 @@ int main(int argc, char** argv) {
     if (!made.ok()) return tool.Fail(made.status());
     bed = *std::move(made);
   }
-  pc::QosSchedule none;
-  pc::QosSchedule gated;
+  pc::QosTimetable none;
+  pc::QosTimetable gated;
   gated.epoch = absl::Microseconds(static_cast<int64_t>(a.epoch_ms * 1000));
   gated.windows = {{pc::QosWindow::kAllow, gated.epoch - gated.epoch * a.b_share, gated.epoch}};
   if (absl::Status s = gated.Validate(); !s.ok()) return tool.Fail(s);

@@ -66,7 +66,7 @@ int DistinctRacks(const std::vector<pn::Locality>& where) {
   return static_cast<int>(racks.size());
 }
 
-bool InWindow(const pc::QosSchedule& s, absl::Duration t, absl::Duration tolerance) {
+bool InWindow(const pc::QosTimetable& s, absl::Duration t, absl::Duration tolerance) {
   // t itself, or t - tolerance (a post that left just after its window closed), is allowed.
   const absl::Duration pos = s.EpochPosition(t);
   if (s.AllowsAt(pos)) return true;
@@ -312,7 +312,7 @@ TEST_CASE("provider: a plugged-in provider sets the communicator's ring order", 
 // QoS windows
 
 TEST_CASE("qos: schedule arithmetic and the text form", "[qos]") {
-  auto s = pc::ParseQosSchedule("epoch=100ms; allow=10ms-30ms; allow=60ms-80ms; deny=20ms-25ms");
+  auto s = pc::ParseQosTimetable("epoch=100ms; allow=10ms-30ms; allow=60ms-80ms; deny=20ms-25ms");
   REQUIRE(s.ok());
   CHECK(s->AllowsAt(absl::Milliseconds(10)));
   CHECK_FALSE(s->AllowsAt(absl::Milliseconds(22)));  // deny wins over allow
@@ -321,28 +321,28 @@ TEST_CASE("qos: schedule arithmetic and the text form", "[qos]") {
   CHECK(s->UntilAllowed(absl::Milliseconds(22)) == absl::Milliseconds(3));
   CHECK(s->UntilAllowed(absl::Milliseconds(35)) == absl::Milliseconds(25));
   CHECK(s->UntilAllowed(absl::Milliseconds(90)) == absl::Milliseconds(20));  // wraps
-  auto again = pc::ParseQosSchedule(s->ToString());
+  auto again = pc::ParseQosTimetable(s->ToString());
   REQUIRE(again.ok());
   CHECK(again->ToString() == s->ToString());
 
-  auto deny_only = pc::ParseQosSchedule("epoch=10ms;deny=0ms-4ms;every=3");
+  auto deny_only = pc::ParseQosTimetable("epoch=10ms;deny=0ms-4ms;every=3");
   REQUIRE(deny_only.ok());
   CHECK(deny_only->gate_every == 3);
   CHECK(deny_only->AllowsAt(absl::Milliseconds(5)));  // only Deny windows: allowed outside
   CHECK(deny_only->UntilAllowed(absl::Milliseconds(1)) == absl::Milliseconds(3));
-  auto never = pc::ParseQosSchedule("epoch=10ms;deny=0ms-10ms");
+  auto never = pc::ParseQosTimetable("epoch=10ms;deny=0ms-10ms");
   REQUIRE(never.ok());
   CHECK(never->UntilAllowed(absl::Milliseconds(3)) == absl::InfiniteDuration());
-  CHECK(pc::ParseQosSchedule("off")->enabled() == false);
+  CHECK(pc::ParseQosTimetable("off")->enabled() == false);
 
   for (const char* bad : {"allow=0ms-5ms", "epoch=10ms;allow=5ms", "epoch=10ms;allow=5ms-20ms",
                           "epoch=10ms;every=0", "epoch=10ms;window=1ms-2ms", "epoch=-1s"}) {
     INFO(bad);
-    auto e = pc::ParseQosSchedule(bad);
+    auto e = pc::ParseQosTimetable(bad);
     CHECK_FALSE(e.ok());
     CHECK(e.status().code() == absl::StatusCode::kInvalidArgument);
   }
-  pc::QosSchedule inverted;
+  pc::QosTimetable inverted;
   inverted.epoch = absl::Milliseconds(10);
   inverted.windows = {{pc::QosWindow::kAllow, absl::Milliseconds(6), absl::Milliseconds(3)}};
   CHECK(std::string(inverted.Validate().message()).find("qos.windows[0]") != std::string::npos);
@@ -357,11 +357,11 @@ TEST_CASE("qos: complementary windows keep two communicators' sends apart", "[qo
   // post's; a thread preempted longer than that between the two (a loaded 2-CPU machine) may
   // post later, so at most 1 in 20 posts may exceed it, never one whose admission did.
   const absl::Duration tolerance = absl::Milliseconds(5);
-  pc::QosSchedule a, b;
+  pc::QosTimetable a, b;
   a.epoch = b.epoch = absl::Milliseconds(40);
   a.windows = {{pc::QosWindow::kAllow, absl::ZeroDuration(), absl::Milliseconds(20)}};
   b.windows = {{pc::QosWindow::kAllow, absl::Milliseconds(20), absl::Milliseconds(40)}};
-  const pc::QosSchedule schedules[2] = {a, b};
+  const pc::QosTimetable schedules[2] = {a, b};
   std::vector<std::string> results[2];
   std::vector<std::vector<absl::Duration>> posts[2], admissions[2];
   std::vector<pi::QosGate::Stats> stats[2];

@@ -437,7 +437,7 @@ void BuildRecvFrom(const Layout& L, uint8_t* buf, size_t count, int peer, bool a
 }
 
 // ---------------------------------------------------------------------------------------------
-// The schedules
+// The plan builders
 
 namespace {
 
@@ -495,55 +495,55 @@ std::vector<Block> PositionBlocks(const Layout& L, size_t count) {
 using K = CollectiveKind;
 using A = Algorithm;
 
-const Schedule kSchedules[] = {
+const PlanBuilder kPlanBuilders[] = {
     {K::kAllReduce, A::kRing, nullptr, Always,
-     [](const ScheduleArgs& a, Plan* p) {
+     [](const PlanArgs& a, Plan* p) {
        BuildRing(a.L, a.buf, EvenBlocks(a.count, a.L.n), true, true, p, a.input);
      }},
     {K::kAllReduce, A::kHalvingDoubling, nullptr, PowerOfTwo,
-     [](const ScheduleArgs& a, Plan* p) { BuildHalvingDoubling(a.L, a.buf, a.count, p, a.input); }},
+     [](const PlanArgs& a, Plan* p) { BuildHalvingDoubling(a.L, a.buf, a.count, p, a.input); }},
     {K::kAllReduce, A::kRecursiveDoubling, nullptr, PowerOfTwo,
-     [](const ScheduleArgs& a, Plan* p) {
+     [](const PlanArgs& a, Plan* p) {
        BuildRecursiveDoubling(a.L, a.buf, a.count, p, a.input);
      }},
     {K::kAllReduce, A::kTree, nullptr, nullptr,
-     [](const ScheduleArgs& a, Plan* p) { BuildDoubleTreeAllReduce(a.L, a.buf, a.count, p); }},
+     [](const PlanArgs& a, Plan* p) { BuildDoubleTreeAllReduce(a.L, a.buf, a.count, p); }},
     {K::kReduce, A::kRing, nullptr, nullptr,
-     [](const ScheduleArgs& a, Plan* p) { BuildChainReduce(a.L, a.buf, a.count, a.root_pos, p); }},
+     [](const PlanArgs& a, Plan* p) { BuildChainReduce(a.L, a.buf, a.count, a.root_pos, p); }},
     {K::kReduce, A::kTree, nullptr, nullptr,
-     [](const ScheduleArgs& a, Plan* p) { BuildTreeReduce(a.L, a.buf, a.count, a.root_pos, p); }},
+     [](const PlanArgs& a, Plan* p) { BuildTreeReduce(a.L, a.buf, a.count, a.root_pos, p); }},
     {K::kBroadcast, A::kRing, nullptr, Always,
-     [](const ScheduleArgs& a, Plan* p) {
+     [](const PlanArgs& a, Plan* p) {
        BuildChainBroadcast(a.L, a.buf, a.count, a.root_pos, p, a.input);
      }},
     {K::kBroadcast, A::kTree, nullptr, Always,
-     [](const ScheduleArgs& a, Plan* p) {
+     [](const PlanArgs& a, Plan* p) {
        BuildTreeBroadcast(a.L, a.buf, a.count, a.root_pos, p, a.input);
      }},
     {K::kAllGather, A::kRing, nullptr, nullptr,
-     [](const ScheduleArgs& a, Plan* p) {
+     [](const PlanArgs& a, Plan* p) {
        BuildRing(a.L, a.buf, RingBlocks(a.L, a.count), false, true, p);
      }},
     {K::kAllGather, A::kHalvingDoubling, PowerOfTwo, nullptr,
-     [](const ScheduleArgs& a, Plan* p) {
+     [](const PlanArgs& a, Plan* p) {
        BuildDoubling(a.L, a.buf, PositionBlocks(a.L, a.count), p);
      }},
     {K::kAllGather, A::kBruck, nullptr, nullptr,
-     [](const ScheduleArgs& a, Plan* p) { BuildBruckAllGather(a.L, a.buf, a.count, p); }},
+     [](const PlanArgs& a, Plan* p) { BuildBruckAllGather(a.L, a.buf, a.count, p); }},
     {K::kReduceScatter, A::kRing, nullptr, Always,
-     [](const ScheduleArgs& a, Plan* p) {
+     [](const PlanArgs& a, Plan* p) {
        BuildRing(a.L, a.buf, RingBlocks(a.L, a.count), true, false, p, a.input);
      }},
     {K::kReduceScatter, A::kHalvingDoubling, PowerOfTwo, Always,
-     [](const ScheduleArgs& a, Plan* p) {
+     [](const PlanArgs& a, Plan* p) {
        BuildHalving(a.L, a.buf, PositionBlocks(a.L, a.count), p, a.input);
      }},
 };
 
 }  // namespace
 
-const Schedule* FindSchedule(CollectiveKind kind, Algorithm algorithm, int n) {
-  for (const Schedule& s : kSchedules) {
+const PlanBuilder* FindPlanBuilder(CollectiveKind kind, Algorithm algorithm, int n) {
+  for (const PlanBuilder& s : kPlanBuilders) {
     if (s.kind == kind && s.algorithm == algorithm && (s.runs_at == nullptr || s.runs_at(n))) {
       return &s;
     }

@@ -129,7 +129,7 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   const size_t segment = algo == Algorithm::kRing ? bytes / static_cast<size_t>(layout_.n) : 0;
   const Layout& L = wire ? MakeWireLayout(dtype, *wire, segment) : MakeLayout(dtype, segment);
   // Small halving-doubling exchanges the whole vector: the recursive doubling schedule.
-  const Schedule* schedule = FindSchedule(
+  const PlanBuilder* builder = FindPlanBuilder(
       CollectiveKind::kAllReduce, recursive_doubling ? Algorithm::kRecursiveDoubling : algo, L.n);
   const uint8_t* input = nullptr;  // out of place: where this rank's operand is
   if (send != recv) {
@@ -138,7 +138,7 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
     // read their operand straight from the input: every block of the output is written by a
     // reduction or a receive. The others start from a copy.
     const bool overlap = input < buf + bytes && buf < input + bytes;
-    const bool direct = schedule->reads_input != nullptr && schedule->reads_input(L.n) &&
+    const bool direct = builder->reads_input != nullptr && builder->reads_input(L.n) &&
                         !(recursive_doubling && FitsMailbox(bytes));
     if (!direct || L.n == 1 || overlap) {
       std::memmove(buf, input, bytes);
@@ -150,7 +150,7 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   } else {
     Plan& plan = NewPlan();
     plan.wire = wire;
-    schedule->build({.L = L, .buf = buf, .count = count, .input = input}, &plan);
+    builder->build({.L = L, .buf = buf, .count = count, .input = input}, &plan);
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
   }
   if (op == ReduceOp::kAvg && staging.any()) {
@@ -233,7 +233,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* re
     if (buf != in) std::memmove(buf, in, bytes);
     const Layout& L = MakeLayout(dtype);
     Plan& plan = NewPlan();
-    FindSchedule(CollectiveKind::kReduce, algo, L.n)
+    FindPlanBuilder(CollectiveKind::kReduce, algo, L.n)
         ->build({.L = L, .buf = buf, .count = count, .root_pos = L.position[root]}, &plan);
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
     if (!is_root) return absl::OkStatus();
@@ -308,7 +308,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
     if (wire) MakeWireLayout(dtype, *wire);  // recuts L (the same call layout) for the wire
     Plan& plan = NewPlan();
     plan.wire = wire;
-    FindSchedule(CollectiveKind::kBroadcast, algo, L.n)
+    FindPlanBuilder(CollectiveKind::kBroadcast, algo, L.n)
         ->build({.L = L,
                  .buf = buf,
                  .count = count,
@@ -378,7 +378,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     if (wire) MakeWireLayout(dtype, *wire);  // recuts L (the same call layout) for the wire
     Plan& plan = NewPlan();
     plan.wire = wire;
-    FindSchedule(CollectiveKind::kAllGather, algo, n)
+    FindPlanBuilder(CollectiveKind::kAllGather, algo, n)
         ->build({.L = L, .buf = buf, .count = count}, &plan);
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
     return staging.CopyOut();
@@ -407,7 +407,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, v
     uint8_t* work = Scratch(total);
     const Layout& L = MakeLayout(dtype);
     Plan& plan = NewPlan();
-    FindSchedule(CollectiveKind::kReduceScatter, algo, n)
+    FindPlanBuilder(CollectiveKind::kReduceScatter, algo, n)
         ->build({.L = L, .buf = work, .count = count, .input = in}, &plan);
     if (n == 1) std::memcpy(work, in, total);  // no step: the input is the result
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));

@@ -163,7 +163,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   if (options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("timeout must be positive");
   }
-  PLEXUS_ASSIGN_OR_RETURN(options.qos, ResolveQosSchedule(options.qos));
+  PLEXUS_ASSIGN_OR_RETURN(options.qos, ResolveQosTimetable(options.qos));
 
   std::unique_ptr<CommunicatorImpl> comm(new CommunicatorImpl());
   comm->layout_.rank = rank;
@@ -533,7 +533,7 @@ Algorithm CommunicatorImpl::Resolve(CollectiveKind kind, size_t bytes, Algorithm
   }
   // One the collective does not implement at this world size (halving/doubling of AllGather and
   // ReduceScatter needs a power of two: each rank owns exactly one block) falls back to the ring.
-  return FindSchedule(kind, a, layout_.n) != nullptr ? a : Algorithm::kRing;
+  return FindPlanBuilder(kind, a, layout_.n) != nullptr ? a : Algorithm::kRing;
 }
 
 const Layout& CommunicatorImpl::MakeLayout(DataType dtype, size_t segment_bytes) {

@@ -136,32 +136,32 @@ void BuildSendTo(const Layout& L, const uint8_t* buf, size_t count, int peer, bo
 void BuildRecvFrom(const Layout& L, uint8_t* buf, size_t count, int peer, bool always, Plan* plan);
 
 // ---------------------------------------------------------------------------------------------
-// The schedules: each algorithm's builder for every collective it implements, as one table
+// The plan builders: each algorithm's builder for every collective it implements, as one table
 // (algorithms.cpp) that selection (Resolve) and the collectives read. A new algorithm needs its
 // builder and its rows there, its name (types.hpp) and, to be chosen by default, a selector rule
 // (selector.cpp).
 
 // What a builder is given.
-struct ScheduleArgs {
+struct PlanArgs {
   const Layout& L;
   uint8_t* buf;      // the call's buffer (AllGather: the whole output; ReduceScatter: partial sums)
   size_t count;      // elements (AllGather, ReduceScatter: per rank)
   int root_pos = 0;  // Reduce, Broadcast: the root's ring position
-  const uint8_t* input = nullptr;  // Schedule::reads_input; Broadcast: the root's source
+  const uint8_t* input = nullptr;  // PlanBuilder::reads_input; Broadcast: the root's source
 };
 
-struct Schedule {
+struct PlanBuilder {
   CollectiveKind kind;
   Algorithm algorithm;
   // The world sizes it runs at (nullptr: any).
   bool (*runs_at)(int n);
-  // Given ScheduleArgs::input at world size n, the builder reads this rank's operand from there
+  // Given PlanArgs::input at world size n, the builder reads this rank's operand from there
   // (buf need not hold it; nullptr: never, buf must).
   bool (*reads_input)(int n);
-  void (*build)(const ScheduleArgs& args, Plan* plan);
+  void (*build)(const PlanArgs& args, Plan* plan);
 };
 
-// The schedule of `algorithm` for `kind` at world size n; nullptr when it has none.
-const Schedule* FindSchedule(CollectiveKind kind, Algorithm algorithm, int n);
+// The plan builder of `algorithm` for `kind` at world size n; nullptr when it has none.
+const PlanBuilder* FindPlanBuilder(CollectiveKind kind, Algorithm algorithm, int n);
 
 }  // namespace plexus::collectives::internal

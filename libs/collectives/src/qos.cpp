@@ -31,7 +31,7 @@ std::string WindowText(const QosWindow& w) {
 
 }  // namespace
 
-absl::Status QosSchedule::Validate() const {
+absl::Status QosTimetable::Validate() const {
   if (epoch < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("qos.epoch must be >= 0, got ", Ms(epoch)));
   }
@@ -57,7 +57,7 @@ absl::Status QosSchedule::Validate() const {
   return absl::OkStatus();
 }
 
-bool QosSchedule::AllowsAt(absl::Duration t) const {
+bool QosTimetable::AllowsAt(absl::Duration t) const {
   if (!enabled()) return true;
   bool any_allow = false, in_allow = false;
   for (const QosWindow& w : windows) {
@@ -72,7 +72,7 @@ bool QosSchedule::AllowsAt(absl::Duration t) const {
   return in_allow || !any_allow;
 }
 
-absl::Duration QosSchedule::UntilAllowed(absl::Duration t) const {
+absl::Duration QosTimetable::UntilAllowed(absl::Duration t) const {
   if (AllowsAt(t)) return absl::ZeroDuration();
   // The allowed set changes only at window boundaries: the next allowed instant is the first
   // boundary after t (within one epoch, wrapping) that is allowed.
@@ -88,7 +88,7 @@ absl::Duration QosSchedule::UntilAllowed(absl::Duration t) const {
   return best;
 }
 
-absl::Duration QosSchedule::EpochPosition(absl::Duration now) const {
+absl::Duration QosTimetable::EpochPosition(absl::Duration now) const {
   if (!enabled()) return absl::ZeroDuration();
   absl::Duration r =
       absl::Nanoseconds(absl::ToInt64Nanoseconds(now + phase) % absl::ToInt64Nanoseconds(epoch));
@@ -96,7 +96,7 @@ absl::Duration QosSchedule::EpochPosition(absl::Duration now) const {
   return r;
 }
 
-std::string QosSchedule::ToString() const {
+std::string QosTimetable::ToString() const {
   if (!enabled()) return "off";
   std::vector<std::string> parts = {absl::StrCat("epoch=", Ms(epoch))};
   for (const QosWindow& w : windows) parts.push_back(WindowText(w));
@@ -105,8 +105,8 @@ std::string QosSchedule::ToString() const {
   return absl::StrJoin(parts, ";");
 }
 
-absl::StatusOr<QosSchedule> ParseQosSchedule(std::string_view text) {
-  QosSchedule s;
+absl::StatusOr<QosTimetable> ParseQosTimetable(std::string_view text) {
+  QosTimetable s;
   const absl::string_view trimmed =
       absl::StripAsciiWhitespace(absl::string_view(text.data(), text.size()));
   if (trimmed.empty() || trimmed == "off") return s;
@@ -170,10 +170,10 @@ const base::Param<std::string> kQosParam(
 
 }  // namespace
 
-absl::StatusOr<QosSchedule> ResolveQosSchedule(const QosSchedule& option) {
+absl::StatusOr<QosTimetable> ResolveQosTimetable(const QosTimetable& option) {
   PLEXUS_ASSIGN_OR_RETURN(const std::string text, kQosParam.Get());
   if (!text.empty()) {
-    absl::StatusOr<QosSchedule> parsed = ParseQosSchedule(text);
+    absl::StatusOr<QosTimetable> parsed = ParseQosTimetable(text);
     if (!parsed.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(kQosParam.name(), ": ", std::string(parsed.status().message())));
@@ -189,7 +189,7 @@ absl::Status CallEnv::AdmitSend(const CallHeader& header) const {
   return qos->Admit(timeout, wait, progress, [&] { return header.Describe(); });
 }
 
-QosGate::QosGate(QosSchedule schedule, int rank) : schedule_(std::move(schedule)), rank_(rank) {}
+QosGate::QosGate(QosTimetable schedule, int rank) : schedule_(std::move(schedule)), rank_(rank) {}
 
 absl::Status QosGate::Admit(absl::Duration timeout, const base::WaitPolicy& wait,
                             absl::FunctionRef<void(absl::Duration)> progress,

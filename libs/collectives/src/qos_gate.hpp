@@ -19,11 +19,11 @@ namespace plexus::collectives::internal {
 
 // options.qos, or PLEXUS_COLL_QOS when set (InvalidArgument naming the variable when it does
 // not parse; the option's Validate() error otherwise).
-absl::StatusOr<QosSchedule> ResolveQosSchedule(const QosSchedule& option);
+absl::StatusOr<QosTimetable> ResolveQosTimetable(const QosTimetable& option);
 
 class QosGate {
  public:
-  QosGate(QosSchedule schedule, int rank);
+  QosGate(QosTimetable schedule, int rank);
 
   // Called before each send is posted. Every gate_every-th send asks the schedule; while it
   // denies, waits (spinning only as `wait` allows, then yielding, then calling
@@ -51,7 +51,7 @@ class QosGate {
     absl::Duration waited = absl::ZeroDuration();
   };
   Stats stats() const;
-  const QosSchedule& schedule() const { return schedule_; }
+  const QosTimetable& schedule() const { return schedule_; }
 
  private:
   // DeadlineExceeded when the next allowed instant (`until` after `now`) is beyond `timeout`.
@@ -60,7 +60,7 @@ class QosGate {
 
   void RecordAdmission(absl::Duration now);
 
-  QosSchedule schedule_;
+  QosTimetable schedule_;
   int rank_;
   std::atomic<uint64_t> sends_{0}, checks_{0}, waits_{0};
   std::atomic<int64_t> waited_ns_{0};

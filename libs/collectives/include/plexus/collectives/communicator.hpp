@@ -153,7 +153,7 @@ struct CommunicatorOptions {
   // whose sends the schedule cannot admit within `timeout` fails with DeadlineExceeded naming the
   // schedule. PLEXUS_COLL_QOS (its text form; "off" disables) overrides it. Split children
   // inherit it.
-  QosSchedule qos;
+  QosTimetable qos;
   // Records every call's issue, start and end (off by default; trace.hpp, docs/collectives.md
   // "Tracing"). PLEXUS_COLL_TRACE=<prefix> turns it on. options() reports the effective values.
   TraceOptions trace;

@@ -55,7 +55,7 @@ struct Strategy {
   // addresses[r][c]: rank r's source address for channel c (route_addresses[routes[c][r]]), or
   // empty strings where the rank gave no addresses.
   std::vector<std::vector<std::string>> addresses;
-  QosSchedule qos;  // disabled: none
+  QosTimetable qos;  // disabled: none
 };
 
 // The interface a user implements. Choose plans every communicator it is given at once (FFA
@@ -92,9 +92,9 @@ struct DefaultProviderOptions {
   double route_bytes_per_s = 12.5e9;
   double nic_bytes_per_s = 12.5e9;
   AlgorithmOverrides algorithms;  // passed through
-  QosSchedule qos;                // passed through (high-priority and other jobs: see qos_of)
+  QosTimetable qos;                // passed through (high-priority and other jobs: see qos_of)
   // Per job id, when set: its QoS schedule (overrides `qos`).
-  std::vector<std::pair<int, QosSchedule>> qos_of;
+  std::vector<std::pair<int, QosTimetable>> qos_of;
 };
 
 // MCCS's provider: ring by locality (or the reorder optimiser), one channel per route, every

@@ -5,7 +5,7 @@
 // next allowed instant. Two jobs sharing links get complementary windows, and each sends only
 // in its own. docs/collectives.md, "QoS windows".
 //
-//   QosSchedule qos;
+//   QosTimetable qos;
 //   qos.epoch = absl::Milliseconds(20);
 //   qos.windows = {{QosWindow::kAllow, absl::ZeroDuration(), absl::Milliseconds(15)}};
 //   options.qos = qos;   // CommunicatorOptions; or PLEXUS_COLL_QOS="epoch=20ms;allow=0ms-15ms"
@@ -29,7 +29,7 @@ struct QosWindow {
   absl::Duration end = absl::ZeroDuration();
 };
 
-struct QosSchedule {
+struct QosTimetable {
   // The period the windows repeat with; zero: no schedule (every send goes at once).
   absl::Duration epoch = absl::ZeroDuration();
   // An instant t of the epoch (t = (monotonic clock + phase) mod epoch) is allowed when no Deny
@@ -57,7 +57,7 @@ struct QosSchedule {
   absl::Duration UntilAllowed(absl::Duration t) const;
   // Where the monotonic instant `now` falls in the epoch (zero when disabled).
   absl::Duration EpochPosition(absl::Duration now) const;
-  // "epoch=20ms;allow=0-15ms;deny=...;every=1;phase=0": the text form ParseQosSchedule reads.
+  // "epoch=20ms;allow=0-15ms;deny=...;every=1;phase=0": the text form ParseQosTimetable reads.
   std::string ToString() const;
 };
 
@@ -68,7 +68,7 @@ struct QosSchedule {
 //   every=<k>                   gate_every
 //   phase=<duration>
 // InvalidArgument naming the field and the expected form. Validated.
-absl::StatusOr<QosSchedule> ParseQosSchedule(std::string_view text);
+absl::StatusOr<QosTimetable> ParseQosTimetable(std::string_view text);
 
 // The host's monotonic clock (CLOCK_MONOTONIC) as a duration since its (boot-time) origin.
 absl::Duration MonotonicNow();

@@ -25,7 +25,7 @@ using kernels::ReduceOpName;
 
 // How a collective moves its data (docs/collectives.md gives steps and bytes on the wire). Each
 // has its name at its index in kAlgorithmNames below; which collectives it implements is the
-// schedule table's (src/algorithms.cpp).
+// plan-builder table's (src/algorithms.cpp).
 enum class Algorithm : uint8_t {
   kAuto = 0,             // chosen by the selector (size, world size, table, overrides)
   kRing = 1,             // pipelined, chunked ring over every channel: bandwidth-optimal
