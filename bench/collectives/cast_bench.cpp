@@ -25,15 +25,14 @@
 #include "nlohmann/json.hpp"
 #include "plexus/base/env.hpp"
 #include "plexus/collectives/communicator.hpp"
+#include "plexus/kernels/reduce.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
 #include "plexus/tooling/launch.hpp"
 #include "plexus/transport/rendezvous.hpp"
-#include "plexus/kernels/reduce.hpp"
 
 namespace pb = plexus::bench;
 namespace pc = plexus::collectives;
-namespace pi = plexus::collectives::internal;
 namespace pt = plexus::transport;
 namespace tooling = plexus::tooling;
 

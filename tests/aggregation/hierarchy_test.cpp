@@ -18,11 +18,11 @@ namespace {
 
 sim::Network Racks(int racks, int per_rack, double bw, double oversub, double latency = 0) {
   auto t = sim::Network::Racks({.racks = racks,
-                                 .hosts_per_rack = per_rack,
-                                 .host_bytes_per_s = bw,
-                                 .oversubscription = oversub,
-                                 .host_latency_s = latency,
-                                 .core_latency_s = latency});
+                                .hosts_per_rack = per_rack,
+                                .host_bytes_per_s = bw,
+                                .oversubscription = oversub,
+                                .host_latency_s = latency,
+                                .core_latency_s = latency});
   REQUIRE(t.ok());
   return *t;
 }
@@ -85,12 +85,12 @@ TEST_CASE("flows share links max-min fairly and speed up when others finish", "[
 
 TEST_CASE("a Clos fabric spreads cross-leaf flows over spines", "[flow_sim]") {
   auto t = sim::Network::Clos({.leaves = 2,
-                                .spines = 2,
-                                .hosts_per_leaf = 2,
-                                .host_bytes_per_s = 100,
-                                .oversubscription = 2,
-                                .host_latency_s = 0,
-                                .spine_latency_s = 0});
+                               .spines = 2,
+                               .hosts_per_leaf = 2,
+                               .host_bytes_per_s = 100,
+                               .oversubscription = 2,
+                               .host_latency_s = 0,
+                               .spine_latency_s = 0});
   REQUIRE(t.ok());
   // Each leaf-spine link carries 2 * 100 / 2 / 2 = 50 B/s. 0->2 hashes to spine (0+2)%2 = 0 and
   // 1->3 to spine 0 too: they share leaf 0's 50 B/s link to spine 0, 25 each.

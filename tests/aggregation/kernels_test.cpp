@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "plexus/aggregation/optimizer.hpp"
-#include "ps/kernels.hpp"
 #include "plexus/kernels/reduce.hpp"
+#include "ps/kernels.hpp"
 
 namespace pa = plexus::aggregation;
 namespace pai = plexus::aggregation::internal;
@@ -45,7 +45,8 @@ float RefLoad(const std::vector<uint8_t>& src, DataType dtype, size_t i) {
     return f;
   }
   std::memcpy(&h, src.data() + 2 * i, 2);
-  return dtype == DataType::kBF16 ? plexus::kernels::Bf16ToFloat(h) : plexus::kernels::HalfToFloat(h);
+  return dtype == DataType::kBF16 ? plexus::kernels::Bf16ToFloat(h)
+                                  : plexus::kernels::HalfToFloat(h);
 }
 
 // The formulas of optimizer.hpp, one element at a time.

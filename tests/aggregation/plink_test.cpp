@@ -211,11 +211,11 @@ TEST_CASE("Quicktune recovers a throttled node's share in the flow simulator",
   namespace sim = plexus::netmodel::sim;
   // Two racks of four; host 1's NIC drops to a tenth (the seed's experiment: 5 -> 2 Gbit/s).
   auto topo = sim::Network::Racks({.racks = 2,
-                                    .hosts_per_rack = 4,
-                                    .host_bytes_per_s = 1e9,
-                                    .oversubscription = 2,
-                                    .host_latency_s = 0,
-                                    .core_latency_s = 0});
+                                   .hosts_per_rack = 4,
+                                   .host_bytes_per_s = 1e9,
+                                   .oversubscription = 2,
+                                   .host_latency_s = 0,
+                                   .core_latency_s = 0});
   REQUIRE(topo.ok());
   REQUIRE(topo->SetHostBandwidth(1, 1e8, 1e8).ok());
   const std::vector<std::vector<int>> groups = {{0, 1, 2, 3}, {4, 5, 6, 7}};

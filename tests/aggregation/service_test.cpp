@@ -10,10 +10,10 @@
 
 #include "plexus/aggregation/client.hpp"
 #include "plexus/aggregation/service.hpp"
+#include "plexus/kernels/reduce.hpp"
 #include "plexus/transport/device.hpp"
 #include "ps/kernels.hpp"
 #include "ps/wire.hpp"
-#include "plexus/kernels/reduce.hpp"
 
 namespace pa = plexus::aggregation;
 namespace pai = plexus::aggregation::internal;

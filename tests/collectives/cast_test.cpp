@@ -15,8 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "communicator_impl.hpp"
 #include "plexus/collectives/communicator.hpp"
-#include "ranks.hpp"
 #include "plexus/kernels/reduce.hpp"
+#include "ranks.hpp"
 #include "shm/stats.hpp"
 #include "wire.hpp"
 
@@ -102,7 +102,8 @@ TEST_CASE("wire cast kernels: AVX2 and scalar agree bit for bit and round to nea
     for (float f : values) {
       uint16_t out = 0;
       plexus::kernels::PackWire(wire, &out, &f, 1, nullptr);
-      const uint16_t expect = wire == DataType::kBF16 ? plexus::kernels::FloatToBf16(f) : plexus::kernels::FloatToHalf(f);
+      const uint16_t expect = wire == DataType::kBF16 ? plexus::kernels::FloatToBf16(f)
+                                                      : plexus::kernels::FloatToHalf(f);
       CHECK(out == expect);
     }
     CHECK(Round(wire, 1.0f + std::ldexp(1.0f, wire == DataType::kBF16 ? -8 : -11)) == 1.0f);
@@ -144,10 +145,10 @@ TEST_CASE("wire cast kernels: AVX2 and scalar agree bit for bit and round to nea
         // Unpack.
         std::vector<uint8_t> un_v(4 * n + 8), un_s(4 * n + 8);
         plexus::kernels::UnpackWire(wire, reinterpret_cast<float*>(un_v.data() + misalign),
-                       wire_v.data() + misalign, n);
+                                    wire_v.data() + misalign, n);
         plexus::kernels::SetAvx2Allowed(false);
         plexus::kernels::UnpackWire(wire, reinterpret_cast<float*>(un_s.data() + misalign),
-                       wire_v.data() + misalign, n);
+                                    wire_v.data() + misalign, n);
         plexus::kernels::SetAvx2Allowed(was);
         CHECK(std::memcmp(un_v.data(), un_s.data(), un_v.size()) == 0);
         CHECK(std::memcmp(un_v.data() + misalign, ks, 4 * n) == 0);
@@ -157,18 +158,18 @@ TEST_CASE("wire cast kernels: AVX2 and scalar agree bit for bit and round to nea
           for (bool src_first : {false, true}) {
             INFO("op " << pc::ReduceOpName(op) << ", src_first " << src_first);
             std::vector<uint8_t> rv(4 * n + 8), rs(4 * n + 8);
-            plexus::kernels::ReduceWire(wire, op, reinterpret_cast<float*>(rv.data() + misalign), local,
-                           wire_v.data() + misalign, n, src_first);
+            plexus::kernels::ReduceWire(wire, op, reinterpret_cast<float*>(rv.data() + misalign),
+                                        local, wire_v.data() + misalign, n, src_first);
             plexus::kernels::SetAvx2Allowed(false);
-            plexus::kernels::ReduceWire(wire, op, reinterpret_cast<float*>(rs.data() + misalign), local,
-                           wire_v.data() + misalign, n, src_first);
+            plexus::kernels::ReduceWire(wire, op, reinterpret_cast<float*>(rs.data() + misalign),
+                                        local, wire_v.data() + misalign, n, src_first);
             plexus::kernels::SetAvx2Allowed(was);
             CHECK(std::memcmp(rv.data(), rs.data(), rv.size()) == 0);
             // In place (local == dst) gives the same bits.
             std::vector<uint8_t> ip(local_bytes);
             plexus::kernels::ReduceWire(wire, op, reinterpret_cast<float*>(ip.data() + misalign),
-                           reinterpret_cast<float*>(ip.data() + misalign), wire_v.data() + misalign,
-                           n, src_first);
+                                        reinterpret_cast<float*>(ip.data() + misalign),
+                                        wire_v.data() + misalign, n, src_first);
             CHECK(std::memcmp(ip.data() + misalign, rv.data() + misalign, 4 * n) == 0);
             if (op == ReduceOp::kSum) {
               for (size_t i = 0; i < n; ++i) {
@@ -520,7 +521,8 @@ TEST_CASE("broadcast and allgather into half-width destinations (recv_dtype)",
             pc::CallOptions call;
             call.recv_dtype = out;
             auto bits = [&](float f) {
-              return out == DataType::kBF16 ? plexus::kernels::FloatToBf16(f) : plexus::kernels::FloatToHalf(f);
+              return out == DataType::kBF16 ? plexus::kernels::FloatToBf16(f)
+                                            : plexus::kernels::FloatToHalf(f);
             };
             for (size_t count : {size_t{1}, size_t{1001}, size_t{20011}}) {
               const int root = static_cast<int>(count % n);

@@ -29,7 +29,8 @@ inline double Get(DataType dtype, const uint8_t* base, size_t i) {
     case DataType::kBF16: {
       uint16_t v;
       std::memcpy(&v, base + 2 * i, 2);
-      return dtype == DataType::kF16 ? plexus::kernels::HalfToFloat(v) : plexus::kernels::Bf16ToFloat(v);
+      return dtype == DataType::kF16 ? plexus::kernels::HalfToFloat(v)
+                                     : plexus::kernels::Bf16ToFloat(v);
     }
     case DataType::kI32: {
       int32_t v;
@@ -60,8 +61,9 @@ inline void Set(DataType dtype, uint8_t* base, size_t i, double v) {
       break;
     case DataType::kF16:
     case DataType::kBF16: {
-      const uint16_t h = dtype == DataType::kF16 ? plexus::kernels::FloatToHalf(static_cast<float>(v))
-                                                 : plexus::kernels::FloatToBf16(static_cast<float>(v));
+      const uint16_t h = dtype == DataType::kF16
+                             ? plexus::kernels::FloatToHalf(static_cast<float>(v))
+                             : plexus::kernels::FloatToBf16(static_cast<float>(v));
       std::memcpy(base + 2 * i, &h, 2);
       break;
     }

@@ -11,8 +11,8 @@
 #include "blame.hpp"
 #include "plexus/base/record.hpp"
 #include "plexus/collectives/selector.hpp"
-#include "plexus/transport/store.hpp"
 #include "plexus/kernels/reduce.hpp"
+#include "plexus/transport/store.hpp"
 #include "reconfig.hpp"
 #include "wire.hpp"
 
@@ -26,7 +26,8 @@ using pc::ReduceOp;
 TEST_CASE("f16 and bf16 conversions round to nearest even", "[collectives]") {
   CHECK(plexus::kernels::FloatToHalf(1.0f) == 0x3C00);
   CHECK(plexus::kernels::FloatToHalf(65504.0f) == 0x7BFF);
-  CHECK(plexus::kernels::FloatToHalf(65520.0f) == 0x7C00);            // halfway to the next: rounds to infinity
+  CHECK(plexus::kernels::FloatToHalf(65520.0f) ==
+        0x7C00);  // halfway to the next: rounds to infinity
   CHECK(plexus::kernels::FloatToHalf(1.0f + 1.0f / 2048) == 0x3C00);  // tie: even
   CHECK(plexus::kernels::FloatToHalf(1.0f + 3.0f / 2048) == 0x3C02);  // tie: even (up)
   CHECK(plexus::kernels::FloatToHalf(std::ldexp(1.0f, -24)) == 0x0001);
@@ -66,7 +67,8 @@ TEST_CASE("AVX2 kernels are bit-identical to the scalar ones", "[collectives]") 
           for (size_t i = 0; i < 6; ++i) std::memcpy(&b[1 + 4 * i], &specials[5 - i], 4);
         }
         std::vector<uint8_t> vec = a, scalar = a;
-        plexus::kernels::ReduceInto(dt, op, vec.data() + 1, b.data() + 1, n, src_first);  // unaligned
+        plexus::kernels::ReduceInto(dt, op, vec.data() + 1, b.data() + 1, n,
+                                    src_first);  // unaligned
         const bool was = plexus::kernels::SetAvx2Allowed(false);
         plexus::kernels::ReduceInto(dt, op, scalar.data() + 1, b.data() + 1, n, src_first);
         plexus::kernels::SetAvx2Allowed(was);
@@ -95,10 +97,12 @@ TEST_CASE("ReduceOutOf equals a copy then ReduceInto, vector and scalar", "[coll
           plexus::kernels::ReduceInto(dt, op, expected.data() + 1, src.data() + 1, n, src_first);
           // dst distinct from local (filled with garbage it must overwrite), unaligned.
           std::vector<uint8_t> out(n * es + 3, 0xA5);
-          plexus::kernels::ReduceOutOf(dt, op, out.data() + 3, local.data() + 1, src.data() + 1, n, src_first);
+          plexus::kernels::ReduceOutOf(dt, op, out.data() + 3, local.data() + 1, src.data() + 1, n,
+                                       src_first);
           // dst equal to local: the in-place form.
           std::vector<uint8_t> same = local;
-          plexus::kernels::ReduceOutOf(dt, op, same.data() + 1, same.data() + 1, src.data() + 1, n, src_first);
+          plexus::kernels::ReduceOutOf(dt, op, same.data() + 1, same.data() + 1, src.data() + 1, n,
+                                       src_first);
           plexus::kernels::SetAvx2Allowed(was);
           INFO(pc::DataTypeName(dt)
                << " " << pc::ReduceOpName(op) << " src_first " << src_first << " avx2 " << avx2);
@@ -106,7 +110,8 @@ TEST_CASE("ReduceOutOf equals a copy then ReduceInto, vector and scalar", "[coll
           REQUIRE(same == expected);
           // The local operand is read only.
           std::vector<uint8_t> again = local;
-          plexus::kernels::ReduceOutOf(dt, op, out.data() + 3, again.data() + 1, src.data() + 1, n, src_first);
+          plexus::kernels::ReduceOutOf(dt, op, out.data() + 3, again.data() + 1, src.data() + 1, n,
+                                       src_first);
           REQUIRE(again == local);
         }
       }

@@ -22,27 +22,27 @@ namespace sim = plexus::netmodel::sim;
 namespace {
 
 sim::Network Clos(int leaves, int spines, int hosts_per_leaf, double bw, double oversub,
-                   int nics = 1, double nvlink = 0) {
+                  int nics = 1, double nvlink = 0) {
   auto t = sim::Network::Clos({.leaves = leaves,
-                                .spines = spines,
-                                .hosts_per_leaf = hosts_per_leaf,
-                                .host_bytes_per_s = bw,
-                                .oversubscription = oversub,
-                                .host_latency_s = 0,
-                                .spine_latency_s = 0,
-                                .nics_per_host = nics,
-                                .nvlink_bytes_per_s = nvlink});
+                               .spines = spines,
+                               .hosts_per_leaf = hosts_per_leaf,
+                               .host_bytes_per_s = bw,
+                               .oversubscription = oversub,
+                               .host_latency_s = 0,
+                               .spine_latency_s = 0,
+                               .nics_per_host = nics,
+                               .nvlink_bytes_per_s = nvlink});
   REQUIRE(t.ok());
   return *t;
 }
 
 sim::Network Racks(int racks, int per_rack, double bw, double oversub) {
   auto t = sim::Network::Racks({.racks = racks,
-                                 .hosts_per_rack = per_rack,
-                                 .host_bytes_per_s = bw,
-                                 .oversubscription = oversub,
-                                 .host_latency_s = 0,
-                                 .core_latency_s = 0});
+                                .hosts_per_rack = per_rack,
+                                .host_bytes_per_s = bw,
+                                .oversubscription = oversub,
+                                .host_latency_s = 0,
+                                .core_latency_s = 0});
   REQUIRE(t.ok());
   return *t;
 }

@@ -122,11 +122,11 @@ int RunCompare(const plexus::tooling::Tool& tool, const CompareArgs& a) {
   std::mt19937_64 rng(a.seed);
   for (int trial = 0; trial < a.trials; ++trial) {
     auto topo = sim::Network::Racks({.racks = a.racks,
-                                      .hosts_per_rack = a.per_rack,
-                                      .host_bytes_per_s = a.host_gbit * 1e9 / 8,
-                                      .oversubscription = a.oversubscription,
-                                      .host_latency_s = 5e-6,
-                                      .core_latency_s = 25e-6});
+                                     .hosts_per_rack = a.per_rack,
+                                     .host_bytes_per_s = a.host_gbit * 1e9 / 8,
+                                     .oversubscription = a.oversubscription,
+                                     .host_latency_s = 5e-6,
+                                     .core_latency_s = 25e-6});
     if (!topo.ok()) return tool.Fail(topo.status());
     std::uniform_real_distribution<double> extra(0, 20e-6);
     for (int h = 0; h < p; ++h) (void)topo->AddHostLatency(h, extra(rng));

@@ -503,9 +503,7 @@ const PlanBuilder kPlanBuilders[] = {
     {K::kAllReduce, A::kHalvingDoubling, nullptr, PowerOfTwo,
      [](const PlanArgs& a, Plan* p) { BuildHalvingDoubling(a.L, a.buf, a.count, p, a.input); }},
     {K::kAllReduce, A::kRecursiveDoubling, nullptr, PowerOfTwo,
-     [](const PlanArgs& a, Plan* p) {
-       BuildRecursiveDoubling(a.L, a.buf, a.count, p, a.input);
-     }},
+     [](const PlanArgs& a, Plan* p) { BuildRecursiveDoubling(a.L, a.buf, a.count, p, a.input); }},
     {K::kAllReduce, A::kTree, nullptr, nullptr,
      [](const PlanArgs& a, Plan* p) { BuildDoubleTreeAllReduce(a.L, a.buf, a.count, p); }},
     {K::kReduce, A::kRing, nullptr, nullptr,

@@ -19,8 +19,8 @@ void* AllocPinned(size_t bytes);
 void FreePinned(void* p);
 absl::Status CopyDeviceToHost(void* host, const void* device, size_t bytes);
 absl::Status CopyHostToDevice(void* device, const void* host, size_t bytes);
-// data[i] /= divisor on the device (a kernel in libs/kernels/src/cuda/divide.cu): the last step of kAvg
-// for device buffers.
+// data[i] /= divisor on the device (a kernel in libs/kernels/src/cuda/divide.cu): the last step of
+// kAvg for device buffers.
 absl::Status DeviceDivide(DataType dtype, void* device, size_t n, int divisor);
 
 // Copies between device memory and pinned host memory queued on two CUDA streams of their own

@@ -13,8 +13,8 @@
 #include "executor.hpp"
 #include "mailbox_path.hpp"
 #include "plexus/base/wait_policy.hpp"
-#include "qos_gate.hpp"
 #include "plexus/kernels/reduce.hpp"
+#include "qos_gate.hpp"
 #include "tracer.hpp"
 
 namespace plexus::collectives::internal {
@@ -160,7 +160,7 @@ bool PlanExecutor::CopyOutOfSlots() {
     if (c.sends_done_prefix >= static_cast<size_t>(r.war_prefix)) {
       if (c.cast) {
         plexus::kernels::UnpackWire(c.wire, reinterpret_cast<float*>(r.data), recv_landing_[i],
-                             r.bytes / c.data_size);
+                                    r.bytes / c.data_size);
       } else if (r.bytes > 0) {
         std::memcpy(r.data, recv_landing_[i], r.bytes);
       }
@@ -275,7 +275,7 @@ bool PlanExecutor::PostSends(Link& link, int peer, transport::Connection* conn, 
       ++link.send_slots_taken;
       const auto* from = reinterpret_cast<const float*>(s.data);
       plexus::kernels::PackWire(c.wire, slot, from, s.bytes / c.data_size,
-                         s.final ? const_cast<float*>(from) : nullptr);
+                                s.final ? const_cast<float*>(from) : nullptr);
       parts[nparts++] = {slot, c.OnWire(s.bytes)};
     } else if (s.bytes > 0) {
       parts[nparts++] = {s.data, s.bytes};

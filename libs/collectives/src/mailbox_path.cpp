@@ -14,8 +14,8 @@
 #include "plan.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/base/wait_policy.hpp"
-#include "qos_gate.hpp"
 #include "plexus/kernels/reduce.hpp"
+#include "qos_gate.hpp"
 #include "tracer.hpp"
 
 namespace plexus::collectives::internal {

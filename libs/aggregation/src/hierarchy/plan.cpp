@@ -532,10 +532,9 @@ std::vector<int> CommunicationRounds(const Plan& plan) {
   return rounds;
 }
 
-absl::StatusOr<netmodel::sim::Schedule> PlanToSchedule(const Plan& plan,
-                                                          std::span<const int> hosts,
-                                                          double element_bytes,
-                                                          bool fifo_connections) {
+absl::StatusOr<netmodel::sim::Schedule> PlanToSchedule(const Plan& plan, std::span<const int> hosts,
+                                                       double element_bytes,
+                                                       bool fifo_connections) {
   if (absl::Status s = VerifyPlan(plan); !s.ok()) return s;
   if (static_cast<int>(hosts.size()) != plan.nodes) {
     return absl::InvalidArgumentError(

@@ -59,7 +59,7 @@ absl::StatusOr<netmodel::sim::Schedule> PboxFlatSchedule(const PboxLayout& layou
 // (a sharded PS among the boxes, or a ring allreduce); each box optimizes and sends the result
 // to its workers.
 absl::StatusOr<netmodel::sim::Schedule> PboxHierarchicalSchedule(const PboxLayout& layout,
-                                                                    double bytes, CrossRack cross);
+                                                                 double bytes, CrossRack cross);
 
 // One row of Table 4.1 for NC nodes on C racks of N, S bytes per node: the seed's formulas and
 // values next to what the flow schedule counts with ranks laid out rack by rack.

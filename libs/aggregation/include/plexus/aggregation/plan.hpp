@@ -86,10 +86,9 @@ absl::StatusOr<std::vector<std::vector<float>>> EvaluatePlan(
 // `fifo_connections` a node's messages to one peer leave one after another in step order (the
 // seed's AggEngine: one send queue per connection, bytes on the wire in SendTo order), which lets
 // chunks pipeline through the phases; without it they all share the link at once.
-absl::StatusOr<netmodel::sim::Schedule> PlanToSchedule(const Plan& plan,
-                                                          std::span<const int> hosts,
-                                                          double element_bytes,
-                                                          bool fifo_connections = true);
+absl::StatusOr<netmodel::sim::Schedule> PlanToSchedule(const Plan& plan, std::span<const int> hosts,
+                                                       double element_bytes,
+                                                       bool fifo_connections = true);
 
 // The communication round of every step (send, broadcast and their receives): the length of the
 // longest chain of communication steps ending at it; 0 for local steps.

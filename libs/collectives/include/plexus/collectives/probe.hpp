@@ -47,13 +47,14 @@ struct ProbeOptions {
 // percentile RTT to each other, less the loopback cost when subtract_self; never below 0),
 // labelled with each rank's host name.
 absl::StatusOr<netmodel::CostMatrix> ProbeLatency(transport::Rendezvous& rendezvous,
-                                        const ProbeOptions& options = {});
+                                                  const ProbeOptions& options = {});
 
 // The matrix from the measurements: rtt_us[i*n + j] is rank i's percentile RTT to rank j,
 // self_us[i] rank i's loopback RTT. Entry i,j = max(rtt_ij, rtt_ji), less (self_i + self_j) / 2
 // when subtract_self, never below 0; the diagonal is 0.
-netmodel::CostMatrix LatencyMatrixFromRtts(std::vector<std::string> labels, const std::vector<double>& rtt_us,
-                                 const std::vector<double>& self_us, bool subtract_self);
+netmodel::CostMatrix LatencyMatrixFromRtts(std::vector<std::string> labels,
+                                           const std::vector<double>& rtt_us,
+                                           const std::vector<double>& self_us, bool subtract_self);
 
 // The tournament: n - 1 rounds for even n, n for odd n (one rank sits each round out), each a
 // set of disjoint pairs (a < b); every pair of 0..n-1 meets exactly once (circle method).

@@ -21,10 +21,10 @@
 
 #include "absl/status/statusor.h"
 #include "plexus/collectives/communicator.hpp"
-#include "plexus/netmodel/flow_assign.hpp"
 #include "plexus/collectives/qos.hpp"
-#include "plexus/netmodel/reorder.hpp"
 #include "plexus/collectives/selector.hpp"
+#include "plexus/netmodel/flow_assign.hpp"
+#include "plexus/netmodel/reorder.hpp"
 #include "plexus/netmodel/topology.hpp"
 
 namespace plexus::collectives {
@@ -92,7 +92,7 @@ struct DefaultProviderOptions {
   double route_bytes_per_s = 12.5e9;
   double nic_bytes_per_s = 12.5e9;
   AlgorithmOverrides algorithms;  // passed through
-  QosTimetable qos;                // passed through (high-priority and other jobs: see qos_of)
+  QosTimetable qos;               // passed through (high-priority and other jobs: see qos_of)
   // Per job id, when set: its QoS schedule (overrides `qos`).
   std::vector<std::pair<int, QosTimetable>> qos_of;
 };
