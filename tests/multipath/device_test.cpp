@@ -442,8 +442,11 @@ TEST_CASE("device: malformed composite addresses are refused, naming the entry",
   // Listen checks its address the same way, and that the IPs are this device's.
   CHECK(absl::StrContains((*device)->Listen("mp:127.0.0.1:0,127.0.0.9").status().message(),
                           "must be this device's local_addresses"));
-  CHECK(absl::IsUnimplemented(
-      (*device)->ConnectFrom("127.0.0.5", "mp:127.0.0.1:1,127.0.0.2", &cq).status()));
+  // A source of its own is refused (ConnectFrom is ConnectOnPath with an address-only binding).
+  const absl::Status from =
+      (*device)->ConnectFrom("127.0.0.5", "mp:127.0.0.1:1,127.0.0.2", &cq).status();
+  CHECK(absl::IsInvalidArgument(from));
+  CHECK(absl::StrContains(from.message(), "binds each of its paths itself"));
 }
 
 TEST_CASE("device: options and a peer with another number of paths are refused with the reason",

@@ -466,16 +466,6 @@ absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::Connect(
   return std::unique_ptr<pt::Connection>(std::move(conn));
 }
 
-absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::ConnectFrom(
-    std::string_view local_address, std::string_view address, pt::CompletionQueue* cq) {
-  if (!local_address.empty()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "MultipathDevice::ConnectFrom ", std::string(local_address),
-        ": the paths' sources are MultipathDeviceOptions.local_addresses; use Connect"));
-  }
-  return Connect(address, cq);
-}
-
 namespace {
 
 absl::Status RequireEmptyBinding(const pt::PathBinding& path, std::string_view call) {

@@ -86,10 +86,10 @@ RawResult WaitCall(CallState& call);
 bool WaitCallFor(CallState& call, absl::Duration timeout);
 void CancelCall(CallState& call);
 
-// The call state behind a RawCall, for the runtime (and tests linking plexus_rpc_internal).
+// Wraps a call state in the handle users hold, for the runtime (and tests linking
+// plexus_rpc_internal).
 struct CallAccess {
   static RawCall Make(std::shared_ptr<CallState> state) { return RawCall(std::move(state)); }
-  static const std::shared_ptr<CallState>& State(const RawCall& call) { return call.state_; }
 };
 
 constexpr uint64_t kRecvBit = uint64_t{1} << 63;

@@ -40,14 +40,9 @@ bool Device::Available(Backend backend, std::string* why_not) {
 absl::StatusOr<std::unique_ptr<Connection>> Device::ConnectFrom(std::string_view local_address,
                                                                 std::string_view address,
                                                                 CompletionQueue* cq) {
-  if (local_address.empty() || local_address == options_.local_address) {
-    return Connect(address, cq);
-  }
-  return absl::UnimplementedError(
-      absl::StrCat("ConnectFrom ", std::string(local_address), " to ", std::string(address),
-                   ": the ", std::string(BackendName(backend())),
-                   " backend cannot choose a source address per connection; create one device per "
-                   "DeviceOptions.local_address instead"));
+  PathBinding path;
+  path.local_address = std::string(local_address);
+  return ConnectOnPath(path, address, cq);
 }
 
 absl::Status ValidatePathBinding(const PathBinding& binding, std::string_view what) {
@@ -71,10 +66,7 @@ uint16_t RoceV2SourcePort(uint32_t flow_label) {
   return static_cast<uint16_t>((low ^ high) | 0xC000);
 }
 
-namespace {
-
-// Backends without GIDs take a binding that names a source address only.
-absl::Status RequireAddressOnly(const PathBinding& path, Backend backend) {
+absl::Status Device::RequireAddressOnly(const PathBinding& path, Backend backend) {
   PLEXUS_RETURN_IF_ERROR(ValidatePathBinding(path, "PathBinding"));
   if (path.gid_index != -1 || path.flow_label != 0) {
     return absl::UnimplementedError(absl::StrCat(
@@ -85,13 +77,18 @@ absl::Status RequireAddressOnly(const PathBinding& path, Backend backend) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<Connection>> Device::ConnectOnPath(const PathBinding& path,
                                                                   std::string_view address,
                                                                   CompletionQueue* cq) {
   PLEXUS_RETURN_IF_ERROR(RequireAddressOnly(path, backend()));
-  return ConnectFrom(path.local_address, address, cq);
+  if (path.local_address.empty() || path.local_address == options_.local_address) {
+    return Connect(address, cq);
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("connection from ", path.local_address, " to ", std::string(address), ": the ",
+                   std::string(BackendName(backend())),
+                   " backend cannot choose a source address per connection; create one device per "
+                   "DeviceOptions.local_address instead"));
 }
 
 absl::StatusOr<std::unique_ptr<Listener>> Device::ListenOnPath(const PathBinding& path,

@@ -104,15 +104,17 @@ class TcpDevice final : public Device {
     return Adopt(std::move(fds), std::string(address), cq);
   }
 
-  absl::StatusOr<std::unique_ptr<Connection>> ConnectFrom(std::string_view local_address,
-                                                          std::string_view address,
-                                                          CompletionQueue* cq) override {
-    if (local_address.empty() || local_address == options().local_address) {
+  // The sockets bind to path.local_address.
+  absl::StatusOr<std::unique_ptr<Connection>> ConnectOnPath(const PathBinding& path,
+                                                            std::string_view address,
+                                                            CompletionQueue* cq) override {
+    PLEXUS_RETURN_IF_ERROR(RequireAddressOnly(path, Backend::kTcp));
+    if (path.local_address.empty() || path.local_address == options().local_address) {
       return Connect(address, cq);
     }
-    if (cq == nullptr) return absl::InvalidArgumentError("ConnectFrom: null completion queue");
+    if (cq == nullptr) return absl::InvalidArgumentError("ConnectOnPath: null completion queue");
     DeviceOptions from = options();
-    from.local_address = std::string(local_address);
+    from.local_address = path.local_address;
     PLEXUS_ASSIGN_OR_RETURN(std::vector<int> fds, tcp::DialConnection(address, from));
     return Adopt(std::move(fds), std::string(address), cq);
   }

@@ -309,15 +309,6 @@ class VerbsDevice final : public Device {
     return ConnectOnPath(PathBinding{}, address, cq);
   }
 
-  // The rdma_cm id is bound to `local_address`, which picks the port and the source GID.
-  absl::StatusOr<std::unique_ptr<Connection>> ConnectFrom(std::string_view local_address,
-                                                          std::string_view address,
-                                                          CompletionQueue* cq) override {
-    PathBinding path;
-    path.local_address = std::string(local_address);
-    return ConnectOnPath(path, address, cq);
-  }
-
   absl::StatusOr<std::unique_ptr<Connection>> ConnectOnPath(const PathBinding& path,
                                                             std::string_view address,
                                                             CompletionQueue* cq) override {

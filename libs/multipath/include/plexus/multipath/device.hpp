@@ -148,12 +148,9 @@ class MultipathDevice : public transport::Device {
   absl::StatusOr<std::unique_ptr<transport::Connection>> Connect(
       std::string_view address, transport::CompletionQueue* cq) override;
 
-  // Paths choose their own sources: only "" (plain Connect) is accepted.
-  absl::StatusOr<std::unique_ptr<transport::Connection>> ConnectFrom(
-      std::string_view local_address, std::string_view address,
-      transport::CompletionQueue* cq) override;
-  // The same: each path's binding comes from local_addresses and path_options, so only an
-  // empty PathBinding (plain Connect / Listen) is accepted (InvalidArgument otherwise).
+  // Paths choose their own sources: each path's binding comes from local_addresses and
+  // path_options, so only an empty PathBinding (plain Connect / Listen; ConnectFrom "") is
+  // accepted (InvalidArgument otherwise).
   absl::StatusOr<std::unique_ptr<transport::Connection>> ConnectOnPath(
       const transport::PathBinding& path, std::string_view address,
       transport::CompletionQueue* cq) override;

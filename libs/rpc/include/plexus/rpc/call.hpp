@@ -25,7 +25,7 @@ struct CallOptions {
   // While the channel is reconnecting (no replica connected), wait for a connection within the
   // timeout instead of failing at once with Unavailable (gRPC's wait_for_ready).
   bool wait_for_ready = false;
-  Metadata metadata;
+  Metadata metadata = {};
 };
 
 // A received message rebuilt in place, with the buffer and arena its views point into.

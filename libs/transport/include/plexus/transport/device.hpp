@@ -53,7 +53,7 @@ struct DeviceOptions {
   ProgressMode progress = ProgressMode::kThread;
   // tcp: local IP to bind listening and outgoing sockets to ("" = any), so that a multipath
   // layer can choose the path. verbs: the RDMA device name or local IP ("" = first device).
-  std::string local_address;
+  std::string local_address = {};
   // An operation that makes no progress for this long fails its connection (DeadlineExceeded).
   absl::Duration op_timeout = absl::Seconds(30);
   absl::Duration connect_timeout = absl::Seconds(10);
@@ -68,8 +68,8 @@ struct DeviceOptions {
   // inproc refuses such a PostSend instead; verbs fails the connection.
   size_t max_held_bytes_per_connection = 0;
   size_t max_held_bytes_per_device = 0;
-  TcpOptions tcp;
-  ShmOptions shm;
+  TcpOptions tcp = {};
+  ShmOptions shm = {};
 };
 
 // Pins one connection to a network path (a multipath layer opens one connection per path):
@@ -138,18 +138,20 @@ class Device : public ProgressDriver {
   // Connect from `local_address` instead of DeviceOptions::local_address (tcp: the IP the
   // connection's sockets bind to; verbs: the IP the rdma_cm id binds to, which picks the port
   // and source GID, on this device), so that one device, and so one set of registered regions,
-  // can open one connection per network path. "" or the device's own address is plain Connect;
-  // backends that cannot choose a source per connection (inproc, shm) return Unimplemented for
-  // any other address.
-  virtual absl::StatusOr<std::unique_ptr<Connection>> ConnectFrom(std::string_view local_address,
-                                                                  std::string_view address,
-                                                                  CompletionQueue* cq);
+  // can open one connection per network path: ConnectOnPath with a binding that names the
+  // source address alone. "" or the device's own address is plain Connect; backends that cannot
+  // choose a source per connection (inproc, shm) return Unimplemented for any other address.
+  absl::StatusOr<std::unique_ptr<Connection>> ConnectFrom(std::string_view local_address,
+                                                          std::string_view address,
+                                                          CompletionQueue* cq);
 
-  // Connect over one network path: ConnectFrom(path.local_address, ...) and, on verbs, the
-  // queue pair's source GID index and flow label (set in its transition to RTR). Errors:
+  // Connect over one network path: from path.local_address (as ConnectFrom) and, on verbs, with
+  // the queue pair's source GID index and flow label (set in its transition to RTR). Errors:
   // InvalidArgument from ValidatePathBinding; InvalidArgument when the GID index is not in the
   // port's table or does not hold local_address (naming both and the valid entries);
-  // Unimplemented from backends without GIDs (tcp, shm, inproc) for a gid_index or flow_label.
+  // Unimplemented from backends without GIDs (tcp, shm, inproc) for a gid_index or flow_label,
+  // and from backends that cannot choose a source (shm, inproc) for another local_address. The
+  // base implementation is the latter's: plain Connect for "" or the device's own address.
   virtual absl::StatusOr<std::unique_ptr<Connection>> ConnectOnPath(const PathBinding& path,
                                                                     std::string_view address,
                                                                     CompletionQueue* cq);
@@ -166,6 +168,9 @@ class Device : public ProgressDriver {
 
  protected:
   explicit Device(DeviceOptions options) : options_(std::move(options)) {}
+  // For backends without GIDs: OK when `path` names a source address only; else
+  // InvalidArgument (ValidatePathBinding) or Unimplemented naming the backend.
+  static absl::Status RequireAddressOnly(const PathBinding& path, Backend backend);
   // Caller-mode progress of the backend.
   virtual void DriveProgress(absl::Duration max_block) = 0;
 
