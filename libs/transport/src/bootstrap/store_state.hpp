@@ -39,6 +39,8 @@ class StoreState {
   // A client that went away: its parked request is dropped.
   void Forget(int client) { parked_.erase(client); }
 
+  // The job this store serves; empty: any.
+  const std::string& job_id() const { return job_id_; }
   // Empty when a client of job `client_job` may use this store, else why not.
   std::string CheckJob(const std::string& client_job) const;
 

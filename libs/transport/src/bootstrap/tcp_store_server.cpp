@@ -89,7 +89,6 @@ struct TcpStoreServer::Impl {
   int64_t max_clients = 0;
   absl::Duration idle_timeout = absl::InfiniteDuration();
   uint64_t max_buffered = 0;
-  std::string job_id;  // empty: any job (checked by the state's hello; also before it here)
 
   // Refusals are logged at most once a second, so that a flood of connections cannot flood
   // the log (base::Log); the count of those not logged is reported with the next line.
@@ -373,6 +372,8 @@ struct TcpStoreServer::Impl {
         DropClient(fd, std::string(request.status().message()));
         return;
       }
+      // A store of one job checks every connection's hello before anything else.
+      const std::string& job_id = state->job_id();
       if (!c.hello_ok && request->op != proto::Op::kHello && !job_id.empty()) {
         DropClient(fd, absl::StrCat("sent a '", proto::OpName(request->op),
                                     "' before its hello (this store serves job '", job_id,
@@ -479,7 +480,6 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::strin
   impl->port = bound.storage.ss_family == AF_INET
                    ? ntohs(reinterpret_cast<sockaddr_in*>(&bound.storage)->sin_port)
                    : ntohs(reinterpret_cast<sockaddr_in6*>(&bound.storage)->sin6_port);
-  impl->job_id = options.job_id;
   impl->state = std::make_unique<proto::StoreState>(
       options.job_id, options.job_id_is_nonce && !options.job_id.empty(), impl->address);
 
