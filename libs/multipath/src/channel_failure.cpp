@@ -98,15 +98,18 @@ void MultipathChannel::Impl::ReviveLoop() {
 void MultipathChannel::Impl::MaybeFailAllDead(const absl::Status& last) {
   if (!fail_when_all_paths_dead_ || !failed_.ok() || paths_.empty()) return;
   std::string why;
+  // Aborted comes only from the peer's close frame: a peer that closed the connection on purpose
+  // closes every path, and the other paths then fail of it (a send into a closed socket) in
+  // whatever order they are noticed, so one path that saw the close frame decides.
+  bool peer_closed = absl::IsAborted(last);
   for (const auto& p : paths_) {
     if (p->state != PathState::kDead) return;
     absl::StrAppend(&why, why.empty() ? "" : "; ", "path ", p->index, " (", p->peer,
                     "): ", p->error.message());
+    peer_closed = peer_closed || absl::IsAborted(p->error);
   }
   const std::string message = absl::StrCat("multipath connection: every path is down (", why, ")");
-  // The path that broke last says how the peer went: a peer that closed the connection closes
-  // every path (Aborted); earlier paths may have died of anything.
-  Fail(absl::IsAborted(last) ? absl::AbortedError(message) : absl::UnavailableError(message));
+  Fail(peer_closed ? absl::AbortedError(message) : absl::UnavailableError(message));
 }
 
 void MultipathChannel::Impl::SendPathDowns() {
