@@ -9,9 +9,11 @@
 
 #include "absl/strings/match.h"
 #include "blame.hpp"
+#include "plan.hpp"
 #include "plexus/base/record.hpp"
 #include "plexus/collectives/selector.hpp"
 #include "plexus/kernels/reduce.hpp"
+#include "plexus/netmodel/schedule.hpp"
 #include "plexus/transport/store.hpp"
 #include "reconfig.hpp"
 #include "wire.hpp"
@@ -497,4 +499,88 @@ TEST_CASE("a blame board removes its wait record and leaves no key behind", "[co
   pi::BlameBoard orphan(nullptr, uid, 2, absl::Seconds(1));
   orphan.PostWaiting({0}, absl::StatusCode::kDeadlineExceeded, "waiting");
   CHECK(orphan.Flush(absl::Now()));
+}
+
+TEST_CASE("a schedule lowers to one rank's plan: chunks, data dependencies, the input",
+          "[collectives][unit]") {
+  // Ring allreduce over 3 positions, identity order, rank 0; 12 elements of 4 bytes, pieces of
+  // 4 elements cut into chunks of 2: every transfer is two messages.
+  pi::Layout L;
+  L.rank = 0;
+  L.n = 3;
+  L.order = {0, 1, 2};
+  L.position = {0, 1, 2};
+  L.channels = 2;
+  L.chunk_bytes = 8;
+  auto s = pi::ScheduleOf(pi::Shape::kRing, 3);
+  REQUIRE(s.ok());
+  std::vector<float> buf(12), input(12);
+  auto* b = reinterpret_cast<uint8_t*>(buf.data());
+  auto* in = reinterpret_cast<const uint8_t*>(input.data());
+  const std::vector<pi::Block> pieces = pi::EvenBlocks(12, 3);
+  pi::Plan plan;
+  pi::BuildFromSchedule(**s, L, b, pieces, 1, in, &plan);
+  // 4 steps, one send to rank 1 and one receive from rank 2 each, 2 chunks apiece.
+  REQUIRE(plan.sends.size() == 8);
+  REQUIRE(plan.recvs.size() == 8);
+  for (const auto& op : plan.sends) CHECK(op.peer == 1);
+  for (const auto& op : plan.recvs) CHECK(op.peer == 2);
+  // Step 0 sends piece 0 straight from the input, waiting for nothing.
+  CHECK(plan.sends[0].data == in);
+  CHECK(plan.sends[0].dep == -1);
+  CHECK(plan.sends[1].data == in + 8);
+  CHECK(plan.sends[0].channel == 0);
+  CHECK(plan.sends[1].channel == 1);
+  // Step 0 receives piece 2 (from position 2), reducing it with the input, nothing to wait for.
+  CHECK(plan.recvs[0].data == b + 32);
+  CHECK(plan.recvs[0].reduce);
+  CHECK(plan.recvs[0].local == in + 32);
+  CHECK(plan.recvs[0].war_prefix == 0);
+  // Step 1 forwards piece 2 chunk by chunk as each chunk is reduced, from buf.
+  CHECK(plan.sends[2].data == b + 32);
+  CHECK(plan.sends[2].dep == 0);
+  CHECK(plan.sends[3].dep == 1);
+  CHECK(!plan.sends[2].final);
+  // Step 1 receives piece 1: the first write here, reduced with the input.
+  CHECK(plan.recvs[2].data == b + 16);
+  CHECK(plan.recvs[2].local == in + 16);
+  // All-gather step 0 (step 2) sends the reduced piece 1, a final result.
+  CHECK(plan.sends[4].data == b + 16);
+  CHECK(plan.sends[4].dep == 2);
+  CHECK(plan.sends[4].final);
+  // ... and receives piece 0, which step 0 sent from the input: no write-after-read wait; a
+  // placement, not a reduction.
+  CHECK(plan.recvs[4].data == b);
+  CHECK(!plan.recvs[4].reduce);
+  CHECK(plan.recvs[4].war_prefix == 0);
+  // Step 3 receives piece 2, which step 1 sent from buf: each chunk waits for its send.
+  CHECK(plan.recvs[6].data == b + 32);
+  CHECK(plan.recvs[6].war_prefix == 3);
+  CHECK(plan.recvs[7].war_prefix == 4);
+
+  // Without an input, the first send reads buf and the first receive reduces in place.
+  pi::Plan in_place;
+  pi::BuildFromSchedule(**s, L, b, pieces, 1, nullptr, &in_place);
+  CHECK(in_place.sends[0].data == b);
+  CHECK(in_place.recvs[0].local == nullptr);
+  CHECK(in_place.recvs[4].war_prefix == 1);  // piece 0 left from buf at step 0
+}
+
+TEST_CASE("schedules that cannot run are refused with the transfer named", "[collectives][unit]") {
+  namespace nm = plexus::netmodel;
+  auto ring = nm::RingAllreduceSchedule(3, 1);
+  REQUIRE(ring.ok());
+  CHECK(pi::MakeRunnable(*ring, 3).ok());
+  auto sizes_only = nm::BCubeSchedule(4, 1, 2);
+  REQUIRE(sizes_only.ok());
+  CHECK(absl::StrContains(pi::MakeRunnable(*sizes_only, 4).status().message(), "no pieces"));
+  nm::Schedule bad = *ring;
+  bad.transfers[2].first_piece = 7;
+  CHECK(absl::StrContains(pi::MakeRunnable(bad, 3).status().message(), "transfer 2: pieces 7"));
+  bad = *ring;
+  bad.transfers[1].dst = 3;
+  CHECK(absl::StrContains(pi::MakeRunnable(bad, 3).status().message(), "outside positions"));
+  bad = *ring;
+  bad.transfers[0].after = {4};
+  CHECK(absl::StrContains(pi::MakeRunnable(bad, 3).status().message(), "waits for 4"));
 }

@@ -325,3 +325,142 @@ TEST_CASE("the simulator's allreduces are the schedules placed on hosts", "[sche
   REQUIRE(dbt.ok());
   CHECK(sim::Simulate(*fabric, *dbt).ok());
 }
+
+namespace {
+
+// What each position holds of each piece: the set of positions whose contribution it sums
+// (bit p: position p's), as a symbolic execution of a schedule that checks what the pieces say.
+using Holdings = std::vector<std::vector<uint64_t>>;  // [position][piece]
+
+// Runs `s` over `start`, run by run (consecutive transfers of one round): every send of a run
+// reads what its sender held before the run. A combining receive adds the sender's set (and
+// must not count a contribution twice); any other receive replaces the receiver's. Returns an
+// empty string or the first violation.
+std::string Execute(const Schedule& s, int n, Holdings& held) {
+  const int pieces = s.pieces;
+  if (pieces < 1) return "no pieces";
+  std::vector<std::vector<uint8_t>> sent_on(n, std::vector<uint8_t>(pieces, 1));
+  for (size_t begin = 0; begin < s.transfers.size();) {
+    size_t end = begin;
+    while (end < s.transfers.size() && s.transfers[end].round == s.transfers[begin].round) ++end;
+    const Holdings before = held;
+    for (size_t i = begin; i < end; ++i) {
+      const auto& t = s.transfers[i];
+      for (int x = 0; x < t.piece_count; ++x) {
+        const int q = (t.first_piece + x) % pieces;
+        const uint64_t in = before[t.src][q];
+        if (in == 0) return "transfer " + std::to_string(i) + " sends a piece its sender lacks";
+        if (t.combine) {
+          if ((held[t.dst][q] & in) != 0) {
+            return "transfer " + std::to_string(i) + " counts a contribution twice";
+          }
+          held[t.dst][q] |= in;
+        } else {
+          // A result may replace a partial sum only once that partial sum has been sent on.
+          if (held[t.dst][q] != 0 && !sent_on[t.dst][q] && (held[t.dst][q] & ~in) == 0 &&
+              held[t.dst][q] != in) {
+            return "transfer " + std::to_string(i) + " overwrites a partial sum not sent on";
+          }
+          held[t.dst][q] = in;
+        }
+        sent_on[t.dst][q] = 0;
+      }
+    }
+    for (size_t i = begin; i < end; ++i) {
+      const auto& t = s.transfers[i];
+      for (int x = 0; x < t.piece_count; ++x) sent_on[t.src][(t.first_piece + x) % pieces] = 1;
+    }
+    begin = end;
+  }
+  return "";
+}
+
+Holdings Everyone(int n, int pieces) {
+  Holdings h(n, std::vector<uint64_t>(pieces));
+  for (int p = 0; p < n; ++p) {
+    for (int q = 0; q < pieces; ++q) h[p][q] = uint64_t{1} << p;
+  }
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("executable schedules: the pieces they name compute the collective", "[schedule]") {
+  for (int n = 1; n <= 17; ++n) {
+    INFO("n = " << n);
+    const uint64_t all = n == 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1;
+    const bool p2 = (n & (n - 1)) == 0;
+    auto check_allreduce = [&](const absl::StatusOr<Schedule>& s) {
+      REQUIRE(s.ok());
+      INFO(s->name);
+      Holdings held = Everyone(n, s->pieces);
+      REQUIRE(Execute(*s, n, held) == "");
+      for (int p = 0; p < n; ++p) {
+        for (int q = 0; q < s->pieces; ++q) CHECK(held[p][q] == all);
+      }
+    };
+    check_allreduce(pn::RingAllreduceSchedule(n, 1));
+    check_allreduce(pn::RingAllreduceSchedule(n, 1, 3));
+    check_allreduce(pn::HalvingDoublingSchedule(n, 1));
+    check_allreduce(pn::HalvingDoublingSchedule(n, 1, pn::HalvingOrder::kNearFirst));
+    check_allreduce(pn::RecursiveDoublingSchedule(n, 1));
+    if (n >= 2) check_allreduce(pn::DoubleBinaryTreeSchedule(n, 1));
+    check_allreduce(pn::ShardedPsSchedule(n, 1));
+
+    // Reduce-scatters: position p ends with its piece summed over everyone (the ring's p + 1).
+    auto rs = pn::RingAllreduceSchedule(n, 1, 1, pn::Phases::kReduceScatter);
+    REQUIRE(rs.ok());
+    Holdings held = Everyone(n, n);
+    REQUIRE(Execute(*rs, n, held) == "");
+    for (int p = 0; p < n; ++p) CHECK(held[p][(p + 1) % n] == all);
+    // All-gathers: position p starts with only its piece (the ring's p + 1), ends with all.
+    auto gathers = [&](const absl::StatusOr<Schedule>& s, int shift) {
+      REQUIRE(s.ok());
+      INFO(s->name);
+      Holdings h(n, std::vector<uint64_t>(n));
+      for (int p = 0; p < n; ++p) h[p][(p + shift) % n] = uint64_t{1} << ((p + shift) % n);
+      REQUIRE(Execute(*s, n, h) == "");
+      for (int p = 0; p < n; ++p) {
+        for (int q = 0; q < n; ++q) CHECK(h[p][q] == uint64_t{1} << q);
+      }
+    };
+    gathers(pn::RingAllreduceSchedule(n, 1, 1, pn::Phases::kAllGather), 1);
+    gathers(pn::BruckAllgatherSchedule(n, 1), 0);
+    if (p2) {
+      auto halving = pn::HalvingDoublingSchedule(n, 1, pn::HalvingOrder::kFarFirst,
+                                                 pn::Phases::kReduceScatter);
+      REQUIRE(halving.ok());
+      Holdings h = Everyone(n, n);
+      REQUIRE(Execute(*halving, n, h) == "");
+      for (int p = 0; p < n; ++p) CHECK(h[p][p] == all);
+      gathers(
+          pn::HalvingDoublingSchedule(n, 1, pn::HalvingOrder::kFarFirst, pn::Phases::kAllGather),
+          0);
+    } else {
+      CHECK(!pn::HalvingDoublingSchedule(n, 1, pn::HalvingOrder::kFarFirst,
+                                         pn::Phases::kReduceScatter)
+                 .ok());
+    }
+  }
+}
+
+TEST_CASE("the symbolic execution catches a wrong piece", "[schedule]") {
+  // The checker itself: a ring whose all-gather forwards the wrong piece leaves a hole.
+  auto s = pn::RingAllreduceSchedule(4, 1);
+  REQUIRE(s.ok());
+  s->transfers.back().first_piece = (s->transfers.back().first_piece + 1) % 4;
+  Holdings held = Everyone(4, 4);
+  const std::string error = Execute(*s, 4, held);
+  bool complete = error.empty();
+  for (int p = 0; p < 4 && complete; ++p) {
+    for (int q = 0; q < 4; ++q) complete = complete && held[p][q] == 15;
+  }
+  CHECK(!complete);
+  // Counting a contribution twice is refused.
+  auto twice = pn::RecursiveDoublingSchedule(2, 1);
+  REQUIRE(twice.ok());
+  twice->transfers.push_back(twice->transfers.front());
+  twice->transfers.back().round = 9;
+  Holdings h2 = Everyone(2, 1);
+  CHECK(Execute(*twice, 2, h2) == "transfer 2 counts a contribution twice");
+}

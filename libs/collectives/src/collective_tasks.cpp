@@ -134,9 +134,8 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   const uint8_t* input = nullptr;  // out of place: where this rank's operand is
   if (send != recv) {
     PLEXUS_ASSIGN_OR_RETURN(input, staging.In(send, bytes, true));
-    // Ring, halving-doubling and whole-vector doubling (power-of-two worlds, not by mailbox)
-    // read their operand straight from the input: every block of the output is written by a
-    // reduction or a receive. The others start from a copy.
+    // The schedules read this rank's operand straight from the input (every block of the
+    // output is written by a reduction or a receive); the mailbox path starts from a copy.
     const bool overlap = input < buf + bytes && buf < input + bytes;
     const bool direct = builder->reads_input != nullptr && builder->reads_input(L.n) &&
                         !(recursive_doubling && FitsMailbox(bytes));
@@ -150,7 +149,8 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   } else {
     Plan& plan = NewPlan();
     plan.wire = wire;
-    builder->build({.L = L, .buf = buf, .count = count, .input = input}, &plan);
+    PLEXUS_RETURN_IF_ERROR(
+        builder->build({.L = L, .buf = buf, .count = count, .input = input}, &plan));
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
   }
   if (op == ReduceOp::kAvg && staging.any()) {
@@ -199,8 +199,12 @@ absl::Status CommunicatorImpl::PipelinedDeviceAllReduce(const void* send, void* 
     segment.count = n;
     const Layout& L = MakeLayout(dtype, n * esize / static_cast<size_t>(layout_.n));
     Plan& plan = NewPlan();
-    internal::BuildRing(L, buf + offset, internal::EvenBlocks(n, L.n), true, true, &plan,
-                        input != nullptr ? input + offset : nullptr);
+    PLEXUS_RETURN_IF_ERROR(FindPlanBuilder(CollectiveKind::kAllReduce, Algorithm::kRing, L.n)
+                               ->build({.L = L,
+                                        .buf = buf + offset,
+                                        .count = n,
+                                        .input = input != nullptr ? input + offset : nullptr},
+                                       &plan));
     PLEXUS_RETURN_IF_ERROR(Execute(plan, segment, dtype, op));
     if (op == ReduceOp::kAvg) plexus::kernels::DivideInPlace(dtype, buf + offset, n, L.n);
     PLEXUS_RETURN_IF_ERROR(copies.ToDevice(target + offset, buf + offset, n * esize).status());
@@ -233,8 +237,9 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* re
     if (buf != in) std::memmove(buf, in, bytes);
     const Layout& L = MakeLayout(dtype);
     Plan& plan = NewPlan();
-    FindPlanBuilder(CollectiveKind::kReduce, algo, L.n)
-        ->build({.L = L, .buf = buf, .count = count, .root_pos = L.position[root]}, &plan);
+    PLEXUS_RETURN_IF_ERROR(
+        FindPlanBuilder(CollectiveKind::kReduce, algo, L.n)
+            ->build({.L = L, .buf = buf, .count = count, .root_pos = L.position[root]}, &plan));
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
     if (!is_root) return absl::OkStatus();
     if (op == ReduceOp::kAvg) plexus::kernels::DivideInPlace(dtype, buf, count, L.n);
@@ -308,13 +313,13 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
     if (wire) MakeWireLayout(dtype, *wire);  // recuts L (the same call layout) for the wire
     Plan& plan = NewPlan();
     plan.wire = wire;
-    FindPlanBuilder(CollectiveKind::kBroadcast, algo, L.n)
-        ->build({.L = L,
-                 .buf = buf,
-                 .count = count,
-                 .root_pos = L.position[root],
-                 .input = direct ? source : nullptr},
-                &plan);
+    PLEXUS_RETURN_IF_ERROR(FindPlanBuilder(CollectiveKind::kBroadcast, algo, L.n)
+                               ->build({.L = L,
+                                        .buf = buf,
+                                        .count = count,
+                                        .root_pos = L.position[root],
+                                        .input = direct ? source : nullptr},
+                                       &plan));
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
     if (direct) std::memcpy(buf, source, bytes);
     return staging.CopyOut();
@@ -378,8 +383,8 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     if (wire) MakeWireLayout(dtype, *wire);  // recuts L (the same call layout) for the wire
     Plan& plan = NewPlan();
     plan.wire = wire;
-    FindPlanBuilder(CollectiveKind::kAllGather, algo, n)
-        ->build({.L = L, .buf = buf, .count = count}, &plan);
+    PLEXUS_RETURN_IF_ERROR(FindPlanBuilder(CollectiveKind::kAllGather, algo, n)
+                               ->build({.L = L, .buf = buf, .count = count}, &plan));
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
     return staging.CopyOut();
   };
@@ -407,8 +412,8 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, v
     uint8_t* work = Scratch(total);
     const Layout& L = MakeLayout(dtype);
     Plan& plan = NewPlan();
-    FindPlanBuilder(CollectiveKind::kReduceScatter, algo, n)
-        ->build({.L = L, .buf = work, .count = count, .input = in}, &plan);
+    PLEXUS_RETURN_IF_ERROR(FindPlanBuilder(CollectiveKind::kReduceScatter, algo, n)
+                               ->build({.L = L, .buf = work, .count = count, .input = in}, &plan));
     if (n == 1) std::memcpy(work, in, total);  // no step: the input is the result
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
     uint8_t* mine = work + static_cast<size_t>(layout_.rank) * count * esize;
@@ -593,7 +598,9 @@ absl::Status CommunicatorImpl::RunBarrier() {
   if (FitsMailbox(1)) return MailboxAllReduce(token, 1, DataType::kU8, ReduceOp::kMax, header);
   const Layout& L = MakeLayout(DataType::kU8);
   Plan& plan = NewPlan();
-  internal::BuildRecursiveDoubling(L, token, 1, &plan);
+  PLEXUS_RETURN_IF_ERROR(
+      FindPlanBuilder(CollectiveKind::kAllReduce, Algorithm::kRecursiveDoubling, L.n)
+          ->build({.L = L, .buf = token, .count = 1}, &plan));
   return Execute(plan, header, DataType::kU8, ReduceOp::kMax);
 }
 

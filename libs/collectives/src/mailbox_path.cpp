@@ -212,27 +212,23 @@ absl::Status MailboxPath::MailboxAllReduce(uint8_t* buf, size_t count, DataType 
   auto exchange = [&](int to, MailInbound in) {
     return MailExchange(to, buf, in, bytes, dtype, op, header);
   };
-  // Recursive doubling with the plan path's fold (internal::Fold) and reduction order: the
-  // same bits.
-  const internal::Fold f = internal::MakeFold(L);
-  const int pos = L.pos();
-  if (f.new_pos < 0) {  // folds out: hand the vector over, get the result back
-    const int partner = L.at(pos + 1);
-    PLEXUS_RETURN_IF_ERROR(exchange(partner, {}));
-    return exchange(-1, {partner, buf, false, false});
+  // The plan path's recursive doubling schedule, run by run: at most one send and one receive
+  // at this position per run, with the plan path's reduction order: the same bits.
+  PLEXUS_ASSIGN_OR_RETURN(const RunnableSchedule* s, ScheduleOf(Shape::kRecursiveDoubling, L.n));
+  const int me = L.pos();
+  const std::vector<int>& mine = s->at[me];
+  for (size_t begin = 0; begin < mine.size();) {
+    int to = -1;
+    MailInbound in;
+    size_t end = begin;
+    for (; end < mine.size() && s->run[mine[end]] == s->run[mine[begin]]; ++end) {
+      const netmodel::Transfer& t = s->schedule.transfers[mine[end]];
+      if (t.src == me) to = L.at(t.dst);
+      if (t.dst == me) in = {L.at(t.src), buf, t.combine, t.src < t.dst};
+    }
+    PLEXUS_RETURN_IF_ERROR(exchange(to, in));
+    begin = end;
   }
-  const bool folds_in = pos < 2 * f.rem;
-  if (folds_in) {
-    const MailInbound fold_in{L.at(pos - 1), buf, true, true};
-    PLEXUS_RETURN_IF_ERROR(exchange(-1, fold_in));
-  }
-  for (int mask = 1; mask < f.p2; mask *= 2) {
-    const int partner = f.new_pos ^ mask;
-    const int peer = f.Real(L, partner);
-    const MailInbound in{peer, buf, true, partner < f.new_pos};
-    PLEXUS_RETURN_IF_ERROR(exchange(peer, in));
-  }
-  if (folds_in) return exchange(L.at(pos - 1), {});
   return absl::OkStatus();
 }
 

@@ -1,14 +1,20 @@
 // A collective as data: the messages each rank sends and receives, with the dependencies that
-// make the schedule correct, pipelined and deterministic. Algorithms (algorithms.cpp) build
-// plans; the communicator's executor runs them over the connections.
+// make the schedule correct, pipelined and deterministic. The plan builders (algorithms.cpp)
+// lower the network model's schedules (plexus/netmodel/schedule.hpp) to plans, or build the
+// rooted and point-to-point ones directly; the communicator's executor runs them over the
+// connections.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "plexus/collectives/types.hpp"
+#include "plexus/netmodel/schedule.hpp"
 
 namespace plexus::collectives::internal {
 
@@ -73,18 +79,6 @@ struct Layout {
   int at(int pos) const { return order[((pos % n) + n) % n]; }
 };
 
-// Recursive doubling/halving over the largest power of two p2 <= n: the first 2 * rem positions
-// (rem = n - p2) pair up, the even one of each pair folding its vector into the odd one before
-// the core and getting the result back after it.
-struct Fold {
-  int p2 = 1;
-  int rem = 0;
-  int new_pos = -1;  // position among the p2 core ranks; -1: this position folds out
-  // The rank at core position np.
-  int Real(const Layout& L, int np) const { return L.at(np < rem ? 2 * np + 1 : np + rem); }
-};
-Fold MakeFold(const Layout& L);
-
 // An element range of a buffer.
 struct Block {
   size_t offset = 0;  // elements
@@ -93,31 +87,47 @@ struct Block {
 // count elements split into `parts` blocks as evenly as possible, in order.
 std::vector<Block> EvenBlocks(size_t count, int parts);
 
-// Every builder appends to `plan`; buffers are element arrays of layout.esize bytes.
-// Ring reduce-scatter and/or all-gather. segments[j] is the block ring segment j covers; after
-// the reduce-scatter, position p holds the fully reduced segment (p + 1) mod n; the all-gather
-// starts from there. With `input` (reduce-scatter only), this rank's contribution is read from
-// input (same offsets) rather than buf, whose reduce-scatter segments need no initial contents:
-// an out-of-place allreduce then skips copying its input.
-void BuildRing(const Layout& L, uint8_t* buf, const std::vector<Block>& segments,
-               bool reduce_scatter, bool all_gather, Plan* plan, const uint8_t* input = nullptr);
-// Recursive doubling of the whole vector (small messages); any world size (extra ranks fold in).
-// `input` as for BuildHalvingDoubling (powers of two only; otherwise buf holds the operand).
-void BuildRecursiveDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* plan,
-                            const uint8_t* input = nullptr);
-// Recursive halving reduce-scatter + recursive doubling all-gather (Rabenseifner); any world
-// size (the first 2 * (n - 2^k) positions pair up first). `input` as for BuildRing, but only for
-// powers of two: otherwise it is ignored and buf must hold the operand.
-void BuildHalvingDoubling(const Layout& L, uint8_t* buf, size_t count, Plan* plan,
-                          const uint8_t* input = nullptr);
-// The two halves of power-of-two world sizes: blocks[b] is the block that position b owns after
-// the halving. Used for ReduceScatter (halving only) and AllGather (doubling only). With
-// `input`, the halving reads this rank's operand from input (as BuildRing): buf needs no copy.
-void BuildHalving(const Layout& L, uint8_t* buf, const std::vector<Block>& blocks, Plan* plan,
-                  const uint8_t* input = nullptr);
-void BuildDoubling(const Layout& L, uint8_t* buf, const std::vector<Block>& blocks, Plan* plan);
-// Double binary tree allreduce: half the data up and down each of two complementary trees.
-void BuildDoubleTreeAllReduce(const Layout& L, uint8_t* buf, size_t count, Plan* plan);
+// A schedule of plexus::netmodel (the one description of an algorithm) as the runtime runs it,
+// indexed: the transfers at each position and, per transfer, its run (a maximal stretch of
+// consecutive transfers of one round).
+struct RunnableSchedule {
+  netmodel::Schedule schedule;
+  std::vector<std::vector<int>> at;  // per position: the transfers from or to it, in order
+  std::vector<int> run;              // per transfer
+};
+// Indexes `schedule` over n positions; InvalidArgument naming the schedule and transfer when
+// it names no pieces, a position or piece count out of range, or depends on a later transfer.
+absl::StatusOr<RunnableSchedule> MakeRunnable(netmodel::Schedule schedule, int n);
+
+// Appends this rank's part of `s` to `plan`: every transfer at its position (L.pos()), run by
+// run, the run's sends before its receives (a round's sends read what the rank held before the
+// round); each piece is cut into chunks of L.chunk_elems() elements, chunk k of piece g on
+// channel (g + k) mod L.channels. pieces[j * P + q] is the block piece q of slice j names (P =
+// s.schedule.pieces): `slices` copies of the schedule, each over its own pieces, run one after
+// the other (a pipeline: each is a few chunks, and slice j + 1 need not wait for slice j).
+// Dependencies come from the data: a send waits for the receive that last wrote its chunk
+// here; a receive waits for the sends that read its chunk from buf before it (write after
+// read); combining receives reduce in plan order. A piece this rank has received nothing into
+// yet is read from `input` (when given: sends read it there, the first combining receive
+// reduces local = input), so that buf needs no copy of the operand.
+void BuildFromSchedule(const RunnableSchedule& s, const Layout& L, uint8_t* buf,
+                       std::span<const Block> pieces, int slices, const uint8_t* input, Plan* plan);
+
+// The schedules the plan builders and the mailbox path run: built on first use per world size
+// and kept for the life of the process (one per shape and size: a few kilobytes each).
+enum class Shape : uint8_t {
+  kRing,               // ring allreduce
+  kRingReduceScatter,  // its first n - 1 steps
+  kRingAllGather,      // its last n - 1 steps
+  kHalvingDoubling,    // halving-doubling allreduce, far first, with the fold
+  kHalving,            // its halving (powers of two)
+  kDoubling,           // its doubling (powers of two)
+  kRecursiveDoubling,  // whole-vector doubling, with the fold
+  kDoubleBinaryTree,   // NCCL's double binary tree allreduce
+  kBruck,              // Bruck's all-gather
+};
+absl::StatusOr<const RunnableSchedule*> ScheduleOf(Shape shape, int n);
+
 // Double binary tree reduce to / broadcast from root_pos: half of the vector down (up) each of
 // two heap-shaped trees rooted at root_pos, the second mirrored, pipelined chunk by chunk.
 // Broadcasts: with `source`, the root sends from source instead of buf (its input, out of
@@ -138,8 +148,8 @@ void BuildRecvFrom(const Layout& L, uint8_t* buf, size_t count, int peer, bool a
 // ---------------------------------------------------------------------------------------------
 // The plan builders: each algorithm's builder for every collective it implements, as one table
 // (algorithms.cpp) that selection (Resolve) and the collectives read. A new algorithm needs its
-// builder and its rows there, its name (types.hpp) and, to be chosen by default, a selector rule
-// (selector.cpp).
+// schedule (plexus/netmodel/schedule.hpp) and its rows there, its name (types.hpp) and, to be
+// chosen by default, a selector rule (selector.cpp).
 
 // What a builder is given.
 struct PlanArgs {
@@ -158,7 +168,7 @@ struct PlanBuilder {
   // Given PlanArgs::input at world size n, the builder reads this rank's operand from there
   // (buf need not hold it; nullptr: never, buf must).
   bool (*reads_input)(int n);
-  void (*build)(const PlanArgs& args, Plan* plan);
+  absl::Status (*build)(const PlanArgs& args, Plan* plan);
 };
 
 // The plan builder of `algorithm` for `kind` at world size n; nullptr when it has none.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -21,14 +22,62 @@ absl::Status CheckSize(const std::string& what, int n, double bytes) {
   return absl::OkStatus();
 }
 
-int Add(Schedule& s, int src, int dst, double bytes, std::vector<int> after, int round) {
-  s.transfers.push_back({src, dst, bytes, std::move(after), -1, round});
-  return static_cast<int>(s.transfers.size()) - 1;
-}
-
 std::vector<int> After(int transfer) {
   return transfer >= 0 ? std::vector<int>{transfer} : std::vector<int>{};
 }
+
+// The pieces a transfer carries and what the receiver does with them.
+struct Carries {
+  int first = 0;
+  int count = 0;
+  bool combine = false;
+};
+
+int Add(Schedule& s, int src, int dst, double bytes, std::vector<int> after, int round,
+        Carries c = {}) {
+  s.transfers.push_back(
+      {src, dst, bytes, std::move(after), -1, round, c.first, c.count, c.combine});
+  return static_cast<int>(s.transfers.size()) - 1;
+}
+
+int Mod(int a, int n) { return ((a % n) + n) % n; }
+
+// The largest power of two <= n and its log2.
+std::pair<int, int> PowerOfTwoBelow(int n) {
+  int p2 = 1;
+  int levels = 0;
+  while (p2 * 2 <= n) {
+    p2 *= 2;
+    ++levels;
+  }
+  return {p2, levels};
+}
+
+// The fold of a non-power-of-two n: the first 2 * rem positions pair up, the even one of each
+// pair handing its whole buffer to the odd one before the core and getting the result back
+// after it. Core position np is position Real(np).
+struct Fold {
+  int p2 = 1, levels = 0, rem = 0;
+  explicit Fold(int n) {
+    std::tie(p2, levels) = PowerOfTwoBelow(n);
+    rem = n - p2;
+  }
+  int Real(int np) const { return np < rem ? 2 * np + 1 : np + rem; }
+  // Adds the fold-in round (round 0, when there is a fold); last_into[odd] = its transfer.
+  void In(Schedule& s, double bytes, int pieces, std::vector<int>& last_into, int& round) const {
+    if (rem == 0) return;
+    for (int k = 0; k < rem; ++k) {
+      last_into[2 * k + 1] = Add(s, 2 * k, 2 * k + 1, bytes, {}, round, {0, pieces, true});
+    }
+    ++round;
+  }
+  void Out(Schedule& s, double bytes, int pieces, const std::vector<int>& last_into,
+           int round) const {
+    for (int k = 0; k < rem; ++k) {
+      Add(s, 2 * k + 1, 2 * k, bytes, After(last_into[2 * k + 1]), round, {0, pieces, false});
+    }
+  }
+};
 
 // The base-B exponent of n, or -1 when n is not a power of B.
 int Exponent(int n, int base) {
@@ -73,17 +122,22 @@ absl::StatusOr<Schedule> PlaceSchedule(Schedule schedule, std::span<const int> h
   return schedule;
 }
 
-absl::StatusOr<Schedule> RingAllreduceSchedule(int n, double bytes, int slices) {
+absl::StatusOr<Schedule> RingAllreduceSchedule(int n, double bytes, int slices, Phases phases) {
   if (absl::Status st = CheckSize("ring", n, bytes); !st.ok()) return st;
   if (slices < 1) return absl::InvalidArgumentError(absl::StrCat("ring: slices ", slices, " < 1"));
-  Schedule s{"ring", {}, bytes};
+  Schedule s{"ring", {}, bytes, n * slices};
   const double piece = bytes / n / slices;
+  const int first = phases == Phases::kAllGather ? n - 1 : 0;
+  const int last = phases == Phases::kReduceScatter ? n - 1 : 2 * (n - 1);
   for (int slice = 0; slice < slices; ++slice) {
     std::vector<int> last_into(n, -1);  // the previous round's transfer into each position
-    for (int step = 0; step < 2 * (n - 1); ++step) {
+    for (int step = first; step < last; ++step) {
+      const bool reduce = step < n - 1;
       std::vector<int> now(n, -1);
       for (int r = 0; r < n; ++r) {
-        now[(r + 1) % n] = Add(s, r, (r + 1) % n, piece, After(last_into[r]), step);
+        const int carried = reduce ? Mod(r - step, n) : Mod(r + 1 - (step - (n - 1)), n);
+        now[(r + 1) % n] = Add(s, r, (r + 1) % n, piece, After(last_into[r]), step - first,
+                               {slice * n + carried, 1, reduce});
       }
       last_into = std::move(now);
     }
@@ -91,49 +145,121 @@ absl::StatusOr<Schedule> RingAllreduceSchedule(int n, double bytes, int slices) 
   return s;
 }
 
-absl::StatusOr<Schedule> HalvingDoublingSchedule(int n, double bytes, HalvingOrder order) {
+absl::StatusOr<Schedule> HalvingDoublingSchedule(int n, double bytes, HalvingOrder order,
+                                                 Phases phases) {
   if (absl::Status st = CheckSize("halving_doubling", n, bytes); !st.ok()) return st;
-  Schedule s{"halving_doubling", {}, bytes};
-  int p2 = 1;
-  int levels = 0;
-  while (p2 * 2 <= n) {
-    p2 *= 2;
-    ++levels;
+  const Fold fold(n);
+  if (phases != Phases::kAllReduce && fold.rem > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "halving_doubling: a reduce-scatter or all-gather alone needs a power of two, got n = ",
+        n));
   }
-  const int rem = n - p2;
-  // Core position np of the power of two: the odd member of a folded pair, or itself shifted.
-  auto real = [&](int np) { return np < rem ? 2 * np + 1 : np + rem; };
+  const int p2 = fold.p2;
+  Schedule s{"halving_doubling", {}, bytes, p2};
   std::vector<int> last_into(n, -1);
   int round = 0;
-  if (rem > 0) {
-    for (int k = 0; k < rem; ++k) last_into[2 * k + 1] = Add(s, 2 * k, 2 * k + 1, bytes, {}, round);
-    ++round;
-  }
+  fold.In(s, bytes, p2, last_into, round);
+  // The pieces [lo, hi) each core position holds reduced (halving) or gathered (doubling).
+  std::vector<int> lo(p2, 0), hi(p2, p2);
+  auto mask_of = [&](int k) { return order == HalvingOrder::kFarFirst ? p2 >> (k + 1) : 1 << k; };
   // Round k of the halving carries bytes / 2^(k+1), whichever partner it pairs.
-  auto exchange = [&](int mask, int k) {
+  auto halve = [&](int k) {
+    const int mask = mask_of(k);
     std::vector<int> now = last_into;
     const double piece = bytes / static_cast<double>(int64_t{2} << k);
+    std::vector<int> new_lo = lo, new_hi = hi;
     for (int np = 0; np < p2; ++np) {
-      const int from = real(np), to = real(np ^ mask);
-      now[to] = Add(s, from, to, piece, After(last_into[from]), round);
+      const int mid = lo[np] + (hi[np] - lo[np]) / 2;
+      const bool keep_low = (np & mask) == 0;
+      const int give = keep_low ? mid : lo[np];  // the half the partner keeps
+      const int from = fold.Real(np), to = fold.Real(np ^ mask);
+      now[to] = Add(s, from, to, piece, After(last_into[from]), round,
+                    {give, (hi[np] - lo[np]) / 2, true});
+      (keep_low ? new_hi[np] : new_lo[np]) = mid;
     }
+    lo = std::move(new_lo);
+    hi = std::move(new_hi);
     last_into = std::move(now);
     ++round;
   };
-  auto mask_of = [&](int k) { return order == HalvingOrder::kFarFirst ? p2 >> (k + 1) : 1 << k; };
-  for (int k = 0; k < levels; ++k) exchange(mask_of(k), k);
-  for (int k = levels - 1; k >= 0; --k) exchange(mask_of(k), k);
-  if (rem > 0) {
-    for (int k = 0; k < rem; ++k) {
-      Add(s, 2 * k + 1, 2 * k, bytes, After(last_into[2 * k + 1]), round);
+  // Doubling undoes halving round k: every core position sends what it holds and gets the
+  // partner's, the two ranges side by side.
+  auto double_up = [&](int k) {
+    const int mask = mask_of(k);
+    std::vector<int> now = last_into;
+    const double piece = bytes / static_cast<double>(int64_t{2} << k);
+    std::vector<int> new_lo = lo, new_hi = hi;
+    for (int np = 0; np < p2; ++np) {
+      const int partner = np ^ mask;
+      const int from = fold.Real(np), to = fold.Real(partner);
+      now[to] =
+          Add(s, from, to, piece, After(last_into[from]), round, {lo[np], hi[np] - lo[np], false});
+      new_lo[partner] = std::min(lo[partner], lo[np]);
+      new_hi[partner] = std::max(hi[partner], hi[np]);
     }
+    lo = std::move(new_lo);
+    hi = std::move(new_hi);
+    last_into = std::move(now);
+    ++round;
+  };
+  if (phases == Phases::kAllGather) {
+    // Every core position starts with its own piece: where a far-first halving leaves it.
+    for (int np = 0; np < p2; ++np) {
+      for (int k = 0; k < fold.levels; ++k) {
+        const int mask = mask_of(k);
+        const int mid = lo[np] + (hi[np] - lo[np]) / 2;
+        ((np & mask) == 0 ? hi[np] : lo[np]) = mid;
+      }
+    }
+  } else {
+    for (int k = 0; k < fold.levels; ++k) halve(k);
+  }
+  if (phases != Phases::kReduceScatter) {
+    for (int k = fold.levels - 1; k >= 0; --k) double_up(k);
+  }
+  fold.Out(s, bytes, p2, last_into, round);
+  return s;
+}
+
+absl::StatusOr<Schedule> RecursiveDoublingSchedule(int n, double bytes) {
+  if (absl::Status st = CheckSize("recursive_doubling", n, bytes); !st.ok()) return st;
+  const Fold fold(n);
+  Schedule s{"recursive_doubling", {}, bytes, 1};
+  std::vector<int> last_into(n, -1);
+  int round = 0;
+  fold.In(s, bytes, 1, last_into, round);
+  for (int mask = 1; mask < fold.p2; mask *= 2, ++round) {
+    std::vector<int> now = last_into;
+    for (int np = 0; np < fold.p2; ++np) {
+      const int from = fold.Real(np), to = fold.Real(np ^ mask);
+      now[to] = Add(s, from, to, bytes, After(last_into[from]), round, {0, 1, true});
+    }
+    last_into = std::move(now);
+  }
+  fold.Out(s, bytes, 1, last_into, round);
+  return s;
+}
+
+absl::StatusOr<Schedule> BruckAllgatherSchedule(int n, double bytes) {
+  if (absl::Status st = CheckSize("bruck", n, bytes); !st.ok()) return st;
+  Schedule s{"bruck", {}, bytes, n};
+  std::vector<std::vector<int>> into(n);  // every transfer into a position so far
+  int round = 0;
+  for (int d = 1; d < n; d *= 2, ++round) {
+    const int m = std::min(d, n - d);
+    std::vector<std::vector<int>> now = into;
+    for (int p = 0; p < n; ++p) {
+      const int to = Mod(p - d, n);
+      now[to].push_back(Add(s, p, to, m * bytes, into[p], round, {p, m, false}));
+    }
+    into = std::move(now);
   }
   return s;
 }
 
 absl::StatusOr<Schedule> DoubleBinaryTreeSchedule(int n, double bytes, bool reduce) {
   if (absl::Status st = CheckSize("double_binary_tree", n, bytes); !st.ok()) return st;
-  Schedule s{"double_binary_tree", {}, bytes};
+  Schedule s{"double_binary_tree", {}, bytes, 2};
   if (n < 2) return s;
   const double half = bytes / 2;
   std::vector<std::vector<TreeEdge>> trees(2);
@@ -143,14 +269,16 @@ absl::StatusOr<Schedule> DoubleBinaryTreeSchedule(int n, double bytes, bool redu
   for (const auto& tree : trees) {
     for (const TreeEdge& e : tree) depth = std::max(depth, e.depth);
   }
-  for (const auto& tree : trees) {
+  for (int which = 0; which < 2; ++which) {
+    const auto& tree = trees[which];
     // Reduce: deepest edges first; a child forwards once everything below it has arrived.
     std::vector<std::vector<int>> up_into(n);
     if (reduce) {
       for (int d = depth; d >= 1; --d) {
         for (const TreeEdge& e : tree) {
           if (e.depth != d) continue;
-          up_into[e.parent].push_back(Add(s, e.child, e.parent, half, up_into[e.child], depth - d));
+          up_into[e.parent].push_back(
+              Add(s, e.child, e.parent, half, up_into[e.child], depth - d, {which, 1, true}));
         }
       }
     }
@@ -160,8 +288,8 @@ absl::StatusOr<Schedule> DoubleBinaryTreeSchedule(int n, double bytes, bool redu
     const int first_round = reduce ? depth : 0;
     for (const TreeEdge& e : tree) {
       std::vector<int> after = e.parent == root ? up_into[root] : After(down_into[e.parent]);
-      down_into[e.child] =
-          Add(s, e.parent, e.child, half, std::move(after), first_round + e.depth - 1);
+      down_into[e.child] = Add(s, e.parent, e.child, half, std::move(after),
+                               first_round + e.depth - 1, {which, 1, false});
     }
   }
   return s;
@@ -204,17 +332,17 @@ absl::StatusOr<Schedule> BCubeSchedule(int n, double bytes, int base) {
 
 absl::StatusOr<Schedule> ShardedPsSchedule(int n, double bytes) {
   if (absl::Status st = CheckSize("sharded ps", n, bytes); !st.ok()) return st;
-  Schedule s{"sharded ps", {}, bytes};
+  Schedule s{"sharded ps", {}, bytes, n};
   const double shard = bytes / n;
   std::vector<std::vector<int>> into(n);
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < n; ++j) {
-      if (i != j) into[j].push_back(Add(s, i, j, shard, {}, 0));
+      if (i != j) into[j].push_back(Add(s, i, j, shard, {}, 0, {j, 1, true}));
     }
   }
   for (int j = 0; j < n; ++j) {
     for (int i = 0; i < n; ++i) {
-      if (i != j) Add(s, j, i, shard, into[j], 1);
+      if (i != j) Add(s, j, i, shard, into[j], 1, {j, 1, false});
     }
   }
   return s;

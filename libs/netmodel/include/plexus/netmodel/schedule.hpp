@@ -1,10 +1,12 @@
-// A collective's schedule: the one description of an algorithm in the network model. It lists
-// the transfers the collective makes between positions 0..n-1 (a rank order says which node
-// sits at each position), each with its bytes, the bulk-synchronous round it belongs to and the
-// earlier transfers it waits for (a DAG). The cost models price a schedule against a cost
-// matrix (PriceSchedule; reorder.hpp's models are a builder here and a Pricing), and the
-// flow-level simulator runs it once PlaceSchedule has put a host at every position
-// (flow_schedules.hpp does both for the simulator's allreduces). docs/netmodel.md, "Schedules".
+// A collective's schedule: the one description of an algorithm in Plexus. It lists the
+// transfers the collective makes between positions 0..n-1 (a rank order says which node sits at
+// each position), each with its bytes, the bulk-synchronous round it belongs to, the earlier
+// transfers it waits for (a DAG) and the pieces of the buffer it carries. The collectives
+// runtime executes a schedule (each rank runs the transfers at its position, cut into chunks),
+// the cost models price it against a cost matrix (PriceSchedule; reorder.hpp's models are a
+// builder here and a Pricing), and the flow-level simulator runs it once PlaceSchedule has put a
+// host at every position (flow_schedules.hpp does both for the simulator's allreduces).
+// docs/netmodel.md, "Schedules".
 //
 //   auto ring = RingAllreduceSchedule(8, 100e6);                 // positions 0..7
 //   double us = *PriceSchedule(*ring, Pricing::kRounds, matrix, order);
@@ -31,13 +33,30 @@ struct Transfer {
   std::vector<int> after;
   int path = -1;  // simulator: equal-cost route (sim::Network::Paths), -1: the fixed hash
   int round = 0;  // the step of the algorithm it belongs to; rounds run one after the other
+  // What it carries, for an executable schedule (Schedule::pieces > 0): pieces first_piece,
+  // first_piece + 1, ... (piece_count of them, modulo Schedule::pieces) of the buffer. The
+  // receiver combines them into its own (`combine`: a reduction) or takes them as they are (a
+  // result, or a block an all-gather collects).
+  int first_piece = 0;
+  int piece_count = 0;
+  bool combine = false;
 };
 
+// An executable schedule obeys two rules the runtime relies on: rounds are numbered in the
+// order of the transfers (so that within a run of equal rounds every position's sends read
+// what it held before the round), and no position overwrites a piece it received before it has
+// sent that piece on (a result replaces a partial sum only after the partial sum left).
 struct Schedule {
   std::string name;
   std::vector<Transfer> transfers;
   double bytes = 0;  // the buffer every rank contributes (S)
+  int pieces = 0;    // equal parts of the buffer the transfers name; 0: sizes only
 };
+
+// Which part of an allreduce a schedule runs: all of it, the reduce-scatter (each position ends
+// with one reduced piece: the ring's (p + 1) mod n, halving's p) or the all-gather that starts
+// from there.
+enum class Phases : uint8_t { kAllReduce, kReduceScatter, kAllGather };
 
 // How a cost model prices a schedule; c(t) is the cost matrix's cost of transfer t's bytes
 // between the nodes at its positions, local steps excluded.
@@ -66,9 +85,12 @@ absl::StatusOr<Schedule> PlaceSchedule(Schedule schedule, std::span<const int> h
 // Allreduce schedules over n positions of a `bytes` buffer. Errors name the parameter.
 
 // Bandwidth-optimal ring: reduce-scatter then all-gather, n-1 rounds each; in every round
-// position r sends bytes/n to r+1 after its previous receive. `slices` > 1 cuts every round
-// into that many independent pipelined pieces (round numbers shared).
-absl::StatusOr<Schedule> RingAllreduceSchedule(int n, double bytes, int slices = 1);
+// position r sends bytes/n to r+1 after its previous receive: reduce-scatter step s carries
+// piece (r - s) mod n, all-gather step t piece (r + 1 - t) mod n. `slices` > 1 cuts every round
+// into that many independent pipelined pieces (round numbers shared; slice j's pieces are
+// j*n .. j*n + n-1).
+absl::StatusOr<Schedule> RingAllreduceSchedule(int n, double bytes, int slices = 1,
+                                               Phases phases = Phases::kAllReduce);
 
 // The order of the partners of recursive halving (recursive doubling runs it backwards).
 enum class HalvingOrder : uint8_t {
@@ -77,15 +99,30 @@ enum class HalvingOrder : uint8_t {
 };
 // Halving-doubling over the largest power of two p2 <= n: the first 2(n - p2) positions fold in
 // pairwise (even -> odd, whole buffer), recursive halving in p2's log2 rounds (round k carries
-// bytes / 2^(k+1)), recursive doubling back, then the fold out (odd -> even).
+// bytes / 2^(k+1): each core position keeps the half of its pieces on its side of the partner
+// and sends the other), recursive doubling back, then the fold out (odd -> even). p2 pieces;
+// far first, core position c ends the halving with piece c. Phases other than kAllReduce need
+// n a power of two (no fold).
 absl::StatusOr<Schedule> HalvingDoublingSchedule(int n, double bytes,
-                                                 HalvingOrder order = HalvingOrder::kFarFirst);
+                                                 HalvingOrder order = HalvingOrder::kFarFirst,
+                                                 Phases phases = Phases::kAllReduce);
+
+// Recursive doubling of the whole buffer (small messages): the fold of halving-doubling, then in
+// round k every core position exchanges the whole buffer with the one whose index differs in
+// bit k, both combining; then the fold out. One piece.
+absl::StatusOr<Schedule> RecursiveDoublingSchedule(int n, double bytes);
+
+// Bruck's all-gather: every position contributes `bytes` (piece p is position p's block; the
+// result is n pieces). In round d = 1, 2, 4, ... < n position p sends the m = min(d, n - d)
+// pieces p .. p + m - 1 it holds by then to position p - d: ceil(log2 n) rounds at any n.
+absl::StatusOr<Schedule> BruckAllgatherSchedule(int n, double bytes);
 
 // Double binary tree (NCCL's shape): an in-order tree over indices i..j rooted at (i+j)/2 whose
 // children are the roots of [i, m-1] and [m+1, j]; the second tree is the first with every
-// index decremented mod n; each tree carries half of the buffer. The allreduce reduces up both
-// trees (a parent forwards once all its children have), then broadcasts down them; with
-// `reduce` false only the broadcast (root to leaves; one round per depth).
+// index decremented mod n; each tree carries half of the buffer (piece 0 the first tree's, 1 the
+// second's). The allreduce reduces up both trees (a parent forwards once all its children
+// have), then broadcasts down them; with `reduce` false only the broadcast (root to leaves; one
+// round per depth).
 absl::StatusOr<Schedule> DoubleBinaryTreeSchedule(int n, double bytes, bool reduce = true);
 
 // BCube over n = base^d positions: in reduce-scatter round i every position sends
@@ -93,8 +130,8 @@ absl::StatusOr<Schedule> DoubleBinaryTreeSchedule(int n, double bytes, bool redu
 // all-gather rounds in reverse. InvalidArgument when n is not a power of base (base >= 2).
 absl::StatusOr<Schedule> BCubeSchedule(int n, double bytes, int base);
 
-// Fully sharded, colocated parameter server: every position owns 1/n of the buffer; push the
-// other shards to their owners, then pull the reduced shards back. 2 rounds.
+// Fully sharded, colocated parameter server: every position owns 1/n of the buffer (piece p);
+// push the other shards to their owners, then pull the reduced shards back. 2 rounds.
 absl::StatusOr<Schedule> ShardedPsSchedule(int n, double bytes);
 
 // The PLink dissertation's "Ring-Chunked": the whole buffer (in `chunks` pipelined pieces) is
