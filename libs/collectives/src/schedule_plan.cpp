@@ -94,6 +94,9 @@ void BuildFromSchedule(const RunnableSchedule& s, const Layout& L, uint8_t* buf,
   // first send of the transfer that last read it from buf, and whether anything arrived yet.
   std::vector<int> writer(total, -1), reader(total, -1);
   std::vector<uint8_t> touched(total, 0);
+  // Messages to and from each rank so far: a pair's messages take the channels in turn (both
+  // ends count the same messages in the same order, so they agree on each one's channel).
+  std::vector<size_t> sent_to(L.n, 0), received_from(L.n, 0);
   const std::vector<int>& mine = s.at[me];
   const auto& transfers = s.schedule.transfers;
   for (int slice = 0; slice < slices; ++slice) {
@@ -121,7 +124,7 @@ void BuildFromSchedule(const RunnableSchedule& s, const Layout& L, uint8_t* buf,
             op.data = (from_input ? input : buf) + offset * L.esize;
             op.bytes = std::min(L.chunk_elems(), b.count - start) * L.esize;
             op.peer = peer;
-            op.channel = static_cast<int>((g + k) % L.channels);
+            op.channel = static_cast<int>(sent_to[peer]++ % L.channels);
             op.dep = writer[g] >= 0 ? writer[g] + static_cast<int>(k) : -1;
             op.final = !t.combine;
             plan->sends.push_back(op);
@@ -143,7 +146,7 @@ void BuildFromSchedule(const RunnableSchedule& s, const Layout& L, uint8_t* buf,
             op.data = buf + offset * L.esize;
             op.bytes = std::min(L.chunk_elems(), b.count - start) * L.esize;
             op.peer = peer;
-            op.channel = static_cast<int>((g + k) % L.channels);
+            op.channel = static_cast<int>(received_from[peer]++ % L.channels);
             op.reduce = t.combine;
             op.src_first = t.src < t.dst;  // the lower position's operand first, always
             if (t.combine && input != nullptr && !touched[g]) {
