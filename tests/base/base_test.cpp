@@ -17,6 +17,7 @@
 #include "plexus/base/byte_order.hpp"
 #include "plexus/base/env.hpp"
 #include "plexus/base/file.hpp"
+#include "plexus/base/hash.hpp"
 #include "plexus/base/host.hpp"
 #include "plexus/base/json_reader.hpp"
 #include "plexus/base/net.hpp"
@@ -469,4 +470,37 @@ TEST_CASE("WaitPolicy::Yield finds a contended CPU and remembers it", "[base][wa
   CHECK(contended);
   // Remembered: the next waits are told to sleep without yielding first.
   CHECK(WaitPolicy::Yield());
+}
+
+TEST_CASE("hash: FNV-1a 64 matches the published vectors and continues over pieces", "[base]") {
+  namespace pb = plexus::base;
+  static_assert(pb::Fnv1a64("") == 0xcbf29ce484222325ull);
+  CHECK(pb::Fnv1a64("a") == 0xaf63dc4c8601ec8cull);
+  CHECK(pb::Fnv1a64("foobar") == 0x85944171f73967e8ull);
+  CHECK(pb::Fnv1a64("bar", pb::Fnv1a64("foo")) == pb::Fnv1a64("foobar"));
+  const unsigned char bytes[3] = {0x00, 0xff, 0x80};
+  CHECK(pb::Fnv1a64(std::string_view(reinterpret_cast<const char*>(bytes), 3)) ==
+        pb::Fnv1a64(std::string("\x00\xff\x80", 3)));
+  // One flipped bit changes the hash.
+  CHECK(pb::Fnv1a64("foobar") != pb::Fnv1a64("foobas"));
+}
+
+TEST_CASE("json: integers are read within their range, never wrapped", "[base]") {
+  namespace pj = plexus::base::json;
+  const pj::Json doc =
+      pj::Json::parse(R"({"small": 12, "negative": -3, "huge": 9223372036854775808, "real": 2.5})");
+  CHECK(*pj::IntegerField(doc, "doc", "small", true) == 12);
+  CHECK(*pj::IntegerField(doc, "doc", "negative", true) == -3);
+  auto huge = pj::IntegerField(doc, "doc", "huge", true);
+  REQUIRE_FALSE(huge.ok());
+  CHECK(huge.status().message() ==
+        "doc.huge: expected an integer in -9223372036854775808..9223372036854775807, got "
+        "9223372036854775808");
+  CHECK(pj::IntegerField(doc, "doc", "real", true).status().message() ==
+        "doc.real: expected an integer, got 2.5");
+  CHECK(pj::IntegerValue(doc["small"], "doc.small", 0, 10).status().message() ==
+        "doc.small: expected an integer in 0..10, got 12");
+  CHECK(pj::IntegerValue(doc["negative"], "doc.negative", 0, 10).status().message() ==
+        "doc.negative: expected an integer in 0..10, got -3");
+  CHECK(*pj::IntegerValue(doc["small"], "doc.small", 0, 12) == 12);
 }

@@ -189,7 +189,16 @@ TEST_CASE("cli: strict numbers name the flag and the limit", "[tooling][cli]") {
   CHECK(pt::ParseInteger("--runs", "", 1, 100).status().message() ==
         "--runs expects an integer in 1..100, got ''");
   CHECK(pt::ParseInteger("--runs", "101", 1, 100).status().message() ==
-        "--runs expects an integer in 1..100, got 101");
+        "--runs is out of range: expects an integer in 1..100, got 101");
+  // A number in another notation is out of range, not "no integer".
+  CHECK(pt::ParseInteger("--nodes", "1e18", 1, 1000000).status().message() ==
+        "--nodes is out of range: expects an integer in 1..1000000, got 1e18");
+  CHECK(pt::ParseInteger("--nodes", "1e18", 1, 1000000).status().code() ==
+        absl::StatusCode::kOutOfRange);
+  CHECK(pt::ParseUnsigned("--requests", "1e30", 1, 100).status().message() ==
+        "--requests is out of range: expects an integer in 1..100, got 1e30");
+  CHECK(pt::ParseInteger("--nodes", "2.5", 1, 100).status().message() ==
+        "--nodes expects an integer in 1..100, got '2.5'");
   CHECK(pt::ParseInteger("--runs", "99999999999999999999", 1, 100).status().code() ==
         absl::StatusCode::kOutOfRange);
   CHECK(pt::ParseUnsigned("--bytes", "-1", 0, 10).status().message() ==
@@ -198,7 +207,7 @@ TEST_CASE("cli: strict numbers name the flag and the limit", "[tooling][cli]") {
   CHECK(pt::ParseReal("--timeout", "nan", 0, 10).status().message() ==
         "--timeout expects a number in 0..10, got 'nan'");
   CHECK(pt::ParseReal("--timeout", "1e308", 0, 1e9).status().message() ==
-        "--timeout expects a number in 0..1e+09, got 1e308");
+        "--timeout is out of range: expects a number in 0..1e+09, got 1e308");
 }
 
 TEST_CASE("cli: usage errors exit 2, --help and --version exit 0", "[tooling][cli]") {

@@ -113,7 +113,25 @@ TEST_CASE("topology JSON errors name the element", "[reorder]") {
       "t.json");
   REQUIRE_FALSE(zero.ok());
   CHECK(std::string(zero.status().message()) ==
-        "t.json: pods[0]: capacity must be > 0 Gbps, got 0");
+        "t.json: pods[0]: capacity must be in 1e-06..1e+06 Gbps, got 0");
+  // Latencies that would sum to inf are refused where they are given.
+  auto slow = pn::ParseTopology(
+      R"({"pods":[{"name":"p","uplink_gbps":1,"uplink_latency_us":1e308}],"racks":[],
+          "hosts":[{"name":"h","rack":"r","nic_gbps":1}]})",
+      "t.json");
+  REQUIRE_FALSE(slow.ok());
+  CHECK(std::string(slow.status().message()) ==
+        "t.json: pods[0]: latency must be in 0..8.33333e+07 us, got 1e+308");
+}
+
+TEST_CASE("a generated fabric's size is checked as a product", "[reorder]") {
+  auto huge = pn::GenerateFabric({.pods = 4096, .racks_per_pod = 100, .hosts_per_rack = 100});
+  REQUIRE_FALSE(huge.ok());
+  CHECK(std::string(huge.status().message()) ==
+        "fabric: 4096 pods x 100 racks x 100 hosts = 40960000 hosts; at most 4096 are supported "
+        "(the latency matrix has hosts^2 entries: 1677721600000000 here, 16777216 at the limit)");
+  CHECK_FALSE(pn::CheckFabricSize({.pods = 256, .racks_per_pod = 10, .hosts_per_rack = 10}).ok());
+  CHECK(pn::CheckFabricSize({.pods = 16, .racks_per_pod = 16, .hosts_per_rack = 16}).ok());
 }
 
 TEST_CASE("cost matrix JSON round trip and errors", "[reorder]") {
@@ -126,6 +144,18 @@ TEST_CASE("cost matrix JSON round trip and errors", "[reorder]") {
   CHECK(back->bandwidth_gbps == m.bandwidth_gbps);
   // 1e6 bytes over 2 Gbps = 4000 us, plus 1.5 us.
   CHECK(back->Cost(0, 1, 1e6) == Approx(4001.5));
+
+  auto inf =
+      pn::ParseCostMatrix(R"({"labels":["a","b"],"latency_us":[[0,1e308],[1e308,0]]})", "m.json");
+  REQUIRE_FALSE(inf.ok());
+  CHECK(std::string(inf.status().message()) ==
+        "m.json: cost matrix: latency_us[0][1] must be in 0..1e+09 (microseconds), got 1e+308");
+  auto thin = pn::ParseCostMatrix(
+      R"({"labels":["a","b"],"latency_us":[[0,1],[1,0]],"bandwidth_gbps":[[0,1e-300],[1,0]]})",
+      "m.json");
+  REQUIRE_FALSE(thin.ok());
+  CHECK(std::string(thin.status().message()) ==
+        "m.json: cost matrix: bandwidth_gbps[0][1] must be in 1e-06..1e+06 (Gbit/s), got 1e-300");
 
   auto ragged = pn::ParseCostMatrix(R"({"labels":["a","b"],"latency_us":[[0,1],[1]]})", "m.json");
   REQUIRE_FALSE(ragged.ok());

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "plexus/base/file.hpp"
 #include "plexus/moe/exchange.hpp"
 #include "plexus/moe/runtime.hpp"
 #include "plexus/transport/store.hpp"
@@ -326,6 +327,56 @@ TEST_CASE("checkpoint restart redoes the lost steps and ends equal too", "[moe][
     CHECK(rep.checkpoint_restart);
     CHECK(rep.step == 4);  // the checkpoint after step 4
     CHECK(rep.steps_lost == 1);
+  }
+}
+
+TEST_CASE("checkpoint restart refuses a checkpoint that is not the run's, on every survivor",
+          "[moe][runtime][checkpoint]") {
+  pm::RuntimeOptions options = RecoveryOptions();
+  options.recovery = pm::RecoveryMode::kCheckpointRestart;
+  options.checkpoint_every = 2;
+  const std::string path = CheckpointPath("plexus_moe_ckpt_refused");
+  options.checkpoint_path = path;
+  // What replaces the run's checkpoint once the survivors agreed, before anyone reloads it:
+  // the first survivor to reach the point does it, the others wait for it (call_once).
+  std::string replacement, says;
+  SECTION("another run's checkpoint (same shape, another seed, a later step)") {
+    pm::RuntimeOptions other = options;
+    other.model.seed = 99;
+    other.checkpoint_path = CheckpointPath("plexus_moe_ckpt_other");
+    other.slots_per_node = 6;  // one rank holds every expert
+    const ElasticResult first = Run(1, 6, other);
+    REQUIRE(first.errors[0] == "");
+    auto text = plexus::base::ReadFile(other.checkpoint_path);
+    std::filesystem::remove(other.checkpoint_path);
+    REQUIRE(text.ok());
+    replacement = *text;
+    says = "is of another model or run";
+  }
+  SECTION("two flipped bytes") {
+    replacement = "flip";
+    says = "is corrupt: its checksum is";
+  }
+  std::once_flag once;
+  options.fault_hook = [&](int, const char* point) {
+    if (std::string(point) != "agreed") return;
+    std::call_once(once, [&] {
+      // No Catch2 assertions on these threads: a failed write shows in the errors below.
+      std::string data = replacement;
+      if (replacement == "flip") {
+        data = plexus::base::ReadFile(path).value_or(std::string(64, '\0'));
+        data[data.size() / 2] ^= 0x40;
+        data[data.size() / 2 + 5] ^= 0x01;
+      }
+      (void)plexus::base::WriteFileAtomic(path, data);
+    });
+  };
+  const ElasticResult run = Run(4, 8, options, /*stop_rank=*/1, /*stop_step=*/5);
+  std::filesystem::remove(path);
+  CHECK(run.finished.empty());
+  for (int r : {0, 2, 3}) {
+    INFO("physical rank " << r << ": " << run.errors[r]);
+    CHECK(run.errors[r].find("checkpoint " + path + " " + says) != std::string::npos);
   }
 }
 

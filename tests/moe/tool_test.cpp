@@ -93,8 +93,9 @@ TEST_CASE("plexus-moe reports bad input clearly", "[moe][tool]") {
   CHECK(run.exit_code == 1);
   CHECK(run.output.find("exceeds the 10 nodes") != std::string::npos);
   run = Exec("plan " + scenario + " --nodes 0", true);
-  CHECK(run.exit_code == 1);
-  CHECK(run.output.find("num_nodes must be positive") != std::string::npos);
+  CHECK(run.exit_code == 2);  // a usage error, as for every flag out of its range
+  CHECK(run.output.find("--nodes is out of range: expects an integer in 1..2147483647, got 0") !=
+        std::string::npos);
   run = Exec("plan --scenario /nonexistent.json", true);
   CHECK(run.exit_code == 1);
   CHECK(run.output.find("cannot open") != std::string::npos);
@@ -177,8 +178,10 @@ TEST_CASE("plexus-moe: --help for every command, directories named, no half tabl
   CHECK(run.exit_code == 1);
   CHECK(run.output == "plexus-moe: '/tmp' is a directory; expected a file\n");
   run = Exec("plan --scenario '" + kData + "/gpt-s.json' --nodes abc", true);
-  CHECK(run.exit_code == 1);
-  CHECK(run.output == "plexus-moe: --nodes expects an integer, got 'abc'\n");
+  CHECK(run.exit_code == 2);
+  CHECK(run.output ==
+        "plexus-moe: --nodes expects an integer in 1..2147483647, got 'abc'\n"
+        "Run 'plexus-moe --help' for the usage.\n");
   // The error comes after the first policy's row: stdout must stay empty.
   run = Exec("recovery --scenario '" + kData + "/gpt-s.json' --failures 2 --method bogus");
   CHECK(run.exit_code == 1);

@@ -272,6 +272,9 @@ int Rankfile(const Args& a) {
 }
 
 int Fabric(const Args& a) {
+  // Each flag is in range on its own; their product may not be (a usage error, like them).
+  if (auto s = pn::CheckFabricSize(a.fabric); !s.ok())
+    return g_tool->Usage(std::string(s.message()));
   auto t = pn::GenerateFabric(a.fabric);
   if (!t.ok()) return Fail(t.status());
   if (!a.topology_out.empty()) {

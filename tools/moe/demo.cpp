@@ -28,6 +28,7 @@
 #include "fmt/core.h"
 #include "nlohmann/json.hpp"
 #include "plexus/base/file.hpp"
+#include "plexus/base/hash.hpp"
 #include "plexus/moe/runtime.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/launch.hpp"
@@ -222,10 +223,9 @@ ModelSpec ModelOf(const TrainArgs& a) {
 }
 
 std::string Digest(const std::vector<float>& state) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* p = reinterpret_cast<const unsigned char*>(state.data());
-  for (size_t i = 0; i < state.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return fmt::format("{:016x}", h);
+  return fmt::format("{:016x}",
+                     base::Fnv1a64(std::string_view(reinterpret_cast<const char*>(state.data()),
+                                                    state.size() * sizeof(float))));
 }
 
 }  // namespace plexus::moe::demo

@@ -3,15 +3,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "fmt/core.h"
 #include "nlohmann/json.hpp"
 #include "plexus/base/file.hpp"
+#include "plexus/base/json_reader.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/moe/allocation.hpp"
 #include "plexus/moe/dispatch.hpp"
@@ -23,6 +25,7 @@
 #include "plexus/tooling/cli.hpp"
 
 namespace moe = plexus::moe;
+namespace json_reader = plexus::base::json;
 using nlohmann::json;
 
 namespace {
@@ -35,6 +38,9 @@ constexpr char kDescription[] =
 // Plans hold nodes x slots_per_node expert slots per layer; more than this does not fit in the
 // memory of a machine that runs the tool (1e8 nodes died with std::bad_alloc).
 constexpr int64_t kMaxPlanSlots = 50'000'000;
+// Monte Carlo draws of `recovery`, and nodes joining in `reconfigure` (a scenario's own limit).
+constexpr int kMaxSamples = 100'000'000;
+constexpr int kMaxJoin = 1'000'000;
 
 struct Args {
   std::string command;
@@ -54,14 +60,17 @@ std::string Opt(const Args& a, const std::string& key, const std::string& fallba
   return it == a.options.end() || it->second.empty() ? fallback : it->second;
 }
 
-absl::StatusOr<int> IntOpt(const Args& a, const std::string& key, int fallback) {
+// Option errors are usage errors (exit 2), like those CLI11 finds.
+int Usage(const absl::Status& status) { return g_tool->Usage(std::string(status.message())); }
+
+// An integer option within [min, max] (tooling::ParseInteger: garbage and out-of-range values
+// are told apart and the range named), or `fallback` when absent.
+absl::StatusOr<int> IntOpt(const Args& a, const std::string& key, int fallback, int min = 0,
+                           int max = std::numeric_limits<int>::max()) {
   const std::string text = Opt(a, key);
   if (text.empty()) return fallback;
-  int value = 0;
-  if (!absl::SimpleAtoi(text, &value)) {
-    return absl::InvalidArgumentError("--" + key + " expects an integer, got '" + text + "'");
-  }
-  return value;
+  PLEXUS_ASSIGN_OR_RETURN(int64_t value, plexus::tooling::ParseInteger("--" + key, text, min, max));
+  return static_cast<int>(value);
 }
 
 absl::StatusOr<moe::Scenario> ScenarioOpt(const Args& a) {
@@ -70,18 +79,23 @@ absl::StatusOr<moe::Scenario> ScenarioOpt(const Args& a) {
   return moe::LoadScenario(path);
 }
 
-absl::StatusOr<std::vector<moe::Placement>> PlanLayers(const moe::Scenario& s, int nodes,
-                                                       moe::PlacementPolicy policy,
-                                                       std::vector<moe::Allocation>* allocs,
-                                                       int failures = 1) {
-  if (nodes < 1) return absl::InvalidArgumentError("num_nodes must be positive");
-  const int64_t slots =
-      int64_t{nodes} * s.slots_per_node * static_cast<int64_t>(s.layer_loads.size());
+// A plan over `nodes` nodes must fit in memory (a product of the flags and the scenario).
+absl::Status CheckPlanSize(const moe::Scenario& s, int64_t nodes) {
+  const int64_t slots = nodes * s.slots_per_node * static_cast<int64_t>(s.layer_loads.size());
   if (slots > kMaxPlanSlots) {
     return absl::InvalidArgumentError(fmt::format(
         "{} nodes x {} slots x {} layers = {} expert slots; at most {} fit (use fewer nodes)",
         nodes, s.slots_per_node, s.layer_loads.size(), slots, kMaxPlanSlots));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<moe::Placement>> PlanLayers(const moe::Scenario& s, int nodes,
+                                                       moe::PlacementPolicy policy,
+                                                       std::vector<moe::Allocation>* allocs,
+                                                       int failures = 1) {
+  if (nodes < 1) return absl::InvalidArgumentError("num_nodes must be positive");
+  PLEXUS_RETURN_IF_ERROR(CheckPlanSize(s, nodes));
   std::vector<moe::Placement> layers;
   for (size_t l = 0; l < s.layer_loads.size(); ++l) {
     absl::StatusOr<moe::Allocation> a =
@@ -102,8 +116,8 @@ absl::StatusOr<std::vector<moe::Placement>> PlanLayers(const moe::Scenario& s, i
 int CmdPlan(const Args& a) {
   absl::StatusOr<moe::Scenario> s = ScenarioOpt(a);
   if (!s.ok()) return Fail(s.status());
-  absl::StatusOr<int> nodes = IntOpt(a, "nodes", s->nodes);
-  if (!nodes.ok()) return Fail(nodes.status());
+  absl::StatusOr<int> nodes = IntOpt(a, "nodes", s->nodes, 1);
+  if (!nodes.ok()) return Usage(nodes.status());
   absl::StatusOr<moe::PlacementPolicy> policy = moe::ParsePlacementPolicy(Opt(a, "policy", "best"));
   if (!policy.ok()) return Fail(policy.status());
   std::vector<moe::Allocation> allocs;
@@ -132,7 +146,7 @@ int CmdPlan(const Args& a) {
              moe::PlacementPolicyName(*policy), ms);
   for (size_t l = 0; l < layers->size(); ++l) {
     std::string reps;
-    for (int r : allocs[l].replicas) reps += fmt::format("{:>3}", r);
+    for (int r : allocs[l].replicas) reps += fmt::format(" {:>2}", r);
     fmt::print("layer {:>2} replicas{}{}\n", l, reps,
                allocs[l].min_replicas_lowered ? "  (f lowered)" : "");
     for (int n = 0; n < (*layers)[l].num_nodes; ++n) {
@@ -154,12 +168,12 @@ json RecoveryJson(const moe::RecoveryResult& r) {
 int CmdRecovery(const Args& a) {
   absl::StatusOr<moe::Scenario> s = ScenarioOpt(a);
   if (!s.ok()) return Fail(s.status());
-  absl::StatusOr<int> nodes = IntOpt(a, "nodes", s->nodes);
+  absl::StatusOr<int> nodes = IntOpt(a, "nodes", s->nodes, 1);
   absl::StatusOr<int> failures = IntOpt(a, "failures", -1);
-  absl::StatusOr<int> samples = IntOpt(a, "samples", 200000);
-  if (!nodes.ok()) return Fail(nodes.status());
-  if (!failures.ok()) return Fail(failures.status());
-  if (!samples.ok()) return Fail(samples.status());
+  absl::StatusOr<int> samples = IntOpt(a, "samples", 200000, 1, kMaxSamples);
+  if (!nodes.ok()) return Usage(nodes.status());
+  if (!failures.ok()) return Usage(failures.status());
+  if (!samples.ok()) return Usage(samples.status());
   if (*failures < 0) return Fail("--failures K (>= 0) is required");
   if (*failures > *nodes) {
     return Fail(fmt::format("--failures {} exceeds the {} nodes", *failures, *nodes));
@@ -244,8 +258,15 @@ absl::StatusOr<moe::DispatchInput> DispatchInputFromFile(const std::string& path
                                           " must have num_ranks entries");
       }
       for (int j = 0; j < in.num_ranks; ++j) {
-        in.tokens.push_back(tokens[e][j].get<int64_t>());
-        in.replicas.push_back(replicas[e][j].get<int>());
+        const std::string at = absl::StrCat("[", e, "][", j, "]");
+        absl::StatusOr<int64_t> t =
+            json_reader::IntegerValue(tokens[e][j], "tokens" + at, 0, moe::kMaxTokensPerExpert);
+        if (!t.ok()) return plexus::base::Annotate(t.status(), path);
+        absl::StatusOr<int64_t> r = json_reader::IntegerValue(replicas[e][j], "replicas" + at, 0,
+                                                              std::numeric_limits<int>::max());
+        if (!r.ok()) return plexus::base::Annotate(r.status(), path);
+        in.tokens.push_back(*t);
+        in.replicas.push_back(static_cast<int>(*r));
       }
     }
   } catch (const json::exception& e) {
@@ -262,12 +283,13 @@ int CmdDispatch(const Args& a) {
     if (!parsed.ok()) return Fail(parsed.status());
     in = *std::move(parsed);
   } else {
+    if (Opt(a, "scenario").empty()) return Fail("--input FILE or --scenario FILE is required");
     absl::StatusOr<moe::Scenario> s = ScenarioOpt(a);
-    if (!s.ok()) return Fail("--input FILE or --scenario FILE is required");
+    if (!s.ok()) return Fail(s.status());  // the file's own error: empty, a directory, no load
     absl::StatusOr<int> layer = IntOpt(a, "layer", 0);
     absl::StatusOr<int> per_rank = IntOpt(a, "tokens-per-rank", 4096);
-    if (!layer.ok()) return Fail(layer.status());
-    if (!per_rank.ok()) return Fail(per_rank.status());
+    if (!layer.ok()) return Usage(layer.status());
+    if (!per_rank.ok()) return Usage(per_rank.status());
     if (*layer < 0 || *layer >= static_cast<int>(s->layer_loads.size())) {
       return Fail(fmt::format("--layer must be in [0, {})", s->layer_loads.size()));
     }
@@ -328,22 +350,50 @@ int CmdDispatch(const Args& a) {
   return 0;
 }
 
+// The reconfiguration as JSON, built only for --json: a plan for many joining nodes has
+// millions of transfers, and a JSON object each costs far more memory than the plan itself.
+json ReconfigureJson(const moe::Scenario& s, const std::vector<int>& failed, int join,
+                     const std::string& assignment, const moe::ReconfigurePlan& p) {
+  json out = {{"scenario", s.name},
+              {"failed", failed},
+              {"joined", join},
+              {"assignment", assignment},
+              {"physical_of_plan_node", p.physical},
+              {"newly_assigned", p.newly_assigned},
+              {"bytes_moved", p.bytes_moved},
+              {"needs_checkpoint_restart", p.needs_checkpoint_restart()}};
+  out["lost_experts"] = json::array();
+  for (const auto& [l, e] : p.lost_experts) out["lost_experts"].push_back({l, e});
+  out["transfers"] = json::array();
+  for (const moe::ExpertTransfer& t : p.transfers) {
+    out["transfers"].push_back({{"layer", t.layer},
+                                {"expert", t.expert},
+                                {"src", t.src_physical},
+                                {"dst", t.dst_physical},
+                                {"bytes", t.bytes}});
+  }
+  return out;
+}
+
 int CmdReconfigure(const Args& a) {
   absl::StatusOr<moe::Scenario> s = ScenarioOpt(a);
   if (!s.ok()) return Fail(s.status());
-  absl::StatusOr<int> join = IntOpt(a, "join", 0);
-  if (!join.ok()) return Fail(join.status());
-  if (*join < 0) return Fail("--join must be >= 0");
+  absl::StatusOr<int> join = IntOpt(a, "join", 0, 0, kMaxJoin);
+  if (!join.ok()) return Usage(join.status());
   std::vector<int> failed;
   for (absl::string_view part : absl::StrSplit(Opt(a, "fail"), ',', absl::SkipEmpty())) {
-    int node = 0;
-    if (!absl::SimpleAtoi(part, &node) || node < 0 || node >= s->nodes) {
-      return Fail(fmt::format("--fail takes node indices in [0, {}), got '{}'", s->nodes,
-                              std::string(part.data(), part.size())));
+    absl::StatusOr<int64_t> node = plexus::tooling::ParseInteger(
+        "--fail", std::string(part.data(), part.size()), 0, s->nodes - 1);
+    if (!node.ok()) return Usage(node.status());
+    if (std::find(failed.begin(), failed.end(), *node) != failed.end()) {
+      return g_tool->Usage(fmt::format("--fail names node {} twice", *node));
     }
-    failed.push_back(node);
+    failed.push_back(static_cast<int>(*node));
   }
   if (failed.empty() && *join == 0) return Fail("give --fail I,J,... and/or --join K");
+  if (absl::Status size = CheckPlanSize(*s, int64_t{s->nodes} + *join); !size.ok()) {
+    return Fail(size);
+  }
   moe::ReconfigureInput in;
   absl::StatusOr<std::vector<moe::Placement>> layers =
       PlanLayers(*s, s->nodes, moe::PlacementPolicy::kMro, nullptr);
@@ -366,26 +416,8 @@ int CmdReconfigure(const Args& a) {
   }
   absl::StatusOr<moe::ReconfigurePlan> plan = moe::PlanReconfiguration(in);
   if (!plan.ok()) return Fail(plan.status());
-  json out = {{"scenario", s->name},
-              {"failed", failed},
-              {"joined", *join},
-              {"assignment", assignment},
-              {"physical_of_plan_node", plan->physical},
-              {"newly_assigned", plan->newly_assigned},
-              {"bytes_moved", plan->bytes_moved},
-              {"needs_checkpoint_restart", plan->needs_checkpoint_restart()}};
-  out["lost_experts"] = json::array();
-  for (const auto& [l, e] : plan->lost_experts) out["lost_experts"].push_back({l, e});
-  out["transfers"] = json::array();
-  for (const moe::ExpertTransfer& t : plan->transfers) {
-    out["transfers"].push_back({{"layer", t.layer},
-                                {"expert", t.expert},
-                                {"src", t.src_physical},
-                                {"dst", t.dst_physical},
-                                {"bytes", t.bytes}});
-  }
   if (a.json) {
-    std::printf("%s\n", out.dump(1).c_str());
+    std::printf("%s\n", ReconfigureJson(*s, failed, *join, assignment, *plan).dump(1).c_str());
     return 0;
   }
   fmt::print("{}: {} failed, {} joined -> {} nodes ({} assignment)\n", s->name, failed.size(),
@@ -412,11 +444,10 @@ int CmdSimulate(const Args& a) {
   absl::StatusOr<moe::Schedule> schedule = moe::LoadSchedule(schedule_path);
   if (!schedule.ok()) return Fail(schedule.status());
   moe::SimulationOptions options;
-  const std::string interval = Opt(a, "interval", "60");
-  if (!absl::SimpleAtod(interval, &options.timeline_interval_s) ||
-      !(options.timeline_interval_s > 0)) {
-    return Fail("--interval expects seconds > 0, got '" + interval + "'");
-  }
+  absl::StatusOr<double> interval =
+      plexus::tooling::ParseReal("--interval", Opt(a, "interval", "60"), 0.001, 1e9);
+  if (!interval.ok()) return Usage(interval.status());
+  options.timeline_interval_s = *interval;
   std::vector<moe::SystemKind> systems;
   const std::string which = Opt(a, "system", "all");
   if (which == "all") {

@@ -125,25 +125,30 @@ class Builder {
   // Places `count` replicas of `expert` on `candidates`, searching from *cursor for a node with
   // room that does not hold the expert yet (any node with room when none is left); the cursor
   // moves past each node used, so consecutive experts continue round-robin.
+  //
+  // A node passed over (full, or holding the expert) stays so for the rest of the call, so the
+  // search for non-holders is one pass around the ring; once it comes back to where it began,
+  // every node with room holds the expert and the rest go round-robin over the nodes with room.
+  // Linear in the candidates per call, where a search from the cursor for every replica was
+  // quadratic in the nodes.
   void PutSpread(int expert, int count, int* cursor, std::vector<int>* candidate_list) {
     const std::vector<int>& candidates = *candidate_list;
     const int size = static_cast<int>(candidates.size());
-    for (int placed = 0; placed < count; ++placed) {
-      int chosen = -1;
-      int fallback = -1;
-      for (int step = 0; step < size; ++step) {
-        const int idx = (*cursor + step) % size;
-        const int node = candidates[idx];
-        if (!HasRoom(node)) continue;
-        if (fallback < 0) fallback = idx;
-        if (!Holds(node, expert)) {
-          chosen = idx;
-          break;
-        }
+    int placed = 0;
+    for (int step = 0, idx = *cursor; step < size && placed < count; ++step) {
+      const int node = candidates[idx];
+      if (HasRoom(node) && !Holds(node, expert)) {
+        Put(node, expert);
+        ++placed;
+        *cursor = (idx + 1) % size;
       }
-      if (chosen < 0) chosen = fallback;
-      Put(candidates[chosen], expert);
-      *cursor = (chosen + 1) % size;
+      idx = (idx + 1) % size;
+    }
+    for (; placed < count; ++placed) {
+      int idx = *cursor;
+      while (!HasRoom(candidates[idx])) idx = (idx + 1) % size;
+      Put(candidates[idx], expert);
+      *cursor = (idx + 1) % size;
     }
     // Drop nodes that filled up, keeping the order, so later experts do not rescan them.
     std::vector<int> kept;

@@ -11,6 +11,11 @@
 namespace plexus::moe {
 namespace {
 
+// Matching survivors to plan nodes scores every (survivor, plan node) pair; the optimal
+// assignment is cubic in the nodes. Beyond these the time and memory are out of proportion.
+constexpr int64_t kMaxScoredPairs = 10'000'000;
+constexpr int kMaxOptimalNodes = 1'000;
+
 // Minimum-cost perfect assignment (Hungarian, O(n^3)); returns row -> column.
 std::vector<int> HungarianMinCost(const std::vector<std::vector<int64_t>>& cost) {
   const int n = static_cast<int>(cost.size());
@@ -135,40 +140,59 @@ absl::StatusOr<ReconfigurePlan> PlanReconfiguration(const ReconfigureInput& inpu
     plan.placements.push_back(std::move(placement));
   }
 
-  // held[l][i]: expert counts that new-cluster node i holds today (empty for joined nodes).
-  std::vector<std::vector<std::vector<int>>> held(layers);
-  for (int l = 0; l < layers; ++l) {
-    for (int i = 0; i < new_nodes; ++i) {
-      auto it = old_index.find(input.new_physical[i]);
-      held[l].push_back(it == old_index.end() ? std::vector<int>(input.current[l].num_experts, 0)
-                                              : CountsOn(input.current[l], it->second));
+  // held[l][k]: expert counts that survivor k (new-cluster node survivors[k]) holds today;
+  // joined nodes hold nothing, so only survivors can share experts with a plan node.
+  std::vector<int> survivors;
+  std::vector<int> survivor_of(new_nodes, -1);  // new-cluster node -> k, or -1 for a joined one
+  for (int i = 0; i < new_nodes; ++i) {
+    if (old_index.contains(input.new_physical[i])) {
+      survivor_of[i] = static_cast<int>(survivors.size());
+      survivors.push_back(i);
     }
   }
-  // overlap[i][q]: (layer, expert) pairs plan node q needs that node i already holds.
-  std::vector<std::vector<int64_t>> overlap(new_nodes, std::vector<int64_t>(new_nodes, 0));
+  const int64_t pairs_to_score = static_cast<int64_t>(survivors.size()) * new_nodes;
+  if (pairs_to_score > kMaxScoredPairs) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("reconfiguration: matching ", survivors.size(), " surviving nodes to ",
+                     new_nodes, " plan nodes scores ", pairs_to_score, " pairs; at most ",
+                     kMaxScoredPairs, " are supported (fewer nodes)"));
+  }
+  if (input.assignment == AssignmentMethod::kOptimal && new_nodes > kMaxOptimalNodes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "reconfiguration: the optimal assignment is cubic in the nodes and supports at most ",
+        kMaxOptimalNodes, " nodes, the new cluster has ", new_nodes, " (use the greedy one)"));
+  }
+  std::vector<std::vector<std::vector<int>>> held(layers);
+  for (int l = 0; l < layers; ++l) {
+    for (int i : survivors) {
+      held[l].push_back(CountsOn(input.current[l], old_index.at(input.new_physical[i])));
+    }
+  }
+  // overlap[k][q]: (layer, expert) pairs plan node q needs that survivor k already holds.
+  std::vector<std::vector<int64_t>> overlap(survivors.size(), std::vector<int64_t>(new_nodes, 0));
   for (int l = 0; l < layers; ++l) {
     for (int q = 0; q < new_nodes; ++q) {
       const std::vector<int> want = CountsOn(plan.placements[l], q);
-      for (int i = 0; i < new_nodes; ++i) {
+      for (size_t k = 0; k < survivors.size(); ++k) {
         for (size_t e = 0; e < want.size(); ++e) {
-          overlap[i][q] += (want[e] > 0 && held[l][i][e] > 0) ? 1 : 0;
+          overlap[k][q] += (want[e] > 0 && held[l][k][e] > 0) ? 1 : 0;
         }
       }
     }
   }
   std::vector<int> node_of_plan(new_nodes, -1);  // plan node -> index into new_physical
   if (input.assignment == AssignmentMethod::kOptimal) {
-    std::vector<std::vector<int64_t>> cost(new_nodes, std::vector<int64_t>(new_nodes));
-    for (int i = 0; i < new_nodes; ++i) {
-      for (int q = 0; q < new_nodes; ++q) cost[i][q] = -overlap[i][q];
+    std::vector<std::vector<int64_t>> cost(new_nodes, std::vector<int64_t>(new_nodes, 0));
+    for (size_t k = 0; k < survivors.size(); ++k) {
+      for (int q = 0; q < new_nodes; ++q) cost[survivors[k]][q] = -overlap[k][q];
     }
     const std::vector<int> assign = HungarianMinCost(cost);
     for (int i = 0; i < new_nodes; ++i) node_of_plan[assign[i]] = i;
   } else {
     std::vector<std::tuple<int64_t, int, int>> pairs;
-    for (int i = 0; i < new_nodes; ++i) {
+    for (size_t k = 0; k < survivors.size(); ++k) {
       for (int q = 0; q < new_nodes; ++q) {
-        if (overlap[i][q] > 0) pairs.emplace_back(-overlap[i][q], i, q);
+        if (overlap[k][q] > 0) pairs.emplace_back(-overlap[k][q], survivors[k], q);
       }
     }
     std::sort(pairs.begin(), pairs.end());
@@ -194,19 +218,19 @@ absl::StatusOr<ReconfigurePlan> PlanReconfiguration(const ReconfigureInput& inpu
   for (int l = 0; l < layers; ++l) {
     const int experts = input.current[l].num_experts;
     std::vector<std::vector<int>> owners(experts);
-    for (int i = 0; i < new_nodes; ++i) {
+    for (size_t k = 0; k < survivors.size(); ++k) {
       for (int e = 0; e < experts; ++e) {
-        if (held[l][i][e] > 0) owners[e].push_back(input.new_physical[i]);
+        if (held[l][k][e] > 0) owners[e].push_back(input.new_physical[survivors[k]]);
       }
     }
     for (auto& o : owners) std::sort(o.begin(), o.end());
     std::vector<size_t> next_owner(experts, 0);
     for (int q = 0; q < new_nodes; ++q) {
-      const int i = node_of_plan[q];
+      const int k = survivor_of[node_of_plan[q]];
       const std::vector<int> want = CountsOn(plan.placements[l], q);
       for (int e = 0; e < experts; ++e) {
         // A second copy on the same node is made locally: only absent experts travel.
-        if (want[e] == 0 || held[l][i][e] > 0) continue;
+        if (want[e] == 0 || (k >= 0 && held[l][k][e] > 0)) continue;
         ++plan.newly_assigned;
         if (owners[e].empty()) continue;  // restored from the checkpoint instead
         const int src = owners[e][next_owner[e]++ % owners[e].size()];

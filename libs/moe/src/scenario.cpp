@@ -19,6 +19,10 @@ namespace {
 using nlohmann::json;
 
 absl::StatusOr<json> ParseJson(const std::string& text, const char* what) {
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is empty (", text.size(), " bytes): expected a JSON object"));
+  }
   json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded())
     return absl::InvalidArgumentError(absl::StrCat(what, " is not valid JSON"));
@@ -27,6 +31,10 @@ absl::StatusOr<json> ParseJson(const std::string& text, const char* what) {
   }
   return doc;
 }
+
+// Above this a scenario's times, rates and sizes overflow the simulator's sums (1e308 printed
+// inf).
+constexpr double kMaxNumber = 1e15;
 
 // Reads an optional number field; InvalidArgument when present with the wrong type or range.
 template <typename T>
@@ -38,9 +46,9 @@ absl::Status ReadNumber(const json& obj, const char* key, T* out, double min_val
     return absl::InvalidArgumentError(absl::StrCat(context, ".", key, " must be a number"));
   }
   const double value = it->template get<double>();
-  if (!std::isfinite(value) || value < min_value) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(context, ".", key, " must be >= ", min_value, " (got ", value, ")"));
+  if (!std::isfinite(value) || value < min_value || value > kMaxNumber) {
+    return absl::InvalidArgumentError(absl::StrCat(context, ".", key, " must be in ", min_value,
+                                                   "..", kMaxNumber, " (got ", value, ")"));
   }
   if constexpr (std::is_integral_v<T>) {
     if (value != std::floor(value) || value > 2e9) {

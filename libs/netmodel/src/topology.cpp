@@ -15,12 +15,17 @@ using json::Json;
 
 namespace {
 
+// Within the cost matrix's bounds, so that the matrices derived from a topology are valid.
 absl::Status CheckLink(const std::string& path, double gbps, double latency_us) {
-  if (!(gbps > 0) || !std::isfinite(gbps)) {
-    return json::Invalid(path, absl::StrCat("capacity must be > 0 Gbps, got ", gbps));
+  if (!(gbps >= kMinBandwidthGbps && gbps <= kMaxBandwidthGbps)) {
+    return json::Invalid(path, absl::StrCat("capacity must be in ", kMinBandwidthGbps, "..",
+                                            kMaxBandwidthGbps, " Gbps, got ", gbps));
   }
-  if (!(latency_us >= 0) || !std::isfinite(latency_us)) {
-    return json::Invalid(path, absl::StrCat("latency must be >= 0 us, got ", latency_us));
+  // A path crosses at most six links (host, rack and pod uplinks on each side) and a round
+  // trip twice that: the sum stays within the matrix's bound.
+  if (!(latency_us >= 0 && latency_us <= kMaxLatencyUs / 12)) {
+    return json::Invalid(
+        path, absl::StrCat("latency must be in 0..", kMaxLatencyUs / 12, " us, got ", latency_us));
   }
   return absl::OkStatus();
 }
@@ -228,12 +233,25 @@ std::string TopologyToJson(const Topology& t) {
   return doc.dump(1);
 }
 
-absl::StatusOr<Topology> GenerateFabric(const FabricSpec& spec) {
+absl::Status CheckFabricSize(const FabricSpec& spec) {
   if (spec.pods < 1 || spec.racks_per_pod < 1 || spec.hosts_per_rack < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("fabric: pods, racks_per_pod and hosts_per_rack must be >= 1, got ", spec.pods,
                      ", ", spec.racks_per_pod, ", ", spec.hosts_per_rack));
   }
+  const int64_t hosts = int64_t{spec.pods} * spec.racks_per_pod * spec.hosts_per_rack;
+  if (hosts > kMaxFabricHosts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fabric: ", spec.pods, " pods x ", spec.racks_per_pod, " racks x ",
+                     spec.hosts_per_rack, " hosts = ", hosts, " hosts; at most ", kMaxFabricHosts,
+                     " are supported (the latency matrix has hosts^2 entries: ", hosts * hosts,
+                     " here, ", kMaxFabricHosts * kMaxFabricHosts, " at the limit)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Topology> GenerateFabric(const FabricSpec& spec) {
+  PLEXUS_RETURN_IF_ERROR(CheckFabricSize(spec));
   if (!(spec.rack_oversubscription > 0) || !(spec.pod_oversubscription > 0)) {
     return absl::InvalidArgumentError("fabric: oversubscription factors must be > 0");
   }
@@ -275,18 +293,20 @@ absl::Status CostMatrix::Validate() const {
     for (int j = 0; j < n; ++j) {
       const size_t k = static_cast<size_t>(i) * n + j;
       const double v = latency_us[k];
-      if (!std::isfinite(v) || v < 0) {
+      if (!(v >= 0 && v <= kMaxLatencyUs)) {
         return absl::InvalidArgumentError(absl::StrCat("cost matrix: latency_us[", i, "][", j,
-                                                       "] must be finite and >= 0, got ", v));
+                                                       "] must be in 0..", kMaxLatencyUs,
+                                                       " (microseconds), got ", v));
       }
       if (i == j && v != 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("cost matrix: latency_us[", i, "][", i, "] must be 0, got ", v));
       }
       if (!bandwidth_gbps.empty() && i != j &&
-          !(bandwidth_gbps[k] > 0 && std::isfinite(bandwidth_gbps[k]))) {
-        return absl::InvalidArgumentError(absl::StrCat("cost matrix: bandwidth_gbps[", i, "][", j,
-                                                       "] must be > 0, got ", bandwidth_gbps[k]));
+          !(bandwidth_gbps[k] >= kMinBandwidthGbps && bandwidth_gbps[k] <= kMaxBandwidthGbps)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cost matrix: bandwidth_gbps[", i, "][", j, "] must be in ", kMinBandwidthGbps, "..",
+            kMaxBandwidthGbps, " (Gbit/s), got ", bandwidth_gbps[k]));
       }
     }
   }

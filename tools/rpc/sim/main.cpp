@@ -45,8 +45,8 @@ void AddCommon(CLI::App* sub, Args& a) {
   AddNumber<uint32_t>(sub, "--gossip-floor", &c.gossip_floor, "lower gossip threshold", 0, 1 << 20);
   AddNumber<double>(sub, "--gossip-period-us", &c.gossip_period_us,
                     "period of the periodic-gossip baseline (us)", 0.001, 1e6);
-  sub->add_option("--cores", c.cores, "cores per server, rack-major (default 1 each)")
-      ->delimiter(',');
+  plexus::tooling::AddNumberList<uint32_t>(
+      sub, "--cores", &c.cores, "cores per server, rack-major (default 1 each)", 1, 1024);
   sub->add_flag("--piggyback-responses,!--no-piggyback-responses", c.piggyback_responses,
                 "responses update the client's ToR on the way back (daronpon)")
       ->capture_default_str();
@@ -85,18 +85,22 @@ int main(int argc, char** argv) {
   CLI::App* sweep = tool.Subcommand("sweep", "p99 latency against load for each policy");
   AddCommon(sweep, a);
   sweep->add_option("--policies", a.policies, "policies to compare")->delimiter(',');
-  sweep->add_option("--loads", a.loads, "offered loads (fraction of capacity)")->delimiter(',');
+  plexus::tooling::AddNumberList(sweep, "--loads", &a.loads, "offered loads (fraction of capacity)",
+                                 plexus::rpc::sim::kMinLoad, plexus::rpc::sim::kMaxLoad);
   CLI::App* gossip =
       tool.Subcommand("gossip", "Daronpon's gossip traffic against the lower threshold (floor)");
   AddCommon(gossip, a);
-  gossip->add_option("--floors", a.floors, "gossip floors to try")->delimiter(',');
-  plexus::tooling::AddNumber<double>(gossip, "--load", &a.base.load, "offered load", 0.01, 2);
+  plexus::tooling::AddNumberList<uint32_t>(gossip, "--floors", &a.floors, "gossip floors to try", 0,
+                                           1 << 20);
+  plexus::tooling::AddNumber<double>(gossip, "--load", &a.base.load, "offered load",
+                                     plexus::rpc::sim::kMinLoad, plexus::rpc::sim::kMaxLoad);
   CLI::App* hetero = tool.Subcommand(
       "hetero", "one fast server (--fast-cores): p99 and where redirects go, against load");
   AddCommon(hetero, a);
   hetero->add_option("--policies", a.policies, "policies to compare")->delimiter(',');
-  hetero->add_option("--loads", a.loads, "offered loads (fraction of total capacity)")
-      ->delimiter(',');
+  plexus::tooling::AddNumberList(hetero, "--loads", &a.loads,
+                                 "offered loads (fraction of total capacity)",
+                                 plexus::rpc::sim::kMinLoad, plexus::rpc::sim::kMaxLoad);
   plexus::tooling::AddNumber<uint32_t>(hetero, "--fast-cores", &a.fast_cores,
                                        "cores of server 0 (the others have 1)", 1, 1024);
   tool.app().require_subcommand(1);

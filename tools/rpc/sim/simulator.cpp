@@ -10,6 +10,7 @@
 #include <queue>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "plexus/base/status.hpp"
 #include "plexus/rpc/balance.hpp"
 
@@ -101,8 +102,9 @@ class Sim {
     if (c_.racks == 0 || c_.servers_per_rack == 0 || c_.clients == 0) {
       return absl::InvalidArgumentError("racks, servers-per-rack and clients must be >= 1");
     }
-    if (!(c_.load > 0 && c_.load <= 2)) {
-      return absl::InvalidArgumentError(absl::StrCat("load must be in (0, 2], got ", c_.load));
+    if (!(c_.load >= kMinLoad && c_.load <= kMaxLoad)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("load must be in ", kMinLoad, "..", kMaxLoad, ", got ", c_.load));
     }
     if (!(c_.mean_us > 0) || !(c_.hop_us >= 0) || !(c_.gossip_period_us > 0)) {
       return absl::InvalidArgumentError("mean-us and gossip-period-us must be > 0, hop-us >= 0");
@@ -163,6 +165,18 @@ class Sim {
     }
     const double capacity_per_us = double(total_cores) / c_.mean_us;
     client_gap_us_ = c_.clients / (c_.load * capacity_per_us);
+    if (p == "periodic") {
+      // Periodic gossip runs for as long as the requests take to arrive, however few they are.
+      const double span_us = double(c_.requests) / (c_.load * capacity_per_us);
+      const double events = span_us / c_.gossip_period_us * (1.0 + double(n) * (c_.racks - 1));
+      if (events > kMaxPeriodicEvents) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "periodic gossip every %g us over the %.3g us that %d requests take to arrive at "
+            "load %g makes about %.3g events; at most %.3g are simulated (raise "
+            "--gossip-period-us or --load, or lower --requests)",
+            c_.gossip_period_us, span_us, c_.requests, c_.load, events, kMaxPeriodicEvents));
+      }
+    }
     for (uint32_t i = 0; i < c_.clients; ++i) {
       Push(rng_.Exponential(client_gap_us_), Kind::kClientSend, i, 0);
     }

@@ -55,7 +55,15 @@ struct SimResult {
   }
 };
 
-// Errors name the bad field (unknown policy, no servers, load outside (0, 2], ...).
+// Offered loads the simulator accepts: below the minimum, the clients' Poisson gaps grow so long
+// that the simulated clock loses the per-hop latencies and a periodic gossip never ends.
+inline constexpr double kMinLoad = 0.01;
+inline constexpr double kMaxLoad = 2;
+// The most events a periodic-gossip run may schedule for its gossip (rounds x messages).
+inline constexpr double kMaxPeriodicEvents = 1e8;
+
+// Errors name the bad field (unknown policy, no servers, load outside [kMinLoad, kMaxLoad],
+// a periodic gossip of more than kMaxPeriodicEvents, ...).
 absl::StatusOr<SimResult> Simulate(const SimConfig& config);
 
 }  // namespace plexus::rpc::sim

@@ -17,6 +17,20 @@ absl::Status Expect(std::string_view flag, std::string_view what, std::string_vi
                                                  ", got '", std::string(text), "'"));
 }
 
+absl::Status OutOfRange(std::string_view flag, std::string_view what, std::string_view text) {
+  return absl::OutOfRangeError(absl::StrCat(std::string(flag), " is out of range: expects ",
+                                            std::string(what), ", got ", std::string(text)));
+}
+
+// Text that is a number, only not written as an integer ("1e18", "2.5"): the message says it
+// is out of range when it is, rather than that it is no integer.
+bool IsRealOutside(const std::string& text, double min, double max) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size() || std::isnan(v)) return false;
+  return v < min || v > max;
+}
+
 }  // namespace
 
 std::string_view Version() { return PLEXUS_VERSION_STRING; }
@@ -31,11 +45,13 @@ absl::StatusOr<int64_t> ParseInteger(std::string_view flag, std::string_view tex
   char* end = nullptr;
   errno = 0;
   const long long v = std::strtoll(copy.c_str(), &end, 10);
-  if (end != copy.c_str() + copy.size()) return Expect(flag, what, text);
-  if (errno == ERANGE || v < min || v > max) {
-    return absl::OutOfRangeError(
-        absl::StrCat(std::string(flag), " expects ", what, ", got ", std::string(text)));
+  if (end != copy.c_str() + copy.size()) {
+    if (IsRealOutside(copy, static_cast<double>(min), static_cast<double>(max))) {
+      return OutOfRange(flag, what, text);
+    }
+    return Expect(flag, what, text);
   }
+  if (errno == ERANGE || v < min || v > max) return OutOfRange(flag, what, text);
   return static_cast<int64_t>(v);
 }
 
@@ -49,11 +65,13 @@ absl::StatusOr<uint64_t> ParseUnsigned(std::string_view flag, std::string_view t
   char* end = nullptr;
   errno = 0;
   const unsigned long long v = std::strtoull(copy.c_str(), &end, 10);
-  if (end != copy.c_str() + copy.size()) return Expect(flag, what, text);
-  if (errno == ERANGE || v < min || v > max) {
-    return absl::OutOfRangeError(
-        absl::StrCat(std::string(flag), " expects ", what, ", got ", std::string(text)));
+  if (end != copy.c_str() + copy.size()) {
+    if (IsRealOutside(copy, static_cast<double>(min), static_cast<double>(max))) {
+      return OutOfRange(flag, what, text);
+    }
+    return Expect(flag, what, text);
   }
+  if (errno == ERANGE || v < min || v > max) return OutOfRange(flag, what, text);
   return static_cast<uint64_t>(v);
 }
 
@@ -69,8 +87,7 @@ absl::StatusOr<double> ParseReal(std::string_view flag, std::string_view text, d
   const double v = std::strtod(copy.c_str(), &end);
   if (end != copy.c_str() + copy.size() || std::isnan(v)) return Expect(flag, what, text);
   if (errno == ERANGE || !std::isfinite(v) || v < min || v > max) {
-    return absl::OutOfRangeError(
-        absl::StrCat(std::string(flag), " expects ", what, ", got ", std::string(text)));
+    return OutOfRange(flag, what, text);
   }
   return v;
 }

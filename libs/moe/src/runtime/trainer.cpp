@@ -13,6 +13,7 @@
 #include "plexus/base/status.hpp"
 #include "plexus/moe/allocation.hpp"
 #include "plexus/moe/exchange.hpp"
+#include "runtime/checkpoint.hpp"
 
 namespace plexus::moe::runtime {
 namespace {
@@ -69,12 +70,6 @@ absl::Status ValidateConfig(const ModelSpec& c) {
   }
   return absl::OkStatus();
 }
-
-namespace {
-
-constexpr char kCheckpointMagic[8] = {'P', 'X', 'M', 'O', 'E', 'C', 'K', '1'};
-
-}  // namespace
 
 std::vector<double> ExpectedLoads(const ModelSpec& c) {
   std::vector<double> loads(c.experts);
@@ -397,13 +392,12 @@ absl::StatusOr<std::vector<float>> TrainerImpl::GatherState() {
 absl::Status TrainerImpl::WriteCheckpoint() {
   PLEXUS_ASSIGN_OR_RETURN(std::vector<float> full, GatherState());
   if (index_ != 0) return absl::OkStatus();
-  std::string data(kCheckpointMagic, sizeof(kCheckpointMagic));
-  const int64_t header[2] = {step_, layout_.total};
-  data.append(reinterpret_cast<const char*>(header), sizeof(header));
-  data.append(reinterpret_cast<const char*>(full.data()), full.size() * sizeof(float));
-  return base::WriteFileAtomic(options_.checkpoint_path, data);
+  return base::WriteFileAtomic(options_.checkpoint_path, EncodeCheckpoint(layout_, step_, full));
 }
 
+// Every rank loads the same file and decides the same way: a file that is not this run's
+// (another model, a later step, corrupt, non-finite) fails the restart on every rank with its
+// reason, instead of resuming from it.
 absl::Status TrainerImpl::LoadCheckpoint() {
   const std::string& path = options_.checkpoint_path;
   if (options_.checkpoint_every <= 0 || path.empty()) {
@@ -419,20 +413,9 @@ absl::Status TrainerImpl::LoadCheckpoint() {
     return absl::OkStatus();
   }
   PLEXUS_RETURN_IF_ERROR(data.status());
-  const size_t want =
-      sizeof(kCheckpointMagic) + 2 * sizeof(int64_t) + layout_.total * sizeof(float);
-  int64_t header[2] = {0, 0};
-  if (data->size() == want) std::memcpy(header, data->data() + sizeof(kCheckpointMagic), 16);
-  if (data->size() != want || std::memcmp(data->data(), kCheckpointMagic, 8) != 0 ||
-      header[1] != layout_.total || header[0] < 0) {
-    return absl::DataLossError(absl::StrFormat(
-        "moe runtime: checkpoint %s is not a checkpoint of this model (%d bytes, want %d)", path,
-        data->size(), want));
-  }
-  state_.resize(layout_.total);
-  std::memcpy(state_.data(), data->data() + want - layout_.total * sizeof(float),
-              layout_.total * sizeof(float));
-  step_ = header[0];
+  PLEXUS_ASSIGN_OR_RETURN(Checkpoint checkpoint, DecodeCheckpoint(*data, path, layout_, step_));
+  state_ = std::move(checkpoint.state);
+  step_ = checkpoint.step;
   return absl::OkStatus();
 }
 

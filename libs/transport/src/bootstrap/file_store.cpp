@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bootstrap/store_keys.hpp"
+#include "plexus/base/hash.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/base/wait_policy.hpp"
@@ -36,15 +37,6 @@ using net::ErrnoText;
 constexpr char kLockName[] = ".plexus-store.lock";
 constexpr size_t kMaxEncodedName = 200;
 
-uint64_t Fnv1a(std::string_view s, uint64_t seed) {
-  uint64_t h = seed;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 // [A-Za-z0-9_-] stay, every other byte becomes %XX; names too long for a file system keep a
 // readable prefix and a 128-bit hash of the whole key.
 std::string EncodeFileName(std::string_view key) {
@@ -58,8 +50,8 @@ std::string EncodeFileName(std::string_view key) {
     }
   }
   if (name.size() > kMaxEncodedName) {
-    name = absl::StrFormat("%s~%016x%016x", name.substr(0, 100), Fnv1a(key, 0xcbf29ce484222325ull),
-                           Fnv1a(key, 0x84222325cbf29ce4ull));
+    name = absl::StrFormat("%s~%016x%016x", name.substr(0, 100), base::Fnv1a64(key),
+                           base::Fnv1a64(key, 0x84222325cbf29ce4ull));
   }
   return name;
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -113,16 +114,32 @@ inline absl::StatusOr<double> NumberField(const Json& object, const std::string&
   return value;
 }
 
+// `value` (at `path`) as an integer in [min, max]. An integer above INT64_MAX is refused here
+// rather than read back as a negative one.
+inline absl::StatusOr<int64_t> IntegerValue(const Json& value, const std::string& path,
+                                            int64_t min = std::numeric_limits<int64_t>::min(),
+                                            int64_t max = std::numeric_limits<int64_t>::max()) {
+  if (!value.is_number_integer()) {
+    return Invalid(path, absl::StrCat("expected an integer, got ", value.dump()));
+  }
+  const bool above = value.is_number_unsigned()
+                         ? value.get<uint64_t>() > static_cast<uint64_t>(max < 0 ? 0 : max)
+                         : value.get<int64_t>() > max;
+  if (above || (!value.is_number_unsigned() && value.get<int64_t>() < min)) {
+    return Invalid(path,
+                   absl::StrCat("expected an integer in ", min, "..", max, ", got ", value.dump()));
+  }
+  return value.is_number_unsigned() ? static_cast<int64_t>(value.get<uint64_t>())
+                                    : value.get<int64_t>();
+}
+
 inline absl::StatusOr<int64_t> IntegerField(const Json& object, const std::string& path,
                                             std::string_view key, bool required,
                                             int64_t fallback = 0) {
   auto field = Field(object, path, key, required);
   if (!field.ok()) return field.status();
   if (*field == nullptr) return fallback;
-  if (!(*field)->is_number_integer()) {
-    return Invalid(Child(path, key), absl::StrCat("expected an integer, got ", (*field)->dump()));
-  }
-  return (*field)->get<int64_t>();
+  return IntegerValue(**field, Child(path, key));
 }
 
 inline absl::StatusOr<bool> BoolField(const Json& object, const std::string& path,

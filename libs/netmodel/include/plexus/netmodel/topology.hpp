@@ -91,6 +91,12 @@ struct FabricSpec {
   double rack_latency_us = 5;
   double pod_latency_us = 20;
 };
+// The most hosts a generated fabric may have: its latency matrix has hosts^2 entries, and the
+// fabric, the matrix and its JSON text must fit in a workstation's memory in seconds.
+inline constexpr int64_t kMaxFabricHosts = 4096;
+// InvalidArgument naming the sizes when pods x racks_per_pod x hosts_per_rack (the product, not
+// only each factor) is out of range, or a size is below 1.
+absl::Status CheckFabricSize(const FabricSpec& spec);
 absl::StatusOr<Topology> GenerateFabric(const FabricSpec& spec);
 
 // Costs between the n nodes of a job (a node is a rank, or a host): latency_us[i*n + j] is the
@@ -111,9 +117,15 @@ struct CostMatrix {
     if (!bandwidth_gbps.empty() && bytes > 0) c += bytes * 8e-3 / bandwidth_gbps[k];
     return c;
   }
-  // n >= 1, sizes match, latencies finite and >= 0, bandwidths > 0, diagonal 0.
+  // n >= 1, sizes match, latencies in [0, kMaxLatencyUs] with a diagonal of 0, bandwidths
+  // off the diagonal in [kMinBandwidthGbps, kMaxBandwidthGbps].
   absl::Status Validate() const;
 };
+// Bounds on a cost matrix's cells, so that every cost summed from them stays finite (1e308
+// latencies printed inf costs): 1000 s, and 1 kbit/s to 1 Pbit/s.
+inline constexpr double kMaxLatencyUs = 1e9;
+inline constexpr double kMinBandwidthGbps = 1e-6;
+inline constexpr double kMaxBandwidthGbps = 1e6;
 
 // {"labels": [...], "latency_us": [[...], ...], "bandwidth_gbps": [[...], ...]} (the last one
 // optional); rows must have n entries. Validated.

@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -61,31 +63,61 @@ class Tool {
 // --json: machine-readable output instead of the table.
 CLI::Option* AddJsonFlag(CLI::App* app, bool* json);
 
+namespace internal {
+// One number of an option, strictly (ParseReal, ParseInteger or ParseUnsigned by T); throws
+// CLI::ValidationError, which Tool::Parse reports as a usage error.
+template <typename T>
+T ParseNumberOrThrow(const std::string& flag, const std::string& text, T min, T max) {
+  static_assert(std::is_arithmetic_v<T>);
+  if constexpr (std::is_floating_point_v<T>) {
+    auto v = ParseReal(flag, text, static_cast<double>(min), static_cast<double>(max));
+    if (!v.ok()) throw CLI::ValidationError(std::string(v.status().message()));
+    return static_cast<T>(*v);
+  } else if constexpr (std::is_signed_v<T>) {
+    auto v = ParseInteger(flag, text, static_cast<int64_t>(min), static_cast<int64_t>(max));
+    if (!v.ok()) throw CLI::ValidationError(std::string(v.status().message()));
+    return static_cast<T>(*v);
+  } else {
+    auto v = ParseUnsigned(flag, text, static_cast<uint64_t>(min), static_cast<uint64_t>(max));
+    if (!v.ok()) throw CLI::ValidationError(std::string(v.status().message()));
+    return static_cast<T>(*v);
+  }
+}
+}  // namespace internal
+
 // A numeric option parsed strictly into `*value`, with its range checked and named in --help.
 template <typename T>
 CLI::Option* AddNumber(CLI::App* app, const std::string& names, T* value, const std::string& help,
                        T min, T max) {
-  static_assert(std::is_arithmetic_v<T>);
   auto parse = [value, min, max, names](const std::string& text) {
-    const std::string flag = names.substr(names.rfind(',') + 1);
-    if constexpr (std::is_floating_point_v<T>) {
-      auto v = ParseReal(flag, text, static_cast<double>(min), static_cast<double>(max));
-      if (!v.ok()) throw CLI::ValidationError(std::string(v.status().message()));
-      *value = static_cast<T>(*v);
-    } else if constexpr (std::is_signed_v<T>) {
-      auto v = ParseInteger(flag, text, static_cast<int64_t>(min), static_cast<int64_t>(max));
-      if (!v.ok()) throw CLI::ValidationError(std::string(v.status().message()));
-      *value = static_cast<T>(*v);
-    } else {
-      auto v = ParseUnsigned(flag, text, static_cast<uint64_t>(min), static_cast<uint64_t>(max));
-      if (!v.ok()) throw CLI::ValidationError(std::string(v.status().message()));
-      *value = static_cast<T>(*v);
-    }
+    *value = internal::ParseNumberOrThrow<T>(names.substr(names.rfind(',') + 1), text, min, max);
   };
   CLI::Option* option = app->add_option_function<std::string>(names, parse, help);
   option->type_name(std::is_floating_point_v<T> ? "NUMBER" : "INT");
   option->default_str(CLI::detail::to_string(*value));
   option->capture_default_str();
+  return option;
+}
+
+// A comma-separated list of numbers (--loads 0.3,0.5), each parsed strictly and within
+// [min, max]; the list replaces `*values` (its default) when given.
+template <typename T>
+CLI::Option* AddNumberList(CLI::App* app, const std::string& names, std::vector<T>* values,
+                           const std::string& help, T min, T max) {
+  auto parse = [values, min, max, names](const std::vector<std::string>& texts) {
+    const std::string flag = names.substr(names.rfind(',') + 1);
+    std::vector<T> parsed;
+    for (const std::string& text : texts) {
+      parsed.push_back(internal::ParseNumberOrThrow<T>(flag, text, min, max));
+    }
+    *values = std::move(parsed);
+  };
+  CLI::Option* option = app->add_option_function<std::vector<std::string>>(names, parse, help);
+  option->delimiter(',');
+  option->type_name(std::is_floating_point_v<T> ? "NUMBER,..." : "INT,...");
+  std::string shown;
+  for (const T& v : *values) shown += (shown.empty() ? "" : ",") + CLI::detail::to_string(v);
+  option->default_str(shown);
   return option;
 }
 
