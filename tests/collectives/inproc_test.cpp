@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/collectives/selector.hpp"
@@ -700,6 +701,44 @@ TEST_CASE("mismatched calls are reported, not silently corrupted", "[collectives
       }
     }
     CHECK(named);
+  }
+}
+
+TEST_CASE("a rank in another collective over tcp is named with both calls, not blamed for a hang",
+          "[collectives][inproc]") {
+  // Over tcp the other call's messages wait unmatched in the transport: no receive ever sees
+  // their header. The wait records say which call each stalled rank is in.
+  auto options = TcpOptions();
+  options.timeout = absl::Seconds(3);
+  constexpr size_t kCount = size_t{4} << 20;
+  for (int odd : {2, 1}) {
+    INFO("rank " << odd << " broadcasts");
+    std::vector<double> seconds(4, 0);
+    std::vector<std::string> codes(4);
+    auto results = RunRanks(4, options, [&](int rank, pc::Communicator& comm) -> std::string {
+      std::vector<float> v(kCount, 1.0f);
+      if (absl::Status s = comm.AllReduce(v.data(), v.data(), 16, DataType::kF32, ReduceOp::kSum);
+          !s.ok()) {
+        return absl::StrCat("warm-up: ", s.message());
+      }
+      const absl::Time start = absl::Now();
+      absl::Status s =
+          rank == odd ? comm.Broadcast(v.data(), v.data(), kCount, DataType::kF32, 0)
+                      : comm.AllReduce(v.data(), v.data(), kCount, DataType::kF32, ReduceOp::kSum);
+      seconds[rank] = absl::ToDoubleSeconds(absl::Now() - start);
+      if (s.ok()) return "completed a mismatched call";
+      codes[rank] = absl::StatusCodeToString(s.code());
+      return std::string(s.message());
+    });
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r << ": " << results[r] << " after " << seconds[r] << " s");
+      CHECK(codes[r] == absl::StatusCodeToString(absl::StatusCode::kFailedPrecondition));
+      CHECK(absl::StrContains(results[r], "broadcast #"));
+      CHECK(absl::StrContains(results[r], "allreduce #"));
+      CHECK((absl::StrContains(results[r], "made different calls") ||
+             absl::StrContains(results[r], "mismatched collective calls")));
+      CHECK(seconds[r] < 3 * 1.5);
+    }
   }
 }
 

@@ -279,18 +279,33 @@ TEST_CASE("blame accounts round-trip and reject garbage", "[collectives][unit]")
   CHECK(back->reporter == 1);
   CHECK(back->at_ms == 1700000000123);
   CHECK(back->reason == b.reason);
+  CHECK(!back->call.has_value());
+  // A wait record names the call it waits in.
+  pi::CallHeader h;
+  h.kind = CollectiveKind::kBroadcast;
+  h.root = 3;
+  h.sequence = 41;
+  h.count = 1000;
+  h.epoch = 2;
+  b.call = h;
+  auto with_call = pi::Blame::Decode(b.Encode());
+  REQUIRE(with_call.has_value());
+  REQUIRE(with_call->call.has_value());
+  CHECK(with_call->call->SameCall(h));
+  CHECK(with_call->call->epoch == 2);
+  b.call.reset();
   // A record written field by field: a final account of code 4 blaming rank 1, and the same
   // with one field bad, missing, mistyped, extra or cut short.
   const auto record = [](int64_t final, int64_t code, std::vector<int> ranks, bool with_reason,
-                         bool at_as_text) {
-    plexus::base::RecordWriter w("collectives.blame", 1);
+                         bool at_as_text, std::string call = "") {
+    plexus::base::RecordWriter w("collectives.blame", 2);
     w.Int("final", final).Int("code", code).Ints("ranks", ranks).Int("reporter", 0);
     if (at_as_text) {
       w.String("at_ms", "soon");
     } else {
       w.Int("at_ms", 5);
     }
-    if (with_reason) w.String("reason", "x");
+    if (with_reason) w.String("reason", "x").String("call", call);
     return w.Finish();
   };
   auto good = pi::Blame::Decode(record(1, 4, {1}, true, false));
@@ -304,6 +319,10 @@ TEST_CASE("blame accounts round-trip and reject garbage", "[collectives][unit]")
   CHECK(!pi::Blame::Decode(record(1, 4, {-1}, true, false)).has_value());  // no such rank
   CHECK(!pi::Blame::Decode(record(1, 4, {1}, true, true)).has_value());    // a time as text
   CHECK(!pi::Blame::Decode(record(1, 4, {1}, false, false)).has_value());  // no reason
+  // A call that is not 64 bytes of header in hex.
+  CHECK(!pi::Blame::Decode(record(1, 4, {1}, true, false, "zz")).has_value());
+  CHECK(!pi::Blame::Decode(record(1, 4, {1}, true, false, std::string(128, 'g'))).has_value());
+  CHECK(!pi::Blame::Decode(record(1, 4, {1}, true, false, std::string(128, '0'))).has_value());
   const std::string full = record(1, 4, {1}, true, false);
   CHECK(!pi::Blame::Decode(full.substr(0, full.size() - 1)).has_value());  // cut short
   CHECK(!pi::Blame::Decode(full + "x").has_value());                       // trailing bytes

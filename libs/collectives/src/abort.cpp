@@ -89,6 +89,9 @@ absl::Status CommunicatorImpl::Abort(const CallHeader& header, Failure failure) 
     case Failure::Kind::kPeer:
       if (died >= 0) {
         local = ConnectionBlame(self, died, died_why);
+        // A rank that aborted on purpose may still look dead here (its close raced a send:
+        // a broken pipe); it published its account before closing: one read finds it.
+        consult = {died};
       } else {
         local = ConnectionBlame(self, failure.peer, failure.why);
         consult = closed;
@@ -100,8 +103,10 @@ absl::Status CommunicatorImpl::Abort(const CallHeader& header, Failure failure) 
     case Failure::Kind::kStall:
       if (died >= 0) {
         local = ConnectionBlame(self, died, died_why);
+        consult = {died};  // as above
       } else {
         local.final = false;
+        local.call = header;
         local.code = absl::StatusCode::kDeadlineExceeded;
         local.ranks = failure.waiting;
         local.reporter = self;

@@ -7,6 +7,8 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "plexus/base/record.hpp"
 
@@ -21,7 +23,7 @@ constexpr absl::Duration kWriteMargin = absl::Milliseconds(100);
 constexpr size_t kMaxReasonBytes = 1024;
 // A record on the store: a base::Record of this kind and version.
 constexpr std::string_view kBlameRecord = "collectives.blame";
-constexpr uint16_t kBlameVersion = 1;
+constexpr uint16_t kBlameVersion = 2;
 constexpr size_t kMaxBlamedRanks = size_t{1} << 20;
 
 // A peer's record; nullopt when absent, malformed, or a wait record its writer stopped
@@ -40,6 +42,22 @@ std::optional<Blame> Read(transport::Store& store, uint64_t uid, int rank,
 
 bool Names(const Blame& b, int rank) {
   return std::find(b.ranks.begin(), b.ranks.end(), rank) != b.ranks.end();
+}
+
+std::string EncodedCall(const CallHeader& h) {
+  std::string out(CallHeader::kEncodedSize, '\0');
+  h.Encode(reinterpret_cast<uint8_t*>(out.data()));
+  return out;
+}
+
+// Two ranks waiting in calls that cannot meet: the same collective call number of one
+// communicator, but another collective or other arguments (or epoch). A rank one call ahead of
+// another is no mismatch (it finished its part early and waits for a late one), and Send/Recv
+// number their messages per pair: neither is compared.
+bool DifferentCalls(const CallHeader& a, const CallHeader& b) {
+  if (a.kind == CollectiveKind::kSendRecv || b.kind == CollectiveKind::kSendRecv) return false;
+  if (a.sequence != b.sequence || a.communicator != b.communicator) return false;
+  return !a.SameCall(b) || a.epoch != b.epoch;
 }
 
 Blame Finalized(Blame b) {
@@ -101,6 +119,20 @@ Blame ResolveFrom(transport::Store& store, uint64_t uid, int self, const Blame& 
         if (Names(*theirs, self)) continue;  // it gave up on this rank: it is alive
         return *theirs;
       }
+      // Waiting in another call: neither can progress, whatever the transport holds unmatched.
+      if (local.call && theirs->call && DifferentCalls(*local.call, *theirs->call)) {
+        Blame out = Finalized(local);
+        out.code = absl::StatusCode::kFailedPrecondition;
+        out.ranks.clear();
+        out.reporter = self;
+        out.reason = absl::StrCat(
+            "rank ", self, " is in ", local.call->Describe(), " (epoch ", local.call->epoch,
+            ") while rank ", r, " is in ", theirs->call->Describe(), " (epoch ",
+            theirs->call->epoch,
+            "): the ranks made different calls; every rank of a communicator must make the same "
+            "collective calls, with the same arguments, in the same order");
+        return out;
+      }
       for (int next : theirs->ranks) {
         if (next == self) continue;
         named_by_others.push_back(next);
@@ -137,6 +169,7 @@ std::string Blame::Encode() const {
       .Int("reporter", reporter)
       .Int("at_ms", at_ms)
       .String("reason", std::string_view(reason).substr(0, kMaxReasonBytes))
+      .String("call", call ? absl::BytesToHexString(EncodedCall(*call)) : std::string())
       .Finish();
 }
 
@@ -152,7 +185,19 @@ std::optional<Blame> Blame::Decode(std::string_view text) {
   b.reporter = r->IntAs<int>("reporter");
   b.at_ms = r->Int("at_ms");
   b.reason = r->String("reason", kMaxReasonBytes);
+  const std::string call = r->String("call", 2 * CallHeader::kEncodedSize);
   if (!r->Finish().ok()) return std::nullopt;
+  if (!call.empty()) {
+    if (call.size() != 2 * CallHeader::kEncodedSize ||
+        !std::all_of(call.begin(), call.end(), [](char c) { return absl::ascii_isxdigit(c); })) {
+      return std::nullopt;
+    }
+    const std::string bytes = absl::HexStringToBytes(call);
+    absl::StatusOr<CallHeader> h = CallHeader::Decode(
+        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    if (!h.ok()) return std::nullopt;
+    b.call = *h;
+  }
   return b;
 }
 
@@ -223,9 +268,11 @@ void BlameBoard::Post(Blame b) {
   Request(b.Encode());
 }
 
-void BlameBoard::PostWaiting(std::vector<int> ranks, absl::StatusCode code, std::string reason) {
+void BlameBoard::PostWaiting(std::vector<int> ranks, absl::StatusCode code, std::string reason,
+                             std::optional<CallHeader> call) {
   Blame b;
   b.final = false;
+  b.call = std::move(call);
   b.code = code;
   b.ranks = std::move(ranks);
   b.reporter = self_;

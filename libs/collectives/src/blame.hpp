@@ -1,9 +1,10 @@
 // Whom a failed communicator blames (docs/collectives.md, "Contract"). Each rank keeps one record
 // on the rendezvous store:
-//  - a wait record while a call has made no progress for half the timeout: whom it waits for,
-//    refreshed while it waits and removed when it progresses again, so that when some rank times
-//    out the wait-for graph is already there and the silent rank (waited for, no record) shows
-//    at once, whichever rank timed out first;
+//  - a wait record while a call has made no progress for half the timeout: whom it waits for
+//    and in which call, refreshed while it waits and removed when it progresses again, so that
+//    when some rank times out the wait-for graph is already there and the silent rank (waited
+//    for, no record) shows at once, whichever rank timed out first, and so do ranks stuck in
+//    different calls (whose messages the transport holds unmatched);
 //  - its final account when it fails, published before it closes its connections, so that a
 //    peer that then sees those connections close adopts it and every rank's error names the
 //    rank that failed first rather than a rank that aborted in reaction.
@@ -19,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "plexus/transport/store.hpp"
+#include "wire.hpp"
 
 namespace plexus::collectives::internal {
 
@@ -32,6 +34,8 @@ struct Blame {
   int reporter = -1;   // the rank whose observation this is
   int64_t at_ms = 0;   // when the reporter wrote it (Unix milliseconds, its own clock)
   std::string reason;  // follows "rank X " ("died or is unreachable (...)")
+  // A wait record: the call the rank waits in (to find ranks in different calls).
+  std::optional<CallHeader> call;
 
   std::string Encode() const;
   static std::optional<Blame> Decode(std::string_view text);
@@ -55,8 +59,9 @@ class BlameBoard {
   BlameBoard(const BlameBoard&) = delete;
   BlameBoard& operator=(const BlameBoard&) = delete;
 
-  // Publishes that this rank is alive and waits for `ranks` (stamped now).
-  void PostWaiting(std::vector<int> ranks, absl::StatusCode code, std::string reason);
+  // Publishes that this rank is alive and waits for `ranks` in `call` (stamped now).
+  void PostWaiting(std::vector<int> ranks, absl::StatusCode code, std::string reason,
+                   std::optional<CallHeader> call = std::nullopt);
   // Publishes `b` (stamped now).
   void Post(Blame b);
   // Removes this rank's record, if it posted one since the last removal.
@@ -72,9 +77,11 @@ class BlameBoard {
   // reach the store. Store reads run on a thread of their own; `local` comes back when the store
   // did not answer by `deadline`.
   //  - A stall (local.final false): posted as a wait record first; then, until `deadline`, the
-  //    ranks waited for are followed through their wait records. A final account on the way
-  //    (one that does not blame this rank) is adopted; otherwise the ranks reached that have no
-  //    fresh record are the silent ones (among them, those another rank waits for too).
+  //    ranks waited for are followed through their wait records. A rank reached that waits in
+  //    another call than local.call makes the account FailedPrecondition naming both calls; a
+  //    final account on the way (one that does not blame this rank) is adopted; otherwise the
+  //    ranks reached that have no fresh record are the silent ones (among them, those another
+  //    rank waits for too).
   //  - A final view whose `consult` ranks closed their connections on purpose: their accounts
   //    (published before they closed) are adopted when found before `deadline`.
   Blame Resolve(Blame local, std::vector<int> consult, absl::Time deadline);

@@ -433,7 +433,8 @@ PlanExecutor::Polled PlanExecutor::Poll(Idle& w, absl::Span<Completion> batch, s
     // whichever rank times out first finds the wait-for graph on the store.
     if (w.idle >= w.next_wait_record && w.idle < env_.timeout) {
       env_.board->PostWaiting(WaitingFor(), absl::StatusCode::kDeadlineExceeded,
-                              absl::StrCat("waiting for ", absl::FormatDuration(w.idle)));
+                              absl::StrCat("waiting for ", absl::FormatDuration(w.idle)),
+                              *call_.header);
       w.next_wait_record = w.idle + env_.record_every;
     }
   }

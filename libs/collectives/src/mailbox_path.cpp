@@ -180,7 +180,7 @@ absl::Status MailboxPath::MailExchange(int to, const uint8_t* data, const MailIn
       // Long without progress: publish whom this rank waits for (see Execute).
       if (idle >= next_wait_record) {
         env_.board->PostWaiting({waited_for}, absl::StatusCode::kDeadlineExceeded,
-                                absl::StrCat("waiting for ", absl::FormatDuration(idle)));
+                                absl::StrCat("waiting for ", absl::FormatDuration(idle)), header);
         next_wait_record = idle + env_.record_every;
       }
       Completion sink[4];
