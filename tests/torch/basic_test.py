@@ -6,6 +6,8 @@ RuntimeError naming the rank within the group's timeout. Exits 77 (skipped) with
 
 import datetime
 import os
+import signal
+import socket
 import sys
 import tempfile
 import time
@@ -22,10 +24,10 @@ except ImportError as e:  # pragma: no cover
 import plexus_torch  # noqa: F401  (registers "plexus")
 
 
-def init(rank, world, store_dir, timeout_s=60):
+def init(rank, world, store_dir, timeout_s=60, init_method=None):
     dist.init_process_group(
         "plexus",
-        init_method=f"file://{store_dir}/store",
+        init_method=init_method or f"file://{store_dir}/store",
         rank=rank,
         world_size=world,
         timeout=datetime.timedelta(seconds=timeout_s),
@@ -246,14 +248,45 @@ def hung(rank, world):
     raise AssertionError("allreduce with a hung peer did not fail")
 
 
-CASES = {"collectives": (collectives, 3, 60), "ordering": (ordering, 3, 60),
-         "refusals": (refusals, 2, 60),
-         "failures": (failures, 2, 3), "hung": (hung, 2, 3)}
-
-
-def worker(rank, case, world, store_dir, timeout_s, errors):
+def stopped(rank, world):
+    timeout = 3.0
+    # Rank 1 is stopped (SIGSTOP) after a first call, through torch's TCPStore (one socket that
+    # the blame records of several threads share): both survivors name rank 1, neither blames
+    # the other.
+    dist.all_reduce(torch.ones(1 << 16))
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        os._exit(0)
+    start = time.monotonic()
     try:
-        init(rank, world, store_dir, timeout_s)
+        dist.all_reduce(torch.ones(1 << 16))
+    except RuntimeError as e:
+        elapsed = time.monotonic() - start
+        msg = str(e).splitlines()[0]
+        assert f"failed on rank {rank}: rank 1 " in msg, msg
+        assert elapsed <= 1.25 * timeout + 0.5, f"error after {elapsed:.2f} s: {msg}"
+        print(f"rank {rank}: stopped peer reported after {elapsed:.2f} s: {msg}")
+        os._exit(0)
+    raise AssertionError("allreduce with a stopped peer did not fail")
+
+
+# name: (function, world size, timeout in s, store: file or tcp, a rank that stops itself)
+CASES = {"collectives": (collectives, 3, 60, "file", None),
+         "ordering": (ordering, 3, 60, "file", None),
+         "refusals": (refusals, 2, 60, "file", None),
+         "failures": (failures, 2, 3, "file", None), "hung": (hung, 2, 3, "file", None),
+         "stopped": (stopped, 3, 3, "tcp", 1)}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker(rank, case, world, store_dir, timeout_s, errors, init_method):
+    try:
+        init(rank, world, store_dir, timeout_s, init_method)
         CASES[case][0](rank, world)
         dist.destroy_process_group()
     except BaseException:
@@ -271,16 +304,22 @@ def main():
     failed = []
     for name in names:
         failed_before = len(failed)
-        _, world, timeout_s = CASES[name]
+        _, world, timeout_s, store, stops = CASES[name]
         errors = ctx.Queue()
         with tempfile.TemporaryDirectory() as store_dir:
-            procs = [ctx.Process(target=worker, args=(r, name, world, store_dir, timeout_s, errors))
+            init_method = f"tcp://127.0.0.1:{free_port()}" if store == "tcp" else None
+            procs = [ctx.Process(target=worker,
+                                 args=(r, name, world, store_dir, timeout_s, errors, init_method))
                      for r in range(world)]
             for p in procs:
                 p.start()
             deadline = time.monotonic() + 240
-            for p in procs:
-                p.join(max(0.0, deadline - time.monotonic()))
+            for r, p in enumerate(procs):
+                if r != stops:
+                    p.join(max(0.0, deadline - time.monotonic()))
+            if stops is not None:  # stopped on purpose: ends with the others
+                procs[stops].kill()
+                procs[stops].join()
             for p in procs:
                 if p.is_alive():
                     p.kill()
@@ -288,7 +327,8 @@ def main():
                     failed.append(f"{name}: rank {procs.index(p)} still running after 240 s")
         while not errors.empty():
             failed.append(f"{name}: {errors.get()}")
-        if any(p.exitcode != 0 for p in procs) and len(failed) == failed_before:
+        if any(p.exitcode != 0 for r, p in enumerate(procs) if r != stops) and \
+                len(failed) == failed_before:
             failed.append(f"{name}: exit codes {[p.exitcode for p in procs]}")
         print(f"{name}: {'FAILED' if len(failed) > failed_before else 'ok'}", flush=True)
     for f in failed:
