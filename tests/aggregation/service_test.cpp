@@ -123,9 +123,16 @@ TEST_CASE("PushPull sums every worker's gradient and runs the optimizer once per
   std::vector<float> pulled(n);
   REQUIRE(job.clients[1]->Pull(7, pulled.data(), n).ok());
   CHECK(std::memcmp(pulled.data(), ref_w.data(), n * 4) == 0);
-  // A fresh worker of the namespace pulls the current values from the server.
-  // (Reuse worker 2's rank on a second connection set: the server keys state by chunk.)
-  auto late = pa::Client::Connect(ClientOpts(job, 2)).value();
+  // A restarted worker pulls the current values from the server: worker 2 leaves and joins
+  // again (refused with AlreadyExists until the server has seen its old connections close).
+  job.clients[2].reset();
+  absl::StatusOr<std::unique_ptr<pa::Client>> rejoined;
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  do {
+    rejoined = pa::Client::Connect(ClientOpts(job, 2));
+  } while (absl::IsAlreadyExists(rejoined.status()) && absl::Now() < until);
+  REQUIRE(rejoined.ok());
+  auto late = *std::move(rejoined);
   REQUIRE(late->Init(7, DataType::kF32, init.data(), n).ok());
   std::fill(pulled.begin(), pulled.end(), 0.0f);
   REQUIRE(late->Pull(7, pulled.data(), n).ok());
@@ -313,7 +320,11 @@ TEST_CASE("Malformed pushes are refused with an error and change nothing",
   hello.ns = job.ns.id;
   hello.nonce = job.ns.nonce;
   hello.worker = 1;
-  auto [ack, ack_text] = raw.Exchange(hello, std::vector<uint8_t>(8, 0));
+  // Worker 1's connection 7 (its client uses connection 0 only): another connection of a live
+  // worker, as a client with more connections than cores opens.
+  std::vector<uint8_t> hello_payload(8, 0);
+  hello_payload[0] = 7;
+  auto [ack, ack_text] = raw.Exchange(hello, hello_payload);
   REQUIRE(ack.type == pai::FrameType::kHelloAck);
 
   pai::FrameHeader push = hello;
@@ -387,6 +398,57 @@ TEST_CASE("A worker that dies fails the round with an error naming it", "[aggreg
     CHECK(std::string(st[w].message()).find("worker 2") != std::string::npos);
   }
   CHECK(absl::Now() - start < absl::Seconds(10));  // long before the 30 s round timeout
+}
+
+TEST_CASE("A second client for a connected worker is refused and takes over nothing",
+          "[aggregation][service]") {
+  const pt::Backend backend = BackendParam();
+  Job job = MakeJob(backend, 3, 1, {}, 1024, absl::Seconds(5));
+  const size_t n = 100;
+  std::vector<float> init(n, 0.0f);
+  OnAll(job, [&](int w) { REQUIRE(job.clients[w]->Init(1, DataType::kF32, init.data(), n).ok()); });
+  // Another job with the same namespace and nonce starts worker 1 again.
+  pa::ClientOptions again = ClientOpts(job, 1);
+  again.timeout = absl::Seconds(5);
+  auto second = pa::Client::Connect(again);
+  REQUIRE(!second.ok());
+  INFO(second.status());
+  CHECK(second.status().code() == absl::StatusCode::kAlreadyExists);
+  CHECK(std::string(second.status().message()).find("worker 1") != std::string::npos);
+  CHECK(std::string(second.status().message()).find("already connected") != std::string::npos);
+  // Nor can another connection of worker 1 take over a chunk it holds: its init is refused.
+  {
+    RawWorker raw(job, 0);
+    pai::FrameHeader h;
+    h.type = pai::FrameType::kHello;
+    h.ns = job.ns.id;
+    h.nonce = job.ns.nonce;
+    h.worker = 1;
+    std::vector<uint8_t> hello_payload(8, 0);
+    hello_payload[0] = 9;
+    REQUIRE(raw.Exchange(h, hello_payload).first.type == pai::FrameType::kHelloAck);
+    h.type = pai::FrameType::kInit;
+    h.key = 1;
+    std::vector<uint8_t> init_payload(pai::kInitPrefixBytes + n * 4);
+    const uint64_t total = n;
+    std::memcpy(init_payload.data(), &total, 8);
+    auto [reply, text] = raw.Exchange(h, init_payload);
+    CHECK(reply.code == static_cast<uint8_t>(absl::StatusCode::kAlreadyExists));
+    CHECK(text.find("another live connection") != std::string::npos);
+  }
+  // The job goes on: a round sums every worker's gradient, replies reach the right clients.
+  std::vector<std::vector<float>> out(3, std::vector<float>(n));
+  std::vector<absl::Status> st(3);
+  OnAll(job, [&](int w) {
+    std::vector<float> g(n, static_cast<float>(w + 1));
+    st[w] = job.clients[w]->PushPull(1, g.data(), out[w].data(), n);
+  });
+  for (int w = 0; w < 3; ++w) {
+    INFO("worker " << w << ": " << st[w]);
+    REQUIRE(st[w].ok());
+    CHECK(out[w][0] == out[0][0]);
+  }
+  CHECK(out[0][0] != 0.0f);  // the update ran (the default rule applies the summed gradient)
 }
 
 TEST_CASE("A silent worker fails the round within the round timeout", "[aggregation][service]") {

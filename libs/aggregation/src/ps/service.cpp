@@ -60,6 +60,9 @@ struct ChunkState {
 
 struct CoreNamespace {
   absl::flat_hash_map<std::pair<uint64_t, uint32_t>, ChunkState> chunks;
+  // (worker, connection index) -> the connection that said hello as it: a second client for a
+  // worker that is still connected is refused rather than allowed to take over its replies.
+  absl::flat_hash_map<std::pair<int, int>, ServerConn*> joined;
   std::vector<std::string> gone;  // per worker: why it is gone ("" while alive)
   int active = 0;                 // chunks with a round in progress
 };
@@ -359,10 +362,22 @@ void Core::HandleHello(ServerConn* c, const FrameView& f) {
   }
   CoreNamespace& cns = namespaces_[ns->id];
   if (cns.gone.empty()) cns.gone.resize(ns->options.workers);
+  const uint8_t* p = f.payload.data();
+  const int index =
+      static_cast<int>(p[0] | p[1] << 8 | p[2] << 16 | static_cast<uint32_t>(p[3]) << 24);
+  ServerConn*& joined = cns.joined[{static_cast<int>(h.worker), index}];
+  if (joined != nullptr && !joined->dead) {
+    return SendError(
+        c, h,
+        absl::AlreadyExistsError(absl::StrCat(
+            "hello from worker ", h.worker, " (connection ", index, ") of namespace \"",
+            ns->options.name, "\" refused: that worker is already connected from ", joined->peer,
+            "; two jobs share the namespace and its nonce, or a worker started twice")));
+  }
+  joined = c;
   c->ns = ns;
   c->worker = static_cast<int>(h.worker);
-  const uint8_t* p = f.payload.data();
-  c->index = static_cast<int>(p[0] | p[1] << 8 | p[2] << 16 | static_cast<uint32_t>(p[3]) << 24);
+  c->index = index;
   FrameHeader ack = h;
   ack.type = FrameType::kHelloAck;
   uint8_t payload[8] = {};
@@ -438,6 +453,18 @@ void Core::HandleInit(ServerConn* c, CoreNamespace& cns, const FrameView& f) {
     EncodeHeader(vh, st.out[0].get());
     st.pushed.assign(ns.options.workers, 0);
     st.worker_conn.assign(ns.options.workers, nullptr);
+  }
+  ServerConn* owner = st.worker_conn[c->worker];
+  if (owner != nullptr && owner != c && !owner->dead) {
+    // Another live connection of this worker holds the chunk: letting this one take it would
+    // send the worker's replies to whoever opened it.
+    return SendError(
+        c, h,
+        absl::AlreadyExistsError(absl::StrCat(
+            "init of key ", h.key, " chunk ", h.chunk, " by worker ", c->worker,
+            " refused: the worker holds it on another live connection (from ", owner->peer,
+            "); two jobs share the namespace and its nonce, or a worker "
+            "started twice")));
   }
   st.worker_conn[c->worker] = c;
   FrameHeader ack = h;
@@ -551,6 +578,15 @@ void Core::WorkerGone(ServerConn* c, const absl::Status& why) {
   c->dead = true;
   if (c->ns == nullptr) return;
   CoreNamespace& cns = namespaces_[c->ns->id];
+  // A connection that holds none of the worker's chunks while another of its connections lives
+  // (a refused second client's, say) takes nothing with it.
+  bool holds = false;
+  for (const auto& [id, st] : cns.chunks) holds = holds || st.worker_conn[c->worker] == c;
+  bool other_live = false;
+  for (const auto& [key, conn] : cns.joined) {
+    other_live = other_live || (key.first == c->worker && conn != c && !conn->dead);
+  }
+  if (!holds && other_live) return;
   const std::string reason =
       absl::StrCat("its connection from ", c->peer, " failed: ", why.message());
   cns.gone[c->worker] = reason;
