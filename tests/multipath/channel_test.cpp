@@ -412,6 +412,55 @@ TEST_CASE("every path silent at once is a stall, not a failure", "[multipath][fa
   CHECK(pair.b->live_paths() == 2);
 }
 
+TEST_CASE("every path silent past silence_timeout fails outstanding operations, both sides",
+          "[multipath][failover]") {
+  // Every path blackholed: the sender's bytes sit in kernel buffers, so no transport timeout
+  // fires; the silence itself ends the operations.
+  pm::ChannelOptions options = Pair::Lenient();
+  options.probe_interval = absl::Milliseconds(10);
+  options.silence_timeout = absl::Seconds(2);
+  Pair pair(2, options);
+  std::vector<uint8_t> out(1 << 20, 7), in(1 << 20);
+  pmi::ChannelTestAccess::StallPath(*pair.a, 0);
+  pmi::ChannelTestAccess::StallPath(*pair.a, 1);
+  const absl::Time start = absl::Now();
+  REQUIRE(pair.a->Send({out.data(), out.size()}, 1).ok());
+  REQUIRE(pair.b->Recv({in.data(), in.size()}, 2).ok());
+  auto wait_one = [&](pt::CompletionQueue& cq) {
+    pt::Completion c[1];
+    while (absl::Now() - start < absl::Seconds(15)) {
+      if (cq.Poll(absl::MakeSpan(c)) == 1) return c[0];
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    FAIL("no completion within 15 s");
+    return c[0];
+  };
+  const pt::Completion sent = wait_one(pair.cq_a);
+  const absl::Duration send_after = absl::Now() - start;
+  const pt::Completion received = wait_one(pair.cq_b);
+  const absl::Duration recv_after = absl::Now() - start;
+  INFO(sent.status << " after " << send_after << "; " << received.status << " after "
+                   << recv_after);
+  CHECK(sent.wr_id == 1);
+  CHECK(absl::IsUnavailable(sent.status));
+  // Silence on every path, or (on a loaded machine) the paths declared dead one by one first.
+  const std::string why(sent.status.message());
+  CHECK((why.find("nothing heard from the peer") != std::string::npos ||
+         why.find("no live path") != std::string::npos));
+  CHECK(absl::IsUnavailable(received.status));
+  CHECK(send_after >= absl::Milliseconds(1500));
+  CHECK(send_after < absl::Seconds(6));
+  CHECK(recv_after < absl::Seconds(6));
+  CHECK(!pm::MultipathChannel::Create(
+             [] {
+               pm::ChannelOptions o;
+               o.silence_timeout = absl::ZeroDuration();
+               return o;
+             }(),
+             &pair.cq_a)
+             .ok());
+}
+
 TEST_CASE("destroying a channel fails its outstanding operations once", "[multipath]") {
   pt::CompletionQueue cq;
   auto ch = pm::MultipathChannel::Create({}, &cq);

@@ -237,6 +237,11 @@ absl::StatusOr<std::unique_ptr<MultipathChannel>> internal::ChannelFactory::Crea
   if (options.probe_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("multipath: probe_interval must be positive");
   }
+  if (options.silence_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("multipath: silence_timeout must be positive, got ",
+                     absl::FormatDuration(options.silence_timeout)));
+  }
   PLEXUS_ASSIGN_OR_RETURN(
       absl::Duration timeout,
       kPathTimeoutParam.Resolve(options.path_timeout > absl::ZeroDuration()

@@ -147,7 +147,19 @@ void MultipathChannel::Impl::Timers(absl::Time now) {
   for (const auto& path : paths_) {
     if (path->state == PathState::kUp) freshest = std::max(freshest, path->last_heard);
   }
-  const bool peer_alive = now - freshest <= path_timeout_;
+  // The peer counts as alive when some path was heard within the last half of the timeout: a
+  // path silent for the whole timeout then went quiet well before the others did. (Within one
+  // probe interval of each other, as when every path stops at once, both are silence.)
+  const bool peer_alive = now - freshest <= path_timeout_ / 2;
+  const bool waiting = !ops_.empty() || reassembler_.recv_waiting();
+  if (waiting && freshest != absl::InfinitePast() && now - freshest > silence_timeout_) {
+    Fail(absl::UnavailableError(
+        absl::StrCat("multipath connection: nothing heard from the peer on any of its ",
+                     LivePaths(), " live paths for ", absl::FormatDuration(now - freshest),
+                     " (silence_timeout ", absl::FormatDuration(silence_timeout_),
+                     ") with operations outstanding: the peer or every path is gone")));
+    return;
+  }
   for (auto& path : paths_) {
     Path& p = *path;
     if (p.state == PathState::kDead) continue;
@@ -188,16 +200,10 @@ void MultipathChannel::Impl::Timers(absl::Time now) {
       SendControl(p, f);
     }
   }
-  if (have_no_path_since_ && !ops_.empty() && now - *have_no_path_since_ > no_path_limit_) {
-    for (auto& [seq, op] : ops_) {
-      Complete(*op, absl::UnavailableError(absl::StrCat("multipath: no live path for ",
-                                                        absl::FormatDuration(no_path_limit_))));
-    }
-    ops_.clear();
-    to_cut_.clear();
-    notify_.clear();
-    for (uint32_t slot : repost_) FreeDesc(slot);
-    repost_.clear();
+  if (have_no_path_since_ && waiting && now - *have_no_path_since_ > silence_timeout_) {
+    Fail(absl::UnavailableError(absl::StrCat("multipath: no live path for ",
+                                             absl::FormatDuration(silence_timeout_),
+                                             " with operations outstanding (silence_timeout)")));
   }
 }
 

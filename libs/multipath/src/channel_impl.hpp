@@ -83,6 +83,7 @@ class MultipathChannel::Impl {
         reassembler_(options.max_held_bytes) {
     chunk_bytes_ = options.chunk_bytes;
     cap_ = options.max_chunks_in_flight;
+    silence_timeout_ = options.silence_timeout;
     thread_ = std::thread([this] { Run(); });
     if (options_.redial) revive_thread_ = std::thread([this] { ReviveLoop(); });
   }
@@ -411,7 +412,7 @@ class MultipathChannel::Impl {
 
   const ChannelOptions options_;
   const absl::Duration path_timeout_;
-  const absl::Duration no_path_limit_ = absl::Seconds(30);
+  absl::Duration silence_timeout_;
   pt::CompletionQueue* const user_cq_;
   const uint64_t id_;
   const uint64_t completion_id_;

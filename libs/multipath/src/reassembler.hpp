@@ -48,6 +48,8 @@ class Reassembler {
   // Bytes held for Recvs not posted yet: the matcher's and those of messages not matched yet.
   size_t held_bytes() const { return matcher_.held_bytes() + early_bytes_; }
   uint64_t duplicates() const { return duplicates_; }
+  // Whether a posted Recv still waits for its message.
+  bool recv_waiting() const { return recvs_posted_ > next_deliver_; }
 
  private:
   struct Message {

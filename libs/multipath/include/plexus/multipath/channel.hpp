@@ -52,12 +52,15 @@ struct ChannelOptions {
   // time.
   std::string scheduler = "weighted";
   std::function<std::unique_ptr<Scheduler>()> make_scheduler;
-  // A path with work outstanding and no completion for this long, while another path made
-  // progress within that time, is declared dead; 0 = the environment's
-  // PLEXUS_MULTIPATH_PATH_TIMEOUT (default 100 ms). When every path is silent at once the
-  // channel waits (a stalled process is not a broken network); the transport's op_timeout
-  // still fails connections to a dead peer.
+  // A path with work outstanding and no completion for this long, while another path was heard
+  // within the last half of that time, is declared dead; 0 = the environment's
+  // PLEXUS_MULTIPATH_PATH_TIMEOUT (default 100 ms). When every path goes silent at once the
+  // channel waits (a stalled process is not a broken network), up to silence_timeout.
   absl::Duration path_timeout = absl::ZeroDuration();
+  // With operations outstanding and nothing heard from the peer on any path (or no live path)
+  // for this long, the channel fails and they complete with Unavailable: the peer or every
+  // path is gone (bytes the kernel accepted into a blackholed path never complete a send).
+  absl::Duration silence_timeout = absl::Seconds(30);
   // Idle paths are probed this often (RTT, liveness).
   absl::Duration probe_interval = absl::Milliseconds(20);
   // Bytes of messages held for Recvs not posted yet; beyond half of it the receiver tells the
