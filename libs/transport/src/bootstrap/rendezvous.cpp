@@ -675,8 +675,10 @@ Rendezvous& Rendezvous::operator=(Rendezvous&&) noexcept = default;
 Rendezvous::~Rendezvous() {
   store_.reset();
   if (server_ == nullptr) return;
+  // A failed job need not wait: a rank that reported the failure is done with the store, and one
+  // that is stopped or hung would hold this rank for the whole linger.
   base::PollUntil(absl::Now() + linger_, absl::Milliseconds(2),
-                  [&] { return server_->connected_clients() == 0; });
+                  [&] { return server_->connected_clients() == 0 || server_->job_failed(); });
   server_.reset();
 }
 

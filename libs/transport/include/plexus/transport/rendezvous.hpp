@@ -99,7 +99,9 @@ class Rendezvous {
   Rendezvous(Rendezvous&&) noexcept;
   Rendezvous& operator=(Rendezvous&&) noexcept;
   // On the rank serving the store: waits (at most `linger`, 10 s by default) until every other
-  // rank has disconnected, so that no rank loses the store while still reading from it.
+  // rank has disconnected, so that no rank loses the store while still reading from it; not at
+  // all once a rank reported the job failed (ReportJobFailure, which a communicator that aborts
+  // calls), since a rank that stopped or hung would never leave.
   ~Rendezvous();
 
   int rank() const { return rank_; }
