@@ -86,3 +86,40 @@ TEST_CASE("rank 0 exits soon after the job failed, not after the linger, when a 
   // The hung rank is still there (the launcher's destructor kills it).
   CHECK(ranks[1].launcher->Signal(0, 0));
 }
+
+namespace {
+
+// Starts the processes of two jobs without job ids on one store address in `order` ("A0", "B1",
+// ...), 0.3 s apart, each running the helper's rendezvous (FromEnv, AllGather, Barrier with a
+// 20 s timeout), and checks that every one fails, within the timeout, saying that two jobs share
+// the address and how to separate them: none prints a result gathered from a mixed job.
+void CheckInterleavedJobsAllFail(const std::vector<std::string>& order, int world_size) {
+  const int port = FreePort();
+  std::vector<Process> procs(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int rank = order[i][1] - '0';
+    procs[i].Start(order[i], {BOOTSTRAP_HELPER, "rendezvous"}, RankEnv(port, rank, world_size));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  for (Process& p : procs) p.Wait();
+  for (const Process& p : procs) {
+    INFO(p.name << " (" << p.seconds << " s, exit " << p.exit_code() << "): " << p.output());
+    CHECK(p.exit_code() == 1);
+    CHECK_FALSE(p.Says("gathered"));
+    CHECK(p.Says("two jobs share this store address"));
+    CHECK(p.Says("PLEXUS_JOB_ID"));
+    CHECK(p.seconds < 15);  // the helper's timeout is 20 s
+  }
+}
+
+}  // namespace
+
+TEST_CASE("two 2-rank jobs without job ids on one address (A0 B0 A1 B1): all four fail") {
+  // B0 finds the port taken by A0's store while A0 waits for its rank 1: it tells A's job so.
+  CheckInterleavedJobsAllFail({"A0", "B0", "A1", "B1"}, 2);
+}
+
+TEST_CASE("two 4-rank jobs without job ids (A0 B1 A1 B0 A2 B2 A3 B3): all eight fail") {
+  // A1 claims rank 1 after B1 did, while both wait for ranks 2 and 3.
+  CheckInterleavedJobsAllFail({"A0", "B1", "A1", "B0", "A2", "B2", "A3", "B3"}, 4);
+}

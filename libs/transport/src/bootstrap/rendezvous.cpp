@@ -13,7 +13,9 @@
 #include "absl/strings/str_split.h"
 #include "bootstrap/job_store.hpp"
 #include "bootstrap/pmix_exchange.hpp"
+#include "plexus/base/env.hpp"
 #include "plexus/base/host.hpp"
+#include "plexus/base/log.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/base/wait_policy.hpp"
@@ -154,6 +156,34 @@ std::string PmixServerVariable(const Environment& env) {
   return "";
 }
 
+// PLEXUS_STORE_BIND and PLEXUS_STORE_EXTERNAL, for a tcp store at config->store_address.
+absl::Status FindStoreServing(const Environment& env, LaunchInfo* config) {
+  if (auto external = Lookup(env, "PLEXUS_STORE_EXTERNAL")) {
+    PLEXUS_ASSIGN_OR_RETURN(config->store_external,
+                            base::ParseBool(*external, "PLEXUS_STORE_EXTERNAL"));
+  }
+  if (auto bind = Lookup(env, "PLEXUS_STORE_BIND")) {
+    std::string host = *bind;
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    }
+    if (host.find_first_of(" /") != std::string::npos ||
+        (host.find(':') != std::string::npos && !net::IsIpLiteral(host))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PLEXUS_STORE_BIND='", *bind,
+          "' is not a host or address (the port is PLEXUS_STORE_ADDR's): e.g. 10.0.0.1, node1, "
+          "or 0.0.0.0 / :: for every interface"));
+    }
+    if (config->store_external) {
+      return absl::InvalidArgumentError(
+          "PLEXUS_STORE_BIND and PLEXUS_STORE_EXTERNAL are both set: with an external store rank "
+          "0 serves nothing; unset one");
+    }
+    config->store_bind = host;
+  }
+  return absl::OkStatus();
+}
+
 // No launcher variables at all: rank 0 of a job of one, over a private store unless the user
 // names one (PLEXUS_STORE_ADDR / PLEXUS_STORE_PATH).
 absl::StatusOr<LaunchInfo> SingleProcess(const Environment& env) {
@@ -183,6 +213,9 @@ absl::StatusOr<LaunchInfo> SingleProcess(const Environment& env) {
     }
   }
   PLEXUS_RETURN_IF_ERROR(FindJobId(env, Launcher::kNone, &config));
+  if (config.store_kind == StoreKind::kTcp && addr) {
+    PLEXUS_RETURN_IF_ERROR(FindStoreServing(env, &config));
+  }
   config.source = absl::StrCat(
       "no launcher (none of PLEXUS_RANK, RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID is set): a job "
       "of one, store ",
@@ -386,6 +419,9 @@ absl::StatusOr<LaunchInfo> ParseLaunchEnvironment(const Environment& env) {
                        "port that every rank can reach"));
     }
   }
+  if (config.store_kind == StoreKind::kTcp && !config.store_address.empty()) {
+    PLEXUS_RETURN_IF_ERROR(FindStoreServing(env, &config));
+  }
   PLEXUS_RETURN_IF_ERROR(FindJobId(env, vars->launcher, &config));
   config.source =
       absl::StrCat(launcher, " (", absl::StrJoin(used, ", "), "), store ", store_source, ", ",
@@ -406,27 +442,109 @@ absl::StatusOr<Rendezvous> Rendezvous::FromEnv(const Environment& env, absl::Dur
 
 namespace {
 
-// Why rank 0 could not bind the store's port, told by asking whoever holds it: when it is a
-// plexus store of another job, its refusal names that job.
-std::string DescribePortHolder(const std::string& host, uint16_t port, const std::string& job_id,
+bool IsWildcard(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::";
+}
+
+// Why rank 0 could not bind the store's port, told by asking whoever holds it. A plexus store of
+// a job without job id (while this rank 0 has none either), or of this very job id, is a second
+// rank 0 of the job that store serves: its ranks cannot tell the two jobs apart, so the job is
+// marked shared there and its ranks fail too (bootstrap::MarkJobShared).
+std::string DescribePortHolder(const std::string& address, const LaunchInfo& config,
                                absl::Duration timeout) {
-  const std::string address = net::JoinHostPort(host, port);
   const absl::Duration probe = std::min(timeout, absl::Seconds(2));
-  auto holder = TcpStore::Connect(address, probe, probe, job_id);
+  auto holder = TcpStore::Connect(address, probe, probe, config.job_id);
   if (holder.ok()) {
-    const std::string& served = (*holder)->server_job_id();
-    if (served.empty()) return " A plexus store that serves any job is running there.";
+    const std::string served = (*holder)->server_job_id();
+    if (served.empty()) {
+      return " A plexus store that serves any job is running there: if it is this job's store, "
+             "set PLEXUS_STORE_EXTERNAL=1 so that rank 0 uses it instead of serving one.";
+    }
+    const std::string why = absl::StrCat(
+        "a second rank 0 (pid ", getpid(), " on ", base::HostName(), ") found the store address ",
+        config.store_address,
+        " taken by this job's store: two jobs share this store address, or a launcher started "
+        "rank 0 twice. Give each job its own store port (PLEXUS_STORE_ADDR or MASTER_PORT), and "
+        "set "
+        "PLEXUS_JOB_ID to a value unique to each job on all of its ranks, or start each job with "
+        "a launcher (plexus-run, torchrun, mpirun, srun), which gives it one");
+    std::shared_ptr<Store> job_view = bootstrap::NamespaceStore(std::move(*holder), served);
+    const absl::Status marked = bootstrap::MarkJobShared(*job_view, why);
     return absl::StrCat(
         " A plexus store of ",
-        (*holder)->server_job_id_is_nonce() ? "a job without job id (nonce '" : "job '", served,
-        (*holder)->server_job_id_is_nonce() ? "')" : "'",
-        " is running there, started by another rank 0: two jobs share the store address, or the "
-        "launcher gave rank 0 to two processes. Give each job its own store port.");
+        config.job_id.empty() ? std::string("a job without job id")
+                              : absl::StrCat("this job's id ('", config.job_id, "')"),
+        " is running there, started by another rank 0: two jobs share this store address, or a "
+        "launcher started rank 0 twice. ",
+        marked.ok() ? "Its ranks were told so and fail too. "
+                    : absl::StrCat("Telling its ranks so failed: ", marked.message(), ". "),
+        "Give each job its own store port (PLEXUS_STORE_ADDR or MASTER_PORT), and set "
+        "PLEXUS_JOB_ID to a value unique to each job on all of its ranks, or start each job with "
+        "a launcher (plexus-run, torchrun, mpirun, srun), which gives it one.");
   }
   if (absl::IsFailedPrecondition(holder.status())) {
     return absl::StrCat(" Asked who holds it: ", holder.status().message());
   }
   return "";
+}
+
+// Rank 0 of a tcp rendezvous serves the store at the address given: its host (a name resolved to
+// its address), or PLEXUS_STORE_BIND's. Chooses the job's nonce when the job has no id.
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> ServeStore(const LaunchInfo& config,
+                                                           const net::HostPort& hp,
+                                                           bootstrap::JobIdentity* job,
+                                                           absl::Duration timeout,
+                                                           const std::string& torch_hint) {
+  if (config.store_bind.empty() && !net::IsLocalHost(hp.host)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank 0 (", config.source, ") serves the store, but ", config.store_address,
+        " is not an address of this host (", base::HostName(),
+        "): point the store address at rank 0's host, or set PLEXUS_STORE_EXTERNAL=1 when "
+        "something else serves the store there"));
+  }
+  const std::string bind_host = config.store_bind.empty() ? hp.host : config.store_bind;
+  if (job->id.empty()) {
+    *job = {bootstrap::NewJobNonce(), true, "nonce chosen by rank 0: the launcher gave no id"};
+  }
+  TcpStoreServer::Options options;
+  options.job_id = job->id;
+  options.job_id_is_nonce = job->is_nonce;
+  auto started = TcpStoreServer::Start(net::JoinHostPort(bind_host, hp.port), options);
+  if (!started.ok()) {
+    std::string holder;
+    if (absl::IsUnavailable(started.status()) && hp.port != 0) {
+      const bool v6 = bind_host.find(':') != std::string::npos;
+      const std::string probe_host =
+          IsWildcard(bind_host) ? std::string(v6 ? "::1" : "127.0.0.1") : bind_host;
+      holder = DescribePortHolder(net::JoinHostPort(probe_host, hp.port), config, timeout);
+    }
+    return absl::Status(started.status().code(),
+                        absl::StrCat("rank 0 cannot serve the store (", config.source, "): ",
+                                     std::string(started.status().message()), torch_hint, holder));
+  }
+  const std::string bound = (*started)->address();
+  if (config.store_bind.empty() && !net::IsIpLiteral(hp.host) && hp.host != "localhost" &&
+      (bound.rfind("127.", 0) == 0 || bound.rfind("[::1]", 0) == 0)) {
+    // Debian maps the host's own name to 127.0.1.1: other hosts cannot reach a store there.
+    base::Logf(base::LogLevel::kWarning,
+               "plexus rendezvous: the store address %s resolves to %s here, a loopback "
+               "address: ranks on other hosts cannot reach it. Name an interface address, or set "
+               "PLEXUS_STORE_BIND (e.g. 0.0.0.0 for every interface)",
+               config.store_address, bound);
+  }
+  return started;
+}
+
+// Serves until no client has connected or been connected for a second, or until `deadline`.
+void KeepServingWhileRanksCome(const TcpStoreServer& server, absl::Time deadline) {
+  absl::Time last_busy = absl::Now();
+  size_t accepted = server.accepted_clients();
+  base::PollUntil(deadline, absl::Milliseconds(10), [&] {
+    const absl::Time now = absl::Now();
+    if (server.connected_clients() > 0 || server.accepted_clients() != accepted) last_busy = now;
+    accepted = server.accepted_clients();
+    return now - last_busy >= absl::Seconds(1);
+  });
 }
 
 // StoreKind::kPmix: rank 0 serves a store on a free port of every interface and publishes its
@@ -532,40 +650,25 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchInfo& config,
   } else {
     PLEXUS_ASSIGN_OR_RETURN(auto hp, net::ParseHostPort(config.store_address, "the store address"));
     std::string connect_to = config.store_address;
-    const bool v6 = hp.host.find(':') != std::string::npos;
     std::string client_job = job.id;
-    if (config.rank == 0 && net::IsLocalHost(hp.host)) {
-      if (job.id.empty()) {
-        job = {bootstrap::NewJobNonce(), true, "nonce chosen by rank 0: the launcher gave no id"};
-      }
+    if (config.rank == 0 && !config.store_external) {
+      PLEXUS_ASSIGN_OR_RETURN(server, ServeStore(config, hp, &job, timeout, torch_hint));
       client_job = job.id;
-      TcpStoreServer::Options options;
-      options.job_id = job.id;
-      options.job_id_is_nonce = job.is_nonce;
-      // Listen on every interface: the name other hosts use for us may resolve differently
-      // here (Debian maps the host name to 127.0.1.1).
-      auto started = TcpStoreServer::Start(absl::StrCat(v6 ? "[::]:" : ":", hp.port), options);
-      if (!started.ok()) {
-        std::string holder;
-        if (absl::IsUnavailable(started.status()) && hp.port != 0) {
-          holder = DescribePortHolder(v6 ? "[::1]" : "127.0.0.1", hp.port, config.job_id, timeout);
-        }
-        return absl::Status(
-            started.status().code(),
-            absl::StrCat("rank 0 cannot serve the store (", config.source,
-                         "): ", std::string(started.status().message()), torch_hint, holder));
+      connect_to = server->address();
+      if (auto at = net::ParseHostPort(connect_to, "the store's address");
+          at.ok() && (at->host == "0.0.0.0" || at->host == "::")) {
+        connect_to = net::JoinHostPort(at->host == "::" ? "::1" : "127.0.0.1", server->port());
       }
-      server = *std::move(started);
-      connect_to = absl::StrCat(v6 ? "[::1]:" : "127.0.0.1:", server->port());
     }
     auto client = TcpStore::Connect(connect_to, timeout, absl::Seconds(30), client_job);
     if (!client.ok()) {
       if (config.rank == 0 && server == nullptr) {
         return absl::Status(
             client.status().code(),
-            absl::StrCat(std::string(client.status().message()), " Note: ", config.store_address,
-                         " is not an address of this host, so rank 0 did not start the store "
-                         "there; point the store address at rank 0's host."));
+            absl::StrCat(std::string(client.status().message()),
+                         " Note: PLEXUS_STORE_EXTERNAL is set, so rank 0 did not start the store "
+                         "at ",
+                         config.store_address, " but expected something else to serve it."));
       }
       if (absl::IsFailedPrecondition(client.status())) {
         return absl::FailedPreconditionError(
@@ -596,7 +699,20 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchInfo& config,
     }
   }
   store = bootstrap::NamespaceStore(std::move(store), job.id);
-  PLEXUS_RETURN_IF_ERROR(bootstrap::JoinJob(*store, job, config.rank, config.world_size, timeout));
+  const absl::Time join_deadline = absl::Now() + timeout;
+  if (absl::Status joined =
+          bootstrap::JoinJob(*store, job, config.rank, config.world_size, timeout);
+      !joined.ok()) {
+    if (server != nullptr && absl::IsAlreadyExists(joined)) {
+      // The job is shared with another: its ranks still waiting, or started a moment later, learn
+      // why from this store; gone, they would only time out, or another job's rank 0 could take
+      // the port and gather them. Served while they come, until the join's deadline.
+      store.reset();
+      base::Logf(base::LogLevel::kError, "plexus rendezvous: %s", joined.message());
+      KeepServingWhileRanksCome(*server, join_deadline);
+    }
+    return joined;
+  }
   PLEXUS_ASSIGN_OR_RETURN(auto rdzv, Create(config.rank, config.world_size, std::move(store),
                                             config.local_rank, config.local_world_size));
   rdzv.launcher_ = config.launcher;

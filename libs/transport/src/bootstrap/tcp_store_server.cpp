@@ -85,6 +85,7 @@ struct TcpStoreServer::Impl {
   std::thread thread;
   std::atomic<bool> stop{false};
   std::atomic<size_t> connected{0};
+  std::atomic<size_t> accepted{0};
   std::atomic<size_t> dropped{0};
   std::atomic<size_t> refused{0};
   std::atomic<uint64_t> buffered{0};  // sum of clients' `in` sizes
@@ -223,6 +224,7 @@ struct TcpStoreServer::Impl {
       }
       clients[fd] = std::move(client);
       connected.fetch_add(1);
+      accepted.fetch_add(1);
     }
   }
 
@@ -534,6 +536,7 @@ TcpStoreServer::~TcpStoreServer() = default;
 std::string TcpStoreServer::address() const { return impl_->address; }
 uint16_t TcpStoreServer::port() const { return impl_->port; }
 size_t TcpStoreServer::connected_clients() const { return impl_->connected.load(); }
+size_t TcpStoreServer::accepted_clients() const { return impl_->accepted.load(); }
 size_t TcpStoreServer::dropped_clients() const { return impl_->dropped.load(); }
 size_t TcpStoreServer::refused_clients() const { return impl_->refused.load(); }
 uint64_t TcpStoreServer::buffered_bytes() const { return impl_->buffered.load(); }

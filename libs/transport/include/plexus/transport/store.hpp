@@ -113,6 +113,8 @@ class TcpStoreServer {
   // Clients connected right now; clients dropped so far for protocol violations, idleness or
   // the memory cap; connections refused (client limit, another job).
   size_t connected_clients() const;
+  // Connections accepted so far (those refused at the client limit not counted).
+  size_t accepted_clients() const;
   size_t dropped_clients() const;
   size_t refused_clients() const;
   // Bytes of partly received requests buffered right now, across all clients.
