@@ -33,3 +33,10 @@ endif()
 plexus_add_test(bootstrap_server_limits_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/bootstrap_server_limits_test.cpp
   DEPS plexus_transport_internal LABELS transport TIMEOUT 120)
+
+plexus_add_test(bootstrap_process_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/bootstrap_process_test.cpp
+  DEPS plexus::transport plexus::tooling LABELS transport TIMEOUT 180)
+target_compile_definitions(bootstrap_process_test PRIVATE
+  BOOTSTRAP_HELPER="$<TARGET_FILE:bootstrap_helper>")
+add_dependencies(bootstrap_process_test bootstrap_helper)

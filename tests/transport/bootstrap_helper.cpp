@@ -8,6 +8,9 @@
 //   bootstrap_helper stubborn <rank>            that rank exits 3, the others ignore SIGTERM
 //   bootstrap_helper sleep                      every rank sleeps for 60 s
 //   bootstrap_helper rendezvous                 FromEnv, AllGather and Barrier
+//   bootstrap_helper fail <silent rank>         FromEnv; the silent rank then sleeps for 60 s
+//                                               holding its store connection, the others fail a
+//                                               1 s barrier, report it (ReportJobFailure), exit 1
 #include <signal.h>
 #include <unistd.h>
 
@@ -98,6 +101,24 @@ int Rendezvous() {
   return 0;
 }
 
+int FailWithSilentRank(int silent) {
+  auto rdzv = pt::Rendezvous::FromEnv(absl::Seconds(20));
+  if (!rdzv.ok()) return Fail("FromEnv", rdzv.status());
+  std::printf("rank %d joined\n", rdzv->rank());
+  std::fflush(stdout);
+  if (rdzv->rank() == silent) {
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+    return 0;
+  }
+  const absl::Status s = rdzv->Barrier("all", absl::Seconds(1));
+  if (s.ok()) {
+    std::fprintf(stderr, "bootstrap_helper: the barrier passed without rank %d\n", silent);
+    return 2;
+  }
+  (void)pt::ReportJobFailure(*rdzv->store(), rdzv->rank(), std::string(s.message()));
+  return Fail(absl::StrCat("rank ", rdzv->rank()), s);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -147,6 +168,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "rendezvous") return Rendezvous();
+  if (mode == "fail" && argc == 3) return FailWithSilentRank(std::atoi(argv[2]));
   std::fprintf(stderr, "bootstrap_helper: unknown mode or arguments\n");
   return 2;
 }

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -79,19 +80,15 @@ pt::Environment JobEnv(int port, int rank, int world_size, const std::string& jo
   return env;
 }
 
-// Starts the ranks in the given order; each waits for the previous one to have joined (or
-// failed), so the interleaving is exactly the one asked for.
+// Starts the ranks in the given order, 300 ms apart (a rank's FromEnv returns only once its
+// whole job has joined, or failed), waits until each has finished or failed, then lets them go.
 void RunInOrder(const std::vector<RankRun*>& order) {
   RankRun::release = false;
   for (RankRun* run : order) {
     run->Start();
-    plexus::testing::WaitFor([&] { return run->joined.load() || run->done.load(); },
-                             std::chrono::seconds(8));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
-  // Every rank has joined or failed; those that joined finish their AllGather, then all let go.
-  for (RankRun* run : order) {
-    if (run->joined.load()) WaitUntil(run->done);
-  }
+  for (RankRun* run : order) WaitUntil(run->done, std::chrono::seconds(15));
   RankRun::release = true;
   for (RankRun* run : order) run->thread.join();
 }
@@ -123,19 +120,20 @@ TEST_CASE(
   const std::vector<std::string> expected = {"A/0", "A/1"};
   CHECK(a0.gathered == expected);
   CHECK(a1.gathered == expected);
-  // B1 reached A's store (B0 could not bind the port): refused at once, naming both jobs, the
-  // store and what to set.
+  // B1 reached A's store (B0 could not bind the port): refused at once, naming its own job, the
+  // store and what to set, but not A's job (B1 could simply reconnect with it).
   REQUIRE(absl::IsFailedPrecondition(b1.status));
   CHECK_FALSE(b1.joined.load());
-  for (const char* word :
-       {"'job-A'", "'job-B'", "127.0.0.1:", "PLEXUS_STORE_ADDR", "PLEXUS_JOB_ID"}) {
+  for (const char* word : {"'job-B'", "127.0.0.1:", "PLEXUS_STORE_ADDR", "PLEXUS_JOB_ID"}) {
     CHECK(Has(b1.status, word));
   }
+  CHECK_FALSE(Has(b1.status, "job-A"));
   CHECK(Has(b1.status, address));
-  // B0 cannot serve the port, and says whose store holds it.
+  // B0 cannot serve the port, and says that a store of another job holds it.
   REQUIRE_FALSE(b0.status.ok());
   CHECK(Has(b0.status, "rank 0 cannot serve the store"));
-  CHECK(Has(b0.status, "job 'job-A'"));
+  CHECK(Has(b0.status, "job whose id differs"));
+  CHECK_FALSE(Has(b0.status, "job-A"));
   CHECK(seconds < 8);  // nobody waited for a timeout
 }
 
@@ -166,7 +164,7 @@ TEST_CASE("two jobs without job ids (nonce): a different world size is told apar
   }
   REQUIRE_FALSE(b0.status.ok());
   CHECK(Has(b0.status, "rank 0 cannot serve the store"));
-  CHECK(Has(b0.status, "without job id (nonce 'nonce-"));
+  CHECK(Has(b0.status, "a job without job id is running there"));
 }
 
 TEST_CASE("two jobs without job ids (nonce), same size: a rank number is never taken twice") {
@@ -190,48 +188,93 @@ TEST_CASE("two jobs without job ids (nonce), same size: a rank number is never t
     CHECK(absl::IsUnavailable(b0.status));
   }
   SECTION("A0, B1, A1, B0: the second claim of rank 1 fails clearly") {
-    // Without a job id nothing tells B1 from A1 but the order they came in: B1 takes rank 1 and
-    // runs with A0, A1 gets the error that says to set PLEXUS_JOB_ID (docs/architecture.md).
+    // With two ranks, B1 completes A's job before anything else comes: nothing tells B1 from A1
+    // then (docs/architecture.md). A1's claim comes after that job ran, and fails.
     RunInOrder({&a0, &b1, &a1, &b0});
     INFO("A1: " << a1.status);
     REQUIRE(absl::IsAlreadyExists(a1.status));
     CHECK(Has(a1.status, "rank 1 of job 'nonce-"));
+    CHECK(Has(a1.status, "claimed by two processes"));
     CHECK(Has(a1.status, "PLEXUS_JOB_ID"));
     CHECK(absl::IsUnavailable(b0.status));
   }
 }
 
-TEST_CASE("one job: a late rank joins, a duplicate rank and a different world size fail") {
+TEST_CASE("two 4-rank jobs without job ids, interleaved: every rank fails, none runs mixed") {
+  // A0 B1 A1 B0 A2 B2 A3 B3: A0, B1, A2 and A3 used to form one job and return wrong results.
+  // A1's claim of rank 1 comes while A0 and B1 wait for ranks 2 and 3: both claimants and the
+  // waiting ranks fail, and so does every rank that comes later.
   const int port = FreePort();
-  RankRun r0, r1, r2, dup1, wrong;
+  std::vector<std::unique_ptr<RankRun>> a, b;
+  for (int r = 0; r < 4; ++r) {
+    a.push_back(std::make_unique<RankRun>());
+    a.back()->Init("A", r, JobEnv(port, r, 4, ""));
+    b.push_back(std::make_unique<RankRun>());
+    b.back()->Init("B", r, JobEnv(port, r, 4, ""));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  RunInOrder({a[0].get(), b[1].get(), a[1].get(), b[0].get(), a[2].get(), b[2].get(), a[3].get(),
+              b[3].get()});
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  for (const auto* job : {&a, &b}) {
+    for (const auto& run : *job) {
+      INFO(run->label << run->rank << ": " << run->status);
+      CHECK_FALSE(run->joined.load());
+      REQUIRE_FALSE(run->status.ok());
+      if (run->label == "B" && run->rank == 0) {
+        CHECK(Has(run->status, "rank 0 cannot serve the store"));
+      } else {
+        CHECK(absl::IsAlreadyExists(run->status));
+        CHECK(Has(run->status, "two jobs share this store address"));
+      }
+      CHECK(Has(run->status, "PLEXUS_JOB_ID"));
+    }
+  }
+}
+
+TEST_CASE("one job: a late rank joins, a rank of another world size fails alone") {
+  const int port = FreePort();
+  RankRun r0, r1, r2, wrong;
   r0.Init("J", 0, JobEnv(port, 0, 3, "job-J"));
   r1.Init("J", 1, JobEnv(port, 1, 3, "job-J"));
   r2.Init("J", 2, JobEnv(port, 2, 3, "job-J"));
-  dup1.Init("J", 1, JobEnv(port, 1, 3, "job-J"));
   wrong.Init("J", 1, JobEnv(port, 1, 2, "job-J"));
   RankRun::release = true;  // r0 serves until r2, the last, is done: nothing to hold
   r0.Start();
-  REQUIRE(WaitUntil(r0.joined));
   r1.Start();
-  REQUIRE(WaitUntil(r1.joined));
-  dup1.Start();
   wrong.Start();
-  dup1.thread.join();
   wrong.thread.join();
   // The late rank comes after the others have started waiting for it.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  CHECK_FALSE(r0.joined.load());
   r2.Start();
   for (RankRun* r : {&r0, &r1, &r2}) r->thread.join();
   const std::vector<std::string> expected = {"J/0", "J/1", "J/2"};
-  INFO("r0: " << r0.status << "\ndup: " << dup1.status << "\nwrong: " << wrong.status);
+  INFO("r0: " << r0.status << "\nwrong: " << wrong.status);
   CHECK(r0.gathered == expected);
   CHECK(r1.gathered == expected);
   CHECK(r2.gathered == expected);
-  REQUIRE(absl::IsAlreadyExists(dup1.status));
-  CHECK(Has(dup1.status, "rank 1 of job 'job-J' (PLEXUS_JOB_ID) already joined"));
   REQUIRE(absl::IsFailedPrecondition(wrong.status));
   CHECK(Has(wrong.status, "has world size 2, but rank 0"));
   CHECK(Has(wrong.status, "world size 3"));
+}
+
+TEST_CASE("one job: a rank started twice fails both claimants and the ranks of the job") {
+  const int port = FreePort();
+  RankRun r0, r1, dup1, r2;
+  r0.Init("J", 0, JobEnv(port, 0, 3, "job-J"));
+  r1.Init("J", 1, JobEnv(port, 1, 3, "job-J"));
+  dup1.Init("J", 1, JobEnv(port, 1, 3, "job-J"));
+  r2.Init("J", 2, JobEnv(port, 2, 3, "job-J"));
+  RunInOrder({&r0, &r1, &dup1, &r2});
+  for (RankRun* r : {&r0, &r1, &dup1, &r2}) {
+    INFO("rank " << r->rank << ": " << r->status);
+    CHECK_FALSE(r->joined.load());
+    REQUIRE(absl::IsAlreadyExists(r->status));
+    CHECK(Has(r->status, "rank 1 was claimed by two processes"));
+    CHECK(Has(r->status, "job 'job-J' (PLEXUS_JOB_ID)"));
+  }
+  CHECK(Has(dup1.status, "rank 1 of job 'job-J' (PLEXUS_JOB_ID) already joined"));
 }
 
 TEST_CASE("two jobs with job ids share a file store directory without seeing each other") {

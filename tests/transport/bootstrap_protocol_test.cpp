@@ -9,8 +9,10 @@
 #include "bootstrap/store_protocol.hpp"
 #include "bootstrap/store_state.hpp"
 #include "plexus/base/byte_order.hpp"
+#include "plexus/transport/store.hpp"
 
 namespace proto = plexus::transport::store_protocol;
+namespace pt = plexus::transport;
 
 namespace {
 
@@ -324,22 +326,100 @@ TEST_CASE("store state: counters add, refuse non-counters and overflow", "[store
   CHECK(r.reply->value == "key 's' holds a value that is not a counter");
 }
 
-TEST_CASE("store state: a hello of another job is refused naming both jobs", "[store_state]") {
+TEST_CASE("store state: a hello of another job is refused without learning the served job",
+          "[store_state]") {
   proto::StoreState state("job-a", false, "127.0.0.1:29500");
   proto::Request hello = Req(proto::Op::kHello, {});
   hello.version = proto::kVersion;
   hello.job = "job-b";
   auto refused = state.Handle(1, hello, absl::UnixEpoch());
   CHECK_FALSE(refused.hello_accepted);
+  REQUIRE(refused.reply.has_value());
   CHECK(refused.reply->code == proto::Code::kRefused);
-  CHECK(refused.refusal.find("job 'job-a'") != std::string::npos);
   CHECK(refused.refusal.find("is job 'job-b'") != std::string::npos);
+  CHECK(refused.refusal.find("127.0.0.1:29500") != std::string::npos);
+  CHECK(refused.refusal.find("PLEXUS_JOB_ID") != std::string::npos);
+  // Neither the message nor the reply's fields tell the client the job to name instead.
+  CHECK(refused.refusal.find("job-a") == std::string::npos);
+  CHECK(refused.reply->value.find("job-a") == std::string::npos);
+  CHECK(refused.reply->job.empty());
+  const std::string frame = proto::EncodeResponse(*refused.reply);
+  CHECK(frame.find("job-a") == std::string::npos);
+  hello.job = "";
+  auto none = state.Handle(2, hello, absl::UnixEpoch());
+  CHECK_FALSE(none.hello_accepted);
+  CHECK(none.refusal.find("names no job id") != std::string::npos);
+  CHECK(proto::EncodeResponse(*none.reply).find("job-a") == std::string::npos);
   hello.job = "job-a";
-  CHECK(state.Handle(2, hello, absl::UnixEpoch()).hello_accepted);
-  // A nonce job lets a client that names no job in (it learns the nonce from the reply).
+  auto accepted = state.Handle(3, hello, absl::UnixEpoch());
+  CHECK(accepted.hello_accepted);
+  CHECK(accepted.reply->job == "job-a");
+  // A nonce job lets a client that names no job in (it learns the nonce from the reply), but not
+  // a client that names another job.
   proto::StoreState nonce("n123", true, "127.0.0.1:29500");
   hello.job = "";
-  auto learned = nonce.Handle(3, hello, absl::UnixEpoch());
+  auto learned = nonce.Handle(4, hello, absl::UnixEpoch());
   CHECK(learned.hello_accepted);
   CHECK(learned.reply->job == "n123");
+  hello.job = "job-b";
+  auto other = nonce.Handle(5, hello, absl::UnixEpoch());
+  CHECK_FALSE(other.hello_accepted);
+  CHECK(proto::EncodeResponse(*other.reply).find("n123") == std::string::npos);
+  CHECK(other.refusal.find("n123") == std::string::npos);
+}
+
+TEST_CASE("store state: keys and values stay within the byte cap", "[store_state]") {
+  constexpr uint64_t kOverhead = proto::StoreState::kEntryOverheadBytes;
+  proto::StoreState state("", false, "127.0.0.1:29500", 1000);
+  const std::string big(600, 'x');
+  auto first = state.Handle(1, Req(proto::Op::kSet, {"a"}, big), absl::UnixEpoch());
+  CHECK(first.reply->code == proto::Code::kOk);
+  CHECK(state.bytes() == 1 + 600 + kOverhead);
+  auto second = state.Handle(1, Req(proto::Op::kSet, {"b"}, big), absl::UnixEpoch());
+  REQUIRE(second.reply->code == proto::Code::kFull);
+  for (const char* word :
+       {"key 'b'", "600 bytes", "cap of 1000", "127.0.0.1:29500", "PLEXUS_STORE_MAX_BYTES"}) {
+    INFO(second.reply->value);
+    CHECK(second.reply->value.find(word) != std::string::npos);
+  }
+  CHECK(state.bytes() == 1 + 600 + kOverhead);
+  auto get = state.Handle(1, Req(proto::Op::kCheck, {"b"}), absl::UnixEpoch());
+  CHECK_FALSE(get.reply->flag);  // nothing of the refused Set was kept
+  // Replacing a value counts the difference; deleting gives the bytes back.
+  CHECK(state.Handle(1, Req(proto::Op::kSet, {"a"}, std::string(1000, 'y')), absl::UnixEpoch())
+            .reply->code == proto::Code::kFull);
+  CHECK(state.Handle(1, Req(proto::Op::kSet, {"a"}, "small"), absl::UnixEpoch()).reply->code ==
+        proto::Code::kOk);
+  CHECK(state.bytes() == 1 + 5 + kOverhead);
+  CHECK(state.Handle(1, Req(proto::Op::kSet, {"b"}, big), absl::UnixEpoch()).reply->code ==
+        proto::Code::kOk);
+  // A new counter takes room too.
+  proto::StoreState tiny("", false, "127.0.0.1:29500", 10 + kOverhead);
+  proto::Request add = Req(proto::Op::kAdd, {"counter-with-a-long-name"});
+  add.delta = 1;
+  auto refused = tiny.Handle(1, add, absl::UnixEpoch());
+  CHECK(refused.reply->code == proto::Code::kFull);
+  CHECK(tiny.bytes() == 0);
+  REQUIRE(state.Handle(1, Req(proto::Op::kDelete, {"b"}), absl::UnixEpoch()).reply->flag);
+  CHECK(state.bytes() == 1 + 5 + kOverhead);
+  // The client reads a full store as ResourceExhausted (tcp_store.cpp): the code round-trips.
+  const std::string full_frame = proto::EncodeResponse(*second.reply);
+  auto decoded = proto::DecodeResponse(Bytes(full_frame, proto::kHeaderBytes));
+  REQUIRE(decoded.ok());
+  CHECK(decoded->code == proto::Code::kFull);
+}
+
+TEST_CASE("store state: a failure report under any prefix marks the job failed", "[store_state]") {
+  proto::StoreState state("", false, "127.0.0.1:1");
+  state.Handle(1, Req(proto::Op::kSet, {"plexus/job/j/rendezvous/world-size"}, "2"),
+               absl::UnixEpoch());
+  state.Handle(1, Req(proto::Op::kSet, {"plexus/job/j/not-plexus/failed/0"}, "x"),
+               absl::UnixEpoch());
+  CHECK_FALSE(state.job_failed());
+  state.Handle(2, Req(proto::Op::kSet, {"plexus/job/j/plexus/failed/1"}, "rank 1: timeout"),
+               absl::UnixEpoch());
+  CHECK(state.job_failed());
+  CHECK(state.failed_key() == "plexus/job/j/plexus/failed/1");
+  CHECK(pt::IsJobFailureKey("plexus/failed/3"));
+  CHECK_FALSE(pt::IsJobFailureKey("xplexus/failed/3"));
 }

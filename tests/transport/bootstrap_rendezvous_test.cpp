@@ -455,6 +455,81 @@ TEST_CASE("rank 0 with a store address of another host says so instead of servin
   REQUIRE_FALSE(rdzv.ok());
   CHECK(Message(rdzv.status()).find("192.0.2.1:29500") != std::string::npos);
   CHECK(Message(rdzv.status()).find("not an address of this host") != std::string::npos);
+  CHECK(Message(rdzv.status()).find("PLEXUS_STORE_EXTERNAL=1") != std::string::npos);
+}
+
+TEST_CASE("rank 0 serves the store on the address given; every interface only when asked") {
+  auto served_at = [](pt::Environment env) -> std::string {
+    env["PLEXUS_RANK"] = "0";
+    env["PLEXUS_WORLD_SIZE"] = "1";
+    auto rdzv = pt::Rendezvous::FromEnv(env, absl::Seconds(5));
+    if (!rdzv.ok()) return rdzv.status().ToString();
+    if (rdzv->store_server() == nullptr) return "no server";
+    return rdzv->store_server()->address();
+  };
+  const int port = FreePort();
+  const std::string loopback = absl::StrCat("127.0.0.1:", port);
+  // It used to listen on 0.0.0.0 whatever the address said.
+  CHECK(served_at({{"PLEXUS_STORE_ADDR", loopback}}) == loopback);
+  CHECK(served_at({{"PLEXUS_STORE_ADDR", absl::StrCat("localhost:", port)}}) == loopback);
+  CHECK(served_at({{"PLEXUS_STORE_ADDR", loopback}, {"PLEXUS_STORE_BIND", "0.0.0.0"}}) ==
+        absl::StrCat("0.0.0.0:", port));
+  CHECK(served_at({{"PLEXUS_STORE_ADDR", absl::StrCat("192.0.2.1:", port)},
+                   {"PLEXUS_STORE_BIND", "127.0.0.1"}}) == loopback);
+  for (const char* bad : {"a b", "1.2.3.4:5", "node/1"}) {
+    auto parsed = pt::ParseLaunchEnvironment({{"PLEXUS_RANK", "0"},
+                                              {"PLEXUS_WORLD_SIZE", "1"},
+                                              {"PLEXUS_STORE_ADDR", loopback},
+                                              {"PLEXUS_STORE_BIND", bad}});
+    REQUIRE(absl::IsInvalidArgument(parsed.status()));
+    CHECK(Message(parsed.status()).find("PLEXUS_STORE_BIND") != std::string::npos);
+  }
+  auto both = pt::ParseLaunchEnvironment({{"PLEXUS_RANK", "0"},
+                                          {"PLEXUS_WORLD_SIZE", "1"},
+                                          {"PLEXUS_STORE_ADDR", loopback},
+                                          {"PLEXUS_STORE_BIND", "0.0.0.0"},
+                                          {"PLEXUS_STORE_EXTERNAL", "1"}});
+  CHECK(absl::IsInvalidArgument(both.status()));
+  CHECK(absl::IsInvalidArgument(pt::ParseLaunchEnvironment({{"PLEXUS_RANK", "0"},
+                                                            {"PLEXUS_WORLD_SIZE", "1"},
+                                                            {"PLEXUS_STORE_ADDR", loopback},
+                                                            {"PLEXUS_STORE_EXTERNAL", "maybe"}})
+                                    .status()));
+}
+
+TEST_CASE("rank 0 uses a store it did not start only when told it is external") {
+  auto external = pt::TcpStoreServer::Start("127.0.0.1:0");
+  REQUIRE(external.ok());
+  const std::string address = absl::StrCat("127.0.0.1:", (*external)->port());
+  auto env = [&](int rank, bool is_external) {
+    pt::Environment e = {{"PLEXUS_RANK", std::to_string(rank)},
+                         {"PLEXUS_WORLD_SIZE", "2"},
+                         {"PLEXUS_LOCAL_RANK", std::to_string(rank)},
+                         {"PLEXUS_LOCAL_WORLD_SIZE", "2"},
+                         {"PLEXUS_STORE_ADDR", address}};
+    if (is_external) e["PLEXUS_STORE_EXTERNAL"] = "1";
+    return e;
+  };
+  // Without it, rank 0 cannot serve the (taken) port and says who holds it and what to set.
+  auto refused = pt::Rendezvous::FromEnv(env(0, false), absl::Seconds(2));
+  REQUIRE_FALSE(refused.ok());
+  CHECK(Message(refused.status()).find("rank 0 cannot serve the store") != std::string::npos);
+  CHECK(Message(refused.status()).find("PLEXUS_STORE_EXTERNAL=1") != std::string::npos);
+  std::vector<std::vector<std::string>> got(2);
+  auto errors = OnThreads(2, [&](int r) -> std::string {
+    auto rdzv = pt::Rendezvous::FromEnv(env(r, true), absl::Seconds(10));
+    if (!rdzv.ok()) return rdzv.status().ToString();
+    if (rdzv->store_server() != nullptr) return "rank started a server";
+    auto all = rdzv->AllGather("v", absl::StrCat("r", r), absl::Seconds(10));
+    if (!all.ok()) return all.status().ToString();
+    got[r] = *all;
+    return "";
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO(errors[r]);
+    CHECK(errors[r].empty());
+    CHECK(got[r] == std::vector<std::string>{"r0", "r1"});
+  }
 }
 
 TEST_CASE("a busy port on rank 0 gives an actionable error") {

@@ -45,24 +45,29 @@ TEST_CASE("store server: limits come from the options, else the environment, els
     CHECK((*server)->max_clients() == 4096);
     CHECK((*server)->idle_timeout() == absl::Minutes(10));
     CHECK((*server)->max_buffered_bytes() == (uint64_t{1} << 30));
+    CHECK((*server)->max_store_bytes() == (uint64_t{256} << 20));
   }
   EnvVar clients("PLEXUS_STORE_MAX_CLIENTS", "7");
   EnvVar idle("PLEXUS_STORE_IDLE_TIMEOUT", "45s");
   EnvVar buffered("PLEXUS_STORE_MAX_BUFFERED", "512M");
+  EnvVar stored("PLEXUS_STORE_MAX_BYTES", "1G");
   {
     auto server = pt::TcpStoreServer::Start("127.0.0.1:0");
     REQUIRE(server.ok());
     CHECK((*server)->max_clients() == 7);
     CHECK((*server)->idle_timeout() == absl::Seconds(45));
     CHECK((*server)->max_buffered_bytes() == (uint64_t{512} << 20));
+    CHECK((*server)->max_store_bytes() == (uint64_t{1} << 30));
   }
   {
     pt::TcpStoreServer::Options options;
     options.max_clients = 3;
     options.idle_timeout = absl::InfiniteDuration();
     options.max_buffered_bytes = uint64_t{256} << 20;
+    options.max_store_bytes = uint64_t{128} << 20;
     auto server = pt::TcpStoreServer::Start("127.0.0.1:0", options);
     REQUIRE(server.ok());
+    CHECK((*server)->max_store_bytes() == (uint64_t{128} << 20));
     CHECK((*server)->max_clients() == 3);
     CHECK((*server)->idle_timeout() == absl::InfiniteDuration());
     CHECK((*server)->max_buffered_bytes() == (uint64_t{256} << 20));
@@ -80,6 +85,52 @@ TEST_CASE("store server: limits come from the options, else the environment, els
   pt::TcpStoreServer::Options tiny;
   tiny.max_buffered_bytes = 1 << 20;  // less than one maximal frame
   CHECK(absl::IsInvalidArgument(pt::TcpStoreServer::Start("127.0.0.1:0", tiny).status()));
+  pt::TcpStoreServer::Options small_store;
+  small_store.max_store_bytes = 1 << 20;  // less than one maximal value
+  auto refused = pt::TcpStoreServer::Start("127.0.0.1:0", small_store);
+  REQUIRE(absl::IsInvalidArgument(refused.status()));
+  CHECK(std::string(refused.status().message()).find("PLEXUS_STORE_MAX_BYTES") !=
+        std::string::npos);
+}
+
+TEST_CASE("store server: Sets beyond the byte cap are refused and memory stays flat") {
+  // The default cap (256 MiB): 20 Sets of 64 MiB used to keep all 1.25 GiB.
+  auto server = pt::TcpStoreServer::Start("127.0.0.1:0");
+  REQUIRE(server.ok());
+  const uint64_t cap = (*server)->max_store_bytes();
+  auto store = pt::TcpStore::Connect(Loopback(**server), absl::Seconds(5));
+  REQUIRE(store.ok());
+  const std::string value(size_t{64} << 20, 'v');
+  const int64_t baseline = plexus::testing::ProcStatusBytes("VmRSS");
+  REQUIRE(baseline > 0);
+  int stored = 0;
+  absl::Status refusal;
+  for (int i = 0; i < 20; ++i) {
+    const absl::Status s = (*store)->Set(absl::StrCat("blob/", i), value);
+    if (s.ok()) {
+      ++stored;
+      continue;
+    }
+    refusal = s;
+    CHECK(absl::IsResourceExhausted(s));
+  }
+  const int64_t grown = plexus::testing::ProcStatusBytes("VmRSS") - baseline;
+  INFO("RSS growth " << (grown >> 20) << " MiB, cap " << (cap >> 20) << " MiB; " << refusal);
+  CHECK(stored == 3);  // a 4th 64 MiB value and its key would pass 256 MiB
+  CHECK((*server)->stored_bytes() <= cap);
+  CHECK(grown < static_cast<int64_t>(cap + (uint64_t{160} << 20)));
+  const std::string message(refusal.message());
+  for (const std::string& word :
+       {std::string("key 'blob/19'"), absl::StrCat(value.size(), " bytes"),
+        absl::StrCat("cap of ", cap), std::string("PLEXUS_STORE_MAX_BYTES")}) {
+    CHECK(message.find(word) != std::string::npos);
+  }
+  // The store still serves, and room comes back when keys go.
+  REQUIRE((*store)->Set("small", "ok").ok());
+  REQUIRE(*(*store)->Delete("blob/0"));
+  CHECK((*store)->Set("blob/again", value).ok());
+  auto counter = (*store)->Add("n", 1);
+  REQUIRE(counter.ok());
 }
 
 TEST_CASE("store server: connections beyond the client limit are refused and closed") {
@@ -245,7 +296,7 @@ TEST_CASE("store server: clients sending huge partial requests stay under the me
   REQUIRE(WaitFor([&] { return (*server)->buffered_bytes() == 0; }, std::chrono::seconds(5)));
 }
 
-TEST_CASE("store server of a job refuses clients of another job, with both names") {
+TEST_CASE("store server of a job refuses clients of another job without naming its own") {
   pt::TcpStoreServer::Options options;
   options.job_id = "job-A";
   auto server = pt::TcpStoreServer::Start("127.0.0.1:0", options);
@@ -254,12 +305,14 @@ TEST_CASE("store server of a job refuses clients of another job, with both names
       pt::TcpStore::Connect(Loopback(**server), absl::Seconds(5), absl::Seconds(5), "job-B");
   REQUIRE(absl::IsFailedPrecondition(other.status()));
   const std::string message(other.status().message());
-  CHECK(message.find("serves job 'job-A'") != std::string::npos);
+  CHECK(message.find("job-A") == std::string::npos);  // it would simply reconnect with it
+  CHECK(message.find("job whose id differs") != std::string::npos);
   CHECK(message.find("is job 'job-B'") != std::string::npos);
   CHECK(message.find("PLEXUS_JOB_ID") != std::string::npos);
   auto none = pt::TcpStore::Connect(Loopback(**server), absl::Seconds(5));
   REQUIRE(absl::IsFailedPrecondition(none.status()));
   CHECK(std::string(none.status().message()).find("names no job id") != std::string::npos);
+  CHECK(std::string(none.status().message()).find("job-A") == std::string::npos);
   CHECK((*server)->refused_clients() == 2);
   auto mine =
       pt::TcpStore::Connect(Loopback(**server), absl::Seconds(5), absl::Seconds(5), "job-A");
@@ -312,6 +365,7 @@ TEST_CASE("a client whose server was replaced by another job's is refused, not s
   for (int i = 0; i < 2; ++i) {
     auto got = (*store)->Get("k", absl::Milliseconds(100));
     REQUIRE(absl::IsFailedPrecondition(got.status()));
-    CHECK(std::string(got.status().message()).find("serves job 'job-B'") != std::string::npos);
+    CHECK(std::string(got.status().message()).find("is job 'job-A'") != std::string::npos);
+    CHECK(std::string(got.status().message()).find("job-B") == std::string::npos);
   }
 }

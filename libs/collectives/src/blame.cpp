@@ -6,6 +6,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -211,6 +212,8 @@ struct BlameBoard::Shared {
   std::condition_variable cv;
   bool has_pending = false;
   std::optional<std::string> pending;  // nullopt: delete
+  std::string failure;                 // non-empty: report the job failed after the write
+  bool failure_reported = false;
   uint64_t requested = 0, written = 0;
   bool started = false, stop = false;
 };
@@ -239,12 +242,13 @@ void BlameBoard::Request(std::optional<std::string> value) {
   ++shared_->requested;
   if (!shared_->started) {
     shared_->started = true;
-    std::thread([shared = shared_, store = store_, key = BlameKey(uid_, self_)] {
+    std::thread([shared = shared_, store = store_, key = BlameKey(uid_, self_), self = self_] {
       std::unique_lock<std::mutex> lock(shared->mu);
       for (;;) {
         shared->cv.wait(lock, [&] { return shared->has_pending || shared->stop; });
         if (!shared->has_pending) return;
         std::optional<std::string> value = std::move(shared->pending);
+        const std::string failure = std::exchange(shared->failure, std::string());
         const uint64_t generation = shared->requested;
         shared->has_pending = false;
         lock.unlock();
@@ -253,6 +257,8 @@ void BlameBoard::Request(std::optional<std::string> value) {
         } else {
           (void)store->Delete(key);
         }
+        // After the account, so that whoever acts on the report finds the account there.
+        if (!failure.empty()) (void)transport::ReportJobFailure(*store, self, failure);
         lock.lock();
         shared->written = generation;
         shared->cv.notify_all();
@@ -265,6 +271,15 @@ void BlameBoard::Request(std::optional<std::string> value) {
 void BlameBoard::Post(Blame b) {
   b.at_ms = absl::ToUnixMillis(absl::Now());
   posted_ = true;
+  if (b.final && store_ != nullptr) {
+    // A final account: the job failed. Reported once, for the store's server (rank 0), whose
+    // exit then does not wait for ranks that will never leave the store.
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    if (!shared_->failure_reported) {
+      shared_->failure_reported = true;
+      shared_->failure = b.reason.empty() ? std::string("communicator failed") : b.reason;
+    }
+  }
   Request(b.Encode());
 }
 

@@ -31,11 +31,17 @@ struct JobIdentity {
 };
 
 // Joins the job through its namespaced `store`: rank 0 publishes the world size; every rank
-// checks it against its own and claims its rank number. FailedPrecondition when the world sizes
-// differ, AlreadyExists when another process already claimed this rank; both say that two jobs
-// (or a misconfigured launcher) share the store and what to set. Nothing of the rightful job's
-// is overwritten on failure.
+// checks it against its own, claims its rank number (an atomic Add on the store) and waits, until
+// `timeout`, for every rank of the job to have claimed its own. FailedPrecondition when the world
+// sizes differ (nothing of the job already there is touched); when a rank number is claimed
+// twice, both claimants fail, and so does every rank of the job waiting or still to come:
+// AlreadyExists saying that two jobs share the store address (or a launcher started a rank twice)
+// and how to separate them. DeadlineExceeded naming the ranks that did not come.
 absl::Status JoinJob(Store& store, const JobIdentity& job, int rank, int world_size,
                      absl::Duration timeout);
+
+// Marks the job of `store` (its namespaced view) as shared with another job, with `why`: every
+// rank waiting in JoinJob, and every rank that comes later, fails with it.
+absl::Status MarkJobShared(Store& store, const std::string& why);
 
 }  // namespace plexus::transport::bootstrap

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,16 @@ class PrefixedStore final : public Store {
 std::shared_ptr<Store> PrefixStore(std::shared_ptr<Store> inner, std::string prefix,
                                    std::string label) {
   return std::make_shared<PrefixedStore>(std::move(inner), std::move(prefix), label);
+}
+
+bool IsJobFailureKey(std::string_view key) {
+  if (key.substr(0, kJobFailedSegment.size()) == kJobFailedSegment) return true;
+  return key.find(absl::StrCat("/", std::string(kJobFailedSegment))) != std::string_view::npos;
+}
+
+absl::Status ReportJobFailure(Store& store, int rank, std::string_view why) {
+  return store.Set(absl::StrCat(std::string(kJobFailedSegment), rank),
+                   why.substr(0, std::min<size_t>(why.size(), 4096)));
 }
 
 }  // namespace plexus::transport

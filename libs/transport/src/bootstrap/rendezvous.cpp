@@ -13,7 +13,10 @@
 #include "absl/strings/str_split.h"
 #include "bootstrap/job_store.hpp"
 #include "bootstrap/pmix_exchange.hpp"
+#include "bootstrap/rank0_store.hpp"
+#include "plexus/base/env.hpp"
 #include "plexus/base/host.hpp"
+#include "plexus/base/log.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/base/wait_policy.hpp"
@@ -154,6 +157,34 @@ std::string PmixServerVariable(const Environment& env) {
   return "";
 }
 
+// PLEXUS_STORE_BIND and PLEXUS_STORE_EXTERNAL, for a tcp store at config->store_address.
+absl::Status FindStoreServing(const Environment& env, LaunchInfo* config) {
+  if (auto external = Lookup(env, "PLEXUS_STORE_EXTERNAL")) {
+    PLEXUS_ASSIGN_OR_RETURN(config->store_external,
+                            base::ParseBool(*external, "PLEXUS_STORE_EXTERNAL"));
+  }
+  if (auto bind = Lookup(env, "PLEXUS_STORE_BIND")) {
+    std::string host = *bind;
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    }
+    if (host.find_first_of(" /") != std::string::npos ||
+        (host.find(':') != std::string::npos && !net::IsIpLiteral(host))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PLEXUS_STORE_BIND='", *bind,
+          "' is not a host or address (the port is PLEXUS_STORE_ADDR's): e.g. 10.0.0.1, node1, "
+          "or 0.0.0.0 / :: for every interface"));
+    }
+    if (config->store_external) {
+      return absl::InvalidArgumentError(
+          "PLEXUS_STORE_BIND and PLEXUS_STORE_EXTERNAL are both set: with an external store rank "
+          "0 serves nothing; unset one");
+    }
+    config->store_bind = host;
+  }
+  return absl::OkStatus();
+}
+
 // No launcher variables at all: rank 0 of a job of one, over a private store unless the user
 // names one (PLEXUS_STORE_ADDR / PLEXUS_STORE_PATH).
 absl::StatusOr<LaunchInfo> SingleProcess(const Environment& env) {
@@ -183,6 +214,9 @@ absl::StatusOr<LaunchInfo> SingleProcess(const Environment& env) {
     }
   }
   PLEXUS_RETURN_IF_ERROR(FindJobId(env, Launcher::kNone, &config));
+  if (config.store_kind == StoreKind::kTcp && addr) {
+    PLEXUS_RETURN_IF_ERROR(FindStoreServing(env, &config));
+  }
   config.source = absl::StrCat(
       "no launcher (none of PLEXUS_RANK, RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID is set): a job "
       "of one, store ",
@@ -386,6 +420,9 @@ absl::StatusOr<LaunchInfo> ParseLaunchEnvironment(const Environment& env) {
                        "port that every rank can reach"));
     }
   }
+  if (config.store_kind == StoreKind::kTcp && !config.store_address.empty()) {
+    PLEXUS_RETURN_IF_ERROR(FindStoreServing(env, &config));
+  }
   PLEXUS_RETURN_IF_ERROR(FindJobId(env, vars->launcher, &config));
   config.source =
       absl::StrCat(launcher, " (", absl::StrJoin(used, ", "), "), store ", store_source, ", ",
@@ -405,29 +442,6 @@ absl::StatusOr<Rendezvous> Rendezvous::FromEnv(const Environment& env, absl::Dur
 }
 
 namespace {
-
-// Why rank 0 could not bind the store's port, told by asking whoever holds it: when it is a
-// plexus store of another job, its refusal names that job.
-std::string DescribePortHolder(const std::string& host, uint16_t port, const std::string& job_id,
-                               absl::Duration timeout) {
-  const std::string address = net::JoinHostPort(host, port);
-  const absl::Duration probe = std::min(timeout, absl::Seconds(2));
-  auto holder = TcpStore::Connect(address, probe, probe, job_id);
-  if (holder.ok()) {
-    const std::string& served = (*holder)->server_job_id();
-    if (served.empty()) return " A plexus store that serves any job is running there.";
-    return absl::StrCat(
-        " A plexus store of ",
-        (*holder)->server_job_id_is_nonce() ? "a job without job id (nonce '" : "job '", served,
-        (*holder)->server_job_id_is_nonce() ? "')" : "'",
-        " is running there, started by another rank 0: two jobs share the store address, or the "
-        "launcher gave rank 0 to two processes. Give each job its own store port.");
-  }
-  if (absl::IsFailedPrecondition(holder.status())) {
-    return absl::StrCat(" Asked who holds it: ", holder.status().message());
-  }
-  return "";
-}
 
 // StoreKind::kPmix: rank 0 serves a store on a free port of every interface and publishes its
 // host name, port and interface addresses through the launcher's PMIx server; another rank on
@@ -532,40 +546,25 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchInfo& config,
   } else {
     PLEXUS_ASSIGN_OR_RETURN(auto hp, net::ParseHostPort(config.store_address, "the store address"));
     std::string connect_to = config.store_address;
-    const bool v6 = hp.host.find(':') != std::string::npos;
     std::string client_job = job.id;
-    if (config.rank == 0 && net::IsLocalHost(hp.host)) {
-      if (job.id.empty()) {
-        job = {bootstrap::NewJobNonce(), true, "nonce chosen by rank 0: the launcher gave no id"};
-      }
+    if (config.rank == 0 && !config.store_external) {
+      PLEXUS_ASSIGN_OR_RETURN(server, bootstrap::ServeStore(config, hp, &job, timeout, torch_hint));
       client_job = job.id;
-      TcpStoreServer::Options options;
-      options.job_id = job.id;
-      options.job_id_is_nonce = job.is_nonce;
-      // Listen on every interface: the name other hosts use for us may resolve differently
-      // here (Debian maps the host name to 127.0.1.1).
-      auto started = TcpStoreServer::Start(absl::StrCat(v6 ? "[::]:" : ":", hp.port), options);
-      if (!started.ok()) {
-        std::string holder;
-        if (absl::IsUnavailable(started.status()) && hp.port != 0) {
-          holder = DescribePortHolder(v6 ? "[::1]" : "127.0.0.1", hp.port, config.job_id, timeout);
-        }
-        return absl::Status(
-            started.status().code(),
-            absl::StrCat("rank 0 cannot serve the store (", config.source,
-                         "): ", std::string(started.status().message()), torch_hint, holder));
+      connect_to = server->address();
+      if (auto at = net::ParseHostPort(connect_to, "the store's address");
+          at.ok() && (at->host == "0.0.0.0" || at->host == "::")) {
+        connect_to = net::JoinHostPort(at->host == "::" ? "::1" : "127.0.0.1", server->port());
       }
-      server = *std::move(started);
-      connect_to = absl::StrCat(v6 ? "[::1]:" : "127.0.0.1:", server->port());
     }
     auto client = TcpStore::Connect(connect_to, timeout, absl::Seconds(30), client_job);
     if (!client.ok()) {
       if (config.rank == 0 && server == nullptr) {
         return absl::Status(
             client.status().code(),
-            absl::StrCat(std::string(client.status().message()), " Note: ", config.store_address,
-                         " is not an address of this host, so rank 0 did not start the store "
-                         "there; point the store address at rank 0's host."));
+            absl::StrCat(std::string(client.status().message()),
+                         " Note: PLEXUS_STORE_EXTERNAL is set, so rank 0 did not start the store "
+                         "at ",
+                         config.store_address, " but expected something else to serve it."));
       }
       if (absl::IsFailedPrecondition(client.status())) {
         return absl::FailedPreconditionError(
@@ -596,7 +595,20 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchInfo& config,
     }
   }
   store = bootstrap::NamespaceStore(std::move(store), job.id);
-  PLEXUS_RETURN_IF_ERROR(bootstrap::JoinJob(*store, job, config.rank, config.world_size, timeout));
+  const absl::Time join_deadline = absl::Now() + timeout;
+  if (absl::Status joined =
+          bootstrap::JoinJob(*store, job, config.rank, config.world_size, timeout);
+      !joined.ok()) {
+    if (server != nullptr && absl::IsAlreadyExists(joined)) {
+      // The job is shared with another: its ranks still waiting, or started a moment later, learn
+      // why from this store; gone, they would only time out, or another job's rank 0 could take
+      // the port and gather them. Served while they come, until the join's deadline.
+      store.reset();
+      base::Logf(base::LogLevel::kError, "plexus rendezvous: %s", joined.message());
+      bootstrap::KeepServingWhileRanksCome(*server, join_deadline);
+    }
+    return joined;
+  }
   PLEXUS_ASSIGN_OR_RETURN(auto rdzv, Create(config.rank, config.world_size, std::move(store),
                                             config.local_rank, config.local_world_size));
   rdzv.launcher_ = config.launcher;
@@ -675,8 +687,10 @@ Rendezvous& Rendezvous::operator=(Rendezvous&&) noexcept = default;
 Rendezvous::~Rendezvous() {
   store_.reset();
   if (server_ == nullptr) return;
+  // A failed job need not wait: a rank that reported the failure is done with the store, and one
+  // that is stopped or hung would hold this rank for the whole linger.
   base::PollUntil(absl::Now() + linger_, absl::Milliseconds(2),
-                  [&] { return server_->connected_clients() == 0; });
+                  [&] { return server_->connected_clients() == 0 || server_->job_failed(); });
   server_.reset();
 }
 

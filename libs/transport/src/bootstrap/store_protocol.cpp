@@ -194,7 +194,7 @@ absl::StatusOr<Response> DecodeResponse(absl::Span<const uint8_t> body) {
   if (r.U8(&op) && r.U8(&code)) {
     if (!ValidOp(op)) {
       r.Fail(absl::StrCat("unknown op ", static_cast<int>(op)));
-    } else if (code > static_cast<uint8_t>(Code::kBusy)) {
+    } else if (code > static_cast<uint8_t>(Code::kFull)) {
       r.Fail(absl::StrCat("unknown response code ", static_cast<int>(code)));
     } else {
       resp.op = static_cast<Op>(op);

@@ -30,13 +30,16 @@
 namespace plexus::transport::store_protocol {
 
 inline constexpr uint32_t kMagic = 0x54535850;  // "PXST" as little-endian bytes
-inline constexpr uint32_t kVersion = 2;
+inline constexpr uint32_t kVersion = 3;
 using ::plexus::transport::kMaxJobIdBytes;
 inline constexpr size_t kHeaderBytes = 8;
 inline constexpr uint64_t kNoTimeout = ~uint64_t{0};
 // The largest body: one maximal key and value plus field overhead; a Wait/Check may carry as
 // many keys as fit in it.
 inline constexpr size_t kMaxBodyBytes = kMaxStoreValueBytes + kMaxStoreKeyBytes + 64;
+// What a server holds in keys and values unless told otherwise (PLEXUS_STORE_MAX_BYTES): a job's
+// own entries (addresses, host names, per-rank records of a few KiB) are far below it.
+inline constexpr uint64_t kDefaultMaxStoreBytes = uint64_t{256} << 20;
 
 enum class Op : uint8_t {
   kHello = 1,
@@ -55,6 +58,7 @@ enum class Code : uint8_t {
   kInvalid = 2,  // the request cannot be served (e.g. Add on a non-counter)
   kRefused = 3,  // Hello: the server serves another job
   kBusy = 4,     // Hello: the server is at its client limit
+  kFull = 5,     // Set/Add: the value would take the store over its byte cap
 };
 
 struct Request {

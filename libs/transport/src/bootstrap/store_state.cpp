@@ -7,11 +7,43 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "plexus/transport/store.hpp"
 
 namespace plexus::transport::store_protocol {
 
-StoreState::StoreState(std::string job_id, bool job_id_is_nonce, std::string address)
-    : job_id_(std::move(job_id)), job_id_is_nonce_(job_id_is_nonce), address_(std::move(address)) {}
+StoreState::StoreState(std::string job_id, bool job_id_is_nonce, std::string address,
+                       uint64_t max_bytes)
+    : job_id_(std::move(job_id)),
+      job_id_is_nonce_(job_id_is_nonce),
+      address_(std::move(address)),
+      max_bytes_(max_bytes) {}
+
+std::string StoreState::CheckRoom(const std::string& key, size_t value_bytes) const {
+  uint64_t after = bytes_ + value_bytes;
+  if (auto it = data_.find(key); it != data_.end()) {
+    after -= it->second.size();
+  } else {
+    after += key.size() + kEntryOverheadBytes;
+  }
+  if (after <= max_bytes_ || after <= bytes_) return "";  // a replacement that does not grow
+  return absl::StrCat("the tcp store at ", address_, " is full: key '", key.substr(0, 200),
+                      "' with a value of ", value_bytes, " bytes would take it to ", after,
+                      " bytes, over its cap of ", max_bytes_,
+                      " bytes (PLEXUS_STORE_MAX_BYTES on the rank serving it); it holds ", bytes_,
+                      " bytes in ", data_.size(), " keys");
+}
+
+void StoreState::Store(const std::string& key, std::string value) {
+  auto [it, inserted] = data_.try_emplace(key);
+  if (inserted) {
+    bytes_ += key.size() + kEntryOverheadBytes;
+  } else {
+    bytes_ -= it->second.size();
+  }
+  bytes_ += value.size();
+  it->second = std::move(value);
+  if (failed_key_.empty() && IsJobFailureKey(key)) failed_key_ = key;
+}
 
 bool StoreState::AllPresent(const std::vector<std::string>& keys) const {
   for (const std::string& k : keys) {
@@ -47,8 +79,6 @@ StoreState::Outcome StoreState::Handle(int client, Request req, absl::Time now) 
   switch (req.op) {
     case Op::kHello:
       r.number = kVersion;
-      r.job = job_id_;
-      r.flag = job_id_is_nonce_;
       if (req.version != kVersion) {
         r.code = Code::kInvalid;
         r.value = absl::StrCat("protocol version ", req.version, " is not supported (server ",
@@ -58,18 +88,25 @@ StoreState::Outcome StoreState::Handle(int client, Request req, absl::Time now) 
         r.value = why;
         out.refusal = std::move(why);
       } else {
+        // Only a client allowed in learns whom the store serves.
+        r.job = job_id_;
+        r.flag = job_id_is_nonce_;
         out.hello_accepted = true;
       }
       break;
     case Op::kSet:
-      data_[req.keys[0]] = std::move(req.value);
+      if (std::string full = CheckRoom(req.keys[0], req.value.size()); !full.empty()) {
+        r.code = Code::kFull;
+        r.value = std::move(full);
+        break;
+      }
+      Store(req.keys[0], std::move(req.value));
       CompleteParked();
       break;
     case Op::kAdd: {
-      auto [it, inserted] = data_.try_emplace(req.keys[0], "0");
+      auto it = data_.find(req.keys[0]);
       int64_t current = 0;
-      if (!absl::SimpleAtoi(it->second, &current)) {
-        if (inserted) data_.erase(it);
+      if (it != data_.end() && !absl::SimpleAtoi(it->second, &current)) {
         r.code = Code::kInvalid;
         r.value = absl::StrCat("key '", req.keys[0], "' holds a value that is not a counter");
         break;
@@ -81,7 +118,13 @@ StoreState::Outcome StoreState::Handle(int client, Request req, absl::Time now) 
         break;
       }
       r.number = current + req.delta;
-      it->second = std::to_string(r.number);
+      std::string text = std::to_string(r.number);
+      if (std::string full = CheckRoom(req.keys[0], text.size()); !full.empty()) {
+        r.code = Code::kFull;
+        r.value = std::move(full);
+        break;
+      }
+      Store(req.keys[0], std::move(text));
       CompleteParked();
       break;
     }
@@ -89,7 +132,11 @@ StoreState::Outcome StoreState::Handle(int client, Request req, absl::Time now) 
       r.flag = AllPresent(req.keys);
       break;
     case Op::kDelete:
-      r.flag = data_.erase(req.keys[0]) > 0;
+      if (auto it = data_.find(req.keys[0]); it != data_.end()) {
+        bytes_ -= it->first.size() + kEntryOverheadBytes + it->second.size();
+        data_.erase(it);
+        r.flag = true;
+      }
       break;
     case Op::kGet:
     case Op::kWait:
@@ -149,17 +196,18 @@ absl::Time StoreState::next_deadline() const {
 std::string StoreState::CheckJob(const std::string& client_job) const {
   if (job_id_.empty() || client_job == job_id_) return "";
   if (client_job.empty() && job_id_is_nonce_) return "";  // it learns the nonce from our reply
-  const std::string served =
-      job_id_is_nonce_
-          ? absl::StrCat("a job without a launcher job id (its rank 0 chose nonce '", job_id_, "')")
-          : absl::StrCat("job '", job_id_, "'");
+  // The served job is not named: a client that could read it here could simply reconnect with it.
+  const std::string served = job_id_is_nonce_
+                                 ? std::string("a job without a launcher job id")
+                                 : std::string("a job whose id differs from this client's");
   const std::string client = client_job.empty() ? std::string("names no job id")
                                                 : absl::StrCat("is job '", client_job, "'");
   return absl::StrCat("the tcp store at ", address_, " serves ", served, ", but this client ",
                       client,
-                      ": two jobs share one store address. Give each job its own "
-                      "PLEXUS_STORE_ADDR port (or MASTER_PORT), and make every rank of a job "
-                      "see the same job id (PLEXUS_JOB_ID, or the launcher's)");
+                      ": two jobs share one store address, or the ranks of one job see different "
+                      "job ids. Give each job its own PLEXUS_STORE_ADDR port (or MASTER_PORT), and "
+                      "make every rank of a job see the same job id (PLEXUS_JOB_ID, or the "
+                      "launcher's)");
 }
 
 }  // namespace plexus::transport::store_protocol

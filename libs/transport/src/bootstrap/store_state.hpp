@@ -17,8 +17,13 @@ namespace plexus::transport::store_protocol {
 class StoreState {
  public:
   // The job the store serves (empty: any) and whether that id is rank 0's nonce, which a client
-  // naming no job may learn from the hello's reply; `address` appears in refusals.
-  StoreState(std::string job_id, bool job_id_is_nonce, std::string address);
+  // naming no job may learn from the hello's reply; `address` appears in refusals. The keys and
+  // values held stay within `max_bytes` (each key counted with kEntryOverheadBytes).
+  StoreState(std::string job_id, bool job_id_is_nonce, std::string address,
+             uint64_t max_bytes = kDefaultMaxStoreBytes);
+
+  // What one key costs beyond its key and value bytes, in the cap's accounting.
+  static constexpr uint64_t kEntryOverheadBytes = 64;
 
   struct Outcome {
     std::optional<Response> reply;  // none: a Get/Wait was parked until its keys or deadline
@@ -41,8 +46,18 @@ class StoreState {
 
   // The job this store serves; empty: any.
   const std::string& job_id() const { return job_id_; }
-  // Empty when a client of job `client_job` may use this store, else why not.
+  // Empty when a client of job `client_job` may use this store, else why not. The reason never
+  // names the job this store serves: a client that does not know it must not learn it.
   std::string CheckJob(const std::string& client_job) const;
+
+  // Bytes held (keys, values and kEntryOverheadBytes per key), and the cap.
+  uint64_t bytes() const { return bytes_; }
+  uint64_t max_bytes() const { return max_bytes_; }
+
+  // Whether a rank reported its job failed: a key whose path holds kJobFailedSegment was set
+  // (ReportJobFailure in plexus/transport/store.hpp), and the first such key.
+  bool job_failed() const { return !failed_key_.empty(); }
+  const std::string& failed_key() const { return failed_key_; }
 
  private:
   struct Parked {
@@ -53,10 +68,17 @@ class StoreState {
   Response Satisfied(const Request& req) const;
   Response TimedOut(const Request& req) const;
   void CompleteParked();
+  // Ok when storing `value` under `key` keeps the store within its cap, else the kFull reply's
+  // message naming the key, the sizes and the cap.
+  std::string CheckRoom(const std::string& key, size_t value_bytes) const;
+  void Store(const std::string& key, std::string value);
 
   std::string job_id_;
   bool job_id_is_nonce_;
   std::string address_;
+  uint64_t max_bytes_;
+  uint64_t bytes_ = 0;
+  std::string failed_key_;
   absl::flat_hash_map<std::string, std::string> data_;
   absl::flat_hash_map<int, Parked> parked_;
   std::vector<std::pair<int, Response>> completed_;

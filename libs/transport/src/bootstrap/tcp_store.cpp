@@ -248,6 +248,7 @@ absl::Status TcpStore::Set(std::string_view key, std::string_view value) {
   req.keys.emplace_back(key);
   req.value = std::string(value);
   PLEXUS_ASSIGN_OR_RETURN(auto r, impl_->Call(req, absl::ZeroDuration()));
+  if (r.code == proto::Code::kFull) return absl::ResourceExhaustedError(r.value);
   if (r.code != proto::Code::kOk) return absl::InvalidArgumentError(r.value);
   return absl::OkStatus();
 }
@@ -275,6 +276,7 @@ absl::StatusOr<int64_t> TcpStore::Add(std::string_view key, int64_t delta) {
   req.keys.emplace_back(key);
   req.delta = delta;
   PLEXUS_ASSIGN_OR_RETURN(auto r, impl_->Call(req, absl::ZeroDuration()));
+  if (r.code == proto::Code::kFull) return absl::ResourceExhaustedError(r.value);
   if (r.code != proto::Code::kOk) {
     return absl::InvalidArgumentError(absl::StrCat(r.value, " in the ", description()));
   }

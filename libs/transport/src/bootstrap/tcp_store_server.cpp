@@ -58,6 +58,10 @@ const base::Param<absl::Duration> kIdleTimeout(
 const base::Param<base::Bytes> kMaxBuffered(
     "PLEXUS_STORE_MAX_BUFFERED", base::Bytes{uint64_t{1} << 30},
     "bytes of partly received requests a TcpStoreServer buffers across all clients");
+const base::Param<base::Bytes> kMaxStoreBytes(
+    "PLEXUS_STORE_MAX_BYTES", base::Bytes{proto::kDefaultMaxStoreBytes},
+    "bytes of keys and values a TcpStoreServer (rank 0) holds; a Set beyond them is refused "
+    "(ResourceExhausted)");
 
 struct Client {
   int fd = -1;
@@ -81,14 +85,18 @@ struct TcpStoreServer::Impl {
   std::thread thread;
   std::atomic<bool> stop{false};
   std::atomic<size_t> connected{0};
+  std::atomic<size_t> accepted{0};
   std::atomic<size_t> dropped{0};
   std::atomic<size_t> refused{0};
   std::atomic<uint64_t> buffered{0};  // sum of clients' `in` sizes
+  std::atomic<uint64_t> stored{0};    // the state's bytes(), for other threads
+  std::atomic<bool> job_failed{false};
 
   // Limits and identity, fixed before the thread starts.
   int64_t max_clients = 0;
   absl::Duration idle_timeout = absl::InfiniteDuration();
   uint64_t max_buffered = 0;
+  uint64_t max_store = 0;
 
   // Refusals are logged at most once a second, so that a flood of connections cannot flood
   // the log (base::Log); the count of those not logged is reported with the next line.
@@ -216,6 +224,7 @@ struct TcpStoreServer::Impl {
       }
       clients[fd] = std::move(client);
       connected.fetch_add(1);
+      accepted.fetch_add(1);
     }
   }
 
@@ -381,6 +390,11 @@ struct TcpStoreServer::Impl {
         return;
       }
       proto::StoreState::Outcome outcome = state->Handle(fd, std::move(*request), absl::Now());
+      stored.store(state->bytes());
+      if (state->job_failed() && !job_failed.exchange(true)) {
+        base::Logf(base::LogLevel::kInfo, "plexus store %s: client %s reported the job failed (%s)",
+                   address, c.peer, state->failed_key());
+      }
       if (outcome.hello_accepted) c.hello_ok = true;
       if (!outcome.refusal.empty()) {
         c.close_after_reply = true;
@@ -427,6 +441,9 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::strin
   std::optional<base::Bytes> explicit_buffered;
   if (options.max_buffered_bytes) explicit_buffered = base::Bytes{*options.max_buffered_bytes};
   PLEXUS_ASSIGN_OR_RETURN(const base::Bytes max_buffered, kMaxBuffered.Resolve(explicit_buffered));
+  std::optional<base::Bytes> explicit_store;
+  if (options.max_store_bytes) explicit_store = base::Bytes{*options.max_store_bytes};
+  PLEXUS_ASSIGN_OR_RETURN(const base::Bytes max_store, kMaxStoreBytes.Resolve(explicit_store));
   if (max_clients < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("store server: max_clients (PLEXUS_STORE_MAX_CLIENTS) is ", max_clients,
@@ -443,6 +460,14 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::strin
                      max_buffered.value, "; it must hold at least one maximal frame (",
                      proto::kHeaderBytes + proto::kMaxBodyBytes, " bytes)"));
   }
+  if (max_store.value <
+      kMaxStoreValueBytes + kMaxStoreKeyBytes + proto::StoreState::kEntryOverheadBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "store server: max_store_bytes (PLEXUS_STORE_MAX_BYTES) is ", max_store.value,
+        "; it must hold at least one maximal key and value (",
+        kMaxStoreValueBytes + kMaxStoreKeyBytes + proto::StoreState::kEntryOverheadBytes,
+        " bytes)"));
+  }
   if (options.job_id.size() > proto::kMaxJobIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("store server: job id of ",
                                                    options.job_id.size(), " bytes; the limit is ",
@@ -457,6 +482,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::strin
   impl->max_clients = max_clients;
   impl->idle_timeout = idle_timeout;
   impl->max_buffered = max_buffered.value;
+  impl->max_store = max_store.value;
   impl->listen_fd = socket(sa.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (impl->listen_fd < 0) {
     return absl::ResourceExhaustedError(
@@ -481,7 +507,8 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(std::strin
                    ? ntohs(reinterpret_cast<sockaddr_in*>(&bound.storage)->sin_port)
                    : ntohs(reinterpret_cast<sockaddr_in6*>(&bound.storage)->sin6_port);
   impl->state = std::make_unique<proto::StoreState>(
-      options.job_id, options.job_id_is_nonce && !options.job_id.empty(), impl->address);
+      options.job_id, options.job_id_is_nonce && !options.job_id.empty(), impl->address,
+      impl->max_store);
 
   impl->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -509,11 +536,15 @@ TcpStoreServer::~TcpStoreServer() = default;
 std::string TcpStoreServer::address() const { return impl_->address; }
 uint16_t TcpStoreServer::port() const { return impl_->port; }
 size_t TcpStoreServer::connected_clients() const { return impl_->connected.load(); }
+size_t TcpStoreServer::accepted_clients() const { return impl_->accepted.load(); }
 size_t TcpStoreServer::dropped_clients() const { return impl_->dropped.load(); }
 size_t TcpStoreServer::refused_clients() const { return impl_->refused.load(); }
 uint64_t TcpStoreServer::buffered_bytes() const { return impl_->buffered.load(); }
 int64_t TcpStoreServer::max_clients() const { return impl_->max_clients; }
 absl::Duration TcpStoreServer::idle_timeout() const { return impl_->idle_timeout; }
 uint64_t TcpStoreServer::max_buffered_bytes() const { return impl_->max_buffered; }
+uint64_t TcpStoreServer::max_store_bytes() const { return impl_->max_store; }
+uint64_t TcpStoreServer::stored_bytes() const { return impl_->stored.load(); }
+bool TcpStoreServer::job_failed() const { return impl_->job_failed.load(); }
 
 }  // namespace plexus::transport

@@ -54,6 +54,7 @@ std::string_view StoreKindName(StoreKind kind);
 //   5. Open MPI or Slurm whose environment names a PMIx server (PMIX_NAMESPACE and
 //      PMIX_SERVER_URI*), when built with PMIx: StoreKind::kPmix;
 //   6. else InvalidArgument saying what to set.
+// PLEXUS_STORE_BIND and PLEXUS_STORE_EXTERNAL (LaunchInfo) change how rank 0 serves a tcp store.
 // The job id is PLEXUS_JOB_ID for any launcher, else the launcher's: torchrun
 // TORCHELASTIC_RUN_ID (not "none"; over the agent's store, "agent-store" stands for "none" and
 // the id ends in ".restart-<TORCHELASTIC_RESTART_COUNT>", since the store outlives a restart of
@@ -68,6 +69,14 @@ struct LaunchInfo {
   int local_world_size = -1;  // -1: likewise
   StoreKind store_kind = StoreKind::kTcp;
   std::string store_address;  // kTcp, kTorch: "host:port"; else empty
+  // kTcp: rank 0 serves the store on store_address's host (a name is resolved to its address),
+  // or on `store_bind` when set (PLEXUS_STORE_BIND: a host or address; "0.0.0.0" or "::" for
+  // every interface, which only the user asks for). With `store_external` (PLEXUS_STORE_EXTERNAL=1)
+  // something else serves it and rank 0 is a client like the others; without it, a rank 0 that
+  // cannot serve the address (not this host's, port taken) fails rather than use a store it did
+  // not start, which may be another job's.
+  std::string store_bind;
+  bool store_external = false;
   std::string store_path;     // kFile: the store's directory; else empty
   std::string job_id;         // e.g. "slurm:77.0"; empty when the environment names no job
   std::string job_id_source;  // the variable(s) it came from, e.g. "SLURM_JOB_ID.SLURM_STEP_ID"
@@ -99,7 +108,9 @@ class Rendezvous {
   Rendezvous(Rendezvous&&) noexcept;
   Rendezvous& operator=(Rendezvous&&) noexcept;
   // On the rank serving the store: waits (at most `linger`, 10 s by default) until every other
-  // rank has disconnected, so that no rank loses the store while still reading from it.
+  // rank has disconnected, so that no rank loses the store while still reading from it; not at
+  // all once a rank reported the job failed (ReportJobFailure, which a communicator that aborts
+  // calls), since a rank that stopped or hung would never leave.
   ~Rendezvous();
 
   int rank() const { return rank_; }

@@ -56,6 +56,16 @@ class Store {
 std::shared_ptr<Store> PrefixStore(std::shared_ptr<Store> inner, std::string prefix,
                                    std::string label = "");
 
+// Failure reports. A rank whose job failed (a communicator that aborted, say) records it in the
+// job's store with ReportJobFailure; the store server (rank 0's) then knows that the job failed
+// (TcpStoreServer::job_failed), and rank 0's Rendezvous stops waiting at exit for ranks that will
+// not come to leave the store (a stopped or hung one). The key is
+// "<prefix of `store`>plexus/failed/<rank>", whatever prefixes the view adds.
+inline constexpr std::string_view kJobFailedSegment = "plexus/failed/";
+// Whether `key` is such a report (kJobFailedSegment at its start or after a '/').
+bool IsJobFailureKey(std::string_view key);
+absl::Status ReportJobFailure(Store& store, int rank, std::string_view why);
+
 // The server side of TcpStore: one thread (epoll) serving any number of clients up to a limit.
 // A client that sends a malformed, truncated or oversized frame, stays idle too long, or would
 // push the input buffered across all clients over the memory cap is disconnected (the reason
@@ -73,6 +83,11 @@ class TcpStoreServer {
     // Bytes of partly received requests buffered across all clients (default 1 GiB; at least
     // one maximal frame). The client whose input would exceed it is dropped.
     std::optional<uint64_t> max_buffered_bytes;
+    // Bytes of keys and values held, each key counted with 64 bytes of overhead (default
+    // 256 MiB, PLEXUS_STORE_MAX_BYTES; at least one maximal value). A Set or Add that would go
+    // over it is refused: the client's call returns ResourceExhausted naming the key, the size
+    // and the cap, and the store keeps what it held.
+    std::optional<uint64_t> max_store_bytes;
     // The job this store serves: a client whose Hello names another job is refused with a
     // message naming both. Empty: any client is served. A nonce job (chosen by rank 0 when the
     // launcher gives no job id) also serves clients that name no job, and tells them the nonce.
@@ -98,6 +113,8 @@ class TcpStoreServer {
   // Clients connected right now; clients dropped so far for protocol violations, idleness or
   // the memory cap; connections refused (client limit, another job).
   size_t connected_clients() const;
+  // Connections accepted so far (those refused at the client limit not counted).
+  size_t accepted_clients() const;
   size_t dropped_clients() const;
   size_t refused_clients() const;
   // Bytes of partly received requests buffered right now, across all clients.
@@ -106,6 +123,11 @@ class TcpStoreServer {
   int64_t max_clients() const;
   absl::Duration idle_timeout() const;
   uint64_t max_buffered_bytes() const;
+  uint64_t max_store_bytes() const;
+  // Bytes of keys and values held right now (as counted against max_store_bytes).
+  uint64_t stored_bytes() const;
+  // Whether a client reported its job failed (ReportJobFailure).
+  bool job_failed() const;
 
   struct Impl;
 
