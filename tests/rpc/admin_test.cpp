@@ -2,6 +2,7 @@
 // under load and detach of a Server's and a Channel's chains, with exact call counts; refused
 // requests (token, unknown target or kind, bad configuration) change nothing.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include "catch2/catch.hpp"
 #include "kinds.plexus.hpp"
 #include "nlohmann/json.hpp"
+#include "plexus/base/net.hpp"
 #include "plexus/rpc/admin.hpp"
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/policies.hpp"
@@ -325,3 +327,65 @@ TEST_CASE("plexus-rpc-ctl attaches the QoS engine to a channel: the client's reo
   CHECK(f.channel->qos().latency == 3);  // detached: straight to the connection
 }
 #endif
+
+TEST_CASE("rpc admin: silent connections do not hold up a valid request", "[rpc][admin]") {
+  Fixture f;
+  auto sa = plexus::base::net::ResolveFirst(f.endpoint->address(), "admin endpoint");
+  REQUIRE(sa.ok());
+  // Ten clients connect and never send a byte (no token needed to do this).
+  std::vector<int> silent;
+  for (int i = 0; i < 10; ++i) {
+    bool retry = false;
+    auto fd = plexus::base::net::ConnectTcp(*sa, absl::Now() + absl::Seconds(5), &retry);
+    REQUIRE(fd.ok());
+    silent.push_back(*fd);
+  }
+  absl::SleepFor(absl::Milliseconds(50));  // the endpoint has accepted them
+  const absl::Time t0 = absl::Now();
+  auto r = admin::AdminCall(f.endpoint->address(), {"tok", "list", {}}, absl::Seconds(3));
+  const absl::Duration took = absl::Now() - t0;
+  INFO("list took " << absl::FormatDuration(took) << ": " << r.status());
+  REQUIRE(r.ok());
+  CHECK(took < absl::Seconds(1));
+  // The silent ones are still dropped after the request timeout (2 s): each sees the close.
+  for (int fd : silent) {
+    char byte;
+    const absl::Status st =
+        plexus::base::net::RecvAll(fd, &byte, 1, absl::Now() + absl::Seconds(4));
+    CHECK(st.code() == absl::StatusCode::kUnavailable);
+    ::close(fd);
+  }
+}
+
+TEST_CASE("rpc admin: at the connection limit the oldest silent client makes room",
+          "[rpc][admin]") {
+  auto endpoint = admin::AdminServer::Start({.token = "tok", .max_connections = 4});
+  REQUIRE(endpoint.ok());
+  (*endpoint)->Handle("ping", "", [](const admin::AdminRequest&) -> absl::StatusOr<std::string> {
+    return std::string("\"pong\"");
+  });
+  auto sa = plexus::base::net::ResolveFirst((*endpoint)->address(), "admin endpoint");
+  REQUIRE(sa.ok());
+  std::vector<int> silent;
+  for (int i = 0; i < 8; ++i) {
+    bool retry = false;
+    auto fd = plexus::base::net::ConnectTcp(*sa, absl::Now() + absl::Seconds(5), &retry);
+    REQUIRE(fd.ok());
+    silent.push_back(*fd);
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  const absl::Time t0 = absl::Now();
+  auto r = admin::AdminCall((*endpoint)->address(), {"tok", "ping", {}}, absl::Seconds(3));
+  INFO(r.status());
+  REQUIRE(r.ok());
+  CHECK(*r == "\"pong\"");
+  CHECK(absl::Now() - t0 < absl::Seconds(1));
+  // The first four were dropped to make room for the later ones: they see the close at once.
+  for (int i = 0; i < 4; ++i) {
+    char byte;
+    CHECK(plexus::base::net::RecvAll(silent[static_cast<size_t>(i)], &byte, 1,
+                                     absl::Now() + absl::Milliseconds(500))
+              .code() == absl::StatusCode::kUnavailable);
+  }
+  for (int fd : silent) ::close(fd);
+}

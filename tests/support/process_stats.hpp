@@ -1,4 +1,5 @@
-// What the kernel says about the test process itself, for tests that bound memory use.
+// What the kernel says about the test process itself (or a child it forked), for tests that
+// bound memory use.
 #pragma once
 
 #include <cstdint>
@@ -7,11 +8,15 @@
 #include <string>
 #include <string_view>
 
+#include <sys/types.h>
+
 namespace plexus::testing {
 
-// A field of /proc/self/status in bytes ("VmRSS", "VmSize", "VmHWM"); -1 when it is absent.
-inline int64_t ProcStatusBytes(std::string_view field) {
-  std::ifstream in("/proc/self/status");
+// A field of /proc/self/status (or /proc/<pid>/status) in bytes ("VmRSS", "VmSize", "VmHWM"); -1
+// when it is absent.
+inline int64_t ProcStatusBytes(std::string_view field, pid_t pid = 0) {
+  std::ifstream in(pid == 0 ? std::string("/proc/self/status")
+                            : "/proc/" + std::to_string(pid) + "/status");
   const std::string prefix = std::string(field) + ":";
   std::string line;
   while (std::getline(in, line)) {

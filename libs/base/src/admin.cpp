@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "plexus/base/log.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
 
@@ -224,34 +226,126 @@ void AdminServer::Remove(const std::string& command) {
 
 std::string AdminServer::address() const { return address_; }
 
-void AdminServer::Serve() {
-  while (!stop_.load()) {
-    pollfd p{listen_fd_, POLLIN, 0};
-    if (::poll(&p, 1, 100) <= 0) continue;
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) continue;
-    ServeOne(fd);
-    ::close(fd);
-  }
+namespace {
+
+// One connection of the serving loop: its request is read, then its reply written, without
+// blocking, before `deadline`.
+struct AdminClient {
+  int fd = -1;
+  absl::Time deadline;
+  bool replying = false;
+  unsigned char len[4] = {};
+  size_t got = 0;    // bytes of the length prefix, then of the body
+  std::string body;  // sized once the prefix is whole
+  std::string out;   // the framed reply
+  size_t sent = 0;
+};
+
+std::string Framed(std::string_view body) {
+  unsigned char len[4];
+  PutLength(static_cast<uint32_t>(body.size()), len);
+  std::string out(reinterpret_cast<const char*>(len), 4);
+  out.append(body);
+  return out;
 }
 
-void AdminServer::ServeOne(int fd) {
-  const absl::Time deadline = absl::Now() + options_.request_timeout;
-  unsigned char len[4];
-  if (!net::RecvAll(fd, len, 4, deadline).ok()) return;
-  const uint32_t n = GetLength(len);
-  if (n > options_.max_request_bytes) {
-    // Not read: the request is refused whole, and the connection closed after the reply.
-    (void)SendFrame(fd,
-                    ErrorReply(absl::InvalidArgumentError(
-                        absl::StrCat("admin request of ", n, " bytes is over the limit of ",
-                                     options_.max_request_bytes, " bytes"))),
-                    deadline);
-    return;
+}  // namespace
+
+void AdminServer::Serve() {
+  std::vector<AdminClient> clients;
+  std::vector<pollfd> fds;
+  auto drop = [&](size_t i) {
+    ::close(clients[i].fd);
+    clients.erase(clients.begin() + static_cast<std::ptrdiff_t>(i));
+  };
+  // Reads what the client sent; once the request is whole, runs it and starts the reply.
+  auto read = [&](AdminClient& c) -> bool {
+    for (;;) {
+      const bool prefix = c.got < 4;
+      char* into = prefix ? reinterpret_cast<char*>(c.len) + c.got : c.body.data() + (c.got - 4);
+      const size_t want = prefix ? 4 - c.got : c.body.size() - (c.got - 4);
+      if (want > 0) {
+        const ssize_t r = ::recv(c.fd, into, want, 0);
+        if (r == 0) return false;
+        if (r < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+        c.got += static_cast<size_t>(r);
+        if (static_cast<size_t>(r) < want) return true;
+      }
+      if (prefix) {
+        const uint32_t n = GetLength(c.len);
+        if (n > options_.max_request_bytes) {
+          // Not read: the request is refused whole, and the connection closed after the reply.
+          c.out = Framed(ErrorReply(absl::InvalidArgumentError(
+              absl::StrCat("admin request of ", n, " bytes is over the limit of ",
+                           options_.max_request_bytes, " bytes"))));
+          break;
+        }
+        c.body.resize(n);
+        continue;
+      }
+      c.out = Framed(Dispatch(c.body));
+      break;
+    }
+    c.replying = true;
+    c.deadline = absl::Now() + options_.request_timeout;
+    return true;
+  };
+  // Writes what the socket takes of the reply; false once it is all sent or the client is gone.
+  auto write = [](AdminClient& c) -> bool {
+    while (c.sent < c.out.size()) {
+      const ssize_t r = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+      if (r < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+      c.sent += static_cast<size_t>(r);
+    }
+    return false;
+  };
+  while (!stop_.load()) {
+    fds.clear();
+    fds.push_back({listen_fd_, POLLIN, 0});
+    absl::Time wake = absl::Now() + absl::Milliseconds(100);  // stop_ is checked as often
+    for (const AdminClient& c : clients) {
+      fds.push_back({c.fd, static_cast<short>(c.replying ? POLLOUT : POLLIN), 0});
+      wake = std::min(wake, c.deadline);
+    }
+    if (::poll(fds.data(), fds.size(), net::PollTimeoutMs(wake, 100)) < 0) continue;
+    // Every client first (the indices match `fds`), newest last, so that erasing goes backwards.
+    for (size_t i = clients.size(); i-- > 0;) {
+      const short ready = fds[i + 1].revents;
+      AdminClient& c = clients[i];
+      bool keep = true;
+      if (ready != 0 && !c.replying) keep = read(c);
+      if (keep && c.replying) keep = write(c);
+      if (keep && absl::Now() > c.deadline) keep = false;  // silent or not reading the reply
+      if (!keep) drop(i);
+    }
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    for (;;) {
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) break;
+      if (clients.size() >= std::max<size_t>(options_.max_connections, 1)) {
+        auto oldest = std::find_if(clients.begin(), clients.end(),
+                                   [](const AdminClient& c) { return !c.replying; });
+        if (oldest == clients.end()) {
+          Logf(LogLevel::kWarning,
+               "plexus admin endpoint %s: refusing a connection: all %d connections are "
+               "being answered (AdminOptions::max_connections)",
+               address_, static_cast<int>(clients.size()));
+          ::close(fd);
+          continue;
+        }
+        Logf(LogLevel::kWarning,
+             "plexus admin endpoint %s: dropping the oldest connection that has not sent its "
+             "request yet: %d connections open (AdminOptions::max_connections)",
+             address_, static_cast<int>(clients.size()));
+        drop(static_cast<size_t>(oldest - clients.begin()));
+      }
+      AdminClient c;
+      c.fd = fd;
+      c.deadline = absl::Now() + options_.request_timeout;
+      clients.push_back(std::move(c));
+    }
   }
-  std::string body(n, '\0');
-  if (!net::RecvAll(fd, body.data(), n, deadline).ok()) return;
-  (void)SendFrame(fd, Dispatch(body), absl::Now() + options_.request_timeout);
+  for (const AdminClient& c : clients) ::close(c.fd);
 }
 
 std::string AdminServer::Dispatch(std::string_view body) {

@@ -90,7 +90,9 @@ DialResult Channel::Impl::Dial(uint32_t r, const std::string& address) {
         absl::InternalError(absl::StrCat("rpc handshake with ", address, ": ", st.message())));
   }
   if (in.frame().header.status_code != 0) {
-    out.refused = true;
+    // A server at its connection limit may take the next dial: only other refusals are final.
+    out.refused = in.frame().header.status_code !=
+                  static_cast<uint32_t>(absl::StatusCode::kResourceExhausted);
     return fail(absl::Status(static_cast<absl::StatusCode>(in.frame().header.status_code),
                              absl::StrCat("rpc handshake with ", address,
                                           " refused: ", std::string(in.frame().status_message))));

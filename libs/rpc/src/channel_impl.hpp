@@ -241,8 +241,9 @@ struct RetryState {
   absl::Status last;  // the last try's Unavailable
 };
 
-// A dial's outcome: `refused` when the server answered the handshake with an error (a schema
-// mismatch, a service it does not serve): redialling cannot help.
+// A dial's outcome: `refused` when the server answered the handshake with an error that
+// redialling cannot help (a schema mismatch, a service it does not serve; not its connection
+// limit).
 struct DialResult {
   absl::StatusOr<std::shared_ptr<internal::ChannelCore>> core = absl::UnknownError("");
   bool refused = false;

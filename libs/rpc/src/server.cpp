@@ -14,7 +14,6 @@
 #include "plexus/base/status.hpp"
 #include "plexus/base/wait_policy.hpp"
 #include "plexus/rpc/balance.hpp"
-#include "plexus/transport/accept_loop.hpp"
 #include "server_impl.hpp"
 
 namespace plexus::rpc {
@@ -91,7 +90,8 @@ void ServerConn::PostRecvLocked() {
 }
 
 void ServerConn::RefillLocked() {
-  while (!dead && posted + held < server->window) {
+  // A refused connection (or one whose handshake failed) is closed once the answer has left.
+  while (!dead && !close_after_ack && posted < want && posted + held < server->window) {
     const size_t before = posted;
     PostRecvLocked();
     if (posted == before) return;  // the connection refused it (it is failing)
@@ -318,41 +318,6 @@ void ServerCallImpl::Sent() {
   }
 }
 
-void ServerCore::Accept() {
-  transport::AcceptUntil(*listener, stop, cq.get(),
-                         [this](std::unique_ptr<transport::Connection> c) {
-                           auto sc = std::make_shared<ServerConn>();
-                           sc->server = this;
-                           sc->peer = c->peer_address();
-                           sc->conn = std::move(c);
-                           std::lock_guard<std::mutex> lock(mu);
-                           const uint64_t id = sc->conn->id();
-                           {
-                             std::lock_guard<std::mutex> cl(sc->mu);
-                             sc->RefillLocked();
-                           }
-                           conns.emplace(id, std::move(sc));
-                         });
-}
-
-void ServerCore::Kill(const std::shared_ptr<ServerConn>& sc, const absl::Status& why) {
-  (void)why;
-  std::vector<std::shared_ptr<ServerCallImpl>> calls;
-  {
-    std::lock_guard<std::mutex> lock(sc->mu);
-    if (sc->dead) return;
-    sc->dead = true;
-    sc->conn->Close();
-    for (auto& [id, w] : sc->active) {
-      if (auto c = w.lock()) calls.push_back(c);
-    }
-  }
-  for (auto& c : calls) c->Cancel();
-  std::lock_guard<std::mutex> lock(mu);
-  conns.erase(sc->conn->id());
-  conns_epoch.fetch_add(1, std::memory_order_release);
-}
-
 void ServerCore::Dispatch() {
   transport::Completion batch[64];
   // Spin before sleeping only while that pays (not when the clients share this CPU).
@@ -478,6 +443,11 @@ void ServerCore::Handle(const transport::Completion& c) {
   // completion, handled here later, takes it back), so the window is the same.
   std::lock_guard<std::mutex> lock(sc->mu);
   sc->held += requests;
+  sc->requests += requests;
+  // The client keeps this many in flight: keep receives posted for at least as many more.
+  if (requests > 0 && sc->held >= sc->want) {
+    sc->want = std::min(window, std::max(sc->want * 2, sc->held + 1));
+  }
   if (sc->hello_done) sc->RefillLocked();
 }
 
@@ -485,7 +455,13 @@ void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_
   const FrameHeader& h = in->frame().header;
   if (h.type == FrameType::kHello) {
     absl::Status verdict;
+    if (sc->refused) {
+      verdict = absl::ResourceExhaustedError(
+          absl::StrCat("the rpc server serves at most ", options.max_connections,
+                       " connections at once (ServerOptions::max_connections); try again later"));
+    }
     for (const auto& [name, hash] : in->frame().metadata) {
+      if (!verdict.ok()) break;
       auto it = by_name.find(name);
       if (it == by_name.end()) {
         std::string served;
@@ -635,6 +611,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(std::shared_ptr<transport
   PLEXUS_ASSIGN_OR_RETURN(c.window, internal::ResolveWindow(options.max_in_flight_per_connection));
   PLEXUS_ASSIGN_OR_RETURN(size_t max_bytes,
                           internal::ResolveMaxMessageBytes(options.max_message_bytes));
+  if (options.idle_timeout <= absl::ZeroDuration() ||
+      options.frame_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rpc server: idle_timeout (", absl::FormatDuration(options.idle_timeout),
+                     ") and frame_timeout (", absl::FormatDuration(options.frame_timeout),
+                     ") must be > 0 (InfiniteDuration: never)"));
+  }
   c.pool = std::make_shared<internal::BufferPool>(max_bytes, c.window * 2 + 2);
   c.call_pool = std::make_shared<internal::Recycler<internal::ServerCallImpl>>(
       std::min<size_t>(c.window * 2 + 2, 1024));
@@ -664,6 +647,7 @@ absl::Status Server::Start() {
   PLEXUS_ASSIGN_OR_RETURN(c.listener, c.device->Listen(c.options.address));
   c.accept_thread = std::thread([&c] { c.Accept(); });
   c.dispatch_thread = std::thread([&c] { c.Dispatch(); });
+  c.reap_thread = std::thread([&c] { c.Reap(); });
   return absl::OkStatus();
 }
 
@@ -687,6 +671,12 @@ void Server::Shutdown() {
     sc->conn->Close();
   }
   if (c.dispatch_thread.joinable()) c.dispatch_thread.join();
+  {
+    std::lock_guard<std::mutex> lock(c.reap_mu);
+    c.reap_stop = true;  // it closes what was handed over, then ends
+  }
+  c.reap_cv.notify_one();
+  if (c.reap_thread.joinable()) c.reap_thread.join();
   c.qos.Stop();           // calls still queued are dropped (their connections are closed)
   c.cached_conn.reset();  // the dispatcher has stopped
   std::lock_guard<std::mutex> lock(c.mu);
@@ -711,7 +701,7 @@ std::vector<Server::ConnectionInfo> Server::Connections() const {
   std::vector<ConnectionInfo> out;
   for (auto& sc : conns) {
     std::lock_guard<std::mutex> lock(sc->mu);
-    if (sc->dead) continue;
+    if (sc->dead || sc->refused) continue;
     out.push_back({sc->conn->id(), sc->peer, sc->active.size()});
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.id < b.id; });

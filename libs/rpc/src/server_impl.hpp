@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,6 +33,7 @@ struct ServerConn {
   bool dead = false;
   bool close_after_ack = false;
   bool wants_load = false;  // the client balances across replicas: piggyback and gossip loads
+  bool refused = false;     // over ServerOptions::max_connections: refused in the handshake
   BatchLimits peer_batch;   // what the client takes per message (its hello)
   uint64_t next_wr = 1;
   // The window: receives posted plus requests received whose response has not left stay below
@@ -39,6 +41,15 @@ struct ServerConn {
   // are limited to the window).
   size_t posted = 0;
   size_t held = 0;
+  // Receives kept posted, at most the window: one until the client has requests in flight, then
+  // grown to what it keeps in flight (a posted receive cannot be taken back), so that a
+  // connection idle since its handshake owns one receive buffer, not a window of them.
+  size_t want = 1;
+  // Requests received so far; the sweep (ServerCore::Sweep) notes when it last changed.
+  uint64_t requests = 0;
+  uint64_t requests_seen = 0;
+  absl::Time accepted;
+  absl::Time quiet_since;  // no request since
   absl::flat_hash_map<uint64_t, BufferPool::Buffer> recvs;
   // Responses being sent, per send: one response (no vector to allocate), or a batch (`calls`
   // and its gather list `parts`).
@@ -112,9 +123,22 @@ struct ServerCore {
   uint64_t cached_id = 0;  // the dispatcher's thread only, like the two below
   uint64_t cached_epoch = ~uint64_t{0};
   std::shared_ptr<ServerConn> cached_conn;
+  size_t admitted = 0;  // connections in `conns` not refused (ServerOptions::max_connections)
   std::atomic<bool> stop{false};
   std::thread accept_thread;
   std::thread dispatch_thread;
+
+  // Closing connections and the timeouts run on their own thread (Reap), off the dispatcher:
+  // Kill hands a connection over to be closed, in bounded batches, and every `SweepEvery()` the
+  // idle and trickling connections are found (Sweep).
+  std::mutex reap_mu;
+  std::condition_variable reap_cv;
+  std::vector<std::shared_ptr<ServerConn>> to_close;
+  bool reap_stop = false;
+  std::thread reap_thread;
+  void Reap();
+  absl::Duration SweepEvery() const;
+  void Sweep(absl::Time now);
 
   // Calls being handled here across every connection (the load the balancing clients see; not
   // the calls forwarded to a peer), and the logarithmic trigger that decides when to gossip it.

@@ -286,6 +286,13 @@ void TcpCore::Close(uint64_t id) {
   MaybeUnpause();
 }
 
+std::optional<absl::Time> TcpCore::ReceivingSince(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const TcpConn* conn = Find(id);
+  if (conn == nullptr || !conn->status.ok() || conn->rx.paused()) return std::nullopt;
+  return conn->receiving_since;
+}
+
 absl::Status TcpCore::Status(uint64_t id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = conns_.find(id);
@@ -621,6 +628,18 @@ void TcpCore::Read(Socket& s, bool drained) {
     if (drained || !ReadPayload(s, window, budget, &drained)) break;
   }
   if (rx.TakeRoomFreed()) room_freed_ = true;
+  // Stamp when a frame began: at the read that started it (a new header, or the first bytes of
+  // one), cleared between frames. last_progress is this read's clock.
+  bool mid = false;
+  for (const auto& sock : conn.sockets) {
+    mid |= rx.mid_frame(static_cast<size_t>(sock->index)) || sock->rx_end > sock->rx_begin;
+  }
+  if (!mid) {
+    conn.receiving_since.reset();
+  } else if (!conn.receiving_since || rx.headers_read() != conn.headers_seen) {
+    conn.receiving_since = conn.last_progress;
+  }
+  conn.headers_seen = rx.headers_read();
 }
 
 bool TcpCore::Fill(Socket& s, size_t& budget, bool* drained) {

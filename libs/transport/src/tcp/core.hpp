@@ -83,6 +83,9 @@ struct TcpConn {
   std::vector<std::unique_ptr<Socket>> sockets;
   absl::Status status;
   absl::Time last_progress = absl::Now();
+  // When the frame under way began to arrive (none between frames), and rx.headers_read() then.
+  std::optional<absl::Time> receiving_since;
+  uint64_t headers_seen = 0;
   tcp::SendState send;
   tcp::ReceiveState rx;  // posted receives and held messages too
   // A driver is blocked in recv() on sockets[0] without the device lock; closing the fds then
@@ -124,6 +127,9 @@ class TcpCore {
   void Close(uint64_t id);
 
   absl::Status Status(uint64_t id) const;
+
+  // Connection::ReceivingSince: nullopt while paused for receives.
+  std::optional<absl::Time> ReceivingSince(uint64_t id) const;
 
   // --- Progress ------------------------------------------------------------------------------
 

@@ -123,6 +123,7 @@ absl::StatusOr<ReceiveState::Event> ReceiveState::OnHeaderBytes(size_t socket,
         absl::StrCat("tcp peer ", config_.peer, " sent a ", std::string(h.status().message())));
   }
   streams_[socket].header = *h;
+  ++headers_read_;
   return OnHeader(socket);
 }
 

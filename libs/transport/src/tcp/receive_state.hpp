@@ -109,6 +109,8 @@ class ReceiveState {
     return streams_[socket].phase != Phase::kHeader || streams_[socket].header_got > 0;
   }
   bool paused() const { return paused_; }
+  // Frame headers read so far (a new one means a new frame began).
+  uint64_t headers_read() const { return headers_read_; }
   // The sockets the last kPartsResumed event let continue.
   const absl::InlinedVector<size_t, 8>& resumed() const { return resumed_; }
 
@@ -192,6 +194,7 @@ class ReceiveState {
   uint64_t acks_owed_ = 0;
   bool paused_ = false;
   bool room_freed_ = false;
+  uint64_t headers_read_ = 0;
   absl::Status broken_;  // the first error: every later Consume, Placed and Readmit returns it
   absl::InlinedVector<size_t, 8> resumed_;
 };

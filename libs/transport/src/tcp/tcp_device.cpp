@@ -44,6 +44,7 @@ class TcpConnection final : public Connection {
   }
   void Close() override { core_->Close(id()); }
   absl::Status status() const override { return core_->Status(id()); }
+  std::optional<absl::Time> ReceivingSince() const override { return core_->ReceivingSince(id()); }
   std::string peer_address() const override { return peer_; }
 
  private:

@@ -1,7 +1,9 @@
 // A small operator endpoint for managed datapaths (rpc engines today, collectives later): a TCP
 // listener on a loopback address only, one token-authenticated request per connection, bounded in
 // size and time, dispatched to named commands that each library registers. It knows nothing of
-// rpc: a library adds commands with Handle() and answers with JSON text.
+// rpc: a library adds commands with Handle() and answers with JSON text. One thread serves every
+// connection at once (a poll loop, each connection with its own deadline), so that silent or
+// slow clients cannot hold up another one's request.
 //
 // Wire: a request is a 4-byte big-endian length then that many bytes of JSON
 //   {"token": "...", "command": "list", "args": {"key": "string value", ...}}
@@ -55,8 +57,12 @@ struct AdminOptions {
   // Required, non-empty: every request must carry it.
   std::string token;
   size_t max_request_bytes = kDefaultMaxRequestBytes;
-  // A client must send its whole request within this long (a silent one is dropped).
+  // A client must send its whole request within this long (a silent one is dropped), and read
+  // the reply within as long again.
   absl::Duration request_timeout = absl::Seconds(2);
+  // Connections served at once. A connection arriving at the limit takes the place of the oldest
+  // one still sending its request (dropped, logged); with every slot replying it is closed.
+  size_t max_connections = 32;
 };
 
 class AdminServer {
@@ -81,7 +87,6 @@ class AdminServer {
  private:
   AdminServer() = default;
   void Serve();
-  void ServeOne(int fd);
 
   AdminOptions options_;
   int listen_fd_ = -1;

@@ -83,6 +83,16 @@ struct ServerOptions {
   // message sent when the load crosses a power of two (GossipTrigger, plexus/rpc/balance.hpp)
   // at or above this floor.
   uint32_t load_gossip_floor = 4;
+  // Connections served at once. A client beyond it is refused in the handshake: its Connect
+  // fails with ResourceExhausted naming this limit, and the server logs the refusal. 0: none.
+  size_t max_connections = 1024;
+  // A connection with no call in flight (none being handled or answered) and no request for this
+  // long is closed, with a log line. InfiniteDuration: never.
+  absl::Duration idle_timeout = absl::Minutes(5);
+  // A new connection must send its handshake, and a message the server is ready to receive must
+  // arrive whole (tcp: from its first byte), within this long; else the connection is closed,
+  // with a log line. InfiniteDuration: never.
+  absl::Duration frame_timeout = absl::Seconds(30);
 };
 
 // Server-side Daronpon forwarding (Server::ForwardTo).

@@ -92,6 +92,11 @@ class Connection {
   // OK while usable; otherwise the error that ended the connection.
   virtual absl::Status status() const = 0;
   virtual std::string peer_address() const = 0;
+  // When the incoming message under way began to arrive (its first bytes were read); nullopt
+  // between messages and while the backend waits for receives to be posted. Lets a server drop
+  // a peer that trickles a message. Backends that take messages whole return nullopt (all but
+  // tcp).
+  virtual std::optional<absl::Time> ReceivingSince() const { return std::nullopt; }
   // The connection's mailbox, owned by it; null when the backend has none (tcp, verbs).
   virtual Mailbox* mailbox() { return nullptr; }
   // Process-unique id, reported in every Completion of this connection.
