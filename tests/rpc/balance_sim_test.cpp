@@ -99,5 +99,7 @@ TEST_CASE("sim: bad configurations are errors naming the field", "[sim]") {
   CHECK(Simulate(c).status().message() == "cores lists 2 servers, the topology has 6");
   c.cores = {};
   c.load = 0;
-  CHECK(Simulate(c).status().message() == "load must be in (0, 2], got 0");
+  CHECK(Simulate(c).status().message() == "load must be in 0.01..2, got 0");
+  c.load = 1e-300;  // a load that would never end the simulation
+  CHECK(Simulate(c).status().message() == "load must be in 0.01..2, got 1e-300");
 }
