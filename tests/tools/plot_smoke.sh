@@ -91,7 +91,8 @@ set +e
 "$plot" busbw "$work/bad.jsonl" -o "$work/bad.png" 2> "$work/err.txt"; rc=$?
 set -e
 [ $rc = 2 ] && grep -q 'bad.jsonl:1: not JSON' "$work/err.txt" || { cat "$work/err.txt"; exit 1; }
-! grep -q Traceback "$work/err.txt"
+# (`! cmd` never stops a `set -e` script: test it explicitly.)
+if grep -q Traceback "$work/err.txt"; then cat "$work/err.txt"; echo "a traceback"; exit 1; fi
 # A file without timeline lines: the failover picture says what it needs.
 set +e
 "$plot" failover "$work/rpc_balance_sim.jsonl" -o "$work/bad.png" 2> "$work/err.txt"; rc=$?

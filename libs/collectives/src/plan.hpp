@@ -101,8 +101,8 @@ absl::StatusOr<RunnableSchedule> MakeRunnable(netmodel::Schedule schedule, int n
 
 // Appends this rank's part of `s` to `plan`: every transfer at its position (L.pos()), run by
 // run, the run's sends before its receives (a round's sends read what the rank held before the
-// round); each piece is cut into chunks of L.chunk_elems() elements, chunk k of piece g on
-// channel (g + k) mod L.channels. pieces[j * P + q] is the block piece q of slice j names (P =
+// round); each piece is cut into chunks of L.chunk_elems() elements, a transfer's messages on
+// consecutive channels. pieces[j * P + q] is the block piece q of slice j names (P =
 // s.schedule.pieces): `slices` copies of the schedule, each over its own pieces, run one after
 // the other (a pipeline: each is a few chunks, and slice j + 1 need not wait for slice j).
 // Dependencies come from the data: a send waits for the receive that last wrote its chunk

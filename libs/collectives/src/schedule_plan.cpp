@@ -94,9 +94,6 @@ void BuildFromSchedule(const RunnableSchedule& s, const Layout& L, uint8_t* buf,
   // first send of the transfer that last read it from buf, and whether anything arrived yet.
   std::vector<int> writer(total, -1), reader(total, -1);
   std::vector<uint8_t> touched(total, 0);
-  // Messages to and from each rank so far: a pair's messages take the channels in turn (both
-  // ends count the same messages in the same order, so they agree on each one's channel).
-  std::vector<size_t> sent_to(L.n, 0), received_from(L.n, 0);
   const std::vector<int>& mine = s.at[me];
   const auto& transfers = s.schedule.transfers;
   for (int slice = 0; slice < slices; ++slice) {
@@ -106,6 +103,12 @@ void BuildFromSchedule(const RunnableSchedule& s, const Layout& L, uint8_t* buf,
         fn(g, pieces[g]);
       }
     };
+    // A transfer's messages take the channels in turn, from a channel that moves on with the
+    // slice (a pipeline's consecutive slices) and, in a sliced schedule, with the piece (the two
+    // trees of a slice): both ends compute the same channel for each message.
+    auto first_channel = [&](const nm::Transfer& t) {
+      return static_cast<size_t>(slice) + (slices > 1 ? static_cast<size_t>(t.first_piece) : 0);
+    };
     for (size_t begin = 0; begin < mine.size();) {
       size_t end = begin;
       while (end < mine.size() && s.run[mine[end]] == s.run[mine[begin]]) ++end;
@@ -114,6 +117,7 @@ void BuildFromSchedule(const RunnableSchedule& s, const Layout& L, uint8_t* buf,
         const nm::Transfer& t = transfers[mine[i]];
         if (t.src != me) continue;
         const int peer = L.at(t.dst);
+        size_t channel = first_channel(t);
         each_piece(t, [&](size_t g, const Block& b) {
           const bool from_input = input != nullptr && !touched[g];
           const int first = static_cast<int>(plan->sends.size());
@@ -124,7 +128,7 @@ void BuildFromSchedule(const RunnableSchedule& s, const Layout& L, uint8_t* buf,
             op.data = (from_input ? input : buf) + offset * L.esize;
             op.bytes = std::min(L.chunk_elems(), b.count - start) * L.esize;
             op.peer = peer;
-            op.channel = static_cast<int>(sent_to[peer]++ % L.channels);
+            op.channel = static_cast<int>(channel++ % L.channels);
             op.dep = writer[g] >= 0 ? writer[g] + static_cast<int>(k) : -1;
             op.final = !t.combine;
             plan->sends.push_back(op);
@@ -137,6 +141,7 @@ void BuildFromSchedule(const RunnableSchedule& s, const Layout& L, uint8_t* buf,
         const nm::Transfer& t = transfers[mine[i]];
         if (t.dst != me) continue;
         const int peer = L.at(t.src);
+        size_t channel = first_channel(t);
         each_piece(t, [&](size_t g, const Block& b) {
           const int first = static_cast<int>(plan->recvs.size());
           for (size_t k = 0; k < NumChunks(L, b.count); ++k) {
@@ -146,7 +151,7 @@ void BuildFromSchedule(const RunnableSchedule& s, const Layout& L, uint8_t* buf,
             op.data = buf + offset * L.esize;
             op.bytes = std::min(L.chunk_elems(), b.count - start) * L.esize;
             op.peer = peer;
-            op.channel = static_cast<int>(received_from[peer]++ % L.channels);
+            op.channel = static_cast<int>(channel++ % L.channels);
             op.reduce = t.combine;
             op.src_first = t.src < t.dst;  // the lower position's operand first, always
             if (t.combine && input != nullptr && !touched[g]) {
