@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -88,9 +89,10 @@ TEST_CASE("an unreachable PMIx server: an error naming the launcher and what to 
 #endif
 }
 
-TEST_CASE("a PMIx server that never answers costs the timeout, not a hang") {
+// Its own CTest entry (bootstrap_pmix_silent), reported skipped in a build without PMIx.
+TEST_CASE("a PMIx server that never answers costs the timeout, not a hang", "[pmix]") {
 #if !PLEXUS_HAVE_PMIX
-  SUCCEED("built without PMIx");
+  std::printf("SKIP: built without PMIx (libpmix-dev): nothing waits on a PMIx server\n");
   return;
 #endif
   Listener silent(true);

@@ -25,7 +25,10 @@ endif()
 
 plexus_add_test(bootstrap_pmix_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/bootstrap_pmix_test.cpp
-  DEPS plexus::transport LABELS "transport;launchers" TIMEOUT 60)
+  DEPS plexus::transport LABELS "transport;launchers" TIMEOUT 60 ARGS "~[pmix]")
+add_test(NAME bootstrap_pmix_silent COMMAND bootstrap_pmix_test "[pmix]")
+set_tests_properties(bootstrap_pmix_silent PROPERTIES LABELS "transport;launchers" TIMEOUT 60
+                     SKIP_REGULAR_EXPRESSION "SKIP: ")
 
 # A client of torch's TCPStore, against torch's real server (skips without python3-torch).
 plexus_add_test(torch_store_test
