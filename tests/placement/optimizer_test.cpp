@@ -166,6 +166,8 @@ TEST_CASE("the release's cost model reproduces its 7.5088/h on the real VQA inpu
   auto plexus_lb = Optimize(*problem, Strategy::kExact);
   REQUIRE(plexus_lb.ok());
   CHECK(plexus_lb->proven_optimal);
+  // A regression pin: the exact search's own optimum under the decimal units when it was
+  // written (the release's 7.5088 below is the independent figure).
   CHECK(plexus_lb->total_cost == Approx(7.5476).margin(5e-5));
 
   // The release: KB / 1024 / 1024 = GB, and the greedy's pick order filled to capacity.
