@@ -3,7 +3,8 @@
 # temporary directory with their own key, socket, state and ports, so that the test can run real
 # `srun` without touching the machine's configuration. Sourced by launchers.sh:
 #   slurm_cluster_start DIR   exports SLURM_CONF; returns 77 (skip) when Slurm or munge is
-#                             missing, we are not root, or the daemons do not come up
+#                             missing or we are not root, 1 (fail) when they are there but the
+#                             daemons do not come up
 #   slurm_cluster_stop DIR    kills exactly the daemons it started (by PID) and removes nothing
 #                             else; safe to call twice
 # Needs Debian's slurm-wlm (which brings munge).
@@ -24,7 +25,9 @@ slurm_cluster_start() {
   fi
   PATH=$PATH:/usr/sbin
   mkdir -p "$dir/state" "$dir/spool"
-  mungekey -c -k "$dir/munge.key" > /dev/null 2>&1 || { echo "SKIP: mungekey failed"; return 77; }
+  # From here on the tools are present and we may start them: a failure is the test's failure,
+  # not a skip.
+  mungekey -c -k "$dir/munge.key" > /dev/null 2>&1 || { echo "FAIL: mungekey failed"; return 1; }
   chmod 600 "$dir/munge.key"
   # --force: munged refuses root by default; the key and socket are private to this directory.
   munged --foreground --force --key-file "$dir/munge.key" --socket "$dir/munge.sock" \
@@ -74,10 +77,10 @@ EOF
     sleep 0.2
     i=$((i + 1))
   done
-  echo "SKIP: the test's Slurm did not come up within 20 s:"
+  echo "FAIL: the test's Slurm did not come up within 20 s:"
   tail -n 5 "$dir/slurmctld.log" "$dir/slurmd.log" 2> /dev/null
   slurm_cluster_stop "$dir"
-  return 77
+  return 1
 }
 
 slurm_cluster_stop() {
