@@ -1,6 +1,6 @@
 // plexus-bench-aggregation: the parameter server's figures as JSON lines (--json) or a table.
 //   kernels   aggregation and optimizer kernels in GB/s against STREAM's add in the same run,
-//             1 and 2 threads (target >= 0.85x), and against STREAM-style kernels with the
+//             1 and 2 threads (informational), and against STREAM-style kernels with the
 //             optimizer's own streams (Nesterov 3 in + 3 out, Adam 4 + 4)
 //   engines   tall vs wide aggregation, 8 workers, ResNet-50 key sizes (PHub Table 6.1), 1 and 2
 //             cores
@@ -245,21 +245,25 @@ void RunKernels(const Options& o, pt::FigureWriter& out) {
                  {"pinned", o.pin},    {"avx2", pai::KernelsUseAvx2()}};
       out.Add(f);
       if (absl::StartsWith(kernels[k].name, "stream_")) continue;
+      // Against STREAM add (informational): add is credited the 12 bytes it names, but a cached
+      // store first reads its line (write-allocate), so it moves 16 and this ratio reads up to
+      // 1.33x high. Only the same-streams ratio below compares like with like.
       pt::Figure ratio;
       ratio.figure = absl::StrCat(kernels[k].name, "_vs_stream");
       ratio.value = f.value / stream[kernels[k].non_temporal ? 1 : 0];
       ratio.unit = "ratio";
-      ratio.target = 0.85;
-      ratio.met = ratio.value >= 0.85;
       ratio.extra = {{"threads", threads},
                      {"yardstick", kernels[k].non_temporal ? "stream_add_nt" : "stream_add"}};
       out.Add(ratio);
       if (kernels[k].yardstick < 0) continue;
-      // Against the yardstick with the same streams: what the arithmetic costs (informational).
+      // Against the yardstick with the same loads and stores: what the arithmetic costs, the
+      // figure the target is judged on.
       pt::Figure same;
       same.figure = absl::StrCat(kernels[k].name, "_vs_same_streams");
       same.value = f.value / Median(gbps[static_cast<size_t>(kernels[k].yardstick)]);
       same.unit = "ratio";
+      same.target = 0.85;
+      same.met = same.value >= 0.85;
       same.extra = {{"threads", threads}, {"yardstick", kernels[kernels[k].yardstick].name}};
       out.Add(same);
     }
