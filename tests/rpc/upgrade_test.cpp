@@ -86,15 +86,21 @@ struct LoadResult {
 
 // kThreads threads, each making kCallsPerThread blocking calls with text "t:seq" (every tenth
 // "evil"), while `swap` runs in a loop on this thread until they are done. Returns the swaps.
+// The threads hold their second half of calls until two swaps have happened, so that the load
+// spans at least two upgrades however fast the calls are (inproc, mostly refused).
 template <typename Swap>
 int RunWithSwaps(Pair& f, LoadResult* result, Swap swap) {
   std::atomic<int> running{kThreads};
+  std::atomic<int> swapped{0};
   std::mutex mu;
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       Kinds::Stub stub(f.channel);
       for (int i = 0; i < kCallsPerThread; ++i) {
+        if (i == kCallsPerThread / 2) {
+          while (swapped.load() < 2) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
         AllKinds req;
         std::string text = i % 10 == 9 ? "evil" : absl::StrCat(t, ":", i);
         req.text = text;
@@ -113,7 +119,7 @@ int RunWithSwaps(Pair& f, LoadResult* result, Swap swap) {
   int swaps = 0;
   while (running.load() > 0) {
     swap(swaps);
-    ++swaps;
+    swapped.store(++swaps);
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   for (auto& t : threads) t.join();
