@@ -220,10 +220,14 @@ absl::Status Run(Shape shape, const PlanArgs& a, std::span<const Block> blocks, 
   BuildFromSchedule(*s, a.L, a.buf, blocks, slices, input, plan);
   return absl::OkStatus();
 }
-// An allreduce's pieces: the vector cut evenly, `slices` times as many pieces as the schedule
-// names.
-absl::Status RunAllReduce(Shape shape, int pieces, const PlanArgs& a, Plan* plan, int slices = 1) {
-  return Run(shape, a, EvenBlocks(a.count, pieces * slices), plan, slices, a.input);
+// An allreduce's pieces: the vector cut evenly into `slices` times as many pieces as the
+// schedule names.
+absl::Status RunAllReduce(Shape shape, const PlanArgs& a, Plan* plan, int slices = 1) {
+  if (a.L.n == 1 || a.count == 0) return absl::OkStatus();
+  PLEXUS_ASSIGN_OR_RETURN(const RunnableSchedule* s, ScheduleOf(shape, a.L.n));
+  BuildFromSchedule(*s, a.L, a.buf, EvenBlocks(a.count, s->schedule.pieces * slices), slices,
+                    a.input, plan);
+  return absl::OkStatus();
 }
 
 // The double binary tree pipelines chunk by chunk: one slice of the schedule per chunk of a
@@ -233,27 +237,19 @@ int TreeSlices(const PlanArgs& a) {
   return static_cast<int>(std::max<size_t>(1, (half + a.L.chunk_elems() - 1) / a.L.chunk_elems()));
 }
 
-int HalvingPieces(int n) {
-  int p2 = 1;
-  while (p2 * 2 <= n) p2 *= 2;
-  return p2;
-}
-
 using K = CollectiveKind;
 using A = Algorithm;
 
 const PlanBuilder kPlanBuilders[] = {
     {K::kAllReduce, A::kRing, nullptr, Always,
-     [](const PlanArgs& a, Plan* p) { return RunAllReduce(Shape::kRing, a.L.n, a, p); }},
+     [](const PlanArgs& a, Plan* p) { return RunAllReduce(Shape::kRing, a, p); }},
     {K::kAllReduce, A::kHalvingDoubling, nullptr, Always,
-     [](const PlanArgs& a, Plan* p) {
-       return RunAllReduce(Shape::kHalvingDoubling, HalvingPieces(a.L.n), a, p);
-     }},
+     [](const PlanArgs& a, Plan* p) { return RunAllReduce(Shape::kHalvingDoubling, a, p); }},
     {K::kAllReduce, A::kRecursiveDoubling, nullptr, Always,
-     [](const PlanArgs& a, Plan* p) { return RunAllReduce(Shape::kRecursiveDoubling, 1, a, p); }},
+     [](const PlanArgs& a, Plan* p) { return RunAllReduce(Shape::kRecursiveDoubling, a, p); }},
     {K::kAllReduce, A::kTree, nullptr, Always,
      [](const PlanArgs& a, Plan* p) {
-       return RunAllReduce(Shape::kDoubleBinaryTree, 2, a, p, TreeSlices(a));
+       return RunAllReduce(Shape::kDoubleBinaryTree, a, p, TreeSlices(a));
      }},
     {K::kReduce, A::kRing, nullptr, nullptr,
      [](const PlanArgs& a, Plan* p) {
