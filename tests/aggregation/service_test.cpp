@@ -244,6 +244,21 @@ TEST_CASE("Two jobs share a service: the same key in two namespaces stays apart"
 
 namespace {
 
+// The hello of `worker` in the job's namespace, and its payload naming the connection index.
+pai::FrameHeader HelloFrame(const Job& job, uint32_t worker) {
+  pai::FrameHeader h;
+  h.type = pai::FrameType::kHello;
+  h.ns = job.ns.id;
+  h.nonce = job.ns.nonce;
+  h.worker = worker;
+  return h;
+}
+std::vector<uint8_t> HelloPayload(uint8_t connection) {
+  std::vector<uint8_t> payload(8, 0);
+  payload[0] = connection;
+  return payload;
+}
+
 // A hand-driven worker connection, to send frames the Client never would.
 class RawWorker {
  public:
@@ -315,16 +330,10 @@ TEST_CASE("Malformed pushes are refused with an error and change nothing",
   OnAll(job, [&](int w) { REQUIRE(job.clients[w]->Init(3, DataType::kF32, init.data(), n).ok()); });
 
   RawWorker raw(job, 0);
-  pai::FrameHeader hello;
-  hello.type = pai::FrameType::kHello;
-  hello.ns = job.ns.id;
-  hello.nonce = job.ns.nonce;
-  hello.worker = 1;
+  const pai::FrameHeader hello = HelloFrame(job, 1);
   // Worker 1's connection 7 (its client uses connection 0 only): another connection of a live
   // worker, as a client with more connections than cores opens.
-  std::vector<uint8_t> hello_payload(8, 0);
-  hello_payload[0] = 7;
-  auto [ack, ack_text] = raw.Exchange(hello, hello_payload);
+  auto [ack, ack_text] = raw.Exchange(hello, HelloPayload(7));
   REQUIRE(ack.type == pai::FrameType::kHelloAck);
 
   pai::FrameHeader push = hello;
@@ -419,14 +428,8 @@ TEST_CASE("A second client for a connected worker is refused and takes over noth
   // Nor can another connection of worker 1 take over a chunk it holds: its init is refused.
   {
     RawWorker raw(job, 0);
-    pai::FrameHeader h;
-    h.type = pai::FrameType::kHello;
-    h.ns = job.ns.id;
-    h.nonce = job.ns.nonce;
-    h.worker = 1;
-    std::vector<uint8_t> hello_payload(8, 0);
-    hello_payload[0] = 9;
-    REQUIRE(raw.Exchange(h, hello_payload).first.type == pai::FrameType::kHelloAck);
+    pai::FrameHeader h = HelloFrame(job, 1);
+    REQUIRE(raw.Exchange(h, HelloPayload(9)).first.type == pai::FrameType::kHelloAck);
     h.type = pai::FrameType::kInit;
     h.key = 1;
     std::vector<uint8_t> init_payload(pai::kInitPrefixBytes + n * 4);
@@ -497,12 +500,8 @@ TEST_CASE("Duplicate and out-of-round pushes are refused and change nothing",
   std::vector<float> init(n, 2.0f);
   REQUIRE(job.clients[0]->Init(5, DataType::kF32, init.data(), n).ok());
   RawWorker raw(job, 0);
-  pai::FrameHeader h;
-  h.type = pai::FrameType::kHello;
-  h.ns = job.ns.id;
-  h.nonce = job.ns.nonce;
-  h.worker = 1;
-  REQUIRE(raw.Exchange(h, std::vector<uint8_t>(8, 0)).first.type == pai::FrameType::kHelloAck);
+  pai::FrameHeader h = HelloFrame(job, 1);
+  REQUIRE(raw.Exchange(h, HelloPayload(0)).first.type == pai::FrameType::kHelloAck);
   h.type = pai::FrameType::kInit;
   h.key = 5;
   std::vector<uint8_t> init_payload(pai::kInitPrefixBytes + n * 4);
