@@ -1,6 +1,6 @@
 // Fuzzes MultipathDevice's texts from the network: the composite address, the connector's set-up
-// request and the listener's answer (checked against the address's hosts). No crash, no
-// overflow; whatever is accepted is well formed.
+// request, the listener's answer (checked against the address's hosts) and either side's verdict.
+// No crash, no overflow; whatever is accepted is well formed.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -32,5 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<std::string> hosts = {"127.0.0.1", "127.0.0.2"};
   auto reply = pmi::ParseSetupReply(text, hosts);
   if (reply.ok() && !reply->refused && reply->addresses.size() != hosts.size()) __builtin_trap();
+  auto verdict = pmi::ParseSetupVerdict(text);
+  if (verdict.ok() && verdict->ready && !verdict->why.empty()) __builtin_trap();
   return 0;
 }

@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -490,4 +491,129 @@ TEST_CASE("device: options and a peer with another number of paths are refused w
   CHECK(absl::StrContains(conn.status().message(), "has 2 paths"));
   CHECK(absl::StrContains(conn.status().message(), "has 3"));
   CHECK(absl::IsFailedPrecondition(accepted.status()));
+}
+
+namespace {
+
+// One set-up between two fresh 2-path devices (options as Options(), with `path_timeout`), both
+// outcomes and how long each side took.
+struct SetupOutcome {
+  absl::StatusOr<std::unique_ptr<pt::Connection>> connected, accepted;
+  absl::Duration connect_took, accept_took;
+  std::shared_ptr<pm::MultipathDevice> dev_a, dev_b;
+  pt::CompletionQueue cq_a, cq_b;
+};
+
+void SetUp(SetupOutcome& out, absl::Duration path_timeout) {
+  auto options_a = Options({"127.0.0.1", "127.0.0.3"});
+  auto options_b = Options({"127.0.0.1", "127.0.0.2"});
+  options_a.channel.path_timeout = options_b.channel.path_timeout = path_timeout;
+  auto da = pm::MultipathDevice::Create(options_a);
+  auto db = pm::MultipathDevice::Create(options_b);
+  REQUIRE(da.ok());
+  REQUIRE(db.ok());
+  out.dev_a = *da;
+  out.dev_b = *db;
+  auto listener = out.dev_b->Listen("");
+  REQUIRE(listener.ok());
+  const absl::Time start = absl::Now();
+  std::thread acceptor([&] {
+    out.accepted = (*listener)->Accept(&out.cq_b, absl::Seconds(10));
+    out.accept_took = absl::Now() - start;
+  });
+  out.connected = out.dev_a->Connect((*listener)->address(), &out.cq_a);
+  out.connect_took = absl::Now() - start;
+  acceptor.join();
+}
+
+// Installs set-up hooks for one scope.
+struct ScopedHooks {
+  explicit ScopedHooks(pmi::DeviceTestHooks hooks) { pmi::SetDeviceTestHooks(std::move(hooks)); }
+  ~ScopedHooks() { pmi::SetDeviceTestHooks({}); }
+};
+
+}  // namespace
+
+// A path that dies in the middle of set-up, after its greeting (here: the connector's path 0,
+// killed once the connector saw every greeting, while the listener has not yet checked its
+// paths), is a path of an established connection that died: both sides return the connection,
+// the path comes back by itself, and data flows. (Before, the connector returned a connection
+// while the listener failed after its 10 s connect timeout.)
+TEST_CASE("device: a path dying during set-up leaves both sides connected",
+          "[multipath][device][setup]") {
+  std::atomic<bool> killed{false};
+  ScopedHooks hooks({
+      .connector_greeted =
+          [&](pm::MultipathChannel& channel) {
+            pmi::ChannelTestAccess::FailPath(channel, 0);
+            killed = true;
+          },
+      .listener_accepted =
+          [&](pm::MultipathChannel& channel) {
+            // Until the connector's close of path 0 reached this side.
+            const absl::Time until = absl::Now() + absl::Seconds(5);
+            while (absl::Now() < until) {
+              if (killed && !channel.Stats().paths[0].up) break;
+              absl::SleepFor(absl::Milliseconds(1));
+            }
+          },
+  });
+  SetupOutcome s;
+  SetUp(s, absl::Seconds(3));
+  INFO(s.connected.status().ToString() << " / " << s.accepted.status().ToString());
+  REQUIRE(killed);
+  REQUIRE(s.connected.ok());
+  REQUIRE(s.accepted.ok());
+  CHECK(s.accept_took < absl::Seconds(5));
+  ExpectRevived(**s.connected, **s.accepted, 0);
+  Transfer(**s.connected, s.cq_a, **s.accepted, s.cq_b, {1, (size_t{8} << 20) + 1}, 9, false);
+}
+
+// A listener whose paths fail before they are checked fails its Accept, and the connector learns
+// it from the listener's verdict at once, with the listener's reason, instead of returning a
+// connection to a peer that has none.
+TEST_CASE("device: a set-up that fails on the listener fails on the connector, promptly",
+          "[multipath][device][setup]") {
+  ScopedHooks hooks({
+      .connector_greeted = nullptr,
+      .listener_accepted =
+          [&](pm::MultipathChannel& channel) {
+            pmi::ChannelTestAccess::FailPath(channel, 0);
+            pmi::ChannelTestAccess::FailPath(channel, 1);
+          },
+  });
+  SetupOutcome s;
+  SetUp(s, absl::Seconds(3));
+  INFO(s.connected.status().ToString() << " / " << s.accepted.status().ToString());
+  CHECK_FALSE(s.accepted.ok());
+  REQUIRE_FALSE(s.connected.ok());
+  CHECK(absl::StrContains(s.connected.status().message(), "every path is down"));
+  CHECK(s.connect_took < absl::Seconds(3));
+  CHECK(s.accept_took < absl::Seconds(3));
+}
+
+// The defect's own setting: 64 MiB over a fresh connection per run with the default path timeout
+// (100 ms) on a loaded machine; each run must set up on both sides or fail on both.
+TEST_CASE("device: fresh connections under load agree on set-up", "[.setup-stress]") {
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+    }
+  });
+  int failed = 0;
+  for (int run = 0; run < 80; ++run) {
+    SetupOutcome s;
+    SetUp(s, absl::Milliseconds(100));
+    INFO("run " << run << ": " << s.connected.status().ToString() << " / "
+                << s.accepted.status().ToString());
+    REQUIRE(s.connected.ok() == s.accepted.ok());
+    if (!s.connected.ok()) {
+      ++failed;
+      continue;
+    }
+    Transfer(**s.connected, s.cq_a, **s.accepted, s.cq_b, {size_t{64} << 20}, run, false);
+  }
+  stop = true;
+  busy.join();
+  CHECK(failed == 0);
 }

@@ -407,7 +407,7 @@ TEST_CASE("device set-up messages: round trips, and malformed ones refused", "[m
   CHECK(*pmi::ParseSetupRequest(pmi::EncodeSetupRequest(3)) == 3);
   CHECK_FALSE(pmi::ParseSetupRequest(pmi::EncodeSetupRequest(0)).ok());
   CHECK_FALSE(pmi::ParseSetupRequest(
-                  pb::RecordWriter("multipath.setup_request", 1).String("paths", "x").Finish())
+                  pb::RecordWriter("multipath.setup_request", 2).String("paths", "x").Finish())
                   .ok());
   CHECK_FALSE(pmi::ParseSetupRequest("GET / HTTP/1.1").ok());
   CHECK_FALSE(pmi::ParseSetupRequest("plexus-multipath/1 paths=2").ok());  // not a record
@@ -434,7 +434,7 @@ TEST_CASE("device set-up messages: round trips, and malformed ones refused", "[m
         pmi::EncodeSetupAccept({"127.0.0.1:5"}),
         pmi::EncodeSetupAccept({"127.0.0.1:5", "127.0.0.2:x"}),
         pmi::EncodeSetupAccept({"127.0.0.1:5", "127.0.0.2:6", "127.0.0.3:7"}),
-        pb::RecordWriter("multipath.setup_reply", 1).Int("refused", 1).Finish(),
+        pb::RecordWriter("multipath.setup_reply", 2).Int("refused", 1).Finish(),
         std::string("hello")}) {
     auto r = pmi::ParseSetupReply(bad, hosts);
     INFO(r.status().ToString());
@@ -445,4 +445,28 @@ TEST_CASE("device set-up messages: round trips, and malformed ones refused", "[m
           .status()
           .message(),
       "field 'addresses': path 1 ('127.0.0.9:6') is not on 127.0.0.2"));
+  // The verdicts after the paths: ready, or failed with the reason; a peer of the previous set-up
+  // version is refused by name.
+  auto ready = pmi::ParseSetupVerdict(pmi::EncodeSetupReady());
+  REQUIRE(ready.ok());
+  CHECK(ready->ready);
+  auto failed = pmi::ParseSetupVerdict(pmi::EncodeSetupFailed("path 1 not up"));
+  REQUIRE(failed.ok());
+  CHECK_FALSE(failed->ready);
+  CHECK(failed->why == "path 1 not up");
+  for (const std::string& bad :
+       {pb::RecordWriter("multipath.setup_verdict", 2).Int("ready", 0).Finish(),
+        pb::RecordWriter("multipath.setup_verdict", 2).Int("ready", 2).Finish(),
+        pb::RecordWriter("multipath.setup_verdict", 1).Int("ready", 1).Finish(),
+        pmi::EncodeSetupAccept({"127.0.0.1:5", "127.0.0.2:6"}), std::string("ok")}) {
+    auto v = pmi::ParseSetupVerdict(bad);
+    INFO(v.status().ToString());
+    CHECK(v.status().code() == absl::StatusCode::kDataLoss);
+  }
+  CHECK(
+      absl::StrContains(pmi::ParseSetupVerdict(
+                            pb::RecordWriter("multipath.setup_verdict", 1).Int("ready", 1).Finish())
+                            .status()
+                            .message(),
+                        "version 1"));
 }

@@ -154,6 +154,7 @@ ChannelStats MultipathChannel::Impl::Stats() const {
     s.index = p.index;
     s.lane = p.lane;
     s.up = p.state == PathState::kUp;
+    s.greeted = p.greeted;
     s.peer = p.peer;
     s.bytes_acked = p.bytes_acked;
     s.chunks_acked = p.chunks_acked;

@@ -282,6 +282,7 @@ void MultipathChannel::Impl::OnFrame(Path& p, const Frame& f, absl::Span<const u
     case FrameType::kHello:
       if (p.state == PathState::kGreeting) {
         p.state = PathState::kUp;
+        p.greeted = true;
         p.peer_index = f.seq;
         p.peer_max_chunk = f.total;
         have_no_path_since_.reset();

@@ -244,6 +244,7 @@ class MultipathChannel::Impl {
     uint64_t conn_id = 0;
     std::string peer;
     PathState state = PathState::kGreeting;
+    bool greeted = false;  // the peer's hello arrived (the path was up at some point)
     absl::Status error;
     uint64_t peer_index = 0;
     uint64_t peer_max_chunk = 0;

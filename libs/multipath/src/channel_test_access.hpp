@@ -2,6 +2,8 @@
 // of the public API.
 #pragma once
 
+#include <functional>
+
 #include "absl/time/time.h"
 #include "plexus/multipath/channel.hpp"
 
@@ -17,5 +19,14 @@ class ChannelTestAccess {
   // Pins a path's RTT estimate.
   static void SetPathRtt(MultipathChannel& channel, int path, absl::Duration rtt);
 };
+
+// Called during MultipathDevice set-up (null: nothing): on the connector once the peer greeted
+// every path, before the verdicts; on the listener once it accepted every path, before it waits
+// for their greetings. They let a test change the paths at exactly those points.
+struct DeviceTestHooks {
+  std::function<void(MultipathChannel&)> connector_greeted;
+  std::function<void(MultipathChannel&)> listener_accepted;
+};
+void SetDeviceTestHooks(DeviceTestHooks hooks);
 
 }  // namespace plexus::multipath::internal

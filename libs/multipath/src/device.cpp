@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "channel_impl.hpp"
+#include "channel_test_access.hpp"
 #include "device_wire.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
@@ -33,6 +34,22 @@ using Registry = internal::DeviceRegistry;
 namespace pt = ::plexus::transport;
 
 using internal::kSetupMessageBytes;
+
+// How long a set-up wait blocks before it checks whether the peer gave up.
+constexpr absl::Duration kSetupSlice = absl::Milliseconds(50);
+
+std::mutex hooks_mu;
+internal::DeviceTestHooks* hooks = nullptr;  // guarded by hooks_mu
+
+void RunHook(std::function<void(MultipathChannel&)> internal::DeviceTestHooks::*which,
+             MultipathChannel& channel) {
+  std::function<void(MultipathChannel&)> hook;
+  {
+    std::lock_guard<std::mutex> lock(hooks_mu);
+    if (hooks != nullptr) hook = hooks->*which;
+  }
+  if (hook) hook(channel);
+}
 
 // Waits for the completion of `wr_id` on `cq` (a set-up queue with one connection).
 absl::StatusOr<pt::Completion> AwaitControl(pt::CompletionQueue& cq, uint64_t wr_id,
@@ -59,22 +76,151 @@ std::vector<uint32_t> NewDefaultLabels(int paths) {
   return DefaultFlowLabels(paths, base + counter.fetch_add(1, std::memory_order_relaxed));
 }
 
-// Waits until the channel has `paths` live paths (every hello arrived) or fails.
-absl::Status AwaitLive(MultipathChannel& channel, int paths, absl::Time deadline,
-                       const std::string& peer) {
-  const bool ended = base::PollUntil(deadline, absl::Microseconds(200), [&] {
-    return !channel.status().ok() || channel.live_paths() == paths;
-  });
-  PLEXUS_RETURN_IF_ERROR(channel.status());
-  if (ended) return absl::OkStatus();
+// Each lane whose peer's hello has not arrived yet, with why ("" when every lane was greeted).
+// A lane counts once greeted even if its path died since: the dead path is then the channel's
+// to revive (or to leave dead), exactly as if it had died a moment after set-up.
+std::string UngreetedLanes(const MultipathChannel& channel, int paths) {
+  std::vector<bool> greeted(static_cast<size_t>(paths), false);
+  const ChannelStats stats = channel.Stats();
+  for (const PathStats& p : stats.paths) {
+    if (p.greeted && p.lane >= 0 && p.lane < paths) greeted[static_cast<size_t>(p.lane)] = true;
+  }
   std::string missing;
-  for (const PathStats& p : channel.Stats().paths) {
-    if (p.up) continue;
+  for (const PathStats& p : stats.paths) {
+    if (p.lane < 0 || p.lane >= paths || greeted[static_cast<size_t>(p.lane)]) continue;
+    greeted[static_cast<size_t>(p.lane)] = true;  // named once
     absl::StrAppend(&missing, missing.empty() ? "" : ", ", "path ", p.index, " (", p.peer,
                     p.error.empty() ? ": no greeting" : absl::StrCat(": ", p.error), ")");
   }
+  return missing;
+}
+
+// The set-up's last exchange on the control connection. Once a side has tried to bring its
+// paths up it sends its verdict (ready, or why not) and waits for the peer's; it returns OK only
+// when both are ready, so that set-up succeeds on both sides or fails on both. A side that fails
+// earlier closes the control connection, which the other notices at once (it polls for the
+// peer's verdict while it waits for its paths).
+class SetupVerdicts {
+ public:
+  SetupVerdicts(pt::Connection& control, pt::CompletionQueue& cq, std::string peer)
+      : control_(control), cq_(cq), peer_(std::move(peer)), buffer_(kSetupMessageBytes) {}
+
+  absl::Status PostRecv() { return control_.PostRecv({buffer_.data(), buffer_.size()}, kRecv); }
+
+  // Without blocking: whether the peer's verdict (or the control connection's failure) is in.
+  bool Arrived() {
+    pt::Completion batch[4];
+    const size_t n = cq_.Poll(absl::MakeSpan(batch));
+    for (size_t i = 0; i < n; ++i) Take(batch[i]);
+    return theirs_.has_value();
+  }
+
+  // The peer's verdict by `deadline`: OK when it is ready, else an error naming its reason.
+  absl::Status Theirs(absl::Time deadline) {
+    while (!Arrived()) {
+      absl::StatusOr<pt::Completion> c =
+          cq_.Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+      if (!c.ok()) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("multipath set-up with ", peer_,
+                         ": its verdict did not come within the connect "
+                         "timeout"));
+      }
+      Take(*c);
+    }
+    return *theirs_;
+  }
+
+  // Sends this side's verdict and waits until it left (a close right after must not drop it).
+  absl::Status Send(const absl::Status& mine, absl::Time deadline) {
+    mine_ = mine.ok() ? internal::EncodeSetupReady() : internal::EncodeSetupFailed(mine.ToString());
+    PLEXUS_RETURN_IF_ERROR(control_.PostSend(pt::ConstBuffer{mine_.data(), mine_.size()}, kSend));
+    while (!sent_) {
+      absl::StatusOr<pt::Completion> c =
+          cq_.Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+      if (!c.ok()) {
+        return absl::DeadlineExceededError(absl::StrCat("multipath set-up with ", peer_,
+                                                        ": sending this side's verdict timed out"));
+      }
+      Take(*c);
+      if (theirs_.has_value() && !theirs_->ok() && !sent_) break;  // the control link is gone
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static constexpr uint64_t kRecv = 10, kSend = 11;
+
+  void Take(const pt::Completion& c) {
+    if (c.wr_id == kSend) {
+      sent_ = true;
+      if (!c.status.ok() && !theirs_.has_value()) theirs_ = Gone(c.status);
+      return;
+    }
+    if (c.wr_id != kRecv || theirs_.has_value()) return;
+    if (!c.status.ok()) {
+      theirs_ = Gone(c.status);
+      return;
+    }
+    absl::StatusOr<internal::SetupVerdict> v =
+        internal::ParseSetupVerdict(std::string_view(buffer_.data(), c.bytes));
+    if (!v.ok()) {
+      theirs_ = base::Annotate(v.status(), absl::StrCat("multipath set-up with ", peer_));
+    } else if (v->ready) {
+      theirs_ = absl::OkStatus();
+    } else {
+      theirs_ = absl::UnavailableError(
+          absl::StrCat("multipath set-up: the peer ", peer_, " failed: ", v->why));
+    }
+  }
+
+  absl::Status Gone(const absl::Status& why) const {
+    return absl::UnavailableError(absl::StrCat("multipath set-up: the peer ", peer_,
+                                               " gave up (control connection: ", why.message(),
+                                               ")"));
+  }
+
+  pt::Connection& control_;
+  pt::CompletionQueue& cq_;
+  const std::string peer_;
+  std::vector<char> buffer_;
+  std::string mine_;
+  bool sent_ = false;
+  std::optional<absl::Status> theirs_;
+};
+
+// Waits until every lane was greeted, the channel failed, or the peer's verdict came (a
+// failure: set-up is over; ready: this side keeps waiting for its own paths).
+absl::Status AwaitGreeted(MultipathChannel& channel, int paths, absl::Time deadline,
+                          const std::string& peer, SetupVerdicts& verdicts) {
+  bool peer_failed = false;
+  const bool ended = base::PollUntil(deadline, absl::Microseconds(200), [&] {
+    if (verdicts.Arrived() && !verdicts.Theirs(absl::Now()).ok()) peer_failed = true;
+    return peer_failed || !channel.status().ok() || UngreetedLanes(channel, paths).empty();
+  });
+  if (peer_failed) return verdicts.Theirs(absl::Now());
+  PLEXUS_RETURN_IF_ERROR(channel.status());
+  const std::string missing = UngreetedLanes(channel, paths);
+  if (ended && missing.empty()) return absl::OkStatus();
   return absl::DeadlineExceededError(absl::StrCat("multipath set-up with ", peer, ": ", missing,
                                                   " not up within the connect timeout"));
+}
+
+// This side's verdict out, the peer's in: OK only when both are ready. On an error the peer
+// learns it from this side's verdict (or from the control connection closing).
+absl::Status Conclude(absl::Status mine, SetupVerdicts& verdicts, absl::Time deadline) {
+  // The verdict leaves even after the deadline passed (a short grace), so the peer hears why.
+  const absl::Time send_by = std::max(deadline, absl::Now() + absl::Milliseconds(500));
+  absl::Status sent = verdicts.Send(mine, send_by);
+  PLEXUS_RETURN_IF_ERROR(mine);
+  PLEXUS_RETURN_IF_ERROR(sent);
+  return verdicts.Theirs(deadline);
+}
+
+// A set-up step's status; on an error, the peer is told why before it returns.
+absl::Status Step(absl::Status status, SetupVerdicts& verdicts, absl::Time deadline) {
+  if (status.ok()) return status;
+  return Conclude(std::move(status), verdicts, deadline);
 }
 
 class MultipathConnection final : public pt::Connection {
@@ -275,25 +421,38 @@ class MultipathListener final : public pt::Listener {
       listeners.push_back(*std::move(listener));
     }
     reply = internal::EncodeSetupAccept(addresses);
+    SetupVerdicts verdicts(*control, control_cq, peer);
+    PLEXUS_RETURN_IF_ERROR(verdicts.PostRecv());
     PLEXUS_RETURN_IF_ERROR(control->PostSend(pt::ConstBuffer{reply.data(), reply.size()}, 2));
     auto conn = std::make_unique<MultipathConnection>(inner_, registry_);
     std::optional<MultipathConnection::Redial> redial;
     if (options_.revive_paths) redial.emplace();  // the listeners join it once set up
-    PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq, std::move(redial)));
+    PLEXUS_RETURN_IF_ERROR(
+        Step(conn->Init(options_.channel, cq, std::move(redial)), verdicts, deadline));
     MultipathChannel& channel = *conn->channel();
     for (int k = 0; k < paths; ++k) {
-      auto path = listeners[k]->Accept(channel.path_queue(),
-                                       std::max(deadline - absl::Now(), absl::ZeroDuration()));
+      // In slices, so that a connector that gave up is noticed at once, not at the deadline.
+      absl::StatusOr<std::unique_ptr<pt::Connection>> path;
+      do {
+        const absl::Duration slice = std::min(kSetupSlice, deadline - absl::Now());
+        path = listeners[k]->Accept(channel.path_queue(), std::max(slice, absl::ZeroDuration()));
+      } while (!path.ok() && absl::IsDeadlineExceeded(path.status()) && !verdicts.Arrived() &&
+               absl::Now() < deadline);
       if (!path.ok()) {
-        return base::Annotate(path.status(),
-                              absl::StrCat("multipath set-up with ", peer, ": accepting path ", k,
-                                           " on ", addresses[k]));
+        if (verdicts.Arrived()) PLEXUS_RETURN_IF_ERROR(verdicts.Theirs(absl::Now()));
+        return Step(base::Annotate(path.status(),
+                                   absl::StrCat("multipath set-up with ", peer, ": accepting path ",
+                                                k, " on ", addresses[k])),
+                    verdicts, deadline);
       }
       PLEXUS_RETURN_IF_ERROR(
-          base::Annotate(conn->AddPath(*std::move(path)),
-                         absl::StrCat("multipath set-up with ", peer, ": adding path ", k)));
+          Step(base::Annotate(conn->AddPath(*std::move(path)),
+                              absl::StrCat("multipath set-up with ", peer, ": adding path ", k)),
+               verdicts, deadline));
     }
-    PLEXUS_RETURN_IF_ERROR(AwaitLive(channel, paths, deadline, peer));
+    RunHook(&internal::DeviceTestHooks::listener_accepted, channel);
+    PLEXUS_RETURN_IF_ERROR(
+        Conclude(AwaitGreeted(channel, paths, deadline, peer, verdicts), verdicts, deadline));
     control->Close();
     if (options_.revive_paths) conn->KeepListeners(std::move(listeners));
     return std::unique_ptr<pt::Connection>(std::move(conn));
@@ -441,6 +600,8 @@ absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::Connect(
         absl::StrCat("multipath set-up: ", parsed.control, " refused: ", answer->why));
   }
   const std::vector<std::string>& addresses = answer->addresses;
+  SetupVerdicts verdicts(*control, control_cq, parsed.control);
+  PLEXUS_RETURN_IF_ERROR(verdicts.PostRecv());
   auto conn = std::make_unique<MultipathConnection>(inner_, registry_);
   std::optional<MultipathConnection::Redial> redial;
   const std::vector<pt::PathBinding> bindings = PathBindings(options_, NewDefaultLabels(paths));
@@ -449,21 +610,33 @@ absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::Connect(
     redial->bindings = bindings;
     redial->remote_addresses = addresses;
   }
-  PLEXUS_RETURN_IF_ERROR(conn->Init(options_.channel, cq, std::move(redial)));
+  PLEXUS_RETURN_IF_ERROR(
+      Step(conn->Init(options_.channel, cq, std::move(redial)), verdicts, deadline));
   MultipathChannel& channel = *conn->channel();
   for (int k = 0; k < paths; ++k) {
     auto path = inner_->ConnectOnPath(bindings[k], addresses[k], channel.path_queue());
     if (!path.ok()) {
-      return base::Annotate(path.status(),
-                            absl::StrCat("multipath set-up: path ", k, " from ",
-                                         options_.local_addresses[k], " to ", addresses[k]));
+      return Step(base::Annotate(path.status(),
+                                 absl::StrCat("multipath set-up: path ", k, " from ",
+                                              options_.local_addresses[k], " to ", addresses[k])),
+                  verdicts, deadline);
     }
-    PLEXUS_RETURN_IF_ERROR(base::Annotate(conn->AddPath(*std::move(path)),
-                                          absl::StrCat("multipath set-up: adding path ", k)));
+    PLEXUS_RETURN_IF_ERROR(Step(base::Annotate(conn->AddPath(*std::move(path)),
+                                               absl::StrCat("multipath set-up: adding path ", k)),
+                                verdicts, deadline));
   }
-  PLEXUS_RETURN_IF_ERROR(AwaitLive(channel, paths, deadline, parsed.control));
+  absl::Status mine = AwaitGreeted(channel, paths, deadline, parsed.control, verdicts);
+  if (mine.ok()) RunHook(&internal::DeviceTestHooks::connector_greeted, channel);
+  PLEXUS_RETURN_IF_ERROR(Conclude(std::move(mine), verdicts, deadline));
   control->Close();
   return std::unique_ptr<pt::Connection>(std::move(conn));
+}
+
+void internal::SetDeviceTestHooks(DeviceTestHooks h) {
+  std::lock_guard<std::mutex> lock(hooks_mu);
+  static DeviceTestHooks installed;
+  installed = std::move(h);
+  hooks = &installed;
 }
 
 namespace {

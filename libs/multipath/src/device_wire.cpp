@@ -18,8 +18,9 @@ const std::string kPrefix = "mp:";
 // The set-up messages: base::Records of these kinds.
 constexpr std::string_view kRequestRecord = "multipath.setup_request";
 constexpr std::string_view kReplyRecord = "multipath.setup_reply";
-constexpr uint16_t kSetupVersion = 1;
-constexpr int kMaxPaths = 1 << 16;  // a connection's paths are numbered in 16 bits
+constexpr std::string_view kVerdictRecord = "multipath.setup_verdict";
+constexpr uint16_t kSetupVersion = 2;  // 2: the verdicts after the paths
+constexpr int kMaxPaths = 1 << 16;     // a connection's paths are numbered in 16 bits
 constexpr size_t kMaxAddressBytes = 300;
 constexpr size_t kMaxRefusalBytes = 1000;
 
@@ -139,6 +140,33 @@ absl::StatusOr<SetupReply> ParseSetupReply(std::string_view text,
     }
   }
   if (absl::Status s = r->Finish(); !s.ok()) return malformed(s.message());
+  return out;
+}
+
+std::string EncodeSetupReady() {
+  return base::RecordWriter(kVerdictRecord, kSetupVersion).Int("ready", 1).Finish();
+}
+
+std::string EncodeSetupFailed(std::string_view why) {
+  return base::RecordWriter(kVerdictRecord, kSetupVersion)
+      .Int("ready", 0)
+      .String("why", why.substr(0, kMaxRefusalBytes))
+      .Finish();
+}
+
+absl::StatusOr<SetupVerdict> ParseSetupVerdict(std::string_view text) {
+  absl::StatusOr<base::RecordReader> r =
+      base::RecordReader::Parse(text, kVerdictRecord, kSetupVersion);
+  absl::Status status = r.status();
+  SetupVerdict out;
+  if (r.ok()) {
+    out.ready = r->Int("ready", 0, 1) == 1;
+    if (!out.ready) out.why = r->String("why", kMaxRefusalBytes);
+    status = r->Finish();
+  }
+  if (!status.ok()) {
+    return absl::DataLossError(absl::StrCat("malformed set-up verdict: ", status.message()));
+  }
   return out;
 }
 

@@ -42,4 +42,15 @@ struct SetupReply {
 absl::StatusOr<SetupReply> ParseSetupReply(std::string_view text,
                                            const std::vector<std::string>& hosts);
 
+// Each side's verdict once it has tried to bring every path up: ready, or why not. Both sides
+// send theirs and return only the outcome both agree on (set-up succeeds on both or on neither).
+std::string EncodeSetupReady();
+std::string EncodeSetupFailed(std::string_view why);
+struct SetupVerdict {
+  bool ready = false;
+  std::string why;  // not ready: the sender's reason
+};
+// DataLoss naming what is malformed.
+absl::StatusOr<SetupVerdict> ParseSetupVerdict(std::string_view text);
+
 }  // namespace plexus::multipath::internal

@@ -94,6 +94,7 @@ struct PathStats {
   int index = 0;
   int lane = 0;  // the network path: a revived path keeps its lane, gets a new index
   bool up = false;
+  bool greeted = false;  // the peer's hello arrived: the path was up at some point
   std::string peer;
   uint64_t bytes_acked = 0;  // chunk payload bytes this side sent that completed on the path
   uint64_t chunks_acked = 0;
