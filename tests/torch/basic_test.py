@@ -23,6 +23,13 @@ except ImportError as e:  # pragma: no cover
 
 import plexus_torch  # noqa: F401  (registers "plexus")
 
+# Run against an installed copy (CTest: the venv's), never silently against another one.
+_expected = os.environ.get("PLEXUS_TORCH_EXPECT_INSTALLED")
+if _expected and not os.path.realpath(plexus_torch.__file__).startswith(os.path.realpath(_expected)):
+    print(f"plexus_torch was imported from {plexus_torch.__file__}, not from {_expected}",
+          file=sys.stderr)
+    sys.exit(1)
+
 
 def init(rank, world, store_dir, timeout_s=60, init_method=None):
     dist.init_process_group(
