@@ -58,7 +58,7 @@ std::vector<std::string> Scenarios(const Options& options) {
   for (const auto& entry : std::filesystem::directory_iterator(options.data_dir)) {
     if (entry.path().extension() == ".json") files.push_back(entry.path().string());
   }
-  const std::string real = options.data_dir + "/jellybean-vqa/vqa-medium.json";
+  const std::string real = options.data_dir + "/jellybean-vqa/vqa-medium-release.json";
   if (std::filesystem::exists(real)) files.push_back(real);
   std::sort(files.begin(), files.end());
   return files;

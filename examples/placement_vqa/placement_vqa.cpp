@@ -2,7 +2,7 @@
 // authors' medium input, bundled) that meets its accuracy and throughput targets, next to the
 // exact optimum and the paper's baselines.
 //
-//   build/examples/placement-vqa [examples/data/placement/jellybean-vqa/vqa-medium.json]
+//   build/examples/placement-vqa [examples/data/placement/jellybean-vqa/vqa-medium-release.json]
 #include <cstdio>
 #include <string>
 
@@ -13,7 +13,7 @@ namespace pp = plexus::placement;
 
 int main(int argc, char** argv) {
   const std::string path =
-      argc > 1 ? argv[1] : PLEXUS_EXAMPLE_DATA "/placement/jellybean-vqa/vqa-medium.json";
+      argc > 1 ? argv[1] : PLEXUS_EXAMPLE_DATA "/placement/jellybean-vqa/vqa-medium-release.json";
   auto problem = pp::LoadProblem(path);
   if (!problem.ok()) {
     std::fprintf(stderr, "placement-vqa: %s\n", std::string(problem.status().message()).c_str());

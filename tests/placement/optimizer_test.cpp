@@ -114,7 +114,7 @@ TEST_CASE("lb matches an exhaustive search on random instances", "[placement]") 
 
 TEST_CASE("jb beats the fit baselines on the bundled scenarios", "[placement]") {
   for (const char* name : {"vqa-medium.json", "aicity-medium.json", "vqa-large.json",
-                           "jellybean-vqa/vqa-medium.json"}) {
+                           "jellybean-vqa/vqa-medium-release.json"}) {
     INFO(name);
     auto problem = LoadProblem(testing::DataFile(name));
     REQUIRE(problem.ok());
@@ -135,7 +135,7 @@ TEST_CASE("jb beats the fit baselines on the bundled scenarios", "[placement]") 
 }
 
 TEST_CASE("baselines follow their definitions", "[placement]") {
-  auto problem = LoadProblem(testing::DataFile("jellybean-vqa/vqa-medium.json"));
+  auto problem = LoadProblem(testing::DataFile("jellybean-vqa/vqa-medium-release.json"));
   REQUIRE(problem.ok());
   std::vector<int> most_accurate;
   BestReachableAccuracy(*problem, &most_accurate);
@@ -161,7 +161,7 @@ TEST_CASE("baselines follow their definitions", "[placement]") {
 }
 
 TEST_CASE("the release's cost model reproduces its 7.5088/h on the real VQA input", "[placement]") {
-  auto problem = LoadProblem(testing::DataFile("jellybean-vqa/vqa-medium.json"));
+  auto problem = LoadProblem(testing::DataFile("jellybean-vqa/vqa-medium-release.json"));
   REQUIRE(problem.ok());
   auto plexus_lb = Optimize(*problem, Strategy::kExact);
   REQUIRE(plexus_lb.ok());

@@ -55,7 +55,7 @@ TEST_CASE("every bundled scenario loads and round-trips", "[placement]") {
 }
 
 TEST_CASE("the real JellyBean VQA input keeps the release's numbers", "[placement]") {
-  auto problem = LoadProblem(testing::DataFile("jellybean-vqa/vqa-medium.json"));
+  auto problem = LoadProblem(testing::DataFile("jellybean-vqa/vqa-medium-release.json"));
   REQUIRE(problem.ok());
   CHECK(problem->objective.accuracy_target == Approx(56.0));
   CHECK(problem->rate[problem->FindOperator("VQA")] == Approx(40));

@@ -10,7 +10,7 @@ namespace plexus::placement {
 namespace {
 
 TEST_CASE("the JellyBean plan of the real VQA input sustains 40 req/s", "[placement]") {
-  auto problem = LoadProblem(testing::DataFile("jellybean-vqa/vqa-medium.json"));
+  auto problem = LoadProblem(testing::DataFile("jellybean-vqa/vqa-medium-release.json"));
   REQUIRE(problem.ok());
   auto plan = Optimize(*problem, Strategy::kJellyBean);
   REQUIRE(plan.ok());
@@ -35,7 +35,7 @@ TEST_CASE("the JellyBean plan of the real VQA input sustains 40 req/s", "[placem
 }
 
 TEST_CASE("an over-committed plan shows it", "[placement]") {
-  auto problem = LoadProblem(testing::DataFile("jellybean-vqa/vqa-medium.json"));
+  auto problem = LoadProblem(testing::DataFile("jellybean-vqa/vqa-medium-release.json"));
   REQUIRE(problem.ok());
   auto plan = Optimize(*problem, Strategy::kCloudGpu);  // 250% of one GPU
   REQUIRE(plan.ok());

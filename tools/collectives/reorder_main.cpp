@@ -239,8 +239,16 @@ int Reorder(const Args& a) {
   }
   std::printf("%-16s %s\n", "model", std::string(pn::CostModelName(*model)).c_str());
   std::printf("%-16s %.1f us\n", "identity cost", r->identity_cost);
-  std::printf("%-16s %.1f us (%.2fx lower)\n", "chosen cost", r->cost,
-              r->cost > 0 ? r->identity_cost / r->cost : 1.0);
+  // The ratio only where it means something: an order within rounding of the identity's cost is
+  // not "1.00x lower", and a zero cost (every pair the order crosses has latency 0 in the
+  // matrix) has no finite ratio.
+  std::string versus = "no lower than the identity order";
+  if (r->cost == 0 && r->identity_cost > 0) {
+    versus = "every pair it crosses has latency 0 in the matrix";
+  } else if (r->cost > 0 && r->identity_cost / r->cost >= 1.005) {
+    versus = absl::StrFormat("%.2fx lower", r->identity_cost / r->cost);
+  }
+  std::printf("%-16s %.1f us (%s)\n", "chosen cost", r->cost, versus.c_str());
   std::printf("%-16s %s\n", "optimal",
               r->proven_optimal ? "proven (branch and bound finished)"
                                 : (m->n <= a.exact_max_n ? "not proven (node limit reached)"
