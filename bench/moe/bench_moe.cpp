@@ -261,7 +261,7 @@ Figure Simulation(const std::string& figure, const moe::Scenario& s, const moe::
 
 int main(int argc, char** argv) {
   bool as_json = false;
-  std::string data = PLEXUS_MOE_DATA_DIR;
+  std::string data = plexus::tooling::DataDir() + "/moe";
   int instances = 600;
   plexus::tooling::Tool tool(
       "plexus-bench-moe", "The targets of the MoE library from the Lazarus paper (docs/moe.md).");

@@ -23,10 +23,6 @@
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
 
-#ifndef PLEXUS_PLACEMENT_DATA_DIR
-#define PLEXUS_PLACEMENT_DATA_DIR "examples/data/placement"
-#endif
-
 namespace {
 
 using namespace plexus::placement;
@@ -37,7 +33,7 @@ struct Options {
   int instances = 300;
   int repeats = 51;
   double sim_duration_s = 60;
-  std::string data_dir = PLEXUS_PLACEMENT_DATA_DIR;
+  std::string data_dir = plexus::tooling::DataDir() + "/placement";
 };
 
 double Quantile(std::vector<double> values, double q) {

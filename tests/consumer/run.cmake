@@ -73,6 +73,15 @@ else()
   message(STATUS "pkg-config or c++ not found: the pkg-config build is not checked")
 endif()
 
+# 2e. An installed tool points at the installed data, not at this checkout.
+if(EXISTS ${prefix}/bin/plexus-moe)
+  execute_process(COMMAND ${prefix}/bin/plexus-moe --help OUTPUT_VARIABLE help RESULT_VARIABLE rc)
+  string(REGEX REPLACE "[ \t\r\n]+" " " flat "${help}")
+  if(NOT rc EQUAL 0 OR NOT flat MATCHES "examples in ${prefix}/share/plexus/data/moe")
+    message(FATAL_ERROR "the installed plexus-moe --help does not name ${prefix}/share/plexus/data/moe:\n${help}")
+  endif()
+endif()
+
 # 3. add_subdirectory(plexus): only what the consumer links is built.
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/vendored -G ${GENERATOR}
     -DCMAKE_BUILD_TYPE=${BUILD_TYPE} -DPLEXUS_SOURCE_DIR=${SOURCE_DIR})

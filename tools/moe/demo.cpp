@@ -256,8 +256,6 @@ int main(int argc, char** argv) {
   tooling::AddJsonFlag(train, &t.json);
   if (auto code = tool.Parse(argc, argv)) return *code;
   if (train->parsed()) return RunRank(tool, t);
-  std::error_code ec;
-  std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  if (ec) self = argv[0];
-  return plexus::moe::demo::RunDriver(tool, a, ranks, json_out, plot, self);
+  return plexus::moe::demo::RunDriver(tool, a, ranks, json_out, plot,
+                                      plexus::tooling::SelfPath(argv[0]));
 }

@@ -32,8 +32,7 @@ namespace {
 
 constexpr char kDescription[] =
     "Lazarus expert planning, recovery analysis, dispatch, reconfiguration and spot-trace\n"
-    "simulation. Scenarios and schedules are described in docs/moe.md; examples in\n"
-    "examples/data/moe/.";
+    "simulation. Scenarios and schedules are described in docs/moe.md; examples in\n";
 
 // Plans hold nodes x slots_per_node expert slots per layer; more than this does not fit in the
 // memory of a machine that runs the tool (1e8 nodes died with std::bad_alloc).
@@ -511,13 +510,17 @@ int CmdSimulate(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  plexus::tooling::Tool tool("plexus-moe", kDescription);
+  plexus::tooling::Tool tool("plexus-moe",
+                             absl::StrCat(kDescription, plexus::tooling::DataDir(), "/moe."));
   g_tool = &tool;
   tool.app().require_subcommand(1);
   Args args;
   // Every option is kept as text here and parsed strictly by the command (IntOpt, ...).
+  // The scenario file is positional, as the input file of every Plexus tool is (plexus-place
+  // run IN.json, plexus-reorder cost MATRIX.json); --scenario FILE is accepted too.
   auto option = [&](CLI::App* sub, const std::string& name, const std::string& help) {
-    sub->add_option("--" + name, args.options[name], help);
+    sub->add_option(name == "scenario" ? "scenario,--scenario" : "--" + name, args.options[name],
+                    help);
   };
   struct Command {
     const char* name;

@@ -4,10 +4,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "plexus/config.hpp"
+#include "plexus/tooling/launch.hpp"
 
 namespace plexus::tooling {
 namespace {
@@ -34,6 +36,17 @@ bool IsRealOutside(const std::string& text, double min, double max) {
 }  // namespace
 
 std::string_view Version() { return PLEXUS_VERSION_STRING; }
+
+std::string DataDir() {
+  const std::filesystem::path self = SelfPath("");
+  if (!self.empty()) {
+    const std::filesystem::path installed =
+        self.parent_path().parent_path() / "share" / "plexus" / "data";
+    std::error_code ec;
+    if (std::filesystem::is_directory(installed, ec)) return installed.string();
+  }
+  return PLEXUS_SOURCE_DATA_DIR;
+}
 
 absl::StatusOr<int64_t> ParseInteger(std::string_view flag, std::string_view text, int64_t min,
                                      int64_t max) {

@@ -60,6 +60,11 @@ class Tool {
   CLI::App app_;
 };
 
+// The example data (scenarios, problems, traces): <prefix>/share/plexus/data beside an
+// installed program (<prefix>/bin/...), else the checkout's examples/data (a program run from
+// its build tree). What help texts name and data options default to.
+std::string DataDir();
+
 // --json: machine-readable output instead of the table.
 CLI::Option* AddJsonFlag(CLI::App* app, bool* json);
 
