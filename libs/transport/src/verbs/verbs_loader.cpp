@@ -183,6 +183,14 @@ struct ibv_mr*(ibv_reg_mr)(struct ibv_pd* pd, void* addr, size_t length, int acc
   return Call<decltype(&::ibv_reg_mr)>(kIbverbs, "ibv_reg_mr", pd, addr, length, access);
 }
 
+// rdma-core's ibv_reg_mr macro calls this one when it cannot prove at compile time that the
+// access flags need no optional range (always, in an unoptimised build).
+struct ibv_mr*(ibv_reg_mr_iova2)(struct ibv_pd* pd, void* addr, size_t length, uint64_t iova,
+                                 unsigned int access) {
+  return Call<decltype(&::ibv_reg_mr_iova2)>(kIbverbs, "ibv_reg_mr_iova2", pd, addr, length, iova,
+                                             access);
+}
+
 const char*(ibv_wc_status_str)(enum ibv_wc_status status) {
   return Call<decltype(&::ibv_wc_status_str)>(kIbverbs, "ibv_wc_status_str", status);
 }
