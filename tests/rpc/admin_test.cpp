@@ -268,6 +268,18 @@ TEST_CASE("plexus-rpc-ctl drives the endpoint and prints tables", "[rpc][admin]"
   auto [engines, rc4] = Ctl(at + "engines kv --json");
   CHECK(rc4 == 0);
   CHECK(Json::parse(engines)[1]["state"]["rate"] == 5);
+  // Reconfigured in place, then upgraded without a configuration: the running one is kept, and
+  // the answer says so (it used to fall back to the defaults, an unlimited rate).
+  auto [conf, rc6] = Ctl(at + "configure kv rl --config '{\"rate\": 7}'");
+  CHECK(rc6 == 0);
+  auto [kept, rc7] = Ctl(at + "upgrade kv rl");
+  INFO(kept);
+  CHECK(rc7 == 0);
+  CHECK(kept.find(R"(configuration (kept): {"burst":2,"rate":7})") != std::string::npos);
+  auto [after, rc8] = Ctl(at + "engines kv --json");
+  CHECK(rc8 == 0);
+  CHECK(Json::parse(after)[1]["state"]["rate"] == 7);
+  CHECK(Json::parse(after)[1]["state"]["burst"] == 2);
   auto [denied, rc5] =
       Ctl("--timeout 10 --address " + f.endpoint->address() + " --token nope detach kv rl");
   CHECK(rc5 == 1);

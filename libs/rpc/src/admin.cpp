@@ -156,6 +156,10 @@ struct RpcAdmin::Target {
   Server* server = nullptr;
   std::weak_ptr<Channel> channel;
   std::vector<const ServiceDesc*> services;
+  // Per engine attached through this endpoint, its configuration as attach and configure left
+  // it (configure changes only the fields it names): what an upgrade without a configuration
+  // keeps. Guarded by RpcAdmin::mu_.
+  std::map<std::string, Json, std::less<>> configs;
   // The chain, or Unavailable when the channel is gone.
   absl::StatusOr<EngineChain*> chain() const {
     if (server != nullptr) return &server->engines();
@@ -355,6 +359,10 @@ absl::StatusOr<std::string> RpcAdmin::Attach(const AdminRequest& r) {
   PLEXUS_ASSIGN_OR_RETURN(EngineChain * chain, t->chain());
   PLEXUS_ASSIGN_OR_RETURN(auto policy, Make(kind, name, config, *t));
   PLEXUS_RETURN_IF_ERROR(chain->Attach(policy, after));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    t->configs[name] = Json::parse(config, nullptr, false);
+  }
   return Dump(Json{{"engines", chain->Names()}});
 }
 
@@ -364,6 +372,10 @@ absl::StatusOr<std::string> RpcAdmin::Detach(const AdminRequest& r) {
   PLEXUS_ASSIGN_OR_RETURN(std::string name, Arg(r, "name"));
   PLEXUS_ASSIGN_OR_RETURN(EngineChain * chain, t->chain());
   PLEXUS_ASSIGN_OR_RETURN(auto old, chain->Detach(name));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    t->configs.erase(name);
+  }
   return Dump(Json{{"detached", EngineJson(*old)}, {"engines", chain->Names()}});
 }
 
@@ -374,6 +386,14 @@ absl::StatusOr<std::string> RpcAdmin::Configure(const AdminRequest& r) {
   PLEXUS_ASSIGN_OR_RETURN(std::string config, Arg(r, "config"));
   PLEXUS_ASSIGN_OR_RETURN(EngineChain * chain, t->chain());
   PLEXUS_ASSIGN_OR_RETURN(EngineSwapReport rep, chain->Configure(name, config));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = t->configs.find(name);
+    const Json patch = Json::parse(config, nullptr, false);
+    if (it != t->configs.end() && it->second.is_object() && patch.is_object()) {
+      it->second.merge_patch(patch);
+    }
+  }
   return Dump(Json{{"engine", EngineJson(*chain->Find(name))},
                    {"pause_us", Micros(rep.pause)},
                    {"drain_us", Micros(rep.drain)}});
@@ -390,11 +410,36 @@ absl::StatusOr<std::string> RpcAdmin::Upgrade(const AdminRequest& r) {
         absl::StrCat("no engine named '", name, "' to upgrade on '", t->name, "'"));
   }
   PLEXUS_ASSIGN_OR_RETURN(std::string kind, Arg(r, "kind", old->kind().c_str()));
-  PLEXUS_ASSIGN_OR_RETURN(std::string config, Arg(r, "config", "{}"));
+  // Without a configuration the new version keeps the running one (same kind), or starts from
+  // its kind's defaults (another kind); the answer says which.
+  std::string config, config_from = "given";
+  if (r.args.contains("config")) {
+    PLEXUS_ASSIGN_OR_RETURN(config, Arg(r, "config"));
+  } else if (kind != old->kind()) {
+    config = "{}";
+    config_from = "defaults of the new kind";
+  } else {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = t->configs.find(name);
+    if (it == t->configs.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "engine '", name, "' on '", t->name,
+          "' was not attached through this endpoint, so its configuration is unknown here: give "
+          "the new version's configuration (config=JSON)"));
+    }
+    config = it->second.dump();
+    config_from = "kept";
+  }
   PLEXUS_ASSIGN_OR_RETURN(auto next, Make(kind, name, config, *t));
   PLEXUS_ASSIGN_OR_RETURN(EngineSwapReport rep, chain->Upgrade(name, next));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    t->configs[name] = Json::parse(config, nullptr, false);
+  }
   return Dump(Json{{"engine", EngineJson(*next)},
                    {"from_version", old->version()},
+                   {"config", Json::parse(config, nullptr, false)},
+                   {"config_from", config_from},
                    {"pause_us", Micros(rep.pause)},
                    {"drain_us", Micros(rep.drain)}});
 }

@@ -110,7 +110,8 @@ int main(int argc, char** argv) {
   add_target(upgrade);
   add_name(upgrade);
   upgrade->add_option("--kind", kind, "the new version's kind (default: the same)");
-  upgrade->add_option("--config", config, "the new version's JSON configuration");
+  upgrade->add_option("--config", config,
+                      "the new version's JSON configuration (default: the running one's)");
   CLI::App* metrics = tool.Subcommand("metrics", "every metrics engine's counters per method");
   metrics->add_option("target", target, "only this server or channel");
   CLI::App* help = tool.Subcommand("commands", "the commands the endpoint serves");
@@ -186,6 +187,10 @@ int main(int argc, char** argv) {
                 sub == upgrade ? "upgraded" : "configured", name.c_str(), target.c_str(),
                 Text(j["engine"]["kind"]).c_str(), Text(j["engine"]["version"]).c_str(),
                 j["pause_us"].get<double>(), j["drain_us"].get<double>());
+    if (sub == upgrade) {
+      std::printf("configuration (%s): %s\n", Text(j["config_from"]).c_str(),
+                  j["config"].dump().c_str());
+    }
     std::printf("state: %s\n", j["engine"]["state"].dump().c_str());
   } else if (sub == attach || sub == detach) {
     std::vector<std::string> chain;
