@@ -63,7 +63,8 @@ struct Bed {
     auto s = pr::Server::Create(device, {.address = "127.0.0.1:0"});
     if (!s.ok()) Fail(s.status().ToString());
     server = std::move(*s);
-    if (auto st = server->Register(impl); !st.ok()) Fail(st.ToString());
+    // Its work is on the CPU, never blocked: it runs where the QoS queue hands it over.
+    if (auto st = server->Register(impl, {"Echo"}); !st.ok()) Fail(st.ToString());
     if (auto st = server->Start(); !st.ok()) Fail(st.ToString());
   }
   std::shared_ptr<pr::Channel> Connect(size_t window = 0) {

@@ -69,7 +69,8 @@ std::shared_ptr<pi::RecvBuffer> Flatten(const std::vector<pi::Part>& parts, size
 }
 
 // A tcp device in `mode`, a started server with a HoldingService, and (unless `channel_options`
-// is nullopt: tests that speak the wire themselves) a channel to it.
+// is nullopt: tests that speak the wire themselves) a channel to it. Echo is registered as never
+// blocking: it runs in the dispatcher's rounds, whose batches and pieces these tests check.
 struct EchoBed {
   EchoBed(pt::ProgressMode mode, pr::ServerOptions server_options,
           std::optional<pr::ChannelOptions> channel_options) {
@@ -80,7 +81,7 @@ struct EchoBed {
     auto s = pr::Server::Create(dev, std::move(server_options));
     REQUIRE(s.ok());
     server = std::move(*s);
-    REQUIRE(server->Register(&impl).ok());
+    REQUIRE(server->Register(&impl, {"Echo"}).ok());
     REQUIRE(server->Start().ok());
     if (!channel_options) return;
     auto c = pr::Channel::Connect(dev, server->address(), {&Kinds::Descriptor()},

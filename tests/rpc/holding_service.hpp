@@ -70,14 +70,6 @@ class OrderedHold : public HoldingService {
   std::vector<int> order;
 };
 
-// Waits up to 5 s (in 1 ms steps) for `pred`, then REQUIREs it; `what` names it in a failure.
-template <typename Pred>
-void WaitUntil(Pred pred, const char* what) {
-  for (int i = 0; i < 5000 && !pred(); ++i) absl::SleepFor(absl::Milliseconds(1));
-  INFO(what);
-  REQUIRE(pred());
-}
-
 // The QoS tests' bed: an inproc server of an OrderedHold that answers its parked calls before it
 // shuts down.
 struct OrderedHoldServer : TestServer<OrderedHold> {

@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/time/clock.h"
 #include "plexus/rpc/server.hpp"
 #include "plexus/transport/device.hpp"
 
@@ -31,6 +32,14 @@ struct TestServer {
   Impl impl;
   std::unique_ptr<rpc::Server> server;
 };
+
+// Waits up to 5 s (in 1 ms steps) for `pred`, then REQUIREs it; `what` names it in a failure.
+template <typename Pred>
+void WaitUntil(Pred pred, const char* what) {
+  for (int i = 0; i < 5000 && !pred(); ++i) absl::SleepFor(absl::Milliseconds(1));
+  INFO(what);
+  REQUIRE(pred());
+}
 
 // A tcp device on 127.0.0.1.
 inline std::shared_ptr<transport::Device> LoopbackTcp() {

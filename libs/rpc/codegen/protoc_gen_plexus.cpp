@@ -515,8 +515,10 @@ class Generator : public pb::compiler::CodeGenerator {
     }
     o << "   private:\n    std::shared_ptr<::plexus::rpc::Channel> channel_;\n  };\n\n";
     // Service base.
-    o << "  // Server base: override Method (synchronous) or MethodAsync (finish later, from any\n"
-      << "  // thread).\n  class Service : public ::plexus::rpc::ServiceBase {\n   public:\n"
+    o << "  // Server base: override Method (synchronous: runs on a handler thread, or on the\n"
+      << "  // dispatcher thread when registered as never blocking) or MethodAsync (runs on the\n"
+      << "  // dispatcher thread and must return at once: finish later, from any thread).\n"
+      << "  class Service : public ::plexus::rpc::ServiceBase {\n   public:\n"
       << "    const ::plexus::rpc::ServiceDesc& descriptor() const override { return "
          "Descriptor(); }\n";
     for (int i = 0; i < s->method_count(); ++i) {
@@ -531,8 +533,13 @@ class Generator : public pb::compiler::CodeGenerator {
         << " is not implemented by this server\");\n    }\n"
         << "    virtual void " << m->name() << "Async(::plexus::rpc::ServerCall<" << req << ", "
         << resp << "> call) {\n"
-        << "      call.Finish(" << m->name()
-        << "(call.context(), call.request(), call.response()));\n    }\n";
+        << "      ::plexus::rpc::internal::ServerCallAccess::state(call).RunSync(\n"
+        << "          this, [](::plexus::rpc::ServiceBase* s, "
+           "::plexus::rpc::internal::ServerCallState& c) {\n"
+        << "            return static_cast<Service*>(s)->" << m->name()
+        << "(c.context(), *static_cast<const " << req << "*>(c.request()), static_cast<" << resp
+        << "*>(c.response()));\n"
+        << "          });\n    }\n";
     }
     o << "    void Dispatch(uint32_t method_id, "
          "std::shared_ptr<::plexus::rpc::internal::ServerCallState> call) override {\n"

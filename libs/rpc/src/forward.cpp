@@ -114,7 +114,7 @@ void ServerCore::StopForwarding() {
 
 absl::Status Server::ForwardTo(std::vector<std::string> peer_addresses, ForwardOptions options) {
   auto& c = impl_->core;
-  if (!c.listener) return absl::FailedPreconditionError("ForwardTo before Start");
+  if (!c.started) return absl::FailedPreconditionError("ForwardTo before Start");
   if (c.forwarding_owner) return absl::FailedPreconditionError("ForwardTo was already called");
   if (peer_addresses.empty()) return absl::InvalidArgumentError("ForwardTo: no peer addresses");
   auto f = std::make_unique<internal::Forwarding>();

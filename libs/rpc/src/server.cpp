@@ -153,6 +153,7 @@ void ServerCallImpl::Recycle() {
   counted_ = false;
   wants_load_ = false;
   qos_slot_ = false;
+  runs_inline_ = false;
   response_md_.clear();
   arena_.Reset();
   response_ = nullptr;
@@ -532,7 +533,7 @@ void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_
         absl::UnimplementedError(absl::StrCat("service id ", h.service_id, " is not served here")));
     return;
   }
-  ServiceBase* service = sit->second;
+  ServiceBase* service = sit->second.service;
   const ServiceDesc& sd = service->descriptor();
   if (h.method_id >= sd.method_count) {
     call->Finish(
@@ -542,6 +543,7 @@ void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_
   }
   const MethodDesc& md = sd.methods[h.method_id];
   call->Bind(&sd, &md);
+  call->set_runs_inline(handlers == nullptr || sit->second.never_block[h.method_id]);
   if (absl::Status ds = in->Decode(*md.request(), codec); !ds.ok()) {
     call->Finish(absl::InvalidArgumentError(
         absl::StrCat("request of ", sd.full_name, "/", md.name, ": ", ds.message())));
@@ -583,16 +585,7 @@ void ServerCore::Route(const std::shared_ptr<ServerCallImpl>& call, ServiceBase*
   QosQueue::Job job;
   job.run = [call, service, method_id] {
     call->HoldsQosSlot();
-    // A call that waited past its deadline or was cancelled meanwhile is not worth a handler.
-    if (call->IsCancelled()) {
-      call->Finish(absl::CancelledError("the call was cancelled while queued for QoS"));
-    } else if (absl::Now() > call->deadline()) {
-      call->Finish(absl::DeadlineExceededError(
-          absl::StrCat("deadline exceeded while queued for QoS on the server (",
-                       call->info().service->full_name, "/", call->info().method->name, ")")));
-    } else {
-      service->Dispatch(method_id, call);
-    }
+    if (!call->FinishIfStale("queued for QoS")) service->Dispatch(method_id, call);
   };
   job.drop = [call] { call->Finish(absl::UnavailableError("the rpc server is shutting down")); };
   qos.Push(verdict ? verdict->cls : QosClass::kBulk, verdict ? &verdict->schedule : nullptr,
@@ -622,6 +615,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(std::shared_ptr<transport
   c.call_pool = std::make_shared<internal::Recycler<internal::ServerCallImpl>>(
       std::min<size_t>(c.window * 2 + 2, 1024));
   c.codec.max_depth = options.max_depth;
+  if (options.handler_threads > 0) {
+    c.handlers =
+        std::make_unique<internal::HandlerPool>(options.handler_threads, options.handler_queue);
+  }
   c.trigger = GossipTrigger(options.load_gossip_floor);
   c.options = std::move(options);
   c.device = std::move(device);
@@ -629,47 +626,73 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(std::shared_ptr<transport
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
-absl::Status Server::Register(ServiceBase* service) {
+absl::Status Server::Register(ServiceBase* service, std::vector<std::string> never_block) {
   auto& c = impl_->core;
-  if (c.listener) return absl::FailedPreconditionError("Register after Start");
+  if (c.started) return absl::FailedPreconditionError("Register after Start");
   const ServiceDesc& d = service->descriptor();
   if (c.services.contains(d.id)) {
     return absl::AlreadyExistsError(absl::StrCat("service ", d.full_name, " already registered"));
   }
-  c.services[d.id] = service;
+  internal::ServerCore::Served served{service, std::vector<bool>(d.method_count, false)};
+  for (const std::string& name : never_block) {
+    auto m = std::find_if(d.methods, d.methods + d.method_count,
+                          [&](const MethodDesc& md) { return name == md.name; });
+    if (m == d.methods + d.method_count) {
+      std::string has;
+      for (size_t i = 0; i < d.method_count; ++i) {
+        absl::StrAppend(&has, i == 0 ? "" : ", ", d.methods[i].name);
+      }
+      return absl::InvalidArgumentError(
+          absl::StrCat("Register(", d.full_name, "): never_block names method '", name,
+                       "', which the service does not have (it has: ", has, ")"));
+    }
+    served.never_block[m->id] = true;
+  }
+  c.services[d.id] = std::move(served);
   c.by_name[d.full_name] = service;
   return absl::OkStatus();
 }
 
 absl::Status Server::Start() {
   auto& c = impl_->core;
-  if (c.listener) return absl::FailedPreconditionError("server already started");
+  if (c.started) return absl::FailedPreconditionError("server already started");
   PLEXUS_ASSIGN_OR_RETURN(c.listener, c.device->Listen(c.options.address));
+  c.address = c.listener->address();
+  c.started = true;
   c.accept_thread = std::thread([&c] { c.Accept(); });
   c.dispatch_thread = std::thread([&c] { c.Dispatch(); });
   c.reap_thread = std::thread([&c] { c.Reap(); });
   return absl::OkStatus();
 }
 
-std::string Server::address() const {
-  return impl_->core.listener ? impl_->core.listener->address() : "";
-}
+std::string Server::address() const { return impl_->core.address; }
 
 void Server::Shutdown() {
   auto& c = impl_->core;
   if (c.stop.exchange(true)) return;
   c.StopForwarding();  // forwarded calls fail (Cancelled) while their clients can still hear it
   if (c.accept_thread.joinable()) c.accept_thread.join();
+  c.listener.reset();
   std::vector<std::shared_ptr<internal::ServerConn>> conns;
   {
     std::lock_guard<std::mutex> lock(c.mu);
     for (auto& [id, sc] : c.conns) conns.push_back(sc);
   }
+  std::vector<std::shared_ptr<internal::ServerCallImpl>> calls;
   for (auto& sc : conns) {
     std::lock_guard<std::mutex> lock(sc->mu);
     sc->dead = true;
     sc->conn->Close();
+    for (auto& [id, w] : sc->active) {
+      if (auto call = w.lock()) calls.push_back(std::move(call));
+    }
   }
+  // Handlers that watch IsCancelled return early: their responses would be dropped.
+  for (auto& call : calls) call->Cancel();
+  calls.clear();
+  // From here no queued call runs, and a call the dispatcher or the QoS scheduler still hands
+  // over is refused (shutting down).
+  if (c.handlers) c.handlers->Stop();
   if (c.dispatch_thread.joinable()) c.dispatch_thread.join();
   {
     std::lock_guard<std::mutex> lock(c.reap_mu);

@@ -45,7 +45,7 @@ void ServerCore::Accept() {
                  "plexus rpc server %s: refusing the connection from %s: %zu connections "
                  "open, the limit (ServerOptions::max_connections); %d more refused since "
                  "the last such line",
-                 listener->address(), sc->peer, open, static_cast<int>(unlogged));
+                 address, sc->peer, open, static_cast<int>(unlogged));
       logged = sc->accepted;
       unlogged = 0;
     } else if (sc->refused) {
@@ -153,7 +153,7 @@ void ServerCore::Sweep(absl::Time now) {
     }
     if (why.empty()) continue;
     base::Logf(base::LogLevel::kWarning, "plexus rpc server %s: closing the connection from %s: %s",
-               listener->address(), sc->peer, why);
+               address, sc->peer, why);
     Kill(sc, absl::DeadlineExceededError(why));
   }
 }

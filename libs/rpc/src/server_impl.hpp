@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -87,6 +88,40 @@ struct ServerConn {
   absl::Status FlushLocked(std::vector<std::shared_ptr<ServerCallImpl>>* dropped);
 };
 
+// The threads that run synchronous handlers (ServerOptions::handler_threads; handler_pool.cpp):
+// a FIFO of calls, bounded, and threads started as the calls need them, up to the limit.
+class HandlerPool {
+ public:
+  HandlerPool(size_t max_threads, size_t max_waiting)
+      : max_threads_(max_threads), max_waiting_(max_waiting) {}
+  HandlerPool(const HandlerPool&) = delete;
+  HandlerPool& operator=(const HandlerPool&) = delete;
+  ~HandlerPool() { Stop(); }
+  // Queues `handler` for `call`; a full queue or a stopped pool finishes the call at once
+  // (ResourceExhausted, Unavailable).
+  void Push(std::shared_ptr<ServerCallImpl> call, ServiceBase* service, SyncHandler handler);
+  // Fails the calls still queued (Unavailable) without running them, waits for the handlers
+  // running to return and joins the threads.
+  void Stop();
+
+ private:
+  struct Job {
+    std::shared_ptr<ServerCallImpl> call;
+    ServiceBase* service = nullptr;
+    SyncHandler handler = nullptr;
+  };
+  void Run();
+
+  const size_t max_threads_;
+  const size_t max_waiting_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  size_t running_ = 0;  // jobs taken from the queue whose handler has not returned
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
 // Server-side Daronpon (forward.cpp): channels to the peer replicas and the balancer that decides,
 // per call, whether a peer's load + delta is below this server's own.
 struct Forwarding {
@@ -104,14 +139,22 @@ struct Forwarding {
 struct ServerCore {
   std::shared_ptr<transport::Device> device;
   std::unique_ptr<transport::CompletionQueue> cq;
+  // Closed by Shutdown, as soon as no more connections are accepted: a client dialing meanwhile is
+  // refused at once instead of waiting for a handshake nobody answers.
   std::unique_ptr<transport::Listener> listener;
+  std::string address;   // the listener's (kept after Shutdown)
+  bool started = false;  // Start succeeded
   ServerOptions options;
   size_t window = 0;
   std::shared_ptr<BufferPool> pool;
   CodecLimits codec;
   FrameLimits frame_limits;
   EngineChain chain;
-  absl::flat_hash_map<uint32_t, ServiceBase*> services;
+  struct Served {
+    ServiceBase* service = nullptr;
+    std::vector<bool> never_block;  // per method: run on the dispatcher (Server::Register)
+  };
+  absl::flat_hash_map<uint32_t, Served> services;
   std::map<std::string, ServiceBase*, std::less<>> by_name;
 
   std::mutex mu;
@@ -148,6 +191,8 @@ struct ServerCore {
 
   // The global QoS reorder point (used while a chain's engine classifies calls).
   QosQueue qos;
+  // Synchronous handlers' threads (null when ServerOptions::handler_threads is 0).
+  std::unique_ptr<HandlerPool> handlers;
 
   // Set once by Server::ForwardTo; read by the dispatcher and the peer channels' threads.
   std::unique_ptr<Forwarding> forwarding_owner;
@@ -205,6 +250,11 @@ class ServerCallImpl : public ServerCallState,
   void Count();
   // The QoS queue handed the call to its handler: Finish frees that slot.
   void HoldsQosSlot() { qos_slot_ = true; }
+  // Its synchronous handler runs on the thread that dispatches it, not on a handler thread.
+  void set_runs_inline(bool runs_inline) { runs_inline_ = runs_inline; }
+  // A call cancelled, or past its deadline, while it waited (`waiting`: for what) is not worth a
+  // handler: finishes it (Cancelled, DeadlineExceeded) and returns true.
+  bool FinishIfStale(const char* waiting);
 
   const void* request() const override { return in_->message(); }
   void* response() override { return response_; }
@@ -222,6 +272,7 @@ class ServerCallImpl : public ServerCallState,
   const ServerConn& conn() const { return *conn_; }
 
   void Finish(absl::Status status) override;
+  void RunSync(ServiceBase* service, SyncHandler handler) override;
   // A forwarded call's result from the peer: its response (kept alive until sent) or its error.
   void Relay(RawResult result);
   // The response left: policies see the end of the call.
@@ -239,6 +290,7 @@ class ServerCallImpl : public ServerCallState,
   bool counted_ = false;
   bool wants_load_ = false;  // the client takes the server's load on each response
   bool qos_slot_ = false;
+  bool runs_inline_ = false;
   std::mutex md_mu_;
   Metadata response_md_;
   Arena arena_;

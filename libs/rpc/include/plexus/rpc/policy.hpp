@@ -71,7 +71,7 @@ enum class QosClass : uint8_t { kLatency = 0, kBulk = 1 };
 // from the next call it classifies on).
 struct QosSchedule {
   // Calls handed to handlers and not finished yet; further calls wait in the queue, latency
-  // class first. 1 serializes the handlers (as the dispatcher thread does for synchronous ones).
+  // class first. 1 serializes the handlers.
   uint32_t max_concurrent = 1;
   // Weighted share: after this many latency calls in a row while bulk calls wait, one bulk call.
   uint32_t latency_burst = 8;

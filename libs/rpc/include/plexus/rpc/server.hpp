@@ -25,7 +25,7 @@ class ServerContext {
   virtual const MetadataView& metadata() const = 0;
   // InfiniteFuture when the client set none.
   virtual absl::Time deadline() const = 0;
-  // The client cancelled the call (its response will be dropped).
+  // The client cancelled the call, or the server is shutting down (its response will be dropped).
   virtual bool IsCancelled() const = 0;
   // Metadata sent back with the response.
   virtual void AddResponseMetadata(std::string key, std::string value) = 0;
@@ -36,7 +36,13 @@ class ServerContext {
   virtual std::string peer() const = 0;
 };
 
+class ServiceBase;
+
 namespace internal {
+class ServerCallState;
+// A generated service's synchronous handler of one method, run for `call`; its status finishes it.
+using SyncHandler = absl::Status (*)(ServiceBase* service, ServerCallState& call);
+
 class ServerCallState {
  public:
   virtual ~ServerCallState() = default;
@@ -45,7 +51,12 @@ class ServerCallState {
   virtual ServerContext& context() = 0;
   // Sends the response (status OK) or the error; once, from any thread.
   virtual void Finish(absl::Status status) = 0;
+  // Runs `handler` and finishes the call with its status: on a handler thread
+  // (ServerOptions::handler_threads), or at once on this thread for a method registered as never
+  // blocking (Server::Register).
+  virtual void RunSync(ServiceBase* service, SyncHandler handler) = 0;
 };
+struct ServerCallAccess;
 }  // namespace internal
 
 // One call as a handler sees it; copies share the call. Finish() exactly once.
@@ -59,8 +70,19 @@ class ServerCall {
   void Finish(absl::Status status) { s_->Finish(std::move(status)); }
 
  private:
+  friend struct internal::ServerCallAccess;
   std::shared_ptr<internal::ServerCallState> s_;
 };
+
+namespace internal {
+// What generated services reach of a ServerCall.
+struct ServerCallAccess {
+  template <typename Req, typename Resp>
+  static ServerCallState& state(ServerCall<Req, Resp>& call) {
+    return *call.s_;
+  }
+};
+}  // namespace internal
 
 class ServiceBase {
  public:
@@ -93,6 +115,18 @@ struct ServerOptions {
   // arrive whole (tcp: from its first byte), within this long; else the connection is closed,
   // with a log line. InfiniteDuration: never.
   absl::Duration frame_timeout = absl::Seconds(30);
+  // Threads that run synchronous handlers (the generated `Method(ctx, req, resp)` form), so that a
+  // handler that blocks holds up only its own call, not the dispatcher thread that serves every
+  // connection. Started as calls need them, up to this many. A call waits for a free thread in one
+  // FIFO queue, all connections together, that is bounded: beyond `handler_queue` calls waiting, a
+  // call is refused at once with ResourceExhausted naming its method and these options. A call
+  // whose deadline passed or that was cancelled while it waited is answered so (DeadlineExceeded,
+  // Cancelled) without running its handler. 0: synchronous handlers run on the dispatcher thread.
+  // Unaffected: methods registered as never blocking (Server::Register), which run to completion
+  // on the dispatcher thread, and asynchronous handlers (`MethodAsync(ServerCall)`), which run
+  // there too and must return at once.
+  size_t handler_threads = 4;
+  size_t handler_queue = 1024;  // calls waiting for a handler thread, at most
 };
 
 // Server-side Daronpon forwarding (Server::ForwardTo).
@@ -109,11 +143,18 @@ class Server {
                                                         ServerOptions options = {});
   ~Server();
   // Before Start; the service must outlive the server. AlreadyExists for a second one of a name.
-  absl::Status Register(ServiceBase* service);
+  // `never_block`: methods of the service (their .proto names, e.g. "Add") whose synchronous
+  // handlers never block (no I/O, no lock held elsewhere, no blocking rpc) and are short: they
+  // run to completion on the dispatcher thread, their responses batched with the round's others,
+  // instead of on a handler thread (ServerOptions::handler_threads). InvalidArgument for a name
+  // the service does not have.
+  absl::Status Register(ServiceBase* service, std::vector<std::string> never_block = {});
   // Listens and starts the accept and dispatch threads.
   absl::Status Start();
   std::string address() const;
-  // Closes every connection and stops the threads (handlers finishing later are dropped).
+  // Closes every connection, cancels the calls being handled (ServerContext::IsCancelled), fails
+  // those waiting for a handler thread without running them, waits for the synchronous handlers
+  // running to return, and stops the threads (asynchronous handlers finishing later are dropped).
   void Shutdown();
   // Policies run on every call of every connection.
   EngineChain& engines();
