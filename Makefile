@@ -1,5 +1,5 @@
 # Plexus: the two commands of the README's Quick start, plus helpers.
-#   make demo   install missing Debian packages, build, run the MoE demo (docs/moe.md)
+#   make demo   install the Debian packages the demo needs, build it, run the MoE demo (docs/moe.md)
 #   make test   install missing Debian packages, build, run every test through CTest
 # Both are idempotent and work as root (or with sudo) on a fresh Debian 12 machine.
 
@@ -16,30 +16,53 @@ DEB_PACKAGES := build-essential cmake ninja-build pkg-config git clang clang-for
   libibverbs-dev librdmacm-dev iproute2 procps libgloo-dev openmpi-bin libopenmpi-dev libpmix-dev \
   python3-matplotlib libprotoc-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc \
   python3-torch libtorch-dev pybind11-dev mptcpize iperf3 slurm-wlm
+# What `make demo` needs: the packages CMake requires to configure, and matplotlib for the demo's
+# plot. The optional parts (torch, Gloo, MPI, PMIx, gRPC, Slurm, ...) come with `make test`.
+DEMO_PACKAGES := build-essential cmake ninja-build pkg-config libabsl-dev libfmt-dev \
+  nlohmann-json3-dev catch2 libcli11-dev libprotoc-dev protobuf-compiler python3-matplotlib
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps configure build demo test bench format fuzz clean
+.PHONY: all deps demo-deps configure build demo test bench format fuzz clean
 
 all: build
 
-deps:
-	@missing=$$(for p in $(DEB_PACKAGES); do \
+# Installs the missing ones of $(1); a build directory that exists is then configured again, so
+# that CMake finds what was just installed.
+define install_missing
+	@missing=$$(for p in $(1); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \
 	  done); \
 	if [ -n "$$missing" ]; then \
 	  echo "plexus: installing missing Debian packages:" $$missing; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
-	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing && \
+	  if [ -d $(BUILD_DIR) ]; then touch $(BUILD_DIR)/.plexus-reconfigure; fi; \
 	else echo "plexus: all Debian packages present"; fi
+endef
+
+deps:
+	$(call install_missing,$(DEB_PACKAGES))
+
+demo-deps:
+	$(call install_missing,$(DEMO_PACKAGES))
+
+# Configures once, and again after packages were installed.
+define configure_build
+	@if [ ! -f $(BUILD_DIR)/build.ninja ] || [ -f $(BUILD_DIR)/.plexus-reconfigure ]; then \
+	  cmake --preset $(PRESET) && rm -f $(BUILD_DIR)/.plexus-reconfigure; fi
+endef
 
 configure: deps
-	@if [ ! -f $(BUILD_DIR)/build.ninja ]; then cmake --preset $(PRESET); fi
+	$(configure_build)
 
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-demo: build
+# Builds only the demo's own target (and the libraries under it); `make test` builds the rest.
+demo: demo-deps
+	$(configure_build)
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target plexus-moe-demo
 	$(BUILD_DIR)/tools/plexus-moe-demo --plot $(BUILD_DIR)/moe-demo.png
 
 test: build
