@@ -15,7 +15,7 @@ DEB_PACKAGES := build-essential cmake ninja-build pkg-config git clang clang-for
   libclang-rt-14-dev libabsl-dev libfmt-dev nlohmann-json3-dev catch2 libcli11-dev \
   libibverbs-dev librdmacm-dev iproute2 procps libgloo-dev openmpi-bin libopenmpi-dev libpmix-dev \
   python3-matplotlib libprotoc-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc \
-  python3-torch libtorch-dev pybind11-dev mptcpize iperf3 slurm-wlm
+  python3-torch libtorch-dev pybind11-dev mptcpize iperf3 slurm-wlm etcd-server
 # What `make demo` needs: the packages CMake requires to configure, and matplotlib for the demo's
 # plot. The optional parts (torch, Gloo, MPI, PMIx, gRPC, Slurm, ...) come with `make test`.
 DEMO_PACKAGES := build-essential cmake ninja-build pkg-config libabsl-dev libfmt-dev \

@@ -35,3 +35,9 @@ plexus_add_test(torch_store_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/torch_store_test.cpp
   DEPS plexus::transport LABELS "transport;launchers" TIMEOUT 120)
 plexus_add_launcher_test(launch_torchrun_2 torchrun 2)
+
+# EtcdStore and the rendezvous over it, against a real etcd started by the test on 127.0.0.1
+# (skips without etcd-server).
+plexus_add_test(etcd_store_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/etcd_store_test.cpp
+  DEPS plexus::transport LABELS "transport;launchers" TIMEOUT 120)

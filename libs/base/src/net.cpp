@@ -339,6 +339,22 @@ absl::Status RecvAll(int fd, void* data, size_t size, absl::Time deadline) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<size_t> RecvSome(int fd, void* data, size_t size, absl::Time deadline) {
+  for (;;) {
+    const ssize_t n = recv(fd, data, size, 0);
+    if (n > 0) return static_cast<size_t>(n);
+    if (n == 0) return absl::UnavailableError("the peer closed the connection");
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (absl::Status s = WaitReady(fd, POLLIN, deadline, "waiting for the reply"); !s.ok()) {
+        return s;
+      }
+      continue;
+    }
+    if (errno == EINTR) continue;
+    return absl::UnavailableError(absl::StrCat("receive failed: ", ErrnoText(errno)));
+  }
+}
+
 namespace {
 
 // Binds a TCP socket to 127.0.0.1:`port` (0: the kernel picks) and releases it; the port bound,

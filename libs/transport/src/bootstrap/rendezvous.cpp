@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -185,6 +186,42 @@ absl::Status FindStoreServing(const Environment& env, LaunchInfo* config) {
   return absl::OkStatus();
 }
 
+// PLEXUS_STORE=etcd://host:port: the job meets in an existing etcd (EtcdStore). False when
+// unset; an error for another scheme, or beside PLEXUS_STORE_ADDR / PLEXUS_STORE_PATH.
+absl::StatusOr<bool> FindStoreUrl(const Environment& env, LaunchInfo* config,
+                                  std::string* store_source) {
+  const auto url = Lookup(env, "PLEXUS_STORE");
+  if (!url) return false;
+  if (Lookup(env, "PLEXUS_STORE_ADDR") || Lookup(env, "PLEXUS_STORE_PATH")) {
+    return absl::InvalidArgumentError(
+        "PLEXUS_STORE is set together with PLEXUS_STORE_ADDR or PLEXUS_STORE_PATH: set one");
+  }
+  constexpr absl::string_view kEtcd = "etcd://";
+  if (!absl::StartsWith(*url, kEtcd)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PLEXUS_STORE='", *url,
+        "' is not a store this build knows: etcd://host:port (an etcd client endpoint); for "
+        "Plexus's own stores set PLEXUS_STORE_ADDR or PLEXUS_STORE_PATH"));
+  }
+  std::string address = url->substr(kEtcd.size());
+  if (!address.empty() && address.back() == '/') address.pop_back();
+  if (auto hp = net::ParseHostPort(address, "PLEXUS_STORE's etcd address"); !hp.ok()) {
+    return hp.status();
+  }
+  config->store_kind = StoreKind::kEtcd;
+  config->store_address = address;
+  *store_source = absl::StrCat("PLEXUS_STORE=", *url);
+  return true;
+}
+
+// An etcd store is shared by every job that uses it: a job must say which it is.
+absl::Status RequireJobIdForEtcd(const LaunchInfo& config) {
+  if (config.store_kind != StoreKind::kEtcd || !config.job_id.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "PLEXUS_STORE=etcd://... needs a job id, so that jobs sharing the etcd never meet: set "
+      "PLEXUS_JOB_ID (or run under a launcher that gives one: plexus-run, torchrun, mpirun, srun)");
+}
+
 // No launcher variables at all: rank 0 of a job of one, over a private store unless the user
 // names one (PLEXUS_STORE_ADDR / PLEXUS_STORE_PATH).
 absl::StatusOr<LaunchInfo> SingleProcess(const Environment& env) {
@@ -200,7 +237,10 @@ absl::StatusOr<LaunchInfo> SingleProcess(const Environment& env) {
         "both PLEXUS_STORE_ADDR and PLEXUS_STORE_PATH are set: unset one (ADDR selects a tcp "
         "store served by rank 0, PATH a file store in a shared directory)");
   }
-  if (path) {
+  PLEXUS_ASSIGN_OR_RETURN(const bool etcd, FindStoreUrl(env, &config, &store_source));
+  if (etcd) {
+    // config is set
+  } else if (path) {
     config.store_kind = StoreKind::kFile;
     config.store_path = *path;
     store_source = absl::StrCat("PLEXUS_STORE_PATH=", *path);
@@ -214,6 +254,7 @@ absl::StatusOr<LaunchInfo> SingleProcess(const Environment& env) {
     }
   }
   PLEXUS_RETURN_IF_ERROR(FindJobId(env, Launcher::kNone, &config));
+  PLEXUS_RETURN_IF_ERROR(RequireJobIdForEtcd(config));
   if (config.store_kind == StoreKind::kTcp && addr) {
     PLEXUS_RETURN_IF_ERROR(FindStoreServing(env, &config));
   }
@@ -268,6 +309,8 @@ std::string_view StoreKindName(StoreKind kind) {
       return "pmix";
     case StoreKind::kTorch:
       return "torch";
+    case StoreKind::kEtcd:
+      return "etcd";
   }
   return "unknown";
 }
@@ -350,7 +393,10 @@ absl::StatusOr<LaunchInfo> ParseLaunchEnvironment(const Environment& env) {
         "store served by rank 0, PATH a file store in a shared directory)");
   }
   const std::string pmix_server = PmixServerVariable(env);
-  if (addr) {
+  PLEXUS_ASSIGN_OR_RETURN(const bool etcd, FindStoreUrl(env, &config, &store_source));
+  if (etcd) {
+    // config is set
+  } else if (addr) {
     config.store_address = *addr;
     store_source = absl::StrCat("PLEXUS_STORE_ADDR=", *addr);
   } else if (path) {
@@ -424,6 +470,7 @@ absl::StatusOr<LaunchInfo> ParseLaunchEnvironment(const Environment& env) {
     PLEXUS_RETURN_IF_ERROR(FindStoreServing(env, &config));
   }
   PLEXUS_RETURN_IF_ERROR(FindJobId(env, vars->launcher, &config));
+  PLEXUS_RETURN_IF_ERROR(RequireJobIdForEtcd(config));
   config.source =
       absl::StrCat(launcher, " (", absl::StrJoin(used, ", "), "), store ", store_source, ", ",
                    config.job_id.empty()
@@ -521,6 +568,15 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchInfo& config,
   if (config.store_kind == StoreKind::kFile) {
     PLEXUS_ASSIGN_OR_RETURN(auto file, FileStore::Open(config.store_path));
     store = std::move(file);
+  } else if (config.store_kind == StoreKind::kEtcd) {
+    PLEXUS_RETURN_IF_ERROR(RequireJobIdForEtcd(config));
+    auto client =
+        EtcdStore::Connect({.address = config.store_address, .prefix = "plexus/"}, timeout);
+    if (!client.ok()) {
+      return absl::Status(client.status().code(),
+                          absl::StrCat(who, ": ", std::string(client.status().message())));
+    }
+    store = *std::move(client);
   } else if (config.store_kind == StoreKind::kTorch) {
     auto client = TorchStore::Connect(config.store_address, timeout);
     if (!client.ok()) {
@@ -625,15 +681,22 @@ absl::StatusOr<Rendezvous> Rendezvous::FromConfig(const LaunchInfo& config,
 
 absl::StatusOr<std::shared_ptr<Store>> OpenJobStore(const Environment& env,
                                                     absl::Duration timeout) {
-  if (!Lookup(env, "PLEXUS_STORE_ADDR") && !Lookup(env, "PLEXUS_STORE_PATH")) {
+  if (!Lookup(env, "PLEXUS_STORE_ADDR") && !Lookup(env, "PLEXUS_STORE_PATH") &&
+      !Lookup(env, "PLEXUS_STORE")) {
     return absl::InvalidArgumentError(
-        "joining a running job: set PLEXUS_STORE_ADDR (host:port of the job's tcp store) or "
-        "PLEXUS_STORE_PATH (its file store), and PLEXUS_JOB_ID when the job has one");
+        "joining a running job: set PLEXUS_STORE_ADDR (host:port of the job's tcp store), "
+        "PLEXUS_STORE_PATH (its file store) or PLEXUS_STORE=etcd://host:port, and PLEXUS_JOB_ID "
+        "when the job has one");
   }
   PLEXUS_ASSIGN_OR_RETURN(LaunchInfo config, SingleProcess(env));
   std::shared_ptr<Store> store;
   std::string job = config.job_id;
-  if (config.store_kind == StoreKind::kFile) {
+  if (config.store_kind == StoreKind::kEtcd) {
+    PLEXUS_ASSIGN_OR_RETURN(
+        auto client,
+        EtcdStore::Connect({.address = config.store_address, .prefix = "plexus/"}, timeout));
+    store = std::move(client);
+  } else if (config.store_kind == StoreKind::kFile) {
     PLEXUS_ASSIGN_OR_RETURN(auto file, FileStore::Open(config.store_path));
     store = std::move(file);
   } else {

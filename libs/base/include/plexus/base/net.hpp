@@ -59,6 +59,9 @@ absl::StatusOr<int> ConnectTcp(const SocketAddress& address, absl::Time deadline
 // closed or reset the connection.
 absl::Status SendAll(int fd, const void* data, size_t size, absl::Time deadline);
 absl::Status RecvAll(int fd, void* data, size_t size, absl::Time deadline);
+// Receives what has arrived, at least one byte and at most `size`, before `deadline`: the count,
+// or the errors of RecvAll (for protocols whose messages do not announce their length up front).
+absl::StatusOr<size_t> RecvSome(int fd, void* data, size_t size, absl::Time deadline);
 
 absl::Status SetNonBlocking(int fd, bool on);
 

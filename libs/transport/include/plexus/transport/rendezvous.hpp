@@ -38,6 +38,8 @@ enum class StoreKind : uint8_t {
   kPmix = 2,   // rank 0 serves a TcpStore on a free port and publishes "host:port" through the
                // launcher's PMIx server (mpirun, srun --mpi=pmix); every rank reads it there
   kTorch = 3,  // store_address: the TCPStore torchrun's agent serves (TorchStore, client only)
+  kEtcd = 4,   // store_address: an etcd client endpoint (PLEXUS_STORE=etcd://host:port),
+               // EtcdStore under the job's id (a job id is required)
 };
 std::string_view StoreKindName(StoreKind kind);
 
@@ -68,7 +70,7 @@ struct LaunchInfo {
   int local_rank = -1;        // -1: the launcher does not say; FromEnv derives it from host names
   int local_world_size = -1;  // -1: likewise
   StoreKind store_kind = StoreKind::kTcp;
-  std::string store_address;  // kTcp, kTorch: "host:port"; else empty
+  std::string store_address;  // kTcp, kTorch, kEtcd: "host:port"; else empty
   // kTcp: rank 0 serves the store on store_address's host (a name is resolved to its address),
   // or on `store_bind` when set (PLEXUS_STORE_BIND: a host or address; "0.0.0.0" or "::" for
   // every interface, which only the user asks for). With `store_external` (PLEXUS_STORE_EXTERNAL=1)

@@ -205,6 +205,46 @@ class TorchStore : public Store {
   std::unique_ptr<Impl> impl_;
 };
 
+// A store in an existing etcd cluster (etcd 3.4 or later, through the v3 JSON gateway every
+// etcd serves on its client port): it outlives every rank, so an elastic job survives the loss
+// of any of them, rank 0 included. Keys live under `prefix` (Rendezvous uses one per job id, so
+// jobs sharing an etcd never meet). Set ties its key to this process's lease (a TTL kept alive
+// by a thread): when the process dies, its keys expire within the TTL; when the store is
+// destroyed, they go at once. Counters (Add: a compare-and-swap transaction, retried) are the
+// job's and have no lease. Get and Wait poll (1 ms, doubling to 50 ms). A value must fit etcd's
+// request limit (--max-request-bytes, 1.5 MiB by default): etcd's refusal names it.
+class EtcdStore : public Store {
+ public:
+  struct Options {
+    std::string address;                            // "host:port" of an etcd client endpoint
+    std::string prefix;                             // prepended to every key
+    absl::Duration lease_ttl = absl::Seconds(10);   // at least 2 s (etcd's minimum)
+    absl::Duration io_timeout = absl::Seconds(10);  // bounds each request's answer
+  };
+  // Grants this process's lease, retrying while etcd is not up yet: Unavailable or
+  // DeadlineExceeded naming the address after `timeout`.
+  static absl::StatusOr<std::unique_ptr<EtcdStore>> Connect(Options options,
+                                                            absl::Duration timeout);
+  ~EtcdStore() override;
+
+  // Set, after this process's lease expired (it stalled past the TTL): FailedPrecondition.
+  absl::Status Set(std::string_view key, std::string_view value) override;
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) override;
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+  absl::StatusOr<bool> Check(absl::Span<const std::string> keys) override;
+  absl::StatusOr<bool> Delete(std::string_view key) override;
+  std::string description() const override;
+
+  int64_t lease_id() const;
+
+  struct Impl;
+
+ private:
+  explicit EtcdStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 // A store in a directory shared by the ranks (local disk, or NFS for several hosts). Each key is
 // one file, written atomically (temporary file + rename); Get and Wait poll with backoff; Add
 // holds an flock on the directory's lock file. Use a fresh directory per job: keys left by an
