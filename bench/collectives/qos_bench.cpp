@@ -1,16 +1,18 @@
 // plexus-bench-qos: two jobs (two communicators of 2 ranks each, ranks as threads of this
 // process) run tcp allreduces at the same time over the same links; QoS time windows
 // (CommunicatorOptions::qos) give job A priority by letting job B send only in the last
-// --b-share of every epoch (MCCS's traffic scheduling: B fills A's gaps). Per run and mode, one
-// JSON line: job A alone ("solo"), A and B without windows ("shared"), A and B with B's windows
-// ("qos"); then a summary line with the medians and the ratios to A's solo time.
+// --b-share of every epoch (MCCS's traffic scheduling: B fills A's gaps). Per run and mode, the
+// jobs' times (figures a_s, b_s): job A alone ("solo"), A and B without windows ("shared"), A and
+// B with B's windows ("qos", the timetable in qos_b); then the medians (a_solo_s, a_shared_s,
+// b_shared_s, a_qos_s, b_qos_s) and their ratios (a_shared_over_solo, a_qos_over_solo,
+// b_qos_over_shared). A table, or with --json one JSON line per figure (tooling::FigureWriter).
 //
 // Links: tcp over loopback by default (the jobs share the loopback path and this host's CPUs);
 // with --bed-mbit N (root), a tools/netbed bed whose path 1 is shaped to N Mbit/s: each job's
 // rank 0 runs in namespace a and rank 1 in b, both jobs bound to path 1's addresses, so the
 // shaped veth is the link they share.
 //
-//   plexus-bench-qos --bytes 4M --iters 20 --runs 3 --epoch-ms 20 --b-share 0.25
+//   plexus-bench-qos --bytes 4M --iters 20 --runs 3 --epoch-ms 20 --b-share 0.25 --json
 //   plexus-bench-qos --bed-mbit 1000 --bytes 8M --iters 10
 #include <unistd.h>
 
@@ -33,6 +35,7 @@
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/collectives/qos.hpp"
 #include "plexus/tooling/cli.hpp"
+#include "plexus/tooling/figures.hpp"
 #include "plexus/transport/rendezvous.hpp"
 #include "plexus/transport/store.hpp"
 
@@ -54,6 +57,7 @@ struct Args {
   int chunk_kib = 0;
   int depth = 4;
   int bed_mbit = 0;
+  bool json = false;
 };
 
 // Runs one job per schedule at once (2 ranks each); returns each job's time for `iters`
@@ -150,7 +154,7 @@ int main(int argc, char** argv) {
   Args a;
   tooling::Tool tool("plexus-bench-qos",
                      "Two jobs' allreduces over shared links, with and without QoS windows that "
-                     "give job A priority (JSON lines).");
+                     "give job A priority (a table; JSON lines with --json).");
   tool.app().add_option("--bytes", a.bytes_text, "allreduce buffer per call (K/M suffixes)");
   tooling::AddNumber(&tool.app(), "--iters", &a.iters, "allreduces per job and run", 1, 100000);
   tooling::AddNumber(&tool.app(), "--runs", &a.runs, "runs per mode (medians reported)", 1, 100);
@@ -166,6 +170,7 @@ int main(int argc, char** argv) {
   tooling::AddNumber(&tool.app(), "--depth", &a.depth, "pipeline depth (chunks in flight)", 1, 64);
   tooling::AddNumber(&tool.app(), "--bed-mbit", &a.bed_mbit,
                      "0: loopback; N: a netbed path shaped to N Mbit/s (root)", 0, 100000);
+  tooling::AddJsonFlag(&tool.app(), &a.json);
   if (auto code = tool.Parse(argc, argv)) return *code;
   std::string why_not;
   auto sizes = plexus::bench::ParseSizes(a.bytes_text, sizeof(float), &why_not);
@@ -189,55 +194,50 @@ int main(int argc, char** argv) {
 
   const std::string link =
       bed != nullptr ? absl::StrCat("netbed ", a.bed_mbit, " Mbit/s") : "tcp loopback";
+  tooling::FigureWriter out("collectives_qos", a.json);
+  out.SetCommon({{"link", link},
+                 {"bytes", a.bytes},
+                 {"iters", a.iters},
+                 {"channels", a.channels},
+                 {"chunk_kib", a.chunk_kib},
+                 {"depth", a.depth},
+                 {"qos_b", gated.ToString()}});
   std::vector<double> solo, shared_a, shared_b, qos_a, qos_b;
-  auto emit = [&](const char* mode, int run, const std::vector<double>& t) {
-    nlohmann::json j = {{"bench", "collectives_qos"},
-                        {"mode", mode},
-                        {"run", run},
-                        {"link", link},
-                        {"bytes", a.bytes},
-                        {"iters", a.iters},
-                        {"channels", a.channels},
-                        {"chunk_kib", a.chunk_kib},
-                        {"depth", a.depth},
-                        {"a_seconds", t[0]},
-                        {"qos_b", mode == std::string("qos") ? gated.ToString() : "off"}};
-    if (t.size() > 1) j["b_seconds"] = t[1];
-    std::printf("%s\n", j.dump().c_str());
-    std::fflush(stdout);
+  // One run's times: job A's, and job B's when it ran (with windows only in mode "qos").
+  auto add_run = [&](const std::string& mode, int run, const std::vector<double>& t) {
+    nlohmann::json extra = {{"mode", mode}, {"run", run}};
+    if (mode != "qos") extra["qos_b"] = "off";
+    out.Add({"a_s", t[0], "s", nullptr, std::nullopt, extra});
+    if (t.size() > 1) out.Add({"b_s", t[1], "s", nullptr, std::nullopt, extra});
   };
   for (int run = 0; run < a.runs; ++run) {
     auto t = RunJobs(a, bed.get(), {none});
     if (!t.ok()) return tool.Fail(t.status());
     solo.push_back((*t)[0]);
-    emit("solo", run, *t);
+    add_run("solo", run, *t);
     t = RunJobs(a, bed.get(), {none, none});
     if (!t.ok()) return tool.Fail(t.status());
     shared_a.push_back((*t)[0]);
     shared_b.push_back((*t)[1]);
-    emit("shared", run, *t);
+    add_run("shared", run, *t);
     t = RunJobs(a, bed.get(), {none, gated});
     if (!t.ok()) return tool.Fail(t.status());
     qos_a.push_back((*t)[0]);
     qos_b.push_back((*t)[1]);
-    emit("qos", run, *t);
+    add_run("qos", run, *t);
   }
+  const nlohmann::json median = {{"statistic", "median"}, {"runs", a.runs}};
+  const nlohmann::json ratio = {{"statistic", "ratio of medians"}, {"runs", a.runs}};
   const double s = Median(solo);
-  nlohmann::json summary = {{"bench", "collectives_qos"},
-                            {"mode", "summary"},
-                            {"link", link},
-                            {"bytes", a.bytes},
-                            {"iters", a.iters},
-                            {"runs", a.runs},
-                            {"qos_b", gated.ToString()},
-                            {"a_solo_s", s},
-                            {"a_shared_s", Median(shared_a)},
-                            {"b_shared_s", Median(shared_b)},
-                            {"a_qos_s", Median(qos_a)},
-                            {"b_qos_s", Median(qos_b)},
-                            {"a_shared_over_solo", Median(shared_a) / s},
-                            {"a_qos_over_solo", Median(qos_a) / s},
-                            {"b_qos_over_shared", Median(qos_b) / Median(shared_b)}};
-  std::printf("%s\n", summary.dump().c_str());
+  out.Add({"a_solo_s", s, "s", nullptr, std::nullopt, median});
+  out.Add({"a_shared_s", Median(shared_a), "s", nullptr, std::nullopt, median});
+  out.Add({"b_shared_s", Median(shared_b), "s", nullptr, std::nullopt, median});
+  out.Add({"a_qos_s", Median(qos_a), "s", nullptr, std::nullopt, median});
+  out.Add({"b_qos_s", Median(qos_b), "s", nullptr, std::nullopt, median});
+  out.Add({"a_shared_over_solo", Median(shared_a) / s, "ratio", nullptr, std::nullopt, ratio});
+  out.Add({"a_qos_over_solo", Median(qos_a) / s, "ratio", nullptr, std::nullopt, ratio});
+  out.Add({"b_qos_over_shared", Median(qos_b) / Median(shared_b), "ratio", nullptr, std::nullopt,
+           ratio});
+  out.PrintTable();
   return 0;
 }

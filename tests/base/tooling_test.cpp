@@ -15,6 +15,7 @@
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
 #include "plexus/tooling/launch.hpp"
+#include "plexus/tooling/table.hpp"
 
 namespace pt = plexus::tooling;
 
@@ -280,6 +281,52 @@ TEST_CASE("figures: the table mode prints one row per figure", "[tooling][figure
         "moe\n"
         "  figure    value  unit      target  met\n"
         "  recovery   0.75  fraction  0.7     yes  np=4\n");
+}
+
+TEST_CASE("figures: common fields are in every JSON line and once in the table's title",
+          "[tooling][figures]") {
+  char* buffer = nullptr;
+  size_t size = 0;
+  FILE* out = open_memstream(&buffer, &size);
+  REQUIRE(out != nullptr);
+  pt::FigureWriter json("qos", true, out);
+  json.SetCommon({{"link", "tcp loopback"}, {"iters", 2}});
+  json.Add({"a_s", 0.5, "s", nullptr, std::nullopt, {{"run", 0}}});
+  json.Add({"b_s", 0.25, "s", nullptr, std::nullopt, {{"iters", 3}}});
+  std::fclose(out);
+  const std::string text(buffer, size);
+  free(buffer);
+  const size_t nl = text.find('\n');
+  REQUIRE(nl != std::string::npos);
+  CHECK(nlohmann::json::parse(text.substr(0, nl)) == nlohmann::json{{"bench", "qos"},
+                                                                    {"figure", "a_s"},
+                                                                    {"value", 0.5},
+                                                                    {"unit", "s"},
+                                                                    {"run", 0},
+                                                                    {"link", "tcp loopback"},
+                                                                    {"iters", 2}});
+  CHECK(nlohmann::json::parse(text.substr(nl + 1))["iters"] == 3);  // the figure's own wins
+
+  pt::FigureWriter table("qos", false);
+  table.SetCommon({{"link", "tcp loopback"}, {"iters", 2}});
+  table.Add({"a_s", 0.5, "s", nullptr, std::nullopt, {{"run", 0}}});
+  CHECK(table.Table() ==
+        "qos (iters 2, link tcp loopback)\n"
+        "  figure  value  unit  target  met\n"
+        "  a_s       0.5  s                  run=0\n");
+}
+
+TEST_CASE("table: aligned columns, numbers to the right, no trailing spaces", "[tooling][table]") {
+  CHECK(pt::FormatTable({"policy", "load", "p99 us"},
+                        {{"random", "0.50", "251.3"}, {"daronpon", "0.8", "84.6"}, {"jsq"}},
+                        {.right_aligned = {false, true, true}}) ==
+        "policy    load  p99 us\n"
+        "random    0.50   251.3\n"
+        "daronpon   0.8    84.6\n"
+        "jsq\n");
+  CHECK(pt::FormatTable({"a", "b"}, {{"x", "y", "extra"}}, {.indent = "  "}) ==
+        "  a  b\n"
+        "  x  y  extra\n");
 }
 
 TEST_CASE("figures: a worker's line reads back as the same figure", "[tooling][figures]") {

@@ -13,6 +13,7 @@
 #include "plexus/base/admin.hpp"
 #include "plexus/rpc/admin.hpp"
 #include "plexus/tooling/cli.hpp"
+#include "plexus/tooling/table.hpp"
 
 namespace tooling = plexus::tooling;
 namespace admin = plexus::base::admin;
@@ -33,26 +34,9 @@ constexpr char kDescription[] =
     "  plexus-rpc-ctl call coll-list\n"
     "  plexus-rpc-ctl call coll-reconfigure name=train/dp ring_order=3,1,0,2";
 
-// Fixed-width columns: the widest cell of each.
 void PrintTable(const std::vector<std::string>& header,
                 const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> width(header.size());
-  for (size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
-  for (const auto& r : rows) {
-    for (size_t c = 0; c < r.size() && c < width.size(); ++c) {
-      width[c] = std::max(width[c], r[c].size());
-    }
-  }
-  auto line = [&](const std::vector<std::string>& r) {
-    std::string out;
-    for (size_t c = 0; c < r.size(); ++c) {
-      out += r[c];
-      if (c + 1 < r.size()) out += std::string(width[c] - r[c].size() + 2, ' ');
-    }
-    std::printf("%s\n", out.c_str());
-  };
-  line(header);
-  for (const auto& r : rows) line(r);
+  std::fputs(tooling::FormatTable(header, rows).c_str(), stdout);
 }
 
 std::string Text(const Json& j) { return j.is_string() ? j.get<std::string>() : j.dump(); }

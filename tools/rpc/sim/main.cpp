@@ -3,9 +3,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
+#include "plexus/tooling/table.hpp"
 #include "simulator.hpp"
 
 namespace {
@@ -68,6 +70,7 @@ plexus::tooling::Figure MakeFigure(const std::string& name, double value, const 
              {"p50_us", r.p50_us},
              {"p99_us", r.p99_us},
              {"p999_us", r.p999_us},
+             {"throughput_krps", r.throughput_krps},
              {"redirect_frac", r.redirect_fraction()},
              {"gossip_frac", r.gossip_fraction()},
              {"gossip_floor", c.gossip_floor},
@@ -77,6 +80,45 @@ plexus::tooling::Figure MakeFigure(const std::string& name, double value, const 
   return f;
 }
 
+std::string Fixed(double v, int digits) { return absl::StrFormat("%.*f", digits, v); }
+std::string Percent(double fraction) { return absl::StrFormat("%.1f%%", 100 * fraction); }
+
+// The readable output: what was simulated, then one row per point.
+class Table {
+ public:
+  Table(std::vector<std::string> header, size_t left_columns) : header_(std::move(header)) {
+    style_.right_aligned.assign(header_.size(), true);
+    for (size_t c = 0; c < left_columns && c < header_.size(); ++c) style_.right_aligned[c] = false;
+  }
+  void Add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  void Print(const std::string& title) const {
+    std::printf("%s\n%s", title.c_str(),
+                plexus::tooling::FormatTable(header_, rows_, style_).c_str());
+  }
+
+ private:
+  std::vector<std::string> header_;
+  std::vector<std::vector<std::string>> rows_;
+  plexus::tooling::TableStyle style_{.indent = "  "};
+};
+
+// What was simulated, above the table: "plexus-rpc-sim sweep: exp service, mean 25 us; 3 racks x
+// 2 servers (1 core each), 6 clients, 5 us per hop; 200000 requests per point, seed 1".
+std::string Title(const std::string& command, const SimConfig& c) {
+  std::string cores = "1 core each";
+  if (!c.cores.empty()) {
+    cores = "cores";
+    for (size_t i = 0; i < c.cores.size(); ++i) {
+      absl::StrAppend(&cores, i == 0 ? " " : ",", c.cores[i]);
+    }
+  }
+  return absl::StrFormat(
+      "plexus-rpc-sim %s: %s service, mean %g us; %u racks x %u servers (%s), %u clients, %g us "
+      "per hop; %u requests per point, seed %u",
+      command, plexus::rpc::sim::ServiceName(c.service), c.mean_us, c.racks, c.servers_per_rack,
+      cores, c.clients, c.hop_us, c.requests, c.seed);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -84,7 +126,9 @@ int main(int argc, char** argv) {
   Args a;
   CLI::App* sweep = tool.Subcommand("sweep", "p99 latency against load for each policy");
   AddCommon(sweep, a);
-  sweep->add_option("--policies", a.policies, "policies to compare")->delimiter(',');
+  sweep->add_option("--policies", a.policies, "policies to compare")
+      ->delimiter(',')
+      ->capture_default_str();
   plexus::tooling::AddNumberList(sweep, "--loads", &a.loads, "offered loads (fraction of capacity)",
                                  plexus::rpc::sim::kMinLoad, plexus::rpc::sim::kMaxLoad);
   CLI::App* gossip =
@@ -97,7 +141,9 @@ int main(int argc, char** argv) {
   CLI::App* hetero = tool.Subcommand(
       "hetero", "one fast server (--fast-cores): p99 and where redirects go, against load");
   AddCommon(hetero, a);
-  hetero->add_option("--policies", a.policies, "policies to compare")->delimiter(',');
+  hetero->add_option("--policies", a.policies, "policies to compare")
+      ->delimiter(',')
+      ->capture_default_str();
   plexus::tooling::AddNumberList(hetero, "--loads", &a.loads,
                                  "offered loads (fraction of total capacity)",
                                  plexus::rpc::sim::kMinLoad, plexus::rpc::sim::kMaxLoad);
@@ -125,10 +171,14 @@ int main(int argc, char** argv) {
 
   if (sweep->parsed() || hetero->parsed()) {
     SimConfig c = a.base;
+    std::vector<std::string> header = {"policy",   "load",   "p50 us",     "p99 us",
+                                       "p99.9 us", "kRPC/s", "redirected", "gossip/req"};
     if (hetero->parsed()) {
       c.cores.assign(c.racks * c.servers_per_rack, 1);
       c.cores[0] = a.fast_cores;
+      header.insert(header.end(), {"served by 0", "redirects to 0"});
     }
+    Table table(header, 1);
     for (const std::string& policy : a.policies) {
       for (double load : a.loads) {
         c.policy = policy;
@@ -136,28 +186,49 @@ int main(int argc, char** argv) {
         auto r = run(c);
         if (!r.ok()) return tool.Fail(r.status());
         plexus::tooling::Figure f = MakeFigure("p99", r->p99_us, "us", c, *r);
+        std::vector<std::string> row = {policy,
+                                        Fixed(load, 2),
+                                        Fixed(r->p50_us, 1),
+                                        Fixed(r->p99_us, 1),
+                                        Fixed(r->p999_us, 1),
+                                        Fixed(r->throughput_krps, 1),
+                                        Percent(r->redirect_fraction()),
+                                        Fixed(r->gossip_fraction(), 3)};
         if (hetero->parsed()) {
-          uint64_t to_fast = r->redirected_to[0];
-          f.extra["fast_served_frac"] = double(r->served[0]) / r->completed;
-          f.extra["redirects_to_fast_frac"] = r->redirects ? double(to_fast) / r->redirects : 0;
+          const double fast_served = double(r->served[0]) / r->completed;
+          const double to_fast = r->redirects ? double(r->redirected_to[0]) / r->redirects : 0;
+          f.extra["fast_served_frac"] = fast_served;
+          f.extra["redirects_to_fast_frac"] = to_fast;
           f.extra["fast_cores"] = a.fast_cores;
+          row.insert(row.end(), {Percent(fast_served), Percent(to_fast)});
         }
         out.Add(f);
+        table.Add(std::move(row));
       }
     }
+    if (!a.json) table.Print(Title(sweep->parsed() ? "sweep" : "hetero", c));
   } else {
     SimConfig c = a.base;
     c.policy = "daronpon";
+    Table table({"floor", "gossip/req", "messages/req", "p50 us", "p99 us", "p99.9 us", "kRPC/s",
+                 "redirected"},
+                0);
     for (uint32_t floor : a.floors) {
       c.gossip_floor = floor;
       auto r = run(c);
       if (!r.ok()) return tool.Fail(r.status());
       plexus::tooling::Figure f =
           MakeFigure("gossip_frac", r->gossip_fraction(), "fraction", c, *r);
-      f.extra["gossip_msgs_frac"] = double(r->gossip_messages) / r->completed;
+      const double messages = double(r->gossip_messages) / r->completed;
+      f.extra["gossip_msgs_frac"] = messages;
       out.Add(f);
+      table.Add({absl::StrCat(floor), Fixed(r->gossip_fraction(), 3), Fixed(messages, 3),
+                 Fixed(r->p50_us, 1), Fixed(r->p99_us, 1), Fixed(r->p999_us, 1),
+                 Fixed(r->throughput_krps, 1), Percent(r->redirect_fraction())});
+    }
+    if (!a.json) {
+      table.Print(Title("gossip", c) + absl::StrFormat("; daronpon at load %.2f", c.load));
     }
   }
-  if (!a.json) out.PrintTable();
   return 0;
 }

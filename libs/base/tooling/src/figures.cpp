@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "plexus/tooling/table.hpp"
 
 namespace plexus::tooling {
 namespace {
@@ -58,10 +59,19 @@ std::optional<Figure> FigureFromJsonLine(const std::string& line) {
 FigureWriter::FigureWriter(std::string bench, bool json, FILE* out)
     : bench_(std::move(bench)), json_(json), out_(out) {}
 
+void FigureWriter::SetCommon(nlohmann::json fields) {
+  common_ = fields.is_object() ? std::move(fields) : nlohmann::json::object();
+}
+
 void FigureWriter::Add(const Figure& figure) {
   figures_.push_back(figure);
   if (json_) {
-    const std::string line = FigureJson(bench_, figure).dump() + "\n";
+    Figure with_common = figure;
+    if (!with_common.extra.is_object()) with_common.extra = nlohmann::json::object();
+    for (auto it = common_.begin(); it != common_.end(); ++it) {
+      if (!with_common.extra.contains(it.key())) with_common.extra[it.key()] = it.value();
+    }
+    const std::string line = FigureJson(bench_, with_common).dump() + "\n";
     std::fputs(line.c_str(), out_);
     std::fflush(out_);
   }
@@ -73,7 +83,7 @@ bool FigureWriter::all_met() const {
 }
 
 std::string FigureWriter::Table() const {
-  std::vector<std::vector<std::string>> rows = {{"figure", "value", "unit", "target", "met", ""}};
+  std::vector<std::vector<std::string>> rows;
   for (const Figure& f : figures_) {
     std::string extra;
     if (f.extra.is_object()) {
@@ -85,23 +95,17 @@ std::string FigureWriter::Table() const {
                     f.unit, f.target.is_null() ? "" : Cell(f.target),
                     f.met ? (*f.met ? "yes" : "NO") : "", extra});
   }
-  std::vector<size_t> width(rows[0].size(), 0);
-  for (const auto& row : rows) {
-    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
-  }
-  std::string text = absl::StrCat(bench_, "\n");
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t c = 0; c < row.size(); ++c) {
-      const bool right = c == 1;
-      const std::string pad(width[c] - row[c].size(), ' ');
-      absl::StrAppend(&line, c == 0 ? "  " : "  ", right ? pad : "", row[c],
-                      right || c + 1 == row.size() ? "" : pad);
+  std::string title = bench_;
+  if (!common_.empty()) {
+    std::string fields;
+    for (auto it = common_.begin(); it != common_.end(); ++it) {
+      absl::StrAppend(&fields, fields.empty() ? "" : ", ", it.key(), " ", Cell(it.value()));
     }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    absl::StrAppend(&text, line, "\n");
+    absl::StrAppend(&title, " (", fields, ")");
   }
-  return text;
+  return absl::StrCat(title, "\n",
+                      FormatTable({"figure", "value", "unit", "target", "met", ""}, rows,
+                                  {.indent = "  ", .right_aligned = {false, true}}));
 }
 
 void FigureWriter::PrintTable() {

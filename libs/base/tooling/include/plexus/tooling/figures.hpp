@@ -36,6 +36,9 @@ class FigureWriter {
   // PrintTable().
   FigureWriter(std::string bench, bool json, FILE* out = stdout);
 
+  // Fields of every figure (the run's parameters): in each JSON line (a figure's own extra
+  // field of the same name wins), and once in the table's title instead of on every row.
+  void SetCommon(nlohmann::json fields);
   void Add(const Figure& figure);
   // The collected figures as a table: figure, value, unit, target, met, extra fields.
   void PrintTable();
@@ -51,6 +54,7 @@ class FigureWriter {
   bool json_;
   FILE* out_;
   std::vector<Figure> figures_;
+  nlohmann::json common_ = nlohmann::json::object();
 };
 
 }  // namespace plexus::tooling
