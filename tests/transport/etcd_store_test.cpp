@@ -1,5 +1,5 @@
 // EtcdStore against a real etcd (Debian's etcd-server, started here on 127.0.0.1 with a private
-// data directory and killed by PID at the end), and the rendezvous over it
+// data directory and killed by PID at the end: tooling::EtcdServer), and the rendezvous over it
 // (PLEXUS_STORE=etcd://...). Skips (77) when etcd is not installed.
 #include <catch2/catch.hpp>
 
@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <set>
 #include <string>
 #include <thread>
@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "plexus/base/net.hpp"
 #include "plexus/transport/rendezvous.hpp"
+#include "plexus/tooling/etcd.hpp"
 #include "plexus/transport/store.hpp"
 #include "support/skip.hpp"
 
@@ -28,55 +29,20 @@ namespace pt = plexus::transport;
 
 namespace {
 
-constexpr const char* kEtcd = "/usr/bin/etcd";
-
-// One etcd member on two free loopback ports, for this test program only.
-class EtcdServer {
- public:
-  EtcdServer() {
-    if (access(kEtcd, X_OK) != 0) {
+// One etcd for the whole program (tooling::EtcdServer: private data directory, free ports).
+plexus::tooling::EtcdServer& Server() {
+  static std::unique_ptr<plexus::tooling::EtcdServer> server = [] {
+    if (!plexus::tooling::EtcdServer::Installed()) {
       plexus::testing::SkipTest("etcd is not installed (apt-get install etcd-server)");
     }
-    auto client = plexus::base::net::ReserveLoopbackPort();
-    auto peer = plexus::base::net::ReserveLoopbackPort();
-    REQUIRE(client.ok());
-    REQUIRE(peer.ok());
-    address_ = absl::StrCat("127.0.0.1:", *client);
-    dir_ = std::filesystem::temp_directory_path() / absl::StrCat("plexus-etcd-", getpid());
-    std::filesystem::remove_all(dir_);
-    const std::string client_url = absl::StrCat("http://", address_);
-    const std::string peer_url = absl::StrCat("http://127.0.0.1:", *peer);
-    pid_ = fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      const std::string log = (dir_.string() + ".log");
-      FILE* f = std::freopen(log.c_str(), "w", stderr);
-      (void)f;
-      execl(kEtcd, "etcd", "--name", "plexus-test", "--data-dir", dir_.c_str(),
-            "--listen-client-urls", client_url.c_str(), "--advertise-client-urls",
-            client_url.c_str(), "--listen-peer-urls", peer_url.c_str(),
-            "--initial-advertise-peer-urls", peer_url.c_str(), "--initial-cluster",
-            ("plexus-test=" + peer_url).c_str(), static_cast<char*>(nullptr));
-      _exit(127);
+    auto started = plexus::tooling::EtcdServer::Start(absl::Seconds(60));
+    if (!started.ok()) {
+      std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
+      std::abort();
     }
-  }
-  ~EtcdServer() {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    std::filesystem::remove_all(dir_);
-    std::filesystem::remove(dir_.string() + ".log");
-  }
-  const std::string& address() const { return address_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string address_;
-  std::filesystem::path dir_;
-};
-
-EtcdServer& Server() {
-  static EtcdServer server;
-  return server;
+    return *std::move(started);
+  }();
+  return *server;
 }
 
 std::unique_ptr<pt::EtcdStore> Connect(const std::string& prefix,

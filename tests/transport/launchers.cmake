@@ -40,4 +40,4 @@ plexus_add_launcher_test(launch_torchrun_2 torchrun 2)
 # (skips without etcd-server).
 plexus_add_test(etcd_store_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/etcd_store_test.cpp
-  DEPS plexus::transport LABELS "transport;launchers" TIMEOUT 120)
+  DEPS plexus::transport plexus::tooling LABELS "transport;launchers" TIMEOUT 120)
