@@ -17,8 +17,10 @@ if(_plexus_targets)
   endforeach()
 endif()
 
-# The data the examples, tools and benchmarks read (with the licences of their sources).
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/examples/data/ DESTINATION ${CMAKE_INSTALL_DATADIR}/plexus/data)
+# The data the examples, tools and benchmarks read (with the licences of their sources);
+# find_package(plexus) names it in PLEXUS_DATA_DIR.
+set(PLEXUS_DATA_INSTALL_DIR ${CMAKE_INSTALL_DATADIR}/plexus/data)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/examples/data/ DESTINATION ${PLEXUS_DATA_INSTALL_DIR})
 
 # The components find_package(plexus COMPONENTS ...) accepts: the libraries installed here.
 set(PLEXUS_INSTALLED_LIBS "")
@@ -31,7 +33,8 @@ endforeach()
 
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/plexusConfig.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/plexusConfig.cmake
-  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/plexus)
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/plexus
+  PATH_VARS PLEXUS_DATA_INSTALL_DIR)
 write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/plexusConfigVersion.cmake
   COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/plexusConfig.cmake

@@ -8,18 +8,29 @@
 // order of the float sums differs between them.
 //
 //   logreg_ps [--workers 3] [--steps 200] [--batch 256] [--every 20] [--transport tcp|shm]
+//
+// The workers are this program again (/proc/self/exe with the hidden --worker options), started
+// and waited for by the driver itself; the ring workers meet at a store the driver serves.
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,13 +41,12 @@
 #include "plexus/aggregation/service.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/collectives/communicator.hpp"
-#include "plexus/tooling/cli.hpp"
-#include "plexus/tooling/launch.hpp"
 #include "plexus/transport/rendezvous.hpp"
+#include "plexus/transport/store.hpp"
 
 namespace pa = plexus::aggregation;
 namespace pc = plexus::collectives;
-namespace pt = plexus::tooling;
+namespace pt = plexus::transport;
 
 namespace {
 
@@ -107,7 +117,8 @@ struct Options {
   bool worker = false;
   std::string via = "ps";  // a worker's aggregation: "ps" or "ring"
   int rank = 0;
-  std::string addresses;
+  std::string addresses;  // ps: the service's addresses
+  std::string store;      // ring: the driver's store, "127.0.0.1:port"
   uint32_t ns = 0;
   uint64_t nonce = 0;
 };
@@ -161,7 +172,7 @@ void SgdStep(const std::vector<float>& grad, int batch, std::vector<float>& w) {
 
 absl::Status PsWorker(const Options& o) {
   pa::ClientOptions co;
-  co.backend = *plexus::transport::ParseBackend(o.transport);
+  co.backend = *pt::ParseBackend(o.transport);
   co.addresses = absl::StrSplit(o.addresses, ',');
   co.ns = {o.ns, o.nonce};
   co.worker = o.rank;
@@ -174,10 +185,15 @@ absl::Status PsWorker(const Options& o) {
 }
 
 absl::Status RingWorker(const Options& o) {
-  PLEXUS_ASSIGN_OR_RETURN(plexus::transport::Rendezvous rdv,
-                          plexus::transport::Rendezvous::FromEnv(absl::Seconds(60)));
+  // Rank and world size come from the driver's command line, the store from the driver: the
+  // rendezvous of a custom launcher (under plexus-run, torchrun or mpirun, Rendezvous::FromEnv()).
+  PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<pt::TcpStore> store,
+                          pt::TcpStore::Connect(o.store, absl::Seconds(60)));
+  PLEXUS_ASSIGN_OR_RETURN(
+      pt::Rendezvous rdv,
+      pt::Rendezvous::Create(o.rank, o.workers, std::move(store), o.rank, o.workers));
   pc::CommunicatorOptions copt;
-  copt.device.backend = *plexus::transport::ParseBackend(o.transport);
+  copt.device.backend = *pt::ParseBackend(o.transport);
   // The transport named, for every pair (ranks on one host would otherwise use shm).
   copt.transport_policy = pc::TransportPolicy::kUniform;
   copt.timeout = absl::Seconds(30);
@@ -219,42 +235,116 @@ absl::StatusOr<Curve> ParseCurve(const std::string& out, std::string_view what) 
   return c;
 }
 
-// Starts the workers of one run (`via`: "ps" with the service's addresses and namespace, or
-// "ring" with the plexus rendezvous environment) and returns worker 0's curve.
-absl::StatusOr<Curve> LaunchRun(const Options& o, const std::string& via,
-                                const std::string& addresses, pa::NamespaceInfo ns) {
-  const std::string exe = pt::SelfPath("logreg_ps");
-  pt::LaunchOptions lo;
-  lo.ranks = o.workers;
-  lo.plexus_env = via == "ring";
-  lo.output = pt::OutputMode::kCaptured;
-  lo.timeout = absl::Seconds(90);
-  lo.rank_argv = [&](int rank) {
-    std::vector<std::string> argv = {exe,           "--worker",
-                                     "--via",       via,
-                                     "--rank",      std::to_string(rank),
-                                     "--transport", o.transport,
-                                     "--workers",   std::to_string(o.workers),
-                                     "--steps",     std::to_string(o.steps),
-                                     "--batch",     std::to_string(o.batch),
-                                     "--every",     std::to_string(o.every)};
-    if (via == "ps") {
-      for (const std::string& a :
-           {std::string("--addresses"), addresses, std::string("--ns"), std::to_string(ns.id),
-            std::string("--nonce"), std::to_string(ns.nonce)}) {
-        argv.push_back(a);
-      }
+// Starts o.workers copies of this program with `args` and "--rank <r>" and waits for them all;
+// the first that fails stops the others. Returns what worker 0 printed on stdout.
+absl::StatusOr<std::string> RunWorkers(const Options& o, const std::vector<std::string>& args) {
+  std::FILE* out = std::tmpfile();  // worker 0's stdout
+  if (out == nullptr) return absl::InternalError(absl::StrCat("tmpfile: ", std::strerror(errno)));
+  fcntl(fileno(out), F_SETFD, FD_CLOEXEC);  // only worker 0 gets it, as its stdout
+  const pid_t driver = getpid();
+  std::vector<pid_t> pids;
+  std::string failure;
+  for (int rank = 0; rank < o.workers && failure.empty(); ++rank) {
+    std::vector<std::string> words = {"/proc/self/exe"};
+    words.insert(words.end(), args.begin(), args.end());
+    words.push_back(absl::StrCat("--rank=", rank));
+    std::vector<char*> argv;
+    for (std::string& w : words) argv.push_back(w.data());
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      // Only async-signal-safe calls between fork and exec: the driver has threads.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // the workers end with the driver
+      if (getppid() != driver) _exit(127);
+      if (rank == 0) dup2(fileno(out), STDOUT_FILENO);
+      execv(argv[0], argv.data());
+      _exit(127);
     }
-    return argv;
-  };
-  PLEXUS_ASSIGN_OR_RETURN(pt::LaunchResult run, pt::Launch(std::move(lo)));
-  for (const auto& r : run.ranks) {
-    if (!r.ok()) {
-      return absl::InternalError(absl::StrCat(via, " worker ", r.rank, " ", r.Describe(), ": ",
-                                              r.err.empty() ? "no message" : r.err));
+    if (pid < 0) {
+      failure = absl::StrCat("cannot start worker ", rank, ": fork: ", std::strerror(errno));
+    } else {
+      pids.push_back(pid);
     }
   }
-  return ParseCurve(run.ranks[0].out, via);
+  std::vector<bool> running(pids.size(), true);
+  auto stop_all = [&] {
+    for (size_t r = 0; r < pids.size(); ++r) {
+      if (running[r]) kill(pids[r], SIGKILL);
+    }
+  };
+  if (!failure.empty()) stop_all();
+  for (size_t left = pids.size(); left > 0;) {
+    int status = 0;
+    const pid_t pid = wait(&status);  // the workers are this program's only children
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    const size_t rank = std::find(pids.begin(), pids.end(), pid) - pids.begin();
+    if (rank == pids.size()) continue;
+    running[rank] = false;
+    --left;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    if (failure.empty()) {
+      failure = WIFEXITED(status)
+                    ? absl::StrCat("worker ", rank, " exited with code ", WEXITSTATUS(status))
+                    : absl::StrCat("worker ", rank, " was killed by signal ", WTERMSIG(status));
+      stop_all();
+    }
+  }
+  std::string printed;
+  std::rewind(out);
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, out)) > 0;) printed.append(buf, n);
+  std::fclose(out);
+  if (!failure.empty()) return absl::InternalError(failure);
+  return printed;
+}
+
+// The arguments every worker of a run gets (RunWorkers adds its rank).
+std::vector<std::string> WorkerArgs(const Options& o, const std::string& via) {
+  return {"--worker",
+          "--via=" + via,
+          "--transport=" + o.transport,
+          absl::StrCat("--workers=", o.workers),
+          absl::StrCat("--steps=", o.steps),
+          absl::StrCat("--batch=", o.batch),
+          absl::StrCat("--every=", o.every)};
+}
+
+// The parameter-server run: the service runs here, the workers push to its addresses.
+absl::StatusOr<Curve> RunPs(const Options& o) {
+  pa::ServiceOptions so;
+  so.backend = *pt::ParseBackend(o.transport);
+  so.cores = 2;
+  so.round_timeout = absl::Seconds(30);
+  PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<pa::Service> service, pa::Service::Create(so));
+  // SGD on the mean gradient of the global batch (the workers push sums).
+  pa::NamespaceOptions no;
+  no.name = "logreg";
+  no.workers = o.workers;
+  no.optimizer.kind = pa::OptimizerKind::kSgd;
+  no.optimizer.learning_rate = kLearningRate;
+  no.optimizer.rescale = 1.0f / static_cast<float>(o.batch);
+  PLEXUS_ASSIGN_OR_RETURN(pa::NamespaceInfo ns, service->CreateNamespace(no));
+  std::vector<std::string> args = WorkerArgs(o, "ps");
+  args.insert(args.end(), {"--addresses=" + absl::StrJoin(service->addresses(), ","),
+                           absl::StrCat("--ns=", ns.id), absl::StrCat("--nonce=", ns.nonce)});
+  absl::StatusOr<std::string> printed = RunWorkers(o, args);
+  service->Shutdown();
+  if (!printed.ok()) return plexus::base::Annotate(printed.status(), "ps");
+  return ParseCurve(*printed, "ps");
+}
+
+// The ring-allreduce run: the workers meet at a store served here.
+absl::StatusOr<Curve> RunRing(const Options& o) {
+  PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<pt::TcpStoreServer> store,
+                          pt::TcpStoreServer::Start("127.0.0.1:0"));
+  std::vector<std::string> args = WorkerArgs(o, "ring");
+  args.push_back(absl::StrCat("--store=127.0.0.1:", store->port()));
+  absl::StatusOr<std::string> printed = RunWorkers(o, args);
+  if (!printed.ok()) return plexus::base::Annotate(printed.status(), "ring");
+  return ParseCurve(*printed, "ring");
 }
 
 // The same SGD in one process on the whole global batch, with the curve at the same steps.
@@ -279,18 +369,34 @@ Curve SingleProcess(const Options& o) {
   return c;
 }
 
+// "logreg_ps: <message>" on stderr; the exit code of a failed run.
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "logreg_ps: %s\n", message.c_str());
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
-  pt::Tool tool("logreg_ps",
-                "Logistic regression through the parameter server and through ring allreduce");
-  CLI::App& app = tool.app();
-  pt::AddNumber(&app, "--workers", &o.workers, "worker processes", 1, 64);
-  pt::AddNumber(&app, "--steps", &o.steps, "SGD steps", 1, 100000);
-  pt::AddNumber(&app, "--batch", &o.batch, "global batch", 1, kSamples);
-  pt::AddNumber(&app, "--every", &o.every, "steps between points of the loss curve", 1, 100000);
-  app.add_option("--transport", o.transport, "tcp or shm")->check(CLI::IsMember({"tcp", "shm"}));
+  CLI::App app("Logistic regression through the parameter server and through ring allreduce",
+               "logreg_ps");
+  app.add_option("--workers", o.workers, "worker processes")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "SGD steps")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--batch", o.batch, "global batch")
+      ->check(CLI::Range(1, kSamples))
+      ->capture_default_str();
+  app.add_option("--every", o.every, "steps between points of the loss curve")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--transport", o.transport, "tcp or shm")
+      ->check(CLI::IsMember({"tcp", "shm"}))
+      ->capture_default_str();
+  // What the driver passes to its workers (not shown in --help).
   auto* worker_flag = app.add_flag("--worker", o.worker, "internal")->group("");
   app.add_option("--via", o.via)
       ->group("")
@@ -298,9 +404,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"ps", "ring"}));
   app.add_option("--rank", o.rank)->group("")->needs(worker_flag);
   app.add_option("--addresses", o.addresses)->group("")->needs(worker_flag);
+  app.add_option("--store", o.store)->group("")->needs(worker_flag);
   app.add_option("--ns", o.ns)->group("")->needs(worker_flag);
   app.add_option("--nonce", o.nonce)->group("")->needs(worker_flag);
-  if (auto code = tool.Parse(argc, argv)) return *code;
+  CLI11_PARSE(app, argc, argv);
   if (o.worker) {
     const absl::Status s = o.via == "ps" ? PsWorker(o) : RingWorker(o);
     if (!s.ok()) {
@@ -311,26 +418,10 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  // The service: SGD on the mean gradient of the global batch (the workers push sums).
-  pa::ServiceOptions so;
-  so.backend = *plexus::transport::ParseBackend(o.transport);
-  so.cores = 2;
-  so.round_timeout = absl::Seconds(30);
-  auto service = pa::Service::Create(so);
-  if (!service.ok()) return tool.Fail(service.status());
-  pa::NamespaceOptions no;
-  no.name = "logreg";
-  no.workers = o.workers;
-  no.optimizer.kind = pa::OptimizerKind::kSgd;
-  no.optimizer.learning_rate = kLearningRate;
-  no.optimizer.rescale = 1.0f / static_cast<float>(o.batch);
-  auto ns = (*service)->CreateNamespace(no);
-  if (!ns.ok()) return tool.Fail(ns.status());
-  auto ps = LaunchRun(o, "ps", absl::StrJoin((*service)->addresses(), ","), *ns);
-  if (!ps.ok()) return tool.Fail(ps.status());
-  (*service)->Shutdown();
-  auto ring = LaunchRun(o, "ring", "", {});
-  if (!ring.ok()) return tool.Fail(ring.status());
+  auto ps = RunPs(o);
+  if (!ps.ok()) return Fail(std::string(ps.status().message()));
+  auto ring = RunRing(o);
+  if (!ring.ok()) return Fail(std::string(ring.status().message()));
   const Curve one = SingleProcess(o);
 
   const Data d;
@@ -360,8 +451,8 @@ int main(int argc, char** argv) {
   std::printf("largest difference from one process: %.3g (tolerance %g)\n", worst, kTolerance);
   const bool learned = one.loss.back() < 0.6 * initial;
   if (!same || !learned) {
-    return tool.Fail(absl::StrCat(same ? "" : "a distributed run left the one-process curve; ",
-                                  learned ? "" : "did not learn"));
+    return Fail(absl::StrCat(same ? "" : "a distributed run left the one-process curve; ",
+                             learned ? "" : "did not learn"));
   }
   return 0;
 }

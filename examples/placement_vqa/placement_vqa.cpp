@@ -2,7 +2,10 @@
 // authors' medium input, bundled) that meets its accuracy and throughput targets, next to the
 // exact optimum and the paper's baselines.
 //
-//   build/examples/placement-vqa [examples/data/placement/jellybean-vqa/vqa-medium-release.json]
+//   build/examples/placement-vqa [problem.json]
+//
+// Without an argument it reads placement/jellybean-vqa/vqa-medium-release.json from the data
+// Plexus installs (PLEXUS_DATA_DIR: <prefix>/share/plexus/data; in Plexus's tree, examples/data).
 #include <cstdio>
 #include <string>
 
@@ -13,7 +16,7 @@ namespace pp = plexus::placement;
 
 int main(int argc, char** argv) {
   const std::string path =
-      argc > 1 ? argv[1] : PLEXUS_EXAMPLE_DATA "/placement/jellybean-vqa/vqa-medium-release.json";
+      argc > 1 ? argv[1] : PLEXUS_DATA_DIR "/placement/jellybean-vqa/vqa-medium-release.json";
   auto problem = pp::LoadProblem(path);
   if (!problem.ok()) {
     std::fprintf(stderr, "placement-vqa: %s\n", std::string(problem.status().message()).c_str());

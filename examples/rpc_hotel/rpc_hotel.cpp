@@ -20,13 +20,14 @@
 #include <thread>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "hotel.plexus.hpp"
 #include "plexus/base/admin.hpp"
 #include "plexus/rpc/admin.hpp"
 #include "plexus/rpc/policies.hpp"
-#include "plexus/tooling/cli.hpp"
 
 extern char** environ;
 
@@ -246,24 +247,28 @@ void Must(const absl::Status& s, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  plexus::tooling::Tool tool(
-      "rpc-hotel",
+  CLI::App app(
       "The hotel chain (frontend -> search, profile x3 balanced by Daronpon) under a load\n"
       "generator, with an admin endpoint for plexus-rpc-ctl. With --ctl it runs the scripted\n"
       "scenario (ACL, then rate limit, attached at run time, effects checked) and exits 0 when\n"
-      "every check held.");
+      "every check held.",
+      "rpc-hotel");
   double seconds = 30;
   int clients = 4;
   double rate = 50;
   std::string ctl, token = "hotel-demo-token";
-  CLI::App& app = tool.app();
-  plexus::tooling::AddNumber(&app, "--seconds", &seconds, "how long the load runs without --ctl",
-                             1.0, 86400.0);
-  plexus::tooling::AddNumber(&app, "--clients", &clients, "load generator threads", 1, 64);
-  plexus::tooling::AddNumber(&app, "--rate", &rate, "the scripted rate limit, calls/s", 1.0, 1e6);
+  app.add_option("--seconds", seconds, "how long the load runs without --ctl")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
+  app.add_option("--clients", clients, "load generator threads")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--rate", rate, "the scripted rate limit, calls/s")
+      ->check(CLI::Range(1.0, 1e6))
+      ->capture_default_str();
   app.add_option("--ctl", ctl, "plexus-rpc-ctl: run the scripted scenario with it");
-  app.add_option("--token", token, "the admin endpoint's token");
-  if (auto code = tool.Parse(argc, argv)) return *code;
+  app.add_option("--token", token, "the admin endpoint's token")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
 
   auto device =
       Must(pt::Device::Create({.backend = pt::Backend::kTcp, .local_address = "127.0.0.1"}),

@@ -1,5 +1,7 @@
 # Builds tests/consumer twice: against an installed Plexus (find_package) and vendored
-# (add_subdirectory), and runs the program each time.
+# (add_subdirectory), and runs the program each time; then builds every example folder as a
+# project of its own against the installed Plexus, and runs those that run alone.
+cmake_minimum_required(VERSION 3.25)
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
 
@@ -81,6 +83,68 @@ if(EXISTS ${prefix}/bin/plexus-moe)
     message(FATAL_ERROR "the installed plexus-moe --help does not name ${prefix}/share/plexus/data/moe:\n${help}")
   endif()
 endif()
+
+# 2f. Every examples/<x> is a project of its own that builds against the installed Plexus (as a
+# user copies it), skipped only when it needs a library this installation lacks. The ones that run
+# alone and quickly run; placement-vqa reads its input from the installed data.
+file(READ ${prefix}/lib/cmake/plexus/plexusConfig.cmake config)
+string(REGEX MATCH "set\\(plexus_LIBRARIES \"([^\"]*)\"\\)" found "${config}")
+set(installed_libs "${CMAKE_MATCH_1}")
+if(NOT installed_libs)
+  message(FATAL_ERROR "${prefix}/lib/cmake/plexus/plexusConfig.cmake sets no plexus_LIBRARIES")
+endif()
+set(run_alone lazarus-plan placement-vqa rpc-kv)
+set(example_flags -G ${GENERATOR} -DCMAKE_BUILD_TYPE=${BUILD_TYPE} -DCMAKE_PREFIX_PATH=${prefix})
+if(CXX_LAUNCHER)  # the main build's compiler launcher (ccache): a rerun compiles from its cache
+  list(APPEND example_flags -DCMAKE_CXX_COMPILER_LAUNCHER=${CXX_LAUNCHER})
+endif()
+file(GLOB example_dirs LIST_DIRECTORIES true ${SOURCE_DIR}/examples/*)
+set(built_examples "")
+foreach(dir IN LISTS example_dirs)
+  if(NOT IS_DIRECTORY ${dir} OR NOT EXISTS ${dir}/CMakeLists.txt)
+    continue()
+  endif()
+  get_filename_component(name ${dir} NAME)
+  file(READ ${dir}/CMakeLists.txt text)
+  string(REGEX MATCH "find_package\\(plexus[^)]*COMPONENTS([^)]*)\\)" found "${text}")
+  if(NOT found)
+    message(FATAL_ERROR "examples/${name}: no find_package(plexus ... COMPONENTS ...)")
+  endif()
+  separate_arguments(needs UNIX_COMMAND "${CMAKE_MATCH_1}")
+  set(missing "")
+  foreach(lib IN LISTS needs)
+    if(NOT lib IN_LIST installed_libs)
+      list(APPEND missing ${lib})
+    endif()
+  endforeach()
+  if(missing)
+    list(JOIN missing ", " missing)
+    message(STATUS "examples/${name} not built: this installation has no ${missing}")
+    continue()
+  endif()
+  set(bin ${WORK_DIR}/examples/${name})
+  run(${CMAKE_COMMAND} -S ${dir} -B ${bin} ${example_flags})
+  run(${CMAKE_COMMAND} --build ${bin} -j2)
+  list(APPEND built_examples ${name})
+  foreach(program IN LISTS run_alone)
+    if(EXISTS ${bin}/${program})
+      execute_process(COMMAND ${bin}/${program} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                      ERROR_VARIABLE out)
+      if(NOT rc EQUAL 0)
+        message(FATAL_ERROR "examples/${name}: ${program} built against ${prefix} failed (${rc}):\n${out}")
+      endif()
+      string(FIND "${out}" "plan for ${prefix}/share/plexus/data/" at)
+      if(program STREQUAL "placement-vqa" AND at EQUAL -1)
+        message(FATAL_ERROR "placement-vqa built against ${prefix} does not read the installed data:\n${out}")
+      endif()
+    endif()
+  endforeach()
+endforeach()
+if(NOT built_examples)
+  message(FATAL_ERROR "no example was built against ${prefix}")
+endif()
+string(REPLACE ";" " " built_examples "${built_examples}")
+message(STATUS "examples built against the installed Plexus: ${built_examples}")
 
 # 3. add_subdirectory(plexus): only what the consumer links is built.
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/vendored -G ${GENERATOR}
