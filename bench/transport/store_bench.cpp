@@ -1,7 +1,8 @@
 // The rendezvous stores' operations side by side: Plexus's TcpStore (a server in this process, a
 // client over loopback) and EtcdStore (a private etcd member on loopback, one voting member,
 // its WAL on this machine's disk), the same client calls on both: per-op latency of set, get
-// (of a present key), check, wait (present keys), add, and a set followed by a delete, medians of --runs runs of
+// (of a present key), check, wait (present keys), add, and a set followed by a delete, medians of
+// --runs runs of
 // --ops calls each. Exits 77 (skipped) without etcd.
 #include <algorithm>
 #include <cstdio>
@@ -68,15 +69,16 @@ int main(int argc, char** argv) {
   if (!server.ok()) return tool.Fail(server.status());
   auto tcp = pt::TcpStore::Connect((*server)->address(), absl::Seconds(10));
   if (!tcp.ok()) return tool.Fail(tcp.status());
-  auto etcd_store =
-      pt::EtcdStore::Connect({.address = (*etcd)->address(), .prefix = "bench/"}, absl::Seconds(30));
+  auto etcd_store = pt::EtcdStore::Connect({.address = (*etcd)->address(), .prefix = "bench/"},
+                                           absl::Seconds(30));
   if (!etcd_store.ok()) return tool.Fail(etcd_store.status());
 
   const std::string value(64, 'v');
   const std::vector<std::string> present = {"k0", "k1", "k2", "k3"};
   const std::vector<Op> operations = {
       {"set", [&](pt::Store& s, int i) { return s.Set(absl::StrCat("k", i % 4), value); }},
-      {"get", [&](pt::Store& s, int i) { return s.Get(present[i % 4], absl::Seconds(5)).status(); }},
+      {"get",
+       [&](pt::Store& s, int i) { return s.Get(present[i % 4], absl::Seconds(5)).status(); }},
       {"check", [&](pt::Store& s, int) { return s.Check(present).status(); }},
       {"wait", [&](pt::Store& s, int) { return s.Wait(present, absl::Seconds(5)); }},
       {"add", [&](pt::Store& s, int) { return s.Add("counter", 1).status(); }},
@@ -95,12 +97,15 @@ int main(int argc, char** argv) {
     if (!t.ok()) return tool.Fail(t.status());
     auto e = Measure(**etcd_store, op, runs, ops);
     if (!e.ok()) return tool.Fail(e.status());
-    out.Add({.figure = absl::StrCat(op.name, "_us"), .value = *t, .unit = "us",
+    out.Add({.figure = absl::StrCat(op.name, "_us"),
+             .value = *t,
+             .unit = "us",
              .extra = {{"store", "tcp"}}});
-    out.Add({.figure = absl::StrCat(op.name, "_us"), .value = *e, .unit = "us",
+    out.Add({.figure = absl::StrCat(op.name, "_us"),
+             .value = *e,
+             .unit = "us",
              .extra = {{"store", "etcd"}}});
-    out.Add({.figure = absl::StrCat(op.name, "_etcd_over_tcp"), .value = *e / *t,
-             .unit = "ratio"});
+    out.Add({.figure = absl::StrCat(op.name, "_etcd_over_tcp"), .value = *e / *t, .unit = "ratio"});
   }
   if (!json) out.PrintTable();
   return 0;

@@ -20,8 +20,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "plexus/base/net.hpp"
-#include "plexus/transport/rendezvous.hpp"
 #include "plexus/tooling/etcd.hpp"
+#include "plexus/transport/rendezvous.hpp"
 #include "plexus/transport/store.hpp"
 #include "support/skip.hpp"
 

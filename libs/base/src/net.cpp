@@ -317,28 +317,6 @@ absl::Status SendAll(int fd, const void* data, size_t size, absl::Time deadline)
   return absl::OkStatus();
 }
 
-absl::Status RecvAll(int fd, void* data, size_t size, absl::Time deadline) {
-  char* p = static_cast<char*>(data);
-  while (size > 0) {
-    const ssize_t n = recv(fd, p, size, 0);
-    if (n > 0) {
-      p += n;
-      size -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0) return absl::UnavailableError("the peer closed the connection");
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (absl::Status s = WaitReady(fd, POLLIN, deadline, "waiting for the reply"); !s.ok()) {
-        return s;
-      }
-      continue;
-    }
-    if (errno == EINTR) continue;
-    return absl::UnavailableError(absl::StrCat("receive failed: ", ErrnoText(errno)));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<size_t> RecvSome(int fd, void* data, size_t size, absl::Time deadline) {
   for (;;) {
     const ssize_t n = recv(fd, data, size, 0);
@@ -353,6 +331,39 @@ absl::StatusOr<size_t> RecvSome(int fd, void* data, size_t size, absl::Time dead
     if (errno == EINTR) continue;
     return absl::UnavailableError(absl::StrCat("receive failed: ", ErrnoText(errno)));
   }
+}
+
+SocketPool::~SocketPool() {
+  for (int fd : idle_) close(fd);
+}
+
+absl::StatusOr<int> SocketPool::Take(absl::Time deadline) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!idle_.empty()) {
+      const int fd = idle_.back();
+      idle_.pop_back();
+      return fd;
+    }
+  }
+  bool retryable = false;
+  return ConnectTcp(address_, deadline, &retryable);
+}
+
+void SocketPool::Give(int fd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  idle_.push_back(fd);
+}
+
+absl::Status RecvAll(int fd, void* data, size_t size, absl::Time deadline) {
+  char* p = static_cast<char*>(data);
+  while (size > 0) {
+    absl::StatusOr<size_t> n = RecvSome(fd, p, size, deadline);
+    if (!n.ok()) return n.status();
+    p += *n;
+    size -= *n;
+  }
+  return absl::OkStatus();
 }
 
 namespace {

@@ -47,9 +47,9 @@ absl::StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::Start(absl::Duration tim
     if (std::freopen(log.c_str(), "w", stderr) == nullptr) _exit(126);
     if (std::freopen("/dev/null", "w", stdout) == nullptr) _exit(126);
     execl(kBinary, "etcd", "--name", "plexus", "--data-dir", data.c_str(), "--listen-client-urls",
-          client_url.c_str(), "--advertise-client-urls", client_url.c_str(),
-          "--listen-peer-urls", peer_url.c_str(), "--initial-advertise-peer-urls",
-          peer_url.c_str(), "--initial-cluster", cluster.c_str(), static_cast<char*>(nullptr));
+          client_url.c_str(), "--advertise-client-urls", client_url.c_str(), "--listen-peer-urls",
+          peer_url.c_str(), "--initial-advertise-peer-urls", peer_url.c_str(), "--initial-cluster",
+          cluster.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
   // Up once its client port accepts connections (etcd opens it when it is ready to serve).

@@ -26,18 +26,13 @@ namespace net = base::net;
 
 struct EtcdStore::Impl {
   Options options;
-  net::SocketAddress resolved;
+  net::SocketPool sockets;
   std::mutex mu;
-  std::vector<int> idle;
   int64_t lease = 0;
   absl::Status lease_status;  // guarded by mu: why the lease is gone, once it is
   bool stop = false;          // guarded by mu
   std::condition_variable wake;
   std::thread keepalive;
-
-  ~Impl() {
-    for (int fd : idle) close(fd);
-  }
 
   std::string Where() const { return absl::StrCat("etcd store at ", options.address); }
   std::string Full(std::string_view key) const {
@@ -54,29 +49,11 @@ struct EtcdStore::Impl {
                                      " (is etcd running and reachable there?)"));
   }
 
-  absl::StatusOr<int> Take(absl::Time deadline) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!idle.empty()) {
-        const int fd = idle.back();
-        idle.pop_back();
-        return fd;
-      }
-    }
-    bool retryable = false;
-    return net::ConnectTcp(resolved, deadline, &retryable);
-  }
-
-  void Give(int fd) {
-    std::lock_guard<std::mutex> lock(mu);
-    idle.push_back(fd);
-  }
-
   // One POST and its answer on a pooled socket.
   absl::StatusOr<etcd::Json> Post(const std::string& path, const std::string& body,
                                   const std::string& what) {
     const absl::Time deadline = absl::Now() + options.io_timeout;
-    auto fd = Take(deadline);
+    auto fd = sockets.Take(deadline);
     if (!fd.ok()) return Lost(what, fd.status());
     const std::string request = etcd::EncodePost(options.address, path, body);
     absl::Status sent = net::SendAll(*fd, request.data(), request.size(), deadline);
@@ -99,7 +76,7 @@ struct EtcdStore::Impl {
       close(*fd);
       return Lost(what, sent);
     }
-    Give(*fd);
+    sockets.Give(*fd);
     auto j = etcd::ParseBody(parser.body(), parser.status(), what);
     if (!j.ok()) return Lost(what, j.status());
     return j;
@@ -157,8 +134,9 @@ absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Connect(Options options,
   }
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
-  PLEXUS_ASSIGN_OR_RETURN(impl->resolved,
+  PLEXUS_ASSIGN_OR_RETURN(net::SocketAddress resolved,
                           net::ResolveFirst(impl->options.address, "the etcd address"));
+  impl->sockets.set_address(resolved);
   // etcd may still be starting: retry the first request until `timeout`.
   const absl::Time deadline = absl::Now() + timeout;
   base::Backoff backoff(absl::Milliseconds(10), absl::Milliseconds(500));

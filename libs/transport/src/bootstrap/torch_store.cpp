@@ -28,14 +28,8 @@ namespace ts = torch_store;
 
 struct TorchStore::Impl {
   std::string address;
-  net::SocketAddress resolved;
   absl::Duration io_timeout;
-  std::mutex mu;
-  std::vector<int> idle;
-
-  ~Impl() {
-    for (int fd : idle) close(fd);
-  }
+  net::SocketPool sockets;
 
   std::string Where() const { return absl::StrCat("torch store at ", address); }
 
@@ -51,23 +45,8 @@ struct TorchStore::Impl {
                      " (did torchrun's agent, which serves this store, exit or hang?)"));
   }
 
-  absl::StatusOr<int> Take() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!idle.empty()) {
-        const int fd = idle.back();
-        idle.pop_back();
-        return fd;
-      }
-    }
-    bool retryable = false;
-    return net::ConnectTcp(resolved, IoDeadline(), &retryable);
-  }
-
-  void Give(int fd) {
-    std::lock_guard<std::mutex> lock(mu);
-    idle.push_back(fd);
-  }
+  absl::StatusOr<int> Take() { return sockets.Take(IoDeadline()); }
+  void Give(int fd) { sockets.Give(fd); }
 
   // Sends `request` and reads one reply of `kind`, due by `deadline`. The caller closes `fd`
   // when this fails.
@@ -157,14 +136,16 @@ absl::StatusOr<std::unique_ptr<TorchStore>> TorchStore::Connect(std::string_view
   auto impl = std::make_unique<Impl>();
   impl->address = std::string(address);
   impl->io_timeout = io_timeout;
-  PLEXUS_ASSIGN_OR_RETURN(impl->resolved, net::ResolveFirst(address, "the torch store address"));
+  PLEXUS_ASSIGN_OR_RETURN(net::SocketAddress resolved,
+                          net::ResolveFirst(address, "the torch store address"));
+  impl->sockets.set_address(resolved);
   const absl::Time deadline = absl::Now() + timeout;
   base::Backoff backoff(absl::Milliseconds(20), absl::Milliseconds(500));
   int fd = -1;
   while (true) {
     bool retryable = false;
-    auto connected =
-        net::ConnectTcp(impl->resolved, std::min(deadline, impl->IoDeadline()), &retryable);
+    auto connected = net::ConnectTcp(impl->sockets.address(),
+                                     std::min(deadline, impl->IoDeadline()), &retryable);
     if (connected.ok()) {
       fd = *connected;
       break;

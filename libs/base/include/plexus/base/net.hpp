@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,6 +63,29 @@ absl::Status RecvAll(int fd, void* data, size_t size, absl::Time deadline);
 // Receives what has arrived, at least one byte and at most `size`, before `deadline`: the count,
 // or the errors of RecvAll (for protocols whose messages do not announce their length up front).
 absl::StatusOr<size_t> RecvSome(int fd, void* data, size_t size, absl::Time deadline);
+
+// Idle connected sockets to one address, for clients that keep one request in flight per socket
+// (the store clients): Take reuses an idle socket or connects a new one by `deadline`; Give
+// takes back a socket whose exchange ended cleanly (the caller closes one that failed: a late
+// answer must never be read as the next request's). Thread-safe.
+class SocketPool {
+ public:
+  SocketPool() = default;
+  explicit SocketPool(SocketAddress address) : address_(address) {}
+  SocketPool(const SocketPool&) = delete;
+  SocketPool& operator=(const SocketPool&) = delete;
+  ~SocketPool();  // closes the idle sockets
+
+  void set_address(const SocketAddress& address) { address_ = address; }
+  const SocketAddress& address() const { return address_; }
+  absl::StatusOr<int> Take(absl::Time deadline);
+  void Give(int fd);
+
+ private:
+  SocketAddress address_;
+  std::mutex mu_;
+  std::vector<int> idle_;
+};
 
 absl::Status SetNonBlocking(int fd, bool on);
 
