@@ -221,3 +221,28 @@ TEST_CASE("etcd store: no etcd at the address is reported within the timeout") {
   CHECK(absl::Now() - start < absl::Seconds(5));
   CHECK(absl::StrContains(store.status().message(), absl::StrCat("127.0.0.1:", *port)));
 }
+
+TEST_CASE("etcd store: ranks under plexus-run meet in the etcd PLEXUS_STORE names") {
+#ifndef PLEXUS_RUN
+  SKIP("plexus-run is not built");
+#else
+  const std::string url = absl::StrCat("etcd://", Server().address());
+  // Each rank meets the others through the store, exchanges a value with each over a mesh and
+  // prints the store kind it used.
+  const std::string cmd = absl::StrCat("PLEXUS_STORE=", url, " ", PLEXUS_RUN, " -n 2 --timeout 60 ",
+                                       PLEXUS_LAUNCH_PROBE, " 2>&1");
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = ::pclose(p);
+  INFO(out);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(absl::StrContains(out, "launch_probe rank 0 of 2 launcher plexus store etcd sum"));
+  CHECK(absl::StrContains(out, "launch_probe rank 1 of 2 launcher plexus store etcd sum"));
+  CHECK_FALSE(absl::StrContains(out, "WRONG"));
+#endif
+}

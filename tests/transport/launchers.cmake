@@ -41,3 +41,10 @@ plexus_add_launcher_test(launch_torchrun_2 torchrun 2)
 plexus_add_test(etcd_store_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/etcd_store_test.cpp
   DEPS plexus::transport plexus::tooling LABELS "transport;launchers" TIMEOUT 120)
+target_compile_definitions(etcd_store_test PRIVATE
+                           PLEXUS_LAUNCH_PROBE="$<TARGET_FILE:launch_probe>")
+add_dependencies(etcd_store_test launch_probe)
+if(PLEXUS_BUILD_TOOLS)
+  target_compile_definitions(etcd_store_test PRIVATE PLEXUS_RUN="$<TARGET_FILE:plexus-run>")
+  add_dependencies(etcd_store_test plexus-run)
+endif()

@@ -196,7 +196,9 @@ struct Launcher::Impl {
       vars["PLEXUS_WORLD_SIZE"] = std::to_string(o.ranks);
       vars["PLEXUS_LOCAL_RANK"] = std::to_string(r);
       vars["PLEXUS_LOCAL_WORLD_SIZE"] = std::to_string(o.ranks);
-      vars["PLEXUS_STORE_ADDR"] = store_addr;
+      // A store the user names for the job (PLEXUS_STORE=etcd://...) is where the ranks meet;
+      // otherwise rank 0 serves one on the address reserved here.
+      if (vars.count("PLEXUS_STORE") == 0) vars["PLEXUS_STORE_ADDR"] = store_addr;
       if (vars.count("PLEXUS_JOB_ID") == 0) vars["PLEXUS_JOB_ID"] = job_id;
     }
     for (const auto& [k, v] : o.env) vars[k] = v;
