@@ -51,6 +51,11 @@ function(plexus_write_pkg_config target)
     list(APPEND requires ${r})
     list(APPEND libs ${l})
   endforeach()
+  # A sanitized build's archives need the sanitizer's runtime in the program that links them (the
+  # CMake targets carry it as an interface link option).
+  if(PLEXUS_SANITIZE)
+    list(APPEND libs "-fsanitize=${PLEXUS_SANITIZE}")
+  endif()
   list(REMOVE_DUPLICATES requires)
   list(REMOVE_DUPLICATES libs)
   list(JOIN requires ", " PC_REQUIRES)
