@@ -702,6 +702,22 @@ void Server::Shutdown() {
   if (c.reap_thread.joinable()) c.reap_thread.join();
   c.qos.Stop();           // calls still queued are dropped (their connections are closed)
   c.cached_conn.reset();  // the dispatcher has stopped
+  // A response still being sent (or waiting to be) holds its connection, and the connection
+  // holds it: with the dispatcher stopped nothing completes it, so it is let go here, or both
+  // (and the call pool behind every call) would outlive the server.
+  for (auto& sc : conns) {
+    std::vector<std::shared_ptr<internal::ServerCallImpl>> ended;
+    {
+      std::lock_guard<std::mutex> lock(sc->mu);
+      for (auto& [wr, sending] : sc->sending) {
+        sending.ForEach([&](const auto& call) { ended.push_back(call); });
+      }
+      sc->sending.clear();
+      for (auto& call : sc->outbox) ended.push_back(std::move(call));
+      sc->outbox.clear();
+    }
+    for (auto& call : ended) call->Sent();  // the policies see them end
+  }
   std::lock_guard<std::mutex> lock(c.mu);
   c.conns.clear();
   c.conns_epoch.fetch_add(1, std::memory_order_release);
