@@ -97,6 +97,25 @@ TEST_CASE("the recycler keeps at most its bound and hands objects back looking n
   again.reset();
 }
 
+// Server calls use shared_from_this: a recycled one keeps a weak reference to its last control
+// block, and with it that block's deleter. The recycler must still go when its owner lets go.
+struct SelfThing : std::enable_shared_from_this<SelfThing> {
+  void Recycle() {}
+};
+
+TEST_CASE("a recycler is freed with its owner, idle objects included", "[rpc][recycle]") {
+  std::weak_ptr<pr::internal::Recycler<SelfThing>> watch;
+  {
+    auto pool = std::make_shared<pr::internal::Recycler<SelfThing>>(4);
+    watch = pool;
+    auto a = pool->Take();
+    CHECK(a->shared_from_this() == a);
+    a.reset();
+    CHECK(pool->idle() == 1);
+  }
+  CHECK(watch.expired());  // it held itself through the idle object's deleter before
+}
+
 TEST_CASE("a call state reused after a deadline or a cancel never takes a stale response",
           "[rpc][recycle]") {
   auto device = plexus::rpctest::LoopbackTcp();

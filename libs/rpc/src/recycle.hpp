@@ -7,7 +7,10 @@
 // T provides Recycle(): it drops everything the last call held (callbacks, replies, chains) and
 // makes the object look new, keeping only capacity. At most `keep` idle objects are kept; more
 // are freed, so the list never grows past the largest number of calls that ended together.
-// The list lives as long as the last object handed out (each deleter holds it).
+// The list belongs to its owner (a server, a channel); an object handed out that comes back after
+// the list is gone is freed. (Deleters must not own the list: a recycled object's
+// enable_shared_from_this keeps its last control block, and with it the deleter, alive, so a
+// deleter holding the list would make the list hold itself.)
 #pragma once
 
 #include <cstddef>
@@ -35,7 +38,7 @@ class Recycler : public std::enable_shared_from_this<Recycler<T>> {
       }
     }
     if (t == nullptr) t = std::make_unique<T>();
-    return std::shared_ptr<T>(t.release(), GiveBack{this->shared_from_this()});
+    return std::shared_ptr<T>(t.release(), GiveBack{this->weak_from_this()});
   }
 
   // For tests: idle objects kept, and how many Take() calls got a recycled one.
@@ -50,8 +53,14 @@ class Recycler : public std::enable_shared_from_this<Recycler<T>> {
 
  private:
   struct GiveBack {
-    std::shared_ptr<Recycler> owner;
-    void operator()(T* t) const { owner->Give(std::unique_ptr<T>(t)); }
+    std::weak_ptr<Recycler> owner;
+    void operator()(T* t) const {
+      if (std::shared_ptr<Recycler> list = owner.lock()) {
+        list->Give(std::unique_ptr<T>(t));
+      } else {
+        delete t;
+      }
+    }
   };
 
   void Give(std::unique_ptr<T> t) {
