@@ -144,6 +144,17 @@ absl::StatusOr<std::string> Exchange(const std::string& launcher, int expected_r
 
 bool PmixCompiledIn() { return PLEXUS_HAVE_PMIX != 0; }
 
+}  // namespace plexus::transport::bootstrap
+
+#if PLEXUS_HAVE_PMIX && defined(__SANITIZE_ADDRESS__)
+// libpmix keeps a few strings it copied (in PMIx_Init, in values it loads) past PMIx_Finalize:
+// LeakSanitizer would fail every program that met its ranks through PMIx on those bytes, which
+// are the library's, not Plexus's.
+extern "C" const char* __lsan_default_suppressions() { return "leak:libpmix.so\n"; }
+#endif
+
+namespace plexus::transport::bootstrap {
+
 absl::StatusOr<std::string> PmixShareFromRank0(std::string_view launcher, int expected_rank,
                                                std::string_view key, std::string_view value,
                                                absl::Duration timeout) {
