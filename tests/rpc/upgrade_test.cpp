@@ -192,7 +192,8 @@ TEST_CASE("live upgrade: metrics replaced under load keep exact counts on both s
       // The latency histogram moved with the counters.
       auto m = std::dynamic_pointer_cast<pr::MetricsPolicy>(f.channel->engines().Find("metrics"));
       uint64_t in_buckets = 0;
-      for (uint64_t c : m->Get()[kEcho].latency_us) in_buckets += c;
+      const auto metrics = m->Get();  // a copy: the loop must not run over a destroyed temporary
+      for (uint64_t c : metrics.at(kEcho).latency_us) in_buckets += c;
       CHECK(in_buckets == kTotal);
     }
   }

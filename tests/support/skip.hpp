@@ -7,6 +7,14 @@
 
 namespace plexus::testing {
 
+// How many times slower a sanitized build runs: a bound on a latency a test checks (a stall that
+// must not come back) is multiplied by it, so the check keeps its meaning there.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr int kSanitizerSlowdown = 3;
+#else
+inline constexpr int kSanitizerSlowdown = 1;
+#endif
+
 // Exit code registered as CTest's SKIP_RETURN_CODE.
 inline constexpr int kSkipReturnCode = 77;
 

@@ -98,6 +98,16 @@ void ServerConn::RefillLocked() {
   }
 }
 
+std::vector<std::shared_ptr<ServerCallImpl>> ServerConn::TakeUnsentLocked() {
+  std::vector<std::shared_ptr<ServerCallImpl>> out;
+  for (auto& [wr, batch] : sending) batch.ForEach([&](const auto& call) { out.push_back(call); });
+  sending.clear();
+  for (auto& call : outbox) out.push_back(std::move(call));
+  outbox.clear();
+  outbox_bytes = 0;
+  return out;
+}
+
 absl::Status ServerConn::FlushLocked(std::vector<std::shared_ptr<ServerCallImpl>>* dropped) {
   if (outbox.empty()) return absl::OkStatus();
   Sending batch;
@@ -702,19 +712,12 @@ void Server::Shutdown() {
   if (c.reap_thread.joinable()) c.reap_thread.join();
   c.qos.Stop();           // calls still queued are dropped (their connections are closed)
   c.cached_conn.reset();  // the dispatcher has stopped
-  // A response still being sent (or waiting to be) holds its connection, and the connection
-  // holds it: with the dispatcher stopped nothing completes it, so it is let go here, or both
-  // (and the call pool behind every call) would outlive the server.
+  // Responses never sent on connections closed here (killed ones were let go by the reaper).
   for (auto& sc : conns) {
     std::vector<std::shared_ptr<internal::ServerCallImpl>> ended;
     {
       std::lock_guard<std::mutex> lock(sc->mu);
-      for (auto& [wr, sending] : sc->sending) {
-        sending.ForEach([&](const auto& call) { ended.push_back(call); });
-      }
-      sc->sending.clear();
-      for (auto& call : sc->outbox) ended.push_back(std::move(call));
-      sc->outbox.clear();
+      ended = sc->TakeUnsentLocked();
     }
     for (auto& call : ended) call->Sent();  // the policies see them end
   }

@@ -106,7 +106,15 @@ void ServerCore::Reap() {
     const bool more = !to_close.empty();
     const bool stopping = reap_stop;
     lock.unlock();
-    for (auto& sc : batch) sc->conn->Close();
+    for (auto& sc : batch) {
+      sc->conn->Close();
+      std::vector<std::shared_ptr<ServerCallImpl>> unsent;
+      {
+        std::lock_guard<std::mutex> conn_lock(sc->mu);
+        unsent = sc->TakeUnsentLocked();
+      }
+      for (auto& call : unsent) call->Sent();  // the policies see them end
+    }
     batch.clear();  // mostly the last references: the connections are freed here
     if (stopping && !more) return;
     if (more) absl::SleepFor(kBetweenBatches);

@@ -86,6 +86,10 @@ struct ServerConn {
   // Sends the outbox (one frame as is, several as a batch); the calls' ends are returned in
   // `dropped` when the connection refused the send.
   absl::Status FlushLocked(std::vector<std::shared_ptr<ServerCallImpl>>* dropped);
+  // A closed connection's responses still being sent or waiting to be: no completion reaches it
+  // any more (it left ServerCore::conns), and each holds the connection as it holds them, so they
+  // are let go here (the caller runs Sent() on them, outside `mu`).
+  std::vector<std::shared_ptr<ServerCallImpl>> TakeUnsentLocked();
 };
 
 // The threads that run synchronous handlers (ServerOptions::handler_threads; handler_pool.cpp):
