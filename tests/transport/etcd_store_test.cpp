@@ -70,7 +70,7 @@ TEST_CASE("etcd store: set, get, check, wait, delete, with errors that name the 
   std::atomic<bool> seen{false};
   std::thread later([&seen] {
     absl::SleepFor(absl::Milliseconds(200));
-    auto other = Connect("basic/");
+    auto other = Connect("basic/", absl::Seconds(2));
     REQUIRE(other->Set("b", "later").ok());
     REQUIRE(other->Set("c", "").ok());
     // Its lease (and keys) live until the reader saw them.
@@ -83,7 +83,10 @@ TEST_CASE("etcd store: set, get, check, wait, delete, with errors that name the 
   CHECK(store->Wait({"a", "b", "c"}, absl::Seconds(10)).ok());
   seen = true;
   later.join();
-  // Gone with their writer's store (its lease revoked at destruction).
+  // Gone within the TTL (2 s) after their writer's store went, not at once: a peer may still be
+  // reading them.
+  const absl::Time gone_by = absl::Now() + absl::Seconds(8);
+  while (*store->Check({"b"}) && absl::Now() < gone_by) absl::SleepFor(absl::Milliseconds(50));
   CHECK(*store->Check({"b"}) == false);
   auto missing = store->Get("nope", absl::Milliseconds(100));
   CHECK(absl::IsDeadlineExceeded(missing.status()));

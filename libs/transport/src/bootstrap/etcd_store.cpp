@@ -166,10 +166,9 @@ EtcdStore::~EtcdStore() {
   }
   impl_->wake.notify_all();
   if (impl_->keepalive.joinable()) impl_->keepalive.join();
-  // This process's keys go now rather than after the TTL (best effort, and briefly: etcd may be
-  // gone).
-  impl_->options.io_timeout = std::min(impl_->options.io_timeout, absl::Seconds(1));
-  (void)impl_->Post("/v3/lease/revoke", etcd::LeaseIdBody(impl_->lease), "revoking the lease");
+  // The lease is left to expire rather than revoked: a peer may still be reading what this
+  // process set last (the value of an all-gather it has finished, say), and a revoked lease
+  // would take it away at once.
 }
 
 int64_t EtcdStore::lease_id() const { return impl_->lease; }

@@ -209,10 +209,11 @@ class TorchStore : public Store {
 // etcd serves on its client port): it outlives every rank, so an elastic job survives the loss
 // of any of them, rank 0 included. Keys live under `prefix` (Rendezvous uses one per job id, so
 // jobs sharing an etcd never meet). Set ties its key to this process's lease (a TTL kept alive
-// by a thread): when the process dies, its keys expire within the TTL; when the store is
-// destroyed, they go at once. Counters (Add: a compare-and-swap transaction, retried) are the
-// job's and have no lease. Get and Wait poll (1 ms, doubling to 50 ms). A value must fit etcd's
-// request limit (--max-request-bytes, 1.5 MiB by default): etcd's refusal names it.
+// by a thread): when the process dies, or destroys the store, its keys expire within the TTL (not
+// at once: a peer may still be reading the last ones it set). Counters (Add: a compare-and-swap
+// transaction, retried) are the job's and have no lease. Get and Wait poll (1 ms, doubling to 50
+// ms). A value must fit etcd's request limit (--max-request-bytes, 1.5 MiB by default): etcd's
+// refusal names it.
 class EtcdStore : public Store {
  public:
   struct Options {
