@@ -102,8 +102,11 @@ std::string UngreetedLanes(const MultipathChannel& channel, int paths) {
 // peer's verdict while it waits for its paths).
 class SetupVerdicts {
  public:
-  SetupVerdicts(pt::Connection& control, pt::CompletionQueue& cq, std::string peer)
-      : control_(control), cq_(cq), peer_(std::move(peer)), buffer_(kSetupMessageBytes) {}
+  // `buffer` receives the peer's verdict: like the queue, it must outlive the control connection
+  // (declared before it), since a receive posted into it may complete while the connection closes.
+  SetupVerdicts(pt::Connection& control, pt::CompletionQueue& cq, std::vector<char>& buffer,
+                std::string& mine, std::string peer)
+      : control_(control), cq_(cq), peer_(std::move(peer)), buffer_(buffer), mine_(mine) {}
 
   absl::Status PostRecv() { return control_.PostRecv({buffer_.data(), buffer_.size()}, kRecv); }
 
@@ -183,8 +186,8 @@ class SetupVerdicts {
   pt::Connection& control_;
   pt::CompletionQueue& cq_;
   const std::string peer_;
-  std::vector<char> buffer_;
-  std::string mine_;
+  std::vector<char>& buffer_;
+  std::string& mine_;  // this side's verdict, being sent (outlives the connection too)
   bool sent_ = false;
   std::optional<absl::Status> theirs_;
 };
@@ -378,8 +381,8 @@ class MultipathListener final : public pt::Listener {
     // The queue and the buffers outlive the control connection (declared first, destroyed
     // last): a post still outstanding when an error returns must not touch freed memory.
     pt::CompletionQueue control_cq;
-    std::vector<char> request(kSetupMessageBytes);
-    std::string reply;
+    std::vector<char> request(kSetupMessageBytes), their_verdict(kSetupMessageBytes);
+    std::string reply, my_verdict;
     PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<pt::Connection> control,
                             control_->Accept(&control_cq, timeout));
     const absl::Time deadline = absl::Now() + options_.device.connect_timeout;
@@ -421,7 +424,7 @@ class MultipathListener final : public pt::Listener {
       listeners.push_back(*std::move(listener));
     }
     reply = internal::EncodeSetupAccept(addresses);
-    SetupVerdicts verdicts(*control, control_cq, peer);
+    SetupVerdicts verdicts(*control, control_cq, their_verdict, my_verdict, peer);
     PLEXUS_RETURN_IF_ERROR(verdicts.PostRecv());
     PLEXUS_RETURN_IF_ERROR(control->PostSend(pt::ConstBuffer{reply.data(), reply.size()}, 2));
     auto conn = std::make_unique<MultipathConnection>(inner_, registry_);
@@ -577,7 +580,8 @@ absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::Connect(
   const absl::Time deadline = absl::Now() + options_.device.connect_timeout;
   // The queue and the buffers outlive the control connection (declared first, destroyed last).
   pt::CompletionQueue control_cq;
-  std::vector<char> reply(kSetupMessageBytes);
+  std::vector<char> reply(kSetupMessageBytes), their_verdict(kSetupMessageBytes);
+  std::string my_verdict;
   const std::string request = internal::EncodeSetupRequest(paths);
   auto control_or = inner_->ConnectFrom(options_.local_addresses[0], parsed.control, &control_cq);
   if (!control_or.ok()) {
@@ -600,7 +604,7 @@ absl::StatusOr<std::unique_ptr<pt::Connection>> MultipathDevice::Connect(
         absl::StrCat("multipath set-up: ", parsed.control, " refused: ", answer->why));
   }
   const std::vector<std::string>& addresses = answer->addresses;
-  SetupVerdicts verdicts(*control, control_cq, parsed.control);
+  SetupVerdicts verdicts(*control, control_cq, their_verdict, my_verdict, parsed.control);
   PLEXUS_RETURN_IF_ERROR(verdicts.PostRecv());
   auto conn = std::make_unique<MultipathConnection>(inner_, registry_);
   std::optional<MultipathConnection::Redial> redial;
