@@ -202,7 +202,15 @@ absl::Status AwaitGreeted(MultipathChannel& channel, int paths, absl::Time deadl
     return peer_failed || !channel.status().ok() || UngreetedLanes(channel, paths).empty();
   });
   if (peer_failed) return verdicts.Theirs(absl::Now());
-  PLEXUS_RETURN_IF_ERROR(channel.status());
+  if (absl::Status failed = channel.status(); !failed.ok()) {
+    // This side's paths failing is often the peer giving up; its verdict, when it comes at
+    // once, names the cause.
+    base::PollUntil(std::min(deadline, absl::Now() + absl::Milliseconds(200)),
+                    absl::Microseconds(200), [&] { return verdicts.Arrived(); });
+    if (verdicts.Arrived() && !verdicts.Theirs(absl::Now()).ok())
+      return verdicts.Theirs(absl::Now());
+    return base::Annotate(failed, absl::StrCat("multipath set-up with ", peer));
+  }
   const std::string missing = UngreetedLanes(channel, paths);
   if (ended && missing.empty()) return absl::OkStatus();
   return absl::DeadlineExceededError(absl::StrCat("multipath set-up with ", peer, ": ", missing,
