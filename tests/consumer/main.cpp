@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "plexus/transport/device.hpp"
+#include "plexus/transport/memory.hpp"
 #ifndef PLEXUS_CONSUMER_TRANSPORT_ONLY
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/moe/dispatch.hpp"
@@ -87,5 +88,12 @@ int main() {
   }
   std::printf("consumer received '%s' over plexus::transport\n", in);
   if (std::string(in) != "hello") return 1;
+  // The GPU path is probed at run time: a machine without a driver reports why, and runs on.
+  std::string why;
+  if (pt::CudaAvailable(&why)) {
+    std::printf("consumer: CUDA available\n");
+  } else {
+    std::printf("consumer: CUDA unavailable: %s\n", why.c_str());
+  }
   return CollectivesAndMoe() ? 0 : 1;
 }

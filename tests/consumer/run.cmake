@@ -16,19 +16,35 @@ endfunction()
 # 1. Install the already-built libraries of the main build into a private prefix.
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
 
-# 2. find_package(plexus) against that prefix.
+# 2. find_package(plexus) against that prefix, on what stands for a machine without the CUDA
+# toolkit and PMIx: any search for them fails (Plexus loads both at run time, when present).
+set(no_cuda_no_pmix -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON -DCMAKE_DISABLE_FIND_PACKAGE_CUDA=ON
+    -DCMAKE_DISABLE_FIND_PACKAGE_PMIx=ON)
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/installed -G ${GENERATOR}
-    -DCMAKE_BUILD_TYPE=${BUILD_TYPE} -DCMAKE_PREFIX_PATH=${prefix})
+    -DCMAKE_BUILD_TYPE=${BUILD_TYPE} -DCMAKE_PREFIX_PATH=${prefix} ${no_cuda_no_pmix})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/installed)
-run(${WORK_DIR}/installed/consumer)
+execute_process(COMMAND ${WORK_DIR}/installed/consumer RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                ERROR_VARIABLE out)
+message(STATUS "${out}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the installed consumer failed (${rc})")
+endif()
 
-# 2a. rdma-core is loaded at run time, never a link dependency of a user's program.
+# 2a. rdma-core, CUDA and PMIx are loaded at run time, never link dependencies of a user's
+# program, which therefore starts on a machine without them.
 find_program(READELF readelf)
 if(READELF)
   execute_process(COMMAND ${READELF} -d ${WORK_DIR}/installed/consumer OUTPUT_VARIABLE dynamic)
-  if(dynamic MATCHES "libibverbs|librdmacm")
-    message(FATAL_ERROR "the consumer links rdma-core directly; it must be loaded at run time")
+  if(dynamic MATCHES "libibverbs|librdmacm|libcudart|libcuda\\.|libpmix")
+    message(FATAL_ERROR "the consumer links rdma-core, CUDA or PMIx directly; they must be loaded "
+                        "at run time:\n${dynamic}")
   endif()
+endif()
+# Without a GPU driver the program runs and says why the GPU path is unavailable.
+execute_process(COMMAND ldconfig -p OUTPUT_VARIABLE cache ERROR_QUIET)
+if(NOT cache MATCHES "libcuda\\.so\\.1" AND NOT out MATCHES "CUDA unavailable: [^\n]*libcuda\\.so\\.1")
+  message(FATAL_ERROR "no GPU driver here, but the consumer did not report CUDA unavailable for "
+                      "want of libcuda.so.1:\n${out}")
 endif()
 
 # 2b. An unknown component fails the configure with a message naming it and what exists.
@@ -49,7 +65,8 @@ endif()
 file(GLOB_RECURSE package_files ${prefix}/lib/cmake/plexus/*.cmake ${prefix}/lib/pkgconfig/*.pc)
 foreach(f IN LISTS package_files)
   file(READ ${f} text)
-  foreach(forbidden ${BUILD_DIR} ${SOURCE_DIR} libibverbs.so librdmacm.so libpmix.so)
+  foreach(forbidden ${BUILD_DIR} ${SOURCE_DIR} libibverbs.so librdmacm.so libpmix.so pmix::pmix
+                    CUDA:: CUDAToolkit)
     string(FIND "${text}" "${forbidden}" at)
     if(NOT at EQUAL -1)
       message(FATAL_ERROR "${f} names '${forbidden}': the package must not depend on this machine")
@@ -94,7 +111,8 @@ if(NOT installed_libs)
   message(FATAL_ERROR "${prefix}/lib/cmake/plexus/plexusConfig.cmake sets no plexus_LIBRARIES")
 endif()
 set(run_alone lazarus-plan placement-vqa rpc-kv)
-set(example_flags -G ${GENERATOR} -DCMAKE_BUILD_TYPE=${BUILD_TYPE} -DCMAKE_PREFIX_PATH=${prefix})
+set(example_flags -G ${GENERATOR} -DCMAKE_BUILD_TYPE=${BUILD_TYPE} -DCMAKE_PREFIX_PATH=${prefix}
+    ${no_cuda_no_pmix})
 if(CXX_LAUNCHER)  # the main build's compiler launcher (ccache): a rerun compiles from its cache
   list(APPEND example_flags -DCMAKE_CXX_COMPILER_LAUNCHER=${CXX_LAUNCHER})
 endif()

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "plexus/kernels/types.hpp"
 
 namespace plexus::kernels {
@@ -21,6 +22,9 @@ void ReduceOutOf(DataType dtype, ReduceOp op, void* dst, const void* local, cons
 
 // data[i] /= divisor (integer division for integer types): the last step of kAvg.
 void DivideInPlace(DataType dtype, void* data, size_t n, int divisor);
+// The same on CUDA device memory: a kernel queued on the legacy default stream of the current
+// context (returns once queued). FailedPrecondition where CUDA cannot be used, with the reason.
+absl::Status DivideOnDevice(DataType dtype, void* data, size_t n, int divisor);
 
 // Whether ReduceInto uses the AVX2 kernels (CPU support, and not disabled).
 bool Avx2Active();
