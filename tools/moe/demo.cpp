@@ -7,8 +7,9 @@
 //
 // `train` is one rank of one run: it reads the launcher's environment (plexus-run, torchrun,
 // mpirun, srun) through Rendezvous::FromEnv; `train --join` is a new rank joining the running
-// job (PLEXUS_STORE_ADDR, PLEXUS_JOB_ID: transport::OpenJobStore). Rank 0 serves the store:
-// killing it ends the job with an error naming the store. docs/moe.md, "The demo".
+// job (PLEXUS_STORE_ADDR or PLEXUS_STORE, PLEXUS_JOB_ID: transport::OpenJobStore). Where rank 0
+// serves the store, killing it ends the job with an error naming the store; in an etcd store
+// (--store etcd) the job survives it. docs/moe.md, "The demo".
 #include <signal.h>
 #include <unistd.h>
 
@@ -53,10 +54,11 @@ void AddTrainFlags(CLI::App* app, TrainArgs* a) {
                      "the killed rank dies (SIGKILL) before this step (-1: nobody dies)",
                      int64_t{-1}, int64_t{1} << 40);
   tooling::AddNumber(app, "--kill-rank", &a->kill_rank,
-                     "the rank that dies (rank 0 serves the store: its death ends the job)", 0,
-                     4095);
+                     "the rank that dies (0 only with --store etcd: a store rank 0 serves dies "
+                     "with it)",
+                     0, 4095);
   tooling::AddNumber(app, "--join-step", &a->join_step,
-                     "a new rank asks to join once rank 0 reaches this step (-1: nobody joins)",
+                     "a new rank asks to join once the job reaches this step (-1: nobody joins)",
                      int64_t{-1}, int64_t{1} << 40);
   tooling::AddNumber(app, "--checkpoint-every", &a->checkpoint_every,
                      "steps between checkpoints (0: none)", 0, 1 << 30);
@@ -114,8 +116,13 @@ int RunRank(const tooling::Tool& tool, const TrainArgs& a) {
   }
   if (!trainer.ok()) return tool.Fail(trainer.status());
   const int physical = (*trainer)->physical_rank();
-  const bool lead = physical == 0;
-  if (lead && !a.json && rdv.has_value()) {
+  // The lowest member reports the job's progress: rank 0 until it dies (a job whose store
+  // outlives it, etcd, goes on without it).
+  const auto leads = [&] {
+    const std::vector<int>& m = (*trainer)->members();
+    return !m.empty() && *std::min_element(m.begin(), m.end()) == physical;
+  };
+  if (leads() && !a.json && rdv.has_value()) {
     // How to add a rank by hand (the same model flags, plus --join).
     const pt::Environment env = pt::ProcessEnvironment();
     const auto addr = env.find("PLEXUS_STORE_ADDR");
@@ -133,12 +140,12 @@ int RunRank(const tooling::Tool& tool, const TrainArgs& a) {
       std::fflush(stdout);
       raise(SIGKILL);
     }
-    if (lead && (*trainer)->step() == a.join_step) {
+    if (leads() && (*trainer)->step() == a.join_step) {
       if (absl::Status s = store->Set(kJoinNowKey, "1"); !s.ok()) return tool.Fail(s);
     }
     auto r = (*trainer)->Step();
     if (!r.ok()) return tool.Fail(r.status());
-    if (!lead) continue;
+    if (!leads()) continue;
     const double t = Since(t0);
     const int64_t samples = (*trainer)->step() * tokens;
     if (!r->joined.empty()) {
@@ -197,7 +204,7 @@ int RunRank(const tooling::Tool& tool, const TrainArgs& a) {
   }
   auto state = (*trainer)->GatherState();
   if (!state.ok()) return tool.Fail(state.status());
-  if (lead) {
+  if (leads()) {
     const std::string digest = plexus::moe::demo::Digest(*state);
     if (a.json) {
       fmt::print(
@@ -240,6 +247,10 @@ int main(int argc, char** argv) {
   std::string plot;
   AddTrainFlags(&app, &a);
   tooling::AddNumber(&app, "--ranks,-n", &ranks, "ranks of the driver's runs", 2, 64);
+  std::string store;
+  app.add_option("--store", store,
+                 "where the ranks meet: rank 0's TCP store (default), 'etcd' (an etcd server "
+                 "started for the demo; needs etcd-server) or etcd://host:port (an existing one)");
   tooling::AddJsonFlag(&app, &json_out);
   app.add_option("--plot", plot,
                  "write the samples-over-time plot to this PNG (python3 + "
@@ -251,11 +262,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"elastic", "checkpoint"}));
   train->add_option("--checkpoint-path", t.checkpoint_path, "checkpoint file");
   train->add_flag("--join", t.join,
-                  "join the running job whose store PLEXUS_STORE_ADDR (or PLEXUS_STORE_PATH) and "
-                  "PLEXUS_JOB_ID name, as a new rank");
+                  "join the running job whose store PLEXUS_STORE_ADDR (or PLEXUS_STORE_PATH, "
+                  "PLEXUS_STORE) and PLEXUS_JOB_ID name, as a new rank");
   tooling::AddJsonFlag(train, &t.json);
   if (auto code = tool.Parse(argc, argv)) return *code;
   if (train->parsed()) return RunRank(tool, t);
-  return plexus::moe::demo::RunDriver(tool, a, ranks, json_out, plot,
+  return plexus::moe::demo::RunDriver(tool, a, ranks, json_out, plot, store,
                                       plexus::tooling::SelfPath(argv[0]));
 }

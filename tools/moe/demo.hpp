@@ -17,7 +17,7 @@ struct TrainArgs {
   int64_t steps = 160;
   int64_t kill_step = 110;  // -1: nobody dies
   int kill_rank = 1;
-  // A new rank asks to join once rank 0 reaches this step (-1: nobody joins). The joiner is the
+  // A new rank asks to join once the job reaches this step (-1: nobody joins). The joiner is the
   // same binary: `train --join` with the job's PLEXUS_STORE_ADDR (and PLEXUS_JOB_ID).
   int64_t join_step = -1;
   bool join = false;  // this process is the joiner
@@ -39,7 +39,8 @@ std::string Digest(const std::vector<float>& state);
 
 // Runs the elastic and the checkpoint-restart run on `ranks` local ranks of `self train`, prints
 // progress and the comparison (or one JSON object), and writes the plot when `plot` is set.
+// `store`: "" (rank 0 serves a TCP store), "etcd" (a private etcd server) or "etcd://host:port".
 int RunDriver(const tooling::Tool& tool, const TrainArgs& args, int ranks, bool json,
-              const std::string& plot, const std::string& self);
+              const std::string& plot, const std::string& store, const std::string& self);
 
 }  // namespace plexus::moe::demo

@@ -19,6 +19,7 @@
 #include "nlohmann/json.hpp"
 #include "plexus/base/file.hpp"
 #include "plexus/tooling/cli.hpp"
+#include "plexus/tooling/etcd.hpp"
 #include "plexus/tooling/launch.hpp"
 
 namespace tooling = plexus::tooling;
@@ -30,7 +31,7 @@ namespace {
 
 struct RunLog {
   std::string mode;
-  std::vector<json> steps;  // rank 0's step events
+  std::vector<json> steps;  // the lead's step events (rank 0's, then the lowest survivor's)
   json failure;             // null when none
   json join;                // null when none
   json done;
@@ -40,7 +41,7 @@ struct RunLog {
 };
 
 RunLog RunOnce(const TrainArgs& a, int ranks, const std::string& mode, const std::string& self,
-               const std::string& checkpoint, bool quiet) {
+               const std::string& checkpoint, const std::string& store_url, bool quiet) {
   RunLog log;
   log.mode = mode;
   tooling::LaunchOptions options;
@@ -52,6 +53,7 @@ RunLog RunOnce(const TrainArgs& a, int ranks, const std::string& mode, const std
     options.env = {{"PLEXUS_WORLD_SIZE", std::to_string(ranks)},
                    {"PLEXUS_LOCAL_WORLD_SIZE", std::to_string(ranks)}};
   }
+  if (!store_url.empty()) options.env.emplace_back("PLEXUS_STORE", store_url);
   std::vector<std::string> argv = {self,
                                    "train",
                                    "--json",
@@ -93,7 +95,8 @@ RunLog RunOnce(const TrainArgs& a, int ranks, const std::string& mode, const std
   options.on_line = [&](tooling::Launcher&, int rank, tooling::Stream stream,
                         std::string_view line) {
     std::lock_guard<std::mutex> lock(mu);
-    if (rank != 0 || stream != tooling::Stream::kStdout) {
+    // Only the lead prints on stdout: rank 0, or after its death the lowest survivor.
+    if (stream != tooling::Stream::kStdout) {
       if (!quiet) fmt::print(stderr, "[{} rank {}] {}\n", mode, rank, line);
       return;
     }
@@ -150,7 +153,7 @@ RunLog RunOnce(const TrainArgs& a, int ranks, const std::string& mode, const std
       log.problem = absl::StrCat("rank ", r.rank, " ", r.Describe());
     }
   }
-  if (log.done.is_null() && log.problem.empty()) log.problem = "rank 0 did not finish";
+  if (log.done.is_null() && log.problem.empty()) log.problem = "no rank reported the end";
   return log;
 }
 
@@ -186,10 +189,25 @@ double TimeLost(const RunLog& log) {
 }  // namespace
 
 int RunDriver(const tooling::Tool& tool, const TrainArgs& a, int ranks, bool json_out,
-              const std::string& plot, const std::string& self) {
+              const std::string& plot, const std::string& store, const std::string& self) {
   if (a.kill_rank >= ranks) return tool.Usage("--kill-rank must be below --ranks");
-  if (a.kill_rank == 0) {
-    return tool.Usage("--kill-rank 0: rank 0 serves the store, so its death ends the job");
+  if (!store.empty() && store != "etcd" && store.rfind("etcd://", 0) != 0) {
+    return tool.Usage(absl::StrCat("--store '", store, "': 'etcd' or etcd://host:port"));
+  }
+  if (a.kill_rank == 0 && store.empty()) {
+    return tool.Usage(
+        "--kill-rank 0: rank 0 serves the job's store, so its death ends the job; with "
+        "--store etcd the job keeps its store and survives it");
+  }
+  // A private etcd for the demo's runs, stopped (and its data removed) when the driver returns.
+  std::unique_ptr<tooling::EtcdServer> etcd;
+  std::string store_url = store;
+  if (store == "etcd") {
+    absl::StatusOr<std::unique_ptr<tooling::EtcdServer>> started =
+        tooling::EtcdServer::Start(absl::Seconds(30));
+    if (!started.ok()) return tool.Fail(started.status());
+    etcd = *std::move(started);
+    store_url = absl::StrCat("etcd://", etcd->address());
   }
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / fmt::format("plexus-moe-demo-{}", getpid());
@@ -210,7 +228,8 @@ int RunDriver(const tooling::Tool& tool, const TrainArgs& a, int ranks, bool jso
                  mode == "elastic" ? "Lazarus: elastic recovery" : "baseline: checkpoint restart");
     }
     std::fflush(stdout);
-    logs.push_back(RunOnce(a, ranks, mode, self, (dir / (mode + ".ckpt")).string(), json_out));
+    logs.push_back(
+        RunOnce(a, ranks, mode, self, (dir / (mode + ".ckpt")).string(), store_url, json_out));
   }
   std::filesystem::remove_all(dir);
   // The never-failed run: the single-process reference (results do not depend on the ranks).
@@ -230,6 +249,7 @@ int RunDriver(const tooling::Tool& tool, const TrainArgs& a, int ranks, bool jso
   const bool same = el.done["digest"] == reference_digest && cr.done["digest"] == reference_digest;
   json summary = {
       {"ranks", ranks},
+      {"store", store_url.empty() ? std::string("tcp (served by rank 0)") : store_url},
       {"steps", a.steps},
       {"tokens_per_step", a.tokens},
       {"kill_rank", a.kill_rank},

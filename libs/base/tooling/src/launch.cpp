@@ -198,8 +198,13 @@ struct Launcher::Impl {
       vars["PLEXUS_LOCAL_WORLD_SIZE"] = std::to_string(o.ranks);
       // A store the user names for the job (PLEXUS_STORE=etcd://...) is where the ranks meet;
       // otherwise rank 0 serves one on the address reserved here.
-      if (vars.count("PLEXUS_STORE") == 0) vars["PLEXUS_STORE_ADDR"] = store_addr;
-      if (vars.count("PLEXUS_JOB_ID") == 0) vars["PLEXUS_JOB_ID"] = job_id;
+      const auto named = [&](const char* name) {
+        return vars.count(name) > 0 || std::any_of(o.env.begin(), o.env.end(), [&](const auto& kv) {
+                 return kv.first == name;
+               });
+      };
+      if (!named("PLEXUS_STORE")) vars["PLEXUS_STORE_ADDR"] = store_addr;
+      if (!named("PLEXUS_JOB_ID")) vars["PLEXUS_JOB_ID"] = job_id;
     }
     for (const auto& [k, v] : o.env) vars[k] = v;
     if (o.rank_env) {

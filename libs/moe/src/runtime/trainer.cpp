@@ -434,8 +434,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(std::shared_ptr<transpo
     return absl::InvalidArgumentError("moe runtime: checkpoint_every > 0 needs checkpoint_path");
   }
   if (rank == 0) {
-    // Joiners take the physical ids from world_size on.
-    PLEXUS_RETURN_IF_ERROR(store->Set(runtime::kInitialWorldKey, absl::StrCat(world_size)));
+    // Joiners take the physical ids from world_size on. A counter, not a Set: a counter is the
+    // job's, not its writer's, so it outlives rank 0 where keys expire with their writer (etcd);
+    // and a second job on the same store and job id is caught here instead of mixing ranks.
+    PLEXUS_ASSIGN_OR_RETURN(const int64_t initial,
+                            store->Add(runtime::kInitialWorldKey, world_size));
+    if (initial != world_size) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "moe runtime: %s already holds a Lazarus job's initial world (%d ranks before this "
+          "one): another job uses the same store and job id (set a PLEXUS_JOB_ID of its own)",
+          store->description(), initial - world_size));
+    }
   }
   auto trainer = std::make_unique<runtime::TrainerImpl>(std::move(store), rank, std::move(options));
   trainer->set_initial_world(world_size);
