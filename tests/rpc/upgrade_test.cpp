@@ -18,6 +18,7 @@
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/policies.hpp"
 #include "plexus/rpc/server.hpp"
+#include "support/skip.hpp"
 
 namespace pr = plexus::rpc;
 namespace pt = plexus::transport;
@@ -51,8 +52,8 @@ struct Pair {
   explicit Pair(pt::Backend backend) {
     std::string why;
     if (!pt::Device::Available(backend, &why)) {
-      WARN("skipping " << pt::BackendName(backend) << ": " << why);
-      return;
+      plexus::testing::SkipTest(
+          absl::StrCat(std::string(pt::BackendName(backend)), " unavailable: ", why));
     }
     device = *pt::Device::Create({.backend = backend});
     server = std::move(*pr::Server::Create(device, {}));

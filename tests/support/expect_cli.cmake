@@ -3,7 +3,9 @@
 # and the output (stdout and stderr) must contain EXPECT (or match the regular expression
 # MATCH); with REJECT, no line of it may match that regular expression; with JSON_KEYS (a list),
 # stdout must be one or more lines, each a JSON object holding every key of the list. Variables:
-# TOOL, ARGS (a list), EXIT, EXPECT or MATCH, REJECT, JSON_KEYS, TIMEOUT (seconds, default 30).
+# TOOL, ARGS (a list), EXIT, EXPECT or MATCH, REJECT, JSON_KEYS, TIMEOUT (seconds, default 30),
+# SKIP_EXIT: the exit code of a tool that skips (no device): reported as "PLEXUS-SKIPPED", which
+# the test's SKIP_REGULAR_EXPRESSION turns into a skip.
 if(NOT DEFINED TIMEOUT)
   set(TIMEOUT 30)
 endif()
@@ -11,6 +13,10 @@ execute_process(COMMAND ${TOOL} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out
                 ERROR_VARIABLE err TIMEOUT ${TIMEOUT})
 set(all "${out}${err}")
 string(REPLACE ";" " " shown "${ARGS}")
+if(DEFINED SKIP_EXIT AND NOT SKIP_EXIT STREQUAL "" AND "${rc}" STREQUAL "${SKIP_EXIT}")
+  message("PLEXUS-SKIPPED: ${TOOL} ${shown} skipped (exit ${rc}):\n${all}")
+  return()
+endif()
 if(NOT "${rc}" STREQUAL "${EXIT}")
   message(FATAL_ERROR "${TOOL} ${shown}: expected exit code ${EXIT}, got '${rc}'\n${all}")
 endif()
