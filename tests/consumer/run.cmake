@@ -22,12 +22,13 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/installed -G
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/installed)
 run(${WORK_DIR}/installed/consumer)
 
-# 2a. rdma-core is loaded at run time, never a link dependency of a user's program.
+# 2a. rdma-core and libpmix are loaded at run time, never link dependencies of a user's program.
 find_program(READELF readelf)
 if(READELF)
   execute_process(COMMAND ${READELF} -d ${WORK_DIR}/installed/consumer OUTPUT_VARIABLE dynamic)
-  if(dynamic MATCHES "libibverbs|librdmacm")
-    message(FATAL_ERROR "the consumer links rdma-core directly; it must be loaded at run time")
+  if(dynamic MATCHES "libibverbs|librdmacm|libpmix")
+    message(FATAL_ERROR "the consumer links ${CMAKE_MATCH_0} directly; it must be loaded at run "
+                        "time:\n${dynamic}")
   endif()
 endif()
 
