@@ -22,24 +22,20 @@ if(NOT PLEXUS_WITH_VERBS STREQUAL "OFF")
 endif()
 
 # PMIx: under mpirun (Open MPI) and srun --mpi=pmix, rank 0 publishes the store address through
-# the launcher's PMIx server, so those launchers need no extra variables. Debian's libpmix-dev
-# keeps its headers and link library under pmix2/; its pkg-config file adds -I/usr/include, which
-# would break libstdc++'s #include_next, so the paths are found directly.
+# the launcher's PMIx server, so those launchers need no extra variables. Only the headers are
+# needed here: libpmix is not linked but loaded when a rendezvous first uses it
+# (libs/transport/src/bootstrap/pmix_exchange.cpp), so programs start, and an installed Plexus is
+# found, on machines without it. Debian's libpmix-dev keeps its headers under pmix2/; its
+# pkg-config file adds -I/usr/include, which would break libstdc++'s #include_next, so the path is
+# found directly.
 set(PLEXUS_HAVE_PMIX OFF)
 if(NOT PLEXUS_WITH_PMIX STREQUAL "OFF")
   find_path(PLEXUS_PMIX_INCLUDE pmix.h
             HINTS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/pmix2/include /usr/lib/pmix2/include)
-  find_library(PLEXUS_PMIX_LIB pmix
-               HINTS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/pmix2/lib /usr/lib/pmix2/lib)
-  if(PLEXUS_PMIX_INCLUDE AND PLEXUS_PMIX_LIB)
+  if(PLEXUS_PMIX_INCLUDE)
     set(PLEXUS_HAVE_PMIX ON)
-    # An imported target, not a path, in the exported link interface: plexusConfig.cmake finds
-    # libpmix again on the consumer's machine.
-    add_library(plexus_pmix::pmix UNKNOWN IMPORTED GLOBAL)
-    set_target_properties(plexus_pmix::pmix PROPERTIES IMPORTED_LOCATION ${PLEXUS_PMIX_LIB})
   elseif(PLEXUS_WITH_PMIX STREQUAL "ON")
-    message(FATAL_ERROR "PLEXUS_WITH_PMIX=ON but pmix.h or libpmix was not found: "
-                        "apt-get install libpmix-dev")
+    message(FATAL_ERROR "PLEXUS_WITH_PMIX=ON but pmix.h was not found: apt-get install libpmix-dev")
   endif()
 endif()
 

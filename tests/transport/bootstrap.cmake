@@ -17,7 +17,7 @@ add_dependencies(bootstrap_store_test bootstrap_helper)
 plexus_add_test(bootstrap_rendezvous_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/bootstrap_rendezvous_test.cpp
           ${CMAKE_CURRENT_LIST_DIR}/bootstrap_jobs_test.cpp
-  DEPS plexus::transport plexus::tooling LABELS transport TIMEOUT 120)
+  DEPS plexus_transport_internal plexus::tooling LABELS transport TIMEOUT 120)
 
 if(PLEXUS_BUILD_TOOLS)
   # tools/ is added after tests/, so the plexus-run target is referred to by name only.

@@ -2,8 +2,10 @@
 // launcher and what to set, within the rendezvous timeout. (The working exchange runs under real
 // mpirun: launchers.cmake.) PMIx reads its server's address from the process environment, so the
 // test sets it there; a silent server leaves a helper thread behind, so that case runs last.
+// And the loading of libpmix itself, which is not linked.
 #include <catch2/catch.hpp>
 
+#include <dlfcn.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "bootstrap/pmix_exchange.hpp"
 #include "plexus/config.hpp"
 #include "plexus/transport/rendezvous.hpp"
 
@@ -66,12 +69,69 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Whether `soname` is in this process (without loading it).
+bool InProcess(const char* soname) {
+  void* handle = dlopen(soname, RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr) return false;
+  dlclose(handle);  // drops the reference RTLD_NOLOAD took
+  return true;
+}
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
 }  // namespace
 
-TEST_CASE("an unreachable PMIx server: an error naming the launcher and what to set") {
-#if !PLEXUS_HAVE_PMIX
-  WARN("built without PMIx: the environment is refused before any PMIx call");
+// Its own CTest entry (bootstrap_pmix_loader): the first thing its process does with PMIx.
+TEST_CASE("libpmix is loaded on first use, or the reason names the library and package",
+          "[loader]") {
+  namespace pb = pt::bootstrap;
+  CHECK(std::string(pb::kPmixLibrary) == "libpmix.so.2");
+  // Not linked, so not loaded before the first use.
+  CHECK_FALSE(InProcess(pb::kPmixLibrary));
+  std::string why = "untouched";
+  const bool loaded = pb::PmixAvailable(&why);
+  INFO("PmixAvailable: " << loaded << ", " << why);
+  CHECK(InProcess(pb::kPmixLibrary) == loaded);
+  if (loaded) {
+    CHECK(why == "untouched");
+  } else {
+#if PLEXUS_HAVE_PMIX
+    CHECK(Contains(why, "cannot load libpmix.so.2: "));
+    CHECK(Contains(why, "apt-get install libpmix2"));
+#else
+    CHECK(Contains(why, "no PMIx"));
 #endif
+  }
+  // Loaded once: the same answer again.
+  std::string again = "untouched";
+  CHECK(pb::PmixAvailable(&again) == loaded);
+  CHECK(again == (loaded ? "untouched" : why));
+  CHECK(pb::PmixAvailable(nullptr) == loaded);
+
+  // The two ways to fail: no such library (dlerror's account follows the name), and a library
+  // without PMIx's functions.
+  std::string absent;
+  CHECK_FALSE(pb::PmixLibraryLoads("libpmix-absent.so.2", &absent));
+  std::string not_pmix;
+  CHECK_FALSE(pb::PmixLibraryLoads("libc.so.6", &not_pmix));
+#if PLEXUS_HAVE_PMIX
+  CHECK(Contains(absent, "cannot load libpmix-absent.so.2: "));
+  CHECK(Contains(absent, "libpmix-absent.so.2: cannot open shared object file"));
+  CHECK(Contains(absent, "apt-get install libpmix2"));
+  CHECK(Contains(not_pmix, "libc.so.6: it has no PMIx_Init"));
+  CHECK(Contains(not_pmix, "apt-get install libpmix2"));
+#else
+  CHECK(Contains(absent, "no PMIx"));
+  CHECK(Contains(not_pmix, "no PMIx"));
+#endif
+}
+
+TEST_CASE("an unreachable PMIx server: an error naming the launcher and what to set") {
+  std::string no_pmix;
+  const bool have_pmix = pt::bootstrap::PmixAvailable(&no_pmix);
+  if (!have_pmix) WARN("the environment is refused before any PMIx call: " << no_pmix);
   Listener closed(false);
   const pt::Environment env = PointPmixAt(closed.port);
   const auto start = std::chrono::steady_clock::now();
@@ -83,18 +143,22 @@ TEST_CASE("an unreachable PMIx server: an error naming the launcher and what to 
   const std::string message(rdzv.status().message());
   CHECK(message.find("Open MPI") != std::string::npos);
   CHECK(message.find("PLEXUS_STORE_ADDR") != std::string::npos);
-#if PLEXUS_HAVE_PMIX
-  CHECK(absl::IsUnavailable(rdzv.status()));
-  CHECK(message.find("PMIx_Init failed") != std::string::npos);
-#endif
+  if (have_pmix) {
+    CHECK(absl::IsUnavailable(rdzv.status()));
+    CHECK(message.find("PMIx_Init failed") != std::string::npos);
+  } else {
+    CHECK(absl::IsInvalidArgument(rdzv.status()));
+    CHECK(message.find(no_pmix) != std::string::npos);
+  }
 }
 
-// Its own CTest entry (bootstrap_pmix_silent), reported skipped in a build without PMIx.
+// Its own CTest entry (bootstrap_pmix_silent), reported skipped without PMIx (in the build, or
+// libpmix here).
 TEST_CASE("a PMIx server that never answers costs the timeout, not a hang", "[pmix]") {
-#if !PLEXUS_HAVE_PMIX
-  std::printf("SKIP: built without PMIx (libpmix-dev): nothing waits on a PMIx server\n");
-  return;
-#endif
+  if (std::string no_pmix; !pt::bootstrap::PmixAvailable(&no_pmix)) {
+    std::printf("SKIP: nothing waits on a PMIx server: %s\n", no_pmix.c_str());
+    return;
+  }
   Listener silent(true);
   const pt::Environment env = PointPmixAt(silent.port);
   const auto start = std::chrono::steady_clock::now();

@@ -25,10 +25,13 @@ endif()
 
 plexus_add_test(bootstrap_pmix_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/bootstrap_pmix_test.cpp
-  DEPS plexus::transport LABELS "transport;launchers" TIMEOUT 60 ARGS "~[pmix]")
+  DEPS plexus_transport_internal LABELS "transport;launchers" TIMEOUT 60 ARGS "~[pmix]~[loader]")
 add_test(NAME bootstrap_pmix_silent COMMAND bootstrap_pmix_test "[pmix]")
 set_tests_properties(bootstrap_pmix_silent PROPERTIES LABELS "transport;launchers" TIMEOUT 60
                      SKIP_REGULAR_EXPRESSION "SKIP: ")
+# Alone in its process, so that it sees whether anything loaded libpmix before the first use.
+add_test(NAME bootstrap_pmix_loader COMMAND bootstrap_pmix_test "[loader]")
+set_tests_properties(bootstrap_pmix_loader PROPERTIES LABELS transport TIMEOUT 30)
 
 # A client of torch's TCPStore, against torch's real server (skips without python3-torch).
 plexus_add_test(torch_store_test

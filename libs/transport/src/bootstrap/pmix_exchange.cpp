@@ -3,20 +3,29 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <type_traits>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "plexus/config.hpp"
 
 #if PLEXUS_HAVE_PMIX
+#include <dlfcn.h>
 #include <pmix.h>
 #endif
 
 namespace plexus::transport::bootstrap {
 namespace {
+
+constexpr char kNoPmixBuild[] =
+    "this build of plexus has no PMIx (rebuild with libpmix-dev installed, PLEXUS_WITH_PMIX=AUTO "
+    "or ON)";
 
 std::string WhatToSet(const std::string& launcher) {
   return absl::StrCat("set PLEXUS_STORE_ADDR=<host of rank 0>:<free port> (", launcher,
@@ -25,6 +34,76 @@ std::string WhatToSet(const std::string& launcher) {
 }
 
 #if PLEXUS_HAVE_PMIX
+
+// libpmix is loaded when a rendezvous first needs it instead of linked: programs built with PMIx
+// start, and an installed Plexus is found, on machines without it. pmix.h gives the types and
+// constants only; its macros that call into libpmix (PMIX_INFO_LOAD, PMIX_VALUE_RELEASE, ...) are
+// not used, so that no reference to a libpmix symbol remains in the archive.
+struct PmixApi {
+  decltype(&::PMIx_Init) init = nullptr;
+  decltype(&::PMIx_Finalize) finalize = nullptr;
+  decltype(&::PMIx_Put) put = nullptr;
+  decltype(&::PMIx_Commit) commit = nullptr;
+  decltype(&::PMIx_Fence) fence = nullptr;
+  decltype(&::PMIx_Get) get = nullptr;
+  decltype(&::PMIx_Error_string) error_string = nullptr;
+  decltype(&::PMIx_Info_load) info_load = nullptr;
+  decltype(&::PMIx_Value_destruct) value_destruct = nullptr;
+};
+
+// Opens `soname` and resolves every function of PmixApi into *api: "" when all resolve, else the
+// reason. The library stays loaded once it passes (never unloaded: PMIx's threads and the atexit
+// finaliser run its code).
+std::string OpenPmix(const char* soname, PmixApi* api) {
+  // RTLD_GLOBAL, as linking would: libpmix's own plugins, which it opens, resolve against it.
+  void* handle = dlopen(soname, RTLD_NOW | RTLD_GLOBAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    return absl::StrCat("plexus cannot load ", soname, ": ", why ? why : "unknown error",
+                        " (install it: apt-get install libpmix2)");
+  }
+  std::string missing;
+  auto resolve = [&](auto& fn, const char* name) {
+    if (!missing.empty()) return;
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(handle, name));
+    if (fn == nullptr) {
+      const char* why = dlerror();
+      missing = absl::StrCat("plexus cannot use ", soname, ": it has no ", name, " (",
+                             why ? why : "unknown error",
+                             "), which PMIx 4 and later have (apt-get install libpmix2)");
+    }
+  };
+  resolve(api->init, "PMIx_Init");
+  resolve(api->finalize, "PMIx_Finalize");
+  resolve(api->put, "PMIx_Put");
+  resolve(api->commit, "PMIx_Commit");
+  resolve(api->fence, "PMIx_Fence");
+  resolve(api->get, "PMIx_Get");
+  resolve(api->error_string, "PMIx_Error_string");
+  resolve(api->info_load, "PMIx_Info_load");
+  resolve(api->value_destruct, "PMIx_Value_destruct");
+  if (!missing.empty()) {
+    *api = PmixApi{};
+    dlclose(handle);
+  }
+  return missing;
+}
+
+struct LoadedPmix {
+  PmixApi api;
+  std::string error;  // empty when loaded
+};
+
+const LoadedPmix& Loaded() {
+  static const LoadedPmix* loaded = [] {
+    auto* l = new LoadedPmix;  // never destroyed: the atexit finaliser uses it
+    l->error = OpenPmix(kPmixLibrary, &l->api);
+    return l;
+  }();
+  return *loaded;
+}
+
+const PmixApi& Pmix() { return Loaded().api; }
 
 // PMIx may be initialised once per process: Open MPI's server does not serve a client that
 // finalised and initialised again, and it reports a process that initialised but exits without
@@ -47,11 +126,18 @@ void FinalizeAtExit() {
   // without finalising rather than hang.
   std::unique_lock<std::mutex> lock(s.mu, std::try_to_lock);
   if (!lock.owns_lock()) return;
-  if (s.initialized) PMIx_Finalize(nullptr, 0);
+  if (s.initialized) Pmix().finalize(nullptr, 0);
   s.initialized = false;
 }
 
-std::string PmixError(pmix_status_t rc) { return PMIx_Error_string(rc); }
+std::string PmixError(pmix_status_t rc) { return Pmix().error_string(rc); }
+
+// PMIX_INFO_LOAD and PMIX_INFO_DESTRUCT, through the loaded library.
+void LoadInfo(pmix_info_t* info, const char* key, const void* data, pmix_data_type_t type) {
+  std::memset(info, 0, sizeof *info);
+  Pmix().info_load(info, key, data, type);
+}
+void DestructInfo(pmix_info_t* info) { Pmix().value_destruct(&info->value); }
 
 int TimeoutSeconds(absl::Duration timeout) {
   if (timeout == absl::InfiniteDuration()) return 0;  // PMIx: 0 means no timeout
@@ -62,10 +148,11 @@ int TimeoutSeconds(absl::Duration timeout) {
 absl::StatusOr<std::string> Exchange(const std::string& launcher, int expected_rank,
                                      const std::string& key_base, const std::string& value,
                                      absl::Duration timeout) {
+  const PmixApi& pmix = Pmix();
   PmixSession& s = Session();
   std::lock_guard<std::mutex> lock(s.mu);
   if (!s.initialized) {
-    const pmix_status_t rc = PMIx_Init(&s.me, nullptr, 0);
+    const pmix_status_t rc = pmix.init(&s.me, nullptr, 0);
     if (rc != PMIX_SUCCESS) {
       return absl::UnavailableError(absl::StrCat(
           "rank ", expected_rank, ": PMIx_Init failed (", PmixError(rc), "): the PMIx server of ",
@@ -83,11 +170,11 @@ absl::StatusOr<std::string> Exchange(const std::string& launcher, int expected_r
   const std::string key = absl::StrCat(key_base, ".", s.exchanges++);
   if (expected_rank == 0) {
     pmix_value_t v;
-    PMIX_VALUE_CONSTRUCT(&v);
+    std::memset(&v, 0, sizeof v);
     v.type = PMIX_STRING;
     v.data.string = const_cast<char*>(value.c_str());  // PMIx_Put copies it
-    pmix_status_t rc = PMIx_Put(PMIX_GLOBAL, key.c_str(), &v);
-    if (rc == PMIX_SUCCESS) rc = PMIx_Commit();
+    pmix_status_t rc = pmix.put(PMIX_GLOBAL, key.c_str(), &v);
+    if (rc == PMIX_SUCCESS) rc = pmix.commit();
     if (rc != PMIX_SUCCESS) {
       return absl::UnavailableError(absl::StrCat("rank 0: publishing the store address through ",
                                                  launcher, "'s PMIx server failed (", PmixError(rc),
@@ -97,13 +184,13 @@ absl::StatusOr<std::string> Exchange(const std::string& launcher, int expected_r
   int seconds = TimeoutSeconds(timeout);
   bool collect = true;
   pmix_info_t fence_info[2];
-  PMIX_INFO_LOAD(&fence_info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
-  PMIX_INFO_LOAD(&fence_info[1], PMIX_TIMEOUT, &seconds, PMIX_INT);
-  pmix_proc_t all;
-  PMIX_LOAD_PROCID(&all, s.me.nspace, PMIX_RANK_WILDCARD);
-  pmix_status_t rc = PMIx_Fence(&all, 1, fence_info, 2);
-  PMIX_INFO_DESTRUCT(&fence_info[0]);
-  PMIX_INFO_DESTRUCT(&fence_info[1]);
+  LoadInfo(&fence_info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
+  LoadInfo(&fence_info[1], PMIX_TIMEOUT, &seconds, PMIX_INT);
+  pmix_proc_t all = s.me;  // this namespace, every rank
+  all.rank = PMIX_RANK_WILDCARD;
+  pmix_status_t rc = pmix.fence(&all, 1, fence_info, 2);
+  DestructInfo(&fence_info[0]);
+  DestructInfo(&fence_info[1]);
   if (rc != PMIX_SUCCESS) {
     return absl::Status(rc == PMIX_ERR_TIMEOUT ? absl::StatusCode::kDeadlineExceeded
                                                : absl::StatusCode::kUnavailable,
@@ -115,16 +202,21 @@ absl::StatusOr<std::string> Exchange(const std::string& launcher, int expected_r
                                      WhatToSet(launcher)));
   }
   if (expected_rank == 0) return value;
-  pmix_proc_t rank0;
-  PMIX_LOAD_PROCID(&rank0, s.me.nspace, 0);
+  pmix_proc_t rank0 = s.me;
+  rank0.rank = 0;
   pmix_info_t get_info;
-  PMIX_INFO_LOAD(&get_info, PMIX_TIMEOUT, &seconds, PMIX_INT);
+  LoadInfo(&get_info, PMIX_TIMEOUT, &seconds, PMIX_INT);
   pmix_value_t* got = nullptr;
-  rc = PMIx_Get(&rank0, key.c_str(), &get_info, 1, &got);
-  PMIX_INFO_DESTRUCT(&get_info);
+  rc = pmix.get(&rank0, key.c_str(), &get_info, 1, &got);
+  DestructInfo(&get_info);
+  // PMIX_VALUE_RELEASE: the value's contents, then the value itself (malloc'd by libpmix).
+  auto release = [&pmix](pmix_value_t* v) {
+    pmix.value_destruct(v);
+    std::free(v);
+  };
   if (rc != PMIX_SUCCESS || got == nullptr || got->type != PMIX_STRING ||
       got->data.string == nullptr) {
-    if (got != nullptr) PMIX_VALUE_RELEASE(got);
+    if (got != nullptr) release(got);
     return absl::Status(
         rc == PMIX_ERR_TIMEOUT ? absl::StatusCode::kDeadlineExceeded
                                : absl::StatusCode::kUnavailable,
@@ -134,7 +226,7 @@ absl::StatusOr<std::string> Exchange(const std::string& launcher, int expected_r
                      WhatToSet(launcher)));
   }
   std::string result = got->data.string;
-  PMIX_VALUE_RELEASE(got);
+  release(got);
   return result;
 }
 
@@ -142,7 +234,28 @@ absl::StatusOr<std::string> Exchange(const std::string& launcher, int expected_r
 
 }  // namespace
 
-bool PmixCompiledIn() { return PLEXUS_HAVE_PMIX != 0; }
+bool PmixLibraryLoads(const char* soname, std::string* why_not) {
+#if PLEXUS_HAVE_PMIX
+  PmixApi api;
+  std::string error = OpenPmix(soname, &api);
+#else
+  (void)soname;
+  std::string error = kNoPmixBuild;
+#endif
+  if (error.empty()) return true;
+  if (why_not != nullptr) *why_not = std::move(error);
+  return false;
+}
+
+bool PmixAvailable(std::string* why_not) {
+#if PLEXUS_HAVE_PMIX
+  const std::string& error = Loaded().error;
+#else
+  const std::string error = kNoPmixBuild;
+#endif
+  if (!error.empty() && why_not != nullptr) *why_not = error;
+  return error.empty();
+}
 
 }  // namespace plexus::transport::bootstrap
 
@@ -160,6 +273,11 @@ absl::StatusOr<std::string> PmixShareFromRank0(std::string_view launcher, int ex
                                                absl::Duration timeout) {
   const std::string launcher_name(launcher);
 #if PLEXUS_HAVE_PMIX
+  if (std::string why; !PmixAvailable(&why)) {
+    return absl::UnavailableError(
+        absl::StrCat("rank ", expected_rank, ": the store address cannot be exchanged through ",
+                     launcher_name, "'s PMIx server: ", why, "; ", WhatToSet(launcher_name)));
+  }
   // The PMIx calls run on a helper thread so that a server that accepts and then never answers
   // (PMIx_Init and PMIx_Commit take no timeout) costs this rank `timeout`, not a hang.
   struct Shared {
@@ -195,11 +313,8 @@ absl::StatusOr<std::string> PmixShareFromRank0(std::string_view launcher, int ex
   (void)value;
   (void)timeout;
   return absl::UnimplementedError(absl::StrCat(
-      "rank ", expected_rank,
-      ": this build of plexus has no PMIx support (configure with "
-      "libpmix-dev installed, PLEXUS_WITH_PMIX=AUTO or ON), so the store address cannot be "
-      "exchanged through ",
-      launcher_name, "; ", WhatToSet(launcher_name)));
+      "rank ", expected_rank, ": the store address cannot be exchanged through ", launcher_name,
+      "'s PMIx server: ", kNoPmixBuild, "; ", WhatToSet(launcher_name)));
 #endif
 }
 

@@ -11,8 +11,20 @@
 
 namespace plexus::transport::bootstrap {
 
-// Whether this build can talk to a PMIx server (PLEXUS_HAVE_PMIX).
-bool PmixCompiledIn();
+// The library the exchange loads at run time (Debian's package libpmix2): libpmix is not linked,
+// so programs start without it.
+inline constexpr char kPmixLibrary[] = "libpmix.so.2";
+
+// Whether this process can talk to a PMIx server: the build has PMIx (PLEXUS_HAVE_PMIX) and
+// kPmixLibrary loads with every function the exchange calls. The first call opens it, once per
+// process (nothing loads it at program start); later calls give the same answer. False with the
+// reason otherwise: no PMIx in this build, or the library or one of its functions missing (naming
+// the library, dlerror's account and the package to install).
+bool PmixAvailable(std::string* why_not);
+
+// PmixAvailable's check for the library `soname`, opened afresh (it stays loaded when it passes):
+// true, or false with the reason.
+bool PmixLibraryLoads(const char* soname, std::string* why_not);
 
 // Collective over every rank of the launcher's job: rank 0's `value` is published under `key`
 // (PMIx_Put + PMIx_Commit), every rank fences (collecting data) and reads it (PMIx_Get from rank

@@ -393,6 +393,7 @@ absl::StatusOr<LaunchInfo> ParseLaunchEnvironment(const Environment& env) {
         "store served by rank 0, PATH a file store in a shared directory)");
   }
   const std::string pmix_server = PmixServerVariable(env);
+  std::string no_pmix;  // why the launcher's PMIx server cannot be used, when it cannot
   PLEXUS_ASSIGN_OR_RETURN(const bool etcd, FindStoreUrl(env, &config, &store_source));
   if (etcd) {
     // config is set
@@ -427,22 +428,21 @@ absl::StatusOr<LaunchInfo> ParseLaunchEnvironment(const Environment& env) {
     config.store_address = "127.0.0.1:0";  // a job of one: a private store on a free port
     store_source = "private store (world size 1)";
   } else if ((vars->launcher == Launcher::kOpenMpi || vars->launcher == Launcher::kSlurm) &&
-             !pmix_server.empty() && bootstrap::PmixCompiledIn()) {
+             !pmix_server.empty() && bootstrap::PmixAvailable(&no_pmix)) {
     config.store_kind = StoreKind::kPmix;
     store_source = absl::StrCat("served by rank 0, address through ", launcher, "'s PMIx server (",
                                 pmix_server, ")");
   } else {
     std::string how;
     if (vars->launcher == Launcher::kOpenMpi) {
-      how = pmix_server.empty()
-                ? " (this mpirun exports no PMIx server; e.g. mpirun -x "
-                  "PLEXUS_STORE_ADDR=node1:29500 ...)"
-                : " (this build of plexus has no PMIx, which mpirun offers: rebuild with "
-                  "libpmix-dev installed, or mpirun -x PLEXUS_STORE_ADDR=node1:29500 ...)";
+      how = pmix_server.empty() ? " (this mpirun exports no PMIx server; e.g. mpirun -x "
+                                  "PLEXUS_STORE_ADDR=node1:29500 ...)"
+                                : absl::StrCat(" (mpirun serves PMIx, but ", no_pmix,
+                                               "; or mpirun -x PLEXUS_STORE_ADDR=node1:29500 ...)");
     } else if (vars->launcher == Launcher::kSlurm) {
       how = absl::StrCat(
           pmix_server.empty() ? " (run srun --mpi=pmix so that srun serves PMIx"
-                              : " (this build of plexus has no PMIx: rebuild with libpmix-dev",
+                              : absl::StrCat(" (srun serves PMIx, but ", no_pmix),
           ", or export PLEXUS_STORE_ADDR=$(scontrol show hostnames | head -n1):29500 before "
           "srun)");
     }

@@ -54,8 +54,9 @@ std::string_view StoreKindName(StoreKind kind);
 //      the port to rank 0): rank 0 serves a plexus store there;
 //   4. a job of one: a private store on a free loopback port;
 //   5. Open MPI or Slurm whose environment names a PMIx server (PMIX_NAMESPACE and
-//      PMIX_SERVER_URI*), when built with PMIx: StoreKind::kPmix;
-//   6. else InvalidArgument saying what to set.
+//      PMIX_SERVER_URI*), when built with PMIx and libpmix.so.2 loads (here, on first need):
+//      StoreKind::kPmix;
+//   6. else InvalidArgument saying what to set (and why PMIx cannot be used, when it cannot).
 // PLEXUS_STORE_BIND and PLEXUS_STORE_EXTERNAL (LaunchInfo) change how rank 0 serves a tcp store.
 // The job id is PLEXUS_JOB_ID for any launcher, else the launcher's: torchrun
 // TORCHELASTIC_RUN_ID (not "none"; over the agent's store, "agent-store" stands for "none" and
