@@ -148,6 +148,28 @@ def collectives(rank, world):
     req.wait()
     check_equal("recv", t, torch.full((4,), float(prv)))
     dist.barrier()
+    # recv from any source: every other rank sends rank 0 two tensors; rank 0 takes 2 * (world
+    # - 1) of them from whoever comes first, and each sender's two arrive in its order.
+    if rank == 0:
+        seen = {}
+        for _ in range(2 * (world - 1)):
+            t = torch.empty(5)
+            src = dist.recv(t)
+            seen.setdefault(src, []).append(t[0].item())
+            check_equal("recv from any source", t, torch.full((5,), t[0].item()))
+        want = {r: [float(r * 10), float(r * 10 + 1)] for r in range(1, world)}
+        if seen != want:
+            raise AssertionError(f"recv from any source: got {seen}, want {want}")
+        work = dist.irecv(torch.empty(5))  # one more, asynchronous: its sourceRank names it
+        work.wait()
+        if work._source_rank() != world - 1:
+            raise AssertionError(f"irecv from any source: source {work._source_rank()}")
+    else:
+        dist.send(torch.full((5,), float(rank * 10)), 0)
+        dist.send(torch.full((5,), float(rank * 10 + 1)), 0)
+        if rank == world - 1:
+            dist.send(torch.full((5,), 99.0), 0)
+    dist.barrier()
     # new_group: a group of ranks 0 and 1 only, with its own prefixed store
     group = dist.new_group([0, 1])
     if rank in (0, 1):

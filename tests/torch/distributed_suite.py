@@ -75,15 +75,8 @@ from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
 )
 
 
-# Tests of features the backend refuses by design, with the reason.
-PLEXUS_UNSUPPORTED = {
-    "test_send_recv_any_source": "plexus matches point-to-point calls per peer in issue order; "
-                                 "recv from any source is refused",
-    "test_send_recv_any_source_torch_profiler": "plexus matches point-to-point calls per peer in "
-                                                "issue order; recv from any source is refused",
-    "test_send_recv_any_source_autograd_profiler": "plexus matches point-to-point calls per peer "
-                                                   "in issue order; recv from any source is refused",
-}
+# Tests of features the backend refuses by design, with the reason (none at present).
+PLEXUS_UNSUPPORTED = {}
 
 
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):

@@ -158,6 +158,63 @@ TEST_CASE("messages arrive whole, once and in order", "[conformance]") {
   }
 }
 
+// PeekNext shows the message the next receive would take, without taking it, only once it is
+// whole and only while no receive is posted for it (the basis of a receive from any source).
+TEST_CASE("PeekNext shows the next held message without consuming it", "[conformance]") {
+  const Config config = GENERATE(from_range(Configs()));
+  SECTION(config.name) {
+    Pair p = MakePair(config);
+    uint8_t head[16] = {};
+    auto peek = [&]() -> std::optional<size_t> {
+      absl::StatusOr<std::optional<size_t>> r = p.b->PeekNext({head, sizeof head});
+      REQUIRE(r.ok());
+      return *r;
+    };
+    // Drives b's progress (caller mode) until a message is held, or fails after 20 s.
+    auto await_peek = [&]() -> size_t {
+      const absl::Time deadline = absl::Now() + absl::Seconds(20);
+      pt::Completion buf[4];
+      while (true) {
+        if (std::optional<size_t> n = peek()) return *n;
+        REQUIRE(absl::Now() < deadline);
+        REQUIRE(p.cq_b->Poll(absl::MakeSpan(buf)) == 0);  // no receive is posted
+        std::this_thread::yield();
+      }
+    };
+    CHECK_FALSE(peek().has_value());
+    const std::vector<uint8_t> m1 = Pattern(100, 1), m2 = Pattern(200000, 2), m3 = Pattern(8, 3);
+    REQUIRE(p.a->PostSend(pt::ConstBuffer{m1.data(), m1.size()}, 1).ok());
+    REQUIRE(p.a->PostSend(pt::ConstBuffer{m2.data(), m2.size()}, 2).ok());
+    REQUIRE(await_peek() == m1.size());
+    CHECK(std::memcmp(head, m1.data(), sizeof head) == 0);
+    REQUIRE(peek() == m1.size());  // still there: nothing was consumed
+    std::vector<uint8_t> got(m2.size());
+    REQUIRE(p.b->PostRecv({got.data(), got.size()}, 10).ok());
+    std::vector<pt::Completion> ca, cb;
+    Collect(p, 2, 1, &ca, &cb);
+    REQUIRE(cb[0].status.ok());
+    REQUIRE(cb[0].bytes == m1.size());
+    CHECK(std::memcmp(got.data(), m1.data(), m1.size()) == 0);
+    // The second message, whole (it may still be arriving: peek waits for all of it).
+    REQUIRE(await_peek() == m2.size());
+    CHECK(std::memcmp(head, m2.data(), sizeof head) == 0);
+    REQUIRE(p.b->PostRecv({got.data(), got.size()}, 11).ok());
+    cb.clear();
+    Collect(p, 2, 1, &ca, &cb);
+    REQUIRE(cb[0].status.ok());
+    CHECK(got == m2);
+    CHECK_FALSE(peek().has_value());
+    // A receive posted first takes the next message directly: there is nothing to peek at.
+    REQUIRE(p.b->PostRecv({got.data(), got.size()}, 12).ok());
+    CHECK_FALSE(peek().has_value());
+    REQUIRE(p.a->PostSend(pt::ConstBuffer{m3.data(), m3.size()}, 3).ok());
+    cb.clear();
+    Collect(p, 3, 1, &ca, &cb);
+    REQUIRE(cb[0].bytes == m3.size());
+    CHECK_FALSE(peek().has_value());
+  }
+}
+
 TEST_CASE("messages of mixed sizes sent back to back straddle the receiver's reads",
           "[conformance]") {
   const Config config = GENERATE(from_range(Configs()));

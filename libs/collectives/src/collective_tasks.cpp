@@ -585,6 +585,64 @@ CommunicatorImpl::TaskOr CommunicatorImpl::PointToPointTask(void* buf, size_t co
   };
 }
 
+CommunicatorImpl::TaskOr CommunicatorImpl::RecvFromAnyTask(void* buf, size_t count, DataType dtype,
+                                                           int* source) {
+  PLEXUS_RETURN_IF_ERROR(CheckCommon("RecvFromAny", buf, buf, count, dtype));
+  if (source == nullptr) return absl::InvalidArgumentError("RecvFromAny: null source");
+  if (layout_.n < 2) {
+    return absl::InvalidArgumentError(
+        "RecvFromAny: a 1-rank communicator has no peer to receive from");
+  }
+  return [=, this]() -> absl::Status {
+    PLEXUS_ASSIGN_OR_RETURN(const int peer, AwaitAnySend());
+    PLEXUS_ASSIGN_OR_RETURN(std::function<absl::Status()> recv,
+                            PointToPointTask(buf, count, dtype, peer, false));
+    *source = peer;
+    return recv();
+  };
+}
+
+absl::StatusOr<int> CommunicatorImpl::AwaitAnySend() {
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  uint8_t head[kHeaderBytes];
+  while (true) {
+    bool reachable = false;
+    for (int peer = 0; peer < layout_.n; ++peer) {
+      if (peer == layout_.rank) continue;
+      transport::Connection* conn = conns_.conns[0][peer].get();
+      absl::StatusOr<std::optional<size_t>> next = conn->PeekNext({head, sizeof head});
+      if (!next.ok()) {
+        return base::Annotate(next.status(), absl::StrCat("RecvFromAny on rank ", layout_.rank,
+                                                          ": the connection to rank ", peer));
+      }
+      if (!next->has_value()) {
+        reachable = reachable || conn->status().ok();
+        continue;
+      }
+      reachable = true;
+      if (**next < kHeaderBytes) continue;
+      absl::StatusOr<CallHeader> h = CallHeader::Decode(absl::MakeConstSpan(head, sizeof head));
+      // Its next Send to this rank: the message a Recv from it would match now.
+      if (h.ok() && h->kind == CollectiveKind::kSendRecv && h->sender == peer &&
+          h->communicator == uid_ && h->sequence == p2p_recv_seq_[peer]) {
+        return peer;
+      }
+    }
+    if (!reachable) {
+      return absl::UnavailableError(
+          absl::StrCat("RecvFromAny on rank ", layout_.rank,
+                       ": the connection to every peer is down and nothing they sent is left (",
+                       conns_.DownRanks(layout_.n), ")"));
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "RecvFromAny on rank ", layout_.rank, ": no peer sent this rank anything within ",
+          absl::FormatDuration(options_.timeout), " (CommunicatorOptions::timeout)"));
+    }
+    conns_.Progress(absl::Microseconds(200));  // moves bytes of caller-mode devices; else sleeps
+  }
+}
+
 CommunicatorImpl::TaskOr CommunicatorImpl::BarrierTask() {
   PLEXUS_RETURN_IF_ERROR(IssueCollective());
   return [this] { return RunBarrier(); };

@@ -117,6 +117,10 @@ class CommunicatorImpl : public Communicator {
   std::shared_ptr<Work> RecvAsync(void* recv, size_t count, DataType dtype, int peer) override {
     return Async(PointToPointTask(recv, count, dtype, peer, false));
   }
+  std::shared_ptr<Work> RecvFromAnyAsync(void* recv, size_t count, DataType dtype,
+                                         int* source) override {
+    return Async(RecvFromAnyTask(recv, count, dtype, source));
+  }
   std::shared_ptr<Work> BarrierAsync() override { return Async(BarrierTask()); }
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
 
@@ -184,6 +188,10 @@ class CommunicatorImpl : public Communicator {
                        absl::Span<const size_t> recv_counts, absl::Span<const size_t> recv_displs,
                        DataType dtype, CallOptions call);
   TaskOr PointToPointTask(void* buf, size_t count, DataType dtype, int peer, bool is_send);
+  TaskOr RecvFromAnyTask(void* buf, size_t count, DataType dtype, int* source);
+  // The peer whose next message to this rank is its next Send (the lowest such rank), found by
+  // looking at each peer's channel-0 connection (Connection::PeekNext) until one is.
+  absl::StatusOr<int> AwaitAnySend();
   TaskOr BarrierTask();
 
   // Live reconfiguration. Issuing a collective (creating its task, or running it inline) calls

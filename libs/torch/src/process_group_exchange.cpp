@@ -287,6 +287,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::recv(std::vector<at::Tensor>&
   return m.Queue(work);
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                                 int) {
+  Impl& m = *impl_;
+  m.CheckSingle("recvAnysource", tensors);
+  std::lock_guard<std::mutex> issue(m.issue_mu);
+  auto work = m.NewWork(c10d::OpType::RECVANYSOURCE, "recvAnysource", tensors);
+  std::vector<std::function<void()>> posts;
+  at::Tensor buf = Impl::InOut(tensors[0], posts);
+  work->keep_alive = {buf};
+  // The work outlives the execution of its parts, which it owns.
+  PlexusWork* w = work.get();
+  work->parts.push_back(Call([=, c = m.comm.get()] {
+    absl::StatusOr<int> source = c->RecvFromAny(buf.data_ptr(), buf.nbytes(), pc::DataType::kU8);
+    if (!source.ok()) return source.status();
+    w->source_rank.store(*source);
+    return absl::OkStatus();
+  }));
+  Impl::SetPosts(*work, std::move(posts));
+  return m.Queue(work);
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupPlexus::barrier(const c10d::BarrierOptions&) {
   Impl& m = *impl_;
   std::lock_guard<std::mutex> issue(m.issue_mu);

@@ -1,6 +1,7 @@
 // The Works the torch backend's calls return and the queue that runs them (see Scheduler).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -56,6 +57,13 @@ class PlexusWork final : public c10d::Work {
             c10::ListType::create(c10::TensorType::get()))) {}
 
   std::vector<at::Tensor> result() override { return outputs_; }
+  // The sender of a completed recv from any source.
+  int sourceRank() const override {
+    const int source = source_rank.load();
+    TORCH_CHECK(source >= 0, "plexus: sourceRank() of ", what_,
+                ": only a completed recv from any source has one");
+    return source;
+  }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
   // Filled by the issuing call before the work is queued; read by the executing thread.
@@ -63,6 +71,7 @@ class PlexusWork final : public c10d::Work {
   std::function<void()> post;          // runs after every part succeeded
   std::vector<at::Tensor> keep_alive;  // staging buffers the parts read or write
   uint64_t sequence = 0;               // position in the group's issue order
+  std::atomic<int> source_rank{-1};    // set by a recv from any source
   std::shared_ptr<Scheduler> scheduler;
 
   // Runs the parts (stopping at the first failure: the communicator is broken then) and the

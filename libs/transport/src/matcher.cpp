@@ -239,6 +239,15 @@ void Matcher::Placed(const Slot& slot) {
   if (eager_) DeliverReady();
 }
 
+std::optional<size_t> Matcher::PeekNext(MutableBuffer head) const {
+  if (!recvs_.empty() || claimed_ >= held_.size()) return std::nullopt;
+  const Held& h = held_[claimed_];
+  if (!h.whole) return std::nullopt;
+  const size_t n = std::min(head.size, h.length);
+  if (n > 0) std::memcpy(head.data, h.bytes.data(), n);
+  return h.length;
+}
+
 absl::Status Matcher::PostRecv(MutableBuffer buffer, uint64_t wr_id) {
   if (failed_ && !has_unclaimed()) return failure_;
   if (claimed_ < held_.size()) {

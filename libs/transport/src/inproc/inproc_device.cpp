@@ -142,6 +142,11 @@ class InprocConnection final : public Connection {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<std::optional<size_t>> PeekNext(MutableBuffer head) override {
+    std::lock_guard<std::mutex> lock(link_->mu);
+    return self().matcher->PeekNext(head);
+  }
+
   absl::Status PostWrite(const MemoryRegion& local, size_t local_offset, size_t length,
                          const RegionHandle& remote, size_t remote_offset,
                          std::optional<uint32_t> immediate, uint64_t wr_id) override {

@@ -49,6 +49,10 @@ class ConnectionState {
 
   absl::Status PostSend(absl::Span<const ConstBuffer> buffers, uint64_t wr_id);
   absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id);
+  std::optional<size_t> PeekNext(MutableBuffer head) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return matcher_.PeekNext(head);
+  }
   absl::Status PostWrite(const MemoryRegion& local, size_t local_offset, size_t length,
                          const RegionHandle& remote, size_t remote_offset,
                          std::optional<uint32_t> immediate, uint64_t wr_id);

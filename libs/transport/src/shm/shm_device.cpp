@@ -58,6 +58,9 @@ class ShmConnection final : public Connection {
   absl::Status PostSend(absl::Span<const ConstBuffer> buffers, uint64_t wr_id) override {
     return state_->PostSend(buffers, wr_id);
   }
+  absl::StatusOr<std::optional<size_t>> PeekNext(MutableBuffer head) override {
+    return state_->PeekNext(head);
+  }
   absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id) override {
     return state_->PostRecv(buffer, wr_id);
   }

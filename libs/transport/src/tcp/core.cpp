@@ -239,6 +239,13 @@ bool TcpCore::TrySendAtOnce(TcpConn& conn, tcp::PostedOp& posted) {
   return true;
 }
 
+absl::StatusOr<std::optional<size_t>> TcpCore::PeekNext(uint64_t id, MutableBuffer head) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TcpConn* conn = Find(id);
+  if (conn == nullptr) return absl::FailedPreconditionError("connection is closed");
+  return conn->rx.PeekNext(head);
+}
+
 absl::Status TcpCore::PostRecv(uint64_t id, MutableBuffer buffer, uint64_t wr_id) {
   if (buffer.data == nullptr && buffer.size > 0) {
     return absl::InvalidArgumentError("PostRecv: null buffer");

@@ -119,6 +119,7 @@ class TcpCore {
   absl::Status PostSend(uint64_t id, absl::Span<const ConstBuffer> buffers, uint64_t wr_id);
 
   absl::Status PostRecv(uint64_t id, MutableBuffer buffer, uint64_t wr_id);
+  absl::StatusOr<std::optional<size_t>> PeekNext(uint64_t id, MutableBuffer head);
 
   absl::Status PostWrite(uint64_t id, const MemoryRegion& local, size_t local_offset, size_t length,
                          const RegionHandle& remote, size_t remote_offset,

@@ -13,6 +13,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,8 @@ class ReceiveState {
   // The user posted a receive. An error (the message it took is longer) ends the connection:
   // it sticks like Consume's.
   absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id);
+  // Connection::PeekNext.
+  std::optional<size_t> PeekNext(MutableBuffer head) const { return matcher_.PeekNext(head); }
 
   // The connection ended with `why`: whole messages stay deliverable (unless `why` is a local
   // close), everything else the peer was sending is dropped and the receives waiting for it

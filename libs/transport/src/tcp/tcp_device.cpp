@@ -33,6 +33,9 @@ class TcpConnection final : public Connection {
   absl::Status PostSend(absl::Span<const ConstBuffer> buffers, uint64_t wr_id) override {
     return core_->PostSend(id(), buffers, wr_id);
   }
+  absl::StatusOr<std::optional<size_t>> PeekNext(MutableBuffer head) override {
+    return core_->PeekNext(id(), head);
+  }
   absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id) override {
     return core_->PostRecv(id(), buffer, wr_id);
   }

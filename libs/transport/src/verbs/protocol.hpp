@@ -171,6 +171,7 @@ class Protocol {
     return PostSend(absl::MakeConstSpan(&buffer, 1), wr_id, now);
   }
   absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id);
+  std::optional<size_t> PeekNext(MutableBuffer head) const { return matcher_.PeekNext(head); }
   absl::Status PostWrite(const WriteRequest& request, uint64_t wr_id, absl::Time now);
 
   // A work completion of a request this engine posted. Unknown or stale handles are ignored.

@@ -241,6 +241,10 @@ class VerbsConnection final : public Connection {
         [&](Protocol& p) { return p.PostSend(buffers, wr_id, absl::Now()); });
   }
 
+  absl::StatusOr<std::optional<size_t>> PeekNext(MutableBuffer head) override {
+    return state_->WithProtocol(
+        [&](Protocol& p) -> absl::StatusOr<std::optional<size_t>> { return p.PeekNext(head); });
+  }
   absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id) override {
     return state_->WithProtocol([&](Protocol& p) { return p.PostRecv(buffer, wr_id); });
   }

@@ -395,6 +395,23 @@ class Communicator {
   }
   virtual std::shared_ptr<Work> RecvAsync(void* recv, size_t count, DataType dtype, int peer) = 0;
 
+  // A receive from any source (MPI_ANY_SOURCE; torch.distributed's recv without a source): takes
+  // the next Send to this rank from whichever peer's has arrived and returns that peer (the Async
+  // form sets *source before the work completes). Matching stays per pair and in order: the
+  // message taken is that peer's next Send to this rank, so a later Recv from it gets the one
+  // after; the count and type must match as for Recv. When several wait, the lowest rank is
+  // taken. A peer whose next message to this rank belongs to a collective this rank has not
+  // reached is not a candidate until then. Blocks like Recv; DeadlineExceeded when no Send comes
+  // within CommunicatorOptions::timeout; Unavailable when every peer's connection is down;
+  // Unimplemented over a device whose connections cannot look ahead (Connection::PeekNext).
+  absl::StatusOr<int> RecvFromAny(void* recv, size_t count, DataType dtype) {
+    int source = -1;
+    if (absl::Status s = RecvFromAnyAsync(recv, count, dtype, &source)->Wait(); !s.ok()) return s;
+    return source;
+  }
+  virtual std::shared_ptr<Work> RecvFromAnyAsync(void* recv, size_t count, DataType dtype,
+                                                 int* source) = 0;
+
   // Returns once every rank has entered the barrier.
   absl::Status Barrier() { return RunBlocking({.kind = CollectiveKind::kBarrier}); }
   virtual std::shared_ptr<Work> BarrierAsync() = 0;

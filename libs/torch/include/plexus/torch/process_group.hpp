@@ -90,6 +90,9 @@ class ProcessGroupPlexus : public c10d::ProcessGroup {
   // Matched in issue order per pair of ranks; `tag` is not used for matching.
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  // The next send to this rank from whichever rank's arrived first (Communicator::RecvFromAny);
+  // the work's sourceRank() names it once complete.
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
   void setSequenceNumberForGroup() override;

@@ -86,6 +86,17 @@ class Connection {
                                  const RegionHandle& remote, size_t remote_offset,
                                  std::optional<uint32_t> immediate, uint64_t wr_id) = 0;
 
+  // Never blocks: when the next incoming message (the one the next PostRecv would take) has
+  // arrived whole and no receive is posted for it, copies its first min(head.size, length) bytes
+  // into `head` and returns its length; nullopt otherwise (nothing arrived, a receive is posted,
+  // or the connection failed with nothing left). Nothing is consumed. Lets a caller choose among
+  // connections by what waits on them (a receive from any source). Unimplemented: the backend
+  // cannot look ahead (the default).
+  virtual absl::StatusOr<std::optional<size_t>> PeekNext(MutableBuffer head) {
+    (void)head;
+    return absl::UnimplementedError("this connection cannot look at a message before receiving it");
+  }
+
   // Fails outstanding operations with Cancelled; the peer's fail with Aborted. Idempotent.
   virtual void Close() = 0;
 

@@ -19,6 +19,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,11 @@ class Matcher {
   // deliverable to later PostRecv calls (and count against the caps until then); without, they
   // are freed.
   void Fail(const absl::Status& why, bool keep_whole);
+
+  // Without changing anything: when no receive is posted and the oldest message without one is
+  // held whole, copies its first min(head.size, length) bytes into `head` and returns its length
+  // (the next PostRecv takes that message); otherwise nullopt. Connection::PeekNext.
+  std::optional<size_t> PeekNext(MutableBuffer head) const;
 
   // Whether PostRecv would find a held message without a receive.
   bool has_unclaimed() const { return claimed_ < held_.size(); }
