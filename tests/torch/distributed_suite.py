@@ -3,7 +3,8 @@ shipped with python3-torch) run against the plexus backend, the way test_distrib
 runs it for gloo: BACKEND and WORLD_SIZE in the environment, one spawned process per rank and
 test.
 
-    PYTHONPATH=build/python python3 tests/torch/distributed_suite.py [-k pattern] [--summary F]
+    PYTHONPATH=build/python python3 tests/torch/distributed_suite.py [-k pattern]... [--summary F]
+        [--require-passed N]
 
 The backend is declared a plugin (and DDP/subgroup capable) to torch's test helpers; tests gated
 on gloo or nccl, or on GPUs, are skipped by the suite itself with its reason. Prints counts of
@@ -105,6 +106,9 @@ def main():
     parser.add_argument("-k", action="append", default=[], help="run tests whose name contains this")
     parser.add_argument("--summary", help="write the counts as JSON to this file")
     parser.add_argument("-v", action="store_true")
+    parser.add_argument("--require-passed", type=int, default=0,
+                        help="fail unless at least this many tests passed (a subset that the "
+                             "suite skips entirely must not pass)")
     args = parser.parse_args()
     loader = unittest.TestLoader()
     if args.k:
@@ -129,6 +133,10 @@ def main():
     if args.summary:
         with open(args.summary, "w") as f:
             json.dump(summary, f, indent=1)
+    if len(result.passed) < args.require_passed:
+        print(f"only {len(result.passed)} tests passed, {args.require_passed} required",
+              file=sys.stderr)
+        return 1
     return 0 if result.wasSuccessful() else 1
 
 
