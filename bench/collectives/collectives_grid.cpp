@@ -145,8 +145,9 @@ std::optional<int> ParseGridOptions(int argc, char** argv, GridOptions& o) {
   app.add_option(
       "--loopback-cc", o.loopback_cc,
       "Plexus DeviceOptions::tcp.loopback_congestion_control: the tcp congestion control "
-      "of connections between local processes (default reno; system: the system's, "
-      "net.ipv4.tcp_congestion_control, as the peers use)");
+      "of connections between local processes (default system: the system's, "
+      "net.ipv4.tcp_congestion_control, as the peers use; the tcp comparison then also runs "
+      "Plexus under its library default, reno, as plexus_reno)");
   app.add_option("--progress", o.progress, "Plexus CommunicatorOptions::device.progress")
       ->check(CLI::IsMember({"caller", "thread"}));
   std::string bind = "none";
@@ -239,6 +240,15 @@ std::vector<Job> PlanJobs(const GridOptions& o) {
         plexus.argv.insert(plexus.argv.end(), {"--loopback-cc", o.loopback_cc});
       }
       jobs.push_back(plexus);
+      // Like with like: the "plexus" line runs under the peers' congestion control; Plexus's own
+      // default (reno over loopback) is a line of its own, never the one the peers are held to.
+      if (o.compare && transport == "tcp" && o.loopback_cc == "system") {
+        Job reno = plexus;
+        reno.impl = "plexus_reno";
+        auto cc = std::find(reno.argv.begin(), reno.argv.end(), std::string("--loopback-cc"));
+        if (cc != reno.argv.end() && cc + 1 != reno.argv.end()) *(cc + 1) = "reno";
+        jobs.push_back(reno);
+      }
       if (o.trace) {
         Job traced = plexus;
         traced.impl = "plexus_traced";

@@ -39,7 +39,10 @@ struct GridOptions {
   std::string chunk_bytes;
   int sockets = 0;
   std::string progress;
-  std::string loopback_cc;  // --loopback-cc: Plexus's tcp congestion control over loopback
+  // --loopback-cc: Plexus's tcp congestion control over loopback. "system" (the default): the
+  // system's, as every peer uses; the tcp comparison then also runs Plexus under its library
+  // default (reno) as "plexus_reno", reported beside it.
+  std::string loopback_cc = "system";
   double timeout_s = 600;
   bool bind_core = false;
   std::vector<std::string> mpirun_args;

@@ -204,8 +204,10 @@ bool PrintReport(const GridOptions& o, const std::vector<Job>& jobs, const Sampl
     for (pb::Op op : o.ops) {
       for (const auto& [key, points] : samples) {
         const auto& [impl, op_name, transport, nprocs] = key;
-        if (impl != "plexus" || op_name != pb::OpName(op)) continue;
-        std::string line = fmt::format("#   {} {} {} processes:", op_name, transport, nprocs);
+        if ((impl != "plexus" && impl != "plexus_reno") || op_name != pb::OpName(op)) continue;
+        std::string line =
+            fmt::format("#   {}{} {} {} processes:", op_name,
+                        impl == "plexus" ? "" : " (" + impl + ")", transport, nprocs);
         for (const auto& [bytes, point] : points) {
           const Row row = MakeRow(op, bytes, point, nprocs);
           const auto best = best_peer(op, transport, nprocs, bytes);
