@@ -57,6 +57,16 @@ class Peer {
     launcher_->Signal(0, SIGTERM);
     waiter_.join();
   }
+  // Waits for the process to end; dies unless it ended well (exit 0, or stopped by this side):
+  // a peer that printed its result and then crashed must not count.
+  void ExpectCleanExit(absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return ended_; })) {
+      Die(absl::StrCat(name_, " did not exit within ", absl::FormatDuration(timeout),
+                       " after its result"));
+    }
+    if (!exit_ok_) Die(absl::StrCat(name_, " ", result_, " after printing its result"));
+  }
   // The first stdout line starting with `prefix` (without it); dies when the process ended first
   // or `timeout` passed.
   std::string Line(const std::string& prefix, absl::Duration timeout) {
@@ -161,6 +171,7 @@ Sample Orchestrator::Run(const std::string& system, const Layout& layout, const 
       if (absl::SimpleAtod(p.second, &v)) s.upgrade[p.first] = v;
     }
   }
+  client.ExpectCleanExit(absl::Seconds(30));
   return s;
 }
 
