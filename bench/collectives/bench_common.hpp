@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "order.hpp"
+
 namespace plexus::bench {
 
 // "8,1K..64M": comma-separated sizes in bytes with K/M/G suffixes (powers of 1024); A..B expands
@@ -140,10 +142,5 @@ class CollectiveUnderTest {
 // ranks, from a checked call after the timed ones).
 void MeasureOps(CollectiveUnderTest& impl, const WorkerOptions& options,
                 const std::function<std::string(Op)>& impl_name);
-
-// Row `row` (any number: rows repeat) of a balanced (Williams) Latin square of n items, the
-// order of one run's launches: over n rows (2n for n odd) every item takes every position once
-// (twice) and directly follows every other item once (twice).
-std::vector<size_t> BalancedOrder(size_t n, size_t row);
 
 }  // namespace plexus::bench

@@ -106,9 +106,11 @@ Sample Orchestrator::Run(const std::string& system, const Layout& layout, const 
   std::string server_role = "server", client_role = "client";
   if (system == "grpc") {
     program = grpc_peer;
-  } else if (system == "raw-tcp") {
+  } else if (system == "raw-tcp" || system == "raw-tcp-spin") {
     server_role = "raw-server";
     client_role = "raw-client";
+    // The spinning floor polls as long as Plexus's tcp waits spin (50 us, then it blocks).
+    if (system == "raw-tcp-spin") common = {"--spin-us", "50"};
   } else {
     // The transport moves bytes in the threads that poll for completions (ProgressMode::kCaller:
     // rpc handles each completion run-to-completion on the thread that read it);

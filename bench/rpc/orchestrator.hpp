@@ -27,7 +27,8 @@ struct Orchestrator {
   std::string self, grpc_peer;
   PeerArgs base;
 
-  // system: "plexus-tcp", "plexus-tcp-thread", "plexus-shm", "grpc", "raw-tcp".
+  // system: "plexus-tcp", "plexus-tcp-thread", "plexus-shm", "grpc", "raw-tcp" (blocking reads),
+  // "raw-tcp-spin" (reads poll 50 us first, as Plexus's waits).
   Sample Run(const std::string& system, const Layout& layout, const std::string& mode,
              uint32_t size, uint32_t reply, int inflight, const std::string& policy = "none",
              double deny_percent = 0);

@@ -25,6 +25,9 @@ void AddPeerOptions(CLI::App* app, PeerArgs* a) {
   tooling::AddNumber(app, "--deny-percent", &a->deny_percent, "share of denied requests", 0.0,
                      100.0)
       ->group("");
+  tooling::AddNumber(app, "--spin-us", &a->spin_us,
+                     "raw TCP peers: poll before blocking, microseconds", 0.0, 1e6)
+      ->group("");
 }
 
 void BlockTermSignals() {

@@ -30,6 +30,9 @@ struct PeerArgs {
   int inflight = 1;              // rate: calls kept in flight
   double seconds = 1.0;          // measured time, after a warm-up of a fifth of it
   double deny_percent = 0;       // this share of requests carry tag "deny" (the ACL's denied value)
+  // Raw TCP peers: poll the socket for up to this long (non-blocking reads) before a blocking
+  // read, as Plexus's waits spin before they sleep: the floor under the same waiting policy.
+  double spin_us = 0;
 };
 
 // --role, --cpu, --address, --mode, --size, --reply, --inflight, --seconds, --deny-percent.

@@ -292,13 +292,31 @@ int pb::PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
 
 // ---- Raw TCP peer: a blocking ping-pong of `size` bytes each way, the floor -------------------
 
-int pb::RawServer() {
+namespace {
+
+// One recv(): polls the socket without blocking for up to `spin`, then blocks (a spin of zero
+// blocks at once). Returns what recv() returns.
+ssize_t RecvAfterSpin(int fd, char* buf, size_t len, absl::Duration spin) {
+  if (spin > absl::ZeroDuration()) {
+    const absl::Time until = absl::Now() + spin;
+    do {
+      const ssize_t r = recv(fd, buf, len, MSG_DONTWAIT);
+      if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return r;
+    } while (absl::Now() < until);
+  }
+  return recv(fd, buf, len, 0);
+}
+
+}  // namespace
+
+int pb::RawServer(const pb::PeerArgs& a) {
+  const absl::Duration spin = absl::Microseconds(a.spin_us);
   pb::BlockTermSignals();
   int port = 0;
   auto lfd = plexus::bench::TcpListenLoopback(&port);
   if (!lfd.ok()) Die(lfd.status().ToString());
   pb::PublishAddress(std::to_string(port));
-  std::thread([fd = *lfd] {
+  std::thread([fd = *lfd, spin] {
     auto c = plexus::bench::TcpAccept(fd);
     if (!c.ok()) Die(c.status().ToString());
     // Each request: its size and the reply's, then the bytes. Read as whole as they came (one
@@ -309,7 +327,7 @@ int pb::RawServer() {
     auto fill = [&](size_t need) {
       if (need > in.size()) in.resize(need);
       while (have < need) {
-        const ssize_t r = recv(*c, in.data() + have, in.size() - have, 0);
+        const ssize_t r = RecvAfterSpin(*c, in.data() + have, in.size() - have, spin);
         if (r > 0) {
           have += static_cast<size_t>(r);
         } else if (r == 0 || errno != EINTR) {
@@ -343,13 +361,20 @@ int pb::RawClient(const pb::PeerArgs& a) {
   std::vector<char> req(sizeof(uint32_t) * 2 + a.size, 'x'), resp(a.reply);
   const uint32_t sizes[2] = {a.size, a.reply};
   std::memcpy(req.data(), sizes, sizeof sizes);
+  const absl::Duration spin = absl::Microseconds(a.spin_us);
   pb::ClientResult result;
   pb::Phases phases(a.seconds);
   while (true) {
     const auto t0 = Clock::now();
     if (auto s = plexus::bench::WriteFull(*fd, req.data(), req.size()); !s.ok()) Die(s.ToString());
-    if (auto s = plexus::bench::ReadFull(*fd, resp.data(), resp.size()); !s.ok()) {
-      Die(s.ToString());
+    for (size_t got = 0; got < resp.size();) {
+      const ssize_t r = RecvAfterSpin(*fd, resp.data() + got, resp.size() - got, spin);
+      if (r > 0) {
+        got += static_cast<size_t>(r);
+      } else if (r == 0 || errno != EINTR) {
+        Die(absl::StrCat("raw client: reading the reply: ",
+                         r == 0 ? std::string("the server closed") : std::string(strerror(errno))));
+      }
     }
     const auto t1 = Clock::now();
     if (phases.Over(t1)) break;

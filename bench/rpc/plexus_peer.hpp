@@ -21,8 +21,9 @@ struct PlexusArgs {
 
 int PlexusServer(const PlexusArgs& x);
 int PlexusClient(const PeerArgs& a, const PlexusArgs& x);
-// A blocking ping-pong of `size` bytes each way (plus an 8-byte size header): the floor.
-int RawServer();
+// A ping-pong of `size` bytes each way (plus an 8-byte size header): the floor. Its reads block,
+// or with --spin-us poll first for that long, as Plexus's waits do.
+int RawServer(const PeerArgs& a);
 int RawClient(const PeerArgs& a);
 
 }  // namespace plexus::benchrpc
