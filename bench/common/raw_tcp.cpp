@@ -65,10 +65,21 @@ absl::StatusOr<int> TcpConnectLoopback(int port) {
   return fd;
 }
 
-absl::Status ReadFull(int fd, void* data, size_t n) {
+ssize_t RecvAfterSpin(int fd, void* data, size_t len, absl::Duration spin) {
+  if (spin > absl::ZeroDuration()) {
+    const absl::Time until = absl::Now() + spin;
+    do {
+      const ssize_t r = recv(fd, data, len, MSG_DONTWAIT);
+      if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return r;
+    } while (absl::Now() < until);
+  }
+  return recv(fd, data, len, 0);
+}
+
+absl::Status ReadFull(int fd, void* data, size_t n, absl::Duration spin) {
   auto* b = static_cast<uint8_t*>(data);
   while (n > 0) {
-    const ssize_t r = read(fd, b, n);
+    const ssize_t r = RecvAfterSpin(fd, b, n, spin);
     if (r == 0) return absl::UnavailableError("raw tcp read: the peer closed the connection");
     if (r < 0) {
       if (errno == EINTR) continue;

@@ -292,23 +292,6 @@ int pb::PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
 
 // ---- Raw TCP peer: a blocking ping-pong of `size` bytes each way, the floor -------------------
 
-namespace {
-
-// One recv(): polls the socket without blocking for up to `spin`, then blocks (a spin of zero
-// blocks at once). Returns what recv() returns.
-ssize_t RecvAfterSpin(int fd, char* buf, size_t len, absl::Duration spin) {
-  if (spin > absl::ZeroDuration()) {
-    const absl::Time until = absl::Now() + spin;
-    do {
-      const ssize_t r = recv(fd, buf, len, MSG_DONTWAIT);
-      if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return r;
-    } while (absl::Now() < until);
-  }
-  return recv(fd, buf, len, 0);
-}
-
-}  // namespace
-
 int pb::RawServer(const pb::PeerArgs& a) {
   const absl::Duration spin = absl::Microseconds(a.spin_us);
   pb::BlockTermSignals();
@@ -327,7 +310,8 @@ int pb::RawServer(const pb::PeerArgs& a) {
     auto fill = [&](size_t need) {
       if (need > in.size()) in.resize(need);
       while (have < need) {
-        const ssize_t r = RecvAfterSpin(*c, in.data() + have, in.size() - have, spin);
+        const ssize_t r =
+            plexus::bench::RecvAfterSpin(*c, in.data() + have, in.size() - have, spin);
         if (r > 0) {
           have += static_cast<size_t>(r);
         } else if (r == 0 || errno != EINTR) {
@@ -367,14 +351,8 @@ int pb::RawClient(const pb::PeerArgs& a) {
   while (true) {
     const auto t0 = Clock::now();
     if (auto s = plexus::bench::WriteFull(*fd, req.data(), req.size()); !s.ok()) Die(s.ToString());
-    for (size_t got = 0; got < resp.size();) {
-      const ssize_t r = RecvAfterSpin(*fd, resp.data() + got, resp.size() - got, spin);
-      if (r > 0) {
-        got += static_cast<size_t>(r);
-      } else if (r == 0 || errno != EINTR) {
-        Die(absl::StrCat("raw client: reading the reply: ",
-                         r == 0 ? std::string("the server closed") : std::string(strerror(errno))));
-      }
+    if (auto s = plexus::bench::ReadFull(*fd, resp.data(), resp.size(), spin); !s.ok()) {
+      Die(s.ToString());
     }
     const auto t1 = Clock::now();
     if (phases.Over(t1)) break;

@@ -1,6 +1,7 @@
 // plexus-bench-transport: bandwidth and ping-pong latency of the tcp and shm backends between two
-// processes, side by side with this machine's own references (raw blocking TCP ping-pong, raw
-// single-stream TCP bulk transfer, single-thread memcpy), measured in the same run.
+// processes, side by side with this machine's own references (raw TCP ping-pong, blocking or
+// spinning as the Plexus side waits, raw single-stream TCP bulk transfer, single-thread memcpy),
+// measured in the same run, every tcp side under the system's congestion control.
 //
 //   plexus-bench-transport [--json] [--runs N] [--quick] [--test T] [--backend B] [--bytes N]
 //
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "order.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
 #include "plexus/transport/device.hpp"
@@ -112,7 +114,9 @@ int RawAccept(int listen_fd) {
   return *fd;
 }
 
-void ReadAll(int fd, void* p, size_t n) { Check(plexus::bench::ReadFull(fd, p, n), "raw read"); }
+void ReadAll(int fd, void* p, size_t n, absl::Duration spin = absl::ZeroDuration()) {
+  Check(plexus::bench::ReadFull(fd, p, n, spin), "raw read");
+}
 void WriteAll(int fd, const void* p, size_t n) {
   Check(plexus::bench::WriteFull(fd, p, n), "raw write");
 }
@@ -127,7 +131,9 @@ Latency Summarize(std::vector<double> us) {
   return {us[us.size() / 2], us[std::min(us.size() - 1, us.size() * 99 / 100)]};
 }
 
-Latency RawPingPong(int iters, int client_cpu, int server_cpu) {
+// `spin`: each read polls that long before it blocks (the reference for a Plexus wait that spins).
+Latency RawPingPong(int iters, int client_cpu, int server_cpu,
+                    absl::Duration spin = absl::ZeroDuration()) {
   Latency out;
   RunPair(
       client_cpu, server_cpu,
@@ -138,7 +144,7 @@ Latency RawPingPong(int iters, int client_cpu, int server_cpu) {
         int fd = RawAccept(lfd);
         char req[64], resp[8] = {};
         for (int i = 0; i < iters; ++i) {
-          ReadAll(fd, req, sizeof req);
+          ReadAll(fd, req, sizeof req, spin);
           WriteAll(fd, resp, sizeof resp);
         }
         close(fd);
@@ -151,7 +157,7 @@ Latency RawPingPong(int iters, int client_cpu, int server_cpu) {
         for (int i = 0; i < iters; ++i) {
           auto t0 = Clock::now();
           WriteAll(fd, req, sizeof req);
-          ReadAll(fd, resp, sizeof resp);
+          ReadAll(fd, resp, sizeof resp, spin);
           us.push_back(Seconds(Clock::now() - t0) * 1e6);
         }
         close(fd);
@@ -210,6 +216,9 @@ pt::DeviceOptions Options(pt::Backend backend) {
   o.backend = backend;
   o.progress = pt::ProgressMode::kCaller;
   if (backend == pt::Backend::kTcp) o.local_address = "127.0.0.1";
+  // Like with like: the raw TCP references run under the system's congestion control, so Plexus
+  // does too (its library default over loopback is reno).
+  o.tcp.loopback_congestion_control = "";
   return o;
 }
 
@@ -412,13 +421,18 @@ int main(int argc, char** argv) {
     std::vector<double> raw, memcpy_ref, tcp, shm;
     const size_t amount = std::max(total, 16 * bytes);
     for (int r = 0; r < args.runs; ++r) {
-      if (want_tcp) {
-        raw.push_back(RawBandwidth(bytes, amount));
-        tcp.push_back(PlexusBandwidth(pt::Backend::kTcp, bytes, amount, args.spin));
+      // Who goes first alternates run by run (BalancedOrder of two).
+      for (size_t k : plexus::bench::BalancedOrder(2, static_cast<size_t>(r))) {
+        if (want_tcp && k == 0) raw.push_back(RawBandwidth(bytes, amount));
+        if (want_tcp && k == 1) {
+          tcp.push_back(PlexusBandwidth(pt::Backend::kTcp, bytes, amount, args.spin));
+        }
       }
-      if (want_shm) {
-        memcpy_ref.push_back(MemcpyBandwidth(bytes, amount));
-        shm.push_back(PlexusBandwidth(pt::Backend::kShm, bytes, amount, args.spin));
+      for (size_t k : plexus::bench::BalancedOrder(2, static_cast<size_t>(r))) {
+        if (want_shm && k == 0) memcpy_ref.push_back(MemcpyBandwidth(bytes, amount));
+        if (want_shm && k == 1) {
+          shm.push_back(PlexusBandwidth(pt::Backend::kShm, bytes, amount, args.spin));
+        }
       }
     }
     if (want_tcp) {
@@ -452,9 +466,14 @@ int main(int argc, char** argv) {
     if (!want_tcp) break;
     std::vector<double> raw_med, raw_p99, tcp_med, tcp_p99;
     for (int r = 0; r < args.runs; ++r) {
-      Latency raw = RawPingPong(iters, layout.client_cpu, layout.server_cpu);
-      Latency tcp = PlexusPingPong(pt::Backend::kTcp, iters, layout.client_cpu, layout.server_cpu,
-                                   absl::ZeroDuration());
+      Latency raw, tcp;
+      for (size_t k : plexus::bench::BalancedOrder(2, static_cast<size_t>(r))) {
+        if (k == 0) raw = RawPingPong(iters, layout.client_cpu, layout.server_cpu);
+        if (k == 1) {
+          tcp = PlexusPingPong(pt::Backend::kTcp, iters, layout.client_cpu, layout.server_cpu,
+                               absl::ZeroDuration());
+        }
+      }
       raw_med.push_back(raw.median_us);
       raw_p99.push_back(raw.p99_us);
       tcp_med.push_back(tcp.median_us);
@@ -475,13 +494,14 @@ int main(int argc, char** argv) {
       Latency shm = PlexusPingPong(pt::Backend::kShm, iters, 0, 1, absl::Microseconds(200));
       med.push_back(shm.median_us);
       p99.push_back(shm.p99_us);
-      raw_med.push_back(RawPingPong(iters, 0, 1).median_us);
+      // Its reference spins as long before blocking.
+      raw_med.push_back(RawPingPong(iters, 0, 1, absl::Microseconds(200)).median_us);
     }
     const double rm = Median(raw_med);
     Emit(out, args, "shm", "pingpong", 64, "median_us", Median(med), "us", Median(med) / rm,
-         "raw-tcp ping-pong split-cpu", "split-cpu,spin-200us");
+         "raw-tcp ping-pong split-cpu spinning 200us", "split-cpu,spin-200us");
     Emit(out, args, "shm", "pingpong", 64, "p99_us", Median(p99), "us", Median(p99) / rm,
-         "raw-tcp ping-pong split-cpu", "split-cpu,spin-200us");
+         "raw-tcp ping-pong split-cpu spinning 200us", "split-cpu,spin-200us");
   }
   out.PrintTable();
   return 0;
