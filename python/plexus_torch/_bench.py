@@ -46,6 +46,25 @@ def median(xs):
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
+def balanced_order(n, row):
+    """Row `row` of a balanced (Williams) Latin square of n items, as bench/common/order.hpp:
+    the launch order of one run, so that each item goes first, and follows each other, alike."""
+    if n == 0:
+        return []
+    order, low, high = [0], 1, n - 1
+    while len(order) < n:
+        if len(order) % 2 == 1:
+            order.append(low)
+            low += 1
+        else:
+            order.append(high)
+            high -= 1
+    order = [(k + row) % n for k in order]
+    if n % 2 == 1 and (row // n) % 2 == 1:
+        order.reverse()
+    return order
+
+
 def _worker(rank, world, store_dir, fn, args, results):
     try:
         results.put((rank, True, fn(rank, world, f"file://{store_dir}/store", *args)))

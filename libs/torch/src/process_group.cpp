@@ -26,6 +26,10 @@ using internal::Refuse;
 const base::Param<std::string> kTransportParam(
     "PLEXUS_TORCH_TRANSPORT", "",
     "transport of the torch backend: tcp or shm (default: shm when every rank is on one host)");
+const base::Param<std::string> kLoopbackCcParam(
+    "PLEXUS_TORCH_LOOPBACK_CC", "",
+    "tcp congestion control between ranks of one host: a kernel algorithm's name, or system "
+    "(the system's, as Gloo uses); default: the transport's (reno)");
 
 }  // namespace
 
@@ -69,6 +73,9 @@ c10::intrusive_ptr<ProcessGroupPlexus> ProcessGroupPlexus::Create(
     options.device.backend = *backend;
     options.transport_policy = pc::TransportPolicy::kUniform;
   }
+  auto cc = kLoopbackCcParam.Get();
+  if (!cc.ok()) fail("reading PLEXUS_TORCH_LOOPBACK_CC", cc.status());
+  if (!cc->empty()) options.device.tcp.loopback_congestion_control = *cc == "system" ? "" : *cc;
   impl->transport = std::string(transport::BackendName(options.device.backend));
   auto comm = pc::Communicator::Create(*impl->rendezvous, options);
   if (!comm.ok()) fail("connecting the ranks", comm.status());
