@@ -104,9 +104,12 @@ std::optional<int> ParseGridOptions(int argc, char** argv, GridOptions& o) {
                "for shm); Plexus lines get vs_best_peer");
   bool peers_given = false;
   AddListOption(app, "--peers", &o.peers,
-                {"gloo_ring", "gloo_ring_chunked", "gloo_halving_doubling", "gloo", "openmpi"},
+                {"gloo_ring", "gloo_ring_chunked", "gloo_halving_doubling", "gloo", "openmpi",
+                 "openmpi_tuned"},
                 "the peers of --compare (default all but gloo: Gloo's broadcast, allgather and "
-                "alltoall, slow over Gloo's tcp transport)",
+                "alltoall, slow over Gloo's tcp transport); openmpi_tuned: MPI_Allreduce with each "
+                "coll/tuned algorithm forced in turn (recursive doubling, ring, segmented ring, "
+                "Rabenseifner), so that Open MPI gets a best-of as Gloo does",
                 &peers_given);
   std::string ops = "allreduce";
   app.add_option(
@@ -311,6 +314,30 @@ std::vector<Job> PlanJobs(const GridOptions& o) {
           job.unavailable = PLEXUS_BENCH_MPI_MISSING;
         }
         jobs.push_back(job);
+        // Open MPI's allreduce with each algorithm of its tuned component forced: the best of
+        // them competes, as the best of Gloo's three does, not only its default decision.
+        const bool allreduce =
+            std::find(o.ops.begin(), o.ops.end(), pb::Op::kAllreduce) != o.ops.end();
+        if (peer_wanted("openmpi_tuned") && allreduce) {
+          const std::pair<const char*, const char*> algorithms[] = {{"3", "recursive_doubling"},
+                                                                    {"4", "ring"},
+                                                                    {"5", "segmented_ring"},
+                                                                    {"6", "rabenseifner"}};
+          for (const auto& [number, name] : algorithms) {
+            Job tuned = job;
+            tuned.impl = std::string("openmpi_") + name;
+            tuned.ops = {pb::Op::kAllreduce};
+            auto program = std::find(tuned.argv.begin(), tuned.argv.end(), mpi);
+            program =
+                tuned.argv.insert(program, {"--mca", "coll_tuned_use_dynamic_rules", "1", "--mca",
+                                            "coll_tuned_allreduce_algorithm", number});
+            tuned.argv.erase(program + 7, tuned.argv.end());
+            for (const std::string& a : WorkerArgs(o, transport, tuned.ops)) {
+              tuned.argv.push_back(a);
+            }
+            jobs.push_back(tuned);
+          }
+        }
       }
     }
   }

@@ -27,7 +27,7 @@ struct GridOptions {
   // transport they take milliseconds per message (docs/measurements/collectives.md, "Looking
   // for the 1 MiB gap with counts instead of clocks").
   std::vector<std::string> peers = {"gloo_ring", "gloo_ring_chunked", "gloo_halving_doubling",
-                                    "openmpi"};
+                                    "openmpi", "openmpi_tuned"};
   std::vector<Op> ops = {Op::kAllreduce};
   std::string sizes = "8,1K..64M";
   std::vector<size_t> size_list;
