@@ -411,6 +411,7 @@ std::vector<size_t> LaunchOrder(const std::vector<Job>& jobs, int run) {
 bool RunGrid(const GridOptions& o, const std::vector<Job>& jobs, Samples* samples,
              Failures* failures) {
   bool all_ok = true;
+  std::map<std::tuple<std::string, std::string, int>, int> dropped;  // failed runs, by job
   // Runs interleave the configurations, so that a slow phase of the machine (other work on its
   // cores) spreads over every implementation instead of hitting one; and the order changes run
   // by run (LaunchOrder), so that no implementation always launches first, or always right
@@ -426,15 +427,22 @@ bool RunGrid(const GridOptions& o, const std::vector<Job>& jobs, Samples* sample
       LaunchResult r = Launch(job, o.timeout_s, o.bind_core);
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
       const size_t expected = job.ops.size() * o.size_list.size();
-      if (!r.ok || r.points.size() != expected) {
+      const bool complete = r.ok && r.points.size() == expected;
+      if (!complete) {
+        // A failed launch counts in no median (its points may be partial or from a broken run):
+        // it is dropped, and counted in the failure shown with the results.
         const std::string why =
             r.ok ? fmt::format("reported {} of {} points", r.points.size(), expected) : r.error;
-        std::fprintf(stderr, " failed after %.1f s: %s\n", seconds, why.c_str());
-        (*failures)[{job.impl, job.transport, job.nprocs}] = why;
+        std::fprintf(stderr, " failed after %.1f s, its points dropped: %s\n", seconds,
+                     why.c_str());
+        const auto key = std::make_tuple(job.impl, job.transport, job.nprocs);
+        const int dropped_here = ++dropped[key];
+        (*failures)[key] =
+            fmt::format("{} of {} runs failed and were dropped; last: {}", dropped, o.runs, why);
         all_ok = false;
-      } else {
-        std::fprintf(stderr, " %.1f s\n", seconds);
+        continue;
       }
+      std::fprintf(stderr, " %.1f s\n", seconds);
       for (const nlohmann::json& j : r.points) {
         const Key key{job.impl, j.value("op", std::string("allreduce")), job.transport, job.nprocs};
         Point& p = (*samples)[key][j.value("bytes", size_t{0})];
