@@ -437,8 +437,8 @@ bool RunGrid(const GridOptions& o, const std::vector<Job>& jobs, Samples* sample
                      why.c_str());
         const auto key = std::make_tuple(job.impl, job.transport, job.nprocs);
         const int dropped_here = ++dropped[key];
-        (*failures)[key] =
-            fmt::format("{} of {} runs failed and were dropped; last: {}", dropped, o.runs, why);
+        (*failures)[key] = fmt::format("{} of {} runs failed and were dropped; last: {}",
+                                       dropped_here, o.runs, why);
         all_ok = false;
         continue;
       }
