@@ -45,6 +45,9 @@ std::shared_ptr<pt::Device> MakeDevice(const PlexusArgs& x) {
   pt::DeviceOptions o;
   o.backend = x.transport == "shm" ? pt::Backend::kShm : pt::Backend::kTcp;
   if (o.backend == pt::Backend::kTcp) o.local_address = "127.0.0.1";
+  // Like with like: gRPC and the raw TCP floor run under the system's congestion control, so
+  // Plexus does too (its loopback default is reno).
+  o.tcp.loopback_congestion_control = "";
   o.progress = x.progress == "caller" ? pt::ProgressMode::kCaller : pt::ProgressMode::kThread;
   auto d = pt::Device::Create(o);
   if (!d.ok()) Die(absl::StrCat("device ", x.transport, ": ", d.status().ToString()));
