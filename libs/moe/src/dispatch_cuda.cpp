@@ -17,14 +17,7 @@ extern const unsigned char kDispatchFatbin[];  // generated from src/cuda/dispat
 #endif
 
 // The transport's probe: one answer (and one reason) for every library asking about CUDA.
-bool CudaDispatchAvailable(std::string* why_not) {
-#if PLEXUS_HAVE_CUDA
-  return transport::CudaAvailable(why_not);
-#else
-  if (why_not) *why_not = "Plexus was built without CUDA (no nvcc/toolkit found at configure time)";
-  return false;
-#endif
-}
+bool CudaDispatchAvailable(std::string* why_not) { return transport::CudaAvailable(why_not); }
 
 namespace {
 
@@ -88,7 +81,7 @@ absl::StatusOr<std::vector<int64_t>> ComputeDispatchDenseCuda(const DispatchInpu
   PLEXUS_RETURN_IF_ERROR(base::Annotate(RunDispatchKernel(input, dense.data()), "CUDA dispatcher"));
   return dense;
 #else
-  return absl::UnavailableError("the CUDA dispatcher is not compiled in");
+  return absl::InternalError("unreachable: a build without CUDA never has a device");
 #endif
 }
 
