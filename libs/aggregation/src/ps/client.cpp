@@ -79,6 +79,7 @@ class ClientImpl : public Client {
     transport::DeviceOptions dopts;
     dopts.backend = o_.backend;
     dopts.op_timeout = o_.op_timeout;
+    dopts.tcp = o_.tcp;
     dopts.connect_timeout = o_.timeout;
     if (o_.backend == transport::Backend::kTcp) dopts.local_address = "127.0.0.1";
     PLEXUS_ASSIGN_OR_RETURN(device_, transport::Device::Create(dopts));

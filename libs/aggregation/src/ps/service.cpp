@@ -133,6 +133,7 @@ class ServiceImpl : public Service {
     transport::DeviceOptions dopts;
     dopts.backend = options_.backend;
     dopts.op_timeout = options_.op_timeout;
+    dopts.tcp = options_.tcp;
     if (options_.backend == transport::Backend::kTcp) dopts.local_address = "127.0.0.1";
     PLEXUS_ASSIGN_OR_RETURN(device_, transport::Device::Create(dopts));
     for (int i = 0; i < options_.cores; ++i) {

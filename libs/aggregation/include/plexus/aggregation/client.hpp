@@ -33,6 +33,8 @@ struct ClientOptions {
   // Bound on every wait: Connect, Init, and a handle's Wait without its own timeout.
   absl::Duration timeout = absl::Seconds(60);
   absl::Duration op_timeout = absl::Seconds(30);
+  // The tcp backend's settings (loopback congestion control, sockets per connection).
+  transport::TcpOptions tcp = {};
 };
 
 class Client {

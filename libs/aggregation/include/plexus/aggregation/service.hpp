@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "plexus/aggregation/mapping.hpp"
 #include "plexus/aggregation/optimizer.hpp"
+#include "plexus/transport/device.hpp"
 #include "plexus/transport/types.hpp"
 
 namespace plexus::aggregation {
@@ -37,6 +38,8 @@ struct ServiceOptions {
   size_t max_chunk_bytes = size_t{256} << 10;
   // The transport's per-operation timeout: a silent peer's connection fails after it.
   absl::Duration op_timeout = absl::Seconds(30);
+  // The tcp backend's settings (loopback congestion control, sockets per connection).
+  transport::TcpOptions tcp = {};
 };
 
 struct NamespaceOptions {
