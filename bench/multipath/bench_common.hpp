@@ -77,7 +77,20 @@ absl::StatusOr<StreamResult> MultipathStream(std::unique_ptr<netbed::BedChannels
 absl::Status RunThroughput(const Args& args, tooling::FigureWriter& out);
 absl::Status RunFailover(const Args& args, tooling::FigureWriter& out);
 absl::Status RunAllReduce(const Args& args, tooling::FigureWriter& out);
-absl::Status RunMptcpFailover(const Args& args, tooling::FigureWriter& out);
+
+// Kernel MPTCP's failover trials (mptcp_bench.cpp), which RunFailover interleaves with the
+// multipath channel's: one trial's results are added to `acc`; Emit writes the figures.
+struct MptcpFailoverTrials {
+  std::vector<double> outages, message_outages, mbits;
+  std::vector<int> subflows;
+  uint64_t sent = 0, lost = 0, corrupt = 0;
+  int undrained = 0;
+  std::string errors;
+};
+absl::Status MptcpFailoverTrial(netbed::Bed& bed, const std::string& event, const Args& args,
+                                int trial, MptcpFailoverTrials& acc);
+void EmitMptcpFailover(const Args& args, const std::vector<int>& rates, const std::string& event,
+                       const MptcpFailoverTrials& acc, tooling::FigureWriter& out);
 absl::Status RunTimeline(const Args& args, tooling::FigureWriter& out);
 
 }  // namespace plexus::mpbench

@@ -1,6 +1,6 @@
-// plexus-bench-multipath's kernel MPTCP sections: MPTCP's failover trials (the reference for
-// RunFailover) and the throughput per path over time through a failover and a restore, for the
-// multipath channel and MPTCP side by side (--timeline).
+// plexus-bench-multipath's kernel MPTCP sections: MPTCP's failover trials (the reference in
+// RunFailover, interleaved with the multipath channel's) and the throughput per path over time
+// through a failover and a restore, for the multipath channel and MPTCP side by side (--timeline).
 #include <cmath>
 #include <functional>
 #include <string>
@@ -21,91 +21,86 @@ namespace plexus::mpbench {
 
 // ---- Kernel MPTCP failover trials (the reference for RunFailover) ----
 
-// The same trials as RunFailover, for one kernel MPTCP connection (initial subflow on path 1,
-// one subflow per other path from the in-kernel path manager's `subflow` endpoints) on the same
-// bed and rates: path 2 taken down or blackholed 0.8 s into a 2 s window, 5 trials each; the
-// outage is the longest gap in bytes delivered to the receiving application, and every byte of
-// the stream is checked, then drained to EOF (bytes never delivered count as lost).
-absl::Status RunMptcpFailover(const Args& args, tooling::FigureWriter& out) {
-  const std::vector<int> rates(args.rates.begin(), args.rates.begin() + 3);
-  PLEXUS_ASSIGN_OR_RETURN(auto bed, nb::Bed::Create(args.netbed, BedName(), rates));
-  for (const std::string event : {"link-down", "blackhole"}) {
-    std::vector<double> outages, message_outages, mbits;
-    std::vector<int> subflows;
-    uint64_t sent = 0, lost = 0, corrupt = 0;
-    int undrained = 0;
-    std::string errors;
-    for (int trial = 0; trial < args.runs; ++trial) {
-      // Fresh endpoints each trial (flush and add): the same subflows every time.
-      PLEXUS_RETURN_IF_ERROR(bed->Run({"mptcp"}));
-      absl::Status event_status;
-      PLEXUS_ASSIGN_OR_RETURN(mpb::MptcpResult r, mpb::MptcpStream(
-                                                      *bed, 2.0,
-                                                      [&] {
-                                                        event_status = bed->Run({event, "2"});
-                                                      },
-                                                      0.8));
-      PLEXUS_RETURN_IF_ERROR(event_status);
-      PLEXUS_RETURN_IF_ERROR(bed->Run({"restore", "2"}));
-      outages.push_back(absl::ToDoubleSeconds(r.longest_gap));
-      message_outages.push_back(absl::ToDoubleSeconds(mpb::LongestGap(
-          mpb::MessageDeliveries(r.deliveries, args.message_bytes), r.window_start, r.window_end)));
-      mbits.push_back(r.mbit);
-      subflows.push_back(r.subflows_before_event);
-      sent += r.sent;
-      lost += r.lost();
-      corrupt += r.corrupt_bytes;
-      undrained += r.drained ? 0 : 1;
-      if (!r.error.empty()) absl::StrAppend(&errors, errors.empty() ? "" : "; ", r.error);
-      if (std::getenv("PLEXUS_BENCH_VERBOSE") != nullptr) {
-        std::fprintf(stderr,
-                     "mptcp %s trial %d: outage %.3f s (%.3f s in whole messages), %.1f Mbit/s, "
-                     "subflows %d -> %d, sent %llu received %llu corrupt %llu%s %s\n",
-                     event.c_str(), trial, outages.back(), message_outages.back(), r.mbit,
-                     r.subflows_before_event, r.subflows_at_end,
-                     static_cast<unsigned long long>(r.sent),
-                     static_cast<unsigned long long>(r.received),
-                     static_cast<unsigned long long>(r.corrupt_bytes),
-                     r.drained ? "" : " (not drained)", r.error.c_str());
-      }
-    }
-    tooling::Figure f;
-    f.figure = absl::StrCat("mptcp_failover_outage_", event);
-    f.value = *std::max_element(outages.begin(), outages.end());
-    f.unit = "s";
-    f.extra = {{"trials", outages.size()},
-               {"outages_s", outages},
-               {"median_s", Median(outages)},
-               {"min_s", *std::min_element(outages.begin(), outages.end())},
-               {"rates_mbit", absl::StrJoin(rates, "/")},
-               {"median_mbit", Median(mbits)},
-               {"subflows_before_event", subflows}};
-    out.Add(f);
-    // The same outage with the stream read as whole messages of the multipath runs' size (their
-    // outage is between whole messages too): the comparison on equal terms.
-    tooling::Figure m;
-    m.figure = absl::StrCat("mptcp_failover_outage_messages_", event);
-    m.value = *std::max_element(message_outages.begin(), message_outages.end());
-    m.unit = "s";
-    m.extra = {{"trials", message_outages.size()},
-               {"outages_s", message_outages},
-               {"median_s", Median(message_outages)},
-               {"min_s", *std::min_element(message_outages.begin(), message_outages.end())},
-               {"message_bytes", args.message_bytes}};
-    out.Add(m);
-    tooling::Figure loss;
-    loss.figure = absl::StrCat("mptcp_bytes_lost_or_duplicated_", event);
-    loss.value = static_cast<double>(lost + corrupt);
-    loss.unit = "bytes";
-    loss.extra = {{"trials", outages.size()},
-                  {"sent_bytes", sent},
-                  {"lost_bytes", lost},
-                  {"corrupt_bytes", corrupt},
-                  {"trials_not_drained_in_10s", undrained}};
-    if (!errors.empty()) loss.extra["errors"] = errors;
-    out.Add(loss);
+// One of RunFailover's trials for one kernel MPTCP connection (initial subflow on path 1, one
+// subflow per other path from the in-kernel path manager's `subflow` endpoints) on the same bed
+// and rates: path 2 taken down or blackholed 0.8 s into a 2 s window; the outage is the longest
+// gap in bytes delivered to the receiving application, and every byte of the stream is checked,
+// then drained to EOF (bytes never delivered count as lost).
+absl::Status MptcpFailoverTrial(nb::Bed& bed, const std::string& event, const Args& args, int trial,
+                                MptcpFailoverTrials& acc) {
+  // Fresh endpoints each trial (flush and add): the same subflows every time.
+  PLEXUS_RETURN_IF_ERROR(bed.Run({"mptcp"}));
+  absl::Status event_status;
+  PLEXUS_ASSIGN_OR_RETURN(mpb::MptcpResult r, mpb::MptcpStream(
+                                                  bed, 2.0,
+                                                  [&] {
+                                                    event_status = bed.Run({event, "2"});
+                                                  },
+                                                  0.8));
+  PLEXUS_RETURN_IF_ERROR(event_status);
+  PLEXUS_RETURN_IF_ERROR(bed.Run({"restore", "2"}));
+  acc.outages.push_back(absl::ToDoubleSeconds(r.longest_gap));
+  acc.message_outages.push_back(absl::ToDoubleSeconds(mpb::LongestGap(
+      mpb::MessageDeliveries(r.deliveries, args.message_bytes), r.window_start, r.window_end)));
+  acc.mbits.push_back(r.mbit);
+  acc.subflows.push_back(r.subflows_before_event);
+  acc.sent += r.sent;
+  acc.lost += r.lost();
+  acc.corrupt += r.corrupt_bytes;
+  acc.undrained += r.drained ? 0 : 1;
+  if (!r.error.empty()) absl::StrAppend(&acc.errors, acc.errors.empty() ? "" : "; ", r.error);
+  if (std::getenv("PLEXUS_BENCH_VERBOSE") != nullptr) {
+    std::fprintf(stderr,
+                 "mptcp %s trial %d: outage %.3f s (%.3f s in whole messages), %.1f Mbit/s, "
+                 "subflows %d -> %d, sent %llu received %llu corrupt %llu%s %s\n",
+                 event.c_str(), trial, acc.outages.back(), acc.message_outages.back(), r.mbit,
+                 r.subflows_before_event, r.subflows_at_end,
+                 static_cast<unsigned long long>(r.sent),
+                 static_cast<unsigned long long>(r.received),
+                 static_cast<unsigned long long>(r.corrupt_bytes),
+                 r.drained ? "" : " (not drained)", r.error.c_str());
   }
   return absl::OkStatus();
+}
+
+void EmitMptcpFailover(const Args& args, const std::vector<int>& rates, const std::string& event,
+                       const MptcpFailoverTrials& acc, tooling::FigureWriter& out) {
+  if (acc.outages.empty()) return;
+  tooling::Figure f;
+  f.figure = absl::StrCat("mptcp_failover_outage_", event);
+  f.value = *std::max_element(acc.outages.begin(), acc.outages.end());
+  f.unit = "s";
+  f.extra = {{"trials", acc.outages.size()},
+             {"outages_s", acc.outages},
+             {"median_s", Median(acc.outages)},
+             {"min_s", *std::min_element(acc.outages.begin(), acc.outages.end())},
+             {"rates_mbit", absl::StrJoin(rates, "/")},
+             {"median_mbit", Median(acc.mbits)},
+             {"subflows_before_event", acc.subflows}};
+  out.Add(f);
+  // The same outage with the stream read as whole messages of the multipath runs' size (their
+  // outage is between whole messages too): the comparison on equal terms.
+  tooling::Figure m;
+  m.figure = absl::StrCat("mptcp_failover_outage_messages_", event);
+  m.value = *std::max_element(acc.message_outages.begin(), acc.message_outages.end());
+  m.unit = "s";
+  m.extra = {{"trials", acc.message_outages.size()},
+             {"outages_s", acc.message_outages},
+             {"median_s", Median(acc.message_outages)},
+             {"min_s", *std::min_element(acc.message_outages.begin(), acc.message_outages.end())},
+             {"message_bytes", args.message_bytes}};
+  out.Add(m);
+  tooling::Figure loss;
+  loss.figure = absl::StrCat("mptcp_bytes_lost_or_duplicated_", event);
+  loss.value = static_cast<double>(acc.lost + acc.corrupt);
+  loss.unit = "bytes";
+  loss.extra = {{"trials", acc.outages.size()},
+                {"sent_bytes", acc.sent},
+                {"lost_bytes", acc.lost},
+                {"corrupt_bytes", acc.corrupt},
+                {"trials_not_drained_in_10s", acc.undrained}};
+  if (!acc.errors.empty()) loss.extra["errors"] = acc.errors;
+  out.Add(loss);
 }
 
 namespace {

@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -34,6 +35,7 @@
 #include "failover_series.hpp"
 #include "multipath_bed.hpp"
 #include "netbed.hpp"
+#include "order.hpp"
 #include "plexus/multipath/device.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
@@ -53,7 +55,8 @@ using plexus::mpbench::ListenOn;
 // ---- Raw TCP references ----
 
 // Streams over `flows` (path k from 10.77.k.1 to 10.77.k.2, or MPTCP over path 1 with subflows)
-// for warmup + seconds; returns the receivers' goodput in Mbit/s over the measured window.
+// for warmup + seconds; returns the receivers' goodput in Mbit/s over the measured window, or
+// DataLoss when a received byte differs from the one sent.
 absl::StatusOr<double> TcpStreams(nb::Bed& bed, const std::vector<size_t>& paths, int protocol,
                                   double seconds) {
   std::vector<int> listeners(paths.size()), ports(paths.size()), servers(paths.size()),
@@ -74,25 +77,43 @@ absl::StatusOr<double> TcpStreams(nb::Bed& bed, const std::vector<size_t>& paths
     servers[i] = accept(listeners[i], nullptr, nullptr);
     if (servers[i] < 0) return absl::UnavailableError("accept failed");
   }
+  // Byte o of each stream is o mod 251 (a prime, so no power-of-two period hides a misplaced
+  // block); the receivers check every byte.
+  constexpr size_t kPeriod = 251;
   std::atomic<bool> stop{false};
   std::vector<std::atomic<uint64_t>> received(paths.size());
+  std::atomic<uint64_t> wrong{0};
   std::vector<std::thread> threads;
   for (size_t i = 0; i < paths.size(); ++i) {
     threads.emplace_back([&, i] {
-      std::vector<char> buf(1 << 20, 'x');
+      std::vector<uint8_t> buf(kPeriod * 4177);  // ~1 MiB
+      for (size_t j = 0; j < buf.size(); ++j) buf[j] = static_cast<uint8_t>(j % kPeriod);
+      uint64_t sent = 0;
       while (!stop.load()) {
-        if (send(clients[i], buf.data(), buf.size(), MSG_NOSIGNAL) < 0) break;
+        const size_t at = sent % kPeriod;
+        const ssize_t n = send(clients[i], buf.data() + at, buf.size() - at, MSG_NOSIGNAL);
+        if (n < 0) break;
+        sent += static_cast<uint64_t>(n);
       }
     });
     threads.emplace_back([&, i] {
-      std::vector<char> buf(1 << 20);
+      std::vector<uint8_t> buf(1 << 20);
       timeval tv{0, 200000};
       setsockopt(servers[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      uint64_t offset = 0, bad = 0;
       while (!stop.load()) {
         const ssize_t n = recv(servers[i], buf.data(), buf.size(), 0);
         if (n == 0) break;
-        if (n > 0) received[i] += static_cast<uint64_t>(n);
+        if (n < 0) continue;
+        size_t expect = offset % kPeriod;
+        for (ssize_t j = 0; j < n; ++j) {
+          bad += buf[static_cast<size_t>(j)] != expect;
+          if (++expect == kPeriod) expect = 0;
+        }
+        offset += static_cast<uint64_t>(n);
+        received[i] += static_cast<uint64_t>(n);
       }
+      wrong += bad;
     });
   }
   auto total = [&] {
@@ -113,6 +134,10 @@ absl::StatusOr<double> TcpStreams(nb::Bed& bed, const std::vector<size_t>& paths
   for (int fd : clients) close(fd);
   for (int fd : servers) close(fd);
   for (int fd : listeners) close(fd);
+  if (wrong.load() > 0) {
+    return absl::DataLossError(absl::StrCat("raw ", protocol == 0 ? "tcp" : "mptcp", " stream: ",
+                                            wrong.load(), " bytes differ from what was sent"));
+  }
   return static_cast<double>(b1 - b0) * 8 / absl::ToDoubleSeconds(t1 - t0) / 1e6;
 }
 
@@ -252,24 +277,47 @@ absl::Status RunThroughput(const Args& args, tooling::FigureWriter& out) {
     const std::string rates_text = absl::StrJoin(rates, "/");
     std::vector<double> mp, single, streams, mptcp;
     std::vector<std::vector<double>> shares(k);
+    // The systems of one run, launched in a balanced order run after run (a disturbance or a
+    // warm cache falls on each alike).
+    const size_t fastest = 1 + std::max_element(rates.begin(), rates.end()) - rates.begin();
+    std::vector<size_t> all;
+    for (int p = 1; p <= k; ++p) all.push_back(p);
+    const std::vector<std::function<absl::Status()>> systems = {
+        [&]() -> absl::Status {
+          PLEXUS_ASSIGN_OR_RETURN(auto ch, nb::BedChannels::Create(*bed, BenchOptions()));
+          for (int p = 1; p <= k; ++p) PLEXUS_RETURN_IF_ERROR(ch->Connect(p).status());
+          PLEXUS_RETURN_IF_ERROR(ch->WaitLive(k));
+          PLEXUS_ASSIGN_OR_RETURN(StreamResult r,
+                                  MultipathStream(std::move(ch), args, args.seconds));
+          if (r.bad_bytes + r.duplicates + r.missing > 0) {
+            return absl::DataLossError(absl::StrCat(
+                "multipath stream over ", k, " paths: ", r.bad_bytes, " corrupt bytes, ",
+                r.duplicates, " duplicate and ", r.missing, " missing messages"));
+          }
+          mp.push_back(r.mbit);
+          for (int p = 0; p < k; ++p) shares[p].push_back(r.path_share[p]);
+          return absl::OkStatus();
+        },
+        [&]() -> absl::Status {
+          PLEXUS_ASSIGN_OR_RETURN(double one, TcpStreams(*bed, {fastest}, 0, args.seconds));
+          single.push_back(one);
+          return absl::OkStatus();
+        },
+        [&]() -> absl::Status {
+          PLEXUS_ASSIGN_OR_RETURN(double many, TcpStreams(*bed, all, 0, args.seconds));
+          streams.push_back(many);
+          return absl::OkStatus();
+        },
+        [&]() -> absl::Status {
+          PLEXUS_RETURN_IF_ERROR(bed->Run({"mptcp"}));
+          auto m = TcpStreams(*bed, {1}, IPPROTO_MPTCP, args.seconds);
+          if (m.ok()) mptcp.push_back(*m);  // a kernel without MPTCP: no line
+          return absl::OkStatus();
+        }};
     for (int run = 0; run < args.runs; ++run) {
-      PLEXUS_ASSIGN_OR_RETURN(auto ch, nb::BedChannels::Create(*bed, BenchOptions()));
-      for (int p = 1; p <= k; ++p) PLEXUS_RETURN_IF_ERROR(ch->Connect(p).status());
-      PLEXUS_RETURN_IF_ERROR(ch->WaitLive(k));
-      PLEXUS_ASSIGN_OR_RETURN(StreamResult r, MultipathStream(std::move(ch), args, args.seconds));
-      mp.push_back(r.mbit);
-      for (int p = 0; p < k; ++p) shares[p].push_back(r.path_share[p]);
-      if (args.compare) {
-        const size_t fastest = 1 + std::max_element(rates.begin(), rates.end()) - rates.begin();
-        PLEXUS_ASSIGN_OR_RETURN(double one, TcpStreams(*bed, {fastest}, 0, args.seconds));
-        single.push_back(one);
-        std::vector<size_t> all;
-        for (int p = 1; p <= k; ++p) all.push_back(p);
-        PLEXUS_ASSIGN_OR_RETURN(double many, TcpStreams(*bed, all, 0, args.seconds));
-        streams.push_back(many);
-        PLEXUS_RETURN_IF_ERROR(bed->Run({"mptcp"}));
-        auto m = TcpStreams(*bed, {1}, IPPROTO_MPTCP, args.seconds);
-        if (m.ok()) mptcp.push_back(*m);
+      for (size_t i : plexus::bench::BalancedOrder(args.compare ? systems.size() : 1,
+                                                   static_cast<size_t>(run))) {
+        PLEXUS_RETURN_IF_ERROR(systems[i]());
       }
     }
     auto add = [&](const std::string& figure, const std::vector<double>& v, bool target) {
@@ -313,13 +361,16 @@ absl::Status RunThroughput(const Args& args, tooling::FigureWriter& out) {
   return absl::OkStatus();
 }
 
+// Failover trials of the multipath channel and, with --compare, of kernel MPTCP on the same bed,
+// interleaved in a balanced order trial after trial.
 absl::Status RunFailover(const Args& args, tooling::FigureWriter& out) {
   const std::vector<int> rates(args.rates.begin(), args.rates.begin() + 3);
   PLEXUS_ASSIGN_OR_RETURN(auto bed, nb::Bed::Create(args.netbed, BedName(), rates));
   for (const std::string event : {"link-down", "blackhole"}) {
     std::vector<double> outages, mbits;
     uint64_t bad = 0, dup = 0, missing = 0;
-    for (int trial = 0; trial < args.runs; ++trial) {
+    MptcpFailoverTrials mptcp;
+    auto multipath_trial = [&](int trial) -> absl::Status {
       PLEXUS_ASSIGN_OR_RETURN(auto ch, nb::BedChannels::Create(*bed, BenchOptions()));
       for (int p = 1; p <= 3; ++p) PLEXUS_RETURN_IF_ERROR(ch->Connect(p).status());
       PLEXUS_RETURN_IF_ERROR(ch->WaitLive(3));
@@ -341,6 +392,14 @@ absl::Status RunFailover(const Args& args, tooling::FigureWriter& out) {
       bad += r.bad_bytes;
       dup += r.duplicates;
       missing += r.missing;
+      return absl::OkStatus();
+    };
+    for (int trial = 0; trial < args.runs; ++trial) {
+      for (size_t i :
+           plexus::bench::BalancedOrder(args.compare ? 2 : 1, static_cast<size_t>(trial))) {
+        PLEXUS_RETURN_IF_ERROR(i == 0 ? multipath_trial(trial)
+                                      : MptcpFailoverTrial(*bed, event, args, trial, mptcp));
+      }
     }
     tooling::Figure f;
     f.figure = absl::StrCat("failover_outage_", event);
@@ -368,6 +427,7 @@ absl::Status RunFailover(const Args& args, tooling::FigureWriter& out) {
                   {"duplicate_messages", dup},
                   {"missing_messages", missing}};
     out.Add(loss);
+    if (args.compare) EmitMptcpFailover(args, rates, event, mptcp, out);
   }
   return absl::OkStatus();
 }
@@ -427,9 +487,6 @@ int main(int argc, char** argv) {
   }
   if (what == "all" || what == "failover") {
     if (absl::Status s = RunFailover(args, out); !s.ok()) return tool.Fail(s);
-    if (args.compare) {
-      if (absl::Status s = RunMptcpFailover(args, out); !s.ok()) return tool.Fail(s);
-    }
   }
   if (what == "timeline") {
     if (absl::Status s = RunTimeline(args, out); !s.ok()) return tool.Fail(s);
