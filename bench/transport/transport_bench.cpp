@@ -121,6 +121,28 @@ void WriteAll(int fd, const void* p, size_t n) {
   Check(plexus::bench::WriteFull(fd, p, n), "raw write");
 }
 
+// Every side's payload is checked: bulk transfers carry byte j = j mod 251 (a prime, so no
+// power-of-two period hides a misplaced block) and the receiver checks its buffers after the
+// clock stopped; ping-pong messages carry their iteration number, checked both ways.
+void FillPattern(std::vector<uint8_t>& buf) {
+  for (size_t j = 0; j < buf.size(); ++j) buf[j] = static_cast<uint8_t>(j % 251);
+}
+
+void CheckPattern(const std::vector<uint8_t>& buf, const char* side) {
+  size_t wrong = 0;
+  for (size_t j = 0; j < buf.size(); ++j) wrong += buf[j] != static_cast<uint8_t>(j % 251);
+  if (wrong > 0)
+    Die(absl::StrFormat("%s: %zu of %zu bytes received differ", side, wrong, buf.size()));
+}
+
+void PutIteration(char* msg, int i) { std::memcpy(msg, &i, sizeof i); }
+
+void CheckIteration(const char* msg, int i, const char* side) {
+  int got = 0;
+  std::memcpy(&got, msg, sizeof got);
+  if (got != i) Die(absl::StrFormat("%s: message %d carries %d", side, i, got));
+}
+
 struct Latency {
   double median_us = 0;
   double p99_us = 0;
@@ -145,6 +167,8 @@ Latency RawPingPong(int iters, int client_cpu, int server_cpu,
         char req[64], resp[8] = {};
         for (int i = 0; i < iters; ++i) {
           ReadAll(fd, req, sizeof req, spin);
+          CheckIteration(req, i, "raw tcp ping-pong server");
+          PutIteration(resp, i);
           WriteAll(fd, resp, sizeof resp);
         }
         close(fd);
@@ -155,10 +179,12 @@ Latency RawPingPong(int iters, int client_cpu, int server_cpu,
         char req[64] = {}, resp[8];
         std::vector<double> us;
         for (int i = 0; i < iters; ++i) {
+          PutIteration(req, i);
           auto t0 = Clock::now();
           WriteAll(fd, req, sizeof req);
           ReadAll(fd, resp, sizeof resp, spin);
           us.push_back(Seconds(Clock::now() - t0) * 1e6);
+          CheckIteration(resp, i, "raw tcp ping-pong client");
         }
         close(fd);
         us.erase(us.begin(), us.begin() + iters / 10);  // warm-up
@@ -183,10 +209,12 @@ double RawBandwidth(size_t bytes, size_t total) {
         WriteAll(fd, &ack, 1);
         close(fd);
         close(lfd);
+        CheckPattern(buf, "raw tcp bulk receiver");
       },
       [&](const std::string& address) {
         int fd = RawConnect(address);
-        std::vector<uint8_t> buf(bytes, 7);
+        std::vector<uint8_t> buf(bytes);
+        FillPattern(buf);
         auto t0 = Clock::now();
         for (size_t i = 0; i < count; ++i) WriteAll(fd, buf.data(), bytes);
         char ack;
@@ -277,6 +305,10 @@ Latency PlexusPingPong(pt::Backend backend, int iters, int client_cpu, int serve
           for (;;) {  // the request (send completions of earlier responses may come first)
             if (Await(e, spin).opcode == pt::Opcode::kRecv) break;
           }
+          CheckIteration(req, i, "plexus ping-pong server");
+          // The client received the previous response before it sent this request: the transport
+          // is done reading `resp`.
+          PutIteration(resp, i);
           Check(e.conn->PostRecv({req, sizeof req}, 0), "recv");
           Check(e.conn->PostSend(pt::ConstBuffer{resp, sizeof resp}, 1), "send");
         }
@@ -288,12 +320,14 @@ Latency PlexusPingPong(pt::Backend backend, int iters, int client_cpu, int serve
         char req[64] = {}, resp[8];
         std::vector<double> us;
         for (int i = 0; i < iters; ++i) {
+          PutIteration(req, i);
           auto t0 = Clock::now();
           Check(e.conn->PostRecv({resp, sizeof resp}, 0), "recv");
           Check(e.conn->PostSend(pt::ConstBuffer{req, sizeof req}, 1), "send");
           Await(e, spin);
           Await(e, spin);
           us.push_back(Seconds(Clock::now() - t0) * 1e6);
+          CheckIteration(resp, i, "plexus ping-pong client");
         }
         us.erase(us.begin(), us.begin() + iters / 10);
         out = Summarize(us);
@@ -326,10 +360,14 @@ double PlexusBandwidth(pt::Backend backend, size_t bytes, size_t total, absl::Du
         char ack = 1;
         Check(e.conn->PostSend(pt::ConstBuffer{&ack, 1}, 0), "ack");
         Await(e, spin);
+        for (size_t b = 0; b < std::min(count, kWindow); ++b) {
+          CheckPattern(bufs[b], "plexus bulk receiver");
+        }
       },
       [&](const std::string& address) {
         Endpoint e = Dial(backend, address);
-        std::vector<uint8_t> buf(bytes, 7);
+        std::vector<uint8_t> buf(bytes);
+        FillPattern(buf);
         char ack = 0;
         Check(e.conn->PostRecv({&ack, 1}, 99), "recv");
         auto t0 = Clock::now();
