@@ -34,6 +34,7 @@ class CallData {
     new CallData(svc_, cq_);
     const size_t n = std::min<size_t>(req_.reply_bytes(), req_.payload().size());
     rep_.set_payload(req_.payload().data(), n);
+    rep_.set_request_ok(pb::PayloadMatches(req_.payload().data(), req_.payload().size()));
     finishing_ = true;
     responder_.Finish(rep_, grpc::Status::OK, this);
   }
@@ -87,7 +88,7 @@ int Client(const pb::PeerArgs& a) {
   auto stub = pb::EchoService::NewStub(channel);
   grpc::CompletionQueue cq;
   const int slots = a.mode == "latency" ? 1 : a.inflight;
-  std::string payload(a.size, 'x');
+  const std::string payload = pb::RequestPayload(a.size);
   std::vector<pb::EchoRequest> reqs(static_cast<size_t>(slots));
   for (auto& r : reqs) {
     r.set_payload(payload);
@@ -122,6 +123,9 @@ int Client(const pb::PeerArgs& a) {
       if (c->status.ok()) {
         ++result.ok;
         result.bytes += a.size;
+        result.wrong +=
+            !c->rep.request_ok() ||
+            !pb::ReplyMatches(c->rep.payload().data(), c->rep.payload().size(), a.size, a.reply);
         if (a.mode == "latency") {
           result.latency_us.push_back(
               std::chrono::duration<double, std::micro>(now - c->start).count());

@@ -165,6 +165,11 @@ Sample Orchestrator::Run(const std::string& system, const Layout& layout, const 
     if (p.first == "p99_us") s.p99_us = v;
     if (p.first == "ok") s.ok = static_cast<uint64_t>(v);
     if (p.first == "failed") s.failed = static_cast<uint64_t>(v);
+    if (p.first == "wrong") s.wrong = static_cast<uint64_t>(v);
+  }
+  if (s.wrong > 0) {
+    Die(absl::StrCat(system, " ", mode, ": ", s.wrong, " of ", s.ok,
+                     " replies were not the echo of their request"));
   }
   if (policy == "upgrade") {
     for (absl::string_view kv : absl::StrSplit(client.Line("upgrade ", limit), ' ')) {

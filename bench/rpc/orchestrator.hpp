@@ -13,8 +13,8 @@ namespace plexus::benchrpc {
 // A client's result line.
 struct Sample {
   double rate = 0, base_rate = 0, goodput = 0, median_us = 0, p99_us = 0;
-  uint64_t ok = 0, failed = 0;
-  std::map<std::string, double> upgrade;  // --policy upgrade: the "upgrade" line's fields
+  uint64_t ok = 0, failed = 0, wrong = 0;  // wrong: replies that were not the echo
+  std::map<std::string, double> upgrade;   // --policy upgrade: the "upgrade" line's fields
 };
 
 // Where the two processes run: pinned to a CPU each, or -1 (not pinned).

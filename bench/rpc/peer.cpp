@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 
 #include "absl/strings/str_format.h"
@@ -58,6 +59,29 @@ bool Denied(uint64_t i, double percent) {
   return every <= 1 || i % every == 0;
 }
 
+std::string RequestPayload(uint32_t size) {
+  std::string p(size, '\0');
+  for (size_t j = 0; j < p.size(); ++j) p[j] = static_cast<char>(j % 251);
+  return p;
+}
+
+bool PayloadMatches(const void* data, size_t size) {
+  const auto* b = static_cast<const uint8_t*>(data);
+  auto range_ok = [&](size_t lo, size_t hi) {
+    for (size_t j = lo; j < hi; ++j) {
+      if (b[j] != static_cast<uint8_t>(j % 251)) return false;
+    }
+    return true;
+  };
+  constexpr size_t kWhole = 4096, kEdge = 64;
+  return size <= kWhole ? range_ok(0, size) : range_ok(0, kEdge) && range_ok(size - kEdge, size);
+}
+
+bool ReplyMatches(const void* data, size_t size, uint32_t request_bytes, uint32_t reply_bytes) {
+  const size_t n = std::min(request_bytes, reply_bytes);
+  return size >= n && PayloadMatches(data, n);
+}
+
 void PrintResult(ClientResult r) {
   double median = 0, p99 = 0;
   if (!r.latency_us.empty()) {
@@ -67,9 +91,10 @@ void PrintResult(ClientResult r) {
   }
   const double s = std::max(r.seconds, 1e-9);
   std::string line = absl::StrFormat(
-      "result ok=%d failed=%d seconds=%.6f rate=%.3f goodput=%.6f median_us=%.3f p99_us=%.3f", r.ok,
-      r.failed, r.seconds, static_cast<double>(r.ok) / s, static_cast<double>(r.bytes) / s / 1e9,
-      median, p99);
+      "result ok=%d failed=%d wrong=%d seconds=%.6f rate=%.3f goodput=%.6f median_us=%.3f "
+      "p99_us=%.3f",
+      r.ok, r.failed, r.wrong, r.seconds, static_cast<double>(r.ok) / s,
+      static_cast<double>(r.bytes) / s / 1e9, median, p99);
   if (r.base_rate >= 0) line += absl::StrFormat(" base_rate=%.3f", r.base_rate);
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);

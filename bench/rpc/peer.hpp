@@ -3,8 +3,9 @@
 // the orchestrator runs every system the same way.
 //
 //   server: prints "address <addr>" once it listens, serves until SIGTERM.
-//   client: prints "result ok=N failed=N seconds=S rate=R goodput=B median_us=M p99_us=P"
-//           (and base_rate=R0 when it measured a policy against no policy).
+//   client: prints "result ok=N failed=N wrong=N seconds=S rate=R goodput=B median_us=M
+//           p99_us=P" (and base_rate=R0 when it measured a policy against no policy); `wrong`
+//           counts replies whose payload is not the echo of the request's.
 #pragma once
 
 #include <atomic>
@@ -46,11 +47,22 @@ void PublishAddress(std::string_view address);
 // Whether call number `i` carries the denied tag (every 100/percent-th call, deterministic).
 bool Denied(uint64_t i, double percent);
 
+// Request payloads carry byte j = j mod 251 (a prime, so no power-of-two period hides a misplaced
+// block), and every reply is checked against the echo the server owes: the first `reply` bytes
+// of the request (all of them up to 4 KiB, the first and last 64 beyond, so that checking does
+// not dominate a large reply's time).
+// Servers check each request with PayloadMatches and say so in EchoReply.request_ok; clients
+// check the reply's payload with ReplyMatches.
+std::string RequestPayload(uint32_t size);
+bool PayloadMatches(const void* data, size_t size);
+bool ReplyMatches(const void* data, size_t size, uint32_t request_bytes, uint32_t reply_bytes);
+
 // Counts of a client run; latency_us is filled in latency mode.
 struct ClientResult {
   std::vector<double> latency_us;
   uint64_t ok = 0;
   uint64_t failed = 0;
+  uint64_t wrong = 0;  // ok calls whose request or reply was not as sent
   uint64_t bytes = 0;  // request payload bytes of the ok calls
   double seconds = 0;
   double base_rate = -1;  // >= 0: printed as base_rate= (the rate without the policy)

@@ -61,6 +61,7 @@ class EchoImpl : public pb::EchoService::Service {
   absl::Status Echo(pr::ServerContext&, const pb::EchoRequest& req, pb::EchoReply* resp) override {
     // The reply views the request's payload: it lives until the reply is sent.
     resp->payload = req.payload.subspan(0, std::min<size_t>(req.reply_bytes, req.payload.size()));
+    resp->request_ok = pb::PayloadMatches(req.payload.data(), req.payload.size());
     return absl::OkStatus();
   }
 };
@@ -109,10 +110,10 @@ int pb::PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
   if (!ch.ok()) Die(ch.status().ToString());
   if (x.policy != "none" && a.mode != "rate") Die("--policy needs --mode rate");
   pb::EchoService::Stub stub(*ch);
-  const std::vector<uint8_t> payload(a.size, 'x');
+  const std::string payload = pb::RequestPayload(a.size);
   std::vector<pb::EchoRequest> reqs(static_cast<size_t>(slots));
   for (auto& r : reqs) {
-    r.payload = pr::Bytes(payload.data(), payload.size());
+    r.payload = pr::Bytes(reinterpret_cast<const uint8_t*>(payload.data()), payload.size());
     r.reply_bytes = a.reply;
     r.tag = "ok";
   }
@@ -131,6 +132,9 @@ int pb::PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
         ++result.ok;
         result.bytes += a.size;
         result.latency_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        result.wrong +=
+            !(*r)->request_ok ||
+            !pb::ReplyMatches((*r)->payload.data(), (*r)->payload.size(), a.size, a.reply);
       } else {
         ++result.failed;
       }
@@ -145,7 +149,7 @@ int pb::PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
   // two rates see the same machine: `rate` is with the policy, `base_rate` without.
   pb::Phases phases(a.seconds);
   std::atomic<uint64_t> ok[2] = {0, 0};
-  std::atomic<uint64_t> failed{0}, issued{0};
+  std::atomic<uint64_t> failed{0}, issued{0}, wrong{0};
   std::atomic<int> window{0};  // 1 while the policy is attached
   std::mutex mu;
   std::condition_variable cv;
@@ -181,6 +185,10 @@ int pb::PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
       if (phases.Measuring(now)) {
         if (r.ok()) {
           ok[window.load(std::memory_order_relaxed)].fetch_add(1, std::memory_order_relaxed);
+          if (!(*r)->request_ok ||
+              !pb::ReplyMatches((*r)->payload.data(), (*r)->payload.size(), a.size, a.reply)) {
+            wrong.fetch_add(1, std::memory_order_relaxed);
+          }
         } else {
           failed.fetch_add(1, std::memory_order_relaxed);
         }
@@ -241,6 +249,7 @@ int pb::PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
     }
   }
   result.failed = failed.load();
+  result.wrong = wrong.load();
   if (x.policy != "none" && !upgrading) {
     result.ok = ok[1].load();
     result.seconds = window_seconds[1];
@@ -345,9 +354,11 @@ int pb::RawClient(const pb::PeerArgs& a) {
   if (!absl::SimpleAtoi(a.address, &port)) Die("raw client: bad --address " + a.address);
   auto fd = plexus::bench::TcpConnectLoopback(port);
   if (!fd.ok()) Die(fd.status().ToString());
-  std::vector<char> req(sizeof(uint32_t) * 2 + a.size, 'x'), resp(a.reply);
+  std::vector<char> req(sizeof(uint32_t) * 2 + a.size), resp(a.reply);
   const uint32_t sizes[2] = {a.size, a.reply};
   std::memcpy(req.data(), sizes, sizeof sizes);
+  const std::string payload = pb::RequestPayload(a.size);
+  std::memcpy(req.data() + sizeof sizes, payload.data(), payload.size());
   const absl::Duration spin = absl::Microseconds(a.spin_us);
   pb::ClientResult result;
   pb::Phases phases(a.seconds);
@@ -363,6 +374,7 @@ int pb::RawClient(const pb::PeerArgs& a) {
     ++result.ok;
     result.bytes += a.size;
     result.latency_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    result.wrong += !pb::ReplyMatches(resp.data(), resp.size(), a.size, a.reply);
   }
   result.seconds = phases.seconds();
   close(*fd);
