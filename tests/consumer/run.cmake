@@ -3,7 +3,9 @@
 # project of its own against the installed Plexus, and runs those that run alone.
 cmake_minimum_required(VERSION 3.25)
 file(REMOVE_RECURSE ${WORK_DIR})
-set(prefix ${WORK_DIR}/prefix)
+# A deep prefix, as a CI folder or a user's install tree may be: CMake wraps its messages at a
+# width that depends on the paths in them, and the checks below must not depend on where.
+set(prefix ${WORK_DIR}/a-deliberately-long-install-prefix-so-that-cmake-wraps-its-messages/prefix)
 
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
