@@ -113,6 +113,10 @@ void ReduceScalar(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* loca
       Loop<uint8_t>(dst, local, src, n, src_first,
                     [op](uint8_t a, uint8_t b) { return ApplyInt<uint8_t, uint32_t>(op, a, b); });
       break;
+    case DataType::kI8:
+      Loop<int8_t>(dst, local, src, n, src_first,
+                   [op](int8_t a, int8_t b) { return ApplyInt<int8_t, uint32_t>(op, a, b); });
+      break;
   }
 }
 
@@ -283,6 +287,9 @@ void DivideInPlace(DataType dtype, void* data_v, size_t n, int divisor) {
       break;
     case DataType::kU8:
       Map<uint8_t>(data, n, [divisor](uint8_t v) { return static_cast<uint8_t>(v / divisor); });
+      break;
+    case DataType::kI8:
+      Map<int8_t>(data, n, [divisor](int8_t v) { return static_cast<int8_t>(v / divisor); });
       break;
   }
 }
