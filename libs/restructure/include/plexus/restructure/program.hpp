@@ -24,7 +24,6 @@
 // - Steps run in order; a step sees every earlier step's writes.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
