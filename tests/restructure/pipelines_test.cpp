@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "plexus/kernels/reduce.hpp"
+#include "plexus/restructure/builder.hpp"
 #include "plexus/restructure/pipelines.hpp"
 #include "restructure/support.hpp"
 
@@ -180,4 +181,20 @@ TEST_CASE("pipelines at the table's shapes build and validate", "[restructure]")
         std::string::npos);
   CHECK(pp::SoundDetection({0, 768}).status().message() == "SoundShape.frames is 0 (>= 1)");
   CHECK(pp::PiiRedaction({4, 2048, 768, 2}).status().message() == "PiiShape.axis is 2 (0 or 1)");
+}
+
+TEST_CASE("the documented video program is the pipeline's", "[restructure]") {
+  namespace pr = plexus::restructure;
+  pr::ProgramBuilder b;
+  auto frame = b.Input("frame", DataType::kU8, 960 * 540 * 3);
+  auto out = b.Output("tensor", DataType::kF16, 3 * 480 * 270);
+  auto scaled = b.Scratch("scaled", DataType::kF32, 960 * 540 * 3);
+  auto pooled = b.Scratch("pooled", DataType::kF32, 480 * 270 * 3);
+  b.Mul(scaled, frame, 1.0f / 255);
+  b.MaxPool2D(pooled, scaled, {960, 540, 3});
+  b.Step(pr::Op::kCast, {3, 480, 270}, pr::ProgramBuilder::At(out, 0, {480 * 270, 270, 1}),
+         pr::ProgramBuilder::At(pooled, 0, {1, 270 * 3, 3}));
+  absl::StatusOr<pr::Program> p = b.Build();
+  REQUIRE(p.ok());
+  CHECK(*p == *pp::VideoSurveillance());
 }
