@@ -44,6 +44,8 @@ inline double Get(DataType dtype, const uint8_t* base, size_t i) {
     }
     case DataType::kU8:
       return base[i];
+    case DataType::kI8:
+      return static_cast<int8_t>(base[i]);
   }
   return 0;
 }
@@ -78,6 +80,7 @@ inline void Set(DataType dtype, uint8_t* base, size_t i, double v) {
       break;
     }
     case DataType::kU8:
+    case DataType::kI8:
       base[i] = static_cast<uint8_t>(static_cast<int64_t>(v));
       break;
   }
@@ -121,6 +124,7 @@ inline double Reference(DataType dtype, ReduceOp op, int n, size_t i) {
     }
   }
   if (dtype == DataType::kU8) acc = static_cast<double>(static_cast<uint8_t>(acc));
+  if (dtype == DataType::kI8) acc = static_cast<double>(static_cast<int8_t>(acc));
   if (op == ReduceOp::kAvg) {
     if (dtype == DataType::kF64) return acc / n;
     if (IsFloat(dtype)) return static_cast<float>(acc) / static_cast<float>(n);

@@ -138,6 +138,21 @@ TEST_CASE("scalar kernels compute the operation", "[collectives]") {
   int64_t avg[2] = {10, -9};
   plexus::kernels::DivideInPlace(DataType::kI64, avg, 2, 4);
   CHECK(avg[0] == 2);
+  int8_t c[3] = {100, -100, -3};
+  const int8_t d[3] = {100, -100, 5};
+  plexus::kernels::ReduceInto(DataType::kI8, ReduceOp::kSum, c, d, 3, false);
+  CHECK(c[0] == -56);  // wraps
+  CHECK(c[1] == 56);
+  CHECK(c[2] == 2);
+  int8_t lo[2] = {-3, 7};
+  const int8_t hi[2] = {5, -8};
+  plexus::kernels::ReduceInto(DataType::kI8, ReduceOp::kMin, lo, hi, 2, false);
+  CHECK(lo[0] == -3);  // signed comparison
+  CHECK(lo[1] == -8);
+  int8_t q[2] = {-9, 9};
+  plexus::kernels::DivideInPlace(DataType::kI8, q, 2, 4);
+  CHECK(q[0] == -2);
+  CHECK(q[1] == 2);
   CHECK(avg[1] == -2);
 }
 

@@ -260,6 +260,22 @@ size_t ReduceAvx2(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* loca
           break;
       }
       return i;
+    case DataType::kI8:
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg:
+          PLEXUS_INT_LOOP(1, _mm256_add_epi8(x, y));
+          break;
+        case ReduceOp::kMin:
+          PLEXUS_INT_LOOP(1, _mm256_min_epi8(x, y));
+          break;
+        case ReduceOp::kMax:
+          PLEXUS_INT_LOOP(1, _mm256_max_epi8(x, y));
+          break;
+        case ReduceOp::kProd:
+          break;
+      }
+      return i;
   }
   return i;
 }

@@ -5,8 +5,8 @@
 namespace plexus::kernels {
 namespace {
 constexpr std::string_view kDataTypeNames[kNumDataTypes] = {"f32", "f64", "f16", "bf16",
-                                                            "i32", "i64", "u8"};
-constexpr size_t kDataTypeSizes[kNumDataTypes] = {4, 8, 2, 2, 4, 8, 1};
+                                                            "i32", "i64", "u8",  "i8"};
+constexpr size_t kDataTypeSizes[kNumDataTypes] = {4, 8, 2, 2, 4, 8, 1, 1};
 constexpr std::string_view kReduceOpNames[kNumReduceOps] = {"sum", "prod", "min", "max", "avg"};
 }  // namespace
 

@@ -28,6 +28,7 @@ __global__ void plexus_divide_i64(int64_t* data, size_t n, int divisor) {
   Divide(data, n, divisor);
 }
 __global__ void plexus_divide_u8(uint8_t* data, size_t n, int divisor) { Divide(data, n, divisor); }
+__global__ void plexus_divide_i8(int8_t* data, size_t n, int divisor) { Divide(data, n, divisor); }
 
 __global__ void plexus_divide_f16(__half* data, size_t n, int divisor) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;

@@ -19,12 +19,13 @@ enum class DataType : uint8_t {
   kBF16 = 3,
   kI32 = 4,
   kI64 = 5,
-  kU8 = 6
+  kU8 = 6,
+  kI8 = 7
 };
-inline constexpr int kNumDataTypes = 7;
+inline constexpr int kNumDataTypes = 8;
 // Bytes of one element.
 size_t DataTypeSize(DataType dtype);
-// "f32", "f64", "f16", "bf16", "i32", "i64", "u8".
+// "f32", "f64", "f16", "bf16", "i32", "i64", "u8", "i8".
 std::string_view DataTypeName(DataType dtype);
 absl::StatusOr<DataType> ParseDataType(std::string_view name);
 
