@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bind.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/kernels/reduce.hpp"
 
@@ -81,17 +82,10 @@ int64_t Offset(const Access& a, const Index& idx) {
   return o;
 }
 
-struct Bound {
-  const uint8_t* read = nullptr;
-  uint8_t* write = nullptr;  // null for inputs
-  DataType dtype = DataType::kF32;
-  size_t size = 0;
-};
-
-void RunStep(const Step& st, const std::vector<Bound>& bufs) {
-  const Bound& d = bufs[st.dst.buffer];
-  const Bound& s1 = bufs[st.src1.buffer];
-  const Bound* s2 = st.src2_kind == Operand2::kBuffer ? &bufs[st.src2.buffer] : nullptr;
+void RunStep(const Step& st, const std::vector<internal::Bound>& bufs) {
+  const internal::Bound& d = bufs[st.dst.buffer];
+  const internal::Bound& s1 = bufs[st.src1.buffer];
+  const internal::Bound* s2 = st.src2_kind == Operand2::kBuffer ? &bufs[st.src2.buffer] : nullptr;
   const size_t levels = st.iters.size();
   Index idx{};
   if (st.op == Op::kMaxPool) {
@@ -122,11 +116,6 @@ void RunStep(const Step& st, const std::vector<Bound>& bufs) {
                         : st.scalar;
     StoreElement(d.dtype, out, Apply(st.op, a, b));
   });
-}
-
-bool Overlap(const uint8_t* a, size_t na, const uint8_t* b, size_t nb) {
-  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return x < y + nb && y < x + na;
 }
 
 }  // namespace
@@ -181,65 +170,9 @@ void StoreElement(DataType dtype, uint8_t* p, float v) {
 absl::Status Interpret(const Program& program, absl::Span<const ConstBytes> inputs,
                        absl::Span<const MutableBytes> outputs) {
   PLEXUS_RETURN_IF_ERROR(Validate(program));
-  std::vector<Bound> bufs(program.buffers.size());
-  std::vector<std::vector<uint8_t>> scratch;
-  size_t next_in = 0, next_out = 0;
-  size_t declared_in = 0, declared_out = 0;
-  for (const BufferDecl& b : program.buffers) {
-    declared_in += b.role == Role::kInput;
-    declared_out += b.role == Role::kOutput;
-  }
-  if (inputs.size() != declared_in || outputs.size() != declared_out) {
-    return absl::InvalidArgumentError(absl::StrCat("program declares ", declared_in, " inputs and ",
-                                                   declared_out, " outputs; given ", inputs.size(),
-                                                   " and ", outputs.size()));
-  }
-  for (size_t i = 0; i < program.buffers.size(); ++i) {
-    const BufferDecl& b = program.buffers[i];
-    Bound& bound = bufs[i];
-    bound.dtype = b.dtype;
-    bound.size = kernels::DataTypeSize(b.dtype);
-    const size_t bytes = static_cast<size_t>(b.count) * bound.size;
-    if (b.role == Role::kScratch) {
-      try {
-        scratch.emplace_back(bytes, 0);
-      } catch (const std::bad_alloc&) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("scratch '", b.name, "': cannot allocate ", bytes, " bytes"));
-      }
-      bound.write = scratch.back().data();
-      bound.read = bound.write;
-      continue;
-    }
-    const size_t given = b.role == Role::kInput ? inputs[next_in].size() : outputs[next_out].size();
-    if (given != bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          std::string(RoleName(b.role)), " '", b.name, "': ", given, " bytes given, declared ",
-          b.count, " ", std::string(kernels::DataTypeName(b.dtype)), " elements = ", bytes,
-          " bytes"));
-    }
-    if (b.role == Role::kInput) {
-      bound.read = inputs[next_in++].data();
-    } else {
-      bound.write = outputs[next_out++].data();
-      bound.read = bound.write;
-    }
-  }
-  for (size_t i = 0; i < program.buffers.size(); ++i) {
-    if (program.buffers[i].role != Role::kOutput) continue;
-    const size_t ni = static_cast<size_t>(program.buffers[i].count) * bufs[i].size;
-    for (size_t j = 0; j < program.buffers.size(); ++j) {
-      if (j == i || program.buffers[j].role == Role::kScratch) continue;
-      const size_t nj = static_cast<size_t>(program.buffers[j].count) * bufs[j].size;
-      if (Overlap(bufs[i].read, ni, bufs[j].read, nj)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("output '", program.buffers[i].name, "' overlaps ",
-                         std::string(RoleName(program.buffers[j].role)), " '",
-                         program.buffers[j].name, "' in memory"));
-      }
-    }
-  }
-  for (const Step& st : program.steps) RunStep(st, bufs);
+  internal::BoundBuffers bound;
+  PLEXUS_RETURN_IF_ERROR(internal::BindBuffers(program, inputs, outputs, &bound));
+  for (const Step& st : program.steps) RunStep(st, bound.bufs);
   return absl::OkStatus();
 }
 

@@ -1,0 +1,363 @@
+// plexus-bench-restructure: the restructuring engine's fast executor, one thread, against the
+// bandwidth of memcpy moving as many bytes, against the reference interpreter, and (--compare)
+// against the same stages written as numpy and torch CPU operations (python_peers.py).
+//
+//   ops        element-wise and cast chains, pooling, concat, flatten and transposes
+//   pipelines  the five restructuring stages of Fianchetto's Table 3.1 at the table's shapes
+//
+// A program's bandwidth counts the bytes it reads and writes once (inputs + outputs); memcpy's
+// counts both directions too, copying half that many bytes, so the ratio compares passes over
+// memory. Every figure is the median of --runs runs, the systems alternating run by run; every
+// fast-path output is checked against the interpreter's once per program (bit for bit, or
+// within the documented bounds where Pow and Log10 run).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "plexus/restructure/builder.hpp"
+#include "plexus/restructure/executor.hpp"
+#include "plexus/restructure/interpreter.hpp"
+#include "plexus/restructure/pipelines.hpp"
+#include "plexus/tooling/cli.hpp"
+#include "plexus/tooling/figures.hpp"
+#include "plexus/tooling/launch.hpp"
+
+namespace pr = plexus::restructure;
+namespace pp = plexus::restructure::pipelines;
+namespace pt = plexus::tooling;
+using plexus::kernels::DataType;
+
+namespace {
+
+constexpr char kProgram[] = "plexus-bench-restructure";
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? NAN : v[v.size() / 2];
+}
+
+struct Args {
+  bool json = false;
+  bool compare = false;
+  int runs = 5;
+  std::string only = "all";
+  double scale = 1.0;  // of the ops' sizes
+};
+
+// A program with its inputs filled and its outputs allocated.
+struct Case {
+  std::string name;
+  std::string kind;  // what the target is: "elementwise", "layout" (pool/concat/flatten),
+                     // "transpose", "pipeline"
+  pr::Program program;
+  std::vector<std::vector<uint8_t>> inputs, outputs, reference;
+  size_t bytes = 0;   // inputs + outputs
+  bool exact = true;  // false: Pow/Log10 run; the check allows their bounds
+};
+
+Case Make(std::string name, std::string kind, absl::StatusOr<pr::Program> p, bool exact = true) {
+  if (!p.ok()) {
+    std::fprintf(stderr, "%s: %s: %s\n", kProgram, name.c_str(), p.status().ToString().c_str());
+    std::exit(1);
+  }
+  Case c{std::move(name), std::move(kind), *std::move(p), {}, {}, {}, 0, exact};
+  std::mt19937 rng(1);
+  for (const pr::BufferDecl& b : c.program.buffers) {
+    const size_t bytes = static_cast<size_t>(b.count) * plexus::kernels::DataTypeSize(b.dtype);
+    if (b.role == pr::Role::kScratch) continue;
+    c.bytes += bytes;
+    if (b.role == pr::Role::kOutput) {
+      c.outputs.emplace_back(bytes, 0);
+      c.reference.emplace_back(bytes, 0);
+      continue;
+    }
+    std::vector<uint8_t> v(bytes);
+    if (b.dtype == DataType::kF32) {
+      std::uniform_real_distribution<float> d(0.001f, 4.0f);  // positive: log10 stays finite
+      for (size_t i = 0; i < v.size() / 4; ++i) {
+        const float x = d(rng);
+        std::memcpy(v.data() + 4 * i, &x, 4);
+      }
+    } else {
+      for (auto& x : v) x = static_cast<uint8_t>(rng() & 0x3f);  // small: no f16/bf16 specials
+    }
+    c.inputs.push_back(std::move(v));
+  }
+  return c;
+}
+
+std::vector<pr::ConstBytes> In(const Case& c) {
+  std::vector<pr::ConstBytes> in;
+  for (const auto& v : c.inputs) in.emplace_back(v.data(), v.size());
+  return in;
+}
+std::vector<pr::MutableBytes> Out(std::vector<std::vector<uint8_t>>& v) {
+  std::vector<pr::MutableBytes> out;
+  for (auto& x : v) out.emplace_back(x.data(), x.size());
+  return out;
+}
+
+// Elements of the fast path's outputs that differ from the interpreter's (beyond one unit of the
+// output type where Pow/Log10 run).
+size_t Wrong(const Case& c) {
+  size_t wrong = 0;
+  size_t k = 0;
+  for (const pr::BufferDecl& b : c.program.buffers) {
+    if (b.role != pr::Role::kOutput) continue;
+    const size_t size = plexus::kernels::DataTypeSize(b.dtype);
+    const auto& r = c.reference[k];
+    const auto& f = c.outputs[k];
+    for (size_t i = 0; i < r.size(); i += size) {
+      if (std::memcmp(r.data() + i, f.data() + i, size) == 0) continue;
+      if (c.exact) {
+        ++wrong;
+        continue;
+      }
+      int64_t a = 0, b2 = 0;
+      std::memcpy(&a, r.data() + i, size);
+      std::memcpy(&b2, f.data() + i, size);
+      wrong += std::llabs(a - b2) > (size == 4 ? 2 * pr::kLog10MaxUlp : 1);
+    }
+    ++k;
+  }
+  return wrong;
+}
+
+std::vector<Case> OpCases(double scale) {
+  const int64_t n = std::max<int64_t>(1024, static_cast<int64_t>(16e6 * scale));  // 64 MB of f32
+  std::vector<Case> cases;
+  {
+    pr::ProgramBuilder b;  // y = f16(x * 0.5 + 1): the element-wise chain of a normalisation
+    auto x = b.Input("x", DataType::kF32, n);
+    auto t = b.Scratch("t", DataType::kF32, n);
+    auto y = b.Output("y", DataType::kF16, n);
+    b.Mul(t, x, 0.5f);
+    b.Add(t, t, 1.0f);
+    b.Cast(y, t);
+    cases.push_back(Make("chain_mul_add_cast_f16", "elementwise", b.Build()));
+  }
+  {
+    pr::ProgramBuilder b;
+    auto x = b.Input("x", DataType::kF32, n);
+    auto y = b.Output("y", DataType::kBF16, n);
+    b.Cast(y, x);
+    cases.push_back(Make("cast_f32_bf16", "elementwise", b.Build()));
+  }
+  {
+    pr::ProgramBuilder b;
+    auto x = b.Input("x", DataType::kU8, n);
+    auto y = b.Output("y", DataType::kF32, n);
+    b.Mul(y, x, 1.0f / 255);
+    cases.push_back(Make("scale_u8_f32", "elementwise", b.Build()));
+  }
+  {
+    const int64_t side =
+        std::max<int64_t>(4, static_cast<int64_t>(std::sqrt(n / 3.0)) & ~int64_t{1});
+    pr::ProgramBuilder b;
+    auto x = b.Input("x", DataType::kF32, side * side * 3);
+    pr::Pool2D s{side, side, 3, 2, 2, 2, 2};
+    auto y = b.Output("y", DataType::kF32, s.out_h() * s.out_w() * 3);
+    b.MaxPool2D(y, x, s);
+    cases.push_back(Make("maxpool_2x2_f32", "layout", b.Build()));
+  }
+  {
+    pr::ProgramBuilder b;
+    std::vector<pr::BufferRef> parts;
+    for (int i = 0; i < 4; ++i)
+      parts.push_back(b.Input(absl::StrCat("p", i), DataType::kF32, n / 4));
+    auto y = b.Output("y", DataType::kF32, n / 4 * 4);
+    b.Concat(y, parts);
+    cases.push_back(Make("concat_4_f32", "layout", b.Build()));
+  }
+  {
+    pr::ProgramBuilder b;
+    auto x = b.Input("x", DataType::kF32, n);
+    auto y = b.Output("y", DataType::kF32, n);
+    b.Flatten(y, x);
+    cases.push_back(Make("flatten_f32", "layout", b.Build()));
+  }
+  {
+    const int64_t side =
+        std::max<int64_t>(8, static_cast<int64_t>(std::sqrt(static_cast<double>(n))));
+    pr::ProgramBuilder b;
+    auto x = b.Input("x", DataType::kF32, side * side);
+    auto y = b.Output("y", DataType::kF32, side * side);
+    b.Transpose2D(y, x, side, side);
+    cases.push_back(Make("transpose_f32", "transpose", b.Build()));
+  }
+  return cases;
+}
+
+std::vector<Case> PipelineCases(bool f16_brain) {
+  std::vector<Case> cases;
+  cases.push_back(Make("video-surveillance", "pipeline", pp::VideoSurveillance()));
+  cases.push_back(Make("sound-detection", "pipeline", pp::SoundDetection(), false));
+  pp::BrainShape brain;
+  if (f16_brain) brain.out_dtype = DataType::kF16;  // numpy has no bf16
+  cases.push_back(Make("brain-stimulation", "pipeline", pp::BrainStimulation(brain), false));
+  cases.push_back(Make("pii-redaction", "pipeline", pp::PiiRedaction()));
+  cases.push_back(Make("db-hash-join", "pipeline", pp::DbHashJoin()));
+  return cases;
+}
+
+// Times the fast path, memcpy of as many bytes and (fewer runs: it is slow) the interpreter,
+// alternating; checks the fast path against the interpreter. Returns false on a wrong output.
+bool Measure(Case& c, const Args& a, pt::FigureWriter& out, std::vector<double>* fast_ms) {
+  auto exec = pr::Executor::Compile(c.program);
+  if (!exec.ok()) {
+    std::fprintf(stderr, "%s: %s: %s\n", kProgram, c.name.c_str(),
+                 exec.status().ToString().c_str());
+    return false;
+  }
+  const auto in = In(c);
+  auto ref_out = Out(c.reference);
+  auto fast_out = Out(c.outputs);
+  std::vector<uint8_t> src(c.bytes / 2, 1), dst(c.bytes / 2, 2);
+  std::vector<double> fast, copy, interp;
+  const int interp_runs = std::min(a.runs, 3);
+  for (int r = 0; r < a.runs; ++r) {
+    for (int which = 0; which < 3; ++which) {
+      const int w = (which + r) % 3;  // rotating order
+      const double t0 = Now();
+      if (w == 0) {
+        if (absl::Status s = exec->Run(in, fast_out); !s.ok()) {
+          std::fprintf(stderr, "%s: %s: %s\n", kProgram, c.name.c_str(), s.ToString().c_str());
+          return false;
+        }
+        fast.push_back((Now() - t0) * 1e3);
+      } else if (w == 1) {
+        std::memcpy(dst.data(), src.data(), src.size());
+        copy.push_back((Now() - t0) * 1e3);
+      } else if (r < interp_runs) {
+        (void)pr::Interpret(c.program, in, ref_out);
+        interp.push_back((Now() - t0) * 1e3);
+      }
+    }
+  }
+  const size_t wrong = Wrong(c);
+  const double ms = Median(fast), copy_ms = Median(copy), interp_ms = Median(interp);
+  fast_ms->push_back(ms);
+  auto add = [&](std::string figure, double value, std::string unit, std::optional<double> target) {
+    pt::Figure f;
+    f.figure = std::move(figure);
+    f.value = value;
+    f.unit = std::move(unit);
+    if (target) {
+      f.target = *target;
+      f.met = value >= *target;
+    }
+    f.extra = {{"program", c.name}, {"bytes", c.bytes}, {"runs", a.runs}, {"threads", 1}};
+    out.Add(f);
+  };
+  const double memcpy_target = c.kind == "elementwise" ? 0.8
+                               : c.kind == "layout"    ? 0.6
+                               : c.kind == "transpose" ? 0.5
+                                                       : -1;
+  add("fast_ms", ms, "ms", std::nullopt);
+  add("fast_gbps", static_cast<double>(c.bytes) / (ms * 1e-3) / 1e9, "GB/s", std::nullopt);
+  add("fast_vs_memcpy", copy_ms / ms, "ratio",
+      memcpy_target > 0 ? std::optional<double>(memcpy_target) : std::nullopt);
+  add("fast_vs_interpreter", interp_ms / ms, "ratio", 5.0);
+  add("wrong_elements", static_cast<double>(wrong), "count", std::nullopt);
+  if (wrong > 0) {
+    std::fprintf(stderr, "%s: %s: %zu output elements differ from the interpreter's\n", kProgram,
+                 c.name.c_str(), wrong);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  pt::Tool tool(kProgram,
+                "The restructuring engine's fast executor against memcpy, the interpreter and "
+                "(--compare) numpy and torch on the CPU, one thread.");
+  CLI::App& app = tool.app();
+  pt::AddJsonFlag(&app, &a.json);
+  app.add_flag("--compare", a.compare, "also numpy and torch (python3) for the pipelines");
+  pt::AddNumber(&app, "--runs", &a.runs, "runs per figure (median)", 1, 1000);
+  app.add_option("--only", a.only, "ops, pipelines or all")
+      ->check(CLI::IsMember({"ops", "pipelines", "all"}));
+  pt::AddNumber(&app, "--scale", &a.scale, "of the ops' size (1: 16 M elements)", 1e-4, 16.0);
+  if (auto code = tool.Parse(argc, argv)) return *code;
+  pt::FigureWriter out("restructure", a.json);
+  bool ok = true;
+  std::vector<double> ignored;
+  if (a.only != "pipelines") {
+    for (Case& c : OpCases(a.scale)) ok = Measure(c, a, out, &ignored) && ok;
+  }
+  if (a.only != "ops") {
+    std::vector<Case> cases = PipelineCases(a.compare);
+    std::vector<double> ms;
+    for (Case& c : cases) ok = Measure(c, a, out, &ms) && ok;
+    if (a.compare) {
+      const nlohmann::json shapes = {{"video_h", 960},    {"video_w", 540}, {"sound_frames", 8192},
+                                     {"sound_bins", 768}, {"brain_w", 256}, {"brain_b", 1024},
+                                     {"brain_e", 8},      {"pii_parts", 4}, {"pii_rows", 2048},
+                                     {"pii_cols", 768},   {"db_parts", 4},  {"db_rows", 1024},
+                                     {"db_cols", 512}};
+      pt::LaunchOptions lo;
+      lo.argv = {PLEXUS_RESTRUCTURE_PYTHON,
+                 PLEXUS_RESTRUCTURE_PEERS,
+                 "--runs",
+                 std::to_string(a.runs),
+                 "--shapes",
+                 shapes.dump()};
+      lo.plexus_env = false;
+      lo.output = pt::OutputMode::kCallback;
+      lo.timeout = absl::Minutes(10);
+      std::map<std::pair<std::string, std::string>, double> peer_ms;
+      lo.on_line = [&](pt::Launcher&, int, pt::Stream stream, std::string_view line) {
+        auto j = nlohmann::json::parse(line, nullptr, false);
+        if (stream == pt::Stream::kStdout && j.is_object() && j.contains("ms")) {
+          peer_ms[{j["peer"].get<std::string>(), j["stage"].get<std::string>()}] =
+              j["ms"].get<double>();
+        } else {
+          std::fprintf(stderr, "[python] %.*s\n", static_cast<int>(line.size()), line.data());
+        }
+      };
+      auto r = pt::Launch(std::move(lo));
+      if (!r.ok() || r->first_failure >= 0) {
+        std::fprintf(stderr, "%s: the python peers failed%s\n", kProgram,
+                     r.ok() ? "" : (": " + r.status().ToString()).c_str());
+        ok = false;
+      }
+      for (size_t i = 0; i < cases.size(); ++i) {
+        for (const char* peer : {"numpy", "torch"}) {
+          auto it = peer_ms.find({peer, cases[i].name});
+          if (it == peer_ms.end()) continue;
+          pt::Figure f;
+          f.figure = absl::StrCat("speedup_vs_", peer);
+          f.value = it->second / ms[i];
+          f.unit = "ratio";
+          f.target = 2.0;
+          f.met = f.value >= 2.0;
+          f.extra = {{"program", cases[i].name},
+                     {"peer_ms", it->second},
+                     {"fast_ms", ms[i]},
+                     {"runs", a.runs},
+                     {"threads", 1}};
+          out.Add(f);
+        }
+      }
+    }
+  }
+  if (!a.json) out.PrintTable();
+  return ok ? 0 : 1;
+}

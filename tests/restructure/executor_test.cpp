@@ -1,0 +1,316 @@
+// The fast executor against the reference interpreter: bit for bit on casts, arithmetic, layout
+// ops and pooling at odd shapes, on random fused chains, and on the five pipelines; kPow's x * x
+// and kLog10's polynomial within their documented bounds.
+#include "plexus/restructure/executor.hpp"
+
+#include <bit>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "plexus/kernels/reduce.hpp"
+#include "plexus/restructure/builder.hpp"
+#include "plexus/restructure/pipelines.hpp"
+#include "restructure/support.hpp"
+#include "tile.hpp"
+
+namespace pr = plexus::restructure;
+namespace pp = plexus::restructure::pipelines;
+namespace pk = plexus::kernels;
+using pk::DataType;
+
+namespace {
+
+pr::Program Built(absl::StatusOr<pr::Program> p) {
+  INFO(p.status().ToString());
+  REQUIRE(p.ok());
+  return *p;
+}
+
+// Random bytes for every input, as many as declared; some f32/f16/bf16 elements made special.
+std::vector<std::vector<uint8_t>> RandomInputs(const pr::Program& p, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<uint8_t>> in;
+  for (const pr::BufferDecl& b : p.buffers) {
+    if (b.role != pr::Role::kInput) continue;
+    std::vector<uint8_t> bytes(static_cast<size_t>(b.count) * pk::DataTypeSize(b.dtype));
+    if (b.dtype == DataType::kF32) {
+      std::uniform_real_distribution<float> d(-300.0f, 300.0f);
+      for (size_t i = 0; i < bytes.size() / 4; ++i) {
+        float v = d(rng);
+        if (rng() % 97 == 0) v = std::numeric_limits<float>::quiet_NaN();
+        if (rng() % 89 == 0) v = -0.0f;
+        if (rng() % 83 == 0) v = 2.5f;  // a rounding tie
+        std::memcpy(bytes.data() + 4 * i, &v, 4);
+      }
+    } else if (b.dtype == DataType::kF16 || b.dtype == DataType::kBF16) {
+      for (size_t i = 0; i < bytes.size() / 2; ++i) {
+        const float v = std::uniform_real_distribution<float>(-100.0f, 100.0f)(rng);
+        const uint16_t h = b.dtype == DataType::kF16 ? pk::FloatToHalf(v) : pk::FloatToBf16(v);
+        std::memcpy(bytes.data() + 2 * i, &h, 2);
+      }
+    } else {
+      for (auto& x : bytes) x = static_cast<uint8_t>(rng());
+    }
+    in.push_back(std::move(bytes));
+  }
+  return in;
+}
+
+std::vector<std::vector<uint8_t>> Outputs(const pr::Program& p, uint8_t fill) {
+  std::vector<std::vector<uint8_t>> out;
+  for (const pr::BufferDecl& b : p.buffers) {
+    if (b.role == pr::Role::kOutput) {
+      out.emplace_back(static_cast<size_t>(b.count) * pk::DataTypeSize(b.dtype), fill);
+    }
+  }
+  return out;
+}
+
+struct Both {
+  std::vector<std::vector<uint8_t>> reference, fast;
+};
+
+Both RunBoth(const pr::Program& p, uint32_t seed) {
+  const auto inputs = RandomInputs(p, seed);
+  std::vector<pr::ConstBytes> in;
+  for (const auto& v : inputs) in.emplace_back(v.data(), v.size());
+  Both r{Outputs(p, 0xEE), Outputs(p, 0xEE)};
+  auto spans = [](std::vector<std::vector<uint8_t>>& v) {
+    std::vector<pr::MutableBytes> s;
+    for (auto& x : v) s.emplace_back(x.data(), x.size());
+    return s;
+  };
+  REQUIRE(pr::Interpret(p, in, spans(r.reference)).ok());
+  auto e = pr::Executor::Compile(p);
+  INFO(e.status().ToString());
+  REQUIRE(e.ok());
+  const absl::Status s = e->Run(in, spans(r.fast));
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  return r;
+}
+
+void RequireSame(const pr::Program& p, uint32_t seed) {
+  const Both b = RunBoth(p, seed);
+  for (size_t k = 0; k < b.reference.size(); ++k) {
+    size_t first = b.reference[k].size();
+    for (size_t i = 0; i < b.reference[k].size(); ++i) {
+      if (b.reference[k][i] != b.fast[k][i]) {
+        first = i;
+        break;
+      }
+    }
+    INFO("output " << k << " first differing byte " << first << " of " << b.reference[k].size());
+    CHECK(first == b.reference[k].size());
+  }
+}
+
+// The distance in units in the last place of two finite floats of one sign (or 0 if equal bits).
+int64_t Ulps(float a, float b) {
+  if (std::isnan(a) && std::isnan(b)) return 0;
+  const int32_t x = std::bit_cast<int32_t>(a), y = std::bit_cast<int32_t>(b);
+  const int64_t ox = x < 0 ? int64_t{INT32_MIN} - x : x, oy = y < 0 ? int64_t{INT32_MIN} - y : y;
+  return ox > oy ? ox - oy : oy - ox;
+}
+
+constexpr DataType kTypes[] = {DataType::kF32, DataType::kF16, DataType::kBF16,
+                               DataType::kI32, DataType::kI8,  DataType::kU8};
+
+}  // namespace
+
+TEST_CASE("casts between every pair of types, bit for bit", "[restructure][executor]") {
+  for (DataType from : kTypes) {
+    for (DataType to : kTypes) {
+      for (int64_t n : {1, 7, 1023, 1024, 1025, 3000}) {
+        pr::ProgramBuilder b;
+        auto x = b.Input("x", from, n);
+        auto y = b.Output("y", to, n);
+        b.Cast(y, x);
+        INFO(pk::DataTypeName(from) << " -> " << pk::DataTypeName(to) << " n " << n);
+        RequireSame(Built(b.Build()), static_cast<uint32_t>(n));
+      }
+    }
+  }
+}
+
+TEST_CASE("arithmetic chains fuse into one pass and match", "[restructure][executor]") {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int64_t rows = 1 + rng() % 40, cols = 1 + rng() % 70, n = rows * cols;
+    pr::ProgramBuilder b;
+    auto x = b.Input("x", kTypes[rng() % 6], n);
+    auto w = b.Input("w", DataType::kF32, cols);
+    auto t1 = b.Scratch("t1", kTypes[rng() % 3], n);  // f32, f16 or bf16
+    auto t2 = b.Scratch("t2", DataType::kF32, n);
+    auto y = b.Output("y", kTypes[rng() % 6], n);
+    b.Mul(t1, x, 0.75f);
+    b.Add(t1, t1, 3.0f);  // in place
+    // A [rows, cols] nest beside flat ones: the weights walk the columns of every row.
+    b.Step(pr::Op::kMul, {rows, cols}, pr::ProgramBuilder::At(t2, 0, {cols, 1}),
+           pr::ProgramBuilder::At(t1, 0, {cols, 1}), pr::ProgramBuilder::At(w, 0, {0, 1}));
+    if (rng() % 2) b.Div(t2, t2, 1.5f);
+    b.Cast(y, t2);
+    const pr::Program p = Built(b.Build());
+    INFO("trial " << trial << " rows " << rows << " cols " << cols);
+    RequireSame(p, static_cast<uint32_t>(trial));
+    auto e = pr::Executor::Compile(p);
+    REQUIRE(e.ok());
+    INFO(e->Describe());
+    CHECK(e->passes() == 1);
+  }
+}
+
+TEST_CASE("layout ops: transposes, concats, strided and reversed copies",
+          "[restructure][executor]") {
+  for (DataType t : kTypes) {
+    for (auto [rows, cols] :
+         {std::pair<int64_t, int64_t>{1, 1}, {3, 5}, {33, 31}, {64, 100}, {257, 3}}) {
+      pr::ProgramBuilder b;
+      auto x = b.Input("x", t, rows * cols);
+      auto y = b.Output("y", t, rows * cols);
+      b.Transpose2D(y, x, rows, cols);
+      INFO(pk::DataTypeName(t) << " transpose " << rows << "x" << cols);
+      RequireSame(Built(b.Build()), static_cast<uint32_t>(rows));
+    }
+    pr::ProgramBuilder c;
+    auto a = c.Input("a", t, 6 * 7), b2 = c.Input("b", t, 6 * 9), d = c.Input("d", t, 6 * 1);
+    auto y = c.Output("y", t, 6 * 17);
+    c.Concat2D(y, {a, b2, d}, 6);
+    RequireSame(Built(c.Build()), 3);
+    // A reversed copy: negative strides.
+    pr::ProgramBuilder r;
+    auto x = r.Input("x", t, 1001);
+    auto z = r.Output("z", t, 1001);
+    r.Step(pr::Op::kCopy, {1001}, pr::ProgramBuilder::At(z, 0, {1}),
+           pr::ProgramBuilder::At(x, 1000, {-1}));
+    RequireSame(Built(r.Build()), 5);
+  }
+}
+
+TEST_CASE("max pooling at odd shapes, every type", "[restructure][executor]") {
+  for (DataType t : kTypes) {
+    for (const pr::Pool2D& s :
+         {pr::Pool2D{8, 8, 3, 2, 2, 2, 2}, pr::Pool2D{13, 7, 2, 3, 2, 2, 1},
+          pr::Pool2D{5, 5, 1, 5, 5, 1, 1}, pr::Pool2D{64, 48, 3, 2, 2, 2, 2}}) {
+      pr::ProgramBuilder b;
+      auto x = b.Input("x", t, s.height * s.width * s.channels);
+      auto y = b.Output("y", t, s.out_h() * s.out_w() * s.channels);
+      b.MaxPool2D(y, x, s);
+      INFO(pk::DataTypeName(t) << " pool " << s.height << "x" << s.width << "x" << s.channels);
+      RequireSame(Built(b.Build()), static_cast<uint32_t>(s.height));
+    }
+  }
+}
+
+TEST_CASE("the pipelines match the interpreter", "[restructure][executor]") {
+  // Video and the two layout pipelines bit for bit; the ones with Pow and Log10 within one unit
+  // in the last place of their output type.
+  RequireSame(Built(pp::VideoSurveillance({96, 54, 3, 1.0f / 255, DataType::kF16})), 1);
+  RequireSame(Built(pp::VideoSurveillance({13, 7, 2, 0.37f, DataType::kBF16})), 2);
+  RequireSame(Built(pp::PiiRedaction({4, 33, 17, 0})), 3);
+  RequireSame(Built(pp::PiiRedaction({3, 33, 17, 1})), 4);
+  RequireSame(Built(pp::DbHashJoin({4, 31, 17, DataType::kF32})), 5);
+  RequireSame(Built(pp::DbHashJoin({3, 31, 17, DataType::kI8})), 6);
+  for (const pr::Program& p : {Built(pp::SoundDetection({81, 77, 1e-10f, 1.0f, DataType::kF16})),
+                               Built(pp::SoundDetection({64, 96, 1e-10f, 2.0f, DataType::kF32})),
+                               Built(pp::BrainStimulation({9, 33, 8, 0.5f, DataType::kBF16})),
+                               Built(pp::BrainStimulation({9, 33, 8, 0.5f, DataType::kF32}))}) {
+    const Both b = RunBoth(p, 11);
+    const DataType out =
+        p.buffers.back().role == pr::Role::kOutput ? p.buffers.back().dtype : DataType::kF32;
+    for (const pr::BufferDecl& d : p.buffers) {
+      if (d.role != pr::Role::kOutput) continue;
+      const size_t size = pk::DataTypeSize(d.dtype);
+      int64_t worst = 0;
+      for (size_t i = 0; i < b.reference[0].size() / size; ++i) {
+        float r, f;
+        if (size == 4) {
+          std::memcpy(&r, b.reference[0].data() + 4 * i, 4);
+          std::memcpy(&f, b.fast[0].data() + 4 * i, 4);
+          worst = std::max(worst, Ulps(r, f));
+        } else {
+          uint16_t hr, hf;
+          std::memcpy(&hr, b.reference[0].data() + 2 * i, 2);
+          std::memcpy(&hf, b.fast[0].data() + 2 * i, 2);
+          worst = std::max<int64_t>(worst, hr > hf ? hr - hf : hf - hr);
+        }
+      }
+      INFO("output type " << pk::DataTypeName(d.dtype) << " worst " << worst);
+      // f32 outputs carry the f32 ops' bounds (log10's, then a division); 16-bit ones at most
+      // one step of their own.
+      CHECK(worst <= (size == 4 ? 2 * pr::kLog10MaxUlp : 1));
+    }
+    (void)out;
+    auto e = pr::Executor::Compile(p);
+    REQUIRE(e.ok());
+    INFO(e->Describe());
+    CHECK(e->passes() == 1);  // every stage in one pass over memory
+  }
+}
+
+TEST_CASE("log10 within its bound of std::log10 over the floats", "[restructure][executor]") {
+  int64_t worst = 0;
+  float worst_at = 0;
+  for (uint64_t bits = 0; bits < 0x7f800000u; bits += 997) {  // every positive finite float class
+    const float x = std::bit_cast<float>(static_cast<uint32_t>(bits));
+    const int64_t u = Ulps(pr::internal::Log10(x), std::log10(x));
+    if (u > worst) {
+      worst = u;
+      worst_at = x;
+    }
+  }
+  INFO("worst " << worst << " ulp at " << worst_at);
+  CHECK(worst <= pr::kLog10MaxUlp);
+  for (float special :
+       {0.0f, -0.0f, -1.0f, std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+        std::numeric_limits<float>::denorm_min(), 1.0f, 10.0f, 1000.0f}) {
+    const float f = pr::internal::Log10(special);
+    const float r = std::log10(special);
+    INFO("at " << special << ": " << f << " vs " << r);
+    CHECK((std::bit_cast<uint32_t>(f) == std::bit_cast<uint32_t>(r) ||
+           (std::isnan(f) && std::isnan(r))));
+  }
+}
+
+TEST_CASE("pow by 2 is x * x, within 1 ulp of std::pow", "[restructure][executor]") {
+  int64_t worst = 0;
+  for (uint64_t bits = 0; bits < 0x7f800000u; bits += 1009) {
+    const float x = std::bit_cast<float>(static_cast<uint32_t>(bits));
+    worst = std::max(worst, Ulps(x * x, std::pow(x, 2.0f)));
+  }
+  CHECK(worst <= 1);
+}
+
+TEST_CASE("the executor refuses what the interpreter refuses", "[restructure][executor]") {
+  pr::Program p;
+  p.buffers = {{"x", DataType::kF32, 10, pr::Role::kInput},
+               {"y", DataType::kF32, 10, pr::Role::kOutput}};
+  pr::Step st;
+  st.op = pr::Op::kCopy;
+  st.iters = {11};
+  st.dst = {1, 0, {1}};
+  st.src1 = {0, 0, {1}};
+  p.steps = {st};
+  auto e = pr::Executor::Compile(p);
+  REQUIRE_FALSE(e.ok());
+  CHECK(e.status().message().find("step 0 (copy)") != std::string::npos);
+  pr::ProgramBuilder ok;
+  auto a = ok.Input("a", DataType::kF32, 4);
+  auto c = ok.Output("c", DataType::kF32, 4);
+  ok.Copy(c, a);
+  auto good = pr::Executor::Compile(Built(ok.Build()));
+  REQUIRE(good.ok());
+  std::vector<uint8_t> small(12), out(16);
+  const pr::ConstBytes in[] = {{small.data(), small.size()}};
+  const pr::MutableBytes outs[] = {{out.data(), out.size()}};
+  const absl::Status s = good->Run(in, outs);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("'a'") != std::string::npos);
+}
