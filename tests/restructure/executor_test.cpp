@@ -314,3 +314,59 @@ TEST_CASE("the executor refuses what the interpreter refuses", "[restructure][ex
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);
   CHECK(s.message().find("'a'") != std::string::npos);
 }
+
+TEST_CASE("scratch computed where it is read: concats, scaled inputs, strided and across parts",
+          "[restructure][executor]") {
+  for (DataType t : {DataType::kF16, DataType::kBF16, DataType::kI8}) {
+    // Two parts concatenated into a scratch, scaled in place, read transposed (strided reads that
+    // cross from one part to the other) by a cast.
+    pr::ProgramBuilder b;
+    auto p0 = b.Input("p0", DataType::kU8, 3 * 5);
+    auto p1 = b.Input("p1", DataType::kU8, 3 * 5);
+    auto rows = b.Scratch("rows", t, 6 * 5);
+    auto y = b.Output("y", DataType::kF32, 6 * 5);
+    b.Step(pr::Op::kCast, {15}, pr::ProgramBuilder::At(rows, 0, {1}),
+           pr::ProgramBuilder::At(p0, 0, {1}));
+    b.Step(pr::Op::kCast, {15}, pr::ProgramBuilder::At(rows, 15, {1}),
+           pr::ProgramBuilder::At(p1, 0, {1}));
+    b.Mul(rows, rows, 0.3f);
+    b.Step(pr::Op::kCast, {5, 6}, pr::ProgramBuilder::At(y, 0, {6, 1}),
+           pr::ProgramBuilder::At(rows, 0, {1, 5}));
+    const pr::Program p = Built(b.Build());
+    auto e = pr::Executor::Compile(p);
+    REQUIRE(e.ok());
+    INFO(pk::DataTypeName(t) << "\n" << e->Describe());
+    CHECK(e->Describe().find("virtual 'rows'") != std::string::npos);
+    RequireSame(p, 21);
+  }
+  {
+    // Max pooling over a scaled frame that is never written.
+    pr::ProgramBuilder b;
+    auto x = b.Input("x", DataType::kU8, 10 * 6 * 3);
+    auto s = b.Scratch("s", DataType::kF32, 10 * 6 * 3);
+    pr::Pool2D shape{10, 6, 3, 2, 2, 2, 2};
+    auto y = b.Output("y", DataType::kF16, shape.out_h() * shape.out_w() * 3);
+    b.Mul(s, x, -0.5f);  // negative: the max is taken after the scaling, as the interpreter does
+    b.MaxPool2D(y, s, shape);
+    const pr::Program p = Built(b.Build());
+    auto e = pr::Executor::Compile(p);
+    REQUIRE(e.ok());
+    CHECK(e->Describe().find("virtual 's'") != std::string::npos);
+    RequireSame(p, 22);
+  }
+  {
+    // Written in part only: materialised (the rest reads as the zeros scratch starts with).
+    pr::ProgramBuilder b;
+    auto x = b.Input("x", DataType::kF32, 8);
+    auto s = b.Scratch("s", DataType::kF32, 16);
+    auto y = b.Output("y", DataType::kF32, 16);
+    b.Step(pr::Op::kMul, {8}, pr::ProgramBuilder::At(s, 4, {1}), pr::ProgramBuilder::At(x, 0, {1}),
+           2.0f);
+    b.Add(y, s, 1.0f);
+    const pr::Program p = Built(b.Build());
+    auto e = pr::Executor::Compile(p);
+    REQUIRE(e.ok());
+    CHECK(e->Describe().find("virtual") == std::string::npos);
+    RequireSame(p, 23);
+  }
+}

@@ -215,8 +215,87 @@ int64_t Offset(const Access& a, const Index& idx, size_t levels) {
   return o;
 }
 
+using Virtual = Executor::VirtualBuffer;
+using Segment = Executor::Segment;
+
+// Scratch buffers the executor need not materialise (Executor::VirtualBuffer), found on the
+// canonical steps: written only by one-level contiguous element-wise or copy steps from inputs
+// (scalar second operands), each covering a fresh range or extending the chain of one range in
+// place, covering the whole buffer, and read only afterwards, by fused or max-pool passes.
+std::vector<Virtual> FindVirtual(const Program& p, const std::vector<Step>& steps) {
+  std::vector<Virtual> v(p.buffers.size());
+  for (size_t b = 0; b < p.buffers.size(); ++b) {
+    if (p.buffers[b].role != Role::kScratch) continue;
+    const int buf = static_cast<int>(b);
+    std::vector<Segment> segs;
+    bool ok = true, reading = false;
+    for (const Step& s : steps) {
+      const bool writes = s.dst.buffer == buf;
+      const bool reads = Reads(s, buf);
+      if (!writes && !reads) continue;
+      if (!writes) {  // a reader
+        reading = true;
+        ok = ok && !IsBitCopy(p, s);
+        continue;
+      }
+      if (reading || s.iters.size() != 1 || s.dst.strides[0] != 1 || s.src1.strides[0] != 1 ||
+          s.src2_kind == Operand2::kBuffer || s.op == Op::kMaxPool) {
+        ok = false;
+        break;
+      }
+      const int64_t lo = s.dst.base, hi = s.dst.base + s.iters[0];
+      if (s.src1.buffer == buf) {  // in place: extends the chain of the ranges it covers
+        if (!(s.src1 == s.dst)) {
+          ok = false;
+          break;
+        }
+        // ... of exactly a run of whole ranges.
+        int64_t covered = 0;
+        for (const Segment& g : segs) {
+          if (g.lo >= lo && g.hi <= hi) covered += g.hi - g.lo;
+          if (g.lo < hi && g.hi > lo && (g.lo < lo || g.hi > hi)) ok = false;
+        }
+        if (!ok || covered != hi - lo) {
+          ok = false;
+          break;
+        }
+        for (Segment& g : segs) {
+          if (g.lo >= lo && g.hi <= hi) g.ops.emplace_back(s.op, s.scalar);
+        }
+        continue;
+      }
+      if (p.buffers[s.src1.buffer].role != Role::kInput) {
+        ok = false;
+        break;
+      }
+      for (const Segment& g : segs) ok = ok && (hi <= g.lo || g.hi <= lo);
+      if (!ok) break;
+      Segment g;
+      g.lo = lo;
+      g.hi = hi;
+      g.source = s.src1.buffer;
+      g.source_base = s.src1.base;
+      if (s.op != Op::kCopy) g.ops.emplace_back(s.op, s.scalar);
+      segs.push_back(std::move(g));
+    }
+    if (!ok || !reading || segs.empty()) continue;
+    std::sort(segs.begin(), segs.end(),
+              [](const Segment& a, const Segment& c) { return a.lo < c.lo; });
+    int64_t covered = 0;
+    for (const Segment& g : segs) {
+      if (g.lo != covered) ok = false;
+      covered = g.hi;
+    }
+    if (!ok || covered != p.buffers[b].count) continue;
+    v[b].active = true;
+    v[b].segments = std::move(segs);
+  }
+  return v;
+}
+
 struct Memory {
   const std::vector<Bound>& bufs;
+  const std::vector<Virtual>& virtuals;
   const uint8_t* At(const Access& a, int64_t element) const {
     const Bound& b = bufs[a.buffer];
     return b.read + element * static_cast<int64_t>(b.size);
@@ -226,6 +305,57 @@ struct Memory {
     return b.write + element * static_cast<int64_t>(b.size);
   }
   DataType Type(const Access& a) const { return bufs[a.buffer].dtype; }
+
+  // The f32 values of n elements of a's buffer from `element` by `stride` (LoadTile, or the
+  // computation of a virtual buffer's elements from its inputs).
+  const float* Load(const Access& a, int64_t element, int64_t stride, size_t n,
+                    float* scratch) const {
+    if (!virtuals[a.buffer].active) {
+      return internal::LoadTile(Type(a), At(a, element), stride, n, scratch);
+    }
+    const std::vector<Segment>& segs = virtuals[a.buffer].segments;
+    const DataType type = bufs[a.buffer].dtype;
+    auto segment_of = [&](int64_t e) {
+      return std::upper_bound(segs.begin(), segs.end(), e,
+                              [](int64_t x, const Segment& g) { return x < g.lo; }) -
+             1;
+    };
+    auto piece = [&](const Segment& g, int64_t e, int64_t st, size_t len, float* out) {
+      const Bound& src = bufs[g.source];
+      const uint8_t* at = src.read + (g.source_base + (e - g.lo)) * static_cast<int64_t>(src.size);
+      const float* x = internal::LoadTile(src.dtype, at, st, len, out);
+      if (x != out) std::memcpy(out, x, len * 4);
+      uint8_t bytes[internal::kTile * 4];
+      for (const auto& [op, scalar] : g.ops) {
+        internal::ApplyTile(op, out, nullptr, scalar, len, out);
+        if (type != DataType::kF32) {  // stored to the buffer's type, as the interpreter would
+          internal::StoreTile(type, bytes, 1, len, out);
+          internal::LoadTile(type, bytes, 1, len, out);
+        }
+      }
+    };
+    const int64_t last = element + static_cast<int64_t>(n - 1) * stride;
+    auto first_seg = segment_of(element), last_seg = segment_of(last);
+    if (first_seg == last_seg) {
+      piece(*first_seg, element, stride, n, scratch);
+      return scratch;
+    }
+    if (stride == 1) {  // contiguous pieces, one per segment
+      size_t done = 0;
+      for (auto g = first_seg; done < n; ++g) {
+        const int64_t e = element + static_cast<int64_t>(done);
+        const size_t len = static_cast<size_t>(std::min<int64_t>(g->hi - e, n - done));
+        piece(*g, e, 1, len, scratch + done);
+        done += len;
+      }
+      return scratch;
+    }
+    for (size_t i = 0; i < n; ++i) {  // strided across segments: element by element
+      const int64_t e = element + static_cast<int64_t>(i) * stride;
+      piece(*segment_of(e), e, 1, 1, scratch + i);
+    }
+    return scratch;
+  }
 };
 
 void RunFused(const Pass& pass, const Memory& mem) {
@@ -252,8 +382,7 @@ void RunFused(const Pass& pass, const Memory& mem) {
         const Step& st = pass.steps[s];
         auto operand = [&](const Access& a, int from, float* scratch) -> const float* {
           if (from >= 0) return result[from];
-          return internal::LoadTile(mem.Type(a), mem.At(a, Offset(a, at, levels)), a.strides[inner],
-                                    n, scratch);
+          return mem.Load(a, Offset(a, at, levels), a.strides[inner], n, scratch);
         };
         const float* a = operand(st.src1, pass.forward1[s], load_a);
         const float* b = st.src2_kind == Operand2::kBuffer
@@ -297,7 +426,7 @@ void RunMaxPool(const Pass& pass, const Memory& mem) {
   const int64_t total = outer > 0 ? pass.iters[t] : 1;
   const int64_t s_stride = outer > 0 ? st.src1.strides[t] : 0;
   const int64_t d_stride = outer > 0 ? st.dst.strides[t] : 0;
-  const DataType s_type = mem.Type(st.src1), d_type = mem.Type(st.dst);
+  const DataType d_type = mem.Type(st.dst);
   Shape window(pass.iters.begin() + static_cast<ptrdiff_t>(outer), pass.iters.end());
   WalkExcept(pass.iters, outer, outer > 0 ? t : levels, [&](const Index& idx) {
     for (int64_t j0 = 0; j0 < total; j0 += static_cast<int64_t>(kTile)) {
@@ -308,8 +437,7 @@ void RunMaxPool(const Pass& pass, const Memory& mem) {
       WalkExcept(window, window.size(), window.size(), [&](const Index& w) {
         Index p = at;
         for (size_t l = 0; l < window.size(); ++l) p[outer + l] = w[l];
-        const float* x = internal::LoadTile(s_type, mem.At(st.src1, Offset(st.src1, p, levels)),
-                                            s_stride, n, v.data());
+        const float* x = mem.Load(st.src1, Offset(st.src1, p, levels), s_stride, n, v.data());
         if (first) {
           std::memcpy(m.data(), x, n * 4);
           first = false;
@@ -388,15 +516,17 @@ absl::StatusOr<Executor> Executor::Compile(Program program) {
   Executor e;
   e.program_ = std::move(program);
   const Program& p = e.program_;
-  for (const Step& original : p.steps) {
-    Step s = original;
-    Canonicalize(s);
+  std::vector<Step> canonical = p.steps;
+  for (Step& s : canonical) Canonicalize(s);
+  e.virtual_ = FindVirtual(p, canonical);
+  for (Step s : canonical) {
+    if (e.virtual_[s.dst.buffer].active) continue;  // computed where it is read
     Pass::Kind kind = s.op == Op::kMaxPool ? Pass::Kind::kMaxPool
                       : IsBitCopy(p, s)    ? Pass::Kind::kBitCopy
                                            : Pass::Kind::kFused;
     // A copy of f32 passes through an f32 tile unchanged, so it may join a fused pass.
-    const bool f32_copy = kind == Pass::Kind::kBitCopy &&
-                          p.buffers[s.dst.buffer].dtype == DataType::kF32;
+    const bool f32_copy =
+        kind == Pass::Kind::kBitCopy && p.buffers[s.dst.buffer].dtype == DataType::kF32;
     if ((kind == Pass::Kind::kFused || f32_copy) && !e.passes_.empty() &&
         e.passes_.back().kind == Pass::Kind::kFused && TryFuse(e.passes_.back(), s)) {
       continue;
@@ -446,9 +576,12 @@ absl::Status Executor::Run(absl::Span<const ConstBytes> inputs,
       }
     }
   }
+  for (size_t b = 0; b < virtual_.size(); ++b) {
+    if (virtual_[b].active) needed[b] = false;
+  }
   internal::BoundBuffers bound;
   PLEXUS_RETURN_IF_ERROR(internal::BindBuffers(program_, inputs, outputs, &bound, &needed));
-  const Memory mem{bound.bufs};
+  const Memory mem{bound.bufs, virtual_};
   for (const Pass& pass : passes_) {
     switch (pass.kind) {
       case Pass::Kind::kFused:
@@ -481,6 +614,20 @@ std::string Executor::Describe() const {
     lines.push_back(absl::StrCat("pass ", i, ": ", kind, " ", absl::StrJoin(ops, ", "), " over [",
                                  absl::StrJoin(pass.iters, ", "), "] (stores ", stores, " of ",
                                  pass.steps.size(), ")"));
+  }
+  for (size_t b = 0; b < virtual_.size(); ++b) {
+    if (!virtual_[b].active) continue;
+    std::vector<std::string> from;
+    for (const Segment& g : virtual_[b].segments) {
+      from.push_back(absl::StrCat("'", program_.buffers[g.source].name, "'"));
+      if (!g.ops.empty()) {
+        std::vector<std::string> ops;
+        for (const auto& [op, scalar] : g.ops) ops.push_back(std::string(OpName(op)));
+        absl::StrAppend(&from.back(), " (", absl::StrJoin(ops, ", "), ")");
+      }
+    }
+    lines.push_back(absl::StrCat("virtual '", program_.buffers[b].name,
+                                 "': computed where read from ", absl::StrJoin(from, ", ")));
   }
   return absl::StrJoin(lines, "\n");
 }

@@ -9,6 +9,9 @@
 //   other levels (a flat [n] and a [rows, cols]) are brought to a common shape first.
 // - Loads and stores convert in bulk (f16/bf16 through the kernels' F16C casts, the same ones the
 //   collectives' wire casts use); f32 operands in contiguous memory are used in place.
+// - A scratch buffer whose every element is an input element copied or transformed by
+//   element-wise ops with scalar operands (a concat's parts, a scaled frame) is never written:
+//   the passes that read it load the input and apply the ops as they go.
 // - kMaxPool is a pass of its own, vectorised along an outer level; bit copies (kCopy, and
 //   kCast to the same type) are contiguous copies, blocked transposes (32 x 32) when the two
 //   operands are contiguous along different levels, or element copies.
@@ -20,6 +23,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -58,11 +62,26 @@ class Executor {
     std::vector<int> forward1, forward2;
     std::vector<bool> store;
   };
+  // A scratch buffer that is never materialised: every element is a function of an input element
+  // (a copy, or a chain of element-wise ops with scalar operands, as its writing steps computed
+  // it), and the passes that read it compute it from the input as they load. `segments` cover the
+  // buffer; public for the implementation's helpers, not a user API.
+  struct Segment {
+    int64_t lo = 0, hi = 0;                 // elements [lo, hi) of the buffer
+    int source = -1;                        // the input buffer
+    int64_t source_base = 0;                // element lo is source[source_base]
+    std::vector<std::pair<Op, float>> ops;  // applied in order, each stored to the buffer's type
+  };
+  struct VirtualBuffer {
+    bool active = false;
+    std::vector<Segment> segments;  // sorted by lo
+  };
 
  private:
   Executor() = default;
   Program program_;
   std::vector<Pass> passes_;
+  std::vector<VirtualBuffer> virtual_;  // indexed like program_.buffers
 };
 
 }  // namespace plexus::restructure
