@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -412,15 +413,126 @@ void RunFused(const Pass& pass, const Memory& mem) {
   });
 }
 
-void RunMaxPool(const Pass& pass, const Memory& mem) {
+// Max pooling by boxes: when some levels, window and outer ones among them, walk one contiguous
+// block of the source (as a row of an image: (width, window column, channel)), each block is
+// loaded once, contiguously, and the window's maxima are taken from it in the cache. The other
+// window levels must come before the block's in the nest, so that every output sees its window's
+// values in the interpreter's order. False when the pass has no such block.
+bool RunMaxPoolBoxes(const Pass& pass, const Memory& mem) {
+  constexpr int64_t kMaxBox = 16384;
   const Step& st = pass.steps[0];
   const size_t levels = pass.iters.size();
   const size_t outer = levels - static_cast<size_t>(st.window_levels);
-  // Tiles along the outer level with the most points (any order of the outer points is the same
-  // result: each is written once).
+  std::vector<bool> in_box(levels, false);
+  int64_t box = 1;
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (size_t l = 0; l < levels; ++l) {
+      if (!in_box[l] && pass.iters[l] > 1 && st.src1.strides[l] == box &&
+          box * pass.iters[l] <= kMaxBox) {
+        in_box[l] = true;
+        box *= pass.iters[l];
+        grew = true;
+        break;
+      }
+    }
+  }
+  std::vector<size_t> box_outer, box_window, rest_outer, rest_window;
+  for (size_t l = 0; l < levels; ++l) {
+    (in_box[l] ? (l < outer ? box_outer : box_window) : (l < outer ? rest_outer : rest_window))
+        .push_back(l);
+  }
+  if (box_outer.empty() || box_window.empty()) return false;
+  if (!rest_window.empty() && rest_window.back() > box_window.front()) return false;
+  // Offsets within the block of its outputs' windows (row-major over the block's window levels)
+  // and of its outputs, and the outputs' destination offsets.
+  auto offsets = [&](const std::vector<size_t>& ls, const Access& a) {
+    std::vector<int64_t> off = {0};
+    for (size_t l : ls) {
+      std::vector<int64_t> next;
+      for (int64_t o : off) {
+        for (int64_t i = 0; i < pass.iters[l]; ++i) next.push_back(o + i * a.strides[l]);
+      }
+      off = std::move(next);
+    }
+    return off;
+  };
+  const std::vector<int64_t> win = offsets(box_window, st.src1);
+  const std::vector<int64_t> src = offsets(box_outer, st.src1);
+  const std::vector<int64_t> dst = offsets(box_outer, st.dst);
+  const size_t k_out = src.size();
+  bool dst_regular = k_out > 1;
+  for (size_t k = 1; k < k_out && dst_regular; ++k) dst_regular = dst[k] == dst[1] * int64_t(k);
+  std::vector<float> block(static_cast<size_t>(box)), m(k_out);
+  const DataType d_type = mem.Type(st.dst);
+  const size_t d_size = mem.bufs[st.dst.buffer].size;
+  // Walks the levels in `ls` (row-major), others of `idx` fixed.
+  auto walk = [&](const std::vector<size_t>& ls, Index idx, auto&& f) {
+    for (;;) {
+      f(idx);
+      size_t i = ls.size();
+      for (;;) {
+        if (i == 0) return;
+        --i;
+        if (++idx[ls[i]] < pass.iters[ls[i]]) break;
+        idx[ls[i]] = 0;
+      }
+    }
+  };
+  walk(rest_outer, Index{}, [&](const Index& o) {
+    bool first = true;
+    walk(rest_window, o, [&](const Index& p) {
+      const int64_t base = Offset(st.src1, p, levels);
+      for (int64_t done = 0; done < box;) {  // the block, contiguously, a tile at a time
+        const size_t n = static_cast<size_t>(std::min<int64_t>(kTile, box - done));
+        const float* x = mem.Load(st.src1, base + done, 1, n, block.data() + done);
+        if (x != block.data() + done) std::memcpy(block.data() + done, x, n * 4);
+        done += static_cast<int64_t>(n);
+      }
+      for (size_t k = 0; k < k_out; ++k) {
+        const float* b = block.data() + src[k];
+        float r = first ? b[win[0]] : m[k];
+        for (size_t j = first ? 1 : 0; j < win.size(); ++j) {
+          const float v = b[win[j]];
+          r = (r != r) ? r : ((v != v || v > r) ? v : r);
+        }
+        m[k] = r;
+      }
+      first = false;
+    });
+    uint8_t* d = mem.AtMutable(st.dst, Offset(st.dst, o, levels));
+    if (dst_regular) {
+      for (size_t k = 0; k < k_out; k += kTile) {
+        const size_t n = std::min(kTile, k_out - k);
+        internal::StoreTile(d_type, d + dst[k] * static_cast<int64_t>(d_size), dst[1], n,
+                            m.data() + k);
+      }
+    } else {
+      for (size_t k = 0; k < k_out; ++k) {
+        internal::StoreTile(d_type, d + dst[k] * static_cast<int64_t>(d_size), 1, 1, m.data() + k);
+      }
+    }
+  });
+  return true;
+}
+
+void RunMaxPool(const Pass& pass, const Memory& mem) {
+  if (RunMaxPoolBoxes(pass, mem)) return;
+  const Step& st = pass.steps[0];
+  const size_t levels = pass.iters.size();
+  const size_t outer = levels - static_cast<size_t>(st.window_levels);
+  // Tiles along the outer level whose source elements lie closest together (the window's reads
+  // then stream through memory), among levels long enough to fill a tile usefully; any order of
+  // the outer points gives the same result (each is written once).
   size_t t = 0;
+  auto better = [&](size_t l, size_t than) {
+    const bool long_l = pass.iters[l] >= 16, long_than = pass.iters[than] >= 16;
+    if (long_l != long_than) return long_l;
+    if (!long_l) return pass.iters[l] > pass.iters[than];
+    return std::llabs(st.src1.strides[l]) < std::llabs(st.src1.strides[than]);
+  };
   for (size_t l = 1; l < outer; ++l) {
-    if (pass.iters[l] > pass.iters[t]) t = l;
+    if (better(l, t)) t = l;
   }
   std::vector<float> m(kTile), v(kTile);
   const int64_t total = outer > 0 ? pass.iters[t] : 1;
