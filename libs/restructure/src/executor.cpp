@@ -1,5 +1,7 @@
 #include "plexus/restructure/executor.hpp"
 
+#include <xmmintrin.h>
+
 #include <algorithm>
 #include <array>
 #include <cstdlib>
@@ -581,8 +583,26 @@ void TransposeBlocks(const Pass& pass, const Memory& mem, size_t p, size_t q) {
         const T* s = reinterpret_cast<const T*>(mem.At(st.src1, Offset(st.src1, at, levels)));
         const int64_t ni = std::min(kBlock, pass.iters[p] - i0);
         const int64_t nj = std::min(kBlock, pass.iters[q] - j0);
-        for (int64_t i = 0; i < ni; ++i) {
-          for (int64_t j = 0; j < nj; ++j) d[i * dp + j] = s[i + j * sq];
+        int64_t i4 = 0, j4 = 0;
+        if constexpr (sizeof(T) == 4) {  // 4 x 4 tiles through SSE registers
+          i4 = ni & ~int64_t{3};
+          j4 = nj & ~int64_t{3};
+          for (int64_t i = 0; i < i4; i += 4) {
+            for (int64_t j = 0; j < j4; j += 4) {
+              __m128 r0 = _mm_loadu_ps(reinterpret_cast<const float*>(s + i + (j + 0) * sq));
+              __m128 r1 = _mm_loadu_ps(reinterpret_cast<const float*>(s + i + (j + 1) * sq));
+              __m128 r2 = _mm_loadu_ps(reinterpret_cast<const float*>(s + i + (j + 2) * sq));
+              __m128 r3 = _mm_loadu_ps(reinterpret_cast<const float*>(s + i + (j + 3) * sq));
+              _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+              _mm_storeu_ps(reinterpret_cast<float*>(d + (i + 0) * dp + j), r0);
+              _mm_storeu_ps(reinterpret_cast<float*>(d + (i + 1) * dp + j), r1);
+              _mm_storeu_ps(reinterpret_cast<float*>(d + (i + 2) * dp + j), r2);
+              _mm_storeu_ps(reinterpret_cast<float*>(d + (i + 3) * dp + j), r3);
+            }
+          }
+        }
+        for (int64_t i = 0; i < ni; ++i) {  // what the 4 x 4 tiles left
+          for (int64_t j = i < i4 ? j4 : 0; j < nj; ++j) d[i * dp + j] = s[i + j * sq];
         }
       }
     }
