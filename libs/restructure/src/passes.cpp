@@ -1,0 +1,357 @@
+#include "passes.hpp"
+
+#include <xmmintrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+namespace plexus::restructure::internal {
+
+const float* Memory::Load(const Access& a, int64_t element, int64_t stride, size_t n,
+                          float* scratch) const {
+  if (!virtuals[a.buffer].active) {
+    return LoadTile(Type(a), At(a, element), stride, n, scratch);
+  }
+  const std::vector<Segment>& segs = virtuals[a.buffer].segments;
+  const DataType type = bufs[a.buffer].dtype;
+  auto segment_of = [&](int64_t e) {
+    return std::upper_bound(segs.begin(), segs.end(), e,
+                            [](int64_t x, const Segment& g) { return x < g.lo; }) -
+           1;
+  };
+  auto piece = [&](const Segment& g, int64_t e, int64_t st, size_t len, float* out) {
+    const Bound& src = bufs[g.source];
+    const uint8_t* at = src.read + (g.source_base + (e - g.lo)) * static_cast<int64_t>(src.size);
+    const float* x = LoadTile(src.dtype, at, st, len, out);
+    if (x != out) std::memcpy(out, x, len * 4);
+    uint8_t bytes[kTile * 4];
+    for (const auto& [op, scalar] : g.ops) {
+      ApplyTile(op, out, nullptr, scalar, len, out);
+      if (type != DataType::kF32) {  // stored to the buffer's type, as the interpreter would
+        StoreTile(type, bytes, 1, len, out);
+        LoadTile(type, bytes, 1, len, out);
+      }
+    }
+  };
+  const int64_t last = element + static_cast<int64_t>(n - 1) * stride;
+  auto first_seg = segment_of(element), last_seg = segment_of(last);
+  if (first_seg == last_seg) {
+    piece(*first_seg, element, stride, n, scratch);
+    return scratch;
+  }
+  if (stride == 1) {  // contiguous pieces, one per segment
+    size_t done = 0;
+    for (auto g = first_seg; done < n; ++g) {
+      const int64_t e = element + static_cast<int64_t>(done);
+      const size_t len = static_cast<size_t>(std::min<int64_t>(g->hi - e, n - done));
+      piece(*g, e, 1, len, scratch + done);
+      done += len;
+    }
+    return scratch;
+  }
+  for (size_t i = 0; i < n; ++i) {  // strided across segments: element by element
+    const int64_t e = element + static_cast<int64_t>(i) * stride;
+    piece(*segment_of(e), e, 1, 1, scratch + i);
+  }
+  return scratch;
+}
+
+void RunFused(const Pass& pass, const Memory& mem, int64_t first, int64_t last) {
+  const size_t levels = pass.iters.size(), inner = levels - 1, n_steps = pass.steps.size();
+  std::vector<float> tiles((n_steps + 2) * kTile);
+  std::vector<uint8_t> bytes(kTile * 4);
+  float* load_a = tiles.data() + n_steps * kTile;
+  float* load_b = load_a + kTile;
+  std::vector<const float*> result(n_steps);
+  // Results read by a later step of the pass go through their destination's type, as the
+  // interpreter's store and load would.
+  std::vector<bool> forwarded(n_steps, false);
+  for (size_t s = 0; s < n_steps; ++s) {
+    if (pass.forward1[s] >= 0) forwarded[pass.forward1[s]] = true;
+    if (pass.forward2[s] >= 0) forwarded[pass.forward2[s]] = true;
+  }
+  // Row by row (a row: the innermost level), tile by tile, over the points [first, last).
+  const int64_t total = pass.iters[inner];
+  int64_t points = 1;
+  for (int64_t i : pass.iters) points *= i;
+  if (last < 0) last = points;
+  for (int64_t row = first / total; row * total < last; ++row) {
+    Index idx{};
+    for (size_t l = inner, r = static_cast<size_t>(row); l-- > 0;) {
+      idx[l] = static_cast<int64_t>(r % static_cast<size_t>(pass.iters[l]));
+      r /= static_cast<size_t>(pass.iters[l]);
+    }
+    const int64_t begin = std::max<int64_t>(0, first - row * total);
+    const int64_t end = std::min<int64_t>(total, last - row * total);
+    for (int64_t j0 = begin; j0 < end; j0 += static_cast<int64_t>(kTile)) {
+      const size_t n = static_cast<size_t>(std::min<int64_t>(kTile, end - j0));
+      Index at = idx;
+      at[inner] = j0;
+      for (size_t s = 0; s < n_steps; ++s) {
+        const Step& st = pass.steps[s];
+        auto operand = [&](const Access& a, int from, float* scratch) -> const float* {
+          if (from >= 0) return result[from];
+          return mem.Load(a, Offset(a, at, levels), a.strides[inner], n, scratch);
+        };
+        const float* a = operand(st.src1, pass.forward1[s], load_a);
+        const float* b = st.src2_kind == Operand2::kBuffer
+                             ? operand(st.src2, pass.forward2[s], load_b)
+                             : nullptr;
+        float* out = tiles.data() + s * kTile;
+        const DataType dt = mem.Type(st.dst);
+        if (st.op == Op::kCopy || st.op == Op::kCast) {
+          // Into the step's own tile: `a` may be a load buffer the next step reuses, or memory
+          // a later step of the pass overwrites in place.
+          std::memcpy(out, a, n * 4);
+          result[s] = out;
+        } else {
+          ApplyTile(st.op, a, b, st.scalar, n, out);
+          result[s] = out;
+        }
+        if (forwarded[s] && dt != DataType::kF32) {
+          StoreTile(dt, bytes.data(), 1, n, result[s]);
+          result[s] = LoadTile(dt, bytes.data(), 1, n, out);
+        }
+        if (pass.store[s]) {
+          StoreTile(dt, mem.AtMutable(st.dst, Offset(st.dst, at, levels)), st.dst.strides[inner], n,
+                    result[s]);
+        }
+      }
+    }
+  }
+}
+
+// Max pooling by boxes: when some levels, window and outer ones among them, walk one contiguous
+// block of the source (as a row of an image: (width, window column, channel)), each block is
+// loaded once, contiguously, and the window's maxima are taken from it in the cache. The other
+// window levels must come before the block's in the nest, so that every output sees its window's
+// values in the interpreter's order. False when the pass has no such block.
+namespace {
+
+bool RunMaxPoolBoxes(const Pass& pass, const Memory& mem) {
+  constexpr int64_t kMaxBox = 16384;
+  const Step& st = pass.steps[0];
+  const size_t levels = pass.iters.size();
+  const size_t outer = levels - static_cast<size_t>(st.window_levels);
+  std::vector<bool> in_box(levels, false);
+  int64_t box = 1;
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (size_t l = 0; l < levels; ++l) {
+      if (!in_box[l] && pass.iters[l] > 1 && st.src1.strides[l] == box &&
+          box * pass.iters[l] <= kMaxBox) {
+        in_box[l] = true;
+        box *= pass.iters[l];
+        grew = true;
+        break;
+      }
+    }
+  }
+  std::vector<size_t> box_outer, box_window, rest_outer, rest_window;
+  for (size_t l = 0; l < levels; ++l) {
+    (in_box[l] ? (l < outer ? box_outer : box_window) : (l < outer ? rest_outer : rest_window))
+        .push_back(l);
+  }
+  if (box_outer.empty() || box_window.empty()) return false;
+  if (!rest_window.empty() && rest_window.back() > box_window.front()) return false;
+  // Offsets within the block of its outputs' windows (row-major over the block's window levels)
+  // and of its outputs, and the outputs' destination offsets.
+  auto offsets = [&](const std::vector<size_t>& ls, const Access& a) {
+    std::vector<int64_t> off = {0};
+    for (size_t l : ls) {
+      std::vector<int64_t> next;
+      for (int64_t o : off) {
+        for (int64_t i = 0; i < pass.iters[l]; ++i) next.push_back(o + i * a.strides[l]);
+      }
+      off = std::move(next);
+    }
+    return off;
+  };
+  const std::vector<int64_t> win = offsets(box_window, st.src1);
+  const std::vector<int64_t> src = offsets(box_outer, st.src1);
+  const std::vector<int64_t> dst = offsets(box_outer, st.dst);
+  const size_t k_out = src.size();
+  bool dst_regular = k_out > 1;
+  for (size_t k = 1; k < k_out && dst_regular; ++k) dst_regular = dst[k] == dst[1] * int64_t(k);
+  std::vector<float> block(static_cast<size_t>(box)), m(k_out);
+  const DataType d_type = mem.Type(st.dst);
+  const size_t d_size = mem.bufs[st.dst.buffer].size;
+  // Walks the levels in `ls` (row-major), others of `idx` fixed.
+  auto walk = [&](const std::vector<size_t>& ls, Index idx, auto&& f) {
+    for (;;) {
+      f(idx);
+      size_t i = ls.size();
+      for (;;) {
+        if (i == 0) return;
+        --i;
+        if (++idx[ls[i]] < pass.iters[ls[i]]) break;
+        idx[ls[i]] = 0;
+      }
+    }
+  };
+  walk(rest_outer, Index{}, [&](const Index& o) {
+    bool first = true;
+    walk(rest_window, o, [&](const Index& p) {
+      const int64_t base = Offset(st.src1, p, levels);
+      for (int64_t done = 0; done < box;) {  // the block, contiguously, a tile at a time
+        const size_t n = static_cast<size_t>(std::min<int64_t>(kTile, box - done));
+        const float* x = mem.Load(st.src1, base + done, 1, n, block.data() + done);
+        if (x != block.data() + done) std::memcpy(block.data() + done, x, n * 4);
+        done += static_cast<int64_t>(n);
+      }
+      for (size_t k = 0; k < k_out; ++k) {
+        const float* b = block.data() + src[k];
+        float r = first ? b[win[0]] : m[k];
+        for (size_t j = first ? 1 : 0; j < win.size(); ++j) {
+          const float v = b[win[j]];
+          r = (r != r) ? r : ((v != v || v > r) ? v : r);
+        }
+        m[k] = r;
+      }
+      first = false;
+    });
+    uint8_t* d = mem.AtMutable(st.dst, Offset(st.dst, o, levels));
+    if (dst_regular) {
+      for (size_t k = 0; k < k_out; k += kTile) {
+        const size_t n = std::min(kTile, k_out - k);
+        StoreTile(d_type, d + dst[k] * static_cast<int64_t>(d_size), dst[1], n, m.data() + k);
+      }
+    } else {
+      for (size_t k = 0; k < k_out; ++k) {
+        StoreTile(d_type, d + dst[k] * static_cast<int64_t>(d_size), 1, 1, m.data() + k);
+      }
+    }
+  });
+  return true;
+}
+
+}  // namespace
+
+void RunMaxPool(const Pass& pass, const Memory& mem) {
+  if (RunMaxPoolBoxes(pass, mem)) return;
+  const Step& st = pass.steps[0];
+  const size_t levels = pass.iters.size();
+  const size_t outer = levels - static_cast<size_t>(st.window_levels);
+  // Tiles along the outer level whose source elements lie closest together (the window's reads
+  // then stream through memory), among levels long enough to fill a tile usefully; any order of
+  // the outer points gives the same result (each is written once).
+  size_t t = 0;
+  auto better = [&](size_t l, size_t than) {
+    const bool long_l = pass.iters[l] >= 16, long_than = pass.iters[than] >= 16;
+    if (long_l != long_than) return long_l;
+    if (!long_l) return pass.iters[l] > pass.iters[than];
+    return std::llabs(st.src1.strides[l]) < std::llabs(st.src1.strides[than]);
+  };
+  for (size_t l = 1; l < outer; ++l) {
+    if (better(l, t)) t = l;
+  }
+  std::vector<float> m(kTile), v(kTile);
+  const int64_t total = outer > 0 ? pass.iters[t] : 1;
+  const int64_t s_stride = outer > 0 ? st.src1.strides[t] : 0;
+  const int64_t d_stride = outer > 0 ? st.dst.strides[t] : 0;
+  const DataType d_type = mem.Type(st.dst);
+  Shape window(pass.iters.begin() + static_cast<ptrdiff_t>(outer), pass.iters.end());
+  WalkExcept(pass.iters, outer, outer > 0 ? t : levels, [&](const Index& idx) {
+    for (int64_t j0 = 0; j0 < total; j0 += static_cast<int64_t>(kTile)) {
+      const size_t n = static_cast<size_t>(std::min<int64_t>(kTile, total - j0));
+      Index at = idx;
+      if (outer > 0) at[t] = j0;
+      bool first = true;
+      WalkExcept(window, window.size(), window.size(), [&](const Index& w) {
+        Index p = at;
+        for (size_t l = 0; l < window.size(); ++l) p[outer + l] = w[l];
+        const float* x = mem.Load(st.src1, Offset(st.src1, p, levels), s_stride, n, v.data());
+        if (first) {
+          std::memcpy(m.data(), x, n * 4);
+          first = false;
+        } else {
+          MaxTile(x, n, m.data());
+        }
+      });
+      StoreTile(d_type, mem.AtMutable(st.dst, Offset(st.dst, at, levels)), d_stride, n, m.data());
+    }
+  });
+}
+
+namespace {
+
+template <typename T>
+void TransposeBlocks(const Pass& pass, const Memory& mem, size_t p, size_t q) {
+  // dst is contiguous along q, src along p: 32 x 32 blocks, written in dst order.
+  constexpr int64_t kBlock = 32;
+  const Step& st = pass.steps[0];
+  const size_t levels = pass.iters.size();
+  const int64_t dp = st.dst.strides[p], sq = st.src1.strides[q];
+  WalkExcept(pass.iters, levels, p, [&](const Index& outer) {
+    if (outer[q] != 0) return;  // q is walked below
+    for (int64_t i0 = 0; i0 < pass.iters[p]; i0 += kBlock) {
+      for (int64_t j0 = 0; j0 < pass.iters[q]; j0 += kBlock) {
+        Index at = outer;
+        at[p] = i0;
+        at[q] = j0;
+        T* d = reinterpret_cast<T*>(mem.AtMutable(st.dst, Offset(st.dst, at, levels)));
+        const T* s = reinterpret_cast<const T*>(mem.At(st.src1, Offset(st.src1, at, levels)));
+        const int64_t ni = std::min(kBlock, pass.iters[p] - i0);
+        const int64_t nj = std::min(kBlock, pass.iters[q] - j0);
+        int64_t i4 = 0, j4 = 0;
+        if constexpr (sizeof(T) == 4) {  // 4 x 4 tiles through SSE registers
+          i4 = ni & ~int64_t{3};
+          j4 = nj & ~int64_t{3};
+          for (int64_t i = 0; i < i4; i += 4) {
+            for (int64_t j = 0; j < j4; j += 4) {
+              __m128 r0 = _mm_loadu_ps(reinterpret_cast<const float*>(s + i + (j + 0) * sq));
+              __m128 r1 = _mm_loadu_ps(reinterpret_cast<const float*>(s + i + (j + 1) * sq));
+              __m128 r2 = _mm_loadu_ps(reinterpret_cast<const float*>(s + i + (j + 2) * sq));
+              __m128 r3 = _mm_loadu_ps(reinterpret_cast<const float*>(s + i + (j + 3) * sq));
+              _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+              _mm_storeu_ps(reinterpret_cast<float*>(d + (i + 0) * dp + j), r0);
+              _mm_storeu_ps(reinterpret_cast<float*>(d + (i + 1) * dp + j), r1);
+              _mm_storeu_ps(reinterpret_cast<float*>(d + (i + 2) * dp + j), r2);
+              _mm_storeu_ps(reinterpret_cast<float*>(d + (i + 3) * dp + j), r3);
+            }
+          }
+        }
+        for (int64_t i = 0; i < ni; ++i) {  // what the 4 x 4 tiles left
+          for (int64_t j = i < i4 ? j4 : 0; j < nj; ++j) d[i * dp + j] = s[i + j * sq];
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void RunBitCopy(const Pass& pass, const Memory& mem) {
+  const Step& st = pass.steps[0];
+  const size_t levels = pass.iters.size(), inner = levels - 1;
+  const size_t size = mem.bufs[st.dst.buffer].size;
+  if (st.dst.strides[inner] == 1 && st.src1.strides[inner] == 1) {
+    const size_t row = static_cast<size_t>(pass.iters[inner]) * size;
+    WalkExcept(pass.iters, inner, inner, [&](const Index& idx) {
+      std::memmove(mem.AtMutable(st.dst, Offset(st.dst, idx, levels)),
+                   mem.At(st.src1, Offset(st.src1, idx, levels)), row);
+    });
+    return;
+  }
+  size_t p = levels, q = levels;
+  for (size_t l = 0; l < levels; ++l) {
+    if (st.src1.strides[l] == 1 && pass.iters[l] > 1) p = l;
+    if (st.dst.strides[l] == 1 && pass.iters[l] > 1) q = l;
+  }
+  if (p < levels && q < levels && p != q && (size == 1 || size == 2 || size == 4)) {
+    if (size == 1) TransposeBlocks<uint8_t>(pass, mem, p, q);
+    if (size == 2) TransposeBlocks<uint16_t>(pass, mem, p, q);
+    if (size == 4) TransposeBlocks<uint32_t>(pass, mem, p, q);
+    return;
+  }
+  WalkExcept(pass.iters, inner, inner, [&](const Index& idx) {
+    uint8_t* d = mem.AtMutable(st.dst, Offset(st.dst, idx, levels));
+    const uint8_t* s = mem.At(st.src1, Offset(st.src1, idx, levels));
+    const int64_t ds = st.dst.strides[inner] * static_cast<int64_t>(size);
+    const int64_t ss = st.src1.strides[inner] * static_cast<int64_t>(size);
+    for (int64_t j = 0; j < pass.iters[inner]; ++j) std::memmove(d + j * ds, s + j * ss, size);
+  });
+}
+
+}  // namespace plexus::restructure::internal
