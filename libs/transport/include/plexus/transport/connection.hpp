@@ -96,7 +96,13 @@ class Connection {
   //    or the completion queue (ProgressMode::kCaller), or the device's progress thread; one call
   //    at a time per operation. They run under the backend's lock: they must not block for long
   //    nor call into the transport (a Post, Close or Poll of any connection of the device).
-  //  - live until the operation's completion is pushed; they are destroyed after it.
+  //  - are owned by the backend: never called once the operation's completion was pushed, and
+  //    destroyed by then or right after (verbs destroys a producer once it produced).
+  //
+  // Blocking. Neither call waits for the peer, but either may run its callback in the calling
+  // thread before it returns: PostSendProduced produces what fits now (shm: as much as the ring
+  // takes; inproc: the whole message, as PostSend copies it; verbs: the whole message; tcp: the
+  // first chunk once the socket is free), PostRecvConsumed consumes a message that had arrived.
   //
   // Errors. An error from `producer` fails the send: its completion carries the producer's code
   // and message, annotated "producing bytes [offset, +n) of a message of L bytes". The
@@ -110,18 +116,19 @@ class Connection {
   // Memory. tcp, shm and inproc produce into and consume from memory of at most
   // kMaxProduceConsumeBytes per operation in flight, or the peer's buffer itself: tcp stages
   // one chunk per socket write (the next is produced once the socket took the previous one) and
-  // one per socket read; shm produces into the ring's free space and consumes ring bytes in place;
-  // inproc produces straight into the matched receive (or the held copy) and consumes the
-  // sender's bytes. Exceptions, where the whole message is staged once: a tcp message striped
-  // over several sockets into a consumed receive (a produced send itself is never striped), a shm
-  // message the peer sent by cross-memory attach (PostSend at or above ShmOptions::cma_threshold;
-  // a produced send always streams through the ring), a message that arrived before its consumed
-  // receive was posted (it was held whole; the consumer takes it in chunks), and verbs, which
-  // produces the whole message into a buffer at post time and consumes it after it arrived.
+  // one per socket read; shm produces into the ring's free space (never by cross-memory attach,
+  // whatever the size) and consumes ring bytes in place, or pulls a message the peer sent by
+  // cross-memory attach a chunk at a time; inproc produces straight into the matched receive (or
+  // the held copy) and consumes the sender's bytes. Exceptions, where the whole message is
+  // staged once: a tcp message the peer striped over several sockets (an ordinary PostSend)
+  // into a consumed receive (a produced send itself is never striped), a message that arrived
+  // before its consumed receive was posted (it was held whole, as any early message is; the
+  // consumer takes it in chunks), and verbs, which produces the whole message into a buffer at
+  // post time and consumes it once it arrived whole.
   //
   // PostSendProduced returns an error right away for a message over max_message_bytes or a
-  // connection already down (as PostSend); the producer is then never called. The default (for
-  // backends outside Plexus) is Unimplemented.
+  // connection already down (as PostSend); the producer is then never called. The default, for
+  // connections built on others (multipath's) and backends outside Plexus, is Unimplemented.
   virtual absl::Status PostSendProduced(size_t length, Producer producer, uint64_t wr_id) {
     (void)length;
     (void)producer;
