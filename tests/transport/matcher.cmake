@@ -22,3 +22,9 @@ plexus_add_test(transport_tcp_state_test
 plexus_add_test(transport_tcp_sockets_test
                 SOURCES ${CMAKE_CURRENT_LIST_DIR}/tcp_sockets_test.cpp
                 DEPS plexus_transport_internal LABELS transport TIMEOUT 60)
+
+# The tcp backend's produced sends and consumed receives without sockets: bounded chunks, order,
+# annotated callback errors.
+plexus_add_test(transport_tcp_produce_consume_test
+                SOURCES ${CMAKE_CURRENT_LIST_DIR}/tcp_produce_consume_test.cpp
+                DEPS plexus_transport_internal LABELS transport TIMEOUT 60)

@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -28,13 +30,14 @@ struct Done {
 
 struct Fixture {
   explicit Fixture(size_t cap = 1 << 20, std::shared_ptr<HoldBudget> device = nullptr,
-                   bool eager = true, size_t spare = 0)
+                   bool eager = true, size_t spare = 0, bool stream_consumers = true)
       : matcher(MatcherConfig{.backend = "test",
                               .peer = "peer-7",
                               .connection_cap = cap,
                               .device = std::move(device),
                               .max_spare_bytes = spare,
-                              .deliver_eagerly = eager},
+                              .deliver_eagerly = eager,
+                              .stream_consumers = stream_consumers},
                 [this](uint64_t wr_id, absl::Status status, size_t bytes) {
                   done.push_back({wr_id, std::move(status), bytes});
                 }) {}
@@ -46,7 +49,7 @@ struct Fixture {
     REQUIRE(a.ok());
     if (*a == Matcher::Admission::kAdmitted) {
       if (bytes > 0) std::memset(slot.dest, fill, bytes);
-      matcher.Placed(slot);
+      REQUIRE(matcher.Placed(slot).ok());
     }
     return *a;
   }
@@ -56,6 +59,33 @@ struct Fixture {
 };
 
 pt::MutableBuffer Buf(std::vector<uint8_t>& v) { return {v.data(), v.size()}; }
+
+// A consumer that appends what it is given to `out`, checking that the offsets are contiguous
+// and the pieces bounded; it fails (DataLoss) the call that reaches `fail_at`.
+struct Sink {
+  std::vector<uint8_t> out;
+  size_t calls = 0;
+  size_t max_piece = 0;
+  bool in_order = true;
+  size_t fail_at = SIZE_MAX;
+
+  pt::Consumer Consumer() {
+    return [this](size_t offset, absl::Span<const uint8_t> in) -> absl::Status {
+      ++calls;
+      max_piece = std::max(max_piece, in.size());
+      if (offset != out.size() || in.empty()) in_order = false;
+      if (offset + in.size() > fail_at) return absl::DataLossError("sink is full");
+      out.insert(out.end(), in.begin(), in.end());
+      return absl::OkStatus();
+    };
+  }
+};
+
+std::vector<uint8_t> Bytes(size_t n) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 31 + i / 251);
+  return v;
+}
 
 }  // namespace
 
@@ -70,7 +100,7 @@ TEST_CASE("matcher: a posted receive takes the next message directly", "[matcher
   CHECK_FALSE(slot.held);
   CHECK(slot.dest == out.data());
   CHECK(f.done.empty());
-  f.matcher.Placed(slot);
+  REQUIRE(f.matcher.Placed(slot).ok());
   REQUIRE(f.done.size() == 1);
   CHECK(f.done[0].wr_id == 5);
   CHECK(f.done[0].bytes == 40);
@@ -113,8 +143,8 @@ TEST_CASE("matcher: a receive claims a held message still arriving", "[matcher]"
   CHECK_FALSE(direct.held);  // every held message has a receive: the next one goes direct
   CHECK(direct.wr_id == 2);
   std::memset(slot.dest, 0x5a, 8);
-  f.matcher.Placed(slot);
-  f.matcher.Placed(direct);
+  REQUIRE(f.matcher.Placed(slot).ok());
+  REQUIRE(f.matcher.Placed(direct).ok());
   REQUIRE(f.done.size() == 2);
   CHECK(f.done[0].wr_id == 1);
   CHECK(out[7] == 0x5a);
@@ -339,4 +369,118 @@ TEST_CASE("matcher: idle spare buffers of one connection never make another one 
   REQUIRE(b.matcher.PostRecv(Buf(out), 0).ok());
   CHECK(a.Arrive(4096, 3) == Matcher::Admission::kAdmitted);
   CHECK(a.matcher.held_bytes() == 2 * 4096 + kHeldMessageOverhead);
+}
+
+TEST_CASE("matcher: a consumed receive streams when the backend does, or takes the held copy",
+          "[matcher][consume]") {
+  const std::vector<uint8_t> message = Bytes((size_t{1} << 20) + 3);
+  SECTION("streaming backend: the slot names the consumer, no buffer") {
+    Fixture f(8 << 20);
+    Sink sink;
+    REQUIRE(f.matcher.PostRecvConsumed(message.size(), sink.Consumer(), 4).ok());
+    Matcher::Slot slot;
+    REQUIRE(f.matcher.Admit(message.size(), &slot).value() == Matcher::Admission::kAdmitted);
+    CHECK_FALSE(slot.held);
+    CHECK(slot.dest == nullptr);
+    REQUIRE(slot.consumer != nullptr);
+    REQUIRE((*slot.consumer)(0, absl::MakeConstSpan(message)).ok());  // the backend's part
+    REQUIRE(f.matcher.Placed(slot).ok());
+    REQUIRE(f.done.size() == 1);
+    CHECK(f.done[0].wr_id == 4);
+    CHECK(f.done[0].status.ok());
+    CHECK(f.done[0].bytes == message.size());
+    CHECK(sink.out == message);
+  }
+  SECTION("non-streaming backend: held whole, consumed in bounded pieces once placed") {
+    Fixture f(8 << 20, nullptr, true, 0, /*stream_consumers=*/false);
+    Sink sink;
+    REQUIRE(f.matcher.PostRecvConsumed(message.size(), sink.Consumer(), 5).ok());
+    Matcher::Slot slot;
+    REQUIRE(f.matcher.Admit(message.size(), &slot).value() == Matcher::Admission::kAdmitted);
+    CHECK(slot.held);
+    REQUIRE(slot.dest != nullptr);
+    CHECK_FALSE(f.matcher.has_posted_recv());
+    CHECK_FALSE(f.matcher.PeekNext({}).has_value());  // claimed: nothing to peek at
+    std::memcpy(slot.dest, message.data(), message.size());
+    CHECK(sink.calls == 0);
+    REQUIRE(f.matcher.Placed(slot).ok());
+    REQUIRE(f.done.size() == 1);
+    CHECK(f.done[0].wr_id == 5);
+    CHECK(f.done[0].bytes == message.size());
+    CHECK(sink.out == message);
+    CHECK(sink.in_order);
+    CHECK(sink.max_piece <= pt::kMaxProduceConsumeBytes);
+    CHECK(sink.calls ==
+          (message.size() + pt::kMaxProduceConsumeBytes - 1) / pt::kMaxProduceConsumeBytes);
+    CHECK(f.matcher.held_messages() == 0);
+  }
+  SECTION("a message that arrived first is consumed when the receive is posted") {
+    Fixture f(8 << 20);
+    Matcher::Slot slot;
+    REQUIRE(f.matcher.Admit(message.size(), &slot).value() == Matcher::Admission::kAdmitted);
+    std::memcpy(slot.dest, message.data(), message.size());
+    REQUIRE(f.matcher.Placed(slot).ok());
+    Sink sink;
+    REQUIRE(f.matcher.PostRecvConsumed(message.size(), sink.Consumer(), 6).ok());
+    REQUIRE(f.done.size() == 1);
+    CHECK(f.done[0].status.ok());
+    CHECK(sink.out == message);
+    CHECK(sink.max_piece <= pt::kMaxProduceConsumeBytes);
+  }
+  SECTION("an empty message completes without a call") {
+    Fixture f(1 << 20, nullptr, true, 0, /*stream_consumers=*/false);
+    Sink sink;
+    REQUIRE(f.matcher.PostRecvConsumed(0, sink.Consumer(), 7).ok());
+    REQUIRE(f.Arrive(0, 0) == Matcher::Admission::kAdmitted);
+    REQUIRE(f.done.size() == 1);
+    CHECK(f.done[0].status.ok());
+    CHECK(sink.calls == 0);
+  }
+}
+
+TEST_CASE("matcher: a consumer error fails its receive and is reported once",
+          "[matcher][consume]") {
+  const std::vector<uint8_t> message = Bytes(600 << 10);
+  Fixture f(8 << 20);
+  Matcher::Slot slot;
+  REQUIRE(f.matcher.Admit(message.size(), &slot).value() == Matcher::Admission::kAdmitted);
+  std::memcpy(slot.dest, message.data(), message.size());
+  REQUIRE(f.matcher.Placed(slot).ok());
+  Sink sink;
+  sink.fail_at = 300 << 10;
+  const absl::Status s = f.matcher.PostRecvConsumed(message.size(), sink.Consumer(), 8);
+  CHECK(absl::IsDataLoss(s));
+  CHECK(std::string(s.message()).find("consuming bytes [262144, +262144) of a message of 614400") !=
+        std::string::npos);
+  CHECK(std::string(s.message()).find("sink is full") != std::string::npos);
+  REQUIRE(f.done.size() == 1);
+  CHECK(f.done[0].wr_id == 8);
+  CHECK(f.done[0].status == s);
+  CHECK(f.done[0].bytes == 0);
+  CHECK(f.matcher.TakeConsumerError().ok());  // returned once, not again
+}
+
+TEST_CASE("matcher: a held consumed message cut off by a failure is not consumed",
+          "[matcher][consume]") {
+  Fixture f(1 << 20, nullptr, true, 0, /*stream_consumers=*/false);
+  Sink sink;
+  REQUIRE(f.matcher.PostRecvConsumed(4096, sink.Consumer(), 9).ok());
+  Matcher::Slot slot;
+  REQUIRE(f.matcher.Admit(4096, &slot).value() == Matcher::Admission::kAdmitted);
+  f.matcher.Fail(absl::UnavailableError("peer died"), /*keep_whole=*/true);
+  REQUIRE(f.done.size() == 1);
+  CHECK(absl::IsUnavailable(f.done[0].status));
+  CHECK(sink.calls == 0);
+  CHECK(f.matcher.held_bytes() == 0);
+}
+
+TEST_CASE("matcher: a consumed receive shorter than the message fails it", "[matcher][consume]") {
+  Fixture f(1 << 20, nullptr, true, 0, /*stream_consumers=*/false);
+  Sink sink;
+  REQUIRE(f.matcher.PostRecvConsumed(100, sink.Consumer(), 10).ok());
+  Matcher::Slot slot;
+  CHECK(absl::IsResourceExhausted(f.matcher.Admit(101, &slot).status()));
+  REQUIRE(f.done.size() == 1);
+  CHECK(f.done[0].wr_id == 10);
+  CHECK(sink.calls == 0);
 }

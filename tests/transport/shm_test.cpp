@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -736,4 +737,46 @@ TEST_CASE("shm: a message longer than its receive fails it and closes the connec
   CHECK(c.wr_id == 1);
   CHECK(c.status.code() == absl::StatusCode::kResourceExhausted);
   CHECK_FALSE(p.ca->status().ok());
+}
+
+TEST_CASE("shm: a produced send streams through the ring, a consumed receive pulls in chunks",
+          "[shm][produce]") {
+  SetCma(true);
+  LocalPair p = MakeLocalPair();
+  constexpr size_t kSize = size_t{16} << 20;  // above the CMA threshold, 16 rings long
+  std::vector<uint8_t> src(kSize), got(kSize), got_pulled(kSize);
+  Fill(src.data(), kSize, 3);
+  size_t max_piece = 0;
+  const auto consume = [&max_piece](std::vector<uint8_t>* dst) -> pt::Consumer {
+    return [dst, &max_piece](size_t offset, absl::Span<const uint8_t> in) {
+      max_piece = std::max(max_piece, in.size());
+      std::memcpy(dst->data() + offset, in.data(), in.size());
+      return absl::OkStatus();
+    };
+  };
+  REQUIRE(p.cb->PostRecvConsumed(kSize, consume(&got), 1).ok());
+  REQUIRE(p.cb->PostRecvConsumed(kSize, consume(&got_pulled), 2).ok());
+  REQUIRE(p.ca->PostSendProduced(
+                  kSize,
+                  [&](size_t offset, absl::Span<uint8_t> out) {
+                    std::memcpy(out.data(), src.data() + offset, out.size());
+                    return absl::OkStatus();
+                  },
+                  10)
+              .ok());
+  REQUIRE(p.ca->PostSend(pt::ConstBuffer{src.data(), kSize}, 11).ok());
+  for (int i = 0; i < 2; ++i) {
+    CHECK(Next(*p.cqa).status.ok());
+    const pt::Completion c = Next(*p.cqb);
+    REQUIRE(c.status.ok());
+    CHECK(c.wr_id == 1u + i);
+    CHECK(c.bytes == kSize);
+  }
+  CHECK(got == src);
+  CHECK(got_pulled == src);
+  CHECK(max_piece <= pt::kMaxProduceConsumeBytes);
+  auto stats = shm::GetConnectionStats(*p.ca);
+  REQUIRE(stats.ok());
+  CHECK(stats->ring_bytes_sent >= kSize);                           // the produced one
+  if (stats->peer_can_pull) CHECK(stats->cma_bytes_sent == kSize);  // the ordinary one only
 }

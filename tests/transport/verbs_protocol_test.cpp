@@ -307,6 +307,71 @@ TEST_CASE("scatter-gather sends concatenate their buffers", "[verbs]") {
   CHECK(std::equal(expected.begin(), expected.end(), out.begin()));
 }
 
+TEST_CASE("produced sends and consumed receives mix with ordinary messages", "[verbs]") {
+  Pair pair;
+  const std::vector<uint8_t> m0 = Pattern(10 * kPayload + 3, 1), m1 = Pattern(7, 2),
+                             m2 = Pattern(3 * kPayload, 3);
+  const auto produce = [](const std::vector<uint8_t>* src) -> Producer {
+    return [src](size_t offset, absl::Span<uint8_t> out) {
+      std::memcpy(out.data(), src->data() + offset, out.size());
+      return absl::OkStatus();
+    };
+  };
+  std::vector<uint8_t> got0, got1(m1.size()), got2;
+  const auto consume = [](std::vector<uint8_t>* dst) -> Consumer {
+    return [dst](size_t offset, absl::Span<const uint8_t> in) {
+      if (offset != dst->size()) return absl::InternalError("out of order");
+      dst->insert(dst->end(), in.begin(), in.end());
+      return absl::OkStatus();
+    };
+  };
+  // 0: produced -> consumed (streamed), 1: produced -> ordinary, 2: ordinary -> consumed (held).
+  REQUIRE(pair.b.protocol.PostRecvConsumed(m0.size(), consume(&got0), 0).ok());
+  REQUIRE(pair.a.protocol.PostSendProduced(m0.size(), produce(&m0), 10, kT0).ok());
+  REQUIRE(pair.a.protocol.PostSendProduced(m1.size(), produce(&m1), 11, kT0).ok());
+  REQUIRE(pair.a.protocol.PostSend(ConstBuffer{m2.data(), m2.size()}, 12, kT0).ok());
+  REQUIRE(pair.Run());
+  REQUIRE(pair.b.protocol.PostRecv({got1.data(), got1.size()}, 1).ok());
+  REQUIRE(pair.b.protocol.PostRecvConsumed(m2.size(), consume(&got2), 2).ok());  // held first
+  const std::vector<Completion> sends = pair.a.Drain();
+  const std::vector<Completion> recvs = pair.b.Drain();
+  REQUIRE(sends.size() == 3);
+  REQUIRE(recvs.size() == 3);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(sends[i].wr_id == 10u + i);
+    CHECK(sends[i].status.ok());
+    CHECK(recvs[i].wr_id == static_cast<uint64_t>(i));
+    CHECK(recvs[i].status.ok());
+  }
+  CHECK(recvs[0].bytes == m0.size());
+  CHECK(got0 == m0);
+  CHECK(got1 == m1);
+  CHECK(got2 == m2);
+  CHECK(pair.b.protocol.held_messages() == 0);
+}
+
+TEST_CASE("a producer error fails the send and the connection", "[verbs]") {
+  Pair pair;
+  std::vector<uint8_t> out(100);
+  REQUIRE(pair.b.protocol.PostRecv({out.data(), out.size()}, 1).ok());
+  REQUIRE(pair.a.protocol
+              .PostSendProduced(
+                  50, [](size_t, absl::Span<uint8_t>) { return absl::DataLossError("no input"); },
+                  2, kT0)
+              .ok());
+  REQUIRE(pair.Run());
+  const std::vector<Completion> sends = pair.a.Drain();
+  REQUIRE(sends.size() == 1);
+  CHECK(absl::IsDataLoss(sends[0].status));
+  CHECK(std::string(sends[0].status.message()) ==
+        "verbs send (wr_id 2) to peer-b: producing bytes [0, +50) of a message of 50 bytes: no "
+        "input");
+  CHECK_FALSE(pair.a.protocol.status().ok());
+  const std::vector<Completion> recvs = pair.b.Drain();
+  REQUIRE(recvs.size() == 1);
+  CHECK_FALSE(recvs[0].status.ok());
+}
+
 TEST_CASE("messages that arrive before their receive are held, in order", "[verbs]") {
   Pair pair;
   std::vector<std::vector<uint8_t>> sent;

@@ -242,7 +242,8 @@ void Reassembler::Deliver() {
       return;
     }
     // A held message completes when its Recv is posted (the matcher copies it there).
-    if (!msg.too_long) matcher_.Placed(msg.slot);
+    // No consumed receives are posted here, so no consumer can fail.
+    if (!msg.too_long) matcher_.Placed(msg.slot).IgnoreError();
     if (auto d = deferred_.find(next_deliver_); d != deferred_.end()) {
       ready_.push_back(std::move(d->second));
       deferred_.erase(d);

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "produce_consume.hpp"
 
 namespace plexus::transport {
 namespace {
@@ -176,15 +177,23 @@ void Matcher::GiveBack(HeldBytes bytes) {
 
 absl::StatusOr<Matcher::Admission> Matcher::Admit(size_t length, Slot* slot) {
   if (!recvs_.empty()) {
-    const Recv r = recvs_.front();
-    recvs_.pop_front();
-    if (length > r.buffer.size) {
-      absl::Status too_long = TooLong(length, r.buffer.size, r.wr_id);
-      complete_(r.wr_id, too_long, 0);
+    Recv& front = recvs_.front();
+    if (length > front.buffer.size) {
+      const uint64_t wr_id = front.wr_id;
+      absl::Status too_long = TooLong(length, front.buffer.size, wr_id);
+      recvs_.pop_front();
+      complete_(wr_id, too_long, 0);
       return too_long;
     }
-    *slot = Slot{static_cast<uint8_t*>(r.buffer.data), length, false, 0, r.wr_id};
-    return Admission::kAdmitted;
+    if (front.consumer == nullptr || config_.stream_consumers) {
+      Recv r = std::move(front);
+      recvs_.pop_front();
+      *slot = Slot{
+          static_cast<uint8_t*>(r.buffer.data), length, false, 0, r.wr_id, std::move(r.consumer)};
+      return Admission::kAdmitted;
+    }
+    // A consumed receive on a backend that does not stream: the message is held (every held
+    // message is claimed while receives wait), claimed by it, and consumed once whole.
   }
   // Checked before anything is allocated: the length is the peer's word.
   if (length > config_.connection_cap - kHeldMessageOverhead) {
@@ -200,13 +209,32 @@ absl::StatusOr<Matcher::Admission> Matcher::Admit(size_t length, Slot* slot) {
     Unreserve(kHeldMessageOverhead);
     return Admission::kWait;
   }
-  *slot = Slot{h.bytes.data(), length, true, front_ticket_ + held_.size(), 0};
+  *slot = Slot{h.bytes.data(), length, true, front_ticket_ + held_.size(), 0, nullptr};
+  if (!recvs_.empty()) {
+    Recv r = std::move(recvs_.front());
+    recvs_.pop_front();
+    h.claimed = true;
+    h.wr_id = r.wr_id;
+    h.consumer = std::move(r.consumer);
+    ++claimed_;
+  }
   held_.push_back(std::move(h));
   return Admission::kAdmitted;
 }
 
 void Matcher::Deliver(Held& h) {
-  if (!h.rejected) {
+  if (!h.rejected && h.consumer != nullptr) {
+    absl::Status consumed = internal::ConsumeRange(
+        *h.consumer, 0, absl::MakeConstSpan(h.bytes.data(), h.length), h.length);
+    if (!consumed.ok()) {
+      consumed = absl::Status(consumed.code(),
+                              absl::StrCat(config_.backend, ": receive (wr_id ", h.wr_id, ") from ",
+                                           config_.peer, ": ", consumed.message()));
+      if (consumer_error_.ok()) consumer_error_ = consumed;
+    }
+    complete_(h.wr_id, consumed, consumed.ok() ? h.length : 0);
+    h.consumer.reset();
+  } else if (!h.rejected) {
     if (h.length > 0) std::memcpy(h.recv.data, h.bytes.data(), h.length);
     complete_(h.wr_id, absl::OkStatus(), h.length);
   }
@@ -228,15 +256,16 @@ void Matcher::DeliverReady() {
   }
 }
 
-void Matcher::Placed(const Slot& slot) {
+absl::Status Matcher::Placed(const Slot& slot) {
   if (!slot.held) {
     complete_(slot.wr_id, absl::OkStatus(), slot.length);
-    return;
+    return absl::OkStatus();
   }
   const uint64_t index = slot.ticket - front_ticket_;
-  if (index >= held_.size()) return;  // dropped by Fail
+  if (index >= held_.size()) return absl::OkStatus();  // dropped by Fail
   held_[index].whole = true;
   if (eager_) DeliverReady();
+  return TakeConsumerError();
 }
 
 std::optional<size_t> Matcher::PeekNext(MutableBuffer head) const {
@@ -249,6 +278,16 @@ std::optional<size_t> Matcher::PeekNext(MutableBuffer head) const {
 }
 
 absl::Status Matcher::PostRecv(MutableBuffer buffer, uint64_t wr_id) {
+  return Claim(buffer, wr_id, nullptr);
+}
+
+absl::Status Matcher::PostRecvConsumed(size_t max_length, Consumer consumer, uint64_t wr_id) {
+  return Claim(MutableBuffer{nullptr, max_length}, wr_id,
+               std::make_shared<Consumer>(std::move(consumer)));
+}
+
+absl::Status Matcher::Claim(MutableBuffer buffer, uint64_t wr_id,
+                            std::shared_ptr<Consumer> consumer) {
   if (failed_ && !has_unclaimed()) return failure_;
   if (claimed_ < held_.size()) {
     Held& h = held_[claimed_++];
@@ -261,11 +300,13 @@ absl::Status Matcher::PostRecv(MutableBuffer buffer, uint64_t wr_id) {
     } else {
       h.recv = buffer;
       h.wr_id = wr_id;
+      h.consumer = std::move(consumer);
     }
     if (eager_) DeliverReady();
+    if (result.ok()) result = TakeConsumerError();
     return result;
   }
-  recvs_.push_back(Recv{buffer, wr_id});
+  recvs_.push_back(Recv{buffer, wr_id, std::move(consumer)});
   return absl::OkStatus();
 }
 
@@ -290,6 +331,7 @@ void Matcher::Fail(const absl::Status& why, bool keep_whole) {
   claimed_ = std::min(claimed_, held_.size());
   for (const Recv& r : recvs_) complete_(r.wr_id, why, 0);
   recvs_.clear();
+  consumer_error_ = absl::OkStatus();  // the connection is failing already
 }
 
 }  // namespace plexus::transport

@@ -17,6 +17,7 @@
 #include "make_completion.hpp"
 #include "matcher.hpp"
 #include "plexus/base/status.hpp"
+#include "produce_consume.hpp"
 #include "region_registry.hpp"
 
 namespace plexus::transport::internal {
@@ -103,6 +104,60 @@ class InprocConnection final : public Connection {
         return absl::InvalidArgumentError("PostSend: null buffer");
       total += b.size;
     }
+    return Send(total, wr_id, [&](const Matcher::Slot& slot, bool& consumer_failed) {
+      if (slot.consumer == nullptr) {
+        Gather(buffers, slot.dest);
+        return absl::OkStatus();
+      }
+      consumer_failed = true;  // the consumer takes the sender's bytes in place
+      size_t offset = 0;
+      for (const ConstBuffer& b : buffers) {
+        PLEXUS_RETURN_IF_ERROR(
+            ConsumeRange(*slot.consumer, offset,
+                         absl::MakeConstSpan(static_cast<const uint8_t*>(b.data), b.size), total));
+        offset += b.size;
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status PostSendProduced(size_t length, Producer producer, uint64_t wr_id) override {
+    return Send(length, wr_id, [&](const Matcher::Slot& slot, bool& consumer_failed) {
+      if (slot.consumer == nullptr) {
+        return ProduceRange(producer, 0, absl::MakeSpan(slot.dest, length), length);
+      }
+      // Produced into a consumed receive: through one cache-sized chunk.
+      std::vector<uint8_t> chunk(std::min(length, kMaxProduceConsumeBytes));
+      for (size_t offset = 0; offset < length; offset += chunk.size()) {
+        const size_t n = std::min(chunk.size(), length - offset);
+        PLEXUS_RETURN_IF_ERROR(
+            ProduceRange(producer, offset, absl::MakeSpan(chunk.data(), n), length));
+        consumer_failed = true;
+        PLEXUS_RETURN_IF_ERROR(
+            ConsumeRange(*slot.consumer, offset, absl::MakeConstSpan(chunk.data(), n), length));
+        consumer_failed = false;
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status PostRecvConsumed(size_t max_length, Consumer consumer, uint64_t wr_id) override {
+    std::lock_guard<std::mutex> lock(link_->mu);
+    Matcher& m = *self().matcher;
+    if (!link_->closed.ok() && !m.has_unclaimed()) return link_->closed;
+    if (absl::Status s = m.PostRecvConsumed(max_length, std::move(consumer), wr_id); !s.ok()) {
+      CloseLocked(s);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // One message of `total` bytes to the peer; `fill` puts its bytes where the matcher says (a
+  // buffer, or a consumer) and sets its flag while a consumer runs. An error from `fill` fails
+  // the send, the matched receive, and the connection, on behalf of the side whose callback
+  // failed: the message was admitted and cannot be taken back.
+  template <typename Fill>
+  absl::Status Send(size_t total, uint64_t wr_id, Fill fill) {
     std::lock_guard<std::mutex> lock(link_->mu);
     PLEXUS_RETURN_IF_ERROR(link_->closed);
     Matcher& m = *peer().matcher;
@@ -124,12 +179,33 @@ class InprocConnection final : public Connection {
           " bytes does not fit under its cap (DeviceOptions::max_held_bytes_per_connection / "
           "_per_device); retry once the peer posted receives"));
     }
-    Gather(buffers, slot.dest);
-    m.Placed(slot);
+    bool consumer_failed = false;
+    if (absl::Status filled = fill(slot, consumer_failed); !filled.ok()) {
+      const absl::Status why = absl::Status(
+          filled.code(),
+          consumer_failed
+              ? absl::StrCat("inproc receive (wr_id ", slot.wr_id, "): ", filled.message())
+              : absl::StrCat("inproc send (wr_id ", wr_id, ") to ", peer_, ": ", filled.message()));
+      self().Complete(Opcode::kSend, wr_id, consumer_failed ? PeerView(why) : why, 0);
+      // A direct receive left the matcher at Admit: it completes here. A held message that is
+      // not whole is dropped by the matcher's Fail.
+      if (!slot.held) {
+        peer().Complete(Opcode::kRecv, slot.wr_id, consumer_failed ? why : PeerView(why), 0);
+      }
+      CloseLocked(why, consumer_failed ? 1 - side_ : side_);
+      return absl::OkStatus();
+    }
+    if (absl::Status placed = m.Placed(slot); !placed.ok()) {
+      // The peer's consumer failed on a held message: its receive carries the error.
+      self().Complete(Opcode::kSend, wr_id, absl::OkStatus(), total);
+      CloseLocked(placed, 1 - side_);
+      return absl::OkStatus();
+    }
     self().Complete(Opcode::kSend, wr_id, absl::OkStatus(), total);
     return absl::OkStatus();
   }
 
+ public:
   absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id) override {
     if (buffer.data == nullptr && buffer.size > 0) {
       return absl::InvalidArgumentError("PostRecv: null buffer");
@@ -201,18 +277,20 @@ class InprocConnection final : public Connection {
     }
   }
 
-  // Fails every outstanding receive on both ends; the peer learns why.
-  void CloseLocked(const absl::Status& why) {
+  // Fails every outstanding receive on both ends; the other end than `by` (this side, unless
+  // a consumer of the peer's failed) learns why.
+  void CloseLocked(const absl::Status& why, int by = -1) {
+    if (by < 0) by = side_;
     if (link_->closed.ok()) {
       link_->closed = why;
-      link_->closed_by = side_;
+      link_->closed_by = by;
     }
     link_->down.store(true, std::memory_order_release);
     for (int i = 0; i < 2; ++i) {
       Side& end = link_->sides[i];
       if (!end.open || end.matcher == nullptr) continue;  // null: never reached a listener
-      // The peer may still receive what was sent to it; this side's held messages go.
-      end.matcher->Fail(i == side_ ? why : PeerView(why), /*keep_whole=*/i != side_);
+      // The other end may still receive what was sent to it; `by`'s held messages go.
+      end.matcher->Fail(i == by ? why : PeerView(why), /*keep_whole=*/i != by);
     }
   }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "cuda_copy.hpp"
 #include "plexus/base/status.hpp"
+#include "produce_consume.hpp"
 
 namespace plexus::transport::internal::shm {
 namespace {
@@ -102,6 +103,18 @@ absl::Status ConnectionState::PostSend(absl::Span<const ConstBuffer> buffers, ui
   return EnqueueLocked(std::move(op));
 }
 
+absl::Status ConnectionState::PostSendProduced(size_t length, Producer producer, uint64_t wr_id) {
+  if (length > config_.max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PostSendProduced: message exceeds max_message_bytes = ", config_.max_message_bytes));
+  }
+  SendOp op;
+  op.wr_id = wr_id;
+  op.total = length;
+  op.producer = std::move(producer);
+  return EnqueueLocked(std::move(op));
+}
+
 absl::Status ConnectionState::PostWrite(const MemoryRegion& local, size_t local_offset,
                                         size_t length, const RegionHandle& remote,
                                         size_t remote_offset, std::optional<uint32_t> immediate,
@@ -172,12 +185,23 @@ absl::Status ConnectionState::PostRecv(MutableBuffer buffer, uint64_t wr_id) {
   if (buffer.data == nullptr && buffer.size > 0) {
     return absl::InvalidArgumentError("PostRecv: null buffer with a non-zero size");
   }
+  return PostReceive([&] { return matcher_.PostRecv(buffer, wr_id); });
+}
+
+absl::Status ConnectionState::PostRecvConsumed(size_t max_length, Consumer consumer,
+                                               uint64_t wr_id) {
+  return PostReceive(
+      [&] { return matcher_.PostRecvConsumed(max_length, std::move(consumer), wr_id); });
+}
+
+template <typename Post>
+absl::Status ConnectionState::PostReceive(Post post) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!status_.ok() && !matcher_.has_unclaimed()) {
     return absl::FailedPreconditionError(
         absl::StrCat("shm connection is down: ", std::string(status_.message())));
   }
-  if (auto s = matcher_.PostRecv(buffer, wr_id); !s.ok()) {
+  if (auto s = post(); !s.ok()) {
     FailLocked(s, true);
   } else if (paused_) {
     own_doorbell_.Ring();  // the progress loop reads the ring again
@@ -342,7 +366,9 @@ absl::Status ConnectionState::ProcessFrameLocked(const FrameHeader& h, uint64_t 
             absl::StrCat("malformed shm frame: message part at offset ", h.offset, " of ",
                          h.total_bytes, " bytes does not continue the message being received"));
       }
-      if (incoming_.slot.dest != nullptr) {
+      if (incoming_.slot.consumer != nullptr) {
+        PLEXUS_RETURN_IF_ERROR(ConsumeRingLocked(payload_pos, h.offset, h.payload_bytes));
+      } else if (incoming_.slot.dest != nullptr) {
         rx.CopyOut(payload_pos, incoming_.slot.dest + h.offset, h.payload_bytes);
       }
       incoming_.received += h.payload_bytes;
@@ -356,7 +382,11 @@ absl::Status ConnectionState::ProcessFrameLocked(const FrameHeader& h, uint64_t 
       PLEXUS_ASSIGN_OR_RETURN(auto segments, DecodeCmaSegments(scratch_, h));
       if (auto s = BeginMessageLocked(h.total_bytes); !s.ok() || paused_) return s;
       if (!status_.ok()) return absl::OkStatus();
-      PLEXUS_RETURN_IF_ERROR(CmaRead(session_.peer_pid, incoming_.slot.dest, segments));
+      if (incoming_.slot.consumer != nullptr) {
+        PLEXUS_RETURN_IF_ERROR(ConsumeCmaLocked(segments));
+      } else {
+        PLEXUS_RETURN_IF_ERROR(CmaRead(session_.peer_pid, incoming_.slot.dest, segments));
+      }
       cma_received_.fetch_add(h.total_bytes, std::memory_order_relaxed);
       incoming_.received = incoming_.total;
       return FinishMessageLocked();
@@ -396,11 +426,47 @@ absl::Status ConnectionState::BeginMessageLocked(uint64_t total) {
   return absl::OkStatus();
 }
 
+absl::Status ConnectionState::ReceiveError(const absl::Status& s) const {
+  return absl::Status(s.code(),
+                      absl::StrCat("shm receive (wr_id ", incoming_.slot.wr_id, ") from process ",
+                                   session_.peer_pid, ": ", s.message()));
+}
+
+absl::Status ConnectionState::ConsumeRingLocked(uint64_t pos, uint64_t offset, size_t n) {
+  const Ring::Pieces p = session_.rx.View(pos, n);
+  Consumer& consumer = *incoming_.slot.consumer;
+  absl::Status s =
+      ConsumeRange(consumer, offset, absl::MakeConstSpan(p.first, p.first_size), incoming_.total);
+  if (s.ok() && p.second_size > 0) {
+    s = ConsumeRange(consumer, offset + p.first_size, absl::MakeConstSpan(p.second, p.second_size),
+                     incoming_.total);
+  }
+  return s.ok() ? s : ReceiveError(s);
+}
+
+absl::Status ConnectionState::ConsumeCmaLocked(absl::Span<const CmaSegment> segments) {
+  std::vector<uint8_t> chunk(std::min<uint64_t>(incoming_.total, kMaxProduceConsumeBytes));
+  uint64_t offset = 0;
+  for (const CmaSegment& segment : segments) {
+    for (uint64_t at = 0; at < segment.length;) {
+      const size_t n = std::min<uint64_t>(segment.length - at, chunk.size());
+      const CmaSegment part{segment.address + at, n};
+      PLEXUS_RETURN_IF_ERROR(
+          CmaRead(session_.peer_pid, chunk.data(), absl::MakeConstSpan(&part, 1)));
+      absl::Status s = ConsumeRange(*incoming_.slot.consumer, offset,
+                                    absl::MakeConstSpan(chunk.data(), n), incoming_.total);
+      if (!s.ok()) return ReceiveError(s);
+      at += n;
+      offset += n;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ConnectionState::FinishMessageLocked() {
   const Matcher::Slot slot = incoming_.slot;
   incoming_ = Incoming{};
-  matcher_.Placed(slot);
-  return absl::OkStatus();
+  return matcher_.Placed(slot);  // an error: a consumer failed
 }
 
 absl::Status ConnectionState::PlaceWriteLocked(const FrameHeader& h, uint64_t payload_pos) {
@@ -546,6 +612,21 @@ bool ConnectionState::WriteOneFrameLocked(SendOp& op, uint64_t free_bytes) {
   tx.CopyIn(tx_head_, header, sizeof header);
   uint64_t pos = tx_head_ + kFrameHeaderBytes;
   uint64_t left = piece;
+  if (op.producer != nullptr) {
+    // Straight into the ring's free space; the frame is published (StoreHead) only once whole.
+    auto [first, second] = tx.WritableView(pos, piece);
+    absl::Status s = ProduceRange(op.producer, op.framed, first, op.total);
+    if (s.ok() && !second.empty()) {
+      s = ProduceRange(op.producer, op.framed + first.size(), second, op.total);
+    }
+    if (!s.ok()) {
+      FailLocked(absl::Status(s.code(), absl::StrCat("shm send (wr_id ", op.wr_id, ") to process ",
+                                                     session_.peer_pid, ": ", s.message())),
+                 true);
+      return false;  // `op` is gone with the send queue
+    }
+    left = 0;
+  }
   while (left > 0) {
     const ConstBuffer& b = op.buffers[op.cursor_buffer];
     const size_t n = std::min<uint64_t>(left, b.size - op.cursor_offset);

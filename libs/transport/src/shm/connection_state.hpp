@@ -49,6 +49,13 @@ class ConnectionState {
 
   absl::Status PostSend(absl::Span<const ConstBuffer> buffers, uint64_t wr_id);
   absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id);
+  // Connection::PostSendProduced: the payload is produced straight into the ring's free space,
+  // frame by frame; never by cross-memory attach, whatever its size.
+  absl::Status PostSendProduced(size_t length, Producer producer, uint64_t wr_id);
+  // Connection::PostRecvConsumed: ring frames are handed to the consumer in place; a message
+  // the peer sent by cross-memory attach is pulled a chunk at a time into a buffer of at most
+  // kMaxProduceConsumeBytes and handed over from there.
+  absl::Status PostRecvConsumed(size_t max_length, Consumer consumer, uint64_t wr_id);
   std::optional<size_t> PeekNext(MutableBuffer head) {
     std::lock_guard<std::mutex> lock(mu_);
     return matcher_.PeekNext(head);
@@ -85,6 +92,7 @@ class ConnectionState {
     uint64_t remote_offset = 0;
     std::optional<uint32_t> immediate;
     std::unique_ptr<uint8_t[]> staging;  // host copy of a CUDA source
+    Producer producer;                   // a produced send: makes the payload in the ring
   };
   struct AwaitingAck {
     uint64_t end_position;  // the op is done once the peer's tail reaches this
@@ -98,12 +106,20 @@ class ConnectionState {
   };
 
   absl::Status EnqueueLocked(SendOp op);
+  // A receive posted by `post` (the matcher's PostRecv or PostRecvConsumed) under the lock.
+  template <typename Post>
+  absl::Status PostReceive(Post post);
   // Fails every outstanding operation with `why`, tells the peer, and marks the connection done.
   void FailLocked(const absl::Status& why, bool tell_peer_error);
   bool ReadFramesLocked();
   absl::Status ProcessFrameLocked(const FrameHeader& h, uint64_t payload_pos);
   absl::Status BeginMessageLocked(uint64_t total);
   absl::Status FinishMessageLocked();
+  // Hands a message's bytes [offset, +n) in the ring at `pos` to the incoming consumer.
+  absl::Status ConsumeRingLocked(uint64_t pos, uint64_t offset, size_t n);
+  // Pulls a cross-memory-attach message from the peer a chunk at a time into the consumer.
+  absl::Status ConsumeCmaLocked(absl::Span<const CmaSegment> segments);
+  absl::Status ReceiveError(const absl::Status& s) const;
   absl::Status PlaceWriteLocked(const FrameHeader& h, uint64_t payload_pos);
   bool ReapAcksLocked();
   bool WriteFramesLocked();

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -121,6 +122,12 @@ class Ring {
     const size_t at = pos & (capacity_ - 1);
     const size_t first = n < capacity_ - at ? n : capacity_ - at;
     return {bytes_ + at, first, bytes_, n - first};
+  }
+  // The same pieces, writable: where a producer writes a frame's payload in place.
+  std::pair<absl::Span<uint8_t>, absl::Span<uint8_t>> WritableView(uint64_t pos, size_t n) {
+    const Pieces p = View(pos, n);
+    return {absl::MakeSpan(bytes_ + (pos & (capacity_ - 1)), p.first_size),
+            absl::MakeSpan(bytes_, p.second_size)};
   }
 
  private:

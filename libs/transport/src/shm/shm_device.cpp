@@ -61,6 +61,12 @@ class ShmConnection final : public Connection {
   absl::StatusOr<std::optional<size_t>> PeekNext(MutableBuffer head) override {
     return state_->PeekNext(head);
   }
+  absl::Status PostSendProduced(size_t length, Producer producer, uint64_t wr_id) override {
+    return state_->PostSendProduced(length, std::move(producer), wr_id);
+  }
+  absl::Status PostRecvConsumed(size_t max_length, Consumer consumer, uint64_t wr_id) override {
+    return state_->PostRecvConsumed(max_length, std::move(consumer), wr_id);
+  }
   absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id) override {
     return state_->PostRecv(buffer, wr_id);
   }

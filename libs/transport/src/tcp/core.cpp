@@ -246,15 +246,35 @@ absl::StatusOr<std::optional<size_t>> TcpCore::PeekNext(uint64_t id, MutableBuff
   return conn->rx.PeekNext(head);
 }
 
+absl::Status TcpCore::PostSendProduced(uint64_t id, size_t length, Producer producer,
+                                       uint64_t wr_id) {
+  PLEXUS_ASSIGN_OR_RETURN(
+      tcp::PostedOp posted,
+      tcp::PrepareProducedSend(length, std::move(producer), wr_id, options_.max_message_bytes));
+  return Post(id, std::move(posted));
+}
+
 absl::Status TcpCore::PostRecv(uint64_t id, MutableBuffer buffer, uint64_t wr_id) {
   if (buffer.data == nullptr && buffer.size > 0) {
     return absl::InvalidArgumentError("PostRecv: null buffer");
   }
+  return PostReceive(id, [&](tcp::ReceiveState& rx) { return rx.PostRecv(buffer, wr_id); });
+}
+
+absl::Status TcpCore::PostRecvConsumed(uint64_t id, size_t max_length, Consumer consumer,
+                                       uint64_t wr_id) {
+  return PostReceive(id, [&](tcp::ReceiveState& rx) {
+    return rx.PostRecvConsumed(max_length, std::move(consumer), wr_id);
+  });
+}
+
+absl::Status TcpCore::PostReceive(uint64_t id,
+                                  absl::FunctionRef<absl::Status(tcp::ReceiveState&)> post) {
   std::lock_guard<std::mutex> lock(mu_);
   TcpConn* conn = Find(id);
   if (conn == nullptr) return absl::FailedPreconditionError("connection is closed");
   if (!conn->status.ok() && !conn->rx.has_unclaimed()) return conn->status;  // after whole ones
-  if (absl::Status s = conn->rx.PostRecv(buffer, wr_id); !s.ok()) {
+  if (absl::Status s = post(conn->rx); !s.ok()) {
     Fail(*conn, s);
     return absl::OkStatus();
   }
@@ -493,6 +513,11 @@ bool TcpCore::Flush(Socket& s) {
   TcpConn& conn = *s.conn;
   bool wrote = false;
   while (!s.sendq.empty()) {
+    if (absl::Status produced = s.sendq.Produce(); !produced.ok()) {
+      Fail(conn, absl::Status(produced.code(),
+                              absl::StrCat("tcp ", produced.message(), " (to ", conn.peer, ")")));
+      return wrote;
+    }
     iovec iov[kMaxIov];
     const int n = s.sendq.Gather(iov, kMaxIov);
     const ssize_t w = SendGathered(s.fd, iov, n);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -119,6 +120,8 @@ class TcpCore {
   absl::Status PostSend(uint64_t id, absl::Span<const ConstBuffer> buffers, uint64_t wr_id);
 
   absl::Status PostRecv(uint64_t id, MutableBuffer buffer, uint64_t wr_id);
+  absl::Status PostSendProduced(uint64_t id, size_t length, Producer producer, uint64_t wr_id);
+  absl::Status PostRecvConsumed(uint64_t id, size_t max_length, Consumer consumer, uint64_t wr_id);
   absl::StatusOr<std::optional<size_t>> PeekNext(uint64_t id, MutableBuffer head);
 
   absl::Status PostWrite(uint64_t id, const MemoryRegion& local, size_t local_offset, size_t length,
@@ -149,6 +152,8 @@ class TcpCore {
   const TcpConn* Find(uint64_t id) const;
 
   absl::Status Post(uint64_t id, tcp::PostedOp posted);
+  // A receive posted by `post` (ReceiveState::PostRecv or PostRecvConsumed).
+  absl::Status PostReceive(uint64_t id, absl::FunctionRef<absl::Status(tcp::ReceiveState&)> post);
 
   // Queues the frames SendState cuts the op into on the sockets, and writes what the sockets
   // accept right now.

@@ -9,6 +9,7 @@
 #include "cuda_copy.hpp"
 #include "make_completion.hpp"
 #include "plexus/base/status.hpp"
+#include "produce_consume.hpp"
 #include "tcp/protocol.hpp"
 
 namespace plexus::transport::internal::tcp {
@@ -74,8 +75,9 @@ absl::StatusOr<ReceiveState::Consumed> ReceiveState::Consume(size_t socket,
         break;
       }
       case Phase::kPayload: {
-        const size_t take = std::min(left, s.remaining);
-        std::memcpy(s.op->base + s.offset, bytes.data() + used, take);
+        const absl::Span<uint8_t> window = Window(s);
+        const size_t take = std::min(left, window.size());
+        std::memcpy(window.data(), bytes.data() + used, take);
         used += take;
         if (absl::Status placed = Advance(socket, take); !placed.ok()) {
           broken_ = placed;
@@ -91,13 +93,30 @@ absl::StatusOr<ReceiveState::Consumed> ReceiveState::Consume(size_t socket,
 absl::Span<uint8_t> ReceiveState::PayloadWindow(size_t socket) {
   const Stream& s = streams_[socket];
   if (s.phase != Phase::kPayload || !broken_.ok()) return {};
-  return absl::MakeSpan(s.op->base + s.offset, s.remaining);
+  return Window(s);
+}
+
+absl::Span<uint8_t> ReceiveState::Window(const Stream& s) const {
+  const InOp& op = *s.op;
+  if (!op.streams()) return absl::MakeSpan(op.base + s.offset, s.remaining);
+  const size_t used = s.offset - op.chunk_begin;
+  return absl::MakeSpan(op.base + used, std::min(s.remaining, op.staging.size() - used));
+}
+
+absl::Status ReceiveState::ConsumeChunk(InOp& op, size_t end) {
+  absl::Status s =
+      ConsumeRange(*op.slot.consumer, op.chunk_begin,
+                   absl::MakeConstSpan(op.staging.data(), end - op.chunk_begin), op.length);
+  op.chunk_begin = end;
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("tcp receive (wr_id ", op.slot.wr_id, ") from ",
+                                             config_.peer, ": ", s.message()));
 }
 
 absl::Status ReceiveState::Placed(size_t socket, size_t bytes) {
   PLEXUS_RETURN_IF_ERROR(broken_);
   const Stream& s = streams_[socket];
-  if (s.phase != Phase::kPayload || bytes > s.remaining) {
+  if (s.phase != Phase::kPayload || bytes > Window(s).size()) {
     return absl::InternalError(absl::StrCat("tcp: ", bytes, " bytes placed on socket ", socket,
                                             " beyond its payload window"));
   }
@@ -111,6 +130,10 @@ absl::Status ReceiveState::Advance(size_t socket, size_t bytes) {
   s.offset += bytes;
   s.remaining -= bytes;
   s.op->remaining -= bytes;
+  InOp& op = *s.op;
+  if (op.streams() && (s.remaining == 0 || s.offset - op.chunk_begin == op.staging.size())) {
+    PLEXUS_RETURN_IF_ERROR(ConsumeChunk(op, s.offset));
+  }
   return s.remaining > 0 ? absl::OkStatus() : PayloadDone(socket);
 }
 
@@ -141,7 +164,7 @@ absl::StatusOr<ReceiveState::Event> ReceiveState::OnHeader(size_t socket) {
       PLEXUS_RETURN_IF_ERROR(send_->Acked(plan->acked));
       return Event::kNone;
     case HeaderAction::kOperation: {
-      PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<InOp> op, NewInOp(h, plan->is_write));
+      PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<InOp> op, NewInOp(h, plan->is_write, plan->striped));
       if (op == nullptr) {  // no room to hold it yet
         s.phase = Phase::kAwaitRoom;
         paused_ = true;
@@ -230,7 +253,8 @@ void ReceiveState::RecycleInOp(std::unique_ptr<InOp> op) {
 }
 
 absl::StatusOr<std::unique_ptr<ReceiveState::InOp>> ReceiveState::NewInOp(const FrameHeader& h,
-                                                                          bool is_write) {
+                                                                          bool is_write,
+                                                                          bool striped) {
   std::unique_ptr<InOp> op = TakeInOp();
   op->is_message = !is_write;
   op->length = op->remaining = h.length;
@@ -260,6 +284,17 @@ absl::StatusOr<std::unique_ptr<ReceiveState::InOp>> ReceiveState::NewInOp(const 
     return nullptr;
   }
   op->base = op->slot.dest;
+  if (op->slot.consumer != nullptr && h.length > 0) {
+    // Parts of a striped message arrive in any order: it is staged whole.
+    op->consume_whole = striped;
+    absl::Status allocated = Allocate(
+        op->staging, striped ? h.length : std::min<size_t>(h.length, kMaxProduceConsumeBytes));
+    if (!allocated.ok()) {  // the receive left the matcher: it completes here
+      cq_->Push(MakeCompletion(config_.connection_id, Opcode::kRecv, op->slot.wr_id, allocated, 0));
+      return allocated;
+    }
+    op->base = op->staging.data();
+  }
   return op;
 }
 
@@ -284,15 +319,39 @@ absl::Status ReceiveState::PostRecv(MutableBuffer buffer, uint64_t wr_id) {
   return absl::OkStatus();
 }
 
+absl::Status ReceiveState::PostRecvConsumed(size_t max_length, Consumer consumer, uint64_t wr_id) {
+  absl::Status s = matcher_.PostRecvConsumed(max_length, std::move(consumer), wr_id);
+  if (s.ok()) s = ReleaseInbound();
+  if (!s.ok()) {
+    if (broken_.ok()) broken_ = s;
+    return s;
+  }
+  if (paused_) room_freed_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status ReceiveState::ReleaseInbound() {
   while (!in_ops_.empty()) {
     InOp& op = *in_ops_.front();
     if (!op.placed()) return absl::OkStatus();
+    if (op.is_message && op.consume_whole) {
+      op.consume_whole = false;
+      if (absl::Status s = ConsumeChunk(op, op.length); !s.ok()) {
+        // Not whole for the receive: it fails here, and the op leaves (Fail would deliver it).
+        cq_->Push(MakeCompletion(config_.connection_id, Opcode::kRecv, op.slot.wr_id, s, 0));
+        std::unique_ptr<InOp> failed = std::move(in_ops_.front());
+        in_ops_.pop_front();
+        RecycleInOp(std::move(failed));
+        return s;
+      }
+    }
     if (op.is_message) {
       // Direct: completes the receive. Held: whole now; delivered once a receive claims it.
-      matcher_.Placed(op.slot);
+      PLEXUS_RETURN_IF_ERROR(matcher_.Placed(op.slot));  // an error: a consumer failed
       if (op.slot.held) {
-        if (!matcher_.DeliverOldest()) return absl::OkStatus();
+        const bool delivered = matcher_.DeliverOldest();
+        PLEXUS_RETURN_IF_ERROR(matcher_.TakeConsumerError());
+        if (!delivered) return absl::OkStatus();
         room_freed_ = true;
       }
     } else {
@@ -317,8 +376,10 @@ void ReceiveState::Fail(const absl::Status& why) {
   // Messages that arrived whole stay deliverable (in the matcher): what the peer sent before it
   // closed is not lost. Everything from the first incomplete operation on is.
   size_t whole = 0;
-  while (whole < in_ops_.size() && in_ops_[whole]->is_message && in_ops_[whole]->placed()) {
-    matcher_.Placed(in_ops_[whole]->slot);  // held: marks it whole
+  // A striped message for a consumer that was not handed over yet counts as cut off.
+  while (whole < in_ops_.size() && in_ops_[whole]->is_message && in_ops_[whole]->placed() &&
+         !in_ops_[whole]->consume_whole) {
+    matcher_.Placed(in_ops_[whole]->slot).IgnoreError();  // held: marks it whole
     ++whole;
   }
   for (size_t i = whole; i < in_ops_.size(); ++i) {

@@ -89,6 +89,12 @@ class ReceiveState {
   // The user posted a receive. An error (the message it took is longer) ends the connection:
   // it sticks like Consume's.
   absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id);
+  // A consumed receive (Connection::PostRecvConsumed). A message admitted into it is read into
+  // a chunk of at most kMaxProduceConsumeBytes (PayloadWindow), handed to the consumer whenever
+  // the chunk is full or the message ends; a striped message is staged whole and handed over
+  // once placed. A consumer error ends the connection (it sticks like Consume's) and fails the
+  // receive with it.
+  absl::Status PostRecvConsumed(size_t max_length, Consumer consumer, uint64_t wr_id);
   // Connection::PeekNext.
   std::optional<size_t> PeekNext(MutableBuffer head) const { return matcher_.PeekNext(head); }
 
@@ -152,6 +158,11 @@ class ReceiveState {
     std::vector<uint8_t> staging;
     // Where the bytes go, fixed on arrival: the slot's buffer, the write's target, or `staging`.
     uint8_t* base = nullptr;
+    // A message into a consumed receive (slot.consumer): `staging` holds payload bytes from
+    // chunk_begin on (a chunk at a time), or the whole message when `consume_whole` (striped).
+    size_t chunk_begin = 0;
+    bool consume_whole = false;
+    bool streams() const { return slot.consumer != nullptr && !consume_whole; }
     bool placed() const { return remaining == 0 && parts_left == 0; }
   };
   struct Stream {
@@ -171,7 +182,12 @@ class ReceiveState {
   absl::Status Resume(size_t socket);
   absl::Status StartPayload(size_t socket, InOp* op, size_t offset, size_t length);
   absl::Status PayloadDone(size_t socket);
-  absl::StatusOr<std::unique_ptr<InOp>> NewInOp(const FrameHeader& h, bool is_write);
+  absl::StatusOr<std::unique_ptr<InOp>> NewInOp(const FrameHeader& h, bool is_write, bool striped);
+  // Where the payload arriving on the socket goes next: the rest of it, or, for a message
+  // streamed to a consumer, what fits in its chunk.
+  absl::Span<uint8_t> Window(const Stream& s) const;
+  // Hands the bytes of the op's chunk received so far to its consumer.
+  absl::Status ConsumeChunk(InOp& op, size_t end);
   // A fresh InOp, from spare_in_ops_ when one is there: no allocation per message.
   std::unique_ptr<InOp> TakeInOp();
   // Resets `op` (its staging buffer is freed now, as destroying it would) and keeps it as a

@@ -6,6 +6,7 @@
 #include "cuda_copy.hpp"
 #include "make_completion.hpp"
 #include "plexus/base/status.hpp"
+#include "produce_consume.hpp"
 #include "region_registry.hpp"
 
 namespace plexus::transport::internal::tcp {
@@ -32,6 +33,23 @@ absl::StatusOr<PostedOp> PrepareSend(absl::Span<const ConstBuffer> buffers, uint
   for (const ConstBuffer& b : buffers) {
     if (b.size > 0) posted.payload.push_back({const_cast<void*>(b.data), b.size});
   }
+  return posted;
+}
+
+absl::StatusOr<PostedOp> PrepareProducedSend(size_t length, Producer producer, uint64_t wr_id,
+                                             uint64_t max_message_bytes) {
+  if (length > max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("PostSendProduced: message of ", length,
+                                                   " bytes exceeds max_message_bytes (",
+                                                   max_message_bytes, ")"));
+  }
+  PostedOp posted;
+  posted.op.opcode = Opcode::kSend;
+  posted.op.wr_id = wr_id;
+  posted.op.bytes = length;
+  posted.op.producer = std::move(producer);
+  posted.header.type = FrameType::kMessage;
+  posted.header.length = length;
   return posted;
 }
 
@@ -84,7 +102,7 @@ FramePlans SendState::Start(const std::shared_ptr<OutOp>& op, const FrameHeader&
   ops_.push_back(op);
   if (op->opcode == Opcode::kWrite) awaiting_ack_.push_back(op);
   FramePlans frames;
-  if (sockets_ == 1 || h.length < threshold_) {
+  if (sockets_ == 1 || h.length < threshold_ || op->producer != nullptr) {
     op->frames_left = 1;
     frames.push_back({0, h, {0, h.length}});
     return frames;
@@ -136,6 +154,7 @@ void SendState::Fail(const absl::Status& why) {
   awaiting_ack_.clear();
   for (auto& op : failed) {
     cq_->Push(MakeCompletion(connection_id_, op->opcode, op->wr_id, why, 0));
+    op->producer = nullptr;
   }
 }
 
@@ -161,7 +180,40 @@ void FrameQueue::Push(const FrameHeader& h, IovList payload, std::shared_ptr<Out
   f.total = kFrameHeaderSize;
   for (const iovec& v : payload) f.total += v.iov_len;
   f.payload = std::move(payload);
+  if (op != nullptr && op->producer != nullptr) {
+    f.produced = true;
+    f.total += h.length;
+    ++produced_frames_;
+  }
   f.op = std::move(op);
+}
+
+absl::Status FrameQueue::Produce() {
+  if (produced_frames_ == 0) return absl::OkStatus();
+  // Gather reaches a frame only when every frame before it is there whole; it stops at one
+  // whose bytes are not all produced, and it fills at most kMaxIov entries.
+  constexpr size_t kLookahead = 64;
+  size_t looked = 0;
+  for (Frame& f : frames_) {
+    if (++looked > kLookahead) break;
+    if (!f.produced) continue;
+    const size_t payload = f.total - kFrameHeaderSize;
+    const size_t at = f.sent > kFrameHeaderSize ? f.sent - kFrameHeaderSize : 0;
+    if (at == f.chunk_end && f.chunk_end < payload) {
+      OutOp& op = *f.op;
+      const size_t n = std::min(payload - f.chunk_end, kMaxProduceConsumeBytes);
+      if (op.staging.size() < n) op.staging.resize(std::min(payload, kMaxProduceConsumeBytes));
+      absl::Status s =
+          ProduceRange(op.producer, f.chunk_end, absl::MakeSpan(op.staging.data(), n), payload);
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("send (wr_id ", op.wr_id, "): ", s.message()));
+      }
+      f.chunk_begin = f.chunk_end;
+      f.chunk_end += n;
+    }
+    if (f.chunk_end < payload) break;
+  }
+  return absl::OkStatus();
 }
 
 int FrameQueue::Gather(iovec* iov, int max) const {
@@ -173,6 +225,14 @@ int FrameQueue::Gather(iovec* iov, int max) const {
       skip = 0;
     } else {
       skip -= kFrameHeaderSize;
+    }
+    if (it->produced) {
+      // Only the produced chunk; the frames after this one wait until it is all produced.
+      if (skip < it->chunk_end && n < max) {
+        iov[n++] = {it->op->staging.data() + (skip - it->chunk_begin), it->chunk_end - skip};
+      }
+      if (it->chunk_end < it->total - kFrameHeaderSize) break;
+      continue;
     }
     for (const iovec& v : it->payload) {
       if (n == max) break;
@@ -195,6 +255,7 @@ void FrameQueue::Advance(size_t bytes, SendState& send) {
     bytes -= take;
     if (f.sent < f.total) return;
     std::shared_ptr<OutOp> op = std::move(f.op);
+    if (f.produced) --produced_frames_;
     frames_.pop_front();
     if (op == nullptr) continue;
     if (op.use_count() == 1) {  // SendState does not hold it (a failed connection's): no recycling
@@ -213,6 +274,7 @@ void SendState::Release() {
     std::shared_ptr<OutOp> op = std::move(ops_.front());
     ops_.pop_front();
     cq_->Push(MakeCompletion(connection_id_, op->opcode, op->wr_id, absl::OkStatus(), op->bytes));
+    op->producer = nullptr;
     // Recycled only when nothing else refers to it (a caller of Start may keep its own copy).
     if (op.use_count() == 1 && spare_.size() < kSpareOps) {
       op->staging = {};  // a CUDA source's host copy is not kept

@@ -32,7 +32,10 @@ struct OutOp {
   uint64_t wr_id = 0;
   size_t bytes = 0;
   size_t frames_left = 0;        // frames not yet written completely
-  std::vector<uint8_t> staging;  // host copy of a CUDA source
+  std::vector<uint8_t> staging;  // host copy of a CUDA source; a produced send's current chunk
+  // A produced send (PostSendProduced): its payload is made chunk by chunk into `staging` as
+  // the socket takes it. Never striped. Destroyed once the operation completed.
+  Producer producer;
   bool written = false;
   bool acked = false;
   bool done() const { return written && (opcode == Opcode::kSend || acked); }
@@ -64,6 +67,10 @@ struct PostedOp {
 // InvalidArgument for a null buffer, or a message over `max_message_bytes`.
 absl::StatusOr<PostedOp> PrepareSend(absl::Span<const ConstBuffer> buffers, uint64_t wr_id,
                                      uint64_t max_message_bytes);
+// A produced send of `length` bytes: its payload is produced while it is written (FrameQueue).
+// InvalidArgument for a message over `max_message_bytes`.
+absl::StatusOr<PostedOp> PrepareProducedSend(size_t length, Producer producer, uint64_t wr_id,
+                                             uint64_t max_message_bytes);
 // Checks the local range and the remote one (InvalidArgument, OutOfRange naming them); a CUDA
 // source is copied to host memory now.
 absl::StatusOr<PostedOp> PrepareWrite(const MemoryRegion& local, size_t local_offset, size_t length,
@@ -90,7 +97,8 @@ class SendState {
 
   // Takes `op` (a send or a write; `h` is its kMessage or kWrite header) and returns its frames
   // in the order they are queued: one on socket 0, or, striped, a head with part 0 on socket 0
-  // and part k on socket k (empty parts too: every data socket sees every stripe number).
+  // and part k on socket k (empty parts too: every data socket sees every stripe number). A
+  // produced send is never striped: its bytes are made in order, one chunk at a time.
   FramePlans Start(const std::shared_ptr<OutOp>& op, const FrameHeader& h);
   // Every byte of one of `op`'s frames was written.
   void FrameWritten(OutOp& op);
@@ -124,11 +132,18 @@ class SendState {
 IovList SliceIov(absl::Span<const iovec> iov, size_t offset, size_t length);
 
 // The frames queued on one socket, oldest first, and how much of the oldest the kernel took.
+// A produced send's frame carries no payload list: its bytes are produced into the operation's
+// staging chunk (at most kMaxProduceConsumeBytes), the next chunk only once the socket took the
+// previous one whole, so that its memory does not grow with the message.
 class FrameQueue {
  public:
   // Queues a frame: `h` and `payload` (the caller's memory, which stays valid until the frame
-  // is written or the connection fails). `op` is null for control frames (acks, closes).
+  // is written or the connection fails). `op` is null for control frames (acks, closes); for a
+  // produced send, `payload` is empty and the bytes come from its producer.
   void Push(const FrameHeader& h, IovList payload, std::shared_ptr<OutOp> op);
+  // Produces the next chunk of every produced frame Gather would reach whose chunk was written
+  // whole. Call before Gather. An error is the producer's, annotated: fail the connection.
+  absl::Status Produce();
   // Fills `iov` (room for `max` >= 2 entries) with the bytes to send next; returns how many
   // entries it used (0 when the queue is empty).
   int Gather(iovec* iov, int max) const;
@@ -136,7 +151,10 @@ class FrameQueue {
   // and are reported to `send` (after the queue dropped its reference to the operation, so that
   // `send` can recycle the record of one that completes).
   void Advance(size_t bytes, SendState& send);
-  void Clear() { frames_.clear(); }
+  void Clear() {
+    frames_.clear();
+    produced_frames_ = 0;
+  }
   bool empty() const { return frames_.empty(); }
   size_t size() const { return frames_.size(); }
 
@@ -147,8 +165,13 @@ class FrameQueue {
     size_t total = 0;  // header + payload bytes
     size_t sent = 0;
     std::shared_ptr<OutOp> op;
+    // A produced send: payload bytes [chunk_begin, chunk_end) are in op->staging.
+    bool produced = false;
+    size_t chunk_begin = 0;
+    size_t chunk_end = 0;
   };
   std::deque<Frame> frames_;
+  size_t produced_frames_ = 0;
 };
 
 }  // namespace plexus::transport::internal::tcp

@@ -36,6 +36,12 @@ class TcpConnection final : public Connection {
   absl::StatusOr<std::optional<size_t>> PeekNext(MutableBuffer head) override {
     return core_->PeekNext(id(), head);
   }
+  absl::Status PostSendProduced(size_t length, Producer producer, uint64_t wr_id) override {
+    return core_->PostSendProduced(id(), length, std::move(producer), wr_id);
+  }
+  absl::Status PostRecvConsumed(size_t max_length, Consumer consumer, uint64_t wr_id) override {
+    return core_->PostRecvConsumed(id(), max_length, std::move(consumer), wr_id);
+  }
   absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id) override {
     return core_->PostRecv(id(), buffer, wr_id);
   }

@@ -1,5 +1,6 @@
 #include "verbs/protocol.hpp"
 #include "make_completion.hpp"
+#include "produce_consume.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -167,7 +168,10 @@ Protocol::Protocol(const ProtocolConfig& config, absl::Span<uint8_t> send_pool,
                              .connection_cap = config.held_bytes_per_connection,
                              .device = config.held_budget,
                              .max_spare_bytes =
-                                 internal::SpareBytesFor(config.held_bytes_per_connection)},
+                                 internal::SpareBytesFor(config.held_bytes_per_connection),
+                             // Chunks are copied out of receive slots that are re-posted at
+                             // once: a consumed receive takes the message once it is whole.
+                             .stream_consumers = false},
                [this](uint64_t wr_id, absl::Status status, size_t bytes) {
                  Push(Opcode::kRecv, wr_id, std::move(status), bytes);
                }) {
@@ -235,6 +239,34 @@ absl::Status Protocol::PostSend(absl::Span<const ConstBuffer> buffers, uint64_t 
   return AddOp(std::move(op), now);
 }
 
+absl::Status Protocol::PostSendProduced(size_t length, Producer producer, uint64_t wr_id,
+                                        absl::Time now) {
+  if (length > config_.max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("PostSendProduced: message of ", length,
+                                                   " bytes exceeds max_message_bytes (",
+                                                   config_.max_message_bytes, ")"));
+  }
+  PLEXUS_RETURN_IF_ERROR(status_);
+  if (!connected_) return absl::FailedPreconditionError("verbs connection is not established yet");
+  Op op;
+  op.kind = OpKind::kSend;
+  op.wr_id = wr_id;
+  op.total = length;
+  // Produced whole now: the bounce slots are filled as credits allow, which may be long after
+  // the producer's data could be trusted to be ready (and the contract allows one pass only).
+  op.staged.resize(length);
+  if (absl::Status s = internal::ProduceRange(producer, 0, absl::MakeSpan(op.staged), length);
+      !s.ok()) {
+    const absl::Status why = absl::Status(
+        s.code(), absl::StrCat("verbs send (wr_id ", wr_id, ") to ", peer_, ": ", s.message()));
+    Push(Opcode::kSend, wr_id, why, 0);
+    Fail(why);
+    return absl::OkStatus();
+  }
+  if (length > 0) op.buffers.push_back(ConstBuffer{op.staged.data(), length});
+  return AddOp(std::move(op), now);
+}
+
 absl::Status Protocol::PostWrite(const WriteRequest& request, uint64_t wr_id, absl::Time now) {
   Op op;
   op.kind = OpKind::kWrite;
@@ -251,6 +283,14 @@ absl::Status Protocol::PostRecv(MutableBuffer buffer, uint64_t wr_id) {
   // Messages that arrived whole before a failure are delivered first.
   if (!status_.ok() && !matcher_.has_unclaimed()) return status_;
   if (absl::Status s = matcher_.PostRecv(buffer, wr_id); !s.ok()) Fail(s);
+  return absl::OkStatus();
+}
+
+absl::Status Protocol::PostRecvConsumed(size_t max_length, Consumer consumer, uint64_t wr_id) {
+  if (!status_.ok() && !matcher_.has_unclaimed()) return status_;
+  if (absl::Status s = matcher_.PostRecvConsumed(max_length, std::move(consumer), wr_id); !s.ok()) {
+    Fail(s);
+  }
   return absl::OkStatus();
 }
 
@@ -500,8 +540,7 @@ absl::Status Protocol::OnChunk(uint32_t slot, uint32_t byte_len) {
   if (!last) return absl::OkStatus();
   const Matcher::Slot placed = m.slot;
   m = Incoming{};
-  matcher_.Placed(placed);
-  return absl::OkStatus();
+  return matcher_.Placed(placed);  // an error: a consumer failed
 }
 
 void Protocol::Push(Opcode opcode, uint64_t wr_id, absl::Status status, size_t bytes,

@@ -171,6 +171,11 @@ class Protocol {
     return PostSend(absl::MakeConstSpan(&buffer, 1), wr_id, now);
   }
   absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id);
+  // Connection::PostSendProduced: the message is produced whole into a buffer of the operation
+  // now, then sent as PostSend sends it. A producer error fails the send and the connection.
+  absl::Status PostSendProduced(size_t length, Producer producer, uint64_t wr_id, absl::Time now);
+  // Connection::PostRecvConsumed: the message is held until whole, then consumed.
+  absl::Status PostRecvConsumed(size_t max_length, Consumer consumer, uint64_t wr_id);
   std::optional<size_t> PeekNext(MutableBuffer head) const { return matcher_.PeekNext(head); }
   absl::Status PostWrite(const WriteRequest& request, uint64_t wr_id, absl::Time now);
 
@@ -202,6 +207,7 @@ class Protocol {
     uint32_t inflight = 0;
     bool fully_posted = false;
     std::vector<ConstBuffer> buffers;  // kSend
+    std::vector<uint8_t> staged;       // a produced send's bytes (`buffers` points into it)
     size_t buf_index = 0;
     size_t buf_offset = 0;
     WriteRequest write;  // kWrite

@@ -248,6 +248,15 @@ class VerbsConnection final : public Connection {
   absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id) override {
     return state_->WithProtocol([&](Protocol& p) { return p.PostRecv(buffer, wr_id); });
   }
+  absl::Status PostSendProduced(size_t length, Producer producer, uint64_t wr_id) override {
+    return state_->WithProtocol([&](Protocol& p) {
+      return p.PostSendProduced(length, std::move(producer), wr_id, absl::Now());
+    });
+  }
+  absl::Status PostRecvConsumed(size_t max_length, Consumer consumer, uint64_t wr_id) override {
+    return state_->WithProtocol(
+        [&](Protocol& p) { return p.PostRecvConsumed(max_length, std::move(consumer), wr_id); });
+  }
 
   absl::Status PostWrite(const MemoryRegion& local, size_t local_offset, size_t length,
                          const RegionHandle& remote, size_t remote_offset,

@@ -81,6 +81,70 @@ class Connection {
   // Posts `buffer` for the next incoming message not yet matched.
   virtual absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id) = 0;
 
+  // Produced sends and consumed receives: the bytes of a message are made by `producer`, or
+  // taken by `consumer`, while the transport moves them, so that a caller that restructures data
+  // on the way needs no intermediate buffer of the message's size. The wire does not change: a
+  // produced send is one message of `length` bytes that the peer may take with PostRecv, and a
+  // consumed receive may take a message the peer sent with PostSend. Completions are those of
+  // PostSend and PostRecv (kSend, kRecv with the message length); ordering and matching are
+  // unchanged (a consumed receive is matched in PostRecv order like any other).
+  //
+  // The callbacks:
+  //  - cover the message in increasing offset order, every byte exactly once, at most
+  //    kMaxProduceConsumeBytes per call (an empty message makes no call);
+  //  - run on whatever thread moves the bytes: the posting thread, a thread calling PostRecv
+  //    or the completion queue (ProgressMode::kCaller), or the device's progress thread; one call
+  //    at a time per operation. They run under the backend's lock: they must not block for long
+  //    nor call into the transport (a Post, Close or Poll of any connection of the device).
+  //  - are owned by the backend: never called once the operation's completion was pushed, and
+  //    destroyed by then or right after (verbs destroys a producer once it produced).
+  //
+  // Blocking. Neither call waits for the peer, but either may run its callback in the calling
+  // thread before it returns: PostSendProduced produces what fits now (shm: as much as the ring
+  // takes; inproc: the whole message, as PostSend copies it; verbs: the whole message; tcp: the
+  // first chunk once the socket is free), PostRecvConsumed consumes a message that had arrived.
+  //
+  // Errors. An error from `producer` fails the send: its completion carries the producer's code
+  // and message, annotated "producing bytes [offset, +n) of a message of L bytes". The
+  // connection fails with the same status (the peer was promised `length` bytes and a stream
+  // cannot take the promise back): the peer's receive of that message fails (Unavailable), it
+  // never completes with part of it. An error from `consumer` fails the receive the same way
+  // ("consuming bytes [offset, +n) ...") and the connection with it. Bytes already handed to a
+  // consumer of a receive that then fails (a consumer error, the connection failing mid-message)
+  // are not taken back: the completion's status says the message is not whole.
+  //
+  // Memory. tcp, shm and inproc produce into and consume from memory of at most
+  // kMaxProduceConsumeBytes per operation in flight, or the peer's buffer itself: tcp stages
+  // one chunk per socket write (the next is produced once the socket took the previous one) and
+  // one per socket read; shm produces into the ring's free space (never by cross-memory attach,
+  // whatever the size) and consumes ring bytes in place, or pulls a message the peer sent by
+  // cross-memory attach a chunk at a time; inproc produces straight into the matched receive (or
+  // the held copy) and consumes the sender's bytes. Exceptions, where the whole message is
+  // staged once: a tcp message the peer striped over several sockets (an ordinary PostSend)
+  // into a consumed receive (a produced send itself is never striped), a message that arrived
+  // before its consumed receive was posted (it was held whole, as any early message is; the
+  // consumer takes it in chunks), and verbs, which produces the whole message into a buffer at
+  // post time and consumes it once it arrived whole.
+  //
+  // PostSendProduced returns an error right away for a message over max_message_bytes or a
+  // connection already down (as PostSend); the producer is then never called. The default, for
+  // connections built on others (multipath's) and backends outside Plexus, is Unimplemented.
+  virtual absl::Status PostSendProduced(size_t length, Producer producer, uint64_t wr_id) {
+    (void)length;
+    (void)producer;
+    (void)wr_id;
+    return absl::UnimplementedError("this connection cannot send a produced message");
+  }
+  // Posts a receive of the next incoming message not yet matched, of at most `max_length` bytes
+  // (longer: ResourceExhausted, as PostRecv), whose bytes go to `consumer`. May call `consumer`
+  // before it returns (a message that had arrived whole). Unimplemented by default.
+  virtual absl::Status PostRecvConsumed(size_t max_length, Consumer consumer, uint64_t wr_id) {
+    (void)max_length;
+    (void)consumer;
+    (void)wr_id;
+    return absl::UnimplementedError("this connection cannot hand a message to a consumer");
+  }
+
   // One-sided write of local[local_offset, +length) to remote[remote_offset, +length).
   virtual absl::Status PostWrite(const MemoryRegion& local, size_t local_offset, size_t length,
                                  const RegionHandle& remote, size_t remote_offset,

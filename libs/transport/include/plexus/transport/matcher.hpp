@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -84,6 +85,10 @@ struct MatcherConfig {
   bool deliver_eagerly = true;
   // The end of the too-long error: what the backend does next.
   std::string after_too_long = "the connection is closed";
+  // A message admitted into a consumed receive (PostRecvConsumed): true, the backend streams it
+  // to Slot::consumer itself; false, it is placed into held memory like an early message and
+  // consumed once whole (counted against the caps meanwhile).
+  bool stream_consumers = true;
 };
 
 class Matcher {
@@ -103,6 +108,9 @@ class Matcher {
     bool held = false;
     uint64_t ticket = 0;  // held: names the message for Placed
     uint64_t wr_id = 0;   // direct: the matched receive
+    // Direct into a consumed receive (dest is null): the backend hands every byte to it, in
+    // order, then calls Placed. Shared so that the slot can be copied.
+    std::shared_ptr<Consumer> consumer;
   };
   enum class Admission { kAdmitted, kWait };
 
@@ -115,18 +123,27 @@ class Matcher {
   absl::StatusOr<Admission> Admit(size_t length, Slot* slot);
 
   // Every byte of the message in `slot` is in place. Direct: completes its receive. Held: marks
-  // it whole (and delivers, when eager).
-  void Placed(const Slot& slot);
+  // it whole (and delivers, when eager). Error: a consumer the delivery called failed (its
+  // receive completed with the error); the backend fails the connection with it.
+  absl::Status Placed(const Slot& slot);
 
   // Delivers the oldest held message if it is whole and has a receive; true when it did (or
-  // when that receive had already failed as too short).
+  // when that receive had already failed as too short). A consumer that fails on the way is
+  // reported by TakeConsumerError.
   bool DeliverOldest();
+  // The first consumer error since the last call (OK when none): the receive completed with it,
+  // and the backend fails the connection with it.
+  absl::Status TakeConsumerError() { return std::exchange(consumer_error_, absl::OkStatus()); }
 
   // The user posted a receive: it takes the oldest held message without one (delivered when
   // whole, when eager), or waits in the FIFO. Error: the message it took is longer; the receive
   // completed with that error and the backend should fail the connection. After Fail, with no
   // whole message left: Fail's reason (nothing is queued).
   absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id);
+  // The same for a consumed receive of at most `max_length` bytes (Connection::PostRecvConsumed).
+  // A held message it takes is handed to `consumer` when whole; an error from the consumer is
+  // returned here (and its receive completed with it): fail the connection.
+  absl::Status PostRecvConsumed(size_t max_length, Consumer consumer, uint64_t wr_id);
 
   // The connection ended with `why`: posted receives, and receives of messages not yet whole,
   // complete with it; messages not yet whole are dropped. With `keep_whole`, whole messages stay
@@ -164,10 +181,12 @@ class Matcher {
     bool rejected = false;  // ... and was too short (already completed with the error)
     MutableBuffer recv;
     uint64_t wr_id = 0;
+    std::shared_ptr<Consumer> consumer;  // the claiming receive is a consumed one
   };
   struct Recv {
-    MutableBuffer buffer;
+    MutableBuffer buffer;  // data is null for a consumed receive
     uint64_t wr_id = 0;
+    std::shared_ptr<Consumer> consumer;
   };
 
   absl::Status TooLargeToHold(size_t length, size_t cap, bool device) const;
@@ -180,6 +199,7 @@ class Matcher {
   void GiveBack(HeldBytes bytes);
   void DropSpares();
   void Deliver(Held& h);
+  absl::Status Claim(MutableBuffer buffer, uint64_t wr_id, std::shared_ptr<Consumer> consumer);
   void DeliverReady();
 
   const MatcherConfig config_;
@@ -195,6 +215,7 @@ class Matcher {
   bool eager_;
   bool failed_ = false;
   absl::Status failure_;  // Fail's reason
+  absl::Status consumer_error_;
 };
 
 }  // namespace plexus::transport

@@ -5,7 +5,10 @@
 #include <cstdint>
 #include <string_view>
 
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace plexus::transport {
 
@@ -32,5 +35,18 @@ struct MutableBuffer {
   void* data = nullptr;
   size_t size = 0;
 };
+
+// Produced sends and consumed receives (Connection::PostSendProduced, PostRecvConsumed): the
+// message's bytes are made or taken by a callback while the transport moves them, instead of
+// sitting whole in a caller buffer. The contract is written at those declarations.
+//
+// Fills `out` with bytes [offset, offset + out.size()) of the message being sent.
+using Producer = absl::AnyInvocable<absl::Status(size_t offset, absl::Span<uint8_t> out)>;
+// Takes bytes [offset, offset + in.size()) of the message being received; `in` is valid only
+// during the call.
+using Consumer = absl::AnyInvocable<absl::Status(size_t offset, absl::Span<const uint8_t> in)>;
+// No Producer or Consumer call covers more bytes than this: what a backend stages for one is
+// cache-sized and does not grow with the message.
+inline constexpr size_t kMaxProduceConsumeBytes = size_t{256} << 10;
 
 }  // namespace plexus::transport
