@@ -17,7 +17,7 @@ bool Overlap(const uint8_t* a, size_t na, const uint8_t* b, size_t nb) {
 
 absl::Status BindBuffers(const Program& program, absl::Span<const ConstBytes> inputs,
                          absl::Span<const MutableBytes> outputs, BoundBuffers* out,
-                         const std::vector<bool>* scratch_needed) {
+                         const std::vector<bool>* scratch_needed, int unbound) {
   out->bufs.assign(program.buffers.size(), Bound{});
   out->scratch.clear();
   out->scratch.reserve(program.buffers.size());
@@ -50,6 +50,10 @@ absl::Status BindBuffers(const Program& program, absl::Span<const ConstBytes> in
       bound.read = bound.write;
       continue;
     }
+    if (static_cast<int>(i) == unbound) {  // its memory comes piece by piece (a stream's window)
+      (b.role == Role::kInput ? next_in : next_out)++;
+      continue;
+    }
     const size_t given = b.role == Role::kInput ? inputs[next_in].size() : outputs[next_out].size();
     if (given != bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -65,10 +69,12 @@ absl::Status BindBuffers(const Program& program, absl::Span<const ConstBytes> in
     }
   }
   for (size_t i = 0; i < program.buffers.size(); ++i) {
-    if (program.buffers[i].role != Role::kOutput) continue;
+    if (program.buffers[i].role != Role::kOutput || static_cast<int>(i) == unbound) continue;
     const size_t ni = static_cast<size_t>(program.buffers[i].count) * out->bufs[i].size;
     for (size_t j = 0; j < program.buffers.size(); ++j) {
-      if (j == i || program.buffers[j].role == Role::kScratch) continue;
+      if (j == i || program.buffers[j].role == Role::kScratch || static_cast<int>(j) == unbound) {
+        continue;
+      }
       const size_t nj = static_cast<size_t>(program.buffers[j].count) * out->bufs[j].size;
       if (Overlap(out->bufs[i].read, ni, out->bufs[j].read, nj)) {
         return absl::InvalidArgumentError(

@@ -28,9 +28,10 @@ struct BoundBuffers {
 // inputs[k] / outputs[k] are the k-th input / output declaration's bytes; each must hold exactly
 // count * size bytes and no output may overlap another caller buffer (InvalidArgument naming the
 // buffer). Scratch buffers are zero-filled (ResourceExhausted when they cannot be allocated);
-// with `scratch_needed`, only those it marks (the others stay null).
+// with `scratch_needed`, only those it marks (the others stay null). Buffer `unbound` (an input
+// or output, or -1) is left without memory: its span is skipped (a stream supplies it in pieces).
 absl::Status BindBuffers(const Program& program, absl::Span<const ConstBytes> inputs,
                          absl::Span<const MutableBytes> outputs, BoundBuffers* out,
-                         const std::vector<bool>* scratch_needed = nullptr);
+                         const std::vector<bool>* scratch_needed = nullptr, int unbound = -1);
 
 }  // namespace plexus::restructure::internal

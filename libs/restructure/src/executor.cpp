@@ -317,8 +317,7 @@ absl::StatusOr<Executor> Executor::Compile(Program program) {
   return e;
 }
 
-absl::Status Executor::Run(absl::Span<const ConstBytes> inputs,
-                           absl::Span<const MutableBytes> outputs) const {
+std::vector<bool> Executor::NeededScratch() const {
   // Scratch that no pass stores or reads from memory is never allocated.
   std::vector<bool> needed(program_.buffers.size(), false);
   for (const Pass& pass : passes_) {
@@ -335,22 +334,31 @@ absl::Status Executor::Run(absl::Span<const ConstBytes> inputs,
   for (size_t b = 0; b < virtual_.size(); ++b) {
     if (virtual_[b].active) needed[b] = false;
   }
+  return needed;
+}
+
+void Executor::RunPass(size_t i, const internal::Memory& mem) const {
+  const Pass& pass = passes_[i];
+  switch (pass.kind) {
+    case Pass::Kind::kFused:
+      internal::RunFused(pass, mem);
+      break;
+    case Pass::Kind::kMaxPool:
+      internal::RunMaxPool(pass, mem);
+      break;
+    case Pass::Kind::kBitCopy:
+      internal::RunBitCopy(pass, mem);
+      break;
+  }
+}
+
+absl::Status Executor::Run(absl::Span<const ConstBytes> inputs,
+                           absl::Span<const MutableBytes> outputs) const {
+  const std::vector<bool> needed = NeededScratch();
   internal::BoundBuffers bound;
   PLEXUS_RETURN_IF_ERROR(internal::BindBuffers(program_, inputs, outputs, &bound, &needed));
   const internal::Memory mem{bound.bufs, virtual_};
-  for (const Pass& pass : passes_) {
-    switch (pass.kind) {
-      case Pass::Kind::kFused:
-        internal::RunFused(pass, mem);
-        break;
-      case Pass::Kind::kMaxPool:
-        internal::RunMaxPool(pass, mem);
-        break;
-      case Pass::Kind::kBitCopy:
-        internal::RunBitCopy(pass, mem);
-        break;
-    }
-  }
+  for (size_t i = 0; i < passes_.size(); ++i) RunPass(i, mem);
   return absl::OkStatus();
 }
 

@@ -33,6 +33,9 @@
 #include "plexus/restructure/program.hpp"
 
 namespace plexus::restructure {
+namespace internal {
+struct Memory;
+}  // namespace internal
 
 inline constexpr int kLog10MaxUlp = 3;
 
@@ -78,7 +81,11 @@ class Executor {
   };
 
  private:
+  friend class OutputStream;
+  friend class InputStream;
   Executor() = default;
+  std::vector<bool> NeededScratch() const;
+  void RunPass(size_t i, const internal::Memory& mem) const;
   Program program_;
   std::vector<Pass> passes_;
   std::vector<VirtualBuffer> virtual_;  // indexed like program_.buffers
