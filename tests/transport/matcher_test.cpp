@@ -484,3 +484,21 @@ TEST_CASE("matcher: a consumed receive shorter than the message fails it", "[mat
   CHECK(f.done[0].wr_id == 10);
   CHECK(sink.calls == 0);
 }
+
+TEST_CASE("matcher: a consumed message a non-streaming backend cannot stage fails with why",
+          "[matcher][consume]") {
+  Fixture f(64 << 10, nullptr, true, 0, /*stream_consumers=*/false);
+  Sink sink;
+  REQUIRE(f.matcher.PostRecvConsumed(1 << 20, sink.Consumer(), 11).ok());
+  Matcher::Slot slot;
+  const absl::Status s = f.matcher.Admit(100 << 10, &slot).status();
+  CHECK(absl::IsResourceExhausted(s));
+  CHECK(std::string(s.message()).find("for a consumed receive, which this backend stages whole") !=
+        std::string::npos);
+  CHECK(f.matcher.has_posted_recv());  // still waiting: the connection's failure completes it
+  f.matcher.Fail(s, /*keep_whole=*/false);
+  REQUIRE(f.done.size() == 1);
+  CHECK(f.done[0].wr_id == 11);
+  CHECK(f.done[0].status == s);
+  CHECK(sink.calls == 0);
+}

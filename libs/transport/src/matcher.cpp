@@ -86,12 +86,14 @@ absl::Status Matcher::TooLong(size_t message, size_t buffer, uint64_t wr_id) con
 absl::Status Matcher::TooLargeToHold(size_t length, size_t cap, bool device) const {
   return absl::ResourceExhaustedError(absl::StrCat(
       config_.backend, ": peer ", config_.peer, " sent a message of ", length,
-      " bytes while no receive is posted; holding it would exceed the ",
-      device ? "device's" : "connection's", " cap of ", cap, " bytes for held messages (raise ",
+      recvs_.empty() ? " bytes while no receive is posted"
+                     : " bytes for a consumed receive, which this backend stages whole",
+      "; holding it would exceed the ", device ? "device's" : "connection's", " cap of ", cap,
+      " bytes for held messages (raise ",
       device ? "DeviceOptions::max_held_bytes_per_device or PLEXUS_MAX_HELD_BYTES_PER_DEVICE"
              : "DeviceOptions::max_held_bytes_per_connection or "
                "PLEXUS_MAX_HELD_BYTES_PER_CONNECTION",
-      ", or post the receive before the peer sends)"));
+      recvs_.empty() ? ", or post the receive before the peer sends)" : ")"));
 }
 
 // Accounting: used_ (the connection's cap) counts held messages, their overheads and spare
