@@ -161,6 +161,36 @@ TEST_CASE("a join of two branches of one source pairs every request once", "[ser
   CHECK(report->sustained);
 }
 
+TEST_CASE("a join drops a request whose inputs never complete, once, with the reason",
+          "[serving]") {
+  const Problem problem = MustParse(Workflow(
+      {"cam"}, {"L", "R", "J"}, {{"cam", "L"}, {"cam", "R"}, {"L", "J"}, {"R", "J"}},
+      json::array({Workers("edge", "gpu", "e", 2), Workers("cloud", "gpu", "g", 1)}), 40, 1, "J"));
+  const Plan plan =
+      MustPlan(problem, {{"L", {{"e-0", 1}}}, {"R", {{"e-1", 1}}}, {"J", {{"g", 1}}}});
+  ServeOptions options;
+  options.duration_s = 20;
+  options.warmup_s = 2;
+  options.compression = 10;
+  options.join_timeout_s = 0.2;
+  options.drain_timeout_s = 2;
+  // R fails every tenth request: L's half of it waits at the join until the timeout.
+  options.operators["R"] = [](const Request& r) -> absl::StatusOr<std::string> {
+    if (r.id % 10 == 3) return absl::DataLossError("no audio");
+    return std::string(r.inputs.at(0));
+  };
+  auto report = Serve(problem, plan, options);
+  REQUIRE(report.ok());
+  std::printf("%s", ServeSummary(problem, *report).c_str());
+  const int64_t failing = report->injected / 10;
+  CHECK(report->dropped == failing);
+  CHECK(report->completed == report->injected - failing);
+  CHECK(report->unfinished == 0);
+  CHECK(report->duplicates == 0);
+  CHECK(report->drops_by_reason["operator 'R' failed: no audio"] == failing);
+  CHECK(report->drops_by_reason["join inputs incomplete within ServeOptions::join_timeout_s"] > 0);
+}
+
 TEST_CASE("a join of two sources pairs their k-th requests", "[serving]") {
   const Problem problem = MustParse(Workflow(
       {"img", "mic"}, {"F", "S", "J"}, {{"img", "F"}, {"mic", "S"}, {"F", "J"}, {"S", "J"}},
@@ -270,8 +300,11 @@ TEST_CASE("bad plans and options are refused, naming the element", "[serving]") 
   REQUIRE_FALSE(when.ok());
   CHECK_THAT(std::string(when.status().message()), Catch::Contains("warmup_s"));
 
-  auto broken = placement::ParseProblem(R"({"name": "x", "workflow": {"operators": []}})");
+  json no_rate = input;
+  no_rate["workflow"]["edges"][0]["to"] = "Z";
+  auto broken = placement::ParseProblem(no_rate.dump());
   REQUIRE_FALSE(broken.ok());
+  CHECK_THAT(std::string(broken.status().message()), Catch::Contains("workflow.edges[0].to"));
 }
 
 TEST_CASE("a real operator replaces the emulation and sees the bytes", "[serving]") {
@@ -308,7 +341,7 @@ TEST_CASE("a real operator replaces the emulation and sees the bytes", "[serving
 }
 
 TEST_CASE("VQA medium under JellyBean's plan is sustained, latency near the simulator's",
-          "[serving]") {
+          "[serving][vqa]") {
   auto problem =
       placement::LoadProblem(std::string(PLEXUS_PLACEMENT_DATA_DIR) + "/vqa-medium.json");
   REQUIRE(problem.ok());

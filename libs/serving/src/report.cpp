@@ -30,6 +30,31 @@ int64_t Expected(const Topology& t, int op, const std::vector<int64_t>& injected
   return owed;
 }
 
+std::vector<DropRecord> RequestDrops(const Topology& t, std::vector<DropRecord> drops,
+                                     const std::vector<int64_t>& injected) {
+  std::vector<DropRecord> out;
+  for (DropRecord& d : drops) {
+    // A join's inputs carry part of its sources; the request is the join's whole mask.
+    const uint64_t mask = t.join[d.op] ? t.masks[d.op][0] : d.sources;
+    if (static_cast<int64_t>(d.id) < MinInjected(t, mask, injected)) out.push_back(std::move(d));
+  }
+  return out;
+}
+
+int64_t DroppedFor(const Topology& t, int sink, const Collector::Sink& got,
+                   const std::vector<DropRecord>& drops) {
+  absl::flat_hash_set<std::pair<uint64_t, uint64_t>> lost;
+  for (const DropRecord& d : drops) {
+    if (!t.reaches[d.op][sink]) continue;
+    for (uint64_t mask : t.masks[sink]) {
+      if ((mask & d.sources) != d.sources) continue;
+      if (!got.done.contains({mask, d.id})) lost.insert({mask, d.id});
+      break;
+    }
+  }
+  return static_cast<int64_t>(lost.size());
+}
+
 double PercentileMs(const std::vector<int64_t>& sorted, double q, double compression) {
   if (sorted.empty()) return 0;
   const size_t index =
@@ -47,19 +72,8 @@ ServeReport BuildReport(const Topology& t, const ServeOptions& o, const Collecto
   r.wall_s = static_cast<double>(run.end_ns - run.start_ns) / 1e9;
   for (int64_t n : run.injected) r.injected += n;
 
-  // Drops: a request's partner that was never injected (injection stopped first) is no request.
-  std::vector<DropRecord> drops;
-  for (DropRecord& d : collector.Drops()) {
-    if (static_cast<int64_t>(d.id) >=
-        MinInjected(t, t.masks[d.op].size() == 1 && t.join[d.op] ? t.masks[d.op][0] : d.sources,
-                    run.injected)) {
-      continue;
-    }
-    ++r.drops_by_reason[d.reason];
-    drops.push_back(std::move(d));
-  }
-  r.dropped = static_cast<int64_t>(drops.size());
-
+  const std::vector<DropRecord> drops = RequestDrops(t, collector.Drops(), run.injected);
+  for (const DropRecord& d : drops) ++r.drops_by_reason[d.reason];
   const std::vector<Collector::Sink> sinks = collector.Sinks();
   std::vector<int64_t> latencies;
   r.throughput_ratio = std::numeric_limits<double>::infinity();
@@ -78,19 +92,12 @@ ServeReport BuildReport(const Topology& t, const ServeOptions& o, const Collecto
       ++in_window;
       latencies.push_back(c.done_ns - c.injected_ns);
     }
-    // A request dropped at this sink or above it, and not completed here after all.
-    for (const DropRecord& d : drops) {
-      if (!t.reaches[d.op][op]) continue;
-      bool done = false;
-      for (uint64_t mask : t.masks[op]) {
-        if ((mask & d.sources) == d.sources && got.done.contains({mask, d.id})) done = true;
-      }
-      if (!done) ++sink.dropped;
-    }
+    sink.dropped = DroppedFor(t, sink.op, got, drops);
     sink.unfinished = std::max<int64_t>(0, sink.expected - sink.completed - sink.dropped);
     sink.achieved_rate = r.measured_s > 0 ? static_cast<double>(in_window) / r.measured_s : 0;
     r.throughput_ratio = std::min(r.throughput_ratio, sink.achieved_rate / sink.target_rate);
     r.completed += sink.completed;
+    r.dropped += sink.dropped;
     r.duplicates += sink.duplicates;
     r.unfinished += sink.unfinished;
     r.sinks.push_back(sink);

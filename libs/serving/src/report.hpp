@@ -27,6 +27,14 @@ struct RunFigures {
 // Requests the injections owe sink `op`: per mask of sources that reaches it, the ids that every
 // source of the mask injected.
 int64_t Expected(const Topology& topology, int op, const std::vector<int64_t>& injected);
+// The drops of requests: without those of join inputs whose partners were never injected
+// (injection stopped first).
+std::vector<DropRecord> RequestDrops(const Topology& topology, std::vector<DropRecord> drops,
+                                     const std::vector<int64_t>& injected);
+// The requests `sink` lost: dropped at it or above it and not completed there, each counted once
+// however many operators reported it.
+int64_t DroppedFor(const Topology& topology, int sink, const Collector::Sink& got,
+                   const std::vector<DropRecord>& drops);
 // The q-quantile of sorted wall nanoseconds, in plan milliseconds.
 double PercentileMs(const std::vector<int64_t>& sorted_ns, double q, double compression);
 

@@ -305,20 +305,35 @@ class Driver {
       if (t_->sink[op]) owed += Expected(*t_, static_cast<int>(op), injected_);
     }
     while (NowNs() < deadline) {
-      const int64_t dropped = static_cast<int64_t>(collector_.Drops().size());
-      {
-        std::lock_guard<std::mutex> lock(source_mu_);
-        if (collector_.Completions() + dropped + static_cast<int64_t>(failed_sends_.size()) >=
-            owed) {
-          break;
-        }
-      }
+      if (Settled(owed)) break;
       if (NowNs() >= next_progress) {
         next_progress += kSecondNs;
         Report(true);
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+  }
+
+  // Whether every sink has completed or lost all that the injections owe it.
+  bool Settled(int64_t owed) {
+    std::vector<DropRecord> drops = collector_.Drops();
+    {
+      std::lock_guard<std::mutex> lock(source_mu_);
+      drops.insert(drops.end(), failed_sends_.begin(), failed_sends_.end());
+    }
+    // Cheap first: drop reports can only overcount the requests lost.
+    if (collector_.Completions() + static_cast<int64_t>(drops.size()) < owed) return false;
+    drops = RequestDrops(*t_, std::move(drops), injected_);
+    const std::vector<Collector::Sink> sinks = collector_.Sinks();
+    for (size_t op = 0; op < p_.operators.size(); ++op) {
+      if (!t_->sink[op]) continue;
+      const int64_t lost = DroppedFor(*t_, static_cast<int>(op), sinks[op], drops);
+      if (static_cast<int64_t>(sinks[op].completions.size()) + lost <
+          Expected(*t_, static_cast<int>(op), injected_)) {
+        return false;
+      }
+    }
+    return true;
   }
 
   void Teardown() {

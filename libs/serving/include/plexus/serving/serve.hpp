@@ -102,10 +102,12 @@ struct ServeReport {
   double compute_cost_per_hour = 0;  // the price of the workers that serve
   std::vector<WorkerServeReport> workers;
   int64_t injected = 0;  // requests, every source together
+  // The sinks' figures summed (a request counts once per sink it owes).
   int64_t completed = 0;
   int64_t duplicates = 0;
   int64_t dropped = 0;
   int64_t unfinished = 0;
+  // Drop reports by reason; a request lost at a branch is reported there and at its join too.
   std::map<std::string, int64_t> drops_by_reason;
 };
 
