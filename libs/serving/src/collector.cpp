@@ -15,6 +15,7 @@ absl::Status Collector::Complete(rpc::ServerContext&, const wire::Completion& re
         absl::StrCat("completion for operator ", request.op, ", which is not a sink"));
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (frozen_) return absl::OkStatus();
   Sink& sink = sinks_[request.op];
   if (!sink.done.insert({request.sources, request.request_id}).second) {
     ++sink.duplicates;
@@ -28,12 +29,19 @@ absl::Status Collector::Complete(rpc::ServerContext&, const wire::Completion& re
 
 absl::Status Collector::Dropped(rpc::ServerContext&, const wire::Drop& request, wire::Ack*) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (frozen_) return absl::OkStatus();
   drops_.push_back({request.op, request.sources, request.request_id, std::string(request.reason)});
   return absl::OkStatus();
 }
 
+void Collector::Freeze() {
+  std::lock_guard<std::mutex> lock(mu_);
+  frozen_ = true;
+}
+
 void Collector::AddDrop(DropRecord drop) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (frozen_) return;
   drops_.push_back(std::move(drop));
 }
 

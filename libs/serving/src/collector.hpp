@@ -42,6 +42,9 @@ class Collector final : public wire::Collector::Service {
     std::vector<CompletionRecord> completions;                // first completions, in order
     int64_t duplicates = 0;
   };
+  // Later reports are acknowledged and ignored: the run is over, what did not finish is counted
+  // as unfinished (shutting workers down fails their calls in flight).
+  void Freeze();
   // A drop the driver saw itself (a source's send that failed).
   void AddDrop(DropRecord drop);
   // Copies of what was collected so far.
@@ -57,6 +60,7 @@ class Collector final : public wire::Collector::Service {
   std::vector<Sink> sinks_;
   std::vector<DropRecord> drops_;
   int64_t completions_ = 0;
+  bool frozen_ = false;
 };
 
 }  // namespace plexus::serving::internal

@@ -336,17 +336,25 @@ class Driver {
     return true;
   }
 
+  // Halts every worker first (nothing more is sent), then closes them: a worker closing while a
+  // peer still sends to it would turn the peer's messages into failures.
   void Teardown() {
+    {
+      // Sends that failed from the driver count as drops at the operator they were for.
+      std::lock_guard<std::mutex> lock(source_mu_);
+      for (DropRecord& d : failed_sends_) collector_.AddDrop(std::move(d));
+      failed_sends_.clear();
+    }
+    collector_.Freeze();
+    for (auto& node : nodes_) {
+      if (node) node->Halt();
+    }
     for (auto& node : nodes_) {
       if (node) node->Stop();
     }
     if (relay_) relay_->Close();
     if (collector_server_) collector_server_->Shutdown();
     collector_server_.reset();
-    // Sends that failed from the driver count as drops at the operator they were for.
-    std::lock_guard<std::mutex> lock(source_mu_);
-    for (DropRecord& d : failed_sends_) collector_.AddDrop(std::move(d));
-    failed_sends_.clear();
   }
 
   std::shared_ptr<const Topology> t_;

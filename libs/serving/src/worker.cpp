@@ -61,6 +61,7 @@ void Relay::Deliver(const std::string& address, const wire::Message& message,
 void Relay::Complete(const std::string& address, const wire::Completion& completion) {
   auto channel = ChannelTo(address, wire::Collector::Descriptor());
   if (!channel.ok()) {
+    if (absl::IsCancelled(channel.status())) return;  // shutting down: the driver counts it
     base::Logf(base::LogLevel::kWarning,
                "serving: completion of request %d not reported to the collector: %s",
                completion.request_id, channel.status().ToString());
@@ -80,6 +81,7 @@ void Relay::Complete(const std::string& address, const wire::Completion& complet
 void Relay::Dropped(const std::string& address, wire::Drop drop, std::string reason) {
   auto channel = ChannelTo(address, wire::Collector::Descriptor());
   if (!channel.ok()) {
+    if (absl::IsCancelled(channel.status())) return;  // shutting down: the driver counts it
     base::Logf(base::LogLevel::kWarning, "serving: drop of request %d (%s) not reported: %s",
                drop.request_id, reason, channel.status().ToString());
     return;
@@ -154,15 +156,20 @@ void WorkerNode::Start(std::vector<std::string> peers, std::string collector) {
   for (int i = 0; i < servers; ++i) threads_.emplace_back([this, i] { Serve(i); });
 }
 
-void WorkerNode::Stop() {
+void WorkerNode::Halt() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_ && threads_.empty() && server_ == nullptr) return;
     stop_ = true;
   }
   cv_.notify_all();
   for (std::thread& t : threads_) t.join();
   threads_.clear();
+}
+
+void WorkerNode::Stop() {
+  Halt();
+  if (closed_) return;
+  closed_ = true;
   if (server_ != nullptr) server_->Shutdown();
   relay_.Close();
 }
@@ -256,9 +263,10 @@ void WorkerNode::AdmitReady(int64_t now_ns) {
                  oldest->first.first,
                  oldest->second.injected_ns,
                  {}};
+        const bool evicted_this = oldest == it;
         joins_.erase(oldest);
         Drop(lost, "join buffer full (ServeOptions::max_join_pending)");
-        if (oldest == it) continue;
+        if (evicted_this) continue;
       }
     }
     if (slot.have[slot_index]) {

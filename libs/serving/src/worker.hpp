@@ -69,7 +69,10 @@ class WorkerNode final : public wire::Worker::Service {
   // Every worker's rpc address (indexed like Problem::workers, "" for those serving nothing) and
   // the collector's; starts the service threads.
   void Start(std::vector<std::string> peers, std::string collector);
-  // Stops the threads and the server; what is queued is left (the driver counts it).
+  // Stops the service threads: nothing more is run or sent; what is queued stays (the driver
+  // counts it). The server still takes messages, so peers stopping later see no failure.
+  void Halt();
+  // Halt, then closes the server and the channels.
   void Stop();
 
   absl::Status Deliver(rpc::ServerContext& context, const wire::Message& request,
@@ -138,6 +141,7 @@ class WorkerNode final : public wire::Worker::Service {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  bool closed_ = false;  // Stop's second half ran (driver thread only)
   uint64_t sequence_ = 0;
   std::priority_queue<Arrival, std::vector<Arrival>, std::greater<Arrival>> arriving_;
   std::deque<Job> fifo_;
