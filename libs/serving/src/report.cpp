@@ -113,6 +113,8 @@ ServeReport BuildReport(const Topology& t, const ServeOptions& o, const Collecto
   double cost = 0;
   const size_t workers = p.workers.size();
   for (size_t from = 0; from < run.at_stop.sent.size(); ++from) {
+    // Rows past the workers are operators; only the sources' send.
+    if (from >= workers && t.source_index[from - workers] < 0) continue;
     const placement::Position a =
         from < workers ? placement::WorkerPosition(p, static_cast<int>(from))
                        : placement::SourcePosition(p, static_cast<int>(from - workers));
