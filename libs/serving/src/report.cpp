@@ -128,7 +128,11 @@ ServeReport BuildReport(const Topology& t, const ServeOptions& o, const Collecto
       cost += bytes / placement::BytesPerGb(p) * placement::PricePerGb(p, a, b);
     }
   }
-  r.network_cost_per_hour = r.measured_s > 0 ? cost / r.measured_s * 3600 : 0;
+  // The bytes are those sent between the two polls, which a busy host may start late.
+  const int64_t polled_ns = run.at_warm.sent.empty() ? run.at_stop.at_ns - run.start_ns
+                                                     : run.at_stop.at_ns - run.at_warm.at_ns;
+  const double polled_s = static_cast<double>(polled_ns) / 1e9 * o.compression;
+  r.network_cost_per_hour = polled_s > 0 ? cost / polled_s * 3600 : 0;
   for (size_t w = 0; w < workers; ++w) {
     if (!t.Serves(static_cast<int>(w))) continue;
     WorkerServeReport worker;

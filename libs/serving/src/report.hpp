@@ -13,6 +13,7 @@ namespace plexus::serving::internal {
 // Polled from the workers: bytes sent per (sender, destination worker), where senders are the
 // workers and then the operators (a source's own sends at index workers + op); queues.
 struct Counters {
+  int64_t at_ns = 0;  // when the poll began
   std::vector<std::vector<uint64_t>> sent;
   std::vector<int64_t> queue;      // queued or in service, per worker
   std::vector<int64_t> processed;  // per worker

@@ -133,6 +133,7 @@ class Driver {
   // What every worker and the driver have sent so far, and the workers' queues.
   Counters Poll() {
     Counters c;
+    c.at_ns = NowNs();
     c.sent.assign(p_.workers.size() + p_.operators.size(),
                   std::vector<uint64_t>(p_.workers.size(), 0));
     c.queue.assign(p_.workers.size(), 0);

@@ -95,8 +95,9 @@ struct ServeReport {
   double latency_p50_ms = 0;    // end to end in plan milliseconds (wall * compression)
   double latency_p90_ms = 0;
   double latency_p99_ms = 0;
-  // Payload bytes sent per "from-tier->to-tier" during the measured window, and the network cost
-  // per hour they imply in plan time (comparable with the plan's network cost).
+  // Payload bytes sent per "from-tier->to-tier" during the measured window (between the workers'
+  // counters polled at its start and end), and the network cost per hour they imply in plan time
+  // (comparable with the plan's network cost).
   std::map<std::string, double> bytes_per_tier_pair;
   double network_cost_per_hour = 0;
   double compute_cost_per_hour = 0;  // the price of the workers that serve
