@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "plexus/placement/network.hpp"
 #include "plexus/placement/optimizer.hpp"
 #include "plexus/placement/plan.hpp"
 #include "plexus/placement/problem.hpp"
@@ -13,56 +14,16 @@
 namespace plexus::placement::internal {
 
 inline constexpr double kInfinity = std::numeric_limits<double>::infinity();
-// Message sizes are in KB, prices per GB and costs per hour; KB and GB are 10^3 and 10^9 bytes, or
-// 2^10 and 2^30 under ByteUnits::kBinary (the JellyBean release's KB / 1024 / 1024).
 inline constexpr double kSecondsPerHour = 3600;
-inline double BytesPerKb(const Problem& problem) {
-  return problem.options.byte_units == ByteUnits::kBinary ? 1024.0 : 1e3;
-}
-inline double BytesPerGb(const Problem& problem) {
-  return problem.options.byte_units == ByteUnits::kBinary ? 1073741824.0 : 1e9;
-}
-
-struct Position {
-  int tier = 0;
-  int location = 0;
-};
-
-inline Position WorkerPosition(const Problem& problem, int worker) {
-  const Worker& w = problem.workers[worker];
-  return {w.tier, problem.tiers[w.tier].replicated ? 0 : w.location};
-}
-
-inline Position SourcePosition(const Problem& problem, int op) {
-  const Operator& o = problem.operators[op];
-  return {o.source_tier, problem.tiers[o.source_tier].replicated ? 0 : o.source_location};
-}
-
-// The link data crosses from a to b: nullptr when both are the same place (free, assumption A1);
-// also nullptr, with *downwards set, when b is on a lower tier (forbidden, assumption A2).
-inline const Link* LinkBetween(const Problem& problem, Position a, Position b, bool* downwards) {
-  if (downwards != nullptr) *downwards = a.tier > b.tier;
-  if (a.tier > b.tier) return nullptr;
-  if (a.tier == b.tier) {
-    if (a.location == b.location) return nullptr;
-    return &problem.tiers[a.tier].between_locations;
-  }
-  return &*problem.tier_links[a.tier][b.tier];
-}
-
-// Price per GB from a to b; infinity when b is below a.
-inline double PricePerGb(const Problem& problem, Position a, Position b) {
-  bool downwards = false;
-  const Link* link = LinkBetween(problem, a, b, &downwards);
-  if (downwards) return kInfinity;
-  return link == nullptr ? 0 : link->price_per_gb;
-}
-
-// Size in KB of one message on `edge` for the given variants (sources count as variant 0).
-inline double MessageKb(const Problem& problem, int edge, int from_variant, int to_variant) {
-  const Edge& e = problem.edges[edge];
-  return e.size_kb[from_variant < 0 ? 0 : from_variant][to_variant];
-}
+// The public helpers of plexus/placement/network.hpp, by their internal names too.
+using placement::BytesPerGb;
+using placement::BytesPerKb;
+using placement::LinkBetween;
+using placement::MessageKb;
+using placement::Position;
+using placement::PricePerGb;
+using placement::SourcePosition;
+using placement::WorkerPosition;
 
 // GB per hour carried by one KB per second.
 inline double HourlyGbPerKbPerSecond(const Problem& problem) {

@@ -40,21 +40,6 @@ struct Event {
   }
 };
 
-struct ServiceFit {
-  double mu = 0;
-  double sigma = 0;
-};
-
-// Log-normal through the profile's percentiles: median p50, spread fitted to p75 and p90.
-ServiceFit FitProfile(const LatencyProfile& profile) {
-  ServiceFit fit;
-  fit.mu = std::log(profile.p50 / 1000.0);
-  const double s75 = std::log(profile.p75 / profile.p50) / 0.6744897501960817;
-  const double s90 = std::log(profile.p90 / profile.p50) / 1.2815515655446004;
-  fit.sigma = std::max(0.0, (s75 + s90) / 2);
-  return fit;
-}
-
 struct WorkerState {
   int servers = 1;
   int busy = 0;
@@ -81,12 +66,12 @@ class Simulation {
       const Tier& tier = p_.tiers[p_.workers[w].tier];
       workers_[w].servers = tier.replicated ? tier.locations : 1;
     }
-    fits_.assign(n, std::vector<ServiceFit>(p_.workers.size()));
+    fits_.assign(n, std::vector<ServiceTime>(p_.workers.size()));
     round_robin_.assign(n, {});
     for (size_t op = 0; op < n; ++op) {
       for (const WorkerShare& w : plan_.workers[op]) {
         const auto& profile = p_.latency[op][plan_.variant[op]][p_.workers[w.worker].type];
-        fits_[op][w.worker] = FitProfile(*profile);
+        fits_[op][w.worker] = ServiceTime::Fit(*profile);
         workers_[w.worker].operators.push_back(static_cast<int>(op));
       }
       round_robin_[op].assign(plan_.workers[op].size(), 0);
@@ -226,9 +211,7 @@ class Simulation {
 
   void Start(int worker, const Job& job) {
     ++workers_[worker].busy;
-    const ServiceFit& fit = fits_[job.op][worker];
-    double service = std::exp(fit.mu);
-    if (fit.sigma > 0) service = std::exp(fit.mu + fit.sigma * normal_(random_));
+    const double service = fits_[job.op][worker].Draw(random_, normal_);
     Push({Event::kDone, now_ + service, 0, job.op, worker, job.birth, -1, now_});
   }
 
@@ -303,7 +286,7 @@ class Simulation {
   uint64_t sequence_ = 0;
   double now_ = 0;
   std::vector<WorkerState> workers_;
-  std::vector<std::vector<ServiceFit>> fits_;
+  std::vector<std::vector<ServiceTime>> fits_;
   std::vector<std::vector<double>> round_robin_;
   std::vector<double> fraction_;
   std::vector<int64_t> edge_ordinal_;
@@ -315,6 +298,20 @@ class Simulation {
 };
 
 }  // namespace
+
+ServiceTime ServiceTime::Fit(const LatencyProfile& profile) {
+  ServiceTime fit;
+  fit.mu = std::log(profile.p50 / 1000.0);
+  const double s75 = std::log(profile.p75 / profile.p50) / 0.6744897501960817;
+  const double s90 = std::log(profile.p90 / profile.p50) / 1.2815515655446004;
+  fit.sigma = std::max(0.0, (s75 + s90) / 2);
+  return fit;
+}
+
+double ServiceTime::Draw(std::mt19937_64& random, std::normal_distribution<double>& normal) const {
+  if (sigma > 0) return std::exp(mu + sigma * normal(random));
+  return std::exp(mu);
+}
 
 absl::StatusOr<SimulationReport> Simulate(const Problem& problem, const Plan& plan,
                                           const SimulationOptions& options) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,17 @@
 #include "plexus/placement/problem.hpp"
 
 namespace plexus::placement {
+
+// The service time of one (operator, variant, worker type): a log-normal whose median is the
+// profile's p50 and whose spread is fitted to its p75 and p90 (the mean of the two fits). The
+// simulator and the serving runtime's emulated operators draw from it.
+struct ServiceTime {
+  double mu = 0;     // log of the median, in seconds
+  double sigma = 0;  // 0: every draw is the median
+  static ServiceTime Fit(const LatencyProfile& profile);
+  // One service time in seconds; `normal` is a standard normal distribution.
+  double Draw(std::mt19937_64& random, std::normal_distribution<double>& normal) const;
+};
 
 struct SimulationOptions {
   double duration_s = 60;  // simulated time during which sources inject

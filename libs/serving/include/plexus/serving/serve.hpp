@@ -1,0 +1,129 @@
+// The serving runtime (JellyBean's query processor): runs a placement::Plan for real. One worker
+// per plan worker that serves an operator, each a thread pool behind its own rpc server (inproc or
+// tcp); the driver injects the sources' requests and collects the sinks' completions over rpc
+// too. Reference: docs/placement.md, "Serving".
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "plexus/placement/plan.hpp"
+#include "plexus/placement/problem.hpp"
+
+namespace plexus::serving {
+
+// What a user operator gets: one request's inputs, one per in-edge of the operator (in
+// Problem::in_edges order) for a join, the one message that arrived otherwise.
+struct Request {
+  uint64_t id = 0;       // the source's injection number
+  uint64_t sources = 0;  // bit s: descends from the s-th source operator (Problem order)
+  int op = -1;
+  std::vector<std::string_view> inputs;
+};
+// A real operator: its output, sent on every out-edge (a sink's output is dropped). An error
+// drops the request with the error as the reason.
+using OperatorFn = std::function<absl::StatusOr<std::string>(const Request&)>;
+
+// Progress about once a second of wall time, while the sources inject and while draining.
+struct ServeProgress {
+  double plan_s = 0;           // plan time since the start (wall time * compression)
+  bool draining = false;       // injection stopped
+  double completion_rate = 0;  // completions per plan second over the last interval, all sinks
+  int64_t queued = 0;          // requests queued or in service on every worker
+  double latency_p50_ms = 0;   // plan milliseconds, completions so far
+  double latency_p99_ms = 0;
+};
+
+enum class Wire : uint8_t { kInproc, kTcp };  // the transport of every rpc server and channel
+
+struct ServeOptions {
+  // Plan seconds during which the sources inject, and the first of them left out of the figures.
+  double duration_s = 60;
+  double warmup_s = 5;
+  // Plan time runs this many times faster than the wall clock: rates are multiplied by it,
+  // service times and link delays divided. A 60 s run takes 6 wall seconds at 10.
+  double compression = 10;
+  bool poisson_arrivals = false;  // false: constant inter-arrival times
+  uint64_t seed = 1;
+  Wire wire = Wire::kInproc;
+  // Emulated operators on a CPU worker type burn the CPU for their service time (spin); on a GPU
+  // type they sleep. false: every emulated operator sleeps.
+  bool cpu_spins = true;
+  // Wall seconds a join waits for the rest of a request's inputs before it drops the request.
+  double join_timeout_s = 5;
+  size_t max_join_pending = 100'000;  // per worker; beyond it the oldest request is dropped
+  // Wall seconds to wait, after injection stops, for the requests in flight.
+  double drain_timeout_s = 5;
+  // Real operators by name; the others are emulated from their execution profiles.
+  std::map<std::string, OperatorFn> operators;
+  std::function<void(const ServeProgress&)> progress;
+};
+
+struct SinkServeReport {
+  int op = -1;
+  double target_rate = 0;    // requests per plan second the sink should complete
+  double achieved_rate = 0;  // completed per plan second during the measured window
+  int64_t expected = 0;      // requests the sources' injections owe this sink
+  int64_t completed = 0;     // distinct requests completed (whole run)
+  int64_t duplicates = 0;    // completions of a request already completed: an error
+  int64_t dropped = 0;       // given up at this sink or an operator above it
+  int64_t unfinished = 0;    // expected - completed - dropped: still in flight at the end
+};
+
+struct WorkerServeReport {
+  int worker = -1;
+  std::vector<int> operators;
+  std::string address;       // its rpc server
+  int servers = 1;           // requests served at once (a replicated tier's locations)
+  int64_t queue_at_end = 0;  // queued or in service when injection stopped
+  int64_t processed = 0;     // requests it ran, drain included
+};
+
+struct ServeReport {
+  double measured_s = 0;  // plan seconds of the measured window
+  double wall_s = 0;      // wall seconds of the whole run, drain included
+  double compression = 1;
+  double accuracy = 0;  // the plan's (EvaluatePlan) at the objective's sink
+  std::vector<SinkServeReport> sinks;
+  double throughput_ratio = 0;  // min over sinks of achieved / target
+  bool sustained = false;       // throughput_ratio >= 0.98
+  double latency_p50_ms = 0;    // end to end in plan milliseconds (wall * compression)
+  double latency_p90_ms = 0;
+  double latency_p99_ms = 0;
+  // Payload bytes sent per "from-tier->to-tier" during the measured window (between the workers'
+  // counters polled at its start and end), and the network cost per hour they imply in plan time
+  // (comparable with the plan's network cost).
+  std::map<std::string, double> bytes_per_tier_pair;
+  double network_cost_per_hour = 0;
+  double compute_cost_per_hour = 0;  // the price of the workers that serve
+  std::vector<WorkerServeReport> workers;
+  int64_t injected = 0;  // requests, every source together
+  // The sinks' figures summed (a request counts once per sink it owes).
+  int64_t completed = 0;
+  int64_t duplicates = 0;
+  int64_t dropped = 0;
+  int64_t unfinished = 0;
+  // Drop reports by reason; a request lost at a branch is reported there and at its join too.
+  std::map<std::string, int64_t> drops_by_reason;
+};
+
+// Checks that the runtime can serve the plan: EvaluatePlan's checks, then its own (every edge's
+// rate_ratio is 1, at most 64 sources, a join's inputs descend from one set of sources each,
+// every name in options.operators is an operator). Errors name the element.
+absl::Status CheckServable(const placement::Problem& problem, const placement::Plan& plan,
+                           const ServeOptions& options = {});
+
+// Serves the plan for options.duration_s plan seconds, drains, and reports. Never hangs: a plan
+// that cannot keep up is reported as not sustained, with what did not finish counted.
+absl::StatusOr<ServeReport> Serve(const placement::Problem& problem, const placement::Plan& plan,
+                                  const ServeOptions& options = {});
+
+std::string ServeSummary(const placement::Problem& problem, const ServeReport& report);
+std::string ServeToJson(const placement::Problem& problem, const ServeReport& report);
+
+}  // namespace plexus::serving

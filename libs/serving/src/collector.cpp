@@ -1,0 +1,73 @@
+// The driver's collector of completions and drops (collector.hpp).
+#include "collector.hpp"
+
+#include "absl/strings/str_cat.h"
+
+namespace plexus::serving::internal {
+
+Collector::Collector(const Topology& topology)
+    : topology_(topology), sinks_(topology.problem.operators.size()) {}
+
+absl::Status Collector::Complete(rpc::ServerContext&, const wire::Completion& request, wire::Ack*) {
+  if (request.op < 0 || static_cast<size_t>(request.op) >= sinks_.size() ||
+      !topology_.sink[request.op]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("completion for operator ", request.op, ", which is not a sink"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (frozen_) return absl::OkStatus();
+  Sink& sink = sinks_[request.op];
+  if (!sink.done.insert({request.sources, request.request_id}).second) {
+    ++sink.duplicates;
+    return absl::OkStatus();
+  }
+  sink.completions.push_back(
+      {request.sources, request.request_id, request.injected_ns, request.done_ns});
+  ++completions_;
+  return absl::OkStatus();
+}
+
+absl::Status Collector::Dropped(rpc::ServerContext&, const wire::Drop& request, wire::Ack*) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (frozen_) return absl::OkStatus();
+  drops_.push_back({request.op, request.sources, request.request_id, std::string(request.reason)});
+  return absl::OkStatus();
+}
+
+void Collector::Freeze() {
+  std::lock_guard<std::mutex> lock(mu_);
+  frozen_ = true;
+}
+
+void Collector::AddDrop(DropRecord drop) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (frozen_) return;
+  drops_.push_back(std::move(drop));
+}
+
+std::vector<Collector::Sink> Collector::Sinks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sinks_;
+}
+
+std::vector<DropRecord> Collector::Drops() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return drops_;
+}
+
+int64_t Collector::Completions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return completions_;
+}
+
+std::vector<int64_t> Collector::LatenciesNs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(completions_));
+  for (const Sink& sink : sinks_) {
+    for (const CompletionRecord& c : sink.completions) out.push_back(c.done_ns - c.injected_ns);
+  }
+  return out;
+}
+
+}  // namespace plexus::serving::internal

@@ -1,0 +1,66 @@
+// The driver's rpc service (plexus.serving.wire.Collector): the sinks' workers report each
+// request done, and any worker each request it gave up. Tracks ids per sink, so a request
+// completed twice is counted as a duplicate.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "serving.plexus.hpp"
+#include "topology.hpp"
+
+namespace plexus::serving::internal {
+
+struct DropRecord {
+  int op = -1;
+  uint64_t sources = 0;
+  uint64_t id = 0;
+  std::string reason;
+};
+
+struct CompletionRecord {
+  uint64_t sources = 0;
+  uint64_t id = 0;
+  int64_t injected_ns = 0;
+  int64_t done_ns = 0;
+};
+
+class Collector final : public wire::Collector::Service {
+ public:
+  explicit Collector(const Topology& topology);
+  absl::Status Complete(rpc::ServerContext& context, const wire::Completion& request,
+                        wire::Ack* response) override;
+  absl::Status Dropped(rpc::ServerContext& context, const wire::Drop& request,
+                       wire::Ack* response) override;
+
+  struct Sink {
+    absl::flat_hash_set<std::pair<uint64_t, uint64_t>> done;  // (sources, id)
+    std::vector<CompletionRecord> completions;                // first completions, in order
+    int64_t duplicates = 0;
+  };
+  // Later reports are acknowledged and ignored: the run is over, what did not finish is counted
+  // as unfinished (shutting workers down fails their calls in flight).
+  void Freeze();
+  // A drop the driver saw itself (a source's send that failed).
+  void AddDrop(DropRecord drop);
+  // Copies of what was collected so far.
+  std::vector<Sink> Sinks() const;  // indexed by operator (non-sinks stay empty)
+  std::vector<DropRecord> Drops() const;
+  int64_t Completions() const;
+  // End-to-end latencies (done - injected) of every first completion so far, in wall ns.
+  std::vector<int64_t> LatenciesNs() const;
+
+ private:
+  const Topology& topology_;
+  mutable std::mutex mu_;
+  std::vector<Sink> sinks_;
+  std::vector<DropRecord> drops_;
+  int64_t completions_ = 0;
+  bool frozen_ = false;
+};
+
+}  // namespace plexus::serving::internal

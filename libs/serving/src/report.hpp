@@ -1,0 +1,45 @@
+// The figures of a run (ServeReport) from what the driver polled and collected.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "collector.hpp"
+#include "plexus/serving/serve.hpp"
+#include "topology.hpp"
+
+namespace plexus::serving::internal {
+
+// Polled from the workers: bytes sent per (sender, destination worker), where senders are the
+// workers and then the operators (a source's own sends at index workers + op); queues.
+struct Counters {
+  int64_t at_ns = 0;  // when the poll began
+  std::vector<std::vector<uint64_t>> sent;
+  std::vector<int64_t> queue;      // queued or in service, per worker
+  std::vector<int64_t> processed;  // per worker
+};
+
+struct RunFigures {
+  int64_t start_ns = 0, warm_ns = 0, stop_ns = 0, end_ns = 0;
+  std::vector<int64_t> injected;  // per source
+  Counters at_warm, at_stop, at_end;
+};
+
+// Requests the injections owe sink `op`: per mask of sources that reaches it, the ids that every
+// source of the mask injected.
+int64_t Expected(const Topology& topology, int op, const std::vector<int64_t>& injected);
+// The drops of requests: without those of join inputs whose partners were never injected
+// (injection stopped first).
+std::vector<DropRecord> RequestDrops(const Topology& topology, std::vector<DropRecord> drops,
+                                     const std::vector<int64_t>& injected);
+// The requests `sink` lost: dropped at it or above it and not completed there, each counted once
+// however many operators reported it.
+int64_t DroppedFor(const Topology& topology, int sink, const Collector::Sink& got,
+                   const std::vector<DropRecord>& drops);
+// The q-quantile of sorted wall nanoseconds, in plan milliseconds.
+double PercentileMs(const std::vector<int64_t>& sorted_ns, double q, double compression);
+
+ServeReport BuildReport(const Topology& topology, const ServeOptions& options,
+                        const Collector& collector, const RunFigures& run);
+
+}  // namespace plexus::serving::internal

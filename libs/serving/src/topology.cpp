@@ -1,0 +1,165 @@
+// The static view of a plan (topology.hpp) and the runtime's own checks.
+#include "topology.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "plexus/base/status.hpp"
+
+namespace plexus::serving::internal {
+
+using placement::OperatorKind;
+using placement::Position;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Position Topology::From(int edge, int from_worker) const {
+  if (from_worker >= 0) return placement::WorkerPosition(problem, from_worker);
+  return placement::SourcePosition(problem, problem.edges[edge].from);
+}
+
+double Topology::LinkDelayS(Position a, Position b, size_t bytes) const {
+  const placement::Link* link = placement::LinkBetween(problem, a, b);
+  if (link == nullptr) return 0;
+  double delay = link->latency_ms / 1000.0;
+  if (link->bandwidth_gbps > 0)
+    delay += static_cast<double>(bytes) * 8 / (link->bandwidth_gbps * 1e9);
+  return delay;
+}
+
+namespace {
+
+std::string EdgeName(const placement::Problem& p, int e) {
+  return absl::StrFormat("workflow.edges[%d] (%s -> %s)", e, p.operators[p.edges[e].from].name,
+                         p.operators[p.edges[e].to].name);
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const Topology>> BuildTopology(const placement::Problem& problem,
+                                                              const placement::Plan& plan,
+                                                              const ServeOptions& options) {
+  auto t = std::make_shared<Topology>();
+  t->problem = problem;
+  t->plan = plan;
+  PLEXUS_RETURN_IF_ERROR(placement::EvaluatePlan(t->problem, t->plan));
+  const placement::Problem& p = t->problem;
+  const size_t n = p.operators.size();
+  for (size_t e = 0; e < p.edges.size(); ++e) {
+    if (p.edges[e].rate_ratio != 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          EdgeName(p, static_cast<int>(e)), ": rate_ratio ", p.edges[e].rate_ratio,
+          " is not served; the serving runtime relays one message per request (rate_ratio 1)"));
+    }
+  }
+  for (const auto& [name, fn] : options.operators) {
+    const int op = p.FindOperator(name);
+    if (op < 0 || p.operators[op].kind == OperatorKind::kSource) {
+      return absl::InvalidArgumentError(absl::StrCat("ServeOptions::operators: '", name,
+                                                     "' is not a (non-source) operator of '",
+                                                     p.name, "'"));
+    }
+    if (!fn)
+      return absl::InvalidArgumentError(
+          absl::StrCat("ServeOptions::operators: '", name, "' has an empty function"));
+  }
+  t->source_index.assign(n, -1);
+  for (size_t op = 0; op < n; ++op) {
+    if (p.operators[op].kind != OperatorKind::kSource) continue;
+    if (t->sources.size() == 64) {
+      return absl::UnimplementedError(
+          absl::StrCat("workflow.operators[", op, "] (", p.operators[op].name,
+                       "): the serving runtime serves at most 64 "
+                       "sources (a request's sources are a 64-bit mask)"));
+    }
+    t->source_index[op] = static_cast<int>(t->sources.size());
+    t->sources.push_back(static_cast<int>(op));
+  }
+  t->join.assign(n, false);
+  t->sink.assign(n, false);
+  t->masks.assign(n, {});
+  for (int op : p.topological_order) {
+    const auto& o = p.operators[op];
+    t->join[op] = o.combine == placement::Combine::kJoin && p.in_edges[op].size() > 1;
+    t->sink[op] = o.kind != OperatorKind::kSource && p.out_edges[op].empty();
+    if (o.kind == OperatorKind::kSource) {
+      t->masks[op] = {uint64_t{1} << t->source_index[op]};
+      continue;
+    }
+    if (t->join[op]) {
+      uint64_t mask = 0;
+      for (int e : p.in_edges[op]) {
+        const auto& parent = t->masks[p.edges[e].from];
+        if (parent.size() != 1) {
+          return absl::UnimplementedError(
+              absl::StrCat(EdgeName(p, e), ": the join '", o.name,
+                           "' takes an input that is a union of requests from different sources; "
+                           "the serving runtime joins inputs of one request id only"));
+        }
+        mask |= parent[0];
+      }
+      t->masks[op] = {mask};
+      continue;
+    }
+    for (int e : p.in_edges[op]) {
+      for (uint64_t m : t->masks[p.edges[e].from]) {
+        if (std::find(t->masks[op].begin(), t->masks[op].end(), m) == t->masks[op].end()) {
+          t->masks[op].push_back(m);
+        }
+      }
+    }
+  }
+  t->reaches.assign(n, std::vector<bool>(n, false));
+  for (auto it = p.topological_order.rbegin(); it != p.topological_order.rend(); ++it) {
+    const int op = *it;
+    t->reaches[op][op] = true;
+    for (int e : p.out_edges[op]) {
+      for (size_t b = 0; b < n; ++b) {
+        if (t->reaches[p.edges[e].to][b]) t->reaches[op][b] = true;
+      }
+    }
+  }
+  t->op_workers.assign(n, {});
+  t->op_shares.assign(n, {});
+  t->worker_ops.assign(p.workers.size(), {});
+  t->servers.assign(p.workers.size(), 1);
+  t->fit.assign(n, std::vector<placement::ServiceTime>(p.workers.size()));
+  for (size_t w = 0; w < p.workers.size(); ++w) {
+    const placement::Tier& tier = p.tiers[p.workers[w].tier];
+    t->servers[w] = tier.replicated ? tier.locations : 1;
+  }
+  for (size_t op = 0; op < n; ++op) {
+    for (const placement::WorkerShare& ws : t->plan.workers[op]) {
+      if (ws.share <= 0) continue;
+      t->op_workers[op].push_back(ws.worker);
+      t->op_shares[op].push_back(ws.share);
+      t->worker_ops[ws.worker].push_back(static_cast<int>(op));
+      const auto& profile = p.latency[op][t->plan.variant[op]][p.workers[ws.worker].type];
+      t->fit[op][ws.worker] = placement::ServiceTime::Fit(*profile);
+    }
+    if (p.operators[op].kind != OperatorKind::kSource && t->op_workers[op].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: operator '", p.operators[op].name,
+                                                     "' has no worker with a positive share"));
+    }
+  }
+  t->edge_payload.resize(p.edges.size());
+  for (size_t e = 0; e < p.edges.size(); ++e) {
+    const auto& edge = p.edges[e];
+    const double bytes = placement::BytesPerKb(p) * placement::MessageKb(p, static_cast<int>(e),
+                                                                         t->plan.variant[edge.from],
+                                                                         t->plan.variant[edge.to]);
+    std::string& payload = t->edge_payload[e];
+    payload.resize(static_cast<size_t>(std::llround(std::max(0.0, bytes))));
+    for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i & 0xff);
+  }
+  return std::shared_ptr<const Topology>(std::move(t));
+}
+
+}  // namespace plexus::serving::internal

@@ -1,0 +1,380 @@
+// The serving runtime end to end over inproc rpc: exact delivery, joins, shares, overload,
+// refusals, a real operator, and the VQA workflow against the simulator.
+#include <algorithm>
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "plexus/placement/optimizer.hpp"
+#include "plexus/placement/simulator.hpp"
+#include "plexus/serving/serve.hpp"
+
+namespace plexus::serving {
+namespace {
+
+using nlohmann::json;
+using placement::Plan;
+using placement::Problem;
+
+// A workflow from its operators, edges and workers: every non-source operator has one variant
+// "v" whose latency on the "gpu" type is `ms` (p50 = p75 = p90: fixed service times) and on the
+// "cpu" type twice that; the last operator listed is the ML sink.
+json Workflow(const std::vector<std::string>& sources, const std::vector<std::string>& ops,
+              const std::vector<std::pair<std::string, std::string>>& edges, const json& workers,
+              double rate, double ms, const std::string& join = "") {
+  json operators = json::array();
+  for (const auto& s : sources) operators.push_back({{"name", s}, {"kind", "source"}});
+  json profiles = json::array();
+  for (const auto& op : ops) {
+    json o = {{"name", op}, {"kind", op == ops.back() ? "ml" : "relational"}};
+    if (op == ops.back()) o["variants"] = {"v"};
+    if (op == join) o["combine"] = "join";
+    operators.push_back(o);
+    profiles.push_back(
+        {{"operator", op}, {"worker_type", "gpu"}, {"p50", ms}, {"p75", ms}, {"p90", ms}});
+    profiles.push_back({{"operator", op},
+                        {"worker_type", "cpu"},
+                        {"p50", 2 * ms},
+                        {"p75", 2 * ms},
+                        {"p90", 2 * ms}});
+    if (op == ops.back())
+      profiles.back()["variant"] = "v", profiles[profiles.size() - 2]["variant"] = "v";
+  }
+  json edge_list = json::array();
+  for (const auto& [from, to] : edges) {
+    edge_list.push_back({{"from", from}, {"to", to}, {"message_kb", {{{"kb", 2}}}}});
+  }
+  json source_list = json::array();
+  for (const auto& s : sources) source_list.push_back({{"operator", s}, {"tier", "edge"}});
+  json accuracy_inputs = json::array();
+  return {{"name", "test"},
+          {"workflow", {{"operators", operators}, {"edges", edge_list}}},
+          {"accuracy_profiles",
+           {{{"operator", ops.back()},
+             {"variants", {{"v", {{{"in", json::array()}, {"out", 0.9}}}}}}}}},
+          {"execution_profiles", profiles},
+          {"infrastructure",
+           {{"tiers", {{{"name", "edge"}}, {{"name", "cloud"}}}},
+            {"worker_types",
+             {{{"name", "cpu"}, {"price_per_hour", 1.0}},
+              {{"name", "gpu"}, {"price_per_hour", 3.0}, {"gpu", true}}}},
+            {"workers", workers},
+            {"network",
+             {{{"from", "edge"}, {"to", "cloud"}, {"price_per_gb", 0.1}, {"latency_ms", 5}}}},
+            {"sources", source_list}}},
+          {"objective", {{"accuracy_target", 0.5}, {"input_rate", rate}}}};
+}
+
+Problem MustParse(const json& input) {
+  auto problem = placement::ParseProblem(input.dump());
+  INFO((problem.ok() ? "" : std::string(problem.status().message())));
+  REQUIRE(problem.ok());
+  return *problem;
+}
+
+// plan: operator -> [(worker, share)]
+Plan MustPlan(
+    const Problem& problem,
+    const std::vector<std::pair<std::string, std::vector<std::pair<std::string, double>>>>& ops) {
+  json plan = {{"strategy", "test"}, {"operators", json::array()}};
+  for (const auto& [op, workers] : ops) {
+    json entry = {{"name", op}, {"workers", json::array()}};
+    if (problem.operators[problem.FindOperator(op)].kind == placement::OperatorKind::kMl) {
+      entry["variant"] = "v";
+    }
+    for (const auto& [w, share] : workers)
+      entry["workers"].push_back({{"name", w}, {"share", share}});
+    plan["operators"].push_back(entry);
+  }
+  auto parsed = placement::ParsePlan(problem, plan.dump());
+  INFO((parsed.ok() ? "" : std::string(parsed.status().message())));
+  REQUIRE(parsed.ok());
+  return *parsed;
+}
+
+json Workers(const std::string& tier, const std::string& type, const std::string& name, int n) {
+  return {{"name", name}, {"type", type}, {"tier", tier}, {"count", n}};
+}
+
+void RequireExact(const ServeReport& r) {
+  INFO("injected " << r.injected << ", completed " << r.completed << ", dropped " << r.dropped
+                   << ", duplicates " << r.duplicates << ", unfinished " << r.unfinished);
+  REQUIRE(r.injected > 0);
+  REQUIRE(r.dropped == 0);
+  REQUIRE(r.duplicates == 0);
+  REQUIRE(r.unfinished == 0);
+  for (const SinkServeReport& s : r.sinks) REQUIRE(s.completed == s.expected);
+}
+
+TEST_CASE("a 3-operator chain delivers every request once, in order", "[serving]") {
+  const Wire wire = GENERATE(Wire::kInproc, Wire::kTcp);
+  const Problem problem = MustParse(Workflow(
+      {"cam"}, {"A", "B", "C"}, {{"cam", "A"}, {"A", "B"}, {"B", "C"}},
+      json::array({Workers("edge", "cpu", "e", 2), Workers("cloud", "gpu", "g", 2)}), 40, 2));
+  const Plan plan =
+      MustPlan(problem, {{"A", {{"e-0", 1}}}, {"B", {{"e-1", 1}}}, {"C", {{"g-0", 1}}}});
+  std::mutex mu;
+  std::vector<uint64_t> order;
+  ServeOptions options;
+  options.duration_s = 20;
+  options.warmup_s = 2;
+  options.compression = 10;
+  options.wire = wire;
+  options.operators["C"] = [&](const Request& request) -> absl::StatusOr<std::string> {
+    std::lock_guard<std::mutex> lock(mu);
+    order.push_back(request.id);
+    return std::string();
+  };
+  auto report = Serve(problem, plan, options);
+  REQUIRE(report.ok());
+  std::printf("%s", ServeSummary(problem, *report).c_str());
+  RequireExact(*report);
+  CHECK(report->injected == 40 * 20);
+  CHECK(report->sustained);
+  REQUIRE(order.size() == static_cast<size_t>(report->injected));
+  CHECK(std::is_sorted(order.begin(), order.end()));
+  // Bytes: every message is 2 KB; edge -> cloud is only B -> C.
+  CHECK(report->bytes_per_tier_pair.count("edge->cloud") == 1);
+  CHECK(report->network_cost_per_hour > 0);
+}
+
+TEST_CASE("a join of two branches of one source pairs every request once", "[serving]") {
+  const Problem problem = MustParse(Workflow(
+      {"cam"}, {"L", "R", "J"}, {{"cam", "L"}, {"cam", "R"}, {"L", "J"}, {"R", "J"}},
+      json::array({Workers("edge", "cpu", "e", 3), Workers("cloud", "gpu", "g", 2)}), 40, 2, "J"));
+  // L on two workers, R on one, the join on two: every relay must pick the same join worker.
+  const Plan plan = MustPlan(problem, {{"L", {{"e-0", 0.5}, {"e-1", 0.5}}},
+                                       {"R", {{"e-2", 1}}},
+                                       {"J", {{"g-0", 0.7}, {"g-1", 0.3}}}});
+  ServeOptions options;
+  options.duration_s = 20;
+  options.warmup_s = 2;
+  options.compression = 10;
+  auto report = Serve(problem, plan, options);
+  REQUIRE(report.ok());
+  std::printf("%s", ServeSummary(problem, *report).c_str());
+  RequireExact(*report);
+  CHECK(report->sustained);
+}
+
+TEST_CASE("a join drops a request whose inputs never complete, once, with the reason",
+          "[serving]") {
+  const Problem problem = MustParse(Workflow(
+      {"cam"}, {"L", "R", "J"}, {{"cam", "L"}, {"cam", "R"}, {"L", "J"}, {"R", "J"}},
+      json::array({Workers("edge", "gpu", "e", 2), Workers("cloud", "gpu", "g", 1)}), 40, 1, "J"));
+  const Plan plan =
+      MustPlan(problem, {{"L", {{"e-0", 1}}}, {"R", {{"e-1", 1}}}, {"J", {{"g", 1}}}});
+  ServeOptions options;
+  options.duration_s = 20;
+  options.warmup_s = 2;
+  options.compression = 10;
+  options.join_timeout_s = 0.2;
+  options.drain_timeout_s = 2;
+  // R fails every tenth request: L's half of it waits at the join until the timeout.
+  options.operators["R"] = [](const Request& r) -> absl::StatusOr<std::string> {
+    if (r.id % 10 == 3) return absl::DataLossError("no audio");
+    return std::string(r.inputs.at(0));
+  };
+  auto report = Serve(problem, plan, options);
+  REQUIRE(report.ok());
+  std::printf("%s", ServeSummary(problem, *report).c_str());
+  const int64_t failing = report->injected / 10;
+  CHECK(report->dropped == failing);
+  CHECK(report->completed == report->injected - failing);
+  CHECK(report->unfinished == 0);
+  CHECK(report->duplicates == 0);
+  CHECK(report->drops_by_reason["operator 'R' failed: no audio"] == failing);
+  CHECK(report->drops_by_reason["join inputs incomplete within ServeOptions::join_timeout_s"] > 0);
+}
+
+TEST_CASE("a join of two sources pairs their k-th requests", "[serving]") {
+  const Problem problem = MustParse(Workflow(
+      {"img", "mic"}, {"F", "S", "J"}, {{"img", "F"}, {"mic", "S"}, {"F", "J"}, {"S", "J"}},
+      json::array({Workers("edge", "gpu", "e", 2), Workers("cloud", "gpu", "g", 1)}), 30, 2, "J"));
+  const Plan plan =
+      MustPlan(problem, {{"F", {{"e-0", 1}}}, {"S", {{"e-1", 1}}}, {"J", {{"g", 1}}}});
+  ServeOptions options;
+  options.duration_s = 10;
+  options.warmup_s = 1;
+  options.compression = 10;
+  options.poisson_arrivals = true;  // the sources inject different counts: the tail is no request
+  auto report = Serve(problem, plan, options);
+  REQUIRE(report.ok());
+  std::printf("%s", ServeSummary(problem, *report).c_str());
+  RequireExact(*report);
+}
+
+TEST_CASE("relays honour the plan's shares within 2% over 10,000 requests", "[serving]") {
+  const Problem problem = MustParse(Workflow(
+      {"cam"}, {"A", "B"}, {{"cam", "A"}, {"A", "B"}},
+      json::array({Workers("edge", "gpu", "e", 3), Workers("cloud", "gpu", "g", 1)}), 1000, 0.001));
+  const Plan plan =
+      MustPlan(problem, {{"A", {{"e-0", 0.5}, {"e-1", 0.3}, {"e-2", 0.2}}}, {"B", {{"g", 1}}}});
+  ServeOptions options;
+  options.duration_s = 10;
+  options.warmup_s = 1;
+  options.compression = 4;
+  auto report = Serve(problem, plan, options);
+  REQUIRE(report.ok());
+  std::printf("%s", ServeSummary(problem, *report).c_str());
+  RequireExact(*report);
+  REQUIRE(report->injected == 10'000);
+  const std::vector<double> shares = {0.5, 0.3, 0.2};
+  for (const WorkerServeReport& w : report->workers) {
+    if (w.worker == problem.FindWorker("g")) continue;
+    const size_t i = static_cast<size_t>(w.worker - problem.FindWorker("e-0"));
+    INFO(problem.workers[w.worker].name << " processed " << w.processed);
+    CHECK(std::abs(static_cast<double>(w.processed) / 10'000 - shares[i]) < 0.02 * shares[i]);
+  }
+}
+
+TEST_CASE("a plan that cannot keep up is reported as not sustained, without hanging", "[serving]") {
+  // 40 requests per second on one worker that serves 10 per second.
+  const Problem problem = MustParse(Workflow(
+      {"cam"}, {"A", "B"}, {{"cam", "A"}, {"A", "B"}},
+      json::array({Workers("edge", "gpu", "e", 1), Workers("cloud", "gpu", "g", 1)}), 40, 100));
+  const Plan plan = MustPlan(problem, {{"A", {{"e", 1}}}, {"B", {{"g", 1}}}});
+  CHECK_FALSE(plan.capacity_ok);
+  ServeOptions options;
+  options.duration_s = 20;
+  options.warmup_s = 2;
+  options.compression = 10;
+  options.drain_timeout_s = 0.5;
+  int progress_calls = 0;
+  options.progress = [&](const ServeProgress&) { ++progress_calls; };
+  auto report = Serve(problem, plan, options);
+  REQUIRE(report.ok());
+  std::printf("%s", ServeSummary(problem, *report).c_str());
+  CHECK_FALSE(report->sustained);
+  CHECK(report->throughput_ratio < 0.5);
+  CHECK(report->unfinished > 0);
+  CHECK(report->completed + report->dropped + report->unfinished == report->injected);
+  CHECK(report->wall_s < 10);
+  CHECK(progress_calls >= 1);
+  bool queued = false;
+  for (const WorkerServeReport& w : report->workers) queued |= w.queue_at_end > 10;
+  CHECK(queued);
+}
+
+TEST_CASE("bad plans and options are refused, naming the element", "[serving]") {
+  json input = Workflow(
+      {"cam"}, {"A", "B"}, {{"cam", "A"}, {"A", "B"}},
+      json::array({Workers("edge", "gpu", "e", 2), Workers("cloud", "gpu", "g", 1)}), 10, 1);
+  const Problem problem = MustParse(input);
+  Plan plan = MustPlan(problem, {{"A", {{"e-0", 1}}}, {"B", {{"g", 1}}}});
+
+  Plan bad = plan;
+  bad.workers[problem.FindOperator("A")][0].share = 0.5;
+  auto shares = Serve(problem, bad);
+  REQUIRE_FALSE(shares.ok());
+  CHECK_THAT(std::string(shares.status().message()), Catch::Contains("A"));
+
+  Plan downwards = plan;
+  downwards.workers[problem.FindOperator("A")][0].worker = problem.FindWorker("g");
+  downwards.workers[problem.FindOperator("B")][0].worker = problem.FindWorker("e-1");
+  auto down = CheckServable(problem, downwards);
+  REQUIRE_FALSE(down.ok());
+  CHECK_THAT(std::string(down.message()), Catch::Contains("B"));
+
+  input["workflow"]["edges"][1]["rate_ratio"] = 2;
+  const Problem ratio = MustParse(input);
+  auto ratio_plan = placement::ParsePlan(ratio, placement::PlanToJson(ratio, plan));
+  REQUIRE(ratio_plan.ok());
+  auto refused = CheckServable(ratio, *ratio_plan);
+  REQUIRE(refused.code() == absl::StatusCode::kUnimplemented);
+  CHECK_THAT(std::string(refused.message()), Catch::Contains("workflow.edges[1] (A -> B)"));
+
+  ServeOptions options;
+  options.operators["Nope"] = [](const Request&) { return std::string(); };
+  auto unknown = CheckServable(problem, plan, options);
+  REQUIRE_FALSE(unknown.ok());
+  CHECK_THAT(std::string(unknown.message()), Catch::Contains("'Nope'"));
+
+  ServeOptions times;
+  times.warmup_s = times.duration_s;
+  auto when = Serve(problem, plan, times);
+  REQUIRE_FALSE(when.ok());
+  CHECK_THAT(std::string(when.status().message()), Catch::Contains("warmup_s"));
+
+  json no_rate = input;
+  no_rate["workflow"]["edges"][0]["to"] = "Z";
+  auto broken = placement::ParseProblem(no_rate.dump());
+  REQUIRE_FALSE(broken.ok());
+  CHECK_THAT(std::string(broken.status().message()), Catch::Contains("workflow.edges[0].to"));
+}
+
+TEST_CASE("a real operator replaces the emulation and sees the bytes", "[serving]") {
+  const Problem problem = MustParse(Workflow(
+      {"cam"}, {"Filter", "Count"}, {{"cam", "Filter"}, {"Filter", "Count"}},
+      json::array({Workers("edge", "cpu", "e", 1), Workers("cloud", "gpu", "g", 1)}), 20, 1));
+  const Plan plan = MustPlan(problem, {{"Filter", {{"e", 1}}}, {"Count", {{"g", 1}}}});
+  std::atomic<int> checked{0}, wrong{0};
+  ServeOptions options;
+  options.duration_s = 10;
+  options.warmup_s = 1;
+  options.compression = 10;
+  // The source's 2 KB are the bytes 0, 1, ..., 255 over and over; the filter keeps those < 100.
+  options.operators["Filter"] = [](const Request& r) -> absl::StatusOr<std::string> {
+    std::string kept;
+    for (char c : r.inputs.at(0)) {
+      if (static_cast<unsigned char>(c) < 100) kept.push_back(c);
+    }
+    return kept;
+  };
+  options.operators["Count"] = [&](const Request& r) -> absl::StatusOr<std::string> {
+    const std::string_view in = r.inputs.at(0);
+    const bool ok = in.size() == 7 * 100 + 100 &&  // 2000 bytes: 7 full cycles and 208 more
+                    std::all_of(in.begin(), in.end(),
+                                [](char c) { return static_cast<unsigned char>(c) < 100; });
+    ++(ok ? checked : wrong);
+    return std::string();
+  };
+  auto report = Serve(problem, plan, options);
+  REQUIRE(report.ok());
+  RequireExact(*report);
+  CHECK(wrong == 0);
+  CHECK(checked == report->injected);
+}
+
+TEST_CASE("VQA medium under JellyBean's plan is sustained, latency near the simulator's",
+          "[serving][vqa]") {
+  auto problem =
+      placement::LoadProblem(std::string(PLEXUS_PLACEMENT_DATA_DIR) + "/vqa-medium.json");
+  REQUIRE(problem.ok());
+  auto plan = placement::Optimize(*problem, placement::Strategy::kJellyBean);
+  REQUIRE(plan.ok());
+  std::printf("%s", placement::PlanSummary(*problem, *plan).c_str());
+  placement::SimulationOptions sim;
+  sim.duration_s = 40;
+  sim.warmup_s = 5;
+  auto simulated = placement::Simulate(*problem, *plan, sim);
+  REQUIRE(simulated.ok());
+  ServeOptions options;
+  options.duration_s = 40;
+  options.warmup_s = 5;
+  options.compression = 10;
+  // The plan keeps six CPU workers near full load; spinning needs a core for each.
+  options.cpu_spins = false;
+  auto served = Serve(*problem, *plan, options);
+  REQUIRE(served.ok());
+  std::printf("simulated: %s", placement::SimulationSummary(*problem, *simulated).c_str());
+  std::printf("served: %s", ServeSummary(*problem, *served).c_str());
+  std::printf("VQA p50 served/simulated %.2f, p99 %.2f; network cost %.3f vs %.3f per hour\n",
+              served->latency_p50_ms / simulated->latency_p50_ms,
+              served->latency_p99_ms / simulated->latency_p99_ms, served->network_cost_per_hour,
+              simulated->network_cost_per_hour);
+  CHECK(served->sustained);
+  CHECK(served->duplicates == 0);
+  CHECK(served->latency_p50_ms < 2 * simulated->latency_p50_ms);
+  CHECK(served->latency_p50_ms > simulated->latency_p50_ms / 2);
+  CHECK(served->latency_p99_ms < 2 * simulated->latency_p99_ms);
+  CHECK(std::abs(served->network_cost_per_hour - simulated->network_cost_per_hour) <
+        0.1 * simulated->network_cost_per_hour + 1e-9);
+}
+
+}  // namespace
+}  // namespace plexus::serving
