@@ -244,8 +244,7 @@ class Sender {
     if (absl::Status s = e_.conn->PostRecv({&ready, 1}, 12); !s.ok()) return s;
     if (absl::Status s = Drain(e_, 0, 1); !s.ok()) return s;
     if (ready != 0) {
-      return absl::DataLossError(absl::StrCat("the receiver's ", kWayNames[way],
-                                              " message differs from the program's output"));
+      return absl::DataLossError("the receiver's message differs from the program's output");
     }
     return absl::OkStatus();
   }
@@ -362,7 +361,7 @@ bool RunMotion(const MotionArgs& a, pt::FigureWriter& out) {
                               {"shape_scale", a.shape_scale}};
       if (!st->refused.empty()) extra["output_stream_refused"] = st->refused;
       auto add = [&](std::string figure, double value, std::string unit,
-                     std::optional<double> target) {
+                     std::optional<double> target, const std::vector<double>* runs = nullptr) {
         pt::Figure f;
         f.figure = std::move(figure);
         f.value = value;
@@ -372,12 +371,16 @@ bool RunMotion(const MotionArgs& a, pt::FigureWriter& out) {
           f.met = value >= *target;
         }
         f.extra = extra;
+        if (runs != nullptr) {  // the spread, for a host that was not quiet
+          f.extra["min"] = *std::min_element(runs->begin(), runs->end());
+          f.extra["max"] = *std::max_element(runs->begin(), runs->end());
+        }
         out.Add(f);
       };
       std::vector<double> med(kWays);
       for (int w = 0; w < kWays; ++w) {
         med[w] = Median(ms[w]);
-        add(absl::StrCat(kWayNames[w], "_ms"), med[w], "ms", std::nullopt);
+        add(absl::StrCat(kWayNames[w], "_ms"), med[w], "ms", std::nullopt, &ms[w]);
       }
       add("fused_speedup_vs_copy_restructure_send", med[kCopyRestructureSend] / med[kFused],
           "ratio", 1.0);
