@@ -382,12 +382,19 @@ bool RunMotion(const MotionArgs& a, pt::FigureWriter& out) {
         med[w] = Median(ms[w]);
         add(absl::StrCat(kWayNames[w], "_ms"), med[w], "ms", std::nullopt, &ms[w]);
       }
-      add("fused_speedup_vs_copy_restructure_send", med[kCopyRestructureSend] / med[kFused],
-          "ratio", 1.0);
-      add("fused_speedup_vs_restructure_send", med[kRestructureSend] / med[kFused], "ratio",
-          std::nullopt);
-      add("copy_restructure_send_vs_restructure_send",
-          med[kCopyRestructureSend] / med[kRestructureSend], "ratio", std::nullopt);
+      // Each ratio of medians, and (extra field "of_minima") the same ratio of the fastest runs:
+      // the figure least moved by other processes on a busy host.
+      auto ratio = [&](const char* figure, Way num, Way den, std::optional<double> target) {
+        const double fastest = *std::min_element(ms[num].begin(), ms[num].end()) /
+                               *std::min_element(ms[den].begin(), ms[den].end());
+        extra["of_minima"] = fastest;
+        add(figure, med[num] / med[den], "ratio", target);
+        extra.erase("of_minima");
+      };
+      ratio("fused_speedup_vs_copy_restructure_send", kCopyRestructureSend, kFused, 1.0);
+      ratio("fused_speedup_vs_restructure_send", kRestructureSend, kFused, std::nullopt);
+      ratio("copy_restructure_send_vs_restructure_send", kCopyRestructureSend, kRestructureSend,
+            std::nullopt);
     }
   }
   return ok;
