@@ -39,6 +39,8 @@ enum Way { kFused, kCopyRestructureSend, kRestructureSend, kSend, kRestructure, 
 constexpr const char* kWayNames[kWays] = {"fused", "copy_restructure_send", "restructure_send",
                                           "send", "restructure"};
 constexpr int kSendingWays = 4;  // every way but kRestructure sends one message
+// What the fused column runs for a program whose output is its inputs one after another.
+constexpr int kGatherSend = kWays;
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -231,7 +233,7 @@ class Sender {
       case kSend:
         posted = SendOutput();
         break;
-      default: {  // the gather send of a program whose output is its inputs one after another
+      default: {  // kGatherSend
         std::vector<ptr::ConstBuffer> parts;
         for (const auto& v : st_.inputs) parts.push_back({v.data(), v.size()});
         posted = e_.conn->PostSend(absl::MakeConstSpan(parts), 11);
@@ -253,7 +255,7 @@ class Sender {
   // kFused, or the way standing in for it when the output does not stream.
   int FusedWay() const {
     return st_.fused_path == "output_stream" ? kFused
-           : st_.fused_path == "gather_send" ? kWays
+           : st_.fused_path == "gather_send" ? kGatherSend
                                              : kRestructureSend;
   }
   absl::Status Run(bool staged) {
