@@ -4,6 +4,8 @@
 //
 //   ops        element-wise and cast chains, pooling, concat, flatten and transposes
 //   pipelines  the five restructuring stages of Fianchetto's Table 3.1 at the table's shapes
+//   motion     those stages fused with a send to another process (tcp, shm), against copying,
+//              restructuring, then sending (motion_bench.hpp)
 //
 // A program's bandwidth counts the bytes it reads and writes once (inputs + outputs); memcpy's
 // counts both directions too, copying half that many bytes, so the ratio compares passes over
@@ -23,6 +25,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench_pipelines.hpp"
+#include "motion_bench.hpp"
 #include "nlohmann/json.hpp"
 #include "plexus/restructure/builder.hpp"
 #include "plexus/restructure/executor.hpp"
@@ -35,6 +39,7 @@
 namespace pr = plexus::restructure;
 namespace pp = plexus::restructure::pipelines;
 namespace pt = plexus::tooling;
+namespace pbr = plexus::bench::restructure;
 using plexus::kernels::DataType;
 
 namespace {
@@ -55,7 +60,10 @@ struct Args {
   bool compare = false;
   int runs = 5;
   std::string only = "all";
-  double scale = 1.0;  // of the ops' sizes
+  double scale = 1.0;        // of the ops' sizes
+  double shape_scale = 1.0;  // of the pipelines' outermost dimension
+  std::string transport;     // motion: "tcp", "shm" or "" (both)
+  bool pin = true;           // motion: sender and receiver on CPUs of their own
 };
 
 // A program with its inputs filled and its outputs allocated.
@@ -85,17 +93,7 @@ Case Make(std::string name, std::string kind, absl::StatusOr<pr::Program> p, boo
       c.reference.emplace_back(bytes, 0);
       continue;
     }
-    std::vector<uint8_t> v(bytes);
-    if (b.dtype == DataType::kF32) {
-      std::uniform_real_distribution<float> d(0.001f, 4.0f);  // positive: log10 stays finite
-      for (size_t i = 0; i < v.size() / 4; ++i) {
-        const float x = d(rng);
-        std::memcpy(v.data() + 4 * i, &x, 4);
-      }
-    } else {
-      for (auto& x : v) x = static_cast<uint8_t>(rng() & 0x3f);  // small: no f16/bf16 specials
-    }
-    c.inputs.push_back(std::move(v));
+    c.inputs.push_back(pbr::RandomInput(b, rng));
   }
   return c;
 }
@@ -202,15 +200,11 @@ std::vector<Case> OpCases(double scale) {
   return cases;
 }
 
-std::vector<Case> PipelineCases(bool f16_brain) {
+std::vector<Case> PipelineCases(double shape_scale, bool f16_brain) {
   std::vector<Case> cases;
-  cases.push_back(Make("video-surveillance", "pipeline", pp::VideoSurveillance()));
-  cases.push_back(Make("sound-detection", "pipeline", pp::SoundDetection(), false));
-  pp::BrainShape brain;
-  if (f16_brain) brain.out_dtype = DataType::kF16;  // numpy has no bf16
-  cases.push_back(Make("brain-stimulation", "pipeline", pp::BrainStimulation(brain), false));
-  cases.push_back(Make("pii-redaction", "pipeline", pp::PiiRedaction()));
-  cases.push_back(Make("db-hash-join", "pipeline", pp::DbHashJoin()));
+  for (pbr::PipelineProgram& p : pbr::PipelinePrograms(shape_scale, f16_brain)) {
+    cases.push_back(Make(p.name, "pipeline", std::move(p.program), p.exact));
+  }
   return cases;
 }
 
@@ -292,26 +286,34 @@ int main(int argc, char** argv) {
   pt::AddJsonFlag(&app, &a.json);
   app.add_flag("--compare", a.compare, "also numpy and torch (python3) for the pipelines");
   pt::AddNumber(&app, "--runs", &a.runs, "runs per figure (median)", 1, 1000);
-  app.add_option("--only", a.only, "ops, pipelines or all")
-      ->check(CLI::IsMember({"ops", "pipelines", "all"}));
+  app.add_option("--only", a.only,
+                 "ops, pipelines, all (ops and pipelines) or motion (the pipelines fused with a "
+                 "send between two processes, against copy-restructure-send)")
+      ->check(CLI::IsMember({"ops", "pipelines", "all", "motion"}));
   pt::AddNumber(&app, "--scale", &a.scale, "of the ops' size (1: 16 M elements)", 1e-4, 16.0);
+  pt::AddNumber(&app, "--shape-scale", &a.shape_scale,
+                "of the pipelines' outermost dimension (1: the table's shapes)", 1e-4, 1.0);
+  app.add_option("--transport", a.transport, "motion: tcp or shm (default both)")
+      ->check(CLI::IsMember({"tcp", "shm"}));
+  app.add_flag("--pin,!--no-pin", a.pin, "motion: sender on CPU 0, receiver on CPU 1 (default)");
   if (auto code = tool.Parse(argc, argv)) return *code;
   pt::FigureWriter out("restructure", a.json);
   bool ok = true;
   std::vector<double> ignored;
+  if (a.only == "motion") {
+    ok = pbr::RunMotion({a.runs, a.shape_scale, a.transport, a.pin}, out);
+    if (!a.json) out.PrintTable();
+    return ok ? 0 : 1;
+  }
   if (a.only != "pipelines") {
     for (Case& c : OpCases(a.scale)) ok = Measure(c, a, out, &ignored) && ok;
   }
   if (a.only != "ops") {
-    std::vector<Case> cases = PipelineCases(a.compare);
+    std::vector<Case> cases = PipelineCases(a.shape_scale, a.compare);
     std::vector<double> ms;
     for (Case& c : cases) ok = Measure(c, a, out, &ms) && ok;
     if (a.compare) {
-      const nlohmann::json shapes = {{"video_h", 960},    {"video_w", 540}, {"sound_frames", 8192},
-                                     {"sound_bins", 768}, {"brain_w", 256}, {"brain_b", 1024},
-                                     {"brain_e", 8},      {"pii_parts", 4}, {"pii_rows", 2048},
-                                     {"pii_cols", 768},   {"db_parts", 4},  {"db_rows", 1024},
-                                     {"db_cols", 512}};
+      const nlohmann::json shapes = pbr::PipelineShapesJson(a.shape_scale);
       pt::LaunchOptions lo;
       lo.argv = {PLEXUS_RESTRUCTURE_PYTHON,
                  PLEXUS_RESTRUCTURE_PEERS,
