@@ -71,6 +71,7 @@ struct LinkState {
   double credit_delay_ns = 0;
   double busy_until = 0;
   double wake_at = kInf;  // a pending pacing wake-up
+  bool tail_try = false;  // a try is pending at busy_until
   std::array<std::deque<Entry>, kMessageClasses> q;
   std::array<int, kMessageClasses> credits{};
   int rr = 0;
@@ -286,7 +287,13 @@ bool Engine::TryDevice(int l, LinkState& L, bool& has_data) {
 
 void Engine::Try(int l) {
   LinkState& L = links_[l];
-  if (L.busy_until > now_) return;  // the end of the current flit tries again
+  if (L.busy_until > now_) {  // the end of the current flit tries again
+    if (!L.tail_try) {
+      L.tail_try = true;
+      Push(L.busy_until, kTry, l, 1);
+    }
+    return;
+  }
   bool has_data = false;
   if (!L.from_switch) {
     if (TryDevice(l, L, has_data)) return;
@@ -343,7 +350,14 @@ void Engine::Transmit(int l, const Entry& e) {
     ++hop;
   }
   Push(now_ + ser_ns_ + L.reach_ns, kReach, l, PackFlit(e.packet, e.flit, hop));
-  Push(L.busy_until, kTry, l);
+  // Try again when this flit is out, unless nothing waits (an arrival then schedules it).
+  bool more = false;
+  for (const auto& q : L.q) more = more || !q.empty();
+  if (!L.from_switch) more = more || !devices_[device_of_[L.from]].active.empty();
+  if (more) {
+    L.tail_try = true;
+    Push(L.busy_until, kTry, l, 1);
+  }
 }
 
 void Engine::Reach(int l, uint64_t packed) {
@@ -525,6 +539,7 @@ absl::StatusOr<SimResult> Engine::Run() {
     switch (ev.type) {
       case kTry:
         if (links_[ev.a].wake_at == now_) links_[ev.a].wake_at = kInf;
+        if (ev.b == 1) links_[ev.a].tail_try = false;
         Try(ev.a);
         break;
       case kReach:
