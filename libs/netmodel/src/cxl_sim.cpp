@@ -71,7 +71,7 @@ struct LinkState {
   double credit_delay_ns = 0;
   double busy_until = 0;
   double wake_at = kInf;  // a pending pacing wake-up
-  bool tail_try = false;  // a try is pending at busy_until
+  double tail_at = -1;    // the time of the pending try at a flit's end, or -1
   std::array<std::deque<Entry>, kMessageClasses> q;
   std::array<int, kMessageClasses> credits{};
   int rr = 0;
@@ -83,7 +83,7 @@ struct LinkState {
 
 struct DeviceState {
   int link = 0;
-  double flit_ns = 0;  // processing time of one flit
+  double ns_per_byte = 0;  // processing rate
   std::deque<Entry> proc;
   bool processing = false;
   std::vector<int> active;  // transfers with messages left to send
@@ -96,7 +96,6 @@ struct TransferState {
   int packets_sent = 0, packets_done = 0;
   int cur_packet = -1;
   int cur_flit = 0;
-  double next_ns = 0;
   int flow = 0;
   int deps_left = 0;
   std::vector<int> dependents;
@@ -105,6 +104,7 @@ struct TransferState {
 
 struct FlowState {
   TwoSignalRateController rate;
+  double next_ns = 0;  // the rate limiter's next send
   double next_tick = kInf;
   double last_cut = -kInf;
   FanId src, dst;
@@ -127,6 +127,7 @@ class Engine {
   void Transmit(int l, const Entry& e);
   void Reach(int l, uint64_t packed);
   void Processed(int node);
+  double ProcessNs(const DeviceState& d, const Entry& e) const;
   void Delivered(int node, Packet& p);
   void Start(int t);
   void FormPacket(int t);
@@ -147,6 +148,7 @@ class Engine {
   std::vector<LinkState> links_;
   std::vector<int> device_of_;  // node -> DeviceState index, -1
   std::vector<DeviceState> devices_;
+  DeviceState line_;  // a device at line rate: the pacer's cost of a flit
   std::vector<TransferState> ts_;
   std::vector<FlowState> flows_;
   std::vector<Packet> packets_;
@@ -250,8 +252,9 @@ bool Engine::TryDevice(int l, LinkState& L, bool& has_data) {
     const int t = d.active[at];
     TransferState& s = ts_[t];
     if (s.cur_packet < 0) FormPacket(t);
-    if (s.next_ns > now_) {
-      earliest = std::min(earliest, s.next_ns);
+    FlowState& f = flows_[s.flow];
+    if (f.next_ns > now_) {
+      earliest = std::min(earliest, f.next_ns);
       continue;
     }
     has_data = true;
@@ -261,11 +264,12 @@ bool Engine::TryDevice(int l, LinkState& L, bool& has_data) {
     if (s.cur_flit == 0) p.sent_ns = now_;
     double factor = 1;
     if (o_.cc.enabled) {
-      FlowState& f = flows_[s.flow];
       ApplyTicks(f);
       factor = f.rate.factor();
     }
-    s.next_ns = now_ + ser_ns_ / factor;
+    // The flow's rate limiter: a flit's worth of line rate, or for read requests the data they
+    // ask for (a requester takes data no faster than its link), scaled by the rate factor.
+    f.next_ns = now_ + ProcessNs(line_, e) / factor;
     if (++s.cur_flit == p.flits) {
       s.cur_packet = -1;
       if (s.messages_left == 0) {
@@ -288,8 +292,8 @@ bool Engine::TryDevice(int l, LinkState& L, bool& has_data) {
 void Engine::Try(int l) {
   LinkState& L = links_[l];
   if (L.busy_until > now_) {  // the end of the current flit tries again
-    if (!L.tail_try) {
-      L.tail_try = true;
+    if (L.tail_at != L.busy_until) {
+      L.tail_at = L.busy_until;
       Push(L.busy_until, kTry, l, 1);
     }
     return;
@@ -354,8 +358,8 @@ void Engine::Transmit(int l, const Entry& e) {
   bool more = false;
   for (const auto& q : L.q) more = more || !q.empty();
   if (!L.from_switch) more = more || !devices_[device_of_[L.from]].active.empty();
-  if (more) {
-    L.tail_try = true;
+  if (more && L.tail_at != L.busy_until) {
+    L.tail_at = L.busy_until;
     Push(L.busy_until, kTry, l, 1);
   }
 }
@@ -396,8 +400,21 @@ void Engine::Reach(int l, uint64_t packed) {
   if (!p.response && flit + 1 == p.flits) one_way_.push_back(now_ - p.sent_ns);
   if (!d.processing) {
     d.processing = true;
-    Push(now_ + d.flit_ns, kProcessed, node);
+    Push(now_ + ProcessNs(d, d.proc.front()), kProcessed, node);
   }
+}
+
+// A flit costs its 256 bytes at the device's rate; a flit of read requests costs the data they
+// read, when that is more.
+double Engine::ProcessNs(const DeviceState& d, const Entry& e) const {
+  const Packet& p = packets_[e.packet];
+  double bytes = kFlitBytes;
+  if (p.cls == MessageClass::kM2SReq) {
+    const int in_flit =
+        e.flit + 1 < p.flits ? header_per_flit_ : p.messages - header_per_flit_ * (p.flits - 1);
+    bytes = std::max(bytes, static_cast<double>(in_flit) * o_.message_data_bytes);
+  }
+  return bytes * d.ns_per_byte;
 }
 
 void Engine::Processed(int node) {
@@ -411,7 +428,7 @@ void Engine::Processed(int node) {
   if (d.proc.empty()) {
     d.processing = false;
   } else {
-    Push(now_ + d.flit_ns, kProcessed, node);
+    Push(now_ + ProcessNs(d, d.proc.front()), kProcessed, node);
   }
 }
 
@@ -465,7 +482,6 @@ void Engine::Delivered(int node, Packet& p) {
 
 void Engine::Start(int t) {
   DeviceState& d = devices_[device_of_[ts_[t].src]];
-  ts_[t].next_ns = now_;
   d.active.push_back(t);
   Try(d.link);
 }
@@ -490,6 +506,7 @@ absl::StatusOr<SimResult> Engine::Run() {
     L.credit_delay_ns = prop;
     L.credits.fill(o_.link.credits_per_vc);
   }
+  line_.ns_per_byte = 1e9 / o_.link.bytes_per_s;
   device_of_.assign(fabric_.nodes(), -1);
   for (int n : fabric_.devices()) {
     device_of_[n] = static_cast<int>(devices_.size());
@@ -499,7 +516,7 @@ absl::StatusOr<SimResult> Engine::Run() {
     for (const auto& [id, bps] : o_.device_rates) {
       if (id == fabric_.node(n).id) rate = bps;
     }
-    d.flit_ns = kFlitBytes * 1e9 / rate;
+    d.ns_per_byte = 1e9 / rate;
     devices_.push_back(std::move(d));
   }
   levels_.resize(fabric_.nodes());
@@ -539,7 +556,10 @@ absl::StatusOr<SimResult> Engine::Run() {
     switch (ev.type) {
       case kTry:
         if (links_[ev.a].wake_at == now_) links_[ev.a].wake_at = kInf;
-        if (ev.b == 1) links_[ev.a].tail_try = false;
+        if (ev.b == 1) {
+          if (links_[ev.a].tail_at != now_) break;  // superseded by a later one
+          links_[ev.a].tail_at = -1;
+        }
         Try(ev.a);
         break;
       case kReach:

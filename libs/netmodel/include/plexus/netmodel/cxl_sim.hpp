@@ -60,7 +60,9 @@ struct SimOptions {
   int header_bytes = 16;                               // one slot per message header
   int message_data_bytes = 64;                         // a cache line per data message
   int packet_flits = 4;                                // the unit of routing and of responses
-  double device_bytes_per_s = 256e9;                   // a device's processing rate (line rate)
+  // A device's processing rate (line rate): a received flit costs its 256 B, a flit of read
+  // requests the data they read when that is more (a cache line each).
+  double device_bytes_per_s = 256e9;
   std::vector<std::pair<FanId, double>> device_rates;  // per-device overrides
   RoutingPolicy routing = RoutingPolicy::kPortId;      // the spec's baseline
   double adaptive_sample_ns = 500;  // age of the backpressure levels adaptive routing reads
