@@ -242,3 +242,33 @@ TEST_CASE("cxl sim: dependencies start a transfer after its predecessors plus th
   CHECK(r->finish_ns[1] == Approx(542 + 1000 + 542));
   CHECK(r->makespan_ns == Approx(2084));
 }
+
+TEST_CASE("cxl sim: multipath policies spread what the single route piles on one uplink",
+          "[netmodel][cxl]") {
+  // 0:0:2 -> 1:0:2 and 0:0:3 -> 1:1:2 both end in device field 2, so edge 0:0:1's suffix table
+  // sends both up port 2 (to 0:2:1) under port-ID routing: two line-rate flows share one link
+  // while the other uplink idles. Spraying and adaptive routing use both uplinks.
+  const std::vector<cxl::Transfer> t = {Make("0:0:2", "1:0:2", 1 << 20),
+                                        Make("0:0:3", "1:1:2", 1 << 20)};
+  std::map<cxl::RoutingPolicy, double> makespan;
+  for (auto policy : {cxl::RoutingPolicy::kPortId, cxl::RoutingPolicy::kTwoLevel,
+                      cxl::RoutingPolicy::kSpray, cxl::RoutingPolicy::kAdaptive}) {
+    cxl::SimOptions o;
+    o.routing = policy;
+    auto r = cxl::Simulate(K4(), t, o);
+    REQUIRE(r.ok());
+    makespan[policy] = r->makespan_ns;
+    const int up0 = K4().LinkOf(K4().NodeOf(Id("0:0:1")).value(), 2);
+    const int up1 = K4().LinkOf(K4().NodeOf(Id("0:0:1")).value(), 3);
+    INFO(cxl::RoutingPolicyName(policy));
+    if (policy == cxl::RoutingPolicy::kPortId || policy == cxl::RoutingPolicy::kTwoLevel) {
+      CHECK(r->links[up1].flits == 0);
+    } else {
+      CHECK(r->links[up1].flits > r->links[up0].flits / 2);
+    }
+  }
+  // 2 MB through one 256 GB/s uplink vs 1 MB through each of two.
+  CHECK(makespan[cxl::RoutingPolicy::kTwoLevel] == makespan[cxl::RoutingPolicy::kPortId]);
+  CHECK(makespan[cxl::RoutingPolicy::kSpray] < 0.75 * makespan[cxl::RoutingPolicy::kPortId]);
+  CHECK(makespan[cxl::RoutingPolicy::kAdaptive] < 0.75 * makespan[cxl::RoutingPolicy::kPortId]);
+}
