@@ -322,6 +322,7 @@ void Engine::Try(int l) {
     ++r_.pauses;
     if (L.from_switch) {
       ++r_.switch_pauses;
+      while (!L.bp.empty() && L.bp.front() <= now_ - o_.cc.bp_window_ns) L.bp.pop_front();
       L.bp.push_back(now_);
     }
   }
