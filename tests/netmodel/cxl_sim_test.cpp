@@ -272,3 +272,28 @@ TEST_CASE("cxl sim: multipath policies spread what the single route piles on one
   CHECK(makespan[cxl::RoutingPolicy::kSpray] < 0.75 * makespan[cxl::RoutingPolicy::kPortId]);
   CHECK(makespan[cxl::RoutingPolicy::kAdaptive] < 0.75 * makespan[cxl::RoutingPolicy::kPortId]);
 }
+
+TEST_CASE("cxl sim: the fabric manager moves a flow to the idle uplink mid-run",
+          "[netmodel][cxl]") {
+  // The collision above under port-ID routing; 2 us in, the fabric manager sends 1:1:2's
+  // traffic up edge 0:0:1's port 3: the rest of that flow takes the idle uplink.
+  const std::vector<cxl::Transfer> t = {Make("0:0:2", "1:0:2", 1 << 20),
+                                        Make("0:0:3", "1:1:2", 1 << 20)};
+  auto before = cxl::Simulate(K4(), t, {});
+  cxl::SimOptions o;
+  o.route_changes = {{.t_ns = 2000, .sw = Id("0:0:1"), .dst = Id("1:1:2"), .ports = {3}}};
+  auto after = cxl::Simulate(K4(), t, o);
+  REQUIRE(before.ok());
+  REQUIRE(after.ok());
+  const int up1 = K4().LinkOf(K4().NodeOf(Id("0:0:1")).value(), 3);
+  CHECK(before->links[up1].flits == 0);
+  CHECK(after->links[up1].flits > 0);
+  CHECK(after->makespan_ns < 0.75 * before->makespan_ns);
+  // The caller's fabric is untouched.
+  CHECK(K4().ManagerRoute(K4().NodeOf(Id("0:0:1")).value(), Id("1:1:2")) == nullptr);
+  // A change the fabric manager refuses ends the run, naming it.
+  o.route_changes[0].ports = {7};
+  auto bad = cxl::Simulate(K4(), t, o);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message()).find("route_changes[0]") != std::string::npos);
+}

@@ -21,7 +21,7 @@ using Cause = TwoSignalRateController::Cause;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int kMaxHops = 8;
 
-enum EventType : uint8_t { kTry, kReach, kCredit, kProcessed, kStart };
+enum EventType : uint8_t { kTry, kReach, kCredit, kProcessed, kStart, kRoute };
 
 struct Event {
   double t;
@@ -112,6 +112,7 @@ struct FlowState {
 
 class Engine {
  public:
+  // The fabric is copied: the fabric manager's route changes apply to this run's copy.
   Engine(const Fabric& f, const std::vector<Transfer>& t, const SimOptions& o)
       : fabric_(f), transfers_(t), o_(o), rng_(o.seed) {}
 
@@ -136,7 +137,7 @@ class Engine {
   void Trace(const FlowState& f, double t, bool cut);
   const std::vector<int>& Levels(int sw);
 
-  const Fabric& fabric_;
+  Fabric fabric_;
   const std::vector<Transfer>& transfers_;
   const SimOptions& o_;
   std::mt19937_64 rng_;
@@ -548,6 +549,9 @@ absl::StatusOr<SimResult> Engine::Run() {
     for (int dep : tr.after) ts_[dep].dependents.push_back(static_cast<int>(t));
     if (s.deps_left == 0) Push(tr.start_ns, kStart, static_cast<int32_t>(t));
   }
+  for (size_t c = 0; c < o_.route_changes.size(); ++c) {
+    Push(o_.route_changes[c].t_ns, kRoute, static_cast<int32_t>(c));
+  }
   while (!heap_.empty() && error_.ok()) {
     if (heap_.top().t > o_.max_time_ns) break;
     const Event ev = heap_.top();
@@ -576,6 +580,16 @@ absl::StatusOr<SimResult> Engine::Run() {
       case kStart:
         Start(ev.a);
         break;
+      case kRoute: {
+        const RouteChange& c = o_.route_changes[ev.a];
+        error_ = c.ports.empty() ? fabric_.RemoveRoute(c.sw, c.dst)
+                                 : fabric_.InsertRoute(c.sw, c.dst, c.ports);
+        if (!error_.ok()) {
+          error_ = absl::InvalidArgumentError(
+              absl::StrCat("CXL simulation: route_changes[", ev.a, "]: ", error_.message()));
+        }
+        break;
+      }
     }
   }
   if (!error_.ok()) return error_;
@@ -645,6 +659,11 @@ absl::Status Validate(const Fabric& fabric, const std::vector<Transfer>& transfe
   }
   if (o.cc.bp_threshold < 0) return bad("cc.bp_threshold", o.cc.bp_threshold, ">= 0");
   if (absl::Status s = ValidateRateControllerOptions(o.cc.rate); !s.ok()) return s;
+  for (size_t c = 0; c < o.route_changes.size(); ++c) {
+    if (!(o.route_changes[c].t_ns >= 0) || !Finite(o.route_changes[c].t_ns)) {
+      return bad(absl::StrCat("route_changes[", c, "].t_ns"), o.route_changes[c].t_ns, ">= 0");
+    }
+  }
   for (size_t t = 0; t < transfers.size(); ++t) {
     const Transfer& tr = transfers[t];
     for (FanId end : {tr.src, tr.dst}) {

@@ -52,14 +52,23 @@ struct CongestionControlOptions {
   double tick_ns = 2000;
 };
 
+// The fabric manager at run time: at `t_ns`, install `ports` at switch `sw` toward `dst`
+// (Fabric::InsertRoute), or remove that route when `ports` is empty.
+struct RouteChange {
+  double t_ns = 0;
+  FanId sw;
+  FanId dst;
+  std::vector<int> ports;
+};
+
 struct SimOptions {
   LinkOptions link;
-  double switch_ns = 70;                               // one switch traversal (ch. 4.5)
-  double port_ns = 67.5;                               // a device's CXL port, at each end of a path
-  int flit_payload_bytes = 240;                        // 15 slots of 16 B in a 256 B flit
-  int header_bytes = 16;                               // one slot per message header
-  int message_data_bytes = 64;                         // a cache line per data message
-  int packet_flits = 4;                                // the unit of routing and of responses
+  double switch_ns = 70;         // one switch traversal (ch. 4.5)
+  double port_ns = 67.5;         // a device's CXL port, at each end of a path
+  int flit_payload_bytes = 240;  // 15 slots of 16 B in a 256 B flit
+  int header_bytes = 16;         // one slot per message header
+  int message_data_bytes = 64;   // a cache line per data message
+  int packet_flits = 4;          // the unit of routing and of responses
   // A device's processing rate (line rate): a received flit costs its 256 B, a flit of read
   // requests the data they read when that is more (a cache line each).
   double device_bytes_per_s = 256e9;
@@ -68,8 +77,9 @@ struct SimOptions {
   double adaptive_sample_ns = 500;  // age of the backpressure levels adaptive routing reads
   CongestionControlOptions cc;
   uint64_t seed = 1;
-  double max_time_ns = 1e10;  // give up (DeadlineExceeded) past this simulated time
-  bool trace_rates = false;   // record every rate change (SimResult::rate_trace)
+  double max_time_ns = 1e10;               // give up (DeadlineExceeded) past this simulated time
+  std::vector<RouteChange> route_changes;  // applied to a copy of the fabric, in time order
+  bool trace_rates = false;                // record every rate change (SimResult::rate_trace)
 };
 
 // kWrite: M2S RwD messages, answered by S2M NDR; kRead: M2S Req, answered by S2M DRS carrying
