@@ -21,7 +21,7 @@ using Cause = TwoSignalRateController::Cause;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int kMaxHops = 8;
 
-enum EventType : uint8_t { kTry, kReach, kCredit, kProcessed, kStart, kRoute };
+enum EventType : uint8_t { kTry, kReach, kProcessed, kStart, kRoute };
 
 struct Event {
   double t;
@@ -69,6 +69,10 @@ struct LinkState {
   bool from_switch = false, to_switch = false;
   double reach_ns = 0;  // after serialization: to the far node's next stage
   double credit_delay_ns = 0;
+  // Credits on their way back, by arrival time (one delay per link: in order). They count from
+  // their time on; a link that waits for them is woken then, others take them when they next try.
+  std::array<std::deque<double>, kMessageClasses> credit_due;
+  double credit_wake_at = -1;
   double busy_until = 0;
   double wake_at = kInf;  // a pending pacing wake-up
   double tail_at = -1;    // the time of the pending try at a flit's end, or -1
@@ -124,6 +128,8 @@ class Engine {
   }
   int VcOf(const Packet& p) const { return static_cast<int>(p.cls); }
   void Try(int l);
+  void ReturnCredit(int l, int vc, double at);
+  void WakeForCredit(int l, double at);
   bool TryDevice(int l, LinkState& L, bool& has_data);
   void Transmit(int l, const Entry& e);
   void Reach(int l, uint64_t packed);
@@ -290,6 +296,19 @@ bool Engine::TryDevice(int l, LinkState& L, bool& has_data) {
   return false;
 }
 
+void Engine::WakeForCredit(int l, double at) {
+  LinkState& L = links_[l];
+  if (L.credit_wake_at > now_ && L.credit_wake_at <= at) return;  // an earlier wake is pending
+  L.credit_wake_at = at;
+  Push(at, kTry, l);
+}
+
+void Engine::ReturnCredit(int l, int vc, double at) {
+  LinkState& L = links_[l];
+  L.credit_due[vc].push_back(at);
+  if (L.paused) WakeForCredit(l, at);
+}
+
 void Engine::Try(int l) {
   LinkState& L = links_[l];
   if (L.busy_until > now_) {  // the end of the current flit tries again
@@ -298,6 +317,13 @@ void Engine::Try(int l) {
       Push(L.busy_until, kTry, l, 1);
     }
     return;
+  }
+  for (int vc = 0; vc < kMessageClasses; ++vc) {
+    auto& due = L.credit_due[vc];
+    while (!due.empty() && due.front() <= now_) {
+      due.pop_front();
+      ++L.credits[vc];
+    }
   }
   bool has_data = false;
   if (!L.from_switch) {
@@ -314,6 +340,15 @@ void Engine::Try(int l) {
       Transmit(l, e);
       return;
     }
+  }
+  if (has_data) {
+    // Wake at the first credit on its way back (any VC: the one that frees the link is among
+    // them); later returns wake it themselves.
+    double first = kInf;
+    for (const auto& due : L.credit_due) {
+      if (!due.empty()) first = std::min(first, due.front());
+    }
+    if (first < kInf) WakeForCredit(l, first);
   }
   if (has_data && !L.paused) {
     // Data queued and no credit for any of it: a pause (an EP-BP event at a switch).
@@ -352,7 +387,7 @@ void Engine::Transmit(int l, const Entry& e) {
       }
     }
     const LinkState& in = links_[e.in_link];
-    Push(now_ + in.credit_delay_ns, kCredit, e.in_link, static_cast<uint64_t>(vc));
+    ReturnCredit(e.in_link, vc, now_ + in.credit_delay_ns);
     ++hop;
   }
   Push(now_ + ser_ns_ + L.reach_ns, kReach, l, PackFlit(e.packet, e.flit, hop));
@@ -424,8 +459,7 @@ void Engine::Processed(int node) {
   const Entry e = d.proc.front();
   d.proc.pop_front();
   Packet& p = packets_[e.packet];
-  Push(now_ + links_[e.in_link].credit_delay_ns, kCredit, e.in_link,
-       static_cast<uint64_t>(VcOf(p)));
+  ReturnCredit(e.in_link, VcOf(p), now_ + links_[e.in_link].credit_delay_ns);
   if (++p.processed == p.flits) Delivered(node, p);
   if (d.proc.empty()) {
     d.processing = false;
@@ -569,10 +603,6 @@ absl::StatusOr<SimResult> Engine::Run() {
         break;
       case kReach:
         Reach(ev.a, ev.b);
-        break;
-      case kCredit:
-        ++links_[ev.a].credits[ev.b];
-        Try(ev.a);
         break;
       case kProcessed:
         Processed(ev.a);
