@@ -297,3 +297,22 @@ TEST_CASE("cxl sim: the fabric manager moves a flow to the idle uplink mid-run",
   REQUIRE_FALSE(bad.ok());
   CHECK(std::string(bad.status().message()).find("route_changes[0]") != std::string::npos);
 }
+
+TEST_CASE("cxl sim: a device with one tag sends a request packet per round trip",
+          "[netmodel][cxl]") {
+  // 10 packets of 4 flits (12 writes of 64 B each) through one switch. With one tag each packet
+  // waits for the previous one's completion: 4 flits out (4 ns), 270 ns one way, 1 ns at the
+  // receiver per flit, the NDR back (270 ns) and 1 ns processed, about 550 ns per packet.
+  const std::vector<cxl::Transfer> t = {Make("0:0:2", "0:0:3", 10 * 12 * 64)};
+  cxl::SimOptions o;
+  const auto free_run = cxl::Simulate(K4(), t, o).value();
+  o.max_outstanding_packets = 1;
+  const auto one_tag = cxl::Simulate(K4(), t, o).value();
+  CHECK(free_run.makespan_ns < 600);
+  CHECK(one_tag.makespan_ns > 10 * 540);
+  CHECK(one_tag.makespan_ns < 10 * 560);
+  CHECK(one_tag.pauses == 0);  // out of tags is not out of credits
+  o.max_outstanding_packets = -1;
+  CHECK(cxl::Simulate(K4(), t, o).status().message().find("max_outstanding_packets") !=
+        std::string::npos);
+}

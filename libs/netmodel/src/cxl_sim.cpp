@@ -92,6 +92,7 @@ struct DeviceState {
   bool processing = false;
   std::vector<int> active;  // transfers with messages left to send
   size_t rr = 0;
+  int outstanding = 0;  // request packets sent and not yet answered (tags in use)
 };
 
 struct TransferState {
@@ -264,11 +265,19 @@ bool Engine::TryDevice(int l, LinkState& L, bool& has_data) {
       earliest = std::min(earliest, f.next_ns);
       continue;
     }
+    // A new request needs a free tag; a device out of tags waits for a response (not a pause).
+    if (s.cur_flit == 0 && o_.max_outstanding_packets > 0 &&
+        d.outstanding >= o_.max_outstanding_packets) {
+      continue;
+    }
     has_data = true;
     Packet& p = packets_[s.cur_packet];
     if (L.credits[VcOf(p)] == 0) continue;
     const Entry e{static_cast<uint32_t>(s.cur_packet), static_cast<uint16_t>(s.cur_flit), 0, -1};
-    if (s.cur_flit == 0) p.sent_ns = now_;
+    if (s.cur_flit == 0) {
+      p.sent_ns = now_;
+      ++d.outstanding;
+    }
     double factor = 1;
     if (o_.cc.enabled) {
       ApplyTicks(f);
@@ -501,6 +510,7 @@ void Engine::Delivered(int node, Packet& p) {
   TransferState& s = ts_[p.transfer];
   ++s.packets_done;
   latency_.push_back(now_ - p.sent_ns);
+  if (--d.outstanding == o_.max_outstanding_packets - 1 && !d.active.empty()) Try(d.link);
   if (o_.cc.enabled && (p.epn || p.overload)) {
     Signal(flows_[s.flow], p.overload ? Cause::kOverload : Cause::kCongestion);
   }
@@ -686,6 +696,9 @@ absl::Status Validate(const Fabric& fabric, const std::vector<Transfer>& transfe
   }
   if (!(o.cc.bp_window_ns > 0) || !(o.cc.tick_ns > 0)) {
     return bad("cc.bp_window_ns and cc.tick_ns", o.cc.bp_window_ns, "> 0");
+  }
+  if (o.max_outstanding_packets < 0) {
+    return bad("max_outstanding_packets", o.max_outstanding_packets, ">= 0 (0: no limit)");
   }
   if (o.cc.bp_threshold < 0) return bad("cc.bp_threshold", o.cc.bp_threshold, ">= 0");
   if (absl::Status s = ValidateRateControllerOptions(o.cc.rate); !s.ok()) return s;

@@ -73,7 +73,10 @@ struct SimOptions {
   // requests the data they read when that is more (a cache line each).
   double device_bytes_per_s = 256e9;
   std::vector<std::pair<FanId, double>> device_rates;  // per-device overrides
-  RoutingPolicy routing = RoutingPolicy::kPortId;      // the spec's baseline
+  // A device's request packets in flight (a CXL device's bounded tags): past this many sent and
+  // not yet answered it sends no new request. 0: no limit.
+  int max_outstanding_packets = 0;
+  RoutingPolicy routing = RoutingPolicy::kPortId;  // the spec's baseline
   double adaptive_sample_ns = 500;  // age of the backpressure levels adaptive routing reads
   CongestionControlOptions cc;
   uint64_t seed = 1;
