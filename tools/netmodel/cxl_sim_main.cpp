@@ -380,6 +380,8 @@ int main(int argc, char** argv) {
                      "llm_hot: the hot expander's weights, times each other one's", 1.0, 1e6);
   eval->add_option("--workloads", a.ycsb_workloads, "YCSB: some of a,b,c,f")->capture_default_str();
   tooling::AddNumber(eval, "--ops", &a.ycsb.ops_per_cpu, "YCSB operations per CPU", 1, 100000000);
+  tooling::AddNumber(eval, "--memory-bytes-per-s", &a.ycsb.memory_bytes_per_s,
+                     "YCSB: an expander's processing rate, bytes/s", 1.0, 1e15);
   tooling::AddNumber(eval, "--interarrival-ns", &a.eval_interarrival_ns,
                      "YCSB: mean gap between a CPU's operations", 0.001, 1e12);
   shared(eval);
