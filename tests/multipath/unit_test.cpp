@@ -15,6 +15,7 @@
 #include "plexus/base/record.hpp"
 #include "plexus/multipath/monitor.hpp"
 #include "plexus/multipath/scheduler.hpp"
+#include "plexus/netmodel/rate_controller.hpp"
 #include "reassembler.hpp"
 #include "wire.hpp"
 
@@ -358,17 +359,18 @@ TEST_CASE("round robin, min-RTT and power-of-two choices", "[multipath][schedule
 
 TEST_CASE("rate controller: congestion returns to the remembered rate, overload adds up",
           "[multipath][monitor]") {
-  pm::RateController r;
+  plexus::netmodel::TwoSignalRateController r;
+  const plexus::netmodel::RateControllerOptions defaults;
   r.OnCongestion();
   CHECK(r.factor() == 0.5);
   CHECK(r.target() == 1.0);
-  for (int i = 0; i < pm::RateController::kCongestionRecoverySteps - 1; ++i) {
+  for (int i = 0; i < defaults.congestion_recovery_steps - 1; ++i) {
     r.Tick();
     CHECK(r.factor() < 1.0);
   }
   r.Tick();
   CHECK(r.factor() == 1.0);  // back at the remembered rate in a fixed number of steps
-  CHECK(r.cause() == pm::RateController::Cause::kNone);
+  CHECK(r.cause() == plexus::netmodel::TwoSignalRateController::Cause::kNone);
 
   r.OnOverload();
   CHECK(r.factor() == 0.5);
@@ -380,7 +382,7 @@ TEST_CASE("rate controller: congestion returns to the remembered rate, overload 
   CHECK(r.factor() == 1.0);
   // Repeated cuts never go below the floor.
   for (int i = 0; i < 10; ++i) r.OnCongestion();
-  CHECK(r.factor() == pm::RateController::kMinFactor);
+  CHECK(r.factor() == defaults.min_factor);
 }
 
 TEST_CASE("path monitor: RTT EWMA, minimum, inflation; idle gaps are not service time",

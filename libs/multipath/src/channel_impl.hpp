@@ -22,6 +22,7 @@
 #include "plexus/base/status.hpp"
 #include "plexus/base/wait_policy.hpp"
 #include "plexus/multipath/monitor.hpp"
+#include "plexus/netmodel/rate_controller.hpp"
 #include "reassembler.hpp"
 #include "wire.hpp"
 
@@ -255,7 +256,7 @@ class MultipathChannel::Impl {
     absl::Time last_progress;  // baseline of the silence timeout
     absl::Time last_heard;     // when something last arrived from the peer on this path
     PathMonitor monitor;
-    RateController rate;
+    ::plexus::netmodel::TwoSignalRateController rate;
     absl::Time last_signal;
     absl::Time last_tick;
     double load_snapshot = 0;

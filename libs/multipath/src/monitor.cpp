@@ -29,27 +29,4 @@ bool PathMonitor::Inflated(double factor, absl::Duration slack, absl::Duration o
   return srtt_ > factor * (min_rtt_ + own_queue) + slack;
 }
 
-void RateController::Cut(Cause cause) {
-  target_ = factor_;
-  factor_ = std::max(kMinFactor, factor_ * 0.5);
-  cause_ = cause;
-  step_ =
-      cause == Cause::kCongestion ? (target_ - factor_) / kCongestionRecoverySteps : kOverloadStep;
-}
-
-void RateController::Tick() {
-  if (cause_ == Cause::kNone) return;
-  if (cause_ == Cause::kCongestion) {
-    factor_ = std::min(target_, factor_ + step_);
-    if (factor_ >= target_) {
-      // Back at the remembered rate; from there, probe upward additively toward full speed.
-      cause_ = factor_ >= 1 ? Cause::kNone : Cause::kOverload;
-      step_ = kOverloadStep;
-    }
-    return;
-  }
-  factor_ = std::min(1.0, factor_ + step_);
-  if (factor_ >= 1) cause_ = Cause::kNone;
-}
-
 }  // namespace plexus::multipath

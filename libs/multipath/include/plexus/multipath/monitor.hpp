@@ -1,5 +1,6 @@
-// Per-path measurements (bandwidth and RTT from completions and probes) and the per-path rate
-// controller driven by Aurelia's two separate slow-down signals.
+// Per-path measurements (bandwidth and RTT from completions and probes). The per-path rate
+// controller driven by Aurelia's two separate slow-down signals is netmodel's
+// (plexus/netmodel/rate_controller.hpp).
 #pragma once
 
 #include <cstddef>
@@ -36,36 +37,6 @@ class PathMonitor {
   absl::Duration min_rtt_ = absl::ZeroDuration();
   absl::Time last_done_;
   bool has_last_ = false;
-};
-
-// A rate (here: the fraction of the path's in-flight cap it may use) cut by two signals with
-// different recovery, as in Aurelia: after network congestion the rate returns to the
-// remembered target in `kCongestionRecoverySteps` ticks; after receiver overload it grows
-// additively by `kOverloadStep` per tick.
-class RateController {
- public:
-  static constexpr double kMinFactor = 0.125;
-  static constexpr int kCongestionRecoverySteps = 4;
-  static constexpr double kOverloadStep = 0.125;
-  enum class Cause { kNone, kCongestion, kOverload };
-
-  // The network is congested (RTT inflation or ECN): remember the rate, halve it.
-  void OnCongestion() { Cut(Cause::kCongestion); }
-  // The receiver cannot keep up: remember the rate, halve it; recover additively.
-  void OnOverload() { Cut(Cause::kOverload); }
-  // One recovery step (the channel ticks every probe interval without a new signal).
-  void Tick();
-
-  double factor() const { return factor_; }
-  double target() const { return target_; }
-  Cause cause() const { return cause_; }
-
- private:
-  void Cut(Cause cause);
-  double factor_ = 1;
-  double target_ = 1;
-  double step_ = 0;
-  Cause cause_ = Cause::kNone;
 };
 
 }  // namespace plexus::multipath
