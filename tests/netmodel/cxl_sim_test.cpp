@@ -316,3 +316,26 @@ TEST_CASE("cxl sim: a device with one tag sends a request packet per round trip"
   CHECK(cxl::Simulate(K4(), t, o).status().message().find("max_outstanding_packets") !=
         std::string::npos);
 }
+
+TEST_CASE("cxl sim: an input FIFO blocks a flow behind flits for a slow receiver",
+          "[netmodel][cxl]") {
+  // 0:0:2 writes 256 KB to 0:0:3, a receiver at 1/8 of line rate, and from 3 us on 64 KB to
+  // 0:1:2 (another edge switch, free). Both enter edge 0:0:1 on one link and VC. By then the
+  // slow receiver's buffer (256 flits) is full and the switch holds the slow flow's flits. Alone,
+  // the free flow would take about 0.5 us (342 flits plus a round trip). With virtual output
+  // queues it is slowed already: the slow flits hold most of the input link's 256 credits. With
+  // one FIFO per input link it also waits behind them, and they leave at the receiver's pace.
+  std::vector<cxl::Transfer> t = {Make("0:0:2", "0:0:3", 256 << 10),
+                                  Make("0:0:2", "0:1:2", 64 << 10)};
+  t[1].start_ns = 3000;
+  cxl::SimOptions o;
+  o.device_rates = {{Id("0:0:3"), 32e9}};
+  const auto voq = cxl::Simulate(K4(), t, o).value();
+  o.input_fifo = true;
+  const auto fifo = cxl::Simulate(K4(), t, o).value();
+  CHECK(voq.finish_ns[1] - 3000 > 1000);
+  CHECK(fifo.finish_ns[1] - 3000 > 1.3 * (voq.finish_ns[1] - 3000));
+  // The slow flow is bound by its receiver either way (256 KB at 32 GB/s: 8 us and more).
+  CHECK(fifo.finish_ns[0] > 8000);
+  CHECK(fifo.finish_ns[0] < 1.2 * voq.finish_ns[0]);
+}

@@ -33,6 +33,7 @@ struct Args {
   std::string ycsb_workloads = "a,b,c,f";
   cxl::CongestionControlOptions cc;  // the tunables; enabled, epn and overload come per mode
   int max_outstanding = 0;           // SimOptions::max_outstanding_packets
+  bool input_fifo = false;           // SimOptions::input_fifo
   double hot_factor = 4;
   double eval_interarrival_ns = 10;  // eval's YCSB load: the hot expander congests  // eval's
                                      // llm_hot: the hot expander's stripes, times a normal one
@@ -73,6 +74,7 @@ int RunModes(const Args& a, const tooling::Tool& tool, const std::string& worklo
     o.device_rates = rates;
     o.cc = a.cc;
     o.max_outstanding_packets = a.max_outstanding;
+    o.input_fifo = a.input_fifo;
     o.cc.enabled = m.cc;
     o.cc.epn = m.epn;
     o.cc.overload = m.overload;
@@ -295,6 +297,7 @@ int Eval(const Args& a, const tooling::Tool& tool) {
         o.device_rates = c.rates;
         o.cc = a.cc;
         o.max_outstanding_packets = a.max_outstanding;
+        o.input_fifo = a.input_fifo;
         o.cc.enabled = cc;
         auto r = cxl::Simulate(*fabric, c.transfers, o);
         if (!r.ok()) {
@@ -347,6 +350,8 @@ int main(int argc, char** argv) {
     tooling::AddNumber(app, "--max-outstanding", &a.max_outstanding,
                        "request packets a device may have unanswered (tags); 0: no limit", 0,
                        1000000);
+    app->add_flag("--input-fifo", a.input_fifo,
+                  "switches keep one FIFO per input link and VC (head-of-line blocking)");
   };
   const auto common = [&](CLI::App* app) {
     app->add_option("--routing", a.routing, "port_id, two_level, ecmp, spray or adaptive")

@@ -154,6 +154,9 @@ class Engine {
   double ser_ns_ = 0;
   int data_per_flit_ = 0, header_per_flit_ = 0;
   std::vector<LinkState> links_;
+  // SimOptions::input_fifo: per link into a switch and VC, the flits in its receive buffer in
+  // arrival order; only the head is in an egress queue.
+  std::vector<std::array<std::deque<Entry>, kMessageClasses>> in_fifo_;
   std::vector<int> device_of_;  // node -> DeviceState index, -1
   std::vector<DeviceState> devices_;
   DeviceState line_;  // a device at line rate: the pacer's cost of a flit
@@ -399,6 +402,16 @@ void Engine::Transmit(int l, const Entry& e) {
     ReturnCredit(e.in_link, vc, now_ + in.credit_delay_ns);
     ++hop;
   }
+  int next_out = -1;  // input FIFO: the link of the flit that is now its buffer's head
+  if (L.from_switch && o_.input_fifo) {
+    auto& fifo = in_fifo_[e.in_link][vc];
+    fifo.pop_front();
+    if (!fifo.empty()) {
+      const Entry& h = fifo.front();
+      next_out = fabric_.LinkOf(L.from, packets_[h.packet].port[h.hop]);
+      links_[next_out].q[vc].push_back(h);
+    }
+  }
   Push(now_ + ser_ns_ + L.reach_ns, kReach, l, PackFlit(e.packet, e.flit, hop));
   // Try again when this flit is out, unless nothing waits (an arrival then schedules it).
   bool more = false;
@@ -408,6 +421,7 @@ void Engine::Transmit(int l, const Entry& e) {
     L.tail_at = L.busy_until;
     Push(L.busy_until, kTry, l, 1);
   }
+  if (next_out >= 0) Try(next_out);
 }
 
 void Engine::Reach(int l, uint64_t packed) {
@@ -436,8 +450,14 @@ void Engine::Reach(int l, uint64_t packed) {
       }
       p.port[hop] = static_cast<int8_t>(port);
     }
+    const Entry e{pid, flit, hop, l};
+    if (o_.input_fifo) {
+      auto& fifo = in_fifo_[l][VcOf(p)];
+      fifo.push_back(e);
+      if (fifo.size() > 1) return;  // behind the head, whatever its egress
+    }
     const int out = fabric_.LinkOf(node, port);
-    links_[out].q[VcOf(p)].push_back({pid, flit, hop, l});
+    links_[out].q[VcOf(p)].push_back(e);
     Try(out);
     return;
   }
@@ -539,6 +559,7 @@ absl::StatusOr<SimResult> Engine::Run() {
   header_per_flit_ = o_.flit_payload_bytes / o_.header_bytes;
   const double prop = o_.link.wire_ns + o_.link.retimers * o_.link.retimer_ns;
   links_.resize(fabric_.links());
+  if (o_.input_fifo) in_fifo_.resize(fabric_.links());
   for (int l = 0; l < fabric_.links(); ++l) {
     LinkState& L = links_[l];
     L.from = fabric_.LinkSource(l);

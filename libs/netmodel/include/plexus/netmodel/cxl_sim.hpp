@@ -76,6 +76,10 @@ struct SimOptions {
   // A device's request packets in flight (a CXL device's bounded tags): past this many sent and
   // not yet answered it sends no new request. 0: no limit.
   int max_outstanding_packets = 0;
+  // A switch's receive buffer per input link and VC is one FIFO: a flit reaches its egress queue
+  // only when every flit that arrived before it on that link and VC has left (head-of-line
+  // blocking). false: each flit joins its egress queue on arrival (virtual output queues).
+  bool input_fifo = false;
   RoutingPolicy routing = RoutingPolicy::kPortId;  // the spec's baseline
   double adaptive_sample_ns = 500;  // age of the backpressure levels adaptive routing reads
   CongestionControlOptions cc;
