@@ -101,10 +101,12 @@ void RunFused(const Pass& pass, const Memory& mem, int64_t first, int64_t last) 
         float* out = tiles.data() + s * kTile;
         const DataType dt = mem.Type(st.dst);
         if (st.op == Op::kCopy || st.op == Op::kCast) {
-          // Into the step's own tile: `a` may be a load buffer the next step reuses, or memory
-          // a later step of the pass overwrites in place.
-          std::memcpy(out, a, n * 4);
-          result[s] = out;
+          // A value of `a` already: kept as it is when `a` is an earlier step's tile (stable for
+          // the rest of the tile), copied into the step's own tile when it is a load buffer the
+          // next step reuses, or memory a later step of the pass may overwrite in place.
+          const bool stable = a >= tiles.data() && a < load_a;
+          if (!stable) std::memcpy(out, a, n * 4);
+          result[s] = stable ? a : out;
         } else {
           ApplyTile(st.op, a, b, st.scalar, n, out);
           result[s] = out;
