@@ -244,7 +244,15 @@ bool Measure(Case& c, const Args& a, pt::FigureWriter& out, std::vector<double>*
   }
   const size_t wrong = Wrong(c);
   const double ms = Median(fast), copy_ms = Median(copy), interp_ms = Median(interp);
-  fast_ms->push_back(ms);
+  // Against numpy and torch, which time each stage back to back (caches warm with its own
+  // buffers), the fast path runs the same way: --runs calls in a row.
+  std::vector<double> warm;
+  for (int r = 0; r < a.runs; ++r) {
+    const double t0 = Now();
+    (void)exec->Run(in, fast_out);
+    warm.push_back((Now() - t0) * 1e3);
+  }
+  fast_ms->push_back(Median(warm));
   auto add = [&](std::string figure, double value, std::string unit, std::optional<double> target) {
     pt::Figure f;
     f.figure = std::move(figure);
@@ -352,7 +360,7 @@ int main(int argc, char** argv) {
           f.met = f.value >= 2.0;
           f.extra = {{"program", cases[i].name},
                      {"peer_ms", it->second},
-                     {"fast_ms", ms[i]},
+                     {"fast_ms_back_to_back", ms[i]},
                      {"runs", a.runs},
                      {"threads", 1}};
           out.Add(f);
