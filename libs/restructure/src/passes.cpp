@@ -170,13 +170,12 @@ bool RunMaxPoolBoxes(const Pass& pass, const Memory& mem) {
     }
     return off;
   };
-  const std::vector<int64_t> win = offsets(box_window, st.src1);
   const std::vector<int64_t> src = offsets(box_outer, st.src1);
   const std::vector<int64_t> dst = offsets(box_outer, st.dst);
   const size_t k_out = src.size();
   bool dst_regular = k_out > 1;
   for (size_t k = 1; k < k_out && dst_regular; ++k) dst_regular = dst[k] == dst[1] * int64_t(k);
-  std::vector<float> block(static_cast<size_t>(box)), m(k_out);
+  std::vector<float> block(static_cast<size_t>(box)), reduced(static_cast<size_t>(box)), m(k_out);
   const DataType d_type = mem.Type(st.dst);
   const size_t d_size = mem.bufs[st.dst.buffer].size;
   // Walks the levels in `ls` (row-major), others of `idx` fixed.
@@ -202,14 +201,24 @@ bool RunMaxPoolBoxes(const Pass& pass, const Memory& mem) {
         if (x != block.data() + done) std::memcpy(block.data() + done, x, n * 4);
         done += static_cast<int64_t>(n);
       }
-      for (size_t k = 0; k < k_out; ++k) {
-        const float* b = block.data() + src[k];
-        float r = first ? b[win[0]] : m[k];
-        for (size_t j = first ? 1 : 0; j < win.size(); ++j) {
-          const float v = b[win[j]];
-          r = (r != r) ? r : ((v != v || v > r) ? v : r);
+      // The block's window levels reduced one at a time, innermost first, each as shifted
+      // maxima over the whole block (vectorised): the leftmost maximum of a window is the
+      // leftmost maximum of its rows' leftmost maxima, so the interpreter's order is kept.
+      const float* cur = block.data();
+      float* next = reduced.data();
+      for (auto l = box_window.rbegin(); l != box_window.rend(); ++l) {
+        const int64_t stride = st.src1.strides[*l];
+        std::memcpy(next, cur, static_cast<size_t>(box) * 4);
+        for (int64_t t = 1; t < pass.iters[*l]; ++t) {
+          MaxTile(cur + t * stride, static_cast<size_t>(box - t * stride), next);
         }
-        m[k] = r;
+        cur = next;
+        next = next == reduced.data() ? block.data() : reduced.data();
+      }
+      for (size_t k = 0; k < k_out; ++k) {
+        const float v = cur[src[k]];
+        const float r = m[k];
+        m[k] = first ? v : ((r != r) ? r : ((v != v || v > r) ? v : r));
       }
       first = false;
     });
