@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench_pipelines.hpp"
+#include "endpoint.hpp"
 #include "order.hpp"
 #include "plexus/restructure/executor.hpp"
 #include "plexus/restructure/stream.hpp"
@@ -107,22 +108,6 @@ absl::StatusOr<Stage> Prepare(PipelineProgram p) {
   return s;
 }
 
-ptr::DeviceOptions Options(ptr::Backend backend) {
-  ptr::DeviceOptions o;
-  o.backend = backend;
-  o.progress = ptr::ProgressMode::kCaller;  // the producer runs in the waiting thread
-  if (backend == ptr::Backend::kTcp) o.local_address = "127.0.0.1";
-  o.tcp.loopback_congestion_control = "";  // the system's
-  return o;
-}
-
-struct Endpoint {
-  std::shared_ptr<ptr::Device> device;
-  std::unique_ptr<ptr::CompletionQueue> cq;
-  std::unique_ptr<ptr::Listener> listener;
-  std::unique_ptr<ptr::Connection> conn;
-};
-
 // Waits for `sends` send and `recvs` receive completions; *recv_at: when the last receive came.
 absl::Status Drain(Endpoint& e, int sends, int recvs, double* recv_at = nullptr) {
   while (sends > 0 || recvs > 0) {
@@ -151,7 +136,7 @@ absl::Status Drain(Endpoint& e, int sends, int recvs, double* recv_at = nullptr)
                           bool pin) {
   if (pin) PinToCpu(1);
   Endpoint e;
-  auto dev = ptr::Device::Create(Options(backend));
+  auto dev = ptr::Device::Create(LoopbackDeviceOptions(backend));
   if (!dev.ok()) Fail("device", dev.status());
   e.device = *dev;
   e.cq = e.device->CreateCompletionQueue();
@@ -293,7 +278,7 @@ absl::Status Measure(Stage& st, ptr::Backend backend, const MotionArgs& a,
   Endpoint e;
   if (n <= 0) status = absl::UnavailableError("the receiver did not publish its address");
   if (status.ok()) {
-    auto dev = ptr::Device::Create(Options(backend));
+    auto dev = ptr::Device::Create(LoopbackDeviceOptions(backend));
     status = dev.status();
     if (status.ok()) {
       e.device = *dev;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "endpoint.hpp"
 #include "order.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
@@ -239,27 +240,11 @@ double MemcpyBandwidth(size_t bytes, size_t total) {
 
 // ---- Plexus ---------------------------------------------------------------------------------
 
-pt::DeviceOptions Options(pt::Backend backend) {
-  pt::DeviceOptions o;
-  o.backend = backend;
-  o.progress = pt::ProgressMode::kCaller;
-  if (backend == pt::Backend::kTcp) o.local_address = "127.0.0.1";
-  // Like with like: the raw TCP references run under the system's congestion control, so Plexus
-  // does too (its library default over loopback is reno).
-  o.tcp.loopback_congestion_control = "";
-  return o;
-}
-
-struct Endpoint {
-  std::shared_ptr<pt::Device> device;
-  std::unique_ptr<pt::CompletionQueue> cq;
-  std::unique_ptr<pt::Listener> listener;
-  std::unique_ptr<pt::Connection> conn;
-};
+using plexus::bench::Endpoint;
 
 Endpoint Serve(pt::Backend backend, int pub) {
   Endpoint e;
-  auto dev = pt::Device::Create(Options(backend));
+  auto dev = pt::Device::Create(plexus::bench::LoopbackDeviceOptions(backend));
   Check(dev.status(), "device");
   e.device = *dev;
   e.cq = e.device->CreateCompletionQueue();
@@ -275,7 +260,7 @@ Endpoint Serve(pt::Backend backend, int pub) {
 
 Endpoint Dial(pt::Backend backend, const std::string& address) {
   Endpoint e;
-  auto dev = pt::Device::Create(Options(backend));
+  auto dev = pt::Device::Create(plexus::bench::LoopbackDeviceOptions(backend));
   Check(dev.status(), "device");
   e.device = *dev;
   e.cq = e.device->CreateCompletionQueue();
