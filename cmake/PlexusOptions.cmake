@@ -42,6 +42,22 @@ if(PLEXUS_WARNINGS_AS_ERRORS)
   list(APPEND PLEXUS_WARNING_FLAGS -Werror)
 endif()
 
+# Debug information is most of a build's size (several GB for the tests alone); compressing it
+# keeps a full build within small CI disks, and gdb, perf and addr2line read it unchanged.
+option(PLEXUS_COMPRESS_DEBUG_INFO "Compress the debug sections of objects and programs (-gz)" ON)
+if(PLEXUS_COMPRESS_DEBUG_INFO AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+  include(CheckCXXSourceCompiles)
+  set(CMAKE_REQUIRED_FLAGS -gz)
+  set(CMAKE_REQUIRED_LINK_OPTIONS -gz)
+  check_cxx_source_compiles("int main() { return 0; }" PLEXUS_HAVE_GZ)
+  unset(CMAKE_REQUIRED_FLAGS)
+  unset(CMAKE_REQUIRED_LINK_OPTIONS)
+  if(PLEXUS_HAVE_GZ)
+    add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-gz>)
+    add_link_options($<$<LINK_LANGUAGE:C,CXX>:-gz>)
+  endif()
+endif()
+
 if(PLEXUS_SANITIZE)
   add_compile_options(-fsanitize=${PLEXUS_SANITIZE} -fno-omit-frame-pointer)
   add_link_options(-fsanitize=${PLEXUS_SANITIZE})

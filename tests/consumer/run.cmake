@@ -172,3 +172,5 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/vendored -G 
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/vendored --target consumer)
 run(${WORK_DIR}/vendored/consumer)
 message(STATUS "consumer built and ran with find_package and with add_subdirectory")
+# What was built here is a second copy of Plexus; on success only the main build is kept.
+file(REMOVE_RECURSE ${WORK_DIR})
