@@ -313,6 +313,82 @@ TEST_CASE("shm: scatter-gather messages sent before their receives are held", "[
   CHECK(WaitChild(child) == 0);
 }
 
+TEST_CASE("shm: early messages wait in the ring while the sender has room, then are held",
+          "[shm]") {
+  // 1 MiB ring: 8 messages of 64 KiB fit and wait there for their receives (one copy); 48 more
+  // (3 MiB) do not: the sender's sends still complete without a receive (the contract), because
+  // the receiver holds what would block it.
+  SetCma(true);
+  AddressPipe pipe;
+  constexpr size_t kBytes = 64 << 10;
+  constexpr int kFirst = 8, kSecond = 48;
+  const pid_t child = ForkChild([&]() -> int {
+    auto dev = MakeDevice(Options(pt::ProgressMode::kThread));
+    auto cq = dev->CreateCompletionQueue();
+    auto conn = dev->Connect(pipe.Receive(), cq.get());
+    CHILD_CHECK(conn.ok());
+    std::vector<std::vector<uint8_t>> messages(kFirst + kSecond, std::vector<uint8_t>(kBytes));
+    for (int i = 0; i < kFirst + kSecond; ++i) Fill(messages[i].data(), kBytes, 100 + i);
+    for (int i = 0; i < kFirst + kSecond; ++i) {
+      if (i == kFirst) {  // the first batch waits in the peer's ring; wait for its go
+        uint8_t go;
+        CHILD_CHECK((*conn)->PostRecv({&go, 1}, 500).ok());
+        CHILD_CHECK(Next(*cq).status.ok());
+      }
+      CHILD_CHECK((*conn)->PostSend(pt::ConstBuffer{messages[i].data(), kBytes}, i).ok());
+      if (i < kFirst) CHILD_CHECK(Next(*cq).status.ok());
+    }
+    // Every send of the second batch completes although no receive was posted for it.
+    for (int i = 0; i < kSecond; ++i) CHILD_CHECK(Next(*cq).status.ok());
+    uint8_t bye;
+    CHILD_CHECK((*conn)->PostRecv({&bye, 1}, 501).ok());
+    CHILD_CHECK(Next(*cq).status.ok());
+    return 0;
+  });
+  auto dev = MakeDevice(Options(pt::ProgressMode::kThread));
+  auto cq = dev->CreateCompletionQueue();
+  auto listener = dev->Listen("");
+  REQUIRE(listener.ok());
+  pipe.Send((*listener)->address());
+  auto conn = (*listener)->Accept(cq.get(), absl::Seconds(10));
+  REQUIRE(conn.ok());
+  std::vector<std::vector<uint8_t>> got(kFirst + kSecond, std::vector<uint8_t>(kBytes + 1));
+  auto receive = [&](int from, int to) {
+    for (int i = from; i < to; ++i) {
+      REQUIRE((*conn)->PostRecv({got[i].data(), got[i].size()}, i).ok());
+    }
+    for (int i = from; i < to; ++i) {
+      pt::Completion done = Next(*cq);
+      REQUIRE(done.status.ok());
+      CHECK(done.wr_id == static_cast<uint64_t>(i));
+      CHECK(done.bytes == kBytes);
+      CHECK(Matches(got[i].data(), kBytes, 100 + i));
+    }
+  };
+  absl::SleepFor(absl::Milliseconds(300));  // the first batch arrives before its receives
+  auto stats = shm::GetConnectionStats(**conn);
+  REQUIRE(stats.ok());
+  CHECK(stats->ring_bytes_received == 0);  // read by nobody yet: it waits in the ring
+  receive(0, kFirst);
+  stats = shm::GetConnectionStats(**conn);
+  REQUIRE(stats.ok());
+  CHECK(stats->held_messages == 0);
+  CHECK(stats->ring_bytes_received == kFirst * kBytes);
+
+  uint8_t go = 1;
+  REQUIRE((*conn)->PostSend(pt::ConstBuffer{&go, 1}, 900).ok());
+  REQUIRE(Next(*cq).status.ok());
+  absl::SleepFor(absl::Milliseconds(500));  // the second batch overflows the ring meanwhile
+  stats = shm::GetConnectionStats(**conn);
+  REQUIRE(stats.ok());
+  CHECK(stats->held_messages > 0);
+  receive(kFirst, kFirst + kSecond);
+  uint8_t bye = 1;
+  REQUIRE((*conn)->PostSend(pt::ConstBuffer{&bye, 1}, 901).ok());
+  CHECK(Next(*cq).status.ok());
+  CHECK(WaitChild(child) == 0);
+}
+
 TEST_CASE("shm: one-sided writes land in the peer's region, immediates in order", "[shm]") {
   const bool cma = GENERATE(true, false);
   SetCma(cma);

@@ -75,6 +75,7 @@ ConnectionStats ConnectionState::stats() const {
   s.cma_bytes_received = cma_received_.load();
   s.ring_bytes_sent = ring_sent_.load();
   s.ring_bytes_received = ring_received_.load();
+  s.held_messages = held_messages_.load();
   return s;
 }
 
@@ -217,6 +218,12 @@ void ConnectionState::Close() {
 
 void ConnectionState::FailLocked(const absl::Status& why, bool tell_peer_error) {
   if (!status_.ok()) return;
+  // What the peer sent before the failure stays deliverable (not after our own Close): the
+  // messages waiting in the ring are held first.
+  if (waiting_in_ring_ && !spill_ && !absl::IsCancelled(why)) {
+    SpillRingLocked();
+    if (!status_.ok()) return;  // the ring itself was malformed: that is the failure
+  }
   status_ = why;
   for (SendOp& op : send_queue_) {
     PushLocked(op.wr_id, op.is_write ? Opcode::kWrite : Opcode::kSend, why, 0);
@@ -232,6 +239,7 @@ void ConnectionState::FailLocked(const absl::Status& why, bool tell_peer_error) 
   }
   incoming_ = Incoming{};
   paused_ = false;
+  waiting_in_ring_ = false;
   // Messages that arrived whole stay deliverable (what the peer sent before it went away is
   // not lost), unless we closed the connection ourselves.
   matcher_.Fail(why, /*keep_whole=*/!absl::IsCancelled(why));
@@ -280,8 +288,7 @@ void ConnectionState::OnSocketHangup() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!status_.ok()) return;
   // Whatever the peer wrote before it went away is still delivered.
-  while (status_.ok() && ReadFramesLocked()) {
-  }
+  SpillRingLocked();
   // The rest waits in the ring (still mapped) for receives; the hang-up is reported again.
   if (!status_.ok() || paused_) return;
   FailLocked(absl::UnavailableError(absl::StrCat("shm: peer process ", session_.peer_pid, " ('",
@@ -304,6 +311,20 @@ void ConnectionState::CheckTimeout(absl::Time now) {
 
 // ---- receiving ----
 
+void ConnectionState::SpillRingLocked() {
+  spill_ = true;
+  while (status_.ok() && ReadFramesLocked()) {
+  }
+  spill_ = false;
+}
+
+std::optional<size_t> ConnectionState::PeekNext(MutableBuffer head) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // The matcher shows held messages only: one waiting in the ring is held first.
+  if (waiting_in_ring_ && status_.ok()) SpillRingLocked();
+  return matcher_.PeekNext(head);
+}
+
 bool ConnectionState::ReadFramesLocked() {
   Ring& rx = session_.rx;
   const uint64_t head = rx.LoadHead();
@@ -319,6 +340,7 @@ bool ConnectionState::ReadFramesLocked() {
   uint64_t bytes = 0;
   while (head != rx_tail_ && frames < kReadBudgetFrames && bytes < kReadBudgetBytes) {
     const uint64_t available = head - rx_tail_;
+    rx_unread_ = available;
     uint8_t raw[kFrameHeaderBytes];
     const size_t have = std::min<uint64_t>(available, kFrameHeaderBytes);
     rx.CopyOut(rx_tail_, raw, have);
@@ -359,7 +381,7 @@ absl::Status ConnectionState::ProcessFrameLocked(const FrameHeader& h, uint64_t 
     case FrameType::kMessage:
     case FrameType::kMessagePart: {
       if (h.type == FrameType::kMessage) {
-        if (auto s = BeginMessageLocked(h.total_bytes); !s.ok() || paused_) return s;
+        if (auto s = BeginMessageLocked(h.total_bytes, true); !s.ok() || paused_) return s;
       } else if (!incoming_.active || h.total_bytes != incoming_.total ||
                  h.offset != incoming_.received) {
         return absl::DataLossError(
@@ -380,7 +402,7 @@ absl::Status ConnectionState::ProcessFrameLocked(const FrameHeader& h, uint64_t 
       scratch_.resize(h.payload_bytes);
       rx.CopyOut(payload_pos, scratch_.data(), h.payload_bytes);
       PLEXUS_ASSIGN_OR_RETURN(auto segments, DecodeCmaSegments(scratch_, h));
-      if (auto s = BeginMessageLocked(h.total_bytes); !s.ok() || paused_) return s;
+      if (auto s = BeginMessageLocked(h.total_bytes, false); !s.ok() || paused_) return s;
       if (!status_.ok()) return absl::OkStatus();
       if (incoming_.slot.consumer != nullptr) {
         PLEXUS_RETURN_IF_ERROR(ConsumeCmaLocked(segments));
@@ -410,15 +432,28 @@ absl::Status ConnectionState::ProcessFrameLocked(const FrameHeader& h, uint64_t 
   return absl::DataLossError("malformed shm frame: unknown type");
 }
 
-absl::Status ConnectionState::BeginMessageLocked(uint64_t total) {
+absl::Status ConnectionState::BeginMessageLocked(uint64_t total, bool in_ring) {
   if (incoming_.active) {
     return absl::DataLossError(
         "malformed shm frame: a new message starts before the previous one is complete");
+  }
+  // A ring-borne message nobody asked for yet waits in the ring while the sender still has room
+  // to write: the receive posted next takes it straight from there (a broadcast root or any
+  // sender that runs ahead otherwise costs its receiver a second copy, into held memory).
+  // The sender is (about to be) blocked once less than a partial frame's room is left.
+  const uint64_t capacity = session_.rx.capacity();
+  const uint64_t blocked_at = capacity - 2 * (kFrameHeaderBytes + kMinPartialPayload);
+  waiting_in_ring_ = in_ring && !spill_ && !matcher_.has_posted_recv() && total <= capacity / 2 &&
+                     rx_unread_ < blocked_at;
+  if (waiting_in_ring_) {
+    paused_ = true;
+    return absl::OkStatus();
   }
   Matcher::Slot slot;
   PLEXUS_ASSIGN_OR_RETURN(Matcher::Admission admitted, matcher_.Admit(total, &slot));
   paused_ = admitted == Matcher::Admission::kWait;
   if (paused_) return absl::OkStatus();
+  if (slot.held) held_messages_.fetch_add(1, std::memory_order_relaxed);
   incoming_ = Incoming{};
   incoming_.active = true;
   incoming_.total = total;

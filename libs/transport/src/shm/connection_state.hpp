@@ -56,10 +56,7 @@ class ConnectionState {
   // the peer sent by cross-memory attach is pulled a chunk at a time into a buffer of at most
   // kMaxProduceConsumeBytes and handed over from there.
   absl::Status PostRecvConsumed(size_t max_length, Consumer consumer, uint64_t wr_id);
-  std::optional<size_t> PeekNext(MutableBuffer head) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return matcher_.PeekNext(head);
-  }
+  std::optional<size_t> PeekNext(MutableBuffer head);
   absl::Status PostWrite(const MemoryRegion& local, size_t local_offset, size_t length,
                          const RegionHandle& remote, size_t remote_offset,
                          std::optional<uint32_t> immediate, uint64_t wr_id);
@@ -113,7 +110,11 @@ class ConnectionState {
   void FailLocked(const absl::Status& why, bool tell_peer_error);
   bool ReadFramesLocked();
   absl::Status ProcessFrameLocked(const FrameHeader& h, uint64_t payload_pos);
-  absl::Status BeginMessageLocked(uint64_t total);
+  // `in_ring`: the message's bytes follow in the ring (not by cross-memory attach), so that it
+  // may wait there for its receive.
+  absl::Status BeginMessageLocked(uint64_t total, bool in_ring);
+  // Reads frames with every early message taken into held memory (none waits in the ring).
+  void SpillRingLocked();
   absl::Status FinishMessageLocked();
   // Hands a message's bytes [offset, +n) in the ring at `pos` to the incoming consumer.
   absl::Status ConsumeRingLocked(uint64_t pos, uint64_t offset, size_t n);
@@ -147,6 +148,15 @@ class ConnectionState {
   // The next message does not fit under the caps on held bytes: its frame stays in the ring
   // (the peer blocks once the ring is full) until receives are posted.
   bool paused_ = false;
+  // The next message has no receive yet and waits in the ring instead of being copied into held
+  // memory (paused_ is set too): its receive then takes it straight from the ring, one copy
+  // instead of two. Only while the sender has room left to write (a sender blocked on a full
+  // ring gets its early messages held, so that its sends complete as the contract says), and
+  // never when every early message must be whole in memory (the peer hung up, PeekNext, a
+  // failure).
+  bool waiting_in_ring_ = false;
+  bool spill_ = false;         // SpillRingLocked is reading: hold, never wait in the ring
+  uint64_t rx_unread_ = 0;     // ring bytes the peer produced and this side did not consume yet
   uint64_t tx_head_ = 0;       // what this side produced into session_.tx
   uint64_t tx_tail_seen_ = 0;  // the peer's last consumption of session_.tx
   uint64_t rx_tail_ = 0;       // what this side consumed from session_.rx
@@ -154,7 +164,8 @@ class ConnectionState {
   std::vector<uint8_t> scratch_;
 
   MailboxEndpoint mailbox_;
-  std::atomic<uint64_t> cma_sent_{0}, cma_received_{0}, ring_sent_{0}, ring_received_{0};
+  std::atomic<uint64_t> cma_sent_{0}, cma_received_{0}, ring_sent_{0}, ring_received_{0},
+      held_messages_{0};
 };
 
 }  // namespace plexus::transport::internal::shm

@@ -14,6 +14,9 @@ struct ConnectionStats {
   uint64_t cma_bytes_received = 0;  // bytes this side pulled from the peer
   uint64_t ring_bytes_sent = 0;     // payload bytes this side streamed through its ring
   uint64_t ring_bytes_received = 0;
+  // Messages this side copied into held memory because no receive was posted for them (and
+  // they could not wait in the ring).
+  uint64_t held_messages = 0;
 };
 
 // InvalidArgument when `connection` is not an shm connection.
