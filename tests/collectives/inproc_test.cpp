@@ -679,6 +679,25 @@ TEST_CASE("mismatched calls are reported, not silently corrupted", "[collectives
          if (rank == 0) return c.Broadcast(v.data(), v.data(), 16, DataType::kF32, 0);
          return c.AllReduce(v.data(), v.data(), 16, DataType::kF32, ReduceOp::kSum);
        }},
+      // Large first payloads travel behind a header of their own, small ones with it: a
+      // mismatch across that line is named too, in either direction.
+      {"broadcast count across the header split",
+       [](int rank, pc::Communicator& c) {
+         std::vector<float> v(size_t{1} << 16, 1);
+         return c.Broadcast(v.data(), v.data(), rank == 1 ? 1000 : 60000, DataType::kF32, 0,
+                            pc::Algorithm::kRing);
+       }},
+      {"broadcast count across the header split, root small",
+       [](int rank, pc::Communicator& c) {
+         std::vector<float> v(size_t{1} << 16, 1);
+         return c.Broadcast(v.data(), v.data(), rank == 0 ? 3000 : 60000, DataType::kF32, 0,
+                            pc::Algorithm::kRing);
+       }},
+      {"allgather count across the header split",
+       [](int rank, pc::Communicator& c) {
+         std::vector<float> in(size_t{1} << 14, 1), out(size_t{3} << 14, 0);
+         return c.AllGather(in.data(), out.data(), rank == 2 ? 512 : 16000, DataType::kF32);
+       }},
   };
   for (const Case& tc : cases) {
     INFO("mismatched " << tc.name);

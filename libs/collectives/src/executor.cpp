@@ -23,6 +23,19 @@ using transport::Completion;
 using transport::ConstBuffer;
 using transport::MutableBuffer;
 
+namespace {
+
+// The index bit of a header's own send or receive (a split link) in its work request id.
+constexpr uint64_t kHeaderOp = uint64_t{1} << 30;
+// A link's header travels alone ahead of a first payload this large: one more message (about a
+// microsecond over shm) against a copy of the payload out of a slot.
+constexpr size_t kSplitHeaderBytes = 16 << 10;
+// The header receive's buffer: room for any unsplit first message (a mismatched peer's), so
+// that its header still says which call it is in.
+constexpr size_t kSplitHeaderRoom = kSplitHeaderBytes + 4096;
+
+}  // namespace
+
 void PlanExecutor::SetChannels(int channels) {
   const int n = env_.n;
   const int old_channels = links_.empty() ? 0 : channels_;
@@ -84,6 +97,8 @@ void PlanExecutor::Prepare(const Plan& plan, const CallHeader& header, DataType 
     link.slot_owner.assign(depth, -1);
     link.send_slots_taken = 0;
     if (c.cast) link.send_slot_owner.assign(depth, -1);
+    link.split_tx = link.split_rx = false;
+    link.header_sent = link.header_posted = false;
   }
   std::vector<size_t>& max_recv = max_recv_;
   max_recv.assign(links_.size(), 0);
@@ -106,6 +121,15 @@ void PlanExecutor::Prepare(const Plan& plan, const CallHeader& header, DataType 
   }
   for (size_t l = 0; l < links_.size(); ++l) {
     Link& link = links_[l];
+    if (!link.sends.empty()) {
+      link.split_tx = SplitsHeader(c.OnWire(plan.sends[link.sends[0]].bytes));
+      c.headers_tx += link.split_tx ? 1 : 0;
+    }
+    if (!link.recvs.empty()) {
+      link.split_rx = SplitsHeader(c.OnWire(plan.recvs[link.recvs[0]].bytes));
+      c.headers_rx += link.split_rx ? 1 : 0;
+      if (link.split_rx && link.rx_header.empty()) link.rx_header.resize(kSplitHeaderRoom);
+    }
     if (!link.sends.empty()) {
       CallHeader h = header;
       h.extra = plan.tx_extra.empty() ? 0 : plan.tx_extra[l / channels];
@@ -223,19 +247,29 @@ bool PlanExecutor::PostRecvs(Link& link, int peer, transport::Connection* conn, 
   // in-place reductions) wait for a free one of the link's `depth` slots; the others go
   // straight to their destination and are posted as early as their order allows, so that a
   // peer running ahead finds them posted rather than having its messages held.
+  if (link.split_rx && !link.header_posted) {
+    const uint64_t wr = (c.epoch << 32) | kHeaderOp | static_cast<uint64_t>(&link - links_.data());
+    if (absl::Status s = conn->PostRecv({link.rx_header.data(), link.rx_header.size()}, wr);
+        !s.ok()) {
+      *failure = Failure::Peer(peer, s);
+      return false;
+    }
+    link.header_posted = true;
+  }
   while (link.next_recv < link.recvs.size()) {
     const int i = link.recvs[link.next_recv];
     const auto& r = c.plan->recvs[i];
     MutableBuffer target;
     // With a cast every receive lands in a slot: its bytes are not yet of the output's type.
-    if (link.next_recv == 0 || (r.reduce && r.local == nullptr) || c.cast) {
+    if ((link.next_recv == 0 && !link.split_rx) || (r.reduce && r.local == nullptr) || c.cast) {
       int& owner = link.slot_owner[link.slots_taken % depth];
       if (owner >= 0 && recv_state_[owner] != kDone) break;
       uint8_t* slot = link.slots.data() + (link.slots_taken % depth) * link.slot_stride;
       owner = i;
       ++link.slots_taken;
       // The first: header + payload, with room to see an oversized (mismatched) message.
-      target = {slot, link.next_recv == 0 ? link.slot_stride : c.OnWire(r.bytes)};
+      const bool first = link.next_recv == 0 && !link.split_rx;
+      target = {slot, first ? link.slot_stride : c.OnWire(r.bytes)};
     } else {  // placed, or reduced out of place: straight into the destination
       if (c.sends_done_prefix < static_cast<size_t>(r.war_prefix)) break;
       target = {r.data, r.bytes};
@@ -255,6 +289,15 @@ bool PlanExecutor::PostRecvs(Link& link, int peer, transport::Connection* conn, 
 bool PlanExecutor::PostSends(Link& link, int peer, transport::Connection* conn, Failure* failure) {
   const Call& c = call_;
   const int depth = depth_;
+  if (link.split_tx && !link.header_sent) {
+    const uint64_t wr = (uint64_t{1} << 63) | (c.epoch << 32) | kHeaderOp |
+                        static_cast<uint64_t>(&link - links_.data());
+    if (absl::Status st = conn->PostSend(ConstBuffer{link.tx_header, kHeaderBytes}, wr); !st.ok()) {
+      *failure = Failure::Peer(peer, st);
+      return false;
+    }
+    link.header_sent = true;
+  }
   // Sends, in order, once their inputs are final.
   while (link.next_send < link.sends.size() && link.sends_in_flight < depth) {
     const int i = link.sends[link.next_send];
@@ -263,7 +306,7 @@ bool PlanExecutor::PostSends(Link& link, int peer, transport::Connection* conn, 
     if (c.recvs_done_prefix < static_cast<size_t>(s.dep_prefix)) break;
     ConstBuffer parts[2];
     size_t nparts = 0;
-    if (link.next_send == 0) parts[nparts++] = {link.tx_header, kHeaderBytes};
+    if (link.next_send == 0 && !link.split_tx) parts[nparts++] = {link.tx_header, kHeaderBytes};
     if (c.cast && s.bytes > 0) {
       // Pack the chunk into a free send slot, converting as it is copied; a final result's
       // sender keeps the rounded values (SendOp::final: data is in the call's output).
@@ -313,15 +356,30 @@ bool PlanExecutor::PostAll(Failure* failure) {
   return true;
 }
 
-bool PlanExecutor::CheckFirstMessage(int i, size_t bytes, Failure* failure) {
+bool PlanExecutor::SplitsHeader(size_t first_bytes) const {
+  const Call& c = call_;
+  // Only where receives are placed, not reduced (a reduced one lands in a slot anyway), and
+  // where the copy saved outweighs one more message.
+  switch (c.header->kind) {
+    case CollectiveKind::kBroadcast:
+    case CollectiveKind::kAllGather:
+    case CollectiveKind::kAllToAll:
+    case CollectiveKind::kAllToAllV:
+    case CollectiveKind::kSendRecv:
+      return !c.cast && first_bytes >= kSplitHeaderBytes;
+    default:
+      return false;
+  }
+}
+
+bool PlanExecutor::CheckHeader(int peer, const uint8_t* data, size_t bytes, Failure* failure) {
   const Call& c = call_;
   const CallHeader& header = *c.header;
-  const auto& r = c.plan->recvs[i];
   const int rank = env_.rank;
-  auto theirs = CallHeader::Decode(absl::MakeConstSpan(recv_landing_[i], bytes));
+  auto theirs = CallHeader::Decode(absl::MakeConstSpan(data, bytes));
   if (!theirs.ok()) {
     *failure = Failure::Own(absl::FailedPreconditionError(
-        absl::StrCat(header.Describe(), " on rank ", rank, ": the message from rank ", r.peer,
+        absl::StrCat(header.Describe(), " on rank ", rank, ": the message from rank ", peer,
                      " is not the start of a call (", std::string(theirs.status().message()),
                      "): the ranks issued different sequences of calls")));
     return false;
@@ -329,12 +387,12 @@ bool PlanExecutor::CheckFirstMessage(int i, size_t bytes, Failure* failure) {
   // Collectives run under the same epoch on every rank (the sequence-number barrier);
   // Send/Recv number their messages per pair and may straddle a change.
   if (theirs->epoch != header.epoch && header.kind != CollectiveKind::kSendRecv) {
-    *failure = Failure::Own(EpochMismatch(rank, header.Describe(), header.epoch, r.peer,
+    *failure = Failure::Own(EpochMismatch(rank, header.Describe(), header.epoch, peer,
                                           theirs->Describe(), absl::StrCat(theirs->epoch)));
     return false;
   }
-  const uint64_t expected_extra = c.plan->rx_extra.empty() ? 0 : c.plan->rx_extra[r.peer];
-  if (!theirs->SameCall(header) || theirs->sender != r.peer || theirs->extra != expected_extra) {
+  const uint64_t expected_extra = c.plan->rx_extra.empty() ? 0 : c.plan->rx_extra[peer];
+  if (!theirs->SameCall(header) || theirs->sender != peer || theirs->extra != expected_extra) {
     CallHeader mine = header;
     mine.extra = expected_extra;
     const bool algo_only = theirs->algorithm != header.algorithm && theirs->kind == header.kind &&
@@ -358,7 +416,7 @@ bool PlanExecutor::OnCompletion(const Completion& cm, Failure* failure) {
   auto it = peer_of.find(cm.connection_id);
   const int peer = it == peer_of.end() ? -1 : it->second;
   if (!cm.status.ok() && !is_send && cm.status.code() == absl::StatusCode::kResourceExhausted &&
-      i < c.num_recvs) {
+      (i < c.num_recvs || (i & kHeaderOp) != 0)) {
     *failure = Failure::Own(absl::FailedPreconditionError(
         absl::StrCat("mismatched collective calls: rank ", peer, " sent rank ", env_.rank,
                      " a message larger than its ", c.header->Describe(), " expects (",
@@ -368,6 +426,24 @@ bool PlanExecutor::OnCompletion(const Completion& cm, Failure* failure) {
   if (!cm.status.ok()) {
     *failure = Failure::Peer(peer, cm.status);
     return false;
+  }
+  if ((i & kHeaderOp) != 0) {  // a header of its own (a split link)
+    const size_t l = i & ~kHeaderOp;
+    if (l >= links_.size()) return true;
+    if (is_send) {
+      ++c.headers_tx_done;
+      return true;
+    }
+    if (!CheckHeader(peer, links_[l].rx_header.data(), cm.bytes, failure)) return false;
+    if (cm.bytes != kHeaderBytes) {
+      *failure = Failure::Own(absl::FailedPreconditionError(absl::StrCat(
+          c.header->Describe(), " on rank ", env_.rank, ": rank ", peer, " sent ", cm.bytes,
+          " bytes where the call's header alone (", kHeaderBytes,
+          " bytes) was expected: the ranks' calls do not match (count, type or algorithm)")));
+      return false;
+    }
+    ++c.headers_rx_done;
+    return true;
   }
   if (is_send) {
     if (i >= c.num_sends) return true;
@@ -380,10 +456,10 @@ bool PlanExecutor::OnCompletion(const Completion& cm, Failure* failure) {
   if (i >= c.num_recvs) return true;
   const auto& r = c.plan->recvs[i];
   Link& link = LinkOf(r.peer, r.channel);
-  const bool first = !link.recvs.empty() && link.recvs[0] == static_cast<int>(i);
+  const bool first = !link.split_rx && !link.recvs.empty() && link.recvs[0] == static_cast<int>(i);
   size_t payload = cm.bytes;
   if (first) {
-    if (!CheckFirstMessage(static_cast<int>(i), cm.bytes, failure)) return false;
+    if (!CheckHeader(r.peer, recv_landing_[i], cm.bytes, failure)) return false;
     recv_landing_[i] += kHeaderBytes;
     payload = cm.bytes - kHeaderBytes;
   }
@@ -499,7 +575,8 @@ absl::Status PlanExecutor::Execute(const Plan& plan, const CallHeader& header, D
   for (;;) {
     DoLocal();
     if (!PostAll(&failure)) break;
-    if (c.sends_done == c.num_sends && c.recvs_done == c.num_recvs) {
+    if (c.sends_done == c.num_sends && c.recvs_done == c.num_recvs &&
+        c.headers_tx_done == c.headers_tx && c.headers_rx_done == c.headers_rx) {
       if (env_.board->posted()) env_.board->Retract();
       // A peer's mailbox message of an earlier call that this rank never received (a broadcast
       // root that differed) is found here too when the call never had to wait (a rank that

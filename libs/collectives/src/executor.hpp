@@ -56,6 +56,11 @@ class PlanExecutor {
     size_t send_slots_taken = 0;
     std::vector<int> send_slot_owner;  // per send slot: the send using it, -1 if none yet
     uint8_t tx_header[kHeaderBytes];
+    // The call's header travels as a message of its own (SplitsHeader): the first payload then
+    // goes straight to its destination instead of through a slot and a copy.
+    bool split_tx = false, split_rx = false;
+    bool header_sent = false, header_posted = false;
+    std::vector<uint8_t> rx_header;  // the header receive's buffer (room for a mismatched one)
   };
   // The running call.
   struct Call {
@@ -70,7 +75,9 @@ class PlanExecutor {
     uint64_t epoch = 0;  // tags the work requests, so that leftovers of older calls are ignored
     size_t num_sends = 0, num_recvs = 0;
     size_t sends_done_prefix = 0, recvs_done_prefix = 0, sends_done = 0, recvs_done = 0;
-    size_t reduce_cursor = 0;  // next entry of reduce_order_
+    size_t reduce_cursor = 0;               // next entry of reduce_order_
+    size_t headers_tx = 0, headers_rx = 0;  // header messages of their own (split links)
+    size_t headers_tx_done = 0, headers_rx_done = 0;
     size_t OnWire(size_t bytes) const { return cast ? bytes / data_size * wire_size : bytes; }
   };
   // The waiting loop's clock: when it last saw progress and how it waits now.
@@ -101,8 +108,12 @@ class PlanExecutor {
   bool PostSends(Link& link, int peer, transport::Connection* conn, Failure* failure);
   // Books one completion; false with *failure when it ends the call.
   bool OnCompletion(const transport::Completion& c, Failure* failure);
-  // The first message of the call on a link: the peer's header must name the same call.
-  bool CheckFirstMessage(int i, size_t bytes, Failure* failure);
+  // The first message of the call on a link: the peer's header (in `data`, `bytes` long with
+  // what follows it) must name the same call.
+  bool CheckHeader(int peer, const uint8_t* data, size_t bytes, Failure* failure);
+  // Whether a link's call header travels alone, ahead of a first payload of `first_bytes` on
+  // the wire: both ends decide alike from the call (kind, cast, sizes).
+  bool SplitsHeader(size_t first_bytes) const;
   // Polls the completion queue into `batch` (*got completions), waiting as env.wait says when
   // nothing is there: kAgain to loop (nothing yet), kFailed with *failure on a stall or a
   // mismatch found meanwhile.
