@@ -126,8 +126,8 @@ size_t CountWrong(const float* result, size_t count, int world_size) {
 }
 
 const std::vector<Op>& AllOps() {
-  static const std::vector<Op> ops = {Op::kAllreduce, Op::kBroadcast, Op::kAllgather,
-                                      Op::kReduceScatter, Op::kAlltoall};
+  static const std::vector<Op> ops = {Op::kAllreduce, Op::kReduce,        Op::kBroadcast,
+                                      Op::kAllgather, Op::kReduceScatter, Op::kAlltoall};
   return ops;
 }
 
@@ -135,6 +135,8 @@ std::string_view OpName(Op op) {
   switch (op) {
     case Op::kAllreduce:
       return "allreduce";
+    case Op::kReduce:
+      return "reduce";
     case Op::kBroadcast:
       return "broadcast";
     case Op::kAllgather:
@@ -158,8 +160,8 @@ std::optional<std::vector<Op>> ParseOps(const std::string& text, std::string* er
         std::find_if(AllOps().begin(), AllOps().end(), [&](Op op) { return OpName(op) == item; });
     if (it == AllOps().end()) {
       *error = fmt::format(
-          "unknown operation '{}' (expected allreduce, broadcast, allgather, reduce_scatter, "
-          "alltoall or all)",
+          "unknown operation '{}' (expected allreduce, reduce, broadcast, allgather, "
+          "reduce_scatter, alltoall or all)",
           item);
       return std::nullopt;
     }
@@ -179,6 +181,7 @@ double BusFactor(Op op, int nprocs) {
   switch (op) {
     case Op::kAllreduce:
       return 2.0 * (n - 1) / n;
+    case Op::kReduce:
     case Op::kBroadcast:
       return 1.0;
     case Op::kAllgather:
@@ -195,6 +198,7 @@ OpShape ShapeFor(Op op, size_t bytes, int world_size) {
   OpShape shape;
   switch (op) {
     case Op::kAllreduce:
+    case Op::kReduce:
     case Op::kBroadcast:
       shape.count = shape.send_count = shape.recv_count = std::max<size_t>(elements, 1);
       shape.bytes = shape.count * sizeof(float);
@@ -243,6 +247,8 @@ size_t OpBuffers::CountWrong() const {
   switch (op_) {
     case Op::kAllreduce:
       return plexus::bench::CountWrong(recv_.data(), recv_.size(), world_size_);
+    case Op::kReduce:  // the sum at the root; the others' output is not defined
+      return rank_ != 0 ? 0 : plexus::bench::CountWrong(recv_.data(), recv_.size(), world_size_);
     case Op::kBroadcast:
       for (size_t i = 0; i < recv_.size(); ++i) wrong += recv_[i] != InputValue(0, i);
       return wrong;
@@ -275,13 +281,14 @@ size_t CollectiveUnderTest::RunAndCheck(OpBuffers& buffers) {
 
 WorkerOptions ParseWorkerOptions(int argc, char** argv, const char* program) {
   WorkerOptions o;
-  std::string sizes = "8,1K..64M";
+  std::string sizes = "8,64K,256K,1M,4M,16M,64M";
   tooling::Tool tool(program, "One rank of plexus-bench-collectives (started by the driver).");
   CLI::App& app = tool.app();
-  app.add_option("--sizes", sizes, "bytes: 8,1K..64M; A..B doubles, A..BxF multiplies by F")
+  app.add_option("--sizes", sizes, "bytes, e.g. 8,64K,1M; A..B doubles, A..BxF multiplies by F")
       ->capture_default_str();
   std::string ops = "allreduce";
-  app.add_option("--ops", ops, "allreduce, broadcast, allgather, reduce_scatter, alltoall, all")
+  app.add_option("--ops", ops,
+                 "allreduce, reduce, broadcast, allgather, reduce_scatter, alltoall, all")
       ->capture_default_str();
   tooling::AddNumber(&app, "--iters", &o.iters, "timed calls per size (0: ~256 MiB per size)", 1,
                      1000000);
@@ -352,7 +359,8 @@ void MeasureOps(CollectiveUnderTest& impl, const WorkerOptions& options,
       j["bytes"] = shape.bytes;
       j["count"] = shape.count;
       j["dtype"] = "float";
-      j["redop"] = op == Op::kAllreduce || op == Op::kReduceScatter ? "sum" : "none";
+      j["redop"] =
+          op == Op::kAllreduce || op == Op::kReduce || op == Op::kReduceScatter ? "sum" : "none";
       j["iters"] = iters;
       j["time_us"] = time_us;
       j["wrong"] = static_cast<uint64_t>(wrong);

@@ -17,9 +17,9 @@
 
 namespace plexus::bench {
 
-// "8,1K..64M": comma-separated sizes in bytes with K/M/G suffixes (powers of 1024); A..B expands
-// to A, 2A, 4A, ... up to B, and A..BxF multiplies by F instead. Sizes are rounded down to a
-// multiple of `element_bytes`; an error names the offending item. Result: sorted, unique.
+// "8,64K,256K,1M": comma-separated sizes in bytes with K/M/G suffixes (powers of 1024); A..B
+// expands to A, 2A, 4A, ... up to B, and A..BxF multiplies by F instead. Sizes are rounded down to
+// a multiple of `element_bytes`; an error names the offending item. Result: sorted, unique.
 std::optional<std::vector<size_t>> ParseSizes(const std::string& text, size_t element_bytes,
                                               std::string* error);
 // "1K" for 1024, "64M" for 64 << 20, else the plain number.
@@ -43,10 +43,10 @@ size_t CountWrong(const float* result, size_t count, int world_size);
 // size of a point is the whole buffer of one rank that the operation is about (allreduce,
 // broadcast: the buffer; allgather: the gathered output; reduce-scatter: the input of every
 // rank's blocks; alltoall: the send buffer), and busbw = algbw * BusFactor(op, n).
-enum class Op { kAllreduce, kBroadcast, kAllgather, kReduceScatter, kAlltoall };
+enum class Op { kAllreduce, kReduce, kBroadcast, kAllgather, kReduceScatter, kAlltoall };
 const std::vector<Op>& AllOps();
 std::string_view OpName(
-    Op op);  // "allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall"
+    Op op);  // "allreduce", "reduce", "broadcast", "allgather", "reduce_scatter", "alltoall"
 // "allreduce", "allgather,alltoall" or "all"; an error names the offending item.
 std::optional<std::vector<Op>> ParseOps(const std::string& text, std::string* error);
 // nccl-tests' bus bandwidth factors: allreduce 2(n-1)/n, broadcast 1, allgather,

@@ -2,7 +2,8 @@
 // sum) of plexus::collectives between local processes, in the nccl-tests output format,
 // optionally side by side with Gloo and Open MPI measured in the same invocation.
 //
-//   plexus-bench-collectives [--np 2[,4]] [--transport tcp[,shm]] [--compare] [--sizes 8,1K..64M]
+//   plexus-bench-collectives [--np 2[,4]] [--transport tcp[,shm]] [--compare] [--sizes
+//   8,64K,256K,1M,4M,16M,64M]
 //       [--ops allreduce|LIST|all] [--iters N] [--warmup N] [--runs R] [--json]
 //       [--algorithm auto|ring|hd|tree] ...
 //
@@ -78,6 +79,9 @@ class PlexusCollectives : public pb::CollectiveUnderTest {
     switch (buffers_->op()) {
       case pb::Op::kAllreduce:
         s = comm_->AllReduce(send, recv, count, kF32, pc::ReduceOp::kSum, call_);
+        break;
+      case pb::Op::kReduce:
+        s = comm_->Reduce(send, recv, count, kF32, pc::ReduceOp::kSum, /*root=*/0, call_);
         break;
       case pb::Op::kBroadcast:  // in place, as MPI_Bcast
         s = comm_->Broadcast(recv, recv, count, kF32, /*root=*/0, call_);

@@ -27,7 +27,7 @@ namespace pt_tooling = plexus::tooling;
 using Clock = std::chrono::steady_clock;
 
 constexpr char kDescription[] =
-    "Collectives (float, sum; allreduce by default, --ops for broadcast, allgather,\n"
+    "Collectives (float, sum; allreduce by default, --ops for reduce, broadcast, allgather,\n"
     "reduce_scatter, alltoall) between local processes, nccl-tests style. The program starts\n"
     "its ranks itself; every point is checked (#wrong: elements that differ from the exact\n"
     "result, over all ranks).";
@@ -35,7 +35,7 @@ constexpr char kDescription[] =
 constexpr char kFooter[] =
     "size: a rank's whole buffer (allgather: output; reduce_scatter, alltoall: input).\n"
     "time: slowest rank's mean time per call; algbw = size / time; busbw = algbw * factor:\n"
-    "allreduce 2(n-1)/n, broadcast 1, allgather, reduce_scatter, alltoall (n-1)/n.\n"
+    "allreduce 2(n-1)/n, reduce and broadcast 1, allgather, reduce_scatter, alltoall (n-1)/n.\n"
     "Exit status: 0 when every launch succeeded and #wrong is 0 everywhere, 1 when one failed,\n"
     "2 for usage errors.";
 
@@ -114,7 +114,7 @@ std::optional<int> ParseGridOptions(int argc, char** argv, GridOptions& o) {
   std::string ops = "allreduce";
   app.add_option(
          "--ops", ops,
-         "operations: allreduce, broadcast, allgather, reduce_scatter, alltoall (a "
+         "operations: allreduce, reduce, broadcast, allgather, reduce_scatter, alltoall (a "
          "comma-separated list) or all; peers: Open MPI all, Gloo allreduce (and with --peers "
          "gloo broadcast, allgather, alltoall)")
       ->capture_default_str();
@@ -266,7 +266,9 @@ std::vector<Job> PlanJobs(const GridOptions& o) {
             std::find(o.ops.begin(), o.ops.end(), pb::Op::kAllreduce) != o.ops.end();
         std::vector<pb::Op> other_ops;
         for (pb::Op op : o.ops) {
-          if (op != pb::Op::kAllreduce && op != pb::Op::kReduceScatter) other_ops.push_back(op);
+          if (op != pb::Op::kAllreduce && op != pb::Op::kReduceScatter && op != pb::Op::kReduce) {
+            other_ops.push_back(op);
+          }
         }
         for (const char* algorithm : {"ring", "ring_chunked", "halving_doubling", ""}) {
           const std::string impl =

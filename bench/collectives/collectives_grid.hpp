@@ -29,7 +29,7 @@ struct GridOptions {
   std::vector<std::string> peers = {"gloo_ring", "gloo_ring_chunked", "gloo_halving_doubling",
                                     "openmpi", "openmpi_tuned"};
   std::vector<Op> ops = {Op::kAllreduce};
-  std::string sizes = "8,1K..64M";
+  std::string sizes = "8,64K,256K,1M,4M,16M,64M";
   std::vector<size_t> size_list;
   int iters = 0;
   int warmup = -1;

@@ -131,7 +131,10 @@ bool PrintReport(const GridOptions& o, const std::vector<Job>& jobs, const Sampl
                     job.plexus && o.compare ? "  vs_best_peer" : "");
       }
       if (it == samples.end()) continue;
-      const char* redop = op == pb::Op::kAllreduce || op == pb::Op::kReduceScatter ? "sum" : "none";
+      const char* redop =
+          op == pb::Op::kAllreduce || op == pb::Op::kReduce || op == pb::Op::kReduceScatter
+              ? "sum"
+              : "none";
       for (const auto& [bytes, point] : it->second) {
         const Row row = MakeRow(op, bytes, point, job.nprocs);
         if (row.wrong != 0) all_ok = false;

@@ -73,8 +73,10 @@ class GlooCollectives : public pb::CollectiveUnderTest {
 
   int rank() const override { return context_->rank; }
   int world_size() const override { return context_->size; }
-  // Gloo's reduce-scatter (halving-doubling, in place, ragged counts) is left out.
-  bool Supports(pb::Op op) const override { return op != pb::Op::kReduceScatter; }
+  // Gloo's reduce-scatter (halving-doubling, in place, ragged counts) and reduce are left out.
+  bool Supports(pb::Op op) const override {
+    return op != pb::Op::kReduceScatter && op != pb::Op::kReduce;
+  }
 
   void Prepare(pb::OpBuffers& buffers) override {
     buffers_ = &buffers;
@@ -102,7 +104,8 @@ class GlooCollectives : public pb::CollectiveUnderTest {
       case pb::Op::kAlltoall:
         break;  // options per call (Run)
       case pb::Op::kReduceScatter:
-        Die("reduce_scatter is not measured for Gloo");
+      case pb::Op::kReduce:
+        Die(std::string(pb::OpName(op_)) + " is not measured for Gloo");
     }
   }
   // Gloo reduces in place, so the timed allreduce calls multiply the values by the world size
@@ -145,6 +148,7 @@ class GlooCollectives : public pb::CollectiveUnderTest {
         break;
       }
       case pb::Op::kReduceScatter:
+      case pb::Op::kReduce:
         break;
     }
   }

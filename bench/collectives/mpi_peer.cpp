@@ -34,6 +34,9 @@ class MpiCollectives : public pb::CollectiveUnderTest {
       case pb::Op::kAllreduce:
         MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         break;
+      case pb::Op::kReduce:
+        MPI_Reduce(send, recv, count, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
+        break;
       case pb::Op::kBroadcast:
         MPI_Bcast(recv, count, MPI_FLOAT, 0, MPI_COMM_WORLD);
         break;

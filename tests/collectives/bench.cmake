@@ -7,7 +7,7 @@
 
 if(CMAKE_SCRIPT_MODE_FILE)
   set(_expected "")
-  foreach(_op allreduce broadcast allgather reduce_scatter alltoall)
+  foreach(_op allreduce reduce broadcast allgather reduce_scatter alltoall)
     list(APPEND _expected ${_op}:8 ${_op}:65536)
   endforeach()
   execute_process(

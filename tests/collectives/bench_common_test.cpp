@@ -80,13 +80,13 @@ TEST_CASE("operations: names, lists and nccl-tests bus factors") {
   CHECK(*ops == std::vector<pb::Op>{pb::Op::kAllreduce, pb::Op::kAlltoall});
   ops = pb::ParseOps("all", &error);
   REQUIRE(ops.has_value());
-  CHECK(ops->size() == 5);
+  CHECK(ops->size() == 6);
   for (pb::Op op : *ops) {
     auto again = pb::ParseOps(std::string(pb::OpName(op)), &error);
     REQUIRE(again.has_value());
     CHECK(*again == std::vector<pb::Op>{op});
   }
-  for (const char* bad : {"", "allreduce,", "reduce", "ALL"}) {
+  for (const char* bad : {"", "allreduce,", "reduction", "ALL"}) {
     INFO(bad);
     error.clear();
     CHECK_FALSE(pb::ParseOps(bad, &error).has_value());
@@ -94,6 +94,7 @@ TEST_CASE("operations: names, lists and nccl-tests bus factors") {
   }
   CHECK(pb::BusFactor(pb::Op::kAllreduce, 4) == 1.5);
   CHECK(pb::BusFactor(pb::Op::kBroadcast, 4) == 1.0);
+  CHECK(pb::BusFactor(pb::Op::kReduce, 4) == 1.0);
   CHECK(pb::BusFactor(pb::Op::kAllgather, 4) == 0.75);
   CHECK(pb::BusFactor(pb::Op::kReduceScatter, 2) == 0.5);
   CHECK(pb::BusFactor(pb::Op::kAlltoall, 4) == 0.75);
@@ -131,7 +132,8 @@ TEST_CASE("operation checks: exact results pass, a corrupted or misplaced block 
         const size_t n = ranks[me].shape().recv_count;
         for (size_t i = 0; i < n; ++i) {
           switch (op) {
-            case pb::Op::kAllreduce: {
+            case pb::Op::kAllreduce:
+            case pb::Op::kReduce: {  // reduce: only the root's output is defined (and checked)
               float sum = 0;
               for (int r = 0; r < world; ++r) sum += ranks[r].send()[i];
               out[i] = sum;
@@ -156,8 +158,9 @@ TEST_CASE("operation checks: exact results pass, a corrupted or misplaced block 
         }
       }
       for (int me = 0; me < world; ++me) CHECK(ranks[me].CountWrong() == 0);
-      // A wrong element is counted (on a non-root rank for broadcast: root's is its input).
-      pb::OpBuffers& victim = ranks[world - 1];
+      // A wrong element is counted (on a non-root rank for broadcast: root's is its input; on
+      // the root for reduce: the others have no result).
+      pb::OpBuffers& victim = ranks[op == pb::Op::kReduce ? 0 : world - 1];
       if (op != pb::Op::kBroadcast || world > 1) {
         victim.recv()[0] += 1.0f;
         CHECK(victim.CountWrong() == 1);
