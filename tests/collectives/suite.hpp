@@ -194,20 +194,23 @@ class Suite {
          what);
   }
 
-  void Reduce(DataType dt, ReduceOp op, Algorithm a, size_t count, int root) {
+  void Reduce(DataType dt, ReduceOp op, Algorithm a, size_t count, int root,
+              bool in_place = false) {
     const int n = comm_.size(), me = comm_.rank();
     const size_t es = DataTypeSize(dt);
     Buffer send(count * es, misalign_), recv(count * es, misalign_);
     for (size_t i = 0; i < count; ++i) Set(dt, send.data, i, Input(op, me, i));
-    const std::string what = absl::StrCat("Reduce ", std::string(ReduceOpName(op)), " ",
-                                          std::string(AlgorithmName(a)), " root ", root);
-    if (!Check(comm_.Reduce(send.data, recv.data, count, dt, op, root, {a}), what)) return;
+    const std::string what =
+        absl::StrCat("Reduce ", std::string(ReduceOpName(op)), " ", std::string(AlgorithmName(a)),
+                     " root ", root, " count ", count, in_place ? " in place" : "");
+    uint8_t* out = in_place && me == root ? send.data : recv.data;
+    if (!Check(comm_.Reduce(send.data, out, count, dt, op, root, {a}), what)) return;
     if (me == root) {
-      Note(Compare("reduce", dt, recv.data, count,
-                   [&](size_t i) { return Reference(dt, op, n, i); }),
+      Note(Compare("reduce", dt, out, count, [&](size_t i) { return Reference(dt, op, n, i); }),
            what);
     }
-    // The send buffer must be untouched.
+    // The send buffer must be untouched (unless it is the root's output).
+    if (out == send.data) return;
     Note(Compare("reduce input", dt, send.data, count, [&](size_t i) { return Input(op, me, i); }),
          what);
   }
@@ -355,6 +358,8 @@ class Suite {
       Broadcast(DataType::kU8, a, 3001, n - 1, true);
       Broadcast(DataType::kF32, a, 0, 0, false);
       Reduce(DataType::kI32, ReduceOp::kSum, a, 2049, n / 2);
+      Reduce(DataType::kF32, ReduceOp::kMax, a, 4099, n - 1, /*in_place=*/true);
+      Reduce(DataType::kF64, ReduceOp::kProd, a, 1001, 0);
     }
     if (!broken()) {
       AllToAll(DataType::kF32, 257, true);

@@ -113,7 +113,8 @@ std::vector<Block> EvenBlocks(size_t count, int parts) {
   return blocks;
 }
 
-void BuildTreeReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan) {
+void BuildTreeReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan,
+                     const uint8_t* input) {
   if (L.n == 1 || count == 0) return;
   const RootedTrees trees{L, root_pos};
   ForEachTreeChunk(L, count, [&](int tree, const Block& c, int channel) {
@@ -121,8 +122,12 @@ void BuildTreeReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, 
     int last_up = -1;
     for (int child = 2 * i + 1; child <= 2 * i + 2 && child < L.n; ++child) {
       last_up = AddRecv(L, plan, buf, c, trees.RankOf(tree, child), channel, true);
+      if (input != nullptr && child == 2 * i + 1) {
+        plan->recvs.back().local = input + c.offset * L.esize;
+      }
     }
-    if (i != 0) AddSend(L, plan, buf, c, trees.RankOf(tree, TreeParent(i)), channel, last_up);
+    const uint8_t* from = last_up < 0 && input != nullptr ? input : buf;
+    if (i != 0) AddSend(L, plan, from, c, trees.RankOf(tree, TreeParent(i)), channel, last_up);
   });
 }
 
@@ -156,7 +161,8 @@ void BuildChainBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_p
   }
 }
 
-void BuildChainReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan) {
+void BuildChainReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan,
+                      const uint8_t* input) {
   const int n = L.n;
   if (n == 1 || count == 0) return;
   // The chain runs root+1 -> root+2 -> ... -> root+n-1 -> root.
@@ -164,13 +170,15 @@ void BuildChainReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos,
   const Block all{0, count};
   for (size_t k = 0; k < NumChunks(L, count); ++k) {
     const Block c = ChunkOf(L, all, k);
-    if (i == 0) {
-      AddRecv(L, plan, buf, c, L.at(root_pos + n - 1), Channel(L, k), true, true);
-      continue;
-    }
+    const int from_peer = L.at(root_pos + (i == 0 ? n - 1 : i - 1));
     int dep = -1;
-    if (i > 1) dep = AddRecv(L, plan, buf, c, L.at(root_pos + i - 1), Channel(L, k), true, true);
-    AddSend(L, plan, buf, c, L.at(root_pos + i + 1), Channel(L, k), dep);
+    if (i != 1) {
+      dep = AddRecv(L, plan, buf, c, from_peer, Channel(L, k), true, true);
+      if (input != nullptr) plan->recvs.back().local = input + c.offset * L.esize;
+    }
+    if (i == 0) continue;
+    const uint8_t* from = i == 1 && input != nullptr ? input : buf;
+    AddSend(L, plan, from, c, L.at(root_pos + i + 1), Channel(L, k), dep);
   }
 }
 
@@ -198,6 +206,7 @@ namespace {
 
 bool PowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
 bool Always(int) { return true; }
+bool SeveralRanks(int n) { return n > 1; }  // one rank's reduce only copies its input
 
 // AllGather and ReduceScatter blocks: ring segment j belongs to the rank that owns it at the end
 // (position j - 1); halving block b to the rank at position b.
@@ -251,14 +260,14 @@ const PlanBuilder kPlanBuilders[] = {
      [](const PlanArgs& a, Plan* p) {
        return RunAllReduce(Shape::kDoubleBinaryTree, a, p, TreeSlices(a));
      }},
-    {K::kReduce, A::kRing, nullptr, nullptr,
+    {K::kReduce, A::kRing, nullptr, SeveralRanks,
      [](const PlanArgs& a, Plan* p) {
-       BuildChainReduce(a.L, a.buf, a.count, a.root_pos, p);
+       BuildChainReduce(a.L, a.buf, a.count, a.root_pos, p, a.input);
        return absl::OkStatus();
      }},
-    {K::kReduce, A::kTree, nullptr, nullptr,
+    {K::kReduce, A::kTree, nullptr, SeveralRanks,
      [](const PlanArgs& a, Plan* p) {
-       BuildTreeReduce(a.L, a.buf, a.count, a.root_pos, p);
+       BuildTreeReduce(a.L, a.buf, a.count, a.root_pos, p, a.input);
        return absl::OkStatus();
      }},
     {K::kBroadcast, A::kRing, nullptr, Always,

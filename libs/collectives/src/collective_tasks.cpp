@@ -234,12 +234,19 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* re
     } else {
       buf = Scratch(bytes);
     }
-    if (buf != in) std::memmove(buf, in, bytes);
     const Layout& L = MakeLayout(dtype);
+    const PlanBuilder* builder = FindPlanBuilder(CollectiveKind::kReduce, algo, L.n);
+    // The plan reads the input in place (no copy into buf first) unless they overlap.
+    const bool direct = builder->reads_input != nullptr && builder->reads_input(L.n) &&
+                        (in + bytes <= buf || buf + bytes <= in);
+    if (!direct && buf != in) std::memmove(buf, in, bytes);
     Plan& plan = NewPlan();
-    PLEXUS_RETURN_IF_ERROR(
-        FindPlanBuilder(CollectiveKind::kReduce, algo, L.n)
-            ->build({.L = L, .buf = buf, .count = count, .root_pos = L.position[root]}, &plan));
+    PLEXUS_RETURN_IF_ERROR(builder->build({.L = L,
+                                           .buf = buf,
+                                           .count = count,
+                                           .root_pos = L.position[root],
+                                           .input = direct ? in : nullptr},
+                                          &plan));
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
     if (!is_root) return absl::OkStatus();
     if (op == ReduceOp::kAvg) plexus::kernels::DivideInPlace(dtype, buf, count, L.n);

@@ -131,14 +131,18 @@ absl::StatusOr<const RunnableSchedule*> ScheduleOf(Shape shape, int n);
 // Double binary tree reduce to / broadcast from root_pos: half of the vector down (up) each of
 // two heap-shaped trees rooted at root_pos, the second mirrored, pipelined chunk by chunk.
 // Broadcasts: with `source`, the root sends from source instead of buf (its input, out of
-// place; the caller copies it into buf), so its sends need not wait for that copy.
-void BuildTreeReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan);
+// place; the caller copies it into buf), so its sends need not wait for that copy. Reduces: with
+// `input` (this rank's operand, not buf), buf need not hold it: the first reduction of a chunk
+// reads it in place and a rank with nothing to add sends it as it is.
+void BuildTreeReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan,
+                     const uint8_t* input = nullptr);
 void BuildTreeBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan,
                         const uint8_t* source = nullptr);
 // Pipelined chains along the ring: broadcast from root_pos; reduce ending at root_pos.
 void BuildChainBroadcast(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan,
                          const uint8_t* source = nullptr);
-void BuildChainReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan);
+void BuildChainReduce(const Layout& L, uint8_t* buf, size_t count, int root_pos, Plan* plan,
+                      const uint8_t* input = nullptr);
 // Sends count elements to / receives from one peer (chunked over channels). An empty message
 // is still sent when `always` (so that the header travels: AllToAllV).
 void BuildSendTo(const Layout& L, const uint8_t* buf, size_t count, int peer, bool always,
