@@ -280,17 +280,19 @@ const PlanBuilder kPlanBuilders[] = {
        BuildTreeBroadcast(a.L, a.buf, a.count, a.root_pos, p, a.input);
        return absl::OkStatus();
      }},
-    {K::kAllGather, A::kRing, nullptr, nullptr,
+    // AllGather's input is laid out as the output (its own block at its place), so that the
+    // schedule's piece offsets apply to both.
+    {K::kAllGather, A::kRing, nullptr, Always,
      [](const PlanArgs& a, Plan* p) {
-       return Run(Shape::kRingAllGather, a, RingBlocks(a.L, a.count), p);
+       return Run(Shape::kRingAllGather, a, RingBlocks(a.L, a.count), p, 1, a.input);
      }},
-    {K::kAllGather, A::kHalvingDoubling, PowerOfTwo, nullptr,
+    {K::kAllGather, A::kHalvingDoubling, PowerOfTwo, Always,
      [](const PlanArgs& a, Plan* p) {
-       return Run(Shape::kDoubling, a, PositionBlocks(a.L, a.count), p);
+       return Run(Shape::kDoubling, a, PositionBlocks(a.L, a.count), p, 1, a.input);
      }},
-    {K::kAllGather, A::kBruck, nullptr, nullptr,
+    {K::kAllGather, A::kBruck, nullptr, Always,
      [](const PlanArgs& a, Plan* p) {
-       return Run(Shape::kBruck, a, PositionBlocks(a.L, a.count), p);
+       return Run(Shape::kBruck, a, PositionBlocks(a.L, a.count), p, 1, a.input);
      }},
     {K::kReduceScatter, A::kRing, nullptr, Always,
      [](const PlanArgs& a, Plan* p) {
