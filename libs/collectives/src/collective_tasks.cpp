@@ -235,6 +235,26 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceTask(const void* send, void* re
       buf = Scratch(bytes);
     }
     const Layout& L = MakeLayout(dtype);
+    if (algo == Algorithm::kTree && FitsMailbox(bytes)) {
+      // Small: a binary tree over the positions counted from the root, by mailbox, children
+      // folded in order (the plan's first tree; its halves would be separate messages here).
+      const int i = ((L.pos() - L.position[root]) % L.n + L.n) % L.n;
+      auto rank_at = [&](int index) { return L.at(L.position[root] + index); };
+      const bool leaf = 2 * i + 1 >= L.n;
+      if (!leaf && buf != in) std::memmove(buf, in, bytes);
+      for (int child = 2 * i + 1; child <= 2 * i + 2 && child < L.n; ++child) {
+        const MailInbound from_child{rank_at(child), buf, /*reduce=*/true, /*src_first=*/false};
+        PLEXUS_RETURN_IF_ERROR(MailExchange(-1, nullptr, from_child, bytes, dtype, op, header));
+      }
+      if (i != 0) {
+        PLEXUS_RETURN_IF_ERROR(
+            MailExchange(rank_at((i - 1) / 2), leaf ? in : buf, {}, bytes, dtype, op, header));
+        return absl::OkStatus();
+      }
+      if (leaf && buf != in) std::memmove(buf, in, bytes);  // a root alone
+      if (op == ReduceOp::kAvg) plexus::kernels::DivideInPlace(dtype, buf, count, L.n);
+      return staging.CopyOut();
+    }
     const PlanBuilder* builder = FindPlanBuilder(CollectiveKind::kReduce, algo, L.n);
     // The plan reads the input in place (no copy into buf first) unless they overlap.
     const bool direct = builder->reads_input != nullptr && builder->reads_input(L.n) &&
