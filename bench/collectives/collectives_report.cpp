@@ -184,8 +184,14 @@ bool PrintReport(const GridOptions& o, const std::vector<Job>& jobs, const Sampl
             j["best_peer"] = best ? nlohmann::json(best->first) : nlohmann::json(nullptr);
           }
           // A plexus::tooling figure line (bench, figure, value, unit) with the fields above.
-          const pt_tooling::Figure figure{op_name + " busbw", row.busbw, "GB/s", nullptr,
-                                          std::nullopt,       j};
+          // Plexus against a peer: the target is the best peer's busbw in the same run.
+          nlohmann::json target = nullptr;
+          std::optional<bool> met;
+          if (job.impl == "plexus" && best) {
+            target = best->second.busbw;
+            met = row.busbw >= best->second.busbw;
+          }
+          const pt_tooling::Figure figure{op_name + " busbw", row.busbw, "GB/s", target, met, j};
           std::printf("%s\n", pt_tooling::FigureJson("collectives", figure).dump().c_str());
         } else {
           std::string vs;
