@@ -139,6 +139,27 @@ std::shared_ptr<pt::Device> MakeDevice(const pt::DeviceOptions& o) {
   return *d;
 }
 
+// The parent's end of a test: a device, its completion queue and the connection the forked
+// child makes to the listener whose address goes down `pipe`.
+struct ParentEnd {
+  std::shared_ptr<pt::Device> dev;
+  std::unique_ptr<pt::CompletionQueue> cq;
+  std::unique_ptr<pt::Connection> conn;
+};
+
+ParentEnd AcceptChild(AddressPipe& pipe, const pt::DeviceOptions& options) {
+  ParentEnd end;
+  end.dev = MakeDevice(options);
+  end.cq = end.dev->CreateCompletionQueue();
+  auto listener = end.dev->Listen("");
+  REQUIRE(listener.ok());
+  pipe.Send((*listener)->address());
+  auto conn = (*listener)->Accept(end.cq.get(), absl::Seconds(10));
+  REQUIRE(conn.ok());
+  end.conn = *std::move(conn);
+  return end;
+}
+
 using plexus::testing::Next;
 
 // Sets the cross-memory switch for every device created afterwards (children inherit it).
@@ -286,18 +307,12 @@ TEST_CASE("shm: scatter-gather messages sent before their receives are held", "[
     CHILD_CHECK(Next(*cq).status.ok());
     return 0;
   });
-  auto dev = MakeDevice(Options(pt::ProgressMode::kThread));
-  auto cq = dev->CreateCompletionQueue();
-  auto listener = dev->Listen("");
-  REQUIRE(listener.ok());
-  pipe.Send((*listener)->address());
-  auto conn = (*listener)->Accept(cq.get(), absl::Seconds(10));
-  REQUIRE(conn.ok());
+  auto [dev, cq, conn] = AcceptChild(pipe, Options(pt::ProgressMode::kThread));
   absl::SleepFor(absl::Milliseconds(300));  // every message arrives before its receive
   std::vector<uint8_t> a(big + 100), b(100), c(8);
-  REQUIRE((*conn)->PostRecv({a.data(), a.size()}, 10).ok());
-  REQUIRE((*conn)->PostRecv({b.data(), b.size()}, 11).ok());
-  REQUIRE((*conn)->PostRecv({c.data(), c.size()}, 12).ok());
+  REQUIRE(conn->PostRecv({a.data(), a.size()}, 10).ok());
+  REQUIRE(conn->PostRecv({b.data(), b.size()}, 11).ok());
+  REQUIRE(conn->PostRecv({c.data(), c.size()}, 12).ok());
   const size_t expect_bytes[3] = {big, 5, 0};
   for (uint64_t i = 0; i < 3; ++i) {
     pt::Completion done = Next(*cq);
@@ -308,7 +323,7 @@ TEST_CASE("shm: scatter-gather messages sent before their receives are held", "[
   CHECK(Matches(a.data(), big, 1));
   CHECK(Matches(b.data(), 5, 2));
   uint8_t bye = 1;
-  REQUIRE((*conn)->PostSend(pt::ConstBuffer{&bye, 1}, 9).ok());
+  REQUIRE(conn->PostSend(pt::ConstBuffer{&bye, 1}, 9).ok());
   CHECK(Next(*cq).status.ok());
   CHECK(WaitChild(child) == 0);
 }
@@ -345,17 +360,11 @@ TEST_CASE("shm: early messages wait in the ring while the sender has room, then 
     CHILD_CHECK(Next(*cq).status.ok());
     return 0;
   });
-  auto dev = MakeDevice(Options(pt::ProgressMode::kThread));
-  auto cq = dev->CreateCompletionQueue();
-  auto listener = dev->Listen("");
-  REQUIRE(listener.ok());
-  pipe.Send((*listener)->address());
-  auto conn = (*listener)->Accept(cq.get(), absl::Seconds(10));
-  REQUIRE(conn.ok());
+  auto [dev, cq, conn] = AcceptChild(pipe, Options(pt::ProgressMode::kThread));
   std::vector<std::vector<uint8_t>> got(kFirst + kSecond, std::vector<uint8_t>(kBytes + 1));
   auto receive = [&](int from, int to) {
     for (int i = from; i < to; ++i) {
-      REQUIRE((*conn)->PostRecv({got[i].data(), got[i].size()}, i).ok());
+      REQUIRE(conn->PostRecv({got[i].data(), got[i].size()}, i).ok());
     }
     for (int i = from; i < to; ++i) {
       pt::Completion done = Next(*cq);
@@ -366,25 +375,25 @@ TEST_CASE("shm: early messages wait in the ring while the sender has room, then 
     }
   };
   absl::SleepFor(absl::Milliseconds(300));  // the first batch arrives before its receives
-  auto stats = shm::GetConnectionStats(**conn);
+  auto stats = shm::GetConnectionStats(*conn);
   REQUIRE(stats.ok());
   CHECK(stats->ring_bytes_received == 0);  // read by nobody yet: it waits in the ring
   receive(0, kFirst);
-  stats = shm::GetConnectionStats(**conn);
+  stats = shm::GetConnectionStats(*conn);
   REQUIRE(stats.ok());
   CHECK(stats->held_messages == 0);
   CHECK(stats->ring_bytes_received == kFirst * kBytes);
 
   uint8_t go = 1;
-  REQUIRE((*conn)->PostSend(pt::ConstBuffer{&go, 1}, 900).ok());
+  REQUIRE(conn->PostSend(pt::ConstBuffer{&go, 1}, 900).ok());
   REQUIRE(Next(*cq).status.ok());
   absl::SleepFor(absl::Milliseconds(500));  // the second batch overflows the ring meanwhile
-  stats = shm::GetConnectionStats(**conn);
+  stats = shm::GetConnectionStats(*conn);
   REQUIRE(stats.ok());
   CHECK(stats->held_messages > 0);
   receive(kFirst, kFirst + kSecond);
   uint8_t bye = 1;
-  REQUIRE((*conn)->PostSend(pt::ConstBuffer{&bye, 1}, 901).ok());
+  REQUIRE(conn->PostSend(pt::ConstBuffer{&bye, 1}, 901).ok());
   CHECK(Next(*cq).status.ok());
   CHECK(WaitChild(child) == 0);
 }
@@ -438,20 +447,14 @@ TEST_CASE("shm: one-sided writes land in the peer's region, immediates in order"
     CHILD_CHECK(std::string(c.status.message()).find("unknown region") != std::string::npos);
     return 0;
   });
-  auto dev = MakeDevice(Options(pt::ProgressMode::kThread));
-  auto cq = dev->CreateCompletionQueue();
-  auto listener = dev->Listen("");
-  REQUIRE(listener.ok());
-  pipe.Send((*listener)->address());
-  auto conn = (*listener)->Accept(cq.get(), absl::Seconds(10));
-  REQUIRE(conn.ok());
+  auto [dev, cq, conn] = AcceptChild(pipe, Options(pt::ProgressMode::kThread));
   std::vector<uint8_t> target(kRegion, 0);
   auto region = dev->Register(target.data(), target.size());
   REQUIRE(region.ok());
   const auto encoded = (*region)->handle().Encode();
   char hello[16];
-  REQUIRE((*conn)->PostRecv({hello, sizeof hello}, 20).ok());
-  REQUIRE((*conn)->PostSend(pt::ConstBuffer{encoded.data(), encoded.size()}, 21).ok());
+  REQUIRE(conn->PostRecv({hello, sizeof hello}, 20).ok());
+  REQUIRE(conn->PostSend(pt::ConstBuffer{encoded.data(), encoded.size()}, 21).ok());
   std::vector<pt::Completion> seen;
   while (seen.size() < 3) {  // the write without an immediate raises nothing here
     pt::Completion c = Next(*cq);
@@ -471,11 +474,11 @@ TEST_CASE("shm: one-sided writes land in the peer's region, immediates in order"
   CHECK(target[0] == 0);
   CHECK(target[103] == 0);
   const uint8_t ok = 1;
-  REQUIRE((*conn)->PostSend(pt::ConstBuffer{&ok, 1}, 22).ok());
+  REQUIRE(conn->PostSend(pt::ConstBuffer{&ok, 1}, 22).ok());
   // The child's write to an unknown region ends the connection on this side too.
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while ((*conn)->status().ok() && absl::Now() < deadline) (void)cq->Wait(absl::Milliseconds(10));
-  CHECK((*conn)->status().code() == absl::StatusCode::kNotFound);
+  while (conn->status().ok() && absl::Now() < deadline) (void)cq->Wait(absl::Milliseconds(10));
+  CHECK(conn->status().code() == absl::StatusCode::kNotFound);
   CHECK(WaitChild(child) == 0);
   SetCma(true);
 }
@@ -560,24 +563,18 @@ TEST_CASE("shm: a peer killed mid-transfer fails every outstanding operation", "
       CHILD_CHECK(Next(*cq).status.ok());
     }
   });
-  auto dev = MakeDevice(Options(pt::ProgressMode::kThread, op_timeout));
-  auto cq = dev->CreateCompletionQueue();
-  auto listener = dev->Listen("");
-  REQUIRE(listener.ok());
-  pipe.Send((*listener)->address());
-  auto conn = (*listener)->Accept(cq.get(), absl::Seconds(10));
-  REQUIRE(conn.ok());
+  auto [dev, cq, conn] = AcceptChild(pipe, Options(pt::ProgressMode::kThread, op_timeout));
   std::vector<uint8_t> buf(msg, 0xa5);
   constexpr int kOps = 400;
   for (int i = 0; i < kOps; ++i) {
     if (kill_receiver) {
-      REQUIRE((*conn)->PostSend(pt::ConstBuffer{buf.data(), buf.size()}, i).ok());
+      REQUIRE(conn->PostSend(pt::ConstBuffer{buf.data(), buf.size()}, i).ok());
     } else {
-      REQUIRE((*conn)->PostRecv({buf.data(), buf.size()}, i).ok());
+      REQUIRE(conn->PostRecv({buf.data(), buf.size()}, i).ok());
     }
   }
   uint8_t never[8];
-  if (kill_receiver) REQUIRE((*conn)->PostRecv({never, sizeof never}, kOps).ok());
+  if (kill_receiver) REQUIRE(conn->PostRecv({never, sizeof never}, kOps).ok());
   const int outstanding = kill_receiver ? kOps + 1 : kOps;
   pt::Completion first = Next(*cq);
   REQUIRE(first.status.ok());  // the transfer is under way
@@ -595,8 +592,8 @@ TEST_CASE("shm: a peer killed mid-transfer fails every outstanding operation", "
   const absl::Duration took = absl::Now() - killed;
   CHECK(failed > 0);
   CHECK(took < op_timeout);
-  CHECK_FALSE((*conn)->status().ok());
-  CHECK(std::string((*conn)->status().message()).find("died") != std::string::npos);
+  CHECK_FALSE(conn->status().ok());
+  CHECK(std::string(conn->status().message()).find("died") != std::string::npos);
   CHECK(WaitChild(child) == -SIGKILL);
 }
 
@@ -613,18 +610,12 @@ TEST_CASE("shm: a stalled peer fails operations after op_timeout", "[shm]") {
     return 0;
   });
   const absl::Duration op_timeout = absl::Seconds(1);
-  auto dev = MakeDevice(Options(pt::ProgressMode::kThread, op_timeout));
-  auto cq = dev->CreateCompletionQueue();
-  auto listener = dev->Listen("");
-  REQUIRE(listener.ok());
-  pipe.Send((*listener)->address());
-  auto conn = (*listener)->Accept(cq.get(), absl::Seconds(10));
-  REQUIRE(conn.ok());
+  auto [dev, cq, conn] = AcceptChild(pipe, Options(pt::ProgressMode::kThread, op_timeout));
   std::vector<uint8_t> buf(size_t{4} << 20);
   const absl::Time start = absl::Now();
-  REQUIRE((*conn)->PostSend(pt::ConstBuffer{buf.data(), buf.size()}, 1).ok());
-  REQUIRE((*conn)->PostSend(pt::ConstBuffer{buf.data(), 100}, 2).ok());
-  REQUIRE((*conn)->PostRecv({buf.data(), buf.size()}, 3).ok());
+  REQUIRE(conn->PostSend(pt::ConstBuffer{buf.data(), buf.size()}, 1).ok());
+  REQUIRE(conn->PostSend(pt::ConstBuffer{buf.data(), 100}, 2).ok());
+  REQUIRE(conn->PostRecv({buf.data(), buf.size()}, 3).ok());
   for (int n = 0; n < 3; ++n) {
     pt::Completion c = Next(*cq, absl::Seconds(5));
     REQUIRE(c.wr_id != ~uint64_t{0});
