@@ -38,6 +38,8 @@ cat > "$work/collectives.jsonl" <<'J'
 {"bench":"collectives","figure":"allreduce busbw","impl":"openmpi","op":"allreduce","transport":"tcp","nprocs":2,"bytes":1024,"busbw":0.4,"value":0.4,"unit":"GB/s"}
 {"bench":"collectives","figure":"broadcast busbw","impl":"plexus","op":"broadcast","transport":"shm","nprocs":4,"bytes":1024,"busbw":0.7,"value":0.7,"unit":"GB/s"}
 {"bench":"collectives","figure":"broadcast busbw","impl":"openmpi","op":"broadcast","transport":"shm","nprocs":4,"bytes":1024,"busbw":0.6,"value":0.6,"unit":"GB/s"}
+{"bench":"collectives","figure":"reduce busbw","impl":"plexus","op":"reduce","transport":"shm","nprocs":4,"bytes":1024,"busbw":0.3,"value":0.3,"unit":"GB/s","vs_best_peer":0.5,"target":0.6,"met":false}
+{"bench":"collectives","figure":"reduce busbw","impl":"openmpi","op":"reduce","transport":"shm","nprocs":4,"bytes":1024,"busbw":0.6,"value":0.6,"unit":"GB/s"}
 J
 # plexus-rpc-sim sweep --json lines (two policies, two loads).
 cat > "$work/rpc_balance_sim.jsonl" <<'J'
@@ -66,6 +68,7 @@ is_png "$work/failover.png"
 cp "$here/multipath_timeline.jsonl" "$work/multipath.jsonl"
 "$plot" report "$work"
 is_png "$work/collectives.png"
+is_png "$work/collectives-vs-peer.png"
 is_png "$work/rpc_balance_sim.png"
 grep -q '| allreduce busbw | 0.5 | GB/s' "$work/report.md" || { echo "report.md lacks the table"; exit 1; }
 # The multipath timeline is drawn; its summary lines are in the table, its samples are not.
@@ -98,4 +101,11 @@ set +e
 "$plot" failover "$work/rpc_balance_sim.jsonl" -o "$work/bad.png" 2> "$work/err.txt"; rc=$?
 set -e
 [ $rc = 2 ] && grep -q 'no multipath timeline records' "$work/err.txt" || { cat "$work/err.txt"; exit 1; }
+# Plexus against its peers: the grid of ratios, and what it needs when they are missing.
+"$plot" vs-peer "$work/collectives.jsonl" -o "$work/vs-peer.png"
+is_png "$work/vs-peer.png"
+set +e
+"$plot" vs-peer "$work/rpc_balance_sim.jsonl" -o "$work/bad.png" 2> "$work/err.txt"; rc=$?
+set -e
+[ $rc = 2 ] && grep -q 'collectives lines of Plexus with a peer' "$work/err.txt" || { cat "$work/err.txt"; exit 1; }
 echo "plot smoke: every picture written"
