@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/collectives/selector.hpp"
+#include "plexus/kernels/reduce.hpp"
 #include "plexus/transport/store.hpp"
 #include "ranks.hpp"
 #include "suite.hpp"
@@ -381,6 +382,75 @@ TEST_CASE("4 ranks: the default selection at 64 KiB-8 MiB, bit for bit", "[colle
     });
     RequireAllOk(results);
   }
+}
+
+// Reductions over tcp with the backend's own message size (512 KiB: messages arrive in many
+// socket reads), 2-, 4- and 8-byte elements at odd counts, ring and tree: exact sums.
+TEST_CASE("reductions of large tcp messages at odd counts are exact", "[collectives][inproc]") {
+  const int n = 3;
+  pc::CommunicatorOptions options = TcpOptions();
+  options.chunk_bytes = 0;  // the backend's (512 KiB messages)
+  auto results = RunRanks(n, options, [&](int rank, pc::Communicator& comm) -> std::string {
+    for (const DataType dt : {DataType::kF64, DataType::kF16, DataType::kI32}) {
+      const size_t es = pc::DataTypeSize(dt);
+      const size_t count = size_t{1000003} / es * 2 + 1;  // odd, about 2 MB
+      std::vector<uint8_t> in(count * es), out(count * es);
+      auto value = [&](int r, size_t i) { return static_cast<double>(r + i % 5); };
+      auto put = [&](uint8_t* p, size_t i, double v) {
+        if (dt == DataType::kF64) {
+          std::memcpy(p + i * 8, &v, 8);
+        } else if (dt == DataType::kI32) {
+          const int32_t x = static_cast<int32_t>(v);
+          std::memcpy(p + i * 4, &x, 4);
+        } else {
+          const uint16_t h = plexus::kernels::FloatToHalf(static_cast<float>(v));
+          std::memcpy(p + i * 2, &h, 2);
+        }
+      };
+      auto get = [&](const uint8_t* p, size_t i) -> double {
+        if (dt == DataType::kF64) {
+          double v;
+          std::memcpy(&v, p + i * 8, 8);
+          return v;
+        }
+        if (dt == DataType::kI32) {
+          int32_t x;
+          std::memcpy(&x, p + i * 4, 4);
+          return x;
+        }
+        uint16_t h;
+        std::memcpy(&h, p + i * 2, 2);
+        return plexus::kernels::HalfToFloat(h);
+      };
+      for (size_t i = 0; i < count; ++i) put(in.data(), i, value(rank, i));
+      auto sum = [&](size_t i) { return 3.0 + 3.0 * static_cast<double>(i % 5); };
+      const std::string what = std::string(pc::DataTypeName(dt));
+      for (Algorithm a : {Algorithm::kRing, Algorithm::kTree}) {
+        absl::Status s = comm.AllReduce(in.data(), out.data(), count, dt, ReduceOp::kSum, {a});
+        if (!s.ok()) return what + " allreduce: " + std::string(s.message());
+        for (size_t i = 0; i < count; ++i) {
+          if (get(out.data(), i) != sum(i)) return absl::StrCat(what, " allreduce element ", i);
+        }
+      }
+      std::fill(out.begin(), out.end(), 0);
+      absl::Status s =
+          comm.Reduce(in.data(), out.data(), count, dt, ReduceOp::kSum, n - 1, Algorithm::kRing);
+      if (!s.ok()) return what + " reduce: " + std::string(s.message());
+      for (size_t i = 0; rank == n - 1 && i < count; ++i) {
+        if (get(out.data(), i) != sum(i)) return absl::StrCat(what, " reduce element ", i);
+      }
+      const size_t block = count / n;
+      s = comm.ReduceScatter(in.data(), out.data(), block, dt, ReduceOp::kSum);
+      if (!s.ok()) return what + " reduce-scatter: " + std::string(s.message());
+      for (size_t i = 0; i < block; ++i) {
+        if (get(out.data(), i) != sum(rank * block + i)) {
+          return absl::StrCat(what, " reduce-scatter element ", i);
+        }
+      }
+    }
+    return std::string();
+  });
+  RequireAllOk(results);
 }
 
 // Whole-vector doubling on a power-of-two world reads the operand from the send buffer (no
