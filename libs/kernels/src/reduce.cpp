@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 
+#include "plexus/base/byte_order.hpp"
+
 namespace plexus::kernels {
 namespace {
 
@@ -17,16 +19,8 @@ bool CpuHasAvx2() {
   return has;
 }
 
-template <typename T>
-T Load(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <typename T>
-void Store(uint8_t* p, T v) {
-  std::memcpy(p, &v, sizeof v);
-}
+using base::LoadHostOrder;
+using base::StoreHostOrder;
 
 // The scalar mirror of the vector instructions: minps(a, b) = a < b ? a : b, and so on.
 template <typename T>
@@ -74,9 +68,9 @@ T ApplyInt(ReduceOp op, T a, T b) {
 template <typename T, typename F>
 void Loop(uint8_t* dst, const uint8_t* local, const uint8_t* src, size_t n, bool src_first, F f) {
   for (size_t i = 0; i < n; ++i) {
-    const T a = Load<T>(local + i * sizeof(T));
-    const T b = Load<T>(src + i * sizeof(T));
-    Store<T>(dst + i * sizeof(T), src_first ? f(b, a) : f(a, b));
+    const T a = LoadHostOrder<T>(local + i * sizeof(T));
+    const T b = LoadHostOrder<T>(src + i * sizeof(T));
+    StoreHostOrder<T>(dst + i * sizeof(T), src_first ? f(b, a) : f(a, b));
   }
 }
 
@@ -122,7 +116,8 @@ void ReduceScalar(DataType dtype, ReduceOp op, uint8_t* dst, const uint8_t* loca
 
 template <typename T, typename F>
 void Map(uint8_t* data, size_t n, F f) {
-  for (size_t i = 0; i < n; ++i) Store<T>(data + i * sizeof(T), f(Load<T>(data + i * sizeof(T))));
+  for (size_t i = 0; i < n; ++i)
+    StoreHostOrder<T>(data + i * sizeof(T), f(LoadHostOrder<T>(data + i * sizeof(T))));
 }
 
 }  // namespace
@@ -163,9 +158,9 @@ void PackWire(DataType wire, void* out_v, const float* in_v, size_t n, float* ke
   auto* keep = reinterpret_cast<uint8_t*>(keep_v);
   size_t i = Avx2Active() ? PackWireAvx2(wire, out, in_v, n, keep_v) : 0;
   for (; i < n; ++i) {
-    const uint16_t h = ToWire(wire, Load<float>(in + 4 * i));
-    Store<uint16_t>(out + 2 * i, h);
-    if (keep != nullptr) Store<float>(keep + 4 * i, FromWire(wire, h));
+    const uint16_t h = ToWire(wire, LoadHostOrder<float>(in + 4 * i));
+    StoreHostOrder<uint16_t>(out + 2 * i, h);
+    if (keep != nullptr) StoreHostOrder<float>(keep + 4 * i, FromWire(wire, h));
   }
 }
 
@@ -173,7 +168,8 @@ void UnpackWire(DataType wire, float* out_v, const void* in_v, size_t n) {
   auto* out = reinterpret_cast<uint8_t*>(out_v);
   const auto* in = static_cast<const uint8_t*>(in_v);
   size_t i = Avx2Active() ? UnpackWireAvx2(wire, out_v, in, n) : 0;
-  for (; i < n; ++i) Store<float>(out + 4 * i, FromWire(wire, Load<uint16_t>(in + 2 * i)));
+  for (; i < n; ++i)
+    StoreHostOrder<float>(out + 4 * i, FromWire(wire, LoadHostOrder<uint16_t>(in + 2 * i)));
 }
 
 void ReduceWire(DataType wire, ReduceOp op, float* dst_v, const float* local_v, const void* in_v,
@@ -183,9 +179,9 @@ void ReduceWire(DataType wire, ReduceOp op, float* dst_v, const float* local_v, 
   const auto* in = static_cast<const uint8_t*>(in_v);
   size_t i = Avx2Active() ? ReduceWireAvx2(wire, op, dst_v, local_v, in, n, src_first) : 0;
   for (; i < n; ++i) {
-    const float a = Load<float>(local + 4 * i);
-    const float b = FromWire(wire, Load<uint16_t>(in + 2 * i));
-    Store<float>(dst + 4 * i, src_first ? Apply(op, b, a) : Apply(op, a, b));
+    const float a = LoadHostOrder<float>(local + 4 * i);
+    const float b = FromWire(wire, LoadHostOrder<uint16_t>(in + 2 * i));
+    StoreHostOrder<float>(dst + 4 * i, src_first ? Apply(op, b, a) : Apply(op, a, b));
   }
 }
 

@@ -10,22 +10,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "bind.hpp"
+#include "plexus/base/byte_order.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/kernels/reduce.hpp"
 
 namespace plexus::restructure {
 namespace {
 
-template <typename T>
-T Load(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <typename T>
-void Store(uint8_t* p, T v) {
-  std::memcpy(p, &v, sizeof v);
-}
+using base::LoadHostOrder;
+using base::StoreHostOrder;
 
 // Round to nearest even (the default floating-point environment), saturate, NaN -> 0.
 template <typename T>
@@ -123,17 +116,17 @@ void RunStep(const Step& st, const std::vector<internal::Bound>& bufs) {
 float LoadElement(DataType dtype, const uint8_t* p) {
   switch (dtype) {
     case DataType::kF32:
-      return Load<float>(p);
+      return LoadHostOrder<float>(p);
     case DataType::kF16:
-      return kernels::HalfToFloat(Load<uint16_t>(p));
+      return kernels::HalfToFloat(LoadHostOrder<uint16_t>(p));
     case DataType::kBF16:
-      return kernels::Bf16ToFloat(Load<uint16_t>(p));
+      return kernels::Bf16ToFloat(LoadHostOrder<uint16_t>(p));
     case DataType::kI32:
-      return static_cast<float>(Load<int32_t>(p));
+      return static_cast<float>(LoadHostOrder<int32_t>(p));
     case DataType::kI8:
-      return static_cast<float>(Load<int8_t>(p));
+      return static_cast<float>(LoadHostOrder<int8_t>(p));
     case DataType::kU8:
-      return static_cast<float>(Load<uint8_t>(p));
+      return static_cast<float>(LoadHostOrder<uint8_t>(p));
     case DataType::kF64:
     case DataType::kI64:
       break;  // refused by Validate
@@ -144,22 +137,22 @@ float LoadElement(DataType dtype, const uint8_t* p) {
 void StoreElement(DataType dtype, uint8_t* p, float v) {
   switch (dtype) {
     case DataType::kF32:
-      Store<float>(p, v);
+      StoreHostOrder<float>(p, v);
       break;
     case DataType::kF16:
-      Store<uint16_t>(p, kernels::FloatToHalf(v));
+      StoreHostOrder<uint16_t>(p, kernels::FloatToHalf(v));
       break;
     case DataType::kBF16:
-      Store<uint16_t>(p, kernels::FloatToBf16(v));
+      StoreHostOrder<uint16_t>(p, kernels::FloatToBf16(v));
       break;
     case DataType::kI32:
-      Store<int32_t>(p, RoundSaturate<int32_t>(v));
+      StoreHostOrder<int32_t>(p, RoundSaturate<int32_t>(v));
       break;
     case DataType::kI8:
-      Store<int8_t>(p, RoundSaturate<int8_t>(v));
+      StoreHostOrder<int8_t>(p, RoundSaturate<int8_t>(v));
       break;
     case DataType::kU8:
-      Store<uint8_t>(p, RoundSaturate<uint8_t>(v));
+      StoreHostOrder<uint8_t>(p, RoundSaturate<uint8_t>(v));
       break;
     case DataType::kF64:
     case DataType::kI64:

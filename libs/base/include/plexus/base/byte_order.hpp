@@ -57,6 +57,19 @@ inline T LoadLittleEndian(const uint8_t* in) {
   return internal::ToLittleEndian(v);
 }
 
+// Host-order values at unaligned positions of element buffers (the data a kernel reduces or
+// converts, never a wire field): memcpy, no byte swap.
+template <typename T>
+inline T LoadHostOrder(const uint8_t* in) {
+  T v;
+  std::memcpy(&v, in, sizeof v);
+  return v;
+}
+template <typename T>
+inline void StoreHostOrder(uint8_t* out, T v) {
+  std::memcpy(out, &v, sizeof v);
+}
+
 // Appends `v` to a byte string.
 template <typename T>
 inline void AppendLittleEndian(std::string& out, T v) {
