@@ -280,19 +280,17 @@ const PlanBuilder kPlanBuilders[] = {
        BuildTreeBroadcast(a.L, a.buf, a.count, a.root_pos, p, a.input);
        return absl::OkStatus();
      }},
-    // AllGather's input is laid out as the output (its own block at its place), so that the
-    // schedule's piece offsets apply to both.
-    {K::kAllGather, A::kRing, nullptr, Always,
+    {K::kAllGather, A::kRing, nullptr, nullptr,
      [](const PlanArgs& a, Plan* p) {
-       return Run(Shape::kRingAllGather, a, RingBlocks(a.L, a.count), p, 1, a.input);
+       return Run(Shape::kRingAllGather, a, RingBlocks(a.L, a.count), p);
      }},
-    {K::kAllGather, A::kHalvingDoubling, PowerOfTwo, Always,
+    {K::kAllGather, A::kHalvingDoubling, PowerOfTwo, nullptr,
      [](const PlanArgs& a, Plan* p) {
-       return Run(Shape::kDoubling, a, PositionBlocks(a.L, a.count), p, 1, a.input);
+       return Run(Shape::kDoubling, a, PositionBlocks(a.L, a.count), p);
      }},
-    {K::kAllGather, A::kBruck, nullptr, Always,
+    {K::kAllGather, A::kBruck, nullptr, nullptr,
      [](const PlanArgs& a, Plan* p) {
-       return Run(Shape::kBruck, a, PositionBlocks(a.L, a.count), p, 1, a.input);
+       return Run(Shape::kBruck, a, PositionBlocks(a.L, a.count), p);
      }},
     {K::kReduceScatter, A::kRing, nullptr, Always,
      [](const PlanArgs& a, Plan* p) {

@@ -386,24 +386,14 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     const bool in_place = send == static_cast<uint8_t*>(recv) + mine;
     Staging staging = NewStaging();
     PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, total, in_place));
-    const uint8_t* in = nullptr;
     if (!in_place) {
-      PLEXUS_ASSIGN_OR_RETURN(in, staging.In(send, count * esize, true));
+      PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, count * esize, true));
+      std::memmove(buf + mine, in, count * esize);
     }
-    // Out of place, the plan's sends of this rank's block read the input, and the copy into the
-    // output is made while the first messages travel (Plan::after_post). Not by mailbox, with a
-    // cast (sends read the rounded values from the output) or when input and output overlap.
-    const bool overlap = in != nullptr && in < buf + total && buf < in + count * esize;
-    auto copy_own_block = [&] {
-      if (in != nullptr) std::memmove(buf + mine, in, count * esize);
-      in = nullptr;
-    };
-    if (overlap) copy_own_block();
     const Layout& L = MakeLayout(dtype);
     if (algo == Algorithm::kHalvingDoubling && FitsMailbox(count * esize)) {
       // Small (the selector's halving-doubling range): pairwise exchange by mailbox (step d: to
       // rank + d, from rank - d); log2(n) doubling steps would move the same bytes, later.
-      copy_own_block();
       const int me = layout_.rank;
       for (int d = 1; d < n; ++d) {
         const int to = (me + d) % n;
@@ -416,20 +406,12 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     }
     // Larger ones may cast: each block's owner keeps the rounded values it sends.
     const std::optional<DataType> wire = total <= 16384 ? std::nullopt : WireOf(dtype, call);
-    if (wire) copy_own_block();
     header.wire = wire;
     if (wire) MakeWireLayout(dtype, *wire);  // recuts L (the same call layout) for the wire
     Plan& plan = NewPlan();
     plan.wire = wire;
-    // The input stands where this rank's block is in the output: the base address the schedule's
-    // output offsets are added to (an integer, never dereferenced outside the input).
-    const uint8_t* input_base =
-        in == nullptr ? nullptr
-                      : reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(in) - mine);
-    PLEXUS_RETURN_IF_ERROR(
-        FindPlanBuilder(CollectiveKind::kAllGather, algo, n)
-            ->build({.L = L, .buf = buf, .count = count, .input = input_base}, &plan));
-    if (in != nullptr) plan.after_post = {buf + mine, in, count * esize};
+    PLEXUS_RETURN_IF_ERROR(FindPlanBuilder(CollectiveKind::kAllGather, algo, n)
+                               ->build({.L = L, .buf = buf, .count = count}, &plan));
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
     return staging.CopyOut();
   };

@@ -60,14 +60,6 @@ struct Plan {
   // type. Each send converts its chunk while packing it into a send slot; each receive lands in a
   // slot and is converted into place, or reduced into its f32 destination, in one pass.
   std::optional<DataType> wire;
-  // A local copy made once this rank's first sends are posted (an out-of-place AllGather's own
-  // block into the output, which its sends read from the input): it overlaps the transfer
-  // instead of delaying it. Nothing the plan sends or receives may touch its destination.
-  struct LocalCopy {
-    uint8_t* dst = nullptr;
-    const uint8_t* src = nullptr;
-    size_t bytes = 0;
-  } after_post;
 };
 
 // Where the ranks sit and how data is cut.
