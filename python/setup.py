@@ -1,7 +1,7 @@
 """Builds and installs plexus_torch, the torch.distributed backend "plexus".
 
     python3 -m venv --system-site-packages venv    # Debian's torch stays visible
-    venv/bin/pip install ./python                  # from the root of a Plexus checkout
+    venv/bin/pip install --no-build-isolation ./python   # from the root of a Plexus checkout
 
 The extension (plexus_torch._C) is built with CMake from this checkout, against the torch that
 the installing Python imports; nothing is downloaded. PLEXUS_BUILD_DIR=<dir> reuses an existing
@@ -42,7 +42,7 @@ class CMakeBuild(build_ext):
         if not (ROOT / "CMakeLists.txt").exists() or not (ROOT / "libs" / "torch").is_dir():
             raise RuntimeError(
                 f"plexus_torch must be built from inside a Plexus checkout ({ROOT} is not one): "
-                "run 'pip install ./python' from the checkout's root"
+                "run 'pip install --no-build-isolation ./python' from the checkout's root"
             )
         if shutil.which("cmake") is None:
             raise RuntimeError("cmake is not on PATH (Debian: apt-get install cmake ninja-build)")

@@ -11,7 +11,7 @@ forces either). See docs/torch.md for the collectives, dtypes and errors.
 
 import torch.distributed as dist
 
-from ._C import ProcessGroupPlexus, have_cuda, version  # noqa: F401
+from ._C import ProcessGroupPlexus, base, have_cuda, version  # noqa: F401
 
 BACKEND = "plexus"
 
@@ -22,7 +22,14 @@ def _create(store, rank, world_size, timeout):
 
 def _register():
     # Registering twice raises in torch; importing the module twice must not.
-    if BACKEND.upper() not in dist.Backend._plugins:
+    if BACKEND.upper() in dist.Backend._plugins:
+        return
+    if base == "Backend":
+        # PyTorch 2: the class is a c10d.Backend that torch wraps in a ProcessGroup, one per
+        # device type it declares; CUDA tensors only where the build moves them.
+        dist.Backend.register_backend(BACKEND, _create,
+                                      devices=["cpu", "cuda"] if have_cuda else ["cpu"])
+    else:
         dist.Backend.register_backend(BACKEND, _create)
 
 

@@ -21,7 +21,7 @@ case "$mode" in
     rm -rf "$venv"
     "$python" -m venv --system-site-packages "$venv"
     if [ "$build" != "-" ]; then export PLEXUS_BUILD_DIR="$build"; fi
-    "$venv/bin/pip" install --no-index --no-deps --no-cache-dir \
+    "$venv/bin/pip" install --no-index --no-deps --no-cache-dir --no-build-isolation \
       --disable-pip-version-check --quiet "$src/python"
     unset PYTHONPATH
     check_import "$venv/bin/python" "$venv/"

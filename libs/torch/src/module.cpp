@@ -10,14 +10,15 @@
 namespace py = pybind11;
 
 PYBIND11_MODULE(_C, m) {
-  // torch's bindings of c10d::ProcessGroup and c10d::Store must be registered first.
+  // torch's bindings of c10d::ProcessGroup (c10d::Backend) and c10d::Store must be registered
+  // first.
   py::module::import("torch.distributed");
   plexus::torch::SetGilReleaser([]() -> std::shared_ptr<void> {
     if (Py_IsInitialized() == 0 || PyGILState_Check() == 0) return nullptr;
     return std::make_shared<py::gil_scoped_release>();
   });
   m.doc() = "Plexus collectives as a torch.distributed backend";
-  py::class_<plexus::torch::ProcessGroupPlexus, c10d::ProcessGroup,
+  py::class_<plexus::torch::ProcessGroupPlexus, plexus::torch::GroupBase,
              c10::intrusive_ptr<plexus::torch::ProcessGroupPlexus>>(m, "ProcessGroupPlexus")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout) {
@@ -30,4 +31,7 @@ PYBIND11_MODULE(_C, m) {
                              "The transport the ranks connected over: shm or tcp.");
   m.attr("version") = PLEXUS_VERSION_STRING;
   m.attr("have_cuda") = static_cast<bool>(PLEXUS_HAVE_CUDA);
+  // What the class derives from, for the registration in __init__.py: "Backend" (PyTorch 2) or
+  // "ProcessGroup" (1.13).
+  m.attr("base") = PLEXUS_TORCH_C10D_BACKEND ? "Backend" : "ProcessGroup";
 }

@@ -89,7 +89,7 @@ c10::intrusive_ptr<ProcessGroupPlexus> ProcessGroupPlexus::Create(
 }
 
 ProcessGroupPlexus::ProcessGroupPlexus(int rank, int size, std::unique_ptr<Impl> impl)
-    : c10d::ProcessGroup(rank, size), impl_(std::move(impl)) {}
+    : GroupBase(rank, size), impl_(std::move(impl)) {}
 
 namespace {
 std::atomic<GilReleaser> gil_releaser{nullptr};

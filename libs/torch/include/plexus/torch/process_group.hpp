@@ -1,4 +1,5 @@
-// A torch.distributed backend (c10d::ProcessGroup, PyTorch 1.13) over plexus::collectives.
+// A torch.distributed backend over plexus::collectives: a c10d::ProcessGroup under PyTorch 1.13,
+// a c10d::Backend under PyTorch 2.x (the same class and semantics; see GroupBase).
 //
 //   import torch.distributed as dist, plexus_torch      # registers backend "plexus"
 //   dist.init_process_group("plexus", rank=r, world_size=n, init_method="tcp://...")
@@ -26,10 +27,27 @@
 #include <string>
 #include <vector>
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+// PyTorch 2 split the user-facing c10d::ProcessGroup from the c10d::Backend that a third-party
+// library implements (the ProcessGroup dispatches to one Backend per device type); PyTorch 1.13
+// has only ProcessGroup. Both declare the same virtual calls, so one class serves either.
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#define PLEXUS_TORCH_C10D_BACKEND 1
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#define PLEXUS_TORCH_C10D_BACKEND 0
+#endif
+
 namespace plexus::torch {
+
+#if PLEXUS_TORCH_C10D_BACKEND
+using GroupBase = c10d::Backend;
+#else
+using GroupBase = c10d::ProcessGroup;
+#endif
 
 // Set by the Python binding: returns a guard that releases the GIL while it lives when the
 // calling thread holds it (else nullptr). The destructor blocks (it joins the completion thread,
@@ -37,7 +55,7 @@ namespace plexus::torch {
 using GilReleaser = std::shared_ptr<void> (*)();
 void SetGilReleaser(GilReleaser releaser);
 
-class ProcessGroupPlexus : public c10d::ProcessGroup {
+class ProcessGroupPlexus : public GroupBase {
  public:
   // Collective over the `size` ranks sharing `store`: connects them, within `timeout`.
   // Throws c10::Error (RuntimeError in Python) naming the rank and the cause on failure.
