@@ -260,6 +260,102 @@ TEST_CASE("a plan that cannot keep up is reported as not sustained, without hang
   CHECK(queued);
 }
 
+TEST_CASE("a killed worker is detected, the plan re-optimised and every request served once",
+          "[serving][failure]") {
+  const Wire wire = GENERATE(Wire::kInproc, Wire::kTcp);
+  const Problem problem = MustParse(Workflow(
+      {"cam"}, {"A", "B", "C"}, {{"cam", "A"}, {"A", "B"}, {"B", "C"}},
+      json::array({Workers("edge", "cpu", "e", 2), Workers("cloud", "gpu", "g", 2)}), 40, 2));
+  const Plan plan =
+      MustPlan(problem, {{"A", {{"e-0", 1}}}, {"B", {{"e-1", 1}}}, {"C", {{"g-0", 1}}}});
+  ServeOptions options;
+  options.duration_s = 20;
+  options.warmup_s = 2;
+  options.compression = 10;
+  options.wire = wire;
+  options.failures = {{"g-0", 8}};
+  std::vector<std::string> replanned_workers;
+  options.replan = [&](const Problem& remaining) {
+    for (const auto& w : remaining.workers) replanned_workers.push_back(w.name);
+    return placement::Optimize(remaining, placement::Strategy::kJellyBean);
+  };
+  auto report = Serve(problem, plan, options);
+  REQUIRE(report.ok());
+  std::printf("%s", ServeSummary(problem, *report).c_str());
+  RequireExact(*report);
+  CHECK(report->injected == 40 * 20);
+  REQUIRE(report->failures.size() == 1);
+  const FailureReport& f = report->failures[0];
+  INFO("detected after " << f.detected_after_ms << " ms, recovered after " << f.recovered_after_s
+                         << " s, retried " << f.retried);
+  CHECK(f.error.empty());
+  CHECK(f.worker == "g-0");
+  CHECK(f.killed_at_s == Approx(8).margin(0.5));
+  CHECK(f.detected_after_ms < 1000);
+  CHECK(f.retried > 0);
+  CHECK(report->retried == f.retried);
+  CHECK(std::find(f.moved.begin(), f.moved.end(), "C") != f.moved.end());
+  CHECK(f.recovered_after_s > 0);
+  CHECK(f.recovered_after_s < 5);
+  // The re-plan saw every worker but the failed one, and the last deployment does not use it.
+  CHECK(replanned_workers == std::vector<std::string>{"e-0", "e-1", "g-1"});
+  for (const WorkerServeReport& w : report->workers) CHECK(problem.workers[w.worker].name != "g-0");
+  // The timeline shows the outage and the return to the rate.
+  REQUIRE(report->timeline.size() >= 10);
+  double lowest = 1e9;
+  for (const TimelinePoint& point : report->timeline) {
+    if (point.t_s >= 2 && point.t_s < 19) lowest = std::min(lowest, point.completion_rate);
+  }
+  CHECK(lowest < 40);
+}
+
+TEST_CASE("a failure that leaves no feasible plan stops serving and drops what was owed",
+          "[serving][failure]") {
+  const Problem problem = MustParse(Workflow(
+      {"cam"}, {"A", "B"}, {{"cam", "A"}, {"A", "B"}},
+      json::array({Workers("edge", "cpu", "e", 1), Workers("cloud", "gpu", "g", 1)}), 40, 2));
+  const Plan plan = MustPlan(problem, {{"A", {{"e", 1}}}, {"B", {{"g", 1}}}});
+  ServeOptions options;
+  options.duration_s = 20;
+  options.warmup_s = 2;
+  options.compression = 10;
+  options.failures = {{"g", 5}};
+  // Only the cloud GPU may run B: without it nothing can.
+  options.replan = [](const Problem&) -> absl::StatusOr<Plan> {
+    return absl::FailedPreconditionError("operator 'B': no worker left that can run it");
+  };
+  auto report = Serve(problem, plan, options);
+  REQUIRE(report.ok());
+  std::printf("%s", ServeSummary(problem, *report).c_str());
+  REQUIRE(report->failures.size() == 1);
+  const FailureReport& f = report->failures[0];
+  CHECK_THAT(f.error, Catch::Contains("'g'") && Catch::Contains("no worker left"));
+  CHECK_FALSE(report->sustained);
+  CHECK(report->duplicates == 0);
+  CHECK(report->unfinished == 0);
+  CHECK(report->dropped > 0);
+  CHECK(report->completed + report->dropped == report->injected);
+  CHECK(report->injected < 40 * 20);  // the sources stopped
+  CHECK(report->wall_s < 10);
+  bool reason = false;
+  for (const auto& [why, count] : report->drops_by_reason) reason |= why == f.error;
+  CHECK(reason);
+}
+
+TEST_CASE("failure drills are checked, naming the element", "[serving][failure]") {
+  const Problem problem = MustParse(Workflow(
+      {"cam"}, {"A", "B"}, {{"cam", "A"}, {"A", "B"}},
+      json::array({Workers("edge", "cpu", "e", 2), Workers("cloud", "gpu", "g", 1)}), 40, 2));
+  const Plan plan = MustPlan(problem, {{"A", {{"e-0", 1}}}, {"B", {{"g", 1}}}});
+  ServeOptions options;
+  options.failures = {{"e-1", 5}};
+  CHECK_THAT(std::string(CheckServable(problem, plan, options).message()),
+             Catch::Contains("failures[0]") && Catch::Contains("'e-1'"));
+  options.failures = {{"g", 60}};
+  CHECK_THAT(std::string(CheckServable(problem, plan, options).message()),
+             Catch::Contains("at_s 60"));
+}
+
 TEST_CASE("bad plans and options are refused, naming the element", "[serving]") {
   json input = Workflow(
       {"cam"}, {"A", "B"}, {{"cam", "A"}, {"A", "B"}},

@@ -313,23 +313,17 @@ int RunDriver(const tooling::Tool& tool, const TrainArgs& a, int ranks, bool jso
         "(digest {})\n",
         same ? "yes" : "NO", reference_digest);
   }
-  int rc = 0;
   if (!plot.empty()) {
     const std::filesystem::path data = dir.string() + "-plot.json";
     if (absl::Status s = plexus::base::WriteFileAtomic(data.string(), summary.dump()); !s.ok()) {
       return tool.Fail(s);
     }
-    // The project's one plotting script, installed (and built) next to this program.
-    const std::filesystem::path script = std::filesystem::path(self).parent_path() / "plexus-plot";
-    const std::string cmd = fmt::format("/usr/bin/python3 '{}' demo '{}' -o '{}'", script.string(),
-                                        data.string(), plot);
-    rc = std::system(cmd.c_str());
+    const absl::Status drawn = plexus::tooling::RunPlot("demo", data.string(), plot);
     std::filesystem::remove(data);
-    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 3) {
-      fmt::print("plexus-moe-demo: no plot (python3-matplotlib is missing; see above)\n");
-      rc = 0;
-    } else if (rc != 0) {
-      fmt::print(stderr, "plexus-moe-demo: the plot script failed ({})\n", rc);
+    if (absl::IsUnavailable(drawn)) {
+      fmt::print("plexus-moe-demo: {}\n", std::string(drawn.message()));
+    } else if (!drawn.ok()) {
+      fmt::print(stderr, "plexus-moe-demo: {}\n", std::string(drawn.message()));
     }
   }
   if (!json_out) {

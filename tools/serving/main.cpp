@@ -8,13 +8,16 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "plexus/base/file.hpp"
 #include "plexus/placement/optimizer.hpp"
 #include "plexus/placement/plan.hpp"
 #include "plexus/placement/problem.hpp"
 #include "plexus/serving/serve.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
+#include "plexus/tooling/launch.hpp"
 #include "plexus/tooling/table.hpp"
 
 namespace {
@@ -31,6 +34,9 @@ struct Args {
   std::string transport = "inproc";
   bool no_spin = false;
   bool json = false;
+  std::vector<std::string> kills;  // WORKER@SECONDS
+  std::string report_path;         // the whole report as JSON (ServeToJson)
+  std::string plot_path;           // its picture (plexus-plot serve)
   ServeOptions serve;
 };
 
@@ -82,6 +88,15 @@ void PrintFigures(const Problem& problem, const ServeReport& r, const Args& args
   out.Add({"network_cost_per_hour", r.network_cost_per_hour, "$/h", nullptr, std::nullopt, {}});
   out.Add({"compute_cost_per_hour", r.compute_cost_per_hour, "$/h", nullptr, std::nullopt, {}});
   out.Add({"accuracy", r.accuracy, "accuracy", nullptr, std::nullopt, {}});
+  for (const auto& f : r.failures) {
+    const std::vector<std::pair<std::string, std::string>> tags = {{"worker", f.worker}};
+    out.Add({"failure_detected_after", f.detected_after_ms, "ms", nullptr, std::nullopt, tags});
+    out.Add({"failure_replan", f.replan_ms, "ms", nullptr, std::nullopt, tags});
+    out.Add({"failure_redeploy", f.redeploy_ms, "ms", nullptr, std::nullopt, tags});
+    out.Add(
+        {"failure_retried", static_cast<double>(f.retried), "count", nullptr, std::nullopt, tags});
+    out.Add({"failure_full_rate_after", f.recovered_after_s, "s", nullptr, std::nullopt, tags});
+  }
   out.Add({"injected", static_cast<double>(r.injected), "count", nullptr, std::nullopt, {}});
   out.Add({"completed", static_cast<double>(r.completed), "count", nullptr, std::nullopt, {}});
   out.Add({"dropped", static_cast<double>(r.dropped), "count", 0, r.dropped == 0, {}});
@@ -108,7 +123,42 @@ void PrintFigures(const Problem& problem, const ServeReport& r, const Args& args
   }
 }
 
+// --kill WORKER@SECONDS -> ServeOptions::failures.
+int ParseKills(Args& args) {
+  for (const std::string& kill : args.kills) {
+    const size_t at = kill.rfind('@');
+    double seconds = 0;
+    if (at == std::string::npos || at == 0 || !absl::SimpleAtod(kill.substr(at + 1), &seconds)) {
+      return g_tool->Usage("--kill: expected WORKER@SECONDS (e.g. cloud-v100-0@20), got '" + kill +
+                           "'");
+    }
+    args.serve.failures.push_back({kill.substr(0, at), seconds});
+  }
+  return 0;
+}
+
+// --report and --plot: the whole report as JSON, and its picture.
+int WriteReport(const Problem& problem, const ServeReport& r, const Args& args) {
+  if (args.report_path.empty() && args.plot_path.empty()) return 0;
+  const std::string data = args.report_path.empty() ? args.plot_path + ".json" : args.report_path;
+  if (absl::Status s = plexus::base::WriteFileAtomic(data, serving::ServeToJson(problem, r));
+      !s.ok()) {
+    return g_tool->Fail(s);
+  }
+  if (args.plot_path.empty()) return 0;
+  const absl::Status drawn = tooling::RunPlot("serve", data, args.plot_path);
+  if (args.report_path.empty()) std::remove(data.c_str());
+  if (absl::IsUnavailable(drawn)) {
+    std::fprintf(stderr, "plexus-serve: %s\n", std::string(drawn.message()).c_str());
+    return 0;
+  }
+  if (!drawn.ok()) return g_tool->Fail(drawn);
+  if (!args.json) std::fprintf(stderr, "plexus-serve: wrote %s\n", args.plot_path.c_str());
+  return 0;
+}
+
 int ServePlan(const Problem& problem, const Plan& plan, Args& args) {
+  if (int rc = ParseKills(args); rc != 0) return rc;
   if (args.transport == "tcp") {
     args.serve.wire = serving::Wire::kTcp;
   } else if (args.transport != "inproc") {
@@ -146,7 +196,11 @@ int ServePlan(const Problem& problem, const Plan& plan, Args& args) {
   } else {
     PrintTables(problem, *report);
   }
-  return 0;
+  if (int rc = WriteReport(problem, *report, args); rc != 0) return rc;
+  for (const serving::FailureReport& f : report->failures) {
+    if (!f.error.empty()) return 1;
+  }
+  return report->duplicates == 0 ? 0 : 1;
 }
 
 int Run(Args& args) {
@@ -154,6 +208,38 @@ int Run(Args& args) {
   if (!problem.ok()) return g_tool->Fail(problem.status());
   auto plan = LoadPlan(*problem, args.positional[1]);
   if (!plan.ok()) return g_tool->Fail(plan.status());
+  return ServePlan(*problem, *plan, args);
+}
+
+// The VQA workflow (medium infrastructure) under JellyBean's plan, one of its GPU workers killed
+// at 40% of the run, with the picture.
+int Demo(Args& args) {
+  const std::string input = tooling::DataDir() + "/placement/vqa-medium.json";
+  auto problem = LoadProblem(input);
+  if (!problem.ok()) return g_tool->Fail(problem.status());
+  auto plan = Optimize(*problem, Strategy::kJellyBean);
+  if (!plan.ok()) return g_tool->Fail(plan.status());
+  if (args.kills.empty()) {
+    // The GPU worker with the largest share of any operator: its loss moves the most work.
+    int victim = -1;
+    double largest = 0;
+    for (const auto& shares : plan->workers) {
+      for (const WorkerShare& w : shares) {
+        if (problem->worker_types[problem->workers[w.worker].type].gpu && w.share > largest) {
+          largest = w.share;
+          victim = w.worker;
+        }
+      }
+    }
+    if (victim < 0) return g_tool->Fail(absl::InternalError("the demo's plan uses no GPU worker"));
+    args.kills.push_back(
+        absl::StrFormat("%s@%g", problem->workers[victim].name, 0.4 * args.serve.duration_s));
+  }
+  if (args.plot_path.empty()) args.plot_path = "serve-demo.png";
+  // Its CPU workers outnumber any small host's cores: emulated operators sleep, so that the run
+  // measures the runtime, not the host's contention.
+  args.no_spin = true;
+  if (!args.json) std::cerr << PlanSummary(*problem, *plan);
   return ServePlan(*problem, *plan, args);
 }
 
@@ -183,6 +269,14 @@ void AddServeFlags(CLI::App* app, Args* a) {
   app->add_option("--transport", a->transport, "inproc|tcp")->capture_default_str();
   app->add_flag("--no-spin", a->no_spin,
                 "emulated operators on CPU workers sleep instead of burning the CPU");
+  app->add_option("--kill", a->kills,
+                  "WORKER@SECONDS: stop that worker at once at that plan second, as if its "
+                  "process died (repeatable); the runtime re-plans without it and resumes");
+  tooling::AddNumber(app, "--failure-timeout", &a->serve.failure_timeout_s,
+                     "wall seconds a worker has to answer a health check", 1e-3, 3600.0);
+  app->add_option("--report", a->report_path, "write the whole report (with its timeline) as JSON");
+  app->add_option("--plot", a->plot_path,
+                  "draw completions and latency over time, failures marked (PNG)");
   tooling::AddJsonFlag(app, &a->json);
 }
 
@@ -205,7 +299,15 @@ int main(int argc, char** argv) {
   plan_and_run->add_option("--strategy", args.strategy, "jb|lb|bf|ff|pte|ptc|spc")
       ->capture_default_str();
   AddServeFlags(plan_and_run, &args);
+  CLI::App* demo = tool.Subcommand(
+      "demo",
+      "serve the VQA workflow (share/plexus/data/placement/vqa-medium.json) under JellyBean's "
+      "plan, kill a GPU worker at 40% of the run (or --kill), re-plan, and draw "
+      "serve-demo.png (or --plot)");
+  args.serve.duration_s = 60;
+  AddServeFlags(demo, &args);
   if (auto code = tool.Parse(argc, argv)) return *code;
   if (run->parsed()) return Run(args);
+  if (demo->parsed()) return Demo(args);
   return PlanAndRun(args);
 }

@@ -1,12 +1,16 @@
 // The driver's collector of completions and drops (collector.hpp).
 #include "collector.hpp"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace plexus::serving::internal {
 
 Collector::Collector(const Topology& topology)
-    : topology_(topology), sinks_(topology.problem.operators.size()) {}
+    : topology_(topology),
+      sinks_(topology.problem.operators.size()),
+      retried_(topology.sources.size()) {}
 
 absl::Status Collector::Complete(rpc::ServerContext&, const wire::Completion& request, wire::Ack*) {
   if (request.op < 0 || static_cast<size_t>(request.op) >= sinks_.size() ||
@@ -16,9 +20,19 @@ absl::Status Collector::Complete(rpc::ServerContext&, const wire::Completion& re
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (frozen_) return absl::OkStatus();
+  if (request.epoch != epoch_) {
+    ++stale_;
+    return absl::OkStatus();
+  }
   Sink& sink = sinks_[request.op];
   if (!sink.done.insert({request.sources, request.request_id}).second) {
-    ++sink.duplicates;
+    bool retried = false;
+    for (size_t s = 0; s < retried_.size(); ++s) {
+      if ((request.sources >> s & 1) != 0 && retried_[s].contains(request.request_id)) {
+        retried = true;
+      }
+    }
+    ++(retried ? retried_repeats_ : sink.duplicates);
     return absl::OkStatus();
   }
   sink.completions.push_back(
@@ -30,8 +44,36 @@ absl::Status Collector::Complete(rpc::ServerContext&, const wire::Completion& re
 absl::Status Collector::Dropped(rpc::ServerContext&, const wire::Drop& request, wire::Ack*) {
   std::lock_guard<std::mutex> lock(mu_);
   if (frozen_) return absl::OkStatus();
-  drops_.push_back({request.op, request.sources, request.request_id, std::string(request.reason)});
+  if (request.epoch != epoch_) {
+    ++stale_;
+    return absl::OkStatus();
+  }
+  drops_.push_back({request.op, request.sources, request.request_id, std::string(request.reason),
+                    request.retryable});
   return absl::OkStatus();
+}
+
+void Collector::BeginEpoch(uint32_t epoch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  epoch_ = epoch;
+  drops_.erase(
+      std::remove_if(drops_.begin(), drops_.end(), [](const DropRecord& d) { return d.retryable; }),
+      drops_.end());
+}
+
+void Collector::MarkRetried(const std::vector<std::pair<int, uint64_t>>& retried) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [s, id] : retried) retried_[s].insert(id);
+}
+
+int64_t Collector::RetriedRepeats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return retried_repeats_;
+}
+
+int64_t Collector::Stale() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stale_;
 }
 
 void Collector::Freeze() {

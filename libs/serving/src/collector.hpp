@@ -20,6 +20,7 @@ struct DropRecord {
   uint64_t sources = 0;
   uint64_t id = 0;
   std::string reason;
+  bool retryable = false;  // lost by a failed send: re-sent after a re-plan
 };
 
 struct CompletionRecord {
@@ -42,6 +43,15 @@ class Collector final : public wire::Collector::Service {
     std::vector<CompletionRecord> completions;                // first completions, in order
     int64_t duplicates = 0;
   };
+  // A new deployment: reports of earlier ones are ignored from now on (their requests are
+  // retried), and so are the retryable drops recorded so far.
+  void BeginEpoch(uint32_t epoch);
+  // Requests (source index, id) re-sent from their sources: a second completion of one at a sink
+  // that had it already is a suppressed repeat, not a duplicate.
+  void MarkRetried(const std::vector<std::pair<int, uint64_t>>& retried);
+  int64_t RetriedRepeats() const;
+  // Reports of an earlier deployment that arrived after it was replaced.
+  int64_t Stale() const;
   // Later reports are acknowledged and ignored: the run is over, what did not finish is counted
   // as unfinished (shutting workers down fails their calls in flight).
   void Freeze();
@@ -61,6 +71,10 @@ class Collector final : public wire::Collector::Service {
   std::vector<DropRecord> drops_;
   int64_t completions_ = 0;
   bool frozen_ = false;
+  uint32_t epoch_ = 0;
+  std::vector<absl::flat_hash_set<uint64_t>> retried_;  // per source index: ids re-sent
+  int64_t retried_repeats_ = 0;
+  int64_t stale_ = 0;
 };
 
 }  // namespace plexus::serving::internal

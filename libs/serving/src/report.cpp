@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "plexus/base/json_reader.hpp"
 #include "plexus/placement/network.hpp"
 
@@ -170,6 +171,29 @@ std::string ServeSummary(const placement::Problem& problem, const ServeReport& r
   for (const auto& [reason, count] : r.drops_by_reason) {
     absl::StrAppendFormat(&out, "  dropped %d: %s\n", count, reason);
   }
+  for (const FailureReport& f : r.failures) {
+    if (!f.error.empty()) {
+      absl::StrAppendFormat(&out,
+                            "failure: worker '%s' killed at %.1f s, detected after %.0f ms; %s\n",
+                            f.worker, f.killed_at_s, f.detected_after_ms, f.error);
+      continue;
+    }
+    absl::StrAppendFormat(
+        &out,
+        "failure: worker '%s' killed at %.1f s, detected after %.0f ms, re-planned in %.1f ms, "
+        "redeployed in %.0f ms (moved: %s; cost now %.3f/h), %d requests retried; full rate "
+        "again %s\n",
+        f.worker, f.killed_at_s, f.detected_after_ms, f.replan_ms, f.redeploy_ms,
+        f.moved.empty() ? "nothing" : absl::StrJoin(f.moved, ", "), f.cost_per_hour_after,
+        f.retried,
+        f.recovered_after_s < 0 ? std::string("not within the run")
+                                : absl::StrFormat("%.1f s after the kill", f.recovered_after_s));
+  }
+  if (r.retried_repeats > 0) {
+    absl::StrAppendFormat(&out,
+                          "  %d completions of retried requests that a sink had already: ignored\n",
+                          r.retried_repeats);
+  }
   return out;
 }
 
@@ -215,6 +239,31 @@ std::string ServeToJson(const placement::Problem& problem, const ServeReport& r)
                       {"duplicates", r.duplicates},
                       {"unfinished", r.unfinished}};
   root["drops_by_reason"] = r.drops_by_reason;
+  base::json::Json failures = base::json::Json::array();
+  for (const FailureReport& f : r.failures) {
+    failures.push_back({{"worker", f.worker},
+                        {"killed_at_s", f.killed_at_s},
+                        {"detected_after_ms", f.detected_after_ms},
+                        {"replan_ms", f.replan_ms},
+                        {"redeploy_ms", f.redeploy_ms},
+                        {"moved", f.moved},
+                        {"retried", f.retried},
+                        {"cost_per_hour_after", f.cost_per_hour_after},
+                        {"recovered_after_s", f.recovered_after_s},
+                        {"error", f.error}});
+  }
+  root["failures"] = failures;
+  root["retried"] = r.retried;
+  root["retried_repeats"] = r.retried_repeats;
+  base::json::Json timeline = base::json::Json::array();
+  for (const TimelinePoint& t : r.timeline) {
+    timeline.push_back({{"t_s", t.t_s},
+                        {"completion_rate", t.completion_rate},
+                        {"target_rate", t.target_rate},
+                        {"p50_ms", t.latency_p50_ms},
+                        {"p99_ms", t.latency_p99_ms}});
+  }
+  root["timeline"] = timeline;
   return root.dump(1);
 }
 

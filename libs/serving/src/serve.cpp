@@ -7,11 +7,15 @@
 #include <cmath>
 #include <condition_variable>
 #include <limits>
+#include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "plexus/base/status.hpp"
+#include "plexus/placement/optimizer.hpp"
 #include "plexus/transport/device.hpp"
 #include "report.hpp"
 #include "topology.hpp"
@@ -49,7 +53,17 @@ absl::Status CheckOptions(const ServeOptions& o) {
 class Driver {
  public:
   Driver(std::shared_ptr<const Topology> topology, const ServeOptions& options)
-      : t_(std::move(topology)), p_(t_->problem), o_(options), collector_(*t_) {}
+      : t0_(topology), t_(std::move(topology)), p_(t0_->problem), o_(options), collector_(*t0_) {
+    redeploy_options_ = o_;
+    redeploy_options_.failures.clear();
+    dead_.assign(p_.workers.size(), false);
+    last_seen_.assign(p_.workers.size(), {});
+    misses_.assign(p_.workers.size(), 0);
+    for (const WorkerFailure& f : o_.failures) {
+      kills_.push_back({f.at_s, p_.FindWorker(f.worker)});
+    }
+    std::sort(kills_.begin(), kills_.end());
+  }
   ~Driver() { Teardown(); }
 
   absl::StatusOr<ServeReport> Run() {
@@ -62,10 +76,21 @@ class Driver {
     Teardown();
     RunFigures figures{start_ns_, warm_ns_, stop_ns_, end_ns,
                        injected_, at_warm_, at_stop_, at_end};
-    return BuildReport(*t_, o_, collector_, figures);
+    ServeReport report = BuildReport(*t_, o_, collector_, figures);
+    report.retried_repeats = collector_.RetriedRepeats();
+    for (const FailureReport& f : failures_) report.retried += f.retried;
+    report.failures = failures_;
+    RecoveryTimes(report);
+    return report;
   }
 
  private:
+  struct Kill {
+    double at_s = 0;
+    int worker = -1;
+    bool operator<(const Kill& o) const { return at_s < o.at_s; }
+  };
+
   absl::StatusOr<std::shared_ptr<transport::Device>> NewDevice() {
     transport::DeviceOptions options;
     // Over tcp a device thread moves the bytes: a relay's calls are fire-and-forget, and with
@@ -88,8 +113,15 @@ class Driver {
     PLEXUS_RETURN_IF_ERROR(collector_server_->Register(&collector_, {"Complete", "Dropped"}));
     PLEXUS_RETURN_IF_ERROR(collector_server_->Start());
     relay_ = std::make_unique<Relay>(device_);
+    return Deploy();
+  }
+
+  // Starts one WorkerNode per worker that serves in t_, in deployment epoch_, and the sources'
+  // round robins.
+  absl::Status Deploy() {
     std::map<int, OperatorFn> fns;
     for (const auto& [name, fn] : o_.operators) fns[p_.FindOperator(name)] = fn;
+    nodes_.clear();
     nodes_.resize(p_.workers.size());
     addresses_.assign(p_.workers.size(), "");
     for (size_t w = 0; w < p_.workers.size(); ++w) {
@@ -101,8 +133,9 @@ class Driver {
                           o_.cpu_spins,
                           o_.join_timeout_s,
                           o_.max_join_pending,
-                          o_.seed,
-                          {}};
+                          o_.seed + epoch_,
+                          {},
+                          epoch_};
       for (int op : t_->worker_ops[w]) {
         if (fns.count(op) != 0) config.operators[op] = fns[op];
       }
@@ -127,33 +160,70 @@ class Driver {
                                          ": ", channel.status().message()));
       }
     }
+    round_robin_.clear();
+    round_robin_.resize(p_.edges.size());
+    for (int op : t_->sources) {
+      for (int e : p_.out_edges[op]) {
+        round_robin_[e] = std::make_unique<SmoothRoundRobin>(t_->op_shares[p_.edges[e].to]);
+      }
+    }
     return absl::OkStatus();
   }
 
-  // What every worker and the driver have sent so far, and the workers' queues.
-  Counters Poll() {
+  // What every worker and the driver have sent so far, and the workers' queues; counters of
+  // replaced deployments included. `failed` (optional) gets the serving workers that did not
+  // answer within the failure timeout.
+  Counters Poll(std::vector<int>* failed = nullptr) {
     Counters c;
     c.at_ns = NowNs();
     c.sent.assign(p_.workers.size() + p_.operators.size(),
                   std::vector<uint64_t>(p_.workers.size(), 0));
     c.queue.assign(p_.workers.size(), 0);
     c.processed.assign(p_.workers.size(), 0);
+    // One thread per worker: a health check waits for the slowest answer, not for their sum.
+    std::vector<absl::StatusOr<rpc::Reply<wire::WorkerStats>>> replies(p_.workers.size());
+    std::vector<std::thread> askers;
     for (size_t w = 0; w < p_.workers.size(); ++w) {
-      if (addresses_[w].empty()) continue;
-      auto channel = relay_->ChannelTo(addresses_[w], wire::Worker::Descriptor());
-      if (!channel.ok()) continue;
-      wire::Worker::Stub stub(*channel);
-      rpc::CallOptions options;
-      options.timeout = absl::Seconds(2);
-      auto stats = stub.StatsSync(wire::StatsRequest{}, options);
-      if (!stats.ok()) continue;
+      if (addresses_[w].empty() || dead_[w]) continue;
+      askers.emplace_back([this, w, &replies] {
+        auto channel = relay_->ChannelTo(addresses_[w], wire::Worker::Descriptor());
+        if (!channel.ok()) {
+          replies[w] = channel.status();
+          return;
+        }
+        wire::Worker::Stub stub(*channel);
+        rpc::CallOptions options;
+        options.timeout = absl::Seconds(o_.failure_timeout_s);
+        replies[w] = stub.StatsSync(wire::StatsRequest{}, options);
+      });
+    }
+    for (std::thread& t : askers) t.join();
+    for (size_t w = 0; w < p_.workers.size(); ++w) {
+      if (addresses_[w].empty() || dead_[w]) continue;
+      absl::StatusOr<rpc::Reply<wire::WorkerStats>>& stats = replies[w];
+      if (!stats.ok()) {
+        // A refused or broken connection is a failure at once; a late answer twice in a row
+        // (once may be a loaded host).
+        const bool late = absl::IsDeadlineExceeded(stats.status());
+        if (failed != nullptr && (!late || ++misses_[w] >= 2)) failed->push_back(w);
+        continue;
+      }
+      misses_[w] = 0;
+      Seen& seen = last_seen_[w];
+      seen.processed = static_cast<int64_t>((*stats)->processed);
+      seen.sent.assign(p_.workers.size(), 0);
       c.queue[w] = static_cast<int64_t>((*stats)->queued + (*stats)->in_service);
-      c.processed[w] = static_cast<int64_t>((*stats)->processed);
       for (const wire::PeerBytes& b : (*stats)->sent) {
         if (b.worker >= 0 && static_cast<size_t>(b.worker) < p_.workers.size()) {
-          c.sent[w][b.worker] = b.bytes;
+          seen.sent[b.worker] = b.bytes;
         }
       }
+      c.processed[w] = seen.processed;
+      for (size_t d = 0; d < seen.sent.size(); ++d) c.sent[w][d] = seen.sent[d];
+    }
+    for (size_t w = 0; w < retired_.size(); ++w) {
+      c.processed[w] += retired_[w].processed;
+      for (size_t d = 0; d < retired_[w].sent.size(); ++d) c.sent[w][d] += retired_[w].sent[d];
     }
     std::lock_guard<std::mutex> lock(source_mu_);
     for (size_t s = 0; s < t_->sources.size(); ++s) {
@@ -184,7 +254,8 @@ class Driver {
     o_.progress(progress);
   }
 
-  void SendFromSource(int s, uint64_t id, int64_t now) {
+  // With deploy_mu_ held.
+  void SendFromSource(int s, uint64_t id, int64_t injected_ns) {
     const int op = t_->sources[s];
     for (int e : p_.out_edges[op]) {
       const int child = p_.edges[e].to;
@@ -197,8 +268,9 @@ class Driver {
       message->op = child;
       message->edge = e;
       message->from_worker = -1;
-      message->injected_ns = now;
+      message->injected_ns = injected_ns;
       message->payload = rpc::AsBytes(t_->edge_payload[e]);
+      message->epoch = epoch_;
       {
         std::lock_guard<std::mutex> lock(source_mu_);
         source_sent_[s][to] += t_->edge_payload[e].size();
@@ -207,21 +279,186 @@ class Driver {
         std::lock_guard<std::mutex> lock(source_mu_);
         failed_sends_.push_back(
             {p_.edges[e].to, uint64_t{1} << s, id,
-             absl::StrCat("send to worker '", p_.workers[to].name, "' failed: ", st.message())});
+             absl::StrCat("send to worker '", p_.workers[to].name, "' failed: ", st.message()),
+             /*retryable=*/true});
       });
     }
+  }
+
+  // The failure drills due by `now`, then a health check of every serving worker when one is
+  // due; a worker found failed is recovered from. Called by one thread at a time (the monitor
+  // while the sources inject, then the draining thread), the only one that replaces
+  // deployments: its health checks read them without deploy_mu_, so the sources' sends never
+  // wait for their round trips.
+  void Supervise(int64_t now) {
+    {
+      std::lock_guard<std::mutex> lock(deploy_mu_);
+      while (next_kill_ < kills_.size() && PlanNs(kills_[next_kill_].at_s) <= now) {
+        const int w = kills_[next_kill_++].worker;
+        if (nodes_[w] != nullptr && !dead_[w]) {
+          killed_ns_[w] = NowNs();
+          nodes_[w]->Stop();
+        }
+      }
+      if (halted_ || o_.health_interval_s <= 0 || now < next_health_ns_) return;
+      next_health_ns_ = now + static_cast<int64_t>(o_.health_interval_s * 1e9);
+    }
+    std::vector<int> failed;
+    Poll(&failed);
+    if (failed.empty()) return;
+    // One at a time: the others of this check were workers of the deployment Recover replaces,
+    // and the next check looks at the new one.
+    std::lock_guard<std::mutex> lock(deploy_mu_);
+    if (!halted_ && !dead_[failed[0]]) Recover(failed[0]);
+  }
+
+  int64_t PlanNs(double plan_s) const {
+    return start_ns_ + static_cast<int64_t>(plan_s / o_.compression * 1e9);
+  }
+
+  // With deploy_mu_ held: stops the deployment, re-plans without the failed worker(s), starts the
+  // new deployment and re-sends what is owed.
+  void Recover(int failed) {
+    const int64_t detected_ns = NowNs();
+    FailureReport f;
+    f.worker = p_.workers[failed].name;
+    const int64_t killed_ns = killed_ns_.count(failed) != 0 ? killed_ns_[failed] : detected_ns;
+    f.killed_at_s = static_cast<double>(killed_ns - start_ns_) / kSecondNs * o_.compression;
+    f.detected_after_ms = static_cast<double>(detected_ns - killed_ns) / 1e6;
+    dead_[failed] = true;
+    // The old deployment stops: first nothing more runs or is sent, then the counters of those
+    // still answering are kept (the failed worker's as last seen), then the servers close.
+    for (auto& node : nodes_) {
+      if (node) node->Halt();
+    }
+    std::vector<int> ignored;
+    Poll(&ignored);
+    std::vector<std::thread> stoppers;
+    for (size_t w = 0; w < nodes_.size(); ++w) {
+      if (!nodes_[w]) continue;
+      if (retired_.size() < p_.workers.size()) retired_.resize(p_.workers.size());
+      retired_[w].processed += last_seen_[w].processed;
+      retired_[w].sent.resize(p_.workers.size(), 0);
+      for (size_t d = 0; d < last_seen_[w].sent.size(); ++d) {
+        retired_[w].sent[d] += last_seen_[w].sent[d];
+      }
+      last_seen_[w] = {};
+      // In parallel: closing a server waits for its threads to notice.
+      stoppers.emplace_back([node = nodes_[w].get()] { node->Stop(); });
+    }
+    for (std::thread& t : stoppers) t.join();
+    ++epoch_;
+    collector_.BeginEpoch(epoch_);
+    {
+      std::lock_guard<std::mutex> lock(source_mu_);
+      failed_sends_.clear();  // every one of them is retryable
+    }
+    const std::vector<std::vector<int>> old_workers = t_->op_workers;
+
+    // Re-plan for the problem without the failed workers, then back to this problem's indices.
+    placement::Problem remaining = p_;
+    std::vector<int> index;  // remaining's worker -> p_'s
+    remaining.workers.clear();
+    for (size_t w = 0; w < p_.workers.size(); ++w) {
+      if (dead_[w]) continue;
+      remaining.workers.push_back(p_.workers[w]);
+      index.push_back(static_cast<int>(w));
+    }
+    const int64_t replan_start = NowNs();
+    absl::StatusOr<placement::Plan> plan =
+        o_.replan ? o_.replan(remaining)
+                  : placement::Optimize(remaining, placement::Strategy::kJellyBean);
+    f.replan_ms = static_cast<double>(NowNs() - replan_start) / 1e6;
+    absl::Status deployed = plan.status();
+    if (plan.ok()) {
+      for (auto& shares : plan->workers) {
+        for (placement::WorkerShare& ws : shares) {
+          if (ws.worker < 0 || static_cast<size_t>(ws.worker) >= index.size()) {
+            deployed = absl::InternalError(
+                absl::StrCat("the re-plan names worker ", ws.worker, " of ", index.size()));
+            break;
+          }
+          ws.worker = index[ws.worker];
+        }
+      }
+    }
+    if (deployed.ok()) {
+      auto topology = BuildTopology(p_, *plan, redeploy_options_);
+      deployed = topology.status();
+      if (topology.ok()) {
+        t_ = *topology;
+        deployed = Deploy();
+      }
+    }
+    const std::vector<std::pair<int, uint64_t>> owed = Owed();
+    if (!deployed.ok()) {
+      f.error = absl::StrCat("no deployment without worker '", f.worker, "': ", deployed.message());
+      halted_ = true;
+      for (auto& node : nodes_) {
+        if (node) node->Stop();
+      }
+      // What was owed is lost for good, with the reason.
+      for (const auto& [s, id] : owed) {
+        collector_.AddDrop({t_->sources[s], uint64_t{1} << s, id, f.error, false});
+      }
+      failures_.push_back(std::move(f));
+      return;
+    }
+    for (size_t op = 0; op < p_.operators.size(); ++op) {
+      std::vector<int> before = old_workers[op], after = t_->op_workers[op];
+      std::sort(before.begin(), before.end());
+      std::sort(after.begin(), after.end());
+      if (before != after) f.moved.push_back(p_.operators[op].name);
+    }
+    f.cost_per_hour_after = t_->plan.total_cost;
+    collector_.MarkRetried(owed);
+    for (const auto& [s, id] : owed) SendFromSource(s, id, injected_at_[s][id]);
+    f.retried = static_cast<int64_t>(owed.size());
+    f.redeploy_ms = static_cast<double>(NowNs() - detected_ns) / 1e6 - f.replan_ms;
+    failures_.push_back(std::move(f));
+  }
+
+  // (source, id) of every input a source injected so far that a sink reached by it still owes:
+  // neither completed there nor given up for good (a drop that is not retryable) at or above it.
+  std::vector<std::pair<int, uint64_t>> Owed() {
+    const std::vector<Collector::Sink> sinks = collector_.Sinks();
+    std::vector<DropRecord> drops = collector_.Drops();
+    absl::flat_hash_set<std::pair<int, uint64_t>> owed;
+    for (size_t op = 0; op < p_.operators.size(); ++op) {
+      if (!t_->sink[op]) continue;
+      absl::flat_hash_set<std::pair<uint64_t, uint64_t>> lost;
+      for (const DropRecord& d : drops) {
+        if (!t_->reaches[d.op][op]) continue;
+        for (uint64_t mask : t_->masks[op]) {
+          if ((mask & d.sources) == d.sources) lost.insert({mask, d.id});
+        }
+      }
+      // Per source of each mask, every id it injected: a join's inputs from sources that
+      // injected an id the others have not yet are owed too (the partners come later, to the
+      // new deployment).
+      for (uint64_t mask : t_->masks[op]) {
+        for (size_t s = 0; s < t_->sources.size(); ++s) {
+          if ((mask >> s & 1) == 0) continue;
+          for (int64_t id = 0; id < injected_[s]; ++id) {
+            const std::pair<uint64_t, uint64_t> key{mask, static_cast<uint64_t>(id)};
+            if (sinks[op].done.contains(key) || lost.contains(key)) continue;
+            owed.insert({static_cast<int>(s), static_cast<uint64_t>(id)});
+          }
+        }
+      }
+    }
+    std::vector<std::pair<int, uint64_t>> out(owed.begin(), owed.end());
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+      return a.second != b.second ? a.second < b.second : a.first < b.first;
+    });
+    return out;
   }
 
   void Inject() {
     const size_t sources = t_->sources.size();
     source_sent_.assign(sources, std::vector<uint64_t>(p_.workers.size(), 0));
     injected_.assign(sources, 0);
-    round_robin_.resize(p_.edges.size());
-    for (int op : t_->sources) {
-      for (int e : p_.out_edges[op]) {
-        round_robin_[e] = std::make_unique<SmoothRoundRobin>(t_->op_shares[p_.edges[e].to]);
-      }
-    }
+    injected_at_.assign(sources, {});
     std::mt19937_64 random(o_.seed);
     // Per source the wall seconds of its next injection since the start; a source injects while
     // that is within the duration (the last one at the end included, as the simulator does).
@@ -245,21 +482,24 @@ class Driver {
     warm_ns_ = start_ns_ + static_cast<int64_t>(o_.warmup_s / o_.compression * 1e9);
     stop_ns_ = start_ns_ + static_cast<int64_t>(std::llround(duration_wall * 1e9));
     last_progress_ns_ = start_ns_;
-    // Polling the workers takes round trips: a thread of its own does it, so that injections
-    // leave on time.
+    // Polling the workers takes round trips: a thread of its own does it (and the failure
+    // drills and health checks), so that injections leave on time.
     std::mutex mu;
     std::condition_variable cv;
     bool injecting = true;
+    const bool supervise = !kills_.empty() || o_.health_interval_s > 0;
     std::thread monitor([&] {
       int64_t next_progress = start_ns_ + kSecondNs;
       bool warm = false;
       std::unique_lock<std::mutex> lock(mu);
       while (injecting) {
-        const int64_t wake = warm ? next_progress : std::min(next_progress, warm_ns_);
+        int64_t wake = warm ? next_progress : std::min(next_progress, warm_ns_);
+        if (supervise) wake = std::min(wake, NextSupervision());
         cv.wait_until(lock, std::chrono::steady_clock::time_point(std::chrono::nanoseconds(wake)));
         if (!injecting) break;
         const int64_t now = NowNs();
         lock.unlock();
+        if (supervise) Supervise(now);
         if (!warm && now >= warm_ns_) {
           warm = true;
           at_warm_ = Poll();
@@ -281,7 +521,11 @@ class Driver {
       }
       const int64_t now = NowNs();
       if (sources > 0 && next[s] <= now) {
-        SendFromSource(static_cast<int>(s), injected_[s]++, next[s]);
+        std::lock_guard<std::mutex> lock(deploy_mu_);
+        if (halted_) break;
+        const uint64_t id = static_cast<uint64_t>(injected_[s]++);
+        injected_at_[s].push_back(next[s]);
+        SendFromSource(static_cast<int>(s), id, next[s]);
         advance(s);
         continue;
       }
@@ -296,8 +540,17 @@ class Driver {
     at_stop_ = Poll();
   }
 
+  // When the monitor must next run Supervise: the next drill or health check.
+  int64_t NextSupervision() {
+    std::lock_guard<std::mutex> lock(deploy_mu_);
+    int64_t wake = std::numeric_limits<int64_t>::max();
+    if (next_kill_ < kills_.size()) wake = PlanNs(kills_[next_kill_].at_s);
+    if (o_.health_interval_s > 0 && !halted_) wake = std::min(wake, next_health_ns_);
+    return wake;
+  }
+
   // Waits until every sink has what the injections owe it (or it was dropped), within the
-  // drain timeout.
+  // drain timeout; failures found meanwhile are recovered from.
   void Drain() {
     const int64_t deadline = NowNs() + static_cast<int64_t>(o_.drain_timeout_s * 1e9);
     int64_t next_progress = NowNs() + kSecondNs;
@@ -307,6 +560,7 @@ class Driver {
     }
     while (NowNs() < deadline) {
       if (Settled(owed)) break;
+      if (!kills_.empty() || o_.health_interval_s > 0) Supervise(NowNs());
       if (NowNs() >= next_progress) {
         next_progress += kSecondNs;
         Report(true);
@@ -337,6 +591,56 @@ class Driver {
     return true;
   }
 
+  // Per failure: plan seconds from the kill to the end of the first timeline bucket after it
+  // that completes at >= 98% of the target rate.
+  void RecoveryTimes(ServeReport& report) {
+    double target = 0;
+    for (size_t op = 0; op < p_.operators.size(); ++op) {
+      if (t_->sink[op]) target += p_.rate[op];
+    }
+    report.timeline = Timeline(target);
+    if (report.timeline.size() < 2) return;
+    const double width = report.timeline[1].t_s - report.timeline[0].t_s;
+    for (FailureReport& f : report.failures) {
+      if (!f.error.empty()) continue;
+      for (const TimelinePoint& point : report.timeline) {
+        if (point.t_s < f.killed_at_s) continue;
+        if (point.completion_rate >= 0.98 * target) {
+          f.recovered_after_s = point.t_s + width - f.killed_at_s;
+          break;
+        }
+      }
+    }
+  }
+
+  // Buckets of whole plan seconds over the injection (>= 20 expected completions each).
+  std::vector<TimelinePoint> Timeline(double target) const {
+    std::vector<TimelinePoint> out;
+    if (!(target > 0)) return out;
+    const double width = std::max(1.0, std::ceil(20 / target));
+    const size_t buckets = static_cast<size_t>(std::ceil(o_.duration_s / width));
+    std::vector<std::vector<int64_t>> latency(buckets);
+    for (const Collector::Sink& sink : collector_.Sinks()) {
+      for (const CompletionRecord& c : sink.completions) {
+        const double t = static_cast<double>(c.done_ns - start_ns_) / kSecondNs * o_.compression;
+        const auto b = static_cast<int64_t>(std::floor(t / width));
+        if (b < 0 || static_cast<size_t>(b) >= buckets) continue;
+        latency[b].push_back(c.done_ns - c.injected_ns);
+      }
+    }
+    for (size_t b = 0; b < buckets; ++b) {
+      std::sort(latency[b].begin(), latency[b].end());
+      TimelinePoint point;
+      point.t_s = static_cast<double>(b) * width;
+      point.completion_rate = static_cast<double>(latency[b].size()) / width;
+      point.target_rate = target;
+      point.latency_p50_ms = PercentileMs(latency[b], 0.50, o_.compression);
+      point.latency_p99_ms = PercentileMs(latency[b], 0.99, o_.compression);
+      out.push_back(point);
+    }
+    return out;
+  }
+
   // Halts every worker first (nothing more is sent), then closes them: a worker closing while a
   // peer still sends to it would turn the peer's messages into failures.
   void Teardown() {
@@ -358,16 +662,38 @@ class Driver {
     collector_server_.reset();
   }
 
-  std::shared_ptr<const Topology> t_;
+  // A worker's counters as last polled.
+  struct Seen {
+    int64_t processed = 0;
+    std::vector<uint64_t> sent;  // per destination worker
+  };
+
+  const std::shared_ptr<const Topology> t0_;  // the first deployment's (the collector's view)
+  std::shared_ptr<const Topology> t_;         // the deployment serving now
   const placement::Problem& p_;
   const ServeOptions& o_;
+  ServeOptions redeploy_options_;  // o_ without the drills, for re-planned topologies
   Collector collector_;
   std::shared_ptr<transport::Device> device_;
   std::unique_ptr<rpc::Server> collector_server_;
   std::unique_ptr<Relay> relay_;
+  // Deployments: replaced under deploy_mu_, which the sources' sends also take.
+  std::mutex deploy_mu_;
+  uint32_t epoch_ = 0;
   std::vector<std::unique_ptr<WorkerNode>> nodes_;
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<SmoothRoundRobin>> round_robin_;  // per source edge
+  std::vector<bool> dead_;                                      // per worker
+  std::vector<int> misses_;                // per worker: health checks answered late in a row
+  std::vector<Seen> last_seen_, retired_;  // per worker; retired_: replaced deployments' sums
+  std::vector<Kill> kills_;
+  size_t next_kill_ = 0;
+  std::map<int, int64_t> killed_ns_;
+  int64_t next_health_ns_ = 0;
+  bool halted_ = false;  // a re-plan failed: nothing serves any more
+  std::vector<FailureReport> failures_;
+  std::vector<std::vector<int64_t>> injected_at_;  // per source, per id: its injection time
+
   std::mutex source_mu_;
   std::vector<std::vector<uint64_t>> source_sent_;  // per source, per destination worker
   std::vector<DropRecord> failed_sends_;

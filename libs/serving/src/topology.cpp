@@ -159,6 +159,19 @@ absl::StatusOr<std::shared_ptr<const Topology>> BuildTopology(const placement::P
     payload.resize(static_cast<size_t>(std::llround(std::max(0.0, bytes))));
     for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i & 0xff);
   }
+  for (size_t i = 0; i < options.failures.size(); ++i) {
+    const WorkerFailure& f = options.failures[i];
+    const int w = p.FindWorker(f.worker);
+    if (w < 0 || !t->Serves(w)) {
+      return absl::InvalidArgumentError(absl::StrCat("ServeOptions::failures[", i, "]: '", f.worker,
+                                                     "' is not a worker that serves in the plan"));
+    }
+    if (!(f.at_s >= 0) || !(f.at_s < options.duration_s)) {
+      return absl::InvalidArgumentError(absl::StrCat("ServeOptions::failures[", i, "] ('", f.worker,
+                                                     "'): at_s ", f.at_s,
+                                                     " is not within [0, duration_s)"));
+    }
+  }
   return std::shared_ptr<const Topology>(std::move(t));
 }
 

@@ -176,6 +176,11 @@ void WorkerNode::Stop() {
 
 absl::Status WorkerNode::Deliver(rpc::ServerContext&, const wire::Message& request, wire::Ack*) {
   const auto& p = topology_.problem;
+  if (request.epoch != config_.epoch) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("worker '%s' serves deployment %d, not %d (a message of another plan)",
+                        p.workers[config_.worker].name, config_.epoch, request.epoch));
+  }
   if (request.op < 0 || static_cast<size_t>(request.op) >= p.operators.size() || request.edge < 0 ||
       static_cast<size_t>(request.edge) >= p.edges.size() ||
       p.edges[request.edge].to != request.op ||
@@ -381,6 +386,7 @@ void WorkerNode::Forward(const Job& job, const std::string* output) {
     done.worker = config_.worker;
     done.injected_ns = job.injected_ns;
     done.done_ns = NowNs();
+    done.epoch = config_.epoch;
     relay_.Complete(collector_, done);
     return;
   }
@@ -405,6 +411,7 @@ void WorkerNode::Forward(const Job& job, const std::string* output) {
     message->from_worker = config_.worker;
     message->injected_ns = job.injected_ns;
     message->payload = rpc::AsBytes(payload);
+    message->epoch = config_.epoch;
     {
       std::lock_guard<std::mutex> lock(mu_);
       sent_bytes_[to] += payload.size();
@@ -415,14 +422,18 @@ void WorkerNode::Forward(const Job& job, const std::string* output) {
                                                                                        owned);
     Job copy{job.id, job.sources, child, job.injected_ns, {}};
     relay_.Deliver(peers_[to], *message, std::move(keep), [this, copy, to](absl::Status status) {
-      Drop(copy, absl::StrCat("send to worker '", topology_.problem.workers[to].name,
-                              "' failed: ", status.message()));
+      Drop(copy,
+           absl::StrCat("send to worker '", topology_.problem.workers[to].name,
+                        "' failed: ", status.message()),
+           /*retryable=*/true);
     });
   }
 }
 
-void WorkerNode::Drop(const Job& job, std::string reason) {
+void WorkerNode::Drop(const Job& job, std::string reason, bool retryable) {
   wire::Drop drop;
+  drop.epoch = config_.epoch;
+  drop.retryable = retryable;
   drop.request_id = job.id;
   drop.sources = job.sources;
   drop.op = job.op;

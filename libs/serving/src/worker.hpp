@@ -35,6 +35,8 @@ struct WorkerConfig {
   size_t max_join_pending = 100'000;
   uint64_t seed = 1;
   std::map<int, OperatorFn> operators;  // real operators by operator index
+  // The deployment this worker belongs to: stamped on what it sends, required on what it takes.
+  uint32_t epoch = 0;
 };
 
 // Sends Messages, Completions and Drops to rpc addresses, one channel per address, reused.
@@ -126,7 +128,8 @@ class WorkerNode final : public wire::Worker::Service {
   void Run(Job job, Server& server);
   void Emulate(const Job& job, Server& server);
   void Forward(const Job& job, const std::string* output);
-  void Drop(const Job& job, std::string reason);
+  // `retryable`: the request was lost by a failed send, and is re-sent after a re-plan.
+  void Drop(const Job& job, std::string reason, bool retryable = false);
 
   const WorkerConfig config_;
   const Topology& topology_;

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
@@ -609,6 +610,24 @@ std::string SelfPath(const std::string& fallback) {
   char path[4096];
   const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
   return n <= 0 ? fallback : std::string(path, static_cast<size_t>(n));
+}
+
+absl::Status RunPlot(const std::string& command, const std::string& data, const std::string& png) {
+  const std::string self = SelfPath("");
+  const std::string dir = self.empty() ? "." : self.substr(0, self.rfind('/'));
+  auto quoted = [](const std::string& s) {
+    std::string out = "'";
+    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return out + "'";
+  };
+  const std::string cmd = absl::StrCat("/usr/bin/python3 ", quoted(dir + "/plexus-plot"), " ",
+                                       quoted(command), " ", quoted(data), " -o ", quoted(png));
+  const int rc = std::system(cmd.c_str());
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 0) return absl::OkStatus();
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 3) {
+    return absl::UnavailableError("no picture: python3-matplotlib is missing (see above)");
+  }
+  return absl::InternalError(absl::StrCat("plexus-plot ", command, " failed (", cmd, ")"));
 }
 
 }  // namespace plexus::tooling

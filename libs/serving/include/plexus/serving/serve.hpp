@@ -41,6 +41,17 @@ struct ServeProgress {
 
 enum class Wire : uint8_t { kInproc, kTcp };  // the transport of every rpc server and channel
 
+// A failure drill: at `at_s` plan seconds the worker stops at once, as if its process died (its
+// rpc server closes, its queue is lost). The runtime must notice, re-plan and resume.
+struct WorkerFailure {
+  std::string worker;  // a Problem::workers name that serves in the plan
+  double at_s = 0;     // within [0, duration_s)
+};
+
+// The plan to deploy after failures, for the problem without the failed workers (its worker
+// indices are that problem's). Default: JellyBean (placement::Optimize, Strategy::kJellyBean).
+using Replanner = std::function<absl::StatusOr<placement::Plan>(const placement::Problem&)>;
+
 struct ServeOptions {
   // Plan seconds during which the sources inject, and the first of them left out of the figures.
   double duration_s = 60;
@@ -62,6 +73,43 @@ struct ServeOptions {
   // Real operators by name; the others are emulated from their execution profiles.
   std::map<std::string, OperatorFn> operators;
   std::function<void(const ServeProgress&)> progress;
+  std::vector<WorkerFailure> failures;
+  // The driver checks every serving worker (its Stats call) every `health_interval_s` wall
+  // seconds (0: never); one whose connection fails, or that does not answer within
+  // `failure_timeout_s` twice in a row, is declared failed.
+  double health_interval_s = 0.1;
+  double failure_timeout_s = 1;
+  Replanner replan;
+};
+
+// One failure and the recovery from it. On detection the runtime stops the deployment (every
+// worker's queue is abandoned), re-plans without the failed worker, starts the new deployment and
+// re-sends from their sources (with their first injection time) the requests that no sink has
+// completed and no operator gave up for good; what the sources were due to inject meanwhile
+// follows. Reports of the old deployment that arrive later are ignored, so each request counts
+// once per sink.
+struct FailureReport {
+  std::string worker;
+  double killed_at_s = 0;        // plan seconds since the start
+  double detected_after_ms = 0;  // wall milliseconds from the kill to its detection
+  double replan_ms = 0;          // wall milliseconds the re-plan took
+  double redeploy_ms = 0;        // wall: old deployment stopped, new one started, requests re-sent
+  std::vector<std::string> moved;  // operators whose set of workers changed
+  int64_t retried = 0;             // requests re-sent from their sources
+  double cost_per_hour_after = 0;  // the new plan's total cost (EvaluatePlan)
+  // Plan seconds from the kill until completions run at >= 98% of the target rate again (the
+  // end of the first timeline bucket that does); -1: not within the run.
+  double recovered_after_s = -1;
+  std::string error;  // the re-plan failed: serving stopped, what was owed is dropped with it
+};
+
+// Completions per bucket of plan time (one plan second, or more at low rates: >= 20 expected).
+struct TimelinePoint {
+  double t_s = 0;              // the bucket's start, plan seconds since the run's start
+  double completion_rate = 0;  // completions per plan second, every sink
+  double target_rate = 0;      // what every sink together should complete per plan second
+  double latency_p50_ms = 0;   // of the bucket's completions
+  double latency_p99_ms = 0;
 };
 
 struct SinkServeReport {
@@ -110,11 +158,16 @@ struct ServeReport {
   int64_t unfinished = 0;
   // Drop reports by reason; a request lost at a branch is reported there and at its join too.
   std::map<std::string, int64_t> drops_by_reason;
+  std::vector<FailureReport> failures;
+  int64_t retried = 0;          // requests re-sent after failures, every failure together
+  int64_t retried_repeats = 0;  // completions of a retried request a sink had already: ignored
+  std::vector<TimelinePoint> timeline;
 };
 
 // Checks that the runtime can serve the plan: EvaluatePlan's checks, then its own (every edge's
 // rate_ratio is 1, at most 64 sources, a join's inputs descend from one set of sources each,
-// every name in options.operators is an operator). Errors name the element.
+// every name in options.operators is an operator, every failure names a serving worker within
+// the run). Errors name the element.
 absl::Status CheckServable(const placement::Problem& problem, const placement::Plan& plan,
                            const ServeOptions& options = {});
 

@@ -137,4 +137,9 @@ absl::Status RunWorkers(LaunchOptions options, FigureWriter& writer, const std::
 // read: how a driver starts its own binary again as a worker rank.
 std::string SelfPath(const std::string& fallback);
 
+// Draws a picture with the project's one plotting script, installed (and built) next to the
+// running program: `python3 plexus-plot COMMAND DATA -o PNG`. Unavailable when
+// python3-matplotlib is missing (the script exits 3 and says so); Internal when it fails.
+absl::Status RunPlot(const std::string& command, const std::string& data, const std::string& png);
+
 }  // namespace plexus::tooling
