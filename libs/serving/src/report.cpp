@@ -2,6 +2,7 @@
 #include "report.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -61,6 +62,46 @@ double PercentileMs(const std::vector<int64_t>& sorted, double q, double compres
   const size_t index =
       std::min(sorted.size() - 1, static_cast<size_t>(q * static_cast<double>(sorted.size())));
   return static_cast<double>(sorted[index]) / 1e6 * compression;
+}
+
+void AddTimeline(const Topology& t, const ServeOptions& o, const Collector& collector,
+                 int64_t start_ns, ServeReport& report) {
+  double target = 0;
+  for (size_t op = 0; op < t.problem.operators.size(); ++op) {
+    if (t.sink[op]) target += t.problem.rate[op];
+  }
+  if (!(target > 0)) return;
+  const double width = std::max(1.0, std::ceil(20 / target));
+  const size_t buckets = static_cast<size_t>(std::ceil(o.duration_s / width));
+  std::vector<std::vector<int64_t>> latency(buckets);
+  for (const Collector::Sink& sink : collector.Sinks()) {
+    for (const CompletionRecord& c : sink.completions) {
+      const double at = static_cast<double>(c.done_ns - start_ns) / 1e9 * o.compression;
+      const auto b = static_cast<int64_t>(std::floor(at / width));
+      if (b < 0 || static_cast<size_t>(b) >= buckets) continue;
+      latency[b].push_back(c.done_ns - c.injected_ns);
+    }
+  }
+  for (size_t b = 0; b < buckets; ++b) {
+    std::sort(latency[b].begin(), latency[b].end());
+    TimelinePoint point;
+    point.t_s = static_cast<double>(b) * width;
+    point.completion_rate = static_cast<double>(latency[b].size()) / width;
+    point.target_rate = target;
+    point.latency_p50_ms = PercentileMs(latency[b], 0.50, o.compression);
+    point.latency_p99_ms = PercentileMs(latency[b], 0.99, o.compression);
+    report.timeline.push_back(point);
+  }
+  for (FailureReport& f : report.failures) {
+    if (!f.error.empty()) continue;
+    for (const TimelinePoint& point : report.timeline) {
+      if (point.t_s + width <= f.killed_at_s) continue;
+      if (point.t_s >= f.killed_at_s && point.completion_rate >= 0.98 * target) {
+        f.recovered_after_s = point.t_s + width - f.killed_at_s;
+        break;
+      }
+    }
+  }
 }
 
 ServeReport BuildReport(const Topology& t, const ServeOptions& o, const Collector& collector,

@@ -39,6 +39,12 @@ int64_t DroppedFor(const Topology& topology, int sink, const Collector::Sink& go
 // The q-quantile of sorted wall nanoseconds, in plan milliseconds.
 double PercentileMs(const std::vector<int64_t>& sorted_ns, double q, double compression);
 
+// The report's timeline (completions and latency per bucket of whole plan seconds, >= 20
+// expected completions each) and each failure's recovery time: from the kill to the end of the
+// first bucket after it that completes at >= 98% of the target rate.
+void AddTimeline(const Topology& topology, const ServeOptions& options, const Collector& collector,
+                 int64_t start_ns, ServeReport& report);
+
 ServeReport BuildReport(const Topology& topology, const ServeOptions& options,
                         const Collector& collector, const RunFigures& run);
 

@@ -12,11 +12,10 @@
 #include <random>
 #include <thread>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "plexus/base/status.hpp"
-#include "plexus/placement/optimizer.hpp"
 #include "plexus/transport/device.hpp"
+#include "recovery.hpp"
 #include "report.hpp"
 #include "topology.hpp"
 #include "worker.hpp"
@@ -80,7 +79,7 @@ class Driver {
     report.retried_repeats = collector_.RetriedRepeats();
     for (const FailureReport& f : failures_) report.retried += f.retried;
     report.failures = failures_;
-    RecoveryTimes(report);
+    AddTimeline(*t_, o_, collector_, start_ns_, report);
     return report;
   }
 
@@ -355,33 +354,10 @@ class Driver {
     }
     const std::vector<std::vector<int>> old_workers = t_->op_workers;
 
-    // Re-plan for the problem without the failed workers, then back to this problem's indices.
-    placement::Problem remaining = p_;
-    std::vector<int> index;  // remaining's worker -> p_'s
-    remaining.workers.clear();
-    for (size_t w = 0; w < p_.workers.size(); ++w) {
-      if (dead_[w]) continue;
-      remaining.workers.push_back(p_.workers[w]);
-      index.push_back(static_cast<int>(w));
-    }
     const int64_t replan_start = NowNs();
-    absl::StatusOr<placement::Plan> plan =
-        o_.replan ? o_.replan(remaining)
-                  : placement::Optimize(remaining, placement::Strategy::kJellyBean);
+    absl::StatusOr<placement::Plan> plan = ReplanWithout(p_, dead_, o_.replan);
     f.replan_ms = static_cast<double>(NowNs() - replan_start) / 1e6;
     absl::Status deployed = plan.status();
-    if (plan.ok()) {
-      for (auto& shares : plan->workers) {
-        for (placement::WorkerShare& ws : shares) {
-          if (ws.worker < 0 || static_cast<size_t>(ws.worker) >= index.size()) {
-            deployed = absl::InternalError(
-                absl::StrCat("the re-plan names worker ", ws.worker, " of ", index.size()));
-            break;
-          }
-          ws.worker = index[ws.worker];
-        }
-      }
-    }
     if (deployed.ok()) {
       auto topology = BuildTopology(p_, *plan, redeploy_options_);
       deployed = topology.status();
@@ -390,7 +366,7 @@ class Driver {
         deployed = Deploy();
       }
     }
-    const std::vector<std::pair<int, uint64_t>> owed = Owed();
+    const std::vector<std::pair<int, uint64_t>> owed = OwedInputs(*t_, collector_, injected_);
     if (!deployed.ok()) {
       f.error = absl::StrCat("no deployment without worker '", f.worker, "': ", deployed.message());
       halted_ = true;
@@ -416,42 +392,6 @@ class Driver {
     f.retried = static_cast<int64_t>(owed.size());
     f.redeploy_ms = static_cast<double>(NowNs() - detected_ns) / 1e6 - f.replan_ms;
     failures_.push_back(std::move(f));
-  }
-
-  // (source, id) of every input a source injected so far that a sink reached by it still owes:
-  // neither completed there nor given up for good (a drop that is not retryable) at or above it.
-  std::vector<std::pair<int, uint64_t>> Owed() {
-    const std::vector<Collector::Sink> sinks = collector_.Sinks();
-    std::vector<DropRecord> drops = collector_.Drops();
-    absl::flat_hash_set<std::pair<int, uint64_t>> owed;
-    for (size_t op = 0; op < p_.operators.size(); ++op) {
-      if (!t_->sink[op]) continue;
-      absl::flat_hash_set<std::pair<uint64_t, uint64_t>> lost;
-      for (const DropRecord& d : drops) {
-        if (!t_->reaches[d.op][op]) continue;
-        for (uint64_t mask : t_->masks[op]) {
-          if ((mask & d.sources) == d.sources) lost.insert({mask, d.id});
-        }
-      }
-      // Per source of each mask, every id it injected: a join's inputs from sources that
-      // injected an id the others have not yet are owed too (the partners come later, to the
-      // new deployment).
-      for (uint64_t mask : t_->masks[op]) {
-        for (size_t s = 0; s < t_->sources.size(); ++s) {
-          if ((mask >> s & 1) == 0) continue;
-          for (int64_t id = 0; id < injected_[s]; ++id) {
-            const std::pair<uint64_t, uint64_t> key{mask, static_cast<uint64_t>(id)};
-            if (sinks[op].done.contains(key) || lost.contains(key)) continue;
-            owed.insert({static_cast<int>(s), static_cast<uint64_t>(id)});
-          }
-        }
-      }
-    }
-    std::vector<std::pair<int, uint64_t>> out(owed.begin(), owed.end());
-    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
-      return a.second != b.second ? a.second < b.second : a.first < b.first;
-    });
-    return out;
   }
 
   void Inject() {
@@ -589,56 +529,6 @@ class Driver {
       }
     }
     return true;
-  }
-
-  // Per failure: plan seconds from the kill to the end of the first timeline bucket after it
-  // that completes at >= 98% of the target rate.
-  void RecoveryTimes(ServeReport& report) {
-    double target = 0;
-    for (size_t op = 0; op < p_.operators.size(); ++op) {
-      if (t_->sink[op]) target += p_.rate[op];
-    }
-    report.timeline = Timeline(target);
-    if (report.timeline.size() < 2) return;
-    const double width = report.timeline[1].t_s - report.timeline[0].t_s;
-    for (FailureReport& f : report.failures) {
-      if (!f.error.empty()) continue;
-      for (const TimelinePoint& point : report.timeline) {
-        if (point.t_s < f.killed_at_s) continue;
-        if (point.completion_rate >= 0.98 * target) {
-          f.recovered_after_s = point.t_s + width - f.killed_at_s;
-          break;
-        }
-      }
-    }
-  }
-
-  // Buckets of whole plan seconds over the injection (>= 20 expected completions each).
-  std::vector<TimelinePoint> Timeline(double target) const {
-    std::vector<TimelinePoint> out;
-    if (!(target > 0)) return out;
-    const double width = std::max(1.0, std::ceil(20 / target));
-    const size_t buckets = static_cast<size_t>(std::ceil(o_.duration_s / width));
-    std::vector<std::vector<int64_t>> latency(buckets);
-    for (const Collector::Sink& sink : collector_.Sinks()) {
-      for (const CompletionRecord& c : sink.completions) {
-        const double t = static_cast<double>(c.done_ns - start_ns_) / kSecondNs * o_.compression;
-        const auto b = static_cast<int64_t>(std::floor(t / width));
-        if (b < 0 || static_cast<size_t>(b) >= buckets) continue;
-        latency[b].push_back(c.done_ns - c.injected_ns);
-      }
-    }
-    for (size_t b = 0; b < buckets; ++b) {
-      std::sort(latency[b].begin(), latency[b].end());
-      TimelinePoint point;
-      point.t_s = static_cast<double>(b) * width;
-      point.completion_rate = static_cast<double>(latency[b].size()) / width;
-      point.target_rate = target;
-      point.latency_p50_ms = PercentileMs(latency[b], 0.50, o_.compression);
-      point.latency_p99_ms = PercentileMs(latency[b], 0.99, o_.compression);
-      out.push_back(point);
-    }
-    return out;
   }
 
   // Halts every worker first (nothing more is sent), then closes them: a worker closing while a
