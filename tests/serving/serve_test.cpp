@@ -110,13 +110,21 @@ void RequireExact(const ServeReport& r) {
   for (const SinkServeReport& s : r.sinks) REQUIRE(s.completed == s.expected);
 }
 
-TEST_CASE("a 3-operator chain delivers every request once, in order", "[serving]") {
-  const Wire wire = GENERATE(Wire::kInproc, Wire::kTcp);
-  const Problem problem = MustParse(Workflow(
+// cam -> A -> B -> C at 40 requests/s, 2 ms per operator on a GPU: two edge CPUs and two cloud
+// GPUs; the plan puts A on e-0, B on e-1, C on g-0.
+Problem ChainProblem() {
+  return MustParse(Workflow(
       {"cam"}, {"A", "B", "C"}, {{"cam", "A"}, {"A", "B"}, {"B", "C"}},
       json::array({Workers("edge", "cpu", "e", 2), Workers("cloud", "gpu", "g", 2)}), 40, 2));
-  const Plan plan =
-      MustPlan(problem, {{"A", {{"e-0", 1}}}, {"B", {{"e-1", 1}}}, {"C", {{"g-0", 1}}}});
+}
+Plan ChainPlan(const Problem& problem) {
+  return MustPlan(problem, {{"A", {{"e-0", 1}}}, {"B", {{"e-1", 1}}}, {"C", {{"g-0", 1}}}});
+}
+
+TEST_CASE("a 3-operator chain delivers every request once, in order", "[serving]") {
+  const Wire wire = GENERATE(Wire::kInproc, Wire::kTcp);
+  const Problem problem = ChainProblem();
+  const Plan plan = ChainPlan(problem);
   std::mutex mu;
   std::vector<uint64_t> order;
   ServeOptions options;
@@ -263,11 +271,8 @@ TEST_CASE("a plan that cannot keep up is reported as not sustained, without hang
 TEST_CASE("a killed worker is detected, the plan re-optimised and every request served once",
           "[serving][failure]") {
   const Wire wire = GENERATE(Wire::kInproc, Wire::kTcp);
-  const Problem problem = MustParse(Workflow(
-      {"cam"}, {"A", "B", "C"}, {{"cam", "A"}, {"A", "B"}, {"B", "C"}},
-      json::array({Workers("edge", "cpu", "e", 2), Workers("cloud", "gpu", "g", 2)}), 40, 2));
-  const Plan plan =
-      MustPlan(problem, {{"A", {{"e-0", 1}}}, {"B", {{"e-1", 1}}}, {"C", {{"g-0", 1}}}});
+  const Problem problem = ChainProblem();
+  const Plan plan = ChainPlan(problem);
   ServeOptions options;
   options.duration_s = 20;
   options.warmup_s = 2;
