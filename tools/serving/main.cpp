@@ -31,6 +31,7 @@ namespace tooling = plexus::tooling;
 struct Args {
   std::vector<std::string> positional;
   std::string strategy = "jb";
+  std::vector<std::string> strategies = {"jb", "ptc", "spc"};
   std::string transport = "inproc";
   bool no_spin = false;
   bool json = false;
@@ -89,7 +90,7 @@ void PrintFigures(const Problem& problem, const ServeReport& r, const Args& args
   out.Add({"compute_cost_per_hour", r.compute_cost_per_hour, "$/h", nullptr, std::nullopt, {}});
   out.Add({"accuracy", r.accuracy, "accuracy", nullptr, std::nullopt, {}});
   for (const auto& f : r.failures) {
-    const std::vector<std::pair<std::string, std::string>> tags = {{"worker", f.worker}};
+    const nlohmann::json tags = {{"worker", f.worker}};
     out.Add({"failure_detected_after", f.detected_after_ms, "ms", nullptr, std::nullopt, tags});
     out.Add({"failure_replan", f.replan_ms, "ms", nullptr, std::nullopt, tags});
     out.Add({"failure_redeploy", f.redeploy_ms, "ms", nullptr, std::nullopt, tags});
@@ -243,6 +244,86 @@ int Demo(Args& args) {
   return ServePlan(*problem, *plan, args);
 }
 
+// Optimizes with each strategy and serves each plan the same way: planned against measured cost,
+// rate and latency, and JellyBean's measured cost against each other's.
+int Compare(Args& args) {
+  if (int rc = ParseKills(args); rc != 0) return rc;
+  if (!args.serve.failures.empty()) return g_tool->Usage("compare: --kill is not taken here");
+  if (args.transport == "tcp") {
+    args.serve.wire = serving::Wire::kTcp;
+  } else if (args.transport != "inproc") {
+    return g_tool->Usage("--transport: expected inproc or tcp, got '" + args.transport + "'");
+  }
+  args.serve.cpu_spins = !args.no_spin;
+  auto problem = LoadProblem(args.positional[0]);
+  if (!problem.ok()) return g_tool->Fail(problem.status());
+  struct Row {
+    std::string strategy;
+    Plan plan;
+    ServeReport report;
+  };
+  std::vector<Row> rows;
+  for (const std::string& name : args.strategies) {
+    auto strategy = ParseStrategy(name);
+    if (!strategy.ok()) return g_tool->Usage(std::string(strategy.status().message()));
+    auto plan = Optimize(*problem, *strategy);
+    if (!plan.ok()) {
+      std::fprintf(stderr, "plexus-serve: %s: no plan: %s\n", name.c_str(),
+                   std::string(plan.status().message()).c_str());
+      continue;
+    }
+    if (!args.json) {
+      std::fprintf(stderr, "plexus-serve: serving %s's plan for %.0f plan s (%.1f wall s)\n",
+                   name.c_str(), args.serve.duration_s,
+                   args.serve.duration_s / args.serve.compression);
+    }
+    auto report = serving::Serve(*problem, *plan, args.serve);
+    if (!report.ok()) return g_tool->Fail(report.status());
+    rows.push_back({name, *plan, *report});
+  }
+  const Row* jb = nullptr;
+  for (const Row& r : rows) {
+    if (r.strategy == "jb") jb = &r;
+  }
+  auto measured = [](const ServeReport& r) {
+    return r.compute_cost_per_hour + r.network_cost_per_hour;
+  };
+  tooling::FigureWriter out("plexus_serve_compare", true);
+  out.SetCommon({{"scenario", problem->name},
+                 {"compression", args.serve.compression},
+                 {"seconds", args.serve.duration_s}});
+  std::vector<std::vector<std::string>> table;
+  for (const Row& r : rows) {
+    const double cost = measured(r.report);
+    const double below = jb != nullptr && cost > 0 ? 1 - measured(jb->report) / cost : 0;
+    table.push_back({r.strategy, Fixed(r.plan.total_cost, 3), Fixed(cost, 3),
+                     Fixed(r.report.compute_cost_per_hour, 3),
+                     Fixed(r.report.network_cost_per_hour, 3),
+                     Fixed(100 * r.report.throughput_ratio, 1), Fixed(r.report.latency_p50_ms, 0),
+                     Fixed(r.report.latency_p99_ms, 0),
+                     r.strategy == "jb" || jb == nullptr ? "-" : Fixed(100 * below, 1)});
+    if (!args.json) continue;
+    const nlohmann::json tags = {{"strategy", r.strategy}};
+    out.Add({"planned_cost_per_hour", r.plan.total_cost, "$/h", nullptr, std::nullopt, tags});
+    out.Add({"measured_cost_per_hour", cost, "$/h", nullptr, std::nullopt, tags});
+    out.Add(
+        {"throughput_ratio", r.report.throughput_ratio, "ratio", 0.98, r.report.sustained, tags});
+    out.Add({"latency_p50", r.report.latency_p50_ms, "ms", nullptr, std::nullopt, tags});
+    out.Add({"latency_p99", r.report.latency_p99_ms, "ms", nullptr, std::nullopt, tags});
+    if (r.strategy != "jb" && jb != nullptr) {
+      out.Add({"jb_measured_cost_below", below, "fraction", 0.0, below > 0, tags});
+    }
+  }
+  if (!args.json) {
+    std::cout << tooling::FormatTable(
+        {"strategy", "planned $/h", "measured $/h", "compute", "network", "rate %", "p50 ms",
+         "p99 ms", "jb below %"},
+        table,
+        {.indent = "", .right_aligned = {false, true, true, true, true, true, true, true, true}});
+  }
+  return 0;
+}
+
 int PlanAndRun(Args& args) {
   auto problem = LoadProblem(args.positional[0]);
   if (!problem.ok()) return g_tool->Fail(problem.status());
@@ -299,6 +380,15 @@ int main(int argc, char** argv) {
   plan_and_run->add_option("--strategy", args.strategy, "jb|lb|bf|ff|pte|ptc|spc")
       ->capture_default_str();
   AddServeFlags(plan_and_run, &args);
+  CLI::App* compare = tool.Subcommand(
+      "compare",
+      "optimize with each strategy and serve each plan the same way: planned and measured cost, "
+      "rate, latency, and how far below each other JellyBean's measured cost is");
+  compare->add_option("input", args.positional, "IN.json")->required()->expected(1);
+  compare->add_option("--strategies", args.strategies, "jb|lb|bf|ff|pte|ptc|spc, several")
+      ->delimiter(',')
+      ->capture_default_str();
+  AddServeFlags(compare, &args);
   CLI::App* demo = tool.Subcommand(
       "demo",
       "serve the VQA workflow (share/plexus/data/placement/vqa-medium.json) under JellyBean's "
@@ -309,5 +399,6 @@ int main(int argc, char** argv) {
   if (auto code = tool.Parse(argc, argv)) return *code;
   if (run->parsed()) return Run(args);
   if (demo->parsed()) return Demo(args);
+  if (compare->parsed()) return Compare(args);
   return PlanAndRun(args);
 }
