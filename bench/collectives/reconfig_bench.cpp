@@ -1,5 +1,6 @@
 // plexus-bench-collectives --reconfig (reconfig_bench.hpp).
 #include "reconfig_bench.hpp"
+#include "plexus/base/quantile.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -28,9 +29,7 @@ constexpr int kDefaultRounds = 40;
 }
 
 double Percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+  return plexus::base::Quantile(std::move(v), q);
 }
 
 }  // namespace

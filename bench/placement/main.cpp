@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "plexus/base/quantile.hpp"
 #include "plexus/placement/optimizer.hpp"
 #include "plexus/placement/random_instance.hpp"
 #include "plexus/placement/simulator.hpp"
@@ -37,12 +38,7 @@ struct Options {
 };
 
 double Quantile(std::vector<double> values, double q) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const double position = q * static_cast<double>(values.size() - 1);
-  const size_t low = static_cast<size_t>(position);
-  const size_t high = std::min(low + 1, values.size() - 1);
-  return values[low] + (values[high] - values[low]) * (position - static_cast<double>(low));
+  return plexus::base::Quantile(std::move(values), q, plexus::base::QuantileRule::kInterpolated);
 }
 
 void Log(const Options& options, const std::string& line) {

@@ -1,5 +1,6 @@
 // The global QoS figure of plexus-bench-rpc (see qos_bench.hpp).
 #include "qos_bench.hpp"
+#include "plexus/base/quantile.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -47,9 +48,7 @@ class WorkingEcho : public EchoService::Service {
 };
 
 double Quantile(std::vector<double> v, double q) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+  return v.empty() ? NAN : plexus::base::Quantile(std::move(v), q);
 }
 
 // A tcp 127.0.0.1 device and a started server on it serving `impl`.

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "plexus/base/quantile.hpp"
 #include "plexus/netmodel/mccs_sim.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
@@ -40,12 +41,7 @@ double Mean(const std::vector<double>& v) {
 }
 
 double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return 0;
-  const double at = p * static_cast<double>(v.size() - 1);
-  const size_t lo = static_cast<size_t>(at);
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
+  return plexus::base::Quantile(std::move(v), p, plexus::base::QuantileRule::kInterpolated);
 }
 
 int Table(const Args& a, const tooling::Tool& tool) {
