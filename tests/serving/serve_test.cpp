@@ -4,6 +4,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -345,6 +346,42 @@ TEST_CASE("a failure that leaves no feasible plan stops serving and drops what w
   bool reason = false;
   for (const auto& [why, count] : report->drops_by_reason) reason |= why == f.error;
   CHECK(reason);
+}
+
+TEST_CASE("Daronpon moves load off a slower worker that static shares overload",
+          "[serving][balance]") {
+  // B runs 2 ms on the cloud GPU and 4 ms on the edge CPU; the plan splits it evenly, so the CPU
+  // runs at 96 % of its capacity and the GPU at 48 %: under Poisson arrivals the CPU's queue
+  // grows, and Daronpon sends more to the GPU.
+  const Problem problem = MustParse(Workflow(
+      {"cam"}, {"B"}, {{"cam", "B"}},
+      json::array({Workers("edge", "cpu", "e", 1), Workers("cloud", "gpu", "g", 1)}), 480, 2));
+  const Plan plan = MustPlan(problem, {{"B", {{"e", 0.5}, {"g", 0.5}}}});
+  auto serve = [&](Balance balance) {
+    ServeOptions options;
+    options.duration_s = 10;
+    options.warmup_s = 2;
+    options.compression = 2;
+    options.cpu_spins = false;
+    options.poisson_arrivals = true;  // with constant gaps and service times nothing queues
+    options.balance = balance;
+    auto report = Serve(problem, plan, options);
+    REQUIRE(report.ok());
+    std::printf("%s", ServeSummary(problem, *report).c_str());
+    RequireExact(*report);
+    return *report;
+  };
+  const ServeReport shares = serve(Balance::kShares);
+  const ServeReport daronpon = serve(Balance::kDaronpon);
+  std::map<std::string, int64_t> processed;
+  for (const WorkerServeReport& w : daronpon.workers) {
+    processed[problem.workers[w.worker].name] = w.processed;
+  }
+  INFO("p99 shares " << shares.latency_p99_ms << " ms, Daronpon " << daronpon.latency_p99_ms
+                     << " ms; Daronpon sent " << processed["g"] << " to the GPU, " << processed["e"]
+                     << " to the CPU");
+  CHECK(processed["g"] > processed["e"]);
+  CHECK(daronpon.latency_p99_ms < shares.latency_p99_ms);
 }
 
 TEST_CASE("failure drills are checked, naming the element", "[serving][failure]") {

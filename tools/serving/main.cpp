@@ -33,6 +33,7 @@ struct Args {
   std::string strategy = "jb";
   std::vector<std::string> strategies = {"jb", "ptc", "spc"};
   std::string transport = "inproc";
+  std::string balance = "shares";
   bool no_spin = false;
   bool json = false;
   std::vector<std::string> kills;  // WORKER@SECONDS
@@ -158,8 +159,21 @@ int WriteReport(const Problem& problem, const ServeReport& r, const Args& args) 
   return 0;
 }
 
+// --balance shares|daronpon.
+int ParseBalance(Args& args) {
+  if (args.balance == "shares") {
+    args.serve.balance = serving::Balance::kShares;
+  } else if (args.balance == "daronpon") {
+    args.serve.balance = serving::Balance::kDaronpon;
+  } else {
+    return g_tool->Usage("--balance: expected shares or daronpon, got '" + args.balance + "'");
+  }
+  return 0;
+}
+
 int ServePlan(const Problem& problem, const Plan& plan, Args& args) {
   if (int rc = ParseKills(args); rc != 0) return rc;
+  if (int rc = ParseBalance(args); rc != 0) return rc;
   if (args.transport == "tcp") {
     args.serve.wire = serving::Wire::kTcp;
   } else if (args.transport != "inproc") {
@@ -248,6 +262,7 @@ int Demo(Args& args) {
 // rate and latency, and JellyBean's measured cost against each other's.
 int Compare(Args& args) {
   if (int rc = ParseKills(args); rc != 0) return rc;
+  if (int rc = ParseBalance(args); rc != 0) return rc;
   if (!args.serve.failures.empty()) return g_tool->Usage("compare: --kill is not taken here");
   if (args.transport == "tcp") {
     args.serve.wire = serving::Wire::kTcp;
@@ -348,6 +363,10 @@ void AddServeFlags(CLI::App* app, Args* a) {
                      "wall seconds to wait for requests in flight after injection", 0.0, 3600.0);
   app->add_flag("--poisson", a->serve.poisson_arrivals, "Poisson arrivals (default constant)");
   app->add_option("--transport", a->transport, "inproc|tcp")->capture_default_str();
+  app->add_option("--balance", a->balance,
+                  "shares (the plan's, weighted round robin) | daronpon (redirect to a worker "
+                  "with a shorter queue)")
+      ->capture_default_str();
   app->add_flag("--no-spin", a->no_spin,
                 "emulated operators on CPU workers sleep instead of burning the CPU");
   app->add_option("--kill", a->kills,

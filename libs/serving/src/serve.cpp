@@ -134,7 +134,8 @@ class Driver {
                           o_.max_join_pending,
                           o_.seed + epoch_,
                           {},
-                          epoch_};
+                          epoch_,
+                          o_.balance};
       for (int op : t_->worker_ops[w]) {
         if (fns.count(op) != 0) config.operators[op] = fns[op];
       }
@@ -159,11 +160,14 @@ class Driver {
                                          ": ", channel.status().message()));
       }
     }
-    round_robin_.clear();
-    round_robin_.resize(p_.edges.size());
+    routers_.clear();
+    routers_.resize(p_.edges.size());
     for (int op : t_->sources) {
       for (int e : p_.out_edges[op]) {
-        round_robin_[e] = std::make_unique<SmoothRoundRobin>(t_->op_shares[p_.edges[e].to]);
+        PLEXUS_ASSIGN_OR_RETURN(
+            routers_[e],
+            Router::Create(t_->op_shares[p_.edges[e].to], o_.balance == Balance::kDaronpon,
+                           o_.seed * 17 + static_cast<uint64_t>(e) + epoch_));
       }
     }
     return absl::OkStatus();
@@ -258,8 +262,9 @@ class Driver {
     const int op = t_->sources[s];
     for (int e : p_.out_edges[op]) {
       const int child = p_.edges[e].to;
-      const size_t pick =
-          t_->join[child] ? HashRoute(id, t_->op_shares[child]) : round_robin_[e]->Next();
+      // Shared with the acknowledgement's callback: a re-plan replaces routers_.
+      std::shared_ptr<Router> router = t_->join[child] ? nullptr : routers_[e];
+      const size_t pick = router == nullptr ? HashRoute(id, t_->op_shares[child]) : router->Pick();
       const int to = t_->op_workers[child][pick];
       auto message = std::make_shared<wire::Message>();
       message->request_id = id;
@@ -274,13 +279,20 @@ class Driver {
         std::lock_guard<std::mutex> lock(source_mu_);
         source_sent_[s][to] += t_->edge_payload[e].size();
       }
-      relay_->Deliver(addresses_[to], *message, message, [this, e, id, s, to](absl::Status st) {
-        std::lock_guard<std::mutex> lock(source_mu_);
-        failed_sends_.push_back(
-            {p_.edges[e].to, uint64_t{1} << s, id,
-             absl::StrCat("send to worker '", p_.workers[to].name, "' failed: ", st.message()),
-             /*retryable=*/true});
-      });
+      relay_->Deliver(
+          addresses_[to], *message, message,
+          [this, e, id, s, to, router, pick](absl::StatusOr<uint32_t> queued) {
+            if (queued.ok()) {
+              if (router != nullptr) router->Acked(pick, *queued);
+              return;
+            }
+            if (router != nullptr) router->Failed(pick);
+            std::lock_guard<std::mutex> lock(source_mu_);
+            failed_sends_.push_back({p_.edges[e].to, uint64_t{1} << s, id,
+                                     absl::StrCat("send to worker '", p_.workers[to].name,
+                                                  "' failed: ", queued.status().message()),
+                                     /*retryable=*/true});
+          });
     }
   }
 
@@ -572,8 +584,8 @@ class Driver {
   uint32_t epoch_ = 0;
   std::vector<std::unique_ptr<WorkerNode>> nodes_;
   std::vector<std::string> addresses_;
-  std::vector<std::unique_ptr<SmoothRoundRobin>> round_robin_;  // per source edge
-  std::vector<bool> dead_;                                      // per worker
+  std::vector<std::shared_ptr<Router>> routers_;  // per source edge
+  std::vector<bool> dead_;                        // per worker
   std::vector<int> misses_;                // per worker: health checks answered late in a row
   std::vector<Seen> last_seen_, retired_;  // per worker; retired_: replaced deployments' sums
   std::vector<Kill> kills_;

@@ -44,17 +44,22 @@ absl::StatusOr<std::shared_ptr<rpc::Channel>> Relay::ChannelTo(const std::string
 }
 
 void Relay::Deliver(const std::string& address, const wire::Message& message,
-                    std::shared_ptr<const void> keep, std::function<void(absl::Status)> failed) {
+                    std::shared_ptr<const void> keep,
+                    std::function<void(absl::StatusOr<uint32_t>)> done) {
   auto channel = ChannelTo(address, wire::Worker::Descriptor());
   if (!channel.ok()) {
-    failed(channel.status());
+    done(channel.status());
     return;
   }
   wire::Worker::Stub stub(*channel);
   stub.Deliver(message, SendOptions(),
                [keep = std::move(keep),
-                failed = std::move(failed)](absl::StatusOr<rpc::Reply<wire::Ack>> reply) {
-                 if (!reply.ok()) failed(reply.status());
+                done = std::move(done)](absl::StatusOr<rpc::Reply<wire::Ack>> reply) {
+                 if (!reply.ok()) {
+                   done(reply.status());
+                 } else {
+                   done((*reply)->queued);
+                 }
                });
 }
 
@@ -121,11 +126,14 @@ WorkerNode::WorkerNode(std::shared_ptr<transport::Device> device, WorkerConfig c
       relay_(std::move(device)),
       sent_bytes_(topology_.problem.workers.size(), 0) {
   const auto& p = topology_.problem;
-  round_robin_.resize(p.edges.size());
+  routers_.resize(p.edges.size());
   for (int op : topology_.worker_ops[config_.worker]) {
     for (int e : p.out_edges[op]) {
-      if (!round_robin_[e]) {
-        round_robin_[e] = std::make_unique<SmoothRoundRobin>(topology_.op_shares[p.edges[e].to]);
+      if (!routers_[e]) {
+        // Valid shares (the topology's) make a router: Create cannot fail here.
+        routers_[e] = *Router::Create(topology_.op_shares[p.edges[e].to],
+                                      config_.balance == Balance::kDaronpon,
+                                      config_.seed * 31 + static_cast<uint64_t>(e));
       }
     }
   }
@@ -174,7 +182,8 @@ void WorkerNode::Stop() {
   relay_.Close();
 }
 
-absl::Status WorkerNode::Deliver(rpc::ServerContext&, const wire::Message& request, wire::Ack*) {
+absl::Status WorkerNode::Deliver(rpc::ServerContext&, const wire::Message& request,
+                                 wire::Ack* response) {
   const auto& p = topology_.problem;
   if (request.epoch != config_.epoch) {
     return absl::FailedPreconditionError(
@@ -210,6 +219,8 @@ absl::Status WorkerNode::Deliver(rpc::ServerContext&, const wire::Message& reque
     std::lock_guard<std::mutex> lock(mu_);
     arrival.sequence = sequence_++;
     arriving_.push(std::move(arrival));
+    response->queued =
+        static_cast<uint32_t>(arriving_.size() + fifo_.size() + static_cast<size_t>(in_service_));
   }
   cv_.notify_one();
   return absl::OkStatus();
@@ -394,13 +405,9 @@ void WorkerNode::Forward(const Job& job, const std::string* output) {
   if (output != nullptr) owned = std::make_shared<const std::string>(*output);
   for (int e : p.out_edges[job.op]) {
     const int child = p.edges[e].to;
-    size_t pick;
-    if (topology_.join[child]) {
-      pick = HashRoute(job.id, topology_.op_shares[child]);
-    } else {
-      std::lock_guard<std::mutex> lock(route_mu_);
-      pick = round_robin_[e]->Next();
-    }
+    Router* router = topology_.join[child] ? nullptr : routers_[e].get();
+    const size_t pick =
+        router == nullptr ? HashRoute(job.id, topology_.op_shares[child]) : router->Pick();
     const int to = topology_.op_workers[child][pick];
     const std::string& payload = owned ? *owned : topology_.edge_payload[e];
     auto message = std::make_shared<wire::Message>();
@@ -421,12 +428,18 @@ void WorkerNode::Forward(const Job& job, const std::string* output) {
         std::pair<std::shared_ptr<wire::Message>, std::shared_ptr<const std::string>>>(message,
                                                                                        owned);
     Job copy{job.id, job.sources, child, job.injected_ns, {}};
-    relay_.Deliver(peers_[to], *message, std::move(keep), [this, copy, to](absl::Status status) {
-      Drop(copy,
-           absl::StrCat("send to worker '", topology_.problem.workers[to].name,
-                        "' failed: ", status.message()),
-           /*retryable=*/true);
-    });
+    relay_.Deliver(peers_[to], *message, std::move(keep),
+                   [this, copy, to, router, pick](absl::StatusOr<uint32_t> queued) {
+                     if (queued.ok()) {
+                       if (router != nullptr) router->Acked(pick, *queued);
+                       return;
+                     }
+                     if (router != nullptr) router->Failed(pick);
+                     Drop(copy,
+                          absl::StrCat("send to worker '", topology_.problem.workers[to].name,
+                                       "' failed: ", queued.status().message()),
+                          /*retryable=*/true);
+                   });
   }
 }
 

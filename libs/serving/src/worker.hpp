@@ -21,6 +21,7 @@
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/server.hpp"
 #include "plexus/serving/routing.hpp"
+#include "router.hpp"
 #include "serving.plexus.hpp"
 #include "topology.hpp"
 
@@ -37,6 +38,7 @@ struct WorkerConfig {
   std::map<int, OperatorFn> operators;  // real operators by operator index
   // The deployment this worker belongs to: stamped on what it sends, required on what it takes.
   uint32_t epoch = 0;
+  Balance balance = Balance::kShares;
 };
 
 // Sends Messages, Completions and Drops to rpc addresses, one channel per address, reused.
@@ -44,10 +46,12 @@ class Relay {
  public:
   explicit Relay(std::shared_ptr<transport::Device> device) : device_(std::move(device)) {}
   ~Relay();
-  // Sends without waiting; `failed` runs (on a channel thread) when the call fails. The payload
-  // must stay valid until then: `keep` holds it.
+  // Sends without waiting; `done` runs (on a channel thread) with the worker's queue as its
+  // acknowledgement reported it, or the call's failure. The payload must stay valid until then:
+  // `keep` holds it.
   void Deliver(const std::string& address, const wire::Message& message,
-               std::shared_ptr<const void> keep, std::function<void(absl::Status)> failed);
+               std::shared_ptr<const void> keep,
+               std::function<void(absl::StatusOr<uint32_t>)> done);
   void Complete(const std::string& address, const wire::Completion& completion);
   void Dropped(const std::string& address, wire::Drop drop, std::string reason);
   absl::StatusOr<std::shared_ptr<rpc::Channel>> ChannelTo(const std::string& address,
@@ -138,8 +142,7 @@ class WorkerNode final : public wire::Worker::Service {
   Relay relay_;
   std::vector<std::string> peers_;
   std::string collector_;
-  std::mutex route_mu_;
-  std::vector<std::unique_ptr<SmoothRoundRobin>> round_robin_;  // per edge out of this worker
+  std::vector<std::unique_ptr<Router>> routers_;  // per edge out of this worker
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -48,6 +48,13 @@ struct WorkerFailure {
   double at_s = 0;     // within [0, duration_s)
 };
 
+// How a sender picks among an operator's workers. kShares: the plan's shares (smooth weighted
+// round robin). kDaronpon: the share's pick, redirected to a worker whose load (the queue its
+// last acknowledgement reported, plus this sender's unacknowledged sends) is lower by more than
+// one (the rpc library's Daronpon balancer). A join's inputs always follow the shares (by
+// request id), so that every input of a request meets at one worker.
+enum class Balance : uint8_t { kShares, kDaronpon };
+
 // The plan to deploy after failures, for the problem without the failed workers (its worker
 // indices are that problem's). Default: JellyBean (placement::Optimize, Strategy::kJellyBean).
 using Replanner = std::function<absl::StatusOr<placement::Plan>(const placement::Problem&)>;
@@ -60,6 +67,7 @@ struct ServeOptions {
   // service times and link delays divided. A 60 s run takes 6 wall seconds at 10.
   double compression = 10;
   bool poisson_arrivals = false;  // false: constant inter-arrival times
+  Balance balance = Balance::kShares;
   uint64_t seed = 1;
   Wire wire = Wire::kInproc;
   // Emulated operators on a CPU worker type burn the CPU for their service time (spin); on a GPU
