@@ -7,9 +7,11 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "plexus/base/admin.hpp"
 #include "plexus/placement/optimizer.hpp"
 #include "plexus/placement/simulator.hpp"
 #include "plexus/serving/serve.hpp"
@@ -382,6 +384,47 @@ TEST_CASE("Daronpon moves load off a slower worker that static shares overload",
                      << " to the CPU");
   CHECK(processed["g"] > processed["e"]);
   CHECK(daronpon.latency_p99_ms < shares.latency_p99_ms);
+}
+
+TEST_CASE("the admin endpoint shows the plan, the workers' queues and rates while serving",
+          "[serving][admin]") {
+  const Problem problem = ChainProblem();
+  const Plan plan = ChainPlan(problem);
+  base::admin::AdminOptions admin_options;
+  admin_options.token = "serving-test";
+  auto admin = base::admin::AdminServer::Start(admin_options);
+  REQUIRE(admin.ok());
+  ServeOptions options;
+  options.duration_s = 30;
+  options.warmup_s = 2;
+  options.compression = 10;
+  options.admin = admin->get();
+  const base::admin::AdminRequest request{"serving-test", "serving", {}};
+  std::string during;
+  std::thread watcher([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    auto reply = base::admin::AdminCall((*admin)->address(), request);
+    during = reply.ok() ? *reply : std::string(reply.status().message());
+  });
+  auto report = Serve(problem, plan, options);
+  watcher.join();
+  REQUIRE(report.ok());
+  INFO(during);
+  const json status = json::parse(during, nullptr, false);
+  REQUIRE(status.is_object());
+  CHECK(status["scenario"] == "test");
+  CHECK(status["plan"]["operators"].size() == 3);
+  CHECK(status["injected"].get<int64_t>() > 0);
+  REQUIRE(status["workers"].size() == 3);
+  for (const json& w : status["workers"]) {
+    CHECK(w["processed"].get<int64_t>() > 0);
+    CHECK(w["queued"].get<int64_t>() >= 0);
+    // Every worker serves the whole 40 requests per second.
+    CHECK(w["rate"].get<double>() == Approx(40).epsilon(0.5));
+  }
+  // After the run the command is gone.
+  auto after = base::admin::AdminCall((*admin)->address(), request);
+  CHECK_FALSE(after.ok());
 }
 
 TEST_CASE("failure drills are checked, naming the element", "[serving][failure]") {

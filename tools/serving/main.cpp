@@ -14,6 +14,7 @@
 #include "plexus/placement/optimizer.hpp"
 #include "plexus/placement/plan.hpp"
 #include "plexus/placement/problem.hpp"
+#include "plexus/rpc/admin.hpp"
 #include "plexus/serving/serve.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
@@ -203,6 +204,24 @@ int ServePlan(const Problem& problem, const Plan& plan, Args& args) {
         problem.name.c_str(), plan.strategy.c_str(), args.serve.duration_s,
         args.serve.duration_s / args.serve.compression, args.transport.c_str());
     args.serve.progress = Progress;
+  }
+  // The operator endpoint (PLEXUS_RPC_ADMIN, PLEXUS_RPC_ADMIN_TOKEN), as every Plexus program
+  // offers it: `plexus-rpc-ctl call serving` shows the run.
+  auto admin_settings = plexus::rpc::RpcAdmin::EnvSettings();
+  if (!admin_settings.ok()) return g_tool->Fail(admin_settings.status());
+  std::unique_ptr<plexus::base::admin::AdminServer> admin;
+  std::unique_ptr<plexus::rpc::RpcAdmin> rpc_admin;
+  if (!admin_settings->first.empty()) {
+    auto started = plexus::base::admin::AdminServer::Start(
+        {.address = admin_settings->first, .token = admin_settings->second});
+    if (!started.ok()) return g_tool->Fail(started.status());
+    admin = std::move(*started);
+    rpc_admin = std::make_unique<plexus::rpc::RpcAdmin>(admin.get());
+    args.serve.admin = admin.get();
+    if (!args.json) {
+      std::fprintf(stderr, "plexus-serve: admin endpoint %s (plexus-rpc-ctl call serving)\n",
+                   admin->address().c_str());
+    }
   }
   auto report = serving::Serve(problem, plan, args.serve);
   if (!report.ok()) return g_tool->Fail(report.status());

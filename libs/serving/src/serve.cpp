@@ -13,7 +13,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/json_reader.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/placement/plan.hpp"
 #include "plexus/transport/device.hpp"
 #include "recovery.hpp"
 #include "report.hpp"
@@ -68,8 +70,15 @@ class Driver {
   absl::StatusOr<ServeReport> Run() {
     PLEXUS_RETURN_IF_ERROR(Setup());
     start_ns_ = NowNs();
+    if (o_.admin != nullptr) {
+      o_.admin->Handle("serving",
+                       "the serving run: deployed plan, per-worker queues and rates, requests, "
+                       "latency, failures",
+                       [this](const base::admin::AdminRequest& r) { return AdminStatus(r); });
+    }
     Inject();
     Drain();
+    if (o_.admin != nullptr) o_.admin->Remove("serving");
     const int64_t end_ns = NowNs();
     const Counters at_end = Poll();
     Teardown();
@@ -235,6 +244,67 @@ class Driver {
     return c;
   }
 
+  // The latest health check's counters, for the admin command: per-worker rates over it.
+  void Remember(const Counters& c) {
+    std::lock_guard<std::mutex> lock(status_mu_);
+    if (!status_now_.processed.empty()) status_before_ = std::move(status_now_);
+    status_now_ = c;
+  }
+
+  // The admin command "serving" (no arguments).
+  absl::StatusOr<std::string> AdminStatus(const base::admin::AdminRequest& request) {
+    PLEXUS_RETURN_IF_ERROR(base::admin::CheckArgs(request, {}));
+    base::json::Json out;
+    std::shared_ptr<const Topology> t;
+    {
+      std::lock_guard<std::mutex> lock(deploy_mu_);
+      t = t_;
+      out["epoch"] = epoch_;
+      out["halted"] = halted_;
+      base::json::Json failures = base::json::Json::array();
+      for (const FailureReport& f : failures_) {
+        failures.push_back({{"worker", f.worker},
+                            {"killed_at_s", f.killed_at_s},
+                            {"detected_after_ms", f.detected_after_ms},
+                            {"moved", f.moved},
+                            {"retried", f.retried},
+                            {"error", f.error}});
+      }
+      out["failures"] = failures;
+      int64_t injected = 0;
+      for (int64_t n : injected_) injected += n;
+      out["injected"] = injected;
+    }
+    out["scenario"] = p_.name;
+    out["plan_s"] = static_cast<double>(NowNs() - start_ns_) / kSecondNs * o_.compression;
+    out["plan"] = base::json::Json::parse(placement::PlanToJson(p_, t->plan));
+    out["completed"] = collector_.Completions();
+    std::vector<int64_t> latencies = collector_.LatenciesNs();
+    std::sort(latencies.begin(), latencies.end());
+    out["latency_ms"] = {{"p50", PercentileMs(latencies, 0.50, o_.compression)},
+                         {"p99", PercentileMs(latencies, 0.99, o_.compression)}};
+    base::json::Json workers = base::json::Json::array();
+    std::lock_guard<std::mutex> lock(status_mu_);
+    const double dt = status_before_.processed.empty()
+                          ? 0
+                          : static_cast<double>(status_now_.at_ns - status_before_.at_ns) /
+                                kSecondNs * o_.compression;
+    for (size_t w = 0; w < p_.workers.size(); ++w) {
+      if (!t->Serves(static_cast<int>(w)) || status_now_.processed.empty()) continue;
+      base::json::Json ops = base::json::Json::array();
+      for (int op : t->worker_ops[w]) ops.push_back(p_.operators[op].name);
+      const int64_t done = status_now_.processed[w];
+      workers.push_back(
+          {{"name", p_.workers[w].name},
+           {"operators", ops},
+           {"queued", status_now_.queue[w]},
+           {"processed", done},
+           {"rate", dt > 0 ? static_cast<double>(done - status_before_.processed[w]) / dt : 0.0}});
+    }
+    out["workers"] = workers;
+    return out.dump();
+  }
+
   void Report(bool draining) {
     if (!o_.progress) return;
     ServeProgress progress;
@@ -315,7 +385,7 @@ class Driver {
       next_health_ns_ = now + static_cast<int64_t>(o_.health_interval_s * 1e9);
     }
     std::vector<int> failed;
-    Poll(&failed);
+    Remember(Poll(&failed));
     if (failed.empty()) return;
     // One at a time: the others of this check were workers of the deployment Recover replaces,
     // and the next check looks at the new one.
@@ -603,6 +673,8 @@ class Driver {
   int64_t start_ns_ = 0, warm_ns_ = 0, stop_ns_ = 0;
   int64_t last_progress_ns_ = 0, last_completions_ = 0;
   Counters at_warm_, at_stop_;
+  std::mutex status_mu_;
+  Counters status_before_, status_now_;  // the last two health checks (admin command)
 };
 
 }  // namespace

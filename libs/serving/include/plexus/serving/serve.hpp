@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "plexus/base/admin.hpp"
 #include "plexus/placement/plan.hpp"
 #include "plexus/placement/problem.hpp"
 
@@ -88,6 +89,11 @@ struct ServeOptions {
   double health_interval_s = 0.1;
   double failure_timeout_s = 1;
   Replanner replan;
+  // When set, the run adds the command "serving" to this operator endpoint while it serves
+  // (plexus/base/admin.hpp; the rpc admin endpoint's, PLEXUS_RPC_ADMIN): the deployed plan, per
+  // worker its queue, requests processed and rate over the last health check, the requests
+  // injected and completed so far, latency, failures. It must outlive the run.
+  base::admin::AdminServer* admin = nullptr;
 };
 
 // One failure and the recovery from it. On detection the runtime stops the deployment (every
