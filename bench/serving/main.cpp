@@ -142,16 +142,8 @@ class EchoImpl : public pb::EchoService::Service {
 
 // The device the serving runtime makes for `transport` (the same progress mode).
 absl::StatusOr<std::shared_ptr<pt::Device>> Device(const std::string& transport) {
-  pt::DeviceOptions options;
-  if (transport == "tcp") {
-    options.backend = pt::Backend::kTcp;
-    options.local_address = "127.0.0.1";
-    options.progress = pt::ProgressMode::kThread;
-  } else {
-    options.backend = pt::Backend::kInproc;
-    options.progress = pt::ProgressMode::kCaller;
-  }
-  return pt::Device::Create(options);
+  return pt::Device::Create(
+      ps::DeviceOptionsFor(transport == "tcp" ? ps::Wire::kTcp : ps::Wire::kInproc));
 }
 
 // The median synchronous Echo round trip, in microseconds.

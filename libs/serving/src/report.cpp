@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "plexus/base/json_reader.hpp"
 #include "plexus/placement/network.hpp"
+#include "plexus/placement/plan.hpp"
 
 namespace plexus::serving {
 namespace internal {
@@ -102,6 +103,54 @@ void AddTimeline(const Topology& t, const ServeOptions& o, const Collector& coll
       }
     }
   }
+}
+
+std::string RunStatusJson(const RunStatus& status, const ServeOptions& o,
+                          const Collector& collector) {
+  const Topology& t = *status.topology;
+  const placement::Problem& p = t.problem;
+  base::json::Json out;
+  out["scenario"] = p.name;
+  out["plan_s"] = status.plan_s;
+  out["epoch"] = status.epoch;
+  out["halted"] = status.halted;
+  out["plan"] = base::json::Json::parse(placement::PlanToJson(p, t.plan));
+  out["injected"] = status.injected;
+  out["completed"] = collector.Completions();
+  std::vector<int64_t> latencies = collector.LatenciesNs();
+  std::sort(latencies.begin(), latencies.end());
+  out["latency_ms"] = {{"p50", PercentileMs(latencies, 0.50, o.compression)},
+                       {"p99", PercentileMs(latencies, 0.99, o.compression)}};
+  const Counters& now = status.now;
+  const Counters& before = status.before;
+  const double dt = before.processed.empty()
+                        ? 0
+                        : static_cast<double>(now.at_ns - before.at_ns) / 1e9 * o.compression;
+  base::json::Json workers = base::json::Json::array();
+  for (size_t w = 0; w < p.workers.size() && !now.processed.empty(); ++w) {
+    if (!t.Serves(static_cast<int>(w))) continue;
+    base::json::Json ops = base::json::Json::array();
+    for (int op : t.worker_ops[w]) ops.push_back(p.operators[op].name);
+    const int64_t done = now.processed[w];
+    workers.push_back(
+        {{"name", p.workers[w].name},
+         {"operators", ops},
+         {"queued", now.queue[w]},
+         {"processed", done},
+         {"rate", dt > 0 ? static_cast<double>(done - before.processed[w]) / dt : 0.0}});
+  }
+  out["workers"] = workers;
+  base::json::Json failures = base::json::Json::array();
+  for (const FailureReport& f : status.failures) {
+    failures.push_back({{"worker", f.worker},
+                        {"killed_at_s", f.killed_at_s},
+                        {"detected_after_ms", f.detected_after_ms},
+                        {"moved", f.moved},
+                        {"retried", f.retried},
+                        {"error", f.error}});
+  }
+  out["failures"] = failures;
+  return out.dump();
 }
 
 ServeReport BuildReport(const Topology& t, const ServeOptions& o, const Collector& collector,

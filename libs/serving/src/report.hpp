@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "collector.hpp"
@@ -44,6 +45,22 @@ double PercentileMs(const std::vector<int64_t>& sorted_ns, double q, double comp
 // first bucket after it that completes at >= 98% of the target rate.
 void AddTimeline(const Topology& topology, const ServeOptions& options, const Collector& collector,
                  int64_t start_ns, ServeReport& report);
+
+// A run while it serves, for the admin command "serving".
+struct RunStatus {
+  std::shared_ptr<const Topology> topology;  // the deployment serving now
+  uint32_t epoch = 0;
+  bool halted = false;
+  std::vector<FailureReport> failures;
+  int64_t injected = 0;
+  double plan_s = 0;
+  Counters before, now;  // the last two health checks (rates between them)
+};
+// {"scenario", "plan_s", "epoch", "halted", "plan" (PlanToJson), "injected", "completed",
+//  "latency_ms": {"p50", "p99"}, "workers": [{"name", "operators", "queued", "processed",
+//  "rate"}], "failures": [...]}.
+std::string RunStatusJson(const RunStatus& status, const ServeOptions& options,
+                          const Collector& collector);
 
 ServeReport BuildReport(const Topology& topology, const ServeOptions& options,
                         const Collector& collector, const RunFigures& run);

@@ -13,9 +13,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "plexus/base/json_reader.hpp"
+#include "deployment.hpp"
 #include "plexus/base/status.hpp"
-#include "plexus/placement/plan.hpp"
 #include "plexus/transport/device.hpp"
 #include "recovery.hpp"
 #include "report.hpp"
@@ -99,24 +98,8 @@ class Driver {
     bool operator<(const Kill& o) const { return at_s < o.at_s; }
   };
 
-  absl::StatusOr<std::shared_ptr<transport::Device>> NewDevice() {
-    transport::DeviceOptions options;
-    // Over tcp a device thread moves the bytes: a relay's calls are fire-and-forget, and with
-    // caller progress an image-sized request left only when its sender next polled, so relays
-    // fell behind their rate. inproc moves the bytes in PostSend itself.
-    options.progress =
-        o_.wire == Wire::kTcp ? transport::ProgressMode::kThread : transport::ProgressMode::kCaller;
-    if (o_.wire == Wire::kTcp) {
-      options.backend = transport::Backend::kTcp;
-      options.local_address = "127.0.0.1";
-    } else {
-      options.backend = transport::Backend::kInproc;
-    }
-    return transport::Device::Create(options);
-  }
-
   absl::Status Setup() {
-    PLEXUS_ASSIGN_OR_RETURN(device_, NewDevice());
+    PLEXUS_ASSIGN_OR_RETURN(device_, NewDevice(o_.wire));
     PLEXUS_ASSIGN_OR_RETURN(collector_server_, rpc::Server::Create(device_));
     PLEXUS_RETURN_IF_ERROR(collector_server_->Register(&collector_, {"Complete", "Dropped"}));
     PLEXUS_RETURN_IF_ERROR(collector_server_->Start());
@@ -124,51 +107,10 @@ class Driver {
     return Deploy();
   }
 
-  // Starts one WorkerNode per worker that serves in t_, in deployment epoch_, and the sources'
-  // round robins.
+  // Starts the workers of t_ in deployment epoch_, and the sources' routers.
   absl::Status Deploy() {
-    std::map<int, OperatorFn> fns;
-    for (const auto& [name, fn] : o_.operators) fns[p_.FindOperator(name)] = fn;
-    nodes_.clear();
-    nodes_.resize(p_.workers.size());
-    addresses_.assign(p_.workers.size(), "");
-    for (size_t w = 0; w < p_.workers.size(); ++w) {
-      if (!t_->Serves(static_cast<int>(w))) continue;
-      PLEXUS_ASSIGN_OR_RETURN(auto device, NewDevice());
-      WorkerConfig config{static_cast<int>(w),
-                          t_,
-                          o_.compression,
-                          o_.cpu_spins,
-                          o_.join_timeout_s,
-                          o_.max_join_pending,
-                          o_.seed + epoch_,
-                          {},
-                          epoch_,
-                          o_.balance};
-      for (int op : t_->worker_ops[w]) {
-        if (fns.count(op) != 0) config.operators[op] = fns[op];
-      }
-      auto node = WorkerNode::Create(device, std::move(config));
-      if (!node.ok()) {
-        return absl::Status(node.status().code(),
-                            absl::StrCat("worker '", p_.workers[w].name,
-                                         "': rpc server: ", node.status().message()));
-      }
-      addresses_[w] = (*node)->address();
-      nodes_[w] = std::move(*node);
-    }
-    for (auto& node : nodes_) {
-      if (node) node->Start(addresses_, collector_server_->address());
-    }
-    for (size_t w = 0; w < p_.workers.size(); ++w) {
-      if (addresses_[w].empty()) continue;
-      auto channel = relay_->ChannelTo(addresses_[w], wire::Worker::Descriptor());
-      if (!channel.ok()) {
-        return absl::Status(channel.status().code(),
-                            absl::StrCat("worker '", p_.workers[w].name, "' at ", addresses_[w],
-                                         ": ", channel.status().message()));
-      }
-    }
+    PLEXUS_ASSIGN_OR_RETURN(
+        deployment_, Deployment::Start(t_, o_, epoch_, collector_server_->address(), *relay_));
     routers_.clear();
     routers_.resize(p_.edges.size());
     for (int op : t_->sources) {
@@ -192,46 +134,23 @@ class Driver {
                   std::vector<uint64_t>(p_.workers.size(), 0));
     c.queue.assign(p_.workers.size(), 0);
     c.processed.assign(p_.workers.size(), 0);
-    // One thread per worker: a health check waits for the slowest answer, not for their sum.
-    std::vector<absl::StatusOr<rpc::Reply<wire::WorkerStats>>> replies(p_.workers.size());
-    std::vector<std::thread> askers;
-    for (size_t w = 0; w < p_.workers.size(); ++w) {
-      if (addresses_[w].empty() || dead_[w]) continue;
-      askers.emplace_back([this, w, &replies] {
-        auto channel = relay_->ChannelTo(addresses_[w], wire::Worker::Descriptor());
-        if (!channel.ok()) {
-          replies[w] = channel.status();
-          return;
-        }
-        wire::Worker::Stub stub(*channel);
-        rpc::CallOptions options;
-        options.timeout = absl::Seconds(o_.failure_timeout_s);
-        replies[w] = stub.StatsSync(wire::StatsRequest{}, options);
-      });
-    }
-    for (std::thread& t : askers) t.join();
-    for (size_t w = 0; w < p_.workers.size(); ++w) {
-      if (addresses_[w].empty() || dead_[w]) continue;
-      absl::StatusOr<rpc::Reply<wire::WorkerStats>>& stats = replies[w];
-      if (!stats.ok()) {
+    const std::vector<absl::StatusOr<WorkerCounters>> answers =
+        deployment_ ? deployment_->Ask(*relay_, absl::Seconds(o_.failure_timeout_s), dead_)
+                    : std::vector<absl::StatusOr<WorkerCounters>>();
+    for (size_t w = 0; w < answers.size(); ++w) {
+      if (deployment_->address(static_cast<int>(w)).empty() || dead_[w]) continue;
+      if (!answers[w].ok()) {
         // A refused or broken connection is a failure at once; a late answer twice in a row
         // (once may be a loaded host).
-        const bool late = absl::IsDeadlineExceeded(stats.status());
+        const bool late = absl::IsDeadlineExceeded(answers[w].status());
         if (failed != nullptr && (!late || ++misses_[w] >= 2)) failed->push_back(w);
         continue;
       }
       misses_[w] = 0;
-      Seen& seen = last_seen_[w];
-      seen.processed = static_cast<int64_t>((*stats)->processed);
-      seen.sent.assign(p_.workers.size(), 0);
-      c.queue[w] = static_cast<int64_t>((*stats)->queued + (*stats)->in_service);
-      for (const wire::PeerBytes& b : (*stats)->sent) {
-        if (b.worker >= 0 && static_cast<size_t>(b.worker) < p_.workers.size()) {
-          seen.sent[b.worker] = b.bytes;
-        }
-      }
-      c.processed[w] = seen.processed;
-      for (size_t d = 0; d < seen.sent.size(); ++d) c.sent[w][d] = seen.sent[d];
+      last_seen_[w] = *answers[w];
+      c.queue[w] = answers[w]->queued;
+      c.processed[w] = answers[w]->processed;
+      for (size_t d = 0; d < answers[w]->sent.size(); ++d) c.sent[w][d] = answers[w]->sent[d];
     }
     for (size_t w = 0; w < retired_.size(); ++w) {
       c.processed[w] += retired_[w].processed;
@@ -254,55 +173,22 @@ class Driver {
   // The admin command "serving" (no arguments).
   absl::StatusOr<std::string> AdminStatus(const base::admin::AdminRequest& request) {
     PLEXUS_RETURN_IF_ERROR(base::admin::CheckArgs(request, {}));
-    base::json::Json out;
-    std::shared_ptr<const Topology> t;
+    RunStatus status;
     {
       std::lock_guard<std::mutex> lock(deploy_mu_);
-      t = t_;
-      out["epoch"] = epoch_;
-      out["halted"] = halted_;
-      base::json::Json failures = base::json::Json::array();
-      for (const FailureReport& f : failures_) {
-        failures.push_back({{"worker", f.worker},
-                            {"killed_at_s", f.killed_at_s},
-                            {"detected_after_ms", f.detected_after_ms},
-                            {"moved", f.moved},
-                            {"retried", f.retried},
-                            {"error", f.error}});
-      }
-      out["failures"] = failures;
-      int64_t injected = 0;
-      for (int64_t n : injected_) injected += n;
-      out["injected"] = injected;
+      status.topology = t_;
+      status.epoch = epoch_;
+      status.halted = halted_;
+      status.failures = failures_;
+      for (int64_t n : injected_) status.injected += n;
     }
-    out["scenario"] = p_.name;
-    out["plan_s"] = static_cast<double>(NowNs() - start_ns_) / kSecondNs * o_.compression;
-    out["plan"] = base::json::Json::parse(placement::PlanToJson(p_, t->plan));
-    out["completed"] = collector_.Completions();
-    std::vector<int64_t> latencies = collector_.LatenciesNs();
-    std::sort(latencies.begin(), latencies.end());
-    out["latency_ms"] = {{"p50", PercentileMs(latencies, 0.50, o_.compression)},
-                         {"p99", PercentileMs(latencies, 0.99, o_.compression)}};
-    base::json::Json workers = base::json::Json::array();
-    std::lock_guard<std::mutex> lock(status_mu_);
-    const double dt = status_before_.processed.empty()
-                          ? 0
-                          : static_cast<double>(status_now_.at_ns - status_before_.at_ns) /
-                                kSecondNs * o_.compression;
-    for (size_t w = 0; w < p_.workers.size(); ++w) {
-      if (!t->Serves(static_cast<int>(w)) || status_now_.processed.empty()) continue;
-      base::json::Json ops = base::json::Json::array();
-      for (int op : t->worker_ops[w]) ops.push_back(p_.operators[op].name);
-      const int64_t done = status_now_.processed[w];
-      workers.push_back(
-          {{"name", p_.workers[w].name},
-           {"operators", ops},
-           {"queued", status_now_.queue[w]},
-           {"processed", done},
-           {"rate", dt > 0 ? static_cast<double>(done - status_before_.processed[w]) / dt : 0.0}});
+    status.plan_s = static_cast<double>(NowNs() - start_ns_) / kSecondNs * o_.compression;
+    {
+      std::lock_guard<std::mutex> lock(status_mu_);
+      status.before = status_before_;
+      status.now = status_now_;
     }
-    out["workers"] = workers;
-    return out.dump();
+    return RunStatusJson(status, o_, collector_);
   }
 
   void Report(bool draining) {
@@ -350,7 +236,7 @@ class Driver {
         source_sent_[s][to] += t_->edge_payload[e].size();
       }
       relay_->Deliver(
-          addresses_[to], *message, message,
+          deployment_->address(to), *message, message,
           [this, e, id, s, to, router, pick](absl::StatusOr<uint32_t> queued) {
             if (queued.ok()) {
               if (router != nullptr) router->Acked(pick, *queued);
@@ -376,9 +262,9 @@ class Driver {
       std::lock_guard<std::mutex> lock(deploy_mu_);
       while (next_kill_ < kills_.size() && PlanNs(kills_[next_kill_].at_s) <= now) {
         const int w = kills_[next_kill_++].worker;
-        if (nodes_[w] != nullptr && !dead_[w]) {
+        if (!deployment_->address(w).empty() && !dead_[w]) {
           killed_ns_[w] = NowNs();
-          nodes_[w]->Stop();
+          deployment_->Kill(w);
         }
       }
       if (halted_ || o_.health_interval_s <= 0 || now < next_health_ns_) return;
@@ -409,25 +295,20 @@ class Driver {
     dead_[failed] = true;
     // The old deployment stops: first nothing more runs or is sent, then the counters of those
     // still answering are kept (the failed worker's as last seen), then the servers close.
-    for (auto& node : nodes_) {
-      if (node) node->Halt();
-    }
+    deployment_->Halt();
     std::vector<int> ignored;
     Poll(&ignored);
-    std::vector<std::thread> stoppers;
-    for (size_t w = 0; w < nodes_.size(); ++w) {
-      if (!nodes_[w]) continue;
-      if (retired_.size() < p_.workers.size()) retired_.resize(p_.workers.size());
+    if (retired_.size() < p_.workers.size()) retired_.resize(p_.workers.size());
+    for (size_t w = 0; w < p_.workers.size(); ++w) {
+      if (deployment_->address(static_cast<int>(w)).empty()) continue;
       retired_[w].processed += last_seen_[w].processed;
       retired_[w].sent.resize(p_.workers.size(), 0);
       for (size_t d = 0; d < last_seen_[w].sent.size(); ++d) {
         retired_[w].sent[d] += last_seen_[w].sent[d];
       }
       last_seen_[w] = {};
-      // In parallel: closing a server waits for its threads to notice.
-      stoppers.emplace_back([node = nodes_[w].get()] { node->Stop(); });
     }
-    for (std::thread& t : stoppers) t.join();
+    deployment_->Stop();
     ++epoch_;
     collector_.BeginEpoch(epoch_);
     {
@@ -452,9 +333,7 @@ class Driver {
     if (!deployed.ok()) {
       f.error = absl::StrCat("no deployment without worker '", f.worker, "': ", deployed.message());
       halted_ = true;
-      for (auto& node : nodes_) {
-        if (node) node->Stop();
-      }
+      deployment_->Stop();
       // What was owed is lost for good, with the reason.
       for (const auto& [s, id] : owed) {
         collector_.AddDrop({t_->sources[s], uint64_t{1} << s, id, f.error, false});
@@ -623,22 +502,11 @@ class Driver {
       failed_sends_.clear();
     }
     collector_.Freeze();
-    for (auto& node : nodes_) {
-      if (node) node->Halt();
-    }
-    for (auto& node : nodes_) {
-      if (node) node->Stop();
-    }
+    if (deployment_) deployment_->Stop();
     if (relay_) relay_->Close();
     if (collector_server_) collector_server_->Shutdown();
     collector_server_.reset();
   }
-
-  // A worker's counters as last polled.
-  struct Seen {
-    int64_t processed = 0;
-    std::vector<uint64_t> sent;  // per destination worker
-  };
 
   const std::shared_ptr<const Topology> t0_;  // the first deployment's (the collector's view)
   std::shared_ptr<const Topology> t_;         // the deployment serving now
@@ -652,12 +520,12 @@ class Driver {
   // Deployments: replaced under deploy_mu_, which the sources' sends also take.
   std::mutex deploy_mu_;
   uint32_t epoch_ = 0;
-  std::vector<std::unique_ptr<WorkerNode>> nodes_;
-  std::vector<std::string> addresses_;
+  std::unique_ptr<Deployment> deployment_;
   std::vector<std::shared_ptr<Router>> routers_;  // per source edge
   std::vector<bool> dead_;                        // per worker
-  std::vector<int> misses_;                // per worker: health checks answered late in a row
-  std::vector<Seen> last_seen_, retired_;  // per worker; retired_: replaced deployments' sums
+  std::vector<int> misses_;  // per worker: health checks answered late in a row
+  std::vector<WorkerCounters> last_seen_,
+      retired_;  // per worker; retired_: replaced deployments' sums
   std::vector<Kill> kills_;
   size_t next_kill_ = 0;
   std::map<int, int64_t> killed_ns_;

@@ -15,6 +15,7 @@
 #include "plexus/base/admin.hpp"
 #include "plexus/placement/plan.hpp"
 #include "plexus/placement/problem.hpp"
+#include "plexus/transport/device.hpp"
 
 namespace plexus::serving {
 
@@ -41,6 +42,13 @@ struct ServeProgress {
 };
 
 enum class Wire : uint8_t { kInproc, kTcp };  // the transport of every rpc server and channel
+
+// The transport devices the runtime serves on for `wire` (what a client or a benchmark that
+// talks like a worker should use): tcp on 127.0.0.1 with a progress thread (a relay's calls are
+// fire-and-forget, and with caller progress an image-sized request left only when its sender
+// next polled, so relays fell behind their rate); inproc with caller progress (it moves the
+// bytes in PostSend itself).
+transport::DeviceOptions DeviceOptionsFor(Wire wire);
 
 // A failure drill: at `at_s` plan seconds the worker stops at once, as if its process died (its
 // rpc server closes, its queue is lost). The runtime must notice, re-plan and resume.

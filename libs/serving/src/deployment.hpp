@@ -1,0 +1,66 @@
+// One deployment of a plan: a WorkerNode per serving worker, each on a transport device and rpc
+// server of its own, started together, asked for their counters together, stopped together. A
+// failure replaces the whole deployment by a new one (a new epoch).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "plexus/serving/serve.hpp"
+#include "plexus/transport/device.hpp"
+#include "topology.hpp"
+#include "worker.hpp"
+
+namespace plexus::serving::internal {
+
+// A device made with DeviceOptionsFor(wire).
+absl::StatusOr<std::shared_ptr<transport::Device>> NewDevice(Wire wire);
+
+// What a worker's Stats call answered.
+struct WorkerCounters {
+  int64_t queued = 0;  // queued or in service
+  int64_t processed = 0;
+  std::vector<uint64_t> sent;  // bytes per destination worker
+};
+
+class Deployment {
+ public:
+  // Starts the workers that serve in `topology`, in `epoch`, reporting to the collector at
+  // `collector`; `relay` (the driver's) connects to each. Errors name the worker.
+  static absl::StatusOr<std::unique_ptr<Deployment>> Start(std::shared_ptr<const Topology> topology,
+                                                           const ServeOptions& options,
+                                                           uint32_t epoch,
+                                                           const std::string& collector,
+                                                           Relay& relay);
+  ~Deployment();
+
+  // Each worker's counters (indexed like Problem::workers), all asked at once within `timeout`:
+  // NotFound for a worker that does not serve or is in `skip`, the call's error otherwise.
+  std::vector<absl::StatusOr<WorkerCounters>> Ask(Relay& relay, absl::Duration timeout,
+                                                  const std::vector<bool>& skip) const;
+  // Stops one worker at once, as if its process died (a failure drill).
+  void Kill(int worker);
+  // Every worker stops running and sending; their servers still answer (Ask).
+  void Halt();
+  // Halt, then every server closes (in parallel: closing waits for its threads to notice).
+  void Stop();
+
+  const std::shared_ptr<const Topology>& topology() const { return topology_; }
+  uint32_t epoch() const { return epoch_; }
+  // A worker's rpc address ("" when it does not serve).
+  const std::string& address(int worker) const { return addresses_[worker]; }
+
+ private:
+  Deployment(std::shared_ptr<const Topology> topology, uint32_t epoch)
+      : topology_(std::move(topology)), epoch_(epoch) {}
+  std::shared_ptr<const Topology> topology_;
+  uint32_t epoch_;
+  std::vector<std::unique_ptr<WorkerNode>> nodes_;  // per worker; null when it does not serve
+  std::vector<std::string> addresses_;
+};
+
+}  // namespace plexus::serving::internal
