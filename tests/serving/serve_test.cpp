@@ -427,6 +427,27 @@ TEST_CASE("the admin endpoint shows the plan, the workers' queues and rates whil
   CHECK_FALSE(after.ok());
 }
 
+TEST_CASE("a load spike multiplies the sources' rate during its window", "[serving][balance]") {
+  const Problem problem = ChainProblem();
+  const Plan plan = ChainPlan(problem);
+  ServeOptions options;
+  options.duration_s = 20;
+  options.warmup_s = 2;
+  options.compression = 10;
+  options.spike = {5, 5, 2};  // 40 -> 80 requests per second from 5 s to 10 s
+  auto report = Serve(problem, plan, options);
+  REQUIRE(report.ok());
+  RequireExact(*report);
+  CHECK(report->injected >= 40 * 20 + 40 * 5 - 2);
+  CHECK(report->injected <= 40 * 20 + 40 * 5 + 2);
+  double peak = 0;
+  for (const TimelinePoint& point : report->timeline) peak = std::max(peak, point.completion_rate);
+  CHECK(peak >= 70);
+  options.spike = {5, 5, 0};
+  CHECK_THAT(std::string(Serve(problem, plan, options).status().message()),
+             Catch::Contains("ServeOptions::spike"));
+}
+
 TEST_CASE("failure drills are checked, naming the element", "[serving][failure]") {
   const Problem problem = MustParse(Workflow(
       {"cam"}, {"A", "B"}, {{"cam", "A"}, {"A", "B"}},

@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "plexus/base/file.hpp"
 #include "plexus/placement/optimizer.hpp"
 #include "plexus/placement/plan.hpp"
@@ -35,6 +36,7 @@ struct Args {
   std::vector<std::string> strategies = {"jb", "ptc", "spc"};
   std::string transport = "inproc";
   std::string balance = "shares";
+  std::string spike;  // AT:SECONDS:FACTOR
   bool no_spin = false;
   bool json = false;
   std::vector<std::string> kills;  // WORKER@SECONDS
@@ -160,8 +162,18 @@ int WriteReport(const Problem& problem, const ServeReport& r, const Args& args) 
   return 0;
 }
 
-// --balance shares|daronpon.
+// --balance shares|daronpon, and --spike AT:SECONDS:FACTOR.
 int ParseBalance(Args& args) {
+  if (!args.spike.empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(args.spike, ':');
+    serving::LoadSpike& spike = args.serve.spike;
+    if (parts.size() != 3 || !absl::SimpleAtod(parts[0], &spike.at_s) ||
+        !absl::SimpleAtod(parts[1], &spike.duration_s) ||
+        !absl::SimpleAtod(parts[2], &spike.factor)) {
+      return g_tool->Usage("--spike: expected AT:SECONDS:FACTOR (e.g. 20:10:1.5), got '" +
+                           args.spike + "'");
+    }
+  }
   if (args.balance == "shares") {
     args.serve.balance = serving::Balance::kShares;
   } else if (args.balance == "daronpon") {
@@ -388,6 +400,9 @@ void AddServeFlags(CLI::App* app, Args* a) {
       ->capture_default_str();
   app->add_flag("--no-spin", a->no_spin,
                 "emulated operators on CPU workers sleep instead of burning the CPU");
+  app->add_option("--spike", a->spike,
+                  "AT:SECONDS:FACTOR: from plan second AT, for SECONDS, the sources inject "
+                  "FACTOR times their rate");
   app->add_option("--kill", a->kills,
                   "WORKER@SECONDS: stop that worker at once at that plan second, as if its "
                   "process died (repeatable); the runtime re-plans without it and resumes");

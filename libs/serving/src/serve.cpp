@@ -43,6 +43,11 @@ absl::Status CheckOptions(const ServeOptions& o) {
   if (!(o.compression > 0) || !std::isfinite(o.compression)) {
     return absl::InvalidArgumentError("ServeOptions::compression must be a positive number");
   }
+  if (!(o.spike.factor > 0) || !std::isfinite(o.spike.factor) || !(o.spike.at_s >= 0) ||
+      !(o.spike.duration_s >= 0)) {
+    return absl::InvalidArgumentError(
+        "ServeOptions::spike: needs factor > 0, at_s >= 0 and duration_s >= 0");
+  }
   if (!(o.join_timeout_s > 0) || !(o.drain_timeout_s >= 0) || o.max_join_pending < 1) {
     return absl::InvalidArgumentError(
         "ServeOptions: needs join_timeout_s > 0, drain_timeout_s >= 0, max_join_pending >= 1");
@@ -366,10 +371,19 @@ class Driver {
     const double duration_wall = o_.duration_s / o_.compression;
     std::vector<double> rate_wall(sources), next_s(sources, 0);
     std::vector<int64_t> next(sources);
+    // During the spike every source injects `factor` times faster.
+    const double spike_from = o_.spike.at_s / o_.compression;
+    const double spike_to = (o_.spike.at_s + o_.spike.duration_s) / o_.compression;
+    const bool spiking = o_.spike.factor != 1 && o_.spike.duration_s > 0;
     auto advance = [&](size_t s) {
+      const double factor =
+          spiking && next_s[s] >= spike_from && next_s[s] < spike_to ? o_.spike.factor : 1;
       if (o_.poisson_arrivals) {
-        next_s[s] += std::exponential_distribution<double>(rate_wall[s])(random);
+        next_s[s] += std::exponential_distribution<double>(rate_wall[s] * factor)(random);
+      } else if (spiking) {
+        next_s[s] += 1 / (rate_wall[s] * factor);
       } else {
+        // From the count, not a running sum: the last injection lands on the end exactly.
         next_s[s] = static_cast<double>(injected_[s] + 1) / rate_wall[s];
       }
       next[s] = next_s[s] <= duration_wall + 1e-9

@@ -64,6 +64,14 @@ struct WorkerFailure {
 // request id), so that every input of a request meets at one worker.
 enum class Balance : uint8_t { kShares, kDaronpon };
 
+// A load spike: from `at_s` plan seconds for `duration_s`, every source injects `factor` times
+// its rate (constant or Poisson gaps alike).
+struct LoadSpike {
+  double at_s = 0;
+  double duration_s = 0;
+  double factor = 1;
+};
+
 // The plan to deploy after failures, for the problem without the failed workers (its worker
 // indices are that problem's). Default: JellyBean (placement::Optimize, Strategy::kJellyBean).
 using Replanner = std::function<absl::StatusOr<placement::Plan>(const placement::Problem&)>;
@@ -77,6 +85,7 @@ struct ServeOptions {
   double compression = 10;
   bool poisson_arrivals = false;  // false: constant inter-arrival times
   Balance balance = Balance::kShares;
+  LoadSpike spike;
   uint64_t seed = 1;
   Wire wire = Wire::kInproc;
   // Emulated operators on a CPU worker type burn the CPU for their service time (spin); on a GPU
