@@ -113,6 +113,15 @@ void RequireExact(const ServeReport& r) {
   for (const SinkServeReport& s : r.sinks) REQUIRE(s.completed == s.expected);
 }
 
+// 20 plan seconds (the first 2 left out of the figures) at compression 10: 2 wall seconds.
+ServeOptions TwentySeconds() {
+  ServeOptions options;
+  options.duration_s = 20;
+  options.warmup_s = 2;
+  options.compression = 10;
+  return options;
+}
+
 // cam -> A -> B -> C at 40 requests/s, 2 ms per operator on a GPU: two edge CPUs and two cloud
 // GPUs; the plan puts A on e-0, B on e-1, C on g-0.
 Problem ChainProblem() {
@@ -130,10 +139,7 @@ TEST_CASE("a 3-operator chain delivers every request once, in order", "[serving]
   const Plan plan = ChainPlan(problem);
   std::mutex mu;
   std::vector<uint64_t> order;
-  ServeOptions options;
-  options.duration_s = 20;
-  options.warmup_s = 2;
-  options.compression = 10;
+  ServeOptions options = TwentySeconds();
   options.wire = wire;
   options.operators["C"] = [&](const Request& request) -> absl::StatusOr<std::string> {
     std::lock_guard<std::mutex> lock(mu);
@@ -161,10 +167,7 @@ TEST_CASE("a join of two branches of one source pairs every request once", "[ser
   const Plan plan = MustPlan(problem, {{"L", {{"e-0", 0.5}, {"e-1", 0.5}}},
                                        {"R", {{"e-2", 1}}},
                                        {"J", {{"g-0", 0.7}, {"g-1", 0.3}}}});
-  ServeOptions options;
-  options.duration_s = 20;
-  options.warmup_s = 2;
-  options.compression = 10;
+  ServeOptions options = TwentySeconds();
   auto report = Serve(problem, plan, options);
   REQUIRE(report.ok());
   std::printf("%s", ServeSummary(problem, *report).c_str());
@@ -179,10 +182,7 @@ TEST_CASE("a join drops a request whose inputs never complete, once, with the re
       json::array({Workers("edge", "gpu", "e", 2), Workers("cloud", "gpu", "g", 1)}), 40, 1, "J"));
   const Plan plan =
       MustPlan(problem, {{"L", {{"e-0", 1}}}, {"R", {{"e-1", 1}}}, {"J", {{"g", 1}}}});
-  ServeOptions options;
-  options.duration_s = 20;
-  options.warmup_s = 2;
-  options.compression = 10;
+  ServeOptions options = TwentySeconds();
   options.join_timeout_s = 0.2;
   options.drain_timeout_s = 2;
   // R fails every tenth request: L's half of it waits at the join until the timeout.
@@ -250,10 +250,7 @@ TEST_CASE("a plan that cannot keep up is reported as not sustained, without hang
       json::array({Workers("edge", "gpu", "e", 1), Workers("cloud", "gpu", "g", 1)}), 40, 100));
   const Plan plan = MustPlan(problem, {{"A", {{"e", 1}}}, {"B", {{"g", 1}}}});
   CHECK_FALSE(plan.capacity_ok);
-  ServeOptions options;
-  options.duration_s = 20;
-  options.warmup_s = 2;
-  options.compression = 10;
+  ServeOptions options = TwentySeconds();
   options.drain_timeout_s = 0.5;
   int progress_calls = 0;
   options.progress = [&](const ServeProgress&) { ++progress_calls; };
@@ -276,10 +273,7 @@ TEST_CASE("a killed worker is detected, the plan re-optimised and every request 
   const Wire wire = GENERATE(Wire::kInproc, Wire::kTcp);
   const Problem problem = ChainProblem();
   const Plan plan = ChainPlan(problem);
-  ServeOptions options;
-  options.duration_s = 20;
-  options.warmup_s = 2;
-  options.compression = 10;
+  ServeOptions options = TwentySeconds();
   options.wire = wire;
   options.failures = {{"g-0", 8}};
   std::vector<std::string> replanned_workers;
@@ -323,10 +317,7 @@ TEST_CASE("a failure that leaves no feasible plan stops serving and drops what w
       {"cam"}, {"A", "B"}, {{"cam", "A"}, {"A", "B"}},
       json::array({Workers("edge", "cpu", "e", 1), Workers("cloud", "gpu", "g", 1)}), 40, 2));
   const Plan plan = MustPlan(problem, {{"A", {{"e", 1}}}, {"B", {{"g", 1}}}});
-  ServeOptions options;
-  options.duration_s = 20;
-  options.warmup_s = 2;
-  options.compression = 10;
+  ServeOptions options = TwentySeconds();
   options.failures = {{"g", 5}};
   // Only the cloud GPU may run B: without it nothing can.
   options.replan = [](const Problem&) -> absl::StatusOr<Plan> {
@@ -430,10 +421,7 @@ TEST_CASE("the admin endpoint shows the plan, the workers' queues and rates whil
 TEST_CASE("a load spike multiplies the sources' rate during its window", "[serving][balance]") {
   const Problem problem = ChainProblem();
   const Plan plan = ChainPlan(problem);
-  ServeOptions options;
-  options.duration_s = 20;
-  options.warmup_s = 2;
-  options.compression = 10;
+  ServeOptions options = TwentySeconds();
   options.spike = {5, 5, 2};  // 40 -> 80 requests per second from 5 s to 10 s
   auto report = Serve(problem, plan, options);
   REQUIRE(report.ok());

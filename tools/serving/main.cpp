@@ -128,20 +128,6 @@ void PrintFigures(const Problem& problem, const ServeReport& r, const Args& args
   }
 }
 
-// --kill WORKER@SECONDS -> ServeOptions::failures.
-int ParseKills(Args& args) {
-  for (const std::string& kill : args.kills) {
-    const size_t at = kill.rfind('@');
-    double seconds = 0;
-    if (at == std::string::npos || at == 0 || !absl::SimpleAtod(kill.substr(at + 1), &seconds)) {
-      return g_tool->Usage("--kill: expected WORKER@SECONDS (e.g. cloud-v100-0@20), got '" + kill +
-                           "'");
-    }
-    args.serve.failures.push_back({kill.substr(0, at), seconds});
-  }
-  return 0;
-}
-
 // --report and --plot: the whole report as JSON, and its picture.
 int WriteReport(const Problem& problem, const ServeReport& r, const Args& args) {
   if (args.report_path.empty() && args.plot_path.empty()) return 0;
@@ -162,8 +148,19 @@ int WriteReport(const Problem& problem, const ServeReport& r, const Args& args) 
   return 0;
 }
 
-// --balance shares|daronpon, and --spike AT:SECONDS:FACTOR.
-int ParseBalance(Args& args) {
+// The flags that are not plain numbers -> args.serve: --kill WORKER@SECONDS (repeatable),
+// --spike AT:SECONDS:FACTOR, --balance, --transport, --no-spin. Returns a usage error's exit
+// code, or 0.
+int ApplyServeFlags(Args& args) {
+  for (const std::string& kill : args.kills) {
+    const size_t at = kill.rfind('@');
+    double seconds = 0;
+    if (at == std::string::npos || at == 0 || !absl::SimpleAtod(kill.substr(at + 1), &seconds)) {
+      return g_tool->Usage("--kill: expected WORKER@SECONDS (e.g. cloud-v100-0@20), got '" + kill +
+                           "'");
+    }
+    args.serve.failures.push_back({kill.substr(0, at), seconds});
+  }
   if (!args.spike.empty()) {
     const std::vector<std::string> parts = absl::StrSplit(args.spike, ':');
     serving::LoadSpike& spike = args.serve.spike;
@@ -181,18 +178,17 @@ int ParseBalance(Args& args) {
   } else {
     return g_tool->Usage("--balance: expected shares or daronpon, got '" + args.balance + "'");
   }
-  return 0;
-}
-
-int ServePlan(const Problem& problem, const Plan& plan, Args& args) {
-  if (int rc = ParseKills(args); rc != 0) return rc;
-  if (int rc = ParseBalance(args); rc != 0) return rc;
   if (args.transport == "tcp") {
     args.serve.wire = serving::Wire::kTcp;
   } else if (args.transport != "inproc") {
     return g_tool->Usage("--transport: expected inproc or tcp, got '" + args.transport + "'");
   }
   args.serve.cpu_spins = !args.no_spin;
+  return 0;
+}
+
+int ServePlan(const Problem& problem, const Plan& plan, Args& args) {
+  if (int rc = ApplyServeFlags(args); rc != 0) return rc;
   if (absl::Status s = serving::CheckServable(problem, plan, args.serve); !s.ok()) {
     return g_tool->Fail(s);
   }
@@ -292,15 +288,8 @@ int Demo(Args& args) {
 // Optimizes with each strategy and serves each plan the same way: planned against measured cost,
 // rate and latency, and JellyBean's measured cost against each other's.
 int Compare(Args& args) {
-  if (int rc = ParseKills(args); rc != 0) return rc;
-  if (int rc = ParseBalance(args); rc != 0) return rc;
+  if (int rc = ApplyServeFlags(args); rc != 0) return rc;
   if (!args.serve.failures.empty()) return g_tool->Usage("compare: --kill is not taken here");
-  if (args.transport == "tcp") {
-    args.serve.wire = serving::Wire::kTcp;
-  } else if (args.transport != "inproc") {
-    return g_tool->Usage("--transport: expected inproc or tcp, got '" + args.transport + "'");
-  }
-  args.serve.cpu_spins = !args.no_spin;
   auto problem = LoadProblem(args.positional[0]);
   if (!problem.ok()) return g_tool->Fail(problem.status());
   struct Row {

@@ -20,10 +20,7 @@ absl::Status Collector::Complete(rpc::ServerContext&, const wire::Completion& re
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (frozen_) return absl::OkStatus();
-  if (request.epoch != epoch_) {
-    ++stale_;
-    return absl::OkStatus();
-  }
+  if (request.epoch != epoch_) return absl::OkStatus();  // a replaced deployment's
   Sink& sink = sinks_[request.op];
   if (!sink.done.insert({request.sources, request.request_id}).second) {
     bool retried = false;
@@ -44,10 +41,7 @@ absl::Status Collector::Complete(rpc::ServerContext&, const wire::Completion& re
 absl::Status Collector::Dropped(rpc::ServerContext&, const wire::Drop& request, wire::Ack*) {
   std::lock_guard<std::mutex> lock(mu_);
   if (frozen_) return absl::OkStatus();
-  if (request.epoch != epoch_) {
-    ++stale_;
-    return absl::OkStatus();
-  }
+  if (request.epoch != epoch_) return absl::OkStatus();  // a replaced deployment's
   drops_.push_back({request.op, request.sources, request.request_id, std::string(request.reason),
                     request.retryable});
   return absl::OkStatus();
@@ -69,11 +63,6 @@ void Collector::MarkRetried(const std::vector<std::pair<int, uint64_t>>& retried
 int64_t Collector::RetriedRepeats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return retried_repeats_;
-}
-
-int64_t Collector::Stale() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stale_;
 }
 
 void Collector::Freeze() {

@@ -50,8 +50,6 @@ class Collector final : public wire::Collector::Service {
   // that had it already is a suppressed repeat, not a duplicate.
   void MarkRetried(const std::vector<std::pair<int, uint64_t>>& retried);
   int64_t RetriedRepeats() const;
-  // Reports of an earlier deployment that arrived after it was replaced.
-  int64_t Stale() const;
   // Later reports are acknowledged and ignored: the run is over, what did not finish is counted
   // as unfinished (shutting workers down fails their calls in flight).
   void Freeze();
@@ -74,7 +72,6 @@ class Collector final : public wire::Collector::Service {
   uint32_t epoch_ = 0;
   std::vector<absl::flat_hash_set<uint64_t>> retried_;  // per source index: ids re-sent
   int64_t retried_repeats_ = 0;
-  int64_t stale_ = 0;
 };
 
 }  // namespace plexus::serving::internal

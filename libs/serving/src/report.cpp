@@ -17,6 +17,20 @@ namespace internal {
 
 namespace {
 
+// One failure as JSON, in the report and in the admin status alike.
+base::json::Json FailureJson(const FailureReport& f) {
+  return {{"worker", f.worker},
+          {"killed_at_s", f.killed_at_s},
+          {"detected_after_ms", f.detected_after_ms},
+          {"replan_ms", f.replan_ms},
+          {"redeploy_ms", f.redeploy_ms},
+          {"moved", f.moved},
+          {"retried", f.retried},
+          {"cost_per_hour_after", f.cost_per_hour_after},
+          {"recovered_after_s", f.recovered_after_s},
+          {"error", f.error}};
+}
+
 int64_t MinInjected(const Topology& t, uint64_t mask, const std::vector<int64_t>& injected) {
   int64_t least = std::numeric_limits<int64_t>::max();
   for (size_t s = 0; s < t.sources.size(); ++s) {
@@ -96,7 +110,6 @@ void AddTimeline(const Topology& t, const ServeOptions& o, const Collector& coll
   for (FailureReport& f : report.failures) {
     if (!f.error.empty()) continue;
     for (const TimelinePoint& point : report.timeline) {
-      if (point.t_s + width <= f.killed_at_s) continue;
       if (point.t_s >= f.killed_at_s && point.completion_rate >= 0.98 * target) {
         f.recovered_after_s = point.t_s + width - f.killed_at_s;
         break;
@@ -141,14 +154,7 @@ std::string RunStatusJson(const RunStatus& status, const ServeOptions& o,
   }
   out["workers"] = workers;
   base::json::Json failures = base::json::Json::array();
-  for (const FailureReport& f : status.failures) {
-    failures.push_back({{"worker", f.worker},
-                        {"killed_at_s", f.killed_at_s},
-                        {"detected_after_ms", f.detected_after_ms},
-                        {"moved", f.moved},
-                        {"retried", f.retried},
-                        {"error", f.error}});
-  }
+  for (const FailureReport& f : status.failures) failures.push_back(FailureJson(f));
   out["failures"] = failures;
   return out.dump();
 }
@@ -330,18 +336,7 @@ std::string ServeToJson(const placement::Problem& problem, const ServeReport& r)
                       {"unfinished", r.unfinished}};
   root["drops_by_reason"] = r.drops_by_reason;
   base::json::Json failures = base::json::Json::array();
-  for (const FailureReport& f : r.failures) {
-    failures.push_back({{"worker", f.worker},
-                        {"killed_at_s", f.killed_at_s},
-                        {"detected_after_ms", f.detected_after_ms},
-                        {"replan_ms", f.replan_ms},
-                        {"redeploy_ms", f.redeploy_ms},
-                        {"moved", f.moved},
-                        {"retried", f.retried},
-                        {"cost_per_hour_after", f.cost_per_hour_after},
-                        {"recovered_after_s", f.recovered_after_s},
-                        {"error", f.error}});
-  }
+  for (const FailureReport& f : r.failures) failures.push_back(internal::FailureJson(f));
   root["failures"] = failures;
   root["retried"] = r.retried;
   root["retried_repeats"] = r.retried_repeats;

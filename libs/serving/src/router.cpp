@@ -28,14 +28,11 @@ size_t Router::Pick() {
   return choice.replica;
 }
 
-void Router::Acked(size_t index, uint32_t queued) {
+void Router::Done(size_t index, const absl::StatusOr<uint32_t>& queued) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (balancer_) (void)balancer_->OnResponse(static_cast<rpc::ReplicaId>(index), queued);
-}
-
-void Router::Failed(size_t index) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (balancer_) (void)balancer_->OnResponse(static_cast<rpc::ReplicaId>(index), std::nullopt);
+  if (!balancer_) return;
+  (void)balancer_->OnResponse(static_cast<rpc::ReplicaId>(index),
+                              queued.ok() ? std::optional<uint32_t>(*queued) : std::nullopt);
 }
 
 }  // namespace plexus::serving::internal

@@ -23,10 +23,9 @@ class Router {
                                                         uint64_t seed);
   // The index (into the operator's workers) of the next send; counted until Acked or Failed.
   size_t Pick();
-  // The send to `index` was acknowledged, with the worker's queue at that moment.
-  void Acked(size_t index, uint32_t queued);
-  // The send to `index` failed: nothing more will come back.
-  void Failed(size_t index);
+  // The send to `index` ended: acknowledged with the worker's queue at that moment, or failed
+  // (nothing more will come back).
+  void Done(size_t index, const absl::StatusOr<uint32_t>& queued);
 
  private:
   Router(std::vector<double> shares, std::unique_ptr<rpc::Balancer> balancer)

@@ -243,11 +243,8 @@ class Driver {
       relay_->Deliver(
           deployment_->address(to), *message, message,
           [this, e, id, s, to, router, pick](absl::StatusOr<uint32_t> queued) {
-            if (queued.ok()) {
-              if (router != nullptr) router->Acked(pick, *queued);
-              return;
-            }
-            if (router != nullptr) router->Failed(pick);
+            if (router != nullptr) router->Done(pick, queued);
+            if (queued.ok()) return;
             std::lock_guard<std::mutex> lock(source_mu_);
             failed_sends_.push_back({p_.edges[e].to, uint64_t{1} << s, id,
                                      absl::StrCat("send to worker '", p_.workers[to].name,
@@ -301,8 +298,7 @@ class Driver {
     // The old deployment stops: first nothing more runs or is sent, then the counters of those
     // still answering are kept (the failed worker's as last seen), then the servers close.
     deployment_->Halt();
-    std::vector<int> ignored;
-    Poll(&ignored);
+    Poll();
     if (retired_.size() < p_.workers.size()) retired_.resize(p_.workers.size());
     for (size_t w = 0; w < p_.workers.size(); ++w) {
       if (deployment_->address(static_cast<int>(w)).empty()) continue;
@@ -402,19 +398,18 @@ class Driver {
     std::mutex mu;
     std::condition_variable cv;
     bool injecting = true;
-    const bool supervise = !kills_.empty() || o_.health_interval_s > 0;
     std::thread monitor([&] {
       int64_t next_progress = start_ns_ + kSecondNs;
       bool warm = false;
       std::unique_lock<std::mutex> lock(mu);
       while (injecting) {
-        int64_t wake = warm ? next_progress : std::min(next_progress, warm_ns_);
-        if (supervise) wake = std::min(wake, NextSupervision());
+        const int64_t wake =
+            std::min(warm ? next_progress : std::min(next_progress, warm_ns_), NextSupervision());
         cv.wait_until(lock, std::chrono::steady_clock::time_point(std::chrono::nanoseconds(wake)));
         if (!injecting) break;
         const int64_t now = NowNs();
         lock.unlock();
-        if (supervise) Supervise(now);
+        Supervise(now);
         if (!warm && now >= warm_ns_) {
           warm = true;
           at_warm_ = Poll();
@@ -475,7 +470,7 @@ class Driver {
     }
     while (NowNs() < deadline) {
       if (Settled(owed)) break;
-      if (!kills_.empty() || o_.health_interval_s > 0) Supervise(NowNs());
+      Supervise(NowNs());
       if (NowNs() >= next_progress) {
         next_progress += kSecondNs;
         Report(true);

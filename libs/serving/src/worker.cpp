@@ -430,11 +430,8 @@ void WorkerNode::Forward(const Job& job, const std::string* output) {
     Job copy{job.id, job.sources, child, job.injected_ns, {}};
     relay_.Deliver(peers_[to], *message, std::move(keep),
                    [this, copy, to, router, pick](absl::StatusOr<uint32_t> queued) {
-                     if (queued.ok()) {
-                       if (router != nullptr) router->Acked(pick, *queued);
-                       return;
-                     }
-                     if (router != nullptr) router->Failed(pick);
+                     if (router != nullptr) router->Done(pick, queued);
+                     if (queued.ok()) return;
                      Drop(copy,
                           absl::StrCat("send to worker '", topology_.problem.workers[to].name,
                                        "' failed: ", queued.status().message()),
