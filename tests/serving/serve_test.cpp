@@ -1,8 +1,9 @@
 // The serving runtime end to end over inproc rpc: exact delivery, joins, shares, overload,
-// refusals, a real operator, and the VQA workflow against the simulator.
+// refusals, a real operator, fan-out, and the VQA and AI City workflows against the simulator.
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -157,6 +158,84 @@ TEST_CASE("a 3-operator chain delivers every request once, in order", "[serving]
   // Bytes: every message is 2 KB; edge -> cloud is only B -> C.
   CHECK(report->bytes_per_tier_pair.count("edge->cloud") == 1);
   CHECK(report->network_cost_per_hour > 0);
+}
+
+// cam -> A -> B -> C with rate_ratio `ab` on A -> B and `bc` on B -> C (a detector that finds
+// objects, a filter that keeps some), C real: it records every (request, part) it sees.
+struct FanOut {
+  Problem problem;
+  Plan plan;
+};
+FanOut FanOutProblem(double rate, double ab, double bc) {
+  json input = Workflow(
+      {"cam"}, {"A", "B", "C"}, {{"cam", "A"}, {"A", "B"}, {"B", "C"}},
+      json::array({Workers("edge", "cpu", "e", 2), Workers("cloud", "gpu", "g", 3)}), rate, 1);
+  input["workflow"]["edges"][1]["rate_ratio"] = ab;
+  input["workflow"]["edges"][2]["rate_ratio"] = bc;
+  FanOut f{MustParse(input), {}};
+  f.plan = MustPlan(
+      f.problem, {{"A", {{"e-0", 1}}}, {"B", {{"g-0", 0.5}, {"g-1", 0.5}}}, {"C", {{"g-2", 1}}}});
+  return f;
+}
+
+TEST_CASE("edges with a rate_ratio fan a request out into messages, each served once",
+          "[serving][fanout]") {
+  const auto [ab, bc] = GENERATE(std::pair{3.0, 1.0}, std::pair{2.5, 0.4});
+  const Wire wire = GENERATE(Wire::kInproc, Wire::kTcp);
+  INFO("A -> B " << ab << ", B -> C " << bc << (wire == Wire::kTcp ? ", tcp" : ", inproc"));
+  const FanOut f = FanOutProblem(20, ab, bc);
+  std::mutex mu;
+  std::map<uint64_t, std::vector<uint64_t>> parts;  // request -> the parts C saw
+  ServeOptions options = TwentySeconds();
+  options.wire = wire;
+  options.operators["C"] = [&](const Request& r) -> absl::StatusOr<std::string> {
+    std::lock_guard<std::mutex> lock(mu);
+    parts[r.id].push_back(r.part);
+    return std::string();
+  };
+  auto report = Serve(f.problem, f.plan, options);
+  REQUIRE(report.ok());
+  std::printf("%s", ServeSummary(f.problem, *report).c_str());
+  RequireExact(*report);
+  CHECK(report->sustained);
+  // Request i becomes floor((i+1) r) - floor(i r) messages on an edge with ratio r; message k of
+  // part p is part p * ceil(r) + k.
+  const auto count = [](double r, uint64_t i) {
+    return static_cast<uint64_t>(std::floor((i + 1) * r + 1e-9)) -
+           static_cast<uint64_t>(std::floor(i * r + 1e-9));
+  };
+  const auto radix_bc = static_cast<uint64_t>(std::ceil(bc));
+  uint64_t expected_total = 0;
+  for (uint64_t id = 0; id < static_cast<uint64_t>(report->injected); ++id) {
+    std::vector<uint64_t> want;
+    for (uint64_t k = 0; k < count(ab, id); ++k) {
+      for (uint64_t j = 0; j < count(bc, id); ++j) want.push_back(k * radix_bc + j);
+    }
+    std::vector<uint64_t> got = parts.count(id) != 0 ? parts[id] : std::vector<uint64_t>{};
+    std::sort(got.begin(), got.end());
+    INFO("request " << id);
+    REQUIRE(got == want);
+    expected_total += want.size();
+  }
+  CHECK(report->completed == static_cast<int64_t>(expected_total));
+  REQUIRE(report->sinks.size() == 1);
+  CHECK(report->sinks[0].target_rate == Approx(20 * ab * bc));
+  CHECK(report->sinks[0].achieved_rate == Approx(20 * ab * bc).epsilon(0.05));
+}
+
+TEST_CASE("a killed worker below a fan-out: every message of every request served once",
+          "[serving][fanout][failure]") {
+  const FanOut f = FanOutProblem(20, 3, 1);
+  ServeOptions options = TwentySeconds();
+  options.failures = {{"g-1", 8}};
+  auto report = Serve(f.problem, f.plan, options);
+  REQUIRE(report.ok());
+  std::printf("%s", ServeSummary(f.problem, *report).c_str());
+  RequireExact(*report);
+  CHECK(report->completed == 3 * report->injected);
+  REQUIRE(report->failures.size() == 1);
+  CHECK(report->failures[0].error.empty());
+  CHECK(report->failures[0].retried > 0);
 }
 
 TEST_CASE("a join of two branches of one source pairs every request once", "[serving]") {
@@ -470,13 +549,27 @@ TEST_CASE("bad plans and options are refused, naming the element", "[serving]") 
   REQUIRE_FALSE(down.ok());
   CHECK_THAT(std::string(down.message()), Catch::Contains("B"));
 
-  input["workflow"]["edges"][1]["rate_ratio"] = 2;
-  const Problem ratio = MustParse(input);
-  auto ratio_plan = placement::ParsePlan(ratio, placement::PlanToJson(ratio, plan));
-  REQUIRE(ratio_plan.ok());
-  auto refused = CheckServable(ratio, *ratio_plan);
+  // Several messages per request above a join: a join pairs one message per request and input.
+  json fan = Workflow(
+      {"cam"}, {"L", "R", "J"}, {{"cam", "L"}, {"cam", "R"}, {"L", "J"}, {"R", "J"}},
+      json::array({Workers("edge", "gpu", "e", 2), Workers("cloud", "gpu", "g", 1)}), 10, 1, "J");
+  fan["workflow"]["edges"][0]["rate_ratio"] = 2;
+  fan["workflow"]["edges"][1]["rate_ratio"] = 2;
+  const Problem ratio = MustParse(fan);
+  const Plan ratio_plan =
+      MustPlan(ratio, {{"L", {{"e-0", 1}}}, {"R", {{"e-1", 1}}}, {"J", {{"g", 1}}}});
+  auto refused = CheckServable(ratio, ratio_plan);
   REQUIRE(refused.code() == absl::StatusCode::kUnimplemented);
-  CHECK_THAT(std::string(refused.message()), Catch::Contains("workflow.edges[1] (A -> B)"));
+  CHECK_THAT(std::string(refused.message()),
+             Catch::Contains("workflow.edges[2] (L -> J)") && Catch::Contains("rate_ratio"));
+  input["workflow"]["edges"][1]["rate_ratio"] = 5000;
+  const Problem huge = MustParse(input);
+  auto huge_plan = placement::ParsePlan(huge, placement::PlanToJson(huge, plan));
+  REQUIRE(huge_plan.ok());
+  auto too_many = CheckServable(huge, *huge_plan);
+  REQUIRE_FALSE(too_many.ok());
+  CHECK_THAT(std::string(too_many.message()), Catch::Contains("workflow.edges[1] (A -> B)"));
+  input["workflow"]["edges"][1]["rate_ratio"] = 1;
 
   ServeOptions options;
   options.operators["Nope"] = [](const Request&) { return std::string(); };
@@ -530,10 +623,11 @@ TEST_CASE("a real operator replaces the emulation and sees the bytes", "[serving
   CHECK(checked == report->injected);
 }
 
-TEST_CASE("VQA medium under JellyBean's plan is sustained, latency near the simulator's",
-          "[serving][vqa]") {
+// `scenario` (examples/data/placement) under JellyBean's plan for 40 plan seconds, against the
+// simulator for the same plan.
+void ServeLikeTheSimulator(const std::string& scenario) {
   auto problem =
-      placement::LoadProblem(std::string(PLEXUS_PLACEMENT_DATA_DIR) + "/vqa-medium.json");
+      placement::LoadProblem(std::string(PLEXUS_PLACEMENT_DATA_DIR) + "/" + scenario + ".json");
   REQUIRE(problem.ok());
   auto plan = placement::Optimize(*problem, placement::Strategy::kJellyBean);
   REQUIRE(plan.ok());
@@ -547,14 +641,14 @@ TEST_CASE("VQA medium under JellyBean's plan is sustained, latency near the simu
   options.duration_s = 40;
   options.warmup_s = 5;
   options.compression = 10;
-  // The plan keeps six CPU workers near full load; spinning needs a core for each.
+  // The plans keep several CPU workers near full load; spinning needs a core for each.
   options.cpu_spins = false;
   auto served = Serve(*problem, *plan, options);
   REQUIRE(served.ok());
   std::printf("simulated: %s", placement::SimulationSummary(*problem, *simulated).c_str());
   std::printf("served: %s", ServeSummary(*problem, *served).c_str());
-  std::printf("VQA p50 served/simulated %.2f, p99 %.2f; network cost %.3f vs %.3f per hour\n",
-              served->latency_p50_ms / simulated->latency_p50_ms,
+  std::printf("%s p50 served/simulated %.2f, p99 %.2f; network cost %.3f vs %.3f per hour\n",
+              scenario.c_str(), served->latency_p50_ms / simulated->latency_p50_ms,
               served->latency_p99_ms / simulated->latency_p99_ms, served->network_cost_per_hour,
               simulated->network_cost_per_hour);
   CHECK(served->sustained);
@@ -564,6 +658,17 @@ TEST_CASE("VQA medium under JellyBean's plan is sustained, latency near the simu
   CHECK(served->latency_p99_ms < 2 * simulated->latency_p99_ms);
   CHECK(std::abs(served->network_cost_per_hour - simulated->network_cost_per_hour) <
         0.1 * simulated->network_cost_per_hour + 1e-9);
+  CHECK(served->compute_cost_per_hour == Approx(plan->compute_cost));
+}
+
+TEST_CASE("VQA medium under JellyBean's plan is sustained, latency near the simulator's",
+          "[serving][vqa]") {
+  ServeLikeTheSimulator("vqa-medium");
+}
+
+TEST_CASE("AI City medium (3 crops per frame) under JellyBean's plan is sustained",
+          "[serving][aicity]") {
+  ServeLikeTheSimulator("aicity-medium");
 }
 
 }  // namespace

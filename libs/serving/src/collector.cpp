@@ -22,7 +22,7 @@ absl::Status Collector::Complete(rpc::ServerContext&, const wire::Completion& re
   if (frozen_) return absl::OkStatus();
   if (request.epoch != epoch_) return absl::OkStatus();  // a replaced deployment's
   Sink& sink = sinks_[request.op];
-  if (!sink.done.insert({request.sources, request.request_id}).second) {
+  if (!sink.done.insert({request.sources, request.request_id, request.part}).second) {
     bool retried = false;
     for (size_t s = 0; s < retried_.size(); ++s) {
       if ((request.sources >> s & 1) != 0 && retried_[s].contains(request.request_id)) {
@@ -32,8 +32,9 @@ absl::Status Collector::Complete(rpc::ServerContext&, const wire::Completion& re
     ++(retried ? retried_repeats_ : sink.duplicates);
     return absl::OkStatus();
   }
+  ++sink.parts_done[{request.sources, request.request_id}];
   sink.completions.push_back(
-      {request.sources, request.request_id, request.injected_ns, request.done_ns});
+      {request.sources, request.request_id, request.injected_ns, request.done_ns, request.part});
   ++completions_;
   return absl::OkStatus();
 }
@@ -43,7 +44,7 @@ absl::Status Collector::Dropped(rpc::ServerContext&, const wire::Drop& request, 
   if (frozen_) return absl::OkStatus();
   if (request.epoch != epoch_) return absl::OkStatus();  // a replaced deployment's
   drops_.push_back({request.op, request.sources, request.request_id, std::string(request.reason),
-                    request.retryable});
+                    request.retryable, request.part});
   return absl::OkStatus();
 }
 

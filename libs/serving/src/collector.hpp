@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "serving.plexus.hpp"
 #include "topology.hpp"
@@ -21,6 +23,7 @@ struct DropRecord {
   uint64_t id = 0;
   std::string reason;
   bool retryable = false;  // lost by a failed send: re-sent after a re-plan
+  uint64_t part = 0;       // the message given up (Topology's parts), at `op`
 };
 
 struct CompletionRecord {
@@ -28,7 +31,11 @@ struct CompletionRecord {
   uint64_t id = 0;
   int64_t injected_ns = 0;
   int64_t done_ns = 0;
+  uint64_t part = 0;
 };
+
+// A request's message: (sources, id, part).
+using MessageKey = std::tuple<uint64_t, uint64_t, uint64_t>;
 
 class Collector final : public wire::Collector::Service {
  public:
@@ -39,8 +46,11 @@ class Collector final : public wire::Collector::Service {
                        wire::Ack* response) override;
 
   struct Sink {
-    absl::flat_hash_set<std::pair<uint64_t, uint64_t>> done;  // (sources, id)
-    std::vector<CompletionRecord> completions;                // first completions, in order
+    absl::flat_hash_set<MessageKey> done;
+    // Per (sources, id): how many of the request's messages are done (Topology::Parts of them
+    // make the request complete).
+    absl::flat_hash_map<std::pair<uint64_t, uint64_t>, uint64_t> parts_done;
+    std::vector<CompletionRecord> completions;  // first completions, in order
     int64_t duplicates = 0;
   };
   // A new deployment: reports of earlier ones are ignored from now on (their requests are

@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "plexus/placement/optimizer.hpp"
+#include "report.hpp"
 
 namespace plexus::serving::internal {
 
@@ -42,19 +43,18 @@ std::vector<std::pair<int, uint64_t>> OwedInputs(const Topology& t, const Collec
   absl::flat_hash_set<std::pair<int, uint64_t>> owed;
   for (size_t op = 0; op < t.problem.operators.size(); ++op) {
     if (!t.sink[op]) continue;
-    absl::flat_hash_set<std::pair<uint64_t, uint64_t>> lost;
-    for (const DropRecord& d : drops) {
-      if (!t.reaches[d.op][op]) continue;
-      for (uint64_t mask : t.masks[op]) {
-        if ((mask & d.sources) == d.sources) lost.insert({mask, d.id});
-      }
-    }
-    for (uint64_t mask : t.masks[op]) {
+    const LostParts lost = LostFor(t, static_cast<int>(op), sinks[op], drops);
+    for (size_t i = 0; i < t.masks[op].size(); ++i) {
+      const uint64_t mask = t.masks[op][i];
       for (size_t s = 0; s < t.sources.size(); ++s) {
         if ((mask >> s & 1) == 0) continue;
         for (int64_t id = 0; id < injected[s]; ++id) {
           const std::pair<uint64_t, uint64_t> key{mask, static_cast<uint64_t>(id)};
-          if (sinks[op].done.contains(key) || lost.contains(key)) continue;
+          const auto done = sinks[op].parts_done.find(key);
+          const auto gone = lost.find(key);
+          const uint64_t settled = (done == sinks[op].parts_done.end() ? 0 : done->second) +
+                                   (gone == lost.end() ? 0 : gone->second.size());
+          if (settled >= t.Parts(static_cast<int>(op), i, static_cast<uint64_t>(id))) continue;
           owed.insert({static_cast<int>(s), static_cast<uint64_t>(id)});
         }
       }

@@ -43,7 +43,18 @@ int64_t MinInjected(const Topology& t, uint64_t mask, const std::vector<int64_t>
 
 int64_t Expected(const Topology& t, int op, const std::vector<int64_t>& injected) {
   int64_t owed = 0;
-  for (uint64_t mask : t.masks[op]) owed += MinInjected(t, mask, injected);
+  for (size_t i = 0; i < t.masks[op].size(); ++i) {
+    const int64_t requests = MinInjected(t, t.masks[op][i], injected);
+    bool whole = true;  // every ratio on the way a whole number: the same parts per request
+    for (int e : t.chains[op][i]) whole = whole && t.ratio[e] == std::floor(t.ratio[e]);
+    if (whole) {
+      owed += requests * static_cast<int64_t>(t.Parts(op, i, 0));
+      continue;
+    }
+    for (int64_t id = 0; id < requests; ++id) {
+      owed += static_cast<int64_t>(t.Parts(op, i, static_cast<uint64_t>(id)));
+    }
+  }
   return owed;
 }
 
@@ -58,18 +69,33 @@ std::vector<DropRecord> RequestDrops(const Topology& t, std::vector<DropRecord> 
   return out;
 }
 
-int64_t DroppedFor(const Topology& t, int sink, const Collector::Sink& got,
-                   const std::vector<DropRecord>& drops) {
-  absl::flat_hash_set<std::pair<uint64_t, uint64_t>> lost;
+LostParts LostFor(const Topology& t, int sink, const Collector::Sink& got,
+                  const std::vector<DropRecord>& drops) {
+  LostParts lost;
   for (const DropRecord& d : drops) {
     if (!t.reaches[d.op][sink]) continue;
-    for (uint64_t mask : t.masks[sink]) {
+    for (size_t i = 0; i < t.masks[sink].size(); ++i) {
+      const uint64_t mask = t.masks[sink][i];
       if ((mask & d.sources) != d.sources) continue;
-      if (!got.done.contains({mask, d.id})) lost.insert({mask, d.id});
+      // A join's input carries part of the join's mask, and no chain (BuildTopology).
+      const int at = t.MaskIndex(d.op, d.sources);
+      const size_t crossed = at < 0 ? 0 : t.chains[d.op][at].size();
+      for (uint64_t part : t.Descendants(sink, i, crossed, d.id, d.part)) {
+        if (!got.done.contains({mask, d.id, part})) lost[{mask, d.id}].insert(part);
+      }
       break;
     }
   }
-  return static_cast<int64_t>(lost.size());
+  return lost;
+}
+
+int64_t DroppedFor(const Topology& t, int sink, const Collector::Sink& got,
+                   const std::vector<DropRecord>& drops) {
+  int64_t count = 0;
+  for (const auto& [request, parts] : LostFor(t, sink, got, drops)) {
+    count += static_cast<int64_t>(parts.size());
+  }
+  return count;
 }
 
 double PercentileMs(const std::vector<int64_t>& sorted, double q, double compression) {
@@ -251,7 +277,8 @@ std::string ServeSummary(const placement::Problem& problem, const ServeReport& r
       "served %.0f plan s measured (compression %g, %.1f wall s in all)\n"
       "throughput: %.1f%% of the target rate -> %s\n"
       "latency end to end: p50 %.1f ms, p90 %.1f ms, p99 %.1f ms (plan time)\n"
-      "requests: %d injected, %d completed, %d dropped, %d duplicated, %d unfinished\n"
+      "requests: %d injected; messages at the sinks: %d completed, %d dropped, %d duplicated, "
+      "%d unfinished\n"
       "cost: compute %.3f/h, network %.3f/h (from the bytes sent); accuracy %.2f\n",
       r.measured_s, r.compression, r.wall_s, 100 * r.throughput_ratio,
       r.sustained ? "sustained: yes" : "sustained: NO (below 98%)", r.latency_p50_ms,

@@ -26,15 +26,19 @@ struct RunFigures {
   Counters at_warm, at_stop, at_end;
 };
 
-// Requests the injections owe sink `op`: per mask of sources that reaches it, the ids that every
-// source of the mask injected.
+// Messages the injections owe sink `op`: per mask of sources that reaches it, the parts
+// (Topology::Parts) of the ids that every source of the mask injected.
 int64_t Expected(const Topology& topology, int op, const std::vector<int64_t>& injected);
 // The drops of requests: without those of join inputs whose partners were never injected
 // (injection stopped first).
 std::vector<DropRecord> RequestDrops(const Topology& topology, std::vector<DropRecord> drops,
                                      const std::vector<int64_t>& injected);
-// The requests `sink` lost: dropped at it or above it and not completed there, each counted once
-// however many operators reported it.
+// Per request (sink mask, id): the parts of it that `sink` lost, dropped at it or above it and
+// not completed there (each once however many operators reported it).
+using LostParts = absl::flat_hash_map<std::pair<uint64_t, uint64_t>, absl::flat_hash_set<uint64_t>>;
+LostParts LostFor(const Topology& topology, int sink, const Collector::Sink& got,
+                  const std::vector<DropRecord>& drops);
+// The messages `sink` lost: LostFor's parts, counted.
 int64_t DroppedFor(const Topology& topology, int sink, const Collector::Sink& got,
                    const std::vector<DropRecord>& drops);
 // The q-quantile of sorted wall nanoseconds, in plan milliseconds.

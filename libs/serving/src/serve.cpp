@@ -222,36 +222,43 @@ class Driver {
   void SendFromSource(int s, uint64_t id, int64_t injected_ns) {
     const int op = t_->sources[s];
     for (int e : p_.out_edges[op]) {
-      const int child = p_.edges[e].to;
-      // Shared with the acknowledgement's callback: a re-plan replaces routers_.
-      std::shared_ptr<Router> router = t_->join[child] ? nullptr : routers_[e];
-      const size_t pick = router == nullptr ? HashRoute(id, t_->op_shares[child]) : router->Pick();
-      const int to = t_->op_workers[child][pick];
-      auto message = std::make_shared<wire::Message>();
-      message->request_id = id;
-      message->sources = uint64_t{1} << s;
-      message->op = child;
-      message->edge = e;
-      message->from_worker = -1;
-      message->injected_ns = injected_ns;
-      message->payload = rpc::AsBytes(t_->edge_payload[e]);
-      message->epoch = epoch_;
-      {
-        std::lock_guard<std::mutex> lock(source_mu_);
-        source_sent_[s][to] += t_->edge_payload[e].size();
-      }
-      relay_->Deliver(
-          deployment_->address(to), *message, message,
-          [this, e, id, s, to, router, pick](absl::StatusOr<uint32_t> queued) {
-            if (router != nullptr) router->Done(pick, queued);
-            if (queued.ok()) return;
-            std::lock_guard<std::mutex> lock(source_mu_);
-            failed_sends_.push_back({p_.edges[e].to, uint64_t{1} << s, id,
-                                     absl::StrCat("send to worker '", p_.workers[to].name,
-                                                  "' failed: ", queued.status().message()),
-                                     /*retryable=*/true});
-          });
+      const uint64_t count = t_->Count(e, id);
+      for (uint64_t part = 0; part < count; ++part) SendOnEdge(s, e, id, part, injected_ns);
     }
+  }
+
+  // With deploy_mu_ held: message `part` of source s's request `id` on its out-edge e.
+  void SendOnEdge(int s, int e, uint64_t id, uint64_t part, int64_t injected_ns) {
+    const int child = p_.edges[e].to;
+    // Shared with the acknowledgement's callback: a re-plan replaces routers_.
+    std::shared_ptr<Router> router = t_->join[child] ? nullptr : routers_[e];
+    const size_t pick = router == nullptr ? HashRoute(id, t_->op_shares[child]) : router->Pick();
+    const int to = t_->op_workers[child][pick];
+    auto message = std::make_shared<wire::Message>();
+    message->request_id = id;
+    message->part = part;
+    message->sources = uint64_t{1} << s;
+    message->op = child;
+    message->edge = e;
+    message->from_worker = -1;
+    message->injected_ns = injected_ns;
+    message->payload = rpc::AsBytes(t_->edge_payload[e]);
+    message->epoch = epoch_;
+    {
+      std::lock_guard<std::mutex> lock(source_mu_);
+      source_sent_[s][to] += t_->edge_payload[e].size();
+    }
+    relay_->Deliver(
+        deployment_->address(to), *message, message,
+        [this, e, id, part, s, to, router, pick](absl::StatusOr<uint32_t> queued) {
+          if (router != nullptr) router->Done(pick, queued);
+          if (queued.ok()) return;
+          std::lock_guard<std::mutex> lock(source_mu_);
+          failed_sends_.push_back({p_.edges[e].to, uint64_t{1} << s, id,
+                                   absl::StrCat("send to worker '", p_.workers[to].name,
+                                                "' failed: ", queued.status().message()),
+                                   /*retryable=*/true, part});
+        });
   }
 
   // The failure drills due by `now`, then a health check of every serving worker when one is
@@ -486,8 +493,10 @@ class Driver {
       std::lock_guard<std::mutex> lock(source_mu_);
       drops.insert(drops.end(), failed_sends_.begin(), failed_sends_.end());
     }
-    // Cheap first: drop reports can only overcount the requests lost.
-    if (collector_.Completions() + static_cast<int64_t>(drops.size()) < owed) return false;
+    // Cheap first: a drop report loses at most max_parts messages at a sink.
+    if (collector_.Completions() + static_cast<int64_t>(drops.size() * t_->max_parts) < owed) {
+      return false;
+    }
     drops = RequestDrops(*t_, std::move(drops), injected_);
     const std::vector<Collector::Sink> sinks = collector_.Sinks();
     for (size_t op = 0; op < p_.operators.size(); ++op) {

@@ -20,6 +20,52 @@ int64_t NowNs() {
       .count();
 }
 
+namespace {
+
+constexpr double kMaxRatio = 1024;
+// Counts are floors of id * ratio: a ratio given as 3 or 0.3 in JSON must count as exactly that.
+constexpr double kRatioSlack = 1e-9;
+// Parts are numbers in mixed radix: the product of the radices along a chain must fit.
+constexpr uint64_t kMaxPartsPerRequest = uint64_t{1} << 32;
+
+}  // namespace
+
+uint64_t Topology::Count(int edge, uint64_t id) const {
+  const double r = ratio[edge];
+  if (r == 1) return 1;
+  const auto at = [r](uint64_t i) {
+    return static_cast<uint64_t>(std::floor(static_cast<double>(i) * r + kRatioSlack));
+  };
+  return at(id + 1) - at(id);
+}
+
+uint64_t Topology::Parts(int op, size_t mask_index, uint64_t id) const {
+  uint64_t parts = 1;
+  for (int e : chains[op][mask_index]) parts *= Count(e, id);
+  return parts;
+}
+
+std::vector<uint64_t> Topology::Descendants(int op, size_t mask_index, size_t crossed, uint64_t id,
+                                            uint64_t part) const {
+  std::vector<uint64_t> out = {part};
+  const std::vector<int>& chain = chains[op][mask_index];
+  for (size_t c = crossed; c < chain.size(); ++c) {
+    const uint64_t count = Count(chain[c], id);
+    std::vector<uint64_t> next;
+    next.reserve(out.size() * count);
+    for (uint64_t p : out) {
+      for (uint64_t k = 0; k < count; ++k) next.push_back(p * radix[chain[c]] + k);
+    }
+    out = std::move(next);
+  }
+  return out;
+}
+
+int Topology::MaskIndex(int op, uint64_t mask) const {
+  const auto at = std::find(masks[op].begin(), masks[op].end(), mask);
+  return at == masks[op].end() ? -1 : static_cast<int>(at - masks[op].begin());
+}
+
 Position Topology::From(int edge, int from_worker) const {
   if (from_worker >= 0) return placement::WorkerPosition(problem, from_worker);
   return placement::SourcePosition(problem, problem.edges[edge].from);
@@ -52,12 +98,20 @@ absl::StatusOr<std::shared_ptr<const Topology>> BuildTopology(const placement::P
   PLEXUS_RETURN_IF_ERROR(placement::EvaluatePlan(t->problem, t->plan));
   const placement::Problem& p = t->problem;
   const size_t n = p.operators.size();
+  t->ratio.assign(p.edges.size(), 1);
+  t->radix.assign(p.edges.size(), 1);
   for (size_t e = 0; e < p.edges.size(); ++e) {
-    if (p.edges[e].rate_ratio != 1) {
-      return absl::UnimplementedError(absl::StrCat(
-          EdgeName(p, static_cast<int>(e)), ": rate_ratio ", p.edges[e].rate_ratio,
-          " is not served; the serving runtime relays one message per request (rate_ratio 1)"));
+    const double r = p.edges[e].rate_ratio;
+    if (r == 1) continue;
+    if (!(r > 0) || r > kMaxRatio) {
+      return absl::UnimplementedError(absl::StrCat(EdgeName(p, static_cast<int>(e)),
+                                                   ": rate_ratio ", r,
+                                                   " is not served (the runtime serves ratios in "
+                                                   "(0, ",
+                                                   kMaxRatio, "])"));
     }
+    t->ratio[e] = r;
+    t->radix[e] = static_cast<uint64_t>(std::ceil(r - kRatioSlack));
   }
   for (const auto& [name, fn] : options.operators) {
     const int op = p.FindOperator(name);
@@ -85,33 +139,64 @@ absl::StatusOr<std::shared_ptr<const Topology>> BuildTopology(const placement::P
   t->join.assign(n, false);
   t->sink.assign(n, false);
   t->masks.assign(n, {});
+  t->chains.assign(n, {});
   for (int op : p.topological_order) {
     const auto& o = p.operators[op];
     t->join[op] = o.combine == placement::Combine::kJoin && p.in_edges[op].size() > 1;
     t->sink[op] = o.kind != OperatorKind::kSource && p.out_edges[op].empty();
     if (o.kind == OperatorKind::kSource) {
       t->masks[op] = {uint64_t{1} << t->source_index[op]};
+      t->chains[op] = {{}};
       continue;
     }
     if (t->join[op]) {
       uint64_t mask = 0;
       for (int e : p.in_edges[op]) {
-        const auto& parent = t->masks[p.edges[e].from];
+        const int from = p.edges[e].from;
+        const auto& parent = t->masks[from];
         if (parent.size() != 1) {
           return absl::UnimplementedError(
               absl::StrCat(EdgeName(p, e), ": the join '", o.name,
                            "' takes an input that is a union of requests from different sources; "
                            "the serving runtime joins inputs of one request id only"));
         }
+        if (t->ratio[e] != 1 || !t->chains[from][0].empty()) {
+          return absl::UnimplementedError(absl::StrCat(
+              EdgeName(p, e), ": the join '", o.name,
+              "' takes an input with several messages per request (an edge with rate_ratio != 1 "
+              "on the way); the serving runtime joins one message per request and input"));
+        }
         mask |= parent[0];
       }
       t->masks[op] = {mask};
+      t->chains[op] = {{}};
       continue;
     }
     for (int e : p.in_edges[op]) {
-      for (uint64_t m : t->masks[p.edges[e].from]) {
-        if (std::find(t->masks[op].begin(), t->masks[op].end(), m) == t->masks[op].end()) {
+      const int from = p.edges[e].from;
+      for (size_t i = 0; i < t->masks[from].size(); ++i) {
+        const uint64_t m = t->masks[from][i];
+        std::vector<int> chain = t->chains[from][i];
+        if (t->ratio[e] != 1) chain.push_back(static_cast<int>(e));
+        uint64_t parts = 1;
+        for (int c : chain) {
+          parts *= t->radix[c];
+          if (parts > kMaxPartsPerRequest) {
+            return absl::UnimplementedError(absl::StrCat(
+                EdgeName(p, e), ": a request would become more than ", kMaxPartsPerRequest,
+                " messages at '", o.name, "' (the product of the rate_ratios on its way)"));
+          }
+        }
+        t->max_parts = std::max(t->max_parts, parts);
+        const auto at = std::find(t->masks[op].begin(), t->masks[op].end(), m);
+        if (at == t->masks[op].end()) {
           t->masks[op].push_back(m);
+          t->chains[op].push_back(std::move(chain));
+        } else if (t->chains[op][at - t->masks[op].begin()] != chain) {
+          return absl::UnimplementedError(absl::StrCat(
+              EdgeName(p, e), ": '", o.name,
+              "' receives one source's requests along two paths with different rate_ratios; "
+              "the serving runtime cannot tell their messages apart"));
         }
       }
     }

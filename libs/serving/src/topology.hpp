@@ -27,6 +27,16 @@ struct Topology {
   std::vector<bool> sink;         // an operator that is not a source and has no out-edges
   // The source masks of the messages an operator emits (one for a join: its inputs' OR).
   std::vector<std::vector<uint64_t>> masks;
+  // Fan-out. An edge with rate_ratio r != 1 carries, per message its `from` operator processes
+  // for request `id`, Count(edge, id) = floor((id + 1) r) - floor(id r) messages: the simulator's
+  // long-run count, fixed per request id so that the driver knows what a sink is owed. Message k
+  // of one with part p has part p * radix[edge] + k (radix: ceil(r); 1 where r is 1, which keeps
+  // the part). chains[op][i]: the edges with r != 1 that messages with masks[op][i] crossed to
+  // reach op, in order (one chain per mask: the runtime refuses a workflow where they differ).
+  std::vector<double> ratio;
+  std::vector<uint64_t> radix;
+  std::vector<std::vector<std::vector<int>>> chains;
+  uint64_t max_parts = 1;  // the most messages one request can become at one operator
   std::vector<std::vector<bool>> reaches;  // reaches[a][b]: b is a or below a
   // Per operator: its workers and their shares, in plan order.
   std::vector<std::vector<int>> op_workers;
@@ -42,6 +52,16 @@ struct Topology {
   placement::Position From(int edge, int from_worker) const;
   // Plan seconds a message of `bytes` takes from a to b: the link's latency plus serialisation.
   double LinkDelayS(placement::Position a, placement::Position b, size_t bytes) const;
+  // Messages on `edge` per message processed by its `from` operator, for request `id`.
+  uint64_t Count(int edge, uint64_t id) const;
+  // The messages of request `id` with masks[op][mask_index] that reach op.
+  uint64_t Parts(int op, size_t mask_index, uint64_t id) const;
+  // The parts at `op` (with masks[op][mask_index]) that descend from message `part` of request
+  // `id` once it had crossed the first `crossed` edges of that chain.
+  std::vector<uint64_t> Descendants(int op, size_t mask_index, size_t crossed, uint64_t id,
+                                    uint64_t part) const;
+  // The index of `mask` in masks[op]; -1 when absent (a join's input carries part of its mask).
+  int MaskIndex(int op, uint64_t mask) const;
   // Whether a worker serves anything.
   bool Serves(int worker) const { return !worker_ops[worker].empty(); }
 };

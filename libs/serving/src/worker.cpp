@@ -211,6 +211,7 @@ absl::Status WorkerNode::Deliver(rpc::ServerContext&, const wire::Message& reque
   arrival.op = request.op;
   arrival.edge = request.edge;
   arrival.injected_ns = request.injected_ns;
+  arrival.part = request.part;
   if (config_.operators.count(request.op) != 0) {
     arrival.payload.assign(reinterpret_cast<const char*>(request.payload.data()),
                            request.payload.size());
@@ -255,7 +256,7 @@ void WorkerNode::AdmitReady(int64_t now_ns) {
     Arrival a = std::move(const_cast<Arrival&>(arriving_.top()));
     arriving_.pop();
     if (!topology_.join[a.op]) {
-      Job job{a.id, a.sources, a.op, a.injected_ns, {}, a.ready_ns};
+      Job job{a.id, a.sources, a.op, a.injected_ns, {}, a.ready_ns, a.part};
       job.inputs.push_back(std::move(a.payload));
       fifo_.push_back(std::move(job));
       continue;
@@ -360,6 +361,7 @@ void WorkerNode::Run(Job job, Server& server) {
   request.id = job.id;
   request.sources = job.sources;
   request.op = job.op;
+  request.part = job.part;
   for (const std::string& input : job.inputs) request.inputs.push_back(input);
   absl::StatusOr<std::string> output = fn->second(request);
   if (!output.ok()) {
@@ -398,46 +400,58 @@ void WorkerNode::Forward(const Job& job, const std::string* output) {
     done.injected_ns = job.injected_ns;
     done.done_ns = NowNs();
     done.epoch = config_.epoch;
+    done.part = job.part;
     relay_.Complete(collector_, done);
     return;
   }
   std::shared_ptr<const std::string> owned;
   if (output != nullptr) owned = std::make_shared<const std::string>(*output);
   for (int e : p.out_edges[job.op]) {
-    const int child = p.edges[e].to;
-    Router* router = topology_.join[child] ? nullptr : routers_[e].get();
-    const size_t pick =
-        router == nullptr ? HashRoute(job.id, topology_.op_shares[child]) : router->Pick();
-    const int to = topology_.op_workers[child][pick];
-    const std::string& payload = owned ? *owned : topology_.edge_payload[e];
-    auto message = std::make_shared<wire::Message>();
-    message->request_id = job.id;
-    message->sources = job.sources;
-    message->op = child;
-    message->edge = e;
-    message->from_worker = config_.worker;
-    message->injected_ns = job.injected_ns;
-    message->payload = rpc::AsBytes(payload);
-    message->epoch = config_.epoch;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      sent_bytes_[to] += payload.size();
+    const uint64_t count = topology_.Count(e, job.id);
+    for (uint64_t k = 0; k < count; ++k) {
+      const uint64_t part = topology_.ratio[e] == 1 ? job.part : job.part * topology_.radix[e] + k;
+      Send(job, e, part, owned);
     }
-    // The message views the payload: both stay alive until the call completes.
-    std::shared_ptr<const void> keep = std::make_shared<
-        std::pair<std::shared_ptr<wire::Message>, std::shared_ptr<const std::string>>>(message,
-                                                                                       owned);
-    Job copy{job.id, job.sources, child, job.injected_ns, {}};
-    relay_.Deliver(peers_[to], *message, std::move(keep),
-                   [this, copy, to, router, pick](absl::StatusOr<uint32_t> queued) {
-                     if (router != nullptr) router->Done(pick, queued);
-                     if (queued.ok()) return;
-                     Drop(copy,
-                          absl::StrCat("send to worker '", topology_.problem.workers[to].name,
-                                       "' failed: ", queued.status().message()),
-                          /*retryable=*/true);
-                   });
   }
+}
+
+void WorkerNode::Send(const Job& job, int e, uint64_t part,
+                      const std::shared_ptr<const std::string>& owned) {
+  const auto& p = topology_.problem;
+  const int child = p.edges[e].to;
+  Router* router = topology_.join[child] ? nullptr : routers_[e].get();
+  const size_t pick =
+      router == nullptr ? HashRoute(job.id, topology_.op_shares[child]) : router->Pick();
+  const int to = topology_.op_workers[child][pick];
+  const std::string& payload = owned ? *owned : topology_.edge_payload[e];
+  auto message = std::make_shared<wire::Message>();
+  message->request_id = job.id;
+  message->part = part;
+  message->sources = job.sources;
+  message->op = child;
+  message->edge = e;
+  message->from_worker = config_.worker;
+  message->injected_ns = job.injected_ns;
+  message->payload = rpc::AsBytes(payload);
+  message->epoch = config_.epoch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sent_bytes_[to] += payload.size();
+  }
+  // The message views the payload: both stay alive until the call completes.
+  std::shared_ptr<const void> keep = std::make_shared<
+      std::pair<std::shared_ptr<wire::Message>, std::shared_ptr<const std::string>>>(message,
+                                                                                     owned);
+  Job copy{job.id, job.sources, child, job.injected_ns, {}, 0, part};
+  relay_.Deliver(peers_[to], *message, std::move(keep),
+                 [this, copy, to, router, pick](absl::StatusOr<uint32_t> queued) {
+                   if (router != nullptr) router->Done(pick, queued);
+                   if (queued.ok()) return;
+                   Drop(copy,
+                        absl::StrCat("send to worker '", topology_.problem.workers[to].name,
+                                     "' failed: ", queued.status().message()),
+                        /*retryable=*/true);
+                 });
 }
 
 void WorkerNode::Drop(const Job& job, std::string reason, bool retryable) {
@@ -448,6 +462,7 @@ void WorkerNode::Drop(const Job& job, std::string reason, bool retryable) {
   drop.sources = job.sources;
   drop.op = job.op;
   drop.worker = config_.worker;
+  drop.part = job.part;
   relay_.Dropped(collector_, drop, std::move(reason));
 }
 

@@ -96,6 +96,7 @@ class WorkerNode final : public wire::Worker::Service {
     int edge = -1;
     int64_t injected_ns = 0;
     std::string payload;  // kept only for real operators
+    uint64_t part = 0;
     bool operator>(const Arrival& o) const {
       return ready_ns != o.ready_ns ? ready_ns > o.ready_ns : sequence > o.sequence;
     }
@@ -107,6 +108,7 @@ class WorkerNode final : public wire::Worker::Service {
     int64_t injected_ns = 0;
     std::vector<std::string> inputs;
     int64_t ready_ns = 0;  // when it could start: its (last) input's arrival
+    uint64_t part = 0;     // Topology's parts; 0 for a join's (no fan-out above a join)
   };
   struct JoinSlot {
     int64_t first_ns = 0;  // when its first input arrived
@@ -132,6 +134,9 @@ class WorkerNode final : public wire::Worker::Service {
   void Run(Job job, Server& server);
   void Emulate(const Job& job, Server& server);
   void Forward(const Job& job, const std::string* output);
+  // One message of `job`'s output on edge `e`, with `part`; `owned`: a real operator's output
+  // (null: the edge's emulated payload).
+  void Send(const Job& job, int e, uint64_t part, const std::shared_ptr<const std::string>& owned);
   // `retryable`: the request was lost by a failed send, and is re-sent after a re-plan.
   void Drop(const Job& job, std::string reason, bool retryable = false);
 

@@ -25,6 +25,10 @@ struct Request {
   uint64_t id = 0;       // the source's injection number
   uint64_t sources = 0;  // bit s: descends from the s-th source operator (Problem order)
   int op = -1;
+  // Which of the request's messages this is: 0 unless an edge above has a rate_ratio other than
+  // 1 ("Serving" in docs/placement.md: message k of part p after such an edge is part
+  // p * ceil(ratio) + k).
+  uint64_t part = 0;
   std::vector<std::string_view> inputs;
 };
 // A real operator: its output, sent on every out-edge (a sink's output is dropped). An error
@@ -147,9 +151,11 @@ struct SinkServeReport {
   int op = -1;
   double target_rate = 0;    // requests per plan second the sink should complete
   double achieved_rate = 0;  // completed per plan second during the measured window
-  int64_t expected = 0;      // requests the sources' injections owe this sink
-  int64_t completed = 0;     // distinct requests completed (whole run)
-  int64_t duplicates = 0;    // completions of a request already completed: an error
+  // Counted in messages: a request that edges with rate_ratio != 1 turned into several messages
+  // counts once per message that reaches the sink.
+  int64_t expected = 0;      // messages the sources' injections owe this sink
+  int64_t completed = 0;     // distinct messages completed (whole run)
+  int64_t duplicates = 0;    // completions of a message already completed: an error
   int64_t dropped = 0;       // given up at this sink or an operator above it
   int64_t unfinished = 0;    // expected - completed - dropped: still in flight at the end
 };
@@ -182,7 +188,7 @@ struct ServeReport {
   double compute_cost_per_hour = 0;  // the price of the workers that serve
   std::vector<WorkerServeReport> workers;
   int64_t injected = 0;  // requests, every source together
-  // The sinks' figures summed (a request counts once per sink it owes).
+  // The sinks' figures summed, in messages (a request counts once per message it owes a sink).
   int64_t completed = 0;
   int64_t duplicates = 0;
   int64_t dropped = 0;
@@ -195,8 +201,9 @@ struct ServeReport {
   std::vector<TimelinePoint> timeline;
 };
 
-// Checks that the runtime can serve the plan: EvaluatePlan's checks, then its own (every edge's
-// rate_ratio is 1, at most 64 sources, a join's inputs descend from one set of sources each,
+// Checks that the runtime can serve the plan: EvaluatePlan's checks, then its own (rate_ratios
+// in (0, 1024], none above a join, one per source along every path to an operator; at most 64
+// sources, a join's inputs descend from one set of sources each,
 // every name in options.operators is an operator, every failure names a serving worker within
 // the run). Errors name the element.
 absl::Status CheckServable(const placement::Problem& problem, const placement::Plan& plan,
