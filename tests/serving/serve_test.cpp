@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -236,6 +238,69 @@ TEST_CASE("a killed worker below a fan-out: every message of every request serve
   REQUIRE(report->failures.size() == 1);
   CHECK(report->failures[0].error.empty());
   CHECK(report->failures[0].retried > 0);
+}
+
+TEST_CASE("workers deployed on hosts (other processes' servers) serve exactly and re-plan",
+          "[serving][hosts]") {
+  // Hosts are what the other ranks of a multi-process run start; here three of them in this
+  // process, over tcp, so that the driver deploys through their rpc service as it would there.
+  std::vector<std::unique_ptr<Host>> hosts;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 3; ++i) {
+    auto host = Host::Start({});
+    REQUIRE(host.ok());
+    addresses.push_back((*host)->address());
+    hosts.push_back(std::move(*host));
+  }
+  ServeOptions options = TwentySeconds();
+  options.wire = Wire::kTcp;
+  options.hosts = addresses;
+  SECTION("a chain") {
+    const Problem problem = ChainProblem();
+    auto report = Serve(problem, ChainPlan(problem), options);
+    REQUIRE(report.ok());
+    RequireExact(*report);
+    CHECK(report->injected == 40 * 20);
+    CHECK(report->sustained);
+  }
+  SECTION("a fan-out, the same hosts for a second run") {
+    const FanOut f = FanOutProblem(20, 3, 1);
+    for (int run = 0; run < 2; ++run) {
+      auto report = Serve(f.problem, f.plan, options);
+      REQUIRE(report.ok());
+      RequireExact(*report);
+      CHECK(report->completed == 3 * report->injected);
+    }
+  }
+  SECTION("refused over inproc, and with the driver's own operators") {
+    const Problem problem = ChainProblem();
+    ServeOptions inproc = options;
+    inproc.wire = Wire::kInproc;
+    auto refused = Serve(problem, ChainPlan(problem), inproc);
+    REQUIRE_FALSE(refused.ok());
+    CHECK_THAT(std::string(refused.status().message()), Catch::Contains("hosts"));
+    ServeOptions with_fn = options;
+    with_fn.operators["C"] = [](const Request&) { return std::string(); };
+    auto refused_fn = Serve(problem, ChainPlan(problem), with_fn);
+    REQUIRE_FALSE(refused_fn.ok());
+    CHECK_THAT(std::string(refused_fn.status().message()), Catch::Contains("HostOptions"));
+  }
+  REQUIRE(ShutdownHosts(addresses).ok());
+  for (auto& host : hosts) CHECK(host->Wait().ok());
+}
+
+TEST_CASE("a host whose driver falls silent gives up within its timeout", "[serving][hosts]") {
+  HostOptions options;
+  options.driver_timeout_s = 0.3;
+  auto host = Host::Start(options);
+  REQUIRE(host.ok());
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status waited = (*host)->Wait();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(absl::IsUnavailable(waited));
+  CHECK_THAT(std::string(waited.message()), Catch::Contains("silent"));
+  CHECK(seconds < 2);
 }
 
 TEST_CASE("a join of two branches of one source pairs every request once", "[serving]") {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "plexus/base/file.hpp"
@@ -26,6 +27,7 @@
 #include "plexus/tooling/figures.hpp"
 #include "plexus/tooling/launch.hpp"
 #include "plexus/tooling/table.hpp"
+#include "plexus/transport/rendezvous.hpp"
 
 namespace {
 
@@ -34,6 +36,7 @@ using plexus::serving::ServeOptions;
 using plexus::serving::ServeReport;
 namespace serving = plexus::serving;
 namespace tooling = plexus::tooling;
+namespace pt = plexus::transport;
 
 struct Args {
   std::vector<std::string> positional;
@@ -45,9 +48,10 @@ struct Args {
   std::string spike;  // AT:SECONDS:FACTOR
   bool no_spin = false;
   bool json = false;
-  std::vector<std::string> kills;  // WORKER@SECONDS
-  std::string report_path;         // the whole report as JSON (ServeToJson)
-  std::string plot_path;           // its picture (plexus-plot serve)
+  std::vector<std::string> kills;     // WORKER@SECONDS
+  std::string address = "127.0.0.1";  // the interface every tcp server listens on
+  std::string report_path;            // the whole report as JSON (ServeToJson)
+  std::string plot_path;              // its picture (plexus-plot serve)
   ServeOptions serve;
 };
 
@@ -423,6 +427,38 @@ int Compare(Args& args) {
   return 0;
 }
 
+// The store key under which rank r of a multi-process run publishes its host's address.
+std::string HostKey(int rank) { return absl::StrCat("plexus-serve/host/", rank); }
+
+// Every rank but 0: runs the workers rank 0 deploys here until rank 0 ends the run.
+int RunHost(pt::Rendezvous& rendezvous, const Args& args) {
+  serving::HostOptions options;
+  options.address = args.address;
+  auto host = serving::Host::Start(options);
+  if (!host.ok()) return g_tool->Fail(host.status());
+  if (absl::Status s = rendezvous.store()->Set(HostKey(rendezvous.rank()), (*host)->address());
+      !s.ok()) {
+    return g_tool->Fail(s);
+  }
+  if (absl::Status s = (*host)->Wait(); !s.ok()) return g_tool->Fail(s);
+  return 0;
+}
+
+// Rank 0: the hosts' addresses, in rank order.
+absl::StatusOr<std::vector<std::string>> GatherHosts(pt::Rendezvous& rendezvous) {
+  std::vector<std::string> hosts;
+  for (int r = 1; r < rendezvous.world_size(); ++r) {
+    auto address = rendezvous.store()->Get(HostKey(r), absl::Seconds(60));
+    if (!address.ok()) {
+      return absl::Status(address.status().code(),
+                          absl::StrCat("rank ", r, " published no serving host address: ",
+                                       address.status().message()));
+    }
+    hosts.push_back(*address);
+  }
+  return hosts;
+}
+
 int PlanAndRun(Args& args) {
   auto problem = LoadProblem(args.positional[0]);
   if (!problem.ok()) return g_tool->Fail(problem.status());
@@ -461,6 +497,9 @@ void AddServeFlags(CLI::App* app, Args* a) {
                   "process died (repeatable); the runtime re-plans without it and resumes");
   tooling::AddNumber(app, "--failure-timeout", &a->serve.failure_timeout_s,
                      "wall seconds a worker has to answer a health check", 1e-3, 3600.0);
+  app->add_option("--address", a->address,
+                  "the interface the tcp servers of the driver and of the workers listen on")
+      ->capture_default_str();
   app->add_option("--report", a->report_path, "write the whole report (with its timeline) as JSON");
   app->add_option("--plot", a->plot_path,
                   "draw completions and latency over time, failures marked (PNG)");
@@ -507,8 +546,39 @@ int main(int argc, char** argv) {
   args.serve.duration_s = 60;
   AddServeFlags(demo, &args);
   if (auto code = tool.Parse(argc, argv)) return *code;
-  if (run->parsed()) return Run(args);
-  if (demo->parsed()) return Demo(args);
-  if (compare->parsed()) return Compare(args);
-  return PlanAndRun(args);
+  args.serve.address = args.address;
+  // Under a launcher (plexus-run, mpirun, srun, torchrun) every rank but 0 is a host of workers.
+  auto launch = pt::ParseLaunchEnvironment(pt::ProcessEnvironment());
+  if (!launch.ok()) return tool.Fail(launch.status());
+  std::optional<pt::Rendezvous> rendezvous;
+  if (launch->world_size > 1) {
+    auto joined = pt::Rendezvous::FromEnv();
+    if (!joined.ok()) return tool.Fail(joined.status());
+    rendezvous.emplace(std::move(*joined));
+    if (rendezvous->rank() != 0) return RunHost(*rendezvous, args);
+    auto hosts = GatherHosts(*rendezvous);
+    if (!hosts.ok()) return tool.Fail(hosts.status());
+    args.serve.hosts = *hosts;
+    if (args.transport != "tcp") {
+      std::fprintf(stderr, "plexus-serve: %d host processes: serving over tcp\n",
+                   rendezvous->world_size() - 1);
+      args.transport = "tcp";
+    }
+  }
+  int rc = 0;
+  if (run->parsed()) {
+    rc = Run(args);
+  } else if (demo->parsed()) {
+    rc = Demo(args);
+  } else if (compare->parsed()) {
+    rc = Compare(args);
+  } else {
+    rc = PlanAndRun(args);
+  }
+  if (!args.serve.hosts.empty()) {
+    if (absl::Status s = serving::ShutdownHosts(args.serve.hosts); !s.ok()) {
+      std::fprintf(stderr, "plexus-serve: %s\n", std::string(s.message()).c_str());
+    }
+  }
+  return rc;
 }

@@ -5,14 +5,20 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/log.hpp"
+#include "plexus/base/status.hpp"
+#include "plexus/placement/plan.hpp"
+#include "plexus/placement/problem.hpp"
 
 namespace plexus::serving {
 
-transport::DeviceOptions DeviceOptionsFor(Wire wire) {
+transport::DeviceOptions DeviceOptionsFor(Wire wire) { return DeviceOptionsFor(wire, "127.0.0.1"); }
+
+transport::DeviceOptions DeviceOptionsFor(Wire wire, const std::string& address) {
   transport::DeviceOptions options;
   if (wire == Wire::kTcp) {
     options.backend = transport::Backend::kTcp;
-    options.local_address = "127.0.0.1";
+    options.local_address = address;
     options.progress = transport::ProgressMode::kThread;
   } else {
     options.backend = transport::Backend::kInproc;
@@ -23,22 +29,27 @@ transport::DeviceOptions DeviceOptionsFor(Wire wire) {
 
 namespace internal {
 
-absl::StatusOr<std::shared_ptr<transport::Device>> NewDevice(Wire wire) {
-  return transport::Device::Create(DeviceOptionsFor(wire));
+absl::StatusOr<std::shared_ptr<transport::Device>> NewDevice(Wire wire,
+                                                             const std::string& address) {
+  return transport::Device::Create(DeviceOptionsFor(wire, address));
 }
 
 absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(
     std::shared_ptr<const Topology> topology, const ServeOptions& o, uint32_t epoch,
     const std::string& collector, Relay& relay) {
   const placement::Problem& p = topology->problem;
-  std::unique_ptr<Deployment> d(new Deployment(topology, epoch));
-  std::map<int, OperatorFn> fns;
-  for (const auto& [name, fn] : o.operators) fns[p.FindOperator(name)] = fn;
+  std::unique_ptr<Deployment> d(new Deployment(topology, epoch, o, relay));
   d->nodes_.resize(p.workers.size());
   d->addresses_.assign(p.workers.size(), "");
+  if (!d->hosts_.empty()) {
+    PLEXUS_RETURN_IF_ERROR(d->StartOnHosts(o, collector));
+    return d;
+  }
+  std::map<int, OperatorFn> fns;
+  for (const auto& [name, fn] : o.operators) fns[p.FindOperator(name)] = fn;
   for (size_t w = 0; w < p.workers.size(); ++w) {
     if (!topology->Serves(static_cast<int>(w))) continue;
-    auto device = NewDevice(o.wire);
+    auto device = NewDevice(o.wire, o.address);
     if (!device.ok()) return device.status();
     WorkerConfig config{static_cast<int>(w),
                         topology,
@@ -75,6 +86,110 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(
     }
   }
   return d;
+}
+
+absl::Status Deployment::StartOnHosts(const ServeOptions& o, const std::string& collector) {
+  const placement::Problem& p = topology_->problem;
+  const std::string problem_json = placement::ProblemToJson(p);
+  const std::string plan_json = placement::PlanToJson(p, topology_->plan);
+  std::vector<std::vector<int32_t>> on_host(hosts_.size());
+  for (size_t w = 0; w < p.workers.size(); ++w) {
+    if (topology_->Serves(static_cast<int>(w))) on_host[w % hosts_.size()].push_back(w);
+  }
+  rpc::CallOptions call;
+  call.timeout = host_timeout_ * 10;  // parsing the problem and starting servers takes a moment
+  std::vector<absl::Status> results(hosts_.size());
+  std::vector<std::thread> callers;
+  for (size_t h = 0; h < hosts_.size(); ++h) {
+    if (on_host[h].empty()) continue;
+    callers.emplace_back([&, h] {
+      auto channel = relay_.ChannelTo(hosts_[h], wire::Host::Descriptor());
+      if (!channel.ok()) {
+        results[h] = channel.status();
+        return;
+      }
+      wire::HostDeploy request;
+      request.epoch = epoch_;
+      request.problem_json = problem_json;
+      request.plan_json = plan_json;
+      request.workers = rpc::Repeated<int32_t>(on_host[h].data(), on_host[h].size());
+      request.compression = o.compression;
+      request.cpu_spins = o.cpu_spins;
+      request.join_timeout_s = o.join_timeout_s;
+      request.max_join_pending = o.max_join_pending;
+      request.seed = o.seed + epoch_;
+      request.balance = static_cast<uint32_t>(o.balance);
+      auto reply = wire::Host::Stub(*channel).DeploySync(request, call);
+      if (!reply.ok()) {
+        results[h] = reply.status();
+        return;
+      }
+      if ((*reply)->addresses.size() != on_host[h].size()) {
+        results[h] =
+            absl::InternalError(absl::StrCat("answered ", (*reply)->addresses.size(),
+                                             " addresses for ", on_host[h].size(), " workers"));
+        return;
+      }
+      for (size_t i = 0; i < on_host[h].size(); ++i) {
+        addresses_[on_host[h][i]] = std::string((*reply)->addresses[i]);
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  for (size_t h = 0; h < hosts_.size(); ++h) {
+    if (!results[h].ok()) {
+      return absl::Status(results[h].code(), absl::StrCat("serving host ", h, " at ", hosts_[h],
+                                                          ": deploy: ", results[h].message()));
+    }
+  }
+  std::vector<std::string_view> peers(addresses_.begin(), addresses_.end());
+  std::vector<absl::Status> begun(hosts_.size());
+  OnEveryHost([&](wire::Host::Stub& stub, const rpc::CallOptions& options) {
+    wire::HostBegin request;
+    request.epoch = epoch_;
+    request.peers = rpc::Repeated<std::string_view>(peers.data(), peers.size());
+    request.collector = collector;
+    auto reply = stub.BeginSync(request, options);
+    if (!reply.ok()) {
+      // Reported by the first health check, which names the worker.
+      base::Logf(base::LogLevel::kWarning, "serving: a host did not begin deployment %d: %s",
+                 epoch_, reply.status().ToString());
+    }
+  });
+  return absl::OkStatus();
+}
+
+void Deployment::OnEveryHost(
+    const std::function<void(wire::Host::Stub&, const rpc::CallOptions&)>& call) {
+  const placement::Problem& p = topology_->problem;
+  std::vector<bool> used(hosts_.size(), false);
+  for (size_t w = 0; w < p.workers.size(); ++w) {
+    if (!addresses_[w].empty()) used[w % hosts_.size()] = true;
+  }
+  rpc::CallOptions options;
+  options.timeout = host_timeout_;
+  std::vector<std::thread> callers;
+  for (size_t h = 0; h < hosts_.size(); ++h) {
+    if (!used[h]) continue;
+    callers.emplace_back([&, h] {
+      auto channel = relay_.ChannelTo(hosts_[h], wire::Host::Descriptor());
+      if (!channel.ok()) return;
+      wire::Host::Stub stub(*channel);
+      call(stub, options);
+    });
+  }
+  for (std::thread& t : callers) t.join();
+}
+
+std::vector<int> Deployment::SharingHost(int worker) const {
+  if (hosts_.empty()) return {worker};
+  std::vector<int> out;
+  for (size_t w = 0; w < addresses_.size(); ++w) {
+    if (w % hosts_.size() == static_cast<size_t>(worker) % hosts_.size()) {
+      out.push_back(static_cast<int>(w));
+    }
+  }
+  return out;
 }
 
 Deployment::~Deployment() { Stop(); }
@@ -116,17 +231,46 @@ std::vector<absl::StatusOr<WorkerCounters>> Deployment::Ask(Relay& relay, absl::
 }
 
 void Deployment::Kill(int worker) {
-  if (nodes_[worker]) nodes_[worker]->Stop();
+  if (hosts_.empty()) {
+    if (nodes_[worker]) nodes_[worker]->Stop();
+    return;
+  }
+  auto channel = relay_.ChannelTo(hosts_[worker % hosts_.size()], wire::Host::Descriptor());
+  if (!channel.ok()) return;
+  wire::HostKill request;
+  request.worker = worker;
+  rpc::CallOptions options;
+  options.timeout = host_timeout_;
+  (void)wire::Host::Stub(*channel).KillSync(request, options);  // fails: the host is gone
 }
 
 void Deployment::Halt() {
+  if (!hosts_.empty()) {
+    if (stopped_) return;
+    OnEveryHost([&](wire::Host::Stub& stub, const rpc::CallOptions& options) {
+      wire::HostEpoch request;
+      request.epoch = epoch_;
+      (void)stub.HaltSync(request, options);  // a dead host has nothing left to halt
+    });
+    return;
+  }
   for (auto& node : nodes_) {
     if (node) node->Halt();
   }
 }
 
 void Deployment::Stop() {
+  if (stopped_) return;
   Halt();
+  stopped_ = true;
+  if (!hosts_.empty()) {
+    OnEveryHost([&](wire::Host::Stub& stub, const rpc::CallOptions& options) {
+      wire::HostEpoch request;
+      request.epoch = epoch_;
+      (void)stub.StopSync(request, options);
+    });
+    return;
+  }
   std::vector<std::thread> stoppers;
   for (auto& node : nodes_) {
     if (node) stoppers.emplace_back([n = node.get()] { n->Stop(); });

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,8 +18,8 @@
 
 namespace plexus::serving::internal {
 
-// A device made with DeviceOptionsFor(wire).
-absl::StatusOr<std::shared_ptr<transport::Device>> NewDevice(Wire wire);
+// A device made with DeviceOptionsFor(wire, address).
+absl::StatusOr<std::shared_ptr<transport::Device>> NewDevice(Wire wire, const std::string& address);
 
 // What a worker's Stats call answered.
 struct WorkerCounters {
@@ -30,7 +31,9 @@ struct WorkerCounters {
 class Deployment {
  public:
   // Starts the workers that serve in `topology`, in `epoch`, reporting to the collector at
-  // `collector`; `relay` (the driver's) connects to each. Errors name the worker.
+  // `collector`: as threads here, or on options.hosts (worker w on hosts[w % hosts.size()]);
+  // `relay` (the driver's) connects to each, and must outlive the deployment. Errors name the
+  // worker or host.
   static absl::StatusOr<std::unique_ptr<Deployment>> Start(std::shared_ptr<const Topology> topology,
                                                            const ServeOptions& options,
                                                            uint32_t epoch,
@@ -42,8 +45,11 @@ class Deployment {
   // NotFound for a worker that does not serve or is in `skip`, the call's error otherwise.
   std::vector<absl::StatusOr<WorkerCounters>> Ask(Relay& relay, absl::Duration timeout,
                                                   const std::vector<bool>& skip) const;
-  // Stops one worker at once, as if its process died (a failure drill).
+  // Stops one worker at once, as if its process died (a failure drill): on a host, the host's
+  // process dies, with every worker on it.
   void Kill(int worker);
+  // The workers that fail with `worker`: those on its host (itself alone when in-process).
+  std::vector<int> SharingHost(int worker) const;
   // Every worker stops running and sending; their servers still answer (Ask).
   void Halt();
   // Halt, then every server closes (in parallel: closing waits for its threads to notice).
@@ -55,10 +61,24 @@ class Deployment {
   const std::string& address(int worker) const { return addresses_[worker]; }
 
  private:
-  Deployment(std::shared_ptr<const Topology> topology, uint32_t epoch)
-      : topology_(std::move(topology)), epoch_(epoch) {}
+  Deployment(std::shared_ptr<const Topology> topology, uint32_t epoch, const ServeOptions& o,
+             Relay& relay)
+      : topology_(std::move(topology)),
+        epoch_(epoch),
+        hosts_(o.hosts),
+        host_timeout_(absl::Seconds(std::max(o.failure_timeout_s, 1.0))),
+        relay_(relay) {}
+  // Each host with workers of this deployment starts them; then every one learns its peers.
+  absl::Status StartOnHosts(const ServeOptions& o, const std::string& collector);
+  // Calls `method` on every host that runs a worker of this deployment, in parallel, within
+  // the host timeout; the failures (a host that died) are the caller's to ignore.
+  void OnEveryHost(const std::function<void(wire::Host::Stub&, const rpc::CallOptions&)>& call);
   std::shared_ptr<const Topology> topology_;
   uint32_t epoch_;
+  std::vector<std::string> hosts_;  // empty: the workers are threads here
+  absl::Duration host_timeout_;
+  Relay& relay_;
+  bool stopped_ = false;
   std::vector<std::unique_ptr<WorkerNode>> nodes_;  // per worker; null when it does not serve
   std::vector<std::string> addresses_;
 };

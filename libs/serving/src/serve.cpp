@@ -52,6 +52,16 @@ absl::Status CheckOptions(const ServeOptions& o) {
     return absl::InvalidArgumentError(
         "ServeOptions: needs join_timeout_s > 0, drain_timeout_s >= 0, max_join_pending >= 1");
   }
+  if (!o.hosts.empty() && o.wire != Wire::kTcp) {
+    return absl::InvalidArgumentError(
+        "ServeOptions::hosts: workers in other processes need wire kTcp (inproc stays in one "
+        "process)");
+  }
+  if (!o.hosts.empty() && !o.operators.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ServeOptions::operators ('", o.operators.begin()->first,
+        "'): with hosts, real operators run in the host processes (HostOptions::operators)"));
+  }
   return absl::OkStatus();
 }
 
@@ -104,7 +114,7 @@ class Driver {
   };
 
   absl::Status Setup() {
-    PLEXUS_ASSIGN_OR_RETURN(device_, NewDevice(o_.wire));
+    PLEXUS_ASSIGN_OR_RETURN(device_, NewDevice(o_.wire, o_.address));
     PLEXUS_ASSIGN_OR_RETURN(collector_server_, rpc::Server::Create(device_));
     PLEXUS_RETURN_IF_ERROR(collector_server_->Register(&collector_, {"Complete", "Dropped"}));
     PLEXUS_RETURN_IF_ERROR(collector_server_->Start());
@@ -301,7 +311,7 @@ class Driver {
     const int64_t killed_ns = killed_ns_.count(failed) != 0 ? killed_ns_[failed] : detected_ns;
     f.killed_at_s = static_cast<double>(killed_ns - start_ns_) / kSecondNs * o_.compression;
     f.detected_after_ms = static_cast<double>(detected_ns - killed_ns) / 1e6;
-    dead_[failed] = true;
+    for (int w : deployment_->SharingHost(failed)) dead_[w] = true;
     // The old deployment stops: first nothing more runs or is sent, then the counters of those
     // still answering are kept (the failed worker's as last seen), then the servers close.
     deployment_->Halt();

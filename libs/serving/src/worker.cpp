@@ -229,6 +229,7 @@ absl::Status WorkerNode::Deliver(rpc::ServerContext&, const wire::Message& reque
 
 absl::Status WorkerNode::Stats(rpc::ServerContext& context, const wire::StatsRequest&,
                                wire::WorkerStats* response) {
+  if (config_.on_stats) config_.on_stats();
   std::lock_guard<std::mutex> lock(mu_);
   response->queued = arriving_.size() + fifo_.size();
   response->in_service = static_cast<uint64_t>(in_service_);

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -39,6 +40,7 @@ struct WorkerConfig {
   // The deployment this worker belongs to: stamped on what it sends, required on what it takes.
   uint32_t epoch = 0;
   Balance balance = Balance::kShares;
+  std::function<void()> on_stats;  // called on each Stats call (a host's sign of its driver)
 };
 
 // Sends Messages, Completions and Drops to rpc addresses, one channel per address, reused.

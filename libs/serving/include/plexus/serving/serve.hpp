@@ -1,12 +1,14 @@
 // The serving runtime (JellyBean's query processor): runs a placement::Plan for real. One worker
 // per plan worker that serves an operator, each a thread pool behind its own rpc server (inproc or
-// tcp); the driver injects the sources' requests and collects the sinks' completions over rpc
-// too. Reference: docs/placement.md, "Serving".
+// tcp), in this process or in host processes (Host, ServeOptions::hosts); the driver injects the
+// sources' requests and collects the sinks' completions over rpc too. Reference:
+// docs/placement.md, "Serving".
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +55,8 @@ enum class Wire : uint8_t { kInproc, kTcp };  // the transport of every rpc serv
 // next polled, so relays fell behind their rate); inproc with caller progress (it moves the
 // bytes in PostSend itself).
 transport::DeviceOptions DeviceOptionsFor(Wire wire);
+// The same, listening on `address` (an interface's address; tcp only).
+transport::DeviceOptions DeviceOptionsFor(Wire wire, const std::string& address);
 
 // A failure drill: at `at_s` plan seconds the worker stops at once, as if its process died (its
 // rpc server closes, its queue is lost). The runtime must notice, re-plan and resume.
@@ -115,7 +119,45 @@ struct ServeOptions {
   // worker its queue, requests processed and rate over the last health check, the requests
   // injected and completed so far, latency, failures. It must outlive the run.
   base::admin::AdminServer* admin = nullptr;
+  // Multi-process: the rpc addresses of host processes (Host::address) that run the workers;
+  // worker w (Problem::workers index) runs on hosts[w % hosts.size()]. Needs wire kTcp; real
+  // operators are the hosts' (HostOptions::operators), so `operators` must be empty. A host that
+  // dies takes every worker on it along: the re-plan leaves them all out. Empty: every worker is
+  // a thread of this process.
+  std::vector<std::string> hosts;
+  // The interface the driver's (and in-process workers') tcp servers listen on.
+  std::string address = "127.0.0.1";
 };
+
+// One host process of a multi-process run: every rank but the driver's (plexus-serve under
+// plexus-run, mpirun, srun or torchrun), which passes the hosts' addresses in
+// ServeOptions::hosts. A host runs the workers the driver deploys on it, one deployment at a
+// time, each on a tcp device and rpc server of its own.
+struct HostOptions {
+  std::string address = "127.0.0.1";            // the interface its tcp servers listen on
+  std::map<std::string, OperatorFn> operators;  // real operators by name, as ServeOptions'
+  // Wait gives up when neither a call from the driver nor a health check of one of its workers
+  // came for this long (the driver died or never came).
+  double driver_timeout_s = 30;
+};
+class Host {
+ public:
+  // Starts the host's own rpc server (service plexus.serving.wire.Host).
+  static absl::StatusOr<std::unique_ptr<Host>> Start(HostOptions options);
+  ~Host();
+  std::string address() const;  // for ServeOptions::hosts
+  // Blocks until the driver ends the run (OK) or falls silent (Unavailable, naming how long). A
+  // failure drill aimed at one of its workers ends the process (SIGKILL), as a crash would.
+  absl::Status Wait();
+
+ private:
+  struct State;
+  explicit Host(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+// Ends the hosts' runs (their Host::Wait returns OK), after the driver's last Serve. A host that
+// cannot be reached (a drill killed it) is skipped; the error names any other that failed.
+absl::Status ShutdownHosts(const std::vector<std::string>& hosts);
 
 // One failure and the recovery from it. On detection the runtime stops the deployment (every
 // worker's queue is abandoned), re-plans without the failed worker, starts the new deployment and
@@ -153,11 +195,11 @@ struct SinkServeReport {
   double achieved_rate = 0;  // completed per plan second during the measured window
   // Counted in messages: a request that edges with rate_ratio != 1 turned into several messages
   // counts once per message that reaches the sink.
-  int64_t expected = 0;      // messages the sources' injections owe this sink
-  int64_t completed = 0;     // distinct messages completed (whole run)
-  int64_t duplicates = 0;    // completions of a message already completed: an error
-  int64_t dropped = 0;       // given up at this sink or an operator above it
-  int64_t unfinished = 0;    // expected - completed - dropped: still in flight at the end
+  int64_t expected = 0;    // messages the sources' injections owe this sink
+  int64_t completed = 0;   // distinct messages completed (whole run)
+  int64_t duplicates = 0;  // completions of a message already completed: an error
+  int64_t dropped = 0;     // given up at this sink or an operator above it
+  int64_t unfinished = 0;  // expected - completed - dropped: still in flight at the end
 };
 
 struct WorkerServeReport {
