@@ -23,7 +23,8 @@ using internal::WorkerPosition;
 
 struct Job {
   int op;
-  double birth;  // earliest source injection among the requests it carries
+  double birth;    // earliest source injection among the requests it carries
+  int64_t id = 0;  // the request: its source's injection number (a join pairs inputs by it)
 };
 
 struct Event {
@@ -35,6 +36,7 @@ struct Event {
   double birth;
   int64_t ordinal;  // arrive at a join: tuple number; done: server slot unused
   double started;   // done: service start
+  int64_t id = 0;   // the request (Job::id)
   bool operator>(const Event& other) const {
     return time != other.time ? time > other.time : sequence > other.sequence;
   }
@@ -79,6 +81,17 @@ class Simulation {
     fraction_.assign(p_.edges.size(), 0);
     edge_ordinal_.assign(p_.edges.size(), 0);
     joins_.assign(n, {});
+    injected_.assign(n, 0);
+    // A join pairs the inputs of one request (by id) unless an edge with rate_ratio != 1 lies
+    // above it, where a request becomes several messages: then the k-th message of each input.
+    std::vector<bool> fanned(n, false);
+    by_id_.assign(n, true);
+    for (int op : p_.topological_order) {
+      for (int e : p_.in_edges[op]) {
+        if (p_.edges[e].rate_ratio != 1 || fanned[p_.edges[e].from]) fanned[op] = true;
+      }
+      by_id_[op] = !fanned[op];
+    }
     completions_.assign(n, 0);
 
     for (size_t op = 0; op < n; ++op) {
@@ -127,7 +140,7 @@ class Simulation {
   bool Measured(double time) const { return time >= o_.warmup_s && time <= o_.duration_s; }
 
   void Inject(const Event& event) {
-    Emit(event.op, now_, SourcePosition(p_, event.op));
+    Emit(event.op, now_, SourcePosition(p_, event.op), injected_[event.op]++);
     Push({Event::kInject, NextArrival(event.op, now_), 0, event.op, -1, 0, 0, 0});
   }
 
@@ -145,7 +158,7 @@ class Simulation {
   }
 
   // Sends the outputs of one request of `op` (processed at `from`) along its outgoing edges.
-  void Emit(int op, double birth, Position from) {
+  void Emit(int op, double birth, Position from, int64_t id) {
     for (int e : p_.out_edges[op]) {
       const Edge& edge = p_.edges[e];
       fraction_[e] += edge.rate_ratio;
@@ -160,7 +173,7 @@ class Simulation {
         int worker;
         int64_t ordinal = -1;
         if (join) {
-          ordinal = edge_ordinal_[e]++;
+          ordinal = by_id_[child] ? id : edge_ordinal_[e]++;
           JoinSlot& slot = joins_[child][ordinal];
           if (slot.worker < 0) {
             slot.worker = Route(child);
@@ -185,7 +198,7 @@ class Simulation {
           measured_network_cost_ +=
               bytes / internal::BytesPerGb(p_) * internal::PricePerGb(p_, from, to);
         }
-        Push({Event::kArrive, now_ + delay, 0, child, worker, birth, ordinal, 0});
+        Push({Event::kArrive, now_ + delay, 0, child, worker, birth, ordinal, 0, id});
       }
     }
   }
@@ -203,16 +216,16 @@ class Simulation {
     }
     WorkerState& worker = workers_[event.worker];
     if (worker.busy < worker.servers) {
-      Start(event.worker, {event.op, birth});
+      Start(event.worker, {event.op, birth, event.id});
     } else {
-      worker.queue.push_back({event.op, birth});
+      worker.queue.push_back({event.op, birth, event.id});
     }
   }
 
   void Start(int worker, const Job& job) {
     ++workers_[worker].busy;
     const double service = fits_[job.op][worker].Draw(random_, normal_);
-    Push({Event::kDone, now_ + service, 0, job.op, worker, job.birth, -1, now_});
+    Push({Event::kDone, now_ + service, 0, job.op, worker, job.birth, -1, now_, job.id});
   }
 
   void Done(const Event& event) {
@@ -227,7 +240,7 @@ class Simulation {
         latencies_.push_back(now_ - event.birth);
       }
     } else {
-      Emit(event.op, event.birth, WorkerPosition(p_, event.worker));
+      Emit(event.op, event.birth, WorkerPosition(p_, event.worker), event.id);
     }
     if (!worker.queue.empty()) {
       const Job next = worker.queue.front();
@@ -290,6 +303,8 @@ class Simulation {
   std::vector<std::vector<double>> round_robin_;
   std::vector<double> fraction_;
   std::vector<int64_t> edge_ordinal_;
+  std::vector<int64_t> injected_;  // per source operator
+  std::vector<bool> by_id_;        // per operator: a join pairs its inputs by request id
   std::vector<std::unordered_map<int64_t, JoinSlot>> joins_;
   std::vector<int64_t> completions_;
   std::vector<double> latencies_;
