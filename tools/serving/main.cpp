@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "plexus/base/file.hpp"
 #include "plexus/base/quantile.hpp"
+#include "plexus/placement/network.hpp"
 #include "plexus/placement/optimizer.hpp"
 #include "plexus/placement/plan.hpp"
 #include "plexus/placement/problem.hpp"
@@ -459,6 +460,59 @@ absl::StatusOr<std::vector<std::string>> GatherHosts(pt::Rendezvous& rendezvous)
   return hosts;
 }
 
+// The test bed of a problem, for tools/serving/serve-bed: one place per (tier, location) where
+// workers or sources are (one per replicated tier), every pair of places joined by the link the
+// problem declares between them, shaped to its bandwidth times the compression (plan time runs
+// that much faster), and the place of each rank of a multi-process run (rank 0, the driver, at
+// the first source's; rank r at worker r - 1's). Lines:
+//   place P TIER LOCATION
+//   link P Q RATE_MBIT LATENCY_MS     (RATE_MBIT 0: not shaped)
+//   rank R P
+int Bed(Args& args) {
+  auto problem = LoadProblem(args.positional[0]);
+  if (!problem.ok()) return g_tool->Fail(problem.status());
+  const Problem& p = *problem;
+  std::vector<Position> places;
+  const auto place_of = [&](Position at) {
+    for (size_t i = 0; i < places.size(); ++i) {
+      if (places[i].tier == at.tier && places[i].location == at.location)
+        return static_cast<int>(i);
+    }
+    places.push_back(at);
+    return static_cast<int>(places.size() - 1);
+  };
+  int first_source = -1;
+  for (size_t op = 0; op < p.operators.size() && first_source < 0; ++op) {
+    if (p.operators[op].kind == OperatorKind::kSource) first_source = static_cast<int>(op);
+  }
+  if (first_source < 0) {
+    return g_tool->Fail(absl::InvalidArgumentError("the workflow has no source operator"));
+  }
+  std::vector<int> rank_place = {place_of(SourcePosition(p, first_source))};
+  for (size_t op = 0; op < p.operators.size(); ++op) {
+    if (p.operators[op].kind == OperatorKind::kSource)
+      place_of(SourcePosition(p, static_cast<int>(op)));
+  }
+  for (size_t w = 0; w < p.workers.size(); ++w) {
+    rank_place.push_back(place_of(WorkerPosition(p, static_cast<int>(w))));
+  }
+  for (size_t i = 0; i < places.size(); ++i) {
+    std::printf("place %zu %s %d\n", i, p.tiers[places[i].tier].name.c_str(), places[i].location);
+  }
+  for (size_t a = 0; a < places.size(); ++a) {
+    for (size_t b = a + 1; b < places.size(); ++b) {
+      // Data flows upwards only: the link is the one from the lower place to the higher.
+      const bool up = places[a].tier <= places[b].tier;
+      const Link* link = LinkBetween(p, up ? places[a] : places[b], up ? places[b] : places[a]);
+      if (link == nullptr) continue;
+      const double mbit = link->bandwidth_gbps * 1000 * args.serve.compression;
+      std::printf("link %zu %zu %.0f %g\n", a, b, mbit, link->latency_ms);
+    }
+  }
+  for (size_t r = 0; r < rank_place.size(); ++r) std::printf("rank %zu %d\n", r, rank_place[r]);
+  return 0;
+}
+
 int PlanAndRun(Args& args) {
   auto problem = LoadProblem(args.positional[0]);
   if (!problem.ok()) return g_tool->Fail(problem.status());
@@ -497,6 +551,9 @@ void AddServeFlags(CLI::App* app, Args* a) {
                   "process died (repeatable); the runtime re-plans without it and resumes");
   tooling::AddNumber(app, "--failure-timeout", &a->serve.failure_timeout_s,
                      "wall seconds a worker has to answer a health check", 1e-3, 3600.0);
+  app->add_flag("--shaped-links", a->serve.shaped_links,
+                "the network between tiers is shaped to the problem's links (tools/serving/"
+                "serve-bed): hold messages for the links' latency only");
   app->add_option("--address", a->address,
                   "the interface the tcp servers of the driver and of the workers listen on")
       ->capture_default_str();
@@ -545,7 +602,15 @@ int main(int argc, char** argv) {
       "serve-demo.png (or --plot)");
   args.serve.duration_s = 60;
   AddServeFlags(demo, &args);
+  CLI::App* bed = tool.Subcommand(
+      "bed",
+      "print the network test bed of IN.json for tools/serving/serve-bed: one place per tier "
+      "location, the links between them shaped to bandwidth x compression, each rank's place");
+  bed->add_option("input", args.positional, "IN.json")->required()->expected(1);
+  tooling::AddNumber(bed, "--compression", &args.serve.compression,
+                     "plan time runs this many times faster than the wall clock", 1e-3, 1e6);
   if (auto code = tool.Parse(argc, argv)) return *code;
+  if (bed->parsed()) return Bed(args);
   args.serve.address = args.address;
   // Under a launcher (plexus-run, mpirun, srun, torchrun) every rank but 0 is a host of workers.
   auto launch = pt::ParseLaunchEnvironment(pt::ProcessEnvironment());
@@ -576,7 +641,7 @@ int main(int argc, char** argv) {
     rc = PlanAndRun(args);
   }
   if (!args.serve.hosts.empty()) {
-    if (absl::Status s = serving::ShutdownHosts(args.serve.hosts); !s.ok()) {
+    if (absl::Status s = serving::ShutdownHosts(args.serve.hosts, args.address); !s.ok()) {
       std::fprintf(stderr, "plexus-serve: %s\n", std::string(s.message()).c_str());
     }
   }

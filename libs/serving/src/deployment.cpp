@@ -61,6 +61,7 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(
                         {},
                         epoch,
                         o.balance};
+    config.shaped_links = o.shaped_links;
     for (int op : topology->worker_ops[w]) {
       if (fns.count(op) != 0) config.operators[op] = fns[op];
     }
@@ -119,6 +120,7 @@ absl::Status Deployment::StartOnHosts(const ServeOptions& o, const std::string& 
       request.max_join_pending = o.max_join_pending;
       request.seed = o.seed + epoch_;
       request.balance = static_cast<uint32_t>(o.balance);
+      request.shaped_links = o.shaped_links;
       auto reply = wire::Host::Stub(*channel).DeploySync(request, call);
       if (!reply.ok()) {
         results[h] = reply.status();

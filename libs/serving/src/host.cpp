@@ -70,6 +70,7 @@ absl::Status HostService::Deploy(rpc::ServerContext& context, const wire::HostDe
                         {},
                         request.epoch,
                         static_cast<Balance>(request.balance)};
+    config.shaped_links = request.shaped_links;
     for (int op : topology->worker_ops[w]) {
       if (fns.count(op) != 0) config.operators[op] = fns[op];
     }
@@ -183,8 +184,9 @@ absl::Status Host::Wait() {
   return absl::OkStatus();
 }
 
-absl::Status ShutdownHosts(const std::vector<std::string>& hosts) {
-  PLEXUS_ASSIGN_OR_RETURN(auto device, transport::Device::Create(DeviceOptionsFor(Wire::kTcp)));
+absl::Status ShutdownHosts(const std::vector<std::string>& hosts, const std::string& address) {
+  PLEXUS_ASSIGN_OR_RETURN(auto device,
+                          transport::Device::Create(DeviceOptionsFor(Wire::kTcp, address)));
   std::string failed;
   for (const std::string& host : hosts) {
     rpc::ChannelOptions options;

@@ -201,9 +201,9 @@ absl::Status WorkerNode::Deliver(rpc::ServerContext&, const wire::Message& reque
                         p.workers[config_.worker].name, request.op, request.edge));
   }
   const int64_t now = NowNs();
-  const double delay_s =
-      topology_.LinkDelayS(topology_.From(request.edge, request.from_worker),
-                           placement::WorkerPosition(p, config_.worker), request.payload.size());
+  const double delay_s = topology_.LinkDelayS(topology_.From(request.edge, request.from_worker),
+                                              placement::WorkerPosition(p, config_.worker),
+                                              config_.shaped_links ? 0 : request.payload.size());
   Arrival arrival;
   arrival.ready_ns = now + static_cast<int64_t>(delay_s / config_.compression * 1e9);
   arrival.id = request.request_id;

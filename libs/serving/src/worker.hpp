@@ -41,6 +41,7 @@ struct WorkerConfig {
   uint32_t epoch = 0;
   Balance balance = Balance::kShares;
   std::function<void()> on_stats;  // called on each Stats call (a host's sign of its driver)
+  bool shaped_links = false;       // ServeOptions::shaped_links
 };
 
 // Sends Messages, Completions and Drops to rpc addresses, one channel per address, reused.

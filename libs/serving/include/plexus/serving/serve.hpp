@@ -127,6 +127,11 @@ struct ServeOptions {
   std::vector<std::string> hosts;
   // The interface the driver's (and in-process workers') tcp servers listen on.
   std::string address = "127.0.0.1";
+  // The network between the workers is shaped to the problem's links (tiers in network
+  // namespaces joined by shaped links: tools/serving/serve-bed): a message is held for the
+  // link's latency only (the kernel here has no netem), its bandwidth is the link's own.
+  // false: held for latency + bytes / bandwidth as well.
+  bool shaped_links = false;
 };
 
 // One host process of a multi-process run: every rank but the driver's (plexus-serve under
@@ -157,7 +162,9 @@ class Host {
 };
 // Ends the hosts' runs (their Host::Wait returns OK), after the driver's last Serve. A host that
 // cannot be reached (a drill killed it) is skipped; the error names any other that failed.
-absl::Status ShutdownHosts(const std::vector<std::string>& hosts);
+// `address`: the interface to call from (the driver's ServeOptions::address).
+absl::Status ShutdownHosts(const std::vector<std::string>& hosts,
+                           const std::string& address = "127.0.0.1");
 
 // One failure and the recovery from it. On detection the runtime stops the deployment (every
 // worker's queue is abandoned), re-plans without the failed worker, starts the new deployment and
