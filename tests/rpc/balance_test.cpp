@@ -165,6 +165,40 @@ TEST_CASE("daronpon: redirect only when estimate + delta < local count", "[balan
   CHECK(eager->Pick({0, 0}).redirected);
 }
 
+TEST_CASE("daronpon with costs compares expected completion times, not counts",
+          "[balance][daronpon]") {
+  // Replica 0 (the target) takes 1 unit per call, replica 1 takes 4: a call waits
+  // (load + 1) * cost.
+  BalancerOptions c;
+  c.replicas = 2;
+  c.delta = 0;
+  c.count_redirects = false;
+  c.cost = {1, 4};
+  auto b = Make(c);
+  for (int i = 0; i < 3; ++i) REQUIRE(b->OnSend(0).ok());  // 0: (3 + 1) * 1 = 4
+  REQUIRE(b->OnGossip({1, 0}).ok());                       // 1: (0 + 1) * 4 = 4: not lower
+  CHECK(b->Pick({0, 0}).replica == 0);                     // a count rule would redirect
+  REQUIRE(b->OnSend(0).ok());                              // 0: 5 > 4
+  CHECK(b->Pick({0, 0}).replica == 1);
+  // The other way round: the slow replica's queue of 1 sends the call to the fast one's 3.
+  BalancerOptions slow = c;
+  auto s = Make(slow);
+  REQUIRE(s->OnSend(1).ok());                              // 1: (1 + 1) * 4 = 8
+  for (int i = 0; i < 3; ++i) REQUIRE(s->OnSend(0).ok());  // 0: (3 + 1) * 1 = 4
+  CHECK(s->Pick({1, 0}).replica == 0);
+  // Equal costs give the rule on counts.
+  c.cost = {2, 2};
+  auto even = Make(c);
+  REQUIRE(even->OnSend(0).ok());
+  REQUIRE(even->OnGossip({1, 1}).ok());
+  CHECK(even->Pick({0, 0}).replica == 0);
+  // Costs are checked.
+  c.cost = {1};
+  CHECK(Balancer::Create(c).status().message() == "balancer: cost has 1 entries for 2 replicas");
+  c.cost = {1, 0};
+  CHECK(Balancer::Create(c).status().message() == "balancer: cost[1] is 0; it must be > 0");
+}
+
 TEST_CASE("daronpon: one hop at most", "[balance][daronpon]") {
   BalancerOptions c;
   c.replicas = 2;

@@ -4,13 +4,14 @@
 namespace plexus::serving::internal {
 
 absl::StatusOr<std::unique_ptr<Router>> Router::Create(std::vector<double> shares, bool daronpon,
-                                                       uint64_t seed) {
+                                                       uint64_t seed, std::vector<double> cost) {
   std::unique_ptr<rpc::Balancer> balancer;
   if (daronpon && shares.size() > 1) {
     rpc::BalancerOptions options;
     options.policy = rpc::BalancePolicy::kDaronpon;
     options.replicas = static_cast<uint32_t>(shares.size());
     options.seed = seed;
+    options.cost = std::move(cost);
     auto created = rpc::Balancer::Create(options);
     if (!created.ok()) return created.status();
     balancer = std::move(*created);

@@ -19,8 +19,11 @@ namespace plexus::serving::internal {
 // come from different threads.
 class Router {
  public:
+  // `cost`: per worker, the mean time one request takes there (Daronpon compares expected
+  // completion times, not counts; empty: counts).
   static absl::StatusOr<std::unique_ptr<Router>> Create(std::vector<double> shares, bool daronpon,
-                                                        uint64_t seed);
+                                                        uint64_t seed,
+                                                        std::vector<double> cost = {});
   // The index (into the operator's workers) of the next send; counted until Acked or Failed.
   size_t Pick();
   // The send to `index` ended: acknowledged with the worker's queue at that moment, or failed

@@ -133,7 +133,8 @@ class Driver {
         PLEXUS_ASSIGN_OR_RETURN(
             routers_[e],
             Router::Create(t_->op_shares[p_.edges[e].to], o_.balance == Balance::kDaronpon,
-                           o_.seed * 17 + static_cast<uint64_t>(e) + epoch_));
+                           o_.seed * 17 + static_cast<uint64_t>(e) + epoch_,
+                           t_->op_costs[p_.edges[e].to]));
       }
     }
     return absl::OkStatus();

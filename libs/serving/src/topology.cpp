@@ -213,6 +213,7 @@ absl::StatusOr<std::shared_ptr<const Topology>> BuildTopology(const placement::P
   }
   t->op_workers.assign(n, {});
   t->op_shares.assign(n, {});
+  t->op_costs.assign(n, {});
   t->worker_ops.assign(p.workers.size(), {});
   t->servers.assign(p.workers.size(), 1);
   t->fit.assign(n, std::vector<placement::ServiceTime>(p.workers.size()));
@@ -227,7 +228,11 @@ absl::StatusOr<std::shared_ptr<const Topology>> BuildTopology(const placement::P
       t->op_shares[op].push_back(ws.share);
       t->worker_ops[ws.worker].push_back(static_cast<int>(op));
       const auto& profile = p.latency[op][t->plan.variant[op]][p.workers[ws.worker].type];
-      t->fit[op][ws.worker] = placement::ServiceTime::Fit(*profile);
+      const placement::ServiceTime fit = placement::ServiceTime::Fit(*profile);
+      t->fit[op][ws.worker] = fit;
+      // The log-normal's mean, shared by the worker's servers; positive for any fit.
+      t->op_costs[op].push_back(
+          std::max(1e-12, std::exp(fit.mu + fit.sigma * fit.sigma / 2) / t->servers[ws.worker]));
     }
     if (p.operators[op].kind != OperatorKind::kSource && t->op_workers[op].empty()) {
       return absl::InvalidArgumentError(absl::StrCat("plan: operator '", p.operators[op].name,

@@ -41,6 +41,9 @@ struct Topology {
   // Per operator: its workers and their shares, in plan order.
   std::vector<std::vector<int>> op_workers;
   std::vector<std::vector<double>> op_shares;
+  // Per operator, per worker in op_workers' order: the mean time a request of it takes there
+  // (the service-time fit's mean over the worker's servers): Daronpon's cost of a send.
+  std::vector<std::vector<double>> op_costs;
   std::vector<std::vector<int>> worker_ops;  // per worker: the operators it serves
   std::vector<int> servers;                  // per worker: requests in service at once
   // Emulated payload of each edge: the plan's message size for its variants, a fixed pattern.

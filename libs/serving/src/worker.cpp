@@ -130,10 +130,10 @@ WorkerNode::WorkerNode(std::shared_ptr<transport::Device> device, WorkerConfig c
   for (int op : topology_.worker_ops[config_.worker]) {
     for (int e : p.out_edges[op]) {
       if (!routers_[e]) {
-        // Valid shares (the topology's) make a router: Create cannot fail here.
-        routers_[e] = *Router::Create(topology_.op_shares[p.edges[e].to],
-                                      config_.balance == Balance::kDaronpon,
-                                      config_.seed * 31 + static_cast<uint64_t>(e));
+        // Valid shares and costs (the topology's) make a router: Create cannot fail here.
+        routers_[e] = *Router::Create(
+            topology_.op_shares[p.edges[e].to], config_.balance == Balance::kDaronpon,
+            config_.seed * 31 + static_cast<uint64_t>(e), topology_.op_costs[p.edges[e].to]);
       }
     }
   }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <limits>
 #include <string>
 
@@ -105,24 +106,29 @@ class Daronpon final : public Balancer {
     }
     if (size() == 1) return {candidate, false};
     const ReplicaId best = ArgMin(candidate, false);
-    if (static_cast<uint64_t>(Load(best)) + config().delta >= Load(candidate)) {
-      return {candidate, false};
-    }
+    if (Wait(best, config().delta) >= Wait(candidate, 0)) return {candidate, false};
     const bool redirected = !is_local(best);
     if (redirected && config().count_redirects) CountRedirect(best);
     return {best, redirected};
   }
 
  private:
-  // The replica with the lowest Load(), ties broken at random; `skip` is excluded, `local_only`
+  // What a new call would wait at `replica` with `extra` more calls ahead of it: its load (plus
+  // the call) in calls, or in time with per-replica costs.
+  double Wait(ReplicaId replica, uint32_t extra) const {
+    const double calls = static_cast<double>(Load(replica)) + extra + 1;
+    return config().cost.empty() ? calls : calls * config().cost[replica];
+  }
+
+  // The replica with the lowest Wait(), ties broken at random; `skip` is excluded, `local_only`
   // restricts the search to local replicas.
   ReplicaId ArgMin(std::optional<ReplicaId> skip, bool local_only) {
     ReplicaId best = 0;
-    uint32_t best_load = std::numeric_limits<uint32_t>::max();
+    double best_load = std::numeric_limits<double>::infinity();
     uint32_t ties = 0;
     for (ReplicaId r = 0; r < size(); ++r) {
       if ((skip && *skip == r) || (local_only && !is_local(r))) continue;
-      const uint32_t load = Load(r);
+      const double load = Wait(r, 0);
       if (ties == 0 || load < best_load) {
         best = r;
         best_load = load;
@@ -158,6 +164,16 @@ absl::StatusOr<std::unique_ptr<Balancer>> Balancer::Create(const BalancerOptions
           absl::StrCat("balancer: local replica ", id, " is listed twice"));
     }
     seen[id] = true;
+  }
+  if (!config.cost.empty() && config.cost.size() != config.replicas) {
+    return absl::InvalidArgumentError(absl::StrCat("balancer: cost has ", config.cost.size(),
+                                                   " entries for ", config.replicas, " replicas"));
+  }
+  for (size_t r = 0; r < config.cost.size(); ++r) {
+    if (!(config.cost[r] > 0) || !std::isfinite(config.cost[r])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("balancer: cost[", r, "] is ", config.cost[r], "; it must be > 0"));
+    }
   }
   if (config.max_hops > 1) {
     // More than one hop lets calls ping-pong between dispatchers on stale estimates.

@@ -85,6 +85,11 @@ struct BalancerOptions {
   // After redirecting to a remote replica, count the call in its estimate until the next report,
   // so that a burst is not herded onto one replica (a choice; the seed does not say).
   bool count_redirects = true;
+  // Daronpon with replicas of unequal speed: per replica, the time one call takes there (any
+  // unit, > 0). Calls then compare expected completion times, (Load + 1) * cost, instead of
+  // loads: redirect to b when (Load(b) + delta + 1) * cost[b] < (Load(candidate) + 1) *
+  // cost[candidate]. Empty: every replica alike (the seed's rule on loads).
+  std::vector<double> cost;
 };
 
 class Balancer {

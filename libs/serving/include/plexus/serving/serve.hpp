@@ -66,10 +66,12 @@ struct WorkerFailure {
 };
 
 // How a sender picks among an operator's workers. kShares: the plan's shares (smooth weighted
-// round robin). kDaronpon: the share's pick, redirected to a worker whose load (the queue its
-// last acknowledgement reported, plus this sender's unacknowledged sends) is lower by more than
-// one (the rpc library's Daronpon balancer). A join's inputs always follow the shares (by
-// request id), so that every input of a request meets at one worker.
+// round robin). kDaronpon: the share's pick, redirected to the worker where the request would
+// finish first, by more than one request's time there: (load + 1) * the mean service time of
+// the operator on that worker, the load being the queue its last acknowledgement reported plus
+// this sender's unacknowledged sends (the rpc library's Daronpon balancer with per-replica
+// costs). A join's inputs always follow the shares (by request id), so that every input of a
+// request meets at one worker.
 enum class Balance : uint8_t { kShares, kDaronpon };
 
 // A load spike: from `at_s` plan seconds for `duration_s`, every source injects `factor` times
