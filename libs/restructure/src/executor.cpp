@@ -23,6 +23,8 @@ using internal::Virtual;
 
 // A pass fuses at most this many steps (their f32 tiles stay in L1/L2).
 constexpr size_t kMaxFusedSteps = 16;
+// Outputs from this size on are stored past the cache (Pass::stream).
+constexpr int64_t kStreamBytes = int64_t{8} << 20;
 
 bool IsBitCopy(const Program& p, const Step& s) {
   return s.op == Op::kCopy ||
@@ -313,6 +315,20 @@ absl::StatusOr<Executor> Executor::Compile(Program program) {
       }
       pass.store[s] = last && read_later;
     }
+    // Large outputs that nothing later reads are streamed past the cache (about a quarter of a
+    // server's last-level cache: below it the output may well be read from the cache next).
+    pass.stream.assign(pass.steps.size(), false);
+    for (size_t s = 0; s < pass.steps.size(); ++s) {
+      const Step& st = pass.steps[s];
+      const BufferDecl& out = p.buffers[st.dst.buffer];
+      bool read_later = false;
+      for (size_t j = i + 1; j < e.passes_.size() && !read_later; ++j) {
+        for (const Step& t : e.passes_[j].steps) read_later = read_later || Reads(t, st.dst.buffer);
+      }
+      const int64_t out_bytes = out.count * static_cast<int64_t>(kernels::DataTypeSize(out.dtype));
+      pass.stream[s] = pass.store[s] && out.role == Role::kOutput && !read_later &&
+                       st.dst.strides.back() == 1 && out_bytes >= kStreamBytes;
+    }
   }
   return e;
 }
@@ -367,17 +383,19 @@ std::string Executor::Describe() const {
   for (size_t i = 0; i < passes_.size(); ++i) {
     const Pass& pass = passes_[i];
     std::vector<std::string> ops;
-    int stores = 0;
+    int stores = 0, streamed = 0;
     for (size_t s = 0; s < pass.steps.size(); ++s) {
       ops.push_back(std::string(OpName(pass.steps[s].op)));
       stores += pass.store[s] ? 1 : 0;
+      streamed += s < pass.stream.size() && pass.stream[s] ? 1 : 0;
     }
     const char* kind = pass.kind == Pass::Kind::kFused     ? "fused"
                        : pass.kind == Pass::Kind::kMaxPool ? "maxpool"
                                                            : "copy";
-    lines.push_back(absl::StrCat("pass ", i, ": ", kind, " ", absl::StrJoin(ops, ", "), " over [",
-                                 absl::StrJoin(pass.iters, ", "), "] (stores ", stores, " of ",
-                                 pass.steps.size(), ")"));
+    lines.push_back(absl::StrCat(
+        "pass ", i, ": ", kind, " ", absl::StrJoin(ops, ", "), " over [",
+        absl::StrJoin(pass.iters, ", "), "] (stores ", stores, " of ", pass.steps.size(),
+        streamed > 0 ? absl::StrCat(", ", streamed, " streamed") : "", ")"));
   }
   for (size_t b = 0; b < virtual_.size(); ++b) {
     if (!virtual_[b].active) continue;

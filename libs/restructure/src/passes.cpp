@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "plexus/kernels/types.hpp"
+
 namespace plexus::restructure::internal {
 
 const float* Memory::Load(const Access& a, int64_t element, int64_t stride, size_t n,
@@ -116,10 +118,29 @@ void RunFused(const Pass& pass, const Memory& mem, int64_t first, int64_t last) 
           result[s] = LoadTile(dt, bytes.data(), 1, n, out);
         }
         if (pass.store[s]) {
-          StoreTile(dt, mem.AtMutable(st.dst, Offset(st.dst, at, levels)), st.dst.strides[inner], n,
-                    result[s]);
+          uint8_t* to = mem.AtMutable(st.dst, Offset(st.dst, at, levels));
+          // Not into a stream's window: that memory is the transport's, read right after.
+          if (pass.stream[s] && st.dst.buffer != mem.window) {
+            const size_t size = kernels::DataTypeSize(dt);
+            const float* v = result[s];
+            if (dt != DataType::kF32) {
+              StoreTile(dt, bytes.data(), 1, n, v);
+              StreamCopy(to, bytes.data(), n * size);
+            } else {
+              StreamCopy(to, v, n * size);
+            }
+          } else {
+            StoreTile(dt, to, st.dst.strides[inner], n, result[s]);
+          }
         }
       }
+    }
+  }
+  // Streamed stores are weakly ordered: fenced before anyone reads the output.
+  for (size_t s = 0; s < n_steps; ++s) {
+    if (pass.stream[s]) {
+      StreamFence();
+      break;
     }
   }
 }

@@ -2,6 +2,7 @@
 
 #include <emmintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -28,6 +29,31 @@ bool UseAvx2() { return kernels::Avx2Active(); }
 }  // namespace
 
 float Log10(float x) { return generic::Log10One(x); }
+
+void StreamCopy(uint8_t* dst, const void* src, size_t bytes) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  size_t head = (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16;
+  head = std::min(head, bytes);
+  std::memcpy(dst, s, head);
+  size_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  for (; i + 16 <= bytes; i += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+  }
+  std::memcpy(dst + i, s + i, bytes - i);
+}
+
+void StreamFence() { _mm_sfence(); }
 
 const float* LoadTile(DataType dtype, const uint8_t* p, int64_t stride, size_t n, float* scratch) {
   return UseAvx2() ? avx2::LoadTile(dtype, p, stride, n, scratch)

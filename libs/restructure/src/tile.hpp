@@ -23,5 +23,9 @@ void ApplyTile(Op op, const float* a, const float* b, float scalar, size_t n, fl
 void MaxTile(const float* v, size_t n, float* m);
 // log10 within kLog10MaxUlp of std::log10, special values exactly as it.
 float Log10(float x);
+// memcpy with non-temporal stores (past the cache) for the 16-byte aligned part of `dst`; they
+// are ordered with other stores only after StreamFence.
+void StreamCopy(uint8_t* dst, const void* src, size_t bytes);
+void StreamFence();
 
 }  // namespace plexus::restructure::internal

@@ -64,6 +64,9 @@ class Executor {
     // or -1 (read from memory); and whether its result is stored.
     std::vector<int> forward1, forward2;
     std::vector<bool> store;
+    // kFused: per step, whether its contiguous stores bypass the cache (a large output that no
+    // later pass reads: a cached store would first read each line it writes).
+    std::vector<bool> stream;
   };
   // A scratch buffer that is never materialised: every element is a function of an input element
   // (a copy, or a chain of element-wise ops with scalar operands, as its writing steps computed
