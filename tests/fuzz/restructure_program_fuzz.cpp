@@ -1,7 +1,8 @@
 // Arbitrary bytes through the restructure program decoder (plexus/restructure/format.hpp): no
 // crash, hang or unbounded allocation; a program that decodes is valid, re-encodes to the same
 // bytes, and runs on zero-filled buffers of its declared sizes (when small enough to run here).
-// Each input is tried raw, behind a valid header, and as the seed of a small structured program.
+// Each input is tried raw, behind a valid header, and as the seed of a small structured program;
+// the JSON decoder likewise (raw bytes, and the structured program's JSON).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -97,6 +98,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Check(framed);
   // A structured program, through its encoding.
   Reader r{data, size};
-  Check(pr::Serialize(Structured(r)));
+  const pr::Program structured = Structured(r);
+  Check(pr::Serialize(structured));
+  // The JSON form: raw bytes, and the structured program's JSON. What parses is valid and
+  // comes back the same through JSON and through the binary form.
+  for (const std::string& text : {std::string(raw), pr::ProgramToJson(structured)}) {
+    absl::StatusOr<pr::Program> p = pr::ProgramFromJson(text);
+    if (!p.ok()) continue;
+    if (!pr::Validate(*p).ok()) std::abort();
+    absl::StatusOr<pr::Program> again = pr::ProgramFromJson(pr::ProgramToJson(*p));
+    if (!again.ok() || !(*again == *p)) std::abort();
+    Check(pr::Serialize(*p));
+  }
   return 0;
 }

@@ -124,3 +124,52 @@ TEST_CASE("random byte flips never crash and decode only valid programs", "[rest
   }
   CHECK(decoded > 0);  // e.g. flips of a scalar's or a name's bits
 }
+
+TEST_CASE("programs round-trip through the JSON form; its errors name the field",
+          "[restructure][format]") {
+  // Every op, both src2 kinds, negative strides, a NaN scalar (by its bits), and the pipelines.
+  std::vector<pr::Program> programs = {EveryOp()};
+  for (auto made : {pr::pipelines::VideoSurveillance(), pr::pipelines::SoundDetection(),
+                    pr::pipelines::BrainStimulation(), pr::pipelines::PiiRedaction(),
+                    pr::pipelines::DbHashJoin()}) {
+    REQUIRE(made.ok());
+    programs.push_back(*made);
+  }
+  for (const pr::Program& program : programs) {
+    auto back = pr::ProgramFromJson(pr::ProgramToJson(program));
+    INFO((back.ok() ? "" : back.status().ToString()));
+    REQUIRE(back.ok());
+    CHECK(*back == program);
+  }
+  const std::string good = R"({"buffers": [
+      {"name": "x", "dtype": "f32", "count": 8, "role": "input"},
+      {"name": "y", "dtype": "f16", "count": 8, "role": "output"}],
+    "steps": [{"op": "mul", "iters": [8], "dst": {"buffer": "y", "strides": [1]},
+               "src1": {"buffer": "x", "base": 0, "strides": [1]}, "scalar": 0.5}]})";
+  auto p = pr::ProgramFromJson(good);
+  REQUIRE(p.ok());
+  CHECK(p->steps[0].scalar == 0.5f);
+  CHECK(p->buffers[1].dtype == pr::DataType::kF16);
+  const auto refused = [&](std::string_view from, std::string_view to) {
+    std::string text = good;
+    const size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+    auto r = pr::ProgramFromJson(text);
+    REQUIRE_FALSE(r.ok());
+    return std::string(r.status().message());
+  };
+  CHECK_THAT(refused(R"("buffer": "x")", R"("buffer": "z")"),
+             Catch::Contains("steps[0].src1.buffer: no buffer named 'z'"));
+  CHECK_THAT(refused(R"("op": "mul")", R"("op": "fma")"),
+             Catch::Contains("steps[0].op: unknown op 'fma'"));
+  CHECK_THAT(refused(R"("dtype": "f16")", R"("dtype": "f8")"), Catch::Contains("buffers[1].dtype"));
+  CHECK_THAT(refused(R"("role": "input")", R"("role": "in")"),
+             Catch::Contains("buffers[0].role: unknown role 'in'"));
+  CHECK_THAT(refused(R"("iters": [8])", R"("iters": [9])"), Catch::Contains("step 0"));
+  CHECK_THAT(refused(R"("scalar": 0.5)", R"("scalr": 0.5)"), Catch::Contains("steps[0].scalr"));
+  CHECK_THAT(refused(R"("count": 8, "role": "output")", R"("count": 8, "role": "output", "x": 1)"),
+             Catch::Contains("buffers[1].x: unknown field"));
+  CHECK_FALSE(pr::ProgramFromJson("{").ok());
+  CHECK_FALSE(pr::ProgramFromJson("[]").ok());
+}

@@ -51,7 +51,10 @@ int Run(const RunArgs& a, const tooling::Tool& tool) {
   if (!a.program_file.empty()) {
     auto bytes = plexus::base::ReadFile(a.program_file);
     if (!bytes.ok()) return tool.Fail(bytes.status());
-    p = pr::Decode(*bytes);
+    // The binary form starts with its magic; anything else is read as the JSON form.
+    const size_t first = bytes->find_first_not_of(" \t\r\n");
+    p = first != std::string::npos && (*bytes)[first] == '{' ? pr::ProgramFromJson(*bytes)
+                                                             : pr::Decode(*bytes);
     if (!p.ok())
       return tool.Fail(absl::Status(p.status().code(),
                                     a.program_file + ": " + std::string(p.status().message())));
@@ -148,15 +151,21 @@ int main(int argc, char** argv) {
   run_cmd->add_option("pipeline", run.pipeline,
                       "video-surveillance, sound-detection, brain-stimulation, pii-redaction or "
                       "db-hash-join");
-  run_cmd->add_option("--program", run.program_file, "a program file (plexus-drx export)");
+  run_cmd->add_option("--program", run.program_file,
+                      "a program file (plexus-drx export): the binary form or the JSON form");
   tooling::AddNumber(run_cmd, "--runs", &run.runs, "timed runs (median)", 1, 10000);
   tooling::AddNumber(run_cmd, "--seed", &run.seed, "seed of the generated inputs", 0u, ~0u);
   tooling::AddJsonFlag(run_cmd, &run.json);
 
-  std::string export_name, export_out;
+  std::string export_name, export_out, export_format = "binary";
   CLI::App* export_cmd = tool.Subcommand("export", "write a named pipeline's program to a file");
   export_cmd->add_option("pipeline", export_name, "the pipeline")->required();
   export_cmd->add_option("-o,--output", export_out, "the file to write")->required();
+  export_cmd
+      ->add_option("--format", export_format,
+                   "binary (what a peer decodes) or json (to read and edit; run takes both)")
+      ->check(CLI::IsMember({"binary", "json"}))
+      ->capture_default_str();
 
   plexus::drxtool::PlacementArgs placement;
   CLI::App* placement_cmd =
@@ -194,7 +203,9 @@ int main(int argc, char** argv) {
   if (export_cmd->parsed()) {
     auto p = Named(export_name);
     if (!p.ok()) return tool.Fail(p.status());
-    if (absl::Status s = plexus::base::WriteFileAtomic(export_out, pr::Serialize(*p)); !s.ok()) {
+    const std::string body =
+        export_format == "json" ? pr::ProgramToJson(*p) + "\n" : pr::Serialize(*p);
+    if (absl::Status s = plexus::base::WriteFileAtomic(export_out, body); !s.ok()) {
       return tool.Fail(s);
     }
     return tooling::kExitOk;

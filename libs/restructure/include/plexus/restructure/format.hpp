@@ -32,4 +32,19 @@ std::string Serialize(const Program& program);
 // allocates without bound on any input.
 absl::StatusOr<Program> Decode(std::string_view bytes);
 
+// The JSON form, for people and tools:
+//   {"buffers": [{"name": "x", "dtype": "f32", "count": 1024, "role": "input"}, ...],
+//    "steps": [{"op": "mul", "iters": [32, 32],
+//               "dst": {"buffer": "y", "base": 0, "strides": [32, 1]},
+//               "src1": {"buffer": "x", "base": 0, "strides": [1, 32]},
+//               "scalar": 0.5, "scalar_bits": 1056964608}, ...]}
+// dtypes as kernels::DataTypeName, ops as OpName, roles as RoleName; a binary op has "src2" (an
+// access) or "scalar" (its value; "scalar_bits", the f32's bits, wins when both are given and
+// is what ProgramToJson writes beside it, so that every float round-trips); "window_levels" for
+// maxpool. ProgramFromJson(ProgramToJson(p)) == p for a valid p.
+std::string ProgramToJson(const Program& program);
+// The program in JSON `text`, validated. InvalidArgument naming the field ("steps[2].src1.buffer:
+// no buffer named 'spectrum'") or Validate's error. Never crashes on any input.
+absl::StatusOr<Program> ProgramFromJson(std::string_view text);
+
 }  // namespace plexus::restructure
