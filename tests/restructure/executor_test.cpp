@@ -168,8 +168,8 @@ TEST_CASE("arithmetic chains fuse into one pass and match", "[restructure][execu
 
 TEST_CASE("large outputs stored past the cache match, at odd sizes and unaligned bases",
           "[restructure][executor]") {
-  // From 8 MiB on an output that no later pass reads is streamed (non-temporal stores): every
-  // type, an odd element count, and a destination starting off a 16-byte boundary.
+  // From 8 MiB on an f32 output that no later pass reads is streamed (non-temporal stores);
+  // every type, an odd element count, and a destination starting off a 16-byte boundary.
   for (DataType to : kTypes) {
     const int64_t n = (int64_t{9} << 20) / 2 + 7;  // >= 8 MiB for every type but i8/u8: they get
                                                    // twice the count below
@@ -185,7 +185,12 @@ TEST_CASE("large outputs stored past the cache match, at odd sizes and unaligned
     const pr::Program p = Built(b.Build());
     auto e = pr::Executor::Compile(p);
     REQUIRE(e.ok());
-    CHECK_THAT(e->Describe(), Catch::Contains("1 streamed"));
+    // Streamed: f32 outputs only (the others convert through a cached tile first).
+    if (to == DataType::kF32) {
+      CHECK_THAT(e->Describe(), Catch::Contains("1 streamed"));
+    } else {
+      CHECK_THAT(e->Describe(), !Catch::Contains("streamed"));
+    }
     RequireSame(p, 11);
   }
 }

@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "plexus/kernels/types.hpp"
 
 namespace plexus::restructure::internal {
 
@@ -120,15 +119,8 @@ void RunFused(const Pass& pass, const Memory& mem, int64_t first, int64_t last) 
         if (pass.store[s]) {
           uint8_t* to = mem.AtMutable(st.dst, Offset(st.dst, at, levels));
           // Not into a stream's window: that memory is the transport's, read right after.
-          if (pass.stream[s] && st.dst.buffer != mem.window) {
-            const size_t size = kernels::DataTypeSize(dt);
-            const float* v = result[s];
-            if (dt != DataType::kF32) {
-              StoreTile(dt, bytes.data(), 1, n, v);
-              StreamCopy(to, bytes.data(), n * size);
-            } else {
-              StreamCopy(to, v, n * size);
-            }
+          if (pass.stream[s] && st.dst.buffer != mem.window) {  // f32 (Pass::stream)
+            StreamCopy(to, result[s], n * sizeof(float));
           } else {
             StoreTile(dt, to, st.dst.strides[inner], n, result[s]);
           }
