@@ -1,6 +1,8 @@
 // Share-following routing of the relays (routing.hpp).
 #include "plexus/serving/routing.hpp"
 
+#include <algorithm>
+
 namespace plexus::serving {
 
 SmoothRoundRobin::SmoothRoundRobin(std::vector<double> weights)
@@ -18,18 +20,14 @@ size_t SmoothRoundRobin::Next() {
   return best;
 }
 
-size_t HashRoute(uint64_t key, const std::vector<double>& weights) {
-  double total = 0;
-  for (double w : weights) total += w;
-  // The golden ratio's Fibonacci hash: consecutive keys land a golden-ratio step apart on [0, 1).
-  const uint64_t hashed = key * 0x9E3779B97F4A7C15ull;
-  const double point = static_cast<double>(hashed >> 11) * 0x1.0p-53 * total;
-  double sum = 0;
-  for (size_t i = 0; i < weights.size(); ++i) {
-    sum += weights[i];
-    if (point < sum) return i;
+RouteById::RouteById(const std::vector<double>& weights, size_t period) {
+  if (weights.empty()) {
+    picks_ = {0};
+    return;
   }
-  return weights.empty() ? 0 : weights.size() - 1;
+  SmoothRoundRobin rr(weights);
+  picks_.resize(std::max<size_t>(period, 1));
+  for (uint32_t& pick : picks_) pick = static_cast<uint32_t>(rr.Next());
 }
 
 }  // namespace plexus::serving

@@ -243,7 +243,7 @@ class Driver {
     const int child = p_.edges[e].to;
     // Shared with the acknowledgement's callback: a re-plan replaces routers_.
     std::shared_ptr<Router> router = t_->join[child] ? nullptr : routers_[e];
-    const size_t pick = router == nullptr ? HashRoute(id, t_->op_shares[child]) : router->Pick();
+    const size_t pick = router == nullptr ? t_->by_id[child](id) : router->Pick();
     const int to = t_->op_workers[child][pick];
     auto message = std::make_shared<wire::Message>();
     message->request_id = id;

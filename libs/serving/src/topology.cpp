@@ -239,6 +239,7 @@ absl::StatusOr<std::shared_ptr<const Topology>> BuildTopology(const placement::P
                                                      "' has no worker with a positive share"));
     }
   }
+  for (size_t op = 0; op < n; ++op) t->by_id.emplace_back(t->op_shares[op]);
   t->edge_payload.resize(p.edges.size());
   for (size_t e = 0; e < p.edges.size(); ++e) {
     const auto& edge = p.edges[e];

@@ -14,6 +14,7 @@
 #include "plexus/placement/plan.hpp"
 #include "plexus/placement/problem.hpp"
 #include "plexus/placement/simulator.hpp"
+#include "plexus/serving/routing.hpp"
 #include "plexus/serving/serve.hpp"
 
 namespace plexus::serving::internal {
@@ -44,6 +45,8 @@ struct Topology {
   // Per operator, per worker in op_workers' order: the mean time a request of it takes there
   // (the service-time fit's mean over the worker's servers): Daronpon's cost of a send.
   std::vector<std::vector<double>> op_costs;
+  // Per operator: its worker for a request id (index into op_workers), for joins.
+  std::vector<RouteById> by_id;
   std::vector<std::vector<int>> worker_ops;  // per worker: the operators it serves
   std::vector<int> servers;                  // per worker: requests in service at once
   // Emulated payload of each edge: the plan's message size for its variants, a fixed pattern.

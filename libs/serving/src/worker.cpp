@@ -421,8 +421,7 @@ void WorkerNode::Send(const Job& job, int e, uint64_t part,
   const auto& p = topology_.problem;
   const int child = p.edges[e].to;
   Router* router = topology_.join[child] ? nullptr : routers_[e].get();
-  const size_t pick =
-      router == nullptr ? HashRoute(job.id, topology_.op_shares[child]) : router->Pick();
+  const size_t pick = router == nullptr ? topology_.by_id[child](job.id) : router->Pick();
   const int to = topology_.op_workers[child][pick];
   const std::string& payload = owned ? *owned : topology_.edge_payload[e];
   auto message = std::make_shared<wire::Message>();

@@ -21,9 +21,18 @@ class SmoothRoundRobin {
   double total_ = 0;
 };
 
-// The index for `key` by weight, the same on every caller: the key's Fibonacci hash (a Weyl
-// sequence over consecutive keys, so consecutive ids spread evenly) placed on the weights'
-// cumulative sum. Every relay of a join's inputs picks the same worker for one request id.
-size_t HashRoute(uint64_t key, const std::vector<double>& weights);
+// The index for a request id by weight, the same on every caller: the id-th pick of a smooth
+// weighted round robin that starts afresh (a table of `period` picks, repeated). Every relay of a
+// join's inputs picks the same worker for one request id, and consecutive ids follow the round
+// robin's order, as the sources' own routers do (so that, with equal shares, a request's stages
+// and its join land on one worker index, as in the simulator).
+class RouteById {
+ public:
+  explicit RouteById(const std::vector<double>& weights, size_t period = 4096);
+  size_t operator()(uint64_t id) const { return picks_[id % picks_.size()]; }
+
+ private:
+  std::vector<uint32_t> picks_;
+};
 
 }  // namespace plexus::serving
