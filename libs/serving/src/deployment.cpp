@@ -145,7 +145,6 @@ absl::Status Deployment::StartOnHosts(const ServeOptions& o, const std::string& 
     }
   }
   std::vector<std::string_view> peers(addresses_.begin(), addresses_.end());
-  std::vector<absl::Status> begun(hosts_.size());
   OnEveryHost([&](wire::Host::Stub& stub, const rpc::CallOptions& options) {
     wire::HostBegin request;
     request.epoch = epoch_;
