@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <cstring>
 
-
 namespace plexus::restructure::internal {
 
 const float* Memory::Load(const Access& a, int64_t element, int64_t stride, size_t n,
