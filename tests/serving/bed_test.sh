@@ -10,6 +10,11 @@ if [[ $(id -u) != 0 ]] || ! command -v ip > /dev/null || ! command -v tc > /dev/
   echo "skipped: needs root, ip and tc (network namespaces, tc tbf)"
   exit 77
 fi
+if ! ip netns add "sbedprobe$$" 2> /dev/null; then
+  echo "skipped: cannot create network namespaces here (no CAP_NET_ADMIN?)"
+  exit 77
+fi
+ip netns del "sbedprobe$$"
 name="sbed$$"
 work=$(mktemp -d)
 trap '"$bed" -n "$name" down; rm -rf "$work"' EXIT
