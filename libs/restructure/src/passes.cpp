@@ -188,6 +188,9 @@ bool RunMaxPoolBoxes(const Pass& pass, const Memory& mem) {
   bool dst_regular = k_out > 1;
   for (size_t k = 1; k < k_out && dst_regular; ++k) dst_regular = dst[k] == dst[1] * int64_t(k);
   std::vector<float> block(static_cast<size_t>(box)), reduced(static_cast<size_t>(box)), m(k_out);
+  // f32 in memory (not a computed buffer, not a stream's window) is reduced where it lies.
+  const bool direct = !mem.virtuals[st.src1.buffer].active && st.src1.buffer != mem.window &&
+                      mem.Type(st.src1) == DataType::kF32;
   const DataType d_type = mem.Type(st.dst);
   const size_t d_size = mem.bufs[st.dst.buffer].size;
   // Walks the levels in `ls` (row-major), others of `idx` fixed.
@@ -207,30 +210,43 @@ bool RunMaxPoolBoxes(const Pass& pass, const Memory& mem) {
     bool first = true;
     walk(rest_window, o, [&](const Index& p) {
       const int64_t base = Offset(st.src1, p, levels);
-      for (int64_t done = 0; done < box;) {  // the block, contiguously, a tile at a time
-        const size_t n = static_cast<size_t>(std::min<int64_t>(kTile, box - done));
-        const float* x = mem.Load(st.src1, base + done, 1, n, block.data() + done);
-        if (x != block.data() + done) std::memcpy(block.data() + done, x, n * 4);
-        done += static_cast<int64_t>(n);
+      // The block, contiguously: f32 in memory is read where it is; else a tile at a time.
+      const float* cur = block.data();
+      if (direct) {
+        cur = reinterpret_cast<const float*>(mem.At(st.src1, base));
+      } else {
+        for (int64_t done = 0; done < box;) {
+          const size_t n = static_cast<size_t>(std::min<int64_t>(kTile, box - done));
+          const float* x = mem.Load(st.src1, base + done, 1, n, block.data() + done);
+          if (x != block.data() + done) std::memcpy(block.data() + done, x, n * 4);
+          done += static_cast<int64_t>(n);
+        }
       }
       // The block's window levels reduced one at a time, innermost first, each as shifted
       // maxima over the whole block (vectorised): the leftmost maximum of a window is the
       // leftmost maximum of its rows' leftmost maxima, so the interpreter's order is kept.
-      const float* cur = block.data();
       float* next = reduced.data();
       for (auto l = box_window.rbegin(); l != box_window.rend(); ++l) {
         const int64_t stride = st.src1.strides[*l];
-        std::memcpy(next, cur, static_cast<size_t>(box) * 4);
-        for (int64_t t = 1; t < pass.iters[*l]; ++t) {
+        const size_t n = static_cast<size_t>(box - stride);
+        // The first shift in one pass with the copy: next = max(cur, cur shifted); the last
+        // `stride` elements have no partner and stay.
+        Max2Tile(cur, cur + stride, n, next);
+        std::memcpy(next + n, cur + n, static_cast<size_t>(stride) * 4);
+        for (int64_t t = 2; t < pass.iters[*l]; ++t) {
           MaxTile(cur + t * stride, static_cast<size_t>(box - t * stride), next);
         }
         cur = next;
         next = next == reduced.data() ? block.data() : reduced.data();
       }
-      for (size_t k = 0; k < k_out; ++k) {
-        const float v = cur[src[k]];
-        const float r = m[k];
-        m[k] = first ? v : ((r != r) ? r : ((v != v || v > r) ? v : r));
+      if (first) {
+        for (size_t k = 0; k < k_out; ++k) m[k] = cur[src[k]];
+      } else {
+        for (size_t k = 0; k < k_out; ++k) {
+          const float v = cur[src[k]];
+          const float r = m[k];
+          m[k] = (r != r) ? r : ((v != v || v > r) ? v : r);
+        }
       }
       first = false;
     });

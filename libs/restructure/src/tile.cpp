@@ -21,6 +21,7 @@ const float* LoadTile(DataType dtype, const uint8_t* p, int64_t stride, size_t n
 void StoreTile(DataType dtype, uint8_t* p, int64_t stride, size_t n, const float* v);
 void ApplyTile(Op op, const float* a, const float* b, float scalar, size_t n, float* out);
 void MaxTile(const float* v, size_t n, float* m);
+void Max2Tile(const float* m, const float* v, size_t n, float* out);
 }  // namespace avx2
 
 namespace {
@@ -73,6 +74,11 @@ void ApplyTile(Op op, const float* a, const float* b, float scalar, size_t n, fl
 void MaxTile(const float* v, size_t n, float* m) {
   if (UseAvx2()) return avx2::MaxTile(v, n, m);
   generic::MaxTile(v, n, m);
+}
+
+void Max2Tile(const float* m, const float* v, size_t n, float* out) {
+  if (UseAvx2()) return avx2::Max2Tile(m, v, n, out);
+  generic::Max2Tile(m, v, n, out);
 }
 
 }  // namespace plexus::restructure::internal

@@ -21,6 +21,8 @@ void ApplyTile(Op op, const float* a, const float* b, float scalar, size_t n, fl
 // m[i] = max(m[i], v[i]) with the interpreter's rule: a NaN in m stays, a NaN in v replaces, and
 // of equal values the one in m (first in iteration order) stays.
 void MaxTile(const float* v, size_t n, float* m);
+// out[i] = MaxTile's m[i] after one v[i] (m, v and out may not overlap, but out may equal m).
+void Max2Tile(const float* m, const float* v, size_t n, float* out);
 // log10 within kLog10MaxUlp of std::log10, special values exactly as it.
 float Log10(float x);
 // memcpy with non-temporal stores (past the cache) for the 16-byte aligned part of `dst`; they
