@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <thread>
 
@@ -33,6 +34,13 @@ void HostService::StopNodes() {
 absl::Status HostService::Deploy(rpc::ServerContext& context, const wire::HostDeploy& request,
                                  wire::HostAddresses* response) {
   Touch();
+  if (!(request.compression > 0) || !std::isfinite(request.compression) ||
+      !(request.join_timeout_s > 0) || request.max_join_pending < 1 ||
+      request.balance > static_cast<uint32_t>(Balance::kDaronpon)) {
+    return absl::InvalidArgumentError(
+        "host: deploy needs compression > 0, join_timeout_s > 0, max_join_pending >= 1 and a "
+        "known balance");
+  }
   PLEXUS_ASSIGN_OR_RETURN(placement::Problem problem,
                           placement::ParseProblem(request.problem_json));
   PLEXUS_ASSIGN_OR_RETURN(placement::Plan plan, placement::ParsePlan(problem, request.plan_json));

@@ -139,7 +139,8 @@ struct ServeOptions {
 // One host process of a multi-process run: every rank but the driver's (plexus-serve under
 // plexus-run, mpirun, srun or torchrun), which passes the hosts' addresses in
 // ServeOptions::hosts. A host runs the workers the driver deploys on it, one deployment at a
-// time, each on a tcp device and rpc server of its own.
+// time, each on a tcp device and rpc server of its own. Its service takes failure drills (Kill
+// ends the process): listen only where the job's own ranks can reach it.
 struct HostOptions {
   std::string address = "127.0.0.1";            // the interface its tcp servers listen on
   std::map<std::string, OperatorFn> operators;  // real operators by name, as ServeOptions'
