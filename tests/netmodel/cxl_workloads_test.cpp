@@ -54,6 +54,40 @@ TEST_CASE("cxl workloads: LLM inference phases, sizes and dependencies", "[netmo
   CHECK_FALSE(cxl::LlmInference(cxl::Fabric::FatTree(2).value(), spec).ok());
 }
 
+TEST_CASE("cxl workloads: LLM phases that overlap start a gap apart, runs one after another",
+          "[netmodel][cxl]") {
+  cxl::LlmSpec spec;
+  spec.runs = 2;
+  spec.scale = 1 << 20;
+  spec.overlap_phases = true;
+  auto w = cxl::LlmInference(K4(), spec);
+  REQUIRE(w.ok());
+  REQUIRE(w->run_end == std::vector<int>{352, 704});
+  const auto& t = w->transfers;
+  const double gap = spec.compute_gap_ns / spec.scale;
+  // Run 1: load, all-reduce, load, all-reduce at 0, 1, 2 and 3 gaps, none waiting for another.
+  for (const auto& [first, k] :
+       std::vector<std::pair<int, int>>{{0, 0}, {64, 1}, {176, 2}, {240, 3}}) {
+    INFO("transfer " << first);
+    CHECK(t[first].after.empty());
+    CHECK(t[first].start_ns == Approx(k * gap));
+  }
+  // The ring's later steps still chain; run 2 waits for all of run 1, then its own gaps.
+  CHECK(t[64 + 8 + 1].after == std::vector<int>{64 + 1, 64 + 0});
+  CHECK(t[352].after.size() == 352);
+  CHECK(t[352].gap_ns == Approx(gap));
+  CHECK(t[352 + 64].gap_ns == Approx(2 * gap));
+  auto r = cxl::Simulate(K4(), t, {});
+  REQUIRE(r.ok());
+  // Overlapping phases finish sooner than the same phases one after another.
+  spec.overlap_phases = false;
+  auto serial = cxl::LlmInference(K4(), spec);
+  REQUIRE(serial.ok());
+  auto rs = cxl::Simulate(K4(), serial->transfers, {});
+  REQUIRE(rs.ok());
+  CHECK(r->makespan_ns < rs->makespan_ns);
+}
+
 TEST_CASE("cxl workloads: YCSB mixes, Zipf skew and invalidations", "[netmodel][cxl]") {
   std::map<cxl::Ycsb, double> write_share;
   for (auto y : {cxl::Ycsb::kA, cxl::Ycsb::kB, cxl::Ycsb::kC, cxl::Ycsb::kF}) {

@@ -365,6 +365,9 @@ int main(int argc, char** argv) {
   CLI::App* llm = tool.Subcommand("llm", "LLM inference: weight loads and ring all-reduces");
   tooling::AddNumber(llm, "--runs", &a.llm.runs, "inference runs (the seed: 1000)", 1, 100000);
   tooling::AddNumber(llm, "--scale", &a.llm.scale, "divides bytes and compute gaps", 1.0, 1e12);
+  llm->add_flag("--overlap", a.llm.overlap_phases,
+                "a run's phases start a compute gap apart whether or not the previous one ended "
+                "(weight loads and all-reduces overlap)");
   common(llm);
   CLI::App* ycsb = tool.Subcommand("ycsb", "YCSB on 4 CPUs and 12 memory expanders");
   ycsb->add_option("--workloads", a.ycsb_workloads, "some of a,b,c,f")->capture_default_str();

@@ -46,13 +46,33 @@ absl::StatusOr<LlmWorkload> LlmInference(const Fabric& fabric, const LlmSpec& sp
       Scaled(static_cast<double>(spec.unit_bytes) * spec.units / kRing, spec.scale);
   const double gap = spec.compute_gap_ns / spec.scale;
   LlmWorkload w;
-  std::vector<int> previous;  // the previous phase's transfers (a barrier)
+  std::vector<int> previous;   // the previous phase's transfers (a barrier)
+  std::vector<int> run_start;  // overlapping phases: the previous run's transfers
+  int phase_in_run = 0;
   const auto begin = [&](Transfer t) {
+    if (spec.overlap_phases) {
+      // Phase k of a run starts k gaps after the run does; a run starts a gap after the
+      // previous run's last transfer.
+      if (run_start.empty()) {
+        t.start_ns = phase_in_run * gap;
+      } else {
+        t.after = run_start;
+        t.gap_ns = (phase_in_run + 1) * gap;
+      }
+      return t;
+    }
     t.after = previous;
     t.gap_ns = previous.empty() ? 0 : gap;
     return t;
   };
   for (int run = 0; run < spec.runs; ++run) {
+    phase_in_run = 0;
+    if (spec.overlap_phases && run > 0) {
+      run_start.clear();
+      for (int t = run == 1 ? 0 : w.run_end[run - 2]; t < w.run_end[run - 1]; ++t) {
+        run_start.push_back(t);
+      }
+    }
     for (int phase = 0; phase < 2; ++phase) {
       std::vector<int> load;
       for (const FanId& a : acc) {
@@ -66,6 +86,7 @@ absl::StatusOr<LlmWorkload> LlmInference(const Fabric& fabric, const LlmSpec& sp
           w.transfers.push_back(begin(std::move(t)));
         }
       }
+      ++phase_in_run;
       previous = load;
       std::vector<int> step(kRing), next(kRing);
       for (int s = 0; s < 2 * (kRing - 1); ++s) {
@@ -85,6 +106,7 @@ absl::StatusOr<LlmWorkload> LlmInference(const Fabric& fabric, const LlmSpec& sp
         }
         step = next;
       }
+      ++phase_in_run;
       previous = step;
     }
     w.run_end.push_back(static_cast<int>(w.transfers.size()));

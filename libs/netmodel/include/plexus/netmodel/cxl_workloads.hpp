@@ -27,6 +27,11 @@ struct LlmSpec {
   int units = 810;
   double partition_bytes = 8.125e9;  // the weights an accelerator loads per weight load
   double compute_gap_ns = 3e6;       // between phases
+  // How "spaced 3 ms apart" is read. false: each phase starts compute_gap_ns after the previous
+  // one ends (a barrier). true: the phases of a run start compute_gap_ns apart whether or not the
+  // previous one ended, so weight loads and all-reduces overlap (a phase of the seed's sizes
+  // lasts far longer than 3 ms); a run still starts when the previous one ended.
+  bool overlap_phases = false;
 };
 
 // Accelerators at x:y:2, memory expanders at x:y:3 (one of each per edge switch; the seed does
