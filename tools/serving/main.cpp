@@ -538,8 +538,8 @@ void AddServeFlags(CLI::App* app, Args* a) {
   app->add_flag("--poisson", a->serve.poisson_arrivals, "Poisson arrivals (default constant)");
   app->add_option("--transport", a->transport, "inproc|tcp")->capture_default_str();
   app->add_option("--balance", a->balance,
-                  "shares (the plan's, weighted round robin) | daronpon (redirect to a worker "
-                  "with a shorter queue)")
+                  "shares (the plan's, weighted round robin) | daronpon (redirect to the worker "
+                  "where the request would finish first)")
       ->capture_default_str();
   app->add_flag("--no-spin", a->no_spin,
                 "emulated operators on CPU workers sleep instead of burning the CPU");

@@ -1,7 +1,7 @@
 // One deployment of a plan (deployment.hpp).
 #include "deployment.hpp"
 
-#include <map>
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +34,38 @@ absl::StatusOr<std::shared_ptr<transport::Device>> NewDevice(Wire wire,
   return transport::Device::Create(DeviceOptionsFor(wire, address));
 }
 
+absl::StatusOr<std::unique_ptr<WorkerNode>> StartWorker(int worker,
+                                                        std::shared_ptr<const Topology> topology,
+                                                        const ServeOptions& o, uint32_t epoch,
+                                                        std::function<void()> on_stats) {
+  const placement::Problem& p = topology->problem;
+  PLEXUS_ASSIGN_OR_RETURN(auto device, NewDevice(o.wire, o.address));
+  WorkerConfig config;
+  config.worker = worker;
+  config.topology = topology;
+  config.compression = o.compression;
+  config.cpu_spins = o.cpu_spins;
+  config.join_timeout_s = o.join_timeout_s;
+  config.max_join_pending = o.max_join_pending;
+  config.seed = o.seed + epoch;
+  config.epoch = epoch;
+  config.balance = o.balance;
+  config.shaped_links = o.shaped_links;
+  config.on_stats = std::move(on_stats);
+  for (const auto& [name, fn] : o.operators) {
+    const int op = p.FindOperator(name);
+    const auto& ops = topology->worker_ops[worker];
+    if (std::find(ops.begin(), ops.end(), op) != ops.end()) config.operators[op] = fn;
+  }
+  auto node = WorkerNode::Create(device, std::move(config));
+  if (!node.ok()) {
+    return absl::Status(node.status().code(),
+                        absl::StrCat("worker '", p.workers[worker].name,
+                                     "': rpc server: ", node.status().message()));
+  }
+  return node;
+}
+
 absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(
     std::shared_ptr<const Topology> topology, const ServeOptions& o, uint32_t epoch,
     const std::string& collector, Relay& relay) {
@@ -45,34 +77,10 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(
     PLEXUS_RETURN_IF_ERROR(d->StartOnHosts(o, collector));
     return d;
   }
-  std::map<int, OperatorFn> fns;
-  for (const auto& [name, fn] : o.operators) fns[p.FindOperator(name)] = fn;
   for (size_t w = 0; w < p.workers.size(); ++w) {
     if (!topology->Serves(static_cast<int>(w))) continue;
-    auto device = NewDevice(o.wire, o.address);
-    if (!device.ok()) return device.status();
-    WorkerConfig config{static_cast<int>(w),
-                        topology,
-                        o.compression,
-                        o.cpu_spins,
-                        o.join_timeout_s,
-                        o.max_join_pending,
-                        o.seed + epoch,
-                        {},
-                        epoch,
-                        o.balance};
-    config.shaped_links = o.shaped_links;
-    for (int op : topology->worker_ops[w]) {
-      if (fns.count(op) != 0) config.operators[op] = fns[op];
-    }
-    auto node = WorkerNode::Create(*device, std::move(config));
-    if (!node.ok()) {
-      return absl::Status(
-          node.status().code(),
-          absl::StrCat("worker '", p.workers[w].name, "': rpc server: ", node.status().message()));
-    }
-    d->addresses_[w] = (*node)->address();
-    d->nodes_[w] = std::move(*node);
+    PLEXUS_ASSIGN_OR_RETURN(d->nodes_[w], StartWorker(static_cast<int>(w), topology, o, epoch));
+    d->addresses_[w] = d->nodes_[w]->address();
   }
   for (auto& node : d->nodes_) {
     if (node) node->Start(d->addresses_, collector);
@@ -118,7 +126,7 @@ absl::Status Deployment::StartOnHosts(const ServeOptions& o, const std::string& 
       request.cpu_spins = o.cpu_spins;
       request.join_timeout_s = o.join_timeout_s;
       request.max_join_pending = o.max_join_pending;
-      request.seed = o.seed + epoch_;
+      request.seed = o.seed;
       request.balance = static_cast<uint32_t>(o.balance);
       request.shaped_links = o.shaped_links;
       auto reply = wire::Host::Stub(*channel).DeploySync(request, call);

@@ -28,6 +28,14 @@ struct WorkerCounters {
   std::vector<uint64_t> sent;  // bytes per destination worker
 };
 
+// One worker of `topology` in `epoch`, as `o` says (its transport, seed, balance, real operators
+// by name, ...), on a device and rpc server of its own, not yet serving (WorkerNode::Start).
+// Errors name the worker. `on_stats`: WorkerConfig's.
+absl::StatusOr<std::unique_ptr<WorkerNode>> StartWorker(int worker,
+                                                        std::shared_ptr<const Topology> topology,
+                                                        const ServeOptions& o, uint32_t epoch,
+                                                        std::function<void()> on_stats = {});
+
 class Deployment {
  public:
   // Starts the workers that serve in `topology`, in `epoch`, reporting to the collector at

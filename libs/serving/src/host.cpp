@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -44,12 +43,20 @@ absl::Status HostService::Deploy(rpc::ServerContext& context, const wire::HostDe
   PLEXUS_ASSIGN_OR_RETURN(placement::Problem problem,
                           placement::ParseProblem(request.problem_json));
   PLEXUS_ASSIGN_OR_RETURN(placement::Plan plan, placement::ParsePlan(problem, request.plan_json));
+  // The driver's options as far as its workers see them, with this host's operators.
   ServeOptions options;
+  options.wire = Wire::kTcp;
+  options.address = options_.address;
   options.operators = options_.operators;
+  options.compression = request.compression;
+  options.cpu_spins = request.cpu_spins;
+  options.join_timeout_s = request.join_timeout_s;
+  options.max_join_pending = static_cast<size_t>(request.max_join_pending);
+  options.seed = request.seed;
+  options.balance = static_cast<Balance>(request.balance);
+  options.shaped_links = request.shaped_links;
   PLEXUS_ASSIGN_OR_RETURN(std::shared_ptr<const Topology> topology,
                           BuildTopology(problem, plan, options));
-  std::map<int, OperatorFn> fns;
-  for (const auto& [name, fn] : options_.operators) fns[problem.FindOperator(name)] = fn;
   std::lock_guard<std::mutex> lock(mu_);
   StopNodes();  // a new deployment replaces the last one
   epoch_ = request.epoch;
@@ -63,32 +70,10 @@ absl::Status HostService::Deploy(rpc::ServerContext& context, const wire::HostDe
       return absl::InvalidArgumentError(
           absl::StrCat("host: worker ", w, " does not serve in the plan of epoch ", epoch_));
     }
-    auto device = transport::Device::Create(DeviceOptionsFor(Wire::kTcp, options_.address));
-    if (!device.ok()) {
-      StopNodes();
-      return device.status();
-    }
-    WorkerConfig config{w,
-                        topology,
-                        request.compression,
-                        request.cpu_spins,
-                        request.join_timeout_s,
-                        static_cast<size_t>(request.max_join_pending),
-                        request.seed,
-                        {},
-                        request.epoch,
-                        static_cast<Balance>(request.balance)};
-    config.shaped_links = request.shaped_links;
-    for (int op : topology->worker_ops[w]) {
-      if (fns.count(op) != 0) config.operators[op] = fns[op];
-    }
-    config.on_stats = [this] { Touch(); };
-    auto node = WorkerNode::Create(*device, std::move(config));
+    auto node = StartWorker(w, topology, options, request.epoch, [this] { Touch(); });
     if (!node.ok()) {
       StopNodes();
-      return absl::Status(node.status().code(),
-                          absl::StrCat("worker '", problem.workers[w].name,
-                                       "': rpc server: ", node.status().message()));
+      return node.status();
     }
     nodes_.push_back(std::move(*node));
     const std::string address = nodes_.back()->address();
