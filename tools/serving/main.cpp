@@ -428,38 +428,6 @@ int Compare(Args& args) {
   return 0;
 }
 
-// The store key under which rank r of a multi-process run publishes its host's address.
-std::string HostKey(int rank) { return absl::StrCat("plexus-serve/host/", rank); }
-
-// Every rank but 0: runs the workers rank 0 deploys here until rank 0 ends the run.
-int RunHost(pt::Rendezvous& rendezvous, const Args& args) {
-  serving::HostOptions options;
-  options.address = args.address;
-  auto host = serving::Host::Start(options);
-  if (!host.ok()) return g_tool->Fail(host.status());
-  if (absl::Status s = rendezvous.store()->Set(HostKey(rendezvous.rank()), (*host)->address());
-      !s.ok()) {
-    return g_tool->Fail(s);
-  }
-  if (absl::Status s = (*host)->Wait(); !s.ok()) return g_tool->Fail(s);
-  return 0;
-}
-
-// Rank 0: the hosts' addresses, in rank order.
-absl::StatusOr<std::vector<std::string>> GatherHosts(pt::Rendezvous& rendezvous) {
-  std::vector<std::string> hosts;
-  for (int r = 1; r < rendezvous.world_size(); ++r) {
-    auto address = rendezvous.store()->Get(HostKey(r), absl::Seconds(60));
-    if (!address.ok()) {
-      return absl::Status(address.status().code(),
-                          absl::StrCat("rank ", r, " published no serving host address: ",
-                                       address.status().message()));
-    }
-    hosts.push_back(*address);
-  }
-  return hosts;
-}
-
 // The test bed of a problem, for tools/serving/serve-bed: one place per (tier, location) where
 // workers or sources are (one per replicated tier), every pair of places joined by the link the
 // problem declares between them, shaped to its bandwidth times the compression (plan time runs
@@ -620,8 +588,15 @@ int main(int argc, char** argv) {
     auto joined = pt::Rendezvous::FromEnv();
     if (!joined.ok()) return tool.Fail(joined.status());
     rendezvous.emplace(std::move(*joined));
-    if (rendezvous->rank() != 0) return RunHost(*rendezvous, args);
-    auto hosts = GatherHosts(*rendezvous);
+    if (rendezvous->rank() != 0) {
+      serving::HostOptions options;
+      options.address = args.address;
+      if (absl::Status s = serving::ServeAsHost(*rendezvous, options); !s.ok()) {
+        return tool.Fail(s);
+      }
+      return 0;
+    }
+    auto hosts = serving::HostsOf(*rendezvous, absl::Seconds(60));
     if (!hosts.ok()) return tool.Fail(hosts.status());
     args.serve.hosts = *hosts;
     if (args.transport != "tcp") {

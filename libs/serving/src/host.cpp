@@ -177,6 +177,32 @@ absl::Status Host::Wait() {
   return absl::OkStatus();
 }
 
+namespace {
+// Where rank r of a job publishes its host's address.
+std::string HostKey(int rank) { return absl::StrCat("plexus-serving/host/", rank); }
+}  // namespace
+
+absl::Status ServeAsHost(transport::Rendezvous& rendezvous, HostOptions options) {
+  PLEXUS_ASSIGN_OR_RETURN(std::unique_ptr<Host> host, Host::Start(std::move(options)));
+  PLEXUS_RETURN_IF_ERROR(rendezvous.store()->Set(HostKey(rendezvous.rank()), host->address()));
+  return host->Wait();
+}
+
+absl::StatusOr<std::vector<std::string>> HostsOf(transport::Rendezvous& rendezvous,
+                                                 absl::Duration timeout) {
+  std::vector<std::string> hosts;
+  for (int r = 1; r < rendezvous.world_size(); ++r) {
+    auto address = rendezvous.store()->Get(HostKey(r), timeout);
+    if (!address.ok()) {
+      return absl::Status(address.status().code(),
+                          absl::StrCat("rank ", r, " published no serving host address: ",
+                                       address.status().message()));
+    }
+    hosts.push_back(*address);
+  }
+  return hosts;
+}
+
 absl::Status ShutdownHosts(const std::vector<std::string>& hosts, const std::string& address) {
   PLEXUS_ASSIGN_OR_RETURN(auto device,
                           transport::Device::Create(DeviceOptionsFor(Wire::kTcp, address)));

@@ -14,10 +14,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "plexus/base/admin.hpp"
 #include "plexus/placement/plan.hpp"
 #include "plexus/placement/problem.hpp"
 #include "plexus/transport/device.hpp"
+#include "plexus/transport/rendezvous.hpp"
 
 namespace plexus::serving {
 
@@ -163,6 +165,13 @@ class Host {
   explicit Host(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };
+// A job under a launcher (transport::Rendezvous): every rank but 0 calls ServeAsHost, which
+// starts a Host, publishes its address in the job's store and waits (Host::Wait); rank 0 calls
+// HostsOf for ServeOptions::hosts (waiting up to `timeout` for each rank's address, the error
+// naming the rank that published none), serves, then ShutdownHosts.
+absl::Status ServeAsHost(transport::Rendezvous& rendezvous, HostOptions options);
+absl::StatusOr<std::vector<std::string>> HostsOf(transport::Rendezvous& rendezvous,
+                                                 absl::Duration timeout);
 // Ends the hosts' runs (their Host::Wait returns OK), after the driver's last Serve. A host that
 // cannot be reached (a drill killed it) is skipped; the error names any other that failed.
 // `address`: the interface to call from (the driver's ServeOptions::address).
