@@ -116,10 +116,18 @@ Step Reexpress(Step s, const Shape& refined) {
     rb *= refined[j];
   }
   for (size_t j = 0; j < refined.size(); ++j) {
+    // A level of one iteration moves nothing. Any other lies within exactly one original level
+    // of more than one iteration (their point ranges [below, below * iters) tile the nest).
     size_t l = 0;
-    while (!(below[l] <= refined_below[j] && refined_below[j] < below[l] * orig[l])) ++l;
+    while (
+        refined[j] > 1 && l < orig.size() &&
+        !(orig[l] > 1 && below[l] <= refined_below[j] && refined_below[j] < below[l] * orig[l])) {
+      ++l;
+    }
     for (size_t k = 0; k < ops.size(); ++k) {
-      strides[k].push_back(ops[k]->strides[l] * (refined_below[j] / below[l]));
+      strides[k].push_back(refined[j] > 1 && l < orig.size()
+                               ? ops[k]->strides[l] * (refined_below[j] / below[l])
+                               : 0);
     }
   }
   for (size_t k = 0; k < ops.size(); ++k) ops[k]->strides = std::move(strides[k]);
