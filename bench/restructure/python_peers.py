@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The restructuring stages of Fianchetto's five pipelines as a user writes them today: chains of
-numpy and torch (CPU) operations, one thread, at the shapes plexus-bench-restructure passes.
-Prints one JSON object per line: {"peer", "stage", "ms"} (the median of --runs runs) and checks
-each stage's output shape and type once. Started by plexus-bench-restructure --compare."""
+numpy and torch (CPU) operations, one thread, at the shapes plexus-bench-restructure passes;
+with --device cuda, torch operations on the GPU from device tensors, then .cpu() (the result in
+host memory, ready to send). Prints one JSON object per line: {"peer", "stage", "ms"} (the median
+of --runs runs) and checks each stage's output shape and type once. Started by
+plexus-bench-restructure --compare (--only device --compare for the GPU)."""
 import argparse
 import json
 import statistics
@@ -58,7 +60,7 @@ def numpy_stages(np, s):
             "pii-redaction": pii, "db-hash-join": db}
 
 
-def torch_stages(torch, s):
+def torch_stages(torch, s, device="cpu"):
     g = torch.Generator().manual_seed(1)
     frame = torch.randint(0, 256, (s["video_h"], s["video_w"], 3), dtype=torch.uint8, generator=g)
     mag = torch.rand((s["sound_frames"], s["sound_bins"]), generator=g)
@@ -70,6 +72,10 @@ def torch_stages(torch, s):
     parts_i32 = [torch.randint(-2**31, 2**31 - 1, (s["db_rows"], s["db_cols"]), dtype=torch.int32,
                                generator=g) for _ in range(s["db_parts"])]
     h, w = s["video_h"], s["video_w"]
+    if device != "cpu":
+        frame, mag, mel, spec, base = (t.to(device) for t in (frame, mag, mel, spec, base))
+        parts_u8 = [t.to(device) for t in parts_u8]
+        parts_i32 = [t.to(device) for t in parts_i32]
 
     def video():
         x = frame.to(torch.float32) * (1 / 255)
@@ -92,28 +98,45 @@ def torch_stages(torch, s):
     def db():
         return torch.cat(parts_i32, dim=0).reshape(-1, s["db_cols"]).to(torch.float32)
 
-    return {"video-surveillance": video, "sound-detection": sound, "brain-stimulation": brain,
-            "pii-redaction": pii, "db-hash-join": db}
+    stages = {"video-surveillance": video, "sound-detection": sound, "brain-stimulation": brain,
+              "pii-redaction": pii, "db-hash-join": db}
+    if device == "cpu":
+        return stages
+
+    def to_host(fn):
+        def run():
+            out = fn().cpu()
+            torch.cuda.synchronize()
+            return out
+        return run
+    return {name: to_host(fn) for name, fn in stages.items()}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--shapes", required=True, help="JSON object of the stages' shapes")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
     shapes = json.loads(args.shapes)
     peers = []
-    try:
-        import numpy as np
-        peers.append(("numpy", numpy_stages(np, shapes)))
-    except ImportError as e:
-        print(f"python_peers: numpy unavailable: {e}", file=sys.stderr)
-    try:
+    if args.device == "cuda":
         import torch
-        torch.set_num_threads(1)
-        peers.append(("torch", torch_stages(torch, shapes)))
-    except ImportError as e:
-        print(f"python_peers: torch unavailable: {e}", file=sys.stderr)
+        if not torch.cuda.is_available():
+            raise SystemExit(f"python_peers: torch {torch.__version__} has no usable CUDA device")
+        peers.append(("torch_cuda", torch_stages(torch, shapes, "cuda")))
+    else:
+        try:
+            import numpy as np
+            peers.append(("numpy", numpy_stages(np, shapes)))
+        except ImportError as e:
+            print(f"python_peers: numpy unavailable: {e}", file=sys.stderr)
+        try:
+            import torch
+            torch.set_num_threads(1)
+            peers.append(("torch", torch_stages(torch, shapes)))
+        except ImportError as e:
+            print(f"python_peers: torch unavailable: {e}", file=sys.stderr)
     for peer, stages in peers:
         for stage, fn in stages.items():
             out = fn()

@@ -6,6 +6,8 @@
 //   pipelines  the five restructuring stages of Fianchetto's Table 3.1 at the table's shapes
 //   motion     those stages fused with a send to another process (tcp, shm), against copying,
 //              restructuring, then sending (motion_bench.hpp)
+//   device     those stages on a CUDA device into page-locked host memory, against staging and
+//              (--compare) torch on the GPU (device_bench.hpp)
 //
 // A program's bandwidth counts the bytes it reads and writes once (inputs + outputs); memcpy's
 // counts both directions too, copying half that many bytes, so the ratio compares passes over
@@ -26,6 +28,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench_pipelines.hpp"
+#include "device_bench.hpp"
 #include "motion_bench.hpp"
 #include "nlohmann/json.hpp"
 #include "plexus/restructure/builder.hpp"
@@ -296,8 +299,9 @@ int main(int argc, char** argv) {
   pt::AddNumber(&app, "--runs", &a.runs, "runs per figure (median)", 1, 1000);
   app.add_option("--only", a.only,
                  "ops, pipelines, all (ops and pipelines) or motion (the pipelines fused with a "
-                 "send between two processes, against copy-restructure-send)")
-      ->check(CLI::IsMember({"ops", "pipelines", "all", "motion"}));
+                 "send between two processes, against copy-restructure-send) or device (on a CUDA "
+                 "device into page-locked host memory; --compare: also torch on the GPU)")
+      ->check(CLI::IsMember({"ops", "pipelines", "all", "motion", "device"}));
   pt::AddNumber(&app, "--scale", &a.scale, "of the ops' size (1: 16 M elements)", 1e-4, 16.0);
   pt::AddNumber(&app, "--shape-scale", &a.shape_scale,
                 "of the pipelines' outermost dimension (1: the table's shapes)", 1e-4, 1.0);
@@ -308,6 +312,11 @@ int main(int argc, char** argv) {
   pt::FigureWriter out("restructure", a.json);
   bool ok = true;
   std::vector<double> ignored;
+  if (a.only == "device") {
+    const int code = pbr::RunDevice({a.runs, a.shape_scale, a.compare}, out);
+    if (!a.json && code != 77) out.PrintTable();
+    return code;
+  }
   if (a.only == "motion") {
     ok = pbr::RunMotion({a.runs, a.shape_scale, a.transport, a.pin}, out);
     if (!a.json) out.PrintTable();

@@ -185,6 +185,13 @@ Memory PointerMemory(const void* p) {
   return type == CU_MEMORYTYPE_DEVICE ? Memory::kDevice : Memory::kHost;
 }
 
+bool DeviceAddressable(const void* p) {
+  const Driver& d = Loaded();
+  if (!d.error.empty() || p == nullptr) return false;
+  unsigned int type = 0;
+  return d.cuPointerGetAttribute_(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, Ptr(p)) == CUDA_SUCCESS;
+}
+
 absl::Status Copy(void* dst, const void* src, size_t bytes, const char* what) {
   if (bytes == 0) return absl::OkStatus();
   const absl::StatusOr<const Driver*> d = Get();

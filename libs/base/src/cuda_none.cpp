@@ -16,6 +16,7 @@ bool Available(std::string* why_not) {
   return false;
 }
 Memory PointerMemory(const void*) { return Memory::kHost; }
+bool DeviceAddressable(const void*) { return false; }
 absl::Status Copy(void*, const void*, size_t, const char*) { return NoCuda(); }
 absl::StatusOr<void*> AllocPinned(size_t) { return NoCuda(); }
 void FreePinned(void*) {}

@@ -31,6 +31,11 @@ enum class Memory { kHost, kDevice, kManaged };
 // when CUDA is not available, is kHost.
 Memory PointerMemory(const void* p);
 
+// Whether a kernel may dereference `p`: device or managed memory, or page-locked host memory the
+// driver knows (AllocPinned, registered memory) under unified addressing. Plain host memory, and
+// every pointer when CUDA is not available: false.
+bool DeviceAddressable(const void* p);
+
 // Copies `bytes` between any two of host, pinned host and device memory (unified addressing),
 // ordered after the work queued earlier on the legacy default stream. `what` names the copy in
 // the error.

@@ -1,0 +1,202 @@
+// The restructuring engine's device kernels (nvcc, embedded as a fatbin; launched by
+// src/device.cpp through the driver). One generic kernel per step: a thread per point of the
+// step's nest (grid-stride), each operand's element found from its own base and strides, the
+// op computed in f32 and stored in the destination's type with the same rounding code as the
+// CPU executors (plexus/kernels/convert_bits.hpp). Max pooling: a thread per outer point.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "device_params.hpp"
+#include "plexus/kernels/convert_bits.hpp"
+
+namespace {
+
+using plexus::restructure::internal::DeviceStepParams;
+namespace bits = plexus::kernels::bits;
+namespace rs = plexus::restructure::internal;
+
+template <typename T>
+__device__ T LoadAs(const uint8_t* p, bool aligned) {
+  if (aligned) return *reinterpret_cast<const T*>(p);
+  T v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <typename T>
+__device__ void StoreAs(uint8_t* p, T v, bool aligned) {
+  if (aligned) {
+    *reinterpret_cast<T*>(p) = v;
+  } else {
+    memcpy(p, &v, sizeof v);
+  }
+}
+
+__device__ int TypeSize(int32_t t) {
+  switch (t) {
+    case rs::kDevF32:
+    case rs::kDevI32:
+      return 4;
+    case rs::kDevF16:
+    case rs::kDevBF16:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+// Loads and converts to f32: i32 rounds to nearest even, the others are exact.
+__device__ float Load(int32_t t, const uint8_t* p, bool aligned) {
+  switch (t) {
+    case rs::kDevF32:
+      return LoadAs<float>(p, aligned);
+    case rs::kDevF16:
+      return bits::HalfToFloat(LoadAs<uint16_t>(p, aligned));
+    case rs::kDevBF16:
+      return bits::Bf16ToFloat(LoadAs<uint16_t>(p, aligned));
+    case rs::kDevI32:
+      return __int2float_rn(LoadAs<int32_t>(p, aligned));
+    case rs::kDevI8:
+      return static_cast<float>(*reinterpret_cast<const int8_t*>(p));
+    default:
+      return static_cast<float>(*p);
+  }
+}
+
+// Round to nearest even, saturate, NaN -> 0 (the interpreter's RoundSaturate).
+template <typename T>
+__device__ T RoundSaturate(float v, float lo, float hi) {
+  if (isnan(v)) return 0;
+  const float r = rintf(v);
+  if (r <= lo) return static_cast<T>(lo);
+  if (r >= hi) return static_cast<T>(hi);
+  return static_cast<T>(r);
+}
+
+__device__ void Store(int32_t t, uint8_t* p, float v, bool aligned) {
+  switch (t) {
+    case rs::kDevF32:
+      StoreAs<float>(p, v, aligned);
+      break;
+    case rs::kDevF16:
+      StoreAs<uint16_t>(p, bits::FloatToHalf(v), aligned);
+      break;
+    case rs::kDevBF16:
+      StoreAs<uint16_t>(p, bits::FloatToBf16(v), aligned);
+      break;
+    case rs::kDevI32: {
+      // The saturation bounds as the host computes them: (float)INT32_MAX is 2^31.
+      const float lo = -2147483648.0f, hi = 2147483648.0f;
+      int32_t out;
+      if (isnan(v)) {
+        out = 0;
+      } else {
+        const float r = rintf(v);
+        out = r <= lo ? INT32_MIN : r >= hi ? INT32_MAX : static_cast<int32_t>(r);
+      }
+      StoreAs<int32_t>(p, out, aligned);
+      break;
+    }
+    case rs::kDevI8:
+      *reinterpret_cast<int8_t*>(p) = RoundSaturate<int8_t>(v, -128.0f, 127.0f);
+      break;
+    default:
+      *p = RoundSaturate<uint8_t>(v, 0.0f, 255.0f);
+      break;
+  }
+}
+
+// The op in f32, each operation rounded on its own (no contraction into FMA).
+__device__ float Apply(int32_t op, float a, float b) {
+  switch (op) {
+    case rs::kDevAdd:
+      return __fadd_rn(a, b);
+    case rs::kDevMul:
+      return __fmul_rn(a, b);
+    case rs::kDevDiv:
+      return __fdiv_rn(a, b);
+    case rs::kDevPow:
+      return b == 2.0f ? __fmul_rn(a, a) : powf(a, b);
+    case rs::kDevLog10:
+      return log10f(a);
+    default:
+      return a;
+  }
+}
+
+// Element offsets of point `p` of levels [0, levels) (row-major, the last level fastest).
+__device__ void Offsets(const DeviceStepParams& s, int levels, int64_t p, int64_t* od, int64_t* o1,
+                        int64_t* o2) {
+  int64_t d = s.dst_base, a = s.src1_base, b = s.src2_base;
+  for (int l = levels - 1; l >= 0; --l) {
+    const int64_t n = s.iters[l];
+    const int64_t i = p % n;
+    p /= n;
+    d += i * s.dst_stride[l];
+    a += i * s.src1_stride[l];
+    b += i * s.src2_stride[l];
+  }
+  *od = d;
+  *o1 = a;
+  *o2 = b;
+}
+
+}  // namespace
+
+extern "C" {
+
+__global__ void plexus_restructure_step(DeviceStepParams s, uint8_t* dst, const uint8_t* src1,
+                                        const uint8_t* src2) {
+  const bool aligned = s.aligned != 0;
+  const int dsize = TypeSize(s.dst_type), s1size = TypeSize(s.src1_type);
+  const int s2size = TypeSize(s.src2_type);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < s.points;
+       p += stride) {
+    int64_t od, o1, o2;
+    Offsets(s, s.outer_levels, p, &od, &o1, &o2);
+    uint8_t* out = dst + od * dsize;
+    if (s.op == rs::kDevMaxPool) {
+      // The window: levels [outer_levels, levels) in row-major order; a NaN anywhere gives NaN,
+      // of equal values the first is kept (the interpreter's rule).
+      int64_t window = 1;
+      for (int l = s.outer_levels; l < s.levels; ++l) window *= s.iters[l];
+      float m = 0;
+      for (int64_t w = 0; w < window; ++w) {
+        int64_t rem = w, off = o1;
+        for (int l = s.levels - 1; l >= s.outer_levels; --l) {
+          const int64_t n = s.iters[l];
+          off += (rem % n) * s.src1_stride[l];
+          rem /= n;
+        }
+        const float v = Load(s.src1_type, src1 + off * s1size, aligned);
+        if (w == 0 || (!isnan(m) && (isnan(v) || v > m))) m = v;
+      }
+      Store(s.dst_type, out, m, aligned);
+      continue;
+    }
+    const uint8_t* in = src1 + o1 * s1size;
+    if (s.op == rs::kDevCopyBits) {
+      switch (dsize) {
+        case 4:
+          StoreAs<uint32_t>(out, LoadAs<uint32_t>(in, aligned), aligned);
+          break;
+        case 2:
+          StoreAs<uint16_t>(out, LoadAs<uint16_t>(in, aligned), aligned);
+          break;
+        default:
+          *out = *in;
+          break;
+      }
+      continue;
+    }
+    const float a = Load(s.src1_type, in, aligned);
+    const float b = s.src2_is_scalar  ? s.scalar
+                    : src2 != nullptr ? Load(s.src2_type, src2 + o2 * s2size, aligned)
+                                      : 0.0f;
+    Store(s.dst_type, out, Apply(s.op, a, b), aligned);
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,50 @@
+// What the host hands the restructuring kernels (cuda/restructure.cu) for one step: a plain
+// struct passed by value, laid out alike by the host compiler and nvcc (fixed-width fields only).
+#pragma once
+
+#include <cstdint>
+
+namespace plexus::restructure::internal {
+
+inline constexpr int kDeviceLevels = 6;  // kMaxLevels
+
+// Element types as the kernels know them (not kernels::DataType's values).
+enum DeviceType : int32_t {
+  kDevF32 = 0,
+  kDevF16 = 1,
+  kDevBF16 = 2,
+  kDevI32 = 3,
+  kDevI8 = 4,
+  kDevU8 = 5
+};
+// Ops as the kernels know them.
+enum DeviceOp : int32_t {
+  kDevCopyBits = 0,  // kCopy, or kCast to the same type
+  kDevCast = 1,
+  kDevAdd = 2,
+  kDevMul = 3,
+  kDevDiv = 4,
+  kDevPow = 5,
+  kDevLog10 = 6,
+  kDevMaxPool = 7,
+};
+
+struct DeviceStepParams {
+  int64_t iters[kDeviceLevels];  // levels [0, levels) used, level 0 outermost
+  int64_t dst_stride[kDeviceLevels];
+  int64_t src1_stride[kDeviceLevels];
+  int64_t src2_stride[kDeviceLevels];
+  int64_t dst_base, src1_base, src2_base;  // in elements
+  int64_t points;  // the points a thread handles one of: every point, or (max pooling) every
+                   // point of the outer levels
+  int32_t levels;
+  int32_t outer_levels;  // levels the points walk (max pooling: levels - window levels)
+  int32_t op;            // DeviceOp
+  int32_t dst_type, src1_type, src2_type;  // DeviceType
+  int32_t src2_is_scalar;                  // binary ops: 1 scalar, 0 a buffer
+  int32_t aligned;                         // every operand's memory is aligned to its element size
+  float scalar;
+  int32_t pad;
+};
+
+}  // namespace plexus::restructure::internal

@@ -1,0 +1,454 @@
+// Programs on a CUDA device against the reference interpreter: every cast pair, arithmetic,
+// layout ops and pooling at odd shapes and unaligned bases, the five pipelines, and the device
+// streams fused with sends and receives over inproc, shm and tcp. Without a device the "[gpu]"
+// cases skip (exit 77) with the reason; "[nodevice]" checks what a machine without one sees.
+#include "plexus/restructure/device.hpp"
+
+#include <bit>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "plexus/base/cuda.hpp"
+#include "plexus/kernels/reduce.hpp"
+#include "plexus/restructure/builder.hpp"
+#include "plexus/restructure/pipelines.hpp"
+#include "plexus/restructure/stream.hpp"
+#include "plexus/transport/completion.hpp"
+#include "plexus/transport/device.hpp"
+#include "support/skip.hpp"
+#include "transport/conformance_support.hpp"
+
+namespace pr = plexus::restructure;
+namespace pp = plexus::restructure::pipelines;
+namespace pk = plexus::kernels;
+namespace pt = plexus::transport;
+namespace cuda = plexus::base::cuda;
+using pk::DataType;
+
+namespace {
+
+void RequireDevice() {
+  std::string why;
+  if (!pr::DeviceAvailable(&why)) plexus::testing::SkipTest(why);
+}
+
+pr::Program Built(absl::StatusOr<pr::Program> p) {
+  INFO(p.status().ToString());
+  REQUIRE(p.ok());
+  return *p;
+}
+
+std::vector<std::vector<uint8_t>> RandomInputs(const pr::Program& p, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<uint8_t>> in;
+  for (const pr::BufferDecl& b : p.buffers) {
+    if (b.role != pr::Role::kInput) continue;
+    std::vector<uint8_t> bytes(static_cast<size_t>(b.count) * pk::DataTypeSize(b.dtype));
+    if (b.dtype == DataType::kF32) {
+      std::uniform_real_distribution<float> d(-300.0f, 300.0f);
+      for (size_t i = 0; i < bytes.size() / 4; ++i) {
+        float v = d(rng);
+        if (rng() % 97 == 0) v = std::numeric_limits<float>::quiet_NaN();
+        if (rng() % 89 == 0) v = -0.0f;
+        if (rng() % 83 == 0) v = 2.5f;    // a rounding tie
+        if (rng() % 79 == 0) v = 1e-40f;  // subnormal
+        std::memcpy(bytes.data() + 4 * i, &v, 4);
+      }
+    } else if (b.dtype == DataType::kF16 || b.dtype == DataType::kBF16) {
+      for (size_t i = 0; i < bytes.size() / 2; ++i) {
+        const float v = std::uniform_real_distribution<float>(-100.0f, 100.0f)(rng);
+        const uint16_t h = b.dtype == DataType::kF16 ? pk::FloatToHalf(v) : pk::FloatToBf16(v);
+        std::memcpy(bytes.data() + 2 * i, &h, 2);
+      }
+    } else {
+      for (auto& x : bytes) x = static_cast<uint8_t>(rng());
+    }
+    in.push_back(std::move(bytes));
+  }
+  return in;
+}
+
+std::vector<size_t> OutputSizes(const pr::Program& p) {
+  std::vector<size_t> out;
+  for (const pr::BufferDecl& b : p.buffers) {
+    if (b.role == pr::Role::kOutput) {
+      out.push_back(static_cast<size_t>(b.count) * pk::DataTypeSize(b.dtype));
+    }
+  }
+  return out;
+}
+
+// Device memory holding `bytes` at `offset` bytes past an allocation's start (an unaligned base
+// when offset is not a multiple of the element size).
+struct OnDevice {
+  cuda::DeviceBuffer buffer;
+  size_t offset = 0, size = 0;
+  uint8_t* data() const { return static_cast<uint8_t*>(buffer.data()) + offset; }
+};
+
+OnDevice ToDevice(const std::vector<uint8_t>& bytes, size_t offset) {
+  auto b = cuda::DeviceBuffer::Allocate(bytes.size() + offset + 1);
+  REQUIRE(b.ok());
+  OnDevice d{std::move(*b), offset, bytes.size()};
+  REQUIRE(cuda::Copy(d.data(), bytes.data(), bytes.size(), "test input").ok());
+  return d;
+}
+
+std::vector<uint8_t> FromDevice(const OnDevice& d) {
+  std::vector<uint8_t> out(d.size);
+  REQUIRE(cuda::Copy(out.data(), d.data(), d.size, "test output").ok());
+  return out;
+}
+
+struct Both {
+  std::vector<std::vector<uint8_t>> reference, device;
+};
+
+// The interpreter on the host and the device executor on device copies of the same inputs, with
+// every buffer `offset` bytes past an allocation's start; outputs start as 0xEE bytes on both.
+Both RunBoth(const pr::Program& p, uint32_t seed, size_t offset = 0) {
+  const auto inputs = RandomInputs(p, seed);
+  Both r;
+  std::vector<pr::ConstBytes> in;
+  for (const auto& v : inputs) in.emplace_back(v.data(), v.size());
+  std::vector<pr::MutableBytes> out;
+  for (size_t n : OutputSizes(p)) r.reference.emplace_back(n, 0xEE);
+  for (auto& v : r.reference) out.emplace_back(v.data(), v.size());
+  REQUIRE(pr::Interpret(p, in, out).ok());
+
+  std::vector<OnDevice> din, dout;
+  std::vector<pr::ConstBytes> dspans_in;
+  std::vector<pr::MutableBytes> dspans_out;
+  for (const auto& v : inputs) din.push_back(ToDevice(v, offset));
+  for (const auto& v : r.reference)
+    dout.push_back(ToDevice(std::vector<uint8_t>(v.size(), 0xEE), offset));
+  for (const auto& d : din) dspans_in.emplace_back(d.data(), d.size);
+  for (const auto& d : dout) dspans_out.emplace_back(d.data(), d.size);
+  auto e = pr::DeviceExecutor::Compile(p);
+  REQUIRE(e.ok());
+  const absl::Status s = e->Run(dspans_in, dspans_out);
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  for (const auto& d : dout) r.device.push_back(FromDevice(d));
+  return r;
+}
+
+void RequireSame(const pr::Program& p, uint32_t seed, size_t offset = 0) {
+  const Both b = RunBoth(p, seed, offset);
+  for (size_t k = 0; k < b.reference.size(); ++k) {
+    size_t first = b.reference[k].size();
+    for (size_t i = 0; i < b.reference[k].size(); ++i) {
+      if (b.reference[k][i] != b.device[k][i]) {
+        first = i;
+        break;
+      }
+    }
+    INFO("output " << k << " first differing byte " << first << " of " << b.reference[k].size()
+                   << ", base offset " << offset);
+    CHECK(first == b.reference[k].size());
+  }
+}
+
+int64_t Ulps(float a, float b) {
+  if (std::isnan(a) && std::isnan(b)) return 0;
+  const int32_t x = std::bit_cast<int32_t>(a), y = std::bit_cast<int32_t>(b);
+  const int64_t ox = x < 0 ? int64_t{INT32_MIN} - x : x, oy = y < 0 ? int64_t{INT32_MIN} - y : y;
+  return ox > oy ? ox - oy : oy - ox;
+}
+
+// The largest distance between the two runs' outputs of `p` (f32: ULPs; 16-bit: steps).
+int64_t WorstDistance(const pr::Program& p, uint32_t seed) {
+  const Both b = RunBoth(p, seed);
+  int64_t worst = 0;
+  size_t k = 0;
+  for (const pr::BufferDecl& d : p.buffers) {
+    if (d.role != pr::Role::kOutput) continue;
+    const size_t size = pk::DataTypeSize(d.dtype);
+    for (size_t i = 0; i < b.reference[k].size() / size; ++i) {
+      if (size == 4) {
+        float r, f;
+        std::memcpy(&r, b.reference[k].data() + 4 * i, 4);
+        std::memcpy(&f, b.device[k].data() + 4 * i, 4);
+        worst = std::max(worst, Ulps(r, f));
+      } else {
+        uint16_t hr, hf;
+        std::memcpy(&hr, b.reference[k].data() + 2 * i, 2);
+        std::memcpy(&hf, b.device[k].data() + 2 * i, 2);
+        worst = std::max<int64_t>(worst, hr > hf ? hr - hf : hf - hr);
+      }
+    }
+    ++k;
+  }
+  return worst;
+}
+
+constexpr DataType kTypes[] = {DataType::kF32, DataType::kF16, DataType::kBF16,
+                               DataType::kI32, DataType::kI8,  DataType::kU8};
+
+}  // namespace
+
+TEST_CASE("without a device: programs validate, runs fail with the reason", "[nodevice]") {
+  pr::ProgramBuilder b;
+  auto x = b.Input("x", DataType::kF32, 8);
+  auto y = b.Output("y", DataType::kBF16, 8);
+  b.Cast(y, x);
+  const pr::Program p = Built(b.Build());
+  REQUIRE(pr::DeviceExecutor::Compile(p).ok());
+  pr::Program bad = p;
+  bad.steps[0].src1.base = 1;  // reads element 8 of 8
+  const auto refused = pr::DeviceExecutor::Compile(bad);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().message().find("'x'") != std::string::npos);
+
+  auto e = pr::DeviceExecutor::Compile(p);
+  std::vector<float> in(8, 1.5f);
+  std::vector<uint8_t> out(16);
+  const pr::ConstBytes i(reinterpret_cast<const uint8_t*>(in.data()), 32);
+  const pr::MutableBytes o(out.data(), out.size());
+  const absl::Status s = e->Run({&i, 1}, {&o, 1});
+  REQUIRE_FALSE(s.ok());
+  std::string why;
+  if (!pr::DeviceAvailable(&why)) {
+    CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(s.message().find(why) != std::string::npos);
+  } else {
+    // A device is here: plain (pageable) host memory is refused, naming the buffer.
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(s.message().find("input 'x'") != std::string::npos);
+  }
+}
+
+TEST_CASE("device: casts between every pair of types, bit for bit", "[gpu]") {
+  RequireDevice();
+  for (DataType from : kTypes) {
+    for (DataType to : kTypes) {
+      for (int64_t n : {1, 7, 1025, 70001}) {
+        pr::ProgramBuilder b;
+        auto x = b.Input("x", from, n);
+        auto y = b.Output("y", to, n);
+        b.Cast(y, x);
+        INFO(pk::DataTypeName(from) << " -> " << pk::DataTypeName(to) << " n " << n);
+        RequireSame(Built(b.Build()), static_cast<uint32_t>(n), 0);
+        RequireSame(Built(b.Build()), static_cast<uint32_t>(n) + 1, 1);  // unaligned bases
+      }
+    }
+  }
+}
+
+TEST_CASE("device: arithmetic with scalars and tensors, bit for bit", "[gpu]") {
+  RequireDevice();
+  for (DataType t : kTypes) {
+    const int64_t n = 4099;
+    pr::ProgramBuilder b;
+    auto x = b.Input("x", t, n);
+    auto w = b.Input("w", DataType::kF32, n);
+    auto s = b.Scratch("s", DataType::kF32, n);
+    auto y = b.Output("y", t, n);
+    b.Mul(s, x, 0.37f);
+    b.Add(s, s, w);
+    b.Div(s, s, w);
+    b.Add(s, s, -1.25f);
+    b.Pow(s, s, 2.0f);  // x * x on every executor
+    b.Cast(y, s);
+    INFO(pk::DataTypeName(t));
+    RequireSame(Built(b.Build()), 3);
+    RequireSame(Built(b.Build()), 4, 3);
+  }
+}
+
+TEST_CASE("device: pow and log10 within their bounds", "[gpu]") {
+  RequireDevice();
+  const int64_t n = 100003;
+  pr::ProgramBuilder b;
+  auto x = b.Input("x", DataType::kF32, n);
+  auto e = b.Input("e", DataType::kF32, n);
+  auto p = b.Output("p", DataType::kF32, n);
+  auto l = b.Output("l", DataType::kF32, n);
+  b.Pow(p, x, e);
+  b.Log10(l, x);
+  const pr::Program prog = Built(b.Build());
+  const Both r = RunBoth(prog, 5);
+  int64_t worst_pow = 0, worst_log = 0;
+  for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+    float a, c;
+    std::memcpy(&a, r.reference[0].data() + 4 * i, 4);
+    std::memcpy(&c, r.device[0].data() + 4 * i, 4);
+    if (std::isfinite(a) || std::isfinite(c)) worst_pow = std::max(worst_pow, Ulps(a, c));
+    std::memcpy(&a, r.reference[1].data() + 4 * i, 4);
+    std::memcpy(&c, r.device[1].data() + 4 * i, 4);
+    worst_log = std::max(worst_log, Ulps(a, c));
+  }
+  INFO("pow worst " << worst_pow << " ulp, log10 worst " << worst_log << " ulp");
+  CHECK(worst_pow <= pr::kDevicePowMaxUlp);
+  CHECK(worst_log <= pr::kDeviceLog10MaxUlp);
+}
+
+TEST_CASE("device: layout ops and pooling at odd shapes", "[gpu]") {
+  RequireDevice();
+  for (DataType t : kTypes) {
+    INFO(pk::DataTypeName(t));
+    {
+      pr::ProgramBuilder b;
+      auto x = b.Input("x", t, 37 * 53);
+      auto y = b.Output("y", t, 37 * 53);
+      b.Transpose2D(y, x, 37, 53);
+      RequireSame(Built(b.Build()), 7);
+      RequireSame(Built(b.Build()), 8, 1);
+    }
+    {
+      pr::ProgramBuilder b;
+      auto p0 = b.Input("p0", t, 33 * 17);
+      auto p1 = b.Input("p1", t, 33 * 17);
+      auto p2 = b.Input("p2", t, 33 * 17);
+      auto y = b.Output("y", t, 3 * 33 * 17);
+      b.Concat2D(y, {p0, p1, p2}, 33);
+      RequireSame(Built(b.Build()), 9);
+    }
+    {
+      pr::ProgramBuilder b;
+      pr::Pool2D shape;
+      shape.height = 13;
+      shape.width = 11;
+      shape.channels = 3;
+      auto x = b.Input("x", t, 13 * 11 * 3);
+      auto y = b.Output("y", t, shape.out_h() * shape.out_w() * 3);
+      b.MaxPool2D(y, x, shape);
+      RequireSame(Built(b.Build()), 10);
+      RequireSame(Built(b.Build()), 11, 1);
+    }
+  }
+}
+
+TEST_CASE("device: the five pipelines match the interpreter", "[gpu]") {
+  RequireDevice();
+  RequireSame(Built(pp::VideoSurveillance({96, 54, 3, 1.0f / 255, DataType::kF16})), 1);
+  RequireSame(Built(pp::VideoSurveillance({13, 7, 2, 0.37f, DataType::kBF16})), 2, 1);
+  RequireSame(Built(pp::PiiRedaction({4, 33, 17, 0})), 3);
+  RequireSame(Built(pp::PiiRedaction({3, 33, 17, 1})), 4, 1);
+  RequireSame(Built(pp::DbHashJoin({4, 31, 17, DataType::kF32})), 5);
+  RequireSame(Built(pp::DbHashJoin({3, 31, 17, DataType::kI8})), 6, 2);
+  // Pow by 2 is x * x everywhere: the brain pipeline is exact; sound's log10 is within its bound
+  // (then a division: twice it in f32, one step in 16-bit types).
+  RequireSame(Built(pp::BrainStimulation({9, 33, 8, 0.5f, DataType::kBF16})), 7);
+  RequireSame(Built(pp::BrainStimulation({9, 33, 8, 0.5f, DataType::kF32})), 8);
+  CHECK(WorstDistance(Built(pp::SoundDetection({81, 77, 1e-10f, 1.0f, DataType::kF16})), 9) <= 1);
+  CHECK(WorstDistance(Built(pp::SoundDetection({64, 96, 1e-10f, 2.0f, DataType::kF32})), 10) <=
+        2 * pr::kDeviceLog10MaxUlp);
+}
+
+// A device buffer restructured on its way out (DeviceOutputStream: the kernels write the staging
+// memory the transport sends from) and a host-side unpack as it arrives; then the reverse, a
+// host-side pack into a DeviceInputStream whose program writes device memory. Exact against the
+// two programs run by the interpreter.
+TEST_CASE("device streams fused with sends and receives over every backend", "[gpu]") {
+  RequireDevice();
+  for (pt::Backend backend : {pt::Backend::kInproc, pt::Backend::kShm, pt::Backend::kTcp}) {
+    for (int64_t n : {int64_t{1}, int64_t{4099}, int64_t{(1 << 20) + 7}}) {
+      INFO(pt::BackendName(backend) << " n " << n);
+      pr::ProgramBuilder pack_b;
+      auto x = pack_b.Input("x", DataType::kF32, n);
+      auto t = pack_b.Scratch("t", DataType::kF32, n);
+      auto w = pack_b.Output("wire", DataType::kBF16, n);
+      pack_b.Mul(t, x, 4.0f);
+      pack_b.Cast(w, t);
+      const pr::Program pack = Built(pack_b.Build());
+      pr::ProgramBuilder unpack_b;
+      auto wi = unpack_b.Input("wire", DataType::kBF16, n);
+      auto y = unpack_b.Output("y", DataType::kF32, n);
+      unpack_b.Mul(y, wi, 0.25f);
+      const pr::Program unpack = Built(unpack_b.Build());
+
+      const auto in = RandomInputs(pack, static_cast<uint32_t>(n));
+      std::vector<uint8_t> wire(static_cast<size_t>(n) * 2), want(static_cast<size_t>(n) * 4);
+      const pr::ConstBytes in0(in[0].data(), in[0].size());
+      const pr::MutableBytes wire_span(wire.data(), wire.size());
+      REQUIRE(pr::Interpret(pack, {&in0, 1}, {&wire_span, 1}).ok());
+      const pr::ConstBytes wire_in(wire.data(), wire.size());
+      const pr::MutableBytes want_span(want.data(), want.size());
+      REQUIRE(pr::Interpret(unpack, {&wire_in, 1}, {&want_span, 1}).ok());
+
+      // Device -> wire -> host.
+      {
+        auto dpack = pr::DeviceExecutor::Compile(pack);
+        REQUIRE(dpack.ok());
+        auto hunpack = pr::Executor::Compile(unpack);
+        REQUIRE(hunpack.ok());
+        const OnDevice dx = ToDevice(in[0], 0);
+        auto send = pr::DeviceOutputStream::Create(*dpack, {pr::ConstBytes(dx.data(), dx.size)});
+        INFO(send.status().ToString());
+        REQUIRE(send.ok());
+        std::vector<uint8_t> got(want.size(), 0xEE);
+        auto recv = pr::InputStream::Create(*hunpack, 0, {}, {{got.data(), got.size()}});
+        REQUIRE(recv.ok());
+        pt::conformance::Config config;
+        config.name = std::string(pt::BackendName(backend));
+        config.backend = backend;
+        auto pair = pt::conformance::MakePair(config);
+        REQUIRE(pair.b
+                    ->PostRecvConsumed((*recv)->bytes(),
+                                       [&](size_t off, absl::Span<const uint8_t> b) {
+                                         return (*recv)->Consume(off, b);
+                                       },
+                                       1)
+                    .ok());
+        REQUIRE(pair.a
+                    ->PostSendProduced(
+                        (*send)->bytes(),
+                        [&](size_t off, absl::Span<uint8_t> b) { return (*send)->Produce(off, b); },
+                        2)
+                    .ok());
+        for (auto* cq : {pair.cq_a.get(), pair.cq_b.get()}) {
+          auto c = cq->Wait(absl::Seconds(30));
+          REQUIRE(c.ok());
+          REQUIRE(c->status.ok());
+        }
+        REQUIRE((*recv)->Finish().ok());
+        CHECK(got == want);
+      }
+      // Host -> wire -> device.
+      {
+        auto hpack = pr::Executor::Compile(pack);
+        REQUIRE(hpack.ok());
+        auto dunpack = pr::DeviceExecutor::Compile(unpack);
+        REQUIRE(dunpack.ok());
+        auto send = pr::OutputStream::Create(*hpack, {in0});
+        REQUIRE(send.ok());
+        OnDevice dy = ToDevice(std::vector<uint8_t>(want.size(), 0xEE), 0);
+        auto recv = pr::DeviceInputStream::Create(*dunpack, 0, {}, {{dy.data(), dy.size}});
+        REQUIRE(recv.ok());
+        pt::conformance::Config config;
+        config.name = std::string(pt::BackendName(backend));
+        config.backend = backend;
+        auto pair = pt::conformance::MakePair(config);
+        REQUIRE(pair.b
+                    ->PostRecvConsumed((*recv)->bytes(),
+                                       [&](size_t off, absl::Span<const uint8_t> b) {
+                                         return (*recv)->Consume(off, b);
+                                       },
+                                       1)
+                    .ok());
+        REQUIRE(pair.a
+                    ->PostSendProduced(
+                        (*send)->bytes(),
+                        [&](size_t off, absl::Span<uint8_t> b) { return (*send)->Produce(off, b); },
+                        2)
+                    .ok());
+        for (auto* cq : {pair.cq_a.get(), pair.cq_b.get()}) {
+          auto c = cq->Wait(absl::Seconds(30));
+          REQUIRE(c.ok());
+          REQUIRE(c->status.ok());
+        }
+        const absl::Status finished = (*recv)->Finish();
+        INFO(finished.ToString());
+        REQUIRE(finished.ok());
+        CHECK(FromDevice(dy) == want);
+      }
+    }
+  }
+}
