@@ -146,7 +146,7 @@ void PolicyFigures(Orchestrator& o, Figures& fig, int runs) {
     base["policy"] = absl::StrCat("none (", p, " run)");
     fig.Add("policy_rpc_rate", Median(without), "RPC/s", base);
     const double cost = 1 - Median(ratio);
-    fig.Add("policy_cost", cost, "fraction", extra, "<= 0.05", cost <= 0.05);
+    fig.Add("policy_cost", cost, "fraction", extra, "<= 0.03", cost <= 0.03);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -374,4 +375,63 @@ TEST_CASE("reconfigure: the rate limiter takes JSON; bad configurations change n
         R"("admitted":3,"rejected":2})");
   CHECK(chain.Configure("metrics", "{}").status().code() == absl::StatusCode::kUnimplemented);
   CHECK(chain.Configure("nope", "{}").status().code() == absl::StatusCode::kNotFound);
+}
+
+namespace {
+
+// Counts the hooks it is called for; declares the ones it is given.
+class HookCounter : public pr::Policy {
+ public:
+  explicit HookCounter(uint32_t hooks) : hooks_(hooks) {}
+  std::string name() const override { return "counter"; }
+  std::string kind() const override { return "counter"; }
+  uint32_t hooks() const override { return hooks_; }
+  absl::Status OnRequest(const pr::CallInfo&) override {
+    ++requests;
+    return absl::OkStatus();
+  }
+  void OnComplete(const pr::CallInfo&, const absl::Status&) override { ++completes; }
+  std::optional<pr::QosVerdict> Classify(const pr::CallInfo&) override {
+    ++classifies;
+    return std::nullopt;
+  }
+  std::atomic<int> requests{0}, completes{0}, classifies{0};
+
+ private:
+  const uint32_t hooks_;
+};
+
+}  // namespace
+
+TEST_CASE("engines are called for the hooks they declare only, also across an upgrade",
+          "[rpc][upgrade]") {
+  pr::EngineChain chain;
+  auto request_only = std::make_shared<HookCounter>(pr::kHookRequest);
+  REQUIRE(chain.Attach(request_only).ok());
+  const pr::EngineChain::Snapshot engines = chain.snapshot();
+  pr::EngineSlot& slot = *(*engines)[0];
+  const pr::CallInfo call;
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(slot.OnRequest(call).ok());
+    CHECK_FALSE(slot.Classify(call).has_value());
+    slot.OnComplete(call, absl::OkStatus());
+  }
+  CHECK(request_only->requests == 3);
+  CHECK(request_only->completes == 0);
+  CHECK(request_only->classifies == 0);
+
+  // The next version declares every hook: the calls that now complete reach it.
+  auto every = std::make_shared<HookCounter>(pr::kAllHooks);
+  REQUIRE(chain.Upgrade("counter", every).ok());
+  slot.OnComplete(call, absl::OkStatus());
+  (void)slot.Classify(call);
+  CHECK(every->completes == 1);
+  CHECK(every->classifies == 1);
+  // And back: a version without them is skipped again.
+  auto none = std::make_shared<HookCounter>(0);
+  REQUIRE(chain.Upgrade("counter", none).ok());
+  REQUIRE(slot.OnRequest(call).ok());
+  slot.OnComplete(call, absl::OkStatus());
+  CHECK(none->requests == 0);
+  CHECK(none->completes == 0);
 }

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "channel_impl.hpp"
 #include "client_qos.hpp"
+#include "plexus/base/clock.hpp"
 #include "private_request.hpp"
 
 namespace plexus::rpc {
@@ -347,7 +348,7 @@ std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
   call->info.method = &method;
   // The clock is read only when a deadline or an engine needs the start (below).
   if (options.timeout != absl::InfiniteDuration()) {
-    call->info.start = absl::Now();
+    call->info.start = base::WallNow();
     call->deadline = call->info.start + options.timeout;
   }
   auto fail = [&](absl::Status st) {
@@ -363,7 +364,7 @@ std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
         " was connected (its handshake checks each service's schema)")));
   }
   call->chain = impl.chain->snapshot();
-  if (!call->chain->empty() && call->info.start == absl::Time()) call->info.start = absl::Now();
+  if (!call->chain->empty() && call->info.start == absl::Time()) call->info.start = base::WallNow();
   call->info.deadline = call->deadline;
   call->info.request = request;
   // A content policy reads a private copy, made when the first one is reached and holding what

@@ -18,6 +18,7 @@ class PeerLoadTap : public Policy {
   PeerLoadTap(ServerCore* core, uint32_t peer) : core_(core), peer_(peer) {}
   std::string name() const override { return "forward-loads"; }
   std::string kind() const override { return "forward_loads"; }
+  uint32_t hooks() const override { return kHookComplete | kHookLoadReport; }
   void OnComplete(const CallInfo& call, const absl::Status& status) override {
     (void)status;
     Forwarding* f = core_->forwarding.load();

@@ -4,6 +4,7 @@
 #include <bit>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/clock.hpp"
 #include "plexus/base/status.hpp"
 
 namespace plexus::rpc {
@@ -46,7 +47,7 @@ absl::Status Policy::Restore(const EngineState& state) {
 // the call (and waits for it): a policy is never swapped under a call.
 
 EngineSlot::EngineSlot(std::shared_ptr<Policy> policy)
-    : name_(policy->name()), policy_(std::move(policy)) {}
+    : name_(policy->name()), hooks_(policy->hooks()), policy_(std::move(policy)) {}
 
 Policy* EngineSlot::Enter() {
   while (true) {
@@ -66,6 +67,7 @@ void EngineSlot::Leave() {
 }
 
 absl::Status EngineSlot::OnRequest(const CallInfo& call) {
+  if (!Has(kHookRequest)) return absl::OkStatus();
   Policy* p = Enter();
   absl::Status st = p->OnRequest(call);
   Leave();
@@ -74,6 +76,7 @@ absl::Status EngineSlot::OnRequest(const CallInfo& call) {
 
 absl::Status EngineSlot::OnRequest(const CallInfo& call,
                                    absl::FunctionRef<absl::Status(const Policy&)> prepare) {
+  if (!Has(kHookRequest)) return absl::OkStatus();
   Policy* p = Enter();
   absl::Status st = prepare(*p);
   if (st.ok()) st = p->OnRequest(call);
@@ -82,12 +85,14 @@ absl::Status EngineSlot::OnRequest(const CallInfo& call,
 }
 
 void EngineSlot::OnComplete(const CallInfo& call, const absl::Status& status) {
+  if (!Has(kHookComplete)) return;
   Policy* p = Enter();
   p->OnComplete(call, status);
   Leave();
 }
 
 std::optional<uint32_t> EngineSlot::Route(const CallInfo& call, const std::vector<bool>& usable) {
+  if (!Has(kHookRoute)) return std::nullopt;
   Policy* p = Enter();
   std::optional<uint32_t> r = p->Route(call, usable);
   Leave();
@@ -95,12 +100,14 @@ std::optional<uint32_t> EngineSlot::Route(const CallInfo& call, const std::vecto
 }
 
 void EngineSlot::OnLoadReport(uint32_t replica, uint32_t load) {
+  if (!Has(kHookLoadReport)) return;
   Policy* p = Enter();
   p->OnLoadReport(replica, load);
   Leave();
 }
 
 std::optional<QosVerdict> EngineSlot::Classify(const CallInfo& call) {
+  if (!Has(kHookClassify)) return std::nullopt;
   Policy* p = Enter();
   std::optional<QosVerdict> v = p->Classify(call);
   Leave();
@@ -129,6 +136,7 @@ absl::StatusOr<EngineSwapReport> EngineSlot::Exclusive(Fn&& fn) {
   while (active_.load() != 0) cv_.wait_for(lock, std::chrono::milliseconds(1));
   report.drain = absl::Now() - t0;
   absl::Status st = fn(policy_);
+  hooks_.store(policy_->hooks());
   closed_.store(false);
   report.pause = absl::Now() - t0;
   cv_.notify_all();
@@ -273,7 +281,7 @@ double MetricsPolicy::MethodMetrics::QuantileUpperUs(double q) const {
 }
 
 void MetricsPolicy::OnComplete(const CallInfo& call, const absl::Status& status) {
-  const int64_t us = absl::ToInt64Microseconds(absl::Now() - call.start);
+  const int64_t us = absl::ToInt64Microseconds(base::WallNow() - call.start);
   int bucket = us <= 0 ? 0 : std::bit_width(static_cast<uint64_t>(us));
   bucket = std::min(bucket, kBuckets - 1);
   std::string key = absl::StrCat(call.service ? call.service->full_name : "?", "/",

@@ -2,6 +2,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/base/clock.hpp"
 #include "plexus/base/json_reader.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/rpc/policies.hpp"
@@ -32,7 +33,15 @@ absl::StatusOr<std::shared_ptr<RateLimitPolicy>> RateLimitPolicy::Create(std::st
   return std::shared_ptr<RateLimitPolicy>(new RateLimitPolicy(std::move(name), std::move(options)));
 }
 
-absl::Time RateLimitPolicy::Now() const { return options_.clock ? options_.clock() : absl::Now(); }
+absl::Time RateLimitPolicy::Now() const {
+  return options_.clock ? options_.clock() : base::WallNow();
+}
+
+absl::Time RateLimitPolicy::Now(const CallInfo& call) const {
+  if (options_.clock) return options_.clock();
+  // The chain stamped the call's start just before (one clock read per call, not two).
+  return call.start != absl::Time() ? call.start : base::WallNow();
+}
 
 absl::Status RateLimitPolicy::Reconfigure(double rate, double burst) {
   if (absl::Status s = CheckRate(rate, burst); !s.ok()) {
@@ -142,7 +151,7 @@ absl::Status RateLimitPolicy::OnRequest(const CallInfo& call) {
   if (per_method && call.service != nullptr && call.method != nullptr) {
     key = (uint64_t{call.service->id} << 32) | call.method->id;
   }
-  const absl::Time now = Now();
+  const absl::Time now = Now(call);
   absl::Duration wait;
   double rate, burst;
   {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "conn.hpp"
+#include "plexus/base/clock.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/base/wait_policy.hpp"
 #include "plexus/rpc/balance.hpp"
@@ -149,7 +150,7 @@ void ServerCallImpl::Start(std::shared_ptr<ServerConn> conn, std::shared_ptr<Inb
 }
 
 void ServerCallImpl::StampStart() {
-  if (info_.start == absl::Time()) info_.start = absl::Now();
+  if (info_.start == absl::Time()) info_.start = base::WallNow();
 }
 
 void ServerCallImpl::Recycle() {

@@ -50,6 +50,7 @@ class RateLimitPolicy : public Policy {
   std::string name() const override { return name_; }
   std::string kind() const override { return "rate_limit"; }
   std::string DescribeJson() const override;
+  uint32_t hooks() const override { return kHookRequest; }
   absl::Status OnRequest(const CallInfo& call) override;
   // New rate and burst for every bucket (tokens above the new burst are dropped).
   absl::Status Reconfigure(double rate, double burst);
@@ -71,6 +72,7 @@ class RateLimitPolicy : public Policy {
  private:
   RateLimitPolicy(std::string name, RateLimitOptions options);
   absl::Time Now() const;
+  absl::Time Now(const CallInfo& call) const;  // a call's time: its start, stamped by the chain
 
   std::string name_;
   RateLimitOptions options_;
@@ -109,6 +111,7 @@ class AclPolicy : public Policy {
   // The fields of the method's rules (none for a method without rules).
   bool ContentFields(const MethodDesc& method,
                      absl::FunctionRef<void(FieldPath)> read) const override;
+  uint32_t hooks() const override { return kHookRequest; }
   absl::Status OnRequest(const CallInfo& call) override;
   // State: "checked", "denied" (the rules are the new version's configuration).
   absl::StatusOr<EngineState> Decompose() const override;
@@ -156,6 +159,7 @@ class LoadBalancePolicy : public Policy {
   std::string name() const override { return name_; }
   std::string kind() const override { return "balance"; }
   std::string DescribeJson() const override;
+  uint32_t hooks() const override { return kHookRoute | kHookComplete | kHookLoadReport; }
   std::optional<uint32_t> Route(const CallInfo& call, const std::vector<bool>& usable) override;
   void OnComplete(const CallInfo& call, const absl::Status& status) override;
   void OnLoadReport(uint32_t replica, uint32_t load) override;
@@ -218,6 +222,7 @@ class AdmissionPolicy : public Policy {
   std::string name() const override { return name_; }
   std::string kind() const override { return "admission"; }
   std::string DescribeJson() const override;
+  uint32_t hooks() const override { return kHookRequest | kHookComplete; }
   absl::Status OnRequest(const CallInfo& call) override;
   void OnComplete(const CallInfo& call, const absl::Status& status) override;
   // {"max_outstanding": n}: a new limit (calls already admitted stay).

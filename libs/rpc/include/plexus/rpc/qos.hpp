@@ -40,6 +40,7 @@ class QosPolicy : public Policy {
   std::string name() const override { return name_; }
   std::string kind() const override { return "qos"; }
   std::string DescribeJson() const override;
+  uint32_t hooks() const override { return kHookClassify; }
   std::optional<QosVerdict> Classify(const CallInfo& call) override;
   absl::Status Configure(std::string_view json_config) override;
   // State: "latency", "bulk" (calls classified); Restore adds them to this version's counts.
