@@ -339,3 +339,27 @@ TEST_CASE("cxl sim: an input FIFO blocks a flow behind flits for a slow receiver
   CHECK(fifo.finish_ns[0] > 8000);
   CHECK(fifo.finish_ns[0] < 1.2 * voq.finish_ns[0]);
 }
+
+TEST_CASE("cxl sim: one credit pool per protocol holds a read's requests behind write data",
+          "[netmodel][cxl]") {
+  // 0:0:2 writes 256 KB to 0:0:3, a receiver at 1/8 of line rate, and from 3 us on reads 64 KB
+  // from 0:1:2. The write data fills the edge switch's buffer for the slow receiver, and so holds
+  // the credits of the writer's uplink. Per message class the read requests have their own VC
+  // on that uplink and pass; with CXL.mem's classes in one pool (the seed's "flow control for
+  // packets of each CXL protocol") they wait for credits the write data holds.
+  std::vector<cxl::Transfer> t = {Make("0:0:2", "0:0:3", 256 << 10),
+                                  Make("0:0:2", "0:1:2", 64 << 10, cxl::Op::kRead)};
+  t[1].start_ns = 3000;
+  cxl::SimOptions o;
+  o.device_rates = {{Id("0:0:3"), 32e9}};
+  const auto per_class = cxl::Simulate(K4(), t, o).value();
+  o.credit_pools = cxl::CreditPools::kPerProtocol;
+  const auto per_protocol = cxl::Simulate(K4(), t, o).value();
+  INFO("read done after " << per_class.finish_ns[1] - 3000 << " ns per class, "
+                          << per_protocol.finish_ns[1] - 3000 << " ns per protocol");
+  CHECK(per_protocol.finish_ns[1] - 3000 > 2 * (per_class.finish_ns[1] - 3000));
+  CHECK(per_protocol.pauses > per_class.pauses);
+  // The write is bound by its receiver either way.
+  CHECK(per_protocol.finish_ns[0] > 8000);
+  CHECK(per_protocol.finish_ns[0] < 1.2 * per_class.finish_ns[0]);
+}

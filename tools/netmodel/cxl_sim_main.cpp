@@ -31,9 +31,11 @@ struct Args {
   cxl::LlmSpec llm;
   cxl::YcsbSpec ycsb;
   std::string ycsb_workloads = "a,b,c,f";
-  cxl::CongestionControlOptions cc;  // the tunables; enabled, epn and overload come per mode
-  int max_outstanding = 0;           // SimOptions::max_outstanding_packets
-  bool input_fifo = false;           // SimOptions::input_fifo
+  cxl::CongestionControlOptions cc;    // the tunables; enabled, epn and overload come per mode
+  int max_outstanding = 0;             // SimOptions::max_outstanding_packets
+  bool input_fifo = false;             // SimOptions::input_fifo
+  std::string credit_pools = "class";  // SimOptions::credit_pools: "class" or "protocol"
+  int credits_per_vc = 256;            // LinkOptions::credits_per_vc
   double hot_factor = 4;
   double eval_interarrival_ns = 10;  // eval's YCSB load: the hot expander congests  // eval's
                                      // llm_hot: the hot expander's stripes, times a normal one
@@ -47,6 +49,12 @@ constexpr Mode kModes[] = {{"vanilla", false, false, false},
                            {"aurelia", true, true, true},
                            {"epn_only", true, true, false},
                            {"overload_only", true, false, true}};
+
+void ApplyCredits(const Args& a, cxl::SimOptions* o) {
+  o->credit_pools =
+      a.credit_pools == "protocol" ? cxl::CreditPools::kPerProtocol : cxl::CreditPools::kPerClass;
+  o->link.credits_per_vc = a.credits_per_vc;
+}
 
 double Pct(std::vector<double> v, double q) {
   if (v.empty()) return 0;
@@ -75,6 +83,7 @@ int RunModes(const Args& a, const tooling::Tool& tool, const std::string& worklo
     o.cc = a.cc;
     o.max_outstanding_packets = a.max_outstanding;
     o.input_fifo = a.input_fifo;
+    ApplyCredits(a, &o);
     o.cc.enabled = m.cc;
     o.cc.epn = m.epn;
     o.cc.overload = m.overload;
@@ -298,6 +307,7 @@ int Eval(const Args& a, const tooling::Tool& tool) {
         o.cc = a.cc;
         o.max_outstanding_packets = a.max_outstanding;
         o.input_fifo = a.input_fifo;
+        ApplyCredits(a, &o);
         o.cc.enabled = cc;
         auto r = cxl::Simulate(*fabric, c.transfers, o);
         if (!r.ok()) {
@@ -352,6 +362,13 @@ int main(int argc, char** argv) {
                        1000000);
     app->add_flag("--input-fifo", a.input_fifo,
                   "switches keep one FIFO per input link and VC (head-of-line blocking)");
+    app->add_option("--credit-pools", a.credit_pools,
+                    "what a VC carries: class (one per message class, the specification's) or "
+                    "protocol (CXL.mem's classes share one, the seed's vanilla CXL)")
+        ->check(CLI::IsMember({"class", "protocol"}))
+        ->capture_default_str();
+    tooling::AddNumber(app, "--credits-per-vc", &a.credits_per_vc,
+                       "receive buffer per link and VC, in flits", 1, 1 << 20);
   };
   const auto common = [&](CLI::App* app) {
     app->add_option("--routing", a.routing, "port_id, two_level, ecmp, spray or adaptive")

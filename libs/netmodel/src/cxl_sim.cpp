@@ -127,7 +127,13 @@ class Engine {
   void Push(double t, EventType type, int32_t a, uint64_t b = 0) {
     heap_.push({t, seq_++, a, static_cast<uint8_t>(type), b});
   }
-  int VcOf(const Packet& p) const { return static_cast<int>(p.cls); }
+  // The packet's virtual channel (SimOptions::credit_pools). Per protocol, a CXL.io transfer's
+  // completions stay in CXL.io's pool (they travel as NDR-sized messages).
+  int VcOf(const Packet& p) const {
+    if (o_.credit_pools == CreditPools::kPerClass) return static_cast<int>(p.cls);
+    const bool io = p.cls == MessageClass::kUio || transfers_[p.transfer].op == Op::kUio;
+    return static_cast<int>(io ? Protocol::kIo : Protocol::kMem);
+  }
   void Try(int l);
   void ReturnCredit(int l, int vc, double at);
   void WakeForCredit(int l, double at);
@@ -522,7 +528,7 @@ void Engine::Delivered(int node, Packet& p) {
     packets_.push_back(r);
     LinkState& L = links_[d.link];
     for (int f = 0; f < r.flits; ++f) {
-      L.q[static_cast<int>(r.cls)].push_back({rid, static_cast<uint16_t>(f), 0, -1});
+      L.q[VcOf(r)].push_back({rid, static_cast<uint16_t>(f), 0, -1});
     }
     Try(d.link);
     return;

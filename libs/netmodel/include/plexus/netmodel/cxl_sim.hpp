@@ -61,8 +61,17 @@ struct RouteChange {
   std::vector<int> ports;
 };
 
+// What one virtual channel of a link carries: its own credits, egress queue and input FIFO.
+enum class CreditPools : uint8_t {
+  kPerClass,     // one per message class (the specification's VCs): classes never block each other
+  kPerProtocol,  // one per protocol: CXL.mem's classes (requests, write data, read data,
+                 // completions) share one, CXL.io another; the seed's vanilla CXL "performs
+                 // point-to-point flow control for packets of each CXL protocol" (ch. 4.4)
+};
+
 struct SimOptions {
   LinkOptions link;
+  CreditPools credit_pools = CreditPools::kPerClass;
   double switch_ns = 70;         // one switch traversal (ch. 4.5)
   double port_ns = 67.5;         // a device's CXL port, at each end of a path
   int flit_payload_bytes = 240;  // 15 slots of 16 B in a 256 B flit
