@@ -363,3 +363,24 @@ TEST_CASE("cxl sim: one credit pool per protocol holds a read's requests behind 
   CHECK(per_protocol.finish_ns[0] > 8000);
   CHECK(per_protocol.finish_ns[0] < 1.2 * per_class.finish_ns[0]);
 }
+
+TEST_CASE("cxl sim: credits returned every update period bound a link to its credits per period",
+          "[netmodel][cxl]") {
+  // 0:0:2 writes 1 MiB to 0:0:3 with 8 credits per link and VC. Credits returned flit by flit
+  // come back one round trip (a few hundred ns) after use; returned together every 1 us, a link
+  // sends at most 8 flits per microsecond: 1 MiB of 64-byte messages, three to a flit (a header
+  // slot and four data slots each, of 15), is 5,462 flits: at least 682 us.
+  std::vector<cxl::Transfer> t = {Make("0:0:2", "0:0:3", 1 << 20)};
+  cxl::SimOptions o;
+  o.link.credits_per_vc = 8;
+  const auto each = cxl::Simulate(K4(), t, o).value();
+  o.link.credit_update_ns = 1000;
+  const auto batched = cxl::Simulate(K4(), t, o).value();
+  INFO("finish " << each.finish_ns[0] << " ns flit by flit, " << batched.finish_ns[0]
+                 << " ns every 1 us");
+  CHECK(batched.finish_ns[0] > 682000);
+  CHECK(batched.finish_ns[0] < 684000);
+  CHECK(each.finish_ns[0] < 0.5 * batched.finish_ns[0]);
+  o.link.credit_update_ns = -1;
+  CHECK_FALSE(cxl::Simulate(K4(), t, o).ok());
+}

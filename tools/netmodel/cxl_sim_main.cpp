@@ -36,6 +36,7 @@ struct Args {
   bool input_fifo = false;             // SimOptions::input_fifo
   std::string credit_pools = "class";  // SimOptions::credit_pools: "class" or "protocol"
   int credits_per_vc = 256;            // LinkOptions::credits_per_vc
+  double credit_update_ns = 0;         // LinkOptions::credit_update_ns
   double hot_factor = 4;
   double eval_interarrival_ns = 10;  // eval's YCSB load: the hot expander congests  // eval's
                                      // llm_hot: the hot expander's stripes, times a normal one
@@ -54,6 +55,7 @@ void ApplyCredits(const Args& a, cxl::SimOptions* o) {
   o->credit_pools =
       a.credit_pools == "protocol" ? cxl::CreditPools::kPerProtocol : cxl::CreditPools::kPerClass;
   o->link.credits_per_vc = a.credits_per_vc;
+  o->link.credit_update_ns = a.credit_update_ns;
 }
 
 double Pct(std::vector<double> v, double q) {
@@ -369,6 +371,9 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     tooling::AddNumber(app, "--credits-per-vc", &a.credits_per_vc,
                        "receive buffer per link and VC, in flits", 1, 1 << 20);
+    tooling::AddNumber(app, "--credit-update-ns", &a.credit_update_ns,
+                       "freed credits return together every this many ns (0: each on its own)", 0.0,
+                       1e9);
   };
   const auto common = [&](CLI::App* app) {
     app->add_option("--routing", a.routing, "port_id, two_level, ecmp, spray or adaptive")

@@ -323,6 +323,9 @@ void Engine::WakeForCredit(int l, double at) {
 
 void Engine::ReturnCredit(int l, int vc, double at) {
   LinkState& L = links_[l];
+  if (o_.link.credit_update_ns > 0) {
+    at = std::ceil(at / o_.link.credit_update_ns) * o_.link.credit_update_ns;
+  }
   L.credit_due[vc].push_back(at);
   if (L.paused) WakeForCredit(l, at);
 }
@@ -706,6 +709,9 @@ absl::Status Validate(const Fabric& fabric, const std::vector<Transfer>& transfe
     return bad("link.wire_ns, retimer_ns and retimers", o.link.wire_ns, ">= 0");
   }
   if (o.link.credits_per_vc < 1) return bad("link.credits_per_vc", o.link.credits_per_vc, ">= 1");
+  if (!(o.link.credit_update_ns >= 0) || !Finite(o.link.credit_update_ns)) {
+    return bad("link.credit_update_ns", o.link.credit_update_ns, ">= 0 and finite");
+  }
   if (!(o.switch_ns >= 0) || !(o.port_ns >= 0))
     return bad("switch_ns and port_ns", o.switch_ns, ">= 0");
   if (o.header_bytes < 1 || o.message_data_bytes < 1 ||

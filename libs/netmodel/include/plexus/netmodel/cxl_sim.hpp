@@ -32,6 +32,10 @@ struct LinkOptions {
   int retimers = 1;            // one per 500 mm of reach (ch. 4.5); rack links: 1
   double retimer_ns = 20;      // per retimer (ch. 4.5)
   int credits_per_vc = 256;    // receive buffer per link and VC, in flits
+  // 0: a freed receive slot's credit returns on its own, one link latency later. > 0: the
+  // receiver returns the credits freed so far together every credit_update_ns (PCIe's UpdateFC
+  // timer), so a credit freed just after an update waits up to that long.
+  double credit_update_ns = 0;
 };
 
 struct CongestionControlOptions {
