@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "plexus/restructure/pipelines.hpp"
+#include "plexus/tooling/launch.hpp"
 
 namespace plexus::bench::restructure {
 namespace pp = plexus::restructure::pipelines;
@@ -57,6 +59,39 @@ nlohmann::json PipelineShapesJson(double shape_scale) {
           {"pii_rows", s.pii.rows},         {"pii_cols", s.pii.cols},
           {"db_parts", s.join.parts},       {"db_rows", s.join.rows},
           {"db_cols", s.join.cols}};
+}
+
+std::map<std::pair<std::string, std::string>, double> PythonPeerTimes(
+    const char* who, int runs, double shape_scale, const std::vector<std::string>& extra,
+    bool* ok) {
+  namespace pt = plexus::tooling;
+  std::map<std::pair<std::string, std::string>, double> ms;
+  pt::LaunchOptions lo;
+  lo.argv = {PLEXUS_RESTRUCTURE_PYTHON,
+             PLEXUS_RESTRUCTURE_PEERS,
+             "--runs",
+             std::to_string(runs),
+             "--shapes",
+             PipelineShapesJson(shape_scale).dump()};
+  lo.argv.insert(lo.argv.end(), extra.begin(), extra.end());
+  lo.plexus_env = false;
+  lo.output = pt::OutputMode::kCallback;
+  lo.timeout = absl::Minutes(10);
+  lo.on_line = [&](pt::Launcher&, int, pt::Stream stream, std::string_view line) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (stream == pt::Stream::kStdout && j.is_object() && j.contains("ms")) {
+      ms[{j["peer"].get<std::string>(), j["stage"].get<std::string>()}] = j["ms"].get<double>();
+    } else {
+      std::fprintf(stderr, "[python] %.*s\n", static_cast<int>(line.size()), line.data());
+    }
+  };
+  auto r = pt::Launch(std::move(lo));
+  *ok = r.ok() && r->first_failure < 0;
+  if (!*ok) {
+    std::fprintf(stderr, "%s: the python peers failed%s\n", who,
+                 r.ok() ? "" : (": " + r.status().ToString()).c_str());
+  }
+  return ms;
 }
 
 std::vector<uint8_t> RandomInput(const plexus::restructure::BufferDecl& b, std::mt19937& rng) {

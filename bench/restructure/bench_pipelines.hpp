@@ -2,7 +2,11 @@
 // the table's shapes or scaled down, and the random inputs every mode fills programs with.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -12,6 +16,17 @@
 #include "plexus/restructure/program.hpp"
 
 namespace plexus::bench::restructure {
+
+// Seconds on the monotonic clock.
+inline double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+// The median (the upper one of an even count); NaN for none.
+inline double Median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 struct PipelineProgram {
   std::string name;
@@ -25,6 +40,12 @@ struct PipelineProgram {
 std::vector<PipelineProgram> PipelinePrograms(double shape_scale, bool f16_brain = false);
 // The same shapes as python_peers.py's --shapes object.
 nlohmann::json PipelineShapesJson(double shape_scale);
+
+// Runs python_peers.py with --runs, the shapes of `shape_scale` and `extra` arguments; returns
+// each line's time, keyed by (peer, stage). *ok: false when the script failed (the reason on
+// stderr, prefixed by `who`); its other lines go to stderr.
+std::map<std::pair<std::string, std::string>, double> PythonPeerTimes(
+    const char* who, int runs, double shape_scale, const std::vector<std::string>& extra, bool* ok);
 
 // One input buffer's bytes: f32 uniform in [0.001, 4) (positive: log10 stays finite), other
 // types small bytes (no f16/bf16 specials).

@@ -16,7 +16,6 @@
 #include "plexus/base/cuda.hpp"
 #include "plexus/restructure/device.hpp"
 #include "plexus/restructure/executor.hpp"
-#include "plexus/tooling/launch.hpp"
 
 namespace plexus::bench::restructure {
 namespace {
@@ -26,15 +25,6 @@ namespace cuda = plexus::base::cuda;
 namespace pt = plexus::tooling;
 
 constexpr char kWho[] = "plexus-bench-restructure --only device";
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct Pinned {
   void* p = nullptr;
@@ -58,37 +48,6 @@ size_t Wrong(const std::vector<uint8_t>& want, const uint8_t* got, size_t elemen
   return wrong;
 }
 
-// The torch-on-GPU stage times (ms) from python_peers.py --device cuda, by stage name.
-std::map<std::string, double> TorchCuda(const DeviceArgs& a) {
-  std::map<std::string, double> ms;
-  pt::LaunchOptions lo;
-  lo.argv = {PLEXUS_RESTRUCTURE_PYTHON,
-             PLEXUS_RESTRUCTURE_PEERS,
-             "--runs",
-             std::to_string(a.runs),
-             "--device",
-             "cuda",
-             "--shapes",
-             PipelineShapesJson(a.shape_scale).dump()};
-  lo.plexus_env = false;
-  lo.output = pt::OutputMode::kCallback;
-  lo.timeout = absl::Minutes(10);
-  lo.on_line = [&](pt::Launcher&, int, pt::Stream stream, std::string_view line) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (stream == pt::Stream::kStdout && j.is_object() && j.contains("ms")) {
-      ms[j["stage"].get<std::string>()] = j["ms"].get<double>();
-    } else {
-      std::fprintf(stderr, "[python] %.*s\n", static_cast<int>(line.size()), line.data());
-    }
-  };
-  auto r = pt::Launch(std::move(lo));
-  if (!r.ok() || r->first_failure >= 0) {
-    std::fprintf(stderr, "%s: torch on the GPU did not run%s\n", kWho,
-                 r.ok() ? "" : (": " + r.status().ToString()).c_str());
-  }
-  return ms;
-}
-
 }  // namespace
 
 int RunDevice(const DeviceArgs& a, pt::FigureWriter& out) {
@@ -97,8 +56,11 @@ int RunDevice(const DeviceArgs& a, pt::FigureWriter& out) {
     std::fprintf(stderr, "%s: skipped: %s\n", kWho, why.c_str());
     return 77;
   }
-  const std::map<std::string, double> torch_ms =
-      a.compare ? TorchCuda(a) : std::map<std::string, double>();
+  // The torch-on-GPU stage times (ms), by (peer, stage).
+  bool peers_ok = true;
+  const auto torch_ms =
+      a.compare ? PythonPeerTimes(kWho, a.runs, a.shape_scale, {"--device", "cuda"}, &peers_ok)
+                : std::map<std::pair<std::string, std::string>, double>();
   int status = 0;
   for (PipelineProgram& p : PipelinePrograms(a.shape_scale, a.compare)) {
     auto fail = [&](const absl::Status& s) {
@@ -213,7 +175,7 @@ int RunDevice(const DeviceArgs& a, pt::FigureWriter& out) {
     add("device_kernels_ms", Median(alone), "ms", nullptr, std::nullopt);
     add("device_fused_speedup_vs_staged", staged_ms / fused_ms, "ratio", nullptr, std::nullopt);
     add("device_wrong_elements", static_cast<double>(wrong), "count", 0, wrong == 0);
-    if (auto it = torch_ms.find(p.name); it != torch_ms.end()) {
+    if (auto it = torch_ms.find({"torch_cuda", p.name}); it != torch_ms.end()) {
       add("device_speedup_vs_torch_cuda", it->second / fused_ms, "ratio",
           "faster than torch ops on the GPU followed by .cpu()", it->second > fused_ms,
           {{"peer_ms", it->second}});

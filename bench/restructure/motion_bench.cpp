@@ -43,15 +43,6 @@ constexpr int kSendingWays = 4;  // every way but kRestructure sends one message
 // What the fused column runs for a program whose output is its inputs one after another.
 constexpr int kGatherSend = kWays;
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // One pipeline: its inputs (the user's buffers), the baseline's staging copies of them, the
 // sender's full-size output buffer and the output computed once, which every message must equal.
 struct Stage {

@@ -37,7 +37,6 @@
 #include "plexus/restructure/pipelines.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
-#include "plexus/tooling/launch.hpp"
 
 namespace pr = plexus::restructure;
 namespace pp = plexus::restructure::pipelines;
@@ -48,15 +47,6 @@ using plexus::kernels::DataType;
 namespace {
 
 constexpr char kProgram[] = "plexus-bench-restructure";
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? NAN : v[v.size() / 2];
-}
 
 struct Args {
   bool json = false;
@@ -229,33 +219,33 @@ bool Measure(Case& c, const Args& a, pt::FigureWriter& out, std::vector<double>*
   for (int r = 0; r < a.runs; ++r) {
     for (int which = 0; which < 3; ++which) {
       const int w = (which + r) % 3;  // rotating order
-      const double t0 = Now();
+      const double t0 = pbr::Now();
       if (w == 0) {
         if (absl::Status s = exec->Run(in, fast_out); !s.ok()) {
           std::fprintf(stderr, "%s: %s: %s\n", kProgram, c.name.c_str(), s.ToString().c_str());
           return false;
         }
-        fast.push_back((Now() - t0) * 1e3);
+        fast.push_back((pbr::Now() - t0) * 1e3);
       } else if (w == 1) {
         std::memcpy(dst.data(), src.data(), src.size());
-        copy.push_back((Now() - t0) * 1e3);
+        copy.push_back((pbr::Now() - t0) * 1e3);
       } else if (r < interp_runs) {
         (void)pr::Interpret(c.program, in, ref_out);
-        interp.push_back((Now() - t0) * 1e3);
+        interp.push_back((pbr::Now() - t0) * 1e3);
       }
     }
   }
   const size_t wrong = Wrong(c);
-  const double ms = Median(fast), copy_ms = Median(copy), interp_ms = Median(interp);
+  const double ms = pbr::Median(fast), copy_ms = pbr::Median(copy), interp_ms = pbr::Median(interp);
   // Against numpy and torch, which time each stage back to back (caches warm with its own
   // buffers), the fast path runs the same way: --runs calls in a row.
   std::vector<double> warm;
   for (int r = 0; r < a.runs; ++r) {
-    const double t0 = Now();
+    const double t0 = pbr::Now();
     (void)exec->Run(in, fast_out);
-    warm.push_back((Now() - t0) * 1e3);
+    warm.push_back((pbr::Now() - t0) * 1e3);
   }
-  fast_ms->push_back(Median(warm));
+  fast_ms->push_back(pbr::Median(warm));
   auto add = [&](std::string figure, double value, std::string unit, std::optional<double> target) {
     pt::Figure f;
     f.figure = std::move(figure);
@@ -330,33 +320,9 @@ int main(int argc, char** argv) {
     std::vector<double> ms;
     for (Case& c : cases) ok = Measure(c, a, out, &ms) && ok;
     if (a.compare) {
-      const nlohmann::json shapes = pbr::PipelineShapesJson(a.shape_scale);
-      pt::LaunchOptions lo;
-      lo.argv = {PLEXUS_RESTRUCTURE_PYTHON,
-                 PLEXUS_RESTRUCTURE_PEERS,
-                 "--runs",
-                 std::to_string(a.runs),
-                 "--shapes",
-                 shapes.dump()};
-      lo.plexus_env = false;
-      lo.output = pt::OutputMode::kCallback;
-      lo.timeout = absl::Minutes(10);
-      std::map<std::pair<std::string, std::string>, double> peer_ms;
-      lo.on_line = [&](pt::Launcher&, int, pt::Stream stream, std::string_view line) {
-        auto j = nlohmann::json::parse(line, nullptr, false);
-        if (stream == pt::Stream::kStdout && j.is_object() && j.contains("ms")) {
-          peer_ms[{j["peer"].get<std::string>(), j["stage"].get<std::string>()}] =
-              j["ms"].get<double>();
-        } else {
-          std::fprintf(stderr, "[python] %.*s\n", static_cast<int>(line.size()), line.data());
-        }
-      };
-      auto r = pt::Launch(std::move(lo));
-      if (!r.ok() || r->first_failure >= 0) {
-        std::fprintf(stderr, "%s: the python peers failed%s\n", kProgram,
-                     r.ok() ? "" : (": " + r.status().ToString()).c_str());
-        ok = false;
-      }
+      bool peers_ok = false;
+      const auto peer_ms = pbr::PythonPeerTimes(kProgram, a.runs, a.shape_scale, {}, &peers_ok);
+      ok = peers_ok && ok;
       for (size_t i = 0; i < cases.size(); ++i) {
         for (const char* peer : {"numpy", "torch"}) {
           auto it = peer_ms.find({peer, cases[i].name});

@@ -4,13 +4,10 @@
 // cases skip (exit 77) with the reason; "[nodevice]" checks what a machine without one sees.
 #include "plexus/restructure/device.hpp"
 
-#include <bit>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -20,10 +17,10 @@
 #include "plexus/restructure/executor.hpp"
 #include "plexus/restructure/pipelines.hpp"
 #include "plexus/restructure/stream.hpp"
-#include "plexus/transport/completion.hpp"
-#include "plexus/transport/device.hpp"
+#include "plexus/transport/types.hpp"
+#include "restructure/motion_support.hpp"
+#include "restructure/support.hpp"
 #include "support/skip.hpp"
-#include "transport/conformance_support.hpp"
 
 namespace pr = plexus::restructure;
 namespace pp = plexus::restructure::pipelines;
@@ -31,6 +28,9 @@ namespace pk = plexus::kernels;
 namespace pt = plexus::transport;
 namespace cuda = plexus::base::cuda;
 using pk::DataType;
+using plexus::restructure::testing::MoveProduced;
+using plexus::restructure::testing::RandomInputs;
+using plexus::restructure::testing::Ulps;
 
 namespace {
 
@@ -43,36 +43,6 @@ pr::Program Built(absl::StatusOr<pr::Program> p) {
   INFO(p.status().ToString());
   REQUIRE(p.ok());
   return *p;
-}
-
-std::vector<std::vector<uint8_t>> RandomInputs(const pr::Program& p, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::vector<uint8_t>> in;
-  for (const pr::BufferDecl& b : p.buffers) {
-    if (b.role != pr::Role::kInput) continue;
-    std::vector<uint8_t> bytes(static_cast<size_t>(b.count) * pk::DataTypeSize(b.dtype));
-    if (b.dtype == DataType::kF32) {
-      std::uniform_real_distribution<float> d(-300.0f, 300.0f);
-      for (size_t i = 0; i < bytes.size() / 4; ++i) {
-        float v = d(rng);
-        if (rng() % 97 == 0) v = std::numeric_limits<float>::quiet_NaN();
-        if (rng() % 89 == 0) v = -0.0f;
-        if (rng() % 83 == 0) v = 2.5f;    // a rounding tie
-        if (rng() % 79 == 0) v = 1e-40f;  // subnormal
-        std::memcpy(bytes.data() + 4 * i, &v, 4);
-      }
-    } else if (b.dtype == DataType::kF16 || b.dtype == DataType::kBF16) {
-      for (size_t i = 0; i < bytes.size() / 2; ++i) {
-        const float v = std::uniform_real_distribution<float>(-100.0f, 100.0f)(rng);
-        const uint16_t h = b.dtype == DataType::kF16 ? pk::FloatToHalf(v) : pk::FloatToBf16(v);
-        std::memcpy(bytes.data() + 2 * i, &h, 2);
-      }
-    } else {
-      for (auto& x : bytes) x = static_cast<uint8_t>(rng());
-    }
-    in.push_back(std::move(bytes));
-  }
-  return in;
 }
 
 std::vector<size_t> OutputSizes(const pr::Program& p) {
@@ -161,13 +131,6 @@ void RequireSame(const pr::Program& p, uint32_t seed, size_t offset = 0, bool ex
                    << ", base offset " << offset);
     CHECK(first == b.reference[k].size());
   }
-}
-
-int64_t Ulps(float a, float b) {
-  if (std::isnan(a) && std::isnan(b)) return 0;
-  const int32_t x = std::bit_cast<int32_t>(a), y = std::bit_cast<int32_t>(b);
-  const int64_t ox = x < 0 ? int64_t{INT32_MIN} - x : x, oy = y < 0 ? int64_t{INT32_MIN} - y : y;
-  return ox > oy ? ox - oy : oy - ox;
 }
 
 // The largest distance between the two runs' outputs of `p` (f32: ULPs; 16-bit: steps).
@@ -360,19 +323,8 @@ TEST_CASE("device streams fused with sends and receives over every backend", "[g
   for (pt::Backend backend : {pt::Backend::kInproc, pt::Backend::kShm, pt::Backend::kTcp}) {
     for (int64_t n : {int64_t{1}, int64_t{4099}, int64_t{(1 << 20) + 7}}) {
       INFO(pt::BackendName(backend) << " n " << n);
-      pr::ProgramBuilder pack_b;
-      auto x = pack_b.Input("x", DataType::kF32, n);
-      auto t = pack_b.Scratch("t", DataType::kF32, n);
-      auto w = pack_b.Output("wire", DataType::kBF16, n);
-      pack_b.Mul(t, x, 4.0f);
-      pack_b.Cast(w, t);
-      const pr::Program pack = Built(pack_b.Build());
-      pr::ProgramBuilder unpack_b;
-      auto wi = unpack_b.Input("wire", DataType::kBF16, n);
-      auto y = unpack_b.Output("y", DataType::kF32, n);
-      unpack_b.Mul(y, wi, 0.25f);
-      const pr::Program unpack = Built(unpack_b.Build());
-
+      const pr::Program pack = Built(plexus::restructure::testing::PackBf16(n));
+      const pr::Program unpack = Built(plexus::restructure::testing::UnpackBf16(n));
       const auto in = RandomInputs(pack, static_cast<uint32_t>(n));
       std::vector<uint8_t> wire(static_cast<size_t>(n) * 2), want(static_cast<size_t>(n) * 4);
       const pr::ConstBytes in0(in[0].data(), in[0].size());
@@ -395,28 +347,12 @@ TEST_CASE("device streams fused with sends and receives over every backend", "[g
         std::vector<uint8_t> got(want.size(), 0xEE);
         auto recv = pr::InputStream::Create(*hunpack, 0, {}, {{got.data(), got.size()}});
         REQUIRE(recv.ok());
-        pt::conformance::Config config;
-        config.name = std::string(pt::BackendName(backend));
-        config.backend = backend;
-        auto pair = pt::conformance::MakePair(config);
-        REQUIRE(pair.b
-                    ->PostRecvConsumed((*recv)->bytes(),
-                                       [&](size_t off, absl::Span<const uint8_t> b) {
-                                         return (*recv)->Consume(off, b);
-                                       },
-                                       1)
-                    .ok());
-        REQUIRE(pair.a
-                    ->PostSendProduced(
-                        (*send)->bytes(),
-                        [&](size_t off, absl::Span<uint8_t> b) { return (*send)->Produce(off, b); },
-                        2)
-                    .ok());
-        for (auto* cq : {pair.cq_a.get(), pair.cq_b.get()}) {
-          auto c = cq->Wait(absl::Seconds(30));
-          REQUIRE(c.ok());
-          REQUIRE(c->status.ok());
-        }
+        const absl::Status moved = MoveProduced(
+            backend, (*send)->bytes(),
+            [&](size_t off, absl::Span<uint8_t> b) { return (*send)->Produce(off, b); },
+            [&](size_t off, absl::Span<const uint8_t> b) { return (*recv)->Consume(off, b); });
+        INFO(moved.ToString());
+        REQUIRE(moved.ok());
         REQUIRE((*recv)->Finish().ok());
         CHECK(got == want);
       }
@@ -431,28 +367,12 @@ TEST_CASE("device streams fused with sends and receives over every backend", "[g
         OnDevice dy = ToDevice(std::vector<uint8_t>(want.size(), 0xEE), 0);
         auto recv = pr::DeviceInputStream::Create(*dunpack, 0, {}, {{dy.data(), dy.size}});
         REQUIRE(recv.ok());
-        pt::conformance::Config config;
-        config.name = std::string(pt::BackendName(backend));
-        config.backend = backend;
-        auto pair = pt::conformance::MakePair(config);
-        REQUIRE(pair.b
-                    ->PostRecvConsumed((*recv)->bytes(),
-                                       [&](size_t off, absl::Span<const uint8_t> b) {
-                                         return (*recv)->Consume(off, b);
-                                       },
-                                       1)
-                    .ok());
-        REQUIRE(pair.a
-                    ->PostSendProduced(
-                        (*send)->bytes(),
-                        [&](size_t off, absl::Span<uint8_t> b) { return (*send)->Produce(off, b); },
-                        2)
-                    .ok());
-        for (auto* cq : {pair.cq_a.get(), pair.cq_b.get()}) {
-          auto c = cq->Wait(absl::Seconds(30));
-          REQUIRE(c.ok());
-          REQUIRE(c->status.ok());
-        }
+        const absl::Status moved = MoveProduced(
+            backend, (*send)->bytes(),
+            [&](size_t off, absl::Span<uint8_t> b) { return (*send)->Produce(off, b); },
+            [&](size_t off, absl::Span<const uint8_t> b) { return (*recv)->Consume(off, b); });
+        INFO(moved.ToString());
+        REQUIRE(moved.ok());
         const absl::Status finished = (*recv)->Finish();
         INFO(finished.ToString());
         REQUIRE(finished.ok());

@@ -32,35 +32,8 @@ pr::Program Built(absl::StatusOr<pr::Program> p) {
   return *p;
 }
 
-// Random bytes for every input, as many as declared; some f32/f16/bf16 elements made special.
-std::vector<std::vector<uint8_t>> RandomInputs(const pr::Program& p, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::vector<uint8_t>> in;
-  for (const pr::BufferDecl& b : p.buffers) {
-    if (b.role != pr::Role::kInput) continue;
-    std::vector<uint8_t> bytes(static_cast<size_t>(b.count) * pk::DataTypeSize(b.dtype));
-    if (b.dtype == DataType::kF32) {
-      std::uniform_real_distribution<float> d(-300.0f, 300.0f);
-      for (size_t i = 0; i < bytes.size() / 4; ++i) {
-        float v = d(rng);
-        if (rng() % 97 == 0) v = std::numeric_limits<float>::quiet_NaN();
-        if (rng() % 89 == 0) v = -0.0f;
-        if (rng() % 83 == 0) v = 2.5f;  // a rounding tie
-        std::memcpy(bytes.data() + 4 * i, &v, 4);
-      }
-    } else if (b.dtype == DataType::kF16 || b.dtype == DataType::kBF16) {
-      for (size_t i = 0; i < bytes.size() / 2; ++i) {
-        const float v = std::uniform_real_distribution<float>(-100.0f, 100.0f)(rng);
-        const uint16_t h = b.dtype == DataType::kF16 ? pk::FloatToHalf(v) : pk::FloatToBf16(v);
-        std::memcpy(bytes.data() + 2 * i, &h, 2);
-      }
-    } else {
-      for (auto& x : bytes) x = static_cast<uint8_t>(rng());
-    }
-    in.push_back(std::move(bytes));
-  }
-  return in;
-}
+using plexus::restructure::testing::RandomInputs;
+using plexus::restructure::testing::Ulps;
 
 std::vector<std::vector<uint8_t>> Outputs(const pr::Program& p, uint8_t fill) {
   std::vector<std::vector<uint8_t>> out;
@@ -109,14 +82,6 @@ void RequireSame(const pr::Program& p, uint32_t seed) {
     INFO("output " << k << " first differing byte " << first << " of " << b.reference[k].size());
     CHECK(first == b.reference[k].size());
   }
-}
-
-// The distance in units in the last place of two finite floats of one sign (or 0 if equal bits).
-int64_t Ulps(float a, float b) {
-  if (std::isnan(a) && std::isnan(b)) return 0;
-  const int32_t x = std::bit_cast<int32_t>(a), y = std::bit_cast<int32_t>(b);
-  const int64_t ox = x < 0 ? int64_t{INT32_MIN} - x : x, oy = y < 0 ? int64_t{INT32_MIN} - y : y;
-  return ox > oy ? ox - oy : oy - ox;
 }
 
 constexpr DataType kTypes[] = {DataType::kF32, DataType::kF16, DataType::kBF16,

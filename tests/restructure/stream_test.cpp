@@ -16,6 +16,7 @@
 #include "plexus/restructure/pipelines.hpp"
 #include "plexus/transport/completion.hpp"
 #include "plexus/transport/device.hpp"
+#include "restructure/motion_support.hpp"
 #include "transport/conformance_support.hpp"
 
 namespace pr = plexus::restructure;
@@ -152,53 +153,26 @@ TEST_CASE("restructuring fused with sends and receives over every backend",
           "[restructure][stream]") {
   for (pt::Backend backend : {pt::Backend::kInproc, pt::Backend::kShm, pt::Backend::kTcp}) {
     for (int64_t n : {int64_t{1}, int64_t{4099}, int64_t{(1 << 20) + 7}}) {
-      pr::ProgramBuilder pack_b;
-      auto x = pack_b.Input("x", DataType::kF32, n);
-      auto t = pack_b.Scratch("t", DataType::kF32, n);
-      auto w = pack_b.Output("wire", DataType::kBF16, n);
-      pack_b.Mul(t, x, 4.0f);
-      pack_b.Cast(w, t);
-      const pr::Executor pack = Compiled(pack_b.Build());
-      pr::ProgramBuilder unpack_b;
-      auto wi = unpack_b.Input("wire", DataType::kBF16, n);
-      auto y = unpack_b.Output("y", DataType::kF32, n);
-      unpack_b.Mul(y, wi, 0.25f);
-      const pr::Executor unpack = Compiled(unpack_b.Build());
+      const pr::Executor pack = Compiled(plexus::restructure::testing::PackBf16(n));
+      const pr::Executor unpack = Compiled(plexus::restructure::testing::UnpackBf16(n));
       const auto in = Inputs(pack.program(), static_cast<uint32_t>(n));
       // The reference: both programs in memory.
       const std::vector<uint8_t> wire = RunWhole(pack, in);
       const std::vector<uint8_t> want = RunWhole(unpack, {wire});
 
-      pt::conformance::Config config;
-      config.name = std::string(pt::BackendName(backend));
-      config.backend = backend;
-      auto pair = pt::conformance::MakePair(config);
       auto send = pr::OutputStream::Create(pack, Spans(in));
       REQUIRE(send.ok());
       std::vector<uint8_t> got(want.size(), 0xEE);
       auto recv = pr::InputStream::Create(unpack, 0, {}, {{got.data(), got.size()}});
       REQUIRE(recv.ok());
       size_t largest_piece = 0;
-      REQUIRE(pair.b
-                  ->PostRecvConsumed((*recv)->bytes(),
-                                     [&](size_t off, absl::Span<const uint8_t> b) {
-                                       largest_piece = std::max(largest_piece, b.size());
-                                       return (*recv)->Consume(off, b);
-                                     },
-                                     1)
-                  .ok());
-      REQUIRE(pair.a
-                  ->PostSendProduced(
-                      (*send)->bytes(),
-                      [&](size_t off, absl::Span<uint8_t> b) { return (*send)->Produce(off, b); },
-                      2)
-                  .ok());
-      for (auto* cq : {pair.cq_a.get(), pair.cq_b.get()}) {
-        auto c = cq->Wait(absl::Seconds(30));
-        REQUIRE(c.ok());
-        INFO(pt::BackendName(backend) << " n " << n << ": " << c->status.ToString());
-        REQUIRE(c->status.ok());
-      }
+      const absl::Status moved = plexus::restructure::testing::MoveProduced(
+          backend, (*send)->bytes(),
+          [&](size_t off, absl::Span<uint8_t> b) { return (*send)->Produce(off, b); },
+          [&](size_t off, absl::Span<const uint8_t> b) { return (*recv)->Consume(off, b); },
+          &largest_piece);
+      INFO(pt::BackendName(backend) << " n " << n << ": " << moved.ToString());
+      REQUIRE(moved.ok());
       INFO(pt::BackendName(backend) << " n " << n);
       REQUIRE((*recv)->Finish().ok());
       CHECK(got == want);

@@ -1,9 +1,15 @@
 // Helpers shared by the restructure tests: typed byte buffers and running a program on them.
 #pragma once
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <random>
 #include <vector>
+
+#include "plexus/kernels/reduce.hpp"
 
 #include "plexus/restructure/interpreter.hpp"
 #include "plexus/restructure/program.hpp"
@@ -38,6 +44,48 @@ inline absl::Status RunProgram(const Program& p, const std::vector<std::vector<u
   std::vector<MutableBytes> out;
   for (auto& v : *outputs) out.emplace_back(v.data(), v.size());
   return Interpret(p, in, out);
+}
+
+// Random bytes for every input of `p`, as many as declared, in declaration order; f32 inputs
+// uniform in [-300, 300) with some NaN, -0, rounding ties (2.5) and subnormals among them,
+// f16/bf16 in [-100, 100), the others any byte.
+inline std::vector<std::vector<uint8_t>> RandomInputs(const Program& p, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<uint8_t>> in;
+  for (const BufferDecl& b : p.buffers) {
+    if (b.role != Role::kInput) continue;
+    std::vector<uint8_t> bytes(static_cast<size_t>(b.count) * kernels::DataTypeSize(b.dtype));
+    if (b.dtype == kernels::DataType::kF32) {
+      std::uniform_real_distribution<float> d(-300.0f, 300.0f);
+      for (size_t i = 0; i < bytes.size() / 4; ++i) {
+        float v = d(rng);
+        if (rng() % 97 == 0) v = std::numeric_limits<float>::quiet_NaN();
+        if (rng() % 89 == 0) v = -0.0f;
+        if (rng() % 83 == 0) v = 2.5f;
+        if (rng() % 79 == 0) v = 1e-40f;
+        std::memcpy(bytes.data() + 4 * i, &v, 4);
+      }
+    } else if (b.dtype == kernels::DataType::kF16 || b.dtype == kernels::DataType::kBF16) {
+      for (size_t i = 0; i < bytes.size() / 2; ++i) {
+        const float v = std::uniform_real_distribution<float>(-100.0f, 100.0f)(rng);
+        const uint16_t h =
+            b.dtype == kernels::DataType::kF16 ? kernels::FloatToHalf(v) : kernels::FloatToBf16(v);
+        std::memcpy(bytes.data() + 2 * i, &h, 2);
+      }
+    } else {
+      for (auto& x : bytes) x = static_cast<uint8_t>(rng());
+    }
+    in.push_back(std::move(bytes));
+  }
+  return in;
+}
+
+// The distance of two floats in units in the last place (0 for two NaNs).
+inline int64_t Ulps(float a, float b) {
+  if (std::isnan(a) && std::isnan(b)) return 0;
+  const int32_t x = std::bit_cast<int32_t>(a), y = std::bit_cast<int32_t>(b);
+  const int64_t ox = x < 0 ? int64_t{INT32_MIN} - x : x, oy = y < 0 ? int64_t{INT32_MIN} - y : y;
+  return ox > oy ? ox - oy : oy - ox;
 }
 
 }  // namespace plexus::restructure::testing
