@@ -1,6 +1,7 @@
 // plexus-drx: the data-restructuring engine from the command line.
 //   run        a named pipeline (Fianchetto's Table 3.1) or a program file on generated data:
-//              the fast executor's time and passes, checked against the interpreter
+//              the fast executor's time and passes (or, --device, the CUDA executor's time),
+//              checked against the interpreter
 //   export     a named pipeline's program to a file (the binary format of format.hpp)
 //   placement  Fianchetto's placement study on netmodel's DRX model, next to the seed's figures
 #include <algorithm>
@@ -13,7 +14,9 @@
 #include <vector>
 
 #include "drx_placement.hpp"
+#include "plexus/base/cuda.hpp"
 #include "plexus/base/file.hpp"
+#include "plexus/restructure/device.hpp"
 #include "plexus/restructure/executor.hpp"
 #include "plexus/restructure/format.hpp"
 #include "plexus/restructure/interpreter.hpp"
@@ -42,8 +45,55 @@ struct RunArgs {
   std::string pipeline, program_file;
   int runs = 5;
   bool json = false;
+  bool device = false;
   uint32_t seed = 1;
 };
+
+// Exit status of `run --device` where no device is usable (the tests' skip code).
+constexpr int kExitNoDevice = 77;
+
+// Runs `p` --runs times on the CUDA device with the inputs and outputs in device memory; the
+// outputs copied back into `out`. The median time of a run (launches and synchronisation).
+absl::StatusOr<double> RunOnDevice(const pr::Program& p, int runs,
+                                   const std::vector<std::vector<uint8_t>>& in,
+                                   std::vector<std::vector<uint8_t>>& out) {
+  namespace cuda = plexus::base::cuda;
+  auto exec = pr::DeviceExecutor::Compile(p);
+  if (!exec.ok()) return exec.status();
+  std::vector<cuda::DeviceBuffer> buffers;
+  std::vector<pr::ConstBytes> ins;
+  std::vector<pr::MutableBytes> outs;
+  for (const auto& v : in) {
+    auto b = cuda::DeviceBuffer::Allocate(v.size());
+    if (!b.ok()) return b.status();
+    if (absl::Status s = cuda::Copy(b->data(), v.data(), v.size(), "an input"); !s.ok()) return s;
+    ins.emplace_back(static_cast<const uint8_t*>(b->data()), v.size());
+    buffers.push_back(std::move(*b));
+  }
+  for (const auto& v : out) {
+    auto b = cuda::DeviceBuffer::Allocate(v.size());
+    if (!b.ok()) return b.status();
+    outs.emplace_back(static_cast<uint8_t*>(b->data()), v.size());
+    buffers.push_back(std::move(*b));
+  }
+  std::vector<double> ms;
+  for (int r = 0; r <= runs; ++r) {  // run 0 loads the kernels: not timed
+    const auto t0 = std::chrono::steady_clock::now();
+    if (absl::Status s = exec->Run(ins, outs); !s.ok()) return s;
+    if (r > 0) {
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  for (size_t k = 0; k < out.size(); ++k) {
+    if (absl::Status s = cuda::Copy(out[k].data(), outs[k].data(), out[k].size(), "an output");
+        !s.ok()) {
+      return s;
+    }
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
 
 int Run(const RunArgs& a, const tooling::Tool& tool) {
   absl::StatusOr<pr::Program> p;
@@ -65,6 +115,11 @@ int Run(const RunArgs& a, const tooling::Tool& tool) {
   }
   auto exec = pr::Executor::Compile(*p);
   if (!exec.ok()) return tool.Fail(exec.status());
+  std::string why;
+  if (a.device && !pr::DeviceAvailable(&why)) {
+    std::fprintf(stderr, "plexus-drx: run --device: %s\n", why.c_str());
+    return kExitNoDevice;
+  }
   // Inputs: positive values (log10 stays finite), small integers; outputs zeroed.
   std::mt19937 rng(a.seed);
   std::vector<std::vector<uint8_t>> in, fast, ref;
@@ -97,7 +152,12 @@ int Run(const RunArgs& a, const tooling::Tool& tool) {
     return s;
   };
   std::vector<double> ms;
-  for (int r = 0; r < a.runs; ++r) {
+  if (a.device) {
+    absl::StatusOr<double> t = RunOnDevice(*p, a.runs, in, fast);
+    if (!t.ok()) return tool.Fail(t.status());
+    ms.push_back(*t);
+  }
+  for (int r = 0; r < a.runs && !a.device; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     if (absl::Status s = exec->Run(ins, spans(fast)); !s.ok()) return tool.Fail(s);
     ms.push_back(
@@ -111,9 +171,13 @@ int Run(const RunArgs& a, const tooling::Tool& tool) {
   std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2];
   tooling::FigureWriter out("drx_run", a.json);
-  out.SetCommon({{"program", name}, {"runs", a.runs}, {"threads", 1}});
-  out.Add({"fast_ms", median, "ms", nullptr, std::nullopt, {}});
-  out.Add({"fast_gbps",
+  out.SetCommon({{"program", name},
+                 {"runs", a.runs},
+                 {"executor", a.device ? "cuda" : "cpu"},
+                 {"threads", a.device ? 0 : 1}});
+  const std::string prefix = a.device ? "device" : "fast";
+  out.Add({prefix + "_ms", median, "ms", nullptr, std::nullopt, {}});
+  out.Add({prefix + "_gbps",
            static_cast<double>(bytes) / (median * 1e-3) / 1e9,
            "GB/s",
            nullptr,
@@ -121,7 +185,8 @@ int Run(const RunArgs& a, const tooling::Tool& tool) {
            {{"bytes", bytes}}});
   out.Add({"passes", static_cast<double>(exec->passes()), "count", nullptr, std::nullopt, {}});
   // Bytes of the outputs that differ from the interpreter's: 0 unless Pow/Log10 run (their
-  // documented bounds; `plexus-bench-restructure` checks them per element).
+  // documented bounds, the device's wider than the CPU's; `plexus-bench-restructure` checks them
+  // per element).
   out.Add({"bytes_differing_from_interpreter",
            static_cast<double>(differing),
            "count",
@@ -129,7 +194,7 @@ int Run(const RunArgs& a, const tooling::Tool& tool) {
            std::nullopt,
            {}});
   if (!a.json) {
-    std::printf("%s\n\n", exec->Describe().c_str());
+    if (!a.device) std::printf("%s\n\n", exec->Describe().c_str());
     out.PrintTable();
   }
   return tooling::kExitOk;
@@ -156,6 +221,9 @@ int main(int argc, char** argv) {
   tooling::AddNumber(run_cmd, "--runs", &run.runs, "timed runs (median)", 1, 10000);
   tooling::AddNumber(run_cmd, "--seed", &run.seed, "seed of the generated inputs", 0u, ~0u);
   tooling::AddJsonFlag(run_cmd, &run.json);
+  run_cmd->add_flag("--device", run.device,
+                    "run on the CUDA device (inputs and outputs in device memory); exit 77 with "
+                    "the reason where none is usable");
 
   std::string export_name, export_out, export_format = "binary";
   CLI::App* export_cmd = tool.Subcommand("export", "write a named pipeline's program to a file");
