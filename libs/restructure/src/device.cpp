@@ -21,6 +21,7 @@ extern const unsigned char kRestructureFatbin[];  // generated from src/cuda/res
 }  // namespace internal
 #endif
 
+#if PLEXUS_HAVE_CUDA
 namespace {
 
 namespace cuda = base::cuda;
@@ -104,6 +105,7 @@ DeviceStepParams ParamsOf(const Step& st, const std::vector<internal::Bound>& bu
 }
 
 }  // namespace
+#endif  // PLEXUS_HAVE_CUDA
 
 bool DeviceAvailable(std::string* why_not) {
 #if PLEXUS_HAVE_CUDA
