@@ -21,91 +21,7 @@ extern const unsigned char kRestructureFatbin[];  // generated from src/cuda/res
 }  // namespace internal
 #endif
 
-#if PLEXUS_HAVE_CUDA
-namespace {
-
 namespace cuda = base::cuda;
-using internal::DeviceStepParams;
-
-int32_t DeviceTypeOf(DataType t) {
-  switch (t) {
-    case DataType::kF16:
-      return internal::kDevF16;
-    case DataType::kBF16:
-      return internal::kDevBF16;
-    case DataType::kI32:
-      return internal::kDevI32;
-    case DataType::kI8:
-      return internal::kDevI8;
-    case DataType::kU8:
-      return internal::kDevU8;
-    default:
-      return internal::kDevF32;
-  }
-}
-
-int32_t DeviceOpOf(const Step& st, DataType dst, DataType src1) {
-  switch (st.op) {
-    case Op::kCopy:
-      return internal::kDevCopyBits;
-    case Op::kCast:
-      return dst == src1 ? internal::kDevCopyBits : internal::kDevCast;
-    case Op::kAdd:
-      return internal::kDevAdd;
-    case Op::kMul:
-      return internal::kDevMul;
-    case Op::kDiv:
-      return internal::kDevDiv;
-    case Op::kPow:
-      return internal::kDevPow;
-    case Op::kLog10:
-      return internal::kDevLog10;
-    case Op::kMaxPool:
-      return internal::kDevMaxPool;
-  }
-  return internal::kDevCopyBits;
-}
-
-bool Aligned(const void* p, size_t size) { return reinterpret_cast<uintptr_t>(p) % size == 0; }
-
-// The step's kernel parameters; `aligned` from the operands' memory.
-DeviceStepParams ParamsOf(const Step& st, const std::vector<internal::Bound>& bufs) {
-  DeviceStepParams s{};
-  const int levels = static_cast<int>(st.iters.size());
-  for (int l = 0; l < internal::kDeviceLevels; ++l) s.iters[l] = 1;
-  for (int l = 0; l < levels; ++l) {
-    s.iters[l] = st.iters[l];
-    s.dst_stride[l] = st.dst.strides[l];
-    s.src1_stride[l] = st.src1.strides[l];
-    if (st.src2_kind == Operand2::kBuffer) s.src2_stride[l] = st.src2.strides[l];
-  }
-  s.dst_base = st.dst.base;
-  s.src1_base = st.src1.base;
-  s.src2_base = st.src2_kind == Operand2::kBuffer ? st.src2.base : 0;
-  s.levels = levels;
-  s.outer_levels = st.op == Op::kMaxPool ? levels - st.window_levels : levels;
-  s.points = 1;
-  for (int l = 0; l < s.outer_levels; ++l) s.points *= st.iters[l];
-  const internal::Bound& d = bufs[st.dst.buffer];
-  const internal::Bound& a = bufs[st.src1.buffer];
-  s.op = DeviceOpOf(st, d.dtype, a.dtype);
-  s.dst_type = DeviceTypeOf(d.dtype);
-  s.src1_type = DeviceTypeOf(a.dtype);
-  s.src2_type = internal::kDevF32;
-  s.src2_is_scalar = st.src2_kind == Operand2::kScalar;
-  s.scalar = st.scalar;
-  bool aligned = Aligned(d.read, d.size) && Aligned(a.read, a.size);
-  if (st.src2_kind == Operand2::kBuffer) {
-    const internal::Bound& b = bufs[st.src2.buffer];
-    s.src2_type = DeviceTypeOf(b.dtype);
-    aligned = aligned && Aligned(b.read, b.size);
-  }
-  s.aligned = aligned;
-  return s;
-}
-
-}  // namespace
-#endif  // PLEXUS_HAVE_CUDA
 
 bool DeviceAvailable(std::string* why_not) {
 #if PLEXUS_HAVE_CUDA
@@ -162,7 +78,7 @@ absl::Status DeviceExecutor::Run(absl::Span<const ConstBytes> inputs,
   constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // the kernel strides over the rest
   for (size_t k = 0; k < p.steps.size(); ++k) {
     const Step& st = p.steps[k];
-    DeviceStepParams params = ParamsOf(st, bound.bufs);
+    internal::DeviceStepParams params = internal::StepParams(st, bound.bufs);
     uint8_t* dst = bound.bufs[st.dst.buffer].write;
     const uint8_t* src1 = bound.bufs[st.src1.buffer].read;
     const uint8_t* src2 =

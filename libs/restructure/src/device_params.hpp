@@ -1,5 +1,6 @@
 // What the host hands the restructuring kernels (cuda/restructure.cu) for one step: a plain
-// struct passed by value, laid out alike by the host compiler and nvcc (fixed-width fields only).
+// struct passed by value, laid out alike by the host compiler and nvcc (fixed-width fields only),
+// and (host code only) how a step becomes one.
 #pragma once
 
 #include <cstdint>
@@ -48,3 +49,17 @@ struct DeviceStepParams {
 };
 
 }  // namespace plexus::restructure::internal
+
+#if !defined(__CUDACC__)
+#include <vector>
+
+#include "bind.hpp"
+
+namespace plexus::restructure::internal {
+
+// The kernel parameters of a validated step whose buffers are bound to `bufs` (`aligned` from
+// their memory).
+DeviceStepParams StepParams(const Step& step, const std::vector<Bound>& bufs);
+
+}  // namespace plexus::restructure::internal
+#endif
