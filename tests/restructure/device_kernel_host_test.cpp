@@ -62,8 +62,8 @@ Placed Place(const std::vector<uint8_t>& bytes, size_t offset) {
   return p;
 }
 
-// The program run by the kernel source on the host, every step a launch of 3 blocks of 7
-// threads; the outputs (started as 0xEE bytes).
+// The program run by the kernel source on the host as the device executor launches it (single
+// steps and fused groups), every launch 3 blocks of 7 threads; the outputs (started as 0xEE).
 std::vector<std::vector<uint8_t>> RunKernel(const pr::Program& p,
                                             const std::vector<std::vector<uint8_t>>& inputs,
                                             size_t offset) {
@@ -81,21 +81,31 @@ std::vector<std::vector<uint8_t>> RunKernel(const pr::Program& p,
   for (auto& x : out) outs.emplace_back(x.data(), x.size);
   pr::internal::BoundBuffers bound;
   REQUIRE(pr::internal::BindBuffers(p, ins, outs, &bound).ok());
-  for (const pr::Step& st : p.steps) {
+  gridDim.x = 3;
+  blockDim.x = 7;
+  auto launch = [](auto&& kernel) {
+    for (unsigned b = 0; b < gridDim.x; ++b) {
+      for (unsigned t = 0; t < blockDim.x; ++t) {
+        blockIdx.x = b;
+        threadIdx.x = t;
+        kernel();
+      }
+    }
+  };
+  // The device executor's plan: single steps and fused groups.
+  for (const pr::internal::DeviceLaunch& l : pr::internal::PlanDevice(p)) {
+    if (l.steps.size() > 1) {
+      const pr::internal::DeviceFusedParams f = pr::internal::FusedParams(l, bound.bufs);
+      launch([&] { plexus_restructure_fused(f); });
+      continue;
+    }
+    const pr::Step& st = p.steps[l.steps[0]];
     const pr::internal::DeviceStepParams params = pr::internal::StepParams(st, bound.bufs);
     uint8_t* dst = bound.bufs[st.dst.buffer].write;
     const uint8_t* src1 = bound.bufs[st.src1.buffer].read;
     const uint8_t* src2 =
         st.src2_kind == pr::Operand2::kBuffer ? bound.bufs[st.src2.buffer].read : nullptr;
-    gridDim.x = 3;
-    blockDim.x = 7;
-    for (unsigned b = 0; b < gridDim.x; ++b) {
-      for (unsigned t = 0; t < blockDim.x; ++t) {
-        blockIdx.x = b;
-        threadIdx.x = t;
-        plexus_restructure_step(params, dst, src1, src2);
-      }
-    }
+    launch([&] { plexus_restructure_step(params, dst, src1, src2); });
   }
   std::vector<std::vector<uint8_t>> result;
   for (auto& x : out) result.emplace_back(x.data(), x.data() + x.size);
@@ -239,4 +249,53 @@ TEST_CASE("device kernel on the host: the five pipelines", "[restructure][device
   }
   CHECK(worst <= 1);
   (void)Ulps;
+}
+
+TEST_CASE("device kernel on the host: fused values pass through their intermediate types",
+          "[restructure][device]") {
+  // A result forwarded in a register is what a later step would have loaded: rounded to the type
+  // it was stored as (f16, bf16; integers saturated).
+  for (DataType mid : kTypes) {
+    pr::ProgramBuilder b;
+    const int64_t n = 1001;
+    auto x = b.Input("x", DataType::kF32, n);
+    auto m = b.Scratch("m", mid, n);
+    auto y = b.Output("y", DataType::kF32, n);
+    b.Mul(m, x, 0.37f);
+    b.Add(y, m, 1.0f);
+    const pr::Program p = Built(b.Build());
+    INFO(pk::DataTypeName(mid));
+    REQUIRE(pr::internal::PlanDevice(p).size() == 1);  // one fused kernel
+    RequireSame(p, 13);
+  }
+}
+
+TEST_CASE("device plan: element-wise runs fuse, other steps launch alone",
+          "[restructure][device]") {
+  auto launches = [](const pr::Program& p) {
+    std::vector<size_t> sizes;
+    for (const auto& l : pr::internal::PlanDevice(p)) sizes.push_back(l.steps.size());
+    return sizes;
+  };
+  // Sound: pow, add, mul, div, log10, cast: one fused kernel, only the output stored.
+  const pr::Program sound = Built(pp::SoundDetection({8, 16, 1e-10f, 1.0f, DataType::kF16}));
+  CHECK(launches(sound) == std::vector<size_t>{6});
+  const auto plan = pr::internal::PlanDevice(sound);
+  CHECK(plan[0].store == std::vector<int32_t>{0, 0, 0, 0, 0, 1});
+  CHECK(plan[0].forward1 == std::vector<int32_t>{-1, 0, 1, 2, 3, 4});
+  // Brain: pow, div, mul, cast in one. Video: mul, then the pooling, then the cast, alone.
+  CHECK(launches(Built(pp::BrainStimulation({4, 8, 2, 0.5f, DataType::kBF16}))) ==
+        std::vector<size_t>{4});
+  CHECK(launches(Built(pp::VideoSurveillance({8, 6, 3, 1.0f / 255, DataType::kF16}))) ==
+        std::vector<size_t>{1, 1, 1});
+  // A step reading a buffer the run wrote through another access ends the run there.
+  pr::ProgramBuilder b;
+  auto x = b.Input("x", DataType::kF32, 8);
+  auto s = b.Scratch("s", DataType::kF32, 8);
+  auto y = b.Output("y", DataType::kF32, 8);
+  b.Mul(s, x, 2.0f);
+  b.Step(pr::Op::kAdd, {8}, pr::ProgramBuilder::At(y, 0, {1}), pr::ProgramBuilder::At(s, 7, {-1}),
+         1.0f);
+  CHECK(launches(Built(b.Build())) == std::vector<size_t>{1, 1});
+  RequireSame(Built(b.Build()), 12);
 }

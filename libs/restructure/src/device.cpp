@@ -35,9 +35,13 @@ bool DeviceAvailable(std::string* why_not) {
 absl::StatusOr<DeviceExecutor> DeviceExecutor::Compile(Program program) {
   PLEXUS_RETURN_IF_ERROR(Validate(program));
   DeviceExecutor e;
+  e.launches_ =
+      std::make_shared<const std::vector<internal::DeviceLaunch>>(internal::PlanDevice(program));
   e.program_ = std::move(program);
   return e;
 }
+
+int DeviceExecutor::launches() const { return static_cast<int>(launches_->size()); }
 
 absl::Status DeviceExecutor::Run(absl::Span<const ConstBytes> inputs,
                                  absl::Span<const MutableBytes> outputs) const {
@@ -75,23 +79,35 @@ absl::Status DeviceExecutor::Run(absl::Span<const ConstBytes> inputs,
     scratch.push_back(std::move(*buf));
   }
   constexpr unsigned kThreads = 256;
-  constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // the kernel strides over the rest
-  for (size_t k = 0; k < p.steps.size(); ++k) {
-    const Step& st = p.steps[k];
-    internal::DeviceStepParams params = internal::StepParams(st, bound.bufs);
-    uint8_t* dst = bound.bufs[st.dst.buffer].write;
-    const uint8_t* src1 = bound.bufs[st.src1.buffer].read;
-    const uint8_t* src2 =
-        st.src2_kind == Operand2::kBuffer ? bound.bufs[st.src2.buffer].read : nullptr;
-    const int64_t blocks = std::min<int64_t>((params.points + kThreads - 1) / kThreads, kMaxBlocks);
-    void* args[] = {&params, &dst, &src1, &src2};
-    const absl::Status launched =
-        cuda::Launch({internal::kRestructureFatbin, "plexus::restructure kernels"},
-                     "plexus_restructure_step", static_cast<unsigned>(blocks), kThreads, args);
+  constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // the kernels stride over the rest
+  for (const internal::DeviceLaunch& l : *launches_) {
+    const Step& first = p.steps[l.steps.front()];
+    absl::Status launched;
+    if (l.steps.size() == 1) {
+      internal::DeviceStepParams params = internal::StepParams(first, bound.bufs);
+      uint8_t* dst = bound.bufs[first.dst.buffer].write;
+      const uint8_t* src1 = bound.bufs[first.src1.buffer].read;
+      const uint8_t* src2 =
+          first.src2_kind == Operand2::kBuffer ? bound.bufs[first.src2.buffer].read : nullptr;
+      const int64_t blocks =
+          std::min<int64_t>((params.points + kThreads - 1) / kThreads, kMaxBlocks);
+      void* args[] = {&params, &dst, &src1, &src2};
+      launched =
+          cuda::Launch({internal::kRestructureFatbin, "plexus::restructure kernels"},
+                       "plexus_restructure_step", static_cast<unsigned>(blocks), kThreads, args);
+    } else {
+      internal::DeviceFusedParams params = internal::FusedParams(l, bound.bufs);
+      const int64_t blocks =
+          std::min<int64_t>((params.steps[0].points + kThreads - 1) / kThreads, kMaxBlocks);
+      void* args[] = {&params};
+      launched =
+          cuda::Launch({internal::kRestructureFatbin, "plexus::restructure kernels"},
+                       "plexus_restructure_fused", static_cast<unsigned>(blocks), kThreads, args);
+    }
     if (!launched.ok()) {
-      return absl::Status(
-          launched.code(),
-          absl::StrCat("step ", k, " (", std::string(OpName(st.op)), "): ", launched.message()));
+      return absl::Status(launched.code(),
+                          absl::StrCat("step ", l.steps.front(), " (",
+                                       std::string(OpName(first.op)), "): ", launched.message()));
     }
   }
   return cuda::Synchronize();

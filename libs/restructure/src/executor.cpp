@@ -277,6 +277,11 @@ std::vector<Virtual> FindVirtual(const Program& p, const std::vector<Step>& step
 
 }  // namespace
 
+namespace internal {
+std::optional<Shape> CommonShape(const Shape& a, const Shape& b) { return CommonRefinement(a, b); }
+Step ReexpressStep(const Step& s, const Shape& refined) { return Reexpress(s, refined); }
+}  // namespace internal
+
 absl::StatusOr<Executor> Executor::Compile(Program program) {
   PLEXUS_RETURN_IF_ERROR(Validate(program));
   Executor e;

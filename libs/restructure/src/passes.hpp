@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "bind.hpp"
@@ -20,6 +21,12 @@ using Virtual = Executor::VirtualBuffer;
 using Segment = Executor::Segment;
 
 using Index = std::array<int64_t, kMaxLevels>;
+
+// The coarsest shape that refines both (each level of either is a run of its levels), if any;
+// and an element-wise step re-expressed on a refinement of its shape (the executor's fusion,
+// also the device executor's).
+std::optional<Shape> CommonShape(const Shape& a, const Shape& b);
+Step ReexpressStep(const Step& s, const Shape& refined);
 
 // Calls f(idx) for every point of levels [0, levels) but `skip` (row-major; skip's entry 0).
 template <typename F>

@@ -125,6 +125,24 @@ __device__ float Apply(int32_t op, float a, float b) {
   }
 }
 
+// A value as a later step reads it back after it was stored in `t` (the interpreter's store then
+// load): rounded to the type, and back to f32.
+__device__ float RoundTrip(int32_t t, float v) {
+  switch (t) {
+    case rs::kDevF32:
+      return v;
+    case rs::kDevF16:
+      return bits::HalfToFloat(bits::FloatToHalf(v));
+    case rs::kDevBF16:
+      return bits::Bf16ToFloat(bits::FloatToBf16(v));
+    default: {
+      uint8_t b[4];
+      Store(t, b, v, false);
+      return Load(t, b, false);
+    }
+  }
+}
+
 // Element offsets of point `p` of levels [0, levels) (row-major, the last level fastest).
 __device__ void Offsets(const DeviceStepParams& s, int levels, int64_t p, int64_t* od, int64_t* o1,
                         int64_t* o2) {
@@ -196,6 +214,36 @@ __global__ void plexus_restructure_step(DeviceStepParams s, uint8_t* dst, const 
                     : src2 != nullptr ? Load(s.src2_type, src2 + o2 * s2size, aligned)
                                       : 0.0f;
     Store(s.dst_type, out, Apply(s.op, a, b), aligned);
+  }
+}
+
+// A fused group (device_params.hpp): every step at a thread's point, results forwarded in
+// registers, stored where the plan says.
+__global__ void plexus_restructure_fused(plexus::restructure::internal::DeviceFusedParams f) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  float v[plexus::restructure::internal::kDeviceFusedSteps];
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       p < f.steps[0].points; p += stride) {
+    for (int k = 0; k < f.count; ++k) {
+      const DeviceStepParams& s = f.steps[k];
+      const bool aligned = s.aligned != 0;
+      int64_t od, o1, o2;
+      Offsets(s, s.levels, p, &od, &o1, &o2);
+      const float a = f.forward1[k] >= 0
+                          ? v[f.forward1[k]]
+                          : Load(s.src1_type, f.src1[k] + o1 * TypeSize(s.src1_type), aligned);
+      float b = 0;
+      if (s.src2_is_scalar) {
+        b = s.scalar;
+      } else if (f.forward2[k] >= 0) {
+        b = v[f.forward2[k]];
+      } else if (f.src2[k] != nullptr) {
+        b = Load(s.src2_type, f.src2[k] + o2 * TypeSize(s.src2_type), aligned);
+      }
+      const float r = Apply(s.op, a, b);
+      if (f.store[k]) Store(s.dst_type, f.dst[k] + od * TypeSize(s.dst_type), r, aligned);
+      v[k] = RoundTrip(s.dst_type, r);
+    }
   }
 }
 

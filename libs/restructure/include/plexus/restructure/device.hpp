@@ -1,6 +1,8 @@
 // Programs on a CUDA device: the same IR, validated the same way, run by one kernel launch per
-// step, and the device-buffer forms of the streams (stream.hpp), in which restructuring and the
-// device <-> host staging copy of a send or a receive are one pass over memory.
+// step or per run of element-wise steps over the same nest (fused: each thread computes the run
+// at its point, intermediate results in registers, only what is read later stored), and the
+// device-buffer forms of the streams (stream.hpp), in which restructuring and the device <-> host
+// staging copy of a send or a receive are one pass over memory.
 //
 // CUDA is loaded at run time (plexus/base/cuda.hpp): a program built with CUDA runs on machines
 // without a GPU, where DeviceAvailable() is false and every Run fails with its reason; a build
@@ -24,6 +26,9 @@
 #include "plexus/restructure/program.hpp"
 
 namespace plexus::restructure {
+namespace internal {
+struct DeviceLaunch;
+}  // namespace internal
 
 inline constexpr int kDevicePowMaxUlp = 5;
 inline constexpr int kDeviceLog10MaxUlp = 3;
@@ -46,10 +51,13 @@ class DeviceExecutor {
                    absl::Span<const MutableBytes> outputs) const;
 
   const Program& program() const { return program_; }
+  // Kernel launches per run: element-wise steps over the same nest run as one (fused).
+  int launches() const;
 
  private:
   DeviceExecutor() = default;
   Program program_;
+  std::shared_ptr<const std::vector<internal::DeviceLaunch>> launches_;  // never null
 };
 
 // A device-buffer send of the program's one output: Create runs the program on the device with
