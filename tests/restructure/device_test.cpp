@@ -18,6 +18,7 @@
 #include "plexus/restructure/pipelines.hpp"
 #include "plexus/restructure/stream.hpp"
 #include "plexus/transport/types.hpp"
+#include "restructure/coverage_cases.hpp"
 #include "restructure/motion_support.hpp"
 #include "restructure/support.hpp"
 #include "support/skip.hpp"
@@ -159,9 +160,6 @@ int64_t WorstDistance(const pr::Program& p, uint32_t seed) {
   return worst;
 }
 
-constexpr DataType kTypes[] = {DataType::kF32, DataType::kF16, DataType::kBF16,
-                               DataType::kI32, DataType::kI8,  DataType::kU8};
-
 }  // namespace
 
 TEST_CASE("without a device: programs validate, runs fail with the reason", "[nodevice]") {
@@ -195,42 +193,18 @@ TEST_CASE("without a device: programs validate, runs fail with the reason", "[no
   }
 }
 
-TEST_CASE("device: casts between every pair of types, bit for bit", "[gpu]") {
+TEST_CASE("device: every op, cast pair and pipeline against the reference, bit for bit", "[gpu]") {
   RequireDevice();
-  for (DataType from : kTypes) {
-    for (DataType to : kTypes) {
-      for (int64_t n : {1, 7, 1025, 70001}) {
-        pr::ProgramBuilder b;
-        auto x = b.Input("x", from, n);
-        auto y = b.Output("y", to, n);
-        b.Cast(y, x);
-        INFO(pk::DataTypeName(from) << " -> " << pk::DataTypeName(to) << " n " << n);
-        RequireSame(Built(b.Build()), static_cast<uint32_t>(n), 0);
-        RequireSame(Built(b.Build()), static_cast<uint32_t>(n) + 1, 1);  // unaligned bases
-      }
-    }
+  for (const auto& c : plexus::restructure::testing::CoverageCases()) {
+    INFO(c.name);
+    RequireSame(Built(c.program), c.seed, c.offset, c.executor_reference);
   }
-}
-
-TEST_CASE("device: arithmetic with scalars and tensors, bit for bit", "[gpu]") {
-  RequireDevice();
-  for (DataType t : kTypes) {
-    const int64_t n = 4099;
-    pr::ProgramBuilder b;
-    auto x = b.Input("x", t, n);
-    auto w = b.Input("w", DataType::kF32, n);
-    auto s = b.Scratch("s", DataType::kF32, n);
-    auto y = b.Output("y", t, n);
-    b.Mul(s, x, 0.37f);
-    b.Add(s, s, w);
-    b.Div(s, s, w);
-    b.Add(s, s, -1.25f);
-    b.Pow(s, s, 2.0f);  // x * x on both executors (the interpreter's std::pow: within 1 ulp)
-    b.Cast(y, s);
-    INFO(pk::DataTypeName(t));
-    RequireSame(Built(b.Build()), 3, 0, true);
-    RequireSame(Built(b.Build()), 4, 3, true);
-  }
+  // Large enough for the grid to stride (a thread per point up to the launch's limit).
+  pr::ProgramBuilder b;
+  auto x = b.Input("x", DataType::kF32, 70001);
+  auto y = b.Output("y", DataType::kBF16, 70001);
+  b.Cast(y, x);
+  RequireSame(Built(b.Build()), 70001, 1);
 }
 
 TEST_CASE("device: pow and log10 within their bounds", "[gpu]") {
@@ -260,55 +234,9 @@ TEST_CASE("device: pow and log10 within their bounds", "[gpu]") {
   CHECK(worst_log <= pr::kDeviceLog10MaxUlp);
 }
 
-TEST_CASE("device: layout ops and pooling at odd shapes", "[gpu]") {
+TEST_CASE("device: sound detection's log10 within its bound", "[gpu]") {
   RequireDevice();
-  for (DataType t : kTypes) {
-    INFO(pk::DataTypeName(t));
-    {
-      pr::ProgramBuilder b;
-      auto x = b.Input("x", t, 37 * 53);
-      auto y = b.Output("y", t, 37 * 53);
-      b.Transpose2D(y, x, 37, 53);
-      RequireSame(Built(b.Build()), 7);
-      RequireSame(Built(b.Build()), 8, 1);
-    }
-    {
-      pr::ProgramBuilder b;
-      auto p0 = b.Input("p0", t, 33 * 17);
-      auto p1 = b.Input("p1", t, 33 * 17);
-      auto p2 = b.Input("p2", t, 33 * 17);
-      auto y = b.Output("y", t, 3 * 33 * 17);
-      b.Concat2D(y, {p0, p1, p2}, 33);
-      RequireSame(Built(b.Build()), 9);
-    }
-    {
-      pr::ProgramBuilder b;
-      pr::Pool2D shape;
-      shape.height = 13;
-      shape.width = 11;
-      shape.channels = 3;
-      auto x = b.Input("x", t, 13 * 11 * 3);
-      auto y = b.Output("y", t, shape.out_h() * shape.out_w() * 3);
-      b.MaxPool2D(y, x, shape);
-      RequireSame(Built(b.Build()), 10);
-      RequireSame(Built(b.Build()), 11, 1);
-    }
-  }
-}
-
-TEST_CASE("device: the five pipelines match the interpreter", "[gpu]") {
-  RequireDevice();
-  RequireSame(Built(pp::VideoSurveillance({96, 54, 3, 1.0f / 255, DataType::kF16})), 1);
-  RequireSame(Built(pp::VideoSurveillance({13, 7, 2, 0.37f, DataType::kBF16})), 2, 1);
-  RequireSame(Built(pp::PiiRedaction({4, 33, 17, 0})), 3);
-  RequireSame(Built(pp::PiiRedaction({3, 33, 17, 1})), 4, 1);
-  RequireSame(Built(pp::DbHashJoin({4, 31, 17, DataType::kF32})), 5);
-  RequireSame(Built(pp::DbHashJoin({3, 31, 17, DataType::kI8})), 6, 2);
-  // Pow by 2 is x * x on both executors: the brain pipeline equals the CPU executor's bits;
-  // sound's log10 is within its bound (then a division: twice it in f32, one step in 16-bit
-  // types).
-  RequireSame(Built(pp::BrainStimulation({9, 33, 8, 0.5f, DataType::kBF16})), 7, 0, true);
-  RequireSame(Built(pp::BrainStimulation({9, 33, 8, 0.5f, DataType::kF32})), 8, 0, true);
+  // Then a division: twice the bound in f32, one step in 16-bit types.
   CHECK(WorstDistance(Built(pp::SoundDetection({81, 77, 1e-10f, 1.0f, DataType::kF16})), 9) <= 1);
   CHECK(WorstDistance(Built(pp::SoundDetection({64, 96, 1e-10f, 2.0f, DataType::kF32})), 10) <=
         2 * pr::kDeviceLog10MaxUlp);
