@@ -65,7 +65,7 @@ class DeviceExecutor {
 // the device-to-host staging copy), then Produce hands its bytes to the transport
 // (Connection::PostSendProduced), never blocking on the device. `staging`: page-locked memory of
 // the output's size that the caller keeps for its next messages (a sender's loop); empty: the
-// stream allocates its own (cuMemAllocHost costs about as much as a large kernel: reuse it).
+// stream allocates its own (page-locking memory is a slow driver call: reuse it).
 class DeviceOutputStream {
  public:
   static absl::StatusOr<std::unique_ptr<DeviceOutputStream>> Create(
