@@ -38,7 +38,9 @@ namespace pr = plexus::restructure;
 namespace pp = plexus::restructure::pipelines;
 namespace pk = plexus::kernels;
 using pk::DataType;
+using plexus::restructure::testing::FirstDifference;
 using plexus::restructure::testing::RandomInputs;
+using plexus::restructure::testing::RunProgram;
 using plexus::restructure::testing::Ulps;
 
 namespace {
@@ -113,42 +115,13 @@ std::vector<std::vector<uint8_t>> RunKernel(const pr::Program& p,
   return result;
 }
 
-// The reference: the interpreter, or (`executor`) the CPU executor, whose power of 2 is x * x
-// as the kernel's.
-std::vector<std::vector<uint8_t>> Reference(const pr::Program& p,
-                                            const std::vector<std::vector<uint8_t>>& inputs,
-                                            bool executor) {
-  std::vector<std::vector<uint8_t>> out;
-  std::vector<pr::MutableBytes> outs;
-  for (const pr::BufferDecl& b : p.buffers) {
-    if (b.role == pr::Role::kOutput) {
-      out.emplace_back(static_cast<size_t>(b.count) * pk::DataTypeSize(b.dtype), 0xEE);
-    }
-  }
-  for (auto& v : out) outs.emplace_back(v.data(), v.size());
-  const std::vector<pr::ConstBytes> ins(inputs.begin(), inputs.end());
-  if (executor) {
-    auto e = pr::Executor::Compile(p);
-    REQUIRE(e.ok());
-    REQUIRE(e->Run(ins, outs).ok());
-  } else {
-    REQUIRE(pr::Interpret(p, ins, outs).ok());
-  }
-  return out;
-}
-
 void RequireSame(const pr::Program& p, uint32_t seed, size_t offset = 0, bool executor = false) {
   const auto inputs = RandomInputs(p, seed);
-  const auto want = Reference(p, inputs, executor);
+  std::vector<std::vector<uint8_t>> want;
+  REQUIRE(RunProgram(p, inputs, &want, 0xEE, executor).ok());
   const auto got = RunKernel(p, inputs, offset);
   for (size_t k = 0; k < want.size(); ++k) {
-    size_t first = want[k].size();
-    for (size_t i = 0; i < want[k].size(); ++i) {
-      if (want[k][i] != got[k][i]) {
-        first = i;
-        break;
-      }
-    }
+    const size_t first = FirstDifference(want[k], got[k]);
     INFO("output " << k << " first differing byte " << first << " of " << want[k].size()
                    << ", base offset " << offset);
     CHECK(first == want[k].size());
@@ -172,7 +145,8 @@ TEST_CASE("device kernel on the host: sound detection's log10", "[restructure][d
   // Sound runs log10: the host's log10f here, within one step of a 16-bit output.
   const pr::Program sound = Built(pp::SoundDetection({81, 77, 1e-10f, 1.0f, DataType::kF16}));
   const auto inputs = RandomInputs(sound, 9);
-  const auto want = Reference(sound, inputs, false);
+  std::vector<std::vector<uint8_t>> want;
+  REQUIRE(RunProgram(sound, inputs, &want).ok());
   const auto got = RunKernel(sound, inputs, 0);
   int64_t worst = 0;
   for (size_t i = 0; i < want[0].size() / 2; ++i) {

@@ -29,8 +29,10 @@ namespace pk = plexus::kernels;
 namespace pt = plexus::transport;
 namespace cuda = plexus::base::cuda;
 using pk::DataType;
+using plexus::restructure::testing::FirstDifference;
 using plexus::restructure::testing::MoveProduced;
 using plexus::restructure::testing::RandomInputs;
+using plexus::restructure::testing::RunProgram;
 using plexus::restructure::testing::Ulps;
 
 namespace {
@@ -44,16 +46,6 @@ pr::Program Built(absl::StatusOr<pr::Program> p) {
   INFO(p.status().ToString());
   REQUIRE(p.ok());
   return *p;
-}
-
-std::vector<size_t> OutputSizes(const pr::Program& p) {
-  std::vector<size_t> out;
-  for (const pr::BufferDecl& b : p.buffers) {
-    if (b.role == pr::Role::kOutput) {
-      out.push_back(static_cast<size_t>(b.count) * pk::DataTypeSize(b.dtype));
-    }
-  }
-  return out;
 }
 
 // Device memory holding `bytes` at `offset` bytes past an allocation's start (an unaligned base
@@ -88,18 +80,7 @@ struct Both {
 Both RunBoth(const pr::Program& p, uint32_t seed, size_t offset = 0, bool executor = false) {
   const auto inputs = RandomInputs(p, seed);
   Both r;
-  std::vector<pr::ConstBytes> in;
-  for (const auto& v : inputs) in.emplace_back(v.data(), v.size());
-  std::vector<pr::MutableBytes> out;
-  for (size_t n : OutputSizes(p)) r.reference.emplace_back(n, 0xEE);
-  for (auto& v : r.reference) out.emplace_back(v.data(), v.size());
-  if (executor) {
-    auto cpu = pr::Executor::Compile(p);
-    REQUIRE(cpu.ok());
-    REQUIRE(cpu->Run(in, out).ok());
-  } else {
-    REQUIRE(pr::Interpret(p, in, out).ok());
-  }
+  REQUIRE(RunProgram(p, inputs, &r.reference, 0xEE, executor).ok());
 
   std::vector<OnDevice> din, dout;
   std::vector<pr::ConstBytes> dspans_in;
@@ -121,20 +102,13 @@ Both RunBoth(const pr::Program& p, uint32_t seed, size_t offset = 0, bool execut
 void RequireSame(const pr::Program& p, uint32_t seed, size_t offset = 0, bool executor = false) {
   const Both b = RunBoth(p, seed, offset, executor);
   for (size_t k = 0; k < b.reference.size(); ++k) {
-    size_t first = b.reference[k].size();
-    for (size_t i = 0; i < b.reference[k].size(); ++i) {
-      if (b.reference[k][i] != b.device[k][i]) {
-        first = i;
-        break;
-      }
-    }
+    const size_t first = FirstDifference(b.reference[k], b.device[k]);
     INFO("output " << k << " first differing byte " << first << " of " << b.reference[k].size()
                    << ", base offset " << offset);
     CHECK(first == b.reference[k].size());
   }
 }
 
-// The largest distance between the two runs' outputs of `p` (f32: ULPs; 16-bit: steps).
 int64_t WorstDistance(const pr::Program& p, uint32_t seed) {
   const Both b = RunBoth(p, seed);
   int64_t worst = 0;

@@ -11,6 +11,7 @@
 
 #include "plexus/kernels/reduce.hpp"
 
+#include "plexus/restructure/executor.hpp"
 #include "plexus/restructure/interpreter.hpp"
 #include "plexus/restructure/program.hpp"
 
@@ -30,9 +31,11 @@ std::vector<T> FromBytes(const std::vector<uint8_t>& b) {
   return out;
 }
 
-// Runs `p` on `inputs` (bytes, in declaration order); outputs start as `fill` bytes.
+// Runs `p` on `inputs` (bytes, in declaration order) with the interpreter, or (`executor`) the
+// CPU's fast executor (whose power of 2 is x * x); outputs start as `fill` bytes.
 inline absl::Status RunProgram(const Program& p, const std::vector<std::vector<uint8_t>>& inputs,
-                               std::vector<std::vector<uint8_t>>* outputs, uint8_t fill = 0xEE) {
+                               std::vector<std::vector<uint8_t>>* outputs, uint8_t fill = 0xEE,
+                               bool executor = false) {
   outputs->clear();
   for (const BufferDecl& b : p.buffers) {
     if (b.role == Role::kOutput) {
@@ -43,7 +46,18 @@ inline absl::Status RunProgram(const Program& p, const std::vector<std::vector<u
   for (const auto& v : inputs) in.emplace_back(v.data(), v.size());
   std::vector<MutableBytes> out;
   for (auto& v : *outputs) out.emplace_back(v.data(), v.size());
-  return Interpret(p, in, out);
+  if (!executor) return Interpret(p, in, out);
+  absl::StatusOr<Executor> e = Executor::Compile(p);
+  if (!e.ok()) return e.status();
+  return e->Run(in, out);
+}
+
+// The first byte at which `got` differs from `want` (their sizes equal), or want.size().
+inline size_t FirstDifference(const std::vector<uint8_t>& want, const std::vector<uint8_t>& got) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (i >= got.size() || want[i] != got[i]) return i;
+  }
+  return want.size();
 }
 
 // Random bytes for every input of `p`, as many as declared, in declaration order; f32 inputs
