@@ -172,6 +172,17 @@ TEST_CASE("layout ops: transposes, concats, strided and reversed copies",
       INFO(pk::DataTypeName(t) << " transpose " << rows << "x" << cols);
       RequireSame(Built(b.Build()), static_cast<uint32_t>(rows));
     }
+    {
+      // Batched, into padded rows at an odd base: the outer level, strides that are not the
+      // extents and a strip's tails (19 rows, 23 columns) all move.
+      pr::ProgramBuilder bt;
+      auto x = bt.Input("x", t, 2 * 23 * 19);
+      auto y = bt.Output("y", t, 1 + 2 * 19 * 25);
+      bt.Step(pr::Op::kCopy, {2, 19, 23}, pr::ProgramBuilder::At(y, 1, {19 * 25, 25, 1}),
+              pr::ProgramBuilder::At(x, 0, {23 * 19, 1, 19}));
+      INFO(pk::DataTypeName(t) << " batched transpose");
+      RequireSame(Built(bt.Build()), 7);
+    }
     pr::ProgramBuilder c;
     auto a = c.Input("a", t, 6 * 7), b2 = c.Input("b", t, 6 * 9), d = c.Input("d", t, 6 * 1);
     auto y = c.Output("y", t, 6 * 17);
@@ -368,8 +379,16 @@ TEST_CASE("scratch computed where it is read: concats, scaled inputs, strided an
 TEST_CASE("the kernels' baseline build gives the same bits as the AVX2 one",
           "[restructure][executor]") {
   // Every other case runs the AVX2 build where the CPU has it; here the baseline build, for the
-  // programs that exercise each kernel (casts of every type, arithmetic, log10, pooling).
+  // programs that exercise each kernel (casts of every type, arithmetic, log10, pooling,
+  // transposes).
   const bool before = pk::SetAvx2Allowed(false);
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{33, 31}, {64, 100}, {7, 5}}) {
+    pr::ProgramBuilder b;
+    auto x = b.Input("x", DataType::kF32, rows * cols);
+    auto y = b.Output("y", DataType::kF32, rows * cols);
+    b.Transpose2D(y, x, rows, cols);
+    RequireSame(Built(b.Build()), 34);
+  }
   for (DataType from : kTypes) {
     for (DataType to : kTypes) {
       pr::ProgramBuilder b;

@@ -22,6 +22,8 @@ void StoreTile(DataType dtype, uint8_t* p, int64_t stride, size_t n, const float
 void ApplyTile(Op op, const float* a, const float* b, float scalar, size_t n, float* out);
 void MaxTile(const float* v, size_t n, float* m);
 void Max2Tile(const float* m, const float* v, size_t n, float* out);
+void TransposeStrip4(const uint8_t* src, int64_t sq, uint8_t* dst, int64_t dp, int64_t ni,
+                     int64_t nj);
 }  // namespace avx2
 
 namespace {
@@ -79,6 +81,12 @@ void MaxTile(const float* v, size_t n, float* m) {
 void Max2Tile(const float* m, const float* v, size_t n, float* out) {
   if (UseAvx2()) return avx2::Max2Tile(m, v, n, out);
   generic::Max2Tile(m, v, n, out);
+}
+
+void TransposeStrip4(const uint8_t* src, int64_t sq, uint8_t* dst, int64_t dp, int64_t ni,
+                     int64_t nj) {
+  if (UseAvx2()) return avx2::TransposeStrip4(src, sq, dst, dp, ni, nj);
+  generic::TransposeStrip4(src, sq, dst, dp, ni, nj);
 }
 
 }  // namespace plexus::restructure::internal

@@ -23,6 +23,11 @@ void ApplyTile(Op op, const float* a, const float* b, float scalar, size_t n, fl
 void MaxTile(const float* v, size_t n, float* m);
 // out[i] = MaxTile's m[i] after one v[i] (m, v and out may not overlap, but out may equal m).
 void Max2Tile(const float* m, const float* v, size_t n, float* out);
+// A strip of a transpose of 4-byte elements: dst[i * dp + j] = src[i + j * sq] (strides in
+// elements) for i < ni, j < nj, register block by register block with the destination's ni rows
+// advancing together. A strip as wide as a cache line of src reads every line of it once.
+void TransposeStrip4(const uint8_t* src, int64_t sq, uint8_t* dst, int64_t dp, int64_t ni,
+                     int64_t nj);
 // log10 within kLog10MaxUlp of std::log10, special values exactly as it.
 float Log10(float x);
 // memcpy with non-temporal stores (past the cache) for the 16-byte aligned part of `dst`; they
