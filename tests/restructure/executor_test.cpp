@@ -198,6 +198,33 @@ TEST_CASE("layout ops: transposes, concats, strided and reversed copies",
   }
 }
 
+TEST_CASE("chains kept in registers: every source type, values rounded through their types",
+          "[restructure][executor]") {
+  // One pass whose first step reads memory and whose later steps take the step before: run in
+  // registers 32 elements at a time (tails and unaligned bases through the tiles), with a
+  // computed scratch of each type in between, into every output type (integers take the tiles).
+  for (DataType in : kTypes) {
+    for (DataType mid : kTypes) {
+      for (DataType out : kTypes) {
+        const int64_t n = 1000 + 37;
+        pr::ProgramBuilder b;
+        auto x = b.Input("x", in, n + 1);
+        auto t = b.Scratch("t", mid, n);
+        auto y = b.Output("y", out, n + 3);
+        b.Step(pr::Op::kMul, {n}, pr::ProgramBuilder::At(t, 0, {1}),
+               pr::ProgramBuilder::At(x, 1, {1}), 0.37f);
+        b.Step(pr::Op::kDiv, {n}, pr::ProgramBuilder::At(t, 0, {1}),
+               pr::ProgramBuilder::At(t, 0, {1}), 3.0f);
+        b.Step(pr::Op::kAdd, {n}, pr::ProgramBuilder::At(y, 3, {1}),
+               pr::ProgramBuilder::At(t, 0, {1}), 1.5f);
+        INFO(pk::DataTypeName(in) << " -> " << pk::DataTypeName(mid) << " -> "
+                                  << pk::DataTypeName(out));
+        RequireSame(Built(b.Build()), 41);
+      }
+    }
+  }
+}
+
 TEST_CASE("max pooling at odd shapes, every type", "[restructure][executor]") {
   for (DataType t : kTypes) {
     for (const pr::Pool2D& s :
@@ -404,6 +431,11 @@ TEST_CASE("the kernels' baseline build gives the same bits as the AVX2 one",
   std::vector<float> xs;
   for (uint64_t bits = 0; bits < 0x7f800000u; bits += 104729) {
     xs.push_back(std::bit_cast<float>(static_cast<uint32_t>(bits)));
+  }
+  for (float special : {-1.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity(),
+                        std::numeric_limits<float>::quiet_NaN()}) {
+    xs.insert(xs.begin() + 13, special);  // inside a vector of ordinary lanes
   }
   pr::ProgramBuilder lb;
   auto lx = lb.Input("x", DataType::kF32, static_cast<int64_t>(xs.size()));

@@ -61,6 +61,74 @@ const float* Memory::Load(const Access& a, int64_t element, int64_t stride, size
   return scratch;
 }
 
+bool Memory::Source(const Access& a, int64_t element, size_t n, const uint8_t** src, DataType* type,
+                    ChainOp* ops, size_t* n_ops) const {
+  if (!virtuals[a.buffer].active) {
+    *src = At(a, element);
+    *type = Type(a);
+    return true;
+  }
+  const std::vector<Segment>& segs = virtuals[a.buffer].segments;
+  auto g = std::upper_bound(segs.begin(), segs.end(), element,
+                            [](int64_t x, const Segment& s) { return x < s.lo; });
+  if (g == segs.begin()) return false;
+  --g;
+  if (element + static_cast<int64_t>(n) > g->hi || *n_ops + g->ops.size() > kMaxChainOps) {
+    return false;
+  }
+  const Bound& b = bufs[g->source];
+  *src = b.read + (g->source_base + (element - g->lo)) * static_cast<int64_t>(b.size);
+  *type = b.dtype;
+  for (const auto& [op, scalar] : g->ops) ops[(*n_ops)++] = {op, scalar, bufs[a.buffer].dtype};
+  return true;
+}
+
+namespace {
+
+// A fused pass that is one chain (RunFused keeps it in registers where RunChain takes it): its
+// first step reads memory, each later one takes the step before as src1 with a scalar or no
+// src2, only the last stores, and the first source and the last destination are contiguous
+// along the innermost level.
+bool IsChain(const Pass& pass) {
+  const size_t n = pass.steps.size(), inner = pass.iters.size() - 1;
+  if (n == 0 || n > kMaxChainOps / 2) return false;
+  for (size_t s = 0; s < n; ++s) {
+    const Step& st = pass.steps[s];
+    if (st.src2_kind == Operand2::kBuffer || pass.store[s] != (s + 1 == n)) return false;
+    if (pass.forward1[s] != static_cast<int>(s) - 1) return false;
+  }
+  return pass.steps[0].src1.strides[inner] == 1 && pass.steps.back().dst.strides[inner] == 1;
+}
+
+// Elements [begin, end) of a row of a chain pass (at: the row's index) in registers
+// (RunChain); false, with nothing written, where RunChain does not take them.
+bool RunChainRow(const Pass& pass, const Memory& mem, Index at, int64_t begin, int64_t end) {
+  const size_t levels = pass.iters.size();
+  at[levels - 1] = begin;
+  const size_t n = static_cast<size_t>(end - begin);
+  ChainOp ops[kMaxChainOps];
+  size_t n_ops = 0;
+  const uint8_t* src = nullptr;
+  DataType type = DataType::kF32;
+  const Step& first = pass.steps.front();
+  if (!mem.Source(first.src1, Offset(first.src1, at, levels), n, &src, &type, ops, &n_ops)) {
+    return false;
+  }
+  for (size_t s = 0; s < pass.steps.size(); ++s) {
+    const Step& st = pass.steps[s];
+    const DataType dt = mem.Type(st.dst);
+    // Stored and loaded through its buffer's type where a later step reads it (RunFused).
+    const bool last = s + 1 == pass.steps.size();
+    ops[n_ops++] = {st.op, st.scalar, last ? DataType::kF32 : dt};
+  }
+  const Step& out = pass.steps.back();
+  const bool stream = pass.stream.back() && out.dst.buffer != mem.window;
+  return RunChain(type, src, ops, n_ops, mem.Type(out.dst),
+                  mem.AtMutable(out.dst, Offset(out.dst, at, levels)), n, stream);
+}
+
+}  // namespace
+
 void RunFused(const Pass& pass, const Memory& mem, int64_t first, int64_t last) {
   const size_t levels = pass.iters.size(), inner = levels - 1, n_steps = pass.steps.size();
   std::vector<float> tiles((n_steps + 2) * kTile);
@@ -75,6 +143,8 @@ void RunFused(const Pass& pass, const Memory& mem, int64_t first, int64_t last) 
     if (pass.forward1[s] >= 0) forwarded[pass.forward1[s]] = true;
     if (pass.forward2[s] >= 0) forwarded[pass.forward2[s]] = true;
   }
+  // A chain runs in registers where RunChain takes its rows; tiles otherwise.
+  const bool chain = IsChain(pass);
   // Row by row (a row: the innermost level), tile by tile, over the points [first, last).
   const int64_t total = pass.iters[inner];
   int64_t points = 1;
@@ -88,6 +158,7 @@ void RunFused(const Pass& pass, const Memory& mem, int64_t first, int64_t last) 
     }
     const int64_t begin = std::max<int64_t>(0, first - row * total);
     const int64_t end = std::min<int64_t>(total, last - row * total);
+    if (chain && RunChainRow(pass, mem, idx, begin, end)) continue;
     for (int64_t j0 = begin; j0 < end; j0 += static_cast<int64_t>(kTile)) {
       const size_t n = static_cast<size_t>(std::min<int64_t>(kTile, end - j0));
       Index at = idx;
@@ -122,8 +193,9 @@ void RunFused(const Pass& pass, const Memory& mem, int64_t first, int64_t last) 
         }
         if (pass.store[s]) {
           uint8_t* to = mem.AtMutable(st.dst, Offset(st.dst, at, levels));
-          // Not into a stream's window: that memory is the transport's, read right after.
-          if (pass.stream[s] && st.dst.buffer != mem.window) {  // f32 (Pass::stream)
+          // Not into a stream's window: that memory is the transport's, read right after. Only
+          // f32 here: the tile holds the output's bytes.
+          if (pass.stream[s] && st.dst.buffer != mem.window && dt == DataType::kF32) {
             StreamCopy(to, result[s], n * sizeof(float));
           } else {
             StoreTile(dt, to, st.dst.strides[inner], n, result[s]);

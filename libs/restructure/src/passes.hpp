@@ -80,6 +80,11 @@ struct Memory {
   // computation of a virtual buffer's elements from its inputs).
   const float* Load(const Access& a, int64_t element, int64_t stride, size_t n,
                     float* scratch) const;
+  // Where n contiguous elements of a's buffer from `element` come from: memory of type *type at
+  // *src, through the ops appended to ops[*n_ops...] (a virtual buffer's, rounded to its type).
+  // False when they are not one contiguous run of one buffer or the ops do not fit.
+  bool Source(const Access& a, int64_t element, size_t n, const uint8_t** src, DataType* type,
+              ChainOp* ops, size_t* n_ops) const;
 };
 
 // The points [first, last) of the pass's nest in row-major order (last -1: to the end).

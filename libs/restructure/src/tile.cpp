@@ -24,6 +24,8 @@ void MaxTile(const float* v, size_t n, float* m);
 void Max2Tile(const float* m, const float* v, size_t n, float* out);
 void TransposeStrip4(const uint8_t* src, int64_t sq, uint8_t* dst, int64_t dp, int64_t ni,
                      int64_t nj);
+bool RunChain(DataType in, const uint8_t* src, const ChainOp* ops, size_t n_ops, DataType out,
+              uint8_t* dst, size_t n, bool stream);
 }  // namespace avx2
 
 namespace {
@@ -87,6 +89,11 @@ void TransposeStrip4(const uint8_t* src, int64_t sq, uint8_t* dst, int64_t dp, i
                      int64_t nj) {
   if (UseAvx2()) return avx2::TransposeStrip4(src, sq, dst, dp, ni, nj);
   generic::TransposeStrip4(src, sq, dst, dp, ni, nj);
+}
+
+bool RunChain(DataType in, const uint8_t* src, const ChainOp* ops, size_t n_ops, DataType out,
+              uint8_t* dst, size_t n, bool stream) {
+  return UseAvx2() && avx2::RunChain(in, src, ops, n_ops, out, dst, n, stream);
 }
 
 }  // namespace plexus::restructure::internal

@@ -28,6 +28,23 @@ void Max2Tile(const float* m, const float* v, size_t n, float* out);
 // advancing together. A strip as wide as a cache line of src reads every line of it once.
 void TransposeStrip4(const uint8_t* src, int64_t sq, uint8_t* dst, int64_t dp, int64_t ni,
                      int64_t nj);
+// One op of a chain kept in registers: `op` with the scalar operand (kCopy and kCast pass the
+// value through; kPow only with the scalar 2), then, unless `round` is kF32, the value stored to
+// `round` and loaded back (f16 or bf16), as a store and load of an intermediate would.
+struct ChainOp {
+  Op op = Op::kCopy;
+  float scalar = 0;
+  DataType round = DataType::kF32;
+};
+inline constexpr size_t kMaxChainOps = 32;
+// n contiguous elements of `in` at src, through ops[0, n_ops) in order, stored contiguously as
+// `out` at dst (past the cache when `stream`, f32 only; fenced by the caller with StreamFence).
+// The same bits as LoadTile, ApplyTile and StoreTile in turn, without the tiles: values stay in
+// registers, 32 elements at a time, so memory is never idle while a tile computes. False, with
+// nothing done, where the CPU lacks AVX2 and F16C or a type or op is not handled (integer
+// outputs and roundings; kPow with another exponent; kMaxPool).
+bool RunChain(DataType in, const uint8_t* src, const ChainOp* ops, size_t n_ops, DataType out,
+              uint8_t* dst, size_t n, bool stream);
 // log10 within kLog10MaxUlp of std::log10, special values exactly as it.
 float Log10(float x);
 // memcpy with non-temporal stores (past the cache) for the 16-byte aligned part of `dst`; they

@@ -2,14 +2,211 @@
 // CPU has both.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "plexus/kernels/reduce.hpp"
+#include "plexus/kernels/simd_avx2.hpp"
 #include "plexus/restructure/interpreter.hpp"
 #include "tile.hpp"
 
 namespace plexus::restructure::internal::avx2 {
 #include "tile_impl.inc"
+
+namespace {
+
+constexpr size_t kRegs = 4;           // vectors of a chain's values in flight
+constexpr size_t kChunk = 8 * kRegs;  // elements per round of the chain
+using Values = __m256[kRegs];         // kept in registers: the loops below unroll
+
+constexpr size_t SizeOf(DataType t) {
+  return t == DataType::kF32 || t == DataType::kI32    ? 4
+         : t == DataType::kF16 || t == DataType::kBF16 ? 2
+                                                       : 1;
+}
+
+template <DataType T>
+__m256 LoadVector(const uint8_t* p) {
+  if constexpr (T == DataType::kF32) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  if constexpr (T == DataType::kF16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  if constexpr (T == DataType::kBF16) return kernels::LoadBf16(p);
+  if constexpr (T == DataType::kI32) {
+    return _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  // Eight bytes widened: exact, as static_cast<float> of each.
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  if constexpr (T == DataType::kU8) return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+
+__m128i Wire(DataType t, __m256 v) {
+  return t == DataType::kBF16 ? kernels::StoreBf16Bits(v)
+                              : _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+template <DataType T, bool kStream>
+void StoreVector(uint8_t* p, __m256 v) {
+  if constexpr (T == DataType::kF32) {
+    if constexpr (kStream) {
+      _mm256_stream_ps(reinterpret_cast<float*>(p), v);
+    } else {
+      _mm256_storeu_ps(reinterpret_cast<float*>(p), v);
+    }
+  } else {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), Wire(T, v));
+  }
+}
+
+// Log10Tile on eight lanes: the polynomial, and std::log10 for the lanes it does not cover.
+__m256 Log10Vector(__m256 x) {
+  const __m256 ordinary = _mm256_and_ps(
+      _mm256_cmp_ps(x, _mm256_set1_ps(std::numeric_limits<float>::min()), _CMP_GE_OQ),
+      _mm256_cmp_ps(x, _mm256_set1_ps(std::numeric_limits<float>::max()), _CMP_LE_OQ));
+  const __m256 safe = _mm256_blendv_ps(_mm256_set1_ps(1.0f), x, ordinary);
+  __m256 r = _mm256_mul_ps(LogPositive8(safe), _mm256_set1_ps(kLog10E));
+  if (const int special = _mm256_movemask_ps(ordinary) ^ 0xff; special != 0) {
+    alignas(32) float in[8], out[8];
+    _mm256_store_ps(in, x);
+    _mm256_store_ps(out, r);
+    for (int k = 0; k < 8; ++k) {
+      if (special & (1 << k)) out[k] = std::log10(in[k]);
+    }
+    r = _mm256_load_ps(out);
+  }
+  return r;
+}
+
+// Inlined into each loop, so that the values stay in registers across the ops.
+[[gnu::always_inline]] inline void ApplyChain(const ChainOp* ops, size_t n_ops, Values& v) {
+  for (size_t o = 0; o < n_ops; ++o) {
+    const __m256 s = _mm256_set1_ps(ops[o].scalar);
+    switch (ops[o].op) {
+      case Op::kAdd:
+        for (__m256& x : v) x = _mm256_add_ps(x, s);
+        break;
+      case Op::kMul:
+        for (__m256& x : v) x = _mm256_mul_ps(x, s);
+        break;
+      case Op::kDiv:
+        for (__m256& x : v) x = _mm256_div_ps(x, s);
+        break;
+      case Op::kPow:  // the exponent 2 only (ChainSupported): x * x, as ApplyTile
+        for (__m256& x : v) x = _mm256_mul_ps(x, x);
+        break;
+      case Op::kLog10:
+        for (__m256& x : v) x = Log10Vector(x);
+        break;
+      default:  // kCopy, kCast: the value as it is
+        break;
+    }
+    if (ops[o].round == DataType::kF16) {
+      for (__m256& x : v) x = _mm256_cvtph_ps(Wire(DataType::kF16, x));
+    } else if (ops[o].round == DataType::kBF16) {
+      for (__m256& x : v) {
+        x = _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(Wire(DataType::kBF16, x)), 16));
+      }
+    }
+  }
+}
+
+// Fewer than a chunk of elements through the tile kernels (the same bits).
+void ChainTail(DataType in, const uint8_t* src, const ChainOp* ops, size_t n_ops, DataType out,
+               uint8_t* dst, size_t n) {
+  alignas(32) float v[kChunk];
+  uint8_t bytes[kChunk * 4];
+  const float* x = LoadTile(in, src, 1, n, v);
+  if (x != v) std::memcpy(v, x, n * 4);
+  for (size_t o = 0; o < n_ops; ++o) {
+    ApplyTile(ops[o].op, v, nullptr, ops[o].scalar, n, v);
+    if (ops[o].round != DataType::kF32) {
+      StoreTile(ops[o].round, bytes, 1, n, v);
+      LoadTile(ops[o].round, bytes, 1, n, v);
+    }
+  }
+  StoreTile(out, dst, 1, n, v);
+}
+
+template <DataType In, DataType Out, bool kStream>
+void ChainLoop(const uint8_t* src, const ChainOp* ops, size_t n_ops, uint8_t* dst, size_t n) {
+  constexpr size_t in_size = SizeOf(In), out_size = SizeOf(Out);
+  size_t i = 0;
+  if constexpr (kStream) {  // streamed stores need aligned addresses: the head goes cached
+    const size_t head = (32 - reinterpret_cast<uintptr_t>(dst) % 32) % 32 / out_size;
+    i = std::min(head, n);
+    if (i > 0) ChainTail(In, src, ops, n_ops, Out, dst, i);
+  }
+  for (; i + kChunk <= n; i += kChunk) {
+    Values v;
+    for (size_t k = 0; k < kRegs; ++k) v[k] = LoadVector<In>(src + (i + 8 * k) * in_size);
+    ApplyChain(ops, n_ops, v);
+    for (size_t k = 0; k < kRegs; ++k) {
+      StoreVector<Out, kStream>(dst + (i + 8 * k) * out_size, v[k]);
+    }
+  }
+  if (i < n) ChainTail(In, src + i * in_size, ops, n_ops, Out, dst + i * out_size, n - i);
+}
+
+template <DataType In>
+bool ChainTo(const uint8_t* src, const ChainOp* ops, size_t n_ops, DataType out, uint8_t* dst,
+             size_t n, bool stream) {
+  switch (out) {
+    case DataType::kF32:
+      if (stream && reinterpret_cast<uintptr_t>(dst) % 4 == 0) {
+        ChainLoop<In, DataType::kF32, true>(src, ops, n_ops, dst, n);
+      } else {
+        ChainLoop<In, DataType::kF32, false>(src, ops, n_ops, dst, n);
+      }
+      return true;
+    case DataType::kF16:  // f16 and bf16 are never streamed (Executor::Compile)
+      ChainLoop<In, DataType::kF16, false>(src, ops, n_ops, dst, n);
+      return true;
+    case DataType::kBF16:
+      ChainLoop<In, DataType::kBF16, false>(src, ops, n_ops, dst, n);
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool ChainSupported(const ChainOp* ops, size_t n_ops, DataType out) {
+  if (out != DataType::kF32 && out != DataType::kF16 && out != DataType::kBF16) return false;
+  for (size_t o = 0; o < n_ops; ++o) {
+    const ChainOp& c = ops[o];
+    if (c.op == Op::kMaxPool || (c.op == Op::kPow && c.scalar != 2.0f)) return false;
+    if (c.round != DataType::kF32 && c.round != DataType::kF16 && c.round != DataType::kBF16) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool RunChain(DataType in, const uint8_t* src, const ChainOp* ops, size_t n_ops, DataType out,
+              uint8_t* dst, size_t n, bool stream) {
+  if (!ChainSupported(ops, n_ops, out)) return false;
+  switch (in) {
+    case DataType::kF32:
+      return ChainTo<DataType::kF32>(src, ops, n_ops, out, dst, n, stream);
+    case DataType::kF16:
+      return ChainTo<DataType::kF16>(src, ops, n_ops, out, dst, n, stream);
+    case DataType::kBF16:
+      return ChainTo<DataType::kBF16>(src, ops, n_ops, out, dst, n, stream);
+    case DataType::kI32:
+      return ChainTo<DataType::kI32>(src, ops, n_ops, out, dst, n, stream);
+    case DataType::kI8:
+      return ChainTo<DataType::kI8>(src, ops, n_ops, out, dst, n, stream);
+    case DataType::kU8:
+      return ChainTo<DataType::kU8>(src, ops, n_ops, out, dst, n, stream);
+    default:
+      return false;
+  }
+}
+
 }  // namespace plexus::restructure::internal::avx2
