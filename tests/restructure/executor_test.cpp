@@ -432,9 +432,9 @@ TEST_CASE("the kernels' baseline build gives the same bits as the AVX2 one",
   for (uint64_t bits = 0; bits < 0x7f800000u; bits += 104729) {
     xs.push_back(std::bit_cast<float>(static_cast<uint32_t>(bits)));
   }
-  for (float special : {-1.0f, -0.0f, std::numeric_limits<float>::infinity(),
-                        -std::numeric_limits<float>::infinity(),
-                        std::numeric_limits<float>::quiet_NaN()}) {
+  for (float special :
+       {-1.0f, -0.0f, std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     xs.insert(xs.begin() + 13, special);  // inside a vector of ordinary lanes
   }
   pr::ProgramBuilder lb;
