@@ -283,7 +283,14 @@ bool RunMaxPoolBoxes(const Pass& pass, const Memory& mem) {
       }
     }
   };
+  // Contiguous f32 outputs written once each (no window level outside the block) take the
+  // gather straight into the destination: storing them from `m` afterwards cost as much again.
+  const bool gather_out =
+      rest_window.empty() && d_type == DataType::kF32 && dst_regular && dst[1] == 1;
   walk(rest_outer, Index{}, [&](const Index& o) {
+    float* out = gather_out
+                     ? reinterpret_cast<float*>(mem.AtMutable(st.dst, Offset(st.dst, o, levels)))
+                     : m.data();
     bool first = true;
     walk(rest_window, o, [&](const Index& p) {
       const int64_t base = Offset(st.src1, p, levels);
@@ -302,22 +309,25 @@ bool RunMaxPoolBoxes(const Pass& pass, const Memory& mem) {
       // The block's window levels reduced one at a time, innermost first, each as shifted
       // maxima over the whole block (vectorised): the leftmost maximum of a window is the
       // leftmost maximum of its rows' leftmost maxima, so the interpreter's order is kept.
+      // Only the positions whose whole window of the level lies in what is still valid are
+      // reduced; every later read (an outer level's window, an output's window start) falls
+      // among them, as every window lies in the block.
       float* next = reduced.data();
+      int64_t valid = box;
       for (auto l = box_window.rbegin(); l != box_window.rend(); ++l) {
         const int64_t stride = st.src1.strides[*l];
-        const size_t n = static_cast<size_t>(box - stride);
-        // The first shift in one pass with the copy: next = max(cur, cur shifted); the last
-        // `stride` elements have no partner and stay.
-        Max2Tile(cur, cur + stride, n, next);
-        std::memcpy(next + n, cur + n, static_cast<size_t>(stride) * 4);
+        const int64_t n = valid - (pass.iters[*l] - 1) * stride;
+        Max2Tile(cur, cur + stride, static_cast<size_t>(n), next);
         for (int64_t t = 2; t < pass.iters[*l]; ++t) {
-          MaxTile(cur + t * stride, static_cast<size_t>(box - t * stride), next);
+          MaxTile(cur + t * stride, static_cast<size_t>(n), next);
         }
+        valid = n;
         cur = next;
         next = next == reduced.data() ? block.data() : reduced.data();
       }
       if (first) {
-        for (size_t k = 0; k < k_out; ++k) m[k] = cur[src[k]];
+        const int64_t* at = src.data();
+        for (size_t k = 0; k < k_out; ++k) out[k] = cur[at[k]];
       } else {
         for (size_t k = 0; k < k_out; ++k) {
           const float v = cur[src[k]];
@@ -327,6 +337,7 @@ bool RunMaxPoolBoxes(const Pass& pass, const Memory& mem) {
       }
       first = false;
     });
+    if (gather_out) return;
     uint8_t* d = mem.AtMutable(st.dst, Offset(st.dst, o, levels));
     if (dst_regular) {
       for (size_t k = 0; k < k_out; k += kTile) {
