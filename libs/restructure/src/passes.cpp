@@ -39,7 +39,7 @@ const float* Memory::Load(const Access& a, int64_t element, int64_t stride, size
   };
   auto piece_into = [&](const Segment& g, int64_t e, int64_t st, size_t len, float* out) {
     const float* x = piece(g, e, st, len, out);
-    if (x != out) std::memcpy(out, x, len * 4);
+    if (x != out) CopyTile(out, x, len);
   };
   const int64_t last = element + static_cast<int64_t>(n - 1) * stride;
   auto first_seg = segment_of(element), last_seg = segment_of(last);
@@ -181,7 +181,7 @@ void RunFused(const Pass& pass, const Memory& mem, int64_t first, int64_t last) 
           // tile when a later step does and `a` is a load buffer the next step reuses, or memory
           // a later step of the pass may overwrite in place.
           const bool stable = (a >= tiles.data() && a < load_a) || !forwarded[s];
-          if (!stable) std::memcpy(out, a, n * 4);
+          if (!stable) CopyTile(out, a, n);
           result[s] = stable ? a : out;
         } else {
           ApplyTile(st.op, a, b, st.scalar, n, out);
@@ -302,7 +302,7 @@ bool RunMaxPoolBoxes(const Pass& pass, const Memory& mem) {
         for (int64_t done = 0; done < box;) {
           const size_t n = static_cast<size_t>(std::min<int64_t>(kTile, box - done));
           const float* x = mem.Load(st.src1, base + done, 1, n, block.data() + done);
-          if (x != block.data() + done) std::memcpy(block.data() + done, x, n * 4);
+          if (x != block.data() + done) CopyTile(block.data() + done, x, n);
           done += static_cast<int64_t>(n);
         }
       }
@@ -390,7 +390,7 @@ void RunMaxPool(const Pass& pass, const Memory& mem) {
         for (size_t l = 0; l < window.size(); ++l) p[outer + l] = w[l];
         const float* x = mem.Load(st.src1, Offset(st.src1, p, levels), s_stride, n, v.data());
         if (first) {
-          std::memcpy(m.data(), x, n * 4);
+          CopyTile(m.data(), x, n);
           first = false;
         } else {
           MaxTile(x, n, m.data());
@@ -406,9 +406,9 @@ namespace {
 template <typename T>
 void TransposeBlocks(const Pass& pass, const Memory& mem, size_t p, size_t q) {
   // dst is contiguous along q, src along p. 4-byte elements go in strips of 16 along p (a cache
-  // line of src) across the whole of q: each line of src is read once, the strip's 16 rows of
-  // dst are written in order together (0.3x memcpy for 32 x 32 blocks in dst order, 0.6x in
-  // strips, on a 4000 x 4000 f32 transpose); others in 32 x 32 blocks element by element.
+  // line of src) across the whole of q: each line of src is read once and the strip's 16 rows
+  // of dst are written in order together, where square blocks read each line in several sweeps
+  // (docs/measurements/restructure.md); others in 32 x 32 blocks element by element.
   constexpr int64_t kBlock = 32;
   constexpr int64_t kStrip = 64 / sizeof(T);
   const Step& st = pass.steps[0];

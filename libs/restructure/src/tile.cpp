@@ -26,6 +26,7 @@ void TransposeStrip4(const uint8_t* src, int64_t sq, uint8_t* dst, int64_t dp, i
                      int64_t nj);
 bool RunChain(DataType in, const uint8_t* src, const ChainOp* ops, size_t n_ops, DataType out,
               uint8_t* dst, size_t n, bool stream);
+void CopyTile(float* dst, const float* src, size_t n);
 }  // namespace avx2
 
 namespace {
@@ -89,6 +90,11 @@ void TransposeStrip4(const uint8_t* src, int64_t sq, uint8_t* dst, int64_t dp, i
                      int64_t nj) {
   if (UseAvx2()) return avx2::TransposeStrip4(src, sq, dst, dp, ni, nj);
   generic::TransposeStrip4(src, sq, dst, dp, ni, nj);
+}
+
+void CopyTile(float* dst, const float* src, size_t n) {
+  if (UseAvx2()) return avx2::CopyTile(dst, src, n);
+  generic::CopyTile(dst, src, n);
 }
 
 bool RunChain(DataType in, const uint8_t* src, const ChainOp* ops, size_t n_ops, DataType out,

@@ -23,6 +23,10 @@ void ApplyTile(Op op, const float* a, const float* b, float scalar, size_t n, fl
 void MaxTile(const float* v, size_t n, float* m);
 // out[i] = MaxTile's m[i] after one v[i] (m, v and out may not overlap, but out may equal m).
 void Max2Tile(const float* m, const float* v, size_t n, float* out);
+// Copies n floats' bits with vector loads and stores. The C library's copy of a tile-sized block
+// is a string copy that overlaps with nothing around it, to or from memory: every tile copy in
+// the passes goes through this instead.
+void CopyTile(float* dst, const float* src, size_t n);
 // A strip of a transpose of 4-byte elements: dst[i * dp + j] = src[i + j * sq] (strides in
 // elements) for i < ni, j < nj, register block by register block with the destination's ni rows
 // advancing together. A strip as wide as a cache line of src reads every line of it once.

@@ -121,7 +121,7 @@ void ChainTail(DataType in, const uint8_t* src, const ChainOp* ops, size_t n_ops
   alignas(32) float v[kChunk];
   uint8_t bytes[kChunk * 4];
   const float* x = LoadTile(in, src, 1, n, v);
-  if (x != v) std::memcpy(v, x, n * 4);
+  if (x != v) CopyTile(v, x, n);
   for (size_t o = 0; o < n_ops; ++o) {
     ApplyTile(ops[o].op, v, nullptr, ops[o].scalar, n, v);
     if (ops[o].round != DataType::kF32) {
