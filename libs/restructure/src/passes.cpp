@@ -86,16 +86,21 @@ bool Memory::Source(const Access& a, int64_t element, size_t n, const uint8_t** 
 namespace {
 
 // A fused pass that is one chain (RunFused keeps it in registers where RunChain takes it): its
-// first step reads memory, each later one takes the step before as src1 with a scalar or no
-// src2, only the last stores, and the first source and the last destination are contiguous
-// along the innermost level.
+// first step reads memory, each later one takes the step before as src1 with a scalar, no src2
+// or a src2 read from memory, only the last stores, and the first source, every src2 and the
+// last destination are contiguous along the innermost level.
 bool IsChain(const Pass& pass) {
   const size_t n = pass.steps.size(), inner = pass.iters.size() - 1;
   if (n == 0 || n > kMaxChainOps / 2) return false;
   for (size_t s = 0; s < n; ++s) {
     const Step& st = pass.steps[s];
-    if (st.src2_kind == Operand2::kBuffer || pass.store[s] != (s + 1 == n)) return false;
-    if (pass.forward1[s] != static_cast<int>(s) - 1) return false;
+    if (pass.store[s] != (s + 1 == n) || pass.forward1[s] != static_cast<int>(s) - 1) {
+      return false;
+    }
+    if (st.src2_kind == Operand2::kBuffer &&
+        (pass.forward2[s] >= 0 || st.src2.strides[inner] != 1)) {
+      return false;
+    }
   }
   return pass.steps[0].src1.strides[inner] == 1 && pass.steps.back().dst.strides[inner] == 1;
 }
@@ -119,7 +124,16 @@ bool RunChainRow(const Pass& pass, const Memory& mem, Index at, int64_t begin, i
     const DataType dt = mem.Type(st.dst);
     // Stored and loaded through its buffer's type where a later step reads it (RunFused).
     const bool last = s + 1 == pass.steps.size();
-    ops[n_ops++] = {st.op, st.scalar, last ? DataType::kF32 : dt};
+    ops[n_ops] = {st.op, st.scalar, last ? DataType::kF32 : dt, nullptr};
+    if (st.src2_kind == Operand2::kBuffer) {  // f32 in memory, read where it lies
+      if (mem.virtuals[st.src2.buffer].active || st.src2.buffer == mem.window ||
+          mem.Type(st.src2) != DataType::kF32) {
+        return false;
+      }
+      ops[n_ops].operand =
+          reinterpret_cast<const float*>(mem.At(st.src2, Offset(st.src2, at, levels)));
+    }
+    ++n_ops;
   }
   const Step& out = pass.steps.back();
   const bool stream = pass.stream.back() && out.dst.buffer != mem.window;

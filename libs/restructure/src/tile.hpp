@@ -16,7 +16,8 @@ inline constexpr size_t kTile = 1024;
 const float* LoadTile(DataType dtype, const uint8_t* p, int64_t stride, size_t n, float* scratch);
 // Stores v[0, n) as `dtype` at p, p + stride, ... (the interpreter's StoreElement, in bulk).
 void StoreTile(DataType dtype, uint8_t* p, int64_t stride, size_t n, const float* v);
-// out[i] = op(a[i], b ? b[i] : scalar) for an element-wise op (kCopy and kCast pass a through).
+// out[i] = op(a[i], b ? b[i] : scalar) for an element-wise op (kCopy and kCast pass a through);
+// out may equal a.
 void ApplyTile(Op op, const float* a, const float* b, float scalar, size_t n, float* out);
 // m[i] = max(m[i], v[i]) with the interpreter's rule: a NaN in m stays, a NaN in v replaces, and
 // of equal values the one in m (first in iteration order) stays.
@@ -32,13 +33,15 @@ void CopyTile(float* dst, const float* src, size_t n);
 // advancing together. A strip as wide as a cache line of src reads every line of it once.
 void TransposeStrip4(const uint8_t* src, int64_t sq, uint8_t* dst, int64_t dp, int64_t ni,
                      int64_t nj);
-// One op of a chain kept in registers: `op` with the scalar operand (kCopy and kCast pass the
-// value through; kPow only with the scalar 2), then, unless `round` is kF32, the value stored to
+// One op of a chain kept in registers: `op` with the scalar operand, or with operand[i] for
+// element i of the run where `operand` is set (f32 memory; kCopy and kCast pass the value
+// through; kPow only with the scalar 2), then, unless `round` is kF32, the value stored to
 // `round` and loaded back (f16 or bf16), as a store and load of an intermediate would.
 struct ChainOp {
   Op op = Op::kCopy;
   float scalar = 0;
   DataType round = DataType::kF32;
+  const float* operand = nullptr;
 };
 inline constexpr size_t kMaxChainOps = 32;
 // n contiguous elements of `in` at src, through ops[0, n_ops) in order, stored contiguously as

@@ -63,7 +63,7 @@ void StoreVector(uint8_t* p, __m256 v) {
 }
 
 // Log10Tile on eight lanes: the polynomial, and std::log10 for the lanes it does not cover.
-__m256 Log10Vector(__m256 x) {
+[[gnu::always_inline]] inline __m256 Log10Vector(__m256 x) {
   const __m256 ordinary = _mm256_and_ps(
       _mm256_cmp_ps(x, _mm256_set1_ps(std::numeric_limits<float>::min()), _CMP_GE_OQ),
       _mm256_cmp_ps(x, _mm256_set1_ps(std::numeric_limits<float>::max()), _CMP_LE_OQ));
@@ -82,18 +82,25 @@ __m256 Log10Vector(__m256 x) {
 }
 
 // Inlined into each loop, so that the values stay in registers across the ops.
-[[gnu::always_inline]] inline void ApplyChain(const ChainOp* ops, size_t n_ops, Values& v) {
+// Elements [i, i + kChunk) of the run.
+[[gnu::always_inline]] inline void ApplyChain(const ChainOp* ops, size_t n_ops, Values& v,
+                                              size_t i) {
   for (size_t o = 0; o < n_ops; ++o) {
-    const __m256 s = _mm256_set1_ps(ops[o].scalar);
+    Values s;  // the second operand: the scalar, or the operand's elements
+    if (ops[o].operand != nullptr) {
+      for (size_t k = 0; k < kRegs; ++k) s[k] = _mm256_loadu_ps(ops[o].operand + i + 8 * k);
+    } else {
+      for (__m256& x : s) x = _mm256_set1_ps(ops[o].scalar);
+    }
     switch (ops[o].op) {
       case Op::kAdd:
-        for (__m256& x : v) x = _mm256_add_ps(x, s);
+        for (size_t k = 0; k < kRegs; ++k) v[k] = _mm256_add_ps(v[k], s[k]);
         break;
       case Op::kMul:
-        for (__m256& x : v) x = _mm256_mul_ps(x, s);
+        for (size_t k = 0; k < kRegs; ++k) v[k] = _mm256_mul_ps(v[k], s[k]);
         break;
       case Op::kDiv:
-        for (__m256& x : v) x = _mm256_div_ps(x, s);
+        for (size_t k = 0; k < kRegs; ++k) v[k] = _mm256_div_ps(v[k], s[k]);
         break;
       case Op::kPow:  // the exponent 2 only (ChainSupported): x * x, as ApplyTile
         for (__m256& x : v) x = _mm256_mul_ps(x, x);
@@ -115,21 +122,22 @@ __m256 Log10Vector(__m256 x) {
   }
 }
 
-// Fewer than a chunk of elements through the tile kernels (the same bits).
+// Elements [i, i + n) of the run, fewer than a chunk, through the tile kernels (the same bits).
 void ChainTail(DataType in, const uint8_t* src, const ChainOp* ops, size_t n_ops, DataType out,
-               uint8_t* dst, size_t n) {
+               uint8_t* dst, size_t i, size_t n) {
   alignas(32) float v[kChunk];
   uint8_t bytes[kChunk * 4];
-  const float* x = LoadTile(in, src, 1, n, v);
+  const float* x = LoadTile(in, src + i * SizeOf(in), 1, n, v);
   if (x != v) CopyTile(v, x, n);
   for (size_t o = 0; o < n_ops; ++o) {
-    ApplyTile(ops[o].op, v, nullptr, ops[o].scalar, n, v);
+    const float* b = ops[o].operand != nullptr ? ops[o].operand + i : nullptr;
+    ApplyTile(ops[o].op, v, b, ops[o].scalar, n, v);
     if (ops[o].round != DataType::kF32) {
       StoreTile(ops[o].round, bytes, 1, n, v);
       LoadTile(ops[o].round, bytes, 1, n, v);
     }
   }
-  StoreTile(out, dst, 1, n, v);
+  StoreTile(out, dst + i * SizeOf(out), 1, n, v);
 }
 
 template <DataType In, DataType Out, bool kStream>
@@ -139,17 +147,17 @@ void ChainLoop(const uint8_t* src, const ChainOp* ops, size_t n_ops, uint8_t* ds
   if constexpr (kStream) {  // streamed stores need aligned addresses: the head goes cached
     const size_t head = (32 - reinterpret_cast<uintptr_t>(dst) % 32) % 32 / out_size;
     i = std::min(head, n);
-    if (i > 0) ChainTail(In, src, ops, n_ops, Out, dst, i);
+    if (i > 0) ChainTail(In, src, ops, n_ops, Out, dst, 0, i);
   }
   for (; i + kChunk <= n; i += kChunk) {
     Values v;
     for (size_t k = 0; k < kRegs; ++k) v[k] = LoadVector<In>(src + (i + 8 * k) * in_size);
-    ApplyChain(ops, n_ops, v);
+    ApplyChain(ops, n_ops, v, i);
     for (size_t k = 0; k < kRegs; ++k) {
       StoreVector<Out, kStream>(dst + (i + 8 * k) * out_size, v[k]);
     }
   }
-  if (i < n) ChainTail(In, src + i * in_size, ops, n_ops, Out, dst + i * out_size, n - i);
+  if (i < n) ChainTail(In, src, ops, n_ops, Out, dst, i, n - i);
 }
 
 template <DataType In>
@@ -178,7 +186,9 @@ bool ChainSupported(const ChainOp* ops, size_t n_ops, DataType out) {
   if (out != DataType::kF32 && out != DataType::kF16 && out != DataType::kBF16) return false;
   for (size_t o = 0; o < n_ops; ++o) {
     const ChainOp& c = ops[o];
-    if (c.op == Op::kMaxPool || (c.op == Op::kPow && c.scalar != 2.0f)) return false;
+    if (c.op == Op::kMaxPool || (c.op == Op::kPow && (c.operand != nullptr || c.scalar != 2.0f))) {
+      return false;
+    }
     if (c.round != DataType::kF32 && c.round != DataType::kF16 && c.round != DataType::kBF16) {
       return false;
     }
