@@ -225,6 +225,28 @@ TEST_CASE("chains kept in registers: every source type, values rounded through t
   }
 }
 
+TEST_CASE("chains kept in registers with operands read from memory", "[restructure][executor]") {
+  // A row of weights applied to every row (stride 0 across rows), then a tensor of the chain's
+  // own shape at an odd base; rows of 77 elements: two chunks of 32 and a tail.
+  for (DataType out : kTypes) {
+    const int64_t rows = 9, cols = 77;
+    pr::ProgramBuilder b;
+    auto x = b.Input("x", DataType::kF32, rows * cols);
+    auto w = b.Input("w", DataType::kF32, cols);
+    auto z = b.Input("z", DataType::kF32, rows * cols + 1);
+    auto t = b.Scratch("t", DataType::kF32, rows * cols);
+    auto y = b.Output("y", out, rows * cols);
+    const pr::Access all = pr::ProgramBuilder::At(t, 0, {cols, 1});
+    b.Mul(t, x, 0.5f);
+    b.Step(pr::Op::kMul, {rows, cols}, all, all, pr::ProgramBuilder::At(w, 0, {0, 1}));
+    b.Step(pr::Op::kDiv, {rows, cols}, all, all, pr::ProgramBuilder::At(z, 1, {cols, 1}));
+    b.Add(t, t, 1.0f);
+    b.Cast(y, t);
+    INFO("-> " << pk::DataTypeName(out));
+    RequireSame(Built(b.Build()), 43);
+  }
+}
+
 TEST_CASE("max pooling at odd shapes, every type", "[restructure][executor]") {
   for (DataType t : kTypes) {
     for (const pr::Pool2D& s :
