@@ -1,5 +1,5 @@
 // The tcp backend's produced sends and consumed receives without sockets: a produced send is
-// made one bounded chunk at a time, the next only once the socket took the previous one, and a
+// made in bounded chunks, two ahead, each into the staging half the socket took whole, and a
 // consumed receive is read through a bounded window handed to the consumer chunk by chunk;
 // callback errors come back annotated to end the connection.
 #include <catch2/catch.hpp>
@@ -51,7 +51,7 @@ pt::Consumer ConsumeInto(Bytes* dst, Calls* calls) {
 
 }  // namespace
 
-TEST_CASE("tcp frame queue: a produced send is made a chunk at a time as the socket takes it",
+TEST_CASE("tcp frame queue: a produced send is made two chunks ahead as the socket takes it",
           "[tcp][produce]") {
   pt::CompletionQueue cq;
   tcp::SendState send(&cq, 3, 1, size_t{1} << 20);
@@ -68,39 +68,41 @@ TEST_CASE("tcp frame queue: a produced send is made a chunk at a time as the soc
   q.Push(Header(tcp::FrameType::kWriteAck, 0, 2), {}, nullptr);
   CHECK(calls.seen.empty());  // nothing is produced before the socket can take it
 
+  // Two chunks, one per half of the staging: the second is made while the kernel drains the
+  // first.
   REQUIRE(q.Produce().ok());
-  REQUIRE(calls.seen.size() == 1);
+  REQUIRE(calls.seen.size() == 2);
   CHECK(calls.seen[0] == std::make_pair(size_t{0}, kChunk));
+  CHECK(calls.seen[1] == std::make_pair(kChunk, kChunk));
   iovec iov[8];
-  REQUIRE(q.Gather(iov, 8) == 2);  // the header and the chunk; the ack waits behind the rest
-  const uint8_t* chunk = static_cast<const uint8_t*>(iov[1].iov_base);
+  REQUIRE(q.Gather(iov, 8) == 3);  // the header and both chunks; the ack waits behind the rest
+  const uint8_t* staging = static_cast<const uint8_t*>(iov[1].iov_base);
   CHECK(iov[1].iov_len == kChunk);
-  CHECK(std::memcmp(chunk, message.data(), kChunk) == 0);
+  CHECK(std::memcmp(staging, message.data(), kChunk) == 0);
+  CHECK(iov[2].iov_base == staging + kChunk);
+  CHECK(std::memcmp(iov[2].iov_base, message.data() + kChunk, kChunk) == 0);
 
   q.Advance(tcp::kFrameHeaderSize + 1000, send);
   REQUIRE(q.Produce().ok());
-  CHECK(calls.seen.size() == 1);  // the chunk is not all written: nothing new
-  REQUIRE(q.Gather(iov, 8) == 1);
-  CHECK(iov[0].iov_base == chunk + 1000);
+  CHECK(calls.seen.size() == 2);  // the first chunk is not all written: its half is not free
+  REQUIRE(q.Gather(iov, 8) == 2);
+  CHECK(iov[0].iov_base == staging + 1000);
   CHECK(iov[0].iov_len == kChunk - 1000);
+  CHECK(iov[1].iov_base == staging + kChunk);
 
   q.Advance(kChunk - 1000, send);
   REQUIRE(q.Produce().ok());
-  REQUIRE(calls.seen.size() == 2);
-  CHECK(calls.seen[1] == std::make_pair(kChunk, kChunk));
-  REQUIRE(q.Gather(iov, 8) == 1);
-  CHECK(iov[0].iov_base == chunk);  // the same staging memory, reused
-  CHECK(std::memcmp(chunk, message.data() + kChunk, kChunk) == 0);
-
-  q.Advance(kChunk, send);
-  REQUIRE(q.Produce().ok());
-  REQUIRE(calls.seen.size() == 3);
+  REQUIRE(calls.seen.size() == 3);  // the first half is free: the last 100 bytes go there
   CHECK(calls.seen[2] == std::make_pair(2 * kChunk, size_t{100}));
-  REQUIRE(q.Gather(iov, 8) == 2);  // the last 100 bytes, then the ack's header
-  CHECK(iov[0].iov_len == 100);
-  CHECK(op->staging.size() <= kChunk);
+  REQUIRE(q.Gather(iov, 8) == 3);  // the second chunk, the last 100 bytes, the ack's header
+  CHECK(iov[0].iov_base == staging + kChunk);
+  CHECK(iov[1].iov_base == staging);  // the same staging memory, reused
+  CHECK(iov[1].iov_len == 100);
+  CHECK(std::memcmp(staging, message.data() + 2 * kChunk, 100) == 0);
+  CHECK(op->staging.size() <= 2 * kChunk);
 
   pt::Completion c;
+  q.Advance(kChunk, send);
   CHECK(cq.Poll(absl::MakeSpan(&c, 1)) == 0);
   q.Advance(100, send);
   REQUIRE(cq.Poll(absl::MakeSpan(&c, 1)) == 1);
@@ -148,9 +150,7 @@ TEST_CASE("tcp frame queue: a producer error comes back annotated", "[tcp][produ
   REQUIRE(send.Start(op, Header(tcp::FrameType::kMessage, length)).size() == 1);
   tcp::FrameQueue q;
   q.Push(Header(tcp::FrameType::kMessage, length), {}, op);
-  REQUIRE(q.Produce().ok());
-  q.Advance(tcp::kFrameHeaderSize + kChunk, send);
-  const absl::Status s = q.Produce();
+  const absl::Status s = q.Produce();  // the first chunk, then the second fails
   CHECK(s.code() == absl::StatusCode::kDataLoss);
   CHECK(std::string(s.message()) ==
         "send (wr_id 4): producing bytes [262144, +262144) of a message of 524388 bytes: no "

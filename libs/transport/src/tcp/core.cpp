@@ -512,18 +512,24 @@ void TcpCore::SendAcks(TcpConn& conn) {
 bool TcpCore::Flush(Socket& s) {
   TcpConn& conn = *s.conn;
   bool wrote = false;
-  while (!s.sendq.empty()) {
-    if (absl::Status produced = s.sendq.Produce(); !produced.ok()) {
+  auto produce = [&] {
+    absl::Status produced = s.sendq.Produce();
+    if (!produced.ok()) {
       Fail(conn, absl::Status(produced.code(),
                               absl::StrCat("tcp ", produced.message(), " (to ", conn.peer, ")")));
-      return wrote;
     }
+    return produced.ok();
+  };
+  while (!s.sendq.empty()) {
+    if (!produce()) return wrote;
     iovec iov[kMaxIov];
     const int n = s.sendq.Gather(iov, kMaxIov);
     const ssize_t w = SendGathered(s.fd, iov, n);
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        // A produced send's next chunk is made while the kernel drains the socket.
+        if (!produce()) return wrote;
         SetWantOut(s, true);
         return wrote;
       }

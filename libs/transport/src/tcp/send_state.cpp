@@ -188,6 +188,16 @@ void FrameQueue::Push(const FrameHeader& h, IovList payload, std::shared_ptr<Out
   f.op = std::move(op);
 }
 
+namespace {
+
+// Where payload byte `offset` of a produced send lies in its staging: chunk k in half k % 2.
+size_t StagingOffset(size_t offset) {
+  return offset / kMaxProduceConsumeBytes % 2 * kMaxProduceConsumeBytes +
+         offset % kMaxProduceConsumeBytes;
+}
+
+}  // namespace
+
 absl::Status FrameQueue::Produce() {
   if (produced_frames_ == 0) return absl::OkStatus();
   // Gather reaches a frame only when every frame before it is there whole; it stops at one
@@ -199,16 +209,20 @@ absl::Status FrameQueue::Produce() {
     if (!f.produced) continue;
     const size_t payload = f.total - kFrameHeaderSize;
     const size_t at = f.sent > kFrameHeaderSize ? f.sent - kFrameHeaderSize : 0;
-    if (at == f.chunk_end && f.chunk_end < payload) {
+    // Chunk k of the payload lives in half k % 2 of the staging; the next chunk goes into the
+    // half whose previous chunk the socket took whole.
+    while (f.chunk_end < payload && at + kMaxProduceConsumeBytes >= f.chunk_end) {
       OutOp& op = *f.op;
       const size_t n = std::min(payload - f.chunk_end, kMaxProduceConsumeBytes);
-      if (op.staging.size() < n) op.staging.resize(std::min(payload, kMaxProduceConsumeBytes));
+      if (op.staging.size() < StagingOffset(f.chunk_end) + n) {
+        op.staging.resize(std::min(payload, 2 * kMaxProduceConsumeBytes));
+      }
       absl::Status s =
-          ProduceRange(op.producer, f.chunk_end, absl::MakeSpan(op.staging.data(), n), payload);
+          ProduceRange(op.producer, f.chunk_end,
+                       absl::MakeSpan(op.staging.data() + StagingOffset(f.chunk_end), n), payload);
       if (!s.ok()) {
         return absl::Status(s.code(), absl::StrCat("send (wr_id ", op.wr_id, "): ", s.message()));
       }
-      f.chunk_begin = f.chunk_end;
       f.chunk_end += n;
     }
     if (f.chunk_end < payload) break;
@@ -227,9 +241,13 @@ int FrameQueue::Gather(iovec* iov, int max) const {
       skip -= kFrameHeaderSize;
     }
     if (it->produced) {
-      // Only the produced chunk; the frames after this one wait until it is all produced.
-      if (skip < it->chunk_end && n < max) {
-        iov[n++] = {it->op->staging.data() + (skip - it->chunk_begin), it->chunk_end - skip};
+      // Only the produced chunks (the rest of one half, then the other); the frames after this
+      // one wait until it is all produced.
+      while (skip < it->chunk_end && n < max) {
+        const size_t chunk_end = (skip / kMaxProduceConsumeBytes + 1) * kMaxProduceConsumeBytes;
+        const size_t take = std::min(it->chunk_end, chunk_end) - skip;
+        iov[n++] = {it->op->staging.data() + StagingOffset(skip), take};
+        skip += take;
       }
       if (it->chunk_end < it->total - kFrameHeaderSize) break;
       continue;

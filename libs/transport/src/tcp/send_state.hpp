@@ -133,8 +133,10 @@ IovList SliceIov(absl::Span<const iovec> iov, size_t offset, size_t length);
 
 // The frames queued on one socket, oldest first, and how much of the oldest the kernel took.
 // A produced send's frame carries no payload list: its bytes are produced into the operation's
-// staging chunk (at most kMaxProduceConsumeBytes), the next chunk only once the socket took the
-// previous one whole, so that its memory does not grow with the message.
+// staging, two chunks of kMaxProduceConsumeBytes used in turn, the next chunk as soon as the
+// socket took the one before the previous whole. So one chunk is produced while the kernel
+// drains the other (Flush produces again before it waits for the socket), and the memory does
+// not grow with the message.
 class FrameQueue {
  public:
   // Queues a frame: `h` and `payload` (the caller's memory, which stays valid until the frame
@@ -165,9 +167,9 @@ class FrameQueue {
     size_t total = 0;  // header + payload bytes
     size_t sent = 0;
     std::shared_ptr<OutOp> op;
-    // A produced send: payload bytes [chunk_begin, chunk_end) are in op->staging.
+    // A produced send: payload bytes from the start of the socket's chunk up to chunk_end are
+    // in op->staging (StagingOffset).
     bool produced = false;
-    size_t chunk_begin = 0;
     size_t chunk_end = 0;
   };
   std::deque<Frame> frames_;
