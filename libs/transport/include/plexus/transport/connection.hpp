@@ -102,7 +102,8 @@ class Connection {
   // Blocking. Neither call waits for the peer, but either may run its callback in the calling
   // thread before it returns: PostSendProduced produces what fits now (shm: as much as the ring
   // takes; inproc: the whole message, as PostSend copies it; verbs: the whole message; tcp: the
-  // first two chunks once the socket is free), PostRecvConsumed consumes a message that had arrived.
+  // first two chunks once the socket is free), PostRecvConsumed consumes a message that had
+  // arrived.
   //
   // Errors. An error from `producer` fails the send: its completion carries the producer's code
   // and message, annotated "producing bytes [offset, +n) of a message of L bytes". The
@@ -116,15 +117,15 @@ class Connection {
   // Memory. tcp, shm and inproc produce into and consume from memory of at most two
   // kMaxProduceConsumeBytes chunks per operation in flight, or the peer's buffer itself: tcp
   // stages two chunks per produced send, used in turn (the next is produced while the kernel
-  // drains the other, once the socket took the chunk before it), and one per socket read; shm produces into the ring's free space (never by cross-memory attach,
-  // whatever the size) and consumes ring bytes in place, or pulls a message the peer sent by
-  // cross-memory attach a chunk at a time; inproc produces straight into the matched receive (or
-  // the held copy) and consumes the sender's bytes. Exceptions, where the whole message is
-  // staged once: a tcp message the peer striped over several sockets (an ordinary PostSend)
-  // into a consumed receive (a produced send itself is never striped), a message that arrived
-  // before its consumed receive was posted (it was held whole, as any early message is; the
-  // consumer takes it in chunks), and verbs, which produces the whole message into a buffer at
-  // post time and consumes it once it arrived whole.
+  // drains the other, once the socket took the chunk before it), and one per socket read; shm
+  // produces into the ring's free space (never by cross-memory attach, whatever the size) and
+  // consumes ring bytes in place, or pulls a message the peer sent by cross-memory attach a chunk
+  // at a time; inproc produces straight into the matched receive (or the held copy) and consumes
+  // the sender's bytes. Exceptions, where the whole message is staged once: a tcp message the peer
+  // striped over several sockets (an ordinary PostSend) into a consumed receive (a produced send
+  // itself is never striped), a message that arrived before its consumed receive was posted (it was
+  // held whole, as any early message is; the consumer takes it in chunks), and verbs, which
+  // produces the whole message into a buffer at post time and consumes it once it arrived whole.
   //
   // PostSendProduced returns an error right away for a message over max_message_bytes or a
   // connection already down (as PostSend); the producer is then never called. The default, for
