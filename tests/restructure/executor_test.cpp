@@ -133,30 +133,39 @@ TEST_CASE("arithmetic chains fuse into one pass and match", "[restructure][execu
 
 TEST_CASE("large outputs stored past the cache match, at odd sizes and unaligned bases",
           "[restructure][executor]") {
-  // From 8 MiB on an f32 output that no later pass reads is streamed (non-temporal stores);
-  // every type, an odd element count, and a destination starting off a 16-byte boundary.
-  for (DataType to : kTypes) {
-    const int64_t n = (int64_t{9} << 20) / 2 + 7;  // >= 8 MiB for every type but i8/u8: they get
-                                                   // twice the count below
-    const int64_t count = pk::DataTypeSize(to) == 1 ? 2 * n : n;
-    pr::ProgramBuilder b;
-    auto x = b.Input("x", DataType::kF32, count);
-    auto y = b.Output("y", to, count + 3);
-    auto t = b.Scratch("t", DataType::kF32, count);
-    b.Mul(t, x, 0.5f);
-    b.Step(pr::Op::kAdd, {count}, pr::ProgramBuilder::At(y, 3, {1}),
-           pr::ProgramBuilder::At(t, 0, {1}), 1.0f);
-    INFO("-> " << pk::DataTypeName(to));
-    const pr::Program p = Built(b.Build());
-    auto e = pr::Executor::Compile(p);
-    REQUIRE(e.ok());
-    // Streamed: f32 outputs only (the others convert through a cached tile first).
-    if (to == DataType::kF32) {
-      CHECK_THAT(e->Describe(), Catch::Contains("1 streamed"));
-    } else {
-      CHECK_THAT(e->Describe(), !Catch::Contains("streamed"));
+  // From 8 MiB on an f32 output that no later pass reads is streamed (non-temporal stores) by
+  // the tile passes; every type, an odd element count, and a destination starting off a 16-byte
+  // boundary. A chain kept in registers stores through the cache.
+  for (bool chain : {false, true}) {
+    for (DataType to : kTypes) {
+      const int64_t n = (int64_t{9} << 20) / 2 + 7;  // >= 8 MiB for every type but i8/u8: they
+                                                     // get twice the count below
+      const int64_t count = pk::DataTypeSize(to) == 1 ? 2 * n : n;
+      pr::ProgramBuilder b;
+      auto x = b.Input("x", DataType::kF32, count);
+      auto z = b.Input("z", DataType::kF32, 2 * count);
+      auto y = b.Output("y", to, count + 3);
+      auto t = b.Scratch("t", DataType::kF32, count);
+      b.Mul(t, x, 0.5f);
+      if (chain) {
+        b.Step(pr::Op::kAdd, {count}, pr::ProgramBuilder::At(y, 3, {1}),
+               pr::ProgramBuilder::At(t, 0, {1}), 1.0f);
+      } else {  // an operand read with a stride: not a chain
+        b.Step(pr::Op::kAdd, {count}, pr::ProgramBuilder::At(y, 3, {1}),
+               pr::ProgramBuilder::At(t, 0, {1}), pr::ProgramBuilder::At(z, 1, {2}));
+      }
+      INFO("-> " << pk::DataTypeName(to) << (chain ? ", a chain" : ""));
+      const pr::Program p = Built(b.Build());
+      auto e = pr::Executor::Compile(p);
+      REQUIRE(e.ok());
+      // Streamed: f32 outputs of tile passes only (the others convert through a cached tile).
+      if (to == DataType::kF32 && !chain) {
+        CHECK_THAT(e->Describe(), Catch::Contains("1 streamed"));
+      } else {
+        CHECK_THAT(e->Describe(), !Catch::Contains("streamed"));
+      }
+      RequireSame(p, 11);
     }
-    RequireSame(p, 11);
   }
 }
 

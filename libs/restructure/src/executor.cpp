@@ -340,11 +340,12 @@ absl::StatusOr<Executor> Executor::Compile(Program program) {
       }
       const int64_t out_bytes = out.count * static_cast<int64_t>(kernels::DataTypeSize(out.dtype));
       // f32 only: its tile is the output's bytes. Converting into a cached buffer first and
-      // streaming that out measured slower than cached stores for f16 and bf16 outputs, and so
-      // did streaming them from a chain's registers (docs/measurements/restructure.md).
+      // streaming that out measured slower than cached stores for f16 and bf16 outputs; a chain
+      // kept in registers stores through the cache as well, which measured faster than
+      // streaming from its registers (docs/measurements/restructure.md).
       pass.stream[s] = pass.store[s] && out.role == Role::kOutput && !read_later &&
                        out.dtype == DataType::kF32 && st.dst.strides.back() == 1 &&
-                       out_bytes >= kStreamBytes;
+                       out_bytes >= kStreamBytes && !internal::IsChain(pass);
     }
   }
   return e;

@@ -83,12 +83,6 @@ bool Memory::Source(const Access& a, int64_t element, size_t n, const uint8_t** 
   return true;
 }
 
-namespace {
-
-// A fused pass that is one chain (RunFused keeps it in registers where RunChain takes it): its
-// first step reads memory, each later one takes the step before as src1 with a scalar, no src2
-// or a src2 read from memory, only the last stores, and the first source, every src2 and the
-// last destination are contiguous along the innermost level.
 bool IsChain(const Pass& pass) {
   const size_t n = pass.steps.size(), inner = pass.iters.size() - 1;
   if (n == 0 || n > kMaxChainOps / 2) return false;
@@ -104,6 +98,8 @@ bool IsChain(const Pass& pass) {
   }
   return pass.steps[0].src1.strides[inner] == 1 && pass.steps.back().dst.strides[inner] == 1;
 }
+
+namespace {
 
 // Elements [begin, end) of a row of a chain pass (at: the row's index) in registers
 // (RunChain); false, with nothing written, where RunChain does not take them.
@@ -136,9 +132,8 @@ bool RunChainRow(const Pass& pass, const Memory& mem, Index at, int64_t begin, i
     ++n_ops;
   }
   const Step& out = pass.steps.back();
-  const bool stream = pass.stream.back() && out.dst.buffer != mem.window;
   return RunChain(type, src, ops, n_ops, mem.Type(out.dst),
-                  mem.AtMutable(out.dst, Offset(out.dst, at, levels)), n, stream);
+                  mem.AtMutable(out.dst, Offset(out.dst, at, levels)), n);
 }
 
 }  // namespace

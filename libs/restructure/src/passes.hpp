@@ -87,6 +87,12 @@ struct Memory {
               ChainOp* ops, size_t* n_ops) const;
 };
 
+// A fused pass that is one chain (RunFused keeps it in registers where RunChain takes it): its
+// first step reads memory, each later one takes the step before as src1 with a scalar, no src2
+// or a src2 read from memory, only the last stores, and the first source, every src2 and the
+// last destination are contiguous along the innermost level.
+bool IsChain(const Pass& pass);
+
 // The points [first, last) of the pass's nest in row-major order (last -1: to the end).
 void RunFused(const Pass& pass, const Memory& mem, int64_t first = 0, int64_t last = -1);
 void RunMaxPool(const Pass& pass, const Memory& mem);

@@ -25,7 +25,7 @@ void Max2Tile(const float* m, const float* v, size_t n, float* out);
 void TransposeStrip4(const uint8_t* src, int64_t sq, uint8_t* dst, int64_t dp, int64_t ni,
                      int64_t nj);
 bool RunChain(DataType in, const uint8_t* src, const ChainOp* ops, size_t n_ops, DataType out,
-              uint8_t* dst, size_t n, bool stream);
+              uint8_t* dst, size_t n);
 void CopyTile(float* dst, const float* src, size_t n);
 }  // namespace avx2
 
@@ -98,8 +98,8 @@ void CopyTile(float* dst, const float* src, size_t n) {
 }
 
 bool RunChain(DataType in, const uint8_t* src, const ChainOp* ops, size_t n_ops, DataType out,
-              uint8_t* dst, size_t n, bool stream) {
-  return UseAvx2() && avx2::RunChain(in, src, ops, n_ops, out, dst, n, stream);
+              uint8_t* dst, size_t n) {
+  return UseAvx2() && avx2::RunChain(in, src, ops, n_ops, out, dst, n);
 }
 
 }  // namespace plexus::restructure::internal

@@ -45,13 +45,12 @@ struct ChainOp {
 };
 inline constexpr size_t kMaxChainOps = 32;
 // n contiguous elements of `in` at src, through ops[0, n_ops) in order, stored contiguously as
-// `out` at dst (past the cache when `stream`, f32 only; fenced by the caller with StreamFence).
-// The same bits as LoadTile, ApplyTile and StoreTile in turn, without the tiles: values stay in
-// registers, 32 elements at a time, so memory is never idle while a tile computes. False, with
-// nothing done, where the CPU lacks AVX2 and F16C or a type or op is not handled (integer
-// outputs and roundings; kPow with another exponent; kMaxPool).
+// `out` at dst. The same bits as LoadTile, ApplyTile and StoreTile in turn, without the tiles:
+// values stay in registers, 32 elements at a time, so memory is never idle while a tile
+// computes. False, with nothing done, where the CPU lacks AVX2 and F16C or a type or op is not
+// handled (integer outputs and roundings; kPow with another exponent or an operand; kMaxPool).
 bool RunChain(DataType in, const uint8_t* src, const ChainOp* ops, size_t n_ops, DataType out,
-              uint8_t* dst, size_t n, bool stream);
+              uint8_t* dst, size_t n);
 // log10 within kLog10MaxUlp of std::log10, special values exactly as it.
 float Log10(float x);
 // memcpy with non-temporal stores (past the cache) for the 16-byte aligned part of `dst`; they

@@ -49,14 +49,10 @@ __m128i Wire(DataType t, __m256 v) {
                               : _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-template <DataType T, bool kStream>
+template <DataType T>
 void StoreVector(uint8_t* p, __m256 v) {
   if constexpr (T == DataType::kF32) {
-    if constexpr (kStream) {
-      _mm256_stream_ps(reinterpret_cast<float*>(p), v);
-    } else {
-      _mm256_storeu_ps(reinterpret_cast<float*>(p), v);
-    }
+    _mm256_storeu_ps(reinterpret_cast<float*>(p), v);
   } else {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), Wire(T, v));
   }
@@ -140,42 +136,31 @@ void ChainTail(DataType in, const uint8_t* src, const ChainOp* ops, size_t n_ops
   StoreTile(out, dst + i * SizeOf(out), 1, n, v);
 }
 
-template <DataType In, DataType Out, bool kStream>
+template <DataType In, DataType Out>
 void ChainLoop(const uint8_t* src, const ChainOp* ops, size_t n_ops, uint8_t* dst, size_t n) {
   constexpr size_t in_size = SizeOf(In), out_size = SizeOf(Out);
   size_t i = 0;
-  if constexpr (kStream) {  // streamed stores need aligned addresses: the head goes cached
-    const size_t head = (32 - reinterpret_cast<uintptr_t>(dst) % 32) % 32 / out_size;
-    i = std::min(head, n);
-    if (i > 0) ChainTail(In, src, ops, n_ops, Out, dst, 0, i);
-  }
   for (; i + kChunk <= n; i += kChunk) {
     Values v;
     for (size_t k = 0; k < kRegs; ++k) v[k] = LoadVector<In>(src + (i + 8 * k) * in_size);
     ApplyChain(ops, n_ops, v, i);
-    for (size_t k = 0; k < kRegs; ++k) {
-      StoreVector<Out, kStream>(dst + (i + 8 * k) * out_size, v[k]);
-    }
+    for (size_t k = 0; k < kRegs; ++k) StoreVector<Out>(dst + (i + 8 * k) * out_size, v[k]);
   }
   if (i < n) ChainTail(In, src, ops, n_ops, Out, dst, i, n - i);
 }
 
 template <DataType In>
 bool ChainTo(const uint8_t* src, const ChainOp* ops, size_t n_ops, DataType out, uint8_t* dst,
-             size_t n, bool stream) {
+             size_t n) {
   switch (out) {
     case DataType::kF32:
-      if (stream && reinterpret_cast<uintptr_t>(dst) % 4 == 0) {
-        ChainLoop<In, DataType::kF32, true>(src, ops, n_ops, dst, n);
-      } else {
-        ChainLoop<In, DataType::kF32, false>(src, ops, n_ops, dst, n);
-      }
+      ChainLoop<In, DataType::kF32>(src, ops, n_ops, dst, n);
       return true;
-    case DataType::kF16:  // f16 and bf16 are never streamed (Executor::Compile)
-      ChainLoop<In, DataType::kF16, false>(src, ops, n_ops, dst, n);
+    case DataType::kF16:
+      ChainLoop<In, DataType::kF16>(src, ops, n_ops, dst, n);
       return true;
     case DataType::kBF16:
-      ChainLoop<In, DataType::kBF16, false>(src, ops, n_ops, dst, n);
+      ChainLoop<In, DataType::kBF16>(src, ops, n_ops, dst, n);
       return true;
     default:
       return false;
@@ -199,21 +184,21 @@ bool ChainSupported(const ChainOp* ops, size_t n_ops, DataType out) {
 }  // namespace
 
 bool RunChain(DataType in, const uint8_t* src, const ChainOp* ops, size_t n_ops, DataType out,
-              uint8_t* dst, size_t n, bool stream) {
+              uint8_t* dst, size_t n) {
   if (!ChainSupported(ops, n_ops, out)) return false;
   switch (in) {
     case DataType::kF32:
-      return ChainTo<DataType::kF32>(src, ops, n_ops, out, dst, n, stream);
+      return ChainTo<DataType::kF32>(src, ops, n_ops, out, dst, n);
     case DataType::kF16:
-      return ChainTo<DataType::kF16>(src, ops, n_ops, out, dst, n, stream);
+      return ChainTo<DataType::kF16>(src, ops, n_ops, out, dst, n);
     case DataType::kBF16:
-      return ChainTo<DataType::kBF16>(src, ops, n_ops, out, dst, n, stream);
+      return ChainTo<DataType::kBF16>(src, ops, n_ops, out, dst, n);
     case DataType::kI32:
-      return ChainTo<DataType::kI32>(src, ops, n_ops, out, dst, n, stream);
+      return ChainTo<DataType::kI32>(src, ops, n_ops, out, dst, n);
     case DataType::kI8:
-      return ChainTo<DataType::kI8>(src, ops, n_ops, out, dst, n, stream);
+      return ChainTo<DataType::kI8>(src, ops, n_ops, out, dst, n);
     case DataType::kU8:
-      return ChainTo<DataType::kU8>(src, ops, n_ops, out, dst, n, stream);
+      return ChainTo<DataType::kU8>(src, ops, n_ops, out, dst, n);
     default:
       return false;
   }
