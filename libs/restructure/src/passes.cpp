@@ -61,8 +61,8 @@ const float* Memory::Load(const Access& a, int64_t element, int64_t stride, size
   return scratch;
 }
 
-bool Memory::Source(const Access& a, int64_t element, size_t n, const uint8_t** src, DataType* type,
-                    ChainOp* ops, size_t* n_ops) const {
+bool Memory::Source(const Access& a, int64_t element, size_t* n, const uint8_t** src,
+                    DataType* type, ChainOp* ops, size_t* n_ops) const {
   if (!virtuals[a.buffer].active) {
     *src = At(a, element);
     *type = Type(a);
@@ -73,9 +73,8 @@ bool Memory::Source(const Access& a, int64_t element, size_t n, const uint8_t** 
                             [](int64_t x, const Segment& s) { return x < s.lo; });
   if (g == segs.begin()) return false;
   --g;
-  if (element + static_cast<int64_t>(n) > g->hi || *n_ops + g->ops.size() > kMaxChainOps) {
-    return false;
-  }
+  if (*n_ops + g->ops.size() > kMaxChainOps) return false;
+  *n = std::min(*n, static_cast<size_t>(g->hi - element));
   const Bound& b = bufs[g->source];
   *src = b.read + (g->source_base + (element - g->lo)) * static_cast<int64_t>(b.size);
   *type = b.dtype;
@@ -102,38 +101,43 @@ bool IsChain(const Pass& pass) {
 namespace {
 
 // Elements [begin, end) of a row of a chain pass (at: the row's index) in registers
-// (RunChain); false, with nothing written, where RunChain does not take them.
-bool RunChainRow(const Pass& pass, const Memory& mem, Index at, int64_t begin, int64_t end) {
+// (RunChain), a run of one source at a time (a computed scratch's segments); returns how many
+// from `begin` it did, the rest being left to the tiles.
+int64_t RunChainRow(const Pass& pass, const Memory& mem, Index at, int64_t begin, int64_t end) {
   const size_t levels = pass.iters.size();
-  at[levels - 1] = begin;
-  const size_t n = static_cast<size_t>(end - begin);
-  ChainOp ops[kMaxChainOps];
-  size_t n_ops = 0;
-  const uint8_t* src = nullptr;
-  DataType type = DataType::kF32;
   const Step& first = pass.steps.front();
-  if (!mem.Source(first.src1, Offset(first.src1, at, levels), n, &src, &type, ops, &n_ops)) {
-    return false;
-  }
-  for (size_t s = 0; s < pass.steps.size(); ++s) {
-    const Step& st = pass.steps[s];
-    const DataType dt = mem.Type(st.dst);
-    // Stored and loaded through its buffer's type where a later step reads it (RunFused).
-    const bool last = s + 1 == pass.steps.size();
-    ops[n_ops] = {st.op, st.scalar, last ? DataType::kF32 : dt, nullptr};
-    if (st.src2_kind == Operand2::kBuffer) {  // f32 in memory, read where it lies
-      if (mem.virtuals[st.src2.buffer].active || st.src2.buffer == mem.window ||
-          mem.Type(st.src2) != DataType::kF32) {
-        return false;
-      }
-      ops[n_ops].operand =
-          reinterpret_cast<const float*>(mem.At(st.src2, Offset(st.src2, at, levels)));
-    }
-    ++n_ops;
-  }
   const Step& out = pass.steps.back();
-  return RunChain(type, src, ops, n_ops, mem.Type(out.dst),
-                  mem.AtMutable(out.dst, Offset(out.dst, at, levels)), n);
+  int64_t done = begin;
+  while (done < end) {
+    at[levels - 1] = done;
+    size_t n = static_cast<size_t>(end - done);
+    ChainOp ops[kMaxChainOps];
+    size_t n_ops = 0;
+    const uint8_t* src = nullptr;
+    DataType type = DataType::kF32;
+    if (!mem.Source(first.src1, Offset(first.src1, at, levels), &n, &src, &type, ops, &n_ops)) {
+      break;
+    }
+    bool ok = true;
+    for (size_t s = 0; s < pass.steps.size() && ok; ++s) {
+      const Step& st = pass.steps[s];
+      // Stored and loaded through its buffer's type where a later step reads it (RunFused).
+      const bool last = s + 1 == pass.steps.size();
+      ops[n_ops] = {st.op, st.scalar, last ? DataType::kF32 : mem.Type(st.dst), nullptr};
+      if (st.src2_kind == Operand2::kBuffer) {  // f32 in memory, read where it lies
+        ok = !mem.virtuals[st.src2.buffer].active && mem.Type(st.src2) == DataType::kF32;
+        ops[n_ops].operand =
+            reinterpret_cast<const float*>(mem.At(st.src2, Offset(st.src2, at, levels)));
+      }
+      ++n_ops;
+    }
+    if (!ok || !RunChain(type, src, ops, n_ops, mem.Type(out.dst),
+                         mem.AtMutable(out.dst, Offset(out.dst, at, levels)), n)) {
+      break;
+    }
+    done += static_cast<int64_t>(n);
+  }
+  return done - begin;
 }
 
 }  // namespace
@@ -165,9 +169,9 @@ void RunFused(const Pass& pass, const Memory& mem, int64_t first, int64_t last) 
       idx[l] = static_cast<int64_t>(r % static_cast<size_t>(pass.iters[l]));
       r /= static_cast<size_t>(pass.iters[l]);
     }
-    const int64_t begin = std::max<int64_t>(0, first - row * total);
+    int64_t begin = std::max<int64_t>(0, first - row * total);
     const int64_t end = std::min<int64_t>(total, last - row * total);
-    if (chain && RunChainRow(pass, mem, idx, begin, end)) continue;
+    if (chain) begin += RunChainRow(pass, mem, idx, begin, end);
     for (int64_t j0 = begin; j0 < end; j0 += static_cast<int64_t>(kTile)) {
       const size_t n = static_cast<size_t>(std::min<int64_t>(kTile, end - j0));
       Index at = idx;

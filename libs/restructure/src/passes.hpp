@@ -80,10 +80,10 @@ struct Memory {
   // computation of a virtual buffer's elements from its inputs).
   const float* Load(const Access& a, int64_t element, int64_t stride, size_t n,
                     float* scratch) const;
-  // Where n contiguous elements of a's buffer from `element` come from: memory of type *type at
-  // *src, through the ops appended to ops[*n_ops...] (a virtual buffer's, rounded to its type).
-  // False when they are not one contiguous run of one buffer or the ops do not fit.
-  bool Source(const Access& a, int64_t element, size_t n, const uint8_t** src, DataType* type,
+  // Where contiguous elements of a's buffer from `element` come from: memory of type *type at
+  // *src, through the ops appended to ops[*n_ops...] (a virtual buffer's, rounded to its type),
+  // for the first *n of them (clipped to one virtual segment). False when the ops do not fit.
+  bool Source(const Access& a, int64_t element, size_t* n, const uint8_t** src, DataType* type,
               ChainOp* ops, size_t* n_ops) const;
 };
 
