@@ -256,6 +256,26 @@ TEST_CASE("chains kept in registers with operands read from memory", "[restructu
   }
 }
 
+TEST_CASE("division by a power of two is multiplication by its reciprocal, bit for bit",
+          "[restructure][executor]") {
+  // Where the reciprocal is a normal float the product is the same real number as the quotient;
+  // at the ends of the exponent range (2^127's reciprocal is subnormal, 2^-127 is subnormal
+  // itself) the division stays. Chains (f32 and f16 outputs) and tiles (i32).
+  for (float divisor : {4.0f, 0.25f, -2.0f, 1.0f, std::ldexp(1.0f, -126), std::ldexp(1.0f, 126),
+                        std::ldexp(1.0f, 127), std::ldexp(1.0f, -127), 3.0f}) {
+    for (DataType out : {DataType::kF32, DataType::kF16, DataType::kI32}) {
+      pr::ProgramBuilder b;
+      auto x = b.Input("x", DataType::kF32, 3001);
+      auto y = b.Output("y", out, 3001);
+      auto t = b.Scratch("t", DataType::kF32, 3001);
+      b.Div(t, x, divisor);
+      b.Cast(y, t);
+      INFO("/ " << divisor << " -> " << pk::DataTypeName(out));
+      RequireSame(Built(b.Build()), 47);
+    }
+  }
+}
+
 TEST_CASE("max pooling at odd shapes, every type", "[restructure][executor]") {
   for (DataType t : kTypes) {
     for (const pr::Pool2D& s :

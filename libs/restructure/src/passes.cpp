@@ -124,6 +124,12 @@ int64_t RunChainRow(const Pass& pass, const Memory& mem, Index at, int64_t begin
       // Stored and loaded through its buffer's type where a later step reads it (RunFused).
       const bool last = s + 1 == pass.steps.size();
       ops[n_ops] = {st.op, st.scalar, last ? DataType::kF32 : mem.Type(st.dst), nullptr};
+      float r;  // a division by a power of two is the multiplication by its reciprocal
+      if (st.op == Op::kDiv && st.src2_kind != Operand2::kBuffer &&
+          ExactReciprocal(st.scalar, &r)) {
+        ops[n_ops].op = Op::kMul;
+        ops[n_ops].scalar = r;
+      }
       if (st.src2_kind == Operand2::kBuffer) {  // f32 in memory, read where it lies
         ok = !mem.virtuals[st.src2.buffer].active && mem.Type(st.src2) == DataType::kF32;
         ops[n_ops].operand =

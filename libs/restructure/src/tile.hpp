@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "plexus/restructure/program.hpp"
 
@@ -33,6 +34,17 @@ void CopyTile(float* dst, const float* src, size_t n);
 // advancing together. A strip as wide as a cache line of src reads every line of it once.
 void TransposeStrip4(const uint8_t* src, int64_t sq, uint8_t* dst, int64_t dp, int64_t ni,
                      int64_t nj);
+// Whether dividing by `s` is multiplying by *r exactly: s a power of two whose reciprocal is a
+// normal float too (x / s and x * r are then the same real number, rounded once, for every x).
+inline bool ExactReciprocal(float s, float* r) {
+  uint32_t bits;
+  std::memcpy(&bits, &s, 4);
+  const uint32_t exponent = (bits >> 23) & 0xff;
+  if ((bits & 0x7fffff) != 0 || exponent < 1 || exponent > 253) return false;
+  *r = 1.0f / s;
+  return true;
+}
+
 // One op of a chain kept in registers: `op` with the scalar operand, or with operand[i] for
 // element i of the run where `operand` is set (f32 memory; kCopy and kCast pass the value
 // through; kPow only with the scalar 2), then, unless `round` is kF32, the value stored to

@@ -20,7 +20,8 @@ namespace {
 
 constexpr size_t kRegs = 4;           // vectors of a chain's values in flight
 constexpr size_t kChunk = 8 * kRegs;  // elements per round of the chain
-using Values = __m256[kRegs];         // kept in registers: the loops below unroll
+static_assert(kChunk <= 32, "Log10Values keeps one bit per element in a uint32_t");
+using Values = __m256[kRegs];  // kept in registers: the loops below unroll
 
 constexpr size_t SizeOf(DataType t) {
   return t == DataType::kF32 || t == DataType::kI32    ? 4
@@ -58,23 +59,31 @@ void StoreVector(uint8_t* p, __m256 v) {
   }
 }
 
-// Log10Tile on eight lanes: the polynomial, and std::log10 for the lanes it does not cover.
-[[gnu::always_inline]] inline __m256 Log10Vector(__m256 x) {
-  const __m256 ordinary = _mm256_and_ps(
-      _mm256_cmp_ps(x, _mm256_set1_ps(std::numeric_limits<float>::min()), _CMP_GE_OQ),
-      _mm256_cmp_ps(x, _mm256_set1_ps(std::numeric_limits<float>::max()), _CMP_LE_OQ));
-  const __m256 safe = _mm256_blendv_ps(_mm256_set1_ps(1.0f), x, ordinary);
-  __m256 r = _mm256_mul_ps(LogPositive8(safe), _mm256_set1_ps(kLog10E));
-  if (const int special = _mm256_movemask_ps(ordinary) ^ 0xff; special != 0) {
-    alignas(32) float in[8], out[8];
-    _mm256_store_ps(in, x);
-    _mm256_store_ps(out, r);
-    for (int k = 0; k < 8; ++k) {
-      if (special & (1 << k)) out[k] = std::log10(in[k]);
-    }
-    r = _mm256_load_ps(out);
+// Log10Tile on a chunk: the polynomial on every vector (no branch between them, so that their
+// dependency chains overlap), then std::log10 for the lanes it does not cover.
+[[gnu::always_inline]] inline void Log10Values(Values& v) {
+  const __m256 lo = _mm256_set1_ps(std::numeric_limits<float>::min());
+  const __m256 hi = _mm256_set1_ps(std::numeric_limits<float>::max());
+  Values in;
+  uint32_t special = 0;
+  for (size_t k = 0; k < kRegs; ++k) {
+    in[k] = v[k];
+    const __m256 ordinary =
+        _mm256_and_ps(_mm256_cmp_ps(v[k], lo, _CMP_GE_OQ), _mm256_cmp_ps(v[k], hi, _CMP_LE_OQ));
+    special |= static_cast<uint32_t>(_mm256_movemask_ps(ordinary) ^ 0xff) << (8 * k);
+    v[k] = _mm256_blendv_ps(_mm256_set1_ps(1.0f), v[k], ordinary);
   }
-  return r;
+  for (__m256& x : v) x = _mm256_mul_ps(LogPositive8(x), _mm256_set1_ps(kLog10E));
+  if (special == 0) return;
+  alignas(32) float x[kChunk], r[kChunk];
+  for (size_t k = 0; k < kRegs; ++k) {
+    _mm256_store_ps(x + 8 * k, in[k]);
+    _mm256_store_ps(r + 8 * k, v[k]);
+  }
+  for (size_t i = 0; i < kChunk; ++i) {
+    if (special & (uint32_t{1} << i)) r[i] = std::log10(x[i]);
+  }
+  for (size_t k = 0; k < kRegs; ++k) v[k] = _mm256_load_ps(r + 8 * k);
 }
 
 // Inlined into each loop, so that the values stay in registers across the ops.
@@ -102,7 +111,7 @@ void StoreVector(uint8_t* p, __m256 v) {
         for (__m256& x : v) x = _mm256_mul_ps(x, x);
         break;
       case Op::kLog10:
-        for (__m256& x : v) x = Log10Vector(x);
+        Log10Values(v);
         break;
       default:  // kCopy, kCast: the value as it is
         break;
