@@ -32,7 +32,7 @@ struct OutOp {
   uint64_t wr_id = 0;
   size_t bytes = 0;
   size_t frames_left = 0;        // frames not yet written completely
-  std::vector<uint8_t> staging;  // host copy of a CUDA source; a produced send's current chunk
+  std::vector<uint8_t> staging;  // host copy of a CUDA source; a produced send's two chunks
   // A produced send (PostSendProduced): its payload is made chunk by chunk into `staging` as
   // the socket takes it. Never striped. Destroyed once the operation completed.
   Producer producer;
