@@ -70,7 +70,7 @@ __m256 ApplyPs(ReduceOp op, __m256 x, __m256 y) {
 template <bool kBf16>
 __m256 FromWireBits(__m128i h) {
   if constexpr (kBf16) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return WidenBf16(h);
   } else {
     return _mm256_cvtph_ps(h);
   }

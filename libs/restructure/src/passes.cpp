@@ -26,14 +26,10 @@ const float* Memory::Load(const Access& a, int64_t element, int64_t stride, size
     const Bound& src = bufs[g.source];
     const uint8_t* at = src.read + (g.source_base + (e - g.lo)) * static_cast<int64_t>(src.size);
     const float* x = LoadTile(src.dtype, at, st, len, out);
-    uint8_t bytes[kTile * 4];
     for (const auto& [op, scalar] : g.ops) {
       ApplyTile(op, x, nullptr, scalar, len, out);
       x = out;
-      if (type != DataType::kF32) {  // stored to the buffer's type, as the interpreter would
-        StoreTile(type, bytes, 1, len, out);
-        LoadTile(type, bytes, 1, len, out);
-      }
+      RoundTile(type, out, len);  // stored to the buffer's type, as the interpreter would
     }
     return x;
   };

@@ -86,6 +86,16 @@ void Max2Tile(const float* m, const float* v, size_t n, float* out) {
   generic::Max2Tile(m, v, n, out);
 }
 
+void RoundTile(DataType dtype, float* v, size_t n) {
+  if (dtype == DataType::kF32) return;
+  uint8_t bytes[kTile * 4];
+  for (size_t i = 0; i < n; i += kTile) {
+    const size_t m = std::min(kTile, n - i);
+    StoreTile(dtype, bytes, 1, m, v + i);
+    LoadTile(dtype, bytes, 1, m, v + i);
+  }
+}
+
 void TransposeStrip4(const uint8_t* src, int64_t sq, uint8_t* dst, int64_t dp, int64_t ni,
                      int64_t nj) {
   if (UseAvx2()) return avx2::TransposeStrip4(src, sq, dst, dp, ni, nj);

@@ -17,6 +17,9 @@ inline constexpr size_t kTile = 1024;
 const float* LoadTile(DataType dtype, const uint8_t* p, int64_t stride, size_t n, float* scratch);
 // Stores v[0, n) as `dtype` at p, p + stride, ... (the interpreter's StoreElement, in bulk).
 void StoreTile(DataType dtype, uint8_t* p, int64_t stride, size_t n, const float* v);
+// v[0, n) stored as `dtype` and loaded back, in place: what a store of an intermediate and a
+// later load of it do to its values (nothing for f32).
+void RoundTile(DataType dtype, float* v, size_t n);
 // out[i] = op(a[i], b ? b[i] : scalar) for an element-wise op (kCopy and kCast pass a through);
 // out may equal a.
 void ApplyTile(Op op, const float* a, const float* b, float scalar, size_t n, float* out);

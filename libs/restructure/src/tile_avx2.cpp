@@ -3,7 +3,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -23,6 +22,7 @@ constexpr size_t kChunk = 8 * kRegs;  // elements per round of the chain
 static_assert(kChunk <= 32, "Log10Values keeps one bit per element in a uint32_t");
 using Values = __m256[kRegs];  // kept in registers: the loops below unroll
 
+// kernels::DataTypeSize, usable in templates.
 constexpr size_t SizeOf(DataType t) {
   return t == DataType::kF32 || t == DataType::kI32    ? 4
          : t == DataType::kF16 || t == DataType::kBF16 ? 2
@@ -119,10 +119,7 @@ void StoreVector(uint8_t* p, __m256 v) {
     if (ops[o].round == DataType::kF16) {
       for (__m256& x : v) x = _mm256_cvtph_ps(Wire(DataType::kF16, x));
     } else if (ops[o].round == DataType::kBF16) {
-      for (__m256& x : v) {
-        x = _mm256_castsi256_ps(
-            _mm256_slli_epi32(_mm256_cvtepu16_epi32(Wire(DataType::kBF16, x)), 16));
-      }
+      for (__m256& x : v) x = kernels::WidenBf16(Wire(DataType::kBF16, x));
     }
   }
 }
@@ -131,16 +128,12 @@ void StoreVector(uint8_t* p, __m256 v) {
 void ChainTail(DataType in, const uint8_t* src, const ChainOp* ops, size_t n_ops, DataType out,
                uint8_t* dst, size_t i, size_t n) {
   alignas(32) float v[kChunk];
-  uint8_t bytes[kChunk * 4];
   const float* x = LoadTile(in, src + i * SizeOf(in), 1, n, v);
   if (x != v) CopyTile(v, x, n);
   for (size_t o = 0; o < n_ops; ++o) {
     const float* b = ops[o].operand != nullptr ? ops[o].operand + i : nullptr;
     ApplyTile(ops[o].op, v, b, ops[o].scalar, n, v);
-    if (ops[o].round != DataType::kF32) {
-      StoreTile(ops[o].round, bytes, 1, n, v);
-      LoadTile(ops[o].round, bytes, 1, n, v);
-    }
+    RoundTile(ops[o].round, v, n);
   }
   StoreTile(out, dst + i * SizeOf(out), 1, n, v);
 }

@@ -11,10 +11,14 @@
 namespace plexus::kernels {
 namespace {
 
+// Eight bf16 values (their bits) as f32: exact.
+inline __m256 WidenBf16(__m128i h) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 // Eight bf16 values at p (unaligned) as f32.
 inline __m256 LoadBf16(const uint8_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return WidenBf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 // Round to nearest even; NaNs keep their top bits and become quiet (as FloatToBf16).
