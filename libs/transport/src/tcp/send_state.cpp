@@ -244,8 +244,8 @@ int FrameQueue::Gather(iovec* iov, int max) const {
       // Only the produced chunks (the rest of one half, then the other); the frames after this
       // one wait until it is all produced.
       while (skip < it->chunk_end && n < max) {
-        const size_t chunk_end = (skip / kMaxProduceConsumeBytes + 1) * kMaxProduceConsumeBytes;
-        const size_t take = std::min(it->chunk_end, chunk_end) - skip;
+        const size_t half_end = (skip / kMaxProduceConsumeBytes + 1) * kMaxProduceConsumeBytes;
+        const size_t take = std::min(it->chunk_end, half_end) - skip;
         iov[n++] = {it->op->staging.data() + StagingOffset(skip), take};
         skip += take;
       }

@@ -167,8 +167,8 @@ class FrameQueue {
     size_t total = 0;  // header + payload bytes
     size_t sent = 0;
     std::shared_ptr<OutOp> op;
-    // A produced send: payload bytes from the start of the socket's chunk up to chunk_end are
-    // in op->staging (StagingOffset).
+    // A produced send: the payload is produced up to chunk_end; its bytes the socket has not
+    // taken yet (two chunks at most) are in op->staging, chunk k in half k % 2.
     bool produced = false;
     size_t chunk_end = 0;
   };
