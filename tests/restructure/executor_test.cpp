@@ -49,8 +49,7 @@ struct Both {
   std::vector<std::vector<uint8_t>> reference, fast;
 };
 
-Both RunBoth(const pr::Program& p, uint32_t seed) {
-  const auto inputs = RandomInputs(p, seed);
+Both RunBothOn(const pr::Program& p, const std::vector<std::vector<uint8_t>>& inputs) {
   std::vector<pr::ConstBytes> in;
   for (const auto& v : inputs) in.emplace_back(v.data(), v.size());
   Both r{Outputs(p, 0xEE), Outputs(p, 0xEE)};
@@ -69,8 +68,10 @@ Both RunBoth(const pr::Program& p, uint32_t seed) {
   return r;
 }
 
-void RequireSame(const pr::Program& p, uint32_t seed) {
-  const Both b = RunBoth(p, seed);
+Both RunBoth(const pr::Program& p, uint32_t seed) { return RunBothOn(p, RandomInputs(p, seed)); }
+
+void RequireSameOn(const pr::Program& p, const std::vector<std::vector<uint8_t>>& inputs) {
+  const Both b = RunBothOn(p, inputs);
   for (size_t k = 0; k < b.reference.size(); ++k) {
     size_t first = b.reference[k].size();
     for (size_t i = 0; i < b.reference[k].size(); ++i) {
@@ -83,6 +84,8 @@ void RequireSame(const pr::Program& p, uint32_t seed) {
     CHECK(first == b.reference[k].size());
   }
 }
+
+void RequireSame(const pr::Program& p, uint32_t seed) { RequireSameOn(p, RandomInputs(p, seed)); }
 
 constexpr DataType kTypes[] = {DataType::kF32, DataType::kF16, DataType::kBF16,
                                DataType::kI32, DataType::kI8,  DataType::kU8};
@@ -289,6 +292,63 @@ TEST_CASE("max pooling at odd shapes, every type", "[restructure][executor]") {
       RequireSame(Built(b.Build()), static_cast<uint32_t>(s.height));
     }
   }
+}
+
+TEST_CASE("max pooling keeps the first maximum and the first NaN of each window",
+          "[restructure][executor]") {
+  // f32 drawn from a few values, so that windows hold ties of +0 and -0 and NaNs with distinct
+  // payloads: only the interpreter's order (row by row, left to right) picks the same bits.
+  auto inputs = [](const pr::Program& p, uint32_t seed) {
+    std::mt19937 rng(seed);
+    const float choices[] = {0.0f, -0.0f, 1.0f, -1.0f, 0.5f};
+    std::vector<uint8_t> bytes(static_cast<size_t>(p.buffers[0].count) * 4);
+    for (size_t i = 0; i < bytes.size() / 4; ++i) {
+      float v = choices[rng() % 5];
+      if (rng() % 13 == 0)
+        v = std::bit_cast<float>(static_cast<uint32_t>(0x7fc00000u | (rng() & 0x3fffff)));
+      std::memcpy(bytes.data() + 4 * i, &v, 4);
+    }
+    return std::vector<std::vector<uint8_t>>{bytes};
+  };
+  // Channels 1-16 take every way of picking a window's values out of a row (gathered, runs of
+  // 3-4 and 5-8 in one vector, longer runs copied); a row of 2800 x 3 is too long for one block
+  // with its window's second row, which then merges across blocks.
+  for (const pr::Pool2D& s :
+       {pr::Pool2D{6, 10, 1, 2, 2, 2, 2}, pr::Pool2D{7, 9, 2, 2, 2, 2, 2},
+        pr::Pool2D{6, 34, 3, 2, 2, 2, 2}, pr::Pool2D{5, 11, 4, 2, 2, 2, 2},
+        pr::Pool2D{4, 10, 5, 2, 2, 2, 2}, pr::Pool2D{4, 9, 8, 2, 2, 2, 2},
+        pr::Pool2D{4, 6, 9, 2, 2, 2, 2}, pr::Pool2D{4, 7, 16, 2, 2, 2, 2},
+        pr::Pool2D{5, 8, 3, 2, 2, 1, 1}, pr::Pool2D{6, 8, 3, 2, 2, 2, 3},
+        pr::Pool2D{5, 600, 3, 2, 2, 2, 2}, pr::Pool2D{4, 2800, 3, 2, 2, 2, 2}}) {
+    pr::ProgramBuilder b;
+    auto x = b.Input("x", DataType::kF32, s.height * s.width * s.channels);
+    auto y = b.Output("y", DataType::kF32, s.out_h() * s.out_w() * s.channels);
+    b.MaxPool2D(y, x, s);
+    const pr::Program p = Built(b.Build());
+    INFO("pool " << s.height << "x" << s.width << "x" << s.channels << " stride " << s.stride_h
+                 << "x" << s.stride_w);
+    for (const bool avx2 : {true, false}) {
+      INFO((avx2 ? "AVX2 where the CPU has it" : "baseline kernels"));
+      const bool was = pk::SetAvx2Allowed(avx2);
+      for (uint32_t seed : {1u, 2u, 3u}) RequireSameOn(p, inputs(p, seed));
+      pk::SetAvx2Allowed(was);
+    }
+  }
+  // Outputs in another order than their windows (channel-major from an interleaved image).
+  const int64_t h = 6, w = 14, c = 3, row = w * c;
+  pr::ProgramBuilder b;
+  auto x = b.Input("x", DataType::kF32, h * row);
+  auto y = b.Output("y", DataType::kF32, h / 2 * w / 2 * c);
+  pr::Step step;
+  step.op = pr::Op::kMaxPool;
+  step.iters = {h / 2, c, w / 2, 2, 2};
+  step.dst = pr::ProgramBuilder::At(y, 0, {w / 2, h / 2 * w / 2, 1, 0, 0});
+  step.src1 = pr::ProgramBuilder::At(x, 0, {2 * row, 1, 2 * c, row, c});
+  step.window_levels = 2;
+  b.Step(step);
+  const pr::Program p = Built(b.Build());
+  INFO("channel-major outputs");
+  for (uint32_t seed : {4u, 5u}) RequireSameOn(p, inputs(p, seed));
 }
 
 TEST_CASE("the pipelines match the interpreter", "[restructure][executor]") {

@@ -279,7 +279,38 @@ bool RunMaxPoolBoxes(const Pass& pass, const Memory& mem) {
   const size_t k_out = src.size();
   bool dst_regular = k_out > 1;
   for (size_t k = 1; k < k_out && dst_regular; ++k) dst_regular = dst[k] == dst[1] * int64_t(k);
+  // The outputs' values are picked from the reduced block (`select`): as runs of `run`
+  // consecutive positions every `period` where the offsets are such (an image's channels at
+  // every window start), else by gathering each offset.
+  int64_t run = 1;
+  while (static_cast<size_t>(run) < k_out && src[run] == src[0] + run) ++run;
+  const int64_t period = static_cast<size_t>(run) < k_out ? src[run] - src[0] : 0;
+  bool runs = k_out % static_cast<size_t>(run) == 0 &&
+              (run == static_cast<int64_t>(k_out) || period >= run);
+  for (size_t k = 0; k < k_out && runs; ++k) {
+    runs =
+        src[k] == src[0] + static_cast<int64_t>(k) / run * period + static_cast<int64_t>(k) % run;
+  }
+  // The common 2 x 2 window (both its levels in the block) with increasing offsets is reduced in
+  // one pass a few hundred outputs at a time: the two rows it reads stream from memory while
+  // what was reduced is still in the first-level cache.
+  bool increasing = true;
+  for (size_t k = 1; k < k_out && increasing; ++k) increasing = src[k] > src[k - 1];
+  const bool window_2x2 = box_window.size() == 2 && pass.iters[box_window[0]] == 2 &&
+                          pass.iters[box_window[1]] == 2 && increasing;
+  const size_t chunk = window_2x2 ? static_cast<size_t>(runs ? 128 * run : 512) : k_out;
   std::vector<float> block(static_cast<size_t>(box)), reduced(static_cast<size_t>(box)), m(k_out);
+  std::vector<float> picked(chunk);
+  std::vector<int32_t> at(chunk);
+  // out[0, k1 - k0) = the values of outputs [k0, k1) in `values`, which holds the block's
+  // positions from src[k0] on.
+  auto select = [&](const float* values, size_t k0, size_t k1, float* out) {
+    if (runs) {
+      return CompactRuns(values, run, period, static_cast<int64_t>(k1 - k0) / run, out);
+    }
+    for (size_t k = k0; k < k1; ++k) at[k - k0] = static_cast<int32_t>(src[k] - src[k0]);
+    GatherTile(values, at.data(), k1 - k0, out);
+  };
   // f32 in memory (not a computed buffer, not a stream's window) is reduced where it lies.
   const bool direct = !mem.virtuals[st.src1.buffer].active && st.src1.buffer != mem.window &&
                       mem.Type(st.src1) == DataType::kF32;
@@ -298,12 +329,12 @@ bool RunMaxPoolBoxes(const Pass& pass, const Memory& mem) {
       }
     }
   };
-  // Contiguous f32 outputs written once each (no window level outside the block) take the
-  // gather straight into the destination: storing them from `m` afterwards cost as much again.
-  const bool gather_out =
+  // Contiguous f32 outputs written once each (no window level outside the block) are selected
+  // straight into the destination: storing them from `m` afterwards cost as much again.
+  const bool select_out =
       rest_window.empty() && d_type == DataType::kF32 && dst_regular && dst[1] == 1;
   walk(rest_outer, Index{}, [&](const Index& o) {
-    float* out = gather_out
+    float* out = select_out
                      ? reinterpret_cast<float*>(mem.AtMutable(st.dst, Offset(st.dst, o, levels)))
                      : m.data();
     bool first = true;
@@ -320,6 +351,28 @@ bool RunMaxPoolBoxes(const Pass& pass, const Memory& mem) {
           if (x != block.data() + done) CopyTile(block.data() + done, x, n);
           done += static_cast<int64_t>(n);
         }
+      }
+      // Outputs [k0, k1) selected from their reduced values, into `out` the first time, else
+      // as the later window values of outputs the earlier ones already set.
+      auto finish = [&](const float* values, size_t k0, size_t k1) {
+        if (first) return select(values, k0, k1, out + k0);
+        select(values, k0, k1, picked.data());
+        MaxTile(picked.data(), k1 - k0, m.data() + k0);
+      };
+      if (window_2x2) {
+        // The window's four values in the interpreter's order, over the positions from the
+        // chunk's first output to its last.
+        const int64_t outer_stride = st.src1.strides[box_window[0]];
+        const int64_t inner_stride = st.src1.strides[box_window[1]];
+        for (size_t k0 = 0; k0 < k_out; k0 += chunk) {
+          const size_t k1 = std::min(k_out, k0 + chunk);
+          const float* a = cur + src[k0];
+          Max4Tile(a, a + inner_stride, a + outer_stride, a + outer_stride + inner_stride,
+                   static_cast<size_t>(src[k1 - 1] - src[k0] + 1), reduced.data());
+          finish(reduced.data(), k0, k1);
+        }
+        first = false;
+        return;
       }
       // The block's window levels reduced one at a time, innermost first, each as shifted
       // maxima over the whole block (vectorised): the leftmost maximum of a window is the
@@ -340,19 +393,12 @@ bool RunMaxPoolBoxes(const Pass& pass, const Memory& mem) {
         cur = next;
         next = next == reduced.data() ? block.data() : reduced.data();
       }
-      if (first) {
-        const int64_t* at = src.data();
-        for (size_t k = 0; k < k_out; ++k) out[k] = cur[at[k]];
-      } else {
-        for (size_t k = 0; k < k_out; ++k) {
-          const float v = cur[src[k]];
-          const float r = m[k];
-          m[k] = (r != r) ? r : ((v != v || v > r) ? v : r);
-        }
+      for (size_t k0 = 0; k0 < k_out; k0 += chunk) {
+        finish(cur + src[k0], k0, std::min(k_out, k0 + chunk));
       }
       first = false;
     });
-    if (gather_out) return;
+    if (select_out) return;
     uint8_t* d = mem.AtMutable(st.dst, Offset(st.dst, o, levels));
     if (dst_regular) {
       for (size_t k = 0; k < k_out; k += kTile) {

@@ -22,6 +22,9 @@ void StoreTile(DataType dtype, uint8_t* p, int64_t stride, size_t n, const float
 void ApplyTile(Op op, const float* a, const float* b, float scalar, size_t n, float* out);
 void MaxTile(const float* v, size_t n, float* m);
 void Max2Tile(const float* m, const float* v, size_t n, float* out);
+void Max4Tile(const float* a, const float* b, const float* c, const float* d, size_t n, float* out);
+void GatherTile(const float* src, const int32_t* idx, size_t n, float* out);
+void CompactRuns(const float* src, int64_t run, int64_t period, int64_t runs, float* out);
 void TransposeStrip4(const uint8_t* src, int64_t sq, uint8_t* dst, int64_t dp, int64_t ni,
                      int64_t nj);
 bool RunChain(DataType in, const uint8_t* src, const ChainOp* ops, size_t n_ops, DataType out,
@@ -84,6 +87,22 @@ void MaxTile(const float* v, size_t n, float* m) {
 void Max2Tile(const float* m, const float* v, size_t n, float* out) {
   if (UseAvx2()) return avx2::Max2Tile(m, v, n, out);
   generic::Max2Tile(m, v, n, out);
+}
+
+void Max4Tile(const float* a, const float* b, const float* c, const float* d, size_t n,
+              float* out) {
+  if (UseAvx2()) return avx2::Max4Tile(a, b, c, d, n, out);
+  generic::Max4Tile(a, b, c, d, n, out);
+}
+
+void GatherTile(const float* src, const int32_t* idx, size_t n, float* out) {
+  if (UseAvx2()) return avx2::GatherTile(src, idx, n, out);
+  generic::GatherTile(src, idx, n, out);
+}
+
+void CompactRuns(const float* src, int64_t run, int64_t period, int64_t runs, float* out) {
+  if (UseAvx2()) return avx2::CompactRuns(src, run, period, runs, out);
+  generic::CompactRuns(src, run, period, runs, out);
 }
 
 void RoundTile(DataType dtype, float* v, size_t n) {

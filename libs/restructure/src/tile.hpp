@@ -28,6 +28,14 @@ void ApplyTile(Op op, const float* a, const float* b, float scalar, size_t n, fl
 void MaxTile(const float* v, size_t n, float* m);
 // out[i] = MaxTile's m[i] after one v[i] (m, v and out may not overlap, but out may equal m).
 void Max2Tile(const float* m, const float* v, size_t n, float* out);
+// out[i] = the max-pool update of a[i] by b[i], c[i] and d[i] in turn (a 2 x 2 window in one
+// pass); out may equal a.
+void Max4Tile(const float* a, const float* b, const float* c, const float* d, size_t n, float* out);
+// out[j * run + i] = src[j * period + i] for i < run, j < runs (period >= run; out does not
+// overlap src): the values at a window's start for every channel, every window.
+void CompactRuns(const float* src, int64_t run, int64_t period, int64_t runs, float* out);
+// out[k] = src[idx[k]] for k < n (out does not overlap src).
+void GatherTile(const float* src, const int32_t* idx, size_t n, float* out);
 // Copies n floats' bits with vector loads and stores. The C library's copy of a tile-sized block
 // is a string copy that overlaps with nothing around it, to or from memory: every tile copy in
 // the passes goes through this instead.
