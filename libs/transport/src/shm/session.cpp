@@ -301,6 +301,18 @@ absl::StatusOr<Mapping> MapShared(int fd, size_t size, const char* what) {
   return Mapping(p, size);
 }
 
+void MapEveryPage(const Mapping& m, bool write) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  for (size_t at = 0; at < m.size(); at += page) {
+    volatile uint8_t* byte = m.data() + at;
+    if (write) {
+      *byte = 0;
+    } else {
+      (void)*byte;
+    }
+  }
+}
+
 Doorbell::Doorbell(uint8_t* page)
     : seq_(reinterpret_cast<uint32_t*>(page + 64)),
       sleepers_(reinterpret_cast<uint32_t*>(page + 128)) {}
@@ -403,6 +415,8 @@ absl::StatusOr<Session> ConnectSession(const std::string& address, int local_doo
   PLEXUS_RETURN_IF_ERROR(SealShared(file.get(), "the connection file"));
   PLEXUS_ASSIGN_OR_RETURN(auto m, MapShared(file.get(), file_bytes, "the connection file"));
   s.file = std::move(m);
+  // Fresh memory: nothing to overwrite. The listener maps its side before it replies.
+  MapEveryPage(s.file, /*write=*/true);
   auto* fh = reinterpret_cast<FileHeader*>(s.file.data());
   fh->magic = options.magic;
   fh->version = options.version;
@@ -494,6 +508,7 @@ absl::StatusOr<Session> BeginAcceptSession(UniqueFd socket, int local_doorbell_f
   auto m = MapShared(got[0].get(), file_bytes, "the connection file");
   if (!m.ok()) return reject(m.status());
   s.file = std::move(*m);
+  MapEveryPage(s.file, /*write=*/false);  // the connector may be writing: only reads
   const auto* fh = reinterpret_cast<const FileHeader*>(s.file.data());
   if (fh->magic != kFileMagic || fh->version != kProtocolVersion ||
       fh->ring_bytes != hello.ring_bytes) {
