@@ -4,6 +4,8 @@
 // corrupts the ring or the handshake.
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <catch2/catch.hpp>
@@ -807,6 +809,41 @@ TEST_CASE("shm: both ends' mappings of a connection's rings are faulted in when 
     CHECK(size > 0);
     CHECK(rss == size);
   }
+}
+
+TEST_CASE("shm: faulting in a peer's file allocates nothing; at most the first 64 MiB", "[shm]") {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  auto blocks = [](int fd) {  // 512-byte blocks the file holds
+    struct stat st {};
+    REQUIRE(::fstat(fd, &st) == 0);
+    return static_cast<size_t>(st.st_blocks);
+  };
+  // A peer's file with three pages written: reading every page maps those three, allocates none.
+  const int fd = ::memfd_create("plexus-shm-test-peer-file", 0);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, 256 * page) == 0);
+  {
+    auto writer = shm::MapShared(fd, 256 * page, "the test file");
+    REQUIRE(writer.ok());
+    for (size_t p : {0, 7, 200}) writer->data()[p * page] = 1;
+  }
+  const size_t written = blocks(fd);
+  CHECK(written == 3 * page / 512);
+  auto reader = shm::MapShared(fd, 256 * page, "the test file");
+  REQUIRE(reader.ok());
+  shm::MapEveryPage(*reader, /*write=*/false);
+  CHECK(blocks(fd) == written);
+  ::close(fd);
+  // Our own fresh file: every page up to the limit, none beyond.
+  const size_t big = shm::kMapEveryPageLimit + 64 * page;
+  const int own = ::memfd_create("plexus-shm-test-own-file", 0);
+  REQUIRE(own >= 0);
+  REQUIRE(::ftruncate(own, static_cast<off_t>(big)) == 0);
+  auto mine = shm::MapShared(own, big, "the test file");
+  REQUIRE(mine.ok());
+  shm::MapEveryPage(*mine, /*write=*/true);
+  CHECK(blocks(own) == shm::kMapEveryPageLimit / 512);
+  ::close(own);
 }
 
 TEST_CASE("shm: Close cancels outstanding operations and the peer learns of it", "[shm]") {

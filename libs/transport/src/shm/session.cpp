@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstddef>
@@ -303,11 +304,19 @@ absl::StatusOr<Mapping> MapShared(int fd, size_t size, const char* what) {
 
 void MapEveryPage(const Mapping& m, bool write) {
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  for (size_t at = 0; at < m.size(); at += page) {
+  const size_t bytes = std::min(m.size(), kMapEveryPageLimit);
+  // Only pages the file already holds (as the connector's writes left them): a load of a hole
+  // would allocate it, here, at a peer's request.
+  std::vector<unsigned char> resident;
+  if (!write) {
+    resident.resize((bytes + page - 1) / page);
+    if (::mincore(m.data(), bytes, resident.data()) != 0) return;
+  }
+  for (size_t at = 0, i = 0; at < bytes; at += page, ++i) {
     volatile uint8_t* byte = m.data() + at;
     if (write) {
       *byte = 0;
-    } else {
+    } else if ((resident[i] & 1) != 0) {
       (void)*byte;
     }
   }

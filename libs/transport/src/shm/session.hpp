@@ -75,11 +75,13 @@ class Mapping {
 
 // Maps `size` bytes of `fd` shared read-write.
 absl::StatusOr<Mapping> MapShared(int fd, size_t size, const char* what);
-// Takes the page fault of every page of `m` now, touching one byte per page (a store of 0 with
-// `write`, else a load): a connection's rings are faulted in while it is made, not by its first
-// few megabytes of traffic. A fault costs microseconds (more under virtualisation), a page's
-// copy through the ring a fraction of one: left to the data path, the first pass over a 4 MiB
-// ring cost more than the copies.
+// Takes the page fault of every page of `m` now, touching one byte per page: a connection's
+// rings are faulted in while it is made, not by its first megabytes of traffic (a fault costs
+// microseconds, more under virtualisation; a page's copy through the ring a fraction of one).
+// With `write`, a store of 0 (fresh memory only); else a load of the pages the file already
+// holds, so that a peer's file never makes this process allocate. At most the first
+// kMapEveryPageLimit bytes.
+inline constexpr size_t kMapEveryPageLimit = size_t{64} << 20;
 void MapEveryPage(const Mapping& m, bool write);
 
 // One direction of a connection: a single-producer single-consumer byte ring whose positions
