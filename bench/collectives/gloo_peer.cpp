@@ -210,6 +210,11 @@ int main(int argc, char** argv) {
     pb::MeasureOps(impl, options, [&](pb::Op op) {
       return op == pb::Op::kAllreduce ? "gloo_" + options.algorithm : std::string("gloo");
     });
+    // No rank closes its Gloo connections before every rank is past its last Gloo operation:
+    // a slower rank still inside one saw "Connection closed by peer" when a faster one exited.
+    if (absl::Status s = rendezvous->Barrier("gloo-done", absl::FromChrono(kTimeout)); !s.ok()) {
+      Die("final barrier: " + s.ToString());
+    }
   } catch (const std::exception& e) {
     Die(std::string("gloo: ") + e.what());
   }
