@@ -831,18 +831,18 @@ TEST_CASE("shm: faulting in a peer's file allocates nothing; at most the first 6
   CHECK(written == 3 * page / 512);
   auto reader = shm::MapShared(fd, 256 * page, "the test file");
   REQUIRE(reader.ok());
-  shm::MapEveryPage(*reader, /*write=*/false);
+  shm::FaultInPeerFile(*reader);
   CHECK(blocks(fd) == written);
   ::close(fd);
   // Our own fresh file: every page up to the limit, none beyond.
-  const size_t big = shm::kMapEveryPageLimit + 64 * page;
+  const size_t big = shm::kFaultInLimit + 64 * page;
   const int own = ::memfd_create("plexus-shm-test-own-file", 0);
   REQUIRE(own >= 0);
   REQUIRE(::ftruncate(own, static_cast<off_t>(big)) == 0);
   auto mine = shm::MapShared(own, big, "the test file");
   REQUIRE(mine.ok());
-  shm::MapEveryPage(*mine, /*write=*/true);
-  CHECK(blocks(own) == shm::kMapEveryPageLimit / 512);
+  shm::FaultInOwnFile(*mine);
+  CHECK(blocks(own) == shm::kFaultInLimit / 512);
   ::close(own);
 }
 

@@ -302,23 +302,19 @@ absl::StatusOr<Mapping> MapShared(int fd, size_t size, const char* what) {
   return Mapping(p, size);
 }
 
-void MapEveryPage(const Mapping& m, bool write) {
+void FaultInOwnFile(const Mapping& m) {
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  const size_t bytes = std::min(m.size(), kMapEveryPageLimit);
-  // Only pages the file already holds (as the connector's writes left them): a load of a hole
-  // would allocate it, here, at a peer's request.
-  std::vector<unsigned char> resident;
-  if (!write) {
-    resident.resize((bytes + page - 1) / page);
-    if (::mincore(m.data(), bytes, resident.data()) != 0) return;
-  }
-  for (size_t at = 0, i = 0; at < bytes; at += page, ++i) {
-    volatile uint8_t* byte = m.data() + at;
-    if (write) {
-      *byte = 0;
-    } else if ((resident[i] & 1) != 0) {
-      (void)*byte;
-    }
+  const size_t bytes = std::min(m.size(), kFaultInLimit);
+  for (size_t at = 0; at < bytes; at += page) *static_cast<volatile uint8_t*>(m.data() + at) = 0;
+}
+
+void FaultInPeerFile(const Mapping& m) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t bytes = std::min(m.size(), kFaultInLimit);
+  std::vector<unsigned char> resident((bytes + page - 1) / page);
+  if (::mincore(m.data(), bytes, resident.data()) != 0) return;
+  for (size_t i = 0; i < resident.size(); ++i) {
+    if ((resident[i] & 1) != 0) (void)*static_cast<volatile uint8_t*>(m.data() + i * page);
   }
 }
 
@@ -425,7 +421,7 @@ absl::StatusOr<Session> ConnectSession(const std::string& address, int local_doo
   PLEXUS_ASSIGN_OR_RETURN(auto m, MapShared(file.get(), file_bytes, "the connection file"));
   s.file = std::move(m);
   // Fresh memory: nothing to overwrite. The listener maps its side before it replies.
-  MapEveryPage(s.file, /*write=*/true);
+  FaultInOwnFile(s.file);
   auto* fh = reinterpret_cast<FileHeader*>(s.file.data());
   fh->magic = options.magic;
   fh->version = options.version;
@@ -517,7 +513,7 @@ absl::StatusOr<Session> BeginAcceptSession(UniqueFd socket, int local_doorbell_f
   auto m = MapShared(got[0].get(), file_bytes, "the connection file");
   if (!m.ok()) return reject(m.status());
   s.file = std::move(*m);
-  MapEveryPage(s.file, /*write=*/false);  // the connector may be writing: only reads
+  FaultInPeerFile(s.file);  // the connector may be writing: only reads
   const auto* fh = reinterpret_cast<const FileHeader*>(s.file.data());
   if (fh->magic != kFileMagic || fh->version != kProtocolVersion ||
       fh->ring_bytes != hello.ring_bytes) {

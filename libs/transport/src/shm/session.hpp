@@ -75,14 +75,15 @@ class Mapping {
 
 // Maps `size` bytes of `fd` shared read-write.
 absl::StatusOr<Mapping> MapShared(int fd, size_t size, const char* what);
-// Takes the page fault of every page of `m` now, touching one byte per page: a connection's
-// rings are faulted in while it is made, not by its first megabytes of traffic (a fault costs
-// microseconds, more under virtualisation; a page's copy through the ring a fraction of one).
-// With `write`, a store of 0 (fresh memory only); else a load of the pages the file already
-// holds, so that a peer's file never makes this process allocate. At most the first
-// kMapEveryPageLimit bytes.
-inline constexpr size_t kMapEveryPageLimit = size_t{64} << 20;
-void MapEveryPage(const Mapping& m, bool write);
+// A connection's rings are faulted in while it is made, one byte touched per page, not by its
+// first megabytes of traffic (a fault costs microseconds, more under virtualisation; a page's
+// copy through the ring a fraction of one). Each covers at most the first kFaultInLimit bytes.
+inline constexpr size_t kFaultInLimit = size_t{64} << 20;
+// Our own fresh file: a store of 0 into every page.
+void FaultInOwnFile(const Mapping& m);
+// A peer's file: a load from every page the file already holds (mincore), none from a hole, so
+// that a peer's file never makes this process allocate.
+void FaultInPeerFile(const Mapping& m);
 
 // One direction of a connection: a single-producer single-consumer byte ring whose positions
 // grow forever (position % capacity is the byte offset). Nothing here trusts the peer: the
