@@ -73,6 +73,15 @@ std::shared_ptr<pr::Policy> MakePolicy(const std::string& which) {
     if (!p.ok()) Die(p.status().ToString());
     return *p;
   }
+  if (which == "noop") {
+    // The control: an engine whose OnRequest passes every call, i.e. what any engine costs (its
+    // gate and one virtual call) before it does anything.
+    struct Noop : pr::Policy {
+      uint32_t hooks() const override { return pr::kHookRequest; }
+      std::string name() const override { return "noop"; }
+    };
+    return std::make_shared<Noop>();
+  }
   if (which == "acl") {
     auto p =
         pr::AclPolicy::Create("acl", {&pb::EchoService::Descriptor()},
@@ -145,7 +154,7 @@ int pb::PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
   }
   // Rate: every slot starts its next call from the previous one's callback (the channel's
   // thread) until the measured window closed. With a policy, the measured time alternates
-  // between 100 ms windows without and with it (Attach/Detach on the live channel), so that the
+  // between 20 ms windows without and with it (Attach/Detach on the live channel), so that the
   // two rates see the same machine: `rate` is with the policy, `base_rate` without.
   pb::Phases phases(a.seconds);
   std::atomic<uint64_t> ok[2] = {0, 0};
@@ -208,7 +217,7 @@ int pb::PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
     Clock::time_point t = phases.begin();
     int w = 0;
     while (t < phases.end()) {
-      const Clock::time_point next = std::min(t + std::chrono::milliseconds(100), phases.end());
+      const Clock::time_point next = std::min(t + std::chrono::milliseconds(20), phases.end());
       if (w == 1) {
         if (auto st = (*ch)->engines().Attach(policy); !st.ok()) Die(st.ToString());
       } else if ((*ch)->engines().Find(policy->name()) != nullptr) {

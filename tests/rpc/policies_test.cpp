@@ -219,6 +219,56 @@ TEST_CASE("rate limit on a channel fails the calls over the limit before they ar
   CHECK(f.impl.calls.load() == 2);
 }
 
+namespace {
+
+// Records the start each call showed it; declares the bits it is given.
+class StartRecorder : public pr::Policy {
+ public:
+  explicit StartRecorder(std::string name, uint32_t hooks)
+      : name_(std::move(name)), hooks_(hooks) {}
+  std::string name() const override { return name_; }
+  uint32_t hooks() const override { return hooks_; }
+  absl::Status OnRequest(const pr::CallInfo& call) override {
+    std::lock_guard<std::mutex> lock(mu);
+    starts.push_back(call.start);
+    return absl::OkStatus();
+  }
+  std::mutex mu;
+  std::vector<absl::Time> starts;
+
+ private:
+  const std::string name_;
+  const uint32_t hooks_;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "a channel reads the clock for a call only when an engine reads its start or it has a "
+    "deadline",
+    "[rpc][policies]") {
+  Pair f;
+  auto blind = std::make_shared<StartRecorder>("blind", pr::kHookRequest);
+  REQUIRE(f.channel->engines().Attach(blind).ok());
+  Kinds::Stub stub(f.channel);
+  AllKinds req;
+  REQUIRE(stub.EchoSync(req).ok());
+  const absl::Time before = absl::Now();
+  REQUIRE(stub.EchoSync(req, TenSeconds()).ok());  // the deadline needs the start
+  auto reader = std::make_shared<StartRecorder>("reader", pr::kHookRequest | pr::kReadsStart);
+  REQUIRE(f.channel->engines().Attach(reader, "blind").ok());
+  REQUIRE(stub.EchoSync(req).ok());  // an engine reads it: every engine sees it
+  const absl::Time after = absl::Now();
+  REQUIRE(blind->starts.size() == 3);
+  CHECK(blind->starts[0] == absl::Time());
+  CHECK(blind->starts[1] >= before);
+  CHECK(blind->starts[1] <= after);
+  CHECK(blind->starts[2] >= blind->starts[1]);
+  CHECK(blind->starts[2] <= after);
+  REQUIRE(reader->starts.size() == 1);
+  CHECK(reader->starts[0] == blind->starts[2]);
+}
+
 TEST_CASE("acl: configuration errors name the rule", "[rpc][policies]") {
   const std::vector<const pr::ServiceDesc*> svc{&Kinds::Descriptor()};
   auto e1 = pr::AclPolicy::Create("a", svc, {{"r1", "plexus.rpctest.Kinds/Nope", "text", {}}});

@@ -364,7 +364,16 @@ std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
         " was connected (its handshake checks each service's schema)")));
   }
   call->chain = impl.chain->snapshot();
-  if (!call->chain->empty() && call->info.start == absl::Time()) call->info.start = base::WallNow();
+  // What the engines take part in, read where it decides (an upgrade may change it meanwhile):
+  // the clock and the classification cost per call and are skipped when no engine needs them.
+  auto chain_hooks = [&] {
+    uint32_t hooks = 0;
+    for (const auto& p : *call->chain) hooks |= p->hooks();
+    return hooks;
+  };
+  if (call->info.start == absl::Time() && (chain_hooks() & kReadsStart)) {
+    call->info.start = base::WallNow();
+  }
   call->info.deadline = call->deadline;
   call->info.request = request;
   // A content policy reads a private copy, made when the first one is reached and holding what
@@ -398,6 +407,8 @@ std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
   if (!call->chain->empty()) {
     call->info.request_bytes = internal::kFixedHeaderBytes + call->encoded.structure.size();
     for (uint64_t b : call->encoded.segment_bytes) call->info.request_bytes += b;
+  }
+  if (chain_hooks() & kHookClassify) {
     MetadataView md;
     if (!options.metadata.empty()) {
       for (const auto& [k, v] : options.metadata) md.emplace_back(k, v);

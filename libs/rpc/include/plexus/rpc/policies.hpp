@@ -50,7 +50,8 @@ class RateLimitPolicy : public Policy {
   std::string name() const override { return name_; }
   std::string kind() const override { return "rate_limit"; }
   std::string DescribeJson() const override;
-  uint32_t hooks() const override { return kHookRequest; }
+  // The call's start is the limiter's "now" (one clock read per call, shared with the chain).
+  uint32_t hooks() const override { return kHookRequest | kReadsStart; }
   absl::Status OnRequest(const CallInfo& call) override;
   // New rate and burst for every bucket (tokens above the new burst are dropped).
   absl::Status Reconfigure(double rate, double burst);

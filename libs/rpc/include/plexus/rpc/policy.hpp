@@ -35,8 +35,9 @@ struct CallInfo {
   bool server_side = false;
   size_t request_bytes = 0;   // on the wire
   size_t response_bytes = 0;  // on the wire; 0 until the response exists
-  // When the call started; read only for calls with a deadline or a non-empty chain (the clock
-  // costs per call), so every engine that sees the call sees it set.
+  // When the call started. A Channel reads the clock (a cost per call) only for calls with a
+  // deadline or an engine that declares kReadsStart, so only those engines are sure to see it
+  // set; a Server sets it for every call.
   absl::Time start;
   absl::Time deadline = absl::InfiniteFuture();
   // The connection: the transport's connection id on the server (one chain serves them all); 0 on
@@ -125,14 +126,18 @@ class EngineState {
   std::map<std::string, std::any, std::less<>> values_;
 };
 
-// The hooks of an engine (Policy::hooks()), one bit each.
+// What an engine takes part in (Policy::hooks()), one bit each: the hooks it implements, and
+// whether it reads the call's start.
 enum PolicyHook : uint32_t {
   kHookRequest = 1u << 0,     // OnRequest
   kHookComplete = 1u << 1,    // OnComplete
   kHookRoute = 1u << 2,       // Route
   kHookLoadReport = 1u << 3,  // OnLoadReport
   kHookClassify = 1u << 4,    // Classify
-  kAllHooks = (1u << 5) - 1,
+  // Not a hook: the engine reads CallInfo::start. A Channel reads the clock for a call only
+  // when it has a deadline or one of its engines sets this bit (one read, shared by them all).
+  kReadsStart = 1u << 5,
+  kAllHooks = (1u << 6) - 1,
 };
 
 class Policy {
@@ -140,8 +145,9 @@ class Policy {
   virtual ~Policy() = default;
   // The hooks this engine implements (PolicyHook bits). The chain calls no other, nor passes the
   // engine's gate for it: an engine that only checks requests costs one gate per call, not one
-  // per hook. Read when the engine is attached and at each upgrade. The default, every hook, is
-  // always right; an engine that leaves out a hook it overrides is not called there.
+  // per hook. Read when the engine is attached and at each upgrade. The default, every bit, is
+  // always right; an engine that leaves out a hook it overrides is not called there, and one
+  // that leaves out kReadsStart may see CallInfo::start unset (absl::Time()) on a Channel.
   virtual uint32_t hooks() const { return kAllHooks; }
   // Unique within a chain; the name Attach/Detach use.
   virtual std::string name() const = 0;
@@ -240,6 +246,8 @@ class EngineSlot {
   std::optional<QosVerdict> Classify(const CallInfo& call);
   bool inspects_content();
   std::string name() const { return name_; }
+  // The current policy's hooks() (PolicyHook bits).
+  uint32_t hooks() const { return hooks_.load(std::memory_order_relaxed); }
   std::shared_ptr<Policy> policy() const;
 
  private:
@@ -314,7 +322,7 @@ class MetricsPolicy : public Policy {
   std::string name() const override { return name_; }
   std::string kind() const override { return "metrics"; }
   std::string DescribeJson() const override { return ToJson(); }
-  uint32_t hooks() const override { return kHookComplete; }
+  uint32_t hooks() const override { return kHookComplete | kReadsStart; }
   void OnComplete(const CallInfo& call, const absl::Status& status) override;
   // State: "methods" (std::map<std::string, MethodMetrics>); Restore adds it to this one's.
   absl::StatusOr<EngineState> Decompose() const override;
