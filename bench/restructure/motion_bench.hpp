@@ -2,7 +2,8 @@
 // motion between two processes (a forked receiver; tcp on 127.0.0.1 under the system's
 // congestion control, and shm), end to end: from the sender's start until the receiver has the
 // restructured bytes in its buffer and acknowledged them. Per pipeline and transport, the
-// median over --runs of, the ways alternating run by run (a balanced order):
+// median over --runs of each way's mean over 4 messages in a row, the ways alternating run by
+// run (a balanced order):
 //
 //   fused                 a produced send: the program's OutputStream writes the output into the
 //                         transport's frames (tcp's staging chunk, shm's ring) from the inputs
