@@ -496,6 +496,53 @@ TEST_CASE("4 ranks: whole-vector doubling out of place gives the bits of in plac
   }
 }
 
+// A small ReduceScatter (halving-doubling, the whole input within the mailbox limit) goes by
+// mailbox as a small AllReduce of the whole input: each rank's block is the bits of that
+// AllReduce's, at odd counts, on the power-of-two worlds where halving-doubling runs (elsewhere
+// it falls back to the ring), for ops that round (sum, avg) and pick (max); with 2 ranks, where
+// both orders are one addition, also the ring's bits. Inputs far from integers, so that another
+// order of additions shows.
+TEST_CASE("a small reduce-scatter by mailbox gives the bits of a small allreduce's block",
+          "[collectives][inproc]") {
+  for (int n : {2, 4, 8}) {
+    INFO("ranks " << n);
+    auto results = RunRanks(n, InprocOptions(), [&](int rank, pc::Communicator& comm) {
+      for (size_t count : {size_t{1}, size_t{3}, size_t{129}, size_t{8192 / 4 / 8}}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+          const std::string what = absl::StrCat("count ", count, " op ", static_cast<int>(op));
+          std::vector<float> in(count * n);
+          uint32_t x = 7u + 31u * static_cast<uint32_t>(rank);
+          for (float& v : in) {
+            x = x * 1664525u + 1013904223u;
+            v = static_cast<float>((x >> 8) * 1.37e-5 - 80.0);
+          }
+          std::vector<float> all(count * n), out(count, -1.0f);
+          absl::Status s = comm.AllReduce(in.data(), all.data(), count * n, DataType::kF32, op);
+          if (!s.ok()) return absl::StrCat("AllReduce ", what, ": ", s.message());
+          s = comm.ReduceScatter(in.data(), out.data(), count, DataType::kF32, op,
+                                 {Algorithm::kHalvingDoubling});
+          if (!s.ok()) return absl::StrCat("ReduceScatter ", what, ": ", s.message());
+          const float* block = all.data() + static_cast<size_t>(rank) * count;
+          if (std::memcmp(out.data(), block, count * sizeof(float)) != 0) {
+            return absl::StrCat("ReduceScatter ", what, ": not the allreduce's bits");
+          }
+          if (n == 2) {
+            std::vector<float> ring(count);
+            s = comm.ReduceScatter(in.data(), ring.data(), count, DataType::kF32, op,
+                                   {Algorithm::kRing});
+            if (!s.ok()) return absl::StrCat("ring ReduceScatter ", what, ": ", s.message());
+            if (std::memcmp(out.data(), ring.data(), count * sizeof(float)) != 0) {
+              return absl::StrCat("ReduceScatter ", what, ": not the ring's bits");
+            }
+          }
+        }
+      }
+      return std::string();
+    });
+    RequireAllOk(results);
+  }
+}
+
 // Out of place, ReduceScatter's first step reads the operand straight from the send buffer
 // (no copy into scratch): the bits of the same call in place. A Broadcast's root sends straight
 // from its input (copied into its output after): the root's values on every rank. The inputs

@@ -434,15 +434,27 @@ CommunicatorImpl::TaskOr CommunicatorImpl::ReduceScatterTask(const void* send, v
     Staging staging = NewStaging();
     PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, total, true));
     // The send buffer is the caller's and recv may lie inside it: the partial sums go to a
-    // scratch buffer. The first step reads this rank's operand straight from the input (every
-    // block of `work` that is read was written by a reduction first), so nothing is copied in.
+    // scratch buffer.
     uint8_t* work = Scratch(total);
-    const Layout& L = MakeLayout(dtype);
-    Plan& plan = NewPlan();
-    PLEXUS_RETURN_IF_ERROR(FindPlanBuilder(CollectiveKind::kReduceScatter, algo, n)
-                               ->build({.L = L, .buf = work, .count = count, .input = in}, &plan));
-    if (n == 1) std::memcpy(work, in, total);  // no step: the input is the result
-    PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
+    if (algo == Algorithm::kHalvingDoubling && n > 1 && FitsMailbox(total)) {
+      // Small (the selector's halving-doubling range, on a power-of-two world): latency-bound,
+      // like a small allreduce, so the whole vector goes by mailbox with recursive doubling
+      // (log2 n exchanges, none of them through the completion queue), and this rank keeps its
+      // block: the bits of a small AllReduce of the same input.
+      MakeLayout(dtype);
+      std::memcpy(work, in, total);
+      PLEXUS_RETURN_IF_ERROR(MailboxAllReduce(work, count * n, dtype, op, header));
+    } else {
+      // The first step reads this rank's operand straight from the input (every block of `work`
+      // that is read was written by a reduction first), so nothing is copied in.
+      const Layout& L = MakeLayout(dtype);
+      Plan& plan = NewPlan();
+      PLEXUS_RETURN_IF_ERROR(
+          FindPlanBuilder(CollectiveKind::kReduceScatter, algo, n)
+              ->build({.L = L, .buf = work, .count = count, .input = in}, &plan));
+      if (n == 1) std::memcpy(work, in, total);  // no step: the input is the result
+      PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, op));
+    }
     uint8_t* mine = work + static_cast<size_t>(layout_.rank) * count * esize;
     if (op == ReduceOp::kAvg) plexus::kernels::DivideInPlace(dtype, mine, count, n);
     PLEXUS_ASSIGN_OR_RETURN(auto out, staging.Output(recv, count * esize, false));
