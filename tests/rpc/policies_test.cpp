@@ -269,6 +269,27 @@ TEST_CASE(
   CHECK(reader->starts[0] == blind->starts[2]);
 }
 
+TEST_CASE("metrics counts a call without a start but keeps it out of the latency histogram",
+          "[rpc][policies]") {
+  pr::MetricsPolicy metrics;
+  const pr::ServiceDesc& svc = Kinds::Descriptor();
+  pr::CallInfo call;
+  call.service = &svc;
+  call.method = &svc.methods[0];
+  metrics.OnComplete(call, absl::OkStatus());  // no start: an engine upgraded in mid-call
+  call.start = absl::Now() - absl::Microseconds(100);
+  metrics.OnComplete(call, absl::OkStatus());
+  const auto got = metrics.Get();
+  REQUIRE(got.size() == 1);
+  const pr::MetricsPolicy::MethodMetrics& m = got.begin()->second;
+  CHECK(m.calls == 2);
+  uint64_t in_histogram = 0;
+  for (uint64_t c : m.latency_us) in_histogram += c;
+  CHECK(in_histogram == 1);
+  CHECK(m.QuantileUpperUs(1.0) >= 100);
+  CHECK(m.QuantileUpperUs(1.0) < 1e6);
+}
+
 TEST_CASE("acl: configuration errors name the rule", "[rpc][policies]") {
   const std::vector<const pr::ServiceDesc*> svc{&Kinds::Descriptor()};
   auto e1 = pr::AclPolicy::Create("a", svc, {{"r1", "plexus.rpctest.Kinds/Nope", "text", {}}});

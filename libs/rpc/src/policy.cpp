@@ -281,7 +281,10 @@ double MetricsPolicy::MethodMetrics::QuantileUpperUs(double q) const {
 }
 
 void MetricsPolicy::OnComplete(const CallInfo& call, const absl::Status& status) {
-  const int64_t us = absl::ToInt64Microseconds(base::WallNow() - call.start);
+  // A call that started while no engine of its chain read the start (this engine arrived by an
+  // upgrade while it was in flight) has none: it counts, but not in the latency histogram.
+  const bool timed = call.start != absl::Time();
+  const int64_t us = timed ? absl::ToInt64Microseconds(base::WallNow() - call.start) : 0;
   int bucket = us <= 0 ? 0 : std::bit_width(static_cast<uint64_t>(us));
   bucket = std::min(bucket, kBuckets - 1);
   std::string key = absl::StrCat(call.service ? call.service->full_name : "?", "/",
@@ -292,7 +295,7 @@ void MetricsPolicy::OnComplete(const CallInfo& call, const absl::Status& status)
   if (!status.ok()) ++m.errors;
   m.request_bytes += call.request_bytes;
   m.response_bytes += call.response_bytes;
-  ++m.latency_us[bucket];
+  if (timed) ++m.latency_us[bucket];
 }
 
 absl::StatusOr<EngineState> MetricsPolicy::Decompose() const {

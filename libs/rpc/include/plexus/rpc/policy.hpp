@@ -313,6 +313,7 @@ class MetricsPolicy : public Policy {
     uint64_t errors = 0;
     uint64_t request_bytes = 0;
     uint64_t response_bytes = 0;
+    // Calls that had no start (see CallInfo::start) are counted above but not here.
     std::array<uint64_t, kBuckets> latency_us{};
     // Upper bound of the bucket holding quantile q (0..1), in microseconds.
     double QuantileUpperUs(double q) const;
