@@ -160,6 +160,7 @@ Sample Orchestrator::Run(const std::string& system, const Layout& layout, const 
     if (!absl::SimpleAtod(p.second, &v)) continue;
     if (p.first == "rate") s.rate = v;
     if (p.first == "base_rate") s.base_rate = v;
+    if (p.first == "pair_cost") s.pair_cost = v;
     if (p.first == "goodput") s.goodput = v;
     if (p.first == "median_us") s.median_us = v;
     if (p.first == "p99_us") s.p99_us = v;

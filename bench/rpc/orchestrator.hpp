@@ -2,6 +2,7 @@
 // program with --role, or plexus-bench-rpc-grpc), and reads the client's result line (peer.hpp).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -13,6 +14,7 @@ namespace plexus::benchrpc {
 // A client's result line.
 struct Sample {
   double rate = 0, base_rate = 0, goodput = 0, median_us = 0, p99_us = 0;
+  double pair_cost = NAN;                  // a policy's cost: median over adjacent window pairs
   uint64_t ok = 0, failed = 0, wrong = 0;  // wrong: replies that were not the echo
   std::map<std::string, double> upgrade;   // --policy upgrade: the "upgrade" line's fields
 };

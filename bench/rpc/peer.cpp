@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 
@@ -96,6 +97,7 @@ void PrintResult(ClientResult r) {
       r.ok, r.failed, r.wrong, r.seconds, static_cast<double>(r.ok) / s,
       static_cast<double>(r.bytes) / s / 1e9, median, p99);
   if (r.base_rate >= 0) line += absl::StrFormat(" base_rate=%.3f", r.base_rate);
+  if (std::isfinite(r.pair_cost)) line += absl::StrFormat(" pair_cost=%.6f", r.pair_cost);
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
 }

@@ -4,13 +4,15 @@
 //
 //   server: prints "address <addr>" once it listens, serves until SIGTERM.
 //   client: prints "result ok=N failed=N wrong=N seconds=S rate=R goodput=B median_us=M
-//           p99_us=P" (and base_rate=R0 when it measured a policy against no policy); `wrong`
+//           p99_us=P" (and base_rate=R0 and pair_cost=C when it measured a policy against no
+//           policy); `wrong`
 //           counts replies whose payload is not the echo of the request's.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,6 +68,8 @@ struct ClientResult {
   uint64_t bytes = 0;  // request payload bytes of the ok calls
   double seconds = 0;
   double base_rate = -1;  // >= 0: printed as base_rate= (the rate without the policy)
+  // Finite: printed as pair_cost= (the policy's cost, median over adjacent window pairs).
+  double pair_cost = std::numeric_limits<double>::quiet_NaN();
 };
 void PrintResult(ClientResult result);
 

@@ -68,8 +68,12 @@ class EchoImpl : public pb::EchoService::Service {
 
 std::shared_ptr<pr::Policy> MakePolicy(const std::string& which) {
   if (which == "ratelimit") {
-    // The default rate is infinite: it never limits, but every call goes through the bucket.
-    auto p = pr::RateLimitPolicy::Create("ratelimit", pr::RateLimitOptions());
+    // A rate no client reaches: it never limits, but every call is counted and refilled as under
+    // a real limit (an infinite rate would skip the refill's arithmetic).
+    pr::RateLimitOptions o;
+    o.rate = 1e12;
+    o.burst = 1000;
+    auto p = pr::RateLimitPolicy::Create("ratelimit", o);
     if (!p.ok()) Die(p.status().ToString());
     return *p;
   }
@@ -160,6 +164,11 @@ int pb::PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
   std::atomic<uint64_t> ok[2] = {0, 0};
   std::atomic<uint64_t> failed{0}, issued{0}, wrong{0};
   std::atomic<int> window{0};  // 1 while the policy is attached
+  // Ok calls per 20 ms window, in order (even: without the policy, odd: with it), for the cost's
+  // median over adjacent pairs; `window_index` is -1 outside them.
+  std::vector<std::atomic<uint64_t>> ok_in(static_cast<size_t>(a.seconds / 0.02) + 4);
+  std::vector<double> window_length;
+  std::atomic<int> window_index{-1};
   std::mutex mu;
   std::condition_variable cv;
   int outstanding = slots;
@@ -194,6 +203,9 @@ int pb::PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
       if (phases.Measuring(now)) {
         if (r.ok()) {
           ok[window.load(std::memory_order_relaxed)].fetch_add(1, std::memory_order_relaxed);
+          if (const int i = window_index.load(std::memory_order_relaxed); i >= 0) {
+            ok_in[static_cast<size_t>(i)].fetch_add(1, std::memory_order_relaxed);
+          }
           if (!(*r)->request_ok ||
               !pb::ReplyMatches((*r)->payload.data(), (*r)->payload.size(), a.size, a.reply)) {
             wrong.fetch_add(1, std::memory_order_relaxed);
@@ -226,11 +238,15 @@ int pb::PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
         }
       }
       window.store(w);
+      const bool indexed = window_length.size() < ok_in.size();
+      window_index.store(indexed ? static_cast<int>(window_length.size()) : -1);
       std::this_thread::sleep_until(next);
       window_seconds[w] += std::chrono::duration<double>(next - t).count();
+      if (indexed) window_length.push_back(std::chrono::duration<double>(next - t).count());
       t = next;
       w ^= 1;
     }
+    window_index.store(-1);
   }
   // Live upgrade every 100 ms of the measured time: the rate limiter and the metrics engine, in
   // turn, each replaced by a new version that adopts the old one's state.
@@ -263,6 +279,20 @@ int pb::PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
     result.ok = ok[1].load();
     result.seconds = window_seconds[1];
     result.base_rate = static_cast<double>(ok[0].load()) / std::max(window_seconds[0], 1e-9);
+    // Each pair of adjacent windows (without, then with the policy) gives one estimate of the
+    // cost; their median is robust to a stall of the machine that falls in one window only.
+    std::vector<double> pair_costs;
+    for (size_t k = 0; k + 1 < window_length.size(); k += 2) {
+      const double off = static_cast<double>(ok_in[k].load()) / window_length[k];
+      const double on = static_cast<double>(ok_in[k + 1].load()) / window_length[k + 1];
+      if (off > 0) pair_costs.push_back(1 - on / off);
+    }
+    if (!pair_costs.empty()) {
+      std::sort(pair_costs.begin(), pair_costs.end());
+      const size_t m = pair_costs.size() / 2;
+      result.pair_cost =
+          pair_costs.size() % 2 ? pair_costs[m] : (pair_costs[m - 1] + pair_costs[m]) / 2;
+    }
   } else {
     result.ok = ok[0].load();
     result.seconds = phases.seconds();

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "plexus/base/byte_order.hpp"
+#include "plexus/base/clock.hpp"
 #include "plexus/base/env.hpp"
 #include "plexus/base/file.hpp"
 #include "plexus/base/hash.hpp"
@@ -503,4 +504,27 @@ TEST_CASE("json: integers are read within their range, never wrapped", "[base]")
   CHECK(pj::IntegerValue(doc["negative"], "doc.negative", 0, 10).status().message() ==
         "doc.negative: expected an integer in 0..10, got -3");
   CHECK(*pj::IntegerValue(doc["small"], "doc.small", 0, 12) == 12);
+}
+
+TEST_CASE("tick clock: monotonic on one thread and ticking at its stated rate", "[base]") {
+  const double per_second = pb::TicksPerSecond();
+  REQUIRE(per_second >= 1e8);
+  int64_t last = pb::TickNow();
+  for (int i = 0; i < 100000; ++i) {
+    const int64_t now = pb::TickNow();
+    REQUIRE(now >= last);
+    last = now;
+  }
+  // 50 ms in ticks against the wall clock read around each end (inner and outer interval), with
+  // 10 % for the rate's measurement.
+  const absl::Time w0 = absl::Now();
+  const int64_t t0 = pb::TickNow();
+  const absl::Time w1 = absl::Now();
+  absl::SleepFor(absl::Milliseconds(50));
+  const absl::Time w2 = absl::Now();
+  const int64_t t1 = pb::TickNow();
+  const absl::Time w3 = absl::Now();
+  const double ticked = static_cast<double>(t1 - t0) / per_second;
+  CHECK(ticked >= absl::ToDoubleSeconds(w2 - w1) * 0.9);
+  CHECK(ticked <= absl::ToDoubleSeconds(w3 - w0) * 1.1);
 }

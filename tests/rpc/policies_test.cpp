@@ -186,6 +186,26 @@ TEST_CASE("rate limit: wait mode reserves tokens and respects the deadline", "[r
   CHECK(p->rejected() == 1);
 }
 
+TEST_CASE("rate limit on its own clock: a burst, then tokens at the rate as time passes",
+          "[rpc][policies]") {
+  auto p = *pr::RateLimitPolicy::Create("real", Opts(200, 4));  // one token per 5 ms
+  const pr::CallInfo c = Info(0);
+  for (int i = 0; i < 4; ++i) CHECK(p->OnRequest(c).ok());
+  CHECK(p->OnRequest(c).code() == absl::StatusCode::kResourceExhausted);
+  // 100 ms on the wall clock: 20 tokens' worth, capped at the burst of 4.
+  const absl::Time t0 = absl::Now();
+  absl::SleepFor(absl::Milliseconds(100));
+  int admitted = 0;
+  while (p->OnRequest(c).ok()) ++admitted;
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  CHECK(admitted >= 4);
+  CHECK(admitted <= 4 + static_cast<int>(seconds * 200) + 1);
+  // Drained: the next token comes about 5 ms later, not at once.
+  CHECK(p->OnRequest(c).code() == absl::StatusCode::kResourceExhausted);
+  absl::SleepFor(absl::Milliseconds(12));
+  CHECK(p->OnRequest(c).ok());
+}
+
 TEST_CASE("rate limit: infinite rate admits everything; bad settings are refused",
           "[rpc][policies]") {
   auto p = *pr::RateLimitPolicy::Create("inf", pr::RateLimitOptions());
