@@ -182,6 +182,13 @@ TEST_CASE("selector table: default, parsing, errors and round trip", "[collectiv
   CHECK(tcp.Select(CollectiveKind::kBroadcast, 2, 1 << 20) == Algorithm::kRing);
   CHECK(tcp.Select(CollectiveKind::kBroadcast, 8, 1 << 20) == Algorithm::kRing);
   CHECK(def.Select(CollectiveKind::kBroadcast, 4, 1 << 20) == Algorithm::kRing);
+  // Reduce, 4 ranks not over tcp: the tree from 1 to 8 MiB; elsewhere the ring from 256 KiB.
+  CHECK(def.Select(CollectiveKind::kReduce, 4, (1 << 20) - 1) == Algorithm::kRing);
+  CHECK(def.Select(CollectiveKind::kReduce, 4, 1 << 20) == Algorithm::kTree);
+  CHECK(def.Select(CollectiveKind::kReduce, 4, (8 << 20) - 1) == Algorithm::kTree);
+  CHECK(def.Select(CollectiveKind::kReduce, 4, 8 << 20) == Algorithm::kRing);
+  CHECK(def.Select(CollectiveKind::kReduce, 8, 1 << 20) == Algorithm::kRing);
+  CHECK(tcp.Select(CollectiveKind::kReduce, 4, 1 << 20) == Algorithm::kRing);
   auto tcp_parsed = pc::AlgorithmTable::Parse(tcp.ToString());
   REQUIRE(tcp_parsed.ok());
   CHECK(tcp_parsed->ToString() == tcp.ToString());

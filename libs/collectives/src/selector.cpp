@@ -96,6 +96,13 @@ AlgorithmTable AlgorithmTable::Default(bool tcp) {
     // (docs/measurements/collectives.md, "Broadcast over tcp and ReduceScatter without the
     // input copy").
     rules.insert(rules.begin(), SelectorRule{K::kBroadcast, 4, 4, 0, kAnyBytes, A::kTree});
+  } else {
+    // Reduce, 4 ranks over shm (4 ranks on 2 CPUs): from 1 to 8 MiB the pipelined double tree's
+    // 2 dependent levels beat the ring's 6 steps, which also swung by 1.6x from one invocation
+    // to the next at 1 MiB (313-349 against 372-584 us); the ring led at 256 KiB and 8 MiB
+    // (docs/measurements/collectives.md, "Reduce with 4 processes over shm").
+    rules.insert(rules.begin(),
+                 SelectorRule{K::kReduce, 4, 4, kKiB * kKiB, 8 * kKiB * kKiB - 1, A::kTree});
   }
   return AlgorithmTable(std::move(rules));
 }
