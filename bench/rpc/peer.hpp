@@ -5,8 +5,7 @@
 //   server: prints "address <addr>" once it listens, serves until SIGTERM.
 //   client: prints "result ok=N failed=N wrong=N seconds=S rate=R goodput=B median_us=M
 //           p99_us=P" (and base_rate=R0 and pair_cost=C when it measured a policy against no
-//           policy); `wrong`
-//           counts replies whose payload is not the echo of the request's.
+//           policy); `wrong` counts replies whose payload is not the echo of the request's.
 #pragma once
 
 #include <atomic>

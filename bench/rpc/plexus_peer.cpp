@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "echo.plexus.hpp"
+#include "plexus/base/quantile.hpp"
 #include "plexus/rpc/channel.hpp"
 #include "plexus/rpc/policies.hpp"
 #include "plexus/rpc/server.hpp"
@@ -288,10 +289,8 @@ int pb::PlexusClient(const pb::PeerArgs& a, const PlexusArgs& x) {
       if (off > 0) pair_costs.push_back(1 - on / off);
     }
     if (!pair_costs.empty()) {
-      std::sort(pair_costs.begin(), pair_costs.end());
-      const size_t m = pair_costs.size() / 2;
       result.pair_cost =
-          pair_costs.size() % 2 ? pair_costs[m] : (pair_costs[m - 1] + pair_costs[m]) / 2;
+          plexus::base::Quantile(pair_costs, 0.5, plexus::base::QuantileRule::kInterpolated);
     }
   } else {
     result.ok = ok[0].load();

@@ -9,12 +9,6 @@
 namespace plexus::base::internal {
 namespace {
 
-int64_t MonotonicNanos() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
-
 TickSource Decide() {
   TickSource s;
 #if defined(__x86_64__)

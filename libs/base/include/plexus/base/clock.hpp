@@ -36,15 +36,18 @@ struct TickSource {
 };
 // Decided once (on first use: a TSC is measured against CLOCK_MONOTONIC for about 2 ms).
 const TickSource& Ticks();
+inline int64_t MonotonicNanos() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
 }  // namespace internal
 
 inline int64_t TickNow() {
 #if defined(__x86_64__)
   if (internal::Ticks().tsc) return static_cast<int64_t>(__rdtsc());
 #endif
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+  return internal::MonotonicNanos();
 }
 
 inline double TicksPerSecond() { return internal::Ticks().per_second; }
