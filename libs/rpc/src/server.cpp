@@ -80,23 +80,22 @@ void ServerCore::BroadcastLoad(uint32_t value) {
   }
 }
 
-void ServerConn::PostRecvLocked() {
-  if (dead) return;
+absl::Status ServerConn::PostRecvLocked() {
+  if (dead) return absl::OkStatus();
   BufferPool::Buffer b = server->pool->Take();
   const uint64_t wr = (uint64_t{1} << 63) | next_wr++;
-  if (conn->PostRecv({b.get(), server->pool->bytes()}, wr).ok()) {
-    recvs.emplace(wr, std::move(b));
-    ++posted;
-  }
+  PLEXUS_RETURN_IF_ERROR(conn->PostRecv({b.get(), server->pool->bytes()}, wr));
+  recvs.emplace(wr, std::move(b));
+  ++posted;
+  return absl::OkStatus();
 }
 
-void ServerConn::RefillLocked() {
+absl::Status ServerConn::RefillLocked() {
   // A refused connection (or one whose handshake failed) is closed once the answer has left.
   while (!dead && !close_after_ack && posted < want && posted + held < server->window) {
-    const size_t before = posted;
-    PostRecvLocked();
-    if (posted == before) return;  // the connection refused it (it is failing)
+    PLEXUS_RETURN_IF_ERROR(PostRecvLocked());
   }
+  return absl::OkStatus();
 }
 
 std::vector<std::shared_ptr<ServerCallImpl>> ServerConn::TakeUnsentLocked() {
@@ -399,6 +398,7 @@ void ServerCore::Handle(const transport::Completion& c) {
   if (c.opcode == transport::Opcode::kSend) {
     ServerConn::Sending sent;
     bool close = false;
+    absl::Status refill;
     {
       std::lock_guard<std::mutex> lock(sc->mu);
       auto it = sc->sending.find(c.wr_id);
@@ -409,10 +409,11 @@ void ServerCore::Handle(const transport::Completion& c) {
       }
       if (!sc->controls.empty()) sc->controls.erase(c.wr_id);
       close = sc->close_after_ack && c.wr_id == 0;
-      if (sent.size() > 0 || c.wr_id == 0) sc->RefillLocked();
+      if (sent.size() > 0 || c.wr_id == 0) refill = sc->RefillLocked();
     }
     sent.ForEach([](const std::shared_ptr<ServerCallImpl>& call) { call->Sent(); });
     if (close || !c.status.ok()) Kill(sc, c.status);
+    if (!refill.ok()) Kill(sc, refill);
     return;
   }
   if (c.opcode != transport::Opcode::kRecv) return;
@@ -453,14 +454,18 @@ void ServerCore::Handle(const transport::Completion& c) {
   frames.clear();
   // Counted after the handlers ran: only this thread changes `held` (a response's send
   // completion, handled here later, takes it back), so the window is the same.
-  std::lock_guard<std::mutex> lock(sc->mu);
-  sc->held += requests;
-  sc->requests += requests;
-  // The client keeps this many in flight: keep receives posted for at least as many more.
-  if (requests > 0 && sc->held >= sc->want) {
-    sc->want = std::min(window, std::max(sc->want * 2, sc->held + 1));
+  absl::Status refill;
+  {
+    std::lock_guard<std::mutex> lock(sc->mu);
+    sc->held += requests;
+    sc->requests += requests;
+    // The client keeps this many in flight: keep receives posted for at least as many more.
+    if (requests > 0 && sc->held >= sc->want) {
+      sc->want = std::min(window, std::max(sc->want * 2, sc->held + 1));
+    }
+    if (sc->hello_done) refill = sc->RefillLocked();
   }
-  if (sc->hello_done) sc->RefillLocked();
+  if (!refill.ok()) Kill(sc, refill);
 }
 
 void ServerCore::HandleFrame(const std::shared_ptr<ServerConn>& sc, std::shared_ptr<Inbound> in) {

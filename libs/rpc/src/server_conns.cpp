@@ -27,6 +27,7 @@ void ServerCore::Accept() {
     sc->conn = std::move(c);
     sc->accepted = sc->quiet_since = absl::Now();
     size_t open;
+    absl::Status refill;
     {
       std::lock_guard<std::mutex> lock(mu);
       open = admitted;
@@ -36,9 +37,13 @@ void ServerCore::Accept() {
       const uint64_t id = sc->conn->id();
       {
         std::lock_guard<std::mutex> cl(sc->mu);
-        sc->RefillLocked();
+        refill = sc->RefillLocked();
       }
       conns.emplace(id, sc);
+    }
+    if (!refill.ok()) {  // the client went before its first receive was posted
+      Kill(sc, refill);
+      return;
     }
     if (sc->refused && sc->accepted - logged >= absl::Seconds(1)) {
       base::Logf(base::LogLevel::kWarning,

@@ -80,9 +80,12 @@ struct ServerConn {
   // Declared last: destroyed first, so that no buffer above is freed under the transport.
   std::unique_ptr<transport::Connection> conn;
 
-  // Posts receives while the window has room.
-  void RefillLocked();
-  void PostRecvLocked();
+  // Posts receives while the window has room. The transport refuses a post only on a failed
+  // connection, whose failure may already have completed every earlier receive: then no
+  // completion will ever tell the server, so the refusal is returned (OK otherwise) and the
+  // caller kills the connection once it has let go of `mu`.
+  absl::Status RefillLocked();
+  absl::Status PostRecvLocked();
   // Sends the outbox (one frame as is, several as a batch); the calls' ends are returned in
   // `dropped` when the connection refused the send.
   absl::Status FlushLocked(std::vector<std::shared_ptr<ServerCallImpl>>* dropped);
