@@ -65,8 +65,11 @@ demo: demo-deps
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target plexus-moe-demo
 	$(BUILD_DIR)/tools/plexus-moe-demo --plot $(BUILD_DIR)/moe-demo.png
 
+# A failure ends with a digest of why each failed test failed (cmake/failure-digest.py), since
+# ctest prints a test's output where it ended, far up a long log.
 test: build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS) || \
+	  { python3 $(CURDIR)/cmake/failure-digest.py .; exit 8; }
 
 # Every benchmark (the collectives one with its Gloo and Open MPI peers), each writing its JSON
 # lines to $(REPORT_DIR); then tools/plot/plexus-plot draws the PNGs and report.md there. A
