@@ -1,9 +1,10 @@
-// plexus-bench-cuda: allreduce of CUDA device buffers against the same allreduce of host buffers,
-// per transport, process count and size, so that the cost of device memory (the staging through
-// pinned host memory, the copies and the synchronisation) is a measured ratio. Each rank process
-// uses GPU (rank % device count). Per point: the median of --runs runs (each the mean of several
-// calls, the slowest rank's), the bus bandwidth, and the number of wrong elements of a checked
-// call (device results are copied back and compared with the exact sum). JSON lines with --json.
+// plexus-bench-cuda: allreduce, broadcast and allgather of CUDA device buffers, device to device
+// (peer access, the default on one host) and staged through pinned host memory, against the same
+// calls on host buffers and against the GPU's own device-to-device copy bandwidth, per transport,
+// process count and size. Each rank process uses GPU (rank % device count). Per point: the median
+// of --runs runs (each the mean of several calls, the slowest rank's), the bus bandwidth, and the
+// number of wrong elements of a checked call (device results are copied back and compared with
+// the exact result). JSON lines with --json.
 //
 //   plexus-bench-cuda --transport shm,tcp --np 2 --sizes 64K,1M,16M,64M --runs 5 --json
 //
@@ -54,27 +55,72 @@ void CheckCuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) Die(what, cudaGetErrorString(e));
 }
 
-// One rank's buffers of one size: the input and output on the device and on the host, and the
-// host copy of the input pattern (bench_common's, exact in f32 for any rank count).
-struct Buffers {
-  size_t count = 0;
-  std::vector<float> host_in, host_out;
-  float* device_in = nullptr;
-  float* device_out = nullptr;
-  Buffers(size_t n, int rank) : count(n), host_in(n), host_out(n) {
-    pb::FillInput(host_in.data(), n, rank);
-    CheckCuda(cudaMalloc(reinterpret_cast<void**>(&device_in), n * sizeof(float)), "cudaMalloc");
-    CheckCuda(cudaMalloc(reinterpret_cast<void**>(&device_out), n * sizeof(float)), "cudaMalloc");
-    CheckCuda(cudaMemcpy(device_in, host_in.data(), n * sizeof(float), cudaMemcpyHostToDevice),
-              "cudaMemcpy of the input");
+// One rank's device copies of an operation's buffers (OpBuffers: the host pattern and check).
+struct DeviceCopies {
+  float* send = nullptr;
+  float* recv = nullptr;
+  size_t send_bytes = 0, recv_bytes = 0;
+  explicit DeviceCopies(const pb::OpShape& shape)
+      : send_bytes(shape.send_count * sizeof(float)), recv_bytes(shape.recv_count * sizeof(float)) {
+    CheckCuda(cudaMalloc(reinterpret_cast<void**>(&send), std::max<size_t>(send_bytes, 4)),
+              "cudaMalloc");
+    CheckCuda(cudaMalloc(reinterpret_cast<void**>(&recv), std::max<size_t>(recv_bytes, 4)),
+              "cudaMalloc");
   }
-  ~Buffers() {
-    cudaFree(device_in);
-    cudaFree(device_out);
+  ~DeviceCopies() {
+    cudaFree(send);
+    cudaFree(recv);
   }
-  Buffers(const Buffers&) = delete;
-  Buffers& operator=(const Buffers&) = delete;
+  DeviceCopies(const DeviceCopies&) = delete;
+  DeviceCopies& operator=(const DeviceCopies&) = delete;
+  void Upload(pb::OpBuffers& b) {
+    CheckCuda(cudaMemcpy(send, b.send(), send_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    CheckCuda(cudaMemcpy(recv, b.recv(), recv_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  void Download(pb::OpBuffers& b) {
+    CheckCuda(cudaMemcpy(b.recv(), recv, recv_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  }
 };
+
+// One call of `op` on (send, recv) (broadcast: in place in recv from root 0).
+absl::Status RunOp(pc::Communicator& comm, pb::Op op, const pb::OpShape& shape, float* send,
+                   float* recv, const pc::CallOptions& call) {
+  switch (op) {
+    case pb::Op::kAllreduce:
+      return comm.AllReduce(send, recv, shape.count, pc::DataType::kF32, pc::ReduceOp::kSum, call);
+    case pb::Op::kBroadcast:
+      return comm.Broadcast(recv, recv, shape.count, pc::DataType::kF32, 0, call);
+    case pb::Op::kAllgather:
+      return comm.AllGather(send, recv, shape.count, pc::DataType::kF32, call);
+    default:
+      return absl::UnimplementedError(std::string(pb::OpName(op)));
+  }
+}
+
+// The GPU's own device-to-device copy bandwidth for `bytes` (GB/s, bytes copied per second),
+// the median of `runs`: the physical reference of the device paths.
+double CopyBandwidth(size_t bytes, int runs, int iters) {
+  void* a = nullptr;
+  void* b = nullptr;
+  CheckCuda(cudaMalloc(&a, bytes), "cudaMalloc");
+  CheckCuda(cudaMalloc(&b, bytes), "cudaMalloc");
+  CheckCuda(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
+  std::vector<double> gbs;
+  for (int run = 0; run < runs; ++run) {
+    CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    const absl::Time start = absl::Now();
+    for (int k = 0; k < iters; ++k) {
+      CheckCuda(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
+    }
+    CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    gbs.push_back(static_cast<double>(bytes) * iters / absl::ToDoubleSeconds(absl::Now() - start) /
+                  1e9);
+  }
+  cudaFree(a);
+  cudaFree(b);
+  std::sort(gbs.begin(), gbs.end());
+  return gbs[gbs.size() / 2];
+}
 
 int WorkerMain(int argc, char** argv) {
   const pb::DriverOptions args = pb::ParseWorkerArgs(argc, argv);
@@ -106,96 +152,131 @@ int WorkerMain(int argc, char** argv) {
     return out;
   };
   const std::vector<std::string> size_list = absl::StrSplit(sizes_text, ',', absl::SkipEmpty());
+  pc::CallOptions peer, staged;
+  peer.device_peer_access = true;
+  staged.device_peer_access = false;
   for (const std::string& size_text : size_list) {
     auto bytes = plexus::base::ParseBytes(size_text, "--sizes");
     if (!bytes.ok()) Die("--sizes", std::string(bytes.status().message()));
-    const size_t count = std::max<size_t>(*bytes / sizeof(float), 1);
-    Buffers b(count, rank);
-    struct Variant {
-      const char* memory;
-      std::function<absl::Status()> run;
-      std::function<size_t()> wrong;  // after one run: elements that differ from the exact sum
-    };
-    const Variant variants[] = {
-        {"host",
-         [&] {
-           return comm->AllReduce(b.host_in.data(), b.host_out.data(), count, pc::DataType::kF32,
-                                  pc::ReduceOp::kSum);
-         },
-         [&] { return pb::CountWrong(b.host_out.data(), count, n); }},
-        {"cuda",
-         [&] {
-           return comm->AllReduce(b.device_in, b.device_out, count, pc::DataType::kF32,
-                                  pc::ReduceOp::kSum);
-         },
-         [&] {
-           std::vector<float> back(count);
-           CheckCuda(
-               cudaMemcpy(back.data(), b.device_out, count * sizeof(float), cudaMemcpyDeviceToHost),
-               "cudaMemcpy of the result");
-           return pb::CountWrong(back.data(), count, n);
-         }},
-    };
-    const int iters = pb::IterationsFor(count * sizeof(float), 0);
-    for (const Variant& v : variants) {
-      // Warm-up and check: the result of one call, compared element by element.
-      if (absl::Status s = v.run(); !s.ok()) Die(v.memory, std::string(s.message()));
-      const double wrong = max_over_ranks(static_cast<double>(v.wrong()));
-      std::vector<double> times;
-      for (int run = 0; run < runs; ++run) {
-        if (absl::Status s = comm->Barrier(); !s.ok()) Die("Barrier", std::string(s.message()));
-        const absl::Time start = absl::Now();
-        for (int k = 0; k < iters; ++k) {
-          if (absl::Status s = v.run(); !s.ok()) Die(v.memory, std::string(s.message()));
+    const int iters = pb::IterationsFor(*bytes, 0);
+    if (rank == 0) {
+      tooling::Figure f;
+      f.figure = "d2d_copy_bandwidth";
+      f.value = CopyBandwidth(*bytes, runs, iters);
+      f.unit = "GB/s";
+      f.extra = {{"transport", transport}, {"np", n}, {"bytes", *bytes}, {"runs", runs}};
+      std::printf("%s\n", tooling::FigureJson(kBench, f).dump().c_str());
+      std::fflush(stdout);
+    }
+    for (const pb::Op op : {pb::Op::kAllreduce, pb::Op::kBroadcast, pb::Op::kAllgather}) {
+      pb::OpBuffers host;
+      host.Prepare(op, *bytes, rank, n);
+      const pb::OpShape& shape = host.shape();
+      DeviceCopies device(shape);
+      struct Variant {
+        const char* memory;  // host; cuda: device to device (peer access); cuda_staged
+        bool on_device;
+        pc::CallOptions call;
+      };
+      const Variant variants[] = {
+          {"host", false, {}}, {"cuda", true, peer}, {"cuda_staged", true, staged}};
+      for (const Variant& v : variants) {
+        float* send = v.on_device ? device.send : host.send();
+        float* recv = v.on_device ? device.recv : host.recv();
+        // Warm-up and check: the result of one call, compared element by element.
+        host.Refill();
+        if (v.on_device) device.Upload(host);
+        if (absl::Status s = RunOp(*comm, op, shape, send, recv, v.call); !s.ok()) {
+          Die(v.memory, std::string(s.message()));
         }
-        times.push_back(max_over_ranks(absl::ToDoubleMicroseconds(absl::Now() - start) / iters));
-      }
-      std::sort(times.begin(), times.end());
-      if (rank == 0) {
-        const double median = times[times.size() / 2];
-        const size_t size = count * sizeof(float);
-        tooling::Figure f;
-        f.figure = "allreduce_time";
-        f.value = median;
-        f.unit = "us";
-        f.extra = {{"impl", "plexus"},
-                   {"memory", v.memory},
-                   {"transport", transport},
-                   {"np", n},
-                   {"bytes", size},
-                   {"runs", runs},
-                   {"iters", iters},
-                   {"min", times.front()},
-                   {"max", times.back()},
-                   {"busbw_gbs", static_cast<double>(size) * pb::BusFactor(pb::Op::kAllreduce, n) /
-                                     median / 1e3},
-                   {"wrong", wrong}};
-        std::printf("%s\n", tooling::FigureJson(kBench, f).dump().c_str());
-        std::fflush(stdout);
+        if (v.on_device) device.Download(host);
+        const double wrong = max_over_ranks(static_cast<double>(host.CountWrong()));
+        std::vector<double> times;
+        for (int run = 0; run < runs; ++run) {
+          if (absl::Status s = comm->Barrier(); !s.ok()) Die("Barrier", std::string(s.message()));
+          const absl::Time start = absl::Now();
+          for (int k = 0; k < iters; ++k) {
+            if (absl::Status s = RunOp(*comm, op, shape, send, recv, v.call); !s.ok()) {
+              Die(v.memory, std::string(s.message()));
+            }
+          }
+          times.push_back(max_over_ranks(absl::ToDoubleMicroseconds(absl::Now() - start) / iters));
+        }
+        std::sort(times.begin(), times.end());
+        if (rank == 0) {
+          const double median = times[times.size() / 2];
+          tooling::Figure f;
+          f.figure = std::string(pb::OpName(op)) + "_time";
+          f.value = median;
+          f.unit = "us";
+          f.extra = {
+              {"impl", "plexus"},
+              {"op", std::string(pb::OpName(op))},
+              {"memory", v.memory},
+              {"transport", transport},
+              {"np", n},
+              {"bytes", shape.bytes},
+              {"runs", runs},
+              {"iters", iters},
+              {"min", times.front()},
+              {"max", times.back()},
+              {"busbw_gbs", static_cast<double>(shape.bytes) * pb::BusFactor(op, n) / median / 1e3},
+              {"wrong", wrong}};
+          std::printf("%s\n", tooling::FigureJson(kBench, f).dump().c_str());
+          std::fflush(stdout);
+        }
       }
     }
   }
   return 0;
 }
 
-// Device/host time ratios per (transport, np, bytes), from the collected figures.
+// Per (op, transport, np, bytes): device over host time, device to device over staged time, and
+// the device-to-device path's bus bandwidth over the GPU's own copy bandwidth (the target at 64
+// MiB: >= 0.25), from the collected figures.
 void AddRatios(tooling::FigureWriter& writer) {
   const std::vector<tooling::Figure> figures = writer.figures();
-  for (const tooling::Figure& cuda : figures) {
-    if (cuda.figure != "allreduce_time" || cuda.extra.value("memory", "") != "cuda") continue;
-    for (const tooling::Figure& host : figures) {
-      if (host.figure != "allreduce_time" || host.extra.value("memory", "") != "host" ||
-          host.extra["transport"] != cuda.extra["transport"] ||
-          host.extra["np"] != cuda.extra["np"] || host.extra["bytes"] != cuda.extra["bytes"]) {
-        continue;
+  auto same_point = [](const tooling::Figure& a, const tooling::Figure& b) {
+    return a.extra["transport"] == b.extra["transport"] && a.extra["np"] == b.extra["np"] &&
+           a.extra["bytes"] == b.extra["bytes"];
+  };
+  auto find = [&](const tooling::Figure& like, const std::string& figure,
+                  const std::string& memory) -> const tooling::Figure* {
+    for (const tooling::Figure& f : figures) {
+      if (f.figure == figure && f.extra.value("memory", "") == memory && same_point(f, like)) {
+        return &f;
       }
+    }
+    return nullptr;
+  };
+  for (const tooling::Figure& cuda : figures) {
+    if (cuda.extra.value("memory", "") != "cuda") continue;
+    const std::string op = cuda.extra.value("op", "");
+    auto ratio = [&](const std::string& name, double value) {
       tooling::Figure r;
-      r.figure = "cuda_over_host_time";
-      r.value = cuda.value / host.value;
+      r.figure = name;
+      r.value = value;
       r.unit = "ratio";
-      r.extra = {{"transport", cuda.extra["transport"]},
+      r.extra = {{"op", op},
+                 {"transport", cuda.extra["transport"]},
                  {"np", cuda.extra["np"]},
                  {"bytes", cuda.extra["bytes"]}};
+      return r;
+    };
+    if (const tooling::Figure* host = find(cuda, cuda.figure, "host")) {
+      writer.Add(ratio("cuda_over_host_time", cuda.value / host->value));
+    }
+    if (const tooling::Figure* staged = find(cuda, cuda.figure, "cuda_staged")) {
+      writer.Add(ratio("staged_over_peer_time", staged->value / cuda.value));
+    }
+    for (const tooling::Figure& copy : figures) {
+      if (copy.figure != "d2d_copy_bandwidth" || !same_point(copy, cuda)) continue;
+      tooling::Figure r =
+          ratio("busbw_over_d2d_copy", cuda.extra.value("busbw_gbs", 0.0) / copy.value);
+      if (cuda.extra["bytes"].get<size_t>() == (size_t{64} << 20)) {
+        r.target = ">= 0.25";
+        r.met = r.value >= 0.25;
+      }
       writer.Add(r);
     }
   }

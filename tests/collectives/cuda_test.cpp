@@ -1,5 +1,6 @@
-// Device buffers (builds with PLEXUS_HAVE_CUDA): the collectives stage them through pinned host
-// memory and finish an average with a kernel. Skipped (exit 77) without CUDA or without a GPU.
+// Device buffers (builds with PLEXUS_HAVE_CUDA): device to device between the ranks of one host
+// (peer access, the default), or staged through pinned host memory with an average finished by a
+// kernel; both give the same bits. Skipped (exit 77) without CUDA or without a GPU.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -142,7 +143,9 @@ TEST_CASE("device buffers: large allreduces run as pipelined segments (in and ou
           return std::string("cudaMalloc/cudaMemcpy failed");
         }
         void* dst = in_place ? in.ptr : out.ptr;
-        absl::Status s = comm.AllReduce(in.ptr, dst, count, pc::DataType::kF32, op);
+        pc::CallOptions staged;
+        staged.device_peer_access = false;  // the staging path (peers would go device to device)
+        absl::Status s = comm.AllReduce(in.ptr, dst, count, pc::DataType::kF32, op, staged);
         if (!s.ok()) return std::string(s.message());
         const std::vector<uint8_t> got = in_place ? in.Download() : out.Download();
         if (got.size() != count * 4) return std::string("cudaMemcpy of the result failed");
@@ -163,5 +166,118 @@ TEST_CASE("device buffers: large allreduces run as pipelined segments (in and ou
     INFO("rank " << r);
     CHECK(results[r] == "");
   }
+#endif
+}
+
+TEST_CASE("device buffers by peer access: the same bits as staging, every type and op, odd sizes",
+          "[collectives][cuda]") {
+#if !PLEXUS_HAVE_CUDA
+  plexus::testing::SkipTest("built without CUDA (PLEXUS_WITH_CUDA found no toolkit)");
+#else
+  constexpr int kRanks = 3;
+  const pc::CommunicatorOptions options = DeviceOptionsOrSkip(absl::Seconds(60));
+  auto results = pc::testing::RunRanks(kRanks, options, [](int r, pc::Communicator& comm) {
+    pc::CallOptions peer, staged;
+    peer.device_peer_access = true;
+    staged.device_peer_access = false;
+    // Small integers: every reduction is exact in every type, whatever the order of the folds.
+    const pc::DataType types[] = {pc::DataType::kF32,  pc::DataType::kF64, pc::DataType::kF16,
+                                  pc::DataType::kBF16, pc::DataType::kI32, pc::DataType::kI64,
+                                  pc::DataType::kU8,   pc::DataType::kI8};
+    const pc::ReduceOp ops[] = {pc::ReduceOp::kSum, pc::ReduceOp::kProd, pc::ReduceOp::kMin,
+                                pc::ReduceOp::kMax, pc::ReduceOp::kAvg};
+    for (size_t count : {size_t{1}, size_t{2}, size_t{7}, size_t{1001}, size_t{100003}}) {
+      for (pc::DataType dt : types) {
+        const size_t es = pc::DataTypeSize(dt);
+        std::vector<uint8_t> host(count * es);
+        for (size_t i = 0; i < count; ++i) {
+          pc::testing::Set(dt, host.data(), i, static_cast<double>((i * 7 + r) % 5 + 1));
+        }
+        const std::string where =
+            " (count " + std::to_string(count) + ", " + std::string(pc::DataTypeName(dt)) + ")";
+        DeviceBuffer in(count * es), a(count * es), b(count * es);
+        if (in.ptr == nullptr || a.ptr == nullptr || b.ptr == nullptr || !in.Upload(host)) {
+          return std::string("cudaMalloc/cudaMemcpy failed");
+        }
+        for (pc::ReduceOp op : ops) {
+          const std::string what = std::string(pc::ReduceOpName(op)) + where;
+          absl::Status s = comm.AllReduce(in.ptr, a.ptr, count, dt, op, peer);
+          if (!s.ok()) return "peer allreduce " + what + ": " + std::string(s.message());
+          s = comm.AllReduce(in.ptr, b.ptr, count, dt, op, staged);
+          if (!s.ok()) return "staged allreduce " + what + ": " + std::string(s.message());
+          if (a.Download() != b.Download()) return "allreduce " + what + " differs";
+          if (in.Download() != host) return "allreduce " + what + " changed its input";
+          // In place: the same bits again.
+          if (!a.Upload(host)) return std::string("cudaMemcpy failed");
+          s = comm.AllReduce(a.ptr, a.ptr, count, dt, op, peer);
+          if (!s.ok()) return "in-place allreduce " + what + ": " + std::string(s.message());
+          if (a.Download() != b.Download()) return "in-place allreduce " + what + " differs";
+        }
+        // Broadcast from rank 2 (out of place at the root, in place elsewhere).
+        if (!a.Upload(host)) return std::string("cudaMemcpy failed");
+        absl::Status s = comm.Broadcast(r == 2 ? in.ptr : a.ptr, a.ptr, count, dt, 2, peer);
+        if (!s.ok()) return "broadcast" + where + ": " + std::string(s.message());
+        std::vector<uint8_t> root(count * es);
+        for (size_t i = 0; i < count; ++i) {
+          pc::testing::Set(dt, root.data(), i, static_cast<double>((i * 7 + 2) % 5 + 1));
+        }
+        if (a.Download() != root) return "broadcast" + where + " is wrong";
+        // AllGather, out of place and in place.
+        DeviceBuffer all(count * es * kRanks), again(count * es * kRanks);
+        s = comm.AllGather(in.ptr, all.ptr, count, dt, peer);
+        if (!s.ok()) return "allgather" + where + ": " + std::string(s.message());
+        std::vector<uint8_t> mine_in_all(count * es * kRanks);
+        if (!again.Upload(mine_in_all)) return std::string("cudaMemcpy failed");
+        if (cudaMemcpy(static_cast<uint8_t*>(again.ptr) + r * count * es, in.ptr, count * es,
+                       cudaMemcpyDeviceToDevice) != cudaSuccess) {
+          return std::string("cudaMemcpy failed");
+        }
+        s = comm.AllGather(static_cast<uint8_t*>(again.ptr) + r * count * es, again.ptr, count, dt,
+                           peer);
+        if (!s.ok()) return "in-place allgather" + where + ": " + std::string(s.message());
+        const std::vector<uint8_t> gathered = all.Download();
+        if (again.Download() != gathered) return "in-place allgather" + where + " differs";
+        for (size_t j = 0; j < count * kRanks; ++j) {
+          const double want = static_cast<double>(((j % count) * 7 + j / count) % 5 + 1);
+          if (pc::testing::Get(dt, gathered.data(), j) != want) {
+            return "allgather" + where + " element " + std::to_string(j) + " is wrong";
+          }
+        }
+      }
+    }
+    return std::string();
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    INFO("rank " << r);
+    CHECK(results[r] == "");
+  }
+#endif
+}
+
+TEST_CASE("device buffers by peer access on some ranks only: mismatched, named, in time",
+          "[collectives][cuda]") {
+#if !PLEXUS_HAVE_CUDA
+  plexus::testing::SkipTest("built without CUDA (PLEXUS_WITH_CUDA found no toolkit)");
+#else
+  constexpr int kRanks = 3;
+  const pc::CommunicatorOptions options = DeviceOptionsOrSkip(absl::Seconds(5));
+  const absl::Time start = absl::Now();
+  auto results = pc::testing::RunRanks(kRanks, options, [](int r, pc::Communicator& comm) {
+    DeviceBuffer buf(1024 * 4);
+    if (buf.ptr == nullptr) return std::string("cudaMalloc failed");
+    pc::CallOptions call;
+    call.device_peer_access = r != 0;  // rank 0 stages through the host
+    absl::Status s =
+        comm.AllReduce(buf.ptr, buf.ptr, 1024, pc::DataType::kF32, pc::ReduceOp::kSum, call);
+    return s.ok() ? std::string("ok") : std::string(s.message());
+  });
+  CHECK(absl::Now() - start < absl::Seconds(30));
+  int named = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    INFO("rank " << r << ": " << results[r]);
+    CHECK(results[r] != "ok");
+    if (results[r].find("device buffers by peer access") != std::string::npos) ++named;
+  }
+  CHECK(named > 0);
 #endif
 }

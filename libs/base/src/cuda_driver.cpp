@@ -4,6 +4,7 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "plexus/base/cuda.hpp"
+#include "plexus/base/status.hpp"
 
 namespace plexus::base::cuda {
 namespace {
@@ -38,6 +40,10 @@ namespace {
   X(cuMemAllocHost)            \
   X(cuMemFreeHost)             \
   X(cuMemsetD8)                \
+  X(cuMemGetAddressRange)      \
+  X(cuIpcGetMemHandle)         \
+  X(cuIpcOpenMemHandle)        \
+  X(cuIpcCloseMemHandle)       \
   X(cuStreamCreate)            \
   X(cuStreamDestroy)           \
   X(cuStreamSynchronize)       \
@@ -267,6 +273,46 @@ absl::Status Synchronize() {
   const absl::Status context = EnsureContext(**d);
   if (!context.ok()) return context;
   return Check(**d, (*d)->cuCtxSynchronize_(), "cuCtxSynchronize", "waiting for the device");
+}
+
+absl::StatusOr<IpcHandle> ExportIpc(const void* device, size_t* offset) {
+  const absl::StatusOr<const Driver*> d = Get();
+  if (!d.ok()) return d.status();
+  PLEXUS_RETURN_IF_ERROR(EnsureContextFor(**d, device));
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if ((*d)->cuMemGetAddressRange_(&base, &size, Ptr(device)) != CUDA_SUCCESS) {
+    return absl::InvalidArgumentError(
+        "CUDA IPC: the pointer is not in a device allocation of this process");
+  }
+  static_assert(sizeof(CUipcMemHandle) == sizeof(IpcHandle));
+  CUipcMemHandle h;
+  PLEXUS_RETURN_IF_ERROR(Check(**d, (*d)->cuIpcGetMemHandle_(&h, base), "cuIpcGetMemHandle",
+                               "exporting a device buffer to the other processes of this host"));
+  IpcHandle out;
+  std::memcpy(out.bytes, &h, sizeof(out.bytes));
+  if (offset != nullptr) *offset = static_cast<size_t>(Ptr(device) - base);
+  return out;
+}
+
+absl::StatusOr<void*> OpenIpc(const IpcHandle& handle) {
+  const absl::StatusOr<const Driver*> d = Get();
+  if (!d.ok()) return d.status();
+  PLEXUS_RETURN_IF_ERROR(EnsureContext(**d));
+  CUipcMemHandle h;
+  std::memcpy(&h, handle.bytes, sizeof(h));
+  CUdeviceptr mapped = 0;
+  PLEXUS_RETURN_IF_ERROR(
+      Check(**d, (*d)->cuIpcOpenMemHandle_(&mapped, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+            "cuIpcOpenMemHandle", "mapping another process's device buffer"));
+  return reinterpret_cast<void*>(mapped);
+}
+
+absl::Status CloseIpc(void* mapped) {
+  const absl::StatusOr<const Driver*> d = Get();
+  if (!d.ok()) return d.status();
+  return Check(**d, (*d)->cuIpcCloseMemHandle_(Ptr(mapped)), "cuIpcCloseMemHandle",
+               "unmapping another process's device buffer");
 }
 
 Event::Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}

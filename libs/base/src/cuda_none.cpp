@@ -37,5 +37,8 @@ Stream::~Stream() = default;
 absl::Status Stream::CopyAsync(void*, const void*, size_t, const char*) { return NoCuda(); }
 absl::StatusOr<Event> Stream::Record() { return NoCuda(); }
 absl::Status Stream::Synchronize() { return NoCuda(); }
+absl::StatusOr<IpcHandle> ExportIpc(const void*, size_t*) { return NoCuda(); }
+absl::StatusOr<void*> OpenIpc(const IpcHandle&) { return NoCuda(); }
+absl::Status CloseIpc(void*) { return NoCuda(); }
 absl::Status Launch(const Image&, const char*, unsigned, unsigned, void**) { return NoCuda(); }
 }  // namespace plexus::base::cuda

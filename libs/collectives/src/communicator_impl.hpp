@@ -34,6 +34,7 @@
 #include "blame.hpp"
 #include "call_env.hpp"
 #include "connection_set.hpp"
+#include "device_peers.hpp"
 #include "executor.hpp"
 #include "issue_queue.hpp"
 #include "mailbox_path.hpp"
@@ -171,6 +172,21 @@ class CommunicatorImpl : public Communicator {
   absl::Status PipelinedDeviceAllReduce(const void* send, void* recv, size_t count, DataType dtype,
                                         ReduceOp op, const CallHeader& header);
   absl::Status RunBarrier();
+
+  // Device buffers device to device on a one-host communicator (device_peers.hpp): whether a
+  // call's buffers take that path, the exchange of the buffers' records (the first barrier),
+  // a barrier, the three collectives, and the failure of a CUDA step (aborts the call).
+  bool UsesDevicePeers(const void* send, const void* recv, const CallOptions& call) const;
+  absl::StatusOr<std::vector<PeerBuffers>> ShareDeviceBuffers(const CallHeader& header,
+                                                              const void* send, const void* recv);
+  absl::Status DeviceBarrier(const CallHeader& header);
+  absl::Status DevicePeerAllReduce(const void* send, void* recv, size_t count, DataType dtype,
+                                   ReduceOp op, const CallHeader& header);
+  absl::Status DevicePeerBroadcast(const void* send, void* recv, size_t count, DataType dtype,
+                                   int root, const CallHeader& header);
+  absl::Status DevicePeerAllGather(const void* send, void* recv, size_t count, DataType dtype,
+                                   const CallHeader& header);
+  absl::Status DeviceFailure(const CallHeader& header, const absl::Status& s, const char* what);
 
   TaskOr AllReduceTask(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                        CallOptions call);

@@ -34,8 +34,8 @@ struct MailHeader {
   uint8_t dtype = 0;
   uint8_t op = 0;
   uint8_t algorithm = 0;
-  uint8_t reserved = 0;
-  uint16_t epoch = 0;  // CallHeader::epoch mod 2^16
+  uint8_t device_peer = 0;  // CallHeader::device_peer
+  uint16_t epoch = 0;       // CallHeader::epoch mod 2^16
   uint32_t count = 0;
   int32_t root = -1;
   uint64_t sequence = 0;
@@ -50,6 +50,7 @@ struct MailHeader {
     m.root = h.root;
     m.sequence = h.sequence;
     m.epoch = static_cast<uint16_t>(h.epoch);
+    m.device_peer = h.device_peer ? 1 : 0;
     return m;
   }
   bool operator==(const MailHeader&) const = default;
@@ -65,7 +66,8 @@ struct MailHeader {
                         std::string(DataTypeName(static_cast<DataType>(dtype))), ", ",
                         std::string(ReduceOpName(static_cast<ReduceOp>(op))), ", ",
                         std::string(AlgorithmName(static_cast<Algorithm>(algorithm))),
-                        root >= 0 ? absl::StrCat(", root ", root) : std::string(), ")");
+                        root >= 0 ? absl::StrCat(", root ", root) : std::string(),
+                        device_peer != 0 ? ", device buffers by peer access" : "", ")");
   }
 };
 static_assert(sizeof(MailHeader) == 24);

@@ -92,6 +92,7 @@ std::string CallHeader::Describe() const {
   if (wire.has_value()) {
     absl::StrAppend(&out, ", ", std::string(DataTypeName(*wire)), " on the wire");
   }
+  if (device_peer) absl::StrAppend(&out, ", device buffers by peer access");
   absl::StrAppend(&out, ", ", std::string(AlgorithmName(algorithm)), ")");
   return out;
 }

@@ -38,6 +38,10 @@ struct CallHeader {
   // SameCall: the executor checks it on its own, for collectives (not Send/Recv), so that a
   // mismatch names both epochs.
   uint64_t epoch = 0;
+  // Device buffers moved device to device (device_peers.hpp): such a call travels only by
+  // mailbox, whose header carries this, so a rank that staged through the host instead fails the
+  // call as mismatched. Not encoded.
+  bool device_peer = false;
 
   void Encode(uint8_t* out) const;
   // DataLoss for anything that is not a header of this version.

@@ -1,4 +1,4 @@
-// Device kernels (nvcc, embedded as a fatbin; launched by src/divide_cuda.cpp through the
+// Device kernels (nvcc, embedded as a fatbin; launched by src/device_kernels.cpp through the
 // driver): the division that finishes an average of device buffers. extern "C" so that the
 // launcher finds each by a plain name.
 #include <cuda_bf16.h>

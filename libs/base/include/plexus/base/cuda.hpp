@@ -102,6 +102,22 @@ class Stream {
   void* stream_ = nullptr;  // CUstream
 };
 
+// CUDA IPC: a process of this host maps device memory another process allocated.
+struct IpcHandle {
+  unsigned char bytes[64];  // CUipcMemHandle, opaque
+};
+// The IPC handle of the allocation that holds `device`, and `device`'s offset in it (a handle
+// names a whole cuMemAlloc/cudaMalloc allocation). InvalidArgument for memory that is not a
+// device allocation of this process (e.g. a pointer into another process's mapping).
+absl::StatusOr<IpcHandle> ExportIpc(const void* device, size_t* offset);
+// Maps another process's allocation into the current context (with lazy peer access, so that
+// the allocation may live on another device of this host); the same handle opened twice in one
+// process is an error (CUDA_ERROR_ALREADY_MAPPED): callers keep what they opened. Opening one
+// of this process's own handles fails too.
+absl::StatusOr<void*> OpenIpc(const IpcHandle& handle);
+// Unmaps what OpenIpc returned.
+absl::Status CloseIpc(void* mapped);
+
 // A kernel image (fatbin) embedded by plexus_embed_cuda_kernels(): `name` for messages.
 struct Image {
   const unsigned char* data;

@@ -183,6 +183,14 @@ struct CallOptions {
   // wire(send) bit for bit. nullopt (or dtype): as the data. wire_dtype must be unset or equal.
   // Host buffers only, and send must not overlap recv (InvalidArgument otherwise).
   std::optional<DataType> recv_dtype;
+  // CUDA device buffers on a communicator whose peers are all on this host (shm or inproc):
+  // true moves AllReduce, Broadcast and AllGather device to device (peers map each other's
+  // buffers: CUDA IPC between processes, the pointers themselves between threads; reductions
+  // by a kernel), false stages them through pinned host memory as on any other communicator
+  // ("CUDA buffers" in docs/collectives.md). Every rank must pass the same value, and with true
+  // device buffers on every rank: a rank whose buffers are host memory (or that passed false)
+  // fails the call as mismatched, naming both sides.
+  bool device_peer_access = true;
 };
 
 // The handle of an asynchronous call.

@@ -1,0 +1,134 @@
+// Device kernels (nvcc, embedded as a fatbin; launched by src/device_kernels.cpp through the
+// driver): out[i] = in[0][i] op in[1][i] op ... op in[k-1][i], the inputs folded in order, so
+// that every rank computing the same slice gets the same bits. f16/bf16 are computed in f32 and
+// rounded after each step, as the host kernels round after each pairwise reduction. out may be
+// one of the inputs (each element is read by the thread that writes it). NaN results are the
+// canonical quiet NaN, as on the host; in f16/bf16 its rounded bits may differ from the host's.
+// extern "C" names: plexus_reduce_<op>_<dtype>.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+// Must match kMaxDeviceReduceInputs in plexus/kernels/reduce.hpp.
+constexpr int kMaxInputs = 16;
+
+struct Inputs {
+  const void* in[kMaxInputs];
+};
+
+namespace {
+
+// The host kernels' semantics (src/reduce.cpp): integers wrap around (computed unsigned), min
+// and max are a < b ? a : b and a > b ? a : b, and every NaN result is the canonical quiet NaN.
+template <typename T>
+__device__ T Canonical(T r) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (r != r) return __int_as_float(0x7fc00000);  // std::numeric_limits<float>::quiet_NaN()
+  } else if constexpr (std::is_same_v<T, double>) {
+    if (r != r) return __longlong_as_double(0x7ff8000000000000LL);
+  }
+  return r;
+}
+
+struct Sum {
+  template <typename T>
+  __device__ static T Apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) {
+      using U = std::make_unsigned_t<T>;
+      return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+    } else {
+      return Canonical(a + b);
+    }
+  }
+};
+struct Prod {
+  template <typename T>
+  __device__ static T Apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) {
+      using U = std::make_unsigned_t<T>;
+      return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+    } else {
+      return Canonical(a * b);
+    }
+  }
+};
+struct Min {
+  template <typename T>
+  __device__ static T Apply(T a, T b) {
+    return Canonical(a < b ? a : b);
+  }
+};
+struct Max {
+  template <typename T>
+  __device__ static T Apply(T a, T b) {
+    return Canonical(a > b ? a : b);
+  }
+};
+
+// Plain types: computed in the type itself.
+template <typename T>
+struct Plain {
+  using Compute = T;
+  __device__ static Compute Load(const void* p, size_t i) { return static_cast<const T*>(p)[i]; }
+  __device__ static Compute Round(Compute v) { return v; }
+  __device__ static void Store(void* p, size_t i, Compute v) { static_cast<T*>(p)[i] = v; }
+};
+
+struct Half {
+  using Compute = float;
+  __device__ static float Load(const void* p, size_t i) {
+    return __half2float(static_cast<const __half*>(p)[i]);
+  }
+  __device__ static float Round(float v) { return __half2float(__float2half_rn(v)); }
+  __device__ static void Store(void* p, size_t i, float v) {
+    static_cast<__half*>(p)[i] = __float2half_rn(v);
+  }
+};
+
+struct BFloat {
+  using Compute = float;
+  __device__ static float Load(const void* p, size_t i) {
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  }
+  __device__ static float Round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+  __device__ static void Store(void* p, size_t i, float v) {
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  }
+};
+
+template <typename Op, typename E>
+__device__ void Reduce(void* out, const Inputs& inputs, int k, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    typename E::Compute acc = E::Load(inputs.in[0], i);
+    for (int j = 1; j < k; ++j) acc = E::Round(Op::Apply(acc, E::Load(inputs.in[j], i)));
+    E::Store(out, i, acc);
+  }
+}
+
+}  // namespace
+
+#define PLEXUS_REDUCE_KERNEL(op_name, Op, type_name, E)                                        \
+  extern "C" __global__ void plexus_reduce_##op_name##_##type_name(void* out, Inputs inputs, \
+                                                                   int k, size_t n) {         \
+    Reduce<Op, E>(out, inputs, k, n);                                                          \
+  }
+
+#define PLEXUS_REDUCE_KERNELS(op_name, Op)                  \
+  PLEXUS_REDUCE_KERNEL(op_name, Op, f32, Plain<float>)      \
+  PLEXUS_REDUCE_KERNEL(op_name, Op, f64, Plain<double>)     \
+  PLEXUS_REDUCE_KERNEL(op_name, Op, f16, Half)              \
+  PLEXUS_REDUCE_KERNEL(op_name, Op, bf16, BFloat)           \
+  PLEXUS_REDUCE_KERNEL(op_name, Op, i32, Plain<int32_t>)    \
+  PLEXUS_REDUCE_KERNEL(op_name, Op, i64, Plain<int64_t>)    \
+  PLEXUS_REDUCE_KERNEL(op_name, Op, u8, Plain<uint8_t>)     \
+  PLEXUS_REDUCE_KERNEL(op_name, Op, i8, Plain<int8_t>)
+
+PLEXUS_REDUCE_KERNELS(sum, Sum)
+PLEXUS_REDUCE_KERNELS(prod, Prod)
+PLEXUS_REDUCE_KERNELS(min, Min)
+PLEXUS_REDUCE_KERNELS(max, Max)

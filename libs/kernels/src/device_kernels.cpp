@@ -1,0 +1,74 @@
+// The launchers of src/cuda/divide.cu's and src/cuda/reduce.cu's kernels, through base::cuda (no
+// CUDA library linked).
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/base/cuda.hpp"
+#include "plexus/config.hpp"
+#include "plexus/kernels/reduce.hpp"
+
+namespace plexus::kernels {
+
+#if PLEXUS_HAVE_CUDA
+namespace internal {
+extern const unsigned char kDivideFatbin[];  // generated from src/cuda/divide.cu
+extern const unsigned char kReduceFatbin[];  // generated from src/cuda/reduce.cu
+}  // namespace internal
+
+namespace {
+// A grid-stride loop's grid: enough blocks to fill any current GPU, fewer for small vectors.
+unsigned GridFor(size_t n, unsigned threads) {
+  return static_cast<unsigned>(std::min<size_t>((n + threads - 1) / threads, 8192));
+}
+}  // namespace
+
+absl::Status DivideOnDevice(DataType dtype, void* data, size_t n, int divisor) {
+  if (n == 0) return absl::OkStatus();
+  const unsigned threads = 256;
+  const size_t blocks = (n + threads - 1) / threads;
+  if (blocks > 0x7fffffffu) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DivideOnDevice: ", n, " elements exceed one grid"));
+  }
+  const std::string kernel = "plexus_divide_" + std::string(DataTypeName(dtype));
+  void* args[] = {&data, &n, &divisor};
+  return base::cuda::Launch({internal::kDivideFatbin, "plexus::kernels division"}, kernel.c_str(),
+                            static_cast<unsigned>(blocks), threads, args);
+}
+
+absl::Status ReduceOnDevice(DataType dtype, ReduceOp op, void* out, const void* const* inputs,
+                            int k, size_t n) {
+  if (n == 0) return absl::OkStatus();
+  if (k < 1 || k > kMaxDeviceReduceInputs) {
+    return absl::InvalidArgumentError(absl::StrCat("ReduceOnDevice: ", k, " inputs; 1 to ",
+                                                   kMaxDeviceReduceInputs, " are supported"));
+  }
+  // The kernel's parameter: the input pointers by value (cuLaunchKernel copies it).
+  struct Inputs {
+    const void* in[kMaxDeviceReduceInputs];
+  } in{};
+  for (int j = 0; j < k; ++j) in.in[j] = inputs[j];
+  const std::string kernel = absl::StrCat(
+      "plexus_reduce_", std::string(ReduceOpName(op == ReduceOp::kAvg ? ReduceOp::kSum : op)), "_",
+      std::string(DataTypeName(dtype)));
+  const unsigned threads = 256;
+  void* args[] = {&out, &in, &k, &n};
+  return base::cuda::Launch({internal::kReduceFatbin, "plexus::kernels reduction"}, kernel.c_str(),
+                            GridFor(n, threads), threads, args);
+}
+#else
+absl::Status DivideOnDevice(DataType, void*, size_t, int) {
+  std::string why;
+  base::cuda::Available(&why);
+  return absl::FailedPreconditionError(absl::StrCat("DivideOnDevice: ", why));
+}
+
+absl::Status ReduceOnDevice(DataType, ReduceOp, void*, const void* const*, int, size_t) {
+  std::string why;
+  base::cuda::Available(&why);
+  return absl::FailedPreconditionError(absl::StrCat("ReduceOnDevice: ", why));
+}
+#endif
+
+}  // namespace plexus::kernels
