@@ -205,13 +205,16 @@ TEST_CASE("device buffers by peer access: the same bits as staging, every type a
           if (!s.ok()) return "peer allreduce " + what + ": " + std::string(s.message());
           s = comm.AllReduce(in.ptr, b.ptr, count, dt, op, staged);
           if (!s.ok()) return "staged allreduce " + what + ": " + std::string(s.message());
-          if (a.Download() != b.Download()) return "allreduce " + what + " differs";
+          const std::vector<uint8_t> staged_bits = b.Download();
+          if (staged_bits.size() != count * es) return std::string("cudaMemcpy failed");
+          if (a.Download() != staged_bits) return "allreduce " + what + " differs";
           if (in.Download() != host) return "allreduce " + what + " changed its input";
-          // In place: the same bits again.
+          // In place, and from the communicator's own thread (no CUDA context current there):
+          // the same bits again.
           if (!a.Upload(host)) return std::string("cudaMemcpy failed");
-          s = comm.AllReduce(a.ptr, a.ptr, count, dt, op, peer);
+          s = comm.AllReduceAsync(a.ptr, a.ptr, count, dt, op, peer)->Wait();
           if (!s.ok()) return "in-place allreduce " + what + ": " + std::string(s.message());
-          if (a.Download() != b.Download()) return "in-place allreduce " + what + " differs";
+          if (a.Download() != staged_bits) return "in-place allreduce " + what + " differs";
         }
         // Broadcast from rank 2 (out of place at the root, in place elsewhere).
         if (!a.Upload(host)) return std::string("cudaMemcpy failed");
@@ -236,6 +239,7 @@ TEST_CASE("device buffers by peer access: the same bits as staging, every type a
                            peer);
         if (!s.ok()) return "in-place allgather" + where + ": " + std::string(s.message());
         const std::vector<uint8_t> gathered = all.Download();
+        if (gathered.size() != count * es * kRanks) return std::string("cudaMemcpy failed");
         if (again.Download() != gathered) return "in-place allgather" + where + " differs";
         for (size_t j = 0; j < count * kRanks; ++j) {
           const double want = static_cast<double>(((j % count) * 7 + j / count) % 5 + 1);

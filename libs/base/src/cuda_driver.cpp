@@ -32,6 +32,11 @@ namespace {
   X(cuCtxGetCurrent)           \
   X(cuCtxSetCurrent)           \
   X(cuCtxSynchronize)          \
+  X(cuCtxPushCurrent)          \
+  X(cuCtxPopCurrent)           \
+  X(cuCtxGetDevice)            \
+  X(cuCtxEnablePeerAccess)     \
+  X(cuDeviceCanAccessPeer)     \
   X(cuPointerGetAttribute)     \
   X(cuMemcpy)                  \
   X(cuMemcpyAsync)             \
@@ -309,10 +314,77 @@ absl::StatusOr<void*> OpenIpc(const IpcHandle& handle) {
 }
 
 absl::Status CloseIpc(void* mapped) {
+  PLEXUS_ASSIGN_OR_RETURN(ContextScope scope, ContextScope::Enter(mapped));
+  const Driver& d = Loaded();
+  return Check(d, d.cuIpcCloseMemHandle_(Ptr(mapped)), "cuIpcCloseMemHandle",
+               "unmapping another process's device buffer");
+}
+
+absl::StatusOr<ContextScope> ContextScope::Enter(const void* device) {
   const absl::StatusOr<const Driver*> d = Get();
   if (!d.ok()) return d.status();
-  return Check(**d, (*d)->cuIpcCloseMemHandle_(Ptr(mapped)), "cuIpcCloseMemHandle",
-               "unmapping another process's device buffer");
+  CUcontext owner = nullptr;
+  if ((*d)->cuPointerGetAttribute_(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, Ptr(device)) !=
+          CUDA_SUCCESS ||
+      owner == nullptr) {
+    return absl::InvalidArgumentError("CUDA: the pointer is not device memory of this process");
+  }
+  ContextScope scope;
+  CUcontext current = nullptr;
+  if ((*d)->cuCtxGetCurrent_(&current) == CUDA_SUCCESS && current == owner) return scope;
+  PLEXUS_RETURN_IF_ERROR(Check(**d, (*d)->cuCtxPushCurrent_(owner), "cuCtxPushCurrent",
+                               "making the buffer's CUDA context current"));
+  scope.pushed_ = true;
+  return scope;
+}
+
+ContextScope::ContextScope(ContextScope&& other) noexcept
+    : pushed_(std::exchange(other.pushed_, false)) {}
+
+ContextScope::~ContextScope() {
+  if (!pushed_) return;
+  CUcontext popped = nullptr;
+  Loaded().cuCtxPopCurrent_(&popped);
+}
+
+absl::Status EnablePeerAccess(const void* peer) {
+  const absl::StatusOr<const Driver*> d = Get();
+  if (!d.ok()) return d.status();
+  const Driver& driver = **d;
+  CUcontext current = nullptr, owner = nullptr;
+  if (driver.cuCtxGetCurrent_(&current) != CUDA_SUCCESS || current == nullptr) {
+    return absl::FailedPreconditionError("CUDA: no current context to enable peer access from");
+  }
+  if (driver.cuPointerGetAttribute_(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, Ptr(peer)) !=
+      CUDA_SUCCESS) {
+    return absl::InvalidArgumentError("CUDA: the peer pointer is not device memory");
+  }
+  if (owner == current) return absl::OkStatus();
+  CUdevice mine = 0;
+  int theirs = -1, can = 0;
+  PLEXUS_RETURN_IF_ERROR(
+      Check(driver, driver.cuCtxGetDevice_(&mine), "cuCtxGetDevice", "peer access"));
+  PLEXUS_RETURN_IF_ERROR(
+      Check(driver,
+            driver.cuPointerGetAttribute_(&theirs, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, Ptr(peer)),
+            "cuPointerGetAttribute", "peer access"));
+  CUdevice other = 0;
+  PLEXUS_RETURN_IF_ERROR(
+      Check(driver, driver.cuDeviceGet_(&other, theirs), "cuDeviceGet", "peer access"));
+  if (other == mine) {
+    return absl::FailedPreconditionError(
+        "CUDA: the peer buffer is in another context of the same GPU, which kernels of this one "
+        "cannot address");
+  }
+  PLEXUS_RETURN_IF_ERROR(Check(driver, driver.cuDeviceCanAccessPeer_(&can, mine, other),
+                               "cuDeviceCanAccessPeer", "peer access"));
+  if (can == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("CUDA: GPU ", static_cast<int>(mine),
+                                                      " cannot access GPU ", theirs, "'s memory"));
+  }
+  const CUresult r = driver.cuCtxEnablePeerAccess_(owner, 0);
+  if (r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) return absl::OkStatus();
+  return Check(driver, r, "cuCtxEnablePeerAccess", "peer access between two GPUs");
 }
 
 Event::Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}

@@ -40,5 +40,9 @@ absl::Status Stream::Synchronize() { return NoCuda(); }
 absl::StatusOr<IpcHandle> ExportIpc(const void*, size_t*) { return NoCuda(); }
 absl::StatusOr<void*> OpenIpc(const IpcHandle&) { return NoCuda(); }
 absl::Status CloseIpc(void*) { return NoCuda(); }
+absl::StatusOr<ContextScope> ContextScope::Enter(const void*) { return NoCuda(); }
+ContextScope::ContextScope(ContextScope&&) noexcept {}
+ContextScope::~ContextScope() = default;
+absl::Status EnablePeerAccess(const void*) { return NoCuda(); }
 absl::Status Launch(const Image&, const char*, unsigned, unsigned, void**) { return NoCuda(); }
 }  // namespace plexus::base::cuda

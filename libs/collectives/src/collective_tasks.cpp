@@ -109,14 +109,12 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   }
   CallHeader header = Header(CollectiveKind::kAllReduce, dtype, op, algo, -1, count);
   if (count == 0) return absl::OkStatus();
-  // Device to device (device_peers.cpp); out of place only when send and recv do not overlap,
-  // since peers read this rank's send while it writes its recv.
-  const auto* s8 = static_cast<const uint8_t*>(send);
-  const auto* r8 = static_cast<const uint8_t*>(recv);
-  if (!WireOf(dtype, call) && (send == recv || s8 + bytes <= r8 || r8 + bytes <= s8) &&
-      UsesDevicePeers(send, recv, call)) {
-    header.device_peer = true;
-    return DevicePeerAllReduce(send, recv, count, dtype, op, header);
+  if (!WireOf(dtype, call) && UsesDevicePeers(send, recv, call)) {
+    CallHeader peer = header;
+    peer.device_peer = true;
+    PLEXUS_ASSIGN_OR_RETURN(const bool done,
+                            DevicePeerAllReduce(send, recv, count, dtype, op, peer));
+    if (done) return absl::OkStatus();  // else every rank stages it, below
   }
   if (algo == Algorithm::kRing && !WireOf(dtype, call) && layout_.n > 1 &&
       bytes >= kPipelinedStagingBytes && internal::IsDevicePointer(recv) &&
@@ -315,8 +313,11 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
         Header(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, algo, root, count);
     if (count == 0) return absl::OkStatus();
     if (!WireOf(dtype, call) && UsesDevicePeers(is_root ? send : nullptr, recv, call)) {
-      header.device_peer = true;
-      return DevicePeerBroadcast(send, recv, count, dtype, root, header);
+      CallHeader peer = header;
+      peer.device_peer = true;
+      PLEXUS_ASSIGN_OR_RETURN(const bool done,
+                              DevicePeerBroadcast(send, recv, count, dtype, root, peer));
+      if (done) return absl::OkStatus();  // else every rank stages it, below
     }
     Staging staging = NewStaging();
     PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, bytes, is_root && send == recv));
@@ -396,8 +397,10 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     CallHeader header = Header(CollectiveKind::kAllGather, dtype, ReduceOp::kSum, algo, -1, count);
     if (count == 0) return absl::OkStatus();
     if (!WireOf(dtype, call) && send != nullptr && UsesDevicePeers(send, recv, call)) {
-      header.device_peer = true;
-      return DevicePeerAllGather(send, recv, count, dtype, header);
+      CallHeader peer = header;
+      peer.device_peer = true;
+      PLEXUS_ASSIGN_OR_RETURN(const bool done, DevicePeerAllGather(send, recv, count, dtype, peer));
+      if (done) return absl::OkStatus();  // else every rank stages it, below
     }
     const size_t mine = static_cast<size_t>(layout_.rank) * count * esize;
     const bool in_place = send == static_cast<uint8_t*>(recv) + mine;

@@ -173,20 +173,28 @@ class CommunicatorImpl : public Communicator {
                                         ReduceOp op, const CallHeader& header);
   absl::Status RunBarrier();
 
-  // Device buffers device to device on a one-host communicator (device_peers.hpp): whether a
-  // call's buffers take that path, the exchange of the buffers' records (the first barrier),
-  // a barrier, the three collectives, and the failure of a CUDA step (aborts the call).
+  // Device buffers device to device on a one-host communicator (device_peers.hpp). Whether a
+  // call tries that path (the same answer on every rank that passes device buffers). The three
+  // collectives: false when the ranks agreed to stage the call through the host instead (the
+  // caller then runs it staged, with the header unmarked). ShareDeviceBuffers: the exchange of
+  // the buffers' records (the first barrier), the mapping of the peers' buffers into `peers`,
+  // and the vote (this rank votes `usable` and whether it mapped every peer). An exchange of
+  // `bytes` from every rank into all[rank * bytes], a barrier, and the failure of a CUDA step
+  // (aborts the call, naming this rank).
   bool UsesDevicePeers(const void* send, const void* recv, const CallOptions& call) const;
-  absl::StatusOr<std::vector<PeerBuffers>> ShareDeviceBuffers(const CallHeader& header,
-                                                              const void* send, const void* recv);
+  absl::StatusOr<bool> DevicePeerAllReduce(const void* send, void* recv, size_t count,
+                                           DataType dtype, ReduceOp op, const CallHeader& header);
+  absl::StatusOr<bool> DevicePeerBroadcast(const void* send, void* recv, size_t count,
+                                           DataType dtype, int root, const CallHeader& header);
+  absl::StatusOr<bool> DevicePeerAllGather(const void* send, void* recv, size_t count,
+                                           DataType dtype, const CallHeader& header);
+  absl::StatusOr<bool> ShareDeviceBuffers(const CallHeader& header, const void* send,
+                                          const void* recv, bool usable,
+                                          std::vector<PeerBuffers>* peers);
+  absl::Status DeviceExchange(const CallHeader& header, const void* mine, void* all, size_t bytes);
   absl::Status DeviceBarrier(const CallHeader& header);
-  absl::Status DevicePeerAllReduce(const void* send, void* recv, size_t count, DataType dtype,
-                                   ReduceOp op, const CallHeader& header);
-  absl::Status DevicePeerBroadcast(const void* send, void* recv, size_t count, DataType dtype,
-                                   int root, const CallHeader& header);
-  absl::Status DevicePeerAllGather(const void* send, void* recv, size_t count, DataType dtype,
-                                   const CallHeader& header);
-  absl::Status DeviceFailure(const CallHeader& header, const absl::Status& s, const char* what);
+  absl::Status DeviceFailure(const CallHeader& header, const absl::Status& s,
+                             const std::string& what);
 
   TaskOr AllReduceTask(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                        CallOptions call);
@@ -348,6 +356,7 @@ class CommunicatorImpl : public Communicator {
   // The parts (declared last: they refer to the members above).
   CallEnv env_;
   MailboxPath mailbox_{env_};
+  std::unique_ptr<DevicePeerMaps> device_maps_;  // peers' device buffers (first device call)
   PlanExecutor executor_{env_, mailbox_};
   Reconfigurer reconfig_;
 };

@@ -1,7 +1,9 @@
-// Device buffers device to device (device_peers.hpp). Each call: every rank waits for its own
-// device work (so its buffers hold what the caller wrote), publishes its buffers to every peer
-// over the mailboxes (which also makes it the call's first barrier), maps the peers' buffers,
-// and then
+// Device buffers device to device (device_peers.hpp). Each call: every rank makes its buffers'
+// context current, waits for its device work (so that its buffers hold what the caller wrote),
+// publishes its buffers to every peer over the mailboxes (which also makes it the call's first
+// barrier), maps the peers' buffers and votes: unless every rank could map every peer's buffers
+// and found its own usable, every rank stages the call through the host instead (the same
+// decision everywhere). Then
 //   AllReduce: reduces its slice (count / n elements) of every rank's input with one kernel into
 //              its own output, waits, barrier; copies every other slice from its owner's output,
 //              waits, barrier;
@@ -15,8 +17,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <random>
 #include <string>
 #include <utility>
@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "communicator_impl.hpp"
 #include "cuda_staging.hpp"
+#include "plexus/base/log.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/kernels/reduce.hpp"
 
@@ -42,72 +43,85 @@ uint64_t ProcessToken() {
   return token;
 }
 
-// Other processes' allocations mapped into this one, by IPC handle.
-class IpcMappings {
- public:
-  static IpcMappings& Get() {
-    static auto* mappings = new IpcMappings;  // never destroyed: mappings end with the process
-    return *mappings;
-  }
-
-  absl::StatusOr<uint8_t*> Map(const base::cuda::IpcHandle& handle) {
-    const std::string key(reinterpret_cast<const char*>(handle.bytes), sizeof(handle.bytes));
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = mapped_.find(key);
-    if (it != mapped_.end()) {
-      it->second.last_use = ++uses_;
-      return it->second.base;
-    }
-    PLEXUS_ASSIGN_OR_RETURN(void* base, base::cuda::OpenIpc(handle));
-    if (mapped_.size() >= kMaxMappings) {
-      auto oldest = std::min_element(
-          mapped_.begin(), mapped_.end(),
-          [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
-      base::cuda::CloseIpc(oldest->second.base).IgnoreError();
-      mapped_.erase(oldest);
-    }
-    mapped_[key] = {static_cast<uint8_t*>(base), ++uses_};
-    return static_cast<uint8_t*>(base);
-  }
-
- private:
-  struct Mapping {
-    uint8_t* base = nullptr;
-    uint64_t last_use = 0;
-  };
-  std::mutex mu_;
-  std::map<std::string, Mapping> mapped_;
-  uint64_t uses_ = 0;
-};
+bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto* x = static_cast<const uint8_t*>(a);
+  const auto* y = static_cast<const uint8_t*>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
 
 }  // namespace
 
-absl::Status DescribeDeviceBuffers(const void* send, const void* recv, DeviceBufferRecord* record) {
-  record->process = ProcessToken();
-  record->send = reinterpret_cast<uint64_t>(send);
-  record->recv = reinterpret_cast<uint64_t>(recv);
+DeviceBufferRecord DescribeDeviceBuffers(const void* send, const void* recv) {
+  DeviceBufferRecord record;
+  record.process = ProcessToken();
+  record.send = reinterpret_cast<uint64_t>(send);
+  record.recv = reinterpret_cast<uint64_t>(recv);
   size_t offset = 0;
   if (send != nullptr) {
-    PLEXUS_ASSIGN_OR_RETURN(record->send_handle, base::cuda::ExportIpc(send, &offset));
-    record->send_offset = offset;
+    absl::StatusOr<base::cuda::IpcHandle> h = base::cuda::ExportIpc(send, &offset);
+    if (h.ok()) {
+      record.send_handle = *h;
+      record.send_offset = offset;
+      record.send_exported = 1;
+    }
   }
-  PLEXUS_ASSIGN_OR_RETURN(record->recv_handle, base::cuda::ExportIpc(recv, &offset));
-  record->recv_offset = offset;
-  return absl::OkStatus();
+  absl::StatusOr<base::cuda::IpcHandle> h = base::cuda::ExportIpc(recv, &offset);
+  if (h.ok()) {
+    record.recv_handle = *h;
+    record.recv_offset = offset;
+    record.recv_exported = 1;
+  }
+  return record;
 }
 
-absl::StatusOr<PeerBuffers> MapDeviceBuffers(const DeviceBufferRecord& record) {
+DevicePeerMaps::~DevicePeerMaps() {
+  for (auto& [key, mapping] : mapped_) base::cuda::CloseIpc(mapping.base).IgnoreError();
+}
+
+absl::StatusOr<uint8_t*> DevicePeerMaps::Open(const base::cuda::IpcHandle& handle) {
+  const std::string key(reinterpret_cast<const char*>(handle.bytes), sizeof(handle.bytes));
+  auto it = mapped_.find(key);
+  if (it != mapped_.end()) {
+    it->second.last_use = ++uses_;
+    return it->second.base;
+  }
+  PLEXUS_ASSIGN_OR_RETURN(void* base, base::cuda::OpenIpc(handle));
+  // One call maps at most 2 allocations per rank (32 with 16 ranks): what this call mapped is
+  // among the most recent and is never the one closed here.
+  if (mapped_.size() >= kMaxMappings) {
+    auto oldest = std::min_element(
+        mapped_.begin(), mapped_.end(),
+        [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
+    base::cuda::CloseIpc(oldest->second.base).IgnoreError();
+    mapped_.erase(oldest);
+  }
+  mapped_[key] = {static_cast<uint8_t*>(base), ++uses_};
+  return static_cast<uint8_t*>(base);
+}
+
+absl::StatusOr<PeerBuffers> DevicePeerMaps::Map(const DeviceBufferRecord& record) {
   PeerBuffers out;
+  if (record.magic != DeviceBufferRecord::kMagic) {
+    return absl::DataLossError("not a device buffer record");
+  }
   if (record.process == ProcessToken()) {
     out.send = reinterpret_cast<const uint8_t*>(record.send);
     out.recv = reinterpret_cast<uint8_t*>(record.recv);
+    if (out.send != nullptr) PLEXUS_RETURN_IF_ERROR(base::cuda::EnablePeerAccess(out.send));
+    PLEXUS_RETURN_IF_ERROR(base::cuda::EnablePeerAccess(out.recv));
     return out;
   }
   if (record.send != 0) {
-    PLEXUS_ASSIGN_OR_RETURN(uint8_t * base, IpcMappings::Get().Map(record.send_handle));
+    if (record.send_exported == 0) {
+      return absl::FailedPreconditionError("its send buffer cannot be shared by CUDA IPC");
+    }
+    PLEXUS_ASSIGN_OR_RETURN(uint8_t * base, Open(record.send_handle));
     out.send = base + record.send_offset;
   }
-  PLEXUS_ASSIGN_OR_RETURN(uint8_t * base, IpcMappings::Get().Map(record.recv_handle));
+  if (record.recv_exported == 0) {
+    return absl::FailedPreconditionError("its recv buffer cannot be shared by CUDA IPC");
+  }
+  PLEXUS_ASSIGN_OR_RETURN(uint8_t * base, Open(record.recv_handle));
   out.recv = base + record.recv_offset;
   return out;
 }
@@ -125,64 +139,82 @@ bool CommunicatorImpl::UsesDevicePeers(const void* send, const void* recv,
 }
 
 absl::Status CommunicatorImpl::DeviceFailure(const CallHeader& header, const absl::Status& s,
-                                             const char* what) {
+                                             const std::string& what) {
   return Abort(header, Failure::Own(base::Annotate(
                            s, absl::StrCat("rank ", layout_.rank, ": ", what,
                                            " (CallOptions::device_peer_access = false stages "
                                            "device buffers through host memory instead)"))));
 }
 
-absl::Status CommunicatorImpl::DeviceBarrier(const CallHeader& header) {
+absl::Status CommunicatorImpl::DeviceExchange(const CallHeader& header, const void* mine, void* all,
+                                              size_t bytes) {
   const int n = layout_.n, me = layout_.rank;
-  uint8_t token = 0;
+  auto* out = static_cast<uint8_t*>(all);
   for (int k = 1; k < n; ++k) {
-    const MailInbound in{(me + n - k) % n, &token, /*reduce=*/false, /*src_first=*/false};
-    PLEXUS_RETURN_IF_ERROR(
-        MailExchange((me + k) % n, &token, in, 0, DataType::kU8, ReduceOp::kSum, header));
+    const int from = (me + n - k) % n;
+    const MailInbound in{from, out + static_cast<size_t>(from) * bytes, false, false};
+    PLEXUS_RETURN_IF_ERROR(MailExchange((me + k) % n, static_cast<const uint8_t*>(mine), in, bytes,
+                                        DataType::kU8, ReduceOp::kSum, header));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<PeerBuffers>> CommunicatorImpl::ShareDeviceBuffers(
-    const CallHeader& header, const void* send, const void* recv) {
+absl::Status CommunicatorImpl::DeviceBarrier(const CallHeader& header) {
+  uint8_t token = 0;
+  std::vector<uint8_t> tokens(static_cast<size_t>(layout_.n));
+  return DeviceExchange(header, &token, tokens.data(), 0);
+}
+
+absl::StatusOr<bool> CommunicatorImpl::ShareDeviceBuffers(const CallHeader& header,
+                                                          const void* send, const void* recv,
+                                                          bool usable,
+                                                          std::vector<PeerBuffers>* peers) {
   const int n = layout_.n, me = layout_.rank;
-  // The caller's work on its buffers, on any stream of its context, is done before peers read.
+  // The caller's work on its buffers, on any stream of their context, is done before peers read.
   if (absl::Status s = base::cuda::Synchronize(); !s.ok()) {
     return DeviceFailure(header, s, "waiting for this rank's device work");
   }
   std::vector<DeviceBufferRecord> records(n);
-  if (absl::Status s = DescribeDeviceBuffers(send, recv, &records[me]); !s.ok()) {
-    return DeviceFailure(header, s, "sharing this rank's device buffers (CUDA IPC)");
-  }
-  for (int k = 1; k < n; ++k) {
-    const int from = (me + n - k) % n;
-    const MailInbound in{from, reinterpret_cast<uint8_t*>(&records[from]), false, false};
-    PLEXUS_RETURN_IF_ERROR(
-        MailExchange((me + k) % n, reinterpret_cast<const uint8_t*>(&records[me]), in,
-                     sizeof(DeviceBufferRecord), DataType::kU8, ReduceOp::kSum, header));
-  }
-  std::vector<PeerBuffers> peers(n);
-  for (int p = 0; p < n; ++p) {
-    if (records[p].magic != DeviceBufferRecord::kMagic) {
-      return DeviceFailure(header, absl::DataLossError("not a device buffer record"),
-                           absl::StrCat("rank ", p, "'s device buffers").c_str());
-    }
-    absl::StatusOr<PeerBuffers> mapped = MapDeviceBuffers(records[p]);
+  records[me] = DescribeDeviceBuffers(send, recv);
+  PLEXUS_RETURN_IF_ERROR(
+      DeviceExchange(header, &records[me], records.data(), sizeof(DeviceBufferRecord)));
+  if (!device_maps_) device_maps_ = std::make_unique<DevicePeerMaps>();
+  peers->assign(n, PeerBuffers{});
+  std::string why;
+  for (int p = 0; p < n && usable; ++p) {
+    absl::StatusOr<PeerBuffers> mapped = device_maps_->Map(records[p]);
     if (!mapped.ok()) {
-      return DeviceFailure(header, mapped.status(),
-                           absl::StrCat("mapping rank ", p, "'s device buffers").c_str());
+      usable = false;
+      why = absl::StrCat("rank ", p, "'s buffers: ", mapped.status().message());
+    } else {
+      (*peers)[p] = *mapped;
     }
-    peers[p] = *mapped;
   }
-  return peers;
+  uint8_t vote = usable ? 1 : 0;
+  std::vector<uint8_t> votes(n);
+  PLEXUS_RETURN_IF_ERROR(DeviceExchange(header, &vote, votes.data(), 1));
+  votes[me] = vote;
+  const bool all = std::all_of(votes.begin(), votes.end(), [](uint8_t v) { return v != 0; });
+  if (!all && debug_) {
+    base::Logf(base::LogLevel::kInfo, "[plexus-coll rank %d] %s: staged through the host (%s)",
+               layout_.rank, header.Describe().c_str(),
+               why.empty() ? "another rank cannot go device to device" : why.c_str());
+  }
+  return all;
 }
 
-absl::Status CommunicatorImpl::DevicePeerAllReduce(const void* send, void* recv, size_t count,
-                                                   DataType dtype, ReduceOp op,
-                                                   const CallHeader& header) {
+absl::StatusOr<bool> CommunicatorImpl::DevicePeerAllReduce(const void* send, void* recv,
+                                                           size_t count, DataType dtype,
+                                                           ReduceOp op, const CallHeader& header) {
   const int n = layout_.n, me = layout_.rank;
-  const size_t esize = DataTypeSize(dtype);
-  PLEXUS_ASSIGN_OR_RETURN(std::vector<PeerBuffers> peers, ShareDeviceBuffers(header, send, recv));
+  const size_t esize = DataTypeSize(dtype), bytes = count * esize;
+  absl::StatusOr<base::cuda::ContextScope> scope = base::cuda::ContextScope::Enter(recv);
+  if (!scope.ok()) return DeviceFailure(header, scope.status(), "entering the buffer's context");
+  // Peers read this rank's send while it writes its recv: partly overlapping buffers stage.
+  const bool usable = send == recv || !Overlap(send, bytes, recv, bytes);
+  std::vector<PeerBuffers> peers;
+  PLEXUS_ASSIGN_OR_RETURN(bool shared, ShareDeviceBuffers(header, send, recv, usable, &peers));
+  if (!shared) return false;
   auto first = [&](int p) { return count * static_cast<size_t>(p) / static_cast<size_t>(n); };
   const size_t lo = first(me), len = first(me + 1) - lo;
   auto* out = static_cast<uint8_t*>(recv);
@@ -197,58 +229,76 @@ absl::Status CommunicatorImpl::DevicePeerAllReduce(const void* send, void* recv,
   }
   PLEXUS_RETURN_IF_ERROR(DeviceBarrier(header));
   for (int p = 0; p < n; ++p) {
-    const size_t at = first(p) * esize, bytes = (first(p + 1) - first(p)) * esize;
-    if (p == me || bytes == 0) continue;
+    const size_t at = first(p) * esize, slice = (first(p + 1) - first(p)) * esize;
+    if (p == me || slice == 0) continue;
     if (absl::Status s =
-            base::cuda::Copy(out + at, peers[p].recv + at, bytes, "copying a peer's reduced slice");
+            base::cuda::Copy(out + at, peers[p].recv + at, slice, "copying a peer's reduced slice");
         !s.ok()) {
-      return DeviceFailure(header, s, absl::StrCat("reading rank ", p, "'s slice").c_str());
+      return DeviceFailure(header, s, absl::StrCat("reading rank ", p, "'s slice"));
     }
   }
   if (absl::Status s = base::cuda::Synchronize(); !s.ok()) {
     return DeviceFailure(header, s, "waiting for the copies of the peers' slices");
   }
-  return DeviceBarrier(header);
+  PLEXUS_RETURN_IF_ERROR(DeviceBarrier(header));
+  return true;
 }
 
-absl::Status CommunicatorImpl::DevicePeerBroadcast(const void* send, void* recv, size_t count,
-                                                   DataType dtype, int root,
-                                                   const CallHeader& header) {
+absl::StatusOr<bool> CommunicatorImpl::DevicePeerBroadcast(const void* send, void* recv,
+                                                           size_t count, DataType dtype, int root,
+                                                           const CallHeader& header) {
   const bool is_root = root == layout_.rank;
   const size_t bytes = count * DataTypeSize(dtype);
-  PLEXUS_ASSIGN_OR_RETURN(std::vector<PeerBuffers> peers,
-                          ShareDeviceBuffers(header, is_root ? send : nullptr, recv));
+  absl::StatusOr<base::cuda::ContextScope> scope = base::cuda::ContextScope::Enter(recv);
+  if (!scope.ok()) return DeviceFailure(header, scope.status(), "entering the buffer's context");
+  // The root copies its send into its recv: they must not overlap unless they are the same.
+  const bool usable = !is_root || send == recv || !Overlap(send, bytes, recv, bytes);
+  std::vector<PeerBuffers> peers;
+  PLEXUS_ASSIGN_OR_RETURN(
+      bool shared, ShareDeviceBuffers(header, is_root ? send : nullptr, recv, usable, &peers));
+  if (!shared) return false;
   const uint8_t* source = peers[root].send != nullptr ? peers[root].send : peers[root].recv;
   if (source != recv) {
     if (absl::Status s = base::cuda::Copy(recv, source, bytes, "copying the root's buffer");
         !s.ok()) {
-      return DeviceFailure(header, s, absl::StrCat("reading root ", root, "'s buffer").c_str());
+      return DeviceFailure(header, s, absl::StrCat("reading root ", root, "'s buffer"));
     }
   }
   if (absl::Status s = base::cuda::Synchronize(); !s.ok()) {
     return DeviceFailure(header, s, "waiting for the copy of the root's buffer");
   }
-  return DeviceBarrier(header);
+  PLEXUS_RETURN_IF_ERROR(DeviceBarrier(header));
+  return true;
 }
 
-absl::Status CommunicatorImpl::DevicePeerAllGather(const void* send, void* recv, size_t count,
-                                                   DataType dtype, const CallHeader& header) {
-  const int n = layout_.n;
+absl::StatusOr<bool> CommunicatorImpl::DevicePeerAllGather(const void* send, void* recv,
+                                                           size_t count, DataType dtype,
+                                                           const CallHeader& header) {
+  const int n = layout_.n, me = layout_.rank;
   const size_t block = count * DataTypeSize(dtype);
-  PLEXUS_ASSIGN_OR_RETURN(std::vector<PeerBuffers> peers, ShareDeviceBuffers(header, send, recv));
   auto* out = static_cast<uint8_t*>(recv);
+  absl::StatusOr<base::cuda::ContextScope> scope = base::cuda::ContextScope::Enter(recv);
+  if (!scope.ok()) return DeviceFailure(header, scope.status(), "entering the buffer's context");
+  // This rank writes every block of its recv while peers read its send: send must be its own
+  // block (in place) or lie outside recv.
+  const bool usable = send == out + static_cast<size_t>(me) * block ||
+                      !Overlap(send, block, recv, block * static_cast<size_t>(n));
+  std::vector<PeerBuffers> peers;
+  PLEXUS_ASSIGN_OR_RETURN(bool shared, ShareDeviceBuffers(header, send, recv, usable, &peers));
+  if (!shared) return false;
   for (int p = 0; p < n; ++p) {
     uint8_t* dst = out + static_cast<size_t>(p) * block;
-    if (peers[p].send == dst) continue;  // this rank's own block, in place
+    if (p == me && send == dst) continue;  // this rank's own block, in place
     if (absl::Status s = base::cuda::Copy(dst, peers[p].send, block, "copying a peer's block");
         !s.ok()) {
-      return DeviceFailure(header, s, absl::StrCat("reading rank ", p, "'s block").c_str());
+      return DeviceFailure(header, s, absl::StrCat("reading rank ", p, "'s block"));
     }
   }
   if (absl::Status s = base::cuda::Synchronize(); !s.ok()) {
     return DeviceFailure(header, s, "waiting for the copies of the peers' blocks");
   }
-  return DeviceBarrier(header);
+  PLEXUS_RETURN_IF_ERROR(DeviceBarrier(header));
+  return true;
 }
 
 }  // namespace plexus::collectives::internal

@@ -3,14 +3,12 @@
 // that every rank computing the same slice gets the same bits. f16/bf16 are computed in f32 and
 // rounded after each step, as the host kernels round after each pairwise reduction. out may be
 // one of the inputs (each element is read by the thread that writes it). NaN results are the
-// canonical quiet NaN, as on the host; in f16/bf16 its rounded bits may differ from the host's.
-// extern "C" names: plexus_reduce_<op>_<dtype>.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+// canonical quiet NaN, as on the host. extern "C" names: plexus_reduce_<op>_<dtype>.
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+
+#include "plexus/kernels/convert_bits.hpp"
 
 // Must match kMaxDeviceReduceInputs in plexus/kernels/reduce.hpp.
 constexpr int kMaxInputs = 16;
@@ -77,25 +75,31 @@ struct Plain {
   __device__ static void Store(void* p, size_t i, Compute v) { static_cast<T*>(p)[i] = v; }
 };
 
+// f16 and bf16 through the host's own conversions (plexus/kernels/convert_bits.hpp): the same
+// rounding and the same NaN bits as the host kernels.
 struct Half {
   using Compute = float;
   __device__ static float Load(const void* p, size_t i) {
-    return __half2float(static_cast<const __half*>(p)[i]);
+    return plexus::kernels::bits::HalfToFloat(static_cast<const uint16_t*>(p)[i]);
   }
-  __device__ static float Round(float v) { return __half2float(__float2half_rn(v)); }
+  __device__ static float Round(float v) {
+    return plexus::kernels::bits::HalfToFloat(plexus::kernels::bits::FloatToHalf(v));
+  }
   __device__ static void Store(void* p, size_t i, float v) {
-    static_cast<__half*>(p)[i] = __float2half_rn(v);
+    static_cast<uint16_t*>(p)[i] = plexus::kernels::bits::FloatToHalf(v);
   }
 };
 
 struct BFloat {
   using Compute = float;
   __device__ static float Load(const void* p, size_t i) {
-    return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    return plexus::kernels::bits::Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
   }
-  __device__ static float Round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+  __device__ static float Round(float v) {
+    return plexus::kernels::bits::Bf16ToFloat(plexus::kernels::bits::FloatToBf16(v));
+  }
   __device__ static void Store(void* p, size_t i, float v) {
-    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+    static_cast<uint16_t*>(p)[i] = plexus::kernels::bits::FloatToBf16(v);
   }
 };
 

@@ -111,12 +111,34 @@ struct IpcHandle {
 // device allocation of this process (e.g. a pointer into another process's mapping).
 absl::StatusOr<IpcHandle> ExportIpc(const void* device, size_t* offset);
 // Maps another process's allocation into the current context (with lazy peer access, so that
-// the allocation may live on another device of this host); the same handle opened twice in one
-// process is an error (CUDA_ERROR_ALREADY_MAPPED): callers keep what they opened. Opening one
-// of this process's own handles fails too.
+// the allocation may live on another device of this host). Opening a handle again returns the
+// same mapping (the driver counts the opens); opening one of this process's own handles fails,
+// as does one whose device this process cannot see or reach. The allocation's memory stays
+// held until every importer closed it.
 absl::StatusOr<void*> OpenIpc(const IpcHandle& handle);
-// Unmaps what OpenIpc returned.
+// Unmaps what OpenIpc returned (in the context that opened it, whatever is current).
 absl::Status CloseIpc(void* mapped);
+
+// Makes the context that owns device memory `device` current on this thread until destroyed,
+// then the one before again: every call in between works on that memory's device, whatever the
+// thread had current (a worker thread that never chose a device, say).
+class ContextScope {
+ public:
+  static absl::StatusOr<ContextScope> Enter(const void* device);
+  ContextScope(ContextScope&& other) noexcept;
+  ContextScope& operator=(ContextScope&&) = delete;
+  ~ContextScope();
+
+ private:
+  ContextScope() = default;
+  bool pushed_ = false;
+};
+
+// Lets kernels of the current context read and write `peer`, device memory of another context
+// of this process (another GPU's primary context: cuCtxEnablePeerAccess, kept once enabled). OK
+// when `peer` belongs to the current context; FailedPrecondition when the two GPUs cannot reach
+// each other.
+absl::Status EnablePeerAccess(const void* peer);
 
 // A kernel image (fatbin) embedded by plexus_embed_cuda_kernels(): `name` for messages.
 struct Image {
