@@ -126,34 +126,52 @@ absl::Status Check(const Driver& d, CUresult r, const char* call, const char* wh
   return absl::InternalError(absl::StrCat(what, ": ", call, " failed: ", ErrorText(d, r)));
 }
 
-// Makes a context current on this thread unless one is: the primary context of `device` (< 0:
-// device 0), retained once per device for the life of the process as the runtime does.
+// The primary context of `device` (< 0 or unknown: device 0), retained once per device for the
+// life of the process as the runtime does.
+absl::StatusOr<CUcontext> PrimaryContext(const Driver& d, int device) {
+  if (device < 0 || device >= d.devices) device = 0;
+  static std::mutex mu;
+  static std::map<int, CUcontext>* primary = new std::map<int, CUcontext>;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = primary->find(device);
+  if (it != primary->end()) return it->second;
+  CUdevice dev = 0;
+  CUcontext context = nullptr;
+  CUresult r = d.cuDeviceGet_(&dev, device);
+  if (r == CUDA_SUCCESS) r = d.cuDevicePrimaryCtxRetain_(&context, dev);
+  if (r != CUDA_SUCCESS) {
+    return Check(d, r, "cuDevicePrimaryCtxRetain", absl::StrCat("CUDA device ", device).c_str());
+  }
+  primary->emplace(device, context);
+  return context;
+}
+
+// Makes a context current on this thread unless one is: the primary context of `device`.
 absl::Status EnsureContext(const Driver& d, int device = -1) {
   CUcontext current = nullptr;
   if (d.cuCtxGetCurrent_(&current) == CUDA_SUCCESS && current != nullptr) {
     return absl::OkStatus();
   }
-  if (device < 0 || device >= d.devices) device = 0;
-  static std::mutex mu;
-  static std::map<int, CUcontext>* primary = new std::map<int, CUcontext>;
-  CUcontext context = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = primary->find(device);
-    if (it == primary->end()) {
-      CUdevice dev = 0;
-      CUresult r = d.cuDeviceGet_(&dev, device);
-      if (r == CUDA_SUCCESS) r = d.cuDevicePrimaryCtxRetain_(&context, dev);
-      if (r != CUDA_SUCCESS) {
-        return Check(d, r, "cuDevicePrimaryCtxRetain",
-                     absl::StrCat("CUDA device ", device).c_str());
-      }
-      primary->emplace(device, context);
-    } else {
-      context = it->second;
-    }
-  }
+  PLEXUS_ASSIGN_OR_RETURN(CUcontext context, PrimaryContext(d, device));
   return Check(d, d.cuCtxSetCurrent_(context), "cuCtxSetCurrent", "CUDA context");
+}
+
+// The context device memory `p` belongs to: the one it was allocated in, or, for memory that
+// belongs to none (stream-ordered pools, the virtual memory API), its device's primary context.
+absl::StatusOr<CUcontext> OwnerContext(const Driver& d, const void* p) {
+  CUcontext owner = nullptr;
+  if (d.cuPointerGetAttribute_(&owner, CU_POINTER_ATTRIBUTE_CONTEXT,
+                               reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
+      owner != nullptr) {
+    return owner;
+  }
+  int ordinal = -1;
+  if (d.cuPointerGetAttribute_(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                               reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS ||
+      ordinal < 0) {
+    return absl::InvalidArgumentError("CUDA: the pointer is not device memory of this process");
+  }
+  return PrimaryContext(d, ordinal);
 }
 
 // The context for work on `p`: the current one, else the primary context of p's device.
@@ -323,12 +341,7 @@ absl::Status CloseIpc(void* mapped) {
 absl::StatusOr<ContextScope> ContextScope::Enter(const void* device) {
   const absl::StatusOr<const Driver*> d = Get();
   if (!d.ok()) return d.status();
-  CUcontext owner = nullptr;
-  if ((*d)->cuPointerGetAttribute_(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, Ptr(device)) !=
-          CUDA_SUCCESS ||
-      owner == nullptr) {
-    return absl::InvalidArgumentError("CUDA: the pointer is not device memory of this process");
-  }
+  PLEXUS_ASSIGN_OR_RETURN(CUcontext owner, OwnerContext(**d, device));
   ContextScope scope;
   CUcontext current = nullptr;
   if ((*d)->cuCtxGetCurrent_(&current) == CUDA_SUCCESS && current == owner) return scope;
@@ -336,6 +349,20 @@ absl::StatusOr<ContextScope> ContextScope::Enter(const void* device) {
                                "making the buffer's CUDA context current"));
   scope.pushed_ = true;
   return scope;
+}
+
+uintptr_t ContextId(const void* device) {
+  const Driver& d = Loaded();
+  if (!d.error.empty() || device == nullptr) return 0;
+  absl::StatusOr<CUcontext> owner = OwnerContext(d, device);
+  return owner.ok() ? reinterpret_cast<uintptr_t>(*owner) : 0;
+}
+
+uintptr_t CurrentContextId() {
+  const Driver& d = Loaded();
+  CUcontext current = nullptr;
+  if (!d.error.empty() || d.cuCtxGetCurrent_(&current) != CUDA_SUCCESS) return 0;
+  return reinterpret_cast<uintptr_t>(current);
 }
 
 ContextScope::ContextScope(ContextScope&& other) noexcept
@@ -351,14 +378,11 @@ absl::Status EnablePeerAccess(const void* peer) {
   const absl::StatusOr<const Driver*> d = Get();
   if (!d.ok()) return d.status();
   const Driver& driver = **d;
-  CUcontext current = nullptr, owner = nullptr;
+  CUcontext current = nullptr;
   if (driver.cuCtxGetCurrent_(&current) != CUDA_SUCCESS || current == nullptr) {
     return absl::FailedPreconditionError("CUDA: no current context to enable peer access from");
   }
-  if (driver.cuPointerGetAttribute_(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, Ptr(peer)) !=
-      CUDA_SUCCESS) {
-    return absl::InvalidArgumentError("CUDA: the peer pointer is not device memory");
-  }
+  PLEXUS_ASSIGN_OR_RETURN(CUcontext owner, OwnerContext(driver, peer));
   if (owner == current) return absl::OkStatus();
   CUdevice mine = 0;
   int theirs = -1, can = 0;

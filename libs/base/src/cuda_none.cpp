@@ -44,5 +44,7 @@ absl::StatusOr<ContextScope> ContextScope::Enter(const void*) { return NoCuda();
 ContextScope::ContextScope(ContextScope&&) noexcept {}
 ContextScope::~ContextScope() = default;
 absl::Status EnablePeerAccess(const void*) { return NoCuda(); }
+uintptr_t ContextId(const void*) { return 0; }
+uintptr_t CurrentContextId() { return 0; }
 absl::Status Launch(const Image&, const char*, unsigned, unsigned, void**) { return NoCuda(); }
 }  // namespace plexus::base::cuda

@@ -109,6 +109,8 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
   }
   CallHeader header = Header(CollectiveKind::kAllReduce, dtype, op, algo, -1, count);
   if (count == 0) return absl::OkStatus();
+  // Device buffers: their context is current for the whole call, whichever path it takes.
+  const auto context = internal::EnterDeviceContext(recv);
   if (!WireOf(dtype, call) && UsesDevicePeers(send, recv, call)) {
     CallHeader peer = header;
     peer.device_peer = true;
@@ -312,6 +314,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
     CallHeader header =
         Header(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, algo, root, count);
     if (count == 0) return absl::OkStatus();
+    const auto context = internal::EnterDeviceContext(recv);
     if (!WireOf(dtype, call) && UsesDevicePeers(is_root ? send : nullptr, recv, call)) {
       CallHeader peer = header;
       peer.device_peer = true;
@@ -396,6 +399,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     const Algorithm algo = Resolve(CollectiveKind::kAllGather, total, call.algorithm);
     CallHeader header = Header(CollectiveKind::kAllGather, dtype, ReduceOp::kSum, algo, -1, count);
     if (count == 0) return absl::OkStatus();
+    const auto context = internal::EnterDeviceContext(recv);
     if (!WireOf(dtype, call) && send != nullptr && UsesDevicePeers(send, recv, call)) {
       CallHeader peer = header;
       peer.device_peer = true;

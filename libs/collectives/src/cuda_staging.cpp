@@ -1,5 +1,6 @@
 // Device buffers: detection and pinned staging on base::cuda (the driver, loaded at run time).
 // Where CUDA cannot be used no pointer is device memory, so none of this is reached.
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,13 @@ bool IsDevicePointer(const void* p) {
   static const bool any_device = transport::CudaAvailable();
   if (!any_device) return false;
   return base::cuda::PointerMemory(p) == base::cuda::Memory::kDevice;
+}
+
+std::optional<base::cuda::ContextScope> EnterDeviceContext(const void* p) {
+  if (!IsDevicePointer(p)) return std::nullopt;
+  absl::StatusOr<base::cuda::ContextScope> scope = base::cuda::ContextScope::Enter(p);
+  if (!scope.ok()) return std::nullopt;
+  return std::optional<base::cuda::ContextScope>(std::move(*scope));
 }
 
 void* AllocPinned(size_t bytes) {

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "plexus/base/cuda.hpp"
 #include "plexus/collectives/types.hpp"
 
 namespace plexus::collectives::internal {
@@ -13,6 +15,12 @@ namespace plexus::collectives::internal {
 // True when `p` is CUDA device memory (cudaPointerGetAttributes); false for host memory and in
 // builds without CUDA.
 bool IsDevicePointer(const void* p);
+
+// For a call on device buffers: the context `p` belongs to, current until the scope ends, so that
+// staging, kernels and the device-to-device path all work on p's GPU whatever the calling thread
+// had current. nullopt for host memory (and where the context cannot be entered: the calls then
+// stay in the thread's own).
+std::optional<base::cuda::ContextScope> EnterDeviceContext(const void* p);
 
 // Pinned host memory (cudaMallocHost), or nullptr when it cannot be had.
 void* AllocPinned(size_t bytes);

@@ -1,9 +1,9 @@
-// Device buffers device to device (device_peers.hpp). Each call: every rank makes its buffers'
-// context current, waits for its device work (so that its buffers hold what the caller wrote),
-// publishes its buffers to every peer over the mailboxes (which also makes it the call's first
-// barrier), maps the peers' buffers and votes: unless every rank could map every peer's buffers
-// and found its own usable, every rank stages the call through the host instead (the same
-// decision everywhere). Then
+// Device buffers device to device (device_peers.hpp). Each call, in the context of its recv
+// buffer (made current by the task): every rank publishes its buffers to every peer over the
+// mailboxes, maps the peers' buffers, waits for its own device work (so that its buffers hold
+// what the caller wrote) and votes: unless every rank could map every peer's buffers and found
+// its own usable, every rank stages the call through the host instead (the same decision
+// everywhere). Then
 //   AllReduce: reduces its slice (count / n elements) of every rank's input with one kernel into
 //              its own output, waits, barrier; copies every other slice from its owner's output,
 //              waits, barrier;
@@ -79,7 +79,10 @@ DevicePeerMaps::~DevicePeerMaps() {
 }
 
 absl::StatusOr<uint8_t*> DevicePeerMaps::Open(const base::cuda::IpcHandle& handle) {
-  const std::string key(reinterpret_cast<const char*>(handle.bytes), sizeof(handle.bytes));
+  // A mapping belongs to the context that opened it: the current one.
+  const uintptr_t context = base::cuda::CurrentContextId();
+  std::string key(reinterpret_cast<const char*>(&context), sizeof(context));
+  key.append(reinterpret_cast<const char*>(handle.bytes), sizeof(handle.bytes));
   auto it = mapped_.find(key);
   if (it != mapped_.end()) {
     it->second.last_use = ++uses_;
@@ -170,9 +173,14 @@ absl::StatusOr<bool> CommunicatorImpl::ShareDeviceBuffers(const CallHeader& head
                                                           bool usable,
                                                           std::vector<PeerBuffers>* peers) {
   const int n = layout_.n, me = layout_.rank;
-  // The caller's work on its buffers, on any stream of their context, is done before peers read.
-  if (absl::Status s = base::cuda::Synchronize(); !s.ok()) {
-    return DeviceFailure(header, s, "waiting for this rank's device work");
+  std::string why = usable ? "" : "this rank's send and recv overlap";
+  // The call runs in recv's context (the task made it current, EnterDeviceContext), which send
+  // must share: one synchronisation then covers both buffers' writers.
+  const uintptr_t context = base::cuda::CurrentContextId();
+  if (usable && (context == 0 || base::cuda::ContextId(recv) != context ||
+                 (send != nullptr && base::cuda::ContextId(send) != context))) {
+    usable = false;
+    why = "this rank's buffers are not in one CUDA context";
   }
   std::vector<DeviceBufferRecord> records(n);
   records[me] = DescribeDeviceBuffers(send, recv);
@@ -180,7 +188,6 @@ absl::StatusOr<bool> CommunicatorImpl::ShareDeviceBuffers(const CallHeader& head
       DeviceExchange(header, &records[me], records.data(), sizeof(DeviceBufferRecord)));
   if (!device_maps_) device_maps_ = std::make_unique<DevicePeerMaps>();
   peers->assign(n, PeerBuffers{});
-  std::string why;
   for (int p = 0; p < n && usable; ++p) {
     absl::StatusOr<PeerBuffers> mapped = device_maps_->Map(records[p]);
     if (!mapped.ok()) {
@@ -188,6 +195,14 @@ absl::StatusOr<bool> CommunicatorImpl::ShareDeviceBuffers(const CallHeader& head
       why = absl::StrCat("rank ", p, "'s buffers: ", mapped.status().message());
     } else {
       (*peers)[p] = *mapped;
+    }
+  }
+  // The caller's work on its buffers, on any stream of their context, is done before this rank
+  // votes: peers read them only once every rank voted yes.
+  if (usable) {
+    if (absl::Status s = base::cuda::Synchronize(); !s.ok()) {
+      usable = false;
+      why = absl::StrCat("waiting for this rank's device work: ", s.message());
     }
   }
   uint8_t vote = usable ? 1 : 0;
@@ -208,8 +223,6 @@ absl::StatusOr<bool> CommunicatorImpl::DevicePeerAllReduce(const void* send, voi
                                                            ReduceOp op, const CallHeader& header) {
   const int n = layout_.n, me = layout_.rank;
   const size_t esize = DataTypeSize(dtype), bytes = count * esize;
-  absl::StatusOr<base::cuda::ContextScope> scope = base::cuda::ContextScope::Enter(recv);
-  if (!scope.ok()) return DeviceFailure(header, scope.status(), "entering the buffer's context");
   // Peers read this rank's send while it writes its recv: partly overlapping buffers stage.
   const bool usable = send == recv || !Overlap(send, bytes, recv, bytes);
   std::vector<PeerBuffers> peers;
@@ -249,8 +262,6 @@ absl::StatusOr<bool> CommunicatorImpl::DevicePeerBroadcast(const void* send, voi
                                                            const CallHeader& header) {
   const bool is_root = root == layout_.rank;
   const size_t bytes = count * DataTypeSize(dtype);
-  absl::StatusOr<base::cuda::ContextScope> scope = base::cuda::ContextScope::Enter(recv);
-  if (!scope.ok()) return DeviceFailure(header, scope.status(), "entering the buffer's context");
   // The root copies its send into its recv: they must not overlap unless they are the same.
   const bool usable = !is_root || send == recv || !Overlap(send, bytes, recv, bytes);
   std::vector<PeerBuffers> peers;
@@ -277,8 +288,6 @@ absl::StatusOr<bool> CommunicatorImpl::DevicePeerAllGather(const void* send, voi
   const int n = layout_.n, me = layout_.rank;
   const size_t block = count * DataTypeSize(dtype);
   auto* out = static_cast<uint8_t*>(recv);
-  absl::StatusOr<base::cuda::ContextScope> scope = base::cuda::ContextScope::Enter(recv);
-  if (!scope.ok()) return DeviceFailure(header, scope.status(), "entering the buffer's context");
   // This rank writes every block of its recv while peers read its send: send must be its own
   // block (in place) or lie outside recv.
   const bool usable = send == out + static_cast<size_t>(me) * block ||

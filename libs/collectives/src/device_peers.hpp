@@ -65,7 +65,7 @@ class DevicePeerMaps {
     uint8_t* base = nullptr;
     uint64_t last_use = 0;
   };
-  std::map<std::string, Mapping> mapped_;  // by handle bytes
+  std::map<std::string, Mapping> mapped_;  // by context and handle bytes
   uint64_t uses_ = 0;
 };
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -119,9 +120,10 @@ absl::StatusOr<void*> OpenIpc(const IpcHandle& handle);
 // Unmaps what OpenIpc returned (in the context that opened it, whatever is current).
 absl::Status CloseIpc(void* mapped);
 
-// Makes the context that owns device memory `device` current on this thread until destroyed,
-// then the one before again: every call in between works on that memory's device, whatever the
-// thread had current (a worker thread that never chose a device, say).
+// Makes the context that owns device memory `device` (for memory of no context, stream-ordered
+// pools and the virtual memory API, its GPU's primary context) current on this thread until
+// destroyed, then the one before again: every call in between works on that memory's device,
+// whatever the thread had current (a worker thread that never chose a device, say).
 class ContextScope {
  public:
   static absl::StatusOr<ContextScope> Enter(const void* device);
@@ -133,6 +135,11 @@ class ContextScope {
   ContextScope() = default;
   bool pushed_ = false;
 };
+
+// Identifies the context device memory `device` belongs to (memory of no context: its GPU's
+// primary context), and the current one; 0 when unknown or none. Equal ids, same context.
+uintptr_t ContextId(const void* device);
+uintptr_t CurrentContextId();
 
 // Lets kernels of the current context read and write `peer`, device memory of another context
 // of this process (another GPU's primary context: cuCtxEnablePeerAccess, kept once enabled). OK
