@@ -106,8 +106,7 @@ struct BFloat {
 template <typename Op, typename E>
 __device__ void Reduce(void* out, const Inputs& inputs, int k, size_t n) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += stride) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += stride) {
     typename E::Compute acc = E::Load(inputs.in[0], i);
     for (int j = 1; j < k; ++j) acc = E::Round(Op::Apply(acc, E::Load(inputs.in[j], i)));
     E::Store(out, i, acc);
@@ -116,20 +115,20 @@ __device__ void Reduce(void* out, const Inputs& inputs, int k, size_t n) {
 
 }  // namespace
 
-#define PLEXUS_REDUCE_KERNEL(op_name, Op, type_name, E)                                        \
+#define PLEXUS_REDUCE_KERNEL(op_name, Op, type_name, E)                                      \
   extern "C" __global__ void plexus_reduce_##op_name##_##type_name(void* out, Inputs inputs, \
-                                                                   int k, size_t n) {         \
-    Reduce<Op, E>(out, inputs, k, n);                                                          \
+                                                                   int k, size_t n) {        \
+    Reduce<Op, E>(out, inputs, k, n);                                                        \
   }
 
-#define PLEXUS_REDUCE_KERNELS(op_name, Op)                  \
-  PLEXUS_REDUCE_KERNEL(op_name, Op, f32, Plain<float>)      \
-  PLEXUS_REDUCE_KERNEL(op_name, Op, f64, Plain<double>)     \
-  PLEXUS_REDUCE_KERNEL(op_name, Op, f16, Half)              \
-  PLEXUS_REDUCE_KERNEL(op_name, Op, bf16, BFloat)           \
-  PLEXUS_REDUCE_KERNEL(op_name, Op, i32, Plain<int32_t>)    \
-  PLEXUS_REDUCE_KERNEL(op_name, Op, i64, Plain<int64_t>)    \
-  PLEXUS_REDUCE_KERNEL(op_name, Op, u8, Plain<uint8_t>)     \
+#define PLEXUS_REDUCE_KERNELS(op_name, Op)               \
+  PLEXUS_REDUCE_KERNEL(op_name, Op, f32, Plain<float>)   \
+  PLEXUS_REDUCE_KERNEL(op_name, Op, f64, Plain<double>)  \
+  PLEXUS_REDUCE_KERNEL(op_name, Op, f16, Half)           \
+  PLEXUS_REDUCE_KERNEL(op_name, Op, bf16, BFloat)        \
+  PLEXUS_REDUCE_KERNEL(op_name, Op, i32, Plain<int32_t>) \
+  PLEXUS_REDUCE_KERNEL(op_name, Op, i64, Plain<int64_t>) \
+  PLEXUS_REDUCE_KERNEL(op_name, Op, u8, Plain<uint8_t>)  \
   PLEXUS_REDUCE_KERNEL(op_name, Op, i8, Plain<int8_t>)
 
 PLEXUS_REDUCE_KERNELS(sum, Sum)
