@@ -191,9 +191,18 @@ int WorkerMain(int argc, char** argv) {
         // Warm-up and check: the result of one call, compared element by element.
         host.Refill();
         if (v.on_device) device.Upload(host);
+        const pc::Communicator::DevicePathCounts before = comm->device_path_counts();
         if (absl::Status s = RunOp(*comm, op, shape, send, recv, v.call); !s.ok()) {
           Die(v.memory, std::string(s.message()));
         }
+        // Which path the call took on this rank (every rank takes the same): host buffers,
+        // device to device, staged after the ranks' vote, or staged without one.
+        const pc::Communicator::DevicePathCounts after = comm->device_path_counts();
+        const std::string path = !v.on_device ? "host"
+                                 : after.device_to_device > before.device_to_device
+                                     ? "device_to_device"
+                                 : after.staged > before.staged ? "staged_by_vote"
+                                                                : "staged";
         if (v.on_device) device.Download(host);
         const double wrong = max_over_ranks(static_cast<double>(host.CountWrong()));
         std::vector<double> times;
@@ -218,6 +227,7 @@ int WorkerMain(int argc, char** argv) {
               {"impl", "plexus"},
               {"op", std::string(pb::OpName(op))},
               {"memory", v.memory},
+              {"path", path},
               {"transport", transport},
               {"np", n},
               {"bytes", shape.bytes},

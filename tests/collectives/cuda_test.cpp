@@ -186,8 +186,12 @@ TEST_CASE("device buffers by peer access: the same bits as staging, every type a
                                   pc::DataType::kU8,   pc::DataType::kI8};
     const pc::ReduceOp ops[] = {pc::ReduceOp::kSum, pc::ReduceOp::kProd, pc::ReduceOp::kMin,
                                 pc::ReduceOp::kMax, pc::ReduceOp::kAvg};
+    int peer_calls = 0;
+    const pc::Communicator::DevicePathCounts before = comm.device_path_counts();
     for (size_t count : {size_t{1}, size_t{2}, size_t{7}, size_t{1001}, size_t{100003}}) {
       for (pc::DataType dt : types) {
+        peer_calls += 2 * 5 + 1 + 2;  // allreduces (each op out of and in place), broadcast,
+                                      // allgathers
         const size_t es = pc::DataTypeSize(dt);
         std::vector<uint8_t> host(count * es);
         for (size_t i = 0; i < count; ++i) {
@@ -248,6 +252,13 @@ TEST_CASE("device buffers by peer access: the same bits as staging, every type a
           }
         }
       }
+    }
+    // Every call asked to go device to device did (none was staged by the ranks' vote).
+    const pc::Communicator::DevicePathCounts after = comm.device_path_counts();
+    if (after.staged != before.staged ||
+        after.device_to_device - before.device_to_device != static_cast<uint64_t>(peer_calls)) {
+      return "device to device " + std::to_string(after.device_to_device) + ", staged " +
+             std::to_string(after.staged) + " of " + std::to_string(peer_calls) + " calls";
     }
     return std::string();
   });

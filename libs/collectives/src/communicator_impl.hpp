@@ -143,6 +143,10 @@ class CommunicatorImpl : public Communicator {
   uint64_t connections_opened() const {
     return connections_opened_.load(std::memory_order_relaxed);
   }
+  DevicePathCounts device_path_counts() const override {
+    return {device_to_device_.load(std::memory_order_relaxed),
+            device_staged_.load(std::memory_order_relaxed)};
+  }
   // Tests and diagnostics: the QoS send gate (null without a schedule).
   QosGate* qos_gate() const { return qos_.get(); }
 
@@ -357,6 +361,7 @@ class CommunicatorImpl : public Communicator {
   CallEnv env_;
   MailboxPath mailbox_{env_};
   std::unique_ptr<DevicePeerMaps> device_maps_;  // peers' device buffers (first device call)
+  std::atomic<uint64_t> device_to_device_{0}, device_staged_{0};  // device_path_counts()
   PlanExecutor executor_{env_, mailbox_};
   Reconfigurer reconfig_;
 };

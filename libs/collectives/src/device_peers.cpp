@@ -210,6 +210,7 @@ absl::StatusOr<bool> CommunicatorImpl::ShareDeviceBuffers(const CallHeader& head
   PLEXUS_RETURN_IF_ERROR(DeviceExchange(header, &vote, votes.data(), 1));
   votes[me] = vote;
   const bool all = std::all_of(votes.begin(), votes.end(), [](uint8_t v) { return v != 0; });
+  (all ? device_to_device_ : device_staged_).fetch_add(1, std::memory_order_relaxed);
   if (!all && debug_) {
     base::Logf(base::LogLevel::kInfo, "[plexus-coll rank %d] %s: staged through the host (%s)",
                layout_.rank, header.Describe().c_str(),

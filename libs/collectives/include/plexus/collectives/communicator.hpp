@@ -451,6 +451,14 @@ class Communicator {
   virtual ActiveConfiguration configuration() const = 0;
   // Collectives issued so far on this rank (the sequence number the next one issued gets).
   virtual uint64_t collective_sequence() const = 0;
+  // Calls on device buffers that tried the device-to-device path on this rank (see
+  // CallOptions::device_peer_access): those that went device to device, and those the ranks
+  // agreed to stage through the host instead (CommunicatorOptions::debug logs why).
+  struct DevicePathCounts {
+    uint64_t device_to_device = 0;
+    uint64_t staged = 0;
+  };
+  virtual DevicePathCounts device_path_counts() const = 0;
 
  protected:
   Communicator() = default;
