@@ -173,7 +173,7 @@ absl::StatusOr<bool> CommunicatorImpl::ShareDeviceBuffers(const CallHeader& head
                                                           bool usable,
                                                           std::vector<PeerBuffers>* peers) {
   const int n = layout_.n, me = layout_.rank;
-  std::string why = usable ? "" : "this rank's send and recv overlap";
+  std::string why = usable ? "" : "this rank's send and recv partly overlap";
   // The call runs in recv's context (the task made it current, EnterDeviceContext), which send
   // must share: one synchronisation then covers both buffers' writers.
   const uintptr_t context = base::cuda::CurrentContextId();
