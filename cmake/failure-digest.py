@@ -21,7 +21,7 @@ MARKERS = re.compile(r"FAILED:|due to a fatal error|CMake Error|ERROR: \w+Saniti
 
 def outputs(log_path):
     """Yields (test name, output lines, failed) for each test in ctest's LastTest.log."""
-    name, lines, inside = None, [], False
+    name, lines, inside, first = None, [], False, False
     with open(log_path, errors="replace") as log:
         for raw in log:
             line = raw.rstrip("\n")
@@ -29,14 +29,17 @@ def outputs(log_path):
             if header:
                 name, lines, inside = header.group(1), [], False
             elif line.startswith("Output:") and name:
-                inside = True
+                inside, first = True, True
             elif line == "<end of output>":
                 inside = False
+            elif inside and first and re.match(r"^-+$", line):
+                first = False  # ctest's own rule under "Output:", not the test's
             elif line.startswith("Test Failed") or line.startswith("Test Passed"):
                 if name:
                     yield name, lines, line.startswith("Test Failed")
                 name = None
             elif inside:
+                first = False
                 lines.append(line)
 
 
