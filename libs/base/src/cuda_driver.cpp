@@ -126,6 +126,8 @@ absl::Status Check(const Driver& d, CUresult r, const char* call, const char* wh
   return absl::InternalError(absl::StrCat(what, ": ", call, " failed: ", ErrorText(d, r)));
 }
 
+CUdeviceptr Ptr(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
+
 // The primary context of `device` (< 0 or unknown: device 0), retained once per device for the
 // life of the process as the runtime does.
 absl::StatusOr<CUcontext> PrimaryContext(const Driver& d, int device) {
@@ -160,14 +162,13 @@ absl::Status EnsureContext(const Driver& d, int device = -1) {
 // belongs to none (stream-ordered pools, the virtual memory API), its device's primary context.
 absl::StatusOr<CUcontext> OwnerContext(const Driver& d, const void* p) {
   CUcontext owner = nullptr;
-  if (d.cuPointerGetAttribute_(&owner, CU_POINTER_ATTRIBUTE_CONTEXT,
-                               reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
+  if (d.cuPointerGetAttribute_(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, Ptr(p)) == CUDA_SUCCESS &&
       owner != nullptr) {
     return owner;
   }
   int ordinal = -1;
-  if (d.cuPointerGetAttribute_(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                               reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS ||
+  if (d.cuPointerGetAttribute_(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, Ptr(p)) !=
+          CUDA_SUCCESS ||
       ordinal < 0) {
     return absl::InvalidArgumentError("CUDA: the pointer is not device memory of this process");
   }
@@ -182,13 +183,11 @@ absl::Status EnsureContextFor(const Driver& d, const void* p) {
   }
   int ordinal = -1;
   if (p != nullptr && d.cuPointerGetAttribute_(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                               reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) {
+                                               Ptr(p)) != CUDA_SUCCESS) {
     ordinal = -1;  // host memory the driver does not know
   }
   return EnsureContext(d, ordinal);
 }
-
-CUdeviceptr Ptr(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
 
 }  // namespace
 

@@ -61,7 +61,7 @@ absl::Status CommunicatorImpl::CheckRecvType(const char* what, const void* send,
   }
   const auto* s = static_cast<const uint8_t*>(send);
   const auto* r = static_cast<const uint8_t*>(recv);
-  if (s != nullptr && r != nullptr && s < r + recv_bytes && r < s + send_bytes) {
+  if (Overlap(s, send_bytes, r, recv_bytes)) {
     return absl::InvalidArgumentError(
         absl::StrCat(what,
                      ": with recv_dtype, send must not overlap recv (they hold different "
@@ -145,7 +145,7 @@ absl::Status CommunicatorImpl::RunAllReduce(const void* send, void* recv, size_t
     PLEXUS_ASSIGN_OR_RETURN(input, staging.In(send, bytes, true));
     // The schedules read this rank's operand straight from the input (every block of the
     // output is written by a reduction or a receive); the mailbox path starts from a copy.
-    const bool overlap = input < buf + bytes && buf < input + bytes;
+    const bool overlap = Overlap(input, bytes, buf, bytes);
     const bool direct = builder->reads_input != nullptr && builder->reads_input(L.n) &&
                         !(recursive_doubling && FitsMailbox(bytes));
     if (!direct || L.n == 1 || overlap) {
@@ -335,7 +335,7 @@ CommunicatorImpl::TaskOr CommunicatorImpl::BroadcastTask(const void* send, void*
     // output after (no copy before the first send). Not by mailbox, with a cast (the root's
     // output holds the rounded values) or when input and output overlap.
     const bool direct =
-        source != nullptr && !mailbox && !wire && !(source < buf + bytes && buf < source + bytes);
+        source != nullptr && !mailbox && !wire && !Overlap(source, bytes, buf, bytes);
     if (source != nullptr && !direct) std::memmove(buf, source, bytes);
     const Layout& L = MakeLayout(dtype);
     if (mailbox) {

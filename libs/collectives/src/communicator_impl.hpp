@@ -197,6 +197,9 @@ class CommunicatorImpl : public Communicator {
                                           std::vector<PeerBuffers>* peers);
   absl::Status DeviceExchange(const CallHeader& header, const void* mine, void* all, size_t bytes);
   absl::Status DeviceBarrier(const CallHeader& header);
+  // The end of a step: this rank's device work done (else DeviceFailure with `what`), then a
+  // barrier, so that no rank goes on before every rank's step landed.
+  absl::Status DeviceStepDone(const CallHeader& header, const std::string& what);
   absl::Status DeviceFailure(const CallHeader& header, const absl::Status& s,
                              const std::string& what);
 

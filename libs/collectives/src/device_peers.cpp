@@ -43,12 +43,6 @@ uint64_t ProcessToken() {
   return token;
 }
 
-bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  const auto* x = static_cast<const uint8_t*>(a);
-  const auto* y = static_cast<const uint8_t*>(b);
-  return x < y + b_bytes && y < x + a_bytes;
-}
-
 }  // namespace
 
 DeviceBufferRecord DescribeDeviceBuffers(const void* send, const void* recv) {
@@ -168,6 +162,11 @@ absl::Status CommunicatorImpl::DeviceBarrier(const CallHeader& header) {
   return DeviceExchange(header, &token, tokens.data(), 0);
 }
 
+absl::Status CommunicatorImpl::DeviceStepDone(const CallHeader& header, const std::string& what) {
+  if (absl::Status s = base::cuda::Synchronize(); !s.ok()) return DeviceFailure(header, s, what);
+  return DeviceBarrier(header);
+}
+
 absl::StatusOr<bool> CommunicatorImpl::ShareDeviceBuffers(const CallHeader& header,
                                                           const void* send, const void* recv,
                                                           bool usable,
@@ -238,10 +237,9 @@ absl::StatusOr<bool> CommunicatorImpl::DevicePeerAllReduce(const void* send, voi
     absl::Status s = kernels::ReduceOnDevice(dtype, op, out + lo * esize, inputs.data(), n, len);
     if (s.ok() && op == ReduceOp::kAvg)
       s = kernels::DivideOnDevice(dtype, out + lo * esize, len, n);
-    if (s.ok()) s = base::cuda::Synchronize();
     if (!s.ok()) return DeviceFailure(header, s, "reducing this rank's slice on the device");
   }
-  PLEXUS_RETURN_IF_ERROR(DeviceBarrier(header));
+  PLEXUS_RETURN_IF_ERROR(DeviceStepDone(header, "waiting for this rank's reduction"));
   for (int p = 0; p < n; ++p) {
     const size_t at = first(p) * esize, slice = (first(p + 1) - first(p)) * esize;
     if (p == me || slice == 0) continue;
@@ -251,10 +249,7 @@ absl::StatusOr<bool> CommunicatorImpl::DevicePeerAllReduce(const void* send, voi
       return DeviceFailure(header, s, absl::StrCat("reading rank ", p, "'s slice"));
     }
   }
-  if (absl::Status s = base::cuda::Synchronize(); !s.ok()) {
-    return DeviceFailure(header, s, "waiting for the copies of the peers' slices");
-  }
-  PLEXUS_RETURN_IF_ERROR(DeviceBarrier(header));
+  PLEXUS_RETURN_IF_ERROR(DeviceStepDone(header, "waiting for the copies of the peers' slices"));
   return true;
 }
 
@@ -276,10 +271,7 @@ absl::StatusOr<bool> CommunicatorImpl::DevicePeerBroadcast(const void* send, voi
       return DeviceFailure(header, s, absl::StrCat("reading root ", root, "'s buffer"));
     }
   }
-  if (absl::Status s = base::cuda::Synchronize(); !s.ok()) {
-    return DeviceFailure(header, s, "waiting for the copy of the root's buffer");
-  }
-  PLEXUS_RETURN_IF_ERROR(DeviceBarrier(header));
+  PLEXUS_RETURN_IF_ERROR(DeviceStepDone(header, "waiting for the copy of the root's buffer"));
   return true;
 }
 
@@ -304,10 +296,7 @@ absl::StatusOr<bool> CommunicatorImpl::DevicePeerAllGather(const void* send, voi
       return DeviceFailure(header, s, absl::StrCat("reading rank ", p, "'s block"));
     }
   }
-  if (absl::Status s = base::cuda::Synchronize(); !s.ok()) {
-    return DeviceFailure(header, s, "waiting for the copies of the peers' blocks");
-  }
-  PLEXUS_RETURN_IF_ERROR(DeviceBarrier(header));
+  PLEXUS_RETURN_IF_ERROR(DeviceStepDone(header, "waiting for the copies of the peers' blocks"));
   return true;
 }
 

@@ -17,6 +17,12 @@
 
 namespace plexus::collectives::internal {
 
+// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte (null pointers share none).
+inline bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return a != nullptr && b != nullptr && x < y + b_bytes && y < x + a_bytes;
+}
+
 // Device-buffer allreduces of at least this many bytes run pipelined: at most kStagingSegments
 // equal segments of about max(kStagingSegmentBytes, bytes / kStagingSegments) each, the copies of
 // one overlapping the ring of another.
