@@ -107,19 +107,43 @@ __device__ void Store(int32_t t, uint8_t* p, float v, bool aligned) {
   }
 }
 
-// The op in f32, each operation rounded on its own (no contraction into FMA).
+__device__ uint32_t BitsOf(float v) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  return u;
+}
+
+__device__ float FloatOf(uint32_t u) {
+  float v;
+  memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+// A NaN result with the bits the host gives it (CUDA's arithmetic gives 0x7FFFFFFF for every
+// NaN): x86's rule, the first NaN operand made quiet, else (an invalid operation: 0 * inf, inf -
+// inf, 0 / 0) the default NaN 0xFFC00000; glibc's log10f of a negative gives 0x7FC00000.
+constexpr uint32_t kDefaultNaN = 0xFFC00000u, kLog10InvalidNaN = 0x7FC00000u;
+
+__device__ float HostNaN(float r, float a, float b, bool binary, uint32_t invalid = kDefaultNaN) {
+  if (!isnan(r)) return r;
+  if (isnan(a)) return FloatOf(BitsOf(a) | 0x00400000u);
+  if (binary && isnan(b)) return FloatOf(BitsOf(b) | 0x00400000u);
+  return FloatOf(invalid);
+}
+
+// The op in f32, each operation rounded on its own (no contraction into FMA), NaNs as the host's.
 __device__ float Apply(int32_t op, float a, float b) {
   switch (op) {
     case rs::kDevAdd:
-      return __fadd_rn(a, b);
+      return HostNaN(__fadd_rn(a, b), a, b, true);
     case rs::kDevMul:
-      return __fmul_rn(a, b);
+      return HostNaN(__fmul_rn(a, b), a, b, true);
     case rs::kDevDiv:
-      return __fdiv_rn(a, b);
+      return HostNaN(__fdiv_rn(a, b), a, b, true);
     case rs::kDevPow:
-      return b == 2.0f ? __fmul_rn(a, a) : powf(a, b);
+      return HostNaN(b == 2.0f ? __fmul_rn(a, a) : powf(a, b), a, b, b != 2.0f);
     case rs::kDevLog10:
-      return log10f(a);
+      return HostNaN(log10f(a), a, 0.0f, false, kLog10InvalidNaN);
     default:
       return a;
   }
