@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "device_peers.hpp"
 #include "plexus/collectives/communicator.hpp"
 #include "plexus/config.hpp"
 #include "plexus/transport/memory.hpp"
@@ -176,6 +177,11 @@ TEST_CASE("device buffers by peer access: the same bits as staging, every type a
 #else
   constexpr int kRanks = 3;
   const pc::CommunicatorOptions options = DeviceOptionsOrSkip(absl::Seconds(60));
+  // Ranks on one GPU: one rank does the device work; then, forced, each rank its own slice (the
+  // path of ranks on several GPUs).
+  const bool leader = GENERATE(true, false);
+  INFO((leader ? "one rank works" : "each rank works on its slice"));
+  const bool before_setting = pc::internal::SetOneGpuLeaderForTesting(leader);
   auto results = pc::testing::RunRanks(kRanks, options, [](int r, pc::Communicator& comm) {
     pc::CallOptions peer, staged;
     peer.device_peer_access = true;
@@ -262,6 +268,7 @@ TEST_CASE("device buffers by peer access: the same bits as staging, every type a
     }
     return std::string();
   });
+  pc::internal::SetOneGpuLeaderForTesting(before_setting);
   for (int r = 0; r < kRanks; ++r) {
     INFO("rank " << r);
     CHECK(results[r] == "");

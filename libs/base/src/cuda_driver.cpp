@@ -35,6 +35,7 @@ namespace {
   X(cuCtxPushCurrent)          \
   X(cuCtxPopCurrent)           \
   X(cuCtxGetDevice)            \
+  X(cuDeviceGetUuid)           \
   X(cuCtxEnablePeerAccess)     \
   X(cuDeviceCanAccessPeer)     \
   X(cuPointerGetAttribute)     \
@@ -362,6 +363,22 @@ uintptr_t CurrentContextId() {
   CUcontext current = nullptr;
   if (!d.error.empty() || d.cuCtxGetCurrent_(&current) != CUDA_SUCCESS) return 0;
   return reinterpret_cast<uintptr_t>(current);
+}
+
+absl::StatusOr<DeviceUuid> CurrentDeviceUuid() {
+  const absl::StatusOr<const Driver*> d = Get();
+  if (!d.ok()) return d.status();
+  CUdevice device = 0;
+  if ((*d)->cuCtxGetDevice_(&device) != CUDA_SUCCESS) {
+    return absl::FailedPreconditionError("CUDA: no current context to name the device of");
+  }
+  CUuuid uuid;
+  PLEXUS_RETURN_IF_ERROR(
+      Check(**d, (*d)->cuDeviceGetUuid_(&uuid, device), "cuDeviceGetUuid", "naming a GPU"));
+  static_assert(sizeof(uuid.bytes) == sizeof(DeviceUuid::bytes));
+  DeviceUuid out;
+  std::memcpy(out.bytes, uuid.bytes, sizeof(out.bytes));
+  return out;
 }
 
 ContextScope::ContextScope(ContextScope&& other) noexcept

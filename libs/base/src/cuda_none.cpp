@@ -46,5 +46,6 @@ ContextScope::~ContextScope() = default;
 absl::Status EnablePeerAccess(const void*) { return NoCuda(); }
 uintptr_t ContextId(const void*) { return 0; }
 uintptr_t CurrentContextId() { return 0; }
+absl::StatusOr<DeviceUuid> CurrentDeviceUuid() { return NoCuda(); }
 absl::Status Launch(const Image&, const char*, unsigned, unsigned, void**) { return NoCuda(); }
 }  // namespace plexus::base::cuda

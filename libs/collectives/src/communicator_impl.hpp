@@ -182,7 +182,8 @@ class CommunicatorImpl : public Communicator {
   // collectives: false when the ranks agreed to stage the call through the host instead (the
   // caller then runs it staged, with the header unmarked). ShareDeviceBuffers: the exchange of
   // the buffers' records (the first barrier), the mapping of the peers' buffers into `peers`,
-  // and the vote (this rank votes `usable` and whether it mapped every peer). An exchange of
+  // and the vote (this rank votes `usable` and whether it mapped every peer); *one_gpu: every
+  // rank's buffers are on the same GPU (then one rank does all the device work). An exchange of
   // `bytes` from every rank into all[rank * bytes], a barrier, and the failure of a CUDA step
   // (aborts the call, naming this rank).
   bool UsesDevicePeers(const void* send, const void* recv, const CallOptions& call) const;
@@ -194,12 +195,15 @@ class CommunicatorImpl : public Communicator {
                                            DataType dtype, const CallHeader& header);
   absl::StatusOr<bool> ShareDeviceBuffers(const CallHeader& header, const void* send,
                                           const void* recv, bool usable,
-                                          std::vector<PeerBuffers>* peers);
+                                          std::vector<PeerBuffers>* peers, bool* one_gpu);
   absl::Status DeviceExchange(const CallHeader& header, const void* mine, void* all, size_t bytes);
   absl::Status DeviceBarrier(const CallHeader& header);
   // The end of a step: this rank's device work done (else DeviceFailure with `what`), then a
-  // barrier, so that no rank goes on before every rank's step landed.
-  absl::Status DeviceStepDone(const CallHeader& header, const std::string& what);
+  // barrier, so that no rank goes on before every rank's step landed. A rank that queued no
+  // device work in the step (`worked` false) only joins the barrier: synchronising a context of
+  // another process while the working rank's kernel runs makes the GPU switch to it.
+  absl::Status DeviceStepDone(const CallHeader& header, const std::string& what,
+                              bool worked = true);
   absl::Status DeviceFailure(const CallHeader& header, const absl::Status& s,
                              const std::string& what);
 

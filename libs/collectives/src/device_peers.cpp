@@ -3,19 +3,29 @@
 // mailboxes, maps the peers' buffers, waits for its own device work (so that its buffers hold
 // what the caller wrote) and votes: unless every rank could map every peer's buffers and found
 // its own usable, every rank stages the call through the host instead (the same decision
-// everywhere). Then
+// everywhere). Then, when every rank's buffers are on one GPU, one rank does all the device work
+// and the others wait at the barrier: kernels of several processes on one GPU take turns by time
+// slices, and each switch between them costs hundreds of microseconds, far more than the work.
+//   AllReduce: rank 0 reduces every rank's input with one kernel into every rank's output
+//              (average: into its own, divided, then copied to the others), waits, barrier;
+//   Broadcast: the root copies its buffer into every rank's, waits, barrier;
+//   AllGather: rank 0 copies every rank's block into its own output, then that output into every
+//              other rank's, waits, barrier.
+// On several GPUs each rank works on its own GPU, in parallel:
 //   AllReduce: reduces its slice (count / n elements) of every rank's input with one kernel into
 //              its own output, waits, barrier; copies every other slice from its owner's output,
 //              waits, barrier;
 //   Broadcast: copies the root's buffer, waits, barrier;
 //   AllGather: copies every rank's block, waits, barrier.
 // The last barrier keeps every buffer untouched until no peer reads it any more. Every result is
-// the same bits on every rank: each slice is reduced once, by one rank, its inputs in rank order.
+// the same bits on every rank: each element is reduced once, by one rank, its inputs in rank
+// order.
 #include "device_peers.hpp"
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <string>
@@ -34,6 +44,8 @@ namespace {
 
 constexpr size_t kMaxMappings = 64;
 
+std::atomic<bool> one_gpu_leader{true};
+
 // This process among the host's: a random token (a pid may repeat across pid namespaces).
 uint64_t ProcessToken() {
   static const uint64_t token = [] {
@@ -44,6 +56,8 @@ uint64_t ProcessToken() {
 }
 
 }  // namespace
+
+bool SetOneGpuLeaderForTesting(bool allowed) { return one_gpu_leader.exchange(allowed); }
 
 DeviceBufferRecord DescribeDeviceBuffers(const void* send, const void* recv) {
   DeviceBufferRecord record;
@@ -64,6 +78,10 @@ DeviceBufferRecord DescribeDeviceBuffers(const void* send, const void* recv) {
     record.recv_handle = *h;
     record.recv_offset = offset;
     record.recv_exported = 1;
+  }
+  if (absl::StatusOr<base::cuda::DeviceUuid> gpu = base::cuda::CurrentDeviceUuid(); gpu.ok()) {
+    record.gpu = *gpu;
+    record.gpu_known = 1;
   }
   return record;
 }
@@ -162,7 +180,9 @@ absl::Status CommunicatorImpl::DeviceBarrier(const CallHeader& header) {
   return DeviceExchange(header, &token, tokens.data(), 0);
 }
 
-absl::Status CommunicatorImpl::DeviceStepDone(const CallHeader& header, const std::string& what) {
+absl::Status CommunicatorImpl::DeviceStepDone(const CallHeader& header, const std::string& what,
+                                              bool worked) {
+  if (!worked) return DeviceBarrier(header);
   if (absl::Status s = base::cuda::Synchronize(); !s.ok()) return DeviceFailure(header, s, what);
   return DeviceBarrier(header);
 }
@@ -170,7 +190,8 @@ absl::Status CommunicatorImpl::DeviceStepDone(const CallHeader& header, const st
 absl::StatusOr<bool> CommunicatorImpl::ShareDeviceBuffers(const CallHeader& header,
                                                           const void* send, const void* recv,
                                                           bool usable,
-                                                          std::vector<PeerBuffers>* peers) {
+                                                          std::vector<PeerBuffers>* peers,
+                                                          bool* one_gpu) {
   const int n = layout_.n, me = layout_.rank;
   std::string why = usable ? "" : "this rank's send and recv partly overlap";
   // The call runs in recv's context (the task made it current, EnterDeviceContext), which send
@@ -185,6 +206,11 @@ absl::StatusOr<bool> CommunicatorImpl::ShareDeviceBuffers(const CallHeader& head
   records[me] = DescribeDeviceBuffers(send, recv);
   PLEXUS_RETURN_IF_ERROR(
       DeviceExchange(header, &records[me], records.data(), sizeof(DeviceBufferRecord)));
+  *one_gpu = one_gpu_leader.load() &&
+             std::all_of(records.begin(), records.end(), [&](const DeviceBufferRecord& r) {
+               return r.gpu_known != 0 &&
+                      std::memcmp(r.gpu.bytes, records[0].gpu.bytes, sizeof(r.gpu)) == 0;
+             });
   if (!device_maps_) device_maps_ = std::make_unique<DevicePeerMaps>();
   peers->assign(n, PeerBuffers{});
   for (int p = 0; p < n && usable; ++p) {
@@ -226,17 +252,42 @@ absl::StatusOr<bool> CommunicatorImpl::DevicePeerAllReduce(const void* send, voi
   // Peers read this rank's send while it writes its recv: partly overlapping buffers stage.
   const bool usable = send == recv || !Overlap(send, bytes, recv, bytes);
   std::vector<PeerBuffers> peers;
-  PLEXUS_ASSIGN_OR_RETURN(bool shared, ShareDeviceBuffers(header, send, recv, usable, &peers));
+  bool one_gpu = false;
+  PLEXUS_ASSIGN_OR_RETURN(bool shared,
+                          ShareDeviceBuffers(header, send, recv, usable, &peers, &one_gpu));
   if (!shared) return false;
+  if (one_gpu) {
+    if (me == 0) {
+      std::vector<const void*> inputs(n);
+      std::vector<void*> outputs(n);
+      for (int p = 0; p < n; ++p) {
+        inputs[p] = peers[p].send;
+        outputs[p] = peers[p].recv;
+      }
+      absl::Status s;
+      if (op != ReduceOp::kAvg) {
+        s = kernels::ReduceOnDevice(dtype, op, outputs.data(), n, inputs.data(), n, count);
+      } else {
+        s = kernels::ReduceOnDevice(dtype, op, &recv, 1, inputs.data(), n, count);
+        if (s.ok()) s = kernels::DivideOnDevice(dtype, recv, count, n);
+        for (int p = 1; p < n && s.ok(); ++p) {
+          s = base::cuda::Copy(peers[p].recv, recv, bytes, "copying the average to a peer");
+        }
+      }
+      if (!s.ok()) return DeviceFailure(header, s, "reducing every rank's buffer on the device");
+    }
+    PLEXUS_RETURN_IF_ERROR(DeviceStepDone(header, "waiting for the reduction", me == 0));
+    return true;
+  }
   auto first = [&](int p) { return count * static_cast<size_t>(p) / static_cast<size_t>(n); };
   const size_t lo = first(me), len = first(me + 1) - lo;
   auto* out = static_cast<uint8_t*>(recv);
   if (len > 0) {
     std::vector<const void*> inputs(n);
     for (int p = 0; p < n; ++p) inputs[p] = peers[p].send + lo * esize;
-    absl::Status s = kernels::ReduceOnDevice(dtype, op, out + lo * esize, inputs.data(), n, len);
-    if (s.ok() && op == ReduceOp::kAvg)
-      s = kernels::DivideOnDevice(dtype, out + lo * esize, len, n);
+    void* slice = out + lo * esize;
+    absl::Status s = kernels::ReduceOnDevice(dtype, op, &slice, 1, inputs.data(), n, len);
+    if (s.ok() && op == ReduceOp::kAvg) s = kernels::DivideOnDevice(dtype, slice, len, n);
     if (!s.ok()) return DeviceFailure(header, s, "reducing this rank's slice on the device");
   }
   PLEXUS_RETURN_IF_ERROR(DeviceStepDone(header, "waiting for this rank's reduction"));
@@ -261,17 +312,27 @@ absl::StatusOr<bool> CommunicatorImpl::DevicePeerBroadcast(const void* send, voi
   // The root copies its send into its recv: they must not overlap unless they are the same.
   const bool usable = !is_root || send == recv || !Overlap(send, bytes, recv, bytes);
   std::vector<PeerBuffers> peers;
-  PLEXUS_ASSIGN_OR_RETURN(
-      bool shared, ShareDeviceBuffers(header, is_root ? send : nullptr, recv, usable, &peers));
+  bool one_gpu = false;
+  PLEXUS_ASSIGN_OR_RETURN(bool shared, ShareDeviceBuffers(header, is_root ? send : nullptr, recv,
+                                                          usable, &peers, &one_gpu));
   if (!shared) return false;
   const uint8_t* source = peers[root].send != nullptr ? peers[root].send : peers[root].recv;
-  if (source != recv) {
+  if (one_gpu) {
+    for (int p = 0; p < layout_.n && is_root; ++p) {
+      if (peers[p].recv == source) continue;
+      if (absl::Status s = base::cuda::Copy(peers[p].recv, source, bytes, "broadcasting");
+          !s.ok()) {
+        return DeviceFailure(header, s, absl::StrCat("writing rank ", p, "'s buffer"));
+      }
+    }
+  } else if (source != recv) {
     if (absl::Status s = base::cuda::Copy(recv, source, bytes, "copying the root's buffer");
         !s.ok()) {
       return DeviceFailure(header, s, absl::StrCat("reading root ", root, "'s buffer"));
     }
   }
-  PLEXUS_RETURN_IF_ERROR(DeviceStepDone(header, "waiting for the copy of the root's buffer"));
+  PLEXUS_RETURN_IF_ERROR(
+      DeviceStepDone(header, "waiting for the copy of the root's buffer", !one_gpu || is_root));
   return true;
 }
 
@@ -286,9 +347,12 @@ absl::StatusOr<bool> CommunicatorImpl::DevicePeerAllGather(const void* send, voi
   const bool usable = send == out + static_cast<size_t>(me) * block ||
                       !Overlap(send, block, recv, block * static_cast<size_t>(n));
   std::vector<PeerBuffers> peers;
-  PLEXUS_ASSIGN_OR_RETURN(bool shared, ShareDeviceBuffers(header, send, recv, usable, &peers));
+  bool one_gpu = false;
+  PLEXUS_ASSIGN_OR_RETURN(bool shared,
+                          ShareDeviceBuffers(header, send, recv, usable, &peers, &one_gpu));
   if (!shared) return false;
-  for (int p = 0; p < n; ++p) {
+  // On one GPU rank 0 gathers into its own output and copies that whole into every other rank's.
+  for (int p = 0; p < n && (!one_gpu || me == 0); ++p) {
     uint8_t* dst = out + static_cast<size_t>(p) * block;
     if (p == me && send == dst) continue;  // this rank's own block, in place
     if (absl::Status s = base::cuda::Copy(dst, peers[p].send, block, "copying a peer's block");
@@ -296,7 +360,15 @@ absl::StatusOr<bool> CommunicatorImpl::DevicePeerAllGather(const void* send, voi
       return DeviceFailure(header, s, absl::StrCat("reading rank ", p, "'s block"));
     }
   }
-  PLEXUS_RETURN_IF_ERROR(DeviceStepDone(header, "waiting for the copies of the peers' blocks"));
+  for (int p = 1; p < n && one_gpu && me == 0; ++p) {
+    if (absl::Status s = base::cuda::Copy(peers[p].recv, out, block * static_cast<size_t>(n),
+                                          "copying the gathered blocks");
+        !s.ok()) {
+      return DeviceFailure(header, s, absl::StrCat("writing rank ", p, "'s output"));
+    }
+  }
+  PLEXUS_RETURN_IF_ERROR(
+      DeviceStepDone(header, "waiting for the copies of the peers' blocks", !one_gpu || me == 0));
   return true;
 }
 

@@ -31,6 +31,8 @@ struct DeviceBufferRecord {
   uint64_t recv_offset = 0;
   base::cuda::IpcHandle send_handle{};
   base::cuda::IpcHandle recv_handle{};
+  uint8_t gpu_known = 0;         // 0: this rank could not name its GPU
+  base::cuda::DeviceUuid gpu{};  // the GPU of recv's context
 };
 
 // This process's view of `send` (may be null) and `recv`; exports what it can.
@@ -41,6 +43,10 @@ struct PeerBuffers {
   const uint8_t* send = nullptr;
   uint8_t* recv = nullptr;
 };
+
+// Tests: false makes every rank work on its own slice even when all are on one GPU (the path of
+// ranks on several GPUs, exercised on a machine with one); returns the previous value.
+bool SetOneGpuLeaderForTesting(bool allowed);
 
 // One communicator's mappings of its peers' buffers: a peer in this process is used through its
 // pointers (with peer access enabled when they are on another GPU); one in another process

@@ -37,23 +37,28 @@ absl::Status DivideOnDevice(DataType dtype, void* data, size_t n, int divisor) {
                             static_cast<unsigned>(blocks), threads, args);
 }
 
-absl::Status ReduceOnDevice(DataType dtype, ReduceOp op, void* out, const void* const* inputs,
-                            int k, size_t n) {
+absl::Status ReduceOnDevice(DataType dtype, ReduceOp op, void* const* outs, int m,
+                            const void* const* inputs, int k, size_t n) {
   if (n == 0) return absl::OkStatus();
-  if (k < 1 || k > kMaxDeviceReduceInputs) {
-    return absl::InvalidArgumentError(absl::StrCat("ReduceOnDevice: ", k, " inputs; 1 to ",
-                                                   kMaxDeviceReduceInputs, " are supported"));
+  if (k < 1 || k > kMaxDeviceReduceInputs || m < 1 || m > kMaxDeviceReduceInputs) {
+    return absl::InvalidArgumentError(absl::StrCat("ReduceOnDevice: ", k, " inputs and ", m,
+                                                   " outputs; 1 to ", kMaxDeviceReduceInputs,
+                                                   " of each are supported"));
   }
-  // The kernel's parameter: the input pointers by value (cuLaunchKernel copies it).
+  // The kernel's parameters: the pointers by value (cuLaunchKernel copies them).
   struct Inputs {
     const void* in[kMaxDeviceReduceInputs];
   } in{};
+  struct Outputs {
+    void* out[kMaxDeviceReduceInputs];
+  } out{};
   for (int j = 0; j < k; ++j) in.in[j] = inputs[j];
+  for (int j = 0; j < m; ++j) out.out[j] = outs[j];
   const std::string kernel = absl::StrCat(
       "plexus_reduce_", std::string(ReduceOpName(op == ReduceOp::kAvg ? ReduceOp::kSum : op)), "_",
       std::string(DataTypeName(dtype)));
   const unsigned threads = 256;
-  void* args[] = {&out, &in, &k, &n};
+  void* args[] = {&out, &m, &in, &k, &n};
   return base::cuda::Launch({internal::kReduceFatbin, "plexus::kernels reduction"}, kernel.c_str(),
                             GridFor(n, threads), threads, args);
 }
@@ -64,7 +69,8 @@ absl::Status DivideOnDevice(DataType, void*, size_t, int) {
   return absl::FailedPreconditionError(absl::StrCat("DivideOnDevice: ", why));
 }
 
-absl::Status ReduceOnDevice(DataType, ReduceOp, void*, const void* const*, int, size_t) {
+absl::Status ReduceOnDevice(DataType, ReduceOp, void* const*, int, const void* const*, int,
+                            size_t) {
   std::string why;
   base::cuda::Available(&why);
   return absl::FailedPreconditionError(absl::StrCat("ReduceOnDevice: ", why));

@@ -1,9 +1,10 @@
 // Device kernels (nvcc, embedded as a fatbin; launched by src/device_kernels.cpp through the
-// driver): out[i] = in[0][i] op in[1][i] op ... op in[k-1][i], the inputs folded in order, so
-// that every rank computing the same slice gets the same bits. f16/bf16 are computed in f32 and
-// rounded after each step, as the host kernels round after each pairwise reduction. out may be
-// one of the inputs (each element is read by the thread that writes it). NaN results are the
-// canonical quiet NaN, as on the host. extern "C" names: plexus_reduce_<op>_<dtype>.
+// driver): out[j][i] = in[0][i] op in[1][i] op ... op in[k-1][i] for every output j, the inputs
+// folded in order, so that every rank computing the same slice gets the same bits. f16/bf16 are
+// computed in f32 and rounded after each step, as the host kernels round after each pairwise
+// reduction. Outputs may be inputs (each element is read by the thread that writes it, before it
+// writes). NaN results are the canonical quiet NaN, as on the host. extern "C" names:
+// plexus_reduce_<op>_<dtype>.
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -15,6 +16,9 @@ constexpr int kMaxInputs = 16;
 
 struct Inputs {
   const void* in[kMaxInputs];
+};
+struct Outputs {
+  void* out[kMaxInputs];
 };
 
 namespace {
@@ -103,22 +107,32 @@ struct BFloat {
   }
 };
 
+// The loops over inputs and outputs are unrolled to their maximum so that every pointer is read
+// from the kernel's parameters at a constant index: an index known only at run time makes each
+// thread copy both arrays (256 bytes) to its local memory first, which costs more than the
+// reduction itself for large grids.
 template <typename Op, typename E>
-__device__ void Reduce(void* out, const Inputs& inputs, int k, size_t n) {
+__device__ void Reduce(const Outputs& outs, int m, const Inputs& inputs, int k, size_t n) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += stride) {
     typename E::Compute acc = E::Load(inputs.in[0], i);
-    for (int j = 1; j < k; ++j) acc = E::Round(Op::Apply(acc, E::Load(inputs.in[j], i)));
-    E::Store(out, i, acc);
+#pragma unroll
+    for (int j = 1; j < kMaxInputs; ++j) {
+      if (j < k) acc = E::Round(Op::Apply(acc, E::Load(inputs.in[j], i)));
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxInputs; ++j) {
+      if (j < m) E::Store(outs.out[j], i, acc);
+    }
   }
 }
 
 }  // namespace
 
-#define PLEXUS_REDUCE_KERNEL(op_name, Op, type_name, E)                                      \
-  extern "C" __global__ void plexus_reduce_##op_name##_##type_name(void* out, Inputs inputs, \
-                                                                   int k, size_t n) {        \
-    Reduce<Op, E>(out, inputs, k, n);                                                        \
+#define PLEXUS_REDUCE_KERNEL(op_name, Op, type_name, E)             \
+  extern "C" __global__ void plexus_reduce_##op_name##_##type_name( \
+      Outputs outs, int m, Inputs inputs, int k, size_t n) {        \
+    Reduce<Op, E>(outs, m, inputs, k, n);                           \
   }
 
 #define PLEXUS_REDUCE_KERNELS(op_name, Op)               \

@@ -141,6 +141,13 @@ class ContextScope {
 uintptr_t ContextId(const void* device);
 uintptr_t CurrentContextId();
 
+// The UUID of the current context's GPU (the same in every process of the host, whatever the
+// device numbering: CUDA_VISIBLE_DEVICES renumbers); FailedPrecondition with no current context.
+struct DeviceUuid {
+  unsigned char bytes[16];
+};
+absl::StatusOr<DeviceUuid> CurrentDeviceUuid();
+
 // Lets kernels of the current context read and write `peer`, device memory of another context
 // of this process (another GPU's primary context: cuCtxEnablePeerAccess, kept once enabled). OK
 // when `peer` belongs to the current context; FailedPrecondition when the two GPUs cannot reach

@@ -26,14 +26,15 @@ void DivideInPlace(DataType dtype, void* data, size_t n, int divisor);
 // context (returns once queued). FailedPrecondition where CUDA cannot be used, with the reason.
 absl::Status DivideOnDevice(DataType dtype, void* data, size_t n, int divisor);
 
-// out[i] = inputs[0][i] op inputs[1][i] op ... op inputs[k-1][i] on CUDA device memory (device or
-// peer-mapped pointers), folded in that order with the host kernels' semantics (kAvg reduces as
-// kSum; f16/bf16 rounded after each step), 1 <= k <= kMaxDeviceReduceInputs; out may be one of
-// the inputs. A kernel queued on the legacy default stream of the current context (returns once
+// outs[j][i] = inputs[0][i] op inputs[1][i] op ... op inputs[k-1][i] for each of the m outputs, on
+// CUDA device memory (device or peer-mapped pointers), folded in that order with the host
+// kernels' semantics (kAvg reduces as kSum; f16/bf16 rounded after each step); 1 <= k, m <=
+// kMaxDeviceReduceInputs; outputs may be inputs. One pass: each input read once, each output
+// written once. A kernel queued on the legacy default stream of the current context (returns once
 // queued). FailedPrecondition where CUDA cannot be used, with the reason.
 inline constexpr int kMaxDeviceReduceInputs = 16;
-absl::Status ReduceOnDevice(DataType dtype, ReduceOp op, void* out, const void* const* inputs,
-                            int k, size_t n);
+absl::Status ReduceOnDevice(DataType dtype, ReduceOp op, void* const* outs, int m,
+                            const void* const* inputs, int k, size_t n);
 
 // Whether ReduceInto uses the AVX2 kernels (CPU support, and not disabled).
 bool Avx2Active();
