@@ -1,5 +1,5 @@
-// Live reconfiguration (docs/collectives.md, "Live reconfiguration"): ranks as threads over
-// inproc and shm, with the watchers' steps delayed per rank by a test hook, requests from
+// Live reconfiguration (docs/collectives_operations.md, "Live reconfiguration"): ranks as threads
+// over inproc and shm, with the watchers' steps delayed per rank by a test hook, requests from
 // non-zero ranks, concurrent requests, requests while asynchronous calls are queued, an idle
 // rank; every rank must switch at the same collective, and every result must be bit-identical
 // to a run that used that collective's configuration from the start. Plus the admin endpoint,

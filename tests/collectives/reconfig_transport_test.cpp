@@ -1,7 +1,7 @@
-// Live reconfiguration of the transport (docs/collectives.md, "Live reconfiguration"): tcp ->
-// shm -> tcp under a stream of allreduces with delayed requests from different ranks, results
-// bit-identical to a run that stayed on tcp and the backend of every pair checked; a rank that
-// never reaches the landing collective, and a Send/Recv pair straddling the change.
+// Live reconfiguration of the transport (docs/collectives_operations.md, "Live reconfiguration"):
+// tcp -> shm -> tcp under a stream of allreduces with delayed requests from different ranks,
+// results bit-identical to a run that stayed on tcp and the backend of every pair checked; a rank
+// that never reaches the landing collective, and a Send/Recv pair straddling the change.
 #include <catch2/catch.hpp>
 
 #include <chrono>

@@ -1,5 +1,5 @@
 // Live reconfiguration: the sequence-number barrier of MCCS over the rendezvous store, without a
-// daemon (reconfig.hpp; docs/collectives.md, "Live reconfiguration").
+// daemon (reconfig.hpp; docs/collectives_operations.md, "Live reconfiguration").
 //
 // A request is numbered by the store's counter (<prefix>count) and written at <prefix>req/<k>.
 // Every rank's watcher thread reads requests in that order and runs one round per request:

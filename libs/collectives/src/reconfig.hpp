@@ -2,7 +2,8 @@
 // of MCCS without a daemon. Each rank runs a watcher thread that reads the change requests from
 // the rendezvous store in the order the store numbered them; for each it stops new issues,
 // publishes how many collectives this rank issued, reads every rank's count and lets the change
-// land on the collective numbered by the largest (docs/collectives.md, "Live reconfiguration").
+// land on the collective numbered by the largest (docs/collectives_operations.md, "Live
+// reconfiguration").
 #pragma once
 
 #include <atomic>

@@ -1,7 +1,7 @@
 // The collectives' commands on a base::admin::AdminServer (the loopback, token-authenticated
 // operator endpoint the rpc library also uses): list communicators and reconfigure one live
-// (docs/collectives.md, "Admin endpoint"). Opt-in: nothing listens unless the program starts a
-// server and adds communicators here.
+// (docs/collectives_operations.md, "Admin endpoint"). Opt-in: nothing listens unless the program
+// starts a server and adds communicators here.
 //
 //   coll-list                        every added communicator: name, rank, size, ring order,
 //                                    channels, epoch, since_sequence, sequence, overrides,

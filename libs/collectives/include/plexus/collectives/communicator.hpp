@@ -31,9 +31,11 @@
 //    every element is reduced in an order fixed by the algorithm, never by arrival times.
 //  - Live reconfiguration: RequestReconfiguration changes the ring order, algorithm overrides or
 //    channel count from any rank at any time; every rank switches at the same collective
-//    (docs/collectives.md, "Live reconfiguration"; operators: plexus/collectives/admin.hpp).
-//  - CUDA builds (PLEXUS_HAVE_CUDA): device pointers are accepted and staged through pinned host
-//    memory; reductions of staged data run on the host.
+//    (docs/collectives_operations.md, "Live reconfiguration"; operators:
+//    plexus/collectives/admin.hpp).
+//  - CUDA builds (PLEXUS_HAVE_CUDA): device pointers are accepted; between the ranks of one host
+//    AllReduce, Broadcast and AllGather go device to device (CallOptions::device_peer_access),
+//    everything else is staged through pinned host memory and reduced on the host.
 #pragma once
 
 #include <cstddef>
@@ -154,8 +156,9 @@ struct CommunicatorOptions {
   // schedule. PLEXUS_COLL_QOS (its text form; "off" disables) overrides it. Split children
   // inherit it.
   QosTimetable qos;
-  // Records every call's issue, start and end (off by default; trace.hpp, docs/collectives.md
-  // "Tracing"). PLEXUS_COLL_TRACE=<prefix> turns it on. options() reports the effective values.
+  // Records every call's issue, start and end (off by default; trace.hpp,
+  // docs/collectives_operations.md "Tracing"). PLEXUS_COLL_TRACE=<prefix> turns it on. options()
+  // reports the effective values.
   TraceOptions trace;
 };
 
@@ -430,12 +433,13 @@ class Communicator {
   static constexpr int kNoColor = -1;
   virtual absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) = 0;
 
-  // Live reconfiguration (docs/collectives.md, "Live reconfiguration"). Any rank, any thread,
-  // any time (not collective): the change is published on the rendezvous store and takes effect
-  // on every rank at the same collective, the first one that no rank had launched when it learnt
-  // of the change (MCCS's sequence-number barrier); collectives already launched or queued before
-  // it finish with the old configuration. Concurrent requests are applied one after the other in
-  // the order the store numbered them, on every rank alike. Returns the change's epoch (1, 2,
+  // Live reconfiguration (docs/collectives_operations.md, "Live reconfiguration"). Any rank, any
+  // thread, any time (not collective): the change is published on the rendezvous store and takes
+  // effect on every rank at the same collective, the first one that no rank had launched when it
+  // learnt of the change (MCCS's sequence-number barrier); collectives already launched or queued
+  // before it finish with the old configuration. Concurrent requests are applied one after the
+  // other in the order the store numbered them, on every rank alike. Returns the change's epoch (1,
+  // 2,
   // ...). InvalidArgument for an empty change, a ring order that is not a permutation,
   // channels outside 1..kMaxChannels, or a transport whose backend this machine lacks;
   // FailedPrecondition for a transport change of a communicator created on the caller's device;

@@ -1,5 +1,5 @@
-// Live reconfiguration of a communicator (docs/collectives.md, "Live reconfiguration"): what a
-// change may carry and what a communicator reports as its active configuration.
+// Live reconfiguration of a communicator (docs/collectives_operations.md, "Live reconfiguration"):
+// what a change may carry and what a communicator reports as its active configuration.
 #pragma once
 
 #include <cstdint>

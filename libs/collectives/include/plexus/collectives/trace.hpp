@@ -2,7 +2,8 @@
 // issued, started and ended, what it moved and how (algorithm, path, channels), and how it ended.
 // Off by default; when off a call pays one branch. When on, a call costs three clock reads and a
 // short lock, and the records live in a ring of fixed capacity (the oldest are dropped and
-// counted). docs/collectives.md, "Tracing", describes the file format and the timeline picture.
+// counted). docs/collectives_operations.md, "Tracing", describes the file format and the timeline
+// picture.
 //
 //   CommunicatorOptions options;
 //   options.trace.enabled = true;
