@@ -62,17 +62,14 @@ nlohmann::json PipelineShapesJson(double shape_scale) {
 }
 
 std::map<std::pair<std::string, std::string>, double> PythonPeerTimes(
-    const char* who, int runs, double shape_scale, const std::vector<std::string>& extra,
-    bool* ok) {
+    const char* who, const std::string& python, int runs, double shape_scale,
+    const std::vector<std::string>& extra, bool* ok) {
   namespace pt = plexus::tooling;
   std::map<std::pair<std::string, std::string>, double> ms;
   pt::LaunchOptions lo;
-  lo.argv = {PLEXUS_RESTRUCTURE_PYTHON,
-             PLEXUS_RESTRUCTURE_PEERS,
-             "--runs",
-             std::to_string(runs),
-             "--shapes",
-             PipelineShapesJson(shape_scale).dump()};
+  lo.argv = {python,     PLEXUS_RESTRUCTURE_PEERS,
+             "--runs",   std::to_string(runs),
+             "--shapes", PipelineShapesJson(shape_scale).dump()};
   lo.argv.insert(lo.argv.end(), extra.begin(), extra.end());
   lo.plexus_env = false;
   lo.output = pt::OutputMode::kCallback;

@@ -41,11 +41,16 @@ std::vector<PipelineProgram> PipelinePrograms(double shape_scale, bool f16_brain
 // The same shapes as python_peers.py's --shapes object.
 nlohmann::json PipelineShapesJson(double shape_scale);
 
-// Runs python_peers.py with --runs, the shapes of `shape_scale` and `extra` arguments; returns
-// each line's time, keyed by (peer, stage). *ok: false when the script failed (the reason on
-// stderr, prefixed by `who`); its other lines go to stderr.
+// The interpreter --compare runs the peers with unless --python names another: the one found at
+// configuration to import torch (Debian's python3).
+inline constexpr char kDefaultPython[] = PLEXUS_RESTRUCTURE_PYTHON;
+
+// Runs python_peers.py under `python` with --runs, the shapes of `shape_scale` and `extra`
+// arguments; returns each line's time, keyed by (peer, stage). *ok: false when the script failed
+// (the reason on stderr, prefixed by `who`); its other lines go to stderr.
 std::map<std::pair<std::string, std::string>, double> PythonPeerTimes(
-    const char* who, int runs, double shape_scale, const std::vector<std::string>& extra, bool* ok);
+    const char* who, const std::string& python, int runs, double shape_scale,
+    const std::vector<std::string>& extra, bool* ok);
 
 // One input buffer's bytes: f32 uniform in [0.001, 4) (positive: log10 stays finite), other
 // types small bytes (no f16/bf16 specials).

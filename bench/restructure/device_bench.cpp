@@ -58,9 +58,9 @@ int RunDevice(const DeviceArgs& a, pt::FigureWriter& out) {
   }
   // The torch-on-GPU stage times (ms), by (peer, stage).
   bool peers_ok = true;
-  const auto torch_ms =
-      a.compare ? PythonPeerTimes(kWho, a.runs, a.shape_scale, {"--device", "cuda"}, &peers_ok)
-                : std::map<std::pair<std::string, std::string>, double>();
+  const auto torch_ms = a.compare ? PythonPeerTimes(kWho, a.python, a.runs, a.shape_scale,
+                                                    {"--device", "cuda"}, &peers_ok)
+                                  : std::map<std::pair<std::string, std::string>, double>();
   int status = 0;
   for (PipelineProgram& p : PipelinePrograms(a.shape_scale, a.compare)) {
     auto fail = [&](const absl::Status& s) {

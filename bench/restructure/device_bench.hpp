@@ -22,6 +22,7 @@ struct DeviceArgs {
   int runs = 5;
   double shape_scale = 1.0;
   bool compare = false;
+  std::string python;  // runs the torch peer (--compare)
 };
 
 // 0 when every run was right, 1 on a failure or a wrong output, 77 without a device.

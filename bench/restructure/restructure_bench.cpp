@@ -53,10 +53,11 @@ struct Args {
   bool compare = false;
   int runs = 5;
   std::string only = "all";
-  double scale = 1.0;        // of the ops' sizes
-  double shape_scale = 1.0;  // of the pipelines' outermost dimension
-  std::string transport;     // motion: "tcp", "shm" or "" (both)
-  bool pin = true;           // motion: sender and receiver on CPUs of their own
+  double scale = 1.0;                        // of the ops' sizes
+  double shape_scale = 1.0;                  // of the pipelines' outermost dimension
+  std::string transport;                     // motion: "tcp", "shm" or "" (both)
+  bool pin = true;                           // motion: sender and receiver on CPUs of their own
+  std::string python = pbr::kDefaultPython;  // --compare: runs python_peers.py
 };
 
 // A program with its inputs filled and its outputs allocated.
@@ -286,6 +287,10 @@ int main(int argc, char** argv) {
   CLI::App& app = tool.app();
   pt::AddJsonFlag(&app, &a.json);
   app.add_flag("--compare", a.compare, "also numpy and torch (python3) for the pipelines");
+  app.add_option("--python", a.python,
+                 "the interpreter that runs the numpy and torch peers (--compare): one that "
+                 "imports numpy and torch (with --only device, a torch with CUDA)")
+      ->capture_default_str();
   pt::AddNumber(&app, "--runs", &a.runs, "runs per figure (median)", 1, 1000);
   app.add_option("--only", a.only,
                  "ops, pipelines, all (ops and pipelines) or motion (the pipelines fused with a "
@@ -303,7 +308,7 @@ int main(int argc, char** argv) {
   bool ok = true;
   std::vector<double> ignored;
   if (a.only == "device") {
-    const int code = pbr::RunDevice({a.runs, a.shape_scale, a.compare}, out);
+    const int code = pbr::RunDevice({a.runs, a.shape_scale, a.compare, a.python}, out);
     if (!a.json && code != 77) out.PrintTable();
     return code;
   }
@@ -321,7 +326,8 @@ int main(int argc, char** argv) {
     for (Case& c : cases) ok = Measure(c, a, out, &ms) && ok;
     if (a.compare) {
       bool peers_ok = false;
-      const auto peer_ms = pbr::PythonPeerTimes(kProgram, a.runs, a.shape_scale, {}, &peers_ok);
+      const auto peer_ms =
+          pbr::PythonPeerTimes(kProgram, a.python, a.runs, a.shape_scale, {}, &peers_ok);
       ok = peers_ok && ok;
       for (size_t i = 0; i < cases.size(); ++i) {
         for (const char* peer : {"numpy", "torch"}) {
