@@ -304,8 +304,10 @@ void AddRatios(tooling::FigureWriter& writer) {
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--worker") return WorkerMain(argc - 1, argv + 1);
   tooling::Tool tool(kProgram,
-                     "Allreduce of CUDA device buffers against the same allreduce of host "
-                     "buffers (f32 sum), per transport, process count and size.");
+                     "AllReduce (f32 sum), Broadcast and AllGather of CUDA device buffers, "
+                     "device to device and staged through the host, against the same calls on "
+                     "host buffers and the GPU's own copy bandwidth, per transport, process "
+                     "count and size.");
   pb::DriverOptions options;
   options.sizes = "64K,1M,16M,64M";
   pb::AddDriverFlags(tool, &options, 1);
