@@ -151,7 +151,13 @@ TEST_CASE("server: a client over max_connections is refused with a clear error a
   CHECK(c.status().code() == absl::StatusCode::kResourceExhausted);
   CHECK(absl::StrContains(c.status().message(), "serves at most 2 connections"));
   CHECK(absl::StrContains(c.status().message(), "max_connections"));
-  CHECK(log.Has({"refusing the connection", "max_connections"}));
+  // The accepting thread writes the line after posting the connection's first receive, so the
+  // refusal can reach the client first.
+  plexus::rpctest::WaitUntil(
+      [&] {
+        return log.Has({"refusing the connection", "max_connections"});
+      },
+      "the refusal's log line");
   CHECK(s.server->Connections().size() == 2);
 
   // The admitted ones serve on; once one goes, a new client gets its place.
