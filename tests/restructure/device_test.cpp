@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "plexus/base/cuda.hpp"
 #include "plexus/kernels/reduce.hpp"
@@ -72,14 +73,15 @@ std::vector<uint8_t> FromDevice(const OnDevice& d) {
   return out;
 }
 
-// The 4 bytes from `at` (rounded down to 4) of both outputs, in hex, for a failure's message.
-std::string Around(const std::vector<uint8_t>& want, const std::vector<uint8_t>& got, size_t at) {
-  if (at >= want.size()) return "";
-  std::string out = ": reference";
+// "" when `got` equals `want`, else the first differing byte and the 4 bytes around it of both.
+std::string Difference(const std::vector<uint8_t>& want, const std::vector<uint8_t>& got) {
+  const size_t at = FirstDifference(want, got);
+  if (at == want.size() && got.size() == want.size()) return "";
+  std::string out = absl::StrCat("first differing byte ", at, " of ", want.size(), ":");
   const size_t from = at / 4 * 4, to = std::min(want.size(), from + 4);
   for (const auto* v : {&want, &got}) {
+    out += v == &want ? " reference" : ", device";
     for (size_t i = from; i < to; ++i) out += absl::StrFormat(" %02x", i < v->size() ? (*v)[i] : 0);
-    if (v == &want) out += ", device";
   }
   return out;
 }
@@ -116,10 +118,8 @@ Both RunBoth(const pr::Program& p, uint32_t seed, size_t offset = 0, bool execut
 void RequireSame(const pr::Program& p, uint32_t seed, size_t offset = 0, bool executor = false) {
   const Both b = RunBoth(p, seed, offset, executor);
   for (size_t k = 0; k < b.reference.size(); ++k) {
-    const size_t first = FirstDifference(b.reference[k], b.device[k]);
-    INFO("output " << k << " first differing byte " << first << " of " << b.reference[k].size()
-                   << ", base offset " << offset << Around(b.reference[k], b.device[k], first));
-    CHECK(first == b.reference[k].size());
+    INFO("output " << k << ", base offset " << offset);
+    CHECK(Difference(b.reference[k], b.device[k]) == "");
   }
 }
 
@@ -273,9 +273,7 @@ TEST_CASE("device streams fused with sends and receives over every backend", "[g
         INFO(moved.ToString());
         REQUIRE(moved.ok());
         REQUIRE((*recv)->Finish().ok());
-        const size_t first = FirstDifference(want, got);
-        INFO("first differing byte " << first << " of " << want.size() << Around(want, got, first));
-        CHECK(first == want.size());
+        CHECK(Difference(want, got) == "");
       }
       // Host -> wire -> device.
       {
@@ -297,10 +295,7 @@ TEST_CASE("device streams fused with sends and receives over every backend", "[g
         const absl::Status finished = (*recv)->Finish();
         INFO(finished.ToString());
         REQUIRE(finished.ok());
-        const std::vector<uint8_t> got = FromDevice(dy);
-        const size_t first = FirstDifference(want, got);
-        INFO("first differing byte " << first << " of " << want.size() << Around(want, got, first));
-        CHECK(first == want.size());
+        CHECK(Difference(want, FromDevice(dy)) == "");
       }
     }
   }
