@@ -438,9 +438,8 @@ class Communicator {
   // effect on every rank at the same collective, the first one that no rank had launched when it
   // learnt of the change (MCCS's sequence-number barrier); collectives already launched or queued
   // before it finish with the old configuration. Concurrent requests are applied one after the
-  // other in the order the store numbered them, on every rank alike. Returns the change's epoch (1,
-  // 2,
-  // ...). InvalidArgument for an empty change, a ring order that is not a permutation,
+  // other in the order the store numbered them, on every rank alike. Returns the change's epoch
+  // (1, 2, ...). InvalidArgument for an empty change, a ring order that is not a permutation,
   // channels outside 1..kMaxChannels, or a transport whose backend this machine lacks;
   // FailedPrecondition for a transport change of a communicator created on the caller's device;
   // the communicator's error when it is broken; the store's error when publishing fails.
