@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -10,14 +11,16 @@
 
 namespace plexus::rpc {
 
+// What a call reads first, together and inline (the path, a few values): a check touches few
+// cache lines of the policy's.
 struct AclPolicy::Compiled {
+  absl::InlinedVector<const FieldDesc*, 2> path;
+  // The denied values while there are few: compared one by one, cheaper than hashing per call.
+  absl::InlinedVector<std::string, 2> few;
+  absl::flat_hash_set<std::string> deny;  // canonical text (see Canonical)
   std::string rule;
   std::string method;  // "package.Service/Method"
   std::string field;   // the path as given
-  std::vector<const FieldDesc*> path;
-  absl::flat_hash_set<std::string> deny;  // canonical text (see Canonical)
-  // The same values while there are few: compared one by one, cheaper than hashing per call.
-  std::vector<std::string> few;
   bool Denies(std::string_view v) const {
     if (deny.size() > few.size()) return deny.contains(absl::string_view(v.data(), v.size()));
     for (const std::string& d : few) {
@@ -26,6 +29,9 @@ struct AclPolicy::Compiled {
     return false;
   }
 };
+
+AclPolicy::AclPolicy(std::string name) : name_(std::move(name)) {}
+AclPolicy::~AclPolicy() = default;
 
 namespace {
 
@@ -131,7 +137,7 @@ absl::StatusOr<std::shared_ptr<AclPolicy>> AclPolicy::Create(
       return absl::NotFoundError(absl::StrCat(where, ": no method '", r.method,
                                               "' (known: ", absl::StrJoin(known, ", "), ")"));
     }
-    auto c = std::make_shared<Compiled>();
+    auto c = std::make_unique<Compiled>();
     c->rule = r.name;
     c->method = r.method;
     c->field = r.field;
@@ -171,7 +177,7 @@ absl::StatusOr<std::shared_ptr<AclPolicy>> AclPolicy::Create(
         std::lower_bound(acl->rules_.begin(), acl->rules_.end(), method,
                          [](const MethodRules& m, const MethodDesc* d) { return m.first < d; });
     if (at == acl->rules_.end() || at->first != method) at = acl->rules_.insert(at, {method, {}});
-    at->second.push_back(std::move(c));
+    at->second.push_back(std::move(*c));
   }
   return acl;
 }
@@ -179,13 +185,13 @@ absl::StatusOr<std::shared_ptr<AclPolicy>> AclPolicy::Create(
 std::string AclPolicy::DescribeJson() const {
   size_t rules = 0;
   for (const auto& [m, r] : rules_) rules += r.size();
-  return absl::StrCat("{\"rules\":", rules, ",\"checked\":", checked_.load(),
+  return absl::StrCat("{\"rules\":", rules, ",\"checked\":", checked_.Value(),
                       ",\"denied\":", denied_.load(), "}");
 }
 
 absl::StatusOr<EngineState> AclPolicy::Decompose() const {
   EngineState state(kind(), version());
-  state.Put("checked", checked_.load());
+  state.Put("checked", checked_.Value());
   state.Put("denied", denied_.load());
   return state;
 }
@@ -194,13 +200,12 @@ absl::Status AclPolicy::Restore(const EngineState& state) {
   PLEXUS_RETURN_IF_ERROR(Policy::Restore(state));
   PLEXUS_ASSIGN_OR_RETURN(uint64_t checked, state.Get<uint64_t>("checked"));
   PLEXUS_ASSIGN_OR_RETURN(uint64_t denied, state.Get<uint64_t>("denied"));
-  checked_ += checked;
+  checked_.Add(checked);
   denied_ += denied;
   return absl::OkStatus();
 }
 
-const std::vector<std::shared_ptr<const AclPolicy::Compiled>>* AclPolicy::Find(
-    const MethodDesc* method) const {
+const std::vector<AclPolicy::Compiled>* AclPolicy::Find(const MethodDesc* method) const {
   if (rules_.size() <= 8) {
     for (const auto& [m, rules] : rules_) {
       if (m == method) return &rules;
@@ -215,7 +220,7 @@ const std::vector<std::shared_ptr<const AclPolicy::Compiled>>* AclPolicy::Find(
 bool AclPolicy::ContentFields(const MethodDesc& method,
                               absl::FunctionRef<void(FieldPath)> read) const {
   if (const auto* rules = Find(&method)) {
-    for (const auto& rule : *rules) read(rule->path);
+    for (const Compiled& rule : *rules) read(rule.path);
   }
   return true;
 }
@@ -223,17 +228,17 @@ bool AclPolicy::ContentFields(const MethodDesc& method,
 absl::Status AclPolicy::OnRequest(const CallInfo& call) {
   const auto* rules = Find(call.method);
   if (rules == nullptr || call.request == nullptr) return absl::OkStatus();
-  checked_.fetch_add(1, std::memory_order_relaxed);
-  for (const auto& rule : *rules) {
+  checked_.Add();
+  for (const Compiled& rule : *rules) {
     const void* msg = call.request;
-    for (size_t i = 0; msg != nullptr && i + 1 < rule->path.size(); ++i) {
+    for (size_t i = 0; msg != nullptr && i + 1 < rule.path.size(); ++i) {
       const void* data = nullptr;
       size_t count = 0;
-      rule->path[i]->get_view(msg, &data, &count);
+      rule.path[i]->get_view(msg, &data, &count);
       msg = count == 1 ? data : nullptr;
     }
     if (msg == nullptr) continue;
-    const FieldDesc& f = *rule->path.back();
+    const FieldDesc& f = *rule.path.back();
     if (f.label == FieldLabel::kOptional && !*f.has(const_cast<void*>(msg))) continue;
     bool hit;
     std::string shown;
@@ -242,17 +247,17 @@ absl::Status AclPolicy::OnRequest(const CallInfo& call) {
       size_t count = 0;
       f.get_view(msg, &data, &count);
       std::string_view v(static_cast<const char*>(data), count);
-      hit = rule->Denies(v);
+      hit = rule.Denies(v);
       if (hit) shown = std::string(v);
     } else {
       shown = ScalarText(f, msg);
-      hit = rule->Denies(shown);
+      hit = rule.Denies(shown);
     }
     if (hit) {
       denied_.fetch_add(1, std::memory_order_relaxed);
-      return absl::PermissionDeniedError(absl::StrCat("acl '", name_, "': rule '", rule->rule,
-                                                      "' denies ", rule->method, ": field ",
-                                                      rule->field, " is '", shown, "'"));
+      return absl::PermissionDeniedError(absl::StrCat("acl '", name_, "': rule '", rule.rule,
+                                                      "' denies ", rule.method, ": field ",
+                                                      rule.field, " is '", shown, "'"));
     }
   }
   return absl::OkStatus();

@@ -42,29 +42,18 @@ absl::Status Policy::Restore(const EngineState& state) {
 }
 
 // ---- The gate ----------------------------------------------------------------------------------
-// A call: active_++ then reads closed_; a swap: closed_ = true then reads active_. Both
-// sequentially consistent, so either the call sees the gate closed (and backs out) or the swap sees
-// the call (and waits for it): a policy is never swapped under a call.
+// A call passes the slot's base::Gate (no atomic read-modify-write: the closer pays, see
+// plexus/base/gate.hpp); a swap closes it, so a policy is never swapped under a call.
 
 EngineSlot::EngineSlot(std::shared_ptr<Policy> policy)
     : name_(policy->name()), hooks_(policy->hooks()), policy_(std::move(policy)) {}
 
 Policy* EngineSlot::Enter() {
-  while (true) {
-    active_.fetch_add(1);
-    if (!closed_.load()) return policy_.get();
-    Leave();
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !closed_.load(); });
-  }
+  gate_.Enter();
+  return policy_.get();
 }
 
-void EngineSlot::Leave() {
-  if (active_.fetch_sub(1) == 1 && closed_.load()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    cv_.notify_all();
-  }
-}
+void EngineSlot::Leave() { gate_.Leave(); }
 
 absl::Status EngineSlot::OnRequest(const CallInfo& call) {
   if (!Has(kHookRequest)) return absl::OkStatus();
@@ -130,16 +119,16 @@ template <typename Fn>
 absl::StatusOr<EngineSwapReport> EngineSlot::Exclusive(Fn&& fn) {
   const absl::Time t0 = absl::Now();
   EngineSwapReport report;
-  std::unique_lock<std::mutex> lock(mu_);
-  closed_.store(true);
-  // The timed wait only guards against a missed wake-up; Leave notifies under mu_.
-  while (active_.load() != 0) cv_.wait_for(lock, std::chrono::milliseconds(1));
+  gate_.Close();
   report.drain = absl::Now() - t0;
-  absl::Status st = fn(policy_);
-  hooks_.store(policy_->hooks());
-  closed_.store(false);
+  absl::Status st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    st = fn(policy_);
+    hooks_.store(policy_->hooks());
+  }
+  gate_.Open();
   report.pause = absl::Now() - t0;
-  cv_.notify_all();
   if (!st.ok()) return st;
   return report;
 }

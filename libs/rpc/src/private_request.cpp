@@ -9,40 +9,38 @@
 
 namespace plexus::rpc::internal {
 
-absl::StatusOr<void*> PrivateRequest::CopyToArena(const void* data, size_t bytes, size_t align,
-                                                  const char* what) {
+bool PrivateRequest::CopyToArena(const void* data, size_t bytes, size_t align, const char* what,
+                                 void** out) {
   if (*overflow_ == nullptr) *overflow_ = std::make_unique<Arena>(limits_.max_arena_bytes);
   void* p = (*overflow_)->Allocate(bytes, align);
   if (p == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    error_ = absl::ResourceExhaustedError(absl::StrCat(
         "private copy of a ", desc_.full_name, " request for a content policy: field ", what,
         " exceeds the per-message limit of ", limits_.max_arena_bytes, " bytes"));
+    return false;
   }
   if (bytes > 0) std::memcpy(p, data, bytes);
-  return p;
-}
-
-absl::Status PrivateRequest::Root() {
-  if (root_ != nullptr) return absl::OkStatus();
-  // From here on the scalars are the copy's: what the policies read and what is marshalled.
-  PLEXUS_ASSIGN_OR_RETURN(root_, Copy(request_, desc_.size, desc_.align, desc_.full_name));
-  return absl::OkStatus();
+  *out = p;
+  return true;
 }
 
 absl::Status PrivateRequest::Add(const Policy& policy, const MethodDesc& method) {
   if (all_) return absl::OkStatus();
-  PLEXUS_RETURN_IF_ERROR(Root());
-  absl::Status st;
+  // From here on the scalars are the copy's: what the policies read and what is marshalled.
+  if (root_ == nullptr && !Copy(request_, desc_.size, desc_.align, desc_.full_name, &root_)) {
+    return std::move(error_);
+  }
+  bool failed = false;
   const bool named = policy.ContentFields(method, [&](FieldPath path) {
-    if (st.ok()) st = AddPath(path);
+    if (!failed) failed = !AddPath(path);
   });
-  PLEXUS_RETURN_IF_ERROR(st);
+  if (failed) return std::move(error_);
   if (named) return absl::OkStatus();
   all_ = true;
   return AddAll(desc_, root_, 0);
 }
 
-absl::Status PrivateRequest::AddPath(FieldPath path) {
+bool PrivateRequest::AddPath(FieldPath path) {
   void* msg = root_;
   for (size_t i = 0; i < path.size(); ++i) {
     const FieldDesc& f = *path[i];
@@ -50,15 +48,17 @@ absl::Status PrivateRequest::AddPath(FieldPath path) {
     size_t count = 0;
     if (f.kind == FieldKind::kMessage) {
       if (f.label == FieldLabel::kRepeated) {
-        return absl::InvalidArgumentError(absl::StrCat(
+        error_ = absl::InvalidArgumentError(absl::StrCat(
             "content field path through ", f.name, ": a repeated field (only singular messages)"));
+        return false;
       }
       f.get_view(msg, &data, &count);
-      if (count == 0) return absl::OkStatus();  // absent: nothing to read
+      if (count == 0) return true;  // absent: nothing to read
       if (std::find(private_structs_.begin(), private_structs_.end(), data) ==
           private_structs_.end()) {
         const MessageDesc& sub = *f.message();
-        PLEXUS_ASSIGN_OR_RETURN(void* copy, Copy(data, sub.size, sub.align, f.name));
+        void* copy = nullptr;
+        if (!Copy(data, sub.size, sub.align, f.name, &copy)) return false;
         f.set_view(msg, copy, 1);
         private_structs_.push_back(copy);
         data = copy;
@@ -67,22 +67,25 @@ absl::Status PrivateRequest::AddPath(FieldPath path) {
       continue;
     }
     if (i + 1 != path.size()) {
-      return absl::InvalidArgumentError(
+      error_ = absl::InvalidArgumentError(
           absl::StrCat("content field path through ", f.name, ": not a message field"));
+      return false;
     }
     // The last field. Scalars and enums are private with their struct; a string's or bytes'
     // bytes are copied (an unset optional one too: it may be set before the send).
     if (f.label == FieldLabel::kRepeated) {
-      return absl::InvalidArgumentError(
+      error_ = absl::InvalidArgumentError(
           absl::StrCat("content field ", f.name, ": a repeated field (name its message instead)"));
+      return false;
     }
     if (f.kind == FieldKind::kString || f.kind == FieldKind::kBytes) {
       f.get_view(msg, &data, &count);
-      PLEXUS_ASSIGN_OR_RETURN(void* copy, Copy(data, count, 1, f.name));
+      void* copy = nullptr;
+      if (!Copy(data, count, 1, f.name, &copy)) return false;
       f.set_view(msg, copy, count);
     }
   }
-  return absl::OkStatus();
+  return true;
 }
 
 absl::Status PrivateRequest::AddAll(const MessageDesc& desc, void* msg, int depth) {
@@ -101,7 +104,7 @@ absl::Status PrivateRequest::AddAll(const MessageDesc& desc, void* msg, int dept
     if (f.kind == FieldKind::kMessage) {
       if (count == 0) continue;
       const MessageDesc& sub = *f.message();
-      PLEXUS_ASSIGN_OR_RETURN(void* copy, Copy(data, sub.size * count, sub.align, f.name));
+      PLEXUS_ASSIGN_OR_RETURN(void* copy, CopyOr(data, sub.size * count, sub.align, f.name));
       for (size_t k = 0; k < count; ++k) {
         PLEXUS_RETURN_IF_ERROR(AddAll(sub, static_cast<char*>(copy) + k * sub.size, depth + 1));
       }
@@ -109,7 +112,7 @@ absl::Status PrivateRequest::AddAll(const MessageDesc& desc, void* msg, int dept
       continue;
     }
     if (f.label != FieldLabel::kRepeated) {  // a string or bytes
-      PLEXUS_ASSIGN_OR_RETURN(void* copy, Copy(data, count, 1, f.name));
+      PLEXUS_ASSIGN_OR_RETURN(void* copy, CopyOr(data, count, 1, f.name));
       f.set_view(msg, copy, count);
       continue;
     }
@@ -117,15 +120,15 @@ absl::Status PrivateRequest::AddAll(const MessageDesc& desc, void* msg, int dept
       // The array of views, then each element's bytes.
       const size_t es = f.kind == FieldKind::kString ? sizeof(std::string_view) : sizeof(Bytes);
       PLEXUS_ASSIGN_OR_RETURN(void* copy,
-                              Copy(data, es * count, alignof(std::string_view), f.name));
+                              CopyOr(data, es * count, alignof(std::string_view), f.name));
       for (size_t k = 0; k < count; ++k) {
         if (f.kind == FieldKind::kString) {
           auto* sv = static_cast<std::string_view*>(copy) + k;
-          PLEXUS_ASSIGN_OR_RETURN(void* bytes, Copy(sv->data(), sv->size(), 1, f.name));
+          PLEXUS_ASSIGN_OR_RETURN(void* bytes, CopyOr(sv->data(), sv->size(), 1, f.name));
           *sv = std::string_view(static_cast<const char*>(bytes), sv->size());
         } else {
           auto* b = static_cast<Bytes*>(copy) + k;
-          PLEXUS_ASSIGN_OR_RETURN(void* bytes, Copy(b->data(), b->size(), 1, f.name));
+          PLEXUS_ASSIGN_OR_RETURN(void* bytes, CopyOr(b->data(), b->size(), 1, f.name));
           *b = Bytes(static_cast<const uint8_t*>(bytes), b->size());
         }
       }
@@ -133,7 +136,7 @@ absl::Status PrivateRequest::AddAll(const MessageDesc& desc, void* msg, int dept
       continue;
     }
     const size_t es = ScalarSize(f.kind);
-    PLEXUS_ASSIGN_OR_RETURN(void* copy, Copy(data, es * count, std::max<size_t>(es, 1), f.name));
+    PLEXUS_ASSIGN_OR_RETURN(void* copy, CopyOr(data, es * count, std::max<size_t>(es, 1), f.name));
     f.set_view(msg, copy, count);
   }
   return absl::OkStatus();

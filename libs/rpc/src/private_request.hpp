@@ -34,21 +34,28 @@ class PrivateRequest {
   const void* message() const { return root_ != nullptr ? root_ : request_; }
 
  private:
-  absl::Status Root();
-  absl::Status AddPath(FieldPath path);
+  // AddPath and Copy return false with the reason in error_: the common path builds no Status.
+  bool AddPath(FieldPath path);
   // Copies every view of `msg` (of type `desc`, already private itself), recursively.
   absl::Status AddAll(const MessageDesc& desc, void* msg, int depth);
-  // `bytes` copied into memory of the call (an error naming `what` past the arena's limit). The
-  // first bytes go to the call's inline buffer (a power-of-two `align`), with no call.
-  absl::StatusOr<void*> Copy(const void* data, size_t bytes, size_t align, const char* what) {
+  // `bytes` copied into memory of the call (false, an error naming `what`, past the arena's
+  // limit). The first bytes go to the call's inline buffer (a power-of-two `align`), with no call.
+  bool Copy(const void* data, size_t bytes, size_t align, const char* what, void** out) {
     const size_t at = (first_used_ + align - 1) & ~(align - 1);
-    if (at + bytes > first_.size()) return CopyToArena(data, bytes, align, what);
+    if (at + bytes > first_.size()) return CopyToArena(data, bytes, align, what, out);
     unsigned char* p = first_.data() + at;
     first_used_ = at + bytes;
     if (bytes > 0) std::memcpy(p, data, bytes);
+    *out = p;
+    return true;
+  }
+  bool CopyToArena(const void* data, size_t bytes, size_t align, const char* what, void** out);
+  // Copy for the recursive AddAll.
+  absl::StatusOr<void*> CopyOr(const void* data, size_t bytes, size_t align, const char* what) {
+    void* p = nullptr;
+    if (!Copy(data, bytes, align, what, &p)) return std::move(error_);
     return p;
   }
-  absl::StatusOr<void*> CopyToArena(const void* data, size_t bytes, size_t align, const char* what);
 
   const MessageDesc& desc_;
   const void* request_;
@@ -58,6 +65,7 @@ class PrivateRequest {
   const CodecLimits& limits_;
   void* root_ = nullptr;
   bool all_ = false;
+  absl::Status error_;
   // Nested structs already copied (reached again by another path: not copied twice).
   absl::InlinedVector<const void*, 4> private_structs_;
 };

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "plexus/base/gate.hpp"
 #include "plexus/rpc/call.hpp"
 #include "plexus/rpc/schema.hpp"
 
@@ -228,7 +229,8 @@ struct EngineSwapReport {
 };
 
 // One engine's place in the chain: the policy behind a gate. Calls pass the gate without a lock
-// (two atomic operations); a swap closes it, waits until no call is inside, swaps, and reopens it.
+// or an atomic read-modify-write (base::Gate); a swap closes it, waits until no call is inside,
+// swaps, and reopens it.
 class EngineSlot {
  public:
   explicit EngineSlot(std::shared_ptr<Policy> policy);
@@ -264,10 +266,8 @@ class EngineSlot {
   // the gate closed (a swap); a call that read the old value acts as if its step had run on the
   // old version.
   std::atomic<uint32_t> hooks_{kAllHooks};
-  std::atomic<int> active_{0};
-  std::atomic<bool> closed_{false};
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  base::Gate gate_;
+  mutable std::mutex mu_;           // policy() against a swap
   std::shared_ptr<Policy> policy_;  // written only with the gate closed and no call inside
 };
 
