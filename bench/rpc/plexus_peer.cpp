@@ -99,6 +99,54 @@ std::shared_ptr<pr::Policy> MakePolicy(const std::string& which) {
 
 }  // namespace
 
+double pb::ChainNsPerCall(const std::string& policy, int threads, double seconds) {
+  pr::EngineChain chain;
+  if (auto p = MakePolicy(policy)) {
+    if (auto st = chain.Attach(p); !st.ok()) Die(st.ToString());
+  }
+  const pr::ServiceDesc& service = pb::EchoService::Descriptor();
+  std::atomic<bool> go{false}, stop{false};
+  std::vector<double> ns(static_cast<size_t>(threads));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      const std::string payload = pb::RequestPayload(32);
+      pb::EchoRequest req;
+      req.payload = pr::Bytes(reinterpret_cast<const uint8_t*>(payload.data()), payload.size());
+      req.reply_bytes = 32;
+      req.tag = "ok";
+      pr::CallInfo info;
+      info.service = &service;
+      info.method = &service.methods[0];
+      info.server_side = true;
+      while (!go.load()) std::this_thread::yield();
+      uint64_t calls = 0;
+      const auto t0 = Clock::now();
+      while (!stop.load(std::memory_order_relaxed)) {
+        for (int k = 0; k < 64; ++k, ++calls) {
+          const pr::EngineChain::Snapshot snap = chain.snapshot();
+          info.request = &req;
+          for (const auto& slot : *snap) {
+            if (!slot->OnRequest(info).ok()) Die("the chain refused an ok call");
+          }
+          info.request = nullptr;
+          for (const auto& slot : *snap) slot->OnComplete(info, absl::OkStatus());
+        }
+      }
+      ns[static_cast<size_t>(t)] =
+          std::chrono::duration<double, std::nano>(Clock::now() - t0).count() /
+          static_cast<double>(calls);
+    });
+  }
+  go = true;
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  stop = true;
+  for (auto& th : pool) th.join();
+  double sum = 0;
+  for (double v : ns) sum += v;
+  return sum / threads;
+}
+
 int pb::PlexusServer(const PlexusArgs& x) {
   pb::BlockTermSignals();
   auto device = MakeDevice(x);

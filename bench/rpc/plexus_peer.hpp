@@ -19,6 +19,11 @@ struct PlexusArgs {
 // "plexus-bench-rpc: <what>" on stderr, then exits with 1 (no cleanup: a bench process).
 [[noreturn]] void Die(const std::string& what);
 
+// The chain's own cost, in process: `threads` threads pass one shared chain holding `policy`
+// (none, noop, ratelimit or acl: each engine's OnRequest and OnComplete, on a decoded request as
+// on a Server) for `seconds`; the mean ns per call of a thread.
+double ChainNsPerCall(const std::string& policy, int threads, double seconds);
+
 int PlexusServer(const PlexusArgs& x);
 int PlexusClient(const PeerArgs& a, const PlexusArgs& x);
 // A ping-pong of `size` bytes each way (plus an 8-byte size header): the floor. Its reads block,

@@ -158,6 +158,16 @@ void PolicyFigures(Orchestrator& o, Figures& fig, int runs) {
       fig.Add("policy_cost", cost, "fraction", extra, "<= 0.03", cost <= 0.03);
     }
   }
+  // The chain alone, in process: what an engine costs a call with nothing else around it, by one
+  // thread and by two sharing the chain (a Channel called from several threads).
+  for (int threads : {1, 2}) {
+    for (const std::string p : {"none", "noop", "ratelimit", "acl"}) {
+      std::vector<double> ns;
+      for (int r = 0; r < runs; ++r) ns.push_back(pb::ChainNsPerCall(p, threads, 0.2));
+      fig.Add("policy_chain_ns", Median(ns), "ns/call",
+              {{"policy", p}, {"threads", threads}, {"where", "in process"}});
+    }
+  }
 }
 
 int Orchestrate(bool compare, bool json, int runs, const pb::PeerArgs& base,
