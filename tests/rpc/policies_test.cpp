@@ -3,6 +3,7 @@
 // optional), configuration errors naming the rule, and the private copy a client-side content
 // policy checks (what is sent is what was checked).
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -631,4 +632,44 @@ TEST_CASE("acl: a rule with many values (hashed) and with few (compared in turn)
   CHECK(run("ok", 3) == absl::StatusCode::kOk);
   CHECK(acl->denied() == 3);
   CHECK(f.impl.calls.load() == 3);
+}
+
+TEST_CASE("acl: scalar fields compare as numbers of their type", "[rpc][policies]") {
+  Pair f;
+  auto acl = *pr::AclPolicy::Create("acl", {&Kinds::Descriptor()},
+                                    {{"b", "plexus.rpctest.Kinds/Echo", "b", {"true"}},
+                                     {"u32", "plexus.rpctest.Kinds/Echo", "u32", {"4000000000"}},
+                                     {"i64", "plexus.rpctest.Kinds/Echo", "i64", {"-9000000000"}},
+                                     {"u64",
+                                      "plexus.rpctest.Kinds/Echo",
+                                      "u64",
+                                      {"1", "2", "3", "4", "5", "18446744073709551615"}},
+                                     {"f", "plexus.rpctest.Kinds/Echo", "f", {"0.1"}},
+                                     {"d", "plexus.rpctest.Kinds/Echo", "d", {"nan", "-0"}}});
+  REQUIRE(f.channel->engines().Attach(acl).ok());
+  Kinds::Stub stub(f.channel);
+  auto run = [&](auto set) {
+    AllKinds req;
+    set(req);
+    return stub.EchoSync(req, TenSeconds()).status();
+  };
+  const auto denied = absl::StatusCode::kPermissionDenied;
+  const absl::Status u32 = run([](AllKinds& r) { r.u32 = 4000000000u; });
+  CHECK(u32.code() == denied);
+  CHECK(std::string(u32.message()).find("field u32 is '4000000000'") != std::string::npos);
+  CHECK(run([](AllKinds& r) { r.b = true; }).code() == denied);
+  CHECK(run([](AllKinds& r) { r.i64 = -9000000000; }).code() == denied);
+  CHECK(run([](AllKinds& r) { r.i64 = 9000000000; }).ok());
+  CHECK(run([](AllKinds& r) { r.u64 = 4; }).code() == denied);
+  CHECK(run([](AllKinds& r) { r.u64 = UINT64_MAX; }).code() == denied);
+  CHECK(run([](AllKinds& r) { r.u64 = 6; }).ok());
+  CHECK(run([](AllKinds& r) { r.f = 0.1f; }).code() == denied);
+  CHECK(run([](AllKinds& r) { r.f = 0.2f; }).ok());
+  CHECK(run([](AllKinds& r) { r.d = std::nan(""); }).code() == denied);
+  CHECK(run([](AllKinds& r) { r.d = -0.0; }).code() == denied);
+  CHECK(run([](AllKinds& r) { r.d = 0.1; }).ok());
+  // Every field at its default (false, 0, 0.0) is denied by none of the rules.
+  CHECK(run([](AllKinds&) {}).ok());
+  CHECK(acl->denied() == 8);
+  CHECK(acl->checked() == 13);
 }
