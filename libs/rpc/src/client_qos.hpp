@@ -1,4 +1,4 @@
-// The client side of global QoS (docs/rpc.md, "Global QoS"): one reorder point for the Channels
+// The client side of global QoS (docs/rpc_engines.md, "Global QoS"): one reorder point for the Channels
 // of one transport Device (the runtime). A Channel whose chain classifies its calls (a "qos"
 // engine, QosPolicy: the same classification as on a Server) sends them through it: a call leaves
 // at once while its connection's window has a free slot (and, with QosSchedule::max_in_flight,

@@ -1,4 +1,4 @@
-// The private copy of a request that a Channel's content policies check (docs/rpc.md, "Content
+// The private copy of a request that a Channel's content policies check (docs/rpc_engines.md, "Content
 // ACL"): a shallow copy of the request struct, made when the first content policy is reached, into
 // which the fields those policies read are copied (a string's or bytes' bytes, the nested structs
 // on the way). Scalars are private as soon as the struct is copied. The channel marshals the copy

@@ -49,7 +49,7 @@ struct CallInfo {
   // passed. Client: the application's memory until a policy that inspects_content() is reached;
   // from then on a private copy holding (at least) the fields that policy reads, and the request
   // is marshalled from that copy once the chain passed, so exactly the checked bytes are sent
-  // (docs/rpc.md, "Content ACL").
+  // (docs/rpc_engines.md, "Content ACL").
   const void* request = nullptr;
   // Server: the request's metadata while OnRequest and Classify run; null otherwise and on a
   // Channel.

@@ -3,7 +3,7 @@
 // whose chain passed wait in one queue in front of the handlers; on a Channel, calls wait for a
 // slot of their connection's window in one queue shared by the channels of the same transport
 // Device. Latency-class calls go first, with a weighted share and aging so that bulk calls are
-// never starved. See docs/rpc.md, "Global QoS".
+// never starved. See docs/rpc_engines.md, "Global QoS".
 #pragma once
 
 #include <cstdint>
