@@ -1,10 +1,11 @@
-// The client side of global QoS (docs/rpc_engines.md, "Global QoS"): one reorder point for the Channels
-// of one transport Device (the runtime). A Channel whose chain classifies its calls (a "qos"
-// engine, QosPolicy: the same classification as on a Server) sends them through it: a call leaves
-// at once while its connection's window has a free slot (and, with QosSchedule::max_in_flight,
-// while the runtime's calls through this point stay below it); otherwise it waits here, without
-// blocking its caller, and every slot freed takes the next call by the server's own rule
-// (QosOrder: latency class first, weighted share, aging), across the runtime's channels.
+// The client side of global QoS (docs/rpc_engines.md, "Global QoS"): one reorder point for the
+// Channels of one transport Device (the runtime). A Channel whose chain classifies its calls (a
+// "qos" engine, QosPolicy: the same classification as on a Server) sends them through it: a call
+// leaves at once while its connection's window has a free slot (and, with
+// QosSchedule::max_in_flight, while the runtime's calls through this point stay below it);
+// otherwise it waits here, without blocking its caller, and every slot freed takes the next call by
+// the server's own rule (QosOrder: latency class first, weighted share, aging), across the
+// runtime's channels.
 #pragma once
 
 #include <condition_variable>

@@ -1,10 +1,10 @@
-// The private copy of a request that a Channel's content policies check (docs/rpc_engines.md, "Content
-// ACL"): a shallow copy of the request struct, made when the first content policy is reached, into
-// which the fields those policies read are copied (a string's or bytes' bytes, the nested structs
-// on the way). Scalars are private as soon as the struct is copied. The channel marshals the copy
-// once the chain passed, so the bytes checked are the bytes sent, whatever the application does
-// to its own memory meanwhile; the fields no policy reads are still gathered from the
-// application's memory (no copy), as without a content policy.
+// The private copy of a request that a Channel's content policies check (docs/rpc_engines.md,
+// "Content ACL"): a shallow copy of the request struct, made when the first content policy is
+// reached, into which the fields those policies read are copied (a string's or bytes' bytes, the
+// nested structs on the way). Scalars are private as soon as the struct is copied. The channel
+// marshals the copy once the chain passed, so the bytes checked are the bytes sent, whatever the
+// application does to its own memory meanwhile; the fields no policy reads are still gathered from
+// the application's memory (no copy), as without a content policy.
 #pragma once
 
 #include <cstring>

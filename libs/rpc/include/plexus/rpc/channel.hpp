@@ -100,7 +100,8 @@ class Channel {
   };
   std::vector<ReplicaInfo> Replicas() const;
   // The client QoS reorder point this channel shares with the other channels of its transport
-  // Device (a "qos" engine in a chain sends the calls through it; docs/rpc_engines.md, "Global QoS").
+  // Device (a "qos" engine in a chain sends the calls through it; docs/rpc_engines.md,
+  // "Global QoS").
   QosStats qos() const;
   void Close();
 
