@@ -442,7 +442,11 @@ TEST_CASE("a killed worker is detected, the plan re-optimised and every request 
   CHECK(report->retried == f.retried);
   CHECK(std::find(f.moved.begin(), f.moved.end(), "C") != f.moved.end());
   CHECK(f.recovered_after_s > 0);
-  CHECK(f.recovered_after_s < 5);
+  // Back at the rate within 5 plan seconds of the detection (recovered_after_s counts from the
+  // kill in plan seconds, the detection's wall milliseconds are 10x as many of them: a busy
+  // machine's slow detection, allowed up to 1 s above, is not held against the recovery).
+  const double detected_plan_s = f.detected_after_ms / 1000 * options.compression;
+  CHECK(f.recovered_after_s - detected_plan_s < 5);
   // The re-plan saw every worker but the failed one, and the last deployment does not use it.
   CHECK(replanned_workers == std::vector<std::string>{"e-0", "e-1", "g-1"});
   for (const WorkerServeReport& w : report->workers) CHECK(problem.workers[w.worker].name != "g-0");
