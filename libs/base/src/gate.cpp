@@ -63,6 +63,7 @@ Record* ThisThread() {
 
 enum Mode : int { kUnset = 0, kMembarrier = 1, kFence = 2 };
 std::atomic<int> g_mode{kUnset};
+int g_detected = kUnset;  // what the kernel allows, written once under the once_flag
 
 long Membarrier(int cmd) { return syscall(__NR_membarrier, cmd, 0, 0); }
 
@@ -72,8 +73,9 @@ int InitMode() {
     const long cmds = Membarrier(MEMBARRIER_CMD_QUERY);
     const bool ok = cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0 &&
                     Membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
+    g_detected = ok ? kMembarrier : kFence;
     int expected = kUnset;
-    g_mode.compare_exchange_strong(expected, ok ? kMembarrier : kFence);
+    g_mode.compare_exchange_strong(expected, g_detected);
   });
   return g_mode.load();
 }
@@ -104,8 +106,8 @@ void BarrierOnEveryThread() {
 bool Gate::PassersFence() { return ModeNow() == kFence; }
 
 void Gate::ForcePassersFenceForTesting(bool fence) {
-  ModeNow();  // registers with the kernel first, so that closing can go back to membarrier
-  g_mode.store(fence ? kFence : kMembarrier);
+  ModeNow();  // detects (and registers) first; false goes back to what the kernel allows
+  g_mode.store(fence ? kFence : g_detected);
 }
 
 bool Gate::TryEnter() {

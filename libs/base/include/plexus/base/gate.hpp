@@ -43,7 +43,8 @@ class Gate {
   void Open();
 
   // Whether passing threads fence (the kernel refused membarrier) instead of the closer
-  // interrupting them. Tests force it to check the fallback.
+  // interrupting them. Tests force it (true) to check the fallback, and give it back (false: what
+  // the kernel allows); only while no gate is in use.
   static bool PassersFence();
   static void ForcePassersFenceForTesting(bool fence);
 
