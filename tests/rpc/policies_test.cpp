@@ -478,6 +478,43 @@ TEST_CASE("acl on a channel: scalar and nested fields are checked on the copy th
   CHECK(acl->denied() == 0);
 }
 
+// A second content policy reading the field the first one checked reads (and re-copies) the
+// private copy, not the application's memory, changed in between: what the first checked is
+// what the server gets.
+class TextScribbler : public pr::Policy {
+ public:
+  explicit TextScribbler(char* text) : text_(text) {}
+  std::string name() const override { return "scribbler"; }
+  absl::Status OnRequest(const pr::CallInfo&) override {
+    std::memcpy(text_, "evil", 4);
+    return absl::OkStatus();
+  }
+  char* text_;
+};
+
+TEST_CASE("acl on a channel: a later content policy on the same field keeps the checked bytes",
+          "[rpc][policies]") {
+  Pair f;
+  auto acl = ThreeFieldAcl();
+  auto second =
+      *pr::AclPolicy::Create("acl2", {&Kinds::Descriptor()},
+                             {{"no-worse", "plexus.rpctest.Kinds/Echo", "text", {"worse"}}});
+  char text[] = "good";
+  AllKinds req;
+  req.text = std::string_view(text, 4);
+  REQUIRE(f.channel->engines().Attach(acl).ok());
+  REQUIRE(f.channel->engines().Attach(std::make_shared<TextScribbler>(text), "acl").ok());
+  REQUIRE(f.channel->engines().Attach(second, "scribbler").ok());
+  Kinds::Stub stub(f.channel);
+  REQUIRE(stub.EchoSync(req, TenSeconds()).ok());
+  CHECK(std::string(text) == "evil");  // the application's memory changed after the check...
+  std::lock_guard<std::mutex> lock(f.impl.mu);
+  REQUIRE(f.impl.received.size() == 1);
+  CHECK(f.impl.received[0].text == "good");  // ...but the checked bytes were sent
+  CHECK(acl->checked() == 1);
+  CHECK(second->checked() == 1);
+}
+
 // Another application thread flips the request's checked fields between an allowed and a denied
 // value while calls are made: a call is denied or the server gets an allowed value, never a
 // denied one (whatever the interleaving: the check and the send read the same private bytes).

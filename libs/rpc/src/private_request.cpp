@@ -79,11 +79,9 @@ bool PrivateRequest::AddPath(FieldPath path) {
       return false;
     }
     if (f.kind == FieldKind::kString || f.kind == FieldKind::kBytes) {
-      // A top-level field's view is read from the application's struct, which the root copy
-      // holds byte for byte: reading it back from the copy just stored, at another width, would
-      // stall on the store. (Had the application changed it since, the copy still sends what is
-      // checked: the bytes copied here.)
-      f.get_view(msg == root_ ? request_ : msg, &data, &count);
+      // From the copy, not the application's struct: an earlier content policy may have checked
+      // this field already, and its private bytes are what must be sent.
+      f.get_view(msg, &data, &count);
       void* copy = nullptr;
       if (!Copy(data, count, 1, f.name, &copy)) return false;
       f.set_view(msg, copy, count);
