@@ -194,7 +194,9 @@ TEST_CASE("device buffers by peer access: the same bits as staging, every type a
                                 pc::ReduceOp::kMax, pc::ReduceOp::kAvg};
     int peer_calls = 0;
     const pc::Communicator::DevicePathCounts before = comm.device_path_counts();
-    for (size_t count : {size_t{1}, size_t{2}, size_t{7}, size_t{1001}, size_t{100003}}) {
+    // 4096: every buffer 16-byte aligned (the kernels' vector paths), and one element off it.
+    for (size_t count :
+         {size_t{1}, size_t{2}, size_t{7}, size_t{1001}, size_t{4096}, size_t{100003}}) {
       for (pc::DataType dt : types) {
         peer_calls += 2 * 5 + 1 + 2;  // allreduces (each op out of and in place), broadcast,
                                       // allgathers
@@ -256,6 +258,27 @@ TEST_CASE("device buffers by peer access: the same bits as staging, every type a
           if (pc::testing::Get(dt, gathered.data(), j) != want) {
             return "allgather" + where + " element " + std::to_string(j) + " is wrong";
           }
+        }
+        if (count == 4096) {
+          // One element off alignment: an allreduce (sum) and an allgather of count - 1
+          // elements, against staging.
+          peer_calls += 2;
+          const size_t c = count - 1;
+          const std::vector<uint8_t> zeros(count * es * kRanks);
+          auto at = [es](const DeviceBuffer& b) { return static_cast<uint8_t*>(b.ptr) + es; };
+          if (!a.Upload({zeros.begin(), zeros.begin() + count * es}) ||
+              !b.Upload({zeros.begin(), zeros.begin() + count * es}) || !all.Upload(zeros) ||
+              !again.Upload(zeros)) {
+            return std::string("cudaMemcpy failed");
+          }
+          s = comm.AllReduce(at(in), at(a), c, dt, pc::ReduceOp::kSum, peer);
+          if (s.ok()) s = comm.AllReduce(at(in), at(b), c, dt, pc::ReduceOp::kSum, staged);
+          if (!s.ok()) return "unaligned allreduce" + where + ": " + std::string(s.message());
+          if (a.Download() != b.Download()) return "unaligned allreduce" + where + " differs";
+          s = comm.AllGather(at(in), at(all), c, dt, peer);
+          if (s.ok()) s = comm.AllGather(at(in), at(again), c, dt, staged);
+          if (!s.ok()) return "unaligned allgather" + where + ": " + std::string(s.message());
+          if (all.Download() != again.Download()) return "unaligned allgather" + where + " differs";
         }
       }
     }

@@ -8,9 +8,10 @@
 // slices, and each switch between them costs hundreds of microseconds, far more than the work.
 //   AllReduce: rank 0 reduces every rank's input with one kernel into every rank's output
 //              (average: into its own, divided, then copied to the others), waits, barrier;
-//   Broadcast: the root copies its buffer into every rank's, waits, barrier;
-//   AllGather: rank 0 copies every rank's block into its own output, then that output into every
-//              other rank's, waits, barrier.
+//   Broadcast: the root copies its buffer into every rank's (one kernel reading it once where
+//              there are several), waits, barrier;
+//   AllGather: rank 0 writes every rank's block into every rank's output with one kernel that
+//              reads each block once, waits, barrier.
 // On several GPUs each rank works on its own GPU, in parallel:
 //   AllReduce: reduces its slice (count / n elements) of every rank's input with one kernel into
 //              its own output, waits, barrier; copies every other slice from its owner's output,
@@ -317,15 +318,26 @@ absl::StatusOr<bool> CommunicatorImpl::DevicePeerBroadcast(const void* send, voi
                                                           usable, &peers, &one_gpu));
   if (!shared) return false;
   const uint8_t* source = peers[root].send != nullptr ? peers[root].send : peers[root].recv;
-  if (one_gpu) {
-    for (int p = 0; p < layout_.n && is_root; ++p) {
-      if (peers[p].recv == source) continue;
-      if (absl::Status s = base::cuda::Copy(peers[p].recv, source, bytes, "broadcasting");
-          !s.ok()) {
-        return DeviceFailure(header, s, absl::StrCat("writing rank ", p, "'s buffer"));
+  if (one_gpu && is_root) {
+    std::vector<void*> outputs;
+    for (int p = 0; p < layout_.n; ++p) {
+      if (peers[p].recv != source) outputs.push_back(peers[p].recv);
+    }
+    // One destination: the driver's copy; several: one kernel reading the source once.
+    absl::Status s;
+    if (outputs.size() == 1) {
+      s = base::cuda::Copy(outputs[0], source, bytes, "broadcasting");
+    } else if (outputs.size() <= static_cast<size_t>(kernels::kMaxDeviceReduceInputs)) {
+      const void* input = source;
+      s = kernels::GatherOnDevice(outputs.data(), static_cast<int>(outputs.size()), &input, 1,
+                                  bytes);
+    } else {
+      for (size_t i = 0; i < outputs.size() && s.ok(); ++i) {
+        s = base::cuda::Copy(outputs[i], source, bytes, "broadcasting");
       }
     }
-  } else if (source != recv) {
+    if (!s.ok()) return DeviceFailure(header, s, "writing the ranks' buffers");
+  } else if (!one_gpu && source != recv) {
     if (absl::Status s = base::cuda::Copy(recv, source, bytes, "copying the root's buffer");
         !s.ok()) {
       return DeviceFailure(header, s, absl::StrCat("reading root ", root, "'s buffer"));
@@ -351,20 +363,35 @@ absl::StatusOr<bool> CommunicatorImpl::DevicePeerAllGather(const void* send, voi
   PLEXUS_ASSIGN_OR_RETURN(bool shared,
                           ShareDeviceBuffers(header, send, recv, usable, &peers, &one_gpu));
   if (!shared) return false;
-  // On one GPU rank 0 gathers into its own output and copies that whole into every other rank's.
-  for (int p = 0; p < n && (!one_gpu || me == 0); ++p) {
+  // On one GPU rank 0 writes every rank's block into every rank's output with one kernel that
+  // reads each block once (in batches of the kernel's limit).
+  if (one_gpu && me == 0) {
+    std::vector<void*> outputs(n);
+    std::vector<const void*> inputs(n);
+    for (int p = 0; p < n; ++p) {
+      outputs[p] = peers[p].recv;
+      inputs[p] = peers[p].send;
+    }
+    constexpr int kBatch = kernels::kMaxDeviceReduceInputs;
+    for (int o = 0; o < n; o += kBatch) {
+      for (int i = 0; i < n; i += kBatch) {
+        std::vector<void*> at(outputs.begin() + o, outputs.begin() + std::min(n, o + kBatch));
+        for (void*& a : at) a = static_cast<uint8_t*>(a) + static_cast<size_t>(i) * block;
+        if (absl::Status s =
+                kernels::GatherOnDevice(at.data(), static_cast<int>(at.size()), inputs.data() + i,
+                                        std::min(kBatch, n - i), block);
+            !s.ok()) {
+          return DeviceFailure(header, s, "gathering every rank's block on the device");
+        }
+      }
+    }
+  }
+  for (int p = 0; p < n && !one_gpu; ++p) {
     uint8_t* dst = out + static_cast<size_t>(p) * block;
     if (p == me && send == dst) continue;  // this rank's own block, in place
     if (absl::Status s = base::cuda::Copy(dst, peers[p].send, block, "copying a peer's block");
         !s.ok()) {
       return DeviceFailure(header, s, absl::StrCat("reading rank ", p, "'s block"));
-    }
-  }
-  for (int p = 1; p < n && one_gpu && me == 0; ++p) {
-    if (absl::Status s = base::cuda::Copy(peers[p].recv, out, block * static_cast<size_t>(n),
-                                          "copying the gathered blocks");
-        !s.ok()) {
-      return DeviceFailure(header, s, absl::StrCat("writing rank ", p, "'s output"));
     }
   }
   PLEXUS_RETURN_IF_ERROR(

@@ -1,6 +1,7 @@
-// The launchers of src/cuda/divide.cu's and src/cuda/reduce.cu's kernels, through base::cuda (no
-// CUDA library linked).
+// The launchers of src/cuda/divide.cu's, src/cuda/reduce.cu's and src/cuda/gather.cu's kernels,
+// through base::cuda (no CUDA library linked).
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -14,12 +15,22 @@ namespace plexus::kernels {
 namespace internal {
 extern const unsigned char kDivideFatbin[];  // generated from src/cuda/divide.cu
 extern const unsigned char kReduceFatbin[];  // generated from src/cuda/reduce.cu
+extern const unsigned char kGatherFatbin[];  // generated from src/cuda/gather.cu
 }  // namespace internal
 
 namespace {
 // A grid-stride loop's grid: enough blocks to fill any current GPU, fewer for small vectors.
 unsigned GridFor(size_t n, unsigned threads) {
   return static_cast<unsigned>(std::min<size_t>((n + threads - 1) / threads, 8192));
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The largest of 16, 8, 4, 2 and 1 that divides v.
+size_t WordFor(uintptr_t v) {
+  size_t w = 16;
+  while (w > 1 && v % w != 0) w /= 2;
+  return w;
 }
 }  // namespace
 
@@ -54,13 +65,55 @@ absl::Status ReduceOnDevice(DataType dtype, ReduceOp op, void* const* outs, int 
   } out{};
   for (int j = 0; j < k; ++j) in.in[j] = inputs[j];
   for (int j = 0; j < m; ++j) out.out[j] = outs[j];
+  // With every pointer 16-byte aligned each thread reduces 16 bytes per step (the kernel's
+  // vector path), so the grid covers n / lanes threads.
+  int aligned16 = 1;
+  for (int j = 0; j < k; ++j) aligned16 &= Aligned16(inputs[j]) ? 1 : 0;
+  for (int j = 0; j < m; ++j) aligned16 &= Aligned16(outs[j]) ? 1 : 0;
+  const size_t lanes = aligned16 != 0 ? 16 / DataTypeSize(dtype) : 1;
   const std::string kernel = absl::StrCat(
       "plexus_reduce_", std::string(ReduceOpName(op == ReduceOp::kAvg ? ReduceOp::kSum : op)), "_",
       std::string(DataTypeName(dtype)));
   const unsigned threads = 256;
-  void* args[] = {&out, &m, &in, &k, &n};
+  void* args[] = {&out, &m, &in, &k, &n, &aligned16};
   return base::cuda::Launch({internal::kReduceFatbin, "plexus::kernels reduction"}, kernel.c_str(),
-                            GridFor(n, threads), threads, args);
+                            GridFor((n + lanes - 1) / lanes, threads), threads, args);
+}
+
+absl::Status GatherOnDevice(void* const* outs, int m, const void* const* inputs, int k,
+                            size_t block) {
+  if (block == 0) return absl::OkStatus();
+  if (k < 1 || k > kMaxDeviceReduceInputs || m < 1 || m > kMaxDeviceReduceInputs) {
+    return absl::InvalidArgumentError(absl::StrCat("GatherOnDevice: ", k, " inputs and ", m,
+                                                   " outputs; 1 to ", kMaxDeviceReduceInputs,
+                                                   " of each are supported"));
+  }
+  struct Inputs {
+    const void* in[kMaxDeviceReduceInputs];
+  } in{};
+  struct Outputs {
+    void* out[kMaxDeviceReduceInputs];
+  } out{};
+  // The widest word that every pointer and the block are aligned to.
+  uintptr_t all = block;
+  for (int j = 0; j < k; ++j) {
+    in.in[j] = inputs[j];
+    all |= reinterpret_cast<uintptr_t>(inputs[j]);
+  }
+  for (int j = 0; j < m; ++j) {
+    out.out[j] = outs[j];
+    all |= reinterpret_cast<uintptr_t>(outs[j]);
+  }
+  const size_t word = WordFor(all);
+  size_t words = block / word;
+  const unsigned threads = 256;
+  // Thread blocks per input: together about the cap of a one-input grid.
+  const unsigned per_input =
+      std::max(1u, std::min(GridFor(words, threads), 8192u / static_cast<unsigned>(k)));
+  void* args[] = {&out, &m, &in, &k, &words};
+  const std::string kernel = absl::StrCat("plexus_gather_", word);
+  return base::cuda::Launch({internal::kGatherFatbin, "plexus::kernels gather"}, kernel.c_str(),
+                            per_input * static_cast<unsigned>(k), threads, args);
 }
 #else
 absl::Status DivideOnDevice(DataType, void*, size_t, int) {
@@ -74,6 +127,12 @@ absl::Status ReduceOnDevice(DataType, ReduceOp, void* const*, int, const void* c
   std::string why;
   base::cuda::Available(&why);
   return absl::FailedPreconditionError(absl::StrCat("ReduceOnDevice: ", why));
+}
+
+absl::Status GatherOnDevice(void* const*, int, const void* const*, int, size_t) {
+  std::string why;
+  base::cuda::Available(&why);
+  return absl::FailedPreconditionError(absl::StrCat("GatherOnDevice: ", why));
 }
 #endif
 

@@ -4,7 +4,8 @@
 // computed in f32 and rounded after each step, as the host kernels round after each pairwise
 // reduction. Outputs may be inputs (each element is read by the thread that writes it, before it
 // writes). NaN results are the canonical quiet NaN, as on the host. extern "C" names:
-// plexus_reduce_<op>_<dtype>.
+// plexus_reduce_<op>_<dtype>(outs, m, inputs, k, n, aligned16); aligned16 (every pointer 16-byte
+// aligned) takes 16 bytes per thread and step.
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -73,6 +74,7 @@ struct Max {
 // Plain types: computed in the type itself.
 template <typename T>
 struct Plain {
+  using Storage = T;
   using Compute = T;
   __device__ static Compute Load(const void* p, size_t i) { return static_cast<const T*>(p)[i]; }
   __device__ static Compute Round(Compute v) { return v; }
@@ -82,6 +84,7 @@ struct Plain {
 // f16 and bf16 through the host's own conversions (plexus/kernels/convert_bits.hpp): the same
 // rounding and the same NaN bits as the host kernels.
 struct Half {
+  using Storage = uint16_t;
   using Compute = float;
   __device__ static float Load(const void* p, size_t i) {
     return plexus::kernels::bits::HalfToFloat(static_cast<const uint16_t*>(p)[i]);
@@ -95,6 +98,7 @@ struct Half {
 };
 
 struct BFloat {
+  using Storage = uint16_t;
   using Compute = float;
   __device__ static float Load(const void* p, size_t i) {
     return plexus::kernels::bits::Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
@@ -112,9 +116,11 @@ struct BFloat {
 // thread copy both arrays (256 bytes) to its local memory first, which costs more than the
 // reduction itself for large grids.
 template <typename Op, typename E>
-__device__ void Reduce(const Outputs& outs, int m, const Inputs& inputs, int k, size_t n) {
+__device__ void ReduceElements(const Outputs& outs, int m, const Inputs& inputs, int k, size_t from,
+                               size_t n) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += stride) {
+  for (size_t i = from + blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
     typename E::Compute acc = E::Load(inputs.in[0], i);
 #pragma unroll
     for (int j = 1; j < kMaxInputs; ++j) {
@@ -127,12 +133,56 @@ __device__ void Reduce(const Outputs& outs, int m, const Inputs& inputs, int k, 
   }
 }
 
+// 16 bytes of every input and output per step (all pointers 16-byte aligned): a warp's loads
+// and stores are whole 512-byte transactions and each thread has several elements in flight,
+// which memory-bound sizes need to reach the GPU's bandwidth. The same folds, element by element,
+// as ReduceElements; the elements after the last whole vector go through it.
+template <typename Op, typename E>
+__device__ void ReduceVectors(const Outputs& outs, int m, const Inputs& inputs, int k, size_t n) {
+  using S = typename E::Storage;
+  constexpr int kLanes = 16 / sizeof(S);
+  union Vector {
+    uint4 bits;
+    S lanes[kLanes];
+  };
+  const size_t vectors = n / kLanes;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < vectors;
+       v += stride) {
+    Vector in;
+    in.bits = static_cast<const uint4*>(inputs.in[0])[v];
+    typename E::Compute acc[kLanes];
+#pragma unroll
+    for (int l = 0; l < kLanes; ++l) acc[l] = E::Load(in.lanes, l);
+#pragma unroll
+    for (int j = 1; j < kMaxInputs; ++j) {
+      if (j < k) {
+        in.bits = static_cast<const uint4*>(inputs.in[j])[v];
+#pragma unroll
+        for (int l = 0; l < kLanes; ++l) acc[l] = E::Round(Op::Apply(acc[l], E::Load(in.lanes, l)));
+      }
+    }
+    Vector out;
+#pragma unroll
+    for (int l = 0; l < kLanes; ++l) E::Store(out.lanes, l, acc[l]);
+#pragma unroll
+    for (int j = 0; j < kMaxInputs; ++j) {
+      if (j < m) static_cast<uint4*>(outs.out[j])[v] = out.bits;
+    }
+  }
+  ReduceElements<Op, E>(outs, m, inputs, k, vectors * kLanes, n);
+}
+
 }  // namespace
 
-#define PLEXUS_REDUCE_KERNEL(op_name, Op, type_name, E)             \
-  extern "C" __global__ void plexus_reduce_##op_name##_##type_name( \
-      Outputs outs, int m, Inputs inputs, int k, size_t n) {        \
-    Reduce<Op, E>(outs, m, inputs, k, n);                           \
+#define PLEXUS_REDUCE_KERNEL(op_name, Op, type_name, E)                     \
+  extern "C" __global__ void plexus_reduce_##op_name##_##type_name(         \
+      Outputs outs, int m, Inputs inputs, int k, size_t n, int aligned16) { \
+    if (aligned16) {                                                        \
+      ReduceVectors<Op, E>(outs, m, inputs, k, n);                          \
+    } else {                                                                \
+      ReduceElements<Op, E>(outs, m, inputs, k, 0, n);                      \
+    }                                                                       \
   }
 
 #define PLEXUS_REDUCE_KERNELS(op_name, Op)               \

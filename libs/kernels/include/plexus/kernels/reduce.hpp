@@ -35,6 +35,13 @@ absl::Status DivideOnDevice(DataType dtype, void* data, size_t n, int divisor);
 inline constexpr int kMaxDeviceReduceInputs = 16;
 absl::Status ReduceOnDevice(DataType dtype, ReduceOp op, void* const* outs, int m,
                             const void* const* inputs, int k, size_t n);
+// outs[o] + j * block receives the block bytes of inputs[j], for each of the m outputs and k
+// inputs (1 <= k, m <= kMaxDeviceReduceInputs), on CUDA device memory: an all-gather into several
+// outputs (k = 1: a broadcast), reading each input once. An input may already lie at its place in
+// an output (it is not copied onto itself); otherwise inputs and outputs must not overlap. Queued
+// like ReduceOnDevice.
+absl::Status GatherOnDevice(void* const* outs, int m, const void* const* inputs, int k,
+                            size_t block);
 
 // Whether ReduceInto uses the AVX2 kernels (CPU support, and not disabled).
 bool Avx2Active();
