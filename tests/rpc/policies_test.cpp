@@ -187,6 +187,36 @@ TEST_CASE("rate limit: wait mode reserves tokens and respects the deadline", "[r
   CHECK(p->rejected() == 1);
 }
 
+TEST_CASE("rate limit: threads sharing buckets take every token exactly once", "[rpc][policies]") {
+  // A frozen clock: exactly `burst` calls of each bucket can ever pass, however the threads
+  // interleave; two connections' buckets alternate, so the last-used bucket keeps changing hands
+  // and a reconfiguration (same rate, same burst) settles every bucket while calls run.
+  const absl::Time frozen = absl::FromUnixSeconds(1000);
+  pr::RateLimitOptions o = Opts(1, 5000);
+  o.clock = [frozen] { return frozen; };
+  auto p = *pr::RateLimitPolicy::Create("shared", o);
+  constexpr int kThreads = 4, kCalls = 4000;
+  std::atomic<int> passed[2] = {0, 0};
+  std::atomic<bool> reconfigure_failed{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kCalls; ++i) {
+        const int conn = (i + t) % 2;
+        if (p->OnRequest(Info(0, conn)).ok()) passed[conn].fetch_add(1);
+        if (t == 0 && i % 500 == 0 && !p->Reconfigure(1, 5000).ok()) reconfigure_failed = true;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK_FALSE(reconfigure_failed.load());
+  CHECK(passed[0].load() == 5000);
+  CHECK(passed[1].load() == 5000);
+  CHECK(p->admitted() == 10000);
+  CHECK(p->rejected() == kThreads * kCalls - 10000);
+  CHECK(p->DescribeJson().find("\"buckets\":2,") != std::string::npos);
+}
+
 TEST_CASE("rate limit on its own clock: a burst, then tokens at the rate as time passes",
           "[rpc][policies]") {
   auto p = *pr::RateLimitPolicy::Create("real", Opts(200, 4));  // one token per 5 ms

@@ -5,6 +5,7 @@
 #include "plexus/base/clock.hpp"
 #include "plexus/base/json_reader.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/wait_policy.hpp"
 #include "plexus/rpc/policies.hpp"
 
 namespace plexus::rpc {
@@ -22,16 +23,59 @@ absl::Status CheckRate(double rate, double burst) {
 }
 }  // namespace
 
+// One bucket. A spin lock, not a mutex: a call holds it for a refill's arithmetic (tens of
+// nanoseconds), and the rate and burst live here so that the call reads nothing else under it.
+struct RateLimitPolicy::Slot {
+  explicit Slot(uint64_t key) : key(key) {}
+
+  void Lock() {
+    while (locked.exchange(true, std::memory_order_acquire)) {
+      while (locked.load(std::memory_order_relaxed)) base::WaitPolicy::CpuRelax();
+    }
+  }
+  void Unlock() { locked.store(false, std::memory_order_release); }
+
+  // Refilled at `rate` (infinite: full) up to `now` ticks, capped at `burst`; a fresh bucket
+  // (new, or not in a restored state) is full.
+  void Refill(int64_t now, double per_second) {
+    if (fresh) {
+      tokens = burst;
+      last = now;
+      fresh = false;
+      return;
+    }
+    if (std::isinf(rate)) {
+      tokens = burst;
+    } else if (now > last) {
+      tokens = std::min(burst, tokens + rate * (static_cast<double>(now - last) / per_second));
+    }
+    // Reads on two CPUs may disagree slightly: time never runs backwards for a bucket.
+    last = std::max(last, now);
+  }
+
+  const uint64_t key;
+  std::atomic<bool> locked{false};
+  // Under the lock:
+  bool fresh = true;
+  double tokens = 0;
+  int64_t last = 0;  // ticks of NowTicks()
+  double rate = 0, burst = 1;
+  // Written only under the lock (a plain increment, not a locked one), read by admitted().
+  std::atomic<uint64_t> admitted{0};
+};
+
 RateLimitPolicy::RateLimitPolicy(std::string name, RateLimitOptions options)
-    : name_(std::move(name)), options_(std::move(options)) {}
+    : name_(std::move(name)),
+      options_(std::move(options)),
+      ticks_per_second_(options_.clock ? 1e9 : base::TicksPerSecond()) {}
+
+RateLimitPolicy::~RateLimitPolicy() = default;
 
 absl::StatusOr<std::shared_ptr<RateLimitPolicy>> RateLimitPolicy::Create(std::string name,
                                                                          RateLimitOptions options) {
   if (absl::Status s = CheckRate(options.rate, options.burst); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("policy '", name, "': ", s.message()));
   }
-  if (!options.clock)
-    base::TicksPerSecond();  // the clock's one-off calibration, here, not in a call
   return std::shared_ptr<RateLimitPolicy>(new RateLimitPolicy(std::move(name), std::move(options)));
 }
 
@@ -43,19 +87,27 @@ int64_t RateLimitPolicy::NowTicks() const {
   return options_.clock ? absl::ToUnixNanos(options_.clock()) : base::TickNow();
 }
 
-double RateLimitPolicy::TicksPerSecond() const {
-  return options_.clock ? 1e9 : base::TicksPerSecond();
+double RateLimitPolicy::TicksPerSecond() const { return ticks_per_second_; }
+
+RateLimitPolicy::Slot& RateLimitPolicy::SlotFor(uint64_t key) {
+  Slot* last = last_.load(std::memory_order_acquire);
+  if (last != nullptr && last->key == key) return *last;
+  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_ptr<Slot>& slot = slots_[key];
+  if (slot == nullptr) {
+    slot = std::make_unique<Slot>(key);
+    slot->rate = options_.rate;
+    slot->burst = options_.burst;
+  }
+  last_.store(slot.get(), std::memory_order_release);
+  return *slot;
 }
 
-void RateLimitPolicy::Refill(Live& b, int64_t now, double rate, double burst) const {
-  if (std::isinf(rate)) {
-    b.tokens = burst;
-  } else if (now > b.last) {
-    b.tokens =
-        std::min(burst, b.tokens + rate * (static_cast<double>(now - b.last) / TicksPerSecond()));
-  }
-  // Reads on two CPUs may disagree slightly: time never runs backwards for a bucket.
-  b.last = std::max(b.last, now);
+uint64_t RateLimitPolicy::admitted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t sum = restored_admitted_;
+  for (const auto& [key, slot] : slots_) sum += slot->admitted.load(std::memory_order_relaxed);
+  return sum;
 }
 
 absl::Status RateLimitPolicy::Reconfigure(double rate, double burst) {
@@ -64,10 +116,16 @@ absl::Status RateLimitPolicy::Reconfigure(double rate, double burst) {
   }
   const int64_t now = NowTicks();
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [key, b] : buckets_) {
+  for (auto& [key, slot] : slots_) {
+    slot->Lock();
     // Settle the old rate's refill up to now first; an infinite rate kept every bucket full.
-    Refill(b, now, options_.rate, options_.burst);
-    b.tokens = std::min(b.tokens, burst);
+    if (!slot->fresh) {
+      slot->Refill(now, ticks_per_second_);
+      slot->tokens = std::min(slot->tokens, burst);
+    }
+    slot->rate = rate;
+    slot->burst = burst;
+    slot->Unlock();
   }
   options_.rate = rate;
   options_.burst = burst;
@@ -104,7 +162,14 @@ absl::Status RateLimitPolicy::Configure(std::string_view json_config) {
 }
 
 std::string RateLimitPolicy::DescribeJson() const {
+  const uint64_t admitted = this->admitted();
   std::lock_guard<std::mutex> lock(mu_);
+  size_t buckets = 0;
+  for (const auto& [key, slot] : slots_) {
+    slot->Lock();
+    buckets += slot->fresh ? 0 : 1;
+    slot->Unlock();
+  }
   return absl::StrCat(
       "{\"rate\":",
       std::isinf(options_.rate) ? std::string("\"inf\"") : absl::StrCat(options_.rate),
@@ -112,8 +177,8 @@ std::string RateLimitPolicy::DescribeJson() const {
       options_.scope == RateLimitOptions::Scope::kMethod ? "method" : "connection",
       "\",\"over_limit\":\"",
       options_.over_limit == RateLimitOptions::OverLimit::kWait ? "wait" : "fail",
-      "\",\"buckets\":", buckets_.size(), ",\"admitted\":", admitted_.load(),
-      ",\"rejected\":", rejected_.load(), "}");
+      "\",\"buckets\":", buckets, ",\"admitted\":", admitted, ",\"rejected\":", rejected_.load(),
+      "}");
 }
 
 absl::StatusOr<EngineState> RateLimitPolicy::Decompose() const {
@@ -122,16 +187,20 @@ absl::StatusOr<EngineState> RateLimitPolicy::Decompose() const {
   const absl::Time now_time = Now();
   const int64_t now = NowTicks();
   absl::flat_hash_map<uint64_t, Bucket> buckets;
+  const uint64_t admitted = this->admitted();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [key, live] : buckets_) {
-      Live b = live;
-      Refill(b, now, options_.rate, options_.burst);
-      buckets[key] = Bucket{b.tokens, now_time};
+    for (const auto& [key, slot] : slots_) {
+      slot->Lock();
+      if (!slot->fresh) {
+        slot->Refill(now, ticks_per_second_);
+        buckets[key] = Bucket{slot->tokens, now_time};
+      }
+      slot->Unlock();
     }
   }
   state.Put("buckets", std::move(buckets));
-  state.Put("admitted", admitted_.load());
+  state.Put("admitted", admitted);
   state.Put("rejected", rejected_.load());
   return state;
 }
@@ -143,18 +212,28 @@ absl::Status RateLimitPolicy::Restore(const EngineState& state) {
   PLEXUS_ASSIGN_OR_RETURN(uint64_t admitted, state.Get<uint64_t>("admitted"));
   PLEXUS_ASSIGN_OR_RETURN(uint64_t rejected, state.Get<uint64_t>("rejected"));
   // Each bucket's time as ticks of this limiter's clock: the refill since the state was taken
-  // is still granted (never beyond now).
+  // is still granted (never beyond now). Buckets the state does not hold start full again.
   const absl::Time now_time = Now();
   const int64_t now = NowTicks();
-  const double per_second = TicksPerSecond();
   std::lock_guard<std::mutex> lock(mu_);
-  buckets_.clear();
-  for (const auto& [key, b] : buckets) {
-    const double ago = std::max(0.0, absl::ToDoubleSeconds(now_time - b.last)) * per_second;
-    buckets_[key] =
-        Live{std::min(b.tokens, options_.burst), now - static_cast<int64_t>(std::min(ago, 1e18))};
+  for (auto& [key, slot] : slots_) {
+    slot->Lock();
+    slot->fresh = true;
+    slot->Unlock();
   }
-  admitted_ += admitted;
+  for (const auto& [key, b] : buckets) {
+    std::unique_ptr<Slot>& slot = slots_[key];
+    if (slot == nullptr) slot = std::make_unique<Slot>(key);
+    const double ago = std::max(0.0, absl::ToDoubleSeconds(now_time - b.last)) * ticks_per_second_;
+    slot->Lock();
+    slot->rate = options_.rate;
+    slot->burst = options_.burst;
+    slot->fresh = false;
+    slot->tokens = std::min(b.tokens, options_.burst);
+    slot->last = now - static_cast<int64_t>(std::min(ago, 1e18));
+    slot->Unlock();
+  }
+  restored_admitted_ += admitted;
   rejected_ += rejected;
   return absl::OkStatus();
 }
@@ -166,34 +245,26 @@ absl::Status RateLimitPolicy::OnRequest(const CallInfo& call) {
     key = (uint64_t{call.service->id} << 32) | call.method->id;
   }
   const int64_t ticks = NowTicks();
+  Slot& b = SlotFor(key);
   absl::Duration wait;
   absl::Time now;  // read only over the limit: the deadline's comparisons need the wall clock
   double rate, burst;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    rate = options_.rate;
-    burst = options_.burst;
-    auto [it, fresh] = buckets_.try_emplace(key);
-    Live& b = it->second;
-    if (fresh) {
-      b.tokens = burst;
-      b.last = ticks;
-    } else {
-      Refill(b, ticks, rate, burst);
-    }
-    if (b.tokens >= 1) {
-      b.tokens -= 1;
-      // Written only under mu_: a plain increment, not a locked one (a third of this path's
-      // atomic work), read by admitted() without the lock.
-      admitted_.store(admitted_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-      return absl::OkStatus();
-    }
-    wait = absl::Seconds((1 - b.tokens) / rate);
-    now = Now();
-    if (options_.over_limit == RateLimitOptions::OverLimit::kWait && now + wait <= call.deadline) {
-      b.tokens -= 1;  // reserved: the next caller waits behind this one
-    }
+  b.Lock();
+  b.Refill(ticks, ticks_per_second_);
+  rate = b.rate;
+  burst = b.burst;
+  if (b.tokens >= 1) {
+    b.tokens -= 1;
+    b.admitted.store(b.admitted.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    b.Unlock();
+    return absl::OkStatus();
   }
+  wait = absl::Seconds((1 - b.tokens) / rate);
+  now = Now();
+  const bool reserve =
+      options_.over_limit == RateLimitOptions::OverLimit::kWait && now + wait <= call.deadline;
+  if (reserve) b.tokens -= 1;  // the next caller waits behind this one
+  b.Unlock();
   auto what = [&] {
     return absl::StrCat(call.service ? call.service->full_name : "?", "/",
                         call.method ? call.method->name : "?");
@@ -219,8 +290,9 @@ absl::Status RateLimitPolicy::OnRequest(const CallInfo& call) {
   } else {
     absl::SleepFor(wait);
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  admitted_.store(admitted_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  b.Lock();
+  b.admitted.store(b.admitted.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  b.Unlock();
   return absl::OkStatus();
 }
 

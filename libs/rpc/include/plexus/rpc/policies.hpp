@@ -64,33 +64,34 @@ class RateLimitPolicy : public Policy {
   // burst and caps the tokens at its burst, so an upgrade grants no fresh burst.
   absl::StatusOr<EngineState> Decompose() const override;
   absl::Status Restore(const EngineState& state) override;
-  uint64_t admitted() const { return admitted_.load(); }
+  uint64_t admitted() const;
   uint64_t rejected() const { return rejected_.load(); }
 
   struct Bucket {
     double tokens = 0;
     absl::Time last;
   };
+  ~RateLimitPolicy() override;
 
  private:
-  // A bucket as the limiter keeps it: `last` in ticks of NowTicks().
-  struct Live {
-    double tokens = 0;
-    int64_t last = 0;
-  };
+  // One bucket (rate_limit.cpp): its own spin lock, rate and burst, so that a call takes no
+  // lock but its bucket's and finds the bucket it used last without a lookup.
+  struct Slot;
   RateLimitPolicy(std::string name, RateLimitOptions options);
   absl::Time Now() const;
   // Now in ticks, and their rate: the test clock's nanoseconds, else base::TickNow().
   int64_t NowTicks() const;
   double TicksPerSecond() const;
-  // `b` refilled at `rate` (infinite: full) up to `now` ticks, capped at `burst`.
-  void Refill(Live& b, int64_t now, double rate, double burst) const;
+  // The bucket of `key`, made (full) on first use.
+  Slot& SlotFor(uint64_t key);
 
   std::string name_;
-  RateLimitOptions options_;
-  mutable std::mutex mu_;
-  absl::flat_hash_map<uint64_t, Live> buckets_;
-  std::atomic<uint64_t> admitted_{0};  // written only under mu_
+  RateLimitOptions options_;  // rate and burst: the settings of buckets made from now on
+  double ticks_per_second_;
+  mutable std::mutex mu_;  // slots_, options_, restored_admitted_
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Slot>> slots_;  // never erased before the policy
+  std::atomic<Slot*> last_{nullptr};                            // the bucket used last
+  uint64_t restored_admitted_ = 0;
   std::atomic<uint64_t> rejected_{0};
 };
 
