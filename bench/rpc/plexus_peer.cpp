@@ -87,6 +87,38 @@ std::shared_ptr<pr::Policy> MakePolicy(const std::string& which) {
     };
     return std::make_shared<Noop>();
   }
+  if (which == "tagcheck" || which == "tagcheck_in_place") {
+    // What the ACL's cost is made of: the check the ACL's rule makes (the request's tag is not
+    // "deny"), hand-written, on the private copy a content policy gets (tagcheck: it names the
+    // field, as the ACL does) or on the application's memory (tagcheck_in_place: it declares no
+    // content, so the bytes it checks may not be the bytes sent; a measurement, not a policy to
+    // use). The ACL against tagcheck is the cost of its rule matching; tagcheck against
+    // tagcheck_in_place is the cost of the private copy.
+    struct TagCheck : pr::Policy {
+      explicit TagCheck(bool copy) : copy(copy) {}
+      uint32_t hooks() const override { return pr::kHookRequest; }
+      std::string name() const override { return copy ? "tagcheck" : "tagcheck_in_place"; }
+      bool inspects_content() const override { return copy; }
+      bool ContentFields(const pr::MethodDesc& method,
+                         absl::FunctionRef<void(pr::FieldPath)> read) const override {
+        const pr::MessageDesc* desc = method.request();
+        for (size_t i = 0; i < desc->field_count; ++i) {
+          if (std::string_view(desc->fields[i].name) == "tag") {
+            const pr::FieldDesc* field = &desc->fields[i];
+            read(pr::FieldPath(&field, 1));
+          }
+        }
+        return true;
+      }
+      absl::Status OnRequest(const pr::CallInfo& call) override {
+        const auto* req = static_cast<const pb::EchoRequest*>(call.request);
+        if (req->tag == "deny") return absl::PermissionDeniedError("tag \"deny\"");
+        return absl::OkStatus();
+      }
+      const bool copy;
+    };
+    return std::make_shared<TagCheck>(which == "tagcheck");
+  }
   if (which == "acl") {
     auto p =
         pr::AclPolicy::Create("acl", {&pb::EchoService::Descriptor()},

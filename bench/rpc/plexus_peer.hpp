@@ -13,15 +13,16 @@ namespace plexus::benchrpc {
 struct PlexusArgs {
   std::string transport = "tcp";    // tcp or shm
   std::string progress = "thread";  // the transport's ProgressMode: thread or caller
-  std::string policy = "none";      // client chain: none, ratelimit (infinite rate) or acl
+  // Client chain: none, noop, ratelimit (infinite rate), acl, tagcheck or tagcheck_in_place.
+  std::string policy = "none";
 };
 
 // "plexus-bench-rpc: <what>" on stderr, then exits with 1 (no cleanup: a bench process).
 [[noreturn]] void Die(const std::string& what);
 
 // The chain's own cost, in process: `threads` threads pass one shared chain holding `policy`
-// (none, noop, ratelimit or acl: each engine's OnRequest and OnComplete, on a decoded request as
-// on a Server) for `seconds`; the mean ns per call of a thread.
+// (none, noop, ratelimit, acl or tagcheck: each engine's OnRequest and OnComplete, on a decoded
+// request as on a Server) for `seconds`; the mean ns per call of a thread.
 double ChainNsPerCall(const std::string& policy, int threads, double seconds);
 
 int PlexusServer(const PlexusArgs& x);
