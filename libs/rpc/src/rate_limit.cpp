@@ -1,5 +1,6 @@
 #include <cmath>
 #include <limits>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "plexus/base/clock.hpp"
@@ -28,9 +29,18 @@ absl::Status CheckRate(double rate, double burst) {
 struct RateLimitPolicy::Slot {
   explicit Slot(uint64_t key) : key(key) {}
 
+  // A holder preempted on a host with more threads than CPUs would keep a pure spinner spinning
+  // for its time slice: after a short spin the waiter yields its CPU.
   void Lock() {
+    int spins = 0;
     while (locked.exchange(true, std::memory_order_acquire)) {
-      while (locked.load(std::memory_order_relaxed)) base::WaitPolicy::CpuRelax();
+      while (locked.load(std::memory_order_relaxed)) {
+        if (++spins < 128) {
+          base::WaitPolicy::CpuRelax();
+        } else {
+          std::this_thread::yield();
+        }
+      }
     }
   }
   void Unlock() { locked.store(false, std::memory_order_release); }
