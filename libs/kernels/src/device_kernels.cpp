@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "plexus/base/cuda.hpp"
 #include "plexus/config.hpp"
@@ -25,6 +26,30 @@ unsigned GridFor(size_t n, unsigned threads) {
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The kernels' pointer arrays, passed by value (cuLaunchKernel copies them): src/cuda/pointers.cuh.
+struct Pointers {
+  struct {
+    const void* in[kMaxDeviceReduceInputs];
+  } in{};
+  struct {
+    void* out[kMaxDeviceReduceInputs];
+  } out{};
+};
+
+// The pointers of k inputs and m outputs; InvalidArgument naming `what` beyond the kernels' limit.
+absl::StatusOr<Pointers> PointersFor(const char* what, void* const* outs, int m,
+                                     const void* const* inputs, int k) {
+  if (k < 1 || k > kMaxDeviceReduceInputs || m < 1 || m > kMaxDeviceReduceInputs) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", k, " inputs and ", m,
+                                                   " outputs; 1 to ", kMaxDeviceReduceInputs,
+                                                   " of each are supported"));
+  }
+  Pointers p;
+  for (int j = 0; j < k; ++j) p.in.in[j] = inputs[j];
+  for (int j = 0; j < m; ++j) p.out.out[j] = outs[j];
+  return p;
+}
 
 // The largest of 16, 8, 4, 2 and 1 that divides v.
 size_t WordFor(uintptr_t v) {
@@ -51,20 +76,8 @@ absl::Status DivideOnDevice(DataType dtype, void* data, size_t n, int divisor) {
 absl::Status ReduceOnDevice(DataType dtype, ReduceOp op, void* const* outs, int m,
                             const void* const* inputs, int k, size_t n) {
   if (n == 0) return absl::OkStatus();
-  if (k < 1 || k > kMaxDeviceReduceInputs || m < 1 || m > kMaxDeviceReduceInputs) {
-    return absl::InvalidArgumentError(absl::StrCat("ReduceOnDevice: ", k, " inputs and ", m,
-                                                   " outputs; 1 to ", kMaxDeviceReduceInputs,
-                                                   " of each are supported"));
-  }
-  // The kernel's parameters: the pointers by value (cuLaunchKernel copies them).
-  struct Inputs {
-    const void* in[kMaxDeviceReduceInputs];
-  } in{};
-  struct Outputs {
-    void* out[kMaxDeviceReduceInputs];
-  } out{};
-  for (int j = 0; j < k; ++j) in.in[j] = inputs[j];
-  for (int j = 0; j < m; ++j) out.out[j] = outs[j];
+  absl::StatusOr<Pointers> p = PointersFor("ReduceOnDevice", outs, m, inputs, k);
+  if (!p.ok()) return p.status();
   // With every pointer 16-byte aligned each thread reduces 16 bytes per step (the kernel's
   // vector path), so the grid covers n / lanes threads.
   int aligned16 = 1;
@@ -75,7 +88,7 @@ absl::Status ReduceOnDevice(DataType dtype, ReduceOp op, void* const* outs, int 
       "plexus_reduce_", std::string(ReduceOpName(op == ReduceOp::kAvg ? ReduceOp::kSum : op)), "_",
       std::string(DataTypeName(dtype)));
   const unsigned threads = 256;
-  void* args[] = {&out, &m, &in, &k, &n, &aligned16};
+  void* args[] = {&p->out, &m, &p->in, &k, &n, &aligned16};
   return base::cuda::Launch({internal::kReduceFatbin, "plexus::kernels reduction"}, kernel.c_str(),
                             GridFor((n + lanes - 1) / lanes, threads), threads, args);
 }
@@ -83,34 +96,19 @@ absl::Status ReduceOnDevice(DataType dtype, ReduceOp op, void* const* outs, int 
 absl::Status GatherOnDevice(void* const* outs, int m, const void* const* inputs, int k,
                             size_t block) {
   if (block == 0) return absl::OkStatus();
-  if (k < 1 || k > kMaxDeviceReduceInputs || m < 1 || m > kMaxDeviceReduceInputs) {
-    return absl::InvalidArgumentError(absl::StrCat("GatherOnDevice: ", k, " inputs and ", m,
-                                                   " outputs; 1 to ", kMaxDeviceReduceInputs,
-                                                   " of each are supported"));
-  }
-  struct Inputs {
-    const void* in[kMaxDeviceReduceInputs];
-  } in{};
-  struct Outputs {
-    void* out[kMaxDeviceReduceInputs];
-  } out{};
+  absl::StatusOr<Pointers> p = PointersFor("GatherOnDevice", outs, m, inputs, k);
+  if (!p.ok()) return p.status();
   // The widest word that every pointer and the block are aligned to.
   uintptr_t all = block;
-  for (int j = 0; j < k; ++j) {
-    in.in[j] = inputs[j];
-    all |= reinterpret_cast<uintptr_t>(inputs[j]);
-  }
-  for (int j = 0; j < m; ++j) {
-    out.out[j] = outs[j];
-    all |= reinterpret_cast<uintptr_t>(outs[j]);
-  }
+  for (int j = 0; j < k; ++j) all |= reinterpret_cast<uintptr_t>(inputs[j]);
+  for (int j = 0; j < m; ++j) all |= reinterpret_cast<uintptr_t>(outs[j]);
   const size_t word = WordFor(all);
   size_t words = block / word;
   const unsigned threads = 256;
   // Thread blocks per input: together about the cap of a one-input grid.
   const unsigned per_input =
       std::max(1u, std::min(GridFor(words, threads), 8192u / static_cast<unsigned>(k)));
-  void* args[] = {&out, &m, &in, &k, &words};
+  void* args[] = {&p->out, &m, &p->in, &k, &words};
   const std::string kernel = absl::StrCat("plexus_gather_", word);
   return base::cuda::Launch({internal::kGatherFatbin, "plexus::kernels gather"}, kernel.c_str(),
                             per_input * static_cast<unsigned>(k), threads, args);

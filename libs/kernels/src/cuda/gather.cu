@@ -5,15 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-// Must match kMaxDeviceReduceInputs in plexus/kernels/reduce.hpp.
-constexpr int kMaxBlocks = 16;
-
-struct Inputs {
-  const void* in[kMaxBlocks];
-};
-struct Outputs {
-  void* out[kMaxBlocks];
-};
+#include "pointers.cuh"
 
 namespace {
 
@@ -27,7 +19,7 @@ __device__ void Gather(const Outputs& outs, int m, const Inputs& inputs, int k, 
   const int j = static_cast<int>(blockIdx.x / per_input);
   const W* src = nullptr;
 #pragma unroll
-  for (int q = 0; q < kMaxBlocks; ++q) {
+  for (int q = 0; q < kMaxInputs; ++q) {
     if (q == j) src = static_cast<const W*>(inputs.in[q]);
   }
   const size_t at = static_cast<size_t>(j) * words;
@@ -36,7 +28,7 @@ __device__ void Gather(const Outputs& outs, int m, const Inputs& inputs, int k, 
        i < words; i += stride) {
     const W w = src[i];
 #pragma unroll
-    for (int o = 0; o < kMaxBlocks; ++o) {
+    for (int o = 0; o < kMaxInputs; ++o) {
       if (o < m) {
         W* dst = static_cast<W*>(outs.out[o]) + at;
         if (dst != src) dst[i] = w;

@@ -11,16 +11,7 @@
 #include <type_traits>
 
 #include "plexus/kernels/convert_bits.hpp"
-
-// Must match kMaxDeviceReduceInputs in plexus/kernels/reduce.hpp.
-constexpr int kMaxInputs = 16;
-
-struct Inputs {
-  const void* in[kMaxInputs];
-};
-struct Outputs {
-  void* out[kMaxInputs];
-};
+#include "pointers.cuh"
 
 namespace {
 
