@@ -81,6 +81,52 @@ TEST_CASE("cuda: device memory, copies and pointer kinds", "[cuda][gpu]") {
   cuda::FreePinned(*pinned);
 }
 
+TEST_CASE("cuda: GatherOnDevice past the kernel's pointer limit, in place, at every word size",
+          "[cuda][gpu]") {
+  RequireDevice();
+  namespace pk = plexus::kernels;
+  // 18 inputs into 17 outputs: batches of 16 on both sides. Output 3 holds input 3 at its place
+  // already (in place); blocks of 7, 10, 12 and 48 bytes give word sizes 1, 2, 4 and 16.
+  constexpr int kIn = 18, kOut = 17;
+  for (size_t block : {size_t{7}, size_t{10}, size_t{12}, size_t{48}}) {
+    INFO("block " << block);
+    const size_t all = block * kIn;
+    std::vector<uint8_t> want(all);
+    for (size_t b = 0; b < all; ++b) want[b] = static_cast<uint8_t>(b * 31 + 7);
+    std::vector<absl::StatusOr<cuda::DeviceBuffer>> ins, outs;
+    std::vector<const void*> in_ptrs;
+    std::vector<void*> out_ptrs;
+    for (int o = 0; o < kOut; ++o) {
+      outs.push_back(cuda::DeviceBuffer::Allocate(all));
+      REQUIRE(outs.back().ok());
+      REQUIRE(cuda::Zero(outs.back()->data(), all).ok());
+      out_ptrs.push_back(outs.back()->data());
+    }
+    for (int j = 0; j < kIn; ++j) {
+      const uint8_t* from = want.data() + j * block;
+      if (j == 3) {  // in place in output 3
+        void* at = static_cast<uint8_t*>(out_ptrs[3]) + j * block;
+        REQUIRE(cuda::Copy(at, from, block, "up").ok());
+        in_ptrs.push_back(at);
+        continue;
+      }
+      ins.push_back(cuda::DeviceBuffer::Allocate(block));
+      REQUIRE(ins.back().ok());
+      REQUIRE(cuda::Copy(ins.back()->data(), from, block, "up").ok());
+      in_ptrs.push_back(ins.back()->data());
+    }
+    REQUIRE(pk::GatherOnDevice(out_ptrs.data(), kOut, in_ptrs.data(), kIn, block).ok());
+    REQUIRE(cuda::Synchronize().ok());
+    for (int o = 0; o < kOut; ++o) {
+      INFO("output " << o);
+      std::vector<uint8_t> got(all);
+      REQUIRE(cuda::Copy(got.data(), out_ptrs[o], all, "down").ok());
+      CHECK(got == want);
+    }
+  }
+  CHECK(absl::IsInvalidArgument(pk::GatherOnDevice(nullptr, 0, nullptr, 1, 8)));
+}
+
 TEST_CASE("cuda: an embedded kernel runs, and a missing one is named", "[cuda][gpu]") {
   RequireDevice();
   namespace pk = plexus::kernels;

@@ -327,14 +327,10 @@ absl::StatusOr<bool> CommunicatorImpl::DevicePeerBroadcast(const void* send, voi
     absl::Status s;
     if (outputs.size() == 1) {
       s = base::cuda::Copy(outputs[0], source, bytes, "broadcasting");
-    } else if (outputs.size() <= static_cast<size_t>(kernels::kMaxDeviceReduceInputs)) {
+    } else if (outputs.size() > 1) {
       const void* input = source;
       s = kernels::GatherOnDevice(outputs.data(), static_cast<int>(outputs.size()), &input, 1,
                                   bytes);
-    } else {
-      for (size_t i = 0; i < outputs.size() && s.ok(); ++i) {
-        s = base::cuda::Copy(outputs[i], source, bytes, "broadcasting");
-      }
     }
     if (!s.ok()) return DeviceFailure(header, s, "writing the ranks' buffers");
   } else if (!one_gpu && source != recv) {
@@ -364,7 +360,7 @@ absl::StatusOr<bool> CommunicatorImpl::DevicePeerAllGather(const void* send, voi
                           ShareDeviceBuffers(header, send, recv, usable, &peers, &one_gpu));
   if (!shared) return false;
   // On one GPU rank 0 writes every rank's block into every rank's output with one kernel that
-  // reads each block once (in batches of the kernel's limit).
+  // reads each block once.
   if (one_gpu && me == 0) {
     std::vector<void*> outputs(n);
     std::vector<const void*> inputs(n);
@@ -372,18 +368,9 @@ absl::StatusOr<bool> CommunicatorImpl::DevicePeerAllGather(const void* send, voi
       outputs[p] = peers[p].recv;
       inputs[p] = peers[p].send;
     }
-    constexpr int kBatch = kernels::kMaxDeviceReduceInputs;
-    for (int o = 0; o < n; o += kBatch) {
-      for (int i = 0; i < n; i += kBatch) {
-        std::vector<void*> at(outputs.begin() + o, outputs.begin() + std::min(n, o + kBatch));
-        for (void*& a : at) a = static_cast<uint8_t*>(a) + static_cast<size_t>(i) * block;
-        if (absl::Status s =
-                kernels::GatherOnDevice(at.data(), static_cast<int>(at.size()), inputs.data() + i,
-                                        std::min(kBatch, n - i), block);
-            !s.ok()) {
-          return DeviceFailure(header, s, "gathering every rank's block on the device");
-        }
-      }
+    if (absl::Status s = kernels::GatherOnDevice(outputs.data(), n, inputs.data(), n, block);
+        !s.ok()) {
+      return DeviceFailure(header, s, "gathering every rank's block on the device");
     }
   }
   for (int p = 0; p < n && !one_gpu; ++p) {

@@ -36,10 +36,10 @@ inline constexpr int kMaxDeviceReduceInputs = 16;
 absl::Status ReduceOnDevice(DataType dtype, ReduceOp op, void* const* outs, int m,
                             const void* const* inputs, int k, size_t n);
 // outs[o] + j * block receives the block bytes of inputs[j], for each of the m outputs and k
-// inputs (1 <= k, m <= kMaxDeviceReduceInputs), on CUDA device memory: an all-gather into several
-// outputs (k = 1: a broadcast), reading each input once. An input may already lie at its place in
-// an output (it is not copied onto itself); otherwise inputs and outputs must not overlap. Queued
-// like ReduceOnDevice.
+// inputs (m, k >= 1), on CUDA device memory: an all-gather into several outputs (k = 1: a
+// broadcast), reading each input once per kMaxDeviceReduceInputs outputs. An input may already lie
+// at its place in an output (it is not copied onto itself); otherwise inputs and outputs must not
+// overlap. Queued like ReduceOnDevice.
 absl::Status GatherOnDevice(void* const* outs, int m, const void* const* inputs, int k,
                             size_t block);
 
