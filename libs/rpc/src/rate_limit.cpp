@@ -97,8 +97,6 @@ int64_t RateLimitPolicy::NowTicks() const {
   return options_.clock ? absl::ToUnixNanos(options_.clock()) : base::TickNow();
 }
 
-double RateLimitPolicy::TicksPerSecond() const { return ticks_per_second_; }
-
 RateLimitPolicy::Slot& RateLimitPolicy::SlotFor(uint64_t key) {
   Slot* last = last_.load(std::memory_order_acquire);
   if (last != nullptr && last->key == key) return *last;

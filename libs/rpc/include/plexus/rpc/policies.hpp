@@ -79,9 +79,9 @@ class RateLimitPolicy : public Policy {
   struct Slot;
   RateLimitPolicy(std::string name, RateLimitOptions options);
   absl::Time Now() const;
-  // Now in ticks, and their rate: the test clock's nanoseconds, else base::TickNow().
+  // Now in ticks (their rate: ticks_per_second_): the test clock's nanoseconds, else
+  // base::TickNow().
   int64_t NowTicks() const;
-  double TicksPerSecond() const;
   // The bucket of `key`, made (full) on first use.
   Slot& SlotFor(uint64_t key);
 
