@@ -545,6 +545,113 @@ TEST_CASE("acl on a channel: a later content policy on the same field keeps the 
   CHECK(second->checked() == 1);
 }
 
+namespace {
+
+const pr::FieldDesc* EchoField(std::string_view name) {
+  const pr::MessageDesc* m = Kinds::Descriptor().methods[0].request();
+  for (size_t i = 0; i < m->field_count; ++i) {
+    if (name == m->fields[i].name) return &m->fields[i];
+  }
+  FAIL("AllKinds has no field " << name);
+  return nullptr;
+}
+
+// A content policy that reads the fields it is given (by path) and counts how often the chain
+// asked it which fields it reads.
+class PathReader : public pr::Policy {
+ public:
+  PathReader(std::vector<std::vector<const pr::FieldDesc*>> paths, int version)
+      : paths_(std::move(paths)), version_(version) {}
+  std::string name() const override { return "reader"; }
+  std::string kind() const override { return "reader"; }
+  int version() const override { return version_; }
+  uint32_t hooks() const override { return pr::kHookRequest; }
+  bool inspects_content() const override { return true; }
+  bool ContentFields(const pr::MethodDesc&,
+                     absl::FunctionRef<void(pr::FieldPath)> read) const override {
+    ++asked;
+    for (const auto& p : paths_) read(pr::FieldPath(p.data(), p.size()));
+    return true;
+  }
+  mutable std::atomic<int> asked{0};
+
+ private:
+  std::vector<std::vector<const pr::FieldDesc*>> paths_;
+  int version_;
+};
+
+// Writes "evil" over the application's text and "BLOB" over its blob.
+class TextBlobScribbler : public pr::Policy {
+ public:
+  TextBlobScribbler(char* text, uint8_t* blob) : text_(text), blob_(blob) {}
+  std::string name() const override { return "scribbler"; }
+  absl::Status OnRequest(const pr::CallInfo&) override {
+    std::memcpy(text_, "evil", 4);
+    std::memcpy(blob_, "BLOB", 4);
+    return absl::OkStatus();
+  }
+  char* text_;
+  uint8_t* blob_;
+};
+
+}  // namespace
+
+TEST_CASE("a channel asks a content policy for its fields once per method, again after an upgrade",
+          "[rpc][policies]") {
+  Pair f;
+  char text[] = "good";
+  uint8_t blob[] = {'b', 'l', 'o', 'b'};
+  auto reader = std::make_shared<PathReader>(
+      std::vector<std::vector<const pr::FieldDesc*>>{{EchoField("text")}}, 1);
+  REQUIRE(f.channel->engines().Attach(reader).ok());
+  REQUIRE(
+      f.channel->engines().Attach(std::make_shared<TextBlobScribbler>(text, blob), "reader").ok());
+  Kinds::Stub stub(f.channel);
+  auto call = [&] {
+    std::memcpy(text, "good", 4);
+    std::memcpy(blob, "blob", 4);
+    AllKinds req;
+    req.text = std::string_view(text, 4);
+    req.blob = pr::Bytes(blob, 4);
+    REQUIRE(stub.EchoSync(req, TenSeconds()).ok());
+    std::lock_guard<std::mutex> lock(f.impl.mu);
+    const auto got = f.impl.received.back();
+    return got.text + "/" + got.blob;
+  };
+  for (int i = 0; i < 3; ++i) CHECK(call() == "good/BLOB");  // text private, blob not
+  CHECK(reader->asked == 1);
+  // Version 2 reads the blob instead: the plan of version 1 is not used for it.
+  auto next = std::make_shared<PathReader>(
+      std::vector<std::vector<const pr::FieldDesc*>>{{EchoField("blob")}}, 2);
+  REQUIRE(f.channel->engines().Upgrade("reader", next).ok());
+  for (int i = 0; i < 3; ++i) CHECK(call() == "evil/blob");
+  CHECK(next->asked == 1);
+  CHECK(reader->asked == 1);
+}
+
+TEST_CASE("a content policy naming a field no private copy can hold fails its calls, naming it",
+          "[rpc][policies]") {
+  Pair f;
+  Kinds::Stub stub(f.channel);
+  auto expect = [&](std::vector<const pr::FieldDesc*> path, std::string_view why) {
+    REQUIRE(f.channel->engines()
+                .Attach(std::make_shared<PathReader>(
+                    std::vector<std::vector<const pr::FieldDesc*>>{std::move(path)}, 1))
+                .ok());
+    for (int i = 0; i < 2; ++i) {  // the plan's error, on every call
+      auto r = stub.EchoSync(AllKinds(), TenSeconds());
+      CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+      CHECK_THAT(std::string(r.status().message()), Catch::Contains(std::string(why)));
+    }
+    REQUIRE(f.channel->engines().Detach("reader").ok());
+  };
+  expect({EchoField("names")}, "content field names: a repeated field");
+  expect({EchoField("inner")}, "content field inner: a message");
+  expect({EchoField("text"), EchoField("i32")}, "content field path through text: not a message");
+  expect({}, "empty field path");
+  CHECK(f.impl.calls.load() == 0);
+}
+
 // Another application thread flips the request's checked fields between an allowed and a denied
 // value while calls are made: a call is denied or the server gets an allowed value, never a
 // denied one (whatever the interleaving: the check and the send read the same private bytes).

@@ -139,10 +139,16 @@ bool Gate::TryEnter() {
 }
 
 void Gate::Enter() {
-  while (!TryEnter()) {
+  if (TryEnter()) return;
+  EnterClosed();
+}
+
+// Out of line: its lock and wait would give every pass through an open gate a stack frame.
+void Gate::EnterClosed() {
+  do {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !closed_.load(); });
-  }
+  } while (!TryEnter());
 }
 
 void Gate::Leave() {

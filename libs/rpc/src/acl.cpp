@@ -16,6 +16,9 @@ namespace plexus::rpc {
 // cache lines of the policy's.
 struct AclPolicy::Compiled {
   absl::InlinedVector<const FieldDesc*, 2> path;
+  // The field is a singular string or bytes field of the request itself (no presence, no nested
+  // message to walk): the check is one view and a comparison.
+  bool top_view = false;
   // A scalar or enum field's denied values as 64-bit keys (ScalarKey), sorted: compared as
   // numbers, no text made per call.
   absl::InlinedVector<uint64_t, 2> keys;
@@ -257,6 +260,9 @@ absl::StatusOr<std::shared_ptr<AclPolicy>> AclPolicy::Create(
       }
     }
     if (c->deny.size() <= 4) c->few.assign(c->deny.begin(), c->deny.end());
+    const FieldDesc& last = *c->path.back();
+    c->top_view = c->path.size() == 1 && last.label == FieldLabel::kSingular &&
+                  (last.kind == FieldKind::kString || last.kind == FieldKind::kBytes);
     std::sort(c->keys.begin(), c->keys.end());
     c->keys.erase(std::unique(c->keys.begin(), c->keys.end()), c->keys.end());
     auto at =
@@ -338,6 +344,14 @@ absl::Status AclPolicy::OnRequest(const CallInfo& call) {
   if (rules == nullptr || call.request == nullptr) return absl::OkStatus();
   checked_.Add();
   for (const Compiled& rule : *rules) {
+    if (rule.top_view) {
+      const void* data = nullptr;
+      size_t count = 0;
+      rule.path[0]->get_view(call.request, &data, &count);
+      if (!rule.Denies(std::string_view(static_cast<const char*>(data), count))) continue;
+      denied_.fetch_add(1, std::memory_order_relaxed);
+      return Denial(name_, rule, *rule.path[0], call.request);
+    }
     const void* msg = call.request;
     for (size_t i = 0; msg != nullptr && i + 1 < rule.path.size(); ++i) {
       const void* data = nullptr;

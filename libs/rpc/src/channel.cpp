@@ -380,21 +380,15 @@ std::shared_ptr<internal::CallState> Channel::Impl::StartOnce(
   // each reads (private_request.hpp); the request is marshalled from that copy once the chain
   // passed, so the bytes checked are the bytes sent.
   std::optional<internal::PrivateRequest> copy;
-  auto prepare = [&](const Policy& p) -> absl::Status {
-    if (!p.inspects_content()) return absl::OkStatus();
-    if (!copy) {
-      copy.emplace(*method.request(), request,
-                   absl::MakeSpan(call->private_inline, sizeof call->private_inline),
-                   &call->private_arena, impl.codec);
-    }
-    PLEXUS_RETURN_IF_ERROR(copy->Add(p, method));
-    call->info.request = copy->message();
-    return absl::OkStatus();
-  };
-  for (const auto& p : *call->chain) {
-    if (absl::Status ps = p->OnRequest(call->info, prepare); !ps.ok()) {
-      call->info.request = nullptr;
-      return fail(ps);
+  if (!call->chain->empty()) {
+    copy.emplace(*method.request(), request,
+                 absl::MakeSpan(call->private_inline, sizeof call->private_inline),
+                 &call->private_arena, impl.codec);
+    for (const auto& p : *call->chain) {
+      if (absl::Status ps = p->OnRequest(call->info, *copy); !ps.ok()) {
+        call->info.request = nullptr;
+        return fail(ps);
+      }
     }
   }
   call->info.request = nullptr;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/base/clock.hpp"
 #include "plexus/base/status.hpp"
+#include "private_request.hpp"
 
 namespace plexus::rpc {
 namespace {
@@ -46,7 +47,13 @@ absl::Status Policy::Restore(const EngineState& state) {
 // plexus/base/gate.hpp); a swap closes it, so a policy is never swapped under a call.
 
 EngineSlot::EngineSlot(std::shared_ptr<Policy> policy)
-    : name_(policy->name()), hooks_(policy->hooks()), policy_(std::move(policy)) {}
+    : name_(policy->name()),
+      hooks_(policy->hooks()),
+      content_(policy->inspects_content()),
+      plans_(std::make_unique<internal::ContentPlans>()),
+      policy_(std::move(policy)) {}
+
+EngineSlot::~EngineSlot() = default;
 
 Policy* EngineSlot::Enter() {
   gate_.Enter();
@@ -63,11 +70,14 @@ absl::Status EngineSlot::OnRequest(const CallInfo& call) {
   return st;
 }
 
-absl::Status EngineSlot::OnRequest(const CallInfo& call,
-                                   absl::FunctionRef<absl::Status(const Policy&)> prepare) {
+absl::Status EngineSlot::OnRequest(CallInfo& call, internal::PrivateRequest& copy) {
   if (!Has(kHookRequest)) return absl::OkStatus();
   Policy* p = Enter();
-  absl::Status st = prepare(*p);
+  absl::Status st;
+  if (content_) {
+    st = copy.Add(plans_->For(*p, *call.method));
+    call.request = copy.message();
+  }
   if (st.ok()) st = p->OnRequest(call);
   Leave();
   return st;
@@ -103,13 +113,6 @@ std::optional<QosVerdict> EngineSlot::Classify(const CallInfo& call) {
   return v;
 }
 
-bool EngineSlot::inspects_content() {
-  Policy* p = Enter();
-  const bool r = p->inspects_content();
-  Leave();
-  return r;
-}
-
 std::shared_ptr<Policy> EngineSlot::policy() const {
   std::lock_guard<std::mutex> lock(mu_);
   return policy_;
@@ -126,6 +129,8 @@ absl::StatusOr<EngineSwapReport> EngineSlot::Exclusive(Fn&& fn) {
     std::lock_guard<std::mutex> lock(mu_);
     st = fn(policy_);
     hooks_.store(policy_->hooks());
+    content_ = policy_->inspects_content();
+    plans_->Clear();
   }
   gate_.Open();
   report.pause = absl::Now() - t0;

@@ -24,70 +24,114 @@ bool PrivateRequest::CopyToArena(const void* data, size_t bytes, size_t align, c
   return true;
 }
 
-absl::Status PrivateRequest::Add(const Policy& policy, const MethodDesc& method) {
+namespace {
+
+// InvalidArgument unless `path` is singular message fields, then a singular or optional scalar,
+// enum, string or bytes field (what a private copy can hold without copying more).
+absl::Status CheckPath(FieldPath path) {
+  if (path.empty()) return absl::InvalidArgumentError("a content policy named an empty field path");
+  for (size_t i = 0; i < path.size(); ++i) {
+    const FieldDesc& f = *path[i];
+    const bool last = i + 1 == path.size();
+    if (f.label == FieldLabel::kRepeated) {
+      return absl::InvalidArgumentError(
+          last ? absl::StrCat("content field ", f.name,
+                              ": a repeated field (name its message "
+                              "instead, or name no fields to copy the whole request)")
+               : absl::StrCat("content field path through ", f.name,
+                              ": a repeated field (only singular messages)"));
+    }
+    if (!last && f.kind != FieldKind::kMessage) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("content field path through ", f.name, ": not a message field"));
+    }
+    if (last && f.kind == FieldKind::kMessage) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "content field ", f.name,
+          ": a message (name the fields read in it, or name no fields to copy the whole request)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const ContentPlan& ContentPlans::Make(const Policy& policy, const MethodDesc& method) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Table* old = table_.load(std::memory_order_relaxed);
+  if (old != nullptr) {  // another call may have made it meanwhile
+    for (const ContentPlan& plan : *old) {
+      if (plan.method == &method) return plan;
+    }
+  }
+  auto next = std::make_unique<Table>(old != nullptr ? *old : Table{});
+  ContentPlan& plan = next->emplace_back();
+  plan.method = &method;
+  plan.all = !policy.ContentFields(method, [&](FieldPath path) {
+    if (!plan.error.ok()) return;
+    plan.error = CheckPath(path);
+    plan.paths.emplace_back(path.begin(), path.end());
+  });
+  plan.top_level = !plan.all && plan.error.ok();
+  for (const auto& path : plan.paths) {
+    if (path.size() != 1) {
+      plan.top_level = false;
+    } else if (path[0]->kind == FieldKind::kString || path[0]->kind == FieldKind::kBytes) {
+      plan.top_views.push_back(path[0]);
+    }
+  }
+  table_.store(next.get(), std::memory_order_release);
+  tables_.push_back(std::move(next));
+  return plan;
+}
+
+void ContentPlans::Clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  table_.store(nullptr, std::memory_order_relaxed);
+  tables_.clear();
+}
+
+absl::Status PrivateRequest::AddAny(const ContentPlan& plan) {
   if (all_) return absl::OkStatus();
+  if (!plan.error.ok()) return plan.error;
   // From here on the scalars are the copy's: what the policies read and what is marshalled.
   if (root_ == nullptr && !Copy(request_, desc_.size, desc_.align, desc_.full_name, &root_)) {
     return std::move(error_);
   }
-  bool failed = false;
-  const bool named = policy.ContentFields(method, [&](FieldPath path) {
-    if (!failed) failed = !AddPath(path);
-  });
-  if (failed) return std::move(error_);
-  if (named) return absl::OkStatus();
-  all_ = true;
-  return AddAll(desc_, root_, 0);
+  if (plan.all) {
+    all_ = true;
+    return AddAll(desc_, root_, 0);
+  }
+  for (const auto& path : plan.paths) {
+    if (!AddPath(path)) return std::move(error_);
+  }
+  return absl::OkStatus();
 }
 
 bool PrivateRequest::AddPath(FieldPath path) {
   void* msg = root_;
-  for (size_t i = 0; i < path.size(); ++i) {
+  const void* data = nullptr;
+  size_t count = 0;
+  const size_t last = path.size() - 1;
+  for (size_t i = 0; i < last; ++i) {  // singular messages (the plan checked)
     const FieldDesc& f = *path[i];
-    const void* data = nullptr;
-    size_t count = 0;
-    if (f.kind == FieldKind::kMessage) {
-      if (f.label == FieldLabel::kRepeated) {
-        error_ = absl::InvalidArgumentError(absl::StrCat(
-            "content field path through ", f.name, ": a repeated field (only singular messages)"));
-        return false;
-      }
-      f.get_view(msg, &data, &count);
-      if (count == 0) return true;  // absent: nothing to read
-      if (std::find(private_structs_.begin(), private_structs_.end(), data) ==
-          private_structs_.end()) {
-        const MessageDesc& sub = *f.message();
-        void* copy = nullptr;
-        if (!Copy(data, sub.size, sub.align, f.name, &copy)) return false;
-        f.set_view(msg, copy, 1);
-        private_structs_.push_back(copy);
-        data = copy;
-      }
-      msg = const_cast<void*>(data);
-      continue;
-    }
-    if (i + 1 != path.size()) {
-      error_ = absl::InvalidArgumentError(
-          absl::StrCat("content field path through ", f.name, ": not a message field"));
-      return false;
-    }
-    // The last field. Scalars and enums are private with their struct; a string's or bytes'
-    // bytes are copied (an unset optional one too: it may be set before the send).
-    if (f.label == FieldLabel::kRepeated) {
-      error_ = absl::InvalidArgumentError(
-          absl::StrCat("content field ", f.name, ": a repeated field (name its message instead)"));
-      return false;
-    }
-    if (f.kind == FieldKind::kString || f.kind == FieldKind::kBytes) {
-      // From the copy, not the application's struct: an earlier content policy may have checked
-      // this field already, and its private bytes are what must be sent.
-      f.get_view(msg, &data, &count);
+    f.get_view(msg, &data, &count);
+    if (count == 0) return true;  // absent: nothing to read
+    if (std::find(private_structs_.begin(), private_structs_.end(), data) ==
+        private_structs_.end()) {
+      const MessageDesc& sub = *f.message();
       void* copy = nullptr;
-      if (!Copy(data, count, 1, f.name, &copy)) return false;
-      f.set_view(msg, copy, count);
+      if (!Copy(data, sub.size, sub.align, f.name, &copy)) return false;
+      f.set_view(msg, copy, 1);
+      private_structs_.push_back(copy);
+      data = copy;
     }
+    msg = const_cast<void*>(data);
   }
-  return true;
+  // The last field. Scalars and enums are private with their struct; a string's or bytes'
+  // bytes are copied (an unset optional one too: it may be set before the send).
+  const FieldDesc& f = *path[last];
+  return f.kind == FieldKind::kString || f.kind == FieldKind::kBytes ? CopyView(f, msg) : true;
 }
 
 absl::Status PrivateRequest::AddAll(const MessageDesc& desc, void* msg, int depth) {

@@ -51,6 +51,8 @@ class Gate {
  private:
   // Whether any thread is inside (a record naming this gate, or an overflow entry).
   bool AnyoneInside() const;
+  // Enter's wait while the gate is closed.
+  [[gnu::noinline]] void EnterClosed();
   void WakeCloser();
 
   std::atomic<bool> closed_{false};

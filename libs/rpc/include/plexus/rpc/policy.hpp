@@ -28,6 +28,10 @@
 #include "plexus/rpc/schema.hpp"
 
 namespace plexus::rpc {
+namespace internal {
+class ContentPlans;
+class PrivateRequest;
+}  // namespace internal
 
 struct CallInfo {
   const ServiceDesc* service = nullptr;
@@ -159,7 +163,8 @@ class Policy {
   // One JSON object: configuration and live counters, for listings (the admin endpoint).
   virtual std::string DescribeJson() const { return "{}"; }
   // True when OnRequest reads `call.request`: the client then runs the chain on a private copy
-  // of the request, so the application cannot change what was checked before it is sent.
+  // of the request, so the application cannot change what was checked before it is sent. Read
+  // when the engine is attached, upgraded or configured.
   virtual bool inspects_content() const { return false; }
   // With inspects_content(): names every field of a `method` request that OnRequest reads, each
   // by one call of `read` (a path through singular message fields to a singular or optional
@@ -167,7 +172,9 @@ class Policy {
   // fields (a string's or bytes' bytes, the message structs on the way) into memory the call
   // owns, instead of the whole request. A promise: any other field OnRequest reads is the
   // application's memory. false (the default): OnRequest may read any field; the whole request
-  // is copied.
+  // is copied. A Channel asks once per method and keeps the answer until the engine is upgraded
+  // or configured, so it may depend on the method and the configuration only. A path that does
+  // not end in such a field fails every call of the method with InvalidArgument naming it.
   virtual bool ContentFields(const MethodDesc& method,
                              absl::FunctionRef<void(FieldPath)> read) const {
     (void)method;
@@ -234,19 +241,19 @@ struct EngineSwapReport {
 class EngineSlot {
  public:
   explicit EngineSlot(std::shared_ptr<Policy> policy);
+  ~EngineSlot();
   EngineSlot(const EngineSlot&) = delete;
   EngineSlot& operator=(const EngineSlot&) = delete;
   absl::Status OnRequest(const CallInfo& call);
-  // OnRequest with `prepare(policy)` run first behind the same gate (a Channel makes what a
-  // content policy reads private there, so the policy cannot be swapped between naming its
-  // fields and reading them). An error from `prepare` fails the call without OnRequest.
-  absl::Status OnRequest(const CallInfo& call,
-                         absl::FunctionRef<absl::Status(const Policy&)> prepare);
+  // A Channel's OnRequest: when the policy inspects_content(), the fields it reads are first made
+  // private in `copy` and `call.request` points at the copy, behind the same gate (so the policy
+  // cannot be swapped between naming its fields and reading them). An error making the copy
+  // fails the call without OnRequest.
+  absl::Status OnRequest(CallInfo& call, internal::PrivateRequest& copy);
   void OnComplete(const CallInfo& call, const absl::Status& status);
   std::optional<uint32_t> Route(const CallInfo& call, const std::vector<bool>& usable);
   void OnLoadReport(uint32_t replica, uint32_t load);
   std::optional<QosVerdict> Classify(const CallInfo& call);
-  bool inspects_content();
   std::string name() const { return name_; }
   // The current policy's hooks() (PolicyHook bits).
   uint32_t hooks() const { return hooks_.load(std::memory_order_relaxed); }
@@ -266,6 +273,10 @@ class EngineSlot {
   // the gate closed (a swap); a call that read the old value acts as if its step had run on the
   // old version.
   std::atomic<uint32_t> hooks_{kAllHooks};
+  // The policy's inspects_content() and the fields it names per method, read by calls inside the
+  // gate and reset with it closed.
+  bool content_ = false;
+  std::unique_ptr<internal::ContentPlans> plans_;
   base::Gate gate_;
   mutable std::mutex mu_;           // policy() against a swap
   std::shared_ptr<Policy> policy_;  // written only with the gate closed and no call inside
