@@ -12,29 +12,35 @@
 
 namespace plexus::rpc {
 
-// What a call reads first, together and inline (the path, a few values): a check touches few
-// cache lines of the policy's.
+// A rule as a call checks it. What the check of a top-level string or bytes rule reads comes first
+// and shares a cache line with the first denied value: the field, the kind of lookup, the values.
 struct AclPolicy::Compiled {
-  absl::InlinedVector<const FieldDesc*, 2> path;
-  // The field is a singular string or bytes field of the request itself (no presence, no nested
-  // message to walk): the check is one view and a comparison.
-  bool top_view = false;
-  // A scalar or enum field's denied values as 64-bit keys (ScalarKey), sorted: compared as
-  // numbers, no text made per call.
-  absl::InlinedVector<uint64_t, 2> keys;
+  // The rule's field when it is a singular string or bytes field of the request itself (no
+  // presence, no nested message to walk): the check is one view and a comparison. Else null.
+  const FieldDesc* top_view = nullptr;
+  bool hashed = false;  // a string or bytes rule with more values than `few` holds: `deny`
   // A string or bytes field's denied values while there are few: compared one by one, cheaper
   // than hashing per call.
   absl::InlinedVector<std::string, 2> few;
+  absl::InlinedVector<const FieldDesc*, 2> path;
+  // A scalar or enum field's denied values as 64-bit keys (ScalarKey), sorted: compared as
+  // numbers, no text made per call.
+  absl::InlinedVector<uint64_t, 2> keys;
   absl::flat_hash_set<std::string> deny;  // canonical text (see Canonical)
   std::string rule;
   std::string method;  // "package.Service/Method"
   std::string field;   // the path as given
   bool Denies(std::string_view v) const {
-    if (deny.size() > few.size()) return deny.contains(absl::string_view(v.data(), v.size()));
+    if (hashed) [[unlikely]]
+      return DeniesHashed(v);
     for (const std::string& d : few) {
       if (d == v) return true;
     }
     return false;
+  }
+  // Out of line: the hash's code would make Denies a call with a frame for every rule.
+  [[gnu::noinline]] bool DeniesHashed(std::string_view v) const {
+    return deny.contains(absl::string_view(v.data(), v.size()));
   }
   bool DeniesKey(uint64_t k) const {
     if (keys.size() > 4) return std::binary_search(keys.begin(), keys.end(), k);
@@ -259,10 +265,16 @@ absl::StatusOr<std::shared_ptr<AclPolicy>> AclPolicy::Create(
         c->keys.push_back(TextKey(last, v));
       }
     }
-    if (c->deny.size() <= 4) c->few.assign(c->deny.begin(), c->deny.end());
+    if (c->deny.size() <= 4) {
+      c->few.assign(c->deny.begin(), c->deny.end());
+    } else {
+      c->hashed = true;
+    }
     const FieldDesc& last = *c->path.back();
-    c->top_view = c->path.size() == 1 && last.label == FieldLabel::kSingular &&
-                  (last.kind == FieldKind::kString || last.kind == FieldKind::kBytes);
+    if (c->path.size() == 1 && last.label == FieldLabel::kSingular &&
+        (last.kind == FieldKind::kString || last.kind == FieldKind::kBytes)) {
+      c->top_view = &last;
+    }
     std::sort(c->keys.begin(), c->keys.end());
     c->keys.erase(std::unique(c->keys.begin(), c->keys.end()), c->keys.end());
     auto at =
@@ -337,6 +349,28 @@ namespace {
                                                   shown, "'"));
 }
 
+// The message holding the rule's field in `msg` when it holds a denied value, else null: a rule
+// through nested messages, on an optional field or on a scalar (out of the path of a top-level
+// string or bytes rule).
+[[gnu::noinline]] const void* DeniedIn(const AclPolicy::Compiled& rule, const void* msg) {
+  for (size_t i = 0; msg != nullptr && i + 1 < rule.path.size(); ++i) {
+    const void* data = nullptr;
+    size_t count = 0;
+    rule.path[i]->get_view(msg, &data, &count);
+    msg = count == 1 ? data : nullptr;
+  }
+  if (msg == nullptr) return nullptr;
+  const FieldDesc& f = *rule.path.back();
+  if (f.label == FieldLabel::kOptional && !*f.has(const_cast<void*>(msg))) return nullptr;
+  if (f.kind == FieldKind::kString || f.kind == FieldKind::kBytes) {
+    const void* data = nullptr;
+    size_t count = 0;
+    f.get_view(msg, &data, &count);
+    return rule.Denies(std::string_view(static_cast<const char*>(data), count)) ? msg : nullptr;
+  }
+  return rule.DeniesKey(ScalarKey(f, msg)) ? msg : nullptr;
+}
+
 }  // namespace
 
 absl::Status AclPolicy::OnRequest(const CallInfo& call) {
@@ -344,37 +378,18 @@ absl::Status AclPolicy::OnRequest(const CallInfo& call) {
   if (rules == nullptr || call.request == nullptr) return absl::OkStatus();
   checked_.Add();
   for (const Compiled& rule : *rules) {
-    if (rule.top_view) {
+    const void* in;
+    if (rule.top_view != nullptr) {
       const void* data = nullptr;
       size_t count = 0;
-      rule.path[0]->get_view(call.request, &data, &count);
+      rule.top_view->get_view(call.request, &data, &count);
       if (!rule.Denies(std::string_view(static_cast<const char*>(data), count))) continue;
-      denied_.fetch_add(1, std::memory_order_relaxed);
-      return Denial(name_, rule, *rule.path[0], call.request);
+      in = call.request;
+    } else if ((in = DeniedIn(rule, call.request)) == nullptr) {
+      continue;
     }
-    const void* msg = call.request;
-    for (size_t i = 0; msg != nullptr && i + 1 < rule.path.size(); ++i) {
-      const void* data = nullptr;
-      size_t count = 0;
-      rule.path[i]->get_view(msg, &data, &count);
-      msg = count == 1 ? data : nullptr;
-    }
-    if (msg == nullptr) continue;
-    const FieldDesc& f = *rule.path.back();
-    if (f.label == FieldLabel::kOptional && !*f.has(const_cast<void*>(msg))) continue;
-    bool hit;
-    if (f.kind == FieldKind::kString || f.kind == FieldKind::kBytes) {
-      const void* data = nullptr;
-      size_t count = 0;
-      f.get_view(msg, &data, &count);
-      hit = rule.Denies(std::string_view(static_cast<const char*>(data), count));
-    } else {
-      hit = rule.DeniesKey(ScalarKey(f, msg));
-    }
-    if (hit) {
-      denied_.fetch_add(1, std::memory_order_relaxed);
-      return Denial(name_, rule, f, msg);
-    }
+    denied_.fetch_add(1, std::memory_order_relaxed);
+    return Denial(name_, rule, *rule.path.back(), in);
   }
   return absl::OkStatus();
 }

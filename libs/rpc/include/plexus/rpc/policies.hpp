@@ -138,15 +138,16 @@ class AclPolicy : public Policy {
 
  private:
   explicit AclPolicy(std::string name);
-  std::string name_;
   using MethodRules = std::pair<const MethodDesc*, std::vector<Compiled>>;
   // The rules of `method`, or null. An ACL names few methods: a scan of a sorted vector beats a
   // hash on every call.
   const std::vector<Compiled>* Find(const MethodDesc* method) const;
+  // A call's check reads the two members first, in the object's first cache line.
   std::vector<MethodRules> rules_;  // sorted by the method descriptor's address
   // Every checked call counts, on the calling thread's own line (no shared atomic per call).
   base::ThreadCounter checked_;
   std::atomic<uint64_t> denied_{0};
+  std::string name_;
 };
 
 struct LoadBalanceOptions {
