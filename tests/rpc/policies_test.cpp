@@ -645,10 +645,12 @@ TEST_CASE("a content policy naming a field no private copy can hold fails its ca
     }
     REQUIRE(f.channel->engines().Detach("reader").ok());
   };
-  expect({EchoField("names")}, "content field names: a repeated field");
-  expect({EchoField("inner")}, "content field inner: a message");
-  expect({EchoField("text"), EchoField("i32")}, "content field path through text: not a message");
-  expect({}, "empty field path");
+  expect({EchoField("names")},
+         "engine 'reader' names a field of plexus.rpctest.AllKinds that a "
+         "private copy cannot hold: field names is repeated");
+  expect({EchoField("inner")}, "field inner is a message");
+  expect({EchoField("text"), EchoField("i32")}, "the path goes through text, not a message field");
+  expect({}, "an empty field path");
   CHECK(f.impl.calls.load() == 0);
 }
 

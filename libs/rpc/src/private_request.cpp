@@ -26,32 +26,24 @@ bool PrivateRequest::CopyToArena(const void* data, size_t bytes, size_t align, c
 
 namespace {
 
-// InvalidArgument unless `path` is singular message fields, then a singular or optional scalar,
-// enum, string or bytes field (what a private copy can hold without copying more).
-absl::Status CheckPath(FieldPath path) {
-  if (path.empty()) return absl::InvalidArgumentError("a content policy named an empty field path");
+// Why `path` is not singular message fields then a singular or optional scalar, enum, string or
+// bytes field (what a private copy holds without copying more); empty when it is.
+std::string PathProblem(FieldPath path) {
+  if (path.empty()) return "an empty field path";
   for (size_t i = 0; i < path.size(); ++i) {
     const FieldDesc& f = *path[i];
     const bool last = i + 1 == path.size();
     if (f.label == FieldLabel::kRepeated) {
-      return absl::InvalidArgumentError(
-          last ? absl::StrCat("content field ", f.name,
-                              ": a repeated field (name its message "
-                              "instead, or name no fields to copy the whole request)")
-               : absl::StrCat("content field path through ", f.name,
-                              ": a repeated field (only singular messages)"));
+      return absl::StrCat("field ", f.name, " is repeated");
     }
     if (!last && f.kind != FieldKind::kMessage) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("content field path through ", f.name, ": not a message field"));
+      return absl::StrCat("the path goes through ", f.name, ", not a message field");
     }
     if (last && f.kind == FieldKind::kMessage) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "content field ", f.name,
-          ": a message (name the fields read in it, or name no fields to copy the whole request)"));
+      return absl::StrCat("field ", f.name, " is a message (name the fields read in it)");
     }
   }
-  return absl::OkStatus();
+  return "";
 }
 
 }  // namespace
@@ -69,7 +61,13 @@ const ContentPlan& ContentPlans::Make(const Policy& policy, const MethodDesc& me
   plan.method = &method;
   plan.all = !policy.ContentFields(method, [&](FieldPath path) {
     if (!plan.error.ok()) return;
-    plan.error = CheckPath(path);
+    if (std::string problem = PathProblem(path); !problem.empty()) {
+      plan.error = absl::InvalidArgumentError(absl::StrCat(
+          "engine '", policy.name(), "' names a field of ", method.request()->full_name,
+          " that a private copy cannot hold: ", problem,
+          " (a path of singular messages to one scalar, enum, string or bytes field; or name no "
+          "fields to have the whole request copied)"));
+    }
     plan.paths.emplace_back(path.begin(), path.end());
   });
   plan.top_level = !plan.all && plan.error.ok();

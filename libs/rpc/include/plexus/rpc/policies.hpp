@@ -142,7 +142,7 @@ class AclPolicy : public Policy {
   // The rules of `method`, or null. An ACL names few methods: a scan of a sorted vector beats a
   // hash on every call.
   const std::vector<Compiled>* Find(const MethodDesc* method) const;
-  // A call's check reads the two members first, in the object's first cache line.
+  // rules_ and checked_ first: what a call reads shares a cache line with the vtable pointer.
   std::vector<MethodRules> rules_;  // sorted by the method descriptor's address
   // Every checked call counts, on the calling thread's own line (no shared atomic per call).
   base::ThreadCounter checked_;
