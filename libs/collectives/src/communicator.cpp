@@ -556,6 +556,7 @@ Plan& CommunicatorImpl::NewPlan() {
   plan_.tx_extra.clear();
   plan_.rx_extra.clear();
   plan_.wire.reset();
+  plan_.after_posting.clear();
   return plan_;
 }
 
