@@ -410,15 +410,10 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     const bool in_place = send == static_cast<uint8_t*>(recv) + mine;
     Staging staging = NewStaging();
     PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, total, in_place));
-    const uint8_t* in = nullptr;
     if (!in_place) {
-      PLEXUS_ASSIGN_OR_RETURN(in, staging.In(send, count * esize, true));
+      PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, count * esize, true));
+      std::memmove(buf + mine, in, count * esize);
     }
-    // The ring's own block can leave from the input, its copy into the output made while the
-    // transfers run (below); every other path reads it from the output.
-    const bool from_input = in != nullptr && algo == Algorithm::kRing &&
-                            !(total > 16384 && WireOf(dtype, call).has_value());
-    if (in != nullptr && !from_input) std::memmove(buf + mine, in, count * esize);
     const Layout& L = MakeLayout(dtype);
     if (algo == Algorithm::kHalvingDoubling && FitsMailbox(count * esize)) {
       // Small (the selector's halving-doubling range): pairwise exchange by mailbox (step d: to
@@ -441,15 +436,6 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     plan.wire = wire;
     PLEXUS_RETURN_IF_ERROR(FindPlanBuilder(CollectiveKind::kAllGather, algo, n)
                                ->build({.L = L, .buf = buf, .count = count}, &plan));
-    if (from_input) {
-      // A ring rank sends its own block only in its first round and never writes it, so its
-      // sends may read the input and the output get the block at any time before the end.
-      const uint8_t* own = buf + mine;
-      for (SendOp& op : plan.sends) {
-        if (op.data >= own && op.data < own + count * esize) op.data = in + (op.data - own);
-      }
-      plan.after_posting.push_back({buf + mine, in, count * esize});
-    }
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
     return staging.CopyOut();
   };

@@ -556,7 +556,6 @@ Plan& CommunicatorImpl::NewPlan() {
   plan_.tx_extra.clear();
   plan_.rx_extra.clear();
   plan_.wire.reset();
-  plan_.after_posting.clear();
   return plan_;
 }
 

@@ -555,10 +555,7 @@ PlanExecutor::Polled PlanExecutor::Poll(Idle& w, absl::Span<Completion> batch, s
 
 absl::Status PlanExecutor::Execute(const Plan& plan, const CallHeader& header, DataType dtype,
                                    ReduceOp op) {
-  if (plan.sends.empty() && plan.recvs.empty()) {
-    for (const Plan::LocalCopy& l : plan.after_posting) std::memmove(l.dst, l.src, l.bytes);
-    return absl::OkStatus();
-  }
+  if (plan.sends.empty() && plan.recvs.empty()) return absl::OkStatus();
   // QoS: a schedule that cannot admit a send within the timeout fails the call before this rank
   // touches a connection (so its own error, not a peer's reaction, is what it reports).
   if (env_.qos != nullptr && !plan.sends.empty()) {
@@ -575,14 +572,9 @@ absl::Status PlanExecutor::Execute(const Plan& plan, const CallHeader& header, D
   w.last_progress = absl::Now();
   w.next_wait_record = env_.record_after;
   Completion batch[32];
-  bool copied = plan.after_posting.empty();
   for (;;) {
     DoLocal();
     if (!PostAll(&failure)) break;
-    if (!copied) {
-      for (const Plan::LocalCopy& l : plan.after_posting) std::memmove(l.dst, l.src, l.bytes);
-      copied = true;
-    }
     if (c.sends_done == c.num_sends && c.recvs_done == c.num_recvs &&
         c.headers_tx_done == c.headers_tx && c.headers_rx_done == c.headers_rx) {
       if (env_.board->posted()) env_.board->Retract();

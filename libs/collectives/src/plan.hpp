@@ -60,15 +60,6 @@ struct Plan {
   // type. Each send converts its chunk while packing it into a send slot; each receive lands in a
   // slot and is converted into place, or reduced into its f32 destination, in one pass.
   std::optional<DataType> wire;
-  // Copies the executor makes once the first sends are posted, while the transfers run (an
-  // AllGather's own block into the output, its sends reading the input). No op of the plan may
-  // read or write their destinations.
-  struct LocalCopy {
-    uint8_t* dst = nullptr;
-    const uint8_t* src = nullptr;
-    size_t bytes = 0;
-  };
-  std::vector<LocalCopy> after_posting;
 };
 
 // Where the ranks sit and how data is cut.
