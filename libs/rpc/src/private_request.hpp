@@ -57,7 +57,8 @@ class ContentPlans {
   using Table = std::vector<ContentPlan>;
   const ContentPlan& Make(const Policy& policy, const MethodDesc& method);
   // The newest table, read without a lock. A new method publishes a larger copy; the older tables
-  // stay until Clear, since calls may still hold their plans.
+  // stay until Clear, since calls may still hold their plans (a table per method of the
+  // channel's services at most).
   std::atomic<const Table*> table_{nullptr};
   std::mutex mu_;
   std::vector<std::unique_ptr<const Table>> tables_;
