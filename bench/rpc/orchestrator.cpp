@@ -2,13 +2,17 @@
 #include "orchestrator.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -22,10 +26,12 @@ namespace {
 // Runs one peer process; `on_line` sees its stdout lines. Wait() in a thread.
 class Peer {
  public:
-  Peer(std::vector<std::string> argv, absl::Duration timeout) {
+  Peer(std::vector<std::string> argv, absl::Duration timeout,
+       std::vector<std::pair<std::string, std::string>> env = {}) {
     plexus::tooling::LaunchOptions o;
     o.ranks = 1;
     o.argv = std::move(argv);
+    o.env = std::move(env);
     o.plexus_env = false;
     o.output = plexus::tooling::OutputMode::kCallback;
     o.timeout = timeout;
@@ -96,6 +102,20 @@ class Peer {
   std::string result_;
 };
 
+// A side's syscall_clock report: user-space us per send (one send per round trip and side at the
+// latency mode's sizes), or NaN when it wrote none.
+double UserUsPerCall(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return NAN;
+  unsigned long long sends = 0, syscalls = 0;
+  double user_ns = 0, kernel_ns = 0;
+  const int n = std::fscanf(f, "sends=%llu syscalls=%llu user_ns=%lf kernel_ns=%lf", &sends,
+                            &syscalls, &user_ns, &kernel_ns);
+  std::fclose(f);
+  std::remove(path.c_str());
+  return n == 4 && sends > 0 ? user_ns / 1e3 / static_cast<double>(sends) : NAN;
+}
+
 }  // namespace
 
 Sample Orchestrator::Run(const std::string& system, const Layout& layout, const std::string& mode,
@@ -125,7 +145,16 @@ Sample Orchestrator::Run(const std::string& system, const Layout& layout, const 
                                     std::to_string(layout.server_cpu)};
   sargv.insert(sargv.end(), common.begin(), common.end());
   const absl::Duration limit = absl::Seconds(base.seconds * 3 + 60);
-  Peer server(sargv, limit);
+  std::string clock_out[2];  // server's, client's
+  auto env_for = [&](int side) -> std::vector<std::pair<std::string, std::string>> {
+    if (!split) return {};
+    const char* tmp = std::getenv("TMPDIR");
+    clock_out[side] = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
+                                   "/plexus-bench-rpc-clock-", getpid(), "-", side);
+    return {{"LD_PRELOAD", self.substr(0, self.rfind('/') + 1) + "libplexus_syscall_clock.so"},
+            {"PLEXUS_SYSCALL_CLOCK_OUT", clock_out[side]}};
+  };
+  Peer server(sargv, limit, env_for(0));
   const std::string address = server.Line("address ", absl::Seconds(30));
   std::vector<std::string> cargv = {program,
                                     "--role",
@@ -151,7 +180,7 @@ Sample Orchestrator::Run(const std::string& system, const Layout& layout, const 
     cargv.push_back("--policy");
     cargv.push_back(policy);
   }
-  Peer client(cargv, limit);
+  Peer client(cargv, limit, env_for(1));
   const std::string line = client.Line("result ", limit);
   Sample s;
   for (absl::string_view kv : absl::StrSplit(line, ' ')) {
@@ -180,6 +209,15 @@ Sample Orchestrator::Run(const std::string& system, const Layout& layout, const 
     }
   }
   client.ExpectCleanExit(absl::Seconds(30));
+  if (split) {
+    // The server reports every 1024 sends (it is ended by a signal); the client at its exit.
+    s.server_user_us = UserUsPerCall(clock_out[0]);
+    s.client_user_us = UserUsPerCall(clock_out[1]);
+    if (std::isnan(s.server_user_us) || std::isnan(s.client_user_us)) {
+      Die(absl::StrCat(system, ": no user-space split from ", clock_out[0], " / ", clock_out[1],
+                       " (is libplexus_syscall_clock.so next to ", self, "?)"));
+    }
+  }
   return s;
 }
 

@@ -17,6 +17,9 @@ struct Sample {
   double pair_cost = NAN;                  // a policy's cost: median over adjacent window pairs
   uint64_t ok = 0, failed = 0, wrong = 0;  // wrong: replies that were not the echo
   std::map<std::string, double> upgrade;   // --policy upgrade: the "upgrade" line's fields
+  // With Orchestrator::split: each side's time between its socket system calls per round trip
+  // (its user-space work; syscall_clock.cpp), in us.
+  double client_user_us = NAN, server_user_us = NAN;
 };
 
 // Where the two processes run: pinned to a CPU each, or -1 (not pinned).
@@ -28,6 +31,10 @@ struct Layout {
 struct Orchestrator {
   std::string self, grpc_peer;
   PeerArgs base;
+  // Preload libplexus_syscall_clock.so (next to `self`) into both peers and fill the Sample's
+  // user-space times. For peers that make their socket calls on one thread (raw-tcp, Plexus in
+  // ProgressMode::kCaller).
+  bool split = false;
 
   // system: "plexus-tcp", "plexus-tcp-thread", "plexus-shm", "grpc", "raw-tcp" (blocking reads),
   // "raw-tcp-spin" (reads poll 50 us first, as Plexus's waits).

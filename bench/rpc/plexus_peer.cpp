@@ -461,6 +461,9 @@ int pb::RawServer(const pb::PeerArgs& a) {
       if (!fill(request)) break;
       out.resize(std::max<size_t>(sizes[1], 1));
       std::memcpy(out.data(), in.data() + sizeof sizes, std::min(sizes[0], sizes[1]));
+      // The check every server makes (Plexus's and gRPC's say so in request_ok): a request that
+      // is not the pattern gets a reply that is not either, which its client counts as wrong.
+      if (!pb::PayloadMatches(in.data() + sizeof sizes, sizes[0])) out[0] ^= 0x5a;
       if (!plexus::bench::WriteFull(*c, out.data(), sizes[1]).ok()) break;
       std::memmove(in.data(), in.data() + request, have - request);
       have -= request;
