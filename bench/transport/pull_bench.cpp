@@ -3,12 +3,15 @@
 // same time what each rank of that AllGather does: copy their own block into a private output,
 // then the peer's block next to it. The peer's block is read three ways:
 //   memcpy     from a shared mapping (what a single copy costs when both processes map the pages),
+//   ring       through shared memory, as a ring moves it: each process copies its own block in,
+//              then the peer's out (two copies per process, the second of bytes the other CPU
+//              has just written; the time between them, waiting for the peer, is not counted),
 //   pull-4k    with process_vm_readv from the peer's private 4 KiB pages (what the shm transport
 //              and Open MPI's vader do with a user's malloc'd buffer),
 //   pull-thp   the same from private pages the peer asked to be transparent huge pages
 //              (MADV_HUGEPAGE; whether the kernel granted them is reported).
-// Figures: each way's median time per copy of the peer's block (the slower process's median), the
-// own copy's, and the pulls over memcpy.
+// Figures: each way's median time to bring the peer's block (the slower process's median; for the
+// ring, both of its copies), the own copy's, and each way over memcpy.
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -35,6 +38,7 @@ namespace {
 
 constexpr size_t kHuge = size_t{2} << 20;
 constexpr int kMaxIters = 4096;
+constexpr size_t kFrameBytes = size_t{512} << 10;  // the shm ring's largest frame payload
 
 // What the two processes share: a barrier, each one's pid and private block, and their results.
 struct Control {
@@ -110,8 +114,24 @@ void Rank(int r, const std::string& way, size_t bytes, int iters, Control* c, ch
     std::memcpy(out.data() + r * bytes, src, bytes);
     const auto t1 = std::chrono::steady_clock::now();
     char* dst = out.data() + (1 - r) * bytes;
+    double waited = 0;
     if (way == "memcpy") {
       std::memcpy(dst, reinterpret_cast<const char*>(c->block[1 - r]), bytes);
+    } else if (way == "ring") {
+      // Through shared memory, as a ring moves it: this process writes its block there, then
+      // reads the peer's, freshly written by the other CPU (the wait between is not counted).
+      // In frames of at most 512 KiB, as the shm transport's ring (one memcpy of 1 MiB or more
+      // into memory the other CPU has read runs several times slower here).
+      auto framed = [&](char* to, const char* from) {
+        for (size_t at = 0; at < bytes; at += kFrameBytes) {
+          std::memcpy(to + at, from + at, std::min(kFrameBytes, bytes - at));
+        }
+      };
+      framed(shared + r * bytes, src);
+      const auto w0 = std::chrono::steady_clock::now();
+      barrier();
+      waited = Us(w0, std::chrono::steady_clock::now());
+      framed(dst, shared + (1 - r) * bytes);
     } else {
       size_t done = 0;
       while (done < bytes) {
@@ -128,7 +148,7 @@ void Rank(int r, const std::string& way, size_t bytes, int iters, Control* c, ch
     }
     const auto t2 = std::chrono::steady_clock::now();
     c->own_us[r][i] = Us(t0, t1);
-    c->peer_us[r][i] = Us(t1, t2);
+    c->peer_us[r][i] = Us(t1, t2) - waited;
   }
   // Every way must have copied the peer's block (filled with 2 - r by the peer).
   const char* got = out.data() + (1 - r) * bytes;
@@ -150,7 +170,8 @@ int main(int argc, char** argv) {
       "plexus-bench-pull",
       "Two processes, one per CPU, each copying its own block and then the other's, at once (a "
       "rank of a two-process AllGather): the other's block read with memcpy from a shared "
-      "mapping, with process_vm_readv from 4 KiB pages, and from transparent huge pages.");
+      "mapping, through shared memory as a ring moves it (two copies), and with "
+      "process_vm_readv from 4 KiB pages and from transparent huge pages.");
   CLI::App& app = tool.app();
   plexus::tooling::AddJsonFlag(&app, &json);
   plexus::tooling::AddNumber(&app, "--runs", &runs, "runs per figure (median)", 1, 1000);
@@ -173,7 +194,7 @@ int main(int argc, char** argv) {
   plexus::tooling::FigureWriter out("pull", json);
   out.SetCommon({{"runs", runs}, {"iters", iters}, {"bytes", bytes}, {"processes", 2}});
   std::vector<double> memcpy_peer;
-  for (const std::string way : {"memcpy", "pull-4k", "pull-thp"}) {
+  for (const std::string way : {"memcpy", "ring", "pull-4k", "pull-thp"}) {
     std::fprintf(stderr, "plexus-bench-pull: %s\n", way.c_str());
     std::vector<double> peer, own, huge;
     for (int run = 0; run < runs; ++run) {
