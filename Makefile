@@ -76,7 +76,7 @@ test: build
 # benchmark that fails is named at the end and the others still run; one that cannot run on this
 # machine (plexus-bench-cuda without a GPU) exits 77 and is reported as skipped.
 REPORT_DIR ?= $(BUILD_DIR)/bench-report
-BENCHES ?= transport collectives placement moe rpc aggregation multipath torch torch_ddp cuda
+BENCHES ?= transport pull collectives placement moe rpc aggregation multipath torch torch_ddp cuda
 BENCH_ARGS_collectives ?= --compare --runs 3 --ops all
 BENCH_ARGS_rpc ?= --compare
 BENCH_ARGS_aggregation ?= --compare --runs 3
