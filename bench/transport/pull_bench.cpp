@@ -38,6 +38,7 @@ namespace {
 
 constexpr size_t kHuge = size_t{2} << 20;
 constexpr int kMaxIters = 4096;
+constexpr auto kPeerTimeout = std::chrono::seconds(10);
 constexpr size_t kFrameBytes = size_t{512} << 10;  // the shm ring's largest frame payload
 
 // What the two processes share: a barrier, each one's pid and private block, and their results.
@@ -100,10 +101,20 @@ void Rank(int r, const std::string& way, size_t bytes, int iters, Control* c, ch
   c->block[r] = reinterpret_cast<uintptr_t>(way == "memcpy" ? shared + r * bytes : own);
   c->huge_kib[r] = HugeKib(own);
   uint64_t phase = 0;
+  // Spins (both processes have a CPU each), yields on a one-CPU host, and gives up when the
+  // other process has not arrived within kPeerTimeout (it died, or never started).
+  const bool one_cpu = sysconf(_SC_NPROCESSORS_ONLN) < 2;
   auto barrier = [&] {
     ++phase;
     c->arrived[r].store(phase);
-    while (c->arrived[1 - r].load() < phase && c->failed.load() == 0) {
+    const auto deadline = std::chrono::steady_clock::now() + kPeerTimeout;
+    for (uint64_t spins = 0; c->arrived[1 - r].load() < phase && c->failed.load() == 0; ++spins) {
+      if (one_cpu) sched_yield();
+      if (spins % 4096 == 0 && std::chrono::steady_clock::now() > deadline) {
+        std::fprintf(stderr, "plexus-bench-pull: process %d: the other process did not arrive\n",
+                     r);
+        c->failed = 1;
+      }
     }
   };
   barrier();  // both have published their block
