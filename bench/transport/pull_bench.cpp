@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -50,6 +51,7 @@ struct Control {
   double own_us[2][kMaxIters];
   double peer_us[2][kMaxIters];
   std::atomic<int> failed;
+  std::atomic<int> denied_errno;  // process_vm_readv not permitted here (EPERM, ENOSYS)
 };
 
 double Median(std::vector<double> v) {
@@ -150,7 +152,12 @@ void Rank(int r, const std::string& way, size_t bytes, int iters, Control* c, ch
         iovec remote{reinterpret_cast<void*>(c->block[1 - r] + done), bytes - done};
         const ssize_t got = process_vm_readv(c->pid[1 - r], &local, 1, &remote, 1, 0);
         if (got <= 0) {
-          std::perror("plexus-bench-pull: process_vm_readv");
+          const int err = got < 0 ? errno : 0;
+          if (err == EPERM || err == ENOSYS || err == EACCES) {
+            c->denied_errno = err;  // the parent reports the way as skipped
+          } else {
+            std::perror("plexus-bench-pull: process_vm_readv");
+          }
           c->failed = 1;
           break;
         }
@@ -161,9 +168,12 @@ void Rank(int r, const std::string& way, size_t bytes, int iters, Control* c, ch
     c->own_us[r][i] = Us(t0, t1);
     c->peer_us[r][i] = Us(t1, t2) - waited;
   }
+  // Neither process unmaps its block (or exits) while the other may still be reading it.
+  barrier();
   // Every way must have copied the peer's block (filled with 2 - r by the peer).
   const char* got = out.data() + (1 - r) * bytes;
-  if (std::any_of(got, got + bytes, [&](char b) { return b != static_cast<char>(2 - r); })) {
+  if (c->failed.load() == 0 &&
+      std::any_of(got, got + bytes, [&](char b) { return b != static_cast<char>(2 - r); })) {
     std::fprintf(stderr, "plexus-bench-pull: %s: process %d copied a wrong block\n", way.c_str(),
                  r);
     c->failed = 1;
@@ -219,6 +229,14 @@ int main(int argc, char** argv) {
       Rank(0, way, bytes, iters, control, shared);
       int status = 0;
       waitpid(child, &status, 0);
+      if (const int err = control->denied_errno.load(); err != 0) {
+        std::fprintf(stderr,
+                     "plexus-bench-pull: %s: skipped: process_vm_readv is not permitted "
+                     "here (%s)\n",
+                     way.c_str(), std::strerror(err));
+        peer.clear();
+        break;
+      }
       if (control->failed.load() != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         return tool.Fail(absl::InternalError(absl::StrCat(way, ": a copy failed (see above)")));
       }
@@ -234,6 +252,7 @@ int main(int argc, char** argv) {
       own.push_back(own_med);
       huge.push_back(static_cast<double>(std::min(control->huge_kib[0], control->huge_kib[1])));
     }
+    if (peer.empty()) continue;  // skipped
     const nlohmann::json extra = {{"way", way}, {"huge_pages_kib", Median(huge)}};
     out.Add({.figure = "peer_copy_us", .value = Median(peer), .unit = "us", .extra = extra});
     out.Add({.figure = "own_copy_us", .value = Median(own), .unit = "us", .extra = extra});
