@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "plexus/tooling/figures.hpp"
+#include "stats.hpp"
 
 namespace plexus::bench {
 namespace {
@@ -20,11 +21,7 @@ namespace {
 namespace pb = plexus::bench;
 namespace pt_tooling = plexus::tooling;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using plexus::bench::Median;
 
 struct Row {
   size_t bytes = 0;

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "plexus/restructure/program.hpp"
+#include "stats.hpp"
 
 namespace plexus::bench::restructure {
 
@@ -22,11 +23,7 @@ inline double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 // The median (the upper one of an even count); NaN for none.
-inline double Median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using plexus::bench::Median;
 
 struct PipelineProgram {
   std::string name;

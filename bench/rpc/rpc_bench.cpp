@@ -36,6 +36,7 @@
 #include "plexus_peer.hpp"
 #include "qos_bench.hpp"
 #include "raw_tcp.hpp"
+#include "stats.hpp"
 
 namespace pb = plexus::benchrpc;
 using pb::Layout;
@@ -44,11 +45,7 @@ using pb::Sample;
 
 namespace {
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using plexus::bench::Median;
 
 struct Figures {
   plexus::tooling::FigureWriter* out;

@@ -34,6 +34,7 @@
 #include "plexus/base/env.hpp"
 #include "plexus/tooling/cli.hpp"
 #include "plexus/tooling/figures.hpp"
+#include "stats.hpp"
 
 namespace {
 
@@ -54,10 +55,7 @@ struct Control {
   std::atomic<int> denied_errno;  // process_vm_readv not permitted here (EPERM, ENOSYS)
 };
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using plexus::bench::Median;
 
 double Us(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();

@@ -17,15 +17,13 @@
 #include "plexus/tooling/etcd.hpp"
 #include "plexus/tooling/figures.hpp"
 #include "plexus/transport/store.hpp"
+#include "stats.hpp"
 
 namespace pt = plexus::transport;
 
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using plexus::bench::Median;
 
 struct Op {
   const char* name;

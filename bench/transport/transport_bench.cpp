@@ -30,6 +30,7 @@
 #include "plexus/tooling/figures.hpp"
 #include "plexus/transport/device.hpp"
 #include "raw_tcp.hpp"
+#include "stats.hpp"
 
 namespace pt = plexus::transport;
 
@@ -374,10 +375,7 @@ double PlexusBandwidth(pt::Backend backend, size_t bytes, size_t total, absl::Du
       });
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using plexus::bench::Median;
 
 // One figure: bench/figure/value/unit of plexus::tooling's figure lines, plus the fields this
 // bench always printed (backend, test, bytes, metric, ratio, reference, mode, runs).
