@@ -73,6 +73,12 @@ bool ChannelCore::ReleaseIfDone(const std::shared_ptr<CallState>& call) {
   return true;
 }
 
+void ChannelCore::SentLocked(CallState& call) {
+  call.sent = true;
+  call.encoded.Clear();
+  call.private_arena.reset();
+}
+
 absl::Status ChannelCore::PostRecvLocked() {
   BufferPool::Buffer b = pool->Take();
   const uint64_t wr = kRecvBit | next_recv++;
@@ -183,9 +189,7 @@ void ChannelCore::HandleLocked(const transport::Completion& c,
   Sending sent = std::move(it->second);
   sending.erase(it);
   sent.ForEach([&](const std::shared_ptr<CallState>& call) {
-    call->sent = true;
-    call->encoded.Clear();
-    call->private_arena.reset();
+    SentLocked(*call);
     if (!c.status.ok() && !call->has_result) {
       BreakLocked(absl::UnavailableError(
                       absl::StrCat("rpc connection to ", peer, " failed: ", c.status.message())),
@@ -233,13 +237,21 @@ void ChannelCore::FlushLocked(std::vector<std::shared_ptr<CallState>>* ready) {
     parts = batch.parts;
   }
   const uint64_t wr = kSendBit | next_send++;
-  if (absl::Status st = conn->PostSend(parts, wr); !st.ok()) {
+  absl::StatusOr<bool> st = conn->SendNowOrPost(parts, wr);
+  if (!st.ok()) {
     // Refused only when the connection is down: its calls fail with the connection.
     batch.ForEach([](const std::shared_ptr<CallState>& c) { c->sent = true; });
-    BreakLocked(
-        absl::UnavailableError(absl::StrCat("rpc connection to ", peer, ": ", st.message())),
-        ready);
+    BreakLocked(absl::UnavailableError(
+                    absl::StrCat("rpc connection to ", peer, ": ", st.status().message())),
+                ready);
     batch.ForEach([&](const std::shared_ptr<CallState>& c) {
+      if (ReleaseIfDone(c)) ready->push_back(c);
+    });
+    return;
+  }
+  if (*st) {  // left whole: no completion follows
+    batch.ForEach([&](const std::shared_ptr<CallState>& c) {
+      SentLocked(*c);
       if (ReleaseIfDone(c)) ready->push_back(c);
     });
     return;
@@ -527,14 +539,19 @@ absl::Status ChannelCore::SendLocked(const std::shared_ptr<CallState>& call,
   } else {
     FlushLocked(&ready);  // what Run queued goes first (per-thread order is kept anyway)
     const uint64_t wr = kSendBit | next_send++;
-    absl::Status ps = broken.ok() ? conn->PostSend(call->frame.parts, wr)
-                                  : absl::UnavailableError(broken.message());
+    absl::StatusOr<bool> ps = broken.ok() ? conn->SendNowOrPost(call->frame.parts, wr)
+                                          : absl::UnavailableError(broken.message());
     if (!ps.ok()) {
       lock.unlock();
       for (auto& c : ready) Finalize(c);
-      return absl::UnavailableError(absl::StrCat("rpc connection to ", peer, ": ", ps.message()));
+      return absl::UnavailableError(
+          absl::StrCat("rpc connection to ", peer, ": ", ps.status().message()));
     }
-    sending.emplace(wr, Sending{call, {}, {}});
+    if (*ps) {
+      SentLocked(*call);  // no completion follows
+    } else {
+      sending.emplace(wr, Sending{call, {}, {}});
+    }
   }
   ++in_flight;
   call->async = has_callback;

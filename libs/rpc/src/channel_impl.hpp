@@ -186,6 +186,8 @@ struct ChannelCore : std::enable_shared_from_this<ChannelCore> {
   // With the lock: records the result; returns whether the call can be finalized now.
   bool SetResult(const std::shared_ptr<CallState>& call, RawResult r);
   bool ReleaseIfDone(const std::shared_ptr<CallState>& call);
+  // With the lock: the request of `call` left (its buffers are free).
+  static void SentLocked(CallState& call);
   absl::Status PostRecvLocked();
   void SendCancelLocked(uint64_t call_id);
   // With the lock: the connection is gone; fails every call waiting for a result.

@@ -108,7 +108,7 @@ std::vector<std::shared_ptr<ServerCallImpl>> ServerConn::TakeUnsentLocked() {
   return out;
 }
 
-absl::Status ServerConn::FlushLocked(std::vector<std::shared_ptr<ServerCallImpl>>* dropped) {
+absl::Status ServerConn::FlushLocked(Ended* ended) {
   if (outbox.empty()) return absl::OkStatus();
   Sending batch;
   outbox_bytes = 0;
@@ -124,13 +124,19 @@ absl::Status ServerConn::FlushLocked(std::vector<std::shared_ptr<ServerCallImpl>
     parts = batch.parts;
   }
   const uint64_t wr = next_wr++;
-  absl::Status st = conn->PostSend(parts, wr);
+  absl::StatusOr<bool> st = conn->SendNowOrPost(parts, wr);
   if (!st.ok()) {
-    batch.ForEach([&](const std::shared_ptr<ServerCallImpl>& c) { dropped->push_back(c); });
-    return st;
+    batch.ForEach([&](const std::shared_ptr<ServerCallImpl>& c) { ended->push_back(c); });
+    return st.status();
   }
-  sending.emplace(wr, std::move(batch));
-  return absl::OkStatus();
+  if (!*st) {
+    sending.emplace(wr, std::move(batch));
+    return absl::OkStatus();
+  }
+  // Left whole: no completion follows; what the send completion does happens here.
+  held -= std::min(held, batch.size());
+  batch.ForEach([&](const std::shared_ptr<ServerCallImpl>& c) { ended->push_back(c); });
+  return RefillLocked();
 }
 
 void ServerCallImpl::Start(std::shared_ptr<ServerConn> conn, std::shared_ptr<Inbound> in) {
@@ -250,7 +256,7 @@ void ServerCallImpl::Finish(absl::Status status) {
   auto self = shared_from_this();
   absl::Status refused;
   bool dropped = false;
-  std::vector<std::shared_ptr<ServerCallImpl>> ended;
+  ServerConn::Ended ended;
   const bool in_round = server->InRound();
   bool first_queued = false;
   {
@@ -288,7 +294,7 @@ void ServerCallImpl::Finish(absl::Status status) {
     }
   }
   if (first_queued) server->flush_list.push_back(conn_);
-  if (refused.ok() && !dropped) return;
+  if (refused.ok() && !dropped && ended.empty()) return;
   // The transport refuses posts only on a failed connection (the client is gone): no
   // completion will ever come for it, so drop it now, or it would stay in Connections() with
   // its held requests until Shutdown. Outside conn_->mu: Kill takes it, then the server's.
@@ -305,13 +311,14 @@ void ServerCore::EndRound() {
   std::vector<std::shared_ptr<ServerConn>>& conns = flushing;  // capacity kept across rounds
   conns.swap(flush_list);
   for (auto& sc : conns) {
-    std::vector<std::shared_ptr<ServerCallImpl>> ended;
+    ServerConn::Ended ended;
     absl::Status st;
     {
       std::lock_guard<std::mutex> lock(sc->mu);
       sc->in_flush_list = false;
       if (sc->dead) {
-        ended.swap(sc->outbox);
+        for (auto& c : sc->outbox) ended.push_back(std::move(c));
+        sc->outbox.clear();
         sc->outbox_bytes = 0;
       } else {
         st = sc->FlushLocked(&ended);
@@ -449,20 +456,24 @@ void ServerCore::Handle(const transport::Completion& c) {
   }
   size_t requests = 0;
   for (const auto& in : frames) requests += in->frame().header.type == FrameType::kRequest;
-  sc->round_piece = pieces.PieceFor(requests);
-  for (auto& in : frames) HandleFrame(sc, std::move(in));
-  frames.clear();
-  // Counted after the handlers ran: only this thread changes `held` (a response's send
-  // completion, handled here later, takes it back), so the window is the same.
+  // Requests are counted before their handlers run: a response that leaves within its Finish
+  // takes its request back there (FlushLocked), a response sent later when its send completes.
+  // The receive this message took is replaced now, before the handlers: the next message can
+  // land while they run.
   absl::Status refill;
-  {
+  if (requests > 0) {
     std::lock_guard<std::mutex> lock(sc->mu);
     sc->held += requests;
     sc->requests += requests;
     // The client keeps this many in flight: keep receives posted for at least as many more.
-    if (requests > 0 && sc->held >= sc->want) {
-      sc->want = std::min(window, std::max(sc->want * 2, sc->held + 1));
-    }
+    if (sc->held >= sc->want) sc->want = std::min(window, std::max(sc->want * 2, sc->held + 1));
+    if (sc->hello_done) refill = sc->RefillLocked();
+  }
+  sc->round_piece = pieces.PieceFor(requests);
+  for (auto& in : frames) HandleFrame(sc, std::move(in));
+  frames.clear();
+  if (requests == 0) {  // a handshake or a cancel: replaced once it was handled
+    std::lock_guard<std::mutex> lock(sc->mu);
     if (sc->hello_done) refill = sc->RefillLocked();
   }
   if (!refill.ok()) Kill(sc, refill);

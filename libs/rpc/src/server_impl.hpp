@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "conn.hpp"
 #include "plexus/rpc/balance.hpp"
 #include "plexus/rpc/channel.hpp"
@@ -86,9 +87,13 @@ struct ServerConn {
   // caller kills the connection once it has let go of `mu`.
   absl::Status RefillLocked();
   absl::Status PostRecvLocked();
-  // Sends the outbox (one frame as is, several as a batch); the calls' ends are returned in
-  // `dropped` when the connection refused the send.
-  absl::Status FlushLocked(std::vector<std::shared_ptr<ServerCallImpl>>* dropped);
+  // Sends the outbox (one frame as is, several as a batch). The calls whose response ended here
+  // are added to `ended` (the caller runs Sent() on them outside `mu`): all of them when the
+  // send left whole within the call (no completion follows; the receives are refilled) or when
+  // the connection refused it (the error is returned). An error after a send that left is the
+  // refill's, which the caller treats as a refusal (it kills the connection).
+  using Ended = absl::InlinedVector<std::shared_ptr<ServerCallImpl>, 2>;
+  absl::Status FlushLocked(Ended* ended);
   // A closed connection's responses still being sent or waiting to be: no completion reaches it
   // any more (it left ServerCore::conns), and each holds the connection as it holds them, so they
   // are let go here (the caller runs Sent() on them, outside `mu`).

@@ -193,7 +193,8 @@ ssize_t SendGathered(int fd, const iovec* iov, int n) {
 
 }  // namespace
 
-absl::Status TcpCore::PostSend(uint64_t id, absl::Span<const ConstBuffer> buffers, uint64_t wr_id) {
+absl::Status TcpCore::PostSend(uint64_t id, absl::Span<const ConstBuffer> buffers, uint64_t wr_id,
+                               bool* sent_now) {
   PLEXUS_ASSIGN_OR_RETURN(tcp::PostedOp posted,
                           tcp::PrepareSend(buffers, wr_id, options_.max_message_bytes));
   if (posted.op.bytes + tcp::kFrameHeaderSize <= kCoalesceBytes &&
@@ -202,14 +203,17 @@ absl::Status TcpCore::PostSend(uint64_t id, absl::Span<const ConstBuffer> buffer
     TcpConn* conn = Find(id);
     if (conn == nullptr) return absl::FailedPreconditionError("connection is closed");
     PLEXUS_RETURN_IF_ERROR(conn->status);
-    if (TrySendAtOnce(*conn, posted)) return absl::OkStatus();
+    if (TrySendAtOnce(*conn, posted, /*complete=*/sent_now == nullptr)) {
+      if (sent_now != nullptr) *sent_now = true;
+      return absl::OkStatus();
+    }
     Enqueue(*conn, posted);
     return absl::OkStatus();
   }
   return Post(id, std::move(posted));
 }
 
-bool TcpCore::TrySendAtOnce(TcpConn& conn, tcp::PostedOp& posted) {
+bool TcpCore::TrySendAtOnce(TcpConn& conn, tcp::PostedOp& posted, bool complete) {
   // Only where the whole frame is next on the wire and its completion next in order: one
   // socket, nothing queued, no operation outstanding (a write awaiting its ack completes first).
   if (conn.sockets.size() != 1 || !conn.send.idle()) return false;
@@ -234,8 +238,10 @@ bool TcpCore::TrySendAtOnce(TcpConn& conn, tcp::PostedOp& posted) {
     return false;
   }
   conn.last_progress = absl::Now();
-  conn.cq->Push(
-      MakeCompletion(conn.id, Opcode::kSend, posted.op.wr_id, absl::OkStatus(), posted.op.bytes));
+  if (complete) {
+    conn.cq->Push(
+        MakeCompletion(conn.id, Opcode::kSend, posted.op.wr_id, absl::OkStatus(), posted.op.bytes));
+  }
   return true;
 }
 

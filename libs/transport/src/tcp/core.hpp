@@ -117,7 +117,10 @@ class TcpCore {
 
   // --- Operations posted by the user -------------------------------------------------------
 
-  absl::Status PostSend(uint64_t id, absl::Span<const ConstBuffer> buffers, uint64_t wr_id);
+  // `sent_now` (Connection::SendNowOrPost): set when the whole frame left within the call, in
+  // which case no completion is pushed; null: a completion always follows.
+  absl::Status PostSend(uint64_t id, absl::Span<const ConstBuffer> buffers, uint64_t wr_id,
+                        bool* sent_now = nullptr);
 
   absl::Status PostRecv(uint64_t id, MutableBuffer buffer, uint64_t wr_id);
   absl::Status PostSendProduced(uint64_t id, size_t length, Producer producer, uint64_t wr_id);
@@ -163,7 +166,8 @@ class TcpCore {
   // order, it is written here in one send() and completed, with no queue entry or operation
   // record. False when that does not apply or the socket took only part of it (the bytes it took
   // are in posted.already_written; Enqueue queues the rest).
-  bool TrySendAtOnce(TcpConn& conn, tcp::PostedOp& posted);
+  // `complete`: push its completion (false for SendNowOrPost, whose caller is told instead).
+  bool TrySendAtOnce(TcpConn& conn, tcp::PostedOp& posted, bool complete);
 
   void SendAcks(TcpConn& conn);
 

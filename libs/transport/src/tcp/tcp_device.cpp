@@ -33,6 +33,13 @@ class TcpConnection final : public Connection {
   absl::Status PostSend(absl::Span<const ConstBuffer> buffers, uint64_t wr_id) override {
     return core_->PostSend(id(), buffers, wr_id);
   }
+  absl::StatusOr<bool> SendNowOrPost(absl::Span<const ConstBuffer> buffers,
+                                     uint64_t wr_id) override {
+    bool sent_now = false;
+    absl::Status posted = core_->PostSend(id(), buffers, wr_id, &sent_now);
+    if (!posted.ok()) return posted;
+    return sent_now;
+  }
   absl::StatusOr<std::optional<size_t>> PeekNext(MutableBuffer head) override {
     return core_->PeekNext(id(), head);
   }

@@ -78,6 +78,22 @@ class Connection {
     return PostSend(absl::MakeConstSpan(&buffer, 1), wr_id);
   }
 
+  // Sends like PostSend, except when the whole message leaves within this call (tcp: one write
+  // took it; the backends that stage every send never say so): then no completion follows, the
+  // result is true and `buffers` may be reused at once. False: the send was posted as by
+  // PostSend, and its one completion follows. Errors and ordering are PostSend's. For a caller
+  // that sends small messages on an idle connection, it saves a completion's round through the
+  // queue per message. The default posts with PostSend and returns false.
+  virtual absl::StatusOr<bool> SendNowOrPost(absl::Span<const ConstBuffer> buffers,
+                                             uint64_t wr_id) {
+    absl::Status posted = PostSend(buffers, wr_id);
+    if (!posted.ok()) return posted;
+    return false;
+  }
+  absl::StatusOr<bool> SendNowOrPost(ConstBuffer buffer, uint64_t wr_id) {
+    return SendNowOrPost(absl::MakeConstSpan(&buffer, 1), wr_id);
+  }
+
   // Posts `buffer` for the next incoming message not yet matched.
   virtual absl::Status PostRecv(MutableBuffer buffer, uint64_t wr_id) = 0;
 
