@@ -133,9 +133,13 @@ absl::Status ServerConn::FlushLocked(Ended* ended) {
     sending.emplace(wr, std::move(batch));
     return absl::OkStatus();
   }
-  // Left whole: no completion follows; what the send completion does happens here.
-  held -= std::min(held, batch.size());
+  // Left whole: no completion follows.
   batch.ForEach([&](const std::shared_ptr<ServerCallImpl>& c) { ended->push_back(c); });
+  return ResponsesLeftLocked(batch.size());
+}
+
+absl::Status ServerConn::ResponsesLeftLocked(size_t n) {
+  held -= std::min(held, n);
   return RefillLocked();
 }
 
@@ -412,11 +416,14 @@ void ServerCore::Handle(const transport::Completion& c) {
       if (it != sc->sending.end()) {
         sent = std::move(it->second);
         sc->sending.erase(it);
-        sc->held -= std::min(sc->held, sent.size());
       }
       if (!sc->controls.empty()) sc->controls.erase(c.wr_id);
       close = sc->close_after_ack && c.wr_id == 0;
-      if (sent.size() > 0 || c.wr_id == 0) refill = sc->RefillLocked();
+      if (sent.size() > 0) {
+        refill = sc->ResponsesLeftLocked(sent.size());
+      } else if (c.wr_id == 0) {
+        refill = sc->RefillLocked();
+      }
     }
     sent.ForEach([](const std::shared_ptr<ServerCallImpl>& call) { call->Sent(); });
     if (close || !c.status.ok()) Kill(sc, c.status);

@@ -87,6 +87,9 @@ struct ServerConn {
   // caller kills the connection once it has let go of `mu`.
   absl::Status RefillLocked();
   absl::Status PostRecvLocked();
+  // `n` responses left (their send completed, or left within FlushLocked): their requests leave
+  // the window and receives are refilled (RefillLocked's result).
+  absl::Status ResponsesLeftLocked(size_t n);
   // Sends the outbox (one frame as is, several as a batch). The calls whose response ended here
   // are added to `ended` (the caller runs Sent() on them outside `mu`): all of them when the
   // send left whole within the call (no completion follows; the receives are refilled) or when
