@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -377,17 +378,32 @@ double PlexusBandwidth(pt::Backend backend, size_t bytes, size_t total, absl::Du
 
 using plexus::bench::Median;
 
+// A figure's target, in its own unit (the reference of the same run times the claimed ratio):
+// met when the value is at least it, or at most it for a time.
+struct Goal {
+  double target;
+  bool at_most = false;
+};
+
+// The targets the project claims (docs/architecture.md, "Transport benchmarks").
+std::optional<Goal> BandwidthGoal(bool shm, size_t bytes, double reference) {
+  if (shm && bytes >= (size_t{1} << 20)) return Goal{0.5 * reference};
+  if (!shm && bytes >= (size_t{16} << 20)) return Goal{0.9 * reference};
+  return std::nullopt;
+}
+
 // One figure: bench/figure/value/unit of plexus::tooling's figure lines, plus the fields this
 // bench always printed (backend, test, bytes, metric, ratio, reference, mode, runs).
 void Emit(plexus::tooling::FigureWriter& out, const Args& args, const std::string& backend,
           const std::string& test, size_t bytes, const std::string& metric, double value,
           const std::string& unit, double ratio, const std::string& reference,
-          const std::string& mode) {
+          const std::string& mode, std::optional<Goal> goal = std::nullopt) {
   out.Add({backend + " " + test + " " + metric,
            value,
            unit,
-           nullptr,
-           std::nullopt,
+           goal ? nlohmann::json(goal->target) : nlohmann::json(nullptr),
+           goal ? std::optional<bool>(goal->at_most ? value <= goal->target : value >= goal->target)
+                : std::nullopt,
            {{"backend", backend},
             {"test", test},
             {"bytes", bytes},
@@ -461,14 +477,14 @@ int main(int argc, char** argv) {
       Emit(out, args, "raw-tcp", "bandwidth", bytes, "GB/s", raw_m, "GB/s", 1.0, "itself",
            "unpinned");
       Emit(out, args, "tcp", "bandwidth", bytes, "GB/s", Median(tcp), "GB/s", Median(tcp) / raw_m,
-           "raw-tcp single stream", "unpinned");
+           "raw-tcp single stream", "unpinned", BandwidthGoal(false, bytes, raw_m));
     }
     if (want_shm) {
       const double mem_m = Median(memcpy_ref);
       Emit(out, args, "memcpy", "bandwidth", bytes, "GB/s", mem_m, "GB/s", 1.0, "itself",
            "1 thread");
       Emit(out, args, "shm", "bandwidth", bytes, "GB/s", Median(shm), "GB/s", Median(shm) / mem_m,
-           "memcpy 1 thread", "unpinned");
+           "memcpy 1 thread", "unpinned", BandwidthGoal(true, bytes, mem_m));
     }
   }
   if (!args.test.empty() && args.test != "pingpong") {
@@ -504,7 +520,7 @@ int main(int argc, char** argv) {
     Emit(out, args, "raw-tcp", "pingpong", 64, "median_us", rm, "us", 1.0, "itself", layout.name);
     Emit(out, args, "raw-tcp", "pingpong", 64, "p99_us", rp, "us", 1.0, "itself", layout.name);
     Emit(out, args, "tcp", "pingpong", 64, "median_us", Median(tcp_med), "us", Median(tcp_med) / rm,
-         "raw-tcp ping-pong", layout.name);
+         "raw-tcp ping-pong", layout.name, Goal{1.15 * rm, true});
     Emit(out, args, "tcp", "pingpong", 64, "p99_us", Median(tcp_p99), "us", Median(tcp_p99) / rp,
          "raw-tcp ping-pong", layout.name);
   }
@@ -520,7 +536,7 @@ int main(int argc, char** argv) {
     }
     const double rm = Median(raw_med);
     Emit(out, args, "shm", "pingpong", 64, "median_us", Median(med), "us", Median(med) / rm,
-         "raw-tcp ping-pong split-cpu spinning 200us", "split-cpu,spin-200us");
+         "raw-tcp ping-pong split-cpu spinning 200us", "split-cpu,spin-200us", Goal{5.0, true});
     Emit(out, args, "shm", "pingpong", 64, "p99_us", Median(p99), "us", Median(p99) / rm,
          "raw-tcp ping-pong split-cpu spinning 200us", "split-cpu,spin-200us");
   }
