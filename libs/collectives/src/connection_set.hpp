@@ -1,4 +1,4 @@
-// A communicator's connection set (issue 13, part 0): its devices, completion queue, progress
+// A communicator's connection set: its devices, completion queue, progress
 // driver, connections per channel and peer, and mailboxes. Built at creation (Make) and again by
 // a live change of the transport or the channel count (ChangeConnections), which takes over the
 // connections that do not change and swaps the set in between two collectives.
