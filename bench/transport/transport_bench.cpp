@@ -379,7 +379,8 @@ double PlexusBandwidth(pt::Backend backend, size_t bytes, size_t total, absl::Du
 using plexus::bench::Median;
 
 // A figure's target, in its own unit (the reference of the same run times the claimed ratio):
-// met when the value is at least it, or at most it for a time.
+// met when the value is at least it, or at most it for a time. An upper bound is written as
+// "<= x", so that a line says which way its target points.
 struct Goal {
   double target;
   bool at_most = false;
@@ -401,7 +402,9 @@ void Emit(plexus::tooling::FigureWriter& out, const Args& args, const std::strin
   out.Add({backend + " " + test + " " + metric,
            value,
            unit,
-           goal ? nlohmann::json(goal->target) : nlohmann::json(nullptr),
+           !goal           ? nlohmann::json(nullptr)
+           : goal->at_most ? nlohmann::json(absl::StrFormat("<= %.4g", goal->target))
+                           : nlohmann::json(goal->target),
            goal ? std::optional<bool>(goal->at_most ? value <= goal->target : value >= goal->target)
                 : std::nullopt,
            {{"backend", backend},

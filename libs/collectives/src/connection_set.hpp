@@ -1,5 +1,5 @@
-// A communicator's connection set: its devices, completion queue, progress
-// driver, connections per channel and peer, and mailboxes. Built at creation (Make) and again by
+// A communicator's connection set: its devices, completion queue, progress driver, connections
+// per channel and peer, and mailboxes. Built at creation (Make) and again by
 // a live change of the transport or the channel count (ChangeConnections), which takes over the
 // connections that do not change and swaps the set in between two collectives.
 #pragma once
