@@ -432,8 +432,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"bandwidth", "pingpong"}));
   app.add_option("--backend", args.backend, "tcp or shm (default both)")
       ->check(CLI::IsMember({"tcp", "shm"}));
-  plexus::tooling::AddNumber(&app, "--bytes", &args.bytes, "only this message size", size_t{0},
-                             size_t{1} << 30);
+  plexus::tooling::AddNumber(&app, "--bytes", &args.bytes,
+                             "bandwidth of this message size only (default 64K, 1M, 16M and 64M)",
+                             size_t{0}, size_t{1} << 30);
   int64_t spin_us = 50;
   plexus::tooling::AddNumber(&app, "--spin-us", &spin_us,
                              "bandwidth waits: spin this long before sleeping", int64_t{0},
@@ -444,7 +445,9 @@ int main(int argc, char** argv) {
   plexus::tooling::FigureWriter out("transport", args.json);
   const size_t total = args.quick ? (64 << 20) : (512 << 20);
   const int iters = args.quick ? 2000 : 10000;
-  const std::vector<size_t> sizes = {64 << 10, 1 << 20, 16 << 20, 64 << 20};
+  const std::vector<size_t> sizes =
+      args.bytes != 0 ? std::vector<size_t>{args.bytes}
+                      : std::vector<size_t>{64 << 10, 1 << 20, 16 << 20, 64 << 20};
   if (!args.json) {
     std::printf("plexus-bench-transport: medians of %d runs; bandwidth in GB/s, latency in us\n",
                 args.runs);
@@ -457,7 +460,6 @@ int main(int argc, char** argv) {
   // reference alternate run by run, so that a disturbance hits both.
   for (size_t bytes : sizes) {
     if (!args.test.empty() && args.test != "bandwidth") break;
-    if (args.bytes != 0 && bytes != args.bytes) continue;
     std::vector<double> raw, memcpy_ref, tcp, shm;
     const size_t amount = std::max(total, 16 * bytes);
     for (int r = 0; r < args.runs; ++r) {
