@@ -2,7 +2,6 @@
 // id, and which store its job meets in (ParseLaunchEnvironment), and opening that store from
 // outside the job's ranks (OpenJobStore).
 
-#include <algorithm>
 #include <optional>
 
 #include "absl/status/status.h"
@@ -15,7 +14,6 @@
 #include "bootstrap/launch_environment.hpp"
 #include "bootstrap/pmix_exchange.hpp"
 #include "plexus/base/env.hpp"
-#include "plexus/base/host.hpp"
 #include "plexus/base/net.hpp"
 #include "plexus/base/status.hpp"
 #include "plexus/transport/join.hpp"

@@ -14,7 +14,6 @@
 #include "bootstrap/launch_environment.hpp"
 #include "bootstrap/pmix_exchange.hpp"
 #include "bootstrap/rank0_store.hpp"
-#include "plexus/base/env.hpp"
 #include "plexus/base/host.hpp"
 #include "plexus/base/log.hpp"
 #include "plexus/base/net.hpp"
