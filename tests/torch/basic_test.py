@@ -149,7 +149,9 @@ def collectives(rank, world):
     check_equal("recv", t, torch.full((4,), float(prv)))
     dist.barrier()
     # recv from any source: every other rank sends rank 0 two tensors; rank 0 takes 2 * (world
-    # - 1) of them from whoever comes first, and each sender's two arrive in its order.
+    # - 1) of them from whoever comes first, and each sender's two arrive in its order. The last
+    # rank's third tensor is sent only after a barrier: sent earlier, it may rightly overtake
+    # another rank's second one and be taken by the blocking receives.
     if rank == 0:
         seen = {}
         for _ in range(2 * (world - 1)):
@@ -160,15 +162,19 @@ def collectives(rank, world):
         want = {r: [float(r * 10), float(r * 10 + 1)] for r in range(1, world)}
         if seen != want:
             raise AssertionError(f"recv from any source: got {seen}, want {want}")
-        work = dist.irecv(torch.empty(5))  # one more, asynchronous: its sourceRank names it
-        work.wait()
-        if work._source_rank() != world - 1:
-            raise AssertionError(f"irecv from any source: source {work._source_rank()}")
     else:
         dist.send(torch.full((5,), float(rank * 10)), 0)
         dist.send(torch.full((5,), float(rank * 10 + 1)), 0)
-        if rank == world - 1:
-            dist.send(torch.full((5,), 99.0), 0)
+    dist.barrier()
+    if rank == 0:
+        t = torch.empty(5)
+        work = dist.irecv(t)  # one more, asynchronous: its sourceRank names it
+        work.wait()
+        if work._source_rank() != world - 1:
+            raise AssertionError(f"irecv from any source: source {work._source_rank()}")
+        check_equal("irecv from any source", t, torch.full((5,), 99.0))
+    elif rank == world - 1:
+        dist.send(torch.full((5,), 99.0), 0)
     dist.barrier()
     # new_group: a group of ranks 0 and 1 only, with its own prefixed store
     group = dist.new_group([0, 1])
