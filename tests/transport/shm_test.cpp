@@ -876,6 +876,62 @@ TEST_CASE("shm: a message longer than its receive fails it and closes the connec
   CHECK_FALSE(p.ca->status().ok());
 }
 
+TEST_CASE("shm: a mid-size send is pulled by cross-memory attach only in a two-way exchange",
+          "[shm]") {
+  SetCma(true);  // default thresholds: 2 MiB, and 256 KiB in an exchange
+  LocalPair p = MakeLocalPair();
+  constexpr size_t kSize = size_t{512} << 10;
+  std::vector<uint8_t> src(kSize), got(kSize), back(kSize);
+  Fill(src.data(), kSize, 5);
+  auto stats = [&] {
+    auto s = shm::GetConnectionStats(*p.ca);
+    REQUIRE(s.ok());
+    return *s;
+  };
+  if (!stats().peer_can_pull) {
+    WARN("cross-memory attach is not permitted here: nothing to check");
+    return;
+  }
+  // Sends `src` from a to b and checks what b got; returns the bytes a sent by cross-memory
+  // attach meanwhile.
+  auto send = [&](uint64_t wr) {
+    const size_t before = stats().cma_bytes_sent;
+    std::fill(got.begin(), got.end(), 0);
+    REQUIRE(p.cb->PostRecv({got.data(), kSize}, wr).ok());
+    REQUIRE(p.ca->PostSend(pt::ConstBuffer{src.data(), kSize}, wr).ok());
+    const pt::Completion sent = Next(*p.cqa);
+    CHECK(sent.status.ok());
+    CHECK(sent.wr_id == wr);
+    const pt::Completion c = Next(*p.cqb);
+    REQUIRE(c.status.ok());
+    CHECK(c.bytes == kSize);
+    CHECK(got == src);
+    return stats().cma_bytes_sent - before;
+  };
+  SECTION("one way: through the ring") { CHECK(send(1) == 0); }
+  SECTION("a small receive posted by the sender: through the ring") {
+    uint8_t ack = 0;
+    REQUIRE(p.ca->PostRecv({&ack, 1}, 7).ok());
+    CHECK(send(2) == 0);
+    const uint8_t one = 1;
+    REQUIRE(p.cb->PostSend(pt::ConstBuffer{&one, 1}, 8).ok());
+    CHECK(Next(*p.cqb).status.ok());
+    const pt::Completion c = Next(*p.cqa);
+    CHECK(c.status.ok());
+    CHECK(c.wr_id == 7u);
+  }
+  SECTION("the sender's own receive of the same size posted: pulled") {
+    REQUIRE(p.ca->PostRecv({back.data(), kSize}, 9).ok());
+    CHECK(send(3) == kSize);
+    REQUIRE(p.cb->PostSend(pt::ConstBuffer{got.data(), kSize}, 10).ok());
+    CHECK(Next(*p.cqb).status.ok());
+    const pt::Completion c = Next(*p.cqa);
+    CHECK(c.status.ok());
+    CHECK(c.wr_id == 9u);
+    CHECK(back == src);
+  }
+}
+
 TEST_CASE("shm: a produced send streams through the ring, a consumed receive pulls in chunks",
           "[shm][produce]") {
   SetCma(true);

@@ -99,8 +99,8 @@ absl::Status ConnectionState::PostSend(absl::Span<const ConstBuffer> buffers, ui
     op.total += b.size;
     if (b.size > 0) op.buffers.push_back(b);
   }
-  op.use_cma = session_.peer_can_pull && op.total >= config_.cma_threshold &&
-               op.buffers.size() <= kMaxCmaSegments;
+  op.cma_possible = session_.peer_can_pull && op.buffers.size() <= kMaxCmaSegments;
+  op.use_cma = op.cma_possible && op.total >= config_.cma_threshold;
   return EnqueueLocked(std::move(op));
 }
 
@@ -168,6 +168,10 @@ absl::Status ConnectionState::EnqueueLocked(SendOp op) {
           absl::StrCat("shm connection is down: ", std::string(status_.message())));
     }
     if (send_queue_.empty() && awaiting_.empty()) last_progress_ = absl::Now();
+    if (!op.use_cma && op.cma_possible && op.total >= config_.exchange_cma_threshold &&
+        PostedRecvBytesAtLeastLocked(config_.exchange_cma_threshold)) {
+      op.use_cma = true;
+    }
     const bool was_empty = send_queue_.empty();
     send_queue_.push_back(std::move(op));
     // Straight into the ring from the posting thread when nothing is queued ahead: no hop to
@@ -548,6 +552,16 @@ absl::Status ConnectionState::PlaceWriteLocked(const FrameHeader& h, uint64_t pa
 }
 
 // ---- sending ----
+
+bool ConnectionState::PostedRecvBytesAtLeastLocked(size_t bytes) const {
+  size_t sum = 0;
+  for (size_t i = 0; sum < bytes; ++i) {
+    const MutableBuffer* recv = matcher_.PostedRecv(i);
+    if (recv == nullptr) return false;
+    sum += recv->size;
+  }
+  return true;
+}
 
 bool ConnectionState::ReapAcksLocked() {
   const uint64_t tail = session_.tx.LoadTail();

@@ -33,6 +33,11 @@ struct EngineConfig {
   // pinning every page it touches (docs/measurements/transport.md, "Figures first recorded in
   // code comments").
   size_t cma_threshold = size_t{2} << 20;
+  // ... and from this size when the sending process has at least as many bytes of receives
+  // posted on the same connection (a two-way exchange): its CPU then has its own copy to make,
+  // so the ring's copy-in would not run beside the peer's copy-out but in series with it
+  // (docs/measurements/collectives.md, "Single copy for two-way exchanges").
+  size_t exchange_cma_threshold = size_t{256} << 10;
   // Caps on messages held before their receive is posted (DeviceOptions::max_held_bytes_*).
   size_t held_bytes_per_connection = kDefaultHeldBytesPerConnection;
   std::shared_ptr<HoldBudget> held_budget;  // the device's
@@ -85,6 +90,7 @@ class ConnectionState {
     size_t cursor_buffer = 0;
     size_t cursor_offset = 0;
     bool use_cma = false;
+    bool cma_possible = false;  // a send the peer may pull (EnqueueLocked may choose it)
     uint64_t region_id = 0;
     uint64_t remote_offset = 0;
     std::optional<uint32_t> immediate;
@@ -123,6 +129,9 @@ class ConnectionState {
   absl::Status ReceiveError(const absl::Status& s) const;
   absl::Status PlaceWriteLocked(const FrameHeader& h, uint64_t payload_pos);
   bool ReapAcksLocked();
+  // Whether the receives posted on this connection take at least `bytes` together (a consumed
+  // receive counts with its maximum length).
+  bool PostedRecvBytesAtLeastLocked(size_t bytes) const;
   bool WriteFramesLocked();
   bool WriteOneFrameLocked(SendOp& op, uint64_t free_bytes);
   void PushLocked(uint64_t wr_id, Opcode opcode, absl::Status status, size_t bytes,

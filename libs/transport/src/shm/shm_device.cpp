@@ -33,6 +33,10 @@ const base::Param<bool> kShmCmaParam("PLEXUS_SHM_CMA", true,
 const base::Param<base::Bytes> kShmCmaThresholdParam(
     "PLEXUS_SHM_CMA_THRESHOLD", base::Bytes{0},
     "shm messages from this size go by cross-memory attach (0: the backend's default)");
+const base::Param<base::Bytes> kShmExchangeCmaThresholdParam(
+    "PLEXUS_SHM_EXCHANGE_CMA_THRESHOLD", base::Bytes{0},
+    "shm messages from this size go by cross-memory attach when the sender's own posted "
+    "receives on the connection are as large (0: the backend's default)");
 
 // Spinning covers a round trip between two processes (waking a sleeping CPU takes tens of
 // microseconds in a VM; docs/measurements/transport.md, "Figures first recorded in code
@@ -112,6 +116,13 @@ class ShmDevice final : public Device, public std::enable_shared_from_this<ShmDe
     if (options().shm.cma_threshold > 0) threshold = base::Bytes{options().shm.cma_threshold};
     PLEXUS_ASSIGN_OR_RETURN(const base::Bytes resolved, kShmCmaThresholdParam.Resolve(threshold));
     if (resolved.value > 0) config_.cma_threshold = resolved.value;
+    std::optional<base::Bytes> exchange;
+    if (options().shm.exchange_cma_threshold > 0) {
+      exchange = base::Bytes{options().shm.exchange_cma_threshold};
+    }
+    PLEXUS_ASSIGN_OR_RETURN(const base::Bytes exchange_resolved,
+                            kShmExchangeCmaThresholdParam.Resolve(exchange));
+    if (exchange_resolved.value > 0) config_.exchange_cma_threshold = exchange_resolved.value;
     PLEXUS_ASSIGN_OR_RETURN(const HoldLimits held, ResolveHoldLimits(options()));
     config_.held_bytes_per_connection = held.per_connection;
     config_.held_budget = std::make_shared<HoldBudget>(held.per_device);
