@@ -221,6 +221,19 @@ std::vector<Block> PositionBlocks(const Layout& L, size_t count) {
   return blocks;
 }
 
+// Points the sends that read this rank's block in buf at a.own_block instead. A rank never
+// receives its own block, so every such send is one of its first, reading the block as it was.
+// The peers then read the caller's input, which no one writes during the call, rather than
+// lines this rank has just written into buf and its CPU's cache still holds modified (fetched
+// from there by a peer's cross-memory pull or ring copy at a cross-core cost).
+void SendOwnBlockFrom(const PlanArgs& a, Plan* plan) {
+  const uint8_t* own = a.buf + static_cast<size_t>(a.L.rank) * a.count * a.L.esize;
+  const uint8_t* own_end = own + a.count * a.L.esize;
+  for (SendOp& op : plan->sends) {
+    if (op.data >= own && op.data < own_end) op.data = a.own_block + (op.data - own);
+  }
+}
+
 // Runs the schedule `shape` over `blocks` (one per piece).
 absl::Status Run(Shape shape, const PlanArgs& a, std::span<const Block> blocks, Plan* plan,
                  int slices = 1, const uint8_t* input = nullptr) {
@@ -282,7 +295,9 @@ const PlanBuilder kPlanBuilders[] = {
      }},
     {K::kAllGather, A::kRing, nullptr, nullptr,
      [](const PlanArgs& a, Plan* p) {
-       return Run(Shape::kRingAllGather, a, RingBlocks(a.L, a.count), p);
+       PLEXUS_RETURN_IF_ERROR(Run(Shape::kRingAllGather, a, RingBlocks(a.L, a.count), p));
+       if (a.own_block != nullptr) SendOwnBlockFrom(a, p);
+       return absl::OkStatus();
      }},
     {K::kAllGather, A::kHalvingDoubling, PowerOfTwo, nullptr,
      [](const PlanArgs& a, Plan* p) {

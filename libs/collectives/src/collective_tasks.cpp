@@ -410,9 +410,11 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     const bool in_place = send == static_cast<uint8_t*>(recv) + mine;
     Staging staging = NewStaging();
     PLEXUS_ASSIGN_OR_RETURN(auto buf, staging.Output(recv, total, in_place));
+    const uint8_t* own_block = nullptr;
     if (!in_place) {
       PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, count * esize, true));
       std::memmove(buf + mine, in, count * esize);
+      own_block = in;
     }
     const Layout& L = MakeLayout(dtype);
     if (algo == Algorithm::kHalvingDoubling && FitsMailbox(count * esize)) {
@@ -435,7 +437,12 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     Plan& plan = NewPlan();
     plan.wire = wire;
     PLEXUS_RETURN_IF_ERROR(FindPlanBuilder(CollectiveKind::kAllGather, algo, n)
-                               ->build({.L = L, .buf = buf, .count = count}, &plan));
+                               ->build({.L = L,
+                                        .buf = buf,
+                                        .count = count,
+                                        // A wire cast sends the rounded copy in buf.
+                                        .own_block = wire ? nullptr : own_block},
+                                       &plan));
     PLEXUS_RETURN_IF_ERROR(Execute(plan, header, dtype, ReduceOp::kSum));
     return staging.CopyOut();
   };

@@ -162,6 +162,9 @@ struct PlanArgs {
   size_t count;      // elements (AllGather, ReduceScatter: per rank)
   int root_pos = 0;  // Reduce, Broadcast: the root's ring position
   const uint8_t* input = nullptr;  // PlanBuilder::reads_input; Broadcast: the root's source
+  // AllGather (ring): this rank's block, which its sends read from here rather than from its
+  // copy in buf (count elements; nullptr: from buf).
+  const uint8_t* own_block = nullptr;
 };
 
 struct PlanBuilder {
