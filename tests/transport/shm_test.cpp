@@ -878,7 +878,7 @@ TEST_CASE("shm: a message longer than its receive fails it and closes the connec
 
 TEST_CASE("shm: a mid-size send is pulled by cross-memory attach only in a two-way exchange",
           "[shm]") {
-  SetCma(true);  // default thresholds: 2 MiB, and 256 KiB in an exchange
+  SetCma(true);  // default thresholds: 2 MiB, and 128 KiB in an exchange
   LocalPair p = MakeLocalPair();
   constexpr size_t kSize = size_t{512} << 10;
   std::vector<uint8_t> src(kSize), got(kSize), back(kSize);

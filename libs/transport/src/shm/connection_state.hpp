@@ -37,7 +37,7 @@ struct EngineConfig {
   // posted on the same connection (a two-way exchange): its CPU then has its own copy to make,
   // so the ring's copy-in would not run beside the peer's copy-out but in series with it
   // (docs/measurements/collectives.md, "Single copy for two-way exchanges").
-  size_t exchange_cma_threshold = size_t{256} << 10;
+  size_t exchange_cma_threshold = size_t{128} << 10;
   // Caps on messages held before their receive is posted (DeviceOptions::max_held_bytes_*).
   size_t held_bytes_per_connection = kDefaultHeldBytesPerConnection;
   std::shared_ptr<HoldBudget> held_budget;  // the device's

@@ -47,7 +47,7 @@ struct ShmOptions {
   // The same from a lower size for a send on a connection whose own receives posted take at
   // least as many bytes (a two-way exchange, as in a 2-process allgather or allreduce): then the
   // sending CPU has its own copy to make, and one copy per side beats the ring's two.
-  // 0 = default (256 KiB); a value at or above cma_threshold turns it off.
+  // 0 = default (128 KiB); a value at or above cma_threshold turns it off.
   // PLEXUS_SHM_EXCHANGE_CMA_THRESHOLD overrides.
   size_t exchange_cma_threshold = 0;
 };
