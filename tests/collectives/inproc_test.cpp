@@ -764,6 +764,35 @@ TEST_CASE("ring order is validated, used and reported", "[collectives][inproc]")
   RequireAllOk(results);
 }
 
+TEST_CASE("AllGather with the input inside another rank's block of the output",
+          "[collectives][inproc]") {
+  // Not in place: rank r's input lies where rank r+1's block lands, so receives overwrite it
+  // during the call; every rank must still get every block as it was when the call began.
+  constexpr int n = 3;
+  constexpr size_t kCount = 70001;  // odd, several chunks of a small chunk_bytes
+  pc::CommunicatorOptions options = InprocOptions();
+  options.chunk_bytes = 64 << 10;
+  auto results = RunRanks(n, options, [&](int rank, pc::Communicator& comm) {
+    for (Algorithm a : {Algorithm::kRing, Algorithm::kAuto}) {
+      std::vector<int32_t> out(n * kCount, -1);
+      int32_t* in = out.data() + ((rank + 1) % n) * kCount;
+      for (size_t i = 0; i < kCount; ++i) in[i] = static_cast<int32_t>(rank * 1000003 + i);
+      absl::Status s = comm.AllGather(in, out.data(), kCount, DataType::kI32, {a});
+      if (!s.ok()) return std::string(s.message());
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < kCount; ++i) {
+          if (out[r * kCount + i] != static_cast<int32_t>(r * 1000003 + i)) {
+            return absl::StrCat(std::string(pc::AlgorithmName(a)), ": block ", r, " element ", i,
+                                " is ", out[r * kCount + i]);
+          }
+        }
+      }
+    }
+    return std::string();
+  });
+  RequireAllOk(results);
+}
+
 TEST_CASE("mismatched calls are reported, not silently corrupted", "[collectives][inproc]") {
   auto options = InprocOptions();
   options.timeout = absl::Seconds(5);

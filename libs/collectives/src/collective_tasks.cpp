@@ -2,6 +2,7 @@
 // runs) staging of device buffers, the layout, and either the mailbox path or a plan for the
 // executor.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -414,7 +415,9 @@ CommunicatorImpl::TaskOr CommunicatorImpl::AllGatherTask(const void* send, void*
     if (!in_place) {
       PLEXUS_ASSIGN_OR_RETURN(auto in, staging.In(send, count * esize, true));
       std::memmove(buf + mine, in, count * esize);
-      own_block = in;
+      // Sent from the input only where no write into the output can reach it.
+      const auto at = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+      if (at(in) + count * esize <= at(buf) || at(in) >= at(buf) + total) own_block = in;
     }
     const Layout& L = MakeLayout(dtype);
     if (algo == Algorithm::kHalvingDoubling && FitsMailbox(count * esize)) {
