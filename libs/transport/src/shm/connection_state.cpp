@@ -554,8 +554,11 @@ absl::Status ConnectionState::PlaceWriteLocked(const FrameHeader& h, uint64_t pa
 // ---- sending ----
 
 bool ConnectionState::PostedRecvBytesAtLeastLocked(size_t bytes) const {
+  // The first few only: a send must not cost a walk over thousands of small posted receives.
+  constexpr size_t kMaxLooked = 16;
   size_t sum = 0;
   for (size_t i = 0; sum < bytes; ++i) {
+    if (i == kMaxLooked) return false;
     const MutableBuffer* recv = matcher_.PostedRecv(i);
     if (recv == nullptr) return false;
     sum += recv->size;

@@ -129,8 +129,8 @@ class ConnectionState {
   absl::Status ReceiveError(const absl::Status& s) const;
   absl::Status PlaceWriteLocked(const FrameHeader& h, uint64_t payload_pos);
   bool ReapAcksLocked();
-  // Whether the receives posted on this connection take at least `bytes` together (a consumed
-  // receive counts with its maximum length).
+  // Whether the oldest receives posted on this connection (up to 16) take at least `bytes`
+  // together (a consumed receive counts with its maximum length).
   bool PostedRecvBytesAtLeastLocked(size_t bytes) const;
   bool WriteFramesLocked();
   bool WriteOneFrameLocked(SendOp& op, uint64_t free_bytes);
