@@ -46,6 +46,16 @@ constexpr absl::Duration kSpinBeforeSleep = absl::Microseconds(100);
 constexpr absl::Duration kMaxSleep = absl::Milliseconds(10);
 constexpr absl::Duration kLivenessInterval = absl::Milliseconds(5);
 
+// A size threshold of ShmOptions: the option (0: unset) beats the environment's `param`; a
+// result of 0 leaves `*out` at the backend's default.
+absl::Status ResolveThreshold(const base::Param<base::Bytes>& param, size_t option, size_t* out) {
+  std::optional<base::Bytes> explicit_value;
+  if (option > 0) explicit_value = base::Bytes{option};
+  PLEXUS_ASSIGN_OR_RETURN(const base::Bytes resolved, param.Resolve(explicit_value));
+  if (resolved.value > 0) *out = resolved.value;
+  return absl::OkStatus();
+}
+
 size_t RoundUpPowerOfTwo(size_t v) {
   size_t p = kMinRingBytes;
   while (p < v && p < kMaxRingBytes) p <<= 1;
@@ -111,18 +121,11 @@ class ShmDevice final : public Device, public std::enable_shared_from_this<ShmDe
     config_.max_message_bytes = options().max_message_bytes;
     config_.op_timeout = options().op_timeout;
     PLEXUS_ASSIGN_OR_RETURN(allow_cma_, kShmCmaParam.Get());
-    // An explicit DeviceOptions::shm.cma_threshold beats the environment.
-    std::optional<base::Bytes> threshold;
-    if (options().shm.cma_threshold > 0) threshold = base::Bytes{options().shm.cma_threshold};
-    PLEXUS_ASSIGN_OR_RETURN(const base::Bytes resolved, kShmCmaThresholdParam.Resolve(threshold));
-    if (resolved.value > 0) config_.cma_threshold = resolved.value;
-    std::optional<base::Bytes> exchange;
-    if (options().shm.exchange_cma_threshold > 0) {
-      exchange = base::Bytes{options().shm.exchange_cma_threshold};
-    }
-    PLEXUS_ASSIGN_OR_RETURN(const base::Bytes exchange_resolved,
-                            kShmExchangeCmaThresholdParam.Resolve(exchange));
-    if (exchange_resolved.value > 0) config_.exchange_cma_threshold = exchange_resolved.value;
+    PLEXUS_RETURN_IF_ERROR(ResolveThreshold(kShmCmaThresholdParam, options().shm.cma_threshold,
+                                            &config_.cma_threshold));
+    PLEXUS_RETURN_IF_ERROR(ResolveThreshold(kShmExchangeCmaThresholdParam,
+                                            options().shm.exchange_cma_threshold,
+                                            &config_.exchange_cma_threshold));
     PLEXUS_ASSIGN_OR_RETURN(const HoldLimits held, ResolveHoldLimits(options()));
     config_.held_bytes_per_connection = held.per_connection;
     config_.held_budget = std::make_shared<HoldBudget>(held.per_device);
