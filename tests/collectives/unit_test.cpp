@@ -180,6 +180,20 @@ TEST_CASE("selector table: default, parsing, errors and round trip", "[collectiv
   CHECK(tcp.Select(CollectiveKind::kBroadcast, 4, 1 << 20) == Algorithm::kTree);
   CHECK(tcp.Select(CollectiveKind::kBroadcast, 4, size_t{64} << 20) == Algorithm::kTree);
   CHECK(tcp.Select(CollectiveKind::kBroadcast, 2, 1 << 20) == Algorithm::kRing);
+  // 2 ranks: the chain's one message, not the double tree's two halves (over tcp at every size,
+  // elsewhere from 4 KiB, below which the mailbox tree is faster); AllGather by the ring from
+  // 8 KiB where no pair uses tcp, the mailbox exchange below.
+  CHECK(tcp.Select(CollectiveKind::kBroadcast, 2, 8) == Algorithm::kRing);
+  CHECK(tcp.Select(CollectiveKind::kReduce, 2, 8) == Algorithm::kRing);
+  CHECK(tcp.Select(CollectiveKind::kReduce, 4, 8) == Algorithm::kTree);
+  CHECK(def.Select(CollectiveKind::kBroadcast, 2, (4 << 10) - 1) == Algorithm::kTree);
+  CHECK(def.Select(CollectiveKind::kBroadcast, 2, 4 << 10) == Algorithm::kRing);
+  CHECK(def.Select(CollectiveKind::kBroadcast, 3, 4 << 10) == Algorithm::kTree);
+  CHECK(def.Select(CollectiveKind::kReduce, 2, 8) == Algorithm::kTree);
+  CHECK(def.Select(CollectiveKind::kAllGather, 2, (8 << 10) - 1) == Algorithm::kHalvingDoubling);
+  CHECK(def.Select(CollectiveKind::kAllGather, 2, 8 << 10) == Algorithm::kRing);
+  CHECK(def.Select(CollectiveKind::kAllGather, 4, 8 << 10) == Algorithm::kHalvingDoubling);
+  CHECK(tcp.Select(CollectiveKind::kAllGather, 2, 8 << 10) == Algorithm::kHalvingDoubling);
   CHECK(tcp.Select(CollectiveKind::kBroadcast, 8, 1 << 20) == Algorithm::kRing);
   CHECK(def.Select(CollectiveKind::kBroadcast, 4, 1 << 20) == Algorithm::kRing);
   // Reduce, 4 ranks not over tcp: the tree from 1 to 8 MiB; elsewhere the ring from 256 KiB.

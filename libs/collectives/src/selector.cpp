@@ -96,7 +96,20 @@ AlgorithmTable AlgorithmTable::Default(bool tcp) {
     // (docs/measurements/collectives.md, "Broadcast over tcp and ReduceScatter without the
     // input copy").
     rules.insert(rules.begin(), SelectorRule{K::kBroadcast, 4, 4, 0, kAnyBytes, A::kTree});
+    // Broadcast and Reduce, 2 ranks over tcp: the double tree cuts the vector into two halves,
+    // two messages where the chain sends one; the chain took half the time from 8 B to 16 KiB
+    // and was level from 64 KiB (docs/measurements/collectives.md, "Two ranks: one message, not
+    // two halves").
+    rules.insert(rules.begin(), {SelectorRule{K::kBroadcast, 2, 2, 0, kAnyBytes, A::kRing},
+                                 SelectorRule{K::kReduce, 2, 2, 0, kAnyBytes, A::kRing}});
   } else {
+    // 2 ranks not over tcp: from 4 KiB a Broadcast by the chain (one message) beat the tree by
+    // mailbox (fragments of 2 KiB) and the double tree (two halves); from 8 KiB an AllGather by
+    // the ring (one message each way) beat the mailbox exchange. Below, the mailbox wins
+    // (docs/measurements/collectives.md, "Two ranks: one message, not two halves").
+    rules.insert(rules.begin(),
+                 {SelectorRule{K::kBroadcast, 2, 2, 4 * kKiB, kAnyBytes, A::kRing},
+                  SelectorRule{K::kAllGather, 2, 2, 8 * kKiB, 64 * kKiB - 1, A::kRing}});
     // Reduce, 4 ranks over shm (4 ranks on 2 CPUs): from 1 to 8 MiB the pipelined double tree's
     // 2 dependent levels beat the ring's 6 steps, which also swung by 1.6x from one invocation
     // to the next at 1 MiB (313-349 against 372-584 us); the ring led at 256 KiB and 8 MiB
