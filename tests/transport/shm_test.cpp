@@ -252,10 +252,10 @@ struct LocalPair {
   std::unique_ptr<pt::Connection> ca, cb;
 };
 
-LocalPair MakeLocalPair(pt::ProgressMode mode = pt::ProgressMode::kThread) {
+LocalPair MakeLocalPair(const pt::DeviceOptions& options) {
   LocalPair p;
-  p.a = MakeDevice(Options(mode));
-  p.b = MakeDevice(Options(mode));
+  p.a = MakeDevice(options);
+  p.b = MakeDevice(options);
   p.cqa = p.a->CreateCompletionQueue();
   p.cqb = p.b->CreateCompletionQueue();
   auto listener = p.a->Listen("");
@@ -270,6 +270,10 @@ LocalPair MakeLocalPair(pt::ProgressMode mode = pt::ProgressMode::kThread) {
   REQUIRE(p.cb != nullptr);
   p.ca = std::move(*c);
   return p;
+}
+
+LocalPair MakeLocalPair(pt::ProgressMode mode = pt::ProgressMode::kThread) {
+  return MakeLocalPair(Options(mode));
 }
 
 }  // namespace
@@ -930,6 +934,55 @@ TEST_CASE("shm: a mid-size send is pulled by cross-memory attach only in a two-w
     CHECK(c.wr_id == 9u);
     CHECK(back == src);
   }
+}
+
+TEST_CASE("shm: a lone send is pulled from lone_cma_threshold; sends queued behind it use the ring",
+          "[shm]") {
+  SetCma(true);
+  pt::DeviceOptions options = Options(pt::ProgressMode::kThread);
+  options.shm.lone_cma_threshold = size_t{256} << 10;
+  LocalPair p = MakeLocalPair(options);
+  auto pulled = [&] {
+    auto s = shm::GetConnectionStats(*p.ca);
+    REQUIRE(s.ok());
+    return s->cma_bytes_sent;
+  };
+  {
+    auto s = shm::GetConnectionStats(*p.ca);
+    REQUIRE(s.ok());
+    if (!s->peer_can_pull) {
+      WARN("cross-memory attach is not permitted here: nothing to check");
+      return;
+    }
+  }
+  constexpr size_t kBig = size_t{512} << 10, kSmall = size_t{128} << 10;
+  std::vector<uint8_t> first(kBig), second(kBig), small(kSmall);
+  Fill(first.data(), kBig, 1);
+  Fill(second.data(), kBig, 2);
+  Fill(small.data(), kSmall, 3);
+  std::vector<uint8_t> got1(kBig), got2(kBig), got3(kSmall);
+  // Both large sends are posted before the peer posts a receive: the second finds the first
+  // unacknowledged, and streams.
+  REQUIRE(p.ca->PostSend(pt::ConstBuffer{first.data(), kBig}, 1).ok());
+  REQUIRE(p.ca->PostSend(pt::ConstBuffer{second.data(), kBig}, 2).ok());
+  REQUIRE(p.cb->PostRecv({got1.data(), kBig}, 11).ok());
+  REQUIRE(p.cb->PostRecv({got2.data(), kBig}, 12).ok());
+  for (int i = 0; i < 2; ++i) {
+    const pt::Completion r = Next(*p.cqb);
+    REQUIRE(r.status.ok());
+    CHECK(r.bytes == kBig);
+    CHECK(Next(*p.cqa).status.ok());
+  }
+  CHECK(got1 == first);
+  CHECK(got2 == second);
+  CHECK(pulled() == kBig);
+  // Lone again, but below the threshold: the ring.
+  REQUIRE(p.cb->PostRecv({got3.data(), kSmall}, 13).ok());
+  REQUIRE(p.ca->PostSend(pt::ConstBuffer{small.data(), kSmall}, 3).ok());
+  CHECK(Next(*p.cqb).status.ok());
+  CHECK(Next(*p.cqa).status.ok());
+  CHECK(got3 == small);
+  CHECK(pulled() == kBig);
 }
 
 TEST_CASE("shm: a produced send streams through the ring, a consumed receive pulls in chunks",

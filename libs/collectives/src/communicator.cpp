@@ -299,7 +299,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   // Bulk shm messages stream through the ring (two copies) also when ranks outnumber CPUs: a
   // cross-memory-attach pull (one copy) from 256 KiB there made the sender wait for a receiver
   // that shares its CPU, and lost to the ring at 1 and 16 MiB (docs/measurements/collectives.md,
-  // "What made the difference"). The transport's own threshold (2 MiB) stays.
+  // "What made the difference"). The transport's own threshold (2 MiB) stays. A lone one-way
+  // message is pulled from 128 KiB when every rank can have a CPU: a 2-process broadcast's
+  // whole message, or the first piece of a pipelined one (docs/measurements/collectives.md,
+  // "Two ranks: one message, not two halves"); with 4 ranks on 2 CPUs it lost.
+  if (!oversubscribed && device_options.shm.lone_cma_threshold == 0) {
+    device_options.shm.lone_cma_threshold = size_t{128} << 10;
+  }
   comm->caller_device_ = device != nullptr;
   if (device == nullptr) {
     // options() reports the timeouts the devices use.

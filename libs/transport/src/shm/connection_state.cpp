@@ -172,6 +172,10 @@ absl::Status ConnectionState::EnqueueLocked(SendOp op) {
         PostedRecvBytesAtLeastLocked(config_.exchange_cma_threshold)) {
       op.use_cma = true;
     }
+    if (!op.use_cma && op.cma_possible && op.total >= config_.lone_cma_threshold &&
+        send_queue_.empty() && awaiting_.empty()) {
+      op.use_cma = true;
+    }
     const bool was_empty = send_queue_.empty();
     send_queue_.push_back(std::move(op));
     // Straight into the ring from the posting thread when nothing is queued ahead: no hop to

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -38,6 +39,9 @@ struct EngineConfig {
   // so the ring's copy-in would not run beside the peer's copy-out but in series with it
   // (docs/measurements/collectives.md, "Single copy for two-way exchanges").
   size_t exchange_cma_threshold = size_t{128} << 10;
+  // ... and from this size when nothing is queued or awaiting an acknowledgement on the
+  // connection (a lone one-way message; ShmOptions::lone_cma_threshold). Off by default.
+  size_t lone_cma_threshold = std::numeric_limits<size_t>::max();
   // Caps on messages held before their receive is posted (DeviceOptions::max_held_bytes_*).
   size_t held_bytes_per_connection = kDefaultHeldBytesPerConnection;
   std::shared_ptr<HoldBudget> held_budget;  // the device's

@@ -37,6 +37,10 @@ const base::Param<base::Bytes> kShmExchangeCmaThresholdParam(
     "PLEXUS_SHM_EXCHANGE_CMA_THRESHOLD", base::Bytes{0},
     "shm messages from this size go by cross-memory attach when the sender's own posted "
     "receives on the connection are as large (0: the backend's default)");
+const base::Param<base::Bytes> kShmLoneCmaThresholdParam(
+    "PLEXUS_SHM_LONE_CMA_THRESHOLD", base::Bytes{0},
+    "shm messages from this size go by cross-memory attach when nothing else is queued or "
+    "unacknowledged on the connection (0: off)");
 
 // Spinning covers a round trip between two processes (waking a sleeping CPU takes tens of
 // microseconds in a VM; docs/measurements/transport.md, "Figures first recorded in code
@@ -126,6 +130,8 @@ class ShmDevice final : public Device, public std::enable_shared_from_this<ShmDe
     PLEXUS_RETURN_IF_ERROR(ResolveThreshold(kShmExchangeCmaThresholdParam,
                                             options().shm.exchange_cma_threshold,
                                             &config_.exchange_cma_threshold));
+    PLEXUS_RETURN_IF_ERROR(ResolveThreshold(
+        kShmLoneCmaThresholdParam, options().shm.lone_cma_threshold, &config_.lone_cma_threshold));
     PLEXUS_ASSIGN_OR_RETURN(const HoldLimits held, ResolveHoldLimits(options()));
     config_.held_bytes_per_connection = held.per_connection;
     config_.held_budget = std::make_shared<HoldBudget>(held.per_device);

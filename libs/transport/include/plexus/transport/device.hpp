@@ -50,6 +50,14 @@ struct ShmOptions {
   // 0 = default (128 KiB); a value at or above cma_threshold turns it off.
   // PLEXUS_SHM_EXCHANGE_CMA_THRESHOLD overrides.
   size_t exchange_cma_threshold = 0;
+  // The same from this size for a send that finds its connection idle (nothing queued or
+  // awaiting the peer's acknowledgement before it): a lone one-way message, such as a
+  // 2-process broadcast's, which the receiver then pulls from the sender's buffer in one copy.
+  // Sends queued behind it keep the ring, where the two sides' copies overlap. It pays only when
+  // the receiver has a CPU of its own to pull with, which the transport cannot know:
+  // 0 = default (off); a communicator that creates its devices sets 128 KiB when its ranks do not
+  // outnumber the host's CPUs. PLEXUS_SHM_LONE_CMA_THRESHOLD overrides a 0 here.
+  size_t lone_cma_threshold = 0;
 };
 
 // A device's settings: those of every backend, then one group per backend with settings of its
