@@ -360,6 +360,7 @@ class Suite {
       Reduce(DataType::kI32, ReduceOp::kSum, a, 2049, n / 2);
       Reduce(DataType::kF32, ReduceOp::kMax, a, 4099, n - 1, /*in_place=*/true);
       Reduce(DataType::kF64, ReduceOp::kProd, a, 1001, 0);
+      Reduce(DataType::kF32, ReduceOp::kSum, a, 3, n - 1);  // fewer elements than ranks
     }
     if (!broken()) {
       AllToAll(DataType::kF32, 257, true);

@@ -190,6 +190,10 @@ TEST_CASE("selector table: default, parsing, errors and round trip", "[collectiv
   CHECK(def.Select(CollectiveKind::kBroadcast, 2, 4 << 10) == Algorithm::kRing);
   CHECK(def.Select(CollectiveKind::kBroadcast, 3, 4 << 10) == Algorithm::kTree);
   CHECK(def.Select(CollectiveKind::kReduce, 2, 8) == Algorithm::kTree);
+  CHECK(def.Select(CollectiveKind::kReduce, 2, 1 << 20) == Algorithm::kHalvingDoubling);
+  CHECK(def.Select(CollectiveKind::kReduce, 2, (8 << 20) - 1) == Algorithm::kHalvingDoubling);
+  CHECK(def.Select(CollectiveKind::kReduce, 2, 8 << 20) == Algorithm::kRing);
+  CHECK(tcp.Select(CollectiveKind::kReduce, 2, 1 << 20) == Algorithm::kRing);
   CHECK(def.Select(CollectiveKind::kAllGather, 2, (8 << 10) - 1) == Algorithm::kHalvingDoubling);
   CHECK(def.Select(CollectiveKind::kAllGather, 2, 8 << 10) == Algorithm::kRing);
   CHECK(def.Select(CollectiveKind::kAllGather, 4, 8 << 10) == Algorithm::kHalvingDoubling);

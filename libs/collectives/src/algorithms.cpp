@@ -252,6 +252,36 @@ absl::Status RunAllReduce(Shape shape, const PlanArgs& a, Plan* plan, int slices
   return absl::OkStatus();
 }
 
+// Reduce by recursive halving, then a gather (Rabenseifner's reduce): the vector cut into n
+// blocks, block b owned by the rank at position b; a halving reduce-scatter leaves each rank its
+// block reduced over all ranks (every rank's CPU reduces 1/n of the vector, where a chain or a
+// tree leaves all of it to the root's), and each sends it to the root. A rank's block leaves once
+// all its reduce-scatter receives are done; the root's receives of the blocks wait for all its
+// reduce-scatter sends, which may read the same bytes of buf.
+absl::Status BuildHalvingReduce(const PlanArgs& a, Plan* plan) {
+  const Layout& L = a.L;
+  if (L.n == 1 || a.count == 0) return absl::OkStatus();
+  const std::vector<Block> blocks = EvenBlocks(a.count, L.n);
+  PLEXUS_ASSIGN_OR_RETURN(const RunnableSchedule* s, ScheduleOf(Shape::kHalving, L.n));
+  BuildFromSchedule(*s, L, a.buf, blocks, 1, a.input, plan);
+  const int rs_sends = static_cast<int>(plan->sends.size());
+  const int rs_recvs = static_cast<int>(plan->recvs.size());
+  const int me = L.pos();
+  if (me != a.root_pos) {
+    const Block& mine = blocks[me];
+    if (mine.count > 0) {
+      SendAll(L, plan, a.buf + mine.offset * L.esize, mine.count, L.at(a.root_pos), rs_recvs);
+    }
+    return absl::OkStatus();
+  }
+  for (int q = 0; q < L.n; ++q) {
+    if (q == me || blocks[q].count == 0) continue;
+    RecvAll(L, plan, a.buf + blocks[q].offset * L.esize, blocks[q].count, L.at(q), false, false,
+            rs_sends);
+  }
+  return absl::OkStatus();
+}
+
 // The double binary tree pipelines chunk by chunk: one slice of the schedule per chunk of a
 // half, so that a node forwards a chunk as soon as it has it.
 int TreeSlices(const PlanArgs& a) {
@@ -278,6 +308,7 @@ const PlanBuilder kPlanBuilders[] = {
        BuildChainReduce(a.L, a.buf, a.count, a.root_pos, p, a.input);
        return absl::OkStatus();
      }},
+    {K::kReduce, A::kHalvingDoubling, PowerOfTwo, SeveralRanks, BuildHalvingReduce},
     {K::kReduce, A::kTree, nullptr, SeveralRanks,
      [](const PlanArgs& a, Plan* p) {
        BuildTreeReduce(a.L, a.buf, a.count, a.root_pos, p, a.input);

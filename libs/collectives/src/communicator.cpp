@@ -525,8 +525,13 @@ Algorithm CommunicatorImpl::Resolve(CollectiveKind kind, size_t bytes, Algorithm
   }
   switch (kind) {
     case CollectiveKind::kBroadcast:
-    case CollectiveKind::kReduce:
       if (a == Algorithm::kHalvingDoubling) a = Algorithm::kTree;
+      break;
+    case CollectiveKind::kReduce:
+      // Halving needs a power of two (each rank owns one block); elsewhere the tree.
+      if (a == Algorithm::kHalvingDoubling && FindPlanBuilder(kind, a, layout_.n) == nullptr) {
+        a = Algorithm::kTree;
+      }
       break;
     case CollectiveKind::kBarrier:
       return Algorithm::kHalvingDoubling;

@@ -110,6 +110,12 @@ AlgorithmTable AlgorithmTable::Default(bool tcp) {
     rules.insert(rules.begin(),
                  {SelectorRule{K::kBroadcast, 2, 2, 4 * kKiB, kAnyBytes, A::kRing},
                   SelectorRule{K::kAllGather, 2, 2, 8 * kKiB, 64 * kKiB - 1, A::kRing}});
+    // Reduce, 2 ranks not over tcp, 1 to 8 MiB: halving then a gather (each CPU reduces half
+    // the vector) beat the chain, where the root's CPU reduces all of it (1 MiB 123 against
+    // 198 us); the chain led again from 8 MiB (docs/measurements/collectives.md, "Two ranks: one
+    // message, not two halves").
+    rules.insert(rules.begin(), SelectorRule{K::kReduce, 2, 2, kKiB * kKiB, 8 * kKiB * kKiB - 1,
+                                             A::kHalvingDoubling});
     // Reduce, 4 ranks over shm (4 ranks on 2 CPUs): from 1 to 8 MiB the pipelined double tree's
     // 2 dependent levels beat the ring's 6 steps, which also swung by 1.6x from one invocation
     // to the next at 1 MiB (313-349 against 372-584 us); the ring led at 256 KiB and 8 MiB
