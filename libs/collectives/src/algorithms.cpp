@@ -262,8 +262,7 @@ absl::Status BuildHalvingReduce(const PlanArgs& a, Plan* plan) {
   const Layout& L = a.L;
   if (L.n == 1 || a.count == 0) return absl::OkStatus();
   const std::vector<Block> blocks = EvenBlocks(a.count, L.n);
-  PLEXUS_ASSIGN_OR_RETURN(const RunnableSchedule* s, ScheduleOf(Shape::kHalving, L.n));
-  BuildFromSchedule(*s, L, a.buf, blocks, 1, a.input, plan);
+  PLEXUS_RETURN_IF_ERROR(Run(Shape::kHalving, a, blocks, plan, 1, a.input));
   const int rs_sends = static_cast<int>(plan->sends.size());
   const int rs_recvs = static_cast<int>(plan->recvs.size());
   const int me = L.pos();
