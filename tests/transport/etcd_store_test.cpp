@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -46,10 +48,18 @@ plexus::tooling::EtcdServer& Server() {
   return *server;
 }
 
+// Safe on any thread: Catch2's assertion macros are not, so threads report through statuses and
+// the main thread asserts.
+absl::StatusOr<std::unique_ptr<pt::EtcdStore>> TryConnect(const std::string& prefix,
+                                                          absl::Duration ttl) {
+  return pt::EtcdStore::Connect({.address = Server().address(), .prefix = prefix, .lease_ttl = ttl},
+                                absl::Seconds(30));
+}
+
+// Main thread only.
 std::unique_ptr<pt::EtcdStore> Connect(const std::string& prefix,
                                        absl::Duration ttl = absl::Seconds(10)) {
-  auto store = pt::EtcdStore::Connect(
-      {.address = Server().address(), .prefix = prefix, .lease_ttl = ttl}, absl::Seconds(30));
+  auto store = TryConnect(prefix, ttl);
   INFO(store.status().ToString());
   REQUIRE(store.ok());
   return *std::move(store);
@@ -68,21 +78,26 @@ TEST_CASE("etcd store: set, get, check, wait, delete, with errors that name the 
   CHECK(*store->Check({"a", "b"}) == false);
   // Get waits for a key set later, by another client.
   std::atomic<bool> seen{false};
-  std::thread later([&seen] {
+  absl::Status writer = absl::UnknownError("the writer did not run");
+  std::thread later([&seen, &writer] {
     absl::SleepFor(absl::Milliseconds(200));
-    auto other = Connect("basic/", absl::Seconds(2));
-    REQUIRE(other->Set("b", "later").ok());
-    REQUIRE(other->Set("c", "").ok());
+    auto other = TryConnect("basic/", absl::Seconds(2));
+    writer = other.status();
+    if (writer.ok()) writer = (*other)->Set("b", "later");
+    if (writer.ok()) writer = (*other)->Set("c", "");
     // Its lease (and keys) live until the reader saw them.
     const absl::Time until = absl::Now() + absl::Seconds(20);
-    while (!seen && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+    while (writer.ok() && !seen && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
   });
   auto b = store->Get("b", absl::Seconds(10));
-  REQUIRE(b.ok());
-  CHECK(*b == "later");
-  CHECK(store->Wait({"a", "b", "c"}, absl::Seconds(10)).ok());
+  const bool waited_all = store->Wait({"a", "b", "c"}, absl::Seconds(10)).ok();
   seen = true;
   later.join();
+  INFO(writer.ToString());
+  REQUIRE(writer.ok());
+  REQUIRE(b.ok());
+  CHECK(*b == "later");
+  CHECK(waited_all);
   // Gone within the TTL (2 s) after their writer's store went, not at once: a peer may still be
   // reading them.
   const absl::Time gone_by = absl::Now() + absl::Seconds(8);
@@ -107,18 +122,30 @@ TEST_CASE("etcd store: set, get, check, wait, delete, with errors that name the 
 TEST_CASE("etcd store: counters are exact under concurrent adders in separate clients") {
   constexpr int kClients = 4, kAdds = 40;
   std::vector<std::vector<int64_t>> seen(kClients);
+  std::vector<absl::Status> failed(kClients);
   std::vector<std::thread> threads;
   for (int c = 0; c < kClients; ++c) {
-    threads.emplace_back([c, &seen] {
-      auto store = Connect("counter/");
+    threads.emplace_back([c, &seen, &failed] {
+      auto store = TryConnect("counter/", absl::Seconds(10));
+      if (!store.ok()) {
+        failed[c] = store.status();
+        return;
+      }
       for (int i = 0; i < kAdds; ++i) {
-        auto v = store->Add("n", 1);
-        REQUIRE(v.ok());
+        auto v = (*store)->Add("n", 1);
+        if (!v.ok()) {
+          failed[c] = v.status();
+          return;
+        }
         seen[c].push_back(*v);
       }
     });
   }
   for (auto& t : threads) t.join();
+  for (int c = 0; c < kClients; ++c) {
+    INFO("client " << c << ": " << failed[c].ToString());
+    REQUIRE(failed[c].ok());
+  }
   std::set<int64_t> all;
   for (const auto& s : seen) all.insert(s.begin(), s.end());
   CHECK(all.size() == size_t{kClients * kAdds});  // every value handed out once
