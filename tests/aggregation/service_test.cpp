@@ -77,6 +77,18 @@ void OnAll(Job& job, F f) {
   for (auto& t : threads) t.join();
 }
 
+// OnAll of f(worker) -> absl::Status, then requires every worker's status to be ok: here, after
+// the join, since Catch2 assertions are not thread-safe.
+template <typename F>
+void RequireOkOnAll(Job& job, F f) {
+  std::vector<absl::Status> st(job.clients.size());
+  OnAll(job, [&](int w) { st[w] = f(w); });
+  for (size_t w = 0; w < st.size(); ++w) {
+    INFO("worker " << w << ": " << st[w]);
+    REQUIRE(st[w].ok());
+  }
+}
+
 std::vector<float> Grad(int worker, size_t n, int round) {
   std::vector<float> g(n);
   for (size_t i = 0; i < n; ++i)
@@ -99,16 +111,16 @@ TEST_CASE("PushPull sums every worker's gradient and runs the optimizer once per
   const size_t n = 1000;  // 4 chunks of 256 floats over 2 cores
   std::vector<float> init(n);
   for (size_t i = 0; i < n; ++i) init[i] = static_cast<float>(i) * 0.01f;
-  OnAll(job, [&](int w) { REQUIRE(job.clients[w]->Init(7, DataType::kF32, init.data(), n).ok()); });
+  RequireOkOnAll(job,
+                 [&](int w) { return job.clients[w]->Init(7, DataType::kF32, init.data(), n); });
 
   // The reference: the same kernels, one element array, the summed gradients.
   std::vector<float> ref_w = init, ref_m(n, 0.0f);
   std::vector<std::vector<float>> got(3, std::vector<float>(n));
   for (int round = 0; round < 3; ++round) {
-    OnAll(job, [&](int w) {
+    RequireOkOnAll(job, [&](int w) {
       auto g = Grad(w, n, round);
-      const absl::Status st = job.clients[w]->PushPull(7, g.data(), got[w].data(), n);
-      REQUIRE(st.ok());
+      return job.clients[w]->PushPull(7, g.data(), got[w].data(), n);
     });
     std::vector<float> sum = Grad(0, n, round);
     for (int w = 1; w < 3; ++w) {
@@ -156,11 +168,10 @@ TEST_CASE("bf16 and f16 gradients are summed in f32 against f32 master weights",
   pai::ConvertFromF32(g0.data(), dtype, f.data(), n);
   for (size_t i = 0; i < n; ++i) f[i] = 0.5f * static_cast<float>(i % 3);
   pai::ConvertFromF32(g1.data(), dtype, f.data(), n);
-  OnAll(job, [&](int w) { REQUIRE(job.clients[w]->Init(1, dtype, init.data(), n).ok()); });
-  OnAll(job, [&](int w) {
-    REQUIRE(job.clients[w]
-                ->PushPull(1, w == 0 ? g0.data() : g1.data(), w == 0 ? out0.data() : out1.data(), n)
-                .ok());
+  RequireOkOnAll(job, [&](int w) { return job.clients[w]->Init(1, dtype, init.data(), n); });
+  RequireOkOnAll(job, [&](int w) {
+    return job.clients[w]->PushPull(1, w == 0 ? g0.data() : g1.data(),
+                                    w == 0 ? out0.data() : out1.data(), n);
   });
   std::vector<float> w(n), sum(n), m(n, 0.0f), v(n, 0.0f);
   pai::ConvertToF32(w.data(), init.data(), dtype, n);
@@ -219,8 +230,8 @@ TEST_CASE("Two jobs share a service: the same key in two namespaces stays apart"
     init1[i] = static_cast<float>(i) * 0.5f;
     init2[i] = 1000.0f + static_cast<float>(i);
   }
-  OnAll(job,
-        [&](int w) { REQUIRE(job.clients[w]->Init(0, DataType::kF32, init1.data(), n).ok()); });
+  RequireOkOnAll(job,
+                 [&](int w) { return job.clients[w]->Init(0, DataType::kF32, init1.data(), n); });
   REQUIRE(job2->Init(0, DataType::kF32, init2.data(), n).ok());
   // Job 2's single worker finishes its rounds while job 1's round waits for its second worker:
   // rounds are counted per namespace.
@@ -231,8 +242,8 @@ TEST_CASE("Two jobs share a service: the same key in two namespaces stays apart"
     for (size_t i = 0; i < n; ++i) REQUIRE(out2[i] == init2[i] - 1.0f * static_cast<float>(round));
   }
   std::vector<std::vector<float>> out1(2, std::vector<float>(n));
-  OnAll(job,
-        [&](int w) { REQUIRE(job.clients[w]->PushPull(0, g1.data(), out1[w].data(), n).ok()); });
+  RequireOkOnAll(job,
+                 [&](int w) { return job.clients[w]->PushPull(0, g1.data(), out1[w].data(), n); });
   for (int w = 0; w < 2; ++w) {
     for (size_t i = 0; i < n; ++i) REQUIRE(out1[w][i] == init1[i] - 2.0f);
   }
@@ -327,7 +338,8 @@ TEST_CASE("Malformed pushes are refused with an error and change nothing",
   Job job = MakeJob(pt::Backend::kTcp, 2, 1, opt, 1024);
   const size_t n = 256;  // one chunk
   std::vector<float> init(n, 1.0f);
-  OnAll(job, [&](int w) { REQUIRE(job.clients[w]->Init(3, DataType::kF32, init.data(), n).ok()); });
+  RequireOkOnAll(job,
+                 [&](int w) { return job.clients[w]->Init(3, DataType::kF32, init.data(), n); });
 
   RawWorker raw(job, 0);
   const pai::FrameHeader hello = HelloFrame(job, 1);
@@ -377,9 +389,9 @@ TEST_CASE("Malformed pushes are refused with an error and change nothing",
   }
   // Nothing changed: a normal round gives exactly init - lr * (g0 + g1).
   std::vector<std::vector<float>> out(2, std::vector<float>(n));
-  OnAll(job, [&](int w) {
+  RequireOkOnAll(job, [&](int w) {
     std::vector<float> g(n, static_cast<float>(w + 1));
-    REQUIRE(job.clients[w]->PushPull(3, g.data(), out[w].data(), n).ok());
+    return job.clients[w]->PushPull(3, g.data(), out[w].data(), n);
   });
   for (size_t i = 0; i < n; ++i) REQUIRE(out[1][i] == 1.0f - 0.1f * 3.0f);
 }
@@ -389,7 +401,8 @@ TEST_CASE("A worker that dies fails the round with an error naming it", "[aggreg
   Job job = MakeJob(backend, 3, 1, {}, 1024, absl::Seconds(30));
   const size_t n = 100;
   std::vector<float> init(n, 0.0f);
-  OnAll(job, [&](int w) { REQUIRE(job.clients[w]->Init(1, DataType::kF32, init.data(), n).ok()); });
+  RequireOkOnAll(job,
+                 [&](int w) { return job.clients[w]->Init(1, DataType::kF32, init.data(), n); });
   job.clients[2].reset();  // worker 2 goes away (its connections close)
   const absl::Time start = absl::Now();
   std::vector<absl::Status> st(2);
@@ -415,7 +428,8 @@ TEST_CASE("A second client for a connected worker is refused and takes over noth
   Job job = MakeJob(backend, 3, 1, {}, 1024, absl::Seconds(5));
   const size_t n = 100;
   std::vector<float> init(n, 0.0f);
-  OnAll(job, [&](int w) { REQUIRE(job.clients[w]->Init(1, DataType::kF32, init.data(), n).ok()); });
+  RequireOkOnAll(job,
+                 [&](int w) { return job.clients[w]->Init(1, DataType::kF32, init.data(), n); });
   // Another job with the same namespace and nonce starts worker 1 again.
   pa::ClientOptions again = ClientOpts(job, 1);
   again.timeout = absl::Seconds(5);
@@ -459,7 +473,8 @@ TEST_CASE("A silent worker fails the round within the round timeout", "[aggregat
   Job job = MakeJob(pt::Backend::kTcp, 3, 2, {}, 1024, timeout);
   const size_t n = 600;
   std::vector<float> init(n, 0.0f);
-  OnAll(job, [&](int w) { REQUIRE(job.clients[w]->Init(1, DataType::kF32, init.data(), n).ok()); });
+  RequireOkOnAll(job,
+                 [&](int w) { return job.clients[w]->Init(1, DataType::kF32, init.data(), n); });
   const absl::Time start = absl::Now();
   std::vector<absl::Status> st(2);
   std::vector<std::thread> t;

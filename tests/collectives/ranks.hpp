@@ -15,15 +15,14 @@
 
 namespace plexus::collectives::testing {
 
-// Runs body(rank, comm) on n threads, each with its own communicator made with
-// options_of(rank); returns one message per rank ("" = success). Catch assertions stay in the
-// main thread.
-inline std::vector<std::string> RunRanksWith(
-    int n, const std::function<CommunicatorOptions(int)>& options_of,
+// Runs body(rank, comm) on n threads that meet over `shared`, each with its own communicator made
+// with options_of(rank); returns one message per rank ("" = success). Asserts nothing, so that
+// it may itself run off the main thread (Catch2 assertions are not thread-safe).
+inline std::vector<std::string> RunRanksOver(
+    const std::shared_ptr<plexus::transport::Store>& shared, int n,
+    const std::function<CommunicatorOptions(int)>& options_of,
     const std::function<std::string(int, Communicator&)>& body) {
   namespace pt = plexus::transport;
-  const plexus::testing::LoopbackStore loopback = plexus::testing::StartLoopbackStore();
-  const std::shared_ptr<pt::Store>& shared = loopback.store;
   std::vector<std::string> results(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
@@ -43,6 +42,14 @@ inline std::vector<std::string> RunRanksWith(
   }
   for (auto& t : threads) t.join();
   return results;
+}
+
+// RunRanksOver a loopback store started here; requires that it starts, so main thread only.
+inline std::vector<std::string> RunRanksWith(
+    int n, const std::function<CommunicatorOptions(int)>& options_of,
+    const std::function<std::string(int, Communicator&)>& body) {
+  const plexus::testing::LoopbackStore loopback = plexus::testing::StartLoopbackStore();
+  return RunRanksOver(loopback.store, n, options_of, body);
 }
 
 // RunRanksWith, the same options on every rank.

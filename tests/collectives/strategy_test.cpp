@@ -365,6 +365,9 @@ TEST_CASE("qos: complementary windows keep two communicators' sends apart", "[qo
   std::vector<std::string> results[2];
   std::vector<std::vector<absl::Duration>> posts[2], admissions[2];
   std::vector<pi::QosGate::Stats> stats[2];
+  // The jobs' stores start here: starting one asserts, which the job threads must not do.
+  const plexus::testing::LoopbackStore stores[2] = {plexus::testing::StartLoopbackStore(),
+                                                    plexus::testing::StartLoopbackStore()};
   std::vector<std::thread> jobs;
   for (int j = 0; j < 2; ++j) {
     results[j].resize(2);
@@ -374,33 +377,35 @@ TEST_CASE("qos: complementary windows keep two communicators' sends apart", "[qo
     jobs.emplace_back([&, j] {
       pc::CommunicatorOptions o = InprocOptions();
       o.qos = schedules[j];
-      results[j] = pc::testing::RunRanks(2, o, [&](int rank, pc::Communicator& comm) {
-        auto* impl = dynamic_cast<pi::CommunicatorImpl*>(&comm);
-        if (impl == nullptr || impl->qos_gate() == nullptr) return std::string("no QoS gate");
-        impl->qos_gate()->Record(100000);
-        std::vector<float> v(64 * 1024);
-        // At least 20 calls, and for at least 3 epochs, so that sends meet the denied halves.
-        const auto start = std::chrono::steady_clock::now();
-        // (The ranks agree on when to stop: a max-allreduce of "go on".)
-        for (int it = 0;; ++it) {
-          float more = it < 20 || plexus::testing::SecondsSince(start) < 0.12 ? 1.0f : 0.0f;
-          if (absl::Status s =
-                  comm.AllReduce(&more, &more, 1, pc::DataType::kF32, pc::ReduceOp::kMax);
-              !s.ok()) {
-            return std::string(s.message());
-          }
-          if (more == 0.0f) break;
-          std::fill(v.begin(), v.end(), static_cast<float>(rank + it));
-          absl::Status s =
-              comm.AllReduce(v.data(), v.data(), v.size(), pc::DataType::kF32, pc::ReduceOp::kSum);
-          if (!s.ok()) return std::string(s.message());
-          if (v[0] != static_cast<float>(2 * it + 1)) return std::string("wrong sum");
-        }
-        posts[j][rank] = impl->qos_gate()->posts();
-        admissions[j][rank] = impl->qos_gate()->admissions();
-        stats[j][rank] = impl->qos_gate()->stats();
-        return std::string();
-      });
+      results[j] = pc::testing::RunRanksOver(
+          stores[j].store, 2, [&](int) { return o; },
+          [&](int rank, pc::Communicator& comm) {
+            auto* impl = dynamic_cast<pi::CommunicatorImpl*>(&comm);
+            if (impl == nullptr || impl->qos_gate() == nullptr) return std::string("no QoS gate");
+            impl->qos_gate()->Record(100000);
+            std::vector<float> v(64 * 1024);
+            // At least 20 calls, and for at least 3 epochs, so that sends meet the denied halves.
+            const auto start = std::chrono::steady_clock::now();
+            // (The ranks agree on when to stop: a max-allreduce of "go on".)
+            for (int it = 0;; ++it) {
+              float more = it < 20 || plexus::testing::SecondsSince(start) < 0.12 ? 1.0f : 0.0f;
+              if (absl::Status s =
+                      comm.AllReduce(&more, &more, 1, pc::DataType::kF32, pc::ReduceOp::kMax);
+                  !s.ok()) {
+                return std::string(s.message());
+              }
+              if (more == 0.0f) break;
+              std::fill(v.begin(), v.end(), static_cast<float>(rank + it));
+              absl::Status s = comm.AllReduce(v.data(), v.data(), v.size(), pc::DataType::kF32,
+                                              pc::ReduceOp::kSum);
+              if (!s.ok()) return std::string(s.message());
+              if (v[0] != static_cast<float>(2 * it + 1)) return std::string("wrong sum");
+            }
+            posts[j][rank] = impl->qos_gate()->posts();
+            admissions[j][rank] = impl->qos_gate()->admissions();
+            stats[j][rank] = impl->qos_gate()->stats();
+            return std::string();
+          });
     });
   }
   for (auto& t : jobs) t.join();

@@ -29,8 +29,12 @@ using plexus::rpctest::OrderedHold;
 namespace {
 
 struct Setup : plexus::rpctest::OrderedHoldServer {
+  // Connect without the assertion, for threads (Catch2 assertions are not thread-safe).
+  absl::StatusOr<std::shared_ptr<pr::Channel>> TryConnect() {
+    return pr::Channel::Connect(device, server->address(), {&Kinds::Descriptor()});
+  }
   std::shared_ptr<pr::Channel> Connect() {
-    auto c = pr::Channel::Connect(device, server->address(), {&Kinds::Descriptor()});
+    auto c = TryConnect();
     REQUIRE(c.ok());
     return *c;
   }
@@ -194,12 +198,15 @@ TEST_CASE("qos: no call lost or run twice across attach, upgrade, reconfigure an
   Setup s;
   constexpr int kThreads = 4, kCalls = 150;
   std::atomic<int> ok{0}, failed{0};
+  std::vector<absl::Status> connected(kThreads);  // each thread's, checked after the join
   std::vector<std::thread> threads;
   std::atomic<bool> go{false};
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      auto ch = s.Connect();
-      Kinds::Stub stub(ch);
+      auto ch = s.TryConnect();
+      connected[t] = ch.status();
+      if (!ch.ok()) return;
+      Kinds::Stub stub(*ch);
       while (!go.load()) std::this_thread::yield();
       int last = -1;
       for (int i = 0; i < kCalls; ++i) {
@@ -228,6 +235,10 @@ TEST_CASE("qos: no call lost or run twice across attach, upgrade, reconfigure an
     REQUIRE(s.server->engines().Detach("qos").ok());
   }
   for (auto& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) {
+    INFO("thread " << t << ": " << connected[t]);
+    REQUIRE(connected[t].ok());
+  }
   CHECK(failed == 0);
   CHECK(ok == kThreads * kCalls);
   CHECK(s.impl.echoes == kThreads * kCalls);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -44,27 +45,44 @@ std::shared_ptr<pt::Device> MakeDevice(pt::Backend backend, absl::Duration conne
 }
 
 // A raw client of a listener's address: a TCP socket ("ip:port") or a SOCK_SEQPACKET socket on
-// the abstract name (shm). Returns the connected fd.
-int RawConnect(pt::Backend backend, const std::string& address) {
+// the abstract name (shm). Returns the connected fd. Asserts nothing, so that threads may use it
+// (Catch2 assertions are not thread-safe).
+absl::StatusOr<int> TryRawConnect(pt::Backend backend, const std::string& address) {
   if (backend == pt::Backend::kTcp) {
     auto hp = net::ParseHostPort(address, "test address");
-    REQUIRE(hp.ok());
+    if (!hp.ok()) return hp.status();
     auto sa = net::Resolve(*hp);
-    REQUIRE(sa.ok());
+    if (!sa.ok()) return sa.status();
     const net::SocketAddress& to = sa->front();
     const int fd = socket(to.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(fd >= 0);
-    REQUIRE(connect(fd, reinterpret_cast<const sockaddr*>(&to.storage), to.length) == 0);
+    if (fd < 0) return absl::ErrnoToStatus(errno, "socket");
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&to.storage), to.length) != 0) {
+      const absl::Status error = absl::ErrnoToStatus(errno, "connect");
+      close(fd);
+      return error;
+    }
     return fd;
   }
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  REQUIRE(fd >= 0);
+  if (fd < 0) return absl::ErrnoToStatus(errno, "socket");
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
   std::memcpy(a.sun_path + 1, address.data(), address.size());
   const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + address.size());
-  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), len) == 0);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+    const absl::Status error = absl::ErrnoToStatus(errno, "connect");
+    close(fd);
+    return error;
+  }
   return fd;
+}
+
+// TryRawConnect, required to succeed (main thread only).
+int RawConnect(pt::Backend backend, const std::string& address) {
+  absl::StatusOr<int> fd = TryRawConnect(backend, address);
+  INFO(fd.status());
+  REQUIRE(fd.ok());
+  return *fd;
 }
 
 void SendGarbage(int fd) {
@@ -276,6 +294,8 @@ TEST_CASE("ConnectFullMesh succeeds in time with a silent intruder", "[listener]
     std::mutex mu;
     const absl::Duration timeout = absl::Seconds(5);
     std::vector<absl::Status> results(2);
+    // Each rank's intruder connections that failed, checked after the join.
+    std::vector<absl::Status> intrusions(2);
     std::vector<absl::Duration> took(2);
     std::vector<std::thread> ranks;
     for (int r = 0; r < 2; ++r) {
@@ -289,9 +309,13 @@ TEST_CASE("ConnectFullMesh succeeds in time with a silent intruder", "[listener]
           return;
         }
         IntrudedDevice dev(*inner, [&](const std::string& address) {
-          const int fd = RawConnect(backend, address);
+          absl::StatusOr<int> fd = TryRawConnect(backend, address);
+          if (!fd.ok()) {
+            intrusions[r].Update(fd.status());
+            return;
+          }
           std::lock_guard<std::mutex> lock(mu);
-          intruders.push_back(fd);
+          intruders.push_back(*fd);
         });
         auto cq = dev.CreateCompletionQueue();
         auto rdv = pt::Rendezvous::Create(r, 2, shared);
@@ -317,6 +341,10 @@ TEST_CASE("ConnectFullMesh succeeds in time with a silent intruder", "[listener]
     done.Notify();
     release.join();
     for (int fd : intruders) close(fd);
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r << " intruder: " << intrusions[r]);
+      REQUIRE(intrusions[r].ok());
+    }
     for (int r = 0; r < 2; ++r) {
       INFO("rank " << r << ": " << results[r].ToString() << " after "
                    << absl::FormatDuration(took[r]));
