@@ -4,11 +4,14 @@
 // rank), reconfig-transport (tcp -> shm -> tcp, or shm -> tcp -> shm, requested by the last rank
 // and then rank 0), reconfig-channels (4 channels, then 2, requested likewise), kill (the victim
 // dies mid-run; the others must fail with an error naming it), mismatch (rank 1 calls with another
-// count), stop (allreduces of `bytes` until one fails: the test SIGSTOPs the victim once it printed
-// "running"), stop-destroy (a few allreduces, then the victim stays out of the destructor's barrier
-// and is stopped). Exit 0 when this rank saw what it should; the reason is printed otherwise. The
-// stop modes print the CLOCK_MONOTONIC nanoseconds of the failure and of the destructor's end for
-// the test to measure from the moment it stopped the victim.
+// count), first-message (placed collectives whose first message on a link is 16-128 KiB, where its
+// header may travel apart or be taken apart on the way, checked element by element; then an
+// all-gather with rank 1's count differing, which must fail on every rank), stop (allreduces of
+// `bytes` until one fails: the test SIGSTOPs the victim once it printed "running"), stop-destroy (a
+// few allreduces, then the victim stays out of the destructor's barrier and is stopped). Exit 0
+// when this rank saw what it should; the reason is printed otherwise. The stop modes print the
+// CLOCK_MONOTONIC nanoseconds of the failure and of the destructor's end for the test to measure
+// from the moment it stopped the victim.
 #include <signal.h>
 #include <unistd.h>
 
@@ -131,6 +134,7 @@ int main(int argc, char** argv) {
   options.timeout =
       stop_mode ? absl::Milliseconds(timeout_ms) : absl::Seconds(mode == "suite" ? 30 : 5);
   options.chunk_bytes = mode == "suite" ? 1024 : 0;
+  if (mode == "first-message") options.timeout = absl::Seconds(10);
   auto comm = pc::Communicator::Create(*rdv, options);
   if (!comm.ok()) {
     std::printf("create: %s\n", std::string(comm.status().message()).c_str());
@@ -299,6 +303,67 @@ int main(int argc, char** argv) {
     std::printf("rank %d: 4 channels landed on collective %lld, 2 on %lld\n", rank,
                 static_cast<long long>(landed->first), static_cast<long long>(landed->second));
     return 0;
+  }
+  if (mode == "first-message") {
+    // Element counts of int32 whose messages are 16 KiB, odd, just below and at 128 KiB.
+    int wrong = 0, calls = 0;
+    auto fail = [&](const char* what, size_t count, absl::Status s) {
+      std::printf("rank %d: %s of %zu: %s\n", rank, what, count, std::string(s.message()).c_str());
+      return 1;
+    };
+    for (size_t count : {size_t{4096}, size_t{10001}, size_t{32700}, size_t{32768}}) {
+      for (int root : {0, size - 1}) {
+        std::vector<int32_t> v(count);
+        for (size_t i = 0; i < count; ++i) {
+          v[i] = rank == root ? static_cast<int32_t>(i * 3 + root) : -1;
+        }
+        if (absl::Status s = c.Broadcast(v.data(), v.data(), count, pc::DataType::kI32, root);
+            !s.ok()) {
+          return fail("broadcast", count, s);
+        }
+        for (size_t i = 0; i < count; ++i) wrong += v[i] != static_cast<int32_t>(i * 3 + root);
+        ++calls;
+      }
+      // AllGather and AllToAll of `count` elements per block.
+      std::vector<int32_t> mine(count), all(count * size, -1);
+      for (size_t i = 0; i < count; ++i) mine[i] = static_cast<int32_t>(rank * 1000003 + i);
+      if (absl::Status s = c.AllGather(mine.data(), all.data(), count, pc::DataType::kI32);
+          !s.ok()) {
+        return fail("allgather", count, s);
+      }
+      for (int q = 0; q < size; ++q) {
+        for (size_t i = 0; i < count; ++i) {
+          wrong += all[q * count + i] != static_cast<int32_t>(q * 1000003 + i);
+        }
+      }
+      std::vector<int32_t> out(count * size), in(count * size, -1);
+      for (int p = 0; p < size; ++p) {
+        for (size_t i = 0; i < count; ++i) {
+          out[p * count + i] = static_cast<int32_t>(rank * 7919 + p * 131 + i);
+        }
+      }
+      if (absl::Status s = c.AllToAll(out.data(), in.data(), count, pc::DataType::kI32); !s.ok()) {
+        return fail("alltoall", count, s);
+      }
+      for (int q = 0; q < size; ++q) {
+        for (size_t i = 0; i < count; ++i) {
+          wrong += in[q * count + i] != static_cast<int32_t>(q * 7919 + rank * 131 + i);
+        }
+      }
+      calls += 2;
+    }
+    if (wrong != 0) {
+      std::printf("rank %d: %d wrong elements over %d calls\n", rank, wrong, calls);
+      return 1;
+    }
+    // An all-gather whose block counts differ (20,000 against 24,000 bytes): an error on every
+    // rank, naming the mismatch where a message from rank 1, or to it, is taken apart.
+    std::vector<int32_t> mine(6000, 1), all(6000 * size);
+    absl::Status s =
+        c.AllGather(mine.data(), all.data(), rank == 1 ? 5000 : 6000, pc::DataType::kI32);
+    std::printf("rank %d: %d calls correct; mismatched all-gather: %s\n", rank, calls,
+                s.ok() ? "OK" : std::string(s.message()).c_str());
+    return s.ok() ? 1 : 0;
   }
   if (mode == "mismatch" || mode == "mismatch-mixed") {
     // mismatch-mixed: rank 1's count takes a plan, the others' the mailbox path (on shm).

@@ -362,6 +362,26 @@ TEST_CASE("processes: stopped-rank blame over repeated runs", "[.repeat]") {
   }
 }
 
+TEST_CASE(
+    "processes: first messages of 16-128 KiB arrive whole, and a mismatch among them is "
+    "reported",
+    "[collectives][process]") {
+  for (const std::string& backend : Backends()) {
+    for (int n : {2, 3}) {
+      auto out = RunPeers(n, backend, "first-message", -1, std::chrono::seconds(60));
+      bool named = false;
+      for (int r = 0; r < n; ++r) {
+        INFO(backend << " n=" << n << " rank " << r << ": " << out[r].output);
+        CHECK(out[r].exit_code == 0);
+        CHECK(out[r].output.find("calls correct") != std::string::npos);
+        named = named || out[r].output.find("mismatched") != std::string::npos ||
+                out[r].output.find("do not match") != std::string::npos;
+      }
+      CHECK(named);
+    }
+  }
+}
+
 TEST_CASE("processes: mismatched counts are reported", "[collectives][process]") {
   for (const std::string& backend : Backends()) {
     for (const std::string mode : {"mismatch", "mismatch-mixed"}) {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "plexus/base/wait_policy.hpp"
+#include "plexus/transport/types.hpp"
 #include "wire.hpp"
 
 namespace plexus::collectives::internal {
@@ -101,6 +102,9 @@ struct CallEnv {
   QosGate* qos = nullptr;          // null without a QoS schedule
   Tracer* trace = nullptr;         // null unless tracing
   ConnectionSet* conns = nullptr;  // the set in use (a live change swaps its contents)
+  // [rank]: the backend of the connections to that rank (swapped with `conns`); the same on both
+  // ranks of a pair.
+  const std::vector<transport::Backend>* peer_backend = nullptr;
   const Layout* layout = nullptr;  // the communicator's ranks in ring order
   // Ends a failed call: works out whom to blame, breaks the communicator, returns the error.
   std::function<absl::Status(const CallHeader& header, Failure failure)> abort;

@@ -351,6 +351,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   env.record_after = options.timeout / 2;
   env.record_every = options.timeout / 4;
   env.conns = &comm->conns_;
+  env.peer_backend = &comm->peer_backend_;
   env.layout = &comm->layout_;
   CommunicatorImpl* self = comm.get();
   env.abort = [self](const CallHeader& header, Failure failure) {

@@ -30,6 +30,11 @@ constexpr uint64_t kHeaderOp = uint64_t{1} << 30;
 // A link's header travels alone ahead of a first payload this large: one more message (about a
 // microsecond over shm) against a copy of the payload out of a slot.
 constexpr size_t kSplitHeaderBytes = 16 << 10;
+// Over shm and inproc, a first message (header and payload) below this size is taken apart by a
+// consumed receive instead: no message more, no copy more. Below the size from which a
+// communicator's shm connections pull a lone message by cross-memory attach (which a consumed
+// receive would stage), and a constant, so that both ends of a link choose alike.
+constexpr size_t kScatterHeaderBelow = 128 << 10;
 // The header receive's buffer: room for any unsplit first message (a mismatched peer's), so
 // that its header still says which call it is in.
 constexpr size_t kSplitHeaderRoom = kSplitHeaderBytes + 4096;
@@ -97,7 +102,7 @@ void PlanExecutor::Prepare(const Plan& plan, const CallHeader& header, DataType 
     link.slot_owner.assign(depth, -1);
     link.send_slots_taken = 0;
     if (c.cast) link.send_slot_owner.assign(depth, -1);
-    link.split_tx = link.split_rx = false;
+    link.split_tx = link.split_rx = link.scatter_rx = false;
     link.header_sent = link.header_posted = false;
   }
   std::vector<size_t>& max_recv = max_recv_;
@@ -121,14 +126,22 @@ void PlanExecutor::Prepare(const Plan& plan, const CallHeader& header, DataType 
   }
   for (size_t l = 0; l < links_.size(); ++l) {
     Link& link = links_[l];
+    const int peer = static_cast<int>(l / channels);
     if (!link.sends.empty()) {
-      link.split_tx = SplitsHeader(c.OnWire(plan.sends[link.sends[0]].bytes));
+      link.split_tx =
+          HeaderPathOf(peer, c.OnWire(plan.sends[link.sends[0]].bytes)) == HeaderPath::kSplit;
       c.headers_tx += link.split_tx ? 1 : 0;
     }
     if (!link.recvs.empty()) {
-      link.split_rx = SplitsHeader(c.OnWire(plan.recvs[link.recvs[0]].bytes));
+      const HeaderPath path = HeaderPathOf(peer, c.OnWire(plan.recvs[link.recvs[0]].bytes));
+      link.split_rx = path == HeaderPath::kSplit;
+      link.scatter_rx = path == HeaderPath::kScatter;
       c.headers_rx += link.split_rx ? 1 : 0;
-      if (link.split_rx && link.rx_header.empty()) link.rx_header.resize(kSplitHeaderRoom);
+      if (link.split_rx && link.rx_header.size() < kSplitHeaderRoom) {
+        link.rx_header.resize(kSplitHeaderRoom);
+      }
+      if (link.scatter_rx && link.rx_header.size() < kHeaderBytes)
+        link.rx_header.resize(kHeaderBytes);
     }
     if (!link.sends.empty()) {
       CallHeader h = header;
@@ -259,6 +272,37 @@ bool PlanExecutor::PostRecvs(Link& link, int peer, transport::Connection* conn, 
   while (link.next_recv < link.recvs.size()) {
     const int i = link.recvs[link.next_recv];
     const auto& r = c.plan->recvs[i];
+    const uint64_t wr = (c.epoch << 32) | static_cast<uint64_t>(i);
+    if (link.next_recv == 0 && link.scatter_rx) {
+      // Header and payload in one message, taken apart on the way: the header's bytes to
+      // rx_header, the payload's to the destination. Room beyond the payload lets a longer
+      // (mismatched) message still be seen and reported by its header; its excess is dropped.
+      if (c.sends_done_prefix < static_cast<size_t>(r.war_prefix)) break;
+      uint8_t* head = link.rx_header.data();
+      uint8_t* to = r.data;
+      const size_t payload = r.bytes;
+      auto scatter = [head, to, payload](size_t offset, absl::Span<const uint8_t> in) {
+        size_t used = 0;
+        if (offset < kHeaderBytes) {
+          used = std::min(in.size(), kHeaderBytes - offset);
+          std::memcpy(head + offset, in.data(), used);
+        }
+        const size_t at = offset + used - kHeaderBytes;
+        if (used < in.size() && at < payload) {
+          std::memcpy(to + at, in.data() + used, std::min(in.size() - used, payload - at));
+        }
+        return absl::OkStatus();
+      };
+      if (absl::Status s = conn->PostRecvConsumed(kHeaderBytes + payload + 4096, scatter, wr);
+          !s.ok()) {
+        *failure = Failure::Peer(peer, s);
+        return false;
+      }
+      recv_state_[i] = kPosted;
+      recv_landing_[i] = r.data;
+      ++link.next_recv;
+      continue;
+    }
     MutableBuffer target;
     // With a cast every receive lands in a slot: its bytes are not yet of the output's type.
     if ((link.next_recv == 0 && !link.split_rx) || (r.reduce && r.local == nullptr) || c.cast) {
@@ -274,7 +318,6 @@ bool PlanExecutor::PostRecvs(Link& link, int peer, transport::Connection* conn, 
       if (c.sends_done_prefix < static_cast<size_t>(r.war_prefix)) break;
       target = {r.data, r.bytes};
     }
-    const uint64_t wr = (c.epoch << 32) | static_cast<uint64_t>(i);
     if (absl::Status s = conn->PostRecv(target, wr); !s.ok()) {
       *failure = Failure::Peer(peer, s);
       return false;
@@ -356,7 +399,7 @@ bool PlanExecutor::PostAll(Failure* failure) {
   return true;
 }
 
-bool PlanExecutor::SplitsHeader(size_t first_bytes) const {
+PlanExecutor::HeaderPath PlanExecutor::HeaderPathOf(int peer, size_t first_bytes) const {
   const Call& c = call_;
   // Only where receives are placed, not reduced (a reduced one lands in a slot anyway), and
   // where the copy saved outweighs one more message.
@@ -366,10 +409,17 @@ bool PlanExecutor::SplitsHeader(size_t first_bytes) const {
     case CollectiveKind::kAllToAll:
     case CollectiveKind::kAllToAllV:
     case CollectiveKind::kSendRecv:
-      return !c.cast && first_bytes >= kSplitHeaderBytes;
+      break;
     default:
-      return false;
+      return HeaderPath::kSlot;
   }
+  if (c.cast || first_bytes < kSplitHeaderBytes) return HeaderPath::kSlot;
+  const transport::Backend backend =
+      env_.peer_backend != nullptr ? (*env_.peer_backend)[peer] : transport::Backend::kTcp;
+  const bool consumes =
+      backend == transport::Backend::kShm || backend == transport::Backend::kInproc;
+  return consumes && kHeaderBytes + first_bytes < kScatterHeaderBelow ? HeaderPath::kScatter
+                                                                      : HeaderPath::kSplit;
 }
 
 bool PlanExecutor::CheckHeader(int peer, const uint8_t* data, size_t bytes, Failure* failure) {
@@ -458,7 +508,13 @@ bool PlanExecutor::OnCompletion(const Completion& cm, Failure* failure) {
   Link& link = LinkOf(r.peer, r.channel);
   const bool first = !link.split_rx && !link.recvs.empty() && link.recvs[0] == static_cast<int>(i);
   size_t payload = cm.bytes;
-  if (first) {
+  if (first && link.scatter_rx) {
+    // The header's bytes are in rx_header, the payload's in place (what fitted there).
+    if (!CheckHeader(r.peer, link.rx_header.data(), std::min(cm.bytes, kHeaderBytes), failure)) {
+      return false;
+    }
+    payload = cm.bytes - kHeaderBytes;
+  } else if (first) {
     if (!CheckHeader(r.peer, recv_landing_[i], cm.bytes, failure)) return false;
     recv_landing_[i] += kHeaderBytes;
     payload = cm.bytes - kHeaderBytes;

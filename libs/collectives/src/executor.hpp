@@ -56,11 +56,15 @@ class PlanExecutor {
     size_t send_slots_taken = 0;
     std::vector<int> send_slot_owner;  // per send slot: the send using it, -1 if none yet
     uint8_t tx_header[kHeaderBytes];
-    // The call's header travels as a message of its own (SplitsHeader): the first payload then
-    // goes straight to its destination instead of through a slot and a copy.
-    bool split_tx = false, split_rx = false;
+    // How the first message's header and payload reach their places (HeaderPath): through a
+    // slot and a copy (neither flag), as a message of its own (split), or taken apart by a
+    // consumed receive as they leave the transport (scatter, receive side only: the sender sends
+    // header and payload as one message, as unsplit).
+    bool split_tx = false, split_rx = false, scatter_rx = false;
     bool header_sent = false, header_posted = false;
-    std::vector<uint8_t> rx_header;  // the header receive's buffer (room for a mismatched one)
+    // The header receive's buffer (split: room for a mismatched first message; scatter: the
+    // header's bytes).
+    std::vector<uint8_t> rx_header;
   };
   // The running call.
   struct Call {
@@ -111,9 +115,11 @@ class PlanExecutor {
   // The first message of the call on a link: the peer's header (in `data`, `bytes` long with
   // what follows it) must name the same call.
   bool CheckHeader(int peer, const uint8_t* data, size_t bytes, Failure* failure);
-  // Whether a link's call header travels alone, ahead of a first payload of `first_bytes` on
-  // the wire: both ends decide alike from the call (kind, cast, sizes).
-  bool SplitsHeader(size_t first_bytes) const;
+  // How a link's call header travels with a first payload of `first_bytes` on the wire to or
+  // from `peer`: both ends of the link decide alike, from the call (kind, cast, sizes) and the
+  // pair's backend.
+  enum class HeaderPath { kSlot, kSplit, kScatter };
+  HeaderPath HeaderPathOf(int peer, size_t first_bytes) const;
   // Polls the completion queue into `batch` (*got completions), waiting as env.wait says when
   // nothing is there: kAgain to loop (nothing yet), kFailed with *failure on a stall or a
   // mismatch found meanwhile.
