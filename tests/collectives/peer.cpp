@@ -4,7 +4,7 @@
 // rank), reconfig-transport (tcp -> shm -> tcp, or shm -> tcp -> shm, requested by the last rank
 // and then rank 0), reconfig-channels (4 channels, then 2, requested likewise), kill (the victim
 // dies mid-run; the others must fail with an error naming it), mismatch (rank 1 calls with another
-// count), first-message (placed collectives whose first message on a link is 16-128 KiB, where its
+// count), first-message (placed collectives whose first message on a link is 6-128 KiB, where its
 // header may travel apart or be taken apart on the way, checked element by element; then an
 // all-gather with rank 1's count differing, which must fail on every rank), stop (allreduces of
 // `bytes` until one fails: the test SIGSTOPs the victim once it printed "running"), stop-destroy (a
@@ -305,13 +305,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "first-message") {
-    // Element counts of int32 whose messages are 16 KiB, odd, just below and at 128 KiB.
+    // Element counts of int32 whose messages are 6,000 B, 16 KiB, odd, just below and at 128 KiB.
     int wrong = 0, calls = 0;
     auto fail = [&](const char* what, size_t count, absl::Status s) {
       std::printf("rank %d: %s of %zu: %s\n", rank, what, count, std::string(s.message()).c_str());
       return 1;
     };
-    for (size_t count : {size_t{4096}, size_t{10001}, size_t{32700}, size_t{32768}}) {
+    for (size_t count : {size_t{1500}, size_t{4096}, size_t{10001}, size_t{32700}, size_t{32768}}) {
       for (int root : {0, size - 1}) {
         std::vector<int32_t> v(count);
         for (size_t i = 0; i < count; ++i) {

@@ -363,7 +363,7 @@ TEST_CASE("processes: stopped-rank blame over repeated runs", "[.repeat]") {
 }
 
 TEST_CASE(
-    "processes: first messages of 16-128 KiB arrive whole, and a mismatch among them is "
+    "processes: first messages of 6-128 KiB arrive whole, and a mismatch among them is "
     "reported",
     "[collectives][process]") {
   for (const std::string& backend : Backends()) {

@@ -27,13 +27,16 @@ namespace {
 
 // The index bit of a header's own send or receive (a split link) in its work request id.
 constexpr uint64_t kHeaderOp = uint64_t{1} << 30;
-// A link's header travels alone ahead of a first payload this large: one more message (about a
-// microsecond over shm) against a copy of the payload out of a slot.
+// Elsewhere a link's header travels alone ahead of a first payload this large: one more message
+// against a copy of the payload out of a slot.
 constexpr size_t kSplitHeaderBytes = 16 << 10;
-// Over shm and inproc, a first message (header and payload) below this size is taken apart by a
-// consumed receive instead: no message more, no copy more. Below the size from which a
-// communicator's shm connections pull a lone message by cross-memory attach (which a consumed
-// receive would stage), and a constant, so that both ends of a link choose alike.
+// Over shm and inproc, a first message (header and payload) from kScatterHeaderFrom bytes of
+// payload and below kScatterHeaderBelow in all is taken apart by a consumed receive instead: no
+// message more, no copy more. The upper bound is the size from which a communicator's shm
+// connections pull a lone message by cross-memory attach (which a consumed receive would stage);
+// below the lower one the slot's copy costs no more than the consumer. Constants, so that both
+// ends of a link choose alike.
+constexpr size_t kScatterHeaderFrom = 4 << 10;
 constexpr size_t kScatterHeaderBelow = 128 << 10;
 // The header receive's buffer: room for any unsplit first message (a mismatched peer's), so
 // that its header still says which call it is in.
@@ -413,13 +416,16 @@ PlanExecutor::HeaderPath PlanExecutor::HeaderPathOf(int peer, size_t first_bytes
     default:
       return HeaderPath::kSlot;
   }
-  if (c.cast || first_bytes < kSplitHeaderBytes) return HeaderPath::kSlot;
+  if (c.cast) return HeaderPath::kSlot;
   const transport::Backend backend =
       env_.peer_backend != nullptr ? (*env_.peer_backend)[peer] : transport::Backend::kTcp;
   const bool consumes =
       backend == transport::Backend::kShm || backend == transport::Backend::kInproc;
-  return consumes && kHeaderBytes + first_bytes < kScatterHeaderBelow ? HeaderPath::kScatter
-                                                                      : HeaderPath::kSplit;
+  if (consumes && first_bytes >= kScatterHeaderFrom &&
+      kHeaderBytes + first_bytes < kScatterHeaderBelow) {
+    return HeaderPath::kScatter;
+  }
+  return first_bytes >= kSplitHeaderBytes ? HeaderPath::kSplit : HeaderPath::kSlot;
 }
 
 bool PlanExecutor::CheckHeader(int peer, const uint8_t* data, size_t bytes, Failure* failure) {
