@@ -49,28 +49,19 @@ std::shared_ptr<pt::Device> MakeDevice(pt::Backend backend, absl::Duration conne
 // (Catch2 assertions are not thread-safe).
 absl::StatusOr<int> TryRawConnect(pt::Backend backend, const std::string& address) {
   if (backend == pt::Backend::kTcp) {
-    auto hp = net::ParseHostPort(address, "test address");
-    if (!hp.ok()) return hp.status();
-    auto sa = net::Resolve(*hp);
-    if (!sa.ok()) return sa.status();
-    const net::SocketAddress& to = sa->front();
-    const int fd = socket(to.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return absl::ErrnoToStatus(errno, "socket");
-    if (connect(fd, reinterpret_cast<const sockaddr*>(&to.storage), to.length) != 0) {
-      const absl::Status error = absl::ErrnoToStatus(errno, "connect");
-      close(fd);
-      return error;
-    }
-    return fd;
+    auto to = net::ResolveFirst(address, "test address");
+    if (!to.ok()) return to.status();
+    bool retryable = false;
+    return net::ConnectTcp(*to, absl::Now() + absl::Seconds(10), &retryable);
   }
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::ErrnoToStatus(errno, "socket");
+  if (fd < 0) return net::ErrnoStatus(errno, "socket");
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
   std::memcpy(a.sun_path + 1, address.data(), address.size());
   const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + address.size());
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
-    const absl::Status error = absl::ErrnoToStatus(errno, "connect");
+    const absl::Status error = net::ErrnoStatus(errno, "connect");
     close(fd);
     return error;
   }

@@ -38,9 +38,28 @@ constexpr size_t kSplitHeaderBytes = 16 << 10;
 // ends of a link choose alike.
 constexpr size_t kScatterHeaderFrom = 4 << 10;
 constexpr size_t kScatterHeaderBelow = 128 << 10;
-// The header receive's buffer: room for any unsplit first message (a mismatched peer's), so
-// that its header still says which call it is in.
-constexpr size_t kSplitHeaderRoom = kSplitHeaderBytes + 4096;
+// Bytes beyond what a first receive expects, so that a longer (mismatched) message still
+// arrives and its header says which call it is in.
+constexpr size_t kMismatchRoom = 4096;
+// The header receive's buffer: room for any unsplit first message (a mismatched peer's).
+constexpr size_t kSplitHeaderRoom = kSplitHeaderBytes + kMismatchRoom;
+
+// A consumer for a first message of header and payload: the header's bytes to `head`, the
+// payload's to `to` (up to `payload` bytes; a mismatched longer message's excess is dropped).
+transport::Consumer TakeApart(uint8_t* head, uint8_t* to, size_t payload) {
+  return [head, to, payload](size_t offset, absl::Span<const uint8_t> in) {
+    size_t used = 0;
+    if (offset < kHeaderBytes) {
+      used = std::min(in.size(), kHeaderBytes - offset);
+      std::memcpy(head + offset, in.data(), used);
+    }
+    const size_t at = offset + used - kHeaderBytes;
+    if (used < in.size() && at < payload) {
+      std::memcpy(to + at, in.data() + used, std::min(in.size() - used, payload - at));
+    }
+    return absl::OkStatus();
+  };
+}
 
 }  // namespace
 
@@ -276,57 +295,35 @@ bool PlanExecutor::PostRecvs(Link& link, int peer, transport::Connection* conn, 
     const int i = link.recvs[link.next_recv];
     const auto& r = c.plan->recvs[i];
     const uint64_t wr = (c.epoch << 32) | static_cast<uint64_t>(i);
+    absl::Status posted;
+    uint8_t* landing = r.data;
     if (link.next_recv == 0 && link.scatter_rx) {
-      // Header and payload in one message, taken apart on the way: the header's bytes to
-      // rx_header, the payload's to the destination. Room beyond the payload lets a longer
-      // (mismatched) message still be seen and reported by its header; its excess is dropped.
+      // Header and payload in one message, taken apart on the way (TakeApart). Room beyond the
+      // payload lets a longer (mismatched) message still be seen and reported by its header.
       if (c.sends_done_prefix < static_cast<size_t>(r.war_prefix)) break;
-      uint8_t* head = link.rx_header.data();
-      uint8_t* to = r.data;
-      const size_t payload = r.bytes;
-      auto scatter = [head, to, payload](size_t offset, absl::Span<const uint8_t> in) {
-        size_t used = 0;
-        if (offset < kHeaderBytes) {
-          used = std::min(in.size(), kHeaderBytes - offset);
-          std::memcpy(head + offset, in.data(), used);
-        }
-        const size_t at = offset + used - kHeaderBytes;
-        if (used < in.size() && at < payload) {
-          std::memcpy(to + at, in.data() + used, std::min(in.size() - used, payload - at));
-        }
-        return absl::OkStatus();
-      };
-      if (absl::Status s = conn->PostRecvConsumed(kHeaderBytes + payload + 4096, scatter, wr);
-          !s.ok()) {
-        *failure = Failure::Peer(peer, s);
-        return false;
-      }
-      recv_state_[i] = kPosted;
-      recv_landing_[i] = r.data;
-      ++link.next_recv;
-      continue;
-    }
-    MutableBuffer target;
-    // With a cast every receive lands in a slot: its bytes are not yet of the output's type.
-    if ((link.next_recv == 0 && !link.split_rx) || (r.reduce && r.local == nullptr) || c.cast) {
+      posted = conn->PostRecvConsumed(kHeaderBytes + r.bytes + kMismatchRoom,
+                                      TakeApart(link.rx_header.data(), r.data, r.bytes), wr);
+    } else if ((link.next_recv == 0 && !link.split_rx) || (r.reduce && r.local == nullptr) ||
+               c.cast) {
+      // With a cast every receive lands in a slot: its bytes are not yet of the output's type.
       int& owner = link.slot_owner[link.slots_taken % depth];
       if (owner >= 0 && recv_state_[owner] != kDone) break;
-      uint8_t* slot = link.slots.data() + (link.slots_taken % depth) * link.slot_stride;
+      landing = link.slots.data() + (link.slots_taken % depth) * link.slot_stride;
       owner = i;
       ++link.slots_taken;
       // The first: header + payload, with room to see an oversized (mismatched) message.
       const bool first = link.next_recv == 0 && !link.split_rx;
-      target = {slot, first ? link.slot_stride : c.OnWire(r.bytes)};
+      posted = conn->PostRecv({landing, first ? link.slot_stride : c.OnWire(r.bytes)}, wr);
     } else {  // placed, or reduced out of place: straight into the destination
       if (c.sends_done_prefix < static_cast<size_t>(r.war_prefix)) break;
-      target = {r.data, r.bytes};
+      posted = conn->PostRecv({r.data, r.bytes}, wr);
     }
-    if (absl::Status s = conn->PostRecv(target, wr); !s.ok()) {
-      *failure = Failure::Peer(peer, s);
+    if (!posted.ok()) {
+      *failure = Failure::Peer(peer, posted);
       return false;
     }
     recv_state_[i] = kPosted;
-    recv_landing_[i] = static_cast<uint8_t*>(target.data);
+    recv_landing_[i] = landing;
     ++link.next_recv;
   }
   return true;
