@@ -27,6 +27,11 @@ struct Layout;
 
 constexpr size_t kHeaderBytes = CallHeader::kEncodedSize;
 
+// From this size a communicator's shm connections pull a lone one-way message by cross-memory
+// attach (ShmOptions::lone_cma_threshold, set when every rank can have a CPU); below it a first
+// message is taken apart by a consumed receive, which would stage a pulled one.
+constexpr size_t kShmLonePullBytes = size_t{128} << 10;
+
 // How long a waiting call polls the transport (yielding the CPU between polls after the spin)
 // before it sleeps.
 constexpr absl::Duration kYieldWindow = absl::Milliseconds(2);

@@ -304,7 +304,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CommunicatorImpl::Make(
   // whole message, or the first piece of a pipelined one (docs/measurements/collectives.md,
   // "Two ranks: one message, not two halves"); with 4 ranks on 2 CPUs it lost.
   if (!oversubscribed && device_options.shm.lone_cma_threshold == 0) {
-    device_options.shm.lone_cma_threshold = size_t{128} << 10;
+    device_options.shm.lone_cma_threshold = kShmLonePullBytes;
   }
   comm->caller_device_ = device != nullptr;
   if (device == nullptr) {

@@ -31,13 +31,10 @@ constexpr uint64_t kHeaderOp = uint64_t{1} << 30;
 // against a copy of the payload out of a slot.
 constexpr size_t kSplitHeaderBytes = 16 << 10;
 // Over shm and inproc, a first message (header and payload) from kScatterHeaderFrom bytes of
-// payload and below kScatterHeaderBelow in all is taken apart by a consumed receive instead: no
-// message more, no copy more. The upper bound is the size from which a communicator's shm
-// connections pull a lone message by cross-memory attach (which a consumed receive would stage);
-// below the lower one the slot's copy costs no more than the consumer. Constants, so that both
-// ends of a link choose alike.
+// payload and below kShmLonePullBytes in all is taken apart by a consumed receive instead: no
+// message more, no copy more. Below the lower bound the slot's copy costs no more than the
+// consumer. Constants, so that both ends of a link choose alike.
 constexpr size_t kScatterHeaderFrom = 4 << 10;
-constexpr size_t kScatterHeaderBelow = 128 << 10;
 // Bytes beyond what a first receive expects, so that a longer (mismatched) message still
 // arrives and its header says which call it is in.
 constexpr size_t kMismatchRoom = 4096;
@@ -419,7 +416,7 @@ PlanExecutor::HeaderPath PlanExecutor::HeaderPathOf(int peer, size_t first_bytes
   const bool consumes =
       backend == transport::Backend::kShm || backend == transport::Backend::kInproc;
   if (consumes && first_bytes >= kScatterHeaderFrom &&
-      kHeaderBytes + first_bytes < kScatterHeaderBelow) {
+      kHeaderBytes + first_bytes < kShmLonePullBytes) {
     return HeaderPath::kScatter;
   }
   return first_bytes >= kSplitHeaderBytes ? HeaderPath::kSplit : HeaderPath::kSlot;
