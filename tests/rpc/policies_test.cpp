@@ -3,6 +3,7 @@
 // optional), configuration errors naming the rule, and the private copy a client-side content
 // policy checks (what is sent is what was checked).
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -215,6 +216,68 @@ TEST_CASE("rate limit: threads sharing buckets take every token exactly once", "
   CHECK(p->admitted() == 10000);
   CHECK(p->rejected() == kThreads * kCalls - 10000);
   CHECK(p->DescribeJson().find("\"buckets\":2,") != std::string::npos);
+}
+
+TEST_CASE("rate limit: a high rate's leases never let the bucket and its threads exceed a burst",
+          "[rpc][policies]") {
+  // 10^6 calls/s, burst 1000: a call through the bucket also leases its thread 64 tokens while
+  // the bucket keeps half its burst, and the thread spends them without the bucket. Thread A
+  // calls once (its token and a lease of 64), then waits while this thread drains the bucket; a
+  // second of refill is then capped at the burst less A's 64, and A still spends its 64 with the
+  // bucket empty: 1000 in all after the refill, however the tokens were split.
+  FakeClock clk;
+  auto p = *pr::RateLimitPolicy::Create("lease", clk.With(Opts(1e6, 1000)));
+  const pr::CallInfo c = Info(0);
+  auto drain = [&] {
+    int n = 0;
+    while (p->OnRequest(c).ok()) ++n;
+    return n;
+  };
+  std::atomic<int> phase{0};
+  std::atomic<int> a_first{-1}, a_later{-1};
+  std::thread a([&] {
+    a_first = p->OnRequest(c).ok() ? 1 : 0;
+    phase = 1;
+    while (phase.load() != 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    int n = 0;
+    while (p->OnRequest(c).ok()) ++n;
+    a_later = n;
+  });
+  while (phase.load() != 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(a_first.load() == 1);
+  const int first_drain = drain();
+  CHECK(first_drain == 1000 - 1 - 64);  // what A's call and lease left in the bucket
+  clk.now += absl::Seconds(1);  // 10^6 tokens' worth, capped
+  const int second_drain = drain();
+  CHECK(second_drain == 1000 - 64);
+  phase = 2;
+  a.join();
+  CHECK(a_later.load() == 64);  // its lease, spent with the bucket empty
+  CHECK(p->admitted() == static_cast<uint64_t>(1 + first_drain + second_drain + 64));
+  CHECK(p->rejected() == 3);
+}
+
+TEST_CASE("rate limit: threads spending leases on a frozen clock admit exactly the burst",
+          "[rpc][policies]") {
+  // Each thread calls until refused; a thread is refused only once its own lease is spent and
+  // the bucket is empty, so every token of the burst is spent exactly once.
+  const absl::Time frozen = absl::FromUnixSeconds(1000);
+  pr::RateLimitOptions o = Opts(1e7, 20000);
+  o.clock = [frozen] { return frozen; };
+  auto p = *pr::RateLimitPolicy::Create("leases", o);
+  constexpr int kThreads = 4;
+  std::atomic<int> passed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      const pr::CallInfo c = Info(0);
+      while (p->OnRequest(c).ok()) passed.fetch_add(1);
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(passed.load() == 20000);
+  CHECK(p->admitted() == 20000);
+  CHECK(p->rejected() == kThreads);
 }
 
 TEST_CASE("rate limit on its own clock: a burst, then tokens at the rate as time passes",

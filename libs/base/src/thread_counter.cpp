@@ -11,7 +11,7 @@ namespace {
 // the next owner's acquisition.
 struct Indexes {
   std::mutex mu;
-  std::vector<bool> taken = std::vector<bool>(ThreadCounter::kLines, false);
+  std::vector<bool> taken = std::vector<bool>(kThreadLines, false);
 };
 // Never destroyed: threads may exit after static destruction began.
 Indexes& Taken() {
@@ -20,9 +20,9 @@ Indexes& Taken() {
 }
 
 struct Release {
-  int index = ThreadCounter::kLines;
+  int index = kThreadLines;
   ~Release() {
-    if (index >= ThreadCounter::kLines) return;
+    if (index >= kThreadLines) return;
     std::lock_guard<std::mutex> lock(Taken().mu);
     Taken().taken[static_cast<size_t>(index)] = false;
   }
@@ -32,17 +32,17 @@ struct Release {
 
 ThreadCounter::ThreadCounter() : lines_(new Line[kLines]) {}
 
-int ThreadCounter::AcquireIndex() {
+int internal::AcquireThreadLine() {
   thread_local Release release;
   std::lock_guard<std::mutex> lock(Taken().mu);
-  for (int i = 0; i < kLines; ++i) {
+  for (int i = 0; i < kThreadLines; ++i) {
     if (!Taken().taken[static_cast<size_t>(i)]) {
       Taken().taken[static_cast<size_t>(i)] = true;
       release.index = i;
       return i;
     }
   }
-  return kLines;
+  return kThreadLines;
 }
 
 uint64_t ThreadCounter::Value() const {

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <thread>
@@ -6,6 +7,7 @@
 #include "plexus/base/clock.hpp"
 #include "plexus/base/json_reader.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/thread_counter.hpp"
 #include "plexus/base/wait_policy.hpp"
 #include "plexus/rpc/policies.hpp"
 
@@ -21,6 +23,29 @@ absl::Status CheckRate(double rate, double burst) {
         absl::StrCat("rate limit: burst must be a finite number >= 1, not ", burst));
   }
   return absl::OkStatus();
+}
+}  // namespace
+
+// Tokens a thread took from a bucket ahead of its calls (one line per base::ThisThreadLine()):
+// its next calls spend them with a load and a store to a line of its own, no lock, no clock read.
+// Both counts are written by the line's owner only (`granted` under the bucket's lock), read by
+// anyone; a line passes to a later thread with its tokens.
+struct alignas(64) RateLimitLease {
+  std::atomic<uint64_t> granted{0};
+  std::atomic<uint64_t> used{0};
+};
+
+namespace {
+// A lease is at most this many tokens and this much of the rate, at most a quarter of the burst,
+// and is taken only while the bucket keeps half its burst after it: near the limit every call
+// goes through the bucket, and tokens idle in leases can hold back at most half a burst.
+constexpr uint64_t kMaxLease = 64;
+constexpr double kLeaseSeconds = 1e-3;
+
+uint64_t LeaseSize(double rate, double burst) {
+  if (std::isinf(rate)) return kMaxLease;
+  const double n = std::min({static_cast<double>(kMaxLease), rate * kLeaseSeconds, burst / 4});
+  return n >= 2 ? static_cast<uint64_t>(n) : 0;
 }
 }  // namespace
 
@@ -45,22 +70,96 @@ struct RateLimitPolicy::Slot {
   }
   void Unlock() { locked.store(false, std::memory_order_release); }
 
-  // Refilled at `rate` (infinite: full) up to `now` ticks, capped at `burst`; a fresh bucket
-  // (new, or not in a restored state) is full.
-  void Refill(int64_t now, double per_second) {
+  void Set(double new_rate, double new_burst) {
+    rate = new_rate;
+    burst = new_burst;
+    per_tick = 0;
+    lease_size = LeaseSize(rate, burst);
+  }
+
+  // Tokens granted to leases and not yet spent (under the lock). Lines found spent leave the
+  // mask: their owner takes the lock again before spending more.
+  double Leased() {
+    if (lease_mask == 0) return 0;
+    RateLimitLease* ls = leases.load(std::memory_order_relaxed);
+    uint64_t sum = 0;
+    for (uint64_t m = lease_mask; m != 0; m &= m - 1) {
+      const int i = __builtin_ctzll(m);
+      const uint64_t granted = ls[i].granted.load(std::memory_order_relaxed);
+      const uint64_t used = ls[i].used.load(std::memory_order_relaxed);
+      if (used >= granted) {
+        lease_mask &= ~(uint64_t{1} << i);
+      } else {
+        sum += granted - used;
+      }
+    }
+    return static_cast<double>(sum);
+  }
+
+  // Refilled at `rate` (infinite: full) up to `now` ticks, capped at `burst` less the tokens
+  // held in leases (so that the bucket and its leases never hold more than a burst); a fresh
+  // bucket (new, or not in a restored state) is full.
+  void Refill(int64_t now, double ticks_per_second) {
+    if (per_tick == 0) per_tick = rate / ticks_per_second;
+    const double cap = burst - Leased();
     if (fresh) {
-      tokens = burst;
+      tokens = cap;
       last = now;
       fresh = false;
       return;
     }
     if (std::isinf(rate)) {
-      tokens = burst;
+      tokens = cap;
     } else if (now > last) {
-      tokens = std::min(burst, tokens + rate * (static_cast<double>(now - last) / per_second));
+      tokens = std::min(cap, tokens + per_tick * static_cast<double>(now - last));
+    } else {
+      tokens = std::min(cap, tokens);
     }
     // Reads on two CPUs may disagree slightly: time never runs backwards for a bucket.
     last = std::max(last, now);
+  }
+
+  // After this thread's call took its token: a lease of lease_size tokens for `line`, when the
+  // bucket can spare it (an infinite rate always can).
+  void MaybeLease(int line) {
+    if (lease_size == 0 || line >= base::kThreadLines) return;
+    const bool infinite = std::isinf(rate);
+    if (!infinite && tokens - static_cast<double>(lease_size) < burst / 2) return;
+    RateLimitLease* ls = leases.load(std::memory_order_relaxed);
+    if (ls == nullptr) {
+      ls = new RateLimitLease[base::kThreadLines];
+      lease_lines.reset(ls);
+      leases.store(ls, std::memory_order_release);
+    }
+    // The owner's own count: exact here, whatever a revocation left in `granted`.
+    RateLimitLease& l = ls[line];
+    l.granted.store(l.used.load(std::memory_order_relaxed) + lease_size,
+                    std::memory_order_relaxed);
+    // An infinite rate's leases come from no bucket: they hold nothing back.
+    if (!infinite) {
+      lease_mask |= uint64_t{1} << line;
+      tokens -= static_cast<double>(lease_size);
+    }
+  }
+
+  // New settings apply to every later call: the tokens left in leases are dropped (a call that
+  // read its lease before this may still spend one: it ran beside the change).
+  void RevokeLeases() {
+    RateLimitLease* ls = leases.load(std::memory_order_relaxed);
+    if (ls == nullptr) return;
+    for (int i = 0; i < base::kThreadLines; ++i) {
+      ls[i].granted.store(ls[i].used.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    }
+    lease_mask = 0;
+  }
+
+  // Calls admitted by the bucket and by every lease.
+  uint64_t Admitted() const {
+    uint64_t sum = admitted.load(std::memory_order_relaxed);
+    if (const RateLimitLease* ls = leases.load(std::memory_order_acquire)) {
+      for (int i = 0; i < base::kThreadLines; ++i) sum += ls[i].used.load(std::memory_order_relaxed);
+    }
+    return sum;
   }
 
   const uint64_t key;
@@ -70,6 +169,12 @@ struct RateLimitPolicy::Slot {
   double tokens = 0;
   int64_t last = 0;  // ticks of NowTicks()
   double rate = 0, burst = 1;
+  double per_tick = 0;      // rate / ticks per second, computed on the first refill
+  uint64_t lease_size = 0;  // LeaseSize(rate, burst)
+  uint64_t lease_mask = 0;  // lines that may hold unspent tokens of a finite rate
+  std::unique_ptr<RateLimitLease[]> lease_lines;  // made with the first lease
+  // lease_lines, read by calls without the lock.
+  std::atomic<RateLimitLease*> leases{nullptr};
   // Written only under the lock (a plain increment, not a locked one), read by admitted().
   std::atomic<uint64_t> admitted{0};
 };
@@ -104,8 +209,7 @@ RateLimitPolicy::Slot& RateLimitPolicy::SlotFor(uint64_t key) {
   std::unique_ptr<Slot>& slot = slots_[key];
   if (slot == nullptr) {
     slot = std::make_unique<Slot>(key);
-    slot->rate = options_.rate;
-    slot->burst = options_.burst;
+    slot->Set(options_.rate, options_.burst);
   }
   last_.store(slot.get(), std::memory_order_release);
   return *slot;
@@ -114,7 +218,7 @@ RateLimitPolicy::Slot& RateLimitPolicy::SlotFor(uint64_t key) {
 uint64_t RateLimitPolicy::admitted() const {
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t sum = restored_admitted_;
-  for (const auto& [key, slot] : slots_) sum += slot->admitted.load(std::memory_order_relaxed);
+  for (const auto& [key, slot] : slots_) sum += slot->Admitted();
   return sum;
 }
 
@@ -126,13 +230,13 @@ absl::Status RateLimitPolicy::Reconfigure(double rate, double burst) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [key, slot] : slots_) {
     slot->Lock();
+    slot->RevokeLeases();
     // Settle the old rate's refill up to now first; an infinite rate kept every bucket full.
     if (!slot->fresh) {
       slot->Refill(now, ticks_per_second_);
       slot->tokens = std::min(slot->tokens, burst);
     }
-    slot->rate = rate;
-    slot->burst = burst;
+    slot->Set(rate, burst);
     slot->Unlock();
   }
   options_.rate = rate;
@@ -227,6 +331,7 @@ absl::Status RateLimitPolicy::Restore(const EngineState& state) {
   for (auto& [key, slot] : slots_) {
     slot->Lock();
     slot->fresh = true;
+    slot->RevokeLeases();
     slot->Unlock();
   }
   for (const auto& [key, b] : buckets) {
@@ -234,8 +339,7 @@ absl::Status RateLimitPolicy::Restore(const EngineState& state) {
     if (slot == nullptr) slot = std::make_unique<Slot>(key);
     const double ago = std::max(0.0, absl::ToDoubleSeconds(now_time - b.last)) * ticks_per_second_;
     slot->Lock();
-    slot->rate = options_.rate;
-    slot->burst = options_.burst;
+    slot->Set(options_.rate, options_.burst);
     slot->fresh = false;
     slot->tokens = std::min(b.tokens, options_.burst);
     slot->last = now - static_cast<int64_t>(std::min(ago, 1e18));
@@ -252,8 +356,18 @@ absl::Status RateLimitPolicy::OnRequest(const CallInfo& call) {
   if (per_method && call.service != nullptr && call.method != nullptr) {
     key = (uint64_t{call.service->id} << 32) | call.method->id;
   }
-  const int64_t ticks = NowTicks();
   Slot& b = SlotFor(key);
+  const int line = base::ThisThreadLine();
+  if (RateLimitLease* ls = b.leases.load(std::memory_order_acquire);
+      ls != nullptr && line < base::kThreadLines) {
+    RateLimitLease& l = ls[line];
+    const uint64_t used = l.used.load(std::memory_order_relaxed);
+    if (used < l.granted.load(std::memory_order_relaxed)) {
+      l.used.store(used + 1, std::memory_order_relaxed);
+      return absl::OkStatus();
+    }
+  }
+  const int64_t ticks = NowTicks();
   absl::Duration wait;
   absl::Time now;  // read only over the limit: the deadline's comparisons need the wall clock
   double rate, burst;
@@ -264,6 +378,7 @@ absl::Status RateLimitPolicy::OnRequest(const CallInfo& call) {
   if (b.tokens >= 1) {
     b.tokens -= 1;
     b.admitted.store(b.admitted.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    b.MaybeLease(line);
     b.Unlock();
     return absl::OkStatus();
   }

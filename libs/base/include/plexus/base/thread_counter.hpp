@@ -11,6 +11,23 @@
 
 namespace plexus::base {
 
+// Lines of per-thread tables: the first kThreadLines threads alive at once get one each.
+inline constexpr int kThreadLines = 64;
+
+namespace internal {
+int AcquireThreadLine();
+}  // namespace internal
+
+// This thread's line: an index in [0, kThreadLines) that no other live thread holds, or
+// kThreadLines when every line is taken. A line passes to a later thread after its owner exits;
+// the owner's last writes happen before the next owner's first (the handover takes a mutex), so
+// what a line indexes (a count, tokens) carries over to the next owner.
+inline int ThisThreadLine() {
+  thread_local int line = -1;
+  if (line < 0) line = internal::AcquireThreadLine();
+  return line;
+}
+
 class ThreadCounter {
  public:
   ThreadCounter();
@@ -18,7 +35,7 @@ class ThreadCounter {
   ThreadCounter& operator=(const ThreadCounter&) = delete;
 
   void Add(uint64_t n = 1) {
-    const int i = ThisThreadIndex();
+    const int i = ThisThreadLine();
     if (i < kLines) {
       std::atomic<uint64_t>& v = lines_[i].value;
       v.store(v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
@@ -30,17 +47,9 @@ class ThreadCounter {
   // added concurrently may or may not be included).
   uint64_t Value() const;
 
-  static constexpr int kLines = 64;
+  static constexpr int kLines = kThreadLines;
 
  private:
-  // This thread's line, or kLines when every line is taken.
-  static int ThisThreadIndex() {
-    thread_local int index = -1;
-    if (index < 0) index = AcquireIndex();
-    return index;
-  }
-  static int AcquireIndex();
-
   struct alignas(64) Line {
     std::atomic<uint64_t> value{0};
   };
