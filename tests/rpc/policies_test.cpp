@@ -247,7 +247,7 @@ TEST_CASE("rate limit: a high rate's leases never let the bucket and its threads
   CHECK(a_first.load() == 1);
   const int first_drain = drain();
   CHECK(first_drain == 1000 - 1 - 64);  // what A's call and lease left in the bucket
-  clk.now += absl::Seconds(1);  // 10^6 tokens' worth, capped
+  clk.now += absl::Seconds(1);          // 10^6 tokens' worth, capped
   const int second_drain = drain();
   CHECK(second_drain == 1000 - 64);
   phase = 2;

@@ -133,8 +133,7 @@ struct RateLimitPolicy::Slot {
     }
     // The owner's own count: exact here, whatever a revocation left in `granted`.
     RateLimitLease& l = ls[line];
-    l.granted.store(l.used.load(std::memory_order_relaxed) + lease_size,
-                    std::memory_order_relaxed);
+    l.granted.store(l.used.load(std::memory_order_relaxed) + lease_size, std::memory_order_relaxed);
     // An infinite rate's leases come from no bucket: they hold nothing back.
     if (!infinite) {
       lease_mask |= uint64_t{1} << line;
@@ -157,7 +156,8 @@ struct RateLimitPolicy::Slot {
   uint64_t Admitted() const {
     uint64_t sum = admitted.load(std::memory_order_relaxed);
     if (const RateLimitLease* ls = leases.load(std::memory_order_acquire)) {
-      for (int i = 0; i < base::kThreadLines; ++i) sum += ls[i].used.load(std::memory_order_relaxed);
+      for (int i = 0; i < base::kThreadLines; ++i)
+        sum += ls[i].used.load(std::memory_order_relaxed);
     }
     return sum;
   }
