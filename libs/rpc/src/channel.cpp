@@ -11,12 +11,6 @@
 namespace plexus::rpc {
 namespace internal {
 
-const absl::Status& CallState::NotCompleted() {
-  static const absl::Status* const kNotCompleted =
-      new absl::Status(absl::UnknownError("call not completed"));
-  return *kNotCompleted;
-}
-
 void CallState::Recycle() {
   done = false;
   taken = false;

@@ -77,8 +77,10 @@ class CallState {
   std::shared_ptr<ClientQos> qos;
   bool qos_counted = false;
 
-  // The result before there is one (a shared status: no allocation per call).
-  static const absl::Status& NotCompleted();
+  // The result before there is one: a code without a message, which absl keeps inline, so that
+  // setting it (each recycled call) and replacing it (each result) allocate nothing and touch no
+  // shared reference count. Nothing reads it: a result is read only once `has_result` is set.
+  static absl::Status NotCompleted() { return absl::Status(absl::StatusCode::kUnknown, ""); }
 };
 
 // Blocks until the call completed and returns its result (once: it is moved out).
