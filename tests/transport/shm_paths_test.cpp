@@ -76,7 +76,11 @@ TEST_CASE("shm: a mid-size send is pulled by cross-memory attach only in a two-w
 TEST_CASE("shm: a lone send is pulled from lone_cma_threshold; sends queued behind it use the ring",
           "[shm]") {
   SetCma(true);
-  pt::DeviceOptions options = Options(pt::ProgressMode::kThread);
+  // Caller-driven devices: nothing moves between the two sends below but the posting thread, so
+  // the first is still unacknowledged when the second is posted. (With progress threads the peer
+  // could take the first's descriptor and the sender reap its acknowledgement in between, when
+  // the posting thread is preempted, and the second would be lone as well.)
+  pt::DeviceOptions options = Options(pt::ProgressMode::kCaller);
   options.shm.lone_cma_threshold = size_t{256} << 10;
   LocalPair p = MakeLocalPair(options);
   auto pulled = [&] {
