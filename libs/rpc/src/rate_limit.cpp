@@ -70,10 +70,11 @@ struct RateLimitPolicy::Slot {
   }
   void Unlock() { locked.store(false, std::memory_order_release); }
 
-  void Set(double new_rate, double new_burst) {
+  // `ticks_per_second`: the rate of the ticks Refill is given.
+  void Set(double new_rate, double new_burst, double ticks_per_second) {
     rate = new_rate;
     burst = new_burst;
-    per_tick = 0;
+    per_tick = rate / ticks_per_second;
     lease_size = LeaseSize(rate, burst);
   }
 
@@ -99,8 +100,7 @@ struct RateLimitPolicy::Slot {
   // Refilled at `rate` (infinite: full) up to `now` ticks, capped at `burst` less the tokens
   // held in leases (so that the bucket and its leases never hold more than a burst); a fresh
   // bucket (new, or not in a restored state) is full.
-  void Refill(int64_t now, double ticks_per_second) {
-    if (per_tick == 0) per_tick = rate / ticks_per_second;
+  void Refill(int64_t now) {
     const double cap = burst - Leased();
     if (fresh) {
       tokens = cap;
@@ -169,7 +169,7 @@ struct RateLimitPolicy::Slot {
   double tokens = 0;
   int64_t last = 0;  // ticks of NowTicks()
   double rate = 0, burst = 1;
-  double per_tick = 0;      // rate / ticks per second, computed on the first refill
+  double per_tick = 0;      // tokens per tick: rate / ticks per second
   uint64_t lease_size = 0;  // LeaseSize(rate, burst)
   uint64_t lease_mask = 0;  // lines that may hold unspent tokens of a finite rate
   std::unique_ptr<RateLimitLease[]> lease_lines;  // made with the first lease
@@ -209,7 +209,7 @@ RateLimitPolicy::Slot& RateLimitPolicy::SlotFor(uint64_t key) {
   std::unique_ptr<Slot>& slot = slots_[key];
   if (slot == nullptr) {
     slot = std::make_unique<Slot>(key);
-    slot->Set(options_.rate, options_.burst);
+    slot->Set(options_.rate, options_.burst, ticks_per_second_);
   }
   last_.store(slot.get(), std::memory_order_release);
   return *slot;
@@ -233,10 +233,10 @@ absl::Status RateLimitPolicy::Reconfigure(double rate, double burst) {
     slot->RevokeLeases();
     // Settle the old rate's refill up to now first; an infinite rate kept every bucket full.
     if (!slot->fresh) {
-      slot->Refill(now, ticks_per_second_);
+      slot->Refill(now);
       slot->tokens = std::min(slot->tokens, burst);
     }
-    slot->Set(rate, burst);
+    slot->Set(rate, burst, ticks_per_second_);
     slot->Unlock();
   }
   options_.rate = rate;
@@ -305,7 +305,7 @@ absl::StatusOr<EngineState> RateLimitPolicy::Decompose() const {
     for (const auto& [key, slot] : slots_) {
       slot->Lock();
       if (!slot->fresh) {
-        slot->Refill(now, ticks_per_second_);
+        slot->Refill(now);
         buckets[key] = Bucket{slot->tokens, now_time};
       }
       slot->Unlock();
@@ -339,7 +339,7 @@ absl::Status RateLimitPolicy::Restore(const EngineState& state) {
     if (slot == nullptr) slot = std::make_unique<Slot>(key);
     const double ago = std::max(0.0, absl::ToDoubleSeconds(now_time - b.last)) * ticks_per_second_;
     slot->Lock();
-    slot->Set(options_.rate, options_.burst);
+    slot->Set(options_.rate, options_.burst, ticks_per_second_);
     slot->fresh = false;
     slot->tokens = std::min(b.tokens, options_.burst);
     slot->last = now - static_cast<int64_t>(std::min(ago, 1e18));
@@ -372,7 +372,7 @@ absl::Status RateLimitPolicy::OnRequest(const CallInfo& call) {
   absl::Time now;  // read only over the limit: the deadline's comparisons need the wall clock
   double rate, burst;
   b.Lock();
-  b.Refill(ticks, ticks_per_second_);
+  b.Refill(ticks);
   rate = b.rate;
   burst = b.burst;
   if (b.tokens >= 1) {
