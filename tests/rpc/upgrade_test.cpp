@@ -295,6 +295,33 @@ TEST_CASE("live upgrade: attach and detach under load lose no call", "[rpc][upgr
   CheckOncePerThreadInOrder(f.impl, kCallsPerThread - kCallsPerThread / 10);
 }
 
+TEST_CASE("a chain's snapshots follow attach and detach, also from the empty chain",
+          "[rpc][upgrade]") {
+  pr::EngineChain chain;
+  const pr::EngineChain::Snapshot none = chain.snapshot();
+  REQUIRE(none != nullptr);
+  CHECK(none->empty());
+  auto metrics = std::make_shared<pr::MetricsPolicy>();
+  REQUIRE(chain.Attach(metrics).ok());
+  CHECK(none->empty());  // taken before the attach: a call that started before runs without it
+  const pr::EngineChain::Snapshot one = chain.snapshot();
+  REQUIRE(one->size() == 1);
+  CHECK(one->at(0)->policy() == metrics);
+  // Another thread's first snapshot after the attach (its own empty chain was never taken).
+  size_t seen = 0;
+  std::thread([&] { seen = chain.snapshot()->size(); }).join();
+  CHECK(seen == 1);
+  REQUIRE(chain.Detach("metrics").ok());
+  CHECK(chain.snapshot()->empty());
+  CHECK(one->size() == 1);  // a call that started before still runs through it
+  std::thread([&] { seen = chain.snapshot()->size(); }).join();
+  CHECK(seen == 0);
+  // Empty again, then not: the thread's empty chain is not handed out once an engine is there.
+  REQUIRE(chain.Attach(std::make_shared<pr::MetricsPolicy>("m2")).ok());
+  CHECK(chain.snapshot()->size() == 1);
+  CHECK(chain.Names() == std::vector<std::string>{"frontend", "m2", "marshal", "transport"});
+}
+
 TEST_CASE("live upgrade: a refused restore keeps the old version and its state", "[rpc][upgrade]") {
   pr::EngineChain chain;
   auto metrics = std::make_shared<pr::MetricsPolicy>();

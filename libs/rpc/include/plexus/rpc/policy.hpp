@@ -313,6 +313,9 @@ class EngineChain {
   mutable std::mutex mu_;
   std::mutex admin_mu_;  // one swap or configuration at a time
   Snapshot slots_;
+  // slots_ holds no engine: snapshot() then takes neither the lock nor a reference that every
+  // thread's calls share (written under mu_ after slots_).
+  std::atomic<bool> empty_{true};
 };
 
 // Per-method call count, errors, bytes and a latency histogram (powers of two of microseconds).
