@@ -304,22 +304,60 @@ TEST_CASE("a chain's snapshots follow attach and detach, also from the empty cha
   auto metrics = std::make_shared<pr::MetricsPolicy>();
   REQUIRE(chain.Attach(metrics).ok());
   CHECK(none->empty());  // taken before the attach: a call that started before runs without it
-  const pr::EngineChain::Snapshot one = chain.snapshot();
+  pr::EngineChain::Snapshot one = chain.snapshot();
   REQUIRE(one->size() == 1);
   CHECK(one->at(0)->policy() == metrics);
   // Another thread's first snapshot after the attach (its own empty chain was never taken).
   size_t seen = 0;
   std::thread([&] { seen = chain.snapshot()->size(); }).join();
   CHECK(seen == 1);
-  REQUIRE(chain.Detach("metrics").ok());
+  auto detached = chain.Detach("metrics");
+  REQUIRE(detached.ok());
   CHECK(chain.snapshot()->empty());
   CHECK(one->size() == 1);  // a call that started before still runs through it
   std::thread([&] { seen = chain.snapshot()->size(); }).join();
   CHECK(seen == 0);
+  // Once the calls that started before are done, nothing in the chain holds the detached engine
+  // (no thread keeps a copy of the chain it left).
+  one.reset();
+  CHECK(metrics.use_count() == 2);  // `metrics` and what Detach returned
   // Empty again, then not: the thread's empty chain is not handed out once an engine is there.
   REQUIRE(chain.Attach(std::make_shared<pr::MetricsPolicy>("m2")).ok());
   CHECK(chain.snapshot()->size() == 1);
   CHECK(chain.Names() == std::vector<std::string>{"frontend", "m2", "marshal", "transport"});
+}
+
+TEST_CASE("threads take whole snapshots while engines are attached and detached",
+          "[rpc][upgrade]") {
+  pr::EngineChain chain;
+  auto a = std::make_shared<pr::MetricsPolicy>("a");
+  auto b = std::make_shared<pr::MetricsPolicy>("b");
+  REQUIRE(chain.Attach(a).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> taken{0}, torn{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&] {
+      while (!stop.load()) {
+        const pr::EngineChain::Snapshot s = chain.snapshot();
+        // Always "a", then "b" when attached: never a chain half-changed.
+        const bool whole = !s->empty() && s->at(0)->policy() == a &&
+                           (s->size() == 1 || (s->size() == 2 && s->at(1)->policy() == b));
+        torn.fetch_add(whole ? 0 : 1);
+        taken.fetch_add(1);
+      }
+    });
+  }
+  // At least 200 changes, and until the readers took a good number of snapshots among them.
+  for (int i = 0; i < 200 || (taken.load() < 1000 && i < 100000); ++i) {
+    REQUIRE(chain.Attach(b, "a").ok());
+    REQUIRE(chain.Detach("b").ok());
+  }
+  stop = true;
+  for (auto& t : readers) t.join();
+  CHECK(taken.load() > 0);
+  CHECK(torn.load() == 0);
+  CHECK(b.use_count() == 1);  // no thread's copy of the chain kept it
 }
 
 TEST_CASE("live upgrade: a refused restore keeps the old version and its state", "[rpc][upgrade]") {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/base/clock.hpp"
 #include "plexus/base/status.hpp"
+#include "plexus/base/thread_counter.hpp"
 #include "private_request.hpp"
 
 namespace plexus::rpc {
@@ -140,8 +141,37 @@ absl::StatusOr<EngineSwapReport> EngineSlot::Exclusive(Fn&& fn) {
 
 // ---- The chain ---------------------------------------------------------------------------------
 
+struct alignas(64) EngineChain::Line {
+  Snapshot chain;  // null: copied from slots_ by the thread's next snapshot()
+};
+
+// Closes the lines' gate for an Attach or Detach; the closer takes mu_ only once it is closed
+// (a thread inside takes mu_ to copy the chain).
+class EngineChain::ClosedLines {
+ public:
+  explicit ClosedLines(base::Gate& gate) : gate_(gate) { gate_.Close(); }
+  ~ClosedLines() { gate_.Open(); }
+
+ private:
+  base::Gate& gate_;
+};
+
 EngineChain::EngineChain()
     : slots_(std::make_shared<const std::vector<std::shared_ptr<EngineSlot>>>()) {}
+
+EngineChain::~EngineChain() = default;
+
+void EngineChain::ForgetLinesLocked(std::vector<Snapshot>* old) {
+  if (owned_lines_ == nullptr) {
+    if (slots_->empty()) return;
+    owned_lines_ = std::make_unique<Line[]>(base::kThreadLines);
+    lines_.store(owned_lines_.get(), std::memory_order_release);
+    return;
+  }
+  for (int i = 0; i < base::kThreadLines; ++i) {
+    if (owned_lines_[i].chain != nullptr) old->push_back(std::move(owned_lines_[i].chain));
+  }
+}
 
 std::vector<std::string> EngineChain::Names() const {
   Snapshot s = snapshot();
@@ -155,6 +185,8 @@ std::vector<std::string> EngineChain::Names() const {
 absl::Status EngineChain::Attach(std::shared_ptr<Policy> policy, std::string_view after) {
   if (policy == nullptr) return absl::InvalidArgumentError("Attach: null policy");
   const std::string name = policy->name();
+  std::vector<Snapshot> old;  // destroyed last: with the gate open and mu_ free
+  ClosedLines closed(lines_gate_);
   std::lock_guard<std::mutex> lock(mu_);
   auto next = std::make_shared<std::vector<std::shared_ptr<EngineSlot>>>(*slots_);
   if (IsFixed(name) ||
@@ -181,11 +213,14 @@ absl::Status EngineChain::Attach(std::shared_ptr<Policy> policy, std::string_vie
   next->insert(next->begin() + static_cast<std::ptrdiff_t>(at),
                std::make_shared<EngineSlot>(std::move(policy)));
   slots_ = std::move(next);
+  ForgetLinesLocked(&old);
   empty_.store(false, std::memory_order_release);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Policy>> EngineChain::Detach(std::string_view name) {
+  std::vector<Snapshot> old;  // destroyed last: with the gate open and mu_ free
+  ClosedLines closed(lines_gate_);
   std::lock_guard<std::mutex> lock(mu_);
   if (IsFixed(name)) {
     return absl::InvalidArgumentError(
@@ -200,6 +235,7 @@ absl::StatusOr<std::shared_ptr<Policy>> EngineChain::Detach(std::string_view nam
   std::shared_ptr<Policy> p = (*it)->policy();
   next->erase(it);
   slots_ = std::move(next);
+  ForgetLinesLocked(&old);
   empty_.store(slots_->empty(), std::memory_order_release);
   return p;
 }
@@ -260,13 +296,25 @@ std::shared_ptr<Policy> EngineChain::Find(std::string_view name) const {
 
 EngineChain::Snapshot EngineChain::snapshot() const {
   if (empty_.load(std::memory_order_acquire)) {
-    // The calling thread's own empty chain: taking it touches no line another thread writes (a
-    // chain shared by threads' calls made each call lock mu_ and count a reference on one
-    // line). A call that read `empty_` just before an Attach runs as one started before it.
+    // The calling thread's own empty chain: taking it touches no line another thread writes. A
+    // call that read `empty_` just before an Attach runs as one started before it.
     thread_local const Snapshot empty_chain =
         std::make_shared<const std::vector<std::shared_ptr<EngineSlot>>>();
     return empty_chain;
   }
+  Line* lines = lines_.load(std::memory_order_acquire);
+  const int i = base::ThisThreadLine();
+  if (lines != nullptr && i < base::kThreadLines && lines_gate_.TryEnter()) {
+    Line& line = lines[i];
+    if (line.chain == nullptr) {
+      std::lock_guard<std::mutex> lock(mu_);
+      line.chain = std::make_shared<const std::vector<std::shared_ptr<EngineSlot>>>(*slots_);
+    }
+    Snapshot mine = line.chain;
+    lines_gate_.Leave();
+    return mine;
+  }
+  // Past the first kThreadLines threads, or while an Attach or Detach holds the gate.
   std::lock_guard<std::mutex> lock(mu_);
   return slots_;
 }

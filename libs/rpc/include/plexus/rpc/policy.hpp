@@ -286,6 +286,7 @@ class EngineChain {
  public:
   using Snapshot = std::shared_ptr<const std::vector<std::shared_ptr<EngineSlot>>>;
   EngineChain();
+  ~EngineChain();
 
   // "frontend", the policies in order, "marshal", "transport".
   std::vector<std::string> Names() const;
@@ -309,13 +310,25 @@ class EngineChain {
   Snapshot snapshot() const;
 
  private:
+  // A thread's own copy of the chain (one per base::ThisThreadLine()).
+  struct Line;
+  class ClosedLines;
   std::shared_ptr<EngineSlot> FindSlot(std::string_view name) const;
+  // After slots_ changed (mu_ held, lines_gate_ closed): every line's copy is dropped, the lines
+  // made with the first engine. The dropped copies go to `old`, released by the caller after
+  // unlocking (a detached engine's destructor may run then).
+  void ForgetLinesLocked(std::vector<Snapshot>* old);
   mutable std::mutex mu_;
   std::mutex admin_mu_;  // one swap or configuration at a time
   Snapshot slots_;
   // slots_ holds no engine: snapshot() then takes neither the lock nor a reference that every
   // thread's calls share (written under mu_ after slots_).
   std::atomic<bool> empty_{true};
+  // With engines, a call takes its thread's line's copy inside lines_gate_ (no lock, and a
+  // reference counted on a line of its own); Attach and Detach close the gate to drop the copies.
+  std::unique_ptr<Line[]> owned_lines_;
+  std::atomic<Line*> lines_{nullptr};
+  mutable base::Gate lines_gate_;
 };
 
 // Per-method call count, errors, bytes and a latency histogram (powers of two of microseconds).
